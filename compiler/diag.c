@@ -1,0 +1,189 @@
+/* diag.c: the one diagnostic printer. Every user-facing message goes through here so they all
+ * look alike (cproc / chibicc style):
+ *
+ *   file:line:col: error: message
+ *     12 |   shard wq : [_, tensr]
+ *        |                  ^~~~~
+ *   note: did you mean 'tensor'?
+ *
+ * Messages are lower case with no final period. Internal errors (bugs in planc) are separate:
+ * they print "internal compiler error" and abort, so a user error never looks like a crash and a
+ * crash never looks like a user error. */
+#include "planc.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static FILE *diag_stream;
+static int error_count;
+
+void diag_set_stream(FILE *f) { diag_stream = f; }
+int diag_error_count(void) { return error_count; }
+void diag_reset(void) { error_count = 0; }
+
+static FILE *out(void) { return diag_stream ? diag_stream : stderr; }
+
+Loc loc_span(Loc a, Loc b)
+{
+	Loc r = a;
+	int end = b.off + b.len;
+	if (end > a.off)
+		r.len = end - a.off;
+	return r;
+}
+
+void diag_line_col(const Source *src, int off, int *line, int *col)
+{
+	int l = 1, c = 1;
+	if (off > src->len)
+		off = src->len;
+	for (int i = 0; i < off; i++) {
+		if (src->text[i] == '\n') {
+			l++;
+			c = 1;
+		} else {
+			c++;
+		}
+	}
+	*line = l;
+	*col = c;
+}
+
+/* Prints the source line holding loc.off and a caret range under loc (clipped to the line). */
+static void show_source_line(const Source *src, Loc loc)
+{
+	int off = loc.off < 0 ? 0 : loc.off > src->len ? src->len : loc.off;
+	int start = off;
+	while (start > 0 && src->text[start - 1] != '\n')
+		start--;
+	int end = off;
+	while (end < src->len && src->text[end] != '\n')
+		end++;
+	int line, col;
+	diag_line_col(src, off, &line, &col);
+	FILE *f = out();
+	fprintf(f, "%5d | ", line);
+	for (int i = start; i < end; i++) {
+		unsigned char ch = (unsigned char)src->text[i];
+		fputc(ch == '\t' ? ' ' : (ch < 32 || ch == 127) ? '?' : ch, f);
+	}
+	fputc('\n', f);
+	fprintf(f, "      | ");
+	for (int i = start; i < off; i++)
+		fputc(' ', f);
+	fputc('^', f);
+	int len = loc.len;
+	if (off + len > end)
+		len = end - off;
+	for (int i = 1; i < len; i++)
+		fputc('~', f);
+	fputc('\n', f);
+}
+
+static void report(const char *kind, const Source *src, Loc loc, const char *fmt, va_list ap)
+{
+	FILE *f = out();
+	if (src) {
+		int line, col;
+		diag_line_col(src, loc.off, &line, &col);
+		fprintf(f, "%s:%d:%d: %s: ", src->path, line, col, kind);
+	} else {
+		fprintf(f, "planc: %s: ", kind);
+	}
+	vfprintf(f, fmt, ap);
+	fputc('\n', f);
+	if (src)
+		show_source_line(src, loc);
+}
+
+void diag_error(const Source *src, Loc loc, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	report("error", src, loc, fmt, ap);
+	va_end(ap);
+	error_count++;
+}
+
+void diag_warning(const Source *src, Loc loc, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	report("warning", src, loc, fmt, ap);
+	va_end(ap);
+}
+
+void diag_note(const Source *src, Loc loc, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	report("note", src, loc, fmt, ap);
+	va_end(ap);
+}
+
+void diag_note_plain(const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	FILE *f = out();
+	fputs("note: ", f);
+	vfprintf(f, fmt, ap);
+	fputc('\n', f);
+	va_end(ap);
+}
+
+_Noreturn void internal_error(const char *file, int line, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	fprintf(stderr, "planc: internal compiler error at %s:%d: ", file, line);
+	vfprintf(stderr, fmt, ap);
+	fputc('\n', stderr);
+	fputs("planc: this is a bug in planc, not in your plan; please report it with the input\n", stderr);
+	va_end(ap);
+	fflush(NULL);
+	abort();
+}
+
+static int edit_distance(const char *a, const char *b)
+{
+	int la = (int)strlen(a), lb = (int)strlen(b);
+	if (la > 64 || lb > 64)
+		return 1 << 20;
+	int prev[65], cur[65];
+	for (int j = 0; j <= lb; j++)
+		prev[j] = j;
+	for (int i = 1; i <= la; i++) {
+		cur[0] = i;
+		for (int j = 1; j <= lb; j++) {
+			int cost = a[i - 1] == b[j - 1] ? 0 : 1;
+			int v = prev[j - 1] + cost;
+			if (prev[j] + 1 < v)
+				v = prev[j] + 1;
+			if (cur[j - 1] + 1 < v)
+				v = cur[j - 1] + 1;
+			cur[j] = v;
+		}
+		memcpy(prev, cur, sizeof(int) * (size_t)(lb + 1));
+	}
+	return prev[lb];
+}
+
+const char *closest_name(const char *name, const char *const *candidates, int n)
+{
+	const char *best = NULL;
+	int best_d = 1 << 20;
+	int limit = (int)strlen(name) / 3 + 1;
+	if (limit > 3)
+		limit = 3;
+	for (int i = 0; i < n; i++) {
+		if (!candidates[i] || !strcmp(candidates[i], name))
+			continue;
+		int d = edit_distance(name, candidates[i]);
+		if (d < best_d) {
+			best_d = d;
+			best = candidates[i];
+		}
+	}
+	return best_d <= limit ? best : NULL;
+}
