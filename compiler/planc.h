@@ -305,11 +305,202 @@ typedef struct PlanSpec {
 } PlanSpec;
 
 Item *find_item(Program *p, ItemKind kind, const char *name, const Module *from);
-bool sema_check(Program *p); /* names and plan statements of every plan; false if any error */
-PlanSpec *sema_plan(Program *p, Item *plan); /* NULL after reporting errors */
+/* sema_check: names of every module and the statements of every plan, with warnings; false if
+ * any error. sema_plan: one plan's PlanSpec, NULL after reporting errors; it reports errors but
+ * not warnings (run sema_check first: it reports each plan's warnings once). */
+bool sema_check(Program *p);
+PlanSpec *sema_plan(Program *p, Item *plan);
 Item *default_plan(Program *p, const char *name); /* `--plan NAME`, or the file's first plan */
 int axis_index(const PlanSpec *ps, const char *name); /* -1 if not a mesh axis */
 const char *dtype_name(DType t);
 int dtype_bytes(DType t);
+
+
+/* ---------------------------------------------------------------- graph.c */
+/* The model graph IR: SSA values over concrete shapes, produced by elaborating the model (fns
+ * inlined, repeats unrolled with layer tags) and then extended by every pass: autodiff appends
+ * backward and optimizer ops, shard.c inserts collectives, recompute.c clones forward ops into
+ * the backward, pipeline.c assigns stages. Ops are kept in program order in one array. The op
+ * table is an X-macro: name, printed name, kind of op. */
+#define OP_TABLE(X) \
+	X(INPUT, "input", OPK_SOURCE) \
+	X(FILL, "fill", OPK_SOURCE) \
+	X(PARAM, "param", OPK_SOURCE) \
+	X(MATMUL, "matmul", OPK_MATMUL) \
+	X(MATMUL_WGRAD, "matmul_wgrad", OPK_MATMUL) \
+	X(TRANSPOSE, "transpose", OPK_VIEW) \
+	X(SPLIT_HEADS, "split_heads", OPK_VIEW) \
+	X(MERGE_HEADS, "merge_heads", OPK_VIEW) \
+	X(ADD, "add", OPK_BINARY) \
+	X(SUB, "sub", OPK_BINARY) \
+	X(MUL, "mul", OPK_BINARY) \
+	X(DIV, "div", OPK_BINARY) \
+	X(SCALE, "scale", OPK_LINEAR) \
+	X(NEG, "neg", OPK_LINEAR) \
+	X(SUM_TO, "sum_to", OPK_LINEAR) \
+	X(GELU, "gelu", OPK_UNARY) \
+	X(RELU, "relu", OPK_UNARY) \
+	X(SILU, "silu", OPK_UNARY) \
+	X(DROPOUT, "dropout", OPK_UNARY) \
+	X(CAUSAL_MASK, "causal_mask", OPK_UNARY) \
+	X(SOFTMAX, "softmax", OPK_ROWWISE) \
+	X(LAYER_NORM, "layer_norm", OPK_ROWWISE) \
+	X(RMS_NORM, "rms_norm", OPK_ROWWISE) \
+	X(EMBED, "embed", OPK_EMBED) \
+	X(CROSS_ENTROPY, "cross_entropy", OPK_LOSS) \
+	X(MOE_ROUTER, "moe_router", OPK_MOE) \
+	X(MOE_DISPATCH, "moe_dispatch", OPK_MOE) \
+	X(MOE_COMBINE, "moe_combine", OPK_MOE) \
+	X(MOE_AUX_LOSS, "moe_aux_loss", OPK_MOE) \
+	X(GELU_GRAD, "gelu_grad", OPK_UNARY_GRAD) \
+	X(RELU_GRAD, "relu_grad", OPK_UNARY_GRAD) \
+	X(SILU_GRAD, "silu_grad", OPK_UNARY_GRAD) \
+	X(DROPOUT_GRAD, "dropout_grad", OPK_UNARY_GRAD) \
+	X(SOFTMAX_GRAD, "softmax_grad", OPK_ROWWISE) \
+	X(LAYER_NORM_GRAD, "layer_norm_grad", OPK_ROWWISE) \
+	X(RMS_NORM_GRAD, "rms_norm_grad", OPK_ROWWISE) \
+	X(EMBED_GRAD, "embed_grad", OPK_EMBED) \
+	X(CROSS_ENTROPY_GRAD, "cross_entropy_grad", OPK_LOSS) \
+	X(MOE_ROUTER_GRAD, "moe_router_grad", OPK_MOE) \
+	X(MOE_DISPATCH_GRAD, "moe_dispatch_grad", OPK_MOE) \
+	X(MOE_COMBINE_GRAD, "moe_combine_grad", OPK_MOE) \
+	X(MOE_AUX_LOSS_GRAD, "moe_aux_loss_grad", OPK_MOE) \
+	X(OPTIMIZER_STEP, "optimizer_step", OPK_OPTIMIZER) \
+	X(ALL_REDUCE, "all_reduce", OPK_COLLECTIVE) \
+	X(REDUCE_SCATTER, "reduce_scatter", OPK_COLLECTIVE) \
+	X(ALL_GATHER, "all_gather", OPK_COLLECTIVE) \
+	X(ALL_TO_ALL, "all_to_all", OPK_COLLECTIVE) \
+	X(SLICE, "slice", OPK_VIEW) \
+	X(SEND, "send", OPK_P2P) \
+	X(RECV, "recv", OPK_P2P)
+
+typedef enum {
+#define X(name, text, kind) OP_##name,
+	OP_TABLE(X)
+#undef X
+	OP_COUNT
+} OpKind;
+
+typedef enum { OPK_SOURCE, OPK_MATMUL, OPK_VIEW, OPK_BINARY, OPK_LINEAR, OPK_UNARY, OPK_ROWWISE, OPK_EMBED,
+	OPK_LOSS, OPK_MOE, OPK_UNARY_GRAD, OPK_OPTIMIZER, OPK_COLLECTIVE, OPK_P2P } OpClass;
+
+extern const char *const op_names[OP_COUNT];
+extern const OpClass op_classes[OP_COUNT];
+
+/* A value's layout on one mesh axis: replicated, partial sum, or split along a dimension. */
+#define LAYOUT_R (-1)
+#define LAYOUT_P (-2)
+#define LAYOUT_FLAT (-3) /* ZeRO: flattened, padded and split evenly over the axis */
+typedef struct Layout {
+	signed char on[MAX_AXES]; /* LAYOUT_R, LAYOUT_P or the split dim */
+} Layout;
+
+typedef enum { ROLE_ACT, ROLE_PARAM, ROLE_INPUT, ROLE_GRAD, ROLE_MASK, ROLE_STAT, ROLE_INDEX, ROLE_LOSS } ValueRole;
+
+typedef struct Value {
+	int id;
+	DType dtype;
+	int rank;
+	long long dim[MAX_DIMS];
+	const char *dim_name[MAX_DIMS]; /* the model's name for a dim (B, S, D, H, V, E) or NULL */
+	int def;           /* index of the producing op */
+	ValueRole role;
+	const char *name;  /* parameter path, input name or variable name; may be NULL */
+	int layer;         /* repeat iteration that produced it, -1 outside any repeat */
+	int grad_of;       /* ROLE_GRAD of a parameter: that parameter's value id, else -1 */
+	int grad;          /* ROLE_PARAM: the value id of its (synced) gradient, -1 before autodiff */
+	int alias_of;      /* views: the value whose storage this is, else -1 */
+	int tied_to;       /* a parameter copy on another pipeline stage: the original, else -1 */
+	Layout lay;        /* filled by shard.c */
+	int init_kind;     /* ROLE_PARAM: 0 normal, 1 uniform, 2 zeros, 3 ones */
+	double init_a, init_b;
+} Value;
+
+typedef struct Op {
+	OpKind kind;
+	int nin, nout;
+	int in[6];
+	int out[3];
+	double f;          /* scalar attribute: scale, dropout p, eps, capacity factor */
+	long long n;       /* integer attribute: heads, top_k, split dim, group stage */
+	const char *s;     /* string attribute: gelu approximation */
+	int axis;          /* collectives: mesh axis index; p2p: peer stage offset */
+	int coll_dim;      /* collectives: the gathered / scattered dim (or -1) */
+	int coll_dim2;     /* all_to_all: the dim split afterwards */
+	int layer;         /* -1 outside repeat */
+	bool backward;     /* part of the backward pass */
+	bool recompute;    /* a forward op cloned into the backward by recompute.c */
+	bool in_recompute_fn; /* forward op from inside an @recompute fn */
+	bool per_step;     /* runs once per step (optimizer, gradient sync), not per micro-batch */
+	double every;      /* collectives: runs once per this many steps (local SGD), 0 = every step */
+	int peer;          /* p2p and async: the peer's coordinate on `axis`; -1 none */
+	int stage_group[2]; /* pipe-axis collectives between two stages (tied weights), else -1 */
+	int role;          /* ROLE_ANY, or an async role that alone runs the op */
+	int stage;         /* pipeline stage (0 without pipeline) */
+	int fwd_op;        /* backward ops: the forward op they differentiate, else -1 */
+	const char *scope; /* dotted fn path the op came from */
+	Loc loc;
+	const Source *src;
+} Op;
+
+/* A pipeline schedule: for each stage the ordered actions of one step (Megatron's tables). */
+typedef enum { ACT_FORWARD, ACT_BACKWARD } ActionKind;
+typedef struct Action {
+	ActionKind kind;
+	int micro;  /* micro-batch */
+	int chunk;  /* virtual stage on this rank (interleaved), else 0 */
+} Action;
+typedef struct Schedule {
+	int stages, chunks, micro;
+	Action **table; /* table[stage][0 .. 2 * micro * chunks) */
+	int *inflight;  /* per stage: most micro-batch chunks forwarded but not yet backwarded */
+} Schedule;
+
+enum { RANKROLE_ANY = 0, RANKROLE_WORKER = 1, RANKROLE_MASTER = 2 };
+
+typedef struct Graph {
+	Arena *arena;
+	PlanSpec *ps;
+	Value *vals;
+	int nvals, capvals;
+	Op *ops;
+	int nops, capops;
+	int loss;        /* value id of the scalar loss */
+	int nlayers;     /* iterations of the model's top-level repeat */
+	int nfwd;        /* ops [0, nfwd) are the forward pass (set by autodiff) */
+	bool has_moe;
+	double aux_loss_weight;
+	int nstages;     /* pipeline stages (1 without pipeline) */
+	int *layer_stage; /* layer -> stage */
+	int *layer_chunk; /* layer -> virtual chunk on its stage */
+	Schedule *sched;
+} Graph;
+
+Graph *graph_build(PlanSpec *ps); /* elaborate the model; NULL after reporting errors */
+int graph_add_value(Graph *g, DType t, int rank, const long long *dim, const char *const *names);
+int graph_add_op(Graph *g, OpKind k, int nin, const int *in, int nout, const int *out);
+void op_clear(Op *op); /* zero an op outside the graph, with every "none" index set to -1 */
+long long value_elems(const Graph *g, int v);
+long long value_local_elems(const Graph *g, int v); /* under its Layout */
+int value_root(const Graph *g, int v);              /* follows alias_of through views */
+void graph_dump(FILE *out, const Graph *g);
+const char *layout_string(const Graph *g, int v, char *buf, size_t n);
+
+/* ---------------------------------------------------------------- passes */
+/* Each pass is one file; passes.c runs them in order and prints the IR after any of them when
+ * asked (`planc --dump-after=PASS`). */
+bool autodiff(Graph *g);     /* autodiff.c: backward graph and optimizer update */
+bool shard(Graph *g);        /* shard.c: layouts per mesh axis, collectives inserted */
+bool recompute(Graph *g);    /* recompute.c: selective / full activation recomputation */
+bool pipeline(Graph *g);     /* pipeline.c: stage partition, p2p, schedule tables */
+/* pipeline.c: simulated step time / ideal time - 1 for per-(stage, chunk) forward and backward
+ * costs (fcost[stage * chunks + chunk]); (p - 1) / m for equal stages (Narayanan et al.). */
+double pipeline_bubble(const Graph *g, const double *fcost, const double *bcost);
+bool zero(Graph *g);         /* zero.c: ZeRO state sharding and offload placement */
+bool sync_grads(Graph *g);   /* sync.c: gradient buckets, compression, local SGD, async */
+bool check_collectives(Graph *g); /* schedule.c: the collective-sequence check over all ranks */
+Graph *run_passes(PlanSpec *ps, const char *dump_after, FILE *dump_out);
+void explain(FILE *out, Graph *g, bool json); /* explain.c: the cost report, text or JSON */
+extern const char *const pass_names[];
 
 #endif

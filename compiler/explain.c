@@ -1,0 +1,590 @@
+/* explain.c: what a plan costs, read off the compiled IR (never from closed-form formulas).
+ *
+ * For every distinct rank role (pipeline stage x async role) it walks the scheduled,
+ * sharded graph and adds up:
+ *   parameters, gradients, optimizer states  the PARAM values, their gradients and the optimizer's
+ *                   per-parameter state (f32 master copy when the parameters are lower precision;
+ *                   Adam's two moments), each at its local size after tensor sharding and ZeRO;
+ *   activations     the forward values a backward op reads (views counted once, through their
+ *                   storage), per micro-batch, times the micro-batches the schedule keeps in flight;
+ *   working memory  the largest set of other values alive at once in one micro-batch's forward
+ *                   and backward (gathered ZeRO-3 parameters, recomputed layers, temporaries);
+ *   communication   every collective and transfer with its calls per step, buffer bytes and the
+ *                   bytes a rank puts on the wire with ring algorithms;
+ *   FLOPs           2 M N K for every matmul (recomputed ones included), per step;
+ *   bubble          the schedule table simulated with each stage's FLOPs as its time.
+ * docs/explain.md says which published formula each figure agrees with. */
+#include "planc.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct CommRow {
+	OpKind kind;
+	int axis;       /* mesh axis */
+	bool pair;      /* tied-parameter group of two stages */
+	const char *phase; /* forward, backward, step */
+	double calls, bytes, wire;
+} CommRow;
+
+typedef struct Role {
+	int stage, role;
+	int nranks, first_rank;
+	double params, grads, optim, act, act_micro, work, peak;
+	double host, disk;
+	int inflight;
+	double *act_layer; /* per layer (global layer index), this stage's layers */
+	double flops;      /* per step, this rank */
+	CommRow *comm;
+	int ncomm, capcomm;
+} Role;
+
+typedef struct Report {
+	Graph *g;
+	PlanSpec *ps;
+	Role *roles;
+	int nroles;
+	double model_flops;
+	double params_total;
+	double bubble;
+} Report;
+
+static double bytes_of(const Graph *g, int v)
+{
+	return (double)value_local_elems(g, v) * dtype_bytes(g->vals[v].dtype);
+}
+
+static double matmul_flops(const Graph *g, const Op *op, bool local)
+{
+	if (op->kind != OP_MATMUL && op->kind != OP_MATMUL_WGRAD)
+		return 0;
+	const Value *a = &g->vals[op->in[0]];
+	double out = local ? (double)value_local_elems(g, op->out[0]) : (double)value_elems(g, op->out[0]);
+	double k;
+	if (op->kind == OP_MATMUL) {
+		k = (double)a->dim[a->rank - 1];
+		if (local && a->lay.on[0] != 99) {
+			for (int ax = 0; ax < g->ps->naxes; ax++)
+				if (a->lay.on[ax] == a->rank - 1)
+					k /= g->ps->axes[ax].size;
+		}
+	} else { /* contracted over every leading dim of a */
+		double all = local ? (double)value_local_elems(g, op->in[0]) : (double)value_elems(g, op->in[0]);
+		double last = (double)a->dim[a->rank - 1];
+		if (local)
+			for (int ax = 0; ax < g->ps->naxes; ax++)
+				if (a->lay.on[ax] == a->rank - 1)
+					last /= g->ps->axes[ax].size;
+		k = all / last;
+	}
+	return 2.0 * out * k;
+}
+
+static int group_size(const Graph *g, const Op *op)
+{
+	if (op->stage_group[0] >= 0 || op_classes[op->kind] == OPK_P2P)
+		return 2;
+	return op->axis >= 0 ? g->ps->axes[op->axis].size : 1;
+}
+
+static void add_comm(Role *r, const Graph *g, const Op *op)
+{
+	int m = g->ps->micro_batches > 0 ? g->ps->micro_batches : 1;
+	double calls = (op->per_step ? 1 : m) * (op->every > 0 ? 1.0 / op->every : 1.0);
+	int buf = op->kind == OP_ALL_GATHER || op->kind == OP_RECV ? op->out[0] : op->in[0];
+	if (op->kind == OP_ALL_REDUCE && op->stage_group[0] >= 0 && r->stage == op->stage_group[1])
+		buf = op->in[1];
+	double bytes = bytes_of(g, buf);
+	double n = group_size(g, op);
+	double wire;
+	switch (op->kind) {
+	case OP_ALL_REDUCE:
+		wire = 2 * (n - 1) / n * bytes;
+		break;
+	case OP_RECV:
+		wire = 0;
+		break;
+	case OP_SEND:
+		wire = bytes;
+		break;
+	default:
+		wire = (n - 1) / n * bytes;
+		break;
+	}
+	const char *phase = op->per_step ? "step" : op->recompute ? "recompute" : op->backward ? "backward" : "forward";
+	bool pair = op->stage_group[0] >= 0;
+	for (int i = 0; i < r->ncomm; i++) {
+		CommRow *c = &r->comm[i];
+		if (c->kind == op->kind && c->axis == op->axis && c->pair == pair && !strcmp(c->phase, phase)) {
+			c->calls += calls;
+			c->bytes += calls * bytes;
+			c->wire += calls * wire;
+			return;
+		}
+	}
+	if (r->ncomm == r->capcomm) {
+		r->capcomm = r->capcomm ? r->capcomm * 2 : 16;
+		CommRow *nc = realloc(r->comm, sizeof(CommRow) * (size_t)r->capcomm);
+		if (!nc)
+			ICE("out of memory");
+		r->comm = nc;
+	}
+	r->comm[r->ncomm++] = (CommRow){op->kind, op->axis, pair, phase, calls, calls * bytes, calls * wire};
+}
+
+static bool op_on(const Op *op, int stage, int role)
+{
+	if (op->role != RANKROLE_ANY && op->role != role)
+		return false;
+	if (op->stage_group[0] >= 0)
+		return stage == op->stage_group[0] || stage == op->stage_group[1];
+	return op->stage == stage;
+}
+
+static double optimizer_state_bytes(const PlanSpec *ps)
+{
+	double b = ps->master_dtype != ps->param_dtype ? dtype_bytes(ps->master_dtype) : 0;
+	switch (ps->optimizer) {
+	case OPT_ADAM:
+	case OPT_ADAMW:
+		return b + 8;
+	case OPT_MOMENTUM:
+		return b + 4;
+	case OPT_SGD:
+		return b;
+	}
+	return b;
+}
+
+static void model_states(Report *rep, Role *r)
+{
+	Graph *g = rep->g;
+	PlanSpec *ps = rep->ps;
+	int zn = ps->zero_stage >= 1 && ps->zero_axis >= 0 ? ps->axes[ps->zero_axis].size : 1;
+	bool worker_only = ps->sync == SYNC_ASYNC && r->role == RANKROLE_WORKER;
+	bool master = ps->sync == SYNC_ASYNC && r->role == RANKROLE_MASTER;
+	for (int i = 0; i < g->nops; i++) {
+		const Op *op = &g->ops[i];
+		if (op->kind != OP_OPTIMIZER_STEP || op->stage != r->stage)
+			continue;
+		int p = op->in[0], gr = op->in[1];
+		r->params += bytes_of(g, p);
+		if (!master)
+			r->grads += bytes_of(g, gr);
+		/* the optimizer works on the tensor-parallel shard, split again over the ZeRO axis */
+		Layout saved = g->vals[p].lay;
+		if (ps->zero_axis >= 0)
+			g->vals[p].lay.on[ps->zero_axis] = LAYOUT_R;
+		double local = (double)value_local_elems(g, p);
+		g->vals[p].lay = saved;
+		if (zn > 1)
+			local = ceil(local / zn);
+		if (!worker_only)
+			r->optim += local * optimizer_state_bytes(ps);
+		if (ps->compress != COMPRESS_NONE && ps->error_feedback)
+			r->optim += (double)value_local_elems(g, gr) * 4; /* error-feedback residual, f32 */
+	}
+	if (ps->offload_optimizer == PLACE_HOST) {
+		r->host += r->optim;
+		r->optim = 0;
+	} else if (ps->offload_optimizer == PLACE_DISK) {
+		r->disk += r->optim;
+		r->optim = 0;
+	}
+	if (ps->offload_params == PLACE_HOST) {
+		r->host += r->params;
+		r->params = 0;
+	} else if (ps->offload_params == PLACE_DISK) {
+		r->disk += r->params;
+		r->params = 0;
+	}
+}
+
+/* Forward values read by the backward: the activations a micro-batch keeps. */
+static void activations(Report *rep, Role *r)
+{
+	Graph *g = rep->g;
+	char *seen = calloc((size_t)g->nvals, 1);
+	if (!seen)
+		ICE("out of memory");
+	r->act_layer = calloc((size_t)(g->nlayers + 1), sizeof(double));
+	if (!r->act_layer)
+		ICE("out of memory");
+	double total = 0;
+	for (int i = 0; i < g->nops; i++) {
+		const Op *op = &g->ops[i];
+		if (!op->backward || op->stage != r->stage || op->per_step)
+			continue;
+		for (int k = 0; k < op->nin; k++) {
+			int v = op->in[k];
+			int def = g->vals[v].def;
+			if (def < 0)
+				continue;
+			const Op *prod = &g->ops[def];
+			if (prod->backward || prod->per_step || prod->kind == OP_PARAM)
+				continue;
+			if (g->vals[v].role == ROLE_PARAM)
+				continue;
+			int root = value_root(g, v);
+			const Op *rdef = g->vals[root].def >= 0 ? &g->ops[g->vals[root].def] : NULL;
+			if (rdef && rdef->kind == OP_PARAM)
+				continue; /* a view of a parameter (w.T) */
+			if (rdef && rdef->kind == OP_ALL_GATHER && g->vals[rdef->in[0]].role == ROLE_PARAM)
+				continue; /* a gathered ZeRO-3 parameter: working memory, not an activation */
+			if (seen[root])
+				continue;
+			seen[root] = 1;
+			double b = bytes_of(g, root);
+			total += b;
+			int layer = op->layer;
+			if (layer >= 0 && layer < g->nlayers)
+				r->act_layer[layer] += b;
+		}
+	}
+	free(seen);
+	int v = g->sched ? g->sched->chunks : 1;
+	r->inflight = g->sched ? g->sched->inflight[r->stage] : 1;
+	r->act_micro = total;
+	r->act = total * r->inflight / (v > 0 ? v : 1);
+	if (rep->ps->offload_activations == PLACE_HOST) {
+		r->host += r->act - total / (v > 0 ? v : 1);
+		r->act = total / (v > 0 ? v : 1);
+	}
+}
+
+/* Largest live set of values other than model states and saved activations, one micro-batch. */
+static void working_memory(Report *rep, Role *r)
+{
+	Graph *g = rep->g;
+	int *last = malloc(sizeof(int) * (size_t)g->nvals);
+	char *saved = calloc((size_t)g->nvals, 1);
+	if (!last || !saved)
+		ICE("out of memory");
+	for (int v = 0; v < g->nvals; v++)
+		last[v] = -1;
+	for (int i = 0; i < g->nops; i++) {
+		const Op *op = &g->ops[i];
+		if (op->stage != r->stage || op->per_step)
+			continue;
+		for (int k = 0; k < op->nin; k++) {
+			last[op->in[k]] = i;
+			int def = g->vals[op->in[k]].def;
+			if (op->backward && def >= 0 && !g->ops[def].backward)
+				saved[value_root(g, op->in[k])] = 1;
+		}
+	}
+	double live = 0, most = 0;
+	double *free_at = calloc((size_t)g->nops + 1, sizeof(double));
+	if (!free_at)
+		ICE("out of memory");
+	for (int i = 0; i < g->nops; i++) {
+		const Op *op = &g->ops[i];
+		if (op->stage != r->stage || op->per_step)
+			continue;
+		for (int k = 0; k < op->nout; k++) {
+			int v = op->out[k];
+			const Value *val = &g->vals[v];
+			if (val->alias_of >= 0 || saved[v] || val->role == ROLE_PARAM || val->grad_of >= 0 || last[v] < 0)
+				continue;
+			if (op->kind == OP_PARAM)
+				continue;
+			double b = bytes_of(g, v);
+			live += b;
+			free_at[last[v]] += b;
+		}
+		if (live > most)
+			most = live;
+		live -= free_at[i];
+	}
+	r->work = most;
+	free(free_at);
+	free(last);
+	free(saved);
+}
+
+static void flops_and_comm(Report *rep, Role *r)
+{
+	Graph *g = rep->g;
+	int m = rep->ps->micro_batches > 0 ? rep->ps->micro_batches : 1;
+	for (int i = 0; i < g->nops; i++) {
+		const Op *op = &g->ops[i];
+		if (!op_on(op, r->stage, r->role))
+			continue;
+		if (!(rep->ps->sync == SYNC_ASYNC && r->role == RANKROLE_MASTER))
+			r->flops += matmul_flops(g, op, true) * (op->per_step ? 1 : m);
+		OpClass k = op_classes[op->kind];
+		if ((k == OPK_COLLECTIVE || k == OPK_P2P) && op->kind != OP_SLICE)
+			add_comm(r, g, op);
+	}
+}
+
+static void bubble(Report *rep)
+{
+	Graph *g = rep->g;
+	if (!g->sched || g->nstages <= 1)
+		return;
+	int p = g->nstages, v = g->sched->chunks;
+	double *fc = calloc((size_t)(p * v), sizeof(double)), *bc = calloc((size_t)(p * v), sizeof(double));
+	if (!fc || !bc)
+		ICE("out of memory");
+	for (int i = 0; i < g->nops; i++) {
+		const Op *op = &g->ops[i];
+		if (op->per_step)
+			continue;
+		int chunk = op->layer >= 0 ? g->layer_chunk[op->layer] : (op->stage == 0 && i < g->nfwd / 2 ? 0 : v - 1);
+		double f = matmul_flops(g, op, true);
+		(op->backward ? bc : fc)[op->stage * v + chunk] += f;
+	}
+	for (int i = 0; i < p * v; i++) {
+		if (fc[i] == 0)
+			fc[i] = 1;
+		if (bc[i] == 0)
+			bc[i] = 2;
+	}
+	rep->bubble = pipeline_bubble(g, fc, bc);
+	free(fc);
+	free(bc);
+}
+
+static Report *build_report(Graph *g)
+{
+	PlanSpec *ps = g->ps;
+	Report *rep = calloc(1, sizeof *rep);
+	if (!rep)
+		ICE("out of memory");
+	rep->g = g;
+	rep->ps = ps;
+	bool async = ps->sync == SYNC_ASYNC;
+	int nr = g->nstages * (async ? 2 : 1);
+	rep->roles = calloc((size_t)nr, sizeof(Role));
+	if (!rep->roles)
+		ICE("out of memory");
+	int async_axis = -1;
+	for (int r = 0; r < ps->nrules; r++)
+		if (async && ps->rules[r].dim_name && ps->batch_dim && !strcmp(ps->rules[r].dim_name, ps->batch_dim))
+			async_axis = ps->rules[r].axis;
+	for (int s = 0; s < g->nstages; s++)
+		for (int k = 0; k < (async ? 2 : 1); k++) {
+			Role *r = &rep->roles[rep->nroles++];
+			r->stage = s;
+			r->role = async ? (k == 0 ? RANKROLE_MASTER : RANKROLE_WORKER) : RANKROLE_ANY;
+			r->first_rank = -1;
+			int coord[MAX_AXES];
+			for (int rank = 0; rank < ps->world; rank++) {
+				int x = rank;
+				for (int a = ps->naxes - 1; a >= 0; a--) {
+					coord[a] = x % ps->axes[a].size;
+					x /= ps->axes[a].size;
+				}
+				int st = ps->pipe_axis >= 0 ? coord[ps->pipe_axis] : 0;
+				int role = async_axis < 0 ? RANKROLE_ANY : coord[async_axis] == 0 ? RANKROLE_MASTER : RANKROLE_WORKER;
+				if (st == s && role == r->role) {
+					if (r->first_rank < 0)
+						r->first_rank = rank;
+					r->nranks++;
+				}
+			}
+			model_states(rep, r);
+			if (!(async && r->role == RANKROLE_MASTER)) {
+				activations(rep, r);
+				working_memory(rep, r);
+			} else {
+				r->act_layer = calloc((size_t)(g->nlayers + 1), sizeof(double));
+			}
+			flops_and_comm(rep, r);
+			r->peak = r->params + r->grads + r->optim + r->act + r->work;
+		}
+	int m = ps->micro_batches > 0 ? ps->micro_batches : 1;
+	for (int i = 0; i < g->nops; i++) {
+		const Op *op = &g->ops[i];
+		rep->model_flops += matmul_flops(g, op, false) * (op->per_step ? 1 : m);
+		if (op->kind == OP_PARAM && g->vals[op->out[0]].tied_to < 0)
+			rep->params_total += (double)value_elems(g, op->out[0]);
+	}
+	bubble(rep);
+	return rep;
+}
+
+static void free_report(Report *rep)
+{
+	for (int i = 0; i < rep->nroles; i++) {
+		free(rep->roles[i].act_layer);
+		free(rep->roles[i].comm);
+	}
+	free(rep->roles);
+	free(rep);
+}
+
+/* ---------------------------------------------------------------- printing */
+
+static const char *human(double b, char *buf, size_t n)
+{
+	const char *units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+	int u = 0;
+	while (b >= 1024 && u < 5) {
+		b /= 1024;
+		u++;
+	}
+	snprintf(buf, n, u ? "%.2f %s" : "%.0f %s", b, units[u]);
+	return buf;
+}
+
+static const char *human_count(double x, char *buf, size_t n)
+{
+	const char *units[] = {"", " K", " M", " G", " T", " P", " E"};
+	int u = 0;
+	while (fabs(x) >= 1000 && u < 6) {
+		x /= 1000;
+		u++;
+	}
+	snprintf(buf, n, u ? "%.2f%s" : "%.0f%s", x, units[u]);
+	return buf;
+}
+
+static const char *role_name(const Report *rep, const Role *r, char *buf, size_t n)
+{
+	const char *who = r->role == RANKROLE_MASTER ? "master, " : r->role == RANKROLE_WORKER ? "workers, " : "";
+	if (rep->g->nstages > 1)
+		snprintf(buf, n, "stage %d (%s%d rank%s from %d)", r->stage, who, r->nranks, r->nranks == 1 ? "" : "s",
+			 r->first_rank);
+	else
+		snprintf(buf, n, "%s%d rank%s%s", who, r->nranks, r->nranks == 1 ? "" : "s",
+			 r->role == RANKROLE_ANY ? " alike" : "");
+	return buf;
+}
+
+static const char *schedule_name(PipeSchedule s)
+{
+	return s == SCHED_GPIPE ? "gpipe" : s == SCHED_1F1B ? "1f1b" : s == SCHED_INTERLEAVED ? "interleaved" : "none";
+}
+
+static void print_text(FILE *out, const Report *rep)
+{
+	const PlanSpec *ps = rep->ps;
+	const Graph *g = rep->g;
+	char b1[64], b2[64], b3[64];
+	fprintf(out, "plan %s for %s: %d rank%s (", ps->plan->name, ps->model->name, ps->world, ps->world == 1 ? "" : "s");
+	for (int a = 0; a < ps->naxes; a++)
+		fprintf(out, "%s%s = %d", a ? " x " : "", ps->axes[a].name, ps->axes[a].size);
+	fprintf(out, ")\n");
+	fprintf(out, "  batch %lld in %d micro-batch%s, %s, zero %d, recompute %s\n", ps->batch,
+		ps->micro_batches, ps->micro_batches == 1 ? "" : "es",
+		ps->param_dtype == ps->master_dtype ? dtype_name(ps->param_dtype) : arena_printf(g->arena, "%s with %s master weights", dtype_name(ps->param_dtype), dtype_name(ps->master_dtype)),
+		ps->zero_stage, ps->recompute == RECOMPUTE_FULL ? "full" : ps->recompute == RECOMPUTE_SELECTIVE ? "selective" : "none");
+	fprintf(out, "  parameters %s (%s)\n\n", human_count(rep->params_total, b1, sizeof b1),
+		human(rep->params_total * dtype_bytes(ps->param_dtype), b2, sizeof b2));
+	for (int i = 0; i < rep->nroles; i++) {
+		const Role *r = &rep->roles[i];
+		char name[128];
+		fprintf(out, "%s\n", role_name(rep, r, name, sizeof name));
+		fprintf(out, "  %-22s %12s\n", "parameters", human(r->params, b1, sizeof b1));
+		fprintf(out, "  %-22s %12s\n", "gradients", human(r->grads, b1, sizeof b1));
+		fprintf(out, "  %-22s %12s\n", "optimizer states", human(r->optim, b1, sizeof b1));
+		fprintf(out, "  %-22s %12s   (%d micro-batch%s in flight, %s each)\n", "activations",
+			human(r->act, b1, sizeof b1), r->inflight, r->inflight == 1 ? "" : "es",
+			human(r->act_micro / (g->sched ? g->sched->chunks : 1), b2, sizeof b2));
+		fprintf(out, "  %-22s %12s\n", "working memory", human(r->work, b1, sizeof b1));
+		fprintf(out, "  %-22s %12s\n", "peak", human(r->peak, b1, sizeof b1));
+		if (r->host > 0)
+			fprintf(out, "  %-22s %12s\n", "offloaded to host", human(r->host, b1, sizeof b1));
+		if (r->disk > 0)
+			fprintf(out, "  %-22s %12s\n", "offloaded to disk", human(r->disk, b1, sizeof b1));
+		fprintf(out, "  %-22s %12s\n", "FLOPs per step", human_count(r->flops, b1, sizeof b1));
+		if (r->ncomm) {
+			fprintf(out, "  communication per step:\n");
+			fprintf(out, "    %-15s %-10s %-10s %10s %12s %12s\n", "collective", "axis", "phase", "calls", "bytes",
+				"wire bytes");
+			for (int k = 0; k < r->ncomm; k++) {
+				const CommRow *c = &r->comm[k];
+				const char *axis = c->pair ? "tied pair" : c->axis >= 0 ? ps->axes[c->axis].name : "?";
+				fprintf(out, "    %-15s %-10s %-10s %10.4g %12s %12s\n", op_names[c->kind], axis, c->phase, c->calls,
+					human(c->bytes, b1, sizeof b1), human(c->wire, b2, sizeof b2));
+			}
+		}
+		fputc('\n', out);
+	}
+	if (g->nstages > 1)
+		fprintf(out, "pipeline: %s, %d stages%s, bubble %.1f%% of compute time\n", schedule_name(ps->schedule),
+			g->nstages, g->sched && g->sched->chunks > 1 ? arena_printf(g->arena, " x %d chunks", g->sched->chunks) : "",
+			100 * rep->bubble);
+	fprintf(out, "model FLOPs per step: %s\n", human_count(rep->model_flops, b3, sizeof b3));
+}
+
+static void json_str(FILE *out, const char *s)
+{
+	fputc('"', out);
+	for (; s && *s; s++) {
+		unsigned char c = (unsigned char)*s;
+		if (c == '"' || c == '\\')
+			fprintf(out, "\\%c", c);
+		else if (c < 32)
+			fprintf(out, "\\u%04x", c);
+		else
+			fputc(c, out);
+	}
+	fputc('"', out);
+}
+
+static void print_json(FILE *out, const Report *rep)
+{
+	const PlanSpec *ps = rep->ps;
+	const Graph *g = rep->g;
+	fprintf(out, "{\n  \"plan\": ");
+	json_str(out, ps->plan->name);
+	fprintf(out, ",\n  \"model\": ");
+	json_str(out, ps->model->name);
+	fprintf(out, ",\n  \"world\": %d,\n  \"mesh\": {", ps->world);
+	for (int a = 0; a < ps->naxes; a++) {
+		fprintf(out, "%s", a ? ", " : "");
+		json_str(out, ps->axes[a].name);
+		fprintf(out, ": %d", ps->axes[a].size);
+	}
+	fprintf(out, "},\n  \"batch\": %lld,\n  \"micro_batches\": %d,\n  \"zero\": %d,\n", ps->batch, ps->micro_batches,
+		ps->zero_stage);
+	fprintf(out, "  \"parameters\": %.0f,\n  \"model_flops_per_step\": %.6g,\n", rep->params_total, rep->model_flops);
+	fprintf(out, "  \"pipeline\": {\"schedule\": \"%s\", \"stages\": %d, \"chunks\": %d, \"bubble_fraction\": %.6f},\n",
+		schedule_name(ps->schedule), g->nstages, g->sched ? g->sched->chunks : 1, rep->bubble);
+	fprintf(out, "  \"roles\": [\n");
+	for (int i = 0; i < rep->nroles; i++) {
+		const Role *r = &rep->roles[i];
+		fprintf(out, "    {\"stage\": %d, \"role\": \"%s\", \"ranks\": %d, \"first_rank\": %d,\n", r->stage,
+			r->role == RANKROLE_MASTER ? "master" : r->role == RANKROLE_WORKER ? "worker" : "all", r->nranks,
+			r->first_rank);
+		fprintf(out,
+			"     \"bytes\": {\"parameters\": %.0f, \"gradients\": %.0f, \"optimizer\": %.0f, \"model_states\": %.0f, "
+			"\"activations\": %.0f, \"activations_per_micro_batch\": %.0f, \"working\": %.0f, \"peak\": %.0f, "
+			"\"host\": %.0f, \"disk\": %.0f},\n",
+			r->params, r->grads, r->optim, r->params + r->grads + r->optim, r->act, r->act_micro, r->work, r->peak,
+			r->host, r->disk);
+		fprintf(out, "     \"inflight_micro_batches\": %d, \"flops_per_step\": %.6g,\n", r->inflight, r->flops);
+		fprintf(out, "     \"activation_bytes_per_layer\": {");
+		bool first = true;
+		for (int l = 0; l < g->nlayers; l++) {
+			if (g->layer_stage && g->layer_stage[l] != r->stage)
+				continue;
+			fprintf(out, "%s\"%d\": %.0f", first ? "" : ", ", l, r->act_layer ? r->act_layer[l] : 0);
+			first = false;
+		}
+		fprintf(out, "},\n     \"communication\": [");
+		for (int k = 0; k < r->ncomm; k++) {
+			const CommRow *c = &r->comm[k];
+			fprintf(out, "%s\n       {\"collective\": \"%s\", \"axis\": ", k ? "," : "", op_names[c->kind]);
+			json_str(out, c->pair ? "tied_pair" : c->axis >= 0 ? ps->axes[c->axis].name : "");
+			fprintf(out, ", \"phase\": \"%s\", \"calls\": %.6g, \"bytes\": %.0f, \"wire_bytes\": %.0f}", c->phase,
+				c->calls, c->bytes, c->wire);
+		}
+		fprintf(out, "%s]}%s\n", r->ncomm ? "\n     " : "", i + 1 < rep->nroles ? "," : "");
+	}
+	fprintf(out, "  ]\n}\n");
+}
+
+void explain(FILE *out, Graph *g, bool json)
+{
+	Report *rep = build_report(g);
+	if (json)
+		print_json(out, rep);
+	else
+		print_text(out, rep);
+	free_report(rep);
+}

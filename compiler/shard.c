@@ -1,0 +1,1027 @@
+/* shard.c: sharding propagation and collective insertion.
+ *
+ * Every value gets a Layout: on each mesh axis it is replicated (R), a partial sum (P, OneFlow's
+ * SBP) or split along one of its dims (S(d)). Parameters take their layout from the plan's
+ * parameter rules (`shard layers.*.mlp.w1 : [_, tensor]`); inputs from the dim rules
+ * (`shard B -> data`). Every other value's layout follows from its op's rule, walking the graph
+ * in program order (forward, then backward, so the backward collectives of Megatron's f and g
+ * operators fall out of the same rules as the forward ones).
+ *
+ * When an op cannot consume its inputs as they are, the cheapest conversion is inserted:
+ *   P -> R    all_reduce          P -> S(d)  reduce_scatter
+ *   S(d) -> R all_gather          S(d) -> S(e) all_to_all      R -> S(d)  slice (no traffic)
+ * A partial sum is resolved into the dim a dim rule prefers on that axis (`shard S -> tensor`
+ * makes Megatron's all-reduce a reduce-scatter: sequence parallelism), else all-reduced.
+ * Divisibility of every split dim by its axes is checked here, with the op's location. */
+#include "planc.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct Conv {
+	Layout lay;
+	int value;
+	struct Conv *next;
+} Conv;
+
+typedef struct Shard {
+	Graph *g;
+	PlanSpec *ps;
+	Op *new_ops;
+	int nnew, capnew;
+	Conv **convs;     /* per value: converted copies */
+	int nconvs;
+	const Op *cur;    /* op being placed: collectives inherit its attributes */
+	bool failed;
+} Shard;
+
+/* ---------------------------------------------------------------- op list rebuilding */
+
+static Op *push_op(Shard *s, const Op *op)
+{
+	if (s->nnew == s->capnew) {
+		s->capnew = s->capnew ? s->capnew * 2 : 4096;
+		Op *n = arena_alloc(s->g->arena, sizeof(Op) * (size_t)s->capnew);
+		if (s->nnew)
+			memcpy(n, s->new_ops, sizeof(Op) * (size_t)s->nnew);
+		s->new_ops = n;
+	}
+	s->new_ops[s->nnew] = *op;
+	for (int i = 0; i < op->nout; i++)
+		s->g->vals[op->out[i]].def = s->nnew;
+	return &s->new_ops[s->nnew++];
+}
+
+static int copy_value(Shard *s, int v)
+{
+	Graph *g = s->g;
+	const Value *src = &g->vals[v];
+	int nv = graph_add_value(g, src->dtype, src->rank, src->dim, (const char *const *)src->dim_name);
+	Value *d = &g->vals[nv];
+	src = &g->vals[v];
+	d->role = src->role == ROLE_PARAM ? ROLE_ACT : src->role;
+	d->name = src->name;
+	d->layer = src->layer;
+	d->lay = src->lay;
+	return nv;
+}
+
+/* ---------------------------------------------------------------- layouts */
+
+static long long split_product(const Shard *s, const Layout *l, int dim)
+{
+	long long n = 1;
+	for (int a = 0; a < s->ps->naxes; a++)
+		if (l->on[a] == dim)
+			n *= s->ps->axes[a].size;
+	return n;
+}
+
+static bool check_divisible(Shard *s, int v, const Layout *l, int dim, const Op *at)
+{
+	const Value *val = &s->g->vals[v];
+	long long n = split_product(s, l, dim);
+	if (n <= 1 || val->dim[dim] % n == 0)
+		return true;
+	if (!s->failed) {
+		char axes[128] = "";
+		size_t used = 0;
+		for (int a = 0; a < s->ps->naxes; a++)
+			if (l->on[a] == dim && used < sizeof axes)
+				used += (size_t)snprintf(axes + used, sizeof axes - used, "%s'%s' of size %d",
+							 used ? " and " : "", s->ps->axes[a].name, s->ps->axes[a].size);
+		const char *dn = val->dim_name[dim];
+		const Source *src = at && at->src ? at->src : s->ps->src;
+		Loc loc = at && at->src ? at->loc : s->ps->plan->name_loc;
+		if (dn)
+			diag_error(src, loc, "dimension %s = %lld%s%s is not divisible by mesh axis %s", dn, val->dim[dim],
+				   val->name ? " of " : "", val->name ? val->name : "", axes);
+		else
+			diag_error(src, loc, "dimension %d (size %lld)%s%s is not divisible by mesh axis %s", dim,
+				   val->dim[dim], val->name ? " of " : "", val->name ? val->name : "", axes);
+		diag_note_plain("change the size or shard this dimension over a smaller axis");
+	}
+	s->failed = true;
+	return false;
+}
+
+/* The dim of v that a dim rule prefers on axis a, or -1. */
+static int preferred_dim(const Shard *s, int v, int a)
+{
+	const Value *val = &s->g->vals[v];
+	for (int r = 0; r < s->ps->nrules; r++) {
+		const ShardRule *rule = &s->ps->rules[r];
+		if (!rule->dim_name || rule->axis != a)
+			continue;
+		for (int d = 0; d < val->rank; d++)
+			if (val->dim_name[d] && !strcmp(val->dim_name[d], rule->dim_name) &&
+			    val->dim[d] % s->ps->axes[a].size == 0)
+				return d;
+	}
+	return -1;
+}
+
+static OpKind conversion_kind(int from, int to)
+{
+	if (from == LAYOUT_P)
+		return to == LAYOUT_R ? OP_ALL_REDUCE : OP_REDUCE_SCATTER;
+	if (from >= 0)
+		return to == LAYOUT_R ? OP_ALL_GATHER : OP_ALL_TO_ALL;
+	return OP_SLICE;
+}
+
+/* Converts v on axis a to state `to` (R or a split dim; never P), emitting one collective. */
+static int convert_axis(Shard *s, int v, int a, int to)
+{
+	Graph *g = s->g;
+	int from = g->vals[v].lay.on[a];
+	if (from == to)
+		return v;
+	internal_assert(to != LAYOUT_P);
+	Layout want = g->vals[v].lay;
+	want.on[a] = (signed char)to;
+	for (Conv *c = s->convs[v]; c; c = c->next)
+		if (!memcmp(&c->lay, &want, sizeof want))
+			return c->value;
+	if (to >= 0 && !check_divisible(s, v, &want, to, s->cur))
+		return v;
+	int nv = copy_value(s, v);
+	g->vals[nv].lay = want;
+	Op op;
+	op_clear(&op);
+	op.kind = conversion_kind(from, to);
+	op.nin = 1;
+	op.in[0] = v;
+	op.nout = 1;
+	op.out[0] = nv;
+	op.axis = a;
+	op.coll_dim = op.kind == OP_ALL_GATHER ? from : op.kind == OP_ALL_TO_ALL ? from : to;
+	op.coll_dim2 = op.kind == OP_ALL_TO_ALL ? to : -1;
+	op.layer = s->cur->layer;
+	op.backward = s->cur->backward;
+	op.recompute = s->cur->recompute;
+	op.per_step = s->cur->per_step;
+	op.stage = s->cur->stage;
+	op.fwd_op = s->cur->fwd_op;
+	op.scope = s->cur->scope;
+	op.loc = s->cur->loc;
+	op.src = s->cur->src;
+	op.n = -1;
+	push_op(s, &op);
+	if (op.kind == OP_SLICE)
+		g->vals[nv].alias_of = v;
+	Conv *c = arena_alloc(g->arena, sizeof *c);
+	c->lay = want;
+	c->value = nv;
+	c->next = s->convs[v];
+	s->convs[v] = c;
+	return nv;
+}
+
+/* Resolves a partial sum: into the preferred dim if a dim rule names one, else replicated. */
+static int resolve_partial(Shard *s, int v, int a)
+{
+	if (s->g->vals[v].lay.on[a] != LAYOUT_P)
+		return v;
+	int d = preferred_dim(s, v, a);
+	return convert_axis(s, v, a, d >= 0 ? d : LAYOUT_R);
+}
+
+/* Makes dim d of v whole on axis a: all-to-all into a preferred dim when one exists, else gather. */
+static int unsplit(Shard *s, int v, int a, int d)
+{
+	if (s->g->vals[v].lay.on[a] != d)
+		return v;
+	int p = preferred_dim(s, v, a);
+	return convert_axis(s, v, a, p >= 0 && p != d ? p : LAYOUT_R);
+}
+
+/* ---------------------------------------------------------------- per-op rules */
+
+/* Output dim of input dim d for a broadcast elementwise op (right aligned), or -1. */
+static int bcast_dim(const Value *in, const Value *out, int d)
+{
+	return d + out->rank - in->rank;
+}
+
+static void set_out(Shard *s, const Op *op, int a, int state)
+{
+	for (int i = 0; i < op->nout; i++) {
+		Value *v = &s->g->vals[op->out[i]];
+		int st = state;
+		if (st >= v->rank)
+			st = LAYOUT_R;
+		v->lay.on[a] = (signed char)st;
+	}
+}
+
+static int st(const Shard *s, int v, int a) { return s->g->vals[v].lay.on[a]; }
+
+/* Elementwise ops over broadcast operands. `linear_p`: how many P operands the op tolerates. */
+static void rule_elementwise(Shard *s, Op *op, int a)
+{
+	Graph *g = s->g;
+	const Value *out = &g->vals[op->out[0]];
+	bool any_p = false, all_p = true;
+	for (int i = 0; i < op->nin; i++) {
+		if (st(s, op->in[i], a) == LAYOUT_P)
+			any_p = true;
+		else
+			all_p = false;
+	}
+	bool linear_add = op->kind == OP_ADD || op->kind == OP_SUB;
+	if (any_p && all_p && linear_add) {
+		set_out(s, op, a, LAYOUT_P);
+		return;
+	}
+	if (any_p && (op->kind == OP_MUL || op->kind == OP_DIV) && op->nin == 2) {
+		int p = st(s, op->in[0], a) == LAYOUT_P ? 0 : 1;
+		int other = op->in[1 - p];
+		if (st(s, other, a) == LAYOUT_R && !(op->kind == OP_DIV && p == 1)) {
+			set_out(s, op, a, LAYOUT_P);
+			return;
+		}
+	}
+	/* target split: the first split operand's dim (in output space) */
+	int target = LAYOUT_R;
+	for (int i = 0; i < op->nin && target == LAYOUT_R; i++) {
+		int x = st(s, op->in[i], a);
+		if (x >= 0)
+			target = bcast_dim(&g->vals[op->in[i]], out, x);
+	}
+	if (any_p && target == LAYOUT_R) {
+		/* resolve the partial sums first; they may land split on a preferred dim */
+		for (int i = 0; i < op->nin; i++)
+			if (st(s, op->in[i], a) == LAYOUT_P) {
+				op->in[i] = resolve_partial(s, op->in[i], a);
+				int x = st(s, op->in[i], a);
+				if (x >= 0 && target == LAYOUT_R)
+					target = bcast_dim(&g->vals[op->in[i]], out, x);
+			}
+	}
+	for (int i = 0; i < op->nin; i++) {
+		const Value *in = &g->vals[op->in[i]];
+		int x = in->lay.on[a];
+		int want; /* in input-dim space */
+		if (target == LAYOUT_R) {
+			want = LAYOUT_R;
+		} else {
+			int d = target - (out->rank - in->rank);
+			want = (d >= 0 && in->dim[d] == out->dim[target]) ? d : LAYOUT_R; /* broadcast dims stay whole */
+		}
+		if (x == want)
+			continue;
+		if (x == LAYOUT_P)
+			op->in[i] = convert_axis(s, op->in[i], a, want);
+		else if (x >= 0 && want == LAYOUT_R)
+			op->in[i] = convert_axis(s, op->in[i], a, LAYOUT_R);
+		else
+			op->in[i] = convert_axis(s, op->in[i], a, want);
+	}
+	set_out(s, op, a, target);
+}
+
+/* One input carried through with its layout (unary ops, linear ops, views without remapping). */
+static void rule_unary(Shard *s, Op *op, int a, bool linear, int whole_from)
+{
+	int x = op->in[0];
+	if (!linear)
+		x = resolve_partial(s, x, a);
+	const Value *v = &s->g->vals[x];
+	for (int d = whole_from; d >= 0 && d < v->rank; d++)
+		x = unsplit(s, x, a, d);
+	op->in[0] = x;
+	set_out(s, op, a, st(s, x, a));
+}
+
+static bool is_param_like(const Shard *s, int v)
+{
+	while (v >= 0) {
+		const Value *val = &s->g->vals[v];
+		if (val->role == ROLE_PARAM)
+			return true;
+		int def = val->def;
+		if (def < 0)
+			return false;
+		const Op *op = &s->new_ops[def];
+		if (op->kind != OP_TRANSPOSE && op->kind != OP_RECV)
+			return false;
+		v = op->in[0];
+	}
+	return false;
+}
+
+static void rule_matmul(Shard *s, Op *op, int a)
+{
+	Graph *g = s->g;
+	const Value *va = &g->vals[op->in[0]], *vb = &g->vals[op->in[1]];
+	int ra = va->rank, rb = vb->rank;
+	int aM = ra - 2, aK = ra - 1;
+	int bK = rb - 2, bN = rb - 1;
+	bool batched = rb > 2;
+	int sa = st(s, op->in[0], a), sb = st(s, op->in[1], a);
+	if (sa == LAYOUT_P && sb == LAYOUT_R) {
+		set_out(s, op, a, LAYOUT_P);
+		return;
+	}
+	if (sb == LAYOUT_P && sa == LAYOUT_R) {
+		set_out(s, op, a, LAYOUT_P);
+		return;
+	}
+	if (sa == LAYOUT_P)
+		op->in[0] = resolve_partial(s, op->in[0], a);
+	if (st(s, op->in[1], a) == LAYOUT_P)
+		op->in[1] = resolve_partial(s, op->in[1], a);
+	/* Ulysses-style moves: operands split on a row/column dim while a dim rule prefers one of
+	 * their batch dims on this axis go there by all-to-all (sequence -> heads). */
+	for (int k = 0; k < 2; k++) {
+		int v = op->in[k];
+		int x = st(s, v, a);
+		int rank = g->vals[v].rank;
+		int p = preferred_dim(s, v, a);
+		bool x_batch = x >= 0 && x < rank - 2;
+		if (x >= 0 && !x_batch && p >= 0 && p < rank - 2 && batched && g->vals[op->in[1 - k]].rank == rank)
+			op->in[k] = convert_axis(s, v, a, p);
+	}
+	/* a split on K while the weight is whole and a dim rule prefers another dim: all-to-all */
+	if (st(s, op->in[0], a) == aK && st(s, op->in[1], a) == LAYOUT_R) {
+		int p = preferred_dim(s, op->in[0], a);
+		if (p >= 0 && p != aK && !batched)
+			op->in[0] = convert_axis(s, op->in[0], a, p);
+	}
+	for (int round = 0; round < 3; round++) {
+		sa = st(s, op->in[0], a);
+		sb = st(s, op->in[1], a);
+		if (sa == LAYOUT_R && sb == LAYOUT_R) {
+			set_out(s, op, a, LAYOUT_R);
+			return;
+		}
+		if (sa >= 0 && sa < aM && sb == LAYOUT_R) { /* batch dim of a */
+			if (batched)
+				op->in[1] = convert_axis(s, op->in[1], a, sa);
+			set_out(s, op, a, sa);
+			return;
+		}
+		if (sa == aM && sb == LAYOUT_R) {
+			set_out(s, op, a, aM);
+			return;
+		}
+		if (sa == aK && sb == LAYOUT_R) {
+			op->in[1] = convert_axis(s, op->in[1], a, bK);
+			set_out(s, op, a, LAYOUT_P);
+			return;
+		}
+		if (sa == LAYOUT_R && sb == bK) {
+			op->in[0] = convert_axis(s, op->in[0], a, aK);
+			set_out(s, op, a, LAYOUT_P);
+			return;
+		}
+		if (sa == LAYOUT_R && sb == bN) {
+			set_out(s, op, a, ra - 1);
+			return;
+		}
+		if (sa == LAYOUT_R && batched && sb >= 0 && sb < bK) {
+			op->in[0] = convert_axis(s, op->in[0], a, sb);
+			set_out(s, op, a, sb);
+			return;
+		}
+		if (sa == aK && sb == bK) {
+			set_out(s, op, a, LAYOUT_P);
+			return;
+		}
+		if (batched && sa >= 0 && sa < aM && sa == sb) {
+			set_out(s, op, a, sa);
+			return;
+		}
+		/* conflict: keep the weight (parameter) as the plan laid it out and move the other */
+		int fix = is_param_like(s, op->in[1]) || !is_param_like(s, op->in[0]) ? 0 : 1;
+		int keep_state = fix == 0 ? sb : sa;
+		int want = LAYOUT_R;
+		if (fix == 0) {
+			if (keep_state == bK)
+				want = aK;
+			else if (batched && keep_state >= 0 && keep_state < bK)
+				want = keep_state;
+		} else {
+			if (keep_state == aK)
+				want = bK;
+			else if (batched && keep_state >= 0 && keep_state < aM)
+				want = keep_state;
+		}
+		op->in[fix] = convert_axis(s, op->in[fix], a, want);
+		if (s->failed)
+			return;
+	}
+	ICE("matmul sharding did not converge");
+}
+
+/* matmul_wgrad(a [.., M, K], dy [.., M, N]) -> [K, N]: contracts every leading dim. */
+static void rule_wgrad(Shard *s, Op *op, int a)
+{
+	Graph *g = s->g;
+	int ra = g->vals[op->in[0]].rank;
+	int sa = st(s, op->in[0], a), sd = st(s, op->in[1], a);
+	if (sa == LAYOUT_P && sd == LAYOUT_R) {
+		set_out(s, op, a, LAYOUT_P);
+		return;
+	}
+	if (sd == LAYOUT_P && sa == LAYOUT_R) {
+		set_out(s, op, a, LAYOUT_P);
+		return;
+	}
+	if (sa == LAYOUT_P)
+		op->in[0] = resolve_partial(s, op->in[0], a);
+	if (st(s, op->in[1], a) == LAYOUT_P)
+		op->in[1] = resolve_partial(s, op->in[1], a);
+	for (int round = 0; round < 3; round++) {
+		sa = st(s, op->in[0], a);
+		sd = st(s, op->in[1], a);
+		bool ca = sa >= 0 && sa < ra - 1, cd = sd >= 0 && sd < ra - 1; /* contracted dims */
+		if (sa == LAYOUT_R && sd == LAYOUT_R) {
+			set_out(s, op, a, LAYOUT_R);
+			return;
+		}
+		if (ca && sd == sa) {
+			set_out(s, op, a, LAYOUT_P);
+			return;
+		}
+		if (ca && sd == LAYOUT_R) {
+			op->in[1] = convert_axis(s, op->in[1], a, sa);
+			set_out(s, op, a, LAYOUT_P);
+			return;
+		}
+		if (cd && sa == LAYOUT_R) {
+			op->in[0] = convert_axis(s, op->in[0], a, sd);
+			set_out(s, op, a, LAYOUT_P);
+			return;
+		}
+		if (sa == ra - 1 && sd == LAYOUT_R) {
+			set_out(s, op, a, 0);
+			return;
+		}
+		if (sa == LAYOUT_R && sd == ra - 1) {
+			set_out(s, op, a, 1);
+			return;
+		}
+		/* conflict. The weight's split decides: a gradient split on N (column parallel) needs the
+		 * whole input (gathered again, as Megatron's sequence parallelism does); an input split
+		 * on K (row parallel) needs the whole gradient; otherwise align the token splits. */
+		if (sd == ra - 1 && ca)
+			op->in[0] = convert_axis(s, op->in[0], a, LAYOUT_R);
+		else if (sa == ra - 1 && cd)
+			op->in[1] = convert_axis(s, op->in[1], a, LAYOUT_R);
+		else if (sa == ra - 1 && sd == ra - 1)
+			op->in[1] = convert_axis(s, op->in[1], a, LAYOUT_R);
+		else
+			op->in[1] = convert_axis(s, op->in[1], a, sa);
+		if (s->failed)
+			return;
+	}
+	ICE("wgrad sharding did not converge");
+}
+
+static void rule_embed(Shard *s, Op *op, int a)
+{
+	Graph *g = s->g;
+	int table = op->in[0], ids = op->in[1];
+	int si = st(s, ids, a);
+	if (si == LAYOUT_P || si >= g->vals[ids].rank)
+		op->in[1] = ids = convert_axis(s, ids, a, LAYOUT_R);
+	int stt = st(s, table, a);
+	if (stt >= 0 && st(s, ids, a) >= 0)
+		op->in[1] = ids = convert_axis(s, ids, a, LAYOUT_R);
+	si = st(s, ids, a);
+	if (stt == 0)
+		set_out(s, op, a, LAYOUT_P);
+	else if (stt == 1)
+		set_out(s, op, a, g->vals[ids].rank);
+	else
+		set_out(s, op, a, si);
+}
+
+static void rule_embed_grad(Shard *s, Op *op, int a)
+{
+	Graph *g = s->g;
+	int ids = op->in[0];
+	int dy = resolve_partial(s, op->in[1], a);
+	int si = st(s, ids, a);
+	int rank = g->vals[ids].rank;
+	const Op *fwd = op->fwd_op >= 0 ? &g->ops[op->fwd_op] : NULL;
+	int table_state = fwd ? st(s, fwd->in[0], a) : LAYOUT_R;
+	if (table_state >= 0 && si >= 0) {
+		op->in[0] = ids = convert_axis(s, ids, a, LAYOUT_R);
+		si = LAYOUT_R;
+	}
+	if (si >= 0) {
+		dy = convert_axis(s, dy, a, si);
+		op->in[1] = dy;
+		set_out(s, op, a, LAYOUT_P);
+		return;
+	}
+	if (table_state == 1) {
+		op->in[1] = convert_axis(s, dy, a, rank);
+		set_out(s, op, a, 1);
+		return;
+	}
+	op->in[1] = convert_axis(s, dy, a, LAYOUT_R);
+	set_out(s, op, a, table_state == 0 ? 0 : LAYOUT_R);
+}
+
+/* Row-wise ops: the last dim of the first input must be whole; others follow the first. */
+static void rule_rowwise(Shard *s, Op *op, int a)
+{
+	Graph *g = s->g;
+	int x = resolve_partial(s, op->in[0], a);
+	x = unsplit(s, x, a, g->vals[x].rank - 1);
+	op->in[0] = x;
+	int sx = st(s, x, a);
+	for (int i = 1; i < op->nin; i++) {
+		int v = op->in[i];
+		const Value *vv = &g->vals[v];
+		int want;
+		if (vv->role == ROLE_PARAM || (vv->rank == 1 && g->vals[x].rank > 1))
+			want = LAYOUT_R; /* per-feature weights */
+		else if (vv->rank == g->vals[x].rank - 1)
+			want = sx >= 0 && sx < vv->rank ? sx : LAYOUT_R; /* statistics */
+		else
+			want = sx;
+		if (st(s, v, a) != want)
+			op->in[i] = convert_axis(s, v, a, want);
+	}
+	for (int k = 0; k < op->nout; k++) {
+		Value *o = &g->vals[op->out[k]];
+		if (o->rank == g->vals[x].rank)
+			o->lay.on[a] = (signed char)sx;
+		else if (o->rank == g->vals[x].rank - 1)
+			o->lay.on[a] = (signed char)(sx >= 0 && sx < o->rank ? sx : LAYOUT_R);
+		else /* weight gradients: partial over split token dims */
+			o->lay.on[a] = sx >= 0 ? LAYOUT_P : LAYOUT_R;
+	}
+}
+
+/* Collective helper for vocab-parallel cross entropy: a reduction over the axis of a [tokens]
+ * statistic (max, sum of exp, target logit: three in the forward). */
+static void emit_stat_all_reduce(Shard *s, int stat, int a, int count)
+{
+	for (int i = 0; i < count; i++) {
+		int nv = copy_value(s, stat);
+		Op op;
+	op_clear(&op);
+		op.kind = OP_ALL_REDUCE;
+		op.nin = 1;
+		op.in[0] = stat;
+		op.nout = 1;
+		op.out[0] = nv;
+		op.axis = a;
+		op.coll_dim = -1;
+		op.coll_dim2 = -1;
+		op.layer = s->cur->layer;
+		op.backward = s->cur->backward;
+		op.stage = s->cur->stage;
+		op.scope = s->cur->scope;
+		op.loc = s->cur->loc;
+		op.src = s->cur->src;
+		op.fwd_op = s->cur->fwd_op;
+		op.n = i;
+		push_op(s, &op);
+	}
+}
+
+static void rule_loss(Shard *s, Op *op, int a, bool *vocab_parallel)
+{
+	Graph *g = s->g;
+	int logits = resolve_partial(s, op->in[0], a);
+	int rank = g->vals[logits].rank;
+	int sl = st(s, logits, a);
+	op->in[0] = logits;
+	if (sl == rank - 1) {
+		*vocab_parallel = true;
+		for (int i = 1; i < op->nin; i++)
+			if (st(s, op->in[i], a) != LAYOUT_R && g->vals[op->in[i]].rank != 0)
+				op->in[i] = convert_axis(s, op->in[i], a, LAYOUT_R);
+		if (op->kind == OP_CROSS_ENTROPY) {
+			g->vals[op->out[0]].lay.on[a] = LAYOUT_R;
+			g->vals[op->out[1]].lay.on[a] = LAYOUT_R;
+		} else {
+			g->vals[op->out[0]].lay.on[a] = (signed char)sl;
+		}
+		return;
+	}
+	for (int i = 1; i < op->nin; i++) {
+		int v = op->in[i];
+		if (g->vals[v].rank == 0) {
+			op->in[i] = convert_axis(s, resolve_partial(s, v, a), a, LAYOUT_R);
+			continue;
+		}
+		if (st(s, v, a) != sl)
+			op->in[i] = convert_axis(s, v, a, sl >= 0 && sl < g->vals[v].rank ? sl : LAYOUT_R);
+	}
+	if (op->kind == OP_CROSS_ENTROPY) {
+		g->vals[op->out[0]].lay.on[a] = sl >= 0 ? LAYOUT_P : LAYOUT_R;
+		g->vals[op->out[1]].lay.on[a] = (signed char)sl;
+	} else {
+		g->vals[op->out[0]].lay.on[a] = (signed char)sl;
+	}
+}
+
+/* MoE: tokens arrive split over an axis; the dispatched buffer [E, C, D] is then split on its
+ * capacity dim, and a dim rule `E -> axis` moves it to the expert dim (the all-to-all). */
+static void rule_moe(Shard *s, Op *op, int a)
+{
+	Graph *g = s->g;
+	for (int i = 0; i < op->nin; i++)
+		if (st(s, op->in[i], a) == LAYOUT_P)
+			op->in[i] = resolve_partial(s, op->in[i], a);
+	switch (op->kind) {
+	case OP_MOE_ROUTER:
+	case OP_MOE_AUX_LOSS: {
+		int l = unsplit(s, op->in[0], a, g->vals[op->in[0]].rank - 1);
+		op->in[0] = l;
+		int sl = st(s, l, a);
+		int tok = sl >= 0 ? 0 : LAYOUT_R;
+		if (op->kind == OP_MOE_ROUTER) {
+			set_out(s, op, a, tok);
+		} else {
+			if (st(s, op->in[1], a) != tok)
+				op->in[1] = convert_axis(s, op->in[1], a, tok);
+			set_out(s, op, a, sl >= 0 ? LAYOUT_P : LAYOUT_R);
+		}
+		break;
+	}
+	case OP_MOE_ROUTER_GRAD:
+	case OP_MOE_AUX_LOSS_GRAD: {
+		int sl = st(s, op->in[0], a);
+		int tok = sl >= 0 ? 0 : LAYOUT_R;
+		for (int i = 1; i < op->nin; i++) {
+			int r = g->vals[op->in[i]].rank;
+			int want = r == 0 ? LAYOUT_R : tok;
+			if (st(s, op->in[i], a) != want)
+				op->in[i] = convert_axis(s, op->in[i], a, want);
+		}
+		set_out(s, op, a, sl);
+		break;
+	}
+	case OP_MOE_DISPATCH:
+	case OP_MOE_COMBINE_GRAD: {
+		/* tokens [.., D] (+ routing) -> buffer [E, C, D] */
+		int x = op->in[0];
+		int rx = g->vals[x].rank;
+		int sx = st(s, x, a);
+		int gates = op->kind == OP_MOE_DISPATCH ? 1 : 2;
+		int sg = st(s, op->in[gates], a);
+		if (sx >= 0 && sx < rx - 1) {
+			for (int i = gates; i < op->nin; i++)
+				if (st(s, op->in[i], a) != 0)
+					op->in[i] = convert_axis(s, op->in[i], a, 0);
+			if (op->kind == OP_MOE_COMBINE_GRAD) {
+				int y = op->in[1];
+				if (st(s, y, a) != 1)
+					op->in[1] = convert_axis(s, y, a, 1);
+			}
+			set_out(s, op, a, 1);
+			if (op->kind == OP_MOE_COMBINE_GRAD)
+				g->vals[op->out[1]].lay.on[a] = 0;
+		} else {
+			if (sg >= 0)
+				for (int i = gates; i < op->nin; i++)
+					op->in[i] = convert_axis(s, op->in[i], a, LAYOUT_R);
+			int out = sx == rx - 1 ? 2 : LAYOUT_R;
+			if (op->kind == OP_MOE_COMBINE_GRAD && st(s, op->in[1], a) != out)
+				op->in[1] = convert_axis(s, op->in[1], a, out);
+			set_out(s, op, a, out);
+			if (op->kind == OP_MOE_COMBINE_GRAD)
+				g->vals[op->out[1]].lay.on[a] = LAYOUT_R;
+		}
+		break;
+	}
+	case OP_MOE_COMBINE:
+	case OP_MOE_DISPATCH_GRAD: {
+		/* buffer [E, C, D] (+ routing) -> tokens [.., D] */
+		int sg = st(s, op->in[1], a);
+		int buf = op->in[0];
+		if (sg == 0) {
+			if (st(s, buf, a) != 1)
+				op->in[0] = convert_axis(s, buf, a, 1);
+			if (st(s, op->in[2], a) != 0)
+				op->in[2] = convert_axis(s, op->in[2], a, 0);
+			if (op->nin > 3 && st(s, op->in[3], a) != 0)
+				op->in[3] = convert_axis(s, op->in[3], a, 0);
+			set_out(s, op, a, 0);
+		} else {
+			int sb = st(s, buf, a);
+			if (sb != LAYOUT_R && sb != 2)
+				op->in[0] = convert_axis(s, buf, a, LAYOUT_R);
+			int rank = g->vals[op->out[0]].rank;
+			set_out(s, op, a, st(s, op->in[0], a) == 2 ? rank - 1 : LAYOUT_R);
+		}
+		break;
+	}
+	default:
+		ICE("not an MoE op");
+	}
+}
+
+/* Layout of a parameter from the plan's rules (the last matching rule wins). */
+static bool pattern_match(const char *pat, const char *name)
+{
+	/* '*' matches one or more whole segments */
+	if (!*pat)
+		return !*name;
+	if (pat[0] == '*' && (pat[1] == '.' || !pat[1])) {
+		const char *rest = pat[1] ? pat + 2 : pat + 1;
+		const char *p = name;
+		while (*p) {
+			const char *end = strchr(p, '.');
+			const char *next = end ? end + 1 : p + strlen(p);
+			if (!*rest ? !end : (end && pattern_match(rest, next)))
+				return true;
+			if (!end)
+				break;
+			p = next;
+		}
+		return false;
+	}
+	size_t n = 0;
+	while (pat[n] && pat[n] != '.')
+		n++;
+	if (strncmp(pat, name, n) || (name[n] != '.' && name[n] != 0))
+		return false;
+	if (!pat[n])
+		return !name[n];
+	if (!name[n])
+		return false;
+	return pattern_match(pat + n + 1, name + n + 1);
+}
+
+static bool param_layout(Shard *s, Op *op)
+{
+	Graph *g = s->g;
+	Value *v = &g->vals[op->out[0]];
+	const ShardRule *hit = NULL;
+	for (int r = 0; r < s->ps->nrules; r++) {
+		ShardRule *rule = &s->ps->rules[r];
+		if (!rule->pattern || (rule->stage >= 0 && rule->stage != op->stage))
+			continue;
+		if (!pattern_match(rule->pattern, v->name))
+			continue;
+		rule->used = true;
+		hit = rule;
+	}
+	if (!hit)
+		return true;
+	if (hit->ndims != v->rank) {
+		diag_error(hit->src, hit->loc, "layout has %d entries but parameter '%s' has %d dimensions", hit->ndims,
+			   v->name, v->rank);
+		diag_note(op->src, op->loc, "'%s' is declared here", v->name);
+		s->failed = true;
+		return false;
+	}
+	for (int d = 0; d < v->rank; d++)
+		if (hit->axes[d] >= 0)
+			v->lay.on[hit->axes[d]] = (signed char)d;
+	for (int d = 0; d < v->rank; d++) {
+		long long n = split_product(s, &v->lay, d);
+		if (n > 1 && v->dim[d] % n) {
+			int axis = hit->axes[d];
+			diag_error(hit->src, hit->loc,
+				   "dimension %d of '%s' (size %lld%s%s) is not divisible by mesh axis '%s' of size %d", d,
+				   v->name, v->dim[d], v->dim_name[d] ? ", " : "", v->dim_name[d] ? v->dim_name[d] : "",
+				   s->ps->axes[axis].name, s->ps->axes[axis].size);
+			diag_note(op->src, op->loc, "'%s' is declared here", v->name);
+			s->failed = true;
+			return false;
+		}
+	}
+	return true;
+}
+
+static bool input_layout(Shard *s, Op *op)
+{
+	Value *v = &s->g->vals[op->out[0]];
+	for (int r = 0; r < s->ps->nrules; r++) {
+		const ShardRule *rule = &s->ps->rules[r];
+		if (!rule->dim_name)
+			continue;
+		for (int d = 0; d < v->rank; d++)
+			if (v->dim_name[d] && !strcmp(v->dim_name[d], rule->dim_name) && v->lay.on[rule->axis] == LAYOUT_R) {
+				v->lay.on[rule->axis] = (signed char)d;
+				if (!check_divisible(s, op->out[0], &v->lay, d, op))
+					return false;
+			}
+	}
+	return true;
+}
+
+static int place_op(Shard *s, Op *op)
+{
+	Graph *g = s->g;
+	int naxes = s->ps->naxes;
+	s->cur = op;
+	switch (op->kind) {
+	case OP_INPUT:
+		input_layout(s, op);
+		break;
+	case OP_PARAM:
+		param_layout(s, op);
+		break;
+	case OP_FILL:
+		break;
+	case OP_SEND:
+		break;
+	case OP_RECV:
+		g->vals[op->out[0]].lay = g->vals[op->in[0]].lay;
+		break;
+	case OP_OPTIMIZER_STEP: {
+		/* the gradient must match the parameter's layout on every axis where it is not a partial
+		 * sum; partial sums are the gradient synchronisation, placed by sync.c */
+		int p = op->in[0];
+		for (int a = 0; a < naxes; a++) {
+			int sp = st(s, p, a), sgr = st(s, op->in[1], a);
+			if (sgr == LAYOUT_P || sgr == sp)
+				continue;
+			int gv = convert_axis(s, op->in[1], a, sp);
+			op->in[1] = gv;
+		}
+		int gv = op->in[1];
+		if (g->vals[gv].grad_of < 0) {
+			g->vals[gv].grad_of = p;
+			g->vals[gv].role = ROLE_GRAD;
+			g->vals[p].grad = gv;
+		}
+		g->vals[op->out[0]].lay = g->vals[p].lay;
+		break;
+	}
+	default:
+		for (int a = 0; a < naxes && !s->failed; a++) {
+			bool vocab_parallel = false; /* set by rule_loss; the reductions follow the op */
+			switch (op_classes[op->kind]) {
+			case OPK_MATMUL:
+				if (op->kind == OP_MATMUL)
+					rule_matmul(s, op, a);
+				else
+					rule_wgrad(s, op, a);
+				break;
+			case OPK_BINARY:
+				rule_elementwise(s, op, a);
+				break;
+			case OPK_UNARY:
+				rule_unary(s, op, a, op->kind == OP_DROPOUT ? false : false,
+					   op->kind == OP_CAUSAL_MASK ? g->vals[op->in[0]].rank - 2 : -1);
+				break;
+			case OPK_UNARY_GRAD: {
+				/* (x or mask, dy): linear in dy; dy follows x */
+				int x = resolve_partial(s, op->in[0], a);
+				op->in[0] = x;
+				int sx = st(s, x, a);
+				int dy = op->in[1];
+				if (st(s, dy, a) != sx)
+					op->in[1] = convert_axis(s, dy, a, sx);
+				set_out(s, op, a, sx);
+				break;
+			}
+			case OPK_LINEAR:
+				if (op->kind == OP_SUM_TO) {
+					int x = op->in[0];
+					int sx = st(s, x, a);
+					const Value *in = &g->vals[x], *out = &g->vals[op->out[0]];
+					if (sx == LAYOUT_P || sx == LAYOUT_R) {
+						set_out(s, op, a, sx);
+					} else {
+						int d = sx - (in->rank - out->rank);
+						bool kept = d >= 0 && out->dim[d] == in->dim[sx];
+						set_out(s, op, a, kept ? d : LAYOUT_P);
+					}
+				} else {
+					rule_unary(s, op, a, true, -1);
+				}
+				break;
+			case OPK_VIEW: {
+				int x = op->in[0];
+				int sx = st(s, x, a);
+				int rin = g->vals[x].rank;
+				int out = sx;
+				if (op->kind == OP_TRANSPOSE && sx >= rin - 2)
+					out = sx == rin - 1 ? rin - 2 : rin - 1;
+				else if (op->kind == OP_SPLIT_HEADS && sx >= 0) {
+					/* [.., S, D] -> [.., H, S, Dh]: a split hidden dim splits the heads */
+					if (sx == rin - 1)
+						out = rin - 2;
+					else if (sx == rin - 2)
+						out = rin - 1;
+				} else if (op->kind == OP_MERGE_HEADS && sx >= 0) {
+					if (sx == rin - 1) {
+						x = op->in[0] = convert_axis(s, x, a, LAYOUT_R);
+						out = LAYOUT_R;
+					} else if (sx == rin - 3)
+						out = rin - 2;
+					else if (sx == rin - 2)
+						out = rin - 3;
+				}
+				set_out(s, op, a, out);
+				if (out >= 0)
+					check_divisible(s, op->out[0], &g->vals[op->out[0]].lay, out, op);
+				break;
+			}
+			case OPK_ROWWISE:
+				rule_rowwise(s, op, a);
+				break;
+			case OPK_EMBED:
+				if (op->kind == OP_EMBED)
+					rule_embed(s, op, a);
+				else
+					rule_embed_grad(s, op, a);
+				break;
+			case OPK_LOSS:
+				rule_loss(s, op, a, &vocab_parallel);
+				break;
+			case OPK_MOE:
+				rule_moe(s, op, a);
+				break;
+			default:
+				ICE("no sharding rule for '%s'", op_names[op->kind]);
+			}
+		}
+	}
+	Op *placed = push_op(s, op);
+	int placed_index = s->nnew - 1;
+	/* vocab-parallel cross entropy's reductions (max, sum of exp, target logit) */
+	if (placed->kind == OP_CROSS_ENTROPY || placed->kind == OP_CROSS_ENTROPY_GRAD) {
+		const Value *l = &g->vals[placed->in[0]];
+		for (int a = 0; a < naxes; a++)
+			if (l->lay.on[a] == l->rank - 1 && placed->kind == OP_CROSS_ENTROPY) {
+				Op copy = *placed;
+				s->cur = &copy;
+				emit_stat_all_reduce(s, copy.out[1], a, 3);
+			}
+	}
+	/* MoE: a dim rule on the expert dim turns the capacity-split buffer into expert-split */
+	if (placed->kind == OP_MOE_DISPATCH || placed->kind == OP_MOE_COMBINE_GRAD) {
+		Op copy = *placed;
+		s->cur = &copy;
+		for (int a = 0; a < naxes; a++) {
+			int buf = copy.out[0];
+			if (st(s, buf, a) == 1 && preferred_dim(s, buf, a) == 0)
+				convert_axis(s, buf, a, 0);
+		}
+	}
+	/* divisibility of every split output dim */
+	for (int k = 0; k < placed->nout && !s->failed; k++) {
+		int v = placed->out[k];
+		for (int a = 0; a < naxes; a++) {
+			int d = g->vals[v].lay.on[a];
+			if (d >= 0 && !check_divisible(s, v, &g->vals[v].lay, d, placed))
+				break;
+		}
+	}
+	return placed_index;
+}
+
+bool shard(Graph *g)
+{
+	Shard s = {0};
+	s.g = g;
+	s.ps = g->ps;
+	int nold = g->nops;
+	Op *old = g->ops;
+	s.convs = calloc((size_t)g->nvals * 4 + 1024, sizeof(Conv *));
+	s.nconvs = g->nvals * 4 + 1024;
+	if (!s.convs)
+		ICE("out of memory");
+	int nfwd_new = -1;
+	int *remap = arena_alloc(g->arena, sizeof(int) * (size_t)(nold + 1));
+	for (int i = 0; i < nold && !s.failed; i++) {
+		if (i == g->nfwd)
+			nfwd_new = s.nnew;
+		if (g->nvals + 64 >= s.nconvs) {
+			int grow = s.nconvs * 2;
+			Conv **nc = realloc(s.convs, sizeof(Conv *) * (size_t)grow);
+			if (!nc)
+				ICE("out of memory");
+			memset(nc + s.nconvs, 0, sizeof(Conv *) * (size_t)(grow - s.nconvs));
+			s.convs = nc;
+			s.nconvs = grow;
+		}
+		Op op = old[i];
+		remap[i] = place_op(&s, &op);
+	}
+	free(s.convs);
+	if (s.failed)
+		return false;
+	for (int i = 0; i < s.nnew; i++)
+		if (s.new_ops[i].fwd_op >= 0)
+			s.new_ops[i].fwd_op = remap[s.new_ops[i].fwd_op];
+	g->ops = s.new_ops;
+	g->nops = s.nnew;
+	g->capops = s.capnew;
+	g->nfwd = nfwd_new >= 0 ? nfwd_new : s.nnew;
+	for (int i = 0; i < g->nops; i++)
+		for (int j = 0; j < g->ops[i].nout; j++)
+			g->vals[g->ops[i].out[j]].def = i;
+	/* a parameter rule that matched nothing is almost always a typo */
+	for (int r = 0; r < g->ps->nrules; r++) {
+		const ShardRule *rule = &g->ps->rules[r];
+		if (rule->pattern && !rule->used)
+			diag_warning(rule->src, rule->loc, "shard rule '%s' matches no parameter", rule->pattern);
+	}
+	return true;
+}
