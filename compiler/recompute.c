@@ -22,6 +22,7 @@ typedef struct Remat {
 	int n, cap;
 	int *memo; /* value -> recomputed copy, or -1 */
 	int nmemo;
+	char *escapes; /* value read by a forward op outside @recompute fns: a region output, kept */
 } Remat;
 
 static bool recomputable(const Remat *r, const Op *op)
@@ -65,6 +66,8 @@ static int remat(Remat *r, int v, const Op *consumer)
 		return r->memo[v];
 	int def = g->vals[v].def;
 	if (def < 0 || !recomputable(r, &g->ops[def]))
+		return v;
+	if (r->mode == RECOMPUTE_SELECTIVE && g->ops[def].kind != OP_ALL_GATHER && v < r->nmemo && r->escapes[v])
 		return v;
 	Op clone = g->ops[def];
 	/* the layer's input under full recompute is kept: stop at ops of another layer */
@@ -112,6 +115,26 @@ bool recompute(Graph *g)
 		ICE("out of memory");
 	for (int i = 0; i < r.nmemo; i++)
 		r.memo[i] = -1;
+	/* what leaves a checkpointed region is kept, as torch.utils.checkpoint keeps its outputs */
+	r.escapes = calloc((size_t)r.nmemo, 1);
+	if (!r.escapes)
+		ICE("out of memory");
+	for (int i = 0; i < g->nops; i++) {
+		const Op *op = &g->ops[i];
+		if (op->backward || op->per_step || op->in_recompute_fn)
+			continue;
+		for (int k = 0; k < op->nin; k++) {
+			int v = op->in[k];
+			while (v >= 0) { /* through views and collectives back to the region's value */
+				r.escapes[v] = 1;
+				int d = g->vals[v].def;
+				if (d < 0 || !(op_classes[g->ops[d].kind] == OPK_COLLECTIVE || op_classes[g->ops[d].kind] == OPK_VIEW) ||
+				    !g->ops[d].in_recompute_fn)
+					break;
+				v = g->ops[d].in[0];
+			}
+		}
+	}
 	int *newpos = malloc(sizeof(int) * (size_t)g->nops);
 	if (!newpos)
 		ICE("out of memory");
@@ -133,6 +156,7 @@ bool recompute(Graph *g)
 	int nfwd = g->nfwd < nold ? newpos[g->nfwd] : r.n;
 	free(newpos);
 	free(r.memo);
+	free(r.escapes);
 	g->ops = r.list;
 	g->nops = r.n;
 	g->capops = r.cap;

@@ -750,9 +750,8 @@ static void check_stmts(Body *bd, Stmt *s, int depth, bool *returned)
 	}
 }
 
-static void check_params_unique(Arena *a, const Source *src, Param *params, const char *what)
+static void check_params_unique(const Source *src, Param *params, const char *what)
 {
-	(void)a;
 	for (Param *p = params; p; p = p->next)
 		for (Param *q = params; q != p; q = q->next)
 			if (!strcmp(p->name, q->name)) {
@@ -792,12 +791,12 @@ static void check_body_item(Program *p, Item *it)
 {
 	Body bd = {p, p->arena, it, it->module, &it->module->src, it->kind == I_FN, NULL, 0, 0, false};
 	if (it->kind == I_MODEL) {
-		check_params_unique(p->arena, bd.src, it->params, "hyperparameter");
+		check_params_unique(bd.src, it->params, "hyperparameter");
 		for (Param *q = it->params; q; q = q->next)
 			if (!body_find(&bd, q->name))
 				body_bind(&bd, q->name, B_HYPER, q->loc);
 	} else {
-		check_params_unique(p->arena, bd.src, it->params, "parameter");
+		check_params_unique(bd.src, it->params, "parameter");
 		for (Decorator *d = it->decorators; d; d = d->next)
 			if (word_index(d->name, decorators, COUNT(decorators)) < 0) {
 				diag_error(bd.src, d->loc, "unknown decorator '@%s'", d->name);
@@ -1006,11 +1005,9 @@ static void pwarn(PlanCtx *pc, const Source *src, Loc loc, const char *fmt, ...)
 
 /* Reports an error at (src, loc), a place in the text of frame fr, and then, for every strategy
  * expansion that fr is inside of, where that strategy was used. */
-static void perr(PlanCtx *pc, const Frame *fr, const Source *src, Loc loc, const char *fmt, ...)
-	__attribute__((format(printf, 5, 6)));
-static void perr(PlanCtx *pc, const Frame *fr, const Source *src, Loc loc, const char *fmt, ...)
+static void perr(const Frame *fr, const Source *src, Loc loc, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+static void perr(const Frame *fr, const Source *src, Loc loc, const char *fmt, ...)
 {
-	(void)pc;
 	char buf[1024];
 	va_list ap;
 	va_start(ap, fmt);
@@ -1129,7 +1126,7 @@ static int resolve_axis(PlanCtx *pc, const Frame *fr, Expr *raw)
 	if (b && b->reported)
 		return -1;
 	if (e->kind != E_NAME) {
-		perr(pc, where, src, e->loc, "expected a mesh axis name");
+		perr(where, src, e->loc, "expected a mesh axis name");
 		if (b)
 			b->reported = true;
 		return -1;
@@ -1139,7 +1136,7 @@ static int resolve_axis(PlanCtx *pc, const Frame *fr, Expr *raw)
 		pc->axis_used[i] = true;
 		return i;
 	}
-	perr(pc, where, src, e->loc, "unknown mesh axis '%s'", e->text);
+	perr(where, src, e->loc, "unknown mesh axis '%s'", e->text);
 	const char *names[MAX_AXES];
 	for (int k = 0; k < pc->ps->naxes; k++)
 		names[k] = pc->ps->axes[k].name;
@@ -1259,7 +1256,7 @@ static void shard_rule(PlanCtx *pc, const Frame *fr, Arg *arg, int stage)
 		Expr *d = resolve_bound(fr, e->lhs, &dsrc, &db, &dwhere);
 		if (d->kind != E_NAME) {
 			if (!quiet || db) {
-				perr(pc, dwhere, dsrc, d->loc, "expected a dimension name before '->'");
+				perr(dwhere, dsrc, d->loc, "expected a dimension name before '->'");
 				diag_note_plain("a parameter layout is written 'PATTERN : [LAYOUT]'");
 			}
 			return;
@@ -1267,7 +1264,7 @@ static void shard_rule(PlanCtx *pc, const Frame *fr, Arg *arg, int stage)
 		if (pc->model && !is_dim_name(pc, d->text)) {
 			if (db && db->reported)
 				return;
-			perr(pc, dwhere, dsrc, d->loc, "'%s' is not a dimension of model '%s'", d->text, pc->model->name);
+			perr(dwhere, dsrc, d->loc, "'%s' is not a dimension of model '%s'", d->text, pc->model->name);
 			Names ns = {0};
 			for (int i = 0; i < pc->mi.hypers.n; i++)
 				names_add(pc->a, &ns, pc->mi.hypers.v[i]);
@@ -1289,7 +1286,7 @@ static void shard_rule(PlanCtx *pc, const Frame *fr, Arg *arg, int stage)
 		for (int i = 0; i < pc->ps->nrules; i++) {
 			ShardRule *o = &pc->ps->rules[i];
 			if (o->dim_name && !strcmp(o->dim_name, d->text) && o->axis == ax && o->stage == stage) {
-				perr(pc, fr, fsrc, e->loc, "dimension %s is already split over mesh axis '%s'", d->text,
+				perr(fr, fsrc, e->loc, "dimension %s is already split over mesh axis '%s'", d->text,
 				     pc->ps->axes[ax].name);
 				diag_note(pc->notes[i].src, pc->notes[i].loc, "by this rule");
 				rule_notes(&pc->notes[i]);
@@ -1341,7 +1338,7 @@ static void shard_rule(PlanCtx *pc, const Frame *fr, Arg *arg, int stage)
 				ok = false;
 		} else {
 			if (!quiet || xb)
-				perr(pc, xwhere, xsrc, v->loc, "a layout entry is '_' or a mesh axis");
+				perr(xwhere, xsrc, v->loc, "a layout entry is '_' or a mesh axis");
 			axes[n] = -1;
 			ok = false;
 		}
@@ -1353,7 +1350,7 @@ static void shard_rule(PlanCtx *pc, const Frame *fr, Arg *arg, int stage)
 	for (int i = 0; i < n; i++)
 		for (int j = 0; j < i; j++)
 			if (axes[i] >= 0 && axes[i] == axes[j]) {
-				perr(pc, fr, fsrc, ents[i]->loc, "mesh axis '%s' used twice in one layout", pc->ps->axes[axes[i]].name);
+				perr(fr, fsrc, ents[i]->loc, "mesh axis '%s' used twice in one layout", pc->ps->axes[axes[i]].name);
 				diag_note_plain("a dimension can be split over an axis only once per tensor; use '_' for one of them");
 				return;
 			}
@@ -1368,7 +1365,7 @@ static void shard_rule(PlanCtx *pc, const Frame *fr, Arg *arg, int stage)
 static void plan_stmts(PlanCtx *pc, const Frame *fr, PlanStmt *st, int stage);
 
 /* `use STRATEGY(args)`: binds the strategy's parameters and expands its rules. */
-static void use_strategy(PlanCtx *pc, const Frame *fr, PlanStmt *st, Arg *arg, int stage)
+static void use_strategy(PlanCtx *pc, const Frame *fr, Arg *arg, int stage)
 {
 	const Source *src = fr->src;
 	bool quiet = fr->strategy != NULL;
@@ -1427,7 +1424,7 @@ static void use_strategy(PlanCtx *pc, const Frame *fr, PlanStmt *st, Arg *arg, i
 		return;
 	}
 	if (fr->depth >= 8) {
-		perr(pc, fr, src, callee->loc, "strategy '%s' is used inside itself", shown);
+		perr(fr, src, callee->loc, "strategy '%s' is used inside itself", shown);
 		return;
 	}
 	int nparams = 0;
@@ -1504,7 +1501,6 @@ static void use_strategy(PlanCtx *pc, const Frame *fr, PlanStmt *st, Arg *arg, i
 	for (Param *p = strat->params; p; p = p->next, pos++)
 		if (!binds[pos].frame)
 			binds[pos].frame = &sub; /* a default, written in the strategy itself */
-	(void)st;
 	plan_stmts(pc, &sub, strat->rules, stage);
 }
 
@@ -1521,7 +1517,7 @@ static void plan_stmts(PlanCtx *pc, const Frame *fr, PlanStmt *st, int stage)
 			if (!st->args && !fr->strategy)
 				diag_error(fr->src, st->word_loc, "use needs a strategy: use NAME(args)");
 			for (Arg *a = st->args; a; a = a->next)
-				use_strategy(pc, fr, st, a, stage);
+				use_strategy(pc, fr, a, stage);
 		} else if (w == W_STAGE) {
 			bool quiet = fr->strategy != NULL;
 			if (stage >= 0) {
@@ -1538,12 +1534,12 @@ static void plan_stmts(PlanCtx *pc, const Frame *fr, PlanStmt *st, int stage)
 			if (!plan_int(pc, fr->src, st->args->value, "a stage number", &n))
 				continue;
 			if (pc->ps->pipe_axis < 0) {
-				perr(pc, fr, fr->src, st->loc, "stage rules need a pipeline statement");
+				perr(fr, fr->src, st->loc, "stage rules need a pipeline statement");
 				diag_note_plain("stages are the pipeline's: add e.g. 'pipeline pipe: 1f1b'");
 				continue;
 			}
 			if (n < 0 || n >= pc->ps->stages) {
-				perr(pc, fr, fr->src, st->args->value->loc, "stage %lld does not exist: the pipeline has stages 0..%d", n,
+				perr(fr, fr->src, st->args->value->loc, "stage %lld does not exist: the pipeline has stages 0..%d", n,
 				     pc->ps->stages - 1);
 				continue;
 			}
@@ -2352,7 +2348,6 @@ static void plan_sync(PlanCtx *pc, PlanStmt *st, Expr **every_e, Expr **stale_e,
 {
 	PlanSpec *ps = pc->ps;
 	ps->sync_loc = st->loc;
-	Expr *bucket_e = NULL;
 	bool mode_seen = false;
 	for (Arg *a = st->args; a; a = a->next) {
 		if (!a->key) {
@@ -2386,7 +2381,6 @@ static void plan_sync(PlanCtx *pc, PlanStmt *st, Expr **every_e, Expr **stale_e,
 		Num v;
 		switch (k) {
 		case 0: /* bucket */
-			bucket_e = a->value;
 			if (plan_num(pc, pc->src, a->value, &v)) {
 				if (v.v <= 0)
 					diag_error(pc->src, a->value->loc, "bucket size must be positive, not %g", v.v);
@@ -2443,7 +2437,6 @@ static void plan_sync(PlanCtx *pc, PlanStmt *st, Expr **every_e, Expr **stale_e,
 			break;
 		}
 	}
-	(void)bucket_e;
 	if (*every_e && ps->sync != SYNC_LOCAL_SGD) {
 		diag_error(pc->src, (*every_e)->loc, "every applies only to sync local_sgd");
 		*every_e = NULL;
@@ -2963,7 +2956,7 @@ PlanSpec *sema_plan(Program *p, Item *plan)
 static void check_strategy(Program *p, Item *st)
 {
 	const Source *src = &st->module->src;
-	check_params_unique(p->arena, src, st->params, "parameter");
+	check_params_unique(src, st->params, "parameter");
 	/* A plan-less context: no mesh, no model. Rules are checked for form only, so axis and dim
 	 * lookups are skipped by binding every name. */
 	for (PlanStmt *s = st->rules; s; s = s->next) {
@@ -3049,9 +3042,8 @@ static void check_strategy(Program *p, Item *st)
 	}
 }
 
-static void check_module_names(Program *p, Module *m)
+static void check_module_names(Module *m)
 {
-	(void)p;
 	for (Item *it = m->items; it; it = it->next) {
 		for (Item *o = m->items; o != it; o = o->next) {
 			if (it->kind == I_IMPORT && o->kind == I_IMPORT && it->alias && o->alias && !strcmp(it->alias, o->alias)) {
@@ -3075,7 +3067,7 @@ bool sema_check(Program *p)
 		return false;
 	int errors_before = diag_error_count();
 	for (Module *m = p->modules; m; m = m->next)
-		check_module_names(p, m);
+		check_module_names(m);
 	/* models whose hyperparameter defaults are broken are reported once here, not per plan */
 	int nmodels = 0;
 	for (Module *m = p->modules; m; m = m->next)
