@@ -33,6 +33,10 @@ typedef struct Shard {
 	int nconvs;
 	const Op *cur;    /* op being placed: collectives inherit its attributes */
 	bool failed;
+	/* forward value -> the converted copy every forward consumer read (-1 none, -2 several or
+	 * the value itself): the backward reads that copy too, as the forward saved it */
+	int *fwd_copy;
+	int nfwd_copy;
 } Shard;
 
 /* ---------------------------------------------------------------- op list rebuilding */
@@ -105,20 +109,26 @@ static bool check_divisible(Shard *s, int v, const Layout *l, int dim, const Op 
 	return false;
 }
 
-/* The dim of v that a dim rule prefers on axis a, or -1. */
-static int preferred_dim(const Shard *s, int v, int a)
+/* The dim in [lo, hi) of v that a dim rule prefers on axis a, or -1. */
+static int preferred_dim_in(const Shard *s, int v, int a, int lo, int hi)
 {
 	const Value *val = &s->g->vals[v];
 	for (int r = 0; r < s->ps->nrules; r++) {
 		const ShardRule *rule = &s->ps->rules[r];
 		if (!rule->dim_name || rule->axis != a)
 			continue;
-		for (int d = 0; d < val->rank; d++)
+		for (int d = lo; d < hi && d < val->rank; d++)
 			if (val->dim_name[d] && !strcmp(val->dim_name[d], rule->dim_name) &&
 			    val->dim[d] % s->ps->axes[a].size == 0)
 				return d;
 	}
 	return -1;
+}
+
+/* The dim of v that a dim rule prefers on axis a, or -1. */
+static int preferred_dim(const Shard *s, int v, int a)
+{
+	return preferred_dim_in(s, v, a, 0, MAX_DIMS);
 }
 
 static OpKind conversion_kind(int from, int to)
@@ -338,9 +348,9 @@ static void rule_matmul(Shard *s, Op *op, int a)
 		int v = op->in[k];
 		int x = st(s, v, a);
 		int rank = g->vals[v].rank;
-		int p = preferred_dim(s, v, a);
+		int p = preferred_dim_in(s, v, a, 0, rank - 2);
 		bool x_batch = x >= 0 && x < rank - 2;
-		if (x >= 0 && !x_batch && p >= 0 && p < rank - 2 && batched && g->vals[op->in[1 - k]].rank == rank)
+		if (x >= 0 && !x_batch && p >= 0 && batched && g->vals[op->in[1 - k]].rank == rank)
 			op->in[k] = convert_axis(s, v, a, p);
 	}
 	/* a split on K while the weight is whole and a dim rule prefers another dim: all-to-all */
@@ -466,7 +476,11 @@ static void rule_wgrad(Shard *s, Op *op, int a)
 		/* conflict. The weight's split decides: a gradient split on N (column parallel) needs the
 		 * whole input (gathered again, as Megatron's sequence parallelism does); an input split
 		 * on K (row parallel) needs the whole gradient; otherwise align the token splits. */
-		if (sd == ra - 1 && ca)
+		const Op *fwd = op->fwd_op >= 0 ? &g->ops[op->fwd_op] : NULL;
+		bool weight_whole = fwd && fwd->kind == OP_MATMUL && st(s, fwd->in[1], a) == LAYOUT_R;
+		if (sd == ra - 1 && ca && weight_whole) /* Ulysses: the gradient returns to the token split */
+			op->in[1] = convert_axis(s, op->in[1], a, sa);
+		else if (sd == ra - 1 && ca)
 			op->in[0] = convert_axis(s, op->in[0], a, LAYOUT_R);
 		else if (sa == ra - 1 && cd)
 			op->in[1] = convert_axis(s, op->in[1], a, LAYOUT_R);
@@ -817,6 +831,12 @@ static int place_op(Shard *s, Op *op)
 	Graph *g = s->g;
 	int naxes = s->ps->naxes;
 	s->cur = op;
+	int original_in[6];
+	for (int k = 0; k < op->nin; k++) {
+		if (op->backward && op->in[k] < s->nfwd_copy && s->fwd_copy[op->in[k]] >= 0)
+			op->in[k] = s->fwd_copy[op->in[k]];
+		original_in[k] = op->in[k];
+	}
 	switch (op->kind) {
 	case OP_INPUT:
 		input_layout(s, op);
@@ -944,6 +964,18 @@ static int place_op(Shard *s, Op *op)
 	}
 	Op *placed = push_op(s, op);
 	int placed_index = s->nnew - 1;
+	if (!placed->backward && !placed->per_step)
+		for (int k = 0; k < placed->nin; k++) {
+			int orig = original_in[k];
+			if (orig >= s->nfwd_copy)
+				continue;
+			int now = placed->in[k];
+			int *slot = &s->fwd_copy[orig];
+			if (now == orig || (*slot >= 0 && *slot != now))
+				*slot = -2;
+			else if (*slot == -1)
+				*slot = now;
+		}
 	/* vocab-parallel cross entropy's reductions (max, sum of exp, target logit) */
 	if (placed->kind == OP_CROSS_ENTROPY || placed->kind == OP_CROSS_ENTROPY_GRAD) {
 		const Value *l = &g->vals[placed->in[0]];
@@ -988,6 +1020,12 @@ bool shard(Graph *g)
 	if (!s.convs)
 		ICE("out of memory");
 	int nfwd_new = -1;
+	s.nfwd_copy = g->nvals;
+	s.fwd_copy = malloc(sizeof(int) * (size_t)s.nfwd_copy);
+	if (!s.fwd_copy)
+		ICE("out of memory");
+	for (int i = 0; i < s.nfwd_copy; i++)
+		s.fwd_copy[i] = -1;
 	int *remap = arena_alloc(g->arena, sizeof(int) * (size_t)(nold + 1));
 	for (int i = 0; i < nold && !s.failed; i++) {
 		if (i == g->nfwd)
@@ -1005,6 +1043,7 @@ bool shard(Graph *g)
 		remap[i] = place_op(&s, &op);
 	}
 	free(s.convs);
+	free(s.fwd_copy);
 	if (s.failed)
 		return false;
 	for (int i = 0; i < s.nnew; i++)
