@@ -18,6 +18,8 @@ typedef struct Entry {
 	long long count;
 	DType dtype;
 	int op; /* index in the graph, for messages */
+	int rank;
+	long long shape[MAX_DIMS]; /* the local block: equal counts with different blocks still differ */
 } Entry;
 
 typedef struct Seq {
@@ -103,13 +105,51 @@ static DType entry_dtype(const Graph *g, const Op *op)
 	return g->vals[op->kind == OP_RECV ? op->out[0] : op->in[0]].dtype;
 }
 
+static Entry make_entry(const Graph *g, const Op *op, int index, int stage)
+{
+	Entry e;
+	memset(&e, 0, sizeof e);
+	e.kind = op->kind;
+	e.count = entry_count(g, op, stage);
+	e.dtype = entry_dtype(g, op);
+	e.op = index;
+	int v = op->in[0];
+	if (op->stage_group[0] >= 0 && stage == op->stage_group[1] && op->nin > 1)
+		v = op->in[1];
+	if (op->kind == OP_RECV)
+		v = op->out[0];
+	const Value *val = &g->vals[v];
+	e.rank = val->rank;
+	for (int d = 0; d < val->rank; d++) {
+		e.shape[d] = val->dim[d];
+		for (int a = 0; a < g->ps->naxes; a++)
+			if (val->lay.on[a] == d)
+				e.shape[d] /= g->ps->axes[a].size;
+	}
+	return e;
+}
+
+static bool same_entry(const Entry *x, const Entry *y)
+{
+	if (x->kind != y->kind || x->count != y->count || x->dtype != y->dtype || x->rank != y->rank)
+		return false;
+	for (int d = 0; d < x->rank; d++)
+		if (x->shape[d] != y->shape[d])
+			return false;
+	return true;
+}
+
 static void describe(const Checker *c, const Entry *e, int stage, const char *who)
 {
 	const Graph *g = c->g;
 	const Op *op = &g->ops[e->op];
 	const char *what = g->vals[op->kind == OP_RECV ? op->out[0] : op->in[0]].name;
-	diag_note_plain("%s (stage %d) issues %s of %lld %s%s%s", who, stage, op_names[e->kind], e->count,
-			dtype_name(e->dtype), what ? " for " : "", what ? what : "");
+	char shape[128] = "";
+	size_t used = 0;
+	for (int d = 0; d < e->rank && used < sizeof shape; d++)
+		used += (size_t)snprintf(shape + used, sizeof shape - used, "%s%lld", d ? ", " : "", e->shape[d]);
+	diag_note_plain("%s (stage %d) issues %s of %lld %s [%s]%s%s", who, stage, op_names[e->kind], e->count,
+			dtype_name(e->dtype), shape, what ? " for " : "", what ? what : "");
 }
 
 static bool compare(Checker *c, const Seq *a, const Seq *b, int sa, int sb, int ra, int rb, const char *group)
@@ -117,12 +157,12 @@ static bool compare(Checker *c, const Seq *a, const Seq *b, int sa, int sb, int 
 	int n = a->n > b->n ? a->n : b->n;
 	for (int i = 0; i < n; i++) {
 		const Entry *x = i < a->n ? &a->e[i] : NULL, *y = i < b->n ? &b->e[i] : NULL;
-		if (x && y && x->kind == y->kind && x->count == y->count && x->dtype == y->dtype)
+		if (x && y && same_entry(x, y))
 			continue;
 		const Op *op = x ? &c->g->ops[x->op] : &c->g->ops[y->op];
 		const Source *src = op->src ? op->src : c->ps->src;
 		Loc loc = op->src ? op->loc : c->ps->plan->name_loc;
-		diag_error(src, loc, "ranks would deadlock: collective #%d of the %s group differs between rank %d and rank %d",
+		diag_error(src, loc, "collectives would not match: call #%d in the %s group differs between rank %d and rank %d",
 			   i + 1, group, ra, rb);
 		char who[64];
 		if (x) {
@@ -198,7 +238,7 @@ bool check_collectives(Graph *g)
 					continue;
 				if (!runs_on(op, s, role))
 					continue;
-				Entry e = {op->kind, entry_count(g, op, s), entry_dtype(g, op), i};
+				Entry e = make_entry(g, op, i, s);
 				if (k == OPK_COLLECTIVE) {
 					seq_push(&c.seqs[ri * c.ncomms + comm_of(&c, op)], e);
 				} else {
