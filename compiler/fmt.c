@@ -377,7 +377,7 @@ static void plan_stmts(Fmt *f, const PlanStmt *s, int indent)
 		plan_stmt(f, s, indent);
 }
 
-/* "(a, b = 1)", nothing when there are none; returns where the last one ends */
+/* "(a, b = 1)", nothing when there are none (`model m {`); returns where the last one ends */
 static int params(Fmt *f, const Param *p, int end)
 {
 	if (!p)
@@ -419,6 +419,8 @@ static void item(Fmt *f, const Item *it)
 			fprintf(f->out, "@%s ", d->name);
 		fprintf(f->out, "%s %s", it->kind == I_MODEL ? "model" : "fn", it->name);
 		header_end = params(f, it->params, header_end);
+		if (it->kind == I_FN && !it->params)
+			fputs("()", f->out);
 		if (open_block(f, header_end, it->loc, !it->body, 0)) {
 			model_stmts(f, it->body, 1);
 			close_block(f, it->loc, 0);
@@ -466,8 +468,9 @@ void fmt_module(FILE *out, const Module *m)
 			f.line_start[k++] = i + 1;
 	f.nlines = n;
 
-	for (const Item *it = m->items; it; it = it->next) {
-		if (it != m->items)
+	for (const Item *it = m->items, *prev = NULL; it; prev = it, it = it->next) {
+		/* a blank line between items, but a run of imports stays together */
+		if (prev && !(prev->kind == I_IMPORT && it->kind == I_IMPORT))
 			f.force_blank = true;
 		item(&f, it);
 	}

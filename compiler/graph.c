@@ -324,6 +324,11 @@ static int emit(Elab *e, OpKind k, int nin, const int *in, int nout, const int *
 	op->loc = loc;
 	op->src = e->src;
 	op->in_recompute_fn = e->in_recompute;
+	if (e->depth > 0) {
+		op->call_src = e->stack[0].src;
+		op->call_loc = e->stack[0].loc;
+		op->call_fn = e->stack[0].fn;
+	}
 	for (int i = 0; i < nout; i++)
 		e->g->vals[out[i]].layer = e->layer;
 	return o;

@@ -441,6 +441,9 @@ typedef struct Op {
 	const char *scope; /* dotted fn path the op came from */
 	Loc loc;
 	const Source *src;
+	const Source *call_src; /* ops from a fn: the outermost call in the model, for notes */
+	Loc call_loc;
+	const char *call_fn;
 } Op;
 
 /* A pipeline schedule: for each stage the ordered actions of one step (Megatron's tables). */

@@ -97,13 +97,22 @@ static bool check_divisible(Shard *s, int v, const Layout *l, int dim, const Op 
 		const char *dn = val->dim_name[dim];
 		const Source *src = at && at->src ? at->src : s->ps->src;
 		Loc loc = at && at->src ? at->loc : s->ps->plan->name_loc;
-		if (dn)
+		if (at && at->kind == OP_SPLIT_HEADS && dim == val->rank - 3)
+			diag_error(src, loc, "the %lld attention heads%s%s%s are not divisible by mesh axis %s", val->dim[dim],
+				   dn ? " (" : "", dn ? dn : "", dn ? ")" : "", axes);
+		else if (dn)
 			diag_error(src, loc, "dimension %s = %lld%s%s is not divisible by mesh axis %s", dn, val->dim[dim],
 				   val->name ? " of " : "", val->name ? val->name : "", axes);
 		else
 			diag_error(src, loc, "dimension %d (size %lld)%s%s is not divisible by mesh axis %s", dim,
 				   val->dim[dim], val->name ? " of " : "", val->name ? val->name : "", axes);
-		diag_note_plain("change the size or shard this dimension over a smaller axis");
+		if (at && at->call_src)
+			diag_note(at->call_src, at->call_loc, "in the call to '%s' here", at->call_fn);
+		if (at && at->kind == OP_SPLIT_HEADS)
+			diag_note_plain("column-parallel attention weights (nn.megatron) split the heads over the axis; "
+					"use a head count divisible by it or a smaller axis");
+		else
+			diag_note_plain("change the size or shard this dimension over a smaller axis");
 	}
 	s->failed = true;
 	return false;

@@ -637,7 +637,10 @@ void parse_error(ParseCtx *pc, Loc loc, const char *fmt, ...)
 static void yyerror(Loc *loc, yyscan_t scanner, ParseCtx *pc, const char *msg)
 {
 	(void)scanner;
-	parse_error(pc, *loc, "%s", msg);
+	if (!strcmp(msg, "memory exhausted")) /* the parser's stack, i.e. nesting */
+		parse_error(pc, *loc, "input nested too deeply");
+	else
+		parse_error(pc, *loc, "%s", msg);
 }
 
 static int line_of(const ParseCtx *pc, int off)
@@ -730,11 +733,11 @@ static int yyreport_syntax_error(const yypcontext_t *ctx, yyscan_t scanner, Pars
 		if (expected[YYTRANSLATE(closer)] &&
 		    (la == YYSYMBOL_YYEOF || is_item_keyword(la) || is_closer(la) || pc->tok_bol)) {
 			if (top->ch == '{' && top->word)
-				parse_error(pc, loc, "'}' expected (to close '%s' at line %d), found %s", top->word,
-				            line_of(pc, top->word_off), found);
+				parse_error(pc, loc, "'}' expected (to close '%s' at line %d)", top->word,
+				            line_of(pc, top->word_off));
 			else
-				parse_error(pc, loc, "'%c' expected (to close '%c' at line %d), found %s", closer, top->ch,
-				            line_of(pc, top->off), found);
+				parse_error(pc, loc, "'%c' expected (to close '%c' at line %d)", closer, top->ch,
+				            line_of(pc, top->off));
 			return 0;
 		}
 	}

@@ -1,0 +1,54 @@
+#!/bin/sh
+# Command-line behaviour: every example checks clean, --help / --version work,
+# usage errors exit 2, hostile inputs (a directory, a missing file, NUL bytes, random bytes) are
+# refused with a one-line cause and exit 1, --dump-after prints the IR after every pass, and
+# commands that are not built yet say so instead of doing nothing.
+# usage: tests/run_cli.sh PLANC (from the repository root)
+planc=$1
+pass=0
+fail=0
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+expect() { # expect NAME WANT_STATUS GREP_PATTERN -- command...
+	name=$1 want=$2 pattern=$3
+	shift 4
+	"$@" >"$tmp/out" 2>&1
+	got=$?
+	if [ "$got" -eq "$want" ] && { [ -z "$pattern" ] || grep -q -- "$pattern" "$tmp/out"; }; then
+		pass=$((pass + 1))
+	else
+		fail=$((fail + 1))
+		echo "FAIL: $name (exit $got, want $want; pattern '$pattern')"
+		head -5 "$tmp/out"
+	fi
+}
+
+for f in examples/*.plan; do
+	expect "check $f" 0 "" -- "$planc" check "$f"
+done
+expect "help" 0 "usage: planc" -- "$planc" --help
+expect "version" 0 "planc 0" -- "$planc" --version
+expect "no command" 2 "usage" -- "$planc"
+expect "unknown command" 2 "unknown command 'frobnicate'" -- "$planc" frobnicate x.plan
+expect "unknown option" 2 "unknown option '--bogus'" -- "$planc" check examples/gpt.plan --bogus
+expect "unknown pass" 2 "unknown pass 'nope'" -- "$planc" check examples/gpt.plan --dump-after=nope
+expect "missing file" 1 "cannot open 'no/such.plan'" -- "$planc" check no/such.plan
+expect "directory" 1 "is a directory" -- "$planc" check examples
+printf 'model m() {\0}\n' >"$tmp/nul.plan"
+expect "NUL bytes" 1 "holds NUL bytes" -- "$planc" check "$tmp/nul.plan"
+head -c 4096 /dev/urandom | tr -d '\000' >"$tmp/random.plan"
+expect "random bytes" 1 "error" -- "$planc" check "$tmp/random.plan"
+expect "unknown plan" 1 "no plan named 'nope'" -- "$planc" explain examples/gpt.plan --plan nope
+expect "build not available" 2 "'build' is not available yet" -- "$planc" build examples/gpt.plan
+for pass_name in graph pipeline autodiff shard recompute zero sync check; do
+	expect "dump-after=$pass_name" 0 "# IR after $pass_name" -- "$planc" check examples/gpt.plan --plan gpt_3d --dump-after=$pass_name
+done
+expect "explain text" 0 "communication per step" -- "$planc" explain examples/gpt.plan --plan dp2_tp2
+expect "explain json" 0 '"model_flops_per_step"' -- "$planc" explain examples/gpt.plan --plan dp2_tp2 --json
+cp examples/mlp.plan "$tmp/w.plan"
+"$planc" fmt "$tmp/w.plan" >"$tmp/expected"
+expect "fmt -w" 0 "" -- "$planc" fmt -w "$tmp/w.plan"
+if cmp -s "$tmp/w.plan" "$tmp/expected"; then pass=$((pass + 1)); else fail=$((fail + 1)); echo "FAIL: fmt -w result"; fi
+echo "cli: $pass passed, $fail failed"
+[ "$fail" -eq 0 ]

@@ -1,0 +1,12 @@
+# The test suite, run by ctest from the build directory (scripts/test.sh runs it all).
+# Every test runs from the repository root so diagnostics print repository-relative paths.
+set(PLANC $<TARGET_FILE:planc>)
+set(ROOT ${CMAKE_SOURCE_DIR})
+
+add_test(NAME errors COMMAND sh ${ROOT}/tests/run_errors.sh ${PLANC} WORKING_DIRECTORY ${ROOT})
+add_test(NAME explain_goldens COMMAND sh ${ROOT}/tests/run_explain.sh ${PLANC} WORKING_DIRECTORY ${ROOT})
+add_test(NAME explain_formulas COMMAND python3 ${ROOT}/tests/explain/check_formulas.py ${PLANC} ${ROOT}
+         WORKING_DIRECTORY ${ROOT})
+add_test(NAME cli COMMAND sh ${ROOT}/tests/run_cli.sh ${PLANC} WORKING_DIRECTORY ${ROOT})
+file(GLOB FMT_FILES ${ROOT}/examples/*.plan ${ROOT}/stdlib/*.plan ${ROOT}/tests/parse/*.plan)
+add_test(NAME fmt_roundtrip COMMAND sh ${ROOT}/tests/fmt_roundtrip.sh ${PLANC} ${FMT_FILES} WORKING_DIRECTORY ${ROOT})
