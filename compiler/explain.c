@@ -163,15 +163,13 @@ static void model_states(Report *rep, Role *r)
 	PlanSpec *ps = rep->ps;
 	int zn = ps->zero_stage >= 1 && ps->zero_axis >= 0 ? ps->axes[ps->zero_axis].size : 1;
 	bool worker_only = ps->sync == SYNC_ASYNC && r->role == RANKROLE_WORKER;
-	bool master = ps->sync == SYNC_ASYNC && r->role == RANKROLE_MASTER;
 	for (int i = 0; i < g->nops; i++) {
 		const Op *op = &g->ops[i];
 		if (op->kind != OP_OPTIMIZER_STEP || op->stage != r->stage)
 			continue;
 		int p = op->in[0], gr = op->in[1];
 		r->params += bytes_of(g, p);
-		if (!master)
-			r->grads += bytes_of(g, gr);
+		r->grads += bytes_of(g, gr);
 		/* the optimizer works on the tensor-parallel shard, split again over the ZeRO axis */
 		Layout saved = g->vals[p].lay;
 		if (ps->zero_axis >= 0)
@@ -311,8 +309,7 @@ static void flops_and_comm(Report *rep, Role *r)
 		const Op *op = &g->ops[i];
 		if (!op_on(op, r->stage, r->role))
 			continue;
-		if (!(rep->ps->sync == SYNC_ASYNC && r->role == RANKROLE_MASTER))
-			r->flops += matmul_flops(g, op, true) * (op->per_step ? 1 : m);
+		r->flops += matmul_flops(g, op, true) * (op->per_step ? 1 : m);
 		OpClass k = op_classes[op->kind];
 		if ((k == OPK_COLLECTIVE || k == OPK_P2P) && op->kind != OP_SLICE)
 			add_comm(r, g, op);
@@ -386,12 +383,8 @@ static Report *build_report(Graph *g)
 				}
 			}
 			model_states(rep, r);
-			if (!(async && r->role == RANKROLE_MASTER)) {
-				activations(rep, r);
-				working_memory(rep, r);
-			} else {
-				r->act_layer = calloc((size_t)(g->nlayers + 1), sizeof(double));
-			}
+			activations(rep, r);
+			working_memory(rep, r);
 			flops_and_comm(rep, r);
 			r->peak = r->params + r->grads + r->optim + r->act + r->work;
 		}

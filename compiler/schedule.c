@@ -310,6 +310,29 @@ bool check_collectives(Graph *g)
 			free(bb.e);
 		}
 	}
+	/* and a receive that no send feeds: the receiver would wait forever */
+	for (int r = 0; r < world && ok; r++) {
+		rank_coords(ps, r, coord);
+		int s = rank_stage(&c, coord), role = rank_role(&c, coord);
+		int ri = role_index(&c, s, role);
+		for (int peer = 0; peer < npeer && ok; peer++) {
+			const Seq *in = &recvs[ri * npeer + peer];
+			if (!in->n)
+				continue;
+			const Op *op = &g->ops[in->e[0].op];
+			memcpy(other, coord, sizeof coord);
+			other[op->axis] = peer;
+			int s2 = rank_stage(&c, other), role2 = rank_role(&c, other);
+			const Seq *out = &sends[role_index(&c, s2, role2) * npeer + coord[op->axis]];
+			if (out->n)
+				continue; /* matched above, from the sender's side */
+			const Source *src = op->src ? op->src : ps->src;
+			diag_error(src, op->src ? op->loc : ps->plan->name_loc,
+				   "rank %d would wait forever: it receives from rank %d, which sends it nothing", r,
+				   coords_rank(ps, other));
+			ok = false;
+		}
+	}
 	for (int i = 0; i < c.nroles * c.ncomms; i++)
 		free(c.seqs[i].e);
 	for (int i = 0; i < c.nroles * npeer; i++) {

@@ -10,8 +10,9 @@
  *   compress   bf16 / fp16 halve the bytes; topk(r) sends r of the entries with their indices
  *              (an all-gather); powersgd(rank) sends two low-rank factors per matrix;
  *   local_sgd  no gradient traffic on the data axis: parameters are averaged every K steps;
- *   async      workers send gradients to the master (data coordinate 0), which updates and sends
- *              parameters back; the staleness bound is enforced by the runtime.
+ *   async      workers send gradients to the master (data coordinate 0, which also computes
+ *              gradients on its own share of the batch, like a co-located parameter server),
+ *              which updates and sends parameters back; the runtime enforces the staleness bound.
  * Tied parameters copied to two pipeline stages have their gradients all-reduced between those
  * two stages (Megatron's embedding group). */
 #include "planc.h"
@@ -210,16 +211,17 @@ bool sync_grads(Graph *g)
 					emit_bucket(&s, OP_ALL_REDUCE, a, st, t, elems, true, ps->every, "parameter average",
 						    RANKROLE_ANY, -1);
 				} else {
+					/* each worker: gradients out, parameters back; the master serves every worker */
 					int n = ps->axes[a].size;
+					emit_bucket(&s, OP_SEND, a, st, wire_dtype(ps, t), elems, true, 0, "gradients to the master",
+						    RANKROLE_WORKER, 0);
+					emit_bucket(&s, OP_RECV, a, st, t, elems, true, 0, "parameters from the master",
+						    RANKROLE_WORKER, 0);
 					for (int w = 1; w < n; w++) {
-						emit_bucket(&s, OP_SEND, a, st, wire_dtype(ps, t), elems, true, 0, "gradients to master",
-							    RANKROLE_WORKER, 0);
 						emit_bucket(&s, OP_RECV, a, st, wire_dtype(ps, t), elems, true, 0,
 							    "gradients from a worker", RANKROLE_MASTER, w);
 						emit_bucket(&s, OP_SEND, a, st, t, elems, true, 0, "parameters to a worker",
 							    RANKROLE_MASTER, w);
-						emit_bucket(&s, OP_RECV, a, st, t, elems, true, 0, "parameters from master",
-							    RANKROLE_WORKER, 0);
 					}
 				}
 			}
