@@ -10,3 +10,7 @@ add_test(NAME explain_formulas COMMAND python3 ${ROOT}/tests/explain/check_formu
 add_test(NAME cli COMMAND sh ${ROOT}/tests/run_cli.sh ${PLANC} WORKING_DIRECTORY ${ROOT})
 file(GLOB FMT_FILES ${ROOT}/examples/*.plan ${ROOT}/stdlib/*.plan ${ROOT}/tests/parse/*.plan)
 add_test(NAME fmt_roundtrip COMMAND sh ${ROOT}/tests/fmt_roundtrip.sh ${PLANC} ${FMT_FILES} WORKING_DIRECTORY ${ROOT})
+
+# runtime and kernel unit tests (cmocka, MPI) live beside their sources' tests
+include(${ROOT}/tests/runtime/tests.cmake OPTIONAL)
+include(${ROOT}/tests/kernels/tests.cmake OPTIONAL)

@@ -79,6 +79,11 @@ static bool same_decorators(const Decorator *a, const Decorator *b)
 	return !a && !b;
 }
 
+static bool is_blank(char c)
+{
+	return c == ' ' || c == '\t' || c == '\r';
+}
+
 /* Same items and the same comment texts, locations aside. */
 static bool same_module(const Module *a, const Module *b)
 {
@@ -95,9 +100,9 @@ static bool same_module(const Module *a, const Module *b)
 	for (; c && d; c = c->next, d = d->next) {
 		int lc = c->loc.len, ld = d->loc.len;
 		const char *tc = a->src.text + c->loc.off, *td = b->src.text + d->loc.off;
-		while (lc > 1 && (tc[lc - 1] == ' ' || tc[lc - 1] == '\t'))
+		while (lc > 1 && is_blank(tc[lc - 1])) /* fmt drops trailing blanks */
 			lc--;
-		while (ld > 1 && (td[ld - 1] == ' ' || td[ld - 1] == '\t'))
+		while (ld > 1 && is_blank(td[ld - 1]))
 			ld--;
 		if (lc != ld || memcmp(tc, td, (size_t)lc))
 			return false;

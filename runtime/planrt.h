@@ -1,0 +1,174 @@
+/* planrt.h: the planc runtime's public API, used by the C programs planc generates.
+ *
+ * Shaped like NCCL (DESIGN section 5): prefix planrt_, opaque handles, every fallible call returns
+ * planrt_result_t and planrt_error_string() turns it into text; collectives take
+ * (sendbuf, recvbuf, count, dtype, op, comm, request) with one signature for every backend (MPI
+ * here; NCCL later) and work in place when sendbuf == recvbuf. Settings come from PLANRT_*
+ * environment variables.
+ *
+ * Sections: results; world, mesh and communicators; collectives; arena; kernels (planrt_kernels.h);
+ * initialisation RNG; data; optimizers; checkpoints (safetensors); metrics and progress. */
+#ifndef PLANRT_H
+#define PLANRT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ------------------------------------------------------------------ results */
+typedef enum {
+	planrt_success = 0,
+	planrt_system_error,     /* the OS or MPI failed */
+	planrt_invalid_argument, /* a bad value passed by the caller */
+	planrt_invalid_usage,    /* a call out of order (e.g. before planrt_init) */
+	planrt_io_error,         /* a file could not be read or written */
+	planrt_format_error,     /* a file is malformed (safetensors, token data) */
+	planrt_timeout,          /* the watchdog fired */
+	planrt_internal_error,
+} planrt_result_t;
+
+const char *planrt_error_string(planrt_result_t r);
+/* The most recent error's detail (one line: cause and fix), thread-local; "" if none. */
+const char *planrt_last_error(void);
+
+/* Prints "planrt: rank R: <message>" on stderr and exits with status 1 on every rank
+ * (MPI_Abort), so a failure on one rank never leaves the others hanging. */
+void planrt_fatal(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
+/* Checks a result; on failure calls planrt_fatal with what and planrt_last_error(). */
+#define PLANRT_CHECK(call) planrt_check_((call), #call, __FILE__, __LINE__)
+void planrt_check_(planrt_result_t r, const char *what, const char *file, int line);
+
+/* ------------------------------------------------------------------ world, mesh, communicators */
+typedef enum { planrt_f32 = 0, planrt_bf16, planrt_f16, planrt_i32, planrt_u8, planrt_f64 } planrt_dtype_t;
+typedef enum { planrt_sum = 0, planrt_max } planrt_op_t;
+typedef struct planrt_comm *planrt_comm_t;
+typedef struct planrt_request *planrt_request_t;
+
+size_t planrt_dtype_size(planrt_dtype_t t);
+
+/* MPI_Init (thread level funneled), rank and world size. */
+planrt_result_t planrt_init(int *argc, char ***argv, int *rank, int *world);
+planrt_result_t planrt_finalize(void);
+
+/* Declares the mesh (row-major over axes, the first axis slowest, as planc numbers ranks). Fails
+ * with a one-line cause if the product differs from the world size. Creates one communicator per
+ * axis from this rank's coordinates (MPI_Comm_split). */
+planrt_result_t planrt_mesh_init(int naxes, const int *sizes, const char *const *names);
+int planrt_mesh_coord(int axis);            /* this rank's coordinate on axis */
+planrt_comm_t planrt_axis_comm(int axis);   /* the group along axis through this rank */
+/* The two-member group {a, b} along axis through this rank's other coordinates (tied
+ * parameters on two pipeline stages); NULL if this rank's coordinate is neither a nor b.
+ * Collective over the whole world communicator: every rank calls it with the same a, b. */
+planrt_result_t planrt_pair_comm(int axis, int a, int b, planrt_comm_t *out);
+int planrt_comm_size(planrt_comm_t c);
+int planrt_comm_rank(planrt_comm_t c);
+
+/* ------------------------------------------------------------------ collectives
+ * Blocking when req is NULL; otherwise started and completed by planrt_wait (progress is made by
+ * planrt_test and planrt_wait, so gradient buckets overlap the backward pass). bf16 / f16 sums
+ * accumulate in f32. Counts are elements. */
+planrt_result_t planrt_allreduce(const void *sendbuf, void *recvbuf, size_t count, planrt_dtype_t t,
+				 planrt_op_t op, planrt_comm_t c, planrt_request_t *req);
+/* recvcount elements per rank; sendbuf holds size * recvcount, rank r keeps block r. */
+planrt_result_t planrt_reduce_scatter(const void *sendbuf, void *recvbuf, size_t recvcount, planrt_dtype_t t,
+				      planrt_op_t op, planrt_comm_t c, planrt_request_t *req);
+/* sendcount elements per rank; recvbuf gets size * sendcount, block r from rank r. */
+planrt_result_t planrt_allgather(const void *sendbuf, void *recvbuf, size_t sendcount, planrt_dtype_t t,
+				 planrt_comm_t c, planrt_request_t *req);
+/* count elements to and from each peer: block p of sendbuf goes to rank p. */
+planrt_result_t planrt_alltoall(const void *sendbuf, void *recvbuf, size_t count, planrt_dtype_t t,
+				planrt_comm_t c, planrt_request_t *req);
+planrt_result_t planrt_broadcast(void *buf, size_t count, planrt_dtype_t t, int root, planrt_comm_t c,
+				 planrt_request_t *req);
+planrt_result_t planrt_send(const void *buf, size_t count, planrt_dtype_t t, int peer, planrt_comm_t c,
+			    planrt_request_t *req);
+planrt_result_t planrt_recv(void *buf, size_t count, planrt_dtype_t t, int peer, planrt_comm_t c,
+			    planrt_request_t *req);
+planrt_result_t planrt_wait(planrt_request_t req);
+planrt_result_t planrt_test(planrt_request_t req, int *done);
+/* Bytes this rank has sent through collectives and p2p since planrt_init (for tests and logs). */
+uint64_t planrt_bytes_sent(void);
+/* Turns a stall into an error: if a blocking call or wait takes longer than seconds
+ * (PLANRT_WATCHDOG, default 300; 0 = off), prints the pending operation on that rank and aborts. */
+void planrt_watchdog_set(double seconds);
+
+/* ------------------------------------------------------------------ arena
+ * One allocation per rank holds every activation, gradient and temporary of the step at the
+ * offsets planc planned; the high-water mark of touched bytes is reported for tests. */
+planrt_result_t planrt_arena_create(size_t bytes, void **base);
+void planrt_arena_destroy(void);
+size_t planrt_peak_rss_bytes(void); /* getrusage maxrss */
+
+/* ------------------------------------------------------------------ initialisation RNG (DESIGN 1.2)
+ * A parameter element's initial value is a function of (seed, parameter name, global element
+ * index) only: Philox-4x32-10 keyed by (seed, FNV-1a of the name), counter = the global index.
+ * Fills a local block of a tensor whose global shape is gdims; the block starts at offs and has
+ * shape ldims (row-major). kind: 0 normal(a = mean, b = std), 1 uniform(a, b), 2 zeros, 3 ones. */
+void planrt_philox(uint64_t seed, uint64_t key, uint64_t counter, uint32_t out[4]);
+uint64_t planrt_name_key(const char *name);
+void planrt_init_block(float *dst, int rank, const int64_t *gdims, const int64_t *ldims, const int64_t *offs,
+		       int kind, double a, double b, uint64_t seed, const char *name);
+
+/* ------------------------------------------------------------------ data
+ * A text file read as bytes (vocabulary 256) or a nanoGPT uint16 token file (.bin). Sample i of
+ * step t is the window of seq + 1 tokens starting at a position drawn from (seed, t, i), so step
+ * t's global batch is the same for every plan; a rank asks for its samples [lo, hi). */
+typedef struct planrt_data *planrt_data_t;
+planrt_result_t planrt_data_open(const char *path, int64_t vocab, int64_t seq, planrt_data_t *out);
+planrt_result_t planrt_data_batch(planrt_data_t d, int64_t step, int64_t lo, int64_t hi, uint64_t seed,
+				  int32_t *tokens, int32_t *targets); /* each [hi - lo, seq] */
+int64_t planrt_data_tokens(planrt_data_t d);
+void planrt_data_close(planrt_data_t d);
+
+/* ------------------------------------------------------------------ optimizers (f32 state)
+ * PyTorch semantics: SGD, SGD with momentum (dampening 0), Adam, AdamW (decoupled decay), both
+ * with bias correction; step counts from 1. */
+typedef enum { planrt_opt_sgd = 0, planrt_opt_momentum, planrt_opt_adam, planrt_opt_adamw } planrt_opt_kind_t;
+typedef struct planrt_opt {
+	planrt_opt_kind_t kind;
+	double lr, beta1, beta2, eps, weight_decay, momentum;
+} planrt_opt_t;
+/* param and grad: n elements; m, v: state (NULL where the kind has none). lr is this step's. */
+void planrt_opt_step(const planrt_opt_t *o, double lr, int64_t step, float *param, const float *grad, float *m,
+		     float *v, size_t n);
+/* Linear warmup then cosine decay to min_lr at total (total 0: constant lr). */
+double planrt_lr_at(double lr, int64_t step, int64_t warmup, int64_t total, double min_lr);
+double planrt_sum_squares(const float *x, size_t n);
+
+/* ------------------------------------------------------------------ checkpoints (safetensors)
+ * Interoperable with PyTorch's safetensors files: 8-byte little-endian header length, a JSON
+ * header {name: {dtype, shape, data_offsets}} and the raw little-endian data. Writes are atomic
+ * (temporary file, fsync, rename). Reads validate every offset against the file size. */
+typedef struct planrt_st *planrt_st_t;
+planrt_result_t planrt_st_open(const char *path, planrt_st_t *out);
+/* Finds name; checks dtype (F32, BF16 or F16 converted to f32) and shape against what the plan
+ * expects (a one-line cause naming both shapes if not), copies the block [offs, offs + ldims) as
+ * f32 into dst. */
+planrt_result_t planrt_st_read_block(planrt_st_t f, const char *name, int rank, const int64_t *gdims,
+				     const int64_t *ldims, const int64_t *offs, float *dst);
+void planrt_st_close(planrt_st_t f);
+typedef struct planrt_st_tensor {
+	const char *name;
+	planrt_dtype_t dtype; /* of data: f32 or bf16 */
+	int rank;
+	int64_t dims[8];
+	const void *data;
+} planrt_st_tensor_t;
+planrt_result_t planrt_st_write(const char *path, const planrt_st_tensor_t *tensors, int n);
+
+/* ------------------------------------------------------------------ metrics and progress */
+/* JSON lines: {"step":, "loss":, "lr":, "grad_norm":, "tokens":, "step_ms":, "tokens_per_s":} */
+planrt_result_t planrt_log_open(const char *path);
+void planrt_log_step(int64_t step, double loss, double lr, double grad_norm, int64_t tokens, double step_ms);
+void planrt_log_close(void);
+/* Rank 0's progress line on stderr: step k/K, loss, tokens/s, ETA. */
+void planrt_progress(int64_t step, int64_t total, double loss, double tokens_per_s, double elapsed_s);
+double planrt_now(void); /* seconds, monotonic */
+
+#ifdef __cplusplus
+}
+#endif
+#endif
