@@ -51,16 +51,16 @@ Module *parse_module(Arena *a, const char *path, const char *text, int len)
 {
 	if (!text || len < 0)
 		len = 0;
+	if (len > INT_MAX / 2) { /* offsets are ints */
+		diag_error(NULL, (Loc){0, 0}, "%s: file too large", path ? path : "<input>");
+		return NULL;
+	}
 	Module *m = arena_alloc(a, sizeof *m);
 	/* our own NUL-terminated copy: the caller's buffer may be neither terminated nor kept */
 	char *copy = arena_strndup(a, text ? text : "", (size_t)len);
 	m->src.path = arena_strdup(a, path ? path : "<input>");
 	m->src.text = copy;
 	m->src.len = len;
-	if (len > INT_MAX / 2) {
-		diag_error(NULL, (Loc){0, 0}, "%s: file too large", m->src.path);
-		return NULL;
-	}
 
 	ParseCtx pc = {0};
 	pc.arena = a;

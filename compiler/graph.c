@@ -319,6 +319,7 @@ static int emit(Elab *e, OpKind k, int nin, const int *in, int nout, const int *
 {
 	int o = graph_add_op(e->g, k, nin, in, nout, out);
 	Op *op = &e->g->ops[o];
+	op->orig = o;
 	op->layer = e->layer;
 	op->scope = e->op_scope;
 	op->loc = loc;

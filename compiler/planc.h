@@ -436,11 +436,14 @@ typedef struct Op {
 	int peer;          /* p2p and async: the peer's coordinate on `axis`; -1 none */
 	int stage_group[2]; /* pipe-axis collectives between two stages (tied weights), else -1 */
 	int role;          /* ROLE_ANY, or an async role that alone runs the op */
+	int *members;      /* gradient buckets (sync.c): the gradient values packed into the buffer */
+	int nmembers;
 	int stage;         /* pipeline stage (0 without pipeline) */
 	int fwd_op;        /* backward ops: the forward op they differentiate, else -1 */
 	const char *scope; /* dotted fn path the op came from */
 	Loc loc;
 	const Source *src;
+	int orig;          /* index at elaboration (stable across plans of a model): RNG keys */
 	const Source *call_src; /* ops from a fn: the outermost call in the model, for notes */
 	Loc call_loc;
 	const char *call_fn;
@@ -505,5 +508,110 @@ bool check_collectives(Graph *g); /* schedule.c: the collective-sequence check o
 Graph *run_passes(PlanSpec *ps, const char *dump_after, FILE *dump_out);
 void explain(FILE *out, Graph *g, bool json); /* explain.c: the cost report, text or JSON */
 extern const char *const pass_names[];
+
+/* ---------------------------------------------------------------- lower.c */
+/* The loop-level IR: what one rank of one role runs, as a list of kernels in three phases (the
+ * forward of a micro-batch, its backward, and the once-per-step update). A kernel is a call into
+ * planrt (a compute kernel, a collective, a data or optimizer routine) or a fused element-wise
+ * loop nest whose body is a small expression tree. emit_c.c prints it as C; the LLVM and CUDA
+ * backends are printers over the same structure. Buffers are values: where each lives (the
+ * persistent state block or the per-micro-batch arena) and at which offset is memplan.c's job. */
+typedef enum { PH_FORWARD, PH_BACKWARD, PH_STEP, PH_COUNT } Phase;
+typedef enum { BUF_NONE, BUF_STATE, BUF_ARENA, BUF_VIEW } BufClass;
+
+typedef struct Buffer {
+	BufClass cls;
+	int view_of;      /* BUF_VIEW: the value whose storage this is */
+	long long elems;  /* local elements */
+	DType dtype;
+	size_t bytes;
+	size_t offset;    /* in the state block or the arena */
+	int first, last;  /* kernel indices of definition and last use (arena liveness) */
+	long long ldims[MAX_DIMS]; /* local shape */
+	long long offs_stride[MAX_DIMS]; /* unused: reserved */
+} Buffer;
+
+typedef enum {
+	KA_VALUE,   /* a buffer's address */
+	KA_INT,
+	KA_F64,
+	KA_INTS,    /* a constant int64_t array */
+	KA_TEXT,    /* a C expression printed as is (enum names, the communicator of an axis) */
+	KA_SCRATCH, /* the kernel's arena scratch */
+	KA_SCALAR,  /* the float stored in a one-element buffer, as a double */
+	KA_OFFS,    /* the global offsets of this rank's block of a value (computed at start-up; the
+		     * batch dim also moves with the micro-batch) */
+	KA_GDIMS,   /* a value's global dims, with the batch dim the whole step's batch */
+} KArgKind;
+typedef struct KArg {
+	KArgKind kind;
+	int value;              /* KA_VALUE: a buffer; KA_SCRATCH: bytes in scratch index */
+	long long i;
+	double f;
+	const long long *ints;  /* KA_INTS */
+	int nints;
+	const char *text;       /* KA_TEXT: a C expression the emitter prints as is (enum names) */
+} KArg;
+
+typedef enum { LX_LOAD, LX_CONST, LX_UNARY, LX_BINARY } LExprKind;
+typedef struct LExpr {
+	LExprKind kind;
+	OpKind op;                   /* LX_UNARY / LX_BINARY: the graph op it computes */
+	int value;                   /* LX_LOAD */
+	long long stride[MAX_DIMS];  /* LX_LOAD: element stride per loop dim (0 = broadcast) */
+	double f;                    /* LX_CONST, SCALE factor, dropout p */
+	const char *s;               /* gelu approximation */
+	struct LExpr *a, *b;
+} LExpr;
+
+typedef enum { KER_CALL, KER_LOOP } KernelKind;
+typedef struct Kernel {
+	KernelKind kind;
+	Phase phase;
+	int op;                 /* the graph op it came from (first of a fused chain) */
+	const char *fn;         /* KER_CALL */
+	KArg args[28];
+	int nargs;
+	int out;                /* KER_LOOP: output value */
+	bool accumulate;        /* KER_LOOP: out += expr */
+	int rank;
+	long long dims[MAX_DIMS];
+	LExpr *expr;
+	int nfused;             /* ops fused into this loop */
+	int uses[16];           /* buffers the kernel reads (for liveness) */
+	int nuses;
+	int defs[4];            /* buffers it writes */
+	int ndefs;
+	size_t scratch;         /* bytes of arena scratch the call needs (collective packing) */
+	size_t scratch_offset;
+} Kernel;
+
+typedef struct LProg {
+	Graph *g;
+	PlanSpec *ps;
+	int stage;
+	Kernel *k;
+	int nk, capk;
+	Buffer *buf;            /* per value id */
+	size_t state_bytes;     /* parameters, gradient accumulators, optimizer states */
+	size_t arena_bytes;     /* one micro-batch's activations and temporaries (memplan) */
+	int *params;            /* parameter values on this stage, in update order */
+	int nparams;
+	int *inputs;            /* input values (tokens, targets) */
+	int ninputs;
+	int loss;               /* the loss value on this stage, or -1 */
+} LProg;
+
+/* Lowers the graph for one pipeline stage; NULL after reporting what cannot be executed yet. */
+LProg *lower(Graph *g, int stage);
+void lprog_dump(FILE *out, const LProg *p);
+
+/* ---------------------------------------------------------------- memplan.c */
+/* Liveness over one micro-batch's kernels and first-fit offsets into one arena per rank. */
+void memplan(LProg *p);
+
+/* ---------------------------------------------------------------- emit_c.c */
+/* Writes the program for every role of the plan as C into dir (prog.c); false on I/O errors. */
+bool emit_c(Graph *g, LProg **roles, int nroles, const char *dir, const char *source_path);
 
 #endif

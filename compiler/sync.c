@@ -51,8 +51,8 @@ static int flat_value(Graph *g, DType t, long long elems, const char *name)
 }
 
 /* One bucket's collective on `axis`. */
-static void emit_bucket(Sync *s, OpKind kind, int axis, int stage, DType t, long long elems, bool per_step,
-			double every, const char *name, int role, int peer)
+static Op *emit_bucket(Sync *s, OpKind kind, int axis, int stage, DType t, long long elems, bool per_step,
+		       double every, const char *name, int role, int peer)
 {
 	Graph *g = s->g;
 	int in = flat_value(g, t, elems, name);
@@ -77,6 +77,7 @@ static void emit_bucket(Sync *s, OpKind kind, int axis, int stage, DType t, long
 	op->every = every;
 	op->role = role;
 	op->peer = peer;
+	return op;
 }
 
 typedef struct Pending {
@@ -84,6 +85,7 @@ typedef struct Pending {
 	DType dtype;
 	long long elems;
 	int count;
+	int members[4096];
 } Pending;
 
 static DType wire_dtype(const PlanSpec *ps, DType t)
@@ -120,7 +122,10 @@ static void flush(Sync *s, Pending *p, OpKind kind, int axis, bool per_step, dou
 	if (p->elems == 0)
 		return;
 	const char *name = arena_printf(s->g->arena, "%s bucket (%d tensors)", what, p->count);
-	emit_bucket(s, kind, axis, p->stage, p->dtype, p->elems, per_step, every, name, RANKROLE_ANY, -1);
+	Op *op = emit_bucket(s, kind, axis, p->stage, p->dtype, p->elems, per_step, every, name, RANKROLE_ANY, -1);
+	op->members = arena_alloc(s->g->arena, sizeof(int) * (size_t)p->count);
+	memcpy(op->members, p->members, sizeof(int) * (size_t)p->count);
+	op->nmembers = p->count;
 	p->elems = 0;
 	p->count = 0;
 }
@@ -184,14 +189,19 @@ bool sync_grads(Graph *g)
 			if (p->elems && (p->dtype != t || kind != (zero_axis ? OP_REDUCE_SCATTER : OP_ALL_REDUCE)))
 				flush(&s, p, zero_axis ? OP_REDUCE_SCATTER : OP_ALL_REDUCE, a, per_step, 0, "gradient");
 			if (kind == OP_ALL_GATHER) { /* top-k: one sparse all-gather per tensor */
-				emit_bucket(&s, OP_ALL_GATHER, a, u->stage, DT_I32, elems, per_step, 0,
-					    arena_printf(g->arena, "%s top-k", g->vals[u->in[0]].name), RANKROLE_ANY, -1);
+				Op *tk = emit_bucket(&s, OP_ALL_GATHER, a, u->stage, DT_I32, elems, per_step, 0,
+						     arena_printf(g->arena, "%s top-k", g->vals[u->in[0]].name), RANKROLE_ANY, -1);
+				tk->members = arena_alloc(g->arena, sizeof(int));
+				tk->members[0] = grad;
+				tk->nmembers = 1;
 				continue;
 			}
+			if (p->count == (int)(sizeof p->members / sizeof p->members[0]))
+				flush(&s, p, kind, a, per_step, 0, "gradient");
 			p->stage = u->stage;
 			p->dtype = t;
 			p->elems += elems;
-			p->count++;
+			p->members[p->count++] = grad;
 			if ((double)p->elems * dtype_bytes(t) >= bucket_bytes)
 				flush(&s, p, kind, a, per_step, 0, "gradient");
 		}

@@ -65,6 +65,8 @@ planrt_comm_t planrt_axis_comm(int axis);   /* the group along axis through this
 planrt_result_t planrt_pair_comm(int axis, int a, int b, planrt_comm_t *out);
 int planrt_comm_size(planrt_comm_t c);
 int planrt_comm_rank(planrt_comm_t c);
+/* Every rank (MPI_COMM_WORLD), valid between planrt_init and planrt_finalize. */
+planrt_comm_t planrt_world_comm(void);
 
 /* ------------------------------------------------------------------ collectives
  * Blocking when req is NULL; otherwise started and completed by planrt_wait (progress is made by
@@ -167,6 +169,25 @@ void planrt_log_close(void);
 /* Rank 0's progress line on stderr: step k/K, loss, tokens/s, ETA. */
 void planrt_progress(int64_t step, int64_t total, double loss, double tokens_per_s, double elapsed_s);
 double planrt_now(void); /* seconds, monotonic */
+
+/* ------------------------------------------------------------------ runtime internals
+ * For the runtime's own sources (they define PLANRT_INTERNAL before including this header);
+ * generated programs never use these. */
+#ifdef PLANRT_INTERNAL
+/* Records the one-line detail planrt_last_error() returns and passes r through:
+ * return planrt_error_(planrt_io_error, "cannot open '%s': %s; check the path", path, ...); */
+planrt_result_t planrt_error_(planrt_result_t r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+int planrt_world_rank_(void); /* -1 before planrt_init */
+/* comm_mpi.c: reads PLANRT_WATCHDOG; called by planrt_init. */
+void planrt_comm_init_(void);
+#ifdef MPI_VERSION /* the communicator as the MPI backend sees it (runtime sources that include mpi.h) */
+struct planrt_comm {
+	MPI_Comm comm;
+	int size, rank;
+	char name[48]; /* for messages: "world", "axis data", "pair pipe {0,3}" */
+};
+#endif
+#endif
 
 #ifdef __cplusplus
 }
