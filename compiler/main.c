@@ -3,8 +3,24 @@
  * the user's input (reported with file:line:col), 2 a usage error; internal errors abort. */
 #include "planc.h"
 
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#ifndef PLANC_MPICC
+#define PLANC_MPICC "mpicc"
+#endif
+#ifndef PLANC_RUNTIME_DIR
+#define PLANC_RUNTIME_DIR "runtime"
+#endif
+#ifndef PLANC_RUNTIME_LIB
+#define PLANC_RUNTIME_LIB "libplanrt.a"
+#endif
+#ifndef PLANC_LINK_LIBS
+#define PLANC_LINK_LIBS "-lopenblas -ljansson"
+#endif
 
 static const char usage[] =
 	"usage: planc COMMAND FILE [options]\n"
@@ -14,11 +30,16 @@ static const char usage[] =
 	"  explain FILE [--plan NAME] [--json]\n"
 	"                                    memory, communication, FLOPs and pipeline bubble per rank role\n"
 	"  fmt FILE [-w]                     print FILE in canonical layout (-w: rewrite it in place)\n"
+	"  emit c FILE --plan NAME -o DIR    write the plan's training program as C (DIR/prog.c)\n"
+	"  build FILE --plan NAME -o PROG    emit and compile it with the planrt runtime\n"
+	"                                    (run: mpirun -np WORLD PROG --steps K --data FILE ...)\n"
 	"\n"
 	"options:\n"
 	"  --plan NAME        the plan to use (default: the file's first plan)\n"
 	"  --json             machine-readable output for explain\n"
-	"  --dump-after=PASS  print the IR after PASS (graph pipeline autodiff shard recompute zero sync check)\n"
+	"  -o PATH            output directory (emit) or program (build)\n"
+	"  --dump-after=PASS  print the IR after PASS (graph pipeline autodiff shard recompute zero sync check,\n"
+	"                     and lower for emit / build)\n"
 	"  --help, --version\n"
 	"\n"
 	"environment: PLANC_STDLIB overrides the directory 'import std.X' reads X.plan from\n";
@@ -30,6 +51,8 @@ typedef struct Options {
 	const char *dump_after;
 	bool json;
 	bool write;
+	const char *output;
+	const char *target; /* emit: "c" */
 } Options;
 
 static int usage_error(const char *fmt, const char *arg)
@@ -42,6 +65,8 @@ static int usage_error(const char *fmt, const char *arg)
 
 static bool known_pass(const char *name)
 {
+	if (!strcmp(name, "lower"))
+		return true;
 	for (int i = 0; pass_names[i]; i++)
 		if (!strcmp(pass_names[i], name))
 			return true;
@@ -62,6 +87,10 @@ static int parse_args(int argc, char **argv, Options *o)
 			o->json = true;
 		} else if (!strcmp(a, "-w")) {
 			o->write = true;
+		} else if (!strcmp(a, "-o")) {
+			if (++i == argc)
+				return usage_error("%s needs a path", a);
+			o->output = argv[i];
 		} else if (!strcmp(a, "--plan")) {
 			if (++i == argc)
 				return usage_error("%s needs a plan name", a);
@@ -76,6 +105,8 @@ static int parse_args(int argc, char **argv, Options *o)
 			return usage_error("unknown option '%s'", a);
 		} else if (!o->command) {
 			o->command = a;
+		} else if (!strcmp(o->command, "emit") && !o->target) {
+			o->target = a;
 		} else if (!o->file) {
 			o->file = a;
 		} else {
@@ -121,16 +152,141 @@ static int cmd_fmt(const Options *o, Arena *a)
 }
 
 /* Runs sema and the passes for one plan; prints explain output when asked. */
-static bool compile_plan(Program *p, Item *plan, const Options *o, bool do_explain)
+static Graph *compile_plan(Program *p, Item *plan, const Options *o, bool do_explain)
 {
 	PlanSpec *ps = sema_plan(p, plan);
 	if (!ps)
-		return false;
+		return NULL;
 	Graph *g = run_passes(ps, o->dump_after, stdout);
 	if (!g)
-		return false;
+		return NULL;
 	if (do_explain)
 		explain(stdout, g, o->json);
+	return g;
+}
+
+/* What planc build executes today; everything else is refused with its location, never ignored. */
+static bool build_supported(Graph *g)
+{
+	PlanSpec *ps = g->ps;
+	const Source *src = ps->src;
+	bool ok = true;
+#define REFUSE(loc, ...)                                                                                   \
+	do {                                                                                               \
+		diag_error(src, loc, __VA_ARGS__);                                                         \
+		ok = false;                                                                                \
+	} while (0)
+	if (ps->pipe_axis >= 0)
+		REFUSE(ps->pipeline_loc, "planc build does not execute pipeline parallelism yet");
+	if (g->has_moe)
+		REFUSE(ps->plan->name_loc, "planc build does not execute mixture-of-experts layers yet");
+	if (ps->offload_optimizer || ps->offload_params || ps->offload_activations)
+		REFUSE(ps->offload_loc, "planc build does not execute offload yet");
+	if (ps->zero_stage > 0)
+		REFUSE(ps->zero_loc, "planc build does not execute ZeRO stage %d yet", ps->zero_stage);
+	if (ps->sync != SYNC_STRICT)
+		REFUSE(ps->sync_loc, "planc build executes only 'sync strict' so far");
+	if (ps->compress != COMPRESS_NONE)
+		REFUSE(ps->sync_loc, "planc build does not execute gradient compression yet");
+	if (ps->param_dtype != DT_F32)
+		REFUSE(ps->plan->name_loc, "planc build executes f32 plans only so far (this plan uses %s)",
+		       dtype_name(ps->param_dtype));
+	int i32_inputs = 0;
+	for (int i = 0; i < g->nops; i++) {
+		const Op *op = &g->ops[i];
+		if (op->kind == OP_INPUT) {
+			const Value *v = &g->vals[op->out[0]];
+			if (v->dtype == DT_I32 && v->rank == 2)
+				i32_inputs++;
+			else
+				REFUSE(op->loc, "planc build feeds inputs from token data: each input must be i32[B, S]");
+		}
+		for (int k = 0; k < op->nout && ok; k++) {
+			const Value *v = &g->vals[op->out[k]];
+			for (int a = 0; a < ps->naxes; a++)
+				for (int b = a + 1; b < ps->naxes; b++)
+					if (v->lay.on[a] >= 0 && v->lay.on[a] == v->lay.on[b])
+						REFUSE(op->src ? op->loc : ps->plan->name_loc,
+						       "planc build cannot execute a dimension split over two mesh axes ('%s' and '%s') yet",
+						       ps->axes[a].name, ps->axes[b].name);
+		}
+	}
+	if (ok && i32_inputs != 2)
+		REFUSE(ps->model->name_loc, "planc build needs exactly two inputs i32[B, S] (tokens, then targets)");
+#undef REFUSE
+	if (!ok)
+		diag_note_plain("'planc check' and 'planc explain' handle this plan; only execution is missing");
+	return ok;
+}
+
+static int run_command(char *const argv[])
+{
+	pid_t pid = fork();
+	if (pid < 0)
+		return -1;
+	if (pid == 0) {
+		execvp(argv[0], argv);
+		fprintf(stderr, "planc: error: cannot run '%s': %s\n", argv[0], strerror(errno));
+		_exit(127);
+	}
+	int status;
+	while (waitpid(pid, &status, 0) < 0)
+		if (errno != EINTR)
+			return -1;
+	return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+/* emit c / build: lower, plan memory, print C; build then compiles it against planrt. */
+static bool cmd_codegen(Graph *g, const Options *o, bool compile)
+{
+	if (!build_supported(g))
+		return false;
+	LProg *lp = lower(g, 0);
+	if (!lp)
+		return false;
+	memplan(lp);
+	if (o->dump_after && !strcmp(o->dump_after, "lower"))
+		lprog_dump(stdout, lp);
+	const char *dir = o->output;
+	char tmpl[] = "/tmp/planc-build-XXXXXX";
+	if (compile) {
+		dir = mkdtemp(tmpl);
+		if (!dir) {
+			fprintf(stderr, "planc: error: cannot create a temporary directory: %s\n", strerror(errno));
+			return false;
+		}
+	}
+	if (!emit_c(g, &lp, 1, dir, o->file))
+		return false;
+	if (!compile)
+		return true;
+	const char *src = arena_printf(g->arena, "%s/prog.c", dir);
+	char *libs = arena_strdup(g->arena, PLANC_LINK_LIBS);
+	char *argv[64];
+	int n = 0;
+	argv[n++] = (char *)PLANC_MPICC;
+	argv[n++] = "-std=gnu11";
+	argv[n++] = "-O3";
+	argv[n++] = "-march=native";
+	argv[n++] = "-Wall";
+	argv[n++] = "-Wextra";
+	argv[n++] = "-Werror";
+	argv[n++] = (char *)arena_printf(g->arena, "-I%s", PLANC_RUNTIME_DIR);
+	argv[n++] = (char *)src;
+	argv[n++] = "-o";
+	argv[n++] = (char *)o->output;
+	argv[n++] = (char *)PLANC_RUNTIME_LIB;
+	for (char *t = strtok(libs, " "); t && n < 62; t = strtok(NULL, " "))
+		argv[n++] = t;
+	argv[n++] = "-lm";
+	argv[n] = NULL;
+	int rc = run_command(argv);
+	if (rc != 0) {
+		fprintf(stderr, "planc: error: compiling the generated program failed (%s kept for inspection)\n", src);
+		return false;
+	}
+	remove(src);
+	rmdir(dir);
 	return true;
 }
 
@@ -142,15 +298,17 @@ int main(int argc, char **argv)
 		return rc;
 	bool is_check = !strcmp(o.command, "check"), is_explain = !strcmp(o.command, "explain");
 	bool is_fmt = !strcmp(o.command, "fmt");
-	if (!strcmp(o.command, "emit") || !strcmp(o.command, "build") || !strcmp(o.command, "run")) {
-		fprintf(stderr,
-			"planc: error: '%s' is not available yet: this planc checks and explains plans; code generation "
-			"(C, CUDA, LLVM) is not built in this version\n",
-			o.command);
+	bool is_emit = !strcmp(o.command, "emit"), is_build = !strcmp(o.command, "build");
+	if (!strcmp(o.command, "run")) {
+		fprintf(stderr, "planc: error: 'run' (the LLVM JIT) is not available yet; use 'planc build' and mpirun\n");
 		return 2;
 	}
-	if (!is_check && !is_explain && !is_fmt)
+	if (!is_check && !is_explain && !is_fmt && !is_emit && !is_build)
 		return usage_error("unknown command '%s'", o.command);
+	if (is_emit && (!o.target || strcmp(o.target, "c")))
+		return usage_error("emit supports the target 'c' only: planc emit c FILE --plan NAME -o DIR%s", "");
+	if ((is_emit || is_build) && !o.output)
+		return usage_error("'%s' needs -o PATH", o.command);
 	if (!o.file)
 		return usage_error("'%s' needs a FILE", o.command);
 	Arena *a = arena_new();
@@ -162,16 +320,19 @@ int main(int argc, char **argv)
 	Program *p = load_program(a, o.file);
 	bool ok = p && sema_check(p);
 	if (ok) {
-		if (o.plan || is_explain) {
+		if (o.plan || is_explain || is_emit || is_build) {
 			Item *plan = default_plan(p, o.plan);
 			if (!plan) {
 				if (o.plan)
 					fprintf(stderr, "planc: error: no plan named '%s' in %s\n", o.plan, o.file);
 				else
-					fprintf(stderr, "planc: error: %s has no plan to explain\n", o.file);
+					fprintf(stderr, "planc: error: %s has no plan\n", o.file);
 				ok = false;
 			} else {
-				ok = compile_plan(p, plan, &o, is_explain);
+				Graph *g = compile_plan(p, plan, &o, is_explain);
+				ok = g != NULL;
+				if (ok && (is_emit || is_build))
+					ok = cmd_codegen(g, &o, is_build);
 			}
 		} else {
 			for (Item *it = p->main->items; it; it = it->next)

@@ -89,6 +89,8 @@ planrt_result_t planrt_send(const void *buf, size_t count, planrt_dtype_t t, int
 			    planrt_request_t *req);
 planrt_result_t planrt_recv(void *buf, size_t count, planrt_dtype_t t, int peer, planrt_comm_t c,
 			    planrt_request_t *req);
+/* planrt_wait completes a request and frees it: call it exactly once per request, also after
+ * planrt_test reported it done (*done = 1 means the results are in place). */
 planrt_result_t planrt_wait(planrt_request_t req);
 planrt_result_t planrt_test(planrt_request_t req, int *done);
 /* Bytes this rank has sent through collectives and p2p since planrt_init (for tests and logs). */
@@ -178,13 +180,17 @@ double planrt_now(void); /* seconds, monotonic */
  * return planrt_error_(planrt_io_error, "cannot open '%s': %s; check the path", path, ...); */
 planrt_result_t planrt_error_(planrt_result_t r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 int planrt_world_rank_(void); /* -1 before planrt_init */
+/* bf16 and f16 (t) to and from f32; f32 -> half rounds to nearest even, NaN stays NaN. */
+float planrt_half_to_f32_(uint16_t h, planrt_dtype_t t);
+uint16_t planrt_f32_to_half_(float x, planrt_dtype_t t);
 /* comm_mpi.c: reads PLANRT_WATCHDOG; called by planrt_init. */
 void planrt_comm_init_(void);
 #ifdef MPI_VERSION /* the communicator as the MPI backend sees it (runtime sources that include mpi.h) */
 struct planrt_comm {
 	MPI_Comm comm;
 	int size, rank;
-	char name[48]; /* for messages: "world", "axis data", "pair pipe {0,3}" */
+	char name[48];   /* for messages: "world", "axis data", "pair axis 1 {0,3}" */
+	uint64_t ncalls; /* operations started on it, numbered in watchdog messages */
 };
 #endif
 #endif

@@ -107,6 +107,30 @@ enum { PLANRT_GELU_ERF = 0, PLANRT_GELU_TANH };
 PLANRT_KERNELS(float, f32)
 PLANRT_KERNELS(double, f64)
 
+/* The statistics the norm and cross-entropy kernels save (mean, rstd, rowmax, sumexp, tlogit, lse)
+ * are float in both instantiations above, which leaves those _f64 kernels at float precision: a
+ * cross-entropy loss assembled from float pieces is too coarse for finite differences (its rounding
+ * noise over h ~ 1e-6 swamps the derivative). The _f64d set is the same code with double
+ * statistics; the finite-difference tests use it. */
+#define PLANRT_STAT_KERNELS(T, ST, S)                                                                          \
+	void planrt_k_layer_norm_##S(const T *x, const T *w, const T *b, T *y, ST *mean, ST *rstd, int64_t rows, \
+				     int64_t cols, double eps);                                                 \
+	void planrt_k_layer_norm_grad_##S(const T *x, const T *w, const ST *mean, const ST *rstd, const T *dy,   \
+					  T *dx, T *dw, T *db, int64_t rows, int64_t cols);                    \
+	void planrt_k_rms_norm_##S(const T *x, const T *w, T *y, ST *rstd, int64_t rows, int64_t cols, double eps); \
+	void planrt_k_rms_norm_grad_##S(const T *x, const T *w, const ST *rstd, const T *dy, T *dx, T *dw,       \
+					int64_t rows, int64_t cols);                                           \
+	void planrt_k_ce_max_##S(const T *logits, int64_t rows, int64_t cols, ST *rowmax);                       \
+	void planrt_k_ce_sumexp_##S(const T *logits, const ST *rowmax, int64_t rows, int64_t cols, ST *sumexp);   \
+	void planrt_k_ce_target_##S(const T *logits, const int32_t *targets, int64_t rows, int64_t cols,         \
+				    int64_t vocab_lo, ST *tlogit);                                              \
+	double planrt_k_ce_loss_##S(const ST *rowmax, const ST *sumexp, const ST *tlogit, int64_t rows, ST *lse,  \
+				    double scale);                                                             \
+	void planrt_k_ce_grad_##S(const T *logits, const int32_t *targets, const ST *lse, int64_t rows,           \
+				  int64_t cols, int64_t vocab_lo, double dscale, T *dlogits);
+
+PLANRT_STAT_KERNELS(double, double, f64d)
+
 /* bf16 storage: round to nearest even; conversions in both directions. */
 void planrt_k_f32_to_bf16(const float *x, uint16_t *y, int64_t n);
 void planrt_k_bf16_to_f32(const uint16_t *x, float *y, int64_t n);

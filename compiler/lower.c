@@ -1,0 +1,950 @@
+/* lower.c: from the sharded, scheduled graph to the loop-level IR of one rank role.
+ *
+ * Every op of the stage becomes kernels over *local* shapes (each value's block on this rank):
+ *   - matmuls, row-wise ops (softmax, norms), embedding, cross-entropy, dropout: calls into the
+ *     planrt kernels; a transposed operand folds into the gemm's transpose flag;
+ *   - element-wise ops become loop nests, and a chain of them whose intermediates have one
+ *     consumer and are not kept for the backward is fused into one loop (one pass over memory);
+ *   - collectives become planrt calls on the communicator of their mesh axis, with packing for
+ *     dims that are not outermost done inside the runtime's *_dim helpers;
+ *   - the gradient of each parameter accumulates over micro-batches in the state block; the
+ *     per-step phase packs gradient buckets, reduces them, and runs the optimizer.
+ * What the runtime cannot execute yet (pipeline transfers, experts, ZeRO, offload, sync other
+ * than strict, bf16) is refused by build_supported() in main.c before lowering. */
+#include "planc.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct Lower {
+	LProg *p;
+	Graph *g;
+	int *consumers;   /* per value: number of ops (on this stage) reading it */
+	bool *kept;       /* per value: read by a backward op while produced in the forward */
+	bool *skip;       /* per op: folded into another kernel */
+	bool failed;
+} Lower;
+
+static Kernel *add_kernel(Lower *L, KernelKind kind, Phase ph, int op)
+{
+	LProg *p = L->p;
+	if (p->nk == p->capk) {
+		p->capk = p->capk ? p->capk * 2 : 1024;
+		Kernel *nk = arena_alloc(L->g->arena, sizeof(Kernel) * (size_t)p->capk);
+		if (p->nk)
+			memcpy(nk, p->k, sizeof(Kernel) * (size_t)p->nk);
+		p->k = nk;
+	}
+	Kernel *k = &p->k[p->nk++];
+	memset(k, 0, sizeof *k);
+	k->kind = kind;
+	k->phase = ph;
+	k->op = op;
+	k->out = -1;
+	return k;
+}
+
+static void arg_value(Kernel *k, int v)
+{
+	k->args[k->nargs].kind = KA_VALUE;
+	k->args[k->nargs++].value = v;
+}
+
+static void arg_int(Kernel *k, long long i)
+{
+	k->args[k->nargs].kind = KA_INT;
+	k->args[k->nargs++].i = i;
+}
+
+static void arg_f64(Kernel *k, double f)
+{
+	k->args[k->nargs].kind = KA_F64;
+	k->args[k->nargs++].f = f;
+}
+
+static void arg_text(Kernel *k, const char *t)
+{
+	k->args[k->nargs].kind = KA_TEXT;
+	k->args[k->nargs++].text = t;
+}
+
+/* A value-related argument; KA_OFFS with i = -1 is the whole offsets array. */
+static void arg_kind(Kernel *k, KArgKind kind, int v)
+{
+	k->args[k->nargs].kind = kind;
+	k->args[k->nargs].i = -1;
+	k->args[k->nargs++].value = v;
+}
+
+static void arg_ints(Lower *L, Kernel *k, const long long *a, int n)
+{
+	long long *copy = arena_alloc(L->g->arena, sizeof(long long) * (size_t)(n ? n : 1));
+	memcpy(copy, a, sizeof(long long) * (size_t)n);
+	k->args[k->nargs].kind = KA_INTS;
+	k->args[k->nargs].ints = copy;
+	k->args[k->nargs++].nints = n;
+}
+
+static void use(Kernel *k, int v)
+{
+	if (v >= 0 && k->nuses < 16)
+		k->uses[k->nuses++] = v;
+}
+
+static void def(Kernel *k, int v)
+{
+	if (v >= 0 && k->ndefs < 4)
+		k->defs[k->ndefs++] = v;
+}
+
+static long long ldim(const Graph *g, int v, int d)
+{
+	const Value *val = &g->vals[v];
+	long long n = val->dim[d];
+	for (int a = 0; a < g->ps->naxes; a++)
+		if (val->lay.on[a] == d)
+			n /= g->ps->axes[a].size;
+	return n;
+}
+
+static void local_dims(const Graph *g, int v, long long *out)
+{
+	for (int d = 0; d < g->vals[v].rank; d++)
+		out[d] = ldim(g, v, d);
+}
+
+static long long lelems(const Graph *g, int v)
+{
+	return value_local_elems(g, v);
+}
+
+static const char *comm_of_axis(Lower *L, int axis)
+{
+	return arena_printf(L->g->arena, "planrt_axis_comm(%d)", axis);
+}
+
+static Phase phase_of(const Op *op)
+{
+	return op->per_step ? PH_STEP : op->backward ? PH_BACKWARD : PH_FORWARD;
+}
+
+/* The storage a value's reads go through: a transpose view reads its source. */
+static int storage(const Graph *g, int v, int *transposed)
+{
+	int t = 0;
+	for (;;) {
+		int d = g->vals[v].def;
+		if (d < 0 || g->ops[d].kind != OP_TRANSPOSE)
+			break;
+		v = g->ops[d].in[0];
+		t ^= 1;
+	}
+	if (transposed)
+		*transposed = t;
+	return v;
+}
+
+/* Materialises a transpose view for a consumer that needs it contiguous. */
+static void lower_transpose(Lower *L, const Op *op, int oi)
+{
+	Graph *g = L->g;
+	int src = op->in[0], out = op->out[0];
+	long long dims[MAX_DIMS];
+	local_dims(g, src, dims);
+	int r = g->vals[src].rank;
+	long long perm[MAX_DIMS];
+	for (int d = 0; d < r; d++)
+		perm[d] = d;
+	perm[r - 1] = r - 2;
+	perm[r - 2] = r - 1;
+	Kernel *k = add_kernel(L, KER_CALL, phase_of(op), oi);
+	k->fn = "planrt_k_permute_f32";
+	arg_int(k, r);
+	arg_ints(L, k, dims, r);
+	k->args[k->nargs].kind = KA_INTS;
+	long long *pc = arena_alloc(g->arena, sizeof(long long) * (size_t)r);
+	memcpy(pc, perm, sizeof(long long) * (size_t)r);
+	k->args[k->nargs].ints = pc;
+	k->args[k->nargs++].nints = -r; /* negative: print as an int array */
+	arg_value(k, src);
+	arg_value(k, out);
+	use(k, src);
+	def(k, out);
+	L->p->buf[out].cls = BUF_ARENA;
+}
+
+static void lower_matmul(Lower *L, const Op *op, int oi)
+{
+	Graph *g = L->g;
+	int ta, tb;
+	int a = storage(g, op->in[0], &ta), b = storage(g, op->in[1], &tb);
+	int out = op->out[0];
+	const Value *vo = &g->vals[out];
+	const Value *va = &g->vals[op->in[0]], *vb = &g->vals[op->in[1]];
+	int r = vo->rank;
+	long long M = ldim(g, op->in[0], va->rank - 2), K = ldim(g, op->in[0], va->rank - 1);
+	long long N = ldim(g, op->in[1], vb->rank - 1);
+	long long batch = 1;
+	for (int d = 0; d < r - 2; d++)
+		batch *= ldim(g, out, d);
+	bool b_batched = vb->rank > 2;
+	long long stride_a = M * K, stride_b = b_batched ? K * N : 0, stride_c = M * N;
+	if (!b_batched && !ta) { /* one gemm over every leading dim */
+		M *= batch;
+		batch = 1;
+	}
+	Kernel *k = add_kernel(L, KER_CALL, phase_of(op), oi);
+	k->fn = "planrt_k_matmul_f32";
+	arg_int(k, batch);
+	arg_int(k, M);
+	arg_int(k, N);
+	arg_int(k, K);
+	arg_value(k, a);
+	arg_int(k, ta);
+	arg_int(k, stride_a);
+	arg_value(k, b);
+	arg_int(k, tb);
+	arg_int(k, stride_b);
+	arg_value(k, out);
+	arg_int(k, stride_c);
+	arg_int(k, g->vals[out].grad_of >= 0); /* parameter gradients accumulate over micro-batches */
+	use(k, a);
+	use(k, b);
+	def(k, out);
+}
+
+static void lower_wgrad(Lower *L, const Op *op, int oi)
+{
+	Graph *g = L->g;
+	int ta, tb;
+	int a = storage(g, op->in[0], &ta), dy = storage(g, op->in[1], &tb);
+	if (ta || tb) {
+		diag_error(op->src, op->loc, "cannot execute a weight gradient of a transposed activation yet");
+		L->failed = true;
+		return;
+	}
+	int out = op->out[0];
+	const Value *va = &g->vals[op->in[0]];
+	long long K = ldim(g, op->in[0], va->rank - 1);
+	long long N = ldim(g, out, 1);
+	long long R = lelems(g, op->in[0]) / K;
+	Kernel *k = add_kernel(L, KER_CALL, phase_of(op), oi);
+	k->fn = "planrt_k_matmul_f32";
+	arg_int(k, 1);
+	arg_int(k, K);
+	arg_int(k, N);
+	arg_int(k, R);
+	arg_value(k, a);
+	arg_int(k, 1);
+	arg_int(k, 0);
+	arg_value(k, dy);
+	arg_int(k, 0);
+	arg_int(k, 0);
+	arg_value(k, out);
+	arg_int(k, 0);
+	arg_int(k, g->vals[out].grad_of >= 0);
+	use(k, a);
+	use(k, dy);
+	def(k, out);
+}
+
+/* ------------------------------------------------------------------ element-wise loops */
+
+static bool elementwise(OpKind k)
+{
+	switch (k) {
+	case OP_ADD:
+	case OP_SUB:
+	case OP_MUL:
+	case OP_DIV:
+	case OP_SCALE:
+	case OP_NEG:
+	case OP_GELU:
+	case OP_RELU:
+	case OP_SILU:
+	case OP_GELU_GRAD:
+	case OP_RELU_GRAD:
+	case OP_SILU_GRAD:
+	case OP_DROPOUT_GRAD:
+		return true;
+	default:
+		return false;
+	}
+}
+
+/* A load of value v broadcast into the output's local shape (numpy rules, right aligned). */
+static LExpr *load(Lower *L, int v, int out)
+{
+	Graph *g = L->g;
+	LExpr *e = arena_alloc(g->arena, sizeof *e);
+	e->kind = LX_LOAD;
+	e->value = v;
+	const Value *vv = &g->vals[v], *vo = &g->vals[out];
+	long long stride = 1;
+	for (int d = vo->rank - 1; d >= 0; d--) {
+		int dv = d - (vo->rank - vv->rank);
+		if (dv < 0) {
+			e->stride[d] = 0;
+			continue;
+		}
+		long long n = ldim(g, v, dv);
+		e->stride[d] = n == 1 && ldim(g, out, d) != 1 ? 0 : stride;
+		stride *= n;
+	}
+	return e;
+}
+
+static LExpr *expr_for(Lower *L, const Op *op, int out);
+
+/* The expression computing input i of op: the fused producer's expression or a load. */
+static LExpr *operand(Lower *L, const Op *op, int i, int out)
+{
+	Graph *g = L->g;
+	int v = op->in[i];
+	int d = g->vals[v].def;
+	if (d >= 0 && L->skip[d] && elementwise(g->ops[d].kind))
+		return expr_for(L, &g->ops[d], out);
+	return load(L, v, out);
+}
+
+static LExpr *expr_for(Lower *L, const Op *op, int out)
+{
+	LExpr *e = arena_alloc(L->g->arena, sizeof *e);
+	e->op = op->kind;
+	e->f = op->f;
+	e->s = op->s;
+	switch (op->kind) {
+	case OP_SCALE:
+	case OP_NEG:
+	case OP_GELU:
+	case OP_RELU:
+	case OP_SILU:
+		e->kind = LX_UNARY;
+		e->a = operand(L, op, 0, out);
+		break;
+	default:
+		e->kind = LX_BINARY;
+		e->a = operand(L, op, 0, out);
+		e->b = operand(L, op, 1, out);
+		break;
+	}
+	return e;
+}
+
+static void collect_loads(Kernel *k, const LExpr *e)
+{
+	if (!e)
+		return;
+	if (e->kind == LX_LOAD)
+		use(k, e->value);
+	collect_loads(k, e->a);
+	collect_loads(k, e->b);
+}
+
+static void lower_elementwise(Lower *L, const Op *op, int oi)
+{
+	Graph *g = L->g;
+	int out = op->out[0];
+	Kernel *k = add_kernel(L, KER_LOOP, phase_of(op), oi);
+	k->out = out;
+	k->rank = g->vals[out].rank;
+	local_dims(g, out, k->dims);
+	k->expr = expr_for(L, op, out);
+	k->accumulate = g->vals[out].grad_of >= 0; /* gradients accumulate over micro-batches */
+	for (const Op *f = op; f; ) { /* count the fused chain for the dump */
+		k->nfused++;
+		const Op *next = NULL;
+		for (int i = 0; i < f->nin; i++) {
+			int d = g->vals[f->in[i]].def;
+			if (d >= 0 && L->skip[d] && elementwise(g->ops[d].kind))
+				next = &g->ops[d];
+		}
+		f = next;
+	}
+	collect_loads(k, k->expr);
+	def(k, out);
+}
+
+/* An element-wise op is fused into its consumer when its only reader is an element-wise op of the
+ * same phase with the same output shape and nothing else keeps it. */
+static void plan_fusion(Lower *L, int stage)
+{
+	Graph *g = L->g;
+	for (int i = 0; i < g->nops; i++) {
+		const Op *op = &g->ops[i];
+		if (op->stage != stage || !elementwise(op->kind) || op->nout != 1)
+			continue;
+		int v = op->out[0];
+		if (L->consumers[v] != 1 || L->kept[v] || g->vals[v].grad_of >= 0 || g->vals[v].role == ROLE_LOSS)
+			continue;
+		/* find the consumer */
+		for (int j = i + 1; j < g->nops; j++) {
+			const Op *c = &g->ops[j];
+			bool reads = false;
+			for (int k = 0; k < c->nin; k++)
+				if (c->in[k] == v)
+					reads = true;
+			if (!reads)
+				continue;
+			if (c->stage == stage && elementwise(c->kind) && phase_of(c) == phase_of(op) &&
+			    value_local_elems(g, c->out[0]) == value_local_elems(g, v) &&
+			    g->vals[c->out[0]].rank == g->vals[v].rank)
+				L->skip[i] = true;
+			break;
+		}
+	}
+}
+
+/* ------------------------------------------------------------------ the other ops */
+
+static Kernel *call(Lower *L, const Op *op, int oi, const char *fn)
+{
+	Kernel *k = add_kernel(L, KER_CALL, phase_of(op), oi);
+	k->fn = fn;
+	return k;
+}
+
+static long long rows_of(const Graph *g, int v)
+{
+	const Value *val = &g->vals[v];
+	return lelems(g, v) / ldim(g, v, val->rank - 1);
+}
+
+static const char *dtype_enum(DType t)
+{
+	switch (t) {
+	case DT_BF16:
+		return "planrt_bf16";
+	case DT_F16:
+		return "planrt_f16";
+	case DT_I32:
+		return "planrt_i32";
+	case DT_U8:
+		return "planrt_u8";
+	case DT_F64:
+		return "planrt_f64";
+	default:
+		return "planrt_f32";
+	}
+}
+
+/* Conversions inserted by shard.c between layouts: collectives along one mesh axis. */
+static void lower_collective(Lower *L, const Op *op, int oi)
+{
+	Graph *g = L->g;
+	int in = op->in[0], out = op->out[0];
+	int r = g->vals[in].rank;
+	long long dims[MAX_DIMS];
+	local_dims(g, in, dims);
+	Kernel *k = add_kernel(L, KER_CALL, phase_of(op), oi);
+	size_t bytes = (size_t)lelems(g, in) * (size_t)dtype_bytes(g->vals[in].dtype);
+	switch (op->kind) {
+	case OP_ALL_REDUCE:
+		k->fn = "planrt_allreduce_dim";
+		arg_value(k, in);
+		arg_value(k, out);
+		arg_int(k, lelems(g, in));
+		break;
+	case OP_REDUCE_SCATTER:
+		k->fn = "planrt_reduce_scatter_dim";
+		arg_value(k, in);
+		arg_value(k, out);
+		arg_int(k, r);
+		arg_ints(L, k, dims, r);
+		arg_int(k, op->coll_dim);
+		k->scratch = bytes;
+		break;
+	case OP_ALL_GATHER:
+		k->fn = "planrt_allgather_dim";
+		arg_value(k, in);
+		arg_value(k, out);
+		arg_int(k, r);
+		arg_ints(L, k, dims, r);
+		arg_int(k, op->coll_dim);
+		k->scratch = bytes * (size_t)g->ps->axes[op->axis].size;
+		break;
+	case OP_ALL_TO_ALL:
+		k->fn = "planrt_alltoall_dim";
+		arg_value(k, in);
+		arg_value(k, out);
+		arg_int(k, r);
+		arg_ints(L, k, dims, r);
+		arg_int(k, op->coll_dim);
+		arg_int(k, op->coll_dim2);
+		k->scratch = 2 * bytes;
+		break;
+	case OP_SLICE:
+		k->fn = "planrt_slice_dim";
+		arg_value(k, in);
+		arg_value(k, out);
+		arg_int(k, r);
+		arg_ints(L, k, dims, r);
+		arg_int(k, op->coll_dim);
+		break;
+	default:
+		ICE("not a conversion");
+	}
+	arg_text(k, dtype_enum(g->vals[in].dtype));
+	arg_text(k, comm_of_axis(L, op->axis));
+	if (k->scratch)
+		arg_kind(k, KA_SCRATCH, 0);
+	use(k, in);
+	def(k, out);
+}
+
+static void lower_op(Lower *L, const Op *op, int oi)
+{
+	Graph *g = L->g;
+	Kernel *k;
+	int x = op->nin ? op->in[0] : -1, y = op->nout ? op->out[0] : -1;
+	switch (op->kind) {
+	case OP_PARAM:
+	case OP_INPUT:
+	case OP_OPTIMIZER_STEP:
+		return; /* handled by the program skeleton */
+	case OP_FILL:
+		k = call(L, op, oi, "planrt_fill_f32");
+		arg_value(k, y);
+		arg_int(k, 1);
+		arg_text(k, "1.0 / MICRO_BATCHES");
+		def(k, y);
+		return;
+	case OP_TRANSPOSE:
+		return; /* folded into consumers; materialised on demand below */
+	case OP_MATMUL:
+		lower_matmul(L, op, oi);
+		return;
+	case OP_MATMUL_WGRAD:
+		lower_wgrad(L, op, oi);
+		return;
+	case OP_SPLIT_HEADS:
+	case OP_MERGE_HEADS: {
+		/* [.., S, H*Dh] <-> [.., H, S, Dh]: a permutation of [.., S, H, Dh] */
+		const Value *vi = &g->vals[x];
+		int split = op->kind == OP_SPLIT_HEADS;
+		int r = split ? vi->rank + 1 : vi->rank; /* rank of the 4-d (or more) view */
+		long long dims[MAX_DIMS];
+		long long perm[MAX_DIMS];
+		int lead = r - 3;
+		long long h = split ? ldim(g, y, r - 3) : ldim(g, x, r - 3);
+		for (int d = 0; d < lead; d++) {
+			dims[d] = ldim(g, split ? x : y, d);
+			perm[d] = d;
+		}
+		if (split) { /* in: [.., S, H, Dh] -> out [.., H, S, Dh] */
+			dims[lead] = ldim(g, x, vi->rank - 2);
+			dims[lead + 1] = h;
+			dims[lead + 2] = ldim(g, y, r - 1);
+		} else { /* in: [.., H, S, Dh] -> out [.., S, H, Dh] */
+			dims[lead] = h;
+			dims[lead + 1] = ldim(g, x, r - 2);
+			dims[lead + 2] = ldim(g, x, r - 1);
+		}
+		perm[lead] = lead + 1;
+		perm[lead + 1] = lead;
+		perm[lead + 2] = lead + 2;
+		k = call(L, op, oi, "planrt_k_permute_f32");
+		arg_int(k, r);
+		arg_ints(L, k, dims, r);
+		long long *pc = arena_alloc(g->arena, sizeof(long long) * (size_t)r);
+		memcpy(pc, perm, sizeof(long long) * (size_t)r);
+		k->args[k->nargs].kind = KA_INTS;
+		k->args[k->nargs].ints = pc;
+		k->args[k->nargs++].nints = -r;
+		arg_value(k, x);
+		arg_value(k, y);
+		use(k, x);
+		def(k, y);
+		return;
+	}
+	case OP_SUM_TO: {
+		const Value *vi = &g->vals[x], *vo = &g->vals[y];
+		long long dims[MAX_DIMS], ostr[MAX_DIMS];
+		local_dims(g, x, dims);
+		long long stride = 1;
+		for (int d = vi->rank - 1; d >= 0; d--) {
+			int dout = d - (vi->rank - vo->rank);
+			if (dout < 0 || (ldim(g, y, dout) == 1 && dims[d] != 1)) {
+				ostr[d] = 0;
+				continue;
+			}
+			ostr[d] = stride;
+			stride *= ldim(g, y, dout);
+		}
+		bool acc = g->vals[y].grad_of >= 0;
+		k = call(L, op, oi, acc ? "planrt_sum_to_acc_f32" : "planrt_k_sum_to_f32");
+		arg_int(k, vi->rank);
+		arg_ints(L, k, dims, vi->rank);
+		arg_value(k, x);
+		arg_ints(L, k, ostr, vi->rank);
+		arg_value(k, y);
+		arg_int(k, lelems(g, y));
+		use(k, x);
+		def(k, y);
+		return;
+	}
+	case OP_DROPOUT: {
+		long long ld[MAX_DIMS];
+		local_dims(g, x, ld);
+		k = call(L, op, oi, "planrt_k_dropout_f32");
+		arg_value(k, x);
+		arg_value(k, y);
+		arg_value(k, op->out[1]);
+		arg_f64(k, op->f);
+		arg_text(k, "step_seed");
+		arg_int(k, op->orig);
+		arg_int(k, g->vals[x].rank);
+		arg_kind(k, KA_GDIMS, x);
+		arg_ints(L, k, ld, g->vals[x].rank);
+		arg_kind(k, KA_OFFS, x);
+		use(k, x);
+		def(k, y);
+		def(k, op->out[1]);
+		return;
+	}
+	case OP_CAUSAL_MASK: {
+		int r = g->vals[x].rank;
+		long long rows = ldim(g, x, r - 2), cols = ldim(g, x, r - 1);
+		k = call(L, op, oi, "planrt_causal_mask_block_f32");
+		arg_value(k, x);
+		arg_value(k, y);
+		arg_int(k, lelems(g, x) / (rows * cols));
+		arg_int(k, rows);
+		arg_int(k, cols);
+		arg_kind(k, KA_OFFS, x);
+		arg_int(k, r);
+		arg_int(k, op->n == 1); /* gradient: fill with zero */
+		use(k, x);
+		def(k, y);
+		return;
+	}
+	case OP_SOFTMAX:
+		k = call(L, op, oi, "planrt_k_softmax_f32");
+		arg_value(k, x);
+		arg_value(k, y);
+		arg_int(k, rows_of(g, x));
+		arg_int(k, ldim(g, x, g->vals[x].rank - 1));
+		use(k, x);
+		def(k, y);
+		return;
+	case OP_SOFTMAX_GRAD:
+		k = call(L, op, oi, "planrt_k_softmax_grad_f32");
+		arg_value(k, op->in[0]);
+		arg_value(k, op->in[1]);
+		arg_value(k, y);
+		arg_int(k, rows_of(g, x));
+		arg_int(k, ldim(g, x, g->vals[x].rank - 1));
+		use(k, op->in[0]);
+		use(k, op->in[1]);
+		def(k, y);
+		return;
+	case OP_LAYER_NORM:
+		k = call(L, op, oi, "planrt_k_layer_norm_f32");
+		for (int i = 0; i < 3; i++) {
+			arg_value(k, op->in[i]);
+			use(k, op->in[i]);
+		}
+		for (int i = 0; i < 3; i++) {
+			arg_value(k, op->out[i]);
+			def(k, op->out[i]);
+		}
+		arg_int(k, rows_of(g, x));
+		arg_int(k, ldim(g, x, g->vals[x].rank - 1));
+		arg_f64(k, op->f);
+		return;
+	case OP_LAYER_NORM_GRAD:
+		for (int i = 1; i < 3; i++)
+			if (g->vals[op->out[i]].grad_of < 0) { /* a plain value: start from zero */
+				Kernel *z = call(L, op, oi, "planrt_fill_f32");
+				arg_value(z, op->out[i]);
+				arg_int(z, lelems(g, op->out[i]));
+				arg_text(z, "0.0");
+				def(z, op->out[i]);
+			}
+		k = call(L, op, oi, "planrt_k_layer_norm_grad_f32");
+		for (int i = 0; i < 5; i++) {
+			arg_value(k, op->in[i]);
+			use(k, op->in[i]);
+		}
+		for (int i = 0; i < 3; i++) {
+			arg_value(k, op->out[i]);
+			def(k, op->out[i]);
+		}
+		arg_int(k, rows_of(g, x));
+		arg_int(k, ldim(g, x, g->vals[x].rank - 1));
+		return;
+	case OP_RMS_NORM:
+		k = call(L, op, oi, "planrt_k_rms_norm_f32");
+		arg_value(k, op->in[0]);
+		arg_value(k, op->in[1]);
+		arg_value(k, op->out[0]);
+		arg_value(k, op->out[1]);
+		arg_int(k, rows_of(g, x));
+		arg_int(k, ldim(g, x, g->vals[x].rank - 1));
+		arg_f64(k, op->f);
+		use(k, op->in[0]);
+		use(k, op->in[1]);
+		def(k, op->out[0]);
+		def(k, op->out[1]);
+		return;
+	case OP_RMS_NORM_GRAD:
+		if (g->vals[op->out[1]].grad_of < 0) {
+			Kernel *z = call(L, op, oi, "planrt_fill_f32");
+			arg_value(z, op->out[1]);
+			arg_int(z, lelems(g, op->out[1]));
+			arg_text(z, "0.0");
+			def(z, op->out[1]);
+		}
+		k = call(L, op, oi, "planrt_k_rms_norm_grad_f32");
+		for (int i = 0; i < 4; i++) {
+			arg_value(k, op->in[i]);
+			use(k, op->in[i]);
+		}
+		arg_value(k, op->out[0]);
+		arg_value(k, op->out[1]);
+		def(k, op->out[0]);
+		def(k, op->out[1]);
+		arg_int(k, rows_of(g, x));
+		arg_int(k, ldim(g, x, g->vals[x].rank - 1));
+		return;
+	case OP_EMBED: {
+		int table = op->in[0], ids = op->in[1];
+		k = call(L, op, oi, "planrt_k_embed_f32");
+		arg_value(k, table);
+		arg_value(k, ids);
+		arg_value(k, y);
+		arg_int(k, lelems(g, ids));
+		arg_int(k, ldim(g, table, 1));
+		k->args[k->nargs].kind = KA_OFFS;
+		k->args[k->nargs].value = table;
+		k->args[k->nargs++].i = 0; /* element 0 of the table's offsets: the vocab offset */
+		arg_int(k, ldim(g, table, 0));
+		use(k, table);
+		use(k, ids);
+		def(k, y);
+		return;
+	}
+	case OP_EMBED_GRAD: {
+		int ids = op->in[0], dy = op->in[1];
+		const Op *fwd = op->fwd_op >= 0 ? &g->ops[op->fwd_op] : NULL;
+		int table = fwd ? fwd->in[0] : y;
+		if (g->vals[y].grad_of < 0) {
+			Kernel *z = call(L, op, oi, "planrt_fill_f32");
+			arg_value(z, y);
+			arg_int(z, lelems(g, y));
+			arg_text(z, "0.0");
+			def(z, y);
+		}
+		k = call(L, op, oi, "planrt_k_embed_grad_f32");
+		arg_value(k, ids);
+		arg_value(k, dy);
+		arg_value(k, y);
+		arg_int(k, lelems(g, ids));
+		arg_int(k, ldim(g, y, 1));
+		k->args[k->nargs].kind = KA_OFFS;
+		k->args[k->nargs].value = table;
+		k->args[k->nargs++].i = 0;
+		arg_int(k, ldim(g, y, 0));
+		use(k, ids);
+		use(k, dy);
+		def(k, y);
+		return;
+	}
+	case OP_CROSS_ENTROPY: {
+		int logits = op->in[0], targets = op->in[1];
+		int vaxis = -1;
+		int r = g->vals[logits].rank;
+		for (int a = 0; a < g->ps->naxes; a++)
+			if (g->vals[logits].lay.on[a] == r - 1)
+				vaxis = a;
+		k = call(L, op, oi, "planrt_cross_entropy_f32");
+		arg_value(k, logits);
+		arg_value(k, targets);
+		arg_value(k, op->out[0]);
+		arg_value(k, op->out[1]);
+		arg_int(k, rows_of(g, logits));
+		arg_int(k, ldim(g, logits, r - 1));
+		k->args[k->nargs].kind = KA_OFFS;
+		k->args[k->nargs].value = logits;
+		k->args[k->nargs++].i = r - 1;
+		arg_f64(k, 1.0 / (double)value_elems(g, targets));
+		arg_text(k, vaxis >= 0 ? comm_of_axis(L, vaxis) : "NULL");
+		k->scratch = (size_t)rows_of(g, logits) * 3 * sizeof(float);
+		arg_kind(k, KA_SCRATCH, 0);
+		use(k, logits);
+		use(k, targets);
+		def(k, op->out[0]);
+		def(k, op->out[1]);
+		return;
+	}
+	case OP_CROSS_ENTROPY_GRAD: {
+		int logits = op->in[0], targets = op->in[1], lse = op->in[2], dl = op->in[3];
+		int r = g->vals[logits].rank;
+		k = call(L, op, oi, "planrt_k_ce_grad_f32");
+		arg_value(k, logits);
+		arg_value(k, targets);
+		arg_value(k, lse);
+		arg_int(k, rows_of(g, logits));
+		arg_int(k, ldim(g, logits, r - 1));
+		k->args[k->nargs].kind = KA_OFFS;
+		k->args[k->nargs].value = logits;
+		k->args[k->nargs++].i = r - 1;
+		k->args[k->nargs].kind = KA_SCALAR;
+		k->args[k->nargs].value = dl;
+		k->args[k->nargs++].f = 1.0 / (double)value_elems(g, targets);
+		arg_value(k, y);
+		use(k, logits);
+		use(k, targets);
+		use(k, lse);
+		use(k, dl);
+		def(k, y);
+		return;
+	}
+	case OP_ALL_REDUCE:
+		if (g->vals[x].role == ROLE_STAT && op->n >= 0 && op->n < 3)
+			return; /* vocab-parallel cross-entropy reductions: inside planrt_cross_entropy_f32 */
+		/* fall through */
+	case OP_REDUCE_SCATTER:
+	case OP_ALL_GATHER:
+	case OP_ALL_TO_ALL:
+	case OP_SLICE:
+		if (op->nmembers) { /* a gradient bucket */
+			k = call(L, op, oi, op->kind == OP_ALL_REDUCE ? "planrt_bucket_allreduce" : "planrt_bucket_unsupported");
+			arg_int(k, op->nmembers);
+			long long *mem = arena_alloc(g->arena, sizeof(long long) * (size_t)op->nmembers);
+			long long *cnt = arena_alloc(g->arena, sizeof(long long) * (size_t)op->nmembers);
+			for (int i = 0; i < op->nmembers; i++) {
+				mem[i] = op->members[i];
+				cnt[i] = lelems(g, op->members[i]);
+				use(k, op->members[i]);
+			}
+			k->args[k->nargs].kind = KA_INTS;
+			k->args[k->nargs].ints = mem;
+			k->args[k->nargs++].nints = -1000 - op->nmembers; /* printed as an array of buffer addresses */
+			arg_ints(L, k, cnt, op->nmembers);
+			arg_text(k, comm_of_axis(L, op->axis));
+			k->scratch = (size_t)lelems(g, x) * sizeof(float);
+			arg_kind(k, KA_SCRATCH, 0);
+			return;
+		}
+		lower_collective(L, op, oi);
+		return;
+	default:
+		if (elementwise(op->kind)) {
+			if (!L->skip[oi])
+				lower_elementwise(L, op, oi);
+			return;
+		}
+		diag_error(op->src, op->loc, "planc build cannot execute '%s' yet", op_names[op->kind]);
+		L->failed = true;
+	}
+}
+
+LProg *lower(Graph *g, int stage)
+{
+	LProg *p = arena_alloc(g->arena, sizeof *p);
+	p->g = g;
+	p->ps = g->ps;
+	p->stage = stage;
+	p->loss = -1;
+	p->buf = arena_alloc(g->arena, sizeof(Buffer) * (size_t)g->nvals);
+	Lower L = {.p = p, .g = g};
+	L.consumers = calloc((size_t)g->nvals, sizeof(int));
+	L.kept = calloc((size_t)g->nvals, sizeof(bool));
+	L.skip = calloc((size_t)g->nops, sizeof(bool));
+	if (!L.consumers || !L.kept || !L.skip)
+		ICE("out of memory");
+	for (int i = 0; i < g->nops; i++) {
+		const Op *op = &g->ops[i];
+		if (op->stage != stage)
+			continue;
+		for (int k = 0; k < op->nin; k++) {
+			L.consumers[op->in[k]]++;
+			int d = g->vals[op->in[k]].def;
+			if (op->backward && d >= 0 && !g->ops[d].backward)
+				L.kept[op->in[k]] = true;
+		}
+		for (int k = 0; k < op->nmembers; k++)
+			L.consumers[op->members[k]]++;
+	}
+	/* buffers: parameters and gradient accumulators persist; views alias; the rest is arena */
+	p->params = arena_alloc(g->arena, sizeof(int) * (size_t)(g->nops + 1));
+	p->inputs = arena_alloc(g->arena, sizeof(int) * (size_t)(g->nops + 1));
+	for (int v = 0; v < g->nvals; v++) {
+		Buffer *b = &p->buf[v];
+		const Value *val = &g->vals[v];
+		b->cls = BUF_NONE;
+		b->dtype = val->dtype;
+		b->elems = value_local_elems(g, v);
+		b->bytes = (size_t)b->elems * (size_t)dtype_bytes(val->dtype);
+		b->view_of = -1;
+		b->first = b->last = -1;
+		local_dims(g, v, b->ldims);
+	}
+	for (int i = 0; i < g->nops; i++) {
+		const Op *op = &g->ops[i];
+		if (op->stage != stage)
+			continue;
+		for (int k = 0; k < op->nout; k++) {
+			int v = op->out[k];
+			Buffer *b = &p->buf[v];
+			if (op->kind == OP_PARAM || g->vals[v].grad_of >= 0)
+				b->cls = BUF_STATE;
+			else if (op->kind == OP_TRANSPOSE) {
+				b->cls = BUF_VIEW;
+				b->view_of = op->in[0];
+			} else if (op->kind == OP_OPTIMIZER_STEP) {
+				b->cls = BUF_VIEW;
+				b->view_of = op->in[0];
+			} else
+				b->cls = BUF_ARENA;
+		}
+		if (op->kind == OP_PARAM)
+			p->params[p->nparams++] = op->out[0];
+		if (op->kind == OP_INPUT)
+			p->inputs[p->ninputs++] = op->out[0];
+		if (op->kind == OP_CROSS_ENTROPY || (g->vals[g->loss].def == i))
+			p->loss = g->loss;
+	}
+	plan_fusion(&L, stage);
+	for (int i = 0; i < g->nops && !L.failed; i++) {
+		const Op *op = &g->ops[i];
+		if (op->stage != stage || op->role != RANKROLE_ANY)
+			continue;
+		/* a transpose read by anything but a matmul is materialised */
+		if (op->kind == OP_TRANSPOSE) {
+			bool only_matmul = true;
+			for (int j = i + 1; j < g->nops; j++) {
+				const Op *c = &g->ops[j];
+				for (int k = 0; k < c->nin; k++)
+					if (c->in[k] == op->out[0] && c->kind != OP_MATMUL)
+						only_matmul = false;
+			}
+			if (!only_matmul)
+				lower_transpose(&L, op, i);
+			continue;
+		}
+		lower_op(&L, op, i);
+	}
+	free(L.consumers);
+	free(L.kept);
+	free(L.skip);
+	if (L.failed)
+		return NULL;
+	return p;
+}
+
+void lprog_dump(FILE *out, const LProg *p)
+{
+	static const char *const phases[] = {"forward", "backward", "step"};
+	for (int i = 0; i < p->nk; i++) {
+		const Kernel *k = &p->k[i];
+		fprintf(out, "%4d %-8s ", i, phases[k->phase]);
+		if (k->kind == KER_LOOP)
+			fprintf(out, "loop %%%d[%lld elems]%s (fused %d)\n", k->out, p->buf[k->out].elems,
+				k->accumulate ? " +=" : "", k->nfused);
+		else
+			fprintf(out, "%s\n", k->fn);
+	}
+	fprintf(out, "arena %zu bytes, state %zu bytes\n", p->arena_bytes, p->state_bytes);
+}

@@ -1,0 +1,476 @@
+/* comm_mpi.c: collectives and point-to-point transfers over MPI, with the watchdog.
+ *
+ * Every operation is started with the MPI-3 nonblocking call (MPI_Iallreduce, ...) and completed
+ * by a polling wait (MPI_Test in a loop, yielding the core after a short spin, which matters
+ * when ranks outnumber cores). A blocking call is a start plus that wait, so the watchdog sees
+ * every stall: when one operation is pending for PLANRT_WATCHDOG seconds (default 300) the rank
+ * prints what it waits for (kind, count, dtype, communicator, its sequence number there) and
+ * aborts the job. With the watchdog off (PLANRT_WATCHDOG=0) blocking calls use MPI's blocking
+ * collectives, which are a little faster for small messages.
+ *
+ * bf16 and f16 reductions accumulate in f32: the operands are converted to f32, reduced with
+ * MPI_FLOAT and rounded back once, so the result is the f32 sum of the inputs rounded to the
+ * half type (independent of the reduction tree's shape up to f32 rounding). That doubles the
+ * bytes MPI moves for those calls; planrt_bytes_sent counts the half-precision bytes (below).
+ *
+ * In place: send == recv for allreduce, and recv == send + rank * recvcount (NCCL) or
+ * send == recv (MPI) for reduce-scatter, send == recv + rank * sendcount (NCCL) or send == recv
+ * for allgather (the block is moved to slot rank first), any overlap for alltoall (staged through
+ * a copy).
+ *
+ * planrt_bytes_sent counts algorithm bytes, the figure planc explain predicts as "wire bytes":
+ * what this rank sends with ring algorithms, for a communicator of n members and B the bytes of
+ * the call's buffer in its own dtype (allreduce: count; reduce-scatter: the n * recvcount input;
+ * allgather: the n * sendcount output; alltoall: the n * count input; broadcast: count):
+ * allreduce 2 (n - 1) / n B, reduce-scatter, allgather, alltoall and broadcast (n - 1) / n B,
+ * send B, recv 0. One-member groups send nothing. The total is kept in double and rounded. */
+#define PLANRT_INTERNAL
+#include <mpi.h>
+
+#include "planrt.h"
+
+#include <limits.h>
+#include <math.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef enum { K_ALLREDUCE, K_REDUCE_SCATTER, K_ALLGATHER, K_ALLTOALL, K_BROADCAST, K_SEND, K_RECV } kind_t;
+
+static const char *const kind_names[] = {"allreduce", "reduce_scatter", "allgather", "alltoall",
+					 "broadcast", "send", "recv"};
+static const char *const dtype_names[] = {"f32", "bf16", "f16", "i32", "u8", "f64"};
+
+struct planrt_request {
+	MPI_Request mreq;
+	int done; /* completed and finished (results in place) */
+	/* what it is, for the watchdog */
+	kind_t kind;
+	size_t count;
+	planrt_dtype_t dtype;
+	planrt_op_t op;
+	int peer; /* send / recv peer, broadcast root */
+	planrt_comm_t comm;
+	uint64_t seq;
+	/* work left for completion */
+	float *staged;       /* f32 operands of a half-precision reduction */
+	void *staged_dst;    /* ... converted back into here */
+	size_t staged_count;
+	void *copy_dst;      /* then memcpy(copy_dst, copy_src, copy_bytes) */
+	const void *copy_src;
+	size_t copy_bytes;
+	void *scratch;       /* freed at completion */
+};
+
+static double watchdog_s = 300;
+static double bytes_sent;
+
+void planrt_comm_init_(void)
+{
+	const char *s = getenv("PLANRT_WATCHDOG");
+	if (s && *s) {
+		char *end;
+		double v = strtod(s, &end);
+		if (*end || v < 0 || !isfinite(v))
+			fprintf(stderr, "planrt: rank %d: PLANRT_WATCHDOG='%s' is not a number of seconds >= 0; "
+					"using %g\n", planrt_world_rank_(), s, watchdog_s);
+		else
+			watchdog_s = v;
+	}
+}
+
+void planrt_watchdog_set(double seconds)
+{
+	watchdog_s = seconds > 0 ? seconds : 0;
+}
+
+uint64_t planrt_bytes_sent(void)
+{
+	return (uint64_t)llround(bytes_sent);
+}
+
+static MPI_Datatype mpi_type(planrt_dtype_t t)
+{
+	switch (t) {
+	case planrt_f32: return MPI_FLOAT;
+	case planrt_bf16: return MPI_UINT16_T;
+	case planrt_f16: return MPI_UINT16_T;
+	case planrt_i32: return MPI_INT32_T;
+	case planrt_u8: return MPI_UINT8_T;
+	case planrt_f64: return MPI_DOUBLE;
+	}
+	return MPI_DATATYPE_NULL;
+}
+
+static int is_half(planrt_dtype_t t)
+{
+	return t == planrt_bf16 || t == planrt_f16;
+}
+
+static planrt_result_t mpi_fail(int rc, const struct planrt_request *q)
+{
+	char text[MPI_MAX_ERROR_STRING];
+	int len = 0;
+	MPI_Error_string(rc, text, &len);
+	return planrt_error_(planrt_system_error, "MPI %s on %s failed: %s", kind_names[q->kind], q->comm->name, text);
+}
+
+static void describe(const struct planrt_request *q, char *buf, size_t n)
+{
+	int len = snprintf(buf, n, "%s #%llu of %zu %s", kind_names[q->kind], (unsigned long long)q->seq, q->count,
+			   dtype_names[q->dtype]);
+	if (len < 0 || (size_t)len >= n)
+		return;
+	if (q->kind == K_ALLREDUCE || q->kind == K_REDUCE_SCATTER)
+		len += snprintf(buf + len, n - (size_t)len, " (%s)", q->op == planrt_sum ? "sum" : "max");
+	else if (q->kind == K_SEND)
+		len += snprintf(buf + len, n - (size_t)len, " to member %d", q->peer);
+	else if (q->kind == K_RECV)
+		len += snprintf(buf + len, n - (size_t)len, " from member %d", q->peer);
+	else if (q->kind == K_BROADCAST)
+		len += snprintf(buf + len, n - (size_t)len, " from root %d", q->peer);
+	if (len >= 0 && (size_t)len < n)
+		snprintf(buf + len, n - (size_t)len, " on %s (member %d of %d)", q->comm->name, q->comm->rank,
+			 q->comm->size);
+}
+
+static void count_bytes(const struct planrt_request *q)
+{
+	double n = q->comm->size, es = (double)planrt_dtype_size(q->dtype), c = (double)q->count;
+	if (q->kind == K_SEND) {
+		bytes_sent += c * es;
+		return;
+	}
+	if (n <= 1 || q->kind == K_RECV)
+		return;
+	switch (q->kind) {
+	case K_ALLREDUCE: bytes_sent += 2 * (n - 1) / n * c * es; break;
+	case K_BROADCAST: bytes_sent += (n - 1) / n * c * es; break;
+	default: bytes_sent += (n - 1) * c * es; break; /* (n - 1) / n of n blocks of count */
+	}
+}
+
+/* Runs after MPI reports completion: half-precision results back, staged copies out. */
+static void finish(struct planrt_request *q)
+{
+	if (q->staged_dst) {
+		uint16_t *d = q->staged_dst;
+		for (size_t i = 0; i < q->staged_count; i++)
+			d[i] = planrt_f32_to_half_(q->staged[i], q->dtype);
+	}
+	if (q->copy_dst)
+		memcpy(q->copy_dst, q->copy_src, q->copy_bytes);
+	free(q->staged);
+	free(q->scratch);
+	q->staged = NULL;
+	q->scratch = NULL;
+	q->done = 1;
+}
+
+static void abandon(struct planrt_request *q)
+{
+	free(q->staged);
+	free(q->scratch);
+	q->staged = q->scratch = NULL;
+}
+
+static planrt_result_t poll_wait(struct planrt_request *q)
+{
+	int rc;
+	if (watchdog_s <= 0) {
+		rc = MPI_Wait(&q->mreq, MPI_STATUS_IGNORE);
+		return rc == MPI_SUCCESS ? planrt_success : mpi_fail(rc, q);
+	}
+	double t0 = planrt_now();
+	for (unsigned spins = 0;; spins++) {
+		int flag = 0;
+		rc = MPI_Test(&q->mreq, &flag, MPI_STATUS_IGNORE);
+		if (rc != MPI_SUCCESS)
+			return mpi_fail(rc, q);
+		if (flag)
+			return planrt_success;
+		if (spins < 256)
+			continue;
+		if (planrt_now() - t0 > watchdog_s) {
+			char what[256];
+			describe(q, what, sizeof what);
+			planrt_fatal("watchdog: %s still pending after %g s; another rank has stalled or called its "
+				     "collectives in a different order (PLANRT_WATCHDOG=seconds changes the limit, 0 "
+				     "turns it off)",
+				     what, watchdog_s);
+		}
+		sched_yield();
+	}
+}
+
+/* ------------------------------------------------------------------ starting operations */
+
+static const void *in_place_or(const void *sendbuf, const void *recvbuf)
+{
+	return sendbuf == recvbuf ? MPI_IN_PLACE : sendbuf;
+}
+
+static int overlaps(const void *a, size_t an, const void *b, size_t bn)
+{
+	const char *pa = a, *pb = b;
+	return pa < pb + bn && pb < pa + an;
+}
+
+static float *to_f32(const void *src, size_t n, planrt_dtype_t t)
+{
+	float *f = malloc(n ? n * sizeof *f : 1);
+	if (!f)
+		return NULL;
+	const uint16_t *h = src;
+	for (size_t i = 0; i < n; i++)
+		f[i] = planrt_half_to_f32_(h[i], t);
+	return f;
+}
+
+/* Starts q (described by its fields) with the given buffers. blocking: the caller waits right
+ * after; with the watchdog off that uses MPI's blocking call instead. On return q->done is set
+ * when the blocking path already completed it. */
+static planrt_result_t start(struct planrt_request *q, const void *sendbuf, void *recvbuf, int blocking)
+{
+	planrt_comm_t c = q->comm;
+	MPI_Comm comm = c->comm;
+	MPI_Datatype dt = mpi_type(q->dtype);
+	MPI_Op mop = q->op == planrt_max ? MPI_MAX : MPI_SUM;
+	size_t es = planrt_dtype_size(q->dtype), n = (size_t)c->size;
+	int cnt = (int)q->count;
+	int direct = blocking && watchdog_s <= 0;
+	int rc = MPI_SUCCESS;
+	q->mreq = MPI_REQUEST_NULL;
+
+	switch (q->kind) {
+	case K_ALLREDUCE:
+		if (is_half(q->dtype)) {
+			if (!(q->staged = to_f32(sendbuf, q->count, q->dtype)))
+				goto oom;
+			q->staged_dst = recvbuf;
+			q->staged_count = q->count;
+			rc = direct ? MPI_Allreduce(MPI_IN_PLACE, q->staged, cnt, MPI_FLOAT, mop, comm)
+				    : MPI_Iallreduce(MPI_IN_PLACE, q->staged, cnt, MPI_FLOAT, mop, comm, &q->mreq);
+		} else {
+			const void *s = in_place_or(sendbuf, recvbuf);
+			rc = direct ? MPI_Allreduce(s, recvbuf, cnt, dt, mop, comm)
+				    : MPI_Iallreduce(s, recvbuf, cnt, dt, mop, comm, &q->mreq);
+		}
+		break;
+	case K_REDUCE_SCATTER:
+		if (is_half(q->dtype)) {
+			/* MPI_IN_PLACE on the staged input leaves the result in its first block. */
+			if (!(q->staged = to_f32(sendbuf, n * q->count, q->dtype)))
+				goto oom;
+			q->staged_dst = recvbuf;
+			q->staged_count = q->count;
+			rc = direct ? MPI_Reduce_scatter_block(MPI_IN_PLACE, q->staged, cnt, MPI_FLOAT, mop, comm)
+				    : MPI_Ireduce_scatter_block(MPI_IN_PLACE, q->staged, cnt, MPI_FLOAT, mop, comm,
+								&q->mreq);
+		} else if (sendbuf == recvbuf) {
+			rc = direct ? MPI_Reduce_scatter_block(MPI_IN_PLACE, recvbuf, cnt, dt, mop, comm)
+				    : MPI_Ireduce_scatter_block(MPI_IN_PLACE, recvbuf, cnt, dt, mop, comm, &q->mreq);
+		} else {
+			void *out = recvbuf;
+			if (overlaps(sendbuf, n * q->count * es, recvbuf, q->count * es)) {
+				/* e.g. NCCL's in place, recv = send + rank * recvcount: a separate result
+				 * buffer, copied out at completion */
+				if (!(q->scratch = malloc(q->count * es + 1)))
+					goto oom;
+				out = q->scratch;
+				q->copy_dst = recvbuf;
+				q->copy_src = q->scratch;
+				q->copy_bytes = q->count * es;
+			}
+			rc = direct ? MPI_Reduce_scatter_block(sendbuf, out, cnt, dt, mop, comm)
+				    : MPI_Ireduce_scatter_block(sendbuf, out, cnt, dt, mop, comm, &q->mreq);
+		}
+		break;
+	case K_ALLGATHER: {
+		char *slot = (char *)recvbuf + (size_t)c->rank * q->count * es;
+		const void *s = sendbuf;
+		if (overlaps(sendbuf, q->count * es, recvbuf, n * q->count * es)) {
+			if (sendbuf != slot)
+				memmove(slot, sendbuf, q->count * es);
+			s = MPI_IN_PLACE;
+		}
+		rc = direct ? MPI_Allgather(s, cnt, dt, recvbuf, cnt, dt, comm)
+			    : MPI_Iallgather(s, cnt, dt, recvbuf, cnt, dt, comm, &q->mreq);
+		break;
+	}
+	case K_ALLTOALL: {
+		const void *s = sendbuf;
+		size_t bytes = n * q->count * es;
+		if (overlaps(sendbuf, bytes, recvbuf, bytes)) {
+			if (!(q->scratch = malloc(bytes + 1)))
+				goto oom;
+			memcpy(q->scratch, sendbuf, bytes);
+			s = q->scratch;
+		}
+		rc = direct ? MPI_Alltoall(s, cnt, dt, recvbuf, cnt, dt, comm)
+			    : MPI_Ialltoall(s, cnt, dt, recvbuf, cnt, dt, comm, &q->mreq);
+		break;
+	}
+	case K_BROADCAST:
+		rc = direct ? MPI_Bcast(recvbuf, cnt, dt, q->peer, comm)
+			    : MPI_Ibcast(recvbuf, cnt, dt, q->peer, comm, &q->mreq);
+		break;
+	case K_SEND:
+		rc = direct ? MPI_Send(sendbuf, cnt, dt, q->peer, 0, comm)
+			    : MPI_Isend(sendbuf, cnt, dt, q->peer, 0, comm, &q->mreq);
+		break;
+	case K_RECV:
+		rc = direct ? MPI_Recv(recvbuf, cnt, dt, q->peer, 0, comm, MPI_STATUS_IGNORE)
+			    : MPI_Irecv(recvbuf, cnt, dt, q->peer, 0, comm, &q->mreq);
+		break;
+	}
+	if (rc != MPI_SUCCESS) {
+		abandon(q);
+		return mpi_fail(rc, q);
+	}
+	count_bytes(q);
+	if (direct)
+		finish(q);
+	return planrt_success;
+oom:
+	abandon(q);
+	return planrt_error_(planrt_system_error, "out of memory staging a %s of %zu %s", kind_names[q->kind], q->count,
+			     dtype_names[q->dtype]);
+}
+
+/* Common entry: checks, then a blocking run (req NULL) or a started request in *req. */
+static planrt_result_t run(kind_t kind, const void *sendbuf, void *recvbuf, size_t count, planrt_dtype_t t,
+			   planrt_op_t op, int peer, planrt_comm_t c, planrt_request_t *req)
+{
+	if (req)
+		*req = NULL;
+	if (!c)
+		return planrt_error_(planrt_invalid_usage,
+				     "%s on a NULL communicator (before planrt_init, or a pair group this rank is "
+				     "not in)",
+				     kind_names[kind]);
+	if ((unsigned)t > planrt_f64)
+		return planrt_error_(planrt_invalid_argument, "%s: unknown dtype %d", kind_names[kind], (int)t);
+	if (op != planrt_sum && op != planrt_max)
+		return planrt_error_(planrt_invalid_argument, "%s: unknown reduction %d", kind_names[kind], (int)op);
+	size_t total = kind == K_ALLREDUCE || kind == K_BROADCAST || kind == K_SEND || kind == K_RECV
+			       ? count
+			       : count * (size_t)c->size;
+	if (count > INT_MAX || total > INT_MAX)
+		return planrt_error_(planrt_invalid_argument,
+				     "%s of %zu elements per rank exceeds MPI's int counts; split it into buckets",
+				     kind_names[kind], count);
+	if ((kind == K_SEND || kind == K_RECV || kind == K_BROADCAST) && (peer < 0 || peer >= c->size))
+		return planrt_error_(planrt_invalid_argument, "%s: member %d is not in %s (size %d)", kind_names[kind],
+				     peer, c->name, c->size);
+	struct planrt_request local, *q = &local;
+	if (req && !(q = malloc(sizeof *q)))
+		return planrt_error_(planrt_system_error, "out of memory for a request");
+	memset(q, 0, sizeof *q);
+	q->kind = kind;
+	q->count = count;
+	q->dtype = t;
+	q->op = op;
+	q->peer = peer;
+	q->comm = c;
+	q->seq = ++c->ncalls;
+	planrt_result_t r = start(q, sendbuf, recvbuf, req == NULL);
+	if (r != planrt_success) {
+		if (req)
+			free(q);
+		return r;
+	}
+	if (req) {
+		*req = q;
+		return planrt_success;
+	}
+	if (!q->done) {
+		r = poll_wait(q);
+		if (r != planrt_success) {
+			abandon(q);
+			return r;
+		}
+		finish(q);
+	}
+	return planrt_success;
+}
+
+planrt_result_t planrt_allreduce(const void *sendbuf, void *recvbuf, size_t count, planrt_dtype_t t, planrt_op_t op,
+				 planrt_comm_t c, planrt_request_t *req)
+{
+	return run(K_ALLREDUCE, sendbuf, recvbuf, count, t, op, 0, c, req);
+}
+
+planrt_result_t planrt_reduce_scatter(const void *sendbuf, void *recvbuf, size_t recvcount, planrt_dtype_t t,
+				      planrt_op_t op, planrt_comm_t c, planrt_request_t *req)
+{
+	return run(K_REDUCE_SCATTER, sendbuf, recvbuf, recvcount, t, op, 0, c, req);
+}
+
+planrt_result_t planrt_allgather(const void *sendbuf, void *recvbuf, size_t sendcount, planrt_dtype_t t,
+				 planrt_comm_t c, planrt_request_t *req)
+{
+	return run(K_ALLGATHER, sendbuf, recvbuf, sendcount, t, planrt_sum, 0, c, req);
+}
+
+planrt_result_t planrt_alltoall(const void *sendbuf, void *recvbuf, size_t count, planrt_dtype_t t, planrt_comm_t c,
+				planrt_request_t *req)
+{
+	return run(K_ALLTOALL, sendbuf, recvbuf, count, t, planrt_sum, 0, c, req);
+}
+
+planrt_result_t planrt_broadcast(void *buf, size_t count, planrt_dtype_t t, int root, planrt_comm_t c,
+				 planrt_request_t *req)
+{
+	return run(K_BROADCAST, buf, buf, count, t, planrt_sum, root, c, req);
+}
+
+planrt_result_t planrt_send(const void *buf, size_t count, planrt_dtype_t t, int peer, planrt_comm_t c,
+			    planrt_request_t *req)
+{
+	return run(K_SEND, buf, NULL, count, t, planrt_sum, peer, c, req);
+}
+
+planrt_result_t planrt_recv(void *buf, size_t count, planrt_dtype_t t, int peer, planrt_comm_t c,
+			    planrt_request_t *req)
+{
+	return run(K_RECV, NULL, buf, count, t, planrt_sum, peer, c, req);
+}
+
+/* A request is finished by exactly one planrt_wait, which frees it (also after planrt_test
+ * reported it done). */
+planrt_result_t planrt_wait(planrt_request_t q)
+{
+	if (!q)
+		return planrt_error_(planrt_invalid_argument, "planrt_wait on a NULL request");
+	planrt_result_t r = planrt_success;
+	if (!q->done) {
+		r = poll_wait(q);
+		if (r == planrt_success)
+			finish(q);
+		else
+			abandon(q);
+	}
+	free(q);
+	return r;
+}
+
+planrt_result_t planrt_test(planrt_request_t q, int *done)
+{
+	*done = 0;
+	if (!q)
+		return planrt_error_(planrt_invalid_argument, "planrt_test on a NULL request");
+	if (q->done) {
+		*done = 1;
+		return planrt_success;
+	}
+	int flag = 0, rc = MPI_Test(&q->mreq, &flag, MPI_STATUS_IGNORE);
+	if (rc != MPI_SUCCESS)
+		return mpi_fail(rc, q);
+	if (flag) {
+		finish(q);
+		*done = 1;
+	}
+	return planrt_success;
+}

@@ -1,0 +1,148 @@
+/* data.c: training tokens and the global batch of each step.
+ *
+ * A file is either text, read as bytes (each byte a token, vocabulary 256), or a nanoGPT token
+ * file (name ending in .bin: little-endian uint16 tokens, as nanoGPT's prepare.py writes them).
+ * The whole file is read once at open and checked (every token below the vocabulary, enough
+ * tokens for one sample), so a bad file fails before training, with a one-line cause and fix.
+ *
+ * Sample i of step t is the window of seq + 1 tokens starting at
+ *     pos = (x[0] + 2^32 x[1]) mod (ntokens - seq - 1),   x = planrt_philox(seed, t, i)
+ * tokens = window[0, seq), targets = window[1, seq]. The global batch of a step therefore
+ * depends only on (file, seed, step), never on the plan; a data-parallel rank asks for its
+ * samples [lo, hi) and gets exactly those rows of the global batch. */
+#define PLANRT_INTERNAL
+#include "planrt.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+struct planrt_data {
+	uint16_t *tok;
+	int64_t ntok, seq, vocab;
+};
+
+static int ends_with(const char *s, const char *suffix)
+{
+	size_t n = strlen(s), m = strlen(suffix);
+	return n >= m && !strcmp(s + n - m, suffix);
+}
+
+planrt_result_t planrt_data_open(const char *path, int64_t vocab, int64_t seq, planrt_data_t *out)
+{
+	*out = NULL;
+	if (seq < 1 || vocab < 1)
+		return planrt_error_(planrt_invalid_argument, "data '%s': sequence length %lld and vocabulary %lld must be >= 1",
+				     path, (long long)seq, (long long)vocab);
+	struct stat st;
+	if (stat(path, &st) != 0)
+		return planrt_error_(planrt_io_error, "cannot open data '%s': %s; pass an existing file with --data", path,
+				     strerror(errno));
+	if (S_ISDIR(st.st_mode))
+		return planrt_error_(planrt_io_error,
+				     "data '%s' is a directory; pass a text file or a nanoGPT .bin token file", path);
+	FILE *fp = fopen(path, "rb");
+	if (!fp)
+		return planrt_error_(planrt_io_error, "cannot open data '%s': %s; check the path and its permissions", path,
+				     strerror(errno));
+	size_t size = (size_t)st.st_size;
+	unsigned char *bytes = malloc(size ? size : 1);
+	if (!bytes) {
+		fclose(fp);
+		return planrt_error_(planrt_system_error, "out of memory reading data '%s' (%zu bytes)", path, size);
+	}
+	size_t got = fread(bytes, 1, size, fp);
+	int err = ferror(fp);
+	fclose(fp);
+	if (got != size || err) {
+		free(bytes);
+		return planrt_error_(planrt_io_error, "cannot read data '%s': %s; check the file", path,
+				     err ? strerror(errno) : "it changed size while being read");
+	}
+	int bin = ends_with(path, ".bin");
+	if (bin && size % 2) {
+		free(bytes);
+		return planrt_error_(planrt_format_error,
+				     "data '%s' has an odd size (%zu bytes) but a .bin file holds uint16 tokens; "
+				     "regenerate it (nanoGPT prepare.py) or rename it if it is text",
+				     path, size);
+	}
+	int64_t ntok = (int64_t)(bin ? size / 2 : size);
+	if (ntok < seq + 2) {
+		free(bytes);
+		return planrt_error_(planrt_format_error,
+				     "data '%s' has %lld tokens, too few for a sample of %lld + 1 tokens; use a file of "
+				     "at least %lld tokens or a shorter sequence",
+				     path, (long long)ntok, (long long)seq, (long long)(seq + 2));
+	}
+	uint16_t *tok = malloc((size_t)ntok * sizeof *tok);
+	if (!tok) {
+		free(bytes);
+		return planrt_error_(planrt_system_error, "out of memory reading data '%s'", path);
+	}
+	for (int64_t i = 0; i < ntok; i++) {
+		tok[i] = bin ? (uint16_t)(bytes[2 * i] | bytes[2 * i + 1] << 8) : bytes[i];
+		if (tok[i] >= vocab) {
+			planrt_result_t r = planrt_error_(
+				planrt_format_error,
+				bin ? "data '%s': token %u at position %lld is outside the model's vocabulary of %lld; "
+				      "tokenize with the model's tokenizer or raise the vocabulary V"
+				    : "data '%s': byte %u at offset %lld is outside the model's vocabulary of %lld; a "
+				      "text file needs V >= 256",
+				path, tok[i], (long long)i, (long long)vocab);
+			free(bytes);
+			free(tok);
+			return r;
+		}
+	}
+	free(bytes);
+	planrt_data_t d = malloc(sizeof *d);
+	if (!d) {
+		free(tok);
+		return planrt_error_(planrt_system_error, "out of memory");
+	}
+	d->tok = tok;
+	d->ntok = ntok;
+	d->seq = seq;
+	d->vocab = vocab;
+	*out = d;
+	return planrt_success;
+}
+
+planrt_result_t planrt_data_batch(planrt_data_t d, int64_t step, int64_t lo, int64_t hi, uint64_t seed,
+				  int32_t *tokens, int32_t *targets)
+{
+	if (!d)
+		return planrt_error_(planrt_invalid_usage, "planrt_data_batch on a NULL data set");
+	if (lo < 0 || hi < lo)
+		return planrt_error_(planrt_invalid_argument, "planrt_data_batch: bad sample range [%lld, %lld)",
+				     (long long)lo, (long long)hi);
+	uint64_t npos = (uint64_t)(d->ntok - d->seq - 1);
+	for (int64_t i = lo; i < hi; i++) {
+		uint32_t x[4];
+		planrt_philox(seed, (uint64_t)step, (uint64_t)i, x);
+		uint64_t pos = ((uint64_t)x[0] | (uint64_t)x[1] << 32) % npos;
+		const uint16_t *w = d->tok + pos;
+		int32_t *t = tokens + (i - lo) * d->seq, *y = targets + (i - lo) * d->seq;
+		for (int64_t j = 0; j < d->seq; j++) {
+			t[j] = w[j];
+			y[j] = w[j + 1];
+		}
+	}
+	return planrt_success;
+}
+
+int64_t planrt_data_tokens(planrt_data_t d)
+{
+	return d ? d->ntok : 0;
+}
+
+void planrt_data_close(planrt_data_t d)
+{
+	if (!d)
+		return;
+	free(d->tok);
+	free(d);
+}

@@ -1,0 +1,216 @@
+/* exec.c: the glue between compute kernels that a generated training step calls: layout
+ * conversions of tensors split along any dim (MPI collectives move flat blocks, so a split that is
+ * not the outermost dim is packed into [peer][block] order first and unpacked after), gradient
+ * buckets, the composed cross-entropy (vocab-parallel when the logits are split), input loading,
+ * and sums for clipping and the logged loss. See planrt_exec.h. */
+#include "planrt_exec.h"
+#include "planrt_kernels.h"
+
+#include <math.h>
+#include <mpi.h>
+#include <stdlib.h>
+#include <string.h>
+
+void planrt_fill_f32(float *x, int64_t n, double value)
+{
+	float v = (float)value;
+	for (int64_t i = 0; i < n; i++)
+		x[i] = v;
+}
+
+void planrt_sum_to_acc_f32(int rank, const int64_t *dims, const float *in, const int64_t *out_strides, float *out,
+			   int64_t out_elems)
+{
+	int64_t idx[8] = {0};
+	int64_t total = 1;
+	for (int d = 0; d < rank; d++)
+		total *= dims[d];
+	int64_t o = 0;
+	(void)out_elems;
+	for (int64_t i = 0; i < total; i++) {
+		out[o] += in[i];
+		for (int d = rank - 1; d >= 0; d--) {
+			idx[d]++;
+			o += out_strides[d];
+			if (idx[d] < dims[d])
+				break;
+			o -= out_strides[d] * idx[d];
+			idx[d] = 0;
+		}
+	}
+}
+
+void planrt_causal_mask_block_f32(const float *x, float *y, int64_t batch, int64_t rows, int64_t cols,
+				  const int64_t *offs, int rank, int gradient)
+{
+	planrt_k_causal_mask_f32(x, y, batch, rows, cols, offs[rank - 2], offs[rank - 1],
+				 gradient ? 0.0f : -INFINITY);
+}
+
+/* ------------------------------------------------------------------ packing */
+
+/* Splits dim `dim` of a [dims] tensor into n equal blocks and copies them to/from [n][block]. */
+static void pack_blocks(const void *tensor, void *packed, int rank, const int64_t *dims, int dim, int n, size_t elem,
+			int to_packed)
+{
+	int64_t outer = 1, inner = 1;
+	for (int d = 0; d < dim; d++)
+		outer *= dims[d];
+	for (int d = dim + 1; d < rank; d++)
+		inner *= dims[d];
+	int64_t bd = dims[dim] / n;
+	size_t chunk = (size_t)(bd * inner) * elem;
+	size_t block = chunk * (size_t)outer;
+	for (int p = 0; p < n; p++)
+		for (int64_t o = 0; o < outer; o++) {
+			char *t = (char *)tensor + ((size_t)(o * dims[dim] + p * bd) * (size_t)inner) * elem;
+			char *b = (char *)packed + (size_t)p * block + (size_t)o * chunk;
+			if (to_packed)
+				memcpy(b, t, chunk);
+			else
+				memcpy(t, b, chunk);
+		}
+}
+
+void planrt_allreduce_dim(const void *in, void *out, int64_t n, planrt_dtype_t t, planrt_comm_t c)
+{
+	PLANRT_CHECK(planrt_allreduce(in, out, (size_t)n, t, planrt_sum, c, NULL));
+}
+
+void planrt_reduce_scatter_dim(const void *in, void *out, int rank, const int64_t *dims, int dim, planrt_dtype_t t,
+			       planrt_comm_t c, void *scratch)
+{
+	int n = planrt_comm_size(c);
+	int64_t total = 1;
+	for (int d = 0; d < rank; d++)
+		total *= dims[d];
+	const void *src = in;
+	if (dim > 0) {
+		pack_blocks(in, scratch, rank, dims, dim, n, planrt_dtype_size(t), 1);
+		src = scratch;
+	}
+	PLANRT_CHECK(planrt_reduce_scatter(src, out, (size_t)(total / n), t, planrt_sum, c, NULL));
+}
+
+void planrt_allgather_dim(const void *in, void *out, int rank, const int64_t *dims, int dim, planrt_dtype_t t,
+			  planrt_comm_t c, void *scratch)
+{
+	int n = planrt_comm_size(c);
+	int64_t count = 1;
+	int64_t full[8];
+	for (int d = 0; d < rank; d++) {
+		count *= dims[d];
+		full[d] = dims[d];
+	}
+	full[dim] *= n;
+	if (dim == 0) {
+		PLANRT_CHECK(planrt_allgather(in, out, (size_t)count, t, c, NULL));
+		return;
+	}
+	PLANRT_CHECK(planrt_allgather(in, scratch, (size_t)count, t, c, NULL));
+	pack_blocks(out, scratch, rank, full, dim, n, planrt_dtype_size(t), 0);
+}
+
+void planrt_alltoall_dim(const void *in, void *out, int rank, const int64_t *dims, int from_dim, int to_dim,
+			 planrt_dtype_t t, planrt_comm_t c, void *scratch)
+{
+	int n = planrt_comm_size(c);
+	size_t elem = planrt_dtype_size(t);
+	int64_t count = 1;
+	int64_t outd[8];
+	for (int d = 0; d < rank; d++) {
+		count *= dims[d];
+		outd[d] = dims[d];
+	}
+	outd[from_dim] *= n;
+	outd[to_dim] /= n;
+	char *send = scratch, *recv = (char *)scratch + (size_t)count * elem;
+	pack_blocks(in, send, rank, dims, to_dim, n, elem, 1);
+	PLANRT_CHECK(planrt_alltoall(send, recv, (size_t)(count / n), t, c, NULL));
+	pack_blocks(out, recv, rank, outd, from_dim, n, elem, 0);
+}
+
+void planrt_slice_dim(const void *in, void *out, int rank, const int64_t *dims, int dim, planrt_dtype_t t,
+		      planrt_comm_t c)
+{
+	int n = planrt_comm_size(c), me = planrt_comm_rank(c);
+	size_t elem = planrt_dtype_size(t);
+	int64_t outer = 1, inner = 1;
+	for (int d = 0; d < dim; d++)
+		outer *= dims[d];
+	for (int d = dim + 1; d < rank; d++)
+		inner *= dims[d];
+	int64_t bd = dims[dim] / n;
+	size_t chunk = (size_t)(bd * inner) * elem;
+	for (int64_t o = 0; o < outer; o++)
+		memcpy((char *)out + (size_t)o * chunk,
+		       (const char *)in + ((size_t)(o * dims[dim] + me * bd) * (size_t)inner) * elem, chunk);
+}
+
+void planrt_bucket_allreduce(int n, float *const *bufs, const int64_t *counts, planrt_comm_t c, void *scratch)
+{
+	float *packed = scratch;
+	int64_t at = 0;
+	for (int i = 0; i < n; i++) {
+		memcpy(packed + at, bufs[i], sizeof(float) * (size_t)counts[i]);
+		at += counts[i];
+	}
+	PLANRT_CHECK(planrt_allreduce(packed, packed, (size_t)at, planrt_f32, planrt_sum, c, NULL));
+	at = 0;
+	for (int i = 0; i < n; i++) {
+		memcpy(bufs[i], packed + at, sizeof(float) * (size_t)counts[i]);
+		at += counts[i];
+	}
+}
+
+void planrt_cross_entropy_f32(const float *logits, const int32_t *targets, float *loss, float *lse, int64_t rows,
+			      int64_t cols, int64_t vocab_lo, double scale, planrt_comm_t vocab_comm, void *scratch)
+{
+	float *rowmax = scratch, *sumexp = rowmax + rows, *tlogit = sumexp + rows;
+	planrt_k_ce_max_f32(logits, rows, cols, rowmax);
+	if (vocab_comm)
+		PLANRT_CHECK(planrt_allreduce(rowmax, rowmax, (size_t)rows, planrt_f32, planrt_max, vocab_comm, NULL));
+	planrt_k_ce_sumexp_f32(logits, rowmax, rows, cols, sumexp);
+	planrt_k_ce_target_f32(logits, targets, rows, cols, vocab_lo, tlogit);
+	if (vocab_comm) {
+		PLANRT_CHECK(planrt_allreduce(sumexp, sumexp, (size_t)rows, planrt_f32, planrt_sum, vocab_comm, NULL));
+		PLANRT_CHECK(planrt_allreduce(tlogit, tlogit, (size_t)rows, planrt_f32, planrt_sum, vocab_comm, NULL));
+	}
+	*loss = (float)planrt_k_ce_loss_f32(rowmax, sumexp, tlogit, rows, lse, scale);
+}
+
+void planrt_load_inputs(planrt_data_t d, int64_t step, int64_t lo, int64_t rows, int64_t seq, int64_t s_lo,
+			int64_t seq_local, uint64_t seed, int32_t *tokens, int32_t *targets)
+{
+	if (s_lo == 0 && seq_local == seq) {
+		PLANRT_CHECK(planrt_data_batch(d, step, lo, lo + rows, seed, tokens, targets));
+		return;
+	}
+	int32_t *tok = malloc(sizeof(int32_t) * (size_t)(rows * seq) * 2);
+	if (!tok)
+		planrt_fatal("out of memory loading a batch");
+	int32_t *tgt = tok + rows * seq;
+	PLANRT_CHECK(planrt_data_batch(d, step, lo, lo + rows, seed, tok, tgt));
+	for (int64_t r = 0; r < rows; r++) {
+		memcpy(tokens + r * seq_local, tok + r * seq + s_lo, sizeof(int32_t) * (size_t)seq_local);
+		memcpy(targets + r * seq_local, tgt + r * seq + s_lo, sizeof(int32_t) * (size_t)seq_local);
+	}
+	free(tok);
+}
+
+double planrt_world_sum(double x)
+{
+	double out = 0;
+	if (MPI_Allreduce(&x, &out, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD) != MPI_SUCCESS)
+		planrt_fatal("MPI_Allreduce failed summing over the world");
+	return out;
+}
+
+double planrt_axes_sum(double x, unsigned axes_mask)
+{
+	double v = x;
+	for (int a = 0; axes_mask >> a; a++)
+		if (axes_mask & (1u << a))
+			PLANRT_CHECK(planrt_allreduce(&v, &v, 1, planrt_f64, planrt_sum, planrt_axis_comm(a), NULL));
+	return v;
+}

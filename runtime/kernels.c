@@ -1,0 +1,337 @@
+/* kernels.c: the compute kernels of planrt (see planrt_kernels.h for the API and semantics, which
+ * follow torch.nn.functional).
+ *
+ * The typed kernels are written once, in kernels_impl.h, and instantiated here by including it with
+ * T = float (suffix _f32), T = double (suffix _f64) and, for the kernels that save statistics, with
+ * double statistics (suffix _f64d, see the header). This file holds what is not typed: the
+ * n-dimensional iteration helper, the Philox-4x32-10 generator behind dropout, the bf16 conversions
+ * and block copies.
+ *
+ * Performance notes. Matrix products go to OpenBLAS (cblas_?gemm, row major, transposes passed as
+ * flags, never materialised). Row loops are written so that GCC vectorises them; GCC 12's -O2 uses
+ * the "very-cheap" vectoriser cost model, which declines almost every loop whose trip count is not
+ * known, so this file asks for the dynamic cost model itself (the pragma below). Float reductions
+ * use eight partial sums, which vectorise without -ffast-math. The exp-heavy f32 loops (softmax,
+ * cross-entropy, silu, gelu tanh) use a vectorisable expf of our own (kexpf below, within 2 ulp of
+ * expf); the f64 instantiation, which the finite-difference tests use, calls libm. No kernel
+ * allocates, except moe_route / moe_aux_loss with more than KSTACK_EXPERTS experts (per-expert
+ * counters). */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC optimize("tree-vectorize", "vect-cost-model=dynamic")
+#endif
+
+#include "planrt_kernels.h"
+
+#include <cblas.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define KMAX_RANK 16      /* most dims any n-dimensional kernel takes */
+#define KSTACK_EXPERTS 1024 /* MoE per-expert counters live on the stack up to this many experts */
+
+static void kfatal(const char *what)
+{
+	fprintf(stderr, "planrt: internal error: %s\n", what);
+	abort();
+}
+
+/* ---- n-dimensional iteration ------------------------------------------------------------------
+ * A KView is an index space of up to KMAX_RANK dims with up to three stride sets (one per operand).
+ * kview_init drops dims of size 1 and merges neighbouring dims that every operand walks contiguously,
+ * so that the innermost dim is as long as possible; kernels then run a plain loop over the innermost
+ * dim and kview_next steps the outer ones. */
+typedef struct {
+	int rank;               /* >= 1 after kview_init */
+	int nst;                /* number of stride sets */
+	int64_t total;          /* number of elements, 0 if any dim is 0 */
+	int64_t dims[KMAX_RANK];
+	int64_t st[3][KMAX_RANK];
+	int64_t idx[KMAX_RANK]; /* position in the outer dims */
+	int64_t off[3];         /* element offset of the current row per operand */
+} KView;
+
+static void kview_init(KView *v, int rank, const int64_t *dims, int nst, const int64_t *s0, const int64_t *s1,
+		       const int64_t *s2)
+{
+	const int64_t *src[3] = {s0, s1, s2};
+	if (rank < 0 || rank > KMAX_RANK)
+		kfatal("kernel rank out of range");
+	v->nst = nst;
+	v->rank = 0;
+	v->total = 1;
+	for (int d = 0; d < rank; d++) {
+		v->total *= dims[d];
+		if (dims[d] == 1)
+			continue;
+		int r = v->rank;
+		int merge = r > 0;
+		for (int s = 0; s < nst && merge; s++)
+			merge = v->st[s][r - 1] == src[s][d] * dims[d];
+		if (merge) {
+			v->dims[r - 1] *= dims[d];
+			for (int s = 0; s < nst; s++)
+				v->st[s][r - 1] = src[s][d];
+			continue;
+		}
+		v->dims[r] = dims[d];
+		for (int s = 0; s < nst; s++)
+			v->st[s][r] = src[s][d];
+		v->rank++;
+	}
+	if (v->rank == 0) {
+		v->rank = 1;
+		v->dims[0] = 1;
+		for (int s = 0; s < nst; s++)
+			v->st[s][0] = 0;
+	}
+	for (int d = 0; d < v->rank; d++)
+		v->idx[d] = 0;
+	for (int s = 0; s < 3; s++)
+		v->off[s] = 0;
+}
+
+/* Advances the outer dims (all but the innermost) by one row. */
+static inline void kview_next(KView *v)
+{
+	for (int d = v->rank - 2; d >= 0; d--) {
+		for (int s = 0; s < v->nst; s++)
+			v->off[s] += v->st[s][d];
+		if (++v->idx[d] < v->dims[d])
+			return;
+		for (int s = 0; s < v->nst; s++)
+			v->off[s] -= v->st[s][d] * v->dims[d];
+		v->idx[d] = 0;
+	}
+}
+
+/* Row-major strides of dims. */
+static void kstrides(int rank, const int64_t *dims, int64_t *st)
+{
+	int64_t s = 1;
+	for (int d = rank - 1; d >= 0; d--) {
+		st[d] = s;
+		s *= dims[d];
+	}
+}
+
+/* ---- Philox-4x32-10 ---------------------------------------------------------------------------
+ * Salmon et al., "Parallel random numbers: as easy as 1, 2, 3" (SC'11), the Random123 reference
+ * constants. Dropout keeps global element i of (seed, key) when the first output word of
+ *   philox4x32_10(counter = (lo32(i), hi32(i), lo32(key), hi32(key)), key = (lo32(seed), hi32(seed)))
+ * divided by 2^32 is >= p. The generator's two key words take the 64-bit seed and the 64-bit
+ * per-tensor key goes into the upper counter words, so neither is truncated. Any other
+ * implementation (the CUDA backend) must use this exact mapping to reproduce the masks. */
+static inline uint32_t philox_first(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3, uint32_t k0, uint32_t k1)
+{
+	for (int r = 0; r < 10; r++) {
+		if (r > 0) {
+			k0 += 0x9E3779B9u;
+			k1 += 0xBB67AE85u;
+		}
+		uint64_t p0 = (uint64_t)0xD2511F53u * c0;
+		uint64_t p1 = (uint64_t)0xCD9E8D57u * c2;
+		uint32_t n0 = (uint32_t)(p1 >> 32) ^ c1 ^ k0;
+		uint32_t n1 = (uint32_t)p1;
+		uint32_t n2 = (uint32_t)(p0 >> 32) ^ c3 ^ k1;
+		uint32_t n3 = (uint32_t)p0;
+		c0 = n0;
+		c1 = n1;
+		c2 = n2;
+		c3 = n3;
+	}
+	return c0;
+}
+
+/* The keep threshold: u / 2^32 >= p  <=>  u >= ceil(p 2^32) for integer u (p 2^32 is exact). */
+static uint64_t dropout_threshold(double p)
+{
+	if (!(p > 0))
+		return 0;
+	if (p >= 1)
+		return (uint64_t)1 << 32;
+	return (uint64_t)ceil(p * 4294967296.0);
+}
+
+/* Writes mask[i] for n elements whose global indices are g0 + i * gs. */
+static void dropout_mask_row(uint8_t *mask, int64_t n, uint64_t g0, int64_t gs, uint64_t thr, uint64_t seed,
+			     uint64_t key)
+{
+	uint32_t k0 = (uint32_t)seed, k1 = (uint32_t)(seed >> 32);
+	uint32_t c2 = (uint32_t)key, c3 = (uint32_t)(key >> 32);
+	for (int64_t i = 0; i < n; i++) {
+		uint64_t g = g0 + (uint64_t)(i * gs);
+		uint32_t u = philox_first((uint32_t)g, (uint32_t)(g >> 32), c2, c3, k0, k1);
+		mask[i] = (uint64_t)u >= thr;
+	}
+}
+
+/* Fills the mask of a local block (see planrt_k_dropout_*) and returns the element count. */
+static int64_t dropout_mask(uint8_t *mask, double p, uint64_t seed, uint64_t key, int rank, const int64_t *gdims,
+			    const int64_t *ldims, const int64_t *offs)
+{
+	int64_t gst[KMAX_RANK], lst[KMAX_RANK];
+	if (rank < 0 || rank > KMAX_RANK)
+		kfatal("dropout rank out of range");
+	kstrides(rank, gdims, gst);
+	kstrides(rank, ldims, lst);
+	uint64_t gbase = 0;
+	for (int d = 0; d < rank; d++)
+		gbase += (uint64_t)(offs[d] * gst[d]);
+	KView v;
+	kview_init(&v, rank, ldims, 2, lst, gst, NULL);
+	if (v.total == 0)
+		return 0;
+	uint64_t thr = dropout_threshold(p);
+	int64_t n = v.dims[v.rank - 1], gs = v.st[1][v.rank - 1];
+	for (int64_t done = 0; done < v.total; done += n) {
+		dropout_mask_row(mask + v.off[0], n, gbase + (uint64_t)v.off[1], gs, thr, seed, key);
+		kview_next(&v);
+	}
+	return v.total;
+}
+
+/* ---- a vectorisable expf ------------------------------------------------------------------------
+ * exp(x) = 2^k e^r with k = round(x / ln 2), |r| <= ln2 / 2, e^r by a degree-6 polynomial (Cephes
+ * coefficients); 2^k built in the exponent bits. Below -87.33 the result is 0 (so -inf gives 0, as
+ * masked softmax needs), above 88.72 +inf, NaN propagates. Branch-free so loops calling it
+ * vectorise. */
+static inline float kexpf(float x)
+{
+	const float hi = 88.7228317f, lo = -87.3365479f;
+	float xc = x > hi ? hi : (x < lo ? lo : x);
+	float k = xc * 1.44269504089f + 12582912.0f; /* round to nearest through the float mantissa */
+	k -= 12582912.0f;
+	float r = xc - k * 0.693359375f;
+	r = r - k * -2.12194440e-4f;
+	float p = 1.9875691500e-4f;
+	p = p * r + 1.3981999507e-3f;
+	p = p * r + 8.3334519073e-3f;
+	p = p * r + 4.1665795894e-2f;
+	p = p * r + 1.6666665459e-1f;
+	p = p * r + 5.0000001201e-1f;
+	p = p * r * r + r + 1.0f;
+	int32_t ki = (int32_t)k;
+	/* k in [-126, 128]: split 2^k in two factors so that k = 128 does not overflow the exponent */
+	int32_t k1 = ki >> 1, k2 = ki - k1;
+	union {
+		int32_t i;
+		float f;
+	} s1 = {.i = (k1 + 127) << 23}, s2 = {.i = (k2 + 127) << 23};
+	float y = p * s1.f * s2.f;
+	y = x > hi ? INFINITY : y;
+	y = x < lo ? 0.0f : y;
+	return x != x ? x : y;
+}
+
+/* ---- the typed kernels ------------------------------------------------------------------------- */
+#define KCAT_(a, b) a##_##b
+#define KCAT(a, b) KCAT_(a, b)
+#define FN(name) KCAT(name, S)
+
+#define T float
+#define ST float
+#define S f32
+#define KEXP kexpf
+#define KLOG logf
+#define KERF erff
+#define KTANH tanhf
+#define KSQRT sqrtf
+#define KGEMM cblas_sgemm
+#include "kernels_impl.h"
+#undef T
+#undef ST
+#undef S
+#undef KEXP
+#undef KLOG
+#undef KERF
+#undef KTANH
+#undef KSQRT
+#undef KGEMM
+
+#define T double
+#define ST float
+#define S f64
+#define KEXP exp
+#define KLOG log
+#define KERF erf
+#define KTANH tanh
+#define KSQRT sqrt
+#define KGEMM cblas_dgemm
+#include "kernels_impl.h"
+#undef ST
+#undef S
+
+#define ST double
+#define S f64d
+#define KI_STATS_ONLY
+#include "kernels_impl.h"
+#undef KI_STATS_ONLY
+#undef T
+#undef ST
+#undef S
+#undef KEXP
+#undef KLOG
+#undef KERF
+#undef KTANH
+#undef KSQRT
+#undef KGEMM
+
+/* ---- bf16 ---------------------------------------------------------------------------------------
+ * Round to nearest even on the upper 16 bits, as torch's c10::BFloat16: infinities stay infinite,
+ * finite values past the largest bf16 round to infinity, every NaN becomes the quiet NaN 0x7fc0. */
+void planrt_k_f32_to_bf16(const float *x, uint16_t *y, int64_t n)
+{
+	for (int64_t i = 0; i < n; i++) {
+		uint32_t u;
+		memcpy(&u, &x[i], 4);
+		uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+		y[i] = (u & 0x7fffffffu) > 0x7f800000u ? (uint16_t)0x7fc0 : (uint16_t)r;
+	}
+}
+
+void planrt_k_bf16_to_f32(const uint16_t *x, float *y, int64_t n)
+{
+	for (int64_t i = 0; i < n; i++) {
+		uint32_t u = (uint32_t)x[i] << 16;
+		memcpy(&y[i], &u, 4);
+	}
+}
+
+/* ---- block copies ----------------------------------------------------------------------------- */
+void planrt_k_block_copy(size_t elem, int rank, const int64_t *gdims, const int64_t *ldims, const int64_t *offs,
+			 void *tensor, void *block, int gather)
+{
+	int64_t gst[KMAX_RANK], lst[KMAX_RANK];
+	if (rank < 0 || rank > KMAX_RANK)
+		kfatal("block_copy rank out of range");
+	kstrides(rank, gdims, gst);
+	kstrides(rank, ldims, lst);
+	int64_t base = 0;
+	for (int d = 0; d < rank; d++)
+		base += offs[d] * gst[d];
+	KView v;
+	kview_init(&v, rank, ldims, 2, lst, gst, NULL);
+	if (v.total == 0)
+		return;
+	char *t = (char *)tensor + (size_t)base * elem, *b = block;
+	int64_t n = v.dims[v.rank - 1], ts = v.st[1][v.rank - 1];
+	for (int64_t done = 0; done < v.total; done += n) {
+		char *tp = t + (size_t)v.off[1] * elem, *bp = b + (size_t)v.off[0] * elem;
+		if (ts == 1 || n == 1) {
+			if (gather)
+				memcpy(bp, tp, (size_t)n * elem);
+			else
+				memcpy(tp, bp, (size_t)n * elem);
+		} else {
+			for (int64_t i = 0; i < n; i++) {
+				if (gather)
+					memcpy(bp + (size_t)i * elem, tp + (size_t)(i * ts) * elem, elem);
+				else
+					memcpy(tp + (size_t)(i * ts) * elem, bp + (size_t)i * elem, elem);
+			}
+		}
+		kview_next(&v);
+	}
+}

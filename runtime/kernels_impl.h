@@ -1,0 +1,818 @@
+/* kernels_impl.h: the typed kernels, included by kernels.c once per instantiation (no include guard).
+ * The includer defines
+ *   T      the element type (float, double)
+ *   ST     the type of saved statistics (mean, rstd, rowmax, sumexp, tlogit, lse)
+ *   S      the name suffix (f32, f64, f64d)
+ *   KEXP KLOG KERF KTANH KSQRT   the math functions for T, KGEMM the cblas gemm
+ *   KI_STATS_ONLY   defined: only the kernels that take statistics (the _f64d set)
+ * and FN(name) (name_S), and provides KView, kfatal, kstrides and the dropout mask helpers. Static
+ * helpers carry the suffix too so that instantiations do not collide. */
+
+/* Sum of n values with eight partial sums: vectorises without reassociation flags. */
+static inline T FN(ksum)(const T *x, int64_t n)
+{
+	T acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+	int64_t i = 0;
+	for (; i + 8 <= n; i += 8)
+		for (int j = 0; j < 8; j++)
+			acc[j] += x[i + j];
+	T s = 0;
+	for (; i < n; i++)
+		s += x[i];
+	return s + ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
+static inline T FN(kdot)(const T *x, const T *y, int64_t n)
+{
+	T acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+	int64_t i = 0;
+	for (; i + 8 <= n; i += 8)
+		for (int j = 0; j < 8; j++)
+			acc[j] += x[i + j] * y[i + j];
+	T s = 0;
+	for (; i < n; i++)
+		s += x[i] * y[i];
+	return s + ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
+/* Largest of n >= 1 values (NaN-propagating like torch.max when a NaN comes first or last aside,
+ * which the kernels do not rely on). */
+static inline T FN(kmax)(const T *x, int64_t n)
+{
+	T acc[8];
+	for (int j = 0; j < 8; j++)
+		acc[j] = x[0];
+	int64_t i = 0;
+	for (; i + 8 <= n; i += 8)
+		for (int j = 0; j < 8; j++)
+			acc[j] = x[i + j] > acc[j] ? x[i + j] : acc[j];
+	T m = acc[0];
+	for (int j = 1; j < 8; j++)
+		m = acc[j] > m ? acc[j] : m;
+	for (; i < n; i++)
+		m = x[i] > m ? x[i] : m;
+	return m;
+}
+
+#ifndef KI_STATS_ONLY
+
+/* ---- matmul ---------------------------------------------------------------------------------- */
+static inline void FN(kgemm)(int ta, int tb, int64_t M, int64_t N, int64_t K, const T *A, const T *B, T *C, T beta)
+{
+	int lda = (int)(ta ? M : K), ldb = (int)(tb ? K : N), ldc = (int)N;
+	KGEMM(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, (int)M, (int)N, (int)K,
+	      (T)1, A, lda > 0 ? lda : 1, B, ldb > 0 ? ldb : 1, beta, C, ldc);
+}
+
+void FN(planrt_k_matmul)(int64_t batch, int64_t M, int64_t N, int64_t K, const T *A, int trans_a, int64_t stride_a,
+			 const T *B, int trans_b, int64_t stride_b, T *C, int64_t stride_c, int accumulate)
+{
+	if (batch <= 0 || M <= 0 || N <= 0)
+		return;
+	T beta = accumulate ? (T)1 : (T)0;
+	/* One B for a batch of row-major A blocks laid end to end: one tall gemm (a linear layer). */
+	if (batch > 1 && stride_b == 0 && !trans_a && stride_a == M * K && stride_c == M * N) {
+		FN(kgemm)(0, trans_b, batch * M, N, K, A, B, C, beta);
+		return;
+	}
+	for (int64_t b = 0; b < batch; b++)
+		FN(kgemm)(trans_a, trans_b, M, N, K, A + b * stride_a, B + b * stride_b, C + b * stride_c, beta);
+}
+
+/* ---- element-wise with broadcasting ------------------------------------------------------------- */
+#define KI_ROW(EXPR)                                                                                           \
+	do {                                                                                                   \
+		if (sa == 1 && sb == 1) {                                                                      \
+			for (int64_t i = 0; i < n; i++) {                                                      \
+				T x = a[i], y = b[i];                                                          \
+				o[i] = EXPR;                                                                   \
+			}                                                                                      \
+		} else if (sa == 1 && sb == 0) {                                                               \
+			T y = b[0];                                                                            \
+			for (int64_t i = 0; i < n; i++) {                                                      \
+				T x = a[i];                                                                    \
+				o[i] = EXPR;                                                                   \
+			}                                                                                      \
+		} else if (sa == 0 && sb == 1) {                                                               \
+			T x = a[0];                                                                            \
+			for (int64_t i = 0; i < n; i++) {                                                      \
+				T y = b[i];                                                                    \
+				o[i] = EXPR;                                                                   \
+			}                                                                                      \
+		} else {                                                                                       \
+			for (int64_t i = 0; i < n; i++) {                                                      \
+				T x = a[i * sa], y = b[i * sb];                                                \
+				o[i] = EXPR;                                                                   \
+			}                                                                                      \
+		}                                                                                              \
+	} while (0)
+
+static void FN(kbinary_row)(int op, int64_t n, const T *a, int64_t sa, const T *b, int64_t sb, T *o)
+{
+	switch (op) {
+	case PLANRT_ADD:
+		KI_ROW(x + y);
+		break;
+	case PLANRT_SUB:
+		KI_ROW(x - y);
+		break;
+	case PLANRT_MUL:
+		KI_ROW(x * y);
+		break;
+	case PLANRT_DIV:
+		KI_ROW(x / y);
+		break;
+	default:
+		kfatal("binary: unknown op");
+	}
+}
+#undef KI_ROW
+
+void FN(planrt_k_binary)(int op, int rank, const int64_t *dims, const T *a, const int64_t *a_strides, const T *b,
+			 const int64_t *b_strides, T *out)
+{
+	int64_t ost[KMAX_RANK];
+	if (rank < 0 || rank > KMAX_RANK)
+		kfatal("binary rank out of range");
+	kstrides(rank, dims, ost);
+	KView v;
+	kview_init(&v, rank, dims, 3, ost, a_strides, b_strides);
+	if (v.total == 0)
+		return;
+	int64_t n = v.dims[v.rank - 1], sa = v.st[1][v.rank - 1], sb = v.st[2][v.rank - 1];
+	for (int64_t done = 0; done < v.total; done += n) {
+		FN(kbinary_row)(op, n, a + v.off[1], sa, b + v.off[2], sb, out + v.off[0]);
+		kview_next(&v);
+	}
+}
+
+void FN(planrt_k_sum_to)(int rank, const int64_t *dims, const T *in, const int64_t *out_strides, T *out,
+			 int64_t out_elems)
+{
+	int64_t ist[KMAX_RANK];
+	if (rank < 0 || rank > KMAX_RANK)
+		kfatal("sum_to rank out of range");
+	for (int64_t i = 0; i < out_elems; i++)
+		out[i] = 0;
+	kstrides(rank, dims, ist);
+	KView v;
+	kview_init(&v, rank, dims, 2, ist, out_strides, NULL);
+	if (v.total == 0)
+		return;
+	int64_t n = v.dims[v.rank - 1], os = v.st[1][v.rank - 1];
+	for (int64_t done = 0; done < v.total; done += n) {
+		const T *x = in + v.off[0];
+		T *o = out + v.off[1];
+		if (os == 0) {
+			o[0] += FN(ksum)(x, n);
+		} else if (os == 1) {
+			for (int64_t i = 0; i < n; i++)
+				o[i] += x[i];
+		} else {
+			for (int64_t i = 0; i < n; i++)
+				o[i * os] += x[i];
+		}
+		kview_next(&v);
+	}
+}
+
+void FN(planrt_k_scale)(const T *x, T *y, int64_t n, double alpha)
+{
+	T a = (T)alpha;
+	for (int64_t i = 0; i < n; i++)
+		y[i] = a * x[i];
+}
+
+/* ---- activations ------------------------------------------------------------------------------ */
+#define KI_SQRT1_2 0.70710678118654752440
+#define KI_SQRT2_PI 0.79788456080286535588  /* sqrt(2 / pi) */
+#define KI_INV_SQRT2PI 0.39894228040143267794 /* 1 / sqrt(2 pi) */
+
+void FN(planrt_k_gelu)(const T *x, T *y, int64_t n, int approx)
+{
+	if (approx == PLANRT_GELU_TANH) {
+		const T c = (T)KI_SQRT2_PI, k = (T)0.044715;
+		for (int64_t i = 0; i < n; i++) {
+			T v = x[i];
+			T u = c * (v + k * v * v * v);
+			/* tanh(u) = 1 - 2 / (exp(2u) + 1), finite at both ends */
+			T t = 1 - 2 / (KEXP(2 * u) + 1);
+			y[i] = (T)0.5 * v * (1 + t);
+		}
+	} else {
+		for (int64_t i = 0; i < n; i++) {
+			T v = x[i];
+			y[i] = (T)0.5 * v * (1 + KERF(v * (T)KI_SQRT1_2));
+		}
+	}
+}
+
+void FN(planrt_k_gelu_grad)(const T *x, const T *dy, T *dx, int64_t n, int approx)
+{
+	if (approx == PLANRT_GELU_TANH) {
+		const T c = (T)KI_SQRT2_PI, k = (T)0.044715;
+		for (int64_t i = 0; i < n; i++) {
+			T v = x[i];
+			T u = c * (v + k * v * v * v);
+			T t = 1 - 2 / (KEXP(2 * u) + 1);
+			T du = c * (1 + 3 * k * v * v);
+			dx[i] = dy[i] * ((T)0.5 * (1 + t) + (T)0.5 * v * (1 - t * t) * du);
+		}
+	} else {
+		for (int64_t i = 0; i < n; i++) {
+			T v = x[i];
+			T cdf = (T)0.5 * (1 + KERF(v * (T)KI_SQRT1_2));
+			T pdf = (T)KI_INV_SQRT2PI * KEXP((T)-0.5 * v * v);
+			dx[i] = dy[i] * (cdf + v * pdf);
+		}
+	}
+}
+
+void FN(planrt_k_relu)(const T *x, T *y, int64_t n)
+{
+	for (int64_t i = 0; i < n; i++)
+		y[i] = x[i] < 0 ? (T)0 : x[i]; /* NaN passes through, as torch.relu */
+}
+
+void FN(planrt_k_relu_grad)(const T *y, const T *dy, T *dx, int64_t n)
+{
+	for (int64_t i = 0; i < n; i++)
+		dx[i] = y[i] > 0 ? dy[i] : (T)0;
+}
+
+void FN(planrt_k_silu)(const T *x, T *y, int64_t n)
+{
+	for (int64_t i = 0; i < n; i++)
+		y[i] = x[i] / (1 + KEXP(-x[i]));
+}
+
+void FN(planrt_k_silu_grad)(const T *x, const T *dy, T *dx, int64_t n)
+{
+	for (int64_t i = 0; i < n; i++) {
+		T s = 1 / (1 + KEXP(-x[i]));
+		dx[i] = dy[i] * (s * (1 + x[i] * (1 - s)));
+	}
+}
+
+/* ---- dropout ----------------------------------------------------------------------------------- */
+/* p >= 1 drops everything (torch returns zeros rather than 0 * inf). */
+static T FN(kdropout_scale)(double p)
+{
+	return p >= 1 ? (T)0 : (T)(1.0 / (1.0 - p));
+}
+
+void FN(planrt_k_dropout)(const T *x, T *y, uint8_t *mask, double p, uint64_t seed, uint64_t key, int rank,
+			  const int64_t *gdims, const int64_t *ldims, const int64_t *offs)
+{
+	int64_t n = dropout_mask(mask, p, seed, key, rank, gdims, ldims, offs);
+	T sc = FN(kdropout_scale)(p);
+	for (int64_t i = 0; i < n; i++)
+		y[i] = mask[i] ? x[i] * sc : (T)0;
+}
+
+void FN(planrt_k_dropout_grad)(const uint8_t *mask, const T *dy, T *dx, int64_t n, double p)
+{
+	T sc = FN(kdropout_scale)(p);
+	for (int64_t i = 0; i < n; i++)
+		dx[i] = mask[i] ? dy[i] * sc : (T)0;
+}
+
+/* ---- attention pieces ----------------------------------------------------------------------------- */
+void FN(planrt_k_causal_mask)(const T *x, T *y, int64_t batch, int64_t rows, int64_t cols, int64_t row_off,
+			      int64_t col_off, T fill)
+{
+	for (int64_t b = 0; b < batch; b++) {
+		for (int64_t r = 0; r < rows; r++) {
+			const T *xr = x + (b * rows + r) * cols;
+			T *yr = y + (b * rows + r) * cols;
+			/* local cols j < keep are kept: global col_off + j <= row_off + r */
+			int64_t keep = row_off + r - col_off + 1;
+			keep = keep < 0 ? 0 : (keep > cols ? cols : keep);
+			if (yr != xr)
+				for (int64_t j = 0; j < keep; j++)
+					yr[j] = xr[j];
+			for (int64_t j = keep; j < cols; j++)
+				yr[j] = fill;
+		}
+	}
+}
+
+void FN(planrt_k_softmax)(const T *x, T *y, int64_t rows, int64_t cols)
+{
+	for (int64_t r = 0; r < rows; r++) {
+		const T *xr = x + r * cols;
+		T *yr = y + r * cols;
+		T m = FN(kmax)(xr, cols);
+		for (int64_t j = 0; j < cols; j++)
+			yr[j] = KEXP(xr[j] - m);
+		T inv = 1 / FN(ksum)(yr, cols);
+		for (int64_t j = 0; j < cols; j++)
+			yr[j] *= inv;
+	}
+}
+
+void FN(planrt_k_softmax_grad)(const T *y, const T *dy, T *dx, int64_t rows, int64_t cols)
+{
+	for (int64_t r = 0; r < rows; r++) {
+		const T *yr = y + r * cols, *gr = dy + r * cols;
+		T *dr = dx + r * cols;
+		T s = FN(kdot)(yr, gr, cols);
+		for (int64_t j = 0; j < cols; j++)
+			dr[j] = yr[j] * (gr[j] - s);
+	}
+}
+
+#endif /* !KI_STATS_ONLY */
+
+/* ---- kernels with saved statistics ---------------------------------------------------------------
+ * Declared with float statistics for _f32 and _f64 and double ones for _f64d. w, b may be NULL
+ * (no affine part) and then dw, db too. */
+void FN(planrt_k_layer_norm)(const T *x, const T *w, const T *b, T *y, ST *mean, ST *rstd, int64_t rows,
+			     int64_t cols, double eps)
+{
+	for (int64_t r = 0; r < rows; r++) {
+		const T *xr = x + r * cols;
+		T *yr = y + r * cols;
+		T mu = FN(ksum)(xr, cols) / (T)cols;
+		for (int64_t j = 0; j < cols; j++)
+			yr[j] = xr[j] - mu;
+		T var = FN(kdot)(yr, yr, cols) / (T)cols; /* biased, as torch */
+		T rs = 1 / KSQRT(var + (T)eps);
+		if (w && b)
+			for (int64_t j = 0; j < cols; j++)
+				yr[j] = yr[j] * rs * w[j] + b[j];
+		else if (w)
+			for (int64_t j = 0; j < cols; j++)
+				yr[j] = yr[j] * rs * w[j];
+		else
+			for (int64_t j = 0; j < cols; j++)
+				yr[j] = yr[j] * rs + (b ? b[j] : (T)0);
+		mean[r] = (ST)mu;
+		rstd[r] = (ST)rs;
+	}
+}
+
+/* dx = rstd (g - mean(g) - xhat mean(g xhat)) with g = dy w, xhat = (x - mean) rstd; dw += dy xhat,
+ * db += dy. */
+void FN(planrt_k_layer_norm_grad)(const T *x, const T *w, const ST *mean, const ST *rstd, const T *dy, T *dx, T *dw,
+				  T *db, int64_t rows, int64_t cols)
+{
+	for (int64_t r = 0; r < rows; r++) {
+		const T *xr = x + r * cols, *gr = dy + r * cols;
+		T *dr = dx + r * cols;
+		T mu = (T)mean[r], rs = (T)rstd[r];
+		T sg[8] = {0, 0, 0, 0, 0, 0, 0, 0}, sgx[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+		int64_t j = 0;
+		for (; j + 8 <= cols; j += 8)
+			for (int k = 0; k < 8; k++) {
+				T g = gr[j + k] * (w ? w[j + k] : (T)1);
+				sg[k] += g;
+				sgx[k] += g * (xr[j + k] - mu);
+			}
+		for (; j < cols; j++) {
+			T g = gr[j] * (w ? w[j] : (T)1);
+			sg[0] += g;
+			sgx[0] += g * (xr[j] - mu);
+		}
+		T mg = FN(ksum)(sg, 8) / (T)cols, mgx = FN(ksum)(sgx, 8) * rs / (T)cols;
+		if (w)
+			for (j = 0; j < cols; j++) {
+				T xh = (xr[j] - mu) * rs;
+				dr[j] = rs * (gr[j] * w[j] - mg - xh * mgx);
+			}
+		else
+			for (j = 0; j < cols; j++) {
+				T xh = (xr[j] - mu) * rs;
+				dr[j] = rs * (gr[j] - mg - xh * mgx);
+			}
+		if (dw)
+			for (j = 0; j < cols; j++)
+				dw[j] += gr[j] * (xr[j] - mu) * rs;
+		if (db)
+			for (j = 0; j < cols; j++)
+				db[j] += gr[j];
+	}
+}
+
+/* torch.nn.functional.rms_norm: y = x / sqrt(mean(x^2) + eps) * w. */
+void FN(planrt_k_rms_norm)(const T *x, const T *w, T *y, ST *rstd, int64_t rows, int64_t cols, double eps)
+{
+	for (int64_t r = 0; r < rows; r++) {
+		const T *xr = x + r * cols;
+		T *yr = y + r * cols;
+		T rs = 1 / KSQRT(FN(kdot)(xr, xr, cols) / (T)cols + (T)eps);
+		if (w)
+			for (int64_t j = 0; j < cols; j++)
+				yr[j] = xr[j] * rs * w[j];
+		else
+			for (int64_t j = 0; j < cols; j++)
+				yr[j] = xr[j] * rs;
+		rstd[r] = (ST)rs;
+	}
+}
+
+/* dx = rstd (g - xhat mean(g xhat)) with g = dy w, xhat = x rstd; dw += dy xhat. */
+void FN(planrt_k_rms_norm_grad)(const T *x, const T *w, const ST *rstd, const T *dy, T *dx, T *dw, int64_t rows,
+				int64_t cols)
+{
+	for (int64_t r = 0; r < rows; r++) {
+		const T *xr = x + r * cols, *gr = dy + r * cols;
+		T *dr = dx + r * cols;
+		T rs = (T)rstd[r];
+		T sgx[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+		int64_t j = 0;
+		for (; j + 8 <= cols; j += 8)
+			for (int k = 0; k < 8; k++)
+				sgx[k] += gr[j + k] * (w ? w[j + k] : (T)1) * xr[j + k];
+		for (; j < cols; j++)
+			sgx[0] += gr[j] * (w ? w[j] : (T)1) * xr[j];
+		T c = FN(ksum)(sgx, 8) * rs * rs / (T)cols;
+		if (w)
+			for (j = 0; j < cols; j++)
+				dr[j] = rs * (gr[j] * w[j] - xr[j] * c);
+		else
+			for (j = 0; j < cols; j++)
+				dr[j] = rs * (gr[j] - xr[j] * c);
+		if (dw)
+			for (j = 0; j < cols; j++)
+				dw[j] += gr[j] * xr[j] * rs;
+	}
+}
+
+/* ---- cross-entropy pieces ------------------------------------------------------------------------ */
+void FN(planrt_k_ce_max)(const T *logits, int64_t rows, int64_t cols, ST *rowmax)
+{
+	for (int64_t r = 0; r < rows; r++)
+		rowmax[r] = cols > 0 ? (ST)FN(kmax)(logits + r * cols, cols) : (ST)-INFINITY;
+}
+
+void FN(planrt_k_ce_sumexp)(const T *logits, const ST *rowmax, int64_t rows, int64_t cols, ST *sumexp)
+{
+	for (int64_t r = 0; r < rows; r++) {
+		const T *xr = logits + r * cols;
+		T m = (T)rowmax[r];
+		T acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+		int64_t j = 0;
+		for (; j + 8 <= cols; j += 8)
+			for (int k = 0; k < 8; k++)
+				acc[k] += KEXP(xr[j + k] - m);
+		for (; j < cols; j++)
+			acc[0] += KEXP(xr[j] - m);
+		sumexp[r] = (ST)FN(ksum)(acc, 8);
+	}
+}
+
+void FN(planrt_k_ce_target)(const T *logits, const int32_t *targets, int64_t rows, int64_t cols, int64_t vocab_lo,
+			    ST *tlogit)
+{
+	for (int64_t r = 0; r < rows; r++) {
+		int64_t c = (int64_t)targets[r] - vocab_lo;
+		tlogit[r] = c >= 0 && c < cols ? (ST)logits[r * cols + c] : (ST)0;
+	}
+}
+
+double FN(planrt_k_ce_loss)(const ST *rowmax, const ST *sumexp, const ST *tlogit, int64_t rows, ST *lse,
+			    double scale)
+{
+	double loss = 0;
+	for (int64_t r = 0; r < rows; r++) {
+		double l = (double)rowmax[r] + log((double)sumexp[r]);
+		lse[r] = (ST)l;
+		loss += l - (double)tlogit[r];
+	}
+	return loss * scale;
+}
+
+void FN(planrt_k_ce_grad)(const T *logits, const int32_t *targets, const ST *lse, int64_t rows, int64_t cols,
+			  int64_t vocab_lo, double dscale, T *dlogits)
+{
+	T ds = (T)dscale;
+	for (int64_t r = 0; r < rows; r++) {
+		const T *xr = logits + r * cols;
+		T *dr = dlogits + r * cols;
+		T l = (T)lse[r];
+		for (int64_t j = 0; j < cols; j++)
+			dr[j] = KEXP(xr[j] - l) * ds;
+		int64_t c = (int64_t)targets[r] - vocab_lo;
+		if (c >= 0 && c < cols)
+			dr[c] -= ds;
+	}
+}
+
+#ifndef KI_STATS_ONLY
+
+/* ---- embedding ----------------------------------------------------------------------------------- */
+void FN(planrt_k_embed)(const T *table, const int32_t *ids, T *out, int64_t ntok, int64_t dim, int64_t vocab_lo,
+			int64_t vocab_local)
+{
+	for (int64_t t = 0; t < ntok; t++) {
+		int64_t v = (int64_t)ids[t] - vocab_lo;
+		T *o = out + t * dim;
+		if (v >= 0 && v < vocab_local)
+			memcpy(o, table + v * dim, (size_t)dim * sizeof(T));
+		else
+			for (int64_t j = 0; j < dim; j++)
+				o[j] = 0;
+	}
+}
+
+void FN(planrt_k_embed_grad)(const int32_t *ids, const T *dy, T *dtable, int64_t ntok, int64_t dim, int64_t vocab_lo,
+			     int64_t vocab_local)
+{
+	for (int64_t t = 0; t < ntok; t++) {
+		int64_t v = (int64_t)ids[t] - vocab_lo;
+		if (v < 0 || v >= vocab_local)
+			continue;
+		const T *g = dy + t * dim;
+		T *o = dtable + v * dim;
+		for (int64_t j = 0; j < dim; j++)
+			o[j] += g[j];
+	}
+}
+
+/* ---- permute ----------------------------------------------------------------------------------- */
+void FN(planrt_k_permute)(int rank, const int64_t *in_dims, const int *perm, const T *in, T *out)
+{
+	int64_t ist[KMAX_RANK], odims[KMAX_RANK], ost[KMAX_RANK], pst[KMAX_RANK];
+	if (rank < 0 || rank > KMAX_RANK)
+		kfatal("permute rank out of range");
+	kstrides(rank, in_dims, ist);
+	for (int d = 0; d < rank; d++) {
+		odims[d] = in_dims[perm[d]];
+		pst[d] = ist[perm[d]];
+	}
+	kstrides(rank, odims, ost);
+	KView v;
+	kview_init(&v, rank, odims, 2, ost, pst, NULL);
+	if (v.total == 0)
+		return;
+	int64_t n = v.dims[v.rank - 1], is = v.st[1][v.rank - 1];
+	for (int64_t done = 0; done < v.total; done += n) {
+		const T *x = in + v.off[1];
+		T *o = out + v.off[0];
+		if (is == 1)
+			memcpy(o, x, (size_t)n * sizeof(T));
+		else
+			for (int64_t i = 0; i < n; i++)
+				o[i] = x[i * is];
+		kview_next(&v);
+	}
+}
+
+/* ---- mixture of experts ------------------------------------------------------------------------------
+ * Routing is recomputed from the logits wherever an expert's identity is needed (route_grad, aux
+ * loss): the selection is deterministic, and idx does not name the expert of a dropped pair. */
+
+/* Router probabilities of one token: p[e] = exp(l[e] - max) / sum. */
+static void FN(kmoe_probs)(const T *l, int64_t experts, T *p)
+{
+	T m = FN(kmax)(l, experts), s = 0;
+	for (int64_t e = 0; e < experts; e++) {
+		p[e] = KEXP(l[e] - m);
+		s += p[e];
+	}
+	for (int64_t e = 0; e < experts; e++)
+		p[e] /= s;
+}
+
+/* The top_k experts of one token by descending probability, ties to the lower index. */
+static void FN(kmoe_topk)(const T *p, int64_t experts, int64_t top_k, int64_t *choice)
+{
+	for (int64_t k = 0; k < top_k; k++) {
+		int64_t best = -1;
+		for (int64_t e = 0; e < experts; e++) {
+			int taken = 0;
+			for (int64_t j = 0; j < k; j++)
+				taken |= choice[j] == e;
+			if (!taken && (best < 0 || p[e] > p[best]))
+				best = e;
+		}
+		choice[k] = best;
+	}
+}
+
+/* Scratch for per-expert values: the stack up to KSTACK_EXPERTS, else the heap. */
+typedef struct {
+	T stack_p[KSTACK_EXPERTS];
+	int64_t stack_c[KSTACK_EXPERTS];
+	T *p;
+	int64_t *c;
+} FN(KMoeScratch);
+
+static void FN(kmoe_scratch)(FN(KMoeScratch) * s, int64_t experts, int64_t top_k)
+{
+	int64_t nc = experts > top_k ? experts : top_k;
+	s->p = experts <= KSTACK_EXPERTS ? s->stack_p : malloc((size_t)experts * sizeof(T));
+	s->c = nc <= KSTACK_EXPERTS ? s->stack_c : malloc((size_t)nc * sizeof(int64_t));
+	if (!s->p || !s->c)
+		kfatal("moe: out of memory for per-expert scratch");
+}
+
+static void FN(kmoe_scratch_free)(FN(KMoeScratch) * s)
+{
+	if (s->p != s->stack_p)
+		free(s->p);
+	if (s->c != s->stack_c)
+		free(s->c);
+}
+
+void FN(planrt_k_moe_route)(const T *logits, int64_t tokens, int64_t experts, int64_t top_k, int64_t capacity,
+			    T *gates, int32_t *idx)
+{
+	FN(KMoeScratch) sp; /* sp.p: probabilities of a token, sp.c: slots used per expert */
+	int64_t choice_stack[64], *choice = top_k <= 64 ? choice_stack : malloc((size_t)top_k * sizeof(int64_t));
+	if (!choice)
+		kfatal("moe_route: out of memory");
+	FN(kmoe_scratch)(&sp, experts, top_k);
+	for (int64_t e = 0; e < experts; e++)
+		sp.c[e] = 0;
+	for (int64_t t = 0; t < tokens; t++) {
+		FN(kmoe_probs)(logits + t * experts, experts, sp.p);
+		FN(kmoe_topk)(sp.p, experts, top_k, choice);
+		for (int64_t k = 0; k < top_k; k++) {
+			int64_t e = choice[k], slot = sp.c[e]++;
+			gates[t * top_k + k] = sp.p[e];
+			idx[t * top_k + k] = slot < capacity ? (int32_t)(e * capacity + slot) : -1;
+		}
+	}
+	FN(kmoe_scratch_free)(&sp);
+	if (choice != choice_stack)
+		free(choice);
+}
+
+void FN(planrt_k_moe_dispatch)(const T *x, const int32_t *idx, int64_t tokens, int64_t top_k, int64_t dim,
+			       int64_t slots, T *buf)
+{
+	memset(buf, 0, (size_t)(slots * dim) * sizeof(T));
+	for (int64_t t = 0; t < tokens; t++)
+		for (int64_t k = 0; k < top_k; k++) {
+			int32_t s = idx[t * top_k + k];
+			if (s >= 0)
+				memcpy(buf + (int64_t)s * dim, x + t * dim, (size_t)dim * sizeof(T));
+		}
+}
+
+void FN(planrt_k_moe_dispatch_grad)(const T *dbuf, const int32_t *idx, int64_t tokens, int64_t top_k, int64_t dim,
+				    T *dx)
+{
+	for (int64_t t = 0; t < tokens; t++) {
+		T *o = dx + t * dim;
+		for (int64_t j = 0; j < dim; j++)
+			o[j] = 0;
+		for (int64_t k = 0; k < top_k; k++) {
+			int32_t s = idx[t * top_k + k];
+			if (s < 0)
+				continue;
+			const T *g = dbuf + (int64_t)s * dim;
+			for (int64_t j = 0; j < dim; j++)
+				o[j] += g[j];
+		}
+	}
+}
+
+void FN(planrt_k_moe_combine)(const T *buf, const T *gates, const int32_t *idx, int64_t tokens, int64_t top_k,
+			      int64_t dim, T *out)
+{
+	for (int64_t t = 0; t < tokens; t++) {
+		T *o = out + t * dim;
+		for (int64_t j = 0; j < dim; j++)
+			o[j] = 0;
+		for (int64_t k = 0; k < top_k; k++) {
+			int32_t s = idx[t * top_k + k];
+			if (s < 0)
+				continue;
+			const T *v = buf + (int64_t)s * dim;
+			T g = gates[t * top_k + k];
+			for (int64_t j = 0; j < dim; j++)
+				o[j] += g * v[j];
+		}
+	}
+}
+
+/* dbuf (all slots, unused ones 0) and dgates (0 for dropped pairs) are overwritten. */
+void FN(planrt_k_moe_combine_grad)(const T *dout, const T *buf, const T *gates, const int32_t *idx, int64_t tokens,
+				   int64_t top_k, int64_t dim, int64_t slots, T *dbuf, T *dgates)
+{
+	memset(dbuf, 0, (size_t)(slots * dim) * sizeof(T));
+	for (int64_t t = 0; t < tokens; t++) {
+		const T *g = dout + t * dim;
+		for (int64_t k = 0; k < top_k; k++) {
+			int32_t s = idx[t * top_k + k];
+			if (s < 0) {
+				dgates[t * top_k + k] = 0;
+				continue;
+			}
+			T gate = gates[t * top_k + k];
+			T *d = dbuf + (int64_t)s * dim;
+			for (int64_t j = 0; j < dim; j++)
+				d[j] = gate * g[j];
+			dgates[t * top_k + k] = FN(kdot)(g, buf + (int64_t)s * dim, dim);
+		}
+	}
+}
+
+/* gate_k = p[e_k]: dlogits[j] = p[j] (sum of dgates_k with e_k = j - sum_k dgates_k p[e_k]). */
+void FN(planrt_k_moe_route_grad)(const T *logits, const int32_t *idx, const T *dgates, int64_t tokens,
+				 int64_t experts, int64_t top_k, int64_t capacity, T *dlogits)
+{
+	(void)idx, (void)capacity; /* the experts are recomputed, see above */
+	FN(KMoeScratch) sp;
+	int64_t choice_stack[64], *choice = top_k <= 64 ? choice_stack : malloc((size_t)top_k * sizeof(int64_t));
+	if (!choice)
+		kfatal("moe_route_grad: out of memory");
+	FN(kmoe_scratch)(&sp, experts, top_k);
+	for (int64_t t = 0; t < tokens; t++) {
+		T *d = dlogits + t * experts;
+		const T *dg = dgates + t * top_k;
+		FN(kmoe_probs)(logits + t * experts, experts, sp.p);
+		FN(kmoe_topk)(sp.p, experts, top_k, choice);
+		T s = 0;
+		for (int64_t k = 0; k < top_k; k++)
+			s += dg[k] * sp.p[choice[k]];
+		for (int64_t e = 0; e < experts; e++)
+			d[e] = -s * sp.p[e];
+		for (int64_t k = 0; k < top_k; k++)
+			d[choice[k]] += dg[k] * sp.p[choice[k]];
+	}
+	FN(kmoe_scratch_free)(&sp);
+	if (choice != choice_stack)
+		free(choice);
+}
+
+/* f_e (fraction of tokens whose most probable expert is e) into f, summed probabilities into P. */
+static void FN(kmoe_fractions)(const T *logits, int64_t tokens, int64_t experts, T *p, double *f, double *P)
+{
+	for (int64_t e = 0; e < experts; e++)
+		f[e] = P[e] = 0;
+	for (int64_t t = 0; t < tokens; t++) {
+		int64_t first;
+		FN(kmoe_probs)(logits + t * experts, experts, p);
+		FN(kmoe_topk)(p, experts, 1, &first);
+		f[first] += 1;
+		for (int64_t e = 0; e < experts; e++)
+			P[e] += (double)p[e];
+	}
+	for (int64_t e = 0; e < experts; e++) {
+		f[e] /= (double)tokens;
+		P[e] /= (double)tokens;
+	}
+}
+
+double FN(planrt_k_moe_aux_loss)(const T *logits, const int32_t *idx, int64_t tokens, int64_t experts,
+				 int64_t top_k, int64_t capacity)
+{
+	(void)idx, (void)top_k, (void)capacity; /* f_e counts first choices before any capacity drop */
+	if (tokens <= 0 || experts <= 0)
+		return 0;
+	FN(KMoeScratch) sp;
+	double fs[KSTACK_EXPERTS], Ps[KSTACK_EXPERTS];
+	double *f = experts <= KSTACK_EXPERTS ? fs : malloc((size_t)experts * sizeof(double));
+	double *P = experts <= KSTACK_EXPERTS ? Ps : malloc((size_t)experts * sizeof(double));
+	if (!f || !P)
+		kfatal("moe_aux_loss: out of memory");
+	FN(kmoe_scratch)(&sp, experts, 1);
+	FN(kmoe_fractions)(logits, tokens, experts, sp.p, f, P);
+	double loss = 0;
+	for (int64_t e = 0; e < experts; e++)
+		loss += f[e] * P[e];
+	FN(kmoe_scratch_free)(&sp);
+	if (f != fs) {
+		free(f);
+		free(P);
+	}
+	return (double)experts * loss;
+}
+
+/* d loss / d logits[t, j] = (E / T) p[t, j] (f_j - sum_e f_e p[t, e]); f is piecewise constant. */
+void FN(planrt_k_moe_aux_loss_grad)(const T *logits, const int32_t *idx, int64_t tokens, int64_t experts,
+				    int64_t top_k, int64_t capacity, double dscale, T *dlogits)
+{
+	(void)idx, (void)top_k, (void)capacity;
+	if (tokens <= 0 || experts <= 0)
+		return;
+	FN(KMoeScratch) sp;
+	double fs[KSTACK_EXPERTS], Ps[KSTACK_EXPERTS];
+	double *f = experts <= KSTACK_EXPERTS ? fs : malloc((size_t)experts * sizeof(double));
+	double *P = experts <= KSTACK_EXPERTS ? Ps : malloc((size_t)experts * sizeof(double));
+	if (!f || !P)
+		kfatal("moe_aux_loss_grad: out of memory");
+	FN(kmoe_scratch)(&sp, experts, 1);
+	FN(kmoe_fractions)(logits, tokens, experts, sp.p, f, P);
+	double c = dscale * (double)experts / (double)tokens;
+	for (int64_t t = 0; t < tokens; t++) {
+		FN(kmoe_probs)(logits + t * experts, experts, sp.p);
+		double fp = 0;
+		for (int64_t e = 0; e < experts; e++)
+			fp += f[e] * (double)sp.p[e];
+		T *d = dlogits + t * experts;
+		for (int64_t e = 0; e < experts; e++)
+			d[e] += (T)(c * (double)sp.p[e] * (f[e] - fp));
+	}
+	FN(kmoe_scratch_free)(&sp);
+	if (f != fs) {
+		free(f);
+		free(P);
+	}
+}
+
+#endif /* !KI_STATS_ONLY */

@@ -1,0 +1,96 @@
+/* log.c: metrics as JSON lines, rank 0's progress line, and the clock.
+ *
+ * Only world rank 0 (or a program that never called planrt_init) writes the log and the progress
+ * line; on other ranks these calls do nothing, so every rank can make them. Each JSON line is
+ * flushed when written, so a run that dies leaves whole lines. Non-finite numbers (a diverged
+ * loss) are written as null, which JSON can represent. */
+#define PLANRT_INTERNAL
+#include "planrt.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+static FILE *log_fp;
+
+static int is_rank0(void)
+{
+	return planrt_world_rank_() <= 0;
+}
+
+double planrt_now(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+planrt_result_t planrt_log_open(const char *path)
+{
+	if (!is_rank0())
+		return planrt_success;
+	if (log_fp)
+		fclose(log_fp);
+	log_fp = fopen(path, "w");
+	if (!log_fp)
+		return planrt_error_(planrt_io_error, "cannot write the log '%s': %s; check that its directory exists",
+				     path, strerror(errno));
+	return planrt_success;
+}
+
+static void put_number(const char *key, double x, int last)
+{
+	if (isfinite(x))
+		fprintf(log_fp, "\"%s\":%.9g%s", key, x, last ? "" : ",");
+	else
+		fprintf(log_fp, "\"%s\":null%s", key, last ? "" : ",");
+}
+
+void planrt_log_step(int64_t step, double loss, double lr, double grad_norm, int64_t tokens, double step_ms)
+{
+	if (!log_fp)
+		return;
+	fprintf(log_fp, "{\"step\":%lld,", (long long)step);
+	put_number("loss", loss, 0);
+	put_number("lr", lr, 0);
+	put_number("grad_norm", grad_norm, 0);
+	fprintf(log_fp, "\"tokens\":%lld,", (long long)tokens);
+	put_number("step_ms", step_ms, 0);
+	put_number("tokens_per_s", step_ms > 0 ? (double)tokens / (step_ms * 1e-3) : 0, 1);
+	fputs("}\n", log_fp);
+	fflush(log_fp);
+}
+
+void planrt_log_close(void)
+{
+	if (log_fp)
+		fclose(log_fp);
+	log_fp = NULL;
+}
+
+/* "1m03s", "2h05m09s", "7s" */
+static void format_duration(double s, char *buf, size_t n)
+{
+	if (!isfinite(s) || s < 0)
+		s = 0;
+	long t = lround(s), h = t / 3600, m = t / 60 % 60, sec = t % 60;
+	if (h)
+		snprintf(buf, n, "%ldh%02ldm%02lds", h, m, sec);
+	else if (m)
+		snprintf(buf, n, "%ldm%02lds", m, sec);
+	else
+		snprintf(buf, n, "%lds", sec);
+}
+
+/* step is the number of steps done (1-based), elapsed_s the time they took. */
+void planrt_progress(int64_t step, int64_t total, double loss, double tokens_per_s, double elapsed_s)
+{
+	if (!is_rank0())
+		return;
+	char eta[32];
+	format_duration(step > 0 ? elapsed_s / (double)step * (double)(total - step) : 0, eta, sizeof eta);
+	fprintf(stderr, "step %lld/%lld  loss %.4f  %.2e tok/s  ETA %s\n", (long long)step, (long long)total, loss,
+		tokens_per_s, eta);
+}

@@ -1,0 +1,91 @@
+/* optim.c: optimizer updates and the learning-rate schedule.
+ *
+ * Each update is torch.optim's single-tensor code path written out per element, in f32 with the
+ * same operation order and the same scalars (hyper-parameters arrive as double like Python floats
+ * and are rounded to f32 where torch's kernels round them), so that a run matches PyTorch up to
+ * the fused multiply-adds its vector kernels may use:
+ *   SGD       g = grad (+ wd * param);  param = param + (-lr) * g
+ *   momentum  g as SGD; buf = g at step 1, else buf = buf * momentum + g (dampening 0, no
+ *             nesterov); param = param + (-lr) * buf
+ *   Adam      g as SGD (L2 decay); m = m * b1 + (1 - b1) * g; v = v * b2 + (1 - b2) * g * g;
+ *             denom = sqrt(v) / sqrt(1 - b2^t) + eps;  param = param + (-lr / (1 - b1^t)) * m / denom
+ *   AdamW     param = param * (1 - lr * wd) first (decoupled decay), then Adam without L2.
+ * The bias corrections and step size are computed in double as torch does in Python. */
+#define PLANRT_INTERNAL
+#include "planrt.h"
+
+#include <math.h>
+
+void planrt_opt_step(const planrt_opt_t *o, double lr, int64_t step, float *param, const float *grad, float *m,
+		     float *v, size_t n)
+{
+	const float wd = (float)o->weight_decay, neg_lr = (float)-lr;
+	const int l2 = o->kind != planrt_opt_adamw && o->weight_decay != 0;
+	switch (o->kind) {
+	case planrt_opt_sgd:
+		for (size_t i = 0; i < n; i++) {
+			float g = l2 ? grad[i] + wd * param[i] : grad[i];
+			param[i] = param[i] + neg_lr * g;
+		}
+		return;
+	case planrt_opt_momentum: {
+		const float mu = (float)o->momentum;
+		for (size_t i = 0; i < n; i++) {
+			float g = l2 ? grad[i] + wd * param[i] : grad[i];
+			float b = step <= 1 ? g : m[i] * mu + g;
+			m[i] = b;
+			param[i] = param[i] + neg_lr * b;
+		}
+		return;
+	}
+	case planrt_opt_adam:
+	case planrt_opt_adamw: {
+		const double t = (double)step;
+		const double bc1 = 1 - pow(o->beta1, t), bc2 = 1 - pow(o->beta2, t);
+		const float neg_step_size = (float)-(lr / bc1), bc2_sqrt = (float)sqrt(bc2);
+		const float b1 = (float)o->beta1, b2 = (float)o->beta2, one_b1 = (float)(1 - o->beta1),
+			    one_b2 = (float)(1 - o->beta2), eps = (float)o->eps;
+		const float decay = (float)(1 - lr * o->weight_decay);
+		const int decoupled = o->kind == planrt_opt_adamw && o->weight_decay != 0;
+		for (size_t i = 0; i < n; i++) {
+			float p = param[i];
+			if (decoupled)
+				p = p * decay;
+			float g = l2 ? grad[i] + wd * p : grad[i];
+			float mi = m[i] * b1 + one_b1 * g;
+			float vi = v[i] * b2 + one_b2 * g * g;
+			float denom = sqrtf(vi) / bc2_sqrt + eps;
+			m[i] = mi;
+			v[i] = vi;
+			param[i] = p + neg_step_size * mi / denom;
+		}
+		return;
+	}
+	}
+	planrt_fatal("planrt_opt_step: unknown optimizer kind %d", (int)o->kind);
+}
+
+/* step counts from 0. step < warmup: lr * (step + 1) / warmup (the first step already moves).
+ * Then, with total > 0, cosine from lr at step = warmup to min_lr at step = total, and min_lr
+ * from total on; total <= 0: lr after the warmup (no decay). */
+double planrt_lr_at(double lr, int64_t step, int64_t warmup, int64_t total, double min_lr)
+{
+	if (step < 0)
+		step = 0;
+	if (step < warmup)
+		return lr * (double)(step + 1) / (double)warmup;
+	if (total <= 0)
+		return lr;
+	if (step >= total)
+		return min_lr;
+	double progress = (double)(step - warmup) / (double)(total - warmup);
+	return min_lr + 0.5 * (lr - min_lr) * (1.0 + cos(M_PI * progress));
+}
+
+double planrt_sum_squares(const float *x, size_t n)
+{
+	double s = 0;
+	for (size_t i = 0; i < n; i++)
+		s += (double)x[i] * (double)x[i];
+	return s;
+}

@@ -1,0 +1,55 @@
+/* planrt_exec.h: the pieces of a training step that generated programs call between the compute
+ * kernels: layout conversions along one mesh axis for a tensor split on any dim (packing around
+ * the flat MPI collectives), gradient buckets, the composed (optionally vocab-parallel)
+ * cross-entropy, input loading, gradient clipping and the global loss. Implemented in exec.c. */
+#ifndef PLANRT_EXEC_H
+#define PLANRT_EXEC_H
+
+#include "planrt.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+void planrt_fill_f32(float *x, int64_t n, double value);
+/* out += sum of in over the dims where out_strides is 0 (a gradient accumulator). */
+void planrt_sum_to_acc_f32(int rank, const int64_t *dims, const float *in, const int64_t *out_strides, float *out,
+			   int64_t out_elems);
+/* causal mask of a block whose global offsets are offs[rank - 2] (rows) and offs[rank - 1]. */
+void planrt_causal_mask_block_f32(const float *x, float *y, int64_t batch, int64_t rows, int64_t cols,
+				  const int64_t *offs, int rank, int gradient);
+
+/* Layout conversions on the communicator of one axis; dims are the input's local dims. */
+void planrt_allreduce_dim(const void *in, void *out, int64_t n, planrt_dtype_t t, planrt_comm_t c);
+void planrt_reduce_scatter_dim(const void *in, void *out, int rank, const int64_t *dims, int dim, planrt_dtype_t t,
+			       planrt_comm_t c, void *scratch);
+void planrt_allgather_dim(const void *in, void *out, int rank, const int64_t *dims, int dim, planrt_dtype_t t,
+			  planrt_comm_t c, void *scratch);
+void planrt_alltoall_dim(const void *in, void *out, int rank, const int64_t *dims, int from_dim, int to_dim,
+			 planrt_dtype_t t, planrt_comm_t c, void *scratch);
+void planrt_slice_dim(const void *in, void *out, int rank, const int64_t *dims, int dim, planrt_dtype_t t,
+		      planrt_comm_t c);
+
+/* Packs n gradient buffers into scratch, all-reduces (sum), unpacks. */
+void planrt_bucket_allreduce(int n, float *const *bufs, const int64_t *counts, planrt_comm_t c, void *scratch);
+
+/* loss = sum over rows of (lse - target logit) * scale; lse saved for the backward. With a
+ * vocabulary split over vocab_comm (non-NULL), the max, sum of exp and target logit are
+ * all-reduced between the pieces. scratch: 3 * rows floats. */
+void planrt_cross_entropy_f32(const float *logits, const int32_t *targets, float *loss, float *lse, int64_t rows,
+			      int64_t cols, int64_t vocab_lo, double scale, planrt_comm_t vocab_comm, void *scratch);
+
+/* tokens / targets [rows, seq_local] of samples [lo, lo + rows) of the step, positions
+ * [s_lo, s_lo + seq_local) of each window of seq. */
+void planrt_load_inputs(planrt_data_t d, int64_t step, int64_t lo, int64_t rows, int64_t seq, int64_t s_lo,
+			int64_t seq_local, uint64_t seed, int32_t *tokens, int32_t *targets);
+
+/* Sums x over every rank of the world. */
+double planrt_world_sum(double x);
+/* Sums x over the axes whose bit is set in axes_mask. */
+double planrt_axes_sum(double x, unsigned axes_mask);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,100 @@
+/* rng.c: the counter-based generator behind sharding-independent initialisation (DESIGN 1.2).
+ *
+ * Philox-4x32-10 (Salmon et al., "Parallel random numbers: as easy as 1, 2, 3", SC'11; the
+ * constants and round function of Random123). planrt_philox(seed, key, counter) maps its three
+ * 64-bit inputs onto Philox's 64-bit key and 128-bit counter as
+ *     key     = (lo32(seed), hi32(seed))
+ *     counter = (lo32(counter), hi32(counter), lo32(key), hi32(key))
+ * and returns the four 32-bit output words.
+ *
+ * Parameter initialisation: key = planrt_name_key(name), the 64-bit FNV-1a hash of the name's
+ * bytes; counter = the element's global row-major index in the full (unsharded) tensor. With
+ * x = philox(seed, key, index) and 2^-32 written as E:
+ *     uniform(a, b):  a + (b - a) * (x[0] * E)                          (u in [0, 1))
+ *     normal(m, s):   u1 = (x[0] + 1) * E  (in (0, 1]),  u2 = x[1] * E  (in [0, 1))
+ *                     m + s * sqrt(-2 ln u1) * cos(2 pi u2)             (Box-Muller, cosine branch)
+ * computed in double and rounded once to f32. One Philox call per element, so the value depends
+ * on nothing but (seed, name, global index), whatever block a rank reads. */
+#define PLANRT_INTERNAL
+#include "planrt.h"
+
+#include <math.h>
+
+void planrt_philox(uint64_t seed, uint64_t key, uint64_t counter, uint32_t out[4])
+{
+	uint32_t k0 = (uint32_t)seed, k1 = (uint32_t)(seed >> 32);
+	uint32_t c0 = (uint32_t)counter, c1 = (uint32_t)(counter >> 32), c2 = (uint32_t)key, c3 = (uint32_t)(key >> 32);
+	for (int round = 0; round < 10; round++) {
+		uint64_t p0 = (uint64_t)0xD2511F53u * c0, p1 = (uint64_t)0xCD9E8D57u * c2;
+		uint32_t hi0 = (uint32_t)(p0 >> 32), lo0 = (uint32_t)p0, hi1 = (uint32_t)(p1 >> 32), lo1 = (uint32_t)p1;
+		c0 = hi1 ^ c1 ^ k0;
+		c1 = lo1;
+		c2 = hi0 ^ c3 ^ k1;
+		c3 = lo0;
+		k0 += 0x9E3779B9u;
+		k1 += 0xBB67AE85u;
+	}
+	out[0] = c0;
+	out[1] = c1;
+	out[2] = c2;
+	out[3] = c3;
+}
+
+uint64_t planrt_name_key(const char *name)
+{
+	uint64_t h = 0xcbf29ce484222325ull;
+	for (const unsigned char *p = (const unsigned char *)name; *p; p++) {
+		h ^= *p;
+		h *= 0x100000001b3ull;
+	}
+	return h;
+}
+
+static float sample(int kind, double a, double b, uint64_t seed, uint64_t key, uint64_t index)
+{
+	uint32_t x[4];
+	const double E = 0x1p-32;
+	switch (kind) {
+	case 0:
+		planrt_philox(seed, key, index, x);
+		return (float)(a + b * sqrt(-2.0 * log(((double)x[0] + 1.0) * E)) * cos(2.0 * M_PI * ((double)x[1] * E)));
+	case 1:
+		planrt_philox(seed, key, index, x);
+		return (float)(a + (b - a) * ((double)x[0] * E));
+	case 2:
+		return 0.0f;
+	default:
+		return 1.0f;
+	}
+}
+
+void planrt_init_block(float *dst, int rank, const int64_t *gdims, const int64_t *ldims, const int64_t *offs,
+		       int kind, double a, double b, uint64_t seed, const char *name)
+{
+	uint64_t key = planrt_name_key(name);
+	int64_t gstride[16], idx[16] = {0};
+	if (rank > 16)
+		planrt_fatal("planrt_init_block: tensor '%s' has rank %d; at most 16 dimensions", name, rank);
+	int64_t n = 1;
+	for (int d = rank - 1, s = 1; d >= 0; d--) {
+		gstride[d] = s;
+		s *= gdims[d];
+		n *= ldims[d];
+	}
+	if (n <= 0)
+		return;
+	/* Walk the local block row-major; the innermost dimension is contiguous in both. */
+	int64_t inner = rank > 0 ? ldims[rank - 1] : 1;
+	for (int64_t done = 0; done < n; done += inner) {
+		uint64_t g = 0;
+		for (int d = 0; d < rank; d++)
+			g += (uint64_t)((offs[d] + idx[d]) * gstride[d]);
+		for (int64_t i = 0; i < inner; i++)
+			dst[done + i] = sample(kind, a, b, seed, key, g + (uint64_t)i);
+		for (int d = rank - 2; d >= 0; d--) {
+			if (++idx[d] < ldims[d])
+				break;
+			idx[d] = 0;
+		}
+	}
+}
