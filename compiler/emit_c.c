@@ -392,6 +392,26 @@ static void print_prelude(Emit *e, const char *source_path)
 		"static inline float dropout_grad(uint8_t keep, float dy, float scale) { return keep ? dy * scale : 0; }\n\n");
 }
 
+static bool zero_on(const Emit *e)
+{
+	return e->ps->zero_stage >= 1 && e->ps->zero_axis >= 0 && e->ps->axes[e->ps->zero_axis].size > 1;
+}
+
+/* Elements of a parameter's whole local (tensor-parallel) block, before any ZeRO split. */
+static long long block_elems(const Emit *e, int v)
+{
+	long long n = 1;
+	for (int d = 0; d < e->g->vals[v].rank; d++)
+		n *= e->p->buf[v].ldims[d];
+	return n;
+}
+
+static long long zero_chunk(const Emit *e, int v)
+{
+	int size = e->ps->axes[e->ps->zero_axis].size;
+	return (block_elems(e, v) + size - 1) / size;
+}
+
 static void print_state(Emit *e)
 {
 	FILE *f = e->f;
@@ -413,6 +433,10 @@ static void print_state(Emit *e)
 	for (int i = 0; i < e->p->nparams; i++)
 		fprintf(f, "static float *M%d, *V%d; /* optimizer moments of %s */\n", e->p->params[i], e->p->params[i],
 			g->vals[e->p->params[i]].name);
+	if (zero_on(e))
+		for (int i = 0; i < e->p->nparams; i++)
+			fprintf(f, "static float *GS%d; /* this rank's ZeRO chunk of the gradient of %s */\n", e->p->params[i],
+				g->vals[e->p->params[i]].name);
 	fprintf(f, "\n/* global offsets of this rank's blocks, and global shapes (for RNG counters) */\n");
 	for (int v = 0; v < g->nvals; v++) {
 		if (e->has_offs[v])
@@ -508,6 +532,9 @@ static void print_main(Emit *e)
 		if (p->buf[v].cls == BUF_STATE && g->vals[v].grad_of >= 0 && p->buf[v].first >= 0 &&
 		    p->k[p->buf[v].first].phase == PH_BACKWARD)
 			fprintf(f, "\tmemset(S%d, 0, %zu);\n", v, p->buf[v].bytes);
+	if (zero_on(e))
+		for (int i = 0; i < p->nparams; i++)
+			fprintf(f, "\tmemset(GS%d, 0, %lld);\n", p->params[i], zero_chunk(e, p->params[i]) * 4);
 	fprintf(f, "}\n\n");
 	/* parameters updated on this rank, with their gradient after synchronisation */
 	int nupd = 0;
@@ -525,12 +552,34 @@ static void print_main(Emit *e)
 		int param = op->in[0], grad = op->in[1];
 		double replicas = 1;
 		for (int a = 0; a < ps->naxes; a++)
-			if (g->vals[grad].lay.on[a] == LAYOUT_R)
+			if (g->vals[grad].lay.on[a] == LAYOUT_R && !(zero_on(e) && a == ps->zero_axis))
 				replicas *= ps->axes[a].size;
-		fprintf(f, "\tupdates[%d] = (Update){S%d, ", u, param);
-		print_ptr(e, grad);
-		fprintf(f, ", M%d, V%d, %lld, %g, \"%s\"};\n", param, param, p->buf[param].elems, replicas, g->vals[param].name);
+		if (zero_on(e)) {
+			/* the optimizer updates this rank's chunk of the parameter with its chunk of the gradient */
+			long long n = block_elems(e, param), c = zero_chunk(e, param);
+			fprintf(f, "\t{\n\t\tint64_t lo = (int64_t)planrt_mesh_coord(%d) * %lld, n = %lld - lo;\n", ps->zero_axis, c, n);
+			fprintf(f, "\t\tupdates[%d] = (Update){S%d%s, GS%d, M%d, V%d, n < 0 ? 0 : n > %lld ? %lld : n, %g, \"%s\"};\n\t}\n",
+				u, param, ps->zero_stage >= 3 ? "" : " + lo", param, param, param, c, c, replicas, g->vals[param].name);
+		} else {
+			fprintf(f, "\tupdates[%d] = (Update){S%d, ", u, param);
+			print_ptr(e, grad);
+			fprintf(f, ", M%d, V%d, %lld, %g, \"%s\"};\n", param, param, p->buf[param].elems, replicas, g->vals[param].name);
+		}
 		u++;
+	}
+	fprintf(f, "}\n\n");
+	fprintf(f, "/* ZeRO 1 and 2: every rank updated its chunk; gather the whole parameters back. */\n");
+	fprintf(f, "static float *zero_scratch;\nstatic void gather_updated(void)\n{\n");
+	if (zero_on(e) && ps->zero_stage < 3) {
+		fprintf(f, "\tint64_t lo;\n");
+		for (int i = 0; i < p->nparams; i++) {
+			int v = p->params[i];
+			fprintf(f, "\tlo = (int64_t)planrt_mesh_coord(%d) * %lld;\n", ps->zero_axis, zero_chunk(e, v));
+			fprintf(f, "\tplanrt_allgather_flat(S%d + lo, S%d, %lld, planrt_axis_comm(%d), zero_scratch);\n", v, v,
+				block_elems(e, v), ps->zero_axis);
+		}
+	} else {
+		fprintf(f, "\t(void)zero_scratch;\n");
 	}
 	fprintf(f, "}\n\n");
 	fprintf(f, "static const planrt_opt_t optimizer = {%s, %.17g, %.17g, %.17g, %.17g, %.17g, %.17g};\n",
@@ -552,6 +601,7 @@ static void print_main(Emit *e)
 		"\tfor (int i = 0; i < %d; i++)\n"
 		"\t\tplanrt_opt_step(&optimizer, lr, step + 1, updates[i].param, updates[i].grad, updates[i].m, updates[i].v,\n"
 		"\t\t\t\t(size_t)updates[i].n);\n"
+		"\tgather_updated();\n"
 		"\treturn norm;\n}\n\n",
 		nupd, nupd, ps->lr, ps->warmup, ps->total_steps, ps->min_lr, nupd);
 	/* schedule table */
@@ -561,7 +611,8 @@ static void print_main(Emit *e)
 		fprintf(f, "\t{ACT_F, %d}, {ACT_B, %d},\n", m, m);
 	fprintf(f, "\t{ACT_SYNC, 0},\n};\n\n");
 	/* parameter init / load / save */
-	fprintf(f, "typedef struct ParamInfo { float **data; const char *name; int rank; int64_t gdims[%d], ldims[%d]; int axis[%d]; int kind; double a, b; } ParamInfo;\n",
+	fprintf(f, "/* flat_axis >= 0: the parameter is stored as this rank's ZeRO-3 chunk of its local block */\n");
+	fprintf(f, "typedef struct ParamInfo { float **data; const char *name; int rank; int64_t gdims[%d], ldims[%d]; int axis[%d]; int kind; double a, b; int flat_axis; } ParamInfo;\n",
 		MAX_DIMS, MAX_DIMS, MAX_DIMS);
 	fprintf(f, "static const ParamInfo params[] = {\n");
 	int np = 0;
@@ -582,7 +633,8 @@ static void print_main(Emit *e)
 					axis = a;
 			fprintf(f, "%s%d", d ? ", " : "", axis);
 		}
-		fprintf(f, "}, %d, %.17g, %.17g},\n", val->init_kind, val->init_a, val->init_b);
+		fprintf(f, "}, %d, %.17g, %.17g, %d},\n", val->init_kind, val->init_a, val->init_b,
+			zero_on(e) && ps->zero_stage >= 3 ? ps->zero_axis : -1);
 		np++;
 	}
 	fprintf(f, "};\nenum { NPARAMS = %d };\n\n", np);
@@ -591,13 +643,22 @@ static void print_main(Emit *e)
 		"\tfor (int d = 0; d < pi->rank; d++)\n"
 		"\t\toffs[d] = pi->axis[d] >= 0 ? (int64_t)planrt_mesh_coord(pi->axis[d]) * pi->ldims[d] : 0;\n}\n\n");
 	fprintf(f,
+		"static int64_t block_elems_of(const ParamInfo *pi)\n{\n\tint64_t n = 1;\n"
+		"\tfor (int d = 0; d < pi->rank; d++)\n\t\tn *= pi->ldims[d];\n\treturn n;\n}\n\n");
+	fprintf(f,
 		"static void init_params(uint64_t seed, const char *init_path)\n{\n"
 		"\tplanrt_st_t st = NULL;\n"
 		"\tif (init_path)\n\t\tPLANRT_CHECK(planrt_st_open(init_path, &st));\n"
 		"\tfor (int i = 0; i < NPARAMS; i++) {\n"
-		"\t\tconst ParamInfo *pi = &params[i];\n\t\tint64_t offs[%d];\n\t\tblock_offsets(pi, offs);\n"
-		"\t\tif (st)\n\t\t\tPLANRT_CHECK(planrt_st_read_block(st, pi->name, pi->rank, pi->gdims, pi->ldims, offs, *pi->data));\n"
-		"\t\telse\n\t\t\tplanrt_init_block(*pi->data, pi->rank, pi->gdims, pi->ldims, offs, pi->kind, pi->a, pi->b, seed, pi->name);\n"
+		"\t\tconst ParamInfo *pi = &params[i];\n\t\tint64_t offs[%d], n = block_elems_of(pi);\n\t\tblock_offsets(pi, offs);\n"
+		"\t\tfloat *dst = pi->flat_axis >= 0 ? malloc(sizeof(float) * (size_t)n) : *pi->data;\n"
+		"\t\tif (!dst)\n\t\t\tplanrt_fatal(\"out of memory initialising %%s\", pi->name);\n"
+		"\t\tif (st)\n\t\t\tPLANRT_CHECK(planrt_st_read_block(st, pi->name, pi->rank, pi->gdims, pi->ldims, offs, dst));\n"
+		"\t\telse\n\t\t\tplanrt_init_block(dst, pi->rank, pi->gdims, pi->ldims, offs, pi->kind, pi->a, pi->b, seed, pi->name);\n"
+		"\t\tif (pi->flat_axis >= 0) { /* keep this rank's chunk */\n"
+		"\t\t\tint64_t c = planrt_flat_chunk(n, planrt_axis_comm(pi->flat_axis)), lo = planrt_mesh_coord(pi->flat_axis) * c;\n"
+		"\t\t\tfor (int64_t j = 0; j < c; j++)\n\t\t\t\t(*pi->data)[j] = lo + j < n ? dst[lo + j] : 0.0f;\n"
+		"\t\t\tfree(dst);\n\t\t}\n"
 		"\t}\n\tif (st)\n\t\tplanrt_st_close(st);\n}\n\n",
 		MAX_DIMS);
 	fprintf(f,
@@ -612,7 +673,13 @@ static void print_main(Emit *e)
 		"\t\tfor (int d = 0; d < pi->rank; d++) {\n\t\t\tdims[d] = pi->ldims[d];\n\t\t\tn *= pi->ldims[d];\n\t\t}\n"
 		"\t\tfloat *cur = malloc(sizeof(float) * (size_t)n);\n"
 		"\t\tif (!cur)\n\t\t\tplanrt_fatal(\"out of memory saving %%s\", path);\n"
-		"\t\tmemcpy(cur, *pi->data, sizeof(float) * (size_t)n);\n"
+		"\t\tif (pi->flat_axis >= 0) {\n"
+		"\t\t\tint64_t c = planrt_flat_chunk(n, planrt_axis_comm(pi->flat_axis));\n"
+		"\t\t\tfloat *tmp = malloc(sizeof(float) * (size_t)(c * axis_sizes[pi->flat_axis]));\n"
+		"\t\t\tif (!tmp)\n\t\t\t\tplanrt_fatal(\"out of memory saving %%s\", path);\n"
+		"\t\t\tplanrt_allgather_flat(*pi->data, cur, n, planrt_axis_comm(pi->flat_axis), tmp);\n"
+		"\t\t\tfree(tmp);\n"
+		"\t\t} else {\n\t\t\tmemcpy(cur, *pi->data, sizeof(float) * (size_t)n);\n\t\t}\n"
 		"\t\tfor (int d = 0; d < pi->rank; d++) {\n"
 		"\t\t\tif (pi->axis[d] < 0)\n\t\t\t\tcontinue;\n"
 		"\t\t\tint k = axis_sizes[pi->axis[d]];\n"
@@ -666,13 +733,28 @@ static void print_main(Emit *e)
 			continue;
 		if (g->vals[v].def < 0 || g->ops[g->vals[v].def].stage != p->stage)
 			continue;
-		fprintf(f, "\tS%d = alloc_zeroed(%zu);\n", v, b->bytes);
+		size_t bytes = b->bytes;
+		if (zero_on(e) && ps->zero_stage < 3 && g->vals[v].role == ROLE_PARAM && g->ops[g->vals[v].def].kind == OP_PARAM)
+			bytes = (size_t)zero_chunk(e, v) * (size_t)ps->axes[ps->zero_axis].size * 4; /* padded for the chunked update */
+		fprintf(f, "\tS%d = alloc_zeroed(%zu);\n", v, bytes);
+	}
+	if (zero_on(e)) {
+		long long most = 1;
+		for (int i = 0; i < p->nparams; i++) {
+			int v = p->params[i];
+			long long c = zero_chunk(e, v);
+			fprintf(f, "\tGS%d = alloc_zeroed(%lld);\n", v, c * 4);
+			if (c * ps->axes[ps->zero_axis].size > most)
+				most = c * ps->axes[ps->zero_axis].size;
+		}
+		fprintf(f, "\tzero_scratch = alloc_zeroed(%lld);\n", most * 4);
 	}
 	int moments = ps->optimizer == OPT_ADAM || ps->optimizer == OPT_ADAMW ? 2 : ps->optimizer == OPT_MOMENTUM ? 1 : 0;
 	for (int i = 0; i < p->nparams; i++) {
 		int v = p->params[i];
-		fprintf(f, "\tM%d = %s;\n\tV%d = %s;\n", v, moments >= 1 ? arena_printf(g->arena, "alloc_zeroed(%zu)", p->buf[v].bytes) : "NULL",
-			v, moments >= 2 ? arena_printf(g->arena, "alloc_zeroed(%zu)", p->buf[v].bytes) : "NULL");
+		size_t mbytes = zero_on(e) ? (size_t)zero_chunk(e, v) * 4 : p->buf[v].bytes;
+		fprintf(f, "\tM%d = %s;\n\tV%d = %s;\n", v, moments >= 1 ? arena_printf(g->arena, "alloc_zeroed(%zu)", mbytes) : "NULL",
+			v, moments >= 2 ? arena_printf(g->arena, "alloc_zeroed(%zu)", mbytes) : "NULL");
 	}
 	fprintf(f, "\tsetup_offsets();\n\tsetup_updates();\n\tinit_params(seed, init_path);\n");
 	/* data */

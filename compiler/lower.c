@@ -808,6 +808,54 @@ static void lower_op(Lower *L, const Op *op, int oi)
 	case OP_ALL_GATHER:
 	case OP_ALL_TO_ALL:
 	case OP_SLICE:
+		if (op->kind == OP_ALL_GATHER && op->per_step && g->vals[x].def >= 0 &&
+		    g->ops[g->vals[x].def].kind == OP_OPTIMIZER_STEP)
+			return; /* ZeRO 1/2: the updated shards are gathered by update() in the program */
+		if (op->kind == OP_ALL_GATHER && g->vals[x].lay.on[op->axis] == LAYOUT_FLAT) {
+			/* ZeRO 3: the whole parameter from every rank's chunk, before a use */
+			k = call(L, op, oi, "planrt_allgather_flat");
+			arg_value(k, x);
+			arg_value(k, y);
+			long long n = 1;
+			for (int d = 0; d < g->vals[y].rank; d++)
+				n *= ldim(g, y, d);
+			arg_int(k, n);
+			arg_text(k, comm_of_axis(L, op->axis));
+			arg_kind(k, KA_SCRATCH, 0);
+			int size = g->ps->axes[op->axis].size;
+			k->scratch = (size_t)((n + size - 1) / size) * (size_t)size * sizeof(float);
+			use(k, x);
+			def(k, y);
+			return;
+		}
+		if (op->nmembers && op->kind == OP_REDUCE_SCATTER) { /* ZeRO: a gradient bucket into chunks */
+			int size = g->ps->axes[op->axis].size;
+			k = call(L, op, oi, "planrt_bucket_reduce_scatter");
+			arg_int(k, op->nmembers);
+			long long *mem = arena_alloc(g->arena, sizeof(long long) * (size_t)op->nmembers);
+			long long *cnt = arena_alloc(g->arena, sizeof(long long) * (size_t)op->nmembers);
+			char *shards = arena_strdup(g->arena, "(float *const[]){");
+			long long total = 0;
+			for (int i = 0; i < op->nmembers; i++) {
+				int gv = op->members[i];
+				mem[i] = gv;
+				cnt[i] = L->p->buf[gv].elems;
+				total += (cnt[i] + size - 1) / size;
+				shards = arena_printf(g->arena, "%s%sGS%d", shards, i ? ", " : "", g->vals[gv].grad_of);
+				use(k, gv);
+			}
+			k->args[k->nargs].kind = KA_INTS;
+			k->args[k->nargs].ints = mem;
+			k->args[k->nargs++].nints = -1000 - op->nmembers;
+			arg_ints(L, k, cnt, op->nmembers);
+			arg_text(k, arena_printf(g->arena, "%s}", shards));
+			arg_int(k, g->ps->zero_stage >= 2);
+			arg_int(k, g->ps->zero_stage >= 2);
+			arg_text(k, comm_of_axis(L, op->axis));
+			arg_kind(k, KA_SCRATCH, 0);
+			k->scratch = (size_t)(size + 1) * (size_t)total * sizeof(float);
+			return;
+		}
 		if (op->nmembers) { /* a gradient bucket */
 			k = call(L, op, oi, op->kind == OP_ALL_REDUCE ? "planrt_bucket_allreduce" : "planrt_bucket_unsupported");
 			arg_int(k, op->nmembers);
@@ -815,7 +863,7 @@ static void lower_op(Lower *L, const Op *op, int oi)
 			long long *cnt = arena_alloc(g->arena, sizeof(long long) * (size_t)op->nmembers);
 			for (int i = 0; i < op->nmembers; i++) {
 				mem[i] = op->members[i];
-				cnt[i] = lelems(g, op->members[i]);
+				cnt[i] = L->p->buf[op->members[i]].elems;
 				use(k, op->members[i]);
 			}
 			k->args[k->nargs].kind = KA_INTS;
@@ -880,6 +928,12 @@ LProg *lower(Graph *g, int stage)
 		b->view_of = -1;
 		b->first = b->last = -1;
 		local_dims(g, v, b->ldims);
+		if (val->grad_of >= 0) { /* a gradient accumulator holds the whole local block (ZeRO shards it apart) */
+			b->elems = 1;
+			for (int d = 0; d < val->rank; d++)
+				b->elems *= b->ldims[d];
+			b->bytes = (size_t)b->elems * (size_t)dtype_bytes(val->dtype);
+		}
 	}
 	for (int i = 0; i < g->nops; i++) {
 		const Op *op = &g->ops[i];

@@ -182,8 +182,6 @@ static bool build_supported(Graph *g)
 		REFUSE(ps->plan->name_loc, "planc build does not execute mixture-of-experts layers yet");
 	if (ps->offload_optimizer || ps->offload_params || ps->offload_activations)
 		REFUSE(ps->offload_loc, "planc build does not execute offload yet");
-	if (ps->zero_stage > 0)
-		REFUSE(ps->zero_loc, "planc build does not execute ZeRO stage %d yet", ps->zero_stage);
 	if (ps->sync != SYNC_STRICT)
 		REFUSE(ps->sync_loc, "planc build executes only 'sync strict' so far");
 	if (ps->compress != COMPRESS_NONE)

@@ -163,6 +163,58 @@ void planrt_bucket_allreduce(int n, float *const *bufs, const int64_t *counts, p
 	}
 }
 
+int64_t planrt_flat_chunk(int64_t n, planrt_comm_t c)
+{
+	int size = planrt_comm_size(c);
+	return (n + size - 1) / size;
+}
+
+void planrt_allgather_flat(const float *shard, float *full, int64_t n, planrt_comm_t c, void *scratch)
+{
+	int64_t chunk = planrt_flat_chunk(n, c);
+	PLANRT_CHECK(planrt_allgather(shard, scratch, (size_t)chunk, planrt_f32, c, NULL));
+	memcpy(full, scratch, sizeof(float) * (size_t)n);
+}
+
+void planrt_bucket_reduce_scatter(int n, float *const *bufs, const int64_t *counts, float *const *shards,
+				  int accumulate, int zero_source, planrt_comm_t c, void *scratch)
+{
+	int size = planrt_comm_size(c);
+	int64_t total = 0;
+	for (int i = 0; i < n; i++)
+		total += planrt_flat_chunk(counts[i], c);
+	float *send = scratch, *recv = send + (size_t)size * (size_t)total;
+	for (int q = 0; q < size; q++) {
+		float *at = send + (size_t)q * (size_t)total;
+		for (int i = 0; i < n; i++) {
+			int64_t chunk = planrt_flat_chunk(counts[i], c), lo = q * chunk;
+			int64_t have = counts[i] - lo;
+			if (have > chunk)
+				have = chunk;
+			if (have < 0)
+				have = 0;
+			if (have)
+				memcpy(at, bufs[i] + lo, sizeof(float) * (size_t)have);
+			memset(at + have, 0, sizeof(float) * (size_t)(chunk - have));
+			at += chunk;
+		}
+	}
+	if (zero_source)
+		for (int i = 0; i < n; i++)
+			memset(bufs[i], 0, sizeof(float) * (size_t)counts[i]);
+	PLANRT_CHECK(planrt_reduce_scatter(send, recv, (size_t)total, planrt_f32, planrt_sum, c, NULL));
+	float *at = recv;
+	for (int i = 0; i < n; i++) {
+		int64_t chunk = planrt_flat_chunk(counts[i], c);
+		if (accumulate)
+			for (int64_t j = 0; j < chunk; j++)
+				shards[i][j] += at[j];
+		else
+			memcpy(shards[i], at, sizeof(float) * (size_t)chunk);
+		at += chunk;
+	}
+}
+
 void planrt_cross_entropy_f32(const float *logits, const int32_t *targets, float *loss, float *lse, int64_t rows,
 			      int64_t cols, int64_t vocab_lo, double scale, planrt_comm_t vocab_comm, void *scratch)
 {

@@ -30,6 +30,19 @@ void planrt_alltoall_dim(const void *in, void *out, int rank, const int64_t *dim
 void planrt_slice_dim(const void *in, void *out, int rank, const int64_t *dims, int dim, planrt_dtype_t t,
 		      planrt_comm_t c);
 
+/* ZeRO: a tensor of n elements split evenly over the communicator's ranks, rank r holding
+ * elements [r * c, r * c + c) with c = ceil(n / size) (zero padding past n). */
+int64_t planrt_flat_chunk(int64_t n, planrt_comm_t c);
+/* full[0..n) = the concatenation of every rank's chunk; scratch: size * c floats. shard may point
+ * into full. */
+void planrt_allgather_flat(const float *shard, float *full, int64_t n, planrt_comm_t c, void *scratch);
+/* Reduce-scatters n gradient buffers into their per-rank chunks: shards[i] (c_i floats) gets the
+ * sum over ranks of chunk r of bufs[i] (added to it when accumulate). With zero_source the
+ * buffers are cleared after packing (ZeRO 2 and 3 keep no whole gradient across micro-batches).
+ * scratch: (size + 1) * sum of c_i floats. */
+void planrt_bucket_reduce_scatter(int n, float *const *bufs, const int64_t *counts, float *const *shards,
+				  int accumulate, int zero_source, planrt_comm_t c, void *scratch);
+
 /* Packs n gradient buffers into scratch, all-reduces (sum), unpacks. */
 void planrt_bucket_allreduce(int n, float *const *bufs, const int64_t *counts, planrt_comm_t c, void *scratch);
 

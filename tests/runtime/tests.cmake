@@ -1,0 +1,39 @@
+# planrt unit tests (cmocka), included by tests/tests.cmake. Every test is named runtime_*.
+# The MPI tests run under mpirun with the settings this workplace needs (root, more ranks than
+# cores, shared-memory transport); the watchdog test must abort with its message, not hang.
+find_library(CMOCKA_LIB NAMES cmocka)
+if(NOT CMOCKA_LIB OR NOT TARGET planrt)
+  message(STATUS "runtime tests skipped (cmocka or the planrt library missing)")
+  return()
+endif()
+
+set(RUNTIME_TEST_DIR ${CMAKE_SOURCE_DIR}/tests/runtime)
+set(RUNTIME_MPI_ENV
+  OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+  OMPI_MCA_plm=isolated OMPI_MCA_btl=self,vader)
+
+foreach(t rng data optim safetensors log collectives watchdog)
+  add_executable(runtime_test_${t} ${RUNTIME_TEST_DIR}/test_${t}.c)
+  target_compile_options(runtime_test_${t} PRIVATE ${PLANC_WARNINGS})
+  target_compile_definitions(runtime_test_${t} PRIVATE RUNTIME_TEST_DIR="${RUNTIME_TEST_DIR}")
+  target_link_libraries(runtime_test_${t} PRIVATE planrt ${CMOCKA_LIB})
+endforeach()
+
+foreach(t rng data optim safetensors log)
+  add_test(NAME runtime_${t} COMMAND runtime_test_${t})
+  set_tests_properties(runtime_${t} PROPERTIES TIMEOUT 120 ENVIRONMENT "PLANRT_WATCHDOG=60")
+endforeach()
+
+add_test(NAME runtime_collectives
+         COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 4 ${MPIEXEC_PREFLAGS}
+                 $<TARGET_FILE:runtime_test_collectives> ${MPIEXEC_POSTFLAGS})
+# A failed assertion on one rank leaves the others in a collective: the watchdog ends that.
+set_tests_properties(runtime_collectives PROPERTIES TIMEOUT 180
+                     ENVIRONMENT "${RUNTIME_MPI_ENV};PLANRT_WATCHDOG=60")
+
+add_test(NAME runtime_watchdog
+         COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 2 ${MPIEXEC_PREFLAGS}
+                 $<TARGET_FILE:runtime_test_watchdog> ${MPIEXEC_POSTFLAGS})
+set_tests_properties(runtime_watchdog PROPERTIES TIMEOUT 60
+                     ENVIRONMENT "${RUNTIME_MPI_ENV};PLANRT_WATCHDOG=2"
+                     PASS_REGULAR_EXPRESSION "planrt: rank [0-9]+: watchdog: recv #1 of 4 f32 from member [0-9] on world \\(member [0-9] of 2\\) still pending after 2 s")
