@@ -10,14 +10,18 @@
  * Performance notes. Matrix products go to OpenBLAS (cblas_?gemm, row major, transposes passed as
  * flags, never materialised). Row loops are written so that GCC vectorises them; GCC 12's -O2 uses
  * the "very-cheap" vectoriser cost model, which declines almost every loop whose trip count is not
- * known, so this file asks for the dynamic cost model itself (the pragma below). Float reductions
- * use eight partial sums, which vectorise without -ffast-math. The exp-heavy f32 loops (softmax,
- * cross-entropy, silu, gelu tanh) use a vectorisable expf of our own (kexpf below, within 2 ulp of
- * expf); the f64 instantiation, which the finite-difference tests use, calls libm. No kernel
+ * known, so this file asks for the dynamic cost model itself (the pragma below), and for
+ * -fno-trapping-math (floating-point selects may be if-converted; results are unchanged, only the
+ * exception flags of discarded lanes differ) and -fno-math-errno (sqrtf inline). Float reductions
+ * use eight partial sums, which vectorise without -ffast-math. The exp- and erf-heavy f32 loops
+ * (softmax, cross-entropy, silu, gelu) use branch-free vectorisable versions of our own (kexpf,
+ * within 1 ulp of expf; kerff, Abramowitz-Stegun 7.1.26, absolute error < 1.5e-7, the same
+ * approximation ATen's vectorised CPU erf uses); the f64 instantiation, which the
+ * finite-difference tests use, calls libm. No kernel
  * allocates, except moe_route / moe_aux_loss with more than KSTACK_EXPERTS experts (per-expert
  * counters). */
 #if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC optimize("tree-vectorize", "vect-cost-model=dynamic")
+#pragma GCC optimize("tree-vectorize", "vect-cost-model=dynamic", "no-trapping-math", "no-math-errno")
 #endif
 
 #include "planrt_kernels.h"
@@ -225,6 +229,21 @@ static inline float kexpf(float x)
 	return x != x ? x : y;
 }
 
+/* erf(x) = sign(x) (1 - t (a1 + t (a2 + t (a3 + t (a4 + t a5)))) exp(-x^2)), t = 1 / (1 + p |x|):
+ * Abramowitz and Stegun 7.1.26, absolute error below 1.5e-7. Branch-free. */
+static inline float kerff(float x)
+{
+	float ax = fabsf(x);
+	float t = 1.0f / (1.0f + 0.3275911f * ax);
+	float p = 1.061405429f;
+	p = p * t - 1.453152027f;
+	p = p * t + 1.421413741f;
+	p = p * t - 0.284496736f;
+	p = p * t + 0.254829592f;
+	float r = 1.0f - p * t * kexpf(-ax * ax);
+	return copysignf(r, x);
+}
+
 /* ---- the typed kernels ------------------------------------------------------------------------- */
 #define KCAT_(a, b) a##_##b
 #define KCAT(a, b) KCAT_(a, b)
@@ -235,7 +254,7 @@ static inline float kexpf(float x)
 #define S f32
 #define KEXP kexpf
 #define KLOG logf
-#define KERF erff
+#define KERF kerff
 #define KTANH tanhf
 #define KSQRT sqrtf
 #define KGEMM cblas_sgemm

@@ -113,8 +113,8 @@ static void test_bin_tokens(void **state)
 		planrt_philox(5, 7, (uint64_t)i, x);
 		uint64_t pos = ((uint64_t)x[0] | (uint64_t)x[1] << 32) % (N - SEQ - 1);
 		for (int j = 0; j < SEQ; j++) {
-			assert_int_equal(tok[i * SEQ + j], (int32_t)((pos + j) * 2654435761u % 50257));
-			assert_int_equal(tgt[i * SEQ + j], (int32_t)((pos + j + 1) * 2654435761u % 50257));
+			assert_int_equal(tok[i * SEQ + j], (int32_t)((uint32_t)(pos + j) * 2654435761u % 50257));
+			assert_int_equal(tgt[i * SEQ + j], (int32_t)((uint32_t)(pos + j + 1) * 2654435761u % 50257));
 		}
 	}
 	planrt_data_close(d);

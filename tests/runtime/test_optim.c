@@ -66,16 +66,19 @@ static void test_against_pytorch(void **state)
 			assert_true(read_floats(line, "grad", g, n));
 			assert_non_null(fgets(line, sizeof line, fp));
 			assert_true(read_floats(line, "param", want, n));
+			float before[MAXN];
+			memcpy(before, p, sizeof before);
 			planrt_opt_step(&o, lr, t, p, g, m, v, (size_t)n);
 			for (int i = 0; i < n; i++) {
-				/* torch's vector kernels may fuse multiply-adds: allow a few ulps */
+				/* torch's vector kernels fuse multiply-adds (one rounding fewer): allow a few
+				 * ulps of the operands of the last update, which may cancel */
 				double err = fabs((double)p[i] - want[i]);
-				double tol = 4e-7 * fabs(want[i]) + 1e-12;
+				double tol = 2.5e-7 * (fabs(want[i]) + fabs(before[i])) + 1e-12;
 				if (err > tol)
 					fail_msg("%s case %d step %d element %d: planrt %.9g, torch %.9g", kind, cases, t, i,
 						 p[i], want[i]);
-				if (want[i] != 0 && err / fabs(want[i]) > worst)
-					worst = err / fabs(want[i]);
+				if (err / tol > worst)
+					worst = err / tol;
 			}
 			steps++;
 		}
@@ -83,7 +86,7 @@ static void test_against_pytorch(void **state)
 	}
 	fclose(fp);
 	assert_int_equal(cases, 9);
-	print_message("%d cases, %d steps against torch; worst relative difference %.3g\n", cases, steps, worst);
+	print_message("%d cases, %d steps against torch; worst difference %.2f of the tolerance\n", cases, steps, worst);
 }
 
 /* The update formulas by hand, one element, to pin the semantics independently of the file. */
