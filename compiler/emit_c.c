@@ -33,6 +33,9 @@ static const char *ctype(DType t)
 		return "uint8_t";
 	case DT_F64:
 		return "double";
+	case DT_BF16:
+	case DT_F16:
+		return "uint16_t";
 	default:
 		return "float";
 	}
@@ -83,7 +86,7 @@ static void print_arg(Emit *e, const Kernel *k, const KArg *a)
 	case KA_INTS:
 		if (a->nints <= -1000) {
 			int n = -1000 - a->nints;
-			fprintf(f, "(float *const[]){");
+			fprintf(f, "(void *const[]){");
 			for (int i = 0; i < n; i++) {
 				fprintf(f, i ? ", " : "");
 				print_ptr(e, (int)a->ints[i]);
@@ -185,11 +188,13 @@ static void print_expr(Emit *e, const LExpr *x, const Kernel *k, bool flat)
 {
 	FILE *f = e->f;
 	switch (x->kind) {
-	case LX_LOAD:
-		fprintf(f, "v%d[", x->value);
+	case LX_LOAD: {
+		bool half = e->p->buf[storage_root(e->p, x->value)].dtype == DT_BF16;
+		fprintf(f, half ? "bf(v%d[" : "v%d[", x->value);
 		print_index(e, x, k, flat);
-		fprintf(f, "]");
+		fprintf(f, half ? "])" : "]");
 		return;
+	}
 	case LX_CONST:
 		fprintf(f, "(float)%.17g", x->f);
 		return;
@@ -285,14 +290,19 @@ static void print_loop(Emit *e, const Kernel *k)
 		fprintf(f, ";\n");
 	}
 	bool flat = contiguous(k->expr, k);
+	bool half = e->p->buf[storage_root(e->p, k->out)].dtype == DT_BF16;
 	const char *op = k->accumulate ? "+=" : "=";
 	if (flat) {
 		long long total = 1;
 		for (int d = 0; d < k->rank; d++)
 			total *= k->dims[d];
-		fprintf(f, "\t\tfor (int64_t i = 0; i < %lld; i++)\n\t\t\tout[i] %s ", total, op);
+		fprintf(f, "\t\tfor (int64_t i = 0; i < %lld; i++)\n\t\t\t", total);
+		if (half)
+			fprintf(f, "out[i] = tobf(%s", k->accumulate ? "bf(out[i]) + " : "");
+		else
+			fprintf(f, "out[i] %s ", op);
 		print_expr(e, k->expr, k, true);
-		fprintf(f, ";\n\t}\n");
+		fprintf(f, half ? ");\n\t}\n" : ";\n\t}\n");
 		return;
 	}
 	long long stride[MAX_DIMS], s = 1;
@@ -303,16 +313,25 @@ static void print_loop(Emit *e, const Kernel *k)
 	for (int d = 0; d < k->rank; d++) {
 		for (int t = 0; t < 2 + d; t++)
 			fputc('\t', f);
-		fprintf(f, "for (int64_t i%d = 0; i%d < %lld; i%d++)\n", d, d, k->dims[d], d);
+		fprintf(f, "for (int64_t i%d = 0; i%d < %lld; i%d++)%s\n", d, d, k->dims[d], d, d == k->rank - 1 ? " {" : "");
 	}
 	for (int t = 0; t < 2 + k->rank; t++)
 		fputc('\t', f);
-	fprintf(f, "out[");
+	fprintf(f, "int64_t o = ");
 	for (int d = 0; d < k->rank; d++)
 		fprintf(f, "%si%d * %lld", d ? " + " : "", d, stride[d]);
-	fprintf(f, "] %s ", op);
+	fprintf(f, ";\n");
+	for (int t = 0; t < 2 + k->rank; t++)
+		fputc('\t', f);
+	if (half)
+		fprintf(f, "out[o] = tobf(%s", k->accumulate ? "bf(out[o]) + " : "");
+	else
+		fprintf(f, "out[o] %s ", op);
 	print_expr(e, k->expr, k, false);
-	fprintf(f, ";\n\t}\n");
+	fprintf(f, half ? ");\n" : ";\n");
+	for (int t = 0; t < 1 + k->rank; t++)
+		fputc('\t', f);
+	fprintf(f, "}\n\t}\n");
 }
 
 static void print_kernel(Emit *e, const Kernel *k)
@@ -322,14 +341,47 @@ static void print_kernel(Emit *e, const Kernel *k)
 		return;
 	}
 	const Op *op = &e->g->ops[k->op];
-	fprintf(e->f, "\t%s(", k->fn);
+	FILE *f = e->f;
+	size_t base = k->scratch_offset + (k->scratch + 63) / 64 * 64;
+	if (k->nconv) { /* bf16 operands: computed on f32 copies */
+		fprintf(f, "\t{\n");
+		for (int c = 0; c < k->nconv; c++) {
+			int v = k->args[k->conv_arg[c]].value;
+			fprintf(f, "\t\tfloat *c%d = (float *)(arena + %zu);\n", c, base + k->conv_offset[c]);
+			if (k->conv_in[c]) {
+				fprintf(f, "\t\tplanrt_k_bf16_to_f32(");
+				print_ptr(e, v);
+				fprintf(f, ", c%d, %lld);\n", c, e->p->buf[storage_root(e->p, v)].elems);
+			}
+		}
+		fprintf(f, "\t");
+	}
+	fprintf(f, "\t%s(", k->fn);
 	for (int i = 0; i < k->nargs; i++) {
 		if (i)
-			fprintf(e->f, ", ");
-		print_arg(e, k, &k->args[i]);
+			fprintf(f, ", ");
+		int conv = -1;
+		for (int c = 0; c < k->nconv; c++)
+			if (k->conv_arg[c] == i)
+				conv = c;
+		if (conv >= 0)
+			fprintf(f, "c%d", conv);
+		else
+			print_arg(e, k, &k->args[i]);
 	}
-	fprintf(e->f, "); /* %s%s%s */\n", op_names[op->kind], op->scope && *op->scope ? " in " : "",
+	fprintf(f, "); /* %s%s%s */\n", op_names[op->kind], op->scope && *op->scope ? " in " : "",
 		op->scope ? op->scope : "");
+	if (k->nconv) {
+		for (int c = 0; c < k->nconv; c++) {
+			if (!k->conv_out[c])
+				continue;
+			int v = k->args[k->conv_arg[c]].value;
+			fprintf(f, "\t\tplanrt_k_f32_to_bf16(c%d, ", c);
+			print_ptr(e, v);
+			fprintf(f, ", %lld);\n", e->p->buf[storage_root(e->p, v)].elems);
+		}
+		fprintf(f, "\t}\n");
+	}
 }
 
 /* ------------------------------------------------------------------ the program */
@@ -389,7 +441,12 @@ static void print_prelude(Emit *e, const char *source_path)
 		"static inline float silu(float x) { return x / (1.0f + expf(-x)); }\n"
 		"static inline float silu_grad(float x, float dy)\n{\n"
 		"\tfloat s = 1.0f / (1.0f + expf(-x));\n\treturn dy * s * (1.0f + x * (1.0f - s));\n}\n"
-		"static inline float dropout_grad(uint8_t keep, float dy, float scale) { return keep ? dy * scale : 0; }\n\n");
+		"static inline float dropout_grad(uint8_t keep, float dy, float scale) { return keep ? dy * scale : 0; }\n"
+		"/* bf16 storage: widen to f32 for arithmetic, round to nearest even when stored */\n"
+		"static inline float bf(uint16_t x)\n{\n\tuint32_t u = (uint32_t)x << 16;\n\tfloat f;\n\tmemcpy(&f, &u, 4);\n\treturn f;\n}\n"
+		"static inline uint16_t tobf(float f)\n{\n\tuint32_t u;\n\tmemcpy(&u, &f, 4);\n"
+		"\tif ((u & 0x7fffffffu) > 0x7f800000u)\n\t\treturn (uint16_t)((u >> 16) | 0x40);\n"
+		"\treturn (uint16_t)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);\n}\n\n");
 }
 
 static bool zero_on(const Emit *e)
@@ -404,6 +461,11 @@ static long long block_elems(const Emit *e, int v)
 	for (int d = 0; d < e->g->vals[v].rank; d++)
 		n *= e->p->buf[v].ldims[d];
 	return n;
+}
+
+static bool low_precision(const Emit *e)
+{
+	return e->ps->param_dtype == DT_BF16;
 }
 
 static long long zero_chunk(const Emit *e, int v)
@@ -437,6 +499,10 @@ static void print_state(Emit *e)
 		for (int i = 0; i < e->p->nparams; i++)
 			fprintf(f, "static float *GS%d; /* this rank's ZeRO chunk of the gradient of %s */\n", e->p->params[i],
 				g->vals[e->p->params[i]].name);
+	if (low_precision(e))
+		for (int i = 0; i < e->p->nparams; i++)
+			fprintf(f, "static float *MW%d, *GF%d; /* f32 master weights of %s and its gradient in f32 */\n",
+				e->p->params[i], e->p->params[i], g->vals[e->p->params[i]].name);
 	fprintf(f, "\n/* global offsets of this rank's blocks, and global shapes (for RNG counters) */\n");
 	for (int v = 0; v < g->nvals; v++) {
 		if (e->has_offs[v])
@@ -560,6 +626,9 @@ static void print_main(Emit *e)
 			fprintf(f, "\t{\n\t\tint64_t lo = (int64_t)planrt_mesh_coord(%d) * %lld, n = %lld - lo;\n", ps->zero_axis, c, n);
 			fprintf(f, "\t\tupdates[%d] = (Update){S%d%s, GS%d, M%d, V%d, n < 0 ? 0 : n > %lld ? %lld : n, %g, \"%s\"};\n\t}\n",
 				u, param, ps->zero_stage >= 3 ? "" : " + lo", param, param, param, c, c, replicas, g->vals[param].name);
+		} else if (low_precision(e)) {
+			fprintf(f, "\tupdates[%d] = (Update){MW%d, GF%d, M%d, V%d, %lld, %g, \"%s\"};\n", u, param, param, param, param,
+				p->buf[param].elems, replicas, g->vals[param].name);
 		} else {
 			fprintf(f, "\tupdates[%d] = (Update){S%d, ", u, param);
 			print_ptr(e, grad);
@@ -567,6 +636,22 @@ static void print_main(Emit *e)
 		}
 		u++;
 	}
+	fprintf(f, "}\n\n");
+	fprintf(f, "/* Mixed precision: f32 master weights, bf16 copies for compute; gradients widened to f32. */\n");
+	fprintf(f, "static void master_to_params(void)\n{\n");
+	if (low_precision(e))
+		for (int i = 0; i < p->nparams; i++)
+			fprintf(f, "\tplanrt_k_f32_to_bf16(MW%d, S%d, %lld);\n", p->params[i], p->params[i], p->buf[p->params[i]].elems);
+	fprintf(f, "}\n\nstatic void gradients_to_f32(void)\n{\n");
+	if (low_precision(e))
+		for (int i = 0; i < g->nops; i++) {
+			const Op *op = &g->ops[i];
+			if (op->kind != OP_OPTIMIZER_STEP || op->stage != p->stage)
+				continue;
+			fprintf(f, "\tplanrt_k_bf16_to_f32(");
+			print_ptr(e, op->in[1]);
+			fprintf(f, ", GF%d, %lld);\n", op->in[0], p->buf[op->in[0]].elems);
+		}
 	fprintf(f, "}\n\n");
 	fprintf(f, "/* ZeRO 1 and 2: every rank updated its chunk; gather the whole parameters back. */\n");
 	fprintf(f, "static float *zero_scratch;\nstatic void gather_updated(void)\n{\n");
@@ -588,6 +673,7 @@ static void print_main(Emit *e)
 	fprintf(f,
 		"/* Clips by the global gradient norm (each replicated block counted once), then updates. */\n"
 		"static double update(int64_t step)\n{\n"
+		"\tgradients_to_f32();\n"
 		"\tdouble local = 0;\n"
 		"\tfor (int i = 0; i < %d; i++)\n"
 		"\t\tlocal += planrt_sum_squares(updates[i].grad, (size_t)updates[i].n) / updates[i].replicas;\n"
@@ -602,6 +688,7 @@ static void print_main(Emit *e)
 		"\t\tplanrt_opt_step(&optimizer, lr, step + 1, updates[i].param, updates[i].grad, updates[i].m, updates[i].v,\n"
 		"\t\t\t\t(size_t)updates[i].n);\n"
 		"\tgather_updated();\n"
+		"\tmaster_to_params();\n"
 		"\treturn norm;\n}\n\n",
 		nupd, nupd, ps->lr, ps->warmup, ps->total_steps, ps->min_lr, nupd);
 	/* schedule table */
@@ -619,7 +706,7 @@ static void print_main(Emit *e)
 	for (int i = 0; i < p->nparams; i++) {
 		int v = p->params[i];
 		const Value *val = &g->vals[v];
-		fprintf(f, "\t{&S%d, \"%s\", %d, {", v, val->name, val->rank);
+		fprintf(f, "\t{&%s%d, \"%s\", %d, {", low_precision(e) ? "MW" : "S", v, val->name, val->rank);
 		for (int d = 0; d < val->rank; d++)
 			fprintf(f, "%s%lld", d ? ", " : "", val->dim[d]);
 		fprintf(f, "}, {");
@@ -752,11 +839,15 @@ static void print_main(Emit *e)
 	int moments = ps->optimizer == OPT_ADAM || ps->optimizer == OPT_ADAMW ? 2 : ps->optimizer == OPT_MOMENTUM ? 1 : 0;
 	for (int i = 0; i < p->nparams; i++) {
 		int v = p->params[i];
-		size_t mbytes = zero_on(e) ? (size_t)zero_chunk(e, v) * 4 : p->buf[v].bytes;
+		size_t mbytes = (size_t)(zero_on(e) ? zero_chunk(e, v) : p->buf[v].elems) * 4; /* f32 moments */
 		fprintf(f, "\tM%d = %s;\n\tV%d = %s;\n", v, moments >= 1 ? arena_printf(g->arena, "alloc_zeroed(%zu)", mbytes) : "NULL",
 			v, moments >= 2 ? arena_printf(g->arena, "alloc_zeroed(%zu)", mbytes) : "NULL");
 	}
-	fprintf(f, "\tsetup_offsets();\n\tsetup_updates();\n\tinit_params(seed, init_path);\n");
+	if (low_precision(e))
+		for (int i = 0; i < p->nparams; i++)
+			fprintf(f, "\tMW%d = alloc_zeroed(%lld);\n\tGF%d = alloc_zeroed(%lld);\n", p->params[i],
+				p->buf[p->params[i]].elems * 4, p->params[i], p->buf[p->params[i]].elems * 4);
+	fprintf(f, "\tsetup_offsets();\n\tsetup_updates();\n\tinit_params(seed, init_path);\n\tmaster_to_params();\n");
 	/* data */
 	const Value *tok = &g->vals[e->tokens];
 	int sdim = tok->rank - 1;

@@ -870,8 +870,9 @@ static void lower_op(Lower *L, const Op *op, int oi)
 			k->args[k->nargs].ints = mem;
 			k->args[k->nargs++].nints = -1000 - op->nmembers; /* printed as an array of buffer addresses */
 			arg_ints(L, k, cnt, op->nmembers);
+			arg_text(k, dtype_enum(g->vals[op->members[0]].dtype));
 			arg_text(k, comm_of_axis(L, op->axis));
-			k->scratch = (size_t)lelems(g, x) * sizeof(float);
+			k->scratch = (size_t)lelems(g, x) * (size_t)dtype_bytes(g->vals[op->members[0]].dtype);
 			arg_kind(k, KA_SCRATCH, 0);
 			return;
 		}
@@ -885,6 +886,56 @@ static void lower_op(Lower *L, const Op *op, int oi)
 		}
 		diag_error(op->src, op->loc, "planc build cannot execute '%s' yet", op_names[op->kind]);
 		L->failed = true;
+	}
+}
+
+/* Calls that take a dtype (collectives) move bf16 as it is; every other call computes in f32 on
+ * converted copies of its bf16 operands (bf16 storage, f32 compute, as CPU autocast does). */
+static bool dtype_aware(const char *fn)
+{
+	static const char *const names[] = {"planrt_allreduce_dim", "planrt_reduce_scatter_dim", "planrt_allgather_dim",
+					    "planrt_alltoall_dim", "planrt_slice_dim", "planrt_bucket_allreduce", NULL};
+	for (int i = 0; names[i]; i++)
+		if (!strcmp(fn, names[i]))
+			return true;
+	return false;
+}
+
+static void plan_conversions(Lower *L)
+{
+	LProg *p = L->p;
+	for (int i = 0; i < p->nk; i++) {
+		Kernel *k = &p->k[i];
+		if (k->kind != KER_CALL || dtype_aware(k->fn))
+			continue;
+		for (int a = 0; a < k->nargs; a++) {
+			if (k->args[a].kind != KA_VALUE)
+				continue;
+			int v = k->args[a].value;
+			int r = v;
+			while (p->buf[r].cls == BUF_VIEW && p->buf[r].view_of >= 0)
+				r = p->buf[r].view_of;
+			if (p->buf[r].dtype != DT_BF16)
+				continue;
+			if (k->nconv == 8)
+				ICE("too many bf16 operands in one call");
+			bool in = false, out = false;
+			for (int u = 0; u < k->nuses; u++)
+				if (k->uses[u] == v)
+					in = true;
+			for (int d = 0; d < k->ndefs; d++)
+				if (k->defs[d] == v)
+					out = true;
+			/* accumulating outputs (gradients) are read too */
+			if (out && L->g->vals[v].grad_of >= 0)
+				in = true;
+			int c = k->nconv++;
+			k->conv_arg[c] = a;
+			k->conv_in[c] = in || !out;
+			k->conv_out[c] = out;
+			k->conv_offset[c] = k->conv_bytes;
+			k->conv_bytes += ((size_t)p->buf[r].elems * 4 + 63) / 64 * 64;
+		}
 	}
 }
 
@@ -980,6 +1031,7 @@ LProg *lower(Graph *g, int stage)
 		}
 		lower_op(&L, op, i);
 	}
+	plan_conversions(&L);
 	free(L.consumers);
 	free(L.kept);
 	free(L.skip);

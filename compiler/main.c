@@ -186,9 +186,11 @@ static bool build_supported(Graph *g)
 		REFUSE(ps->sync_loc, "planc build executes only 'sync strict' so far");
 	if (ps->compress != COMPRESS_NONE)
 		REFUSE(ps->sync_loc, "planc build does not execute gradient compression yet");
-	if (ps->param_dtype != DT_F32)
-		REFUSE(ps->plan->name_loc, "planc build executes f32 plans only so far (this plan uses %s)",
+	if (ps->param_dtype != DT_F32 && ps->param_dtype != DT_BF16)
+		REFUSE(ps->plan->name_loc, "planc build executes f32 and bf16 plans so far (this plan uses %s)",
 		       dtype_name(ps->param_dtype));
+	if (ps->param_dtype == DT_BF16 && ps->zero_stage > 0)
+		REFUSE(ps->zero_loc, "planc build does not execute ZeRO with bf16 yet");
 	int i32_inputs = 0;
 	for (int i = 0; i < g->nops; i++) {
 		const Op *op = &g->ops[i];

@@ -64,7 +64,7 @@ void memplan(LProg *p)
 				b->first = k;
 			b->last = k;
 		}
-		if (ker->scratch)
+		if (ker->scratch || ker->conv_bytes)
 			nscratch++;
 	}
 	/* the loss is read after the backward (logging) */
@@ -81,9 +81,11 @@ void memplan(LProg *p)
 		size_t bytes = (b->bytes + ALIGN - 1) / ALIGN * ALIGN;
 		iv[n++] = (Interval){v, -1, bytes ? bytes : ALIGN, b->first, b->last, 0};
 	}
-	for (int k = 0; k < p->nk; k++)
-		if (p->k[k].scratch)
-			iv[n++] = (Interval){-1, k, (p->k[k].scratch + ALIGN - 1) / ALIGN * ALIGN, k, k, 0};
+	for (int k = 0; k < p->nk; k++) {
+		size_t bytes = (p->k[k].scratch + ALIGN - 1) / ALIGN * ALIGN + p->k[k].conv_bytes;
+		if (bytes)
+			iv[n++] = (Interval){-1, k, bytes, k, k, 0};
+	}
 	qsort(iv, (size_t)n, sizeof *iv, by_size_desc);
 	Interval **placed = malloc(sizeof(Interval *) * (size_t)(n + 1));
 	Interval **conflict = malloc(sizeof(Interval *) * (size_t)(n + 1));
@@ -124,8 +126,11 @@ void memplan(LProg *p)
 	for (int v = 0; v < g->nvals; v++)
 		if (p->buf[v].cls == BUF_STATE && p->buf[v].first >= 0)
 			state += (p->buf[v].bytes + ALIGN - 1) / ALIGN * ALIGN;
-	for (int i = 0; i < p->nparams; i++) {
-		state += (p->buf[p->params[i]].bytes + ALIGN - 1) / ALIGN * ALIGN * (size_t)moments;
+	for (int i = 0; i < p->nparams; i++) { /* f32 moments; f32 master weights when lower precision */
+		size_t f32 = ((size_t)p->buf[p->params[i]].elems * 4 + ALIGN - 1) / ALIGN * ALIGN;
+		state += f32 * (size_t)moments;
+		if (p->buf[p->params[i]].dtype != DT_F32)
+			state += 2 * f32; /* master weights and the widened gradient */
 	}
 	p->state_bytes = state;
 	free(iv);

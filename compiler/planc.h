@@ -584,6 +584,12 @@ typedef struct Kernel {
 	int ndefs;
 	size_t scratch;         /* bytes of arena scratch the call needs (collective packing) */
 	size_t scratch_offset;
+	/* bf16 storage: the f32 copies a call computes on (converted before, and back after) */
+	int nconv;
+	int conv_arg[8];        /* index into args */
+	bool conv_in[8], conv_out[8];
+	size_t conv_offset[8];  /* from scratch_offset + scratch */
+	size_t conv_bytes;
 } Kernel;
 
 typedef struct LProg {

@@ -72,10 +72,10 @@ void planrt_comm_init_(void)
 	if (s && *s) {
 		char *end;
 		double v = strtod(s, &end);
-		if (*end || v < 0 || !isfinite(v))
+		if ((*end || v < 0 || !isfinite(v)) && planrt_world_rank_() <= 0)
 			fprintf(stderr, "planrt: rank %d: PLANRT_WATCHDOG='%s' is not a number of seconds >= 0; "
 					"using %g\n", planrt_world_rank_(), s, watchdog_s);
-		else
+		if (!*end && v >= 0 && isfinite(v))
 			watchdog_s = v;
 	}
 }
@@ -151,17 +151,77 @@ static void count_bytes(const struct planrt_request *q)
 	}
 }
 
+/* f32 staging for half-precision reductions. One buffer is kept between calls (so a training
+ * loop does not fault in fresh pages on every bucket); a request that finds it taken by another
+ * in-flight request gets its own. */
+static float *stage_cache;
+static size_t stage_cap;
+static int stage_busy;
+
+static float *stage_get(size_t n)
+{
+	if (stage_busy)
+		return malloc(n ? n * sizeof(float) : 1);
+	if (stage_cap < n) {
+		free(stage_cache);
+		stage_cap = 0;
+		if (!(stage_cache = malloc(n * sizeof(float))))
+			return NULL;
+		stage_cap = n;
+	}
+	stage_busy = 1;
+	return stage_cache ? stage_cache : (stage_cache = malloc(1));
+}
+
+static void stage_put(float *p)
+{
+	if (p && p == stage_cache)
+		stage_busy = 0;
+	else
+		free(p);
+}
+
+static float *to_f32(const void *src, size_t n, planrt_dtype_t t)
+{
+	float *f = stage_get(n);
+	if (!f)
+		return NULL;
+	const uint16_t *h = src;
+	if (t == planrt_bf16) {
+		for (size_t i = 0; i < n; i++) {
+			uint32_t u = (uint32_t)h[i] << 16;
+			memcpy(&f[i], &u, 4);
+		}
+	} else {
+		for (size_t i = 0; i < n; i++)
+			f[i] = planrt_half_to_f32_(h[i], t);
+	}
+	return f;
+}
+
+static void from_f32(const float *f, uint16_t *h, size_t n, planrt_dtype_t t)
+{
+	if (t != planrt_bf16) {
+		for (size_t i = 0; i < n; i++)
+			h[i] = planrt_f32_to_half_(f[i], t);
+		return;
+	}
+	for (size_t i = 0; i < n; i++) { /* round to nearest even, NaN stays NaN */
+		uint32_t u;
+		memcpy(&u, &f[i], 4);
+		h[i] = (u & 0x7fffffffu) > 0x7f800000u ? (uint16_t)((u >> 16) | 0x40)
+						       : (uint16_t)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
+	}
+}
+
 /* Runs after MPI reports completion: half-precision results back, staged copies out. */
 static void finish(struct planrt_request *q)
 {
-	if (q->staged_dst) {
-		uint16_t *d = q->staged_dst;
-		for (size_t i = 0; i < q->staged_count; i++)
-			d[i] = planrt_f32_to_half_(q->staged[i], q->dtype);
-	}
+	if (q->staged_dst)
+		from_f32(q->staged, q->staged_dst, q->staged_count, q->dtype);
 	if (q->copy_dst)
 		memcpy(q->copy_dst, q->copy_src, q->copy_bytes);
-	free(q->staged);
+	stage_put(q->staged);
 	free(q->scratch);
 	q->staged = NULL;
 	q->scratch = NULL;
@@ -170,7 +230,7 @@ static void finish(struct planrt_request *q)
 
 static void abandon(struct planrt_request *q)
 {
-	free(q->staged);
+	stage_put(q->staged);
 	free(q->scratch);
 	q->staged = q->scratch = NULL;
 }
@@ -215,17 +275,6 @@ static int overlaps(const void *a, size_t an, const void *b, size_t bn)
 {
 	const char *pa = a, *pb = b;
 	return pa < pb + bn && pb < pa + an;
-}
-
-static float *to_f32(const void *src, size_t n, planrt_dtype_t t)
-{
-	float *f = malloc(n ? n * sizeof *f : 1);
-	if (!f)
-		return NULL;
-	const uint16_t *h = src;
-	for (size_t i = 0; i < n; i++)
-		f[i] = planrt_half_to_f32_(h[i], t);
-	return f;
 }
 
 /* Starts q (described by its fields) with the given buffers. blocking: the caller waits right
@@ -292,7 +341,7 @@ static planrt_result_t start(struct planrt_request *q, const void *sendbuf, void
 		const void *s = sendbuf;
 		if (overlaps(sendbuf, q->count * es, recvbuf, n * q->count * es)) {
 			if (sendbuf != slot)
-				(void)slot;
+				memmove(slot, sendbuf, q->count * es);
 			s = MPI_IN_PLACE;
 		}
 		rc = direct ? MPI_Allgather(s, cnt, dt, recvbuf, cnt, dt, comm)

@@ -147,19 +147,21 @@ void planrt_slice_dim(const void *in, void *out, int rank, const int64_t *dims, 
 		       (const char *)in + ((size_t)(o * dims[dim] + me * bd) * (size_t)inner) * elem, chunk);
 }
 
-void planrt_bucket_allreduce(int n, float *const *bufs, const int64_t *counts, planrt_comm_t c, void *scratch)
+void planrt_bucket_allreduce(int n, void *const *bufs, const int64_t *counts, planrt_dtype_t t, planrt_comm_t c,
+			     void *scratch)
 {
-	float *packed = scratch;
-	int64_t at = 0;
+	size_t elem = planrt_dtype_size(t);
+	char *packed = scratch;
+	size_t at = 0;
 	for (int i = 0; i < n; i++) {
-		memcpy(packed + at, bufs[i], sizeof(float) * (size_t)counts[i]);
-		at += counts[i];
+		memcpy(packed + at, bufs[i], elem * (size_t)counts[i]);
+		at += elem * (size_t)counts[i];
 	}
-	PLANRT_CHECK(planrt_allreduce(packed, packed, (size_t)at, planrt_f32, planrt_sum, c, NULL));
+	PLANRT_CHECK(planrt_allreduce(packed, packed, at / elem, t, planrt_sum, c, NULL));
 	at = 0;
 	for (int i = 0; i < n; i++) {
-		memcpy(bufs[i], packed + at, sizeof(float) * (size_t)counts[i]);
-		at += counts[i];
+		memcpy(bufs[i], packed + at, elem * (size_t)counts[i]);
+		at += elem * (size_t)counts[i];
 	}
 }
 
@@ -176,9 +178,10 @@ void planrt_allgather_flat(const float *shard, float *full, int64_t n, planrt_co
 	memcpy(full, scratch, sizeof(float) * (size_t)n);
 }
 
-void planrt_bucket_reduce_scatter(int n, float *const *bufs, const int64_t *counts, float *const *shards,
+void planrt_bucket_reduce_scatter(int n, void *const *bufs_in, const int64_t *counts, float *const *shards,
 				  int accumulate, int zero_source, planrt_comm_t c, void *scratch)
 {
+	float *const *bufs = (float *const *)bufs_in; /* f32 gradients (ZeRO runs on f32 plans) */
 	int size = planrt_comm_size(c);
 	int64_t total = 0;
 	for (int i = 0; i < n; i++)

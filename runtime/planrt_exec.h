@@ -40,11 +40,12 @@ void planrt_allgather_flat(const float *shard, float *full, int64_t n, planrt_co
  * sum over ranks of chunk r of bufs[i] (added to it when accumulate). With zero_source the
  * buffers are cleared after packing (ZeRO 2 and 3 keep no whole gradient across micro-batches).
  * scratch: (size + 1) * sum of c_i floats. */
-void planrt_bucket_reduce_scatter(int n, float *const *bufs, const int64_t *counts, float *const *shards,
+void planrt_bucket_reduce_scatter(int n, void *const *bufs, const int64_t *counts, float *const *shards,
 				  int accumulate, int zero_source, planrt_comm_t c, void *scratch);
 
-/* Packs n gradient buffers into scratch, all-reduces (sum), unpacks. */
-void planrt_bucket_allreduce(int n, float *const *bufs, const int64_t *counts, planrt_comm_t c, void *scratch);
+/* Packs n gradient buffers of dtype t into scratch, all-reduces (sum), unpacks. */
+void planrt_bucket_allreduce(int n, void *const *bufs, const int64_t *counts, planrt_dtype_t t, planrt_comm_t c,
+			     void *scratch);
 
 /* loss = sum over rows of (lse - target logit) * scale; lse saved for the backward. With a
  * vocabulary split over vocab_comm (non-NULL), the max, sum of exp and target logit are

@@ -12,8 +12,10 @@
  * tensors overlapping, and, for files planrt wrote, the checksum in __metadata__.
  *
  * Writing follows the Python writer: header keys in byte order (sorted, jansson's
- * JSON_SORT_KEYS, compact separators), tensor data in the same order with no gaps, the header
- * padded with spaces to a multiple of 8 bytes so that the data area starts 8-byte aligned.
+ * JSON_SORT_KEYS, compact separators), the header padded with spaces to a multiple of 8 bytes so
+ * that the data area starts 8-byte aligned, and the tensor data without gaps ordered by element
+ * size (largest first), then name, as the Rust writer lays it out, so that every tensor starts
+ * aligned to its element size.
  * __metadata__ holds {"format": "pt", "planrt_checksum": "fnv1a64:<16 hex digits>"}, the FNV-1a
  * hash of the data area. The write is atomic: everything goes to path.tmp.<pid>, which is
  * flushed, fsync'ed and renamed over path (then the directory is fsync'ed); on any failure the
@@ -243,16 +245,23 @@ static planrt_result_t validate(planrt_st_t f)
 		order[f->n] = &f->t[f->n];
 		f->n++;
 	}
+	/* by start; each non-empty tensor must start at or after the furthest end so far */
 	qsort(order, (size_t)f->n, sizeof *order, cmp_begin);
-	for (int i = 1; i < f->n; i++) {
-		if (order[i]->begin < order[i - 1]->end && order[i]->begin != order[i]->end) {
+	const entry_t *furthest = NULL;
+	for (int i = 0; i < f->n; i++) {
+		const entry_t *e = order[i];
+		if (e->begin == e->end)
+			continue;
+		if (furthest && e->begin < furthest->end) {
 			planrt_result_t r = planrt_error_(planrt_format_error,
 							  "'%s': tensors '%s' and '%s' overlap in the data area; the file is "
 							  "corrupt",
-							  path, order[i - 1]->name, order[i]->name);
+							  path, furthest->name, e->name);
 			free(order);
 			return r;
 		}
+		if (!furthest || e->end > furthest->end)
+			furthest = e;
 	}
 	free(order);
 	if (checksum) {
@@ -390,6 +399,17 @@ static int cmp_name(const void *a, const void *b)
 	return strcmp(sort_base[*(const int *)a].name, sort_base[*(const int *)b].name);
 }
 
+/* data order: larger elements first (so every tensor starts aligned to its element size, as
+ * the Rust writer arranges it), then by name */
+static int cmp_layout(const void *a, const void *b)
+{
+	const planrt_st_tensor_t *x = &sort_base[*(const int *)a], *y = &sort_base[*(const int *)b];
+	size_t sx = planrt_dtype_size(x->dtype), sy = planrt_dtype_size(y->dtype);
+	if (sx != sy)
+		return sx > sy ? -1 : 1;
+	return strcmp(x->name, y->name);
+}
+
 static const char *dtype_tag(planrt_dtype_t t)
 {
 	switch (t) {
@@ -496,6 +516,7 @@ planrt_result_t planrt_st_write(const char *path, const planrt_st_tensor_t *tens
 	for (int i = 0; i < n; i++)
 		order[i] = i;
 	sort_base = tensors;
+	/* duplicate names: adjacent in name order */
 	qsort(order, (size_t)n, sizeof *order, cmp_name);
 	for (int k = 1; k < n; k++)
 		if (!strcmp(tensors[order[k]].name, tensors[order[k - 1]].name)) {
@@ -505,6 +526,7 @@ planrt_result_t planrt_st_write(const char *path, const planrt_st_tensor_t *tens
 			free(order);
 			return r;
 		}
+	qsort(order, (size_t)n, sizeof *order, cmp_layout);
 	size_t hlen = 0;
 	char *header = build_header(path, tensors, order, n, &hlen);
 	if (!header) {

@@ -14,3 +14,7 @@ add_test(NAME fmt_roundtrip COMMAND sh ${ROOT}/tests/fmt_roundtrip.sh ${PLANC} $
 # runtime and kernel unit tests (cmocka, MPI) live beside their sources' tests
 include(${ROOT}/tests/runtime/tests.cmake OPTIONAL)
 include(${ROOT}/tests/kernels/tests.cmake OPTIONAL)
+
+# the heart of the suite: every plan trains like the single-rank run (tests/equiv)
+add_test(NAME equiv COMMAND python3 ${ROOT}/tests/equiv/run_equiv.py ${PLANC} ${ROOT} 20 WORKING_DIRECTORY ${ROOT})
+set_tests_properties(equiv PROPERTIES TIMEOUT 1200)

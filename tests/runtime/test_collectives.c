@@ -23,12 +23,10 @@ static long mismatches;
 
 #define EXPECT(cond, ...)                                                                                          \
 	do {                                                                                                       \
-		if (!(cond)) {                                                                                     \
-			if (mismatches++ < 10) {                                                                   \
-				fprintf(stderr, "rank %d: %s:%d: ", rank, __FILE__, __LINE__);                     \
-				fprintf(stderr, __VA_ARGS__);                                                      \
-				fputc('\n', stderr);                                                               \
-			}                                                                                          \
+		if (!(cond) && mismatches++ < 10) {                                                                \
+			char msg_[512];                                                                            \
+			snprintf(msg_, sizeof msg_, __VA_ARGS__);                                                  \
+			fprintf(stderr, "rank %d: %s:%d: %s\n", rank, __FILE__, __LINE__, msg_);                   \
 		}                                                                                                  \
 	} while (0)
 

@@ -101,7 +101,7 @@ static void test_round_trip(void **state)
 	assert_int_equal(planrt_st_write(path, ts, 3), planrt_success);
 	assert_int_equal(count_files(), 1); /* no temporary left */
 
-	/* the layout the Python writer produces */
+	/* the layout the Python writer produces: sorted keys; data by element size, then name */
 	FILE *fp = fopen(path, "rb");
 	unsigned char head[8];
 	assert_int_equal(fread(head, 1, 8, fp), 8);
@@ -120,9 +120,9 @@ static void test_round_trip(void **state)
 	char *pm = strstr(hdr, "\"__metadata__\""), *pa = strstr(hdr, "\"a.bias\""), *pb = strstr(hdr, "\"b.weight\""),
 	     *pc = strstr(hdr, "\"c\":");
 	assert_true(pm && pa && pb && pc && pm < pa && pa < pb && pb < pc);
-	assert_non_null(strstr(hdr, "\"a.bias\":{\"data_offsets\":[0,10],\"dtype\":\"BF16\",\"shape\":[5]}"));
-	assert_non_null(strstr(hdr, "\"b.weight\":{\"data_offsets\":[10,58],\"dtype\":\"F32\",\"shape\":[3,4]}"));
-	assert_non_null(strstr(hdr, "\"c\":{\"data_offsets\":[58,62],\"dtype\":\"F32\",\"shape\":[]}"));
+	assert_non_null(strstr(hdr, "\"a.bias\":{\"data_offsets\":[52,62],\"dtype\":\"BF16\",\"shape\":[5]}"));
+	assert_non_null(strstr(hdr, "\"b.weight\":{\"data_offsets\":[0,48],\"dtype\":\"F32\",\"shape\":[3,4]}"));
+	assert_non_null(strstr(hdr, "\"c\":{\"data_offsets\":[48,52],\"dtype\":\"F32\",\"shape\":[]}"));
 	assert_non_null(strstr(hdr, "\"format\":\"pt\""));
 	free(hdr);
 
@@ -243,6 +243,11 @@ static void test_malformed(void **state)
 		       "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
 		       "\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]}}",
 		       data, 16, 0, "overlap");
+	expect_refused("overlap2.safetensors",
+		       "{\"a\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]},"
+		       "\"b\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[4,4]},"
+		       "\"c\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[8,12]}}",
+		       data, 16, 0, "tensors 'a' and 'c' overlap");
 	expect_refused("fields.safetensors", "{\"a\":{\"dtype\":\"F32\",\"shape\":[2]}}", data, 8, 0, "data_offsets");
 	expect_refused("negshape.safetensors", "{\"a\":{\"dtype\":\"F32\",\"shape\":[-2],\"data_offsets\":[0,8]}}", data, 8,
 		       0, "non-negative");

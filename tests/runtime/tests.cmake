@@ -12,14 +12,14 @@ set(RUNTIME_MPI_ENV
   OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
   OMPI_MCA_plm=isolated OMPI_MCA_btl=self,vader)
 
-foreach(t rng data optim safetensors log collectives watchdog)
+foreach(t rng data optim safetensors log memory collectives watchdog)
   add_executable(runtime_test_${t} ${RUNTIME_TEST_DIR}/test_${t}.c)
   target_compile_options(runtime_test_${t} PRIVATE ${PLANC_WARNINGS})
   target_compile_definitions(runtime_test_${t} PRIVATE RUNTIME_TEST_DIR="${RUNTIME_TEST_DIR}")
   target_link_libraries(runtime_test_${t} PRIVATE planrt ${CMOCKA_LIB})
 endforeach()
 
-foreach(t rng data optim safetensors log)
+foreach(t rng data optim safetensors log memory)
   add_test(NAME runtime_${t} COMMAND runtime_test_${t})
   set_tests_properties(runtime_${t} PROPERTIES TIMEOUT 120 ENVIRONMENT "PLANRT_WATCHDOG=60")
 endforeach()
@@ -37,3 +37,10 @@ add_test(NAME runtime_watchdog
 set_tests_properties(runtime_watchdog PROPERTIES TIMEOUT 60
                      ENVIRONMENT "${RUNTIME_MPI_ENV};PLANRT_WATCHDOG=2"
                      PASS_REGULAR_EXPRESSION "planrt: rank [0-9]+: watchdog: recv #1 of 4 f32 from member [0-9] on world \\(member [0-9] of 2\\) still pending after 2 s")
+
+# the same checks with the watchdog off, where blocking calls are MPI's blocking collectives
+add_test(NAME runtime_collectives_no_watchdog
+         COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 4 ${MPIEXEC_PREFLAGS}
+                 $<TARGET_FILE:runtime_test_collectives> ${MPIEXEC_POSTFLAGS})
+set_tests_properties(runtime_collectives_no_watchdog PROPERTIES TIMEOUT 180
+                     ENVIRONMENT "${RUNTIME_MPI_ENV};PLANRT_WATCHDOG=0")
