@@ -1,0 +1,98 @@
+#!/bin/sh
+# A generated program facing bad input: a wrong world size, missing / empty / malformed data,
+# a missing, truncated or malformed --init file, a tensor of the wrong shape or dtype, an unusable
+# --save path, unknown options. Each must end every rank with a non-zero exit and a one-line
+# cause (no hang: every run has a time limit) and must not leave a partial output file.
+# usage: tests/run_program_errors.sh PLANC (from the repository root)
+planc=$1
+pass=0
+fail=0
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+export OMPI_MCA_plm=isolated OMPI_MCA_btl=self,vader OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+
+"$planc" build examples/mlp.plan --plan dp2 -o "$tmp/prog" || { echo "FAIL: build"; exit 1; }
+
+expect_fail() { # NAME PATTERN NP ARGS...
+	name=$1 pattern=$2 np=$3
+	shift 3
+	timeout 60 mpirun -np "$np" "$tmp/prog" "$@" >"$tmp/out" 2>&1
+	rc=$?
+	if [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q -- "$pattern" "$tmp/out"; then
+		pass=$((pass + 1))
+	else
+		fail=$((fail + 1))
+		echo "FAIL: $name (exit $rc; want a non-zero exit and '$pattern')"
+		grep -v '^\[' "$tmp/out" | head -6
+	fi
+}
+
+data=data/corpus.txt
+expect_fail "world size" "built for 2 ranks" 3 --steps 1 --data $data
+expect_fail "missing --steps" "--steps and --data are required" 2 --data $data
+expect_fail "bad --steps" "--steps needs a non-negative integer" 2 --steps ten --data $data
+expect_fail "unknown option" "unknown option --lr" 2 --steps 1 --data $data --lr 3
+expect_fail "missing data" "no/such/file" 2 --steps 1 --data no/such/file
+: >"$tmp/empty.txt"
+expect_fail "empty data" "empty.txt" 2 --steps 1 --data "$tmp/empty.txt"
+expect_fail "data is a directory" "directory" 2 --steps 1 --data data
+printf '\001\002\003' >"$tmp/odd.bin"
+expect_fail "truncated token file" "odd.bin" 2 --steps 1 --data "$tmp/odd.bin"
+expect_fail "missing --init" "no/such.safetensors" 2 --steps 1 --data $data --init no/such.safetensors
+head -c 5000 /dev/urandom >"$tmp/random.safetensors"
+expect_fail "malformed --init" "random.safetensors" 2 --steps 1 --data $data --init "$tmp/random.safetensors"
+# a good checkpoint, then damaged copies of it
+timeout 60 mpirun -np 2 "$tmp/prog" --steps 0 --data $data --save "$tmp/good.safetensors" >/dev/null 2>&1
+head -c 3000 "$tmp/good.safetensors" >"$tmp/truncated.safetensors"
+expect_fail "truncated --init" "truncated.safetensors" 2 --steps 1 --data $data --init "$tmp/truncated.safetensors"
+python3 - "$tmp" <<'PY'
+import json, struct, sys
+d = sys.argv[1]
+def write(path, tensors):
+    header, blobs, at = {}, b"", 0
+    for name, (dtype, shape, raw) in tensors.items():
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [at, at + len(raw)]}
+        blobs += raw
+        at += len(raw)
+    h = json.dumps(header).encode()
+    h += b" " * (-len(h) % 8)
+    open(path, "wb").write(struct.pack("<Q", len(h)) + h + blobs)
+blob = open(f"{d}/good.safetensors", "rb").read()
+n = struct.unpack("<Q", blob[:8])[0]
+header = json.loads(blob[8:8 + n])
+tensors = {}
+for name, info in header.items():
+    if name == "__metadata__":
+        continue
+    lo, hi = info["data_offsets"]
+    tensors[name] = (info["dtype"], info["shape"], blob[8 + n + lo:8 + n + hi])
+shape = dict(tensors)
+name = sorted(shape)[0]
+dt, sh, raw = shape[name]
+shape[name] = (dt, [sh[0] * 2] + sh[1:], raw + raw)
+write(f"{d}/shape.safetensors", shape)
+dtype = dict(tensors)
+dtype[name] = ("I32", sh, raw)
+write(f"{d}/dtype.safetensors", dtype)
+missing = dict(tensors)
+del missing[name]
+write(f"{d}/missing.safetensors", missing)
+open(f"{d}/first_name", "w").write(name)
+PY
+tensor=$(cat "$tmp/first_name")
+expect_fail "wrong shape in --init" "$tensor" 2 --steps 1 --data $data --init "$tmp/shape.safetensors"
+expect_fail "wrong dtype in --init" "I32" 2 --steps 1 --data $data --init "$tmp/dtype.safetensors"
+expect_fail "missing tensor in --init" "$tensor" 2 --steps 1 --data $data --init "$tmp/missing.safetensors"
+expect_fail "unwritable --save" "no/such/dir" 2 --steps 1 --data $data --save no/such/dir/out.safetensors
+if ls no/such/dir 2>/dev/null || ls "$tmp"/*.tmp* 2>/dev/null; then
+	fail=$((fail + 1))
+	echo "FAIL: a partial output file was left behind"
+else
+	pass=$((pass + 1))
+fi
+# and the good checkpoint loads back: --init then --save gives the same bytes
+timeout 60 mpirun -np 2 "$tmp/prog" --steps 0 --data $data --init "$tmp/good.safetensors" --save "$tmp/again.safetensors" >/dev/null 2>&1
+if cmp -s "$tmp/good.safetensors" "$tmp/again.safetensors"; then pass=$((pass + 1)); else fail=$((fail + 1)); echo "FAIL: --init/--save round trip"; fi
+echo "program errors: $pass passed, $fail failed"
+[ $fail -eq 0 ]
