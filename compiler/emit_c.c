@@ -787,7 +787,9 @@ static void print_main(Emit *e)
 		"static void usage_error(const char *msg, const char *arg)\n{\n"
 		"\tplanrt_fatal(\"%%s%%s; usage: prog --steps K --data FILE [--init W.safetensors] [--save OUT.safetensors] "
 		"[--log run.jsonl] [--seed S]\", msg, arg ? arg : \"\");\n}\n\n");
-	fprintf(f, "static void *alloc_zeroed(size_t bytes)\n{\n\tvoid *p = NULL;\n"
+	fprintf(f, "/* every allocation of persistent state is counted: the measured side of the memory test */\n"
+		   "static size_t state_allocated;\n");
+	fprintf(f, "static void *alloc_zeroed(size_t bytes)\n{\n\tvoid *p = NULL;\n\tstate_allocated += bytes;\n"
 		   "\tif (posix_memalign(&p, 64, bytes ? bytes : 64))\n\t\tplanrt_fatal(\"cannot allocate %%zu bytes\", bytes);\n"
 		   "\tmemset(p, 0, bytes ? bytes : 64);\n\treturn p;\n}\n\n");
 	fprintf(f, "int main(int argc, char **argv)\n{\n\tint rank, world;\n");
@@ -813,7 +815,10 @@ static void print_main(Emit *e)
 		"\t\telse\n\t\t\tusage_error(\"unknown option \", a);\n\t}\n"
 		"\tif (steps < 0 || !data_path)\n\t\tusage_error(\"--steps and --data are required\", NULL);\n");
 	/* allocate */
-	fprintf(f, "\tarena = alloc_zeroed(ARENA_BYTES);\n");
+	fprintf(f, "\tarena = alloc_zeroed(ARENA_BYTES);\n\tstate_allocated -= ARENA_BYTES;\n");
+	fprintf(f, "\t/* a canary in every arena word: the highest word found changed after training is the\n"
+		   "\t * arena's measured high-water mark */\n");
+	fprintf(f, "\tfor (size_t w = 0; w < ARENA_BYTES / 8; w++)\n\t\tmemcpy(arena + 8 * w, &(uint64_t){0x5A17C0DE5A17C0DEull}, 8);\n");
 	for (int v = 0; v < g->nvals; v++) {
 		const Buffer *b = &p->buf[v];
 		if (b->cls != BUF_STATE || (b->first < 0 && g->vals[v].role != ROLE_PARAM))
@@ -889,7 +894,12 @@ static void print_main(Emit *e)
 	fprintf(f, "\t\t\tplanrt_progress(step + 1, steps, loss, tokens / (ms / 1e3), planrt_now() - start);\n\t\t}\n\t}\n");
 	fprintf(f, "\tif (save_path)\n\t\tsave_params(save_path);\n");
 	fprintf(f, "\tif (rank == 0 && log_path)\n\t\tplanrt_log_close();\n");
-	fprintf(f, "\tif (getenv(\"PLANRT_REPORT_MEMORY\"))\n\t\tfprintf(stderr, \"planrt: rank %%d: arena %%zu bytes, peak rss %%zu bytes\\n\", rank, ARENA_BYTES, planrt_peak_rss_bytes());\n");
+	fprintf(f, "\tif (getenv(\"PLANRT_REPORT_MEMORY\")) {\n"
+		   "\t\tsize_t high = ARENA_BYTES / 8;\n"
+		   "\t\twhile (high > 0) {\n\t\t\tuint64_t w;\n\t\t\tmemcpy(&w, arena + 8 * (high - 1), 8);\n"
+		   "\t\t\tif (w != 0x5A17C0DE5A17C0DEull)\n\t\t\t\tbreak;\n\t\t\thigh--;\n\t\t}\n"
+		   "\t\tfprintf(stderr, \"planrt: rank %%d: memory arena_high_water=%%zu arena_planned=%%zu state=%%zu peak_rss=%%zu\\n\",\n"
+		   "\t\t\trank, high * 8, ARENA_BYTES, state_allocated, planrt_peak_rss_bytes());\n\t}\n");
 	fprintf(f, "\tplanrt_data_close(data);\n\tPLANRT_CHECK(planrt_finalize());\n\treturn 0;\n}\n");
 }
 

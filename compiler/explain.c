@@ -36,6 +36,7 @@ typedef struct Role {
 	int inflight;
 	double *act_layer; /* per layer (global layer index), this stage's layers */
 	double flops;      /* per step, this rank */
+	double prog_arena, prog_state; /* the executable program's memory (0 if not executable yet) */
 	CommRow *comm;
 	int ncomm, capcomm;
 } Role;
@@ -43,6 +44,7 @@ typedef struct Role {
 typedef struct Report {
 	Graph *g;
 	PlanSpec *ps;
+	const LProg *planned;
 	Role *roles;
 	int nroles;
 	double model_flops;
@@ -478,7 +480,11 @@ static void print_text(FILE *out, const Report *rep)
 			human(r->act, b1, sizeof b1), r->inflight, r->inflight == 1 ? "" : "es",
 			human(r->act_micro / (g->sched ? g->sched->chunks : 1), b2, sizeof b2));
 		fprintf(out, "  %-22s %12s\n", "working memory", human(r->work, b1, sizeof b1));
-		fprintf(out, "  %-22s %12s\n", "peak", human(r->peak, b1, sizeof b1));
+		if (rep->planned)
+			fprintf(out, "  %-22s %12s   (planc build's program: arena %s + state %s)\n", "peak",
+				human(r->peak, b1, sizeof b1), human(r->prog_arena, b2, sizeof b2), human(r->prog_state, b3, sizeof b3));
+		else
+			fprintf(out, "  %-22s %12s\n", "peak", human(r->peak, b1, sizeof b1));
 		if (r->host > 0)
 			fprintf(out, "  %-22s %12s\n", "offloaded to host", human(r->host, b1, sizeof b1));
 		if (r->disk > 0)
@@ -551,6 +557,9 @@ static void print_json(FILE *out, const Report *rep)
 			r->params, r->grads, r->optim, r->params + r->grads + r->optim, r->act, r->act_micro, r->work, r->peak,
 			r->host, r->disk);
 		fprintf(out, "     \"inflight_micro_batches\": %d, \"flops_per_step\": %.6g,\n", r->inflight, r->flops);
+		if (rep->planned)
+			fprintf(out, "     \"program\": {\"arena\": %.0f, \"state\": %.0f, \"peak\": %.0f},\n", r->prog_arena,
+				r->prog_state, r->prog_arena + r->prog_state);
 		fprintf(out, "     \"activation_bytes_per_layer\": {");
 		bool first = true;
 		for (int l = 0; l < g->nlayers; l++) {
@@ -572,9 +581,43 @@ static void print_json(FILE *out, const Report *rep)
 	fprintf(out, "  ]\n}\n");
 }
 
-void explain(FILE *out, Graph *g, bool json)
+/* The executable program's memory: the planned arena, the persistent state, and the runtime's
+ * fixed buffers (ZeRO's gather scratch: the largest chunk x axis size, f32). */
+static void planned_memory(Report *rep)
+{
+	const LProg *lp = rep->planned;
+	if (!lp)
+		return;
+	PlanSpec *ps = rep->ps;
+	double fixed = 0;
+	if (ps->zero_stage >= 1 && ps->zero_axis >= 0 && ps->axes[ps->zero_axis].size > 1) {
+		int n = ps->axes[ps->zero_axis].size;
+		double most = 0;
+		for (int i = 0; i < lp->nparams; i++) {
+			int v = lp->params[i];
+			double elems = 1;
+			for (int d = 0; d < rep->g->vals[v].rank; d++)
+				elems *= (double)lp->buf[v].ldims[d];
+			double c = ceil(elems / n) * n;
+			if (c > most)
+				most = c;
+			fixed += ceil(elems / n) * 4; /* the gradient chunk */
+		}
+		fixed += most * 4;
+	}
+	for (int i = 0; i < rep->nroles; i++) {
+		Role *r = &rep->roles[i];
+		r->prog_arena = (double)lp->arena_bytes;
+		r->prog_state = (double)lp->state_bytes + fixed;
+		r->peak = r->prog_arena + r->prog_state;
+	}
+}
+
+void explain(FILE *out, Graph *g, bool json, const LProg *planned)
 {
 	Report *rep = build_report(g);
+	rep->planned = planned;
+	planned_memory(rep);
 	if (json)
 		print_json(out, rep);
 	else

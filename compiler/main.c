@@ -151,7 +151,10 @@ static int cmd_fmt(const Options *o, Arena *a)
 	return 0;
 }
 
-/* Runs sema and the passes for one plan; prints explain output when asked. */
+static bool build_supported(Graph *g, bool report);
+
+/* Runs sema and the passes for one plan; prints explain output when asked. A plan planc build
+ * can execute is also lowered and memory-planned, so explain reports the program that runs. */
 static Graph *compile_plan(Program *p, Item *plan, const Options *o, bool do_explain)
 {
 	PlanSpec *ps = sema_plan(p, plan);
@@ -160,20 +163,28 @@ static Graph *compile_plan(Program *p, Item *plan, const Options *o, bool do_exp
 	Graph *g = run_passes(ps, o->dump_after, stdout);
 	if (!g)
 		return NULL;
-	if (do_explain)
-		explain(stdout, g, o->json);
+	if (do_explain) {
+		LProg *planned = NULL;
+		if (build_supported(g, false)) {
+			planned = lower(g, 0);
+			if (planned)
+				memplan(planned);
+		}
+		explain(stdout, g, o->json, planned);
+	}
 	return g;
 }
 
 /* What planc build executes today; everything else is refused with its location, never ignored. */
-static bool build_supported(Graph *g)
+static bool build_supported(Graph *g, bool report)
 {
 	PlanSpec *ps = g->ps;
 	const Source *src = ps->src;
 	bool ok = true;
 #define REFUSE(loc, ...)                                                                                   \
 	do {                                                                                               \
-		diag_error(src, loc, __VA_ARGS__);                                                         \
+		if (report)                                                                                \
+			diag_error(src, loc, __VA_ARGS__);                                                 \
 		ok = false;                                                                                \
 	} while (0)
 	if (ps->pipe_axis >= 0)
@@ -214,7 +225,7 @@ static bool build_supported(Graph *g)
 	if (ok && i32_inputs != 2)
 		REFUSE(ps->model->name_loc, "planc build needs exactly two inputs i32[B, S] (tokens, then targets)");
 #undef REFUSE
-	if (!ok)
+	if (!ok && report)
 		diag_note_plain("'planc check' and 'planc explain' handle this plan; only execution is missing");
 	return ok;
 }
@@ -239,7 +250,7 @@ static int run_command(char *const argv[])
 /* emit c / build: lower, plan memory, print C; build then compiles it against planrt. */
 static bool cmd_codegen(Graph *g, const Options *o, bool compile)
 {
-	if (!build_supported(g))
+	if (!build_supported(g, true))
 		return false;
 	LProg *lp = lower(g, 0);
 	if (!lp)

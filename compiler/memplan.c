@@ -120,17 +120,33 @@ void memplan(LProg *p)
 			p->k[iv[i].kernel].scratch_offset = iv[i].offset;
 	}
 	p->arena_bytes = top;
-	/* persistent state: parameters, gradient accumulators, optimizer moments */
+	/* persistent state: parameters, gradient accumulators, optimizer moments (ZeRO: this rank's
+	 * chunk of each; parameters of ZeRO 1/2 padded to whole chunks), f32 master weights */
 	size_t state = 0;
-	int moments = g->ps->optimizer == OPT_ADAM || g->ps->optimizer == OPT_ADAMW ? 2 : g->ps->optimizer == OPT_MOMENTUM ? 1 : 0;
-	for (int v = 0; v < g->nvals; v++)
-		if (p->buf[v].cls == BUF_STATE && p->buf[v].first >= 0)
-			state += (p->buf[v].bytes + ALIGN - 1) / ALIGN * ALIGN;
-	for (int i = 0; i < p->nparams; i++) { /* f32 moments; f32 master weights when lower precision */
-		size_t f32 = ((size_t)p->buf[p->params[i]].elems * 4 + ALIGN - 1) / ALIGN * ALIGN;
-		state += f32 * (size_t)moments;
-		if (p->buf[p->params[i]].dtype != DT_F32)
-			state += 2 * f32; /* master weights and the widened gradient */
+	PlanSpec *ps = g->ps;
+	int moments = ps->optimizer == OPT_ADAM || ps->optimizer == OPT_ADAMW ? 2 : ps->optimizer == OPT_MOMENTUM ? 1 : 0;
+	bool zero = ps->zero_stage >= 1 && ps->zero_axis >= 0 && ps->axes[ps->zero_axis].size > 1;
+	int zn = zero ? ps->axes[ps->zero_axis].size : 1;
+	for (int v = 0; v < g->nvals; v++) {
+		const Buffer *b = &p->buf[v];
+		if (b->cls != BUF_STATE || (b->first < 0 && g->vals[v].role != ROLE_PARAM))
+			continue;
+		if (g->vals[v].def < 0 || g->ops[g->vals[v].def].stage != p->stage)
+			continue;
+		size_t bytes = b->bytes;
+		if (zero && ps->zero_stage < 3 && g->vals[v].role == ROLE_PARAM && g->ops[g->vals[v].def].kind == OP_PARAM)
+			bytes = (size_t)((b->elems + zn - 1) / zn) * (size_t)zn * 4;
+		state += bytes;
+	}
+	for (int i = 0; i < p->nparams; i++) {
+		const Buffer *b = &p->buf[p->params[i]];
+		long long elems = 1;
+		for (int d = 0; d < g->vals[p->params[i]].rank; d++)
+			elems *= b->ldims[d];
+		long long owned = zero ? (elems + zn - 1) / zn : elems;
+		state += (size_t)owned * 4 * (size_t)moments;
+		if (b->dtype != DT_F32)
+			state += (size_t)b->elems * 4 * 2; /* master weights and the widened gradient */
 	}
 	p->state_bytes = state;
 	free(iv);

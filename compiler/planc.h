@@ -506,7 +506,10 @@ bool zero(Graph *g);         /* zero.c: ZeRO state sharding and offload placemen
 bool sync_grads(Graph *g);   /* sync.c: gradient buckets, compression, local SGD, async */
 bool check_collectives(Graph *g); /* schedule.c: the collective-sequence check over all ranks */
 Graph *run_passes(PlanSpec *ps, const char *dump_after, FILE *dump_out);
-void explain(FILE *out, Graph *g, bool json); /* explain.c: the cost report, text or JSON */
+/* explain.c: the cost report, text or JSON; planned (may be NULL) is the lowered, memory-planned
+ * program when planc build can execute the plan: its arena and state give the peak. */
+typedef struct LProg LProg;
+void explain(FILE *out, Graph *g, bool json, const LProg *planned);
 extern const char *const pass_names[];
 
 /* ---------------------------------------------------------------- lower.c */

@@ -100,8 +100,11 @@ void planrt_check_(planrt_result_t r, const char *what, const char *file, int li
 {
 	if (r == planrt_success)
 		return;
-	planrt_fatal("%s:%d: %s: %s%s%s", file, line, what, planrt_error_string(r), last_error[0] ? ": " : "",
-		     last_error);
+	/* users see the cause and the fix; PLANRT_DEBUG adds where in the program it happened */
+	if (getenv("PLANRT_DEBUG"))
+		planrt_fatal("%s:%d: %s: %s%s%s", file, line, what, planrt_error_string(r), last_error[0] ? ": " : "",
+			     last_error);
+	planrt_fatal("%s%s%s", planrt_error_string(r), last_error[0] ? ": " : "", last_error);
 }
 
 /* ------------------------------------------------------------------ world */

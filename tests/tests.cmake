@@ -20,3 +20,5 @@ add_test(NAME equiv COMMAND python3 ${ROOT}/tests/equiv/run_equiv.py ${PLANC} ${
 set_tests_properties(equiv PROPERTIES TIMEOUT 1200)
 add_test(NAME program_errors COMMAND sh ${ROOT}/tests/run_program_errors.sh ${PLANC} WORKING_DIRECTORY ${ROOT})
 set_tests_properties(program_errors PROPERTIES TIMEOUT 600)
+add_test(NAME memory COMMAND python3 ${ROOT}/tests/equiv/check_memory.py ${PLANC} ${ROOT} WORKING_DIRECTORY ${ROOT})
+set_tests_properties(memory PROPERTIES TIMEOUT 600)
