@@ -22,3 +22,6 @@ add_test(NAME program_errors COMMAND sh ${ROOT}/tests/run_program_errors.sh ${PL
 set_tests_properties(program_errors PROPERTIES TIMEOUT 600)
 add_test(NAME memory COMMAND python3 ${ROOT}/tests/equiv/check_memory.py ${PLANC} ${ROOT} WORKING_DIRECTORY ${ROOT})
 set_tests_properties(memory PROPERTIES TIMEOUT 600)
+# PyTorch as an independent reference (skips when Debian's python3-torch is not installed)
+add_test(NAME torch_reference COMMAND /usr/bin/python3 ${ROOT}/tests/equiv/torch_reference.py ${PLANC} ${ROOT} 20
+         WORKING_DIRECTORY ${ROOT})
