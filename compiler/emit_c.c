@@ -410,7 +410,7 @@ static void print_prelude(Emit *e, const char *source_path)
 	fprintf(f, " * mpirun -np %d ./prog --steps K --data FILE [--init W.safetensors] [--save OUT.safetensors]\n", ps->world);
 	fprintf(f, " *        [--log run.jsonl] [--seed S] */\n");
 	fprintf(f, "#include <math.h>\n#include <stdint.h>\n#include <stdio.h>\n#include <stdlib.h>\n#include <string.h>\n\n");
-	fprintf(f, "#include \"planrt.h\"\n#include \"planrt_exec.h\"\n#include \"planrt_kernels.h\"\n\n");
+	fprintf(f, "#include \"planrt.h\"\n#include \"planrt_exec.h\"\n#include \"planrt_kernels.h\"\n#include \"planrt_math.h\"\n\n");
 	fprintf(f, "enum { NAXES = %d, WORLD = %d, MICRO_BATCHES = %d };\n", ps->naxes, ps->world,
 		ps->micro_batches > 0 ? ps->micro_batches : 1);
 	fprintf(f, "static const int axis_sizes[NAXES] = {");
@@ -428,19 +428,16 @@ static void print_prelude(Emit *e, const char *source_path)
 	fprintf(f,
 		"static inline float relu(float x) { return x > 0 ? x : 0; }\n"
 		"static inline float relu_grad(float y, float dy) { return y > 0 ? dy : 0; }\n"
-		"static inline float gelu_erf(float x) { return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f)); }\n"
-		"static inline float gelu_erf_grad(float x, float dy)\n{\n"
-		"\tfloat cdf = 0.5f * (1.0f + erff(x * 0.70710678118654752f));\n"
-		"\tfloat pdf = 0.39894228040143268f * expf(-0.5f * x * x);\n\treturn dy * (cdf + x * pdf);\n}\n"
+		"static inline float gelu_erf(float x) { return planrt_gelu_erf(x); }\n"
+		"static inline float gelu_erf_grad(float x, float dy) { return planrt_gelu_erf_grad(x, dy); }\n"
 		"static inline float gelu_tanh(float x)\n{\n"
 		"\treturn 0.5f * x * (1.0f + tanhf(0.79788456080286536f * (x + 0.044715f * x * x * x)));\n}\n"
 		"static inline float gelu_tanh_grad(float x, float dy)\n{\n"
 		"\tfloat u = 0.79788456080286536f * (x + 0.044715f * x * x * x), t = tanhf(u);\n"
 		"\tfloat du = 0.79788456080286536f * (1.0f + 3.0f * 0.044715f * x * x);\n"
 		"\treturn dy * (0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * du);\n}\n"
-		"static inline float silu(float x) { return x / (1.0f + expf(-x)); }\n"
-		"static inline float silu_grad(float x, float dy)\n{\n"
-		"\tfloat s = 1.0f / (1.0f + expf(-x));\n\treturn dy * s * (1.0f + x * (1.0f - s));\n}\n"
+		"static inline float silu(float x) { return planrt_silu(x); }\n"
+		"static inline float silu_grad(float x, float dy) { return planrt_silu_grad(x, dy); }\n"
 		"static inline float dropout_grad(uint8_t keep, float dy, float scale) { return keep ? dy * scale : 0; }\n"
 		"/* bf16 storage: widen to f32 for arithmetic, round to nearest even when stored */\n"
 		"static inline float bf(uint16_t x)\n{\n\tuint32_t u = (uint32_t)x << 16;\n\tfloat f;\n\tmemcpy(&f, &u, 4);\n\treturn f;\n}\n"

@@ -25,6 +25,7 @@
 #endif
 
 #include "planrt_kernels.h"
+#include "planrt_math.h"
 
 #include <cblas.h>
 #include <math.h>
@@ -158,15 +159,48 @@ static uint64_t dropout_threshold(double p)
 	return (uint64_t)ceil(p * 4294967296.0);
 }
 
-/* Writes mask[i] for n elements whose global indices are g0 + i * gs. */
+/* Writes mask[i] for n elements whose global indices are g0 + i * gs. Sixteen counters at a time
+ * in separate lanes, so the 32x32 -> 64-bit multiplies of Philox vectorise; the stream is the
+ * same as philox_first element by element. */
 static void dropout_mask_row(uint8_t *mask, int64_t n, uint64_t g0, int64_t gs, uint64_t thr, uint64_t seed,
 			     uint64_t key)
 {
-	uint32_t k0 = (uint32_t)seed, k1 = (uint32_t)(seed >> 32);
-	uint32_t c2 = (uint32_t)key, c3 = (uint32_t)(key >> 32);
-	for (int64_t i = 0; i < n; i++) {
+	enum { LANES = 16 };
+	const uint32_t k0 = (uint32_t)seed, k1 = (uint32_t)(seed >> 32);
+	const uint32_t c2k = (uint32_t)key, c3k = (uint32_t)(key >> 32);
+	int64_t i = 0;
+	for (; i + LANES <= n; i += LANES) {
+		uint32_t c0[LANES], c1[LANES], c2[LANES], c3[LANES];
+		for (int l = 0; l < LANES; l++) {
+			uint64_t g = g0 + (uint64_t)((i + l) * gs);
+			c0[l] = (uint32_t)g;
+			c1[l] = (uint32_t)(g >> 32);
+			c2[l] = c2k;
+			c3[l] = c3k;
+		}
+		uint32_t r0 = k0, r1 = k1;
+		for (int r = 0; r < 10; r++) {
+			if (r > 0) {
+				r0 += 0x9E3779B9u;
+				r1 += 0xBB67AE85u;
+			}
+			for (int l = 0; l < LANES; l++) {
+				uint64_t p0 = (uint64_t)0xD2511F53u * c0[l];
+				uint64_t p1 = (uint64_t)0xCD9E8D57u * c2[l];
+				uint32_t n0 = (uint32_t)(p1 >> 32) ^ c1[l] ^ r0;
+				uint32_t n2 = (uint32_t)(p0 >> 32) ^ c3[l] ^ r1;
+				c1[l] = (uint32_t)p1;
+				c3[l] = (uint32_t)p0;
+				c0[l] = n0;
+				c2[l] = n2;
+			}
+		}
+		for (int l = 0; l < LANES; l++)
+			mask[i + l] = (uint64_t)c0[l] >= thr;
+	}
+	for (; i < n; i++) {
 		uint64_t g = g0 + (uint64_t)(i * gs);
-		uint32_t u = philox_first((uint32_t)g, (uint32_t)(g >> 32), c2, c3, k0, k1);
+		uint32_t u = philox_first((uint32_t)g, (uint32_t)(g >> 32), c2k, c3k, k0, k1);
 		mask[i] = (uint64_t)u >= thr;
 	}
 }
@@ -196,53 +230,8 @@ static int64_t dropout_mask(uint8_t *mask, double p, uint64_t seed, uint64_t key
 	return v.total;
 }
 
-/* ---- a vectorisable expf ------------------------------------------------------------------------
- * exp(x) = 2^k e^r with k = round(x / ln 2), |r| <= ln2 / 2, e^r by a degree-6 polynomial (Cephes
- * coefficients); 2^k built in the exponent bits. Below -87.33 the result is 0 (so -inf gives 0, as
- * masked softmax needs), above 88.72 +inf, NaN propagates. Branch-free so loops calling it
- * vectorise. */
-static inline float kexpf(float x)
-{
-	const float hi = 88.7228317f, lo = -87.3365479f;
-	float xc = x > hi ? hi : (x < lo ? lo : x);
-	float k = xc * 1.44269504089f + 12582912.0f; /* round to nearest through the float mantissa */
-	k -= 12582912.0f;
-	float r = xc - k * 0.693359375f;
-	r = r - k * -2.12194440e-4f;
-	float p = 1.9875691500e-4f;
-	p = p * r + 1.3981999507e-3f;
-	p = p * r + 8.3334519073e-3f;
-	p = p * r + 4.1665795894e-2f;
-	p = p * r + 1.6666665459e-1f;
-	p = p * r + 5.0000001201e-1f;
-	p = p * r * r + r + 1.0f;
-	int32_t ki = (int32_t)k;
-	/* k in [-126, 128]: split 2^k in two factors so that k = 128 does not overflow the exponent */
-	int32_t k1 = ki >> 1, k2 = ki - k1;
-	union {
-		int32_t i;
-		float f;
-	} s1 = {.i = (k1 + 127) << 23}, s2 = {.i = (k2 + 127) << 23};
-	float y = p * s1.f * s2.f;
-	y = x > hi ? INFINITY : y;
-	y = x < lo ? 0.0f : y;
-	return x != x ? x : y;
-}
-
-/* erf(x) = sign(x) (1 - t (a1 + t (a2 + t (a3 + t (a4 + t a5)))) exp(-x^2)), t = 1 / (1 + p |x|):
- * Abramowitz and Stegun 7.1.26, absolute error below 1.5e-7. Branch-free. */
-static inline float kerff(float x)
-{
-	float ax = fabsf(x);
-	float t = 1.0f / (1.0f + 0.3275911f * ax);
-	float p = 1.061405429f;
-	p = p * t - 1.453152027f;
-	p = p * t + 1.421413741f;
-	p = p * t - 0.284496736f;
-	p = p * t + 0.254829592f;
-	float r = 1.0f - p * t * kexpf(-ax * ax);
-	return copysignf(r, x);
-}
+/* kexpf and kerff, the vectorisable expf and erff, live in planrt_math.h (generated programs use
+ * them in fused loops too). */
 
 /* ---- the typed kernels ------------------------------------------------------------------------- */
 #define KCAT_(a, b) a##_##b
