@@ -29,7 +29,7 @@ class Block(nn.Module):
         self.ln1, self.ln2 = nn.LayerNorm(D), nn.LayerNorm(D)
         self.q, self.k, self.v, self.o = (nn.Linear(D, D) for _ in range(4))
         self.fc1, self.fc2 = nn.Linear(D, 4 * D), nn.Linear(4 * D, D)
-        self.register_buffer("mask", torch.triu(torch.ones(S, S, dtype=torch.bool), diagonal=1))
+        self.mask = torch.triu(torch.ones(S, S, dtype=torch.bool), diagonal=1)  # not a buffer: gloo has no bool
 
     def forward(self, x):
         b = x.shape[0]
