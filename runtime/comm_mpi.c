@@ -1,12 +1,13 @@
 /* comm_mpi.c: collectives and point-to-point transfers over MPI, with the watchdog.
  *
- * Every operation is started with the MPI-3 nonblocking call (MPI_Iallreduce, ...) and completed
- * by a polling wait (MPI_Test in a loop, yielding the core after a short spin, which matters
- * when ranks outnumber cores). A blocking call is a start plus that wait, so the watchdog sees
- * every stall: when one operation is pending for PLANRT_WATCHDOG seconds (default 300) the rank
- * prints what it waits for (kind, count, dtype, communicator, its sequence number there) and
- * aborts the job. With the watchdog off (PLANRT_WATCHDOG=0) blocking calls use MPI's blocking
- * collectives, which are a little faster for small messages.
+ * A blocking call is MPI's blocking call, so planrt costs what plain MPI costs; a watchdog thread
+ * (started on the first call, when PLANRT_WATCHDOG > 0, default 300 s) watches the blocking call
+ * in progress and, if it is pending that long, prints what the rank waits for (kind, count,
+ * dtype, communicator, its sequence number there) and ends the process, which makes mpirun end
+ * the job: a stall becomes an error instead of a hang. The thread makes no MPI calls (MPI is
+ * initialised funneled). A nonblocking operation is started with the MPI-3 call (MPI_Iallreduce,
+ * ...) and completed by a polling wait (MPI_Test in a loop, yielding the core after a short
+ * spin, which matters when ranks outnumber cores) that applies the same limit itself.
  *
  * bf16 and f16 reductions accumulate in f32: the operands are converted to f32, reduced with
  * MPI_FLOAT and rounded back once, so the result is the f32 sum of the inputs rounded to the
@@ -31,7 +32,10 @@
 
 #include <limits.h>
 #include <math.h>
+#include <pthread.h>
 #include <sched.h>
+#include <time.h>
+#include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -235,6 +239,73 @@ static void abandon(struct planrt_request *q)
 	q->staged = q->scratch = NULL;
 }
 
+/* ------------------------------------------------------------------ the watchdog thread */
+
+/* The blocking call in progress, published without locks: gen changes on every arm and disarm,
+ * and the thread trusts a copy only if gen was the same before and after it read it. */
+static struct {
+	volatile uint64_t gen; /* odd while a call is armed */
+	volatile double since;
+	struct planrt_request q;
+} wd;
+static pthread_once_t wd_once = PTHREAD_ONCE_INIT;
+
+static void *watchdog_main(void *arg)
+{
+	(void)arg;
+	for (;;) {
+		double step = watchdog_s > 10 ? 1.0 : watchdog_s / 10 > 0.05 ? watchdog_s / 10 : 0.05;
+		struct timespec ts = {(time_t)step, (long)((step - (double)(time_t)step) * 1e9)};
+		nanosleep(&ts, NULL);
+		uint64_t g = __atomic_load_n(&wd.gen, __ATOMIC_ACQUIRE);
+		if (!(g & 1) || watchdog_s <= 0)
+			continue;
+		double since = wd.since;
+		struct planrt_request q = wd.q;
+		__atomic_thread_fence(__ATOMIC_ACQUIRE);
+		if (__atomic_load_n(&wd.gen, __ATOMIC_ACQUIRE) != g || planrt_now() - since <= watchdog_s)
+			continue;
+		char what[256];
+		describe(&q, what, sizeof what);
+		fprintf(stderr,
+			"planrt: rank %d: watchdog: %s still pending after %g s; another rank has stalled or called its "
+			"collectives in a different order (PLANRT_WATCHDOG=seconds changes the limit, 0 turns it off)\n",
+			planrt_world_rank_(), what, watchdog_s);
+		fflush(stderr);
+		_exit(1); /* mpirun then ends the other ranks */
+	}
+	return NULL;
+}
+
+static void watchdog_start(void)
+{
+	pthread_t t;
+	pthread_attr_t attr;
+	pthread_attr_init(&attr);
+	pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+	if (pthread_create(&t, &attr, watchdog_main, NULL) != 0)
+		fprintf(stderr, "planrt: rank %d: cannot start the watchdog thread; stalls will not be reported\n",
+			planrt_world_rank_());
+	pthread_attr_destroy(&attr);
+}
+
+static void watchdog_arm(const struct planrt_request *q)
+{
+	if (watchdog_s <= 0)
+		return;
+	pthread_once(&wd_once, watchdog_start);
+	wd.q = *q;
+	wd.since = planrt_now();
+	__atomic_add_fetch(&wd.gen, 1, __ATOMIC_RELEASE); /* odd: armed */
+}
+
+static void watchdog_disarm(void)
+{
+	if (watchdog_s <= 0)
+		return;
+	__atomic_add_fetch(&wd.gen, 1, __ATOMIC_RELEASE); /* even: idle */
+}
+
 static planrt_result_t poll_wait(struct planrt_request *q)
 {
 	int rc;
@@ -288,9 +359,11 @@ static planrt_result_t start(struct planrt_request *q, const void *sendbuf, void
 	MPI_Op mop = q->op == planrt_max ? MPI_MAX : MPI_SUM;
 	size_t es = planrt_dtype_size(q->dtype), n = (size_t)c->size;
 	int cnt = (int)q->count;
-	int direct = blocking && watchdog_s <= 0;
+	int direct = blocking;
 	int rc = MPI_SUCCESS;
 	q->mreq = MPI_REQUEST_NULL;
+	if (direct)
+		watchdog_arm(q);
 
 	switch (q->kind) {
 	case K_ALLREDUCE:
@@ -374,6 +447,8 @@ static planrt_result_t start(struct planrt_request *q, const void *sendbuf, void
 			    : MPI_Irecv(recvbuf, cnt, dt, q->peer, 0, comm, &q->mreq);
 		break;
 	}
+	if (direct)
+		watchdog_disarm();
 	if (rc != MPI_SUCCESS) {
 		abandon(q);
 		return mpi_fail(rc, q);
@@ -383,6 +458,8 @@ static planrt_result_t start(struct planrt_request *q, const void *sendbuf, void
 		finish(q);
 	return planrt_success;
 oom:
+	if (direct)
+		watchdog_disarm();
 	abandon(q);
 	return planrt_error_(planrt_system_error, "out of memory staging a %s of %zu %s", kind_names[q->kind], q->count,
 			     dtype_names[q->dtype]);
