@@ -336,6 +336,8 @@ static void print_loop(Emit *e, const Kernel *k)
 
 static void print_kernel(Emit *e, const Kernel *k)
 {
+	if (k->only_last_micro)
+		fprintf(e->f, "\tif (mb == MICRO_BATCHES - 1)\n\t");
 	if (k->kind == KER_LOOP) {
 		print_loop(e, k);
 		return;
@@ -548,10 +550,19 @@ static void print_phase(Emit *e, Phase ph, const char *name, const char *params)
 	FILE *f = e->f;
 	fprintf(f, "static void %s(%s)\n{\n", name, params);
 	int count = 0;
+	bool started = false;
+	if (ph == PH_BACKWARD)
+		fprintf(f, "\t(void)mb;\n");
 	for (int i = 0; i < e->p->nk; i++)
 		if (e->p->k[i].phase == ph) {
-			print_kernel(e, &e->p->k[i]);
+			const Kernel *k = &e->p->k[i];
+			print_kernel(e, k);
 			count++;
+			if (k->kind == KER_CALL && strstr(k->fn, "_start"))
+				started = true;
+			/* give MPI a chance to move overlapped buckets between the big kernels */
+			if (started && ph == PH_BACKWARD && k->kind == KER_CALL && !strcmp(k->fn, "planrt_k_matmul_f32"))
+				fprintf(f, "\tbucket_progress();\n");
 		}
 	if (!count)
 		fprintf(f, "\t/* nothing in this phase */\n");
@@ -849,6 +860,8 @@ static void print_main(Emit *e)
 		for (int i = 0; i < p->nparams; i++)
 			fprintf(f, "\tMW%d = alloc_zeroed(%lld);\n\tGF%d = alloc_zeroed(%lld);\n", p->params[i],
 				p->buf[p->params[i]].elems * 4, p->params[i], p->buf[p->params[i]].elems * 4);
+	for (int b = 0; b < p->nbuckets; b++)
+		fprintf(f, "\tBUCKETBUF%d = alloc_zeroed(%zu);\n", b, p->bucket_bytes[b]);
 	fprintf(f, "\tsetup_offsets();\n\tsetup_updates();\n\tinit_params(seed, init_path);\n\tmaster_to_params();\n");
 	/* data */
 	const Value *tok = &g->vals[e->tokens];
@@ -875,7 +888,7 @@ static void print_main(Emit *e)
 	fprintf(f, ", ");
 	print_ptr(e, e->targets);
 	fprintf(f, ");\n\t\t\t\tforward();\n\t\t\t\tbreak;\n");
-	fprintf(f, "\t\t\tcase ACT_B:\n\t\t\t\tbackward();\n");
+	fprintf(f, "\t\t\tcase ACT_B:\n\t\t\t\tbackward(mb);\n");
 	if (p->loss >= 0) {
 		fprintf(f, "\t\t\t\tloss += (double)");
 		print_ptr(e, p->loss);
@@ -931,7 +944,16 @@ bool emit_c(Graph *g, LProg **roles, int nroles, const char *dir, const char *so
 	print_prelude(&e, source_path);
 	print_state(&e);
 	print_phase(&e, PH_FORWARD, "forward", "void");
-	print_phase(&e, PH_BACKWARD, "backward", "void");
+	fprintf(f, "/* gradient buckets overlapped with the backward */\n");
+	for (int b = 0; b < p->nbuckets; b++)
+		fprintf(f, "static planrt_bucket_t BUCKET%d;\nstatic void *BUCKETBUF%d;\n", b, b);
+	if (p->nbuckets) {
+		fprintf(f, "static inline void bucket_progress(void)\n{\n");
+		for (int b = 0; b < p->nbuckets; b++)
+			fprintf(f, "\tplanrt_bucket_progress(&BUCKET%d);\n", b);
+		fprintf(f, "}\n\n");
+	}
+	print_phase(&e, PH_BACKWARD, "backward", "int mb");
 	print_phase(&e, PH_STEP, "sync_gradients", "void");
 	print_main(&e);
 	bool ok = !ferror(f);

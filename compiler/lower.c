@@ -939,6 +939,120 @@ static void plan_conversions(Lower *L)
 	}
 }
 
+/* The members (gradient values) of a bucket kernel: its buffer-address array argument. */
+static const KArg *bucket_members(const Kernel *k)
+{
+	for (int a = 0; a < k->nargs; a++)
+		if (k->args[a].kind == KA_INTS && k->args[a].nints <= -1000)
+			return &k->args[a];
+	return NULL;
+}
+
+/* `sync strict, overlap`: every gradient bucket starts (nonblocking) right after the backward kernel
+ * that finalises the last of its members, and finishes where the blocking call was. */
+static void overlap_buckets(Lower *L)
+{
+	LProg *p = L->p;
+	Graph *g = L->g;
+	if (!g->ps->overlap)
+		return;
+	int nb = 0;
+	for (int i = 0; i < p->nk; i++)
+		if (p->k[i].kind == KER_CALL && (!strcmp(p->k[i].fn, "planrt_bucket_allreduce") ||
+						 !strcmp(p->k[i].fn, "planrt_bucket_reduce_scatter")))
+			nb++;
+	if (!nb)
+		return;
+	Kernel *out = arena_alloc(g->arena, sizeof(Kernel) * (size_t)(p->nk + nb));
+	int *start_after = malloc(sizeof(int) * (size_t)p->nk);
+	int *bucket_of = malloc(sizeof(int) * (size_t)p->nk);
+	if (!start_after || !bucket_of)
+		ICE("out of memory");
+	p->bucket_bytes = arena_alloc(g->arena, sizeof(size_t) * (size_t)nb);
+	for (int i = 0; i < p->nk; i++)
+		start_after[i] = bucket_of[i] = -1;
+	int b = 0;
+	for (int i = 0; i < p->nk; i++) {
+		Kernel *k = &p->k[i];
+		const KArg *mem = k->kind == KER_CALL ? bucket_members(k) : NULL;
+		if (!mem || (strcmp(k->fn, "planrt_bucket_allreduce") && strcmp(k->fn, "planrt_bucket_reduce_scatter")))
+			continue;
+		int last = -1;
+		for (int j = 0; j < i; j++) {
+			if (p->k[j].phase != PH_BACKWARD)
+				continue;
+			for (int d = 0; d < p->k[j].ndefs; d++)
+				for (int m = 0; m < -1000 - mem->nints; m++)
+					if (p->k[j].defs[d] == (int)mem->ints[m])
+						last = j;
+		}
+		if (last < 0)
+			continue; /* no backward kernel writes it here: keep the blocking call */
+		start_after[last] = i;
+		bucket_of[i] = b;
+		p->bucket_bytes[b++] = k->scratch;
+	}
+	p->nbuckets = b;
+	int n = 0;
+	for (int i = 0; i < p->nk; i++) {
+		Kernel k = p->k[i];
+		if (bucket_of[i] >= 0) { /* the finish, where the blocking call was */
+			int id = bucket_of[i];
+			bool ar = !strcmp(k.fn, "planrt_bucket_allreduce");
+			Kernel f = k;
+			f.nargs = 0;
+			f.scratch = 0;
+			f.fn = ar ? "planrt_bucket_allreduce_finish" : "planrt_bucket_reduce_scatter_finish";
+			arg_text(&f, arena_printf(g->arena, "&BUCKET%d", id));
+			if (ar) { /* (n, bufs, counts, dtype, comm, scratch) */
+				f.args[f.nargs++] = k.args[0];
+				f.args[f.nargs++] = k.args[1];
+				f.args[f.nargs++] = k.args[2];
+				f.args[f.nargs++] = k.args[3];
+			} else { /* (n, bufs, counts, shards, accumulate, zero_source, comm, scratch) */
+				f.args[f.nargs++] = k.args[0];
+				f.args[f.nargs++] = k.args[2];
+				f.args[f.nargs++] = k.args[3];
+				f.args[f.nargs++] = k.args[4];
+				f.args[f.nargs++] = k.args[6];
+			}
+			arg_text(&f, arena_printf(g->arena, "BUCKETBUF%d", id));
+			out[n++] = f;
+		} else {
+			out[n++] = k;
+		}
+		if (start_after[i] >= 0) {
+			const Kernel *bk = &p->k[start_after[i]];
+			int id = bucket_of[start_after[i]];
+			bool ar = !strcmp(bk->fn, "planrt_bucket_allreduce");
+			Kernel s = *bk;
+			s.nargs = 0;
+			s.scratch = 0;
+			s.phase = PH_BACKWARD;
+			s.only_last_micro = bk->phase == PH_STEP; /* per-step buckets: the last micro-batch only */
+			s.fn = ar ? "planrt_bucket_allreduce_start" : "planrt_bucket_reduce_scatter_start";
+			arg_text(&s, arena_printf(g->arena, "&BUCKET%d", id));
+			if (ar) {
+				for (int a = 0; a < 5; a++)
+					s.args[s.nargs++] = bk->args[a];
+			} else {
+				s.args[s.nargs++] = bk->args[0];
+				s.args[s.nargs++] = bk->args[1];
+				s.args[s.nargs++] = bk->args[2];
+				s.args[s.nargs++] = bk->args[5];
+				s.args[s.nargs++] = bk->args[6];
+			}
+			arg_text(&s, arena_printf(g->arena, "BUCKETBUF%d", id));
+			out[n++] = s;
+		}
+	}
+	free(start_after);
+	free(bucket_of);
+	p->k = out;
+	p->nk = n;
+	p->capk = p->nk;
+}
+
 LProg *lower(Graph *g, int stage)
 {
 	LProg *p = arena_alloc(g->arena, sizeof *p);
@@ -1032,6 +1146,7 @@ LProg *lower(Graph *g, int stage)
 		lower_op(&L, op, i);
 	}
 	plan_conversions(&L);
+	overlap_buckets(&L);
 	free(L.consumers);
 	free(L.kept);
 	free(L.skip);

@@ -148,6 +148,8 @@ void memplan(LProg *p)
 		if (b->dtype != DT_F32)
 			state += (size_t)b->elems * 4 * 2; /* master weights and the widened gradient */
 	}
+	for (int b = 0; b < p->nbuckets; b++) /* overlapped gradient buckets keep their own buffers */
+		state += p->bucket_bytes[b];
 	p->state_bytes = state;
 	free(iv);
 	free(placed);

@@ -593,6 +593,7 @@ typedef struct Kernel {
 	bool conv_in[8], conv_out[8];
 	size_t conv_offset[8];  /* from scratch_offset + scratch */
 	size_t conv_bytes;
+	bool only_last_micro;   /* runs in the last micro-batch's backward only (an overlapped bucket) */
 } Kernel;
 
 typedef struct LProg {
@@ -609,6 +610,8 @@ typedef struct LProg {
 	int *inputs;            /* input values (tokens, targets) */
 	int ninputs;
 	int loss;               /* the loss value on this stage, or -1 */
+	int nbuckets;           /* gradient buckets overlapped with the backward (sync ... overlap) */
+	size_t *bucket_bytes;   /* each one's static buffer */
 } LProg;
 
 /* Lowers the graph for one pipeline stage; NULL after reporting what cannot be executed yet. */

@@ -244,6 +244,96 @@ void planrt_bucket_reduce_scatter(int n, void *const *bufs_in, const int64_t *co
 	}
 }
 
+static size_t pack(int n, void *const *bufs, const int64_t *counts, size_t elem, char *packed)
+{
+	size_t at = 0;
+	for (int i = 0; i < n; i++) {
+		memcpy(packed + at, bufs[i], elem * (size_t)counts[i]);
+		at += elem * (size_t)counts[i];
+	}
+	return at / elem;
+}
+
+void planrt_bucket_allreduce_start(planrt_bucket_t *b, int n, void *const *bufs, const int64_t *counts,
+				   planrt_dtype_t t, planrt_comm_t c, void *buf)
+{
+	size_t count = pack(n, bufs, counts, planrt_dtype_size(t), buf);
+	PLANRT_CHECK(planrt_allreduce(buf, buf, count, t, planrt_sum, c, &b->req));
+	b->active = 1;
+}
+
+void planrt_bucket_allreduce_finish(planrt_bucket_t *b, int n, void *const *bufs, const int64_t *counts,
+				    planrt_dtype_t t, void *buf)
+{
+	if (!b->active)
+		planrt_fatal("internal error: a gradient bucket finished before it started");
+	PLANRT_CHECK(planrt_wait(b->req));
+	b->active = 0;
+	size_t elem = planrt_dtype_size(t), at = 0;
+	for (int i = 0; i < n; i++) {
+		memcpy(bufs[i], (char *)buf + at, elem * (size_t)counts[i]);
+		at += elem * (size_t)counts[i];
+	}
+}
+
+void planrt_bucket_reduce_scatter_start(planrt_bucket_t *b, int n, void *const *bufs_in, const int64_t *counts,
+					int zero_source, planrt_comm_t c, void *buf)
+{
+	float *const *bufs = (float *const *)bufs_in;
+	int size = planrt_comm_size(c);
+	int64_t total = 0;
+	for (int i = 0; i < n; i++)
+		total += planrt_flat_chunk(counts[i], c);
+	float *send = buf, *recv = send + (size_t)size * (size_t)total;
+	for (int q = 0; q < size; q++) {
+		float *at = send + (size_t)q * (size_t)total;
+		for (int i = 0; i < n; i++) {
+			int64_t chunk = planrt_flat_chunk(counts[i], c), lo = q * chunk;
+			int64_t have = counts[i] - lo;
+			have = have > chunk ? chunk : have < 0 ? 0 : have;
+			if (have)
+				memcpy(at, bufs[i] + lo, sizeof(float) * (size_t)have);
+			memset(at + have, 0, sizeof(float) * (size_t)(chunk - have));
+			at += chunk;
+		}
+	}
+	if (zero_source)
+		for (int i = 0; i < n; i++)
+			memset(bufs[i], 0, sizeof(float) * (size_t)counts[i]);
+	PLANRT_CHECK(planrt_reduce_scatter(send, recv, (size_t)total, planrt_f32, planrt_sum, c, &b->req));
+	b->active = 1;
+}
+
+void planrt_bucket_reduce_scatter_finish(planrt_bucket_t *b, int n, const int64_t *counts, float *const *shards,
+					 int accumulate, planrt_comm_t c, void *buf)
+{
+	if (!b->active)
+		planrt_fatal("internal error: a gradient bucket finished before it started");
+	PLANRT_CHECK(planrt_wait(b->req));
+	b->active = 0;
+	int size = planrt_comm_size(c);
+	int64_t total = 0;
+	for (int i = 0; i < n; i++)
+		total += planrt_flat_chunk(counts[i], c);
+	const float *at = (const float *)buf + (size_t)size * (size_t)total;
+	for (int i = 0; i < n; i++) {
+		int64_t chunk = planrt_flat_chunk(counts[i], c);
+		if (accumulate)
+			for (int64_t j = 0; j < chunk; j++)
+				shards[i][j] += at[j];
+		else
+			memcpy(shards[i], at, sizeof(float) * (size_t)chunk);
+		at += chunk;
+	}
+}
+
+void planrt_bucket_progress(planrt_bucket_t *b)
+{
+	int done;
+	if (b->active)
+		PLANRT_CHECK(planrt_test(b->req, &done));
+}
+
 void planrt_cross_entropy_f32(const float *logits, const int32_t *targets, float *loss, float *lse, int64_t rows,
 			      int64_t cols, int64_t vocab_lo, double scale, planrt_comm_t vocab_comm, void *scratch)
 {

@@ -47,6 +47,26 @@ void planrt_bucket_reduce_scatter(int n, void *const *bufs, const int64_t *count
 void planrt_bucket_allreduce(int n, void *const *bufs, const int64_t *counts, planrt_dtype_t t, planrt_comm_t c,
 			     void *scratch);
 
+/* A gradient bucket whose reduction overlaps the backward pass: start packs the (final) member
+ * gradients into the bucket's own buffer and starts a nonblocking all-reduce or, for ZeRO,
+ * reduce-scatter; progress gives MPI a chance to move it between kernels; finish waits and
+ * unpacks (all-reduce) or adds / copies this rank's chunks into shards (reduce-scatter, with the
+ * same accumulate / zero_source meaning as planrt_bucket_reduce_scatter). buf: the bucket's
+ * static buffer, the bytes the blocking version takes as scratch. */
+typedef struct planrt_bucket {
+	planrt_request_t req;
+	int active;
+} planrt_bucket_t;
+void planrt_bucket_allreduce_start(planrt_bucket_t *b, int n, void *const *bufs, const int64_t *counts,
+				   planrt_dtype_t t, planrt_comm_t c, void *buf);
+void planrt_bucket_allreduce_finish(planrt_bucket_t *b, int n, void *const *bufs, const int64_t *counts,
+				    planrt_dtype_t t, void *buf);
+void planrt_bucket_reduce_scatter_start(planrt_bucket_t *b, int n, void *const *bufs, const int64_t *counts,
+					int zero_source, planrt_comm_t c, void *buf);
+void planrt_bucket_reduce_scatter_finish(planrt_bucket_t *b, int n, const int64_t *counts, float *const *shards,
+					 int accumulate, planrt_comm_t c, void *buf);
+void planrt_bucket_progress(planrt_bucket_t *b);
+
 /* loss = sum over rows of (lse - target logit) * scale; lse saved for the backward. With a
  * vocabulary split over vocab_comm (non-NULL), the max, sum of exp and target logit are
  * all-reduced between the pieces. scratch: 3 * rows floats. */
