@@ -943,7 +943,12 @@ bool emit_c(Graph *g, LProg **roles, int nroles, const char *dir, const char *so
 	mark_arrays(&e);
 	print_prelude(&e, source_path);
 	print_state(&e);
-	print_phase(&e, PH_FORWARD, "forward", "void");
+	if (p->nprefetch) {
+		fprintf(f, "/* ZeRO-3 parameter gathers in flight (prefetch) */\n");
+		for (int i = 0; i < p->nprefetch; i++)
+			fprintf(f, "static planrt_request_t GATHER%d;\n", i);
+		fprintf(f, "\n");
+	}
 	fprintf(f, "/* gradient buckets overlapped with the backward */\n");
 	for (int b = 0; b < p->nbuckets; b++)
 		fprintf(f, "static planrt_bucket_t BUCKET%d;\nstatic void *BUCKETBUF%d;\n", b, b);
@@ -953,6 +958,7 @@ bool emit_c(Graph *g, LProg **roles, int nroles, const char *dir, const char *so
 			fprintf(f, "\tplanrt_bucket_progress(&BUCKET%d);\n", b);
 		fprintf(f, "}\n\n");
 	}
+	print_phase(&e, PH_FORWARD, "forward", "void");
 	print_phase(&e, PH_BACKWARD, "backward", "int mb");
 	print_phase(&e, PH_STEP, "sync_gradients", "void");
 	print_main(&e);

@@ -1053,6 +1053,101 @@ static void overlap_buckets(Lower *L)
 	p->capk = p->nk;
 }
 
+/* ZeRO-3 prefetch: each parameter's all-gather starts (nonblocking) as soon as the previous
+ * gather of its phase has finished, so it travels while the previous parameter is used; the
+ * gathered buffer is padded to whole chunks so the collective writes into it directly. */
+static void prefetch_gathers(Lower *L)
+{
+	LProg *p = L->p;
+	Graph *g = L->g;
+	if (g->ps->zero_stage < 3)
+		return;
+	int ng = 0;
+	for (int i = 0; i < p->nk; i++)
+		if (p->k[i].kind == KER_CALL && !strcmp(p->k[i].fn, "planrt_allgather_flat"))
+			ng++;
+	if (!ng)
+		return;
+	Kernel *out = arena_alloc(g->arena, sizeof(Kernel) * (size_t)(p->nk + ng));
+	int *starts_before = malloc(sizeof(int) * (size_t)(p->nk + 1)); /* kernel index -> gather to start before it */
+	int *gather_id = malloc(sizeof(int) * (size_t)p->nk);
+	int *after = malloc(sizeof(int) * (size_t)p->nk);
+	if (!starts_before || !gather_id || !after)
+		ICE("out of memory");
+	for (int i = 0; i <= p->nk; i++)
+		starts_before[i] = -1;
+	for (int i = 0; i < p->nk; i++)
+		gather_id[i] = after[i] = -1;
+	int id = 0;
+	for (int ph = PH_FORWARD; ph <= PH_BACKWARD; ph++) {
+		int prev = -1, first = -1;
+		for (int i = 0; i < p->nk; i++) {
+			if (p->k[i].phase != (Phase)ph)
+				continue;
+			if (first < 0)
+				first = i;
+			if (p->k[i].kind != KER_CALL || strcmp(p->k[i].fn, "planrt_allgather_flat"))
+				continue;
+			gather_id[i] = id++;
+			if (prev < 0)
+				starts_before[first] = i; /* the phase's first gather starts with the phase */
+			else
+				after[prev] = i;          /* the others start when the previous one finished */
+			prev = i;
+			int y = p->k[i].args[1].value;
+			int size = g->ps->axes[g->ops[p->k[i].op].axis].size;
+			long long n = p->buf[y].elems, c = (n + size - 1) / size;
+			p->buf[y].bytes = (size_t)(c * size) * 4;
+		}
+	}
+	p->nprefetch = id;
+	int n = 0;
+	for (int i = 0; i < p->nk; i++) {
+		for (int pass = 0; pass < 2; pass++) {
+			int gi = pass == 0 ? starts_before[i] : -1;
+			if (pass == 1) {
+				Kernel k = p->k[i];
+				if (gather_id[i] >= 0) { /* the finish, where the blocking gather was */
+					Kernel f = k;
+					f.nargs = 0;
+					f.scratch = 0;
+					f.nuses = 0;
+					f.ndefs = 0;
+					f.fn = "planrt_allgather_flat_finish";
+					arg_text(&f, arena_printf(g->arena, "&GATHER%d", gather_id[i]));
+					use(&f, k.args[1].value);
+					out[n++] = f;
+				} else {
+					out[n++] = k;
+				}
+				gi = after[i];
+			}
+			if (gi < 0)
+				continue;
+			const Kernel *gk = &p->k[gi];
+			Kernel s = *gk;
+			s.nargs = 0;
+			s.scratch = 0;
+			s.nuses = s.ndefs = 0;
+			s.fn = "planrt_allgather_flat_start";
+			arg_text(&s, arena_printf(g->arena, "&GATHER%d", gather_id[gi]));
+			s.args[s.nargs++] = gk->args[0];
+			s.args[s.nargs++] = gk->args[1];
+			s.args[s.nargs++] = gk->args[2];
+			s.args[s.nargs++] = gk->args[3];
+			use(&s, gk->args[0].value);
+			def(&s, gk->args[1].value);
+			out[n++] = s;
+		}
+	}
+	free(starts_before);
+	free(gather_id);
+	free(after);
+	p->k = out;
+	p->nk = n;
+	p->capk = n;
+}
+
 LProg *lower(Graph *g, int stage)
 {
 	LProg *p = arena_alloc(g->arena, sizeof *p);
@@ -1147,6 +1242,7 @@ LProg *lower(Graph *g, int stage)
 	}
 	plan_conversions(&L);
 	overlap_buckets(&L);
+	prefetch_gathers(&L);
 	free(L.consumers);
 	free(L.kept);
 	free(L.skip);

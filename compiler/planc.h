@@ -610,6 +610,7 @@ typedef struct LProg {
 	int *inputs;            /* input values (tokens, targets) */
 	int ninputs;
 	int loss;               /* the loss value on this stage, or -1 */
+	int nprefetch;          /* ZeRO-3 parameter gathers started one parameter ahead */
 	int nbuckets;           /* gradient buckets overlapped with the backward (sync ... overlap) */
 	size_t *bucket_bytes;   /* each one's static buffer */
 } LProg;

@@ -204,6 +204,18 @@ void planrt_allgather_flat(const float *shard, float *full, int64_t n, planrt_co
 	memcpy(full, scratch, sizeof(float) * (size_t)n);
 }
 
+void planrt_allgather_flat_start(planrt_request_t *req, const float *shard, float *full, int64_t n, planrt_comm_t c)
+{
+	int64_t chunk = planrt_flat_chunk(n, c);
+	PLANRT_CHECK(planrt_allgather(shard, full, (size_t)chunk, planrt_f32, c, req));
+}
+
+void planrt_allgather_flat_finish(planrt_request_t *req)
+{
+	PLANRT_CHECK(planrt_wait(*req));
+	*req = NULL;
+}
+
 void planrt_bucket_reduce_scatter(int n, void *const *bufs_in, const int64_t *counts, float *const *shards,
 				  int accumulate, int zero_source, planrt_comm_t c, void *scratch)
 {

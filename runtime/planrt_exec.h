@@ -36,6 +36,10 @@ int64_t planrt_flat_chunk(int64_t n, planrt_comm_t c);
 /* full[0..n) = the concatenation of every rank's chunk; scratch: size * c floats. shard may point
  * into full. */
 void planrt_allgather_flat(const float *shard, float *full, int64_t n, planrt_comm_t c, void *scratch);
+/* The same, nonblocking, for prefetching (ZeRO-3 gathers the next parameter while the current one
+ * is used): full must hold size * c floats (the tail past n is padding). */
+void planrt_allgather_flat_start(planrt_request_t *req, const float *shard, float *full, int64_t n, planrt_comm_t c);
+void planrt_allgather_flat_finish(planrt_request_t *req);
 /* Reduce-scatters n gradient buffers into their per-rank chunks: shards[i] (c_i floats) gets the
  * sum over ranks of chunk r of bufs[i] (added to it when accumulate). With zero_source the
  * buffers are cleared after packing (ZeRO 2 and 3 keep no whole gradient across micro-batches).
