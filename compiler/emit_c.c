@@ -500,8 +500,8 @@ static void print_state(Emit *e)
 				g->vals[e->p->params[i]].name);
 	if (low_precision(e))
 		for (int i = 0; i < e->p->nparams; i++)
-			fprintf(f, "static float *MW%d, *GF%d; /* f32 master weights of %s and its gradient in f32 */\n",
-				e->p->params[i], e->p->params[i], g->vals[e->p->params[i]].name);
+			fprintf(f, "static float *MW%d; /* f32 master weights of %s */\n", e->p->params[i],
+				g->vals[e->p->params[i]].name);
 	fprintf(f, "\n/* global offsets of this rank's blocks, and global shapes (for RNG counters) */\n");
 	for (int v = 0; v < g->nvals; v++) {
 		if (e->has_offs[v])
@@ -615,7 +615,8 @@ static void print_main(Emit *e)
 	for (int i = 0; i < g->nops; i++)
 		if (g->ops[i].kind == OP_OPTIMIZER_STEP && g->ops[i].stage == p->stage)
 			nupd++;
-	fprintf(f, "typedef struct Update { float *param, *grad, *m, *v; int64_t n; double replicas; const char *name; } Update;\n");
+	fprintf(f, "/* grad16: a bf16 gradient, widened to f32 one parameter at a time into `widened` */\n");
+	fprintf(f, "typedef struct Update { float *param, *grad, *m, *v; int64_t n; double replicas; const char *name; const uint16_t *grad16; } Update;\n");
 	fprintf(f, "static Update updates[%d];\n\n", nupd ? nupd : 1);
 	fprintf(f, "static void setup_updates(void)\n{\n");
 	int u = 0;
@@ -632,15 +633,18 @@ static void print_main(Emit *e)
 			/* the optimizer updates this rank's chunk of the parameter with its chunk of the gradient */
 			long long n = block_elems(e, param), c = zero_chunk(e, param);
 			fprintf(f, "\t{\n\t\tint64_t lo = (int64_t)planrt_mesh_coord(%d) * %lld, n = %lld - lo;\n", ps->zero_axis, c, n);
-			fprintf(f, "\t\tupdates[%d] = (Update){S%d%s, GS%d, M%d, V%d, n < 0 ? 0 : n > %lld ? %lld : n, %g, \"%s\"};\n\t}\n",
+			fprintf(f, "\t\tupdates[%d] = (Update){S%d%s, GS%d, M%d, V%d, n < 0 ? 0 : n > %lld ? %lld : n, %g, \"%s\", NULL};\n\t}\n",
 				u, param, ps->zero_stage >= 3 ? "" : " + lo", param, param, param, c, c, replicas, g->vals[param].name);
 		} else if (low_precision(e)) {
-			fprintf(f, "\tupdates[%d] = (Update){MW%d, GF%d, M%d, V%d, %lld, %g, \"%s\"};\n", u, param, param, param, param,
+			fprintf(f, "\tupdates[%d] = (Update){MW%d, NULL, M%d, V%d, %lld, %g, \"%s\", ", u, param, param, param,
 				p->buf[param].elems, replicas, g->vals[param].name);
+			print_ptr(e, grad);
+			fprintf(f, "};\n");
 		} else {
 			fprintf(f, "\tupdates[%d] = (Update){S%d, ", u, param);
 			print_ptr(e, grad);
-			fprintf(f, ", M%d, V%d, %lld, %g, \"%s\"};\n", param, param, p->buf[param].elems, replicas, g->vals[param].name);
+			fprintf(f, ", M%d, V%d, %lld, %g, \"%s\", NULL};\n", param, param, p->buf[param].elems, replicas,
+				g->vals[param].name);
 		}
 		u++;
 	}
@@ -650,17 +654,13 @@ static void print_main(Emit *e)
 	if (low_precision(e))
 		for (int i = 0; i < p->nparams; i++)
 			fprintf(f, "\tplanrt_k_f32_to_bf16(MW%d, S%d, %lld);\n", p->params[i], p->params[i], p->buf[p->params[i]].elems);
-	fprintf(f, "}\n\nstatic void gradients_to_f32(void)\n{\n");
-	if (low_precision(e))
-		for (int i = 0; i < g->nops; i++) {
-			const Op *op = &g->ops[i];
-			if (op->kind != OP_OPTIMIZER_STEP || op->stage != p->stage)
-				continue;
-			fprintf(f, "\tplanrt_k_bf16_to_f32(");
-			print_ptr(e, op->in[1]);
-			fprintf(f, ", GF%d, %lld);\n", op->in[0], p->buf[op->in[0]].elems);
-		}
-	fprintf(f, "}\n\n");
+	long long widest = 1;
+	for (int i = 0; i < p->nparams; i++)
+		if (p->buf[p->params[i]].elems > widest)
+			widest = p->buf[p->params[i]].elems;
+	fprintf(f, "}\n\nstatic float *widened; /* %lld floats: the largest parameter */\n", widest);
+	fprintf(f, "static float *gradient_f32(const Update *u)\n{\n\tif (!u->grad16)\n\t\treturn u->grad;\n"
+		   "\tplanrt_k_bf16_to_f32(u->grad16, widened, u->n);\n\treturn widened;\n}\n\n");
 	fprintf(f, "/* ZeRO 1 and 2: every rank updated its chunk; gather the whole parameters back. */\n");
 	fprintf(f, "static float *zero_scratch;\nstatic void gather_updated(void)\n{\n");
 	if (zero_on(e) && ps->zero_stage < 3) {
@@ -681,24 +681,22 @@ static void print_main(Emit *e)
 	fprintf(f,
 		"/* Clips by the global gradient norm (each replicated block counted once), then updates. */\n"
 		"static double update(int64_t step)\n{\n"
-		"\tgradients_to_f32();\n"
 		"\tdouble local = 0;\n"
 		"\tfor (int i = 0; i < %d; i++)\n"
-		"\t\tlocal += planrt_sum_squares(updates[i].grad, (size_t)updates[i].n) / updates[i].replicas;\n"
+		"\t\tlocal += planrt_sum_squares(gradient_f32(&updates[i]), (size_t)updates[i].n) / updates[i].replicas;\n"
 		"\tdouble norm = sqrt(planrt_world_sum(local));\n"
-		"\tif (CLIP > 0 && norm > CLIP) {\n"
-		"\t\tdouble coef = CLIP / (norm + 1e-6);\n"
-		"\t\tfor (int i = 0; i < %d; i++)\n"
-		"\t\t\tplanrt_k_scale_f32(updates[i].grad, updates[i].grad, updates[i].n, coef);\n"
-		"\t}\n"
+		"\tdouble coef = CLIP > 0 && norm > CLIP ? CLIP / (norm + 1e-6) : 1.0;\n"
 		"\tdouble lr = planrt_lr_at(%.17g, step, %d, %d, %.17g);\n"
-		"\tfor (int i = 0; i < %d; i++)\n"
-		"\t\tplanrt_opt_step(&optimizer, lr, step + 1, updates[i].param, updates[i].grad, updates[i].m, updates[i].v,\n"
-		"\t\t\t\t(size_t)updates[i].n);\n"
+		"\tfor (int i = 0; i < %d; i++) {\n"
+		"\t\tfloat *grad = gradient_f32(&updates[i]);\n"
+		"\t\tif (coef != 1.0)\n"
+		"\t\t\tplanrt_k_scale_f32(grad, grad, updates[i].n, coef);\n"
+		"\t\tplanrt_opt_step(&optimizer, lr, step + 1, updates[i].param, grad, updates[i].m, updates[i].v,\n"
+		"\t\t\t\t(size_t)updates[i].n);\n\t}\n"
 		"\tgather_updated();\n"
 		"\tmaster_to_params();\n"
 		"\treturn norm;\n}\n\n",
-		nupd, nupd, ps->lr, ps->warmup, ps->total_steps, ps->min_lr, nupd);
+		nupd, ps->lr, ps->warmup, ps->total_steps, ps->min_lr, nupd);
 	/* schedule table */
 	fprintf(f, "/* One step as a table of actions (F: forward of a micro-batch, B: its backward). */\n");
 	fprintf(f, "typedef enum { ACT_F, ACT_B, ACT_SYNC } Act;\nstatic const struct { Act act; int micro; } schedule[] = {\n");
@@ -858,8 +856,16 @@ static void print_main(Emit *e)
 	}
 	if (low_precision(e))
 		for (int i = 0; i < p->nparams; i++)
-			fprintf(f, "\tMW%d = alloc_zeroed(%lld);\n\tGF%d = alloc_zeroed(%lld);\n", p->params[i],
-				p->buf[p->params[i]].elems * 4, p->params[i], p->buf[p->params[i]].elems * 4);
+			fprintf(f, "\tMW%d = alloc_zeroed(%lld);\n", p->params[i], p->buf[p->params[i]].elems * 4);
+	if (low_precision(e)) {
+		long long most = 1;
+		for (int i = 0; i < p->nparams; i++)
+			if (p->buf[p->params[i]].elems > most)
+				most = p->buf[p->params[i]].elems;
+		fprintf(f, "\twidened = alloc_zeroed(%lld);\n", most * 4);
+	} else {
+		fprintf(f, "\t(void)widened;\n");
+	}
 	for (int b = 0; b < p->nbuckets; b++)
 		fprintf(f, "\tBUCKETBUF%d = alloc_zeroed(%zu);\n", b, p->bucket_bytes[b]);
 	fprintf(f, "\tsetup_offsets();\n\tsetup_updates();\n\tinit_params(seed, init_path);\n\tmaster_to_params();\n");

@@ -146,8 +146,13 @@ void memplan(LProg *p)
 		long long owned = zero ? (elems + zn - 1) / zn : elems;
 		state += (size_t)owned * 4 * (size_t)moments;
 		if (b->dtype != DT_F32)
-			state += (size_t)b->elems * 4 * 2; /* master weights and the widened gradient */
+			state += (size_t)b->elems * 4; /* f32 master weights */
 	}
+	long long widest = 0; /* lower precision: one parameter's gradient widened to f32 at a time */
+	for (int i = 0; i < p->nparams; i++)
+		if (p->buf[p->params[i]].dtype != DT_F32 && p->buf[p->params[i]].elems > widest)
+			widest = p->buf[p->params[i]].elems;
+	state += (size_t)widest * 4;
 	for (int b = 0; b < p->nbuckets; b++) /* overlapped gradient buckets keep their own buffers */
 		state += p->bucket_bytes[b];
 	p->state_bytes = state;
