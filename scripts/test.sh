@@ -15,7 +15,10 @@ if [ "$seconds" -gt 0 ]; then
 	cmake -S . -B build-fuzz -DCMAKE_C_COMPILER=clang-14 -DPLANC_FUZZ=ON -DPLANC_WERROR=ON >/dev/null
 	cmake --build build-fuzz --target fuzz_frontend -j"$jobs" >/dev/null
 	corpus=$(mktemp -d)
-	cp tests/fuzz/corpus/* examples/*.plan stdlib/*.plan "$corpus"/
+	cp tests/fuzz/corpus/* "$corpus"/
+	for f in examples/*.plan stdlib/*.plan; do
+		cp "$f" "$corpus/seed_$(basename "$f")"
+	done
 	echo "fuzzing the front end for ${seconds}s"
 	ASAN_OPTIONS=detect_leaks=1 ./build-fuzz/tests/fuzz/fuzz_frontend -max_total_time="$seconds" \
 		-print_final_stats=1 "$corpus" 2>build-fuzz/fuzz.log || {
