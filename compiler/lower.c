@@ -404,6 +404,31 @@ static Kernel *call(Lower *L, const Op *op, int oi, const char *fn)
 	return k;
 }
 
+/* Outputs that accumulate (layer-norm weight gradients, embedding gradients) start from zero
+ * unless they are a parameter's gradient accumulator, which the step zeroes. */
+static void zero_unless_accumulator(Lower *L, const Op *op, int oi, int v)
+{
+	if (L->g->vals[v].grad_of >= 0)
+		return;
+	Kernel *z = call(L, op, oi, "planrt_fill_f32");
+	arg_value(z, v);
+	arg_int(z, lelems(L->g, v));
+	arg_text(z, "0.0");
+	def(z, v);
+}
+
+/* Buffer arguments in order, recorded as reads (or writes) for liveness. */
+static void value_args(Kernel *k, const int *vals, int n, bool writes)
+{
+	for (int i = 0; i < n; i++) {
+		arg_value(k, vals[i]);
+		if (writes)
+			def(k, vals[i]);
+		else
+			use(k, vals[i]);
+	}
+}
+
 static long long rows_of(const Graph *g, int v)
 {
 	const Value *val = &g->vals[v];
@@ -640,70 +665,34 @@ static void lower_op(Lower *L, const Op *op, int oi)
 		return;
 	case OP_LAYER_NORM:
 		k = call(L, op, oi, "planrt_k_layer_norm_f32");
-		for (int i = 0; i < 3; i++) {
-			arg_value(k, op->in[i]);
-			use(k, op->in[i]);
-		}
-		for (int i = 0; i < 3; i++) {
-			arg_value(k, op->out[i]);
-			def(k, op->out[i]);
-		}
+		value_args(k, op->in, 3, false);
+		value_args(k, op->out, 3, true);
 		arg_int(k, rows_of(g, x));
 		arg_int(k, ldim(g, x, g->vals[x].rank - 1));
 		arg_f64(k, op->f);
 		return;
 	case OP_LAYER_NORM_GRAD:
-		for (int i = 1; i < 3; i++)
-			if (g->vals[op->out[i]].grad_of < 0) { /* a plain value: start from zero */
-				Kernel *z = call(L, op, oi, "planrt_fill_f32");
-				arg_value(z, op->out[i]);
-				arg_int(z, lelems(g, op->out[i]));
-				arg_text(z, "0.0");
-				def(z, op->out[i]);
-			}
+		zero_unless_accumulator(L, op, oi, op->out[1]);
+		zero_unless_accumulator(L, op, oi, op->out[2]);
 		k = call(L, op, oi, "planrt_k_layer_norm_grad_f32");
-		for (int i = 0; i < 5; i++) {
-			arg_value(k, op->in[i]);
-			use(k, op->in[i]);
-		}
-		for (int i = 0; i < 3; i++) {
-			arg_value(k, op->out[i]);
-			def(k, op->out[i]);
-		}
+		value_args(k, op->in, 5, false);
+		value_args(k, op->out, 3, true);
 		arg_int(k, rows_of(g, x));
 		arg_int(k, ldim(g, x, g->vals[x].rank - 1));
 		return;
 	case OP_RMS_NORM:
 		k = call(L, op, oi, "planrt_k_rms_norm_f32");
-		arg_value(k, op->in[0]);
-		arg_value(k, op->in[1]);
-		arg_value(k, op->out[0]);
-		arg_value(k, op->out[1]);
+		value_args(k, op->in, 2, false);
+		value_args(k, op->out, 2, true);
 		arg_int(k, rows_of(g, x));
 		arg_int(k, ldim(g, x, g->vals[x].rank - 1));
 		arg_f64(k, op->f);
-		use(k, op->in[0]);
-		use(k, op->in[1]);
-		def(k, op->out[0]);
-		def(k, op->out[1]);
 		return;
 	case OP_RMS_NORM_GRAD:
-		if (g->vals[op->out[1]].grad_of < 0) {
-			Kernel *z = call(L, op, oi, "planrt_fill_f32");
-			arg_value(z, op->out[1]);
-			arg_int(z, lelems(g, op->out[1]));
-			arg_text(z, "0.0");
-			def(z, op->out[1]);
-		}
+		zero_unless_accumulator(L, op, oi, op->out[1]);
 		k = call(L, op, oi, "planrt_k_rms_norm_grad_f32");
-		for (int i = 0; i < 4; i++) {
-			arg_value(k, op->in[i]);
-			use(k, op->in[i]);
-		}
-		arg_value(k, op->out[0]);
-		arg_value(k, op->out[1]);
-		def(k, op->out[0]);
-		def(k, op->out[1]);
+		value_args(k, op->in, 4, false);
+		value_args(k, op->out, 2, true);
 		arg_int(k, rows_of(g, x));
 		arg_int(k, ldim(g, x, g->vals[x].rank - 1));
 		return;
@@ -728,13 +717,7 @@ static void lower_op(Lower *L, const Op *op, int oi)
 		int ids = op->in[0], dy = op->in[1];
 		const Op *fwd = op->fwd_op >= 0 ? &g->ops[op->fwd_op] : NULL;
 		int table = fwd ? fwd->in[0] : y;
-		if (g->vals[y].grad_of < 0) {
-			Kernel *z = call(L, op, oi, "planrt_fill_f32");
-			arg_value(z, y);
-			arg_int(z, lelems(g, y));
-			arg_text(z, "0.0");
-			def(z, y);
-		}
+		zero_unless_accumulator(L, op, oi, y);
 		k = call(L, op, oi, "planrt_k_embed_grad_f32");
 		arg_value(k, ids);
 		arg_value(k, dy);

@@ -330,6 +330,23 @@ static bool is_param_like(const Shard *s, int v)
 	return false;
 }
 
+/* A contraction (matmul, weight gradient) of operands in0 and in1 on axis a: a partial sum times a
+ * replicated operand stays a partial sum (true: decided); otherwise partial sums are resolved
+ * first and the caller looks at the splits. */
+static bool contraction_partials(Shard *s, Op *op, int a)
+{
+	int s0 = st(s, op->in[0], a), s1 = st(s, op->in[1], a);
+	if ((s0 == LAYOUT_P && s1 == LAYOUT_R) || (s1 == LAYOUT_P && s0 == LAYOUT_R)) {
+		set_out(s, op, a, LAYOUT_P);
+		return true;
+	}
+	if (s0 == LAYOUT_P)
+		op->in[0] = resolve_partial(s, op->in[0], a);
+	if (st(s, op->in[1], a) == LAYOUT_P)
+		op->in[1] = resolve_partial(s, op->in[1], a);
+	return false;
+}
+
 static void rule_matmul(Shard *s, Op *op, int a)
 {
 	Graph *g = s->g;
@@ -338,19 +355,9 @@ static void rule_matmul(Shard *s, Op *op, int a)
 	int aM = ra - 2, aK = ra - 1;
 	int bK = rb - 2, bN = rb - 1;
 	bool batched = rb > 2;
-	int sa = st(s, op->in[0], a), sb = st(s, op->in[1], a);
-	if (sa == LAYOUT_P && sb == LAYOUT_R) {
-		set_out(s, op, a, LAYOUT_P);
+	if (contraction_partials(s, op, a))
 		return;
-	}
-	if (sb == LAYOUT_P && sa == LAYOUT_R) {
-		set_out(s, op, a, LAYOUT_P);
-		return;
-	}
-	if (sa == LAYOUT_P)
-		op->in[0] = resolve_partial(s, op->in[0], a);
-	if (st(s, op->in[1], a) == LAYOUT_P)
-		op->in[1] = resolve_partial(s, op->in[1], a);
+	int sa, sb;
 	/* Ulysses-style moves: operands split on a row/column dim while a dim rule prefers one of
 	 * their batch dims on this axis go there by all-to-all (sequence -> heads). */
 	for (int k = 0; k < 2; k++) {
@@ -439,19 +446,9 @@ static void rule_wgrad(Shard *s, Op *op, int a)
 {
 	Graph *g = s->g;
 	int ra = g->vals[op->in[0]].rank;
-	int sa = st(s, op->in[0], a), sd = st(s, op->in[1], a);
-	if (sa == LAYOUT_P && sd == LAYOUT_R) {
-		set_out(s, op, a, LAYOUT_P);
+	if (contraction_partials(s, op, a))
 		return;
-	}
-	if (sd == LAYOUT_P && sa == LAYOUT_R) {
-		set_out(s, op, a, LAYOUT_P);
-		return;
-	}
-	if (sa == LAYOUT_P)
-		op->in[0] = resolve_partial(s, op->in[0], a);
-	if (st(s, op->in[1], a) == LAYOUT_P)
-		op->in[1] = resolve_partial(s, op->in[1], a);
+	int sa, sd;
 	for (int round = 0; round < 3; round++) {
 		sa = st(s, op->in[0], a);
 		sd = st(s, op->in[1], a);

@@ -176,19 +176,9 @@ void planrt_slice_dim(const void *in, void *out, int rank, const int64_t *dims, 
 void planrt_bucket_allreduce(int n, void *const *bufs, const int64_t *counts, planrt_dtype_t t, planrt_comm_t c,
 			     void *scratch)
 {
-	size_t elem = planrt_dtype_size(t);
-	char *packed = scratch;
-	size_t at = 0;
-	for (int i = 0; i < n; i++) {
-		memcpy(packed + at, bufs[i], elem * (size_t)counts[i]);
-		at += elem * (size_t)counts[i];
-	}
-	PLANRT_CHECK(planrt_allreduce(packed, packed, at / elem, t, planrt_sum, c, NULL));
-	at = 0;
-	for (int i = 0; i < n; i++) {
-		memcpy(bufs[i], packed + at, elem * (size_t)counts[i]);
-		at += elem * (size_t)counts[i];
-	}
+	planrt_bucket_t b = {0};
+	planrt_bucket_allreduce_start(&b, n, bufs, counts, t, c, scratch);
+	planrt_bucket_allreduce_finish(&b, n, bufs, counts, t, scratch);
 }
 
 int64_t planrt_flat_chunk(int64_t n, planrt_comm_t c)
@@ -216,44 +206,12 @@ void planrt_allgather_flat_finish(planrt_request_t *req)
 	*req = NULL;
 }
 
-void planrt_bucket_reduce_scatter(int n, void *const *bufs_in, const int64_t *counts, float *const *shards,
+void planrt_bucket_reduce_scatter(int n, void *const *bufs, const int64_t *counts, float *const *shards,
 				  int accumulate, int zero_source, planrt_comm_t c, void *scratch)
 {
-	float *const *bufs = (float *const *)bufs_in; /* f32 gradients (ZeRO runs on f32 plans) */
-	int size = planrt_comm_size(c);
-	int64_t total = 0;
-	for (int i = 0; i < n; i++)
-		total += planrt_flat_chunk(counts[i], c);
-	float *send = scratch, *recv = send + (size_t)size * (size_t)total;
-	for (int q = 0; q < size; q++) {
-		float *at = send + (size_t)q * (size_t)total;
-		for (int i = 0; i < n; i++) {
-			int64_t chunk = planrt_flat_chunk(counts[i], c), lo = q * chunk;
-			int64_t have = counts[i] - lo;
-			if (have > chunk)
-				have = chunk;
-			if (have < 0)
-				have = 0;
-			if (have)
-				memcpy(at, bufs[i] + lo, sizeof(float) * (size_t)have);
-			memset(at + have, 0, sizeof(float) * (size_t)(chunk - have));
-			at += chunk;
-		}
-	}
-	if (zero_source)
-		for (int i = 0; i < n; i++)
-			memset(bufs[i], 0, sizeof(float) * (size_t)counts[i]);
-	PLANRT_CHECK(planrt_reduce_scatter(send, recv, (size_t)total, planrt_f32, planrt_sum, c, NULL));
-	float *at = recv;
-	for (int i = 0; i < n; i++) {
-		int64_t chunk = planrt_flat_chunk(counts[i], c);
-		if (accumulate)
-			for (int64_t j = 0; j < chunk; j++)
-				shards[i][j] += at[j];
-		else
-			memcpy(shards[i], at, sizeof(float) * (size_t)chunk);
-		at += chunk;
-	}
+	planrt_bucket_t b = {0};
+	planrt_bucket_reduce_scatter_start(&b, n, bufs, counts, zero_source, c, scratch);
+	planrt_bucket_reduce_scatter_finish(&b, n, counts, shards, accumulate, c, scratch);
 }
 
 static size_t pack(int n, void *const *bufs, const int64_t *counts, size_t elem, char *packed)
