@@ -601,11 +601,16 @@ static void print_main(Emit *e)
 	PlanSpec *ps = e->ps;
 	LProg *p = e->p;
 	/* the step: zero accumulators, micro-batches, synchronisation, clipping, update */
-	fprintf(f, "static void zero_gradients(void)\n{\n");
+	/* ZeRO 2/3 move gradients into their chunks every micro-batch, so the accumulators restart
+	 * with each micro-batch; otherwise they accumulate over the step */
+	bool per_micro = zero_on(e) && ps->zero_stage >= 2;
+	fprintf(f, "static void zero_accumulators(void)\n{\n");
 	for (int v = 0; v < g->nvals; v++)
 		if (p->buf[v].cls == BUF_STATE && g->vals[v].grad_of >= 0 && p->buf[v].first >= 0 &&
 		    p->k[p->buf[v].first].phase == PH_BACKWARD)
 			fprintf(f, "\tmemset(S%d, 0, %zu);\n", v, p->buf[v].bytes);
+	fprintf(f, "}\n\nstatic void zero_gradients(void)\n{\n");
+	fprintf(f, per_micro ? "\t/* accumulators: every micro-batch, in the schedule */\n" : "\tzero_accumulators();\n");
 	if (zero_on(e))
 		for (int i = 0; i < p->nparams; i++)
 			fprintf(f, "\tmemset(GS%d, 0, %lld);\n", p->params[i], zero_chunk(e, p->params[i]) * 4);
@@ -894,7 +899,8 @@ static void print_main(Emit *e)
 	fprintf(f, ", ");
 	print_ptr(e, e->targets);
 	fprintf(f, ");\n\t\t\t\tforward();\n\t\t\t\tbreak;\n");
-	fprintf(f, "\t\t\tcase ACT_B:\n\t\t\t\tbackward(mb);\n");
+	fprintf(f, "\t\t\tcase ACT_B:\n%s\t\t\t\tbackward(mb);\n",
+		zero_on(e) && ps->zero_stage >= 2 ? "\t\t\t\tzero_accumulators();\n" : "");
 	if (p->loss >= 0) {
 		fprintf(f, "\t\t\t\tloss += (double)");
 		print_ptr(e, p->loss);

@@ -855,7 +855,10 @@ static void lower_op(Lower *L, const Op *op, int oi)
 			arg_ints(L, k, cnt, op->nmembers);
 			arg_text(k, dtype_enum(g->vals[op->members[0]].dtype));
 			arg_text(k, comm_of_axis(L, op->axis));
-			k->scratch = (size_t)lelems(g, x) * (size_t)dtype_bytes(g->vals[op->members[0]].dtype);
+			long long total = 0; /* the members' whole local blocks (the bucket value may be ZeRO-split) */
+			for (int i = 0; i < op->nmembers; i++)
+				total += cnt[i];
+			k->scratch = (size_t)total * (size_t)dtype_bytes(g->vals[op->members[0]].dtype);
 			arg_kind(k, KA_SCRATCH, 0);
 			return;
 		}
@@ -960,17 +963,29 @@ static void overlap_buckets(Lower *L)
 		const KArg *mem = k->kind == KER_CALL ? bucket_members(k) : NULL;
 		if (!mem || (strcmp(k->fn, "planrt_bucket_allreduce") && strcmp(k->fn, "planrt_bucket_reduce_scatter")))
 			continue;
+		/* it can start early only if the backward finalises every member, and no earlier bucket
+		 * (of another axis) still has to reduce the same gradients first */
 		int last = -1;
-		for (int j = 0; j < i; j++) {
-			if (p->k[j].phase != PH_BACKWARD)
-				continue;
-			for (int d = 0; d < p->k[j].ndefs; d++)
-				for (int m = 0; m < -1000 - mem->nints; m++)
-					if (p->k[j].defs[d] == (int)mem->ints[m])
-						last = j;
+		bool early = true;
+		int nm = -1000 - mem->nints;
+		for (int j = 0; j < i && early; j++) {
+			const Kernel *kj = &p->k[j];
+			for (int d = 0; d < kj->ndefs; d++)
+				for (int m = 0; m < nm; m++)
+					if (kj->defs[d] == (int)mem->ints[m]) {
+						if (kj->phase == PH_BACKWARD)
+							last = j;
+						else
+							early = false;
+					}
+			const KArg *other = kj->kind == KER_CALL ? bucket_members(kj) : NULL;
+			for (int o = 0; other && o < -1000 - other->nints; o++)
+				for (int m = 0; m < nm; m++)
+					if (other->ints[o] == mem->ints[m])
+						early = false;
 		}
-		if (last < 0)
-			continue; /* no backward kernel writes it here: keep the blocking call */
+		if (last < 0 || !early)
+			continue; /* keep the blocking call where it is */
 		start_after[last] = i;
 		bucket_of[i] = b;
 		p->bucket_bytes[b++] = k->scratch;

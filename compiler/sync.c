@@ -144,9 +144,34 @@ bool sync_grads(Graph *g)
 		}
 	if (first_update < 0)
 		first_update = g->nops;
-	for (int i = 0; i < first_update; i++) {
+	/* Everything but the updates runs first: the forward and backward, and the conversions that
+	 * shard.c put before each update to bring a gradient to its parameter's layout (a gradient
+	 * is synchronised after those). With ZeRO 2/3 gradients leave the rank every micro-batch, so
+	 * those conversions run every micro-batch too. The updates, and what reads their results,
+	 * come after the buckets. */
+	bool per_micro = ps->zero_stage >= 2 && ps->zero_axis >= 0 && ps->axes[ps->zero_axis].size > 1;
+	char *after = calloc((size_t)g->nops + 1, 1);
+	if (!after)
+		ICE("out of memory");
+	for (int i = 0; i < g->nops; i++) {
+		const Op *op = &g->ops[i];
+		if (op->kind == OP_OPTIMIZER_STEP)
+			after[i] = 1;
+		for (int k = 0; k < op->nin && !after[i]; k++) {
+			int d = g->vals[op->in[k]].def;
+			if (d >= 0 && after[d])
+				after[i] = 1;
+		}
+	}
+	for (int i = 0; i < g->nops; i++) {
+		if (after[i])
+			continue;
 		Op *op = add(&s);
 		*op = g->ops[i];
+		if (per_micro && i >= first_update && op->per_step) {
+			op->per_step = false;
+			op->backward = true;
+		}
 	}
 	int nstages = g->nstages;
 	/* parameters in the order their gradients complete: reverse of the update order */
@@ -158,7 +183,15 @@ bool sync_grads(Graph *g)
 		if (g->ops[i].kind == OP_OPTIMIZER_STEP)
 			upd[nupd++] = i;
 	double bucket_bytes = ps->bucket_bytes > 0 ? ps->bucket_bytes : 25.0 * 1024 * 1024;
-	for (int a = 0; a < ps->naxes; a++) {
+	/* every other axis first: a gradient is whole on them before the ZeRO axis splits it */
+	int order[MAX_AXES], norder = 0;
+	for (int a = 0; a < ps->naxes; a++)
+		if (a != ps->zero_axis)
+			order[norder++] = a;
+	if (ps->zero_axis >= 0)
+		order[norder++] = ps->zero_axis;
+	for (int oa = 0; oa < norder; oa++) {
+		int a = order[oa];
 		bool zero_axis = a == ps->zero_axis && ps->zero_stage >= 1 && ps->axes[a].size > 1;
 		bool data_like = false;
 		for (int r = 0; r < ps->nrules; r++)
@@ -167,7 +200,7 @@ bool sync_grads(Graph *g)
 				data_like = true;
 		bool local_sgd = data_like && ps->sync == SYNC_LOCAL_SGD;
 		bool async = data_like && ps->sync == SYNC_ASYNC;
-		bool per_step = !(zero_axis && ps->zero_stage >= 2);
+		bool per_step = !per_micro;
 		Pending *pend = calloc((size_t)nstages, sizeof(Pending));
 		if (!pend)
 			ICE("out of memory");
@@ -267,12 +300,15 @@ bool sync_grads(Graph *g)
 			op->loc = g->ops[g->vals[p].def].loc;
 			op->src = g->ops[g->vals[p].def].src;
 		}
-	for (int i = first_update; i < g->nops; i++) {
+	for (int i = 0; i < g->nops; i++) {
+		if (!after[i])
+			continue;
 		Op *op = add(&s);
 		*op = g->ops[i];
 		if (ps->sync == SYNC_ASYNC && op->kind == OP_OPTIMIZER_STEP)
 			op->role = RANKROLE_MASTER;
 	}
+	free(after);
 	free(upd);
 	g->ops = s.list;
 	g->nops = s.n;

@@ -26,7 +26,8 @@ work = tempfile.mkdtemp(prefix="planc-equiv-")
 passed = failed = 0
 
 PLANS = ["dp2", "dp4", "tp2", "tp4", "dp2_tp2", "tp2_sp", "zero1_dp4", "zero2_dp4", "zero3_dp4", "dp2_tp2_zero2",
-         "ulysses2", "tp2_sp_selective", "dp2_full_recompute"]  # the last three where the model has them
+         "ulysses2", "tp2_sp_selective", "dp2_full_recompute", "dp2_tp2_sp", "dp2_tp2_sp_zero3"]
+# (plans after dp2_tp2_zero2 run where the model's file has them)
 MODELS = ["mlp", "gpt"]
 
 
