@@ -638,8 +638,12 @@ static void print_main(Emit *e)
 			/* the optimizer updates this rank's chunk of the parameter with its chunk of the gradient */
 			long long n = block_elems(e, param), c = zero_chunk(e, param);
 			fprintf(f, "\t{\n\t\tint64_t lo = (int64_t)planrt_mesh_coord(%d) * %lld, n = %lld - lo;\n", ps->zero_axis, c, n);
-			fprintf(f, "\t\tupdates[%d] = (Update){S%d%s, GS%d, M%d, V%d, n < 0 ? 0 : n > %lld ? %lld : n, %g, \"%s\", NULL};\n\t}\n",
-				u, param, ps->zero_stage >= 3 ? "" : " + lo", param, param, param, c, c, replicas, g->vals[param].name);
+			/* f32: the chunk of the parameter itself; bf16: the f32 master chunk */
+			const char *target = low_precision(e) ? arena_printf(g->arena, "MW%d", param)
+				: ps->zero_stage >= 3 ? arena_printf(g->arena, "S%d", param) : arena_printf(g->arena, "S%d + lo", param);
+			fprintf(f, "\t\tupdates[%d] = (Update){%s, GS%d, M%d, V%d, n < 0 ? 0 : n > %lld ? %lld : n, %g, \"%s\", NULL};\n",
+				u, target, param, param, param, c, c, replicas, g->vals[param].name);
+			fprintf(f, "\t\t(void)lo;\n\t}\n");
 		} else if (low_precision(e)) {
 			fprintf(f, "\tupdates[%d] = (Update){MW%d, NULL, M%d, V%d, %lld, %g, \"%s\", ", u, param, param, param,
 				p->buf[param].elems, replicas, g->vals[param].name);
@@ -656,9 +660,22 @@ static void print_main(Emit *e)
 	fprintf(f, "}\n\n");
 	fprintf(f, "/* Mixed precision: f32 master weights, bf16 copies for compute; gradients widened to f32. */\n");
 	fprintf(f, "static void master_to_params(void)\n{\n");
-	if (low_precision(e))
+	if (low_precision(e) && zero_on(e)) { /* this rank's master chunk into its place in the bf16 copy */
+		if (ps->zero_stage < 3)
+			fprintf(f, "\tint64_t lo;\n");
+		for (int i = 0; i < p->nparams; i++) {
+			int v = p->params[i];
+			if (ps->zero_stage < 3) {
+				fprintf(f, "\tlo = (int64_t)planrt_mesh_coord(%d) * %lld;\n", ps->zero_axis, zero_chunk(e, v));
+				fprintf(f, "\tplanrt_k_f32_to_bf16(MW%d, S%d + lo, %lld);\n", v, v, zero_chunk(e, v));
+			} else {
+				fprintf(f, "\tplanrt_k_f32_to_bf16(MW%d, S%d, %lld);\n", v, v, zero_chunk(e, v));
+			}
+		}
+	} else if (low_precision(e)) {
 		for (int i = 0; i < p->nparams; i++)
 			fprintf(f, "\tplanrt_k_f32_to_bf16(MW%d, S%d, %lld);\n", p->params[i], p->params[i], p->buf[p->params[i]].elems);
+	}
 	long long widest = 1;
 	for (int i = 0; i < p->nparams; i++)
 		if (p->buf[p->params[i]].elems > widest)
@@ -673,8 +690,8 @@ static void print_main(Emit *e)
 		for (int i = 0; i < p->nparams; i++) {
 			int v = p->params[i];
 			fprintf(f, "\tlo = (int64_t)planrt_mesh_coord(%d) * %lld;\n", ps->zero_axis, zero_chunk(e, v));
-			fprintf(f, "\tplanrt_allgather_flat(S%d + lo, S%d, %lld, planrt_axis_comm(%d), zero_scratch);\n", v, v,
-				block_elems(e, v), ps->zero_axis);
+			fprintf(f, "\tplanrt_allgather_flat(S%d + lo, S%d, %lld, %s, planrt_axis_comm(%d), zero_scratch);\n", v, v,
+				block_elems(e, v), low_precision(e) ? "planrt_bf16" : "planrt_f32", ps->zero_axis);
 		}
 	} else {
 		fprintf(f, "\t(void)zero_scratch;\n");
@@ -698,8 +715,8 @@ static void print_main(Emit *e)
 		"\t\t\tplanrt_k_scale_f32(grad, grad, updates[i].n, coef);\n"
 		"\t\tplanrt_opt_step(&optimizer, lr, step + 1, updates[i].param, grad, updates[i].m, updates[i].v,\n"
 		"\t\t\t\t(size_t)updates[i].n);\n\t}\n"
-		"\tgather_updated();\n"
 		"\tmaster_to_params();\n"
+		"\tgather_updated();\n"
 		"\treturn norm;\n}\n\n",
 		nupd, ps->lr, ps->warmup, ps->total_steps, ps->min_lr, nupd);
 	/* schedule table */
@@ -732,7 +749,7 @@ static void print_main(Emit *e)
 			fprintf(f, "%s%d", d ? ", " : "", axis);
 		}
 		fprintf(f, "}, %d, %.17g, %.17g, %d},\n", val->init_kind, val->init_a, val->init_b,
-			zero_on(e) && ps->zero_stage >= 3 ? ps->zero_axis : -1);
+			zero_on(e) && (ps->zero_stage >= 3 || low_precision(e)) ? ps->zero_axis : -1);
 		np++;
 	}
 	fprintf(f, "};\nenum { NPARAMS = %d };\n\n", np);
@@ -775,7 +792,7 @@ static void print_main(Emit *e)
 		"\t\t\tint64_t c = planrt_flat_chunk(n, planrt_axis_comm(pi->flat_axis));\n"
 		"\t\t\tfloat *tmp = malloc(sizeof(float) * (size_t)(c * axis_sizes[pi->flat_axis]));\n"
 		"\t\t\tif (!tmp)\n\t\t\t\tplanrt_fatal(\"out of memory saving %%s\", path);\n"
-		"\t\t\tplanrt_allgather_flat(*pi->data, cur, n, planrt_axis_comm(pi->flat_axis), tmp);\n"
+		"\t\t\tplanrt_allgather_flat(*pi->data, cur, n, planrt_f32, planrt_axis_comm(pi->flat_axis), tmp);\n"
 		"\t\t\tfree(tmp);\n"
 		"\t\t} else {\n\t\t\tmemcpy(cur, *pi->data, sizeof(float) * (size_t)n);\n\t\t}\n"
 		"\t\tfor (int d = 0; d < pi->rank; d++) {\n"
@@ -838,7 +855,8 @@ static void print_main(Emit *e)
 			continue;
 		size_t bytes = b->bytes;
 		if (zero_on(e) && ps->zero_stage < 3 && g->vals[v].role == ROLE_PARAM && g->ops[g->vals[v].def].kind == OP_PARAM)
-			bytes = (size_t)zero_chunk(e, v) * (size_t)ps->axes[ps->zero_axis].size * 4; /* padded for the chunked update */
+			bytes = (size_t)zero_chunk(e, v) * (size_t)ps->axes[ps->zero_axis].size *
+				(size_t)dtype_bytes(g->vals[v].dtype); /* padded for the chunked update */
 		fprintf(f, "\tS%d = alloc_zeroed(%zu);\n", v, bytes);
 	}
 	if (zero_on(e)) {
@@ -861,7 +879,8 @@ static void print_main(Emit *e)
 	}
 	if (low_precision(e))
 		for (int i = 0; i < p->nparams; i++)
-			fprintf(f, "\tMW%d = alloc_zeroed(%lld);\n", p->params[i], p->buf[p->params[i]].elems * 4);
+			fprintf(f, "\tMW%d = alloc_zeroed(%lld);\n", p->params[i],
+				(zero_on(e) ? zero_chunk(e, p->params[i]) : p->buf[p->params[i]].elems) * 4);
 	if (low_precision(e)) {
 		long long most = 1;
 		for (int i = 0; i < p->nparams; i++)
@@ -873,7 +892,7 @@ static void print_main(Emit *e)
 	}
 	for (int b = 0; b < p->nbuckets; b++)
 		fprintf(f, "\tBUCKETBUF%d = alloc_zeroed(%zu);\n", b, p->bucket_bytes[b]);
-	fprintf(f, "\tsetup_offsets();\n\tsetup_updates();\n\tinit_params(seed, init_path);\n\tmaster_to_params();\n");
+	fprintf(f, "\tsetup_offsets();\n\tsetup_updates();\n\tinit_params(seed, init_path);\n\tmaster_to_params();\n\tgather_updated();\n");
 	/* data */
 	const Value *tok = &g->vals[e->tokens];
 	int sdim = tok->rank - 1;

@@ -803,10 +803,11 @@ static void lower_op(Lower *L, const Op *op, int oi)
 			for (int d = 0; d < g->vals[y].rank; d++)
 				n *= ldim(g, y, d);
 			arg_int(k, n);
+			arg_text(k, dtype_enum(g->vals[x].dtype));
 			arg_text(k, comm_of_axis(L, op->axis));
 			arg_kind(k, KA_SCRATCH, 0);
 			int size = g->ps->axes[op->axis].size;
-			k->scratch = (size_t)((n + size - 1) / size) * (size_t)size * sizeof(float);
+			k->scratch = (size_t)((n + size - 1) / size) * (size_t)size * (size_t)dtype_bytes(g->vals[x].dtype);
 			use(k, x);
 			def(k, y);
 			return;
@@ -831,6 +832,7 @@ static void lower_op(Lower *L, const Op *op, int oi)
 			k->args[k->nargs].ints = mem;
 			k->args[k->nargs++].nints = -1000 - op->nmembers;
 			arg_ints(L, k, cnt, op->nmembers);
+			arg_text(k, dtype_enum(g->vals[op->members[0]].dtype));
 			arg_text(k, arena_printf(g->arena, "%s}", shards));
 			arg_int(k, g->ps->zero_stage >= 2);
 			arg_int(k, g->ps->zero_stage >= 2);
@@ -880,7 +882,8 @@ static void lower_op(Lower *L, const Op *op, int oi)
 static bool dtype_aware(const char *fn)
 {
 	static const char *const names[] = {"planrt_allreduce_dim", "planrt_reduce_scatter_dim", "planrt_allgather_dim",
-					    "planrt_alltoall_dim", "planrt_slice_dim", "planrt_bucket_allreduce", NULL};
+					    "planrt_alltoall_dim", "planrt_slice_dim", "planrt_bucket_allreduce",
+					    "planrt_allgather_flat", "planrt_bucket_reduce_scatter", NULL};
 	for (int i = 0; names[i]; i++)
 		if (!strcmp(fn, names[i]))
 			return true;
@@ -1007,12 +1010,12 @@ static void overlap_buckets(Lower *L)
 				f.args[f.nargs++] = k.args[1];
 				f.args[f.nargs++] = k.args[2];
 				f.args[f.nargs++] = k.args[3];
-			} else { /* (n, bufs, counts, shards, accumulate, zero_source, comm, scratch) */
+			} else { /* (n, bufs, counts, dtype, shards, accumulate, zero_source, comm, scratch) */
 				f.args[f.nargs++] = k.args[0];
 				f.args[f.nargs++] = k.args[2];
-				f.args[f.nargs++] = k.args[3];
 				f.args[f.nargs++] = k.args[4];
-				f.args[f.nargs++] = k.args[6];
+				f.args[f.nargs++] = k.args[5];
+				f.args[f.nargs++] = k.args[7];
 			}
 			arg_text(&f, arena_printf(g->arena, "BUCKETBUF%d", id));
 			out[n++] = f;
@@ -1037,8 +1040,9 @@ static void overlap_buckets(Lower *L)
 				s.args[s.nargs++] = bk->args[0];
 				s.args[s.nargs++] = bk->args[1];
 				s.args[s.nargs++] = bk->args[2];
-				s.args[s.nargs++] = bk->args[5];
+				s.args[s.nargs++] = bk->args[3];
 				s.args[s.nargs++] = bk->args[6];
+				s.args[s.nargs++] = bk->args[7];
 			}
 			arg_text(&s, arena_printf(g->arena, "BUCKETBUF%d", id));
 			out[n++] = s;
@@ -1095,7 +1099,7 @@ static void prefetch_gathers(Lower *L)
 			int y = p->k[i].args[1].value;
 			int size = g->ps->axes[g->ops[p->k[i].op].axis].size;
 			long long n = p->buf[y].elems, c = (n + size - 1) / size;
-			p->buf[y].bytes = (size_t)(c * size) * 4;
+			p->buf[y].bytes = (size_t)(c * size) * (size_t)dtype_bytes(p->buf[y].dtype);
 		}
 	}
 	p->nprefetch = id;
@@ -1129,10 +1133,8 @@ static void prefetch_gathers(Lower *L)
 			s.nuses = s.ndefs = 0;
 			s.fn = "planrt_allgather_flat_start";
 			arg_text(&s, arena_printf(g->arena, "&GATHER%d", gather_id[gi]));
-			s.args[s.nargs++] = gk->args[0];
-			s.args[s.nargs++] = gk->args[1];
-			s.args[s.nargs++] = gk->args[2];
-			s.args[s.nargs++] = gk->args[3];
+			for (int a = 0; a < 5; a++) /* shard, full, n, dtype, comm */
+				s.args[s.nargs++] = gk->args[a];
 			use(&s, gk->args[0].value);
 			def(&s, gk->args[1].value);
 			out[n++] = s;

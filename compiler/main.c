@@ -200,8 +200,6 @@ static bool build_supported(Graph *g, bool report)
 	if (ps->param_dtype != DT_F32 && ps->param_dtype != DT_BF16)
 		REFUSE(ps->plan->name_loc, "planc build executes f32 and bf16 plans so far (this plan uses %s)",
 		       dtype_name(ps->param_dtype));
-	if (ps->param_dtype == DT_BF16 && ps->zero_stage > 0)
-		REFUSE(ps->zero_loc, "planc build does not execute ZeRO with bf16 yet");
 	int i32_inputs = 0;
 	for (int i = 0; i < g->nops; i++) {
 		const Op *op = &g->ops[i];

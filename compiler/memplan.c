@@ -135,7 +135,7 @@ void memplan(LProg *p)
 			continue;
 		size_t bytes = b->bytes;
 		if (zero && ps->zero_stage < 3 && g->vals[v].role == ROLE_PARAM && g->ops[g->vals[v].def].kind == OP_PARAM)
-			bytes = (size_t)((b->elems + zn - 1) / zn) * (size_t)zn * 4;
+			bytes = (size_t)((b->elems + zn - 1) / zn) * (size_t)zn * (size_t)dtype_bytes(b->dtype);
 		state += bytes;
 	}
 	for (int i = 0; i < p->nparams; i++) {
@@ -146,7 +146,7 @@ void memplan(LProg *p)
 		long long owned = zero ? (elems + zn - 1) / zn : elems;
 		state += (size_t)owned * 4 * (size_t)moments;
 		if (b->dtype != DT_F32)
-			state += (size_t)b->elems * 4; /* f32 master weights */
+			state += (size_t)owned * 4; /* f32 master weights (this rank's chunk under ZeRO) */
 	}
 	long long widest = 0; /* lower precision: one parameter's gradient widened to f32 at a time */
 	for (int i = 0; i < p->nparams; i++)

@@ -187,17 +187,18 @@ int64_t planrt_flat_chunk(int64_t n, planrt_comm_t c)
 	return (n + size - 1) / size;
 }
 
-void planrt_allgather_flat(const float *shard, float *full, int64_t n, planrt_comm_t c, void *scratch)
+void planrt_allgather_flat(const void *shard, void *full, int64_t n, planrt_dtype_t t, planrt_comm_t c, void *scratch)
 {
 	int64_t chunk = planrt_flat_chunk(n, c);
-	PLANRT_CHECK(planrt_allgather(shard, scratch, (size_t)chunk, planrt_f32, c, NULL));
-	memcpy(full, scratch, sizeof(float) * (size_t)n);
+	PLANRT_CHECK(planrt_allgather(shard, scratch, (size_t)chunk, t, c, NULL));
+	memcpy(full, scratch, planrt_dtype_size(t) * (size_t)n);
 }
 
-void planrt_allgather_flat_start(planrt_request_t *req, const float *shard, float *full, int64_t n, planrt_comm_t c)
+void planrt_allgather_flat_start(planrt_request_t *req, const void *shard, void *full, int64_t n, planrt_dtype_t t,
+				 planrt_comm_t c)
 {
 	int64_t chunk = planrt_flat_chunk(n, c);
-	PLANRT_CHECK(planrt_allgather(shard, full, (size_t)chunk, planrt_f32, c, req));
+	PLANRT_CHECK(planrt_allgather(shard, full, (size_t)chunk, t, c, req));
 }
 
 void planrt_allgather_flat_finish(planrt_request_t *req)
@@ -206,11 +207,11 @@ void planrt_allgather_flat_finish(planrt_request_t *req)
 	*req = NULL;
 }
 
-void planrt_bucket_reduce_scatter(int n, void *const *bufs, const int64_t *counts, float *const *shards,
-				  int accumulate, int zero_source, planrt_comm_t c, void *scratch)
+void planrt_bucket_reduce_scatter(int n, void *const *bufs, const int64_t *counts, planrt_dtype_t t,
+				  float *const *shards, int accumulate, int zero_source, planrt_comm_t c, void *scratch)
 {
 	planrt_bucket_t b = {0};
-	planrt_bucket_reduce_scatter_start(&b, n, bufs, counts, zero_source, c, scratch);
+	planrt_bucket_reduce_scatter_start(&b, n, bufs, counts, t, zero_source, c, scratch);
 	planrt_bucket_reduce_scatter_finish(&b, n, counts, shards, accumulate, c, scratch);
 }
 
@@ -246,11 +247,11 @@ void planrt_bucket_allreduce_finish(planrt_bucket_t *b, int n, void *const *bufs
 	}
 }
 
-void planrt_bucket_reduce_scatter_start(planrt_bucket_t *b, int n, void *const *bufs_in, const int64_t *counts,
-					int zero_source, planrt_comm_t c, void *buf)
+void planrt_bucket_reduce_scatter_start(planrt_bucket_t *b, int n, void *const *bufs, const int64_t *counts,
+					planrt_dtype_t t, int zero_source, planrt_comm_t c, void *buf)
 {
-	float *const *bufs = (float *const *)bufs_in;
 	int size = planrt_comm_size(c);
+	int half = t == planrt_bf16;
 	int64_t total = 0;
 	for (int i = 0; i < n; i++)
 		total += planrt_flat_chunk(counts[i], c);
@@ -261,15 +262,17 @@ void planrt_bucket_reduce_scatter_start(planrt_bucket_t *b, int n, void *const *
 			int64_t chunk = planrt_flat_chunk(counts[i], c), lo = q * chunk;
 			int64_t have = counts[i] - lo;
 			have = have > chunk ? chunk : have < 0 ? 0 : have;
-			if (have)
-				memcpy(at, bufs[i] + lo, sizeof(float) * (size_t)have);
+			if (have && half)
+				planrt_k_bf16_to_f32((const uint16_t *)bufs[i] + lo, at, have);
+			else if (have)
+				memcpy(at, (const float *)bufs[i] + lo, sizeof(float) * (size_t)have);
 			memset(at + have, 0, sizeof(float) * (size_t)(chunk - have));
 			at += chunk;
 		}
 	}
 	if (zero_source)
 		for (int i = 0; i < n; i++)
-			memset(bufs[i], 0, sizeof(float) * (size_t)counts[i]);
+			memset(bufs[i], 0, planrt_dtype_size(t) * (size_t)counts[i]);
 	PLANRT_CHECK(planrt_reduce_scatter(send, recv, (size_t)total, planrt_f32, planrt_sum, c, &b->req));
 	b->active = 1;
 }

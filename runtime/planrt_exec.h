@@ -33,19 +33,21 @@ void planrt_slice_dim(const void *in, void *out, int rank, const int64_t *dims, 
 /* ZeRO: a tensor of n elements split evenly over the communicator's ranks, rank r holding
  * elements [r * c, r * c + c) with c = ceil(n / size) (zero padding past n). */
 int64_t planrt_flat_chunk(int64_t n, planrt_comm_t c);
-/* full[0..n) = the concatenation of every rank's chunk; scratch: size * c floats. shard may point
- * into full. */
-void planrt_allgather_flat(const float *shard, float *full, int64_t n, planrt_comm_t c, void *scratch);
+/* full[0..n) = the concatenation of every rank's chunk, elements of dtype t; scratch: size * c
+ * elements. shard may point into full. */
+void planrt_allgather_flat(const void *shard, void *full, int64_t n, planrt_dtype_t t, planrt_comm_t c, void *scratch);
 /* The same, nonblocking, for prefetching (ZeRO-3 gathers the next parameter while the current one
  * is used): full must hold size * c floats (the tail past n is padding). */
-void planrt_allgather_flat_start(planrt_request_t *req, const float *shard, float *full, int64_t n, planrt_comm_t c);
+void planrt_allgather_flat_start(planrt_request_t *req, const void *shard, void *full, int64_t n, planrt_dtype_t t,
+				 planrt_comm_t c);
 void planrt_allgather_flat_finish(planrt_request_t *req);
-/* Reduce-scatters n gradient buffers into their per-rank chunks: shards[i] (c_i floats) gets the
- * sum over ranks of chunk r of bufs[i] (added to it when accumulate). With zero_source the
+/* Reduce-scatters n gradient buffers (dtype t: f32, or bf16 widened to f32 while packing) into
+ * their per-rank f32 chunks: shards[i] (c_i floats) gets the sum over ranks of chunk r of bufs[i]
+ * (added to it when accumulate). With zero_source the
  * buffers are cleared after packing (ZeRO 2 and 3 keep no whole gradient across micro-batches).
  * scratch: (size + 1) * sum of c_i floats. */
-void planrt_bucket_reduce_scatter(int n, void *const *bufs, const int64_t *counts, float *const *shards,
-				  int accumulate, int zero_source, planrt_comm_t c, void *scratch);
+void planrt_bucket_reduce_scatter(int n, void *const *bufs, const int64_t *counts, planrt_dtype_t t,
+				  float *const *shards, int accumulate, int zero_source, planrt_comm_t c, void *scratch);
 
 /* Packs n gradient buffers of dtype t into scratch, all-reduces (sum), unpacks. */
 void planrt_bucket_allreduce(int n, void *const *bufs, const int64_t *counts, planrt_dtype_t t, planrt_comm_t c,
@@ -66,7 +68,7 @@ void planrt_bucket_allreduce_start(planrt_bucket_t *b, int n, void *const *bufs,
 void planrt_bucket_allreduce_finish(planrt_bucket_t *b, int n, void *const *bufs, const int64_t *counts,
 				    planrt_dtype_t t, void *buf);
 void planrt_bucket_reduce_scatter_start(planrt_bucket_t *b, int n, void *const *bufs, const int64_t *counts,
-					int zero_source, planrt_comm_t c, void *buf);
+					planrt_dtype_t t, int zero_source, planrt_comm_t c, void *buf);
 void planrt_bucket_reduce_scatter_finish(planrt_bucket_t *b, int n, const int64_t *counts, float *const *shards,
 					 int accumulate, planrt_comm_t c, void *buf);
 void planrt_bucket_progress(planrt_bucket_t *b);

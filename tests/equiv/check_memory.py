@@ -19,7 +19,7 @@ env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIR
            OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", PLANRT_REPORT_MEMORY="1")
 work = tempfile.mkdtemp(prefix="planc-memory-")
 passed = failed = 0
-CASES = [("gpt", "single"), ("gpt", "dp2"), ("gpt", "tp2_sp"), ("gpt", "zero3_dp4"), ("gpt", "bf16"), ("mlp", "dp2_tp2_zero2")]
+CASES = [("gpt", "single"), ("gpt", "dp2"), ("gpt", "tp2_sp"), ("gpt", "zero3_dp4"), ("gpt", "bf16"), ("gpt", "bf16_zero2_dp4"), ("mlp", "dp2_tp2_zero2")]
 for model, plan in CASES:
     src = f"{root}/examples/{model}.plan"
     d = json.loads(subprocess.run([planc, "explain", src, "--plan", plan, "--json"], capture_output=True, text=True,
