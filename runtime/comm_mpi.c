@@ -242,13 +242,21 @@ static void abandon(struct planrt_request *q)
 /* ------------------------------------------------------------------ the watchdog thread */
 
 /* The blocking call in progress, published without locks: gen changes on every arm and disarm,
- * and the thread trusts a copy only if gen was the same before and after it read it. */
+ * and the thread trusts what it read through q only if gen was the same before and after (the
+ * request lives on the caller's stack for the length of the call). A coarse clock is enough. */
 static struct {
 	volatile uint64_t gen; /* odd while a call is armed */
 	volatile double since;
-	struct planrt_request q;
+	const struct planrt_request *volatile q;
 } wd;
 static pthread_once_t wd_once = PTHREAD_ONCE_INIT;
+
+static double coarse_now(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
 
 static void *watchdog_main(void *arg)
 {
@@ -261,9 +269,9 @@ static void *watchdog_main(void *arg)
 		if (!(g & 1) || watchdog_s <= 0)
 			continue;
 		double since = wd.since;
-		struct planrt_request q = wd.q;
+		struct planrt_request q = *wd.q;
 		__atomic_thread_fence(__ATOMIC_ACQUIRE);
-		if (__atomic_load_n(&wd.gen, __ATOMIC_ACQUIRE) != g || planrt_now() - since <= watchdog_s)
+		if (__atomic_load_n(&wd.gen, __ATOMIC_ACQUIRE) != g || coarse_now() - since <= watchdog_s)
 			continue;
 		char what[256];
 		describe(&q, what, sizeof what);
@@ -294,8 +302,8 @@ static void watchdog_arm(const struct planrt_request *q)
 	if (watchdog_s <= 0)
 		return;
 	pthread_once(&wd_once, watchdog_start);
-	wd.q = *q;
-	wd.since = planrt_now();
+	wd.q = q;
+	wd.since = coarse_now();
 	__atomic_add_fetch(&wd.gen, 1, __ATOMIC_RELEASE); /* odd: armed */
 }
 
