@@ -597,7 +597,7 @@ static void lower_op(Lower *L, const Op *op, int oi)
 			stride *= ldim(g, y, dout);
 		}
 		bool acc = g->vals[y].grad_of >= 0;
-		k = call(L, op, oi, acc ? "planrt_sum_to_acc_f32" : "planrt_k_sum_to_f32");
+		k = call(L, op, oi, acc ? "planrt_k_sum_to_acc_f32" : "planrt_k_sum_to_f32");
 		arg_int(k, vi->rank);
 		arg_ints(L, k, dims, vi->rank);
 		arg_value(k, x);

@@ -7,7 +7,6 @@
 #include "planrt_kernels.h"
 
 #include <math.h>
-#include <stdbool.h>
 #include <mpi.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,53 +16,6 @@ void planrt_fill_f32(float *x, int64_t n, double value)
 	float v = (float)value;
 	for (int64_t i = 0; i < n; i++)
 		x[i] = v;
-}
-
-void planrt_sum_to_acc_f32(int rank, const int64_t *dims, const float *in, const int64_t *out_strides, float *out,
-			   int64_t out_elems)
-{
-	/* the common case, a bias gradient: every leading dim summed, the trailing ones kept whole */
-	int keep = rank;
-	while (keep > 0 && out_strides[keep - 1] != 0)
-		keep--;
-	int64_t inner = 1, expect = 1;
-	bool trailing = true;
-	for (int d = rank - 1; d >= keep; d--) {
-		if (out_strides[d] != expect)
-			trailing = false;
-		expect *= dims[d];
-		inner *= dims[d];
-	}
-	for (int d = 0; d < keep; d++)
-		if (out_strides[d] != 0)
-			trailing = false;
-	if (trailing && inner == out_elems) {
-		int64_t rows = 1;
-		for (int d = 0; d < keep; d++)
-			rows *= dims[d];
-		for (int64_t r = 0; r < rows; r++) {
-			const float *row = in + r * inner;
-			for (int64_t j = 0; j < inner; j++)
-				out[j] += row[j];
-		}
-		return;
-	}
-	int64_t idx[8] = {0};
-	int64_t total = 1;
-	for (int d = 0; d < rank; d++)
-		total *= dims[d];
-	int64_t o = 0;
-	for (int64_t i = 0; i < total; i++) {
-		out[o] += in[i];
-		for (int d = rank - 1; d >= 0; d--) {
-			idx[d]++;
-			o += out_strides[d];
-			if (idx[d] < dims[d])
-				break;
-			o -= out_strides[d] * idx[d];
-			idx[d] = 0;
-		}
-	}
 }
 
 void planrt_causal_mask_block_f32(const float *x, float *y, int64_t batch, int64_t rows, int64_t cols,

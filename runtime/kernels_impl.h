@@ -146,14 +146,16 @@ void FN(planrt_k_binary)(int op, int rank, const int64_t *dims, const T *a, cons
 	}
 }
 
-void FN(planrt_k_sum_to)(int rank, const int64_t *dims, const T *in, const int64_t *out_strides, T *out,
-			 int64_t out_elems)
+/* out (+)= in summed over the dims where out_strides is 0. */
+static void FN(ksum_to_into)(int rank, const int64_t *dims, const T *in, const int64_t *out_strides, T *out,
+			     int64_t out_elems, int accumulate)
 {
 	int64_t ist[KMAX_RANK];
 	if (rank < 0 || rank > KMAX_RANK)
 		kfatal("sum_to rank out of range");
-	for (int64_t i = 0; i < out_elems; i++)
-		out[i] = 0;
+	if (!accumulate)
+		for (int64_t i = 0; i < out_elems; i++)
+			out[i] = 0;
 	kstrides(rank, dims, ist);
 	KView v;
 	kview_init(&v, rank, dims, 2, ist, out_strides, NULL);
@@ -174,6 +176,18 @@ void FN(planrt_k_sum_to)(int rank, const int64_t *dims, const T *in, const int64
 		}
 		kview_next(&v);
 	}
+}
+
+void FN(planrt_k_sum_to)(int rank, const int64_t *dims, const T *in, const int64_t *out_strides, T *out,
+			 int64_t out_elems)
+{
+	FN(ksum_to_into)(rank, dims, in, out_strides, out, out_elems, 0);
+}
+
+void FN(planrt_k_sum_to_acc)(int rank, const int64_t *dims, const T *in, const int64_t *out_strides, T *out,
+			     int64_t out_elems)
+{
+	FN(ksum_to_into)(rank, dims, in, out_strides, out, out_elems, 1);
 }
 
 void FN(planrt_k_scale)(const T *x, T *y, int64_t n, double alpha)

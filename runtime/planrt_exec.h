@@ -12,9 +12,6 @@ extern "C" {
 #endif
 
 void planrt_fill_f32(float *x, int64_t n, double value);
-/* out += sum of in over the dims where out_strides is 0 (a gradient accumulator). */
-void planrt_sum_to_acc_f32(int rank, const int64_t *dims, const float *in, const int64_t *out_strides, float *out,
-			   int64_t out_elems);
 /* causal mask of a block whose global offsets are offs[rank - 2] (rows) and offs[rank - 1]. */
 void planrt_causal_mask_block_f32(const float *x, float *y, int64_t batch, int64_t rows, int64_t cols,
 				  const int64_t *offs, int rank, int gradient);

@@ -33,6 +33,9 @@ enum { PLANRT_GELU_ERF = 0, PLANRT_GELU_TANH };
 	 * out is overwritten. */                                                                              \
 	void planrt_k_sum_to_##S(int rank, const int64_t *dims, const T *in, const int64_t *out_strides, T *out,    \
 				 int64_t out_elems);                                                            \
+	/* the same, added to out (a gradient accumulator) */                                                    \
+	void planrt_k_sum_to_acc_##S(int rank, const int64_t *dims, const T *in, const int64_t *out_strides, T *out, \
+				     int64_t out_elems);                                                        \
 	void planrt_k_scale_##S(const T *x, T *y, int64_t n, double alpha); /* y = alpha x (in place ok) */   \
 	void planrt_k_gelu_##S(const T *x, T *y, int64_t n, int approx);                                        \
 	void planrt_k_gelu_grad_##S(const T *x, const T *dy, T *dx, int64_t n, int approx);                      \

@@ -611,6 +611,8 @@ static void test_matmul(void)
 	int64_t dims[2] = {2, 3}, os[2] = {0, 1};
 	planrt_k_sum_to_f64(2, dims, in, os, out, 3);
 	report(out[0] == 5 && out[1] == 7 && out[2] == 9, "sum_to overwrites (column sums 5 7 9)");
+	planrt_k_sum_to_acc_f64(2, dims, in, os, out, 3);
+	report(out[0] == 10 && out[1] == 14 && out[2] == 18, "sum_to_acc adds to what is there (10 14 18)");
 	/* embed: ids outside [vocab_lo, vocab_lo + vocab_local) give zero rows; grad accumulates */
 	double table[6] = {1, 2, 3, 4, 5, 6}, eo[8], dt[6] = {1, 1, 1, 1, 1, 1}, dy[8] = {1, 2, 3, 4, 5, 6, 7, 8};
 	int32_t ids[4] = {10, 12, 9, 10};
