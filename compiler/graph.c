@@ -97,6 +97,50 @@ void op_clear(Op *op)
 	op->coll_dim2 = -1;
 }
 
+void op_inherit(Op *op, const Op *from)
+{
+	op->layer = from->layer;
+	op->stage = from->stage;
+	op->backward = from->backward;
+	op->recompute = from->recompute;
+	op->per_step = from->per_step;
+	op->fwd_op = from->fwd_op;
+	op->scope = from->scope;
+	op->loc = from->loc;
+	op->src = from->src;
+	op->call_src = from->call_src;
+	op->call_loc = from->call_loc;
+	op->call_fn = from->call_fn;
+}
+
+Op *oplist_add(Graph *g, OpList *l, const Op *op)
+{
+	if (l->n == l->cap) {
+		int cap = l->cap ? l->cap * 2 : 1024;
+		Op *no = arena_alloc(g->arena, sizeof(Op) * (size_t)cap);
+		if (l->n)
+			memcpy(no, l->ops, sizeof(Op) * (size_t)l->n);
+		l->ops = no;
+		l->cap = cap;
+	}
+	Op *slot = &l->ops[l->n++];
+	if (op)
+		*slot = *op;
+	else
+		op_clear(slot);
+	return slot;
+}
+
+void graph_set_ops(Graph *g, OpList *l)
+{
+	g->ops = l->ops;
+	g->nops = l->n;
+	g->capops = l->cap;
+	for (int i = 0; i < g->nops; i++)
+		for (int k = 0; k < g->ops[i].nout; k++)
+			g->vals[g->ops[i].out[k]].def = i;
+}
+
 long long value_elems(const Graph *g, int v)
 {
 	long long n = 1;

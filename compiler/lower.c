@@ -784,7 +784,7 @@ static void lower_op(Lower *L, const Op *op, int oi)
 		return;
 	}
 	case OP_ALL_REDUCE:
-		if (g->vals[x].role == ROLE_STAT && op->n >= 0 && op->n < 3)
+		if (op->internal)
 			return; /* vocab-parallel cross-entropy reductions: inside planrt_cross_entropy_f32 */
 		/* fall through */
 	case OP_REDUCE_SCATTER:

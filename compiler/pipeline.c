@@ -278,12 +278,6 @@ double pipeline_bubble(const Graph *g, const double *fcost, const double *bcost)
 
 /* ---------------------------------------------------------------- the pass */
 
-static int add_copy_op(Graph *g, Op *list, int *n, const Op *proto)
-{
-	list[*n] = *proto;
-	return (*n)++;
-}
-
 bool pipeline(Graph *g)
 {
 	PlanSpec *ps = g->ps;
@@ -337,9 +331,7 @@ bool pipeline(Graph *g)
 		}
 	}
 	/* rebuild the op list: source copies first, then SEND/RECV before consumers */
-	int cap = g->nops * 3 + 64;
-	Op *list = arena_alloc(g->arena, sizeof(Op) * (size_t)cap);
-	int n = 0;
+	OpList list = {0};
 	int *sent = malloc(sizeof(int) * (size_t)nv0 * (size_t)p);
 	if (!sent)
 		ICE("out of memory");
@@ -350,7 +342,7 @@ bool pipeline(Graph *g)
 		if (op.kind == OP_PARAM || op.kind == OP_INPUT) {
 			if (home[op.out[0]] < 0)
 				op.stage = 0;
-			add_copy_op(g, list, &n, &op);
+			oplist_add(g, &list, &op);
 			continue;
 		}
 		for (int k = 0; k < op.nin; k++) {
@@ -380,7 +372,7 @@ bool pipeline(Graph *g)
 					Op sop = *prod;
 					sop.out[0] = c;
 					sop.stage = op.stage;
-					add_copy_op(g, list, &n, &sop);
+					oplist_add(g, &list, &sop);
 					copy_on[v * p + op.stage] = c;
 				}
 				op.in[k] = c;
@@ -401,7 +393,7 @@ bool pipeline(Graph *g)
 				send.loc = prod->loc;
 				send.src = prod->src;
 				send.coll_dim = send.coll_dim2 = -1;
-				add_copy_op(g, list, &n, &send);
+				oplist_add(g, &list, &send);
 				const Value *vv = &g->vals[v];
 				r = graph_add_value(g, vv->dtype, vv->rank, vv->dim, (const char *const *)vv->dim_name);
 				g->vals[r].role = g->vals[v].role;
@@ -413,24 +405,17 @@ bool pipeline(Graph *g)
 				recv.out[0] = r;
 				recv.stage = op.stage;
 				recv.n = from; /* source stage */
-				add_copy_op(g, list, &n, &recv);
+				oplist_add(g, &list, &recv);
 				sent[v * p + op.stage] = r;
 			}
 			op.in[k] = r;
 		}
-		add_copy_op(g, list, &n, &op);
-		if (n + 8 * 6 >= cap)
-			ICE("pipeline op list overflow");
+		oplist_add(g, &list, &op);
 	}
 	free(copy_on);
 	free(home);
 	free(sent);
-	g->ops = list;
-	g->nops = n;
-	g->capops = cap;
-	for (int i = 0; i < n; i++)
-		for (int k = 0; k < list[i].nout; k++)
-			g->vals[list[i].out[k]].def = i;
+	graph_set_ops(g, &list);
 	if (ps->schedule == SCHED_INTERLEAVED && ps->micro_batches % p) {
 		diag_error(ps->src, ps->pipeline_loc,
 			   "interleaved 1F1B needs micro_batches (%d) divisible by the %d pipeline stages", ps->micro_batches, p);

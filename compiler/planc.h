@@ -432,6 +432,8 @@ typedef struct Op {
 	bool recompute;    /* a forward op cloned into the backward by recompute.c */
 	bool in_recompute_fn; /* forward op from inside an @recompute fn */
 	bool per_step;     /* runs once per step (optimizer, gradient sync), not per micro-batch */
+	bool internal;     /* communication done inside the preceding op's kernel (vocab-parallel
+			    * cross-entropy's reductions): counted and checked, not lowered on its own */
 	double every;      /* collectives: runs once per this many steps (local SGD), 0 = every step */
 	int peer;          /* p2p and async: the peer's coordinate on `axis`; -1 none */
 	int stage_group[2]; /* pipe-axis collectives between two stages (tied weights), else -1 */
@@ -486,6 +488,17 @@ Graph *graph_build(PlanSpec *ps); /* elaborate the model; NULL after reporting e
 int graph_add_value(Graph *g, DType t, int rank, const long long *dim, const char *const *names);
 int graph_add_op(Graph *g, OpKind k, int nin, const int *in, int nout, const int *out);
 void op_clear(Op *op); /* zero an op outside the graph, with every "none" index set to -1 */
+/* An op a pass inserts for another (a collective before its consumer) takes over where and when
+ * that one runs: layer, stage, phase, the op it differentiates, and its source location. */
+void op_inherit(Op *op, const Op *from);
+/* A pass that rewrites the op list builds a new one and installs it with graph_set_ops, which
+ * renumbers every value's producing op. */
+typedef struct OpList {
+	Op *ops;
+	int n, cap;
+} OpList;
+Op *oplist_add(Graph *g, OpList *l, const Op *op); /* appends a copy of op (cleared if NULL) */
+void graph_set_ops(Graph *g, OpList *l);
 long long value_elems(const Graph *g, int v);
 long long value_local_elems(const Graph *g, int v); /* under its Layout */
 int value_root(const Graph *g, int v);              /* follows alias_of through views */

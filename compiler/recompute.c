@@ -18,8 +18,7 @@
 typedef struct Remat {
 	Graph *g;
 	RecomputeMode mode;
-	Op *list;
-	int n, cap;
+	OpList list;
 	int *memo; /* value -> recomputed copy, or -1 */
 	int nmemo;
 	char *escapes; /* value read by a forward op outside @recompute fns: a region output, kept */
@@ -46,17 +45,6 @@ static bool recomputable(const Remat *r, const Op *op)
 	if (r->mode == RECOMPUTE_FULL)
 		return op->layer >= 0;
 	return false;
-}
-
-static void push(Remat *r, const Op *op)
-{
-	if (r->n == r->cap) {
-		r->cap *= 2;
-		Op *nl = arena_alloc(r->g->arena, sizeof(Op) * (size_t)r->cap);
-		memcpy(nl, r->list, sizeof(Op) * (size_t)r->n);
-		r->list = nl;
-	}
-	r->list[r->n++] = *op;
 }
 
 static int remat(Remat *r, int v, const Op *consumer)
@@ -98,7 +86,7 @@ static int remat(Remat *r, int v, const Op *consumer)
 	clone.recompute = true;
 	clone.fwd_op = def;
 	clone.stage = consumer->stage;
-	push(r, &clone);
+	oplist_add(r->g, &r->list, &clone);
 	return r->memo[v];
 }
 
@@ -107,8 +95,6 @@ bool recompute(Graph *g)
 	Remat r = {0};
 	r.g = g;
 	r.mode = g->ps->recompute;
-	r.cap = g->nops * 2 + 64;
-	r.list = arena_alloc(g->arena, sizeof(Op) * (size_t)r.cap);
 	r.nmemo = g->nvals;
 	r.memo = malloc(sizeof(int) * (size_t)r.nmemo);
 	if (!r.memo)
@@ -145,24 +131,17 @@ bool recompute(Graph *g)
 		if (op.backward && !op.recompute)
 			for (int k = 0; k < op.nin; k++)
 				op.in[k] = remat(&r, op.in[k], &op);
-		newpos[i] = r.n;
-		push(&r, &op);
+		newpos[i] = r.list.n;
+		oplist_add(g, &r.list, &op);
 	}
-	for (int i = 0; i < r.n; i++)
-		if (r.list[i].fwd_op >= 0 && !r.list[i].recompute)
-			r.list[i].fwd_op = newpos[r.list[i].fwd_op];
-		else if (r.list[i].recompute)
-			r.list[i].fwd_op = newpos[r.list[i].fwd_op];
-	int nfwd = g->nfwd < nold ? newpos[g->nfwd] : r.n;
+	for (int i = 0; i < r.list.n; i++)
+		if (r.list.ops[i].fwd_op >= 0)
+			r.list.ops[i].fwd_op = newpos[r.list.ops[i].fwd_op];
+	int nfwd = g->nfwd < nold ? newpos[g->nfwd] : r.list.n;
 	free(newpos);
 	free(r.memo);
 	free(r.escapes);
-	g->ops = r.list;
-	g->nops = r.n;
-	g->capops = r.cap;
+	graph_set_ops(g, &r.list);
 	g->nfwd = nfwd;
-	for (int i = 0; i < g->nops; i++)
-		for (int k = 0; k < g->ops[i].nout; k++)
-			g->vals[g->ops[i].out[k]].def = i;
 	return true;
 }

@@ -27,8 +27,7 @@ typedef struct Conv {
 typedef struct Shard {
 	Graph *g;
 	PlanSpec *ps;
-	Op *new_ops;
-	int nnew, capnew;
+	OpList out;             /* the rewritten op list */
 	Conv **convs;     /* per value: converted copies */
 	int nconvs;
 	const Op *cur;    /* op being placed: collectives inherit its attributes */
@@ -41,19 +40,13 @@ typedef struct Shard {
 
 /* ---------------------------------------------------------------- op list rebuilding */
 
+/* Appends op to the new list; its outputs' producer is known at once (the rules look it up). */
 static Op *push_op(Shard *s, const Op *op)
 {
-	if (s->nnew == s->capnew) {
-		s->capnew = s->capnew ? s->capnew * 2 : 4096;
-		Op *n = arena_alloc(s->g->arena, sizeof(Op) * (size_t)s->capnew);
-		if (s->nnew)
-			memcpy(n, s->new_ops, sizeof(Op) * (size_t)s->nnew);
-		s->new_ops = n;
-	}
-	s->new_ops[s->nnew] = *op;
+	Op *placed = oplist_add(s->g, &s->out, op);
 	for (int i = 0; i < op->nout; i++)
-		s->g->vals[op->out[i]].def = s->nnew;
-	return &s->new_ops[s->nnew++];
+		s->g->vals[op->out[i]].def = s->out.n - 1;
+	return placed;
 }
 
 static int copy_value(Shard *s, int v)
@@ -176,15 +169,7 @@ static int convert_axis(Shard *s, int v, int a, int to)
 	op.axis = a;
 	op.coll_dim = op.kind == OP_ALL_GATHER ? from : op.kind == OP_ALL_TO_ALL ? from : to;
 	op.coll_dim2 = op.kind == OP_ALL_TO_ALL ? to : -1;
-	op.layer = s->cur->layer;
-	op.backward = s->cur->backward;
-	op.recompute = s->cur->recompute;
-	op.per_step = s->cur->per_step;
-	op.stage = s->cur->stage;
-	op.fwd_op = s->cur->fwd_op;
-	op.scope = s->cur->scope;
-	op.loc = s->cur->loc;
-	op.src = s->cur->src;
+	op_inherit(&op, s->cur);
 	op.n = -1;
 	push_op(s, &op);
 	if (op.kind == OP_SLICE)
@@ -322,7 +307,7 @@ static bool is_param_like(const Shard *s, int v)
 		int def = val->def;
 		if (def < 0)
 			return false;
-		const Op *op = &s->new_ops[def];
+		const Op *op = &s->out.ops[def];
 		if (op->kind != OP_TRANSPOSE && op->kind != OP_RECV)
 			return false;
 		v = op->in[0];
@@ -593,16 +578,9 @@ static void emit_stat_all_reduce(Shard *s, int stat, int a, int count)
 		op.nout = 1;
 		op.out[0] = nv;
 		op.axis = a;
-		op.coll_dim = -1;
-		op.coll_dim2 = -1;
-		op.layer = s->cur->layer;
-		op.backward = s->cur->backward;
-		op.stage = s->cur->stage;
-		op.scope = s->cur->scope;
-		op.loc = s->cur->loc;
-		op.src = s->cur->src;
-		op.fwd_op = s->cur->fwd_op;
+		op_inherit(&op, s->cur);
 		op.n = i;
+		op.internal = true;
 		push_op(s, &op);
 	}
 }
@@ -969,7 +947,7 @@ static int place_op(Shard *s, Op *op)
 		}
 	}
 	Op *placed = push_op(s, op);
-	int placed_index = s->nnew - 1;
+	int placed_index = s->out.n - 1;
 	if (!placed->backward && !placed->per_step)
 		for (int k = 0; k < placed->nin; k++) {
 			int orig = original_in[k];
@@ -1035,7 +1013,7 @@ bool shard(Graph *g)
 	int *remap = arena_alloc(g->arena, sizeof(int) * (size_t)(nold + 1));
 	for (int i = 0; i < nold && !s.failed; i++) {
 		if (i == g->nfwd)
-			nfwd_new = s.nnew;
+			nfwd_new = s.out.n;
 		if (g->nvals + 64 >= s.nconvs) {
 			int grow = s.nconvs * 2;
 			Conv **nc = realloc(s.convs, sizeof(Conv *) * (size_t)grow);
@@ -1052,16 +1030,11 @@ bool shard(Graph *g)
 	free(s.fwd_copy);
 	if (s.failed)
 		return false;
-	for (int i = 0; i < s.nnew; i++)
-		if (s.new_ops[i].fwd_op >= 0)
-			s.new_ops[i].fwd_op = remap[s.new_ops[i].fwd_op];
-	g->ops = s.new_ops;
-	g->nops = s.nnew;
-	g->capops = s.capnew;
-	g->nfwd = nfwd_new >= 0 ? nfwd_new : s.nnew;
-	for (int i = 0; i < g->nops; i++)
-		for (int j = 0; j < g->ops[i].nout; j++)
-			g->vals[g->ops[i].out[j]].def = i;
+	for (int i = 0; i < s.out.n; i++)
+		if (s.out.ops[i].fwd_op >= 0)
+			s.out.ops[i].fwd_op = remap[s.out.ops[i].fwd_op];
+	graph_set_ops(g, &s.out);
+	g->nfwd = nfwd_new >= 0 ? nfwd_new : s.out.n;
 	/* a parameter rule that matched nothing is almost always a typo */
 	for (int r = 0; r < g->ps->nrules; r++) {
 		const ShardRule *rule = &g->ps->rules[r];

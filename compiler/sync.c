@@ -24,21 +24,12 @@
 typedef struct Sync {
 	Graph *g;
 	PlanSpec *ps;
-	Op *list;
-	int n, cap;
+	OpList list;
 } Sync;
 
 static Op *add(Sync *s)
 {
-	if (s->n == s->cap) {
-		s->cap *= 2;
-		Op *nl = arena_alloc(s->g->arena, sizeof(Op) * (size_t)s->cap);
-		memcpy(nl, s->list, sizeof(Op) * (size_t)s->n);
-		s->list = nl;
-	}
-	Op *op = &s->list[s->n++];
-	op_clear(op);
-	return op;
+	return oplist_add(s->g, &s->list, NULL);
 }
 
 static int flat_value(Graph *g, DType t, long long elems, const char *name)
@@ -66,7 +57,7 @@ static Op *emit_bucket(Sync *s, OpKind kind, int axis, int stage, DType t, long 
 			g->vals[out].lay.on[axis] = LAYOUT_FLAT;
 		op->nout = 1;
 		op->out[0] = out;
-		g->vals[out].def = s->n - 1;
+		g->vals[out].def = s->list.n - 1;
 	}
 	if (kind == OP_REDUCE_SCATTER)
 		g->vals[in].lay.on[axis] = LAYOUT_R;
@@ -134,8 +125,6 @@ bool sync_grads(Graph *g)
 {
 	PlanSpec *ps = g->ps;
 	Sync s = {.g = g, .ps = ps};
-	s.cap = g->nops + 1024;
-	s.list = arena_alloc(g->arena, sizeof(Op) * (size_t)s.cap);
 	int first_update = -1;
 	for (int i = 0; i < g->nops; i++)
 		if (g->ops[i].kind == OP_OPTIMIZER_STEP) {
@@ -310,11 +299,6 @@ bool sync_grads(Graph *g)
 	}
 	free(after);
 	free(upd);
-	g->ops = s.list;
-	g->nops = s.n;
-	g->capops = s.cap;
-	for (int i = 0; i < g->nops; i++)
-		for (int k = 0; k < g->ops[i].nout; k++)
-			g->vals[g->ops[i].out[k]].def = i;
+	graph_set_ops(g, &s.list);
 	return true;
 }

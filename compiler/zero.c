@@ -11,18 +11,6 @@
 #include "planc.h"
 
 #include <stdlib.h>
-#include <string.h>
-
-static Op *grow(Graph *g, Op **list, int *n, int *cap)
-{
-	if (*n == *cap) {
-		*cap *= 2;
-		Op *nl = arena_alloc(g->arena, sizeof(Op) * (size_t)*cap);
-		memcpy(nl, *list, sizeof(Op) * (size_t)*n);
-		*list = nl;
-	}
-	return &(*list)[(*n)++];
-}
 
 bool zero(Graph *g)
 {
@@ -30,8 +18,7 @@ bool zero(Graph *g)
 	int za = ps->zero_axis;
 	if (ps->zero_stage == 0 || za < 0 || ps->axes[za].size <= 1)
 		return true;
-	int cap = g->nops * 2 + 64, n = 0;
-	Op *list = arena_alloc(g->arena, sizeof(Op) * (size_t)cap);
+	OpList list = {0};
 	/* value -> gathered copy, per phase (0 forward, 1 backward) */
 	int nv = g->nvals;
 	int *gathered = malloc(sizeof(int) * (size_t)nv * 2);
@@ -57,28 +44,21 @@ bool zero(Graph *g)
 					g->vals[full].layer = g->vals[v].layer;
 					g->vals[full].lay = g->vals[v].lay;
 					g->vals[full].lay.on[za] = LAYOUT_R;
-					Op *ag = grow(g, &list, &n, &cap);
-					op_clear(ag);
+					Op *ag = oplist_add(g, &list, NULL);
 					ag->kind = OP_ALL_GATHER;
 					ag->nin = 1;
 					ag->in[0] = v;
 					ag->nout = 1;
 					ag->out[0] = full;
+					op_inherit(ag, &op);
 					ag->axis = za;
-					ag->layer = op.layer;
-					ag->stage = op.stage;
-					ag->backward = op.backward;
-					ag->recompute = op.recompute;
-					ag->loc = op.loc;
-					ag->src = op.src;
-					ag->scope = op.scope;
 					*slot = full;
 				}
 				op.in[k] = *slot;
 			}
 		}
-		newpos[i] = n;
-		*grow(g, &list, &n, &cap) = op;
+		newpos[i] = list.n;
+		oplist_add(g, &list, &op);
 		if (op.kind == OP_OPTIMIZER_STEP && ps->zero_stage < 3) {
 			/* each rank updated its shard: gather the full updated parameter */
 			int p = op.in[0];
@@ -89,20 +69,16 @@ bool zero(Graph *g)
 			g->vals[shard].lay.on[za] = LAYOUT_FLAT;
 			g->vals[shard].name = g->vals[p].name;
 			g->vals[shard].role = ROLE_ACT;
-			list[n - 1].out[0] = shard;
-			Op *ag = grow(g, &list, &n, &cap);
-			op_clear(ag);
+			list.ops[list.n - 1].out[0] = shard;
+			Op *ag = oplist_add(g, &list, NULL);
 			ag->kind = OP_ALL_GATHER;
 			ag->nin = 1;
 			ag->in[0] = shard;
 			ag->nout = 1;
 			ag->out[0] = newp;
+			op_inherit(ag, &op);
 			ag->axis = za;
-			ag->per_step = true;
-			ag->stage = op.stage;
-			ag->layer = op.layer;
-			ag->loc = op.loc;
-			ag->src = op.src;
+			ag->fwd_op = -1;
 		}
 	}
 	/* mark what each rank stores */
@@ -111,17 +87,12 @@ bool zero(Graph *g)
 		if (val->role == ROLE_PARAM && ps->zero_stage == 3 && val->def >= 0 && g->ops[val->def].kind == OP_PARAM)
 			val->lay.on[za] = LAYOUT_FLAT;
 	}
-	for (int i = 0; i < n; i++)
-		if (list[i].fwd_op >= 0)
-			list[i].fwd_op = list[i].fwd_op < g->nops ? newpos[list[i].fwd_op] : -1;
-	g->nfwd = g->nfwd < g->nops ? newpos[g->nfwd] : n;
+	for (int i = 0; i < list.n; i++)
+		if (list.ops[i].fwd_op >= 0)
+			list.ops[i].fwd_op = list.ops[i].fwd_op < g->nops ? newpos[list.ops[i].fwd_op] : -1;
+	g->nfwd = g->nfwd < g->nops ? newpos[g->nfwd] : list.n;
 	free(gathered);
 	free(newpos);
-	g->ops = list;
-	g->nops = n;
-	g->capops = cap;
-	for (int i = 0; i < n; i++)
-		for (int k = 0; k < list[i].nout; k++)
-			g->vals[list[i].out[k]].def = i;
+	graph_set_ops(g, &list);
 	return true;
 }
