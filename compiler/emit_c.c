@@ -467,10 +467,13 @@ static bool low_precision(const Emit *e)
 	return e->ps->param_dtype == DT_BF16;
 }
 
+/* The elements of parameter v this rank updates (its ZeRO chunk), as memplan.c decided. */
 static long long zero_chunk(const Emit *e, int v)
 {
-	int size = e->ps->axes[e->ps->zero_axis].size;
-	return (block_elems(e, v) + size - 1) / size;
+	for (int i = 0; i < e->p->nparams; i++)
+		if (e->p->params[i] == v)
+			return e->p->owned[i];
+	ICE("%%%d is not a parameter of this stage", v);
 }
 
 static void print_state(Emit *e)
@@ -847,49 +850,23 @@ static void print_main(Emit *e)
 	fprintf(f, "\t/* a canary in every arena word: the highest word found changed after training is the\n"
 		   "\t * arena's measured high-water mark */\n");
 	fprintf(f, "\tfor (size_t w = 0; w < ARENA_BYTES / 8; w++)\n\t\tmemcpy(arena + 8 * w, &(uint64_t){0x5A17C0DE5A17C0DEull}, 8);\n");
-	for (int v = 0; v < g->nvals; v++) {
-		const Buffer *b = &p->buf[v];
-		if (b->cls != BUF_STATE || (b->first < 0 && g->vals[v].role != ROLE_PARAM))
-			continue;
-		if (g->vals[v].def < 0 || g->ops[g->vals[v].def].stage != p->stage)
-			continue;
-		size_t bytes = b->bytes;
-		if (zero_on(e) && ps->zero_stage < 3 && g->vals[v].role == ROLE_PARAM && g->ops[g->vals[v].def].kind == OP_PARAM)
-			bytes = (size_t)zero_chunk(e, v) * (size_t)ps->axes[ps->zero_axis].size *
-				(size_t)dtype_bytes(g->vals[v].dtype); /* padded for the chunked update */
-		fprintf(f, "\tS%d = alloc_zeroed(%zu);\n", v, bytes);
-	}
-	if (zero_on(e)) {
-		long long most = 1;
-		for (int i = 0; i < p->nparams; i++) {
-			int v = p->params[i];
-			long long c = zero_chunk(e, v);
-			fprintf(f, "\tGS%d = alloc_zeroed(%lld);\n", v, c * 4);
-			if (c * ps->axes[ps->zero_axis].size > most)
-				most = c * ps->axes[ps->zero_axis].size;
-		}
-		fprintf(f, "\tzero_scratch = alloc_zeroed(%lld);\n", most * 4);
-	}
+	/* persistent state, exactly as memplan.c sized it */
 	int moments = ps->optimizer == OPT_ADAM || ps->optimizer == OPT_ADAMW ? 2 : ps->optimizer == OPT_MOMENTUM ? 1 : 0;
+	for (int v = 0; v < g->nvals; v++)
+		if (p->buf[v].alloc_bytes)
+			fprintf(f, "\tS%d = alloc_zeroed(%zu);\n", v, p->buf[v].alloc_bytes);
 	for (int i = 0; i < p->nparams; i++) {
 		int v = p->params[i];
-		size_t mbytes = (size_t)(zero_on(e) ? zero_chunk(e, v) : p->buf[v].elems) * 4; /* f32 moments */
-		fprintf(f, "\tM%d = %s;\n\tV%d = %s;\n", v, moments >= 1 ? arena_printf(g->arena, "alloc_zeroed(%zu)", mbytes) : "NULL",
-			v, moments >= 2 ? arena_printf(g->arena, "alloc_zeroed(%zu)", mbytes) : "NULL");
+		size_t m = p->moment_bytes[i];
+		fprintf(f, "\tM%d = %s;\n\tV%d = %s;\n", v, m && moments >= 1 ? arena_printf(g->arena, "alloc_zeroed(%zu)", m) : "NULL",
+			v, m && moments >= 2 ? arena_printf(g->arena, "alloc_zeroed(%zu)", m) : "NULL");
+		if (p->gchunk_bytes[i])
+			fprintf(f, "\tGS%d = alloc_zeroed(%zu);\n", v, p->gchunk_bytes[i]);
+		if (p->master_bytes[i])
+			fprintf(f, "\tMW%d = alloc_zeroed(%zu);\n", v, p->master_bytes[i]);
 	}
-	if (low_precision(e))
-		for (int i = 0; i < p->nparams; i++)
-			fprintf(f, "\tMW%d = alloc_zeroed(%lld);\n", p->params[i],
-				(zero_on(e) ? zero_chunk(e, p->params[i]) : p->buf[p->params[i]].elems) * 4);
-	if (low_precision(e)) {
-		long long most = 1;
-		for (int i = 0; i < p->nparams; i++)
-			if (p->buf[p->params[i]].elems > most)
-				most = p->buf[p->params[i]].elems;
-		fprintf(f, "\twidened = alloc_zeroed(%lld);\n", most * 4);
-	} else {
-		fprintf(f, "\t(void)widened;\n");
-	}
+	fprintf(f, p->zero_scratch_bytes ? "\tzero_scratch = alloc_zeroed(%zu);\n" : "\t(void)zero_scratch;\n", p->zero_scratch_bytes);
+	fprintf(f, p->widened_bytes ? "\twidened = alloc_zeroed(%zu);\n" : "\t(void)widened;\n", p->widened_bytes);
 	for (int b = 0; b < p->nbuckets; b++)
 		fprintf(f, "\tBUCKETBUF%d = alloc_zeroed(%zu);\n", b, p->bucket_bytes[b]);
 	fprintf(f, "\tsetup_offsets();\n\tsetup_updates();\n\tinit_params(seed, init_path);\n\tmaster_to_params();\n\tgather_updated();\n");

@@ -581,34 +581,17 @@ static void print_json(FILE *out, const Report *rep)
 	fprintf(out, "  ]\n}\n");
 }
 
-/* The executable program's memory: the planned arena, the persistent state, and the runtime's
- * fixed buffers (ZeRO's gather scratch: the largest chunk x axis size, f32). */
+/* The executable program's memory: the planned arena and the persistent state memplan.c sized
+ * (which includes the runtime's buffers: ZeRO chunks and gather scratch, bucket buffers). */
 static void planned_memory(Report *rep)
 {
 	const LProg *lp = rep->planned;
 	if (!lp)
 		return;
-	PlanSpec *ps = rep->ps;
-	double fixed = 0;
-	if (ps->zero_stage >= 1 && ps->zero_axis >= 0 && ps->axes[ps->zero_axis].size > 1) {
-		int n = ps->axes[ps->zero_axis].size;
-		double most = 0;
-		for (int i = 0; i < lp->nparams; i++) {
-			int v = lp->params[i];
-			double elems = 1;
-			for (int d = 0; d < rep->g->vals[v].rank; d++)
-				elems *= (double)lp->buf[v].ldims[d];
-			double c = ceil(elems / n) * n;
-			if (c > most)
-				most = c;
-			fixed += ceil(elems / n) * 4; /* the gradient chunk */
-		}
-		fixed += most * 4;
-	}
 	for (int i = 0; i < rep->nroles; i++) {
 		Role *r = &rep->roles[i];
 		r->prog_arena = (double)lp->arena_bytes;
-		r->prog_state = (double)lp->state_bytes + fixed;
+		r->prog_state = (double)lp->state_bytes;
 		r->peak = r->prog_arena + r->prog_state;
 	}
 }

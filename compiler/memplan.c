@@ -120,39 +120,50 @@ void memplan(LProg *p)
 			p->k[iv[i].kernel].scratch_offset = iv[i].offset;
 	}
 	p->arena_bytes = top;
-	/* persistent state: parameters, gradient accumulators, optimizer moments (ZeRO: this rank's
-	 * chunk of each; parameters of ZeRO 1/2 padded to whole chunks), f32 master weights */
+	/* Persistent state, decided here once (emit_c.c allocates exactly this, explain reports it):
+	 * parameters and gradient accumulators (ZeRO 1/2 parameters padded to whole chunks); per
+	 * parameter the optimizer's f32 moments and, for lower precision, f32 master weights, both
+	 * for the elements this rank updates (its ZeRO chunk); ZeRO's f32 gradient chunks and gather
+	 * scratch; the widened gradient of lower precision. */
 	size_t state = 0;
 	PlanSpec *ps = g->ps;
 	int moments = ps->optimizer == OPT_ADAM || ps->optimizer == OPT_ADAMW ? 2 : ps->optimizer == OPT_MOMENTUM ? 1 : 0;
 	bool zero = ps->zero_stage >= 1 && ps->zero_axis >= 0 && ps->axes[ps->zero_axis].size > 1;
 	int zn = zero ? ps->axes[ps->zero_axis].size : 1;
 	for (int v = 0; v < g->nvals; v++) {
-		const Buffer *b = &p->buf[v];
+		Buffer *b = &p->buf[v];
+		b->alloc_bytes = 0;
 		if (b->cls != BUF_STATE || (b->first < 0 && g->vals[v].role != ROLE_PARAM))
 			continue;
 		if (g->vals[v].def < 0 || g->ops[g->vals[v].def].stage != p->stage)
 			continue;
-		size_t bytes = b->bytes;
+		b->alloc_bytes = b->bytes;
 		if (zero && ps->zero_stage < 3 && g->vals[v].role == ROLE_PARAM && g->ops[g->vals[v].def].kind == OP_PARAM)
-			bytes = (size_t)((b->elems + zn - 1) / zn) * (size_t)zn * (size_t)dtype_bytes(b->dtype);
-		state += bytes;
+			b->alloc_bytes = (size_t)((b->elems + zn - 1) / zn) * (size_t)zn * (size_t)dtype_bytes(b->dtype);
+		state += b->alloc_bytes;
 	}
+	int np = p->nparams ? p->nparams : 1;
+	p->owned = arena_alloc(g->arena, sizeof(long long) * (size_t)np);
+	p->moment_bytes = arena_alloc(g->arena, sizeof(size_t) * (size_t)np);
+	p->master_bytes = arena_alloc(g->arena, sizeof(size_t) * (size_t)np);
+	p->gchunk_bytes = arena_alloc(g->arena, sizeof(size_t) * (size_t)np);
+	p->zero_scratch_bytes = p->widened_bytes = 0;
 	for (int i = 0; i < p->nparams; i++) {
 		const Buffer *b = &p->buf[p->params[i]];
 		long long elems = 1;
 		for (int d = 0; d < g->vals[p->params[i]].rank; d++)
 			elems *= b->ldims[d];
-		long long owned = zero ? (elems + zn - 1) / zn : elems;
-		state += (size_t)owned * 4 * (size_t)moments;
-		if (b->dtype != DT_F32)
-			state += (size_t)owned * 4; /* f32 master weights (this rank's chunk under ZeRO) */
+		p->owned[i] = zero ? (elems + zn - 1) / zn : elems;
+		p->moment_bytes[i] = moments ? (size_t)p->owned[i] * 4 : 0;
+		p->master_bytes[i] = b->dtype != DT_F32 ? (size_t)p->owned[i] * 4 : 0;
+		p->gchunk_bytes[i] = zero ? (size_t)p->owned[i] * 4 : 0;
+		state += p->moment_bytes[i] * (size_t)moments + p->master_bytes[i] + p->gchunk_bytes[i];
+		if (zero && (size_t)p->owned[i] * (size_t)zn * 4 > p->zero_scratch_bytes)
+			p->zero_scratch_bytes = (size_t)p->owned[i] * (size_t)zn * 4;
+		if (b->dtype != DT_F32 && (size_t)b->elems * 4 > p->widened_bytes)
+			p->widened_bytes = (size_t)b->elems * 4;
 	}
-	long long widest = 0; /* lower precision: one parameter's gradient widened to f32 at a time */
-	for (int i = 0; i < p->nparams; i++)
-		if (p->buf[p->params[i]].dtype != DT_F32 && p->buf[p->params[i]].elems > widest)
-			widest = p->buf[p->params[i]].elems;
-	state += (size_t)widest * 4;
+	state += p->zero_scratch_bytes + p->widened_bytes;
 	for (int b = 0; b < p->nbuckets; b++) /* overlapped gradient buckets keep their own buffers */
 		state += p->bucket_bytes[b];
 	p->state_bytes = state;

@@ -541,7 +541,8 @@ typedef struct Buffer {
 	long long elems;  /* local elements */
 	DType dtype;
 	size_t bytes;
-	size_t offset;    /* in the state block or the arena */
+	size_t offset;    /* in the arena */
+	size_t alloc_bytes; /* BUF_STATE that this rank allocates (memplan.c): its size, else 0 */
 	int first, last;  /* kernel indices of definition and last use (arena liveness) */
 	long long ldims[MAX_DIMS]; /* local shape */
 	long long offs_stride[MAX_DIMS]; /* unused: reserved */
@@ -623,6 +624,14 @@ typedef struct LProg {
 	int *inputs;            /* input values (tokens, targets) */
 	int ninputs;
 	int loss;               /* the loss value on this stage, or -1 */
+	/* persistent state per parameter (index as params), sized by memplan.c: the emitter
+	 * allocates exactly these and explain reports their sum */
+	long long *owned;       /* elements this rank updates: the ZeRO chunk, or the local block */
+	size_t *moment_bytes;   /* each of the optimizer's moments (0: none) */
+	size_t *master_bytes;   /* f32 master weights (lower precision), else 0 */
+	size_t *gchunk_bytes;   /* ZeRO: this rank's f32 gradient chunk, else 0 */
+	size_t zero_scratch_bytes; /* ZeRO 1/2: the gather of updated chunks */
+	size_t widened_bytes;   /* lower precision: one parameter's gradient in f32 */
 	int nprefetch;          /* ZeRO-3 parameter gathers started one parameter ahead */
 	int nbuckets;           /* gradient buckets overlapped with the backward (sync ... overlap) */
 	size_t *bucket_bytes;   /* each one's static buffer */
