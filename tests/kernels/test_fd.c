@@ -22,21 +22,7 @@
 #define MAXIN 4
 #define MAXN 4096
 
-static int npass, nfail;
-
-static void report(int ok, const char *fmt, ...)
-{
-	va_list ap;
-	va_start(ap, fmt);
-	printf("%s ", ok ? "PASS" : "FAIL");
-	vprintf(fmt, ap);
-	printf("\n");
-	va_end(ap);
-	if (ok)
-		npass++;
-	else
-		nfail++;
-}
+#include "report.h"
 
 static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
 static double urand(double lo, double hi)

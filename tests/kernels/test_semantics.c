@@ -11,22 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int npass, nfail;
-
-static int report(int ok, const char *fmt, ...)
-{
-	va_list ap;
-	va_start(ap, fmt);
-	printf("%s ", ok ? "PASS" : "FAIL");
-	vprintf(fmt, ap);
-	printf("\n");
-	va_end(ap);
-	if (ok)
-		npass++;
-	else
-		nfail++;
-	return ok;
-}
+#include "report.h"
 
 /* ---- reference file -------------------------------------------------------------------------- */
 typedef struct {
