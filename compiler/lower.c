@@ -511,6 +511,7 @@ static void lower_collective(Lower *L, const Op *op, int oi)
 	}
 	arg_text(k, dtype_enum(g->vals[in].dtype));
 	arg_text(k, comm_of_axis(L, op->axis));
+	k->typed = true;
 	if (k->scratch)
 		arg_kind(k, KA_SCRATCH, 0);
 	use(k, in);
@@ -797,6 +798,7 @@ static void lower_op(Lower *L, const Op *op, int oi)
 		if (op->kind == OP_ALL_GATHER && g->vals[x].lay.on[op->axis] == LAYOUT_FLAT) {
 			/* ZeRO 3: the whole parameter from every rank's chunk, before a use */
 			k = call(L, op, oi, "planrt_allgather_flat");
+			k->typed = true;
 			arg_value(k, x);
 			arg_value(k, y);
 			long long n = 1;
@@ -815,6 +817,7 @@ static void lower_op(Lower *L, const Op *op, int oi)
 		if (op->nmembers && op->kind == OP_REDUCE_SCATTER) { /* ZeRO: a gradient bucket into chunks */
 			int size = g->ps->axes[op->axis].size;
 			k = call(L, op, oi, "planrt_bucket_reduce_scatter");
+			k->typed = true;
 			arg_int(k, op->nmembers);
 			long long *mem = arena_alloc(g->arena, sizeof(long long) * (size_t)op->nmembers);
 			long long *cnt = arena_alloc(g->arena, sizeof(long long) * (size_t)op->nmembers);
@@ -842,7 +845,10 @@ static void lower_op(Lower *L, const Op *op, int oi)
 			return;
 		}
 		if (op->nmembers) { /* a gradient bucket */
-			k = call(L, op, oi, op->kind == OP_ALL_REDUCE ? "planrt_bucket_allreduce" : "planrt_bucket_unsupported");
+			if (op->kind != OP_ALL_REDUCE) /* top-k all-gathers: compression, refused by build */
+				ICE("gradient bucket '%s' reached lowering", op_names[op->kind]);
+			k = call(L, op, oi, "planrt_bucket_allreduce");
+			k->typed = true;
 			arg_int(k, op->nmembers);
 			long long *mem = arena_alloc(g->arena, sizeof(long long) * (size_t)op->nmembers);
 			long long *cnt = arena_alloc(g->arena, sizeof(long long) * (size_t)op->nmembers);
@@ -877,25 +883,15 @@ static void lower_op(Lower *L, const Op *op, int oi)
 	}
 }
 
-/* Calls that take a dtype (collectives) move bf16 as it is; every other call computes in f32 on
- * converted copies of its bf16 operands (bf16 storage, f32 compute, as CPU autocast does). */
-static bool dtype_aware(const char *fn)
-{
-	static const char *const names[] = {"planrt_allreduce_dim", "planrt_reduce_scatter_dim", "planrt_allgather_dim",
-					    "planrt_alltoall_dim", "planrt_slice_dim", "planrt_bucket_allreduce",
-					    "planrt_allgather_flat", "planrt_bucket_reduce_scatter", NULL};
-	for (int i = 0; names[i]; i++)
-		if (!strcmp(fn, names[i]))
-			return true;
-	return false;
-}
-
+/* bf16 storage: a call that is not typed (every compute kernel) computes in f32 on converted
+ * copies of its bf16 operands (bf16 storage, f32 compute, as CPU autocast does); typed calls
+ * (collectives) move bf16 as it is. */
 static void plan_conversions(Lower *L)
 {
 	LProg *p = L->p;
 	for (int i = 0; i < p->nk; i++) {
 		Kernel *k = &p->k[i];
-		if (k->kind != KER_CALL || dtype_aware(k->fn))
+		if (k->kind != KER_CALL || k->typed)
 			continue;
 		for (int a = 0; a < k->nargs; a++) {
 			if (k->args[a].kind != KA_VALUE)

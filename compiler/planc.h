@@ -608,6 +608,7 @@ typedef struct Kernel {
 	size_t conv_offset[8];  /* from scratch_offset + scratch */
 	size_t conv_bytes;
 	bool only_last_micro;   /* runs in the last micro-batch's backward only (an overlapped bucket) */
+	bool typed;             /* the call takes its buffers' dtype (collectives): bf16 passes as it is */
 } Kernel;
 
 typedef struct LProg {
