@@ -32,13 +32,9 @@ static int bop(AD *ad, OpKind k, int nin, const int *in, int nout, const int *ou
 	int o = graph_add_op(g, k, nin, in, nout, out);
 	const Op *f = &g->ops[ad->cur_fwd];
 	Op *op = &g->ops[o];
+	op_inherit(op, f);
 	op->backward = true;
 	op->fwd_op = ad->cur_fwd;
-	op->layer = f->layer;
-	op->stage = f->stage;
-	op->scope = f->scope;
-	op->loc = f->loc;
-	op->src = f->src;
 	for (int i = 0; i < nout; i++) {
 		g->vals[out[i]].layer = f->layer;
 		if (g->vals[out[i]].role == ROLE_ACT)

@@ -50,6 +50,17 @@ static void pack_blocks(const void *tensor, void *packed, int rank, const int64_
 		}
 }
 
+/* out = a copy of dims; returns their product (the tensor's elements) */
+static int64_t copy_dims(int rank, const int64_t *dims, int64_t *out)
+{
+	int64_t count = 1;
+	for (int d = 0; d < rank; d++) {
+		count *= dims[d];
+		out[d] = dims[d];
+	}
+	return count;
+}
+
 void planrt_allreduce_dim(const void *in, void *out, int64_t n, planrt_dtype_t t, planrt_comm_t c)
 {
 	PLANRT_CHECK(planrt_allreduce(in, out, (size_t)n, t, planrt_sum, c, NULL));
@@ -74,12 +85,8 @@ void planrt_allgather_dim(const void *in, void *out, int rank, const int64_t *di
 			  planrt_comm_t c, void *scratch)
 {
 	int n = planrt_comm_size(c);
-	int64_t count = 1;
 	int64_t full[8];
-	for (int d = 0; d < rank; d++) {
-		count *= dims[d];
-		full[d] = dims[d];
-	}
+	int64_t count = copy_dims(rank, dims, full);
 	full[dim] *= n;
 	if (dim == 0) {
 		PLANRT_CHECK(planrt_allgather(in, out, (size_t)count, t, c, NULL));
@@ -94,12 +101,8 @@ void planrt_alltoall_dim(const void *in, void *out, int rank, const int64_t *dim
 {
 	int n = planrt_comm_size(c);
 	size_t elem = planrt_dtype_size(t);
-	int64_t count = 1;
 	int64_t outd[8];
-	for (int d = 0; d < rank; d++) {
-		count *= dims[d];
-		outd[d] = dims[d];
-	}
+	int64_t count = copy_dims(rank, dims, outd);
 	outd[from_dim] *= n;
 	outd[to_dim] /= n;
 	char *send = scratch, *recv = (char *)scratch + (size_t)count * elem;
