@@ -512,6 +512,10 @@ bool autodiff(Graph *g);     /* autodiff.c: backward graph and optimizer update 
 bool shard(Graph *g);        /* shard.c: layouts per mesh axis, collectives inserted */
 bool recompute(Graph *g);    /* recompute.c: selective / full activation recomputation */
 bool pipeline(Graph *g);     /* pipeline.c: stage partition, p2p, schedule tables */
+/* pipeline.c: contiguous partition of costs[0..n) into k non-empty parts (n >= k) minimising the
+ * largest part's cost, where part 0 also carries `first` and part k - 1 also carries `last`
+ * (embedding and head); part_of[i] = the part of item i. */
+void pipeline_partition(const double *costs, int n, int k, double first, double last, int *part_of);
 /* pipeline.c: simulated step time / ideal time - 1 for per-(stage, chunk) forward and backward
  * costs (fcost[stage * chunks + chunk]); (p - 1) / m for equal stages (Narayanan et al.). */
 double pipeline_bubble(const Graph *g, const double *fcost, const double *bcost);

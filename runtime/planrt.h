@@ -89,12 +89,30 @@ planrt_result_t planrt_send(const void *buf, size_t count, planrt_dtype_t t, int
 			    planrt_request_t *req);
 planrt_result_t planrt_recv(void *buf, size_t count, planrt_dtype_t t, int peer, planrt_comm_t c,
 			    planrt_request_t *req);
+/* Point-to-point with a tag: messages between two ranks match in order within one tag (pipeline
+ * activations and gradients travel on different tags). */
+planrt_result_t planrt_send_tagged(const void *buf, size_t count, planrt_dtype_t t, int peer, int tag, planrt_comm_t c,
+				   planrt_request_t *req);
+planrt_result_t planrt_recv_tagged(void *buf, size_t count, planrt_dtype_t t, int peer, int tag, planrt_comm_t c,
+				   planrt_request_t *req);
 /* planrt_wait completes a request and frees it: call it exactly once per request, also after
  * planrt_test reported it done (*done = 1 means the results are in place). */
 planrt_result_t planrt_wait(planrt_request_t req);
 planrt_result_t planrt_test(planrt_request_t req, int *done);
 /* Bytes this rank has sent through collectives and p2p since planrt_init (for tests and logs). */
 uint64_t planrt_bytes_sent(void);
+/* The same, per kind of operation and per group: a mesh axis index (the communicators of
+ * planrt_mesh_init), PLANRT_GROUP_PAIR (the two-stage groups of planrt_pair_comm) or
+ * PLANRT_GROUP_WORLD (every other communicator). Wire bytes as planc explain predicts them (see
+ * comm_mpi.c), rounded to whole bytes per call; calls counts the operations started. */
+typedef enum {
+	planrt_coll_allreduce = 0, planrt_coll_reduce_scatter, planrt_coll_allgather, planrt_coll_alltoall,
+	planrt_coll_broadcast, planrt_coll_send, planrt_coll_recv, planrt_coll_kinds
+} planrt_coll_t;
+enum { PLANRT_GROUP_WORLD = -1, PLANRT_GROUP_PAIR = -2 };
+uint64_t planrt_bytes_sent_by(planrt_coll_t kind, int group);
+uint64_t planrt_calls_by(planrt_coll_t kind, int group);
+const char *planrt_coll_name(planrt_coll_t kind); /* "allreduce", "reduce_scatter", ... */
 /* Turns a stall into an error: if a blocking call or wait takes longer than seconds
  * (PLANRT_WATCHDOG, default 300; 0 = off), prints the pending operation on that rank and aborts. */
 void planrt_watchdog_set(double seconds);

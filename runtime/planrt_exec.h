@@ -81,6 +81,32 @@ void planrt_cross_entropy_f32(const float *logits, const int32_t *targets, float
 void planrt_load_inputs(planrt_data_t d, int64_t step, int64_t lo, int64_t rows, int64_t seq, int64_t s_lo,
 			int64_t seq_local, uint64_t seed, int32_t *tokens, int32_t *targets);
 
+/* ------------------------------------------------------------------ step kernels of the IR
+ * In-place collectives on flat buffers (gradient buckets viewed in place, ZeRO shards): blocking
+ * when req is NULL, otherwise started and completed by planrt_request_finish. */
+void planrt_allreduce_inplace(void *buf, int64_t n, planrt_dtype_t t, planrt_comm_t c, planrt_request_t *req);
+/* buf holds size * chunk elements; afterwards rank r's chunk (at buf + r * chunk) is the sum */
+void planrt_reduce_scatter_inplace(void *buf, int64_t chunk, planrt_dtype_t t, planrt_comm_t c, planrt_request_t *req);
+/* buf holds size * chunk elements; rank r contributes its chunk at buf + r * chunk */
+void planrt_allgather_inplace(void *buf, int64_t chunk, planrt_dtype_t t, planrt_comm_t c, planrt_request_t *req);
+void planrt_request_finish(planrt_request_t *req);   /* waits for *req (if any) and clears it */
+void planrt_request_progress(planrt_request_t *req); /* lets an in-flight request move (MPI_Test) */
+void planrt_fill(void *dst, int64_t n, planrt_dtype_t t, double value);
+void planrt_accumulate(void *dst, const void *src, int64_t n, planrt_dtype_t t); /* dst += src */
+void planrt_cast(const void *src, planrt_dtype_t from, void *dst, planrt_dtype_t to, int64_t n);
+/* *acc += weight * sum of x[i]^2 (x of dtype t, summed in double) */
+void planrt_sum_squares_acc(double *acc, const void *x, int64_t n, planrt_dtype_t t, double weight);
+/* *norm = sqrt(*sumsq); *coef = max_norm / (norm + 1e-6) when max_norm > 0 and norm > max_norm, else 1 */
+void planrt_clip_coef(const double *sumsq, double *norm, double *coef, double max_norm);
+/* One optimizer step on n elements (PyTorch semantics, see planrt_opt_step): the learning rate is
+ * planrt_lr_at(lr, step, warmup, total, min_lr); the gradient (dtype gt, widened to f32 in blocks)
+ * is multiplied by *coef (the clipping coefficient) first. m, v: the moments (NULL if none). */
+void planrt_optimizer_step(int kind, double lr, double beta1, double beta2, double eps, double weight_decay,
+			   double momentum, int64_t warmup, int64_t total, double min_lr, int64_t step, float *param,
+			   const void *grad, planrt_dtype_t gt, float *m, float *v, int64_t n, const double *coef);
+/* *acc += scale * *loss */
+void planrt_loss_accumulate(double *acc, const float *loss, double scale);
+
 /* Sums x over every rank of the world. */
 double planrt_world_sum(double x);
 /* Sums x over the axes whose bit is set in axes_mask. */

@@ -1,0 +1,158 @@
+/* planrt_program.h: the one entry point of a generated program, and the descriptor it passes.
+ *
+ * A program planc generates holds only tables, stage functions and the schedule; everything that
+ * is the same for every program (argument parsing and --help, the world-size check, allocation of
+ * the persistent state and of the arena, --init / --save orchestration, the data file, the step
+ * loop that walks the schedule table, progress, metrics, the memory canary) lives here, behind
+ * planrt_main(argc, argv, &PROGRAM).
+ *
+ * A rank runs the stage its pipeline coordinate names (stage 0 without a pipeline). Each stage has
+ * phase functions, each the printed loop-level IR of one phase:
+ *   init        once, before the first step: parameters (drawn or read from --init), master
+ *               weights, the ZeRO gathers that make full parameters
+ *   step_begin  at the start of every step: zero gradient accumulators and metrics
+ *   prepare_forward[c], prepare_backward[c]
+ *               post the nonblocking receives a forward / backward of chunk c needs (called one
+ *               action ahead, so transfers overlap the previous action's compute)
+ *   forward[c], backward[c]
+ *               one micro-batch of model chunk c (c = 0 unless the schedule is interleaved)
+ *   step_end    gradient synchronisation, clipping, the optimizer, master-weight casts, ZeRO
+ *               gathers, and the loss / gradient-norm reductions into the metric buffers
+ *   save        writes this rank's pieces of every parameter into --save
+ * The stage's action table (F / B of a micro-batch and chunk, and the activation slot it uses) is
+ * the compiler's schedule; the walker calls prepare for action i + 1, then runs action i. */
+#ifndef PLANRT_PROGRAM_H
+#define PLANRT_PROGRAM_H
+
+#include "planrt.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* What one call of a phase function sees. Buffers of the generated program are named views of
+ * these bases (#define x ((float *)(ctx->slot + 4096))) or of the persistent state pointers. */
+typedef struct planrt_ctx {
+	int64_t step;            /* 0-based step being trained */
+	uint64_t seed;           /* --seed (initialisation, data order, dropout) */
+	uint64_t step_seed;      /* this step's dropout key: seed * 0x9E3779B97F4A7C15 + step */
+	int micro;               /* micro-batch of the running action (0 in init / step phases) */
+	int chunk;               /* model chunk of the running action */
+	unsigned char *arena;    /* the transient region (base of the whole arena) */
+	unsigned char *slot;     /* the activation slot of the running action */
+	unsigned char *inbox;    /* its receive inbox (forward inputs from the previous stage) */
+	planrt_request_t *reqs;  /* its slot's p2p requests (nreqs of them) */
+	planrt_data_t data;      /* --data */
+	planrt_st_t init_file;   /* --init, or NULL: draw parameters from the seed */
+	struct planrt_save *save_file; /* during save: the checkpoint being written */
+	double wait_s;           /* seconds this rank spent waiting for p2p receives (bubble bench) */
+} planrt_ctx_t;
+
+typedef void (*planrt_phase_fn)(planrt_ctx_t *ctx);
+
+typedef enum { PLANRT_FORWARD = 0, PLANRT_BACKWARD = 1 } planrt_act_kind_t;
+typedef struct planrt_action {
+	uint8_t kind;    /* planrt_act_kind_t */
+	uint8_t chunk;
+	uint16_t slot;   /* activation slot (and request set) of this micro-batch and chunk */
+	uint16_t inbox;  /* receive inbox, or 0xffff when the action receives nothing ahead */
+	uint32_t micro;
+} planrt_action_t;
+
+/* Persistent state: each buffer is allocated once (zeroed, 64-byte aligned), counted by kind; planc
+ * explain's category lines are the sums of these. */
+typedef enum {
+	planrt_state_param = 0,  /* parameters (full, or this rank's ZeRO shard) */
+	planrt_state_grad,       /* gradient accumulators or ZeRO gradient shards */
+	planrt_state_optim,      /* optimizer moments */
+	planrt_state_master,     /* f32 master weights of lower-precision parameters */
+	planrt_state_buffer,     /* named runtime buffers explain lists (e.g. an overlapped bucket) */
+	planrt_state_metric,     /* per-step scalars (loss, gradient norm, clip coefficient) */
+	planrt_state_kinds
+} planrt_state_kind_t;
+typedef struct planrt_state_buf {
+	const char *name;
+	uint8_t kind;            /* planrt_state_kind_t */
+	size_t bytes;
+	void **ptr;              /* the generated program's pointer to set */
+} planrt_state_buf_t;
+
+/* A parameter of the model, for --init, --save and initialisation: global and local (this rank's
+ * tensor-parallel block) shapes and the mesh axis that splits each dim (-1: not split). Element
+ * index i of the local block is its row-major index. Tied copies on a second pipeline stage have
+ * saved = 0 (the original is written). */
+typedef struct planrt_param {
+	const char *name;
+	int rank;
+	int64_t gdims[8], ldims[8];
+	int8_t split_axis[8];
+	uint8_t init_kind;       /* 0 normal(a, b) 1 uniform(a, b) 2 zeros 3 ones */
+	uint8_t saved;
+	double a, b;
+} planrt_param_t;
+
+typedef struct planrt_stage {
+	planrt_phase_fn init, step_begin, step_end, save;
+	int nchunks;
+	const planrt_phase_fn *forward, *backward;                 /* [nchunks] */
+	const planrt_phase_fn *prepare_forward, *prepare_backward; /* [nchunks] */
+	const planrt_action_t *actions;
+	int nactions;
+	/* the arena: one allocation of arena_bytes = transient region, then nslots slots of
+	 * slot_bytes at slot_offset, then ninbox inboxes of inbox_bytes at inbox_offset */
+	size_t arena_bytes, slot_offset, slot_bytes, inbox_offset, inbox_bytes;
+	int nslots, ninbox, nreqs;
+	const planrt_state_buf_t *state;
+	int nstate;
+	/* metric buffers (doubles in the state): set by step_end on every rank of the stage */
+	double *const *loss;      /* the step's mean loss (every stage, after the pipe reduction) */
+	double *const *grad_norm; /* the global gradient norm before clipping */
+} planrt_stage_t;
+
+typedef struct planrt_program {
+	const char *plan, *model, *source; /* for messages and --help */
+	int world, naxes, pipe_axis;       /* pipe_axis -1: no pipeline */
+	const int *axis_sizes;
+	const char *const *axis_names;
+	int nstages;
+	const planrt_stage_t *stages;
+	const planrt_param_t *params;
+	int nparams;
+	int micro_batches;
+	int64_t batch, seq, vocab;         /* data: step batch, window length, vocabulary */
+	/* the learning-rate schedule, for the log's lr column (the optimizer kernels take it too) */
+	double lr, min_lr;
+	int64_t warmup, total_steps;
+} planrt_program_t;
+
+/* Runs the program: parses argv (--steps K --data FILE [--init W] [--save W] [--log F] [--seed S]
+ * [--help]), checks the world size against the plan, trains, and returns the process exit status
+ * (after planrt_finalize). Every failure is a one-line cause on every rank and a non-zero exit. */
+int planrt_main(int argc, char **argv, const planrt_program_t *program);
+
+/* ------------------------------------------------------------------ kernels the IR calls
+ * Initialisation and checkpoints address a parameter's local block by element: the buffer's
+ * element j holds local element lo + j, for j in [0, n); positions whose lo + j falls outside
+ * [0, local elements) are padding (init writes zeros there, save skips them). lo and n may
+ * depend on the rank's coordinate on a ZeRO axis (shards). */
+void planrt_init_param(planrt_ctx_t *ctx, void *dst, planrt_dtype_t dtype, int param, int64_t lo, int64_t n);
+/* Writes this rank's piece into the open checkpoint. shard_axis >= 0: the piece is this rank's
+ * ZeRO shard over that axis (every coordinate writes its own); otherwise only the rank with
+ * coordinate 0 on every axis that does not split the parameter writes. */
+void planrt_save_param(planrt_ctx_t *ctx, const void *src, planrt_dtype_t dtype, int param, int64_t lo, int64_t n,
+		       int shard_axis);
+/* tokens (stream 0: window[0, S)) or targets (stream 1: window[1, S]) of samples
+ * [row_lo, row_lo + rows) of this step, positions [s_lo, s_lo + s_n) of each window */
+void planrt_load_input(planrt_ctx_t *ctx, int32_t *dst, int stream, int64_t row_lo, int64_t rows, int64_t s_lo,
+		       int64_t s_n);
+/* Pipeline transfers on the pipe axis to / from the rank with pipe coordinate peer, on channel
+ * (0: forward activations, 1: backward gradients; messages match in order within a channel). The
+ * request is completed by planrt_p2p_finish, or by the walker before the slot is reused. */
+void planrt_p2p_send_start(const void *buf, int64_t n, planrt_dtype_t t, int peer, int channel, planrt_request_t *req);
+void planrt_p2p_recv_start(void *buf, int64_t n, planrt_dtype_t t, int peer, int channel, planrt_request_t *req);
+void planrt_p2p_finish(planrt_ctx_t *ctx, planrt_request_t *req); /* waits (time counted in ctx->wait_s) */
+
+#ifdef __cplusplus
+}
+#endif
+#endif
