@@ -12,8 +12,8 @@ file(GLOB FMT_FILES ${ROOT}/examples/*.plan ${ROOT}/stdlib/*.plan ${ROOT}/tests/
 add_test(NAME fmt_roundtrip COMMAND sh ${ROOT}/tests/fmt_roundtrip.sh ${PLANC} ${FMT_FILES} WORKING_DIRECTORY ${ROOT})
 
 # runtime and kernel unit tests (cmocka, MPI) live beside their sources' tests
-include(${ROOT}/tests/runtime/tests.cmake OPTIONAL)
-include(${ROOT}/tests/kernels/tests.cmake OPTIONAL)
+include(${ROOT}/tests/runtime/tests.cmake)
+include(${ROOT}/tests/kernels/tests.cmake)
 
 # the heart of the suite: every plan trains like the single-rank run (tests/equiv)
 add_test(NAME equiv COMMAND python3 ${ROOT}/tests/equiv/run_equiv.py ${PLANC} ${ROOT} 20 WORKING_DIRECTORY ${ROOT})
@@ -22,8 +22,10 @@ add_test(NAME program_errors COMMAND sh ${ROOT}/tests/run_program_errors.sh ${PL
 set_tests_properties(program_errors PROPERTIES TIMEOUT 600)
 add_test(NAME memory COMMAND python3 ${ROOT}/tests/equiv/check_memory.py ${PLANC} ${ROOT} WORKING_DIRECTORY ${ROOT})
 set_tests_properties(memory PROPERTIES TIMEOUT 600)
-# PyTorch as an independent reference (skips when Debian's python3-torch is not installed)
+# PyTorch as an independent reference. Without Debian's python3-torch it exits 77, which ctest
+# reports as skipped (scripts/deps.sh installs it, so CI runs it); a skip never reads as a pass.
 add_test(NAME torch_reference COMMAND /usr/bin/python3 ${ROOT}/tests/equiv/torch_reference.py ${PLANC} ${ROOT} 20
          WORKING_DIRECTORY ${ROOT})
+set_tests_properties(torch_reference PROPERTIES SKIP_RETURN_CODE 77)
 add_test(NAME equiv_sweep COMMAND python3 ${ROOT}/tests/equiv/run_sweep.py ${PLANC} ${ROOT} 16 WORKING_DIRECTORY ${ROOT})
 set_tests_properties(equiv_sweep PROPERTIES TIMEOUT 900)

@@ -1,16 +1,18 @@
 #!/usr/bin/env python3
 """tests/equiv: the contract that a plan never changes the result (DESIGN 1.1).
 
-For the GPT and MLP examples, every listed plan is built with `planc build`, trained for STEPS
-steps under `mpirun -np WORLD` on data/corpus.txt, and compared with the single-rank plan of the
-same model: every step's loss within 1e-5 relative and the final weights (saved with --save, read
-back here from the safetensors file) within 1e-4. One plan is run twice and must give bitwise
-identical losses. bf16 plans are compared with the f32 run at bf16 tolerance.
+For the GPT and MLP examples, every plan listed for the model in PLANS is built with `planc build`,
+trained for STEPS steps under `mpirun -np WORLD` on data/corpus.txt, and compared with the
+single-rank plan of the same model: every step's loss within 1e-5 relative and the final weights
+(saved with --save, read back here from the safetensors file) within 1e-4. dp2 is run twice and
+must give bitwise identical losses. bf16 plans (named bf16*) are compared with the f32 run at bf16
+tolerance. A listed plan that the model's file does not have is a failure, never a skip.
 Prints PASS/FAIL per check and a closing 'N passed, N failed' line.
 usage: run_equiv.py PLANC REPO_ROOT [STEPS]
 """
 import json
 import os
+import re
 import struct
 import subprocess
 import sys
@@ -25,10 +27,14 @@ data = f"{root}/data/corpus.txt"
 work = tempfile.mkdtemp(prefix="planc-equiv-")
 passed = failed = 0
 
-PLANS = ["dp2", "dp4", "tp2", "tp4", "dp2_tp2", "tp2_sp", "zero1_dp4", "zero2_dp4", "zero3_dp4", "dp2_tp2_zero2",
-         "ulysses2", "tp2_sp_selective", "dp2_full_recompute", "dp2_tp2_sp", "dp2_tp2_sp_zero3"]
-# (plans after dp2_tp2_zero2 run where the model's file has them)
-MODELS = ["mlp", "gpt"]
+# The plans checked for each model (examples/MODEL.plan), besides its reference plan "single".
+PLANS = {
+    "mlp": ["dp2", "dp4", "tp2", "tp4", "dp2_tp2", "tp2_sp", "zero1_dp4", "zero2_dp4", "zero3_dp4", "dp2_tp2_zero2",
+            "bf16"],
+    "gpt": ["dp2", "dp4", "tp2", "tp4", "dp2_tp2", "tp2_sp", "zero1_dp4", "zero2_dp4", "zero3_dp4", "dp2_tp2_zero2",
+            "ulysses2", "tp2_sp_selective", "dp2_full_recompute", "dp2_tp2_sp", "dp2_tp2_sp_zero3",
+            "bf16", "bf16_zero2_dp4"],
+}
 
 
 def check(name, ok, detail):
@@ -109,15 +115,19 @@ def compare(model, plan, ref, got, loss_tol, weight_tol):
           f"{len(w0)} tensors, worst absolute difference {wworst:.2e} in {where} (tolerance {weight_tol:g})")
 
 
-for model in MODELS:
+for model, listed in PLANS.items():
+    plans_here = {m.group(1) for m in re.finditer(r"^\s*plan\s+(\w+)", open(f"{root}/examples/{model}.plan").read(),
+                                                  re.MULTILINE)}
+    for plan in [p for p in ["single"] + listed if p not in plans_here]:
+        check(f"{model} {plan}", False, f"listed in run_equiv.py but examples/{model}.plan has no plan '{plan}'")
+    listed = [p for p in listed if p in plans_here]
     ref, err = run(model, "single", "a")
     if err:
         check(f"{model} single", False, err)
         continue
     check(f"{model} single trains", ref[0][-1] < ref[0][0],
           f"loss {ref[0][0]:.4f} -> {ref[0][-1]:.4f} over {steps} steps")
-    plans_here = {line.split()[1] for line in open(f"{root}/examples/{model}.plan") if line.startswith("plan ")}
-    for plan in [p for p in PLANS if p in plans_here]:
+    for plan in [p for p in listed if not p.startswith("bf16")]:
         got, err = run(model, plan, "a")
         if err:
             check(f"{model} {plan}", False, err)
@@ -130,10 +140,13 @@ for model in MODELS:
     else:
         check(f"{model} dp2 repeatable", again[0] == first[0], "two runs give bitwise identical losses"
               if again[0] == first[0] else f"losses differ: {again[0][:3]} vs {first[0][:3]}")
-    for plan in sorted(p for p in plans_here if p.startswith("bf16")):
+    for plan in [p for p in listed if p.startswith("bf16")]:
         bf, err = run(model, plan, "a")
         if err:
             check(f"{model} {plan}", False, err)
+            continue
+        if len(bf[0]) != len(ref[0]):
+            check(f"{model} {plan} losses", False, f"{len(bf[0])} steps logged, want {len(ref[0])}")
             continue
         worst = max(abs(a - b) / abs(a) for a, b in zip(ref[0], bf[0]))
         check(f"{model} {plan} losses", worst <= 2e-2,

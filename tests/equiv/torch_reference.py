@@ -9,7 +9,8 @@ little-endian data); the program starts from it with --init, and its final --sav
 here: both directions of safetensors interoperability. The batches are drawn with the same counter-based sampler as planrt's data
 loader (Philox-4x32-10 keyed by the seed, counter (sample, step)), reimplemented here; the
 optimizer is torch.optim.AdamW with clip_grad_norm_, as the plan says. Needs python3-torch
-(Debian's 1.13); exits 0 with a SKIP line when torch is missing.
+(Debian's 1.13, run with /usr/bin/python3); when torch cannot be imported it prints a SKIP line and
+exits 77, which tests/tests.cmake registers as ctest's SKIP_RETURN_CODE (reported as skipped).
 usage: torch_reference.py PLANC REPO_ROOT [STEPS]
 """
 import json
@@ -22,10 +23,10 @@ import tempfile
 try:
     import torch
     import torch.nn.functional as F
-except ImportError:
-    print("SKIP: python3-torch is not installed (apt-get install python3-torch)")
-    print("0 passed, 0 failed")
-    sys.exit(0)
+except ImportError as e:
+    print(f"SKIP: {sys.executable} cannot import torch ({e}): install Debian's python3-torch "
+          "(apt-get install python3-torch, or scripts/deps.sh) and run this with /usr/bin/python3")
+    sys.exit(77)
 
 planc, root = sys.argv[1], sys.argv[2]
 steps = int(sys.argv[3]) if len(sys.argv) > 3 else 20
