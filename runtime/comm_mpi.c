@@ -17,14 +17,33 @@
  * In place: send == recv for allreduce, and recv == send + rank * recvcount (NCCL) or
  * send == recv (MPI) for reduce-scatter, send == recv + rank * sendcount (NCCL) or send == recv
  * for allgather (the block is moved to slot rank first), any overlap for alltoall (staged through
- * a copy).
+ * a copy). NCCL's in-place reduce-scatter on a member other than 0 (where recv != send) reduces
+ * into the staging buffer kept between calls (below) and copies the block out at completion.
  *
- * planrt_bytes_sent counts algorithm bytes, the figure planc explain predicts as "wire bytes":
- * what this rank sends with ring algorithms, for a communicator of n members and B the bytes of
- * the call's buffer in its own dtype (allreduce: count; reduce-scatter: the n * recvcount input;
- * allgather: the n * sendcount output; alltoall: the n * count input; broadcast: count):
- * allreduce 2 (n - 1) / n B, reduce-scatter, allgather, alltoall and broadcast (n - 1) / n B,
- * send B, recv 0. One-member groups send nothing. The total is kept in double and rounded. */
+ * Point-to-point messages carry a tag (planrt_send / planrt_recv: tag 0); MPI matches messages
+ * between two ranks in order within one (communicator, tag).
+ *
+ * The counters (planrt_bytes_sent_by, planrt_calls_by, planrt_bytes_sent) count algorithm bytes,
+ * the figure planc explain predicts as "wire bytes": what this rank sends with ring algorithms.
+ * For one call on a communicator of n members, with es the size of the call's dtype in bytes
+ * (bf16 and f16: 2, although their reductions move f32 operands) and B the bytes of the call's
+ * buffer in that dtype,
+ *   allreduce       B = count * es                   bytes = round(2 (n - 1) B / n)
+ *   reduce-scatter  B = n * recvcount * es (input)   bytes = round((n - 1) B / n)
+ *   allgather       B = n * sendcount * es (output)  bytes = round((n - 1) B / n)
+ *   alltoall        B = n * count * es (input)       bytes = round((n - 1) B / n)
+ *   broadcast       B = count * es                   bytes = round((n - 1) B / n), root or not
+ *   send            B = count * es                   bytes = B
+ *   recv                                             bytes = 0
+ * and bytes = 0 for every kind when n = 1. round(x) is llround of the exact rational x: the
+ * nearest integer, halves rounded up (x >= 0), computed exactly in 64-bit integers as
+ * (2 k (n - 1) B + n) / (2 n) with k = 2 for allreduce and 1 otherwise (integer division). Each
+ * call's rounded figure is added, when the call has started successfully, to a 64-bit counter for
+ * its kind and its communicator's group (the mesh axis index, pair or world, set where the
+ * communicator is made; planrt.c), and its call counter is incremented; planrt_bytes_sent is the
+ * sum of the rounded figures over every kind and group. A call refused before it starts (a bad
+ * argument, a NULL communicator) or that MPI fails to start counts nothing. The counters are
+ * plain integers, touched only by the thread that calls planrt (MPI is initialised funneled). */
 #define PLANRT_INTERNAL
 #include <mpi.h>
 
@@ -40,10 +59,18 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef enum { K_ALLREDUCE, K_REDUCE_SCATTER, K_ALLGATHER, K_ALLTOALL, K_BROADCAST, K_SEND, K_RECV } kind_t;
+typedef planrt_coll_t kind_t;
+#define K_ALLREDUCE planrt_coll_allreduce
+#define K_REDUCE_SCATTER planrt_coll_reduce_scatter
+#define K_ALLGATHER planrt_coll_allgather
+#define K_ALLTOALL planrt_coll_alltoall
+#define K_BROADCAST planrt_coll_broadcast
+#define K_SEND planrt_coll_send
+#define K_RECV planrt_coll_recv
 
 static const char *const kind_names[] = {"allreduce", "reduce_scatter", "allgather", "alltoall",
 					 "broadcast", "send", "recv"};
+_Static_assert(sizeof kind_names / sizeof *kind_names == planrt_coll_kinds, "a name for every planrt_coll_t");
 static const char *const dtype_names[] = {"f32", "bf16", "f16", "i32", "u8", "f64"};
 
 struct planrt_request {
@@ -55,6 +82,7 @@ struct planrt_request {
 	planrt_dtype_t dtype;
 	planrt_op_t op;
 	int peer; /* send / recv peer, broadcast root */
+	int tag;  /* send / recv */
 	planrt_comm_t comm;
 	uint64_t seq;
 	/* work left for completion */
@@ -68,7 +96,11 @@ struct planrt_request {
 };
 
 static double watchdog_s = 300;
-static double bytes_sent;
+static int tag_ub = 32767; /* MPI_TAG_UB, read by planrt_comm_init_ */
+
+/* The counters, [kind][slot]: slot 0 world, 1 pair, 2 + k mesh axis k. */
+enum { GROUP_SLOTS = PLANRT_MAX_AXES_ + 2 };
+static uint64_t bytes_by[planrt_coll_kinds][GROUP_SLOTS], calls_by[planrt_coll_kinds][GROUP_SLOTS];
 
 void planrt_comm_init_(void)
 {
@@ -82,6 +114,9 @@ void planrt_comm_init_(void)
 		if (!*end && v >= 0 && isfinite(v))
 			watchdog_s = v;
 	}
+	int *ub = NULL, flag = 0;
+	if (MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &ub, &flag) == MPI_SUCCESS && flag && ub && *ub > 0)
+		tag_ub = *ub;
 }
 
 void planrt_watchdog_set(double seconds)
@@ -89,9 +124,38 @@ void planrt_watchdog_set(double seconds)
 	watchdog_s = seconds > 0 ? seconds : 0;
 }
 
+/* The counters' slot of a group, -1 if it names none. */
+static int group_slot(int group)
+{
+	if (group >= 0)
+		return group < PLANRT_MAX_AXES_ ? 2 + group : -1;
+	return group == PLANRT_GROUP_WORLD ? 0 : group == PLANRT_GROUP_PAIR ? 1 : -1;
+}
+
 uint64_t planrt_bytes_sent(void)
 {
-	return (uint64_t)llround(bytes_sent);
+	uint64_t sum = 0;
+	for (int k = 0; k < planrt_coll_kinds; k++)
+		for (int g = 0; g < GROUP_SLOTS; g++)
+			sum += bytes_by[k][g];
+	return sum;
+}
+
+uint64_t planrt_bytes_sent_by(planrt_coll_t kind, int group)
+{
+	int g = group_slot(group);
+	return (unsigned)kind < planrt_coll_kinds && g >= 0 ? bytes_by[kind][g] : 0;
+}
+
+uint64_t planrt_calls_by(planrt_coll_t kind, int group)
+{
+	int g = group_slot(group);
+	return (unsigned)kind < planrt_coll_kinds && g >= 0 ? calls_by[kind][g] : 0;
+}
+
+const char *planrt_coll_name(planrt_coll_t kind)
+{
+	return (unsigned)kind < planrt_coll_kinds ? kind_names[kind] : "?";
 }
 
 static MPI_Datatype mpi_type(planrt_dtype_t t)
@@ -128,10 +192,9 @@ static void describe(const struct planrt_request *q, char *buf, size_t n)
 		return;
 	if (q->kind == K_ALLREDUCE || q->kind == K_REDUCE_SCATTER)
 		len += snprintf(buf + len, n - (size_t)len, " (%s)", q->op == planrt_sum ? "sum" : "max");
-	else if (q->kind == K_SEND)
-		len += snprintf(buf + len, n - (size_t)len, " to member %d", q->peer);
-	else if (q->kind == K_RECV)
-		len += snprintf(buf + len, n - (size_t)len, " from member %d", q->peer);
+	else if (q->kind == K_SEND || q->kind == K_RECV)
+		len += snprintf(buf + len, n - (size_t)len, q->tag ? " %s member %d tag %d" : " %s member %d",
+				q->kind == K_SEND ? "to" : "from", q->peer, q->tag);
 	else if (q->kind == K_BROADCAST)
 		len += snprintf(buf + len, n - (size_t)len, " from root %d", q->peer);
 	if (len >= 0 && (size_t)len < n)
@@ -139,20 +202,26 @@ static void describe(const struct planrt_request *q, char *buf, size_t n)
 			 q->comm->size);
 }
 
-static void count_bytes(const struct planrt_request *q)
+/* One started call into the counters, by the formula at the top of this file. */
+static void count_call(const struct planrt_request *q)
 {
-	double n = q->comm->size, es = (double)planrt_dtype_size(q->dtype), c = (double)q->count;
-	if (q->kind == K_SEND) {
-		bytes_sent += c * es;
-		return;
+	uint64_t n = (uint64_t)q->comm->size, B = (uint64_t)q->count * planrt_dtype_size(q->dtype), k = 1, bytes;
+	int g = group_slot(q->comm->group);
+	if (g < 0)
+		g = 0;
+	if (n <= 1 || q->kind == K_RECV) {
+		bytes = 0;
+	} else if (q->kind == K_SEND) {
+		bytes = B;
+	} else {
+		if (q->kind == K_ALLREDUCE)
+			k = 2;
+		else if (q->kind != K_BROADCAST)
+			B *= n; /* reduce-scatter, allgather, alltoall: n blocks of count */
+		bytes = (2 * k * (n - 1) * B + n) / (2 * n);
 	}
-	if (n <= 1 || q->kind == K_RECV)
-		return;
-	switch (q->kind) {
-	case K_ALLREDUCE: bytes_sent += 2 * (n - 1) / n * c * es; break;
-	case K_BROADCAST: bytes_sent += (n - 1) / n * c * es; break;
-	default: bytes_sent += (n - 1) * c * es; break; /* (n - 1) / n of n blocks of count */
-	}
+	bytes_by[q->kind][g] += bytes;
+	calls_by[q->kind][g]++;
 }
 
 /* f32 staging for half-precision reductions. One buffer is kept between calls (so a training
@@ -404,13 +473,14 @@ static planrt_result_t start(struct planrt_request *q, const void *sendbuf, void
 		} else {
 			void *out = recvbuf;
 			if (overlaps(sendbuf, n * q->count * es, recvbuf, q->count * es)) {
-				/* e.g. NCCL's in place, recv = send + rank * recvcount: a separate result
-				 * buffer, copied out at completion */
-				if (!(q->scratch = malloc(q->count * es + 1)))
+				/* e.g. NCCL's in place, recv = send + rank * recvcount: the result goes to
+				 * the staging buffer (no conversion: staged_dst stays NULL) and is copied
+				 * out at completion */
+				if (!(q->staged = stage_get((q->count * es + sizeof(float) - 1) / sizeof(float))))
 					goto oom;
-				out = q->scratch;
+				out = q->staged;
 				q->copy_dst = recvbuf;
-				q->copy_src = q->scratch;
+				q->copy_src = q->staged;
 				q->copy_bytes = q->count * es;
 			}
 			rc = direct ? MPI_Reduce_scatter_block(sendbuf, out, cnt, dt, mop, comm)
@@ -447,12 +517,14 @@ static planrt_result_t start(struct planrt_request *q, const void *sendbuf, void
 			    : MPI_Ibcast(recvbuf, cnt, dt, q->peer, comm, &q->mreq);
 		break;
 	case K_SEND:
-		rc = direct ? MPI_Send(sendbuf, cnt, dt, q->peer, 0, comm)
-			    : MPI_Isend(sendbuf, cnt, dt, q->peer, 0, comm, &q->mreq);
+		rc = direct ? MPI_Send(sendbuf, cnt, dt, q->peer, q->tag, comm)
+			    : MPI_Isend(sendbuf, cnt, dt, q->peer, q->tag, comm, &q->mreq);
 		break;
 	case K_RECV:
-		rc = direct ? MPI_Recv(recvbuf, cnt, dt, q->peer, 0, comm, MPI_STATUS_IGNORE)
-			    : MPI_Irecv(recvbuf, cnt, dt, q->peer, 0, comm, &q->mreq);
+		rc = direct ? MPI_Recv(recvbuf, cnt, dt, q->peer, q->tag, comm, MPI_STATUS_IGNORE)
+			    : MPI_Irecv(recvbuf, cnt, dt, q->peer, q->tag, comm, &q->mreq);
+		break;
+	case planrt_coll_kinds: /* not a kind; run() never passes it */
 		break;
 	}
 	if (direct)
@@ -461,7 +533,7 @@ static planrt_result_t start(struct planrt_request *q, const void *sendbuf, void
 		abandon(q);
 		return mpi_fail(rc, q);
 	}
-	count_bytes(q);
+	count_call(q);
 	if (direct)
 		finish(q);
 	return planrt_success;
@@ -475,7 +547,7 @@ oom:
 
 /* Common entry: checks, then a blocking run (req NULL) or a started request in *req. */
 static planrt_result_t run(kind_t kind, const void *sendbuf, void *recvbuf, size_t count, planrt_dtype_t t,
-			   planrt_op_t op, int peer, planrt_comm_t c, planrt_request_t *req)
+			   planrt_op_t op, int peer, int tag, planrt_comm_t c, planrt_request_t *req)
 {
 	if (req)
 		*req = NULL;
@@ -498,6 +570,9 @@ static planrt_result_t run(kind_t kind, const void *sendbuf, void *recvbuf, size
 	if ((kind == K_SEND || kind == K_RECV || kind == K_BROADCAST) && (peer < 0 || peer >= c->size))
 		return planrt_error_(planrt_invalid_argument, "%s: member %d is not in %s (size %d)", kind_names[kind],
 				     peer, c->name, c->size);
+	if (tag < 0 || tag > tag_ub)
+		return planrt_error_(planrt_invalid_argument, "%s: tag %d is outside MPI's range 0 to %d", kind_names[kind],
+				     tag, tag_ub);
 	struct planrt_request local, *q = &local;
 	if (req && !(q = malloc(sizeof *q)))
 		return planrt_error_(planrt_system_error, "out of memory for a request");
@@ -507,6 +582,7 @@ static planrt_result_t run(kind_t kind, const void *sendbuf, void *recvbuf, size
 	q->dtype = t;
 	q->op = op;
 	q->peer = peer;
+	q->tag = tag;
 	q->comm = c;
 	q->seq = ++c->ncalls;
 	planrt_result_t r = start(q, sendbuf, recvbuf, req == NULL);
@@ -533,43 +609,55 @@ static planrt_result_t run(kind_t kind, const void *sendbuf, void *recvbuf, size
 planrt_result_t planrt_allreduce(const void *sendbuf, void *recvbuf, size_t count, planrt_dtype_t t, planrt_op_t op,
 				 planrt_comm_t c, planrt_request_t *req)
 {
-	return run(K_ALLREDUCE, sendbuf, recvbuf, count, t, op, 0, c, req);
+	return run(K_ALLREDUCE, sendbuf, recvbuf, count, t, op, 0, 0, c, req);
 }
 
 planrt_result_t planrt_reduce_scatter(const void *sendbuf, void *recvbuf, size_t recvcount, planrt_dtype_t t,
 				      planrt_op_t op, planrt_comm_t c, planrt_request_t *req)
 {
-	return run(K_REDUCE_SCATTER, sendbuf, recvbuf, recvcount, t, op, 0, c, req);
+	return run(K_REDUCE_SCATTER, sendbuf, recvbuf, recvcount, t, op, 0, 0, c, req);
 }
 
 planrt_result_t planrt_allgather(const void *sendbuf, void *recvbuf, size_t sendcount, planrt_dtype_t t,
 				 planrt_comm_t c, planrt_request_t *req)
 {
-	return run(K_ALLGATHER, sendbuf, recvbuf, sendcount, t, planrt_sum, 0, c, req);
+	return run(K_ALLGATHER, sendbuf, recvbuf, sendcount, t, planrt_sum, 0, 0, c, req);
 }
 
 planrt_result_t planrt_alltoall(const void *sendbuf, void *recvbuf, size_t count, planrt_dtype_t t, planrt_comm_t c,
 				planrt_request_t *req)
 {
-	return run(K_ALLTOALL, sendbuf, recvbuf, count, t, planrt_sum, 0, c, req);
+	return run(K_ALLTOALL, sendbuf, recvbuf, count, t, planrt_sum, 0, 0, c, req);
 }
 
 planrt_result_t planrt_broadcast(void *buf, size_t count, planrt_dtype_t t, int root, planrt_comm_t c,
 				 planrt_request_t *req)
 {
-	return run(K_BROADCAST, buf, buf, count, t, planrt_sum, root, c, req);
+	return run(K_BROADCAST, buf, buf, count, t, planrt_sum, root, 0, c, req);
+}
+
+planrt_result_t planrt_send_tagged(const void *buf, size_t count, planrt_dtype_t t, int peer, int tag, planrt_comm_t c,
+				   planrt_request_t *req)
+{
+	return run(K_SEND, buf, NULL, count, t, planrt_sum, peer, tag, c, req);
+}
+
+planrt_result_t planrt_recv_tagged(void *buf, size_t count, planrt_dtype_t t, int peer, int tag, planrt_comm_t c,
+				   planrt_request_t *req)
+{
+	return run(K_RECV, NULL, buf, count, t, planrt_sum, peer, tag, c, req);
 }
 
 planrt_result_t planrt_send(const void *buf, size_t count, planrt_dtype_t t, int peer, planrt_comm_t c,
 			    planrt_request_t *req)
 {
-	return run(K_SEND, buf, NULL, count, t, planrt_sum, peer, c, req);
+	return run(K_SEND, buf, NULL, count, t, planrt_sum, peer, 0, c, req);
 }
 
 planrt_result_t planrt_recv(void *buf, size_t count, planrt_dtype_t t, int peer, planrt_comm_t c,
 			    planrt_request_t *req)
 {
-	return run(K_RECV, NULL, buf, count, t, planrt_sum, peer, c, req);
+	return run(K_RECV, NULL, buf, count, t, planrt_sum, peer, 0, c, req);
 }
 
 /* A request is finished by exactly one planrt_wait, which frees it (also after planrt_test

@@ -22,7 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { MAX_AXES = 8, MAX_COMMS = 64 };
+enum { MAX_AXES = PLANRT_MAX_AXES_, MAX_COMMS = 64 };
 
 static _Thread_local char last_error[1024];
 
@@ -138,6 +138,7 @@ planrt_result_t planrt_init(int *argc, char ***argv, int *rank, int *world_out)
 	world.comm = MPI_COMM_WORLD;
 	world.rank = world_rank;
 	world.size = world_size;
+	world.group = PLANRT_GROUP_WORLD;
 	snprintf(world.name, sizeof world.name, "world");
 	world_ready = 1;
 	planrt_comm_init_();
@@ -201,8 +202,9 @@ int planrt_comm_rank(planrt_comm_t c)
 
 /* ------------------------------------------------------------------ mesh */
 
-/* Splits the world; colour < 0: this rank takes no part (*out = NULL). */
-static planrt_result_t split(int color, int key, const char *name, planrt_comm_t *out)
+/* Splits the world; colour < 0: this rank takes no part (*out = NULL). group: the counters'
+ * group of the new communicator (a mesh axis or PLANRT_GROUP_PAIR). */
+static planrt_result_t split(int color, int key, int group, const char *name, planrt_comm_t *out)
 {
 	MPI_Comm nc;
 	int rc = MPI_Comm_split(MPI_COMM_WORLD, color < 0 ? MPI_UNDEFINED : color, key, &nc);
@@ -219,6 +221,7 @@ static planrt_result_t split(int color, int key, const char *name, planrt_comm_t
 	c->comm = nc;
 	MPI_Comm_size(nc, &c->size);
 	MPI_Comm_rank(nc, &c->rank);
+	c->group = group;
 	snprintf(c->name, sizeof c->name, "%s", name);
 	*out = c;
 	return planrt_success;
@@ -266,7 +269,7 @@ planrt_result_t planrt_mesh_init(int naxes, const int *sizes, const char *const 
 		char name[48];
 		snprintf(name, sizeof name, "axis %s", names && names[k] ? names[k] : "?");
 		int color = world_rank - mesh_coords[k] * axis_stride(k);
-		planrt_result_t r = split(color, mesh_coords[k], name, &axis_comms[k]);
+		planrt_result_t r = split(color, mesh_coords[k], k, name, &axis_comms[k]);
 		if (r != planrt_success) {
 			mesh_free();
 			return r;
@@ -302,7 +305,7 @@ planrt_result_t planrt_pair_comm(int axis, int a, int b, planrt_comm_t *out)
 	char name[48];
 	snprintf(name, sizeof name, "pair axis %d {%d,%d}", axis, a, b);
 	int color = member ? world_rank - c * axis_stride(axis) : -1;
-	planrt_result_t r = split(color, c == a ? 0 : 1, name, out);
+	planrt_result_t r = split(color, c == a ? 0 : 1, PLANRT_GROUP_PAIR, name, out);
 	if (r == planrt_success && *out)
 		pair_comms[npair_comms++] = *out;
 	return r;

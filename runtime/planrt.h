@@ -89,8 +89,9 @@ planrt_result_t planrt_send(const void *buf, size_t count, planrt_dtype_t t, int
 			    planrt_request_t *req);
 planrt_result_t planrt_recv(void *buf, size_t count, planrt_dtype_t t, int peer, planrt_comm_t c,
 			    planrt_request_t *req);
-/* Point-to-point with a tag: messages between two ranks match in order within one tag (pipeline
- * activations and gradients travel on different tags). */
+/* Point-to-point with a tag (0 to MPI's MPI_TAG_UB, at least 32767; planrt_send and planrt_recv
+ * use tag 0): messages between two ranks match in order within one tag (pipeline activations and
+ * gradients travel on different tags). */
 planrt_result_t planrt_send_tagged(const void *buf, size_t count, planrt_dtype_t t, int peer, int tag, planrt_comm_t c,
 				   planrt_request_t *req);
 planrt_result_t planrt_recv_tagged(void *buf, size_t count, planrt_dtype_t t, int peer, int tag, planrt_comm_t c,
@@ -99,12 +100,15 @@ planrt_result_t planrt_recv_tagged(void *buf, size_t count, planrt_dtype_t t, in
  * planrt_test reported it done (*done = 1 means the results are in place). */
 planrt_result_t planrt_wait(planrt_request_t req);
 planrt_result_t planrt_test(planrt_request_t req, int *done);
-/* Bytes this rank has sent through collectives and p2p since planrt_init (for tests and logs). */
+/* Bytes this rank has sent through collectives and p2p since planrt_init (for tests and logs):
+ * the sum of planrt_bytes_sent_by over every kind and group. */
 uint64_t planrt_bytes_sent(void);
 /* The same, per kind of operation and per group: a mesh axis index (the communicators of
  * planrt_mesh_init), PLANRT_GROUP_PAIR (the two-stage groups of planrt_pair_comm) or
- * PLANRT_GROUP_WORLD (every other communicator). Wire bytes as planc explain predicts them (see
- * comm_mpi.c), rounded to whole bytes per call; calls counts the operations started. */
+ * PLANRT_GROUP_WORLD (every other communicator). Wire bytes as planc explain predicts them (the
+ * formula is at the top of comm_mpi.c), rounded to whole bytes per call; calls counts the
+ * operations started (a call refused for a bad argument counts nothing). 0 for a kind or group
+ * out of range. */
 typedef enum {
 	planrt_coll_allreduce = 0, planrt_coll_reduce_scatter, planrt_coll_allgather, planrt_coll_alltoall,
 	planrt_coll_broadcast, planrt_coll_send, planrt_coll_recv, planrt_coll_kinds
@@ -112,7 +116,7 @@ typedef enum {
 enum { PLANRT_GROUP_WORLD = -1, PLANRT_GROUP_PAIR = -2 };
 uint64_t planrt_bytes_sent_by(planrt_coll_t kind, int group);
 uint64_t planrt_calls_by(planrt_coll_t kind, int group);
-const char *planrt_coll_name(planrt_coll_t kind); /* "allreduce", "reduce_scatter", ... */
+const char *planrt_coll_name(planrt_coll_t kind); /* "allreduce", "reduce_scatter", ...; "?" if unknown */
 /* Turns a stall into an error: if a blocking call or wait takes longer than seconds
  * (PLANRT_WATCHDOG, default 300; 0 = off), prints the pending operation on that rank and aborts. */
 void planrt_watchdog_set(double seconds);
@@ -201,12 +205,16 @@ int planrt_world_rank_(void); /* -1 before planrt_init */
 /* bf16 and f16 (t) to and from f32; f32 -> half rounds to nearest even, NaN stays NaN. */
 float planrt_half_to_f32_(uint16_t h, planrt_dtype_t t);
 uint16_t planrt_f32_to_half_(float x, planrt_dtype_t t);
-/* comm_mpi.c: reads PLANRT_WATCHDOG; called by planrt_init. */
+/* The most mesh axes planrt_mesh_init accepts; the per-group counters have one slot per axis. */
+enum { PLANRT_MAX_AXES_ = 8 };
+/* comm_mpi.c: reads PLANRT_WATCHDOG and MPI's largest tag; called by planrt_init. */
 void planrt_comm_init_(void);
 #ifdef MPI_VERSION /* the communicator as the MPI backend sees it (runtime sources that include mpi.h) */
 struct planrt_comm {
 	MPI_Comm comm;
 	int size, rank;
+	int group;       /* what planrt_bytes_sent_by files its traffic under: the mesh axis index,
+			  * PLANRT_GROUP_PAIR or PLANRT_GROUP_WORLD; set where the communicator is made */
 	char name[48];   /* for messages: "world", "axis data", "pair axis 1 {0,3}" */
 	uint64_t ncalls; /* operations started on it, numbered in watchdog messages */
 };

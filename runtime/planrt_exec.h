@@ -1,7 +1,8 @@
 /* planrt_exec.h: the pieces of a training step that generated programs call between the compute
  * kernels: layout conversions along one mesh axis for a tensor split on any dim (packing around
  * the flat MPI collectives), gradient buckets, the composed (optionally vocab-parallel)
- * cross-entropy, input loading, gradient clipping and the global loss. Implemented in exec.c. */
+ * cross-entropy, input loading, gradient clipping and the global loss. Implemented in exec.c;
+ * the step kernels of the IR (the last section) in step.c. */
 #ifndef PLANRT_EXEC_H
 #define PLANRT_EXEC_H
 
@@ -82,25 +83,35 @@ void planrt_load_inputs(planrt_data_t d, int64_t step, int64_t lo, int64_t rows,
 			int64_t seq_local, uint64_t seed, int32_t *tokens, int32_t *targets);
 
 /* ------------------------------------------------------------------ step kernels of the IR
- * In-place collectives on flat buffers (gradient buckets viewed in place, ZeRO shards): blocking
- * when req is NULL, otherwise started and completed by planrt_request_finish. */
+ * In-place collectives on flat buffers (gradient buckets viewed in place, ZeRO shards), sums
+ * (bf16 / f16 in f32): blocking when req is NULL, otherwise started into *req (which must hold
+ * no request still in flight: NULL) and completed by planrt_request_finish. Failures end every
+ * rank through planrt_fatal with a one-line cause. Results in bf16 / f16 are rounded once, to
+ * nearest even. */
 void planrt_allreduce_inplace(void *buf, int64_t n, planrt_dtype_t t, planrt_comm_t c, planrt_request_t *req);
-/* buf holds size * chunk elements; afterwards rank r's chunk (at buf + r * chunk) is the sum */
+/* buf holds size * chunk elements; afterwards rank r's chunk (at buf + r * chunk) is the sum of
+ * every rank's chunk r (the other chunks' contents are unspecified) */
 void planrt_reduce_scatter_inplace(void *buf, int64_t chunk, planrt_dtype_t t, planrt_comm_t c, planrt_request_t *req);
 /* buf holds size * chunk elements; rank r contributes its chunk at buf + r * chunk */
 void planrt_allgather_inplace(void *buf, int64_t chunk, planrt_dtype_t t, planrt_comm_t c, planrt_request_t *req);
 void planrt_request_finish(planrt_request_t *req);   /* waits for *req (if any) and clears it */
 void planrt_request_progress(planrt_request_t *req); /* lets an in-flight request move (MPI_Test) */
+/* f32, bf16, f16, f64, i32, u8 (an integer dtype takes an integral value in its range) */
 void planrt_fill(void *dst, int64_t n, planrt_dtype_t t, double value);
-void planrt_accumulate(void *dst, const void *src, int64_t n, planrt_dtype_t t); /* dst += src */
+/* dst += src: f32, f64, or bf16 / f16 widened, added in f32 and rounded once */
+void planrt_accumulate(void *dst, const void *src, int64_t n, planrt_dtype_t t);
+/* any pair among f32, bf16, f16, f64 (same dtype: a copy, of any dtype); dst does not overlap
+ * src unless the dtypes are the same */
 void planrt_cast(const void *src, planrt_dtype_t from, void *dst, planrt_dtype_t to, int64_t n);
-/* *acc += weight * sum of x[i]^2 (x of dtype t, summed in double) */
+/* *acc += weight * sum of x[i]^2 (x of dtype t: f32, bf16, f16; summed in double in order) */
 void planrt_sum_squares_acc(double *acc, const void *x, int64_t n, planrt_dtype_t t, double weight);
 /* *norm = sqrt(*sumsq); *coef = max_norm / (norm + 1e-6) when max_norm > 0 and norm > max_norm, else 1 */
 void planrt_clip_coef(const double *sumsq, double *norm, double *coef, double max_norm);
 /* One optimizer step on n elements (PyTorch semantics, see planrt_opt_step): the learning rate is
- * planrt_lr_at(lr, step, warmup, total, min_lr); the gradient (dtype gt, widened to f32 in blocks)
- * is multiplied by *coef (the clipping coefficient) first. m, v: the moments (NULL if none). */
+ * planrt_lr_at(lr, step, warmup, total, min_lr) with the 0-based step, and planrt_opt_step runs
+ * with step + 1; the gradient (dtype gt: f32, bf16 or f16, widened to f32 in blocks) is
+ * multiplied by *coef (the clipping coefficient; not when it is 1 or coef is NULL) first, as
+ * planrt_k_scale_f32 does. grad is only read. m, v: the moments (NULL if the kind has none). */
 void planrt_optimizer_step(int kind, double lr, double beta1, double beta2, double eps, double weight_decay,
 			   double momentum, int64_t warmup, int64_t total, double min_lr, int64_t step, float *param,
 			   const void *grad, planrt_dtype_t gt, float *m, float *v, int64_t n, const double *coef);

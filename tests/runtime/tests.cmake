@@ -18,7 +18,7 @@ set(RUNTIME_MPI_ENV
   OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
   OMPI_MCA_plm=isolated OMPI_MCA_btl=self,vader)
 
-foreach(t rng data optim safetensors log memory collectives watchdog)
+foreach(t rng data optim safetensors log memory collectives watchdog step_kernels)
   add_executable(runtime_test_${t} ${RUNTIME_TEST_DIR}/test_${t}.c)
   target_compile_options(runtime_test_${t} PRIVATE ${PLANC_WARNINGS})
   target_compile_definitions(runtime_test_${t} PRIVATE RUNTIME_TEST_DIR="${RUNTIME_TEST_DIR}")
@@ -35,6 +35,13 @@ add_test(NAME runtime_collectives
                  $<TARGET_FILE:runtime_test_collectives> ${MPIEXEC_POSTFLAGS})
 # A failed assertion on one rank leaves the others in a collective: the watchdog ends that.
 set_tests_properties(runtime_collectives PROPERTIES TIMEOUT 180
+                     ENVIRONMENT "${RUNTIME_MPI_ENV};PLANRT_WATCHDOG=60")
+
+# the step kernels of the IR: values, in-place collectives on a mesh, counters, tagged p2p
+add_test(NAME runtime_step_kernels
+         COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 4 ${MPIEXEC_PREFLAGS}
+                 $<TARGET_FILE:runtime_test_step_kernels> ${MPIEXEC_POSTFLAGS})
+set_tests_properties(runtime_step_kernels PROPERTIES TIMEOUT 180
                      ENVIRONMENT "${RUNTIME_MPI_ENV};PLANRT_WATCHDOG=60")
 
 add_test(NAME runtime_watchdog
