@@ -2,11 +2,13 @@
  *
  * Runs on the forward graph, before autodiff, so that the backward of every transfer is itself a
  * transfer and every stage's copy of a shared parameter gets its own gradient:
- *   1. Layers are assigned to stages: explicit `stages = [0..5, 6..11]` ranges, or a partition
- *      balancing parameters or matmul FLOPs (linear partition by binary search on the largest
- *      stage), or uniform. Interleaved 1F1B splits the layers into stages x chunks pieces and
- *      gives piece c to stage c mod p (Narayanan et al. 2021). Ops before the first layer go to
- *      stage 0, ops after the last to the last stage.
+ *   1. Layers are assigned to stages: explicit `stages = [0..5, 6..11]` ranges, or the exact
+ *      contiguous partition minimising the largest stage's cost (pipeline_partition), where a
+ *      layer costs its parameters, its matmul FLOPs or 1 (balance = params, flops, uniform); with
+ *      params or flops, half the cost outside the layers counts on the first stage and half on
+ *      the last. Interleaved 1F1B splits the layers into stages x chunks pieces and gives piece c
+ *      to stage c mod p (Narayanan et al. 2021). Ops before the first layer go to stage 0, ops
+ *      after the last to the last stage.
  *   2. A parameter used on several stages (tied input/output embeddings) is copied to each of
  *      them; the copies' gradients are summed over the pipe axis by sync.c (Megatron's
  *      embedding group). An input used on several stages is loaded on each.
@@ -16,6 +18,8 @@
  *      micro-batches each stage holds in flight; pipeline_bubble simulates it. */
 #include "planc.h"
 
+#include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -36,55 +40,176 @@ static double layer_cost(const Graph *g, int layer, PipeBalance balance)
 	return c;
 }
 
-/* Contiguous partition of costs[0..n) into k parts minimising the largest part (greedy check
- * inside a binary search over the bound). first/last are extra costs on parts 0 and k-1. */
-static void linear_partition(const double *costs, int n, int k, double first, double last, int *part_of)
+/* ---------------------------------------------------------------- stage partition */
+
+/* The exact linear partition (the bottleneck problem; Pinar & Aykanat 2004), with end costs.
+ *
+ * A bound B is feasible when costs[0..n) splits into k contiguous non-empty parts of cost <= B,
+ * part 0 carrying `first` and part k - 1 `last`. It is monotone in B, and exactly decided by a
+ * greedy pass from the right: parts 1..k-1 each reach as far left as fits (galloping over the
+ * prefix sums, never taking item 0), which leaves part 0 the shortest prefix any partition can,
+ * and B is feasible iff that prefix fits. cover[m] records where m such parts reach. Part costs
+ * are always computed by part_cost, so the test is monotone in floating point too, and a binary
+ * search over the bit patterns of non-negative doubles (ordered like their values) finds the
+ * least feasible double B* in at most 64 tests of O(k log(n / k)) each. Every partition within
+ * B* has its largest part exactly B*.
+ *
+ * The cuts are then chosen left to right: the end of each part may be anything from cover[]
+ * of the parts still to come (so that they can hold the rest) to as far as the part fits within
+ * B* (leaving an item for each part to come); of those, the one whose part is nearest an even
+ * share of what remains. So the largest part is optimal and the others are balanced too:
+ * 100 equal layers on 8 stages give 12 and 13 layers, not six 13s, a 9 and a 13. */
+
+typedef struct Partition {
+	const double *sum; /* sum[i] = costs[0] + ... + costs[i - 1] */
+	int n, k;
+	double first, last;
+	int *cover; /* cover[m]: where m parts (not part 0) reach from the right, at the last bound */
+} Partition;
+
+static double part_cost(const Partition *pt, int a, int b)
 {
-	double lo = 0, hi = first + last;
-	for (int i = 0; i < n; i++) {
-		hi += costs[i];
-		if (costs[i] > lo)
-			lo = costs[i];
-	}
-	for (int iter = 0; iter < 100; iter++) {
-		double mid = (lo + hi) / 2;
-		int part = 0;
-		double sum = first;
-		bool ok = true;
-		for (int i = 0; i < n; i++) {
-			if (sum + costs[i] > mid && sum > 0 && part < k - 1 && n - i >= k - part - 1) {
-				part++;
-				sum = 0;
-			}
-			sum += costs[i];
-			if (sum > mid && !(part == 0 && sum - first <= mid))
-				ok = false;
+	double c = pt->sum[b] - pt->sum[a];
+	if (a == 0)
+		c += pt->first;
+	if (b == pt->n)
+		c += pt->last;
+	return c;
+}
+
+/* The largest b in [a, lim] with part_cost(a, b) <= bound (a when item a alone does not fit). */
+static int reach_right(const Partition *pt, int a, int lim, double bound)
+{
+	int lo = a, hi = lim + 1;
+	for (int step = 1; a + step <= lim; step *= 2) {
+		if (part_cost(pt, a, a + step) > bound) {
+			hi = a + step;
+			break;
 		}
-		if (part == k - 1)
-			sum += last;
-		if (sum > mid)
-			ok = false;
-		if (ok)
+		lo = a + step;
+	}
+	while (hi - lo > 1) {
+		int mid = lo + (hi - lo) / 2;
+		if (part_cost(pt, a, mid) <= bound)
+			lo = mid;
+		else
+			hi = mid;
+	}
+	return lo;
+}
+
+/* The least a in [lim, b] with part_cost(a, b) <= bound (b when item b - 1 alone does not fit). */
+static int reach_left(const Partition *pt, int b, int lim, double bound)
+{
+	int hi = b, lo = lim - 1;
+	for (int step = 1; b - step >= lim; step *= 2) {
+		if (part_cost(pt, b - step, b) > bound) {
+			lo = b - step;
+			break;
+		}
+		hi = b - step;
+	}
+	while (hi - lo > 1) {
+		int mid = lo + (hi - lo) / 2;
+		if (part_cost(pt, mid, b) <= bound)
 			hi = mid;
 		else
 			lo = mid;
 	}
-	/* final assignment with the bound hi, making sure every part gets at least one layer */
-	int part = 0;
-	double sum = first;
-	for (int i = 0; i < n; i++) {
-		int remaining_parts = k - 1 - part;
-		int remaining_layers = n - i;
-		if (part < k - 1 && ((sum + costs[i] > hi && sum > 0 && i > 0) || remaining_layers <= remaining_parts)) {
-			bool has_layer = i > 0 && part_of[i - 1] == part;
-			if (has_layer) {
-				part++;
-				sum = 0;
-			}
-		}
-		sum += costs[i];
-		part_of[i] = part;
+	return hi;
+}
+
+static bool partition_fits(Partition *pt, double bound)
+{
+	int e = pt->n;
+	pt->cover[0] = e;
+	for (int m = 1; m < pt->k; m++) {
+		if (e > 1)
+			e = reach_left(pt, e, 1, bound);
+		pt->cover[m] = e;
 	}
+	return part_cost(pt, 0, e) <= bound;
+}
+
+static uint64_t double_bits(double x)
+{
+	uint64_t u;
+	memcpy(&u, &x, sizeof u);
+	return u;
+}
+
+static double bits_double(uint64_t u)
+{
+	double x;
+	memcpy(&x, &u, sizeof x);
+	return x;
+}
+
+void pipeline_partition(const double *costs, int n, int k, double first, double last, int *part_of)
+{
+	internal_assert(k >= 1 && k <= n);
+	internal_assert(first >= 0 && last >= 0 && isfinite(first) && isfinite(last));
+	double *sum = malloc(sizeof(double) * (size_t)(n + 1));
+	int *cover = malloc(sizeof(int) * (size_t)k);
+	if (!sum || !cover)
+		ICE("out of memory");
+	sum[0] = 0;
+	for (int i = 0; i < n; i++) {
+		internal_assert(costs[i] >= 0 && isfinite(costs[i]));
+		sum[i + 1] = sum[i] + costs[i];
+	}
+	Partition pt = {sum, n, k, first, last, cover};
+
+	/* B* lies between the costliest item alone in its part and everything in one part */
+	double lower = part_cost(&pt, 0, 1);
+	for (int i = 1; i < n; i++) {
+		double c = part_cost(&pt, i, i + 1);
+		if (c > lower)
+			lower = c;
+	}
+	double upper = part_cost(&pt, 0, n);
+	if (upper < lower)
+		upper = lower;
+	if (!partition_fits(&pt, upper))
+		ICE("pipeline partition: everything in one part is not a feasible bound");
+	uint64_t lo = double_bits(lower), hi = double_bits(upper);
+	while (lo < hi) {
+		uint64_t mid = lo + (hi - lo) / 2;
+		if (partition_fits(&pt, bits_double(mid)))
+			hi = mid;
+		else
+			lo = mid + 1;
+	}
+	double bound = bits_double(hi);
+	if (!partition_fits(&pt, bound))
+		ICE("pipeline partition: the least feasible bound does not fit");
+
+	int a = 0; /* start of part j - 1 */
+	for (int j = 1; j < k; j++) {
+		int left = k - j; /* parts after part j - 1 */
+		int lo_b = cover[left] > a + 1 ? cover[left] : a + 1;
+		int hi_b = reach_right(&pt, a, n - left, bound);
+		internal_assert(lo_b <= hi_b);
+		double share = part_cost(&pt, a, n) / (left + 1);
+		int b = lo_b, top = hi_b; /* the least end in [lo_b, hi_b] reaching the share, else hi_b */
+		while (b < top) {
+			int mid = b + (top - b) / 2;
+			if (part_cost(&pt, a, mid) >= share)
+				top = mid;
+			else
+				b = mid + 1;
+		}
+		if (b > lo_b && share - part_cost(&pt, a, b - 1) <= part_cost(&pt, a, b) - share)
+			b--;
+		for (int i = a; i < b; i++)
+			part_of[i] = j - 1;
+		a = b;
+	}
+	internal_assert(part_cost(&pt, a, n) <= bound);
+	for (int i = a; i < n; i++)
+		part_of[i] = k - 1;
+	free(sum);
+	free(cover);
 }
 
 static bool assign_layers(Graph *g)
@@ -132,7 +257,7 @@ static bool assign_layers(Graph *g)
 		first = layer_cost(g, -1, ps->balance) / 2;
 		last = first;
 	}
-	linear_partition(costs, L, p, first, last, g->layer_stage);
+	pipeline_partition(costs, L, p, first, last, g->layer_stage);
 	free(costs);
 	return true;
 }
