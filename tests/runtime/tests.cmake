@@ -57,3 +57,23 @@ add_test(NAME runtime_collectives_no_watchdog
                  $<TARGET_FILE:runtime_test_collectives> ${MPIEXEC_POSTFLAGS})
 set_tests_properties(runtime_collectives_no_watchdog PROPERTIES TIMEOUT 180
                      ENVIRONMENT "${RUNTIME_MPI_ENV};PLANRT_WATCHDOG=0")
+
+# planrt_main and the kernels of planrt_program.h, driven by hand-written program descriptors: a
+# 2-stage pipeline run whose checks run inside its phase functions and on the checkpoint it saves,
+# then (test_program.sh) --help, argument and path errors, a failing save, ZeRO shards, the
+# --init / --save round trip and the PLANRT_REPORT_* lines
+add_executable(runtime_test_program ${RUNTIME_TEST_DIR}/test_program.c)
+target_compile_options(runtime_test_program PRIVATE ${PLANC_WARNINGS})
+target_link_libraries(runtime_test_program PRIVATE planrt)
+add_test(NAME runtime_program
+         COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 2 ${MPIEXEC_PREFLAGS}
+                 $<TARGET_FILE:runtime_test_program> ${MPIEXEC_POSTFLAGS} pipe --steps 3 --seed 7
+                 --data ${CMAKE_SOURCE_DIR}/data/corpus.txt
+                 --save ${CMAKE_CURRENT_BINARY_DIR}/runtime_program.safetensors)
+set_tests_properties(runtime_program PROPERTIES TIMEOUT 120
+                     ENVIRONMENT "${RUNTIME_MPI_ENV};PLANRT_WATCHDOG=60")
+add_test(NAME runtime_program_cli
+         COMMAND sh ${RUNTIME_TEST_DIR}/test_program.sh $<TARGET_FILE:runtime_test_program>
+                 ${CMAKE_SOURCE_DIR}/data/corpus.txt)
+set_tests_properties(runtime_program_cli PROPERTIES TIMEOUT 600
+                     ENVIRONMENT "${RUNTIME_MPI_ENV};PLANRT_WATCHDOG=60")
