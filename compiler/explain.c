@@ -1,16 +1,19 @@
-/* explain.c: what a plan costs, read off the compiled IR (never from closed-form formulas).
+/* explain.c: what a plan costs, read off the compiled program (never from closed-form formulas).
  *
- * For every distinct rank role (pipeline stage x async role) it walks the scheduled,
- * sharded graph and adds up:
- *   parameters, gradients, optimizer states  the PARAM values, their gradients and the optimizer's
- *                   per-parameter state (f32 master copy when the parameters are lower precision;
- *                   Adam's two moments), each at its local size after tensor sharding and ZeRO;
- *   activations     the forward values a backward op reads (views counted once, through their
- *                   storage), per micro-batch, times the micro-batches the schedule keeps in flight;
- *   working memory  the largest set of other values alive at once in one micro-batch's forward
- *                   and backward (gathered ZeRO-3 parameters, recomputed layers, temporaries);
- *   communication   every collective and transfer with its calls per step, buffer bytes and the
- *                   bytes a rank puts on the wire with ring algorithms;
+ * For every distinct rank role (pipeline stage x async role) it reports:
+ *   parameters, gradients, optimizer states  for a plan planc build runs: the persistent buffers
+ *                   the program allocates, by kind (state.c): exactly what runs. For a plan it
+ *                   cannot run yet: the PARAM values, their gradients and the optimizer's state at
+ *                   their local sizes after tensor sharding and ZeRO, from the graph;
+ *   activations     runnable: the activation slots (memplan.c), one per micro-batch the schedule
+ *                   keeps in flight; otherwise the forward values a backward op reads, per
+ *                   micro-batch, times the micro-batches in flight. The per-layer figures are
+ *                   always the graph's (what the backward reads), for comparison with papers;
+ *   working memory  runnable: the rest of the arena; otherwise the largest set of other values
+ *                   alive at once in one micro-batch's forward and backward;
+ *   communication   every communication kernel of the program with its calls per step, buffer
+ *                   bytes and the bytes a rank puts on the wire (ring algorithms), rounded per
+ *                   call exactly as planrt counts them;
  *   FLOPs           2 M N K for every matmul (recomputed ones included), per step;
  *   bubble          the schedule table simulated with each stage's FLOPs as its time.
  * docs/explain.md says which published formula each figure agrees with. */
@@ -24,7 +27,7 @@ typedef struct CommRow {
 	OpKind kind;
 	int axis;       /* mesh axis */
 	bool pair;      /* tied-parameter group of two stages */
-	const char *phase; /* forward, backward, step */
+	const char *phase; /* forward, backward, step, recompute */
 	double calls, bytes, wire;
 } CommRow;
 
@@ -37,6 +40,8 @@ typedef struct Role {
 	double *act_layer; /* per layer (global layer index), this stage's layers */
 	double flops;      /* per step, this rank */
 	double prog_arena, prog_state; /* the executable program's memory (0 if not executable yet) */
+	double prog_metric;            /* its metric scalars and named runtime buffers */
+	const LProg *lp;               /* this role's program */
 	CommRow *comm;
 	int ncomm, capcomm;
 } Role;
@@ -44,7 +49,8 @@ typedef struct Role {
 typedef struct Report {
 	Graph *g;
 	PlanSpec *ps;
-	const LProg *planned;
+	const Lowered *low;
+	bool runnable;     /* planc build runs it: memory comes from the program */
 	Role *roles;
 	int nroles;
 	double model_flops;
@@ -57,12 +63,28 @@ static double bytes_of(const Graph *g, int v)
 	return (double)value_local_elems(g, v) * dtype_bytes(g->vals[v].dtype);
 }
 
+/* Elements of v's local block: its dims split by the mesh axes that split them (a ZeRO-flat
+ * gradient is still computed whole, so flat layouts do not count). */
+static double block_elems(const Graph *g, int v)
+{
+	const Value *val = &g->vals[v];
+	double n = 1;
+	for (int d = 0; d < val->rank; d++) {
+		double k = (double)val->dim[d];
+		for (int a = 0; a < g->ps->naxes; a++)
+			if (val->lay.on[a] == d)
+				k /= g->ps->axes[a].size;
+		n *= k;
+	}
+	return n;
+}
+
 static double matmul_flops(const Graph *g, const Op *op, bool local)
 {
 	if (op->kind != OP_MATMUL && op->kind != OP_MATMUL_WGRAD)
 		return 0;
 	const Value *a = &g->vals[op->in[0]];
-	double out = local ? (double)value_local_elems(g, op->out[0]) : (double)value_elems(g, op->out[0]);
+	double out = local ? block_elems(g, op->out[0]) : (double)value_elems(g, op->out[0]);
 	double k;
 	if (op->kind == OP_MATMUL) {
 		k = (double)a->dim[a->rank - 1];
@@ -72,7 +94,7 @@ static double matmul_flops(const Graph *g, const Op *op, bool local)
 					k /= g->ps->axes[ax].size;
 		}
 	} else { /* contracted over every leading dim of a */
-		double all = local ? (double)value_local_elems(g, op->in[0]) : (double)value_elems(g, op->in[0]);
+		double all = local ? block_elems(g, op->in[0]) : (double)value_elems(g, op->in[0]);
 		double last = (double)a->dim[a->rank - 1];
 		if (local)
 			for (int ax = 0; ax < g->ps->naxes; ax++)
@@ -83,45 +105,54 @@ static double matmul_flops(const Graph *g, const Op *op, bool local)
 	return 2.0 * out * k;
 }
 
-static int group_size(const Graph *g, const Op *op)
+/* Bytes a rank puts on the wire for one call, rounded as planrt counts them (comm_mpi.c): the
+ * exact fraction k (n - 1) B / n to the nearest byte, halves up, in integers. */
+static double wire_bytes(OpKind kind, long long n, long long B)
 {
-	if (op->stage_group[0] >= 0 || op_classes[op->kind] == OPK_P2P)
-		return 2;
-	return op->axis >= 0 ? g->ps->axes[op->axis].size : 1;
+	if (n <= 1 || kind == OP_RECV)
+		return 0;
+	if (kind == OP_SEND)
+		return (double)B;
+	long long k = kind == OP_ALL_REDUCE ? 2 : 1;
+	return (double)((2 * k * (n - 1) * B + n) / (2 * n));
 }
 
-static void add_comm(Role *r, const Graph *g, const Op *op)
+static void add_comm(Report *rep, Role *r, const Kernel *k, const Comm *c)
 {
-	int m = g->ps->micro_batches > 0 ? g->ps->micro_batches : 1;
-	double calls = (op->per_step ? 1 : m) * (op->every > 0 ? 1.0 / op->every : 1.0);
-	int buf = op->kind == OP_ALL_GATHER || op->kind == OP_RECV ? op->out[0] : op->in[0];
-	if (op->kind == OP_ALL_REDUCE && op->stage_group[0] >= 0 && r->stage == op->stage_group[1])
-		buf = op->in[1];
-	double bytes = bytes_of(g, buf);
-	double n = group_size(g, op);
-	double wire;
-	switch (op->kind) {
-	case OP_ALL_REDUCE:
-		wire = 2 * (n - 1) / n * bytes;
+	const Graph *g = rep->g;
+	const PlanSpec *ps = rep->ps;
+	int m = ps->micro_batches > 0 ? ps->micro_batches : 1;
+	double calls;
+	switch (k->phase) {
+	case PH_PREPARE_F:
+	case PH_FORWARD:
+	case PH_PREPARE_B:
+	case PH_BACKWARD:
+		calls = k->only_last_micro ? 1 : m;
 		break;
-	case OP_RECV:
-		wire = 0;
-		break;
-	case OP_SEND:
-		wire = bytes;
+	case PH_STEP_BEGIN:
+	case PH_STEP:
+		calls = 1;
 		break;
 	default:
-		wire = (n - 1) / n * bytes;
-		break;
+		return; /* once per run, not per step */
 	}
-	const char *phase = op->per_step ? "step" : op->recompute ? "recompute" : op->backward ? "backward" : "forward";
-	bool pair = op->stage_group[0] >= 0;
+	if (c->every > 0)
+		calls /= c->every;
+	long long B = c->elems * dtype_bytes(c->dtype);
+	long long n = c->pair >= 0 || c->coll == OP_SEND || c->coll == OP_RECV ? 2 : c->axis >= 0 ? ps->axes[c->axis].size : 1;
+	double wire = wire_bytes(c->coll, n, B);
+	bool recompute = k->op >= 0 && g->ops[k->op].recompute;
+	const char *phase = k->phase == PH_STEP || k->phase == PH_STEP_BEGIN ? "step"
+			    : recompute ? "recompute"
+			    : k->phase == PH_BACKWARD || k->phase == PH_PREPARE_B ? "backward" : "forward";
+	bool pair = c->pair >= 0;
 	for (int i = 0; i < r->ncomm; i++) {
-		CommRow *c = &r->comm[i];
-		if (c->kind == op->kind && c->axis == op->axis && c->pair == pair && !strcmp(c->phase, phase)) {
-			c->calls += calls;
-			c->bytes += calls * bytes;
-			c->wire += calls * wire;
+		CommRow *row = &r->comm[i];
+		if (row->kind == c->coll && row->axis == c->axis && row->pair == pair && !strcmp(row->phase, phase)) {
+			row->calls += calls;
+			row->bytes += calls * (double)B;
+			row->wire += calls * wire;
 			return;
 		}
 	}
@@ -132,7 +163,7 @@ static void add_comm(Role *r, const Graph *g, const Op *op)
 			ICE("out of memory");
 		r->comm = nc;
 	}
-	r->comm[r->ncomm++] = (CommRow){op->kind, op->axis, pair, phase, calls, calls * bytes, calls * wire};
+	r->comm[r->ncomm++] = (CommRow){c->coll, c->axis, pair, phase, calls, calls * (double)B, calls * wire};
 }
 
 static bool op_on(const Op *op, int stage, int role)
@@ -309,13 +340,13 @@ static void flops_and_comm(Report *rep, Role *r)
 	int m = rep->ps->micro_batches > 0 ? rep->ps->micro_batches : 1;
 	for (int i = 0; i < g->nops; i++) {
 		const Op *op = &g->ops[i];
-		if (!op_on(op, r->stage, r->role))
-			continue;
-		r->flops += matmul_flops(g, op, true) * (op->per_step ? 1 : m);
-		OpClass k = op_classes[op->kind];
-		if ((k == OPK_COLLECTIVE || k == OPK_P2P) && op->kind != OP_SLICE)
-			add_comm(r, g, op);
+		if (op_on(op, r->stage, r->role))
+			r->flops += matmul_flops(g, op, true) * (op->per_step ? 1 : m);
 	}
+	const LProg *p = r->lp;
+	for (int i = 0; p && i < p->nk; i++)
+		for (int c = 0; c < p->k[i].ncomm; c++)
+			add_comm(rep, r, &p->k[i], &p->k[i].comm[c]);
 }
 
 static void bubble(Report *rep)
@@ -346,7 +377,31 @@ static void bubble(Report *rep)
 	free(bc);
 }
 
-static Report *build_report(Graph *g)
+/* A plan planc build runs: its memory lines are what the program allocates. The persistent state
+ * by kind; the arena as the activation slots (and inboxes) plus the rest, the working memory.
+ * A stage that runs one micro-batch at a time keeps its forward and backward together in one
+ * slot over the transient region (memplan.c): then the slot is the activations line and the
+ * working memory is what the arena has beyond it. */
+static void program_memory(Report *rep, Role *r)
+{
+	const LProg *p = r->lp;
+	if (!rep->runnable || !p)
+		return;
+	r->params = (double)p->state_bytes[SC_PARAM];
+	r->grads = (double)p->state_bytes[SC_GRAD];
+	r->optim = (double)(p->state_bytes[SC_OPTIM] + p->state_bytes[SC_MASTER]);
+	r->prog_metric = (double)(p->state_bytes[SC_METRIC] + p->state_bytes[SC_BUFFER]);
+	double slots = (double)p->nslots * (double)p->slot_bytes + (double)p->ninbox * (double)p->inbox_bytes;
+	r->act = slots;
+	r->work = (double)p->arena_bytes - slots;
+	r->inflight = p->nslots;
+	r->prog_arena = (double)p->arena_bytes;
+	r->prog_state = 0;
+	for (int k = 0; k < SC_COUNT; k++)
+		r->prog_state += (double)p->state_bytes[k];
+}
+
+static Report *build_report(Graph *g, const Lowered *low)
 {
 	PlanSpec *ps = g->ps;
 	Report *rep = calloc(1, sizeof *rep);
@@ -354,6 +409,8 @@ static Report *build_report(Graph *g)
 		ICE("out of memory");
 	rep->g = g;
 	rep->ps = ps;
+	rep->low = low;
+	rep->runnable = low && lowered_executable(low, false);
 	bool async = ps->sync == SYNC_ASYNC;
 	int nr = g->nstages * (async ? 2 : 1);
 	rep->roles = calloc((size_t)nr, sizeof(Role));
@@ -384,11 +441,13 @@ static Report *build_report(Graph *g)
 					r->nranks++;
 				}
 			}
+			r->lp = lowered_prog(rep->low, s, r->role);
 			model_states(rep, r);
 			activations(rep, r);
 			working_memory(rep, r);
 			flops_and_comm(rep, r);
-			r->peak = r->params + r->grads + r->optim + r->act + r->work;
+			program_memory(rep, r);
+			r->peak = r->params + r->grads + r->optim + r->prog_metric + r->act + r->work;
 		}
 	int m = ps->micro_batches > 0 ? ps->micro_batches : 1;
 	for (int i = 0; i < g->nops; i++) {
@@ -476,15 +535,27 @@ static void print_text(FILE *out, const Report *rep)
 		fprintf(out, "  %-22s %12s\n", "parameters", human(r->params, b1, sizeof b1));
 		fprintf(out, "  %-22s %12s\n", "gradients", human(r->grads, b1, sizeof b1));
 		fprintf(out, "  %-22s %12s\n", "optimizer states", human(r->optim, b1, sizeof b1));
-		fprintf(out, "  %-22s %12s   (%d micro-batch%s in flight, %s each)\n", "activations",
-			human(r->act, b1, sizeof b1), r->inflight, r->inflight == 1 ? "" : "es",
-			human(r->act_micro / (g->sched ? g->sched->chunks : 1), b2, sizeof b2));
-		fprintf(out, "  %-22s %12s\n", "working memory", human(r->work, b1, sizeof b1));
-		if (rep->planned)
-			fprintf(out, "  %-22s %12s   (planc build's program: arena %s + state %s)\n", "peak",
-				human(r->peak, b1, sizeof b1), human(r->prog_arena, b2, sizeof b2), human(r->prog_state, b3, sizeof b3));
-		else
+		if (rep->runnable) {
+			const LProg *p = r->lp;
+			fprintf(out, "  %-22s %12s   (loss, gradient norm, clipping)\n", "metrics", human(r->prog_metric, b1, sizeof b1));
+			if (p->nslots == 1 && p->ninbox == 0)
+				fprintf(out, "  %-22s %12s   (one micro-batch's forward and backward)\n", "activations",
+					human(r->act, b1, sizeof b1));
+			else
+				fprintf(out, "  %-22s %12s   (%d slot%s of %s for the micro-batches in flight, %d inbox%s of %s)\n",
+					"activations", human(r->act, b1, sizeof b1), p->nslots, p->nslots == 1 ? "" : "s",
+					human((double)p->slot_bytes, b2, sizeof b2), p->ninbox, p->ninbox == 1 ? "" : "es",
+					human((double)p->inbox_bytes, b3, sizeof b3));
+			fprintf(out, "  %-22s %12s\n", "working memory", human(r->work, b1, sizeof b1));
+			fprintf(out, "  %-22s %12s   (what the program allocates: state %s + arena %s)\n", "peak",
+				human(r->peak, b1, sizeof b1), human(r->prog_state, b2, sizeof b2), human(r->prog_arena, b3, sizeof b3));
+		} else {
+			fprintf(out, "  %-22s %12s   (%d micro-batch%s in flight, %s each)\n", "activations",
+				human(r->act, b1, sizeof b1), r->inflight, r->inflight == 1 ? "" : "es",
+				human(r->act_micro / (g->sched ? g->sched->chunks : 1), b2, sizeof b2));
+			fprintf(out, "  %-22s %12s\n", "working memory", human(r->work, b1, sizeof b1));
 			fprintf(out, "  %-22s %12s\n", "peak", human(r->peak, b1, sizeof b1));
+		}
 		if (r->host > 0)
 			fprintf(out, "  %-22s %12s\n", "offloaded to host", human(r->host, b1, sizeof b1));
 		if (r->disk > 0)
@@ -557,9 +628,18 @@ static void print_json(FILE *out, const Report *rep)
 			r->params, r->grads, r->optim, r->params + r->grads + r->optim, r->act, r->act_micro, r->work, r->peak,
 			r->host, r->disk);
 		fprintf(out, "     \"inflight_micro_batches\": %d, \"flops_per_step\": %.6g,\n", r->inflight, r->flops);
-		if (rep->planned)
-			fprintf(out, "     \"program\": {\"arena\": %.0f, \"state\": %.0f, \"peak\": %.0f},\n", r->prog_arena,
-				r->prog_state, r->prog_arena + r->prog_state);
+		if (rep->runnable) {
+			const LProg *p = r->lp;
+			fprintf(out, "     \"program\": {\"arena\": %.0f, \"state\": %.0f, \"peak\": %.0f, \"slots\": %d, "
+				"\"slot_bytes\": %zu, \"inboxes\": %d, \"inbox_bytes\": %zu, \"transient_bytes\": %zu, \"state_by_kind\": {",
+				r->prog_arena, r->prog_state, r->prog_arena + r->prog_state, p->nslots, p->slot_bytes, p->ninbox,
+				p->inbox_bytes, p->transient_bytes);
+			for (int k = 0; k < SC_COUNT; k++)
+				fprintf(out, "%s\"%s\": %zu", k ? ", " : "", (const char *[]){"param", "grad", "optim", "master", "buffer",
+											"metric"}[k],
+					p->state_bytes[k]);
+			fprintf(out, "}},\n");
+		}
 		fprintf(out, "     \"activation_bytes_per_layer\": {");
 		bool first = true;
 		for (int l = 0; l < g->nlayers; l++) {
@@ -581,26 +661,9 @@ static void print_json(FILE *out, const Report *rep)
 	fprintf(out, "  ]\n}\n");
 }
 
-/* The executable program's memory: the planned arena and the persistent state memplan.c sized
- * (which includes the runtime's buffers: ZeRO chunks and gather scratch, bucket buffers). */
-static void planned_memory(Report *rep)
+void explain(FILE *out, Graph *g, bool json, const Lowered *low)
 {
-	const LProg *lp = rep->planned;
-	if (!lp)
-		return;
-	for (int i = 0; i < rep->nroles; i++) {
-		Role *r = &rep->roles[i];
-		r->prog_arena = (double)lp->arena_bytes;
-		r->prog_state = (double)lp->state_bytes;
-		r->peak = r->prog_arena + r->prog_state;
-	}
-}
-
-void explain(FILE *out, Graph *g, bool json, const LProg *planned)
-{
-	Report *rep = build_report(g);
-	rep->planned = planned;
-	planned_memory(rep);
+	Report *rep = build_report(g, low);
 	if (json)
 		print_json(out, rep);
 	else

@@ -1,101 +1,305 @@
-/* lower.c: from the sharded, scheduled graph to the loop-level IR of one rank role.
+/* lower.c: from the sharded, scheduled graph to the loop-level IR, one program per pipeline stage
+ * and rank role.
  *
- * Every op of the stage becomes kernels over *local* shapes (each value's block on this rank):
+ * Every graph value becomes a buffer of the program that defines it (over its *local* shape,
+ * this rank's block) and every op of the stage becomes kernels in a phase and a model chunk:
  *   - matmuls, row-wise ops (softmax, norms), embedding, cross-entropy, dropout: calls into the
  *     planrt kernels; a transposed operand folds into the gemm's transpose flag;
  *   - element-wise ops become loop nests, and a chain of them whose intermediates have one
  *     consumer and are not kept for the backward is fused into one loop (one pass over memory);
- *   - collectives become planrt calls on the communicator of their mesh axis, with packing for
- *     dims that are not outermost done inside the runtime's *_dim helpers;
- *   - the gradient of each parameter accumulates over micro-batches in the state block; the
- *     per-step phase packs gradient buckets, reduces them, and runs the optimizer.
- * What the runtime cannot execute yet (pipeline transfers, experts, ZeRO, offload, sync other
- * than strict, bf16) is refused by build_supported() in main.c before lowering. */
+ *   - layout conversions become collectives on the communicator of their mesh axis (packing for
+ *     dims that are not outermost happens inside the runtime's *_dim helpers);
+ *   - pipeline transfers become nonblocking sends, and receives posted one action ahead (in the
+ *     chunk's prepare phase) and completed where the value is first needed;
+ *   - inputs are loaded by a kernel at the start of the forward that reads them, and the loss is
+ *     added into the stage's loss metric after each micro-batch;
+ *   - a compute kernel whose operands are stored in bf16 computes on f32 copies made by explicit
+ *     cast kernels around it (bf16 storage, f32 compute, as CPU autocast does).
+ * What lowering leaves to state.c: the optimizer steps, gradient buckets, tied-parameter
+ * reductions and the ZeRO gathers after the update, which depend on how state is laid out.
+ * An op the C target has no kernel for (MoE routing, async transfers) becomes an opaque kernel,
+ * so that the program stays complete for the collective check and explain; planc build refuses
+ * it by name.
+ *
+ * This file also holds the helpers every back-end pass uses to make kernels and buffers. */
 #include "planc.h"
 
+#include <ctype.h>
 #include <stdlib.h>
 #include <string.h>
+
+const char *const kernel_names[K_COUNT] = {
+#define X(name, text, fn, cls) text,
+	KERNEL_TABLE(X)
+#undef X
+};
+const char *const kernel_functions[K_COUNT] = {
+#define X(name, text, fn, cls) fn,
+	KERNEL_TABLE(X)
+#undef X
+};
+const KernelClass kernel_classes[K_COUNT] = {
+#define X(name, text, fn, cls) cls,
+	KERNEL_TABLE(X)
+#undef X
+};
+const char *const phase_names[PH_COUNT] = {"init", "step_begin", "prepare_forward", "forward", "prepare_backward",
+					   "backward", "step", "save"};
+const char *const state_kind_names[SC_COUNT] = {"parameters", "gradients", "optimizer states", "master weights",
+						"runtime buffers", "metrics"};
+
+/* ------------------------------------------------------------------ helpers for every pass */
+
+/* Grows an arena array of elem-sized items so that index n fits. */
+static void *grow(Arena *a, void *old, int n, int *cap, size_t elem)
+{
+	if (n < *cap)
+		return old;
+	int nc = *cap ? *cap * 2 : 8;
+	while (nc <= n)
+		nc *= 2;
+	void *fresh = arena_alloc(a, elem * (size_t)nc);
+	if (*cap)
+		memcpy(fresh, old, elem * (size_t)*cap);
+	*cap = nc;
+	return fresh;
+}
+
+Kernel *kernel_new(LProg *p, KernelKind kind, Phase ph, int chunk, int op)
+{
+	p->k = grow(p->g->arena, p->k, p->nk, &p->capk, sizeof(Kernel));
+	Kernel *k = &p->k[p->nk++];
+	memset(k, 0, sizeof *k);
+	k->kind = kind;
+	k->phase = ph;
+	k->chunk = chunk;
+	k->op = op;
+	k->out = -1;
+	return k;
+}
+
+static char *identifier(Arena *a, const char *s)
+{
+	char *id = arena_strdup(a, s && *s ? s : "t");
+	for (char *c = id; *c; c++)
+		if (!isalnum((unsigned char)*c))
+			*c = '_';
+	if (isdigit((unsigned char)id[0]))
+		id = arena_printf(a, "t%s", id);
+	return id;
+}
+
+int buffer_new(LProg *p, BufClass cls, DType t, long long elems, const char *name, const char *what)
+{
+	p->buf = grow(p->g->arena, p->buf, p->nbuf, &p->capbuf, sizeof(Buffer));
+	int i = p->nbuf++;
+	Buffer *b = &p->buf[i];
+	memset(b, 0, sizeof *b);
+	b->name = arena_printf(p->g->arena, "%s_%d", identifier(p->g->arena, name), i);
+	b->what = what;
+	b->cls = cls;
+	b->dtype = t;
+	b->elems = elems;
+	b->bytes = (size_t)elems * (size_t)dtype_bytes(t);
+	b->value = -1;
+	b->view_of = -1;
+	b->view_axis = -1;
+	b->rank = 1;
+	b->ldims[0] = elems;
+	for (int d = 0; d < MAX_DIMS; d++)
+		b->split_axis[d] = -1;
+	b->micro_dim = -1;
+	b->first = b->last = -1;
+	b->chunk = 0;
+	return i;
+}
+
+static KArg *next_arg(LProg *p, Kernel *k)
+{
+	k->args = grow(p->g->arena, k->args, k->nargs, &k->capargs, sizeof(KArg));
+	KArg *a = &k->args[k->nargs++];
+	memset(a, 0, sizeof *a);
+	a->buf = -1;
+	a->axis = -1;
+	return a;
+}
+
+void kernel_use(LProg *p, Kernel *k, int b)
+{
+	internal_assert(b >= 0 && b < p->nbuf);
+	k->uses = grow(p->g->arena, k->uses, k->nuses, &k->capuses, sizeof(int));
+	k->uses[k->nuses++] = b;
+}
+
+void kernel_def(LProg *p, Kernel *k, int b)
+{
+	internal_assert(b >= 0 && b < p->nbuf);
+	k->defs = grow(p->g->arena, k->defs, k->ndefs, &k->capdefs, sizeof(int));
+	k->defs[k->ndefs++] = b;
+}
+
+void karg_buf(LProg *p, Kernel *k, int b, bool reads, bool writes)
+{
+	KArg *a = next_arg(p, k);
+	a->kind = KA_BUF;
+	a->buf = b;
+	if (reads)
+		kernel_use(p, k, b);
+	if (writes)
+		kernel_def(p, k, b);
+}
+
+void karg_int(LProg *p, Kernel *k, long long i)
+{
+	KArg *a = next_arg(p, k);
+	a->kind = KA_INT;
+	a->i = i;
+}
+
+void karg_f64(LProg *p, Kernel *k, double f)
+{
+	KArg *a = next_arg(p, k);
+	a->kind = KA_F64;
+	a->f = f;
+}
+
+void karg(LProg *p, Kernel *k, KArgKind kind, long long i)
+{
+	KArg *a = next_arg(p, k);
+	a->kind = kind;
+	a->i = i;
+}
+
+void karg_ints(LProg *p, Kernel *k, const long long *v, int n, bool i32)
+{
+	long long *copy = arena_alloc(p->g->arena, sizeof(long long) * (size_t)(n ? n : 1));
+	if (n)
+		memcpy(copy, v, sizeof(long long) * (size_t)n);
+	KArg *a = next_arg(p, k);
+	a->kind = KA_INTS;
+	a->ints = copy;
+	a->n = n;
+	a->i32 = i32;
+}
+
+void karg_bufs(LProg *p, Kernel *k, const int *bufs, int n, bool reads, bool writes)
+{
+	int *copy = arena_alloc(p->g->arena, sizeof(int) * (size_t)(n ? n : 1));
+	if (n)
+		memcpy(copy, bufs, sizeof(int) * (size_t)n);
+	KArg *a = next_arg(p, k);
+	a->kind = KA_BUFS;
+	a->bufs = copy;
+	a->n = n;
+	for (int i = 0; i < n; i++) {
+		if (reads)
+			kernel_use(p, k, bufs[i]);
+		if (writes)
+			kernel_def(p, k, bufs[i]);
+	}
+}
+
+void karg_coord(LProg *p, Kernel *k, long long base, int axis, long long stride)
+{
+	KArg *a = next_arg(p, k);
+	a->kind = KA_COORD;
+	a->i = base;
+	a->axis = axis;
+	a->stride = stride;
+}
+
+static void karg_offset(LProg *p, Kernel *k, int b, int dim)
+{
+	KArg *a = next_arg(p, k);
+	a->kind = KA_OFFSET;
+	a->buf = b;
+	a->dim = dim;
+}
+
+static void karg_scalar(LProg *p, Kernel *k, int b, double f)
+{
+	KArg *a = next_arg(p, k);
+	a->kind = KA_SCALAR;
+	a->buf = b;
+	a->f = f;
+	kernel_use(p, k, b);
+}
+
+Comm *kernel_comm(LProg *p, Kernel *k)
+{
+	Comm *c = arena_alloc(p->g->arena, sizeof(Comm) * (size_t)(k->ncomm + 1));
+	if (k->ncomm)
+		memcpy(c, k->comm, sizeof(Comm) * (size_t)k->ncomm);
+	k->comm = c;
+	Comm *n = &c[k->ncomm++];
+	memset(n, 0, sizeof *n);
+	n->axis = -1;
+	n->pair = -1;
+	n->peer = -1;
+	n->op = -1;
+	return n;
+}
+
+int handle_new(LProg *p, HandleType t, const char *name)
+{
+	p->handles = grow(p->g->arena, p->handles, p->nhandles, &p->caphandles, sizeof(Handle));
+	p->handles[p->nhandles].type = t;
+	p->handles[p->nhandles].name = arena_printf(p->g->arena, "%s_%d", name, p->nhandles);
+	return p->nhandles++;
+}
+
+int buffer_root(const LProg *p, int b)
+{
+	while (p->buf[b].cls == BUF_VIEW && p->buf[b].view_of >= 0)
+		b = p->buf[b].view_of;
+	return b;
+}
+
+void kernels_insert(LProg *p, Kernel *new_k, const int *before, int n)
+{
+	if (n == 0)
+		return;
+	int *order = malloc(sizeof(int) * (size_t)n);
+	if (!order)
+		ICE("out of memory");
+	for (int i = 0; i < n; i++)
+		order[i] = i;
+	/* stable order by insertion point (insertion sort: n is small next to nk) */
+	for (int i = 1; i < n; i++) {
+		int x = order[i], j = i;
+		while (j > 0 && before[order[j - 1]] > before[x]) {
+			order[j] = order[j - 1];
+			j--;
+		}
+		order[j] = x;
+	}
+	int total = p->nk + n, cap = total;
+	Kernel *out = arena_alloc(p->g->arena, sizeof(Kernel) * (size_t)cap);
+	int at = 0, next = 0;
+	for (int i = 0; i <= p->nk; i++) {
+		while (next < n && before[order[next]] == i)
+			out[at++] = new_k[order[next++]];
+		if (i < p->nk)
+			out[at++] = p->k[i];
+	}
+	internal_assert(at == total && next == n);
+	free(order);
+	p->k = out;
+	p->nk = total;
+	p->capk = cap;
+}
+
+/* ------------------------------------------------------------------ the lowering state */
 
 typedef struct Lower {
 	LProg *p;
 	Graph *g;
 	int *consumers;   /* per value: number of ops (on this stage) reading it */
 	bool *kept;       /* per value: read by a backward op while produced in the forward */
-	bool *skip;       /* per op: folded into another kernel */
-	bool failed;
+	bool *skip;       /* per op: fused into another kernel */
+	int *chunk;       /* per op: its model chunk (-1 before it is known) */
+	int first_layer_op;
 } Lower;
-
-static Kernel *add_kernel(Lower *L, KernelKind kind, Phase ph, int op)
-{
-	LProg *p = L->p;
-	if (p->nk == p->capk) {
-		p->capk = p->capk ? p->capk * 2 : 1024;
-		Kernel *nk = arena_alloc(L->g->arena, sizeof(Kernel) * (size_t)p->capk);
-		if (p->nk)
-			memcpy(nk, p->k, sizeof(Kernel) * (size_t)p->nk);
-		p->k = nk;
-	}
-	Kernel *k = &p->k[p->nk++];
-	memset(k, 0, sizeof *k);
-	k->kind = kind;
-	k->phase = ph;
-	k->op = op;
-	k->out = -1;
-	return k;
-}
-
-static void arg_value(Kernel *k, int v)
-{
-	k->args[k->nargs].kind = KA_VALUE;
-	k->args[k->nargs++].value = v;
-}
-
-static void arg_int(Kernel *k, long long i)
-{
-	k->args[k->nargs].kind = KA_INT;
-	k->args[k->nargs++].i = i;
-}
-
-static void arg_f64(Kernel *k, double f)
-{
-	k->args[k->nargs].kind = KA_F64;
-	k->args[k->nargs++].f = f;
-}
-
-static void arg_text(Kernel *k, const char *t)
-{
-	k->args[k->nargs].kind = KA_TEXT;
-	k->args[k->nargs++].text = t;
-}
-
-/* A value-related argument; KA_OFFS with i = -1 is the whole offsets array. */
-static void arg_kind(Kernel *k, KArgKind kind, int v)
-{
-	k->args[k->nargs].kind = kind;
-	k->args[k->nargs].i = -1;
-	k->args[k->nargs++].value = v;
-}
-
-static void arg_ints(Lower *L, Kernel *k, const long long *a, int n)
-{
-	long long *copy = arena_alloc(L->g->arena, sizeof(long long) * (size_t)(n ? n : 1));
-	memcpy(copy, a, sizeof(long long) * (size_t)n);
-	k->args[k->nargs].kind = KA_INTS;
-	k->args[k->nargs].ints = copy;
-	k->args[k->nargs++].nints = n;
-}
-
-static void use(Kernel *k, int v)
-{
-	if (v >= 0 && k->nuses < 16)
-		k->uses[k->nuses++] = v;
-}
-
-static void def(Kernel *k, int v)
-{
-	if (v >= 0 && k->ndefs < 4)
-		k->defs[k->ndefs++] = v;
-}
 
 static long long ldim(const Graph *g, int v, int d)
 {
@@ -107,25 +311,53 @@ static long long ldim(const Graph *g, int v, int d)
 	return n;
 }
 
-static void local_dims(const Graph *g, int v, long long *out)
-{
-	for (int d = 0; d < g->vals[v].rank; d++)
-		out[d] = ldim(g, v, d);
-}
-
+/* Elements of v's local block. A gradient that ZeRO marks flat on its axis is still whole here:
+ * it is reduce-scattered into a shard by state.c; only parameters are stored as ZeRO chunks. */
 static long long lelems(const Graph *g, int v)
 {
-	return value_local_elems(g, v);
-}
-
-static const char *comm_of_axis(Lower *L, int axis)
-{
-	return arena_printf(L->g->arena, "planrt_axis_comm(%d)", axis);
+	long long n = 1;
+	for (int d = 0; d < g->vals[v].rank; d++)
+		n *= ldim(g, v, d);
+	return n;
 }
 
 static Phase phase_of(const Op *op)
 {
 	return op->per_step ? PH_STEP : op->backward ? PH_BACKWARD : PH_FORWARD;
+}
+
+/* The model chunk an op belongs to: its layer's chunk; a forward receive takes its consumer's
+ * chunk (the interleaved schedule's wrap-around receive comes from the previous chunk's layers);
+ * backward ops follow the forward op they differentiate; ops outside the layers go to the first
+ * chunk before the layers and to the last after them. */
+static int chunk_of(Lower *L, int i)
+{
+	Graph *g = L->g;
+	if (L->chunk[i] >= 0)
+		return L->chunk[i];
+	const Op *op = &g->ops[i];
+	int c;
+	if (op->kind == OP_RECV && !op->backward) {
+		c = -1;
+		for (int j = i + 1; j < g->nops && c < 0; j++) {
+			const Op *u = &g->ops[j];
+			if (u->stage != op->stage)
+				continue;
+			for (int k = 0; k < u->nin; k++)
+				if (u->in[k] == op->out[0])
+					c = chunk_of(L, j);
+		}
+		if (c < 0)
+			c = 0;
+	} else if (op->layer >= 0 && g->layer_chunk) {
+		c = g->layer_chunk[op->layer];
+	} else if (op->fwd_op >= 0 && op->fwd_op != i) {
+		c = chunk_of(L, op->fwd_op);
+	} else {
+		c = i < L->first_layer_op ? 0 : L->p->nchunks - 1;
+	}
+	L->chunk[i] = c;
+	return c;
 }
 
 /* The storage a value's reads go through: a transpose view reads its source. */
@@ -144,34 +376,36 @@ static int storage(const Graph *g, int v, int *transposed)
 	return v;
 }
 
-/* Materialises a transpose view for a consumer that needs it contiguous. */
-static void lower_transpose(Lower *L, const Op *op, int oi)
+static Kernel *call(Lower *L, KernelKind kind, int oi)
 {
-	Graph *g = L->g;
-	int src = op->in[0], out = op->out[0];
-	long long dims[MAX_DIMS];
-	local_dims(g, src, dims);
-	int r = g->vals[src].rank;
-	long long perm[MAX_DIMS];
-	for (int d = 0; d < r; d++)
-		perm[d] = d;
-	perm[r - 1] = r - 2;
-	perm[r - 2] = r - 1;
-	Kernel *k = add_kernel(L, KER_CALL, phase_of(op), oi);
-	k->fn = "planrt_k_permute_f32";
-	arg_int(k, r);
-	arg_ints(L, k, dims, r);
-	k->args[k->nargs].kind = KA_INTS;
-	long long *pc = arena_alloc(g->arena, sizeof(long long) * (size_t)r);
-	memcpy(pc, perm, sizeof(long long) * (size_t)r);
-	k->args[k->nargs].ints = pc;
-	k->args[k->nargs++].nints = -r; /* negative: print as an int array */
-	arg_value(k, src);
-	arg_value(k, out);
-	use(k, src);
-	def(k, out);
-	L->p->buf[out].cls = BUF_ARENA;
+	const Op *op = &L->g->ops[oi];
+	Kernel *k = kernel_new(L->p, kind, phase_of(op), chunk_of(L, oi), oi);
+	k->note = op->scope && *op->scope ? arena_printf(L->g->arena, "%s in %s", op_names[op->kind], op->scope)
+					  : op_names[op->kind];
+	return k;
 }
+
+static void arg_value(Lower *L, Kernel *k, int v, bool reads, bool writes)
+{
+	karg_buf(L->p, k, v, reads, writes);
+}
+
+/* A scratch buffer in the transient region for one kernel. */
+static void arg_scratch(Lower *L, Kernel *k, size_t bytes)
+{
+	int b = buffer_new(L->p, BUF_ARENA, DT_U8, (long long)(bytes ? bytes : 1), "scratch", "a kernel's scratch");
+	karg_buf(L->p, k, b, false, true);
+}
+
+static void arg_dims(Lower *L, Kernel *k, int v)
+{
+	long long dims[MAX_DIMS];
+	for (int d = 0; d < L->g->vals[v].rank; d++)
+		dims[d] = ldim(L->g, v, d);
+	karg_ints(L->p, k, dims, L->g->vals[v].rank, false);
+}
+
+/* ------------------------------------------------------------------ matmuls and views */
 
 static void lower_matmul(Lower *L, const Op *op, int oi)
 {
@@ -193,59 +427,109 @@ static void lower_matmul(Lower *L, const Op *op, int oi)
 		M *= batch;
 		batch = 1;
 	}
-	Kernel *k = add_kernel(L, KER_CALL, phase_of(op), oi);
-	k->fn = "planrt_k_matmul_f32";
-	arg_int(k, batch);
-	arg_int(k, M);
-	arg_int(k, N);
-	arg_int(k, K);
-	arg_value(k, a);
-	arg_int(k, ta);
-	arg_int(k, stride_a);
-	arg_value(k, b);
-	arg_int(k, tb);
-	arg_int(k, stride_b);
-	arg_value(k, out);
-	arg_int(k, stride_c);
-	arg_int(k, g->vals[out].grad_of >= 0); /* parameter gradients accumulate over micro-batches */
-	use(k, a);
-	use(k, b);
-	def(k, out);
+	LProg *p = L->p;
+	Kernel *k = call(L, K_MATMUL, oi);
+	karg_int(p, k, batch);
+	karg_int(p, k, M);
+	karg_int(p, k, N);
+	karg_int(p, k, K);
+	arg_value(L, k, a, true, false);
+	karg_int(p, k, ta);
+	karg_int(p, k, stride_a);
+	arg_value(L, k, b, true, false);
+	karg_int(p, k, tb);
+	karg_int(p, k, stride_b);
+	bool acc = g->vals[out].grad_of >= 0; /* parameter gradients accumulate over micro-batches */
+	arg_value(L, k, out, acc, true);
+	karg_int(p, k, stride_c);
+	karg_int(p, k, acc);
 }
 
-static void lower_wgrad(Lower *L, const Op *op, int oi)
+static bool lower_wgrad(Lower *L, const Op *op, int oi)
 {
 	Graph *g = L->g;
 	int ta, tb;
 	int a = storage(g, op->in[0], &ta), dy = storage(g, op->in[1], &tb);
-	if (ta || tb) {
-		diag_error(op->src, op->loc, "cannot execute a weight gradient of a transposed activation yet");
-		L->failed = true;
-		return;
-	}
+	if (ta || tb)
+		return false; /* the C target has no kernel for it yet: opaque */
 	int out = op->out[0];
 	const Value *va = &g->vals[op->in[0]];
 	long long K = ldim(g, op->in[0], va->rank - 1);
 	long long N = ldim(g, out, 1);
 	long long R = lelems(g, op->in[0]) / K;
-	Kernel *k = add_kernel(L, KER_CALL, phase_of(op), oi);
-	k->fn = "planrt_k_matmul_f32";
-	arg_int(k, 1);
-	arg_int(k, K);
-	arg_int(k, N);
-	arg_int(k, R);
-	arg_value(k, a);
-	arg_int(k, 1);
-	arg_int(k, 0);
-	arg_value(k, dy);
-	arg_int(k, 0);
-	arg_int(k, 0);
-	arg_value(k, out);
-	arg_int(k, 0);
-	arg_int(k, g->vals[out].grad_of >= 0);
-	use(k, a);
-	use(k, dy);
-	def(k, out);
+	LProg *p = L->p;
+	Kernel *k = call(L, K_MATMUL, oi);
+	karg_int(p, k, 1);
+	karg_int(p, k, K);
+	karg_int(p, k, N);
+	karg_int(p, k, R);
+	arg_value(L, k, a, true, false);
+	karg_int(p, k, 1);
+	karg_int(p, k, 0);
+	arg_value(L, k, dy, true, false);
+	karg_int(p, k, 0);
+	karg_int(p, k, 0);
+	bool acc = g->vals[out].grad_of >= 0;
+	arg_value(L, k, out, acc, true);
+	karg_int(p, k, 0);
+	karg_int(p, k, acc);
+	return true;
+}
+
+static void permute(Lower *L, int oi, int rank, const long long *dims, const long long *perm, int in, int out)
+{
+	Kernel *k = call(L, K_PERMUTE, oi);
+	karg_int(L->p, k, rank);
+	karg_ints(L->p, k, dims, rank, false);
+	karg_ints(L->p, k, perm, rank, true);
+	arg_value(L, k, in, true, false);
+	arg_value(L, k, out, false, true);
+}
+
+/* Materialises a transpose view for a consumer that needs it contiguous. */
+static void lower_transpose(Lower *L, const Op *op, int oi)
+{
+	Graph *g = L->g;
+	int src = op->in[0];
+	long long dims[MAX_DIMS], perm[MAX_DIMS];
+	int r = g->vals[src].rank;
+	for (int d = 0; d < r; d++) {
+		dims[d] = ldim(g, src, d);
+		perm[d] = d;
+	}
+	perm[r - 1] = r - 2;
+	perm[r - 2] = r - 1;
+	permute(L, oi, r, dims, perm, src, op->out[0]);
+}
+
+/* [.., S, H*Dh] <-> [.., H, S, Dh]: a permutation of [.., S, H, Dh] */
+static void lower_heads(Lower *L, const Op *op, int oi)
+{
+	Graph *g = L->g;
+	int x = op->in[0], y = op->out[0];
+	const Value *vi = &g->vals[x];
+	bool split = op->kind == OP_SPLIT_HEADS;
+	int r = split ? vi->rank + 1 : vi->rank; /* rank of the 4-d (or more) view */
+	long long dims[MAX_DIMS], perm[MAX_DIMS];
+	int lead = r - 3;
+	long long h = split ? ldim(g, y, r - 3) : ldim(g, x, r - 3);
+	for (int d = 0; d < lead; d++) {
+		dims[d] = ldim(g, split ? x : y, d);
+		perm[d] = d;
+	}
+	if (split) { /* in: [.., S, H, Dh] -> out [.., H, S, Dh] */
+		dims[lead] = ldim(g, x, vi->rank - 2);
+		dims[lead + 1] = h;
+		dims[lead + 2] = ldim(g, y, r - 1);
+	} else { /* in: [.., H, S, Dh] -> out [.., S, H, Dh] */
+		dims[lead] = h;
+		dims[lead + 1] = ldim(g, x, r - 2);
+		dims[lead + 2] = ldim(g, x, r - 1);
+	}
+	perm[lead] = lead + 1;
+	perm[lead + 1] = lead;
+	perm[lead + 2] = lead + 2;
+	permute(L, oi, r, dims, perm, x, y);
 }
 
 /* ------------------------------------------------------------------ element-wise loops */
@@ -278,7 +562,7 @@ static LExpr *load(Lower *L, int v, int out)
 	Graph *g = L->g;
 	LExpr *e = arena_alloc(g->arena, sizeof *e);
 	e->kind = LX_LOAD;
-	e->value = v;
+	e->buf = v;
 	const Value *vv = &g->vals[v], *vo = &g->vals[out];
 	long long stride = 1;
 	for (int d = vo->rank - 1; d >= 0; d--) {
@@ -331,27 +615,28 @@ static LExpr *expr_for(Lower *L, const Op *op, int out)
 	return e;
 }
 
-static void collect_loads(Kernel *k, const LExpr *e)
+static void collect_loads(LProg *p, Kernel *k, const LExpr *e)
 {
 	if (!e)
 		return;
 	if (e->kind == LX_LOAD)
-		use(k, e->value);
-	collect_loads(k, e->a);
-	collect_loads(k, e->b);
+		kernel_use(p, k, e->buf);
+	collect_loads(p, k, e->a);
+	collect_loads(p, k, e->b);
 }
 
 static void lower_elementwise(Lower *L, const Op *op, int oi)
 {
 	Graph *g = L->g;
 	int out = op->out[0];
-	Kernel *k = add_kernel(L, KER_LOOP, phase_of(op), oi);
+	Kernel *k = call(L, K_LOOP, oi);
 	k->out = out;
 	k->rank = g->vals[out].rank;
-	local_dims(g, out, k->dims);
+	for (int d = 0; d < k->rank; d++)
+		k->dims[d] = ldim(g, out, d);
 	k->expr = expr_for(L, op, out);
 	k->accumulate = g->vals[out].grad_of >= 0; /* gradients accumulate over micro-batches */
-	for (const Op *f = op; f; ) { /* count the fused chain for the dump */
+	for (const Op *f = op; f;) { /* count the fused chain */
 		k->nfused++;
 		const Op *next = NULL;
 		for (int i = 0; i < f->nin; i++) {
@@ -361,15 +646,18 @@ static void lower_elementwise(Lower *L, const Op *op, int oi)
 		}
 		f = next;
 	}
-	collect_loads(k, k->expr);
-	def(k, out);
+	collect_loads(L->p, k, k->expr);
+	if (k->accumulate)
+		kernel_use(L->p, k, out);
+	kernel_def(L->p, k, out);
 }
 
 /* An element-wise op is fused into its consumer when its only reader is an element-wise op of the
- * same phase with the same output shape and nothing else keeps it. */
-static void plan_fusion(Lower *L, int stage)
+ * same phase and chunk with the same output shape and nothing else keeps it. */
+static void plan_fusion(Lower *L)
 {
 	Graph *g = L->g;
+	int stage = L->p->stage;
 	for (int i = 0; i < g->nops; i++) {
 		const Op *op = &g->ops[i];
 		if (op->stage != stage || !elementwise(op->kind) || op->nout != 1)
@@ -377,7 +665,6 @@ static void plan_fusion(Lower *L, int stage)
 		int v = op->out[0];
 		if (L->consumers[v] != 1 || L->kept[v] || g->vals[v].grad_of >= 0 || g->vals[v].role == ROLE_LOSS)
 			continue;
-		/* find the consumer */
 		for (int j = i + 1; j < g->nops; j++) {
 			const Op *c = &g->ops[j];
 			bool reads = false;
@@ -387,7 +674,7 @@ static void plan_fusion(Lower *L, int stage)
 			if (!reads)
 				continue;
 			if (c->stage == stage && elementwise(c->kind) && phase_of(c) == phase_of(op) &&
-			    value_local_elems(g, c->out[0]) == value_local_elems(g, v) &&
+			    chunk_of(L, j) == chunk_of(L, i) && value_local_elems(g, c->out[0]) == value_local_elems(g, v) &&
 			    g->vals[c->out[0]].rank == g->vals[v].rank)
 				L->skip[i] = true;
 			break;
@@ -395,38 +682,19 @@ static void plan_fusion(Lower *L, int stage)
 	}
 }
 
-/* ------------------------------------------------------------------ the other ops */
-
-static Kernel *call(Lower *L, const Op *op, int oi, const char *fn)
-{
-	Kernel *k = add_kernel(L, KER_CALL, phase_of(op), oi);
-	k->fn = fn;
-	return k;
-}
+/* ------------------------------------------------------------------ the other compute ops */
 
 /* Outputs that accumulate (layer-norm weight gradients, embedding gradients) start from zero
- * unless they are a parameter's gradient accumulator, which the step zeroes. */
-static void zero_unless_accumulator(Lower *L, const Op *op, int oi, int v)
+ * unless they are a parameter's gradient, which accumulates over the micro-batches. */
+static void zero_unless_gradient(Lower *L, int oi, int v)
 {
 	if (L->g->vals[v].grad_of >= 0)
 		return;
-	Kernel *z = call(L, op, oi, "planrt_fill_f32");
-	arg_value(z, v);
-	arg_int(z, lelems(L->g, v));
-	arg_text(z, "0.0");
-	def(z, v);
-}
-
-/* Buffer arguments in order, recorded as reads (or writes) for liveness. */
-static void value_args(Kernel *k, const int *vals, int n, bool writes)
-{
-	for (int i = 0; i < n; i++) {
-		arg_value(k, vals[i]);
-		if (writes)
-			def(k, vals[i]);
-		else
-			use(k, vals[i]);
-	}
+	Kernel *z = call(L, K_FILL, oi);
+	arg_value(L, z, v, false, true);
+	karg_int(L->p, z, lelems(L->g, v));
+	karg(L->p, z, KA_DTYPE, L->g->vals[v].dtype);
+	karg_f64(L->p, z, 0.0);
 }
 
 static long long rows_of(const Graph *g, int v)
@@ -435,160 +703,314 @@ static long long rows_of(const Graph *g, int v)
 	return lelems(g, v) / ldim(g, v, val->rank - 1);
 }
 
-static const char *dtype_enum(DType t)
+static long long cols_of(const Graph *g, int v)
 {
-	switch (t) {
-	case DT_BF16:
-		return "planrt_bf16";
-	case DT_F16:
-		return "planrt_f16";
-	case DT_I32:
-		return "planrt_i32";
-	case DT_U8:
-		return "planrt_u8";
-	case DT_F64:
-		return "planrt_f64";
-	default:
-		return "planrt_f32";
+	return ldim(g, v, g->vals[v].rank - 1);
+}
+
+/* Comm for a collective op: the value that is the call's buffer B of the wire formula. */
+static void comm_of_op(Lower *L, Kernel *k, const Op *op, int oi)
+{
+	Graph *g = L->g;
+	Comm *c = kernel_comm(L->p, k);
+	c->coll = op->kind;
+	c->axis = op->axis;
+	c->every = op->every;
+	c->op = oi;
+	int v = op->kind == OP_ALL_GATHER || op->kind == OP_RECV ? op->out[0] : op->in[0];
+	c->elems = lelems(g, v);
+	c->dtype = g->vals[v].dtype;
+	const Value *val = &g->vals[v];
+	int wv = op->kind == OP_RECV ? op->out[0] : op->in[0]; /* the shape the check compares */
+	const Value *wval = &g->vals[wv];
+	c->rank = wval->rank;
+	for (int d = 0; d < wval->rank; d++)
+		c->shape[d] = ldim(g, wv, d);
+	c->what = val->name ? val->name : g->vals[wv].name;
+	if (op->kind == OP_SEND || op->kind == OP_RECV) {
+		c->peer = op->peer >= 0 ? op->peer : (int)op->n;
+		c->channel = op->backward ? 1 : 0;
 	}
 }
 
-/* Conversions inserted by shard.c between layouts: collectives along one mesh axis. */
-static void lower_collective(Lower *L, const Op *op, int oi)
+/* Conversions between layouts inserted by shard.c: collectives along one mesh axis. */
+static void lower_conversion(Lower *L, const Op *op, int oi)
 {
 	Graph *g = L->g;
+	LProg *p = L->p;
 	int in = op->in[0], out = op->out[0];
 	int r = g->vals[in].rank;
-	long long dims[MAX_DIMS];
-	local_dims(g, in, dims);
-	Kernel *k = add_kernel(L, KER_CALL, phase_of(op), oi);
 	size_t bytes = (size_t)lelems(g, in) * (size_t)dtype_bytes(g->vals[in].dtype);
+	DType t = g->vals[in].dtype;
+	Kernel *k;
 	switch (op->kind) {
 	case OP_ALL_REDUCE:
-		k->fn = "planrt_allreduce_dim";
-		arg_value(k, in);
-		arg_value(k, out);
-		arg_int(k, lelems(g, in));
+		k = call(L, K_ALLREDUCE_DIM, oi);
+		arg_value(L, k, in, true, false);
+		arg_value(L, k, out, false, true);
+		karg_int(p, k, lelems(g, in));
+		karg(p, k, KA_DTYPE, t);
+		karg(p, k, KA_AXIS, op->axis);
 		break;
 	case OP_REDUCE_SCATTER:
-		k->fn = "planrt_reduce_scatter_dim";
-		arg_value(k, in);
-		arg_value(k, out);
-		arg_int(k, r);
-		arg_ints(L, k, dims, r);
-		arg_int(k, op->coll_dim);
-		k->scratch = bytes;
-		break;
 	case OP_ALL_GATHER:
-		k->fn = "planrt_allgather_dim";
-		arg_value(k, in);
-		arg_value(k, out);
-		arg_int(k, r);
-		arg_ints(L, k, dims, r);
-		arg_int(k, op->coll_dim);
-		k->scratch = bytes * (size_t)g->ps->axes[op->axis].size;
+		k = call(L, op->kind == OP_REDUCE_SCATTER ? K_REDUCE_SCATTER_DIM : K_ALLGATHER_DIM, oi);
+		arg_value(L, k, in, true, false);
+		arg_value(L, k, out, false, true);
+		karg_int(p, k, r);
+		arg_dims(L, k, in);
+		karg_int(p, k, op->coll_dim);
+		karg(p, k, KA_DTYPE, t);
+		karg(p, k, KA_AXIS, op->axis);
+		arg_scratch(L, k, op->kind == OP_REDUCE_SCATTER ? bytes : bytes * (size_t)g->ps->axes[op->axis].size);
 		break;
 	case OP_ALL_TO_ALL:
-		k->fn = "planrt_alltoall_dim";
-		arg_value(k, in);
-		arg_value(k, out);
-		arg_int(k, r);
-		arg_ints(L, k, dims, r);
-		arg_int(k, op->coll_dim);
-		arg_int(k, op->coll_dim2);
-		k->scratch = 2 * bytes;
+		k = call(L, K_ALLTOALL_DIM, oi);
+		arg_value(L, k, in, true, false);
+		arg_value(L, k, out, false, true);
+		karg_int(p, k, r);
+		arg_dims(L, k, in);
+		karg_int(p, k, op->coll_dim);
+		karg_int(p, k, op->coll_dim2);
+		karg(p, k, KA_DTYPE, t);
+		karg(p, k, KA_AXIS, op->axis);
+		arg_scratch(L, k, 2 * bytes);
 		break;
 	case OP_SLICE:
-		k->fn = "planrt_slice_dim";
-		arg_value(k, in);
-		arg_value(k, out);
-		arg_int(k, r);
-		arg_ints(L, k, dims, r);
-		arg_int(k, op->coll_dim);
-		break;
+		k = call(L, K_SLICE_DIM, oi);
+		arg_value(L, k, in, true, false);
+		arg_value(L, k, out, false, true);
+		karg_int(p, k, r);
+		arg_dims(L, k, in);
+		karg_int(p, k, op->coll_dim);
+		karg(p, k, KA_DTYPE, t);
+		karg(p, k, KA_AXIS, op->axis);
+		return; /* a local copy: no communication */
 	default:
-		ICE("not a conversion");
+		ICE("'%s' is not a layout conversion", op_names[op->kind]);
 	}
-	arg_text(k, dtype_enum(g->vals[in].dtype));
-	arg_text(k, comm_of_axis(L, op->axis));
-	k->typed = true;
-	if (k->scratch)
-		arg_kind(k, KA_SCRATCH, 0);
-	use(k, in);
-	def(k, out);
+	comm_of_op(L, k, op, oi);
+}
+
+/* ZeRO-3: the whole parameter from every rank's chunk, before a use. The gathered buffer is
+ * padded to whole chunks so that a prefetch (overlap.c) can gather into it directly. */
+static void lower_param_gather(Lower *L, const Op *op, int oi)
+{
+	Graph *g = L->g;
+	LProg *p = L->p;
+	int x = op->in[0], y = op->out[0];
+	int size = g->ps->axes[op->axis].size;
+	long long n = 1;
+	for (int d = 0; d < g->vals[y].rank; d++)
+		n *= ldim(g, y, d);
+	long long c = (n + size - 1) / size;
+	p->buf[y].bytes = (size_t)(c * size) * (size_t)dtype_bytes(g->vals[y].dtype);
+	Kernel *k = call(L, K_ALLGATHER_FLAT, oi);
+	arg_value(L, k, x, true, false);
+	arg_value(L, k, y, false, true);
+	karg_int(p, k, n);
+	karg(p, k, KA_DTYPE, g->vals[x].dtype);
+	karg(p, k, KA_AXIS, op->axis);
+	arg_scratch(L, k, (size_t)(c * size) * (size_t)dtype_bytes(g->vals[x].dtype));
+	Comm *cm = kernel_comm(p, k);
+	cm->coll = OP_ALL_GATHER;
+	cm->axis = op->axis;
+	cm->op = oi;
+	cm->elems = c * size;
+	cm->dtype = g->vals[x].dtype;
+	cm->rank = 1;
+	cm->shape[0] = c;
+	cm->what = g->vals[x].name;
+}
+
+/* Vocab-parallel cross-entropy all-reduces its row statistics inside its kernel: the internal
+ * reductions shard.c placed right after it are this kernel's communication. */
+static void lower_cross_entropy(Lower *L, const Op *op, int oi)
+{
+	Graph *g = L->g;
+	LProg *p = L->p;
+	int logits = op->in[0], targets = op->in[1];
+	int vaxis = -1, r = g->vals[logits].rank;
+	for (int a = 0; a < g->ps->naxes; a++)
+		if (g->vals[logits].lay.on[a] == r - 1)
+			vaxis = a;
+	Kernel *k = call(L, K_CROSS_ENTROPY, oi);
+	arg_value(L, k, logits, true, false);
+	arg_value(L, k, targets, true, false);
+	arg_value(L, k, op->out[0], false, true);
+	arg_value(L, k, op->out[1], false, true);
+	karg_int(p, k, rows_of(g, logits));
+	karg_int(p, k, cols_of(g, logits));
+	karg_offset(p, k, logits, r - 1);
+	karg_f64(p, k, 1.0 / (double)value_elems(g, targets));
+	karg(p, k, vaxis >= 0 ? KA_AXIS : KA_NULL, vaxis);
+	arg_scratch(L, k, (size_t)rows_of(g, logits) * 3 * sizeof(float));
+	int ki = p->nk - 1;
+	for (int j = oi + 1; j < g->nops && g->ops[j].internal; j++)
+		comm_of_op(L, &p->k[ki], &g->ops[j], j);
+}
+
+/* Point-to-point: a send starts after its value is computed and is completed by the walker before
+ * the slot is reused; a receive is posted in the chunk's prepare phase (one action ahead) and
+ * completed right before its value is first needed. */
+static void lower_p2p(Lower *L, const Op *op, int oi)
+{
+	Graph *g = L->g;
+	LProg *p = L->p;
+	int v = op->kind == OP_SEND ? op->in[0] : op->out[0];
+	int req = p->nslotreqs++;
+	Kernel *k = call(L, op->kind == OP_SEND ? K_SEND_START : K_RECV_START, oi);
+	if (op->kind == OP_RECV)
+		k->phase = op->backward ? PH_PREPARE_B : PH_PREPARE_F;
+	arg_value(L, k, v, op->kind == OP_SEND, op->kind == OP_RECV);
+	karg_int(p, k, lelems(g, v));
+	karg(p, k, KA_DTYPE, g->vals[v].dtype);
+	int peer = op->peer >= 0 ? op->peer : (int)op->n;
+	karg_int(p, k, peer);
+	karg_int(p, k, op->backward ? 1 : 0);
+	karg(p, k, KA_SLOTREQ, req);
+	comm_of_op(L, k, op, oi);
+	if (op->kind == OP_RECV) {
+		Kernel *f = call(L, K_P2P_FINISH, oi);
+		karg(p, f, KA_CTX, 0);
+		karg(p, f, KA_SLOTREQ, req);
+		kernel_def(p, f, v); /* the value is complete from here on */
+	}
+}
+
+/* The model's token inputs, in declaration order: stream 0 (tokens), stream 1 (targets). */
+static int input_stream(const Graph *g, int v)
+{
+	const char *name = g->vals[v].name;
+	int stream = 0;
+	for (int i = 0; i < g->nops; i++) {
+		const Op *op = &g->ops[i];
+		if (op->kind != OP_INPUT || g->vals[op->out[0]].tied_to >= 0)
+			continue;
+		const char *n = g->vals[op->out[0]].name;
+		if (n && name && !strcmp(n, name))
+			return stream;
+		stream++;
+	}
+	return 0;
+}
+
+static void lower_input(Lower *L, const Op *op, int oi)
+{
+	Graph *g = L->g;
+	LProg *p = L->p;
+	int v = op->out[0];
+	/* loaded at the start of the forward of the chunk that first reads it */
+	int c = 0;
+	for (int j = oi + 1; j < g->nops; j++) {
+		const Op *u = &g->ops[j];
+		bool reads = false;
+		for (int k = 0; k < u->nin; k++)
+			if (u->in[k] == v)
+				reads = true;
+		if (reads && u->stage == p->stage) {
+			c = chunk_of(L, j);
+			break;
+		}
+	}
+	L->chunk[oi] = c;
+	const Value *val = &g->vals[v];
+	if (val->dtype != DT_I32 || val->rank != 2) {
+		Kernel *k = call(L, K_OPAQUE, oi);
+		arg_value(L, k, v, false, true);
+		return;
+	}
+	Kernel *k = call(L, K_LOAD_INPUT, oi);
+	karg(p, k, KA_CTX, 0);
+	arg_value(L, k, v, false, true);
+	karg_int(p, k, input_stream(g, v));
+	karg_offset(p, k, v, 0);
+	karg_int(p, k, ldim(g, v, 0));
+	karg_offset(p, k, v, 1);
+	karg_int(p, k, ldim(g, v, 1));
+}
+
+/* The op's inputs and outputs as arguments of an opaque kernel, and its communication. */
+static void lower_opaque(Lower *L, const Op *op, int oi)
+{
+	Kernel *k = call(L, K_OPAQUE, oi);
+	for (int i = 0; i < op->nin; i++)
+		if (L->p->buf[op->in[i]].cls != BUF_NONE)
+			arg_value(L, k, op->in[i], true, false);
+	for (int i = 0; i < op->nout; i++)
+		if (L->p->buf[op->out[i]].cls != BUF_NONE)
+			arg_value(L, k, op->out[i], false, true);
+	OpClass c = op_classes[op->kind];
+	if ((c == OPK_COLLECTIVE && op->kind != OP_SLICE) || c == OPK_P2P)
+		comm_of_op(L, &L->p->k[L->p->nk - 1], op, oi);
+}
+
+Kernel *kernel_opaque(LProg *p, int oi, Phase ph, int chunk)
+{
+	const Op *op = &p->g->ops[oi];
+	Kernel *k = kernel_new(p, K_OPAQUE, ph, chunk, oi);
+	k->note = op_names[op->kind];
+	OpClass c = op_classes[op->kind];
+	if ((c == OPK_COLLECTIVE && op->kind != OP_SLICE) || c == OPK_P2P) {
+		Lower L = {.p = p, .g = p->g};
+		comm_of_op(&L, k, op, oi);
+	}
+	return &p->k[p->nk - 1];
+}
+
+/* Ops state.c lowers: the update and what gradient synchronisation put around it. */
+static bool sync_op(const Graph *g, const Op *op)
+{
+	if (op->kind == OP_OPTIMIZER_STEP || op->nmembers > 0 || op->stage_group[0] >= 0)
+		return true;
+	OpClass c = op_classes[op->kind];
+	if (c != OPK_COLLECTIVE && c != OPK_P2P)
+		return false;
+	int v = op->nin ? op->in[0] : -1;
+	if (v >= 0 && g->vals[v].def < 0)
+		return true; /* a flat value sync.c made (parameter averages, async transfers, top-k) */
+	if (op->kind == OP_ALL_GATHER && v >= 0 && g->ops[g->vals[v].def].kind == OP_OPTIMIZER_STEP)
+		return true; /* ZeRO 1/2: the updated shards gathered back */
+	return false;
 }
 
 static void lower_op(Lower *L, const Op *op, int oi)
 {
 	Graph *g = L->g;
+	LProg *p = L->p;
 	Kernel *k;
 	int x = op->nin ? op->in[0] : -1, y = op->nout ? op->out[0] : -1;
 	switch (op->kind) {
 	case OP_PARAM:
-	case OP_INPUT:
-	case OP_OPTIMIZER_STEP:
-		return; /* handled by the program skeleton */
-	case OP_FILL:
-		k = call(L, op, oi, "planrt_fill_f32");
-		arg_value(k, y);
-		arg_int(k, 1);
-		arg_text(k, "1.0 / MICRO_BATCHES");
-		def(k, y);
+	case OP_TRANSPOSE: /* folded into consumers; materialised in lower() when needed */
 		return;
-	case OP_TRANSPOSE:
-		return; /* folded into consumers; materialised on demand below */
+	case OP_INPUT:
+		lower_input(L, op, oi);
+		return;
+	case OP_FILL:
+		k = call(L, K_FILL, oi);
+		arg_value(L, k, y, false, true);
+		karg_int(p, k, 1);
+		karg(p, k, KA_DTYPE, g->vals[y].dtype);
+		karg_f64(p, k, 1.0 / (g->ps->micro_batches > 0 ? g->ps->micro_batches : 1));
+		return;
 	case OP_MATMUL:
 		lower_matmul(L, op, oi);
 		return;
 	case OP_MATMUL_WGRAD:
-		lower_wgrad(L, op, oi);
+		if (!lower_wgrad(L, op, oi))
+			lower_opaque(L, op, oi);
 		return;
 	case OP_SPLIT_HEADS:
-	case OP_MERGE_HEADS: {
-		/* [.., S, H*Dh] <-> [.., H, S, Dh]: a permutation of [.., S, H, Dh] */
-		const Value *vi = &g->vals[x];
-		int split = op->kind == OP_SPLIT_HEADS;
-		int r = split ? vi->rank + 1 : vi->rank; /* rank of the 4-d (or more) view */
-		long long dims[MAX_DIMS];
-		long long perm[MAX_DIMS];
-		int lead = r - 3;
-		long long h = split ? ldim(g, y, r - 3) : ldim(g, x, r - 3);
-		for (int d = 0; d < lead; d++) {
-			dims[d] = ldim(g, split ? x : y, d);
-			perm[d] = d;
-		}
-		if (split) { /* in: [.., S, H, Dh] -> out [.., H, S, Dh] */
-			dims[lead] = ldim(g, x, vi->rank - 2);
-			dims[lead + 1] = h;
-			dims[lead + 2] = ldim(g, y, r - 1);
-		} else { /* in: [.., H, S, Dh] -> out [.., S, H, Dh] */
-			dims[lead] = h;
-			dims[lead + 1] = ldim(g, x, r - 2);
-			dims[lead + 2] = ldim(g, x, r - 1);
-		}
-		perm[lead] = lead + 1;
-		perm[lead + 1] = lead;
-		perm[lead + 2] = lead + 2;
-		k = call(L, op, oi, "planrt_k_permute_f32");
-		arg_int(k, r);
-		arg_ints(L, k, dims, r);
-		long long *pc = arena_alloc(g->arena, sizeof(long long) * (size_t)r);
-		memcpy(pc, perm, sizeof(long long) * (size_t)r);
-		k->args[k->nargs].kind = KA_INTS;
-		k->args[k->nargs].ints = pc;
-		k->args[k->nargs++].nints = -r;
-		arg_value(k, x);
-		arg_value(k, y);
-		use(k, x);
-		def(k, y);
+	case OP_MERGE_HEADS:
+		lower_heads(L, op, oi);
 		return;
-	}
 	case OP_SUM_TO: {
 		const Value *vi = &g->vals[x], *vo = &g->vals[y];
 		long long dims[MAX_DIMS], ostr[MAX_DIMS];
-		local_dims(g, x, dims);
 		long long stride = 1;
 		for (int d = vi->rank - 1; d >= 0; d--) {
+			dims[d] = ldim(g, x, d);
 			int dout = d - (vi->rank - vo->rank);
 			if (dout < 0 || (ldim(g, y, dout) == 1 && dims[d] != 1)) {
 				ostr[d] = 0;
@@ -598,279 +1020,155 @@ static void lower_op(Lower *L, const Op *op, int oi)
 			stride *= ldim(g, y, dout);
 		}
 		bool acc = g->vals[y].grad_of >= 0;
-		k = call(L, op, oi, acc ? "planrt_k_sum_to_acc_f32" : "planrt_k_sum_to_f32");
-		arg_int(k, vi->rank);
-		arg_ints(L, k, dims, vi->rank);
-		arg_value(k, x);
-		arg_ints(L, k, ostr, vi->rank);
-		arg_value(k, y);
-		arg_int(k, lelems(g, y));
-		use(k, x);
-		def(k, y);
+		k = call(L, acc ? K_SUM_TO_ACC : K_SUM_TO, oi);
+		karg_int(p, k, vi->rank);
+		karg_ints(p, k, dims, vi->rank, false);
+		arg_value(L, k, x, true, false);
+		karg_ints(p, k, ostr, vi->rank, false);
+		arg_value(L, k, y, acc, true);
+		karg_int(p, k, lelems(g, y));
 		return;
 	}
 	case OP_DROPOUT: {
-		long long ld[MAX_DIMS];
-		local_dims(g, x, ld);
-		k = call(L, op, oi, "planrt_k_dropout_f32");
-		arg_value(k, x);
-		arg_value(k, y);
-		arg_value(k, op->out[1]);
-		arg_f64(k, op->f);
-		arg_text(k, "step_seed");
-		arg_int(k, op->orig);
-		arg_int(k, g->vals[x].rank);
-		arg_kind(k, KA_GDIMS, x);
-		arg_ints(L, k, ld, g->vals[x].rank);
-		arg_kind(k, KA_OFFS, x);
-		use(k, x);
-		def(k, y);
-		def(k, op->out[1]);
+		int r = g->vals[x].rank;
+		long long gd[MAX_DIMS];
+		const Value *vx = &g->vals[x];
+		for (int d = 0; d < r; d++) /* the batch dim is the step's batch: masks key on global samples */
+			gd[d] = d == p->buf[x].micro_dim ? g->ps->batch : vx->dim[d];
+		k = call(L, K_DROPOUT, oi);
+		arg_value(L, k, x, true, false);
+		arg_value(L, k, y, false, true);
+		arg_value(L, k, op->out[1], false, true);
+		karg_f64(p, k, op->f);
+		karg(p, k, KA_STEP_SEED, 0);
+		karg_int(p, k, op->orig);
+		karg_int(p, k, r);
+		karg_ints(p, k, gd, r, false);
+		arg_dims(L, k, x);
+		karg_offset(p, k, x, -1);
 		return;
 	}
 	case OP_CAUSAL_MASK: {
 		int r = g->vals[x].rank;
 		long long rows = ldim(g, x, r - 2), cols = ldim(g, x, r - 1);
-		k = call(L, op, oi, "planrt_causal_mask_block_f32");
-		arg_value(k, x);
-		arg_value(k, y);
-		arg_int(k, lelems(g, x) / (rows * cols));
-		arg_int(k, rows);
-		arg_int(k, cols);
-		arg_kind(k, KA_OFFS, x);
-		arg_int(k, r);
-		arg_int(k, op->n == 1); /* gradient: fill with zero */
-		use(k, x);
-		def(k, y);
+		k = call(L, K_CAUSAL_MASK, oi);
+		arg_value(L, k, x, true, false);
+		arg_value(L, k, y, false, true);
+		karg_int(p, k, lelems(g, x) / (rows * cols));
+		karg_int(p, k, rows);
+		karg_int(p, k, cols);
+		karg_offset(p, k, x, -1);
+		karg_int(p, k, r);
+		karg_int(p, k, op->n == 1); /* gradient: fill with zero */
 		return;
 	}
 	case OP_SOFTMAX:
-		k = call(L, op, oi, "planrt_k_softmax_f32");
-		arg_value(k, x);
-		arg_value(k, y);
-		arg_int(k, rows_of(g, x));
-		arg_int(k, ldim(g, x, g->vals[x].rank - 1));
-		use(k, x);
-		def(k, y);
+		k = call(L, K_SOFTMAX, oi);
+		arg_value(L, k, x, true, false);
+		arg_value(L, k, y, false, true);
+		karg_int(p, k, rows_of(g, x));
+		karg_int(p, k, cols_of(g, x));
 		return;
 	case OP_SOFTMAX_GRAD:
-		k = call(L, op, oi, "planrt_k_softmax_grad_f32");
-		arg_value(k, op->in[0]);
-		arg_value(k, op->in[1]);
-		arg_value(k, y);
-		arg_int(k, rows_of(g, x));
-		arg_int(k, ldim(g, x, g->vals[x].rank - 1));
-		use(k, op->in[0]);
-		use(k, op->in[1]);
-		def(k, y);
+		k = call(L, K_SOFTMAX_GRAD, oi);
+		arg_value(L, k, op->in[0], true, false);
+		arg_value(L, k, op->in[1], true, false);
+		arg_value(L, k, y, false, true);
+		karg_int(p, k, rows_of(g, x));
+		karg_int(p, k, cols_of(g, x));
 		return;
 	case OP_LAYER_NORM:
-		k = call(L, op, oi, "planrt_k_layer_norm_f32");
-		value_args(k, op->in, 3, false);
-		value_args(k, op->out, 3, true);
-		arg_int(k, rows_of(g, x));
-		arg_int(k, ldim(g, x, g->vals[x].rank - 1));
-		arg_f64(k, op->f);
+	case OP_RMS_NORM: {
+		bool ln = op->kind == OP_LAYER_NORM;
+		k = call(L, ln ? K_LAYER_NORM : K_RMS_NORM, oi);
+		for (int i = 0; i < (ln ? 3 : 2); i++)
+			arg_value(L, k, op->in[i], true, false);
+		for (int i = 0; i < (ln ? 3 : 2); i++)
+			arg_value(L, k, op->out[i], false, true);
+		karg_int(p, k, rows_of(g, x));
+		karg_int(p, k, cols_of(g, x));
+		karg_f64(p, k, op->f);
 		return;
+	}
 	case OP_LAYER_NORM_GRAD:
-		zero_unless_accumulator(L, op, oi, op->out[1]);
-		zero_unless_accumulator(L, op, oi, op->out[2]);
-		k = call(L, op, oi, "planrt_k_layer_norm_grad_f32");
-		value_args(k, op->in, 5, false);
-		value_args(k, op->out, 3, true);
-		arg_int(k, rows_of(g, x));
-		arg_int(k, ldim(g, x, g->vals[x].rank - 1));
+	case OP_RMS_NORM_GRAD: {
+		bool ln = op->kind == OP_LAYER_NORM_GRAD;
+		for (int i = 1; i < (ln ? 3 : 2); i++)
+			zero_unless_gradient(L, oi, op->out[i]);
+		k = call(L, ln ? K_LAYER_NORM_GRAD : K_RMS_NORM_GRAD, oi);
+		for (int i = 0; i < (ln ? 5 : 4); i++)
+			arg_value(L, k, op->in[i], true, false);
+		for (int i = 0; i < (ln ? 3 : 2); i++) /* weight gradients accumulate */
+			arg_value(L, k, op->out[i], i > 0, true);
+		karg_int(p, k, rows_of(g, x));
+		karg_int(p, k, cols_of(g, x));
 		return;
-	case OP_RMS_NORM:
-		k = call(L, op, oi, "planrt_k_rms_norm_f32");
-		value_args(k, op->in, 2, false);
-		value_args(k, op->out, 2, true);
-		arg_int(k, rows_of(g, x));
-		arg_int(k, ldim(g, x, g->vals[x].rank - 1));
-		arg_f64(k, op->f);
-		return;
-	case OP_RMS_NORM_GRAD:
-		zero_unless_accumulator(L, op, oi, op->out[1]);
-		k = call(L, op, oi, "planrt_k_rms_norm_grad_f32");
-		value_args(k, op->in, 4, false);
-		value_args(k, op->out, 2, true);
-		arg_int(k, rows_of(g, x));
-		arg_int(k, ldim(g, x, g->vals[x].rank - 1));
-		return;
+	}
 	case OP_EMBED: {
 		int table = op->in[0], ids = op->in[1];
-		k = call(L, op, oi, "planrt_k_embed_f32");
-		arg_value(k, table);
-		arg_value(k, ids);
-		arg_value(k, y);
-		arg_int(k, lelems(g, ids));
-		arg_int(k, ldim(g, table, 1));
-		k->args[k->nargs].kind = KA_OFFS;
-		k->args[k->nargs].value = table;
-		k->args[k->nargs++].i = 0; /* element 0 of the table's offsets: the vocab offset */
-		arg_int(k, ldim(g, table, 0));
-		use(k, table);
-		use(k, ids);
-		def(k, y);
+		k = call(L, K_EMBED, oi);
+		arg_value(L, k, table, true, false);
+		arg_value(L, k, ids, true, false);
+		arg_value(L, k, y, false, true);
+		karg_int(p, k, lelems(g, ids));
+		karg_int(p, k, ldim(g, table, 1));
+		karg_offset(p, k, table, 0); /* the vocab rows this rank holds */
+		karg_int(p, k, ldim(g, table, 0));
 		return;
 	}
 	case OP_EMBED_GRAD: {
 		int ids = op->in[0], dy = op->in[1];
 		const Op *fwd = op->fwd_op >= 0 ? &g->ops[op->fwd_op] : NULL;
 		int table = fwd ? fwd->in[0] : y;
-		zero_unless_accumulator(L, op, oi, y);
-		k = call(L, op, oi, "planrt_k_embed_grad_f32");
-		arg_value(k, ids);
-		arg_value(k, dy);
-		arg_value(k, y);
-		arg_int(k, lelems(g, ids));
-		arg_int(k, ldim(g, y, 1));
-		k->args[k->nargs].kind = KA_OFFS;
-		k->args[k->nargs].value = table;
-		k->args[k->nargs++].i = 0;
-		arg_int(k, ldim(g, y, 0));
-		use(k, ids);
-		use(k, dy);
-		def(k, y);
+		zero_unless_gradient(L, oi, y);
+		k = call(L, K_EMBED_GRAD, oi);
+		arg_value(L, k, ids, true, false);
+		arg_value(L, k, dy, true, false);
+		arg_value(L, k, y, true, true);
+		karg_int(p, k, lelems(g, ids));
+		karg_int(p, k, ldim(g, y, 1));
+		karg_offset(p, k, p->buf[table].cls != BUF_NONE ? table : y, 0);
+		karg_int(p, k, ldim(g, y, 0));
 		return;
 	}
-	case OP_CROSS_ENTROPY: {
-		int logits = op->in[0], targets = op->in[1];
-		int vaxis = -1;
-		int r = g->vals[logits].rank;
-		for (int a = 0; a < g->ps->naxes; a++)
-			if (g->vals[logits].lay.on[a] == r - 1)
-				vaxis = a;
-		k = call(L, op, oi, "planrt_cross_entropy_f32");
-		arg_value(k, logits);
-		arg_value(k, targets);
-		arg_value(k, op->out[0]);
-		arg_value(k, op->out[1]);
-		arg_int(k, rows_of(g, logits));
-		arg_int(k, ldim(g, logits, r - 1));
-		k->args[k->nargs].kind = KA_OFFS;
-		k->args[k->nargs].value = logits;
-		k->args[k->nargs++].i = r - 1;
-		arg_f64(k, 1.0 / (double)value_elems(g, targets));
-		arg_text(k, vaxis >= 0 ? comm_of_axis(L, vaxis) : "NULL");
-		k->scratch = (size_t)rows_of(g, logits) * 3 * sizeof(float);
-		arg_kind(k, KA_SCRATCH, 0);
-		use(k, logits);
-		use(k, targets);
-		def(k, op->out[0]);
-		def(k, op->out[1]);
+	case OP_CROSS_ENTROPY:
+		lower_cross_entropy(L, op, oi);
 		return;
-	}
 	case OP_CROSS_ENTROPY_GRAD: {
 		int logits = op->in[0], targets = op->in[1], lse = op->in[2], dl = op->in[3];
 		int r = g->vals[logits].rank;
-		k = call(L, op, oi, "planrt_k_ce_grad_f32");
-		arg_value(k, logits);
-		arg_value(k, targets);
-		arg_value(k, lse);
-		arg_int(k, rows_of(g, logits));
-		arg_int(k, ldim(g, logits, r - 1));
-		k->args[k->nargs].kind = KA_OFFS;
-		k->args[k->nargs].value = logits;
-		k->args[k->nargs++].i = r - 1;
-		k->args[k->nargs].kind = KA_SCALAR;
-		k->args[k->nargs].value = dl;
-		k->args[k->nargs++].f = 1.0 / (double)value_elems(g, targets);
-		arg_value(k, y);
-		use(k, logits);
-		use(k, targets);
-		use(k, lse);
-		use(k, dl);
-		def(k, y);
+		k = call(L, K_CE_GRAD, oi);
+		arg_value(L, k, logits, true, false);
+		arg_value(L, k, targets, true, false);
+		arg_value(L, k, lse, true, false);
+		karg_int(p, k, rows_of(g, logits));
+		karg_int(p, k, cols_of(g, logits));
+		karg_offset(p, k, logits, r - 1);
+		karg_scalar(p, k, dl, 1.0 / (double)value_elems(g, targets));
+		arg_value(L, k, y, false, true);
 		return;
 	}
+	case OP_SEND:
+	case OP_RECV:
+		if (op->role != RANKROLE_ANY || op->axis != g->ps->pipe_axis)
+			lower_opaque(L, op, oi); /* async transfers: not executed by the C target */
+		else
+			lower_p2p(L, op, oi);
+		return;
 	case OP_ALL_REDUCE:
 		if (op->internal)
-			return; /* vocab-parallel cross-entropy reductions: inside planrt_cross_entropy_f32 */
+			return; /* vocab-parallel cross-entropy's reductions: inside its kernel */
 		/* fall through */
 	case OP_REDUCE_SCATTER:
 	case OP_ALL_GATHER:
 	case OP_ALL_TO_ALL:
 	case OP_SLICE:
-		if (op->kind == OP_ALL_GATHER && op->per_step && g->vals[x].def >= 0 &&
-		    g->ops[g->vals[x].def].kind == OP_OPTIMIZER_STEP)
-			return; /* ZeRO 1/2: the updated shards are gathered by update() in the program */
-		if (op->kind == OP_ALL_GATHER && g->vals[x].lay.on[op->axis] == LAYOUT_FLAT) {
-			/* ZeRO 3: the whole parameter from every rank's chunk, before a use */
-			k = call(L, op, oi, "planrt_allgather_flat");
-			k->typed = true;
-			arg_value(k, x);
-			arg_value(k, y);
-			long long n = 1;
-			for (int d = 0; d < g->vals[y].rank; d++)
-				n *= ldim(g, y, d);
-			arg_int(k, n);
-			arg_text(k, dtype_enum(g->vals[x].dtype));
-			arg_text(k, comm_of_axis(L, op->axis));
-			arg_kind(k, KA_SCRATCH, 0);
-			int size = g->ps->axes[op->axis].size;
-			k->scratch = (size_t)((n + size - 1) / size) * (size_t)size * (size_t)dtype_bytes(g->vals[x].dtype);
-			use(k, x);
-			def(k, y);
-			return;
-		}
-		if (op->nmembers && op->kind == OP_REDUCE_SCATTER) { /* ZeRO: a gradient bucket into chunks */
-			int size = g->ps->axes[op->axis].size;
-			k = call(L, op, oi, "planrt_bucket_reduce_scatter");
-			k->typed = true;
-			arg_int(k, op->nmembers);
-			long long *mem = arena_alloc(g->arena, sizeof(long long) * (size_t)op->nmembers);
-			long long *cnt = arena_alloc(g->arena, sizeof(long long) * (size_t)op->nmembers);
-			char *shards = arena_strdup(g->arena, "(float *const[]){");
-			long long total = 0;
-			for (int i = 0; i < op->nmembers; i++) {
-				int gv = op->members[i];
-				mem[i] = gv;
-				cnt[i] = L->p->buf[gv].elems;
-				total += (cnt[i] + size - 1) / size;
-				shards = arena_printf(g->arena, "%s%sGS%d", shards, i ? ", " : "", g->vals[gv].grad_of);
-				use(k, gv);
-			}
-			k->args[k->nargs].kind = KA_INTS;
-			k->args[k->nargs].ints = mem;
-			k->args[k->nargs++].nints = -1000 - op->nmembers;
-			arg_ints(L, k, cnt, op->nmembers);
-			arg_text(k, dtype_enum(g->vals[op->members[0]].dtype));
-			arg_text(k, arena_printf(g->arena, "%s}", shards));
-			arg_int(k, g->ps->zero_stage >= 2);
-			arg_int(k, g->ps->zero_stage >= 2);
-			arg_text(k, comm_of_axis(L, op->axis));
-			arg_kind(k, KA_SCRATCH, 0);
-			k->scratch = (size_t)(size + 1) * (size_t)total * sizeof(float);
-			return;
-		}
-		if (op->nmembers) { /* a gradient bucket */
-			if (op->kind != OP_ALL_REDUCE) /* top-k all-gathers: compression, refused by build */
-				ICE("gradient bucket '%s' reached lowering", op_names[op->kind]);
-			k = call(L, op, oi, "planrt_bucket_allreduce");
-			k->typed = true;
-			arg_int(k, op->nmembers);
-			long long *mem = arena_alloc(g->arena, sizeof(long long) * (size_t)op->nmembers);
-			long long *cnt = arena_alloc(g->arena, sizeof(long long) * (size_t)op->nmembers);
-			for (int i = 0; i < op->nmembers; i++) {
-				mem[i] = op->members[i];
-				cnt[i] = L->p->buf[op->members[i]].elems;
-				use(k, op->members[i]);
-			}
-			k->args[k->nargs].kind = KA_INTS;
-			k->args[k->nargs].ints = mem;
-			k->args[k->nargs++].nints = -1000 - op->nmembers; /* printed as an array of buffer addresses */
-			arg_ints(L, k, cnt, op->nmembers);
-			arg_text(k, dtype_enum(g->vals[op->members[0]].dtype));
-			arg_text(k, comm_of_axis(L, op->axis));
-			long long total = 0; /* the members' whole local blocks (the bucket value may be ZeRO-split) */
-			for (int i = 0; i < op->nmembers; i++)
-				total += cnt[i];
-			k->scratch = (size_t)total * (size_t)dtype_bytes(g->vals[op->members[0]].dtype);
-			arg_kind(k, KA_SCRATCH, 0);
-			return;
-		}
-		lower_collective(L, op, oi);
+		if (op->kind == OP_ALL_GATHER && g->vals[x].lay.on[op->axis] == LAYOUT_FLAT)
+			lower_param_gather(L, op, oi);
+		else if (op->every > 0 || op->role != RANKROLE_ANY)
+			lower_opaque(L, op, oi);
+		else
+			lower_conversion(L, op, oi);
 		return;
 	default:
 		if (elementwise(op->kind)) {
@@ -878,289 +1176,102 @@ static void lower_op(Lower *L, const Op *op, int oi)
 				lower_elementwise(L, op, oi);
 			return;
 		}
-		diag_error(op->src, op->loc, "planc build cannot execute '%s' yet", op_names[op->kind]);
-		L->failed = true;
+		lower_opaque(L, op, oi);
 	}
 }
 
-/* bf16 storage: a call that is not typed (every compute kernel) computes in f32 on converted
- * copies of its bf16 operands (bf16 storage, f32 compute, as CPU autocast does); typed calls
- * (collectives) move bf16 as it is. */
-static void plan_conversions(Lower *L)
+/* ------------------------------------------------------------------ buffers of graph values */
+
+/* Shape and placement of value v's local block. */
+static void describe_value(LProg *p, int v)
 {
-	LProg *p = L->p;
-	for (int i = 0; i < p->nk; i++) {
-		Kernel *k = &p->k[i];
-		if (k->kind != KER_CALL || k->typed)
-			continue;
-		for (int a = 0; a < k->nargs; a++) {
-			if (k->args[a].kind != KA_VALUE)
-				continue;
-			int v = k->args[a].value;
-			int r = v;
-			while (p->buf[r].cls == BUF_VIEW && p->buf[r].view_of >= 0)
-				r = p->buf[r].view_of;
-			if (p->buf[r].dtype != DT_BF16)
-				continue;
-			if (k->nconv == 8)
-				ICE("too many bf16 operands in one call");
-			bool in = false, out = false;
-			for (int u = 0; u < k->nuses; u++)
-				if (k->uses[u] == v)
-					in = true;
-			for (int d = 0; d < k->ndefs; d++)
-				if (k->defs[d] == v)
-					out = true;
-			/* accumulating outputs (gradients) are read too */
-			if (out && L->g->vals[v].grad_of >= 0)
-				in = true;
-			int c = k->nconv++;
-			k->conv_arg[c] = a;
-			k->conv_in[c] = in || !out;
-			k->conv_out[c] = out;
-			k->conv_offset[c] = k->conv_bytes;
-			k->conv_bytes += ((size_t)p->buf[r].elems * 4 + 63) / 64 * 64;
-		}
+	Graph *g = p->g;
+	PlanSpec *ps = g->ps;
+	const Value *val = &g->vals[v];
+	Buffer *b = &p->buf[v];
+	b->value = v;
+	b->dtype = val->dtype;
+	b->rank = val->rank;
+	bool flat = false; /* a ZeRO-3 parameter chunk */
+	for (int a = 0; a < ps->naxes; a++)
+		if (val->lay.on[a] == LAYOUT_FLAT && val->role == ROLE_PARAM)
+			flat = true;
+	for (int d = 0; d < val->rank; d++) {
+		b->ldims[d] = ldim(g, v, d);
+		b->split_axis[d] = -1;
+		for (int a = 0; a < ps->naxes; a++)
+			if (val->lay.on[a] == d)
+				b->split_axis[d] = (signed char)a;
 	}
+	b->elems = flat ? value_local_elems(g, v) : lelems(g, v);
+	if (flat) {
+		b->rank = 1;
+		b->ldims[0] = b->elems;
+		b->split_axis[0] = -1;
+	}
+	if (val->rank == 0) {
+		b->rank = 1;
+		b->ldims[0] = 1;
+	}
+	b->bytes = (size_t)b->elems * (size_t)dtype_bytes(val->dtype);
+	b->micro_dim = -1;
+	if (ps->batch_dim && !flat)
+		for (int d = 0; d < val->rank; d++)
+			if (val->dim_name[d] && !strcmp(val->dim_name[d], ps->batch_dim))
+				b->micro_dim = d;
+	b->micro_rows = ps->batch / (ps->micro_batches > 0 ? ps->micro_batches : 1);
+	const char *base = val->name;
+	if (val->role == ROLE_PARAM && val->name)
+		b->name = arena_printf(g->arena, "p_%s", identifier(g->arena, val->name));
+	else if (val->grad_of >= 0 && g->vals[val->grad_of].name)
+		b->name = arena_printf(g->arena, "g_%s", identifier(g->arena, g->vals[val->grad_of].name));
+	else if (base)
+		b->name = arena_printf(g->arena, "%s_%d", identifier(g->arena, base), v);
+	else
+		b->name = arena_printf(g->arena, "%s_%d", val->def >= 0 ? op_names[g->ops[val->def].kind] : "v", v);
+	b->what = val->name;
 }
 
-/* The members (gradient values) of a bucket kernel: its buffer-address array argument. */
-static const KArg *bucket_members(const Kernel *k)
+static bool on_prog(const LProg *p, const Op *op)
 {
-	for (int a = 0; a < k->nargs; a++)
-		if (k->args[a].kind == KA_INTS && k->args[a].nints <= -1000)
-			return &k->args[a];
-	return NULL;
+	if (op->role != RANKROLE_ANY && op->role != p->role)
+		return false;
+	if (op->stage_group[0] >= 0)
+		return p->stage == op->stage_group[0] || p->stage == op->stage_group[1];
+	return op->stage == p->stage;
 }
 
-/* `sync strict, overlap`: every gradient bucket starts (nonblocking) right after the backward kernel
- * that finalises the last of its members, and finishes where the blocking call was. */
-static void overlap_buckets(Lower *L)
+static LProg *lower_prog(Lowered *low, int stage, int role)
 {
-	LProg *p = L->p;
-	Graph *g = L->g;
-	if (!g->ps->overlap)
-		return;
-	int nb = 0;
-	for (int i = 0; i < p->nk; i++)
-		if (p->k[i].kind == KER_CALL && (!strcmp(p->k[i].fn, "planrt_bucket_allreduce") ||
-						 !strcmp(p->k[i].fn, "planrt_bucket_reduce_scatter")))
-			nb++;
-	if (!nb)
-		return;
-	Kernel *out = arena_alloc(g->arena, sizeof(Kernel) * (size_t)(p->nk + nb));
-	int *start_after = malloc(sizeof(int) * (size_t)p->nk);
-	int *bucket_of = malloc(sizeof(int) * (size_t)p->nk);
-	if (!start_after || !bucket_of)
-		ICE("out of memory");
-	p->bucket_bytes = arena_alloc(g->arena, sizeof(size_t) * (size_t)nb);
-	for (int i = 0; i < p->nk; i++)
-		start_after[i] = bucket_of[i] = -1;
-	int b = 0;
-	for (int i = 0; i < p->nk; i++) {
-		Kernel *k = &p->k[i];
-		const KArg *mem = k->kind == KER_CALL ? bucket_members(k) : NULL;
-		if (!mem || (strcmp(k->fn, "planrt_bucket_allreduce") && strcmp(k->fn, "planrt_bucket_reduce_scatter")))
-			continue;
-		/* it can start early only if the backward finalises every member, and no earlier bucket
-		 * (of another axis) still has to reduce the same gradients first */
-		int last = -1;
-		bool early = true;
-		int nm = -1000 - mem->nints;
-		for (int j = 0; j < i && early; j++) {
-			const Kernel *kj = &p->k[j];
-			for (int d = 0; d < kj->ndefs; d++)
-				for (int m = 0; m < nm; m++)
-					if (kj->defs[d] == (int)mem->ints[m]) {
-						if (kj->phase == PH_BACKWARD)
-							last = j;
-						else
-							early = false;
-					}
-			const KArg *other = kj->kind == KER_CALL ? bucket_members(kj) : NULL;
-			for (int o = 0; other && o < -1000 - other->nints; o++)
-				for (int m = 0; m < nm; m++)
-					if (other->ints[o] == mem->ints[m])
-						early = false;
-		}
-		if (last < 0 || !early)
-			continue; /* keep the blocking call where it is */
-		start_after[last] = i;
-		bucket_of[i] = b;
-		p->bucket_bytes[b++] = k->scratch;
-	}
-	p->nbuckets = b;
-	int n = 0;
-	for (int i = 0; i < p->nk; i++) {
-		Kernel k = p->k[i];
-		if (bucket_of[i] >= 0) { /* the finish, where the blocking call was */
-			int id = bucket_of[i];
-			bool ar = !strcmp(k.fn, "planrt_bucket_allreduce");
-			Kernel f = k;
-			f.nargs = 0;
-			f.scratch = 0;
-			f.fn = ar ? "planrt_bucket_allreduce_finish" : "planrt_bucket_reduce_scatter_finish";
-			arg_text(&f, arena_printf(g->arena, "&BUCKET%d", id));
-			if (ar) { /* (n, bufs, counts, dtype, comm, scratch) */
-				f.args[f.nargs++] = k.args[0];
-				f.args[f.nargs++] = k.args[1];
-				f.args[f.nargs++] = k.args[2];
-				f.args[f.nargs++] = k.args[3];
-			} else { /* (n, bufs, counts, dtype, shards, accumulate, zero_source, comm, scratch) */
-				f.args[f.nargs++] = k.args[0];
-				f.args[f.nargs++] = k.args[2];
-				f.args[f.nargs++] = k.args[4];
-				f.args[f.nargs++] = k.args[5];
-				f.args[f.nargs++] = k.args[7];
-			}
-			arg_text(&f, arena_printf(g->arena, "BUCKETBUF%d", id));
-			out[n++] = f;
-		} else {
-			out[n++] = k;
-		}
-		if (start_after[i] >= 0) {
-			const Kernel *bk = &p->k[start_after[i]];
-			int id = bucket_of[start_after[i]];
-			bool ar = !strcmp(bk->fn, "planrt_bucket_allreduce");
-			Kernel s = *bk;
-			s.nargs = 0;
-			s.scratch = 0;
-			s.phase = PH_BACKWARD;
-			s.only_last_micro = bk->phase == PH_STEP; /* per-step buckets: the last micro-batch only */
-			s.fn = ar ? "planrt_bucket_allreduce_start" : "planrt_bucket_reduce_scatter_start";
-			arg_text(&s, arena_printf(g->arena, "&BUCKET%d", id));
-			if (ar) {
-				for (int a = 0; a < 5; a++)
-					s.args[s.nargs++] = bk->args[a];
-			} else {
-				s.args[s.nargs++] = bk->args[0];
-				s.args[s.nargs++] = bk->args[1];
-				s.args[s.nargs++] = bk->args[2];
-				s.args[s.nargs++] = bk->args[3];
-				s.args[s.nargs++] = bk->args[6];
-				s.args[s.nargs++] = bk->args[7];
-			}
-			arg_text(&s, arena_printf(g->arena, "BUCKETBUF%d", id));
-			out[n++] = s;
-		}
-	}
-	free(start_after);
-	free(bucket_of);
-	p->k = out;
-	p->nk = n;
-	p->capk = p->nk;
-}
-
-/* ZeRO-3 prefetch: each parameter's all-gather starts (nonblocking) as soon as the previous
- * gather of its phase has finished, so it travels while the previous parameter is used; the
- * gathered buffer is padded to whole chunks so the collective writes into it directly. */
-static void prefetch_gathers(Lower *L)
-{
-	LProg *p = L->p;
-	Graph *g = L->g;
-	if (g->ps->zero_stage < 3)
-		return;
-	int ng = 0;
-	for (int i = 0; i < p->nk; i++)
-		if (p->k[i].kind == KER_CALL && !strcmp(p->k[i].fn, "planrt_allgather_flat"))
-			ng++;
-	if (!ng)
-		return;
-	Kernel *out = arena_alloc(g->arena, sizeof(Kernel) * (size_t)(p->nk + ng));
-	int *starts_before = malloc(sizeof(int) * (size_t)(p->nk + 1)); /* kernel index -> gather to start before it */
-	int *gather_id = malloc(sizeof(int) * (size_t)p->nk);
-	int *after = malloc(sizeof(int) * (size_t)p->nk);
-	if (!starts_before || !gather_id || !after)
-		ICE("out of memory");
-	for (int i = 0; i <= p->nk; i++)
-		starts_before[i] = -1;
-	for (int i = 0; i < p->nk; i++)
-		gather_id[i] = after[i] = -1;
-	int id = 0;
-	for (int ph = PH_FORWARD; ph <= PH_BACKWARD; ph++) {
-		int prev = -1, first = -1;
-		for (int i = 0; i < p->nk; i++) {
-			if (p->k[i].phase != (Phase)ph)
-				continue;
-			if (first < 0)
-				first = i;
-			if (p->k[i].kind != KER_CALL || strcmp(p->k[i].fn, "planrt_allgather_flat"))
-				continue;
-			gather_id[i] = id++;
-			if (prev < 0)
-				starts_before[first] = i; /* the phase's first gather starts with the phase */
-			else
-				after[prev] = i;          /* the others start when the previous one finished */
-			prev = i;
-			int y = p->k[i].args[1].value;
-			int size = g->ps->axes[g->ops[p->k[i].op].axis].size;
-			long long n = p->buf[y].elems, c = (n + size - 1) / size;
-			p->buf[y].bytes = (size_t)(c * size) * (size_t)dtype_bytes(p->buf[y].dtype);
-		}
-	}
-	p->nprefetch = id;
-	int n = 0;
-	for (int i = 0; i < p->nk; i++) {
-		for (int pass = 0; pass < 2; pass++) {
-			int gi = pass == 0 ? starts_before[i] : -1;
-			if (pass == 1) {
-				Kernel k = p->k[i];
-				if (gather_id[i] >= 0) { /* the finish, where the blocking gather was */
-					Kernel f = k;
-					f.nargs = 0;
-					f.scratch = 0;
-					f.nuses = 0;
-					f.ndefs = 0;
-					f.fn = "planrt_allgather_flat_finish";
-					arg_text(&f, arena_printf(g->arena, "&GATHER%d", gather_id[i]));
-					use(&f, k.args[1].value);
-					out[n++] = f;
-				} else {
-					out[n++] = k;
-				}
-				gi = after[i];
-			}
-			if (gi < 0)
-				continue;
-			const Kernel *gk = &p->k[gi];
-			Kernel s = *gk;
-			s.nargs = 0;
-			s.scratch = 0;
-			s.nuses = s.ndefs = 0;
-			s.fn = "planrt_allgather_flat_start";
-			arg_text(&s, arena_printf(g->arena, "&GATHER%d", gather_id[gi]));
-			for (int a = 0; a < 5; a++) /* shard, full, n, dtype, comm */
-				s.args[s.nargs++] = gk->args[a];
-			use(&s, gk->args[0].value);
-			def(&s, gk->args[1].value);
-			out[n++] = s;
-		}
-	}
-	free(starts_before);
-	free(gather_id);
-	free(after);
-	p->k = out;
-	p->nk = n;
-	p->capk = n;
-}
-
-LProg *lower(Graph *g, int stage)
-{
+	Graph *g = low->g;
 	LProg *p = arena_alloc(g->arena, sizeof *p);
+	p->low = low;
 	p->g = g;
 	p->ps = g->ps;
 	p->stage = stage;
-	p->loss = -1;
-	p->buf = arena_alloc(g->arena, sizeof(Buffer) * (size_t)g->nvals);
+	p->role = role;
+	p->nchunks = g->sched && g->sched->chunks > 0 ? g->sched->chunks : 1;
+	p->loss_metric = p->norm_metric = -1;
+	p->opaque_op = -1;
+	/* one buffer per graph value, then the buffers lowering makes */
+	for (int v = 0; v < g->nvals; v++)
+		buffer_new(p, BUF_NONE, g->vals[v].dtype, 1, "v", NULL);
 	Lower L = {.p = p, .g = g};
 	L.consumers = calloc((size_t)g->nvals, sizeof(int));
 	L.kept = calloc((size_t)g->nvals, sizeof(bool));
 	L.skip = calloc((size_t)g->nops, sizeof(bool));
-	if (!L.consumers || !L.kept || !L.skip)
+	L.chunk = malloc(sizeof(int) * (size_t)(g->nops + 1));
+	if (!L.consumers || !L.kept || !L.skip || !L.chunk)
 		ICE("out of memory");
+	L.first_layer_op = g->nops;
+	for (int i = 0; i < g->nops; i++) {
+		L.chunk[i] = -1;
+		if (g->ops[i].layer >= 0 && L.first_layer_op == g->nops && !g->ops[i].backward)
+			L.first_layer_op = i;
+	}
 	for (int i = 0; i < g->nops; i++) {
 		const Op *op = &g->ops[i];
-		if (op->stage != stage)
+		if (!on_prog(p, op))
 			continue;
 		for (int k = 0; k < op->nin; k++) {
 			L.consumers[op->in[k]]++;
@@ -1171,93 +1282,385 @@ LProg *lower(Graph *g, int stage)
 		for (int k = 0; k < op->nmembers; k++)
 			L.consumers[op->members[k]]++;
 	}
-	/* buffers: parameters and gradient accumulators persist; views alias; the rest is arena */
-	p->params = arena_alloc(g->arena, sizeof(int) * (size_t)(g->nops + 1));
-	p->inputs = arena_alloc(g->arena, sizeof(int) * (size_t)(g->nops + 1));
-	for (int v = 0; v < g->nvals; v++) {
-		Buffer *b = &p->buf[v];
-		const Value *val = &g->vals[v];
-		b->cls = BUF_NONE;
-		b->dtype = val->dtype;
-		b->elems = value_local_elems(g, v);
-		b->bytes = (size_t)b->elems * (size_t)dtype_bytes(val->dtype);
-		b->view_of = -1;
-		b->first = b->last = -1;
-		local_dims(g, v, b->ldims);
-		if (val->grad_of >= 0) { /* a gradient accumulator holds the whole local block (ZeRO shards it apart) */
-			b->elems = 1;
-			for (int d = 0; d < val->rank; d++)
-				b->elems *= b->ldims[d];
-			b->bytes = (size_t)b->elems * (size_t)dtype_bytes(val->dtype);
-		}
-	}
+	/* buffers of the values this program defines */
 	for (int i = 0; i < g->nops; i++) {
 		const Op *op = &g->ops[i];
-		if (op->stage != stage)
+		if (!on_prog(p, op) || sync_op(g, op))
 			continue;
 		for (int k = 0; k < op->nout; k++) {
 			int v = op->out[k];
+			describe_value(p, v);
 			Buffer *b = &p->buf[v];
-			if (op->kind == OP_PARAM || g->vals[v].grad_of >= 0)
+			if (op->kind == OP_PARAM) {
 				b->cls = BUF_STATE;
-			else if (op->kind == OP_TRANSPOSE) {
-				b->cls = BUF_VIEW;
-				b->view_of = op->in[0];
-			} else if (op->kind == OP_OPTIMIZER_STEP) {
-				b->cls = BUF_VIEW;
-				b->view_of = op->in[0];
-			} else
+				b->state = SC_PARAM;
+			} else if (g->vals[v].grad_of >= 0) {
+				b->cls = BUF_STATE;
+				b->state = SC_GRAD;
+			} else {
 				b->cls = BUF_ARENA;
-		}
-		if (op->kind == OP_PARAM)
-			p->params[p->nparams++] = op->out[0];
-		if (op->kind == OP_INPUT)
-			p->inputs[p->ninputs++] = op->out[0];
-		if (op->kind == OP_CROSS_ENTROPY || (g->vals[g->loss].def == i))
-			p->loss = g->loss;
-	}
-	plan_fusion(&L, stage);
-	for (int i = 0; i < g->nops && !L.failed; i++) {
-		const Op *op = &g->ops[i];
-		if (op->stage != stage || op->role != RANKROLE_ANY)
-			continue;
-		/* a transpose read by anything but a matmul is materialised */
-		if (op->kind == OP_TRANSPOSE) {
-			bool only_matmul = true;
-			for (int j = i + 1; j < g->nops; j++) {
-				const Op *c = &g->ops[j];
-				for (int k = 0; k < c->nin; k++)
-					if (c->in[k] == op->out[0] && c->kind != OP_MATMUL)
-						only_matmul = false;
 			}
-			if (!only_matmul)
+		}
+	}
+	/* a transpose read by anything but a matmul is materialised; otherwise it is no buffer */
+	bool *materialise = calloc((size_t)g->nops + 1, sizeof(bool));
+	if (!materialise)
+		ICE("out of memory");
+	for (int i = 0; i < g->nops; i++) {
+		const Op *c = &g->ops[i];
+		if (!on_prog(p, c))
+			continue;
+		for (int k = 0; k < c->nin; k++) {
+			int d = g->vals[c->in[k]].def;
+			if (d >= 0 && g->ops[d].kind == OP_TRANSPOSE && c->kind != OP_MATMUL)
+				materialise[d] = true;
+		}
+	}
+	for (int i = 0; i < g->nops; i++)
+		if (g->ops[i].kind == OP_TRANSPOSE && on_prog(p, &g->ops[i]) && !materialise[i])
+			p->buf[g->ops[i].out[0]].cls = BUF_NONE;
+	/* the loss metric: every stage has one (zero where the loss is not computed) */
+	p->loss_metric = buffer_new(p, BUF_STATE, DT_F64, 1, "loss", "the step's mean loss");
+	p->buf[p->loss_metric].state = SC_METRIC;
+	plan_fusion(&L);
+	for (int i = 0; i < g->nops; i++) {
+		const Op *op = &g->ops[i];
+		if (!on_prog(p, op) || sync_op(g, op))
+			continue;
+		if (op->kind == OP_TRANSPOSE) {
+			if (materialise[i])
 				lower_transpose(&L, op, i);
 			continue;
 		}
 		lower_op(&L, op, i);
+		if (op->nout && op->out[0] == g->loss) {
+			Kernel *k = call(&L, K_LOSS_ACCUMULATE, i);
+			k->note = "the step's loss";
+			karg_buf(p, k, p->loss_metric, true, true);
+			karg_buf(p, k, g->loss, true, false);
+			karg_f64(p, k, 1.0 / (g->ps->micro_batches > 0 ? g->ps->micro_batches : 1));
+		}
 	}
-	plan_conversions(&L);
-	overlap_buckets(&L);
-	prefetch_gathers(&L);
+	free(materialise);
 	free(L.consumers);
 	free(L.kept);
 	free(L.skip);
-	if (L.failed)
-		return NULL;
+	free(L.chunk);
 	return p;
+}
+
+/* ------------------------------------------------------------------ bf16 storage */
+
+/* Compute kernels of planrt take f32: a bf16 operand is cast into an f32 copy in the transient
+ * region before the call (when it is read, or accumulated into) and cast back after (when it is
+ * written). */
+static bool takes_f32_only(KernelKind k)
+{
+	switch (k) {
+	case K_MATMUL:
+	case K_PERMUTE:
+	case K_SUM_TO:
+	case K_SUM_TO_ACC:
+	case K_DROPOUT:
+	case K_CAUSAL_MASK:
+	case K_SOFTMAX:
+	case K_SOFTMAX_GRAD:
+	case K_LAYER_NORM:
+	case K_LAYER_NORM_GRAD:
+	case K_RMS_NORM:
+	case K_RMS_NORM_GRAD:
+	case K_EMBED:
+	case K_EMBED_GRAD:
+	case K_CROSS_ENTROPY:
+	case K_CE_GRAD:
+		return true;
+	default:
+		return false;
+	}
+}
+
+static bool listed(const int *a, int n, int x)
+{
+	for (int i = 0; i < n; i++)
+		if (a[i] == x)
+			return true;
+	return false;
+}
+
+static Kernel cast_kernel(LProg *p, const Kernel *around, int from, int to, long long n)
+{
+	Kernel c;
+	memset(&c, 0, sizeof c);
+	c.kind = K_CAST;
+	c.phase = around->phase;
+	c.chunk = around->chunk;
+	c.op = around->op;
+	c.out = -1;
+	c.only_last_micro = around->only_last_micro;
+	c.note = "bf16 storage, f32 compute";
+	karg_buf(p, &c, from, true, false);
+	karg(p, &c, KA_DTYPE, p->buf[from].dtype);
+	karg_buf(p, &c, to, false, true);
+	karg(p, &c, KA_DTYPE, p->buf[to].dtype);
+	karg_int(p, &c, n);
+	return c;
+}
+
+typedef struct Casts {
+	Kernel *k;
+	int *before;
+	int n, cap;
+} Casts;
+
+static void add_cast(Casts *c, Kernel k, int before)
+{
+	if (c->n == c->cap) {
+		c->cap = c->cap ? c->cap * 2 : 64;
+		c->k = realloc(c->k, sizeof(Kernel) * (size_t)c->cap);
+		c->before = realloc(c->before, sizeof(int) * (size_t)c->cap);
+		if (!c->k || !c->before)
+			ICE("out of memory");
+	}
+	c->k[c->n] = k;
+	c->before[c->n++] = before;
+}
+
+static void lower_conversions(LProg *p)
+{
+	Casts casts = {0};
+	int nk = p->nk;
+	for (int i = 0; i < nk; i++) {
+		if (!takes_f32_only(p->k[i].kind))
+			continue;
+		for (int a = 0; a < p->k[i].nargs; a++) {
+			Kernel *k = &p->k[i];
+			if (k->args[a].kind != KA_BUF)
+				continue;
+			int b = k->args[a].buf;
+			if (p->buf[buffer_root(p, b)].dtype != DT_BF16)
+				continue;
+			bool in = listed(k->uses, k->nuses, b), out = listed(k->defs, k->ndefs, b);
+			long long elems = p->buf[b].elems;
+			int c = buffer_new(p, BUF_ARENA, DT_F32, elems, "f32_copy", p->buf[b].what);
+			k->args[a].buf = c;
+			for (int u = 0; u < k->nuses; u++)
+				if (k->uses[u] == b)
+					k->uses[u] = c;
+			for (int d = 0; d < k->ndefs; d++)
+				if (k->defs[d] == b)
+					k->defs[d] = c;
+			if (in || !out)
+				add_cast(&casts, cast_kernel(p, k, b, c, elems), i);
+			if (out)
+				add_cast(&casts, cast_kernel(p, k, c, b, elems), i + 1);
+		}
+	}
+	kernels_insert(p, casts.k, casts.before, casts.n);
+	free(casts.k);
+	free(casts.before);
+}
+
+/* ------------------------------------------------------------------ the plan */
+
+LProg *lowered_prog(const Lowered *low, int stage, int role)
+{
+	for (int i = 0; i < low->nprogs; i++)
+		if (low->progs[i]->stage == stage && (low->nroles == 1 || low->progs[i]->role == role))
+			return low->progs[i];
+	return NULL;
+}
+
+/* The parameter table: every parameter of every stage, originals saved, tied copies not. */
+static void param_table(Lowered *low)
+{
+	Graph *g = low->g;
+	low->params = arena_alloc(g->arena, sizeof(ParamEntry) * (size_t)(g->nops + 1));
+	for (int i = 0; i < g->nops; i++) {
+		const Op *op = &g->ops[i];
+		if (op->kind != OP_PARAM)
+			continue;
+		int v = op->out[0];
+		const Value *val = &g->vals[v];
+		ParamEntry *e = &low->params[low->nparams++];
+		e->name = val->name;
+		e->value = v;
+		e->stage = op->stage;
+		e->rank = val->rank;
+		for (int d = 0; d < val->rank; d++) {
+			e->gdims[d] = val->dim[d];
+			e->ldims[d] = val->dim[d];
+			e->split_axis[d] = -1;
+			for (int a = 0; a < g->ps->naxes; a++)
+				if (val->lay.on[a] == d) {
+					e->ldims[d] /= g->ps->axes[a].size;
+					e->split_axis[d] = (signed char)a;
+				}
+		}
+		e->init_kind = val->init_kind;
+		e->init_a = val->init_a;
+		e->init_b = val->init_b;
+		e->saved = val->tied_to < 0;
+	}
+}
+
+Lowered *lower(Graph *g)
+{
+	Lowered *low = arena_alloc(g->arena, sizeof *low);
+	low->g = g;
+	low->ps = g->ps;
+	low->nroles = g->ps->sync == SYNC_ASYNC ? 2 : 1;
+	low->progs = arena_alloc(g->arena, sizeof(LProg *) * (size_t)(g->nstages * low->nroles));
+	/* tied-parameter pair groups */
+	for (int i = 0; i < g->nops; i++) {
+		const Op *op = &g->ops[i];
+		if (op->stage_group[0] < 0)
+			continue;
+		bool known = false;
+		for (int q = 0; q < low->npairs; q++)
+			if (low->pair_a[q] == op->stage_group[0] && low->pair_b[q] == op->stage_group[1])
+				known = true;
+		if (known)
+			continue;
+		if (low->npairs == 64)
+			ICE("more than 64 tied-parameter groups");
+		low->pair_a[low->npairs] = op->stage_group[0];
+		low->pair_b[low->npairs++] = op->stage_group[1];
+	}
+	param_table(low);
+	low->vocab = 256;
+	for (int i = 0; i < g->nops; i++) {
+		const Op *op = &g->ops[i];
+		if (op->kind == OP_INPUT && g->vals[op->out[0]].rank == 2 && !low->seq)
+			low->seq = g->vals[op->out[0]].dim[1];
+		if (op->kind == OP_EMBED) {
+			low->vocab = g->vals[op->in[0]].dim[0];
+			break;
+		}
+	}
+	for (int s = 0; s < g->nstages; s++)
+		for (int r = 0; r < low->nroles; r++) {
+			int role = low->nroles == 1 ? RANKROLE_ANY : r == 0 ? RANKROLE_MASTER : RANKROLE_WORKER;
+			LProg *p = lower_prog(low, s, role);
+			lower_conversions(p);
+			low->progs[low->nprogs++] = p;
+		}
+	return low;
+}
+
+/* ------------------------------------------------------------------ dump */
+
+static void dump_arg(FILE *out, const LProg *p, const KArg *a)
+{
+	switch (a->kind) {
+	case KA_BUF:
+		fprintf(out, "%s", p->buf[a->buf].name);
+		break;
+	case KA_NULL:
+		fprintf(out, "null");
+		break;
+	case KA_BUFS:
+		fprintf(out, "[%d buffers]", a->n);
+		break;
+	case KA_INT:
+		fprintf(out, "%lld", a->i);
+		break;
+	case KA_INTS:
+		fprintf(out, "{");
+		for (int i = 0; i < a->n; i++)
+			fprintf(out, "%s%lld", i ? "," : "", a->ints[i]);
+		fprintf(out, "}");
+		break;
+	case KA_F64:
+		fprintf(out, "%g", a->f);
+		break;
+	case KA_DTYPE:
+		fprintf(out, "%s", dtype_name((DType)a->i));
+		break;
+	case KA_AXIS:
+		fprintf(out, "axis %s", p->ps->axes[a->i].name);
+		break;
+	case KA_PAIR:
+		fprintf(out, "pair %lld", a->i);
+		break;
+	case KA_REQ:
+		fprintf(out, "&%s", p->handles[a->i].name);
+		break;
+	case KA_SLOTREQ:
+		fprintf(out, "slot request %lld", a->i);
+		break;
+	case KA_COORD:
+		fprintf(out, "%lld + coord(%s) * %lld", a->i, a->axis >= 0 ? p->ps->axes[a->axis].name : "-", a->stride);
+		break;
+	case KA_OFFSET:
+		fprintf(out, "offset(%s, %d)", p->buf[a->buf].name, a->dim);
+		break;
+	case KA_SCALAR:
+		fprintf(out, "%s[0] * %g", p->buf[a->buf].name, a->f);
+		break;
+	case KA_PARAM:
+		fprintf(out, "param %lld", a->i);
+		break;
+	case KA_CTX:
+		fprintf(out, "ctx");
+		break;
+	case KA_STEP:
+		fprintf(out, "step");
+		break;
+	case KA_STEP_SEED:
+		fprintf(out, "step_seed");
+		break;
+	}
+}
+
+static const char *class_name(BufClass c)
+{
+	static const char *const names[] = {"none", "state", "arena", "slot", "inbox", "view"};
+	return names[c];
 }
 
 void lprog_dump(FILE *out, const LProg *p)
 {
-	static const char *const phases[] = {"forward", "backward", "step"};
+	fprintf(out, "# stage %d%s: %d kernels, %d buffers\n", p->stage,
+		p->role == RANKROLE_MASTER ? " (master)" : p->role == RANKROLE_WORKER ? " (workers)" : "", p->nk, p->nbuf);
 	for (int i = 0; i < p->nk; i++) {
 		const Kernel *k = &p->k[i];
-		fprintf(out, "%4d %-8s ", i, phases[k->phase]);
-		if (k->kind == KER_LOOP)
-			fprintf(out, "loop %%%d[%lld elems]%s (fused %d)\n", k->out, p->buf[k->out].elems,
-				k->accumulate ? " +=" : "", k->nfused);
-		else
-			fprintf(out, "%s\n", k->fn);
+		fprintf(out, "%5d %-16s c%d %s%s(", i, phase_names[k->phase], k->chunk, k->only_last_micro ? "[last micro] " : "",
+			kernel_names[k->kind]);
+		if (k->kind == K_LOOP) {
+			fprintf(out, "%s %s %d ops", p->buf[k->out].name, k->accumulate ? "+=" : "=", k->nfused);
+		} else if (k->kind == K_OPAQUE) {
+			fprintf(out, "%s", k->op >= 0 ? op_names[p->g->ops[k->op].kind] : "?");
+		} else {
+			for (int a = 0; a < k->nargs; a++) {
+				if (a)
+					fprintf(out, ", ");
+				dump_arg(out, p, &k->args[a]);
+			}
+		}
+		fprintf(out, ")");
+		for (int c = 0; c < k->ncomm; c++) {
+			const Comm *cm = &k->comm[c];
+			fprintf(out, " [%s %lld %s on %s%s]", op_names[cm->coll], cm->elems, dtype_name(cm->dtype),
+				cm->pair >= 0 ? "pair " : "", cm->axis >= 0 ? p->ps->axes[cm->axis].name : "?");
+		}
+		fprintf(out, "\n");
 	}
-	fprintf(out, "arena %zu bytes, state %zu bytes\n", p->arena_bytes, p->state_bytes);
+	for (int b = 0; b < p->nbuf; b++) {
+		const Buffer *x = &p->buf[b];
+		if (x->cls == BUF_NONE)
+			continue;
+		fprintf(out, "  buffer %-40s %-5s %s %lld", x->name, class_name(x->cls), dtype_name(x->dtype), x->elems);
+		if (x->cls == BUF_STATE)
+			fprintf(out, " %s", state_kind_names[x->state]);
+		if (x->cls == BUF_VIEW)
+			fprintf(out, " of %s + %lld%s%s", p->buf[x->view_of].name, x->view_off, x->view_axis >= 0 ? " + coord " : "",
+				x->view_axis >= 0 ? p->ps->axes[x->view_axis].name : "");
+		if (x->cls == BUF_ARENA || x->cls == BUF_SLOT || x->cls == BUF_INBOX)
+			fprintf(out, " @%zu live %d..%d", x->offset, x->first, x->last);
+		fprintf(out, "\n");
+	}
+	if (p->arena_bytes)
+		fprintf(out, "  arena %zu bytes: transient %zu, %d slot%s of %zu at %zu, %d inbox%s of %zu at %zu\n",
+			p->arena_bytes, p->transient_bytes, p->nslots, p->nslots == 1 ? "" : "s", p->slot_bytes, p->slot_offset,
+			p->ninbox, p->ninbox == 1 ? "" : "es", p->inbox_bytes, p->inbox_offset);
 }

@@ -38,8 +38,10 @@ static const char usage[] =
 	"  --plan NAME        the plan to use (default: the file's first plan)\n"
 	"  --json             machine-readable output for explain\n"
 	"  -o PATH            output directory (emit) or program (build)\n"
-	"  --dump-after=PASS  print the IR after PASS (graph pipeline autodiff shard recompute zero sync check,\n"
-	"                     and lower for emit / build)\n"
+	"  --dump-after=PASS  print the IR after PASS: the graph after graph pipeline autodiff shard recompute\n"
+	"                     zero sync; the loop-level IR after lower state overlap memplan check; the\n"
+	"                     generated C after emit\n"
+	"  --verify-ir        check the loop-level IR's invariants after every back-end pass\n"
 	"  --help, --version\n"
 	"\n"
 	"environment: PLANC_STDLIB overrides the directory 'import std.X' reads X.plan from\n";
@@ -53,6 +55,7 @@ typedef struct Options {
 	bool write;
 	const char *output;
 	const char *target; /* emit: "c" */
+	bool verify;
 } Options;
 
 static int usage_error(const char *fmt, const char *arg)
@@ -65,7 +68,7 @@ static int usage_error(const char *fmt, const char *arg)
 
 static bool known_pass(const char *name)
 {
-	if (!strcmp(name, "lower"))
+	if (!strcmp(name, "emit"))
 		return true;
 	for (int i = 0; pass_names[i]; i++)
 		if (!strcmp(pass_names[i], name))
@@ -85,6 +88,8 @@ static int parse_args(int argc, char **argv, Options *o)
 			exit(0);
 		} else if (!strcmp(a, "--json")) {
 			o->json = true;
+		} else if (!strcmp(a, "--verify-ir")) {
+			o->verify = true;
 		} else if (!strcmp(a, "-w")) {
 			o->write = true;
 		} else if (!strcmp(a, "-o")) {
@@ -151,11 +156,9 @@ static int cmd_fmt(const Options *o, Arena *a)
 	return 0;
 }
 
-static bool build_supported(Graph *g, bool report);
-
-/* Runs sema and the passes for one plan; prints explain output when asked. A plan planc build
- * can execute is also lowered and memory-planned, so explain reports the program that runs. */
-static Graph *compile_plan(Program *p, Item *plan, const Options *o, bool do_explain)
+/* Runs sema, the middle end and the back end for one plan (the collective check reads the
+ * lowered program); prints explain output when asked. */
+static Lowered *compile_plan(Program *p, Item *plan, const Options *o, bool do_explain)
 {
 	PlanSpec *ps = sema_plan(p, plan);
 	if (!ps)
@@ -163,69 +166,12 @@ static Graph *compile_plan(Program *p, Item *plan, const Options *o, bool do_exp
 	Graph *g = run_passes(ps, o->dump_after, stdout);
 	if (!g)
 		return NULL;
-	if (do_explain) {
-		LProg *planned = NULL;
-		if (build_supported(g, false)) {
-			planned = lower(g, 0);
-			if (planned)
-				memplan(planned);
-		}
-		explain(stdout, g, o->json, planned);
-	}
-	return g;
-}
-
-/* What planc build executes today; everything else is refused with its location, never ignored. */
-static bool build_supported(Graph *g, bool report)
-{
-	PlanSpec *ps = g->ps;
-	const Source *src = ps->src;
-	bool ok = true;
-#define REFUSE(loc, ...)                                                                                   \
-	do {                                                                                               \
-		if (report)                                                                                \
-			diag_error(src, loc, __VA_ARGS__);                                                 \
-		ok = false;                                                                                \
-	} while (0)
-	if (ps->pipe_axis >= 0)
-		REFUSE(ps->pipeline_loc, "planc build does not execute pipeline parallelism yet");
-	if (g->has_moe)
-		REFUSE(ps->plan->name_loc, "planc build does not execute mixture-of-experts layers yet");
-	if (ps->offload_optimizer || ps->offload_params || ps->offload_activations)
-		REFUSE(ps->offload_loc, "planc build does not execute offload yet");
-	if (ps->sync != SYNC_STRICT)
-		REFUSE(ps->sync_loc, "planc build executes only 'sync strict' so far");
-	if (ps->compress != COMPRESS_NONE)
-		REFUSE(ps->sync_loc, "planc build does not execute gradient compression yet");
-	if (ps->param_dtype != DT_F32 && ps->param_dtype != DT_BF16)
-		REFUSE(ps->plan->name_loc, "planc build executes f32 and bf16 plans so far (this plan uses %s)",
-		       dtype_name(ps->param_dtype));
-	int i32_inputs = 0;
-	for (int i = 0; i < g->nops; i++) {
-		const Op *op = &g->ops[i];
-		if (op->kind == OP_INPUT) {
-			const Value *v = &g->vals[op->out[0]];
-			if (v->dtype == DT_I32 && v->rank == 2)
-				i32_inputs++;
-			else
-				REFUSE(op->loc, "planc build feeds inputs from token data: each input must be i32[B, S]");
-		}
-		for (int k = 0; k < op->nout && ok; k++) {
-			const Value *v = &g->vals[op->out[k]];
-			for (int a = 0; a < ps->naxes; a++)
-				for (int b = a + 1; b < ps->naxes; b++)
-					if (v->lay.on[a] >= 0 && v->lay.on[a] == v->lay.on[b])
-						REFUSE(op->src ? op->loc : ps->plan->name_loc,
-						       "planc build cannot execute a dimension split over two mesh axes ('%s' and '%s') yet",
-						       ps->axes[a].name, ps->axes[b].name);
-		}
-	}
-	if (ok && i32_inputs != 2)
-		REFUSE(ps->model->name_loc, "planc build needs exactly two inputs i32[B, S] (tokens, then targets)");
-#undef REFUSE
-	if (!ok && report)
-		diag_note_plain("'planc check' and 'planc explain' handle this plan; only execution is missing");
-	return ok;
+	Lowered *low = run_backend(g, o->dump_after, stdout, o->verify);
+	if (!low)
+		return NULL;
+	if (do_explain)
+		explain(stdout, g, o->json, low);
+	return low;
 }
 
 static int run_command(char *const argv[])
@@ -245,17 +191,25 @@ static int run_command(char *const argv[])
 	return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
-/* emit c / build: lower, plan memory, print C; build then compiles it against planrt. */
-static bool cmd_codegen(Graph *g, const Options *o, bool compile)
+static bool print_file(const char *path)
 {
-	if (!build_supported(g, true))
+	FILE *f = fopen(path, "r");
+	if (!f)
 		return false;
-	LProg *lp = lower(g, 0);
-	if (!lp)
+	char buf[65536];
+	size_t n;
+	while ((n = fread(buf, 1, sizeof buf, f)) > 0)
+		fwrite(buf, 1, n, stdout);
+	fclose(f);
+	return true;
+}
+
+/* emit c / build: print the lowered program as C; build then compiles it against planrt. */
+static bool cmd_codegen(Lowered *low, const Options *o, bool compile)
+{
+	if (!lowered_executable(low, true))
 		return false;
-	memplan(lp);
-	if (o->dump_after && !strcmp(o->dump_after, "lower"))
-		lprog_dump(stdout, lp);
+	Graph *g = low->g;
 	const char *dir = o->output;
 	char tmpl[] = "/tmp/planc-build-XXXXXX";
 	if (compile) {
@@ -265,11 +219,13 @@ static bool cmd_codegen(Graph *g, const Options *o, bool compile)
 			return false;
 		}
 	}
-	if (!emit_c(g, &lp, 1, dir, o->file))
+	if (!emit_c(low, dir, o->file))
 		return false;
+	const char *src = arena_printf(g->arena, "%s/prog.c", dir);
+	if (o->dump_after && !strcmp(o->dump_after, "emit"))
+		print_file(src);
 	if (!compile)
 		return true;
-	const char *src = arena_printf(g->arena, "%s/prog.c", dir);
 	char *libs = arena_strdup(g->arena, PLANC_LINK_LIBS);
 	char *argv[64];
 	int n = 0;
@@ -338,10 +294,10 @@ int main(int argc, char **argv)
 					fprintf(stderr, "planc: error: %s has no plan\n", o.file);
 				ok = false;
 			} else {
-				Graph *g = compile_plan(p, plan, &o, is_explain);
-				ok = g != NULL;
+				Lowered *low = compile_plan(p, plan, &o, is_explain);
+				ok = low != NULL;
 				if (ok && (is_emit || is_build))
-					ok = cmd_codegen(g, &o, is_build);
+					ok = cmd_codegen(low, &o, is_build);
 			}
 		} else {
 			for (Item *it = p->main->items; it; it = it->next)

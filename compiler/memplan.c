@@ -1,9 +1,22 @@
-/* memplan.c: buffer assignment. Every arena value of one micro-batch (inputs, activations kept
- * for the backward, temporaries, collective scratch) gets an offset in one arena per rank:
- * liveness over the kernel list (forward, backward, then the per-step kernels, which reuse the
- * arena once the micro-batch is done), then first-fit by decreasing size, the way TFLite's
- * arena planner and XLA's heap simulator place buffers. Views take no space; persistent state
- * (parameters, gradient accumulators, optimizer moments) is counted in state_bytes. */
+/* memplan.c: where every transient buffer lives, for one arena per rank.
+ *
+ * A stage may hold several micro-batches in flight (the pipeline schedule). Their activations are
+ * kept in *slots*: one micro-batch's values from its forward to its backward, in a layout shared by
+ * every micro-batch of a model chunk. The schedule table is walked to give each micro-batch and
+ * chunk a slot (interval colouring: a slot is busy from the forward to the backward), and a
+ * receive *inbox* where the forward's inputs arrive one action early (busy from the action before
+ * the forward, when its receive is posted, to the backward). The arena is
+ *     [ transient region | nslots slots | ninbox inboxes ]
+ * where the transient region holds what lives within one phase call (a forward's temporaries, the
+ * step's scratch). A stage that runs one micro-batch at a time with nothing received ahead plans
+ * its forward and backward together in one slot placed over the transient region (they never run
+ * at the same time as the other phases), which is the classic single-arena plan.
+ *
+ * Within each group (one phase call for the transient region, one chunk's forward-and-backward for
+ * a slot) buffers get offsets by liveness and first fit by decreasing size, the way TFLite's arena
+ * planner and XLA's heap simulator place buffers. A buffer that is sent stays live to the end of
+ * its slot's backward: the walker completes sends only before the slot is reused. Persistent state
+ * is sized here too (per kind) from the STATE buffers the program allocates. */
 #include "planc.h"
 
 #include <stdlib.h>
@@ -11,27 +24,26 @@
 
 enum { ALIGN = 64 };
 
+static size_t align(size_t x)
+{
+	return (x + ALIGN - 1) / ALIGN * ALIGN;
+}
+
 typedef struct Interval {
-	int value; /* -1 for scratch */
-	int kernel;
+	int buf;
 	size_t bytes;
 	int first, last;
 	size_t offset;
 } Interval;
-
-static int root_of(const LProg *p, int v)
-{
-	while (p->buf[v].cls == BUF_VIEW && p->buf[v].view_of >= 0)
-		v = p->buf[v].view_of;
-	return v;
-}
 
 static int by_size_desc(const void *a, const void *b)
 {
 	const Interval *x = a, *y = b;
 	if (x->bytes != y->bytes)
 		return x->bytes < y->bytes ? 1 : -1;
-	return x->first - y->first;
+	if (x->first != y->first)
+		return x->first - y->first;
+	return x->buf - y->buf;
 }
 
 static int by_offset(const void *a, const void *b)
@@ -40,52 +52,9 @@ static int by_offset(const void *a, const void *b)
 	return x->offset < y->offset ? -1 : x->offset > y->offset;
 }
 
-void memplan(LProg *p)
+/* First fit by decreasing size; returns the region's size. */
+static size_t place(Interval *iv, int n)
 {
-	Graph *g = p->g;
-	for (int v = 0; v < g->nvals; v++)
-		p->buf[v].first = p->buf[v].last = -1;
-	/* inputs are written when the micro-batch starts */
-	for (int i = 0; i < p->ninputs; i++)
-		p->buf[p->inputs[i]].first = 0;
-	int nscratch = 0;
-	for (int k = 0; k < p->nk; k++) {
-		const Kernel *ker = &p->k[k];
-		for (int i = 0; i < ker->ndefs; i++) {
-			Buffer *b = &p->buf[root_of(p, ker->defs[i])];
-			if (b->first < 0)
-				b->first = k;
-			if (b->last < k)
-				b->last = k;
-		}
-		for (int i = 0; i < ker->nuses; i++) {
-			Buffer *b = &p->buf[root_of(p, ker->uses[i])];
-			if (b->first < 0)
-				b->first = k;
-			b->last = k;
-		}
-		if (ker->scratch || ker->conv_bytes)
-			nscratch++;
-	}
-	/* the loss is read after the backward (logging) */
-	if (p->loss >= 0 && p->buf[p->loss].cls == BUF_ARENA)
-		p->buf[root_of(p, p->loss)].last = p->nk;
-	Interval *iv = malloc(sizeof(Interval) * (size_t)(g->nvals + nscratch + 1));
-	if (!iv)
-		ICE("out of memory");
-	int n = 0;
-	for (int v = 0; v < g->nvals; v++) {
-		Buffer *b = &p->buf[v];
-		if (b->cls != BUF_ARENA || b->first < 0)
-			continue;
-		size_t bytes = (b->bytes + ALIGN - 1) / ALIGN * ALIGN;
-		iv[n++] = (Interval){v, -1, bytes ? bytes : ALIGN, b->first, b->last, 0};
-	}
-	for (int k = 0; k < p->nk; k++) {
-		size_t bytes = (p->k[k].scratch + ALIGN - 1) / ALIGN * ALIGN + p->k[k].conv_bytes;
-		if (bytes)
-			iv[n++] = (Interval){-1, k, bytes, k, k, 0};
-	}
 	qsort(iv, (size_t)n, sizeof *iv, by_size_desc);
 	Interval **placed = malloc(sizeof(Interval *) * (size_t)(n + 1));
 	Interval **conflict = malloc(sizeof(Interval *) * (size_t)(n + 1));
@@ -113,61 +82,287 @@ void memplan(LProg *p)
 		if (off + x->bytes > top)
 			top = off + x->bytes;
 	}
-	for (int i = 0; i < n; i++) {
-		if (iv[i].value >= 0)
-			p->buf[iv[i].value].offset = iv[i].offset;
-		else
-			p->k[iv[i].kernel].scratch_offset = iv[i].offset;
-	}
-	p->arena_bytes = top;
-	/* Persistent state, decided here once (emit_c.c allocates exactly this, explain reports it):
-	 * parameters and gradient accumulators (ZeRO 1/2 parameters padded to whole chunks); per
-	 * parameter the optimizer's f32 moments and, for lower precision, f32 master weights, both
-	 * for the elements this rank updates (its ZeRO chunk); ZeRO's f32 gradient chunks and gather
-	 * scratch; the widened gradient of lower precision. */
-	size_t state = 0;
-	PlanSpec *ps = g->ps;
-	int moments = ps->optimizer == OPT_ADAM || ps->optimizer == OPT_ADAMW ? 2 : ps->optimizer == OPT_MOMENTUM ? 1 : 0;
-	bool zero = ps->zero_stage >= 1 && ps->zero_axis >= 0 && ps->axes[ps->zero_axis].size > 1;
-	int zn = zero ? ps->axes[ps->zero_axis].size : 1;
-	for (int v = 0; v < g->nvals; v++) {
-		Buffer *b = &p->buf[v];
-		b->alloc_bytes = 0;
-		if (b->cls != BUF_STATE || (b->first < 0 && g->vals[v].role != ROLE_PARAM))
-			continue;
-		if (g->vals[v].def < 0 || g->ops[g->vals[v].def].stage != p->stage)
-			continue;
-		b->alloc_bytes = b->bytes;
-		if (zero && ps->zero_stage < 3 && g->vals[v].role == ROLE_PARAM && g->ops[g->vals[v].def].kind == OP_PARAM)
-			b->alloc_bytes = (size_t)((b->elems + zn - 1) / zn) * (size_t)zn * (size_t)dtype_bytes(b->dtype);
-		state += b->alloc_bytes;
-	}
-	int np = p->nparams ? p->nparams : 1;
-	p->owned = arena_alloc(g->arena, sizeof(long long) * (size_t)np);
-	p->moment_bytes = arena_alloc(g->arena, sizeof(size_t) * (size_t)np);
-	p->master_bytes = arena_alloc(g->arena, sizeof(size_t) * (size_t)np);
-	p->gchunk_bytes = arena_alloc(g->arena, sizeof(size_t) * (size_t)np);
-	p->zero_scratch_bytes = p->widened_bytes = 0;
-	for (int i = 0; i < p->nparams; i++) {
-		const Buffer *b = &p->buf[p->params[i]];
-		long long elems = 1;
-		for (int d = 0; d < g->vals[p->params[i]].rank; d++)
-			elems *= b->ldims[d];
-		p->owned[i] = zero ? (elems + zn - 1) / zn : elems;
-		p->moment_bytes[i] = moments ? (size_t)p->owned[i] * 4 : 0;
-		p->master_bytes[i] = b->dtype != DT_F32 ? (size_t)p->owned[i] * 4 : 0;
-		p->gchunk_bytes[i] = zero ? (size_t)p->owned[i] * 4 : 0;
-		state += p->moment_bytes[i] * (size_t)moments + p->master_bytes[i] + p->gchunk_bytes[i];
-		if (zero && (size_t)p->owned[i] * (size_t)zn * 4 > p->zero_scratch_bytes)
-			p->zero_scratch_bytes = (size_t)p->owned[i] * (size_t)zn * 4;
-		if (b->dtype != DT_F32 && (size_t)b->elems * 4 > p->widened_bytes)
-			p->widened_bytes = (size_t)b->elems * 4;
-	}
-	state += p->zero_scratch_bytes + p->widened_bytes;
-	for (int b = 0; b < p->nbuckets; b++) /* overlapped gradient buckets keep their own buffers */
-		state += p->bucket_bytes[b];
-	p->state_bytes = state;
-	free(iv);
 	free(placed);
 	free(conflict);
+	return top;
+}
+
+static bool forward_side(Phase ph)
+{
+	return ph == PH_PREPARE_F || ph == PH_FORWARD;
+}
+
+static bool backward_side(Phase ph)
+{
+	return ph == PH_PREPARE_B || ph == PH_BACKWARD;
+}
+
+static bool micro_phase(Phase ph)
+{
+	return forward_side(ph) || backward_side(ph);
+}
+
+/* ------------------------------------------------------------------ slots */
+
+typedef struct Pool {
+	int *busy_until; /* per index: the last action that uses it, -2 when free */
+	int n, cap;
+} Pool;
+
+static int pool_take(Pool *p, int until)
+{
+	for (int i = 0; i < p->n; i++)
+		if (p->busy_until[i] == -2) {
+			p->busy_until[i] = until;
+			return i;
+		}
+	if (p->n == p->cap) {
+		p->cap = p->cap ? p->cap * 2 : 8;
+		p->busy_until = realloc(p->busy_until, sizeof(int) * (size_t)p->cap);
+		if (!p->busy_until)
+			ICE("out of memory");
+	}
+	p->busy_until[p->n] = until;
+	return p->n++;
+}
+
+static void pool_release(Pool *p, int t)
+{
+	for (int i = 0; i < p->n; i++)
+		if (p->busy_until[i] == t)
+			p->busy_until[i] = -2;
+}
+
+/* The stage's actions with a slot per in-flight micro-batch and chunk, and an inbox where the
+ * forward receives. */
+static void assign_slots(LProg *p)
+{
+	Graph *g = p->g;
+	const Schedule *sc = g->sched;
+	int v = p->nchunks;
+	bool *receives = calloc((size_t)v, sizeof(bool));
+	if (!receives)
+		ICE("out of memory");
+	for (int i = 0; i < p->nk; i++)
+		if (p->k[i].phase == PH_PREPARE_F)
+			receives[p->k[i].chunk] = true;
+	int n = sc ? 2 * sc->micro * sc->chunks : 0;
+	int m = sc ? sc->micro : 1;
+	p->actions = arena_alloc(g->arena, sizeof(SlotAction) * (size_t)(n ? n : 1));
+	p->nactions = n;
+	int *fwd_at = malloc(sizeof(int) * (size_t)(m * v)), *bwd_at = malloc(sizeof(int) * (size_t)(m * v));
+	int *slot = malloc(sizeof(int) * (size_t)(m * v)), *inbox = malloc(sizeof(int) * (size_t)(m * v));
+	if (!fwd_at || !bwd_at || !slot || !inbox)
+		ICE("out of memory");
+	for (int t = 0; t < n; t++) {
+		const Action *a = &sc->table[p->stage][t];
+		int unit = a->micro * v + a->chunk;
+		(a->kind == ACT_FORWARD ? fwd_at : bwd_at)[unit] = t;
+	}
+	Pool slots = {0}, inboxes = {0};
+	for (int t = -1; t < n; t++) {
+		/* what starts at t: the inbox of the forward at t + 1, the slot of the forward at t */
+		if (t + 1 < n) {
+			const Action *a = &sc->table[p->stage][t + 1];
+			int unit = a->micro * v + a->chunk;
+			if (a->kind == ACT_FORWARD)
+				inbox[unit] = receives[a->chunk] ? pool_take(&inboxes, bwd_at[unit]) : -1;
+		}
+		if (t >= 0) {
+			const Action *a = &sc->table[p->stage][t];
+			int unit = a->micro * v + a->chunk;
+			if (a->kind == ACT_FORWARD)
+				slot[unit] = pool_take(&slots, bwd_at[unit]);
+			pool_release(&slots, t);
+			pool_release(&inboxes, t);
+		}
+	}
+	for (int t = 0; t < n; t++) {
+		const Action *a = &sc->table[p->stage][t];
+		int unit = a->micro * v + a->chunk;
+		p->actions[t] = (SlotAction){a->kind, a->micro, a->chunk, slot[unit], inbox[unit]};
+	}
+	p->nslots = slots.n ? slots.n : 1;
+	p->ninbox = inboxes.n;
+	free(slots.busy_until);
+	free(inboxes.busy_until);
+	free(fwd_at);
+	free(bwd_at);
+	free(slot);
+	free(inbox);
+	free(receives);
+}
+
+/* ------------------------------------------------------------------ classes */
+
+/* Which region each transient buffer of a forward / backward lives in. */
+static void classify(LProg *p, bool unified)
+{
+	int nb = p->nbuf;
+	unsigned char *side = calloc((size_t)nb, 1); /* bit 1 forward side, 2 backward side, 4 other phases */
+	bool *sent = calloc((size_t)nb, 1), *inbox = calloc((size_t)nb, 1), *recv_b = calloc((size_t)nb, 1);
+	int *chunk = malloc(sizeof(int) * (size_t)nb);
+	if (!side || !sent || !inbox || !recv_b || !chunk)
+		ICE("out of memory");
+	for (int b = 0; b < nb; b++)
+		chunk[b] = -1;
+	for (int i = 0; i < p->nk; i++) {
+		const Kernel *k = &p->k[i];
+		unsigned char bit = forward_side(k->phase) ? 1 : backward_side(k->phase) ? 2 : 4;
+		for (int pass = 0; pass < 2; pass++) {
+			const int *list = pass ? k->defs : k->uses;
+			int cnt = pass ? k->ndefs : k->nuses;
+			for (int j = 0; j < cnt; j++) {
+				int r = buffer_root(p, list[j]);
+				side[r] |= bit;
+				if (bit != 4)
+					chunk[r] = k->chunk;
+				if (k->kind == K_SEND_START && !pass)
+					sent[r] = true;
+				if (k->kind == K_RECV_START && pass)
+					(k->phase == PH_PREPARE_F ? inbox : recv_b)[r] = true;
+			}
+		}
+	}
+	for (int b = 0; b < nb; b++) {
+		Buffer *x = &p->buf[b];
+		if (x->cls != BUF_ARENA || !(side[b] & 3))
+			continue;
+		x->chunk = chunk[b] < 0 ? 0 : chunk[b];
+		if (inbox[b] && !unified)
+			x->cls = BUF_INBOX;
+		else if (unified || (side[b] & 3) == 3 || sent[b] || recv_b[b])
+			x->cls = BUF_SLOT;
+	}
+	free(side);
+	free(sent);
+	free(inbox);
+	free(recv_b);
+	free(chunk);
+}
+
+/* ------------------------------------------------------------------ placement */
+
+/* Places the buffers of class cls that kernels seq[0..n) touch; sent buffers (slot) stay live to
+ * the end. Returns the group's size. */
+static size_t plan_group(LProg *p, const int *seq, int n, BufClass cls, int group, int *first, int *last)
+{
+	int nb = p->nbuf;
+	for (int b = 0; b < nb; b++)
+		first[b] = last[b] = -1;
+	for (int s = 0; s < n; s++) {
+		const Kernel *k = &p->k[seq[s]];
+		for (int pass = 0; pass < 2; pass++) {
+			const int *list = pass ? k->defs : k->uses;
+			int cnt = pass ? k->ndefs : k->nuses;
+			for (int j = 0; j < cnt; j++) {
+				int r = buffer_root(p, list[j]);
+				if (p->buf[r].cls != cls)
+					continue;
+				if (first[r] < 0)
+					first[r] = s;
+				last[r] = s;
+				if (k->kind == K_SEND_START && cls == BUF_SLOT)
+					last[r] = n; /* until the slot is reused */
+			}
+		}
+	}
+	Interval *iv = malloc(sizeof(Interval) * (size_t)(nb + 1));
+	if (!iv)
+		ICE("out of memory");
+	int ni = 0;
+	for (int b = 0; b < nb; b++)
+		if (first[b] >= 0)
+			iv[ni++] = (Interval){b, align(p->buf[b].bytes ? p->buf[b].bytes : 1), first[b], last[b], 0};
+	size_t top = place(iv, ni);
+	for (int i = 0; i < ni; i++) {
+		Buffer *x = &p->buf[iv[i].buf];
+		x->offset = iv[i].offset;
+		x->first = iv[i].first;
+		x->last = iv[i].last;
+		x->group = group;
+	}
+	free(iv);
+	return align(top);
+}
+
+static int phase_rank(Phase ph)
+{
+	switch (ph) {
+	case PH_PREPARE_F:
+		return 0;
+	case PH_FORWARD:
+		return 1;
+	case PH_PREPARE_B:
+		return 2;
+	case PH_BACKWARD:
+		return 3;
+	default:
+		return 4;
+	}
+}
+
+static void memplan_prog(LProg *p)
+{
+	assign_slots(p);
+	bool unified = p->nslots == 1 && p->ninbox == 0;
+	classify(p, unified);
+	int *seq = malloc(sizeof(int) * (size_t)(p->nk + 1));
+	int *first = malloc(sizeof(int) * (size_t)p->nbuf), *last = malloc(sizeof(int) * (size_t)p->nbuf);
+	if (!seq || !first || !last)
+		ICE("out of memory");
+	int group = 0;
+	/* the transient region: each phase call on its own */
+	size_t transient = 0;
+	for (int ph = 0; ph < PH_COUNT; ph++)
+		for (int c = 0; c < (micro_phase((Phase)ph) ? p->nchunks : 1); c++) {
+			int n = 0;
+			for (int i = 0; i < p->nk; i++)
+				if (p->k[i].phase == (Phase)ph && (!micro_phase((Phase)ph) || p->k[i].chunk == c))
+					seq[n++] = i;
+			size_t sz = plan_group(p, seq, n, BUF_ARENA, group++, first, last);
+			if (sz > transient)
+				transient = sz;
+		}
+	/* slots and inboxes: one layout per chunk, the largest sets the size */
+	size_t slot = 0, inbox = 0;
+	for (int c = 0; c < p->nchunks; c++) {
+		int n = 0;
+		for (int r = 0; r < 4; r++)
+			for (int i = 0; i < p->nk; i++)
+				if (p->k[i].chunk == c && micro_phase(p->k[i].phase) && phase_rank(p->k[i].phase) == r)
+					seq[n++] = i;
+		size_t s = plan_group(p, seq, n, BUF_SLOT, group++, first, last);
+		if (s > slot)
+			slot = s;
+		size_t b = plan_group(p, seq, n, BUF_INBOX, group++, first, last);
+		if (b > inbox)
+			inbox = b;
+	}
+	p->transient_bytes = transient;
+	p->slot_bytes = slot;
+	p->inbox_bytes = inbox;
+	if (unified) {
+		p->slot_offset = 0;
+		p->inbox_offset = 0;
+		p->arena_bytes = slot > transient ? slot : transient;
+	} else {
+		p->slot_offset = transient;
+		p->inbox_offset = transient + (size_t)p->nslots * slot;
+		p->arena_bytes = p->inbox_offset + (size_t)p->ninbox * inbox;
+	}
+	memset(p->state_bytes, 0, sizeof p->state_bytes);
+	for (int b = 0; b < p->nbuf; b++)
+		if (p->buf[b].cls == BUF_STATE)
+			p->state_bytes[p->buf[b].state] += p->buf[b].bytes;
+	free(seq);
+	free(first);
+	free(last);
+}
+
+bool memplan(Lowered *low)
+{
+	for (int i = 0; i < low->nprogs; i++)
+		memplan_prog(low->progs[i]);
+	return true;
 }

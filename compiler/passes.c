@@ -8,12 +8,19 @@
  *   recompute  activation recomputation (recompute.c)
  *   zero       ZeRO state sharding (zero.c)
  *   sync       gradient synchronisation (sync.c)
- *   check      the collective-sequence check over every rank (schedule.c) */
+ * and the back end, on the loop-level IR of every stage program (run_backend):
+ *   lower      graph ops to kernels over buffers (lower.c)
+ *   state      persistent state, buckets, ZeRO, the optimizer, init and save (state.c)
+ *   overlap    buckets during the backward, ZeRO-3 prefetch (overlap.c)
+ *   memplan    slots, inboxes and arena offsets (memplan.c)
+ *   check      the collective-sequence check (schedule.c)
+ * With verification on (the tests), the IR verifier runs after every back-end pass. */
 #include "planc.h"
 
 #include <string.h>
 
-const char *const pass_names[] = {"graph", "pipeline", "autodiff", "shard", "recompute", "zero", "sync", "check", NULL};
+const char *const pass_names[] = {"graph", "pipeline", "autodiff", "shard", "recompute", "zero", "sync",
+				  "lower", "state", "overlap", "memplan", "check", NULL};
 
 static bool dump_if(const char *want, const char *pass, Graph *g, FILE *out)
 {
@@ -30,11 +37,41 @@ Graph *run_passes(PlanSpec *ps, const char *dump_after, FILE *dump_out)
 	if (!g)
 		return NULL;
 	dump_if(dump_after, "graph", g, dump_out);
-	static bool (*const passes[])(Graph *) = {pipeline, autodiff, shard, recompute, zero, sync_grads, check_collectives};
+	static bool (*const passes[])(Graph *) = {pipeline, autodiff, shard, recompute, zero, sync_grads};
 	for (int i = 0; i < (int)(sizeof passes / sizeof passes[0]); i++) {
 		if (!passes[i](g) || diag_error_count())
 			return NULL;
 		dump_if(dump_after, pass_names[i + 1], g, dump_out);
 	}
 	return g;
+}
+
+static void dump_backend(const char *want, const char *pass, const Lowered *low, FILE *out)
+{
+	if (!want || strcmp(want, pass))
+		return;
+	fprintf(out, "# loop-level IR after %s\n", pass);
+	for (int i = 0; i < low->nprogs; i++)
+		lprog_dump(out, low->progs[i]);
+}
+
+Lowered *run_backend(Graph *g, const char *dump_after, FILE *dump_out, bool verify)
+{
+	Lowered *low = lower(g);
+	if (verify && !verify_ir(low, "lower"))
+		return NULL;
+	dump_backend(dump_after, "lower", low, dump_out);
+	static bool (*const passes[])(Lowered *) = {plan_state, plan_overlap, memplan};
+	static const char *const names[] = {"state", "overlap", "memplan"};
+	for (int i = 0; i < 3; i++) {
+		if (!passes[i](low) || diag_error_count())
+			return NULL;
+		if (verify && !verify_ir(low, names[i]))
+			return NULL;
+		dump_backend(dump_after, names[i], low, dump_out);
+	}
+	if (!check_collectives(low) || diag_error_count())
+		return NULL;
+	dump_backend(dump_after, "check", low, dump_out);
+	return low;
 }

@@ -521,137 +521,334 @@ void pipeline_partition(const double *costs, int n, int k, double first, double 
 double pipeline_bubble(const Graph *g, const double *fcost, const double *bcost);
 bool zero(Graph *g);         /* zero.c: ZeRO state sharding and offload placement */
 bool sync_grads(Graph *g);   /* sync.c: gradient buckets, compression, local SGD, async */
-bool check_collectives(Graph *g); /* schedule.c: the collective-sequence check over all ranks */
+typedef struct Lowered Lowered;
+/* schedule.c: the collective-sequence check, on the kernels of every stage program */
+bool check_collectives(const Lowered *low);
 Graph *run_passes(PlanSpec *ps, const char *dump_after, FILE *dump_out);
-/* explain.c: the cost report, text or JSON; planned (may be NULL) is the lowered, memory-planned
- * program when planc build can execute the plan: its arena and state give the peak. */
-typedef struct LProg LProg;
-void explain(FILE *out, Graph *g, bool json, const LProg *planned);
+/* explain.c: the cost report, text or JSON, read off the lowered program: its state and arena
+ * give the memory lines when planc build can run it, its kernels the communication. */
+void explain(FILE *out, Graph *g, bool json, const Lowered *low);
 extern const char *const pass_names[];
 
-/* ---------------------------------------------------------------- lower.c */
-/* The loop-level IR: what one rank of one role runs, as a list of kernels in three phases (the
- * forward of a micro-batch, its backward, and the once-per-step update). A kernel is a call into
- * planrt (a compute kernel, a collective, a data or optimizer routine) or a fused element-wise
- * loop nest whose body is a small expression tree. emit_c.c prints it as C; the LLVM and CUDA
- * backends are printers over the same structure. Buffers are values: where each lives (the
- * persistent state block or the per-micro-batch arena) and at which offset is memplan.c's job. */
-typedef enum { PH_FORWARD, PH_BACKWARD, PH_STEP, PH_COUNT } Phase;
-typedef enum { BUF_NONE, BUF_STATE, BUF_ARENA, BUF_VIEW } BufClass;
-
-typedef struct Buffer {
-	BufClass cls;
-	int view_of;      /* BUF_VIEW: the value whose storage this is */
-	long long elems;  /* local elements */
-	DType dtype;
-	size_t bytes;
-	size_t offset;    /* in the arena */
-	size_t alloc_bytes; /* BUF_STATE that this rank allocates (memplan.c): its size, else 0 */
-	int first, last;  /* kernel indices of definition and last use (arena liveness) */
-	long long ldims[MAX_DIMS]; /* local shape */
-	long long offs_stride[MAX_DIMS]; /* unused: reserved */
-} Buffer;
+/* ---------------------------------------------------------------- the loop-level IR */
+/* The loop-level IR is the whole per-rank program. Lowering turns the scheduled, sharded graph
+ * into one program per pipeline stage (and per async role): a list of kernels in phases, each a
+ * call into planrt or a fused element-wise loop, with typed arguments. Everything a rank does is a
+ * kernel: parameter initialisation, the forward and backward of a micro-batch, pipeline sends and
+ * receives, loss and metric reductions, gradient buckets, clipping, the optimizer, master-weight
+ * casts, ZeRO scatters and gathers, checkpoint writes. Emitters (emit_c.c; later CUDA and LLVM)
+ * print it and add nothing; the collective check (schedule.c) and explain read the same kernels.
+ *
+ *   lower.c    graph ops -> kernels over buffers (one per value), phases and chunks
+ *   state.c    persistent state: flat gradient buckets, ZeRO shards, optimizer state, master
+ *              weights; the init, step_begin, step and save phases
+ *   overlap.c  buckets started during the backward, ZeRO-3 prefetch, progress calls
+ *   memplan.c  activation slots for the pipeline schedule, liveness, arena offsets
+ *   verify.c   the IR verifier (between passes in the tests)
+ *   emit_c.c   the C printer
+ * The kernel table: name, planrt function the C target calls, class. */
+#define KERNEL_TABLE(X) \
+	X(LOOP, "loop", NULL, KC_LOOP) \
+	X(MATMUL, "matmul", "planrt_k_matmul_f32", KC_COMPUTE) \
+	X(PERMUTE, "permute", "planrt_k_permute_f32", KC_COMPUTE) \
+	X(SUM_TO, "sum_to", "planrt_k_sum_to_f32", KC_COMPUTE) \
+	X(SUM_TO_ACC, "sum_to_acc", "planrt_k_sum_to_acc_f32", KC_COMPUTE) \
+	X(DROPOUT, "dropout", "planrt_k_dropout_f32", KC_COMPUTE) \
+	X(CAUSAL_MASK, "causal_mask", "planrt_causal_mask_block_f32", KC_COMPUTE) \
+	X(SOFTMAX, "softmax", "planrt_k_softmax_f32", KC_COMPUTE) \
+	X(SOFTMAX_GRAD, "softmax_grad", "planrt_k_softmax_grad_f32", KC_COMPUTE) \
+	X(LAYER_NORM, "layer_norm", "planrt_k_layer_norm_f32", KC_COMPUTE) \
+	X(LAYER_NORM_GRAD, "layer_norm_grad", "planrt_k_layer_norm_grad_f32", KC_COMPUTE) \
+	X(RMS_NORM, "rms_norm", "planrt_k_rms_norm_f32", KC_COMPUTE) \
+	X(RMS_NORM_GRAD, "rms_norm_grad", "planrt_k_rms_norm_grad_f32", KC_COMPUTE) \
+	X(EMBED, "embed", "planrt_k_embed_f32", KC_COMPUTE) \
+	X(EMBED_GRAD, "embed_grad", "planrt_k_embed_grad_f32", KC_COMPUTE) \
+	X(CROSS_ENTROPY, "cross_entropy", "planrt_cross_entropy_f32", KC_COMPUTE) \
+	X(CE_GRAD, "cross_entropy_grad", "planrt_k_ce_grad_f32", KC_COMPUTE) \
+	X(SLICE_DIM, "slice", "planrt_slice_dim", KC_COMPUTE) \
+	X(FILL, "fill", "planrt_fill", KC_COMPUTE) \
+	X(CAST, "cast", "planrt_cast", KC_COMPUTE) \
+	X(ACCUMULATE, "accumulate", "planrt_accumulate", KC_COMPUTE) \
+	X(LOAD_INPUT, "load_input", "planrt_load_input", KC_IO) \
+	X(INIT_PARAM, "init_param", "planrt_init_param", KC_IO) \
+	X(SAVE_PARAM, "save_param", "planrt_save_param", KC_IO) \
+	X(PAIR_COMM, "pair_comm", "planrt_make_pair_comm", KC_SETUP) \
+	X(SUM_SQUARES, "sum_squares", "planrt_sum_squares_acc", KC_COMPUTE) \
+	X(SUM_SQUARES_SHARD, "sum_squares_shard", "planrt_sum_squares_shard", KC_COMPUTE) \
+	X(CLIP_COEF, "clip_coef", "planrt_clip_coef", KC_COMPUTE) \
+	X(OPTIMIZER, "optimizer", "planrt_optimizer_step", KC_COMPUTE) \
+	X(LOSS_ACCUMULATE, "loss_accumulate", "planrt_loss_accumulate", KC_COMPUTE) \
+	X(ALLREDUCE_DIM, "allreduce", "planrt_allreduce_dim", KC_COMM) \
+	X(REDUCE_SCATTER_DIM, "reduce_scatter", "planrt_reduce_scatter_dim", KC_COMM) \
+	X(ALLGATHER_DIM, "allgather", "planrt_allgather_dim", KC_COMM) \
+	X(ALLTOALL_DIM, "alltoall", "planrt_alltoall_dim", KC_COMM) \
+	X(ALLREDUCE_INPLACE, "allreduce_inplace", "planrt_allreduce_inplace", KC_COMM) \
+	X(REDUCE_SCATTER_INPLACE, "reduce_scatter_inplace", "planrt_reduce_scatter_inplace", KC_COMM) \
+	X(ALLGATHER_INPLACE, "allgather_inplace", "planrt_allgather_inplace", KC_COMM) \
+	X(ALLGATHER_FLAT, "allgather_flat", "planrt_allgather_flat", KC_COMM) \
+	X(ALLGATHER_FLAT_START, "allgather_flat_start", "planrt_allgather_flat_start", KC_COMM) \
+	X(BUCKET_ALLREDUCE, "bucket_allreduce", "planrt_bucket_allreduce", KC_COMM) \
+	X(BUCKET_RS, "bucket_reduce_scatter", "planrt_bucket_reduce_scatter", KC_COMM) \
+	X(BUCKET_RS_START, "bucket_reduce_scatter_start", "planrt_bucket_reduce_scatter_start", KC_COMM) \
+	X(BUCKET_RS_FINISH, "bucket_reduce_scatter_finish", "planrt_bucket_reduce_scatter_finish", KC_WAIT) \
+	X(SEND_START, "send", "planrt_p2p_send_start", KC_COMM) \
+	X(RECV_START, "recv", "planrt_p2p_recv_start", KC_COMM) \
+	X(P2P_FINISH, "p2p_finish", "planrt_p2p_finish", KC_WAIT) \
+	X(REQUEST_FINISH, "finish", "planrt_request_finish", KC_WAIT) \
+	X(REQUEST_PROGRESS, "progress", "planrt_request_progress", KC_WAIT) \
+	X(BUCKET_PROGRESS, "bucket_progress", "planrt_bucket_progress", KC_WAIT) \
+	X(OPAQUE, "op", NULL, KC_OPAQUE)
 
 typedef enum {
-	KA_VALUE,   /* a buffer's address */
+#define X(name, text, fn, cls) K_##name,
+	KERNEL_TABLE(X)
+#undef X
+	K_COUNT
+} KernelKind;
+
+/* KC_COMM kernels start communication (their Comm list says what); KC_WAIT kernels complete or
+ * progress it; KC_OPAQUE is a graph op the C target has no kernel for yet (MoE routing, async
+ * transfers): it keeps the program complete for the check and explain, and planc build refuses it. */
+typedef enum { KC_LOOP, KC_COMPUTE, KC_COMM, KC_WAIT, KC_IO, KC_SETUP, KC_OPAQUE } KernelClass;
+extern const char *const kernel_names[K_COUNT];
+extern const char *const kernel_functions[K_COUNT];
+extern const KernelClass kernel_classes[K_COUNT];
+
+/* Phases: how often a kernel runs. Forward, backward and the prepares run once per micro-batch
+ * per model chunk; step_begin and step once per step; init once before training, save once after. */
+typedef enum { PH_INIT, PH_STEP_BEGIN, PH_PREPARE_F, PH_FORWARD, PH_PREPARE_B, PH_BACKWARD, PH_STEP, PH_SAVE, PH_COUNT } Phase;
+extern const char *const phase_names[PH_COUNT];
+
+typedef enum {
+	BUF_NONE,   /* not on this stage */
+	BUF_STATE,  /* persistent, allocated once (parameters, gradients, optimizer state, metrics) */
+	BUF_ARENA,  /* the transient region: alive within one phase call */
+	BUF_SLOT,   /* an activation slot: one micro-batch's values kept from its forward to its backward */
+	BUF_INBOX,  /* a receive inbox: a forward input posted one action ahead */
+	BUF_VIEW,   /* elements of another buffer */
+} BufClass;
+typedef enum { SC_PARAM, SC_GRAD, SC_OPTIM, SC_MASTER, SC_BUFFER, SC_METRIC, SC_COUNT } StateKind;
+extern const char *const state_kind_names[SC_COUNT];
+
+typedef struct Buffer {
+	const char *name;   /* a C identifier, unique in the program */
+	const char *what;   /* a description for comments (the tensor's name) */
+	BufClass cls;
+	StateKind state;    /* BUF_STATE */
+	DType dtype;
+	long long elems;
+	size_t bytes;       /* elems * dtype size; BUF_STATE: what is allocated */
+	int value;          /* the graph value it holds, or -1 */
+	/* BUF_VIEW: elements [view_off + coord(view_axis) * view_stride, ...) of view_of */
+	int view_of;
+	long long view_off;
+	int view_axis;
+	long long view_stride;
+	/* shape of the local block and how it sits in the global tensor (for block offsets) */
+	int rank;
+	long long ldims[MAX_DIMS];
+	signed char split_axis[MAX_DIMS]; /* mesh axis splitting dim d, or -1 */
+	int micro_dim;      /* the batch dim (moves with the micro-batch), or -1 */
+	long long micro_rows; /* global rows of one micro-batch */
+	/* memory plan */
+	int first, last;    /* liveness: kernel indices of the first and last access */
+	size_t offset;      /* BUF_ARENA / BUF_SLOT / BUF_INBOX: bytes from the region's base */
+	int chunk;          /* BUF_SLOT / BUF_INBOX: the model chunk whose layout holds it */
+	int group;          /* the planning group (one phase call, or one chunk's slot) it was placed in */
+} Buffer;
+
+/* What a communication kernel puts on the wire, for the collective check and explain. */
+typedef struct Comm {
+	OpKind coll;        /* OP_ALL_REDUCE, OP_REDUCE_SCATTER, OP_ALL_GATHER, OP_ALL_TO_ALL, OP_SEND, OP_RECV */
+	int axis;           /* the group's mesh axis (the pipe axis for tied pairs and pipeline transfers) */
+	int pair;           /* >= 0: the tied-parameter pair group Lowered.pair_a/b[pair] on the pipe axis */
+	int peer;           /* p2p: the peer's coordinate on axis */
+	int channel;        /* p2p: 0 activations (forward), 1 gradients (backward) */
+	long long elems;    /* the call's buffer B of the wire formula, in elements of dtype */
+	DType dtype;
+	int rank;           /* the local block (the check compares shapes, not only counts) */
+	long long shape[MAX_DIMS];
+	double every;       /* runs once per this many steps (local SGD averages), 0: every time */
+	int op;             /* graph op, for messages, or -1 */
+	const char *what;   /* the tensor, for messages */
+} Comm;
+
+typedef enum {
+	KA_BUF,      /* a buffer's address */
+	KA_NULL,     /* no buffer / no request */
+	KA_BUFS,     /* a list of buffer addresses */
 	KA_INT,
+	KA_INTS,     /* a constant int64 list (int32 when i32) */
 	KA_F64,
-	KA_INTS,    /* a constant int64_t array */
-	KA_TEXT,    /* a C expression printed as is (enum names, the communicator of an axis) */
-	KA_SCRATCH, /* the kernel's arena scratch */
-	KA_SCALAR,  /* the float stored in a one-element buffer, as a double */
-	KA_OFFS,    /* the global offsets of this rank's block of a value (computed at start-up; the
-		     * batch dim also moves with the micro-batch) */
-	KA_GDIMS,   /* a value's global dims, with the batch dim the whole step's batch */
+	KA_DTYPE,    /* i: a DType */
+	KA_AXIS,     /* i: a mesh axis (its communicator) */
+	KA_PAIR,     /* i: a tied-parameter pair group (its communicator) */
+	KA_REQ,      /* i: one of the stage's request handles */
+	KA_SLOTREQ,  /* i: one of the running action's slot requests */
+	KA_COORD,    /* the integer f_base + coord(axis) * stride: i = base, axis, stride */
+	KA_OFFSET,   /* a buffer's block offset on dim `dim` (all dims as a list when dim < 0) */
+	KA_SCALAR,   /* f times the first element of a buffer */
+	KA_PARAM,    /* i: index in the program's parameter table */
+	KA_CTX,      /* the phase's context */
+	KA_STEP,     /* the step being trained (0-based) */
+	KA_STEP_SEED,/* this step's dropout key */
 } KArgKind;
 typedef struct KArg {
 	KArgKind kind;
-	int value;              /* KA_VALUE: a buffer; KA_SCRATCH: bytes in scratch index */
-	long long i;
-	double f;
-	const long long *ints;  /* KA_INTS */
-	int nints;
-	const char *text;       /* KA_TEXT: a C expression the emitter prints as is (enum names) */
+	int buf;              /* KA_BUF, KA_OFFSET, KA_SCALAR */
+	long long i;          /* KA_INT, KA_DTYPE, KA_AXIS, KA_PAIR, KA_REQ, KA_SLOTREQ, KA_PARAM; KA_COORD base */
+	double f;             /* KA_F64, KA_SCALAR factor */
+	int axis;             /* KA_COORD */
+	long long stride;     /* KA_COORD */
+	int dim;              /* KA_OFFSET */
+	const long long *ints;/* KA_INTS */
+	const int *bufs;      /* KA_BUFS */
+	int n;                /* KA_INTS, KA_BUFS: length */
+	bool i32;             /* KA_INTS: an int array */
 } KArg;
 
 typedef enum { LX_LOAD, LX_CONST, LX_UNARY, LX_BINARY } LExprKind;
 typedef struct LExpr {
 	LExprKind kind;
 	OpKind op;                   /* LX_UNARY / LX_BINARY: the graph op it computes */
-	int value;                   /* LX_LOAD */
+	int buf;                     /* LX_LOAD */
 	long long stride[MAX_DIMS];  /* LX_LOAD: element stride per loop dim (0 = broadcast) */
 	double f;                    /* LX_CONST, SCALE factor, dropout p */
 	const char *s;               /* gelu approximation */
 	struct LExpr *a, *b;
 } LExpr;
 
-typedef enum { KER_CALL, KER_LOOP } KernelKind;
 typedef struct Kernel {
 	KernelKind kind;
 	Phase phase;
-	int op;                 /* the graph op it came from (first of a fused chain) */
-	const char *fn;         /* KER_CALL */
-	KArg args[28];
-	int nargs;
-	int out;                /* KER_LOOP: output value */
-	bool accumulate;        /* KER_LOOP: out += expr */
+	int chunk;              /* model chunk (prepare, forward, backward) */
+	int op;                 /* the graph op it came from, or -1 */
+	const char *note;       /* for the generated file's comment */
+	KArg *args;
+	int nargs, capargs;
+	int *uses, nuses, capuses; /* buffers read (liveness) */
+	int *defs, ndefs, capdefs; /* buffers written */
+	Comm *comm;             /* KC_COMM, KC_OPAQUE: what it sends */
+	int ncomm;
+	bool only_last_micro;   /* forward / backward: runs in the last micro-batch only */
+	/* K_LOOP: out (+)= expr over a rank-dims nest */
+	int out;
+	bool accumulate;
 	int rank;
 	long long dims[MAX_DIMS];
 	LExpr *expr;
-	int nfused;             /* ops fused into this loop */
-	int uses[16];           /* buffers the kernel reads (for liveness) */
-	int nuses;
-	int defs[4];            /* buffers it writes */
-	int ndefs;
-	size_t scratch;         /* bytes of arena scratch the call needs (collective packing) */
-	size_t scratch_offset;
-	/* bf16 storage: the f32 copies a call computes on (converted before, and back after) */
-	int nconv;
-	int conv_arg[8];        /* index into args */
-	bool conv_in[8], conv_out[8];
-	size_t conv_offset[8];  /* from scratch_offset + scratch */
-	size_t conv_bytes;
-	bool only_last_micro;   /* runs in the last micro-batch's backward only (an overlapped bucket) */
-	bool typed;             /* the call takes its buffers' dtype (collectives): bf16 passes as it is */
+	int nfused;
 } Kernel;
 
+typedef enum { HANDLE_REQUEST, HANDLE_BUCKET } HandleType; /* planrt_request_t, planrt_bucket_t */
+typedef struct Handle {
+	HandleType type;
+	const char *name;
+} Handle;
+
+/* One action of the stage's schedule, with the activation slot and inbox memplan.c gave it. */
+typedef struct SlotAction {
+	ActionKind kind;
+	int micro, chunk;
+	int slot;   /* activation slot */
+	int inbox;  /* receive inbox, or -1 */
+} SlotAction;
+
+typedef struct Lowered Lowered;
+
+/* The program of one pipeline stage and rank role. Buffer i < g->nvals is graph value i (BUF_NONE
+ * when the value is not on this stage); lowering appends the buffers it makes. */
 typedef struct LProg {
+	Lowered *low;
 	Graph *g;
 	PlanSpec *ps;
-	int stage;
+	int stage, role;
+	int nchunks;
 	Kernel *k;
 	int nk, capk;
-	Buffer *buf;            /* per value id */
-	size_t state_bytes;     /* parameters, gradient accumulators, optimizer states */
-	size_t arena_bytes;     /* one micro-batch's activations and temporaries (memplan) */
-	int *params;            /* parameter values on this stage, in update order */
-	int nparams;
-	int *inputs;            /* input values (tokens, targets) */
-	int ninputs;
-	int loss;               /* the loss value on this stage, or -1 */
-	/* persistent state per parameter (index as params), sized by memplan.c: the emitter
-	 * allocates exactly these and explain reports their sum */
-	long long *owned;       /* elements this rank updates: the ZeRO chunk, or the local block */
-	size_t *moment_bytes;   /* each of the optimizer's moments (0: none) */
-	size_t *master_bytes;   /* f32 master weights (lower precision), else 0 */
-	size_t *gchunk_bytes;   /* ZeRO: this rank's f32 gradient chunk, else 0 */
-	size_t zero_scratch_bytes; /* ZeRO 1/2: the gather of updated chunks */
-	size_t widened_bytes;   /* lower precision: one parameter's gradient in f32 */
-	int nprefetch;          /* ZeRO-3 parameter gathers started one parameter ahead */
-	int nbuckets;           /* gradient buckets overlapped with the backward (sync ... overlap) */
-	size_t *bucket_bytes;   /* each one's static buffer */
+	Buffer *buf;
+	int nbuf, capbuf;
+	Handle *handles;
+	int nhandles, caphandles;
+	int nslotreqs;          /* p2p requests one slot's actions use */
+	int loss_metric;        /* buffer: the step's mean loss (f64) */
+	int norm_metric;        /* buffer: the gradient norm (f64) */
+	/* memplan.c */
+	SlotAction *actions;
+	int nactions;
+	int nslots, ninbox;
+	size_t transient_bytes, slot_bytes, inbox_bytes;
+	size_t slot_offset, inbox_offset, arena_bytes;
+	size_t state_bytes[SC_COUNT];
+	/* why the C target cannot run it (NULL: it can): the first opaque kernel's op */
+	int opaque_op;
 } LProg;
 
-/* Lowers the graph for one pipeline stage; NULL after reporting what cannot be executed yet. */
-LProg *lower(Graph *g, int stage);
+/* A model parameter as the program's table lists it (init, --init, --save). */
+typedef struct ParamEntry {
+	const char *name;
+	int value, stage;       /* the parameter on its stage (a tied copy has its own entry) */
+	int rank;
+	long long gdims[MAX_DIMS], ldims[MAX_DIMS];
+	signed char split_axis[MAX_DIMS];
+	int init_kind;
+	double init_a, init_b;
+	bool saved;             /* false for a tied copy: the original is written */
+} ParamEntry;
+
+struct Lowered {
+	Graph *g;
+	PlanSpec *ps;
+	LProg **progs;          /* [stage * nroles + role index] */
+	int nprogs, nroles;
+	ParamEntry *params;
+	int nparams;
+	int npairs;             /* tied-parameter pair groups on the pipe axis */
+	int pair_a[64], pair_b[64];
+	long long seq, vocab;   /* the token data: window length and vocabulary */
+};
+
+/* lower.c: the program of every stage and role, complete for the check and explain. */
+Lowered *lower(Graph *g);
+LProg *lowered_prog(const Lowered *low, int stage, int role); /* role: RANKROLE_* */
+/* The helpers every back-end pass shares (lower.c). */
+Kernel *kernel_new(LProg *p, KernelKind kind, Phase ph, int chunk, int op);
+int buffer_new(LProg *p, BufClass cls, DType t, long long elems, const char *name, const char *what);
+void karg_buf(LProg *p, Kernel *k, int b, bool reads, bool writes);
+void karg_int(LProg *p, Kernel *k, long long i);
+void karg_f64(LProg *p, Kernel *k, double f);
+void karg(LProg *p, Kernel *k, KArgKind kind, long long i);
+void karg_ints(LProg *p, Kernel *k, const long long *v, int n, bool i32);
+void karg_bufs(LProg *p, Kernel *k, const int *bufs, int n, bool reads, bool writes);
+void karg_coord(LProg *p, Kernel *k, long long base, int axis, long long stride);
+void kernel_use(LProg *p, Kernel *k, int b);
+void kernel_def(LProg *p, Kernel *k, int b);
+Comm *kernel_comm(LProg *p, Kernel *k);
+/* An opaque kernel for graph op oi (with its communication, if any), appended in phase ph. */
+Kernel *kernel_opaque(LProg *p, int oi, Phase ph, int chunk);
+int handle_new(LProg *p, HandleType t, const char *name);
+int buffer_root(const LProg *p, int b); /* follows views to the storage */
+/* Inserts kernels: new_k[i] goes right before old kernel before[i] (before[i] == p->nk: at the
+ * end); several before the same kernel keep their order. */
+void kernels_insert(LProg *p, Kernel *new_k, const int *before, int n);
 void lprog_dump(FILE *out, const LProg *p);
 
-/* ---------------------------------------------------------------- memplan.c */
-/* Liveness over one micro-batch's kernels and first-fit offsets into one arena per rank. */
-void memplan(LProg *p);
+/* state.c, overlap.c, memplan.c: the back-end passes after lower, on every program */
+bool plan_state(Lowered *low);
+bool plan_overlap(Lowered *low);
+bool memplan(Lowered *low);
+/* verify.c: checks the IR's invariants (arguments, buffers, phases, liveness and placement after
+ * memplan); reports and returns false on the first broken one (an internal error in planc). */
+bool verify_ir(const Lowered *low, const char *after_pass);
+/* Whether planc build can run it; reports the first reason when report. */
+bool lowered_executable(const Lowered *low, bool report);
 
 /* ---------------------------------------------------------------- emit_c.c */
-/* Writes the program for every role of the plan as C into dir (prog.c); false on I/O errors. */
-bool emit_c(Graph *g, LProg **roles, int nroles, const char *dir, const char *source_path);
+/* Writes the program as C into dir/prog.c; false on I/O errors. */
+bool emit_c(const Lowered *low, const char *dir, const char *source_path);
+
+/* The back end's driver (passes.c): lower, state, overlap, memplan, with --dump-after after each
+ * and the IR verifier between passes when verify. NULL after reporting errors. */
+Lowered *run_backend(Graph *g, const char *dump_after, FILE *dump_out, bool verify);
 
 #endif

@@ -1,25 +1,27 @@
-/* schedule.c: the collective-sequence check (DESIGN 1.4).
+/* schedule.c: the collective-sequence check (DESIGN 1.4), on the loop-level IR.
  *
- * Before anything is emitted, planc proves that no rank can wait forever on a collective: for
- * every communicator (a mesh axis group, or the two-stage group of a tied parameter) every member
- * must issue the same collectives in the same order with the same element counts and dtypes, and
- * for every pair of ranks the sends of one must match the receives of the other.
+ * Before anything is emitted, planc proves that no rank can wait forever on communication: for
+ * every group every member must issue the same collectives in the same order with the same
+ * element counts, dtypes and local block shapes, and for every pair of ranks the sends of one
+ * must match the receives of the other, in order, on each channel.
  *
- * Each rank is visited through its mesh coordinates. Ranks with the same pipeline stage and async
- * role run the same op list, so their per-communicator sequences are built once and shared; every
- * group of every axis is then compared member by member. */
+ * The sequences are read off the kernels that run, in the order they run in one step: init,
+ * step_begin, the stage's action table (each action prepared one ahead, as the walker does:
+ * receives are posted when the next action is prepared, sends when an action runs; kernels of the
+ * last micro-batch only where they say so), then step and save. Every rank of a stage and role
+ * runs the same program, so members of a group along any axis other than the pipeline (and the
+ * async axis) issue identical sequences by construction; what is compared is therefore one
+ * sequence per stage and role: the pipe axis's collectives across stages, each tied-parameter pair,
+ * master against workers, and every point-to-point stream. The work is proportional to the stages
+ * and the kernels, not to the ranks. */
 #include "planc.h"
 
 #include <stdlib.h>
 #include <string.h>
 
 typedef struct Entry {
-	OpKind kind;
-	long long count;
-	DType dtype;
-	int op; /* index in the graph, for messages */
-	int rank;
-	long long shape[MAX_DIMS]; /* the local block: equal counts with different blocks still differ */
+	const Comm *c;
+	int op;
 } Entry;
 
 typedef struct Seq {
@@ -27,111 +29,119 @@ typedef struct Seq {
 	int n, cap;
 } Seq;
 
-typedef struct Checker {
-	Graph *g;
-	PlanSpec *ps;
-	int nroles;  /* stages x roles */
-	int ncomms;  /* mesh axes, then one per tied-parameter stage pair */
-	int pair_a[64], pair_b[64];
-	int npairs;
-	Seq *seqs;   /* [role][comm] */
-	int async_axis;
-} Checker;
+/* What one program issues, per group. */
+typedef struct Issued {
+	const LProg *p;
+	Seq *coll;  /* [naxes + npairs] */
+	Seq *sends; /* [naxes * npeer * 2 channels] */
+	Seq *recvs;
+} Issued;
 
-static void seq_push(Seq *s, Entry e)
+typedef struct Check {
+	const Lowered *low;
+	const PlanSpec *ps;
+	int ncomm, npeer;
+	int async_axis;
+	Issued *is; /* [nprogs] */
+} Check;
+
+static void push(Seq *s, const Comm *c, int op)
 {
 	if (s->n == s->cap) {
-		s->cap = s->cap ? s->cap * 2 : 64;
-		Entry *ne = realloc(s->e, sizeof(Entry) * (size_t)s->cap);
-		if (!ne)
+		s->cap = s->cap ? s->cap * 2 : 32;
+		s->e = realloc(s->e, sizeof(Entry) * (size_t)s->cap);
+		if (!s->e)
 			ICE("out of memory");
-		s->e = ne;
 	}
-	s->e[s->n++] = e;
+	s->e[s->n++] = (Entry){c, op};
 }
 
-static int rank_stage(const Checker *c, const int *coord)
+static int peer_index(const Check *C, int axis, int peer, int channel)
 {
-	return c->ps->pipe_axis >= 0 ? coord[c->ps->pipe_axis] : 0;
+	if (peer < 0 || peer >= C->npeer || channel < 0 || channel > 1)
+		ICE("p2p peer %d (channel %d) out of range", peer, channel);
+	return (axis * C->npeer + peer) * 2 + channel;
 }
 
-static int rank_role(const Checker *c, const int *coord)
+static void issue_kernel(Check *C, Issued *is, const Kernel *k)
 {
-	if (c->async_axis < 0)
-		return RANKROLE_ANY;
-	return coord[c->async_axis] == 0 ? RANKROLE_MASTER : RANKROLE_WORKER;
-}
-
-static int role_index(const Checker *c, int stage, int role)
-{
-	return stage * 3 + role;
-}
-
-static bool runs_on(const Op *op, int stage, int role)
-{
-	if (op->role != RANKROLE_ANY && op->role != role)
-		return false;
-	if (op->stage_group[0] >= 0)
-		return stage == op->stage_group[0] || stage == op->stage_group[1];
-	return op->stage == stage;
-}
-
-static int comm_of(Checker *c, const Op *op)
-{
-	if (op->stage_group[0] < 0)
-		return op->axis;
-	for (int i = 0; i < c->npairs; i++)
-		if (c->pair_a[i] == op->stage_group[0] && c->pair_b[i] == op->stage_group[1])
-			return c->ps->naxes + i;
-	if (c->npairs == 64)
-		ICE("too many tied-parameter groups");
-	c->pair_a[c->npairs] = op->stage_group[0];
-	c->pair_b[c->npairs] = op->stage_group[1];
-	return c->ps->naxes + c->npairs++;
-}
-
-static long long entry_count(const Graph *g, const Op *op, int stage)
-{
-	int v = op->in[0];
-	if (op->stage_group[0] >= 0 && stage == op->stage_group[1] && op->nin > 1)
-		v = op->in[1];
-	if (op->kind == OP_RECV)
-		v = op->out[0];
-	return value_local_elems(g, v);
-}
-
-static DType entry_dtype(const Graph *g, const Op *op)
-{
-	return g->vals[op->kind == OP_RECV ? op->out[0] : op->in[0]].dtype;
-}
-
-static Entry make_entry(const Graph *g, const Op *op, int index, int stage)
-{
-	Entry e;
-	memset(&e, 0, sizeof e);
-	e.kind = op->kind;
-	e.count = entry_count(g, op, stage);
-	e.dtype = entry_dtype(g, op);
-	e.op = index;
-	int v = op->in[0];
-	if (op->stage_group[0] >= 0 && stage == op->stage_group[1] && op->nin > 1)
-		v = op->in[1];
-	if (op->kind == OP_RECV)
-		v = op->out[0];
-	const Value *val = &g->vals[v];
-	e.rank = val->rank;
-	for (int d = 0; d < val->rank; d++) {
-		e.shape[d] = val->dim[d];
-		for (int a = 0; a < g->ps->naxes; a++)
-			if (val->lay.on[a] == d)
-				e.shape[d] /= g->ps->axes[a].size;
+	for (int i = 0; i < k->ncomm; i++) {
+		const Comm *c = &k->comm[i];
+		if (c->coll == OP_SEND || c->coll == OP_RECV) {
+			Seq *s = c->coll == OP_SEND ? is->sends : is->recvs;
+			push(&s[peer_index(C, c->axis, c->peer, c->channel)], c, k->op);
+		} else {
+			push(&is->coll[c->pair >= 0 ? C->ps->naxes + c->pair : c->axis], c, k->op);
+		}
 	}
-	return e;
 }
 
-static bool same_entry(const Entry *x, const Entry *y)
+static void issue_phase(Check *C, Issued *is, Phase ph, int chunk, int micro, int last_micro)
 {
-	if (x->kind != y->kind || x->count != y->count || x->dtype != y->dtype || x->rank != y->rank)
+	const LProg *p = is->p;
+	for (int i = 0; i < p->nk; i++) {
+		const Kernel *k = &p->k[i];
+		if (k->phase != ph || (chunk >= 0 && k->chunk != chunk))
+			continue;
+		if (k->only_last_micro && micro != last_micro)
+			continue;
+		issue_kernel(C, is, k);
+	}
+}
+
+static void prepare(Check *C, Issued *is, const SlotAction *a, int last_micro)
+{
+	issue_phase(C, is, a->kind == ACT_FORWARD ? PH_PREPARE_F : PH_PREPARE_B, a->chunk, a->micro, last_micro);
+}
+
+/* One step of a program, in execution order. */
+static void issue_program(Check *C, Issued *is)
+{
+	const LProg *p = is->p;
+	int last = p->ps->micro_batches > 0 ? p->ps->micro_batches - 1 : 0;
+	issue_phase(C, is, PH_INIT, -1, 0, last);
+	issue_phase(C, is, PH_STEP_BEGIN, -1, 0, last);
+	if (p->nactions)
+		prepare(C, is, &p->actions[0], last);
+	for (int i = 0; i < p->nactions; i++) {
+		if (i + 1 < p->nactions)
+			prepare(C, is, &p->actions[i + 1], last);
+		const SlotAction *a = &p->actions[i];
+		issue_phase(C, is, a->kind == ACT_FORWARD ? PH_FORWARD : PH_BACKWARD, a->chunk, a->micro, last);
+	}
+	issue_phase(C, is, PH_STEP, -1, 0, last);
+	issue_phase(C, is, PH_SAVE, -1, 0, last);
+}
+
+/* ------------------------------------------------------------------ ranks and programs */
+
+/* The program a rank with coordinate c on axis (others 0) runs. */
+static int program_at(const Check *C, int axis, int c)
+{
+	const PlanSpec *ps = C->ps;
+	int stage = axis == ps->pipe_axis ? c : 0;
+	int role = C->async_axis < 0 ? RANKROLE_ANY : (axis == C->async_axis ? c : 0) == 0 ? RANKROLE_MASTER : RANKROLE_WORKER;
+	for (int i = 0; i < C->low->nprogs; i++) {
+		const LProg *p = C->low->progs[i];
+		if (p->stage == stage && (C->low->nroles == 1 || p->role == role))
+			return i;
+	}
+	ICE("no program for stage %d role %d", stage, role);
+}
+
+static int rank_at(const PlanSpec *ps, int axis, int c)
+{
+	int r = 0;
+	for (int a = 0; a < ps->naxes; a++)
+		r = r * ps->axes[a].size + (a == axis ? c : 0);
+	return r;
+}
+
+/* ------------------------------------------------------------------ comparing */
+
+static bool same(const Comm *x, const Comm *y, bool transfer)
+{
+	if ((!transfer && x->coll != y->coll) || x->elems != y->elems || x->dtype != y->dtype || x->rank != y->rank)
 		return false;
 	for (int d = 0; d < x->rank; d++)
 		if (x->shape[d] != y->shape[d])
@@ -139,45 +149,41 @@ static bool same_entry(const Entry *x, const Entry *y)
 	return true;
 }
 
-static void describe(const Checker *c, const Entry *e, int stage, const char *who)
+static void describe(const Comm *c, int stage, int rank)
 {
-	const Graph *g = c->g;
-	const Op *op = &g->ops[e->op];
-	const char *what = g->vals[op->kind == OP_RECV ? op->out[0] : op->in[0]].name;
 	char shape[128] = "";
 	size_t used = 0;
-	for (int d = 0; d < e->rank && used < sizeof shape; d++)
-		used += (size_t)snprintf(shape + used, sizeof shape - used, "%s%lld", d ? ", " : "", e->shape[d]);
-	diag_note_plain("%s (stage %d) issues %s of %lld %s [%s]%s%s", who, stage, op_names[e->kind], e->count,
-			dtype_name(e->dtype), shape, what ? " for " : "", what ? what : "");
+	for (int d = 0; d < c->rank && used < sizeof shape; d++)
+		used += (size_t)snprintf(shape + used, sizeof shape - used, "%s%lld", d ? ", " : "", c->shape[d]);
+	diag_note_plain("rank %d (stage %d) issues %s of %lld %s [%s]%s%s", rank, stage, op_names[c->coll], c->elems,
+			dtype_name(c->dtype), shape, c->what ? " for " : "", c->what ? c->what : "");
 }
 
-static bool compare(Checker *c, const Seq *a, const Seq *b, int sa, int sb, int ra, int rb, const char *group)
+static bool compare(const Check *C, const Seq *a, const Seq *b, int ia, int ib, int ra, int rb, const char *group,
+		    bool transfer, bool tied)
 {
+	const Graph *g = C->low->g;
 	int n = a->n > b->n ? a->n : b->n;
 	for (int i = 0; i < n; i++) {
 		const Entry *x = i < a->n ? &a->e[i] : NULL, *y = i < b->n ? &b->e[i] : NULL;
-		if (x && y && same_entry(x, y))
+		if (x && y && same(x->c, y->c, transfer))
 			continue;
-		const Op *op = x ? &c->g->ops[x->op] : &c->g->ops[y->op];
-		const Source *src = op->src ? op->src : c->ps->src;
-		Loc loc = op->src ? op->loc : c->ps->plan->name_loc;
+		int op = x ? x->op : y->op;
+		const Op *o = op >= 0 ? &g->ops[op] : NULL;
+		const Source *src = o && o->src ? o->src : C->ps->src;
+		Loc loc = o && o->src ? o->loc : C->ps->plan->name_loc;
 		diag_error(src, loc, "collectives would not match: call #%d in the %s group differs between rank %d and rank %d",
 			   i + 1, group, ra, rb);
-		char who[64];
-		if (x) {
-			snprintf(who, sizeof who, "rank %d", ra);
-			describe(c, x, sa, who);
-		} else {
+		int sa = C->low->progs[ia]->stage, sb = C->low->progs[ib]->stage;
+		if (x)
+			describe(x->c, sa, ra);
+		else
 			diag_note_plain("rank %d (stage %d) issues nothing more", ra, sa);
-		}
-		if (y) {
-			snprintf(who, sizeof who, "rank %d", rb);
-			describe(c, y, sb, who);
-		} else {
+		if (y)
+			describe(y->c, sb, rb);
+		else
 			diag_note_plain("rank %d (stage %d) issues nothing more", rb, sb);
-		}
-		if (op->stage_group[0] >= 0)
+		if (tied)
 			diag_note_plain("a parameter shared by two pipeline stages must have the same layout on both; "
 					"make their stage rules agree");
 		return false;
@@ -185,162 +191,93 @@ static bool compare(Checker *c, const Seq *a, const Seq *b, int sa, int sb, int 
 	return true;
 }
 
-static void rank_coords(const PlanSpec *ps, int rank, int *coord)
+bool check_collectives(const Lowered *low)
 {
-	for (int a = ps->naxes - 1; a >= 0; a--) {
-		coord[a] = rank % ps->axes[a].size;
-		rank /= ps->axes[a].size;
-	}
-}
-
-static int coords_rank(const PlanSpec *ps, const int *coord)
-{
-	int r = 0;
-	for (int a = 0; a < ps->naxes; a++)
-		r = r * ps->axes[a].size + coord[a];
-	return r;
-}
-
-bool check_collectives(Graph *g)
-{
-	PlanSpec *ps = g->ps;
-	Checker c = {.g = g, .ps = ps, .async_axis = -1};
+	const PlanSpec *ps = low->ps;
+	Check C = {.low = low, .ps = ps, .async_axis = -1};
 	if (ps->sync == SYNC_ASYNC)
 		for (int r = 0; r < ps->nrules; r++)
 			if (ps->rules[r].dim_name && ps->batch_dim && !strcmp(ps->rules[r].dim_name, ps->batch_dim))
-				c.async_axis = ps->rules[r].axis;
-	int nstages = g->nstages;
-	for (int i = 0; i < g->nops; i++)
-		if (g->ops[i].stage_group[0] >= 0)
-			comm_of(&c, &g->ops[i]);
-	c.ncomms = ps->naxes + c.npairs;
-	c.nroles = nstages * 3;
-	c.seqs = calloc((size_t)c.nroles * (size_t)c.ncomms, sizeof(Seq));
-	/* p2p: sends[role][peer stage or coord] kept as sequences too */
-	int npeer = nstages > 1 ? nstages : 1;
-	int maxc = 1;
+				C.async_axis = ps->rules[r].axis;
+	C.ncomm = ps->naxes + low->npairs;
+	C.npeer = 1; /* transfers run along the pipe axis and the async axis only */
 	for (int a = 0; a < ps->naxes; a++)
-		if (ps->axes[a].size > maxc)
-			maxc = ps->axes[a].size;
-	if (npeer < maxc)
-		npeer = maxc;
-	Seq *sends = calloc((size_t)c.nroles * (size_t)npeer, sizeof(Seq));
-	Seq *recvs = calloc((size_t)c.nroles * (size_t)npeer, sizeof(Seq));
-	if (!c.seqs || !sends || !recvs)
+		if ((a == ps->pipe_axis || a == C.async_axis) && ps->axes[a].size > C.npeer)
+			C.npeer = ps->axes[a].size;
+	C.is = calloc((size_t)low->nprogs, sizeof(Issued));
+	if (!C.is)
 		ICE("out of memory");
-	for (int s = 0; s < nstages; s++)
-		for (int role = 0; role < 3; role++) {
-			int ri = role_index(&c, s, role);
-			for (int i = 0; i < g->nops; i++) {
-				const Op *op = &g->ops[i];
-				OpClass k = op_classes[op->kind];
-				if ((k != OPK_COLLECTIVE && k != OPK_P2P) || op->kind == OP_SLICE)
-					continue;
-				if (!runs_on(op, s, role))
-					continue;
-				Entry e = make_entry(g, op, i, s);
-				if (k == OPK_COLLECTIVE) {
-					seq_push(&c.seqs[ri * c.ncomms + comm_of(&c, op)], e);
-				} else {
-					int peer = op->peer >= 0 ? op->peer : (int)op->n;
-					if (peer < 0 || peer >= npeer)
-						ICE("p2p peer out of range");
-					seq_push(&(op->kind == OP_SEND ? sends : recvs)[ri * npeer + peer], e);
-				}
-			}
-		}
+	for (int i = 0; i < low->nprogs; i++) {
+		Issued *is = &C.is[i];
+		is->p = low->progs[i];
+		is->coll = calloc((size_t)C.ncomm, sizeof(Seq));
+		is->sends = calloc((size_t)ps->naxes * (size_t)C.npeer * 2, sizeof(Seq));
+		is->recvs = calloc((size_t)ps->naxes * (size_t)C.npeer * 2, sizeof(Seq));
+		if (!is->coll || !is->sends || !is->recvs)
+			ICE("out of memory");
+		issue_program(&C, is);
+	}
 	bool ok = true;
-	int world = ps->world > 0 ? ps->world : 1;
-	int coord[MAX_AXES], other[MAX_AXES];
-	char group[128];
-	/* every group of every mesh axis: compare each member with the group's first member */
-	for (int r = 0; r < world && ok; r++) {
-		rank_coords(ps, r, coord);
-		int s = rank_stage(&c, coord), role = rank_role(&c, coord);
-		for (int a = 0; a < ps->naxes && ok; a++) {
-			if (coord[a] != 0)
-				continue; /* r is the first member of this group */
-			for (int k = 1; k < ps->axes[a].size && ok; k++) {
-				memcpy(other, coord, sizeof coord);
-				other[a] = k;
-				int s2 = rank_stage(&c, other), role2 = rank_role(&c, other);
-				if (s2 == s && role2 == role)
-					continue; /* same op list: identical sequences */
-				snprintf(group, sizeof group, "'%s'", ps->axes[a].name);
-				ok = compare(&c, &c.seqs[role_index(&c, s, role) * c.ncomms + a],
-					     &c.seqs[role_index(&c, s2, role2) * c.ncomms + a], s, s2, r, coords_rank(ps, other), group);
-			}
-		}
-		for (int p = 0; p < c.npairs && ok; p++) {
-			if (s != c.pair_a[p])
+	char group[160];
+	/* groups whose members run different programs: the pipe axis and the async axis */
+	for (int a = 0; a < ps->naxes && ok; a++) {
+		if (a != ps->pipe_axis && a != C.async_axis)
+			continue;
+		int i0 = program_at(&C, a, 0);
+		for (int c = 1; c < ps->axes[a].size && ok; c++) {
+			int ic = program_at(&C, a, c);
+			if (ic == i0)
 				continue;
-			memcpy(other, coord, sizeof coord);
-			other[ps->pipe_axis] = c.pair_b[p];
-			snprintf(group, sizeof group, "tied-parameter (stages %d and %d)", c.pair_a[p], c.pair_b[p]);
-			int ri = role_index(&c, s, role), ri2 = role_index(&c, c.pair_b[p], rank_role(&c, other));
-			ok = compare(&c, &c.seqs[ri * c.ncomms + ps->naxes + p], &c.seqs[ri2 * c.ncomms + ps->naxes + p], s,
-				     c.pair_b[p], r, coords_rank(ps, other), group);
+			snprintf(group, sizeof group, "'%s'", ps->axes[a].name);
+			ok = compare(&C, &C.is[i0].coll[a], &C.is[ic].coll[a], i0, ic, rank_at(ps, a, 0), rank_at(ps, a, c), group,
+				     false, false);
 		}
 	}
-	/* point to point: what rank r sends to its peer, the peer receives from r, in order */
-	for (int r = 0; r < world && ok; r++) {
-		rank_coords(ps, r, coord);
-		int s = rank_stage(&c, coord), role = rank_role(&c, coord);
-		int ri = role_index(&c, s, role);
-		for (int peer = 0; peer < npeer && ok; peer++) {
-			const Seq *out = &sends[ri * npeer + peer];
-			if (!out->n)
-				continue;
-			const Op *op = &g->ops[out->e[0].op];
-			memcpy(other, coord, sizeof coord);
-			other[op->axis] = peer;
-			int ps2 = rank_stage(&c, other), role2 = rank_role(&c, other);
-			int me = coord[op->axis];
-			const Seq *in = &recvs[role_index(&c, ps2, role2) * npeer + me];
-			snprintf(group, sizeof group, "point-to-point (rank %d to rank %d)", r, coords_rank(ps, other));
-			Seq a = *out, b = *in;
-			/* compare kinds as transfers: a SEND matches a RECV */
-			Seq bb = {0};
-			for (int i = 0; i < b.n; i++) {
-				Entry e = b.e[i];
-				e.kind = OP_SEND;
-				seq_push(&bb, e);
-			}
-			ok = compare(&c, &a, &bb, s, ps2, r, coords_rank(ps, other), group);
-			free(bb.e);
+	/* tied-parameter pairs */
+	for (int q = 0; q < low->npairs && ok; q++) {
+		int ia = program_at(&C, ps->pipe_axis, low->pair_a[q]), ib = program_at(&C, ps->pipe_axis, low->pair_b[q]);
+		snprintf(group, sizeof group, "tied-parameter (stages %d and %d)", low->pair_a[q], low->pair_b[q]);
+		ok = compare(&C, &C.is[ia].coll[ps->naxes + q], &C.is[ib].coll[ps->naxes + q], ia, ib,
+			     rank_at(ps, ps->pipe_axis, low->pair_a[q]), rank_at(ps, ps->pipe_axis, low->pair_b[q]), group, false,
+			     true);
+	}
+	/* point to point: what the rank at coordinate c sends to its peer p, p receives from c */
+	for (int a = 0; a < ps->naxes && ok; a++) {
+		if (a != ps->pipe_axis && a != C.async_axis)
+			continue;
+		for (int c = 0; c < ps->axes[a].size && ok; c++) {
+			int ic = program_at(&C, a, c);
+			for (int peer = 0; peer < ps->axes[a].size && ok; peer++)
+				for (int ch = 0; ch < 2 && ok; ch++) {
+					const Seq *out = &C.is[ic].sends[peer_index(&C, a, peer, ch)];
+					int ip = program_at(&C, a, peer);
+					const Seq *in = &C.is[ip].recvs[peer_index(&C, a, c, ch)];
+					if (!out->n && !in->n)
+						continue;
+					int rc = rank_at(ps, a, c), rp = rank_at(ps, a, peer);
+					if (!out->n) {
+						const Op *o = in->e[0].op >= 0 ? &low->g->ops[in->e[0].op] : NULL;
+						diag_error(o && o->src ? o->src : ps->src, o && o->src ? o->loc : ps->plan->name_loc,
+							   "rank %d would wait forever: it receives from rank %d, which sends it nothing", rp, rc);
+						ok = false;
+						break;
+					}
+					snprintf(group, sizeof group, "point-to-point (rank %d to rank %d)", rc, rp);
+					ok = compare(&C, out, in, ic, ip, rc, rp, group, true, false);
+				}
 		}
 	}
-	/* and a receive that no send feeds: the receiver would wait forever */
-	for (int r = 0; r < world && ok; r++) {
-		rank_coords(ps, r, coord);
-		int s = rank_stage(&c, coord), role = rank_role(&c, coord);
-		int ri = role_index(&c, s, role);
-		for (int peer = 0; peer < npeer && ok; peer++) {
-			const Seq *in = &recvs[ri * npeer + peer];
-			if (!in->n)
-				continue;
-			const Op *op = &g->ops[in->e[0].op];
-			memcpy(other, coord, sizeof coord);
-			other[op->axis] = peer;
-			int s2 = rank_stage(&c, other), role2 = rank_role(&c, other);
-			const Seq *out = &sends[role_index(&c, s2, role2) * npeer + coord[op->axis]];
-			if (out->n)
-				continue; /* matched above, from the sender's side */
-			const Source *src = op->src ? op->src : ps->src;
-			diag_error(src, op->src ? op->loc : ps->plan->name_loc,
-				   "rank %d would wait forever: it receives from rank %d, which sends it nothing", r,
-				   coords_rank(ps, other));
-			ok = false;
+	for (int i = 0; i < low->nprogs; i++) {
+		for (int k = 0; k < C.ncomm; k++)
+			free(C.is[i].coll[k].e);
+		for (int k = 0; k < ps->naxes * C.npeer * 2; k++) {
+			free(C.is[i].sends[k].e);
+			free(C.is[i].recvs[k].e);
 		}
+		free(C.is[i].coll);
+		free(C.is[i].sends);
+		free(C.is[i].recvs);
 	}
-	for (int i = 0; i < c.nroles * c.ncomms; i++)
-		free(c.seqs[i].e);
-	for (int i = 0; i < c.nroles * npeer; i++) {
-		free(sends[i].e);
-		free(recvs[i].e);
-	}
-	free(c.seqs);
-	free(sends);
-	free(recvs);
+	free(C.is);
 	return ok;
 }

@@ -163,11 +163,12 @@ void planrt_allgather_flat_finish(planrt_request_t *req)
 }
 
 void planrt_bucket_reduce_scatter(int n, void *const *bufs, const int64_t *counts, planrt_dtype_t t,
-				  float *const *shards, int accumulate, int zero_source, planrt_comm_t c, void *scratch)
+				  void *const *shards, planrt_dtype_t shard_t, int accumulate, int zero_source,
+				  planrt_comm_t c, void *scratch)
 {
 	planrt_bucket_t b = {0};
 	planrt_bucket_reduce_scatter_start(&b, n, bufs, counts, t, zero_source, c, scratch);
-	planrt_bucket_reduce_scatter_finish(&b, n, counts, shards, accumulate, c, scratch);
+	planrt_bucket_reduce_scatter_finish(&b, n, counts, shards, shard_t, accumulate, c, scratch);
 }
 
 static size_t pack(int n, void *const *bufs, const int64_t *counts, size_t elem, char *packed)
@@ -232,8 +233,8 @@ void planrt_bucket_reduce_scatter_start(planrt_bucket_t *b, int n, void *const *
 	b->active = 1;
 }
 
-void planrt_bucket_reduce_scatter_finish(planrt_bucket_t *b, int n, const int64_t *counts, float *const *shards,
-					 int accumulate, planrt_comm_t c, void *buf)
+void planrt_bucket_reduce_scatter_finish(planrt_bucket_t *b, int n, const int64_t *counts, void *const *shards,
+					 planrt_dtype_t shard_t, int accumulate, planrt_comm_t c, void *buf)
 {
 	if (!b->active)
 		planrt_fatal("internal error: a gradient bucket finished before it started");
@@ -246,13 +247,39 @@ void planrt_bucket_reduce_scatter_finish(planrt_bucket_t *b, int n, const int64_
 	const float *at = (const float *)buf + (size_t)size * (size_t)total;
 	for (int i = 0; i < n; i++) {
 		int64_t chunk = planrt_flat_chunk(counts[i], c);
-		if (accumulate)
-			for (int64_t j = 0; j < chunk; j++)
-				shards[i][j] += at[j];
-		else
-			memcpy(shards[i], at, sizeof(float) * (size_t)chunk);
+		if (shard_t == planrt_f32) {
+			float *dst = shards[i];
+			if (accumulate)
+				for (int64_t j = 0; j < chunk; j++)
+					dst[j] += at[j];
+			else
+				memcpy(dst, at, sizeof(float) * (size_t)chunk);
+		} else if (accumulate) {
+			planrt_accumulate_f32(shards[i], shard_t, at, chunk);
+		} else {
+			planrt_cast(at, planrt_f32, shards[i], shard_t, chunk);
+		}
 		at += chunk;
 	}
+}
+
+/* ------------------------------------------------------------------ tied-parameter groups */
+
+enum { MAX_PAIRS = 64 };
+static planrt_comm_t pairs[MAX_PAIRS];
+
+void planrt_make_pair_comm(int axis, int a, int b, int index)
+{
+	if (index < 0 || index >= MAX_PAIRS)
+		planrt_fatal("internal error: tied-parameter group %d (at most %d)", index, MAX_PAIRS);
+	PLANRT_CHECK(planrt_pair_comm(axis, a, b, &pairs[index]));
+}
+
+planrt_comm_t planrt_pair(int index)
+{
+	if (index < 0 || index >= MAX_PAIRS || !pairs[index])
+		planrt_fatal("internal error: tied-parameter group %d used on a rank outside it", index);
+	return pairs[index];
 }
 
 void planrt_bucket_progress(planrt_bucket_t *b)

@@ -45,7 +45,8 @@ void planrt_allgather_flat_finish(planrt_request_t *req);
  * buffers are cleared after packing (ZeRO 2 and 3 keep no whole gradient across micro-batches).
  * scratch: (size + 1) * sum of c_i floats. */
 void planrt_bucket_reduce_scatter(int n, void *const *bufs, const int64_t *counts, planrt_dtype_t t,
-				  float *const *shards, int accumulate, int zero_source, planrt_comm_t c, void *scratch);
+				  void *const *shards, planrt_dtype_t shard_t, int accumulate, int zero_source,
+				  planrt_comm_t c, void *scratch);
 
 /* Packs n gradient buffers of dtype t into scratch, all-reduces (sum), unpacks. */
 void planrt_bucket_allreduce(int n, void *const *bufs, const int64_t *counts, planrt_dtype_t t, planrt_comm_t c,
@@ -67,8 +68,8 @@ void planrt_bucket_allreduce_finish(planrt_bucket_t *b, int n, void *const *bufs
 				    planrt_dtype_t t, void *buf);
 void planrt_bucket_reduce_scatter_start(planrt_bucket_t *b, int n, void *const *bufs, const int64_t *counts,
 					planrt_dtype_t t, int zero_source, planrt_comm_t c, void *buf);
-void planrt_bucket_reduce_scatter_finish(planrt_bucket_t *b, int n, const int64_t *counts, float *const *shards,
-					 int accumulate, planrt_comm_t c, void *buf);
+void planrt_bucket_reduce_scatter_finish(planrt_bucket_t *b, int n, const int64_t *counts, void *const *shards,
+					 planrt_dtype_t shard_t, int accumulate, planrt_comm_t c, void *buf);
 void planrt_bucket_progress(planrt_bucket_t *b);
 
 /* loss = sum over rows of (lse - target logit) * scale; lse saved for the backward. With a
@@ -100,11 +101,19 @@ void planrt_request_progress(planrt_request_t *req); /* lets an in-flight reques
 void planrt_fill(void *dst, int64_t n, planrt_dtype_t t, double value);
 /* dst += src: f32, f64, or bf16 / f16 widened, added in f32 and rounded once */
 void planrt_accumulate(void *dst, const void *src, int64_t n, planrt_dtype_t t);
+/* dst (of dtype t: f32, bf16, f16) += src (f32), each element rounded once */
+void planrt_accumulate_f32(void *dst, planrt_dtype_t t, const float *src, int64_t n);
 /* any pair among f32, bf16, f16, f64 (same dtype: a copy, of any dtype); dst does not overlap
  * src unless the dtypes are the same */
 void planrt_cast(const void *src, planrt_dtype_t from, void *dst, planrt_dtype_t to, int64_t n);
 /* *acc += weight * sum of x[i]^2 (x of dtype t: f32, bf16, f16; summed in double in order) */
 void planrt_sum_squares_acc(double *acc, const void *x, int64_t n, planrt_dtype_t t, double weight);
+/* The squared norm of a ZeRO bucket shard: the shard holds elements [lo, lo + n) of the bucket,
+ * whose tensors (segments) sit at seg_off[i] with seg_len[i] elements, each a gradient with
+ * replicas[i] identical copies across the mesh (its sum of squares is divided by that; 0: not
+ * counted at all, a tied copy). */
+void planrt_sum_squares_shard(double *acc, const void *shard, planrt_dtype_t t, int64_t lo, int64_t n, int nseg,
+			      const int64_t *seg_off, const int64_t *seg_len, const int64_t *replicas);
 /* *norm = sqrt(*sumsq); *coef = max_norm / (norm + 1e-6) when max_norm > 0 and norm > max_norm, else 1 */
 void planrt_clip_coef(const double *sumsq, double *norm, double *coef, double max_norm);
 /* One optimizer step on n elements (PyTorch semantics, see planrt_opt_step): the learning rate is
@@ -117,6 +126,12 @@ void planrt_optimizer_step(int kind, double lr, double beta1, double beta2, doub
 			   const void *grad, planrt_dtype_t gt, float *m, float *v, int64_t n, const double *coef);
 /* *acc += scale * *loss */
 void planrt_loss_accumulate(double *acc, const float *loss, double scale);
+
+/* The tied-parameter pair groups of a program, made once at init (collective over the world:
+ * every rank calls it with the same arguments, in the same order): planrt_pair(index) is the
+ * group of stages a and b along axis through this rank, or NULL when this rank is in neither. */
+void planrt_make_pair_comm(int axis, int a, int b, int index);
+planrt_comm_t planrt_pair(int index);
 
 /* Sums x over every rank of the world. */
 double planrt_world_sum(double x);

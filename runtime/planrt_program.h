@@ -133,8 +133,9 @@ int planrt_main(int argc, char **argv, const planrt_program_t *program);
 /* ------------------------------------------------------------------ kernels the IR calls
  * Initialisation and checkpoints address a parameter's local block by element: the buffer's
  * element j holds local element lo + j, for j in [0, n); positions whose lo + j falls outside
- * [0, local elements) are padding (init writes zeros there, save skips them). lo and n may
- * depend on the rank's coordinate on a ZeRO axis (shards). */
+ * [0, local elements) are padding or belong to another parameter of the same shard (init
+ * leaves them as they are, save skips them). lo and n may depend on the rank's coordinate on a
+ * ZeRO axis (shards). */
 void planrt_init_param(planrt_ctx_t *ctx, void *dst, planrt_dtype_t dtype, int param, int64_t lo, int64_t n);
 /* Writes this rank's piece into the open checkpoint. shard_axis >= 0: the piece is this rank's
  * ZeRO shard over that axis (every coordinate writes its own); otherwise only the rank with

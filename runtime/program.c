@@ -341,19 +341,12 @@ void planrt_init_param(planrt_ctx_t *ctx, void *dst, planrt_dtype_t dtype, int p
 			planrt_init_block(block, p->rank, p->gdims, p->ldims, offs, p->init_kind, p->a, p->b, ctx->seed,
 					  p->name);
 	}
-	if (dtype == planrt_f32) {
-		float *y = dst;
-		memset(y, 0, sizeof(float) * (size_t)j0);
-		if (j1 > j0)
-			memcpy(y + j0, block + lo + j0, sizeof(float) * (size_t)(j1 - j0));
-		memset(y + j1, 0, sizeof(float) * (size_t)(n - j1));
-	} else {
-		uint16_t *y = dst;
-		memset(y, 0, sizeof(uint16_t) * (size_t)j0);
-		if (j1 > j0)
-			planrt_k_f32_to_bf16(block + lo + j0, y + j0, j1 - j0);
-		memset(y + j1, 0, sizeof(uint16_t) * (size_t)(n - j1));
-	}
+	/* positions outside [j0, j1) are left as they are: a ZeRO bucket shard holds several
+	 * parameters, each initialising its own part */
+	if (j1 > j0 && dtype == planrt_f32)
+		memcpy((float *)dst + j0, block + lo + j0, sizeof(float) * (size_t)(j1 - j0));
+	else if (j1 > j0)
+		planrt_k_f32_to_bf16(block + lo + j0, (uint16_t *)dst + j0, j1 - j0);
 	free(block);
 }
 

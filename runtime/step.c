@@ -202,6 +202,20 @@ void planrt_accumulate(void *dst, const void *src, int64_t n, planrt_dtype_t t)
 	planrt_fatal("planrt_accumulate: %s buffers are not accumulated (f32, bf16, f16 or f64)", dtype_name(t));
 }
 
+void planrt_accumulate_f32(void *dst, planrt_dtype_t t, const float *src, int64_t n)
+{
+	check_count("planrt_accumulate_f32", n);
+	if (t == planrt_f32) {
+		planrt_accumulate(dst, src, n, t);
+		return;
+	}
+	if (!is_half(t))
+		planrt_fatal("planrt_accumulate_f32: into %s (f32, bf16 or f16)", dtype_name(t));
+	uint16_t *d = dst;
+	for (int64_t i = 0; i < n; i++) /* f32 sum of a half value and an f32 one, rounded once */
+		d[i] = f32_half(half_f32(d[i], t) + src[i], t);
+}
+
 /* a half-precision buffer widened to f32 */
 static void half_to_f32(const uint16_t *x, float *y, int64_t n, planrt_dtype_t t)
 {
@@ -276,6 +290,24 @@ void planrt_sum_squares_acc(double *acc, const void *x, int64_t n, planrt_dtype_
 		planrt_fatal("planrt_sum_squares_acc: %s input (f32, bf16 or f16)", dtype_name(t));
 	}
 	*acc += weight * s;
+}
+
+void planrt_sum_squares_shard(double *acc, const void *shard, planrt_dtype_t t, int64_t lo, int64_t n, int nseg,
+			      const int64_t *seg_off, const int64_t *seg_len, const int64_t *replicas)
+{
+	check_count("planrt_sum_squares_shard", n);
+	size_t elem = t == planrt_f32 ? 4 : 2;
+	for (int i = 0; i < nseg; i++) {
+		if (replicas[i] <= 0)
+			continue; /* a tied copy: its original counts */
+		int64_t a = seg_off[i] > lo ? seg_off[i] : lo;
+		int64_t b = seg_off[i] + seg_len[i] < lo + n ? seg_off[i] + seg_len[i] : lo + n;
+		if (b <= a)
+			continue;
+		double s = 0;
+		planrt_sum_squares_acc(&s, (const char *)shard + (size_t)(a - lo) * elem, b - a, t, 1.0);
+		*acc += s / (double)replicas[i];
+	}
 }
 
 void planrt_clip_coef(const double *sumsq, double *norm, double *coef, double max_norm)

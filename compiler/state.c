@@ -1,0 +1,797 @@
+/* state.c: the persistent state of every stage program, and the phases around the micro-batches.
+ *
+ * Lowering (lower.c) leaves each parameter and gradient accumulator as a buffer of its own. This
+ * pass decides how state is stored and writes the kernels that maintain it:
+ *
+ *   gradient buckets  The buckets sync.c formed on the primary axis (the ZeRO axis, else the axis
+ *                     that reduces the most gradient bytes) become flat buffers, and each member
+ *                     gradient a view into one (PyTorch DDP's gradient_as_bucket_view): the bucket
+ *                     is reduced in place, with no copy. Buckets on other axes (sequence-parallel
+ *                     layer-norm gradients) are packed into a transient buffer and unpacked.
+ *   ZeRO 1 and 2      Megatron's distributed-optimizer layout: a bucket is padded to a multiple of
+ *                     the ZeRO axis size N and rank r owns the contiguous shard r. Parameters of a
+ *                     bucket are views into a flat parameter buffer in the same order, so after
+ *                     the update one in-place all-gather per bucket makes them whole. ZeRO 1 keeps
+ *                     whole gradients (reduce-scattered in place at the end of the step); ZeRO 2
+ *                     keeps only a gradient shard: whole gradients live in the transient region,
+ *                     bucket by bucket, during each micro-batch's backward.
+ *   ZeRO 3            Parameters are per-tensor chunks (zero.c gathers them before each use), as
+ *                     are their gradient shards; whole gradients are transient, reduce-scattered
+ *                     every micro-batch into the chunks by packed buckets.
+ *   optimizer state   Moments (and f32 master weights for lower-precision parameters) for exactly
+ *                     the elements the rank updates: its shard, its chunk, or the whole block.
+ *
+ * So the persistent state per rank is the ZeRO paper's: 16 Psi without ZeRO (bf16 with f32
+ * master weights and Adam), 4 Psi + 12 Psi / N with ZeRO 1, 2 Psi + 14 Psi / N with ZeRO 2 and
+ * 16 Psi / N with ZeRO 3, plus padding to whole chunks and the metric scalars.
+ *
+ * Phases written here: init (parameters drawn or read, master weights, the tied-parameter pair
+ * communicators), step_begin (zero the gradients and metrics), the synchronisation that ZeRO 2
+ * and 3 run every micro-batch at the end of the backward, step (tied-parameter reductions,
+ * buckets, the gradient norm and clipping, the optimizer, master-weight casts, ZeRO gathers, the
+ * loss reduction) and save (each rank writes the parameter pieces it holds). Sync strategies the
+ * C target does not execute (local SGD, async, compression) become opaque kernels with their
+ * communication, for the check and explain. */
+#include "planc.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct Update {
+	int op;             /* the optimizer_step op */
+	int param, grad;    /* buffers (graph values) */
+	int flat;           /* the flat bucket holding the gradient, or -1 */
+	long long off;      /* the gradient's (and parameter's) offset in that bucket */
+	long long n;        /* elements of the local block */
+	long long replicas; /* identical copies of the gradient across the mesh; 0: a tied copy (its
+			     * original is counted) */
+	int chunk_grad;     /* ZeRO 3: the gradient shard buffer */
+	int master, m, v;   /* buffers, or -1 */
+} Update;
+
+typedef struct Flat {
+	int op;             /* the bucket op */
+	int *upd;
+	int nupd;
+	long long total;    /* member elements, padded to chunk * N under ZeRO */
+	long long chunk;    /* ZeRO: each rank's shard */
+	int grad;           /* buffer: the flat gradients */
+	int param;          /* ZeRO 1/2: the flat parameters */
+	int grad_shard;     /* ZeRO 2: this rank's gradient shard */
+	int master, m, v;   /* the shard's optimizer state */
+} Flat;
+
+typedef struct State {
+	LProg *p;
+	Graph *g;
+	PlanSpec *ps;
+	Update *u;
+	int nu;
+	Flat *f;
+	int nf;
+	int zero, za, zn;   /* ZeRO stage in effect (0 when its axis has size 1), axis, size */
+	int primary;        /* the axis of the flat buckets, or -1 */
+	int moments;
+	bool low;           /* parameters below f32: f32 master weights */
+	int sumsq, coef;    /* metric buffers */
+} State;
+
+static int state_buf(State *S, StateKind kind, DType t, long long elems, const char *name, const char *what)
+{
+	int b = buffer_new(S->p, BUF_STATE, t, elems, name, what);
+	S->p->buf[b].state = kind;
+	return b;
+}
+
+static void make_view(State *S, int b, int base, long long off, int axis, long long stride)
+{
+	Buffer *x = &S->p->buf[b];
+	x->cls = BUF_VIEW;
+	x->view_of = base;
+	x->view_off = off;
+	x->view_axis = axis;
+	x->view_stride = stride;
+}
+
+static int view_new(State *S, int base, long long off, int axis, long long stride, long long elems, const char *name)
+{
+	Buffer *bb = &S->p->buf[base];
+	int b = buffer_new(S->p, BUF_VIEW, bb->dtype, elems, name, bb->what);
+	make_view(S, b, base, off, axis, stride);
+	return b;
+}
+
+static Kernel *step_kernel(State *S, KernelKind kind, Phase ph, const char *note)
+{
+	Kernel *k = kernel_new(S->p, kind, ph, 0, -1);
+	k->note = note;
+	return k;
+}
+
+static int param_index(const State *S, int value)
+{
+	const Lowered *low = S->p->low;
+	for (int i = 0; i < low->nparams; i++)
+		if (low->params[i].value == value && low->params[i].stage == S->p->stage)
+			return i;
+	ICE("parameter %%%d has no table entry", value);
+}
+
+/* Whether an update is on a ZeRO 1/2 shard of a flat bucket (else it updates its whole block, or
+ * its ZeRO-3 chunk). */
+static bool sharded(const State *S, const Update *u)
+{
+	return u->flat >= 0 && S->zero >= 1;
+}
+
+static int update_of_grad(const State *S, int grad)
+{
+	for (int i = 0; i < S->nu; i++)
+		if (S->u[i].grad == grad)
+			return i;
+	return -1;
+}
+
+static int update_of_param(const State *S, int param)
+{
+	for (int i = 0; i < S->nu; i++)
+		if (S->u[i].param == param)
+			return i;
+	return -1;
+}
+
+/* ------------------------------------------------------------------ collectives */
+
+static void comm_flat(State *S, Kernel *k, OpKind coll, int axis, long long elems, DType t, const char *what)
+{
+	Comm *c = kernel_comm(S->p, k);
+	c->coll = coll;
+	c->axis = axis;
+	c->elems = elems;
+	c->dtype = t;
+	c->rank = 1;
+	c->shape[0] = elems;
+	c->what = what;
+}
+
+/* buf (elems of dtype t) summed in place over axis (or a tied pair when pair >= 0) */
+static void allreduce_inplace(State *S, Phase ph, int buf, long long elems, int axis, int pair, const char *note)
+{
+	LProg *p = S->p;
+	Kernel *k = step_kernel(S, K_ALLREDUCE_INPLACE, ph, note);
+	karg_buf(p, k, buf, true, true);
+	karg_int(p, k, elems);
+	karg(p, k, KA_DTYPE, p->buf[buf].dtype);
+	karg(p, k, pair >= 0 ? KA_PAIR : KA_AXIS, pair >= 0 ? pair : axis);
+	karg(p, k, KA_NULL, 0);
+	comm_flat(S, k, OP_ALL_REDUCE, axis, elems, p->buf[buf].dtype, p->buf[buf].what);
+	k->comm[0].pair = pair;
+}
+
+/* ------------------------------------------------------------------ layout */
+
+static long long replicas_of(const State *S, int grad)
+{
+	const Graph *g = S->g;
+	long long r = 1;
+	for (int a = 0; a < S->ps->naxes; a++)
+		if (g->vals[grad].lay.on[a] == LAYOUT_R && a != S->za && a != S->ps->pipe_axis)
+			r *= S->ps->axes[a].size;
+	return r;
+}
+
+static void collect_updates(State *S)
+{
+	Graph *g = S->g;
+	LProg *p = S->p;
+	S->u = calloc((size_t)g->nops + 1, sizeof(Update));
+	if (!S->u)
+		ICE("out of memory");
+	for (int i = 0; i < g->nops; i++) {
+		const Op *op = &g->ops[i];
+		if (op->kind != OP_OPTIMIZER_STEP || op->stage != p->stage)
+			continue;
+		if (op->role != RANKROLE_ANY && op->role != p->role)
+			continue;
+		Update *u = &S->u[S->nu++];
+		u->op = i;
+		u->param = op->in[0];
+		u->grad = op->in[1];
+		u->flat = -1;
+		u->n = p->buf[u->grad].elems;
+		u->replicas = g->vals[u->param].tied_to >= 0 ? 0 : replicas_of(S, u->grad);
+		u->chunk_grad = u->master = u->m = u->v = -1;
+	}
+}
+
+/* The axis whose buckets hold the gradients flat: the ZeRO axis, else the one reducing the most. */
+static int primary_axis(const State *S)
+{
+	Graph *g = S->g;
+	if (S->zero >= 1)
+		return S->zero >= 3 ? -1 : S->za;
+	double best = 0;
+	int axis = -1;
+	for (int a = 0; a < S->ps->naxes; a++) {
+		double bytes = 0;
+		for (int i = 0; i < g->nops; i++) {
+			const Op *op = &g->ops[i];
+			if (op->nmembers && op->kind == OP_ALL_REDUCE && op->axis == a && op->stage == S->p->stage)
+				bytes += (double)value_elems(g, op->in[0]);
+		}
+		if (bytes > best) {
+			best = bytes;
+			axis = a;
+		}
+	}
+	return axis;
+}
+
+/* The flat buckets and the views that make member gradients (and ZeRO 1/2 parameters) theirs. */
+static void layout_flat(State *S)
+{
+	Graph *g = S->g;
+	LProg *p = S->p;
+	S->f = calloc((size_t)g->nops + 1, sizeof(Flat));
+	if (!S->f)
+		ICE("out of memory");
+	for (int i = 0; i < g->nops; i++) {
+		const Op *op = &g->ops[i];
+		if (!op->nmembers || op->stage != p->stage || op->axis != S->primary)
+			continue;
+		if (op->kind != (S->zero >= 1 ? OP_REDUCE_SCATTER : OP_ALL_REDUCE))
+			continue;
+		Flat *f = &S->f[S->nf];
+		f->op = i;
+		f->upd = arena_alloc(g->arena, sizeof(int) * (size_t)op->nmembers);
+		f->grad_shard = f->master = f->m = f->v = f->param = -1;
+		DType gt = DT_F32;
+		for (int m = 0; m < op->nmembers; m++) {
+			int ui = update_of_grad(S, op->members[m]);
+			if (ui < 0 || S->u[ui].flat >= 0)
+				ICE("bucket member %%%d is no update's gradient", op->members[m]);
+			Update *u = &S->u[ui];
+			u->flat = S->nf;
+			u->off = f->total;
+			f->total += u->n;
+			f->upd[f->nupd++] = ui;
+			gt = p->buf[u->grad].dtype;
+		}
+		if (S->zero >= 1) {
+			f->chunk = (f->total + S->zn - 1) / S->zn;
+			f->total = f->chunk * S->zn;
+		}
+		const char *what = arena_printf(g->arena, "gradient bucket %d (%d tensors)", S->nf, f->nupd);
+		if (S->zero >= 2) { /* whole gradients only during the backward */
+			f->grad = buffer_new(p, BUF_ARENA, gt, f->total, "grad_bucket", what);
+			f->grad_shard = state_buf(S, SC_GRAD, gt, f->chunk, "grad_shard", arena_printf(g->arena, "this rank's shard of %s", what));
+		} else {
+			f->grad = state_buf(S, SC_GRAD, gt, f->total, "grad_bucket", what);
+		}
+		for (int m = 0; m < f->nupd; m++)
+			make_view(S, S->u[f->upd[m]].grad, f->grad, S->u[f->upd[m]].off, -1, 0);
+		if (S->zero >= 1) {
+			DType pt = p->buf[S->u[f->upd[0]].param].dtype;
+			f->param = state_buf(S, SC_PARAM, pt, f->total, "param_bucket",
+					     arena_printf(g->arena, "the parameters of gradient bucket %d", S->nf));
+			for (int m = 0; m < f->nupd; m++)
+				make_view(S, S->u[f->upd[m]].param, f->param, S->u[f->upd[m]].off, -1, 0);
+		}
+		S->nf++;
+	}
+	/* ZeRO 2 and 3: whole gradients (accumulators and what converts them) are transient */
+	if (S->zero >= 2)
+		for (int b = 0; b < g->nvals; b++) {
+			Buffer *x = &p->buf[b];
+			if (x->cls == BUF_STATE && x->state == SC_GRAD)
+				x->cls = BUF_ARENA;
+		}
+}
+
+/* Optimizer state for the elements each update (or flat bucket shard) owns. */
+static void layout_optimizer(State *S)
+{
+	LProg *p = S->p;
+	Graph *g = S->g;
+	for (int i = 0; i < S->nf && S->zero >= 1; i++) {
+		Flat *f = &S->f[i];
+		const char *what = arena_printf(g->arena, "shard of gradient bucket %d", i);
+		if (S->moments >= 1)
+			f->m = state_buf(S, SC_OPTIM, DT_F32, f->chunk, "m_shard", what);
+		if (S->moments >= 2)
+			f->v = state_buf(S, SC_OPTIM, DT_F32, f->chunk, "v_shard", what);
+		if (S->low)
+			f->master = state_buf(S, SC_MASTER, DT_F32, f->chunk, "master_shard", what);
+	}
+	for (int i = 0; i < S->nu; i++) {
+		Update *u = &S->u[i];
+		if (sharded(S, u))
+			continue;
+		const char *name = g->vals[u->param].name;
+		long long n = p->buf[u->param].elems; /* the whole block, or the ZeRO-3 chunk */
+		if (S->zero >= 3)
+			u->chunk_grad = state_buf(S, SC_GRAD, p->buf[u->grad].dtype, n, "grad_chunk", name);
+		if (S->moments >= 1)
+			u->m = state_buf(S, SC_OPTIM, DT_F32, n, "m", name);
+		if (S->moments >= 2)
+			u->v = state_buf(S, SC_OPTIM, DT_F32, n, "v", name);
+		if (S->low)
+			u->master = state_buf(S, SC_MASTER, DT_F32, n, "master", name);
+	}
+}
+
+/* ------------------------------------------------------------------ phases */
+
+static void init_param(State *S, int dst, DType t, int param, long long base, int axis, long long stride, long long n)
+{
+	LProg *p = S->p;
+	Kernel *k = step_kernel(S, K_INIT_PARAM, PH_INIT, p->low->params[param].name);
+	karg(p, k, KA_CTX, 0);
+	karg_buf(p, k, dst, false, true);
+	karg(p, k, KA_DTYPE, t);
+	karg(p, k, KA_PARAM, param);
+	karg_coord(p, k, base, axis, stride);
+	karg_int(p, k, n);
+}
+
+static void save_param(State *S, int src, int param, long long base, int axis, long long stride, long long n)
+{
+	LProg *p = S->p;
+	Kernel *k = step_kernel(S, K_SAVE_PARAM, PH_SAVE, p->low->params[param].name);
+	karg(p, k, KA_CTX, 0);
+	karg_buf(p, k, src, true, false);
+	karg(p, k, KA_DTYPE, p->buf[src].dtype);
+	karg(p, k, KA_PARAM, param);
+	karg_coord(p, k, base, axis, stride);
+	karg_int(p, k, n);
+	karg_int(p, k, axis);
+}
+
+static void cast(State *S, Phase ph, int from, int to, long long n)
+{
+	LProg *p = S->p;
+	Kernel *k = step_kernel(S, K_CAST, ph, "master weights to the parameters");
+	karg_buf(p, k, from, true, false);
+	karg(p, k, KA_DTYPE, p->buf[from].dtype);
+	karg_buf(p, k, to, false, true);
+	karg(p, k, KA_DTYPE, p->buf[to].dtype);
+	karg_int(p, k, n);
+}
+
+static void fill(State *S, Phase ph, int b, long long n, const char *note)
+{
+	LProg *p = S->p;
+	Kernel *k = step_kernel(S, K_FILL, ph, note);
+	karg_buf(p, k, b, false, true);
+	karg_int(p, k, n);
+	karg(p, k, KA_DTYPE, p->buf[b].dtype);
+	karg_f64(p, k, 0.0);
+}
+
+/* init: the tied pairs' communicators, then every parameter of the stage (and master weights):
+ * drawn from the seed or read from --init by each rank for what it holds, with no communication. */
+static void phase_init(State *S)
+{
+	LProg *p = S->p;
+	Graph *g = S->g;
+	for (int q = 0; q < p->low->npairs; q++) {
+		Kernel *k = step_kernel(S, K_PAIR_COMM, PH_INIT, "the tied-parameter group");
+		karg_int(p, k, S->ps->pipe_axis);
+		karg_int(p, k, p->low->pair_a[q]);
+		karg_int(p, k, p->low->pair_b[q]);
+		karg_int(p, k, q);
+	}
+	for (int i = 0; i < g->nops; i++) {
+		const Op *op = &g->ops[i];
+		if (op->kind != OP_PARAM || op->stage != p->stage)
+			continue;
+		int v = op->out[0], pi = param_index(S, v);
+		int ui = update_of_param(S, v);
+		const Update *u = ui >= 0 ? &S->u[ui] : NULL;
+		long long n = p->buf[v].elems;
+		DType pt = p->buf[v].dtype;
+		if (S->zero >= 3) { /* this rank's chunk */
+			if (u && u->master >= 0) {
+				init_param(S, u->master, DT_F32, pi, 0, S->za, n, n);
+				cast(S, PH_INIT, u->master, v, n);
+			} else {
+				init_param(S, v, pt, pi, 0, S->za, n, n);
+			}
+		} else if (u && sharded(S, u)) { /* the whole block, and the master shard's part of it */
+			const Flat *f = &S->f[u->flat];
+			init_param(S, v, pt, pi, 0, -1, 0, n);
+			if (f->master >= 0)
+				init_param(S, f->master, DT_F32, pi, -u->off, S->za, f->chunk, f->chunk);
+		} else if (u && u->master >= 0) {
+			init_param(S, u->master, DT_F32, pi, 0, -1, 0, n);
+			cast(S, PH_INIT, u->master, v, n);
+		} else {
+			init_param(S, v, pt, pi, 0, -1, 0, n);
+		}
+	}
+}
+
+/* save: every rank writes the pieces it holds of the stage's saved parameters, in f32 from the
+ * master weights where there are some. */
+static void phase_save(State *S)
+{
+	LProg *p = S->p;
+	Graph *g = S->g;
+	for (int i = 0; i < g->nops; i++) {
+		const Op *op = &g->ops[i];
+		if (op->kind != OP_PARAM || op->stage != p->stage)
+			continue;
+		int v = op->out[0], pi = param_index(S, v);
+		if (!p->low->params[pi].saved)
+			continue;
+		int ui = update_of_param(S, v);
+		const Update *u = ui >= 0 ? &S->u[ui] : NULL;
+		long long n = p->buf[v].elems;
+		if (S->zero >= 3)
+			save_param(S, u && u->master >= 0 ? u->master : v, pi, 0, S->za, n, n);
+		else if (u && sharded(S, u) && S->f[u->flat].master >= 0)
+			save_param(S, S->f[u->flat].master, pi, -u->off, S->za, S->f[u->flat].chunk, S->f[u->flat].chunk);
+		else
+			save_param(S, u && u->master >= 0 ? u->master : v, pi, 0, -1, 0, n);
+	}
+}
+
+/* step_begin: gradients and metrics start from zero; per-micro-batch gradients (ZeRO 2/3) are
+ * cleared before their first write in each backward instead. */
+static void phase_step_begin(State *S)
+{
+	LProg *p = S->p;
+	for (int b = 0; b < p->nbuf; b++) {
+		const Buffer *x = &p->buf[b];
+		if (x->cls == BUF_STATE && (x->state == SC_GRAD || x->state == SC_METRIC))
+			fill(S, PH_STEP_BEGIN, b, x->elems, "zero the step's accumulators");
+	}
+}
+
+static void clear_transient_gradients(State *S)
+{
+	LProg *p = S->p;
+	if (S->zero < 2)
+		return;
+	bool *done = calloc((size_t)p->nbuf, sizeof(bool));
+	int *before = malloc(sizeof(int) * (size_t)(p->nbuf + 1));
+	Kernel *ins = calloc((size_t)p->nbuf + 1, sizeof(Kernel));
+	if (!done || !before || !ins)
+		ICE("out of memory");
+	int n = 0, nk = p->nk;
+	for (int i = 0; i < nk; i++) {
+		const Kernel *k = &p->k[i];
+		if (k->phase != PH_BACKWARD && k->phase != PH_STEP)
+			continue;
+		for (int d = 0; d < k->ndefs; d++) {
+			int r = buffer_root(p, k->defs[d]);
+			const Buffer *x = &p->buf[r];
+			bool grad = x->value >= 0 ? S->g->vals[x->value].grad_of >= 0 : false;
+			for (int f = 0; f < S->nf; f++)
+				if (S->f[f].grad == r)
+					grad = true;
+			if (x->cls != BUF_ARENA || !grad || done[r])
+				continue;
+			done[r] = true;
+			int at = p->nk;
+			fill(S, k->phase, r, x->elems, "this micro-batch's gradients start from zero");
+			ins[n] = p->k[at];
+			p->nk--; /* moved into the insertion list */
+			before[n++] = i;
+		}
+	}
+	kernels_insert(p, ins, before, n);
+	free(done);
+	free(before);
+	free(ins);
+}
+
+/* The buckets sync.c made, in its order, then the tied pairs (before anything that could split
+ * their gradients). */
+static void phase_sync(State *S)
+{
+	Graph *g = S->g;
+	LProg *p = S->p;
+	/* tied parameter copies on two stages: their gradients summed over the pair */
+	for (int i = 0; i < g->nops; i++) {
+		const Op *op = &g->ops[i];
+		if (op->stage_group[0] < 0 || (p->stage != op->stage_group[0] && p->stage != op->stage_group[1]))
+			continue;
+		int q = -1;
+		for (int k = 0; k < p->low->npairs; k++)
+			if (p->low->pair_a[k] == op->stage_group[0] && p->low->pair_b[k] == op->stage_group[1])
+				q = k;
+		int grad = p->stage == op->stage_group[0] ? op->in[0] : op->in[1];
+		allreduce_inplace(S, PH_STEP, grad, p->buf[grad].elems, S->ps->pipe_axis, q, "tied-parameter gradients");
+		p->k[p->nk - 1].op = i;
+	}
+	for (int i = 0; i < g->nops; i++) {
+		const Op *op = &g->ops[i];
+		if (!op->nmembers || op->stage != p->stage)
+			continue;
+		Phase ph = op->per_step ? PH_STEP : PH_BACKWARD;
+		int fi = -1;
+		for (int f = 0; f < S->nf; f++)
+			if (S->f[f].op == i)
+				fi = f;
+		if (fi >= 0) {
+			Flat *f = &S->f[fi];
+			DType t = p->buf[f->grad].dtype;
+			const char *what = p->buf[f->grad].what;
+			Kernel *k = step_kernel(S, S->zero >= 1 ? K_REDUCE_SCATTER_INPLACE : K_ALLREDUCE_INPLACE, ph, what);
+			k->op = i;
+			karg_buf(p, k, f->grad, true, true);
+			karg_int(p, k, S->zero >= 1 ? f->chunk : f->total);
+			karg(p, k, KA_DTYPE, t);
+			karg(p, k, KA_AXIS, op->axis);
+			karg(p, k, KA_NULL, 0);
+			comm_flat(S, k, S->zero >= 1 ? OP_REDUCE_SCATTER : OP_ALL_REDUCE, op->axis, f->total, t, what);
+			k->comm[0].op = i;
+			if (S->zero >= 2) { /* this micro-batch's shard into the step's */
+				int mine = view_new(S, f->grad, 0, S->za, f->chunk, f->chunk, "grad_bucket_mine");
+				Kernel *a = step_kernel(S, K_ACCUMULATE, ph, "this rank's gradient shard");
+				karg_buf(p, a, f->grad_shard, true, true);
+				karg_buf(p, a, mine, true, false);
+				karg_int(p, a, f->chunk);
+				karg(p, a, KA_DTYPE, t);
+			}
+			continue;
+		}
+		/* a packed bucket: members are copied into a transient buffer around the collective */
+		int *bufs = malloc(sizeof(int) * (size_t)op->nmembers);
+		long long *counts = malloc(sizeof(long long) * (size_t)op->nmembers);
+		int *shards = malloc(sizeof(int) * (size_t)op->nmembers);
+		if (!bufs || !counts || !shards)
+			ICE("out of memory");
+		long long total = 0, chunks = 0;
+		int size = S->ps->axes[op->axis].size;
+		for (int m = 0; m < op->nmembers; m++) {
+			bufs[m] = op->members[m];
+			counts[m] = p->buf[bufs[m]].elems;
+			total += counts[m];
+			chunks += (counts[m] + size - 1) / size;
+			int ui = update_of_grad(S, bufs[m]);
+			shards[m] = ui >= 0 ? S->u[ui].chunk_grad : -1;
+		}
+		DType t = p->buf[bufs[0]].dtype;
+		const char *what = arena_printf(g->arena, "gradient bucket on '%s' (%d tensors)", S->ps->axes[op->axis].name,
+						op->nmembers);
+		bool rs = op->kind == OP_REDUCE_SCATTER;
+		for (int m = 0; rs && m < op->nmembers; m++)
+			if (shards[m] < 0)
+				ICE("a reduce-scattered gradient without a shard");
+		int scratch = buffer_new(p, BUF_ARENA, DT_U8,
+					 rs ? (long long)((size_t)(size + 1) * (size_t)chunks * sizeof(float))
+					    : total * dtype_bytes(t),
+					 "bucket_scratch", what);
+		Kernel *k = step_kernel(S, rs ? K_BUCKET_RS : K_BUCKET_ALLREDUCE, ph, what);
+		k->op = i;
+		karg_int(p, k, op->nmembers);
+		karg_bufs(p, k, bufs, op->nmembers, true, !rs);
+		karg_ints(p, k, counts, op->nmembers, false);
+		karg(p, k, KA_DTYPE, t);
+		if (rs) {
+			karg_bufs(p, k, shards, op->nmembers, true, true);
+			karg(p, k, KA_DTYPE, p->buf[shards[0]].dtype);
+			karg_int(p, k, 1); /* accumulate into the shards */
+			karg_int(p, k, 0); /* the whole gradients are cleared before the next micro-batch */
+		}
+		karg(p, k, KA_AXIS, op->axis);
+		karg_buf(p, k, scratch, false, true);
+		/* on the wire: f32 (bf16 is widened while packing) chunks of every member for a
+		 * reduce-scatter; the members as they are for an all-reduce */
+		comm_flat(S, k, rs ? OP_REDUCE_SCATTER : OP_ALL_REDUCE, op->axis, rs ? chunks * size : total, rs ? DT_F32 : t,
+			  what);
+		k->comm[0].op = i;
+		free(bufs);
+		free(counts);
+		free(shards);
+	}
+}
+
+/* The global gradient norm, counting each distinct gradient element once: a piece replicated on
+ * r ranks weighs 1 / r; then summed over every axis. */
+static void phase_norm(State *S)
+{
+	LProg *p = S->p;
+	PlanSpec *ps = S->ps;
+	for (int i = 0; i < S->nf && S->zero >= 1; i++) {
+		const Flat *f = &S->f[i];
+		int shard = f->grad_shard >= 0 ? f->grad_shard : view_new(S, f->grad, 0, S->za, f->chunk, f->chunk, "grad_shard_view");
+		long long *off = malloc(sizeof(long long) * (size_t)f->nupd), *len = malloc(sizeof(long long) * (size_t)f->nupd);
+		long long *rep = malloc(sizeof(long long) * (size_t)f->nupd);
+		if (!off || !len || !rep)
+			ICE("out of memory");
+		for (int m = 0; m < f->nupd; m++) {
+			off[m] = S->u[f->upd[m]].off;
+			len[m] = S->u[f->upd[m]].n;
+			rep[m] = S->u[f->upd[m]].replicas;
+		}
+		Kernel *k = step_kernel(S, K_SUM_SQUARES_SHARD, PH_STEP, "gradient norm");
+		karg_buf(p, k, S->sumsq, true, true);
+		karg_buf(p, k, shard, true, false);
+		karg(p, k, KA_DTYPE, p->buf[shard].dtype);
+		karg_coord(p, k, 0, S->za, f->chunk);
+		karg_int(p, k, f->chunk);
+		karg_int(p, k, f->nupd);
+		karg_ints(p, k, off, f->nupd, false);
+		karg_ints(p, k, len, f->nupd, false);
+		karg_ints(p, k, rep, f->nupd, false);
+		free(off);
+		free(len);
+		free(rep);
+	}
+	for (int i = 0; i < S->nu; i++) {
+		const Update *u = &S->u[i];
+		if (sharded(S, u) || u->replicas == 0)
+			continue;
+		int grad = u->chunk_grad >= 0 ? u->chunk_grad : u->grad;
+		Kernel *k = step_kernel(S, K_SUM_SQUARES, PH_STEP, "gradient norm");
+		karg_buf(p, k, S->sumsq, true, true);
+		karg_buf(p, k, grad, true, false);
+		karg_int(p, k, p->buf[grad].elems);
+		karg(p, k, KA_DTYPE, p->buf[grad].dtype);
+		karg_f64(p, k, 1.0 / (double)u->replicas);
+	}
+	for (int a = 0; a < ps->naxes; a++)
+		if (ps->axes[a].size > 1)
+			allreduce_inplace(S, PH_STEP, S->sumsq, 1, a, -1, "gradient norm");
+	Kernel *k = step_kernel(S, K_CLIP_COEF, PH_STEP, "clipping");
+	karg_buf(p, k, S->sumsq, true, false);
+	karg_buf(p, k, p->norm_metric, false, true);
+	karg_buf(p, k, S->coef, false, true);
+	karg_f64(p, k, ps->clip);
+}
+
+static void optimizer(State *S, int target, int grad, int m, int v, long long n)
+{
+	LProg *p = S->p;
+	PlanSpec *ps = S->ps;
+	Kernel *k = step_kernel(S, K_OPTIMIZER, PH_STEP, p->buf[target].what);
+	karg_int(p, k, ps->optimizer);
+	karg_f64(p, k, ps->lr);
+	karg_f64(p, k, ps->beta1);
+	karg_f64(p, k, ps->beta2);
+	karg_f64(p, k, ps->eps);
+	karg_f64(p, k, ps->weight_decay);
+	karg_f64(p, k, ps->momentum);
+	karg_int(p, k, ps->warmup);
+	karg_int(p, k, ps->total_steps);
+	karg_f64(p, k, ps->min_lr);
+	karg(p, k, KA_STEP, 0);
+	karg_buf(p, k, target, true, true);
+	karg_buf(p, k, grad, true, false);
+	karg(p, k, KA_DTYPE, p->buf[grad].dtype);
+	if (m >= 0)
+		karg_buf(p, k, m, true, true);
+	else
+		karg(p, k, KA_NULL, 0);
+	if (v >= 0)
+		karg_buf(p, k, v, true, true);
+	else
+		karg(p, k, KA_NULL, 0);
+	karg_int(p, k, n);
+	karg_buf(p, k, S->coef, true, false);
+}
+
+/* The update of every owned element, the casts to lower-precision parameters, and the ZeRO 1/2
+ * gathers that make the parameters whole again. */
+static void phase_update(State *S)
+{
+	LProg *p = S->p;
+	for (int i = 0; i < S->nf && S->zero >= 1; i++) {
+		const Flat *f = &S->f[i];
+		int grad = f->grad_shard >= 0 ? f->grad_shard : view_new(S, f->grad, 0, S->za, f->chunk, f->chunk, "grad_shard_view");
+		int mine = view_new(S, f->param, 0, S->za, f->chunk, f->chunk, "param_shard");
+		optimizer(S, f->master >= 0 ? f->master : mine, grad, f->m, f->v, f->chunk);
+		if (f->master >= 0)
+			cast(S, PH_STEP, f->master, mine, f->chunk);
+	}
+	for (int i = 0; i < S->nu; i++) {
+		const Update *u = &S->u[i];
+		if (sharded(S, u))
+			continue;
+		int grad = u->chunk_grad >= 0 ? u->chunk_grad : u->grad;
+		long long n = p->buf[u->param].elems;
+		optimizer(S, u->master >= 0 ? u->master : u->param, grad, u->m, u->v, n);
+		if (u->master >= 0)
+			cast(S, PH_STEP, u->master, u->param, n);
+	}
+	for (int i = 0; i < S->nf && S->zero >= 1; i++) {
+		const Flat *f = &S->f[i];
+		Kernel *k = step_kernel(S, K_ALLGATHER_INPLACE, PH_STEP, "the updated parameters made whole");
+		karg_buf(p, k, f->param, true, true);
+		karg_int(p, k, f->chunk);
+		karg(p, k, KA_DTYPE, p->buf[f->param].dtype);
+		karg(p, k, KA_AXIS, S->za);
+		karg(p, k, KA_NULL, 0);
+		comm_flat(S, k, OP_ALL_GATHER, S->za, f->total, p->buf[f->param].dtype, p->buf[f->param].what);
+	}
+}
+
+/* The step's loss, on every rank: summed where it is a partial sum, and over the pipeline (only
+ * the last stage computes it). */
+static void phase_loss(State *S)
+{
+	Graph *g = S->g;
+	PlanSpec *ps = S->ps;
+	for (int a = 0; a < ps->naxes; a++) {
+		bool partial = g->vals[g->loss].lay.on[a] == LAYOUT_P;
+		if ((partial || (a == ps->pipe_axis && g->nstages > 1)) && ps->axes[a].size > 1)
+			allreduce_inplace(S, PH_STEP, S->p->loss_metric, 1, a, -1, "the step's loss");
+	}
+}
+
+/* Sync strategies the C target does not run: their ops as opaque kernels with communication. */
+static void opaque_sync(State *S)
+{
+	Graph *g = S->g;
+	LProg *p = S->p;
+	for (int i = 0; i < g->nops; i++) {
+		const Op *op = &g->ops[i];
+		if (op->kind == OP_OPTIMIZER_STEP || op->kind == OP_PARAM)
+			continue;
+		bool mine = op->stage_group[0] >= 0 ? (p->stage == op->stage_group[0] || p->stage == op->stage_group[1])
+						    : op->stage == p->stage;
+		if (!mine || (op->role != RANKROLE_ANY && op->role != p->role))
+			continue;
+		bool sync = op->nmembers > 0 || op->stage_group[0] >= 0 ||
+			    (op->nin && g->vals[op->in[0]].def < 0 && (op_classes[op->kind] == OPK_COLLECTIVE ||
+									 op_classes[op->kind] == OPK_P2P));
+		if (!sync)
+			continue;
+		Kernel *k = kernel_opaque(p, i, op->per_step ? PH_STEP : PH_BACKWARD, 0);
+		if (op->stage_group[0] >= 0) {
+			for (int q = 0; q < p->low->npairs; q++)
+				if (p->low->pair_a[q] == op->stage_group[0] && p->low->pair_b[q] == op->stage_group[1])
+					for (int c = 0; c < k->ncomm; c++)
+						k->comm[c].pair = q;
+		}
+	}
+}
+
+static void state_prog(LProg *p)
+{
+	State S = {.p = p, .g = p->g, .ps = p->ps};
+	PlanSpec *ps = p->ps;
+	S.za = ps->zero_axis;
+	S.zn = S.za >= 0 ? ps->axes[S.za].size : 1;
+	S.zero = ps->zero_stage >= 1 && S.za >= 0 && S.zn > 1 ? ps->zero_stage : 0;
+	if (!S.zero)
+		S.za = -1;
+	S.moments = ps->optimizer == OPT_ADAM || ps->optimizer == OPT_ADAMW ? 2 : ps->optimizer == OPT_MOMENTUM ? 1 : 0;
+	S.low = ps->param_dtype != DT_F32;
+	p->norm_metric = state_buf(&S, SC_METRIC, DT_F64, 1, "grad_norm", "the gradient norm before clipping");
+	S.sumsq = state_buf(&S, SC_METRIC, DT_F64, 1, "grad_sumsq", "the squared gradient norm");
+	S.coef = state_buf(&S, SC_METRIC, DT_F64, 1, "clip_coef", "the clipping coefficient");
+	collect_updates(&S);
+	bool strict = ps->sync == SYNC_STRICT && ps->compress == COMPRESS_NONE;
+	if (strict) {
+		S.primary = primary_axis(&S);
+		layout_flat(&S);
+	} else {
+		S.primary = -1;
+		S.f = calloc(1, sizeof(Flat));
+	}
+	layout_optimizer(&S);
+	phase_init(&S);
+	phase_step_begin(&S);
+	if (strict)
+		phase_sync(&S);
+	else
+		opaque_sync(&S);
+	phase_norm(&S);
+	phase_update(&S);
+	phase_loss(&S);
+	phase_save(&S);
+	clear_transient_gradients(&S);
+	free(S.u);
+	free(S.f);
+}
+
+bool plan_state(Lowered *low)
+{
+	for (int i = 0; i < low->nprogs; i++)
+		state_prog(low->progs[i]);
+	return true;
+}
