@@ -1223,8 +1223,10 @@ static void describe_value(LProg *p, int v)
 	const char *base = val->name;
 	if (val->role == ROLE_PARAM && val->name)
 		b->name = arena_printf(g->arena, "p_%s", identifier(g->arena, val->name));
-	else if (val->grad_of >= 0 && g->vals[val->grad_of].name)
+	else if (val->grad_of >= 0 && g->vals[val->grad_of].name && g->vals[val->grad_of].grad == v)
 		b->name = arena_printf(g->arena, "g_%s", identifier(g->arena, g->vals[val->grad_of].name));
+	else if (val->grad_of >= 0 && g->vals[val->grad_of].name) /* a partial gradient before a conversion */
+		b->name = arena_printf(g->arena, "g_%s_%d", identifier(g->arena, g->vals[val->grad_of].name), v);
 	else if (base)
 		b->name = arena_printf(g->arena, "%s_%d", identifier(g->arena, base), v);
 	else

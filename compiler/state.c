@@ -448,6 +448,8 @@ static void phase_step_begin(State *S)
 	}
 }
 
+/* ZeRO 2 and 3: whole gradients live in the transient region; each micro-batch's backward clears
+ * one right before its first access. */
 static void clear_transient_gradients(State *S)
 {
 	LProg *p = S->p;
@@ -463,8 +465,8 @@ static void clear_transient_gradients(State *S)
 		const Kernel *k = &p->k[i];
 		if (k->phase != PH_BACKWARD && k->phase != PH_STEP)
 			continue;
-		for (int d = 0; d < k->ndefs; d++) {
-			int r = buffer_root(p, k->defs[d]);
+		for (int d = 0; d < k->ndefs + k->nuses; d++) { /* the first access: a bf16 copy reads first */
+			int r = buffer_root(p, d < k->ndefs ? k->defs[d] : k->uses[d - k->ndefs]);
 			const Buffer *x = &p->buf[r];
 			bool grad = x->value >= 0 ? S->g->vals[x->value].grad_of >= 0 : false;
 			for (int f = 0; f < S->nf; f++)

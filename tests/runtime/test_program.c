@@ -20,6 +20,7 @@
  * the --save file back with planrt_st_open / planrt_st_read_block, compares it with what it must
  * hold, and checks that planrt_st_write of the same tensors writes the same bytes.
  * tests/runtime/test_program.sh runs the scenarios and the argument errors. */
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -75,11 +76,20 @@ static float *expected_block(planrt_ctx_t *ctx, int param)
 static void init_and_check(planrt_ctx_t *ctx, void *dst, planrt_dtype_t t, int param, int64_t lo, int64_t n)
 {
 	const planrt_param_t *p = &program->params[param];
+	size_t elem = t == planrt_bf16 ? 2 : 4;
+	unsigned char *before = malloc(elem * (size_t)n);
+	memcpy(before, dst, elem * (size_t)n);
 	planrt_init_param(ctx, dst, t, param, lo, n);
 	float *want = expected_block(ctx, param);
 	int64_t local = elems(p, p->ldims);
 	for (int64_t j = 0; j < n; j++) {
-		float w = lo + j >= 0 && lo + j < local ? want[lo + j] : 0.0f;
+		bool mine = lo + j >= 0 && lo + j < local;
+		if (!mine) { /* padding, or another parameter's part of a shard: left as it was */
+			CHECK(!memcmp((char *)dst + elem * (size_t)j, before + elem * (size_t)j, elem),
+			      "%s[%lld]: padding position changed by init", p->name, (long long)(lo + j));
+			continue;
+		}
+		float w = want[lo + j];
 		if (t == planrt_bf16) {
 			uint16_t h;
 			planrt_k_f32_to_bf16(&w, &h, 1);
@@ -90,6 +100,7 @@ static void init_and_check(planrt_ctx_t *ctx, void *dst, planrt_dtype_t t, int p
 			      ((float *)dst)[j], w);
 		}
 	}
+	free(before);
 	free(want);
 }
 
@@ -387,6 +398,8 @@ static void zero_init(planrt_ctx_t *ctx)
 	init_and_check(ctx, z_rep, planrt_f32, Z_REP, 0, 7);
 	init_and_check(ctx, z_bfz, planrt_bf16, Z_BFZ, c * 5, 5);
 	float scratch[10];
+	for (int i = 0; i < 10; i++)
+		scratch[i] = -7.0f - (float)i;
 	init_and_check(ctx, scratch, planrt_f32, Z_ODD, -3, 10); /* padding before the block too */
 	init_and_check(ctx, scratch, planrt_f32, Z_ODD, 40, 4);  /* all padding */
 }
