@@ -2650,6 +2650,18 @@ static void check_roles(PlanCtx *pc)
 			diag_note(pc->src, ps->pipeline_loc, "the pipeline runs over '%s' here", ps->axes[pa].name);
 			return;
 		}
+		/* As DeepSpeed's pipeline engine and Megatron-LM decide: ZeRO-2 would reduce-scatter every
+		 * micro-batch's gradients (micro-batches times the data-parallel traffic), ZeRO-3 would
+		 * gather every layer's weights again for each micro-batch's forward and backward. */
+		if (ps->zero_stage >= 2 && ps->axes[pa].size > 1) {
+			diag_error(pc->src, ps->zero_loc, "zero %d cannot be used with a pipeline", ps->zero_stage);
+			diag_note(pc->src, ps->pipeline_loc, "the pipeline is set here");
+			diag_note_plain("with micro-batches in flight, ZeRO %d would %s for every micro-batch; use zero 1 "
+			                "(optimizer states sharded), as DeepSpeed and Megatron-LM do with pipelines",
+			                ps->zero_stage,
+			                ps->zero_stage == 2 ? "reduce-scatter the gradients" : "gather every layer's weights again");
+			return;
+		}
 	}
 	if (ps->zero_stage > 0 && ps->zero_axis >= 0 && ps->axes[ps->zero_axis].size > 1 && !axis_splits_batch(pc, ps->zero_axis)) {
 		const char *an = ps->axes[ps->zero_axis].name;

@@ -166,6 +166,13 @@ static void allreduce_inplace(State *S, Phase ph, int buf, long long elems, int 
 	karg(p, k, KA_NULL, 0);
 	comm_flat(S, k, OP_ALL_REDUCE, axis, elems, p->buf[buf].dtype, p->buf[buf].what);
 	k->comm[0].pair = pair;
+	const Buffer *b = &p->buf[buf];
+	if (b->value >= 0) { /* a tensor: the check compares its block's shape */
+		k->comm[0].rank = b->rank;
+		memcpy(k->comm[0].shape, b->ldims, sizeof b->ldims);
+		if (S->g->vals[b->value].name)
+			k->comm[0].what = S->g->vals[b->value].name;
+	}
 }
 
 /* ------------------------------------------------------------------ layout */

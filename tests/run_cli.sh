@@ -1,7 +1,8 @@
 #!/bin/sh
 # Command-line behaviour: every example checks clean, --help / --version work,
 # usage errors exit 2, hostile inputs (a directory, a missing file, NUL bytes, random bytes) are
-# refused with a one-line cause and exit 1, --dump-after prints the IR after every pass, and
+# refused with a one-line cause and exit 1, --dump-after prints the IR after every pass (and the
+# generated C after emit), --verify-ir checks the loop-level IR of every example plan, and
 # features that planc build does not execute yet are refused by name instead of ignored.
 # usage: tests/run_cli.sh PLANC (from the repository root)
 planc=$1
@@ -41,16 +42,18 @@ head -c 4096 /dev/urandom | tr -d '\000' >"$tmp/random.plan"
 expect "random bytes" 1 "error" -- "$planc" check "$tmp/random.plan"
 expect "unknown plan" 1 "no plan named 'nope'" -- "$planc" explain examples/gpt.plan --plan nope
 expect "build needs -o" 2 "'build' needs -o PATH" -- "$planc" build examples/gpt.plan
-expect "build refuses pipeline" 1 "does not execute pipeline parallelism yet" -- "$planc" build examples/gpt.plan --plan pp2 -o "$tmp/pp2"
+expect "build refuses offload" 1 "does not execute offload yet" -- "$planc" build examples/gpt.plan --plan zero3_offload -o "$tmp/off"
 expect "build refuses experts" 1 "does not execute mixture-of-experts" -- "$planc" build examples/moe.plan --plan ep2 -o "$tmp/ep2"
 expect "build refuses local sgd" 1 "executes only 'sync strict'" -- "$planc" build examples/gpt.plan --plan dp4_local_sgd -o "$tmp/ls"
 expect "run not available" 2 "'run' (the LLVM JIT) is not available yet" -- "$planc" run examples/gpt.plan
 expect "emit c" 0 "" -- "$planc" emit c examples/mlp.plan --plan dp2 -o "$tmp/emit"
-if grep -q "planrt_bucket_allreduce" "$tmp/emit/prog.c"; then pass=$((pass + 1)); else fail=$((fail + 1)); echo "FAIL: emitted dp2 program has no gradient bucket"; fi
+if grep -q "planrt_allreduce_inplace(grad_bucket" "$tmp/emit/prog.c"; then pass=$((pass + 1)); else fail=$((fail + 1)); echo "FAIL: emitted dp2 program has no gradient bucket"; fi
 expect "emit unknown target" 2 "emit supports the target 'c' only" -- "$planc" emit llvm examples/mlp.plan --plan dp2 -o "$tmp/x"
-for pass_name in graph pipeline autodiff shard recompute zero sync check; do
-	expect "dump-after=$pass_name" 0 "# IR after $pass_name" -- "$planc" check examples/gpt.plan --plan gpt_3d --dump-after=$pass_name
+for pass_name in graph pipeline autodiff shard recompute zero sync lower state overlap memplan check; do
+	expect "dump-after=$pass_name" 0 "IR after $pass_name" -- "$planc" check examples/gpt.plan --plan gpt_3d --dump-after=$pass_name
 done
+expect "dump-after=emit" 0 "planrt_main(argc, argv, &program)" -- "$planc" emit c examples/mlp.plan --plan dp2 -o "$tmp/emit2" --dump-after=emit
+expect "verify-ir" 0 "" -- "$planc" check examples/gpt.plan --verify-ir
 expect "explain text" 0 "communication per step" -- "$planc" explain examples/gpt.plan --plan dp2_tp2
 expect "explain json" 0 '"model_flops_per_step"' -- "$planc" explain examples/gpt.plan --plan dp2_tp2 --json
 cp examples/mlp.plan "$tmp/w.plan"
