@@ -326,10 +326,13 @@ static Phase phase_of(const Op *op)
 	return op->per_step ? PH_STEP : op->backward ? PH_BACKWARD : PH_FORWARD;
 }
 
-/* The model chunk an op belongs to: its layer's chunk; a forward receive takes its consumer's
- * chunk (the interleaved schedule's wrap-around receive comes from the previous chunk's layers);
- * backward ops follow the forward op they differentiate; ops outside the layers go to the first
- * chunk before the layers and to the last after them. */
+/* The model chunk an op belongs to: its layer's chunk; backward ops follow the forward op they
+ * differentiate; ops outside the layers go to the first chunk before the layers and to the last
+ * after them. A transfer carries the layer of the value it moves, which is the producer's: that
+ * is right for the producer's side (the forward send, the backward receive of the gradient) but
+ * not for the consumer's, so a forward receive takes the chunk of its first consumer and the
+ * backward send of the gradient follows that receive (the interleaved schedule's wrap-around
+ * transfers connect different chunks). */
 static int chunk_of(Lower *L, int i)
 {
 	Graph *g = L->g;
@@ -349,6 +352,8 @@ static int chunk_of(Lower *L, int i)
 		}
 		if (c < 0)
 			c = 0;
+	} else if (op->kind == OP_SEND && op->backward && op->fwd_op >= 0 && op->fwd_op != i) {
+		c = chunk_of(L, op->fwd_op);
 	} else if (op->layer >= 0 && g->layer_chunk) {
 		c = g->layer_chunk[op->layer];
 	} else if (op->fwd_op >= 0 && op->fwd_op != i) {
@@ -850,26 +855,45 @@ static void lower_cross_entropy(Lower *L, const Op *op, int oi)
 		comm_of_op(L, &p->k[ki], &g->ops[j], j);
 }
 
-/* Point-to-point: a send starts after its value is computed and is completed by the walker before
- * the slot is reused; a receive is posted in the chunk's prepare phase (one action ahead) and
- * completed right before its value is first needed. */
+/* The receive matching a transfer op: the RECV of the same value on the peer stage. */
+static int matching_recv(const Graph *g, int oi)
+{
+	const Op *op = &g->ops[oi];
+	if (op->kind == OP_RECV)
+		return oi;
+	for (int j = oi + 1; j < g->nops; j++)
+		if (g->ops[j].kind == OP_RECV && g->ops[j].in[0] == op->in[0] && g->ops[j].backward == op->backward)
+			return j;
+	ICE("a send without its receive");
+}
+
+/* Point-to-point on the pipe axis. A send starts after its value is computed and is completed by
+ * the walker before its slot is reused. A forward input is received into the inbox, posted when
+ * the forward is prepared (one action ahead); a gradient coming back is received into the slot,
+ * posted when the same micro-batch's forward runs, long before the peer's backward sends it. So
+ * a send always finds its receive posted soon after it starts, and completing sends before a
+ * slot is reused never waits on the peer. Messages travel on a channel per direction and
+ * receiving chunk (the interleaved schedule runs the chunks' backwards in another order than
+ * their forwards); within one channel they match in order. */
 static void lower_p2p(Lower *L, const Op *op, int oi)
 {
 	Graph *g = L->g;
 	LProg *p = L->p;
 	int v = op->kind == OP_SEND ? op->in[0] : op->out[0];
 	int req = p->nslotreqs++;
+	int channel = (op->backward ? 1 : 0) * p->nchunks + chunk_of(L, matching_recv(g, oi));
 	Kernel *k = call(L, op->kind == OP_SEND ? K_SEND_START : K_RECV_START, oi);
 	if (op->kind == OP_RECV)
-		k->phase = op->backward ? PH_PREPARE_B : PH_PREPARE_F;
+		k->phase = op->backward ? PH_FORWARD : PH_PREPARE_F;
 	arg_value(L, k, v, op->kind == OP_SEND, op->kind == OP_RECV);
 	karg_int(p, k, lelems(g, v));
 	karg(p, k, KA_DTYPE, g->vals[v].dtype);
 	int peer = op->peer >= 0 ? op->peer : (int)op->n;
 	karg_int(p, k, peer);
-	karg_int(p, k, op->backward ? 1 : 0);
+	karg_int(p, k, channel);
 	karg(p, k, KA_SLOTREQ, req);
 	comm_of_op(L, k, op, oi);
+	p->k[p->nk - 1].comm[0].channel = channel;
 	if (op->kind == OP_RECV) {
 		Kernel *f = call(L, K_P2P_FINISH, oi);
 		karg(p, f, KA_CTX, 0);

@@ -663,7 +663,8 @@ typedef struct Comm {
 	int axis;           /* the group's mesh axis (the pipe axis for tied pairs and pipeline transfers) */
 	int pair;           /* >= 0: the tied-parameter pair group Lowered.pair_a/b[pair] on the pipe axis */
 	int peer;           /* p2p: the peer's coordinate on axis */
-	int channel;        /* p2p: 0 activations (forward), 1 gradients (backward) */
+	int channel;        /* p2p: direction (0 activations, 1 gradients) * chunks + the receiving chunk */
+	int micro;          /* p2p, filled by the check's walk: the micro-batch it carries */
 	long long elems;    /* the call's buffer B of the wire formula, in elements of dtype */
 	DType dtype;
 	int rank;           /* the local block (the check compares shapes, not only counts) */

@@ -22,6 +22,8 @@
 typedef struct Entry {
 	const Comm *c;
 	int op;
+	int micro; /* the micro-batch of the action that issued it (transfers match micro-batch by
+		    * micro-batch: equal shapes alone would not show two streams crossed) */
 } Entry;
 
 typedef struct Seq {
@@ -40,12 +42,12 @@ typedef struct Issued {
 typedef struct Check {
 	const Lowered *low;
 	const PlanSpec *ps;
-	int ncomm, npeer;
+	int ncomm, npeer, nchannel;
 	int async_axis;
 	Issued *is; /* [nprogs] */
 } Check;
 
-static void push(Seq *s, const Comm *c, int op)
+static void push(Seq *s, const Comm *c, int op, int micro)
 {
 	if (s->n == s->cap) {
 		s->cap = s->cap ? s->cap * 2 : 32;
@@ -53,25 +55,25 @@ static void push(Seq *s, const Comm *c, int op)
 		if (!s->e)
 			ICE("out of memory");
 	}
-	s->e[s->n++] = (Entry){c, op};
+	s->e[s->n++] = (Entry){c, op, micro};
 }
 
 static int peer_index(const Check *C, int axis, int peer, int channel)
 {
-	if (peer < 0 || peer >= C->npeer || channel < 0 || channel > 1)
+	if (peer < 0 || peer >= C->npeer || channel < 0 || channel >= C->nchannel)
 		ICE("p2p peer %d (channel %d) out of range", peer, channel);
-	return (axis * C->npeer + peer) * 2 + channel;
+	return (axis * C->npeer + peer) * C->nchannel + channel;
 }
 
-static void issue_kernel(Check *C, Issued *is, const Kernel *k)
+static void issue_kernel(Check *C, Issued *is, const Kernel *k, int micro)
 {
 	for (int i = 0; i < k->ncomm; i++) {
 		const Comm *c = &k->comm[i];
 		if (c->coll == OP_SEND || c->coll == OP_RECV) {
 			Seq *s = c->coll == OP_SEND ? is->sends : is->recvs;
-			push(&s[peer_index(C, c->axis, c->peer, c->channel)], c, k->op);
+			push(&s[peer_index(C, c->axis, c->peer, c->channel)], c, k->op, micro);
 		} else {
-			push(&is->coll[c->pair >= 0 ? C->ps->naxes + c->pair : c->axis], c, k->op);
+			push(&is->coll[c->pair >= 0 ? C->ps->naxes + c->pair : c->axis], c, k->op, micro);
 		}
 	}
 }
@@ -85,7 +87,7 @@ static void issue_phase(Check *C, Issued *is, Phase ph, int chunk, int micro, in
 			continue;
 		if (k->only_last_micro && micro != last_micro)
 			continue;
-		issue_kernel(C, is, k);
+		issue_kernel(C, is, k, micro);
 	}
 }
 
@@ -139,9 +141,12 @@ static int rank_at(const PlanSpec *ps, int axis, int c)
 
 /* ------------------------------------------------------------------ comparing */
 
-static bool same(const Comm *x, const Comm *y, bool transfer)
+static bool same(const Entry *ex, const Entry *ey, bool transfer)
 {
+	const Comm *x = ex->c, *y = ey->c;
 	if ((!transfer && x->coll != y->coll) || x->elems != y->elems || x->dtype != y->dtype || x->rank != y->rank)
+		return false;
+	if (transfer && ex->micro != ey->micro)
 		return false;
 	for (int d = 0; d < x->rank; d++)
 		if (x->shape[d] != y->shape[d])
@@ -149,14 +154,20 @@ static bool same(const Comm *x, const Comm *y, bool transfer)
 	return true;
 }
 
-static void describe(const Comm *c, int stage, int rank)
+static void describe(const Entry *e, int stage, int rank, bool transfer)
 {
+	const Comm *c = e->c;
 	char shape[128] = "";
 	size_t used = 0;
 	for (int d = 0; d < c->rank && used < sizeof shape; d++)
 		used += (size_t)snprintf(shape + used, sizeof shape - used, "%s%lld", d ? ", " : "", c->shape[d]);
-	diag_note_plain("rank %d (stage %d) issues %s of %lld %s [%s]%s%s", rank, stage, op_names[c->coll], c->elems,
-			dtype_name(c->dtype), shape, c->what ? " for " : "", c->what ? c->what : "");
+	if (transfer)
+		diag_note_plain("rank %d (stage %d) issues %s of %lld %s [%s]%s%s of micro-batch %d", rank, stage,
+				op_names[c->coll], c->elems, dtype_name(c->dtype), shape, c->what ? " for " : "",
+				c->what ? c->what : "", e->micro);
+	else
+		diag_note_plain("rank %d (stage %d) issues %s of %lld %s [%s]%s%s", rank, stage, op_names[c->coll], c->elems,
+				dtype_name(c->dtype), shape, c->what ? " for " : "", c->what ? c->what : "");
 }
 
 static bool compare(const Check *C, const Seq *a, const Seq *b, int ia, int ib, int ra, int rb, const char *group,
@@ -166,7 +177,7 @@ static bool compare(const Check *C, const Seq *a, const Seq *b, int ia, int ib, 
 	int n = a->n > b->n ? a->n : b->n;
 	for (int i = 0; i < n; i++) {
 		const Entry *x = i < a->n ? &a->e[i] : NULL, *y = i < b->n ? &b->e[i] : NULL;
-		if (x && y && same(x->c, y->c, transfer))
+		if (x && y && same(x, y, transfer))
 			continue;
 		int op = x ? x->op : y->op;
 		const Op *o = op >= 0 ? &g->ops[op] : NULL;
@@ -176,11 +187,11 @@ static bool compare(const Check *C, const Seq *a, const Seq *b, int ia, int ib, 
 			   i + 1, group, ra, rb);
 		int sa = C->low->progs[ia]->stage, sb = C->low->progs[ib]->stage;
 		if (x)
-			describe(x->c, sa, ra);
+			describe(x, sa, ra, transfer);
 		else
 			diag_note_plain("rank %d (stage %d) issues nothing more", ra, sa);
 		if (y)
-			describe(y->c, sb, rb);
+			describe(y, sb, rb, transfer);
 		else
 			diag_note_plain("rank %d (stage %d) issues nothing more", rb, sb);
 		if (tied)
@@ -200,6 +211,7 @@ bool check_collectives(const Lowered *low)
 			if (ps->rules[r].dim_name && ps->batch_dim && !strcmp(ps->rules[r].dim_name, ps->batch_dim))
 				C.async_axis = ps->rules[r].axis;
 	C.ncomm = ps->naxes + low->npairs;
+	C.nchannel = 2 * (low->g->sched && low->g->sched->chunks > 0 ? low->g->sched->chunks : 1);
 	C.npeer = 1; /* transfers run along the pipe axis and the async axis only */
 	for (int a = 0; a < ps->naxes; a++)
 		if ((a == ps->pipe_axis || a == C.async_axis) && ps->axes[a].size > C.npeer)
@@ -211,8 +223,8 @@ bool check_collectives(const Lowered *low)
 		Issued *is = &C.is[i];
 		is->p = low->progs[i];
 		is->coll = calloc((size_t)C.ncomm, sizeof(Seq));
-		is->sends = calloc((size_t)ps->naxes * (size_t)C.npeer * 2, sizeof(Seq));
-		is->recvs = calloc((size_t)ps->naxes * (size_t)C.npeer * 2, sizeof(Seq));
+		is->sends = calloc((size_t)ps->naxes * (size_t)C.npeer * (size_t)C.nchannel, sizeof(Seq));
+		is->recvs = calloc((size_t)ps->naxes * (size_t)C.npeer * (size_t)C.nchannel, sizeof(Seq));
 		if (!is->coll || !is->sends || !is->recvs)
 			ICE("out of memory");
 		issue_program(&C, is);
@@ -248,7 +260,7 @@ bool check_collectives(const Lowered *low)
 		for (int c = 0; c < ps->axes[a].size && ok; c++) {
 			int ic = program_at(&C, a, c);
 			for (int peer = 0; peer < ps->axes[a].size && ok; peer++)
-				for (int ch = 0; ch < 2 && ok; ch++) {
+				for (int ch = 0; ch < C.nchannel && ok; ch++) {
 					const Seq *out = &C.is[ic].sends[peer_index(&C, a, peer, ch)];
 					int ip = program_at(&C, a, peer);
 					const Seq *in = &C.is[ip].recvs[peer_index(&C, a, c, ch)];
@@ -270,7 +282,7 @@ bool check_collectives(const Lowered *low)
 	for (int i = 0; i < low->nprogs; i++) {
 		for (int k = 0; k < C.ncomm; k++)
 			free(C.is[i].coll[k].e);
-		for (int k = 0; k < ps->naxes * C.npeer * 2; k++) {
+		for (int k = 0; k < ps->naxes * C.npeer * C.nchannel; k++) {
 			free(C.is[i].sends[k].e);
 			free(C.is[i].recvs[k].e);
 		}

@@ -27,14 +27,22 @@ data = f"{root}/data/corpus.txt"
 work = tempfile.mkdtemp(prefix="planc-equiv-")
 passed = failed = 0
 
-# The plans checked for each model (examples/MODEL.plan), besides its reference plan "single".
+# The plans checked for each model (examples/MODEL.plan) against its reference plan: "single", or
+# the plan named after a colon (the same model with other hyperparameters, e.g. 8 layers).
 PLANS = {
     "mlp": ["dp2", "dp4", "tp2", "tp4", "dp2_tp2", "tp2_sp", "zero1_dp4", "zero2_dp4", "zero3_dp4", "dp2_tp2_zero2",
             "bf16"],
     "gpt": ["dp2", "dp4", "tp2", "tp4", "dp2_tp2", "tp2_sp", "zero1_dp4", "zero2_dp4", "zero3_dp4", "dp2_tp2_zero2",
             "ulysses2", "tp2_sp_selective", "dp2_full_recompute", "dp2_tp2_sp", "dp2_tp2_sp_zero3",
-            "bf16", "bf16_zero2_dp4"],
+            "pp2", "pp2_1f1b", "pp2_interleaved", "pp4", "pp4_1f1b", "pp2_dp2", "pp2_tp2_sp", "gpt_3d",
+            "pp4_l8:single_l8", "pp4_1f1b_l8:single_l8", "pp4_interleaved_l8:single_l8",
+            "bf16", "bf16_zero2_dp4", "bf16_pp2"],
 }
+# Plans that run the same step in a different order must give bitwise identical losses.
+IDENTICAL = {"gpt": [["pp2", "pp2_1f1b", "pp2_interleaved"], ["pp4_l8", "pp4_1f1b_l8", "pp4_interleaved_l8"]]}
+# bf16 plans: against the f32 run at bf16 tolerance, and against the single-rank bf16 plan (the
+# same arithmetic in another order) more closely, on the loss and on the gradient norm.
+BF16_LOSS_VS_F32, BF16_VS_BF16 = 2e-2, 2e-3
 
 
 def check(name, ok, detail):
@@ -73,6 +81,9 @@ def read_safetensors(path):
     return tensors
 
 
+norms = {}
+
+
 def run(model, plan, tag):
     prog = f"{work}/{model}_{plan}"
     if not os.path.exists(prog):
@@ -86,8 +97,9 @@ def run(model, plan, tag):
                         "--log", log, "--save", save], capture_output=True, text=True, env=env, timeout=900)
     if r.returncode != 0:
         return None, f"mpirun -np {n} failed: {r.stderr.strip()[-400:]}"
-    losses = [json.loads(line)["loss"] for line in open(log)]
-    return (losses, read_safetensors(save)), None
+    lines = [json.loads(line) for line in open(log)]
+    norms[(model, plan, tag)] = [x["grad_norm"] for x in lines]
+    return ([x["loss"] for x in lines], read_safetensors(save)), None
 
 
 def compare(model, plan, ref, got, loss_tol, weight_tol):
@@ -115,24 +127,43 @@ def compare(model, plan, ref, got, loss_tol, weight_tol):
           f"{len(w0)} tensors, worst absolute difference {wworst:.2e} in {where} (tolerance {weight_tol:g})")
 
 
-for model, listed in PLANS.items():
+def relative(a, b):
+    return max(abs(x - y) / abs(x) for x, y in zip(a, b))
+
+
+for model, entries in PLANS.items():
     plans_here = {m.group(1) for m in re.finditer(r"^\s*plan\s+(\w+)", open(f"{root}/examples/{model}.plan").read(),
                                                   re.MULTILINE)}
-    for plan in [p for p in ["single"] + listed if p not in plans_here]:
+    pairs = [(e.split(":")[0], e.split(":")[1] if ":" in e else "single") for e in entries]
+    missing = sorted({p for pair in pairs for p in pair if p not in plans_here})
+    for plan in missing:
         check(f"{model} {plan}", False, f"listed in run_equiv.py but examples/{model}.plan has no plan '{plan}'")
-    listed = [p for p in listed if p in plans_here]
-    ref, err = run(model, "single", "a")
-    if err:
-        check(f"{model} single", False, err)
-        continue
-    check(f"{model} single trains", ref[0][-1] < ref[0][0],
-          f"loss {ref[0][0]:.4f} -> {ref[0][-1]:.4f} over {steps} steps")
-    for plan in [p for p in listed if not p.startswith("bf16")]:
+    pairs = [(p, r) for p, r in pairs if p not in missing and r not in missing]
+    refs = {}
+    for ref_plan in sorted({r for _, r in pairs}):
+        ref, err = run(model, ref_plan, "a")
+        if err:
+            check(f"{model} {ref_plan}", False, err)
+            continue
+        refs[ref_plan] = ref
+        check(f"{model} {ref_plan} trains", ref[0][-1] < ref[0][0],
+              f"loss {ref[0][0]:.4f} -> {ref[0][-1]:.4f} over {steps} steps")
+    results = {}
+    for plan, ref_plan in pairs:
+        if plan.startswith("bf16") or ref_plan not in refs:
+            continue
         got, err = run(model, plan, "a")
         if err:
             check(f"{model} {plan}", False, err)
             continue
-        compare(model, plan, ref, got, 1e-5, 1e-4)
+        results[plan] = got
+        compare(model, plan, refs[ref_plan], got, 1e-5, 1e-4)
+    for group in IDENTICAL.get(model, []):
+        have = [p for p in group if p in results]
+        same = all(results[p][0] == results[have[0]][0] for p in have)
+        check(f"{model} {' = '.join(group)}", same and len(have) == len(group),
+              "bitwise identical losses" if same and len(have) == len(group) else
+              f"losses differ or runs missing: {[results[p][0][:2] for p in have]}")
     again, err = run(model, "dp2", "b")
     first, _ = run(model, "dp2", "a")
     if err or first is None:
@@ -140,17 +171,31 @@ for model, listed in PLANS.items():
     else:
         check(f"{model} dp2 repeatable", again[0] == first[0], "two runs give bitwise identical losses"
               if again[0] == first[0] else f"losses differ: {again[0][:3]} vs {first[0][:3]}")
-    for plan in [p for p in listed if p.startswith("bf16")]:
+    bf_ref = None
+    for plan, ref_plan in pairs:
+        if not plan.startswith("bf16") or ref_plan not in refs:
+            continue
         bf, err = run(model, plan, "a")
         if err:
             check(f"{model} {plan}", False, err)
             continue
-        if len(bf[0]) != len(ref[0]):
-            check(f"{model} {plan} losses", False, f"{len(bf[0])} steps logged, want {len(ref[0])}")
+        if len(bf[0]) != len(refs[ref_plan][0]):
+            check(f"{model} {plan} losses", False, f"{len(bf[0])} steps logged, want {len(refs[ref_plan][0])}")
             continue
-        worst = max(abs(a - b) / abs(a) for a, b in zip(ref[0], bf[0]))
-        check(f"{model} {plan} losses", worst <= 2e-2,
-              f"worst relative difference from f32 {worst:.2e} (bf16 tolerance 2e-2)")
+        worst = relative(refs[ref_plan][0], bf[0])
+        check(f"{model} {plan} losses", worst <= BF16_LOSS_VS_F32,
+              f"worst relative difference from f32 {worst:.2e} (bf16 tolerance {BF16_LOSS_VS_F32:g})")
+        if plan == "bf16":
+            bf_ref = bf
+            continue
+        if bf_ref is None:
+            check(f"{model} {plan} vs bf16", False, "the single-rank bf16 run is missing (list 'bf16' first)")
+            continue
+        wl = relative(bf_ref[0], bf[0])
+        wn = relative(norms[(model, "bf16", "a")], norms[(model, plan, "a")])
+        check(f"{model} {plan} vs bf16", wl <= BF16_VS_BF16 and wn <= BF16_VS_BF16,
+              f"worst relative difference from the single-rank bf16 run: loss {wl:.2e}, gradient norm {wn:.2e} "
+              f"(tolerance {BF16_VS_BF16:g})")
 
 print(f"{passed} passed, {failed} failed")
 sys.exit(1 if failed else 0)
