@@ -143,9 +143,13 @@ static void add_comm(Report *rep, Role *r, const Kernel *k, const Comm *c)
 	long long n = c->pair >= 0 || c->coll == OP_SEND || c->coll == OP_RECV ? 2 : c->axis >= 0 ? ps->axes[c->axis].size : 1;
 	double wire = wire_bytes(c->coll, n, B);
 	bool recompute = k->op >= 0 && g->ops[k->op].recompute;
+	bool transfer = c->coll == OP_SEND || c->coll == OP_RECV;
+	int nchunks = g->sched && g->sched->chunks > 0 ? g->sched->chunks : 1;
+	/* a transfer belongs to the pass it serves: a gradient's receive is posted during the forward */
+	bool backward = transfer ? c->channel >= nchunks : k->phase == PH_BACKWARD || k->phase == PH_PREPARE_B;
 	const char *phase = k->phase == PH_STEP || k->phase == PH_STEP_BEGIN ? "step"
 			    : recompute ? "recompute"
-			    : k->phase == PH_BACKWARD || k->phase == PH_PREPARE_B ? "backward" : "forward";
+			    : backward ? "backward" : "forward";
 	bool pair = c->pair >= 0;
 	for (int i = 0; i < r->ncomm; i++) {
 		CommRow *row = &r->comm[i];
@@ -542,10 +546,12 @@ static void print_text(FILE *out, const Report *rep)
 				fprintf(out, "  %-22s %12s   (one micro-batch's forward and backward)\n", "activations",
 					human(r->act, b1, sizeof b1));
 			else
-				fprintf(out, "  %-22s %12s   (%d slot%s of %s for the micro-batches in flight, %d inbox%s of %s)\n",
-					"activations", human(r->act, b1, sizeof b1), p->nslots, p->nslots == 1 ? "" : "s",
-					human((double)p->slot_bytes, b2, sizeof b2), p->ninbox, p->ninbox == 1 ? "" : "es",
-					human((double)p->inbox_bytes, b3, sizeof b3));
+				fprintf(out, "  %-22s %12s   (%d slot%s of %s for the micro-batches in flight%s)\n", "activations",
+					human(r->act, b1, sizeof b1), p->nslots, p->nslots == 1 ? "" : "s",
+					human((double)p->slot_bytes, b2, sizeof b2),
+					p->ninbox ? arena_printf(g->arena, ", %d receive inbox%s of %s", p->ninbox,
+								 p->ninbox == 1 ? "" : "es", human((double)p->inbox_bytes, b3, sizeof b3))
+						  : "");
 			fprintf(out, "  %-22s %12s\n", "working memory", human(r->work, b1, sizeof b1));
 			fprintf(out, "  %-22s %12s   (what the program allocates: state %s + arena %s)\n", "peak",
 				human(r->peak, b1, sizeof b1), human(r->prog_state, b2, sizeof b2), human(r->prog_arena, b3, sizeof b3));
