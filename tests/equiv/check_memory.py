@@ -1,9 +1,18 @@
 #!/usr/bin/env python3
-"""Peak memory per rank measured by a generated program against planc explain's prediction.
+"""Memory: what generated programs allocate, against planc explain and against the ZeRO paper.
 
-The program fills its arena with a canary, trains, and reports the highest arena word that
-changed (its measured high-water mark) and the bytes of persistent state it allocated; explain
-reports the planned arena plus state plus the runtime's fixed buffers. They must agree within 10%.
+1. Explain reports the program. Each rank of every listed plan (pipelines included) reports its
+   persistent state by kind and its arena (PLANRT_REPORT_MEMORY). For the rank's stage, explain's
+   JSON must give exactly the same state per kind and the same arena size; the arena's measured
+   high-water mark (the highest word the run changed; the arena is filled with a canary) must reach
+   the planned size, short of it by less than the 64-byte alignment of the last buffer at most.
+2. ZeRO saves what it promises. A GPT at data = 4 with ZeRO 0, 1, 2 and 3, in bf16 with f32 master
+   weights and in f32, trained for 2 steps: the measured model states (parameters, gradients,
+   optimizer states and master weights) of every rank must be within 2% of the ZeRO paper's
+   formulas for Adam, Psi parameters and N = 4:
+       bf16: 16 Psi, 4 Psi + 12 Psi / N, 2 Psi + 14 Psi / N, 16 Psi / N
+       f32:  16 Psi, 8 Psi + 8 Psi / N,  4 Psi + 12 Psi / N, 16 Psi / N
+Prints PASS/FAIL per check and 'N passed, M failed'.
 usage: check_memory.py PLANC REPO_ROOT
 """
 import json
@@ -19,22 +28,98 @@ env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIR
            OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", PLANRT_REPORT_MEMORY="1")
 work = tempfile.mkdtemp(prefix="planc-memory-")
 passed = failed = 0
-CASES = [("gpt", "single"), ("gpt", "dp2"), ("gpt", "tp2_sp"), ("gpt", "zero3_dp4"), ("gpt", "bf16"), ("gpt", "bf16_zero2_dp4"), ("mlp", "dp2_tp2_zero2")]
+KINDS = ["param", "grad", "optim", "master", "buffer", "metric"]
+LINE = re.compile(r"planrt: rank (\d+): memory arena_high_water=(\d+) arena_planned=(\d+) state=(\d+) peak_rss=\d+ "
+                  r"stage=(\d+) param=(\d+) grad=(\d+) optim=(\d+) master=(\d+) buffer=(\d+) metric=(\d+)")
+
+
+def check(name, ok, detail):
+    global passed, failed
+    print(f"{'PASS' if ok else 'FAIL'}: {name}: {detail}", flush=True)
+    passed, failed = passed + ok, failed + (not ok)
+
+
+def explain(src, plan):
+    out = subprocess.run([planc, "explain", src, "--plan", plan, "--json"], capture_output=True, text=True, check=True)
+    return json.loads(out.stdout)
+
+
+def measure(src, plan, world, steps=2):
+    prog = f"{work}/{os.path.basename(src)}_{plan}"
+    b = subprocess.run([planc, "build", src, "--plan", plan, "-o", prog], capture_output=True, text=True)
+    if b.returncode:
+        return None, f"planc build failed: {b.stderr.strip()[:300]}"
+    r = subprocess.run(["mpirun", "-np", str(world), prog, "--steps", str(steps), "--data", f"{root}/data/corpus.txt"],
+                       capture_output=True, text=True, env=env, timeout=600)
+    ranks = {}
+    for m in LINE.finditer(r.stderr):
+        v = [int(x) for x in m.groups()]
+        ranks[v[0]] = {"high": v[1], "arena": v[2], "state": v[3], "stage": v[4], "kinds": dict(zip(KINDS, v[5:]))}
+    if r.returncode or len(ranks) != world:
+        return None, f"run failed or reported {len(ranks)} of {world} ranks: {r.stderr.strip()[-300:]}"
+    return ranks, None
+
+
+# ---- 1. explain reports the program ----------------------------------------------------------
+CASES = [("gpt", "single"), ("gpt", "dp2"), ("gpt", "tp2_sp"), ("gpt", "zero3_dp4"), ("gpt", "bf16"),
+         ("gpt", "bf16_zero2_dp4"), ("mlp", "dp2_tp2_zero2"), ("gpt", "pp2_1f1b"), ("gpt", "pp2"),
+         ("gpt", "pp4_interleaved_l8"), ("gpt", "gpt_3d")]
 for model, plan in CASES:
     src = f"{root}/examples/{model}.plan"
-    d = json.loads(subprocess.run([planc, "explain", src, "--plan", plan, "--json"], capture_output=True, text=True,
-                                  check=True).stdout)
-    want = d["roles"][0]["program"]["peak"]
-    prog = f"{work}/{model}_{plan}"
-    subprocess.run([planc, "build", src, "--plan", plan, "-o", prog], check=True)
-    r = subprocess.run(["mpirun", "-np", str(d["world"]), prog, "--steps", "3", "--data", f"{root}/data/corpus.txt"],
-                       capture_output=True, text=True, env=env, timeout=600)
-    got = [int(m.group(1)) + int(m.group(2))
-           for m in re.finditer(r"arena_high_water=(\d+) arena_planned=\d+ state=(\d+)", r.stderr)]
-    ok = r.returncode == 0 and len(got) == d["world"] and all(abs(g - want) <= 0.10 * want for g in got)
-    worst = max((abs(g - want) / want for g in got), default=float("nan"))
-    print(f"{'PASS' if ok else 'FAIL'}: {model} {plan}: measured {max(got, default=0) / 2**20:.2f} MiB per rank "
-          f"(arena high-water + state) vs explain {want / 2**20:.2f} MiB, worst {100 * worst:.2f}% off", flush=True)
-    passed, failed = passed + ok, failed + (not ok)
+    d = explain(src, plan)
+    ranks, err = measure(src, plan, d["world"])
+    if err:
+        check(f"{model} {plan}", False, err)
+        continue
+    roles = {r["stage"]: r for r in d["roles"]}
+    bad = []
+    worst_gap = 0
+    for rank, m in sorted(ranks.items()):
+        prog = roles[m["stage"]]["program"]
+        want = prog["state_by_kind"]
+        if m["kinds"] != want:
+            bad.append(f"rank {rank} state {m['kinds']} vs explain {want}")
+        if m["arena"] != prog["arena"]:
+            bad.append(f"rank {rank} arena {m['arena']} vs explain {prog['arena']}")
+        gap = m["arena"] - m["high"]
+        worst_gap = max(worst_gap, gap)
+        if not 0 <= gap < 64:
+            bad.append(f"rank {rank} used {m['high']} of its {m['arena']}-byte arena")
+    stages = sorted({m["stage"] for m in ranks.values()})
+    detail = "; ".join(f"stage {s}: state {roles[s]['program']['state'] / 2**20:.2f} MiB + arena "
+                       f"{roles[s]['program']['arena'] / 2**20:.2f} MiB" for s in stages)
+    check(f"{model} {plan} memory = explain", not bad,
+          "; ".join(bad[:3]) if bad else f"{detail}, every rank exactly; arena high-water within {worst_gap} B of the plan")
+
+# ---- 2. ZeRO's formulas -------------------------------------------------------------------------
+gpt = open(f"{root}/examples/gpt.plan").read()
+model = gpt[:gpt.index("# ---- one rank")]
+N = 4
+FORMULAS = {  # (bf16, f32) in units of Psi
+    0: (16, 16), 1: (4 + 12 / N, 8 + 8 / N), 2: (2 + 14 / N, 4 + 12 / N), 3: (16 / N, 16 / N)}
+text = model
+for z in range(4):
+    for prec in ("bf16", "f32"):
+        text += (f"\nplan z{z}_{prec} for gpt {{\n  mesh data = {N}\n  batch B = 16\n  shard B -> data\n"
+                 f"  zero {z} over data\n" + ("  precision bf16, master = f32\n" if prec == "bf16" else "") +
+                 "  optimizer adamw(lr = 3e-4, betas = (0.9, 0.95), weight_decay = 0.1), clip = 1.0\n"
+                 "  sync strict, bucket = 1MiB, overlap\n}\n")
+src = f"{work}/zero.plan"
+open(src, "w").write(text)
+for z in range(4):
+    for i, prec in enumerate(("bf16", "f32")):
+        plan = f"z{z}_{prec}"
+        psi = explain(src, plan)["parameters"]
+        ranks, err = measure(src, plan, N)
+        if err:
+            check(f"ZeRO {z} {prec}", False, err)
+            continue
+        want = FORMULAS[z][i] * psi
+        got = [sum(m["kinds"][k] for k in ("param", "grad", "optim", "master")) for m in ranks.values()]
+        worst = max(abs(g - want) / want for g in got)
+        check(f"ZeRO {z} {prec} state", worst <= 0.02,
+              f"measured {max(got) / psi:.4f} Psi per rank ({max(got) / 2**20:.3f} MiB) vs the formula "
+              f"{FORMULAS[z][i]:.4f} Psi ({want / 2**20:.3f} MiB), worst {100 * worst:.2f}% off (tolerance 2%)")
+
 print(f"{passed} passed, {failed} failed")
 sys.exit(1 if failed else 0)
