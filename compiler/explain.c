@@ -619,7 +619,9 @@ static void print_json(FILE *out, const Report *rep)
 	fprintf(out, "},\n  \"batch\": %lld,\n  \"micro_batches\": %d,\n  \"zero\": %d,\n", ps->batch, ps->micro_batches,
 		ps->zero_stage);
 	fprintf(out, "  \"parameters\": %.0f,\n  \"model_flops_per_step\": %.6g,\n", rep->params_total, rep->model_flops);
-	fprintf(out, "  \"pipeline\": {\"schedule\": \"%s\", \"stages\": %d, \"chunks\": %d, \"bubble_fraction\": %.6f},\n",
+	fprintf(out, "  \"pipeline\": {\"axis\": ");
+	json_str(out, ps->pipe_axis >= 0 ? ps->axes[ps->pipe_axis].name : "");
+	fprintf(out, ", \"schedule\": \"%s\", \"stages\": %d, \"chunks\": %d, \"bubble_fraction\": %.6f},\n",
 		schedule_name(ps->schedule), g->nstages, g->sched ? g->sched->chunks : 1, rep->bubble);
 	fprintf(out, "  \"roles\": [\n");
 	for (int i = 0; i < rep->nroles; i++) {

@@ -20,7 +20,7 @@ import tempfile
 
 planc, root = sys.argv[1], sys.argv[2]
 steps = int(sys.argv[3]) if len(sys.argv) > 3 else 20
-env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+env = dict(os.environ, PLANRT_REPORT_COMM="1", OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
            OMPI_MCA_rmaps_base_oversubscribe="1", OMPI_MCA_plm="isolated", OMPI_MCA_btl="self,vader",
            OMPI_MCA_btl_vader_single_copy_mechanism="none", OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
 data = f"{root}/data/corpus.txt"
@@ -54,10 +54,52 @@ def check(name, ok, detail):
         failed += 1
 
 
-def world_of(model, plan):
+def explained(model, plan):
     out = subprocess.run([planc, "explain", f"{root}/examples/{model}.plan", "--plan", plan, "--json"],
                          capture_output=True, text=True, check=True).stdout
-    return json.loads(out)["world"]
+    return json.loads(out)
+
+
+def world_of(model, plan):
+    return explained(model, plan)["world"]
+
+
+KIND = {"all_reduce": "allreduce", "reduce_scatter": "reduce_scatter", "all_gather": "allgather",
+        "all_to_all": "alltoall", "send": "send", "recv": "recv"}
+COMM = re.compile(r"planrt: rank (\d+): comm kind=(\w+) group=(\w+) calls=(\d+) bytes=(\d+)")
+
+
+def check_bytes(model, plan, stderr):
+    """planrt's per-kind, per-axis counters against explain's table (times the steps), every rank."""
+    d = explained(model, plan)
+    axes = list(d["mesh"])
+    sizes = [d["mesh"][a] for a in axes]
+    pipe = d["pipeline"]["axis"]
+    roles = {r["stage"]: r for r in d["roles"]}
+    measured = {}
+    for m in COMM.finditer(stderr):
+        rank, kind, group, calls, nbytes = int(m.group(1)), m.group(2), m.group(3), int(m.group(4)), int(m.group(5))
+        measured.setdefault(rank, {})[(kind, group)] = (calls, nbytes)
+    bad, total = [], 0
+    for rank in range(d["world"]):
+        coord, x = {}, rank
+        for a, n in reversed(list(zip(axes, sizes))):
+            coord[a] = x % n
+            x //= n
+        stage = coord[pipe] if pipe else 0
+        want = {}
+        for row in roles[stage]["communication"]:
+            key = (KIND[row["collective"]], "pair" if row["axis"] == "tied_pair" else row["axis"])
+            calls, nbytes = want.get(key, (0, 0))
+            want[key] = (calls + round(row["calls"] * steps), nbytes + round(row["wire_bytes"] * steps))
+        got = measured.get(rank, {})
+        for key in sorted(set(want) | set(got)):
+            if want.get(key, (0, 0)) != got.get(key, (0, 0)):
+                bad.append(f"rank {rank} {key[0]} on {key[1]}: measured {got.get(key, (0, 0))} (calls, bytes), "
+                           f"explain {want.get(key, (0, 0))}")
+            total += got.get(key, (0, 0))[1]
+    check(f"{model} {plan} bytes", not bad, "; ".join(bad[:2]) if bad else
+          f"{total} bytes over {d['world']} rank(s) in {steps} steps, per kind and axis equal to explain's")
 
 
 def read_safetensors(path):
@@ -97,6 +139,7 @@ def run(model, plan, tag):
                         "--log", log, "--save", save], capture_output=True, text=True, env=env, timeout=900)
     if r.returncode != 0:
         return None, f"mpirun -np {n} failed: {r.stderr.strip()[-400:]}"
+    check_bytes(model, plan, r.stderr)
     lines = [json.loads(line) for line in open(log)]
     norms[(model, plan, tag)] = [x["grad_norm"] for x in lines]
     return ([x["loss"] for x in lines], read_safetensors(save)), None
