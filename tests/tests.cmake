@@ -8,6 +8,7 @@ add_test(NAME explain_goldens COMMAND sh ${ROOT}/tests/run_explain.sh ${PLANC} W
 add_test(NAME explain_formulas COMMAND python3 ${ROOT}/tests/explain/check_formulas.py ${PLANC} ${ROOT}
          WORKING_DIRECTORY ${ROOT})
 add_test(NAME cli COMMAND sh ${ROOT}/tests/run_cli.sh ${PLANC} WORKING_DIRECTORY ${ROOT})
+add_test(NAME emit_golden COMMAND sh ${ROOT}/tests/run_emit_golden.sh ${PLANC} WORKING_DIRECTORY ${ROOT})
 file(GLOB FMT_FILES ${ROOT}/examples/*.plan ${ROOT}/stdlib/*.plan ${ROOT}/tests/parse/*.plan)
 add_test(NAME fmt_roundtrip COMMAND sh ${ROOT}/tests/fmt_roundtrip.sh ${PLANC} ${FMT_FILES} WORKING_DIRECTORY ${ROOT})
 
