@@ -56,6 +56,8 @@ typedef struct Report {
 	double model_flops;
 	double params_total;
 	double bubble;
+	/* the estimated step time on the reference device (seconds) */
+	double est_pipeline, est_update, est_step;
 } Report;
 
 static double bytes_of(const Graph *g, int v)
@@ -381,6 +383,156 @@ static void bubble(Report *rep)
 	free(bc);
 }
 
+/* ---------------------------------------------------------------- estimated step time
+ * Each kernel of the program costs what a roofline of the reference device gives it: a matmul
+ * its FLOPs at the device's rate for the plan's precision, any other compute kernel the bytes of
+ * its buffers at memory bandwidth, a collective its wire bytes at the per-rank network bandwidth
+ * plus a latency per call. A forward or backward of a micro-batch and chunk costs the sum of its
+ * kernels (a transfer between stages delays the receiving action by its own time); the schedule
+ * table is simulated with those costs, and the step's update phase (gradient buckets, clipping,
+ * the optimizer) is added once. The device is a nominal figure for comparing plans, not a
+ * promise: explain says which one it assumed. */
+typedef struct Device {
+	const char *key, *name;
+	double flops_f32, flops_bf16; /* dense matmul FLOP/s */
+	double memory_bw;             /* bytes/s */
+	int node;                     /* ranks per node */
+	double node_bw, net_bw;       /* bytes/s a rank sends inside its node, and to another node */
+	double latency;               /* seconds per message */
+} Device;
+/* The devices explain can assume (--device NAME): nominal figures for comparing plans. "cpu" is
+ * one core of the x86-64 machines planc is developed on (single-thread OpenBLAS sgemm measured at
+ * 100-175 GFLOP/s, a 14 GB/s copy, shared-memory MPI), so estimates can be held against CPU runs. */
+static const Device devices[] = {
+	{"h200", "H200-class nodes of 8 GPUs (67 TFLOP/s f32, 989 TFLOP/s bf16, 4.8 TB/s memory; 450 GB/s per GPU in a "
+		 "node, 50 GB/s between nodes, 10 us per message)",
+	 67e12, 989e12, 4.8e12, 8, 450e9, 50e9, 10e-6},
+	{"cpu", "one x86-64 core per rank (100 GFLOP/s f32 and bf16, 10 GB/s memory; 5 GB/s and 5 us per message between "
+		"ranks of one machine)",
+	 100e9, 100e9, 10e9, 1 << 30, 5e9, 5e9, 5e-6},
+};
+static const Device *device = &devices[0];
+
+bool explain_device(const char *name)
+{
+	for (size_t i = 0; i < sizeof devices / sizeof devices[0]; i++)
+		if (!strcmp(devices[i].key, name)) {
+			device = &devices[i];
+			return true;
+		}
+	return false;
+}
+
+/* Ranks are numbered row-major with the last mesh axis fastest, so the innermost axes whose sizes
+ * multiply to at most a node's ranks run inside one node. */
+static bool inside_node(const PlanSpec *ps, int axis)
+{
+	long long span = 1;
+	for (int a = axis; a < ps->naxes; a++)
+		span *= ps->axes[a].size;
+	return span <= device->node;
+}
+
+static double comm_seconds(const Report *rep, const Comm *c)
+{
+	const PlanSpec *ps = rep->ps;
+	if (c->coll == OP_RECV)
+		return 0;
+	long long n = c->pair >= 0 || c->coll == OP_SEND ? 2 : c->axis >= 0 ? ps->axes[c->axis].size : 1;
+	if (n <= 1)
+		return 0;
+	double wire = wire_bytes(c->coll, n, c->elems * dtype_bytes(c->dtype));
+	bool near = c->axis >= 0 && c->pair < 0 && inside_node(ps, c->axis);
+	return wire / (near ? device->node_bw : device->net_bw) + device->latency;
+}
+
+static double kernel_seconds(const Report *rep, const LProg *p, const Kernel *k)
+{
+	const Device *d = device;
+	double t = 0;
+	if (k->kind == K_MATMUL) {
+		double flops = 2.0 * (double)k->args[0].i * (double)k->args[1].i * (double)k->args[2].i * (double)k->args[3].i;
+		t = flops / (rep->ps->param_dtype == DT_F32 ? d->flops_f32 : d->flops_bf16);
+	} else if (k->kind == K_LOOP) {
+		double elems = 1;
+		for (int i = 0; i < k->rank; i++)
+			elems *= (double)k->dims[i];
+		t = (double)(k->nuses + k->ndefs) * elems * 4 / d->memory_bw;
+	} else if (kernel_classes[k->kind] == KC_COMPUTE) {
+		double bytes = 0;
+		for (int a = 0; a < k->nargs; a++)
+			if (k->args[a].kind == KA_BUF)
+				bytes += (double)p->buf[k->args[a].buf].bytes;
+		t = bytes / d->memory_bw;
+	}
+	for (int c = 0; c < k->ncomm; c++)
+		if (k->comm[c].coll != OP_SEND)
+			t += comm_seconds(rep, &k->comm[c]);
+	return t;
+}
+
+static void estimate(Report *rep)
+{
+	Graph *g = rep->g;
+	const Lowered *low = rep->low;
+	if (!low || !g->sched)
+		return;
+	int p = g->nstages, v = g->sched->chunks, m = g->sched->micro;
+	double *fc = calloc((size_t)(p * v), sizeof(double)), *bc = calloc((size_t)(p * v), sizeof(double));
+	if (!fc || !bc)
+		ICE("out of memory");
+	double xfer = 0, update = 0;
+	for (int s = 0; s < p; s++) {
+		const LProg *lp = lowered_prog(low, s, low->nroles > 1 ? RANKROLE_WORKER : RANKROLE_ANY);
+		double step = 0;
+		for (int i = 0; lp && i < lp->nk; i++) {
+			const Kernel *k = &lp->k[i];
+			double t = kernel_seconds(rep, lp, k);
+			for (int c = 0; c < k->ncomm; c++)
+				if (k->comm[c].coll == OP_SEND && comm_seconds(rep, &k->comm[c]) > xfer)
+					xfer = comm_seconds(rep, &k->comm[c]);
+			if (k->only_last_micro)
+				t /= m; /* once per step: spread over the micro-batches */
+			switch (k->phase) {
+			case PH_PREPARE_F:
+			case PH_FORWARD:
+				fc[s * v + k->chunk] += t;
+				break;
+			case PH_PREPARE_B:
+			case PH_BACKWARD:
+				bc[s * v + k->chunk] += t;
+				break;
+			case PH_STEP_BEGIN:
+			case PH_STEP:
+				step += t;
+				break;
+			default:
+				break;
+			}
+		}
+		if (step > update)
+			update = step;
+	}
+	double makespan = 0;
+	pipeline_simulate(g, fc, bc, xfer, &makespan, NULL);
+	rep->est_pipeline = makespan;
+	rep->est_update = update;
+	rep->est_step = makespan + update;
+	free(fc);
+	free(bc);
+}
+
+static const char *human_time(double s, char *buf, size_t n)
+{
+	if (s >= 1)
+		snprintf(buf, n, "%.3f s", s);
+	else if (s >= 1e-3)
+		snprintf(buf, n, "%.3f ms", s * 1e3);
+	else
+		snprintf(buf, n, "%.3f us", s * 1e6);
+	return buf;
+}
+
 /* A plan planc build runs: its memory lines are what the program allocates. The persistent state
  * by kind; the arena as the activation slots (and inboxes) plus the rest, the working memory.
  * A stage that runs one micro-batch at a time keeps its forward and backward together in one
@@ -461,6 +613,7 @@ static Report *build_report(Graph *g, const Lowered *low)
 			rep->params_total += (double)value_elems(g, op->out[0]);
 	}
 	bubble(rep);
+	estimate(rep);
 	return rep;
 }
 
@@ -585,6 +738,9 @@ static void print_text(FILE *out, const Report *rep)
 			g->nstages, g->sched && g->sched->chunks > 1 ? arena_printf(g->arena, " x %d chunks", g->sched->chunks) : "",
 			100 * rep->bubble);
 	fprintf(out, "model FLOPs per step: %s\n", human_count(rep->model_flops, b3, sizeof b3));
+	fprintf(out, "estimated step time: %s (micro-batches %s, update %s) on %s\n",
+		human_time(rep->est_step, b1, sizeof b1), human_time(rep->est_pipeline, b2, sizeof b2),
+		human_time(rep->est_update, b3, sizeof b3), device->name);
 }
 
 static void json_str(FILE *out, const char *s)
@@ -619,6 +775,8 @@ static void print_json(FILE *out, const Report *rep)
 	fprintf(out, "},\n  \"batch\": %lld,\n  \"micro_batches\": %d,\n  \"zero\": %d,\n", ps->batch, ps->micro_batches,
 		ps->zero_stage);
 	fprintf(out, "  \"parameters\": %.0f,\n  \"model_flops_per_step\": %.6g,\n", rep->params_total, rep->model_flops);
+	fprintf(out, "  \"estimated_step_s\": {\"step\": %.6g, \"micro_batches\": %.6g, \"update\": %.6g},\n", rep->est_step,
+		rep->est_pipeline, rep->est_update);
 	fprintf(out, "  \"pipeline\": {\"axis\": ");
 	json_str(out, ps->pipe_axis >= 0 ? ps->axes[ps->pipe_axis].name : "");
 	fprintf(out, ", \"schedule\": \"%s\", \"stages\": %d, \"chunks\": %d, \"bubble_fraction\": %.6f},\n",

@@ -37,6 +37,7 @@ static const char usage[] =
 	"options:\n"
 	"  --plan NAME        the plan to use (default: the file's first plan)\n"
 	"  --json             machine-readable output for explain\n"
+	"  --device=NAME      the device explain's estimated step time assumes: h200 (default) or cpu\n"
 	"  -o PATH            output directory (emit) or program (build)\n"
 	"  --dump-after=PASS  print the IR after PASS: the graph after graph pipeline autodiff shard recompute\n"
 	"                     zero sync; the loop-level IR after lower state overlap memplan check; the\n"
@@ -88,6 +89,9 @@ static int parse_args(int argc, char **argv, Options *o)
 			exit(0);
 		} else if (!strcmp(a, "--json")) {
 			o->json = true;
+		} else if (!strncmp(a, "--device=", 9)) {
+			if (!explain_device(a + 9))
+				return usage_error("unknown device '%s' for --device (h200 or cpu)", a + 9);
 		} else if (!strcmp(a, "--verify-ir")) {
 			o->verify = true;
 		} else if (!strcmp(a, "-w")) {

@@ -343,12 +343,11 @@ static void build_schedule(Graph *g)
 	g->sched = sc;
 }
 
-double pipeline_bubble(const Graph *g, const double *fcost, const double *bcost)
+double pipeline_simulate(const Graph *g, const double *fcost, const double *bcost, double xfer, double *makespan_out,
+			 double *busiest_out)
 {
 	const Schedule *sc = g->sched;
-	if (!sc || sc->stages <= 1)
-		return 0;
-	int p = sc->stages, v = sc->chunks, m = sc->micro, n = m * v;
+	int p = sc ? sc->stages : 1, v = sc ? sc->chunks : 1, m = sc ? sc->micro : 1, n = m * v;
 	int nvs = p * v; /* virtual stages: chunk c of stage s is virtual stage c * p + s */
 	double *fdone = malloc(sizeof(double) * (size_t)(nvs * m));
 	double *bdone = malloc(sizeof(double) * (size_t)(nvs * m));
@@ -358,7 +357,7 @@ double pipeline_bubble(const Graph *g, const double *fcost, const double *bcost)
 		ICE("out of memory");
 	for (int i = 0; i < nvs * m; i++)
 		fdone[i] = bdone[i] = -1;
-	int remaining = p * 2 * n;
+	int remaining = sc ? p * 2 * n : 0;
 	while (remaining > 0) {
 		bool progress = false;
 		for (int s = 0; s < p; s++) {
@@ -372,6 +371,10 @@ double pipeline_bubble(const Graph *g, const double *fcost, const double *bcost)
 					dep = vs == nvs - 1 ? fdone[vs * m + a.micro] : bdone[(vs + 1) * m + a.micro];
 				if (dep < 0)
 					break;
+				/* a value from another stage arrives a transfer later */
+				bool remote = a.kind == ACT_FORWARD ? vs > 0 : vs < nvs - 1;
+				if (remote && p > 1)
+					dep += xfer;
 				double start = clock[s] > dep ? clock[s] : dep;
 				double cost = a.kind == ACT_FORWARD ? fcost[s * v + a.chunk] : bcost[s * v + a.chunk];
 				clock[s] = start + cost;
@@ -398,7 +401,18 @@ double pipeline_bubble(const Graph *g, const double *fcost, const double *bcost)
 	free(bdone);
 	free(next);
 	free(clock);
+	if (makespan_out)
+		*makespan_out = makespan;
+	if (busiest_out)
+		*busiest_out = ideal;
 	return ideal > 0 ? makespan / ideal - 1 : 0;
+}
+
+double pipeline_bubble(const Graph *g, const double *fcost, const double *bcost)
+{
+	if (!g->sched || g->sched->stages <= 1)
+		return 0;
+	return pipeline_simulate(g, fcost, bcost, 0, NULL, NULL);
 }
 
 /* ---------------------------------------------------------------- the pass */

@@ -519,6 +519,10 @@ void pipeline_partition(const double *costs, int n, int k, double first, double 
 /* pipeline.c: simulated step time / ideal time - 1 for per-(stage, chunk) forward and backward
  * costs (fcost[stage * chunks + chunk]); (p - 1) / m for equal stages (Narayanan et al.). */
 double pipeline_bubble(const Graph *g, const double *fcost, const double *bcost);
+/* The same simulation with xfer seconds added on every dependency between two stages; returns the
+ * bubble, and the makespan and the busiest stage's own time when asked. */
+double pipeline_simulate(const Graph *g, const double *fcost, const double *bcost, double xfer, double *makespan,
+			 double *busiest);
 bool zero(Graph *g);         /* zero.c: ZeRO state sharding and offload placement */
 bool sync_grads(Graph *g);   /* sync.c: gradient buckets, compression, local SGD, async */
 typedef struct Lowered Lowered;
@@ -528,6 +532,7 @@ Graph *run_passes(PlanSpec *ps, const char *dump_after, FILE *dump_out);
 /* explain.c: the cost report, text or JSON, read off the lowered program: its state and arena
  * give the memory lines when planc build can run it, its kernels the communication. */
 void explain(FILE *out, Graph *g, bool json, const Lowered *low);
+bool explain_device(const char *name); /* the device the estimated step time assumes: h200, cpu */
 extern const char *const pass_names[];
 
 /* ---------------------------------------------------------------- the loop-level IR */

@@ -971,7 +971,7 @@ int planrt_main(int argc, char **argv, const planrt_program_t *program)
 	/* 5. the steps */
 	walker_t walker = {stage, &ctx, reqs, own, 0};
 	int64_t tokens = program->batch * program->seq;
-	double start = planrt_now(), timed_s = 0, timed_wait_s = 0;
+	double start = planrt_now(), timed_s = 0, timed_wait_s = 0, timed_update_s = 0;
 	long long timed_steps = 0;
 	for (int64_t step = 0; step < opt.steps; step++) {
 		double t0 = planrt_now(), wait0 = ctx.wait_s;
@@ -980,15 +980,19 @@ int planrt_main(int argc, char **argv, const planrt_program_t *program)
 		clear_action(&ctx);
 		if (stage->step_begin)
 			stage->step_begin(&ctx);
+		double t_walk = planrt_now();
 		walk(&walker);
+		double t_end = planrt_now();
 		if (stage->step_end)
 			stage->step_end(&ctx);
+		double update_s = planrt_now() - t_end + (t_walk - t0);
 		double loss = stage->loss && *stage->loss ? **stage->loss : NAN;
 		double norm = stage->grad_norm && *stage->grad_norm ? **stage->grad_norm : NAN;
 		double step_s = planrt_now() - t0;
 		if (step > 0 || opt.steps == 1) {
 			timed_s += step_s;
 			timed_wait_s += ctx.wait_s - wait0;
+			timed_update_s += update_s;
 			timed_steps++;
 		}
 		if (rank == 0) {
@@ -1012,8 +1016,8 @@ int planrt_main(int argc, char **argv, const planrt_program_t *program)
 			kind_bytes[planrt_state_optim], kind_bytes[planrt_state_master], kind_bytes[planrt_state_buffer],
 			kind_bytes[planrt_state_metric]);
 	if (getenv("PLANRT_REPORT_TIMING"))
-		fprintf(stderr, "planrt: rank %d: timing stage=%d steps=%lld step_s=%.6f busy_s=%.6f wait_s=%.6f\n", rank,
-			stage_index, timed_steps, timed_s, timed_s - timed_wait_s, timed_wait_s);
+		fprintf(stderr, "planrt: rank %d: timing stage=%d steps=%lld step_s=%.6f busy_s=%.6f wait_s=%.6f update_s=%.6f\n",
+			rank, stage_index, timed_steps, timed_s, timed_s - timed_wait_s, timed_wait_s, timed_update_s);
 	if (getenv("PLANRT_REPORT_COMM"))
 		report_comm(rank, program);
 
