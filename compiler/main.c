@@ -195,19 +195,6 @@ static int run_command(char *const argv[])
 	return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
-static bool print_file(const char *path)
-{
-	FILE *f = fopen(path, "r");
-	if (!f)
-		return false;
-	char buf[65536];
-	size_t n;
-	while ((n = fread(buf, 1, sizeof buf, f)) > 0)
-		fwrite(buf, 1, n, stdout);
-	fclose(f);
-	return true;
-}
-
 /* emit c / build: print the lowered program as C; build then compiles it against planrt. */
 static bool cmd_codegen(Lowered *low, const Options *o, bool compile)
 {
@@ -223,11 +210,9 @@ static bool cmd_codegen(Lowered *low, const Options *o, bool compile)
 			return false;
 		}
 	}
-	if (!emit_c(low, dir, o->file))
+	if (!run_emit(low, dir, o->file, o->dump_after, stdout))
 		return false;
 	const char *src = arena_printf(g->arena, "%s/prog.c", dir);
-	if (o->dump_after && !strcmp(o->dump_after, "emit"))
-		print_file(src);
 	if (!compile)
 		return true;
 	char *libs = arena_strdup(g->arena, PLANC_LINK_LIBS);

@@ -14,6 +14,7 @@
  *   overlap    buckets during the backward, ZeRO-3 prefetch (overlap.c)
  *   memplan    slots, inboxes and arena offsets (memplan.c)
  *   check      the collective-sequence check (schedule.c)
+ *   emit       the C printer (emit_c.c), for planc emit and planc build (run_emit)
  * With verification on (the tests), the IR verifier runs after every back-end pass. */
 #include "planc.h"
 
@@ -74,4 +75,26 @@ Lowered *run_backend(Graph *g, const char *dump_after, FILE *dump_out, bool veri
 		return NULL;
 	dump_backend(dump_after, "check", low, dump_out);
 	return low;
+}
+
+/* The printer, as the last pass: writes DIR/prog.c, and prints it after `--dump-after=emit`. */
+bool run_emit(const Lowered *low, const char *dir, const char *source_path, const char *dump_after, FILE *dump_out)
+{
+	if (!emit_c(low, dir, source_path))
+		return false;
+	if (!dump_after || strcmp(dump_after, "emit"))
+		return true;
+	const char *path = arena_printf(low->g->arena, "%s/prog.c", dir);
+	FILE *f = fopen(path, "r");
+	if (!f) {
+		fprintf(stderr, "planc: error: cannot read back '%s'\n", path);
+		return false;
+	}
+	char buf[65536];
+	size_t n;
+	fprintf(dump_out, "# C after emit (%s)\n", path);
+	while ((n = fread(buf, 1, sizeof buf, f)) > 0)
+		fwrite(buf, 1, n, dump_out);
+	fclose(f);
+	return true;
 }

@@ -856,5 +856,7 @@ bool emit_c(const Lowered *low, const char *dir, const char *source_path);
 /* The back end's driver (passes.c): lower, state, overlap, memplan, with --dump-after after each
  * and the IR verifier between passes when verify. NULL after reporting errors. */
 Lowered *run_backend(Graph *g, const char *dump_after, FILE *dump_out, bool verify);
+/* The emit pass: DIR/prog.c, printed after it when dump_after is "emit". */
+bool run_emit(const Lowered *low, const char *dir, const char *source_path, const char *dump_after, FILE *dump_out);
 
 #endif
