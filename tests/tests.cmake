@@ -29,5 +29,5 @@ set_tests_properties(memory PROPERTIES TIMEOUT 600)
 add_test(NAME torch_reference COMMAND /usr/bin/python3 ${ROOT}/tests/equiv/torch_reference.py ${PLANC} ${ROOT} 20
          WORKING_DIRECTORY ${ROOT})
 set_tests_properties(torch_reference PROPERTIES SKIP_RETURN_CODE 77)
-add_test(NAME equiv_sweep COMMAND python3 ${ROOT}/tests/equiv/run_sweep.py ${PLANC} ${ROOT} 16 WORKING_DIRECTORY ${ROOT})
+add_test(NAME equiv_sweep COMMAND python3 ${ROOT}/tests/equiv/run_sweep.py ${PLANC} ${ROOT} 24 WORKING_DIRECTORY ${ROOT})
 set_tests_properties(equiv_sweep PROPERTIES TIMEOUT 900)

@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """Combinations the hand-written plans do not cover: a fixed pseudo-random sample of plans for the
-GPT example over data (1, 2) x tensor (1, 2) x sequence parallel x ZeRO 0-3 x micro-batches (1, 2)
-x recompute (none, selective, full) x bucket overlap x precision (f32, bf16), each trained for
-6 steps and compared with the single-rank run (f32: 1e-5 relative on every loss; bf16: 2e-2).
+GPT example over data (1, 2) x tensor (1, 2) x sequence parallel x pipeline (none, or 2 stages
+under gpipe, 1f1b or interleaved) x ZeRO 0-3 (0-1 with a pipeline) x micro-batches (1, 2; 2, 4
+with a pipeline) x recompute (none, selective, full) x bucket overlap x precision (f32, bf16),
+each trained for 6 steps and compared with the single-rank run (f32: 1e-5 relative on every loss;
+bf16: 2e-2).
 usage: run_sweep.py PLANC REPO_ROOT [COUNT]
 """
 import itertools
@@ -20,25 +22,28 @@ env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIR
            OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
 work = tempfile.mkdtemp(prefix="planc-sweep-")
 random.seed(7)
-combos = [c for c in itertools.product([1, 2], [1, 2], [0, 1], [0, 1, 2, 3], [1, 2], ["none", "selective", "full"],
-                                       [0, 1], ["f32", "bf16"])
-          if not (c[1] == 1 and c[2]) and not (c[0] == 1 and c[3])]
+combos = [c for c in itertools.product([1, 2], [1, 2], [0, 1], [None, "gpipe", "1f1b", "interleaved"], [0, 1, 2, 3],
+                                       [1, 2], ["none", "selective", "full"], [0, 1], ["f32", "bf16"])
+          if not (c[1] == 1 and c[2]) and not (c[0] == 1 and c[4]) and not (c[3] and c[4] >= 2)]
 random.shuffle(combos)
 text = open(f"{root}/examples/gpt.plan").read()
 plans = []
-for i, (dp, tp, sp, zero, mb, rc, ov, prec) in enumerate(combos[:count]):
-    mesh = ", ".join(x for x in [f"data = {dp}" if dp > 1 else "", f"tensor = {tp}" if tp > 1 else ""] if x)
+for i, (dp, tp, sp, pp, zero, mb, rc, ov, prec) in enumerate(combos[:count]):
+    mb = mb * 2 if pp else mb
+    mesh = ", ".join(x for x in [f"data = {dp}" if dp > 1 else "", "pipe = 2" if pp else "",
+                                 f"tensor = {tp}" if tp > 1 else ""] if x)
     body = [f"mesh {mesh or 'data = 1'}", f"batch B = 16, micro_batches = {mb}"]
     body += ["shard B -> data"] if dp > 1 else []
     body += ["use nn.megatron(tensor)"] if tp > 1 else []
     body += ["use nn.sequence_parallel(tensor)"] if sp else []
+    body += [f"pipeline pipe: {'interleaved, chunks = 2' if pp == 'interleaved' else pp}"] if pp else []
     body += [f"zero {zero} over data"] if zero else []
     body += [f"recompute {rc}"] if rc != "none" else []
     body += ["precision bf16, master = f32"] if prec == "bf16" else []
     body += ["optimizer adamw(lr = 3e-4, betas = (0.9, 0.95), weight_decay = 0.1), clip = 1.0",
              "sync strict, bucket = 1MiB" + (", overlap" if ov else "")]
     text += f"\nplan sweep{i} for gpt {{\n  " + "\n  ".join(body) + "\n}\n"
-    plans.append((f"sweep{i}", dp * tp, prec, "; ".join(body[:-2] + body[-1:])))
+    plans.append((f"sweep{i}", dp * tp * (2 if pp else 1), prec, "; ".join(body[:-2] + body[-1:])))
 src = f"{work}/sweep.plan"
 open(src, "w").write(text)
 
