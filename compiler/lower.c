@@ -255,6 +255,27 @@ int buffer_root(const LProg *p, int b)
 	return b;
 }
 
+void inserts_add(Inserts *ins, Kernel k, int before)
+{
+	if (ins->n == ins->cap) {
+		ins->cap = ins->cap ? ins->cap * 2 : 64;
+		ins->k = realloc(ins->k, sizeof(Kernel) * (size_t)ins->cap);
+		ins->before = realloc(ins->before, sizeof(int) * (size_t)ins->cap);
+		if (!ins->k || !ins->before)
+			ICE("out of memory");
+	}
+	ins->k[ins->n] = k;
+	ins->before[ins->n++] = before;
+}
+
+void inserts_apply(LProg *p, Inserts *ins)
+{
+	kernels_insert(p, ins->k, ins->before, ins->n);
+	free(ins->k);
+	free(ins->before);
+	memset(ins, 0, sizeof *ins);
+}
+
 void kernels_insert(LProg *p, Kernel *new_k, const int *before, int n)
 {
 	if (n == 0)
@@ -738,13 +759,29 @@ static void comm_of_op(Lower *L, Kernel *k, const Op *op, int oi)
 	}
 }
 
+/* (in, out, rank, dims, dim[, dim2], dtype, comm): the arguments of the *_dim conversions */
+static Kernel *conversion_call(Lower *L, const Op *op, int oi, KernelKind kind, int dim2)
+{
+	int in = op->in[0];
+	Kernel *k = call(L, kind, oi);
+	arg_value(L, k, in, true, false);
+	arg_value(L, k, op->out[0], false, true);
+	karg_int(L->p, k, L->g->vals[in].rank);
+	arg_dims(L, k, in);
+	karg_int(L->p, k, op->coll_dim);
+	if (dim2 >= 0)
+		karg_int(L->p, k, dim2);
+	karg(L->p, k, KA_DTYPE, L->g->vals[in].dtype);
+	karg(L->p, k, KA_AXIS, op->axis);
+	return k;
+}
+
 /* Conversions between layouts inserted by shard.c: collectives along one mesh axis. */
 static void lower_conversion(Lower *L, const Op *op, int oi)
 {
 	Graph *g = L->g;
 	LProg *p = L->p;
 	int in = op->in[0], out = op->out[0];
-	int r = g->vals[in].rank;
 	size_t bytes = (size_t)lelems(g, in) * (size_t)dtype_bytes(g->vals[in].dtype);
 	DType t = g->vals[in].dtype;
 	Kernel *k;
@@ -759,37 +796,15 @@ static void lower_conversion(Lower *L, const Op *op, int oi)
 		break;
 	case OP_REDUCE_SCATTER:
 	case OP_ALL_GATHER:
-		k = call(L, op->kind == OP_REDUCE_SCATTER ? K_REDUCE_SCATTER_DIM : K_ALLGATHER_DIM, oi);
-		arg_value(L, k, in, true, false);
-		arg_value(L, k, out, false, true);
-		karg_int(p, k, r);
-		arg_dims(L, k, in);
-		karg_int(p, k, op->coll_dim);
-		karg(p, k, KA_DTYPE, t);
-		karg(p, k, KA_AXIS, op->axis);
+		k = conversion_call(L, op, oi, op->kind == OP_REDUCE_SCATTER ? K_REDUCE_SCATTER_DIM : K_ALLGATHER_DIM, -1);
 		arg_scratch(L, k, op->kind == OP_REDUCE_SCATTER ? bytes : bytes * (size_t)g->ps->axes[op->axis].size);
 		break;
 	case OP_ALL_TO_ALL:
-		k = call(L, K_ALLTOALL_DIM, oi);
-		arg_value(L, k, in, true, false);
-		arg_value(L, k, out, false, true);
-		karg_int(p, k, r);
-		arg_dims(L, k, in);
-		karg_int(p, k, op->coll_dim);
-		karg_int(p, k, op->coll_dim2);
-		karg(p, k, KA_DTYPE, t);
-		karg(p, k, KA_AXIS, op->axis);
+		k = conversion_call(L, op, oi, K_ALLTOALL_DIM, op->coll_dim2);
 		arg_scratch(L, k, 2 * bytes);
 		break;
 	case OP_SLICE:
-		k = call(L, K_SLICE_DIM, oi);
-		arg_value(L, k, in, true, false);
-		arg_value(L, k, out, false, true);
-		karg_int(p, k, r);
-		arg_dims(L, k, in);
-		karg_int(p, k, op->coll_dim);
-		karg(p, k, KA_DTYPE, t);
-		karg(p, k, KA_AXIS, op->axis);
+		conversion_call(L, op, oi, K_SLICE_DIM, -1);
 		return; /* a local copy: no communication */
 	default:
 		ICE("'%s' is not a layout conversion", op_names[op->kind]);
@@ -1432,28 +1447,9 @@ static Kernel cast_kernel(LProg *p, const Kernel *around, int from, int to, long
 	return c;
 }
 
-typedef struct Casts {
-	Kernel *k;
-	int *before;
-	int n, cap;
-} Casts;
-
-static void add_cast(Casts *c, Kernel k, int before)
-{
-	if (c->n == c->cap) {
-		c->cap = c->cap ? c->cap * 2 : 64;
-		c->k = realloc(c->k, sizeof(Kernel) * (size_t)c->cap);
-		c->before = realloc(c->before, sizeof(int) * (size_t)c->cap);
-		if (!c->k || !c->before)
-			ICE("out of memory");
-	}
-	c->k[c->n] = k;
-	c->before[c->n++] = before;
-}
-
 static void lower_conversions(LProg *p)
 {
-	Casts casts = {0};
+	Inserts casts = {0};
 	int nk = p->nk;
 	for (int i = 0; i < nk; i++) {
 		if (!takes_f32_only(p->k[i].kind))
@@ -1476,14 +1472,12 @@ static void lower_conversions(LProg *p)
 				if (k->defs[d] == b)
 					k->defs[d] = c;
 			if (in || !out)
-				add_cast(&casts, cast_kernel(p, k, b, c, elems), i);
+				inserts_add(&casts, cast_kernel(p, k, b, c, elems), i);
 			if (out)
-				add_cast(&casts, cast_kernel(p, k, c, b, elems), i + 1);
+				inserts_add(&casts, cast_kernel(p, k, c, b, elems), i + 1);
 		}
 	}
-	kernels_insert(p, casts.k, casts.before, casts.n);
-	free(casts.k);
-	free(casts.before);
+	inserts_apply(p, &casts);
 }
 
 /* ------------------------------------------------------------------ the plan */

@@ -37,26 +37,6 @@ static KArg *arg_of_kind(Kernel *k, KArgKind kind)
 	return NULL;
 }
 
-typedef struct Insert {
-	Kernel *k;
-	int *before;
-	int n, cap;
-} Insert;
-
-static void insert(LProg *p, Insert *ins, const Kernel *k, int before)
-{
-	if (ins->n == ins->cap) {
-		ins->cap = ins->cap ? ins->cap * 2 : 16;
-		ins->k = realloc(ins->k, sizeof(Kernel) * (size_t)ins->cap);
-		ins->before = realloc(ins->before, sizeof(int) * (size_t)ins->cap);
-		if (!ins->k || !ins->before)
-			ICE("out of memory");
-	}
-	ins->k[ins->n] = *k;
-	ins->before[ins->n++] = before;
-	(void)p;
-}
-
 /* A fresh kernel built with the shared helpers, then taken off the program's list. */
 static Kernel detached(LProg *p, KernelKind kind, Phase ph, int chunk, int op, bool last_micro)
 {
@@ -82,7 +62,7 @@ static void overlap_buckets(LProg *p)
 {
 	if (!p->ps->overlap)
 		return;
-	Insert ins = {0};
+	Inserts ins = {0};
 	bool *member = calloc((size_t)p->nbuf, sizeof(bool));
 	if (!member)
 		ICE("out of memory");
@@ -176,7 +156,7 @@ static void overlap_buckets(LProg *p)
 			start = s;
 			fin = f;
 		}
-		insert(p, &ins, &start, last + 1);
+		inserts_add(&ins, start, last + 1);
 		/* progress calls after the matmuls of the same phase and chunk that follow the start */
 		for (int j = last + 1; j < nk; j++) {
 			const Kernel *kj = &p->k[j];
@@ -188,13 +168,11 @@ static void overlap_buckets(LProg *p)
 					     PH_BACKWARD, kj->chunk, k->op, per_step);
 			pr.note = "let the bucket move";
 			karg(p, &pr, KA_REQ, arg_of_kind(&start, KA_REQ)->i);
-			insert(p, &ins, &pr, j + 1);
+			inserts_add(&ins, pr, j + 1);
 		}
 		p->k[i] = fin; /* the finish takes the blocking call's place */
 	}
-	kernels_insert(p, ins.k, ins.before, ins.n);
-	free(ins.k);
-	free(ins.before);
+	inserts_apply(p, &ins);
 	free(member);
 }
 
@@ -202,7 +180,7 @@ static void overlap_buckets(LProg *p)
 
 static void prefetch_gathers(LProg *p)
 {
-	Insert ins = {0};
+	Inserts ins = {0};
 	int nk = p->nk;
 	for (int ph = PH_FORWARD; ph <= PH_BACKWARD; ph++) {
 		for (int c = 0; c < p->nchunks; c++) {
@@ -230,7 +208,7 @@ static void prefetch_gathers(LProg *p)
 				karg(p, &s, KA_AXIS, k->args[4].i);
 				s.comm = k->comm;
 				s.ncomm = k->ncomm;
-				insert(p, &ins, &s, prev_finish < 0 ? first : prev_finish + 1);
+				inserts_add(&ins, s, prev_finish < 0 ? first : prev_finish + 1);
 				Kernel f = finish_kernel(p, k, h);
 				f.ndefs = 0;
 				kernel_def(p, &f, k->args[1].buf);
@@ -239,9 +217,7 @@ static void prefetch_gathers(LProg *p)
 			}
 		}
 	}
-	kernels_insert(p, ins.k, ins.before, ins.n);
-	free(ins.k);
-	free(ins.before);
+	inserts_apply(p, &ins);
 }
 
 bool plan_overlap(Lowered *low)

@@ -837,6 +837,14 @@ int buffer_root(const LProg *p, int b); /* follows views to the storage */
 /* Inserts kernels: new_k[i] goes right before old kernel before[i] (before[i] == p->nk: at the
  * end); several before the same kernel keep their order. */
 void kernels_insert(LProg *p, Kernel *new_k, const int *before, int n);
+/* The same, collected as a pass goes: inserts_add(list, k, before) ... inserts_apply(p, list). */
+typedef struct Inserts {
+	Kernel *k;
+	int *before;
+	int n, cap;
+} Inserts;
+void inserts_add(Inserts *ins, Kernel k, int before);
+void inserts_apply(LProg *p, Inserts *ins);
 void lprog_dump(FILE *out, const LProg *p);
 
 /* state.c, overlap.c, memplan.c: the back-end passes after lower, on every program */

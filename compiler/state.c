@@ -463,11 +463,10 @@ static void clear_transient_gradients(State *S)
 	if (S->zero < 2)
 		return;
 	bool *done = calloc((size_t)p->nbuf, sizeof(bool));
-	int *before = malloc(sizeof(int) * (size_t)(p->nbuf + 1));
-	Kernel *ins = calloc((size_t)p->nbuf + 1, sizeof(Kernel));
-	if (!done || !before || !ins)
+	if (!done)
 		ICE("out of memory");
-	int n = 0, nk = p->nk;
+	Inserts ins = {0};
+	int nk = p->nk;
 	for (int i = 0; i < nk; i++) {
 		const Kernel *k = &p->k[i];
 		if (k->phase != PH_BACKWARD && k->phase != PH_STEP)
@@ -482,17 +481,14 @@ static void clear_transient_gradients(State *S)
 			if (x->cls != BUF_ARENA || !grad || done[r])
 				continue;
 			done[r] = true;
-			int at = p->nk;
-			fill(S, k->phase, r, x->elems, "this micro-batch's gradients start from zero");
-			ins[n] = p->k[at];
-			p->nk--; /* moved into the insertion list */
-			before[n++] = i;
+			Phase ph = k->phase;
+			fill(S, ph, r, x->elems, "this micro-batch's gradients start from zero");
+			inserts_add(&ins, p->k[--p->nk], i); /* made at the end, moved before kernel i */
+			k = &p->k[i];
 		}
 	}
-	kernels_insert(p, ins, before, n);
+	inserts_apply(p, &ins);
 	free(done);
-	free(before);
-	free(ins);
 }
 
 /* The buckets sync.c made, in its order, then the tied pairs (before anything that could split

@@ -18,22 +18,7 @@
 #include <string.h>
 #include <time.h>
 
-static int npass, nfail;
-
-__attribute__((format(printf, 2, 3))) static int report(int ok, const char *fmt, ...)
-{
-	va_list ap;
-	va_start(ap, fmt);
-	printf("%s ", ok ? "PASS" : "FAIL");
-	vprintf(fmt, ap);
-	printf("\n");
-	va_end(ap);
-	if (ok)
-		npass++;
-	else
-		nfail++;
-	return ok;
-}
+#include "../kernels/report.h"
 
 /* ---- random numbers: splitmix64, fixed seed ---------------------------------------------- */
 
