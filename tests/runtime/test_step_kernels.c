@@ -27,26 +27,7 @@
 #include "planrt_exec.h"
 #include "planrt_kernels.h"
 
-static int rank, world;
-static long mismatches;
-
-#define EXPECT(cond, ...)                                                                                          \
-	do {                                                                                                       \
-		if (!(cond) && mismatches++ < 20) {                                                                \
-			char msg_[512];                                                                            \
-			snprintf(msg_, sizeof msg_, __VA_ARGS__);                                                  \
-			fprintf(stderr, "rank %d: %s:%d: %s\n", rank, __FILE__, __LINE__, msg_);                   \
-		}                                                                                                  \
-	} while (0)
-
-/* every rank agrees that no rank saw a mismatch */
-static void assert_all_ranks_clean(void)
-{
-	long total = 0;
-	MPI_Allreduce(&mismatches, &total, 1, MPI_LONG, MPI_SUM, MPI_COMM_WORLD);
-	mismatches = 0;
-	assert_int_equal(total, 0);
-}
+#include "mpi_expect.h"
 
 static const char *const dtype_names[] = {"f32", "bf16", "f16", "i32", "u8", "f64"};
 
