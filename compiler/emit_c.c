@@ -544,7 +544,6 @@ static void print_stage(Emit *e)
 	if (!nstate)
 		fprintf(f, "\t{\"none\", planrt_state_buffer, 0, NULL},\n");
 	fprintf(f, "};\n\n");
-	p->ps->world = p->ps->world; /* (tables above) */
 }
 
 static void print_stage_entry(Emit *e)
