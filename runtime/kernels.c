@@ -233,6 +233,33 @@ static int64_t dropout_mask(uint8_t *mask, double p, uint64_t seed, uint64_t key
 /* kexpf and kerff, the vectorisable expf and erff, live in planrt_math.h (generated programs use
  * them in fused loops too). */
 
+/* ---- labels ------------------------------------------------------------------------------------
+ * A label counts for a loss over classes when it is in [0, classes) and not ignore_index; one that
+ * is neither is bad (see planrt_k_check_labels). */
+static inline int klabel_counts(int32_t label, int64_t classes, int32_t ignore_index)
+{
+	return label != ignore_index && label >= 0 && label < classes;
+}
+
+int64_t planrt_k_check_labels(const int32_t *labels, int64_t n, int64_t classes, int32_t ignore_index, int64_t *valid,
+			      int64_t *bad_index, int32_t *bad_value)
+{
+	int64_t bad = 0, good = 0;
+	for (int64_t i = 0; i < n; i++) {
+		if (klabel_counts(labels[i], classes, ignore_index)) {
+			good++;
+		} else if (labels[i] != ignore_index) {
+			if (bad++ == 0) {
+				*bad_index = i;
+				*bad_value = labels[i];
+			}
+		}
+	}
+	if (valid)
+		*valid = good;
+	return bad;
+}
+
 /* ---- the typed kernels ------------------------------------------------------------------------- */
 #define KCAT_(a, b) a##_##b
 #define KCAT(a, b) KCAT_(a, b)
@@ -245,6 +272,9 @@ static int64_t dropout_mask(uint8_t *mask, double p, uint64_t seed, uint64_t key
 #define KLOG logf
 #define KERF kerff
 #define KTANH tanhf
+#define KSIN sinf
+#define KCOS cosf
+#define KPOW powf
 #define KSQRT sqrtf
 #define KGEMM cblas_sgemm
 #include "kernels_impl.h"
@@ -255,6 +285,9 @@ static int64_t dropout_mask(uint8_t *mask, double p, uint64_t seed, uint64_t key
 #undef KLOG
 #undef KERF
 #undef KTANH
+#undef KSIN
+#undef KCOS
+#undef KPOW
 #undef KSQRT
 #undef KGEMM
 
@@ -265,6 +298,9 @@ static int64_t dropout_mask(uint8_t *mask, double p, uint64_t seed, uint64_t key
 #define KLOG log
 #define KERF erf
 #define KTANH tanh
+#define KSIN sin
+#define KCOS cos
+#define KPOW pow
 #define KSQRT sqrt
 #define KGEMM cblas_dgemm
 #include "kernels_impl.h"
@@ -283,6 +319,9 @@ static int64_t dropout_mask(uint8_t *mask, double p, uint64_t seed, uint64_t key
 #undef KLOG
 #undef KERF
 #undef KTANH
+#undef KSIN
+#undef KCOS
+#undef KPOW
 #undef KSQRT
 #undef KGEMM
 

@@ -3,7 +3,7 @@
  *   T      the element type (float, double)
  *   ST     the type of saved statistics (mean, rstd, rowmax, sumexp, tlogit, lse)
  *   S      the name suffix (f32, f64, f64d)
- *   KEXP KLOG KERF KTANH KSQRT   the math functions for T, KGEMM the cblas gemm
+ *   KEXP KLOG KERF KTANH KSQRT KSIN KCOS KPOW   the math functions for T, KGEMM the cblas gemm
  *   KI_STATS_ONLY   defined: only the kernels that take statistics (the _f64d set)
  * and FN(name) (name_S), and provides KView, kfatal, kstrides and the dropout mask helpers. Static
  * helpers carry the suffix too so that instantiations do not collide. */
@@ -64,19 +64,54 @@ static inline void FN(kgemm)(int ta, int tb, int64_t M, int64_t N, int64_t K, co
 	      (T)1, A, lda > 0 ? lda : 1, B, ldb > 0 ? ldb : 1, beta, C, ldc);
 }
 
+/* The batch dims go through a KView (size-1 dims dropped, dims that every operand walks contiguously
+ * merged); along the innermost one, two patterns become one gemm: a shared B under row-major A blocks
+ * laid end to end (one tall gemm: a linear layer), and a sum into one C of A_i^T B_i over blocks laid
+ * end to end (one gemm over the stacked K: a weight gradient). */
+void FN(planrt_k_bmm)(int batch_rank, const int64_t *batch_dims, int64_t M, int64_t N, int64_t K, const T *A,
+		      int trans_a, const int64_t *a_strides, const T *B, int trans_b, const int64_t *b_strides, T *C,
+		      const int64_t *c_strides, int accumulate)
+{
+	if (M <= 0 || N <= 0)
+		return;
+	KView v;
+	kview_init(&v, batch_rank, batch_dims, 3, c_strides, a_strides, b_strides);
+	if (v.total == 0)
+		return;
+	int64_t n = v.dims[v.rank - 1], sc = v.st[0][v.rank - 1], sa = v.st[1][v.rank - 1], sb = v.st[2][v.rank - 1];
+	int reduces = 0;
+	for (int d = 0; d < v.rank; d++)
+		reduces |= v.dims[d] > 1 && v.st[0][d] == 0;
+	T beta = accumulate ? (T)1 : (T)0;
+	if (reduces && !accumulate) { /* zero every C block, then add each product */
+		KView z = v;
+		for (int64_t done = 0; done < z.total; done += n) {
+			for (int64_t j = 0; j < n; j++)
+				memset(C + z.off[0] + j * sc, 0, (size_t)(M * N) * sizeof(T));
+			kview_next(&z);
+		}
+		beta = 1;
+	}
+	for (int64_t done = 0; done < v.total; done += n) {
+		const T *a = A + v.off[1], *b = B + v.off[2];
+		T *c = C + v.off[0];
+		if (n > 1 && sb == 0 && !trans_a && sa == M * K && sc == M * N)
+			FN(kgemm)(0, trans_b, n * M, N, K, a, b, c, beta);
+		else if (n > 1 && sc == 0 && trans_a && !trans_b && sa == K * M && sb == K * N)
+			FN(kgemm)(1, 0, M, N, n * K, a, b, c, beta);
+		else
+			for (int64_t j = 0; j < n; j++)
+				FN(kgemm)(trans_a, trans_b, M, N, K, a + j * sa, b + j * sb, c + j * sc, beta);
+		kview_next(&v);
+	}
+}
+
 void FN(planrt_k_matmul)(int64_t batch, int64_t M, int64_t N, int64_t K, const T *A, int trans_a, int64_t stride_a,
 			 const T *B, int trans_b, int64_t stride_b, T *C, int64_t stride_c, int accumulate)
 {
-	if (batch <= 0 || M <= 0 || N <= 0)
+	if (batch <= 0)
 		return;
-	T beta = accumulate ? (T)1 : (T)0;
-	/* One B for a batch of row-major A blocks laid end to end: one tall gemm (a linear layer). */
-	if (batch > 1 && stride_b == 0 && !trans_a && stride_a == M * K && stride_c == M * N) {
-		FN(kgemm)(0, trans_b, batch * M, N, K, A, B, C, beta);
-		return;
-	}
-	for (int64_t b = 0; b < batch; b++)
-		FN(kgemm)(trans_a, trans_b, M, N, K, A + b * stride_a, B + b * stride_b, C + b * stride_c, beta);
+	FN(planrt_k_bmm)(1, &batch, M, N, K, A, trans_a, &stride_a, B, trans_b, &stride_b, C, &stride_c, accumulate);
 }
 
 /* ---- element-wise with broadcasting ------------------------------------------------------------- */
@@ -265,6 +300,74 @@ void FN(planrt_k_silu_grad)(const T *x, const T *dy, T *dx, int64_t n)
 	for (int64_t i = 0; i < n; i++) {
 		T s = 1 / (1 + KEXP(-x[i]));
 		dx[i] = dy[i] * (s * (1 + x[i] * (1 - s)));
+	}
+}
+
+void FN(planrt_k_unary)(int op, const T *x, T *y, int64_t n)
+{
+	switch (op) {
+	case PLANRT_SIN:
+		for (int64_t i = 0; i < n; i++)
+			y[i] = KSIN(x[i]);
+		break;
+	case PLANRT_COS:
+		for (int64_t i = 0; i < n; i++)
+			y[i] = KCOS(x[i]);
+		break;
+	case PLANRT_EXP:
+		for (int64_t i = 0; i < n; i++)
+			y[i] = KEXP(x[i]);
+		break;
+	case PLANRT_LOG:
+		for (int64_t i = 0; i < n; i++)
+			y[i] = KLOG(x[i]);
+		break;
+	case PLANRT_TANH:
+		for (int64_t i = 0; i < n; i++)
+			y[i] = KTANH(x[i]);
+		break;
+	case PLANRT_SIGMOID:
+		for (int64_t i = 0; i < n; i++)
+			y[i] = 1 / (1 + KEXP(-x[i]));
+		break;
+	default:
+		kfatal("unary: unknown op");
+	}
+}
+
+void FN(planrt_k_unary_grad)(int op, const T *x, const T *dy, T *dx, int64_t n)
+{
+	switch (op) {
+	case PLANRT_SIN:
+		for (int64_t i = 0; i < n; i++)
+			dx[i] = dy[i] * KCOS(x[i]);
+		break;
+	case PLANRT_COS:
+		for (int64_t i = 0; i < n; i++)
+			dx[i] = -dy[i] * KSIN(x[i]);
+		break;
+	case PLANRT_EXP:
+		for (int64_t i = 0; i < n; i++)
+			dx[i] = dy[i] * KEXP(x[i]);
+		break;
+	case PLANRT_LOG:
+		for (int64_t i = 0; i < n; i++)
+			dx[i] = dy[i] / x[i];
+		break;
+	case PLANRT_TANH:
+		for (int64_t i = 0; i < n; i++) {
+			T t = KTANH(x[i]);
+			dx[i] = dy[i] * (1 - t * t);
+		}
+		break;
+	case PLANRT_SIGMOID:
+		for (int64_t i = 0; i < n; i++) {
+			T s = 1 / (1 + KEXP(-x[i]));
+			dx[i] = dy[i] * s * (1 - s);
+		}
+		break;
+	default:
+		kfatal("unary_grad: unknown op");
 	}
 }
 
@@ -460,20 +563,23 @@ void FN(planrt_k_ce_max)(const T *logits, int64_t rows, int64_t cols, ST *rowmax
 		rowmax[r] = cols > 0 ? (ST)FN(kmax)(logits + r * cols, cols) : (ST)-INFINITY;
 }
 
+/* sum of exp(x - m) over one row */
+static inline T FN(ksumexp)(const T *xr, T m, int64_t cols)
+{
+	T acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+	int64_t j = 0;
+	for (; j + 8 <= cols; j += 8)
+		for (int k = 0; k < 8; k++)
+			acc[k] += KEXP(xr[j + k] - m);
+	for (; j < cols; j++)
+		acc[0] += KEXP(xr[j] - m);
+	return FN(ksum)(acc, 8);
+}
+
 void FN(planrt_k_ce_sumexp)(const T *logits, const ST *rowmax, int64_t rows, int64_t cols, ST *sumexp)
 {
-	for (int64_t r = 0; r < rows; r++) {
-		const T *xr = logits + r * cols;
-		T m = (T)rowmax[r];
-		T acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-		int64_t j = 0;
-		for (; j + 8 <= cols; j += 8)
-			for (int k = 0; k < 8; k++)
-				acc[k] += KEXP(xr[j + k] - m);
-		for (; j < cols; j++)
-			acc[0] += KEXP(xr[j] - m);
-		sumexp[r] = (ST)FN(ksum)(acc, 8);
-	}
+	for (int64_t r = 0; r < rows; r++)
+		sumexp[r] = (ST)FN(ksumexp)(logits + r * cols, (T)rowmax[r], cols);
 }
 
 void FN(planrt_k_ce_target)(const T *logits, const int32_t *targets, int64_t rows, int64_t cols, int64_t vocab_lo,
@@ -510,6 +616,42 @@ void FN(planrt_k_ce_grad)(const T *logits, const int32_t *targets, const ST *lse
 		int64_t c = (int64_t)targets[r] - vocab_lo;
 		if (c >= 0 && c < cols)
 			dr[c] -= ds;
+	}
+}
+
+/* Cross-entropy over classes in one call: the statistics of each row as the pieces above compute
+ * them (max, sum of exponentials, lse = max + log(sumexp), in ST), the loss over the rows whose label
+ * counts. */
+int64_t FN(planrt_k_cross_entropy)(const T *logits, const int32_t *labels, int64_t rows, int64_t classes,
+				   int32_t ignore_index, double scale, ST *lse, double *loss, int64_t *bad_row,
+				   int32_t *bad_value)
+{
+	if (rows > 0 && classes < 1)
+		kfatal("cross_entropy without classes");
+	int64_t bad = planrt_k_check_labels(labels, rows, classes, ignore_index, NULL, bad_row, bad_value);
+	double sum = 0;
+	for (int64_t r = 0; r < rows; r++) {
+		const T *xr = logits + r * classes;
+		ST m = (ST)FN(kmax)(xr, classes);
+		ST se = (ST)FN(ksumexp)(xr, (T)m, classes);
+		double l = (double)m + log((double)se);
+		lse[r] = (ST)l;
+		if (klabel_counts(labels[r], classes, ignore_index))
+			sum += l - (double)xr[labels[r]];
+	}
+	*loss = sum * scale;
+	return bad;
+}
+
+void FN(planrt_k_cross_entropy_grad)(const T *logits, const int32_t *labels, const ST *lse, int64_t rows,
+				     int64_t classes, int32_t ignore_index, double dscale, T *dlogits)
+{
+	for (int64_t r = 0; r < rows; r++) {
+		T *dr = dlogits + r * classes;
+		if (klabel_counts(labels[r], classes, ignore_index))
+			FN(planrt_k_ce_grad)(logits + r * classes, labels + r, lse + r, 1, classes, 0, dscale, dr);
+		else
+			memset(dr, 0, (size_t)classes * sizeof(T));
 	}
 }
 
@@ -571,6 +713,239 @@ void FN(planrt_k_permute)(int rank, const int64_t *in_dims, const int *perm, con
 				o[i] = x[i * is];
 		kview_next(&v);
 	}
+}
+
+/* ---- reductions over one dim ---------------------------------------------------------------------- */
+void FN(planrt_k_sum_dim)(const T *x, T *y, int64_t outer, int64_t n, int64_t inner, double scale)
+{
+	T a = (T)scale;
+	for (int64_t o = 0; o < outer; o++) {
+		const T *xo = x + o * n * inner;
+		T *yo = y + o * inner;
+		if (inner == 1) {
+			yo[0] = a * FN(ksum)(xo, n);
+			continue;
+		}
+		for (int64_t i = 0; i < inner; i++)
+			yo[i] = 0;
+		for (int64_t k = 0; k < n; k++)
+			for (int64_t i = 0; i < inner; i++)
+				yo[i] += xo[k * inner + i];
+		for (int64_t i = 0; i < inner; i++)
+			yo[i] *= a;
+	}
+}
+
+void FN(planrt_k_sum_dim_grad)(const T *dy, T *dx, int64_t outer, int64_t n, int64_t inner, double scale)
+{
+	T a = (T)scale;
+	for (int64_t o = 0; o < outer; o++)
+		for (int64_t k = 0; k < n; k++) {
+			const T *g = dy + o * inner;
+			T *d = dx + (o * n + k) * inner;
+			for (int64_t i = 0; i < inner; i++)
+				d[i] = a * g[i];
+		}
+}
+
+void FN(planrt_k_max_dim)(const T *x, T *y, int32_t *argmax, int64_t outer, int64_t n, int64_t inner)
+{
+	if (n < 1)
+		kfatal("max_dim over an empty dim");
+	for (int64_t o = 0; o < outer; o++) {
+		const T *xo = x + o * n * inner;
+		T *yo = y + o * inner;
+		int32_t *ao = argmax + o * inner;
+		for (int64_t i = 0; i < inner; i++) {
+			yo[i] = xo[i];
+			ao[i] = 0;
+		}
+		for (int64_t k = 1; k < n; k++)
+			for (int64_t i = 0; i < inner; i++) {
+				T v = xo[k * inner + i], m = yo[i];
+				int take = v > m || (v != v && m == m); /* strictly larger, or the first NaN */
+				yo[i] = take ? v : m;
+				ao[i] = take ? (int32_t)k : ao[i];
+			}
+	}
+}
+
+void FN(planrt_k_max_dim_grad)(const int32_t *argmax, const T *dy, T *dx, int64_t outer, int64_t n, int64_t inner)
+{
+	memset(dx, 0, (size_t)(outer * n * inner) * sizeof(T));
+	for (int64_t o = 0; o < outer; o++)
+		for (int64_t i = 0; i < inner; i++)
+			dx[(o * n + argmax[o * inner + i]) * inner + i] = dy[o * inner + i];
+}
+
+/* ---- slicing and concatenation -------------------------------------------------------------------- */
+/* Rows [s0, s0 + len) of src [outer, sn, inner] to rows [d0, d0 + len) of dst [outer, dn, inner],
+ * copied or (accumulate) added. */
+static void FN(kcopy_rows)(const T *src, int64_t sn, int64_t s0, T *dst, int64_t dn, int64_t d0, int64_t len,
+			   int64_t outer, int64_t inner, int accumulate)
+{
+	int64_t m = len * inner;
+	for (int64_t o = 0; o < outer; o++) {
+		const T *a = src + (o * sn + s0) * inner;
+		T *b = dst + (o * dn + d0) * inner;
+		if (accumulate)
+			for (int64_t j = 0; j < m; j++)
+				b[j] += a[j];
+		else if (m > 0)
+			memcpy(b, a, (size_t)m * sizeof(T));
+	}
+}
+
+void FN(planrt_k_slice)(const T *x, T *y, int64_t outer, int64_t n, int64_t inner, int64_t start, int64_t len)
+{
+	if (start < 0 || len < 0 || start + len > n)
+		kfatal("slice out of range");
+	FN(kcopy_rows)(x, n, start, y, len, 0, len, outer, inner, 0);
+}
+
+void FN(planrt_k_slice_grad)(const T *dy, T *dx, int64_t outer, int64_t n, int64_t inner, int64_t start, int64_t len,
+			     int accumulate)
+{
+	if (start < 0 || len < 0 || start + len > n)
+		kfatal("slice_grad out of range");
+	if (!accumulate)
+		memset(dx, 0, (size_t)(outer * n * inner) * sizeof(T));
+	FN(kcopy_rows)(dy, len, 0, dx, n, start, len, outer, inner, accumulate);
+}
+
+void FN(planrt_k_concat)(int count, const T *const *xs, const int64_t *ns, T *y, int64_t outer, int64_t inner)
+{
+	int64_t total = 0, off = 0;
+	for (int i = 0; i < count; i++)
+		total += ns[i];
+	for (int i = 0; i < count; i++) {
+		FN(kcopy_rows)(xs[i], ns[i], 0, y, total, off, ns[i], outer, inner, 0);
+		off += ns[i];
+	}
+}
+
+void FN(planrt_k_concat_grad)(int count, const T *dy, T *const *dxs, const int64_t *ns, int64_t outer, int64_t inner)
+{
+	int64_t total = 0, off = 0;
+	for (int i = 0; i < count; i++)
+		total += ns[i];
+	for (int i = 0; i < count; i++) {
+		FN(kcopy_rows)(dy, total, off, dxs[i], ns[i], 0, ns[i], outer, inner, 0);
+		off += ns[i];
+	}
+}
+
+/* ---- repeat_kv: the head dim broadcast over n_rep copies, and back ---------------------------------- */
+void FN(planrt_k_repeat_kv)(const T *x, T *y, int64_t outer, int64_t heads, int64_t n_rep, int64_t inner)
+{
+	FN(planrt_k_sum_dim_grad)(x, y, outer * heads, n_rep, inner, 1.0);
+}
+
+void FN(planrt_k_repeat_kv_grad)(const T *dy, T *dx, int64_t outer, int64_t heads, int64_t n_rep, int64_t inner)
+{
+	FN(planrt_k_sum_dim)(dy, dx, outer * heads, n_rep, inner, 1.0);
+}
+
+/* ---- rotary position embeddings ------------------------------------------------------------------ */
+#define KROPE_CHUNK 64 /* frequencies whose cos and sin are tabled at once (no allocation) */
+
+/* y = x rotated by the angles p f_i (sign = 1) or -p f_i (sign = -1), see planrt_kernels.h. For each
+ * row (b, s), a chunk of frequencies at a time, the cosines and sines are computed once for all heads. */
+static void FN(krope)(const T *x, T *y, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim, int64_t rot_dim,
+		      int heads_first, const int32_t *pos, int64_t pos_stride, int64_t pos_off, double theta, T sign)
+{
+	if (rot_dim < 0 || rot_dim % 2 || rot_dim > head_dim)
+		kfatal("rope: rot_dim must be even and at most head_dim");
+	int64_t h = rot_dim / 2;
+	T c[KROPE_CHUNK], sn[KROPE_CHUNK], inv[KROPE_CHUNK];
+	for (int64_t b = 0; b < batch; b++)
+		for (int64_t s = 0; s < seq; s++) {
+			T p = pos ? (T)pos[b * pos_stride + s] : (T)(pos_off + s);
+			for (int64_t hd = 0; hd < heads; hd++) { /* the dims that pass through */
+				int64_t row = (heads_first ? (b * heads + hd) * seq + s : (b * seq + s) * heads + hd) * head_dim;
+				if (y != x)
+					for (int64_t j = rot_dim; j < head_dim; j++)
+						y[row + j] = x[row + j];
+			}
+			for (int64_t i0 = 0; i0 < h; i0 += KROPE_CHUNK) {
+				int64_t m = h - i0 < KROPE_CHUNK ? h - i0 : KROPE_CHUNK;
+				for (int64_t i = 0; i < m; i++) { /* LlamaRotaryEmbedding's inv_freq, in T */
+					inv[i] = (T)1 / KPOW((T)theta, (T)(2 * (i0 + i)) / (T)rot_dim);
+					T a = p * inv[i];
+					c[i] = KCOS(a);
+					sn[i] = sign * KSIN(a);
+				}
+				for (int64_t hd = 0; hd < heads; hd++) {
+					int64_t row = (heads_first ? (b * heads + hd) * seq + s : (b * seq + s) * heads + hd) *
+						      head_dim;
+					const T *x1 = x + row + i0, *x2 = x1 + h;
+					T *y1 = y + row + i0, *y2 = y1 + h;
+					for (int64_t i = 0; i < m; i++) {
+						T u = x1[i], w = x2[i];
+						y1[i] = u * c[i] - w * sn[i];
+						y2[i] = w * c[i] + u * sn[i];
+					}
+				}
+			}
+		}
+}
+
+void FN(planrt_k_rope)(const T *x, T *y, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim, int64_t rot_dim,
+		       int heads_first, const int32_t *pos, int64_t pos_stride, int64_t pos_off, double theta)
+{
+	FN(krope)(x, y, batch, seq, heads, head_dim, rot_dim, heads_first, pos, pos_stride, pos_off, theta, (T)1);
+}
+
+void FN(planrt_k_rope_grad)(const T *dy, T *dx, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim,
+			    int64_t rot_dim, int heads_first, const int32_t *pos, int64_t pos_stride, int64_t pos_off,
+			    double theta)
+{
+	FN(krope)(dy, dx, batch, seq, heads, head_dim, rot_dim, heads_first, pos, pos_stride, pos_off, theta, (T)-1);
+}
+#undef KROPE_CHUNK
+
+/* ---- regression losses ----------------------------------------------------------------------------- */
+/* scale * sum of (x - t)^2 (l1 = 0) or |x - t| (l1 = 1), summed in double. */
+static double FN(kpoint_loss)(int l1, const T *x, const T *t, int64_t n, double scale)
+{
+	double s = 0;
+	for (int64_t i = 0; i < n; i++) {
+		double d = (double)x[i] - (double)t[i];
+		s += l1 ? fabs(d) : d * d;
+	}
+	return s * scale;
+}
+
+static void FN(kpoint_loss_grad)(int l1, const T *x, const T *t, int64_t n, double dscale, T *dx, T *dt)
+{
+	T ds = (T)dscale, ds2 = (T)(2 * dscale);
+	for (int64_t i = 0; i < n; i++) {
+		T d = x[i] - t[i];
+		/* sign(d) as torch.sign: 0 at 0, NaN stays NaN */
+		dx[i] = l1 ? (d > 0 ? ds : (d < 0 ? -ds : d * ds)) : ds2 * d;
+		if (dt)
+			dt[i] = -dx[i];
+	}
+}
+
+double FN(planrt_k_mse_loss)(const T *x, const T *target, int64_t n, double scale)
+{
+	return FN(kpoint_loss)(0, x, target, n, scale);
+}
+
+void FN(planrt_k_mse_loss_grad)(const T *x, const T *target, int64_t n, double dscale, T *dx, T *dtarget)
+{
+	FN(kpoint_loss_grad)(0, x, target, n, dscale, dx, dtarget);
+}
+
+double FN(planrt_k_l1_loss)(const T *x, const T *target, int64_t n, double scale)
+{
+	return FN(kpoint_loss)(1, x, target, n, scale);
+}
+
+void FN(planrt_k_l1_loss_grad)(const T *x, const T *target, int64_t n, double dscale, T *dx, T *dtarget)
+{
+	FN(kpoint_loss_grad)(1, x, target, n, dscale, dx, dtarget);
 }
 
 /* ---- mixture of experts ------------------------------------------------------------------------------

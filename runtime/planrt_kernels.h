@@ -17,6 +17,28 @@ extern "C" {
 
 enum { PLANRT_ADD = 0, PLANRT_SUB, PLANRT_MUL, PLANRT_DIV };
 enum { PLANRT_GELU_ERF = 0, PLANRT_GELU_TANH };
+/* the element-wise functions of planrt_k_unary: torch.sin, cos, exp, log, tanh, sigmoid */
+enum { PLANRT_SIN = 0, PLANRT_COS, PLANRT_EXP, PLANRT_LOG, PLANRT_TANH, PLANRT_SIGMOID };
+/* torch.nn.functional.cross_entropy's default ignore_index */
+#define PLANRT_IGNORE_INDEX (-100)
+
+/* Cross-entropy over classes (torch.nn.functional.cross_entropy with class-index targets and its
+ * ignore_index; PLANRT_IGNORE_INDEX is torch's default). *loss = scale * the sum over the rows whose
+ * label counts (in [0, classes), not ignore_index) of lse - logits[r, label], with lse = logsumexp of
+ * the row, saved [rows] for the backward. torch's mean reduction: scale = 1 / the number of rows that
+ * count, over the whole batch (planrt_k_check_labels counts them; no row counts gives NaN, as torch).
+ * Labels outside [0, classes) that are not ignore_index are bad. A kernel never aborts on data: it
+ * returns the number of bad labels, with the first one's row and value in *bad_row, *bad_value (left
+ * alone when there are none); bad rows, like ignored ones, add nothing to the loss and get a zero
+ * gradient. The program reports bad labels to the user (the value and its position) and stops.
+ * The gradient, (softmax - onehot(label)) * dscale on rows that count and 0 on the others, overwrites
+ * dlogits. */
+#define PLANRT_CE_CLASSES(T, ST, S)                                                                            \
+	int64_t planrt_k_cross_entropy_##S(const T *logits, const int32_t *labels, int64_t rows, int64_t classes,   \
+					   int32_t ignore_index, double scale, ST *lse, double *loss, int64_t *bad_row, \
+					   int32_t *bad_value);                                                  \
+	void planrt_k_cross_entropy_grad_##S(const T *logits, const int32_t *labels, const ST *lse, int64_t rows,  \
+					     int64_t classes, int32_t ignore_index, double dscale, T *dlogits);
 
 #define PLANRT_KERNELS(T, S)                                                                                   \
 	/* C[b] = op(A[b]) @ op(B[b]) (+ C[b] when accumulate), b < batch. A is [M, K] ([K, M] when              \
@@ -25,6 +47,17 @@ enum { PLANRT_GELU_ERF = 0, PLANRT_GELU_TANH };
 	void planrt_k_matmul_##S(int64_t batch, int64_t M, int64_t N, int64_t K, const T *A, int trans_a,          \
 				 int64_t stride_a, const T *B, int trans_b, int64_t stride_b, T *C, int64_t stride_c,  \
 				 int accumulate);                                                               \
+	/* torch.matmul with broadcast batch dims (numpy rules): for every index i of the batch_rank dims     \
+	 * batch_dims, C_i (+)= op(A_i) @ op(B_i) with M, N, K and the flags as in planrt_k_matmul, where A_i   \
+	 * starts at sum_d i[d] a_strides[d] (0 on a dim A broadcasts along), B_i and C_i likewise. Where       \
+	 * c_strides is 0 on a dim, the products along it add into one C block: the gradient of an operand     \
+	 * that was broadcast along that dim. That covers the weight gradient of a transposed activation: for   \
+	 * a = s^T (s stored [.., K, M]) used as a @ W, dW [K, N] = sum over the leading dims of s_i @ dy_i,     \
+	 * i.e. A = s (trans_a 0), B = dy, c_strides all 0. accumulate = 0: each C block is overwritten by its  \
+	 * sum; 1: the sum is added. batch_rank 0 is one product. */                                           \
+	void planrt_k_bmm_##S(int batch_rank, const int64_t *batch_dims, int64_t M, int64_t N, int64_t K, const T *A, \
+			      int trans_a, const int64_t *a_strides, const T *B, int trans_b, const int64_t *b_strides,  \
+			      T *C, const int64_t *c_strides, int accumulate);                                  \
 	/* out = a OP b with numpy broadcasting: out has rank dims; a_strides / b_strides give each            \
 	 * operand's element stride per out dim (0 where it broadcasts). */                                    \
 	void planrt_k_binary_##S(int op, int rank, const int64_t *dims, const T *a, const int64_t *a_strides,      \
@@ -43,6 +76,75 @@ enum { PLANRT_GELU_ERF = 0, PLANRT_GELU_TANH };
 	void planrt_k_relu_grad_##S(const T *y, const T *dy, T *dx, int64_t n); /* from the output */          \
 	void planrt_k_silu_##S(const T *x, T *y, int64_t n);                                                    \
 	void planrt_k_silu_grad_##S(const T *x, const T *dy, T *dx, int64_t n);                                  \
+	/* y = f(x), f one of PLANRT_SIN .. PLANRT_SIGMOID; dx = dy f'(x), from the input. In place ok. The     \
+	 * _f32 kernels compute what planrt_math.h's planrt_sin .. planrt_sigmoid(_grad) compute. */            \
+	void planrt_k_unary_##S(int op, const T *x, T *y, int64_t n);                                           \
+	void planrt_k_unary_grad_##S(int op, const T *x, const T *dy, T *dx, int64_t n);                         \
+	/* Reductions over one dim of x viewed as [outer, n, inner] (outer: the product of the dims before the   \
+	 * reduced one, inner: of those after it). y is [outer, inner], which is also the layout of the          \
+	 * keepdim = True result [outer, 1, inner]. sum_dim: y = scale * the sum (torch.sum: scale 1;            \
+	 * torch.mean: scale 1 / n, or 1 / the global n when the dim is split and the program all-reduces y).   \
+	 * The gradient, dx = scale * dy broadcast over the dim, overwrites dx. */                               \
+	void planrt_k_sum_dim_##S(const T *x, T *y, int64_t outer, int64_t n, int64_t inner, double scale);      \
+	void planrt_k_sum_dim_grad_##S(const T *dy, T *dx, int64_t outer, int64_t n, int64_t inner, double scale); \
+	/* torch.max(x, dim): y the largest entry, argmax its index in [0, n), the first one on ties; a NaN     \
+	 * counts as the largest (the first NaN). n >= 1. The gradient goes to the argmax entry only, as torch's \
+	 * (dx overwritten, zero elsewhere). */                                                                \
+	void planrt_k_max_dim_##S(const T *x, T *y, int32_t *argmax, int64_t outer, int64_t n, int64_t inner);   \
+	void planrt_k_max_dim_grad_##S(const int32_t *argmax, const T *dy, T *dx, int64_t outer, int64_t n,       \
+				       int64_t inner);                                                           \
+	/* Slicing along one dim of x viewed as [outer, n, inner]: y = x[.., start : start + len, ..], step 1,  \
+	 * 0 <= start <= start + len <= n. len = 1 indexes a fixed position (x[:, 0], the [CLS] token;           \
+	 * torch.select): dropping the dim leaves the layout as it is. slice_grad puts dy in rows                \
+	 * [start, start + len) of dx and zeros the other rows (accumulate = 0), or adds dy to those rows and     \
+	 * leaves the others alone (accumulate = 1: the slices of one tensor, such as a fused q/k/v, each add    \
+	 * their part). */                                                                                      \
+	void planrt_k_slice_##S(const T *x, T *y, int64_t outer, int64_t n, int64_t inner, int64_t start, int64_t len); \
+	void planrt_k_slice_grad_##S(const T *dy, T *dx, int64_t outer, int64_t n, int64_t inner, int64_t start,  \
+				     int64_t len, int accumulate);                                               \
+	/* torch.cat(xs, dim): count inputs, xs[i] viewed as [outer, ns[i], inner], into y [outer, sum ns,       \
+	 * inner]. The gradient splits dy back into dxs[i] (overwritten). */                                     \
+	void planrt_k_concat_##S(int count, const T *const *xs, const int64_t *ns, T *y, int64_t outer, int64_t inner); \
+	void planrt_k_concat_grad_##S(int count, const T *dy, T *const *dxs, const int64_t *ns, int64_t outer,      \
+				      int64_t inner);                                                           \
+	/* repeat_kv of Hugging Face's Llama (grouped-query attention), torch.repeat_interleave(x, n_rep, dim):  \
+	 * x viewed as [outer, heads, inner] gives y [outer, heads * n_rep, inner] whose head h is x's head      \
+	 * h / n_rep. [B, S, Hkv, Dh]: outer = B S, inner = Dh; [B, Hkv, S, Dh]: outer = B, inner = S Dh. A block \
+	 * of kv heads gives the matching block of query heads (tensor parallel). The gradient sums the n_rep    \
+	 * copies (dx overwritten). */                                                                          \
+	void planrt_k_repeat_kv_##S(const T *x, T *y, int64_t outer, int64_t heads, int64_t n_rep, int64_t inner); \
+	void planrt_k_repeat_kv_grad_##S(const T *dy, T *dx, int64_t outer, int64_t heads, int64_t n_rep,         \
+					 int64_t inner);                                                         \
+	/* Rotary position embeddings, the Llama / GPT-NeoX form (rotate_half on the two halves). x is           \
+	 * [batch, seq, heads, head_dim] (heads_first = 0) or [batch, heads, seq, head_dim] (heads_first = 1):   \
+	 * any block of heads (tensor parallel) and of sequence rows (sequence parallel). Row (b, s) is at       \
+	 * position p = pos[b * pos_stride + s] (pos points at this block's first id; pos_stride is the length   \
+	 * of a row of the ids tensor, 0 when one row serves every sample), or p = pos_off + s when pos is NULL  \
+	 * (positions 0, 1, .. of the whole sequence, pos_off the block's first row). The first rot_dim (even)   \
+	 * entries of each head rotate, the rest pass through (GPT-NeoX rotary_pct; Llama: rot_dim = head_dim): \
+	 * with h = rot_dim / 2, a_i = p theta^(-2i / rot_dim), i < h,                                          \
+	 *   y[i] = x[i] cos a_i - x[i + h] sin a_i,   y[i + h] = x[i + h] cos a_i + x[i] sin a_i.               \
+	 * The angles are computed here: _f32 exactly as transformers' LlamaRotaryEmbedding does, in float       \
+	 * (inv_freq = 1 / powf(theta, (float)2i / rot_dim), a = (float)p * inv_freq, cosf, sinf), _f64 in       \
+	 * double. The gradient is the rotation by -a (dx overwritten). In place ok. */                          \
+	void planrt_k_rope_##S(const T *x, T *y, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim,     \
+			       int64_t rot_dim, int heads_first, const int32_t *pos, int64_t pos_stride, int64_t pos_off, \
+			       double theta);                                                                   \
+	void planrt_k_rope_grad_##S(const T *dy, T *dx, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim, \
+				    int64_t rot_dim, int heads_first, const int32_t *pos, int64_t pos_stride,     \
+				    int64_t pos_off, double theta);                                             \
+	/* torch.nn.functional.mse_loss / l1_loss: return scale * the sum of (x - target)^2 (|x - target|).      \
+	 * torch's default mean reduction is scale = 1 / the number of elements of the whole batch (the program  \
+	 * all-reduces the partial losses of a split batch). The gradients: dx = dscale * 2 (x - target)        \
+	 * (dscale * sign(x - target), 0 where they are equal, as torch), dtarget = -dx (NULL: not wanted), both \
+	 * overwritten. */                                                                                      \
+	double planrt_k_mse_loss_##S(const T *x, const T *target, int64_t n, double scale);                      \
+	void planrt_k_mse_loss_grad_##S(const T *x, const T *target, int64_t n, double dscale, T *dx, T *dtarget);  \
+	double planrt_k_l1_loss_##S(const T *x, const T *target, int64_t n, double scale);                       \
+	void planrt_k_l1_loss_grad_##S(const T *x, const T *target, int64_t n, double dscale, T *dx, T *dtarget);   \
+	/* torch.nn.functional.cross_entropy over classes with class-index labels: logits [rows, classes],       \
+	 * labels int32[rows] (rows = samples), see PLANRT_CE_CLASSES below. */                                  \
+	PLANRT_CE_CLASSES(T, float, S)                                                                          \
 	/* Dropout whose mask depends only on (seed, key, global element index): the local block of a          \
 	 * tensor with global shape gdims starting at offs with shape ldims. Kept elements are scaled by         \
 	 * 1 / (1 - p); mask[i] = 1 if kept. */                                                                \
@@ -81,7 +183,9 @@ enum { PLANRT_GELU_ERF = 0, PLANRT_GELU_TANH };
 	/* dlogits = (softmax(logits) - onehot(target)) * dscale, this rank's vocab columns. */                \
 	void planrt_k_ce_grad_##S(const T *logits, const int32_t *targets, const float *lse, int64_t rows,         \
 				  int64_t cols, int64_t vocab_lo, double dscale, T *dlogits);                   \
-	/* out = in permuted: out dim i is in dim perm[i]. */                                                  \
+	/* out = in permuted: out dim i is in dim perm[i]. The gradient is the inverse permutation of dy. A      \
+	 * transpose of dims i and j (torch.transpose) is the identity perm with i and j swapped, its own        \
+	 * inverse. */                                                                                          \
 	void planrt_k_permute_##S(int rank, const int64_t *in_dims, const int *perm, const T *in, T *out);       \
 	/* Mixture of experts (Switch / GShard): probs = softmax(logits [T, E]); each token's top_k            \
 	 * experts in order, gate = prob; slot = the count of earlier (token, k) pairs routed to the same       \
@@ -133,6 +237,15 @@ PLANRT_KERNELS(double, f64)
 				  int64_t cols, int64_t vocab_lo, double dscale, T *dlogits);
 
 PLANRT_STAT_KERNELS(double, double, f64d)
+PLANRT_CE_CLASSES(double, double, f64d)
+
+/* Class-index labels against [0, classes): returns the number of bad ones (outside the range and not
+ * ignore_index), the first one's index and value in *bad_index, *bad_value (left alone when there are
+ * none), and in *valid (NULL: not wanted) the number that count, in range and not ignore_index: what
+ * torch's mean cross-entropy divides by. planrt_k_cross_entropy checks its labels itself; the
+ * vocab-parallel pieces (planrt_k_ce_*) do not, so a program calls this on their targets. */
+int64_t planrt_k_check_labels(const int32_t *labels, int64_t n, int64_t classes, int32_t ignore_index, int64_t *valid,
+			      int64_t *bad_index, int32_t *bad_value);
 
 /* bf16 storage: round to nearest even; conversions in both directions. */
 void planrt_k_f32_to_bf16(const float *x, uint16_t *y, int64_t n);

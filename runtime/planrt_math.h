@@ -1,7 +1,8 @@
 /* planrt_math.h: branch-free, vectorisable expf and erff shared by the kernels (kernels.c) and the
  * fused element-wise loops planc emits, so a fused GELU and the kernel one give the same bits.
  * kexpf is within 1 ulp of expf; kerff is Abramowitz and Stegun 7.1.26 (absolute error < 1.5e-7),
- * the formula ATen's vectorised CPU erf uses. */
+ * the formula ATen's vectorised CPU erf uses. Then the element-wise functions and their derivatives
+ * (planrt_F(x), planrt_F_grad(x, dy) = dy F'(x), from the input) that planrt_k_unary_f32 computes. */
 #ifndef PLANRT_MATH_H
 #define PLANRT_MATH_H
 
@@ -77,6 +78,70 @@ static inline float planrt_silu_grad(float x, float dy)
 {
 	float s = 1.0f / (1.0f + kexpf(-x));
 	return dy * s * (1.0f + x * (1.0f - s));
+}
+
+/* torch.sin, cos, exp, log, tanh, sigmoid. tanh is libm's: the 1 - 2 / (e^2x + 1) form loses its
+ * relative precision near 0. */
+static inline float planrt_sin(float x)
+{
+	return sinf(x);
+}
+
+static inline float planrt_sin_grad(float x, float dy)
+{
+	return dy * cosf(x);
+}
+
+static inline float planrt_cos(float x)
+{
+	return cosf(x);
+}
+
+static inline float planrt_cos_grad(float x, float dy)
+{
+	return -dy * sinf(x);
+}
+
+static inline float planrt_exp(float x)
+{
+	return kexpf(x);
+}
+
+static inline float planrt_exp_grad(float x, float dy)
+{
+	return dy * kexpf(x);
+}
+
+static inline float planrt_log(float x)
+{
+	return logf(x);
+}
+
+static inline float planrt_log_grad(float x, float dy)
+{
+	return dy / x;
+}
+
+static inline float planrt_tanh(float x)
+{
+	return tanhf(x);
+}
+
+static inline float planrt_tanh_grad(float x, float dy)
+{
+	float t = tanhf(x);
+	return dy * (1.0f - t * t);
+}
+
+static inline float planrt_sigmoid(float x)
+{
+	return 1.0f / (1.0f + kexpf(-x));
+}
+
+static inline float planrt_sigmoid_grad(float x, float dy)
+{
+	float s = 1.0f / (1.0f + kexpf(-x));
+	return dy * s * (1.0f - s);
 }
 
 #endif
