@@ -921,8 +921,8 @@ static void FN(kpoint_loss_grad)(int l1, const T *x, const T *t, int64_t n, doub
 	T ds = (T)dscale, ds2 = (T)(2 * dscale);
 	for (int64_t i = 0; i < n; i++) {
 		T d = x[i] - t[i];
-		/* sign(d) as torch.sign: 0 at 0, NaN stays NaN */
-		dx[i] = l1 ? (d > 0 ? ds : (d < 0 ? -ds : d * ds)) : ds2 * d;
+		/* sign(d) as torch 1.13's: 0 at 0 and at NaN */
+		dx[i] = l1 ? (d > 0 ? ds : (d < 0 ? -ds : (T)0)) : ds2 * d;
 		if (dt)
 			dt[i] = -dx[i];
 	}

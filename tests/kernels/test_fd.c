@@ -214,6 +214,84 @@ static void case_matmul(const char *name, int64_t batch, int64_t M, int64_t N, i
 	run(&C);
 }
 
+/* ---- matmul with broadcast batch dims ------------------------------------------------------------------
+ * C [batch dims.., M, N] = op(A) @ op(B) with A's and B's batch shapes broadcast (size 1 = broadcast). The
+ * backward is bmm itself: the gradient of a broadcast operand has stride 0 on the dims it was broadcast
+ * along, so the products add into it. */
+static struct {
+	int rank, ta, tb, acc;
+	int64_t dims[3], as[3], bs[3], cs[3], M, N, K;
+} bm;
+
+/* contiguous strides of an operand with batch shape shape[] (1 where it broadcasts) and block size blk */
+static int64_t bm_strides(int rank, const int64_t *shape, int64_t blk, int64_t *st)
+{
+	int64_t s = blk;
+	for (int d = rank - 1; d >= 0; d--) {
+		st[d] = shape[d] == 1 ? 0 : s;
+		s *= shape[d];
+	}
+	return s;
+}
+
+static void bm_fwd(Case *c, int f32)
+{
+	if (f32)
+		planrt_k_bmm_f32(bm.rank, bm.dims, bm.M, bm.N, bm.K, c->in32[0], bm.ta, bm.as, c->in32[1], bm.tb, bm.bs,
+				 c->out32, bm.cs, 0);
+	else
+		planrt_k_bmm_f64(bm.rank, bm.dims, bm.M, bm.N, bm.K, c->in[0], bm.ta, bm.as, c->in[1], bm.tb, bm.bs,
+				 c->out, bm.cs, 0);
+}
+
+static void bm_bwd(Case *c)
+{
+	const double *A = c->in[0], *B = c->in[1], *dC = c->dy;
+	int64_t M = bm.M, N = bm.N, K = bm.K;
+	if (!bm.ta) /* dA [M, K] = dC @ op(B)^T */
+		planrt_k_bmm_f64(bm.rank, bm.dims, M, K, N, dC, 0, bm.cs, B, !bm.tb, bm.bs, c->grad[0], bm.as, bm.acc);
+	else /* dA [K, M] = op(B) @ dC^T */
+		planrt_k_bmm_f64(bm.rank, bm.dims, K, M, N, B, bm.tb, bm.bs, dC, 1, bm.cs, c->grad[0], bm.as, bm.acc);
+	if (!bm.tb) /* dB [K, N] = op(A)^T @ dC */
+		planrt_k_bmm_f64(bm.rank, bm.dims, K, N, M, A, !bm.ta, bm.as, dC, 0, bm.cs, c->grad[1], bm.bs, bm.acc);
+	else /* dB [N, K] = dC^T @ op(A) */
+		planrt_k_bmm_f64(bm.rank, bm.dims, N, K, M, dC, 1, bm.cs, A, bm.ta, bm.as, c->grad[1], bm.bs, bm.acc);
+}
+
+static void case_bmm(const char *name, int rank, const int64_t *dims, const int64_t *ashape, const int64_t *bshape,
+		     int64_t M, int64_t N, int64_t K, int ta, int tb, int acc)
+{
+	bm.rank = rank;
+	bm.ta = ta;
+	bm.tb = tb;
+	bm.acc = acc;
+	bm.M = M;
+	bm.N = N;
+	bm.K = K;
+	for (int d = 0; d < rank; d++)
+		bm.dims[d] = dims[d];
+	int64_t na = bm_strides(rank, ashape, M * K, bm.as), nb = bm_strides(rank, bshape, K * N, bm.bs);
+	int64_t nc = bm_strides(rank, dims, M * N, bm.cs);
+	begin(name, nc, bm_fwd, bm_bwd);
+	input("A", na, -1, 1, acc);
+	input("B", nb, -1, 1, acc);
+	run(&C);
+}
+
+static void cases_bmm(void)
+{
+	static const int64_t d23[2] = {2, 3}, a21[2] = {2, 1}, b13[2] = {1, 3}, one[2] = {1, 1};
+	static const int64_t d223[3] = {2, 2, 3}, a213[3] = {2, 1, 3}, b121[3] = {1, 2, 1};
+	case_bmm("bmm [2,1]@[1,3] nn", 2, d23, a21, b13, 2, 3, 4, 0, 0, 0);
+	case_bmm("bmm [2,1]@[1,3] tt (acc)", 2, d23, a21, b13, 2, 3, 4, 1, 1, 1);
+	case_bmm("bmm [2,1]@[1,3] tn", 2, d23, a21, b13, 3, 2, 4, 1, 0, 0);
+	case_bmm("bmm [2,3]@[] nn (tall gemm)", 2, d23, d23, one, 2, 3, 4, 0, 0, 0);
+	/* y = a @ W with a = s^T stored [2, 3, K, M]: the weight gradient sums s_i @ dy_i (one gemm) */
+	case_bmm("bmm s^T@W (wgrad of transposed act)", 2, d23, d23, one, 3, 2, 4, 1, 0, 0);
+	case_bmm("bmm s^T@W nt (acc)", 2, d23, d23, one, 3, 2, 4, 1, 1, 1);
+	case_bmm("bmm [2,1,3]@[1,2,1] nt", 3, d223, a213, b121, 2, 3, 2, 0, 1, 0);
+}
+
 /* ---- binary ops and sum_to ------------------------------------------------------------------------ */
 static struct {
 	int op, rank;
@@ -305,8 +383,8 @@ static void cases_binary(void)
 }
 
 /* ---- element-wise --------------------------------------------------------------------------------- */
-static int act_kind, gelu_approx;
-enum { ACT_SCALE, ACT_GELU, ACT_RELU, ACT_SILU };
+static int act_kind, gelu_approx, unary_op;
+enum { ACT_SCALE, ACT_GELU, ACT_RELU, ACT_SILU, ACT_UNARY };
 #define ALPHA (-1.7)
 
 static void act_fwd(Case *c, int f32)
@@ -325,6 +403,9 @@ static void act_fwd(Case *c, int f32)
 		break;
 	case ACT_SILU:
 		f32 ? planrt_k_silu_f32(c->in32[0], c->out32, n) : planrt_k_silu_f64(c->in[0], c->out, n);
+		break;
+	case ACT_UNARY:
+		f32 ? planrt_k_unary_f32(unary_op, c->in32[0], c->out32, n) : planrt_k_unary_f64(unary_op, c->in[0], c->out, n);
 		break;
 	}
 }
@@ -346,6 +427,9 @@ static void act_bwd(Case *c)
 	case ACT_SILU:
 		planrt_k_silu_grad_f64(c->in[0], c->dy, c->grad[0], n);
 		break;
+	case ACT_UNARY:
+		planrt_k_unary_grad_f64(unary_op, c->in[0], c->dy, c->grad[0], n);
+		break;
 	}
 }
 
@@ -359,6 +443,233 @@ static void case_act(const char *name, int kind, int approx)
 		for (int i = 0; i < 64; i++)
 			x[i] = (x[i] < 0 ? -0.1 : 0.1) + x[i];
 	run(&C);
+}
+
+static void case_unary(const char *name, int op, double lo, double hi)
+{
+	act_kind = ACT_UNARY;
+	unary_op = op;
+	begin(name, 64, act_fwd, act_bwd);
+	input("x", 64, lo, hi, 0);
+	run(&C);
+}
+
+/* ---- reductions over one dim, slicing, concat, repeat_kv ----------------------------------------------- */
+static struct {
+	int64_t outer, n, inner, start, len, rep;
+	double scale;
+	int acc;
+} sh;
+static int32_t sh_argmax[MAXN];
+
+static void sum_fwd(Case *c, int f32)
+{
+	if (f32)
+		planrt_k_sum_dim_f32(c->in32[0], c->out32, sh.outer, sh.n, sh.inner, sh.scale);
+	else
+		planrt_k_sum_dim_f64(c->in[0], c->out, sh.outer, sh.n, sh.inner, sh.scale);
+}
+
+static void sum_bwd(Case *c)
+{
+	planrt_k_sum_dim_grad_f64(c->dy, c->grad[0], sh.outer, sh.n, sh.inner, sh.scale);
+}
+
+static void max_fwd(Case *c, int f32)
+{
+	if (f32)
+		planrt_k_max_dim_f32(c->in32[0], c->out32, sh_argmax, sh.outer, sh.n, sh.inner);
+	else
+		planrt_k_max_dim_f64(c->in[0], c->out, sh_argmax, sh.outer, sh.n, sh.inner);
+}
+
+static void max_bwd(Case *c)
+{
+	max_fwd(c, 0);
+	planrt_k_max_dim_grad_f64(sh_argmax, c->dy, c->grad[0], sh.outer, sh.n, sh.inner);
+}
+
+static void case_reduce(const char *name, int max, int64_t outer, int64_t n, int64_t inner, double scale)
+{
+	sh.outer = outer;
+	sh.n = n;
+	sh.inner = inner;
+	sh.scale = scale;
+	begin(name, outer * inner, max ? max_fwd : sum_fwd, max ? max_bwd : sum_bwd);
+	input("x", outer * n * inner, -2, 2, 0);
+	run(&C);
+}
+
+static void slice_fwd(Case *c, int f32)
+{
+	if (f32)
+		planrt_k_slice_f32(c->in32[0], c->out32, sh.outer, sh.n, sh.inner, sh.start, sh.len);
+	else
+		planrt_k_slice_f64(c->in[0], c->out, sh.outer, sh.n, sh.inner, sh.start, sh.len);
+}
+
+static void slice_bwd(Case *c)
+{
+	planrt_k_slice_grad_f64(c->dy, c->grad[0], sh.outer, sh.n, sh.inner, sh.start, sh.len, sh.acc);
+}
+
+static void case_slice(const char *name, int64_t outer, int64_t n, int64_t inner, int64_t start, int64_t len, int acc)
+{
+	sh.outer = outer;
+	sh.n = n;
+	sh.inner = inner;
+	sh.start = start;
+	sh.len = len;
+	sh.acc = acc;
+	begin(name, outer * len * inner, slice_fwd, slice_bwd);
+	input("x", outer * n * inner, -1, 1, acc);
+	run(&C);
+}
+
+/* three inputs [2, 1 | 3 | 2, 3] along the middle dim */
+static const int64_t cat_ns[3] = {1, 3, 2};
+
+static void cat_fwd(Case *c, int f32)
+{
+	if (f32) {
+		const float *xs[3] = {c->in32[0], c->in32[1], c->in32[2]};
+		planrt_k_concat_f32(3, xs, cat_ns, c->out32, 2, 3);
+	} else {
+		const double *xs[3] = {c->in[0], c->in[1], c->in[2]};
+		planrt_k_concat_f64(3, xs, cat_ns, c->out, 2, 3);
+	}
+}
+
+static void cat_bwd(Case *c)
+{
+	double *dxs[3] = {c->grad[0], c->grad[1], c->grad[2]};
+	planrt_k_concat_grad_f64(3, c->dy, dxs, cat_ns, 2, 3);
+}
+
+/* [outer, heads, inner] -> [outer, heads * rep, inner] */
+static void rkv_fwd(Case *c, int f32)
+{
+	if (f32)
+		planrt_k_repeat_kv_f32(c->in32[0], c->out32, sh.outer, sh.n, sh.rep, sh.inner);
+	else
+		planrt_k_repeat_kv_f64(c->in[0], c->out, sh.outer, sh.n, sh.rep, sh.inner);
+}
+
+static void rkv_bwd(Case *c)
+{
+	planrt_k_repeat_kv_grad_f64(c->dy, c->grad[0], sh.outer, sh.n, sh.rep, sh.inner);
+}
+
+/* ---- rotary position embeddings ------------------------------------------------------------------------ */
+static struct {
+	int64_t batch, seq, heads, dim, rot, pos_stride, pos_off;
+	int heads_first;
+	const int32_t *pos;
+	double theta;
+} rp;
+
+static void rope_fwd(Case *c, int f32)
+{
+	if (f32)
+		planrt_k_rope_f32(c->in32[0], c->out32, rp.batch, rp.seq, rp.heads, rp.dim, rp.rot, rp.heads_first, rp.pos,
+				  rp.pos_stride, rp.pos_off, rp.theta);
+	else
+		planrt_k_rope_f64(c->in[0], c->out, rp.batch, rp.seq, rp.heads, rp.dim, rp.rot, rp.heads_first, rp.pos,
+				  rp.pos_stride, rp.pos_off, rp.theta);
+}
+
+static void rope_bwd(Case *c)
+{
+	planrt_k_rope_grad_f64(c->dy, c->grad[0], rp.batch, rp.seq, rp.heads, rp.dim, rp.rot, rp.heads_first, rp.pos,
+			       rp.pos_stride, rp.pos_off, rp.theta);
+}
+
+static void case_rope(const char *name, int64_t batch, int64_t seq, int64_t heads, int64_t dim, int64_t rot,
+		      int heads_first, const int32_t *pos, int64_t pos_stride, int64_t pos_off, double theta)
+{
+	rp.batch = batch;
+	rp.seq = seq;
+	rp.heads = heads;
+	rp.dim = dim;
+	rp.rot = rot;
+	rp.heads_first = heads_first;
+	rp.pos = pos;
+	rp.pos_stride = pos_stride;
+	rp.pos_off = pos_off;
+	rp.theta = theta;
+	int64_t n = batch * seq * heads * dim;
+	begin(name, n, rope_fwd, rope_bwd);
+	input("x", n, -1, 1, 0);
+	run(&C);
+}
+
+static void cases_rope(void)
+{
+	static const int32_t pos_bs[6] = {0, 5, 17, 3, 4, 40}, pos_row[2] = {7, 31};
+	case_rope("rope [2,3,2,8] pos ids", 2, 3, 2, 8, 8, 0, pos_bs, 3, 0, 10000.0);
+	case_rope("rope [2,2,3,6] rot 4, no ids, off 5", 2, 3, 2, 6, 4, 1, NULL, 0, 5, 500000.0);
+	case_rope("rope [2,2,1,140] one id row (chunks)", 2, 2, 1, 140, 140, 0, pos_row, 0, 0, 10000.0);
+}
+
+/* ---- regression losses and cross-entropy over classes ----------------------------------------------------- */
+#define LN 20
+static int loss_l1;
+
+static void ploss_fwd(Case *c, int f32)
+{
+	if (f32)
+		c->out32[0] = (float)(loss_l1 ? planrt_k_l1_loss_f32 : planrt_k_mse_loss_f32)(c->in32[0], c->in32[1], LN,
+											    1.0 / LN);
+	else
+		c->out[0] = (loss_l1 ? planrt_k_l1_loss_f64 : planrt_k_mse_loss_f64)(c->in[0], c->in[1], LN, 1.0 / LN);
+}
+
+static void ploss_bwd(Case *c)
+{
+	(loss_l1 ? planrt_k_l1_loss_grad_f64 : planrt_k_mse_loss_grad_f64)(c->in[0], c->in[1], LN, c->dy[0] / LN,
+									     c->grad[0], c->grad[1]);
+}
+
+static void case_ploss(const char *name, int l1)
+{
+	loss_l1 = l1;
+	begin(name, 1, ploss_fwd, ploss_bwd);
+	double *x = input("x", LN, -2, 2, 0), *t = input("target", LN, -2, 2, 0);
+	for (int i = 0; i < LN; i++) /* keep l1 away from its kink */
+		if (fabs(x[i] - t[i]) < 0.05)
+			x[i] += 0.1;
+	run(&C);
+}
+
+#define XR 7
+#define XC 5
+static const int32_t xlabels[XR] = {0, 4, PLANRT_IGNORE_INDEX, 2, 2, 1, 3};
+#define XVALID 6
+
+static void xent_fwd(Case *c, int f32)
+{
+	int64_t br = -1;
+	int32_t bv = 0;
+	double l;
+	if (f32) {
+		float lse[XR];
+		planrt_k_cross_entropy_f32(c->in32[0], xlabels, XR, XC, PLANRT_IGNORE_INDEX, 1.0 / XVALID, lse, &l, &br, &bv);
+		c->out32[0] = (float)l;
+	} else {
+		double lse[XR];
+		planrt_k_cross_entropy_f64d(c->in[0], xlabels, XR, XC, PLANRT_IGNORE_INDEX, 1.0 / XVALID, lse, &l, &br, &bv);
+		c->out[0] = l;
+	}
+}
+
+static void xent_bwd(Case *c)
+{
+	double lse[XR], l;
+	int64_t br;
+	int32_t bv;
+	planrt_k_cross_entropy_f64d(c->in[0], xlabels, XR, XC, PLANRT_IGNORE_INDEX, 1.0 / XVALID, lse, &l, &br, &bv);
+	planrt_k_cross_entropy_grad_f64d(c->in[0], xlabels, lse, XR, XC, PLANRT_IGNORE_INDEX, c->dy[0] / XVALID,
+					 c->grad[0]);
 }
 
 /* ---- dropout ----------------------------------------------------------------------------------- */
@@ -777,12 +1088,46 @@ int main(void)
 	case_matmul("matmul bcast-B nn", 3, 2, 4, 3, 0, 0, 1);
 	case_matmul("matmul bcast-B nt", 3, 2, 4, 3, 0, 1, 1);
 	case_matmul("matmul bcast-B tn", 3, 2, 4, 3, 1, 0, 1);
+	cases_bmm();
 	cases_binary();
 	case_act("scale", ACT_SCALE, 0);
 	case_act("gelu erf", ACT_GELU, PLANRT_GELU_ERF);
 	case_act("gelu tanh", ACT_GELU, PLANRT_GELU_TANH);
 	case_act("relu", ACT_RELU, 0);
 	case_act("silu", ACT_SILU, 0);
+	case_unary("sin", PLANRT_SIN, -4, 4);
+	case_unary("cos", PLANRT_COS, -4, 4);
+	case_unary("exp", PLANRT_EXP, -4, 4);
+	case_unary("log", PLANRT_LOG, 0.05, 4);
+	case_unary("tanh", PLANRT_TANH, -4, 4);
+	case_unary("sigmoid", PLANRT_SIGMOID, -6, 6);
+
+	case_reduce("sum_dim [3,5,4] dim 1", 0, 3, 5, 4, 1.0);
+	case_reduce("mean_dim [3,11] dim 1", 0, 3, 11, 1, 1.0 / 11);
+	case_reduce("max_dim [3,5,4] dim 1", 1, 3, 5, 4, 0);
+	case_reduce("max_dim [4,9] dim 1", 1, 4, 9, 1, 0);
+	case_slice("slice [3,6,4] dim 1 [2:5]", 3, 6, 4, 2, 3, 0);
+	case_slice("slice [3,6,4] dim 1 [2:5] (acc)", 3, 6, 4, 2, 3, 1);
+	case_slice("index [3,6,4] [:, 0] ([CLS])", 3, 6, 4, 0, 1, 0);
+	case_slice("index [4,5] [:, 4] (acc)", 4, 5, 1, 4, 1, 1);
+	begin("concat 3 inputs dim 1", 2 * 6 * 3, cat_fwd, cat_bwd);
+	input("x0", 2 * 1 * 3, -1, 1, 0);
+	input("x1", 2 * 3 * 3, -1, 1, 0);
+	input("x2", 2 * 2 * 3, -1, 1, 0);
+	run(&C);
+	sh.outer = 2 * 3;
+	sh.n = 2;
+	sh.rep = 3;
+	sh.inner = 4;
+	begin("repeat_kv [2,3,2,4] n_rep 3", 6 * 2 * 3 * 4, rkv_fwd, rkv_bwd);
+	input("x", 6 * 2 * 4, -1, 1, 0);
+	run(&C);
+	cases_rope();
+	case_ploss("mse_loss", 0);
+	case_ploss("l1_loss", 1);
+	begin("cross_entropy classes (f64d)", 1, xent_fwd, xent_bwd);
+	input("logits", XR * XC, -3, 3, 0);
+	run(&C);
 
 	begin("dropout (fixed mask)", 30, drop_fwd, drop_bwd);
 	input("x", 30, -1, 1, 0);
@@ -815,6 +1160,8 @@ int main(void)
 	case_permute("permute (2,0,3,1)", 2, 0, 3, 1);
 	case_permute("permute (0,2,1,3)", 0, 2, 1, 3);
 	case_permute("permute (3,2,1,0)", 3, 2, 1, 0);
+	case_permute("transpose 1<->3 (0,3,2,1)", 0, 3, 2, 1);
+	case_permute("transpose 0<->1 (1,0,2,3)", 1, 0, 2, 3);
 
 	cases_moe();
 

@@ -1,9 +1,13 @@
 /* test_semantics.c: the kernels' meaning on fixed inputs, against PyTorch reference values
  * (reference.txt, written once by make_reference.py) and values worked out by hand: activations,
  * norms, softmax, cross-entropy, dropout (Philox stream, keep fraction, block independence), causal
- * mask offsets, MoE routing, bf16 rounding, block copies, matmul accumulate and broadcast forms.
+ * mask offsets, MoE routing, bf16 rounding, block copies, matmul accumulate and broadcast forms; and
+ * issue 9's ops: element-wise sin .. sigmoid, sum / mean / max over a dim, slicing, indexing, concat,
+ * transpose, repeat_kv, broadcasting batched matmul, RoPE (Hugging Face's float recipe), mse / l1,
+ * cross-entropy over classes with ignore_index and bad labels.
  * Usage: test_semantics reference.txt */
 #include "planrt_kernels.h"
+#include "planrt_math.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -19,7 +23,8 @@ typedef struct {
 	int n;
 	double *v;
 } Ref;
-static Ref refs[64];
+#define MAXREFS 256
+static Ref refs[MAXREFS];
 static int nrefs;
 
 static void load_refs(const char *path)
@@ -29,7 +34,7 @@ static void load_refs(const char *path)
 		fprintf(stderr, "test_semantics: cannot open %s\n", path);
 		exit(2);
 	}
-	while (nrefs < 64 && fscanf(f, "%63s %d", refs[nrefs].name, &refs[nrefs].n) == 2) {
+	while (nrefs < MAXREFS && fscanf(f, "%63s %d", refs[nrefs].name, &refs[nrefs].n) == 2) {
 		Ref *r = &refs[nrefs++];
 		r->v = malloc((size_t)r->n * sizeof(double));
 		for (int i = 0; i < r->n; i++)
@@ -609,6 +614,349 @@ static void test_matmul(void)
 	       "embed_grad accumulates, repeated ids add");
 }
 
+/* ---- issue 9's ops against torch ------------------------------------------------------------------ */
+static double *from_f32(const float *x, int n)
+{
+	double *y = malloc((size_t)n * sizeof(double));
+	for (int i = 0; i < n; i++)
+		y[i] = x[i];
+	return y;
+}
+
+static int ref_count(const char *name)
+{
+	for (int i = 0; i < nrefs; i++)
+		if (!strcmp(refs[i].name, name))
+			return refs[i].n;
+	ref(name, -1); /* exits */
+	return 0;
+}
+
+static int32_t *ref_i32(const char *name, int n)
+{
+	const double *v = ref(name, n);
+	int32_t *y = malloc((size_t)n * sizeof(int32_t));
+	for (int i = 0; i < n; i++)
+		y[i] = (int32_t)v[i];
+	return y;
+}
+
+static void test_unary(void)
+{
+	static const struct {
+		const char *fn, *name, *dname;
+		int op;
+		float (*f)(float);
+		float (*g)(float, float);
+	} fs[] = {{"sin", "un_sin", "un_dsin", PLANRT_SIN, planrt_sin, planrt_sin_grad},
+		  {"cos", "un_cos", "un_dcos", PLANRT_COS, planrt_cos, planrt_cos_grad},
+		  {"exp", "un_exp", "un_dexp", PLANRT_EXP, planrt_exp, planrt_exp_grad},
+		  {"tanh", "un_tanh", "un_dtanh", PLANRT_TANH, planrt_tanh, planrt_tanh_grad},
+		  {"sigmoid", "un_sigmoid", "un_dsigmoid", PLANRT_SIGMOID, planrt_sigmoid, planrt_sigmoid_grad},
+		  {"log", "log_y", "log_dx", PLANRT_LOG, planrt_log, planrt_log_grad}};
+	for (unsigned k = 0; k < sizeof fs / sizeof fs[0]; k++) {
+		int log = fs[k].op == PLANRT_LOG, n = ref_count(log ? "log_x" : "un_x");
+		const double *x = ref(log ? "log_x" : "un_x", n), *dy = ref(log ? "log_dy" : "un_dy", n);
+		/* log's gradient skips x = 0 */
+		const double *gx = log ? x + 1 : x, *gdy = log ? dy + 1 : dy;
+		int gn = log ? n - 1 : n;
+		double *y = malloc((size_t)n * sizeof(double));
+		float *x32 = to_f32(x, n), *y32 = malloc((size_t)n * sizeof(float));
+		float *gx32 = to_f32(gx, gn), *gdy32 = to_f32(gdy, gn);
+		char what[96];
+		planrt_k_unary_f64(fs[k].op, x, y, n);
+		snprintf(what, sizeof what, "%s f64 vs torch", fs[k].name);
+		close64(what, y, ref(fs[k].name, n), n, 1e-14);
+		planrt_k_unary_grad_f64(fs[k].op, gx, gdy, y, gn);
+		snprintf(what, sizeof what, "%s f64 vs torch autograd", fs[k].dname);
+		close64(what, y, ref(fs[k].dname, gn), gn, 1e-14);
+		/* f32 against torch on the float-rounded inputs (pi, 1e-30, .. move when rounded) */
+		double *xr = from_f32(x32, n), *want = malloc((size_t)n * sizeof(double));
+		planrt_k_unary_f64(fs[k].op, xr, want, n);
+		planrt_k_unary_f32(fs[k].op, x32, y32, n);
+		snprintf(what, sizeof what, "%s f32 vs f64", fs[k].name);
+		close32(what, y32, want, n, 1e-6);
+		/* and what the fused loops compute, planrt_math.h (the same formulas; FMA contraction may differ) */
+		double worst = 0;
+		for (int i = 0; i < n; i++) {
+			double m = fs[k].f(x32[i]);
+			if (m != y32[i]) /* log(0) = -inf on both sides */
+				worst = fmax(worst, fabs(m - y32[i]) / fmax(fabs(m), 1e-30));
+		}
+		for (int i = 0; i < gn; i++) {
+			float gk;
+			planrt_k_unary_grad_f32(fs[k].op, gx32 + i, gdy32 + i, &gk, 1);
+			/* relative to dy: 1 - t t of tanh cancels, and contracted to an FMA or not it differs there */
+			double m = fs[k].g(gx32[i], gdy32[i]);
+			worst = fmax(worst, fabs(m - gk) / fmax(fmax(fabs(m), fabs(gdy32[i])), 1e-30));
+		}
+		report(worst < 5e-7, "%-10s kernel f32 = planrt_math.h planrt_F and planrt_F_grad (rel %.1e)", fs[k].fn, worst);
+		free(y);
+		free(x32);
+		free(y32);
+		free(gx32);
+		free(gdy32);
+		free(xr);
+		free(want);
+	}
+}
+
+static void test_reductions(void)
+{
+	enum { A = 3, N = 5, I = 4 };
+	const double *x = ref("red_x", A * N * I), *dy = ref("red_dy", A * I);
+	double y[A * N * I], dx[A * N * I];
+	int32_t am[A * I];
+	planrt_k_sum_dim_f64(x, y, A, N, I, 1.0);
+	close64("sum dim 1 of [3,5,4] vs torch", y, ref("red_sum1", A * I), A * I, 1e-15);
+	planrt_k_sum_dim_f64(x, y, A, N, I, 1.0 / N);
+	close64("mean dim 1 of [3,5,4] vs torch", y, ref("red_mean1", A * I), A * I, 1e-15);
+	planrt_k_sum_dim_f64(x, y, A * N, I, 1, 1.0);
+	close64("sum dim 2 of [3,5,4] (inner 1) vs torch", y, ref("red_sum2", A * N), A * N, 1e-15);
+	planrt_k_sum_dim_f64(x, y, 1, A, N * I, 1.0 / A);
+	close64("mean dim 0 of [3,5,4] (outer 1) vs torch", y, ref("red_mean0", N * I), N * I, 1e-15);
+	float *x32 = to_f32(x, A * N * I), y32[A * N * I];
+	planrt_k_sum_dim_f32(x32, y32, A, N, I, 1.0 / N);
+	close32("mean dim 1 f32 vs torch", y32, ref("red_mean1", A * I), A * I, 1e-6);
+	planrt_k_max_dim_f64(x, y, am, A, N, I);
+	close64("max dim 1 of [3,5,4] vs torch", y, ref("red_max1", A * I), A * I, 0);
+	const double *want_am = ref("red_argmax1", A * I);
+	int ok = 1;
+	for (int i = 0; i < A * I; i++)
+		ok &= am[i] == (int32_t)want_am[i];
+	report(ok && am[0] == 1 && am[I + 2] == 0, "argmax dim 1 = torch's indices, ties to the first");
+	planrt_k_max_dim_grad_f64(am, dy, dx, A, N, I);
+	close64("max dim 1 gradient vs torch autograd (ties)", dx, ref("red_dmax1", A * N * I), A * N * I, 0);
+	/* the mean's gradient: dy / n everywhere (by hand) */
+	planrt_k_sum_dim_grad_f64(dy, dx, A, N, I, 1.0 / N);
+	ok = 1;
+	for (int a = 0; a < A; a++)
+		for (int k = 0; k < N; k++)
+			for (int i = 0; i < I; i++)
+				ok &= dx[(a * N + k) * I + i] == dy[a * I + i] * (1.0 / N);
+	report(ok, "mean gradient is dy / n broadcast over the dim");
+	/* NaN is the largest, the first NaN's index (torch.max) */
+	double xn[8] = {1, NAN, 3, NAN, 2, 5, 5, 1}, yn[2];
+	int32_t an[2];
+	planrt_k_max_dim_f64(xn, yn, an, 2, 4, 1);
+	report(isnan(yn[0]) && an[0] == 1 && yn[1] == 5 && an[1] == 1, "max: NaN wins at its first index, as torch");
+	free(x32);
+}
+
+static void test_slicing(void)
+{
+	const double *x = ref("sl_x", 36);
+	double y[66];
+	planrt_k_slice_f64(x, y, 2, 6, 3, 2, 3);
+	close64("slice x[:, 2:5] vs torch", y, ref("sl_slice", 18), 18, 0);
+	planrt_k_slice_f64(x, y, 2, 6, 3, 0, 1);
+	close64("index x[:, 0] ([CLS]) vs torch", y, ref("sl_cls", 6), 6, 0);
+	planrt_k_slice_f64(x, y, 12, 3, 1, 2, 1);
+	close64("index x[..., -1] vs torch", y, ref("sl_last", 12), 12, 0);
+	const double *xs[3] = {x, ref("cat_y", 6), ref("cat_z", 24)};
+	const int64_t ns[3] = {6, 1, 4};
+	planrt_k_concat_f64(3, xs, ns, y, 2, 3);
+	close64("concat dim 1 vs torch.cat", y, ref("cat_xyz", 66), 66, 0);
+	/* slice_grad of rows [2, 5) of [2, 6, 3]: accumulate adds to those rows only, overwrite zeros the rest */
+	double d[36], d0[36], g[18];
+	for (int i = 0; i < 18; i++)
+		g[i] = i + 1;
+	for (int i = 0; i < 36; i++)
+		d[i] = 100;
+	planrt_k_slice_grad_f64(g, d, 2, 6, 3, 2, 3, 1);
+	planrt_k_slice_grad_f64(g, d0, 2, 6, 3, 2, 3, 0);
+	int ok = 1;
+	for (int o = 0; o < 2; o++)
+		for (int r = 0; r < 6; r++)
+			for (int i = 0; i < 3; i++) {
+				double gi = r >= 2 && r < 5 ? g[(o * 3 + r - 2) * 3 + i] : 0;
+				ok &= d[(o * 6 + r) * 3 + i] == 100 + gi && d0[(o * 6 + r) * 3 + i] == gi;
+			}
+	report(ok, "slice_grad accumulate = 1 adds to its rows only, 0 zeros the others");
+	/* transpose of dims 1 and 3 is permute (0, 3, 2, 1) */
+	const int64_t td[4] = {2, 3, 4, 5};
+	const int perm[4] = {0, 3, 2, 1};
+	double tr[120];
+	planrt_k_permute_f64(4, td, perm, ref("tr_x", 120), tr);
+	close64("transpose(1, 3) = permute (0,3,2,1) vs torch", tr, ref("tr_13", 120), 120, 0);
+}
+
+static void test_repeat_kv(void)
+{
+	/* [B = 2, Hkv = 2, S = 3, Dh = 4], n_rep 3 */
+	const double *x = ref("rkv_x", 48);
+	double y[144], xt[48], dx[48];
+	planrt_k_repeat_kv_f64(x, y, 2, 2, 3, 12);
+	close64("repeat_kv [B,Hkv,S,Dh] vs Hugging Face", y, ref("rkv_y", 144), 144, 0);
+	const int64_t d[4] = {2, 2, 3, 4};
+	const int perm[4] = {0, 2, 1, 3};
+	planrt_k_permute_f64(4, d, perm, x, xt); /* [B, S, Hkv, Dh] */
+	planrt_k_repeat_kv_f64(xt, y, 6, 2, 3, 4);
+	close64("repeat_kv [B,S,Hkv,Dh] vs repeat_interleave", y, ref("rkv_y_bshd", 144), 144, 0);
+	planrt_k_repeat_kv_grad_f64(ref("rkv_dy", 144), dx, 2, 2, 3, 12);
+	close64("repeat_kv gradient vs torch autograd", dx, ref("rkv_dx", 48), 48, 1e-15);
+}
+
+static void test_bmm(void)
+{
+	/* A [2, 1, 3, 4] @ B [3, 4, 5] -> C [2, 3, 3, 5]: batch dims [2, 3], A broadcast on 1, B on 0 */
+	const int64_t bd[2] = {2, 3}, as[2] = {12, 0}, bs[2] = {0, 20}, cs[2] = {45, 15};
+	const double *a = ref("mm_a", 24), *b = ref("mm_b", 60), *dy = ref("mm_dy", 90);
+	double c[90], da[24], db[60];
+	planrt_k_bmm_f64(2, bd, 3, 5, 4, a, 0, as, b, 0, bs, c, cs, 0);
+	close64("bmm [2,1,3,4]@[3,4,5] vs torch.matmul", c, ref("mm_c", 90), 90, 1e-14);
+	float *a32 = to_f32(a, 24), *b32 = to_f32(b, 60), c32[90];
+	planrt_k_bmm_f32(2, bd, 3, 5, 4, a32, 0, as, b32, 0, bs, c32, cs, 0);
+	close32("bmm f32 vs torch.matmul", c32, ref("mm_c", 90), 90, 1e-6);
+	/* gradients: the broadcast dims sum (c strides 0), overwriting */
+	for (int i = 0; i < 24; i++)
+		da[i] = 1e30;
+	for (int i = 0; i < 60; i++)
+		db[i] = 1e30;
+	planrt_k_bmm_f64(2, bd, 3, 4, 5, dy, 0, cs, b, 1, bs, da, as, 0);
+	close64("bmm dA (summed over B's batch) vs autograd", da, ref("mm_da", 24), 24, 1e-14);
+	planrt_k_bmm_f64(2, bd, 4, 5, 3, a, 1, as, dy, 0, cs, db, bs, 0);
+	close64("bmm dB (summed over A's batch) vs autograd", db, ref("mm_db", 60), 60, 1e-14);
+	/* A stored transposed [2, 1, 4, 3] */
+	const double *at = ref("mm_at", 24);
+	planrt_k_bmm_f64(2, bd, 3, 5, 4, at, 1, as, b, 0, bs, c, cs, 0);
+	close64("bmm A^T (stored transposed) vs torch", c, ref("mm_c_ta", 90), 90, 1e-14);
+	planrt_k_bmm_f64(2, bd, 4, 3, 5, b, 0, bs, dy, 1, cs, da, as, 0);
+	close64("bmm dA of a transposed A vs autograd", da, ref("mm_dat", 24), 24, 1e-14);
+	/* y = s^T @ W, s stored [2, 3, 4, 2], W [4, 5]: dW = sum_i s_i @ dy_i (accumulate: added to 1) */
+	const int64_t ss[2] = {24, 8}, ws[2] = {0, 0}, ys[2] = {30, 10};
+	const double *s = ref("wg_s", 48), *w = ref("wg_w", 20), *wdy = ref("wg_dy", 60);
+	double y[60], ds[48], dw[20], want[20];
+	planrt_k_bmm_f64(2, bd, 2, 5, 4, s, 1, ss, w, 0, ws, y, ys, 0);
+	close64("s^T @ W vs torch", y, ref("wg_y", 60), 60, 1e-14);
+	for (int i = 0; i < 20; i++)
+		dw[i] = 1;
+	planrt_k_bmm_f64(2, bd, 4, 5, 2, s, 0, ss, wdy, 0, ys, dw, ws, 1);
+	for (int i = 0; i < 20; i++)
+		want[i] = ref("wg_dw", 20)[i] + 1;
+	close64("wgrad of a transposed activation (acc) vs autograd", dw, want, 20, 1e-14);
+	planrt_k_bmm_f64(2, bd, 4, 2, 5, w, 0, ws, wdy, 1, ys, ds, ss, 0);
+	close64("its activation gradient ds vs autograd", ds, ref("wg_ds", 48), 48, 1e-14);
+	free(a32);
+	free(b32);
+}
+
+/* rows [s0, s0 + n) of a [B, S, H, D] tensor (dir 1: gather into blk, 0: scatter back) */
+static void rope_rows(double *t, double *blk, int64_t s0, int64_t n, int gather)
+{
+	int64_t gd[4] = {2, 5, 3, 8}, ld[4] = {2, n, 3, 8}, of[4] = {0, s0, 0, 0};
+	planrt_k_block_copy(sizeof(double), 4, gd, ld, of, t, blk, gather);
+}
+
+static void test_rope(void)
+{
+	enum { B = 2, S = 5, H = 3, D = 8, NE = B * S * H * D };
+	const double *x = ref("rope_x", NE), *dy = ref("rope_dy", NE);
+	int32_t *pos = ref_i32("rope_pos", B * S);
+	double y[NE], xt[NE], yt[NE], blk[NE], yb[NE];
+	planrt_k_rope_f64(x, y, B, S, H, D, D, 0, pos, S, 0, 10000.0);
+	close64("rope f64 [B,S,H,D] pos ids vs torch", y, ref("rope_y64", NE), NE, 1e-13);
+	float *x32 = to_f32(x, NE), y32[NE];
+	planrt_k_rope_f32(x32, y32, B, S, H, D, D, 0, pos, S, 0, 10000.0);
+	close32("rope f32 vs Hugging Face float32 (pos to 65535)", y32, ref("rope_y32", NE), NE, 1e-6);
+	/* the float angles matter at large positions: there f32 is 30x the tolerance above from exact angles */
+	double far = 0;
+	for (int i = 0; i < NE; i++)
+		far = fmax(far, fabs(y32[i] - ref("rope_y64", NE)[i]));
+	report(far > 3e-5, "rope f32 follows the float recipe, not exact angles (differs from f64 by %.1e)", far);
+	planrt_k_rope_grad_f64(dy, y, B, S, H, D, D, 0, pos, S, 0, 10000.0);
+	close64("rope gradient vs torch autograd", y, ref("rope_dx64", NE), NE, 1e-13);
+	planrt_k_rope_f64(x, y, B, S, H, D, 4, 0, pos, S, 0, 500000.0);
+	close64("rope rot_dim 4 of 8 (GPT-NeoX partial) vs torch", y, ref("rope_y64_rot4", NE), NE, 1e-13);
+	/* heads first: [B, H, S, D] */
+	const int64_t d[4] = {B, S, H, D}, dt[4] = {B, H, S, D};
+	const int perm[4] = {0, 2, 1, 3};
+	planrt_k_permute_f64(4, d, perm, x, xt);
+	planrt_k_rope_f64(xt, yt, B, S, H, D, D, 1, pos, S, 0, 10000.0);
+	planrt_k_permute_f64(4, dt, perm, yt, y);
+	close64("rope heads_first [B,H,S,D] vs torch", y, ref("rope_y64", NE), NE, 1e-13);
+	/* a sequence-parallel block, rows [2, 5): ids from pos + 2 (row length S), or no ids and pos_off 2 */
+	rope_rows((double *)x, blk, 2, 3, 1);
+	planrt_k_rope_f64(blk, yb, B, 3, H, D, D, 0, pos + 2, S, 0, 10000.0);
+	memcpy(y, ref("rope_y64", NE), sizeof y);
+	memset(yt, 0, sizeof yt);
+	rope_rows(yt, yb, 2, 3, 0);
+	rope_rows(y, blk, 2, 3, 1);
+	rope_rows(yt, blk, 2, 3, 1); /* blk = the block of the kernel's result */
+	rope_rows(y, yb, 2, 3, 1);   /* yb = the block of torch's */
+	close64("rope block rows 2..4 with pos + 2 vs torch", blk, yb, B * 3 * H * D, 1e-13);
+	rope_rows((double *)x, blk, 2, 3, 1);
+	planrt_k_rope_f64(blk, blk, B, 3, H, D, D, 0, NULL, 0, 2, 10000.0); /* in place */
+	memcpy(y, ref("rope_y64_arange", NE), sizeof y);
+	rope_rows(y, yb, 2, 3, 1);
+	close64("rope block rows 2..4, no ids, pos_off 2 (in place)", blk, yb, B * 3 * H * D, 1e-13);
+	free(pos);
+	free(x32);
+}
+
+static void test_losses(void)
+{
+	const double *x = ref("pl_x", 20), *tg = ref("pl_t", 20);
+	double dx[20], dt[20];
+	double mse = planrt_k_mse_loss_f64(x, tg, 20, 1.0 / 20), l1 = planrt_k_l1_loss_f64(x, tg, 20, 1.0 / 20);
+	close64("mse_loss (mean) vs torch", &mse, ref("pl_mse", 1), 1, 1e-15);
+	close64("l1_loss (mean) vs torch", &l1, ref("pl_l1", 1), 1, 1e-15);
+	planrt_k_mse_loss_grad_f64(x, tg, 20, 1.0 / 20, dx, dt);
+	close64("mse_loss dx vs autograd", dx, ref("pl_mse_dx", 20), 20, 1e-15);
+	close64("mse_loss dtarget vs autograd", dt, ref("pl_mse_dt", 20), 20, 1e-15);
+	planrt_k_l1_loss_grad_f64(x, tg, 20, 1.0 / 20, dx, dt);
+	close64("l1_loss dx vs autograd (0 where equal)", dx, ref("pl_l1_dx", 20), 20, 1e-15);
+	close64("l1_loss dtarget vs autograd", dt, ref("pl_l1_dt", 20), 20, 1e-15);
+	float *x32 = to_f32(x, 20), *t32 = to_f32(tg, 20);
+	double mse32 = planrt_k_mse_loss_f32(x32, t32, 20, 1.0 / 20);
+	close64("mse_loss f32 vs torch", &mse32, ref("pl_mse", 1), 1, 1e-6);
+	free(x32);
+	free(t32);
+
+	/* cross-entropy over classes: [6, 4], one label ignored (-100): the mean over the 5 others */
+	enum { R = 6, K = 4 };
+	const double *lg = ref("cec_logits", R * K);
+	int32_t *lab = ref_i32("cec_labels", R);
+	int64_t valid = -1, bad_row = -7;
+	int32_t bad_value = -7;
+	int64_t nbad = planrt_k_check_labels(lab, R, K, PLANRT_IGNORE_INDEX, &valid, &bad_row, &bad_value);
+	report(nbad == 0 && valid == 5 && bad_row == -7, "check_labels: 5 count, -100 ignored, none bad");
+	double lse[R], loss, dl[R * K];
+	nbad = planrt_k_cross_entropy_f64d(lg, lab, R, K, PLANRT_IGNORE_INDEX, 1.0 / (double)valid, lse, &loss, &bad_row,
+					   &bad_value);
+	close64("cross_entropy classes (ignore -100) vs torch", &loss, ref("cec_loss", 1), 1, 1e-15);
+	planrt_k_cross_entropy_grad_f64d(lg, lab, lse, R, K, PLANRT_IGNORE_INDEX, 1.0 / (double)valid, dl);
+	close64("cross_entropy classes grad vs autograd", dl, ref("cec_dlogits", R * K), R * K, 1e-15);
+	float *lg32 = to_f32(lg, R * K), lse32[R], dl32[R * K];
+	planrt_k_cross_entropy_f32(lg32, lab, R, K, PLANRT_IGNORE_INDEX, 1.0 / (double)valid, lse32, &loss, &bad_row,
+				   &bad_value);
+	close64("cross_entropy classes f32 vs torch", &loss, ref("cec_loss", 1), 1, 1e-6);
+	planrt_k_cross_entropy_grad_f32(lg32, lab, lse32, R, K, PLANRT_IGNORE_INDEX, 1.0 / (double)valid, dl32);
+	close32("cross_entropy classes grad f32 vs autograd", dl32, ref("cec_dlogits", R * K), R * K, 1e-7);
+
+	/* bad labels: counted, the first reported with its row and value, their rows inert */
+	int32_t badlab[R] = {0, 4, -100, -3, 7, 1};
+	nbad = planrt_k_cross_entropy_f64d(lg, badlab, R, K, PLANRT_IGNORE_INDEX, 1.0, lse, &loss, &bad_row, &bad_value);
+	double want = 0;
+	for (int r = 0; r < R; r++)
+		if (r == 0 || r == 5)
+			want += lse[r] - lg[r * K + badlab[r]];
+	planrt_k_cross_entropy_grad_f64d(lg, badlab, lse, R, K, PLANRT_IGNORE_INDEX, 1.0, dl);
+	int inert = 1;
+	for (int j = 0; j < K; j++)
+		inert &= dl[1 * K + j] == 0 && dl[3 * K + j] == 0 && dl[4 * K + j] == 0 && dl[2 * K + j] == 0;
+	report(nbad == 3 && bad_row == 1 && bad_value == 4 && fabs(loss - want) < 1e-14 && inert,
+	       "cross_entropy: 3 bad labels, first row 1 value 4; bad and ignored rows add nothing");
+	nbad = planrt_k_check_labels(badlab, R, K, PLANRT_IGNORE_INDEX, &valid, &bad_row, &bad_value);
+	report(nbad == 3 && valid == 2 && bad_row == 1 && bad_value == 4, "check_labels: 3 bad (first row 1 value 4), 2 count");
+	/* the vocab-parallel pieces' targets, checked without an ignore index (-100 is bad then) */
+	int32_t tok[4] = {3, 255, 256, -100};
+	nbad = planrt_k_check_labels(tok, 4, 256, INT32_MIN, NULL, &bad_row, &bad_value);
+	report(nbad == 2 && bad_row == 2 && bad_value == 256, "check_labels: ids 256 and -100 out of [0, 256)");
+	free(lab);
+	free(lg32);
+}
+
 int main(int argc, char **argv)
 {
 	if (argc != 2) {
@@ -627,6 +975,13 @@ int main(int argc, char **argv)
 	test_bf16();
 	test_block_copy();
 	test_matmul();
+	test_unary();
+	test_reductions();
+	test_slicing();
+	test_repeat_kv();
+	test_bmm();
+	test_rope();
+	test_losses();
 	printf("%d passed, %d failed\n", npass, nfail);
 	return nfail != 0;
 }
