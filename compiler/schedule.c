@@ -12,8 +12,10 @@
  * runs the same program, so members of a group along any axis other than the pipeline (and the
  * async axis) issue identical sequences by construction; what is compared is therefore one
  * sequence per stage and role: the pipe axis's collectives across stages, each tied-parameter pair,
- * master against workers, and every point-to-point stream. The work is proportional to the stages
- * and the kernels, not to the ranks. */
+ * master against workers, and every point-to-point stream. The work is proportional to the
+ * kernels and the distinct groups (each program compared once along an axis, each transfer stream
+ * once per coordinate that runs it), never to the ranks: a 1,000,000-rank mesh checks as fast as
+ * an 8-rank one with the same stages (tests/scale). */
 #include "planc.h"
 
 #include <stdlib.h>
@@ -31,20 +33,42 @@ typedef struct Seq {
 	int n, cap;
 } Seq;
 
+/* Point-to-point streams are sparse (a stage talks to its neighbours, an async worker to its
+ * master), so they are kept as one list per program, sorted by stream, instead of a table over
+ * every possible peer: a table would cost programs x axis size, and a million-rank async axis
+ * would make that the whole check. A stream is (direction, axis, peer, channel). */
+enum { DIR_SEND, DIR_RECV };
+typedef struct Xfer {
+	int dir, axis, peer, channel;
+	int order; /* issue order: a stream's entries stay in it */
+	Entry e;
+} Xfer;
+typedef struct Stream {
+	int dir, axis, peer, channel;
+	Seq s; /* entries of one stream, in issue order (points into Issued.xe) */
+} Stream;
+
 /* What one program issues, per group. */
 typedef struct Issued {
 	const LProg *p;
-	Seq *coll;  /* [naxes + npairs] */
-	Seq *sends; /* [naxes * npeer * 2 channels] */
-	Seq *recvs;
+	Seq *coll;    /* [naxes + npairs] */
+	Xfer *xfers;  /* while issuing */
+	int nxfers, capxfers;
+	Entry *xe;    /* the entries of every stream, sorted by stream */
+	Stream *streams;
+	int nstreams;
+	int **by_phase; /* [PH_COUNT * (nchunks + 1)]: kernel indices of a phase (slot 0: every chunk;
+			 * slot 1 + c: chunk c), -1 terminated */
 } Issued;
 
 typedef struct Check {
 	const Lowered *low;
 	const PlanSpec *ps;
-	int ncomm, npeer, nchannel;
+	int ncomm, nchannel;
 	int async_axis;
-	Issued *is; /* [nprogs] */
+	int nstages;
+	int *prog_of; /* [stage * 3 + rank role]: the program index */
+	Issued *is;   /* [nprogs] */
 } Check;
 
 static void push(Seq *s, const Comm *c, int op, int micro)
@@ -58,33 +82,132 @@ static void push(Seq *s, const Comm *c, int op, int micro)
 	s->e[s->n++] = (Entry){c, op, micro};
 }
 
-static int peer_index(const Check *C, int axis, int peer, int channel)
+static void push_xfer(const Check *C, Issued *is, const Comm *c, int op, int micro)
 {
-	if (peer < 0 || peer >= C->npeer || channel < 0 || channel >= C->nchannel)
-		ICE("p2p peer %d (channel %d) out of range", peer, channel);
-	return (axis * C->npeer + peer) * C->nchannel + channel;
+	if (c->axis < 0 || c->axis >= C->ps->naxes || c->peer < 0 || c->peer >= C->ps->axes[c->axis].size ||
+	    c->channel < 0 || c->channel >= C->nchannel)
+		ICE("p2p peer %d (axis %d, channel %d) out of range", c->peer, c->axis, c->channel);
+	if (is->nxfers == is->capxfers) {
+		is->capxfers = is->capxfers ? is->capxfers * 2 : 32;
+		is->xfers = realloc(is->xfers, sizeof(Xfer) * (size_t)is->capxfers);
+		if (!is->xfers)
+			ICE("out of memory");
+	}
+	is->xfers[is->nxfers] = (Xfer){c->coll == OP_SEND ? DIR_SEND : DIR_RECV, c->axis, c->peer, c->channel, is->nxfers,
+				       {c, op, micro}};
+	is->nxfers++;
+}
+
+static int stream_cmp(int d1, int a1, int p1, int c1, int d2, int a2, int p2, int c2)
+{
+	int x[4] = {d1, a1, p1, c1}, y[4] = {d2, a2, p2, c2};
+	for (int i = 0; i < 4; i++)
+		if (x[i] != y[i])
+			return x[i] < y[i] ? -1 : 1;
+	return 0;
+}
+
+static int xfer_cmp(const void *pa, const void *pb)
+{
+	const Xfer *a = pa, *b = pb;
+	int r = stream_cmp(a->dir, a->axis, a->peer, a->channel, b->dir, b->axis, b->peer, b->channel);
+	return r ? r : (a->order > b->order) - (a->order < b->order);
+}
+
+/* Groups the issued transfers into streams. */
+static void build_streams(Issued *is)
+{
+	qsort(is->xfers, (size_t)is->nxfers, sizeof(Xfer), xfer_cmp);
+	is->xe = malloc(sizeof(Entry) * (size_t)(is->nxfers + 1));
+	is->streams = malloc(sizeof(Stream) * (size_t)(is->nxfers + 1));
+	if (!is->xe || !is->streams)
+		ICE("out of memory");
+	for (int i = 0; i < is->nxfers; i++) {
+		const Xfer *x = &is->xfers[i];
+		is->xe[i] = x->e;
+		Stream *last = is->nstreams ? &is->streams[is->nstreams - 1] : NULL;
+		if (!last || stream_cmp(last->dir, last->axis, last->peer, last->channel, x->dir, x->axis, x->peer, x->channel))
+			is->streams[is->nstreams++] = (Stream){x->dir, x->axis, x->peer, x->channel, {&is->xe[i], 0, 0}};
+		is->streams[is->nstreams - 1].s.n++;
+	}
+	free(is->xfers);
+	is->xfers = NULL;
+}
+
+/* The stream of program is in one direction on (axis, peer, channel); an empty one if none. */
+static const Seq *stream_of(const Issued *is, int dir, int axis, int peer, int channel)
+{
+	static const Seq empty;
+	int lo = 0, hi = is->nstreams;
+	while (lo < hi) {
+		int mid = (lo + hi) / 2;
+		const Stream *s = &is->streams[mid];
+		int r = stream_cmp(s->dir, s->axis, s->peer, s->channel, dir, axis, peer, channel);
+		if (!r)
+			return &s->s;
+		if (r < 0)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return &empty;
 }
 
 static void issue_kernel(Check *C, Issued *is, const Kernel *k, int micro)
 {
 	for (int i = 0; i < k->ncomm; i++) {
 		const Comm *c = &k->comm[i];
-		if (c->coll == OP_SEND || c->coll == OP_RECV) {
-			Seq *s = c->coll == OP_SEND ? is->sends : is->recvs;
-			push(&s[peer_index(C, c->axis, c->peer, c->channel)], c, k->op, micro);
-		} else {
+		if (c->coll == OP_SEND || c->coll == OP_RECV)
+			push_xfer(C, is, c, k->op, micro);
+		else
 			push(&is->coll[c->pair >= 0 ? C->ps->naxes + c->pair : c->axis], c, k->op, micro);
+	}
+}
+
+/* Kernel lists per phase and chunk, so that walking the action table costs the kernels each
+ * action runs, not the whole program per action. */
+static void index_phases(Issued *is)
+{
+	const LProg *p = is->p;
+	int nch = p->nchunks > 0 ? p->nchunks : 1, slots = PH_COUNT * (nch + 1);
+	int *count = calloc((size_t)slots, sizeof(int));
+	is->by_phase = calloc((size_t)slots, sizeof(int *));
+	if (!count || !is->by_phase)
+		ICE("out of memory");
+	for (int pass = 0; pass < 2; pass++) {
+		for (int s = 0; pass == 1 && s < slots; s++) {
+			is->by_phase[s] = malloc(sizeof(int) * (size_t)(count[s] + 1));
+			if (!is->by_phase[s])
+				ICE("out of memory");
+			is->by_phase[s][count[s]] = -1;
+			count[s] = 0;
+		}
+		for (int i = 0; i < p->nk; i++) {
+			const Kernel *k = &p->k[i];
+			int all = (int)k->phase * (nch + 1);
+			if (pass == 1)
+				is->by_phase[all][count[all]] = i;
+			count[all]++;
+			if (k->chunk >= 0 && k->chunk < nch) {
+				int one = all + 1 + k->chunk;
+				if (pass == 1)
+					is->by_phase[one][count[one]] = i;
+				count[one]++;
+			}
 		}
 	}
+	free(count);
 }
 
 static void issue_phase(Check *C, Issued *is, Phase ph, int chunk, int micro, int last_micro)
 {
 	const LProg *p = is->p;
-	for (int i = 0; i < p->nk; i++) {
-		const Kernel *k = &p->k[i];
-		if (k->phase != ph || (chunk >= 0 && k->chunk != chunk))
-			continue;
+	int nch = p->nchunks > 0 ? p->nchunks : 1;
+	if (chunk >= nch)
+		return;
+	const int *list = is->by_phase[(int)ph * (nch + 1) + (chunk >= 0 ? 1 + chunk : 0)];
+	for (; *list >= 0; list++) {
+		const Kernel *k = &p->k[*list];
 		if (k->only_last_micro && micro != last_micro)
 			continue;
 		issue_kernel(C, is, k, micro);
@@ -101,6 +224,7 @@ static void issue_program(Check *C, Issued *is)
 {
 	const LProg *p = is->p;
 	int last = p->ps->micro_batches > 0 ? p->ps->micro_batches - 1 : 0;
+	index_phases(is);
 	issue_phase(C, is, PH_INIT, -1, 0, last);
 	issue_phase(C, is, PH_STEP_BEGIN, -1, 0, last);
 	if (p->nactions)
@@ -113,6 +237,7 @@ static void issue_program(Check *C, Issued *is)
 	}
 	issue_phase(C, is, PH_STEP, -1, 0, last);
 	issue_phase(C, is, PH_SAVE, -1, 0, last);
+	build_streams(is);
 }
 
 /* ------------------------------------------------------------------ ranks and programs */
@@ -123,12 +248,58 @@ static int program_at(const Check *C, int axis, int c)
 	const PlanSpec *ps = C->ps;
 	int stage = axis == ps->pipe_axis ? c : 0;
 	int role = C->async_axis < 0 ? RANKROLE_ANY : (axis == C->async_axis ? c : 0) == 0 ? RANKROLE_MASTER : RANKROLE_WORKER;
-	for (int i = 0; i < C->low->nprogs; i++) {
-		const LProg *p = C->low->progs[i];
-		if (p->stage == stage && (C->low->nroles == 1 || p->role == role))
-			return i;
+	int i = stage >= 0 && stage < C->nstages ? C->prog_of[stage * 3 + role] : -1;
+	if (i < 0)
+		ICE("no program for stage %d role %d", stage, role);
+	return i;
+}
+
+static void index_programs(Check *C)
+{
+	const Lowered *low = C->low;
+	C->nstages = low->g->nstages > 0 ? low->g->nstages : 1;
+	C->prog_of = malloc(sizeof(int) * (size_t)C->nstages * 3);
+	if (!C->prog_of)
+		ICE("out of memory");
+	for (int i = 0; i < C->nstages * 3; i++)
+		C->prog_of[i] = -1;
+	for (int i = low->nprogs - 1; i >= 0; i--) { /* the first program of a stage and role wins */
+		const LProg *p = low->progs[i];
+		if (p->stage < 0 || p->stage >= C->nstages)
+			ICE("program for stage %d of %d", p->stage, C->nstages);
+		for (int role = 0; role < 3; role++)
+			if (low->nroles == 1 || p->role == role)
+				C->prog_of[p->stage * 3 + role] = i;
 	}
-	ICE("no program for stage %d role %d", stage, role);
+}
+
+/* The coordinates on axis whose ranks run different programs, as runs [lo, hi) of one program
+ * each: a pipeline has one per stage, an async axis two (the master and its workers). */
+typedef struct Range {
+	int lo, hi, prog;
+} Range;
+
+static Range *program_ranges(const Check *C, int axis, int *n)
+{
+	int size = C->ps->axes[axis].size;
+	Range *r = NULL;
+	int nr = 0, cap = 0;
+	for (int c = 0; c < size; c++) {
+		int i = program_at(C, axis, c);
+		if (nr && r[nr - 1].prog == i && r[nr - 1].hi == c) {
+			r[nr - 1].hi = c + 1;
+			continue;
+		}
+		if (nr == cap) {
+			cap = cap ? cap * 2 : 8;
+			r = realloc(r, sizeof(Range) * (size_t)cap);
+			if (!r)
+				ICE("out of memory");
+		}
+		r[nr++] = (Range){c, c + 1, i};
+	}
+	*n = nr;
+	return r;
 }
 
 static int rank_at(const PlanSpec *ps, int axis, int c)
@@ -202,6 +373,55 @@ static bool compare(const Check *C, const Seq *a, const Seq *b, int ia, int ib, 
 	return true;
 }
 
+/* A pair of ranks on one axis and channel whose transfers are compared: c sends, p receives. */
+typedef struct Pair {
+	int c, p, channel;
+} Pair;
+
+static int pair_cmp(const void *pa, const void *pb)
+{
+	const Pair *a = pa, *b = pb;
+	if (a->c != b->c)
+		return a->c < b->c ? -1 : 1;
+	if (a->p != b->p)
+		return a->p < b->p ? -1 : 1;
+	return (a->channel > b->channel) - (a->channel < b->channel);
+}
+
+/* Every (sender, receiver, channel) on axis where either side has a stream, in coordinate order:
+ * a program's streams times the coordinates that run it, so the work follows the transfers the
+ * program holds, never axis size squared. */
+static Pair *transfer_pairs(const Check *C, int a, const Range *rg, int nrg, int *npairs)
+{
+	Pair *v = NULL;
+	long long n = 0, cap = 0;
+	for (int r = 0; r < nrg; r++) {
+		const Issued *is = &C->is[rg[r].prog];
+		for (int s = 0; s < is->nstreams; s++) {
+			const Stream *st = &is->streams[s];
+			if (st->axis != a)
+				continue;
+			for (int x = rg[r].lo; x < rg[r].hi; x++) {
+				if (n == cap) {
+					cap = cap ? cap * 2 : 64;
+					v = realloc(v, sizeof(Pair) * (size_t)cap);
+					if (!v)
+						ICE("out of memory");
+				}
+				v[n++] = st->dir == DIR_SEND ? (Pair){x, st->peer, st->channel} : (Pair){st->peer, x, st->channel};
+			}
+		}
+	}
+	if (n)
+		qsort(v, (size_t)n, sizeof(Pair), pair_cmp);
+	int m = 0;
+	for (long long i = 0; i < n; i++)
+		if (!m || pair_cmp(&v[m - 1], &v[i]))
+			v[m++] = v[i];
+	*npairs = m;
+	return v;
+}
+
 bool check_collectives(const Lowered *low)
 {
 	const PlanSpec *ps = low->ps;
@@ -212,39 +432,45 @@ bool check_collectives(const Lowered *low)
 				C.async_axis = ps->rules[r].axis;
 	C.ncomm = ps->naxes + low->npairs;
 	C.nchannel = 2 * (low->g->sched && low->g->sched->chunks > 0 ? low->g->sched->chunks : 1);
-	C.npeer = 1; /* transfers run along the pipe axis and the async axis only */
-	for (int a = 0; a < ps->naxes; a++)
-		if ((a == ps->pipe_axis || a == C.async_axis) && ps->axes[a].size > C.npeer)
-			C.npeer = ps->axes[a].size;
-	C.is = calloc((size_t)low->nprogs, sizeof(Issued));
+	index_programs(&C);
+	C.is = calloc(low->nprogs > 0 ? (size_t)low->nprogs : 1, sizeof(Issued));
 	if (!C.is)
 		ICE("out of memory");
 	for (int i = 0; i < low->nprogs; i++) {
 		Issued *is = &C.is[i];
 		is->p = low->progs[i];
 		is->coll = calloc((size_t)C.ncomm, sizeof(Seq));
-		is->sends = calloc((size_t)ps->naxes * (size_t)C.npeer * (size_t)C.nchannel, sizeof(Seq));
-		is->recvs = calloc((size_t)ps->naxes * (size_t)C.npeer * (size_t)C.nchannel, sizeof(Seq));
-		if (!is->coll || !is->sends || !is->recvs)
+		if (!is->coll)
 			ICE("out of memory");
 		issue_program(&C, is);
 	}
 	bool ok = true;
 	char group[160];
-	/* groups whose members run different programs: the pipe axis and the async axis */
+	/* groups whose members run different programs: the pipe axis and the async axis; each
+	 * program is compared once with coordinate 0's (a million workers run one program) */
+	char *compared = calloc((size_t)(low->nprogs > 0 ? low->nprogs : 1), 1);
+	if (!compared)
+		ICE("out of memory");
 	for (int a = 0; a < ps->naxes && ok; a++) {
 		if (a != ps->pipe_axis && a != C.async_axis)
 			continue;
-		int i0 = program_at(&C, a, 0);
-		for (int c = 1; c < ps->axes[a].size && ok; c++) {
-			int ic = program_at(&C, a, c);
-			if (ic == i0)
+		int nrg;
+		Range *rg = program_ranges(&C, a, &nrg);
+		int i0 = rg[0].prog;
+		memset(compared, 0, (size_t)low->nprogs);
+		compared[i0] = 1;
+		for (int r = 1; r < nrg && ok; r++) {
+			int ic = rg[r].prog;
+			if (compared[ic])
 				continue;
+			compared[ic] = 1;
 			snprintf(group, sizeof group, "'%s'", ps->axes[a].name);
-			ok = compare(&C, &C.is[i0].coll[a], &C.is[ic].coll[a], i0, ic, rank_at(ps, a, 0), rank_at(ps, a, c), group,
-				     false, false);
+			ok = compare(&C, &C.is[i0].coll[a], &C.is[ic].coll[a], i0, ic, rank_at(ps, a, 0), rank_at(ps, a, rg[r].lo),
+				     group, false, false);
 		}
+		free(rg);
 	}
+	free(compared);
 	/* tied-parameter pairs */
 	for (int q = 0; q < low->npairs && ok; q++) {
 		int ia = program_at(&C, ps->pipe_axis, low->pair_a[q]), ib = program_at(&C, ps->pipe_axis, low->pair_b[q]);
@@ -257,39 +483,41 @@ bool check_collectives(const Lowered *low)
 	for (int a = 0; a < ps->naxes && ok; a++) {
 		if (a != ps->pipe_axis && a != C.async_axis)
 			continue;
-		for (int c = 0; c < ps->axes[a].size && ok; c++) {
-			int ic = program_at(&C, a, c);
-			for (int peer = 0; peer < ps->axes[a].size && ok; peer++)
-				for (int ch = 0; ch < C.nchannel && ok; ch++) {
-					const Seq *out = &C.is[ic].sends[peer_index(&C, a, peer, ch)];
-					int ip = program_at(&C, a, peer);
-					const Seq *in = &C.is[ip].recvs[peer_index(&C, a, c, ch)];
-					if (!out->n && !in->n)
-						continue;
-					int rc = rank_at(ps, a, c), rp = rank_at(ps, a, peer);
-					if (!out->n) {
-						const Op *o = in->e[0].op >= 0 ? &low->g->ops[in->e[0].op] : NULL;
-						diag_error(o && o->src ? o->src : ps->src, o && o->src ? o->loc : ps->plan->name_loc,
-							   "rank %d would wait forever: it receives from rank %d, which sends it nothing", rp, rc);
-						ok = false;
-						break;
-					}
-					snprintf(group, sizeof group, "point-to-point (rank %d to rank %d)", rc, rp);
-					ok = compare(&C, out, in, ic, ip, rc, rp, group, true, false);
-				}
+		int nrg, npairs;
+		Range *rg = program_ranges(&C, a, &nrg);
+		Pair *pairs = transfer_pairs(&C, a, rg, nrg, &npairs);
+		for (int k = 0; k < npairs && ok; k++) {
+			int c = pairs[k].c, peer = pairs[k].p, ch = pairs[k].channel;
+			int ic = program_at(&C, a, c), ip = program_at(&C, a, peer);
+			const Seq *out = stream_of(&C.is[ic], DIR_SEND, a, peer, ch);
+			const Seq *in = stream_of(&C.is[ip], DIR_RECV, a, c, ch);
+			int rc = rank_at(ps, a, c), rp = rank_at(ps, a, peer);
+			if (!out->n) {
+				const Op *o = in->e[0].op >= 0 ? &low->g->ops[in->e[0].op] : NULL;
+				diag_error(o && o->src ? o->src : ps->src, o && o->src ? o->loc : ps->plan->name_loc,
+					   "rank %d would wait forever: it receives from rank %d, which sends it nothing", rp, rc);
+				ok = false;
+				break;
+			}
+			snprintf(group, sizeof group, "point-to-point (rank %d to rank %d)", rc, rp);
+			ok = compare(&C, out, in, ic, ip, rc, rp, group, true, false);
 		}
+		free(pairs);
+		free(rg);
 	}
 	for (int i = 0; i < low->nprogs; i++) {
+		Issued *is = &C.is[i];
 		for (int k = 0; k < C.ncomm; k++)
-			free(C.is[i].coll[k].e);
-		for (int k = 0; k < ps->naxes * C.npeer * C.nchannel; k++) {
-			free(C.is[i].sends[k].e);
-			free(C.is[i].recvs[k].e);
-		}
-		free(C.is[i].coll);
-		free(C.is[i].sends);
-		free(C.is[i].recvs);
+			free(is->coll[k].e);
+		free(is->coll);
+		free(is->xe);
+		free(is->streams);
+		int nch = is->p->nchunks > 0 ? is->p->nchunks : 1;
+		for (int s = 0; s < PH_COUNT * (nch + 1); s++)
+			free(is->by_phase[s]);
+		free(is->by_phase);
 	}
 	free(C.is);
+	free(C.prog_of);
 	return ok;
 }
