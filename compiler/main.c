@@ -31,14 +31,23 @@ static const char usage[] =
 	"                                    memory, communication, FLOPs and pipeline bubble per rank role\n"
 	"  fmt FILE [-w]                     print FILE in canonical layout (-w: rewrite it in place)\n"
 	"  emit c FILE --plan NAME -o DIR    write the plan's training program as C (DIR/prog.c)\n"
+	"  emit llvm FILE --plan NAME -o DIR the same as LLVM IR (DIR/prog.ll)\n"
+	"  emit ptx FILE --plan NAME -o DIR  its fused element-wise kernels as sm_80 PTX (DIR/kernels.ptx)\n"
 	"  build FILE --plan NAME -o PROG    emit and compile it with the planrt runtime\n"
 	"                                    (run: mpirun -np WORLD PROG --steps K --data FILE ...)\n"
+	"  run FILE [--plan NAME] PROGRAM-OPTIONS...\n"
+	"                                    compile in-process (LLVM JIT) and train: mpirun -np WORLD\n"
+	"                                    planc run FILE --plan NAME --steps K --data FILE ...; every\n"
+	"                                    option but --plan, --verify-ir and --dump-after goes to the\n"
+	"                                    program ('planc run FILE --plan NAME --help' lists them)\n"
 	"\n"
 	"options:\n"
 	"  --plan NAME        the plan to use (default: the file's first plan)\n"
 	"  --json             machine-readable output for explain\n"
 	"  --device=NAME      the device explain's estimated step time assumes: h200 (default) or cpu\n"
 	"  -o PATH            output directory (emit) or program (build)\n"
+	"  --backend=c|llvm   build: compile the C with mpicc (c, the default) or through LLVM (llvm:\n"
+	"                     a native object linked with planrt, no C compiler involved)\n"
 	"  --dump-after=PASS  print the IR after PASS: the graph after graph pipeline autodiff shard recompute\n"
 	"                     zero sync; the loop-level IR after lower state overlap memplan check; the\n"
 	"                     generated C after emit\n"
@@ -55,8 +64,11 @@ typedef struct Options {
 	bool json;
 	bool write;
 	const char *output;
-	const char *target; /* emit: "c" */
+	const char *target; /* emit: "c", "llvm" or "ptx" */
+	const char *backend; /* build: "c" or "llvm" */
 	bool verify;
+	int prog_argc;      /* run: the program's arguments (prog_argv[0] is set by main) */
+	char **prog_argv;
 } Options;
 
 static int usage_error(const char *fmt, const char *arg)
@@ -77,11 +89,21 @@ static bool known_pass(const char *name)
 	return false;
 }
 
+/* planc's own options in `planc run FILE ...`; every other argument after FILE is the program's */
+static bool run_option(const char *a)
+{
+	return !strcmp(a, "--plan") || !strncmp(a, "--plan=", 7) || !strcmp(a, "--verify-ir") || !strncmp(a, "--dump-after=", 13);
+}
+
 static int parse_args(int argc, char **argv, Options *o)
 {
+	o->prog_argv = calloc((size_t)argc + 1, sizeof *o->prog_argv);
+	o->prog_argc = 1;
 	for (int i = 1; i < argc; i++) {
 		const char *a = argv[i];
-		if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+		if (o->command && !strcmp(o->command, "run") && o->file && !run_option(a)) {
+			o->prog_argv[o->prog_argc++] = argv[i];
+		} else if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
 			fputs(usage, stdout);
 			exit(0);
 		} else if (!strcmp(a, "--version")) {
@@ -94,6 +116,11 @@ static int parse_args(int argc, char **argv, Options *o)
 				return usage_error("unknown device '%s' for --device (h200 or cpu)", a + 9);
 		} else if (!strcmp(a, "--verify-ir")) {
 			o->verify = true;
+		} else if (!strncmp(a, "--backend=", 10) || !strcmp(a, "--backend")) {
+			const char *v = a[9] == '=' ? a + 10 : ++i < argc ? argv[i] : NULL;
+			if (!v || (strcmp(v, "c") && strcmp(v, "llvm")))
+				return usage_error("--backend takes 'c' or 'llvm'%s", "");
+			o->backend = v;
 		} else if (!strcmp(a, "-w")) {
 			o->write = true;
 		} else if (!strcmp(a, "-o")) {
@@ -195,12 +222,20 @@ static int run_command(char *const argv[])
 	return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
-/* emit c / build: print the lowered program as C; build then compiles it against planrt. */
+/* emit / build: print the lowered program as C (emit llvm: LLVM IR; emit ptx: the fused kernels as
+ * PTX); build then compiles it against planrt: the C with mpicc, or (--backend llvm) an object LLVM
+ * writes, linked by the same mpicc line. */
 static bool cmd_codegen(Lowered *low, const Options *o, bool compile)
 {
 	if (!lowered_executable(low, true))
 		return false;
 	Graph *g = low->g;
+	FILE *dump = o->dump_after && !strcmp(o->dump_after, "emit") ? stdout : NULL;
+	if (!compile && !strcmp(o->target, "llvm"))
+		return emit_llvm_ir(low, o->output, o->file, dump);
+	if (!compile && !strcmp(o->target, "ptx"))
+		return emit_ptx(low, o->output, dump);
+	bool llvm = compile && o->backend && !strcmp(o->backend, "llvm");
 	const char *dir = o->output;
 	char tmpl[] = "/tmp/planc-build-XXXXXX";
 	if (compile) {
@@ -210,22 +245,27 @@ static bool cmd_codegen(Lowered *low, const Options *o, bool compile)
 			return false;
 		}
 	}
-	if (!run_emit(low, dir, o->file, o->dump_after, stdout))
+	const char *src = arena_printf(g->arena, llvm ? "%s/prog.o" : "%s/prog.c", dir);
+	if (llvm ? !emit_llvm_object(low, src, o->file, o->verify) : !run_emit(low, dir, o->file, o->dump_after, stdout)) {
+		if (llvm)
+			rmdir(dir);
 		return false;
-	const char *src = arena_printf(g->arena, "%s/prog.c", dir);
+	}
 	if (!compile)
 		return true;
 	char *libs = arena_strdup(g->arena, PLANC_LINK_LIBS);
 	char *argv[64];
 	int n = 0;
 	argv[n++] = (char *)PLANC_MPICC;
-	argv[n++] = "-std=gnu11";
-	argv[n++] = "-O3";
-	argv[n++] = "-march=native";
-	argv[n++] = "-Wall";
-	argv[n++] = "-Wextra";
-	argv[n++] = "-Werror";
-	argv[n++] = (char *)arena_printf(g->arena, "-I%s", PLANC_RUNTIME_DIR);
+	if (!llvm) {
+		argv[n++] = "-std=gnu11";
+		argv[n++] = "-O3";
+		argv[n++] = "-march=native";
+		argv[n++] = "-Wall";
+		argv[n++] = "-Wextra";
+		argv[n++] = "-Werror";
+		argv[n++] = (char *)arena_printf(g->arena, "-I%s", PLANC_RUNTIME_DIR);
+	}
 	argv[n++] = (char *)src;
 	argv[n++] = "-o";
 	argv[n++] = (char *)o->output;
@@ -236,12 +276,23 @@ static bool cmd_codegen(Lowered *low, const Options *o, bool compile)
 	argv[n] = NULL;
 	int rc = run_command(argv);
 	if (rc != 0) {
-		fprintf(stderr, "planc: error: compiling the generated program failed (%s kept for inspection)\n", src);
+		fprintf(stderr, "planc: error: %s the generated program failed (%s kept for inspection)\n",
+			llvm ? "linking" : "compiling", src);
 		return false;
 	}
 	remove(src);
 	rmdir(dir);
 	return true;
+}
+
+/* run: the LLVM back end's JIT, then the program with the arguments after FILE */
+static int cmd_run(Lowered *low, Options *o)
+{
+	if (!lowered_executable(low, true))
+		return 1;
+	o->prog_argv[0] = arena_printf(low->g->arena, "planc run %s --plan %s", o->file, low->ps->plan->name);
+	int status = llvm_run(low, o->file, o->prog_argc, o->prog_argv, o->verify);
+	return status < 0 ? 1 : status;
 }
 
 int main(int argc, char **argv)
@@ -253,14 +304,13 @@ int main(int argc, char **argv)
 	bool is_check = !strcmp(o.command, "check"), is_explain = !strcmp(o.command, "explain");
 	bool is_fmt = !strcmp(o.command, "fmt");
 	bool is_emit = !strcmp(o.command, "emit"), is_build = !strcmp(o.command, "build");
-	if (!strcmp(o.command, "run")) {
-		fprintf(stderr, "planc: error: 'run' (the LLVM JIT) is not available yet; use 'planc build' and mpirun\n");
-		return 2;
-	}
-	if (!is_check && !is_explain && !is_fmt && !is_emit && !is_build)
+	bool is_run = !strcmp(o.command, "run");
+	if (!is_check && !is_explain && !is_fmt && !is_emit && !is_build && !is_run)
 		return usage_error("unknown command '%s'", o.command);
-	if (is_emit && (!o.target || strcmp(o.target, "c")))
-		return usage_error("emit supports the target 'c' only: planc emit c FILE --plan NAME -o DIR%s", "");
+	if (is_emit && (!o.target || (strcmp(o.target, "c") && strcmp(o.target, "llvm") && strcmp(o.target, "ptx"))))
+		return usage_error("emit supports the targets c, llvm and ptx: planc emit c FILE --plan NAME -o DIR%s", "");
+	if (o.backend && !is_build)
+		return usage_error("--backend applies to 'build' ('run' always uses llvm)%s", "");
 	if ((is_emit || is_build) && !o.output)
 		return usage_error("'%s' needs -o PATH", o.command);
 	if (!o.file)
@@ -274,7 +324,7 @@ int main(int argc, char **argv)
 	Program *p = load_program(a, o.file);
 	bool ok = p && sema_check(p);
 	if (ok) {
-		if (o.plan || is_explain || is_emit || is_build) {
+		if (o.plan || is_explain || is_emit || is_build || is_run) {
 			Item *plan = default_plan(p, o.plan);
 			if (!plan) {
 				if (o.plan)
@@ -285,6 +335,11 @@ int main(int argc, char **argv)
 			} else {
 				Lowered *low = compile_plan(p, plan, &o, is_explain);
 				ok = low != NULL;
+				if (ok && is_run) {
+					rc = cmd_run(low, &o);
+					arena_free(a);
+					return rc;
+				}
 				if (ok && (is_emit || is_build))
 					ok = cmd_codegen(low, &o, is_build);
 			}

@@ -867,4 +867,30 @@ Lowered *run_backend(Graph *g, const char *dump_after, FILE *dump_out, bool veri
 /* The emit pass: DIR/prog.c, printed after it when dump_after is "emit". */
 bool run_emit(const Lowered *low, const char *dir, const char *source_path, const char *dump_after, FILE *dump_out);
 
+/* ---------------------------------------------------------------- emit_llvm.c */
+/* The LLVM back end (LLVM 14 C API): the program emit_c.c prints, built as LLVM IR and optimised
+ * with default<O3> for the host CPU; the fused loops also as NVPTX kernels. LLVM's errors (a
+ * verifier failure, a missing target, an unresolved symbol) are reported as planc diagnostics. */
+struct LLVMOpaqueContext;
+struct LLVMOpaqueModule;
+struct LLVMOpaqueTargetMachine;
+/* DIR/prog.ll: the verified module before optimisation (also printed to dump when not NULL) */
+bool emit_llvm_ir(const Lowered *low, const char *dir, const char *source_path, FILE *dump);
+/* PATH: a native object of the optimised module, whose main() calls planrt_main (planc build
+ * --backend llvm links it with planrt); verify: also verify the optimised module */
+bool emit_llvm_object(const Lowered *low, const char *path, const char *source_path, bool verify);
+/* planc run: compiles the program with ORC LLJIT in this process (planrt resolved from planc
+ * itself) and runs main(argc, argv); the program's exit status, or -1 after a diagnostic */
+int llvm_run(const Lowered *low, const char *source_path, int argc, char **argv, bool verify);
+/* DIR/kernels.ptx: every fused loop as an sm_80 NVPTX kernel, named as in the CPU module
+ * (s<stage>_loop<kernel index>), a grid-stride loop over its output's elements */
+bool emit_ptx(const Lowered *low, const char *dir, FILE *dump);
+/* For tests: the unoptimised module in context c for target machine tm (gpu: the NVPTX kernels
+ * only), and LLVMVerifyModule reported as a planc diagnostic (false if broken). */
+struct LLVMOpaqueModule *llvm_build_module(const Lowered *low, struct LLVMOpaqueContext *c,
+					   struct LLVMOpaqueTargetMachine *tm, bool gpu, const char *source_path);
+bool llvm_verify(struct LLVMOpaqueModule *m, const char *what);
+/* whether the LLVM back end can call kernels of this kind (K_LOOP: it builds them) */
+bool llvm_kernel_known(KernelKind kind);
+
 #endif
