@@ -849,8 +849,9 @@ void FN(planrt_k_repeat_kv_grad)(const T *dy, T *dx, int64_t outer, int64_t head
 /* ---- rotary position embeddings ------------------------------------------------------------------ */
 #define KROPE_CHUNK 64 /* frequencies whose cos and sin are tabled at once (no allocation) */
 
-/* y = x rotated by the angles p f_i (sign = 1) or -p f_i (sign = -1), see planrt_kernels.h. For each
- * row (b, s), a chunk of frequencies at a time, the cosines and sines are computed once for all heads. */
+/* y = x rotated by the angles p f_i (sign = 1) or -p f_i (sign = -1), see planrt_kernels.h. A chunk of
+ * frequencies at a time: their inv_freq once, then per row (b, s) their cosines and sines, once for all
+ * heads. */
 static void FN(krope)(const T *x, T *y, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim, int64_t rot_dim,
 		      int heads_first, const int32_t *pos, int64_t pos_stride, int64_t pos_off, double theta, T sign)
 {
@@ -858,19 +859,14 @@ static void FN(krope)(const T *x, T *y, int64_t batch, int64_t seq, int64_t head
 		kfatal("rope: rot_dim must be even and at most head_dim");
 	int64_t h = rot_dim / 2;
 	T c[KROPE_CHUNK], sn[KROPE_CHUNK], inv[KROPE_CHUNK];
-	for (int64_t b = 0; b < batch; b++)
-		for (int64_t s = 0; s < seq; s++) {
-			T p = pos ? (T)pos[b * pos_stride + s] : (T)(pos_off + s);
-			for (int64_t hd = 0; hd < heads; hd++) { /* the dims that pass through */
-				int64_t row = (heads_first ? (b * heads + hd) * seq + s : (b * seq + s) * heads + hd) * head_dim;
-				if (y != x)
-					for (int64_t j = rot_dim; j < head_dim; j++)
-						y[row + j] = x[row + j];
-			}
-			for (int64_t i0 = 0; i0 < h; i0 += KROPE_CHUNK) {
-				int64_t m = h - i0 < KROPE_CHUNK ? h - i0 : KROPE_CHUNK;
-				for (int64_t i = 0; i < m; i++) { /* LlamaRotaryEmbedding's inv_freq, in T */
-					inv[i] = (T)1 / KPOW((T)theta, (T)(2 * (i0 + i)) / (T)rot_dim);
+	for (int64_t i0 = 0; i0 < h; i0 += KROPE_CHUNK) {
+		int64_t m = h - i0 < KROPE_CHUNK ? h - i0 : KROPE_CHUNK;
+		for (int64_t i = 0; i < m; i++) /* LlamaRotaryEmbedding's inv_freq, in T */
+			inv[i] = (T)1 / KPOW((T)theta, (T)(2 * (i0 + i)) / (T)rot_dim);
+		for (int64_t b = 0; b < batch; b++)
+			for (int64_t s = 0; s < seq; s++) {
+				T p = pos ? (T)pos[b * pos_stride + s] : (T)(pos_off + s);
+				for (int64_t i = 0; i < m; i++) {
 					T a = p * inv[i];
 					c[i] = KCOS(a);
 					sn[i] = sign * KSIN(a);
@@ -887,7 +883,11 @@ static void FN(krope)(const T *x, T *y, int64_t batch, int64_t seq, int64_t head
 					}
 				}
 			}
-		}
+	}
+	if (y != x) /* the dims that pass through, the same in every row whatever the layout */
+		for (int64_t r = 0; r < batch * seq * heads; r++)
+			for (int64_t j = rot_dim; j < head_dim; j++)
+				y[r * head_dim + j] = x[r * head_dim + j];
 }
 
 void FN(planrt_k_rope)(const T *x, T *y, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim, int64_t rot_dim,
