@@ -143,7 +143,7 @@ enum { PLANRT_SIN = 0, PLANRT_COS, PLANRT_EXP, PLANRT_LOG, PLANRT_TANH, PLANRT_S
 	double planrt_k_l1_loss_##S(const T *x, const T *target, int64_t n, double scale);                       \
 	void planrt_k_l1_loss_grad_##S(const T *x, const T *target, int64_t n, double dscale, T *dx, T *dtarget);   \
 	/* torch.nn.functional.cross_entropy over classes with class-index labels: logits [rows, classes],       \
-	 * labels int32[rows] (rows = samples), see PLANRT_CE_CLASSES below. */                                  \
+	 * labels int32[rows] (rows = samples), see PLANRT_CE_CLASSES above. */                                  \
 	PLANRT_CE_CLASSES(T, float, S)                                                                          \
 	/* Dropout whose mask depends only on (seed, key, global element index): the local block of a          \
 	 * tensor with global shape gdims starting at offs with shape ldims. Kept elements are scaled by         \
