@@ -23,6 +23,15 @@ typedef struct Emit {
 	const char *prefix; /* its names' prefix: "s0_" with several stages, else "" */
 } Emit;
 
+/* A program's names' prefix: "s0_" with several stages, "s0_master_" / "s0_worker_" with async
+ * roles, else "". */
+static const char *prog_prefix(const Lowered *low, const LProg *p)
+{
+	if (low->nroles > 1)
+		return arena_printf(low->g->arena, "s%d_%s_", p->stage, p->role == RANKROLE_MASTER ? "master" : "worker");
+	return low->nprogs > 1 ? arena_printf(low->g->arena, "s%d_", p->stage) : "";
+}
+
 static const char *ctype(DType t)
 {
 	switch (t) {
@@ -556,9 +565,14 @@ static void print_stage_entry(Emit *e)
 	const char *x = e->prefix;
 	fprintf(f, "\t{%sinit, %sstep_begin, %sstep, %ssave, %d, %sforward, %sbackward, %sprepare_forward, %sprepare_backward,\n", x,
 		x, x, x, p->nchunks, x, x, x, x);
-	fprintf(f, "\t %sactions, %d, %zu, %zu, %zu, %zu, %zu, %d, %d, %d, %sstate, %d, &%s%s, &%s%s},\n", x, p->nactions,
+	int loss = p->loss_history >= 0 ? p->loss_history : p->loss_metric;
+	fprintf(f, "\t %sactions, %d, %zu, %zu, %zu, %zu, %zu, %d, %d, %d, %sstate, %d, &%s%s, &%s%s, %d, ", x, p->nactions,
 		p->arena_bytes, p->slot_offset, p->slot_bytes, p->inbox_offset, p->inbox_bytes, p->nslots, p->ninbox,
-		p->nslotreqs, x, nstate, x, p->buf[p->loss_metric].name, x, p->buf[p->norm_metric].name);
+		p->nslotreqs, x, nstate, x, p->buf[loss].name, x, p->buf[p->norm_metric].name, p->loss_window);
+	if (p->versions_metric >= 0)
+		fprintf(f, "&%s%s, %lld},\n", x, p->buf[p->versions_metric].name, p->buf[p->versions_metric].elems);
+	else
+		fprintf(f, "NULL, 0},\n");
 }
 
 /* ------------------------------------------------------------------ the program */
@@ -637,16 +651,16 @@ static void print_program(Emit *e, const char *source_path)
 	fprintf(f, "static const planrt_stage_t stages[] = {\n");
 	for (int i = 0; i < low->nprogs; i++) {
 		e->p = low->progs[i];
-		e->prefix = low->nprogs > 1 ? arena_printf(low->g->arena, "s%d_", e->p->stage) : "";
+		e->prefix = prog_prefix(low, e->p);
 		print_stage_entry(e);
 	}
 	fprintf(f, "};\n\n");
 	fprintf(f, "static const planrt_program_t program = {\n");
 	fprintf(f, "\t\"%s\", \"%s\", \"%s\", %d, %d, %d, axis_sizes, axis_names, %d, stages, params, %d, %d,\n",
-		ps->plan->name, ps->model->name, source_path, ps->world, ps->naxes, ps->pipe_axis, low->nprogs, low->nparams,
-		ps->micro_batches > 0 ? ps->micro_batches : 1);
-	fprintf(f, "\t%lld, %lld, %lld, %.17g, %.17g, %d, %d,\n};\n\n", ps->batch, low->seq, low->vocab, ps->lr, ps->min_lr,
-		ps->warmup, ps->total_steps);
+		ps->plan->name, ps->model->name, source_path, ps->world, ps->naxes, ps->pipe_axis, low->nprogs / low->nroles,
+		low->nparams, ps->micro_batches > 0 ? ps->micro_batches : 1);
+	fprintf(f, "\t%lld, %lld, %lld, %.17g, %.17g, %d, %d, %d, %d,\n};\n\n", ps->batch, low->seq, low->vocab, ps->lr,
+		ps->min_lr, ps->warmup, ps->total_steps, low->nroles, low->nroles > 1 ? sync_axis(ps) : -1);
 	fprintf(f, "int main(int argc, char **argv)\n{\n\tunused_helpers();\n\treturn planrt_main(argc, argv, &program);\n}\n");
 }
 
@@ -666,7 +680,7 @@ bool emit_c(const Lowered *low, const char *dir, const char *source_path)
 	print_prelude(&e, source_path);
 	for (int i = 0; i < low->nprogs; i++) {
 		e.p = low->progs[i];
-		e.prefix = low->nprogs > 1 ? arena_printf(low->g->arena, "s%d_", e.p->stage) : "";
+		e.prefix = prog_prefix(low, e.p);
 		print_stage(&e);
 	}
 	print_program(&e, source_path);
@@ -696,10 +710,9 @@ bool lowered_executable(const Lowered *low, bool report)
 		REFUSE(ps->plan->name_loc, "planc build does not execute mixture-of-experts layers yet");
 	if (ps->offload_optimizer || ps->offload_params || ps->offload_activations)
 		REFUSE(ps->offload_loc, "planc build does not execute offload yet");
-	if (ps->sync != SYNC_STRICT)
-		REFUSE(ps->sync_loc, "planc build executes only 'sync strict' so far");
-	if (ps->compress != COMPRESS_NONE)
-		REFUSE(ps->sync_loc, "planc build does not execute gradient compression yet");
+	if (ps->compress != COMPRESS_NONE && ps->param_dtype != DT_F32 &&
+	    !(ps->compress == COMPRESS_BF16 && ps->param_dtype == DT_BF16))
+		REFUSE(ps->sync_loc, "planc build compresses f32 gradients so far (this plan's are %s)", dtype_name(ps->param_dtype));
 	if (ps->param_dtype != DT_F32 && ps->param_dtype != DT_BF16)
 		REFUSE(ps->plan->name_loc, "planc build executes f32 and bf16 plans so far (this plan uses %s)",
 		       dtype_name(ps->param_dtype));

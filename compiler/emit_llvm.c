@@ -130,7 +130,28 @@
 	X(P2P_FINISH, planrt_p2p_finish, (planrt_ctx_t *, planrt_request_t *))                             \
 	X(REQUEST_FINISH, planrt_request_finish, (planrt_request_t *))                                     \
 	X(REQUEST_PROGRESS, planrt_request_progress, (planrt_request_t *))                                 \
-	X(BUCKET_PROGRESS, planrt_bucket_progress, (planrt_bucket_t *))
+	X(BUCKET_PROGRESS, planrt_bucket_progress, (planrt_bucket_t *))                                    \
+	X(SCALE_METRIC, planrt_scale_metric, (double *, double))                                           \
+	X(LOCAL_AVERAGE, planrt_local_average,                                                             \
+	  (planrt_ctx_t *, int, void *, int64_t, planrt_dtype_t, void *, planrt_dtype_t, const double *, double *, \
+	   planrt_comm_t, int, double, double, float *, float *))                                          \
+	X(ASYNC_PULL, planrt_async_pull, (planrt_ctx_t *, int, void *, void *, int64_t, planrt_dtype_t, planrt_comm_t)) \
+	X(ASYNC_PUSH, planrt_async_push,                                                                   \
+	  (planrt_ctx_t *, int, const void *, int64_t, planrt_dtype_t, void *, const double *, planrt_comm_t)) \
+	X(ASYNC_DRAIN, planrt_async_drain, (planrt_ctx_t *, void *, void *, int64_t, planrt_dtype_t, planrt_comm_t)) \
+	X(ASYNC_POST, planrt_async_post, (planrt_ctx_t *, void *, int64_t, planrt_dtype_t, int, planrt_comm_t)) \
+	X(ASYNC_GATHER, planrt_async_gather,                                                               \
+	  (planrt_ctx_t *, int, void *, int64_t, planrt_dtype_t, const void *, int, double *, double *))     \
+	X(ASYNC_PUBLISH, planrt_async_publish,                                                             \
+	  (planrt_ctx_t *, int, const void *, int64_t, planrt_dtype_t, void *, int, planrt_comm_t))         \
+	X(COMPRESS_CAST, planrt_compress_cast,                                                             \
+	  (float *, int64_t, planrt_dtype_t, float *, void *, int64_t, planrt_comm_t))                     \
+	X(COMPRESS_TOPK, planrt_compress_topk,                                                             \
+	  (float *, int, const int64_t *, const int64_t *, const int64_t *, float *, void *, planrt_comm_t)) \
+	X(COMPRESS_POWERSGD, planrt_compress_powersgd,                                                     \
+	  (float *, int, const int64_t *, const int64_t *, const int64_t *, int, float *, float *, float *,  \
+	   planrt_comm_t))                                                                                 \
+	X(POWERSGD_INIT, planrt_powersgd_init, (planrt_ctx_t *, float *, int64_t))
 
 #define X(kind, fn, params)                                                                                \
 	_Static_assert(__builtin_types_compatible_p(__typeof__(fn), void params),                          \
@@ -1164,7 +1185,8 @@ static void table_types(Gen *G, Tables *T)
 			 F(planrt_stage_t, nslots, i32),      F(planrt_stage_t, ninbox, i32),
 			 F(planrt_stage_t, nreqs, i32),       F(planrt_stage_t, state, p),
 			 F(planrt_stage_t, nstate, i32),      F(planrt_stage_t, loss, p),
-			 F(planrt_stage_t, grad_norm, p)};
+			 F(planrt_stage_t, grad_norm, p),     F(planrt_stage_t, loss_window, i32),
+			 F(planrt_stage_t, versions, p),      F(planrt_stage_t, nversions, i32)};
 	Field program[] = {F(planrt_program_t, plan, p),          F(planrt_program_t, model, p),
 			   F(planrt_program_t, source, p),        F(planrt_program_t, world, i32),
 			   F(planrt_program_t, naxes, i32),       F(planrt_program_t, pipe_axis, i32),
@@ -1174,7 +1196,8 @@ static void table_types(Gen *G, Tables *T)
 			   F(planrt_program_t, micro_batches, i32), F(planrt_program_t, batch, i64),
 			   F(planrt_program_t, seq, i64),         F(planrt_program_t, vocab, i64),
 			   F(planrt_program_t, lr, f64),          F(planrt_program_t, min_lr, f64),
-			   F(planrt_program_t, warmup, i64),      F(planrt_program_t, total_steps, i64)};
+			   F(planrt_program_t, warmup, i64),      F(planrt_program_t, total_steps, i64),
+			   F(planrt_program_t, nroles, i32),      F(planrt_program_t, role_axis, i32)};
 #undef F
 #define N(a) (int)(sizeof a / sizeof a[0])
 	T->action = c_struct(G, "planrt_action_t", action, N(action), sizeof(planrt_action_t));
@@ -1263,7 +1286,8 @@ static LLVMValueRef build_stage(Gen *G, const Tables *T)
 	LLVMValueRef tabs[4];
 	for (int t = 0; t < 4; t++)
 		tabs[t] = table(G, arena_printf(a, "%s%s", G->prefix, names[t]), G->t_ptr, fns[t], p->nchunks);
-	if (!G->state[p->loss_metric] || !G->state[p->norm_metric])
+	int loss = p->loss_history >= 0 ? p->loss_history : p->loss_metric; /* (sync strategies: state.c) */
+	if (!G->state[loss] || !G->state[p->norm_metric] || (p->versions_metric >= 0 && !G->state[p->versions_metric]))
 		ICE("stage %d's metrics are not persistent state", p->stage);
 	LLVMValueRef f[] = {fn_ptr(G, init),
 			    fn_ptr(G, begin),
@@ -1286,15 +1310,22 @@ static LLVMValueRef build_stage(Gen *G, const Tables *T)
 			    i32c(G, p->nslotreqs),
 			    table(G, arena_printf(a, "%sstate", G->prefix), T->state, state, nstate),
 			    i32c(G, nstate),
-			    LLVMConstBitCast(G->state[p->loss_metric], G->t_ptr),
-			    LLVMConstBitCast(G->state[p->norm_metric], G->t_ptr)};
+			    LLVMConstBitCast(G->state[loss], G->t_ptr),
+			    LLVMConstBitCast(G->state[p->norm_metric], G->t_ptr),
+			    i32c(G, p->loss_window),
+			    p->versions_metric >= 0 ? LLVMConstBitCast(G->state[p->versions_metric], G->t_ptr)
+						    : LLVMConstPointerNull(G->t_ptr),
+			    i32c(G, p->versions_metric >= 0 ? (int)p->buf[p->versions_metric].elems : 0)};
 	return LLVMConstNamedStruct(T->stage, f, sizeof f / sizeof f[0]);
 }
 
 static void set_prefix(Gen *G, const LProg *p)
 {
 	G->p = p;
-	G->prefix = G->low->nprogs > 1 ? arena_printf(G->low->g->arena, "s%d_", p->stage) : "";
+	if (G->low->nroles > 1) /* async roles (as emit_c.c names them) */
+		G->prefix = arena_printf(G->low->g->arena, "s%d_%s_", p->stage, p->role == RANKROLE_MASTER ? "master" : "worker");
+	else
+		G->prefix = G->low->nprogs > 1 ? arena_printf(G->low->g->arena, "s%d_", p->stage) : "";
 }
 
 /* The whole program: every stage, the parameter and stage tables, the descriptor and main. */
@@ -1337,7 +1368,7 @@ static void build_program(Gen *G, const char *source_path)
 			    i32c(G, ps->pipe_axis),
 			    table(G, "axis_sizes", G->t_i32, sizes, ps->naxes),
 			    table(G, "axis_names", G->t_ptr, names, ps->naxes),
-			    i32c(G, low->nprogs),
+			    i32c(G, low->nprogs / low->nroles),
 			    table(G, "stages", T.stage, stages, low->nprogs),
 			    table(G, "params", T.param, params, low->nparams),
 			    i32c(G, low->nparams),
@@ -1348,7 +1379,9 @@ static void build_program(Gen *G, const char *source_path)
 			    LLVMConstReal(G->t_f64, ps->lr),
 			    LLVMConstReal(G->t_f64, ps->min_lr),
 			    i64c(G, ps->warmup),
-			    i64c(G, ps->total_steps)};
+			    i64c(G, ps->total_steps),
+			    i32c(G, low->nroles),
+			    i32c(G, low->nroles > 1 ? sync_axis(ps) : -1)};
 	LLVMValueRef program = LLVMAddGlobal(G->m, T.program, "program");
 	LLVMSetInitializer(program, LLVMConstNamedStruct(T.program, f, sizeof f / sizeof f[0]));
 	LLVMSetGlobalConstant(program, 1);

@@ -653,6 +653,35 @@ static const char *human_count(double x, char *buf, size_t n)
 	return buf;
 }
 
+static const char *const compressor_names[] = {"none", "bf16", "fp16", "topk", "powersgd"};
+
+/* The sync strategy, for plans other than plain strict sync (docs/sync.md). */
+static void sync_line(FILE *out, const PlanSpec *ps)
+{
+	int a = sync_axis(ps);
+	const char *axis = a >= 0 ? ps->axes[a].name : "?";
+	if (ps->sync == SYNC_ASYNC)
+		fprintf(out, "  sync async, staleness %d: the master is coordinate 0 of '%s' and computes too; workers compute on "
+			     "parameters at most %d update%s old\n",
+			ps->staleness, axis, ps->staleness, ps->staleness == 1 ? "" : "s");
+	else if (ps->sync == SYNC_LOCAL_SGD && ps->outer != OUTER_NONE)
+		fprintf(out, "  sync local_sgd: replicas on '%s' average every %d step%s through outer %s(lr = %g, momentum = %g)\n",
+			axis, ps->every, ps->every == 1 ? "" : "s", ps->outer == OUTER_NESTEROV ? "nesterov" : "sgd", ps->outer_lr,
+			ps->outer_momentum);
+	else if (ps->sync == SYNC_LOCAL_SGD)
+		fprintf(out, "  sync local_sgd: replicas on '%s' average their parameters every %d step%s\n", axis, ps->every,
+			ps->every == 1 ? "" : "s");
+	else if (ps->compress == COMPRESS_TOPK)
+		fprintf(out, "  sync strict, compress = topk(%g) on '%s'%s\n", ps->topk_ratio, axis,
+			ps->error_feedback ? ", error feedback" : "");
+	else if (ps->compress == COMPRESS_POWERSGD)
+		fprintf(out, "  sync strict, compress = powersgd(rank = %d) on '%s'%s\n", ps->powersgd_rank, axis,
+			ps->error_feedback ? ", error feedback" : "");
+	else if (ps->compress != COMPRESS_NONE)
+		fprintf(out, "  sync strict, compress = %s on '%s'%s\n", compressor_names[ps->compress], axis,
+			ps->error_feedback ? ", error feedback" : "");
+}
+
 static const char *role_name(const Report *rep, const Role *r, char *buf, size_t n)
 {
 	const char *who = r->role == RANKROLE_MASTER ? "master, " : r->role == RANKROLE_WORKER ? "workers, " : "";
@@ -683,8 +712,9 @@ static void print_text(FILE *out, const Report *rep)
 		ps->micro_batches, ps->micro_batches == 1 ? "" : "es",
 		ps->param_dtype == ps->master_dtype ? dtype_name(ps->param_dtype) : arena_printf(g->arena, "%s with %s master weights", dtype_name(ps->param_dtype), dtype_name(ps->master_dtype)),
 		ps->zero_stage, ps->recompute == RECOMPUTE_FULL ? "full" : ps->recompute == RECOMPUTE_SELECTIVE ? "selective" : "none");
-	fprintf(out, "  parameters %s (%s)\n\n", human_count(rep->params_total, b1, sizeof b1),
-		human(rep->params_total * dtype_bytes(ps->param_dtype), b2, sizeof b2));
+	sync_line(out, ps);
+	fprintf(out, "  parameters %s (%s)\n\n", human_count((double)rep->params_total, b1, sizeof b1),
+		human((double)rep->params_total * dtype_bytes(ps->param_dtype), b2, sizeof b2));
 	for (int i = 0; i < rep->nroles; i++) {
 		const Role *r = &rep->roles[i];
 		char name[128];
@@ -694,7 +724,13 @@ static void print_text(FILE *out, const Report *rep)
 		fprintf(out, "  %-22s %12s\n", "optimizer states", human(r->optim, b1, sizeof b1));
 		if (rep->runnable) {
 			const LProg *p = r->lp;
-			fprintf(out, "  %-22s %12s   (loss, gradient norm, clipping)\n", "metrics", human(r->prog_metric, b1, sizeof b1));
+			double buffers = (double)p->state_bytes[SC_BUFFER];
+			fprintf(out, "  %-22s %12s   (loss, gradient norm, clipping)\n", "metrics",
+				human(r->prog_metric - buffers, b1, sizeof b1));
+			if (buffers > 0) /* what the sync strategies keep (docs/sync.md) */
+				fprintf(out, "  %-22s %12s   (%s)\n", "sync buffers", human(buffers, b1, sizeof b1),
+					ps->sync == SYNC_ASYNC ? "messages in flight, staleness + 1 or + 2 of them"
+								: "error feedback, PowerSGD's Q factors");
 			if (p->nslots == 1 && p->ninbox == 0)
 				fprintf(out, "  %-22s %12s   (one micro-batch's forward and backward)\n", "activations",
 					human(r->act, b1, sizeof b1));
@@ -781,6 +817,13 @@ static void print_json(FILE *out, const Report *rep)
 	json_str(out, ps->pipe_axis >= 0 ? ps->axes[ps->pipe_axis].name : "");
 	fprintf(out, ", \"schedule\": \"%s\", \"stages\": %d, \"chunks\": %d, \"bubble_fraction\": %.6f},\n",
 		schedule_name(ps->schedule), g->nstages, g->sched ? g->sched->chunks : 1, rep->bubble);
+	static const char *const modes[] = {"strict", "local_sgd", "async"};
+	static const char *const outers[] = {"none", "sgd", "nesterov"};
+	fprintf(out, "  \"sync\": {\"mode\": \"%s\", \"axis\": ", modes[ps->sync]);
+	json_str(out, sync_axis(ps) >= 0 ? ps->axes[sync_axis(ps)].name : "");
+	fprintf(out, ", \"compress\": \"%s\", \"error_feedback\": %s, \"every\": %d, \"outer\": \"%s\", \"staleness\": %d},\n",
+		compressor_names[ps->compress], ps->error_feedback ? "true" : "false", ps->every, outers[ps->outer],
+		ps->staleness);
 	fprintf(out, "  \"roles\": [\n");
 	for (int i = 0; i < rep->nroles; i++) {
 		const Role *r = &rep->roles[i];

@@ -296,6 +296,11 @@ typedef struct PlanSpec {
 	int powersgd_rank;
 	bool error_feedback;
 	Loc sync_loc;
+	/* local_sgd's outer optimizer (DiLoCo): none (the replicas' average is the new model), sgd or
+	 * nesterov (SGD with Nesterov momentum on the outer gradient, the start point minus the average) */
+	enum { OUTER_NONE, OUTER_SGD, OUTER_NESTEROV } outer;
+	double outer_lr, outer_momentum;
+	Loc outer_loc;
 
 	bool has_experts;
 	int expert_count; /* 0 = take the model's */
@@ -525,6 +530,14 @@ double pipeline_simulate(const Graph *g, const double *fcost, const double *bcos
 			 double *busiest);
 bool zero(Graph *g);         /* zero.c: ZeRO state sharding and offload placement */
 bool sync_grads(Graph *g);   /* sync.c: gradient buckets, compression, local SGD, async */
+/* sync.c: the axis the batch is split over, where local SGD averages and async masters serve
+ * (-1: none) */
+int sync_axis(const PlanSpec *ps);
+/* sync.c: what compression sends for a gradient block of rows x cols elements (cols: the last dim,
+ * 1 for a vector): top-k's entries kept, and whether PowerSGD factors it (then P is rows x r and
+ * Q is cols x r) */
+long long topk_entries(const PlanSpec *ps, long long elems);
+bool powersgd_factors(const PlanSpec *ps, long long rows, long long cols);
 typedef struct Lowered Lowered;
 /* schedule.c: the collective-sequence check, on the kernels of every stage program */
 bool check_collectives(const Lowered *low);
@@ -602,6 +615,18 @@ extern const char *const pass_names[];
 	X(REQUEST_FINISH, "finish", "planrt_request_finish", KC_WAIT) \
 	X(REQUEST_PROGRESS, "progress", "planrt_request_progress", KC_WAIT) \
 	X(BUCKET_PROGRESS, "bucket_progress", "planrt_bucket_progress", KC_WAIT) \
+	X(SCALE_METRIC, "scale_metric", "planrt_scale_metric", KC_COMPUTE) \
+	X(LOCAL_AVERAGE, "local_average", "planrt_local_average", KC_COMM) \
+	X(ASYNC_PULL, "async_pull", "planrt_async_pull", KC_COMM) \
+	X(ASYNC_PUSH, "async_push", "planrt_async_push", KC_COMM) \
+	X(ASYNC_DRAIN, "async_drain", "planrt_async_drain", KC_WAIT) \
+	X(ASYNC_POST, "async_post", "planrt_async_post", KC_COMM) \
+	X(ASYNC_GATHER, "async_gather", "planrt_async_gather", KC_WAIT) \
+	X(ASYNC_PUBLISH, "async_publish", "planrt_async_publish", KC_COMM) \
+	X(COMPRESS_CAST, "compress_cast", "planrt_compress_cast", KC_COMM) \
+	X(COMPRESS_TOPK, "compress_topk", "planrt_compress_topk", KC_COMM) \
+	X(COMPRESS_POWERSGD, "compress_powersgd", "planrt_compress_powersgd", KC_COMM) \
+	X(POWERSGD_INIT, "powersgd_init", "planrt_powersgd_init", KC_COMPUTE) \
 	X(OPAQUE, "op", NULL, KC_OPAQUE)
 
 typedef enum {
@@ -788,6 +813,12 @@ typedef struct LProg {
 	size_t state_bytes[SC_COUNT];
 	/* why the C target cannot run it (NULL: it can): the first opaque kernel's op */
 	int opaque_op;
+	/* sync strategies (state.c): the loss metric holds loss_window steps (local SGD logs a step's
+	 * loss when its replicas average; 0: one, logged every step), and the async master's
+	 * versions metric (one per rank of the async axis, -1: none) */
+	int loss_window;
+	int loss_history;       /* the buffer planrt logs the loss from (local SGD), else loss_metric */
+	int versions_metric;
 } LProg;
 
 /* A model parameter as the program's table lists it (init, --init, --save). */

@@ -56,7 +56,9 @@ static const char *const optimizer_keys[] = {"schedule", "clip"};
 static const char *const lr_schedules[] = {"cosine", "constant"};
 static const char *const cosine_keys[] = {"warmup", "total", "min_lr"};
 static const char *const sync_modes[] = {"strict", "local_sgd", "async"};
-static const char *const sync_keys[] = {"bucket", "overlap", "every", "staleness", "compress", "error_feedback"};
+static const char *const sync_keys[] = {"bucket", "overlap", "every", "staleness", "compress", "error_feedback", "outer"};
+static const char *const outer_optimizers[] = {"sgd", "nesterov"};
+static const char *const outer_keys[] = {"lr", "momentum"};
 static const char *const sync_flags[] = {"overlap", "error_feedback"};
 static const char *const compressors[] = {"none", "bf16", "fp16", "topk", "powersgd"};
 static const char *const expert_keys[] = {"count", "top_k", "capacity_factor", "aux_loss"};
@@ -2343,6 +2345,48 @@ static void plan_compress(PlanCtx *pc, Expr *e)
 	ps->compress = (CompressKind)k;
 }
 
+/* outer = nesterov(lr = 0.7, momentum = 0.9) | sgd(lr = 1.0): local SGD's outer optimizer on the
+ * outer gradient (the replicas' start point minus their average), DiLoCo's defaults. */
+static void plan_outer(PlanCtx *pc, Expr *e)
+{
+	PlanSpec *ps = pc->ps;
+	Expr *callee = e->kind == E_CALL ? e->lhs : e;
+	int k = word_index(word_of(callee), outer_optimizers, COUNT(outer_optimizers));
+	if (k < 0) {
+		unknown_word(pc, pc->src, callee, "outer optimizer", outer_optimizers, COUNT(outer_optimizers));
+		return;
+	}
+	ps->outer = k == 0 ? OUTER_SGD : OUTER_NESTEROV;
+	ps->outer_loc = e->loc;
+	ps->outer_lr = k == 0 ? 1.0 : 0.7;
+	ps->outer_momentum = k == 0 ? 0.0 : 0.9;
+	int nkeys = k == 0 ? 1 : 2;
+	int pos = 0;
+	for (Arg *a = e->kind == E_CALL ? e->args : NULL; a; a = a->next) {
+		int i = a->key ? word_index(a->key, outer_keys, nkeys) : pos++;
+		if (a->key && i < 0) {
+			unknown_key(pc, a, outer_optimizers[k], outer_keys, nkeys);
+			continue;
+		}
+		if (i >= nkeys) {
+			diag_error(pc->src, a->loc, "too many arguments to %s: it takes %s", outer_optimizers[k],
+				   word_list(pc->a, outer_keys, nkeys, " and "));
+			continue;
+		}
+		Num v;
+		if (!plan_num(pc, pc->src, a->value, &v))
+			continue;
+		if (i == 0 && v.v <= 0)
+			diag_error(pc->src, a->value->loc, "outer learning rate must be positive, not %g", v.v);
+		else if (i == 1 && (v.v < 0 || v.v >= 1))
+			diag_error(pc->src, a->value->loc, "outer momentum must be in [0, 1), not %g", v.v);
+		else if (i == 0)
+			ps->outer_lr = v.v;
+		else
+			ps->outer_momentum = v.v;
+	}
+}
+
 static void plan_sync(PlanCtx *pc, PlanStmt *st, Expr **every_e, Expr **stale_e, Expr **overlap_e, Expr **ef_e,
                       Expr **compress_e)
 {
@@ -2435,7 +2479,16 @@ static void plan_sync(PlanCtx *pc, PlanStmt *st, Expr **every_e, Expr **stale_e,
 			*compress_e = a->value;
 			plan_compress(pc, a->value);
 			break;
+		case 6: /* outer */
+			plan_outer(pc, a->value);
+			break;
 		}
+	}
+	if (ps->outer != OUTER_NONE && ps->sync != SYNC_LOCAL_SGD) {
+		diag_error(pc->src, ps->outer_loc, "an outer optimizer applies only to sync local_sgd");
+		diag_note_plain("the outer optimizer steps on the replicas' average every K steps (DiLoCo): sync local_sgd, every = 16, "
+				"outer = nesterov(lr = 0.7, momentum = 0.9)");
+		ps->outer = OUTER_NONE;
 	}
 	if (*every_e && ps->sync != SYNC_LOCAL_SGD) {
 		diag_error(pc->src, (*every_e)->loc, "every applies only to sync local_sgd");
@@ -2701,9 +2754,14 @@ static void check_sync(PlanCtx *pc, Expr *overlap_e, Expr *ef_e, Expr *compress_
 	if (ps->sync != SYNC_STRICT && ps->zero_stage >= 1) {
 		diag_error(pc->src, ps->sync_loc, "sync %s cannot be used with zero %d", mode, ps->zero_stage);
 		diag_note(pc->src, ps->zero_loc, "ZeRO is set here");
-		diag_note_plain("ZeRO shards optimizer state%s across the data-parallel ranks, so no rank can step its replica on "
-		                "its own between synchronizations; use zero 0 or sync strict",
-		                ps->zero_stage >= 3 ? ", gradients and parameters" : ps->zero_stage == 2 ? " and gradients" : "");
+		if (ps->sync == SYNC_ASYNC)
+			diag_note_plain("ZeRO shards optimizer state%s across the data-parallel ranks, but an async master steps the "
+					"optimizer alone and every worker computes on whole parameters; use zero 0 or sync strict",
+					ps->zero_stage >= 3 ? ", gradients and parameters" : ps->zero_stage == 2 ? " and gradients" : "");
+		else
+			diag_note_plain("ZeRO shards optimizer state%s across the data-parallel ranks, so no rank can step its replica "
+					"on its own between synchronizations; use zero 0 or sync strict",
+					ps->zero_stage >= 3 ? ", gradients and parameters" : ps->zero_stage == 2 ? " and gradients" : "");
 	}
 	if (ps->sync == SYNC_ASYNC && ps->pipe_axis >= 0) {
 		diag_error(pc->src, ps->sync_loc, "sync async cannot be used with a pipeline");
@@ -2714,10 +2772,34 @@ static void check_sync(PlanCtx *pc, Expr *overlap_e, Expr *ef_e, Expr *compress_
 		bool dp = false;
 		for (int i = 0; i < ps->naxes; i++)
 			dp = dp || (ps->axes[i].size > 1 && axis_splits_batch(pc, i));
-		if (!dp)
+		if (!dp && ps->sync == SYNC_ASYNC) {
+			diag_error(pc->src, ps->sync_loc, "sync async needs a data-parallel axis: the workers are its ranks");
+			diag_note_plain("split the batch over an axis of two or more ranks (shard B -> data); the rank with "
+					"coordinate 0 on it is the master");
+		} else if (!dp) {
 			pwarn(pc, pc->src, ps->sync_loc, "sync %s has no data-parallel replicas to synchronize", mode);
+		}
 		if (overlap_e)
 			pwarn(pc, pc->src, overlap_e->loc, "overlap has no effect with sync %s", mode);
+	}
+	if (ps->compress != COMPRESS_NONE && ps->sync != SYNC_STRICT) {
+		diag_error(pc->src, compress_e->loc, "gradient compression cannot be used with sync %s", mode);
+		diag_note_plain(ps->sync == SYNC_LOCAL_SGD
+				? "local_sgd exchanges parameters every K steps, not gradients, and cuts the traffic K-fold "
+				  "already; compression applies to sync strict's gradient all-reduce"
+				: "async workers push whole gradients to the master, which applies them as they are; "
+				  "compression applies to sync strict's gradient all-reduce");
+	} else if (ps->compress != COMPRESS_NONE && ps->zero_stage >= 2 &&
+		   (ps->compress == COMPRESS_BF16 || ps->compress == COMPRESS_FP16)) {
+		diag_error(pc->src, compress_e->loc, "%s compression cannot be used with zero %d", compressors[ps->compress],
+			   ps->zero_stage);
+		diag_note(pc->src, ps->zero_loc, "ZeRO is set here");
+		diag_note_plain("ZeRO %d reduce-scatters every micro-batch's gradients during the backward, while compression and "
+				"its error feedback work on the step's whole gradient; use zero 1",
+				ps->zero_stage);
+	} else if (ps->compress != COMPRESS_NONE && overlap_e) {
+		pwarn(pc, pc->src, overlap_e->loc, "overlap has no effect with compression: compressed buckets are reduced "
+						    "after the backward");
 	}
 	if ((ps->compress == COMPRESS_TOPK || ps->compress == COMPRESS_POWERSGD) && ps->zero_stage >= 2) {
 		diag_error(pc->src, compress_e->loc, "%s compression cannot be used with zero %d", compressors[ps->compress],

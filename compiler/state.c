@@ -29,9 +29,23 @@
  * communicators), step_begin (zero the gradients and metrics), the synchronisation that ZeRO 2
  * and 3 run every micro-batch at the end of the backward, step (tied-parameter reductions,
  * buckets, the gradient norm and clipping, the optimizer, master-weight casts, ZeRO gathers, the
- * loss reduction) and save (each rank writes the parameter pieces it holds). Sync strategies the
- * C target does not execute (local SGD, async, compression) become opaque kernels with their
- * communication, for the check and explain. */
+ * loss reduction) and save (each rank writes the parameter pieces it holds).
+ *
+ * The other sync strategies (docs/sync.md) change how the batch axis agrees:
+ *   compression       the batch axis's flat buckets are reduced by a compressor kernel (bf16 / fp16
+ *                     on the wire, top-k entries and indices gathered, PowerSGD's factors reduced),
+ *                     with an error-feedback residual per bucket; what the optimizer sees is the
+ *                     decompressed sum, in the bucket, and the rest of the step is strict's;
+ *   local SGD         every parameter of the stage lies in one flat buffer; each replica clips and
+ *                     steps on its own gradient (scaled to its own mean) with its own optimizer
+ *                     state, and every K steps one kernel averages the parameters (or the f32 master
+ *                     weights) over the batch axis, with the optional outer optimizer, and the last
+ *                     K losses;
+ *   async             parameters and gradients are flat; a worker pulls parameters at step_begin
+ *                     (at most `staleness` versions old) and pushes its gradient, loss and version
+ *                     at the step's end; the master posts the workers' receives at step_begin, adds
+ *                     their gradients into its own after the backward, steps the optimizer alone and
+ *                     publishes the new version to every worker. */
 #include "planc.h"
 
 #include <stdlib.h>
@@ -74,6 +88,14 @@ typedef struct State {
 	int moments;
 	bool low;           /* parameters below f32: f32 master weights */
 	int sumsq, coef;    /* metric buffers */
+	/* sync strategies */
+	int sa;             /* local SGD and async: the batch axis they run on (size > 1), else -1 */
+	bool local, master, worker; /* local SGD; this program is the async master or a worker */
+	bool compress;      /* the batch axis's buckets are compressed */
+	bool optimizes;     /* steps the optimizer (an async worker does not) */
+	long long nflat;    /* local SGD, async: elements of every parameter of the stage */
+	int param_flat, master_flat, grad_flat; /* their flat buffers, or -1 */
+	int inbox;          /* async: the worker's parameter inbox, the master's gradient inbox */
 } State;
 
 static int state_buf(State *S, StateKind kind, DType t, long long elems, const char *name, const char *what)
@@ -182,7 +204,7 @@ static long long replicas_of(const State *S, int grad)
 	const Graph *g = S->g;
 	long long r = 1;
 	for (int a = 0; a < S->ps->naxes; a++)
-		if (g->vals[grad].lay.on[a] == LAYOUT_R && a != S->za && a != S->ps->pipe_axis)
+		if (g->vals[grad].lay.on[a] == LAYOUT_R && a != S->za && a != S->ps->pipe_axis && a != S->sa)
 			r *= S->ps->axes[a].size;
 	return r;
 }
@@ -197,9 +219,7 @@ static void collect_updates(State *S)
 	for (int i = 0; i < g->nops; i++) {
 		const Op *op = &g->ops[i];
 		if (op->kind != OP_OPTIMIZER_STEP || op->stage != p->stage)
-			continue;
-		if (op->role != RANKROLE_ANY && op->role != p->role)
-			continue;
+			continue; /* an async worker keeps the parameters and gradients of the master's updates */
 		Update *u = &S->u[S->nu++];
 		u->op = i;
 		u->param = op->in[0];
@@ -300,6 +320,10 @@ static void layout_optimizer(State *S)
 {
 	LProg *p = S->p;
 	Graph *g = S->g;
+	if (!S->optimizes)
+		return;
+	if (S->param_flat >= 0 && S->low)
+		S->master_flat = state_buf(S, SC_MASTER, DT_F32, S->nflat, "master_flat", "f32 master weights of every parameter");
 	for (int i = 0; i < S->nf && S->zero >= 1; i++) {
 		Flat *f = &S->f[i];
 		const char *what = arena_printf(g->arena, "shard of gradient bucket %d", i);
@@ -322,8 +346,34 @@ static void layout_optimizer(State *S)
 			u->m = state_buf(S, SC_OPTIM, DT_F32, n, "m", name);
 		if (S->moments >= 2)
 			u->v = state_buf(S, SC_OPTIM, DT_F32, n, "v", name);
-		if (S->low)
+		if (S->master_flat >= 0)
+			u->master = view_new(S, S->master_flat, u->off, -1, 0, n, "master");
+		else if (S->low)
 			u->master = state_buf(S, SC_MASTER, DT_F32, n, "master", name);
+	}
+}
+
+/* Local SGD and async: every parameter of the stage in one flat buffer (and, for async, every
+ * gradient), the tensors views into it, so that an average or a message is one call. */
+static void layout_whole(State *S)
+{
+	LProg *p = S->p;
+	S->nflat = 0;
+	for (int i = 0; i < S->nu; i++) {
+		S->u[i].off = S->nflat;
+		S->nflat += S->u[i].n;
+	}
+	if (!S->nu)
+		return;
+	S->param_flat = state_buf(S, SC_PARAM, p->buf[S->u[0].param].dtype, S->nflat, "param_flat",
+				  "every parameter of the stage");
+	if (S->master || S->worker)
+		S->grad_flat = state_buf(S, SC_GRAD, p->buf[S->u[0].grad].dtype, S->nflat, "grad_flat",
+					 "every gradient of the stage");
+	for (int i = 0; i < S->nu; i++) {
+		make_view(S, S->u[i].param, S->param_flat, S->u[i].off, -1, 0);
+		if (S->grad_flat >= 0)
+			make_view(S, S->u[i].grad, S->grad_flat, S->u[i].off, -1, 0);
 	}
 }
 
@@ -450,7 +500,7 @@ static void phase_step_begin(State *S)
 	LProg *p = S->p;
 	for (int b = 0; b < p->nbuf; b++) {
 		const Buffer *x = &p->buf[b];
-		if (x->cls == BUF_STATE && (x->state == SC_GRAD || x->state == SC_METRIC))
+		if (x->cls == BUF_STATE && (x->state == SC_GRAD || x->state == SC_METRIC) && b != p->loss_history)
 			fill(S, PH_STEP_BEGIN, b, x->elems, "zero the step's accumulators");
 	}
 }
@@ -491,6 +541,8 @@ static void clear_transient_gradients(State *S)
 	free(done);
 }
 
+static void compress_bucket(State *S, Flat *f, int oi); /* (sync strategies, below) */
+
 /* The buckets sync.c made, in its order, then the tied pairs (before anything that could split
  * their gradients). */
 static void phase_sync(State *S)
@@ -519,6 +571,10 @@ static void phase_sync(State *S)
 		for (int f = 0; f < S->nf; f++)
 			if (S->f[f].op == i)
 				fi = f;
+		if (fi >= 0 && S->compress && op->axis == S->primary) {
+			compress_bucket(S, &S->f[fi], i);
+			continue;
+		}
 		if (fi >= 0) {
 			Flat *f = &S->f[fi];
 			DType t = p->buf[f->grad].dtype;
@@ -600,6 +656,7 @@ static void phase_norm(State *S)
 {
 	LProg *p = S->p;
 	PlanSpec *ps = S->ps;
+	double local_scale = S->local ? (double)ps->axes[S->sa].size : 1.0;
 	for (int i = 0; i < S->nf && S->zero >= 1; i++) {
 		const Flat *f = &S->f[i];
 		int shard = f->grad_shard >= 0 ? f->grad_shard : view_new(S, f->grad, 0, S->za, f->chunk, f->chunk, "grad_shard_view");
@@ -636,16 +693,21 @@ static void phase_norm(State *S)
 		karg_buf(p, k, grad, true, false);
 		karg_int(p, k, p->buf[grad].elems);
 		karg(p, k, KA_DTYPE, p->buf[grad].dtype);
-		karg_f64(p, k, 1.0 / (double)u->replicas);
+		karg_f64(p, k, local_scale * local_scale / (double)u->replicas);
 	}
 	for (int a = 0; a < ps->naxes; a++)
-		if (ps->axes[a].size > 1)
+		if (ps->axes[a].size > 1 && a != S->sa)
 			allreduce_inplace(S, PH_STEP, S->sumsq, 1, a, -1, "gradient norm");
 	Kernel *k = step_kernel(S, K_CLIP_COEF, PH_STEP, "clipping");
 	karg_buf(p, k, S->sumsq, true, false);
 	karg_buf(p, k, p->norm_metric, false, true);
 	karg_buf(p, k, S->coef, false, true);
 	karg_f64(p, k, ps->clip);
+	if (S->local) { /* the replica steps on its own mean gradient: N times its partial sum */
+		k = step_kernel(S, K_SCALE_METRIC, PH_STEP, "a replica's mean gradient");
+		karg_buf(p, k, S->coef, true, true);
+		karg_f64(p, k, local_scale);
+	}
 }
 
 static void optimizer(State *S, int target, int grad, int m, int v, long long n)
@@ -722,37 +784,280 @@ static void phase_loss(State *S)
 	PlanSpec *ps = S->ps;
 	for (int a = 0; a < ps->naxes; a++) {
 		bool partial = g->vals[g->loss].lay.on[a] == LAYOUT_P;
-		if ((partial || (a == ps->pipe_axis && g->nstages > 1)) && ps->axes[a].size > 1)
+		if ((partial || (a == ps->pipe_axis && g->nstages > 1)) && ps->axes[a].size > 1 && a != S->sa)
 			allreduce_inplace(S, PH_STEP, S->p->loss_metric, 1, a, -1, "the step's loss");
 	}
 }
 
-/* Sync strategies the C target does not run: their ops as opaque kernels with communication. */
-static void opaque_sync(State *S)
+/* ------------------------------------------------------------------ sync strategies */
+
+static void arg_buf_or_null(State *S, Kernel *k, int b, bool reads, bool writes)
 {
-	Graph *g = S->g;
+	if (b >= 0)
+		karg_buf(S->p, k, b, reads, writes);
+	else
+		karg(S->p, k, KA_NULL, 0);
+}
+
+static void copy_state(State *S, Phase ph, int from, int to, long long n, const char *note)
+{
+	cast(S, ph, from, to, n);
+	S->p->k[S->p->nk - 1].note = note;
+}
+
+/* Strict sync with compression: flat bucket f of the batch axis, reduced by the plan's
+ * compressor. Its kernel leaves in the bucket the sum over the axis of what every rank sent,
+ * decompressed (with ZeRO 1, bf16 / fp16 reduce-scatter and leave this rank's shard); with error
+ * feedback a residual per bucket keeps what compression dropped and adds it to the next step's. */
+static void compress_bucket(State *S, Flat *f, int oi)
+{
 	LProg *p = S->p;
-	for (int i = 0; i < g->nops; i++) {
-		const Op *op = &g->ops[i];
-		if (op->kind == OP_OPTIMIZER_STEP || op->kind == OP_PARAM)
-			continue;
-		bool mine = op->stage_group[0] >= 0 ? (p->stage == op->stage_group[0] || p->stage == op->stage_group[1])
-						    : op->stage == p->stage;
-		if (!mine || (op->role != RANKROLE_ANY && op->role != p->role))
-			continue;
-		bool sync = op->nmembers > 0 || op->stage_group[0] >= 0 ||
-			    (op->nin && g->vals[op->in[0]].def < 0 && (op_classes[op->kind] == OPK_COLLECTIVE ||
-									 op_classes[op->kind] == OPK_P2P));
-		if (!sync)
-			continue;
-		Kernel *k = kernel_opaque(p, i, op->per_step ? PH_STEP : PH_BACKWARD, 0);
-		if (op->stage_group[0] >= 0) {
-			for (int q = 0; q < p->low->npairs; q++)
-				if (p->low->pair_a[q] == op->stage_group[0] && p->low->pair_b[q] == op->stage_group[1])
-					for (int c = 0; c < k->ncomm; c++)
-						k->comm[c].pair = q;
-		}
+	PlanSpec *ps = S->ps;
+	Graph *g = S->g;
+	int axis = g->ops[oi].axis, size = ps->axes[axis].size;
+	const char *what = p->buf[f->grad].what;
+	long long used = 0;
+	for (int m = 0; m < f->nupd; m++)
+		used += S->u[f->upd[m]].n;
+	int resid = ps->error_feedback ? state_buf(S, SC_BUFFER, DT_F32, f->total, "ef_residual",
+						   arena_printf(g->arena, "error feedback of %s", what))
+				       : -1;
+	long long *off = malloc(sizeof(long long) * (size_t)f->nupd), *len = malloc(sizeof(long long) * (size_t)f->nupd);
+	long long *aux = malloc(sizeof(long long) * (size_t)f->nupd), *aux2 = malloc(sizeof(long long) * (size_t)f->nupd);
+	if (!off || !len || !aux || !aux2)
+		ICE("out of memory");
+	for (int m = 0; m < f->nupd; m++) {
+		off[m] = S->u[f->upd[m]].off;
+		len[m] = S->u[f->upd[m]].n;
 	}
+	Kernel *k;
+	if (ps->compress == COMPRESS_BF16 || ps->compress == COMPRESS_FP16) {
+		DType wire = ps->compress == COMPRESS_BF16 ? DT_BF16 : DT_F16;
+		int scratch = buffer_new(p, BUF_ARENA, wire, f->total, "wire", what);
+		k = step_kernel(S, K_COMPRESS_CAST, PH_STEP, what);
+		karg_buf(p, k, f->grad, true, true);
+		karg_int(p, k, f->total);
+		karg(p, k, KA_DTYPE, wire);
+		arg_buf_or_null(S, k, resid, true, true);
+		karg_buf(p, k, scratch, false, true);
+		karg_int(p, k, S->zero >= 1 ? f->chunk : 0);
+		karg(p, k, KA_AXIS, axis);
+		comm_flat(S, k, S->zero >= 1 ? OP_REDUCE_SCATTER : OP_ALL_REDUCE, axis, f->total, wire, what);
+	} else if (ps->compress == COMPRESS_TOPK) {
+		long long kept = 0;
+		for (int m = 0; m < f->nupd; m++)
+			kept += aux[m] = topk_entries(ps, len[m]);
+		/* (value bits, index) pairs out, every rank's in; |v| of the bucket to select from */
+		int scratch = buffer_new(p, BUF_ARENA, DT_U8, 4 * (2 * kept * (size + 1) + used), "topk_scratch", what);
+		k = step_kernel(S, K_COMPRESS_TOPK, PH_STEP, what);
+		karg_buf(p, k, f->grad, true, true);
+		karg_int(p, k, f->nupd);
+		karg_ints(p, k, off, f->nupd, false);
+		karg_ints(p, k, len, f->nupd, false);
+		karg_ints(p, k, aux, f->nupd, false);
+		arg_buf_or_null(S, k, resid, true, true);
+		karg_buf(p, k, scratch, false, true);
+		karg(p, k, KA_AXIS, axis);
+		comm_flat(S, k, OP_ALL_GATHER, axis, 2 * kept * size, DT_I32, what);
+	} else {
+		long long r = ps->powersgd_rank, np = 0, nq = 0, dense = 0;
+		for (int m = 0; m < f->nupd; m++) {
+			const Buffer *gb = &p->buf[S->u[f->upd[m]].grad];
+			long long cols = gb->rank >= 2 ? gb->ldims[gb->rank - 1] : 1;
+			aux2[m] = powersgd_factors(ps, len[m] / cols, cols) ? cols : 0; /* 0: summed whole */
+			aux[m] = aux2[m] ? len[m] / cols : len[m];                  /* rows, or every element */
+			np += aux2[m] ? aux[m] * r : 0;
+			nq += aux2[m] * r;
+			dense += aux2[m] ? 0 : len[m];
+		}
+		int q = nq ? state_buf(S, SC_BUFFER, DT_F32, nq, "powersgd_q", arena_printf(g->arena, "PowerSGD's Q factors of %s", what))
+			   : -1;
+		if (q >= 0) {
+			Kernel *init = step_kernel(S, K_POWERSGD_INIT, PH_INIT, "PowerSGD's first Q: the same normal draw on every rank");
+			karg(p, init, KA_CTX, 0);
+			karg_buf(p, init, q, false, true);
+			karg_int(p, init, nq);
+		}
+		int scratch = buffer_new(p, BUF_ARENA, DT_F32, np + dense > 0 ? np + dense : 1, "powersgd_scratch", what);
+		k = step_kernel(S, K_COMPRESS_POWERSGD, PH_STEP, what);
+		karg_buf(p, k, f->grad, true, true);
+		karg_int(p, k, f->nupd);
+		karg_ints(p, k, off, f->nupd, false);
+		karg_ints(p, k, aux, f->nupd, false);
+		karg_ints(p, k, aux2, f->nupd, false);
+		karg_int(p, k, r);
+		arg_buf_or_null(S, k, q, true, true);
+		arg_buf_or_null(S, k, resid, true, true);
+		karg_buf(p, k, scratch, false, true);
+		karg(p, k, KA_AXIS, axis);
+		if (np) { /* P = M Q, then Q = M^T P: each summed over the axis */
+			comm_flat(S, k, OP_ALL_REDUCE, axis, np, DT_F32, arena_printf(g->arena, "PowerSGD's P of %s", what));
+			comm_flat(S, k, OP_ALL_REDUCE, axis, nq, DT_F32, arena_printf(g->arena, "PowerSGD's Q of %s", what));
+		}
+		if (dense)
+			comm_flat(S, k, OP_ALL_REDUCE, axis, dense, DT_F32, arena_printf(g->arena, "vectors of %s", what));
+	}
+	k->op = oi;
+	for (int c = 0; c < k->ncomm; c++)
+		k->comm[c].op = oi;
+	free(off);
+	free(len);
+	free(aux);
+	free(aux2);
+}
+
+/* Local SGD: every K steps (and after the last step) the replicas' parameters, or their f32
+ * master weights, are averaged over the batch axis, through the outer optimizer when there is one;
+ * the same call sums the losses of the steps since the last average, which planrt then logs. */
+static void local_average(State *S)
+{
+	LProg *p = S->p;
+	PlanSpec *ps = S->ps;
+	if (S->param_flat < 0)
+		return;
+	int target = S->master_flat >= 0 ? S->master_flat : S->param_flat;
+	int K = ps->every;
+	p->loss_history = state_buf(S, SC_METRIC, DT_F64, K, "loss_history", "each replica's losses since the last average");
+	p->loss_window = K;
+	int anchor = -1, momentum = -1;
+	if (ps->outer != OUTER_NONE) {
+		anchor = state_buf(S, SC_OPTIM, DT_F32, S->nflat, "outer_anchor", "the parameters at the last average");
+		if (ps->outer_momentum > 0)
+			momentum = state_buf(S, SC_OPTIM, DT_F32, S->nflat, "outer_momentum", "the outer optimizer's momentum");
+		copy_state(S, PH_INIT, target, anchor, S->nflat, "the outer optimizer starts from the initial parameters");
+	}
+	Kernel *k = step_kernel(S, K_LOCAL_AVERAGE, PH_STEP, "the replicas' average");
+	karg(p, k, KA_CTX, 0);
+	karg_int(p, k, K);
+	karg_buf(p, k, target, true, true);
+	karg_int(p, k, S->nflat);
+	karg(p, k, KA_DTYPE, p->buf[target].dtype);
+	arg_buf_or_null(S, k, target != S->param_flat ? S->param_flat : -1, false, true);
+	karg(p, k, KA_DTYPE, p->buf[S->param_flat].dtype);
+	karg_buf(p, k, p->loss_metric, true, false);
+	karg_buf(p, k, p->loss_history, true, true);
+	karg(p, k, KA_AXIS, S->sa);
+	karg_int(p, k, ps->outer);
+	karg_f64(p, k, ps->outer_lr);
+	karg_f64(p, k, ps->outer_momentum);
+	arg_buf_or_null(S, k, anchor, true, true);
+	arg_buf_or_null(S, k, momentum, true, true);
+	comm_flat(S, k, OP_ALL_REDUCE, S->sa, S->nflat, p->buf[target].dtype, "the parameter average");
+	comm_flat(S, k, OP_ALL_REDUCE, S->sa, K, DT_F64, "the losses since the last average");
+	for (int c = 0; c < k->ncomm; c++)
+		k->comm[c].every = K;
+}
+
+/* An async message on the batch axis to or from the rank with coordinate peer there: channel 0
+ * carries parameters (master to worker), channel 1 gradients (worker to master). */
+static void comm_p2p(State *S, Kernel *k, OpKind coll, int peer, int channel, long long elems, DType t, const char *what)
+{
+	comm_flat(S, k, coll, S->sa, elems, t, what);
+	k->comm[k->ncomm - 1].peer = peer;
+	k->comm[k->ncomm - 1].channel = channel;
+}
+
+/* A worker's message: its gradients in their dtype, then its loss and the version it computed on
+ * (two doubles). */
+static long long push_elems(const State *S)
+{
+	return S->nflat + 16 / dtype_bytes(S->p->buf[S->grad_flat].dtype);
+}
+
+/* step_begin: the worker pulls parameters (blocking only while its newest version is more than
+ * `staleness` updates behind the step); the master posts the receives of the workers' gradients. */
+static void async_begin(State *S)
+{
+	LProg *p = S->p;
+	int n = S->ps->axes[S->sa].size;
+	DType pt = p->buf[S->param_flat].dtype, gt = p->buf[S->grad_flat].dtype;
+	if (S->worker) {
+		S->inbox = state_buf(S, SC_BUFFER, pt, S->nflat, "param_inbox", "the next parameter version from the master");
+		Kernel *k = step_kernel(S, K_ASYNC_PULL, PH_STEP_BEGIN, "parameters at most 'staleness' versions old");
+		karg(p, k, KA_CTX, 0);
+		karg_int(p, k, S->ps->staleness);
+		karg_buf(p, k, S->param_flat, false, true);
+		karg_buf(p, k, S->inbox, true, true);
+		karg_int(p, k, S->nflat);
+		karg(p, k, KA_DTYPE, pt);
+		karg(p, k, KA_AXIS, S->sa);
+		comm_p2p(S, k, OP_RECV, 0, 0, S->nflat, pt, "parameters from the master");
+		return;
+	}
+	int inbox = state_buf(S, SC_BUFFER, gt, (n - 1) * push_elems(S), "grad_inbox", "the workers' gradients of the step");
+	Kernel *k = step_kernel(S, K_ASYNC_POST, PH_STEP_BEGIN, "receive the workers' gradients of this step");
+	karg(p, k, KA_CTX, 0);
+	karg_buf(p, k, inbox, false, true);
+	karg_int(p, k, push_elems(S));
+	karg(p, k, KA_DTYPE, gt);
+	karg_int(p, k, n - 1);
+	karg(p, k, KA_AXIS, S->sa);
+	for (int w = 1; w < n; w++)
+		comm_p2p(S, k, OP_RECV, w, 1, push_elems(S), gt, "gradients from a worker");
+	S->inbox = inbox;
+}
+
+/* The master, after its own loss is complete: adds every worker's gradient and loss (in worker
+ * order) and records the version each computed on. */
+static void async_gather(State *S)
+{
+	LProg *p = S->p;
+	int n = S->ps->axes[S->sa].size;
+	p->versions_metric = state_buf(S, SC_METRIC, DT_F64, n, "versions", "the parameter version each rank computed on");
+	Kernel *k = step_kernel(S, K_ASYNC_GATHER, PH_STEP, "the workers' gradients and losses added to the master's");
+	karg(p, k, KA_CTX, 0);
+	karg_int(p, k, S->ps->staleness);
+	karg_buf(p, k, S->grad_flat, true, true);
+	karg_int(p, k, S->nflat);
+	karg(p, k, KA_DTYPE, p->buf[S->grad_flat].dtype);
+	karg_buf(p, k, S->inbox, true, false);
+	karg_int(p, k, n - 1);
+	karg_buf(p, k, p->loss_metric, true, true);
+	karg_buf(p, k, p->versions_metric, false, true);
+}
+
+/* The step's end: the worker pushes and, after its last step, drains the versions still coming;
+ * the master publishes the new version to every worker. */
+static void async_end(State *S)
+{
+	LProg *p = S->p;
+	int n = S->ps->axes[S->sa].size, stale = S->ps->staleness;
+	DType pt = p->buf[S->param_flat].dtype, gt = p->buf[S->grad_flat].dtype;
+	if (S->worker) {
+		int ring = state_buf(S, SC_BUFFER, gt, (stale + 1) * push_elems(S), "push_ring",
+				     "the worker's gradient messages still in flight (staleness + 1)");
+		Kernel *k = step_kernel(S, K_ASYNC_PUSH, PH_STEP, "gradients, loss and version to the master");
+		karg(p, k, KA_CTX, 0);
+		karg_int(p, k, stale);
+		karg_buf(p, k, S->grad_flat, true, false);
+		karg_int(p, k, S->nflat);
+		karg(p, k, KA_DTYPE, gt);
+		karg_buf(p, k, ring, true, true);
+		karg_buf(p, k, p->loss_metric, true, false);
+		karg(p, k, KA_AXIS, S->sa);
+		comm_p2p(S, k, OP_SEND, 0, 1, push_elems(S), gt, "gradients to the master");
+		k = step_kernel(S, K_ASYNC_DRAIN, PH_STEP, "after the last step: the versions still coming");
+		karg(p, k, KA_CTX, 0);
+		karg_buf(p, k, S->param_flat, false, true);
+		karg_buf(p, k, S->inbox, true, true);
+		karg_int(p, k, S->nflat);
+		karg(p, k, KA_DTYPE, pt);
+		karg(p, k, KA_AXIS, S->sa);
+		return;
+	}
+	int ring = state_buf(S, SC_BUFFER, pt, (stale + 2) * S->nflat, "publish_ring",
+			     "parameter versions in flight to the workers (staleness + 2)");
+	Kernel *k = step_kernel(S, K_ASYNC_PUBLISH, PH_STEP, "the new version to every worker");
+	karg(p, k, KA_CTX, 0);
+	karg_int(p, k, stale);
+	karg_buf(p, k, S->param_flat, true, false);
+	karg_int(p, k, S->nflat);
+	karg(p, k, KA_DTYPE, pt);
+	karg_buf(p, k, ring, true, true);
+	karg_int(p, k, n - 1);
+	karg(p, k, KA_AXIS, S->sa);
+	for (int w = 1; w < n; w++)
+		comm_p2p(S, k, OP_SEND, w, 0, S->nflat, pt, "parameters to a worker");
 }
 
 static void state_prog(LProg *p)
@@ -766,28 +1071,53 @@ static void state_prog(LProg *p)
 		S.za = -1;
 	S.moments = ps->optimizer == OPT_ADAM || ps->optimizer == OPT_ADAMW ? 2 : ps->optimizer == OPT_MOMENTUM ? 1 : 0;
 	S.low = ps->param_dtype != DT_F32;
+	int ba = sync_axis(ps);
+	bool replicas = ba >= 0 && ps->axes[ba].size > 1;
+	S.local = ps->sync == SYNC_LOCAL_SGD && replicas;
+	S.master = ps->sync == SYNC_ASYNC && replicas && p->role == RANKROLE_MASTER;
+	S.worker = ps->sync == SYNC_ASYNC && replicas && p->role == RANKROLE_WORKER;
+	S.sa = S.local || S.master || S.worker ? ba : -1;
+	/* (bf16 gradients sent as bf16 are not compressed: the warning says so) */
+	S.compress = ps->sync == SYNC_STRICT && ps->compress != COMPRESS_NONE && replicas && ps->param_dtype == DT_F32;
+	S.optimizes = !S.worker;
+	S.param_flat = S.master_flat = S.grad_flat = S.inbox = -1;
+	p->loss_history = p->versions_metric = -1;
+	p->loss_window = 0;
 	p->norm_metric = state_buf(&S, SC_METRIC, DT_F64, 1, "grad_norm", "the gradient norm before clipping");
 	S.sumsq = state_buf(&S, SC_METRIC, DT_F64, 1, "grad_sumsq", "the squared gradient norm");
 	S.coef = state_buf(&S, SC_METRIC, DT_F64, 1, "clip_coef", "the clipping coefficient");
 	collect_updates(&S);
-	bool strict = ps->sync == SYNC_STRICT && ps->compress == COMPRESS_NONE;
-	if (strict) {
-		S.primary = primary_axis(&S);
+	if (S.sa < 0) {
+		/* compression works on the batch axis's flat buckets */
+		S.primary = S.compress ? (S.zero ? S.za : ba) : primary_axis(&S);
 		layout_flat(&S);
 	} else {
 		S.primary = -1;
 		S.f = calloc(1, sizeof(Flat));
+		layout_whole(&S);
 	}
 	layout_optimizer(&S);
 	phase_init(&S);
 	phase_step_begin(&S);
-	if (strict)
-		phase_sync(&S);
-	else
-		opaque_sync(&S);
-	phase_norm(&S);
-	phase_update(&S);
-	phase_loss(&S);
+	if (S.master || S.worker)
+		async_begin(&S);
+	phase_sync(&S);
+	if (S.worker) {
+		phase_loss(&S);
+		async_end(&S);
+	} else if (S.master) {
+		phase_loss(&S);
+		async_gather(&S);
+		phase_norm(&S);
+		phase_update(&S);
+		async_end(&S);
+	} else {
+		phase_norm(&S);
+		phase_update(&S);
+		phase_loss(&S);
+		if (S.local)
+			local_average(&S);
+	}
 	phase_save(&S);
 	clear_transient_gradients(&S);
 	free(S.u);

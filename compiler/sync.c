@@ -2,19 +2,21 @@
  *
  * After sharding, a parameter's gradient is a partial sum on every axis over which the batch (or
  * the sequence, for layer-norm weights under sequence parallelism) was split. This pass turns
- * those partial sums into the plan's `sync` strategy:
+ * those partial sums into the plan's `sync` strategy (docs/sync.md):
  *   strict     buckets of `bucket` bytes, filled in the order gradients become ready in the
  *              backward (last layer first, as PyTorch DDP does); one all-reduce per bucket, or a
  *              reduce-scatter on the ZeRO axis (stage 2 and 3: every micro-batch, since the
  *              full gradient is never stored; stage 1: once per step);
- *   compress   bf16 / fp16 halve the bytes; topk(r) sends r of the entries with their indices
- *              (an all-gather); powersgd(rank) sends two low-rank factors per matrix;
- *   local_sgd  no gradient traffic on the data axis: parameters are averaged every K steps;
- *   async      workers send gradients to the master (data coordinate 0, which also computes
- *              gradients on its own share of the batch, like a co-located parameter server),
+ *   compress   the same buckets on the batch axis, reduced by a compressor (state.c): bf16 / fp16
+ *              on the wire, top-k entries with their indices (an all-gather), or PowerSGD's two
+ *              low-rank factors per matrix (all-reduces), with error feedback when asked;
+ *   local_sgd  no gradient traffic on the batch axis: parameters are averaged every K steps;
+ *   async      workers send gradients to the master (coordinate 0 of the batch axis, which also
+ *              computes gradients on its own share of the batch: a co-located parameter server),
  *              which updates and sends parameters back; the runtime enforces the staleness bound.
- * Tied parameters copied to two pipeline stages have their gradients all-reduced between those
- * two stages (Megatron's embedding group). */
+ * The ops made here for local SGD and async describe the traffic for --dump-after=sync; state.c
+ * writes the kernels that run it. Tied parameters copied to two pipeline stages have their
+ * gradients all-reduced between those two stages (Megatron's embedding group). */
 #include "planc.h"
 
 #include <math.h>
@@ -23,7 +25,6 @@
 
 typedef struct Sync {
 	Graph *g;
-	PlanSpec *ps;
 	OpList list;
 } Sync;
 
@@ -79,33 +80,26 @@ typedef struct Pending {
 	int members[4096];
 } Pending;
 
-static DType wire_dtype(const PlanSpec *ps, DType t)
+int sync_axis(const PlanSpec *ps)
 {
-	if (ps->compress == COMPRESS_BF16 && t == DT_F32)
-		return DT_BF16;
-	if (ps->compress == COMPRESS_FP16 && t == DT_F32)
-		return DT_F16;
-	return t;
+	for (int r = 0; r < ps->nrules; r++)
+		if (ps->rules[r].dim_name && ps->batch_dim && !strcmp(ps->rules[r].dim_name, ps->batch_dim))
+			return ps->rules[r].axis;
+	return -1;
 }
 
-/* Gradient elements this rank sends for one parameter's gradient under compression. */
-static long long compressed_elems(const Sync *s, int grad, OpKind *kind)
+/* Top-k keeps ceil(ratio * n) entries of each gradient block, at least one. */
+long long topk_entries(const PlanSpec *ps, long long elems)
 {
-	const PlanSpec *ps = s->ps;
-	const Value *v = &s->g->vals[grad];
-	long long n = value_local_elems(s->g, grad);
-	if (ps->compress == COMPRESS_TOPK) {
-		*kind = OP_ALL_GATHER;
-		long long k = (long long)ceil(ps->topk_ratio * (double)n);
-		return 2 * (k < 1 ? 1 : k); /* value + index per entry */
-	}
-	if (ps->compress == COMPRESS_POWERSGD && v->rank >= 2) {
-		long long rows = n / v->dim[v->rank - 1], cols = v->dim[v->rank - 1];
-		long long r = ps->powersgd_rank;
-		if ((rows + cols) * r < n)
-			return (rows + cols) * r; /* P and Q factors */
-	}
-	return n;
+	long long k = (long long)ceil(ps->topk_ratio * (double)elems);
+	return k < 1 ? 1 : k > elems ? elems : k;
+}
+
+/* PowerSGD factors a matrix (the block as rows x cols, cols its last dim) when the factors are
+ * smaller than it; vectors and small matrices travel whole (the PowerSGD paper's choice). */
+bool powersgd_factors(const PlanSpec *ps, long long rows, long long cols)
+{
+	return rows > 1 && cols > 1 && (rows + cols) * ps->powersgd_rank < rows * cols;
 }
 
 static void flush(Sync *s, Pending *p, OpKind kind, int axis, bool per_step, double every, const char *what)
@@ -124,7 +118,7 @@ static void flush(Sync *s, Pending *p, OpKind kind, int axis, bool per_step, dou
 bool sync_grads(Graph *g)
 {
 	PlanSpec *ps = g->ps;
-	Sync s = {.g = g, .ps = ps};
+	Sync s = {.g = g};
 	int first_update = -1;
 	for (int i = 0; i < g->nops; i++)
 		if (g->ops[i].kind == OP_OPTIMIZER_STEP) {
@@ -189,6 +183,7 @@ bool sync_grads(Graph *g)
 				data_like = true;
 		bool local_sgd = data_like && ps->sync == SYNC_LOCAL_SGD;
 		bool async = data_like && ps->sync == SYNC_ASYNC;
+		bool compressed = data_like && ps->compress != COMPRESS_NONE;
 		bool per_step = !per_micro;
 		Pending *pend = calloc((size_t)nstages, sizeof(Pending));
 		if (!pend)
@@ -200,35 +195,26 @@ bool sync_grads(Graph *g)
 			if (gv->lay.on[a] != LAYOUT_P)
 				continue;
 			OpKind kind = zero_axis ? OP_REDUCE_SCATTER : OP_ALL_REDUCE;
-			long long elems = data_like ? compressed_elems(&s, grad, &kind) : value_local_elems(g, grad);
-			if (kind == OP_ALL_GATHER && zero_axis)
-				kind = OP_REDUCE_SCATTER; /* sema refuses topk with ZeRO; keep the sizes sane */
-			DType t = data_like ? wire_dtype(ps, gv->dtype) : gv->dtype;
+			long long elems = value_local_elems(g, grad);
+			DType t = gv->dtype;
 			gv->lay.on[a] = zero_axis && ps->zero_stage >= 2 ? LAYOUT_FLAT : LAYOUT_R;
 			if (local_sgd || async)
 				continue;
 			Pending *p = &pend[u->stage];
-			if (p->elems && (p->dtype != t || kind != (zero_axis ? OP_REDUCE_SCATTER : OP_ALL_REDUCE)))
-				flush(&s, p, zero_axis ? OP_REDUCE_SCATTER : OP_ALL_REDUCE, a, per_step, 0, "gradient");
-			if (kind == OP_ALL_GATHER) { /* top-k: one sparse all-gather per tensor */
-				Op *tk = emit_bucket(&s, OP_ALL_GATHER, a, u->stage, DT_I32, elems, per_step, 0,
-						     arena_printf(g->arena, "%s top-k", g->vals[u->in[0]].name), RANKROLE_ANY, -1);
-				tk->members = arena_alloc(g->arena, sizeof(int));
-				tk->members[0] = grad;
-				tk->nmembers = 1;
-				continue;
-			}
+			if (p->elems && p->dtype != t)
+				flush(&s, p, kind, a, per_step, 0, compressed ? "compressed gradient" : "gradient");
 			if (p->count == (int)(sizeof p->members / sizeof p->members[0]))
-				flush(&s, p, kind, a, per_step, 0, "gradient");
+				flush(&s, p, kind, a, per_step, 0, compressed ? "compressed gradient" : "gradient");
 			p->stage = u->stage;
 			p->dtype = t;
 			p->elems += elems;
 			p->members[p->count++] = grad;
 			if ((double)p->elems * dtype_bytes(t) >= bucket_bytes)
-				flush(&s, p, kind, a, per_step, 0, "gradient");
+				flush(&s, p, kind, a, per_step, 0, compressed ? "compressed gradient" : "gradient");
 		}
 		for (int st = 0; st < nstages; st++)
-			flush(&s, &pend[st], zero_axis ? OP_REDUCE_SCATTER : OP_ALL_REDUCE, a, per_step, 0, "gradient");
+			flush(&s, &pend[st], zero_axis ? OP_REDUCE_SCATTER : OP_ALL_REDUCE, a, per_step, 0,
+			      compressed ? "compressed gradient" : "gradient");
 		if (local_sgd || async) {
 			/* parameters (not gradients) travel: averaged every K steps, or to and from the master */
 			for (int st = 0; st < nstages; st++) {
@@ -240,18 +226,19 @@ bool sync_grads(Graph *g)
 				if (!elems)
 					continue;
 				if (local_sgd) {
-					emit_bucket(&s, OP_ALL_REDUCE, a, st, t, elems, true, ps->every, "parameter average",
-						    RANKROLE_ANY, -1);
+					emit_bucket(&s, OP_ALL_REDUCE, a, st, ps->master_dtype, elems, true, ps->every,
+						    "parameter average", RANKROLE_ANY, -1);
 				} else {
-					/* each worker: gradients out, parameters back; the master serves every worker */
+					/* each worker: gradients (and its loss and parameter version) out, parameters
+					 * back; the master serves every worker */
 					int n = ps->axes[a].size;
-					emit_bucket(&s, OP_SEND, a, st, wire_dtype(ps, t), elems, true, 0, "gradients to the master",
-						    RANKROLE_WORKER, 0);
+					long long msg = elems + 16 / dtype_bytes(t);
+					emit_bucket(&s, OP_SEND, a, st, t, msg, true, 0, "gradients to the master", RANKROLE_WORKER, 0);
 					emit_bucket(&s, OP_RECV, a, st, t, elems, true, 0, "parameters from the master",
 						    RANKROLE_WORKER, 0);
 					for (int w = 1; w < n; w++) {
-						emit_bucket(&s, OP_RECV, a, st, wire_dtype(ps, t), elems, true, 0,
-							    "gradients from a worker", RANKROLE_MASTER, w);
+						emit_bucket(&s, OP_RECV, a, st, t, msg, true, 0, "gradients from a worker", RANKROLE_MASTER,
+							    w);
 						emit_bucket(&s, OP_SEND, a, st, t, elems, true, 0, "parameters to a worker",
 							    RANKROLE_MASTER, w);
 					}

@@ -14,6 +14,7 @@
 #include <time.h>
 
 static FILE *log_fp;
+static char extra[1024]; /* planrt_log_fields: members of the next line */
 
 static int is_rank0(void)
 {
@@ -59,8 +60,16 @@ void planrt_log_step(int64_t step, double loss, double lr, double grad_norm, int
 	fprintf(log_fp, "\"tokens\":%lld,", (long long)tokens);
 	put_number("step_ms", step_ms, 0);
 	put_number("tokens_per_s", step_ms > 0 ? (double)tokens / (step_ms * 1e-3) : 0, 1);
+	if (extra[0])
+		fprintf(log_fp, ",%s", extra);
+	extra[0] = 0;
 	fputs("}\n", log_fp);
 	fflush(log_fp);
+}
+
+void planrt_log_fields(const char *members)
+{
+	snprintf(extra, sizeof extra, "%s", members ? members : "");
 }
 
 void planrt_log_close(void)

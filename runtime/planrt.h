@@ -189,6 +189,9 @@ planrt_result_t planrt_st_write(const char *path, const planrt_st_tensor_t *tens
 /* JSON lines: {"step":, "loss":, "lr":, "grad_norm":, "tokens":, "step_ms":, "tokens_per_s":} */
 planrt_result_t planrt_log_open(const char *path);
 void planrt_log_step(int64_t step, double loss, double lr, double grad_norm, int64_t tokens, double step_ms);
+/* More members for the next planrt_log_step line, as JSON text ("versions":[3,2],"staleness":1);
+ * NULL or "" for none. */
+void planrt_log_fields(const char *members);
 void planrt_log_close(void);
 /* Rank 0's progress line on stderr: step k/K, loss, tokens/s, ETA. */
 void planrt_progress(int64_t step, int64_t total, double loss, double tokens_per_s, double elapsed_s);

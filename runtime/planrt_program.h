@@ -20,7 +20,10 @@
  *               gathers, and the loss / gradient-norm reductions into the metric buffers
  *   save        writes this rank's pieces of every parameter into --save
  * The stage's action table (F / B of a micro-batch and chunk, and the activation slot it uses) is
- * the compiler's schedule; the walker calls prepare for action i + 1, then runs action i. */
+ * the compiler's schedule; the walker calls prepare for action i + 1, then runs action i.
+ *
+ * Under `sync async` a stage has two programs, one per role (stages[stage * nroles + role]): role
+ * 0, the master, runs on the rank with coordinate 0 on role_axis, role 1 on the workers. */
 #ifndef PLANRT_PROGRAM_H
 #define PLANRT_PROGRAM_H
 
@@ -46,6 +49,7 @@ typedef struct planrt_ctx {
 	planrt_st_t init_file;   /* --init, or NULL: draw parameters from the seed */
 	struct planrt_save *save_file; /* during save: the checkpoint being written */
 	double wait_s;           /* seconds this rank spent waiting for p2p receives (bubble bench) */
+	int64_t steps;           /* --steps: the run's last step is steps - 1 */
 } planrt_ctx_t;
 
 typedef void (*planrt_phase_fn)(planrt_ctx_t *ctx);
@@ -107,6 +111,12 @@ typedef struct planrt_stage {
 	/* metric buffers (doubles in the state): set by step_end on every rank of the stage */
 	double *const *loss;      /* the step's mean loss (every stage, after the pipe reduction) */
 	double *const *grad_norm; /* the global gradient norm before clipping */
+	/* local SGD: loss holds loss_window steps, step s at s % loss_window, known once the step that
+	 * averages (every loss_window-th, and the last) has run; 0: the step's loss, known at once */
+	int loss_window;
+	/* the async master: the parameter version every rank of the role axis computed the step on */
+	double *const *versions;
+	int nversions;
 } planrt_stage_t;
 
 typedef struct planrt_program {
@@ -123,6 +133,8 @@ typedef struct planrt_program {
 	/* the learning-rate schedule, for the log's lr column (the optimizer kernels take it too) */
 	double lr, min_lr;
 	int64_t warmup, total_steps;
+	int nroles;                        /* 0 or 1: one program per stage; 2: async master and workers */
+	int role_axis;                     /* the axis whose coordinate 0 is the master */
 } planrt_program_t;
 
 /* Runs the program: parses argv (--steps K --data FILE [--init W] [--save W] [--log F] [--seed S]
@@ -152,6 +164,69 @@ void planrt_load_input(planrt_ctx_t *ctx, int32_t *dst, int stream, int64_t row_
 void planrt_p2p_send_start(const void *buf, int64_t n, planrt_dtype_t t, int peer, int channel, planrt_request_t *req);
 void planrt_p2p_recv_start(void *buf, int64_t n, planrt_dtype_t t, int peer, int channel, planrt_request_t *req);
 void planrt_p2p_finish(planrt_ctx_t *ctx, planrt_request_t *req); /* waits (time counted in ctx->wait_s) */
+
+/* ------------------------------------------------------------------ sync strategies (sync.c)
+ * docs/sync.md describes the strategies. Every kernel is called on every step; those that act
+ * less often decide from ctx->step and ctx->steps. */
+/* *x *= f (a replica's clipping coefficient times the batch axis's size: its own mean gradient) */
+void planrt_scale_metric(double *x, double f);
+/* Local SGD, after the step's update: history[step % every] = *loss; then, when step + 1 is a
+ * multiple of every or the step is the last, the sum over c of history (every f64) and the
+ * average over c of flat (n elements of t, f32: the parameters or the master weights). With an
+ * outer optimizer (1 SGD, 2 SGD with Nesterov momentum; anchor: the flat values at the last
+ * average) the outer gradient anchor - average takes one step of it from anchor, which becomes the
+ * new flat. params (dtype pt, or NULL): the parameters, cast from flat after an average. */
+void planrt_local_average(planrt_ctx_t *ctx, int every, void *flat, int64_t n, planrt_dtype_t t, void *params,
+			  planrt_dtype_t pt, const double *loss, double *history, planrt_comm_t c, int outer, double outer_lr,
+			  double outer_momentum, float *anchor, float *momentum);
+/* Async, on a worker (coordinate > 0 on c's axis; the master is coordinate 0): at step_begin,
+ * receives the parameter versions that have arrived (each into inbox, then copied to params),
+ * waiting while the newest is older than step - staleness; version v is the parameters after v
+ * updates, and every version up to --steps is received once, in order. */
+void planrt_async_pull(planrt_ctx_t *ctx, int staleness, void *params, void *inbox, int64_t n, planrt_dtype_t t,
+		       planrt_comm_t c);
+/* The worker's step end: grads (n of t), then *loss and the version it computed on (two f64),
+ * sent to the master from slot step % (staleness + 1) of ring (each slot n + 16 / size(t) elements). */
+void planrt_async_push(planrt_ctx_t *ctx, int staleness, const void *grads, int64_t n, planrt_dtype_t t, void *ring,
+		       const double *loss, planrt_comm_t c);
+/* After the worker's last step: completes its sends and receives the remaining versions. */
+void planrt_async_drain(planrt_ctx_t *ctx, void *params, void *inbox, int64_t n, planrt_dtype_t t, planrt_comm_t c);
+/* The master's step_begin: receives of this step's messages from workers 1..nworkers into inbox. */
+void planrt_async_post(planrt_ctx_t *ctx, void *inbox, int64_t msg, planrt_dtype_t t, int nworkers, planrt_comm_t c);
+/* The master, after its backward: adds each worker's gradient into grads (worker order, dtype t
+ * rounded per addition) and its loss into *loss; versions[0] = step, versions[w] = worker w's
+ * version, which must be at most staleness updates old (otherwise the run stops). */
+void planrt_async_gather(planrt_ctx_t *ctx, int staleness, void *grads, int64_t n, planrt_dtype_t t,
+			 const void *inbox, int nworkers, double *loss, double *versions);
+/* The master, after its update: version step + 1 copied into slot (step + 1) % (staleness + 2) of
+ * ring and sent to every worker; completes every send after the last step. */
+void planrt_async_publish(planrt_ctx_t *ctx, int staleness, const void *params, int64_t n, planrt_dtype_t t, void *ring,
+			  int nworkers, planrt_comm_t c);
+
+/* ------------------------------------------------------------------ gradient compression (compress.c)
+ * Each reduces a flat f32 gradient bucket over c and leaves there what the optimizer sees: the
+ * sum over the ranks of what each sent, decompressed. residual (or NULL: no error feedback) holds
+ * what compression dropped, added to the next step's gradient before compressing. */
+/* Rounded to wire (bf16 or f16) and all-reduced (chunk 0; the f32 sum of the rounded values,
+ * rounded once), or reduce-scattered (chunk > 0: this rank's chunk of n = size * chunk elements is
+ * summed, the rest is unspecified). scratch: n elements of wire. */
+void planrt_compress_cast(float *grad, int64_t n, planrt_dtype_t wire, float *residual, void *scratch, int64_t chunk,
+			  planrt_comm_t c);
+/* Top-k per segment (nseg tensors at off[i], len[i] elements, k[i] kept): the largest |values|
+ * (ties: lower index first) as (f32 bits, index) i32 pairs, all-gathered; the bucket becomes the
+ * sum of every rank's kept entries. scratch: 4 * (2 K (size + 1) + the segments' elements) bytes,
+ * K the sum of k. */
+void planrt_compress_topk(float *grad, int nseg, const int64_t *off, const int64_t *len, const int64_t *k,
+			  float *residual, void *scratch, planrt_comm_t c);
+/* PowerSGD (Vogels et al. 2019), one power iteration with the previous step's Q: a segment with
+ * cols[i] > 0 is the matrix rows[i] x cols[i] M, P = M Q summed over c and orthonormalised,
+ * Q = M^T P summed, M becomes P Q^T; segments with cols[i] == 0 are summed whole. The three
+ * all-reduces run in that order (all P, all Q, the whole segments). q: every factored segment's Q
+ * (cols x r, in order); scratch: the P factors and the whole segments, floats. */
+void planrt_compress_powersgd(float *grad, int nseg, const int64_t *off, const int64_t *rows, const int64_t *cols,
+			      int r, float *q, float *residual, float *scratch, planrt_comm_t c);
+/* PowerSGD's first Q: n standard normal values from the seed, the same on every rank. */
+void planrt_powersgd_init(planrt_ctx_t *ctx, float *q, int64_t n);
 
 #ifdef __cplusplus
 }

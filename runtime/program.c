@@ -57,6 +57,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 enum { MAX_DIMS = 8, NO_INBOX = 0xffff };
@@ -203,7 +204,9 @@ static void print_help(const char *prog_name, const planrt_program_t *p)
 	       "  --seed S              seed of initialisation, data order and dropout (default %d)\n"
 	       "  --help, -h            this text\n"
 	       "environment: PLANRT_WATCHDOG=SECONDS (stall limit, 0 off), PLANRT_REPORT_MEMORY, "
-	       "PLANRT_REPORT_TIMING, PLANRT_REPORT_COMM (one stderr line per rank)\n",
+	       "PLANRT_REPORT_TIMING, PLANRT_REPORT_COMM (one stderr line per rank),\n"
+	       "  PLANRT_STRAGGLER=RANK:MS or random:MS (that rank, or one drawn per step, sleeps MS ms at each "
+	       "step's start)\n",
 	       DEFAULT_SEED);
 	fflush(stdout);
 }
@@ -248,13 +251,15 @@ static void probe_writable(const char *what, const char *path)
 
 static void check_program(const planrt_program_t *p, int stage_index)
 {
+	int nroles = p->nroles > 1 ? p->nroles : 1;
 	if (p->nstages < 1 || !p->stages)
 		planrt_fatal("internal error: program '%s' has no stages", p->plan);
-	if (p->pipe_axis >= p->naxes)
-		planrt_fatal("internal error: pipe axis %d of a %d-axis mesh", p->pipe_axis, p->naxes);
-	if (stage_index < 0 || stage_index >= p->nstages)
-		planrt_fatal("internal error: this rank runs stage %d but the program has %d stages", stage_index,
-			     p->nstages);
+	if (p->pipe_axis >= p->naxes || (nroles > 1 && (p->role_axis < 0 || p->role_axis >= p->naxes)))
+		planrt_fatal("internal error: pipe axis %d, role axis %d of a %d-axis mesh", p->pipe_axis, p->role_axis,
+			     p->naxes);
+	if (stage_index < 0 || stage_index >= p->nstages * nroles)
+		planrt_fatal("internal error: this rank runs program %d but the program has %d stages of %d roles",
+			     stage_index, p->nstages, nroles);
 	const planrt_stage_t *s = &p->stages[stage_index];
 	if (s->nslots < 0 || s->ninbox < 0 || s->nreqs < 0 || s->nchunks < 0 || s->nactions < 0 || s->nstate < 0)
 		planrt_fatal("internal error: stage %d has a negative count", stage_index);
@@ -899,6 +904,52 @@ static void report_comm(int rank, const planrt_program_t *p)
 		}
 }
 
+/* PLANRT_STRAGGLER=RANK:MS or random:MS: the delay (seconds) this rank sleeps at the start of
+ * step; random picks one rank per step from (seed, step). */
+static double straggler_delay(const char *setting, int rank, int world, uint64_t seed, int64_t step)
+{
+	if (!setting || !*setting)
+		return 0;
+	const char *colon = strchr(setting, ':');
+	char *end = NULL;
+	double ms = colon ? strtod(colon + 1, &end) : -1;
+	int random = colon && !strncmp(setting, "random", (size_t)(colon - setting)) && colon - setting == 6;
+	long who = random ? -1 : colon ? strtol(setting, &end, 10) : -1;
+	if (!colon || ms < 0 || (!random && (who < 0 || who >= world || end != colon)))
+		planrt_fatal("PLANRT_STRAGGLER='%s': expected RANK:MS (a rank below %d) or random:MS", setting, world);
+	if (random) {
+		uint32_t r[4];
+		planrt_philox(seed, 0x5374726167676c65ull /* "Straggle" */, (uint64_t)step, r);
+		who = (long)(r[0] % (uint32_t)world);
+	}
+	return who == rank ? ms * 1e-3 : 0;
+}
+
+static void sleep_s(double s)
+{
+	struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
+	while (s > 0 && nanosleep(&ts, &ts) != 0 && errno == EINTR)
+		;
+}
+
+/* The async master's versions for the log: "versions":[...],"staleness":max. */
+static void log_versions(const planrt_stage_t *stage)
+{
+	if (!stage->versions || !*stage->versions || stage->nversions < 1)
+		return;
+	const double *v = *stage->versions;
+	char text[1024];
+	int at = snprintf(text, sizeof text, "\"versions\":[");
+	double worst = 0;
+	for (int i = 0; i < stage->nversions && at < (int)sizeof text - 64; i++) {
+		at += snprintf(text + at, sizeof text - (size_t)at, "%s%.0f", i ? "," : "", v[i]);
+		if (v[0] - v[i] > worst)
+			worst = v[0] - v[i];
+	}
+	snprintf(text + at, sizeof text - (size_t)at, "],\"staleness\":%.0f", worst);
+	planrt_log_fields(text);
+}
+
 int planrt_main(int argc, char **argv, const planrt_program_t *program)
 {
 	options_t opt;
@@ -927,10 +978,12 @@ int planrt_main(int argc, char **argv, const planrt_program_t *program)
 	if (opt.log && rank == 0)
 		PLANRT_CHECK(planrt_log_open(opt.log));
 
-	/* 3. this rank's stage, its state and its arena */
+	/* 3. this rank's stage and role, its state and its arena */
 	int stage_index = program->pipe_axis >= 0 ? planrt_mesh_coord(program->pipe_axis) : 0;
-	check_program(program, stage_index);
-	const planrt_stage_t *stage = &program->stages[stage_index];
+	int nroles = program->nroles > 1 ? program->nroles : 1;
+	int role = nroles > 1 && planrt_mesh_coord(program->role_axis) != 0 ? 1 : 0; /* 0: the async master */
+	check_program(program, stage_index * nroles + role);
+	const planrt_stage_t *stage = &program->stages[stage_index * nroles + role];
 	size_t kind_bytes[planrt_state_kinds] = {0}, state_bytes = 0;
 	for (int i = 0; i < stage->nstate; i++) {
 		const planrt_state_buf_t *b = &stage->state[i];
@@ -959,7 +1012,7 @@ int planrt_main(int argc, char **argv, const planrt_program_t *program)
 		planrt_fatal("out of memory for %zu requests", nreq);
 
 	/* 4. data, initial weights */
-	planrt_ctx_t ctx = {.seed = opt.seed, .arena = arena};
+	planrt_ctx_t ctx = {.seed = opt.seed, .arena = arena, .steps = opt.steps};
 	PLANRT_CHECK(planrt_data_open(opt.data, program->vocab, program->seq, &ctx.data));
 	if (opt.init)
 		PLANRT_CHECK(planrt_st_open(opt.init, &ctx.init_file));
@@ -973,8 +1026,15 @@ int planrt_main(int argc, char **argv, const planrt_program_t *program)
 	int64_t tokens = program->batch * program->seq;
 	double start = planrt_now(), timed_s = 0, timed_wait_s = 0, timed_update_s = 0;
 	long long timed_steps = 0;
+	/* local SGD logs a step's loss when its replicas average: rows wait here until then */
+	int window = stage->loss_window > 1 ? stage->loss_window : 1;
+	double *pending = calloc((size_t)window * 3, sizeof(double)), shown_loss = NAN;
+	if (!pending)
+		planrt_fatal("out of memory for %d log rows", window);
+	const char *straggler = getenv("PLANRT_STRAGGLER");
 	for (int64_t step = 0; step < opt.steps; step++) {
 		double t0 = planrt_now(), wait0 = ctx.wait_s;
+		sleep_s(straggler_delay(straggler, rank, world, opt.seed, step));
 		ctx.step = step;
 		ctx.step_seed = opt.seed * 0x9E3779B97F4A7C15ull + (uint64_t)step;
 		clear_action(&ctx);
@@ -986,7 +1046,6 @@ int planrt_main(int argc, char **argv, const planrt_program_t *program)
 		if (stage->step_end)
 			stage->step_end(&ctx);
 		double update_s = planrt_now() - t_end + (t_walk - t0);
-		double loss = stage->loss && *stage->loss ? **stage->loss : NAN;
 		double norm = stage->grad_norm && *stage->grad_norm ? **stage->grad_norm : NAN;
 		double step_s = planrt_now() - t0;
 		if (step > 0 || opt.steps == 1) {
@@ -995,13 +1054,23 @@ int planrt_main(int argc, char **argv, const planrt_program_t *program)
 			timed_update_s += update_s;
 			timed_steps++;
 		}
-		if (rank == 0) {
-			double lr = planrt_lr_at(program->lr, step, program->warmup, program->total_steps, program->min_lr);
-			planrt_log_step(step, loss, lr, norm, tokens, step_s * 1e3);
-			planrt_progress(step + 1, opt.steps, loss, step_s > 0 ? (double)tokens / step_s : 0,
-					planrt_now() - start);
+		if (rank != 0)
+			continue;
+		double *row = pending + (step % window) * 3;
+		row[0] = planrt_lr_at(program->lr, step, program->warmup, program->total_steps, program->min_lr);
+		row[1] = norm;
+		row[2] = step_s;
+		if (window == 1 || (step + 1) % window == 0 || step == opt.steps - 1) {
+			for (int64_t s = step - step % window; s <= step; s++) {
+				const double *r = pending + (s % window) * 3;
+				shown_loss = stage->loss && *stage->loss ? (*stage->loss)[s % window] : NAN;
+				log_versions(stage);
+				planrt_log_step(s, shown_loss, r[0], r[1], tokens, r[2] * 1e3);
+			}
 		}
+		planrt_progress(step + 1, opt.steps, shown_loss, step_s > 0 ? (double)tokens / step_s : 0, planrt_now() - start);
 	}
+	free(pending);
 
 	/* 6. the checkpoint and the reports */
 	clear_action(&ctx);

@@ -16,6 +16,7 @@ add_test(NAME fmt_roundtrip COMMAND sh ${ROOT}/tests/fmt_roundtrip.sh ${PLANC} $
 include(${ROOT}/tests/runtime/tests.cmake)
 include(${ROOT}/tests/kernels/tests.cmake)
 include(${ROOT}/tests/pipeline/tests.cmake)
+include(${ROOT}/tests/sync/tests.cmake)
 include(${ROOT}/tests/llvm/tests.cmake)
 
 # the heart of the suite: every plan trains like the single-rank run (tests/equiv)

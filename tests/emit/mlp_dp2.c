@@ -350,12 +350,12 @@ static const planrt_param_t params[] = {
 
 static const planrt_stage_t stages[] = {
 	{init, step_begin, step, save, 1, forward, backward, prepare_forward, prepare_backward,
-	 actions, 2, 1117248, 0, 1117248, 0, 0, 1, 0, 0, state, 26, &loss_52, &grad_norm_54},
+	 actions, 2, 1117248, 0, 1117248, 0, 0, 1, 0, 0, state, 26, &loss_52, &grad_norm_54, 0, NULL, 0},
 };
 
 static const planrt_program_t program = {
 	"dp2", "mlp", "examples/mlp.plan", 2, 1, -1, axis_sizes, axis_names, 1, stages, params, 7, 1,
-	32, 16, 256, 0.001, 0, 0, 0,
+	32, 16, 256, 0.001, 0, 0, 0, 1, -1,
 };
 
 int main(int argc, char **argv)

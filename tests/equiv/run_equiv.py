@@ -18,6 +18,9 @@ import subprocess
 import sys
 import tempfile
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import comm_bytes  # noqa: E402  (tests/equiv/comm_bytes.py)
+
 planc, root = sys.argv[1], sys.argv[2]
 steps = int(sys.argv[3]) if len(sys.argv) > 3 else 20
 env = dict(os.environ, PLANRT_REPORT_COMM="1", OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
@@ -36,6 +39,7 @@ PLANS = {
             "ulysses2", "tp2_sp_selective", "dp2_full_recompute", "dp2_tp2_sp", "dp2_tp2_sp_zero3",
             "pp2", "pp2_1f1b", "pp2_interleaved", "pp4", "pp4_1f1b", "pp2_dp2", "pp2_tp2_sp", "gpt_3d",
             "pp4_l8:single_l8", "pp4_1f1b_l8:single_l8", "pp4_interleaved_l8:single_l8",
+            "dp4_async_s0", "dp2_local_sgd_k1:single_momentum",
             "bf16", "bf16_zero2_dp4", "bf16_pp2"],
 }
 # Plans that run the same step in a different order must give bitwise identical losses.
@@ -64,40 +68,10 @@ def world_of(model, plan):
     return explained(model, plan)["world"]
 
 
-KIND = {"all_reduce": "allreduce", "reduce_scatter": "reduce_scatter", "all_gather": "allgather",
-        "all_to_all": "alltoall", "send": "send", "recv": "recv"}
-COMM = re.compile(r"planrt: rank (\d+): comm kind=(\w+) group=(\w+) calls=(\d+) bytes=(\d+)")
-
-
 def check_bytes(model, plan, stderr):
     """planrt's per-kind, per-axis counters against explain's table (times the steps), every rank."""
     d = explained(model, plan)
-    axes = list(d["mesh"])
-    sizes = [d["mesh"][a] for a in axes]
-    pipe = d["pipeline"]["axis"]
-    roles = {r["stage"]: r for r in d["roles"]}
-    measured = {}
-    for m in COMM.finditer(stderr):
-        rank, kind, group, calls, nbytes = int(m.group(1)), m.group(2), m.group(3), int(m.group(4)), int(m.group(5))
-        measured.setdefault(rank, {})[(kind, group)] = (calls, nbytes)
-    bad, total = [], 0
-    for rank in range(d["world"]):
-        coord, x = {}, rank
-        for a, n in reversed(list(zip(axes, sizes))):
-            coord[a] = x % n
-            x //= n
-        stage = coord[pipe] if pipe else 0
-        want = {}
-        for row in roles[stage]["communication"]:
-            key = (KIND[row["collective"]], "pair" if row["axis"] == "tied_pair" else row["axis"])
-            calls, nbytes = want.get(key, (0, 0))
-            want[key] = (calls + round(row["calls"] * steps), nbytes + round(row["wire_bytes"] * steps))
-        got = measured.get(rank, {})
-        for key in sorted(set(want) | set(got)):
-            if want.get(key, (0, 0)) != got.get(key, (0, 0)):
-                bad.append(f"rank {rank} {key[0]} on {key[1]}: measured {got.get(key, (0, 0))} (calls, bytes), "
-                           f"explain {want.get(key, (0, 0))}")
-            total += got.get(key, (0, 0))[1]
+    bad, total = comm_bytes.mismatches(d, stderr, steps)
     check(f"{model} {plan} bytes", not bad, "; ".join(bad[:2]) if bad else
           f"{total} bytes over {d['world']} rank(s) in {steps} steps, per kind and axis equal to explain's")
 
