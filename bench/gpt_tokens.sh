@@ -4,6 +4,8 @@
 # in one run with the same model in PyTorch eager (bench/torch_gpt.py, Debian's python3-torch,
 # /usr/bin/python3; DDP with gloo for 2 ranks): same batch (16), sequence (64), one thread per rank.
 # Also times `planc build` for the examples. usage: bench/gpt_tokens.sh [PLANC] [STEPS]
+# PLANC_BUILD_FLAGS=--native builds the programs for this machine's CPU (the default is portable);
+# configure with -DPLANRT_NATIVE=ON to build planrt for it too.
 planc=${1:-build/planc}
 steps=${2:-30}
 warmup=3
@@ -13,7 +15,7 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_
 export OMPI_MCA_plm=isolated OMPI_MCA_btl=self,vader OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 
 planc_rate() { # PLAN NP -> tokens/s over the steps after the warmup
-	"$planc" build examples/gpt.plan --plan "$1" -o "$tmp/$1" || exit 1
+	"$planc" build examples/gpt.plan --plan "$1" -o "$tmp/$1" ${PLANC_BUILD_FLAGS:-} || exit 1
 	mpirun -np "$2" "$tmp/$1" --steps $((steps + warmup)) --data data/corpus.txt --log "$tmp/$1.jsonl" >/dev/null 2>&1 || exit 1
 	python3 -c "
 import json, sys

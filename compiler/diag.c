@@ -8,18 +8,32 @@
  *
  * Messages are lower case with no final period. Internal errors (bugs in planc) are separate:
  * they print "internal compiler error" and abort, so a user error never looks like a crash and a
- * crash never looks like a user error. */
+ * crash never looks like a user error.
+ *
+ * Errors are capped as compilers cap them (gcc -fmax-errors, clang -ferror-limit): after 20, one
+ * note says so and every later diagnostic is dropped; diag_stopped() tells the lexer, sema and
+ * the driver to stop working, so hostile input with 100,000 errors costs what 20 do. Line and
+ * column come from a line table (diag_index_lines) when the Source has one, so a file with many
+ * warnings is not rescanned from its start for each. */
 #include "planc.h"
 
 #include <stdlib.h>
 #include <string.h>
 
+enum { MAX_ERRORS = 20 };
+
 static FILE *diag_stream;
 static int error_count;
+static bool stopped; /* MAX_ERRORS reached: everything after is dropped */
 
 void diag_set_stream(FILE *f) { diag_stream = f; }
 int diag_error_count(void) { return error_count; }
-void diag_reset(void) { error_count = 0; }
+bool diag_stopped(void) { return stopped; }
+void diag_reset(void)
+{
+	error_count = 0;
+	stopped = false;
+}
 
 static FILE *out(void) { return diag_stream ? diag_stream : stderr; }
 
@@ -32,11 +46,41 @@ Loc loc_span(Loc a, Loc b)
 	return r;
 }
 
+void diag_index_lines(Arena *a, Source *src)
+{
+	int n = 1;
+	for (int i = 0; i < src->len; i++)
+		n += src->text[i] == '\n';
+	int *starts = arena_alloc(a, sizeof(int) * (size_t)n);
+	n = 0;
+	starts[n++] = 0;
+	for (int i = 0; i < src->len; i++)
+		if (src->text[i] == '\n')
+			starts[n++] = i + 1;
+	src->line_starts = starts;
+	src->nlines = n;
+}
+
 void diag_line_col(const Source *src, int off, int *line, int *col)
 {
 	int l = 1, c = 1;
 	if (off > src->len)
 		off = src->len;
+	if (off < 0)
+		off = 0;
+	if (src->line_starts) { /* the last line start at or before off */
+		int lo = 0, hi = src->nlines - 1;
+		while (lo < hi) {
+			int mid = (lo + hi + 1) / 2;
+			if (src->line_starts[mid] <= off)
+				lo = mid;
+			else
+				hi = mid - 1;
+		}
+		*line = lo + 1;
+		*col = off - src->line_starts[lo] + 1;
+		return;
+	}
 	for (int i = 0; i < off; i++) {
 		if (src->text[i] == '\n') {
 			l++;
@@ -98,15 +142,24 @@ static void report(const char *kind, const Source *src, Loc loc, const char *fmt
 
 void diag_error(const Source *src, Loc loc, const char *fmt, ...)
 {
+	if (error_count == MAX_ERRORS && !stopped) {
+		FILE *f = out();
+		fprintf(f, "note: too many errors; stopping after %d\n", MAX_ERRORS);
+		stopped = true;
+	}
+	error_count++;
+	if (stopped)
+		return;
 	va_list ap;
 	va_start(ap, fmt);
 	report("error", src, loc, fmt, ap);
 	va_end(ap);
-	error_count++;
 }
 
 void diag_warning(const Source *src, Loc loc, const char *fmt, ...)
 {
+	if (stopped)
+		return;
 	va_list ap;
 	va_start(ap, fmt);
 	report("warning", src, loc, fmt, ap);
@@ -115,6 +168,8 @@ void diag_warning(const Source *src, Loc loc, const char *fmt, ...)
 
 void diag_note(const Source *src, Loc loc, const char *fmt, ...)
 {
+	if (stopped)
+		return;
 	va_list ap;
 	va_start(ap, fmt);
 	report("note", src, loc, fmt, ap);
@@ -123,6 +178,8 @@ void diag_note(const Source *src, Loc loc, const char *fmt, ...)
 
 void diag_note_plain(const char *fmt, ...)
 {
+	if (stopped)
+		return;
 	va_list ap;
 	va_start(ap, fmt);
 	FILE *f = out();

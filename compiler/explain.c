@@ -54,7 +54,7 @@ typedef struct Report {
 	Role *roles;
 	int nroles;
 	double model_flops;
-	double params_total;
+	long long params_total; /* exact: graph.c keeps every tensor and their sum below 2^60 bytes */
 	double bubble;
 	/* the estimated step time on the reference device (seconds) */
 	double est_pipeline, est_update, est_step;
@@ -115,7 +115,8 @@ static double wire_bytes(OpKind kind, long long n, long long B)
 		return 0;
 	if (kind == OP_SEND)
 		return (double)B;
-	long long k = kind == OP_ALL_REDUCE ? 2 : 1;
+	/* 128-bit: B < 2^60 (graph.c) times 4 (n - 1) < 2^26 does not fit 64 bits */
+	__int128 k = kind == OP_ALL_REDUCE ? 2 : 1;
 	return (double)((2 * k * (n - 1) * B + n) / (2 * n));
 }
 
@@ -433,9 +434,8 @@ static bool inside_node(const PlanSpec *ps, int axis)
 	return span <= device->node;
 }
 
-static double comm_seconds(const Report *rep, const Comm *c)
+static double comm_seconds(const PlanSpec *ps, const Comm *c)
 {
-	const PlanSpec *ps = rep->ps;
 	if (c->coll == OP_RECV)
 		return 0;
 	long long n = c->pair >= 0 || c->coll == OP_SEND ? 2 : c->axis >= 0 ? ps->axes[c->axis].size : 1;
@@ -446,13 +446,13 @@ static double comm_seconds(const Report *rep, const Comm *c)
 	return wire / (near ? device->node_bw : device->net_bw) + device->latency;
 }
 
-static double kernel_seconds(const Report *rep, const LProg *p, const Kernel *k)
+static double kernel_seconds(const PlanSpec *ps, const LProg *p, const Kernel *k)
 {
 	const Device *d = device;
 	double t = 0;
 	if (k->kind == K_MATMUL) {
 		double flops = 2.0 * (double)k->args[0].i * (double)k->args[1].i * (double)k->args[2].i * (double)k->args[3].i;
-		t = flops / (rep->ps->param_dtype == DT_F32 ? d->flops_f32 : d->flops_bf16);
+		t = flops / (ps->param_dtype == DT_F32 ? d->flops_f32 : d->flops_bf16);
 	} else if (k->kind == K_LOOP) {
 		double elems = 1;
 		for (int i = 0; i < k->rank; i++)
@@ -467,30 +467,30 @@ static double kernel_seconds(const Report *rep, const LProg *p, const Kernel *k)
 	}
 	for (int c = 0; c < k->ncomm; c++)
 		if (k->comm[c].coll != OP_SEND)
-			t += comm_seconds(rep, &k->comm[c]);
+			t += comm_seconds(ps, &k->comm[c]);
 	return t;
 }
 
-static void estimate(Report *rep)
+const char *explain_device_name(void)
 {
-	Graph *g = rep->g;
-	const Lowered *low = rep->low;
-	if (!low || !g->sched)
-		return;
-	int p = g->nstages, v = g->sched->chunks, m = g->sched->micro;
-	double *fc = calloc((size_t)(p * v), sizeof(double)), *bc = calloc((size_t)(p * v), sizeof(double));
-	if (!fc || !bc)
-		ICE("out of memory");
-	double xfer = 0, update = 0;
+	return device->name;
+}
+
+void explain_costs(const Graph *g, const Lowered *low, int role, double *fc, double *bc, double *xfer, double *update)
+{
+	int p = g->nstages, v = g->sched ? g->sched->chunks : 1, m = g->sched ? g->sched->micro : 1;
+	*xfer = 0;
 	for (int s = 0; s < p; s++) {
-		const LProg *lp = lowered_prog(low, s, low->nroles > 1 ? RANKROLE_WORKER : RANKROLE_ANY);
+		const LProg *lp = lowered_prog(low, s, role);
 		double step = 0;
+		for (int c = 0; c < v; c++)
+			fc[s * v + c] = bc[s * v + c] = 0;
 		for (int i = 0; lp && i < lp->nk; i++) {
 			const Kernel *k = &lp->k[i];
-			double t = kernel_seconds(rep, lp, k);
+			double t = kernel_seconds(g->ps, lp, k);
 			for (int c = 0; c < k->ncomm; c++)
-				if (k->comm[c].coll == OP_SEND && comm_seconds(rep, &k->comm[c]) > xfer)
-					xfer = comm_seconds(rep, &k->comm[c]);
+				if (k->comm[c].coll == OP_SEND && comm_seconds(g->ps, &k->comm[c]) > *xfer)
+					*xfer = comm_seconds(g->ps, &k->comm[c]);
 			if (k->only_last_micro)
 				t /= m; /* once per step: spread over the micro-batches */
 			switch (k->phase) {
@@ -510,9 +510,26 @@ static void estimate(Report *rep)
 				break;
 			}
 		}
-		if (step > update)
-			update = step;
+		update[s] = step;
 	}
+}
+
+static void estimate(Report *rep)
+{
+	Graph *g = rep->g;
+	const Lowered *low = rep->low;
+	if (!low || !g->sched)
+		return;
+	int p = g->nstages, v = g->sched->chunks;
+	double *fc = calloc((size_t)(p * v), sizeof(double)), *bc = calloc((size_t)(p * v), sizeof(double));
+	double *upd = calloc((size_t)p, sizeof(double));
+	if (!fc || !bc || !upd)
+		ICE("out of memory");
+	double xfer = 0, update = 0;
+	explain_costs(g, low, low->nroles > 1 ? RANKROLE_WORKER : RANKROLE_ANY, fc, bc, &xfer, upd);
+	for (int s = 0; s < p; s++)
+		if (upd[s] > update)
+			update = upd[s];
 	double makespan = 0;
 	pipeline_simulate(g, fc, bc, xfer, &makespan, NULL);
 	rep->est_pipeline = makespan;
@@ -520,6 +537,7 @@ static void estimate(Report *rep)
 	rep->est_step = makespan + update;
 	free(fc);
 	free(bc);
+	free(upd);
 }
 
 static const char *human_time(double s, char *buf, size_t n)
@@ -557,6 +575,35 @@ static void program_memory(Report *rep, Role *r)
 		r->prog_state += (double)p->state_bytes[k];
 }
 
+/* How many ranks hold a role, and the first of them, from the mesh's shape alone (ranks are
+ * row-major over the axes, axis 0 slowest): a role is one coordinate on the pipe axis, and the
+ * master (coordinate 0) or the workers (the others) on the async axis. Never a walk over the
+ * ranks: a million-rank mesh costs what an eight-rank one does. */
+static void role_ranks(const PlanSpec *ps, bool async, int async_axis, Role *r)
+{
+	long long n = ps->world;
+	int coord[MAX_AXES] = {0};
+	if (ps->pipe_axis >= 0) {
+		n /= ps->axes[ps->pipe_axis].size;
+		coord[ps->pipe_axis] = r->stage;
+	}
+	if (async && async_axis < 0) {
+		n = 0; /* no axis splits the batch: every rank is of no async role */
+	} else if (async) {
+		int k = ps->axes[async_axis].size;
+		n = r->role == RANKROLE_MASTER ? n / k : n / k * (k - 1);
+		coord[async_axis] = r->role == RANKROLE_MASTER ? 0 : 1;
+	}
+	r->nranks = (int)n;
+	r->first_rank = -1;
+	if (n > 0) {
+		long long rank = 0;
+		for (int a = 0; a < ps->naxes; a++)
+			rank = rank * ps->axes[a].size + coord[a];
+		r->first_rank = (int)rank;
+	}
+}
+
 static Report *build_report(Graph *g, const Lowered *low)
 {
 	PlanSpec *ps = g->ps;
@@ -581,22 +628,7 @@ static Report *build_report(Graph *g, const Lowered *low)
 			Role *r = &rep->roles[rep->nroles++];
 			r->stage = s;
 			r->role = async ? (k == 0 ? RANKROLE_MASTER : RANKROLE_WORKER) : RANKROLE_ANY;
-			r->first_rank = -1;
-			int coord[MAX_AXES];
-			for (int rank = 0; rank < ps->world; rank++) {
-				int x = rank;
-				for (int a = ps->naxes - 1; a >= 0; a--) {
-					coord[a] = x % ps->axes[a].size;
-					x /= ps->axes[a].size;
-				}
-				int st = ps->pipe_axis >= 0 ? coord[ps->pipe_axis] : 0;
-				int role = async_axis < 0 ? RANKROLE_ANY : coord[async_axis] == 0 ? RANKROLE_MASTER : RANKROLE_WORKER;
-				if (st == s && role == r->role) {
-					if (r->first_rank < 0)
-						r->first_rank = rank;
-					r->nranks++;
-				}
-			}
+			role_ranks(ps, async, async_axis, r);
 			r->lp = lowered_prog(rep->low, s, r->role);
 			model_states(rep, r);
 			activations(rep, r);
@@ -610,7 +642,7 @@ static Report *build_report(Graph *g, const Lowered *low)
 		const Op *op = &g->ops[i];
 		rep->model_flops += matmul_flops(g, op, false) * (op->per_step ? 1 : m);
 		if (op->kind == OP_PARAM && g->vals[op->out[0]].tied_to < 0)
-			rep->params_total += (double)value_elems(g, op->out[0]);
+			rep->params_total += value_elems(g, op->out[0]);
 	}
 	bubble(rep);
 	estimate(rep);
@@ -639,6 +671,11 @@ static const char *human(double b, char *buf, size_t n)
 	}
 	snprintf(buf, n, u ? "%.2f %s" : "%.0f %s", b, units[u]);
 	return buf;
+}
+
+const char *explain_bytes(double b, char *buf, size_t n)
+{
+	return human(b, buf, n);
 }
 
 static const char *human_count(double x, char *buf, size_t n)
@@ -810,7 +847,7 @@ static void print_json(FILE *out, const Report *rep)
 	}
 	fprintf(out, "},\n  \"batch\": %lld,\n  \"micro_batches\": %d,\n  \"zero\": %d,\n", ps->batch, ps->micro_batches,
 		ps->zero_stage);
-	fprintf(out, "  \"parameters\": %.0f,\n  \"model_flops_per_step\": %.6g,\n", rep->params_total, rep->model_flops);
+	fprintf(out, "  \"parameters\": %lld,\n  \"model_flops_per_step\": %.6g,\n", rep->params_total, rep->model_flops);
 	fprintf(out, "  \"estimated_step_s\": {\"step\": %.6g, \"micro_batches\": %.6g, \"update\": %.6g},\n", rep->est_step,
 		rep->est_pipeline, rep->est_update);
 	fprintf(out, "  \"pipeline\": {\"axis\": ");

@@ -18,10 +18,8 @@
 
 typedef struct Fmt {
 	FILE *out;
-	const Source *src;
+	const Source *src; /* with a line table (diag_index_lines) */
 	const Comment *c; /* next comment to print */
-	int *line_start;  /* offsets where source lines start */
-	int nlines;
 	bool open;        /* the current output line is not finished */
 	bool trailing;    /* ... and already ends with a comment */
 	bool any;         /* something was printed */
@@ -35,15 +33,9 @@ static void expr(Fmt *f, const Expr *e, int min_prec);
 
 static int line_of(const Fmt *f, int off)
 {
-	int lo = 0, hi = f->nlines - 1;
-	while (lo < hi) {
-		int mid = (lo + hi + 1) / 2;
-		if (f->line_start[mid] <= off)
-			lo = mid;
-		else
-			hi = mid - 1;
-	}
-	return lo + 1;
+	int line, col;
+	diag_line_col(f->src, off, &line, &col);
+	return line;
 }
 
 static int end_of(Loc l)
@@ -453,20 +445,12 @@ static void item(Fmt *f, const Item *it)
 void fmt_module(FILE *out, const Module *m)
 {
 	Fmt f = {0};
+	Arena *a = arena_new();
+	Source src = m->src;
+	diag_index_lines(a, &src);
 	f.out = out;
-	f.src = &m->src;
+	f.src = &src;
 	f.c = m->comments;
-	int n = 1;
-	for (int i = 0; i < m->src.len; i++)
-		n += m->src.text[i] == '\n';
-	f.line_start = malloc(sizeof(int) * (size_t)n);
-	if (!f.line_start)
-		ICE("out of memory");
-	f.line_start[0] = 0;
-	for (int i = 0, k = 1; i < m->src.len; i++)
-		if (m->src.text[i] == '\n')
-			f.line_start[k++] = i + 1;
-	f.nlines = n;
 
 	for (const Item *it = m->items, *prev = NULL; it; prev = it, it = it->next) {
 		/* a blank line between items, but a run of imports stays together */
@@ -477,5 +461,5 @@ void fmt_module(FILE *out, const Module *m)
 	comments_before(&f, INT_MAX, 0);
 	if (f.open)
 		fputc('\n', out);
-	free(f.line_start);
+	arena_free(a);
 }

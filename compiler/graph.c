@@ -11,6 +11,7 @@
  * were only one. Sharding, pipelining and ZeRO are applied to it by later passes. */
 #include "planc.h"
 
+#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -247,6 +248,7 @@ typedef struct EnvVal {
 	int tensor;       /* EV_TENSOR */
 	double num;       /* EV_NUM */
 	bool is_int;
+	long long inum;   /* EV_NUM and is_int: the exact value (num is its nearest double) */
 	const char *dim_name; /* EV_NUM: the hyperparameter it came from */
 	const char *str;  /* EV_STR */
 	Item *fn;         /* EV_FN */
@@ -268,6 +270,8 @@ typedef struct Scope {
 	const char *path;       /* "" at model level, "layers.3", "layers.3.block" ... */
 	CallCounter *counters;  /* calls made from this scope, for the _1 suffixes */
 	Binding *env;
+	int nenv;
+	SymTab *index;          /* name -> Binding, once the scope holds more than a few names */
 	const Module *module;   /* for resolving imports */
 	EnvVal ret;
 	bool returned;
@@ -328,12 +332,16 @@ static void elab_error(Elab *e, Loc loc, const char *fmt, ...)
 
 static Binding *lookup(Scope *sc, const char *name)
 {
+	if (sc->index)
+		return symtab_get(sc->index, name);
 	for (Binding *b = sc->env; b; b = b->next)
 		if (!strcmp(b->name, name))
 			return b;
 	return NULL;
 }
 
+/* A fn's few parameters are searched in a list; a model body with thousands of variables gets a
+ * hash table once it holds more than 8 names. */
 static void bind(Elab *e, Scope *sc, const char *name, EnvVal v)
 {
 	Binding *b = lookup(sc, name);
@@ -342,6 +350,13 @@ static void bind(Elab *e, Scope *sc, const char *name, EnvVal v)
 		b->name = name;
 		b->next = sc->env;
 		sc->env = b;
+		if (++sc->nenv > 8 && !sc->index) {
+			sc->index = symtab_new(e->a);
+			for (Binding *o = sc->env; o; o = o->next)
+				symtab_put(sc->index, o->name, o);
+		} else if (sc->index) {
+			symtab_put(sc->index, name, b);
+		}
 	}
 	b->val = v;
 }
@@ -352,15 +367,58 @@ static EnvVal num_val(double x, bool is_int, const char *name)
 	return v;
 }
 
+/* Integers stay exact 64-bit values: sizes above 2^53 are not rounded through a double. */
+static EnvVal int_val(long long x, const char *name)
+{
+	EnvVal v = {.kind = EV_NUM, .num = (double)x, .is_int = true, .inum = x, .dim_name = name};
+	return v;
+}
+
 static EnvVal tensor_val(int t)
 {
 	EnvVal v = {.kind = EV_TENSOR, .tensor = t};
 	return v;
 }
 
+/* Shapes are checked where they are made: a tensor's element count and bytes must be exact
+ * products below 2^60 bytes (1 EiB), never wrapped. Every size computed from them later (local
+ * blocks, buffers, buckets, arenas, wire bytes) is then a product or sum that fits 64 bits, which
+ * graph_build's total check below makes sure of for sums. */
+#define MAX_TENSOR_BYTES (1LL << 60)
+
+static bool shape_bytes(const Value *v, long long *bytes)
+{
+	long long n = 1;
+	for (int i = 0; i < v->rank; i++)
+		if (v->dim[i] < 0 || __builtin_mul_overflow(n, v->dim[i], &n))
+			return false;
+	return !__builtin_mul_overflow(n, (long long)dtype_bytes(v->dtype), bytes) && *bytes <= MAX_TENSOR_BYTES;
+}
+
+static void check_shape(Elab *e, OpKind k, int v, Loc loc)
+{
+	const Value *val = &e->g->vals[v];
+	long long bytes;
+	if (shape_bytes(val, &bytes) || e->failed)
+		return;
+	char shape[192];
+	shape_text(e->g, v, shape, sizeof shape);
+	double elems = 1;
+	for (int i = 0; i < val->rank; i++)
+		elems *= (double)val->dim[i];
+	const char *what = k == OP_PARAM ? arena_printf(e->a, "param '%s'", val->name)
+			   : k == OP_INPUT ? arena_printf(e->a, "input '%s'", val->name)
+					   : arena_printf(e->a, "the result of %s", op_names[k]);
+	elab_error(e, loc, "%s of shape %s %s holds %.4g elements, %.4g bytes: more than the 2^60 bytes (1 EiB) one tensor may hold",
+		   what, shape, dtype_name(val->dtype), elems, elems * dtype_bytes(val->dtype));
+	diag_note_plain("planc computes sizes as exact 64-bit integers; make the dimensions smaller");
+}
+
 /* A new op in the current scope and layer with fresh output values. */
 static int emit(Elab *e, OpKind k, int nin, const int *in, int nout, const int *out, Loc loc)
 {
+	for (int i = 0; i < nout; i++)
+		check_shape(e, k, out[i], loc);
 	int o = graph_add_op(e->g, k, nin, in, nout, out);
 	Op *op = &e->g->ops[o];
 	op->orig = o;
@@ -404,7 +462,7 @@ static bool eval_int(Elab *e, Scope *sc, Expr *x, long long *out, const char **n
 		elab_error(e, x->loc, "expected an integer here");
 		return false;
 	}
-	*out = (long long)v.num;
+	*out = v.inum;
 	if (name)
 		*name = v.dim_name;
 	return true;
@@ -623,7 +681,7 @@ static bool call_primitive(Elab *e, Scope *sc, const char *name, CallArgs *ca, E
 		}
 		if (i < 0)
 			i += r;
-		*out = num_val((double)g->vals[x].dim[i], true, g->vals[x].dim_name[i]);
+		*out = int_val(g->vals[x].dim[i], g->vals[x].dim_name[i]);
 		return true;
 	}
 	if (!strcmp(name, "sqrt")) {
@@ -1065,7 +1123,7 @@ static EnvVal eval(Elab *e, Scope *sc, Expr *x)
 		return none;
 	switch (x->kind) {
 	case E_INT:
-		return num_val((double)x->ival, true, NULL);
+		return int_val(x->ival, NULL);
 	case E_FLOAT:
 	case E_SIZE:
 		return num_val(x->fval, false, NULL);
@@ -1085,8 +1143,15 @@ static EnvVal eval(Elab *e, Scope *sc, Expr *x)
 		EnvVal v = eval(e, sc, x->lhs);
 		if (e->failed)
 			return none;
+		if (v.kind == EV_NUM && v.is_int) {
+			if (v.inum == LLONG_MIN) {
+				elab_error(e, x->loc, "integer overflow: -(%lld) is beyond 2^63 - 1", v.inum);
+				return none;
+			}
+			return int_val(-v.inum, NULL);
+		}
 		if (v.kind == EV_NUM)
-			return num_val(-v.num, v.is_int, NULL);
+			return num_val(-v.num, false, NULL);
 		if (v.kind == EV_TENSOR)
 			return tensor_val(unary(e, OP_NEG, v.tensor, x->loc));
 		elab_error(e, x->loc, "cannot negate this");
@@ -1101,31 +1166,40 @@ static EnvVal eval(Elab *e, Scope *sc, Expr *x)
 		EnvVal b = eval(e, sc, x->rhs);
 		if (e->failed)
 			return none;
-		if (a.kind == EV_NUM && b.kind == EV_NUM) {
-			bool ints = a.is_int && b.is_int;
+		if (a.kind == EV_NUM && b.kind == EV_NUM && a.is_int && b.is_int && x->op != '@') { /* + - * / %: exact */
+			long long r;
+			bool inexact;
+			if ((x->op == '/' || x->op == '%') && b.inum == 0) {
+				elab_error(e, x->loc, x->op == '/' ? "division by zero" : "'%%' needs a non-zero integer divisor");
+				return none;
+			}
+			if (!int_arith(x->op, a.inum, b.inum, &r, &inexact)) {
+				elab_error(e, x->loc, "integer overflow: %lld %c %lld is beyond 2^63 - 1", a.inum, x->op, b.inum);
+				return none;
+			}
+			if (inexact) {
+				elab_error(e, x->loc, "%lld is not divisible by %lld", a.inum, b.inum);
+				return none;
+			}
+			return int_val(r, NULL);
+		}
+		if (a.kind == EV_NUM && b.kind == EV_NUM) { /* one of them is a float */
 			switch (x->op) {
 			case '+':
-				return num_val(a.num + b.num, ints, NULL);
+				return num_val(a.num + b.num, false, NULL);
 			case '-':
-				return num_val(a.num - b.num, ints, NULL);
+				return num_val(a.num - b.num, false, NULL);
 			case '*':
-				return num_val(a.num * b.num, ints, NULL);
+				return num_val(a.num * b.num, false, NULL);
 			case '/':
 				if (b.num == 0) {
 					elab_error(e, x->loc, "division by zero");
 					return none;
 				}
-				if (ints && fmod(a.num, b.num) != 0) {
-					elab_error(e, x->loc, "%lld is not divisible by %lld", (long long)a.num, (long long)b.num);
-					return none;
-				}
-				return num_val(a.num / b.num, ints, NULL);
+				return num_val(a.num / b.num, false, NULL);
 			case '%':
-				if (!ints || b.num == 0) {
-					elab_error(e, x->loc, "'%%' needs a non-zero integer divisor");
-					return none;
-				}
-				return num_val(fmod(a.num, b.num), true, NULL);
+				elab_error(e, x->loc, "'%%' needs a non-zero integer divisor");
+				return none;
 			case '@':
 				elab_error(e, x->loc, "'@' needs tensors, not numbers");
 				return none;
@@ -1498,10 +1572,12 @@ Graph *graph_build(PlanSpec *ps)
 	sc.path = "";
 	sc.module = ps->model->module;
 	for (int i = 0; i < ps->nhypers; i++)
-		bind(&e, &sc, ps->hypers[i].name, num_val(ps->hypers[i].value, ps->hypers[i].is_int, ps->hypers[i].name));
+		bind(&e, &sc, ps->hypers[i].name,
+		     ps->hypers[i].is_int ? int_val(ps->hypers[i].ival, ps->hypers[i].name)
+					  : num_val(ps->hypers[i].value, false, ps->hypers[i].name));
 	if (ps->batch_dim) {
 		long long mb = ps->batch / (ps->micro_batches ? ps->micro_batches : 1);
-		bind(&e, &sc, ps->batch_dim, num_val((double)mb, true, ps->batch_dim));
+		bind(&e, &sc, ps->batch_dim, int_val(mb, ps->batch_dim));
 	}
 	exec_body(&e, &sc, ps->model->body, true);
 	if (e.failed)
@@ -1513,6 +1589,19 @@ Graph *graph_build(PlanSpec *ps)
 		return NULL;
 	}
 	g->loss = loss->val.tensor;
+	/* sums of sizes fit too: one step's tensors, every micro-batch's, stay below 2^60 bytes
+	 * (backward values, gradients and optimizer states are a few times that at most) */
+	long long held = 0, m = ps->micro_batches > 0 ? ps->micro_batches : 1;
+	for (int v = 0; v < g->nvals; v++) {
+		long long b;
+		if (!shape_bytes(&g->vals[v], &b) || __builtin_add_overflow(held, b, &held) || held > MAX_TENSOR_BYTES / m) {
+			diag_error(&ps->model->module->src, ps->model->name_loc,
+				   "model '%s' holds more than 2^60 bytes (1 EiB) of tensors in one step of plan '%s'", ps->model->name,
+				   ps->plan->name);
+			diag_note_plain("planc computes sizes as exact 64-bit integers; make the model smaller");
+			return NULL;
+		}
+	}
 	/* MoE auxiliary losses join the loss with the plan's weight (default 0.01, as in Switch). */
 	g->aux_loss_weight = ps->has_experts && ps->aux_loss >= 0 ? ps->aux_loss : 0.01;
 	int nops = g->nops;

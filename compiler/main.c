@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -27,7 +28,7 @@ static const char usage[] =
 	"\n"
 	"commands:\n"
 	"  check FILE [--plan NAME]          check the model and every plan (or one) in FILE\n"
-	"  explain FILE [--plan NAME] [--json]\n"
+	"  explain FILE [--plan NAME] [--json] [--svg FILE]\n"
 	"                                    memory, communication, FLOPs and pipeline bubble per rank role\n"
 	"  fmt FILE [-w]                     print FILE in canonical layout (-w: rewrite it in place)\n"
 	"  emit c FILE --plan NAME -o DIR    write the plan's training program as C (DIR/prog.c)\n"
@@ -45,7 +46,11 @@ static const char usage[] =
 	"  --plan NAME        the plan to use (default: the file's first plan)\n"
 	"  --json             machine-readable output for explain\n"
 	"  --device=NAME      the device explain's estimated step time assumes: h200 (default) or cpu\n"
-	"  -o PATH            output directory (emit) or program (build)\n"
+	"  -o PATH            output directory (emit) or program (build); never an input or a .plan file\n"
+	"  --native           build: compile for this machine's CPU (-march=native); the default is the\n"
+	"                     compiler's portable baseline, so a program runs on every node of a cluster\n"
+	"  --svg FILE         explain: also draw each rank role's pipeline schedule and memory over the\n"
+	"                     step as an SVG picture\n"
 	"  --backend=c|llvm   build: compile the C with mpicc (c, the default) or through LLVM (llvm:\n"
 	"                     a native object linked with planrt, no C compiler involved)\n"
 	"  --dump-after=PASS  print the IR after PASS: the graph after graph pipeline autodiff shard recompute\n"
@@ -54,7 +59,9 @@ static const char usage[] =
 	"  --verify-ir        check the loop-level IR's invariants after every back-end pass\n"
 	"  --help, --version\n"
 	"\n"
-	"environment: PLANC_STDLIB overrides the directory 'import std.X' reads X.plan from\n";
+	"environment: PLANC_STDLIB overrides the directory 'import std.X' reads X.plan from;\n"
+	"             PLANC_MPICC the compiler planc build runs (default: this build's mpicc);\n"
+	"             TMPDIR where planc build compiles (default /tmp; removed afterwards)\n";
 
 typedef struct Options {
 	const char *command;
@@ -67,6 +74,8 @@ typedef struct Options {
 	const char *target; /* emit: "c", "llvm" or "ptx" */
 	const char *backend; /* build: "c" or "llvm" */
 	bool verify;
+	bool native;        /* build: -march=native */
+	const char *svg;    /* explain: the picture's path */
 	int prog_argc;      /* run: the program's arguments (prog_argv[0] is set by main) */
 	char **prog_argv;
 } Options;
@@ -116,6 +125,12 @@ static int parse_args(int argc, char **argv, Options *o)
 				return usage_error("unknown device '%s' for --device (h200 or cpu)", a + 9);
 		} else if (!strcmp(a, "--verify-ir")) {
 			o->verify = true;
+		} else if (!strcmp(a, "--native")) {
+			o->native = true;
+		} else if (!strcmp(a, "--svg") || !strncmp(a, "--svg=", 6)) {
+			o->svg = a[5] == '=' ? a + 6 : ++i < argc ? argv[i] : NULL;
+			if (!o->svg || !*o->svg)
+				return usage_error("%s needs a file name", "--svg");
 		} else if (!strncmp(a, "--backend=", 10) || !strcmp(a, "--backend")) {
 			const char *v = a[9] == '=' ? a + 10 : ++i < argc ? argv[i] : NULL;
 			if (!v || (strcmp(v, "c") && strcmp(v, "llvm")))
@@ -202,6 +217,8 @@ static Lowered *compile_plan(Program *p, Item *plan, const Options *o, bool do_e
 		return NULL;
 	if (do_explain)
 		explain(stdout, g, o->json, low);
+	if (do_explain && o->svg && !explain_svg(o->svg, g, low))
+		return NULL;
 	return low;
 }
 
@@ -222,6 +239,84 @@ static int run_command(char *const argv[])
 	return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
+/* ---- outputs: checked before any work, they never replace an input */
+
+static bool same_file(const char *a, const char *b)
+{
+	struct stat sa, sb;
+	return stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+}
+
+/* An output path (what: "-o" or "--svg"; is_dir: emit's directory) is refused when it is the plan
+ * file or a module the plan imports (modules NULL: before loading, the plan file only), a .plan
+ * source, a directory where a file is written (or the reverse), or not writable. */
+static bool output_ok(const char *what, const char *path, bool is_dir, const Options *o, const Module *modules)
+{
+	const char *input = NULL;
+	if (!modules && same_file(path, o->file))
+		input = o->file;
+	for (const Module *m = modules; m && !input; m = m->next)
+		if (same_file(path, m->src.path))
+			input = m->src.path;
+	if (input) {
+		fprintf(stderr, "planc: error: %s '%s' is %s '%s'; planc never overwrites its input\n", what, path,
+			same_file(input, o->file) ? "the plan file" : "the imported module", input);
+		diag_note_plain("write the output somewhere else: %s %s", what, is_dir ? "DIR" : "prog");
+		return false;
+	}
+	size_t n = strlen(path);
+	if (!is_dir && n >= 5 && !strcmp(path + n - 5, ".plan")) {
+		fprintf(stderr, "planc: error: %s '%s' names a .plan source; planc does not write over plan files\n", what, path);
+		return false;
+	}
+	struct stat st;
+	if (stat(path, &st) == 0) {
+		if (!is_dir && S_ISDIR(st.st_mode)) {
+			fprintf(stderr, "planc: error: %s '%s' is a directory; give the file to write, e.g. %s/prog\n", what, path,
+				path);
+			return false;
+		}
+		if (is_dir && !S_ISDIR(st.st_mode)) {
+			fprintf(stderr, "planc: error: %s '%s' exists and is not a directory\n", what, path);
+			return false;
+		}
+		if (access(path, W_OK) != 0) {
+			fprintf(stderr, "planc: error: %s '%s' is not writable: %s\n", what, path, strerror(errno));
+			return false;
+		}
+		return true;
+	}
+	/* a new file or directory: its parent must exist and be writable */
+	const char *slash = strrchr(path, '/');
+	char parent[4096];
+	snprintf(parent, sizeof parent, "%.*s", slash ? (int)(slash == path ? 1 : slash - path) : 1, slash ? path : ".");
+	if (stat(parent, &st) != 0 || !S_ISDIR(st.st_mode)) {
+		fprintf(stderr, "planc: error: cannot write %s '%s': directory '%s' does not exist\n", what, path, parent);
+		return false;
+	}
+	if (access(parent, W_OK | X_OK) != 0) {
+		fprintf(stderr, "planc: error: cannot write %s '%s': directory '%s' is not writable\n", what, path, parent);
+		return false;
+	}
+	return true;
+}
+
+static bool outputs_ok(const Options *o, const Module *modules, bool is_emit, bool is_build, bool is_explain)
+{
+	if ((is_emit || is_build) && o->output && !output_ok("-o", o->output, is_emit, o, modules))
+		return false;
+	if (is_explain && o->svg && !output_ok("--svg", o->svg, false, o, modules))
+		return false;
+	return true;
+}
+
+/* build's temporary directory and what it holds (a failed build leaves nothing behind) */
+static void remove_build_dir(const char *dir, const char *file)
+{
+	remove(file);
+	rmdir(dir);
+}
+
 /* emit / build: print the lowered program as C (emit llvm: LLVM IR; emit ptx: the fused kernels as
  * PTX); build then compiles it against planrt: the C with mpicc, or (--backend llvm) an object LLVM
  * writes, linked by the same mpicc line. */
@@ -237,7 +332,8 @@ static bool cmd_codegen(Lowered *low, const Options *o, bool compile)
 		return emit_ptx(low, o->output, dump);
 	bool llvm = compile && o->backend && !strcmp(o->backend, "llvm");
 	const char *dir = o->output;
-	char tmpl[] = "/tmp/planc-build-XXXXXX";
+	const char *tmp = getenv("TMPDIR");
+	char *tmpl = arena_printf(g->arena, "%s/planc-build-XXXXXX", tmp && *tmp ? tmp : "/tmp");
 	if (compile) {
 		dir = mkdtemp(tmpl);
 		if (!dir) {
@@ -247,8 +343,8 @@ static bool cmd_codegen(Lowered *low, const Options *o, bool compile)
 	}
 	const char *src = arena_printf(g->arena, llvm ? "%s/prog.o" : "%s/prog.c", dir);
 	if (llvm ? !emit_llvm_object(low, src, o->file, o->verify) : !run_emit(low, dir, o->file, o->dump_after, stdout)) {
-		if (llvm)
-			rmdir(dir);
+		if (compile)
+			remove_build_dir(dir, src);
 		return false;
 	}
 	if (!compile)
@@ -256,11 +352,13 @@ static bool cmd_codegen(Lowered *low, const Options *o, bool compile)
 	char *libs = arena_strdup(g->arena, PLANC_LINK_LIBS);
 	char *argv[64];
 	int n = 0;
-	argv[n++] = (char *)PLANC_MPICC;
+	const char *cc = getenv("PLANC_MPICC");
+	argv[n++] = (char *)(cc && *cc ? cc : PLANC_MPICC);
 	if (!llvm) {
 		argv[n++] = "-std=gnu11";
 		argv[n++] = "-O3";
-		argv[n++] = "-march=native";
+		if (o->native) /* else the compiler's baseline: the binary runs on any node of the cluster */
+			argv[n++] = "-march=native";
 		argv[n++] = "-Wall";
 		argv[n++] = "-Wextra";
 		argv[n++] = "-Werror";
@@ -275,13 +373,13 @@ static bool cmd_codegen(Lowered *low, const Options *o, bool compile)
 	argv[n++] = "-lm";
 	argv[n] = NULL;
 	int rc = run_command(argv);
+	remove_build_dir(dir, src);
 	if (rc != 0) {
-		fprintf(stderr, "planc: error: %s the generated program failed (%s kept for inspection)\n",
-			llvm ? "linking" : "compiling", src);
+		fprintf(stderr, "planc: error: %s the generated program failed\n", llvm ? "linking" : "compiling");
+		diag_note_plain("'planc emit %s %s --plan %s -o DIR' writes what was %s, for inspection", llvm ? "llvm" : "c",
+				o->file, low->ps->plan->name, llvm ? "linked" : "compiled");
 		return false;
 	}
-	remove(src);
-	rmdir(dir);
 	return true;
 }
 
@@ -315,6 +413,13 @@ int main(int argc, char **argv)
 		return usage_error("'%s' needs -o PATH", o.command);
 	if (!o.file)
 		return usage_error("'%s' needs a FILE", o.command);
+	if (o.native && !is_build)
+		return usage_error("--native applies to 'build'%s", "");
+	if (o.svg && !is_explain)
+		return usage_error("--svg applies to 'explain'%s", "");
+	setvbuf(stderr, NULL, _IOLBF, BUFSIZ); /* a diagnostic's source line is one write, not one per byte */
+	if (!outputs_ok(&o, NULL, is_emit, is_build, is_explain))
+		return 1;
 	Arena *a = arena_new();
 	if (is_fmt) {
 		rc = cmd_fmt(&o, a);
@@ -322,6 +427,10 @@ int main(int argc, char **argv)
 		return rc;
 	}
 	Program *p = load_program(a, o.file);
+	if (p && !outputs_ok(&o, p->modules, is_emit, is_build, is_explain)) { /* the imports are inputs too */
+		arena_free(a);
+		return 1;
+	}
 	bool ok = p && sema_check(p);
 	if (ok) {
 		if (o.plan || is_explain || is_emit || is_build || is_run) {
@@ -333,6 +442,7 @@ int main(int argc, char **argv)
 					fprintf(stderr, "planc: error: %s has no plan\n", o.file);
 				ok = false;
 			} else {
+				Arena *program_arena = plan_arena_begin(p);
 				Lowered *low = compile_plan(p, plan, &o, is_explain);
 				ok = low != NULL;
 				if (ok && is_run) {
@@ -342,11 +452,17 @@ int main(int argc, char **argv)
 				}
 				if (ok && (is_emit || is_build))
 					ok = cmd_codegen(low, &o, is_build);
+				plan_arena_end(p, program_arena);
 			}
 		} else {
-			for (Item *it = p->main->items; it; it = it->next)
-				if (it->kind == I_PLAN && !compile_plan(p, it, &o, false))
+			for (Item *it = p->main->items; it && !diag_stopped(); it = it->next) {
+				if (it->kind != I_PLAN)
+					continue;
+				Arena *program_arena = plan_arena_begin(p); /* a file of 20,000 plans needs one plan's memory */
+				if (!compile_plan(p, it, &o, false))
 					ok = false;
+				plan_arena_end(p, program_arena);
+			}
 		}
 	}
 	if (diag_error_count() > 0)

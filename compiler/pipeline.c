@@ -343,8 +343,8 @@ static void build_schedule(Graph *g)
 	g->sched = sc;
 }
 
-double pipeline_simulate(const Graph *g, const double *fcost, const double *bcost, double xfer, double *makespan_out,
-			 double *busiest_out)
+static double simulate(const Graph *g, const double *fcost, const double *bcost, double xfer, double *makespan_out,
+		       double *busiest_out, double *start_out, double *end_out)
 {
 	const Schedule *sc = g->sched;
 	int p = sc ? sc->stages : 1, v = sc ? sc->chunks : 1, m = sc ? sc->micro : 1, n = m * v;
@@ -379,6 +379,10 @@ double pipeline_simulate(const Graph *g, const double *fcost, const double *bcos
 				double cost = a.kind == ACT_FORWARD ? fcost[s * v + a.chunk] : bcost[s * v + a.chunk];
 				clock[s] = start + cost;
 				(a.kind == ACT_FORWARD ? fdone : bdone)[vs * m + a.micro] = clock[s];
+				if (start_out)
+					start_out[s * 2 * n + next[s]] = start;
+				if (end_out)
+					end_out[s * 2 * n + next[s]] = clock[s];
 				next[s]++;
 				remaining--;
 				progress = true;
@@ -406,6 +410,17 @@ double pipeline_simulate(const Graph *g, const double *fcost, const double *bcos
 	if (busiest_out)
 		*busiest_out = ideal;
 	return ideal > 0 ? makespan / ideal - 1 : 0;
+}
+
+double pipeline_simulate(const Graph *g, const double *fcost, const double *bcost, double xfer, double *makespan_out,
+			 double *busiest_out)
+{
+	return simulate(g, fcost, bcost, xfer, makespan_out, busiest_out, NULL, NULL);
+}
+
+void pipeline_timeline(const Graph *g, const double *fcost, const double *bcost, double xfer, double *start, double *end)
+{
+	simulate(g, fcost, bcost, xfer, NULL, NULL, start, end);
 }
 
 double pipeline_bubble(const Graph *g, const double *fcost, const double *bcost)

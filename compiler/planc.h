@@ -33,6 +33,14 @@ char *arena_strndup(Arena *a, const char *s, size_t n);
 char *arena_printf(Arena *a, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void arena_free(Arena *a);
 
+/* ---------------------------------------------------------------- symtab.c */
+/* String-keyed hash tables (open addressing) in an arena, for every name lookup: expected O(1).
+ * symtab_put adds or replaces; keys are not copied. */
+typedef struct SymTab SymTab;
+SymTab *symtab_new(Arena *a);
+void *symtab_get(const SymTab *t, const char *key); /* NULL if absent (or t is NULL) */
+void symtab_put(SymTab *t, const char *key, void *value);
+
 /* ---------------------------------------------------------------- diag.c */
 /* Locations are byte offsets into a Source; line and column are computed only when reporting. */
 typedef struct Loc {
@@ -44,6 +52,8 @@ struct Source {
 	const char *path; /* as given on the command line, used in messages */
 	const char *text; /* NUL-terminated */
 	int len;
+	const int *line_starts; /* byte offset of each line (diag_index_lines), or NULL: scanned */
+	int nlines;
 };
 
 Loc loc_span(Loc a, Loc b); /* from the start of a to the end of b */
@@ -52,7 +62,11 @@ void diag_warning(const Source *src, Loc loc, const char *fmt, ...) __attribute_
 void diag_note(const Source *src, Loc loc, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 void diag_note_plain(const char *fmt, ...) __attribute__((format(printf, 1, 2))); /* "note: ..." with no location */
 int diag_error_count(void);
+/* After 20 errors one note says so and later diagnostics are dropped: the lexer, sema and the
+ * driver stop when diag_stopped() (compilers' -fmax-errors). diag_reset starts counting again. */
+bool diag_stopped(void);
 void diag_reset(void);
+void diag_index_lines(Arena *a, Source *src); /* a line table for src, so line:col is a lookup */
 void diag_set_stream(FILE *f); /* default stderr */
 void diag_line_col(const Source *src, int off, int *line, int *col); /* 1-based */
 /* Internal errors: a bug in planc, never the user's fault. Prints and aborts. */
@@ -162,6 +176,13 @@ struct Comment {
 	Comment *next;
 };
 
+/* The items of a module with one name, in source order (a name defined twice is an error, but
+ * lookups still find the first of the kind asked for). */
+typedef struct ItemChain {
+	Item *item;
+	struct ItemChain *next;
+} ItemChain;
+
 /* One parsed file. */
 struct Module {
 	Source src;
@@ -169,6 +190,9 @@ struct Module {
 	Item *items;
 	Comment *comments; /* in source order, for planc fmt */
 	Module *next;      /* all modules of a compilation */
+	/* module_index (load.c): name -> ItemChain of the items other than imports, and import alias
+	 * -> its first import; NULL when not indexed (lookups then scan the items) */
+	SymTab *items_by_name, *imports_by_alias;
 };
 
 Expr *expr_new(Arena *a, ExprKind k, Loc loc);
@@ -191,6 +215,12 @@ typedef struct Program {
 } Program;
 bool load_file(const char *path, char **text, int *len); /* reports its own errors */
 Program *load_program(Arena *a, const char *path);
+void module_index(Arena *a, Module *m); /* fills items_by_name and imports_by_alias */
+/* sema_plan and every pass after it allocate from p->arena. A driver compiling many plans gives
+ * each an arena of its own, freed when the plan is done, so that a file of 20,000 plans needs the
+ * memory of one: saved = plan_arena_begin(p); ...; plan_arena_end(p, saved). */
+Arena *plan_arena_begin(Program *p);
+void plan_arena_end(Program *p, Arena *program_arena);
 const char *stdlib_dir(void);
 
 /* ---------------------------------------------------------------- sema.c */
@@ -214,6 +244,7 @@ typedef struct HyperValue { /* a model hyperparameter after plan overrides */
 	bool is_int;
 	Loc loc; /* where the value came from (model default or plan override) */
 	const Source *src;
+	long long ival; /* is_int: the exact value (value is its nearest double) */
 } HyperValue;
 
 typedef struct ShardRule {
@@ -317,6 +348,9 @@ bool sema_check(Program *p);
 PlanSpec *sema_plan(Program *p, Item *plan);
 Item *default_plan(Program *p, const char *name); /* `--plan NAME`, or the file's first plan */
 int axis_index(const PlanSpec *ps, const char *name); /* -1 if not a mesh axis */
+/* Exact 64-bit integer arithmetic for + - * / % (b != 0 for / and %): false on overflow;
+ * *inexact when a / b leaves a remainder (*r is then the truncated quotient). */
+bool int_arith(int op, long long a, long long b, long long *r, bool *inexact);
 const char *dtype_name(DType t);
 int dtype_bytes(DType t);
 
@@ -528,6 +562,9 @@ double pipeline_bubble(const Graph *g, const double *fcost, const double *bcost)
  * bubble, and the makespan and the busiest stage's own time when asked. */
 double pipeline_simulate(const Graph *g, const double *fcost, const double *bcost, double xfer, double *makespan,
 			 double *busiest);
+/* The same simulation's timeline: start and end[s * 2n + k] are when stage s starts and finishes
+ * action k of its schedule table (n = micro-batches x chunks). */
+void pipeline_timeline(const Graph *g, const double *fcost, const double *bcost, double xfer, double *start, double *end);
 bool zero(Graph *g);         /* zero.c: ZeRO state sharding and offload placement */
 bool sync_grads(Graph *g);   /* sync.c: gradient buckets, compression, local SGD, async */
 /* sync.c: the axis the batch is split over, where local SGD averages and async masters serve
@@ -545,7 +582,17 @@ Graph *run_passes(PlanSpec *ps, const char *dump_after, FILE *dump_out);
 /* explain.c: the cost report, text or JSON, read off the lowered program: its state and arena
  * give the memory lines when planc build can run it, its kernels the communication. */
 void explain(FILE *out, Graph *g, bool json, const Lowered *low);
+/* svg.c: `planc explain --svg FILE`: each rank role's pipeline schedule (forward, backward, sends,
+ * idle time) and memory over one step, from the same estimate as explain's step time. False after
+ * reporting an I/O error. */
+bool explain_svg(const char *path, Graph *g, const Lowered *low);
 bool explain_device(const char *name); /* the device the estimated step time assumes: h200, cpu */
+const char *explain_device_name(void);  /* its description */
+const char *explain_bytes(double b, char *buf, size_t n); /* "1.50 MiB", as the report prints sizes */
+/* The estimate's costs in seconds for the programs of one rank role (RANKROLE_ANY, or an async
+ * role): one micro-batch's forward and backward per stage and chunk (fc, bc: [stages * chunks]),
+ * the longest transfer between stages, and each stage's update phase (update: [stages]). */
+void explain_costs(const Graph *g, const Lowered *low, int role, double *fc, double *bc, double *xfer, double *update);
 extern const char *const pass_names[];
 
 /* ---------------------------------------------------------------- the loop-level IR */

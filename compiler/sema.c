@@ -149,6 +149,8 @@ static Module *module_by_import(Program *p, const char *import_name)
 
 static Item *import_of(const Module *m, const char *alias)
 {
+	if (m->imports_by_alias)
+		return symtab_get(m->imports_by_alias, alias);
 	for (Item *it = m->items; it; it = it->next)
 		if (it->kind == I_IMPORT && it->alias && !strcmp(it->alias, alias))
 			return it;
@@ -159,6 +161,12 @@ static Item *module_item(const Module *m, const char *name, int kind)
 {
 	if (!m || !name)
 		return NULL;
+	if (m->items_by_name) { /* load.c indexed it */
+		for (const ItemChain *c = symtab_get(m->items_by_name, name); c; c = c->next)
+			if (kind < 0 || (int)c->item->kind == kind)
+				return c->item;
+		return NULL;
+	}
 	for (Item *it = m->items; it; it = it->next)
 		if (it->kind != I_IMPORT && (kind < 0 || (int)it->kind == kind) && it->name && !strcmp(it->name, name))
 			return it;
@@ -212,12 +220,36 @@ static void item_names(Arena *a, Names *ns, const Module *m, int kind, const cha
 
 /* ------------------------------------------------------------------ constant expressions */
 
+bool int_arith(int op, long long a, long long b, long long *r, bool *inexact)
+{
+	*r = 0;
+	*inexact = false;
+	switch (op) {
+	case '+': return !__builtin_add_overflow(a, b, r);
+	case '-': return !__builtin_sub_overflow(a, b, r);
+	case '*': return !__builtin_mul_overflow(a, b, r);
+	case '/':
+	case '%':
+		if (b == 0)
+			ICE("int_arith: division by zero reached it");
+		if (a == LLONG_MIN && b == -1)
+			return false;
+		*inexact = op == '/' && a % b != 0;
+		*r = op == '/' ? a / b : a % b;
+		return true;
+	}
+	ICE("int_arith: operator '%c'", op);
+}
+
 /* Hyperparameters, plan values and repeat counts are constant expressions: numbers, sizes,
  * + - * / % and unary minus, sqrt(), and names of earlier hyperparameters. Integer arithmetic
- * stays integral while exact (8 / 2 = 4); an inexact division gives a float. */
+ * stays integral while exact (8 / 2 = 4); an inexact division gives a float. Integers are exact
+ * 64-bit values (i), never rounded through a double: a result beyond 2^63 - 1 is an error at the
+ * expression. */
 typedef struct Num {
 	double v;
 	bool is_int;
+	long long i; /* is_int: the exact value (v is its nearest double) */
 } Num;
 
 typedef struct Eval {
@@ -236,20 +268,24 @@ static bool eval_num(const Eval *ev, const Expr *e, Num *out)
 	case E_INT:
 		out->v = (double)e->ival;
 		out->is_int = true;
+		out->i = e->ival;
 		return true;
 	case E_FLOAT:
 		out->v = e->fval;
 		out->is_int = false;
+		out->i = 0;
 		return true;
 	case E_SIZE:
 		out->v = e->fval;
-		out->is_int = e->fval == floor(e->fval);
+		out->is_int = e->fval == floor(e->fval) && fabs(e->fval) < 9223372036854775808.0; /* 2^63 */
+		out->i = out->is_int ? (long long)e->fval : 0;
 		return true;
 	case E_NAME:
 		for (int i = ev->nenv - 1; i >= 0; i--)
 			if (!strcmp(ev->env[i].name, e->text)) {
 				out->v = ev->env[i].value;
 				out->is_int = ev->env[i].is_int;
+				out->i = ev->env[i].ival;
 				return true;
 			}
 		if (ev->report) {
@@ -268,7 +304,13 @@ static bool eval_num(const Eval *ev, const Expr *e, Num *out)
 	case E_NEG: {
 		if (!eval_num(ev, e->lhs, out))
 			return false;
+		if (out->is_int && out->i == LLONG_MIN) {
+			if (ev->report)
+				diag_error(ev->src, e->loc, "integer overflow: -(%lld) is beyond 2^63 - 1", out->i);
+			return false;
+		}
 		out->v = -out->v;
+		out->i = -out->i;
 		return true;
 	}
 	case E_BINARY: {
@@ -289,22 +331,34 @@ static bool eval_num(const Eval *ev, const Expr *e, Num *out)
 				diag_error(ev->src, e->loc, "'%%' needs integer operands");
 			return false;
 		}
-		bool ints = l.is_int && r.is_int;
+		if (l.is_int && r.is_int) {
+			long long x;
+			bool inexact;
+			if (!int_arith(e->op, l.i, r.i, &x, &inexact)) {
+				if (ev->report) {
+					diag_error(ev->src, e->loc, "integer overflow: %lld %c %lld is beyond 2^63 - 1", l.i, e->op, r.i);
+					diag_note_plain("integers are exact 64-bit values; write a smaller value");
+				}
+				return false;
+			}
+			if (!inexact) { /* an inexact division gives a float, below */
+				out->v = (double)x;
+				out->is_int = true;
+				out->i = x;
+				return true;
+			}
+		}
 		double v = 0;
 		switch (e->op) {
 		case '+': v = l.v + r.v; break;
 		case '-': v = l.v - r.v; break;
 		case '*': v = l.v * r.v; break;
-		case '/': v = l.v / r.v; ints = ints && fmod(l.v, r.v) == 0; break;
+		case '/': v = l.v / r.v; break;
 		case '%': v = fmod(l.v, r.v); break;
 		}
-		if (ints && fabs(v) > 9007199254740992.0) { /* 2^53: beyond exact integers */
-			if (ev->report)
-				diag_error(ev->src, e->loc, "value %g is too large", v);
-			return false;
-		}
 		out->v = v;
-		out->is_int = ints;
+		out->is_int = false;
+		out->i = 0;
 		return true;
 	}
 	case E_CALL:
@@ -319,6 +373,7 @@ static bool eval_num(const Eval *ev, const Expr *e, Num *out)
 			}
 			out->v = sqrt(x.v);
 			out->is_int = false;
+			out->i = 0;
 			return true;
 		}
 		break;
@@ -350,6 +405,7 @@ typedef struct Body {
 	Bind *b;
 	int n, cap;
 	bool assigned_loss;
+	SymTab *index; /* name -> 1 + its latest index in b */
 } Body;
 
 static const char *bind_kind_name(BindKind k)
@@ -367,10 +423,8 @@ static const char *bind_kind_name(BindKind k)
 
 static Bind *body_find(Body *bd, const char *name)
 {
-	for (int i = bd->n - 1; i >= 0; i--)
-		if (!strcmp(bd->b[i].name, name))
-			return &bd->b[i];
-	return NULL;
+	intptr_t i = (intptr_t)symtab_get(bd->index, name);
+	return i ? &bd->b[i - 1] : NULL;
 }
 
 static void body_bind(Body *bd, const char *name, BindKind k, Loc loc)
@@ -384,6 +438,7 @@ static void body_bind(Body *bd, const char *name, BindKind k, Loc loc)
 		bd->cap = cap;
 	}
 	bd->b[bd->n++] = (Bind){name, k, loc};
+	symtab_put(bd->index, name, (void *)(intptr_t)bd->n);
 }
 
 static const Stmt *later_assignment(const Stmt *s, const char *name, int after)
@@ -684,7 +739,7 @@ static void declare(Body *bd, const char *name, Loc loc, BindKind kind)
 static void check_stmts(Body *bd, Stmt *s, int depth, bool *returned)
 {
 	bool after_return_reported = false;
-	for (; s; s = s->next) {
+	for (; s && !diag_stopped(); s = s->next) {
 		if (*returned && !after_return_reported) {
 			diag_error(bd->src, s->loc, "statement after return");
 			diag_note_plain("return ends a fn: it must be the last statement");
@@ -752,15 +807,18 @@ static void check_stmts(Body *bd, Stmt *s, int depth, bool *returned)
 	}
 }
 
-static void check_params_unique(const Source *src, Param *params, const char *what)
+static void check_params_unique(Arena *a, const Source *src, Param *params, const char *what)
 {
-	for (Param *p = params; p; p = p->next)
-		for (Param *q = params; q != p; q = q->next)
-			if (!strcmp(p->name, q->name)) {
-				diag_error(src, p->loc, "%s '%s' is declared twice", what, p->name);
-				diag_note(src, q->loc, "first declared here");
-				break;
-			}
+	SymTab *first = symtab_new(a);
+	for (Param *p = params; p; p = p->next) {
+		Param *q = symtab_get(first, p->name);
+		if (!q) {
+			symtab_put(first, p->name, p);
+			continue;
+		}
+		diag_error(src, p->loc, "%s '%s' is declared twice", what, p->name);
+		diag_note(src, q->loc, "first declared here");
+	}
 }
 
 /* A model's hyperparameter defaults are constant expressions over the earlier ones. Returns
@@ -778,27 +836,27 @@ static bool check_model_hypers(Program *p, Item *model)
 		names[i++] = q->name;
 	i = 0;
 	for (Param *q = model->params; q; q = q->next, i++) {
-		Num v = {0, true};
+		Num v = {0, true, 0};
 		if (q->def) {
 			Eval ev = {p->arena, &model->module->src, env, i, names + i + 1, n - i - 1, true};
 			if (!eval_num(&ev, q->def, &v))
 				ok = false;
 		}
-		env[i] = (HyperValue){q->name, v.v, v.is_int, q->loc, &model->module->src};
+		env[i] = (HyperValue){q->name, v.v, v.is_int, q->loc, &model->module->src, v.i};
 	}
 	return ok;
 }
 
 static void check_body_item(Program *p, Item *it)
 {
-	Body bd = {p, p->arena, it, it->module, &it->module->src, it->kind == I_FN, NULL, 0, 0, false};
+	Body bd = {p, p->arena, it, it->module, &it->module->src, it->kind == I_FN, NULL, 0, 0, false, symtab_new(p->arena)};
 	if (it->kind == I_MODEL) {
-		check_params_unique(bd.src, it->params, "hyperparameter");
+		check_params_unique(p->arena, bd.src, it->params, "hyperparameter");
 		for (Param *q = it->params; q; q = q->next)
 			if (!body_find(&bd, q->name))
 				body_bind(&bd, q->name, B_HYPER, q->loc);
 	} else {
-		check_params_unique(bd.src, it->params, "parameter");
+		check_params_unique(p->arena, bd.src, it->params, "parameter");
 		for (Decorator *d = it->decorators; d; d = d->next)
 			if (word_index(d->name, decorators, COUNT(decorators)) < 0) {
 				diag_error(bd.src, d->loc, "unknown decorator '@%s'", d->name);
@@ -1050,7 +1108,7 @@ static bool plan_int(PlanCtx *pc, const Source *src, Expr *e, const char *what, 
 		diag_error(src, e->loc, "%s must be an integer, not %g", what, v.v);
 		return false;
 	}
-	*out = (long long)v.v;
+	*out = v.i;
 	return true;
 }
 
@@ -1647,7 +1705,7 @@ static bool plan_hypers(PlanCtx *pc)
 	for (Param *q = model->params; q; q = q->next, i++) {
 		Expr *e = over[i] ? over[i]->value : q->def;
 		const Source *src = over[i] ? pc->src : &model->module->src;
-		Num v = {0, true};
+		Num v = {0, true, 0};
 		if (!e) {
 			diag_error(pc->src, plan->for_loc, "hyperparameter '%s' of model '%s' has no value", q->name, model->name);
 			diag_note_plain("give it one: plan %s for %s(%s = ...)", plan->name, model->name, q->name);
@@ -1657,7 +1715,7 @@ static bool plan_hypers(PlanCtx *pc)
 			if (!eval_num(&ev, e, &v))
 				ok = false;
 		}
-		ps->hypers[i] = (HyperValue){q->name, v.v, v.is_int, e ? e->loc : q->loc, src};
+		ps->hypers[i] = (HyperValue){q->name, v.v, v.is_int, e ? e->loc : q->loc, src, v.i};
 	}
 	ps->nhypers = n;
 	return ok;
@@ -2604,7 +2662,7 @@ static void check_dim_rules(PlanCtx *pc)
 					nax++;
 				}
 			}
-			long long v = (long long)h->value;
+			long long v = h->ival;
 			if (prod > 1 && v % prod != 0) {
 				if (nax == 1)
 					diag_error(pc->notes[i].src, pc->notes[i].loc, "dimension %s = %lld is not divisible by mesh axis '%s' of size %d",
@@ -3050,7 +3108,7 @@ PlanSpec *sema_plan(Program *p, Item *plan)
 static void check_strategy(Program *p, Item *st)
 {
 	const Source *src = &st->module->src;
-	check_params_unique(src, st->params, "parameter");
+	check_params_unique(p->arena, src, st->params, "parameter");
 	/* A plan-less context: no mesh, no model. Rules are checked for form only, so axis and dim
 	 * lookups are skipped by binding every name. */
 	for (PlanStmt *s = st->rules; s; s = s->next) {
@@ -3136,21 +3194,27 @@ static void check_strategy(Program *p, Item *st)
 	}
 }
 
-static void check_module_names(Module *m)
+static void check_module_names(Arena *a, Module *m)
 {
-	for (Item *it = m->items; it; it = it->next) {
-		for (Item *o = m->items; o != it; o = o->next) {
-			if (it->kind == I_IMPORT && o->kind == I_IMPORT && it->alias && o->alias && !strcmp(it->alias, o->alias)) {
-				diag_error(&m->src, it->name_loc, "import name '%s' is already used", it->alias);
-				diag_note(&m->src, o->name_loc, "by this import");
-				diag_note_plain("rename one: import %s as NAME", it->name);
-				break;
+	SymTab *aliases = symtab_new(a), *names = symtab_new(a); /* the first of each */
+	for (Item *it = m->items; it && !diag_stopped(); it = it->next) {
+		if (it->kind == I_IMPORT && it->alias) {
+			Item *o = symtab_get(aliases, it->alias);
+			if (!o) {
+				symtab_put(aliases, it->alias, it);
+				continue;
 			}
-			if (it->kind != I_IMPORT && o->kind != I_IMPORT && it->name && o->name && !strcmp(it->name, o->name)) {
-				diag_error(&m->src, it->name_loc, "'%s' is already defined", it->name);
-				diag_note(&m->src, o->name_loc, "%s '%s' is defined here", item_kind_name(o->kind), o->name);
-				break;
+			diag_error(&m->src, it->name_loc, "import name '%s' is already used", it->alias);
+			diag_note(&m->src, o->name_loc, "by this import");
+			diag_note_plain("rename one: import %s as NAME", it->name);
+		} else if (it->kind != I_IMPORT && it->name) {
+			Item *o = symtab_get(names, it->name);
+			if (!o) {
+				symtab_put(names, it->name, it);
+				continue;
 			}
+			diag_error(&m->src, it->name_loc, "'%s' is already defined", it->name);
+			diag_note(&m->src, o->name_loc, "%s '%s' is defined here", item_kind_name(o->kind), o->name);
 		}
 	}
 }
@@ -3161,7 +3225,7 @@ bool sema_check(Program *p)
 		return false;
 	int errors_before = diag_error_count();
 	for (Module *m = p->modules; m; m = m->next)
-		check_module_names(m);
+		check_module_names(p->arena, m);
 	/* models whose hyperparameter defaults are broken are reported once here, not per plan */
 	int nmodels = 0;
 	for (Module *m = p->modules; m; m = m->next)
@@ -3171,7 +3235,7 @@ bool sema_check(Program *p)
 	bool *models_ok = arena_alloc(p->arena, sizeof *models_ok * (size_t)(nmodels + 1));
 	int k = 0;
 	for (Module *m = p->modules; m; m = m->next)
-		for (Item *it = m->items; it; it = it->next) {
+		for (Item *it = m->items; it && !diag_stopped(); it = it->next) {
 			if (it->kind == I_MODEL) {
 				models[k] = it;
 				models_ok[k++] = check_model_hypers(p, it);
@@ -3182,15 +3246,17 @@ bool sema_check(Program *p)
 				check_strategy(p, it);
 		}
 	for (Module *m = p->modules; m; m = m->next)
-		for (Item *it = m->items; it; it = it->next) {
+		for (Item *it = m->items; it && !diag_stopped(); it = it->next) {
 			if (it->kind != I_PLAN)
 				continue;
 			Item *model = it->for_model ? find_item(p, I_MODEL, it->for_model, it->module) : NULL;
 			bool ok = true;
-			for (int i = 0; i < nmodels; i++)
+			for (int i = 0; i < k; i++) /* few models: a file holds one, its imports none */
 				if (models[i] == model)
 					ok = models_ok[i];
+			Arena *program_arena = plan_arena_begin(p); /* nothing of a checked plan is kept */
 			build_plan(p, it, ok, true);
+			plan_arena_end(p, program_arena);
 		}
 	return diag_error_count() == errors_before;
 }

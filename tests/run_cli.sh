@@ -68,5 +68,37 @@ cp examples/mlp.plan "$tmp/w.plan"
 "$planc" fmt "$tmp/w.plan" >"$tmp/expected"
 expect "fmt -w" 0 "" -- "$planc" fmt -w "$tmp/w.plan"
 if cmp -s "$tmp/w.plan" "$tmp/expected"; then pass=$((pass + 1)); else fail=$((fail + 1)); echo "FAIL: fmt -w result"; fi
+
+# ---- hostile inputs and outputs (issue 12): refused before any work, nothing left behind
+: >"$tmp/empty.plan"
+expect "empty plan file" 1 "is empty: it defines no model and no plan" -- "$planc" check "$tmp/empty.plan"
+printf '# only a comment\nimport std.nn\n' >"$tmp/nothing.plan"
+expect "plan file defining nothing" 1 "defines no model and no plan" -- "$planc" check "$tmp/nothing.plan"
+mkfifo "$tmp/fifo.plan"
+expect "FIFO as the plan" 1 "is a FIFO, not a regular file" -- timeout 10 "$planc" check "$tmp/fifo.plan"
+cp examples/mlp.plan "$tmp/src.plan"
+expect "build -o the plan itself" 1 "is the plan file" -- "$planc" build "$tmp/src.plan" --plan dp2 -o "$tmp/src.plan"
+if cmp -s "$tmp/src.plan" examples/mlp.plan; then pass=$((pass + 1)); else fail=$((fail + 1)); echo "FAIL: build -o overwrote the plan"; fi
+ln "$tmp/src.plan" "$tmp/hardlink"
+expect "build -o a hard link to the plan" 1 "is the plan file" -- "$planc" build "$tmp/src.plan" --plan dp2 -o "$tmp/hardlink"
+ln -s "$PWD/stdlib/nn.plan" "$tmp/nn-link"
+expect "build -o a link to an imported module" 1 "is the imported module" -- "$planc" build examples/mlp.plan --plan dp2 -o "$tmp/nn-link"
+expect "build -o another .plan" 1 "names a .plan source" -- "$planc" build examples/mlp.plan --plan dp2 -o "$tmp/other.plan"
+expect "build -o a directory" 1 "is a directory" -- "$planc" build examples/mlp.plan --plan dp2 -o "$tmp"
+expect "build -o in a missing directory" 1 "does not exist" -- "$planc" build examples/mlp.plan --plan dp2 -o "$tmp/no/such/prog"
+expect "emit -o the plan file" 1 "is the plan file" -- "$planc" emit c "$tmp/src.plan" --plan dp2 -o "$tmp/src.plan"
+expect "explain --svg the plan file" 1 "is the plan file" -- "$planc" explain "$tmp/src.plan" --svg "$tmp/src.plan"
+expect "--native outside build" 2 "--native applies to 'build'" -- "$planc" check examples/mlp.plan --native
+mkdir "$tmp/tmpdir"
+printf '#!/bin/sh\necho "$@" >"%s/cc-args"\nexit 3\n' "$tmp" >"$tmp/failing-cc"
+chmod +x "$tmp/failing-cc"
+expect "failed build" 1 "compiling the generated program failed" -- env TMPDIR="$tmp/tmpdir" PLANC_MPICC="$tmp/failing-cc" "$planc" build examples/mlp.plan --plan dp2 -o "$tmp/prog"
+if [ -z "$(ls -A "$tmp/tmpdir")" ]; then pass=$((pass + 1)); else fail=$((fail + 1)); echo "FAIL: a failed build left $(ls "$tmp/tmpdir")"; fi
+if ! grep -q -- "-march=native" "$tmp/cc-args"; then pass=$((pass + 1)); else fail=$((fail + 1)); echo "FAIL: build compiles for the build CPU by default: $(cat "$tmp/cc-args")"; fi
+expect "failed --native build" 1 "compiling the generated program failed" -- env TMPDIR="$tmp/tmpdir" PLANC_MPICC="$tmp/failing-cc" "$planc" build examples/mlp.plan --plan dp2 -o "$tmp/prog" --native
+if grep -q -- "-march=native" "$tmp/cc-args"; then pass=$((pass + 1)); else fail=$((fail + 1)); echo "FAIL: --native does not compile for the build CPU: $(cat "$tmp/cc-args")"; fi
+# integers are exact 64-bit values: 2^53 + 1 is not rounded to 2^53
+sed 's/^model mlp(V = 256,/model mlp(V = 256, N = 9007199254740993,/; s/^  input tokens : i32\[B, S\]/  param big : f32[N] ~ zeros\n&/' examples/mlp.plan >"$tmp/exact.plan"
+expect "integer literal above 2^53 stays exact" 0 "f32\[N=9007199254740993\]" -- "$planc" check "$tmp/exact.plan" --plan single --dump-after=graph
 echo "cli: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]

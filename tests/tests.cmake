@@ -33,3 +33,11 @@ add_test(NAME torch_reference COMMAND /usr/bin/python3 ${ROOT}/tests/equiv/torch
 set_tests_properties(torch_reference PROPERTIES SKIP_RETURN_CODE 77)
 add_test(NAME equiv_sweep COMMAND python3 ${ROOT}/tests/equiv/run_sweep.py ${PLANC} ${ROOT} 24 WORKING_DIRECTORY ${ROOT})
 set_tests_properties(equiv_sweep PROPERTIES TIMEOUT 900)
+# the compiler at scale (issue 12): timings of million-rank plans and hostile input (tests/scale),
+# the collective check's mismatches found at a million ranks, and explain --svg's picture
+add_test(NAME scale COMMAND sh ${ROOT}/tests/scale/run_scale.sh ${PLANC} WORKING_DIRECTORY ${ROOT})
+add_executable(scale_test_check ${ROOT}/tests/scale/test_check.c)
+target_compile_options(scale_test_check PRIVATE ${PLANC_WARNINGS})
+target_link_libraries(scale_test_check PRIVATE planc_core)
+add_test(NAME scale_check COMMAND scale_test_check WORKING_DIRECTORY ${ROOT})
+add_test(NAME explain_svg COMMAND python3 ${ROOT}/tests/explain/check_svg.py ${PLANC} ${ROOT} WORKING_DIRECTORY ${ROOT})

@@ -1,0 +1,131 @@
+#!/bin/sh
+# The compiler at scale (issue 12): prints how long planc takes on huge meshes and hostile input,
+# and fails only on generous limits (10 s, 1 GiB of address space), since CI machines vary.
+#   - check + explain of 100,000- and 1,000,000-rank plans (data x tensor, data x pipe x tensor with
+#     ZeRO-1, an async plan): the collective check and explain are linear in the distinct groups,
+#     not the ranks (schedule.c, explain.c); DESIGN 1.3 asks for under 1 s at a million ranks;
+#   - a model with 100,000 names (sema and the elaborator hash their lookups; was 42 s);
+#   - 20,000 plans in one file (each plan compiles in an arena freed afterwards; ran out of memory);
+#   - 100,000 errors (diagnostics stop after 20, with a note; took 4.4 GB).
+# usage: tests/scale/run_scale.sh PLANC (from the repository root)
+planc=$1
+limit_s=10
+limit_kib=1048576
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+pass=0
+fail=0
+
+# run NAME WANT_STATUS PATTERN -- command...: times the command under the memory limit
+run() {
+	name=$1 want=$2 pattern=$3
+	shift 4
+	start=$(date +%s.%N)
+	(ulimit -v $limit_kib && "$@") >"$tmp/out" 2>&1
+	got=$?
+	end=$(date +%s.%N)
+	secs=$(echo "$end - $start" | bc)
+	printf '%-58s %8.3f s\n' "$name" "$secs"
+	if [ "$got" -ne "$want" ]; then
+		fail=$((fail + 1))
+		echo "FAIL: $name: exit $got, want $want"
+		tail -5 "$tmp/out"
+	elif [ -n "$pattern" ] && ! grep -q -- "$pattern" "$tmp/out"; then
+		fail=$((fail + 1))
+		echo "FAIL: $name: no '$pattern' in the output"
+		tail -5 "$tmp/out"
+	elif [ "$(echo "$secs > $limit_s" | bc)" -eq 1 ]; then
+		fail=$((fail + 1))
+		echo "FAIL: $name took more than $limit_s s"
+	else
+		pass=$((pass + 1))
+	fi
+}
+
+gpt='import std.nn
+
+model gpt(V = 256, S = 64, D = 128, H = 8, L = 8) {
+  input tokens : i32[B, S]
+  input targets : i32[B, S]
+  param wte : f32[V, D] ~ normal(0, 0.02)
+  param wpe : f32[S, D] ~ normal(0, 0.02)
+  x = embed(wte, tokens) + wpe
+  repeat L { x = nn.block(x, heads = H, ffn = 4 * D) }
+  loss = cross_entropy(nn.layernorm(x) @ wte.T, targets)
+}'
+cat >"$tmp/mesh.plan" <<PLAN
+$gpt
+
+plan dp_tp_100k for gpt {
+  mesh data = 12500, tensor = 8
+  batch B = 12500
+  shard B -> data
+  use nn.megatron(tensor)
+}
+
+plan dp_tp_1m for gpt {
+  mesh data = 125000, tensor = 8
+  batch B = 125000
+  shard B -> data
+  use nn.megatron(tensor)
+}
+
+plan dp_pp_tp_1m for gpt {
+  mesh data = 31250, pipe = 4, tensor = 8
+  batch B = 125000, micro_batches = 4
+  shard B -> data
+  use nn.megatron(tensor)
+  pipeline pipe: 1f1b
+  zero 1 over data
+}
+
+plan dp_pp_tp_interleaved_1m for gpt {
+  mesh data = 31250, pipe = 4, tensor = 8
+  batch B = 125000, micro_batches = 4
+  shard B -> data
+  use nn.megatron(tensor)
+  pipeline pipe: interleaved
+}
+
+plan async_16k for gpt {
+  mesh data = 2000, tensor = 8
+  batch B = 2000
+  shard B -> data
+  use nn.megatron(tensor)
+  sync async, staleness = 2
+}
+PLAN
+for plan in dp_tp_100k dp_tp_1m dp_pp_tp_1m dp_pp_tp_interleaved_1m async_16k; do
+	run "check $plan" 0 "" -- "$planc" check "$tmp/mesh.plan" --plan "$plan"
+	run "explain $plan (check included)" 0 "estimated step time" -- "$planc" explain "$tmp/mesh.plan" --plan "$plan"
+done
+
+python3 - "$tmp" <<'PY'
+import sys
+tmp = sys.argv[1]
+head = ("model m(V = 16, D = 4) {\n  input tokens : i32[B, D]\n  input targets : i32[B, D]\n"
+        "  param w : f32[V, D] ~ normal(0, 0.02)\n")
+tail = "  loss = cross_entropy(x%d @ w.T, targets)\n}\n"
+with open(tmp + "/names.plan", "w") as f:
+    f.write(head + "  x0 = embed(w, tokens)\n")
+    for i in range(1, 100000):
+        f.write("  x%d = x%d\n" % (i, i - 1))
+    f.write(tail % 99999 + "\nplan p for m {\n  batch B = 4\n}\n")
+with open(tmp + "/plans.plan", "w") as f:
+    f.write(head + "  x0 = embed(w, tokens)\n" + tail % 0)
+    for i in range(20000):
+        f.write("\nplan p%d for m {\n  batch B = 4\n}\n" % i)
+with open(tmp + "/errors.plan", "w") as f:
+    f.write(head + "  x0 = embed(w, tokens)\n")
+    for i in range(100000):
+        f.write("  y%d = missing%d + w\n" % (i, i))
+    f.write(tail % 0 + "\nplan p for m {\n  batch B = 4\n}\n")
+PY
+run "check a model of 100,000 names" 0 "" -- "$planc" check "$tmp/names.plan"
+run "check 20,000 plans in one file" 0 "" -- "$planc" check "$tmp/plans.plan"
+run "check 100,000 errors" 1 "note: too many errors; stopping after 20" -- "$planc" check "$tmp/errors.plan"
+n=$(grep -c ": error:" "$tmp/out")
+if [ "$n" -eq 20 ]; then pass=$((pass + 1)); else fail=$((fail + 1)); echo "FAIL: $n errors printed, want 20"; fi
+
+echo "scale: $pass passed, $fail failed"
+[ "$fail" -eq 0 ]
