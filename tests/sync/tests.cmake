@@ -1,6 +1,7 @@
 # The sync strategies (docs/sync.md), included by tests/tests.cmake:
 #   sync_check      the collective check on async, local SGD and compressed traffic (C, planc_core)
-#   sync_compress   the compressors of runtime/compress.c against a reference (mpirun -np 4)
+#   sync_kernels    local SGD's average and outer step, and the compressors, against a reference
+#                   (mpirun -np 4)
 #   sync_runs       async (staleness bound, masters per tensor coordinate), local SGD (every K, DiLoCo,
 #                   through a pipeline in bf16) and compression (with ZeRO 1, tensor parallelism and a
 #                   pipeline): planrt's bytes equal explain's; compression's convergence margins
@@ -9,13 +10,13 @@ target_compile_options(sync_test_check PRIVATE ${PLANC_WARNINGS})
 target_link_libraries(sync_test_check PRIVATE planc_core)
 add_test(NAME sync_check COMMAND sync_test_check WORKING_DIRECTORY ${ROOT})
 
-add_executable(sync_test_compress ${ROOT}/tests/sync/test_compress.c)
-target_compile_options(sync_test_compress PRIVATE ${PLANC_WARNINGS})
-target_link_libraries(sync_test_compress PRIVATE planrt)
-add_test(NAME sync_compress
+add_executable(sync_test_kernels ${ROOT}/tests/sync/test_sync_kernels.c)
+target_compile_options(sync_test_kernels PRIVATE ${PLANC_WARNINGS})
+target_link_libraries(sync_test_kernels PRIVATE planrt)
+add_test(NAME sync_kernels
          COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 4 ${MPIEXEC_PREFLAGS}
-                 $<TARGET_FILE:sync_test_compress> ${MPIEXEC_POSTFLAGS})
-set_tests_properties(sync_compress PROPERTIES TIMEOUT 120
+                 $<TARGET_FILE:sync_test_kernels> ${MPIEXEC_POSTFLAGS})
+set_tests_properties(sync_kernels PROPERTIES TIMEOUT 120
                      ENVIRONMENT "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;OMPI_MCA_rmaps_base_oversubscribe=1;OMPI_MCA_plm=isolated;OMPI_MCA_btl=self,vader;PLANRT_WATCHDOG=60")
 
 add_test(NAME sync_runs COMMAND python3 ${ROOT}/tests/sync/run_sync.py ${PLANC} ${ROOT} WORKING_DIRECTORY ${ROOT})

@@ -1,6 +1,10 @@
-/* test_compress.c (mpirun -np 4): the compressors of runtime/compress.c against a reference
- * computed here, on every rank, from every rank's gradient (each rank draws all four from the
- * same seed), with no collective and no BLAS:
+/* test_sync_kernels.c (mpirun -np 4): the kernels of the sync strategies against a reference
+ * computed here, on every rank, from every rank's data (each rank draws all four from the same
+ * seed), with no collective and no BLAS.
+ * Local SGD (runtime/sync.c): the average only every K steps and after the last; the replicas'
+ * mean, the losses summed; DiLoCo's outer step (torch.optim.SGD with Nesterov momentum on
+ * anchor - average) and plain SGD with lr 1 (the average itself); the cast to bf16 parameters.
+ * The compressors of runtime/compress.c:
  *   bf16 / fp16   the sum of the four rounded gradients rounded once (exact in double here), the
  *                 error-feedback residual v - round(v) bitwise, and the ZeRO-1 reduce-scatter's
  *                 chunk;
@@ -262,16 +266,86 @@ static void test_powersgd(int low_rank)
 	}
 }
 
+/* ------------------------------------------------------------------ local SGD */
+
+static void test_local_average(void)
+{
+	enum { N = 300, EVERY = 4 };
+	gradients(g, N, 3);
+	float flat[N], anchor[N], mom[N], a0[N], m0[N];
+	uint16_t params[N];
+	double hist[EVERY] = {0}, loss = 1.5 + rank;
+	state = 77;
+	for (int i = 0; i < N; i++) {
+		a0[i] = (float)uniform();
+		m0[i] = (float)uniform() * 0.1f;
+	}
+	planrt_ctx_t ctx = {.step = 5, .steps = 20};
+	memcpy(flat, g[rank], sizeof flat);
+	planrt_local_average(&ctx, EVERY, flat, N, planrt_f32, NULL, planrt_f32, &loss, hist, planrt_world_comm(), 0, 0, 0,
+			     NULL, NULL);
+	int ok = !memcmp(flat, g[rank], sizeof flat) && hist[1] == loss && hist[0] == 0;
+	report(all_ok(ok), "local average: step 5 of every 4 records its loss and averages nothing");
+	ctx.step = 7;
+	planrt_local_average(&ctx, EVERY, flat, N, planrt_f32, params, planrt_bf16, &loss, hist, planrt_world_comm(), 0, 0,
+			     0, NULL, NULL);
+	double worst = 0;
+	int cast_ok = 1;
+	for (int i = 0; i < N; i++) {
+		double mean = 0;
+		for (int r = 0; r < RANKS; r++)
+			mean += g[r][i];
+		mean /= RANKS;
+		worst = fmax(worst, fabs(flat[i] - mean)); /* values below 16: f32 rounding of a 4-term sum */
+		cast_ok = cast_ok && params[i] == planrt_f32_to_half_(flat[i], planrt_bf16);
+	}
+	ok = worst <= 1e-5 && hist[3] == 1.5 * RANKS + RANKS * (RANKS - 1) / 2.0 && hist[1] == hist[3];
+	report(all_ok(ok && cast_ok), "local average: step 7 averages the replicas (worst %.1e), sums the 4 losses, casts "
+				       "to bf16",
+	       worst);
+	/* DiLoCo: the outer Nesterov step on anchor - average, from the last step (not a multiple) */
+	memcpy(flat, g[rank], sizeof flat);
+	memcpy(anchor, a0, sizeof anchor);
+	memcpy(mom, m0, sizeof mom);
+	ctx.step = 19;
+	planrt_local_average(&ctx, EVERY, flat, N, planrt_f32, NULL, planrt_f32, &loss, hist, planrt_world_comm(), 2, 0.7,
+			     0.9, anchor, mom);
+	worst = 0;
+	for (int i = 0; i < N; i++) {
+		double mean = 0;
+		for (int r = 0; r < RANKS; r++)
+			mean += g[r][i];
+		mean /= RANKS;
+		double gr = a0[i] - mean, m = 0.9 * m0[i] + gr, x = a0[i] - 0.7 * (gr + 0.9 * m);
+		worst = fmax(worst, fabs(flat[i] - x) + fabs(anchor[i] - x) + fabs(mom[i] - m));
+	}
+	report(all_ok(worst <= 1e-5), "local average: the last step averages; Nesterov outer step (worst %.1e)", worst);
+	/* outer SGD with lr 1 and no momentum: the new model is the average */
+	memcpy(flat, g[rank], sizeof flat);
+	memcpy(anchor, a0, sizeof anchor);
+	planrt_local_average(&ctx, EVERY, flat, N, planrt_f32, NULL, planrt_f32, &loss, hist, planrt_world_comm(), 1, 1.0,
+			     0.0, anchor, NULL);
+	worst = 0;
+	for (int i = 0; i < N; i++) {
+		double mean = 0;
+		for (int r = 0; r < RANKS; r++)
+			mean += g[r][i];
+		worst = fmax(worst, fabs(flat[i] - mean / RANKS));
+	}
+	report(all_ok(worst <= 1e-5), "local average: outer sgd(lr = 1) gives the average (worst %.1e)", worst);
+}
+
 int main(int argc, char **argv)
 {
 	int world;
 	PLANRT_CHECK(planrt_init(&argc, &argv, &rank, &world));
 	if (world != RANKS) {
-		fprintf(stderr, "test_compress: run with mpirun -np %d\n", RANKS);
+		fprintf(stderr, "test_sync_kernels: run with mpirun -np %d\n", RANKS);
 		return 2;
 	}
 	if (rank != 0 && !freopen("/dev/null", "w", stdout)) /* every rank checks, rank 0 reports */
 		return 2;
+	test_local_average();
 	test_cast(planrt_bf16, "bf16");
 	test_cast(planrt_f16, "fp16");
 	test_topk();
