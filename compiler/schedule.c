@@ -117,7 +117,8 @@ static int xfer_cmp(const void *pa, const void *pb)
 /* Groups the issued transfers into streams. */
 static void build_streams(Issued *is)
 {
-	qsort(is->xfers, (size_t)is->nxfers, sizeof(Xfer), xfer_cmp);
+	if (is->nxfers)
+		qsort(is->xfers, (size_t)is->nxfers, sizeof(Xfer), xfer_cmp);
 	is->xe = malloc(sizeof(Entry) * (size_t)(is->nxfers + 1));
 	is->streams = malloc(sizeof(Stream) * (size_t)(is->nxfers + 1));
 	if (!is->xe || !is->streams)
