@@ -227,11 +227,10 @@ static void karg_scalar(LProg *p, Kernel *k, int b, double f)
 
 Comm *kernel_comm(LProg *p, Kernel *k)
 {
-	Comm *c = arena_alloc(p->g->arena, sizeof(Comm) * (size_t)(k->ncomm + 1));
-	if (k->ncomm)
-		memcpy(c, k->comm, sizeof(Comm) * (size_t)k->ncomm);
-	k->comm = c;
-	Comm *n = &c[k->ncomm++];
+	if (k->ncomm >= k->capcomm) /* no room, or an array shared with a copied kernel: grow apart */
+		k->capcomm = k->ncomm;
+	k->comm = grow(p->g->arena, k->comm, k->ncomm, &k->capcomm, sizeof(Comm));
+	Comm *n = &k->comm[k->ncomm++];
 	memset(n, 0, sizeof *n);
 	n->axis = -1;
 	n->pair = -1;

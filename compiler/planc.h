@@ -807,7 +807,7 @@ typedef struct Kernel {
 	int *uses, nuses, capuses; /* buffers read (liveness) */
 	int *defs, ndefs, capdefs; /* buffers written */
 	Comm *comm;             /* KC_COMM, KC_OPAQUE: what it sends */
-	int ncomm;
+	int ncomm, capcomm;
 	bool only_last_micro;   /* forward / backward: runs in the last micro-batch only */
 	/* K_LOOP: out (+)= expr over a rank-dims nest */
 	int out;
@@ -955,10 +955,12 @@ struct LLVMOpaqueTargetMachine;
 /* DIR/prog.ll: the verified module before optimisation (also printed to dump when not NULL) */
 bool emit_llvm_ir(const Lowered *low, const char *dir, const char *source_path, FILE *dump);
 /* PATH: a native object of the optimised module, whose main() calls planrt_main (planc build
- * --backend llvm links it with planrt); verify: also verify the optimised module */
-bool emit_llvm_object(const Lowered *low, const char *path, const char *source_path, bool verify);
-/* planc run: compiles the program with ORC LLJIT in this process (planrt resolved from planc
- * itself) and runs main(argc, argv); the program's exit status, or -1 after a diagnostic */
+ * --backend llvm links it with planrt); verify: also verify the optimised module; native: for
+ * this machine's CPU, else for its triple's baseline */
+bool emit_llvm_object(const Lowered *low, const char *path, const char *source_path, bool verify, bool native);
+/* planc run: compiles the program with ORC LLJIT in this process for this machine's CPU (planrt
+ * resolved from planc itself) and runs main(argc, argv); the program's exit status, or -1 after
+ * a diagnostic */
 int llvm_run(const Lowered *low, const char *source_path, int argc, char **argv, bool verify);
 /* DIR/kernels.ptx: every fused loop as an sm_80 NVPTX kernel, named as in the CPU module
  * (s<stage>_loop<kernel index>), a grid-stride loop over its output's elements */
