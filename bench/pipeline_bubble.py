@@ -63,7 +63,7 @@ for name in PLANS:
     d = json.loads(subprocess.run([planc, "explain", src, "--plan", name, "--json", "--device=cpu"],
                                   capture_output=True, text=True, check=True).stdout)
     prog = f"{work}/{name}"
-    subprocess.run([planc, "build", src, "--plan", name, "-o", prog], check=True)
+    subprocess.run([planc, "build", src, "--plan", name, "-o", prog, "--native"], check=True)
     r = subprocess.run(["mpirun", "-np", "2", prog, "--steps", str(steps), "--data", f"{root}/data/corpus.txt"],
                        capture_output=True, text=True, env=env, timeout=900)
     rows = [tuple(float(x) for x in m.groups()) for m in TIMING.finditer(r.stderr)]

@@ -46,7 +46,7 @@ def explain(src, plan):
 
 def measure(src, plan, world, steps=2):
     prog = f"{work}/{os.path.basename(src)}_{plan}"
-    b = subprocess.run([planc, "build", src, "--plan", plan, "-o", prog, "--verify-ir"], capture_output=True, text=True)
+    b = subprocess.run([planc, "build", src, "--plan", plan, "-o", prog, "--verify-ir", "--native"], capture_output=True, text=True)
     if b.returncode:
         return None, f"planc build failed: {b.stderr.strip()[:300]}"
     r = subprocess.run(["mpirun", "-np", str(world), prog, "--steps", str(steps), "--data", f"{root}/data/corpus.txt"],

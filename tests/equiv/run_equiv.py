@@ -103,7 +103,7 @@ norms = {}
 def run(model, plan, tag):
     prog = f"{work}/{model}_{plan}"
     if not os.path.exists(prog):
-        b = subprocess.run([planc, "build", f"{root}/examples/{model}.plan", "--plan", plan, "-o", prog, "--verify-ir"],
+        b = subprocess.run([planc, "build", f"{root}/examples/{model}.plan", "--plan", plan, "-o", prog, "--verify-ir", "--native"],
                            capture_output=True, text=True)
         if b.returncode != 0:
             return None, f"planc build failed: {b.stderr.strip()[:400]}"

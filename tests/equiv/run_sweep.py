@@ -50,7 +50,7 @@ open(src, "w").write(text)
 
 def train(plan, n):
     prog = f"{work}/{plan}"
-    b = subprocess.run([planc, "build", src, "--plan", plan, "-o", prog, "--verify-ir"], capture_output=True, text=True)
+    b = subprocess.run([planc, "build", src, "--plan", plan, "-o", prog, "--verify-ir", "--native"], capture_output=True, text=True)
     if b.returncode:
         return None, b.stderr.strip()[:300]
     r = subprocess.run(["mpirun", "-np", str(n), prog, "--steps", "6", "--data", f"{root}/data/corpus.txt",
