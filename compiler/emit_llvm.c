@@ -17,10 +17,11 @@
  *
  * Numerics: the fused loops repeat emit_c.c's expressions and helpers (planrt_math.h's kexpf and
  * kerff, bf16 rounding) operation for operation. The C back end compiles with gcc's default
- * -ffp-contract=fast, which fuses a multiply into the add or subtract that is its only use; the
- * builder does the same here (llvm.fmuladd), so that the two back ends round alike. LLVMRunPasses
- * runs default<O3> with the host CPU's target machine (the loops vectorise as gcc -march=native
- * vectorises the C). LLVM errors (a verifier failure, a missing target, an unresolved symbol)
+ * -ffp-contract=fast, which fuses a multiply into the add or subtract that is its only use where
+ * the CPU has FMA; the builder does the same here (llvm.fmuladd: fused where the target has FMA),
+ * so that the two back ends round alike. LLVMRunPasses runs default<O3> with the target machine:
+ * the host CPU's for planc run and build --native (the loops vectorise as gcc -march=native
+ * vectorises the C), the triple's baseline otherwise, as gcc's. LLVM errors (a verifier failure, a missing target, an unresolved symbol)
  * are planc diagnostics, never aborts. */
 #include "planc.h"
 
@@ -211,7 +212,7 @@ typedef struct Gen {
 	const Lowered *low;
 	const LProg *p;         /* the stage being built */
 	const char *prefix;     /* its names' prefix: "s0_" with several stages, else "" (as emit_c.c) */
-	LLVMTypeRef t_void, t_i1, t_i8, t_i16, t_i32, t_i64, t_f32, t_f64, t_ptr, t_phase;
+	LLVMTypeRef t_void, t_i8, t_i16, t_i32, t_i64, t_f32, t_f64, t_ptr, t_phase;
 	LLVMValueRef fn, ctx;   /* the running function and its context argument */
 	LLVMBasicBlockRef entry, body;
 	LLVMValueRef *state;    /* [nbuf]: the global holding a state buffer's pointer */
@@ -219,7 +220,6 @@ typedef struct Gen {
 	LLVMValueRef kfn[K_COUNT];
 	LLVMTypeRef kty[K_COUNT];
 	LLVMValueRef fmuladd, fabs, copysign, tanhf, mesh_coord, axis_comm, pair;
-	int nloops;
 } Gen;
 
 static LLVMValueRef i32c(Gen *G, long long v)
@@ -1410,7 +1410,6 @@ static void build_kernels(Gen *G)
 			LLVMValueRef fn = build_loop(G, kk, arena_printf(G->low->g->arena, "%sloop%d", G->prefix, k), &ns);
 			LLVMValueRef md[] = {fn, LLVMMDStringInContext(G->c, "kernel", 6), i32c(G, 1)};
 			LLVMAddNamedMetadataOperand(G->m, "nvvm.annotations", LLVMMDNodeInContext(G->c, md, 3));
-			G->nloops++;
 		}
 	}
 }
@@ -1432,7 +1431,6 @@ static void gen_init(Gen *G, const Lowered *low, LLVMContextRef c, LLVMTargetMac
 	G->b = LLVMCreateBuilderInContext(c);
 	G->ab = LLVMCreateBuilderInContext(c);
 	G->t_void = LLVMVoidTypeInContext(c);
-	G->t_i1 = LLVMInt1TypeInContext(c);
 	G->t_i8 = LLVMInt8TypeInContext(c);
 	G->t_i16 = LLVMInt16TypeInContext(c);
 	G->t_i32 = LLVMInt32TypeInContext(c);
@@ -1523,8 +1521,8 @@ static bool optimise(LLVMModuleRef m, LLVMTargetMachineRef tm)
 	return report_error("LLVM's optimiser failed", e);
 }
 
-/* A target machine for triple (the host's when NULL: its CPU and features), or NULL after a
- * diagnostic. */
+/* A target machine for triple, or NULL after a diagnostic. triple NULL: this machine's, for its
+ * CPU and features when cpu is NULL, else for cpu ("generic": the triple's baseline). */
 static LLVMTargetMachineRef target_machine(const char *triple, const char *cpu, const char *features,
 					   LLVMRelocMode reloc, LLVMCodeModel model)
 {
@@ -1535,8 +1533,10 @@ static LLVMTargetMachineRef target_machine(const char *triple, const char *cpu, 
 			return NULL;
 		}
 		triple = host_triple = LLVMGetDefaultTargetTriple();
-		cpu = host_cpu = LLVMGetHostCPUName();
-		features = host_features = LLVMGetHostCPUFeatures();
+		if (!cpu) {
+			cpu = host_cpu = LLVMGetHostCPUName();
+			features = host_features = LLVMGetHostCPUFeatures();
+		}
 	} else {
 		LLVMInitializeAllTargetInfos();
 		LLVMInitializeAllTargets();
@@ -1570,83 +1570,89 @@ static bool make_dir(const char *dir)
 	return true;
 }
 
-/* Builds and verifies the host module; optimised when asked. */
-static LLVMModuleRef host_module(const Lowered *low, LLVMContextRef c, LLVMTargetMachineRef tm, const char *source_path,
-				 bool opt, bool verify_after)
+/* Verifies the module as built; optimised when opt (and verified again when verify_after). */
+static bool prepare(LLVMModuleRef m, LLVMTargetMachineRef tm, bool opt, bool verify_after)
 {
-	LLVMModuleRef m = llvm_build_module(low, c, tm, false, source_path);
-	if (!llvm_verify(m, "the generated LLVM module") || (opt && !optimise(m, tm)) ||
-	    (opt && verify_after && !llvm_verify(m, "the optimised LLVM module"))) {
-		LLVMDisposeModule(m);
-		return NULL;
+	return llvm_verify(m, "the generated LLVM module") &&
+	       (!opt || (optimise(m, tm) && (!verify_after || llvm_verify(m, "the optimised LLVM module"))));
+}
+
+typedef enum { OUT_IR, OUT_OBJECT, OUT_PTX } Output;
+
+/* Builds the module for tm (OUT_PTX: the NVPTX kernels), prepares it (OUT_IR: not optimised) and
+ * writes it to path, also to dump when not NULL; disposes of tm. */
+static bool write_module(const Lowered *low, LLVMTargetMachineRef tm, Output out, const char *path,
+			 const char *source_path, bool verify_after, FILE *dump)
+{
+	if (!tm)
+		return false;
+	LLVMContextRef c = LLVMContextCreate();
+	LLVMModuleRef m = llvm_build_module(low, c, tm, out == OUT_PTX, source_path);
+	bool ok = prepare(m, tm, out != OUT_IR, verify_after);
+	char *err = NULL;
+	if (ok && (out == OUT_IR ? LLVMPrintModuleToFile(m, path, &err)
+				 : LLVMTargetMachineEmitToFile(tm, m, (char *)path,
+							       out == OUT_PTX ? LLVMAssemblyFile : LLVMObjectFile, &err))) {
+		fprintf(stderr, "planc: error: LLVM cannot write '%s': %s\n", path, err ? err : "unknown");
+		ok = false;
 	}
-	return m;
+	LLVMDisposeMessage(err);
+	LLVMDisposeModule(m);
+	LLVMContextDispose(c);
+	LLVMDisposeTargetMachine(tm);
+	FILE *f = ok && dump ? fopen(path, "r") : NULL;
+	if (f) {
+		char buf[65536];
+		size_t n;
+		fprintf(dump, "%s %s after emit (%s)\n", out == OUT_PTX ? "//" : ";", out == OUT_PTX ? "PTX" : "LLVM IR", path);
+		while ((n = fread(buf, 1, sizeof buf, f)) > 0)
+			fwrite(buf, 1, n, dump);
+		fclose(f);
+	}
+	return ok;
+}
+
+/* This machine's triple: for its own CPU when native (vectorised for its widest units, as gcc
+ * -march=native), else for the triple's baseline, as the C path compiles without --native. */
+static LLVMTargetMachineRef host_machine(LLVMRelocMode reloc, LLVMCodeModel model, bool native)
+{
+	return native ? target_machine(NULL, NULL, NULL, reloc, model) : target_machine(NULL, "generic", "", reloc, model);
 }
 
 bool emit_llvm_ir(const Lowered *low, const char *dir, const char *source_path, FILE *dump)
 {
-	if (!llvm_supported(low))
-		return false;
-	LLVMTargetMachineRef tm = target_machine(NULL, NULL, NULL, LLVMRelocPIC, LLVMCodeModelDefault);
-	if (!tm || !make_dir(dir))
-		return false;
-	LLVMContextRef c = LLVMContextCreate();
-	LLVMModuleRef m = host_module(low, c, tm, source_path, false, false);
-	bool ok = m != NULL;
-	if (ok) {
-		const char *path = arena_printf(low->g->arena, "%s/prog.ll", dir);
-		char *err = NULL;
-		if (LLVMPrintModuleToFile(m, path, &err)) {
-			fprintf(stderr, "planc: error: cannot write '%s': %s\n", path, err ? err : "unknown");
-			ok = false;
-		}
-		LLVMDisposeMessage(err);
-		if (ok && dump) {
-			char *text = LLVMPrintModuleToString(m);
-			fprintf(dump, "; LLVM IR after emit (%s)\n%s", path, text);
-			LLVMDisposeMessage(text);
-		}
-		LLVMDisposeModule(m);
-	}
-	LLVMContextDispose(c);
-	LLVMDisposeTargetMachine(tm);
-	return ok;
+	return llvm_supported(low) && make_dir(dir) &&
+	       write_module(low, host_machine(LLVMRelocPIC, LLVMCodeModelDefault, false), OUT_IR,
+			    arena_printf(low->g->arena, "%s/prog.ll", dir), source_path, false, dump);
 }
 
-bool emit_llvm_object(const Lowered *low, const char *path, const char *source_path, bool verify)
+bool emit_llvm_object(const Lowered *low, const char *path, const char *source_path, bool verify, bool native)
 {
-	if (!llvm_supported(low))
-		return false;
-	LLVMTargetMachineRef tm = target_machine(NULL, NULL, NULL, LLVMRelocPIC, LLVMCodeModelDefault);
-	if (!tm)
-		return false;
-	LLVMContextRef c = LLVMContextCreate();
-	LLVMModuleRef m = host_module(low, c, tm, source_path, true, verify);
-	bool ok = m != NULL;
-	if (ok) {
-		char *err = NULL;
-		if (LLVMTargetMachineEmitToFile(tm, m, (char *)path, LLVMObjectFile, &err)) {
-			fprintf(stderr, "planc: error: LLVM cannot write the object '%s': %s\n", path, err ? err : "unknown");
-			ok = false;
-		}
-		LLVMDisposeMessage(err);
-		LLVMDisposeModule(m);
-	}
-	LLVMContextDispose(c);
-	LLVMDisposeTargetMachine(tm);
-	return ok;
+	return llvm_supported(low) && write_module(low, host_machine(LLVMRelocPIC, LLVMCodeModelDefault, native), OUT_OBJECT,
+						   path, source_path, verify, NULL);
+}
+
+bool emit_ptx(const Lowered *low, const char *dir, FILE *dump)
+{
+	return make_dir(dir) &&
+	       write_module(low, target_machine("nvptx64-nvidia-cuda", "sm_80", "+ptx70", LLVMRelocDefault, LLVMCodeModelDefault),
+			    OUT_PTX, arena_printf(low->g->arena, "%s/kernels.ptx", dir), NULL, false, dump);
 }
 
 int llvm_run(const Lowered *low, const char *source_path, int argc, char **argv, bool verify)
 {
 	if (!llvm_supported(low))
 		return -1;
-	LLVMTargetMachineRef tm = target_machine(NULL, NULL, NULL, LLVMRelocDefault, LLVMCodeModelJITDefault);
+	LLVMTargetMachineRef tm = host_machine(LLVMRelocDefault, LLVMCodeModelJITDefault, true);
 	if (!tm)
 		return -1;
 	LLVMOrcLLJITRef jit = NULL;
 	LLVMOrcThreadSafeContextRef tsc = LLVMOrcCreateNewThreadSafeContext();
-	LLVMModuleRef m = host_module(low, LLVMOrcThreadSafeContextGetContext(tsc), tm, source_path, true, verify);
+	LLVMModuleRef m = llvm_build_module(low, LLVMOrcThreadSafeContextGetContext(tsc), tm, false, source_path);
+	if (!prepare(m, tm, true, verify)) {
+		LLVMDisposeModule(m);
+		m = NULL;
+	}
 	LLVMDisposeTargetMachine(tm);
 	int status = -1;
 	LLVMOrcDefinitionGeneratorRef process = NULL;
@@ -1675,36 +1681,4 @@ out:
 		LLVMOrcDisposeLLJIT(jit);
 	LLVMOrcDisposeThreadSafeContext(tsc);
 	return status;
-}
-
-bool emit_ptx(const Lowered *low, const char *dir, FILE *dump)
-{
-	LLVMTargetMachineRef tm = target_machine("nvptx64-nvidia-cuda", "sm_80", "+ptx70", LLVMRelocDefault, LLVMCodeModelDefault);
-	if (!tm || !make_dir(dir))
-		return false;
-	LLVMContextRef c = LLVMContextCreate();
-	LLVMModuleRef m = llvm_build_module(low, c, tm, true, NULL);
-	bool ok = llvm_verify(m, "the generated NVPTX module") && optimise(m, tm);
-	if (ok) {
-		const char *path = arena_printf(low->g->arena, "%s/kernels.ptx", dir);
-		char *err = NULL;
-		if (LLVMTargetMachineEmitToFile(tm, m, (char *)path, LLVMAssemblyFile, &err)) {
-			fprintf(stderr, "planc: error: LLVM cannot write the PTX '%s': %s\n", path, err ? err : "unknown");
-			ok = false;
-		}
-		LLVMDisposeMessage(err);
-		if (ok && dump) {
-			LLVMMemoryBufferRef buf = NULL;
-			if (!LLVMTargetMachineEmitToMemoryBuffer(tm, m, LLVMAssemblyFile, &err, &buf)) {
-				fprintf(dump, "// PTX after emit (%s)\n", path);
-				fwrite(LLVMGetBufferStart(buf), 1, LLVMGetBufferSize(buf), dump);
-				LLVMDisposeMemoryBuffer(buf);
-			}
-			LLVMDisposeMessage(err);
-		}
-	}
-	LLVMDisposeModule(m);
-	LLVMContextDispose(c);
-	LLVMDisposeTargetMachine(tm);
-	return ok;
 }

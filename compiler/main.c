@@ -47,8 +47,9 @@ static const char usage[] =
 	"  --json             machine-readable output for explain\n"
 	"  --device=NAME      the device explain's estimated step time assumes: h200 (default) or cpu\n"
 	"  -o PATH            output directory (emit) or program (build); never an input or a .plan file\n"
-	"  --native           build: compile for this machine's CPU (-march=native); the default is the\n"
-	"                     compiler's portable baseline, so a program runs on every node of a cluster\n"
+	"  --native           build: compile for this machine's CPU (-march=native; with --backend llvm the\n"
+	"                     host CPU's target machine); the default is the compiler's portable baseline,\n"
+	"                     so a program runs on every node of a cluster ('planc run' is always native)\n"
 	"  --svg FILE         explain: also draw each rank role's pipeline schedule and memory over the\n"
 	"                     step as an SVG picture\n"
 	"  --backend=c|llvm   build: compile the C with mpicc (c, the default) or through LLVM (llvm:\n"
@@ -342,7 +343,8 @@ static bool cmd_codegen(Lowered *low, const Options *o, bool compile)
 		}
 	}
 	const char *src = arena_printf(g->arena, llvm ? "%s/prog.o" : "%s/prog.c", dir);
-	if (llvm ? !emit_llvm_object(low, src, o->file, o->verify) : !run_emit(low, dir, o->file, o->dump_after, stdout)) {
+	if (llvm ? !emit_llvm_object(low, src, o->file, o->verify, o->native)
+		 : !run_emit(low, dir, o->file, o->dump_after, stdout)) {
 		if (compile)
 			remove_build_dir(dir, src);
 		return false;

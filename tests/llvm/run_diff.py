@@ -3,11 +3,13 @@
 
 Every plan tests/equiv/run_equiv.py lists (its PLANS dict, references included) is built twice,
 with `planc build` (the C back end: emit_c.c, mpicc -O3) and `planc build --backend llvm` (the
-LLVM back end: emit_llvm.c, default<O3>, an object linked with planrt), and each program trains
-STEPS steps under `mpirun -np WORLD` on data/corpus.txt. Every step's loss and gradient norm must
-agree within 1e-6 relative. A plan is reported bitwise when the logs are identical and the
-weights saved with --save are the same bytes. `planc run` (the JIT) is checked on two plans: it
-must give the built LLVM program's bytes exactly (the same module, compiled in-process).
+LLVM back end: emit_llvm.c, default<O3>, an object linked with planrt; --verify-ir also verifies
+the optimised module), both for the baseline CPU, and each program trains STEPS steps under
+`mpirun -np WORLD` on data/corpus.txt. Every step's loss and gradient norm must agree within 1e-6
+relative. A plan is reported bitwise when the logs are identical and the weights saved with --save
+are the same bytes. NATIVE_PLANS are built again with --native (this CPU: FMA, where both back
+ends fuse a multiply into its add alike) and compared the same way, and `planc run` (the JIT, for
+this CPU) must give the native LLVM program's bytes exactly (the same module, compiled in-process).
 Prints PASS/FAIL per check and a closing 'N passed, N failed' line.
 usage: run_diff.py PLANC REPO_ROOT [STEPS]
 """
@@ -15,6 +17,7 @@ import ast
 import concurrent.futures
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -27,7 +30,10 @@ env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIR
 data = f"{root}/data/corpus.txt"
 work = tempfile.mkdtemp(prefix="planc-llvm-diff-")
 TOL = 1e-6
-RUN_PLANS = [("mlp", "dp2"), ("gpt", "pp2_1f1b")]  # planc run against the built LLVM program
+# built with --native too (GELU and its gradient, dropout, bf16 rounding, a pipeline); planc run on
+# the last two
+NATIVE_PLANS = [("gpt", "bf16"), ("mlp", "dp2"), ("gpt", "pp2_1f1b")]
+RUN_PLANS = NATIVE_PLANS[1:]
 
 
 def listed_plans():
@@ -44,10 +50,10 @@ def listed_plans():
     raise SystemExit("tests/equiv/run_equiv.py has no PLANS dict")
 
 
-def world_of(model, plan):
-    out = subprocess.run([planc, "explain", f"{root}/examples/{model}.plan", "--plan", plan, "--json"],
-                         capture_output=True, text=True, check=True).stdout
-    return json.loads(out)["world"]
+def world_of(prog):
+    """the world size the built program's --help names (no MPI is started for --help)"""
+    out = subprocess.run([prog, "--help"], capture_output=True, text=True, env=env, check=True).stdout
+    return int(re.search(r"world (\d+) ranks", out).group(1))
 
 
 def train(model, plan, world, tag, command):
@@ -61,11 +67,17 @@ def train(model, plan, world, tag, command):
     return ([json.loads(line) for line in open(log)], open(save, "rb").read()), None
 
 
-def build(model, plan, backend):
-    prog = f"{work}/{model}_{plan}_{backend}"
+def build(model, plan, backend, native=False):
+    prog = f"{work}/{model}_{plan}_{backend}{'_native' if native else ''}"
     b = subprocess.run([planc, "build", f"{root}/examples/{model}.plan", "--plan", plan, "-o", prog,
-                        "--backend", backend, "--verify-ir"], capture_output=True, text=True)
+                        "--backend", backend, "--verify-ir"] + (["--native"] if native else []),
+                       capture_output=True, text=True)
     return prog if b.returncode == 0 else None, b.stderr.strip()[:400]
+
+
+def verdict(bitwise, worst):
+    return ("bitwise identical (losses, gradient norms, saved weights)" if bitwise else
+            f"worst relative difference {worst:.2e} (tolerance {TOL:g})")
 
 
 def compare(c, l):
@@ -82,29 +94,28 @@ def compare(c, l):
 
 
 def one(model, plan):
-    progs = {}
-    for backend in ("c", "llvm"):
-        progs[backend], err = build(model, plan, backend)
-        if not progs[backend]:
-            return [(f"{model} {plan}", False, f"planc build --backend {backend} failed: {err}")]
-    res, world = {}, world_of(model, plan)
-    for backend in ("c", "llvm"):
-        res[backend], err = train(model, plan, world, backend, [progs[backend]])
-        if err:
-            return [(f"{model} {plan}", False, err)]
-    bitwise, worst = compare(res["c"], res["llvm"])
-    checks = [(f"{model} {plan} c vs llvm", bitwise or worst <= TOL,
-               f"{steps} steps, " + ("bitwise identical (losses, gradient norms, saved weights)" if bitwise else
-                                     f"worst relative difference {worst:.2e} (tolerance {TOL:g})"))]
+    checks, res, world = [], {}, None
+    for native in ([False, True] if (model, plan) in NATIVE_PLANS else [False]):
+        tag = " --native" if native else ""
+        for backend in ("c", "llvm"):
+            prog, err = build(model, plan, backend, native)
+            if not prog:
+                return checks + [(f"{model} {plan}{tag}", False, f"planc build --backend {backend} failed: {err}")]
+            world = world or world_of(prog)
+            res[backend, native], err = train(model, plan, world, backend + tag.replace(" --", "_"), [prog])
+            if err:
+                return checks + [(f"{model} {plan}{tag}", False, err)]
+        bitwise, worst = compare(res["c", native], res["llvm", native])
+        checks.append((f"{model} {plan}{tag} c vs llvm", bitwise or worst <= TOL, f"{steps} steps, " + verdict(bitwise, worst)))
     if (model, plan) in RUN_PLANS:
         got, err = train(model, plan, world, "run", [planc, "run", f"{root}/examples/{model}.plan", "--plan", plan])
         if err:
             checks.append((f"{model} {plan} planc run", False, err))
         else:
-            same, worst = compare(res["llvm"], got)
+            same, worst = compare(res["llvm", True], got)
             checks.append((f"{model} {plan} planc run", same,
-                           "bitwise identical to the built LLVM program" if same else
-                           f"differs from the built LLVM program (worst {worst:.2e})"))
+                           "bitwise identical to the built --native LLVM program" if same else
+                           f"differs from the built --native LLVM program (worst {worst:.2e})"))
     return checks
 
 
@@ -119,7 +130,8 @@ with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
             passed += ok
             failed += not ok
             if ok and "bitwise identical (" in detail:
-                bitwise.append(name.split(" c vs")[0])
-print(f"bitwise: {len(bitwise)} of {len(plans)} plans")
+                bitwise.append(name)
+print(f"bitwise: {len(bitwise)} of {len(plans) + len(NATIVE_PLANS)} comparisons ({len(plans)} plans, "
+      f"{len(NATIVE_PLANS)} of them also --native)")
 print(f"llvm diff: {passed} passed, {failed} failed")
 sys.exit(1 if failed else 0)
