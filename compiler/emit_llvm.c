@@ -21,8 +21,8 @@
  * the CPU has FMA; the builder does the same here (llvm.fmuladd: fused where the target has FMA),
  * so that the two back ends round alike. LLVMRunPasses runs default<O3> with the target machine:
  * the host CPU's for planc run and build --native (the loops vectorise as gcc -march=native
- * vectorises the C), the triple's baseline otherwise, as gcc's. LLVM errors (a verifier failure, a missing target, an unresolved symbol)
- * are planc diagnostics, never aborts. */
+ * vectorises the C), the triple's baseline otherwise, as gcc's. LLVM errors (a verifier failure,
+ * a missing target, an unresolved symbol) are planc diagnostics, never aborts. */
 #include "planc.h"
 
 #include <errno.h>
@@ -271,7 +271,8 @@ static LLVMTypeRef c_param_type(Gen *G, const char *s, size_t n)
 	static const struct {
 		const char *c;
 		int bits; /* 0: double, -1: pointer */
-	} types[] = {{"int64_t", 64}, {"uint64_t", 64}, {"int", 32}, {"planrt_dtype_t", 32}, {"double", 0}, {"planrt_comm_t", -1}};
+	} types[] = {{"int64_t", 64}, {"uint64_t", 64}, {"int", 32},
+		     {"planrt_dtype_t", 32}, {"double", 0}, {"planrt_comm_t", -1}};
 	for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
 		if (strlen(types[i].c) == n && !memcmp(types[i].c, s, n))
 			return types[i].bits > 0 ? LLVMIntTypeInContext(G->c, (unsigned)types[i].bits)
@@ -310,7 +311,8 @@ static LLVMValueRef coerce(Gen *G, LLVMValueRef v, LLVMTypeRef to)
 		return v;
 	LLVMTypeKind fk = LLVMGetTypeKind(from), tk = LLVMGetTypeKind(to);
 	bool fint = fk == LLVMIntegerTypeKind, tint = tk == LLVMIntegerTypeKind;
-	bool ffp = fk == LLVMFloatTypeKind || fk == LLVMDoubleTypeKind, tfp = tk == LLVMFloatTypeKind || tk == LLVMDoubleTypeKind;
+	bool ffp = fk == LLVMFloatTypeKind || fk == LLVMDoubleTypeKind;
+	bool tfp = tk == LLVMFloatTypeKind || tk == LLVMDoubleTypeKind;
 	if (fk == LLVMPointerTypeKind && tk == LLVMPointerTypeKind)
 		return LLVMBuildBitCast(G->b, v, to, "");
 	if (fint && tint)
@@ -630,7 +632,8 @@ static LLVMValueRef kexpf(Gen *G, LLVMValueRef x)
 	LLVMValueRef k1 = LLVMBuildAShr(G->b, ki, i32c(G, 1), ""), k2 = LLVMBuildSub(G->b, ki, k1, "");
 	LLVMValueRef s1 = LLVMBuildShl(G->b, LLVMBuildAdd(G->b, k1, i32c(G, 127), ""), i32c(G, 23), "");
 	LLVMValueRef s2 = LLVMBuildShl(G->b, LLVMBuildAdd(G->b, k2, i32c(G, 127), ""), i32c(G, 23), "");
-	LLVMValueRef y = fmul(G, fmul(G, p, LLVMBuildBitCast(G->b, s1, G->t_f32, "")), LLVMBuildBitCast(G->b, s2, G->t_f32, ""));
+	LLVMValueRef y = fmul(G, p, LLVMBuildBitCast(G->b, s1, G->t_f32, ""));
+	y = fmul(G, y, LLVMBuildBitCast(G->b, s2, G->t_f32, ""));
 	y = sel(G, fcmp(G, LLVMRealOGT, x, hi), cf(G, "inf"), y);
 	y = sel(G, fcmp(G, LLVMRealOLT, x, lo), cf(G, "0.0"), y);
 	return sel(G, fcmp(G, LLVMRealUNE, x, x), x, y);
@@ -1252,7 +1255,8 @@ static LLVMValueRef build_stage(Gen *G, const Tables *T)
 		LLVMSetInitializer(g, LLVMConstPointerNull(G->t_ptr));
 		LLVMSetLinkage(g, LLVMInternalLinkage);
 		G->state[b] = g;
-		LLVMValueRef f[] = {cstring(G, x->name), i8c(G, x->state), i64c(G, (long long)x->bytes), LLVMConstBitCast(g, G->t_ptr)};
+		LLVMValueRef f[] = {cstring(G, x->name), i8c(G, x->state), i64c(G, (long long)x->bytes),
+				    LLVMConstBitCast(g, G->t_ptr)};
 		state[nstate++] = LLVMConstNamedStruct(T->state, f, 4);
 	}
 	for (int h = 0; h < p->nhandles; h++) {
@@ -1634,9 +1638,11 @@ bool emit_llvm_object(const Lowered *low, const char *path, const char *source_p
 
 bool emit_ptx(const Lowered *low, const char *dir, FILE *dump)
 {
-	return make_dir(dir) &&
-	       write_module(low, target_machine("nvptx64-nvidia-cuda", "sm_80", "+ptx70", LLVMRelocDefault, LLVMCodeModelDefault),
-			    OUT_PTX, arena_printf(low->g->arena, "%s/kernels.ptx", dir), NULL, false, dump);
+	if (!make_dir(dir))
+		return false;
+	LLVMTargetMachineRef tm =
+		target_machine("nvptx64-nvidia-cuda", "sm_80", "+ptx70", LLVMRelocDefault, LLVMCodeModelDefault);
+	return write_module(low, tm, OUT_PTX, arena_printf(low->g->arena, "%s/kernels.ptx", dir), NULL, false, dump);
 }
 
 int llvm_run(const Lowered *low, const char *source_path, int argc, char **argv, bool verify)
