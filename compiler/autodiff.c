@@ -295,6 +295,87 @@ static void differentiate(AD *ad, int o)
 		accumulate(ad, a, dl);
 		break;
 	}
+	case OP_UNARY_FN: {
+		int dx = b2(ad, OP_UNARY_FN_GRAD, a, dy, a);
+		g->ops[g->vals[dx].def].n = f.n;
+		accumulate(ad, a, dx);
+		break;
+	}
+	case OP_SUM_DIM:
+	case OP_MAX_DIM: {
+		int dx = f.kind == OP_SUM_DIM ? b1(ad, OP_SUM_DIM_GRAD, dy, a) : b2(ad, OP_MAX_DIM_GRAD, f.out[1], dy, a);
+		Op *bo = &g->ops[g->vals[dx].def];
+		bo->dim = f.dim;
+		bo->f = f.f;
+		accumulate(ad, a, dx);
+		break;
+	}
+	case OP_MSE_LOSS: { /* d/dtarget = -d/dx */
+		int dx = new_like(g, a, g->vals[a].dtype);
+		int in[3] = {a, b, dy};
+		int o2 = bop(ad, OP_MSE_LOSS_GRAD, 3, in, 1, &dx);
+		g->ops[o2].n = f.n;
+		g->ops[o2].f = f.f;
+		accumulate(ad, a, dx);
+		if (ad->needs[b])
+			accumulate(ad, b, b1(ad, OP_NEG, dx, b));
+		break;
+	}
+	case OP_NARROW: {
+		int dx = b1(ad, OP_NARROW_GRAD, dy, a);
+		Op *bo = &g->ops[g->vals[dx].def];
+		bo->dim = f.dim;
+		bo->dim2 = f.dim2;
+		bo->start = f.start;
+		bo->length = f.length;
+		accumulate(ad, a, dx);
+		break;
+	}
+	case OP_CONCAT: { /* each input's gradient is its rows of dy */
+		long long start = 0;
+		for (int i = 0; i < f.nin; i++) {
+			int x = f.in[i];
+			long long n = g->vals[x].dim[f.dim];
+			if (ad->needs[x]) {
+				int dx = b1(ad, OP_NARROW, dy, x);
+				Op *bo = &g->ops[g->vals[dx].def];
+				bo->dim = f.dim;
+				bo->start = start;
+				bo->length = n;
+				accumulate(ad, x, dx);
+			}
+			start += n;
+		}
+		break;
+	}
+	case OP_RESHAPE:
+		accumulate(ad, a, b1(ad, OP_RESHAPE, dy, a));
+		break;
+	case OP_SWAP_DIMS: {
+		int dx = b1(ad, OP_SWAP_DIMS, dy, a);
+		g->ops[g->vals[dx].def].dim = f.dim;
+		g->ops[g->vals[dx].def].dim2 = f.dim2;
+		accumulate(ad, a, dx);
+		break;
+	}
+	case OP_REPEAT_KV: {
+		int dx = b1(ad, OP_REPEAT_KV_GRAD, dy, a);
+		g->ops[g->vals[dx].def].dim = f.dim;
+		g->ops[g->vals[dx].def].n = f.n;
+		accumulate(ad, a, dx);
+		break;
+	}
+	case OP_ROPE: { /* the rotation by minus the angles, at the same positions */
+		int dx = new_like(g, a, g->vals[a].dtype);
+		int in[2] = {dy, b};
+		Op *bo = &g->ops[bop(ad, OP_ROPE_GRAD, f.nin, in, 1, &dx)];
+		bo->f = f.f;
+		bo->n = f.n;
+		bo->dim = f.dim;
+		bo->dim2 = f.dim2;
+		accumulate(ad, a, dx);
+		break;
+	}
 	default:
 		ICE("no derivative for op '%s'", op_names[f.kind]);
 	}

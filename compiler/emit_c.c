@@ -187,6 +187,12 @@ static void print_arg(Emit *e, const KArg *a)
 	case KA_STEP_SEED:
 		fprintf(f, "ctx->step_seed");
 		break;
+	case KA_STR:
+		fputc('"', f);
+		for (const char *c = a->str; *c; c++)
+			fprintf(f, *c == '"' || *c == '\\' ? "\\%c" : (unsigned char)*c < ' ' ? "\\%03o" : "%c", *c);
+		fputc('"', f);
+		break;
 	}
 }
 

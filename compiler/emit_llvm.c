@@ -152,13 +152,45 @@
 	X(COMPRESS_POWERSGD, planrt_compress_powersgd,                                                     \
 	  (float *, int, const int64_t *, const int64_t *, const int64_t *, int, float *, float *, float *,  \
 	   planrt_comm_t))                                                                                 \
-	X(POWERSGD_INIT, planrt_powersgd_init, (planrt_ctx_t *, float *, int64_t))
+	X(POWERSGD_INIT, planrt_powersgd_init, (planrt_ctx_t *, float *, int64_t))                       \
+	X(BMM, planrt_k_bmm_f32,                                                                           \
+	  (int, const int64_t *, int64_t, int64_t, int64_t, const float *, int, const int64_t *, const float *, int, \
+	   const int64_t *, float *, const int64_t *, int))                                                \
+	X(UNARY, planrt_k_unary_f32, (int, const float *, float *, int64_t))                               \
+	X(UNARY_GRAD, planrt_k_unary_grad_f32, (int, const float *, const float *, float *, int64_t))      \
+	X(SUM_DIM, planrt_k_sum_dim_f32, (const float *, float *, int64_t, int64_t, int64_t, double))      \
+	X(SUM_DIM_GRAD, planrt_k_sum_dim_grad_f32, (const float *, float *, int64_t, int64_t, int64_t, double)) \
+	X(MAX_DIM, planrt_k_max_dim_f32, (const float *, float *, int32_t *, int64_t, int64_t, int64_t))   \
+	X(MAX_DIM_GRAD, planrt_k_max_dim_grad_f32,                                                         \
+	  (const int32_t *, const float *, float *, int64_t, int64_t, int64_t))                            \
+	X(NARROW, planrt_k_slice_f32, (const float *, float *, int64_t, int64_t, int64_t, int64_t, int64_t)) \
+	X(NARROW_GRAD, planrt_k_slice_grad_f32,                                                            \
+	  (const float *, float *, int64_t, int64_t, int64_t, int64_t, int64_t, int))                      \
+	X(REPEAT_KV, planrt_k_repeat_kv_f32, (const float *, float *, int64_t, int64_t, int64_t, int64_t)) \
+	X(REPEAT_KV_GRAD, planrt_k_repeat_kv_grad_f32, (const float *, float *, int64_t, int64_t, int64_t, int64_t)) \
+	X(ROPE, planrt_k_rope_f32,                                                                         \
+	  (const float *, float *, int64_t, int64_t, int64_t, int64_t, int64_t, int, const int32_t *, int64_t, \
+	   int64_t, double))                                                                               \
+	X(ROPE_GRAD, planrt_k_rope_grad_f32,                                                               \
+	  (const float *, float *, int64_t, int64_t, int64_t, int64_t, int64_t, int, const int32_t *, int64_t, \
+	   int64_t, double))                                                                               \
+	X(REGRESSION_LOSS, planrt_regression_loss_f32,                                                     \
+	  (int, const float *, const float *, int64_t, double, float *))                                   \
+	X(REGRESSION_LOSS_GRAD, planrt_regression_loss_grad_f32,                                           \
+	  (int, const float *, const float *, int64_t, double, float *))                                   \
+	X(CHECK_LABELS, planrt_check_labels,                                                               \
+	  (const int32_t *, int, const int64_t *, const int64_t *, int64_t, const char *, int64_t))        \
+	X(NARROW_I32, planrt_narrow_i32, (const int32_t *, int32_t *, int64_t, int64_t, int64_t, int64_t, int64_t))
 
 #define X(kind, fn, params)                                                                                \
 	_Static_assert(__builtin_types_compatible_p(__typeof__(fn), void params),                          \
 		       #fn " must have the parameters emit_llvm.c's KERNEL_SIGNATURES gives it");
 KERNEL_SIGNATURES(X)
 #undef X
+/* graph.c's unary_fns pass these codes to planrt_k_unary */
+_Static_assert(PLANRT_SIN == 0 && PLANRT_COS == 1 && PLANRT_EXP == 2 && PLANRT_LOG == 3 && PLANRT_TANH == 4 &&
+		       PLANRT_SIGMOID == 5,
+	       "graph.c's unary_fns codes");
 /* the calls that make arguments, and the entry point */
 _Static_assert(__builtin_types_compatible_p(__typeof__(planrt_mesh_coord), int(int)), "planrt_mesh_coord");
 _Static_assert(__builtin_types_compatible_p(__typeof__(planrt_axis_comm), planrt_comm_t(int)), "planrt_axis_comm");
@@ -532,6 +564,8 @@ static LLVMValueRef arg_value(Gen *G, const KArg *a)
 		return ctx_load(G, offsetof(planrt_ctx_t, step), G->t_i64, "step");
 	case KA_STEP_SEED:
 		return ctx_load(G, offsetof(planrt_ctx_t, step_seed), G->t_i64, "step_seed");
+	case KA_STR:
+		return LLVMBuildGlobalStringPtr(G->b, a->str, "");
 	}
 	ICE("argument kind %d", (int)a->kind);
 }

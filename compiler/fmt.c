@@ -229,7 +229,11 @@ static void expr(Fmt *f, const Expr *e, int min_prec)
 	case E_INDEX:
 		expr(f, e->lhs, P_POSTFIX);
 		fputc('[', f->out);
-		expr(f, e->rhs, P_RANGE);
+		for (const Expr *i = e->rhs; i; i = i->next) {
+			if (i != e->rhs)
+				fputs(", ", f->out);
+			expr(f, i, P_RANGE);
+		}
 		fputc(']', f->out);
 		break;
 	case E_TUPLE:

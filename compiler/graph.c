@@ -171,6 +171,21 @@ int value_root(const Graph *g, int v)
 	return v;
 }
 
+/* whether a matmul's batch dims broadcast: operands of different ranks (other than a rank-2
+ * weight) or batch dims of different sizes among the operands and the output */
+bool matmul_broadcasts(const Graph *g, const Op *op)
+{
+	const Value *va = &g->vals[op->in[0]], *vb = &g->vals[op->in[1]], *vo = &g->vals[op->out[0]];
+	if (vb->rank == 2)
+		return false;
+	if (va->rank != vb->rank || vo->rank != va->rank)
+		return true;
+	for (int d = 0; d < va->rank - 2; d++)
+		if (va->dim[d] != vb->dim[d] || vo->dim[d] != va->dim[d])
+			return true;
+	return false;
+}
+
 const char *layout_string(const Graph *g, int v, char *buf, size_t n)
 {
 	const Value *val = &g->vals[v];
@@ -544,24 +559,23 @@ static int matmul(Elab *e, int a, int b, Loc loc)
 			   va->dim[va->rank - 1], vb->dim[vb->rank - 2]);
 		return -1;
 	}
+	/* batch dims broadcast (torch.matmul, numpy rules, right aligned); a rank-2 b is a weight
+	 * applied to every row of a */
 	long long dim[MAX_DIMS];
 	const char *names[MAX_DIMS];
-	int rank = va->rank;
-	if (vb->rank > 2) {
-		if (vb->rank != va->rank) {
-			elab_error(e, loc, "batched matmul needs operands of the same rank: %s @ %s", sa, sb);
+	int rank = va->rank > vb->rank ? va->rank : vb->rank;
+	for (int i = 0; i < rank - 2; i++) {
+		int ia = i - (rank - va->rank), ib = i - (rank - vb->rank);
+		long long da = ia >= 0 ? va->dim[ia] : 1, db = ib >= 0 ? vb->dim[ib] : 1;
+		if (da != db && da != 1 && db != 1) {
+			elab_error(e, loc, "batched matmul batch dimensions do not broadcast: %s @ %s", sa, sb);
 			return -1;
 		}
-		for (int i = 0; i < va->rank - 2; i++)
-			if (va->dim[i] != vb->dim[i]) {
-				elab_error(e, loc, "batched matmul batch dimensions differ: %s @ %s", sa, sb);
-				return -1;
-			}
+		dim[i] = da > db ? da : db;
+		names[i] = ia >= 0 && va->dim[ia] == dim[i] ? va->dim_name[ia] : ib >= 0 ? vb->dim_name[ib] : NULL;
 	}
-	for (int i = 0; i < rank - 1; i++) {
-		dim[i] = va->dim[i];
-		names[i] = va->dim_name[i];
-	}
+	dim[rank - 2] = va->dim[va->rank - 2];
+	names[rank - 2] = va->dim_name[va->rank - 2];
 	dim[rank - 1] = vb->dim[vb->rank - 1];
 	names[rank - 1] = vb->dim_name[vb->rank - 1];
 	int y = graph_add_value(e->g, va->dtype, rank, dim, names);
@@ -659,6 +673,437 @@ static int route_of(Elab *e, int route, Loc loc, const char *fn)
 		return -1;
 	}
 	return def;
+}
+
+/* ------------------------------------------------------------------ tensor manipulation, reductions,
+ * element-wise functions, RoPE, repeat_kv and the regression losses (torch.nn.functional's
+ * namesakes; docs/language.md lists them with their signatures) */
+
+/* A dim argument in [-rank, rank), returned in [0, rank). */
+static bool dim_arg(Elab *e, Scope *sc, Expr *x, int rank, int *d)
+{
+	long long i;
+	if (!eval_int(e, sc, x, &i, NULL))
+		return false;
+	if (i < -rank || i >= rank) {
+		elab_error(e, x->loc, "dimension %lld out of range for a tensor of rank %d", i, rank);
+		return false;
+	}
+	*d = (int)(i < 0 ? i + rank : i);
+	return true;
+}
+
+static int float_tensor(Elab *e, Scope *sc, Expr *x, const char *fn)
+{
+	int t = eval_tensor(e, sc, x);
+	if (t >= 0 && !is_float(e->g->vals[t].dtype)) {
+		elab_error(e, x->loc, "'%s' needs a floating-point tensor, not %s", fn, dtype_name(e->g->vals[t].dtype));
+		return -1;
+	}
+	return t;
+}
+
+/* v's dims without dim d (drop), or with d set to n */
+static int reshaped_like(Elab *e, int v, int d, long long n, bool drop, DType t)
+{
+	const Value *val = &e->g->vals[v];
+	long long dim[MAX_DIMS];
+	const char *names[MAX_DIMS];
+	int r = 0;
+	for (int i = 0; i < val->rank; i++) {
+		if (i == d && drop)
+			continue;
+		dim[r] = i == d ? n : val->dim[i];
+		names[r] = i == d && n != val->dim[i] ? NULL : val->dim_name[i];
+		r++;
+	}
+	return graph_add_value(e->g, t, r, dim, names);
+}
+
+/* rows [start, start + len) of dim d; drop: len is 1 and the dim goes (x[.., i, ..]) */
+static int narrow(Elab *e, int x, int d, long long start, long long len, bool drop, Loc loc)
+{
+	int y = reshaped_like(e, x, d, len, drop, e->g->vals[x].dtype);
+	int o = emit(e, OP_NARROW, 1, &x, 1, &y, loc);
+	Op *op = &e->g->ops[o];
+	op->dim = d;
+	op->dim2 = drop;
+	op->start = start;
+	op->length = len;
+	return y;
+}
+
+/* An index in [-n, n) (end: in [-n, n]) as a position in [0, n] */
+static bool position_arg(Elab *e, Scope *sc, Expr *x, long long n, bool end, long long *at)
+{
+	long long i;
+	if (!eval_int(e, sc, x, &i, NULL))
+		return false;
+	if (i < -n || i > (end ? n : n - 1)) {
+		elab_error(e, x->loc, "index %lld is out of range for a dimension of size %lld", i, n);
+		return false;
+	}
+	*at = i < 0 ? i + n : i;
+	return true;
+}
+
+/* x[i, _, j]: each entry a position (the dim is dropped, torch's select) or '_' (the whole dim) */
+static int index_tensor(Elab *e, Scope *sc, Expr *x)
+{
+	int t = eval_tensor(e, sc, x->lhs);
+	if (t < 0)
+		return -1;
+	int n = 0;
+	for (Expr *i = x->rhs; i; i = i->next)
+		n++;
+	if (n > e->g->vals[t].rank) {
+		elab_error(e, x->loc, "%d indices for a tensor of rank %d", n, e->g->vals[t].rank);
+		return -1;
+	}
+	int d = 0;
+	for (Expr *i = x->rhs; i && t >= 0; i = i->next) {
+		if (i->kind == E_NAME && !strcmp(i->text, "_")) {
+			d++;
+			continue;
+		}
+		long long at;
+		if (!position_arg(e, sc, i, e->g->vals[t].dim[d], false, &at))
+			return -1;
+		t = narrow(e, t, d, at, 1, true, i->loc);
+	}
+	return t;
+}
+
+/* The items of a list or tuple argument (or the argument itself), at most max. */
+static int list_items(Elab *e, Expr *x, Expr **items, int max, const char *fn)
+{
+	int n = 0;
+	if (x->kind != E_LIST && x->kind != E_TUPLE) {
+		items[n++] = x;
+		return n;
+	}
+	for (Expr *i = x->items; i; i = i->next) {
+		if (n == max) {
+			elab_error(e, i->loc, "'%s' takes at most %d here", fn, max);
+			return -1;
+		}
+		items[n++] = i;
+	}
+	return n;
+}
+
+static const struct {
+	const char *name;
+	int code; /* planrt_kernels.h: PLANRT_SIN .. PLANRT_SIGMOID */
+} unary_fns[] = {{"sin", 0}, {"cos", 1}, {"exp", 2}, {"log", 3}, {"tanh", 4}, {"sigmoid", 5}};
+
+static bool lang_primitive(Elab *e, Scope *sc, const char *name, CallArgs *ca, EnvVal *out)
+{
+	Graph *g = e->g;
+	Loc loc = ca->loc;
+	static const char *const no_keys[] = {NULL};
+	for (size_t i = 0; i < sizeof unary_fns / sizeof unary_fns[0]; i++) {
+		if (strcmp(name, unary_fns[i].name))
+			continue;
+		if (!check_arity(e, ca, name, 1, 1, no_keys))
+			return true;
+		int x = float_tensor(e, sc, ca->pos[0], name);
+		if (x < 0)
+			return true;
+		int y = unary(e, OP_UNARY_FN, x, loc);
+		g->ops[g->vals[y].def].n = unary_fns[i].code;
+		*out = tensor_val(y);
+		return true;
+	}
+	if (!strcmp(name, "sum") || !strcmp(name, "mean") || !strcmp(name, "max")) {
+		static const char *const keys[] = {"dim", "keepdim", NULL};
+		if (!check_arity(e, ca, name, 1, 3, keys))
+			return true;
+		int x = float_tensor(e, sc, ca->pos[0], name);
+		if (x < 0)
+			return true;
+		const Value *v = &g->vals[x];
+		int d = -1;
+		Expr *dx = kwarg(ca, "dim", 1);
+		if (dx && !dim_arg(e, sc, dx, v->rank, &d))
+			return true;
+		double keep = num_arg(e, sc, ca, "keepdim", 2, 0);
+		if (e->failed)
+			return true;
+		long long n = d >= 0 ? v->dim[d] : value_elems(g, x);
+		int y;
+		if (d < 0 && keep != 0) { /* every dim kept as size 1 */
+			long long dim[MAX_DIMS];
+			for (int i = 0; i < v->rank; i++)
+				dim[i] = 1;
+			y = graph_add_value(g, v->dtype, v->rank, dim, NULL);
+		} else if (d < 0) {
+			y = graph_add_value(g, v->dtype, 0, NULL, NULL);
+		} else {
+			y = reshaped_like(e, x, d, 1, keep == 0, v->dtype);
+		}
+		bool max = name[1] == 'a';
+		int o;
+		if (max) {
+			int arg = new_value_like(e, y, DT_I32);
+			g->vals[arg].role = ROLE_INDEX;
+			o = emit(e, OP_MAX_DIM, 1, &x, 2, (int[]){y, arg}, loc);
+		} else {
+			o = emit(e, OP_SUM_DIM, 1, &x, 1, &y, loc);
+		}
+		g->ops[o].dim = d;
+		g->ops[o].f = name[0] == 'm' && !max ? 1.0 / (double)n : 1.0;
+		*out = tensor_val(y);
+		return true;
+	}
+	if (!strcmp(name, "mse_loss") || !strcmp(name, "l1_loss")) {
+		if (!check_arity(e, ca, name, 2, 2, no_keys))
+			return true;
+		int x = float_tensor(e, sc, ca->pos[0], name);
+		int t = x < 0 ? -1 : float_tensor(e, sc, ca->pos[1], name);
+		if (t < 0)
+			return true;
+		const Value *vx = &g->vals[x], *vt = &g->vals[t];
+		bool same = vx->rank == vt->rank;
+		for (int i = 0; same && i < vx->rank; i++)
+			same = vx->dim[i] == vt->dim[i];
+		if (!same) {
+			char s1[128], s2[128];
+			shape_text(g, x, s1, sizeof s1);
+			shape_text(g, t, s2, sizeof s2);
+			elab_error(e, loc, "%s needs an input and a target of one shape, got %s and %s", name, s1, s2);
+			return true;
+		}
+		int loss = graph_add_value(g, DT_F32, 0, NULL, NULL);
+		g->vals[loss].role = ROLE_LOSS;
+		int o = emit(e, OP_MSE_LOSS, 2, (int[]){x, t}, 1, &loss, loc);
+		g->ops[o].n = name[0] == 'l';
+		g->ops[o].f = 1.0 / (double)value_elems(g, x);
+		*out = tensor_val(loss);
+		return true;
+	}
+	if (!strcmp(name, "select") || !strcmp(name, "slice")) {
+		bool sel = name[1] == 'e';
+		if (!check_arity(e, ca, name, sel ? 3 : 4, sel ? 3 : 4, no_keys))
+			return true;
+		int x = eval_tensor(e, sc, ca->pos[0]);
+		int d;
+		if (x < 0 || !dim_arg(e, sc, ca->pos[1], g->vals[x].rank, &d))
+			return true;
+		long long n = g->vals[x].dim[d], start, end;
+		if (!position_arg(e, sc, ca->pos[2], n, !sel, &start))
+			return true;
+		if (sel) {
+			*out = tensor_val(narrow(e, x, d, start, 1, true, loc));
+			return true;
+		}
+		if (!position_arg(e, sc, ca->pos[3], n, true, &end))
+			return true;
+		if (end <= start) {
+			elab_error(e, loc, "slice [%lld, %lld) of a dimension of size %lld is empty", start, end, n);
+			return true;
+		}
+		*out = tensor_val(narrow(e, x, d, start, end - start, false, loc));
+		return true;
+	}
+	if (!strcmp(name, "concat")) {
+		static const char *const keys[] = {"dim", NULL};
+		if (!check_arity(e, ca, name, 1, 2, keys))
+			return true;
+		Expr *items[6];
+		int n = list_items(e, ca->pos[0], items, 6, name), xs[6];
+		if (n < 0)
+			return true;
+		if (n < 2) {
+			elab_error(e, ca->pos[0]->loc, "concat needs a list of 2 to 6 tensors: concat([a, b], dim)");
+			return true;
+		}
+		for (int i = 0; i < n; i++)
+			if ((xs[i] = float_tensor(e, sc, items[i], name)) < 0)
+				return true;
+		int d = -1;
+		Expr *dx = kwarg(ca, "dim", 1);
+		if (dx && !dim_arg(e, sc, dx, g->vals[xs[0]].rank, &d))
+			return true;
+		if (!dx)
+			d = g->vals[xs[0]].rank - 1;
+		long long total = 0;
+		for (int i = 0; i < n; i++) {
+			const Value *a = &g->vals[xs[0]], *b = &g->vals[xs[i]];
+			bool ok = a->rank == b->rank && a->dtype == b->dtype;
+			for (int k = 0; ok && k < a->rank; k++)
+				ok = k == d || a->dim[k] == b->dim[k];
+			if (!ok) {
+				char s1[128], s2[128];
+				shape_text(g, xs[0], s1, sizeof s1);
+				shape_text(g, xs[i], s2, sizeof s2);
+				elab_error(e, items[i]->loc, "concat along dim %d needs tensors equal in every other dim, got %s and %s",
+					   d, s1, s2);
+				return true;
+			}
+			total += b->dim[d];
+		}
+		int y = reshaped_like(e, xs[0], d, total, false, g->vals[xs[0]].dtype);
+		int o = emit(e, OP_CONCAT, n, xs, 1, &y, loc);
+		g->ops[o].dim = d;
+		*out = tensor_val(y);
+		return true;
+	}
+	if (!strcmp(name, "reshape")) {
+		if (!check_arity(e, ca, name, 2, 2, no_keys))
+			return true;
+		int x = eval_tensor(e, sc, ca->pos[0]);
+		Expr *items[MAX_DIMS];
+		int n = x < 0 ? -1 : list_items(e, ca->pos[1], items, MAX_DIMS, name);
+		if (n < 0)
+			return true;
+		long long dim[MAX_DIMS], known = 1;
+		const char *names[MAX_DIMS];
+		int infer = -1;
+		for (int i = 0; i < n; i++) {
+			if (!eval_int(e, sc, items[i], &dim[i], &names[i]))
+				return true;
+			if (dim[i] == -1 && infer < 0) {
+				infer = i;
+				continue;
+			}
+			if (dim[i] <= 0) {
+				elab_error(e, items[i]->loc, "a reshape dimension is positive (or one -1), not %lld", dim[i]);
+				return true;
+			}
+			known *= dim[i];
+		}
+		long long elems = value_elems(g, x);
+		if (infer >= 0 && elems % known == 0) {
+			dim[infer] = elems / known;
+			names[infer] = NULL;
+			known = elems;
+		}
+		if (known != elems) {
+			char s[128];
+			shape_text(g, x, s, sizeof s);
+			elab_error(e, ca->pos[1]->loc, "cannot reshape %s (%lld elements) to this shape (%lld elements)", s, elems,
+				   known);
+			return true;
+		}
+		int y = graph_add_value(g, g->vals[x].dtype, n, dim, names);
+		emit(e, OP_RESHAPE, 1, &x, 1, &y, loc);
+		*out = tensor_val(y);
+		return true;
+	}
+	if (!strcmp(name, "transpose")) {
+		if (!check_arity(e, ca, name, 3, 3, no_keys))
+			return true;
+		int x = float_tensor(e, sc, ca->pos[0], name), d0, d1;
+		if (x < 0 || !dim_arg(e, sc, ca->pos[1], g->vals[x].rank, &d0) || !dim_arg(e, sc, ca->pos[2], g->vals[x].rank, &d1))
+			return true;
+		int r = g->vals[x].rank;
+		if (d0 == d1) {
+			*out = tensor_val(x);
+			return true;
+		}
+		if ((d0 == r - 1 && d1 == r - 2) || (d0 == r - 2 && d1 == r - 1)) { /* as x.T: matmuls fold it */
+			int y = transpose(e, x, loc);
+			if (y >= 0)
+				*out = tensor_val(y);
+			return true;
+		}
+		int y = new_value_like(e, x, g->vals[x].dtype);
+		Value *vy = &g->vals[y];
+		const Value *vx = &g->vals[x];
+		vy->dim[d0] = vx->dim[d1];
+		vy->dim[d1] = vx->dim[d0];
+		vy->dim_name[d0] = vx->dim_name[d1];
+		vy->dim_name[d1] = vx->dim_name[d0];
+		int o = emit(e, OP_SWAP_DIMS, 1, &x, 1, &y, loc);
+		g->ops[o].dim = d0;
+		g->ops[o].dim2 = d1;
+		*out = tensor_val(y);
+		return true;
+	}
+	if (!strcmp(name, "repeat_kv")) {
+		static const char *const keys[] = {"dim", NULL};
+		if (!check_arity(e, ca, name, 2, 3, keys))
+			return true;
+		int x = float_tensor(e, sc, ca->pos[0], name);
+		long long rep;
+		if (x < 0 || !eval_int(e, sc, ca->pos[1], &rep, NULL))
+			return true;
+		int r = g->vals[x].rank, d = r - 3;
+		Expr *dx = kwarg(ca, "dim", 2);
+		if (dx && !dim_arg(e, sc, dx, r, &d))
+			return true;
+		if (d < 0) {
+			elab_error(e, loc, "repeat_kv needs heads [.., Hkv, S, Dh] (after split_heads) or a dim");
+			return true;
+		}
+		if (rep < 1) {
+			elab_error(e, ca->pos[1]->loc, "repeat_kv needs n_rep >= 1, not %lld", rep);
+			return true;
+		}
+		int y = reshaped_like(e, x, d, g->vals[x].dim[d] * rep, false, g->vals[x].dtype);
+		int o = emit(e, OP_REPEAT_KV, 1, &x, 1, &y, loc);
+		g->ops[o].dim = d;
+		g->ops[o].n = rep;
+		*out = tensor_val(y);
+		return true;
+	}
+	if (!strcmp(name, "rope")) {
+		static const char *const keys[] = {"theta", "pos", "rot_dim", "heads_first", NULL};
+		if (!check_arity(e, ca, name, 1, 1, keys))
+			return true;
+		int x = float_tensor(e, sc, ca->pos[0], name);
+		if (x < 0)
+			return true;
+		const Value *v = &g->vals[x];
+		if (v->rank != 4) {
+			char s[128];
+			shape_text(g, x, s, sizeof s);
+			elab_error(e, loc, "rope needs heads [B, H, S, Dh] (after split_heads), or [B, S, H, Dh] with heads_first = 0; got %s", s);
+			return true;
+		}
+		double theta = num_arg(e, sc, ca, "theta", -1, 10000.0);
+		double first = num_arg(e, sc, ca, "heads_first", -1, 1);
+		double rot = num_arg(e, sc, ca, "rot_dim", -1, (double)v->dim[3]);
+		if (e->failed)
+			return true;
+		if (theta <= 0) {
+			elab_error(e, loc, "rope needs theta > 0, not %g", theta);
+			return true;
+		}
+		if (rot != floor(rot) || rot < 2 || rot > (double)v->dim[3] || (long long)rot % 2) {
+			elab_error(e, loc, "rope's rot_dim = %g must be even and between 2 and the head dim %lld", rot, v->dim[3]);
+			return true;
+		}
+		int seq = first != 0 ? 2 : 1;
+		int in[2] = {x, -1}, nin = 1;
+		Expr *px = kwarg(ca, "pos", -1);
+		if (px) {
+			int pos = eval_tensor(e, sc, px);
+			if (pos < 0)
+				return true;
+			const Value *vp = &g->vals[pos];
+			bool ok = vp->dtype == DT_I32 && ((vp->rank == 1 && vp->dim[0] == v->dim[seq]) ||
+							   (vp->rank == 2 && vp->dim[0] == v->dim[0] && vp->dim[1] == v->dim[seq]));
+			if (!ok) {
+				char s[128];
+				shape_text(g, pos, s, sizeof s);
+				elab_error(e, px->loc, "rope's positions are i32 [S] or [B, S] (S = %lld), not %s %s", v->dim[seq],
+					   dtype_name(vp->dtype), s);
+				return true;
+			}
+			in[nin++] = pos;
+		}
+		int y = new_value_like(e, x, v->dtype);
+		int o = emit(e, OP_ROPE, nin, in, 1, &y, loc);
+		g->ops[o].f = theta;
+		g->ops[o].n = (long long)rot;
+		g->ops[o].dim = seq;
+		g->ops[o].dim2 = first != 0;
+		*out = tensor_val(y);
+		return true;
+	}
+	return false;
 }
 
 /* Primitive ops. Returns true if name is a primitive (result in *out). */
@@ -1043,7 +1488,7 @@ static bool call_primitive(Elab *e, Scope *sc, const char *name, CallArgs *ca, E
 		*out = tensor_val(y);
 		return true;
 	}
-	return false;
+	return lang_primitive(e, sc, name, ca, out);
 }
 
 static EnvVal call_fn(Elab *e, Scope *caller, Item *fn, Expr *call);
@@ -1268,9 +1713,10 @@ static EnvVal eval(Elab *e, Scope *sc, Expr *x)
 	}
 	case E_CALL:
 		return eval_call(e, sc, x);
-	case E_INDEX:
-		elab_error(e, x->loc, "indexing a tensor is not supported in model bodies yet");
-		return none;
+	case E_INDEX: {
+		int y = index_tensor(e, sc, x);
+		return y < 0 ? none : tensor_val(y);
+	}
 	default:
 		elab_error(e, x->loc, "this %s cannot be used in a model body", expr_kind_name(x->kind));
 		return none;

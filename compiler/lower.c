@@ -216,6 +216,13 @@ static void karg_offset(LProg *p, Kernel *k, int b, int dim)
 	a->dim = dim;
 }
 
+static void karg_str(LProg *p, Kernel *k, const char *str)
+{
+	KArg *a = next_arg(p, k);
+	a->kind = KA_STR;
+	a->str = str;
+}
+
 static void karg_scalar(LProg *p, Kernel *k, int b, double f)
 {
 	KArg *a = next_arg(p, k);
@@ -470,13 +477,105 @@ static void lower_matmul(Lower *L, const Op *op, int oi)
 	karg_int(p, k, acc);
 }
 
+/* The contiguous element strides of v's local block over its first n dims (the dims after them
+ * are one block each). */
+static void block_strides(const Graph *g, int v, long long *stride)
+{
+	long long s = 1;
+	for (int d = g->vals[v].rank - 1; d >= 0; d--) {
+		stride[d] = s;
+		s *= ldim(g, v, d);
+	}
+}
+
+/* A matmul through planrt_k_bmm: the iteration runs the batch dims of the operands and the output
+ * broadcast together (right aligned); an operand, or the output, that is shorter or has size 1
+ * along one gets stride 0 there: read once for all, or summed into (the gradient of an operand
+ * that was broadcast). wgrad: out [K, N] = the sum over every leading dim of a^T dy (the weight
+ * gradient, here for a transposed activation). */
+static void lower_bmm(Lower *L, const Op *op, int oi, bool wgrad)
+{
+	Graph *g = L->g;
+	LProg *p = L->p;
+	int ta, tb;
+	int a = storage(g, op->in[0], &ta), b = storage(g, op->in[1], &tb);
+	int la = op->in[0], lb = op->in[1], out = op->out[0];
+	int ra = g->vals[la].rank, rb = g->vals[lb].rank, ro = g->vals[out].rank;
+	long long sa[MAX_DIMS], sb[MAX_DIMS], so[MAX_DIMS];
+	block_strides(g, la, sa);
+	block_strides(g, lb, sb);
+	block_strides(g, out, so);
+	long long M, N, K;
+	int nb, trans_a, trans_b;
+	long long dims[MAX_DIMS], astr[MAX_DIMS], bstr[MAX_DIMS], cstr[MAX_DIMS];
+	if (wgrad) { /* a [.., M, K], dy [.., M, N]: batches over a's leading dims, C summed over all */
+		nb = ra - 2;
+		M = ldim(g, la, ra - 1);
+		K = ldim(g, la, ra - 2);
+		N = ldim(g, lb, rb - 1);
+		trans_a = !ta;
+		trans_b = tb;
+		for (int j = 0; j < nb; j++) {
+			dims[j] = ldim(g, la, j);
+			astr[j] = sa[j];
+			bstr[j] = sb[j];
+			cstr[j] = 0;
+		}
+	} else {
+		int nr = ra > rb ? ra : rb;
+		if (ro > nr)
+			nr = ro;
+		nb = nr - 2;
+		M = ldim(g, la, ra - 2);
+		K = ldim(g, la, ra - 1);
+		N = ldim(g, lb, rb - 1);
+		trans_a = ta;
+		trans_b = tb;
+		for (int j = 0; j < nb; j++) {
+			int da = j - (nr - ra), db = j - (nr - rb), dc = j - (nr - ro);
+			long long n = 1;
+			if (da >= 0 && ldim(g, la, da) > n)
+				n = ldim(g, la, da);
+			if (db >= 0 && ldim(g, lb, db) > n)
+				n = ldim(g, lb, db);
+			if (dc >= 0 && ldim(g, out, dc) > n)
+				n = ldim(g, out, dc);
+			dims[j] = n;
+			astr[j] = da >= 0 && ldim(g, la, da) == n ? sa[da] : 0;
+			bstr[j] = db >= 0 && ldim(g, lb, db) == n ? sb[db] : 0;
+			cstr[j] = dc >= 0 && ldim(g, out, dc) == n ? so[dc] : 0;
+		}
+	}
+	if (nb == 0) { /* one product: a batch of one (no empty arrays in the C) */
+		nb = 1;
+		dims[0] = 1;
+		astr[0] = bstr[0] = cstr[0] = 0;
+	}
+	Kernel *k = call(L, K_BMM, oi);
+	karg_int(p, k, nb);
+	karg_ints(p, k, dims, nb, false);
+	karg_int(p, k, M);
+	karg_int(p, k, N);
+	karg_int(p, k, K);
+	arg_value(L, k, a, true, false);
+	karg_int(p, k, trans_a);
+	karg_ints(p, k, astr, nb, false);
+	arg_value(L, k, b, true, false);
+	karg_int(p, k, trans_b);
+	karg_ints(p, k, bstr, nb, false);
+	bool acc = g->vals[out].grad_of >= 0; /* parameter gradients accumulate over micro-batches */
+	arg_value(L, k, out, acc, true);
+	karg_ints(p, k, cstr, nb, false);
+	karg_int(p, k, acc);
+}
+
 static bool lower_wgrad(Lower *L, const Op *op, int oi)
 {
 	Graph *g = L->g;
 	int ta, tb;
 	int a = storage(g, op->in[0], &ta), dy = storage(g, op->in[1], &tb);
 	if (ta || tb)
-		return false; /* the C target has no kernel for it yet: opaque */
+		return false; /* lower_bmm's */
 	int out = op->out[0];
 	const Value *va = &g->vals[op->in[0]];
 	long long K = ldim(g, op->in[0], va->rank - 1);
@@ -842,6 +941,44 @@ static void lower_param_gather(Lower *L, const Op *op, int oi)
 	cm->what = g->vals[x].name;
 }
 
+/* The input a value was loaded from, through layout conversions and views (-1: computed). */
+static int input_of(const Graph *g, int v)
+{
+	for (;;) {
+		int d = g->vals[v].def;
+		if (d < 0)
+			return -1;
+		const Op *op = &g->ops[d];
+		if (op->kind == OP_INPUT)
+			return v;
+		OpClass c = op_classes[op->kind];
+		if (op->nin != 1 || (c != OPK_COLLECTIVE && c != OPK_VIEW && op->kind != OP_RECV && op->kind != OP_NARROW &&
+				     op->kind != OP_RESHAPE))
+			return -1;
+		v = op->in[0];
+	}
+}
+
+/* Class labels are checked against the classes before every cross-entropy: a label outside them
+ * ends the run with its value and position, never trains silently on a wrong target. */
+static void check_labels(Lower *L, const Op *op, int oi)
+{
+	Graph *g = L->g;
+	LProg *p = L->p;
+	int logits = op->in[0], targets = op->in[1];
+	int src = input_of(g, targets), line, col;
+	diag_line_col(op->src, op->loc.off, &line, &col);
+	const char *what = src >= 0 ? arena_printf(g->arena, "input '%s'", g->vals[src].name) : "the labels";
+	Kernel *k = call(L, K_CHECK_LABELS, oi);
+	arg_value(L, k, targets, true, false);
+	karg_int(p, k, p->buf[targets].rank);
+	karg_ints(p, k, p->buf[targets].ldims, p->buf[targets].rank, false);
+	karg_offset(p, k, targets, -1);
+	karg_int(p, k, g->vals[logits].dim[g->vals[logits].rank - 1]);
+	karg_str(p, k, arena_printf(g->arena, "%s (the targets of cross_entropy at %s:%d:%d)", what, op->src->path, line, col));
+	karg(p, k, KA_STEP, 0);
+}
+
 /* Vocab-parallel cross-entropy all-reduces its row statistics inside its kernel: the internal
  * reductions shard.c placed right after it are this kernel's communication. */
 static void lower_cross_entropy(Lower *L, const Op *op, int oi)
@@ -853,6 +990,7 @@ static void lower_cross_entropy(Lower *L, const Op *op, int oi)
 	for (int a = 0; a < g->ps->naxes; a++)
 		if (g->vals[logits].lay.on[a] == r - 1)
 			vaxis = a;
+	check_labels(L, op, oi);
 	Kernel *k = call(L, K_CROSS_ENTROPY, oi);
 	arg_value(L, k, logits, true, false);
 	arg_value(L, k, targets, true, false);
@@ -867,6 +1005,250 @@ static void lower_cross_entropy(Lower *L, const Op *op, int oi)
 	int ki = p->nk - 1;
 	for (int j = oi + 1; j < g->nops && g->ops[j].internal; j++)
 		comm_of_op(L, &p->k[ki], &g->ops[j], j);
+}
+
+/* ------------------------------------------------------------------ reductions, shapes, RoPE */
+
+/* A kernel that overwrites its output cannot write a parameter's gradient, which accumulates over
+ * the micro-batches: it writes a transient copy, added by overwritten_done. */
+static int overwrite_target(Lower *L, int v)
+{
+	const Graph *g = L->g;
+	if (g->vals[v].grad_of < 0)
+		return v;
+	return buffer_new(L->p, BUF_ARENA, g->vals[v].dtype, lelems(g, v), "grad_part", g->vals[v].name);
+}
+
+static void overwritten_done(Lower *L, int oi, int v, int written)
+{
+	if (written == v)
+		return;
+	Kernel *k = call(L, K_ACCUMULATE, oi);
+	arg_value(L, k, v, true, true);
+	arg_value(L, k, written, true, false);
+	karg_int(L->p, k, lelems(L->g, v));
+	karg(L->p, k, KA_DTYPE, L->g->vals[v].dtype);
+}
+
+/* v's local block viewed as [outer, n, inner] around dim d (d < 0: [1, every element, 1]) */
+static void around_dim(const Graph *g, int v, int d, long long *outer, long long *n, long long *inner)
+{
+	*outer = *inner = 1;
+	*n = lelems(g, v);
+	if (d < 0)
+		return;
+	*n = ldim(g, v, d);
+	for (int i = 0; i < g->vals[v].rank; i++)
+		if (i < d)
+			*outer *= ldim(g, v, i);
+		else if (i > d)
+			*inner *= ldim(g, v, i);
+}
+
+static void arg_around(Lower *L, Kernel *k, int v, int d)
+{
+	long long outer, n, inner;
+	around_dim(L->g, v, d, &outer, &n, &inner);
+	karg_int(L->p, k, outer);
+	karg_int(L->p, k, n);
+	karg_int(L->p, k, inner);
+}
+
+/* rows [start, start + len) of dim d of y get x (added to y's rows; the others are left) */
+static void narrow_into(Lower *L, int oi, int x, int y, int d, long long start, long long len, bool accumulate)
+{
+	Kernel *k = call(L, K_NARROW_GRAD, oi);
+	arg_value(L, k, x, true, false);
+	arg_value(L, k, y, accumulate, true);
+	arg_around(L, k, y, d);
+	karg_int(L->p, k, start);
+	karg_int(L->p, k, len);
+	karg_int(L->p, k, accumulate);
+}
+
+static void lower_rope(Lower *L, const Op *op, int oi)
+{
+	Graph *g = L->g;
+	LProg *p = L->p;
+	int x = op->in[0], y = op->out[0], pos = op->nin > 1 ? op->in[1] : -1;
+	bool first = op->dim2 != 0;
+	int w = op->kind == OP_ROPE_GRAD ? overwrite_target(L, y) : y;
+	Kernel *k = call(L, op->kind == OP_ROPE ? K_ROPE : K_ROPE_GRAD, oi);
+	arg_value(L, k, x, true, false);
+	arg_value(L, k, w, false, true);
+	karg_int(p, k, ldim(g, x, 0));                /* batch */
+	karg_int(p, k, ldim(g, x, first ? 2 : 1));    /* seq */
+	karg_int(p, k, ldim(g, x, first ? 1 : 2));    /* heads */
+	karg_int(p, k, ldim(g, x, 3));                /* head_dim */
+	karg_int(p, k, op->n);                        /* rot_dim */
+	karg_int(p, k, first);
+	if (pos >= 0) {
+		arg_value(L, k, pos, true, false);
+		karg_int(p, k, g->vals[pos].rank == 2 ? ldim(g, pos, 1) : 0);
+		karg_int(p, k, 0);
+	} else { /* positions 0, 1, ..: this block's rows start at its offset in the sequence */
+		karg(p, k, KA_NULL, 0);
+		karg_int(p, k, 0);
+		karg_offset(p, k, x, op->dim);
+	}
+	karg_f64(p, k, op->f);
+	overwritten_done(L, oi, y, w);
+}
+
+static void lower_shape_op(Lower *L, const Op *op, int oi)
+{
+	Graph *g = L->g;
+	LProg *p = L->p;
+	int x = op->in[0], y = op->out[0];
+	Kernel *k;
+	switch (op->kind) {
+	case OP_UNARY_FN:
+		k = call(L, K_UNARY, oi);
+		karg_int(p, k, op->n);
+		arg_value(L, k, x, true, false);
+		arg_value(L, k, y, false, true);
+		karg_int(p, k, lelems(g, x));
+		return;
+	case OP_UNARY_FN_GRAD: {
+		int w = overwrite_target(L, y);
+		k = call(L, K_UNARY_GRAD, oi);
+		karg_int(p, k, op->n);
+		arg_value(L, k, x, true, false);
+		arg_value(L, k, op->in[1], true, false);
+		arg_value(L, k, w, false, true);
+		karg_int(p, k, lelems(g, x));
+		overwritten_done(L, oi, y, w);
+		return;
+	}
+	case OP_SUM_DIM:
+		k = call(L, K_SUM_DIM, oi);
+		arg_value(L, k, x, true, false);
+		arg_value(L, k, y, false, true);
+		arg_around(L, k, x, op->dim);
+		karg_f64(p, k, op->f);
+		return;
+	case OP_SUM_DIM_GRAD: {
+		int w = overwrite_target(L, y);
+		k = call(L, K_SUM_DIM_GRAD, oi);
+		arg_value(L, k, x, true, false);
+		arg_value(L, k, w, false, true);
+		arg_around(L, k, y, op->dim);
+		karg_f64(p, k, op->f);
+		overwritten_done(L, oi, y, w);
+		return;
+	}
+	case OP_MAX_DIM:
+		k = call(L, K_MAX_DIM, oi);
+		arg_value(L, k, x, true, false);
+		arg_value(L, k, y, false, true);
+		arg_value(L, k, op->out[1], false, true);
+		arg_around(L, k, x, op->dim);
+		return;
+	case OP_MAX_DIM_GRAD: {
+		int w = overwrite_target(L, y);
+		k = call(L, K_MAX_DIM_GRAD, oi);
+		arg_value(L, k, x, true, false);
+		arg_value(L, k, op->in[1], true, false);
+		arg_value(L, k, w, false, true);
+		arg_around(L, k, y, op->dim);
+		overwritten_done(L, oi, y, w);
+		return;
+	}
+	case OP_MSE_LOSS:
+		k = call(L, K_REGRESSION_LOSS, oi);
+		karg_int(p, k, op->n);
+		arg_value(L, k, x, true, false);
+		arg_value(L, k, op->in[1], true, false);
+		karg_int(p, k, lelems(g, x));
+		karg_f64(p, k, op->f);
+		arg_value(L, k, y, false, true);
+		return;
+	case OP_MSE_LOSS_GRAD: {
+		int w = overwrite_target(L, y);
+		k = call(L, K_REGRESSION_LOSS_GRAD, oi);
+		karg_int(p, k, op->n);
+		arg_value(L, k, x, true, false);
+		arg_value(L, k, op->in[1], true, false);
+		karg_int(p, k, lelems(g, x));
+		karg_scalar(p, k, op->in[2], op->f);
+		arg_value(L, k, w, false, true);
+		overwritten_done(L, oi, y, w);
+		return;
+	}
+	case OP_NARROW:
+		k = call(L, g->vals[x].dtype == DT_I32 ? K_NARROW_I32 : K_NARROW, oi);
+		arg_value(L, k, x, true, false);
+		arg_value(L, k, y, false, true);
+		arg_around(L, k, x, op->dim);
+		karg_int(p, k, op->start);
+		karg_int(p, k, op->length);
+		return;
+	case OP_NARROW_GRAD:
+		narrow_into(L, oi, x, y, op->dim, op->start, op->length, g->vals[y].grad_of >= 0);
+		return;
+	case OP_CONCAT: { /* zeros, then each input added into its rows (x + 0 is x exactly) */
+		k = call(L, K_FILL, oi);
+		arg_value(L, k, y, false, true);
+		karg_int(p, k, lelems(g, y));
+		karg(p, k, KA_DTYPE, g->vals[y].dtype);
+		karg_f64(p, k, 0.0);
+		long long start = 0;
+		for (int i = 0; i < op->nin; i++) {
+			long long n = ldim(g, op->in[i], op->dim);
+			narrow_into(L, oi, op->in[i], y, op->dim, start, n, true);
+			start += n;
+		}
+		return;
+	}
+	case OP_RESHAPE: /* the same elements in the same order: a copy */
+		if (g->vals[y].grad_of >= 0) {
+			overwritten_done(L, oi, y, x);
+			return;
+		}
+		k = call(L, K_CAST, oi);
+		arg_value(L, k, x, true, false);
+		karg(p, k, KA_DTYPE, g->vals[x].dtype);
+		arg_value(L, k, y, false, true);
+		karg(p, k, KA_DTYPE, g->vals[y].dtype);
+		karg_int(p, k, lelems(g, x));
+		return;
+	case OP_SWAP_DIMS: {
+		long long dims[MAX_DIMS], perm[MAX_DIMS];
+		int r = g->vals[x].rank;
+		for (int d = 0; d < r; d++) {
+			dims[d] = ldim(g, x, d);
+			perm[d] = d;
+		}
+		perm[op->dim] = op->dim2;
+		perm[op->dim2] = op->dim;
+		int w = overwrite_target(L, y);
+		permute(L, oi, r, dims, perm, x, w);
+		overwritten_done(L, oi, y, w);
+		return;
+	}
+	case OP_REPEAT_KV:
+	case OP_REPEAT_KV_GRAD: {
+		bool grad = op->kind == OP_REPEAT_KV_GRAD;
+		int w = grad ? overwrite_target(L, y) : y;
+		long long outer, heads, inner;
+		around_dim(g, grad ? y : x, op->dim, &outer, &heads, &inner);
+		k = call(L, grad ? K_REPEAT_KV_GRAD : K_REPEAT_KV, oi);
+		arg_value(L, k, x, true, false);
+		arg_value(L, k, w, false, true);
+		karg_int(p, k, outer);
+		karg_int(p, k, heads);
+		karg_int(p, k, op->n);
+		karg_int(p, k, inner);
+		overwritten_done(L, oi, y, w);
+		return;
+	}
+	case OP_ROPE:
+	case OP_ROPE_GRAD:
+		lower_rope(L, op, oi);
+		return;
+	default:
+		ICE("'%s' is not lowered here", op_names[op->kind]);
+	}
 }
 
 /* The receive matching a transfer op: the RECV of the same value on the peer stage. */
@@ -1033,11 +1415,14 @@ static void lower_op(Lower *L, const Op *op, int oi)
 		karg_f64(p, k, 1.0 / (g->ps->micro_batches > 0 ? g->ps->micro_batches : 1));
 		return;
 	case OP_MATMUL:
-		lower_matmul(L, op, oi);
+		if (matmul_broadcasts(g, op))
+			lower_bmm(L, op, oi, false);
+		else
+			lower_matmul(L, op, oi);
 		return;
 	case OP_MATMUL_WGRAD:
 		if (!lower_wgrad(L, op, oi))
-			lower_opaque(L, op, oi);
+			lower_bmm(L, op, oi, true); /* a transposed activation (or gradient) */
 		return;
 	case OP_SPLIT_HEADS:
 	case OP_MERGE_HEADS:
@@ -1171,6 +1556,25 @@ static void lower_op(Lower *L, const Op *op, int oi)
 	}
 	case OP_CROSS_ENTROPY:
 		lower_cross_entropy(L, op, oi);
+		return;
+	case OP_UNARY_FN:
+	case OP_UNARY_FN_GRAD:
+	case OP_SUM_DIM:
+	case OP_SUM_DIM_GRAD:
+	case OP_MAX_DIM:
+	case OP_MAX_DIM_GRAD:
+	case OP_MSE_LOSS:
+	case OP_MSE_LOSS_GRAD:
+	case OP_NARROW:
+	case OP_NARROW_GRAD:
+	case OP_CONCAT:
+	case OP_RESHAPE:
+	case OP_SWAP_DIMS:
+	case OP_REPEAT_KV:
+	case OP_REPEAT_KV_GRAD:
+	case OP_ROPE:
+	case OP_ROPE_GRAD:
+		lower_shape_op(L, op, oi);
 		return;
 	case OP_CROSS_ENTROPY_GRAD: {
 		int logits = op->in[0], targets = op->in[1], lse = op->in[2], dl = op->in[3];
@@ -1413,6 +1817,21 @@ static bool takes_f32_only(KernelKind k)
 	case K_EMBED_GRAD:
 	case K_CROSS_ENTROPY:
 	case K_CE_GRAD:
+	case K_BMM:
+	case K_UNARY:
+	case K_UNARY_GRAD:
+	case K_SUM_DIM:
+	case K_SUM_DIM_GRAD:
+	case K_MAX_DIM:
+	case K_MAX_DIM_GRAD:
+	case K_NARROW:
+	case K_NARROW_GRAD:
+	case K_REPEAT_KV:
+	case K_REPEAT_KV_GRAD:
+	case K_ROPE:
+	case K_ROPE_GRAD:
+	case K_REGRESSION_LOSS:
+	case K_REGRESSION_LOSS_GRAD:
 		return true;
 	default:
 		return false;
@@ -1627,6 +2046,9 @@ static void dump_arg(FILE *out, const LProg *p, const KArg *a)
 		break;
 	case KA_STEP_SEED:
 		fprintf(out, "step_seed");
+		break;
+	case KA_STR:
+		fprintf(out, "\"%s\"", a->str);
 		break;
 	}
 }

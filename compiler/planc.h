@@ -88,7 +88,7 @@ typedef enum {
 	E_NEG,      /* -lhs */
 	E_CALL,     /* lhs(args) */
 	E_MEMBER,   /* lhs.text, or lhs.* (rhs = E_STAR) or lhs.3 (rhs = E_INT); .T is member "T" */
-	E_INDEX,    /* lhs[rhs] */
+	E_INDEX,    /* lhs[rhs, ...]: the indices linked through rhs->next */
 	E_TUPLE,    /* (items) */
 	E_LIST,     /* [items] */
 } ExprKind;
@@ -411,7 +411,24 @@ int dtype_bytes(DType t);
 	X(ALL_TO_ALL, "all_to_all", OPK_COLLECTIVE) \
 	X(SLICE, "slice", OPK_VIEW) \
 	X(SEND, "send", OPK_P2P) \
-	X(RECV, "recv", OPK_P2P)
+	X(RECV, "recv", OPK_P2P) \
+	X(UNARY_FN, "unary", OPK_UNARY)                 /* n: PLANRT_SIN .. PLANRT_SIGMOID */ \
+	X(UNARY_FN_GRAD, "unary_grad", OPK_UNARY_GRAD) \
+	X(SUM_DIM, "sum_dim", OPK_REDUCE)               /* dim (-1: every dim), f: scale (mean 1 / n) */ \
+	X(SUM_DIM_GRAD, "sum_dim_grad", OPK_REDUCE) \
+	X(MAX_DIM, "max_dim", OPK_REDUCE)               /* outputs: max, argmax */ \
+	X(MAX_DIM_GRAD, "max_dim_grad", OPK_REDUCE) \
+	X(MSE_LOSS, "mse_loss", OPK_REDUCE)             /* n: 1 for l1_loss; f: 1 / the elements */ \
+	X(MSE_LOSS_GRAD, "mse_loss_grad", OPK_REDUCE) \
+	X(NARROW, "narrow", OPK_SHAPE)                  /* dim, start, length; dim2 = 1: the dim dropped */ \
+	X(NARROW_GRAD, "narrow_grad", OPK_SHAPE) \
+	X(CONCAT, "concat", OPK_SHAPE)                  /* dim */ \
+	X(RESHAPE, "reshape", OPK_SHAPE) \
+	X(SWAP_DIMS, "swap_dims", OPK_SHAPE)            /* dim, dim2 */ \
+	X(REPEAT_KV, "repeat_kv", OPK_SHAPE)            /* dim: the heads dim, n: n_rep */ \
+	X(REPEAT_KV_GRAD, "repeat_kv_grad", OPK_SHAPE) \
+	X(ROPE, "rope", OPK_SHAPE)                      /* f: theta, n: rot_dim, dim: seq dim, dim2: heads first */ \
+	X(ROPE_GRAD, "rope_grad", OPK_SHAPE)
 
 typedef enum {
 #define X(name, text, kind) OP_##name,
@@ -421,7 +438,10 @@ typedef enum {
 } OpKind;
 
 typedef enum { OPK_SOURCE, OPK_MATMUL, OPK_VIEW, OPK_BINARY, OPK_LINEAR, OPK_UNARY, OPK_ROWWISE, OPK_EMBED,
-	OPK_LOSS, OPK_MOE, OPK_UNARY_GRAD, OPK_OPTIMIZER, OPK_COLLECTIVE, OPK_P2P } OpClass;
+	OPK_LOSS, OPK_MOE, OPK_UNARY_GRAD, OPK_OPTIMIZER, OPK_COLLECTIVE, OPK_P2P,
+	OPK_REDUCE, /* reductions over a dim and the regression losses (shard.c's rule_reduce) */
+	OPK_SHAPE   /* slices, concat, reshape, transposes, repeat_kv, RoPE (shard.c's rule_shape) */
+} OpClass;
 
 extern const char *const op_names[OP_COUNT];
 extern const OpClass op_classes[OP_COUNT];
@@ -463,6 +483,8 @@ typedef struct Op {
 	double f;          /* scalar attribute: scale, dropout p, eps, capacity factor */
 	long long n;       /* integer attribute: heads, top_k, split dim, group stage */
 	const char *s;     /* string attribute: gelu approximation */
+	int dim, dim2;     /* OPK_REDUCE / OPK_SHAPE: the dims they act on (see OP_TABLE) */
+	long long start, length; /* narrow: the rows [start, start + length) of dim */
 	int axis;          /* collectives: mesh axis index; p2p: peer stage offset */
 	int coll_dim;      /* collectives: the gathered / scattered dim (or -1) */
 	int coll_dim2;     /* all_to_all: the dim split afterwards */
@@ -541,6 +563,9 @@ void graph_set_ops(Graph *g, OpList *l);
 long long value_elems(const Graph *g, int v);
 long long value_local_elems(const Graph *g, int v); /* under its Layout */
 int value_root(const Graph *g, int v);              /* follows alias_of through views */
+/* whether a matmul's batch dims broadcast (torch.matmul): operands of different ranks other than a
+ * rank-2 weight, or batch dims that differ among the operands and the output */
+bool matmul_broadcasts(const Graph *g, const Op *op);
 void graph_dump(FILE *out, const Graph *g);
 const char *layout_string(const Graph *g, int v, char *buf, size_t n);
 
@@ -674,6 +699,23 @@ extern const char *const pass_names[];
 	X(COMPRESS_TOPK, "compress_topk", "planrt_compress_topk", KC_COMM) \
 	X(COMPRESS_POWERSGD, "compress_powersgd", "planrt_compress_powersgd", KC_COMM) \
 	X(POWERSGD_INIT, "powersgd_init", "planrt_powersgd_init", KC_COMPUTE) \
+	X(BMM, "bmm", "planrt_k_bmm_f32", KC_COMPUTE) \
+	X(UNARY, "unary", "planrt_k_unary_f32", KC_COMPUTE) \
+	X(UNARY_GRAD, "unary_grad", "planrt_k_unary_grad_f32", KC_COMPUTE) \
+	X(SUM_DIM, "sum_dim", "planrt_k_sum_dim_f32", KC_COMPUTE) \
+	X(SUM_DIM_GRAD, "sum_dim_grad", "planrt_k_sum_dim_grad_f32", KC_COMPUTE) \
+	X(MAX_DIM, "max_dim", "planrt_k_max_dim_f32", KC_COMPUTE) \
+	X(MAX_DIM_GRAD, "max_dim_grad", "planrt_k_max_dim_grad_f32", KC_COMPUTE) \
+	X(NARROW, "narrow", "planrt_k_slice_f32", KC_COMPUTE) \
+	X(NARROW_GRAD, "narrow_grad", "planrt_k_slice_grad_f32", KC_COMPUTE) \
+	X(REPEAT_KV, "repeat_kv", "planrt_k_repeat_kv_f32", KC_COMPUTE) \
+	X(REPEAT_KV_GRAD, "repeat_kv_grad", "planrt_k_repeat_kv_grad_f32", KC_COMPUTE) \
+	X(ROPE, "rope", "planrt_k_rope_f32", KC_COMPUTE) \
+	X(ROPE_GRAD, "rope_grad", "planrt_k_rope_grad_f32", KC_COMPUTE) \
+	X(REGRESSION_LOSS, "regression_loss", "planrt_regression_loss_f32", KC_COMPUTE) \
+	X(REGRESSION_LOSS_GRAD, "regression_loss_grad", "planrt_regression_loss_grad_f32", KC_COMPUTE) \
+	X(CHECK_LABELS, "check_labels", "planrt_check_labels", KC_COMPUTE) \
+	X(NARROW_I32, "narrow_i32", "planrt_narrow_i32", KC_COMPUTE) \
 	X(OPAQUE, "op", NULL, KC_OPAQUE)
 
 typedef enum {
@@ -770,6 +812,7 @@ typedef enum {
 	KA_CTX,      /* the phase's context */
 	KA_STEP,     /* the step being trained (0-based) */
 	KA_STEP_SEED,/* this step's dropout key */
+	KA_STR,      /* str: a string constant (for messages) */
 } KArgKind;
 typedef struct KArg {
 	KArgKind kind;
@@ -783,6 +826,7 @@ typedef struct KArg {
 	const int *bufs;      /* KA_BUFS */
 	int n;                /* KA_INTS, KA_BUFS: length */
 	bool i32;             /* KA_INTS: an int array */
+	const char *str;      /* KA_STR */
 } KArg;
 
 typedef enum { LX_LOAD, LX_CONST, LX_UNARY, LX_BINARY } LExprKind;

@@ -31,6 +31,8 @@ static const char *const prim_ops[] = {
 	"embed", "layer_norm", "rms_norm", "gelu", "relu", "silu", "dropout", "softmax",
 	"split_heads", "merge_heads", "causal_mask", "cross_entropy", "moe_router", "moe_dispatch",
 	"moe_combine", "moe_aux_loss", "dim", "sqrt", "normal", "uniform", "zeros", "ones",
+	"sin", "cos", "exp", "log", "tanh", "sigmoid", "sum", "mean", "max", "mse_loss", "l1_loss", "select",
+	"slice", "concat", "reshape", "transpose", "repeat_kv", "rope",
 };
 static const char *const model_dtypes[] = {"f32", "bf16", "f16", "i32"};
 static const char *const init_names[] = {"normal", "uniform", "zeros", "ones"};
@@ -669,7 +671,9 @@ static void check_expr(Body *bd, Expr *e)
 	}
 	case E_INDEX:
 		check_expr(bd, e->lhs);
-		check_expr(bd, e->rhs);
+		for (Expr *i = e->rhs; i; i = i->next)
+			if (i->kind != E_NAME || strcmp(i->text, "_")) /* '_': the whole dim */
+				check_expr(bd, i);
 		return;
 	case E_TUPLE:
 	case E_LIST:
@@ -1359,16 +1363,37 @@ static void shard_rule(PlanCtx *pc, const Frame *fr, Arg *arg, int stage)
 		r->stage = stage;
 		return;
 	}
-	/* parameter rule */
-	char buf[256];
-	size_t len = 0;
-	buf[0] = 0;
-	if (!pattern_text(e->lhs, buf, sizeof buf, &len)) {
-		if (!quiet) {
-			diag_error(fsrc, e->lhs->loc, "expected a parameter pattern before ':'");
-			diag_note_plain("a pattern is a dotted parameter path where '*' matches one segment: layers.*.mlp.w1");
+	/* parameter rule. The pattern may be a strategy parameter bound to a pattern or to a list of
+	 * them (`shard column : [_, axis]`, used with `column = [layers.*.attn.wq, layers.*.mlp.w1]`):
+	 * one rule per pattern, located at the pattern where the plan wrote it. */
+	const Source *psrc;
+	ArgBind *pb;
+	const Frame *pwhere;
+	Expr *bound = resolve_bound(fr, e->lhs, &psrc, &pb, &pwhere);
+	Expr *pats[64];
+	int npats = 0;
+	if (bound->kind == E_LIST) {
+		for (Expr *x = bound->items; x; x = x->next) {
+			if (npats == 64) {
+				perr(pwhere, psrc, x->loc, "at most 64 patterns in one list");
+				return;
+			}
+			pats[npats++] = x;
 		}
-		return;
+	} else {
+		pats[npats++] = bound;
+	}
+	char bufs[64][256];
+	for (int i = 0; i < npats; i++) {
+		size_t len = 0;
+		bufs[i][0] = 0;
+		if (!pattern_text(pats[i], bufs[i], sizeof bufs[i], &len)) {
+			if (!quiet || pb) {
+				perr(pwhere, psrc, pats[i]->loc, "expected a parameter pattern%s", pb ? "" : " before ':'");
+				diag_note_plain("a pattern is a dotted parameter path where '*' matches one segment: layers.*.mlp.w1");
+			}
+			return;
+		}
 	}
 	if (e->rhs->kind != E_LIST) {
 		if (!quiet) {
@@ -1414,12 +1439,18 @@ static void shard_rule(PlanCtx *pc, const Frame *fr, Arg *arg, int stage)
 				diag_note_plain("a dimension can be split over an axis only once per tensor; use '_' for one of them");
 				return;
 			}
-	ShardRule *r = add_rule(pc, fr, fsrc, e->loc);
-	r->pattern = arena_strdup(pc->a, buf);
-	r->ndims = n;
-	for (int i = 0; i < n; i++)
-		r->axes[i] = axes[i];
-	r->stage = stage;
+	for (int k = 0; k < npats; k++) {
+		ShardRule *r = add_rule(pc, fr, fsrc, e->loc);
+		if (pb && pwhere && !pwhere->strategy) { /* a pattern the plan passed: errors point at it */
+			r->loc = pats[k]->loc;
+			r->src = psrc;
+		}
+		r->pattern = arena_strdup(pc->a, bufs[k]);
+		r->ndims = n;
+		for (int i = 0; i < n; i++)
+			r->axes[i] = axes[i];
+		r->stage = stage;
+	}
 }
 
 static void plan_stmts(PlanCtx *pc, const Frame *fr, PlanStmt *st, int stage);

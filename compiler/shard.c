@@ -332,9 +332,90 @@ static bool contraction_partials(Shard *s, Op *op, int a)
 	return false;
 }
 
+/* Iteration dim j of a matmul whose batch dims broadcast (nr: the iteration's rank, the largest
+ * of the operands' and the output's): v's dim for it, or -1 where v has none. */
+static int bmm_dim(const Shard *s, int v, int nr, int j)
+{
+	int d = j - (nr - s->g->vals[v].rank);
+	return d >= 0 ? d : -1;
+}
+
+/* whether v runs the whole of iteration batch dim j (not broadcast along it) */
+static bool bmm_full(const Shard *s, const Op *op, int v, int nr, int j)
+{
+	int d = bmm_dim(s, v, nr, j);
+	if (d < 0)
+		return false;
+	long long n = 1;
+	for (int k = 0; k < op->nin; k++) {
+		int dk = bmm_dim(s, op->in[k], nr, j);
+		if (dk >= 0 && s->g->vals[op->in[k]].dim[dk] > n)
+			n = s->g->vals[op->in[k]].dim[dk];
+	}
+	return s->g->vals[v].dim[d] == n;
+}
+
+/* A matmul whose batch dims broadcast (torch.matmul): a split batch dim that one operand runs
+ * whole splits the other where it runs it too (it stays whole where it broadcasts) and the output
+ * where it has the dim, else the output is a partial sum (the gradient of a broadcast operand sums
+ * over the dim). The row, column and inner splits are those of a plain matmul; anything else is
+ * made whole. */
+static void rule_bmm(Shard *s, Op *op, int a)
+{
+	Graph *g = s->g;
+	if (contraction_partials(s, op, a))
+		return;
+	int out = op->out[0];
+	int nr = g->vals[out].rank;
+	for (int k = 0; k < 2; k++)
+		if (g->vals[op->in[k]].rank > nr)
+			nr = g->vals[op->in[k]].rank;
+	for (int k = 0; k < 2; k++) {
+		int v = op->in[k], sv = st(s, v, a), r = g->vals[v].rank;
+		if (sv < 0 || sv >= r - 2)
+			continue;
+		int j = sv + (nr - r);
+		if (!bmm_full(s, op, v, nr, j))
+			continue;
+		int w = op->in[1 - k];
+		int want = bmm_full(s, op, w, nr, j) ? bmm_dim(s, w, nr, j) : LAYOUT_R;
+		if (st(s, w, a) != want)
+			op->in[1 - k] = convert_axis(s, w, a, want);
+		int od = bmm_dim(s, out, nr, j);
+		set_out(s, op, a, od >= 0 && bmm_full(s, op, out, nr, j) ? od : LAYOUT_P);
+		return;
+	}
+	int ra = g->vals[op->in[0]].rank, rb = g->vals[op->in[1]].rank, ro = g->vals[out].rank;
+	int sa = st(s, op->in[0], a), sb = st(s, op->in[1], a);
+	if (sa == ra - 2) { /* rows */
+		if (sb != LAYOUT_R)
+			op->in[1] = convert_axis(s, op->in[1], a, LAYOUT_R);
+		set_out(s, op, a, ro - 2);
+	} else if (sb == rb - 1) { /* columns */
+		if (sa != LAYOUT_R)
+			op->in[0] = convert_axis(s, op->in[0], a, LAYOUT_R);
+		set_out(s, op, a, ro - 1);
+	} else if (sa == ra - 1 || sb == rb - 2) { /* the inner dim: a partial sum */
+		if (sa != ra - 1)
+			op->in[0] = convert_axis(s, op->in[0], a, ra - 1);
+		if (st(s, op->in[1], a) != rb - 2)
+			op->in[1] = convert_axis(s, op->in[1], a, rb - 2);
+		set_out(s, op, a, LAYOUT_P);
+	} else {
+		for (int k = 0; k < 2; k++)
+			if (st(s, op->in[k], a) != LAYOUT_R)
+				op->in[k] = convert_axis(s, op->in[k], a, LAYOUT_R);
+		set_out(s, op, a, LAYOUT_R);
+	}
+}
+
 static void rule_matmul(Shard *s, Op *op, int a)
 {
 	Graph *g = s->g;
+	if (matmul_broadcasts(g, op)) {
+		rule_bmm(s, op, a);
+		return;
+	}
 	const Value *va = &g->vals[op->in[0]], *vb = &g->vals[op->in[1]];
 	int ra = va->rank, rb = vb->rank;
 	int aM = ra - 2, aK = ra - 1;
@@ -719,6 +800,162 @@ static void rule_moe(Shard *s, Op *op, int a)
 	}
 }
 
+/* Where dim d of a tensor goes when dim `gone` is dropped (d != gone), and back. */
+static int drop_dim(int d, int gone)
+{
+	return gone >= 0 && d > gone ? d - 1 : d;
+}
+
+static int add_dim(int d, int gone)
+{
+	return gone >= 0 && d >= gone ? d + 1 : d;
+}
+
+/* Reductions over a dim and the regression losses. A sum over a split dim (or over every dim of a
+ * split tensor) is a partial sum; max needs its dim whole. A loss of split operands is a partial
+ * sum (the scale is 1 / the global count). */
+static void rule_reduce(Shard *s, Op *op, int a)
+{
+	Graph *g = s->g;
+	switch (op->kind) {
+	case OP_SUM_DIM:
+	case OP_MAX_DIM: {
+		bool max = op->kind == OP_MAX_DIM;
+		int x = max ? resolve_partial(s, op->in[0], a) : op->in[0], d = op->dim;
+		int sx = st(s, x, a);
+		if (max && sx >= 0 && (d < 0 || sx == d)) {
+			x = convert_axis(s, x, a, LAYOUT_R);
+			sx = LAYOUT_R;
+		}
+		op->in[0] = x;
+		bool keep = g->vals[op->out[0]].rank == g->vals[x].rank;
+		if (sx == LAYOUT_P || (sx >= 0 && (d < 0 || sx == d)))
+			set_out(s, op, a, LAYOUT_P);
+		else
+			set_out(s, op, a, sx >= 0 && !keep ? drop_dim(sx, d) : sx);
+		break;
+	}
+	case OP_SUM_DIM_GRAD: { /* dx = scale * dy broadcast over the dim: linear in dy */
+		int sdy = st(s, op->in[0], a), d = op->dim;
+		bool keep = g->vals[op->out[0]].rank == g->vals[op->in[0]].rank;
+		set_out(s, op, a, sdy >= 0 && !keep ? add_dim(sdy, d) : sdy);
+		break;
+	}
+	case OP_MAX_DIM_GRAD: { /* (argmax, dy): dy follows argmax; linear in dy */
+		int am = op->in[0], sam = st(s, am, a), d = op->dim;
+		bool keep = g->vals[op->out[0]].rank == g->vals[am].rank;
+		if (st(s, op->in[1], a) == LAYOUT_P && sam == LAYOUT_R) {
+			set_out(s, op, a, LAYOUT_P);
+			break;
+		}
+		int dy = resolve_partial(s, op->in[1], a);
+		if (st(s, dy, a) != sam)
+			dy = convert_axis(s, dy, a, sam);
+		op->in[1] = dy;
+		set_out(s, op, a, sam >= 0 && !keep ? add_dim(sam, d) : sam);
+		break;
+	}
+	case OP_MSE_LOSS:
+	case OP_MSE_LOSS_GRAD: {
+		int x = resolve_partial(s, op->in[0], a), t = resolve_partial(s, op->in[1], a);
+		int sx = st(s, x, a);
+		if (sx == LAYOUT_R && st(s, t, a) >= 0) /* take the target's split: a slice costs nothing */
+			x = convert_axis(s, x, a, sx = st(s, t, a));
+		if (st(s, t, a) != sx)
+			t = convert_axis(s, t, a, sx);
+		op->in[0] = x;
+		op->in[1] = t;
+		if (op->kind == OP_MSE_LOSS) {
+			set_out(s, op, a, sx >= 0 ? LAYOUT_P : LAYOUT_R);
+		} else {
+			int dl = resolve_partial(s, op->in[2], a);
+			op->in[2] = convert_axis(s, dl, a, LAYOUT_R);
+			set_out(s, op, a, sx);
+		}
+		break;
+	}
+	default:
+		ICE("'%s' is not a reduction", op_names[op->kind]);
+	}
+}
+
+/* Slices, concat, reshape, transposes, repeat_kv and RoPE: all linear, so partial sums pass
+ * through; a split dim maps to where it goes, and the dim an op works along is made whole. */
+static void rule_shape(Shard *s, Op *op, int a)
+{
+	Graph *g = s->g;
+	int x = op->in[0], sx = st(s, x, a);
+	const Value *vx = &g->vals[x], *vy = &g->vals[op->out[0]];
+	switch (op->kind) {
+	case OP_NARROW:
+		if (sx == op->dim)
+			op->in[0] = x = unsplit(s, x, a, op->dim);
+		sx = st(s, x, a);
+		set_out(s, op, a, sx >= 0 && op->dim2 ? drop_dim(sx, op->dim) : sx);
+		break;
+	case OP_NARROW_GRAD: /* dy -> dx, zero outside the rows */
+		if (!op->dim2 && sx == op->dim)
+			op->in[0] = x = convert_axis(s, x, a, LAYOUT_R);
+		sx = st(s, x, a);
+		set_out(s, op, a, sx >= 0 && op->dim2 ? add_dim(sx, op->dim) : sx);
+		break;
+	case OP_CONCAT: {
+		bool all_p = true;
+		for (int i = 0; i < op->nin; i++)
+			all_p = all_p && st(s, op->in[i], a) == LAYOUT_P;
+		if (all_p) {
+			set_out(s, op, a, LAYOUT_P);
+			break;
+		}
+		int target = LAYOUT_R;
+		for (int i = 0; i < op->nin; i++) {
+			op->in[i] = unsplit(s, resolve_partial(s, op->in[i], a), a, op->dim);
+			if (target == LAYOUT_R && st(s, op->in[i], a) >= 0 && st(s, op->in[i], a) != op->dim)
+				target = st(s, op->in[i], a);
+		}
+		for (int i = 0; i < op->nin; i++)
+			if (st(s, op->in[i], a) != target)
+				op->in[i] = convert_axis(s, op->in[i], a, target);
+		set_out(s, op, a, target);
+		break;
+	}
+	case OP_RESHAPE: { /* a split dim in the leading dims both shapes share stays split */
+		int p = 0;
+		while (p < vx->rank && p < vy->rank && vx->dim[p] == vy->dim[p])
+			p++;
+		if (sx >= p) {
+			op->in[0] = convert_axis(s, x, a, LAYOUT_R);
+			sx = LAYOUT_R;
+		}
+		set_out(s, op, a, sx);
+		break;
+	}
+	case OP_SWAP_DIMS:
+		set_out(s, op, a, sx == op->dim ? op->dim2 : sx == op->dim2 ? op->dim : sx);
+		break;
+	case OP_REPEAT_KV:
+	case OP_REPEAT_KV_GRAD: /* a block of kv heads gives the matching block of query heads */
+		set_out(s, op, a, sx);
+		break;
+	case OP_ROPE:
+	case OP_ROPE_GRAD: {
+		if (sx == vx->rank - 1) /* a head's dims rotate together */
+			op->in[0] = x = unsplit(s, x, a, sx);
+		sx = st(s, x, a);
+		if (op->nin > 1) { /* positions [S] or [B, S] follow the batch and sequence splits */
+			int pos = op->in[1], rp = g->vals[pos].rank;
+			int want = sx == op->dim ? rp - 1 : sx == 0 && rp == 2 ? 0 : LAYOUT_R;
+			if (st(s, pos, a) != want)
+				op->in[1] = convert_axis(s, resolve_partial(s, pos, a), a, want);
+		}
+		set_out(s, op, a, sx);
+		break;
+	}
+	default:
+		ICE("'%s' is not a shape op", op_names[op->kind]);
+	}
+}
+
 /* Layout of a parameter from the plan's rules (the last matching rule wins). */
 static bool pattern_match(const char *pat, const char *name)
 {
@@ -940,6 +1177,12 @@ static int place_op(Shard *s, Op *op)
 				break;
 			case OPK_MOE:
 				rule_moe(s, op, a);
+				break;
+			case OPK_REDUCE:
+				rule_reduce(s, op, a);
+				break;
+			case OPK_SHAPE:
+				rule_shape(s, op, a);
 				break;
 			default:
 				ICE("no sharding rule for '%s'", op_names[op->kind]);

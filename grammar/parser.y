@@ -427,7 +427,7 @@ postfix
 	| postfix '.' IDENT  { $$ = mk_member(pc, $1, $3, NULL, @$); }
 	| postfix '.' INT    { $$ = mk_member(pc, $1, $3->text, $3, @$); }
 	| postfix '.' '*'    { $$ = mk_member(pc, $1, "*", parse_expr_new(pc, E_STAR, @3), @$); }
-	| postfix '[' expr ']' { $$ = mk_index(pc, $1, $3, @$); }
+	| postfix '[' exprs ']' { $$ = mk_index(pc, $1, $3.head, @$); } /* x[i, _, j]: the indices linked through next */
 	;
 
 primary

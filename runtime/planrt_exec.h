@@ -138,6 +138,20 @@ double planrt_world_sum(double x);
 /* Sums x over the axes whose bit is set in axes_mask. */
 double planrt_axes_sum(double x, unsigned axes_mask);
 
+/* ------------------------------------------------------------------ language ops (ops.c)
+ * *loss = scale * the sum of (x - target)^2 (l1: |x - target|), torch's mse_loss / l1_loss with
+ * scale = 1 / the elements of the whole batch; the gradient dx = dscale * 2 (x - target) (l1:
+ * dscale * sign), overwritten. */
+void planrt_regression_loss_f32(int l1, const float *x, const float *target, int64_t n, double scale, float *loss);
+void planrt_regression_loss_grad_f32(int l1, const float *x, const float *target, int64_t n, double dscale, float *dx);
+/* y = x[.., start : start + len, ..] of x viewed as [outer, n, inner] (planrt_k_slice for i32) */
+void planrt_narrow_i32(const int32_t *x, int32_t *y, int64_t outer, int64_t n, int64_t inner, int64_t start, int64_t len);
+/* Class labels (the local block ldims at offsets offs of the step's batch, rank dims) against
+ * [0, classes): the first bad one ends the run with its value, its position in the step's batch
+ * and what (the input it came from). */
+void planrt_check_labels(const int32_t *labels, int rank, const int64_t *ldims, const int64_t *offs, int64_t classes,
+			 const char *what, int64_t step);
+
 #ifdef __cplusplus
 }
 #endif

@@ -208,6 +208,7 @@ static void forward_c0(planrt_ctx_t *ctx)
 					out[o] = (v18[i0 * 4096 + i1 * 256 + i2 * 1] + v19[i2 * 1]);
 				}
 	}
+	planrt_check_labels(targets_1, 2, (const int64_t[]){16, 16}, (const int64_t[]){((int64_t)planrt_mesh_coord(AXIS_data) * 16) + (int64_t)ctx->micro * 32, 0}, 256, "input 'targets' (the targets of cross_entropy at examples/mlp.plan:14:10)", ctx->step); /* cross_entropy */
 	planrt_cross_entropy_f32(logits_20, targets_1, loss_21, cross_entropy_22, 256, 256, 0, 0.001953125, NULL, scratch_53); /* cross_entropy */
 	planrt_loss_accumulate(loss_52, loss_21, 1); /* the step's loss */
 }

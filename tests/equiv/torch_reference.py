@@ -1,7 +1,13 @@
 #!/usr/bin/python3
-"""An independent reference: examples/gpt.plan's model written in PyTorch (torch.nn.functional
-semantics, DESIGN 1.6), trained from the same initial weights on the same batches as the program
-planc builds for plan `single_nodropout`, must give the same loss at every step.
+"""An independent reference: models of examples/ written in PyTorch (torch.nn.functional
+semantics, DESIGN 1.6), trained from the same initial weights on the same batches as the programs
+planc builds, must give the same loss at every step (1e-5 relative) and the same final weights:
+  gpt    examples/gpt.plan, plan single_nodropout (GPT-2 blocks, tied embedding)
+  ops    tests/equiv/ops.plan, plan single: every op of issue 9 (element-wise functions, slices,
+         concat, reshape, transposes, a broadcasting batched matmul, reductions, a transposed
+         activation's weight gradient, cross-entropy over classes, mse and l1 losses)
+  llama  examples/llama.plan, plan single (RMSNorm, RoPE, grouped-query attention, SwiGLU, untied
+         head) against Hugging Face's LlamaForCausalLM arithmetic
 
 The initial weights are drawn by PyTorch and written as a safetensors file the way the safetensors
 library lays one out (8-byte header length, JSON header with __metadata__ and data offsets,
@@ -11,7 +17,7 @@ loader (Philox-4x32-10 keyed by the seed, counter (sample, step)), reimplemented
 optimizer is torch.optim.AdamW with clip_grad_norm_, as the plan says. Needs python3-torch
 (Debian's 1.13, run with /usr/bin/python3); when torch cannot be imported it prints a SKIP line and
 exits 77, which tests/tests.cmake registers as ctest's SKIP_RETURN_CODE (reported as skipped).
-usage: torch_reference.py PLANC REPO_ROOT [STEPS]
+usage: torch_reference.py PLANC REPO_ROOT [STEPS [MODEL...]]
 """
 import json
 import os
@@ -30,7 +36,7 @@ except ImportError as e:
 
 planc, root = sys.argv[1], sys.argv[2]
 steps = int(sys.argv[3]) if len(sys.argv) > 3 else 20
-V, S, D, H, L, B = 256, 64, 128, 4, 4, 16
+models = sys.argv[4:] or ["gpt", "llama", "ops"]
 SEED = 1234
 env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
            OMPI_MCA_plm="isolated", OMPI_MCA_btl="self,vader", OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
@@ -49,7 +55,7 @@ def philox(seed, key, counter):
     return c0, c1, c2, c3
 
 
-def batch(data, step):
+def batch(data, step, B, S):
     npos = len(data) - S - 1
     toks, tgts = [], []
     for i in range(B):
@@ -87,63 +93,185 @@ def write_safetensors(path, tensors):
         f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
 
 
-def forward(w, tokens, targets):
-    x = F.embedding(tokens, w["wte"]) + w["wpe"]
-    mask = torch.triu(torch.ones(S, S, dtype=torch.bool), diagonal=1)
-    for i in range(L):
-        p = f"layers.{i}.block."
-        h = F.layer_norm(x, (D,), w[p + "layernorm.weight"], w[p + "layernorm.bias"], eps=1e-5)
-        q = h @ w[p + "attention.wq"] + w[p + "attention.bq"]
-        k = h @ w[p + "attention.wk"] + w[p + "attention.bk"]
-        v = h @ w[p + "attention.wv"] + w[p + "attention.bv"]
-        split = lambda t: t.view(B, S, H, D // H).transpose(1, 2)
-        scores = split(q) @ split(k).transpose(-1, -2) * (1.0 / (D // H) ** 0.5)
-        probs = torch.softmax(scores.masked_fill(mask, float("-inf")), dim=-1)
-        a = (probs @ split(v)).transpose(1, 2).reshape(B, S, D)
-        x = x + (a @ w[p + "attention.wo"] + w[p + "attention.bo"])
-        h = F.layer_norm(x, (D,), w[p + "layernorm_1.weight"], w[p + "layernorm_1.bias"], eps=1e-5)
-        h = F.gelu(h @ w[p + "mlp.w1"] + w[p + "mlp.b1"])
-        x = x + (h @ w[p + "mlp.w2"] + w[p + "mlp.b2"])
-    x = F.layer_norm(x, (D,), w["layernorm.weight"], w["layernorm.bias"], eps=1e-5)
-    return F.cross_entropy((x @ w["wte"].T).reshape(-1, V), targets.reshape(-1))
+def init_like(shapes, ones):
+    """torch's draws for every tensor of the program's checkpoint: N(1, 0.1) for norm weights (ones
+    at init, so that their gradients matter), N(0, 0.02) for the rest."""
+    torch.manual_seed(0)
+    out = {}
+    for name, t in sorted(shapes.items()):
+        one = name.endswith(ones)
+        out[name] = (1.0 if one else 0.0) + (0.1 if one else 0.02) * torch.randn(t.shape)
+    return out
 
 
-prog = f"{work}/gpt"
-subprocess.run([planc, "build", f"{root}/examples/gpt.plan", "--plan", "single_nodropout", "-o", prog], check=True)
+def program_shapes(prog, extra=()):
+    """The parameter names and shapes of a built program, from its --save at step 0."""
+    out = f"{work}/shapes-{os.path.basename(prog)}.safetensors"
+    subprocess.run([prog, "--steps", "0", "--data", corpus, "--save", out, *extra], check=True, env=env,
+                   capture_output=True)
+    return read_safetensors(out)
+
+
+def train_program(prog, init, extra=()):
+    """Trains the program from init for `steps` steps: its losses and final weights."""
+    write_safetensors(f"{work}/init.safetensors", init)
+    log, final = f"{work}/{os.path.basename(prog)}.jsonl", f"{work}/{os.path.basename(prog)}-final.safetensors"
+    subprocess.run([prog, "--steps", str(steps), "--data", corpus, "--init", f"{work}/init.safetensors",
+                    "--log", log, "--save", final, *extra], check=True, env=env, capture_output=True)
+    return [json.loads(line)["loss"] for line in open(log)], read_safetensors(final)
+
+
+def train_torch(init, step_loss, adamw, clip=1.0):
+    """The same training in torch: AdamW (torch.optim) and clip_grad_norm_, as the plans say."""
+    w = {k: v.clone().requires_grad_() for k, v in init.items()}
+    opt = torch.optim.AdamW(list(w.values()), **adamw)
+    losses = []
+    for step in range(steps):
+        opt.zero_grad()
+        loss = step_loss(w, step)
+        loss.backward()
+        if clip:
+            torch.nn.utils.clip_grad_norm_(list(w.values()), clip)
+        opt.step()
+        losses.append(loss.item())
+    return losses, w
+
+
+def report(what, planc_losses, torch_losses, final, w):
+    global passed, failed
+    worst = max(abs(a - b) / abs(b) for a, b in zip(planc_losses, torch_losses))
+    wworst = max((final[k] - w[k].detach()).abs().max().item() for k in w)
+    ok = len(planc_losses) == steps and worst <= 1e-5 and wworst <= 1e-4
+    print(f"{'PASS' if ok else 'FAIL'}: {what} trained by planc vs PyTorch {torch.__version__} from PyTorch's weights: "
+          f"{steps} steps, losses {planc_losses[0]:.6f} -> {planc_losses[-1]:.6f}, worst relative difference "
+          f"{worst:.2e} (tolerance 1e-5); final weights differ by at most {wworst:.2e} (tolerance 1e-4)", flush=True)
+    passed, failed = passed + ok, failed + (not ok)
+
+
 corpus = f"{root}/data/corpus.txt"
-# the model's parameter names and shapes, from the program itself
-subprocess.run([prog, "--steps", "0", "--data", corpus, "--save", f"{work}/shapes.safetensors"], check=True, env=env,
-               capture_output=True)
-torch.manual_seed(0)
-init = {}
-for name, t in read_safetensors(f"{work}/shapes.safetensors").items():
-    scale_one = name.endswith(("layernorm.weight", "layernorm_1.weight"))
-    init[name] = (1.0 if scale_one else 0.0) + (0.1 if scale_one else 0.02) * torch.randn(t.shape)
-write_safetensors(f"{work}/init.safetensors", init)
-subprocess.run([prog, "--steps", str(steps), "--data", corpus, "--init", f"{work}/init.safetensors",
-                "--log", f"{work}/run.jsonl", "--save", f"{work}/final.safetensors"], check=True, env=env,
-               capture_output=True)
-planc_losses = [json.loads(line)["loss"] for line in open(f"{work}/run.jsonl")]
-
-w = {k: v.clone().requires_grad_() for k, v in init.items()}
-opt = torch.optim.AdamW(list(w.values()), lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1, eps=1e-8)
 data = list(open(corpus, "rb").read())
-torch_losses = []
-for step in range(steps):
-    tokens, targets = batch(data, step)
-    opt.zero_grad()
-    loss = forward(w, tokens, targets)
-    loss.backward()
-    torch.nn.utils.clip_grad_norm_(list(w.values()), 1.0)
-    opt.step()
-    torch_losses.append(loss.item())
-final = read_safetensors(f"{work}/final.safetensors")
-wworst = max((final[k] - w[k].detach()).abs().max().item() for k in w)
+passed = failed = 0
 
-worst = max(abs(a - b) / abs(b) for a, b in zip(planc_losses, torch_losses))
-ok = len(planc_losses) == steps and worst <= 1e-5 and wworst <= 1e-4
-print(f"{'PASS' if ok else 'FAIL'}: GPT trained by planc vs PyTorch {torch.__version__} from PyTorch's weights: "
-      f"{steps} steps, losses {planc_losses[0]:.6f} -> {planc_losses[-1]:.6f}, worst relative difference {worst:.2e} "
-      f"(tolerance 1e-5); final weights differ by at most {wworst:.2e} (tolerance 1e-4)")
-print(f"{int(ok)} passed, {int(not ok)} failed")
-sys.exit(0 if ok else 1)
+
+def build(plan_file, plan):
+    prog = f"{work}/{os.path.basename(plan_file)[:-5]}_{plan}"
+    subprocess.run([planc, "build", plan_file, "--plan", plan, "-o", prog], check=True)
+    return prog
+
+
+def run_gpt():
+    V, S, D, H, L, B = 256, 64, 128, 4, 4, 16
+    mask = torch.triu(torch.ones(S, S, dtype=torch.bool), diagonal=1)
+
+    def loss_of(w, step):
+        tokens, targets = batch(data, step, B, S)
+        x = F.embedding(tokens, w["wte"]) + w["wpe"]
+        for i in range(L):
+            p = f"layers.{i}.block."
+            h = F.layer_norm(x, (D,), w[p + "layernorm.weight"], w[p + "layernorm.bias"], eps=1e-5)
+            q = h @ w[p + "attention.wq"] + w[p + "attention.bq"]
+            k = h @ w[p + "attention.wk"] + w[p + "attention.bk"]
+            v = h @ w[p + "attention.wv"] + w[p + "attention.bv"]
+            split = lambda t: t.view(B, S, H, D // H).transpose(1, 2)
+            scores = split(q) @ split(k).transpose(-1, -2) * (1.0 / (D // H) ** 0.5)
+            probs = torch.softmax(scores.masked_fill(mask, float("-inf")), dim=-1)
+            a = (probs @ split(v)).transpose(1, 2).reshape(B, S, D)
+            x = x + (a @ w[p + "attention.wo"] + w[p + "attention.bo"])
+            h = F.layer_norm(x, (D,), w[p + "layernorm_1.weight"], w[p + "layernorm_1.bias"], eps=1e-5)
+            h = F.gelu(h @ w[p + "mlp.w1"] + w[p + "mlp.b1"])
+            x = x + (h @ w[p + "mlp.w2"] + w[p + "mlp.b2"])
+        x = F.layer_norm(x, (D,), w["layernorm.weight"], w["layernorm.bias"], eps=1e-5)
+        return F.cross_entropy((x @ w["wte"].T).reshape(-1, V), targets.reshape(-1))
+
+    prog = build(f"{root}/examples/gpt.plan", "single_nodropout")
+    init = init_like(program_shapes(prog), ("layernorm.weight", "layernorm_1.weight"))
+    planc_losses, final = train_program(prog, init)
+    torch_losses, w = train_torch(init, loss_of, dict(lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1, eps=1e-8))
+    report("GPT (examples/gpt.plan)", planc_losses, torch_losses, final, w)
+
+
+def rope_tables(S, Dh, theta):
+    """Hugging Face's LlamaRotaryEmbedding, in float: inv_freq, the angles, cos and sin."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, Dh, 2, dtype=torch.int64).float() / Dh))
+    freqs = torch.arange(S, dtype=torch.int64).float()[:, None] * inv_freq[None, :]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos(), emb.sin()
+
+
+def rotate_half(x):
+    h = x.shape[-1] // 2
+    return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
+
+
+def rms_norm(x, weight, eps):
+    """Hugging Face's LlamaRMSNorm"""
+    return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+
+
+def run_llama():
+    V, S, D, H, K, F_, L, B = 256, 32, 64, 4, 2, 176, 2, 8
+    Dh = D // H
+    cos, sin = rope_tables(S, Dh, 10000.0)
+    mask = torch.triu(torch.ones(S, S, dtype=torch.bool), diagonal=1)
+
+    def loss_of(w, step):
+        tokens, targets = batch(data, step, B, S)
+        x = F.embedding(tokens, w["wte"])
+        for i in range(L):
+            p = f"layers.{i}.llama_block."
+            h = rms_norm(x, w[p + "rmsnorm.weight"], 1e-6)
+            q = (h @ w[p + "gqa_attention.wq"]).view(B, S, H, Dh).transpose(1, 2)
+            k = (h @ w[p + "gqa_attention.wk"]).view(B, S, K, Dh).transpose(1, 2)
+            v = (h @ w[p + "gqa_attention.wv"]).view(B, S, K, Dh).transpose(1, 2)
+            q = q * cos + rotate_half(q) * sin
+            k = k * cos + rotate_half(k) * sin
+            k = k.repeat_interleave(H // K, dim=1)  # Hugging Face's repeat_kv
+            v = v.repeat_interleave(H // K, dim=1)
+            scores = q @ k.transpose(-1, -2) * (1.0 / Dh ** 0.5)
+            probs = torch.softmax(scores.masked_fill(mask, float("-inf")), dim=-1)
+            a = (probs @ v).transpose(1, 2).reshape(B, S, D)
+            x = x + a @ w[p + "gqa_attention.wo"]
+            h = rms_norm(x, w[p + "rmsnorm_1.weight"], 1e-6)
+            x = x + (F.silu(h @ w[p + "swiglu.w_gate"]) * (h @ w[p + "swiglu.w_up"])) @ w[p + "swiglu.w_down"]
+        x = rms_norm(x, w["rmsnorm.weight"], 1e-6)
+        return F.cross_entropy((x @ w["lm_head"]).reshape(-1, V), targets.reshape(-1))
+
+    prog = build(f"{root}/examples/llama.plan", "single")
+    init = init_like(program_shapes(prog), ("rmsnorm.weight", "rmsnorm_1.weight"))
+    planc_losses, final = train_program(prog, init)
+    torch_losses, w = train_torch(init, loss_of, dict(lr=1e-3, betas=(0.9, 0.95), weight_decay=0.1, eps=1e-8))
+    report("Llama (examples/llama.plan: RoPE, GQA, SwiGLU, RMSNorm)", planc_losses, torch_losses, final, w)
+
+
+def run_ops():
+    V, S, D, H, B = 256, 16, 32, 4, 8
+
+    def loss_of(w, step):
+        tokens, targets = batch(data, step, B, S)
+        x = F.embedding(tokens, w["wte"]) * w["scale"]
+        e = torch.sin(x) + torch.cos(x) * torch.tanh(x) + torch.log(torch.sigmoid(x)) * 0.5 + torch.exp(x * 0.1)
+        h = torch.cat([e, x], dim=-1)
+        h = h[..., 0:D] * h[:, :, D:2 * D]
+        t = h.reshape(B, S, H, D // H).transpose(1, 2)
+        u = (t @ w["wb"]).transpose(1, 2).reshape(B, S, D)
+        u = u - torch.max(u, -1, keepdim=True).values
+        g = u.transpose(-1, -2) @ w["wp"]
+        pooled = torch.mean(g, 1) + torch.sum(u, 1) * 0.1 + u[:, 0]
+        labels = targets[:, 0]
+        return (F.cross_entropy(pooled @ w["head"], labels) + 0.5 * F.mse_loss(u @ w["wr"], x)
+                + 0.25 * F.l1_loss(pooled, torch.mean(x, 1)))
+
+    prog = build(f"{root}/tests/equiv/ops.plan", "single")
+    shapes = program_shapes(prog)
+    init = init_like(shapes, ("scale",))
+    init["wb"], init["wp"], init["wr"] = init["wb"] * 15, init["wp"] * 5, init["wr"] * 5
+    planc_losses, final = train_program(prog, init)
+    torch_losses, w = train_torch(init, loss_of, dict(lr=1e-3, betas=(0.9, 0.999), weight_decay=0.01, eps=1e-8),
+                                  clip=0)
+    report("every new op (tests/equiv/ops.plan)", planc_losses, torch_losses, final, w)
+
+
+for m in models:
+    {"gpt": run_gpt, "llama": run_llama, "ops": run_ops}[m]()
+print(f"{passed} passed, {failed} failed")
+sys.exit(0 if failed == 0 else 1)

@@ -28,6 +28,11 @@ env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIR
            OMPI_MCA_rmaps_base_oversubscribe="1", OMPI_MCA_plm="isolated", OMPI_MCA_btl="self,vader",
            OMPI_MCA_btl_vader_single_copy_mechanism="none", OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
 data = f"{root}/data/corpus.txt"
+def plan_file(model):
+    """a model of examples/ by name, or a plan file of the repository by its path without .plan"""
+    return f"{root}/{model}.plan" if "/" in model else f"{root}/examples/{model}.plan"
+
+
 work = tempfile.mkdtemp(prefix="planc-llvm-diff-")
 TOL = 1e-6
 # built with --native too (GELU and its gradient, dropout, bf16 rounding, a pipeline); planc run on
@@ -58,7 +63,8 @@ def world_of(prog):
 
 def train(model, plan, world, tag, command):
     """command: the program's argv before the run options; returns (log lines, saved bytes) or an error."""
-    log, save = f"{work}/{model}_{plan}_{tag}.jsonl", f"{work}/{model}_{plan}_{tag}.safetensors"
+    stem = f"{work}/{model.replace('/', '_')}_{plan}_{tag}"
+    log, save = f"{stem}.jsonl", f"{stem}.safetensors"
     r = subprocess.run(["mpirun", "-np", str(world)] + command +
                        ["--steps", str(steps), "--data", data, "--log", log, "--save", save],
                        capture_output=True, text=True, env=env, timeout=600)
@@ -68,8 +74,8 @@ def train(model, plan, world, tag, command):
 
 
 def build(model, plan, backend, native=False):
-    prog = f"{work}/{model}_{plan}_{backend}{'_native' if native else ''}"
-    b = subprocess.run([planc, "build", f"{root}/examples/{model}.plan", "--plan", plan, "-o", prog,
+    prog = f"{work}/{model.replace('/', '_')}_{plan}_{backend}{'_native' if native else ''}"
+    b = subprocess.run([planc, "build", plan_file(model), "--plan", plan, "-o", prog,
                         "--backend", backend, "--verify-ir"] + (["--native"] if native else []),
                        capture_output=True, text=True)
     return prog if b.returncode == 0 else None, b.stderr.strip()[:400]
@@ -108,7 +114,7 @@ def one(model, plan):
         bitwise, worst = compare(res["c", native], res["llvm", native])
         checks.append((f"{model} {plan}{tag} c vs llvm", bitwise or worst <= TOL, f"{steps} steps, " + verdict(bitwise, worst)))
     if (model, plan) in RUN_PLANS:
-        got, err = train(model, plan, world, "run", [planc, "run", f"{root}/examples/{model}.plan", "--plan", plan])
+        got, err = train(model, plan, world, "run", [planc, "run", plan_file(model), "--plan", plan])
         if err:
             checks.append((f"{model} {plan} planc run", False, err))
         else:

@@ -6,6 +6,7 @@ add_executable(llvm_verify_module ${ROOT}/tests/llvm/verify_module.c)
 target_compile_options(llvm_verify_module PRIVATE ${PLANC_WARNINGS})
 target_link_libraries(llvm_verify_module PRIVATE planc_core)
 add_test(NAME llvm_verify COMMAND llvm_verify_module examples/mlp.plan examples/gpt.plan examples/moe.plan
+         examples/llama.plan tests/equiv/ops.plan
          WORKING_DIRECTORY ${ROOT})
 add_test(NAME llvm_ptxas COMMAND sh ${ROOT}/tests/llvm/ptxas.sh ${PLANC} WORKING_DIRECTORY ${ROOT})
 set_tests_properties(llvm_ptxas PROPERTIES SKIP_RETURN_CODE 77)
