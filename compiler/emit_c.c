@@ -722,15 +722,13 @@ bool lowered_executable(const Lowered *low, bool report)
 	if (ps->param_dtype != DT_F32 && ps->param_dtype != DT_BF16)
 		REFUSE(ps->plan->name_loc, "planc build executes f32 and bf16 plans so far (this plan uses %s)",
 		       dtype_name(ps->param_dtype));
-	int i32_inputs = 0;
 	for (int i = 0; i < g->nops && ok; i++) {
 		const Op *op = &g->ops[i];
 		if (op->kind == OP_INPUT && g->vals[op->out[0]].tied_to < 0) {
 			const Value *v = &g->vals[op->out[0]];
-			if (v->dtype == DT_I32 && v->rank == 2)
-				i32_inputs++;
-			else
-				REFUSE(op->loc, "planc build feeds inputs from token data: each input must be i32[B, S]");
+			if (!ps->batch_dim || !v->rank || !v->dim_name[0] || strcmp(v->dim_name[0], ps->batch_dim))
+				REFUSE(op->loc, "planc build loads an input's samples along its first dim, the batch dim%s%s",
+				       ps->batch_dim ? " " : "", ps->batch_dim ? ps->batch_dim : "");
 		}
 		for (int k = 0; k < op->nout && ok; k++) {
 			const Value *v = &g->vals[op->out[k]];
@@ -742,18 +740,13 @@ bool lowered_executable(const Lowered *low, bool report)
 						       ps->axes[a].name, ps->axes[b].name);
 		}
 	}
-	if (ok && i32_inputs != 2)
-		REFUSE(ps->model->name_loc, "planc build needs exactly two inputs i32[B, S] (tokens, then targets)");
 	for (int i = 0; i < low->nprogs && ok; i++) {
 		const LProg *p = low->progs[i];
 		for (int k = 0; k < p->nk && ok; k++)
 			if (p->k[k].kind == K_OPAQUE) {
 				const Op *op = p->k[k].op >= 0 ? &g->ops[p->k[k].op] : NULL;
-				if (op && op->kind == OP_MATMUL_WGRAD)
-					REFUSE(op->loc, "planc build cannot execute a weight gradient of a transposed activation yet");
-				else
-					REFUSE(op && op->src ? op->loc : ps->plan->name_loc, "planc build cannot execute '%s' yet",
-					       op ? op_names[op->kind] : "an operation");
+				REFUSE(op && op->src ? op->loc : ps->plan->name_loc, "planc build cannot execute '%s' yet",
+				       op ? op_names[op->kind] : "an operation");
 			}
 	}
 #undef REFUSE

@@ -85,7 +85,9 @@
 	X(FILL, planrt_fill, (void *, int64_t, planrt_dtype_t, double))                                    \
 	X(CAST, planrt_cast, (const void *, planrt_dtype_t, void *, planrt_dtype_t, int64_t))              \
 	X(ACCUMULATE, planrt_accumulate, (void *, const void *, int64_t, planrt_dtype_t))                  \
-	X(LOAD_INPUT, planrt_load_input, (planrt_ctx_t *, int32_t *, int, int64_t, int64_t, int64_t, int64_t)) \
+	X(LOAD_INPUT, planrt_load_data,                                                                    \
+	  (planrt_ctx_t *, void *, int, const char *, planrt_dtype_t, int, const int64_t *, const int64_t *,  \
+	   const int64_t *, int64_t))                                                                      \
 	X(INIT_PARAM, planrt_init_param, (planrt_ctx_t *, void *, planrt_dtype_t, int, int64_t, int64_t))  \
 	X(SAVE_PARAM, planrt_save_param,                                                                   \
 	  (planrt_ctx_t *, const void *, planrt_dtype_t, int, int64_t, int64_t, int))                      \

@@ -1298,7 +1298,8 @@ static void lower_p2p(Lower *L, const Op *op, int oi)
 	}
 }
 
-/* The model's token inputs, in declaration order: stream 0 (tokens), stream 1 (targets). */
+/* The model's inputs in declaration order: their index in the data (token data: 0 tokens, 1
+ * targets; a data set names them). */
 static int input_stream(const Graph *g, int v)
 {
 	const char *name = g->vals[v].name;
@@ -1335,19 +1336,33 @@ static void lower_input(Lower *L, const Op *op, int oi)
 	}
 	L->chunk[oi] = c;
 	const Value *val = &g->vals[v];
-	if (val->dtype != DT_I32 || val->rank != 2) {
+	if (p->buf[v].micro_dim != 0) { /* samples are rows of the batch dim: refused by planc build */
 		Kernel *k = call(L, K_OPAQUE, oi);
 		arg_value(L, k, v, false, true);
 		return;
 	}
+	/* the labels of a cross-entropy are checked against its classes when the data is opened */
+	long long classes = 0;
+	for (int i = 0; i < g->nops; i++) {
+		const Op *ce = &g->ops[i];
+		int src = ce->kind == OP_CROSS_ENTROPY && !ce->backward ? input_of(g, ce->in[1]) : -1;
+		if (src >= 0 && g->vals[src].name && val->name && !strcmp(g->vals[src].name, val->name))
+			classes = g->vals[ce->in[0]].dim[g->vals[ce->in[0]].rank - 1];
+	}
+	long long gdims[MAX_DIMS];
+	for (int d = 0; d < val->rank; d++)
+		gdims[d] = d == 0 ? g->ps->batch : val->dim[d];
 	Kernel *k = call(L, K_LOAD_INPUT, oi);
 	karg(p, k, KA_CTX, 0);
 	arg_value(L, k, v, false, true);
 	karg_int(p, k, input_stream(g, v));
-	karg_offset(p, k, v, 0);
-	karg_int(p, k, ldim(g, v, 0));
-	karg_offset(p, k, v, 1);
-	karg_int(p, k, ldim(g, v, 1));
+	karg_str(p, k, val->name);
+	karg(p, k, KA_DTYPE, val->dtype);
+	karg_int(p, k, val->rank);
+	karg_ints(p, k, gdims, val->rank, false);
+	arg_dims(L, k, v);
+	karg_offset(p, k, v, -1);
+	karg_int(p, k, classes);
 }
 
 /* The op's inputs and outputs as arguments of an opaque kernel, and its communication. */

@@ -659,7 +659,7 @@ extern const char *const pass_names[];
 	X(FILL, "fill", "planrt_fill", KC_COMPUTE) \
 	X(CAST, "cast", "planrt_cast", KC_COMPUTE) \
 	X(ACCUMULATE, "accumulate", "planrt_accumulate", KC_COMPUTE) \
-	X(LOAD_INPUT, "load_input", "planrt_load_input", KC_IO) \
+	X(LOAD_INPUT, "load_input", "planrt_load_data", KC_IO) \
 	X(INIT_PARAM, "init_param", "planrt_init_param", KC_IO) \
 	X(SAVE_PARAM, "save_param", "planrt_save_param", KC_IO) \
 	X(PAIR_COMM, "pair_comm", "planrt_make_pair_comm", KC_SETUP) \

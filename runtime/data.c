@@ -12,6 +12,7 @@
  * samples [lo, hi) and gets exactly those rows of the global batch. */
 #define PLANRT_INTERNAL
 #include "planrt.h"
+#include "planrt_dataset.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -22,6 +23,7 @@
 struct planrt_data {
 	uint16_t *tok;
 	int64_t ntok, seq, vocab;
+	planrt_dataset_t set; /* a data set of named tensors (dataset.c) instead of tokens */
 };
 
 static int ends_with(const char *s, const char *suffix)
@@ -33,6 +35,18 @@ static int ends_with(const char *s, const char *suffix)
 planrt_result_t planrt_data_open(const char *path, int64_t vocab, int64_t seq, planrt_data_t *out)
 {
 	*out = NULL;
+	if (planrt_dataset_path(path)) { /* named tensors: dataset.c */
+		planrt_data_t d = calloc(1, sizeof *d);
+		if (!d)
+			return planrt_error_(planrt_system_error, "out of memory");
+		planrt_result_t r = planrt_dataset_open(path, &d->set);
+		if (r != planrt_success) {
+			free(d);
+			return r;
+		}
+		*out = d;
+		return planrt_success;
+	}
 	if (seq < 1 || vocab < 1)
 		return planrt_error_(planrt_invalid_argument, "data '%s': sequence length %lld and vocabulary %lld must be >= 1",
 				     path, (long long)seq, (long long)vocab);
@@ -98,7 +112,7 @@ planrt_result_t planrt_data_open(const char *path, int64_t vocab, int64_t seq, p
 		}
 	}
 	free(bytes);
-	planrt_data_t d = malloc(sizeof *d);
+	planrt_data_t d = calloc(1, sizeof *d);
 	if (!d) {
 		free(tok);
 		return planrt_error_(planrt_system_error, "out of memory");
@@ -119,6 +133,8 @@ planrt_result_t planrt_data_batch(planrt_data_t d, int64_t step, int64_t lo, int
 	if (lo < 0 || hi < lo)
 		return planrt_error_(planrt_invalid_argument, "planrt_data_batch: bad sample range [%lld, %lld)",
 				     (long long)lo, (long long)hi);
+	if (d->set)
+		return planrt_error_(planrt_invalid_usage, "the data is a data set of named tensors, not token windows");
 	uint64_t npos = (uint64_t)(d->ntok - d->seq - 1);
 	for (int64_t i = lo; i < hi; i++) {
 		uint32_t x[4];
@@ -139,10 +155,27 @@ int64_t planrt_data_tokens(planrt_data_t d)
 	return d ? d->ntok : 0;
 }
 
+planrt_dataset_t planrt_data_set(planrt_data_t d)
+{
+	return d ? d->set : NULL;
+}
+
+int planrt_data_check_tokens_(planrt_data_t d, int64_t classes, int64_t *pos, int32_t *bad)
+{
+	for (int64_t i = 1; d && !d->set && i < d->ntok; i++) /* token 0 is never a target */
+		if (d->tok[i] >= classes) {
+			*pos = i;
+			*bad = d->tok[i];
+			return 1;
+		}
+	return 0;
+}
+
 void planrt_data_close(planrt_data_t d)
 {
 	if (!d)
 		return;
+	planrt_dataset_close(d->set);
 	free(d->tok);
 	free(d);
 }

@@ -144,6 +144,14 @@ double planrt_axes_sum(double x, unsigned axes_mask);
  * dscale * sign), overwritten. */
 void planrt_regression_loss_f32(int l1, const float *x, const float *target, int64_t n, double scale, float *loss);
 void planrt_regression_loss_grad_f32(int l1, const float *x, const float *target, int64_t n, double dscale, float *dx);
+/* Loads the block of input `input` (the model's input named name, of dtype t, global dims gdims
+ * (gdims[0]: the step's batch), the local block ldims at offsets offs; classes > 0: its values are
+ * labels of a cross-entropy over that many classes, checked when the input is first loaded) for
+ * the running step into dst. Token data serves the token models' two i32 [B, S] inputs (input 0:
+ * tokens, 1: targets); a data set (planrt_dataset.h) serves its tensor `name`. dataset.c. */
+struct planrt_ctx;
+void planrt_load_data(struct planrt_ctx *ctx, void *dst, int input, const char *name, planrt_dtype_t t, int rank,
+		      const int64_t *gdims, const int64_t *ldims, const int64_t *offs, int64_t classes);
 /* y = x[.., start : start + len, ..] of x viewed as [outer, n, inner] (planrt_k_slice for i32) */
 void planrt_narrow_i32(const int32_t *x, int32_t *y, int64_t outer, int64_t n, int64_t inner, int64_t start, int64_t len);
 /* Class labels (the local block ldims at offsets offs of the step's batch, rank dims) against

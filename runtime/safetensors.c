@@ -22,6 +22,7 @@
  * temporary file is removed and path is left as it was. */
 #define PLANRT_INTERNAL
 #include "planrt.h"
+#include "planrt_dataset.h" /* planrt_st_count, planrt_st_raw */
 
 #include <errno.h>
 #include <fcntl.h>
@@ -604,4 +605,23 @@ fail:
 	free(header);
 	free(order);
 	return planrt_io_error;
+}
+
+/* For data sets (dataset.c): tensor i of an open file, its dtype's name ("F32", "I64", ...), shape
+ * and data in the mapped file (validated by planrt_st_open). */
+int planrt_st_count(planrt_st_t f)
+{
+	return f ? f->n : 0;
+}
+
+void planrt_st_raw(planrt_st_t f, int i, const char **name, const char **dtype, int *rank, int64_t *dims,
+		   const void **data)
+{
+	const entry_t *e = &f->t[i];
+	*name = e->name;
+	*dtype = dtypes[e->dtype].name;
+	*rank = e->rank;
+	for (int d = 0; d < e->rank; d++)
+		dims[d] = e->dims[d];
+	*data = f->data + e->begin;
 }

@@ -14,10 +14,10 @@ export OMPI_MCA_plm=isolated OMPI_MCA_btl=self,vader OMP_NUM_THREADS=1 OPENBLAS_
 
 "$planc" build examples/mlp.plan --plan dp2 -o "$tmp/prog" || { echo "FAIL: build"; exit 1; }
 
-expect_fail() { # NAME PATTERN NP ARGS...
+expect_fail() { # NAME PATTERN NP ARGS... (the program: $prog, default the mlp's)
 	name=$1 pattern=$2 np=$3
 	shift 3
-	timeout 60 mpirun -np "$np" "$tmp/prog" "$@" >"$tmp/out" 2>&1
+	timeout 60 mpirun -np "$np" "${prog:-$tmp/prog}" "$@" >"$tmp/out" 2>&1
 	rc=$?
 	if [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q -- "$pattern" "$tmp/out"; then
 		pass=$((pass + 1))
@@ -94,5 +94,36 @@ fi
 # and the good checkpoint loads back: --init then --save gives the same bytes
 timeout 60 mpirun -np 2 "$tmp/prog" --steps 0 --data $data --init "$tmp/good.safetensors" --save "$tmp/again.safetensors" >/dev/null 2>&1
 if cmp -s "$tmp/good.safetensors" "$tmp/again.safetensors"; then pass=$((pass + 1)); else fail=$((fail + 1)); echo "FAIL: --init/--save round trip"; fi
+# data sets of named tensors (examples/bert.plan: tokens i32 [B, 32], labels i32 [B] over 4 classes)
+"$planc" build examples/bert.plan --plan single -o "$tmp/bert" || { echo "FAIL: build bert"; exit 1; }
+prog=$tmp/bert
+python3 scripts/classify_data.py $data "$tmp/five.safetensors" 64 32 5
+expect_fail "label outside the classes" "label 4 of 'labels' at \\[" 1 --steps 1 --data "$tmp/five.safetensors"
+python3 scripts/classify_data.py $data "$tmp/short.safetensors" 64 16
+expect_fail "data set sample shape" "tensor 'tokens' has shape \\[64, 16\\] but input 'tokens' needs \\[64, 32\\]" 1 \
+	--steps 1 --data "$tmp/short.safetensors"
+python3 scripts/classify_data.py $data "$tmp/npy" 64 32
+rm "$tmp/npy/labels.npy"
+expect_fail "data set without an input" "has no tensor 'labels'" 1 --steps 1 --data "$tmp/npy"
+expect_fail "one .npy file" "one .npy file" 1 --steps 1 --data "$tmp/npy/tokens.npy"
+python3 scripts/regress_data.py "$tmp/floats" 48 32
+mv "$tmp/floats/x.npy" "$tmp/npy/labels.npy"
+expect_fail "data set sample counts" "samples but" 1 --steps 1 --data "$tmp/npy"
+python3 scripts/regress_data.py "$tmp/floats" 64 32
+mv "$tmp/floats/x.npy" "$tmp/npy/tokens.npy"
+python3 scripts/classify_data.py $data "$tmp/ints" 64 32
+mv "$tmp/ints/labels.npy" "$tmp/npy/labels.npy"
+expect_fail "float data for an i32 input" "holds <f8 but input 'tokens' is i32" 1 --steps 1 --data "$tmp/npy"
+expect_fail "token file for named inputs" "but input 'labels' is i32 \\[16\\]" 1 --steps 1 --data $data
+# a 4-class token classifier on byte tokens: never trains silently on targets in 0..255
+printf '%s\n' 'model tok4(V = 256, S = 16, D = 32, C = 4) {' '  input tokens : i32[B, S]' \
+	'  input targets : i32[B, S]' '  param wte : f32[V, D] ~ normal(0, 0.02)' '  param w : f32[D, C] ~ normal(0, 0.02)' \
+	'  loss = cross_entropy(embed(wte, tokens) @ w, targets)' '}' 'plan single for tok4 {' '  mesh data = 1' \
+	'  batch B = 8' '}' >"$tmp/tok4.plan"
+"$planc" build "$tmp/tok4.plan" -o "$tmp/tok4" || { echo "FAIL: build tok4"; exit 1; }
+prog=$tmp/tok4
+expect_fail "token targets outside the classes" "a label of a cross_entropy over 4 classes, outside \\[0, 4)" 1 \
+	--steps 1 --data $data
+prog=
 echo "program errors: $pass passed, $fail failed"
 [ $fail -eq 0 ]

@@ -151,8 +151,8 @@ static void step_begin(planrt_ctx_t *ctx)
 static void forward_c0(planrt_ctx_t *ctx)
 {
 	(void)ctx;
-	planrt_load_input(ctx, tokens_0, 0, ((int64_t)planrt_mesh_coord(AXIS_data) * 16) + (int64_t)ctx->micro * 32, 16, 0, 16); /* input */
-	planrt_load_input(ctx, targets_1, 1, ((int64_t)planrt_mesh_coord(AXIS_data) * 16) + (int64_t)ctx->micro * 32, 16, 0, 16); /* input */
+	planrt_load_data(ctx, tokens_0, 0, "tokens", planrt_i32, 2, (const int64_t[]){32, 16}, (const int64_t[]){16, 16}, (const int64_t[]){((int64_t)planrt_mesh_coord(AXIS_data) * 16) + (int64_t)ctx->micro * 32, 0}, 0); /* input */
+	planrt_load_data(ctx, targets_1, 1, "targets", planrt_i32, 2, (const int64_t[]){32, 16}, (const int64_t[]){16, 16}, (const int64_t[]){((int64_t)planrt_mesh_coord(AXIS_data) * 16) + (int64_t)ctx->micro * 32, 0}, 256); /* input */
 	planrt_k_embed_f32(p_embedding_weight, tokens_0, x_3, 256, 64, 0, 256); /* embed in embedding */
 	planrt_k_matmul_f32(1, 256, 256, 64, x_3, 0, 1024, p_linear_weight, 0, 0, matmul_6, 4096, 0); /* matmul in linear */
 	{ /* scale in linear, 1 op fused */

@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """tests/equiv: the contract that a plan never changes the result (DESIGN 1.1).
 
-For the GPT, MLP and Llama examples and tests/equiv/ops.plan (every op of issue 9), every plan listed for the model in PLANS is built with `planc build`,
-trained for STEPS steps under `mpirun -np WORLD` on data/corpus.txt, and compared with the
-single-rank plan of the same model: every step's loss within 1e-5 relative and the final weights
+For the GPT, MLP, Llama and BERT examples, tests/equiv/ops.plan (every op of issue 9) and
+tests/equiv/regress.plan (float inputs from a data set), every plan listed for the model in PLANS
+is built with `planc build`, trained for STEPS steps under `mpirun -np WORLD` on data/corpus.txt
+(or the model's data set, DATA), and compared with the single-rank plan of the same model: every step's loss within 1e-5 relative and the final weights
 (saved with --save, read back here from the safetensors file) within 1e-4. dp2 is run twice and
 must give bitwise identical losses. bf16 plans (named bf16*) are compared with the f32 run at bf16
 tolerance. A listed plan that the model's file does not have is a failure, never a skip.
@@ -26,7 +27,13 @@ steps = int(sys.argv[3]) if len(sys.argv) > 3 else 20
 env = dict(os.environ, PLANRT_REPORT_COMM="1", OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
            OMPI_MCA_rmaps_base_oversubscribe="1", OMPI_MCA_plm="isolated", OMPI_MCA_btl="self,vader",
            OMPI_MCA_btl_vader_single_copy_mechanism="none", OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
-data = f"{root}/data/corpus.txt"
+# the data each model trains on (data/corpus.txt: token windows; the others are data sets of named
+# tensors)
+DATA = {"bert": "data/classify.safetensors", "tests/equiv/regress": "data/regress"}
+
+
+def data_of(model):
+    return f"{root}/{DATA.get(model, 'data/corpus.txt')}"
 def plan_file(model):
     """a model of examples/ by name, or a plan file of the repository by its path without .plan"""
     return f"{root}/{model}.plan" if "/" in model else f"{root}/examples/{model}.plan"
@@ -48,6 +55,8 @@ PLANS = {
             "bf16", "bf16_zero2_dp4", "bf16_pp2"],
     "llama": ["tp2", "tp2_patterns", "dp2_tp2_sp", "zero3_dp4"],
     "tests/equiv/ops": ["dp2", "tp2", "sp2", "dp2_tp2"],
+    "bert": ["dp2", "tp2", "dp2_tp2_zero1"],
+    "tests/equiv/regress": ["dp4", "tp2"],
 }
 # Plans that run the same step in a different order must give bitwise identical losses.
 IDENTICAL = {"gpt": [["pp2", "pp2_1f1b", "pp2_interleaved"], ["pp4_l8", "pp4_1f1b_l8", "pp4_interleaved_l8"]]}
@@ -117,7 +126,7 @@ def run(model, plan, tag):
     stem = f"{work}/{model.replace('/', '_')}_{plan}_{tag}"
     log, save = f"{stem}.jsonl", f"{stem}.safetensors"
     n = world_of(model, plan)
-    r = subprocess.run(["mpirun", "-np", str(n), prog, "--steps", str(steps), "--data", data,
+    r = subprocess.run(["mpirun", "-np", str(n), prog, "--steps", str(steps), "--data", data_of(model),
                         "--log", log, "--save", save], capture_output=True, text=True, env=env, timeout=900)
     if r.returncode != 0:
         return None, f"mpirun -np {n} failed: {r.stderr.strip()[-400:]}"

@@ -3,6 +3,9 @@
 semantics, DESIGN 1.6), trained from the same initial weights on the same batches as the programs
 planc builds, must give the same loss at every step (1e-5 relative) and the same final weights:
   gpt    examples/gpt.plan, plan single_nodropout (GPT-2 blocks, tied embedding)
+  bert   examples/bert.plan, plan single_nodropout: a BERT encoder ([CLS] pooler, classifier over 4
+         classes) on the data set data/classify.safetensors (tokens i32 [N, 32], labels i32 [N]),
+         against Hugging Face's BertForSequenceClassification arithmetic
   ops    tests/equiv/ops.plan, plan single: every op of issue 9 (element-wise functions, slices,
          concat, reshape, transposes, a broadcasting batched matmul, reductions, a transposed
          activation's weight gradient, cross-entropy over classes, mse and l1 losses)
@@ -36,7 +39,7 @@ except ImportError as e:
 
 planc, root = sys.argv[1], sys.argv[2]
 steps = int(sys.argv[3]) if len(sys.argv) > 3 else 20
-models = sys.argv[4:] or ["gpt", "llama", "ops"]
+models = sys.argv[4:] or ["gpt", "llama", "bert", "ops"]
 SEED = 1234
 env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
            OMPI_MCA_plm="isolated", OMPI_MCA_btl="self,vader", OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
@@ -75,8 +78,9 @@ def read_safetensors(path):
         if name == "__metadata__":
             continue
         lo, hi = info["data_offsets"]
-        vals = struct.unpack(f"<{(hi - lo) // 4}f", blob[8 + n + lo:8 + n + hi])
-        out[name] = torch.tensor(vals, dtype=torch.float32).reshape(info["shape"])
+        kind = {"F32": ("f", torch.float32), "I32": ("i", torch.long)}[info["dtype"]]
+        vals = struct.unpack(f"<{(hi - lo) // 4}{kind[0]}", blob[8 + n + lo:8 + n + hi])
+        out[name] = torch.tensor(vals, dtype=kind[1]).reshape(info["shape"])
     return out
 
 
@@ -104,19 +108,19 @@ def init_like(shapes, ones):
     return out
 
 
-def program_shapes(prog, extra=()):
+def program_shapes(prog, extra=(), data=None):
     """The parameter names and shapes of a built program, from its --save at step 0."""
     out = f"{work}/shapes-{os.path.basename(prog)}.safetensors"
-    subprocess.run([prog, "--steps", "0", "--data", corpus, "--save", out, *extra], check=True, env=env,
+    subprocess.run([prog, "--steps", "0", "--data", data or corpus, "--save", out, *extra], check=True, env=env,
                    capture_output=True)
     return read_safetensors(out)
 
 
-def train_program(prog, init, extra=()):
+def train_program(prog, init, extra=(), data=None):
     """Trains the program from init for `steps` steps: its losses and final weights."""
     write_safetensors(f"{work}/init.safetensors", init)
     log, final = f"{work}/{os.path.basename(prog)}.jsonl", f"{work}/{os.path.basename(prog)}-final.safetensors"
-    subprocess.run([prog, "--steps", str(steps), "--data", corpus, "--init", f"{work}/init.safetensors",
+    subprocess.run([prog, "--steps", str(steps), "--data", data or corpus, "--init", f"{work}/init.safetensors",
                     "--log", log, "--save", final, *extra], check=True, env=env, capture_output=True)
     return [json.loads(line)["loss"] for line in open(log)], read_safetensors(final)
 
@@ -271,7 +275,42 @@ def run_ops():
     report("every new op (tests/equiv/ops.plan)", planc_losses, torch_losses, final, w)
 
 
+def run_bert():
+    V, S, D, H, F_, L, C, B = 256, 32, 64, 4, 256, 2, 4, 16
+    Dh = D // H
+    dataset = f"{root}/data/classify.safetensors"
+    ds = read_safetensors(dataset)
+    n = ds["tokens"].shape[0]
+
+    def loss_of(w, step):
+        # planrt's sampler for data sets: row i of step t is sample Philox(seed, (t, i)) mod N
+        idx = [(lambda x: (x[0] | (x[1] << 32)) % n)(philox(SEED, step, i)) for i in range(B)]
+        tokens, labels = ds["tokens"][idx], ds["labels"][idx]
+        x = F.layer_norm(F.embedding(tokens, w["wte"]) + w["wpe"], (D,), w["layernorm.weight"], w["layernorm.bias"],
+                         eps=1e-12)
+        for i in range(L):
+            p = f"layers.{i}.bert_block."
+            heads = lambda t: t.view(B, S, H, Dh).transpose(1, 2)
+            q = heads(x @ w[p + "self_attention.wq"] + w[p + "self_attention.bq"])
+            k = heads(x @ w[p + "self_attention.wk"] + w[p + "self_attention.bk"])
+            v = heads(x @ w[p + "self_attention.wv"] + w[p + "self_attention.bv"])
+            a = (torch.softmax(q @ k.transpose(-1, -2) / Dh ** 0.5, dim=-1) @ v).transpose(1, 2).reshape(B, S, D)
+            x = F.layer_norm(x + a @ w[p + "self_attention.wo"] + w[p + "self_attention.bo"], (D,),
+                             w[p + "layernorm.weight"], w[p + "layernorm.bias"], eps=1e-12)
+            h = F.gelu(x @ w[p + "mlp.w1"] + w[p + "mlp.b1"]) @ w[p + "mlp.w2"] + w[p + "mlp.b2"]
+            x = F.layer_norm(x + h, (D,), w[p + "layernorm_1.weight"], w[p + "layernorm_1.bias"], eps=1e-12)
+        pooled = torch.tanh(x[:, 0] @ w["classifier.w_pool"] + w["classifier.b_pool"])
+        return F.cross_entropy(pooled @ w["classifier.w"] + w["classifier.b"], labels)
+
+    prog = build(f"{root}/examples/bert.plan", "single_nodropout")
+    init = init_like(program_shapes(prog, data=dataset), ("layernorm.weight", "layernorm_1.weight"))
+    planc_losses, final = train_program(prog, init, data=dataset)
+    torch_losses, w = train_torch(init, loss_of, dict(lr=1e-3, betas=(0.9, 0.999), weight_decay=0.01, eps=1e-8),
+                                  clip=0)
+    report("BERT classifier (examples/bert.plan, data/classify.safetensors)", planc_losses, torch_losses, final, w)
+
+
 for m in models:
-    {"gpt": run_gpt, "llama": run_llama, "ops": run_ops}[m]()
+    {"gpt": run_gpt, "llama": run_llama, "ops": run_ops, "bert": run_bert}[m]()
 print(f"{passed} passed, {failed} failed")
 sys.exit(0 if failed == 0 else 1)

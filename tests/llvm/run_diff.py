@@ -27,7 +27,13 @@ steps = int(sys.argv[3]) if len(sys.argv) > 3 else 4
 env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
            OMPI_MCA_rmaps_base_oversubscribe="1", OMPI_MCA_plm="isolated", OMPI_MCA_btl="self,vader",
            OMPI_MCA_btl_vader_single_copy_mechanism="none", OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
-data = f"{root}/data/corpus.txt"
+# the data each model trains on (data/corpus.txt: token windows; the others are data sets of named
+# tensors)
+DATA = {"bert": "data/classify.safetensors", "tests/equiv/regress": "data/regress"}
+
+
+def data_of(model):
+    return f"{root}/{DATA.get(model, 'data/corpus.txt')}"
 def plan_file(model):
     """a model of examples/ by name, or a plan file of the repository by its path without .plan"""
     return f"{root}/{model}.plan" if "/" in model else f"{root}/examples/{model}.plan"
@@ -66,7 +72,7 @@ def train(model, plan, world, tag, command):
     stem = f"{work}/{model.replace('/', '_')}_{plan}_{tag}"
     log, save = f"{stem}.jsonl", f"{stem}.safetensors"
     r = subprocess.run(["mpirun", "-np", str(world)] + command +
-                       ["--steps", str(steps), "--data", data, "--log", log, "--save", save],
+                       ["--steps", str(steps), "--data", data_of(model), "--log", log, "--save", save],
                        capture_output=True, text=True, env=env, timeout=600)
     if r.returncode != 0:
         return None, f"{tag}: mpirun failed: {r.stderr.strip()[-400:]}"
