@@ -106,11 +106,11 @@ static void run_planrt(int op, const void *send, void *recv, size_t count, planr
 {
 	planrt_comm_t w = planrt_world_comm();
 	if (op == ALL_REDUCE)
-		PLANRT_CHECK(planrt_allreduce(send, recv, count, t, planrt_sum, w, NULL));
+		PLANRT_CHECK(planrt_allreduce(send, recv, count, t, planrt_sum, w, NULL, NULL));
 	else if (op == ALL_GATHER)
-		PLANRT_CHECK(planrt_allgather(send, recv, count, t, w, NULL));
+		PLANRT_CHECK(planrt_allgather(send, recv, count, t, w, NULL, NULL));
 	else
-		PLANRT_CHECK(planrt_reduce_scatter(send, recv, count, t, planrt_sum, w, NULL));
+		PLANRT_CHECK(planrt_reduce_scatter(send, recv, count, t, planrt_sum, w, NULL, NULL));
 }
 
 /* Mean seconds per call on the slowest rank, and the wrong elements summed over ranks. */

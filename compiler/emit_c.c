@@ -16,12 +16,14 @@
 #include <string.h>
 #include <sys/stat.h>
 
-typedef struct Emit {
+struct Emit {
 	FILE *f;
 	const Lowered *low;
 	const LProg *p;     /* the stage being printed */
 	const char *prefix; /* its names' prefix: "s0_" with several stages, else "" */
-} Emit;
+	const EmitTarget *target; /* NULL: the C target; else the target printing the kernels (CUDA) */
+	const int *load_slot;     /* a fused loop's loads print as v<load_slot[buffer]> (NULL: v<buffer>) */
+};
 
 /* A program's names' prefix: "s0_" with several stages, "s0_master_" / "s0_worker_" with async
  * roles, else "". */
@@ -257,7 +259,7 @@ static void print_expr(Emit *e, const LExpr *x, const Kernel *k, bool flat)
 	switch (x->kind) {
 	case LX_LOAD: {
 		bool half = e->p->buf[buffer_root(e->p, x->buf)].dtype == DT_BF16;
-		fprintf(f, half ? "bf(v%d[" : "v%d[", x->buf);
+		fprintf(f, half ? "bf(v%d[" : "v%d[", e->load_slot ? e->load_slot[x->buf] : x->buf);
 		print_index(e, x, k, flat);
 		fprintf(f, half ? "])" : "]");
 		return;
@@ -408,6 +410,10 @@ static void print_loop(Emit *e, const Kernel *k)
 static void print_kernel(Emit *e, const Kernel *k)
 {
 	FILE *f = e->f;
+	if (e->target) {
+		e->target->kernel(e, k);
+		return;
+	}
 	if (k->only_last_micro)
 		fprintf(f, "\tif (ctx->micro == MICRO_BATCHES - 1)\n\t");
 	if (k->kind == K_LOOP) {
@@ -479,6 +485,8 @@ static void print_buffers(Emit *e)
 	for (int h = 0; h < p->nhandles; h++)
 		fprintf(f, "static %s %s%s;\n", p->handles[h].type == HANDLE_BUCKET ? "planrt_bucket_t" : "planrt_request_t",
 			e->prefix, p->handles[h].name);
+	if (e->target)
+		e->target->stage_decls(e);
 	fprintf(f, "\n");
 }
 
@@ -499,9 +507,13 @@ static void print_phase(Emit *e, Phase ph, int chunk, bool per_chunk)
 	else
 		fprintf(f, "static void %s%s(planrt_ctx_t *ctx)\n{\n", e->prefix, phase_names[ph]);
 	fprintf(f, "\t(void)ctx;\n");
+	if (e->target)
+		e->target->phase_begin(e, ph, chunk);
 	for (int i = 0; i < p->nk; i++)
 		if (p->k[i].phase == ph && (!per_chunk || p->k[i].chunk == chunk))
 			print_kernel(e, &p->k[i]);
+	if (e->target)
+		e->target->phase_end(e, ph, chunk);
 	fprintf(f, "}\n\n");
 }
 
@@ -595,6 +607,8 @@ static void print_prelude(Emit *e, const char *source_path)
 	fprintf(f, "#include <math.h>\n#include <stdint.h>\n#include <stdio.h>\n#include <stdlib.h>\n#include <string.h>\n\n");
 	fprintf(f, "#include \"planrt.h\"\n#include \"planrt_exec.h\"\n#include \"planrt_kernels.h\"\n#include \"planrt_math.h\"\n"
 		   "#include \"planrt_program.h\"\n\n");
+	if (e->target)
+		e->target->prelude(e);
 	fprintf(f, "enum { MICRO_BATCHES = %d };\n", ps->micro_batches > 0 ? ps->micro_batches : 1);
 	fprintf(f, "/* mesh axes */\nenum {");
 	for (int a = 0; a < ps->naxes; a++)
@@ -667,10 +681,18 @@ static void print_program(Emit *e, const char *source_path)
 		low->nparams, ps->micro_batches > 0 ? ps->micro_batches : 1);
 	fprintf(f, "\t%lld, %lld, %lld, %.17g, %.17g, %d, %d, %d, %d,\n};\n\n", ps->batch, low->seq, low->vocab, ps->lr,
 		ps->min_lr, ps->warmup, ps->total_steps, low->nroles, low->nroles > 1 ? sync_axis(ps) : -1);
-	fprintf(f, "int main(int argc, char **argv)\n{\n\tunused_helpers();\n\treturn planrt_main(argc, argv, &program);\n}\n");
+	fprintf(f, "int main(int argc, char **argv)\n{\n\tunused_helpers();\n\treturn %s(argc, argv, &program);\n}\n",
+		e->target ? e->target->main_fn : "planrt_main");
+	if (e->target)
+		e->target->epilogue(e);
 }
 
 bool emit_c(const Lowered *low, const char *dir, const char *source_path)
+{
+	return emit_c_with(low, dir, source_path, NULL);
+}
+
+bool emit_c_with(const Lowered *low, const char *dir, const char *source_path, const EmitTarget *target)
 {
 	if (mkdir(dir, 0777) != 0 && errno != EEXIST) {
 		fprintf(stderr, "planc: error: cannot create directory '%s': %s\n", dir, strerror(errno));
@@ -682,7 +704,7 @@ bool emit_c(const Lowered *low, const char *dir, const char *source_path)
 		fprintf(stderr, "planc: error: cannot write '%s': %s\n", path, strerror(errno));
 		return false;
 	}
-	Emit e = {.f = f, .low = low};
+	Emit e = {.f = f, .low = low, .target = target};
 	print_prelude(&e, source_path);
 	for (int i = 0; i < low->nprogs; i++) {
 		e.p = low->progs[i];
@@ -698,9 +720,79 @@ bool emit_c(const Lowered *low, const char *dir, const char *source_path)
 	return ok;
 }
 
+/* ------------------------------------------------------------------ for other targets (emit_cuda.c) */
+
+FILE *emit_file(const Emit *e)
+{
+	return e->f;
+}
+
+const LProg *emit_prog(const Emit *e)
+{
+	return e->p;
+}
+
+const char *emit_prefix(const Emit *e)
+{
+	return e->prefix;
+}
+
+const EmitTarget *emit_target(const Emit *e)
+{
+	return e->target;
+}
+
+void emit_arg(Emit *e, const KArg *a)
+{
+	print_arg(e, a);
+}
+
+void emit_c_kernel(Emit *e, const Kernel *k)
+{
+	const EmitTarget *t = e->target;
+	e->target = NULL;
+	print_kernel(e, k);
+	e->target = t;
+}
+
+const char *emit_ctype(DType t)
+{
+	return ctype(t);
+}
+
+int emit_loop_loads(const Kernel *k, int *loads, int cap)
+{
+	int n = 0;
+	collect(k->expr, loads, &n, cap);
+	return n;
+}
+
+bool emit_loop_flat(const Kernel *k)
+{
+	return contiguous(k->expr, k);
+}
+
+void emit_loop_expr_to(FILE *f, const LProg *p, const Kernel *k, bool flat, const int *load_slot)
+{
+	Emit e = {.f = f, .low = p->low, .p = p, .prefix = "", .load_slot = load_slot};
+	print_expr(&e, k->expr, k, flat);
+}
+
+void emit_c_loop_to(FILE *f, const Lowered *low, const LProg *p, const Kernel *k)
+{
+	Emit e = {.f = f, .low = low, .p = p, .prefix = ""};
+	print_loop(&e, k);
+}
+
 /* ------------------------------------------------------------------ what the C target runs */
 
 bool lowered_executable(const Lowered *low, bool report)
+{
+	return lowered_executable_on(low, report, false);
+}
+
+/* device: for the CUDA target, which also checks its kernels (cuda_executable) */
+bool lowered_executable_on(const Lowered *low, bool report, bool device)
 {
 	Graph *g = low->g;
 	PlanSpec *ps = low->ps;
@@ -714,8 +806,16 @@ bool lowered_executable(const Lowered *low, bool report)
 	} while (0)
 	if (g->has_moe)
 		REFUSE(ps->plan->name_loc, "planc build does not execute mixture-of-experts layers yet");
-	if (ps->offload_optimizer || ps->offload_params || ps->offload_activations)
+	if (!device && (ps->offload_optimizer == PLACE_HOST || ps->offload_params == PLACE_HOST ||
+			ps->offload_activations == PLACE_HOST)) {
+		REFUSE(ps->offload_loc, "offload %s -> host moves state out of GPU memory: the CPU target has none to free",
+		       ps->offload_optimizer == PLACE_HOST ? "optimizer" : ps->offload_params == PLACE_HOST ? "params" : "activations");
+		if (report)
+			diag_note_plain("build it with --target cuda, or offload the optimizer state to disk on the CPU "
+					"(offload optimizer -> disk)");
+	} else if (ps->offload_optimizer || ps->offload_params || ps->offload_activations) {
 		REFUSE(ps->offload_loc, "planc build does not execute offload yet");
+	}
 	if (ps->compress != COMPRESS_NONE && ps->param_dtype != DT_F32 &&
 	    !(ps->compress == COMPRESS_BF16 && ps->param_dtype == DT_BF16))
 		REFUSE(ps->sync_loc, "planc build compresses f32 gradients so far (this plan's are %s)", dtype_name(ps->param_dtype));

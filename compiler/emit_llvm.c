@@ -92,6 +92,11 @@
 	X(SAVE_PARAM, planrt_save_param,                                                                   \
 	  (planrt_ctx_t *, const void *, planrt_dtype_t, int, int64_t, int64_t, int))                      \
 	X(PAIR_COMM, planrt_make_pair_comm, (int, int, int, int))                                          \
+	X(OFFLOAD_OPEN, planrt_offload_open, (int64_t))                                                    \
+	X(OFFLOAD_READ, planrt_offload_read, (void *, int64_t, int64_t, int))                              \
+	X(OFFLOAD_WRITE, planrt_offload_write, (const void *, int64_t, int64_t, int))                      \
+	X(OFFLOAD_WAIT, planrt_offload_wait, (int))                                                        \
+	X(OFFLOAD_COPY, planrt_copy, (void *, const void *, int64_t))                                      \
 	X(SUM_SQUARES, planrt_sum_squares_acc, (double *, const void *, int64_t, planrt_dtype_t, double))  \
 	X(SUM_SQUARES_SHARD, planrt_sum_squares_shard,                                                     \
 	  (double *, const void *, planrt_dtype_t, int64_t, int64_t, int, const int64_t *, const int64_t *, \

@@ -34,6 +34,8 @@ static const char usage[] =
 	"  emit c FILE --plan NAME -o DIR    write the plan's training program as C (DIR/prog.c)\n"
 	"  emit llvm FILE --plan NAME -o DIR the same as LLVM IR (DIR/prog.ll)\n"
 	"  emit ptx FILE --plan NAME -o DIR  its fused element-wise kernels as sm_80 PTX (DIR/kernels.ptx)\n"
+	"  emit cuda FILE --plan NAME -o DIR the program for NVIDIA GPUs: DIR/prog.c (host), DIR/kernels.cu\n"
+	"                                    (the fused loops) and DIR/loops.h\n"
 	"  build FILE --plan NAME -o PROG    emit and compile it with the planrt runtime\n"
 	"                                    (run: mpirun -np WORLD PROG --steps K --data FILE ...)\n"
 	"  run FILE [--plan NAME] PROGRAM-OPTIONS...\n"
@@ -54,6 +56,8 @@ static const char usage[] =
 	"                     step as an SVG picture\n"
 	"  --backend=c|llvm   build: compile the C with mpicc (c, the default) or through LLVM (llvm:\n"
 	"                     a native object linked with planrt, no C compiler involved)\n"
+	"  --target=cpu|cuda  build: for CPUs (the default) or NVIDIA GPUs (emit cuda's files compiled with\n"
+	"                     nvcc for sm_80 and sm_90 plus PTX, linked with planrt_cuda, cuBLAS and NCCL)\n"
 	"  --dump-after=PASS  print the IR after PASS: the graph after graph pipeline autodiff shard recompute\n"
 	"                     zero sync; the loop-level IR after lower state overlap memplan check; the\n"
 	"                     generated C after emit\n"
@@ -74,6 +78,7 @@ typedef struct Options {
 	const char *output;
 	const char *target; /* emit: "c", "llvm" or "ptx" */
 	const char *backend; /* build: "c" or "llvm" */
+	bool cuda;          /* build --target cuda */
 	bool verify;
 	bool native;        /* build: -march=native */
 	const char *svg;    /* explain: the picture's path */
@@ -137,6 +142,11 @@ static int parse_args(int argc, char **argv, Options *o)
 			if (!v || (strcmp(v, "c") && strcmp(v, "llvm")))
 				return usage_error("--backend takes 'c' or 'llvm'%s", "");
 			o->backend = v;
+		} else if (!strncmp(a, "--target=", 9) || !strcmp(a, "--target")) {
+			const char *v = a[8] == '=' ? a + 9 : ++i < argc ? argv[i] : NULL;
+			if (!v || (strcmp(v, "cpu") && strcmp(v, "cuda")))
+				return usage_error("--target takes 'cpu' or 'cuda'%s", "");
+			o->cuda = !strcmp(v, "cuda");
 		} else if (!strcmp(a, "-w")) {
 			o->write = true;
 		} else if (!strcmp(a, "-o")) {
@@ -318,6 +328,111 @@ static void remove_build_dir(const char *dir, const char *file)
 	rmdir(dir);
 }
 
+/* The CUDA target: emit cuda writes DIR/prog.c, kernels.cu and loops.h; build --target cuda compiles
+ * kernels.cu with nvcc (sm_80 and sm_90 machine code, and compute_80 PTX that newer GPUs compile at
+ * load), prog.c with the C compiler (host code: it calls planrt_cuda and launches kernels, so -O1),
+ * and links them with planrt_cuda, planrt, cuBLAS, NCCL and the static CUDA runtime (never the
+ * driver's libcuda: the program starts on a machine without one and says there is no GPU). */
+#ifndef PLANC_NVCC
+#define PLANC_NVCC ""
+#endif
+#ifndef PLANC_CUDA_LIB
+#define PLANC_CUDA_LIB ""
+#endif
+#ifndef PLANC_CUDA_LINK
+#define PLANC_CUDA_LINK ""
+#endif
+#ifndef PLANC_CUDA_INCLUDE
+#define PLANC_CUDA_INCLUDE ""
+#endif
+
+static bool dump_text(const char *path, FILE *out)
+{
+	FILE *f = fopen(path, "r");
+	if (!f) {
+		fprintf(stderr, "planc: error: cannot read back '%s'\n", path);
+		return false;
+	}
+	char buf[65536];
+	size_t n;
+	fprintf(out, "# %s after emit\n", path);
+	while ((n = fread(buf, 1, sizeof buf, f)) > 0)
+		fwrite(buf, 1, n, out);
+	fclose(f);
+	return true;
+}
+
+static bool cmd_cuda(Lowered *low, const Options *o, bool compile)
+{
+	if (!cuda_executable(low, true))
+		return false;
+	Arena *a = low->g->arena;
+	bool dump = o->dump_after && !strcmp(o->dump_after, "emit");
+	if (!compile)
+		return emit_cuda(low, o->output, o->file) &&
+		       (!dump || (dump_text(arena_printf(a, "%s/prog.c", o->output), stdout) &&
+				  dump_text(arena_printf(a, "%s/kernels.cu", o->output), stdout)));
+	if (!*PLANC_NVCC || !*PLANC_CUDA_LIB) {
+		fprintf(stderr, "planc: error: this planc was built without the CUDA toolkit (no nvcc when it was configured), "
+				"so it cannot build for --target cuda\n");
+		diag_note_plain("'planc emit cuda %s --plan %s -o DIR' writes the sources; runtime/README.md says how to build "
+				"them elsewhere", o->file, low->ps->plan->name);
+		return false;
+	}
+	const char *tmp = getenv("TMPDIR");
+	char *dir = mkdtemp(arena_printf(a, "%s/planc-build-XXXXXX", tmp && *tmp ? tmp : "/tmp"));
+	if (!dir) {
+		fprintf(stderr, "planc: error: cannot create a temporary directory: %s\n", strerror(errno));
+		return false;
+	}
+	static const char *const files[] = {"prog.c", "kernels.cu", "loops.h", "prog.o", "kernels.o"};
+	bool ok = emit_cuda(low, dir, o->file);
+	if (ok && dump)
+		ok = dump_text(arena_printf(a, "%s/prog.c", dir), stdout) && dump_text(arena_printf(a, "%s/kernels.cu", dir), stdout);
+	const char *inc = arena_printf(a, "-I%s", PLANC_RUNTIME_DIR);
+	const char *cc = getenv("PLANC_MPICC");
+	cc = cc && *cc ? cc : PLANC_MPICC;
+	const char *nvcc = getenv("PLANC_NVCC");
+	nvcc = nvcc && *nvcc ? nvcc : PLANC_NVCC;
+	if (ok) {
+		char *argv[] = {(char *)nvcc, "-std=c++17", "-gencode", "arch=compute_80,code=[sm_80,sm_90,compute_80]",
+				"-Xcompiler", "-Wall", (char *)inc, "-c", arena_printf(a, "%s/kernels.cu", dir), "-o",
+				arena_printf(a, "%s/kernels.o", dir), NULL};
+		ok = run_command(argv) == 0;
+	}
+	if (ok) {
+		char *argv[] = {(char *)cc, "-std=gnu11", "-O1", "-Wall", "-Wextra", "-Werror", (char *)inc,
+				"-c", arena_printf(a, "%s/prog.c", dir), "-o", arena_printf(a, "%s/prog.o", dir), NULL};
+		ok = run_command(argv) == 0;
+	}
+	if (ok) {
+		char *libs = arena_printf(a, "%s %s", PLANC_CUDA_LINK, PLANC_LINK_LIBS);
+		char *argv[96];
+		int n = 0;
+		argv[n++] = (char *)cc;
+		argv[n++] = arena_printf(a, "%s/prog.o", dir);
+		argv[n++] = arena_printf(a, "%s/kernels.o", dir);
+		argv[n++] = "-o";
+		argv[n++] = (char *)o->output;
+		argv[n++] = (char *)PLANC_CUDA_LIB;
+		argv[n++] = (char *)PLANC_RUNTIME_LIB;
+		for (char *t = strtok(libs, " "); t && n < 92; t = strtok(NULL, " "))
+			argv[n++] = t;
+		argv[n++] = "-lm";
+		argv[n] = NULL;
+		ok = run_command(argv) == 0;
+	}
+	for (size_t i = 0; i < sizeof files / sizeof files[0]; i++)
+		remove(arena_printf(a, "%s/%s", dir, files[i]));
+	rmdir(dir);
+	if (!ok) {
+		fprintf(stderr, "planc: error: building the CUDA program failed\n");
+		diag_note_plain("'planc emit cuda %s --plan %s -o DIR' writes what was compiled, for inspection", o->file,
+				low->ps->plan->name);
+	}
+	return ok;
+}
+
 /* emit / build: print the lowered program as C (emit llvm: LLVM IR; emit ptx: the fused kernels as
  * PTX); build then compiles it against planrt: the C with mpicc, or (--backend llvm) an object LLVM
  * writes, linked by the same mpicc line. */
@@ -407,8 +522,13 @@ int main(int argc, char **argv)
 	bool is_run = !strcmp(o.command, "run");
 	if (!is_check && !is_explain && !is_fmt && !is_emit && !is_build && !is_run)
 		return usage_error("unknown command '%s'", o.command);
-	if (is_emit && (!o.target || (strcmp(o.target, "c") && strcmp(o.target, "llvm") && strcmp(o.target, "ptx"))))
-		return usage_error("emit supports the targets c, llvm and ptx: planc emit c FILE --plan NAME -o DIR%s", "");
+	if (is_emit && (!o.target || (strcmp(o.target, "c") && strcmp(o.target, "llvm") && strcmp(o.target, "ptx") &&
+				      strcmp(o.target, "cuda"))))
+		return usage_error("emit supports the targets c, llvm, ptx and cuda: planc emit c FILE --plan NAME -o DIR%s", "");
+	if (o.cuda && !is_build)
+		return usage_error("--target applies to 'build' (emit names its target: planc emit cuda ...)%s", "");
+	if (o.cuda && o.backend)
+		return usage_error("--target cuda compiles with nvcc and the C compiler; --backend does not apply%s", "");
 	if (o.backend && !is_build)
 		return usage_error("--backend applies to 'build' ('run' always uses llvm)%s", "");
 	if ((is_emit || is_build) && !o.output)
@@ -453,7 +573,8 @@ int main(int argc, char **argv)
 					return rc;
 				}
 				if (ok && (is_emit || is_build))
-					ok = cmd_codegen(low, &o, is_build);
+					ok = o.cuda || (is_emit && !strcmp(o.target, "cuda")) ? cmd_cuda(low, &o, is_build)
+												      : cmd_codegen(low, &o, is_build);
 				plan_arena_end(p, program_arena);
 			}
 		} else {

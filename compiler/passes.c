@@ -14,6 +14,7 @@
  *   overlap    buckets during the backward, ZeRO-3 prefetch (overlap.c)
  *   memplan    slots, inboxes and arena offsets (memplan.c)
  *   check      the collective-sequence check (schedule.c)
+ *   streams    the device schedule: streams, events, joins (streams.c; printed by the CUDA target)
  *   emit       the C printer (emit_c.c), for planc emit and planc build (run_emit)
  * With verification on (the tests), the IR verifier runs after every back-end pass. */
 #include "planc.h"
@@ -21,7 +22,7 @@
 #include <string.h>
 
 const char *const pass_names[] = {"graph", "pipeline", "autodiff", "shard", "recompute", "zero", "sync",
-				  "lower", "state", "overlap", "memplan", "check", NULL};
+				  "lower", "state", "overlap", "memplan", "check", "streams", NULL};
 
 static bool dump_if(const char *want, const char *pass, Graph *g, FILE *out)
 {
@@ -74,6 +75,13 @@ Lowered *run_backend(Graph *g, const char *dump_after, FILE *dump_out, bool veri
 	if (!check_collectives(low) || diag_error_count())
 		return NULL;
 	dump_backend(dump_after, "check", low, dump_out);
+	if (!plan_streams(low))
+		return NULL;
+	if (dump_after && !strcmp(dump_after, "streams")) {
+		fprintf(dump_out, "# loop-level IR after streams\n");
+		for (int i = 0; i < low->nprogs; i++)
+			streams_dump(dump_out, low->progs[i]);
+	}
 	return low;
 }
 

@@ -663,6 +663,11 @@ extern const char *const pass_names[];
 	X(INIT_PARAM, "init_param", "planrt_init_param", KC_IO) \
 	X(SAVE_PARAM, "save_param", "planrt_save_param", KC_IO) \
 	X(PAIR_COMM, "pair_comm", "planrt_make_pair_comm", KC_SETUP) \
+	X(OFFLOAD_OPEN, "offload_open", "planrt_offload_open", KC_IO) \
+	X(OFFLOAD_READ, "offload_read", "planrt_offload_read", KC_IO) \
+	X(OFFLOAD_WRITE, "offload_write", "planrt_offload_write", KC_IO) \
+	X(OFFLOAD_WAIT, "offload_wait", "planrt_offload_wait", KC_IO) \
+	X(OFFLOAD_COPY, "offload_copy", "planrt_copy", KC_IO) \
 	X(SUM_SQUARES, "sum_squares", "planrt_sum_squares_acc", KC_COMPUTE) \
 	X(SUM_SQUARES_SHARD, "sum_squares_shard", "planrt_sum_squares_shard", KC_COMPUTE) \
 	X(CLIP_COEF, "clip_coef", "planrt_clip_coef", KC_COMPUTE) \
@@ -774,6 +779,8 @@ typedef struct Buffer {
 	size_t offset;      /* BUF_ARENA / BUF_SLOT / BUF_INBOX: bytes from the region's base */
 	int chunk;          /* BUF_SLOT / BUF_INBOX: the model chunk whose layout holds it */
 	int group;          /* the planning group (one phase call, or one chunk's slot) it was placed in */
+	OffloadPlace place; /* BUF_STATE: device memory (PLACE_NONE) or pinned host memory (PLACE_HOST);
+			     * offloaded optimizer state on disk is a file planrt_offload_open makes */
 } Buffer;
 
 /* What a communication kernel puts on the wire, for the collective check and explain. */
@@ -860,6 +867,15 @@ typedef struct Kernel {
 	long long dims[MAX_DIMS];
 	LExpr *expr;
 	int nfused;
+	/* streams.c: where a device target runs it. The C and LLVM targets run every kernel in
+	 * program order on the host and ignore these. */
+	int stream;             /* StreamKind, or STREAM_P2P + 2 * channel (+ 1 for a receive) */
+	int *waits, nwaits;     /* kernels of its phase call on other streams it waits for (their
+				 * events); -1: the compute stream at the phase call's entry */
+	bool event;             /* records an event when done (a kernel or the call's end waits for it) */
+	bool join;              /* the phase call ends with the compute stream waiting for it */
+	bool tensor_cores;      /* K_MATMUL: both operands are bf16 values widened to f32 (casts of
+				 * bf16 buffers), so bf16 tensor-core math computes the same products */
 } Kernel;
 
 typedef enum { HANDLE_REQUEST, HANDLE_BUCKET } HandleType; /* planrt_request_t, planrt_bucket_t */
@@ -973,15 +989,65 @@ void lprog_dump(FILE *out, const LProg *p);
 bool plan_state(Lowered *low);
 bool plan_overlap(Lowered *low);
 bool memplan(Lowered *low);
+/* streams.c: the device schedule, after memplan: each kernel's stream (compute, communication,
+ * copy, host, a pipeline channel's), the events it waits for within its phase call, and the joins
+ * that end the call; GEMMs whose operands are bf16 values take tensor cores. stream_dump prints it
+ * (--dump-after=streams). */
+typedef enum { STREAM_COMPUTE, STREAM_COMM, STREAM_COPY, STREAM_HOST, STREAM_P2P } StreamKind;
+bool plan_streams(Lowered *low);
+const char *stream_name(int stream, char *buf, size_t n);
+void streams_dump(FILE *out, const LProg *p);
 /* verify.c: checks the IR's invariants (arguments, buffers, phases, liveness and placement after
  * memplan); reports and returns false on the first broken one (an internal error in planc). */
 bool verify_ir(const Lowered *low, const char *after_pass);
 /* Whether planc build can run it; reports the first reason when report. */
 bool lowered_executable(const Lowered *low, bool report);
+bool lowered_executable_on(const Lowered *low, bool report, bool device); /* device: the CUDA target's rules */
 
 /* ---------------------------------------------------------------- emit_c.c */
 /* Writes the program as C into dir/prog.c; false on I/O errors. */
 bool emit_c(const Lowered *low, const char *dir, const char *source_path);
+/* The same file for another target (the CUDA target: emit_cuda.c): emit_c.c prints the program's
+ * structure (buffers, phase functions, tables, descriptor) and the target prints every kernel, its
+ * declarations per stage, what begins and ends a phase function, and its includes; main() calls
+ * main_fn. */
+typedef struct Emit Emit;
+typedef struct EmitTarget {
+	void (*prelude)(Emit *e);
+	void (*stage_decls)(Emit *e);
+	void (*phase_begin)(Emit *e, Phase ph, int chunk);
+	void (*kernel)(Emit *e, const Kernel *k);
+	void (*phase_end)(Emit *e, Phase ph, int chunk);
+	void (*epilogue)(Emit *e); /* after main() */
+	const char *main_fn;
+	void *data;
+} EmitTarget;
+bool emit_c_with(const Lowered *low, const char *dir, const char *source_path, const EmitTarget *target);
+FILE *emit_file(const Emit *e);
+const LProg *emit_prog(const Emit *e);      /* the stage program being printed */
+const char *emit_prefix(const Emit *e);     /* its names' prefix */
+const EmitTarget *emit_target(const Emit *e);
+void emit_arg(Emit *e, const KArg *a);      /* an argument as the C target prints it */
+void emit_c_kernel(Emit *e, const Kernel *k); /* a kernel as the C target prints it (a call or a loop nest) */
+const char *emit_ctype(DType t);            /* the C type of an element */
+/* A fused loop: the buffers it reads in order of first read (returns how many), whether every load
+ * walks the output's index (flat), and its expression with the load of buffer b printed as
+ * v<load_slot[b]>. emit_c_loop_to prints the C target's loop nest for it (the tests compare it). */
+int emit_loop_loads(const Kernel *k, int *loads, int cap);
+bool emit_loop_flat(const Kernel *k);
+void emit_loop_expr_to(FILE *f, const LProg *p, const Kernel *k, bool flat, const int *load_slot);
+void emit_c_loop_to(FILE *f, const Lowered *low, const LProg *p, const Kernel *k);
+
+/* ---------------------------------------------------------------- emit_cuda.c */
+/* The CUDA target: DIR/prog.c (the host program: emit_c.c's structure, each kernel a call into
+ * planrt_cuda on its stream with the events streams.c planned, or a launch of a fused loop),
+ * DIR/kernels.cu (every distinct fused loop as a __global__ function and its launcher) and
+ * DIR/loops.h (the loops' element functions, C that compiles for the host and the device). */
+bool emit_cuda(const Lowered *low, const char *dir, const char *source_path);
+/* Whether the CUDA target can run the program; reports the first reason when report. */
+bool cuda_executable(const Lowered *low, bool report);
+/* A fused loop's element function as loops.h prints it (static, named fname), for the tests. */
+void emit_cuda_loop_body(FILE *f, const LProg *p, const Kernel *k, const char *fname);
 
 /* The back end's driver (passes.c): lower, state, overlap, memplan, with --dump-after after each
  * and the IR verifier between passes when verify. NULL after reporting errors. */

@@ -93,6 +93,8 @@ struct planrt_request {
 	const void *copy_src;
 	size_t copy_bytes;
 	void *scratch;       /* freed at completion */
+	void *ext;           /* an external request (the device comm layer's): completed by ext_ops */
+	const planrt_request_ops_t *ext_ops;
 };
 
 static double watchdog_s = 300;
@@ -545,9 +547,48 @@ oom:
 			     dtype_names[q->dtype]);
 }
 
+/* ------------------------------------------------------------------ the device comm layer
+ * An operation on a device stream goes to the comm layer the device registered (NCCL, comm_nccl.c),
+ * which enqueues it on the stream; it is counted here like the MPI layer's. A request it returns
+ * is an external one: planrt_wait and planrt_test call its own functions. */
+static const planrt_comm_layer_t *device_layer;
+
+void planrt_comm_layer_set_(const planrt_comm_layer_t *layer)
+{
+	device_layer = layer;
+}
+
+planrt_request_t planrt_request_external_(void *impl, const planrt_request_ops_t *ops)
+{
+	struct planrt_request *q = calloc(1, sizeof *q);
+	if (!q)
+		planrt_fatal("out of memory for a request");
+	q->ext = impl;
+	q->ext_ops = ops;
+	return q;
+}
+
+static planrt_result_t run_device(kind_t kind, const void *sendbuf, void *recvbuf, size_t count, planrt_dtype_t t,
+				  planrt_op_t op, int peer, int tag, planrt_comm_t c, planrt_stream_t stream,
+				  planrt_request_t *req)
+{
+	if (!device_layer)
+		return planrt_error_(planrt_invalid_usage,
+				     "%s on a device stream, but no device comm layer is registered (a program built with "
+				     "--target cuda registers NCCL's)",
+				     kind_names[kind]);
+	planrt_result_t r = device_layer->run(kind, sendbuf, recvbuf, count, t, op, peer, tag, c, stream, req);
+	if (r == planrt_success) {
+		struct planrt_request counted = {.kind = kind, .count = count, .dtype = t, .comm = c};
+		c->ncalls++;
+		count_call(&counted);
+	}
+	return r;
+}
+
 /* Common entry: checks, then a blocking run (req NULL) or a started request in *req. */
 static planrt_result_t run(kind_t kind, const void *sendbuf, void *recvbuf, size_t count, planrt_dtype_t t,
-			   planrt_op_t op, int peer, int tag, planrt_comm_t c, planrt_request_t *req)
+			   planrt_op_t op, int peer, int tag, planrt_comm_t c, planrt_stream_t stream, planrt_request_t *req)
 {
 	if (req)
 		*req = NULL;
@@ -563,16 +604,20 @@ static planrt_result_t run(kind_t kind, const void *sendbuf, void *recvbuf, size
 	size_t total = kind == K_ALLREDUCE || kind == K_BROADCAST || kind == K_SEND || kind == K_RECV
 			       ? count
 			       : count * (size_t)c->size;
-	if (count > INT_MAX || total > INT_MAX)
+	if ((count > INT_MAX && !stream) || total > INT_MAX)
 		return planrt_error_(planrt_invalid_argument,
 				     "%s of %zu elements per rank exceeds MPI's int counts; split it into buckets",
 				     kind_names[kind], count);
+	if (stream) /* the device layer's counts are size_t */
+		total = 0;
 	if ((kind == K_SEND || kind == K_RECV || kind == K_BROADCAST) && (peer < 0 || peer >= c->size))
 		return planrt_error_(planrt_invalid_argument, "%s: member %d is not in %s (size %d)", kind_names[kind],
 				     peer, c->name, c->size);
 	if (tag < 0 || tag > tag_ub)
 		return planrt_error_(planrt_invalid_argument, "%s: tag %d is outside MPI's range 0 to %d", kind_names[kind],
 				     tag, tag_ub);
+	if (stream)
+		return run_device(kind, sendbuf, recvbuf, count, t, op, peer, tag, c, stream, req);
 	struct planrt_request local, *q = &local;
 	if (req && !(q = malloc(sizeof *q)))
 		return planrt_error_(planrt_system_error, "out of memory for a request");
@@ -607,57 +652,57 @@ static planrt_result_t run(kind_t kind, const void *sendbuf, void *recvbuf, size
 }
 
 planrt_result_t planrt_allreduce(const void *sendbuf, void *recvbuf, size_t count, planrt_dtype_t t, planrt_op_t op,
-				 planrt_comm_t c, planrt_request_t *req)
+				 planrt_comm_t c, planrt_stream_t stream, planrt_request_t *req)
 {
-	return run(K_ALLREDUCE, sendbuf, recvbuf, count, t, op, 0, 0, c, req);
+	return run(K_ALLREDUCE, sendbuf, recvbuf, count, t, op, 0, 0, c, stream, req);
 }
 
 planrt_result_t planrt_reduce_scatter(const void *sendbuf, void *recvbuf, size_t recvcount, planrt_dtype_t t,
-				      planrt_op_t op, planrt_comm_t c, planrt_request_t *req)
+				      planrt_op_t op, planrt_comm_t c, planrt_stream_t stream, planrt_request_t *req)
 {
-	return run(K_REDUCE_SCATTER, sendbuf, recvbuf, recvcount, t, op, 0, 0, c, req);
+	return run(K_REDUCE_SCATTER, sendbuf, recvbuf, recvcount, t, op, 0, 0, c, stream, req);
 }
 
 planrt_result_t planrt_allgather(const void *sendbuf, void *recvbuf, size_t sendcount, planrt_dtype_t t,
-				 planrt_comm_t c, planrt_request_t *req)
+				 planrt_comm_t c, planrt_stream_t stream, planrt_request_t *req)
 {
-	return run(K_ALLGATHER, sendbuf, recvbuf, sendcount, t, planrt_sum, 0, 0, c, req);
+	return run(K_ALLGATHER, sendbuf, recvbuf, sendcount, t, planrt_sum, 0, 0, c, stream, req);
 }
 
 planrt_result_t planrt_alltoall(const void *sendbuf, void *recvbuf, size_t count, planrt_dtype_t t, planrt_comm_t c,
-				planrt_request_t *req)
+				planrt_stream_t stream, planrt_request_t *req)
 {
-	return run(K_ALLTOALL, sendbuf, recvbuf, count, t, planrt_sum, 0, 0, c, req);
+	return run(K_ALLTOALL, sendbuf, recvbuf, count, t, planrt_sum, 0, 0, c, stream, req);
 }
 
 planrt_result_t planrt_broadcast(void *buf, size_t count, planrt_dtype_t t, int root, planrt_comm_t c,
-				 planrt_request_t *req)
+				 planrt_stream_t stream, planrt_request_t *req)
 {
-	return run(K_BROADCAST, buf, buf, count, t, planrt_sum, root, 0, c, req);
+	return run(K_BROADCAST, buf, buf, count, t, planrt_sum, root, 0, c, stream, req);
 }
 
 planrt_result_t planrt_send_tagged(const void *buf, size_t count, planrt_dtype_t t, int peer, int tag, planrt_comm_t c,
-				   planrt_request_t *req)
+				   planrt_stream_t stream, planrt_request_t *req)
 {
-	return run(K_SEND, buf, NULL, count, t, planrt_sum, peer, tag, c, req);
+	return run(K_SEND, buf, NULL, count, t, planrt_sum, peer, tag, c, stream, req);
 }
 
 planrt_result_t planrt_recv_tagged(void *buf, size_t count, planrt_dtype_t t, int peer, int tag, planrt_comm_t c,
-				   planrt_request_t *req)
+				   planrt_stream_t stream, planrt_request_t *req)
 {
-	return run(K_RECV, NULL, buf, count, t, planrt_sum, peer, tag, c, req);
+	return run(K_RECV, NULL, buf, count, t, planrt_sum, peer, tag, c, stream, req);
 }
 
 planrt_result_t planrt_send(const void *buf, size_t count, planrt_dtype_t t, int peer, planrt_comm_t c,
-			    planrt_request_t *req)
+			    planrt_stream_t stream, planrt_request_t *req)
 {
-	return run(K_SEND, buf, NULL, count, t, planrt_sum, peer, 0, c, req);
+	return run(K_SEND, buf, NULL, count, t, planrt_sum, peer, 0, c, stream, req);
 }
 
 planrt_result_t planrt_recv(void *buf, size_t count, planrt_dtype_t t, int peer, planrt_comm_t c,
-			    planrt_request_t *req)
+			    planrt_stream_t stream, planrt_request_t *req)
 {
-	return run(K_RECV, NULL, buf, count, t, planrt_sum, peer, 0, c, req);
+	return run(K_RECV, NULL, buf, count, t, planrt_sum, peer, 0, c, stream, req);
 }
 
 /* A request is finished by exactly one planrt_wait, which frees it (also after planrt_test
@@ -666,6 +711,11 @@ planrt_result_t planrt_wait(planrt_request_t q)
 {
 	if (!q)
 		return planrt_error_(planrt_invalid_argument, "planrt_wait on a NULL request");
+	if (q->ext_ops) {
+		planrt_result_t e = q->ext_ops->wait(q->ext);
+		free(q);
+		return e;
+	}
 	planrt_result_t r = planrt_success;
 	if (!q->done) {
 		r = poll_wait(q);
@@ -683,6 +733,8 @@ planrt_result_t planrt_test(planrt_request_t q, int *done)
 	*done = 0;
 	if (!q)
 		return planrt_error_(planrt_invalid_argument, "planrt_test on a NULL request");
+	if (q->ext_ops)
+		return q->ext_ops->test(q->ext, done);
 	if (q->done) {
 		*done = 1;
 		return planrt_success;

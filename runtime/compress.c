@@ -65,12 +65,12 @@ void planrt_compress_cast(float *grad, int64_t n, planrt_dtype_t wire, float *re
 			residual[i] = grad[i] - residual[i];
 	}
 	if (!chunk) {
-		PLANRT_CHECK(planrt_allreduce(q, q, (size_t)n, wire, planrt_sum, c, NULL));
+		PLANRT_CHECK(planrt_allreduce(q, q, (size_t)n, wire, planrt_sum, c, NULL, NULL));
 		widen(q, grad, n, wire);
 		return;
 	}
 	size_t at = (size_t)planrt_comm_rank(c) * (size_t)chunk;
-	PLANRT_CHECK(planrt_reduce_scatter(q, q + at, (size_t)chunk, wire, planrt_sum, c, NULL));
+	PLANRT_CHECK(planrt_reduce_scatter(q, q + at, (size_t)chunk, wire, planrt_sum, c, NULL, NULL));
 	widen(q + at, grad + at, chunk, wire);
 }
 
@@ -140,7 +140,7 @@ void planrt_compress_topk(float *grad, int nseg, const int64_t *off, const int64
 			}
 		}
 	}
-	PLANRT_CHECK(planrt_allgather(out, all, (size_t)(2 * kept), planrt_i32, c, NULL));
+	PLANRT_CHECK(planrt_allgather(out, all, (size_t)(2 * kept), planrt_i32, c, NULL, NULL));
 	for (int s = 0; s < nseg; s++)
 		memset(grad + off[s], 0, sizeof(float) * (size_t)len[s]);
 	for (int64_t e = 0; e < kept * size; e++) { /* rank by rank: the same sum on every rank */
@@ -196,7 +196,7 @@ void planrt_compress_powersgd(float *grad, int nseg, const int64_t *off, const i
 		qq += cols[s] * r;
 	}
 	if (np) {
-		PLANRT_CHECK(planrt_allreduce(P, P, (size_t)np, planrt_f32, planrt_sum, c, NULL));
+		PLANRT_CHECK(planrt_allreduce(P, P, (size_t)np, planrt_f32, planrt_sum, c, NULL, NULL));
 		pp = qq = 0;
 		for (int s = 0; s < nseg; s++) /* Q = M^T P, from the orthonormal P */
 			if (cols[s]) {
@@ -205,7 +205,7 @@ void planrt_compress_powersgd(float *grad, int nseg, const int64_t *off, const i
 				pp += rows[s] * r;
 				qq += cols[s] * r;
 			}
-		PLANRT_CHECK(planrt_allreduce(q, q, (size_t)nq, planrt_f32, planrt_sum, c, NULL));
+		PLANRT_CHECK(planrt_allreduce(q, q, (size_t)nq, planrt_f32, planrt_sum, c, NULL, NULL));
 		float share = 1.0f / (float)planrt_comm_size(c);
 		pp = qq = 0;
 		for (int s = 0; s < nseg; s++)
@@ -222,7 +222,7 @@ void planrt_compress_powersgd(float *grad, int nseg, const int64_t *off, const i
 			}
 	}
 	if (nd) {
-		PLANRT_CHECK(planrt_allreduce(D, D, (size_t)nd, planrt_f32, planrt_sum, c, NULL));
+		PLANRT_CHECK(planrt_allreduce(D, D, (size_t)nd, planrt_f32, planrt_sum, c, NULL, NULL));
 		dd = 0;
 		for (int s = 0; s < nseg; s++)
 			if (!cols[s]) {

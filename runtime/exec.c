@@ -63,7 +63,7 @@ static int64_t copy_dims(int rank, const int64_t *dims, int64_t *out)
 
 void planrt_allreduce_dim(const void *in, void *out, int64_t n, planrt_dtype_t t, planrt_comm_t c)
 {
-	PLANRT_CHECK(planrt_allreduce(in, out, (size_t)n, t, planrt_sum, c, NULL));
+	PLANRT_CHECK(planrt_allreduce(in, out, (size_t)n, t, planrt_sum, c, NULL, NULL));
 }
 
 void planrt_reduce_scatter_dim(const void *in, void *out, int rank, const int64_t *dims, int dim, planrt_dtype_t t,
@@ -78,7 +78,7 @@ void planrt_reduce_scatter_dim(const void *in, void *out, int rank, const int64_
 		pack_blocks(in, scratch, rank, dims, dim, n, planrt_dtype_size(t), 1);
 		src = scratch;
 	}
-	PLANRT_CHECK(planrt_reduce_scatter(src, out, (size_t)(total / n), t, planrt_sum, c, NULL));
+	PLANRT_CHECK(planrt_reduce_scatter(src, out, (size_t)(total / n), t, planrt_sum, c, NULL, NULL));
 }
 
 void planrt_allgather_dim(const void *in, void *out, int rank, const int64_t *dims, int dim, planrt_dtype_t t,
@@ -89,10 +89,10 @@ void planrt_allgather_dim(const void *in, void *out, int rank, const int64_t *di
 	int64_t count = copy_dims(rank, dims, full);
 	full[dim] *= n;
 	if (dim == 0) {
-		PLANRT_CHECK(planrt_allgather(in, out, (size_t)count, t, c, NULL));
+		PLANRT_CHECK(planrt_allgather(in, out, (size_t)count, t, c, NULL, NULL));
 		return;
 	}
-	PLANRT_CHECK(planrt_allgather(in, scratch, (size_t)count, t, c, NULL));
+	PLANRT_CHECK(planrt_allgather(in, scratch, (size_t)count, t, c, NULL, NULL));
 	pack_blocks(out, scratch, rank, full, dim, n, planrt_dtype_size(t), 0);
 }
 
@@ -107,7 +107,7 @@ void planrt_alltoall_dim(const void *in, void *out, int rank, const int64_t *dim
 	outd[to_dim] /= n;
 	char *send = scratch, *recv = (char *)scratch + (size_t)count * elem;
 	pack_blocks(in, send, rank, dims, to_dim, n, elem, 1);
-	PLANRT_CHECK(planrt_alltoall(send, recv, (size_t)(count / n), t, c, NULL));
+	PLANRT_CHECK(planrt_alltoall(send, recv, (size_t)(count / n), t, c, NULL, NULL));
 	pack_blocks(out, recv, rank, outd, from_dim, n, elem, 0);
 }
 
@@ -145,7 +145,7 @@ int64_t planrt_flat_chunk(int64_t n, planrt_comm_t c)
 void planrt_allgather_flat(const void *shard, void *full, int64_t n, planrt_dtype_t t, planrt_comm_t c, void *scratch)
 {
 	int64_t chunk = planrt_flat_chunk(n, c);
-	PLANRT_CHECK(planrt_allgather(shard, scratch, (size_t)chunk, t, c, NULL));
+	PLANRT_CHECK(planrt_allgather(shard, scratch, (size_t)chunk, t, c, NULL, NULL));
 	memcpy(full, scratch, planrt_dtype_size(t) * (size_t)n);
 }
 
@@ -153,7 +153,7 @@ void planrt_allgather_flat_start(planrt_request_t *req, const void *shard, void 
 				 planrt_comm_t c)
 {
 	int64_t chunk = planrt_flat_chunk(n, c);
-	PLANRT_CHECK(planrt_allgather(shard, full, (size_t)chunk, t, c, req));
+	PLANRT_CHECK(planrt_allgather(shard, full, (size_t)chunk, t, c, NULL, req));
 }
 
 void planrt_allgather_flat_finish(planrt_request_t *req)
@@ -185,7 +185,7 @@ void planrt_bucket_allreduce_start(planrt_bucket_t *b, int n, void *const *bufs,
 				   planrt_dtype_t t, planrt_comm_t c, void *buf)
 {
 	size_t count = pack(n, bufs, counts, planrt_dtype_size(t), buf);
-	PLANRT_CHECK(planrt_allreduce(buf, buf, count, t, planrt_sum, c, &b->req));
+	PLANRT_CHECK(planrt_allreduce(buf, buf, count, t, planrt_sum, c, NULL, &b->req));
 	b->active = 1;
 }
 
@@ -229,7 +229,7 @@ void planrt_bucket_reduce_scatter_start(planrt_bucket_t *b, int n, void *const *
 	if (zero_source)
 		for (int i = 0; i < n; i++)
 			memset(bufs[i], 0, planrt_dtype_size(t) * (size_t)counts[i]);
-	PLANRT_CHECK(planrt_reduce_scatter(send, recv, (size_t)total, planrt_f32, planrt_sum, c, &b->req));
+	PLANRT_CHECK(planrt_reduce_scatter(send, recv, (size_t)total, planrt_f32, planrt_sum, c, NULL, &b->req));
 	b->active = 1;
 }
 
@@ -295,12 +295,12 @@ void planrt_cross_entropy_f32(const float *logits, const int32_t *targets, float
 	float *rowmax = scratch, *sumexp = rowmax + rows, *tlogit = sumexp + rows;
 	planrt_k_ce_max_f32(logits, rows, cols, rowmax);
 	if (vocab_comm)
-		PLANRT_CHECK(planrt_allreduce(rowmax, rowmax, (size_t)rows, planrt_f32, planrt_max, vocab_comm, NULL));
+		PLANRT_CHECK(planrt_allreduce(rowmax, rowmax, (size_t)rows, planrt_f32, planrt_max, vocab_comm, NULL, NULL));
 	planrt_k_ce_sumexp_f32(logits, rowmax, rows, cols, sumexp);
 	planrt_k_ce_target_f32(logits, targets, rows, cols, vocab_lo, tlogit);
 	if (vocab_comm) {
-		PLANRT_CHECK(planrt_allreduce(sumexp, sumexp, (size_t)rows, planrt_f32, planrt_sum, vocab_comm, NULL));
-		PLANRT_CHECK(planrt_allreduce(tlogit, tlogit, (size_t)rows, planrt_f32, planrt_sum, vocab_comm, NULL));
+		PLANRT_CHECK(planrt_allreduce(sumexp, sumexp, (size_t)rows, planrt_f32, planrt_sum, vocab_comm, NULL, NULL));
+		PLANRT_CHECK(planrt_allreduce(tlogit, tlogit, (size_t)rows, planrt_f32, planrt_sum, vocab_comm, NULL, NULL));
 	}
 	*loss = (float)planrt_k_ce_loss_f32(rowmax, sumexp, tlogit, rows, lse, scale);
 }
@@ -337,6 +337,6 @@ double planrt_axes_sum(double x, unsigned axes_mask)
 	double v = x;
 	for (int a = 0; axes_mask >> a; a++)
 		if (axes_mask & (1u << a))
-			PLANRT_CHECK(planrt_allreduce(&v, &v, 1, planrt_f64, planrt_sum, planrt_axis_comm(a), NULL));
+			PLANRT_CHECK(planrt_allreduce(&v, &v, 1, planrt_f64, planrt_sum, planrt_axis_comm(a), NULL, NULL));
 	return v;
 }

@@ -1,12 +1,17 @@
-/* memory.c: the per-rank arena and the peak memory figure.
+/* memory.c: the per-rank arena, the device layer and the peak memory figure.
  *
  * planc plans every activation, gradient and temporary of a step at a fixed offset in one block,
  * so the runtime makes exactly one allocation of the planned size (page aligned, zero filled so
  * that a run never depends on what the allocator left there, and so that every planned byte is
  * resident from the start). Peak memory is the OS's high-water mark of the resident set
- * (getrusage ru_maxrss), which tests compare against planc explain's prediction. */
+ * (getrusage ru_maxrss), which tests compare against planc explain's prediction.
+ *
+ * The device layer (planrt_device.h) decides where the arena and the state live: here, the CPU's
+ * memory; a CUDA program sets the GPU's (device_cuda.c) before planrt_main. */
 #define PLANRT_INTERNAL
 #include "planrt.h"
+#include "planrt_device.h"
+#include "planrt_program.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -17,6 +22,96 @@ enum { ARENA_ALIGN = 4096 };
 
 static void *arena;
 static size_t arena_bytes;
+static unsigned char *arena_copy; /* planrt_arena_snapshot of device memory */
+
+/* ------------------------------------------------------------------ the CPU device */
+
+static planrt_result_t cpu_alloc(size_t bytes, const struct planrt_state_buf *b, void **out)
+{
+	void *p = NULL;
+	int rc = posix_memalign(&p, b ? 64 : ARENA_ALIGN, bytes ? bytes : 1);
+	*out = NULL;
+	if (rc)
+		return planrt_error_(planrt_system_error, "cannot allocate %zu bytes: %s", bytes, strerror(rc));
+	memset(p, 0, bytes);
+	*out = p;
+	return planrt_success;
+}
+
+static void cpu_release(void *p, const struct planrt_state_buf *b)
+{
+	free(p);
+}
+
+static void cpu_fill64(void *p, size_t words, uint64_t value)
+{
+	for (size_t w = 0; w < words; w++)
+		memcpy((unsigned char *)p + 8 * w, &value, 8);
+}
+
+static void cpu_to_host(void *dst, const void *src, size_t bytes)
+{
+	memcpy(dst, src, bytes);
+}
+
+static const planrt_device_t cpu_device = {"cpu", cpu_alloc, cpu_release, cpu_fill64, cpu_to_host, NULL, NULL};
+static const planrt_device_t *device = &cpu_device;
+
+void planrt_device_set(const planrt_device_t *d)
+{
+	device = d ? d : &cpu_device;
+}
+
+const planrt_device_t *planrt_device_get(void)
+{
+	return device;
+}
+
+planrt_result_t planrt_state_alloc(const planrt_state_buf_t *b, void **p)
+{
+	return device->alloc(b->bytes ? b->bytes : 64, b, p);
+}
+
+void planrt_state_free(const planrt_state_buf_t *b)
+{
+	if (*b->ptr)
+		device->release(*b->ptr, b);
+}
+
+void planrt_arena_fill64(uint64_t value)
+{
+	if (arena)
+		device->fill64(arena, arena_bytes / 8, value);
+}
+
+const unsigned char *planrt_arena_snapshot(void)
+{
+	if (device == &cpu_device || !arena)
+		return arena;
+	free(arena_copy);
+	arena_copy = malloc(arena_bytes ? arena_bytes : 1);
+	if (!arena_copy)
+		return NULL;
+	device->to_host(arena_copy, arena, arena_bytes);
+	return arena_copy;
+}
+
+void planrt_device_start(void)
+{
+	if (device->start)
+		device->start();
+}
+
+const char *planrt_device_report(void)
+{
+	static char text[256];
+	text[0] = 0;
+	if (device->report)
+		device->report(text, sizeof text);
+	return text;
+}
+
+/* ------------------------------------------------------------------ the arena */
 
 planrt_result_t planrt_arena_create(size_t bytes, void **base)
 {
@@ -25,13 +120,11 @@ planrt_result_t planrt_arena_create(size_t bytes, void **base)
 		return planrt_error_(planrt_invalid_usage,
 				     "the arena exists already (%zu bytes); call planrt_arena_destroy first", arena_bytes);
 	void *p = NULL;
-	int rc = posix_memalign(&p, ARENA_ALIGN, bytes ? bytes : 1);
-	if (rc)
+	if (device->alloc(bytes, NULL, &p) != planrt_success)
 		return planrt_error_(planrt_system_error,
-				     "cannot allocate the %zu-byte arena: %s; run fewer ranks per node or choose a plan "
-				     "with less memory per rank (planc explain shows it)",
-				     bytes, strerror(rc));
-	memset(p, 0, bytes);
+				     "cannot allocate the %zu-byte arena on the %s: %s; run fewer ranks per node or choose a "
+				     "plan with less memory per rank (planc explain shows it)",
+				     bytes, device->name, planrt_last_error());
 	arena = p;
 	arena_bytes = bytes;
 	*base = p;
@@ -40,7 +133,10 @@ planrt_result_t planrt_arena_create(size_t bytes, void **base)
 
 void planrt_arena_destroy(void)
 {
-	free(arena);
+	if (arena)
+		device->release(arena, NULL);
+	free(arena_copy);
+	arena_copy = NULL;
 	arena = NULL;
 	arena_bytes = 0;
 }

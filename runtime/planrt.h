@@ -2,9 +2,9 @@
  *
  * Shaped like NCCL (DESIGN section 5): prefix planrt_, opaque handles, every fallible call returns
  * planrt_result_t and planrt_error_string() turns it into text; collectives take
- * (sendbuf, recvbuf, count, dtype, op, comm, request) with one signature for every backend (MPI
- * here; NCCL later) and work in place when sendbuf == recvbuf. Settings come from PLANRT_*
- * environment variables.
+ * (sendbuf, recvbuf, count, dtype, op, comm, stream, request) with one signature for every comm
+ * layer (MPI on the host: stream NULL; NCCL on a device stream: the CUDA target's planrt_cuda) and
+ * work in place when sendbuf == recvbuf. Settings come from PLANRT_* environment variables.
  *
  * Sections: results; world, mesh and communicators; collectives; arena; kernels (planrt_kernels.h);
  * initialisation RNG; data; optimizers; checkpoints (safetensors); metrics and progress. */
@@ -46,6 +46,9 @@ typedef enum { planrt_f32 = 0, planrt_bf16, planrt_f16, planrt_i32, planrt_u8, p
 typedef enum { planrt_sum = 0, planrt_max } planrt_op_t;
 typedef struct planrt_comm *planrt_comm_t;
 typedef struct planrt_request *planrt_request_t;
+/* Where an operation is ordered: NULL, the calling host thread (the MPI layer); or a device stream
+ * (the CUDA device layer's, a cudaStream_t), on which the NCCL layer enqueues it. */
+typedef struct planrt_stream *planrt_stream_t;
 
 size_t planrt_dtype_size(planrt_dtype_t t);
 
@@ -69,33 +72,37 @@ int planrt_comm_rank(planrt_comm_t c);
 planrt_comm_t planrt_world_comm(void);
 
 /* ------------------------------------------------------------------ collectives
- * Blocking when req is NULL; otherwise started and completed by planrt_wait (progress is made by
- * planrt_test and planrt_wait, so gradient buckets overlap the backward pass). bf16 / f16 sums
- * accumulate in f32. Counts are elements. */
+ * NCCL's shape: every collective and point-to-point call takes a stream. With stream NULL the MPI
+ * layer runs it on the host: blocking when req is NULL; otherwise started and completed by
+ * planrt_wait (progress is made by planrt_test and planrt_wait, so gradient buckets overlap the
+ * backward pass). With a device stream the device's comm layer (NCCL, registered by the CUDA
+ * device layer) enqueues it there: done when the stream reaches it; *req, when given, is a request
+ * whose planrt_wait makes the device's compute stream wait for it. bf16 / f16 sums accumulate in
+ * f32 on the MPI layer. Counts are elements; both layers count wire bytes alike. */
 planrt_result_t planrt_allreduce(const void *sendbuf, void *recvbuf, size_t count, planrt_dtype_t t,
-				 planrt_op_t op, planrt_comm_t c, planrt_request_t *req);
+				 planrt_op_t op, planrt_comm_t c, planrt_stream_t stream, planrt_request_t *req);
 /* recvcount elements per rank; sendbuf holds size * recvcount, rank r keeps block r. */
 planrt_result_t planrt_reduce_scatter(const void *sendbuf, void *recvbuf, size_t recvcount, planrt_dtype_t t,
-				      planrt_op_t op, planrt_comm_t c, planrt_request_t *req);
+				      planrt_op_t op, planrt_comm_t c, planrt_stream_t stream, planrt_request_t *req);
 /* sendcount elements per rank; recvbuf gets size * sendcount, block r from rank r. */
 planrt_result_t planrt_allgather(const void *sendbuf, void *recvbuf, size_t sendcount, planrt_dtype_t t,
-				 planrt_comm_t c, planrt_request_t *req);
+				 planrt_comm_t c, planrt_stream_t stream, planrt_request_t *req);
 /* count elements to and from each peer: block p of sendbuf goes to rank p. */
 planrt_result_t planrt_alltoall(const void *sendbuf, void *recvbuf, size_t count, planrt_dtype_t t,
-				planrt_comm_t c, planrt_request_t *req);
+				planrt_comm_t c, planrt_stream_t stream, planrt_request_t *req);
 planrt_result_t planrt_broadcast(void *buf, size_t count, planrt_dtype_t t, int root, planrt_comm_t c,
-				 planrt_request_t *req);
+				 planrt_stream_t stream, planrt_request_t *req);
 planrt_result_t planrt_send(const void *buf, size_t count, planrt_dtype_t t, int peer, planrt_comm_t c,
-			    planrt_request_t *req);
+			    planrt_stream_t stream, planrt_request_t *req);
 planrt_result_t planrt_recv(void *buf, size_t count, planrt_dtype_t t, int peer, planrt_comm_t c,
-			    planrt_request_t *req);
+			    planrt_stream_t stream, planrt_request_t *req);
 /* Point-to-point with a tag (0 to MPI's MPI_TAG_UB, at least 32767; planrt_send and planrt_recv
  * use tag 0): messages between two ranks match in order within one tag (pipeline activations and
  * gradients travel on different tags). */
 planrt_result_t planrt_send_tagged(const void *buf, size_t count, planrt_dtype_t t, int peer, int tag, planrt_comm_t c,
-				   planrt_request_t *req);
+				   planrt_stream_t stream, planrt_request_t *req);
 planrt_result_t planrt_recv_tagged(void *buf, size_t count, planrt_dtype_t t, int peer, int tag, planrt_comm_t c,
-				   planrt_request_t *req);
+				   planrt_stream_t stream, planrt_request_t *req);
 /* planrt_wait completes a request and frees it: call it exactly once per request, also after
  * planrt_test reported it done (*done = 1 means the results are in place). */
 planrt_result_t planrt_wait(planrt_request_t req);
@@ -212,6 +219,21 @@ uint16_t planrt_f32_to_half_(float x, planrt_dtype_t t);
 enum { PLANRT_MAX_AXES_ = 8 };
 /* comm_mpi.c: reads PLANRT_WATCHDOG and MPI's largest tag; called by planrt_init. */
 void planrt_comm_init_(void);
+/* comm_mpi.c: the comm layer for operations on device streams (comm_nccl.c's NCCL layer, registered
+ * by the CUDA device layer; NULL: none), and requests it completes itself (planrt_wait and
+ * planrt_test call ops on impl; planrt_wait frees the request). */
+typedef struct planrt_comm_layer {
+	const char *name;
+	planrt_result_t (*run)(planrt_coll_t kind, const void *sendbuf, void *recvbuf, size_t count, planrt_dtype_t t,
+			       planrt_op_t op, int peer, int tag, planrt_comm_t c, planrt_stream_t stream,
+			       planrt_request_t *req);
+} planrt_comm_layer_t;
+void planrt_comm_layer_set_(const planrt_comm_layer_t *layer);
+typedef struct planrt_request_ops {
+	planrt_result_t (*wait)(void *impl);
+	planrt_result_t (*test)(void *impl, int *done);
+} planrt_request_ops_t;
+planrt_request_t planrt_request_external_(void *impl, const planrt_request_ops_t *ops);
 #ifdef MPI_VERSION /* the communicator as the MPI backend sees it (runtime sources that include mpi.h) */
 struct planrt_comm {
 	MPI_Comm comm;

@@ -7,6 +7,7 @@
 #define PLANRT_EXEC_H
 
 #include "planrt.h"
+#include "planrt_offload.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -9,12 +9,19 @@
 #include <math.h>
 #include <stdint.h>
 
+/* The CUDA target's fused loops (kernels.cu) call these on the device too. */
+#ifdef __CUDACC__
+#define PLANRT_HD __host__ __device__
+#else
+#define PLANRT_HD
+#endif
+
 /* a vectorisable expf ------------------------------------------------------------------------
  * exp(x) = 2^k e^r with k = round(x / ln 2), |r| <= ln2 / 2, e^r by a degree-6 polynomial (Cephes
  * coefficients); 2^k built in the exponent bits. Below -87.33 the result is 0 (so -inf gives 0, as
  * masked softmax needs), above 88.72 +inf, NaN propagates. Branch-free so loops calling it
  * vectorise. */
-static inline float kexpf(float x)
+static inline PLANRT_HD float kexpf(float x)
 {
 	const float hi = 88.7228317f, lo = -87.3365479f;
 	float xc = x > hi ? hi : (x < lo ? lo : x);
@@ -35,7 +42,9 @@ static inline float kexpf(float x)
 	union {
 		int32_t i;
 		float f;
-	} s1 = {.i = (k1 + 127) << 23}, s2 = {.i = (k2 + 127) << 23};
+	} s1, s2;
+	s1.i = (k1 + 127) << 23;
+	s2.i = (k2 + 127) << 23;
 	float y = p * s1.f * s2.f;
 	y = x > hi ? INFINITY : y;
 	y = x < lo ? 0.0f : y;
@@ -44,7 +53,7 @@ static inline float kexpf(float x)
 
 /* erf(x) = sign(x) (1 - t (a1 + t (a2 + t (a3 + t (a4 + t a5)))) exp(-x^2)), t = 1 / (1 + p |x|):
  * Abramowitz and Stegun 7.1.26, absolute error below 1.5e-7. Branch-free. */
-static inline float kerff(float x)
+static inline PLANRT_HD float kerff(float x)
 {
 	float ax = fabsf(x);
 	float t = 1.0f / (1.0f + 0.3275911f * ax);
@@ -57,24 +66,24 @@ static inline float kerff(float x)
 	return copysignf(r, x);
 }
 
-static inline float planrt_gelu_erf(float x)
+static inline PLANRT_HD float planrt_gelu_erf(float x)
 {
 	return 0.5f * x * (1.0f + kerff(x * 0.70710678118654752f));
 }
 
-static inline float planrt_gelu_erf_grad(float x, float dy)
+static inline PLANRT_HD float planrt_gelu_erf_grad(float x, float dy)
 {
 	float cdf = 0.5f * (1.0f + kerff(x * 0.70710678118654752f));
 	float pdf = 0.39894228040143268f * kexpf(-0.5f * x * x);
 	return dy * (cdf + x * pdf);
 }
 
-static inline float planrt_silu(float x)
+static inline PLANRT_HD float planrt_silu(float x)
 {
 	return x / (1.0f + kexpf(-x));
 }
 
-static inline float planrt_silu_grad(float x, float dy)
+static inline PLANRT_HD float planrt_silu_grad(float x, float dy)
 {
 	float s = 1.0f / (1.0f + kexpf(-x));
 	return dy * s * (1.0f + x * (1.0f - s));
@@ -82,63 +91,63 @@ static inline float planrt_silu_grad(float x, float dy)
 
 /* torch.sin, cos, exp, log, tanh, sigmoid. tanh is libm's: the 1 - 2 / (e^2x + 1) form loses its
  * relative precision near 0. */
-static inline float planrt_sin(float x)
+static inline PLANRT_HD float planrt_sin(float x)
 {
 	return sinf(x);
 }
 
-static inline float planrt_sin_grad(float x, float dy)
+static inline PLANRT_HD float planrt_sin_grad(float x, float dy)
 {
 	return dy * cosf(x);
 }
 
-static inline float planrt_cos(float x)
+static inline PLANRT_HD float planrt_cos(float x)
 {
 	return cosf(x);
 }
 
-static inline float planrt_cos_grad(float x, float dy)
+static inline PLANRT_HD float planrt_cos_grad(float x, float dy)
 {
 	return -dy * sinf(x);
 }
 
-static inline float planrt_exp(float x)
+static inline PLANRT_HD float planrt_exp(float x)
 {
 	return kexpf(x);
 }
 
-static inline float planrt_exp_grad(float x, float dy)
+static inline PLANRT_HD float planrt_exp_grad(float x, float dy)
 {
 	return dy * kexpf(x);
 }
 
-static inline float planrt_log(float x)
+static inline PLANRT_HD float planrt_log(float x)
 {
 	return logf(x);
 }
 
-static inline float planrt_log_grad(float x, float dy)
+static inline PLANRT_HD float planrt_log_grad(float x, float dy)
 {
 	return dy / x;
 }
 
-static inline float planrt_tanh(float x)
+static inline PLANRT_HD float planrt_tanh(float x)
 {
 	return tanhf(x);
 }
 
-static inline float planrt_tanh_grad(float x, float dy)
+static inline PLANRT_HD float planrt_tanh_grad(float x, float dy)
 {
 	float t = tanhf(x);
 	return dy * (1.0f - t * t);
 }
 
-static inline float planrt_sigmoid(float x)
+static inline PLANRT_HD float planrt_sigmoid(float x)
 {
 	return 1.0f / (1.0f + kexpf(-x));
 }
 
-static inline float planrt_sigmoid_grad(float x, float dy)
+static inline PLANRT_HD float planrt_sigmoid_grad(float x, float dy)
 {
 	float s = 1.0f / (1.0f + kexpf(-x));
 	return dy * s * (1.0f - s);

@@ -46,6 +46,7 @@
 
 #include "planrt_program.h"
 #include "planrt_kernels.h"
+#include "planrt_device.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -753,12 +754,12 @@ static planrt_comm_t pipe_comm(const char *what)
 
 void planrt_p2p_send_start(const void *buf, int64_t n, planrt_dtype_t t, int peer, int channel, planrt_request_t *req)
 {
-	PLANRT_CHECK(planrt_send_tagged(buf, (size_t)n, t, peer, channel, pipe_comm("a pipeline send"), req));
+	PLANRT_CHECK(planrt_send_tagged(buf, (size_t)n, t, peer, channel, pipe_comm("a pipeline send"), NULL, req));
 }
 
 void planrt_p2p_recv_start(void *buf, int64_t n, planrt_dtype_t t, int peer, int channel, planrt_request_t *req)
 {
-	PLANRT_CHECK(planrt_recv_tagged(buf, (size_t)n, t, peer, channel, pipe_comm("a pipeline receive"), req));
+	PLANRT_CHECK(planrt_recv_tagged(buf, (size_t)n, t, peer, channel, pipe_comm("a pipeline receive"), NULL, req));
 }
 
 void planrt_p2p_finish(planrt_ctx_t *ctx, planrt_request_t *req)
@@ -968,6 +969,7 @@ int planrt_main(int argc, char **argv, const planrt_program_t *program)
 		planrt_fatal("this program was built for %d ranks (plan %s) but runs on %d; launch it with mpirun -np %d",
 			     program->world, program->plan, world, program->world);
 	PLANRT_CHECK(planrt_mesh_init(program->naxes, program->axis_sizes, program->axis_names));
+	planrt_device_start();
 	prog = program;
 
 	/* 2. options, then the paths the run will write */
@@ -987,13 +989,11 @@ int planrt_main(int argc, char **argv, const planrt_program_t *program)
 	size_t kind_bytes[planrt_state_kinds] = {0}, state_bytes = 0;
 	for (int i = 0; i < stage->nstate; i++) {
 		const planrt_state_buf_t *b = &stage->state[i];
-		size_t bytes = b->bytes ? b->bytes : 64;
 		void *ptr = NULL;
-		if (posix_memalign(&ptr, 64, bytes))
-			planrt_fatal("cannot allocate %zu bytes for '%s'; choose a plan with less memory per rank (planc "
+		if (planrt_state_alloc(b, &ptr) != planrt_success)
+			planrt_fatal("cannot allocate %zu bytes for '%s' (%s); choose a plan with less memory per rank (planc "
 				     "explain shows it)",
-				     b->bytes, b->name);
-		memset(ptr, 0, bytes);
+				     b->bytes, b->name, planrt_last_error());
 		*b->ptr = ptr;
 		kind_bytes[b->kind] += b->bytes;
 		state_bytes += b->bytes;
@@ -1003,8 +1003,7 @@ int planrt_main(int argc, char **argv, const planrt_program_t *program)
 	unsigned char *arena = arena_base;
 	/* a canary in every arena word: the highest word changed after the run is the arena's
 	 * measured high-water mark */
-	for (size_t w = 0; w < stage->arena_bytes / 8; w++)
-		memcpy(arena + 8 * w, &(uint64_t){CANARY}, 8);
+	planrt_arena_fill64(CANARY);
 	size_t nreq = (size_t)stage->nslots * (size_t)stage->nreqs;
 	planrt_request_t *reqs = calloc(nreq ? nreq : 1, sizeof *reqs);
 	unsigned char *own = calloc(nreq ? nreq : 1, 1);
@@ -1079,11 +1078,11 @@ int planrt_main(int argc, char **argv, const planrt_program_t *program)
 	if (getenv("PLANRT_REPORT_MEMORY"))
 		fprintf(stderr,
 			"planrt: rank %d: memory arena_high_water=%zu arena_planned=%zu state=%zu peak_rss=%zu stage=%d "
-			"param=%zu grad=%zu optim=%zu master=%zu buffer=%zu metric=%zu\n",
-			rank, arena_high_water(arena, stage->arena_bytes), stage->arena_bytes, state_bytes,
+			"param=%zu grad=%zu optim=%zu master=%zu buffer=%zu metric=%zu%s\n",
+			rank, arena_high_water(planrt_arena_snapshot(), stage->arena_bytes), stage->arena_bytes, state_bytes,
 			planrt_peak_rss_bytes(), stage_index, kind_bytes[planrt_state_param], kind_bytes[planrt_state_grad],
 			kind_bytes[planrt_state_optim], kind_bytes[planrt_state_master], kind_bytes[planrt_state_buffer],
-			kind_bytes[planrt_state_metric]);
+			kind_bytes[planrt_state_metric], planrt_device_report());
 	if (getenv("PLANRT_REPORT_TIMING"))
 		fprintf(stderr, "planrt: rank %d: timing stage=%d steps=%lld step_s=%.6f busy_s=%.6f wait_s=%.6f update_s=%.6f\n",
 			rank, stage_index, timed_steps, timed_s, timed_s - timed_wait_s, timed_wait_s, timed_update_s);
@@ -1099,7 +1098,7 @@ int planrt_main(int argc, char **argv, const planrt_program_t *program)
 	free(own);
 	planrt_arena_destroy();
 	for (int i = 0; i < stage->nstate; i++) {
-		free(*stage->state[i].ptr);
+		planrt_state_free(&stage->state[i]);
 		*stage->state[i].ptr = NULL;
 	}
 	prog = NULL;

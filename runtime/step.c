@@ -79,7 +79,7 @@ void planrt_allreduce_inplace(void *buf, int64_t n, planrt_dtype_t t, planrt_com
 {
 	check_count("planrt_allreduce_inplace", n);
 	check_idle("planrt_allreduce_inplace", req);
-	PLANRT_CHECK(planrt_allreduce(buf, buf, (size_t)n, t, planrt_sum, c, req));
+	PLANRT_CHECK(planrt_allreduce(buf, buf, (size_t)n, t, planrt_sum, c, NULL, req));
 }
 
 void planrt_reduce_scatter_inplace(void *buf, int64_t chunk, planrt_dtype_t t, planrt_comm_t c, planrt_request_t *req)
@@ -87,7 +87,7 @@ void planrt_reduce_scatter_inplace(void *buf, int64_t chunk, planrt_dtype_t t, p
 	check_count("planrt_reduce_scatter_inplace", chunk);
 	check_idle("planrt_reduce_scatter_inplace", req);
 	size_t at = (size_t)(planrt_comm_rank(c) > 0 ? planrt_comm_rank(c) : 0) * (size_t)chunk * planrt_dtype_size(t);
-	PLANRT_CHECK(planrt_reduce_scatter(buf, (char *)buf + at, (size_t)chunk, t, planrt_sum, c, req));
+	PLANRT_CHECK(planrt_reduce_scatter(buf, (char *)buf + at, (size_t)chunk, t, planrt_sum, c, NULL, req));
 }
 
 void planrt_allgather_inplace(void *buf, int64_t chunk, planrt_dtype_t t, planrt_comm_t c, planrt_request_t *req)
@@ -95,7 +95,7 @@ void planrt_allgather_inplace(void *buf, int64_t chunk, planrt_dtype_t t, planrt
 	check_count("planrt_allgather_inplace", chunk);
 	check_idle("planrt_allgather_inplace", req);
 	size_t at = (size_t)(planrt_comm_rank(c) > 0 ? planrt_comm_rank(c) : 0) * (size_t)chunk * planrt_dtype_size(t);
-	PLANRT_CHECK(planrt_allgather((char *)buf + at, buf, (size_t)chunk, t, c, req));
+	PLANRT_CHECK(planrt_allgather((char *)buf + at, buf, (size_t)chunk, t, c, NULL, req));
 }
 
 void planrt_request_finish(planrt_request_t *req)

@@ -91,8 +91,8 @@ void planrt_local_average(planrt_ctx_t *ctx, int every, void *flat, int64_t n, p
 	history[ctx->step % every] = *loss;
 	if ((ctx->step + 1) % every && ctx->step != ctx->steps - 1)
 		return;
-	PLANRT_CHECK(planrt_allreduce(history, history, (size_t)every, planrt_f64, planrt_sum, c, NULL));
-	PLANRT_CHECK(planrt_allreduce(flat, flat, (size_t)n, planrt_f32, planrt_sum, c, NULL));
+	PLANRT_CHECK(planrt_allreduce(history, history, (size_t)every, planrt_f64, planrt_sum, c, NULL, NULL));
+	PLANRT_CHECK(planrt_allreduce(flat, flat, (size_t)n, planrt_f32, planrt_sum, c, NULL, NULL));
 	float *x = flat, replicas = (float)planrt_comm_size(c);
 	for (int64_t i = 0; i < n; i++)
 		x[i] /= replicas;
@@ -120,7 +120,7 @@ static void pull_until(planrt_ctx_t *ctx, int64_t need, void *params, void *inbo
 {
 	for (;;) {
 		if (!A.pull && A.received < ctx->steps)
-			PLANRT_CHECK(planrt_recv_tagged(inbox, (size_t)n, t, 0, TAG_PARAMS, c, &A.pull));
+			PLANRT_CHECK(planrt_recv_tagged(inbox, (size_t)n, t, 0, TAG_PARAMS, c, NULL, &A.pull));
 		if (!A.pull)
 			break;
 		if (A.version >= need) { /* take what has arrived, wait for nothing */
@@ -157,7 +157,7 @@ void planrt_async_push(planrt_ctx_t *ctx, int staleness, const void *grads, int6
 	double tail[2] = {*loss, (double)A.version};
 	memcpy(msg, grads, (size_t)n * es);
 	memcpy(msg + (size_t)n * es, tail, TAIL_BYTES);
-	PLANRT_CHECK(planrt_send_tagged(msg, bytes / es, t, 0, TAG_GRADS, c, q));
+	PLANRT_CHECK(planrt_send_tagged(msg, bytes / es, t, 0, TAG_GRADS, c, NULL, q));
 }
 
 void planrt_async_drain(planrt_ctx_t *ctx, void *params, void *inbox, int64_t n, planrt_dtype_t t, planrt_comm_t c)
@@ -177,7 +177,7 @@ void planrt_async_post(planrt_ctx_t *ctx, void *inbox, int64_t msg, planrt_dtype
 		if (q[w])
 			planrt_fatal("internal error: async gradient receive of worker %d posted twice", w + 1);
 		PLANRT_CHECK(planrt_recv_tagged((unsigned char *)inbox + (size_t)w * (size_t)msg * planrt_dtype_size(t),
-						(size_t)msg, t, w + 1, TAG_GRADS, c, &q[w]));
+						(size_t)msg, t, w + 1, TAG_GRADS, c, NULL, &q[w]));
 	}
 	(void)ctx;
 }
@@ -218,7 +218,7 @@ void planrt_async_publish(planrt_ctx_t *ctx, int staleness, const void *params, 
 	unsigned char *copy = (unsigned char *)ring + (size_t)slot * bytes;
 	memcpy(copy, params, bytes);
 	for (int w = 0; w < nworkers; w++)
-		PLANRT_CHECK(planrt_send_tagged(copy, (size_t)n, t, w + 1, TAG_PARAMS, c, &q[w]));
+		PLANRT_CHECK(planrt_send_tagged(copy, (size_t)n, t, w + 1, TAG_PARAMS, c, NULL, &q[w]));
 	if (ctx->step == ctx->steps - 1)
 		finish_all(ctx, &A.publish, slots * nworkers);
 }

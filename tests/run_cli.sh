@@ -42,13 +42,13 @@ head -c 4096 /dev/urandom | tr -d '\000' >"$tmp/random.plan"
 expect "random bytes" 1 "error" -- "$planc" check "$tmp/random.plan"
 expect "unknown plan" 1 "no plan named 'nope'" -- "$planc" explain examples/gpt.plan --plan nope
 expect "build needs -o" 2 "'build' needs -o PATH" -- "$planc" build examples/gpt.plan
-expect "build refuses offload" 1 "does not execute offload yet" -- "$planc" build examples/gpt.plan --plan zero3_offload -o "$tmp/off"
+expect "build refuses offload to host" 1 "the CPU target has none to free" -- "$planc" build examples/gpt.plan --plan zero3_offload -o "$tmp/off"
 expect "build refuses experts" 1 "does not execute mixture-of-experts" -- "$planc" build examples/moe.plan --plan ep2 -o "$tmp/ep2"
 expect "build local sgd" 0 "" -- "$planc" build examples/gpt.plan --plan dp4_local_sgd -o "$tmp/ls"
 expect "run help" 0 "Trains plan dp2 of model gpt" -- "$planc" run examples/gpt.plan --plan dp2 --help
 expect "run needs a file" 2 "'run' needs a FILE" -- "$planc" run
-expect "run refuses offload" 1 "does not execute offload yet" -- "$planc" run examples/gpt.plan --plan zero3_offload --steps 1 --data data/corpus.txt
-expect "build llvm refuses offload" 1 "does not execute offload yet" -- "$planc" build examples/gpt.plan --plan zero3_offload --backend llvm -o "$tmp/off"
+expect "run refuses offload to host" 1 "the CPU target has none to free" -- "$planc" run examples/gpt.plan --plan zero3_offload --steps 1 --data data/corpus.txt
+expect "build llvm refuses offload to host" 1 "the CPU target has none to free" -- "$planc" build examples/gpt.plan --plan zero3_offload --backend llvm -o "$tmp/off"
 expect "bad backend" 2 "--backend takes 'c' or 'llvm'" -- "$planc" build examples/gpt.plan --backend gcc -o "$tmp/x"
 expect "backend is for build" 2 "--backend applies to 'build'" -- "$planc" check examples/gpt.plan --backend llvm
 expect "emit llvm" 0 "" -- "$planc" emit llvm examples/mlp.plan --plan dp2 -o "$tmp/emit_ll"
@@ -56,8 +56,8 @@ if grep -q "call void @planrt_allreduce_inplace(i8\* %grad_bucket" "$tmp/emit_ll
 expect "dump-after=emit llvm" 0 "define i32 @main(i32 %0, i8\*\* %1)" -- "$planc" emit llvm examples/mlp.plan --plan dp2 -o "$tmp/emit_ll2" --dump-after=emit
 expect "emit c" 0 "" -- "$planc" emit c examples/mlp.plan --plan dp2 -o "$tmp/emit"
 if grep -q "planrt_allreduce_inplace(grad_bucket" "$tmp/emit/prog.c"; then pass=$((pass + 1)); else fail=$((fail + 1)); echo "FAIL: emitted dp2 program has no gradient bucket"; fi
-expect "emit unknown target" 2 "emit supports the targets c, llvm and ptx" -- "$planc" emit wasm examples/mlp.plan --plan dp2 -o "$tmp/x"
-for pass_name in graph pipeline autodiff shard recompute zero sync lower state overlap memplan check; do
+expect "emit unknown target" 2 "emit supports the targets c, llvm, ptx and cuda" -- "$planc" emit wasm examples/mlp.plan --plan dp2 -o "$tmp/x"
+for pass_name in graph pipeline autodiff shard recompute zero sync lower state overlap memplan check streams; do
 	expect "dump-after=$pass_name" 0 "IR after $pass_name" -- "$planc" check examples/gpt.plan --plan gpt_3d --dump-after=$pass_name
 done
 expect "dump-after=emit" 0 "planrt_main(argc, argv, &program)" -- "$planc" emit c examples/mlp.plan --plan dp2 -o "$tmp/emit2" --dump-after=emit

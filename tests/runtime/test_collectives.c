@@ -38,12 +38,12 @@ static void test_mesh(void **state)
 	if (rank == 0 || rank == 3) {
 		EXPECT(pair && planrt_comm_size(pair) == 2 && planrt_comm_rank(pair) == (rank == 3), "pair membership");
 		float x[3] = {(float)rank, 1, (float)rank * 2}, y[3];
-		assert_int_equal(planrt_allreduce(x, y, 3, planrt_f32, planrt_sum, pair, NULL), planrt_success);
+		assert_int_equal(planrt_allreduce(x, y, 3, planrt_f32, planrt_sum, pair, NULL, NULL), planrt_success);
 		EXPECT(y[0] == 3 && y[1] == 2 && y[2] == 6, "pair allreduce %g %g %g", y[0], y[1], y[2]);
 	} else {
 		EXPECT(pair == NULL, "rank %d is not in the pair", rank);
 		float x = 0;
-		assert_int_equal(planrt_allreduce(&x, &x, 1, planrt_f32, planrt_sum, pair, NULL), planrt_invalid_usage);
+		assert_int_equal(planrt_allreduce(&x, &x, 1, planrt_f32, planrt_sum, pair, NULL, NULL), planrt_invalid_usage);
 	}
 	assert_int_equal(planrt_pair_comm(0, 2, 2, &pair), planrt_invalid_argument);
 
@@ -56,7 +56,7 @@ static void test_mesh(void **state)
 		planrt_comm_t c = planrt_axis_comm(a);
 		EXPECT(planrt_comm_size(c) == 2 && planrt_comm_rank(c) == planrt_mesh_coord(a), "axis %d comm", a);
 		int32_t r = rank, sum;
-		assert_int_equal(planrt_allreduce(&r, &sum, 1, planrt_i32, planrt_sum, c, NULL), planrt_success);
+		assert_int_equal(planrt_allreduce(&r, &sum, 1, planrt_i32, planrt_sum, c, NULL, NULL), planrt_success);
 		/* along data: r and r +- 2; along tensor: r and r ^ 1 */
 		int want = a == 0 ? 2 * (rank % 2) + 2 : 2 * (rank / 2 * 2) + 1;
 		EXPECT(sum == want, "axis %d sum %d, want %d", a, sum, want);
@@ -137,11 +137,11 @@ static planrt_result_t call(int kind, const void *send, void *recv, size_t count
 			    int root, planrt_comm_t c, planrt_request_t *req)
 {
 	switch (kind) {
-	case AR: return planrt_allreduce(send, recv, count, t, op, c, req);
-	case RS: return planrt_reduce_scatter(send, recv, count, t, op, c, req);
-	case AG: return planrt_allgather(send, recv, count, t, c, req);
-	case A2A: return planrt_alltoall(send, recv, count, t, c, req);
-	default: return planrt_broadcast(recv, count, t, root, c, req);
+	case AR: return planrt_allreduce(send, recv, count, t, op, c, NULL, req);
+	case RS: return planrt_reduce_scatter(send, recv, count, t, op, c, NULL, req);
+	case AG: return planrt_allgather(send, recv, count, t, c, NULL, req);
+	case A2A: return planrt_alltoall(send, recv, count, t, c, NULL, req);
+	default: return planrt_broadcast(recv, count, t, root, c, NULL, req);
 	}
 }
 
@@ -239,10 +239,10 @@ static void test_broadcast(void **state) { sweep(BC); }
 static void test_half_sums_accumulate_in_f32(void **state)
 {
 	uint16_t b = planrt_f32_to_half_(rank == 0 ? 1.0f : 0x1p-9f, planrt_bf16), bs;
-	assert_int_equal(planrt_allreduce(&b, &bs, 1, planrt_bf16, planrt_sum, planrt_world_comm(), NULL), planrt_success);
+	assert_int_equal(planrt_allreduce(&b, &bs, 1, planrt_bf16, planrt_sum, planrt_world_comm(), NULL, NULL), planrt_success);
 	EXPECT(planrt_half_to_f32_(bs, planrt_bf16) == 1.0078125f, "bf16 sum %g", planrt_half_to_f32_(bs, planrt_bf16));
 	uint16_t h = planrt_f32_to_half_(rank == 0 ? 1024.0f : 0.5f, planrt_f16), hs;
-	assert_int_equal(planrt_allreduce(&h, &hs, 1, planrt_f16, planrt_sum, planrt_world_comm(), NULL), planrt_success);
+	assert_int_equal(planrt_allreduce(&h, &hs, 1, planrt_f16, planrt_sum, planrt_world_comm(), NULL, NULL), planrt_success);
 	EXPECT(planrt_half_to_f32_(hs, planrt_f16) == 1026.0f, "f16 sum %g", planrt_half_to_f32_(hs, planrt_f16));
 	assert_all_ranks_clean();
 }
@@ -256,8 +256,8 @@ static void test_p2p_and_requests(void **state)
 		out[i] = (float)(rank * 1000 + i);
 	/* nonblocking both ways, completed in either order */
 	planrt_request_t rs, rr;
-	assert_int_equal(planrt_recv(in, 100, planrt_f32, prev, w, &rr), planrt_success);
-	assert_int_equal(planrt_send(out, 100, planrt_f32, next, w, &rs), planrt_success);
+	assert_int_equal(planrt_recv(in, 100, planrt_f32, prev, w, NULL, &rr), planrt_success);
+	assert_int_equal(planrt_send(out, 100, planrt_f32, next, w, NULL, &rs), planrt_success);
 	assert_int_equal(planrt_wait(rr), planrt_success);
 	assert_int_equal(planrt_wait(rs), planrt_success);
 	for (int i = 0; i < 100; i++)
@@ -265,11 +265,11 @@ static void test_p2p_and_requests(void **state)
 	/* blocking: even ranks send first */
 	int32_t v = rank, got = -1;
 	if (rank % 2 == 0) {
-		assert_int_equal(planrt_send(&v, 1, planrt_i32, next, w, NULL), planrt_success);
-		assert_int_equal(planrt_recv(&got, 1, planrt_i32, prev, w, NULL), planrt_success);
+		assert_int_equal(planrt_send(&v, 1, planrt_i32, next, w, NULL, NULL), planrt_success);
+		assert_int_equal(planrt_recv(&got, 1, planrt_i32, prev, w, NULL, NULL), planrt_success);
 	} else {
-		assert_int_equal(planrt_recv(&got, 1, planrt_i32, prev, w, NULL), planrt_success);
-		assert_int_equal(planrt_send(&v, 1, planrt_i32, next, w, NULL), planrt_success);
+		assert_int_equal(planrt_recv(&got, 1, planrt_i32, prev, w, NULL, NULL), planrt_success);
+		assert_int_equal(planrt_send(&v, 1, planrt_i32, next, w, NULL, NULL), planrt_success);
 	}
 	EXPECT(got == prev, "blocking recv %d", got);
 	/* several collectives in flight at once, waited in reverse order */
@@ -277,16 +277,16 @@ static void test_p2p_and_requests(void **state)
 	planrt_request_t q[3];
 	for (int i = 0; i < 64; i++)
 		a[i] = b[i] = (float)rank;
-	assert_int_equal(planrt_allreduce(a, a, 64, planrt_f32, planrt_sum, w, &q[0]), planrt_success);
-	assert_int_equal(planrt_allreduce(b, b, 64, planrt_f32, planrt_max, w, &q[1]), planrt_success);
-	assert_int_equal(planrt_allgather(b, c, 64, planrt_f32, w, &q[2]), planrt_success);
+	assert_int_equal(planrt_allreduce(a, a, 64, planrt_f32, planrt_sum, w, NULL, &q[0]), planrt_success);
+	assert_int_equal(planrt_allreduce(b, b, 64, planrt_f32, planrt_max, w, NULL, &q[1]), planrt_success);
+	assert_int_equal(planrt_allgather(b, c, 64, planrt_f32, w, NULL, &q[2]), planrt_success);
 	for (int k = 2; k >= 0; k--)
 		assert_int_equal(planrt_wait(q[k]), planrt_success);
 	EXPECT(a[5] == 6 && b[7] == 3, "overlapped results %g %g", a[5], b[7]);
 	for (int r = 0; r < world; r++)
 		EXPECT(c[r * 64] == (float)r, "overlapped allgather");
 	/* bad arguments come back as results */
-	EXPECT(planrt_send(out, 1, planrt_f32, world, w, NULL) == planrt_invalid_argument, "peer out of range");
+	EXPECT(planrt_send(out, 1, planrt_f32, world, w, NULL, NULL) == planrt_invalid_argument, "peer out of range");
 	EXPECT(planrt_wait(NULL) == planrt_invalid_argument, "wait NULL");
 	assert_all_ranks_clean();
 }
@@ -297,22 +297,22 @@ static void test_bytes_sent(void **state)
 	planrt_comm_t w = planrt_world_comm(), t = planrt_axis_comm(1);
 	static float x[4096], y[4096];
 	uint64_t b0 = planrt_bytes_sent();
-	planrt_allreduce(x, y, 1000, planrt_f32, planrt_sum, w, NULL); /* 2 * 3/4 * 4000 = 6000 */
+	planrt_allreduce(x, y, 1000, planrt_f32, planrt_sum, w, NULL, NULL); /* 2 * 3/4 * 4000 = 6000 */
 	uint64_t b1 = planrt_bytes_sent();
 	EXPECT(b1 - b0 == 6000, "allreduce counted %llu", (unsigned long long)(b1 - b0));
-	planrt_allreduce(x, y, 1000, planrt_bf16, planrt_sum, w, NULL); /* 3000: bf16 bytes */
+	planrt_allreduce(x, y, 1000, planrt_bf16, planrt_sum, w, NULL, NULL); /* 3000: bf16 bytes */
 	uint64_t b2 = planrt_bytes_sent();
 	EXPECT(b2 - b1 == 3000, "bf16 allreduce counted %llu", (unsigned long long)(b2 - b1));
-	planrt_allgather(x, y, 100, planrt_f32, w, NULL);      /* 3 * 400 */
-	planrt_reduce_scatter(x, y, 100, planrt_f32, planrt_sum, w, NULL); /* 3 * 400 */
-	planrt_alltoall(x, y, 10, planrt_i32, w, NULL);        /* 3 * 40 */
-	planrt_allreduce(x, y, 10, planrt_f32, planrt_sum, t, NULL); /* 2 * 1/2 * 40 */
+	planrt_allgather(x, y, 100, planrt_f32, w, NULL, NULL);      /* 3 * 400 */
+	planrt_reduce_scatter(x, y, 100, planrt_f32, planrt_sum, w, NULL, NULL); /* 3 * 400 */
+	planrt_alltoall(x, y, 10, planrt_i32, w, NULL, NULL);        /* 3 * 40 */
+	planrt_allreduce(x, y, 10, planrt_f32, planrt_sum, t, NULL, NULL); /* 2 * 1/2 * 40 */
 	uint64_t b3 = planrt_bytes_sent();
 	EXPECT(b3 - b2 == 1200 + 1200 + 120 + 40, "collectives counted %llu", (unsigned long long)(b3 - b2));
 	int next = (rank + 1) % world, prev = (rank + world - 1) % world;
 	planrt_request_t r;
-	planrt_recv(y, 25, planrt_f32, prev, w, &r);
-	planrt_send(x, 25, planrt_f32, next, w, NULL); /* 100; receiving counts nothing */
+	planrt_recv(y, 25, planrt_f32, prev, w, NULL, &r);
+	planrt_send(x, 25, planrt_f32, next, w, NULL, NULL); /* 100; receiving counts nothing */
 	planrt_wait(r);
 	EXPECT(planrt_bytes_sent() - b3 == 100, "p2p counted %llu", (unsigned long long)(planrt_bytes_sent() - b3));
 	assert_all_ranks_clean();

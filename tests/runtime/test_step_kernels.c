@@ -585,45 +585,45 @@ static void test_counters(void **state)
 	counters_begin();
 	/* the world (n = 4): 2 * 3/4 * 7 = 10.5 rounds to 11; 3/4 * 7 = 5.25 to 5, 3/4 * 5 to 4,
 	 * 3/4 * 2 = 1.5 to 2 */
-	PLANRT_CHECK(planrt_allreduce(x, y, 7, planrt_u8, planrt_sum, w, NULL));
+	PLANRT_CHECK(planrt_allreduce(x, y, 7, planrt_u8, planrt_sum, w, NULL, NULL));
 	expect_call(planrt_coll_allreduce, w, 7, planrt_u8);
-	PLANRT_CHECK(planrt_allreduce(x, y, 3, planrt_bf16, planrt_sum, w, NULL));
+	PLANRT_CHECK(planrt_allreduce(x, y, 3, planrt_bf16, planrt_sum, w, NULL, NULL));
 	expect_call(planrt_coll_allreduce, w, 3, planrt_bf16);
-	PLANRT_CHECK(planrt_allreduce(x, y, 5, planrt_f32, planrt_max, w, &req));
+	PLANRT_CHECK(planrt_allreduce(x, y, 5, planrt_f32, planrt_max, w, NULL, &req));
 	expect_call(planrt_coll_allreduce, w, 5, planrt_f32);
 	PLANRT_CHECK(planrt_wait(req));
-	PLANRT_CHECK(planrt_reduce_scatter(x, y, 3, planrt_i32, planrt_sum, w, NULL));
+	PLANRT_CHECK(planrt_reduce_scatter(x, y, 3, planrt_i32, planrt_sum, w, NULL, NULL));
 	expect_call(planrt_coll_reduce_scatter, w, 3, planrt_i32);
-	PLANRT_CHECK(planrt_allgather(x, y, 5, planrt_f16, w, NULL));
+	PLANRT_CHECK(planrt_allgather(x, y, 5, planrt_f16, w, NULL, NULL));
 	expect_call(planrt_coll_allgather, w, 5, planrt_f16);
-	PLANRT_CHECK(planrt_alltoall(x, y, 3, planrt_u8, w, NULL));
+	PLANRT_CHECK(planrt_alltoall(x, y, 3, planrt_u8, w, NULL, NULL));
 	expect_call(planrt_coll_alltoall, w, 3, planrt_u8);
-	PLANRT_CHECK(planrt_broadcast(y, 7, planrt_u8, 1, w, NULL));
+	PLANRT_CHECK(planrt_broadcast(y, 7, planrt_u8, 1, w, NULL, NULL));
 	expect_call(planrt_coll_broadcast, w, 7, planrt_u8);
-	PLANRT_CHECK(planrt_broadcast(y, 5, planrt_u8, 0, w, NULL));
+	PLANRT_CHECK(planrt_broadcast(y, 5, planrt_u8, 0, w, NULL, NULL));
 	expect_call(planrt_coll_broadcast, w, 5, planrt_u8);
-	PLANRT_CHECK(planrt_broadcast(y, 2, planrt_u8, 3, w, &req));
+	PLANRT_CHECK(planrt_broadcast(y, 2, planrt_u8, 3, w, NULL, &req));
 	expect_call(planrt_coll_broadcast, w, 2, planrt_u8);
 	PLANRT_CHECK(planrt_wait(req));
-	PLANRT_CHECK(planrt_recv(y, 25, planrt_f32, prev, w, &reqs[0]));
+	PLANRT_CHECK(planrt_recv(y, 25, planrt_f32, prev, w, NULL, &reqs[0]));
 	expect_call(planrt_coll_recv, w, 25, planrt_f32);
-	PLANRT_CHECK(planrt_send(x, 25, planrt_f32, next, w, NULL));
+	PLANRT_CHECK(planrt_send(x, 25, planrt_f32, next, w, NULL, NULL));
 	expect_call(planrt_coll_send, w, 25, planrt_f32);
 	PLANRT_CHECK(planrt_wait(reqs[0]));
-	PLANRT_CHECK(planrt_recv_tagged(y, 3, planrt_u8, prev, 5, w, &reqs[0]));
+	PLANRT_CHECK(planrt_recv_tagged(y, 3, planrt_u8, prev, 5, w, NULL, &reqs[0]));
 	expect_call(planrt_coll_recv, w, 3, planrt_u8);
-	PLANRT_CHECK(planrt_send_tagged(x, 3, planrt_u8, next, 5, w, &reqs[1]));
+	PLANRT_CHECK(planrt_send_tagged(x, 3, planrt_u8, next, 5, w, NULL, &reqs[1]));
 	expect_call(planrt_coll_send, w, 3, planrt_u8);
 	PLANRT_CHECK(planrt_wait(reqs[0]));
 	PLANRT_CHECK(planrt_wait(reqs[1]));
 	/* refused calls count nothing */
-	EXPECT(planrt_send(x, 1, planrt_f32, world, w, NULL) == planrt_invalid_argument, "peer out of range");
-	EXPECT(planrt_send_tagged(x, 1, planrt_f32, next, -1, w, NULL) == planrt_invalid_argument, "negative tag");
-	EXPECT(planrt_allreduce(x, y, 1, planrt_f32, planrt_sum, NULL, NULL) == planrt_invalid_usage, "NULL comm");
+	EXPECT(planrt_send(x, 1, planrt_f32, world, w, NULL, NULL) == planrt_invalid_argument, "peer out of range");
+	EXPECT(planrt_send_tagged(x, 1, planrt_f32, next, -1, w, NULL, NULL) == planrt_invalid_argument, "negative tag");
+	EXPECT(planrt_allreduce(x, y, 1, planrt_f32, planrt_sum, NULL, NULL, NULL) == planrt_invalid_usage, "NULL comm");
 	/* axis 0 (n = 2): 2 * 1/2 * 7 = 7; 1/2 * 7 = 3.5 rounds to 4; the in-place step kernels */
-	PLANRT_CHECK(planrt_allreduce(x, y, 7, planrt_u8, planrt_sum, a0, NULL));
+	PLANRT_CHECK(planrt_allreduce(x, y, 7, planrt_u8, planrt_sum, a0, NULL, NULL));
 	expect_call(planrt_coll_allreduce, a0, 7, planrt_u8);
-	PLANRT_CHECK(planrt_broadcast(y, 7, planrt_u8, 0, a0, NULL));
+	PLANRT_CHECK(planrt_broadcast(y, 7, planrt_u8, 0, a0, NULL, NULL));
 	expect_call(planrt_coll_broadcast, a0, 7, planrt_u8);
 	planrt_reduce_scatter_inplace(x, 3, planrt_f32, a0, NULL);
 	expect_call(planrt_coll_reduce_scatter, a0, 3, planrt_f32);
@@ -635,12 +635,12 @@ static void test_counters(void **state)
 	expect_call(planrt_coll_allreduce, a1, 3, planrt_f64);
 	planrt_request_finish(&req);
 	/* the pair group, both ways */
-	PLANRT_CHECK(planrt_allreduce(x, y, 3, planrt_f32, planrt_sum, pair, NULL));
+	PLANRT_CHECK(planrt_allreduce(x, y, 3, planrt_f32, planrt_sum, pair, NULL, NULL));
 	expect_call(planrt_coll_allreduce, pair, 3, planrt_f32);
 	int other = 1 - planrt_comm_rank(pair);
-	PLANRT_CHECK(planrt_recv(y, 4, planrt_f32, other, pair, &reqs[0]));
+	PLANRT_CHECK(planrt_recv(y, 4, planrt_f32, other, pair, NULL, &reqs[0]));
 	expect_call(planrt_coll_recv, pair, 4, planrt_f32);
-	PLANRT_CHECK(planrt_send(x, 4, planrt_f32, other, pair, NULL));
+	PLANRT_CHECK(planrt_send(x, 4, planrt_f32, other, pair, NULL, NULL));
 	expect_call(planrt_coll_send, pair, 4, planrt_f32);
 	PLANRT_CHECK(planrt_wait(reqs[0]));
 	counters_check("mesh 2 x 2");
@@ -652,14 +652,14 @@ static void test_counters(void **state)
 	assert_int_equal(planrt_mesh_init(2, sizes41, names41), planrt_success);
 	planrt_comm_t one = planrt_axis_comm(1), pipe = planrt_axis_comm(0);
 	counters_begin();
-	PLANRT_CHECK(planrt_allreduce(x, y, 10, planrt_f32, planrt_sum, one, NULL));
+	PLANRT_CHECK(planrt_allreduce(x, y, 10, planrt_f32, planrt_sum, one, NULL, NULL));
 	expect_call(planrt_coll_allreduce, one, 10, planrt_f32);
-	PLANRT_CHECK(planrt_recv_tagged(y, 8, planrt_f32, 0, 3, one, &req));
+	PLANRT_CHECK(planrt_recv_tagged(y, 8, planrt_f32, 0, 3, one, NULL, &req));
 	expect_call(planrt_coll_recv, one, 8, planrt_f32);
-	PLANRT_CHECK(planrt_send_tagged(x, 8, planrt_f32, 0, 3, one, NULL));
+	PLANRT_CHECK(planrt_send_tagged(x, 8, planrt_f32, 0, 3, one, NULL, NULL));
 	expect_call(planrt_coll_send, one, 8, planrt_f32);
 	PLANRT_CHECK(planrt_wait(req));
-	PLANRT_CHECK(planrt_allreduce(x, y, 1, planrt_u8, planrt_sum, pipe, NULL));
+	PLANRT_CHECK(planrt_allreduce(x, y, 1, planrt_u8, planrt_sum, pipe, NULL, NULL));
 	expect_call(planrt_coll_allreduce, pipe, 1, planrt_u8);
 	counters_check("mesh 4 x 1");
 	assert_all_ranks_clean();
@@ -701,19 +701,19 @@ static void test_tagged_p2p(void **state)
 		if (round == 0) {
 			for (int j = 0; j < 4; j++)
 				PLANRT_CHECK(planrt_send_tagged(out[j], (size_t)msg_count(send_tags[j], j / 2), planrt_f32,
-								partner, send_tags[j], w, &sreq[j]));
+								partner, send_tags[j], w, NULL, &sreq[j]));
 			for (int j = 0; j < 4; j++)
 				PLANRT_CHECK(planrt_recv_tagged(in[j], (size_t)msg_count(recv_tags[j], j % 2), planrt_f32,
-								partner, recv_tags[j], w, NULL));
+								partner, recv_tags[j], w, NULL, NULL));
 			for (int j = 0; j < 4; j++)
 				PLANRT_CHECK(planrt_wait(sreq[j]));
 		} else {
 			for (int j = 0; j < 4; j++)
 				PLANRT_CHECK(planrt_recv_tagged(in[j], (size_t)msg_count(recv_tags[j], j % 2), planrt_f32,
-								partner, recv_tags[j], w, &rreq[j]));
+								partner, recv_tags[j], w, NULL, &rreq[j]));
 			for (int j = 0; j < 4; j++)
 				PLANRT_CHECK(planrt_send_tagged(out[j], (size_t)msg_count(send_tags[j], j / 2), planrt_f32,
-								partner, send_tags[j], w, NULL));
+								partner, send_tags[j], w, NULL, NULL));
 			for (int j = 3; j >= 0; j--)
 				PLANRT_CHECK(planrt_wait(rreq[j]));
 		}

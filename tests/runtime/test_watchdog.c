@@ -12,7 +12,7 @@ int main(int argc, char **argv)
 	float x[4];
 	planrt_comm_t w = planrt_world_comm();
 	/* nobody sends: every rank stalls here */
-	PLANRT_CHECK(planrt_recv(x, 4, planrt_f32, (rank + 1) % world, w, NULL));
+	PLANRT_CHECK(planrt_recv(x, 4, planrt_f32, (rank + 1) % world, w, NULL, NULL));
 	printf("rank %d: the stalled receive returned\n", rank);
 	planrt_finalize();
 	return 0;

@@ -1,0 +1,1131 @@
+/* kernels_cuda.cu: planrt_cuda's compute kernels (planrt_cuda.h): the CPU kernels' operations
+ * (kernels_impl.h, exec.c, step.c, optim.c) on device memory, each enqueued on the stream it is
+ * given.
+ *
+ * Semantics follow the CPU's, operation for operation where it matters for the result: Philox
+ * dropout masks are bit for bit the CPU's (the same counter and key mapping, kernels.c), exp is
+ * planrt_math.h's kexpf on both, the optimizer's scalars (learning rate, bias corrections) are
+ * computed on the host exactly as optim.c computes them and its element update is optim.c's, the
+ * bf16 roundings are step.c's. What differs is the order of summation in reductions (a row's sum
+ * over a block's threads, a column's over row chunks, embedding gradients added atomically), so
+ * results agree with the CPU's to float rounding, not bit for bit.
+ *
+ * Row-wise kernels (softmax, the norms, cross-entropy) give each row to a block of threads;
+ * parameter gradients of the norms are column sums over the rows (a thread per column walks a
+ * chunk of rows; chunks are added atomically). GEMMs are cuBLAS: f32 math with TF32 off (the CPU's
+ * precision; PLANRT_TF32=1 allows TF32), or bf16 tensor cores with f32 accumulation for the _tc
+ * variant, whose operands are bf16 values widened to f32. */
+#define PLANRT_INTERNAL
+#include "planrt_cuda.h"
+#include "planrt_cuda_internal.h"
+#include "planrt_kernels.h"
+#include "planrt_math.h"
+
+#include <cublas_v2.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { KMAX = 8, ROW_THREADS = 256, COL_ROWS = 256 };
+
+typedef struct Dims {
+	int64_t v[KMAX];
+} Dims;
+
+static Dims dims_of(int rank, const int64_t *d)
+{
+	Dims x;
+	for (int i = 0; i < KMAX; i++)
+		x.v[i] = i < rank ? d[i] : 1;
+	return x;
+}
+
+static void check_rank(const char *what, int rank)
+{
+	if (rank < 0 || rank > KMAX)
+		planrt_fatal("internal error: %s of rank %d (at most %d)", what, rank, KMAX);
+}
+
+#define LAUNCH(kernel, n, stream, ...)                                                                          \
+	do {                                                                                                    \
+		if ((n) > 0) {                                                                                  \
+			kernel<<<planrt_cu_grid(n), PLANRT_CU_BLOCK, 0, planrt_cu_stream(stream)>>>(__VA_ARGS__);  \
+			planrt_cu_check_launch(#kernel);                                                        \
+		}                                                                                               \
+	} while (0)
+
+#define GRID_STRIDE(i, n) for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (int64_t)gridDim.x * blockDim.x)
+
+/* ------------------------------------------------------------------ block reductions */
+
+__device__ static float warp_sum(float v)
+{
+	for (int o = 16; o > 0; o >>= 1)
+		v += __shfl_xor_sync(0xffffffffu, v, o);
+	return v;
+}
+
+__device__ static float warp_max(float v)
+{
+	for (int o = 16; o > 0; o >>= 1) {
+		float w = __shfl_xor_sync(0xffffffffu, v, o);
+		v = w > v ? w : v;
+	}
+	return v;
+}
+
+/* the block's sum (max) of v, on every thread; blockDim.x a multiple of 32, at most 1024 */
+__device__ static float block_sum(float v)
+{
+	__shared__ float part[32];
+	int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+	v = warp_sum(v);
+	__syncthreads();
+	if (lane == 0)
+		part[warp] = v;
+	__syncthreads();
+	float s = 0;
+	for (int w = 0; w < (int)(blockDim.x >> 5); w++)
+		s += part[w];
+	return s;
+}
+
+__device__ static float block_max(float v)
+{
+	__shared__ float part[32];
+	int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+	v = warp_max(v);
+	__syncthreads();
+	if (lane == 0)
+		part[warp] = v;
+	__syncthreads();
+	float m = part[0];
+	for (int w = 1; w < (int)(blockDim.x >> 5); w++)
+		m = part[w] > m ? part[w] : m;
+	return m;
+}
+
+__device__ static double block_sum_d(double v)
+{
+	__shared__ double part[32];
+	int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+	for (int o = 16; o > 0; o >>= 1)
+		v += __shfl_xor_sync(0xffffffffu, v, o);
+	__syncthreads();
+	if (lane == 0)
+		part[warp] = v;
+	__syncthreads();
+	double s = 0;
+	for (int w = 0; w < (int)(blockDim.x >> 5); w++)
+		s += part[w];
+	return s;
+}
+
+static unsigned row_grid(int64_t rows)
+{
+	return (unsigned)(rows < 1 ? 1 : rows > 2147483647 ? 2147483647 : rows);
+}
+
+/* ------------------------------------------------------------------ dtypes */
+
+__device__ static float bf16_f32(uint16_t h)
+{
+	return __uint_as_float((uint32_t)h << 16);
+}
+
+__device__ static uint16_t f32_bf16(float x)
+{
+	uint32_t u = __float_as_uint(x);
+	return (u & 0x7fffffffu) > 0x7f800000u ? (uint16_t)0x7fc0 : (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+__device__ static float f16_f32(uint16_t h)
+{
+	return __half2float(__ushort_as_half(h));
+}
+
+__device__ static uint16_t f32_f16(float x)
+{
+	return __half_as_ushort(__float2half_rn(x));
+}
+
+__device__ static float half_f32(uint16_t h, int t)
+{
+	return t == planrt_bf16 ? bf16_f32(h) : f16_f32(h);
+}
+
+__device__ static uint16_t f32_half(float x, int t)
+{
+	return t == planrt_bf16 ? f32_bf16(x) : f32_f16(x);
+}
+
+/* x rounded to f32 with round-to-odd (step.c's f32_round_odd): then one rounding to a half type */
+__device__ static float f32_round_odd(double x)
+{
+	float f = __double2float_rz(x);
+	if (isinf(f) || isnan(f) || (double)f == x)
+		return (float)x;
+	return __uint_as_float(__float_as_uint(f) | 1u);
+}
+
+/* ------------------------------------------------------------------ GEMMs (cuBLAS) */
+
+static cublasHandle_t blas;
+
+void planrt_cu_blas_destroy_(void)
+{
+	if (blas)
+		cublasDestroy(blas);
+	blas = NULL;
+}
+
+static void blas_check(cublasStatus_t s, const char *what)
+{
+	if (s != CUBLAS_STATUS_SUCCESS)
+		planrt_fatal("cuBLAS %s failed: %s", what, cublasGetStatusString(s));
+}
+
+static cublasHandle_t blas_on(int stream)
+{
+	if (!blas)
+		blas_check(cublasCreate(&blas), "cublasCreate");
+	blas_check(cublasSetStream(blas, planrt_cu_stream(stream)), "cublasSetStream");
+	return blas;
+}
+
+/* row-major C[M, N] (+)= op(A) op(B), batch entries at the given strides, as column-major C^T */
+static void gemm(int64_t batch, int64_t M, int64_t N, int64_t K, const float *A, int ta, int64_t sa, const float *B,
+		 int tb, int64_t sb, float *C, int64_t sc, int accumulate, int tensor_cores, int stream)
+{
+	if (batch <= 0 || M <= 0 || N <= 0)
+		return;
+	if (M > 2147483647 || N > 2147483647 || K > 2147483647)
+		planrt_fatal("a matmul of %lld x %lld x %lld is beyond cuBLAS's 32-bit dimensions", (long long)M, (long long)N,
+			     (long long)K);
+	cublasHandle_t h = blas_on(stream);
+	static const char *tf32 = NULL;
+	if (!tf32)
+		tf32 = getenv("PLANRT_TF32") ? getenv("PLANRT_TF32") : "0";
+	cublasComputeType_t ct = tensor_cores	     ? CUBLAS_COMPUTE_32F_FAST_16BF
+				 : !strcmp(tf32, "1") ? CUBLAS_COMPUTE_32F_FAST_TF32
+						      : CUBLAS_COMPUTE_32F;
+	float one = 1.0f, zero = 0.0f;
+	/* one tall GEMM: a shared B under A blocks laid end to end (a linear layer) */
+	if (batch > 1 && sb == 0 && !ta && sa == M * K && sc == M * N) {
+		M *= batch;
+		batch = 1;
+	}
+	/* one GEMM over the stacked K: C = sum of A_i^T B_i (a weight gradient) */
+	if (batch > 1 && sc == 0 && ta && !tb && sa == K * M && sb == K * N) {
+		K *= batch;
+		batch = 1;
+	}
+	int lda = (int)(ta ? M : K), ldb = (int)(tb ? K : N);
+	cublasOperation_t oa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, ob = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+	if (batch == 1 || sc != 0) {
+		blas_check(cublasGemmStridedBatchedEx(h, ob, oa, (int)N, (int)M, (int)K, &one, B, CUDA_R_32F, ldb > 0 ? ldb : 1,
+						      sb, A, CUDA_R_32F, lda > 0 ? lda : 1, sa, accumulate ? &one : &zero, C,
+						      CUDA_R_32F, (int)N, sc, (int)batch, ct, CUBLAS_GEMM_DEFAULT),
+			   "gemm");
+		return;
+	}
+	/* several products into one C: in order, each added to the last */
+	for (int64_t b = 0; b < batch; b++)
+		blas_check(cublasGemmEx(h, ob, oa, (int)N, (int)M, (int)K, &one, B + b * sb, CUDA_R_32F, ldb > 0 ? ldb : 1,
+					A + b * sa, CUDA_R_32F, lda > 0 ? lda : 1, accumulate || b ? &one : &zero, C, CUDA_R_32F,
+					(int)N, ct, CUBLAS_GEMM_DEFAULT),
+			   "gemm");
+}
+
+void planrt_cu_k_matmul_f32(int64_t batch, int64_t M, int64_t N, int64_t K, const float *A, int trans_a, int64_t stride_a,
+			    const float *B, int trans_b, int64_t stride_b, float *C, int64_t stride_c, int accumulate,
+			    int stream)
+{
+	gemm(batch, M, N, K, A, trans_a, stride_a, B, trans_b, stride_b, C, stride_c, accumulate, 0, stream);
+}
+
+void planrt_cu_k_matmul_tc_f32(int64_t batch, int64_t M, int64_t N, int64_t K, const float *A, int trans_a,
+			       int64_t stride_a, const float *B, int trans_b, int64_t stride_b, float *C, int64_t stride_c,
+			       int accumulate, int stream)
+{
+	gemm(batch, M, N, K, A, trans_a, stride_a, B, trans_b, stride_b, C, stride_c, accumulate, 1, stream);
+}
+
+/* ------------------------------------------------------------------ permute, sum_to */
+
+__global__ static void permute_kernel(int rank, Dims odims, Dims pst, const float *in, float *out, int64_t n)
+{
+	GRID_STRIDE(i, n)
+	{
+		int64_t rest = i, off = 0;
+		for (int d = rank - 1; d >= 0; d--) {
+			int64_t c = rest % odims.v[d];
+			rest /= odims.v[d];
+			off += c * pst.v[d];
+		}
+		out[i] = in[off];
+	}
+}
+
+static void strides_of(int rank, const int64_t *dims, int64_t *st)
+{
+	int64_t s = 1;
+	for (int d = rank - 1; d >= 0; d--) {
+		st[d] = s;
+		s *= dims[d];
+	}
+}
+
+void planrt_cu_k_permute_f32(int rank, const int64_t *in_dims, const int *perm, const float *in, float *out, int stream)
+{
+	check_rank("permute", rank);
+	int64_t ist[KMAX], od[KMAX], ps[KMAX], n = 1;
+	strides_of(rank, in_dims, ist);
+	for (int d = 0; d < rank; d++) {
+		od[d] = in_dims[perm[d]];
+		ps[d] = ist[perm[d]];
+		n *= od[d];
+	}
+	LAUNCH(permute_kernel, n, stream, rank, dims_of(rank, od), dims_of(rank, ps), in, out, n);
+}
+
+/* out[o] += the sum over the reduced dims of in, for the output elements; the reduced index range
+ * [r0, r1) of this block's chunk. kept: the dims with out_strides != 0, in order. */
+__global__ static void sum_to_kernel(int nkept, Dims kdims, Dims kin, Dims kout, int nred, Dims rdims, Dims rin,
+				     int64_t out_n, int64_t red_n, int64_t chunk, const float *in, float *out, int atomic)
+{
+	int64_t r0 = (int64_t)blockIdx.y * chunk, r1 = r0 + chunk < red_n ? r0 + chunk : red_n;
+	for (int64_t o = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; o < out_n; o += (int64_t)gridDim.x * blockDim.x) {
+		int64_t rest = o, base = 0, ooff = 0;
+		for (int d = nkept - 1; d >= 0; d--) {
+			int64_t c = rest % kdims.v[d];
+			rest /= kdims.v[d];
+			base += c * kin.v[d];
+			ooff += c * kout.v[d];
+		}
+		float s = 0;
+		for (int64_t r = r0; r < r1; r++) {
+			int64_t rr = r, off = base;
+			for (int d = nred - 1; d >= 0; d--) {
+				int64_t c = rr % rdims.v[d];
+				rr /= rdims.v[d];
+				off += c * rin.v[d];
+			}
+			s += in[off];
+		}
+		if (atomic)
+			atomicAdd(&out[ooff], s);
+		else
+			out[ooff] += s;
+	}
+}
+
+static void sum_to(int rank, const int64_t *dims, const float *in, const int64_t *out_strides, float *out,
+		   int64_t out_elems, int accumulate, int stream)
+{
+	check_rank("sum_to", rank);
+	cudaStream_t s = planrt_cu_stream(stream);
+	if (!accumulate && out_elems > 0)
+		planrt_cu_check_(cudaMemsetAsync(out, 0, sizeof(float) * (size_t)out_elems, s), "cudaMemsetAsync");
+	int64_t ist[KMAX], kd[KMAX], ki[KMAX], ko[KMAX], rd[KMAX], ri[KMAX], out_n = 1, red_n = 1;
+	int nk = 0, nr = 0;
+	strides_of(rank, dims, ist);
+	for (int d = 0; d < rank; d++) {
+		if (dims[d] == 0)
+			return;
+		if (out_strides[d] != 0 || dims[d] == 1) {
+			kd[nk] = dims[d];
+			ki[nk] = ist[d];
+			ko[nk++] = out_strides[d];
+			out_n *= dims[d];
+		} else {
+			rd[nr] = dims[d];
+			ri[nr++] = ist[d];
+			red_n *= dims[d];
+		}
+	}
+	int64_t chunk = red_n < COL_ROWS ? red_n : COL_ROWS, splits = (red_n + chunk - 1) / chunk;
+	unsigned gx = (unsigned)((out_n + PLANRT_CU_BLOCK - 1) / PLANRT_CU_BLOCK);
+	dim3 grid(gx < 1 ? 1 : gx > 65535 ? 65535 : gx, (unsigned)(splits > 65535 ? 65535 : splits));
+	if (splits > 65535)
+		chunk = (red_n + 65534) / 65535;
+	sum_to_kernel<<<grid, PLANRT_CU_BLOCK, 0, s>>>(nk, dims_of(nk, kd), dims_of(nk, ki), dims_of(nk, ko), nr,
+						       dims_of(nr, rd), dims_of(nr, ri), out_n, red_n, chunk, in, out,
+						       grid.y > 1);
+	planrt_cu_check_launch("sum_to");
+}
+
+void planrt_cu_k_sum_to_f32(int rank, const int64_t *dims, const float *in, const int64_t *out_strides, float *out,
+			    int64_t out_elems, int stream)
+{
+	sum_to(rank, dims, in, out_strides, out, out_elems, 0, stream);
+}
+
+void planrt_cu_k_sum_to_acc_f32(int rank, const int64_t *dims, const float *in, const int64_t *out_strides, float *out,
+				int64_t out_elems, int stream)
+{
+	sum_to(rank, dims, in, out_strides, out, out_elems, 1, stream);
+}
+
+/* ------------------------------------------------------------------ dropout (Philox, as kernels.c) */
+
+__device__ static uint32_t philox_first(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3, uint32_t k0, uint32_t k1)
+{
+	for (int r = 0; r < 10; r++) {
+		if (r > 0) {
+			k0 += 0x9E3779B9u;
+			k1 += 0xBB67AE85u;
+		}
+		uint32_t hi0 = __umulhi(0xD2511F53u, c0), lo0 = 0xD2511F53u * c0;
+		uint32_t hi1 = __umulhi(0xCD9E8D57u, c2), lo1 = 0xCD9E8D57u * c2;
+		uint32_t n0 = hi1 ^ c1 ^ k0, n2 = hi0 ^ c3 ^ k1;
+		c0 = n0;
+		c1 = lo1;
+		c2 = n2;
+		c3 = lo0;
+	}
+	return c0;
+}
+
+__global__ static void dropout_kernel(const float *x, float *y, uint8_t *mask, uint64_t thr, float sc, uint64_t seed,
+				      uint64_t key, int rank, Dims ldims, Dims gst, uint64_t gbase, int64_t n)
+{
+	GRID_STRIDE(i, n)
+	{
+		int64_t rest = i;
+		uint64_t g = gbase;
+		for (int d = rank - 1; d >= 0; d--) {
+			int64_t c = rest % ldims.v[d];
+			rest /= ldims.v[d];
+			g += (uint64_t)(c * gst.v[d]);
+		}
+		uint32_t u = philox_first((uint32_t)g, (uint32_t)(g >> 32), (uint32_t)key, (uint32_t)(key >> 32),
+					  (uint32_t)seed, (uint32_t)(seed >> 32));
+		uint8_t keep = (uint64_t)u >= thr;
+		mask[i] = keep;
+		y[i] = keep ? x[i] * sc : 0.0f;
+	}
+}
+
+void planrt_cu_k_dropout_f32(const float *x, float *y, uint8_t *mask, double p, uint64_t seed, uint64_t key, int rank,
+			     const int64_t *gdims, const int64_t *ldims, const int64_t *offs, int stream)
+{
+	check_rank("dropout", rank);
+	int64_t gst[KMAX], n = 1;
+	strides_of(rank, gdims, gst);
+	uint64_t gbase = 0;
+	for (int d = 0; d < rank; d++) {
+		gbase += (uint64_t)(offs[d] * gst[d]);
+		n *= ldims[d];
+	}
+	uint64_t thr = !(p > 0) ? 0 : p >= 1 ? (uint64_t)1 << 32 : (uint64_t)ceil(p * 4294967296.0);
+	float sc = p >= 1 ? 0.0f : (float)(1.0 / (1.0 - p));
+	LAUNCH(dropout_kernel, n, stream, x, y, mask, thr, sc, seed, key, rank, dims_of(rank, ldims), dims_of(rank, gst),
+	       gbase, n);
+}
+
+/* ------------------------------------------------------------------ attention pieces */
+
+__global__ static void causal_mask_kernel(const float *x, float *y, int64_t rows, int64_t cols, int64_t row_off,
+					  int64_t col_off, float fill, int64_t n)
+{
+	GRID_STRIDE(i, n)
+	{
+		int64_t j = i % cols, r = i / cols % rows;
+		int64_t keep = row_off + r - col_off + 1;
+		y[i] = j < keep ? x[i] : fill;
+	}
+}
+
+void planrt_cu_causal_mask_block_f32(const float *x, float *y, int64_t batch, int64_t rows, int64_t cols,
+				     const int64_t *offs, int rank, int gradient, int stream)
+{
+	int64_t n = batch * rows * cols;
+	LAUNCH(causal_mask_kernel, n, stream, x, y, rows, cols, offs[rank - 2], offs[rank - 1], gradient ? 0.0f : -INFINITY,
+	       n);
+}
+
+__global__ static void softmax_kernel(const float *x, float *y, int64_t cols)
+{
+	const float *xr = x + (int64_t)blockIdx.x * cols;
+	float *yr = y + (int64_t)blockIdx.x * cols;
+	float m = -INFINITY;
+	for (int64_t j = threadIdx.x; j < cols; j += blockDim.x)
+		m = xr[j] > m ? xr[j] : m;
+	m = block_max(m);
+	float s = 0;
+	for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
+		float e = kexpf(xr[j] - m);
+		yr[j] = e;
+		s += e;
+	}
+	float inv = 1 / block_sum(s);
+	for (int64_t j = threadIdx.x; j < cols; j += blockDim.x)
+		yr[j] *= inv;
+}
+
+void planrt_cu_k_softmax_f32(const float *x, float *y, int64_t rows, int64_t cols, int stream)
+{
+	if (rows <= 0 || cols <= 0)
+		return;
+	softmax_kernel<<<row_grid(rows), cols < ROW_THREADS ? 32 * ((cols + 31) / 32) : ROW_THREADS, 0,
+			 planrt_cu_stream(stream)>>>(x, y, cols);
+	planrt_cu_check_launch("softmax");
+}
+
+__global__ static void softmax_grad_kernel(const float *y, const float *dy, float *dx, int64_t cols)
+{
+	int64_t at = (int64_t)blockIdx.x * cols;
+	float s = 0;
+	for (int64_t j = threadIdx.x; j < cols; j += blockDim.x)
+		s += y[at + j] * dy[at + j];
+	s = block_sum(s);
+	for (int64_t j = threadIdx.x; j < cols; j += blockDim.x)
+		dx[at + j] = y[at + j] * (dy[at + j] - s);
+}
+
+void planrt_cu_k_softmax_grad_f32(const float *y, const float *dy, float *dx, int64_t rows, int64_t cols, int stream)
+{
+	if (rows <= 0 || cols <= 0)
+		return;
+	softmax_grad_kernel<<<row_grid(rows), cols < ROW_THREADS ? 32 * ((cols + 31) / 32) : ROW_THREADS, 0,
+			      planrt_cu_stream(stream)>>>(y, dy, dx, cols);
+	planrt_cu_check_launch("softmax_grad");
+}
+
+/* ------------------------------------------------------------------ layer norm, RMS norm */
+
+static unsigned row_threads(int64_t cols)
+{
+	return cols < ROW_THREADS ? 32 * (unsigned)((cols + 31) / 32) : ROW_THREADS;
+}
+
+__global__ static void layer_norm_kernel(const float *x, const float *w, const float *b, float *y, float *mean,
+					 float *rstd, int64_t cols, float eps)
+{
+	int64_t at = (int64_t)blockIdx.x * cols;
+	float s = 0;
+	for (int64_t j = threadIdx.x; j < cols; j += blockDim.x)
+		s += x[at + j];
+	float mu = block_sum(s) / (float)cols;
+	float q = 0;
+	for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
+		float d = x[at + j] - mu;
+		q += d * d;
+	}
+	float rs = 1 / sqrtf(block_sum(q) / (float)cols + eps);
+	for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
+		float v = (x[at + j] - mu) * rs;
+		if (w)
+			v = v * w[j];
+		if (b)
+			v = v + b[j];
+		y[at + j] = v;
+	}
+	if (threadIdx.x == 0) {
+		mean[blockIdx.x] = mu;
+		rstd[blockIdx.x] = rs;
+	}
+}
+
+void planrt_cu_k_layer_norm_f32(const float *x, const float *w, const float *b, float *y, float *mean, float *rstd,
+				int64_t rows, int64_t cols, double eps, int stream)
+{
+	if (rows <= 0 || cols <= 0)
+		return;
+	layer_norm_kernel<<<row_grid(rows), row_threads(cols), 0, planrt_cu_stream(stream)>>>(x, w, b, y, mean, rstd, cols,
+											       (float)eps);
+	planrt_cu_check_launch("layer_norm");
+}
+
+__global__ static void layer_norm_dx_kernel(const float *x, const float *w, const float *mean, const float *rstd,
+					    const float *dy, float *dx, int64_t cols)
+{
+	int64_t at = (int64_t)blockIdx.x * cols;
+	float mu = mean[blockIdx.x], rs = rstd[blockIdx.x];
+	float sg = 0, sgx = 0;
+	for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
+		float g = dy[at + j] * (w ? w[j] : 1.0f);
+		sg += g;
+		sgx += g * (x[at + j] - mu);
+	}
+	float mg = block_sum(sg) / (float)cols, mgx = block_sum(sgx) * rs / (float)cols;
+	for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
+		float xh = (x[at + j] - mu) * rs;
+		dx[at + j] = rs * (dy[at + j] * (w ? w[j] : 1.0f) - mg - xh * mgx);
+	}
+}
+
+/* dw[j] += sum over rows of dy * xhat, db[j] += sum of dy (rms: mean NULL, xhat = x rstd) */
+__global__ static void norm_params_kernel(const float *x, const float *mean, const float *rstd, const float *dy,
+					  float *dw, float *db, int64_t rows, int64_t cols, int64_t chunk, int atomic)
+{
+	int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+	if (j >= cols)
+		return;
+	int64_t r0 = (int64_t)blockIdx.y * chunk, r1 = r0 + chunk < rows ? r0 + chunk : rows;
+	float sw = 0, sb = 0;
+	for (int64_t r = r0; r < r1; r++) {
+		float g = dy[r * cols + j];
+		sw += g * ((x[r * cols + j] - (mean ? mean[r] : 0.0f)) * rstd[r]);
+		sb += g;
+	}
+	if (atomic) {
+		if (dw)
+			atomicAdd(&dw[j], sw);
+		if (db)
+			atomicAdd(&db[j], sb);
+	} else {
+		if (dw)
+			dw[j] += sw;
+		if (db)
+			db[j] += sb;
+	}
+}
+
+static void norm_params(const float *x, const float *mean, const float *rstd, const float *dy, float *dw, float *db,
+			int64_t rows, int64_t cols, int stream)
+{
+	if (!dw && !db)
+		return;
+	int64_t chunk = rows < COL_ROWS ? rows : COL_ROWS, splits = (rows + chunk - 1) / chunk;
+	if (splits > 65535) {
+		chunk = (rows + 65534) / 65535;
+		splits = (rows + chunk - 1) / chunk;
+	}
+	dim3 grid((unsigned)((cols + PLANRT_CU_BLOCK - 1) / PLANRT_CU_BLOCK), (unsigned)splits);
+	norm_params_kernel<<<grid, PLANRT_CU_BLOCK, 0, planrt_cu_stream(stream)>>>(x, mean, rstd, dy, dw, db, rows, cols,
+										    chunk, splits > 1);
+	planrt_cu_check_launch("norm parameter gradients");
+}
+
+void planrt_cu_k_layer_norm_grad_f32(const float *x, const float *w, const float *mean, const float *rstd,
+				     const float *dy, float *dx, float *dw, float *db, int64_t rows, int64_t cols,
+				     int stream)
+{
+	if (rows <= 0 || cols <= 0)
+		return;
+	layer_norm_dx_kernel<<<row_grid(rows), row_threads(cols), 0, planrt_cu_stream(stream)>>>(x, w, mean, rstd, dy, dx,
+												  cols);
+	planrt_cu_check_launch("layer_norm_grad");
+	norm_params(x, mean, rstd, dy, dw, db, rows, cols, stream);
+}
+
+__global__ static void rms_norm_kernel(const float *x, const float *w, float *y, float *rstd, int64_t cols, float eps)
+{
+	int64_t at = (int64_t)blockIdx.x * cols;
+	float q = 0;
+	for (int64_t j = threadIdx.x; j < cols; j += blockDim.x)
+		q += x[at + j] * x[at + j];
+	float rs = 1 / sqrtf(block_sum(q) / (float)cols + eps);
+	for (int64_t j = threadIdx.x; j < cols; j += blockDim.x)
+		y[at + j] = w ? x[at + j] * rs * w[j] : x[at + j] * rs;
+	if (threadIdx.x == 0)
+		rstd[blockIdx.x] = rs;
+}
+
+void planrt_cu_k_rms_norm_f32(const float *x, const float *w, float *y, float *rstd, int64_t rows, int64_t cols,
+			      double eps, int stream)
+{
+	if (rows <= 0 || cols <= 0)
+		return;
+	rms_norm_kernel<<<row_grid(rows), row_threads(cols), 0, planrt_cu_stream(stream)>>>(x, w, y, rstd, cols, (float)eps);
+	planrt_cu_check_launch("rms_norm");
+}
+
+__global__ static void rms_norm_dx_kernel(const float *x, const float *w, const float *rstd, const float *dy, float *dx,
+					  int64_t cols)
+{
+	int64_t at = (int64_t)blockIdx.x * cols;
+	float rs = rstd[blockIdx.x], sgx = 0;
+	for (int64_t j = threadIdx.x; j < cols; j += blockDim.x)
+		sgx += dy[at + j] * (w ? w[j] : 1.0f) * x[at + j];
+	float c = block_sum(sgx) * rs * rs / (float)cols;
+	for (int64_t j = threadIdx.x; j < cols; j += blockDim.x)
+		dx[at + j] = rs * (dy[at + j] * (w ? w[j] : 1.0f) - x[at + j] * c);
+}
+
+void planrt_cu_k_rms_norm_grad_f32(const float *x, const float *w, const float *rstd, const float *dy, float *dx,
+				   float *dw, int64_t rows, int64_t cols, int stream)
+{
+	if (rows <= 0 || cols <= 0)
+		return;
+	rms_norm_dx_kernel<<<row_grid(rows), row_threads(cols), 0, planrt_cu_stream(stream)>>>(x, w, rstd, dy, dx, cols);
+	planrt_cu_check_launch("rms_norm_grad");
+	norm_params(x, NULL, rstd, dy, dw, NULL, rows, cols, stream);
+}
+
+/* ------------------------------------------------------------------ embedding */
+
+__global__ static void embed_kernel(const float *table, const int32_t *ids, float *out, int64_t dim, int64_t vocab_lo,
+				    int64_t vocab_local, int64_t n)
+{
+	GRID_STRIDE(i, n)
+	{
+		int64_t t = i / dim, j = i % dim, v = (int64_t)ids[t] - vocab_lo;
+		out[i] = v >= 0 && v < vocab_local ? table[v * dim + j] : 0.0f;
+	}
+}
+
+void planrt_cu_k_embed_f32(const float *table, const int32_t *ids, float *out, int64_t ntok, int64_t dim,
+			   int64_t vocab_lo, int64_t vocab_local, int stream)
+{
+	int64_t n = ntok * dim;
+	LAUNCH(embed_kernel, n, stream, table, ids, out, dim, vocab_lo, vocab_local, n);
+}
+
+__global__ static void embed_grad_kernel(const int32_t *ids, const float *dy, float *dtable, int64_t dim,
+					 int64_t vocab_lo, int64_t vocab_local, int64_t n)
+{
+	GRID_STRIDE(i, n)
+	{
+		int64_t t = i / dim, j = i % dim, v = (int64_t)ids[t] - vocab_lo;
+		if (v >= 0 && v < vocab_local)
+			atomicAdd(&dtable[v * dim + j], dy[i]);
+	}
+}
+
+void planrt_cu_k_embed_grad_f32(const int32_t *ids, const float *dy, float *dtable, int64_t ntok, int64_t dim,
+				int64_t vocab_lo, int64_t vocab_local, int stream)
+{
+	int64_t n = ntok * dim;
+	LAUNCH(embed_grad_kernel, n, stream, ids, dy, dtable, dim, vocab_lo, vocab_local, n);
+}
+
+/* ------------------------------------------------------------------ cross-entropy */
+
+/* per row: max, sum of exp(x - max), the target's logit (0 outside this rank's columns) */
+__global__ static void ce_stats_kernel(const float *logits, const int32_t *targets, int64_t cols, int64_t vocab_lo,
+				       float *rowmax, float *sumexp, float *tlogit, int phase)
+{
+	int64_t r = blockIdx.x;
+	const float *xr = logits + r * cols;
+	if (phase == 0) {
+		float m = -INFINITY;
+		for (int64_t j = threadIdx.x; j < cols; j += blockDim.x)
+			m = xr[j] > m ? xr[j] : m;
+		m = block_max(m);
+		if (threadIdx.x == 0) {
+			rowmax[r] = cols > 0 ? m : -INFINITY;
+			int64_t c = (int64_t)targets[r] - vocab_lo;
+			tlogit[r] = c >= 0 && c < cols ? xr[c] : 0.0f;
+		}
+	} else {
+		float m = rowmax[r], s = 0;
+		for (int64_t j = threadIdx.x; j < cols; j += blockDim.x)
+			s += kexpf(xr[j] - m);
+		s = block_sum(s);
+		if (threadIdx.x == 0)
+			sumexp[r] = s;
+	}
+}
+
+/* lse per row and the loss, summed in double in one block (in row order per thread) */
+__global__ static void ce_loss_kernel(const float *rowmax, const float *sumexp, const float *tlogit, int64_t rows,
+				      float *lse, float *loss, double scale)
+{
+	double s = 0;
+	for (int64_t r = threadIdx.x; r < rows; r += blockDim.x) {
+		double l = (double)rowmax[r] + log((double)sumexp[r]);
+		lse[r] = (float)l;
+		s += l - (double)tlogit[r];
+	}
+	s = block_sum_d(s);
+	if (threadIdx.x == 0)
+		*loss = (float)(s * scale);
+}
+
+void planrt_cu_cross_entropy_f32(const float *logits, const int32_t *targets, float *loss, float *lse, int64_t rows,
+				 int64_t cols, int64_t vocab_lo, double scale, planrt_comm_t vocab_comm, void *scratch,
+				 int stream)
+{
+	float *rowmax = (float *)scratch, *sumexp = rowmax + rows, *tlogit = sumexp + rows;
+	cudaStream_t s = planrt_cu_stream(stream);
+	if (rows > 0) {
+		ce_stats_kernel<<<row_grid(rows), row_threads(cols), 0, s>>>(logits, targets, cols, vocab_lo, rowmax, sumexp,
+									     tlogit, 0);
+		planrt_cu_check_launch("cross_entropy");
+	}
+	if (vocab_comm)
+		PLANRT_CHECK(planrt_nccl_allreduce(rowmax, rowmax, (size_t)rows, planrt_f32, planrt_max, vocab_comm, s));
+	if (rows > 0) {
+		ce_stats_kernel<<<row_grid(rows), row_threads(cols), 0, s>>>(logits, targets, cols, vocab_lo, rowmax, sumexp,
+									     tlogit, 1);
+		planrt_cu_check_launch("cross_entropy");
+	}
+	if (vocab_comm) {
+		PLANRT_CHECK(planrt_nccl_allreduce(sumexp, sumexp, (size_t)rows, planrt_f32, planrt_sum, vocab_comm, s));
+		PLANRT_CHECK(planrt_nccl_allreduce(tlogit, tlogit, (size_t)rows, planrt_f32, planrt_sum, vocab_comm, s));
+	}
+	ce_loss_kernel<<<1, 1024, 0, s>>>(rowmax, sumexp, tlogit, rows, lse, loss, scale);
+	planrt_cu_check_launch("cross_entropy loss");
+}
+
+__global__ static void ce_grad_kernel(const float *logits, const int32_t *targets, const float *lse, int64_t cols,
+				      int64_t vocab_lo, const float *dscale, double factor, float *dlogits, int64_t n)
+{
+	float ds = (float)((double)*dscale * factor);
+	GRID_STRIDE(i, n)
+	{
+		int64_t r = i / cols, j = i % cols;
+		float v = kexpf(logits[i] - lse[r]) * ds;
+		if ((int64_t)targets[r] - vocab_lo == j)
+			v -= ds;
+		dlogits[i] = v;
+	}
+}
+
+void planrt_cu_k_ce_grad_f32(const float *logits, const int32_t *targets, const float *lse, int64_t rows, int64_t cols,
+			     int64_t vocab_lo, const float *dscale, double factor, float *dlogits, int stream)
+{
+	int64_t n = rows * cols;
+	LAUNCH(ce_grad_kernel, n, stream, logits, targets, lse, cols, vocab_lo, dscale, factor, dlogits, n);
+}
+
+/* ------------------------------------------------------------------ fills, casts, sums */
+
+__global__ static void fill_kernel(void *dst, int64_t n, int t, double value, uint16_t half, int32_t i32)
+{
+	GRID_STRIDE(i, n)
+	{
+		switch (t) {
+		case planrt_f32: ((float *)dst)[i] = (float)value; break;
+		case planrt_f64: ((double *)dst)[i] = value; break;
+		case planrt_bf16:
+		case planrt_f16: ((uint16_t *)dst)[i] = half; break;
+		case planrt_i32: ((int32_t *)dst)[i] = i32; break;
+		default: ((uint8_t *)dst)[i] = (uint8_t)i32; break;
+		}
+	}
+}
+
+/* step.c's rounding of a double to a half type: through f32 rounded to odd, then once */
+static uint16_t host_half_of(double x, planrt_dtype_t t)
+{
+	float f = (float)x;
+	if (isfinite(f) && (double)f != x) {
+		uint32_t u;
+		memcpy(&u, &f, 4);
+		if (!(u & 1))
+			u = fabs((double)f) > fabs(x) ? u - 1 : u + 1;
+		memcpy(&f, &u, 4);
+	}
+	if (t != planrt_bf16)
+		return planrt_f32_to_half_(f, t);
+	uint32_t u;
+	memcpy(&u, &f, 4);
+	return (u & 0x7fffffffu) > 0x7f800000u ? (uint16_t)0x7fc0 : (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+void planrt_cu_fill(void *dst, int64_t n, planrt_dtype_t t, double value, int stream)
+{
+	if (n <= 0)
+		return;
+	cudaStream_t s = planrt_cu_stream(stream);
+	if ((t == planrt_f32 || t == planrt_f64) && value == 0 && !signbit(value)) {
+		planrt_cu_check_(cudaMemsetAsync(dst, 0, (size_t)n * planrt_dtype_size(t), s), "cudaMemsetAsync");
+		return;
+	}
+	if (t == planrt_i32 && !(value >= INT32_MIN && value <= INT32_MAX && value == floor(value)))
+		planrt_fatal("planrt_fill: %g is not an i32 value", value);
+	if (t == planrt_u8 && !(value >= 0 && value <= 255 && value == floor(value)))
+		planrt_fatal("planrt_fill: %g is not a u8 value", value);
+	uint16_t half = t == planrt_bf16 || t == planrt_f16 ? host_half_of(value, t) : 0;
+	LAUNCH(fill_kernel, n, stream, dst, n, (int)t, value, half, (int32_t)(t == planrt_i32 || t == planrt_u8 ? value : 0));
+}
+
+__device__ static double load_as_double(const void *p, int t, int64_t i)
+{
+	switch (t) {
+	case planrt_f32: return ((const float *)p)[i];
+	case planrt_f64: return ((const double *)p)[i];
+	default: return half_f32(((const uint16_t *)p)[i], t);
+	}
+}
+
+__global__ static void cast_kernel(const void *src, int from, void *dst, int to, int64_t n)
+{
+	GRID_STRIDE(i, n)
+	{
+		if (to == planrt_f32) {
+			((float *)dst)[i] = from == planrt_f64 ? (float)((const double *)src)[i] : (float)load_as_double(src, from, i);
+		} else if (to == planrt_f64) {
+			((double *)dst)[i] = load_as_double(src, from, i);
+		} else if (from == planrt_f64) {
+			((uint16_t *)dst)[i] = f32_half(f32_round_odd(((const double *)src)[i]), to);
+		} else {
+			((uint16_t *)dst)[i] = f32_half((float)load_as_double(src, from, i), to);
+		}
+	}
+}
+
+static int is_float(planrt_dtype_t t)
+{
+	return t == planrt_f32 || t == planrt_f64 || t == planrt_bf16 || t == planrt_f16;
+}
+
+void planrt_cu_cast(const void *src, planrt_dtype_t from, void *dst, planrt_dtype_t to, int64_t n, int stream)
+{
+	if (n <= 0)
+		return;
+	if (from == to) {
+		planrt_cu_check_(cudaMemcpyAsync(dst, src, (size_t)n * planrt_dtype_size(from), cudaMemcpyDefault,
+						 planrt_cu_stream(stream)),
+				 "cudaMemcpyAsync");
+		return;
+	}
+	if (!is_float(from) || !is_float(to))
+		planrt_fatal("planrt_cast: no cast from dtype %d to %d (casts are among f32, bf16, f16 and f64)", (int)from,
+			     (int)to);
+	LAUNCH(cast_kernel, n, stream, src, (int)from, dst, (int)to, n);
+}
+
+__global__ static void accumulate_kernel(void *dst, const void *src, int t, int64_t n)
+{
+	GRID_STRIDE(i, n)
+	{
+		if (t == planrt_f32)
+			((float *)dst)[i] += ((const float *)src)[i];
+		else if (t == planrt_f64)
+			((double *)dst)[i] += ((const double *)src)[i];
+		else
+			((uint16_t *)dst)[i] = f32_half(half_f32(((uint16_t *)dst)[i], t) + half_f32(((const uint16_t *)src)[i], t), t);
+	}
+}
+
+void planrt_cu_accumulate(void *dst, const void *src, int64_t n, planrt_dtype_t t, int stream)
+{
+	if (t == planrt_i32 || t == planrt_u8)
+		planrt_fatal("planrt_accumulate: integer buffers are not accumulated (f32, bf16, f16 or f64)");
+	LAUNCH(accumulate_kernel, n, stream, dst, src, (int)t, n);
+}
+
+__global__ static void accumulate_f32_kernel(void *dst, int t, const float *src, int64_t n)
+{
+	GRID_STRIDE(i, n)
+	{
+		if (t == planrt_f32)
+			((float *)dst)[i] += src[i];
+		else
+			((uint16_t *)dst)[i] = f32_half(half_f32(((uint16_t *)dst)[i], t) + src[i], t);
+	}
+}
+
+void planrt_cu_accumulate_f32_(void *dst, planrt_dtype_t t, const float *src, int64_t n, int stream)
+{
+	if (t != planrt_f32 && t != planrt_bf16 && t != planrt_f16)
+		planrt_fatal("planrt_accumulate_f32: into dtype %d (f32, bf16 or f16)", (int)t);
+	LAUNCH(accumulate_f32_kernel, n, stream, dst, (int)t, src, n);
+}
+
+/* *acc += weight * the sum of x^2 (in double), from partial sums per block added in one block */
+__global__ static void sumsq_kernel(const void *x, int t, int64_t n, double *partial)
+{
+	double s = 0;
+	GRID_STRIDE(i, n)
+	{
+		double v = load_as_double(x, t, i);
+		s += v * v;
+	}
+	s = block_sum_d(s);
+	if (threadIdx.x == 0)
+		partial[blockIdx.x] = s;
+}
+
+__global__ static void sumsq_finish_kernel(const double *partial, int nblocks, double *acc, double weight)
+{
+	double s = 0;
+	for (int b = threadIdx.x; b < nblocks; b += blockDim.x)
+		s += partial[b];
+	s = block_sum_d(s);
+	if (threadIdx.x == 0)
+		*acc += weight * s;
+}
+
+/* the partial sums: one device buffer per stream, grown as needed (cuBLAS-style workspace) */
+static double *partials[16];
+static unsigned npartials[16];
+
+static double *partials_for(int stream, unsigned blocks)
+{
+	int k = stream < 16 ? stream : 15;
+	if (npartials[k] < blocks) {
+		if (partials[k]) {
+			planrt_cu_check_(cudaStreamSynchronize(planrt_cu_stream(stream)), "cudaStreamSynchronize");
+			cudaFree(partials[k]);
+		}
+		planrt_cu_check_(cudaMalloc((void **)&partials[k], sizeof(double) * blocks), "cudaMalloc (partial sums)");
+		npartials[k] = blocks;
+	}
+	return partials[k];
+}
+
+static void sum_squares(double *acc, const void *x, int64_t n, planrt_dtype_t t, double weight, int stream)
+{
+	if (t != planrt_f32 && t != planrt_bf16 && t != planrt_f16)
+		planrt_fatal("planrt_sum_squares_acc: dtype %d input (f32, bf16 or f16)", (int)t);
+	cudaStream_t s = planrt_cu_stream(stream);
+	unsigned blocks = planrt_cu_grid(n > 0 ? n : 1);
+	double *partial = partials_for(stream, blocks);
+	sumsq_kernel<<<blocks, PLANRT_CU_BLOCK, 0, s>>>(x, (int)t, n, partial);
+	planrt_cu_check_launch("sum_squares");
+	sumsq_finish_kernel<<<1, PLANRT_CU_BLOCK, 0, s>>>(partial, (int)blocks, acc, weight);
+	planrt_cu_check_launch("sum_squares");
+}
+
+void planrt_cu_sum_squares_acc(double *acc, const void *x, int64_t n, planrt_dtype_t t, double weight, int stream)
+{
+	if (n < 0)
+		planrt_fatal("planrt_sum_squares_acc: negative element count %lld", (long long)n);
+	sum_squares(acc, x, n, t, weight, stream);
+}
+
+void planrt_cu_sum_squares_shard(double *acc, const void *shard, planrt_dtype_t t, int64_t lo, int64_t n, int nseg,
+				 const int64_t *seg_off, const int64_t *seg_len, const int64_t *replicas, int stream)
+{
+	size_t elem = t == planrt_f32 ? 4 : 2;
+	for (int i = 0; i < nseg; i++) {
+		if (replicas[i] <= 0)
+			continue;
+		int64_t a = seg_off[i] > lo ? seg_off[i] : lo;
+		int64_t b = seg_off[i] + seg_len[i] < lo + n ? seg_off[i] + seg_len[i] : lo + n;
+		if (b <= a)
+			continue;
+		sum_squares(acc, (const char *)shard + (size_t)(a - lo) * elem, b - a, t, 1.0 / (double)replicas[i], stream);
+	}
+}
+
+__global__ static void clip_coef_kernel(const double *sumsq, double *norm, double *coef, double max_norm)
+{
+	*norm = sqrt(*sumsq);
+	*coef = max_norm > 0 && *norm > max_norm ? max_norm / (*norm + 1e-6) : 1.0;
+}
+
+void planrt_cu_clip_coef(const double *sumsq, double *norm, double *coef, double max_norm, int stream)
+{
+	clip_coef_kernel<<<1, 1, 0, planrt_cu_stream(stream)>>>(sumsq, norm, coef, max_norm);
+	planrt_cu_check_launch("clip_coef");
+}
+
+__global__ static void loss_accumulate_kernel(double *acc, const float *loss, double scale)
+{
+	*acc += scale * (double)*loss;
+}
+
+void planrt_cu_loss_accumulate(double *acc, const float *loss, double scale, int stream)
+{
+	loss_accumulate_kernel<<<1, 1, 0, planrt_cu_stream(stream)>>>(acc, loss, scale);
+	planrt_cu_check_launch("loss_accumulate");
+}
+
+__global__ static void scale_metric_kernel(double *x, double f)
+{
+	*x *= f;
+}
+
+void planrt_cu_scale_metric(double *x, double f, int stream)
+{
+	scale_metric_kernel<<<1, 1, 0, planrt_cu_stream(stream)>>>(x, f);
+	planrt_cu_check_launch("scale_metric");
+}
+
+/* ------------------------------------------------------------------ the optimizer (optim.c's update) */
+
+typedef struct OptScalars {
+	int kind, l2, decoupled, first;
+	float wd, neg_lr, mu, neg_step_size, bc2_sqrt, b1, b2, one_b1, one_b2, eps, decay;
+} OptScalars;
+
+__global__ static void optimizer_kernel(OptScalars o, float *param, const void *grad, int gt, float *m, float *v,
+					int64_t n, const double *coef)
+{
+	__shared__ double k_shared;
+	if (threadIdx.x == 0)
+		k_shared = coef ? *coef : 1.0; /* a metric in host memory: read once per block */
+	__syncthreads();
+	double k = k_shared;
+	GRID_STRIDE(i, n)
+	{
+		float g = gt == planrt_f32 ? ((const float *)grad)[i] : half_f32(((const uint16_t *)grad)[i], gt);
+		if (k != 1.0)
+			g = (float)k * g;
+		float p = param[i];
+		switch (o.kind) {
+		case planrt_opt_sgd:
+			if (o.l2)
+				g = g + o.wd * p;
+			param[i] = p + o.neg_lr * g;
+			break;
+		case planrt_opt_momentum: {
+			if (o.l2)
+				g = g + o.wd * p;
+			float b = o.first ? g : m[i] * o.mu + g;
+			m[i] = b;
+			param[i] = p + o.neg_lr * b;
+			break;
+		}
+		default: {
+			if (o.decoupled)
+				p = p * o.decay;
+			if (o.l2)
+				g = g + o.wd * p;
+			float mi = m[i] * o.b1 + o.one_b1 * g;
+			float vi = v[i] * o.b2 + o.one_b2 * g * g;
+			float denom = sqrtf(vi) / o.bc2_sqrt + o.eps;
+			m[i] = mi;
+			v[i] = vi;
+			param[i] = p + o.neg_step_size * mi / denom;
+		}
+		}
+	}
+}
+
+void planrt_cu_optimizer_step(int kind, double lr, double beta1, double beta2, double eps, double weight_decay,
+			      double momentum, int64_t warmup, int64_t total, double min_lr, int64_t step, float *param,
+			      const void *grad, planrt_dtype_t gt, float *m, float *v, int64_t n, const double *coef,
+			      int stream)
+{
+	if (kind < planrt_opt_sgd || kind > planrt_opt_adamw)
+		planrt_fatal("planrt_optimizer_step: unknown optimizer kind %d", kind);
+	if (gt != planrt_f32 && gt != planrt_bf16 && gt != planrt_f16)
+		planrt_fatal("planrt_optimizer_step: dtype %d gradients (f32, bf16 or f16)", (int)gt);
+	/* the scalars as optim.c computes them, for step + 1 */
+	double lr_t = planrt_lr_at(lr, step, warmup, total, min_lr), t = (double)(step + 1);
+	double bc1 = 1 - pow(beta1, t), bc2 = 1 - pow(beta2, t);
+	OptScalars o;
+	o.kind = kind;
+	o.l2 = kind != planrt_opt_adamw && weight_decay != 0;
+	o.decoupled = kind == planrt_opt_adamw && weight_decay != 0;
+	o.first = step + 1 <= 1;
+	o.wd = (float)weight_decay;
+	o.neg_lr = (float)-lr_t;
+	o.mu = (float)momentum;
+	o.neg_step_size = (float)-(lr_t / bc1);
+	o.bc2_sqrt = (float)sqrt(bc2);
+	o.b1 = (float)beta1;
+	o.b2 = (float)beta2;
+	o.one_b1 = (float)(1 - beta1);
+	o.one_b2 = (float)(1 - beta2);
+	o.eps = (float)eps;
+	o.decay = (float)(1 - lr_t * weight_decay);
+	LAUNCH(optimizer_kernel, n, stream, o, param, grad, (int)gt, m, v, n, coef);
+}
+
+/* ------------------------------------------------------------------ labels (through the host) */
+
+void planrt_cu_check_labels(const int32_t *labels, int rank, const int64_t *ldims, const int64_t *offs, int64_t classes,
+			    const char *what, int64_t step, int stream)
+{
+	int64_t n = 1;
+	for (int d = 0; d < rank; d++)
+		n *= ldims[d];
+	int32_t *host = (int32_t *)malloc(sizeof(int32_t) * (size_t)(n > 0 ? n : 1));
+	if (!host)
+		planrt_fatal("out of memory checking %lld labels", (long long)n);
+	cudaStream_t s = planrt_cu_stream(stream);
+	planrt_cu_check_(cudaMemcpyAsync(host, labels, sizeof(int32_t) * (size_t)n, cudaMemcpyDeviceToHost, s),
+			 "cudaMemcpyAsync");
+	planrt_cu_check_(cudaStreamSynchronize(s), "cudaStreamSynchronize");
+	planrt_check_labels(host, rank, ldims, offs, classes, what, step);
+	free(host);
+}

@@ -1,0 +1,167 @@
+/* planrt_cuda.h: the CUDA target's runtime (planrt_cuda), what programs built with
+ * `planc build --target cuda` call.
+ *
+ * Streams and events. A program's kernels run on the streams planc's schedule gave them (streams.c):
+ * compute, comm (collectives), copy (inputs and offload copies), host (the CPU thread itself, in
+ * program order) and one per pipeline channel and direction (PLANRT_STREAM_P2P + 2 * channel, + 1
+ * for receives). planrt_cu_record(&ev, s) records the event after the work enqueued on s so far;
+ * planrt_cu_wait(s, &ev) makes s wait for it (on the host stream: the CPU waits). A phase call
+ * records the compute stream's entry (planrt_cu_record_entry) and a side stream's first kernel
+ * waits for it (planrt_cu_wait_entry). Events are created on first use.
+ *
+ * Kernels. For every kernel kind the CUDA target runs on the device, planrt_cu_NAME takes the C
+ * target's arguments (planrt_NAME, runtime/planrt_exec.h, planrt_kernels.h, planrt_program.h) and
+ * the stream last: the same operation on device memory, enqueued on that stream. A buffer argument
+ * read as a scalar on the CPU (a loss gradient) is passed as its device pointer and factor.
+ * Arrays passed as host pointers (dims, offsets, buffer lists) are read before the call returns.
+ * GEMMs go through cuBLAS in f32 (TF32 off, as the CPU computes) or, for the _tc variant, on bf16
+ * tensor cores with f32 accumulation (the operands are bf16 values widened to f32). Collectives go
+ * through NCCL (comm_nccl.c): one communicator per mesh axis and per tied-parameter pair, split
+ * from a world communicator whose id MPI broadcasts.
+ *
+ * planrt_cuda_main runs planrt_main on the CUDA device layer: persistent state and the arena are
+ * device memory (the arena one cudaMalloc of exactly the planned bytes), the metric scalars and
+ * offloaded state pinned host memory. Started where there is no GPU it prints one line saying so
+ * and exits with status 1. The program links the CUDA runtime statically and never libcuda. */
+#ifndef PLANRT_CUDA_H
+#define PLANRT_CUDA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "planrt.h"
+#include "planrt_exec.h"
+#include "planrt_program.h"
+
+#ifdef __CUDACC__
+#include <cuda_runtime.h>
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+enum { PLANRT_STREAM_COMPUTE = 0, PLANRT_STREAM_COMM, PLANRT_STREAM_COPY, PLANRT_STREAM_HOST, PLANRT_STREAM_P2P };
+enum { PLANRT_CU_BLOCK = 256 };
+
+typedef struct planrt_cu_event *planrt_cu_event_t;
+
+int planrt_cuda_main(int argc, char **argv, const planrt_program_t *program);
+/* The program's offloaded state pointers (NULL-terminated): allocated in pinned host memory. */
+void planrt_cu_host_state(void **const *ptrs);
+
+void planrt_cu_record(planrt_cu_event_t *ev, int stream);
+void planrt_cu_wait(int stream, planrt_cu_event_t *ev);
+void planrt_cu_record_entry(void);
+void planrt_cu_wait_entry(int stream);
+void planrt_cu_synchronize(void); /* every stream done; reports an asynchronous error */
+
+/* for the fused loops' launchers (kernels.cu) */
+unsigned planrt_cu_grid(int64_t n);
+void planrt_cu_check_launch(const char *what);
+#ifdef __CUDACC__
+cudaStream_t planrt_cu_stream(int stream);
+#endif
+
+/* ------------------------------------------------------------------ compute (kernels_cuda.cu) */
+void planrt_cu_k_matmul_f32(int64_t batch, int64_t M, int64_t N, int64_t K, const float *A, int trans_a, int64_t stride_a,
+			    const float *B, int trans_b, int64_t stride_b, float *C, int64_t stride_c, int accumulate,
+			    int stream);
+void planrt_cu_k_matmul_tc_f32(int64_t batch, int64_t M, int64_t N, int64_t K, const float *A, int trans_a,
+			       int64_t stride_a, const float *B, int trans_b, int64_t stride_b, float *C, int64_t stride_c,
+			       int accumulate, int stream);
+void planrt_cu_k_permute_f32(int rank, const int64_t *in_dims, const int *perm, const float *in, float *out, int stream);
+void planrt_cu_k_sum_to_f32(int rank, const int64_t *dims, const float *in, const int64_t *out_strides, float *out,
+			    int64_t out_elems, int stream);
+void planrt_cu_k_sum_to_acc_f32(int rank, const int64_t *dims, const float *in, const int64_t *out_strides, float *out,
+				int64_t out_elems, int stream);
+void planrt_cu_k_dropout_f32(const float *x, float *y, uint8_t *mask, double p, uint64_t seed, uint64_t key, int rank,
+			     const int64_t *gdims, const int64_t *ldims, const int64_t *offs, int stream);
+void planrt_cu_causal_mask_block_f32(const float *x, float *y, int64_t batch, int64_t rows, int64_t cols,
+				     const int64_t *offs, int rank, int gradient, int stream);
+void planrt_cu_k_softmax_f32(const float *x, float *y, int64_t rows, int64_t cols, int stream);
+void planrt_cu_k_softmax_grad_f32(const float *y, const float *dy, float *dx, int64_t rows, int64_t cols, int stream);
+void planrt_cu_k_layer_norm_f32(const float *x, const float *w, const float *b, float *y, float *mean, float *rstd,
+				int64_t rows, int64_t cols, double eps, int stream);
+void planrt_cu_k_layer_norm_grad_f32(const float *x, const float *w, const float *mean, const float *rstd,
+				     const float *dy, float *dx, float *dw, float *db, int64_t rows, int64_t cols,
+				     int stream);
+void planrt_cu_k_rms_norm_f32(const float *x, const float *w, float *y, float *rstd, int64_t rows, int64_t cols,
+			      double eps, int stream);
+void planrt_cu_k_rms_norm_grad_f32(const float *x, const float *w, const float *rstd, const float *dy, float *dx,
+				   float *dw, int64_t rows, int64_t cols, int stream);
+void planrt_cu_k_embed_f32(const float *table, const int32_t *ids, float *out, int64_t ntok, int64_t dim,
+			   int64_t vocab_lo, int64_t vocab_local, int stream);
+void planrt_cu_k_embed_grad_f32(const int32_t *ids, const float *dy, float *dtable, int64_t ntok, int64_t dim,
+				int64_t vocab_lo, int64_t vocab_local, int stream);
+void planrt_cu_cross_entropy_f32(const float *logits, const int32_t *targets, float *loss, float *lse, int64_t rows,
+				 int64_t cols, int64_t vocab_lo, double scale, planrt_comm_t vocab_comm, void *scratch,
+				 int stream);
+void planrt_cu_k_ce_grad_f32(const float *logits, const int32_t *targets, const float *lse, int64_t rows, int64_t cols,
+			     int64_t vocab_lo, const float *dscale, double factor, float *dlogits, int stream);
+void planrt_cu_slice_dim(const void *in, void *out, int rank, const int64_t *dims, int dim, planrt_dtype_t t,
+			 planrt_comm_t c, int stream);
+void planrt_cu_fill(void *dst, int64_t n, planrt_dtype_t t, double value, int stream);
+void planrt_cu_cast(const void *src, planrt_dtype_t from, void *dst, planrt_dtype_t to, int64_t n, int stream);
+void planrt_cu_accumulate(void *dst, const void *src, int64_t n, planrt_dtype_t t, int stream);
+void planrt_cu_sum_squares_acc(double *acc, const void *x, int64_t n, planrt_dtype_t t, double weight, int stream);
+void planrt_cu_sum_squares_shard(double *acc, const void *shard, planrt_dtype_t t, int64_t lo, int64_t n, int nseg,
+				 const int64_t *seg_off, const int64_t *seg_len, const int64_t *replicas, int stream);
+void planrt_cu_clip_coef(const double *sumsq, double *norm, double *coef, double max_norm, int stream);
+void planrt_cu_optimizer_step(int kind, double lr, double beta1, double beta2, double eps, double weight_decay,
+			      double momentum, int64_t warmup, int64_t total, double min_lr, int64_t step, float *param,
+			      const void *grad, planrt_dtype_t gt, float *m, float *v, int64_t n, const double *coef,
+			      int stream);
+void planrt_cu_loss_accumulate(double *acc, const float *loss, double scale, int stream);
+void planrt_cu_scale_metric(double *x, double f, int stream);
+void planrt_cu_check_labels(const int32_t *labels, int rank, const int64_t *ldims, const int64_t *offs, int64_t classes,
+			    const char *what, int64_t step, int stream);
+
+/* ------------------------------------------------------------------ I/O through the host (io_cuda.cu) */
+void planrt_cu_load_data(planrt_ctx_t *ctx, void *dst, int input, const char *name, planrt_dtype_t t, int rank,
+			 const int64_t *gdims, const int64_t *ldims, const int64_t *offs, int64_t classes, int stream);
+void planrt_cu_init_param(planrt_ctx_t *ctx, void *dst, planrt_dtype_t dtype, int param, int64_t lo, int64_t n,
+			  int stream);
+void planrt_cu_save_param(planrt_ctx_t *ctx, const void *src, planrt_dtype_t dtype, int param, int64_t lo, int64_t n,
+			  int shard_axis, int stream);
+void planrt_cu_copy(void *dst, const void *src, int64_t bytes, int stream); /* offload copies, either way */
+
+/* ------------------------------------------------------------------ communication (exec_cuda.cu, comm_nccl.c) */
+void planrt_cu_make_pair_comm(int axis, int a, int b, int index, int stream);
+void planrt_cu_allreduce_dim(const void *in, void *out, int64_t n, planrt_dtype_t t, planrt_comm_t c, int stream);
+void planrt_cu_reduce_scatter_dim(const void *in, void *out, int rank, const int64_t *dims, int dim, planrt_dtype_t t,
+				  planrt_comm_t c, void *scratch, int stream);
+void planrt_cu_allgather_dim(const void *in, void *out, int rank, const int64_t *dims, int dim, planrt_dtype_t t,
+			     planrt_comm_t c, void *scratch, int stream);
+void planrt_cu_alltoall_dim(const void *in, void *out, int rank, const int64_t *dims, int from_dim, int to_dim,
+			    planrt_dtype_t t, planrt_comm_t c, void *scratch, int stream);
+void planrt_cu_allreduce_inplace(void *buf, int64_t n, planrt_dtype_t t, planrt_comm_t c, planrt_request_t *req,
+				 int stream);
+void planrt_cu_reduce_scatter_inplace(void *buf, int64_t chunk, planrt_dtype_t t, planrt_comm_t c, planrt_request_t *req,
+				      int stream);
+void planrt_cu_allgather_inplace(void *buf, int64_t chunk, planrt_dtype_t t, planrt_comm_t c, planrt_request_t *req,
+				 int stream);
+void planrt_cu_allgather_flat(const void *shard, void *full, int64_t n, planrt_dtype_t t, planrt_comm_t c, void *scratch,
+			      int stream);
+void planrt_cu_allgather_flat_start(planrt_request_t *req, const void *shard, void *full, int64_t n, planrt_dtype_t t,
+				    planrt_comm_t c, int stream);
+void planrt_cu_bucket_allreduce(int n, void *const *bufs, const int64_t *counts, planrt_dtype_t t, planrt_comm_t c,
+				void *scratch, int stream);
+void planrt_cu_bucket_reduce_scatter(int n, void *const *bufs, const int64_t *counts, planrt_dtype_t t,
+				     void *const *shards, planrt_dtype_t shard_t, int accumulate, int zero_source,
+				     planrt_comm_t c, void *scratch, int stream);
+void planrt_cu_bucket_reduce_scatter_start(planrt_bucket_t *b, int n, void *const *bufs, const int64_t *counts,
+					   planrt_dtype_t t, int zero_source, planrt_comm_t c, void *buf, int stream);
+void planrt_cu_bucket_reduce_scatter_finish(planrt_bucket_t *b, int n, const int64_t *counts, void *const *shards,
+					    planrt_dtype_t shard_t, int accumulate, planrt_comm_t c, void *buf, int stream);
+void planrt_cu_p2p_send_start(const void *buf, int64_t n, planrt_dtype_t t, int peer, int channel, planrt_request_t *req,
+			      int stream);
+void planrt_cu_p2p_recv_start(void *buf, int64_t n, planrt_dtype_t t, int peer, int channel, planrt_request_t *req,
+			      int stream);
+void planrt_cu_p2p_finish(planrt_ctx_t *ctx, planrt_request_t *req, int stream);
+void planrt_cu_request_finish(planrt_request_t *req, int stream);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
