@@ -94,6 +94,16 @@ static void accumulate(AD *ad, int v, int dv)
 	ad->grad[v] = b2(ad, OP_ADD, ad->grad[v], dv, v);
 }
 
+/* A backward MoE op keeps its forward op's routing attributes (and n: top_k or the slots). */
+static void moe_grad_attributes(Op *op, const Op *f)
+{
+	op->n = f->n;
+	op->f = f->f;
+	op->moe_group = f->moe_group;
+	op->moe_capacity = f->moe_capacity;
+	op->moe_normalize = f->moe_normalize;
+}
+
 static void differentiate(AD *ad, int o)
 {
 	Graph *g = ad->g;
@@ -266,7 +276,7 @@ static void differentiate(AD *ad, int o)
 		int dl = new_like(g, a, g->vals[a].dtype);
 		int in[4] = {a, f.out[0], f.out[1], dg};
 		int o2 = bop(ad, OP_MOE_ROUTER_GRAD, 4, in, 1, &dl);
-		g->ops[o2].n = f.n;
+		moe_grad_attributes(&g->ops[o2], &f);
 		accumulate(ad, a, dl);
 		break;
 	}
@@ -274,7 +284,7 @@ static void differentiate(AD *ad, int o)
 		int dx = new_like(g, a, g->vals[a].dtype);
 		int in[3] = {dy, f.in[1], f.in[2]};
 		int o2 = bop(ad, OP_MOE_DISPATCH_GRAD, 3, in, 1, &dx);
-		g->ops[o2].n = f.n;
+		moe_grad_attributes(&g->ops[o2], &f);
 		accumulate(ad, a, dx);
 		break;
 	}
@@ -283,15 +293,17 @@ static void differentiate(AD *ad, int o)
 		int dgate = new_like(g, f.in[1], g->vals[f.in[1]].dtype);
 		int in[4] = {dy, a, f.in[1], f.in[2]};
 		int o2 = bop(ad, OP_MOE_COMBINE_GRAD, 4, in, 2, (int[]){dx, dgate});
-		g->ops[o2].n = f.n;
+		moe_grad_attributes(&g->ops[o2], &f);
 		accumulate(ad, a, dx);
 		accumulate(ad, f.in[1], dgate);
 		break;
 	}
-	case OP_MOE_AUX_LOSS: {
+	case OP_MOE_AUX_LOSS:
+	case OP_MOE_Z_LOSS: {
 		int dl = new_like(g, a, g->vals[a].dtype);
 		int in[3] = {a, b, dy};
-		bop(ad, OP_MOE_AUX_LOSS_GRAD, 3, in, 1, &dl);
+		int o2 = bop(ad, f.kind == OP_MOE_AUX_LOSS ? OP_MOE_AUX_LOSS_GRAD : OP_MOE_Z_LOSS_GRAD, 3, in, 1, &dl);
+		moe_grad_attributes(&g->ops[o2], &f);
 		accumulate(ad, a, dl);
 		break;
 	}

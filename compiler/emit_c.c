@@ -104,6 +104,10 @@ static void offset_expr(Emit *e, int b, int d)
 		coord_expr(e, 0, x->split_axis[d], x->ldims[d]);
 		any = true;
 	}
+	if (d < x->rank && x->split_outer[d] >= 0) {
+		fprintf(e->f, " + ");
+		coord_expr(e, 0, x->split_outer[d], x->ldims[d] * e->low->ps->axes[x->split_axis[d]].size);
+	}
 	if (d == x->micro_dim) {
 		fprintf(e->f, "%s(int64_t)ctx->micro * %lld", any ? " + " : "", x->micro_rows);
 		any = true;
@@ -535,6 +539,9 @@ static void print_stage(Emit *e)
 	}
 	print_phase(e, PH_STEP, 0, false);
 	print_phase(e, PH_SAVE, 0, false);
+	for (Phase ph = PH_CHECKPOINT; ph <= PH_EVAL_END; ph++)
+		if (has_phase(p, ph, 0))
+			print_phase(e, ph, 0, false);
 	/* the schedule */
 	fprintf(f, "/* one step: F / B of a micro-batch and chunk, its activation slot and receive inbox */\n");
 	fprintf(f, "static const planrt_action_t %sactions[] = {\n", e->prefix);
@@ -588,9 +595,16 @@ static void print_stage_entry(Emit *e)
 		p->arena_bytes, p->slot_offset, p->slot_bytes, p->inbox_offset, p->inbox_bytes, p->nslots, p->ninbox,
 		p->nslotreqs, x, nstate, x, p->buf[loss].name, x, p->buf[p->norm_metric].name, p->loss_window);
 	if (p->versions_metric >= 0)
-		fprintf(f, "&%s%s, %lld},\n", x, p->buf[p->versions_metric].name, p->buf[p->versions_metric].elems);
+		fprintf(f, "&%s%s, %lld,\n", x, p->buf[p->versions_metric].name, p->buf[p->versions_metric].elems);
 	else
-		fprintf(f, "NULL, 0},\n");
+		fprintf(f, "NULL, 0,\n");
+	fprintf(f, "\t ");
+	for (Phase ph = PH_CHECKPOINT; ph <= PH_EVAL_END; ph++)
+		if (has_phase(p, ph, 0))
+			fprintf(f, "%s%s, ", x, phase_names[ph]);
+		else
+			fprintf(f, "NULL, ");
+	fprintf(f, "&%s%s},\n", x, p->buf[p->loss_metric].name);
 }
 
 /* ------------------------------------------------------------------ the program */
@@ -679,8 +693,9 @@ static void print_program(Emit *e, const char *source_path)
 	fprintf(f, "\t\"%s\", \"%s\", \"%s\", %d, %d, %d, axis_sizes, axis_names, %d, stages, params, %d, %d,\n",
 		ps->plan->name, ps->model->name, source_path, ps->world, ps->naxes, ps->pipe_axis, low->nprogs / low->nroles,
 		low->nparams, ps->micro_batches > 0 ? ps->micro_batches : 1);
-	fprintf(f, "\t%lld, %lld, %lld, %.17g, %.17g, %d, %d, %d, %d,\n};\n\n", ps->batch, low->seq, low->vocab, ps->lr,
+	fprintf(f, "\t%lld, %lld, %lld, %.17g, %.17g, %d, %d, %d, %d,\n", ps->batch, low->seq, low->vocab, ps->lr,
 		ps->min_lr, ps->warmup, ps->total_steps, low->nroles, low->nroles > 1 ? sync_axis(ps) : -1);
+	fprintf(f, "\t\"%s\", \"%s\",\n};\n\n", plan_fingerprint(low), sync_mode_name(ps->sync));
 	fprintf(f, "int main(int argc, char **argv)\n{\n\tunused_helpers();\n\treturn %s(argc, argv, &program);\n}\n",
 		e->target ? e->target->main_fn : "planrt_main");
 	if (e->target)
@@ -786,6 +801,36 @@ void emit_c_loop_to(FILE *f, const Lowered *low, const LProg *p, const Kernel *k
 
 /* ------------------------------------------------------------------ what the C target runs */
 
+/* A dim split over two mesh axes a < b (block offset (coord(a) size(b) + coord(b)) ldim, as the
+ * mesh orders ranks): executed for activations (the batch split over a data axis and an expert
+ * axis, and what follows from it) when every collective that gathers or splits such a dim acts on
+ * its inner axis b, so that blocks stay whole, or the dim has no name (an MoE buffer's slots, read
+ * only where they are). Parameters and three axes are not. */
+static bool two_axis_split_refused(const Graph *g, const Op *op, const Value *v, int a, int b)
+{
+	const PlanSpec *ps = g->ps;
+	int d = v->lay.on[a];
+	if (v->role == ROLE_PARAM || v->grad_of >= 0)
+		return true;
+	for (int c = 0; c < ps->naxes; c++)
+		if (c != a && c != b && v->lay.on[c] == d)
+			return true;
+	if (op_classes[op->kind] != OPK_COLLECTIVE || op->kind == OP_ALL_REDUCE || !op->nin || !op->nout)
+		return false;
+	int dims[2] = {op->coll_dim, op->kind == OP_ALL_TO_ALL ? op->coll_dim2 : -1};
+	const Value *ends[2] = {&g->vals[op->in[0]], &g->vals[op->out[0]]};
+	for (int i = 0; i < 2; i++)
+		for (int e = 0; e < 2; e++) {
+			int dd = dims[i];
+			if (dd < 0 || dd >= ends[e]->rank || !ends[e]->dim_name[dd])
+				continue;
+			for (int c = op->axis + 1; c < ps->naxes; c++)
+				if (ends[e]->lay.on[c] == dd)
+					return true;
+		}
+	return false;
+}
+
 bool lowered_executable(const Lowered *low, bool report)
 {
 	return lowered_executable_on(low, report, false);
@@ -804,8 +849,15 @@ bool lowered_executable_on(const Lowered *low, bool report, bool device)
 			diag_error(src, loc, __VA_ARGS__);                                                 \
 		ok = false;                                                                                \
 	} while (0)
-	if (g->has_moe)
-		REFUSE(ps->plan->name_loc, "planc build does not execute mixture-of-experts layers yet");
+	if (g->has_moe && ps->sync != SYNC_STRICT)
+		REFUSE(ps->sync_loc, "planc build runs mixture-of-experts layers under sync strict only (this plan's is %s)",
+		       ps->sync == SYNC_ASYNC ? "async" : "local_sgd");
+	int batch_axes = 0;
+	for (int r = 0; r < ps->nrules; r++)
+		batch_axes += ps->rules[r].dim_name && ps->batch_dim && !strcmp(ps->rules[r].dim_name, ps->batch_dim);
+	if (batch_axes > 1 && (ps->sync != SYNC_STRICT || ps->compress != COMPRESS_NONE))
+		REFUSE(ps->sync_loc, "sync strategies other than strict need the batch split over one mesh axis (this plan "
+				     "splits %s over %d)", ps->batch_dim, batch_axes);
 	if (!device && (ps->offload_optimizer == PLACE_HOST || ps->offload_params == PLACE_HOST ||
 			ps->offload_activations == PLACE_HOST)) {
 		REFUSE(ps->offload_loc, "offload %s -> host moves state out of GPU memory: the CPU target has none to free",
@@ -830,13 +882,15 @@ bool lowered_executable_on(const Lowered *low, bool report, bool device)
 				REFUSE(op->loc, "planc build loads an input's samples along its first dim, the batch dim%s%s",
 				       ps->batch_dim ? " " : "", ps->batch_dim ? ps->batch_dim : "");
 		}
-		for (int k = 0; k < op->nout && ok; k++) {
-			const Value *v = &g->vals[op->out[k]];
+		for (int k = 0; k <= op->nout && ok; k++) { /* the outputs, and a collective's input */
+			if (k == op->nout && (op_classes[op->kind] != OPK_COLLECTIVE || !op->nin))
+				break;
+			const Value *v = &g->vals[k < op->nout ? op->out[k] : op->in[0]];
 			for (int a = 0; a < ps->naxes; a++)
 				for (int b = a + 1; b < ps->naxes; b++)
-					if (v->lay.on[a] >= 0 && v->lay.on[a] == v->lay.on[b])
+					if (v->lay.on[a] >= 0 && v->lay.on[a] == v->lay.on[b] && two_axis_split_refused(g, op, v, a, b))
 						REFUSE(op->src ? op->loc : ps->plan->name_loc,
-						       "planc build cannot execute a dimension split over two mesh axes ('%s' and '%s') yet",
+						       "planc build cannot execute this split of a dimension over two mesh axes ('%s' and '%s') yet",
 						       ps->axes[a].name, ps->axes[b].name);
 		}
 	}

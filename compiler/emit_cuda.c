@@ -34,11 +34,12 @@
 static const KernelKind device_kinds[] = {
 	K_MATMUL, K_PERMUTE, K_SUM_TO, K_SUM_TO_ACC, K_DROPOUT, K_CAUSAL_MASK, K_SOFTMAX, K_SOFTMAX_GRAD, K_LAYER_NORM,
 	K_LAYER_NORM_GRAD, K_RMS_NORM, K_RMS_NORM_GRAD, K_EMBED, K_EMBED_GRAD, K_CROSS_ENTROPY, K_CE_GRAD, K_SLICE_DIM,
-	K_FILL, K_CAST, K_ACCUMULATE, K_LOAD_INPUT, K_INIT_PARAM, K_SAVE_PARAM, K_PAIR_COMM, K_SUM_SQUARES, K_SUM_SQUARES_SHARD, K_CLIP_COEF, K_OPTIMIZER,
+	K_FILL, K_CAST, K_ACCUMULATE, K_LOAD_INPUT, K_INIT_PARAM, K_SAVE_PARAM, K_CKPT_WRITE, K_CKPT_READ,
+	K_CKPT_WRITE_LOCAL, K_CKPT_READ_LOCAL, K_PAIR_COMM, K_SUM_SQUARES, K_SUM_SQUARES_SHARD, K_CLIP_COEF, K_OPTIMIZER,
 	K_LOSS_ACCUMULATE, K_ALLREDUCE_DIM, K_REDUCE_SCATTER_DIM, K_ALLGATHER_DIM, K_ALLTOALL_DIM, K_ALLREDUCE_INPLACE,
 	K_REDUCE_SCATTER_INPLACE, K_ALLGATHER_INPLACE, K_ALLGATHER_FLAT, K_ALLGATHER_FLAT_START, K_BUCKET_ALLREDUCE,
 	K_BUCKET_RS, K_BUCKET_RS_START, K_BUCKET_RS_FINISH, K_SEND_START, K_RECV_START, K_P2P_FINISH, K_REQUEST_FINISH,
-	K_SCALE_METRIC, K_OFFLOAD_COPY, K_CHECK_LABELS,
+	K_SCALE_METRIC, K_OFFLOAD_COPY,
 };
 
 /* kinds with nothing to do on the GPU: NCCL progresses its operations on their stream */
@@ -358,7 +359,8 @@ static void phase_end(Emit *e, Phase ph, int chunk)
 	}
 	/* the host reads what these phases leave (the step's metrics, an evaluation's loss) or goes on
 	 * to I/O: they end when the device is done */
-	if (ph != PH_STEP_BEGIN && ph != PH_PREPARE_F && ph != PH_FORWARD && ph != PH_PREPARE_B && ph != PH_BACKWARD)
+	if (ph != PH_STEP_BEGIN && ph != PH_PREPARE_F && ph != PH_FORWARD && ph != PH_PREPARE_B && ph != PH_BACKWARD &&
+	    ph != PH_EVAL_BEGIN)
 		fprintf(f, "\tplanrt_cu_synchronize(); /* the host reads this phase's results */\n");
 }
 

@@ -80,6 +80,28 @@
 	   void *))                                                                                        \
 	X(CE_GRAD, planrt_k_ce_grad_f32,                                                                   \
 	  (const float *, const int32_t *, const float *, int64_t, int64_t, int64_t, double, float *))     \
+	X(MOE_ROUTE, planrt_k_moe_route_f32,                                                               \
+	  (const float *, int64_t, int64_t, int64_t, int64_t, int64_t, int, float *, int32_t *, int32_t *, double *)) \
+	X(MOE_ROUTE_GRAD, planrt_k_moe_route_grad_f32,                                                     \
+	  (const float *, const float *, int64_t, int64_t, int64_t, int, float *))                         \
+	X(MOE_DISPATCH, planrt_k_moe_dispatch_f32,                                                         \
+	  (const float *, const int32_t *, int64_t, int64_t, int64_t, int64_t, float *))                   \
+	X(MOE_DISPATCH_GRAD, planrt_k_moe_dispatch_grad_f32,                                               \
+	  (const float *, const int32_t *, int64_t, int64_t, int64_t, float *))                            \
+	X(MOE_COMBINE, planrt_k_moe_combine_f32,                                                           \
+	  (const float *, const float *, const int32_t *, int64_t, int64_t, int64_t, float *))             \
+	X(MOE_COMBINE_GRAD, planrt_k_moe_combine_grad_f32,                                                 \
+	  (const float *, const float *, const float *, const int32_t *, int64_t, int64_t, int64_t, int64_t, \
+	   float *, float *))                                                                              \
+	X(MOE_AUX_LOSS, planrt_moe_aux_loss_f32, (const float *, int64_t, int64_t, int64_t, double, float *)) \
+	X(MOE_AUX_LOSS_GRAD, planrt_k_moe_aux_loss_grad_f32,                                               \
+	  (const float *, int64_t, int64_t, int64_t, double, float *))                                     \
+	X(MOE_Z_LOSS, planrt_moe_z_loss_f32, (const float *, int64_t, int64_t, double, float *))          \
+	X(MOE_Z_LOSS_GRAD, planrt_k_moe_z_loss_grad_f32, (const float *, int64_t, int64_t, double, float *)) \
+	X(MOE_METRICS, planrt_moe_metrics, (const double *, int, const int64_t *))                         \
+	X(MOE_EXCHANGE, planrt_moe_exchange,                                                               \
+	  (const void *, void *, int, const int32_t *, int64_t, int64_t, int64_t, int64_t, planrt_dtype_t,   \
+	   planrt_comm_t, void *))                                                                         \
 	X(SLICE_DIM, planrt_slice_dim,                                                                     \
 	  (const void *, void *, int, const int64_t *, int, planrt_dtype_t, planrt_comm_t))                \
 	X(FILL, planrt_fill, (void *, int64_t, planrt_dtype_t, double))                                    \
@@ -91,6 +113,11 @@
 	X(INIT_PARAM, planrt_init_param, (planrt_ctx_t *, void *, planrt_dtype_t, int, int64_t, int64_t))  \
 	X(SAVE_PARAM, planrt_save_param,                                                                   \
 	  (planrt_ctx_t *, const void *, planrt_dtype_t, int, int64_t, int64_t, int))                      \
+	X(CKPT_WRITE, planrt_ckpt_write,                                                                   \
+	  (planrt_ctx_t *, const void *, planrt_dtype_t, int, int, int64_t, int64_t, int))                 \
+	X(CKPT_READ, planrt_ckpt_read, (planrt_ctx_t *, void *, planrt_dtype_t, int, int, int64_t, int64_t)) \
+	X(CKPT_WRITE_LOCAL, planrt_ckpt_write_local, (planrt_ctx_t *, const void *, planrt_dtype_t, int64_t, int)) \
+	X(CKPT_READ_LOCAL, planrt_ckpt_read_local, (planrt_ctx_t *, void *, planrt_dtype_t, int64_t, int)) \
 	X(PAIR_COMM, planrt_make_pair_comm, (int, int, int, int))                                          \
 	X(OFFLOAD_OPEN, planrt_offload_open, (int64_t))                                                    \
 	X(OFFLOAD_READ, planrt_offload_read, (void *, int64_t, int64_t, int))                              \
@@ -432,6 +459,8 @@ static LLVMValueRef block_offset(Gen *G, int b, int d)
 	LLVMValueRef v = NULL;
 	if (d < x->rank && x->split_axis[d] >= 0)
 		v = coord(G, 0, x->split_axis[d], x->ldims[d]);
+	if (d < x->rank && x->split_outer[d] >= 0)
+		v = LLVMBuildAdd(G->b, v, coord(G, 0, x->split_outer[d], x->ldims[d] * G->low->ps->axes[x->split_axis[d]].size), "");
 	if (d == x->micro_dim) {
 		LLVMValueRef micro = ctx_load(G, offsetof(planrt_ctx_t, micro), G->t_i32, "micro");
 		LLVMValueRef rows = LLVMBuildMul(G->b, LLVMBuildSExt(G->b, micro, G->t_i64, ""), i64c(G, x->micro_rows), "");
@@ -1230,7 +1259,10 @@ static void table_types(Gen *G, Tables *T)
 			 F(planrt_stage_t, nreqs, i32),       F(planrt_stage_t, state, p),
 			 F(planrt_stage_t, nstate, i32),      F(planrt_stage_t, loss, p),
 			 F(planrt_stage_t, grad_norm, p),     F(planrt_stage_t, loss_window, i32),
-			 F(planrt_stage_t, versions, p),      F(planrt_stage_t, nversions, i32)};
+			 F(planrt_stage_t, versions, p),      F(planrt_stage_t, nversions, i32),
+			 F(planrt_stage_t, checkpoint, p),    F(planrt_stage_t, resume, p),
+			 F(planrt_stage_t, eval_begin, p),    F(planrt_stage_t, eval_end, p),
+			 F(planrt_stage_t, eval_loss, p)};
 	Field program[] = {F(planrt_program_t, plan, p),          F(planrt_program_t, model, p),
 			   F(planrt_program_t, source, p),        F(planrt_program_t, world, i32),
 			   F(planrt_program_t, naxes, i32),       F(planrt_program_t, pipe_axis, i32),
@@ -1241,7 +1273,8 @@ static void table_types(Gen *G, Tables *T)
 			   F(planrt_program_t, seq, i64),         F(planrt_program_t, vocab, i64),
 			   F(planrt_program_t, lr, f64),          F(planrt_program_t, min_lr, f64),
 			   F(planrt_program_t, warmup, i64),      F(planrt_program_t, total_steps, i64),
-			   F(planrt_program_t, nroles, i32),      F(planrt_program_t, role_axis, i32)};
+			   F(planrt_program_t, nroles, i32),      F(planrt_program_t, role_axis, i32),
+			   F(planrt_program_t, fingerprint, p),   F(planrt_program_t, sync, p)};
 #undef F
 #define N(a) (int)(sizeof a / sizeof a[0])
 	T->action = c_struct(G, "planrt_action_t", action, N(action), sizeof(planrt_action_t));
@@ -1318,6 +1351,9 @@ static LLVMValueRef build_stage(Gen *G, const Tables *T)
 			fns[t][c] = fn_ptr(G, t < 2 || has_phase(p, phases[t], c) ? build_phase(G, phases[t], c, true) : NULL);
 	}
 	LLVMValueRef step = build_phase(G, PH_STEP, 0, false), save = build_phase(G, PH_SAVE, 0, false);
+	LLVMValueRef extra[PH_EVAL_END - PH_CHECKPOINT + 1]; /* checkpoint, resume, eval_begin, eval_end */
+	for (Phase ph = PH_CHECKPOINT; ph <= PH_EVAL_END; ph++)
+		extra[ph - PH_CHECKPOINT] = fn_ptr(G, has_phase(p, ph, 0) ? build_phase(G, ph, 0, false) : NULL);
 	LLVMValueRef *acts = arena_alloc(a, sizeof *acts * (size_t)(p->nactions ? p->nactions : 1));
 	for (int i = 0; i < p->nactions; i++) {
 		const SlotAction *x = &p->actions[i];
@@ -1360,7 +1396,12 @@ static LLVMValueRef build_stage(Gen *G, const Tables *T)
 			    i32c(G, p->loss_window),
 			    p->versions_metric >= 0 ? LLVMConstBitCast(G->state[p->versions_metric], G->t_ptr)
 						    : LLVMConstPointerNull(G->t_ptr),
-			    i32c(G, p->versions_metric >= 0 ? (int)p->buf[p->versions_metric].elems : 0)};
+			    i32c(G, p->versions_metric >= 0 ? (int)p->buf[p->versions_metric].elems : 0),
+			    extra[0],
+			    extra[1],
+			    extra[2],
+			    extra[3],
+			    LLVMConstBitCast(G->state[p->loss_metric], G->t_ptr)};
 	return LLVMConstNamedStruct(T->stage, f, sizeof f / sizeof f[0]);
 }
 
@@ -1426,7 +1467,9 @@ static void build_program(Gen *G, const char *source_path)
 			    i64c(G, ps->warmup),
 			    i64c(G, ps->total_steps),
 			    i32c(G, low->nroles),
-			    i32c(G, low->nroles > 1 ? sync_axis(ps) : -1)};
+			    i32c(G, low->nroles > 1 ? sync_axis(ps) : -1),
+			    cstring(G, plan_fingerprint(low)),
+			    cstring(G, sync_mode_name(ps->sync))};
 	LLVMValueRef program = LLVMAddGlobal(G->m, T.program, "program");
 	LLVMSetInitializer(program, LLVMConstNamedStruct(T.program, f, sizeof f / sizeof f[0]));
 	LLVMSetGlobalConstant(program, 1);

@@ -27,6 +27,7 @@ typedef struct CommRow {
 	OpKind kind;
 	int axis;       /* mesh axis */
 	bool pair;      /* tied-parameter group of two stages */
+	bool bound;     /* bytes are a bound (an all_to_all_v, whose sizes depend on the data) */
 	const char *phase; /* forward, backward, step, recompute */
 	double calls, bytes, wire;
 } CommRow;
@@ -144,7 +145,7 @@ static void add_comm(Report *rep, Role *r, const Kernel *k, const Comm *c)
 		calls /= c->every;
 	long long B = c->elems * dtype_bytes(c->dtype);
 	long long n = c->pair >= 0 || c->coll == OP_SEND || c->coll == OP_RECV ? 2 : c->axis >= 0 ? ps->axes[c->axis].size : 1;
-	double wire = wire_bytes(c->coll, n, B);
+	double wire = c->bound ? (double)B : wire_bytes(c->coll, n, B); /* a bound: what leaves this rank */
 	bool recompute = k->op >= 0 && g->ops[k->op].recompute;
 	bool transfer = c->coll == OP_SEND || c->coll == OP_RECV;
 	int nchunks = g->sched && g->sched->chunks > 0 ? g->sched->chunks : 1;
@@ -156,7 +157,8 @@ static void add_comm(Report *rep, Role *r, const Kernel *k, const Comm *c)
 	bool pair = c->pair >= 0;
 	for (int i = 0; i < r->ncomm; i++) {
 		CommRow *row = &r->comm[i];
-		if (row->kind == c->coll && row->axis == c->axis && row->pair == pair && !strcmp(row->phase, phase)) {
+		if (row->kind == c->coll && row->axis == c->axis && row->pair == pair && row->bound == c->bound &&
+		    !strcmp(row->phase, phase)) {
 			row->calls += calls;
 			row->bytes += calls * (double)B;
 			row->wire += calls * wire;
@@ -170,7 +172,7 @@ static void add_comm(Report *rep, Role *r, const Kernel *k, const Comm *c)
 			ICE("out of memory");
 		r->comm = nc;
 	}
-	r->comm[r->ncomm++] = (CommRow){c->coll, c->axis, pair, phase, calls, calls * (double)B, calls * wire};
+	r->comm[r->ncomm++] = (CommRow){c->coll, c->axis, pair, c->bound, phase, calls, calls * (double)B, calls * wire};
 }
 
 static bool op_on(const Op *op, int stage, int role)
@@ -736,6 +738,9 @@ static const char *schedule_name(PipeSchedule s)
 	return s == SCHED_GPIPE ? "gpipe" : s == SCHED_1F1B ? "1f1b" : s == SCHED_INTERLEAVED ? "interleaved" : "none";
 }
 
+static void moe_text(FILE *out, const Report *rep);
+static void moe_json(FILE *out, const Report *rep);
+
 static void print_text(FILE *out, const Report *rep)
 {
 	const PlanSpec *ps = rep->ps;
@@ -800,9 +805,16 @@ static void print_text(FILE *out, const Report *rep)
 			for (int k = 0; k < r->ncomm; k++) {
 				const CommRow *c = &r->comm[k];
 				const char *axis = c->pair ? "tied pair" : c->axis >= 0 ? ps->axes[c->axis].name : "?";
-				fprintf(out, "    %-15s %-10s %-10s %10.4g %12s %12s\n", op_names[c->kind], axis, c->phase, c->calls,
+				fprintf(out, "    %-15s %-10s %-10s %10.4g %12s %12s\n", c->bound ? "all_to_all_v" : op_names[c->kind],
+					axis, c->phase, c->calls,
 					human(c->bytes, b1, sizeof b1), human(c->wire, b2, sizeof b2));
 			}
+			for (int k = 0; k < r->ncomm; k++)
+				if (r->comm[k].bound) {
+					fprintf(out, "    (all_to_all_v: at most; dropless experts exchange the row counts, then "
+						     "only the rows their routing makes)\n");
+					break;
+				}
 		}
 		fputc('\n', out);
 	}
@@ -814,6 +826,8 @@ static void print_text(FILE *out, const Report *rep)
 	fprintf(out, "estimated step time: %s (micro-batches %s, update %s) on %s\n",
 		human_time(rep->est_step, b1, sizeof b1), human_time(rep->est_pipeline, b2, sizeof b2),
 		human_time(rep->est_update, b3, sizeof b3), device->name);
+	if (g->has_moe)
+		moe_text(out, rep);
 }
 
 static void json_str(FILE *out, const char *s)
@@ -861,6 +875,8 @@ static void print_json(FILE *out, const Report *rep)
 	fprintf(out, ", \"compress\": \"%s\", \"error_feedback\": %s, \"every\": %d, \"outer\": \"%s\", \"staleness\": %d},\n",
 		compressor_names[ps->compress], ps->error_feedback ? "true" : "false", ps->every, outers[ps->outer],
 		ps->staleness);
+	if (g->has_moe)
+		moe_json(out, rep);
 	fprintf(out, "  \"roles\": [\n");
 	for (int i = 0; i < rep->nroles; i++) {
 		const Role *r = &rep->roles[i];
@@ -897,7 +913,8 @@ static void print_json(FILE *out, const Report *rep)
 		fprintf(out, "},\n     \"communication\": [");
 		for (int k = 0; k < r->ncomm; k++) {
 			const CommRow *c = &r->comm[k];
-			fprintf(out, "%s\n       {\"collective\": \"%s\", \"axis\": ", k ? "," : "", op_names[c->kind]);
+			fprintf(out, "%s\n       {\"collective\": \"%s\", \"axis\": ", k ? "," : "",
+				c->bound ? "all_to_all_v" : op_names[c->kind]);
 			json_str(out, c->pair ? "tied_pair" : c->axis >= 0 ? ps->axes[c->axis].name : "");
 			fprintf(out, ", \"phase\": \"%s\", \"calls\": %.6g, \"bytes\": %.0f, \"wire_bytes\": %.0f}", c->phase,
 				c->calls, c->bytes, c->wire);
@@ -905,6 +922,145 @@ static void print_json(FILE *out, const Report *rep)
 		fprintf(out, "%s]}%s\n", r->ncomm ? "\n     " : "", i + 1 < rep->nroles ? "," : "");
 	}
 	fprintf(out, "  ]\n}\n");
+}
+
+/* ------------------------------------------------------------------ mixture of experts */
+
+/* One MoE layer as explain reports it (docs/moe.md): the routing the model asks for, the
+ * dispatched buffer per micro-batch, and how the plan splits its experts: the axes that split the
+ * expert dim of its expert weights (whose dispatch and combine move tokens there) and those that
+ * split their hidden dim. */
+typedef struct MoeLayer {
+	const Op *router;
+	long long experts, top_k, group, capacity, slots, dim, tokens;
+	double aux, z;
+	unsigned expert_axes, hidden_axes;
+} MoeLayer;
+
+static int moe_layers(const Graph *g, MoeLayer *out)
+{
+	int n = 0;
+	char *in_layer = calloc((size_t)g->nvals + 1, 1);
+	if (!in_layer)
+		ICE("out of memory");
+	for (int i = 0; i < g->nops; i++) {
+		const Op *r = &g->ops[i];
+		if (r->kind != OP_MOE_ROUTER || r->recompute || r->backward)
+			continue;
+		MoeLayer *m = &out[n++];
+		memset(m, 0, sizeof *m);
+		const Value *l = &g->vals[r->in[0]];
+		m->router = r;
+		m->experts = l->dim[l->rank - 1];
+		m->top_k = r->n;
+		m->group = r->moe_group;
+		m->capacity = r->moe_capacity;
+		m->tokens = value_elems(g, r->in[0]) / m->experts;
+		memset(in_layer, 0, (size_t)g->nvals + 1);
+		for (int j = i + 1; j < g->nops; j++) {
+			const Op *op = &g->ops[j];
+			if (op->backward)
+				break;
+			bool reads_route = op->nin > 1 && (op->in[op->nin - 1] == r->out[1] || op->in[1] == r->out[1]);
+			if ((op->kind == OP_MOE_AUX_LOSS || op->kind == OP_MOE_Z_LOSS) && reads_route)
+				*(op->kind == OP_MOE_AUX_LOSS ? &m->aux : &m->z) = op->f;
+			if (op->kind == OP_MOE_DISPATCH && op->in[2] == r->out[1] && !m->slots) {
+				m->slots = g->vals[op->out[0]].dim[1];
+				m->dim = g->vals[op->out[0]].dim[2];
+				in_layer[op->out[0]] = 1;
+			} else if (op->nin && in_layer[op->in[0]] && op->nout &&
+				   (op_classes[op->kind] == OPK_COLLECTIVE || op->kind == OP_SLICE)) {
+				in_layer[op->out[0]] = 1;
+			} else if (op->kind == OP_MATMUL && in_layer[op->in[0]]) {
+				const Value *w = &g->vals[op->in[1]];
+				for (int a = 0; a < g->ps->naxes; a++) {
+					if (w->lay.on[a] == 0)
+						m->expert_axes |= 1u << a;
+					else if (w->lay.on[a] > 0)
+						m->hidden_axes |= 1u << a;
+				}
+			}
+		}
+	}
+	free(in_layer);
+	return n;
+}
+
+static void moe_text(FILE *out, const Report *rep)
+{
+	const Graph *g = rep->g;
+	const PlanSpec *ps = rep->ps;
+	MoeLayer *ms = calloc((size_t)g->nops + 1, sizeof *ms);
+	if (!ms)
+		ICE("out of memory");
+	int n = moe_layers(g, ms);
+	fprintf(out, "mixture of experts: %d layer%s\n", n, n == 1 ? "" : "s");
+	for (int i = 0; i < n; i++) {
+		const MoeLayer *m = &ms[i];
+		fprintf(out, "  %s: %lld experts, top %lld%s, ", m->router->scope ? m->router->scope : "moe", m->experts,
+			m->top_k, m->router->moe_normalize ? " (gates normalised)" : "");
+		if (m->capacity)
+			fprintf(out, "capacity %lld pairs per expert and sample of %lld tokens (dropped pairs pass through), ",
+				m->capacity, m->group);
+		else
+			fprintf(out, "dropless, ");
+		fprintf(out, "buffer [%lld, %lld, %lld] per micro-batch", m->experts, m->slots, m->dim);
+		if (!m->capacity)
+			fprintf(out, " (bound: an expert can take every token of the micro-batch)");
+		fprintf(out, "; losses: load balancing x %g, z x %g\n", m->aux, m->z);
+		fprintf(out, "    experts split over");
+		bool any = false;
+		for (int a = 0; a < ps->naxes; a++)
+			if (m->expert_axes >> a & 1) {
+				fprintf(out, "%s '%s'", any ? " and" : "", ps->axes[a].name);
+				any = true;
+			}
+		if (!any)
+			fprintf(out, " no axis (every rank holds every expert)");
+		for (int a = 0; a < ps->naxes; a++)
+			if (m->hidden_axes >> a & 1)
+				fprintf(out, ", hidden units over '%s'", ps->axes[a].name);
+		fprintf(out, "\n");
+	}
+	free(ms);
+}
+
+static void moe_json(FILE *out, const Report *rep)
+{
+	const Graph *g = rep->g;
+	const PlanSpec *ps = rep->ps;
+	MoeLayer *ms = calloc((size_t)g->nops + 1, sizeof *ms);
+	if (!ms)
+		ICE("out of memory");
+	int n = moe_layers(g, ms);
+	fprintf(out, "  \"moe\": [");
+	for (int i = 0; i < n; i++) {
+		const MoeLayer *m = &ms[i];
+		fprintf(out, "%s\n    {\"scope\": ", i ? "," : "");
+		json_str(out, m->router->scope ? m->router->scope : "");
+		fprintf(out, ", \"experts\": %lld, \"top_k\": %lld, \"normalize\": %s, \"dropless\": %s, \"group\": %lld, "
+			     "\"capacity\": %lld, \"buffer\": [%lld, %lld, %lld], \"aux_loss\": %g, \"z_loss\": %g, \"expert_axes\": [",
+			m->experts, m->top_k, m->router->moe_normalize ? "true" : "false", m->capacity ? "false" : "true", m->group,
+			m->capacity, m->experts, m->slots, m->dim, m->aux, m->z);
+		bool any = false;
+		for (int a = 0; a < ps->naxes; a++)
+			if (m->expert_axes >> a & 1) {
+				fprintf(out, "%s", any ? ", " : "");
+				json_str(out, ps->axes[a].name);
+				any = true;
+			}
+		fprintf(out, "], \"hidden_axes\": [");
+		any = false;
+		for (int a = 0; a < ps->naxes; a++)
+			if (m->hidden_axes >> a & 1) {
+				fprintf(out, "%s", any ? ", " : "");
+				json_str(out, ps->axes[a].name);
+				any = true;
+			}
+		fprintf(out, "]}");
+	}
+	fprintf(out, "%s],\n", n ? "\n  " : "");
+	free(ms);
 }
 
 void explain(FILE *out, Graph *g, bool json, const Lowered *low)

@@ -663,6 +663,14 @@ static bool check_arity(Elab *e, CallArgs *ca, const char *name, int min, int ma
 	return true;
 }
 
+/* The routing attributes every op reading a route carries (its router's). */
+static void moe_attributes(Op *op, const Op *router)
+{
+	op->moe_group = router->moe_group;
+	op->moe_capacity = router->moe_capacity;
+	op->moe_normalize = router->moe_normalize;
+}
+
 static int route_of(Elab *e, int route, Loc loc, const char *fn)
 {
 	if (route < 0)
@@ -1387,7 +1395,7 @@ static bool call_primitive(Elab *e, Scope *sc, const char *name, CallArgs *ca, E
 		return true;
 	}
 	if (!strcmp(name, "moe_router")) {
-		static const char *const keys[] = {"top_k", "capacity_factor", NULL};
+		static const char *const keys[] = {"top_k", "capacity_factor", "normalize", "dropless", NULL};
 		if (!check_arity(e, ca, name, 1, 1, keys))
 			return true;
 		int l = eval_tensor(e, sc, ca->pos[0]);
@@ -1395,6 +1403,8 @@ static bool call_primitive(Elab *e, Scope *sc, const char *name, CallArgs *ca, E
 			return true;
 		double k = num_arg(e, sc, ca, "top_k", -1, 2);
 		double cf = num_arg(e, sc, ca, "capacity_factor", -1, 1.25);
+		double normalize = num_arg(e, sc, ca, "normalize", -1, 0);
+		double dropless = num_arg(e, sc, ca, "dropless", -1, 0);
 		if (e->ps->has_experts) {
 			if (e->ps->top_k > 0)
 				k = e->ps->top_k;
@@ -1407,16 +1417,37 @@ static bool call_primitive(Elab *e, Scope *sc, const char *name, CallArgs *ca, E
 			elab_error(e, loc, "top_k = %g must be a whole number between 1 and the %lld experts", k, E);
 			return true;
 		}
+		if ((normalize != 0 && normalize != 1) || (dropless != 0 && dropless != 1)) {
+			elab_error(e, loc, "normalize and dropless are 0 or 1");
+			return true;
+		}
+		if (!dropless && !(cf > 0)) {
+			elab_error(e, loc, "capacity_factor = %g must be positive", cf);
+			diag_note_plain("for every token to reach its experts, route with dropless = 1");
+			return true;
+		}
+		if (vl->rank < 2) {
+			elab_error(e, loc, "moe_router needs logits [.., E] with a batch dim first");
+			return true;
+		}
 		long long tokens = 1;
 		for (int i = 0; i < vl->rank - 1; i++)
 			tokens *= vl->dim[i];
+		long long group = tokens / vl->dim[0]; /* a routing group: the tokens of one sample */
 		long long dim[2] = {tokens, (long long)k};
 		int gates = graph_add_value(g, DT_F32, 2, dim, NULL);
 		int idx = graph_add_value(g, DT_I32, 2, dim, NULL);
 		g->vals[idx].role = ROLE_INDEX;
 		int o = emit(e, OP_MOE_ROUTER, 1, &l, 2, (int[]){gates, idx}, loc);
-		g->ops[o].n = (long long)k;
-		g->ops[o].f = cf;
+		Op *op = &g->ops[o];
+		op->n = (long long)k;
+		op->f = dropless ? 0 : cf;
+		op->moe_group = group;
+		/* pairs an expert takes per group: GShard's ceil(k G cf / E); dropless: every token */
+		op->moe_capacity = dropless ? 0 : (long long)ceil((double)k * (double)group * cf / (double)E);
+		if (!dropless && op->moe_capacity < 1)
+			op->moe_capacity = 1;
+		op->moe_normalize = normalize != 0;
 		g->has_moe = true;
 		*out = tensor_val(gates);
 		return true;
@@ -1434,10 +1465,8 @@ static bool call_primitive(Elab *e, Scope *sc, const char *name, CallArgs *ca, E
 		const Value *logits = &g->vals[router->in[0]];
 		long long E = logits->dim[logits->rank - 1];
 		long long tokens = g->vals[router->out[0]].dim[0];
-		long long k = router->n;
-		long long cap = (long long)ceil((double)k * (double)tokens * router->f / (double)E);
-		if (cap < 1)
-			cap = 1;
+		/* slots per expert: every group's capacity (dropless: every token) */
+		long long cap = router->moe_capacity ? tokens / router->moe_group * router->moe_capacity : tokens;
 		const Value *vx = &g->vals[x];
 		int idx = router->out[1];
 		int y;
@@ -1445,7 +1474,7 @@ static bool call_primitive(Elab *e, Scope *sc, const char *name, CallArgs *ca, E
 			long long t = 1;
 			for (int i = 0; i < vx->rank - 1; i++)
 				t *= vx->dim[i];
-			if (t != tokens) {
+			if (t != tokens || vx->dim[0] != logits->dim[0]) {
 				elab_error(e, loc, "moe_dispatch input has %lld tokens but the router saw %lld", t, tokens);
 				return true;
 			}
@@ -1472,19 +1501,30 @@ static bool call_primitive(Elab *e, Scope *sc, const char *name, CallArgs *ca, E
 		int in[3] = {x, r, idx};
 		int o = emit(e, dispatch ? OP_MOE_DISPATCH : OP_MOE_COMBINE, 3, in, 1, &y, loc);
 		g->ops[o].n = cap;
+		moe_attributes(&g->ops[o], &g->ops[ro]);
 		*out = tensor_val(y);
 		return true;
 	}
-	if (!strcmp(name, "moe_aux_loss")) {
-		if (!check_arity(e, ca, name, 1, 1, no_keys))
+	if (!strcmp(name, "moe_aux_loss") || !strcmp(name, "moe_z_loss")) {
+		/* a weighted auxiliary loss of the routing: graph_build adds it to the model's loss */
+		bool aux = name[4] == 'a';
+		static const char *const keys[] = {"weight", NULL};
+		if (!check_arity(e, ca, name, 1, 2, keys))
 			return true;
 		int r = eval_tensor(e, sc, ca->pos[0]);
 		int ro = route_of(e, r, ca->pos[0]->loc, name);
 		if (ro < 0)
 			return true;
+		double w = num_arg(e, sc, ca, "weight", 1, aux ? 0.01 : 0.001);
+		if (!(w >= 0)) {
+			elab_error(e, loc, "the weight of %s must be 0 or more, not %g", name, w);
+			return true;
+		}
 		int y = graph_add_value(g, DT_F32, 0, NULL, NULL);
 		int in[2] = {g->ops[ro].in[0], g->ops[ro].out[1]};
-		emit(e, OP_MOE_AUX_LOSS, 2, in, 1, &y, loc);
+		int o = emit(e, aux ? OP_MOE_AUX_LOSS : OP_MOE_Z_LOSS, 2, in, 1, &y, loc);
+		g->ops[o].f = w;
+		moe_attributes(&g->ops[o], &g->ops[ro]);
 		*out = tensor_val(y);
 		return true;
 	}
@@ -2048,25 +2088,18 @@ Graph *graph_build(PlanSpec *ps)
 			return NULL;
 		}
 	}
-	/* MoE auxiliary losses join the loss with the plan's weight (default 0.01, as in Switch). */
-	g->aux_loss_weight = ps->has_experts && ps->aux_loss >= 0 ? ps->aux_loss : 0.01;
+	/* MoE auxiliary losses (moe_aux_loss, moe_z_loss: already times their weight, which the model
+	 * sets) join the model's loss: a fn returns one value, so they are not threaded through it. */
 	int nops = g->nops;
 	for (int i = 0; i < nops; i++) {
-		if (g->ops[i].kind != OP_MOE_AUX_LOSS)
+		if (g->ops[i].kind != OP_MOE_AUX_LOSS && g->ops[i].kind != OP_MOE_Z_LOSS)
 			continue;
-		int aux = g->ops[i].out[0];
-		int scaled = graph_add_value(g, DT_F32, 0, NULL, NULL);
-		int o = graph_add_op(g, OP_SCALE, 1, &aux, 1, &scaled);
-		g->ops[o].f = g->aux_loss_weight;
+		int total = graph_add_value(g, DT_F32, 0, NULL, NULL);
+		int in[2] = {g->loss, g->ops[i].out[0]};
+		int o = graph_add_op(g, OP_ADD, 2, in, 1, &total);
 		g->ops[o].loc = g->ops[i].loc;
 		g->ops[o].src = g->ops[i].src;
 		g->ops[o].scope = g->ops[i].scope;
-		g->ops[o].layer = g->ops[i].layer;
-		int total = graph_add_value(g, DT_F32, 0, NULL, NULL);
-		int in[2] = {g->loss, scaled};
-		o = graph_add_op(g, OP_ADD, 2, in, 1, &total);
-		g->ops[o].loc = g->ops[i].loc;
-		g->ops[o].src = g->ops[i].src;
 		g->vals[total].role = ROLE_LOSS;
 		g->loss = total;
 	}

@@ -44,7 +44,7 @@ const KernelClass kernel_classes[K_COUNT] = {
 #undef X
 };
 const char *const phase_names[PH_COUNT] = {"init", "step_begin", "prepare_forward", "forward", "prepare_backward",
-					   "backward", "step", "save"};
+					   "backward", "step", "save", "checkpoint", "resume", "eval_begin", "eval_end"};
 const char *const state_kind_names[SC_COUNT] = {"parameters", "gradients", "optimizer states", "master weights",
 						"runtime buffers", "metrics"};
 
@@ -107,7 +107,7 @@ int buffer_new(LProg *p, BufClass cls, DType t, long long elems, const char *nam
 	b->rank = 1;
 	b->ldims[0] = elems;
 	for (int d = 0; d < MAX_DIMS; d++)
-		b->split_axis[d] = -1;
+		b->split_axis[d] = b->split_outer[d] = -1;
 	b->micro_dim = -1;
 	b->first = b->last = -1;
 	b->chunk = 0;
@@ -326,6 +326,9 @@ typedef struct Lower {
 	bool *skip;       /* per op: fused into another kernel */
 	int *chunk;       /* per op: its model chunk (-1 before it is known) */
 	int first_layer_op;
+	int moe_stats;    /* the step's routing metrics (lower_moe), or -1 */
+	int *moe_idx;     /* per value: a dropless MoE layer's dispatched buffer (or a value like it on the
+			   * way to moe_combine, or its gradient): the layer's idx as the dispatch read it; else -1 */
 } Lower;
 
 static long long ldim(const Graph *g, int v, int d)
@@ -874,6 +877,8 @@ static Kernel *conversion_call(Lower *L, const Op *op, int oi, KernelKind kind, 
 	return k;
 }
 
+static void lower_moe_exchange(Lower *L, const Op *op, int oi);
+
 /* Conversions between layouts inserted by shard.c: collectives along one mesh axis. */
 static void lower_conversion(Lower *L, const Op *op, int oi)
 {
@@ -898,6 +903,10 @@ static void lower_conversion(Lower *L, const Op *op, int oi)
 		arg_scratch(L, k, op->kind == OP_REDUCE_SCATTER ? bytes : bytes * (size_t)g->ps->axes[op->axis].size);
 		break;
 	case OP_ALL_TO_ALL:
+		if (L->moe_idx && L->moe_idx[in] >= 0) {
+			lower_moe_exchange(L, op, oi);
+			return;
+		}
 		k = conversion_call(L, op, oi, K_ALLTOALL_DIM, op->coll_dim2);
 		arg_scratch(L, k, 2 * bytes);
 		break;
@@ -1409,6 +1418,273 @@ static bool sync_op(const Graph *g, const Op *op)
 	return false;
 }
 
+/* ------------------------------------------------------------------ mixture of experts */
+
+/* Mixture-of-experts ops (docs/moe.md) become planrt's moe kernels on this rank's block: tokens
+ * split only along their batch dim (whole routing groups, shard.c), the dispatched buffer [E, C, D]
+ * split on C (the rank's groups) or on E (after the all-to-all). The router also adds its pairs
+ * dropped and routed per expert into the step's routing metrics (a view of L->moe_stats; a forward
+ * recomputed in the backward adds nothing). */
+static int moe_stats_offset(const Graph *g, int oi)
+{
+	long long at = 0;
+	for (int i = 0; i < oi; i++) {
+		const Op *r = &g->ops[i];
+		if (r->kind == OP_MOE_ROUTER && !r->recompute)
+			at += 1 + g->vals[r->in[0]].dim[g->vals[r->in[0]].rank - 1];
+	}
+	return (int)at;
+}
+
+static void lower_moe(Lower *L, const Op *op, int oi)
+{
+	Graph *g = L->g;
+	LProg *p = L->p;
+	Kernel *k;
+	int l = op->in[0];
+	long long groups = g->vals[l].dim[0]; /* the micro-batch's samples: one routing group each */
+	long long tokens_all = value_elems(g, l) / g->vals[l].dim[g->vals[l].rank - 1];
+	switch (op->kind) {
+	case OP_MOE_ROUTER: {
+		k = call(L, K_MOE_ROUTE, oi);
+		arg_value(L, k, l, true, false);
+		karg_int(p, k, rows_of(g, l));
+		karg_int(p, k, cols_of(g, l));
+		karg_int(p, k, op->n);
+		karg_int(p, k, op->moe_group);
+		karg_int(p, k, op->moe_capacity);
+		karg_int(p, k, op->moe_normalize);
+		arg_value(L, k, op->out[0], false, true);
+		arg_value(L, k, op->out[1], false, true);
+		karg(p, k, KA_NULL, 0);
+		if (L->moe_stats >= 0 && !op->recompute && !op->backward) {
+			long long E = cols_of(g, l);
+			int v = buffer_new(p, BUF_VIEW, DT_F64, 1 + E, "moe_stats_layer", "a layer's routing metrics");
+			p->buf[v].view_of = L->moe_stats;
+			p->buf[v].view_off = moe_stats_offset(g, oi);
+			p->buf[v].view_axis = -1;
+			karg_buf(p, k, v, true, true);
+		} else {
+			karg(p, k, KA_NULL, 0);
+		}
+		return;
+	}
+	case OP_MOE_ROUTER_GRAD: /* (logits, gates, idx, dgates) -> dlogits */
+		k = call(L, K_MOE_ROUTE_GRAD, oi);
+		arg_value(L, k, l, true, false);
+		arg_value(L, k, op->in[3], true, false);
+		karg_int(p, k, rows_of(g, l));
+		karg_int(p, k, cols_of(g, l));
+		karg_int(p, k, op->n);
+		karg_int(p, k, op->moe_normalize);
+		arg_value(L, k, op->out[0], false, true);
+		return;
+	case OP_MOE_DISPATCH: /* (x, gates, idx) -> buffer */
+		k = call(L, K_MOE_DISPATCH, oi);
+		arg_value(L, k, l, true, false);
+		arg_value(L, k, op->in[2], true, false);
+		karg_int(p, k, rows_of(g, l));
+		karg_int(p, k, ldim(g, op->in[2], 1));
+		karg_int(p, k, cols_of(g, l));
+		karg_int(p, k, rows_of(g, op->out[0]));
+		arg_value(L, k, op->out[0], false, true);
+		return;
+	case OP_MOE_DISPATCH_GRAD: /* (dbuffer, gates, idx) -> dx */
+		k = call(L, K_MOE_DISPATCH_GRAD, oi);
+		arg_value(L, k, l, true, false);
+		arg_value(L, k, op->in[2], true, false);
+		karg_int(p, k, rows_of(g, op->out[0]));
+		karg_int(p, k, ldim(g, op->in[2], 1));
+		karg_int(p, k, cols_of(g, op->out[0]));
+		arg_value(L, k, op->out[0], false, true);
+		return;
+	case OP_MOE_COMBINE: /* (buffer, gates, idx) -> tokens */
+		k = call(L, K_MOE_COMBINE, oi);
+		arg_value(L, k, l, true, false);
+		arg_value(L, k, op->in[1], true, false);
+		arg_value(L, k, op->in[2], true, false);
+		karg_int(p, k, rows_of(g, op->out[0]));
+		karg_int(p, k, ldim(g, op->in[2], 1));
+		karg_int(p, k, cols_of(g, op->out[0]));
+		arg_value(L, k, op->out[0], false, true);
+		return;
+	case OP_MOE_COMBINE_GRAD: /* (dtokens, buffer, gates, idx) -> dbuffer, dgates */
+		k = call(L, K_MOE_COMBINE_GRAD, oi);
+		for (int i = 0; i < 4; i++)
+			arg_value(L, k, op->in[i], true, false);
+		karg_int(p, k, rows_of(g, l));
+		karg_int(p, k, ldim(g, op->in[3], 1));
+		karg_int(p, k, cols_of(g, l));
+		karg_int(p, k, rows_of(g, op->out[0]));
+		arg_value(L, k, op->out[0], false, true);
+		arg_value(L, k, op->out[1], false, true);
+		return;
+	case OP_MOE_AUX_LOSS:
+	case OP_MOE_Z_LOSS: { /* (logits, idx) -> this rank's share of the weighted mean */
+		bool aux = op->kind == OP_MOE_AUX_LOSS;
+		k = call(L, aux ? K_MOE_AUX_LOSS : K_MOE_Z_LOSS, oi);
+		arg_value(L, k, l, true, false);
+		karg_int(p, k, rows_of(g, l));
+		karg_int(p, k, cols_of(g, l));
+		if (aux)
+			karg_int(p, k, op->moe_group);
+		karg_f64(p, k, op->f / (double)(aux ? groups : tokens_all));
+		arg_value(L, k, op->out[0], false, true);
+		return;
+	}
+	case OP_MOE_AUX_LOSS_GRAD:
+	case OP_MOE_Z_LOSS_GRAD: { /* (logits, idx, dloss) -> dlogits */
+		bool aux = op->kind == OP_MOE_AUX_LOSS_GRAD;
+		k = call(L, aux ? K_MOE_AUX_LOSS_GRAD : K_MOE_Z_LOSS_GRAD, oi);
+		arg_value(L, k, l, true, false);
+		karg_int(p, k, rows_of(g, l));
+		karg_int(p, k, cols_of(g, l));
+		if (aux)
+			karg_int(p, k, op->moe_group);
+		karg_scalar(p, k, op->in[2], op->f / (double)(aux ? groups : tokens_all));
+		arg_value(L, k, op->out[0], false, true);
+		return;
+	}
+	default:
+		ICE("'%s' is not a mixture-of-experts op", op_names[op->kind]);
+	}
+}
+
+/* Dropless layers' buffers (L->moe_idx): the dispatched buffer [E, C, D] holds every token, an
+ * expert's rows packed from its first, so between the token and the expert layouts only the rows
+ * that exist travel (planrt_moe_exchange: the counts, then the rows) instead of the all-to-all of
+ * the whole buffer. A value is such a buffer when it comes from a dropless moe_dispatch (or is
+ * moe_combine_grad's) through ops that keep the buffer's [E, C, ..] shape. */
+static void moe_buffers(Lower *L)
+{
+	Graph *g = L->g;
+	L->moe_idx = malloc(sizeof(int) * ((size_t)g->nvals + 1));
+	if (!L->moe_idx)
+		ICE("out of memory");
+	for (int v = 0; v < g->nvals; v++)
+		L->moe_idx[v] = -1;
+	for (int i = 0; i < g->nops; i++) {
+		const Op *op = &g->ops[i];
+		if (!op->nout)
+			continue;
+		int y = op->out[0];
+		if ((op->kind == OP_MOE_DISPATCH || op->kind == OP_MOE_COMBINE_GRAD) && !op->moe_capacity) {
+			L->moe_idx[y] = op->in[op->kind == OP_MOE_DISPATCH ? 2 : 3];
+			continue;
+		}
+		if (op->kind == OP_MOE_COMBINE || op->kind == OP_MOE_DISPATCH_GRAD || op->kind == OP_MOE_COMBINE_GRAD)
+			continue;
+		for (int k = 0; k < op->nin; k++) {
+			int x = op->in[k], ix = L->moe_idx[x];
+			const Value *vx = &g->vals[x], *vy = &g->vals[y];
+			if (ix >= 0 && vy->rank == vx->rank && vy->dim[0] == vx->dim[0] && vy->dim[1] == vx->dim[1]) {
+				L->moe_idx[y] = ix;
+				break;
+			}
+		}
+	}
+}
+
+static void lower_moe_exchange(Lower *L, const Op *op, int oi)
+{
+	Graph *g = L->g;
+	LProg *p = L->p;
+	int in = op->in[0], out = op->out[0], idx = L->moe_idx[in];
+	bool to_experts = op->coll_dim == 1 && op->coll_dim2 == 0;
+	if (!to_experts && !(op->coll_dim == 0 && op->coll_dim2 == 1))
+		ICE("a dropless MoE buffer's all-to-all moves dims %d -> %d", op->coll_dim, op->coll_dim2);
+	int tokens_side = to_experts ? in : out;
+	long long n = g->ps->axes[op->axis].size, E = g->vals[in].dim[0], el = E / n;
+	long long slots = ldim(g, tokens_side, 1), dim = ldim(g, in, 2), k = ldim(g, idx, 1);
+	DType t = g->vals[in].dtype;
+	Kernel *kn = call(L, K_MOE_EXCHANGE, oi);
+	arg_value(L, kn, in, true, false);
+	arg_value(L, kn, out, false, true);
+	karg_int(p, kn, to_experts);
+	arg_value(L, kn, idx, true, false);
+	karg_int(p, kn, lelems(g, idx));
+	karg_int(p, kn, E);
+	karg_int(p, kn, slots);
+	karg_int(p, kn, dim);
+	karg(p, kn, KA_DTYPE, t);
+	karg(p, kn, KA_AXIS, op->axis);
+	arg_scratch(L, kn, (size_t)(2 * E * slots * dim) * (size_t)dtype_bytes(t) + (size_t)(8 * (4 * n + E)));
+	Comm *c = kernel_comm(p, &p->k[p->nk - 1]); /* the counts */
+	c->coll = OP_ALL_TO_ALL;
+	c->axis = op->axis;
+	c->op = oi;
+	c->elems = E;
+	c->dtype = DT_I32;
+	c->rank = 2;
+	c->shape[0] = n;
+	c->shape[1] = el;
+	c->what = "expert row counts";
+	/* the rows: the tokens' side sends each token's pairs with other members' experts, at most
+	 * min(k, E - E / n) of them; the experts' side sends back what it received from the others */
+	long long rows = to_experts ? slots * (k < E - el ? k : E - el) : (n - 1) * slots * (k < el ? k : el);
+	c = kernel_comm(p, &p->k[p->nk - 1]);
+	c->coll = OP_ALL_TO_ALL;
+	c->bound = true;
+	c->axis = op->axis;
+	c->op = oi;
+	c->elems = rows * dim;
+	c->dtype = t;
+	c->rank = 3;
+	c->shape[0] = ldim(g, in, 0);
+	c->shape[1] = ldim(g, in, 1);
+	c->shape[2] = dim;
+	c->what = g->vals[in].name ? g->vals[in].name : "the dispatched tokens";
+}
+
+/* The step's routing metrics: summed over the ranks that route different tokens (and over the
+ * pipeline, whose stages hold different layers), then written into rank 0's log line. Every
+ * stage program has the buffer, zeroed at step_begin with the other metrics (state.c). */
+static void lower_moe_metrics(Lower *L)
+{
+	Graph *g = L->g;
+	LProg *p = L->p;
+	int nlayers = 0;
+	long long *experts = arena_alloc(g->arena, sizeof(long long) * (size_t)(g->nops + 1));
+	const Op *first = NULL;
+	for (int i = 0; i < g->nops; i++) {
+		const Op *r = &g->ops[i];
+		if (r->kind != OP_MOE_ROUTER || r->recompute)
+			continue;
+		experts[nlayers++] = g->vals[r->in[0]].dim[g->vals[r->in[0]].rank - 1];
+		if (!first)
+			first = r;
+	}
+	if (!first)
+		return;
+	const PlanSpec *ps = g->ps;
+	for (int a = 0; a < ps->naxes; a++) {
+		bool split = g->vals[first->out[0]].lay.on[a] >= 0 || (a == ps->pipe_axis && g->nstages > 1);
+		if (!split || ps->axes[a].size <= 1)
+			continue;
+		Kernel *k = kernel_new(p, K_ALLREDUCE_INPLACE, PH_STEP, 0, -1);
+		k->note = "the step's routing metrics";
+		karg_buf(p, k, L->moe_stats, true, true);
+		karg_int(p, k, p->buf[L->moe_stats].elems);
+		karg(p, k, KA_DTYPE, DT_F64);
+		karg(p, k, KA_AXIS, a);
+		karg(p, k, KA_NULL, 0);
+		Comm *c = kernel_comm(p, k);
+		c->coll = OP_ALL_REDUCE;
+		c->axis = a;
+		c->op = -1;
+		c->elems = p->buf[L->moe_stats].elems;
+		c->dtype = DT_F64;
+		c->rank = 1;
+		c->shape[0] = c->elems;
+		c->what = "routing metrics";
+	}
+	Kernel *k = kernel_new(p, K_MOE_METRICS, PH_STEP, 0, -1);
+	k->note = "the step's routing metrics into the log";
+	karg_buf(p, k, L->moe_stats, true, false);
+	karg_int(p, k, nlayers);
+	karg_ints(p, k, experts, nlayers, false);
+}
+
 static void lower_op(Lower *L, const Op *op, int oi)
 {
 	Graph *g = L->g;
@@ -1633,6 +1909,10 @@ static void lower_op(Lower *L, const Op *op, int oi)
 				lower_elementwise(L, op, oi);
 			return;
 		}
+		if (op_classes[op->kind] == OPK_MOE) {
+			lower_moe(L, op, oi);
+			return;
+		}
 		lower_opaque(L, op, oi);
 	}
 }
@@ -1655,16 +1935,18 @@ static void describe_value(LProg *p, int v)
 			flat = true;
 	for (int d = 0; d < val->rank; d++) {
 		b->ldims[d] = ldim(g, v, d);
-		b->split_axis[d] = -1;
+		b->split_axis[d] = b->split_outer[d] = -1;
 		for (int a = 0; a < ps->naxes; a++)
-			if (val->lay.on[a] == d)
+			if (val->lay.on[a] == d) {
+				b->split_outer[d] = b->split_axis[d];
 				b->split_axis[d] = (signed char)a;
+			}
 	}
 	b->elems = flat ? value_local_elems(g, v) : lelems(g, v);
 	if (flat) {
 		b->rank = 1;
 		b->ldims[0] = b->elems;
-		b->split_axis[0] = -1;
+		b->split_axis[0] = b->split_outer[0] = -1;
 	}
 	if (val->rank == 0) {
 		b->rank = 1;
@@ -1781,6 +2063,14 @@ static LProg *lower_prog(Lowered *low, int stage, int role)
 	/* the loss metric: every stage has one (zero where the loss is not computed) */
 	p->loss_metric = buffer_new(p, BUF_STATE, DT_F64, 1, "loss", "the step's mean loss");
 	p->buf[p->loss_metric].state = SC_METRIC;
+	L.moe_stats = -1;
+	if (g->has_moe)
+		moe_buffers(&L);
+	if (g->has_moe) {
+		long long n = moe_stats_offset(g, g->nops);
+		L.moe_stats = buffer_new(p, BUF_STATE, DT_F64, n, "moe_stats", "the step's routing metrics");
+		p->buf[L.moe_stats].state = SC_METRIC;
+	}
 	plan_fusion(&L);
 	for (int i = 0; i < g->nops; i++) {
 		const Op *op = &g->ops[i];
@@ -1800,6 +2090,9 @@ static LProg *lower_prog(Lowered *low, int stage, int role)
 			karg_f64(p, k, 1.0 / (g->ps->micro_batches > 0 ? g->ps->micro_batches : 1));
 		}
 	}
+	if (L.moe_stats >= 0)
+		lower_moe_metrics(&L);
+	free(L.moe_idx);
 	free(materialise);
 	free(L.consumers);
 	free(L.kept);
@@ -1818,6 +2111,16 @@ static bool takes_f32_only(KernelKind k)
 	switch (k) {
 	case K_MATMUL:
 	case K_PERMUTE:
+	case K_MOE_ROUTE:
+	case K_MOE_ROUTE_GRAD:
+	case K_MOE_DISPATCH:
+	case K_MOE_DISPATCH_GRAD:
+	case K_MOE_COMBINE:
+	case K_MOE_COMBINE_GRAD:
+	case K_MOE_AUX_LOSS:
+	case K_MOE_AUX_LOSS_GRAD:
+	case K_MOE_Z_LOSS:
+	case K_MOE_Z_LOSS_GRAD:
 	case K_SUM_TO:
 	case K_SUM_TO_ACC:
 	case K_DROPOUT:

@@ -255,12 +255,17 @@ typedef struct ShardRule {
 	const char *pattern;      /* parameter rule: dotted path, '*' matches one segment */
 	int ndims;
 	int axes[MAX_DIMS];       /* parameter rule: axis index per dim, -1 = not split */
+	/* an expert rule (`shard experts -> axis`, `shard expert_hidden(PATTERN) -> axis`: MOE_RULE_*,
+	 * axis), found from the graph (shard.c); moe_pattern NULL: every expert parameter */
+	int moe;
+	const char *moe_pattern;
 	int stage;                /* -1: every stage; else only this pipeline stage */
 	bool used;                /* set by the middle end when the rule matched something */
 	Loc loc;
 	const Source *src;
 } ShardRule;
 
+enum { MOE_RULE_NONE, MOE_RULE_EXPERTS, MOE_RULE_HIDDEN };
 typedef enum { SCHED_NONE, SCHED_GPIPE, SCHED_1F1B, SCHED_INTERLEAVED } PipeSchedule;
 typedef enum { BALANCE_UNIFORM, BALANCE_PARAMS, BALANCE_FLOPS } PipeBalance;
 typedef enum { PLACE_NONE, PLACE_HOST, PLACE_DISK } OffloadPlace;
@@ -336,7 +341,7 @@ typedef struct PlanSpec {
 	bool has_experts;
 	int expert_count; /* 0 = take the model's */
 	int top_k;
-	double capacity_factor, aux_loss;
+	double capacity_factor;
 	Loc experts_loc;
 } PlanSpec;
 
@@ -391,6 +396,7 @@ int dtype_bytes(DType t);
 	X(MOE_DISPATCH, "moe_dispatch", OPK_MOE) \
 	X(MOE_COMBINE, "moe_combine", OPK_MOE) \
 	X(MOE_AUX_LOSS, "moe_aux_loss", OPK_MOE) \
+	X(MOE_Z_LOSS, "moe_z_loss", OPK_MOE) \
 	X(GELU_GRAD, "gelu_grad", OPK_UNARY_GRAD) \
 	X(RELU_GRAD, "relu_grad", OPK_UNARY_GRAD) \
 	X(SILU_GRAD, "silu_grad", OPK_UNARY_GRAD) \
@@ -404,6 +410,7 @@ int dtype_bytes(DType t);
 	X(MOE_DISPATCH_GRAD, "moe_dispatch_grad", OPK_MOE) \
 	X(MOE_COMBINE_GRAD, "moe_combine_grad", OPK_MOE) \
 	X(MOE_AUX_LOSS_GRAD, "moe_aux_loss_grad", OPK_MOE) \
+	X(MOE_Z_LOSS_GRAD, "moe_z_loss_grad", OPK_MOE) \
 	X(OPTIMIZER_STEP, "optimizer_step", OPK_OPTIMIZER) \
 	X(ALL_REDUCE, "all_reduce", OPK_COLLECTIVE) \
 	X(REDUCE_SCATTER, "reduce_scatter", OPK_COLLECTIVE) \
@@ -483,6 +490,10 @@ typedef struct Op {
 	double f;          /* scalar attribute: scale, dropout p, eps, capacity factor */
 	long long n;       /* integer attribute: heads, top_k, split dim, group stage */
 	const char *s;     /* string attribute: gelu approximation */
+	/* MoE ops (the router and every op reading its route): tokens per routing group (one sample),
+	 * pairs an expert takes per group (0: dropless), gates normalised over the top k */
+	long long moe_group, moe_capacity;
+	bool moe_normalize;
 	int dim, dim2;     /* OPK_REDUCE / OPK_SHAPE: the dims they act on (see OP_TABLE) */
 	long long start, length; /* narrow: the rows [start, start + length) of dim */
 	int axis;          /* collectives: mesh axis index; p2p: peer stage offset */
@@ -538,7 +549,6 @@ typedef struct Graph {
 	int nlayers;     /* iterations of the model's top-level repeat */
 	int nfwd;        /* ops [0, nfwd) are the forward pass (set by autodiff) */
 	bool has_moe;
-	double aux_loss_weight;
 	int nstages;     /* pipeline stages (1 without pipeline) */
 	int *layer_stage; /* layer -> stage */
 	int *layer_chunk; /* layer -> virtual chunk on its stage */
@@ -655,6 +665,18 @@ extern const char *const pass_names[];
 	X(EMBED_GRAD, "embed_grad", "planrt_k_embed_grad_f32", KC_COMPUTE) \
 	X(CROSS_ENTROPY, "cross_entropy", "planrt_cross_entropy_f32", KC_COMPUTE) \
 	X(CE_GRAD, "cross_entropy_grad", "planrt_k_ce_grad_f32", KC_COMPUTE) \
+	X(MOE_ROUTE, "moe_route", "planrt_k_moe_route_f32", KC_COMPUTE) \
+	X(MOE_ROUTE_GRAD, "moe_route_grad", "planrt_k_moe_route_grad_f32", KC_COMPUTE) \
+	X(MOE_DISPATCH, "moe_dispatch", "planrt_k_moe_dispatch_f32", KC_COMPUTE) \
+	X(MOE_DISPATCH_GRAD, "moe_dispatch_grad", "planrt_k_moe_dispatch_grad_f32", KC_COMPUTE) \
+	X(MOE_COMBINE, "moe_combine", "planrt_k_moe_combine_f32", KC_COMPUTE) \
+	X(MOE_COMBINE_GRAD, "moe_combine_grad", "planrt_k_moe_combine_grad_f32", KC_COMPUTE) \
+	X(MOE_AUX_LOSS, "moe_aux_loss", "planrt_moe_aux_loss_f32", KC_COMPUTE) \
+	X(MOE_AUX_LOSS_GRAD, "moe_aux_loss_grad", "planrt_k_moe_aux_loss_grad_f32", KC_COMPUTE) \
+	X(MOE_Z_LOSS, "moe_z_loss", "planrt_moe_z_loss_f32", KC_COMPUTE) \
+	X(MOE_Z_LOSS_GRAD, "moe_z_loss_grad", "planrt_k_moe_z_loss_grad_f32", KC_COMPUTE) \
+	X(MOE_METRICS, "moe_metrics", "planrt_moe_metrics", KC_IO) \
+	X(MOE_EXCHANGE, "moe_exchange", "planrt_moe_exchange", KC_COMM) \
 	X(SLICE_DIM, "slice", "planrt_slice_dim", KC_COMPUTE) \
 	X(FILL, "fill", "planrt_fill", KC_COMPUTE) \
 	X(CAST, "cast", "planrt_cast", KC_COMPUTE) \
@@ -662,6 +684,10 @@ extern const char *const pass_names[];
 	X(LOAD_INPUT, "load_input", "planrt_load_data", KC_IO) \
 	X(INIT_PARAM, "init_param", "planrt_init_param", KC_IO) \
 	X(SAVE_PARAM, "save_param", "planrt_save_param", KC_IO) \
+	X(CKPT_WRITE, "checkpoint_write", "planrt_ckpt_write", KC_IO) \
+	X(CKPT_READ, "checkpoint_read", "planrt_ckpt_read", KC_IO) \
+	X(CKPT_WRITE_LOCAL, "checkpoint_write_local", "planrt_ckpt_write_local", KC_IO) \
+	X(CKPT_READ_LOCAL, "checkpoint_read_local", "planrt_ckpt_read_local", KC_IO) \
 	X(PAIR_COMM, "pair_comm", "planrt_make_pair_comm", KC_SETUP) \
 	X(OFFLOAD_OPEN, "offload_open", "planrt_offload_open", KC_IO) \
 	X(OFFLOAD_READ, "offload_read", "planrt_offload_read", KC_IO) \
@@ -739,8 +765,12 @@ extern const char *const kernel_functions[K_COUNT];
 extern const KernelClass kernel_classes[K_COUNT];
 
 /* Phases: how often a kernel runs. Forward, backward and the prepares run once per micro-batch
- * per model chunk; step_begin and step once per step; init once before training, save once after. */
-typedef enum { PH_INIT, PH_STEP_BEGIN, PH_PREPARE_F, PH_FORWARD, PH_PREPARE_B, PH_BACKWARD, PH_STEP, PH_SAVE, PH_COUNT } Phase;
+ * per model chunk; step_begin and step once per step; init once before training, save once after.
+ * checkpoint runs at each sharded checkpoint (--save-every), resume once after init when a run
+ * resumes (--resume); eval_begin and eval_end around the forwards of each held-out batch
+ * (--eval-every). */
+typedef enum { PH_INIT, PH_STEP_BEGIN, PH_PREPARE_F, PH_FORWARD, PH_PREPARE_B, PH_BACKWARD, PH_STEP, PH_SAVE,
+	       PH_CHECKPOINT, PH_RESUME, PH_EVAL_BEGIN, PH_EVAL_END, PH_COUNT } Phase;
 extern const char *const phase_names[PH_COUNT];
 
 typedef enum {
@@ -772,6 +802,8 @@ typedef struct Buffer {
 	int rank;
 	long long ldims[MAX_DIMS];
 	signed char split_axis[MAX_DIMS]; /* mesh axis splitting dim d, or -1 */
+	signed char split_outer[MAX_DIMS]; /* a second axis splitting dim d, before split_axis in the mesh, or
+					    * -1: the block offset is (coord(outer) size(split_axis) + coord(split_axis)) ldim */
 	int micro_dim;      /* the batch dim (moves with the micro-batch), or -1 */
 	long long micro_rows; /* global rows of one micro-batch */
 	/* memory plan */
@@ -796,6 +828,8 @@ typedef struct Comm {
 	int rank;           /* the local block (the check compares shapes, not only counts) */
 	long long shape[MAX_DIMS];
 	double every;       /* runs once per this many steps (local SGD averages), 0: every time */
+	bool bound;         /* elems is a bound, in elements this rank sends to the others: a call whose
+			     * sizes depend on the data (dropless MoE's rows, an all_to_all_v) */
 	int op;             /* graph op, for messages, or -1 */
 	const char *what;   /* the tensor, for messages */
 } Comm;
@@ -987,6 +1021,10 @@ void lprog_dump(FILE *out, const LProg *p);
 
 /* state.c, overlap.c, memplan.c: the back-end passes after lower, on every program */
 bool plan_state(Lowered *low);
+/* state.c: a hash of the whole lowered program ("fnv1a64:<16 hex digits>"), which planrt records in
+ * every checkpoint: a checkpoint resumes bit for bit under the same, and is resharded otherwise */
+const char *plan_fingerprint(const Lowered *low);
+const char *sync_mode_name(SyncMode m); /* "strict", "local_sgd", "async" (the program descriptor's) */
 bool plan_overlap(Lowered *low);
 bool memplan(Lowered *low);
 /* streams.c: the device schedule, after memplan: each kernel's stream (compute, communication,

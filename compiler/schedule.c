@@ -238,6 +238,9 @@ static void issue_program(Check *C, Issued *is)
 	}
 	issue_phase(C, is, PH_STEP, -1, 0, last);
 	issue_phase(C, is, PH_SAVE, -1, 0, last);
+	/* the end of an evaluation (its loss reductions); checkpoint and resume communicate nothing */
+	for (Phase ph = PH_CHECKPOINT; ph <= PH_EVAL_END; ph++)
+		issue_phase(C, is, ph, -1, 0, last);
 	build_streams(is);
 }
 

@@ -30,7 +30,7 @@
 static const char *const prim_ops[] = {
 	"embed", "layer_norm", "rms_norm", "gelu", "relu", "silu", "dropout", "softmax",
 	"split_heads", "merge_heads", "causal_mask", "cross_entropy", "moe_router", "moe_dispatch",
-	"moe_combine", "moe_aux_loss", "dim", "sqrt", "normal", "uniform", "zeros", "ones",
+	"moe_combine", "moe_aux_loss", "moe_z_loss", "dim", "sqrt", "normal", "uniform", "zeros", "ones",
 	"sin", "cos", "exp", "log", "tanh", "sigmoid", "sum", "mean", "max", "mse_loss", "l1_loss", "select",
 	"slice", "concat", "reshape", "transpose", "repeat_kv", "rope",
 };
@@ -1299,6 +1299,9 @@ static bool is_dim_name(PlanCtx *pc, const char *name)
 	       word_index(name, pc->mi.free_dims.v, pc->mi.free_dims.n) >= 0;
 }
 
+static int moe_rule_target(Expr *lhs, Expr **pattern);
+static void moe_rule(PlanCtx *pc, const Frame *fr, Expr *e, int kind, Expr *pat, int stage);
+
 /* One `shard` argument: `DIM -> AXIS` or `PATTERN : [LAYOUT]`. quiet: the rule's form was
  * already checked (strategies are checked once in sema_check). */
 static void shard_rule(PlanCtx *pc, const Frame *fr, Arg *arg, int stage)
@@ -1314,6 +1317,12 @@ static void shard_rule(PlanCtx *pc, const Frame *fr, Arg *arg, int stage)
 		return;
 	}
 	if (e->op == 'A') {
+		Expr *moe_pat;
+		int moe = moe_rule_target(e->lhs, &moe_pat);
+		if (moe) {
+			moe_rule(pc, fr, e, moe, moe_pat, stage);
+			return;
+		}
 		const Source *dsrc;
 		ArgBind *db;
 		const Frame *dwhere;
@@ -1454,6 +1463,60 @@ static void shard_rule(PlanCtx *pc, const Frame *fr, Arg *arg, int stage)
 }
 
 static void plan_stmts(PlanCtx *pc, const Frame *fr, PlanStmt *st, int stage);
+
+/* The target of an expert rule: `experts` or `expert_hidden`, bare or with a parameter pattern
+ * (`experts(layers.*.ffn.*)`); *pattern is that argument or NULL. */
+static int moe_rule_target(Expr *lhs, Expr **pattern)
+{
+	*pattern = NULL;
+	Expr *name = lhs && lhs->kind == E_CALL ? lhs->lhs : lhs;
+	if (!name || name->kind != E_NAME)
+		return MOE_RULE_NONE;
+	int kind = !strcmp(name->text, "experts") ? MOE_RULE_EXPERTS
+		   : !strcmp(name->text, "expert_hidden") ? MOE_RULE_HIDDEN : MOE_RULE_NONE;
+	if (kind && lhs->kind == E_CALL) {
+		if (!lhs->args || lhs->args->next || lhs->args->key)
+			return -kind; /* malformed: one positional pattern */
+		*pattern = lhs->args->value;
+	}
+	return kind;
+}
+
+/* `shard experts[(PATTERN)] -> AXIS`, `shard expert_hidden[(PATTERN)] -> AXIS` (docs/moe.md) */
+static void moe_rule(PlanCtx *pc, const Frame *fr, Expr *e, int kind, Expr *pat, int stage)
+{
+	const char *what = kind == MOE_RULE_EXPERTS ? "experts" : "expert_hidden";
+	if (kind < 0) {
+		perr(fr, fr->src, e->lhs->loc, "'%s' takes one parameter pattern", kind == -MOE_RULE_EXPERTS ? "experts" : "expert_hidden");
+		diag_note_plain("e.g. shard experts(layers.*.ffn.*) -> data, or shard experts -> data for every expert");
+		return;
+	}
+	char buf[256] = "";
+	size_t len = 0;
+	if (pat) {
+		const Source *psrc;
+		ArgBind *pb;
+		const Frame *pwhere;
+		Expr *x = resolve_bound(fr, pat, &psrc, &pb, &pwhere);
+		if (!pattern_text(x, buf, sizeof buf, &len)) {
+			if (!pb || !pb->reported) {
+				perr(pwhere, psrc, x->loc, "expected a parameter pattern in %s(...)", what);
+				diag_note_plain("a pattern is a dotted parameter path where '*' matches whole segments: layers.*.moe.*");
+			}
+			if (pb)
+				pb->reported = true;
+			return;
+		}
+	}
+	int ax = resolve_axis(pc, fr, e->rhs);
+	if (ax < 0)
+		return;
+	ShardRule *r = add_rule(pc, fr, fr->src, e->loc);
+	r->moe = kind;
+	r->moe_pattern = pat && strcmp(buf, "*") ? arena_strdup(pc->a, buf) : NULL;
+	r->axis = ax;
+	r->stage = stage;
+}
 
 /* `use STRATEGY(args)`: binds the strategy's parameters and expands its rules. */
 static void use_strategy(PlanCtx *pc, const Frame *fr, Arg *arg, int stage)
@@ -2605,7 +2668,7 @@ static void plan_experts(PlanCtx *pc, PlanStmt *st, Expr **count_e, Expr **topk_
 	for (Arg *a = st->args; a; a = a->next) {
 		if (!a->key) {
 			diag_error(pc->src, a->loc, "expected KEY = VALUE");
-			diag_note_plain("e.g. experts count = 8, top_k = 2, capacity_factor = 1.25, aux_loss = 0.01");
+			diag_note_plain("e.g. experts count = 8, top_k = 2, capacity_factor = 1.25");
 			continue;
 		}
 		int k = word_index(a->key, expert_keys, COUNT(expert_keys));
@@ -2643,12 +2706,9 @@ static void plan_experts(PlanCtx *pc, PlanStmt *st, Expr **count_e, Expr **topk_
 			}
 			break;
 		case 3:
-			if (plan_num(pc, pc->src, a->value, &v)) {
-				if (v.v < 0)
-					diag_error(pc->src, a->value->loc, "aux_loss must be at least 0, not %g", v.v);
-				else
-					ps->aux_loss = v.v;
-			}
+			diag_error(pc->src, a->key_loc, "the auxiliary losses' weights are the model's, not the plan's");
+			diag_note_plain("set them where the route is made: moe_aux_loss(route, weight = 0.01), "
+					"moe_z_loss(route, weight = 0.001) (nn.moe's aux_loss and z_loss)");
 			break;
 		}
 	}
@@ -3014,7 +3074,6 @@ static PlanSpec *build_plan(Program *p, Item *plan, bool model_checked_ok, bool 
 	ps->overlap = true;
 	ps->top_k = 2;
 	ps->capacity_factor = 1.25;
-	ps->aux_loss = 0.01;
 
 	/* the model */
 	Item *model = plan->for_model ? find_item(p, I_MODEL, plan->for_model, plan->module) : NULL;
@@ -3167,7 +3226,8 @@ static void check_strategy(Program *p, Item *st)
 							diag_error(src, e->lhs->loc, "expected a parameter pattern before ':'");
 						} else if (e->op == ':' && e->rhs->kind != E_LIST) {
 							diag_error(src, e->rhs->loc, "expected a layout: [_, AXIS, ...] with one entry per dimension");
-						} else if (e->op == 'A' && e->lhs->kind != E_NAME) {
+						} else if (e->op == 'A' && e->lhs->kind != E_NAME &&
+							   moe_rule_target(e->lhs, &(Expr *){NULL}) <= 0) {
 							diag_error(src, e->lhs->loc, "expected a dimension name before '->'");
 						} else if (e->op == ':') {
 							int n = 0;

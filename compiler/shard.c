@@ -36,6 +36,13 @@ typedef struct Shard {
 	 * the value itself): the backward reads that copy too, as the forward saved it */
 	int *fwd_copy;
 	int nfwd_copy;
+	/* MoE (moe_analyse): per value, the class of an expert parameter (MP_*) and its layer (the
+	 * moe_dispatch op's index in the input op list; also set for each router's idx); the input op
+	 * list and the index of the op being placed in it */
+	signed char *moe_param;
+	int *moe_layer;
+	const Op *old;
+	int cur_old;
 } Shard;
 
 /* ---------------------------------------------------------------- op list rebuilding */
@@ -435,6 +442,20 @@ static void rule_matmul(Shard *s, Op *op, int a)
 		if (x >= 0 && !x_batch && p >= 0 && batched && g->vals[op->in[1 - k]].rank == rank)
 			op->in[k] = convert_axis(s, v, a, p);
 	}
+	/* an operand split off the other's batch split whose copy in that split exists already (the
+	 * expert-split gradient of an MoE layer's buffer): that copy, at no cost */
+	for (int k = 0; k < 2 && batched && ra == rb; k++) {
+		int x = st(s, op->in[1 - k], a), y = st(s, op->in[k], a);
+		if (x >= 0 && x < ra - 2 && y >= 0 && y != x) {
+			Layout want = g->vals[op->in[k]].lay;
+			want.on[a] = (signed char)x;
+			for (Conv *c = s->convs[op->in[k]]; c; c = c->next)
+				if (!memcmp(&c->lay, &want, sizeof want)) {
+					op->in[k] = c->value;
+					break;
+				}
+		}
+	}
 	/* a split on K while the weight is whole and a dim rule prefers another dim: all-to-all */
 	if (st(s, op->in[0], a) == aK && st(s, op->in[1], a) == LAYOUT_R) {
 		int p = preferred_dim(s, op->in[0], a);
@@ -703,8 +724,18 @@ static void rule_loss(Shard *s, Op *op, int a, bool *vocab_parallel)
 	}
 }
 
-/* MoE: tokens arrive split over an axis; the dispatched buffer [E, C, D] is then split on its
- * capacity dim, and a dim rule `E -> axis` moves it to the expert dim (the all-to-all). */
+/* MoE: tokens arrive split over an axis along their first (batch) dim only, whole samples, so that
+ * every routing group (one sample) is routed on one rank as the single rank routes it; other splits
+ * of the tokens are gathered first. The dispatched buffer [E, C, D] is then split on its capacity
+ * dim (its groups are the rank's samples), and an expert rule (`shard experts -> axis`, or a dim
+ * rule on the expert dim) moves it to the expert dim: the all-to-all (place_op, below). */
+static int moe_tokens(Shard *s, int v, int a, int last)
+{
+	for (int d = 1; d < last; d++)
+		v = unsplit(s, v, a, d);
+	return v;
+}
+
 static void rule_moe(Shard *s, Op *op, int a)
 {
 	Graph *g = s->g;
@@ -713,8 +744,10 @@ static void rule_moe(Shard *s, Op *op, int a)
 			op->in[i] = resolve_partial(s, op->in[i], a);
 	switch (op->kind) {
 	case OP_MOE_ROUTER:
-	case OP_MOE_AUX_LOSS: {
-		int l = unsplit(s, op->in[0], a, g->vals[op->in[0]].rank - 1);
+	case OP_MOE_AUX_LOSS:
+	case OP_MOE_Z_LOSS: {
+		int r = g->vals[op->in[0]].rank;
+		int l = moe_tokens(s, unsplit(s, op->in[0], a, r - 1), a, r);
 		op->in[0] = l;
 		int sl = st(s, l, a);
 		int tok = sl >= 0 ? 0 : LAYOUT_R;
@@ -728,7 +761,8 @@ static void rule_moe(Shard *s, Op *op, int a)
 		break;
 	}
 	case OP_MOE_ROUTER_GRAD:
-	case OP_MOE_AUX_LOSS_GRAD: {
+	case OP_MOE_AUX_LOSS_GRAD:
+	case OP_MOE_Z_LOSS_GRAD: {
 		int sl = st(s, op->in[0], a);
 		int tok = sl >= 0 ? 0 : LAYOUT_R;
 		for (int i = 1; i < op->nin; i++) {
@@ -743,12 +777,12 @@ static void rule_moe(Shard *s, Op *op, int a)
 	case OP_MOE_DISPATCH:
 	case OP_MOE_COMBINE_GRAD: {
 		/* tokens [.., D] (+ routing) -> buffer [E, C, D] */
-		int x = op->in[0];
-		int rx = g->vals[x].rank;
+		int rx = g->vals[op->in[0]].rank;
+		int x = op->in[0] = moe_tokens(s, op->in[0], a, rx - 1);
 		int sx = st(s, x, a);
 		int gates = op->kind == OP_MOE_DISPATCH ? 1 : 2;
 		int sg = st(s, op->in[gates], a);
-		if (sx >= 0 && sx < rx - 1) {
+		if (sx == 0) {
 			for (int i = gates; i < op->nin; i++)
 				if (st(s, op->in[i], a) != 0)
 					op->in[i] = convert_axis(s, op->in[i], a, 0);
@@ -956,6 +990,218 @@ static void rule_shape(Shard *s, Op *op, int a)
 	}
 }
 
+/* ---------------------------------------------------------------- expert rules
+ *
+ * `shard experts -> axis` (nn.expert_parallel) splits the experts of every MoE layer over an axis
+ * and `shard expert_hidden -> axis` (nn.expert_tensor_parallel) splits each expert's hidden units,
+ * whatever the model calls its expert weights: they are found from the graph. An expert parameter
+ * is one an MoE layer's experts apply to its dispatched tokens [E, C, D]: the batched weights of
+ * the matmuls between moe_dispatch and moe_combine (and parameters added on the way), whose first
+ * dim is the layer's expert count. A weight applied to the dispatched tokens themselves is an
+ * input weight (its last dim is the hidden one: column parallel); the others are output weights
+ * (their dim before last: row parallel); a parameter added to a hidden activation splits its last
+ * dim too. `experts(PATTERN)` keeps to the expert parameters matching PATTERN. */
+enum { MP_NONE = -1, MP_IN, MP_OUT, MP_HIDDEN_BIAS, MP_BIAS };
+
+static int param_root(const Graph *g, const Op *old, int v)
+{
+	while (v >= 0) {
+		if (g->vals[v].role == ROLE_PARAM)
+			return v;
+		int d = g->vals[v].def;
+		if (d < 0 || old[d].kind != OP_TRANSPOSE)
+			return -1;
+		v = old[d].in[0];
+	}
+	return -1;
+}
+
+static void moe_analyse(Shard *s, const Op *old, int nold)
+{
+	Graph *g = s->g;
+	s->old = old;
+	s->moe_param = malloc((size_t)g->nvals + 1);
+	s->moe_layer = malloc(sizeof(int) * ((size_t)g->nvals + 1));
+	int *act = malloc(sizeof(int) * ((size_t)g->nvals + 1)); /* the layer of an expert activation */
+	char *kind = malloc((size_t)g->nvals + 1);                 /* 0 the dispatched tokens, 1 hidden, 2 other */
+	if (!s->moe_param || !s->moe_layer || !act || !kind)
+		ICE("out of memory");
+	for (int v = 0; v < g->nvals; v++) {
+		s->moe_param[v] = MP_NONE;
+		s->moe_layer[v] = act[v] = -1;
+		kind[v] = 2;
+	}
+	for (int i = 0; i < nold && i < g->nfwd; i++) {
+		const Op *op = &old[i];
+		if (op->kind == OP_MOE_DISPATCH) {
+			act[op->out[0]] = i;
+			kind[op->out[0]] = 0;
+			s->moe_layer[op->in[2]] = i;
+			continue;
+		}
+		int layer = -1, hidden = 0;
+		for (int k = 0; k < op->nin; k++)
+			if (act[op->in[k]] >= 0) {
+				layer = act[op->in[k]];
+				hidden |= kind[op->in[k]] == 1;
+			}
+		if (layer < 0 || op->kind == OP_MOE_COMBINE || op->nout != 1)
+			continue;
+		long long E = g->vals[old[layer].out[0]].dim[0];
+		OpClass c = op_classes[op->kind];
+		int out = op->out[0];
+		if (op->kind == OP_MATMUL && act[op->in[0]] >= 0) {
+			int w = param_root(g, old, op->in[1]);
+			if (w >= 0 && g->vals[w].rank == 3 && g->vals[w].dim[0] == E) {
+				s->moe_param[w] = kind[op->in[0]] == 0 ? MP_IN : MP_OUT;
+				s->moe_layer[w] = layer;
+			}
+			act[out] = layer;
+			kind[out] = kind[op->in[0]] == 0 ? 1 : 2;
+		} else if (c == OPK_BINARY || c == OPK_UNARY || c == OPK_LINEAR || c == OPK_UNARY_GRAD) {
+			for (int k = 0; k < op->nin; k++) {
+				int w = param_root(g, old, op->in[k]);
+				if (w >= 0 && g->vals[w].rank == 3 && g->vals[w].dim[0] == E) {
+					s->moe_param[w] = hidden ? MP_HIDDEN_BIAS : MP_BIAS;
+					s->moe_layer[w] = layer;
+				}
+			}
+			act[out] = layer;
+			kind[out] = hidden ? 1 : 2;
+		}
+	}
+	free(act);
+	free(kind);
+}
+
+/* The layer (moe_dispatch op index in the input list) a dispatch or combine_grad belongs to. */
+static int moe_layer_of(const Shard *s, const Op *op)
+{
+	if (op->kind == OP_MOE_DISPATCH)
+		return s->cur_old;
+	const Op *fwd = op->fwd_op >= 0 ? &s->old[op->fwd_op] : NULL; /* the moe_combine */
+	return fwd && fwd->nin > 2 ? s->moe_layer[fwd->in[2]] : -1;
+}
+
+/* Whether layer's experts are split on axis a along their expert dim. */
+static bool moe_experts_split(const Shard *s, int layer, int a)
+{
+	if (layer < 0)
+		return false;
+	for (int v = 0; v < s->g->nvals; v++)
+		if (s->moe_param[v] != MP_NONE && s->moe_layer[v] == layer && s->g->vals[v].lay.on[a] == 0)
+			return true;
+	return false;
+}
+
+static bool pattern_match(const char *pat, const char *name);
+
+/* The expert rules on an expert parameter, after the parameter rules (they compose: a rule
+ * splits one dim and leaves the others as the parameter rules laid them out). */
+static void moe_param_layout(Shard *s, Op *op)
+{
+	Graph *g = s->g;
+	int p = op->out[0];
+	Value *v = &g->vals[p];
+	int cls = s->moe_param[p];
+	if (cls == MP_NONE)
+		return;
+	for (int r = 0; r < s->ps->nrules && !s->failed; r++) {
+		ShardRule *rule = &s->ps->rules[r];
+		if (!rule->moe || (rule->stage >= 0 && rule->stage != op->stage))
+			continue;
+		if (rule->moe_pattern && !pattern_match(rule->moe_pattern, v->name))
+			continue;
+		int d = 0;
+		if (rule->moe == MOE_RULE_HIDDEN) {
+			if (cls == MP_BIAS)
+				continue; /* added after the output weights: whole, as Megatron's b2 */
+			d = cls == MP_OUT ? v->rank - 2 : v->rank - 1;
+		}
+		rule->used = true;
+		int a = rule->axis;
+		if (v->lay.on[a] == d)
+			continue;
+		bool taken = v->lay.on[a] != LAYOUT_R;
+		for (int b = 0; b < s->ps->naxes; b++)
+			taken |= b != a && v->lay.on[b] == d;
+		if (taken) {
+			diag_error(rule->src, rule->loc, "expert parameter '%s' cannot be split over '%s' on its %s dim as well",
+				   v->name, s->ps->axes[a].name, d == 0 ? "expert" : "hidden");
+			diag_note(op->src, op->loc, "'%s' is declared here", v->name);
+			diag_note_plain("a parameter dim is split over one mesh axis, and a mesh axis splits one of its dims");
+			s->failed = true;
+			return;
+		}
+		v->lay.on[a] = (signed char)d;
+		long long n = split_product(s, &v->lay, d);
+		if (v->dim[d] % n) {
+			diag_error(rule->src, rule->loc, "the %lld %s of '%s' are not divisible by mesh axis '%s' of size %d",
+				   v->dim[d], d == 0 ? "experts" : "hidden units", v->name, s->ps->axes[a].name,
+				   s->ps->axes[a].size);
+			diag_note(op->src, op->loc, "'%s' is declared here", v->name);
+			s->failed = true;
+			return;
+		}
+	}
+}
+
+/* An expert rule that splits nothing is an error, never a silent replication. */
+static void moe_rules_check(Shard *s)
+{
+	Graph *g = s->g;
+	const char **names = NULL;
+	int n = 0;
+	for (int r = 0; r < s->ps->nrules; r++) {
+		const ShardRule *rule = &s->ps->rules[r];
+		if (!rule->moe || rule->used)
+			continue;
+		const char *what = rule->moe == MOE_RULE_EXPERTS ? "experts" : "expert_hidden";
+		if (!g->has_moe) {
+			diag_error(rule->src, rule->loc, "shard rule '%s -> %s': model '%s' has no mixture-of-experts layer",
+				   what, s->ps->axes[rule->axis].name, s->ps->model->name);
+			diag_note_plain("expert rules split the experts of moe_dispatch .. moe_combine (nn.moe, nn.moe_swiglu)");
+			s->failed = true;
+			continue;
+		}
+		if (!names) { /* the expert parameters, layer numbers as '*': the patterns a user means */
+			names = arena_alloc(g->arena, sizeof(char *) * ((size_t)g->nvals + 1));
+			for (int v = 0; v < g->nvals; v++) {
+				if (s->moe_param[v] == MP_NONE || !g->vals[v].name)
+					continue;
+				char buf[256];
+				size_t at = 0;
+				for (const char *c = g->vals[v].name; *c && at + 2 < sizeof buf;) {
+					bool seg = c == g->vals[v].name || c[-1] == '.';
+					if (seg && *c >= '0' && *c <= '9') {
+						while (*c >= '0' && *c <= '9')
+							c++;
+						buf[at++] = '*';
+					} else {
+						buf[at++] = *c++;
+					}
+				}
+				buf[at] = 0;
+				bool dup = false;
+				for (int k = 0; k < n; k++)
+					dup |= !strcmp(names[k], buf);
+				if (!dup)
+					names[n++] = arena_strdup(g->arena, buf);
+			}
+		}
+		diag_error(rule->src, rule->loc, "shard rule '%s(%s) -> %s' matches no expert parameter", what,
+			   rule->moe_pattern ? rule->moe_pattern : "*", s->ps->axes[rule->axis].name);
+		const char *best = rule->moe_pattern ? closest_name(rule->moe_pattern, names, n) : NULL;
+		if (best)
+			diag_note_plain("did you mean '%s'?", best);
+		else if (n)
+			diag_note_plain("the expert parameters are %s%s%s", names[0], n > 1 ? ", " : "", n > 1 ? names[1] : "");
+		if (rule->moe == MOE_RULE_HIDDEN && n)
+			diag_note_plain("expert_hidden splits weights applied to the dispatched tokens and what follows them");
+		s->failed = true;
+	}
+}
+
 /* Layout of a parameter from the plan's rules (the last matching rule wins). */
 static bool pattern_match(const char *pat, const char *name)
 {
@@ -1063,7 +1309,8 @@ static int place_op(Shard *s, Op *op)
 		input_layout(s, op);
 		break;
 	case OP_PARAM:
-		param_layout(s, op);
+		if (param_layout(s, op))
+			moe_param_layout(s, op);
 		break;
 	case OP_FILL:
 		break;
@@ -1074,11 +1321,12 @@ static int place_op(Shard *s, Op *op)
 		break;
 	case OP_OPTIMIZER_STEP: {
 		/* the gradient must match the parameter's layout on every axis where it is not a partial
-		 * sum; partial sums are the gradient synchronisation, placed by sync.c */
+		 * sum; partial sums are the gradient synchronisation, placed by sync.c (which makes them
+		 * whole: a partial sum of a parameter split on that axis is reduce-scattered here) */
 		int p = op->in[0];
 		for (int a = 0; a < naxes; a++) {
 			int sp = st(s, p, a), sgr = st(s, op->in[1], a);
-			if (sgr == LAYOUT_P || sgr == sp)
+			if ((sgr == LAYOUT_P && sp < 0) || sgr == sp)
 				continue;
 			int gv = convert_axis(s, op->in[1], a, sp);
 			op->in[1] = gv;
@@ -1213,13 +1461,17 @@ static int place_op(Shard *s, Op *op)
 				emit_stat_all_reduce(s, copy.out[1], a, 3);
 			}
 	}
-	/* MoE: a dim rule on the expert dim turns the capacity-split buffer into expert-split */
+	/* MoE: where the layer's experts are split (an expert rule, or a dim rule on the expert dim),
+	 * the dispatched buffer follows: from the capacity split, the all-to-all; from replicated
+	 * tokens, a slice (and an all-gather after the experts) */
 	if (placed->kind == OP_MOE_DISPATCH || placed->kind == OP_MOE_COMBINE_GRAD) {
 		Op copy = *placed;
 		s->cur = &copy;
+		int layer = moe_layer_of(s, &copy);
 		for (int a = 0; a < naxes; a++) {
 			int buf = copy.out[0];
-			if (st(s, buf, a) == 1 && preferred_dim(s, buf, a) == 0)
+			int sb = st(s, buf, a);
+			if ((sb == 1 || sb == LAYOUT_R) && (preferred_dim(s, buf, a) == 0 || moe_experts_split(s, layer, a)))
 				convert_axis(s, buf, a, 0);
 		}
 	}
@@ -1254,6 +1506,7 @@ bool shard(Graph *g)
 	for (int i = 0; i < s.nfwd_copy; i++)
 		s.fwd_copy[i] = -1;
 	int *remap = arena_alloc(g->arena, sizeof(int) * (size_t)(nold + 1));
+	moe_analyse(&s, old, nold);
 	for (int i = 0; i < nold && !s.failed; i++) {
 		if (i == g->nfwd)
 			nfwd_new = s.out.n;
@@ -1267,10 +1520,15 @@ bool shard(Graph *g)
 			s.nconvs = grow;
 		}
 		Op op = old[i];
+		s.cur_old = i;
 		remap[i] = place_op(&s, &op);
 	}
 	free(s.convs);
 	free(s.fwd_copy);
+	if (!s.failed)
+		moe_rules_check(&s);
+	free(s.moe_param);
+	free(s.moe_layer);
 	if (s.failed)
 		return false;
 	for (int i = 0; i < s.out.n; i++)

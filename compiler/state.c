@@ -493,6 +493,125 @@ static void phase_save(State *S)
 	}
 }
 
+/* ------------------------------------------------------------------ checkpoints and evaluation */
+
+/* A piece of a logical tensor (runtime/planrt_program.h, planrt_ckpt_write): the checkpoint phase
+ * writes it (only the original of a tied pair), the resume phase reads it back (into every copy:
+ * both take the same updates, so the original's state is the copy's). lo = base + coord(axis) *
+ * stride, as init_param's. */
+static void ckpt_piece(State *S, int buf, int param, int kind, long long base, int axis, long long stride, long long n,
+		       int shard_axis)
+{
+	LProg *p = S->p;
+	for (int io = 0; io < 2; io++) {
+		if (!io && !p->low->params[param].saved)
+			continue;
+		Kernel *k = step_kernel(S, io ? K_CKPT_READ : K_CKPT_WRITE, io ? PH_RESUME : PH_CHECKPOINT, p->low->params[param].name);
+		karg(p, k, KA_CTX, 0);
+		karg_buf(p, k, buf, !io, io);
+		karg(p, k, KA_DTYPE, p->buf[buf].dtype);
+		karg(p, k, KA_PARAM, param);
+		karg_int(p, k, kind);
+		karg_coord(p, k, base, axis, stride);
+		karg_int(p, k, n);
+		if (!io)
+			karg_int(p, k, shard_axis);
+	}
+}
+
+/* A rank-local buffer, whole, by its index in the program (resumed only under the same plan). */
+static void ckpt_local(State *S, int buf)
+{
+	LProg *p = S->p;
+	for (int io = 0; io < 2; io++) {
+		Kernel *k = step_kernel(S, io ? K_CKPT_READ_LOCAL : K_CKPT_WRITE_LOCAL, io ? PH_RESUME : PH_CHECKPOINT,
+					p->buf[buf].what);
+		karg(p, k, KA_CTX, 0);
+		karg_buf(p, k, buf, !io, io);
+		karg(p, k, KA_DTYPE, p->buf[buf].dtype);
+		karg_int(p, k, p->buf[buf].elems);
+		karg_int(p, k, buf);
+	}
+}
+
+/* checkpoint and resume: the state a run needs to continue bit for bit. Strict sync: every
+ * parameter (its storage dtype), its f32 master weights and optimizer moments as pieces of
+ * logical tensors, where each rank holds them (the whole block, a ZeRO-1/2 bucket shard's part,
+ * a ZeRO-3 chunk), so that another plan of the model can read them; compression's error-feedback
+ * residuals and PowerSGD factors are rank-local. Local SGD's replicas differ until they
+ * average, so all of their state is rank-local. The async roles have messages in flight at any
+ * step boundary: planrt refuses their checkpoints, and nothing is written here. Gradients and
+ * metrics start from zero every step; the step itself, the seed and the data position are
+ * planrt's (the manifest). */
+static void phase_checkpoint(State *S)
+{
+	LProg *p = S->p;
+	Graph *g = S->g;
+	if (S->master || S->worker)
+		return;
+	if (S->local) {
+		for (int b = 0; b < p->nbuf; b++) {
+			const Buffer *x = &p->buf[b];
+			if (x->cls == BUF_STATE && (x->state == SC_PARAM || x->state == SC_OPTIM || x->state == SC_MASTER ||
+						    x->state == SC_BUFFER || b == p->loss_history))
+				ckpt_local(S, b);
+		}
+		return;
+	}
+	int first = S->moments >= 2 ? 2 : 4; /* PLANRT_CKPT_EXP_AVG, or _MOMENTUM */
+	for (int i = 0; i < g->nops; i++) {
+		const Op *op = &g->ops[i];
+		if (op->kind != OP_PARAM || op->stage != p->stage)
+			continue;
+		int v = op->out[0], pi = param_index(S, v);
+		int ui = update_of_param(S, v);
+		const Update *u = ui >= 0 ? &S->u[ui] : NULL;
+		long long n = p->buf[v].elems;
+		if (S->zero >= 3)
+			ckpt_piece(S, v, pi, 0, 0, S->za, n, n, S->za);
+		else
+			ckpt_piece(S, v, pi, 0, 0, -1, 0, n, -1);
+		if (!u)
+			continue;
+		const Flat *f = sharded(S, u) ? &S->f[u->flat] : NULL;
+		int bufs[3] = {f ? f->master : u->master, f ? f->m : u->m, f ? f->v : u->v};
+		int kinds[3] = {1, first, 3};
+		for (int j = 0; j < 3; j++) {
+			if (bufs[j] < 0)
+				continue;
+			if (f)
+				ckpt_piece(S, bufs[j], pi, kinds[j], -u->off, S->za, f->chunk, f->chunk, S->za);
+			else if (S->zero >= 3)
+				ckpt_piece(S, bufs[j], pi, kinds[j], 0, S->za, n, n, S->za);
+			else
+				ckpt_piece(S, bufs[j], pi, kinds[j], 0, -1, 0, n, -1);
+		}
+	}
+	for (int b = 0; b < p->nbuf; b++)
+		if (p->buf[b].cls == BUF_STATE && p->buf[b].state == SC_BUFFER)
+			ckpt_local(S, b);
+}
+
+static void reduce_loss(State *S, Phase ph); /* (the step's phases, below) */
+
+/* eval_begin and eval_end: the loss of a held-out batch, whose forwards planrt runs between them,
+ * reduced as the step's loss is; local SGD's replicas (each its own model) are averaged. The
+ * async roles do not evaluate. */
+static void phase_eval(State *S)
+{
+	LProg *p = S->p;
+	if (S->master || S->worker)
+		return;
+	fill(S, PH_EVAL_BEGIN, p->loss_metric, 1, "the held-out batch's loss");
+	reduce_loss(S, PH_EVAL_END);
+	if (S->local) {
+		allreduce_inplace(S, PH_EVAL_END, p->loss_metric, 1, S->sa, -1, "the replicas' held-out loss");
+		Kernel *k = step_kernel(S, K_SCALE_METRIC, PH_EVAL_END, "their mean");
+		karg_buf(p, k, p->loss_metric, true, true);
+		karg_f64(p, k, 1.0 / S->ps->axes[S->sa].size);
+	}
+}
+
 /* step_begin: gradients and metrics start from zero; per-micro-batch gradients (ZeRO 2/3) are
  * cleared before their first write in each backward instead. */
 static void phase_step_begin(State *S)
@@ -777,16 +896,21 @@ static void phase_update(State *S)
 }
 
 /* The step's loss, on every rank: summed where it is a partial sum, and over the pipeline (only
- * the last stage computes it). */
-static void phase_loss(State *S)
+ * the last stage computes it); in phase ph (the step, or the end of an evaluation). */
+static void reduce_loss(State *S, Phase ph)
 {
 	Graph *g = S->g;
 	PlanSpec *ps = S->ps;
 	for (int a = 0; a < ps->naxes; a++) {
 		bool partial = g->vals[g->loss].lay.on[a] == LAYOUT_P;
 		if ((partial || (a == ps->pipe_axis && g->nstages > 1)) && ps->axes[a].size > 1 && a != S->sa)
-			allreduce_inplace(S, PH_STEP, S->p->loss_metric, 1, a, -1, "the step's loss");
+			allreduce_inplace(S, ph, S->p->loss_metric, 1, a, -1, "the step's loss");
 	}
+}
+
+static void phase_loss(State *S)
+{
+	reduce_loss(S, PH_STEP);
 }
 
 /* ------------------------------------------------------------------ sync strategies */
@@ -1119,6 +1243,8 @@ static void state_prog(LProg *p)
 			local_average(&S);
 	}
 	phase_save(&S);
+	phase_checkpoint(&S);
+	phase_eval(&S);
 	clear_transient_gradients(&S);
 	free(S.u);
 	free(S.f);
@@ -1129,4 +1255,94 @@ bool plan_state(Lowered *low)
 	for (int i = 0; i < low->nprogs; i++)
 		state_prog(low->progs[i]);
 	return true;
+}
+
+/* ------------------------------------------------------------------ the plan's fingerprint */
+
+const char *sync_mode_name(SyncMode m)
+{
+	return m == SYNC_LOCAL_SGD ? "local_sgd" : m == SYNC_ASYNC ? "async" : "strict";
+}
+
+static uint64_t fnv(uint64_t h, const void *data, size_t n)
+{
+	const unsigned char *b = data;
+	for (size_t i = 0; i < n; i++) {
+		h ^= b[i];
+		h *= 0x100000001b3ull;
+	}
+	return h;
+}
+
+static uint64_t fnv_ll(uint64_t h, long long x)
+{
+	return fnv(h, &x, sizeof x);
+}
+
+static uint64_t fnv_str(uint64_t h, const char *s)
+{
+	return s ? fnv(h, s, strlen(s) + 1) : fnv(h, "", 1);
+}
+
+/* A hash of everything a rank's program is: the mesh, the parameter table, every buffer and every
+ * kernel with its arguments, in order. planrt records it in each checkpoint and resumes bit for
+ * bit (rank-local state included) only under a program with the same one. "fnv1a64:" and 16 hex
+ * digits. */
+const char *plan_fingerprint(const Lowered *low)
+{
+	const PlanSpec *ps = low->ps;
+	uint64_t h = 0xcbf29ce484222325ull;
+	h = fnv_str(h, ps->model->name);
+	h = fnv_ll(h, ps->world);
+	for (int a = 0; a < ps->naxes; a++) {
+		h = fnv_str(h, ps->axes[a].name);
+		h = fnv_ll(h, ps->axes[a].size);
+	}
+	h = fnv_ll(h, ps->batch);
+	h = fnv_ll(h, ps->micro_batches);
+	for (int i = 0; i < low->nparams; i++) {
+		const ParamEntry *e = &low->params[i];
+		h = fnv_str(h, e->name);
+		h = fnv_ll(h, e->stage);
+		for (int d = 0; d < e->rank; d++) {
+			h = fnv_ll(h, e->gdims[d]);
+			h = fnv_ll(h, e->ldims[d]);
+			h = fnv_ll(h, e->split_axis[d]);
+		}
+	}
+	for (int i = 0; i < low->nprogs; i++) {
+		const LProg *p = low->progs[i];
+		h = fnv_ll(h, p->stage);
+		h = fnv_ll(h, p->role);
+		for (int b = 0; b < p->nbuf; b++) {
+			const Buffer *x = &p->buf[b];
+			h = fnv_str(h, x->name);
+			h = fnv_ll(h, x->cls);
+			h = fnv_ll(h, x->state);
+			h = fnv_ll(h, x->dtype);
+			h = fnv_ll(h, x->elems);
+			h = fnv_ll(h, x->view_of);
+			h = fnv_ll(h, x->view_off);
+		}
+		for (int k = 0; k < p->nk; k++) {
+			const Kernel *kk = &p->k[k];
+			h = fnv_ll(h, kk->kind);
+			h = fnv_ll(h, kk->phase);
+			h = fnv_ll(h, kk->chunk);
+			h = fnv_ll(h, kk->only_last_micro);
+			for (int a = 0; a < kk->nargs; a++) {
+				const KArg *x = &kk->args[a];
+				h = fnv_ll(h, x->kind);
+				h = fnv_ll(h, x->buf);
+				h = fnv_ll(h, x->i);
+				h = fnv(h, &x->f, sizeof x->f);
+				h = fnv_ll(h, x->axis);
+				h = fnv_ll(h, x->stride);
+				h = fnv_ll(h, x->dim);
+				for (int j = 0; j < x->n; j++)
+					h = fnv_ll(h, x->ints ? x->ints[j] : x->bufs[j]);
+			}
+		}
+	}
+	return arena_printf(low->g->arena, "fnv1a64:%016llx", (unsigned long long)h);
 }

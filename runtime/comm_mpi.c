@@ -35,6 +35,7 @@
  *   broadcast       B = count * es                   bytes = round((n - 1) B / n), root or not
  *   send            B = count * es                   bytes = B
  *   recv                                             bytes = 0
+ *   alltoallv       (variable counts per member)     bytes = the bytes sent to the other members
  * and bytes = 0 for every kind when n = 1. round(x) is llround of the exact rational x: the
  * nearest integer, halves rounded up (x >= 0), computed exactly in 64-bit integers as
  * (2 k (n - 1) B + n) / (2 n) with k = 2 for allreduce and 1 otherwise (integer division). Each
@@ -53,6 +54,7 @@
 #include <math.h>
 #include <pthread.h>
 #include <sched.h>
+#include <signal.h>
 #include <time.h>
 #include <unistd.h>
 #include <stdio.h>
@@ -67,9 +69,10 @@ typedef planrt_coll_t kind_t;
 #define K_BROADCAST planrt_coll_broadcast
 #define K_SEND planrt_coll_send
 #define K_RECV planrt_coll_recv
+#define K_ALLTOALLV planrt_coll_alltoallv
 
 static const char *const kind_names[] = {"allreduce", "reduce_scatter", "allgather", "alltoall",
-					 "broadcast", "send", "recv"};
+					 "broadcast", "send", "recv", "alltoallv"};
 _Static_assert(sizeof kind_names / sizeof *kind_names == planrt_coll_kinds, "a name for every planrt_coll_t");
 static const char *const dtype_names[] = {"f32", "bf16", "f16", "i32", "u8", "f64"};
 
@@ -83,8 +86,10 @@ struct planrt_request {
 	planrt_op_t op;
 	int peer; /* send / recv peer, broadcast root */
 	int tag;  /* send / recv */
+	const int *vcounts; /* alltoallv: send counts, send displacements, receive counts and displacements */
 	planrt_comm_t comm;
 	uint64_t seq;
+	uint64_t rec; /* its id in the monitor's record of recent operations (0: none) */
 	/* work left for completion */
 	float *staged;       /* f32 operands of a half-precision reduction */
 	void *staged_dst;    /* ... converted back into here */
@@ -208,12 +213,14 @@ static void describe(const struct planrt_request *q, char *buf, size_t n)
 static void count_call(const struct planrt_request *q)
 {
 	uint64_t n = (uint64_t)q->comm->size, B = (uint64_t)q->count * planrt_dtype_size(q->dtype), k = 1, bytes;
+	if (q->comm->group == PLANRT_GROUP_CONTROL_)
+		return; /* planrt's own control messages: not the plan's traffic */
 	int g = group_slot(q->comm->group);
 	if (g < 0)
 		g = 0;
 	if (n <= 1 || q->kind == K_RECV) {
 		bytes = 0;
-	} else if (q->kind == K_SEND) {
+	} else if (q->kind == K_SEND || q->kind == K_ALLTOALLV) { /* alltoallv: count is what leaves */
 		bytes = B;
 	} else {
 		if (q->kind == K_ALLREDUCE)
@@ -290,8 +297,11 @@ static void from_f32(const float *f, uint16_t *h, size_t n, planrt_dtype_t t)
 }
 
 /* Runs after MPI reports completion: half-precision results back, staged copies out. */
+static void record_end(const struct planrt_request *q);
+
 static void finish(struct planrt_request *q)
 {
+	record_end(q);
 	if (q->staged_dst)
 		from_f32(q->staged, q->staged_dst, q->staged_count, q->dtype);
 	if (q->copy_dst)
@@ -305,22 +315,55 @@ static void finish(struct planrt_request *q)
 
 static void abandon(struct planrt_request *q)
 {
+	record_end(q);
 	stage_put(q->staged);
 	free(q->scratch);
 	q->staged = q->scratch = NULL;
 }
 
-/* ------------------------------------------------------------------ the watchdog thread */
+/* ------------------------------------------------------------------ the monitor thread
+ *
+ * One thread per process watches the rank from outside the MPI calls (it makes none: MPI is
+ * initialised funneled):
+ *   watchdog   the operation the rank waits in (a blocking call, or the wait of a nonblocking
+ *              one) is published here; pending longer than PLANRT_WATCHDOG seconds, the thread
+ *              prints it and ends the process, which makes the launcher end the job;
+ *   signals    SIGTERM, SIGINT and SIGHUP are blocked in every other thread (planrt_init blocks
+ *              them before MPI starts its threads, which inherit the mask) and taken here with
+ *              sigtimedwait: the thread prints where the rank was (the step and phase, the
+ *              operation it waits in and for how long, the nonblocking ones in flight, the last
+ *              one completed), runs the program's cleanup (a checkpoint's temporary files), and
+ *              ends the process by the signal. A launcher stopping a job whose rank died sends
+ *              these signals to the survivors, so every survivor says what it was waiting for,
+ *              as PyTorch's Flight Recorder does;
+ *   record     the last RECENT operations started (kind, count, dtype, group, sequence number,
+ *              start and end time), for that report.
+ * What the thread reads is written by the rank's thread without locks; a report may show an
+ * operation a moment out of date, never a torn one (gen is checked around every copy). */
 
-/* The blocking call in progress, published without locks: gen changes on every arm and disarm,
- * and the thread trusts what it read through q only if gen was the same before and after (the
- * request lives on the caller's stack for the length of the call). A coarse clock is enough. */
+/* The operation the rank waits in: gen changes on every arm and disarm, and the thread trusts
+ * what it read through q only if gen was the same before and after (the request lives for the
+ * length of the wait). A coarse clock is enough. */
 static struct {
 	volatile uint64_t gen; /* odd while a call is armed */
 	volatile double since;
 	const struct planrt_request *volatile q;
 } wd;
-static pthread_once_t wd_once = PTHREAD_ONCE_INIT;
+
+enum { RECENT = 16 };
+static struct recent_op {
+	volatile uint64_t id;       /* 1 + the index in the sequence of every operation started */
+	struct planrt_request q;    /* a copy (its comm pointer stays valid until planrt_finalize) */
+	volatile double started, ended; /* ended 0: not completed yet */
+} recent[RECENT];
+static uint64_t nstarted;
+
+/* where the program is (planrt_where_), for reports */
+static volatile int64_t where_step = -1;
+static const char *volatile where_phase;
+static volatile int where_micro = -1, where_chunk = -1;
+static void (*volatile signal_cleanup)(void);
+static int monitor_running;
 
 static double coarse_now(void)
 {
@@ -329,50 +372,201 @@ static double coarse_now(void)
 	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-static void *watchdog_main(void *arg)
+void planrt_where_(int64_t step, const char *phase, int micro, int chunk)
 {
-	(void)arg;
-	for (;;) {
-		double step = watchdog_s > 10 ? 1.0 : watchdog_s / 10 > 0.05 ? watchdog_s / 10 : 0.05;
-		struct timespec ts = {(time_t)step, (long)((step - (double)(time_t)step) * 1e9)};
-		nanosleep(&ts, NULL);
-		uint64_t g = __atomic_load_n(&wd.gen, __ATOMIC_ACQUIRE);
-		if (!(g & 1) || watchdog_s <= 0)
-			continue;
+	where_step = step;
+	where_phase = phase;
+	where_micro = micro;
+	where_chunk = chunk;
+}
+
+void planrt_on_signal_(void (*cleanup)(void))
+{
+	signal_cleanup = cleanup;
+}
+
+/* a started operation into the record; q->rec is its id */
+static void record_start(struct planrt_request *q)
+{
+	struct recent_op *r = &recent[nstarted % RECENT];
+	q->rec = ++nstarted;
+	r->id = 0;
+	__atomic_thread_fence(__ATOMIC_RELEASE);
+	r->q = *q;
+	r->started = coarse_now();
+	r->ended = 0;
+	__atomic_thread_fence(__ATOMIC_RELEASE);
+	r->id = q->rec;
+}
+
+static void record_end(const struct planrt_request *q)
+{
+	struct recent_op *r = &recent[(q->rec - 1) % RECENT];
+	if (q->rec && r->id == q->rec)
+		r->ended = coarse_now();
+}
+
+static void where_text(char *buf, size_t n)
+{
+	int64_t step = where_step;
+	const char *phase = where_phase;
+	int micro = where_micro, chunk = where_chunk;
+	if (!phase) {
+		snprintf(buf, n, "outside the training loop");
+		return;
+	}
+	int len = step >= 0 ? snprintf(buf, n, "at step %lld (%s", (long long)step, phase) : snprintf(buf, n, "in %s", phase);
+	if (len < 0 || (size_t)len >= n)
+		return;
+	if (micro >= 0)
+		len += snprintf(buf + len, n - (size_t)len, "%smicro-batch %d, chunk %d", step >= 0 ? ", " : " (", micro,
+				chunk);
+	if (len >= 0 && (size_t)len < n && (step >= 0 || micro >= 0))
+		snprintf(buf + len, n - (size_t)len, ")");
+}
+
+/* What the rank was doing, for a signal's report: the wait it is in, the nonblocking operations
+ * in flight, the last completed one. */
+static void activity_text(char *buf, size_t n)
+{
+	size_t len = 0;
+	buf[0] = 0;
+	uint64_t g = __atomic_load_n(&wd.gen, __ATOMIC_ACQUIRE);
+	if (g & 1) {
 		double since = wd.since;
 		struct planrt_request q = *wd.q;
 		__atomic_thread_fence(__ATOMIC_ACQUIRE);
-		if (__atomic_load_n(&wd.gen, __ATOMIC_ACQUIRE) != g || coarse_now() - since <= watchdog_s)
+		if (__atomic_load_n(&wd.gen, __ATOMIC_ACQUIRE) == g) {
+			char what[256];
+			describe(&q, what, sizeof what);
+			len += (size_t)snprintf(buf + len, n - len, "waiting %.1f s in %s", coarse_now() - since, what);
+		}
+	}
+	if (!len)
+		len += (size_t)snprintf(buf, n, "not waiting in a collective or transfer (computing)");
+	const struct recent_op *last = NULL;
+	int inflight = 0;
+	char first[256] = "";
+	for (int i = 0; i < RECENT; i++) {
+		const struct recent_op *r = &recent[i];
+		uint64_t id = r->id;
+		if (!id)
 			continue;
+		struct planrt_request q = r->q;
+		double ended = r->ended;
+		if (r->id != id)
+			continue;
+		if (!ended && !first[0] && (!(g & 1) || q.seq != wd.q->seq || q.comm != wd.q->comm))
+			describe(&q, first, sizeof first);
+		inflight += !ended;
+		if (ended && (!last || r->id > last->id))
+			last = r;
+	}
+	if (len < n && inflight > ((g & 1) ? 1 : 0) && first[0])
+		len += (size_t)snprintf(buf + len, n - len, "; %d nonblocking in flight, such as %s", inflight - ((g & 1) ? 1 : 0),
+					first);
+	if (len < n && last) {
 		char what[256];
+		struct planrt_request q = last->q;
 		describe(&q, what, sizeof what);
-		fprintf(stderr,
-			"planrt: rank %d: watchdog: %s still pending after %g s; another rank has stalled or called its "
-			"collectives in a different order (PLANRT_WATCHDOG=seconds changes the limit, 0 turns it off)\n",
-			planrt_world_rank_(), what, watchdog_s);
-		fflush(stderr);
-		_exit(1); /* mpirun then ends the other ranks */
+		snprintf(buf + len, n - len, "; last completed: %s, %.1f s ago", what, coarse_now() - last->ended);
+	}
+}
+
+static void report_signal(int sig)
+{
+	char where[160], what[1024];
+	where_text(where, sizeof where);
+	activity_text(what, sizeof what);
+	const char *name = sig == SIGTERM ? "SIGTERM" : sig == SIGINT ? "SIGINT" : sig == SIGHUP ? "SIGHUP" : "a signal";
+	fprintf(stderr,
+		"planrt: rank %d: stopped by %s %s: %s; the job is being stopped (when another rank died, the "
+		"launcher's message or that rank's names it)\n",
+		planrt_world_rank_(), name, where, what);
+	fflush(stderr);
+}
+
+static void watchdog_check(void)
+{
+	uint64_t g = __atomic_load_n(&wd.gen, __ATOMIC_ACQUIRE);
+	if (!(g & 1) || watchdog_s <= 0)
+		return;
+	double since = wd.since;
+	struct planrt_request q = *wd.q;
+	__atomic_thread_fence(__ATOMIC_ACQUIRE);
+	if (__atomic_load_n(&wd.gen, __ATOMIC_ACQUIRE) != g || coarse_now() - since <= watchdog_s)
+		return;
+	char what[256], where[160];
+	describe(&q, what, sizeof what);
+	where_text(where, sizeof where);
+	fprintf(stderr,
+		"planrt: rank %d: watchdog: %s still pending after %g s %s; another rank has stalled, died or called "
+		"its collectives in a different order (PLANRT_WATCHDOG=seconds changes the limit, 0 turns it off)\n",
+		planrt_world_rank_(), what, watchdog_s, where);
+	fflush(stderr);
+	_exit(1); /* the launcher then ends the other ranks */
+}
+
+static const int monitored[] = {SIGTERM, SIGINT, SIGHUP};
+
+static void monitored_set(sigset_t *set)
+{
+	sigemptyset(set);
+	for (size_t i = 0; i < sizeof monitored / sizeof monitored[0]; i++)
+		sigaddset(set, monitored[i]);
+}
+
+static void *monitor_main(void *arg)
+{
+	(void)arg;
+	sigset_t set;
+	monitored_set(&set);
+	for (;;) {
+		double step = watchdog_s > 10 ? 1.0 : watchdog_s / 10 > 0.05 ? watchdog_s / 10 : watchdog_s > 0 ? 0.05 : 1.0;
+		struct timespec ts = {(time_t)step, (long)((step - (double)(time_t)step) * 1e9)};
+		int sig = sigtimedwait(&set, NULL, &ts);
+		if (sig > 0) {
+			report_signal(sig);
+			void (*cleanup)(void) = signal_cleanup;
+			if (cleanup)
+				cleanup();
+			signal(sig, SIG_DFL);
+			sigset_t one;
+			sigemptyset(&one);
+			sigaddset(&one, sig);
+			pthread_sigmask(SIG_UNBLOCK, &one, NULL);
+			raise(sig);
+			_exit(128 + sig);
+		}
+		watchdog_check();
 	}
 	return NULL;
 }
 
-static void watchdog_start(void)
+void planrt_monitor_start_(void)
 {
+	if (monitor_running)
+		return;
+	sigset_t set, old;
+	monitored_set(&set);
+	pthread_sigmask(SIG_BLOCK, &set, &old);
 	pthread_t t;
 	pthread_attr_t attr;
 	pthread_attr_init(&attr);
 	pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-	if (pthread_create(&t, &attr, watchdog_main, NULL) != 0)
-		fprintf(stderr, "planrt: rank %d: cannot start the watchdog thread; stalls will not be reported\n",
+	if (pthread_create(&t, &attr, monitor_main, NULL) != 0) {
+		pthread_sigmask(SIG_SETMASK, &old, NULL);
+		fprintf(stderr, "planrt: rank %d: cannot start the monitor thread; stalls and signals will not be reported\n",
 			planrt_world_rank_());
+	} else {
+		monitor_running = 1;
+	}
 	pthread_attr_destroy(&attr);
 }
 
+/* The wait the rank is in; the record is kept with the watchdog off too (signal reports). */
 static void watchdog_arm(const struct planrt_request *q)
 {
-	if (watchdog_s <= 0)
-		return;
-	pthread_once(&wd_once, watchdog_start);
 	wd.q = q;
 	wd.since = coarse_now();
 	__atomic_add_fetch(&wd.gen, 1, __ATOMIC_RELEASE); /* odd: armed */
@@ -380,35 +574,40 @@ static void watchdog_arm(const struct planrt_request *q)
 
 static void watchdog_disarm(void)
 {
-	if (watchdog_s <= 0)
-		return;
 	__atomic_add_fetch(&wd.gen, 1, __ATOMIC_RELEASE); /* even: idle */
 }
 
 static planrt_result_t poll_wait(struct planrt_request *q)
 {
 	int rc;
+	watchdog_arm(q);
 	if (watchdog_s <= 0) {
 		rc = MPI_Wait(&q->mreq, MPI_STATUS_IGNORE);
+		watchdog_disarm();
 		return rc == MPI_SUCCESS ? planrt_success : mpi_fail(rc, q);
 	}
 	double t0 = planrt_now();
 	for (unsigned spins = 0;; spins++) {
 		int flag = 0;
 		rc = MPI_Test(&q->mreq, &flag, MPI_STATUS_IGNORE);
-		if (rc != MPI_SUCCESS)
+		if (rc != MPI_SUCCESS) {
+			watchdog_disarm();
 			return mpi_fail(rc, q);
-		if (flag)
+		}
+		if (flag) {
+			watchdog_disarm();
 			return planrt_success;
+		}
 		if (spins < 256)
 			continue;
 		if (planrt_now() - t0 > watchdog_s) {
-			char what[256];
+			char what[256], where[160];
 			describe(q, what, sizeof what);
-			planrt_fatal("watchdog: %s still pending after %g s; another rank has stalled or called its "
-				     "collectives in a different order (PLANRT_WATCHDOG=seconds changes the limit, 0 "
-				     "turns it off)",
-				     what, watchdog_s);
+			where_text(where, sizeof where);
+			watchdog_disarm();
+			planrt_fatal("watchdog: %s still pending after %g s %s; another rank has stalled, died or called its "
+				     "collectives in a different order (PLANRT_WATCHDOG=seconds changes the limit, 0 turns it off)",
+				     what, watchdog_s, where);
 		}
 		sched_yield();
 	}
@@ -526,6 +725,12 @@ static planrt_result_t start(struct planrt_request *q, const void *sendbuf, void
 		rc = direct ? MPI_Recv(recvbuf, cnt, dt, q->peer, q->tag, comm, MPI_STATUS_IGNORE)
 			    : MPI_Irecv(recvbuf, cnt, dt, q->peer, q->tag, comm, &q->mreq);
 		break;
+	case K_ALLTOALLV: {
+		const int *v = q->vcounts;
+		rc = direct ? MPI_Alltoallv(sendbuf, v, v + n, dt, recvbuf, v + 2 * n, v + 3 * n, dt, comm)
+			    : MPI_Ialltoallv(sendbuf, v, v + n, dt, recvbuf, v + 2 * n, v + 3 * n, dt, comm, &q->mreq);
+		break;
+	}
 	case planrt_coll_kinds: /* not a kind; run() never passes it */
 		break;
 	}
@@ -536,6 +741,7 @@ static planrt_result_t start(struct planrt_request *q, const void *sendbuf, void
 		return mpi_fail(rc, q);
 	}
 	count_call(q);
+	record_start(q);
 	if (direct)
 		finish(q);
 	return planrt_success;
@@ -673,6 +879,53 @@ planrt_result_t planrt_alltoall(const void *sendbuf, void *recvbuf, size_t count
 				planrt_stream_t stream, planrt_request_t *req)
 {
 	return run(K_ALLTOALL, sendbuf, recvbuf, count, t, planrt_sum, 0, 0, c, stream, req);
+}
+
+planrt_result_t planrt_alltoallv(const void *sendbuf, const int64_t *sendcounts, const int64_t *sdispls, void *recvbuf,
+				 const int64_t *recvcounts, const int64_t *rdispls, planrt_dtype_t t, planrt_comm_t c)
+{
+	if (!c)
+		return planrt_error_(planrt_invalid_usage, "alltoallv on a NULL communicator (before planrt_init)");
+	if ((unsigned)t > planrt_f64)
+		return planrt_error_(planrt_invalid_argument, "alltoallv: unknown dtype %d", (int)t);
+	int n = c->size;
+	int *v = malloc(sizeof(int) * 4 * (size_t)n);
+	if (!v)
+		return planrt_error_(planrt_system_error, "out of memory for an alltoallv's counts");
+	size_t others = 0;
+	for (int r = 0; r < n; r++) {
+		const int64_t x[4] = {sendcounts[r], sdispls[r], recvcounts[r], rdispls[r]};
+		for (int k = 0; k < 4; k++) {
+			if (x[k] < 0 || x[k] > INT_MAX) {
+				free(v);
+				return planrt_error_(planrt_invalid_argument,
+						     "alltoallv: a count or displacement of %lld elements is outside MPI's int range",
+						     (long long)x[k]);
+			}
+			v[k * n + r] = (int)x[k];
+		}
+		if (r != c->rank)
+			others += (size_t)sendcounts[r];
+	}
+	struct planrt_request q;
+	memset(&q, 0, sizeof q);
+	q.kind = K_ALLTOALLV;
+	q.count = others;
+	q.dtype = t;
+	q.op = planrt_sum;
+	q.comm = c;
+	q.seq = ++c->ncalls;
+	q.vcounts = v;
+	planrt_result_t r = start(&q, sendbuf, recvbuf, 1);
+	if (r == planrt_success && !q.done) {
+		r = poll_wait(&q);
+		if (r != planrt_success)
+			abandon(&q);
+		else
+			finish(&q);
+	}
+	free(v);
+	return r;
 }
 
 planrt_result_t planrt_broadcast(void *buf, size_t count, planrt_dtype_t t, int root, planrt_comm_t c,

@@ -23,6 +23,7 @@
 struct planrt_data {
 	uint16_t *tok;
 	int64_t ntok, seq, vocab;
+	int64_t train; /* training draws its windows from tokens [0, train); the rest is held out */
 	planrt_dataset_t set; /* a data set of named tensors (dataset.c) instead of tokens */
 };
 
@@ -57,6 +58,11 @@ planrt_result_t planrt_data_open(const char *path, int64_t vocab, int64_t seq, p
 	if (S_ISDIR(st.st_mode))
 		return planrt_error_(planrt_io_error,
 				     "data '%s' is a directory; pass a text file or a nanoGPT .bin token file", path);
+	if (!S_ISREG(st.st_mode)) /* a FIFO or a device would block the open or never end */
+		return planrt_error_(planrt_io_error,
+				     "data '%s' is not a regular file (a FIFO, socket or device); pass a text file or a "
+				     "nanoGPT .bin token file",
+				     path);
 	FILE *fp = fopen(path, "rb");
 	if (!fp)
 		return planrt_error_(planrt_io_error, "cannot open data '%s': %s; check the path and its permissions", path,
@@ -119,6 +125,7 @@ planrt_result_t planrt_data_open(const char *path, int64_t vocab, int64_t seq, p
 	}
 	d->tok = tok;
 	d->ntok = ntok;
+	d->train = ntok;
 	d->seq = seq;
 	d->vocab = vocab;
 	*out = d;
@@ -135,11 +142,19 @@ planrt_result_t planrt_data_batch(planrt_data_t d, int64_t step, int64_t lo, int
 				     (long long)lo, (long long)hi);
 	if (d->set)
 		return planrt_error_(planrt_invalid_usage, "the data is a data set of named tensors, not token windows");
-	uint64_t npos = (uint64_t)(d->ntok - d->seq - 1);
+	uint64_t npos = (uint64_t)(d->train - d->seq - 1), first = 0;
+	if (step < 0 && d->train == d->ntok)
+		return planrt_error_(planrt_invalid_argument, "planrt_data_batch: step %lld (no held-out split)",
+				     (long long)step);
+	if (step < 0) { /* a held-out batch (planrt_data_eval_batch_) */
+		npos = (uint64_t)(d->ntok - d->train - d->seq - 1);
+		first = (uint64_t)d->train;
+		seed ^= 0x6576616c756174ull; /* "evaluat": a stream of its own */
+	}
 	for (int64_t i = lo; i < hi; i++) {
 		uint32_t x[4];
 		planrt_philox(seed, (uint64_t)step, (uint64_t)i, x);
-		uint64_t pos = ((uint64_t)x[0] | (uint64_t)x[1] << 32) % npos;
+		uint64_t pos = first + ((uint64_t)x[0] | (uint64_t)x[1] << 32) % npos;
 		const uint16_t *w = d->tok + pos;
 		int32_t *t = tokens + (i - lo) * d->seq, *y = targets + (i - lo) * d->seq;
 		for (int64_t j = 0; j < d->seq; j++) {
@@ -153,6 +168,27 @@ planrt_result_t planrt_data_batch(planrt_data_t d, int64_t step, int64_t lo, int
 int64_t planrt_data_tokens(planrt_data_t d)
 {
 	return d ? d->ntok : 0;
+}
+
+planrt_result_t planrt_data_hold_out_(planrt_data_t d, int64_t *train)
+{
+	int64_t held = d->ntok / 10 > d->seq + 2 ? d->ntok / 10 : d->seq + 2;
+	if (d->ntok - held < d->seq + 2)
+		return planrt_error_(planrt_format_error,
+				     "the data has %lld tokens, too few to hold out %lld for evaluation and train on the rest "
+				     "(windows of %lld + 1 tokens); use more data or drop --eval-every",
+				     (long long)d->ntok, (long long)held, (long long)d->seq);
+	d->train = d->ntok - held;
+	*train = d->train;
+	return planrt_success;
+}
+
+planrt_result_t planrt_data_eval_batch_(planrt_data_t d, int64_t batch, int64_t lo, int64_t hi, uint64_t seed,
+					int32_t *tokens, int32_t *targets)
+{
+	if (!d || d->train == d->ntok)
+		return planrt_error_(planrt_invalid_usage, "planrt_data_eval_batch_ without a held-out split");
+	return planrt_data_batch(d, -1 - batch, lo, hi, seed, tokens, targets);
 }
 
 planrt_dataset_t planrt_data_set(planrt_data_t d)

@@ -1,5 +1,6 @@
 /* io_cuda.cu: the CUDA target's I/O kernels, through the host. Input batches, parameter
- * initialisation and --save are planrt's CPU code (program.c, dataset.c) on a host copy of the device buffer: init reads the device block first
+ * initialisation, --save and the sharded checkpoints are planrt's CPU code (program.c,
+ * checkpoint.c, dataset.c) on a host copy of the device buffer: init reads the device block first
  * (positions outside the parameter's elements keep their values) and writes it back, save and
  * checkpoint writes read it, checkpoint reads write it. Every path waits for the stream, so the
  * host never sees a buffer a kernel is still writing. Input batches are loaded into host memory
@@ -66,6 +67,45 @@ void planrt_cu_save_param(planrt_ctx_t *ctx, const void *src, planrt_dtype_t dty
 	void *host = host_block(bytes);
 	to_host(host, src, bytes, stream);
 	planrt_save_param(ctx, host, dtype, param, lo, n, shard_axis);
+	free(host);
+}
+
+void planrt_cu_ckpt_write(planrt_ctx_t *ctx, const void *src, planrt_dtype_t dtype, int param, int kind, int64_t lo,
+			  int64_t n, int shard_axis, int stream)
+{
+	size_t bytes = planrt_dtype_size(dtype) * (size_t)(n > 0 ? n : 0);
+	void *host = host_block(bytes);
+	to_host(host, src, bytes, stream);
+	planrt_ckpt_write(ctx, host, dtype, param, kind, lo, n, shard_axis);
+	free(host);
+}
+
+void planrt_cu_ckpt_read(planrt_ctx_t *ctx, void *dst, planrt_dtype_t dtype, int param, int kind, int64_t lo, int64_t n,
+			 int stream)
+{
+	size_t bytes = planrt_dtype_size(dtype) * (size_t)(n > 0 ? n : 0);
+	void *host = host_block(bytes);
+	to_host(host, dst, bytes, stream);
+	planrt_ckpt_read(ctx, host, dtype, param, kind, lo, n);
+	to_device(dst, host, bytes, stream);
+	free(host);
+}
+
+void planrt_cu_ckpt_write_local(planrt_ctx_t *ctx, const void *src, planrt_dtype_t dtype, int64_t n, int id, int stream)
+{
+	size_t bytes = planrt_dtype_size(dtype) * (size_t)(n > 0 ? n : 0);
+	void *host = host_block(bytes);
+	to_host(host, src, bytes, stream);
+	planrt_ckpt_write_local(ctx, host, dtype, n, id);
+	free(host);
+}
+
+void planrt_cu_ckpt_read_local(planrt_ctx_t *ctx, void *dst, planrt_dtype_t dtype, int64_t n, int id, int stream)
+{
+	size_t bytes = planrt_dtype_size(dtype) * (size_t)(n > 0 ? n : 0);
+	void *host = host_block(bytes);
+	planrt_ckpt_read_local(ctx, host, dtype, n, id);
+	to_device(dst, host, bytes, stream);
 	free(host);
 }
 

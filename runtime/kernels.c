@@ -149,6 +149,10 @@ static inline uint32_t philox_first(uint32_t c0, uint32_t c1, uint32_t c2, uint3
 	return c0;
 }
 
+/* Set while planrt_main evaluates held-out batches: dropout is the identity then, as in PyTorch's
+ * eval mode. */
+int planrt_evaluating_;
+
 /* The keep threshold: u / 2^32 >= p  <=>  u >= ceil(p 2^32) for integer u (p 2^32 is exact). */
 static uint64_t dropout_threshold(double p)
 {

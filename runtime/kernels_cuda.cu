@@ -411,6 +411,8 @@ void planrt_cu_k_dropout_f32(const float *x, float *y, uint8_t *mask, double p, 
 			     const int64_t *gdims, const int64_t *ldims, const int64_t *offs, int stream)
 {
 	check_rank("dropout", rank);
+	if (planrt_evaluating_)
+		p = 0;
 	int64_t gst[KMAX], n = 1;
 	strides_of(rank, gdims, gst);
 	uint64_t gbase = 0;
@@ -1109,23 +1111,4 @@ void planrt_cu_optimizer_step(int kind, double lr, double beta1, double beta2, d
 	o.eps = (float)eps;
 	o.decay = (float)(1 - lr_t * weight_decay);
 	LAUNCH(optimizer_kernel, n, stream, o, param, grad, (int)gt, m, v, n, coef);
-}
-
-/* ------------------------------------------------------------------ labels (through the host) */
-
-void planrt_cu_check_labels(const int32_t *labels, int rank, const int64_t *ldims, const int64_t *offs, int64_t classes,
-			    const char *what, int64_t step, int stream)
-{
-	int64_t n = 1;
-	for (int d = 0; d < rank; d++)
-		n *= ldims[d];
-	int32_t *host = (int32_t *)malloc(sizeof(int32_t) * (size_t)(n > 0 ? n : 1));
-	if (!host)
-		planrt_fatal("out of memory checking %lld labels", (long long)n);
-	cudaStream_t s = planrt_cu_stream(stream);
-	planrt_cu_check_(cudaMemcpyAsync(host, labels, sizeof(int32_t) * (size_t)n, cudaMemcpyDeviceToHost, s),
-			 "cudaMemcpyAsync");
-	planrt_cu_check_(cudaStreamSynchronize(s), "cudaStreamSynchronize");
-	planrt_check_labels(host, rank, ldims, offs, classes, what, step);
-	free(host);
 }

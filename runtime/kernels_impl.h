@@ -381,6 +381,8 @@ static T FN(kdropout_scale)(double p)
 void FN(planrt_k_dropout)(const T *x, T *y, uint8_t *mask, double p, uint64_t seed, uint64_t key, int rank,
 			  const int64_t *gdims, const int64_t *ldims, const int64_t *offs)
 {
+	if (planrt_evaluating_) /* evaluation: the identity (kernels.c) */
+		p = 0;
 	int64_t n = dropout_mask(mask, p, seed, key, rank, gdims, ldims, offs);
 	T sc = FN(kdropout_scale)(p);
 	for (int64_t i = 0; i < n; i++)
@@ -950,7 +952,9 @@ void FN(planrt_k_l1_loss_grad)(const T *x, const T *target, int64_t n, double ds
 
 /* ---- mixture of experts ------------------------------------------------------------------------------
  * Routing is recomputed from the logits wherever an expert's identity is needed (route_grad, aux
- * loss): the selection is deterministic, and idx does not name the expert of a dropped pair. */
+ * loss): the selection is deterministic, and idx does not name the expert of a dropped pair. Tokens
+ * come in groups of `group` consecutive rows (a group is one sample: capacity and the auxiliary
+ * loss are per group, so that a plan that splits the batch routes every sample as one rank does). */
 
 /* Router probabilities of one token: p[e] = exp(l[e] - max) / sum. */
 static void FN(kmoe_probs)(const T *l, int64_t experts, T *p)
@@ -980,20 +984,21 @@ static void FN(kmoe_topk)(const T *p, int64_t experts, int64_t top_k, int64_t *c
 	}
 }
 
-/* Scratch for per-expert values: the stack up to KSTACK_EXPERTS, else the heap. */
+/* Scratch for per-expert values: the stack up to KSTACK_EXPERTS, else the heap; choice holds a
+ * token's top_k experts (a group's, group * top_k, in route). */
 typedef struct {
 	T stack_p[KSTACK_EXPERTS];
-	int64_t stack_c[KSTACK_EXPERTS];
+	int64_t stack_c[KSTACK_EXPERTS], stack_choice[64];
 	T *p;
-	int64_t *c;
+	int64_t *c, *choice;
 } FN(KMoeScratch);
 
-static void FN(kmoe_scratch)(FN(KMoeScratch) * s, int64_t experts, int64_t top_k)
+static void FN(kmoe_scratch)(FN(KMoeScratch) * s, int64_t experts, int64_t nchoice)
 {
-	int64_t nc = experts > top_k ? experts : top_k;
 	s->p = experts <= KSTACK_EXPERTS ? s->stack_p : malloc((size_t)experts * sizeof(T));
-	s->c = nc <= KSTACK_EXPERTS ? s->stack_c : malloc((size_t)nc * sizeof(int64_t));
-	if (!s->p || !s->c)
+	s->c = experts <= KSTACK_EXPERTS ? s->stack_c : malloc((size_t)experts * sizeof(int64_t));
+	s->choice = nchoice <= 64 ? s->stack_choice : malloc((size_t)nchoice * sizeof(int64_t));
+	if (!s->p || !s->c || !s->choice)
 		kfatal("moe: out of memory for per-expert scratch");
 }
 
@@ -1003,30 +1008,63 @@ static void FN(kmoe_scratch_free)(FN(KMoeScratch) * s)
 		free(s->p);
 	if (s->c != s->stack_c)
 		free(s->c);
+	if (s->choice != s->stack_choice)
+		free(s->choice);
 }
 
-void FN(planrt_k_moe_route)(const T *logits, int64_t tokens, int64_t experts, int64_t top_k, int64_t capacity,
-			    T *gates, int32_t *idx)
+/* A token's gates from its probabilities and choices: p[e_j], or p[e_j] / sum_i p[e_i]. */
+static void FN(kmoe_gates)(const T *p, const int64_t *choice, int64_t top_k, int normalize, T *gates)
 {
-	FN(KMoeScratch) sp; /* sp.p: probabilities of a token, sp.c: slots used per expert */
-	int64_t choice_stack[64], *choice = top_k <= 64 ? choice_stack : malloc((size_t)top_k * sizeof(int64_t));
-	if (!choice)
-		kfatal("moe_route: out of memory");
-	FN(kmoe_scratch)(&sp, experts, top_k);
-	for (int64_t e = 0; e < experts; e++)
-		sp.c[e] = 0;
-	for (int64_t t = 0; t < tokens; t++) {
-		FN(kmoe_probs)(logits + t * experts, experts, sp.p);
-		FN(kmoe_topk)(sp.p, experts, top_k, choice);
-		for (int64_t k = 0; k < top_k; k++) {
-			int64_t e = choice[k], slot = sp.c[e]++;
-			gates[t * top_k + k] = sp.p[e];
-			idx[t * top_k + k] = slot < capacity ? (int32_t)(e * capacity + slot) : -1;
+	T s = 0;
+	for (int64_t k = 0; k < top_k; k++)
+		s += p[choice[k]];
+	for (int64_t k = 0; k < top_k; k++)
+		gates[k] = normalize ? p[choice[k]] / s : p[choice[k]];
+}
+
+void FN(planrt_k_moe_route)(const T *logits, int64_t tokens, int64_t experts, int64_t top_k, int64_t group,
+			    int64_t capacity, int normalize, T *gates, int32_t *idx, int32_t *counts, double *stats)
+{
+	if (group <= 0 || tokens % group)
+		kfatal("moe_route: tokens are not a whole number of groups");
+	FN(KMoeScratch) sp; /* sp.p: probabilities of a token, sp.c: pairs per expert, sp.choice: the group's */
+	FN(kmoe_scratch)(&sp, experts, group * top_k);
+	int64_t slots = capacity > 0 ? tokens / group * capacity : tokens; /* per expert */
+	if (capacity <= 0)
+		for (int64_t e = 0; e < experts; e++)
+			sp.c[e] = 0;
+	for (int64_t g0 = 0; g0 < tokens; g0 += group) {
+		for (int64_t t = g0; t < g0 + group; t++) {
+			FN(kmoe_probs)(logits + t * experts, experts, sp.p);
+			FN(kmoe_topk)(sp.p, experts, top_k, sp.choice + (t - g0) * top_k);
+			FN(kmoe_gates)(sp.p, sp.choice + (t - g0) * top_k, top_k, normalize, gates + t * top_k);
 		}
+		if (capacity > 0)
+			for (int64_t e = 0; e < experts; e++)
+				sp.c[e] = 0;
+		/* every token's first choice in token order, then every second choice, ... (GShard) */
+		for (int64_t k = 0; k < top_k; k++)
+			for (int64_t t = g0; t < g0 + group; t++) {
+				int64_t e = sp.choice[(t - g0) * top_k + k], slot = sp.c[e]++;
+				int32_t at = -1;
+				if (capacity <= 0)
+					at = (int32_t)(e * slots + slot);
+				else if (slot < capacity)
+					at = (int32_t)(e * slots + g0 / group * capacity + slot);
+				idx[t * top_k + k] = at;
+				if (stats) {
+					stats[1 + e] += 1;
+					stats[0] += at < 0;
+				}
+			}
+		if (counts && capacity > 0) /* the group's kept pairs */
+			for (int64_t e = 0; e < experts; e++)
+				counts[e] = (g0 ? counts[e] : 0) + (int32_t)(sp.c[e] < capacity ? sp.c[e] : capacity);
 	}
+	if (counts && capacity <= 0)
+		for (int64_t e = 0; e < experts; e++)
+			counts[e] = (int32_t)sp.c[e];
 	FN(kmoe_scratch_free)(&sp);
-	if (choice != choice_stack)
-		free(choice);
 }
 
 void FN(planrt_k_moe_dispatch)(const T *x, const int32_t *idx, int64_t tokens, int64_t top_k, int64_t dim,
@@ -1100,40 +1138,43 @@ void FN(planrt_k_moe_combine_grad)(const T *dout, const T *buf, const T *gates, 
 	}
 }
 
-/* gate_k = p[e_k]: dlogits[j] = p[j] (sum of dgates_k with e_k = j - sum_k dgates_k p[e_k]). */
-void FN(planrt_k_moe_route_grad)(const T *logits, const int32_t *idx, const T *dgates, int64_t tokens,
-				 int64_t experts, int64_t top_k, int64_t capacity, T *dlogits)
+/* gate_k = p[e_k] (/ s, s = sum_i p[e_i], when normalized): dp[e_m] = dg_m (or (dg_m - sum_k dg_k
+ * gate_k) / s); then through the softmax, dlogits[j] = p[j] (dp[j] - sum_e p[e] dp[e]). */
+void FN(planrt_k_moe_route_grad)(const T *logits, const T *dgates, int64_t tokens, int64_t experts, int64_t top_k,
+				 int normalize, T *dlogits)
 {
-	(void)idx, (void)capacity; /* the experts are recomputed, see above */
 	FN(KMoeScratch) sp;
-	int64_t choice_stack[64], *choice = top_k <= 64 ? choice_stack : malloc((size_t)top_k * sizeof(int64_t));
-	if (!choice)
-		kfatal("moe_route_grad: out of memory");
 	FN(kmoe_scratch)(&sp, experts, top_k);
 	for (int64_t t = 0; t < tokens; t++) {
 		T *d = dlogits + t * experts;
 		const T *dg = dgates + t * top_k;
 		FN(kmoe_probs)(logits + t * experts, experts, sp.p);
-		FN(kmoe_topk)(sp.p, experts, top_k, choice);
-		T s = 0;
+		FN(kmoe_topk)(sp.p, experts, top_k, sp.choice);
+		T s = 0, dgsum = 0;
 		for (int64_t k = 0; k < top_k; k++)
-			s += dg[k] * sp.p[choice[k]];
+			s += sp.p[sp.choice[k]];
+		for (int64_t k = 0; k < top_k; k++)
+			dgsum += dg[k] * sp.p[sp.choice[k]] / s;
 		for (int64_t e = 0; e < experts; e++)
-			d[e] = -s * sp.p[e];
+			d[e] = 0;
 		for (int64_t k = 0; k < top_k; k++)
-			d[choice[k]] += dg[k] * sp.p[choice[k]];
+			d[sp.choice[k]] = normalize ? (dg[k] - dgsum) / s : dg[k]; /* dp */
+		T pdp = 0;
+		for (int64_t e = 0; e < experts; e++)
+			pdp += sp.p[e] * d[e];
+		for (int64_t e = 0; e < experts; e++)
+			d[e] = sp.p[e] * (d[e] - pdp);
 	}
 	FN(kmoe_scratch_free)(&sp);
-	if (choice != choice_stack)
-		free(choice);
 }
 
-/* f_e (fraction of tokens whose most probable expert is e) into f, summed probabilities into P. */
-static void FN(kmoe_fractions)(const T *logits, int64_t tokens, int64_t experts, T *p, double *f, double *P)
+/* Per group: f_e (fraction of the group's tokens whose most probable expert is e) into f, the mean
+ * probabilities into P. */
+static void FN(kmoe_fractions)(const T *logits, int64_t group, int64_t experts, T *p, double *f, double *P)
 {
 	for (int64_t e = 0; e < experts; e++)
 		f[e] = P[e] = 0;
-	for (int64_t t = 0; t < tokens; t++) {
+	for (int64_t t = 0; t < group; t++) {
 		int64_t first;
 		FN(kmoe_probs)(logits + t * experts, experts, p);
 		FN(kmoe_topk)(p, experts, 1, &first);
@@ -1142,65 +1183,99 @@ static void FN(kmoe_fractions)(const T *logits, int64_t tokens, int64_t experts,
 			P[e] += (double)p[e];
 	}
 	for (int64_t e = 0; e < experts; e++) {
-		f[e] /= (double)tokens;
-		P[e] /= (double)tokens;
+		f[e] /= (double)group;
+		P[e] /= (double)group;
 	}
 }
 
-double FN(planrt_k_moe_aux_loss)(const T *logits, const int32_t *idx, int64_t tokens, int64_t experts,
-				 int64_t top_k, int64_t capacity)
+/* f and P of up to KSTACK_EXPERTS experts on the stack, else the heap */
+#define KMOE_FP_BEGIN(what)                                                                                    \
+	double fs[KSTACK_EXPERTS], Ps[KSTACK_EXPERTS];                                                         \
+	double *f = experts <= KSTACK_EXPERTS ? fs : malloc((size_t)experts * sizeof(double));                 \
+	double *P = experts <= KSTACK_EXPERTS ? Ps : malloc((size_t)experts * sizeof(double));                 \
+	if (!f || !P)                                                                                          \
+		kfatal(what ": out of memory");                                                                \
+	FN(KMoeScratch) sp;                                                                                     \
+	FN(kmoe_scratch)(&sp, experts, 1)
+#define KMOE_FP_END()                                                                                          \
+	FN(kmoe_scratch_free)(&sp);                                                                             \
+	if (f != fs) {                                                                                          \
+		free(f);                                                                                        \
+		free(P);                                                                                        \
+	}
+
+double FN(planrt_k_moe_aux_loss)(const T *logits, int64_t tokens, int64_t experts, int64_t group, double scale)
 {
-	(void)idx, (void)top_k, (void)capacity; /* f_e counts first choices before any capacity drop */
-	if (tokens <= 0 || experts <= 0)
-		return 0;
-	FN(KMoeScratch) sp;
-	double fs[KSTACK_EXPERTS], Ps[KSTACK_EXPERTS];
-	double *f = experts <= KSTACK_EXPERTS ? fs : malloc((size_t)experts * sizeof(double));
-	double *P = experts <= KSTACK_EXPERTS ? Ps : malloc((size_t)experts * sizeof(double));
-	if (!f || !P)
-		kfatal("moe_aux_loss: out of memory");
-	FN(kmoe_scratch)(&sp, experts, 1);
-	FN(kmoe_fractions)(logits, tokens, experts, sp.p, f, P);
+	if (tokens <= 0 || experts <= 0 || group <= 0 || tokens % group)
+		kfatal("moe_aux_loss: tokens are not a whole number of groups");
+	KMOE_FP_BEGIN("moe_aux_loss");
 	double loss = 0;
-	for (int64_t e = 0; e < experts; e++)
-		loss += f[e] * P[e];
-	FN(kmoe_scratch_free)(&sp);
-	if (f != fs) {
-		free(f);
-		free(P);
+	for (int64_t g0 = 0; g0 < tokens; g0 += group) {
+		FN(kmoe_fractions)(logits + g0 * experts, group, experts, sp.p, f, P);
+		double l = 0;
+		for (int64_t e = 0; e < experts; e++)
+			l += f[e] * P[e];
+		loss += (double)experts * l;
 	}
-	return (double)experts * loss;
+	KMOE_FP_END();
+	return scale * loss;
 }
 
-/* d loss / d logits[t, j] = (E / T) p[t, j] (f_j - sum_e f_e p[t, e]); f is piecewise constant. */
-void FN(planrt_k_moe_aux_loss_grad)(const T *logits, const int32_t *idx, int64_t tokens, int64_t experts,
-				    int64_t top_k, int64_t capacity, double dscale, T *dlogits)
+/* d loss / d logits[t, j] = scale (E / G) p[t, j] (f_j - sum_e f_e p[t, e]) with f of t's group;
+ * f is piecewise constant. dlogits overwritten. */
+void FN(planrt_k_moe_aux_loss_grad)(const T *logits, int64_t tokens, int64_t experts, int64_t group, double dscale,
+				    T *dlogits)
 {
-	(void)idx, (void)top_k, (void)capacity;
-	if (tokens <= 0 || experts <= 0)
-		return;
-	FN(KMoeScratch) sp;
-	double fs[KSTACK_EXPERTS], Ps[KSTACK_EXPERTS];
-	double *f = experts <= KSTACK_EXPERTS ? fs : malloc((size_t)experts * sizeof(double));
-	double *P = experts <= KSTACK_EXPERTS ? Ps : malloc((size_t)experts * sizeof(double));
-	if (!f || !P)
-		kfatal("moe_aux_loss_grad: out of memory");
-	FN(kmoe_scratch)(&sp, experts, 1);
-	FN(kmoe_fractions)(logits, tokens, experts, sp.p, f, P);
-	double c = dscale * (double)experts / (double)tokens;
+	if (tokens <= 0 || experts <= 0 || group <= 0 || tokens % group)
+		kfatal("moe_aux_loss_grad: tokens are not a whole number of groups");
+	KMOE_FP_BEGIN("moe_aux_loss_grad");
+	double c = dscale * (double)experts / (double)group;
+	for (int64_t g0 = 0; g0 < tokens; g0 += group) {
+		FN(kmoe_fractions)(logits + g0 * experts, group, experts, sp.p, f, P);
+		for (int64_t t = g0; t < g0 + group; t++) {
+			FN(kmoe_probs)(logits + t * experts, experts, sp.p);
+			double fp = 0;
+			for (int64_t e = 0; e < experts; e++)
+				fp += f[e] * (double)sp.p[e];
+			T *d = dlogits + t * experts;
+			for (int64_t e = 0; e < experts; e++)
+				d[e] = (T)(c * (double)sp.p[e] * (f[e] - fp));
+		}
+	}
+	KMOE_FP_END();
+}
+#undef KMOE_FP_BEGIN
+#undef KMOE_FP_END
+
+/* Router z-loss (ST-MoE, Zoph et al. 2022): scale * sum over tokens of logsumexp(logits)^2. */
+static T FN(kmoe_lse)(const T *l, int64_t experts)
+{
+	T m = FN(kmax)(l, experts), s = 0;
+	for (int64_t e = 0; e < experts; e++)
+		s += KEXP(l[e] - m);
+	return m + KLOG(s);
+}
+
+double FN(planrt_k_moe_z_loss)(const T *logits, int64_t tokens, int64_t experts, double scale)
+{
+	double loss = 0;
 	for (int64_t t = 0; t < tokens; t++) {
-		FN(kmoe_probs)(logits + t * experts, experts, sp.p);
-		double fp = 0;
-		for (int64_t e = 0; e < experts; e++)
-			fp += f[e] * (double)sp.p[e];
+		double z = (double)FN(kmoe_lse)(logits + t * experts, experts);
+		loss += z * z;
+	}
+	return scale * loss;
+}
+
+/* dlogits[t, e] = dscale 2 z_t softmax(logits_t)[e] (overwritten) */
+void FN(planrt_k_moe_z_loss_grad)(const T *logits, int64_t tokens, int64_t experts, double dscale, T *dlogits)
+{
+	for (int64_t t = 0; t < tokens; t++) {
+		const T *l = logits + t * experts;
+		T z = FN(kmoe_lse)(l, experts);
+		T c = (T)(2 * dscale) * z;
 		T *d = dlogits + t * experts;
 		for (int64_t e = 0; e < experts; e++)
-			d[e] += (T)(c * (double)sp.p[e] * (f[e] - fp));
-	}
-	FN(kmoe_scratch_free)(&sp);
-	if (f != fs) {
-		free(f);
-		free(P);
+			d[e] = c * KEXP(l[e] - z);
 	}
 }
 

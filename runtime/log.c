@@ -10,11 +10,13 @@
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
 static FILE *log_fp;
-static char extra[1024]; /* planrt_log_fields: members of the next line */
+static char *extra;      /* planrt_log_fields: members of the next line (NULL or "": none) */
+static size_t extra_cap;
 
 static int is_rank0(void)
 {
@@ -30,11 +32,16 @@ double planrt_now(void)
 
 planrt_result_t planrt_log_open(const char *path)
 {
+	return planrt_log_open_(path, 0);
+}
+
+planrt_result_t planrt_log_open_(const char *path, int append)
+{
 	if (!is_rank0())
 		return planrt_success;
 	if (log_fp)
 		fclose(log_fp);
-	log_fp = fopen(path, "w");
+	log_fp = fopen(path, append ? "a" : "w");
 	if (!log_fp)
 		return planrt_error_(planrt_io_error, "cannot write the log '%s': %s; check that its directory exists",
 				     path, strerror(errno));
@@ -60,18 +67,33 @@ void planrt_log_step(int64_t step, double loss, double lr, double grad_norm, int
 	fprintf(log_fp, "\"tokens\":%lld,", (long long)tokens);
 	put_number("step_ms", step_ms, 0);
 	put_number("tokens_per_s", step_ms > 0 ? (double)tokens / (step_ms * 1e-3) : 0, 1);
-	if (extra[0])
+	if (extra && extra[0])
 		fprintf(log_fp, ",%s", extra);
-	extra[0] = 0;
+	if (extra)
+		extra[0] = 0;
 	fputs("}\n", log_fp);
 	fflush(log_fp);
 }
 
 void planrt_log_fields(const char *members)
 {
-	snprintf(extra, sizeof extra, "%s", members ? members : "");
+	if (!log_fp || !members || !members[0])
+		return; /* only the rank that writes the log keeps them */
+	size_t have = extra ? strlen(extra) : 0, n = strlen(members);
+	if (have + n + 2 > extra_cap) {
+		size_t cap = (have + n + 2) * 2;
+		char *grown = realloc(extra, cap);
+		if (!grown)
+			return; /* the line goes without these members */
+		if (!extra)
+			grown[0] = 0;
+		extra = grown;
+		extra_cap = cap;
+	}
+	if (have)
+		extra[have++] = ',';
+	memcpy(extra + have, members, n + 1);
 }
-
 void planrt_log_close(void)
 {
 	if (log_fp)

@@ -28,7 +28,7 @@ static _Thread_local char last_error[1024];
 
 static int world_rank = -1, world_size = 0;
 static int we_initialised_mpi;
-static struct planrt_comm world;
+static struct planrt_comm world, control;
 static int world_ready;
 
 static int mesh_naxes;
@@ -120,6 +120,7 @@ static planrt_result_t mpi_error(int rc, const char *call)
 planrt_result_t planrt_init(int *argc, char ***argv, int *rank, int *world_out)
 {
 	int init = 0, rc;
+	planrt_monitor_start_(); /* before MPI starts threads: they inherit its signal mask */
 	MPI_Initialized(&init);
 	if (!init) {
 		int provided;
@@ -140,6 +141,13 @@ planrt_result_t planrt_init(int *argc, char ***argv, int *rank, int *world_out)
 	world.size = world_size;
 	world.group = PLANRT_GROUP_WORLD;
 	snprintf(world.name, sizeof world.name, "world");
+	rc = MPI_Comm_dup(MPI_COMM_WORLD, &control.comm);
+	if (rc != MPI_SUCCESS)
+		return mpi_error(rc, "MPI_Comm_dup");
+	control.rank = world_rank;
+	control.size = world_size;
+	control.group = PLANRT_GROUP_CONTROL_;
+	snprintf(control.name, sizeof control.name, "planrt's control group (the world)");
 	world_ready = 1;
 	planrt_comm_init_();
 	if (rank)
@@ -177,6 +185,10 @@ planrt_result_t planrt_finalize(void)
 		return planrt_error_(planrt_invalid_usage, "planrt_finalize called before planrt_init");
 	mesh_free();
 	world_ready = 0;
+	if (mpi_live() && control.comm != MPI_COMM_NULL) {
+		MPI_Comm_free(&control.comm);
+		control.comm = MPI_COMM_NULL;
+	}
 	if (we_initialised_mpi && mpi_live()) {
 		int rc = MPI_Finalize();
 		if (rc != MPI_SUCCESS)
@@ -188,6 +200,11 @@ planrt_result_t planrt_finalize(void)
 planrt_comm_t planrt_world_comm(void)
 {
 	return world_ready ? &world : NULL;
+}
+
+planrt_comm_t planrt_control_comm_(void)
+{
+	return world_ready ? &control : NULL;
 }
 
 int planrt_comm_size(planrt_comm_t c)

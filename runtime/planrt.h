@@ -90,6 +90,11 @@ planrt_result_t planrt_allgather(const void *sendbuf, void *recvbuf, size_t send
 /* count elements to and from each peer: block p of sendbuf goes to rank p. */
 planrt_result_t planrt_alltoall(const void *sendbuf, void *recvbuf, size_t count, planrt_dtype_t t,
 				planrt_comm_t c, planrt_stream_t stream, planrt_request_t *req);
+/* A variable all-to-all (MPI_Alltoallv), blocking: sendcounts[r] elements of t from sendbuf +
+ * sdispls[r] to member r, recvcounts[r] from member r into recvbuf + rdispls[r]. Counted as
+ * alltoallv: the bytes sent to the other members, exactly. */
+planrt_result_t planrt_alltoallv(const void *sendbuf, const int64_t *sendcounts, const int64_t *sdispls, void *recvbuf,
+				 const int64_t *recvcounts, const int64_t *rdispls, planrt_dtype_t t, planrt_comm_t c);
 planrt_result_t planrt_broadcast(void *buf, size_t count, planrt_dtype_t t, int root, planrt_comm_t c,
 				 planrt_stream_t stream, planrt_request_t *req);
 planrt_result_t planrt_send(const void *buf, size_t count, planrt_dtype_t t, int peer, planrt_comm_t c,
@@ -118,7 +123,7 @@ uint64_t planrt_bytes_sent(void);
  * out of range. */
 typedef enum {
 	planrt_coll_allreduce = 0, planrt_coll_reduce_scatter, planrt_coll_allgather, planrt_coll_alltoall,
-	planrt_coll_broadcast, planrt_coll_send, planrt_coll_recv, planrt_coll_kinds
+	planrt_coll_broadcast, planrt_coll_send, planrt_coll_recv, planrt_coll_alltoallv, planrt_coll_kinds
 } planrt_coll_t;
 enum { PLANRT_GROUP_WORLD = -1, PLANRT_GROUP_PAIR = -2 };
 uint64_t planrt_bytes_sent_by(planrt_coll_t kind, int group);
@@ -196,8 +201,8 @@ planrt_result_t planrt_st_write(const char *path, const planrt_st_tensor_t *tens
 /* JSON lines: {"step":, "loss":, "lr":, "grad_norm":, "tokens":, "step_ms":, "tokens_per_s":} */
 planrt_result_t planrt_log_open(const char *path);
 void planrt_log_step(int64_t step, double loss, double lr, double grad_norm, int64_t tokens, double step_ms);
-/* More members for the next planrt_log_step line, as JSON text ("versions":[3,2],"staleness":1);
- * NULL or "" for none. */
+/* More members for the next planrt_log_step line, as JSON text ("versions":[3,2],"staleness":1),
+ * added to those given since the last line; NULL or "" adds none. */
 void planrt_log_fields(const char *members);
 void planrt_log_close(void);
 /* Rank 0's progress line on stderr: step k/K, loss, tokens/s, ETA. */
@@ -219,6 +224,44 @@ uint16_t planrt_f32_to_half_(float x, planrt_dtype_t t);
 enum { PLANRT_MAX_AXES_ = 8 };
 /* comm_mpi.c: reads PLANRT_WATCHDOG and MPI's largest tag; called by planrt_init. */
 void planrt_comm_init_(void);
+/* comm_mpi.c, the monitor thread (watchdog, signals, the record of recent operations): started by
+ * planrt_init before MPI starts its threads (SIGTERM, SIGINT and SIGHUP are blocked in every other
+ * thread and reported by it with what the rank was doing). planrt_where_ tells it where the
+ * program is (step -1: not in a step; micro -1: not in a micro-batch); planrt_on_signal_ sets
+ * what runs before the process ends by such a signal (a checkpoint's temporary files removed). */
+void planrt_monitor_start_(void);
+void planrt_where_(int64_t step, const char *phase, int micro, int chunk);
+void planrt_on_signal_(void (*cleanup)(void));
+/* planrt's own control messages (a checkpoint's agreement, the trace's gather): a copy of the
+ * world whose traffic planrt_bytes_sent_by does not count (it is not the plan's), under the
+ * watchdog like every other call. NULL before planrt_init. */
+enum { PLANRT_GROUP_CONTROL_ = -3 };
+planrt_comm_t planrt_control_comm_(void);
+/* data.c: holds out the last tenth of the tokens (at least one window) for evaluation; training
+ * then draws from the rest only (*train: its tokens). A held-out batch: samples [lo, hi) of
+ * evaluation batch `batch`, from its own stream of (seed, batch, sample). */
+planrt_result_t planrt_data_hold_out_(planrt_data_t d, int64_t *train);
+planrt_result_t planrt_data_eval_batch_(planrt_data_t d, int64_t batch, int64_t lo, int64_t hi, uint64_t seed,
+					int32_t *tokens, int32_t *targets);
+/* log.c: planrt_log_open, appending to an existing log when append (a resumed run) */
+planrt_result_t planrt_log_open_(const char *path, int append);
+/* trace.c: --trace FILE, a Chrome-trace timeline of every rank. planrt_trace_open_ starts recording
+ * (collective: every rank calls it); begin/end open and close nested events (end's args, when not
+ * NULL, are the event's JSON arguments); planrt_trace_args_ sets the innermost open event's; close
+ * joins every rank's events into FILE (collective) under process_name. */
+extern int planrt_tracing_;
+void planrt_trace_open_(const char *path);
+void planrt_trace_begin_(const char *name, const char *cat);
+void planrt_trace_end_(const char *args);
+void planrt_trace_args_(const char *args);
+void planrt_trace_close_(const char *process_name);
+/* kernels.c: while set (planrt_main's evaluation of held-out batches), dropout is the identity */
+extern int planrt_evaluating_;
+/* safetensors.c: planrt_st_write, also returning the data's checksum ("fnv1a64:..."); and a
+ * tensor's raw data as stored (dtype a planrt_dtype_t, or -1 for one planrt has no type for) */
+planrt_result_t planrt_st_write_(const char *path, const planrt_st_tensor_t *tensors, int n, char *checksum,
+				 size_t checksum_n);
+planrt_result_t planrt_st_find_(planrt_st_t f, const char *name, int *dtype, int64_t *n, const void **data);
 /* comm_mpi.c: the comm layer for operations on device streams (comm_nccl.c's NCCL layer, registered
  * by the CUDA device layer; NULL: none), and requests it completes itself (planrt_wait and
  * planrt_test call ops on impl; planrt_wait frees the request). */

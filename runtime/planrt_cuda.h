@@ -114,8 +114,6 @@ void planrt_cu_optimizer_step(int kind, double lr, double beta1, double beta2, d
 			      int stream);
 void planrt_cu_loss_accumulate(double *acc, const float *loss, double scale, int stream);
 void planrt_cu_scale_metric(double *x, double f, int stream);
-void planrt_cu_check_labels(const int32_t *labels, int rank, const int64_t *ldims, const int64_t *offs, int64_t classes,
-			    const char *what, int64_t step, int stream);
 
 /* ------------------------------------------------------------------ I/O through the host (io_cuda.cu) */
 void planrt_cu_load_data(planrt_ctx_t *ctx, void *dst, int input, const char *name, planrt_dtype_t t, int rank,
@@ -124,6 +122,12 @@ void planrt_cu_init_param(planrt_ctx_t *ctx, void *dst, planrt_dtype_t dtype, in
 			  int stream);
 void planrt_cu_save_param(planrt_ctx_t *ctx, const void *src, planrt_dtype_t dtype, int param, int64_t lo, int64_t n,
 			  int shard_axis, int stream);
+void planrt_cu_ckpt_write(planrt_ctx_t *ctx, const void *src, planrt_dtype_t dtype, int param, int kind, int64_t lo,
+			  int64_t n, int shard_axis, int stream);
+void planrt_cu_ckpt_read(planrt_ctx_t *ctx, void *dst, planrt_dtype_t dtype, int param, int kind, int64_t lo, int64_t n,
+			 int stream);
+void planrt_cu_ckpt_write_local(planrt_ctx_t *ctx, const void *src, planrt_dtype_t dtype, int64_t n, int id, int stream);
+void planrt_cu_ckpt_read_local(planrt_ctx_t *ctx, void *dst, planrt_dtype_t dtype, int64_t n, int id, int stream);
 void planrt_cu_copy(void *dst, const void *src, int64_t bytes, int stream); /* offload copies, either way */
 
 /* ------------------------------------------------------------------ communication (exec_cuda.cu, comm_nccl.c) */

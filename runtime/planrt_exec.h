@@ -29,6 +29,26 @@ void planrt_alltoall_dim(const void *in, void *out, int rank, const int64_t *dim
 void planrt_slice_dim(const void *in, void *out, int rank, const int64_t *dims, int dim, planrt_dtype_t t,
 		      planrt_comm_t c);
 
+/* ------------------------------------------------------------------ mixture of experts (moe.c)
+ * The routing losses into a scalar: *loss = planrt_k_moe_aux_loss_f32 / planrt_k_moe_z_loss_f32
+ * (planrt_kernels.h) of this rank's tokens, scale making it its share of the mean over the step's
+ * micro-batch. */
+void planrt_moe_aux_loss_f32(const float *logits, int64_t tokens, int64_t experts, int64_t group, double scale,
+			     float *loss);
+void planrt_moe_z_loss_f32(const float *logits, int64_t tokens, int64_t experts, double scale, float *loss);
+/* The step's routing metrics into the next log line: stats holds, for each of the layers MoE
+ * layers, the (token, choice) pairs dropped and then the pairs routed to each of its experts[l]
+ * experts (summed over the step's tokens): "moe_dropped":[..],"moe_load":[[..],..]. */
+void planrt_moe_metrics(const double *stats, int layers, const int64_t *experts);
+/* Dropless expert parallelism over c (n members): a dispatched buffer's rows from the token side
+ * (in [E, slots, dim], expert e's rows packed from its first; idx, pairs entries, names them as
+ * e * slots + row) to the expert side (out [E / n, n * slots, dim], each expert's rows from every
+ * member packed in member order), to_experts = 1; the reverse, 0. The counts go first (an all-to-all
+ * of E int32), then only the rows that exist (an alltoallv); the written side is zero past its
+ * rows. scratch: 2 E slots dim elements of t and 8 (4 n + E) bytes. */
+void planrt_moe_exchange(const void *in, void *out, int to_experts, const int32_t *idx, int64_t pairs, int64_t experts,
+			 int64_t slots, int64_t dim, planrt_dtype_t t, planrt_comm_t c, void *scratch);
+
 /* ZeRO: a tensor of n elements split evenly over the communicator's ranks, rank r holding
  * elements [r * c, r * c + c) with c = ceil(n / size) (zero padding past n). */
 int64_t planrt_flat_chunk(int64_t n, planrt_comm_t c);

@@ -187,11 +187,19 @@ enum { PLANRT_SIN = 0, PLANRT_COS, PLANRT_EXP, PLANRT_LOG, PLANRT_TANH, PLANRT_S
 	 * transpose of dims i and j (torch.transpose) is the identity perm with i and j swapped, its own        \
 	 * inverse. */                                                                                          \
 	void planrt_k_permute_##S(int rank, const int64_t *in_dims, const int *perm, const T *in, T *out);       \
-	/* Mixture of experts (Switch / GShard): probs = softmax(logits [T, E]); each token's top_k            \
-	 * experts in order, gate = prob; slot = the count of earlier (token, k) pairs routed to the same       \
-	 * expert; pairs whose slot >= capacity are dropped (idx -1), else idx = expert * capacity + slot. */    \
-	void planrt_k_moe_route_##S(const T *logits, int64_t tokens, int64_t experts, int64_t top_k,              \
-				    int64_t capacity, T *gates, int32_t *idx);                                 \
+	/* Mixture of experts (Switch / GShard; docs/moe.md). probs = softmax(logits [T, E]); each token's     \
+	 * top_k experts by descending probability (ties: the lower index); gate_j = probs[e_j], or with       \
+	 * normalize probs[e_j] / the sum of the token's top_k probs (GShard top-2, Mixtral). Tokens come in    \
+	 * groups of `group` consecutive rows (one sample). capacity > 0: each expert takes at most capacity    \
+	 * (token, choice) pairs per group, in the order every token's first choice in token order, then every  \
+	 * second choice, ... (GShard); a later pair is dropped (idx -1), else idx = e * slots + g * capacity + \
+	 * slot, slots = groups * capacity. capacity = 0 (dropless): every pair is kept, packed per expert in   \
+	 * the same order over all tokens, idx = e * tokens + position. counts [E] (NULL: not wanted): pairs   \
+	 * kept per expert; stats (NULL: not wanted): stats[0] += pairs dropped, stats[1 + e] += pairs routed  \
+	 * to e before any drop. */                                                                            \
+	void planrt_k_moe_route_##S(const T *logits, int64_t tokens, int64_t experts, int64_t top_k, int64_t group, \
+				    int64_t capacity, int normalize, T *gates, int32_t *idx, int32_t *counts,       \
+				    double *stats);                                                            \
 	void planrt_k_moe_dispatch_##S(const T *x, const int32_t *idx, int64_t tokens, int64_t top_k, int64_t dim, \
 				       int64_t slots, T *buf);             /* buf [slots, dim] overwritten */   \
 	void planrt_k_moe_dispatch_grad_##S(const T *dbuf, const int32_t *idx, int64_t tokens, int64_t top_k,      \
@@ -201,15 +209,22 @@ enum { PLANRT_SIN = 0, PLANRT_COS, PLANRT_EXP, PLANRT_LOG, PLANRT_TANH, PLANRT_S
 	void planrt_k_moe_combine_grad_##S(const T *dout, const T *buf, const T *gates, const int32_t *idx,        \
 					   int64_t tokens, int64_t top_k, int64_t dim, int64_t slots, T *dbuf,    \
 					   T *dgates);                                                         \
-	/* d(gates)/d(logits) through the softmax, for the chosen experts. dlogits overwritten. */              \
-	void planrt_k_moe_route_grad_##S(const T *logits, const int32_t *idx, const T *dgates, int64_t tokens,     \
-					 int64_t experts, int64_t top_k, int64_t capacity, T *dlogits);          \
-	/* Switch load-balancing loss E * sum_e f_e P_e (f_e: fraction of tokens whose first choice is e,       \
-	 * P_e: mean router probability), and its gradient (accumulated into dlogits) times dscale. */          \
-	double planrt_k_moe_aux_loss_##S(const T *logits, const int32_t *idx, int64_t tokens, int64_t experts,     \
-					 int64_t top_k, int64_t capacity);                                     \
-	void planrt_k_moe_aux_loss_grad_##S(const T *logits, const int32_t *idx, int64_t tokens, int64_t experts,   \
-					    int64_t top_k, int64_t capacity, double dscale, T *dlogits);
+	/* d(gates)/d(logits) through the normalisation and the softmax, for the chosen experts (recomputed    \
+	 * from the logits). dlogits overwritten. */                                                            \
+	void planrt_k_moe_route_grad_##S(const T *logits, const T *dgates, int64_t tokens, int64_t experts,       \
+					 int64_t top_k, int normalize, T *dlogits);                              \
+	/* Switch load-balancing loss per group: E * sum_e f_e P_e (f_e: fraction of the group's tokens whose  \
+	 * first choice is e, before any drop; P_e: the group's mean router probability); returns scale times   \
+	 * the sum over the groups. The gradient times dscale overwrites dlogits. */                           \
+	double planrt_k_moe_aux_loss_##S(const T *logits, int64_t tokens, int64_t experts, int64_t group,         \
+					 double scale);                                                        \
+	void planrt_k_moe_aux_loss_grad_##S(const T *logits, int64_t tokens, int64_t experts, int64_t group,       \
+					    double dscale, T *dlogits);                                        \
+	/* Router z-loss (ST-MoE): scale * the sum over tokens of logsumexp(logits)^2; the gradient times       \
+	 * dscale overwrites dlogits. */                                                                        \
+	double planrt_k_moe_z_loss_##S(const T *logits, int64_t tokens, int64_t experts, double scale);          \
+	void planrt_k_moe_z_loss_grad_##S(const T *logits, int64_t tokens, int64_t experts, double dscale,        \
+					  T *dlogits);
 
 PLANRT_KERNELS(float, f32)
 PLANRT_KERNELS(double, f64)

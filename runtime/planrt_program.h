@@ -50,6 +50,8 @@ typedef struct planrt_ctx {
 	struct planrt_save *save_file; /* during save: the checkpoint being written */
 	double wait_s;           /* seconds this rank spent waiting for p2p receives (bubble bench) */
 	int64_t steps;           /* --steps: the run's last step is steps - 1 */
+	struct planrt_ckpt *ckpt;/* during checkpoint and resume: the sharded checkpoint written or read */
+	int64_t eval_batch;      /* during an evaluation: the held-out batch (-1: training) */
 } planrt_ctx_t;
 
 typedef void (*planrt_phase_fn)(planrt_ctx_t *ctx);
@@ -117,6 +119,15 @@ typedef struct planrt_stage {
 	/* the async master: the parameter version every rank of the role axis computed the step on */
 	double *const *versions;
 	int nversions;
+	/* sharded checkpoints (--save-every, --resume): checkpoint writes this rank's pieces of every
+	 * parameter, optimizer state and master weight (and its rank-local state) into ctx->ckpt;
+	 * resume reads them back, from a checkpoint of this plan or of another plan of the model */
+	planrt_phase_fn checkpoint, resume;
+	/* evaluation (--eval-every): eval_begin clears the loss metric, the walker runs the forward
+	 * actions on a held-out batch, eval_end reduces the loss into *eval_loss on every rank (NULL
+	 * functions: the stage cannot evaluate, an async plan) */
+	planrt_phase_fn eval_begin, eval_end;
+	double *const *eval_loss;
 } planrt_stage_t;
 
 typedef struct planrt_program {
@@ -135,6 +146,10 @@ typedef struct planrt_program {
 	int64_t warmup, total_steps;
 	int nroles;                        /* 0 or 1: one program per stage; 2: async master and workers */
 	int role_axis;                     /* the axis whose coordinate 0 is the master */
+	/* a hash of the whole lowered program (planc): a checkpoint resumes bit for bit under a
+	 * program with the same fingerprint; under another it is resharded */
+	const char *fingerprint;
+	const char *sync;                  /* "strict", "local_sgd" or "async" (checkpoints) */
 } planrt_program_t;
 
 /* Runs the program: parses argv (--steps K --data FILE [--init W] [--save W] [--log F] [--seed S]
@@ -154,6 +169,22 @@ void planrt_init_param(planrt_ctx_t *ctx, void *dst, planrt_dtype_t dtype, int p
  * coordinate 0 on every axis that does not split the parameter writes. */
 void planrt_save_param(planrt_ctx_t *ctx, const void *src, planrt_dtype_t dtype, int param, int64_t lo, int64_t n,
 		       int shard_axis);
+/* Sharded checkpoints (checkpoint.c; the checkpoint and resume phases). A piece is the part of a
+ * logical tensor this rank holds: elements [lo, lo + n) of the parameter's local block as in
+ * planrt_init_param, clipped the same way. kind names the tensor: PLANRT_CKPT_PARAM the
+ * parameter (in its storage dtype), _MASTER its f32 master weights, _EXP_AVG / _EXP_AVG_SQ Adam's
+ * moments, _MOMENTUM SGD's momentum buffer. Writes follow planrt_save_param's rule (replicas
+ * skip; shard_axis >= 0: every coordinate writes its own shard); reads gather the piece from
+ * whichever pieces of the checkpoint hold its elements, so any plan of the model reads any
+ * plan's checkpoint. A rank-local buffer (error-feedback residuals, local SGD's per-replica
+ * state) is written and read whole by its id, and only resumed under the same plan. */
+enum { PLANRT_CKPT_PARAM = 0, PLANRT_CKPT_MASTER, PLANRT_CKPT_EXP_AVG, PLANRT_CKPT_EXP_AVG_SQ, PLANRT_CKPT_MOMENTUM,
+       PLANRT_CKPT_KINDS };
+void planrt_ckpt_write(planrt_ctx_t *ctx, const void *src, planrt_dtype_t dtype, int param, int kind, int64_t lo,
+		       int64_t n, int shard_axis);
+void planrt_ckpt_read(planrt_ctx_t *ctx, void *dst, planrt_dtype_t dtype, int param, int kind, int64_t lo, int64_t n);
+void planrt_ckpt_write_local(planrt_ctx_t *ctx, const void *src, planrt_dtype_t dtype, int64_t n, int id);
+void planrt_ckpt_read_local(planrt_ctx_t *ctx, void *dst, planrt_dtype_t dtype, int64_t n, int id);
 /* tokens (stream 0: window[0, S)) or targets (stream 1: window[1, S]) of samples
  * [row_lo, row_lo + rows) of this step, positions [s_lo, s_lo + s_n) of each window */
 void planrt_load_input(planrt_ctx_t *ctx, int32_t *dst, int stream, int64_t row_lo, int64_t rows, int64_t s_lo,

@@ -44,9 +44,11 @@
 #define PLANRT_INTERNAL
 #include <mpi.h>
 
-#include "planrt_program.h"
-#include "planrt_kernels.h"
+#include "planrt_ckpt.h"
 #include "planrt_device.h"
+#include "planrt_exec.h"
+#include "planrt_kernels.h"
+#include "planrt_program.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -57,6 +59,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
+#include <limits.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -74,13 +79,17 @@ static const planrt_program_t *prog;
 typedef struct options {
 	int64_t steps; /* -1: not given */
 	uint64_t seed;
+	int seed_given;
 	const char *data, *init, *save, *log;
+	const char *save_every_dir, *resume, *trace;
+	int64_t save_every, keep, eval_every, eval_batches, max_skips;
 	int help;
 	char error[512]; /* the first usage error, reported after planrt_init */
 } options_t;
 
 static const char usage_line[] =
-	"--steps K --data FILE [--init W.safetensors] [--save W.safetensors] [--log run.jsonl] [--seed S]";
+	"--steps K --data FILE [--init W.safetensors] [--save W.safetensors] [--log run.jsonl] [--seed S] "
+	"[--save-every N DIR [--keep K]] [--resume DIR] [--trace T.json] [--eval-every N [--eval-batches B]]";
 
 static void set_error(options_t *o, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void set_error(options_t *o, const char *fmt, ...)
@@ -105,44 +114,88 @@ static int all_digits(const char *s)
 	return 1;
 }
 
+/* An integer option's value: plain decimal digits in [lo, hi] (an empty value, a sign, spaces or
+ * a number out of range is an error naming the range, never clamped). */
+static int parse_count(options_t *o, const char *opt, const char *v, long long lo, long long hi, int64_t *out)
+{
+	const char *what = lo > 0 ? "a positive integer" : "a non-negative integer";
+	if (!*v) {
+		set_error(o, "%s needs %s, not an empty value", opt, what);
+		return 0;
+	}
+	errno = 0;
+	unsigned long long k = all_digits(v) ? strtoull(v, NULL, 10) : 0;
+	if (!all_digits(v)) {
+		set_error(o, "%s needs %s, not %s", opt, what, v);
+		return 0;
+	}
+	if (errno == ERANGE || k < (unsigned long long)lo || k > (unsigned long long)hi) {
+		set_error(o, "%s needs %s from %lld to %lld, not %s", opt, what, lo, hi, v);
+		return 0;
+	}
+	*out = (int64_t)k;
+	return 1;
+}
+
 /* Parses argv without failing: the first error is kept for after planrt_init, so that --help
  * anywhere is still answered before MPI starts. A value that looks like an option ("--x") is a
- * missing value. */
+ * missing value; an empty value is an error. */
 static void parse_options(int argc, char **argv, options_t *o)
 {
 	memset(o, 0, sizeof *o);
 	o->steps = -1;
 	o->seed = DEFAULT_SEED;
+	o->eval_batches = 4;
+	o->max_skips = 20;
+	const long long most = 1ll << 62;
 	for (int i = 1; i < argc; i++) {
 		const char *a = argv[i];
 		if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
 			o->help = 1;
 			continue;
 		}
-		const char **text = !strcmp(a, "--data")   ? &o->data
-				    : !strcmp(a, "--init") ? &o->init
-				    : !strcmp(a, "--save") ? &o->save
-				    : !strcmp(a, "--log")  ? &o->log
-							   : NULL;
-		int numeric = !strcmp(a, "--steps") || !strcmp(a, "--seed");
-		if (!text && !numeric) {
+		const char **text = !strcmp(a, "--data")     ? &o->data
+				    : !strcmp(a, "--init")   ? &o->init
+				    : !strcmp(a, "--save")   ? &o->save
+				    : !strcmp(a, "--log")    ? &o->log
+				    : !strcmp(a, "--resume") ? &o->resume
+				    : !strcmp(a, "--trace")  ? &o->trace
+							     : NULL;
+		int numeric = !strcmp(a, "--steps") || !strcmp(a, "--seed") || !strcmp(a, "--keep") ||
+			      !strcmp(a, "--eval-every") || !strcmp(a, "--eval-batches") || !strcmp(a, "--max-skips");
+		int pair = !strcmp(a, "--save-every"); /* N DIR */
+		if (!text && !numeric && !pair) {
 			set_error(o, "unknown option %s", a);
 			continue;
 		}
-		if (i + 1 >= argc || !strncmp(argv[i + 1], "--", 2) || !strcmp(argv[i + 1], "-h")) {
-			set_error(o, "missing value after %s", a);
+		int values = pair ? 2 : 1;
+		int missing = 0;
+		for (int k = 1; k <= values; k++)
+			missing |= i + k >= argc || !strncmp(argv[i + k], "--", 2) || !strcmp(argv[i + k], "-h");
+		if (missing) {
+			set_error(o, pair ? "missing values after %s (--save-every N DIR)" : "missing value after %s", a);
 			continue;
 		}
 		const char *v = argv[++i];
 		if (text) {
+			if (!*v)
+				set_error(o, "%s needs a path, not an empty value", a);
 			*text = v;
+		} else if (pair) {
+			parse_count(o, "--save-every", v, 1, most, &o->save_every);
+			o->save_every_dir = argv[++i];
+			if (!*o->save_every_dir)
+				set_error(o, "--save-every needs a directory after its step count, not an empty value");
 		} else if (!strcmp(a, "--steps")) {
-			errno = 0;
-			long long k = all_digits(v) ? strtoll(v, NULL, 10) : -1;
-			if (k < 0 || errno == ERANGE)
-				set_error(o, "--steps needs a non-negative integer, not %s", v);
-			else
-				o->steps = k;
+			parse_count(o, "--steps", v, 0, most, &o->steps);
+		} else if (!strcmp(a, "--keep")) {
+			parse_count(o, "--keep", v, 1, 1000000, &o->keep);
+		} else if (!strcmp(a, "--eval-every")) {
+			parse_count(o, "--eval-every", v, 1, most, &o->eval_every);
+		} else if (!strcmp(a, "--eval-batches")) {
+			parse_count(o, "--eval-batches", v, 1, 1000000, &o->eval_batches);
+		} else if (!strcmp(a, "--max-skips")) {
+			parse_count(o, "--max-skips", v, 1, 1000000, &o->max_skips);
 		} else {
 			errno = 0;
 			unsigned long long s = all_digits(v) ? strtoull(v, NULL, 10) : 0;
@@ -150,10 +203,15 @@ static void parse_options(int argc, char **argv, options_t *o)
 				set_error(o, "--seed needs an unsigned integer (0 to 18446744073709551615), not %s", v);
 			else
 				o->seed = s;
+			o->seed_given = 1;
 		}
 	}
 	if (!o->help && !o->error[0] && (o->steps < 0 || !o->data))
 		set_error(o, "--steps and --data are required");
+	if (!o->help && !o->error[0] && o->keep && !o->save_every_dir)
+		set_error(o, "--keep needs --save-every N DIR (it keeps the newest K checkpoints there)");
+	if (!o->help && !o->error[0] && o->resume && o->init)
+		set_error(o, "--resume and --init both set the weights; pass one of them");
 }
 
 static void mesh_text(const planrt_program_t *p, char *buf, size_t n)
@@ -201,8 +259,19 @@ static void print_help(const char *prog_name, const planrt_program_t *p)
 	       "(required)\n"
 	       "  --init W.safetensors  initial weights (default: drawn from the seed)\n"
 	       "  --save W.safetensors  write the trained weights there (temporary file, fsync, rename)\n"
-	       "  --log run.jsonl       rank 0 writes one JSON line of metrics per step\n"
+	       "  --log run.jsonl       rank 0 writes one JSON line of metrics per step (appended to with --resume)\n"
 	       "  --seed S              seed of initialisation, data order and dropout (default %d)\n"
+	       "  --save-every N DIR    every N steps and after the last, a sharded checkpoint in DIR/step-K (each\n"
+	       "                        rank its pieces of the parameters, optimizer state and master weights, and\n"
+	       "                        a manifest written last; atomic, checksummed)\n"
+	       "  --keep K              keep the newest K checkpoints in DIR (default: all)\n"
+	       "  --resume DIR          continue from the newest complete checkpoint in DIR (or DIR/step-K): bit\n"
+	       "                        for bit under the plan that wrote it, resharded under another plan\n"
+	       "  --trace T.json        a Chrome-trace / Perfetto timeline of every rank (compute, collectives,\n"
+	       "                        transfers, waits)\n"
+	       "  --eval-every N        every N steps, the loss on held-out data (the last tenth of the tokens,\n"
+	       "                        which training then never sees) over --eval-batches B batches (default 4)\n"
+	       "  --max-skips N         fp16 loss scaling: stop after N consecutive skipped steps (default 20)\n"
 	       "  --help, -h            this text\n"
 	       "environment: PLANRT_WATCHDOG=SECONDS (stall limit, 0 off), PLANRT_REPORT_MEMORY, "
 	       "PLANRT_REPORT_TIMING, PLANRT_REPORT_COMM (one stderr line per rank),\n"
@@ -341,8 +410,14 @@ void planrt_init_param(planrt_ctx_t *ctx, void *dst, planrt_dtype_t dtype, int p
 		block = malloc(sizeof(float) * (size_t)local);
 		if (!block)
 			planrt_fatal("out of memory initialising '%s' (%lld elements)", p->name, (long long)local);
-		if (ctx->init_file)
+		if (ctx->init_file) {
 			PLANRT_CHECK(planrt_st_read_block(ctx->init_file, p->name, p->rank, p->gdims, p->ldims, offs, block));
+			for (int64_t i = 0; i < local; i++) /* training from a NaN or Inf would only spread it */
+				if (!isfinite(block[i]))
+					planrt_fatal("--init: tensor '%s' holds %s at element %lld of this rank's block; refusing to "
+						     "train from non-finite weights (the file was saved from a diverged run?)",
+						     p->name, isnan(block[i]) ? "NaN" : block[i] > 0 ? "+Inf" : "-Inf", (long long)i);
+		}
 		else
 			planrt_init_block(block, p->rank, p->gdims, p->ldims, offs, p->init_kind, p->a, p->b, ctx->seed,
 					  p->name);
@@ -490,6 +565,22 @@ static int writes_piece(const planrt_param_t *p, int shard_axis)
 			return 0;
 	}
 	return 1;
+}
+
+/* for checkpoint.c (planrt_ckpt.h) */
+const planrt_program_t *planrt_program_(void)
+{
+	return prog;
+}
+
+int64_t planrt_param_block_(int param, int64_t *offs)
+{
+	return block_of(param_of(param), offs);
+}
+
+int planrt_param_writes_(int param, int shard_axis)
+{
+	return writes_piece(param_of(param), shard_axis);
 }
 
 void planrt_save_param(planrt_ctx_t *ctx, const void *src, planrt_dtype_t dtype, int param, int64_t lo, int64_t n,
@@ -675,9 +766,13 @@ static void save_checkpoint(planrt_ctx_t *ctx, const planrt_stage_t *stage, cons
 			planrt_fatal("%s", sv.error);
 		}
 	}
-	if (MPI_Bcast(&pid, 1, MPI_LONG, 0, MPI_COMM_WORLD) != MPI_SUCCESS)
-		planrt_fatal("MPI_Bcast failed naming the checkpoint's temporary file");
+	planrt_comm_t ctl = planrt_control_comm_();
+	int64_t id = pid;
+	PLANRT_CHECK(planrt_broadcast(&id, 1, planrt_f64 /* 8 bytes */, 0, ctl, NULL, NULL));
+	pid = (long)id;
 	snprintf(tmp, tlen, "%s.tmp.%ld", path, pid);
+	if (rank == 0)
+		planrt_pending_tmp_(tmp); /* a signal that ends the job removes it */
 	sv.fd = open(tmp, O_WRONLY);
 	if (sv.fd < 0)
 		save_fail(&sv, "open", errno);
@@ -687,26 +782,28 @@ static void save_checkpoint(planrt_ctx_t *ctx, const planrt_stage_t *stage, cons
 	ctx->save_file = NULL;
 	if (sv.fd >= 0 && close(sv.fd) != 0)
 		save_fail(&sv, "close", errno);
-	/* agree: the lowest failing rank, if any, reports after rank 0 removed the temporary file;
-	 * the others wait in a barrier its MPI_Abort ends */
-	int mine[2] = {sv.error[0] ? 1 : 0, rank}, worst[2];
-	if (MPI_Allreduce(mine, worst, 1, MPI_2INT, MPI_MAXLOC, MPI_COMM_WORLD) != MPI_SUCCESS)
-		planrt_fatal("MPI_Allreduce failed agreeing on the checkpoint '%s'", path);
-	if (worst[0]) {
+	planrt_test_pause("save", 0);
+	/* agree (on planrt's control group, under the watchdog): the lowest failing rank, if any,
+	 * reports after rank 0 removed the temporary file; the others wait for its MPI_Abort */
+	int world = planrt_comm_size(ctl);
+	int32_t mine = sv.error[0] ? world - rank : 0, worst = 0, sync = 0;
+	PLANRT_CHECK(planrt_allreduce(&mine, &worst, 1, planrt_i32, planrt_max, ctl, NULL, NULL));
+	if (worst) {
 		if (rank == 0)
 			unlink(tmp);
-		MPI_Barrier(MPI_COMM_WORLD);
-		if (rank == worst[1])
+		PLANRT_CHECK(planrt_allreduce(&sync, &sync, 1, planrt_i32, planrt_sum, ctl, NULL, NULL));
+		if (rank == world - worst)
 			planrt_fatal("%s", sv.error);
-		MPI_Barrier(MPI_COMM_WORLD);
-		planrt_fatal("checkpoint '%s' not written (rank %d failed)", path, worst[1]);
+		PLANRT_CHECK(planrt_allreduce(&sync, &sync, 1, planrt_i32, planrt_sum, ctl, NULL, NULL));
+		planrt_fatal("checkpoint '%s' not written (rank %d failed)", path, world - worst);
 	}
 	if (rank == 0 && finish_checkpoint(&sv, &L) != 0) {
 		unlink(tmp);
 		planrt_fatal("%s", sv.error);
 	}
-	/* the others pass this barrier once rank 0 has renamed the file (or ended the job) */
-	MPI_Barrier(MPI_COMM_WORLD);
+	planrt_pending_tmp_(NULL);
+	/* the others pass this once rank 0 has renamed the file (or ended the job) */
+	PLANRT_CHECK(planrt_allreduce(&sync, &sync, 1, planrt_i32, planrt_sum, ctl, NULL, NULL));
 	free(tmp);
 	free(L.header);
 	free(L.offset);
@@ -738,7 +835,10 @@ void planrt_load_input(planrt_ctx_t *ctx, int32_t *dst, int stream, int64_t row_
 			planrt_fatal("out of memory loading a batch of %lld samples", (long long)rows);
 	}
 	int32_t *tok = input_scratch, *tgt = tok + rows * seq;
-	PLANRT_CHECK(planrt_data_batch(ctx->data, ctx->step, row_lo, row_lo + rows, ctx->seed, tok, tgt));
+	if (ctx->eval_batch >= 0) /* evaluating: a held-out batch */
+		PLANRT_CHECK(planrt_data_eval_batch_(ctx->data, ctx->eval_batch, row_lo, row_lo + rows, ctx->seed, tok, tgt));
+	else
+		PLANRT_CHECK(planrt_data_batch(ctx->data, ctx->step, row_lo, row_lo + rows, ctx->seed, tok, tgt));
 	const int32_t *from = stream ? tgt : tok;
 	for (int64_t r = 0; r < rows; r++)
 		memcpy(dst + r * s_n, from + r * seq + s_lo, sizeof(int32_t) * (size_t)s_n);
@@ -757,8 +857,14 @@ void planrt_p2p_send_start(const void *buf, int64_t n, planrt_dtype_t t, int pee
 	PLANRT_CHECK(planrt_send_tagged(buf, (size_t)n, t, peer, channel, pipe_comm("a pipeline send"), NULL, req));
 }
 
+/* set while the walker evaluates: only forwards run, so the receives of gradients (channels from
+ * the stage's chunk count on) that forwards post for their backward are not posted */
+static int forward_only_chunks;
+
 void planrt_p2p_recv_start(void *buf, int64_t n, planrt_dtype_t t, int peer, int channel, planrt_request_t *req)
 {
+	if (forward_only_chunks && channel >= forward_only_chunks)
+		return;
 	PLANRT_CHECK(planrt_recv_tagged(buf, (size_t)n, t, peer, channel, pipe_comm("a pipeline receive"), NULL, req));
 }
 
@@ -866,6 +972,7 @@ static void walk(walker_t *w)
 		if (i + 1 < s->nactions)
 			prepare(w, i + 1);
 		point_at(w, a);
+		planrt_where_(w->ctx->step, a->kind == PLANRT_FORWARD ? "forward" : "backward", (int)a->micro, a->chunk);
 		(a->kind == PLANRT_FORWARD ? s->forward : s->backward)[a->chunk](w->ctx);
 	}
 	drain(w, w->reqs, s->nslots * s->nreqs, NULL);
@@ -951,6 +1058,271 @@ static void log_versions(const planrt_stage_t *stage)
 	planrt_log_fields(text);
 }
 
+/* ------------------------------------------------------------------ the run's files */
+
+/* the temporary file this rank is writing, removed if a signal ends the process */
+static char pending_tmp[4096];
+
+void planrt_pending_tmp_(const char *path)
+{
+	snprintf(pending_tmp, sizeof pending_tmp, "%s", path ? path : "");
+}
+
+static void on_signal(void)
+{
+	if (pending_tmp[0])
+		unlink(pending_tmp);
+}
+
+typedef struct run_file {
+	const char *what, *path;
+	int output;
+	int exists;
+	struct stat st;
+	char canon[4096]; /* the directory's real path and the name: equal for two paths of one file */
+} run_file_t;
+
+static void canonical(run_file_t *f)
+{
+	char *a = strdup(f->path), *b = strdup(f->path), real[PATH_MAX];
+	if (!a || !b)
+		planrt_fatal("out of memory");
+	int n = realpath(dirname(a), real) ? snprintf(f->canon, sizeof f->canon, "%.2048s/%.1024s", real, basename(b))
+					   : snprintf(f->canon, sizeof f->canon, "%.3000s", f->path);
+	(void)n;
+	free(a);
+	free(b);
+}
+
+/* Before any work (rank 0): an input that is not a regular file (a FIFO would block), an output
+ * that is an input or another output (the same file, by inode or by path), each an error; then
+ * every output is probed. Nothing has been written yet. */
+static void check_run_files(const options_t *o)
+{
+	const char *what[] = {"--data", "--init", "--resume", "the program", "--save", "--log", "--trace", "--save-every"};
+	const char *path[] = {o->data, o->init, o->resume, "/proc/self/exe", o->save, o->log, o->trace, o->save_every_dir};
+	enum { N = sizeof what / sizeof what[0], FIRST_OUTPUT = 4 };
+	run_file_t f[N];
+	memset(f, 0, sizeof f);
+	int n = N;
+	for (int i = 0; i < n; i++) {
+		f[i].what = what[i];
+		f[i].path = path[i];
+		f[i].output = i >= FIRST_OUTPUT;
+	}
+	for (int i = 0; i < n; i++) {
+		if (!f[i].path)
+			continue;
+		f[i].exists = stat(f[i].path, &f[i].st) == 0;
+		canonical(&f[i]);
+		if (f[i].exists && !f[i].output && i < 2 && !S_ISREG(f[i].st.st_mode) && !S_ISDIR(f[i].st.st_mode))
+			planrt_fatal("%s '%s' is not a regular file (a FIFO, socket or device, which would block or never end); "
+				     "pass a file",
+				     f[i].what, f[i].path);
+	}
+	for (int i = 0; i < n; i++)
+		for (int j = i + 1; j < n; j++) {
+			if (!f[i].path || !f[j].path || (!f[i].output && !f[j].output))
+				continue;
+			if (!strcmp(f[i].what, "--resume") && !strcmp(f[j].what, "--save-every"))
+				continue; /* resuming from the directory the run keeps saving to */
+			int same = f[i].exists && f[j].exists ? f[i].st.st_dev == f[j].st.st_dev && f[i].st.st_ino == f[j].st.st_ino
+							     : !strcmp(f[i].canon, f[j].canon);
+			if (same)
+				planrt_fatal("%s '%s' and %s '%s' are the same file: writing %s would destroy %s; pass another path",
+					     f[i].what, f[i].path, f[j].what, f[j].path, f[j].what,
+					     f[i].output ? "the other output" : "the input");
+		}
+	if (o->save)
+		probe_writable("--save", o->save);
+	if (o->trace)
+		probe_writable("--trace", o->trace);
+	if (o->save_every_dir) {
+		struct stat st;
+		if (stat(o->save_every_dir, &st) == 0 && !S_ISDIR(st.st_mode))
+			planrt_fatal("--save-every '%s' is not a directory; pass a directory for the checkpoints", o->save_every_dir);
+		if (stat(o->save_every_dir, &st) != 0 && mkdir(o->save_every_dir, 0777) != 0)
+			planrt_fatal("cannot create the --save-every directory '%s': %s; create its parent first",
+				     o->save_every_dir, strerror(errno));
+		size_t len = strlen(o->save_every_dir) + 16;
+		char *probe = malloc(len);
+		if (!probe)
+			planrt_fatal("out of memory");
+		snprintf(probe, len, "%s/probe", o->save_every_dir);
+		probe_writable("--save-every", probe);
+		free(probe);
+	}
+}
+
+/* whether pid is a live process of this host (a zombie, a killed process nobody reaped, is not) */
+static int pid_alive(long pid)
+{
+	if (pid <= 0 || (kill((pid_t)pid, 0) != 0 && errno == ESRCH))
+		return 0;
+	char path[64], buf[256];
+	snprintf(path, sizeof path, "/proc/%ld/stat", pid);
+	FILE *f = fopen(path, "r");
+	if (!f)
+		return 1;
+	size_t n = fread(buf, 1, sizeof buf - 1, f);
+	fclose(f);
+	buf[n] = 0;
+	const char *state = strrchr(buf, ')'); /* "pid (comm) S ..." */
+	return !(state && state[1] == ' ' && state[2] == 'Z');
+}
+
+/* A temporary file planrt names PATH.tmp.PID (or .tmp.probe.PID.K) is stale when no process of
+ * this host has that pid: a save that was killed. Rank 0 removes them beside --save at start. */
+static void remove_stale_temps(const char *target)
+{
+	char *a = strdup(target), *b = strdup(target);
+	if (!a || !b)
+		planrt_fatal("out of memory");
+	const char *dir = dirname(a), *base = basename(b);
+	size_t bl = strlen(base);
+	DIR *d = opendir(dir);
+	struct dirent *e;
+	while (d && (e = readdir(d))) {
+		if (strncmp(e->d_name, base, bl) || strncmp(e->d_name + bl, ".tmp.", 5))
+			continue;
+		const char *t = e->d_name + bl + 5;
+		if (!strncmp(t, "probe.", 6))
+			t += 6;
+		char *end;
+		long pid = strtol(t, &end, 10);
+		if (end == t || (*end && *end != '.') || pid_alive(pid))
+			continue;
+		size_t n = strlen(dir) + strlen(e->d_name) + 2;
+		char *p = malloc(n);
+		if (p) {
+			snprintf(p, n, "%s/%s", dir, e->d_name);
+			if (unlink(p) == 0)
+				fprintf(stderr, "planrt: note: removed '%s', the temporary file of a save that did not finish\n", p);
+			free(p);
+		}
+	}
+	if (d)
+		closedir(d);
+	free(a);
+	free(b);
+}
+
+/* ------------------------------------------------------------------ checkpoints, resume, evaluation */
+
+/* The run's position for a checkpoint's manifest (planrt_ckpt.h). */
+static json_t *run_info(const planrt_program_t *p, const options_t *o, int64_t step, uint64_t seed, planrt_data_t data,
+			int64_t train_tokens)
+{
+	char s[32], key[32];
+	snprintf(s, sizeof s, "%llu", (unsigned long long)seed);
+	snprintf(key, sizeof key, "%llu", (unsigned long long)(seed * 0x9E3779B97F4A7C15ull + (uint64_t)step));
+	json_t *mesh = json_array();
+	for (int a = 0; a < p->naxes; a++)
+		json_array_append_new(mesh, json_pack("[s, i]", p->axis_names[a], p->axis_sizes[a]));
+	json_t *run = json_pack("{s:I, s:s, s:s, s:s, s:s, s:s, s:i, s:o, s:{s:s, s:s, s:s}, s:{s:s, s:I, s:I, s:I, s:I, s:I}}",
+				"step", (json_int_t)step, "plan", p->plan ? p->plan : "?", "model", p->model ? p->model : "?",
+				"source", p->source ? p->source : "?", "fingerprint", p->fingerprint ? p->fingerprint : "?",
+				"sync", p->sync ? p->sync : "strict", "world", p->world, "mesh", mesh, "rng", "seed", s,
+				"generator", "philox4x32-10: init (seed, name, element), data (seed, step, sample)",
+				"next_dropout_key", key, "data", "path", o->data, "tokens", (json_int_t)planrt_data_tokens(data),
+				"train_tokens", (json_int_t)train_tokens, "next_step", (json_int_t)step, "samples_per_step",
+				(json_int_t)p->batch, "sequence", (json_int_t)p->seq);
+	if (!run)
+		planrt_fatal("out of memory describing a checkpoint");
+	return run;
+}
+
+/* --resume: the checkpoint's run against this one; sets the seed and returns the first step. */
+static int64_t check_resume(planrt_ckpt_t *c, const planrt_program_t *p, const options_t *o, planrt_data_t data,
+			    int64_t train_tokens, uint64_t *seed, int rank)
+{
+	json_t *m = planrt_ckpt_manifest(c);
+	const char *model = json_string_value(json_object_get(m, "model")) ?: "?";
+	const char *plan = json_string_value(json_object_get(m, "plan")) ?: "?";
+	const char *sync = json_string_value(json_object_get(m, "sync")) ?: "strict";
+	json_t *d = json_object_get(m, "data");
+	int64_t step = json_integer_value(json_object_get(m, "step"));
+	unsigned long long s = strtoull(json_string_value(json_object_get(json_object_get(m, "rng"), "seed")) ?: "0", NULL, 10);
+	if (strcmp(model, p->model ? p->model : "?"))
+		planrt_fatal("--resume: the checkpoint is of model '%s' (plan %s), this program trains model '%s'; resume it "
+			     "with a plan of '%s'",
+			     model, plan, p->model, model);
+	if (json_integer_value(json_object_get(d, "tokens")) != planrt_data_tokens(data))
+		planrt_fatal("--resume: the checkpoint was trained on data of %lld tokens ('%s'), --data '%s' has %lld; "
+			     "resume on the same data",
+			     (long long)json_integer_value(json_object_get(d, "tokens")),
+			     json_string_value(json_object_get(d, "path")) ?: "?", o->data, (long long)planrt_data_tokens(data));
+	if (json_integer_value(json_object_get(d, "train_tokens")) != train_tokens)
+		planrt_fatal("--resume: the checkpoint's run trained on the first %lld tokens, this one on %lld (--eval-every "
+			     "holds out the last tenth); resume with the same --eval-every setting",
+			     (long long)json_integer_value(json_object_get(d, "train_tokens")), (long long)train_tokens);
+	if (o->seed_given && o->seed != s)
+		planrt_fatal("--resume: the checkpoint's run has --seed %llu, this one %llu; drop --seed (a resumed run "
+			     "keeps its seed)",
+			     s, (unsigned long long)o->seed);
+	if (step > o->steps)
+		planrt_fatal("--resume: the checkpoint is of step %lld, past --steps %lld; pass --steps above it",
+			     (long long)step, (long long)o->steps);
+	int exact = planrt_ckpt_exact(c);
+	if (!exact && !strcmp(sync, "local_sgd"))
+		planrt_fatal("--resume: the checkpoint of plan %s (sync local_sgd) holds each replica's own state, which "
+			     "only the same plan can read; resume it with plan %s",
+			     plan, plan);
+	if (rank == 0 && !exact) {
+		fprintf(stderr, "planrt: note: resharding the checkpoint of plan %s (%s) into plan %s; the run continues "
+				"equal up to float rounding, not bit for bit\n",
+			plan, json_string_value(json_object_get(m, "fingerprint")) ?: "?", p->plan);
+		if (json_array_size(json_object_get(m, "local")))
+			fprintf(stderr, "planrt: note: the rank-local state of plan %s (gradient compression's error feedback) "
+					"restarts from zero under plan %s\n",
+				plan, p->plan);
+	}
+	*seed = s;
+	return step;
+}
+
+/* --eval-every: the mean loss of batches held-out batches, each run through the forward actions
+ * of the schedule (no backward: dropout off, gradient receives not posted) between eval_begin and
+ * eval_end, which leaves its loss reduced on every rank. Touches no state the next step reads. */
+static double evaluate(walker_t *w, const planrt_stage_t *stage, planrt_ctx_t *ctx, int64_t batches, int64_t step)
+{
+	double sum = 0;
+	planrt_evaluating_ = 1;
+	forward_only_chunks = stage->nchunks > 0 ? stage->nchunks : 1;
+	for (int64_t b = 0; b < batches; b++) {
+		ctx->eval_batch = b;
+		clear_action(ctx);
+		planrt_where_(step, "evaluation", -1, -1);
+		if (stage->eval_begin)
+			stage->eval_begin(ctx);
+		walk(w);
+		if (stage->eval_end)
+			stage->eval_end(ctx);
+		sum += stage->eval_loss && *stage->eval_loss ? **stage->eval_loss : NAN;
+	}
+	ctx->eval_batch = -1;
+	planrt_evaluating_ = 0;
+	forward_only_chunks = 0;
+	clear_action(ctx);
+	return sum / (double)batches;
+}
+
+/* The stage with its forward actions only (evaluation), built once. */
+static planrt_stage_t forward_stage(const planrt_stage_t *s)
+{
+	planrt_stage_t f = *s;
+	planrt_action_t *acts = calloc((size_t)(s->nactions ? s->nactions : 1), sizeof *acts);
+	if (!acts)
+		planrt_fatal("out of memory");
+	int n = 0;
+	for (int i = 0; i < s->nactions; i++)
+		if (s->actions[i].kind == PLANRT_FORWARD)
+			acts[n++] = s->actions[i];
+	f.actions = acts;
+	f.nactions = n;
+	return f;
+}
+
 int planrt_main(int argc, char **argv, const planrt_program_t *program)
 {
 	options_t opt;
@@ -972,13 +1344,31 @@ int planrt_main(int argc, char **argv, const planrt_program_t *program)
 	planrt_device_start();
 	prog = program;
 
-	/* 2. options, then the paths the run will write */
+	/* 2. options, then the paths the run reads and writes, before any work */
 	if (opt.error[0])
 		planrt_fatal("%s; usage: %s %s (--help explains)", opt.error, prog_name, usage_line);
-	if (opt.save && rank == 0)
-		probe_writable("--save", opt.save);
+	int async = program->nroles > 1;
+	if (async && (opt.save_every_dir || opt.resume))
+		planrt_fatal("sync async plans cannot checkpoint: their workers' gradients and parameter versions are in "
+			     "flight at every step boundary; use --save for the final weights, or sync strict / local_sgd");
+	if (async && opt.eval_every)
+		planrt_fatal("--eval-every: sync async plans do not evaluate (their replicas hold parameter versions of "
+			     "different ages); evaluate the saved weights with a strict plan");
+	planrt_on_signal_(on_signal);
+	int ckpt_lock = -1;
+	if (rank == 0) {
+		check_run_files(&opt);
+		if (opt.save)
+			remove_stale_temps(opt.save);
+		if (opt.save_every_dir) {
+			char err[1024];
+			if ((ckpt_lock = planrt_ckpt_lock(opt.save_every_dir, err, sizeof err)) < 0)
+				planrt_fatal("%s", err);
+			planrt_ckpt_clean(opt.save_every_dir, (int)opt.keep);
+		}
+	}
 	if (opt.log && rank == 0)
-		PLANRT_CHECK(planrt_log_open(opt.log));
+		PLANRT_CHECK(planrt_log_open_(opt.log, opt.resume != NULL));
 
 	/* 3. this rank's stage and role, its state and its arena */
 	int stage_index = program->pipe_axis >= 0 ? planrt_mesh_coord(program->pipe_axis) : 0;
@@ -1010,15 +1400,33 @@ int planrt_main(int argc, char **argv, const planrt_program_t *program)
 	if (!reqs || !own)
 		planrt_fatal("out of memory for %zu requests", nreq);
 
-	/* 4. data, initial weights */
-	planrt_ctx_t ctx = {.seed = opt.seed, .arena = arena, .steps = opt.steps};
+	/* 4. data, initial weights (or the checkpoint resumed) */
+	planrt_ctx_t ctx = {.seed = opt.seed, .arena = arena, .steps = opt.steps, .eval_batch = -1};
 	PLANRT_CHECK(planrt_data_open(opt.data, program->vocab, program->seq, &ctx.data));
+	int64_t train_tokens = planrt_data_tokens(ctx.data), first_step = 0;
+	if (opt.eval_every)
+		PLANRT_CHECK(planrt_data_hold_out_(ctx.data, &train_tokens));
+	planrt_ckpt_t *resume = opt.resume ? planrt_ckpt_resume_open(opt.resume, program) : NULL;
+	if (resume)
+		first_step = check_resume(resume, program, &opt, ctx.data, train_tokens, &ctx.seed, rank);
+	uint64_t seed = ctx.seed;
 	if (opt.init)
 		PLANRT_CHECK(planrt_st_open(opt.init, &ctx.init_file));
+	planrt_where_(-1, "init", -1, -1);
 	if (stage->init)
 		stage->init(&ctx);
 	planrt_st_close(ctx.init_file);
 	ctx.init_file = NULL;
+	if (resume) {
+		planrt_where_(-1, "resume", -1, -1);
+		ctx.ckpt = resume;
+		if (stage->resume)
+			stage->resume(&ctx);
+		ctx.ckpt = NULL;
+		planrt_ckpt_close(resume);
+		if (rank == 0)
+			fprintf(stderr, "planrt: resumed at step %lld from '%s'\n", (long long)first_step, opt.resume);
+	}
 
 	/* 5. the steps */
 	walker_t walker = {stage, &ctx, reqs, own, 0};
@@ -1027,53 +1435,109 @@ int planrt_main(int argc, char **argv, const planrt_program_t *program)
 	long long timed_steps = 0;
 	/* local SGD logs a step's loss when its replicas average: rows wait here until then */
 	int window = stage->loss_window > 1 ? stage->loss_window : 1;
-	double *pending = calloc((size_t)window * 3, sizeof(double)), shown_loss = NAN;
+	enum { ROW = 4 }; /* lr, gradient norm, step seconds, held-out loss (NaN: none) */
+	double *pending = calloc((size_t)window * ROW, sizeof(double)), shown_loss = NAN;
 	if (!pending)
 		planrt_fatal("out of memory for %d log rows", window);
 	const char *straggler = getenv("PLANRT_STRAGGLER");
-	for (int64_t step = 0; step < opt.steps; step++) {
+	planrt_stage_t fwd = opt.eval_every ? forward_stage(stage) : *stage;
+	walker_t evaluator = {&fwd, &ctx, reqs, own, 0};
+	int64_t saved_step = first_step, stopped = -1;
+	int strict = !program->sync || !strcmp(program->sync, "strict");
+	for (int64_t step = first_step; step < opt.steps; step++) {
 		double t0 = planrt_now(), wait0 = ctx.wait_s;
-		sleep_s(straggler_delay(straggler, rank, world, opt.seed, step));
+		sleep_s(straggler_delay(straggler, rank, world, seed, step));
 		ctx.step = step;
-		ctx.step_seed = opt.seed * 0x9E3779B97F4A7C15ull + (uint64_t)step;
+		ctx.step_seed = seed * 0x9E3779B97F4A7C15ull + (uint64_t)step;
 		clear_action(&ctx);
+		planrt_where_(step, "step_begin", -1, -1);
 		if (stage->step_begin)
 			stage->step_begin(&ctx);
 		double t_walk = planrt_now();
 		walk(&walker);
 		double t_end = planrt_now();
+		planrt_where_(step, "update", -1, -1);
 		if (stage->step_end)
 			stage->step_end(&ctx);
 		double update_s = planrt_now() - t_end + (t_walk - t0);
 		double norm = stage->grad_norm && *stage->grad_norm ? **stage->grad_norm : NAN;
 		double step_s = planrt_now() - t0;
-		if (step > 0 || opt.steps == 1) {
+		if (step > first_step || opt.steps == first_step + 1) {
 			timed_s += step_s;
 			timed_wait_s += ctx.wait_s - wait0;
 			timed_update_s += update_s;
 			timed_steps++;
 		}
-		if (rank != 0)
-			continue;
-		double *row = pending + (step % window) * 3;
-		row[0] = planrt_lr_at(program->lr, step, program->warmup, program->total_steps, program->min_lr);
-		row[1] = norm;
-		row[2] = step_s;
-		if (window == 1 || (step + 1) % window == 0 || step == opt.steps - 1) {
-			for (int64_t s = step - step % window; s <= step; s++) {
-				const double *r = pending + (s % window) * 3;
-				shown_loss = stage->loss && *stage->loss ? (*stage->loss)[s % window] : NAN;
-				log_versions(stage);
-				planrt_log_step(s, shown_loss, r[0], r[1], tokens, r[2] * 1e3);
-			}
+		/* a loss or gradient norm that is not finite: stop before anything is written from this
+		 * state (the loss is known when the step's row is: local SGD knows it at averages) */
+		int known = window == 1 || (step + 1) % window == 0 || step == opt.steps - 1;
+		double loss_now = known && stage->loss && *stage->loss ? (*stage->loss)[step % window] : 0;
+		double norm_now = stage->grad_norm && *stage->grad_norm ? **stage->grad_norm : 0;
+		if (!isfinite(loss_now) || !isfinite(norm_now)) {
+			if (!strict) /* each replica has its own: this one's verdict ends the job */
+				planrt_fatal("step %lld: the loss is %g and the gradient norm %g on this replica; training stopped "
+					     "before writing anything from this state; lower the learning rate or clip the gradients",
+					     (long long)step, loss_now, norm_now);
+			stopped = step; /* every rank sees the same reduced values and stops here */
 		}
-		planrt_progress(step + 1, opt.steps, shown_loss, step_s > 0 ? (double)tokens / step_s : 0, planrt_now() - start);
+		double eval = NAN;
+		if (stopped < 0 && opt.eval_every && (step + 1) % opt.eval_every == 0)
+			eval = evaluate(&evaluator, stage, &ctx, opt.eval_batches, step);
+		if (rank == 0) {
+			double *row = pending + (step % window) * ROW;
+			row[0] = planrt_lr_at(program->lr, step, program->warmup, program->total_steps, program->min_lr);
+			row[1] = norm;
+			row[2] = step_s;
+			row[3] = eval;
+			if (known || stopped >= 0) {
+				/* (a resumed run logs from where it resumed; the window's earlier rows were logged) */
+				for (int64_t s = step - step % window > first_step ? step - step % window : first_step; s <= step; s++) {
+					const double *r = pending + (s % window) * ROW;
+					shown_loss = stage->loss && *stage->loss ? (*stage->loss)[s % window] : NAN;
+					log_versions(stage);
+					if (!isnan(r[3])) {
+						char f[64];
+						snprintf(f, sizeof f, "\"eval_loss\":%.9g", r[3]);
+						planrt_log_fields(f);
+					}
+					planrt_log_step(s, shown_loss, r[0], r[1], tokens, r[2] * 1e3);
+				}
+			}
+			planrt_progress(step + 1, opt.steps, shown_loss, step_s > 0 ? (double)tokens / step_s : 0,
+					planrt_now() - start);
+			if (!isnan(eval))
+				fprintf(stderr, "eval after step %lld: held-out loss %.4f (%lld batches)\n", (long long)step + 1, eval,
+					(long long)opt.eval_batches);
+		}
+		if (stopped >= 0)
+			break;
+		if (opt.save_every_dir && ((step + 1) % opt.save_every == 0 || step == opt.steps - 1)) {
+			clear_action(&ctx);
+			json_t *run = run_info(program, &opt, step + 1, seed, ctx.data, train_tokens);
+			planrt_ckpt_save(&ctx, stage, opt.save_every_dir, step + 1, run, (int)opt.keep);
+			json_decref(run);
+			saved_step = step + 1;
+		}
 	}
 	free(pending);
+	if (fwd.actions != stage->actions)
+		free((void *)fwd.actions);
+	if (stopped >= 0 && rank == 0)
+		fprintf(stderr,
+			"planrt: rank 0: step %lld: the loss is %g and the gradient norm %g; training stopped: nothing is written "
+			"from this state (%s%s%s%s%s); lower the learning rate, clip the gradients (clip = 1.0) or resume from "
+			"the last checkpoint\n",
+			(long long)stopped, stage->loss && *stage->loss ? **stage->loss : NAN,
+			stage->grad_norm && *stage->grad_norm ? **stage->grad_norm : NAN,
+			opt.save ? "--save '" : "no --save", opt.save ? opt.save : "", opt.save ? "' is left as it was" : "",
+			opt.save_every_dir ? "; the checkpoints keep the last good state" : "",
+			opt.save_every_dir && saved_step > 0 ? ", the newest of it" : "");
+	(void)saved_step;
 
 	/* 6. the checkpoint and the reports */
 	clear_action(&ctx);
-	if (opt.save)
+	planrt_where_(-1, "save", -1, -1);
+	if (opt.save && stopped < 0)
 		save_checkpoint(&ctx, stage, opt.save, rank);
 	if (getenv("PLANRT_REPORT_MEMORY"))
 		fprintf(stderr,
@@ -1102,6 +1566,9 @@ int planrt_main(int argc, char **argv, const planrt_program_t *program)
 		*stage->state[i].ptr = NULL;
 	}
 	prog = NULL;
+	planrt_where_(-1, "finalize", -1, -1);
 	PLANRT_CHECK(planrt_finalize());
-	return 0;
+	if (ckpt_lock >= 0)
+		close(ckpt_lock);
+	return stopped >= 0 ? 1 : 0;
 }

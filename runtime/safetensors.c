@@ -391,6 +391,23 @@ planrt_result_t planrt_st_read_block(planrt_st_t f, const char *name, int rank, 
 	return planrt_success;
 }
 
+planrt_result_t planrt_st_find_(planrt_st_t f, const char *name, int *dtype, int64_t *n, const void **data)
+{
+	for (int i = 0; i < f->n; i++) {
+		const entry_t *e = &f->t[i];
+		if (strcmp(e->name, name))
+			continue;
+		static const int as_planrt[] = {[DT_F32] = planrt_f32, [DT_BF16] = planrt_bf16, [DT_F16] = planrt_f16,
+						[3] = planrt_f64, [DT_I32] = planrt_i32};
+		*dtype = e->dtype <= DT_I32 ? as_planrt[e->dtype] : -1;
+		*n = (int64_t)((e->end - e->begin) / dtypes[e->dtype].size);
+		*data = f->data + e->begin;
+		return planrt_success;
+	}
+	return planrt_error_(planrt_format_error, "tensor '%s' is not in '%s' (%d tensors); the checkpoint is incomplete",
+			     name, f->path, f->n);
+}
+
 /* ------------------------------------------------------------------ writing */
 
 static const planrt_st_tensor_t *sort_base;
@@ -418,6 +435,7 @@ static const char *dtype_tag(planrt_dtype_t t)
 	case planrt_bf16: return "BF16";
 	case planrt_f16: return "F16";
 	case planrt_i32: return "I32";
+	case planrt_f64: return "F64";
 	default: return NULL;
 	}
 }
@@ -431,7 +449,8 @@ static size_t tensor_bytes(const planrt_st_tensor_t *t)
 }
 
 /* The header text, padded with spaces to a multiple of 8 bytes; NULL on failure (error set). */
-static char *build_header(const char *path, const planrt_st_tensor_t *ts, const int *order, int n, size_t *len)
+static char *build_header(const char *path, const planrt_st_tensor_t *ts, const int *order, int n, size_t *len,
+			  char *checksum, size_t checksum_n)
 {
 	json_t *root = json_object(), *meta = json_object();
 	uint64_t off = 0, h = FNV_BASIS;
@@ -451,6 +470,8 @@ static char *build_header(const char *path, const planrt_st_tensor_t *ts, const 
 	}
 	char sum[40];
 	snprintf(sum, sizeof sum, "fnv1a64:%016llx", (unsigned long long)h);
+	if (checksum)
+		snprintf(checksum, checksum_n, "%s", sum);
 	ok = ok && !json_object_set_new(meta, "format", json_string("pt")) &&
 	     !json_object_set_new(meta, CHECKSUM_KEY, json_string(sum)) && !json_object_set(root, "__metadata__", meta);
 	char *text = ok ? json_dumps(root, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
@@ -488,6 +509,12 @@ static void fsync_dir_of(const char *path)
 
 planrt_result_t planrt_st_write(const char *path, const planrt_st_tensor_t *tensors, int n)
 {
+	return planrt_st_write_(path, tensors, n, NULL, 0);
+}
+
+planrt_result_t planrt_st_write_(const char *path, const planrt_st_tensor_t *tensors, int n, char *checksum,
+				 size_t checksum_n)
+{
 	if (n < 0 || (n > 0 && !tensors))
 		return planrt_error_(planrt_invalid_argument, "planrt_st_write('%s'): bad tensor list", path);
 	for (int i = 0; i < n; i++) {
@@ -497,8 +524,8 @@ planrt_result_t planrt_st_write(const char *path, const planrt_st_tensor_t *tens
 					     path, i);
 		if (!dtype_tag(t->dtype))
 			return planrt_error_(planrt_invalid_argument,
-					     "planrt_st_write('%s'): tensor '%s' has dtype %d; checkpoints hold f32, bf16, f16 "
-					     "or i32",
+					     "planrt_st_write('%s'): tensor '%s' has dtype %d; checkpoints hold f32, bf16, f16, "
+					     "i32 or f64",
 					     path, t->name, (int)t->dtype);
 		if (t->rank < 0 || t->rank > MAX_DIMS)
 			return planrt_error_(planrt_invalid_argument, "planrt_st_write('%s'): tensor '%s' has rank %d", path,
@@ -529,7 +556,7 @@ planrt_result_t planrt_st_write(const char *path, const planrt_st_tensor_t *tens
 		}
 	qsort(order, (size_t)n, sizeof *order, cmp_layout);
 	size_t hlen = 0;
-	char *header = build_header(path, tensors, order, n, &hlen);
+	char *header = build_header(path, tensors, order, n, &hlen, checksum, checksum_n);
 	if (!header) {
 		free(order);
 		return planrt_system_error;

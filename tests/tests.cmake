@@ -41,3 +41,8 @@ target_compile_options(scale_test_check PRIVATE ${PLANC_WARNINGS})
 target_link_libraries(scale_test_check PRIVATE planc_core)
 add_test(NAME scale_check COMMAND scale_test_check WORKING_DIRECTORY ${ROOT})
 add_test(NAME explain_svg COMMAND python3 ${ROOT}/tests/explain/check_svg.py ${PLANC} ${ROOT} WORKING_DIRECTORY ${ROOT})
+# a generated program's operability (issue 12, runtime): sharded checkpoints resumed bit for bit,
+# kill -9 inside a save, resharding between plans, --keep, NaN stops, refused arguments and
+# paths, every survivor explaining a killed rank (tests/ops)
+add_test(NAME ops COMMAND python3 ${ROOT}/tests/ops/run_ops.py ${PLANC} ${ROOT} WORKING_DIRECTORY ${ROOT})
+set_tests_properties(ops PROPERTIES TIMEOUT 600)

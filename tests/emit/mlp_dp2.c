@@ -299,6 +299,70 @@ static void save(planrt_ctx_t *ctx)
 	planrt_save_param(ctx, p_linear_2_bias, planrt_f32, 6, 0, 256, -1); /* linear_2.bias */
 }
 
+static void checkpoint(planrt_ctx_t *ctx)
+{
+	(void)ctx;
+	planrt_ckpt_write(ctx, p_embedding_weight, planrt_f32, 0, 0, 0, 16384, -1); /* embedding.weight */
+	planrt_ckpt_write(ctx, m_58, planrt_f32, 0, 2, 0, 16384, -1); /* embedding.weight */
+	planrt_ckpt_write(ctx, v_59, planrt_f32, 0, 3, 0, 16384, -1); /* embedding.weight */
+	planrt_ckpt_write(ctx, p_linear_weight, planrt_f32, 1, 0, 0, 16384, -1); /* linear.weight */
+	planrt_ckpt_write(ctx, m_60, planrt_f32, 1, 2, 0, 16384, -1); /* linear.weight */
+	planrt_ckpt_write(ctx, v_61, planrt_f32, 1, 3, 0, 16384, -1); /* linear.weight */
+	planrt_ckpt_write(ctx, p_linear_bias, planrt_f32, 2, 0, 0, 256, -1); /* linear.bias */
+	planrt_ckpt_write(ctx, m_62, planrt_f32, 2, 2, 0, 256, -1); /* linear.bias */
+	planrt_ckpt_write(ctx, v_63, planrt_f32, 2, 3, 0, 256, -1); /* linear.bias */
+	planrt_ckpt_write(ctx, p_linear_1_weight, planrt_f32, 3, 0, 0, 65536, -1); /* linear_1.weight */
+	planrt_ckpt_write(ctx, m_64, planrt_f32, 3, 2, 0, 65536, -1); /* linear_1.weight */
+	planrt_ckpt_write(ctx, v_65, planrt_f32, 3, 3, 0, 65536, -1); /* linear_1.weight */
+	planrt_ckpt_write(ctx, p_linear_1_bias, planrt_f32, 4, 0, 0, 256, -1); /* linear_1.bias */
+	planrt_ckpt_write(ctx, m_66, planrt_f32, 4, 2, 0, 256, -1); /* linear_1.bias */
+	planrt_ckpt_write(ctx, v_67, planrt_f32, 4, 3, 0, 256, -1); /* linear_1.bias */
+	planrt_ckpt_write(ctx, p_linear_2_weight, planrt_f32, 5, 0, 0, 65536, -1); /* linear_2.weight */
+	planrt_ckpt_write(ctx, m_68, planrt_f32, 5, 2, 0, 65536, -1); /* linear_2.weight */
+	planrt_ckpt_write(ctx, v_69, planrt_f32, 5, 3, 0, 65536, -1); /* linear_2.weight */
+	planrt_ckpt_write(ctx, p_linear_2_bias, planrt_f32, 6, 0, 0, 256, -1); /* linear_2.bias */
+	planrt_ckpt_write(ctx, m_70, planrt_f32, 6, 2, 0, 256, -1); /* linear_2.bias */
+	planrt_ckpt_write(ctx, v_71, planrt_f32, 6, 3, 0, 256, -1); /* linear_2.bias */
+}
+
+static void resume(planrt_ctx_t *ctx)
+{
+	(void)ctx;
+	planrt_ckpt_read(ctx, p_embedding_weight, planrt_f32, 0, 0, 0, 16384); /* embedding.weight */
+	planrt_ckpt_read(ctx, m_58, planrt_f32, 0, 2, 0, 16384); /* embedding.weight */
+	planrt_ckpt_read(ctx, v_59, planrt_f32, 0, 3, 0, 16384); /* embedding.weight */
+	planrt_ckpt_read(ctx, p_linear_weight, planrt_f32, 1, 0, 0, 16384); /* linear.weight */
+	planrt_ckpt_read(ctx, m_60, planrt_f32, 1, 2, 0, 16384); /* linear.weight */
+	planrt_ckpt_read(ctx, v_61, planrt_f32, 1, 3, 0, 16384); /* linear.weight */
+	planrt_ckpt_read(ctx, p_linear_bias, planrt_f32, 2, 0, 0, 256); /* linear.bias */
+	planrt_ckpt_read(ctx, m_62, planrt_f32, 2, 2, 0, 256); /* linear.bias */
+	planrt_ckpt_read(ctx, v_63, planrt_f32, 2, 3, 0, 256); /* linear.bias */
+	planrt_ckpt_read(ctx, p_linear_1_weight, planrt_f32, 3, 0, 0, 65536); /* linear_1.weight */
+	planrt_ckpt_read(ctx, m_64, planrt_f32, 3, 2, 0, 65536); /* linear_1.weight */
+	planrt_ckpt_read(ctx, v_65, planrt_f32, 3, 3, 0, 65536); /* linear_1.weight */
+	planrt_ckpt_read(ctx, p_linear_1_bias, planrt_f32, 4, 0, 0, 256); /* linear_1.bias */
+	planrt_ckpt_read(ctx, m_66, planrt_f32, 4, 2, 0, 256); /* linear_1.bias */
+	planrt_ckpt_read(ctx, v_67, planrt_f32, 4, 3, 0, 256); /* linear_1.bias */
+	planrt_ckpt_read(ctx, p_linear_2_weight, planrt_f32, 5, 0, 0, 65536); /* linear_2.weight */
+	planrt_ckpt_read(ctx, m_68, planrt_f32, 5, 2, 0, 65536); /* linear_2.weight */
+	planrt_ckpt_read(ctx, v_69, planrt_f32, 5, 3, 0, 65536); /* linear_2.weight */
+	planrt_ckpt_read(ctx, p_linear_2_bias, planrt_f32, 6, 0, 0, 256); /* linear_2.bias */
+	planrt_ckpt_read(ctx, m_70, planrt_f32, 6, 2, 0, 256); /* linear_2.bias */
+	planrt_ckpt_read(ctx, v_71, planrt_f32, 6, 3, 0, 256); /* linear_2.bias */
+}
+
+static void eval_begin(planrt_ctx_t *ctx)
+{
+	(void)ctx;
+	planrt_fill(loss_52, 1, planrt_f64, 0); /* the held-out batch's loss */
+}
+
+static void eval_end(planrt_ctx_t *ctx)
+{
+	(void)ctx;
+	planrt_allreduce_inplace(loss_52, 1, planrt_f64, planrt_axis_comm(AXIS_data), NULL); /* the step's loss */
+}
+
 /* one step: F / B of a micro-batch and chunk, its activation slot and receive inbox */
 static const planrt_action_t actions[] = {
 	{PLANRT_FORWARD, 0, 0, 0xffff, 0},
@@ -351,12 +415,14 @@ static const planrt_param_t params[] = {
 
 static const planrt_stage_t stages[] = {
 	{init, step_begin, step, save, 1, forward, backward, prepare_forward, prepare_backward,
-	 actions, 2, 1117248, 0, 1117248, 0, 0, 1, 0, 0, state, 26, &loss_52, &grad_norm_54, 0, NULL, 0},
+	 actions, 2, 1117248, 0, 1117248, 0, 0, 1, 0, 0, state, 26, &loss_52, &grad_norm_54, 0, NULL, 0,
+	 checkpoint, resume, eval_begin, eval_end, &loss_52},
 };
 
 static const planrt_program_t program = {
 	"dp2", "mlp", "examples/mlp.plan", 2, 1, -1, axis_sizes, axis_names, 1, stages, params, 7, 1,
 	32, 16, 256, 0.001, 0, 0, 0, 1, -1,
+	"fnv1a64:77efd3612713a677", "strict",
 };
 
 int main(int argc, char **argv)

@@ -55,6 +55,7 @@ PLANS = {
             "bf16", "bf16_zero2_dp4", "bf16_pp2"],
     "llama": ["tp2", "tp2_patterns", "dp2_tp2_sp", "zero3_dp4"],
     "tests/equiv/ops": ["dp2", "tp2", "sp2", "dp2_tp2"],
+    "moe": ["ep2", "ep4", "ep2_tp2", "ep2_dp2", "ep2_dp2_zero1"],
     "bert": ["dp2", "tp2", "dp2_tp2_zero1"],
     "tests/equiv/regress": ["dp4", "tp2"],
 }

@@ -11,6 +11,11 @@ planc builds, must give the same loss at every step (1e-5 relative) and the same
          activation's weight gradient, cross-entropy over classes, mse and l1 losses)
   llama  examples/llama.plan, plan single (RMSNorm, RoPE, grouped-query attention, SwiGLU, untied
          head) against Hugging Face's LlamaForCausalLM arithmetic
+  moe    examples/moe.plan: plan single_nodropout (GELU experts, top-2, capacity factor 1.25 per
+         sample: tokens are dropped) and plan mixtral_single (SwiGLU experts, top-2 gates
+         normalised, dropless), against a mixture of experts written here from docs/moe.md (every
+         first choice before any second choice, per sample), with the Switch load-balancing loss
+         and the router z-loss
 
 The initial weights are drawn by PyTorch and written as a safetensors file the way the safetensors
 library lays one out (8-byte header length, JSON header with __metadata__ and data offsets,
@@ -39,7 +44,7 @@ except ImportError as e:
 
 planc, root = sys.argv[1], sys.argv[2]
 steps = int(sys.argv[3]) if len(sys.argv) > 3 else 20
-models = sys.argv[4:] or ["gpt", "llama", "bert", "ops"]
+models = sys.argv[4:] or ["gpt", "llama", "bert", "ops", "moe"]
 SEED = 1234
 env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
            OMPI_MCA_plm="isolated", OMPI_MCA_btl="self,vader", OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
@@ -275,6 +280,96 @@ def run_ops():
     report("every new op (tests/equiv/ops.plan)", planc_losses, torch_losses, final, w)
 
 
+def moe(h, w, p, E, K, capacity_factor, normalize, dropless, swiglu, drops):
+    """A mixture-of-experts layer as docs/moe.md defines it: softmax router, each token's top K,
+    per sample (group) an expert takes at most ceil(K S cf / E) pairs, every first choice before any
+    second choice; dropped pairs add nothing. Returns the output and the two auxiliary losses."""
+    B, S, D = h.shape
+    logits = h @ w[p + "router"]
+    probs = torch.softmax(logits, dim=-1)
+    top_p, top_e = probs.topk(K, dim=-1)
+    gates = top_p / top_p.sum(-1, keepdim=True) if normalize else top_p
+    onehot = F.one_hot(top_e, E)  # [B, S, K, E]
+    if dropless:
+        keep = torch.ones_like(top_e, dtype=torch.bool)
+    else:
+        cap = -(-K * S * capacity_factor // E)
+        order = onehot.permute(0, 2, 1, 3).reshape(B, K * S, E)  # k-major within the sample
+        before = (torch.cumsum(order, dim=1) - order).reshape(B, K, S, E).permute(0, 2, 1, 3)
+        keep = (before * onehot).sum(-1) < cap
+    drops.append(int((~keep).sum()))
+    out = torch.zeros_like(h)
+    for e in range(E):
+        chosen = (top_e == e) & keep
+        rows = chosen.any(-1)
+        x = h[rows]
+        if swiglu:
+            y = (F.silu(x @ w[p + "w1"][e]) * (x @ w[p + "w3"][e])) @ w[p + "w2"][e]
+        else:
+            y = F.gelu(x @ w[p + "w1"][e]) @ w[p + "w2"][e]
+        out[rows] += (gates * chosen)[rows].sum(-1, keepdim=True) * y
+    f = F.one_hot(top_e[..., 0], E).float().mean(1)  # first choices, per sample
+    aux = (E * (f * probs.mean(1)).sum(-1)).mean()
+    z = torch.logsumexp(logits, dim=-1).pow(2).mean()
+    return out, aux, z
+
+
+def run_moe():
+    V, S, D, H, L, B, E = 256, 64, 128, 4, 2, 16, 4
+    mask = torch.triu(torch.ones(S, S, dtype=torch.bool), diagonal=1)
+
+    def attention(x, w, p):
+        q = x @ w[p + "attention.wq"] + w[p + "attention.bq"]
+        k = x @ w[p + "attention.wk"] + w[p + "attention.bk"]
+        v = x @ w[p + "attention.wv"] + w[p + "attention.bv"]
+        split = lambda t: t.view(B, S, H, D // H).transpose(1, 2)
+        scores = split(q) @ split(k).transpose(-1, -2) * (1.0 / (D // H) ** 0.5)
+        probs = torch.softmax(scores.masked_fill(mask, float("-inf")), dim=-1)
+        a = (probs @ split(v)).transpose(1, 2).reshape(B, S, D)
+        return a @ w[p + "attention.wo"] + w[p + "attention.bo"]
+
+    for plan, mixtral in (("single_nodropout", False), ("mixtral_single", True)):
+        drops = []
+
+        def loss_of(w, step):
+            tokens, targets = batch(data, step, B, S)
+            x = F.embedding(tokens, w["wte"]) + w["wpe"]
+            extra = 0
+            for i in range(L):
+                if mixtral:
+                    p = f"layers.{i}.moe_swiglu_block."
+                    x = x + attention(rms_norm(x, w[p + "rmsnorm.weight"], 1e-6), w, p)
+                    y, aux, z = moe(rms_norm(x, w[p + "rmsnorm_1.weight"], 1e-6), w, p + "moe_swiglu.", E, 2, 1.25,
+                                    True, True, True, drops)
+                else:
+                    p = f"layers.{i}.moe_block."
+                    h = F.layer_norm(x, (D,), w[p + "layernorm.weight"], w[p + "layernorm.bias"], eps=1e-5)
+                    x = x + attention(h, w, p)
+                    h = F.layer_norm(x, (D,), w[p + "layernorm_1.weight"], w[p + "layernorm_1.bias"], eps=1e-5)
+                    y, aux, z = moe(h, w, p + "moe.", E, 2, 1.25, False, False, False, drops)
+                x = x + y
+                extra = extra + 0.01 * aux + 0.001 * z
+            x = rms_norm(x, w["rmsnorm.weight"], 1e-6) if mixtral else \
+                F.layer_norm(x, (D,), w["layernorm.weight"], w["layernorm.bias"], eps=1e-5)
+            return F.cross_entropy((x @ w["wte"].T).reshape(-1, V), targets.reshape(-1)) + extra
+
+        prog = build(f"{root}/examples/moe.plan", plan)
+        norms = ("rmsnorm.weight", "rmsnorm_1.weight") if mixtral else ("layernorm.weight", "layernorm_1.weight")
+        init = init_like(program_shapes(prog), norms)
+        for name in init:  # a router that is not uniform, so that some experts are overloaded
+            if name.endswith("router"):
+                init[name] = init[name] * 25
+        planc_losses, final = train_program(prog, init)
+        torch_losses, w = train_torch(init, loss_of, dict(lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1, eps=1e-8))
+        what = ("Mixtral-style MoE (examples/moe.plan mixtral_single: SwiGLU experts, normalised top-2, dropless)"
+                if mixtral else "MoE GPT (examples/moe.plan single_nodropout: top-2, capacity factor 1.25)")
+        report(f"{what}, {sum(drops)} pairs dropped in torch", planc_losses, torch_losses, final, w)
+        if not mixtral and not sum(drops):
+            global failed
+            failed += 1
+            print("FAIL: the capacity case dropped no token: it tests nothing", flush=True)
+
+
 def run_bert():
     V, S, D, H, F_, L, C, B = 256, 32, 64, 4, 256, 2, 4, 16
     Dh = D // H
@@ -311,6 +406,6 @@ def run_bert():
 
 
 for m in models:
-    {"gpt": run_gpt, "llama": run_llama, "ops": run_ops, "bert": run_bert}[m]()
+    {"gpt": run_gpt, "llama": run_llama, "ops": run_ops, "bert": run_bert, "moe": run_moe}[m]()
 print(f"{passed} passed, {failed} failed")
 sys.exit(0 if failed == 0 else 1)

@@ -947,20 +947,22 @@ static void case_permute(const char *name, int p0, int p1, int p2, int p3)
 }
 
 /* ---- mixture of experts ---------------------------------------------------------------------------- */
-#define MT 6 /* tokens */
+#define MT 6 /* tokens: two groups of three */
+#define MG 3
 #define ME 4 /* experts */
 #define MK 2 /* top_k */
-#define MCAP 2
-#define MSLOTS (ME * MCAP)
+#define MCAP 1 /* per expert and group: drops some pairs */
+#define MSLOTS (ME * MCAP * (MT / MG))
 #define MD 3
 static int32_t midx[MT * MK];
 static double mlogits[MT * ME];
+static int mnorm; /* route cases: normalised gates */
 
 static void moe_setup(void)
 {
 	double g[MT * MK];
 	fill(mlogits, MT * ME, -2, 2);
-	planrt_k_moe_route_f64(mlogits, MT, ME, MK, MCAP, g, midx);
+	planrt_k_moe_route_f64(mlogits, MT, ME, MK, MG, MCAP, 0, g, midx, NULL, NULL);
 }
 
 static void disp_fwd(Case *c, int f32)
@@ -993,27 +995,40 @@ static void route_fwd(Case *c, int f32)
 {
 	int32_t idx[MT * MK];
 	if (f32)
-		planrt_k_moe_route_f32(c->in32[0], MT, ME, MK, MCAP, c->out32, idx);
+		planrt_k_moe_route_f32(c->in32[0], MT, ME, MK, MG, MCAP, mnorm, c->out32, idx, NULL, NULL);
 	else
-		planrt_k_moe_route_f64(c->in[0], MT, ME, MK, MCAP, c->out, idx);
+		planrt_k_moe_route_f64(c->in[0], MT, ME, MK, MG, MCAP, mnorm, c->out, idx, NULL, NULL);
 }
 
 static void route_bwd(Case *c)
 {
-	planrt_k_moe_route_grad_f64(c->in[0], midx, c->dy, MT, ME, MK, MCAP, c->grad[0]);
+	planrt_k_moe_route_grad_f64(c->in[0], c->dy, MT, ME, MK, mnorm, c->grad[0]);
 }
 
 static void aux_fwd(Case *c, int f32)
 {
 	if (f32)
-		c->out32[0] = (float)planrt_k_moe_aux_loss_f32(c->in32[0], midx, MT, ME, MK, MCAP);
+		c->out32[0] = (float)planrt_k_moe_aux_loss_f32(c->in32[0], MT, ME, MG, 0.5);
 	else
-		c->out[0] = planrt_k_moe_aux_loss_f64(c->in[0], midx, MT, ME, MK, MCAP);
+		c->out[0] = planrt_k_moe_aux_loss_f64(c->in[0], MT, ME, MG, 0.5);
 }
 
 static void aux_bwd(Case *c)
 {
-	planrt_k_moe_aux_loss_grad_f64(c->in[0], midx, MT, ME, MK, MCAP, c->dy[0], c->grad[0]);
+	planrt_k_moe_aux_loss_grad_f64(c->in[0], MT, ME, MG, 0.5 * c->dy[0], c->grad[0]);
+}
+
+static void zloss_fwd(Case *c, int f32)
+{
+	if (f32)
+		c->out32[0] = (float)planrt_k_moe_z_loss_f32(c->in32[0], MT, ME, 1.0 / MT);
+	else
+		c->out[0] = planrt_k_moe_z_loss_f64(c->in[0], MT, ME, 1.0 / MT);
+}
+
+static void zloss_bwd(Case *c)
+{
+	planrt_k_moe_z_loss_grad_f64(c->in[0], MT, ME, c->dy[0] / MT, c->grad[0]);
 }
 
 /* A whole MoE layer: route, dispatch, a gelu "expert", combine; gradients to x and the logits. */
@@ -1021,7 +1036,7 @@ static void aux_bwd(Case *c)
 	do {                                                                                                   \
 		T *g = (T *)TD[0], *b1 = (T *)TD[1], *b2 = (T *)TD[2];                                       \
 		int32_t *ix = (int32_t *)TD[3];                                                                \
-		planrt_k_moe_route_##S(logits, MT, ME, MK, MCAP, g, ix);                                       \
+		planrt_k_moe_route_##S(logits, MT, ME, MK, MG, MCAP, mnorm, g, ix, NULL, NULL);                \
 		planrt_k_moe_dispatch_##S(x, ix, MT, MK, MD, MSLOTS, b1);                                      \
 		planrt_k_gelu_##S(b1, b2, MSLOTS * MD, PLANRT_GELU_ERF);                                       \
 		planrt_k_moe_combine_##S(b2, g, ix, MT, MK, MD, out);                                          \
@@ -1043,7 +1058,7 @@ static void layer_bwd(Case *c)
 	planrt_k_moe_combine_grad_f64(c->dy, TD[2], TD[0], ix, MT, MK, MD, MSLOTS, db2, dgates);
 	planrt_k_gelu_grad_f64(TD[1], db2, db1, MSLOTS * MD, PLANRT_GELU_ERF);
 	planrt_k_moe_dispatch_grad_f64(db1, ix, MT, MK, MD, c->grad[0]);
-	planrt_k_moe_route_grad_f64(c->in[1], ix, dgates, MT, ME, MK, MCAP, c->grad[1]);
+	planrt_k_moe_route_grad_f64(c->in[1], dgates, MT, ME, MK, mnorm, c->grad[1]);
 }
 
 static void cases_moe(void)
@@ -1052,7 +1067,8 @@ static void cases_moe(void)
 	int dropped = 0;
 	for (int i = 0; i < MT * MK; i++)
 		dropped += midx[i] < 0;
-	report(dropped > 0, "moe setup drops %d of %d pairs (capacity %d)", dropped, MT * MK, MCAP);
+	report(dropped > 0, "moe setup drops %d of %d pairs (capacity %d per expert and group of %d)", dropped, MT * MK,
+	       MCAP, MG);
 
 	begin("moe_dispatch", MSLOTS * MD, disp_fwd, disp_bwd);
 	input("x", MT * MD, -1, 1, 0);
@@ -1063,18 +1079,27 @@ static void cases_moe(void)
 	input("gates", MT * MK, 0, 1, 0);
 	run(&C);
 
-	begin("moe_route", MT * MK, route_fwd, route_bwd);
+	for (mnorm = 0; mnorm < 2; mnorm++) {
+		begin(mnorm ? "moe_route (normalised gates)" : "moe_route", MT * MK, route_fwd, route_bwd);
+		memcpy(input("logits", MT * ME, 0, 0, 0), mlogits, sizeof mlogits);
+		run(&C);
+	}
+
+	begin("moe_aux_loss (per group)", 1, aux_fwd, aux_bwd);
 	memcpy(input("logits", MT * ME, 0, 0, 0), mlogits, sizeof mlogits);
 	run(&C);
 
-	begin("moe_aux_loss", 1, aux_fwd, aux_bwd);
-	memcpy(input("logits", MT * ME, 0, 0, 1), mlogits, sizeof mlogits);
-	run(&C);
-
-	begin("moe layer (route..combine)", MT * MD, layer_fwd, layer_bwd);
-	input("x", MT * MD, -1, 1, 0);
+	begin("moe_z_loss", 1, zloss_fwd, zloss_bwd);
 	memcpy(input("logits", MT * ME, 0, 0, 0), mlogits, sizeof mlogits);
 	run(&C);
+
+	for (mnorm = 0; mnorm < 2; mnorm++) {
+		begin(mnorm ? "moe layer (route..combine, normalised gates)" : "moe layer (route..combine)", MT * MD,
+		      layer_fwd, layer_bwd);
+		input("x", MT * MD, -1, 1, 0);
+		memcpy(input("logits", MT * ME, 0, 0, 0), mlogits, sizeof mlogits);
+		run(&C);
+	}
 }
 
 int main(void)

@@ -421,21 +421,39 @@ static void test_causal(void)
 /* ---- MoE routing by hand ---------------------------------------------------------------------- */
 static void test_moe(void)
 {
-	/* 4 tokens, 3 experts, top 2, capacity 2 */
+	/* 4 tokens, 3 experts, top 2 */
 	double lg[12] = {1, 2, 0, /* e1, e0 */
 			 2, 2, 0, /* tie: e0 before e1 */
-			 0, 3, 1, /* e1 (dropped: third on e1), e2 */
-			 0, 1, 2 /* e2, e1 (dropped) */};
-	double gates[8];
-	int32_t idx[8];
-	planrt_k_moe_route_f64(lg, 4, 3, 2, 2, gates, idx);
-	static const int32_t want_idx[8] = {2, 0, 1, 3, -1, 4, 5, -1};
-	report(!memcmp(idx, want_idx, sizeof idx), "moe_route slots by token then k, ties to the lower expert, drops "
-		"(idx %d %d %d %d %d %d %d %d)", idx[0], idx[1], idx[2], idx[3], idx[4], idx[5], idx[6], idx[7]);
+			 0, 3, 1, /* e1, e2 */
+			 0, 1, 2 /* e2, e1 */};
+	double gates[8], stats[4] = {0, 0, 0, 0};
+	int32_t idx[8], counts[3];
+	/* one group of 4, capacity 2: first choices in token order, then second choices */
+	planrt_k_moe_route_f64(lg, 4, 3, 2, 4, 2, 0, gates, idx, counts, stats);
+	static const int32_t want_idx[8] = {2, 1, 0, -1, 3, 5, 4, -1};
+	report(!memcmp(idx, want_idx, sizeof idx), "moe_route: every first choice before any second choice, ties to the "
+		"lower expert, drops past capacity (idx %d %d %d %d %d %d %d %d)", idx[0], idx[1], idx[2], idx[3], idx[4],
+	       idx[5], idx[6], idx[7]);
+	report(counts[0] == 2 && counts[1] == 2 && counts[2] == 2 && stats[0] == 2 && stats[1] == 2 && stats[2] == 4 &&
+		       stats[3] == 2,
+	       "moe_route counts kept pairs per expert, and stats the drops and the pairs routed to each expert");
 	double e = exp(1.0), s0 = 1 + e + e * e, s1 = 2 * e * e + 1;
 	report(fabs(gates[0] - e * e / s0) < 1e-15 && fabs(gates[1] - e / s0) < 1e-15 &&
 		   fabs(gates[2] - e * e / s1) < 1e-15 && gates[2] == gates[3],
 	       "moe_route gates are the softmax probabilities");
+	/* two groups of 2, capacity 1 per group */
+	planrt_k_moe_route_f64(lg, 4, 3, 2, 2, 1, 1, gates, idx, NULL, NULL);
+	static const int32_t want_groups[8] = {2, -1, 0, -1, 3, -1, 5, -1};
+	report(!memcmp(idx, want_groups, sizeof idx), "moe_route: capacity per group of tokens, slot e * groups * cap + "
+		"g * cap + k (idx %d %d %d %d %d %d %d %d)", idx[0], idx[1], idx[2], idx[3], idx[4], idx[5], idx[6], idx[7]);
+	report(fabs(gates[0] - e * e / (e * e + e)) < 1e-15 && fabs(gates[0] + gates[1] - 1) < 1e-15,
+	       "moe_route normalised gates: the top-k probabilities over their sum (dropped pairs still count)");
+	/* dropless: every pair, packed per expert in the same order */
+	planrt_k_moe_route_f64(lg, 4, 3, 2, 2, 0, 0, gates, idx, counts, NULL);
+	static const int32_t want_dropless[8] = {4, 1, 0, 5, 6, 9, 8, 7}; /* group by group */
+	report(!memcmp(idx, want_dropless, sizeof idx) && counts[0] == 2 && counts[1] == 4 && counts[2] == 2,
+	       "moe_route dropless: packed per expert, group by group (idx %d %d %d %d %d %d %d %d)", idx[0], idx[1], idx[2], idx[3],
+	       idx[4], idx[5], idx[6], idx[7]);
 	/* aux loss: first choices e1, e0, e1, e2 -> f = (1/4, 1/2, 1/4) */
 	double P[3] = {0, 0, 0};
 	for (int t = 0; t < 4; t++) {
@@ -446,15 +464,25 @@ static void test_moe(void)
 			P[j] += exp(lg[t * 3 + j] - m) / s / 4;
 	}
 	double want = 3 * (0.25 * P[0] + 0.5 * P[1] + 0.25 * P[2]);
-	double got = planrt_k_moe_aux_loss_f64(lg, idx, 4, 3, 2, 2);
+	double got = planrt_k_moe_aux_loss_f64(lg, 4, 3, 4, 1.0);
 	report(fabs(got - want) < 1e-15, "moe_aux_loss = E sum f_e P_e (%.15g)", got);
+	double z = 0;
+	for (int t = 0; t < 4; t++) {
+		double s = 0;
+		for (int j = 0; j < 3; j++)
+			s += exp(lg[t * 3 + j]);
+		z += log(s) * log(s);
+	}
+	got = planrt_k_moe_z_loss_f64(lg, 4, 3, 0.25);
+	report(fabs(got - z / 4) < 1e-14, "moe_z_loss = mean logsumexp^2 (%.15g)", got);
 	/* dispatch / combine: slots filled from tokens, unused slots zero; combine is the gated sum */
+	planrt_k_moe_route_f64(lg, 4, 3, 2, 4, 2, 0, gates, idx, NULL, NULL);
 	double x[8] = {1, 2, 3, 4, 5, 6, 7, 8}, buf[12], out[8];
 	planrt_k_moe_dispatch_f64(x, idx, 4, 2, 2, 6, buf);
-	static const double want_buf[12] = {1, 2, 3, 4, 1, 2, 3, 4, 5, 6, 7, 8};
+	static const double want_buf[12] = {3, 4, 1, 2, 1, 2, 5, 6, 7, 8, 5, 6};
 	report(!memcmp(buf, want_buf, sizeof buf), "moe_dispatch fills slots from tokens");
 	planrt_k_moe_combine_f64(buf, gates, idx, 4, 2, 2, out);
-	report(fabs(out[0] - (gates[0] + gates[1]) * 1) < 1e-15 && fabs(out[4] - gates[5] * 5) < 1e-15 &&
+	report(fabs(out[0] - (gates[0] + gates[1]) * 1) < 1e-15 && fabs(out[2] - gates[2] * 3) < 1e-15 &&
 		   fabs(out[6] - gates[6] * 7) < 1e-15,
 	       "moe_combine sums gate * expert output, dropped pairs add nothing");
 }

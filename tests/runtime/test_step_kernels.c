@@ -563,7 +563,7 @@ static void test_counters(void **state)
 {
 	(void)state;
 	static const char *const names[] = {"allreduce", "reduce_scatter", "allgather", "alltoall",
-					    "broadcast", "send", "recv"};
+					    "broadcast", "send", "recv", "alltoallv"};
 	for (int k = 0; k < planrt_coll_kinds; k++)
 		EXPECT(!strcmp(planrt_coll_name((planrt_coll_t)k), names[k]), "name of kind %d: %s", k,
 		       planrt_coll_name((planrt_coll_t)k));

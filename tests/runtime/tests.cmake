@@ -51,6 +51,14 @@ set_tests_properties(runtime_watchdog PROPERTIES TIMEOUT 60
                      ENVIRONMENT "${RUNTIME_MPI_ENV};PLANRT_WATCHDOG=2"
                      PASS_REGULAR_EXPRESSION "planrt: rank [0-9]+: watchdog: recv #1 of 4 f32 from member [0-9] on world \\(member [0-9] of 2\\) still pending after 2 s")
 
+# a rank alone in planrt_world_sum (once a raw MPI_Allreduce the watchdog could not see)
+add_test(NAME runtime_watchdog_world_sum
+         COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 2 ${MPIEXEC_PREFLAGS}
+                 $<TARGET_FILE:runtime_test_watchdog> world_sum ${MPIEXEC_POSTFLAGS})
+set_tests_properties(runtime_watchdog_world_sum PROPERTIES TIMEOUT 60
+                     ENVIRONMENT "${RUNTIME_MPI_ENV};PLANRT_WATCHDOG=2"
+                     PASS_REGULAR_EXPRESSION "planrt: rank 0: watchdog: allreduce #1 of 1 f64 \\(sum\\) on world \\(member 0 of 2\\) still pending after 2 s")
+
 # the same checks with the watchdog off, where blocking calls are MPI's blocking collectives
 add_test(NAME runtime_collectives_no_watchdog
          COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 4 ${MPIEXEC_PREFLAGS}

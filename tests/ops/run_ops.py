@@ -1,0 +1,324 @@
+#!/usr/bin/env python3
+"""tests/ops: a generated program's operability (issue 12, the runtime side).
+
+  resume      --save-every N DIR then --resume DIR continues bit for bit: every step's loss and the
+              final weights (--save) equal the uninterrupted run's, and the final checkpoint's
+              tensors (parameters, optimizer moments, master weights) are byte for byte the same
+              (data parallel, ZeRO-1 with bf16 master weights, a pipeline, compression's rank-local
+              error feedback, local SGD's replicas)
+  kill -9     a job killed inside a checkpoint's save (PLANRT_TEST_PAUSE holds it after its files,
+              before its manifest) leaves the checkpoint before it whole; --resume skips the
+              unfinished one and continues bit for bit; the next run cleans up what was left; a
+              --save killed before its rename leaves W.tmp.PID, which the next run removes
+  reshard     a checkpoint of plan A resumed under plan B: B's losses equal A's uninterrupted run
+              within 1e-5 relative (mesh, ZeRO stage, tensor and pipeline splits, bf16)
+  keep        --keep K leaves the newest K checkpoints
+  failures    a NaN loss stops the run naming the step, with --save and the checkpoints untouched;
+              --init refuses NaN weights naming the tensor; bad numbers, empty values, a FIFO as
+              --data, an output that is an input, an unwritable --save-every: errors before any
+              work, with the input intact
+  peer death  a rank SIGKILLed mid-training: every other rank prints what it was waiting in, and
+              the time until every rank has exited is printed
+Prints PASS/FAIL per check and a closing 'N passed, N failed' line.
+usage: run_ops.py PLANC REPO_ROOT
+"""
+import json
+import os
+import re
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+
+planc, root = sys.argv[1], sys.argv[2]
+env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+           OMPI_MCA_rmaps_base_oversubscribe="1", OMPI_MCA_plm="isolated", OMPI_MCA_btl="self,vader",
+           OMPI_MCA_btl_vader_single_copy_mechanism="none", OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1",
+           PLANRT_WATCHDOG="60")
+data = f"{root}/data/corpus.txt"
+work = tempfile.mkdtemp(prefix="planc-ops-")
+passed = failed = 0
+WORLD = {}
+
+
+def check(name, ok, detail=""):
+    global passed, failed
+    print(f"{'PASS' if ok else 'FAIL'}: {name}{': ' + detail if detail else ''}", flush=True)
+    if ok:
+        passed += 1
+    else:
+        failed += 1
+    return ok
+
+
+def build(model, plan, path=None):
+    prog = f"{work}/{model}_{plan}"
+    if not os.path.exists(prog):
+        r = subprocess.run([planc, "build", path or f"{root}/examples/{model}.plan", "--plan", plan, "-o", prog,
+                            "--native"], capture_output=True, text=True)
+        if r.returncode:
+            raise SystemExit(f"FAIL: planc build {model} {plan}: {r.stderr[-400:]}")
+        out = subprocess.run([planc, "explain", path or f"{root}/examples/{model}.plan", "--plan", plan, "--json"],
+                             capture_output=True, text=True, check=True).stdout
+        WORLD[prog] = json.loads(out)["world"]
+    return prog
+
+
+def run(prog, *args, extra_env=None, timeout=120):
+    r = subprocess.run(["mpirun", "-np", str(WORLD[prog]), prog, *args], capture_output=True, text=True,
+                       env=dict(env, **(extra_env or {})), timeout=timeout)
+    return r.returncode, r.stderr
+
+
+def losses(log):
+    return {x["step"]: x["loss"] for x in map(json.loads, open(log)) if "loss" in x}
+
+
+def read_st(path):
+    blob = open(path, "rb").read()
+    (n,) = struct.unpack("<Q", blob[:8])
+    header = json.loads(blob[8:8 + n])
+    return {k: blob[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"][1]] for k, v in header.items()
+            if k != "__metadata__"}
+
+
+def ckpt_tensors(stepdir):
+    """every piece of the checkpoint by (tensor, offsets, range) -> its bytes, and the local buffers"""
+    m = json.load(open(f"{stepdir}/manifest.json"))
+    files = [read_st(f"{stepdir}/{f['name']}") for f in m["files"]]
+    out = {}
+    for name, t in m["tensors"].items():
+        for p in t["pieces"]:
+            out[(name, tuple(p["offsets"]), tuple(p["range"]))] = files[p["file"]][p["key"]]
+    for loc in m["local"]:
+        for b in loc["buffers"]:
+            out[("local", loc["rank"], b["id"])] = files[loc["file"]][b["key"]]
+    return out
+
+
+def steps_of(d):
+    return sorted(int(x[5:]) for x in os.listdir(d) if x.startswith("step-"))
+
+
+# ------------------------------------------------------------------ resume, bit for bit
+
+full, ckdirs = {}, {}
+for model, plan, n, every in [("mlp", "dp2", 6, 2), ("gpt", "zero1_dp4", 4, 2), ("gpt", "pp2", 4, 2),
+                              ("gpt", "bf16_zero2_dp4", 4, 2), ("gpt", "dp4_topk_zero1", 4, 2),
+                              ("gpt", "dp4_local_sgd", 4, 2)]:
+    prog = build(model, plan)
+    tag = f"{work}/{model}_{plan}"
+    # uninterrupted, with checkpoints too (their final one is compared below)
+    rc, err = run(prog, "--data", data, "--steps", str(n), "--log", f"{tag}_full.jsonl", "--save", f"{tag}_full.st",
+                  "--save-every", str(every), f"{tag}_fullck")
+    check(f"{model} {plan} uninterrupted run", rc == 0, err[-300:] if rc else "")
+    full[(model, plan)] = losses(f"{tag}_full.jsonl")
+    # resumed from that run's first checkpoint (as if it had stopped there; a run that ends after
+    # `every` steps is another run under local SGD, whose replicas average after the last step)
+    os.makedirs(f"{tag}_ck")
+    shutil.copytree(f"{tag}_fullck/step-{every:08d}", f"{tag}_ck/step-{every:08d}")
+    rc2, err2 = run(prog, "--data", data, "--steps", str(n), "--resume", f"{tag}_ck", "--log", f"{tag}_res.jsonl",
+                    "--save", f"{tag}_res.st", "--save-every", str(every), f"{tag}_ck")
+    ok = rc2 == 0 and "resumed at step %d" % every in err2
+    ckdirs[(model, plan)] = f"{tag}_ck"
+    if not check(f"{model} {plan} resumed", ok, err2[-400:] if not ok else ""):
+        continue
+    a, b = full[(model, plan)], losses(f"{tag}_res.jsonl")
+    a = {k: v for k, v in a.items() if k >= every}
+    check(f"{model} {plan} resume losses", a == b, f"steps {sorted(b)} equal bit for bit" if a == b else f"{a} vs {b}")
+    same = open(f"{tag}_full.st", "rb").read() == open(f"{tag}_res.st", "rb").read()
+    check(f"{model} {plan} resume weights", same, "--save files byte for byte equal" if same else "differ")
+    x, y = ckpt_tensors(f"{tag}_fullck/step-{n:08d}"), ckpt_tensors(f"{tag}_ck/step-{n:08d}")
+    kinds = sorted({k[0].split(".")[0] for k in x if k[0] in ("master", "optim", "local") or "." in k[0]})
+    check(f"{model} {plan} resume state", x == y and len(x) > 0,
+          f"{len(x)} pieces ({', '.join(k for k in ('master', 'optim', 'local') if any(str(t[0]).startswith(k) for t in x))} "
+          f"included) byte for byte equal" if x == y else f"{len(x)} vs {len(y)} pieces, "
+          f"{sum(1 for k in x if x.get(k) != y.get(k))} differ")
+
+# ------------------------------------------------------------------ kill -9 inside a save
+
+prog = build("mlp", "dp2")
+ck = f"{work}/kill_ck"
+p = subprocess.Popen(["mpirun", "-np", "2", prog, "--data", data, "--steps", "6", "--save-every", "2", ck],
+                     stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=dict(env, PLANRT_TEST_PAUSE="checkpoint:4"),
+                     start_new_session=True)
+deadline, paused = time.time() + 60, False
+while time.time() < deadline and not paused:
+    line = p.stderr.readline()
+    if not line:
+        break
+    paused = "PLANRT_TEST_PAUSE: paused" in line
+ranks = [int(x) for x in subprocess.run(["ps", "-o", "pid=", "--ppid", str(p.pid)], capture_output=True,
+                                        text=True).stdout.split()]
+for pid in ranks + [p.pid]:  # the whole job dies at once, as when a node fails
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+p.wait()
+check("kill -9 in a checkpoint: the job was killed inside the save of step 4", paused)
+left = os.listdir(f"{ck}/step-00000004") if os.path.isdir(f"{ck}/step-00000004") else []
+check("kill -9: step 2 complete, step 4 without a manifest", os.path.exists(f"{ck}/step-00000002/manifest.json") and
+      "manifest.json" not in left and any(f.startswith("rank-") for f in left), f"step-4 holds {left}")
+rc, err = run(prog, "--data", data, "--steps", "6", "--resume", ck, "--log", f"{work}/kill.jsonl", "--save",
+              f"{work}/kill.st", "--save-every", "2", ck)
+check("kill -9: --resume leaves out the unfinished save and uses step 2",
+      rc == 0 and "resumed at step 2" in err and re.search(r"removed '.*step-00000004', a checkpoint whose save did not finish", err),
+      err[-300:])
+base = full[("mlp", "dp2")]
+got = losses(f"{work}/kill.jsonl")
+check("kill -9: the resumed run equals the uninterrupted one", all(got.get(s) == base[s] for s in range(2, 6)) and
+      open(f"{work}/kill.st", "rb").read() == open(f"{work}/mlp_dp2_full.st", "rb").read(),
+      "losses of steps 2-5 and the final weights bit for bit")
+files4 = os.listdir(f"{ck}/step-00000004")
+m4 = json.load(open(f"{ck}/step-00000004/manifest.json"))
+check("kill -9: the killed save's files were removed", sorted(files4) == sorted(["manifest.json"] + [f["name"] for f in m4["files"]]),
+      f"step-4 holds {sorted(files4)}")
+# --save killed between its data and its rename
+save = f"{work}/w.safetensors"
+shutil.copy(f"{work}/kill.st", save)
+good = open(save, "rb").read()
+p = subprocess.Popen(["mpirun", "-np", "2", prog, "--data", data, "--steps", "1", "--save", save],
+                     stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=dict(env, PLANRT_TEST_PAUSE="save"),
+                     start_new_session=True)
+while True:
+    line = p.stderr.readline()
+    if not line or "PLANRT_TEST_PAUSE: paused" in line:
+        break
+ranks = [int(x) for x in subprocess.run(["ps", "-o", "pid=", "--ppid", str(p.pid)], capture_output=True,
+                                        text=True).stdout.split()]
+for pid in ranks + [p.pid]:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+p.wait()
+tmps = [f for f in os.listdir(work) if f.startswith("w.safetensors.tmp.")]
+check("kill -9 in --save: the target is intact and a temporary file was left", open(save, "rb").read() == good and tmps,
+      f"left {tmps}")
+rc, err = run(prog, "--data", data, "--steps", "1", "--save", save)
+tmps = [f for f in os.listdir(work) if f.startswith("w.safetensors.tmp.")]
+check("the next run removes the stale temporary file", rc == 0 and not tmps and "removed" in err,
+      f"rc {rc}, left {tmps}: {err[:300]}")
+
+# ------------------------------------------------------------------ resharding
+
+for (model, a, b) in [("mlp", "dp2", "tp2"), ("mlp", "dp2", "zero3_dp4"), ("gpt", "pp2", "dp2_tp2"),
+                      ("gpt", "zero1_dp4", "pp2"), ("gpt", "bf16_zero2_dp4", "bf16")]:
+    progb = build(model, b)
+    n = max(full[(model, a)]) + 1
+    log = f"{work}/reshard_{model}_{a}_{b}.jsonl"
+    rc, err = run(progb, "--data", data, "--steps", str(n), "--resume", f"{ckdirs[(model, a)]}/step-00000002",
+                  "--log", log)
+    ref, got = full[(model, a)], losses(log) if rc == 0 else {}
+    worst = max((abs(got[s] - ref[s]) / abs(ref[s]) for s in got), default=1.0) if got else 1.0
+    check(f"reshard {model} {a} -> {b}", rc == 0 and "resharding" in err and sorted(got) == list(range(2, n)) and worst <= 1e-5,
+          f"steps 2-{n - 1}, worst relative loss difference {worst:.2e}" if rc == 0 else err[-300:])
+
+# ------------------------------------------------------------------ --keep
+
+rc, err = run(prog, "--data", data, "--steps", "5", "--save-every", "1", f"{work}/keep", "--keep", "2")
+check("--keep 2 leaves the newest two", rc == 0 and steps_of(f"{work}/keep") == [4, 5], str(steps_of(f"{work}/keep")))
+
+# ------------------------------------------------------------------ failures
+
+boom = f"{work}/boom.plan"
+open(boom, "w").write(open(f"{root}/examples/mlp.plan").read().split("plan single")[0] +
+                      "plan boom for mlp {\n  mesh data = 2\n  batch B = 32\n  shard B -> data\n"
+                      "  optimizer adamw(lr = 1e30)\n}\n")
+pb = build("mlp", "boom", boom)
+save = f"{work}/boom.st"
+shutil.copy(f"{work}/mlp_dp2_full.st", save)
+good = open(save, "rb").read()
+rc, err = run(pb, "--data", data, "--steps", "6", "--save", save, "--save-every", "1", f"{work}/boomck",
+              "--log", f"{work}/boom.jsonl")
+m = re.search(r"step (\d+): the loss is (\S+) and the gradient norm (\S+); training stopped", err)
+saved = steps_of(f"{work}/boomck")
+check("a NaN loss stops the run naming the step", rc != 0 and m is not None, err[-300:])
+if m:
+    check("no checkpoint from the NaN state, --save untouched",
+          open(save, "rb").read() == good and saved and max(saved) <= int(m.group(1)),
+          f"stopped at step {m.group(1)} (loss {m.group(2)}); checkpoints {saved}; --save kept its bytes")
+
+nanw = f"{work}/nan.safetensors"
+t = read_st(f"{work}/mlp_dp2_full.st")
+hdr = json.loads(open(f"{work}/mlp_dp2_full.st", "rb").read()[8:8 + struct.unpack('<Q', open(f'{work}/mlp_dp2_full.st', 'rb').read()[:8])[0]])
+victim = "linear_1.bias"
+raw = bytearray(t[victim])
+raw[8:12] = struct.pack("<f", float("nan"))
+t[victim] = bytes(raw)
+header, blob, at = {}, b"", 0
+for k in sorted(t):
+    header[k] = {"dtype": "F32", "shape": hdr[k]["shape"], "data_offsets": [at, at + len(t[k])]}
+    blob += t[k]
+    at += len(t[k])
+h = json.dumps(header).encode()
+h += b" " * (-len(h) % 8)
+open(nanw, "wb").write(struct.pack("<Q", len(h)) + h + blob)
+rc, err = run(prog, "--data", data, "--steps", "1", "--init", nanw)
+check("--init refuses NaN weights naming the tensor", rc != 0 and victim in err and "NaN" in err, err[-200:])
+
+copy = f"{work}/data.txt"
+shutil.copy(data, copy)
+fifo = f"{work}/fifo"
+os.mkfifo(fifo)
+open(f"{work}/afile", "w").close()
+for name, args, pattern in [
+        ("--steps ''", ["--steps", "", "--data", data], "--steps needs a non-negative integer, not an empty value"),
+        ("--seed -1", ["--steps", "1", "--data", data, "--seed", "-1"], "--seed needs an unsigned integer"),
+        ("--steps out of range", ["--steps", "99999999999999999999", "--data", data], "from 0 to"),
+        ("--save-every 0", ["--steps", "1", "--data", data, "--save-every", "0", f"{work}/x"], "--save-every needs a positive integer"),
+        ("--save-every without DIR", ["--steps", "1", "--data", data, "--save-every", "2"], "missing values after --save-every"),
+        ("--keep without --save-every", ["--steps", "1", "--data", data, "--keep", "2"], "--keep needs --save-every"),
+        ("--eval-every -1", ["--steps", "1", "--data", data, "--eval-every", "-1"], "--eval-every needs a positive integer"),
+        ("--data ''", ["--steps", "1", "--data", ""], "--data needs a path, not an empty value"),
+        ("a FIFO as --data", ["--steps", "1", "--data", fifo], "not a regular file"),
+        ("--log is --data", ["--steps", "1", "--data", copy, "--log", copy], "are the same file"),
+        ("--save is --init", ["--steps", "1", "--data", data, "--init", f"{work}/kill.st", "--save", f"{work}/kill.st"],
+         "are the same file"),
+        ("--trace is --log", ["--steps", "1", "--data", data, "--log", f"{work}/l.jsonl", "--trace", f"{work}/l.jsonl"],
+         "are the same file"),
+        ("--save-every in a missing directory", ["--steps", "1", "--data", data, "--save-every", "1", f"{work}/no/such"],
+         "cannot create the --save-every directory"),
+        ("--save-every is a file", ["--steps", "1", "--data", data, "--save-every", "1", f"{work}/afile"], "is not a directory"),
+        ("--resume and --init", ["--steps", "1", "--data", data, "--resume", ck, "--init", f"{work}/kill.st"],
+         "--resume and --init"),
+        ("--resume of another model", ["--steps", "6", "--data", data, "--resume", ckdirs[("gpt", "pp2")]], "of model 'gpt'")]:
+    t0 = time.time()
+    rc, err = run(prog, *args, timeout=60)
+    check(f"refused: {name}", rc != 0 and pattern in err, err.strip().splitlines()[0][:160] if err.strip() else "")
+check("the data given as --log is intact", open(copy, "rb").read() == open(data, "rb").read())
+
+# ------------------------------------------------------------------ a peer dies
+
+prog = build("gpt", "zero1_dp4")
+p = subprocess.Popen(["mpirun", "-np", "4", prog, "--data", data, "--steps", "1000"], stderr=subprocess.PIPE,
+                     stdout=subprocess.DEVNULL, text=True, env=env, start_new_session=True)
+while True:
+    line = p.stderr.readline()
+    if not line or line.startswith("step 2/"):
+        break
+ranks = [int(x) for x in subprocess.run(["ps", "-o", "pid=", "--ppid", str(p.pid)], capture_output=True,
+                                        text=True).stdout.split()]
+t0 = time.time()
+os.kill(ranks[2], signal.SIGKILL)
+try:
+    out = p.communicate(timeout=90)[1]
+except subprocess.TimeoutExpired:
+    for pid in ranks + [p.pid]:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    out = p.communicate()[1]
+elapsed = time.time() - t0
+told = sorted(int(r) for r in re.findall(r"planrt: rank (\d+): stopped by SIG\w+ at step \d+ .*: waiting [\d.]+ s in ", out))
+check("a killed rank is explained on every survivor", len(ranks) == 4 and told == [0, 1, 3],
+      f"ranks {told} named their pending operation; every rank exited {elapsed:.2f} s after rank 2 was killed")
+
+shutil.rmtree(work, ignore_errors=True)
+print(f"ops: {passed} passed, {failed} failed")
+sys.exit(1 if failed else 0)
