@@ -340,7 +340,7 @@ void planrt_init_param(planrt_ctx_t *ctx, void *dst, planrt_dtype_t dtype, int p
 		block = malloc(sizeof(float) * (size_t)local);
 		if (!block)
 			planrt_fatal("out of memory initialising '%s' (%lld elements)", p->name, (long long)local);
-		if (ctx->init_file)
+		if (ctx->init_file && !(p->init_kind >= 4 && p->init_kind <= 6)) /* computed buffers are never read */
 			PLANRT_CHECK(planrt_st_read_block(ctx->init_file, p->name, p->rank, p->gdims, p->ldims, offs, block));
 		else
 			planrt_init_block(block, p->rank, p->gdims, p->ldims, offs, p->init_kind, p->a, p->b, ctx->seed,
