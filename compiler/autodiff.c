@@ -406,7 +406,7 @@ bool autodiff(Graph *g)
 		ad.grad[i] = -1;
 	for (int o = 0; o < nfwd; o++) {
 		const Op *op = &g->ops[o];
-		bool need = op->kind == OP_PARAM;
+		bool need = op->kind == OP_PARAM && !g->vals[op->out[0]].frozen; /* buffers, `freeze` */
 		for (int i = 0; i < op->nin; i++)
 			if (ad.needs[op->in[i]])
 				need = true;
@@ -436,6 +436,8 @@ bool autodiff(Graph *g)
 			continue;
 		int p = g->ops[o].out[0];
 		int dp = ad.grad[p];
+		if (dp < 0 && g->vals[p].frozen)
+			continue;
 		if (dp < 0) {
 			const Op *pop = &g->ops[o];
 			diag_warning(pop->src, pop->loc, "parameter '%s' does not affect the loss and is never updated",

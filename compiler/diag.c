@@ -14,7 +14,12 @@
  * note says so and every later diagnostic is dropped; diag_stopped() tells the lexer, sema and
  * the driver to stop working, so hostile input with 100,000 errors costs what 20 do. Line and
  * column come from a line table (diag_index_lines) when the Source has one, so a file with many
- * warnings is not rescanned from its start for each. */
+ * warnings is not rescanned from its start for each.
+ *
+ * An error or warning that repeats one already printed (the same place and the same words, numbers
+ * aside: an error in a model that every plan of the file elaborates, with each plan's batch size
+ * in its shapes) is counted but not printed again, nor are its notes; the cap counts printed
+ * errors. */
 #include "planc.h"
 
 #include <stdlib.h>
@@ -23,16 +28,53 @@
 enum { MAX_ERRORS = 20 };
 
 static FILE *diag_stream;
-static int error_count;
+static int error_count, shown_errors;
 static bool stopped; /* MAX_ERRORS reached: everything after is dropped */
+static bool muted;   /* the last error or warning repeated an earlier one: its notes are dropped */
+enum { SEEN = 4096 };
+static uint64_t seen[SEEN]; /* hashes of the errors and warnings printed (0: empty) */
 
 void diag_set_stream(FILE *f) { diag_stream = f; }
 int diag_error_count(void) { return error_count; }
 bool diag_stopped(void) { return stopped; }
 void diag_reset(void)
 {
-	error_count = 0;
-	stopped = false;
+	error_count = shown_errors = 0;
+	stopped = muted = false;
+	memset(seen, 0, sizeof seen);
+}
+
+/* Whether the diagnostic (kind, place, text) was printed before; records it if not. */
+static bool repeated(const char *kind, const Source *src, Loc loc, const char *fmt, va_list ap)
+{
+	char text[1024];
+	va_list copy;
+	va_copy(copy, ap);
+	vsnprintf(text, sizeof text, fmt, copy);
+	va_end(copy);
+	uint64_t h = 0xcbf29ce484222325ull;
+	const char *parts[3] = {kind, src ? src->path : "", text};
+	for (int i = 0; i < 3; i++)
+		for (const char *c = parts[i];; c++) {
+			if (*c >= '0' && *c <= '9' && c[1] >= '0' && c[1] <= '9')
+				continue; /* a number counts as its last digit, made '#' below */
+			unsigned char b = *c >= '0' && *c <= '9' ? '#' : (unsigned char)*c;
+			h = (h ^ b) * 0x100000001b3ull; /* the NUL separates the parts */
+			if (!*c)
+				break;
+		}
+	h = (h ^ (uint64_t)(unsigned)loc.off) * 0x100000001b3ull;
+	h = (h ^ (uint64_t)(unsigned)loc.len) * 0x100000001b3ull;
+	h |= 1;
+	for (unsigned i = (unsigned)h % SEEN, k = 0; k < SEEN; i = (i + 1) % SEEN, k++) {
+		if (seen[i] == h)
+			return true;
+		if (!seen[i]) {
+			seen[i] = h;
+			return false;
+		}
+	}
+	return false; /* full: print it */
 }
 
 static FILE *out(void) { return diag_stream ? diag_stream : stderr; }
@@ -142,17 +184,19 @@ static void report(const char *kind, const Source *src, Loc loc, const char *fmt
 
 void diag_error(const Source *src, Loc loc, const char *fmt, ...)
 {
-	if (error_count == MAX_ERRORS && !stopped) {
-		FILE *f = out();
-		fprintf(f, "note: too many errors; stopping after %d\n", MAX_ERRORS);
-		stopped = true;
-	}
 	error_count++;
 	if (stopped)
 		return;
 	va_list ap;
 	va_start(ap, fmt);
-	report("error", src, loc, fmt, ap);
+	muted = repeated("error", src, loc, fmt, ap);
+	if (!muted && shown_errors == MAX_ERRORS) {
+		fprintf(out(), "note: too many errors; stopping after %d\n", MAX_ERRORS);
+		stopped = true;
+	} else if (!muted) {
+		shown_errors++;
+		report("error", src, loc, fmt, ap);
+	}
 	va_end(ap);
 }
 
@@ -162,13 +206,15 @@ void diag_warning(const Source *src, Loc loc, const char *fmt, ...)
 		return;
 	va_list ap;
 	va_start(ap, fmt);
-	report("warning", src, loc, fmt, ap);
+	muted = repeated("warning", src, loc, fmt, ap);
+	if (!muted)
+		report("warning", src, loc, fmt, ap);
 	va_end(ap);
 }
 
 void diag_note(const Source *src, Loc loc, const char *fmt, ...)
 {
-	if (stopped)
+	if (stopped || muted)
 		return;
 	va_list ap;
 	va_start(ap, fmt);
@@ -178,7 +224,7 @@ void diag_note(const Source *src, Loc loc, const char *fmt, ...)
 
 void diag_note_plain(const char *fmt, ...)
 {
-	if (stopped)
+	if (stopped || muted)
 		return;
 	va_list ap;
 	va_start(ap, fmt);

@@ -56,6 +56,7 @@ typedef struct Report {
 	int nroles;
 	double model_flops;
 	long long params_total; /* exact: graph.c keeps every tensor and their sum below 2^60 bytes */
+	long long params_frozen, params_buffers; /* of which `freeze` and `buffer`: no gradients, no optimizer state */
 	double bubble;
 	/* the estimated step time on the reference device (seconds) */
 	double est_pipeline, est_update, est_step;
@@ -643,8 +644,14 @@ static Report *build_report(Graph *g, const Lowered *low)
 	for (int i = 0; i < g->nops; i++) {
 		const Op *op = &g->ops[i];
 		rep->model_flops += matmul_flops(g, op, false) * (op->per_step ? 1 : m);
-		if (op->kind == OP_PARAM && g->vals[op->out[0]].tied_to < 0)
+		if (op->kind == OP_PARAM && g->vals[op->out[0]].tied_to < 0) {
+			const Value *v = &g->vals[op->out[0]];
 			rep->params_total += value_elems(g, op->out[0]);
+			if (v->buffer)
+				rep->params_buffers += value_elems(g, op->out[0]);
+			else if (v->frozen)
+				rep->params_frozen += value_elems(g, op->out[0]);
+		}
 	}
 	bubble(rep);
 	estimate(rep);
@@ -755,8 +762,15 @@ static void print_text(FILE *out, const Report *rep)
 		ps->param_dtype == ps->master_dtype ? dtype_name(ps->param_dtype) : arena_printf(g->arena, "%s with %s master weights", dtype_name(ps->param_dtype), dtype_name(ps->master_dtype)),
 		ps->zero_stage, ps->recompute == RECOMPUTE_FULL ? "full" : ps->recompute == RECOMPUTE_SELECTIVE ? "selective" : "none");
 	sync_line(out, ps);
-	fprintf(out, "  parameters %s (%s)\n\n", human_count((double)rep->params_total, b1, sizeof b1),
+	fprintf(out, "  parameters %s (%s)\n", human_count((double)rep->params_total, b1, sizeof b1),
 		human((double)rep->params_total * dtype_bytes(ps->param_dtype), b2, sizeof b2));
+	if (rep->params_frozen || rep->params_buffers) { /* they have no gradients and no optimizer state */
+		char c1[32], c2[32], c3[32];
+		fprintf(out, "    of which frozen %s, buffers %s: no gradients, no optimizer state; trained %s\n",
+			human_count((double)rep->params_frozen, c1, sizeof c1), human_count((double)rep->params_buffers, c2, sizeof c2),
+			human_count((double)(rep->params_total - rep->params_frozen - rep->params_buffers), c3, sizeof c3));
+	}
+	fputc('\n', out);
 	for (int i = 0; i < rep->nroles; i++) {
 		const Role *r = &rep->roles[i];
 		char name[128];
@@ -862,6 +876,9 @@ static void print_json(FILE *out, const Report *rep)
 	fprintf(out, "},\n  \"batch\": %lld,\n  \"micro_batches\": %d,\n  \"zero\": %d,\n", ps->batch, ps->micro_batches,
 		ps->zero_stage);
 	fprintf(out, "  \"parameters\": %lld,\n  \"model_flops_per_step\": %.6g,\n", rep->params_total, rep->model_flops);
+	if (rep->params_frozen || rep->params_buffers)
+		fprintf(out, "  \"frozen_parameters\": %lld,\n  \"buffer_parameters\": %lld,\n", rep->params_frozen,
+			rep->params_buffers);
 	fprintf(out, "  \"estimated_step_s\": {\"step\": %.6g, \"micro_batches\": %.6g, \"update\": %.6g},\n", rep->est_step,
 		rep->est_pipeline, rep->est_update);
 	fprintf(out, "  \"pipeline\": {\"axis\": ");

@@ -306,7 +306,7 @@ static void model_stmt(Fmt *f, const Stmt *s, int indent)
 		tensor_type(f, s);
 		break;
 	case S_PARAM:
-		fprintf(f->out, "param %s : ", s->name);
+		fprintf(f->out, "%s %s : ", s->buffer ? "buffer" : "param", s->name);
 		tensor_type(f, s);
 		if (s->init) {
 			fputs(" ~ ", f->out);

@@ -186,6 +186,121 @@ bool matmul_broadcasts(const Graph *g, const Op *op)
 	return false;
 }
 
+bool param_pattern_match(const char *pat, const char *name)
+{
+	if (!*pat)
+		return !*name;
+	if (pat[0] == '*' && (pat[1] == '.' || !pat[1])) {
+		const char *rest = pat[1] ? pat + 2 : pat + 1;
+		const char *p = name;
+		while (*p) {
+			const char *end = strchr(p, '.');
+			const char *next = end ? end + 1 : p + strlen(p);
+			if (!*rest ? !end : (end && param_pattern_match(rest, next)))
+				return true;
+			if (!end)
+				break;
+			p = next;
+		}
+		return false;
+	}
+	size_t n = 0;
+	while (pat[n] && pat[n] != '.')
+		n++;
+	if (strncmp(pat, name, n) || (name[n] != '.' && name[n] != 0))
+		return false;
+	if (!pat[n])
+		return !name[n];
+	if (!name[n])
+		return false;
+	return param_pattern_match(pat + n + 1, name + n + 1);
+}
+
+/* The candidates a pattern may have meant: each parameter's path, the path with its layer index
+ * written '*', and that with the segments after the '*' shortened to any suffix
+ * (layers.*.block.attention.wq, layers.*.attention.wq, layers.*.wq). */
+static void pattern_candidates(const Graph *g, const char ***out, int *n)
+{
+	int cap = 64, count = 0;
+	const char **c = arena_alloc(g->arena, sizeof *c * (size_t)cap);
+	for (int i = 0; i < g->nops; i++) {
+		if (g->ops[i].kind != OP_PARAM || g->vals[g->ops[i].out[0]].tied_to >= 0)
+			continue;
+		const char *name = g->vals[g->ops[i].out[0]].name;
+		char *star = arena_strdup(g->arena, name);
+		char *digits = NULL;
+		for (char *seg = star; seg && *seg;) { /* the first all-digit segment becomes '*' */
+			char *end = strchr(seg, '.');
+			size_t len = end ? (size_t)(end - seg) : strlen(seg);
+			if (len && strspn(seg, "0123456789") == len) {
+				digits = seg;
+				memmove(seg + 1, seg + len, strlen(seg + len) + 1);
+				*seg = '*';
+				break;
+			}
+			seg = end ? end + 1 : NULL;
+		}
+		const char *more[MAX_DIMS + 8];
+		int m = 0;
+		more[m++] = name;
+		if (digits) {
+			more[m++] = star;
+			size_t head = (size_t)(digits - star) + 1; /* "layers.*" */
+			for (const char *rest = strchr(digits, '.'); rest && m < MAX_DIMS + 8; rest = strchr(rest + 1, '.'))
+				if (strchr(rest + 1, '.') || rest[1])
+					more[m++] = arena_printf(g->arena, "%.*s%s", (int)head, star, rest);
+		}
+		for (int k = 0; k < m; k++) {
+			if (count == cap) {
+				const char **bigger = arena_alloc(g->arena, sizeof *c * (size_t)cap * 2);
+				memcpy(bigger, c, sizeof *c * (size_t)cap);
+				c = bigger;
+				cap *= 2;
+			}
+			c[count++] = more[k];
+		}
+	}
+	*out = c;
+	*n = count;
+}
+
+void unmatched_pattern(const Graph *g, const char *what, const char *pattern, const Source *src, Loc loc,
+		       const char *strategy)
+{
+	diag_error(src, loc, "%s '%s' matches no parameter of model '%s'", what, pattern, g->ps->model->name);
+	if (strategy)
+		diag_note_plain("the rule comes from strategy '%s'", strategy);
+	const char **c;
+	int n;
+	pattern_candidates(g, &c, &n);
+	const char *best = closest_name(pattern, c, n);
+	if (best) {
+		diag_note_plain("did you mean '%s'?", best);
+		return;
+	}
+	/* else the parameters named like its last segment, or the first few */
+	const char *last = strrchr(pattern, '.');
+	last = last ? last + 1 : pattern;
+	char list[512];
+	size_t len = 0;
+	int shown = 0;
+	for (int pass = 0; pass < 2 && !shown; pass++)
+		for (int i = 0; i < g->nops && shown < 4; i++) {
+			if (g->ops[i].kind != OP_PARAM || g->vals[g->ops[i].out[0]].tied_to >= 0)
+				continue;
+			const char *name = g->vals[g->ops[i].out[0]].name, *seg = strrchr(name, '.');
+			seg = seg ? seg + 1 : name;
+			if (pass == 0 && strcmp(seg, last))
+				continue;
+			len += (size_t)snprintf(list + len, sizeof list - len > len ? sizeof list - len : 0, "%s'%s'",
+						shown ? ", " : "", name);
+			shown++;
+		}
+	if (shown)
+		diag_note_plain("the model's parameters include %s (planc check FILE --plan P --dump-after=graph lists "
+				"them all)", list);
+}
+
 const char *layout_string(const Graph *g, int v, char *buf, size_t n)
 {
 	const Value *val = &g->vals[v];
@@ -1841,6 +1956,7 @@ static void exec_stmt(Elab *e, Scope *sc, Stmt *s, bool top_level)
 			int v = graph_add_value(g, e->ps->param_dtype, rank, dim, names);
 			Value *pv = &g->vals[v];
 			pv->role = ROLE_PARAM;
+			pv->buffer = pv->frozen = s->buffer;
 			pv->name = scope_join(e, sc->path, s->name);
 			pv->init_kind = 0;
 			pv->init_a = 0;
@@ -1861,14 +1977,26 @@ static void exec_stmt(Elab *e, Scope *sc, Stmt *s, bool top_level)
 						}
 						args[nargs++] = av.num;
 					}
-				if (iname && !strcmp(iname, "normal") && nargs == 2) {
-					pv->init_kind = 0;
-				} else if (iname && !strcmp(iname, "uniform") && nargs == 2) {
-					pv->init_kind = 1;
-				} else if (iname && !strcmp(iname, "zeros") && nargs == 0) {
-					pv->init_kind = 2;
-				} else if (iname && !strcmp(iname, "ones") && nargs == 0) {
-					pv->init_kind = 3;
+				static const struct {
+					const char *name;
+					int nargs;
+					bool buffer_only;
+				} inits[] = {{"normal", 2, false},  {"uniform", 2, false}, {"zeros", 0, false},
+					     {"ones", 0, false},    {"arange", 0, true},   {"rope_cos", 1, true},
+					     {"rope_sin", 1, true}, {"load", 0, true}};
+				int kind = -1;
+				for (int i = 0; i < (int)(sizeof inits / sizeof inits[0]); i++)
+					if (iname && !strcmp(iname, inits[i].name) && nargs == inits[i].nargs &&
+					    (s->buffer || !inits[i].buffer_only))
+						kind = i;
+				if (kind == 5 || kind == 6) { /* tables [.., Dh]: Dh even, theta positive */
+					if (pv->dim[pv->rank - 1] % 2 || args[0] <= 0) {
+						elab_error(e, in->loc, "%s needs an even last dim and theta > 0", iname);
+						return;
+					}
+				}
+				if (kind >= 0) {
+					pv->init_kind = kind;
 				} else {
 					elab_error(e, in->loc, "unknown initializer; use normal(mean, std), uniform(lo, hi), zeros or ones");
 					return;
@@ -2070,11 +2198,41 @@ Graph *graph_build(PlanSpec *ps)
 		return NULL;
 	Binding *loss = lookup(&sc, "loss");
 	if (!loss || loss->val.kind != EV_TENSOR || g->vals[loss->val.tensor].rank != 0) {
-		diag_error(&ps->model->module->src, ps->model->name_loc, "model '%s' must assign a scalar 'loss'",
-			   ps->model->name);
+		/* at the (last top-level) assignment of loss, where the fix goes */
+		const Stmt *at = NULL;
+		for (const Stmt *s = ps->model->body; s; s = s->next)
+			if (s->kind == S_ASSIGN && !strcmp(s->name, "loss"))
+				at = s;
+		if (at && loss && loss->val.kind == EV_TENSOR) {
+			char shape[128];
+			shape_text(g, loss->val.tensor, shape, sizeof shape);
+			diag_error(&ps->model->module->src, at->value->loc, "'loss' must be a scalar, not a tensor of shape %s",
+				   shape);
+			diag_note_plain("reduce it: mean(x), sum(x), or a loss such as cross_entropy or mse_loss");
+		} else if (at) {
+			diag_error(&ps->model->module->src, at->value->loc, "'loss' must be a scalar tensor, not a number");
+		} else {
+			diag_error(&ps->model->module->src, ps->model->name_loc, "model '%s' must assign a scalar 'loss'",
+				   ps->model->name);
+		}
 		return NULL;
 	}
 	g->loss = loss->val.tensor;
+	/* `freeze` in the plan: those parameters do not train */
+	for (int r = 0; r < ps->nfreeze; r++) {
+		FreezeRule *f = &ps->freeze[r];
+		for (int i = 0; i < g->nops; i++) {
+			Value *v = &g->vals[g->ops[i].out[0]];
+			if (g->ops[i].kind == OP_PARAM && param_pattern_match(f->pattern, v->name)) {
+				v->frozen = true;
+				f->used = true;
+			}
+		}
+		if (!f->used) {
+			unmatched_pattern(g, "freeze pattern", f->pattern, f->src, f->loc, NULL);
+			return NULL;
+		}
+	}
 	/* sums of sizes fit too: one step's tensors, every micro-batch's, stay below 2^60 bytes
 	 * (backward values, gradients and optimizer states are a few times that at most) */
 	long long held = 0, m = ps->micro_batches > 0 ? ps->micro_batches : 1;

@@ -2255,7 +2255,7 @@ static void param_table(Lowered *low)
 		e->init_kind = val->init_kind;
 		e->init_a = val->init_a;
 		e->init_b = val->init_b;
-		e->saved = val->tied_to < 0;
+		e->saved = val->tied_to < 0 && !(val->buffer && val->init_kind >= 4 && val->init_kind <= 6);
 	}
 }
 

@@ -553,30 +553,35 @@ int main(int argc, char **argv)
 		arena_free(a);
 		return 1;
 	}
-	bool ok = p && sema_check(p);
+	/* one plan (--plan, or the one explain, emit, build and run use): only it is checked, so
+	 * errors in the file's other plans and models do not block it */
+	bool one = o.plan || is_explain || is_emit || is_build || is_run;
+	Item *plan = p && one ? default_plan(p, o.plan) : NULL;
+	bool ok = p != NULL;
+	if (p && one && !plan) {
+		if (o.plan)
+			fprintf(stderr, "planc: error: no plan named '%s' in %s\n", o.plan, o.file);
+		else
+			fprintf(stderr, "planc: error: %s has no plan\n", o.file);
+		ok = false;
+	}
+	ok = ok && sema_check_plan(p, plan);
+	int nplans = 0;
 	if (ok) {
-		if (o.plan || is_explain || is_emit || is_build || is_run) {
-			Item *plan = default_plan(p, o.plan);
-			if (!plan) {
-				if (o.plan)
-					fprintf(stderr, "planc: error: no plan named '%s' in %s\n", o.plan, o.file);
-				else
-					fprintf(stderr, "planc: error: %s has no plan\n", o.file);
-				ok = false;
-			} else {
-				Arena *program_arena = plan_arena_begin(p);
-				Lowered *low = compile_plan(p, plan, &o, is_explain);
-				ok = low != NULL;
-				if (ok && is_run) {
-					rc = cmd_run(low, &o);
-					arena_free(a);
-					return rc;
-				}
-				if (ok && (is_emit || is_build))
-					ok = o.cuda || (is_emit && !strcmp(o.target, "cuda")) ? cmd_cuda(low, &o, is_build)
-												      : cmd_codegen(low, &o, is_build);
-				plan_arena_end(p, program_arena);
+		if (one) {
+			Arena *program_arena = plan_arena_begin(p);
+			Lowered *low = compile_plan(p, plan, &o, is_explain);
+			ok = low != NULL;
+			if (ok && is_run) {
+				rc = cmd_run(low, &o);
+				arena_free(a);
+				return rc;
 			}
+			if (ok && (is_emit || is_build))
+				ok = o.cuda || (is_emit && !strcmp(o.target, "cuda")) ? cmd_cuda(low, &o, is_build)
+										      : cmd_codegen(low, &o, is_build);
+			plan_arena_end(p, program_arena);
+			nplans = 1;
 		} else {
 			for (Item *it = p->main->items; it && !diag_stopped(); it = it->next) {
 				if (it->kind != I_PLAN)
@@ -585,11 +590,18 @@ int main(int argc, char **argv)
 				if (!compile_plan(p, it, &o, false))
 					ok = false;
 				plan_arena_end(p, program_arena);
+				nplans++;
 			}
 		}
 	}
 	if (diag_error_count() > 0)
 		ok = false;
+	if (ok && is_check) { /* one line that says it worked */
+		if (plan)
+			printf("%s: plan %s checked: no errors\n", o.file, plan->name);
+		else
+			printf("%s: %d plan%s checked: no errors\n", o.file, nplans, nplans == 1 ? "" : "s");
+	}
 	arena_free(a);
 	return ok ? 0 : 1;
 }

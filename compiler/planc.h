@@ -125,6 +125,7 @@ struct Stmt {
 	Loc dtype_loc;
 	Expr *dims;  /* S_INPUT, S_PARAM: linked through next */
 	Expr *init;  /* S_PARAM: after '~' (may be NULL) */
+	bool buffer; /* S_PARAM written `buffer`: a tensor that does not train (computed at init or loaded) */
 	Expr *value; /* S_ASSIGN, S_RETURN; S_REPEAT: count */
 	Stmt *body;  /* S_REPEAT */
 	Stmt *next;
@@ -263,9 +264,19 @@ typedef struct ShardRule {
 	bool used;                /* set by the middle end when the rule matched something */
 	Loc loc;
 	const Source *src;
+	const char *strategy;     /* the strategy it came from, or NULL */
 } ShardRule;
 
 enum { MOE_RULE_NONE, MOE_RULE_EXPERTS, MOE_RULE_HIDDEN };
+/* `freeze PATTERN`: parameters that do not train (graph.c marks them; used: one matched) */
+typedef struct FreezeRule {
+	const char *pattern;
+	bool used;
+	Loc loc;
+	const Source *src;
+} FreezeRule;
+#define MAX_FREEZE 64
+
 typedef enum { SCHED_NONE, SCHED_GPIPE, SCHED_1F1B, SCHED_INTERLEAVED } PipeSchedule;
 typedef enum { BALANCE_UNIFORM, BALANCE_PARAMS, BALANCE_FLOPS } PipeBalance;
 typedef enum { PLACE_NONE, PLACE_HOST, PLACE_DISK } OffloadPlace;
@@ -294,6 +305,8 @@ typedef struct PlanSpec {
 
 	ShardRule *rules; /* in order: plan rules and expanded strategy rules */
 	int nrules;
+	FreezeRule freeze[MAX_FREEZE]; /* `freeze` patterns */
+	int nfreeze;
 
 	int pipe_axis; /* -1: no pipeline */
 	PipeSchedule schedule;
@@ -350,6 +363,8 @@ Item *find_item(Program *p, ItemKind kind, const char *name, const Module *from)
  * any error. sema_plan: one plan's PlanSpec, NULL after reporting errors; it reports errors but
  * not warnings (run sema_check first: it reports each plan's warnings once). */
 bool sema_check(Program *p);
+/* The same for one plan (NULL: every plan): its model, every fn and strategy, and the plan. */
+bool sema_check_plan(Program *p, const Item *only);
 PlanSpec *sema_plan(Program *p, Item *plan);
 Item *default_plan(Program *p, const char *name); /* `--plan NAME`, or the file's first plan */
 int axis_index(const PlanSpec *ps, const char *name); /* -1 if not a mesh axis */
@@ -478,8 +493,11 @@ typedef struct Value {
 	int alias_of;      /* views: the value whose storage this is, else -1 */
 	int tied_to;       /* a parameter copy on another pipeline stage: the original, else -1 */
 	Layout lay;        /* filled by shard.c */
-	int init_kind;     /* ROLE_PARAM: 0 normal, 1 uniform, 2 zeros, 3 ones */
+	int init_kind;     /* ROLE_PARAM: 0 normal, 1 uniform, 2 zeros, 3 ones; buffers also 4 arange, 5 rope_cos,
+			    * 6 rope_sin (computed at init, never read from --init nor saved), 7 load (--init) */
 	double init_a, init_b;
+	bool frozen;       /* ROLE_PARAM that does not train (a buffer, or `freeze` in the plan): no gradient */
+	bool buffer;       /* declared `buffer` */
 } Value;
 
 typedef struct Op {
@@ -576,6 +594,12 @@ int value_root(const Graph *g, int v);              /* follows alias_of through 
 /* whether a matmul's batch dims broadcast (torch.matmul): operands of different ranks other than a
  * rank-2 weight, or batch dims that differ among the operands and the output */
 bool matmul_broadcasts(const Graph *g, const Op *op);
+/* A parameter path against a shard or freeze pattern: '*' matches one or more whole segments. */
+bool param_pattern_match(const char *pat, const char *name);
+/* A pattern that matched no parameter: the error at it, with the parameter it most likely meant
+ * (what: "shard rule", "freeze pattern"). */
+void unmatched_pattern(const Graph *g, const char *what, const char *pattern, const Source *src, Loc loc,
+		       const char *strategy);
 void graph_dump(FILE *out, const Graph *g);
 const char *layout_string(const Graph *g, int v, char *buf, size_t n);
 
@@ -971,7 +995,7 @@ typedef struct ParamEntry {
 	signed char split_axis[MAX_DIMS];
 	int init_kind;
 	double init_a, init_b;
-	bool saved;             /* false for a tied copy: the original is written */
+	bool saved;             /* false for a tied copy (the original is written) and a computed buffer */
 } ParamEntry;
 
 struct Lowered {

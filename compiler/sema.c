@@ -32,18 +32,20 @@ static const char *const prim_ops[] = {
 	"split_heads", "merge_heads", "causal_mask", "cross_entropy", "moe_router", "moe_dispatch",
 	"moe_combine", "moe_aux_loss", "moe_z_loss", "dim", "sqrt", "normal", "uniform", "zeros", "ones",
 	"sin", "cos", "exp", "log", "tanh", "sigmoid", "sum", "mean", "max", "mse_loss", "l1_loss", "select",
-	"slice", "concat", "reshape", "transpose", "repeat_kv", "rope",
+	"slice", "concat", "reshape", "transpose", "repeat_kv", "rope", "arange", "rope_cos", "rope_sin", "load",
 };
 static const char *const model_dtypes[] = {"f32", "bf16", "f16", "i32"};
-static const char *const init_names[] = {"normal", "uniform", "zeros", "ones"};
+/* param and buffer initializers; the last four make buffers only (graph.c's init kinds, in order) */
+static const char *const init_names[] = {"normal", "uniform", "zeros", "ones", "arange", "rope_cos", "rope_sin", "load"};
+enum { PARAM_INITS = 4 };
 static const char *const decorators[] = {"recompute"};
 static const char *const plan_words[] = {
 	"mesh", "batch", "shard", "use", "pipeline", "stage", "zero", "offload", "recompute",
-	"precision", "optimizer", "sync", "experts",
+	"precision", "optimizer", "sync", "experts", "replicate", "freeze",
 };
 enum {
 	W_MESH, W_BATCH, W_SHARD, W_USE, W_PIPELINE, W_STAGE, W_ZERO, W_OFFLOAD, W_RECOMPUTE,
-	W_PRECISION, W_OPTIMIZER, W_SYNC, W_EXPERTS, NWORDS
+	W_PRECISION, W_OPTIMIZER, W_SYNC, W_EXPERTS, W_REPLICATE, W_FREEZE, NWORDS
 };
 static const char *const schedules[] = {"gpipe", "1f1b", "interleaved"};
 static const char *const balances[] = {"uniform", "params", "flops"};
@@ -693,26 +695,43 @@ static void check_dtype(Body *bd, Stmt *s, bool is_param)
 			diag_note_plain("dtypes are f32, bf16, f16 and i32");
 		suggest(s->dtype, model_dtypes, COUNT(model_dtypes));
 	} else if (is_param && !strcmp(s->dtype, "i32")) {
-		diag_error(bd->src, s->dtype_loc, "param '%s' has integer dtype i32", s->name);
-		diag_note_plain("params are trained by gradient descent: use f32, bf16 or f16");
+		diag_error(bd->src, s->dtype_loc, "%s '%s' has integer dtype i32", s->buffer ? "buffer" : "param", s->name);
+		diag_note_plain(s->buffer ? "buffers hold floating-point values: use f32, bf16 or f16"
+		                          : "params are trained by gradient descent: use f32, bf16 or f16");
 	}
 }
 
-static void check_init(Body *bd, Expr *init)
+static void check_init(Body *bd, Stmt *s)
 {
-	if (!init)
+	Expr *init = s->init;
+	if (!init) {
+		if (s->buffer) {
+			diag_error(bd->src, s->loc, "buffer '%s' needs an initializer", s->name);
+			diag_note_plain("a buffer is computed at init (~ zeros, ones, normal(mean, std), uniform(lo, hi), arange, "
+			                "rope_cos(theta), rope_sin(theta)) or loaded from --init (~ load)");
+		}
 		return;
+	}
 	Expr *callee = init->kind == E_CALL ? init->lhs : init;
 	if (callee->kind != E_NAME) {
 		diag_error(bd->src, init->loc, "expected an initializer: normal(mean, std), uniform(lo, hi), zeros or ones");
 		return;
 	}
-	int k = word_index(callee->text, init_names, COUNT(init_names));
+	int n_inits = s->buffer ? (int)COUNT(init_names) : PARAM_INITS;
+	int k = word_index(callee->text, init_names, n_inits);
+	if (k < 0 && word_index(callee->text, init_names, COUNT(init_names)) >= 0) {
+		diag_error(bd->src, callee->loc, "'%s' initializes buffers only", callee->text);
+		diag_note_plain("declare it 'buffer %s : ...' (a tensor that does not train), or use normal, uniform, zeros or "
+		                "ones", s->name);
+		return;
+	}
 	if (k < 0) {
 		diag_error(bd->src, callee->loc, "unknown initializer '%s'", callee->text);
-		if (!best_guess(callee->text, init_names, COUNT(init_names)))
-			diag_note_plain("initializers are normal(mean, std), uniform(lo, hi), zeros and ones");
-		suggest(callee->text, init_names, COUNT(init_names));
+		if (!best_guess(callee->text, init_names, n_inits))
+			diag_note_plain(s->buffer ? "buffer initializers are normal(mean, std), uniform(lo, hi), zeros, ones, arange, "
+			                            "rope_cos(theta), rope_sin(theta) and load"
+			                          : "initializers are normal(mean, std), uniform(lo, hi), zeros and ones");
+		suggest(callee->text, init_names, n_inits);
 		return;
 	}
 	int nargs = 0;
@@ -720,9 +739,10 @@ static void check_init(Body *bd, Expr *init)
 		nargs++;
 		check_expr(bd, a->value);
 	}
-	int want = k <= 1 ? 2 : 0;
+	int want = k <= 1 ? 2 : k == 5 || k == 6 ? 1 : 0;
 	if (nargs != want) {
-		static const char *const forms[] = {"normal(mean, std)", "uniform(lo, hi)", "zeros", "ones"};
+		static const char *const forms[] = {"normal(mean, std)", "uniform(lo, hi)", "zeros", "ones", "arange",
+		                                    "rope_cos(theta)", "rope_sin(theta)", "load"};
 		diag_error(bd->src, init->loc, "'%s' takes %d argument%s, not %d", init_names[k], want, want == 1 ? "" : "s", nargs);
 		diag_note_plain("write it as %s", forms[k]);
 	}
@@ -768,7 +788,7 @@ static void check_stmts(Body *bd, Stmt *s, int depth, bool *returned)
 			check_dtype(bd, s, true);
 			for (Expr *d = s->dims; d; d = d->next)
 				check_expr(bd, d);
-			check_init(bd, s->init);
+			check_init(bd, s);
 			declare(bd, s->name, s->name_loc, B_PARAM);
 			break;
 		case S_ASSIGN: {
@@ -1046,6 +1066,7 @@ typedef struct PlanCtx {
 	bool layers_known;
 	PlanStmt *first[NWORDS];
 	bool axis_used[MAX_AXES];
+	bool replicated[MAX_AXES]; /* `replicate AXIS` */
 	RuleNote *notes;
 	int capnotes;
 	Expr *batch_value; /* the B = N expression */
@@ -1242,6 +1263,7 @@ static ShardRule *add_rule(PlanCtx *pc, const Frame *fr, const Source *src, Loc 
 		r->loc = f->use_loc;
 		r->src = f->use_src;
 		n->strategy = fr->strategy->name;
+		r->strategy = fr->strategy->name;
 		n->use_src = fr->use_src;
 		n->use_loc = fr->use_loc;
 	} else {
@@ -3002,16 +3024,67 @@ static void check_experts(PlanCtx *pc, Expr *count_e, Expr *topk_e)
 		ps->top_k = (int)count;
 }
 
+/* `replicate AXIS, ...`: the axis's ranks are meant to hold replicas computing the same thing
+ * (a redundant run, a test); without it an axis of size > 1 that nothing uses is an error. */
+static void plan_replicate(PlanCtx *pc, PlanStmt *st)
+{
+	if (!st->args)
+		diag_error(pc->src, st->word_loc, "replicate needs a mesh axis: replicate data");
+	Frame top = {NULL, pc->ps->plan->module, pc->src, NULL, {0, 0}, NULL, 0, NULL, 0};
+	for (Arg *a = st->args; a; a = a->next) {
+		if (a->key) {
+			diag_error(pc->src, a->loc, "replicate takes mesh axes, not '%s ='", a->key);
+			continue;
+		}
+		int ax = resolve_axis(pc, &top, a->value);
+		if (ax >= 0)
+			pc->replicated[ax] = true;
+	}
+}
+
+/* `freeze PATTERN, ...`: the matching parameters do not train (fine-tuning): no gradients, no
+ * optimizer state. Patterns as in shard rules; one that matches no parameter is an error
+ * (graph.c, which knows the names). */
+static void plan_freeze(PlanCtx *pc, PlanStmt *st)
+{
+	PlanSpec *ps = pc->ps;
+	if (!st->args)
+		diag_error(pc->src, st->word_loc, "freeze needs parameter patterns: freeze wte, layers.*.attention.*");
+	for (Arg *a = st->args; a; a = a->next) {
+		char buf[256];
+		size_t len = 0;
+		buf[0] = 0;
+		if (a->key || !pattern_text(a->value, buf, sizeof buf, &len)) {
+			diag_error(pc->src, a->loc, "expected a parameter pattern");
+			diag_note_plain("a pattern is a dotted parameter path where '*' matches segments: layers.*.attention.wq");
+			continue;
+		}
+		if (ps->nfreeze == MAX_FREEZE) {
+			diag_error(pc->src, a->loc, "at most %d freeze patterns", MAX_FREEZE);
+			return;
+		}
+		FreezeRule *f = &ps->freeze[ps->nfreeze++];
+		f->pattern = arena_strdup(pc->a, buf);
+		f->loc = a->value->loc;
+		f->src = pc->src;
+	}
+}
+
 static void check_unused_axes(PlanCtx *pc)
 {
 	PlanSpec *ps = pc->ps;
 	for (int i = 0; i < ps->naxes; i++)
-		if (!pc->axis_used[i] && ps->axes[i].size > 1) {
-			pwarn(pc, pc->src, ps->axes[i].loc, "mesh axis '%s' of size %d is not used by any rule", ps->axes[i].name,
-			             ps->axes[i].size);
-			if (pc->warn)
-				diag_note_plain("its %d ranks compute the same thing; split a dim or a parameter over it, or remove it",
-				                ps->axes[i].size);
+		if (!pc->axis_used[i] && !pc->replicated[i] && ps->axes[i].size > 1) {
+			diag_error(pc->src, ps->axes[i].loc, "mesh axis '%s' of size %d is not used by any rule", ps->axes[i].name,
+			           ps->axes[i].size);
+			if (ps->batch_dim)
+				diag_note_plain("its %d ranks would compute the same thing: add 'shard %s -> %s' to split the batch "
+				                "over them, or 'replicate %s' if replicas are meant",
+				                ps->axes[i].size, ps->batch_dim, ps->axes[i].name, ps->axes[i].name);
+			else
+				diag_note_plain("its %d ranks would compute the same thing: split a dim or a parameter over it, "
+				                "or say 'replicate %s' if replicas are meant",
+				                ps->axes[i].size, ps->axes[i].name);
 		}
 }
 
@@ -3127,7 +3200,7 @@ static PlanSpec *build_plan(Program *p, Item *plan, bool model_checked_ok, bool 
 		}
 		if (st->body && w != W_STAGE)
 			diag_error(pc->src, st->word_loc, "only stage takes a { block }");
-		if (w == W_SHARD || w == W_USE || w == W_STAGE || w == W_OFFLOAD)
+		if (w == W_SHARD || w == W_USE || w == W_STAGE || w == W_OFFLOAD || w == W_REPLICATE || w == W_FREEZE)
 			continue;
 		if (pc->first[w]) {
 			diag_error(pc->src, st->word_loc, "second %s statement", plan_words[w]);
@@ -3168,6 +3241,13 @@ static PlanSpec *build_plan(Program *p, Item *plan, bool model_checked_ok, bool 
 	Expr *count_e = NULL, *topk_e = NULL;
 	if (pc->first[W_EXPERTS])
 		plan_experts(pc, pc->first[W_EXPERTS], &count_e, &topk_e);
+	for (PlanStmt *st = plan->rules; st; st = st->next) {
+		int w = word_index(st->word, plan_words, NWORDS);
+		if (w == W_REPLICATE)
+			plan_replicate(pc, st);
+		else if (w == W_FREEZE)
+			plan_freeze(pc, st);
+	}
 
 	/* checks across statements */
 	check_dim_rules(pc);
@@ -3312,6 +3392,11 @@ static void check_module_names(Arena *a, Module *m)
 
 bool sema_check(Program *p)
 {
+	return sema_check_plan(p, NULL);
+}
+
+bool sema_check_plan(Program *p, const Item *only)
+{
 	if (!p)
 		return false;
 	int errors_before = diag_error_count();
@@ -3325,8 +3410,13 @@ bool sema_check(Program *p)
 	Item **models = arena_alloc(p->arena, sizeof *models * (size_t)(nmodels + 1));
 	bool *models_ok = arena_alloc(p->arena, sizeof *models_ok * (size_t)(nmodels + 1));
 	int k = 0;
+	/* only: that plan's model (the other models and plans do not block it); fns and strategies
+	 * always (a plan may use any) */
+	const Item *only_model = only && only->for_model ? find_item(p, I_MODEL, only->for_model, only->module) : NULL;
 	for (Module *m = p->modules; m; m = m->next)
 		for (Item *it = m->items; it && !diag_stopped(); it = it->next) {
+			if (it->kind == I_MODEL && only && it != only_model)
+				continue;
 			if (it->kind == I_MODEL) {
 				models[k] = it;
 				models_ok[k++] = check_model_hypers(p, it);
@@ -3338,7 +3428,7 @@ bool sema_check(Program *p)
 		}
 	for (Module *m = p->modules; m; m = m->next)
 		for (Item *it = m->items; it && !diag_stopped(); it = it->next) {
-			if (it->kind != I_PLAN)
+			if (it->kind != I_PLAN || (only && it != only))
 				continue;
 			Item *model = it->for_model ? find_item(p, I_MODEL, it->for_model, it->module) : NULL;
 			bool ok = true;

@@ -1094,7 +1094,6 @@ static bool moe_experts_split(const Shard *s, int layer, int a)
 	return false;
 }
 
-static bool pattern_match(const char *pat, const char *name);
 
 /* The expert rules on an expert parameter, after the parameter rules (they compose: a rule
  * splits one dim and leaves the others as the parameter rules laid them out). */
@@ -1110,7 +1109,7 @@ static void moe_param_layout(Shard *s, Op *op)
 		ShardRule *rule = &s->ps->rules[r];
 		if (!rule->moe || (rule->stage >= 0 && rule->stage != op->stage))
 			continue;
-		if (rule->moe_pattern && !pattern_match(rule->moe_pattern, v->name))
+		if (rule->moe_pattern && !param_pattern_match(rule->moe_pattern, v->name))
 			continue;
 		int d = 0;
 		if (rule->moe == MOE_RULE_HIDDEN) {
@@ -1203,37 +1202,6 @@ static void moe_rules_check(Shard *s)
 }
 
 /* Layout of a parameter from the plan's rules (the last matching rule wins). */
-static bool pattern_match(const char *pat, const char *name)
-{
-	/* '*' matches one or more whole segments */
-	if (!*pat)
-		return !*name;
-	if (pat[0] == '*' && (pat[1] == '.' || !pat[1])) {
-		const char *rest = pat[1] ? pat + 2 : pat + 1;
-		const char *p = name;
-		while (*p) {
-			const char *end = strchr(p, '.');
-			const char *next = end ? end + 1 : p + strlen(p);
-			if (!*rest ? !end : (end && pattern_match(rest, next)))
-				return true;
-			if (!end)
-				break;
-			p = next;
-		}
-		return false;
-	}
-	size_t n = 0;
-	while (pat[n] && pat[n] != '.')
-		n++;
-	if (strncmp(pat, name, n) || (name[n] != '.' && name[n] != 0))
-		return false;
-	if (!pat[n])
-		return !name[n];
-	if (!name[n])
-		return false;
-	return pattern_match(pat + n + 1, name + n + 1);
-}
-
 static bool param_layout(Shard *s, Op *op)
 {
 	Graph *g = s->g;
@@ -1243,7 +1211,7 @@ static bool param_layout(Shard *s, Op *op)
 		ShardRule *rule = &s->ps->rules[r];
 		if (!rule->pattern || (rule->stage >= 0 && rule->stage != op->stage))
 			continue;
-		if (!pattern_match(rule->pattern, v->name))
+		if (!param_pattern_match(rule->pattern, v->name))
 			continue;
 		rule->used = true;
 		hit = rule;
@@ -1536,11 +1504,15 @@ bool shard(Graph *g)
 			s.out.ops[i].fwd_op = remap[s.out.ops[i].fwd_op];
 	graph_set_ops(g, &s.out);
 	g->nfwd = nfwd_new >= 0 ? nfwd_new : s.out.n;
-	/* a parameter rule that matched nothing is almost always a typo */
+	/* a parameter rule that matches nothing is almost always a typo (or a strategy written for
+	 * other parameter names): an error, with the name it most likely meant */
+	bool ok = true;
 	for (int r = 0; r < g->ps->nrules; r++) {
 		const ShardRule *rule = &g->ps->rules[r];
-		if (rule->pattern && !rule->used)
-			diag_warning(rule->src, rule->loc, "shard rule '%s' matches no parameter", rule->pattern);
+		if (rule->pattern && !rule->used) {
+			unmatched_pattern(g, "shard rule", rule->pattern, rule->src, rule->loc, rule->strategy);
+			ok = false;
+		}
 	}
-	return true;
+	return ok;
 }

@@ -156,7 +156,7 @@ static const char *join_path(ParseCtx *pc, Expr *segs);
 %token <expr> SIZE "size"
 %token <expr> STRING "string"
 %token IMPORT "import" AS "as" MODEL "model" FN "fn" STRATEGY "strategy" PLAN "plan"
-%token FOR "for" INPUT "input" PARAM "param" REPEAT "repeat" RETURN "return" OVER "over"
+%token FOR "for" INPUT "input" PARAM "param" BUFFER "buffer" REPEAT "repeat" RETURN "return" OVER "over"
 %token DOTDOT ".." ARROW "->"
 
 %type <item> item import model fn strategy plan
@@ -331,6 +331,25 @@ model_stmt
 	}
 	| "param" IDENT ':' ttype '~' expr {
 		$$ = mk_stmt(pc, S_PARAM, @$);
+		$$->name = $2;
+		$$->name_loc = @2;
+		$$->dtype = $4.name;
+		$$->dtype_loc = $4.loc;
+		$$->dims = $4.dims;
+		$$->init = $6;
+	}
+	| "buffer" IDENT ':' ttype {
+		$$ = mk_stmt(pc, S_PARAM, @$);
+		$$->buffer = true;
+		$$->name = $2;
+		$$->name_loc = @2;
+		$$->dtype = $4.name;
+		$$->dtype_loc = $4.loc;
+		$$->dims = $4.dims;
+	}
+	| "buffer" IDENT ':' ttype '~' expr {
+		$$ = mk_stmt(pc, S_PARAM, @$);
+		$$->buffer = true;
 		$$->name = $2;
 		$$->name_loc = @2;
 		$$->dtype = $4.name;

@@ -92,7 +92,8 @@ typedef struct planrt_param {
 	int rank;
 	int64_t gdims[8], ldims[8];
 	int8_t split_axis[8];
-	uint8_t init_kind;       /* 0 normal(a, b) 1 uniform(a, b) 2 zeros 3 ones */
+	uint8_t init_kind;       /* 0 normal(a, b) 1 uniform(a, b) 2 zeros 3 ones; buffers: 4 arange, 5 rope_cos(a),
+				  * 6 rope_sin(a) (computed, never read from --init), 7 load (--init only) */
 	uint8_t saved;
 	double a, b;
 } planrt_param_t;

@@ -410,7 +410,7 @@ void planrt_init_param(planrt_ctx_t *ctx, void *dst, planrt_dtype_t dtype, int p
 		block = malloc(sizeof(float) * (size_t)local);
 		if (!block)
 			planrt_fatal("out of memory initialising '%s' (%lld elements)", p->name, (long long)local);
-		if (ctx->init_file) {
+		if (ctx->init_file && !(p->init_kind >= 4 && p->init_kind <= 6)) { /* computed buffers are never read */
 			PLANRT_CHECK(planrt_st_read_block(ctx->init_file, p->name, p->rank, p->gdims, p->ldims, offs, block));
 			for (int64_t i = 0; i < local; i++) /* training from a NaN or Inf would only spread it */
 				if (!isfinite(block[i]))

@@ -68,6 +68,21 @@ static float sample(int kind, double a, double b, uint64_t seed, uint64_t key, u
 	}
 }
 
+/* Buffers computed at init (kinds 4-6), from an element's row-major index g in a tensor whose last
+ * dim is last: arange (g itself), and Hugging Face's LlamaRotaryEmbedding tables [.., Dh] at
+ * position p = g / Dh, in float: inv_freq = 1 / powf(theta, (float)2i / Dh) for i = (g mod Dh) mod
+ * Dh / 2 (the halves repeat: torch.cat((freqs, freqs))), then cosf / sinf((float)p * inv_freq), as
+ * planrt_k_rope computes its angles. */
+static float computed(int kind, double theta, uint64_t g, int64_t last)
+{
+	if (kind == 4)
+		return (float)g;
+	int64_t h = last / 2, i = (int64_t)(g % (uint64_t)last) % h;
+	float inv = 1.0f / powf((float)theta, (float)(2 * i) / (float)last);
+	float a = (float)(g / (uint64_t)last) * inv;
+	return kind == 5 ? cosf(a) : sinf(a);
+}
+
 void planrt_init_block(float *dst, int rank, const int64_t *gdims, const int64_t *ldims, const int64_t *offs,
 		       int kind, double a, double b, uint64_t seed, const char *name)
 {
@@ -83,6 +98,8 @@ void planrt_init_block(float *dst, int rank, const int64_t *gdims, const int64_t
 	}
 	if (n <= 0)
 		return;
+	if (kind == 7)
+		planrt_fatal("buffer '%s' is loaded (~ load): pass --init with a tensor '%s'", name, name);
 	/* Walk the local block row-major; the innermost dimension is contiguous in both. */
 	int64_t inner = rank > 0 ? ldims[rank - 1] : 1;
 	for (int64_t done = 0; done < n; done += inner) {
@@ -90,7 +107,8 @@ void planrt_init_block(float *dst, int rank, const int64_t *gdims, const int64_t
 		for (int d = 0; d < rank; d++)
 			g += (uint64_t)((offs[d] + idx[d]) * gstride[d]);
 		for (int64_t i = 0; i < inner; i++)
-			dst[done + i] = sample(kind, a, b, seed, key, g + (uint64_t)i);
+			dst[done + i] = kind >= 4 && kind <= 6 ? computed(kind, a, g + (uint64_t)i, rank ? gdims[rank - 1] : 1)
+							       : sample(kind, a, b, seed, key, g + (uint64_t)i);
 		for (int d = rank - 2; d >= 0; d--) {
 			if (++idx[d] < ldims[d])
 				break;

@@ -100,5 +100,26 @@ if grep -q -- "-march=native" "$tmp/cc-args"; then pass=$((pass + 1)); else fail
 # integers are exact 64-bit values: 2^53 + 1 is not rounded to 2^53
 sed 's/^model mlp(V = 256,/model mlp(V = 256, N = 9007199254740993,/; s/^  input tokens : i32\[B, S\]/  param big : f32[N] ~ zeros\n&/' examples/mlp.plan >"$tmp/exact.plan"
 expect "integer literal above 2^53 stays exact" 0 "f32\[N=9007199254740993\]" -- "$planc" check "$tmp/exact.plan" --plan single --dump-after=graph
+# check says it worked in one line; --plan checks that plan only; an error in the model that
+# every plan elaborates is printed once
+expect "check success line" 0 "examples/llama.plan: 5 plans checked: no errors" -- "$planc" check examples/llama.plan
+expect "check one plan line" 0 "examples/llama.plan: plan tp2 checked: no errors" -- "$planc" check examples/llama.plan --plan tp2
+printf '%s\n' 'model m(V = 64, S = 8, D = 16) {' '  input tokens : i32[B, S]' '  input targets : i32[B, S]' \
+	'  param wte : f32[V, D] ~ normal(0, 0.02)' '  loss = cross_entropy(embed(wte, tokens) @ wte.T, targets)' '}' \
+	'plan good for m {' '  mesh data = 2' '  batch B = 8' '  shard B -> data' '}' \
+	'plan broken for m {' '  mesh data = 2' '  batch B = 8' '  zero 4' '}' >"$tmp/two.plan"
+expect "check --plan skips the other plans" 0 "plan good checked: no errors" -- "$planc" check "$tmp/two.plan" --plan good
+expect "check reports the broken plan" 1 "ZeRO stage must be 0, 1, 2 or 3" -- "$planc" check "$tmp/two.plan"
+expect "build a plan beside a broken one" 0 "" -- "$planc" build "$tmp/two.plan" --plan good -o "$tmp/good"
+printf '%s\n' 'model m(V = 64, S = 8, D = 16) {' '  input tokens : i32[B, S]' '  input targets : i32[B, S]' \
+	'  param wte : f32[V, D] ~ normal(0, 0.02)' '  param w : f32[D + 1, V] ~ normal(0, 0.02)' \
+	'  loss = cross_entropy(embed(wte, tokens) @ w, targets)' '}' 'plan a for m {' '  mesh data = 1' '  batch B = 4' '}' \
+	'plan b for m {' '  mesh data = 1' '  batch B = 8' '}' 'plan c for m {' '  mesh data = 1' '  batch B = 16' '}' \
+	>"$tmp/model_error.plan"
+"$planc" check "$tmp/model_error.plan" >"$tmp/out" 2>&1
+if [ "$(grep -c 'error:' "$tmp/out")" -eq 1 ]; then pass=$((pass + 1)); else
+	fail=$((fail + 1))
+	echo "FAIL: a model error shared by 3 plans is printed $(grep -c 'error:' "$tmp/out") times, want once"
+fi
 echo "cli: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]

@@ -58,6 +58,7 @@ PLANS = {
     "moe": ["ep2", "ep4", "ep2_tp2", "ep2_dp2", "ep2_dp2_zero1"],
     "bert": ["dp2", "tp2", "dp2_tp2_zero1"],
     "tests/equiv/regress": ["dp4", "tp2"],
+    "tests/equiv/finetune": ["finetune_dp2:finetune", "finetune_zero3:finetune"],
 }
 # Plans that run the same step in a different order must give bitwise identical losses.
 IDENTICAL = {"gpt": [["pp2", "pp2_1f1b", "pp2_interleaved"], ["pp4_l8", "pp4_1f1b_l8", "pp4_interleaved_l8"]]}

@@ -6,6 +6,9 @@ planc builds, must give the same loss at every step (1e-5 relative) and the same
   bert   examples/bert.plan, plan single_nodropout: a BERT encoder ([CLS] pooler, classifier over 4
          classes) on the data set data/classify.safetensors (tokens i32 [N, 32], labels i32 [N]),
          against Hugging Face's BertForSequenceClassification arithmetic
+  finetune tests/equiv/finetune.plan, plan finetune: buffers (RoPE tables computed at init, a
+         buffer of ones) and a frozen parameter; the frozen and buffer tensors must end exactly as
+         they began
   ops    tests/equiv/ops.plan, plan single: every op of issue 9 (element-wise functions, slices,
          concat, reshape, transposes, a broadcasting batched matmul, reductions, a transposed
          activation's weight gradient, cross-entropy over classes, mse and l1 losses)
@@ -44,7 +47,7 @@ except ImportError as e:
 
 planc, root = sys.argv[1], sys.argv[2]
 steps = int(sys.argv[3]) if len(sys.argv) > 3 else 20
-models = sys.argv[4:] or ["gpt", "llama", "bert", "ops", "moe"]
+models = sys.argv[4:] or ["gpt", "llama", "bert", "ops", "moe", "finetune"]
 SEED = 1234
 env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
            OMPI_MCA_plm="isolated", OMPI_MCA_btl="self,vader", OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
@@ -130,17 +133,18 @@ def train_program(prog, init, extra=(), data=None):
     return [json.loads(line)["loss"] for line in open(log)], read_safetensors(final)
 
 
-def train_torch(init, step_loss, adamw, clip=1.0):
-    """The same training in torch: AdamW (torch.optim) and clip_grad_norm_, as the plans say."""
-    w = {k: v.clone().requires_grad_() for k, v in init.items()}
-    opt = torch.optim.AdamW(list(w.values()), **adamw)
+def train_torch(init, step_loss, adamw, clip=1.0, trained=None):
+    """The same training in torch: AdamW (torch.optim) and clip_grad_norm_, as the plans say;
+    trained: the tensors that train (default all), the others are frozen or buffers."""
+    w = {k: v.clone().requires_grad_(trained is None or k in trained) for k, v in init.items()}
+    opt = torch.optim.AdamW([v for v in w.values() if v.requires_grad], **adamw)
     losses = []
     for step in range(steps):
         opt.zero_grad()
         loss = step_loss(w, step)
         loss.backward()
         if clip:
-            torch.nn.utils.clip_grad_norm_(list(w.values()), clip)
+            torch.nn.utils.clip_grad_norm_([v for v in w.values() if v.requires_grad], clip)
         opt.step()
         losses.append(loss.item())
     return losses, w
@@ -405,7 +409,35 @@ def run_bert():
     report("BERT classifier (examples/bert.plan, data/classify.safetensors)", planc_losses, torch_losses, final, w)
 
 
+def run_finetune():
+    V, S, D, H, B = 256, 16, 32, 4, 8
+    cos, sin = rope_tables(S, D // H, 10000.0)
+
+    def loss_of(w, step):
+        tokens, targets = batch(data, step, B, S)
+        x = F.embedding(tokens, w["wte"]) * w["scale"]
+        q = (x @ w["wq"]).view(B, S, H, D // H).transpose(1, 2)
+        q = q * cos + rotate_half(q) * sin
+        return F.cross_entropy((q.transpose(1, 2).reshape(B, S, D) @ w["head"]).reshape(-1, V), targets.reshape(-1))
+
+    prog = build(f"{root}/tests/equiv/finetune.plan", "finetune")
+    shapes = program_shapes(prog)
+    if set(shapes) != {"wte", "scale", "wq", "head"}:  # the computed tables are not saved
+        raise SystemExit(f"FAIL: the checkpoint holds {sorted(shapes)}")
+    init = init_like(shapes, ("scale",))
+    planc_losses, final = train_program(prog, init)
+    trained = {k for k in init if k in ("wq", "head")}  # wte frozen, scale a buffer
+    torch_losses, w = train_torch(init, loss_of, dict(lr=1e-2, betas=(0.9, 0.999), weight_decay=0.01, eps=1e-8),
+                                  clip=0, trained=trained)
+    report("fine-tuning with buffers (tests/equiv/finetune.plan: RoPE tables computed at init, wte frozen)",
+           planc_losses, torch_losses, final, w)
+    global passed, failed
+    same = all(torch.equal(final[k], init[k]) for k in ("wte", "scale"))
+    print(f"{'PASS' if same else 'FAIL'}: the frozen wte and the buffer scale end bit for bit as they began", flush=True)
+    passed, failed = passed + same, failed + (not same)
+
+
 for m in models:
-    {"gpt": run_gpt, "llama": run_llama, "ops": run_ops, "bert": run_bert, "moe": run_moe}[m]()
+    {"gpt": run_gpt, "llama": run_llama, "ops": run_ops, "bert": run_bert, "moe": run_moe, "finetune": run_finetune}[m]()
 print(f"{passed} passed, {failed} failed")
 sys.exit(0 if failed == 0 else 1)
