@@ -262,6 +262,8 @@ extern int planrt_evaluating_;
 planrt_result_t planrt_st_write_(const char *path, const planrt_st_tensor_t *tensors, int n, char *checksum,
 				 size_t checksum_n);
 planrt_result_t planrt_st_find_(planrt_st_t f, const char *name, int *dtype, int64_t *n, const void **data);
+/* safetensors.c: the name of the file's i-th tensor (file order), NULL past the last */
+const char *planrt_st_name_(planrt_st_t f, int i);
 /* comm_mpi.c: the comm layer for operations on device streams (comm_nccl.c's NCCL layer, registered
  * by the CUDA device layer; NULL: none), and requests it completes itself (planrt_wait and
  * planrt_test call ops on impl; planrt_wait frees the request). */

@@ -48,6 +48,7 @@
 #include "planrt_device.h"
 #include "planrt_exec.h"
 #include "planrt_kernels.h"
+#include "planrt_namemap.h"
 #include "planrt_program.h"
 
 #include <errno.h>
@@ -73,6 +74,8 @@ enum { MAX_DIMS = 8, NO_INBOX = 0xffff };
 
 /* the running program, for the kernels (set by planrt_main) */
 static const planrt_program_t *prog;
+/* --map: --init and --save under another framework's names (namemap.c) */
+static planrt_namemap_t name_map;
 
 /* ------------------------------------------------------------------ options */
 
@@ -80,7 +83,7 @@ typedef struct options {
 	int64_t steps; /* -1: not given */
 	uint64_t seed;
 	int seed_given;
-	const char *data, *init, *save, *log;
+	const char *data, *init, *save, *log, *map;
 	const char *save_every_dir, *resume, *trace;
 	int64_t save_every, keep, eval_every, eval_batches, max_skips;
 	int help;
@@ -88,8 +91,8 @@ typedef struct options {
 } options_t;
 
 static const char usage_line[] =
-	"--steps K --data FILE [--init W.safetensors] [--save W.safetensors] [--log run.jsonl] [--seed S] "
-	"[--save-every N DIR [--keep K]] [--resume DIR] [--trace T.json] [--eval-every N [--eval-batches B]]";
+	"--steps K --data FILE [--init W.safetensors] [--save W.safetensors] [--map NAMES.map] [--log run.jsonl] "
+	"[--seed S] [--save-every N DIR [--keep K]] [--resume DIR] [--trace T.json] [--eval-every N [--eval-batches B]]";
 
 static void set_error(options_t *o, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void set_error(options_t *o, const char *fmt, ...)
@@ -160,6 +163,7 @@ static void parse_options(int argc, char **argv, options_t *o)
 				    : !strcmp(a, "--log")    ? &o->log
 				    : !strcmp(a, "--resume") ? &o->resume
 				    : !strcmp(a, "--trace")  ? &o->trace
+				    : !strcmp(a, "--map")    ? &o->map
 							     : NULL;
 		int numeric = !strcmp(a, "--steps") || !strcmp(a, "--seed") || !strcmp(a, "--keep") ||
 			      !strcmp(a, "--eval-every") || !strcmp(a, "--eval-batches") || !strcmp(a, "--max-skips");
@@ -259,6 +263,8 @@ static void print_help(const char *prog_name, const planrt_program_t *p)
 	       "(required)\n"
 	       "  --init W.safetensors  initial weights (default: drawn from the seed)\n"
 	       "  --save W.safetensors  write the trained weights there (temporary file, fsync, rename)\n"
+	       "  --map NAMES.map       --init and --save under another framework's names and layouts\n"
+	       "                        (stdlib/maps/hf_llama.map: Hugging Face's Llama)\n"
 	       "  --log run.jsonl       rank 0 writes one JSON line of metrics per step (appended to with --resume)\n"
 	       "  --seed S              seed of initialisation, data order and dropout (default %d)\n"
 	       "  --save-every N DIR    every N steps and after the last, a sharded checkpoint in DIR/step-K (each\n"
@@ -391,6 +397,24 @@ static int64_t block_of(const planrt_param_t *p, int64_t *offs)
 	return n;
 }
 
+/* A parameter's block from --init under planc's names; a file under Hugging Face's names (no
+ * --map given) gets the fix named */
+static void read_init_block(planrt_st_t f, const planrt_param_t *p, const int64_t *offs, float *block)
+{
+	if (planrt_st_read_block(f, p->name, p->rank, p->gdims, p->ldims, offs, block) == planrt_success)
+		return;
+	char cause[600];
+	snprintf(cause, sizeof cause, "%s", planrt_last_error());
+	int dtype;
+	int64_t n;
+	const void *data;
+	if (planrt_st_find_(f, "model.embed_tokens.weight", &dtype, &n, &data) == planrt_success)
+		planrt_fatal("--init: %s; the file is under Hugging Face's names (model.embed_tokens.weight): pass --map "
+			     "NAMES.map, e.g. stdlib/maps/hf_llama.map (docs/namemap.md)",
+			     cause);
+	planrt_fatal("--init: %s", cause);
+}
+
 void planrt_init_param(planrt_ctx_t *ctx, void *dst, planrt_dtype_t dtype, int param, int64_t lo, int64_t n)
 {
 	const planrt_param_t *p = param_of(param);
@@ -411,7 +435,10 @@ void planrt_init_param(planrt_ctx_t *ctx, void *dst, planrt_dtype_t dtype, int p
 		if (!block)
 			planrt_fatal("out of memory initialising '%s' (%lld elements)", p->name, (long long)local);
 		if (ctx->init_file && !(p->init_kind >= 4 && p->init_kind <= 6)) { /* computed buffers are never read */
-			PLANRT_CHECK(planrt_st_read_block(ctx->init_file, p->name, p->rank, p->gdims, p->ldims, offs, block));
+			if (name_map)
+				PLANRT_CHECK(planrt_namemap_read_block(name_map, ctx->init_file, param, p->ldims, offs, block));
+			else
+				read_init_block(ctx->init_file, p, offs, block);
 			for (int64_t i = 0; i < local; i++) /* training from a NaN or Inf would only spread it */
 				if (!isfinite(block[i]))
 					planrt_fatal("--init: tensor '%s' holds %s at element %lld of this rank's block; refusing to "
@@ -1367,6 +1394,10 @@ int planrt_main(int argc, char **argv, const planrt_program_t *program)
 			planrt_ckpt_clean(opt.save_every_dir, (int)opt.keep);
 		}
 	}
+	if (opt.map && !opt.init && !opt.save)
+		planrt_fatal("--map applies to --init and --save; pass one of them, or drop --map");
+	if (opt.map)
+		PLANRT_CHECK(planrt_namemap_open(opt.map, program, &name_map));
 	if (opt.log && rank == 0)
 		PLANRT_CHECK(planrt_log_open_(opt.log, opt.resume != NULL));
 
@@ -1412,6 +1443,8 @@ int planrt_main(int argc, char **argv, const planrt_program_t *program)
 	uint64_t seed = ctx.seed;
 	if (opt.init)
 		PLANRT_CHECK(planrt_st_open(opt.init, &ctx.init_file));
+	if (name_map && ctx.init_file)
+		PLANRT_CHECK(planrt_namemap_check_file(name_map, ctx.init_file, opt.init));
 	planrt_where_(-1, "init", -1, -1);
 	if (stage->init)
 		stage->init(&ctx);
@@ -1537,8 +1570,33 @@ int planrt_main(int argc, char **argv, const planrt_program_t *program)
 	/* 6. the checkpoint and the reports */
 	clear_action(&ctx);
 	planrt_where_(-1, "save", -1, -1);
-	if (opt.save && stopped < 0)
+	if (opt.save && stopped < 0 && !name_map) {
 		save_checkpoint(&ctx, stage, opt.save, rank);
+	} else if (opt.save && stopped < 0) {
+		/* planc's names first, in a temporary file beside it that a later run's remove_stale_temps
+		 * recognises (rank 0's pid); then rank 0 rewrites it under the map's names */
+		planrt_comm_t ctl = planrt_control_comm_();
+		int64_t id = (int64_t)getpid();
+		PLANRT_CHECK(planrt_broadcast(&id, 1, planrt_f64 /* 8 bytes */, 0, ctl, NULL, NULL));
+		size_t n = strlen(opt.save) + 48;
+		char *tmp = malloc(n);
+		if (!tmp)
+			planrt_fatal("out of memory saving '%s'", opt.save);
+		snprintf(tmp, n, "%s.tmp.%lld.planc-names", opt.save, (long long)id);
+		save_checkpoint(&ctx, stage, tmp, rank);
+		if (rank == 0) {
+			planrt_result_t r = planrt_namemap_convert(name_map, tmp, opt.save);
+			unlink(tmp);
+			if (r != planrt_success)
+				planrt_fatal("--save '%s' under the names of --map '%s': %s", opt.save, opt.map,
+					     planrt_last_error());
+		}
+		int32_t sync = 0; /* the others pass this once rank 0 has written the file (or ended the job) */
+		PLANRT_CHECK(planrt_allreduce(&sync, &sync, 1, planrt_i32, planrt_sum, ctl, NULL, NULL));
+		free(tmp);
+	}
+	planrt_namemap_close(name_map);
+	name_map = NULL;
 	if (getenv("PLANRT_REPORT_MEMORY"))
 		fprintf(stderr,
 			"planrt: rank %d: memory arena_high_water=%zu arena_planned=%zu state=%zu peak_rss=%zu stage=%d "

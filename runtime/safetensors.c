@@ -391,6 +391,11 @@ planrt_result_t planrt_st_read_block(planrt_st_t f, const char *name, int rank, 
 	return planrt_success;
 }
 
+const char *planrt_st_name_(planrt_st_t f, int i)
+{
+	return f && i >= 0 && i < f->n ? f->t[i].name : NULL;
+}
+
 planrt_result_t planrt_st_find_(planrt_st_t f, const char *name, int *dtype, int64_t *n, const void **data)
 {
 	for (int i = 0; i < f->n; i++) {

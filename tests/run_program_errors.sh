@@ -1,8 +1,8 @@
 #!/bin/sh
 # A generated program facing bad input: a wrong world size, missing / empty / malformed data,
 # a missing, truncated or malformed --init file, a tensor of the wrong shape or dtype, an unusable
-# --save path, unknown options. Each must end every rank with a non-zero exit and a one-line
-# cause (no hang: every run has a time limit) and must not leave a partial output file.
+# --save path, unknown options, a bad --map (name map) or an --init file it does not fit. Each
+# must end every rank with a non-zero exit and a one-line cause (no hang: every run has a time limit) and must not leave a partial output file.
 # usage: tests/run_program_errors.sh PLANC (from the repository root)
 planc=$1
 pass=0
@@ -124,6 +124,54 @@ printf '%s\n' 'model tok4(V = 256, S = 16, D = 32, C = 4) {' '  input tokens : i
 prog=$tmp/tok4
 expect_fail "token targets outside the classes" "a label of a cross_entropy over 4 classes, outside \\[0, 4)" 1 \
 	--steps 1 --data $data
+# --map: checkpoints under Hugging Face's Llama names (examples/llama.plan, stdlib/maps)
+"$planc" build examples/llama.plan --plan single -o "$tmp/llama" || { echo "FAIL: build llama"; exit 1; }
+prog=$tmp/llama
+timeout 60 "$prog" --steps 0 --data $data --save "$tmp/hf.safetensors" --map stdlib/maps/hf_llama.map >/dev/null 2>&1
+expect_fail "Hugging Face file without --map" "pass --map NAMES.map, e.g. stdlib/maps/hf_llama.map" 1 --steps 1 \
+	--data $data --init "$tmp/hf.safetensors"
+expect_fail "missing --map" "cannot open --map 'no/such.map'" 1 --steps 1 --data $data --init "$tmp/hf.safetensors" \
+	--map no/such.map
+expect_fail "--map alone" "--map applies to --init and --save" 1 --steps 1 --data $data --map stdlib/maps/hf_llama.map
+printf 'wte model.embed_tokens.weight T cat extra\n' >"$tmp/long.map"
+expect_fail "malformed --map line" "line 1: expected 'PLANC_NAME FILE_NAME \[T\] \[cat\]'" 1 --steps 1 --data $data \
+	--init "$tmp/hf.safetensors" --map "$tmp/long.map"
+printf '# norms\nlayers.{i}.llama_block.rmsnorm.weight model.layers.{i}.input_layernorm.weight T\n' >"$tmp/t1d.map"
+expect_fail "--map transposes a 1-D tensor" "line 2 transposes 'layers.0.llama_block.rmsnorm.weight', which has 1 dims" \
+	1 --steps 1 --data $data --init "$tmp/hf.safetensors" --map "$tmp/t1d.map"
+printf 'wte embed\nlm_head embed T\n' >"$tmp/twice.map"
+expect_fail "--map gives two parameters one name" "parameters 'wte' and 'lm_head' both map to 'embed'" 1 --steps 1 \
+	--data $data --init "$tmp/hf.safetensors" --map "$tmp/twice.map"
+sed 's/\(self_attn.k_proj.weight *\)T/\1/' stdlib/maps/hf_llama.map >"$tmp/no_t.map"
+expect_fail "--map without a needed T" "'model.layers.0.self_attn.k_proj.weight' in '.*' has shape \[32, 64\] but the model expects \[64, 32\]" 1 \
+	--steps 1 --data $data --init "$tmp/hf.safetensors" --map "$tmp/no_t.map"
+python3 - "$tmp" <<'PY'
+import json, struct, sys
+d = sys.argv[1]
+blob = open(f"{d}/hf.safetensors", "rb").read()
+n = struct.unpack("<Q", blob[:8])[0]
+header = json.loads(blob[8:8 + n])
+tensors = {k: (v["dtype"], v["shape"], blob[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"][1]])
+           for k, v in header.items() if k != "__metadata__"}
+def write(path, extra):
+    header, blobs, at = {}, b"", 0
+    for name, (dtype, shape, raw) in {**tensors, **extra}.items():
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [at, at + len(raw)]}
+        blobs += raw
+        at += len(raw)
+    h = json.dumps(header).encode()
+    h += b" " * (-len(h) % 8)
+    open(path, "wb").write(struct.pack("<Q", len(h)) + h + blobs)
+write(f"{d}/bias.safetensors", {"model.layers.1.self_attn.q_proj.bias": ("F32", [64], b"\0" * 256)})
+write(f"{d}/inv_freq.safetensors", {"model.layers.1.self_attn.rotary_emb.inv_freq": ("F32", [8], b"\0" * 32)})
+PY
+expect_fail "--init tensor no parameter reads" "holds 'model.layers.1.self_attn.q_proj.bias', which no parameter" 1 \
+	--steps 1 --data $data --init "$tmp/bias.safetensors" --map stdlib/maps/hf_llama.map
+# and a good one loads (the map's '- ...inv_freq' line leaves that tensor unread) and saves back the same bytes
+timeout 60 "$prog" --steps 0 --data $data --init "$tmp/inv_freq.safetensors" --map stdlib/maps/hf_llama.map \
+	--save "$tmp/hf_again.safetensors" >"$tmp/out" 2>&1
+if cmp -s "$tmp/hf.safetensors" "$tmp/hf_again.safetensors"; then pass=$((pass + 1)); else
+	fail=$((fail + 1)); echo "FAIL: --init/--save round trip under --map hf_llama.map"; head -3 "$tmp/out"; fi
 prog=
 echo "program errors: $pass passed, $fail failed"
 [ $fail -eq 0 ]

@@ -13,7 +13,12 @@ planc builds, must give the same loss at every step (1e-5 relative) and the same
          concat, reshape, transposes, a broadcasting batched matmul, reductions, a transposed
          activation's weight gradient, cross-entropy over classes, mse and l1 losses)
   llama  examples/llama.plan, plan single (RMSNorm, RoPE, grouped-query attention, SwiGLU, untied
-         head) against Hugging Face's LlamaForCausalLM arithmetic
+         head) against HFLlama, a torch module laid out like Hugging Face's LlamaForCausalLM: the
+         program starts from its state_dict() under Hugging Face's names (--init with --map
+         stdlib/maps/hf_llama.map), and its --save under the map loads back with
+         load_state_dict(strict=True); the fused layout (hf_llama_fused.map) must train bit for bit
+         the same, and plans tp2 (fused), dp2_tp2_sp and zero3_dp4 must match the single rank
+         from and to the same files
   moe    examples/moe.plan: plan single_nodropout (GELU experts, top-2, capacity factor 1.25 per
          sample: tokens are dropped) and plan mixtral_single (SwiGLU experts, top-2 gates
          normalised, dropless), against a mixture of experts written here from docs/moe.md (every
@@ -50,7 +55,7 @@ steps = int(sys.argv[3]) if len(sys.argv) > 3 else 20
 models = sys.argv[4:] or ["gpt", "llama", "bert", "ops", "moe", "finetune"]
 SEED = 1234
 env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-           OMPI_MCA_plm="isolated", OMPI_MCA_btl="self,vader", OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+           OMPI_MCA_plm="isolated", OMPI_MCA_rmaps_base_oversubscribe="1", OMPI_MCA_btl="self,vader", OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
 torch.set_num_threads(1)
 work = tempfile.mkdtemp(prefix="planc-torch-")
 
@@ -124,11 +129,14 @@ def program_shapes(prog, extra=(), data=None):
     return read_safetensors(out)
 
 
-def train_program(prog, init, extra=(), data=None):
-    """Trains the program from init for `steps` steps: its losses and final weights."""
+def train_program(prog, init, extra=(), data=None, np=1):
+    """Trains the program from init for `steps` steps (on np ranks): its losses and final weights."""
     write_safetensors(f"{work}/init.safetensors", init)
     log, final = f"{work}/{os.path.basename(prog)}.jsonl", f"{work}/{os.path.basename(prog)}-final.safetensors"
-    subprocess.run([prog, "--steps", str(steps), "--data", data or corpus, "--init", f"{work}/init.safetensors",
+    if os.path.exists(log):
+        os.unlink(log)
+    launch = ["mpirun", "-np", str(np)] if np > 1 else []
+    subprocess.run([*launch, prog, "--steps", str(steps), "--data", data or corpus, "--init", f"{work}/init.safetensors",
                     "--log", log, "--save", final, *extra], check=True, env=env, capture_output=True)
     return [json.loads(line)["loss"] for line in open(log)], read_safetensors(final)
 
@@ -159,6 +167,12 @@ def report(what, planc_losses, torch_losses, final, w):
           f"{steps} steps, losses {planc_losses[0]:.6f} -> {planc_losses[-1]:.6f}, worst relative difference "
           f"{worst:.2e} (tolerance 1e-5); final weights differ by at most {wworst:.2e} (tolerance 1e-4)", flush=True)
     passed, failed = passed + ok, failed + (not ok)
+
+
+def check(what, ok, detail):
+    global passed, failed
+    print(f"{'PASS' if ok else 'FAIL'}: {what}{': ' + detail if detail else ''}", flush=True)
+    passed, failed = passed + bool(ok), failed + (not ok)
 
 
 corpus = f"{root}/data/corpus.txt"
@@ -221,39 +235,138 @@ def rms_norm(x, weight, eps):
     return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
 
 
-def run_llama():
-    V, S, D, H, K, F_, L, B = 256, 32, 64, 4, 2, 176, 2, 8
-    Dh = D // H
-    cos, sin = rope_tables(S, Dh, 10000.0)
-    mask = torch.triu(torch.ones(S, S, dtype=torch.bool), diagonal=1)
+class HFLlama(torch.nn.Module):
+    """A decoder laid out module for module like Hugging Face's LlamaForCausalLM (transformers'
+    modeling_llama.py), so that state_dict() gives its names and layouts (torch.nn.Linear
+    [out, in]): model.embed_tokens, model.layers.{i}.{input_layernorm, self_attn.{q,k,v,o}_proj,
+    post_attention_layernorm, mlp.{gate,up,down}_proj}, model.norm, lm_head; its forward is
+    LlamaForCausalLM's arithmetic (RMSNorm eps 1e-6, rotary tables in float, rotate_half,
+    repeat_kv, causal softmax attention, SwiGLU)."""
 
-    def loss_of(w, step):
-        tokens, targets = batch(data, step, B, S)
-        x = F.embedding(tokens, w["wte"])
-        for i in range(L):
-            p = f"layers.{i}.llama_block."
-            h = rms_norm(x, w[p + "rmsnorm.weight"], 1e-6)
-            q = (h @ w[p + "gqa_attention.wq"]).view(B, S, H, Dh).transpose(1, 2)
-            k = (h @ w[p + "gqa_attention.wk"]).view(B, S, K, Dh).transpose(1, 2)
-            v = (h @ w[p + "gqa_attention.wv"]).view(B, S, K, Dh).transpose(1, 2)
-            q = q * cos + rotate_half(q) * sin
-            k = k * cos + rotate_half(k) * sin
-            k = k.repeat_interleave(H // K, dim=1)  # Hugging Face's repeat_kv
-            v = v.repeat_interleave(H // K, dim=1)
-            scores = q @ k.transpose(-1, -2) * (1.0 / Dh ** 0.5)
+    def __init__(self, V, S, D, H, K, F_, L):
+        super().__init__()
+        nn = torch.nn
+        self.H, self.K, self.Dh = H, K, D // H
+        self.cos, self.sin = rope_tables(S, D // H, 10000.0)
+        self.model = nn.Module()
+        self.model.embed_tokens = nn.Embedding(V, D)
+        self.model.layers = nn.ModuleList()
+        for _ in range(L):
+            layer = nn.Module()
+            layer.input_layernorm, layer.post_attention_layernorm = nn.Module(), nn.Module()
+            layer.input_layernorm.weight = nn.Parameter(torch.ones(D))
+            layer.post_attention_layernorm.weight = nn.Parameter(torch.ones(D))
+            layer.self_attn, layer.mlp = nn.Module(), nn.Module()
+            layer.self_attn.q_proj = nn.Linear(D, H * self.Dh, bias=False)
+            layer.self_attn.k_proj = nn.Linear(D, K * self.Dh, bias=False)
+            layer.self_attn.v_proj = nn.Linear(D, K * self.Dh, bias=False)
+            layer.self_attn.o_proj = nn.Linear(H * self.Dh, D, bias=False)
+            layer.mlp.gate_proj = nn.Linear(D, F_, bias=False)
+            layer.mlp.up_proj = nn.Linear(D, F_, bias=False)
+            layer.mlp.down_proj = nn.Linear(F_, D, bias=False)
+            self.model.layers.append(layer)
+        self.model.norm = nn.Module()
+        self.model.norm.weight = nn.Parameter(torch.ones(D))
+        self.lm_head = nn.Linear(D, V, bias=False)
+
+    def forward(self, tokens):
+        B, S = tokens.shape
+        mask = torch.triu(torch.ones(S, S, dtype=torch.bool), diagonal=1)
+        x = self.model.embed_tokens(tokens)
+        for layer in self.model.layers:
+            a = layer.self_attn
+            h = rms_norm(x, layer.input_layernorm.weight, 1e-6)
+            q = a.q_proj(h).view(B, S, self.H, self.Dh).transpose(1, 2)
+            k = a.k_proj(h).view(B, S, self.K, self.Dh).transpose(1, 2)
+            v = a.v_proj(h).view(B, S, self.K, self.Dh).transpose(1, 2)
+            q = q * self.cos + rotate_half(q) * self.sin
+            k = k * self.cos + rotate_half(k) * self.sin
+            k = k.repeat_interleave(self.H // self.K, dim=1)  # Hugging Face's repeat_kv
+            v = v.repeat_interleave(self.H // self.K, dim=1)
+            scores = q @ k.transpose(-1, -2) * (1.0 / self.Dh ** 0.5)
             probs = torch.softmax(scores.masked_fill(mask, float("-inf")), dim=-1)
-            a = (probs @ v).transpose(1, 2).reshape(B, S, D)
-            x = x + a @ w[p + "gqa_attention.wo"]
-            h = rms_norm(x, w[p + "rmsnorm_1.weight"], 1e-6)
-            x = x + (F.silu(h @ w[p + "swiglu.w_gate"]) * (h @ w[p + "swiglu.w_up"])) @ w[p + "swiglu.w_down"]
-        x = rms_norm(x, w["rmsnorm.weight"], 1e-6)
-        return F.cross_entropy((x @ w["lm_head"]).reshape(-1, V), targets.reshape(-1))
+            x = x + a.o_proj((probs @ v).transpose(1, 2).reshape(B, S, self.H * self.Dh))
+            h = rms_norm(x, layer.post_attention_layernorm.weight, 1e-6)
+            x = x + layer.mlp.down_proj(F.silu(layer.mlp.gate_proj(h)) * layer.mlp.up_proj(h))
+        return self.lm_head(rms_norm(x, self.model.norm.weight, 1e-6))
 
+
+def fuse(hf):
+    """The same weights with fused projections (Phi-3's layout): qkv_proj = cat(q, k, v),
+    gate_up_proj = cat(gate, up) along the output dim."""
+    out = {}
+    for name, t in hf.items():
+        for parts, fused in ((("q_proj", "k_proj", "v_proj"), "qkv_proj"), (("gate_proj", "up_proj"), "gate_up_proj")):
+            if f".{parts[0]}." in name:
+                out[name.replace(parts[0], fused)] = torch.cat([hf[name.replace(parts[0], p)] for p in parts], 0)
+            if any(f".{p}." in name for p in parts):
+                break
+        else:
+            out[name] = t
+    return out
+
+
+def run_llama():
+    """examples/llama.plan from and to checkpoints under Hugging Face's Llama names, against
+    HFLlama trained by torch: the initial weights are HFLlama's state_dict() (written as
+    safetensors), the program loads them with --map stdlib/maps/hf_llama.map, and its --save
+    under the same map must load into a fresh HFLlama with load_state_dict(strict=True)."""
+    V, S, D, H, K, F_, L, B = 256, 32, 64, 4, 2, 176, 2, 8
+    ref = HFLlama(V, S, D, H, K, F_, L)
+    torch.manual_seed(0)
+    with torch.no_grad():  # N(1, 0.1) for the norm weights (so that their gradients matter), N(0, 0.02) else
+        for name, p in sorted(ref.named_parameters()):
+            one = name.endswith("norm.weight")
+            p.copy_((1.0 if one else 0.0) + (0.1 if one else 0.02) * torch.randn(p.shape))
+    init = {k: v.detach().clone() for k, v in ref.state_dict().items()}
+    hf_map, fused_map = f"{root}/stdlib/maps/hf_llama.map", f"{root}/stdlib/maps/hf_llama_fused.map"
     prog = build(f"{root}/examples/llama.plan", "single")
-    init = init_like(program_shapes(prog), ("rmsnorm.weight", "rmsnorm_1.weight"))
-    planc_losses, final = train_program(prog, init)
-    torch_losses, w = train_torch(init, loss_of, dict(lr=1e-3, betas=(0.9, 0.95), weight_decay=0.1, eps=1e-8))
-    report("Llama (examples/llama.plan: RoPE, GQA, SwiGLU, RMSNorm)", planc_losses, torch_losses, final, w)
+    planc_losses, final = train_program(prog, init, extra=["--map", hf_map])
+
+    opt = torch.optim.AdamW(ref.parameters(), lr=1e-3, betas=(0.9, 0.95), weight_decay=0.1, eps=1e-8)
+    torch_losses = []
+    for step in range(steps):
+        tokens, targets = batch(data, step, B, S)
+        opt.zero_grad()
+        loss = F.cross_entropy(ref(tokens).reshape(-1, V), targets.reshape(-1))
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(list(ref.parameters()), 1.0)
+        opt.step()
+        torch_losses.append(loss.item())
+    loaded = HFLlama(V, S, D, H, K, F_, L)
+    try:
+        loaded.load_state_dict(final, strict=True)
+        load_error = ""
+    except RuntimeError as e:
+        load_error = str(e).splitlines()[0]
+    report("Llama (examples/llama.plan: RoPE, GQA, SwiGLU, RMSNorm) from a Hugging Face LlamaForCausalLM state_dict "
+           "(--init with --map stdlib/maps/hf_llama.map)", planc_losses, torch_losses, loaded.state_dict(),
+           ref.state_dict())
+    check("planc's --save under --map hf_llama.map loads into the Hugging Face-layout module with "
+          "load_state_dict(strict=True): every name and [out, in] shape as torch.nn.Linear has it",
+          not load_error, load_error)
+
+    # fused q/k/v and gate/up (Phi-3's layout): the same run bit for bit, saved fused
+    fused_losses, fused_final = train_program(prog, fuse(init), extra=["--map", fused_map])
+    want = fuse(final)
+    same = fused_losses == planc_losses and set(fused_final) == set(want) and all(
+        torch.equal(fused_final[k], want[k]) for k in want)
+    check("a checkpoint with fused qkv_proj and gate_up_proj (--map hf_llama_fused.map) trains bit for bit like the "
+          "unfused one, and --save writes them fused again", same, f"{len(want)} tensors compared")
+
+    # sharded plans read their blocks of the transposed and fused tensors straight from the file
+    for plan, mapping, start in (("tp2", fused_map, fuse(init)), ("dp2_tp2_sp", hf_map, init),
+                                 ("zero3_dp4", hf_map, init)):
+        sharded = build(f"{root}/examples/llama.plan", plan)
+        world = 4 if plan != "tp2" else 2
+        losses, saved = train_program(sharded, start, extra=["--map", mapping], np=world)
+        want = fuse(final) if mapping == fused_map else final
+        worst = max(abs(a - b) / abs(b) for a, b in zip(losses, planc_losses))
+        wworst = max((saved[k] - want[k]).abs().max().item() for k in want) if set(saved) == set(want) else 1e9
+        check(f"Llama {plan} (-np {world}) from and to the Hugging Face checkpoint (--map "
+              f"{os.path.basename(mapping)}) against the single rank",
+              len(losses) == steps and worst <= 1e-5 and wworst <= 1e-4,
+              f"worst loss difference {worst:.2e} relative (1e-5), final weights {wworst:.2e} (1e-4)")
 
 
 def run_ops():
