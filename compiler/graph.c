@@ -907,7 +907,8 @@ static int list_items(Elab *e, Expr *x, Expr **items, int max, const char *fn)
 	}
 	for (Expr *i = x->items; i; i = i->next) {
 		if (n == max) {
-			elab_error(e, i->loc, "'%s' takes at most %d here", fn, max);
+			elab_error(e, i->loc, "'%s' takes at most %d %s here%s", fn, max, strcmp(fn, "concat") ? "items" : "tensors",
+				   strcmp(fn, "concat") ? "" : "; concatenate in steps (a concat of concats)");
 			return -1;
 		}
 		items[n++] = i;
@@ -1498,6 +1499,8 @@ static bool call_primitive(Elab *e, Scope *sc, const char *name, CallArgs *ca, E
 			shape_text(g, t, s2, sizeof s2);
 			elab_error(e, loc, "cross_entropy needs logits [.., V] and i32 targets [..], got %s and %s %s", s1,
 				   dtype_name(vt->dtype), s2);
+			diag_note_plain("the targets have the logits' dims but the last (the classes): per-sample labels "
+					"i32 [B] go with logits [B, C], so pool or select a position first (x[_, 0])");
 			return true;
 		}
 		int loss = graph_add_value(g, DT_F32, 0, NULL, NULL);
