@@ -1122,15 +1122,40 @@ void planrt_ckpt_save(planrt_ctx_t *ctx, const planrt_stage_t *stage, const char
 	free(done);
 }
 
-planrt_ckpt_t *planrt_ckpt_resume_open(const char *path, const planrt_program_t *prog)
+/* whether directory path holds no step-N entry at all (a --save-every directory nothing was saved
+ * into yet; what an unfinished save left was removed by planrt_ckpt_clean before) */
+static int holds_no_step(const char *path)
+{
+	DIR *d = opendir(path);
+	if (!d)
+		return 0;
+	int none = 1;
+	for (struct dirent *e; none && (e = readdir(d));)
+		none = strncmp(e->d_name, "step-", 5) != 0;
+	closedir(d);
+	return none;
+}
+
+planrt_ckpt_t *planrt_ckpt_resume_open(const char *path, const planrt_program_t *prog, int fresh_ok)
 {
 	int rank = planrt_world_rank_();
 	char dir[4096] = "", err[1024] = "";
 	char *text = NULL;
-	if (rank == 0 && !(text = planrt_ckpt_find(path, dir, sizeof dir, err, sizeof err)))
+	int fresh = 0;
+	if (rank == 0 && fresh_ok && holds_no_step(path)) {
+		fresh = 1;
+		fprintf(stderr, "planrt: note: --resume: '%s' holds no checkpoint yet; starting at step 0\n", path);
+	} else if (rank == 0 && !(text = planrt_ckpt_find(path, dir, sizeof dir, err, sizeof err))) {
 		planrt_fatal("%s", err);
+	}
+	(void)fresh;
 	char *d = broadcast_text(dir), *m = broadcast_text(text);
 	free(text);
+	if (!*m) { /* rank 0 found the directory fresh */
+		free(d);
+		free(m);
+		return NULL;
+	}
 	json_t *j = json_loads(m, 0, NULL);
 	const char *fp = json_string_value(json_object_get(j, "fingerprint"));
 	int exact = fp && prog->fingerprint && !strcmp(fp, prog->fingerprint) &&

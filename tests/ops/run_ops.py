@@ -223,6 +223,22 @@ for (model, a, b) in [("mlp", "dp2", "tp2"), ("mlp", "dp2", "zero3_dp4"), ("gpt"
 rc, err = run(prog, "--data", data, "--steps", "5", "--save-every", "1", f"{work}/keep", "--keep", "2")
 check("--keep 2 leaves the newest two", rc == 0 and steps_of(f"{work}/keep") == [4, 5], str(steps_of(f"{work}/keep")))
 
+# one job script for the first run and every restart: --resume DIR --save-every N DIR
+fresh = f"{work}/fresh"
+rc, err = run(prog, "--data", data, "--steps", "4", "--resume", fresh, "--save-every", "2", fresh, "--log",
+              f"{work}/fresh.jsonl")
+check("--resume DIR --save-every N DIR starts a first run", rc == 0 and "holds no checkpoint yet; starting at step 0"
+      in err and steps_of(fresh) == [2, 4], err[-300:] if rc else str(steps_of(fresh)))
+rc, err = run(prog, "--data", data, "--steps", "6", "--resume", fresh, "--save-every", "2", fresh, "--log",
+              f"{work}/fresh.jsonl")
+got = losses(f"{work}/fresh.jsonl")
+check("... and the same command line continues it", rc == 0 and "resumed at step 4" in err and
+      all(got.get(s) == base[s] for s in range(6)), err[-300:] if rc else f"{got} vs {base}")
+os.makedirs(f"{work}/not_every")
+rc, err = run(prog, "--data", data, "--steps", "2", "--resume", f"{work}/not_every")
+check("--resume of a directory without checkpoints (not the --save-every one) is refused",
+      rc != 0 and "holds no complete checkpoint" in err, err.strip().splitlines()[0][:160] if err.strip() else "")
+
 # ------------------------------------------------------------------ failures
 
 boom = f"{work}/boom.plan"
@@ -284,6 +300,8 @@ for name, args, pattern in [
         ("--save-every in a missing directory", ["--steps", "1", "--data", data, "--save-every", "1", f"{work}/no/such"],
          "cannot create the --save-every directory"),
         ("--save-every is a file", ["--steps", "1", "--data", data, "--save-every", "1", f"{work}/afile"], "is not a directory"),
+        ("--max-skips (no plan skips steps yet)", ["--steps", "1", "--data", data, "--max-skips", "3"],
+         "--max-skips applies to fp16 plans with dynamic loss scaling"),
         ("--resume and --init", ["--steps", "1", "--data", data, "--resume", ck, "--init", f"{work}/kill.st"],
          "--resume and --init"),
         ("--resume of another model", ["--steps", "6", "--data", data, "--resume", ckdirs[("gpt", "pp2")]], "of model 'gpt'")]:
