@@ -89,6 +89,10 @@ const planrt_program_t *planrt_program_(void);
 int64_t planrt_param_block_(int param, int64_t *offs);
 int planrt_param_writes_(int param, int shard_axis);
 
+/* PROG --reshard SRC OUT, planc reshard: the checkpoint SRC (any plan of the model) rewritten into
+ * OUT/step-N as this program's plan lays it out, by one process without MPI playing each rank in
+ * turn (checkpoint.c). 0, or the process ends with the cause. */
+int planrt_ckpt_reshard(const planrt_program_t *prog, const char *src, const char *out);
 /* Rank-local state read back only when the checkpoint's plan is this one; else skipped (a note). */
 int planrt_ckpt_exact(const planrt_ckpt_t *c);
 /* PLANRT_TEST_PAUSE (a test hook): "checkpoint:STEP" pauses every rank of the save of step STEP

@@ -82,6 +82,8 @@ typedef struct options {
 	int seed_given;
 	const char *data, *init, *save, *log;
 	const char *save_every_dir, *resume, *trace;
+	const char *reshard_from, *reshard_to; /* --reshard SRC OUT */
+	int nother;                            /* options other than --reshard given */
 	int64_t save_every, keep, eval_every, eval_batches, max_skips;
 	int help;
 	char error[512]; /* the first usage error, reported after planrt_init */
@@ -164,6 +166,21 @@ static void parse_options(int argc, char **argv, options_t *o)
 		int numeric = !strcmp(a, "--steps") || !strcmp(a, "--seed") || !strcmp(a, "--keep") ||
 			      !strcmp(a, "--eval-every") || !strcmp(a, "--eval-batches") || !strcmp(a, "--max-skips");
 		int pair = !strcmp(a, "--save-every"); /* N DIR */
+		int reshard = !strcmp(a, "--reshard"); /* SRC OUT */
+		if (!reshard)
+			o->nother++;
+		if (reshard) {
+			if (i + 2 >= argc || !strncmp(argv[i + 1], "--", 2) || !strncmp(argv[i + 2], "--", 2)) {
+				set_error(o, "missing values after --reshard (--reshard CHECKPOINT OUT_DIR)");
+				i = argc;
+				continue;
+			}
+			o->reshard_from = argv[++i];
+			o->reshard_to = argv[++i];
+			if (!*o->reshard_from || !*o->reshard_to)
+				set_error(o, "--reshard needs a checkpoint and an output directory, not an empty value");
+			continue;
+		}
 		if (!text && !numeric && !pair) {
 			set_error(o, "unknown option %s", a);
 			continue;
@@ -209,7 +226,9 @@ static void parse_options(int argc, char **argv, options_t *o)
 			o->seed_given = 1;
 		}
 	}
-	if (!o->help && !o->error[0] && (o->steps < 0 || !o->data))
+	if (!o->help && !o->error[0] && o->reshard_from && o->nother)
+		set_error(o, "--reshard CHECKPOINT OUT_DIR takes no other option (it trains nothing)");
+	if (!o->help && !o->error[0] && !o->reshard_from && (o->steps < 0 || !o->data))
 		set_error(o, "--steps and --data are required");
 	if (!o->help && !o->error[0] && o->keep && !o->save_every_dir)
 		set_error(o, "--keep needs --save-every N DIR (it keeps the newest K checkpoints there)");
@@ -270,6 +289,9 @@ static void print_help(const char *prog_name, const planrt_program_t *p)
 	       "  --keep K              keep the newest K checkpoints in DIR (default: all)\n"
 	       "  --resume DIR          continue from the newest complete checkpoint in DIR (or DIR/step-K): bit\n"
 	       "                        for bit under the plan that wrote it, resharded under another plan\n"
+	       "  --reshard CKPT OUT    no training: the checkpoint CKPT (a --save-every directory or a step-N\n"
+	       "                        of any plan of this model) rewritten into OUT/step-N as this plan holds it;\n"
+	       "                        one process, without mpirun; then --resume OUT (planc reshard does the same)\n"
 	       "  --trace T.json        a Chrome-trace / Perfetto timeline of every rank (compute, collectives,\n"
 	       "                        transfers, waits)\n"
 	       "  --eval-every N        every N steps, the loss on held-out data (the last tenth of the tokens,\n"
@@ -1299,10 +1321,17 @@ static int64_t check_resume(planrt_ckpt_t *c, const planrt_program_t *p, const o
 		planrt_fatal("--resume: the checkpoint of plan %s (sync local_sgd) holds each replica's own state, which "
 			     "only the same plan can read; resume it with plan %s",
 			     plan, plan);
-	if (rank == 0 && !exact) {
+	const char *from = json_string_value(json_object_get(json_object_get(m, "resharded_from"), "plan"));
+	if (rank == 0 && !exact && from && !strcmp(plan, p->plan ? p->plan : "?"))
+		fprintf(stderr, "planrt: note: the checkpoint was resharded offline from plan %s into this plan %s; the run "
+				"continues as resuming plan %s's checkpoint here would, equal up to float rounding to plan %s "
+				"continuing\n",
+			from, plan, from, from);
+	else if (rank == 0 && !exact)
 		fprintf(stderr, "planrt: note: resharding the checkpoint of plan %s (%s) into plan %s; the run continues "
 				"equal up to float rounding, not bit for bit\n",
 			plan, json_string_value(json_object_get(m, "fingerprint")) ?: "?", p->plan);
+	if (rank == 0 && !exact) {
 		if (json_array_size(json_object_get(m, "local")))
 			fprintf(stderr, "planrt: note: the rank-local state of plan %s (gradient compression's error feedback) "
 					"restarts from zero under plan %s\n",
@@ -1378,6 +1407,16 @@ int planrt_main(int argc, char **argv, const planrt_program_t *program)
 		if (launcher_rank0())
 			print_help(prog_name, program);
 		return 0;
+	}
+
+	/* --reshard: one process, no MPI (the ranks are played in turn) */
+	if (opt.reshard_from && opt.error[0])
+		planrt_fatal("%s; usage: %s --reshard CHECKPOINT OUT_DIR", opt.error, prog_name);
+	if (opt.reshard_from) {
+		prog = program;
+		int rc = planrt_ckpt_reshard(program, opt.reshard_from, opt.reshard_to);
+		prog = NULL;
+		return rc;
 	}
 
 	/* 1. the world and the mesh */
