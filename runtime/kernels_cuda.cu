@@ -784,6 +784,49 @@ void planrt_cu_k_ce_grad_f32(const float *logits, const int32_t *targets, const 
 	LAUNCH(ce_grad_kernel, n, stream, logits, targets, lse, cols, vocab_lo, dscale, factor, dlogits, n);
 }
 
+/* Labels: the first one outside [0, classes) (its flat index, by atomicMin), read back on the host;
+ * a bad label ends the run with the CPU's message (planrt_check_labels on a host copy), before the
+ * cross-entropy that follows it runs. One 8-byte read per call: the labels are checked every step as
+ * on the CPU. */
+__global__ static void check_labels_kernel(const int32_t *labels, int64_t n, int64_t classes,
+					   unsigned long long *first_bad)
+{
+	GRID_STRIDE(i, n)
+	{
+		if (labels[i] < 0 || labels[i] >= classes)
+			atomicMin(first_bad, (unsigned long long)i);
+	}
+}
+
+void planrt_cu_check_labels(const int32_t *labels, int rank, const int64_t *ldims, const int64_t *offs,
+			    int64_t classes, const char *what, int64_t step, int stream)
+{
+	static unsigned long long *first_bad, *host_first_bad;
+	int64_t n = 1;
+	for (int d = 0; d < rank; d++)
+		n *= ldims[d];
+	if (n <= 0)
+		return;
+	if (!first_bad) {
+		planrt_cu_check_(cudaMalloc(&first_bad, sizeof *first_bad), "cudaMalloc");
+		planrt_cu_check_(cudaMallocHost(&host_first_bad, sizeof *host_first_bad), "cudaMallocHost");
+	}
+	cudaStream_t s = planrt_cu_stream(stream);
+	planrt_cu_check_(cudaMemsetAsync(first_bad, 0xff, sizeof *first_bad, s), "cudaMemsetAsync");
+	LAUNCH(check_labels_kernel, n, stream, labels, n, classes, first_bad);
+	planrt_cu_check_(cudaMemcpyAsync(host_first_bad, first_bad, sizeof *first_bad, cudaMemcpyDeviceToHost, s),
+			 "cudaMemcpyAsync");
+	planrt_cu_check_(cudaStreamSynchronize(s), "checking the labels (cudaStreamSynchronize)");
+	if (*host_first_bad == ~0ull)
+		return;
+	int32_t *copy = (int32_t *)malloc(sizeof(int32_t) * (size_t)n);
+	if (!copy)
+		planrt_fatal("out of memory reading back %lld labels", (long long)n);
+	planrt_cu_check_(cudaMemcpy(copy, labels, sizeof(int32_t) * (size_t)n, cudaMemcpyDeviceToHost), "cudaMemcpy");
+	planrt_check_labels(copy, rank, ldims, offs, classes, what, step); /* reports and ends the run */
+	free(copy);
+}
+
 /* ------------------------------------------------------------------ fills, casts, sums */
 
 __global__ static void fill_kernel(void *dst, int64_t n, int t, double value, uint16_t half, int32_t i32)

@@ -97,6 +97,8 @@ void planrt_cu_k_embed_grad_f32(const int32_t *ids, const float *dy, float *dtab
 void planrt_cu_cross_entropy_f32(const float *logits, const int32_t *targets, float *loss, float *lse, int64_t rows,
 				 int64_t cols, int64_t vocab_lo, double scale, planrt_comm_t vocab_comm, void *scratch,
 				 int stream);
+void planrt_cu_check_labels(const int32_t *labels, int rank, const int64_t *ldims, const int64_t *offs,
+			    int64_t classes, const char *what, int64_t step, int stream);
 void planrt_cu_k_ce_grad_f32(const float *logits, const int32_t *targets, const float *lse, int64_t rows, int64_t cols,
 			     int64_t vocab_lo, const float *dscale, double factor, float *dlogits, int stream);
 void planrt_cu_slice_dim(const void *in, void *out, int rank, const int64_t *dims, int dim, planrt_dtype_t t,
