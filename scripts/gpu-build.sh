@@ -5,6 +5,9 @@
 #
 #   scripts/gpu-build.sh RUNTIME_DIR LIB_DIR  PROG_DIR OUT [PROG_DIR OUT ...]
 #
+# (a PROG_DIR that is a .cu file is compiled as a program of its own, linked with cuBLAS: the GEMM
+# benchmark of scripts/gpu-check.sh)
+#
 # RUNTIME_DIR holds planrt's sources (runtime/ of the repository). planrt and planrt_cuda are compiled
 # once into LIB_DIR (kept: a second call reuses them) for ONE process: runtime/standalone/mpi.h
 # stands in for MPI (a world of one rank; the program runs without mpirun) and runtime/standalone/
@@ -36,21 +39,16 @@ CC=${CC:-cc}
 GENCODE=${GPU_ARCHS:-"arch=compute_80,code=[sm_80,sm_90,compute_80]"}
 
 # a library's include/ and lib/ directories: the toolkit's, a Python wheel's, or DIR from the environment
-wheel_dir() { # wheel_dir MODULE: the directory of the Python package nvidia.MODULE, if any
+wheel_dirs() { # the directories under Python's nvidia/ wheels that hold include/HEADER (PyTorch's CUDA libraries)
 	command -v python3 >/dev/null || return 0
-	python3 - "$1" <<'PY' 2>/dev/null || true
-import importlib, os, sys
-try:
-    m = importlib.import_module("nvidia." + sys.argv[1])
-    d = list(m.__path__)[0]
-    print(d)
-except Exception:
-    pass
-PY
+	local sp
+	for sp in $(python3 -c 'import site, sys; print(" ".join(site.getsitepackages() + [site.getusersitepackages()] + sys.path))' 2>/dev/null); do
+		[ -d "$sp/nvidia" ] && find "$sp/nvidia" -maxdepth 4 -path "*/include/$1" 2>/dev/null | sed "s|/include/$1\$||"
+	done | sort -u
 }
 find_lib() { # find_lib NAME HEADER SONAME_GLOB ENV_DIR -> sets ${NAME}_INC and ${NAME}_LIB (a file)
 	local name=$1 header=$2 glob=$3 envdir=$4 d inc= lib=
-	for d in "$envdir" "$CUDA_HOME" "$CUDA_HOME/targets/x86_64-linux" /usr /usr/local "$(wheel_dir "${name,,}")"; do
+	for d in "$envdir" "$CUDA_HOME" "$CUDA_HOME/targets/x86_64-linux" /usr /usr/local $(wheel_dirs "$header"); do
 		[ -n "$d" ] || continue
 		if [ -f "$d/include/$header" ]; then
 			for l in "$d"/lib64/$glob "$d"/lib/$glob "$d"/lib/x86_64-linux-gnu/$glob; do
@@ -73,14 +71,21 @@ CUDART_A=
 for l in "$CUDA_HOME"/lib64/libcudart_static.a "$CUDA_HOME"/targets/x86_64-linux/lib/libcudart_static.a; do
 	[ -f "$l" ] && { CUDART_A=$l; break; }
 done
-[ -n "$CUDART_A" ] || { echo "gpu-build: no libcudart_static.a in $CUDA_HOME" >&2; exit 1; }
+if [ -z "$CUDART_A" ]; then # the shared runtime then (still never libcuda)
+	echo "gpu-build: no libcudart_static.a in $CUDA_HOME: linking the shared CUDA runtime" >&2
+	CUDART_A="-L$CUDA_HOME/lib64 -L$CUDA_HOME/targets/x86_64-linux/lib -lcudart"
+fi
 JANSSON_INC=/usr/include JANSSON_A=/usr/lib/x86_64-linux-gnu/libjansson.a
 if [ -n "${JANSSON_DIR:-}" ]; then JANSSON_INC=$JANSSON_DIR/include JANSSON_A=$JANSSON_DIR/lib/libjansson.a; fi
 [ -f "$JANSSON_INC/jansson.h" ] && [ -f "$JANSSON_A" ] || {
 	echo "gpu-build: jansson not found ($JANSSON_INC/jansson.h, $JANSSON_A): set JANSSON_DIR" >&2; exit 1; }
 
 # standalone/ first: its mpi.h and cblas.h are the one-process MPI and the plain GEMM
-INCS=(-I"$RT/standalone" -I"$RT" -I"$JANSSON_INC" -isystem "$CUDA_HOME/include" -isystem "$CUBLAS_INC" -isystem "$NCCL_INC")
+# (never -isystem /usr/include: it reorders the system directories and breaks libstdc++'s #include_next)
+INCS=(-I"$RT/standalone" -I"$RT")
+for d in "$JANSSON_INC" "$CUDA_HOME/include" "$CUBLAS_INC" "$NCCL_INC"; do
+	case "$d" in /usr/include | /usr/local/include) ;; *) INCS+=(-isystem "$d") ;; esac
+done
 CFLAGS=(-std=gnu11 -O2 -fPIC -Wall -Wno-unused-parameter -Wno-unused-function "${INCS[@]}")
 NVFLAGS=(-std=c++17 -O2 -gencode "$GENCODE" -Xcompiler=-fPIC,-Wall "${INCS[@]}")
 
@@ -108,12 +113,18 @@ if [ $stale = 1 ]; then
 	printf 'gpu-build: planrt (one process) + planrt_cuda: %.1f s\n' "$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN{print b-a}')"
 fi
 
-LINK=("$ARCHIVE" "$JANSSON_A" "$CUBLAS_LIB" ${CUBLASLT_LIB:+"$CUBLASLT_LIB"} "$NCCL_LIB" "$CUDART_A"
+LINK=("$ARCHIVE" "$JANSSON_A" "$CUBLAS_LIB" ${CUBLASLT_LIB:+"$CUBLASLT_LIB"} "$NCCL_LIB" $CUDART_A
       -Wl,-rpath,"$(dirname "$CUBLAS_LIB")" -Wl,-rpath,"$(dirname "$NCCL_LIB")" -ldl -lrt -lpthread -lstdc++ -lm)
 while [ $# -gt 0 ]; do
 	src=$1 out=$2
 	shift 2
 	t0=$(date +%s.%N)
+	if [ -f "$src" ] && [ "${src%.cu}" != "$src" ]; then # a program of its own (a benchmark): nvcc, cuBLAS
+		"$NVCC" "${NVFLAGS[@]}" "$src" -o "$out" "$CUBLAS_LIB" ${CUBLASLT_LIB:+"$CUBLASLT_LIB"} \
+			-Xlinker -rpath -Xlinker "$(dirname "$CUBLAS_LIB")"
+		printf 'gpu-build: %s: %.1f s\n' "$out" "$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN{print b-a}')"
+		continue
+	fi
 	obj=$(mktemp -d)
 	"$NVCC" "${NVFLAGS[@]}" -I"$src" -c "$src/kernels.cu" -o "$obj/kernels.o"
 	"$CC" "${CFLAGS[@]}" -O1 -I"$src" -c "$src/prog.c" -o "$obj/prog.o"
