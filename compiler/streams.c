@@ -196,8 +196,15 @@ static void schedule_call(LProg *p, const int *members, int n, int ns)
 	int *cur = malloc(sizeof(int) * (size_t)ns * (size_t)ns); /* each stream's clock after its last kernel */
 	int *last = malloc(sizeof(int) * (size_t)ns);             /* each stream's last member (position) */
 	int *want = malloc(sizeof(int) * (size_t)ns);
-	if (!vc || !cur || !last || !want)
+	int **on = calloc((size_t)ns, sizeof(int *)); /* [stream]: its members' positions, in order */
+	int *non = calloc((size_t)ns, sizeof(int));
+	if (!vc || !cur || !last || !want || !on || !non)
 		ICE("out of memory");
+	for (int j = 0; j < n; j++) {
+		int s = p->k[members[j]].stream;
+		if (!on[s] && !(on[s] = malloc(sizeof(int) * (size_t)n)))
+			ICE("out of memory");
+	}
 	for (int s = 0; s < ns * ns; s++)
 		cur[s] = NONE;
 	for (int s = 0; s < ns; s++) {
@@ -214,15 +221,18 @@ static void schedule_call(LProg *p, const int *members, int n, int ns)
 		for (int s = 0; s < ns && sj != STREAM_HOST; s++)
 			if (cur[STREAM_HOST * ns + s] > clock[s])
 				clock[s] = cur[STREAM_HOST * ns + s];
-		for (int s = 0; s < ns; s++)
+		/* want[s]: the latest kernel of stream s not known complete that k conflicts with; each
+		 * stream's members are walked from its latest back to its clock, so a phase call of many
+		 * kernels on one stream costs no scan of them all per kernel */
+		for (int s = 0; s < ns; s++) {
 			want[s] = NONE;
-		for (int i = j - 1; i >= 0; i--) {
-			const Kernel *o = &p->k[members[i]];
-			int si = o->stream;
-			if (si == sj || si == STREAM_HOST || want[si] != NONE || clock[si] >= i)
+			if (s == sj || s == STREAM_HOST)
 				continue;
-			if (conflict(p, o, k))
-				want[si] = i;
+			for (int x = non[s] - 1; x >= 0 && on[s][x] > clock[s]; x--)
+				if (conflict(p, &p->k[members[on[s][x]]], k)) {
+					want[s] = on[s][x];
+					break;
+				}
 		}
 		int nw = 0;
 		int *waits = arena_alloc(a, sizeof(int) * (size_t)(ns + 1));
@@ -246,6 +256,7 @@ static void schedule_call(LProg *p, const int *members, int n, int ns)
 		k->nwaits = nw;
 		memcpy(&cur[sj * ns], clock, sizeof(int) * (size_t)ns);
 		last[sj] = j;
+		on[sj][non[sj]++] = j;
 	}
 	/* the exit: compute waits for each side stream's last kernel no request tracks */
 	int *end = &cur[STREAM_COMPUTE * ns];
@@ -265,6 +276,10 @@ static void schedule_call(LProg *p, const int *members, int n, int ns)
 			break;
 		}
 	}
+	for (int s = 0; s < ns; s++)
+		free(on[s]);
+	free(on);
+	free(non);
 	free(vc);
 	free(cur);
 	free(last);
