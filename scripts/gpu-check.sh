@@ -8,9 +8,10 @@
 # 1. builds planrt for one process and the two CUDA programs the bundle holds the sources of
 #    (gpu-build.sh: nvcc sm_80 + sm_90 + PTX, cuBLAS, NCCL, the static CUDA runtime), and the
 #    cuBLAS bf16 GEMM benchmark;
-# 2. trains examples/gpt.plan `single` (f32, TF32 off, dropout 0.1) 20 steps and compares every
-#    step's loss with the CPU program's, computed on the build machine (bundle/cpu_single.jsonl):
-#    1e-4 relative;
+# 2. trains each program of bundle/compare/ (examples/gpt.plan `single`: f32, TF32 off, dropout
+#    0.1; llama `single`: RoPE, RMS norm, SwiGLU; bert `single_nodropout`: a data set, the [CLS]
+#    narrow) 20 steps and compares every step's loss with the CPU program's, computed on the build
+#    machine (compare/NAME/cpu.jsonl): 1e-4 relative;
 # 3. measures the bf16 GEMM rate with cuBLAS (8192^3), then times bench/gpu/gpt350m.plan (355M
 #    parameters, bf16, batch 8 x 1024): tokens/s and MFU = model FLOPs per step (planc explain) /
 #    step time / the measured GEMM rate; its device memory against planc explain's (the arena and
@@ -37,12 +38,17 @@ python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.versio
 
 section "build"
 t0=$(date +%s)
-if NVCC=$NVCC bash "$DIR/gpu-build.sh" "$DIR/runtime" "$W/lib" "$DIR/gpt_single" "$W/gpt_single" \
+pairs=()
+for c in "$DIR"/compare/*/; do
+	c=${c%/}
+	pairs+=("$c" "$W/$(basename "$c")")
+done
+if NVCC=$NVCC bash "$DIR/gpu-build.sh" "$DIR/runtime" "$W/lib" "${pairs[@]}" \
 	"$DIR/gpt350m" "$W/gpt350m" "$DIR/gemm_rate.cu" "$W/gemm_rate"; then
 	verdict 0 "built the CUDA programs in $(( $(date +%s) - t0 )) s"
 else
 	verdict 1 "building the CUDA programs"
-	if [ -x "$DIR/prebuilt/gpt_single" ]; then
+	if [ -x "$DIR/prebuilt/gpt350m" ]; then
 		echo "using the programs built on the build machine (bundle/prebuilt) for the rest"
 		cp "$DIR"/prebuilt/* "$W"/
 		# their cuBLAS and NCCL: wherever this machine has them
@@ -54,20 +60,23 @@ else
 		exit 1
 	fi
 fi
-ls -la "$W/gpt_single" "$W/gpt350m" "$W/gemm_rate" 2>&1
+ls -la "${pairs[@]:1:1}" "$W/gpt350m" "$W/gemm_rate" 2>&1
 
 if [ "${1:-}" = "--build-only" ] || ! nvidia-smi -L >/dev/null 2>&1; then
 	section "no GPU: each program says so in one line"
-	"$W/gpt_single" --steps 1 --data "$DIR/corpus.txt"
+	"$W/gpt350m" --steps 1 --data "$DIR/corpus.txt"
 	rc=$?
 	[ $rc != 0 ] && verdict 0 "the program refused to start without a GPU (status $rc)" || verdict 1 "ran without a GPU?"
 	exit $fail
 fi
 
-section "examples/gpt.plan single: 20 steps on the GPU against the CPU program (f32, TF32 off)"
-rm -f "$W/gpu_single.jsonl"
-"$W/gpt_single" --steps 20 --data "$DIR/corpus.txt" --log "$W/gpu_single.jsonl" 2>&1 | tail -3
-python3 - "$DIR/cpu_single.jsonl" "$W/gpu_single.jsonl" <<'PY'
+for c in "$DIR"/compare/*/; do
+	c=${c%/}
+	name=$(basename "$c")
+	section "$(cat "$c/what"): 20 steps on the GPU against the CPU program (f32, TF32 off)"
+	rm -f "$W/$name.jsonl"
+	"$W/$name" --steps 20 --data "$DIR/$(cat "$c/data")" --log "$W/$name.jsonl" 2>&1 | tail -2
+	python3 - "$c/cpu.jsonl" "$W/$name.jsonl" <<'PY'
 import json, sys
 cpu = [json.loads(l)["loss"] for l in open(sys.argv[1])]
 try:
@@ -81,7 +90,8 @@ for i, (c, g) in enumerate(zip(cpu, gpu)):
 print(f"  {len(gpu)} of {len(cpu)} steps, worst relative difference {worst:.2e}")
 sys.exit(0 if len(gpu) == len(cpu) == 20 and worst <= 1e-4 else 1)
 PY
-verdict $? "GPU losses equal the CPU program's within 1e-4 relative over 20 steps"
+	verdict $? "$(cat "$c/what"): GPU losses equal the CPU program's within 1e-4 relative over 20 steps"
+done
 
 section "cuBLAS bf16 GEMM rate (8192^3, random data)"
 gemm_line=$("$W/gemm_rate" 8192 8192 8192)
