@@ -196,15 +196,22 @@ static void schedule_call(LProg *p, const int *members, int n, int ns)
 	int *cur = malloc(sizeof(int) * (size_t)ns * (size_t)ns); /* each stream's clock after its last kernel */
 	int *last = malloc(sizeof(int) * (size_t)ns);             /* each stream's last member (position) */
 	int *want = malloc(sizeof(int) * (size_t)ns);
-	int **on = calloc((size_t)ns, sizeof(int *)); /* [stream]: its members' positions, in order */
-	int *non = calloc((size_t)ns, sizeof(int));
-	if (!vc || !cur || !last || !want || !on || !non)
+	/* the call's positions grouped by stream, in program order (start[s]: where stream s's begin;
+	 * seen[s]: how many of them come before the kernel being scheduled) */
+	int *start = calloc((size_t)ns + 1, sizeof(int));
+	int *seen = calloc((size_t)ns, sizeof(int));
+	int *on_stream = malloc(sizeof(int) * (size_t)(n ? n : 1));
+	if (!vc || !cur || !last || !want || !start || !seen || !on_stream)
 		ICE("out of memory");
+	for (int j = 0; j < n; j++)
+		start[p->k[members[j]].stream + 1]++;
+	for (int s = 0; s < ns; s++)
+		start[s + 1] += start[s];
 	for (int j = 0; j < n; j++) {
 		int s = p->k[members[j]].stream;
-		if (!on[s] && !(on[s] = malloc(sizeof(int) * (size_t)n)))
-			ICE("out of memory");
+		on_stream[start[s] + seen[s]++] = j;
 	}
+	memset(seen, 0, sizeof(int) * (size_t)ns);
 	for (int s = 0; s < ns * ns; s++)
 		cur[s] = NONE;
 	for (int s = 0; s < ns; s++) {
@@ -221,18 +228,22 @@ static void schedule_call(LProg *p, const int *members, int n, int ns)
 		for (int s = 0; s < ns && sj != STREAM_HOST; s++)
 			if (cur[STREAM_HOST * ns + s] > clock[s])
 				clock[s] = cur[STREAM_HOST * ns + s];
-		/* want[s]: the latest kernel of stream s not known complete that k conflicts with; each
-		 * stream's members are walked from its latest back to its clock, so a phase call of many
-		 * kernels on one stream costs no scan of them all per kernel */
+		/* on each other device stream, the latest earlier kernel not yet known complete that
+		 * conflicts with k: only that stream's kernels after its clock are looked at, so the
+		 * work grows with the side streams' kernels, not with the call's length squared */
 		for (int s = 0; s < ns; s++) {
 			want[s] = NONE;
 			if (s == sj || s == STREAM_HOST)
 				continue;
-			for (int x = non[s] - 1; x >= 0 && on[s][x] > clock[s]; x--)
-				if (conflict(p, &p->k[members[on[s][x]]], k)) {
-					want[s] = on[s][x];
+			for (int t = seen[s] - 1; t >= 0; t--) {
+				int i = on_stream[start[s] + t];
+				if (clock[s] >= i)
+					break;
+				if (conflict(p, &p->k[members[i]], k)) {
+					want[s] = i;
 					break;
 				}
+			}
 		}
 		int nw = 0;
 		int *waits = arena_alloc(a, sizeof(int) * (size_t)(ns + 1));
@@ -256,7 +267,7 @@ static void schedule_call(LProg *p, const int *members, int n, int ns)
 		k->nwaits = nw;
 		memcpy(&cur[sj * ns], clock, sizeof(int) * (size_t)ns);
 		last[sj] = j;
-		on[sj][non[sj]++] = j;
+		seen[sj]++;
 	}
 	/* the exit: compute waits for each side stream's last kernel no request tracks */
 	int *end = &cur[STREAM_COMPUTE * ns];
@@ -276,14 +287,13 @@ static void schedule_call(LProg *p, const int *members, int n, int ns)
 			break;
 		}
 	}
-	for (int s = 0; s < ns; s++)
-		free(on[s]);
-	free(on);
-	free(non);
 	free(vc);
 	free(cur);
 	free(last);
 	free(want);
+	free(start);
+	free(seen);
+	free(on_stream);
 }
 
 /* A matmul whose operands are both written, in its phase call, by casts from bf16 to f32. */
