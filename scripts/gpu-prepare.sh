@@ -24,6 +24,7 @@ B=$(cd "$B" && pwd)
 cp "$ROOT"/runtime/*.c "$ROOT"/runtime/*.cu "$ROOT"/runtime/*.h "$B/runtime/"
 cp "$ROOT"/runtime/standalone/*.h "$B/runtime/standalone/"
 cp "$ROOT/scripts/gpu-build.sh" "$ROOT/scripts/gpu-check.sh" "$ROOT/bench/gpu/gemm_rate.cu" "$ROOT/bench/gpu/torch_gpt.py" \
+	"$ROOT/bench/gpu/profile.sh" \
 	"$ROOT/data/corpus.txt" "$B/"
 cp /usr/include/jansson.h /usr/include/jansson_config.h "$B/jansson/include/"
 cp /usr/lib/x86_64-linux-gnu/libjansson.a "$B/jansson/lib/"
