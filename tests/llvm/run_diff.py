@@ -55,7 +55,9 @@ def listed_plans():
             plans = ast.literal_eval(node.value)
             out = []
             for model, entries in plans.items():
-                names = ["single"] + [n for e in entries for n in e.split(":")]
+                # the reference: "single", unless every entry names its own (PLAN:REF)
+                refs = ["single"] if any(":" not in e for e in entries) else []
+                names = refs + [n for e in entries for n in e.split(":")]
                 out += [(model, n) for n in dict.fromkeys(names)]
             return out
     raise SystemExit("tests/equiv/run_equiv.py has no PLANS dict")
