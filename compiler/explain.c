@@ -1014,7 +1014,7 @@ static void moe_text(FILE *out, const Report *rep)
 	fprintf(out, "mixture of experts: %d layer%s\n", n, n == 1 ? "" : "s");
 	for (int i = 0; i < n; i++) {
 		const MoeLayer *m = &ms[i];
-		fprintf(out, "  %s: %lld experts, top %lld%s, ", m->router->scope ? m->router->scope : "moe", m->experts,
+		fprintf(out, "  %s: %lld experts, top %lld%s, ", m->router->scope && *m->router->scope ? m->router->scope : "(model)", m->experts,
 			m->top_k, m->router->moe_normalize ? " (gates normalised)" : "");
 		if (m->capacity)
 			fprintf(out, "capacity %lld pairs per expert and sample of %lld tokens (dropped pairs pass through), ",

@@ -1528,6 +1528,18 @@ static bool call_primitive(Elab *e, Scope *sc, const char *name, CallArgs *ca, E
 		}
 		const Value *vl = &g->vals[l];
 		long long E = vl->dim[vl->rank - 1];
+		if (e->ps->has_experts && e->ps->expert_count && e->ps->expert_count != E) {
+			if (!e->failed) {
+				diag_error(e->ps->src, e->ps->expert_count_loc,
+					   "experts count = %d does not match the model's %lld experts", e->ps->expert_count, E);
+				diag_note(e->src, loc, "this router chooses among %lld experts", E);
+				diag_note_plain("the number of experts is the model's: set it through the model's "
+						"hyperparameters (plan %s for %s(...)), or leave count out",
+						e->ps->plan->name, e->ps->model->name);
+			}
+			e->failed = true;
+			return true;
+		}
 		if (k < 1 || k > (double)E || k != floor(k)) {
 			elab_error(e, loc, "top_k = %g must be a whole number between 1 and the %lld experts", k, E);
 			return true;
@@ -2252,6 +2264,15 @@ Graph *graph_build(PlanSpec *ps)
 	for (int i = 0; i < nops; i++) {
 		if (g->ops[i].kind != OP_MOE_AUX_LOSS && g->ops[i].kind != OP_MOE_Z_LOSS)
 			continue;
+		for (int j = 0; j < nops; j++) /* used in an expression (or as the loss), it would count twice */
+			for (int k = 0; k < g->ops[j].nin + (j == i); k++)
+				if ((k == g->ops[j].nin ? g->loss : g->ops[j].in[k]) == g->ops[i].out[0] && g->ops[j].src) {
+					const char *what = g->ops[i].kind == OP_MOE_AUX_LOSS ? "moe_aux_loss" : "moe_z_loss";
+					diag_error(g->ops[j].src, g->ops[j].loc, "%s's value is used in an expression", what);
+					diag_note_plain("the compiler adds every %s (times its weight) to the model's loss by itself: "
+							"write aux = %s(route, weight = ..) and leave the value unused", what, what);
+					return NULL;
+				}
 		int total = graph_add_value(g, DT_F32, 0, NULL, NULL);
 		int in[2] = {g->loss, g->ops[i].out[0]};
 		int o = graph_add_op(g, OP_ADD, 2, in, 1, &total);

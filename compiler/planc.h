@@ -355,7 +355,7 @@ typedef struct PlanSpec {
 	int expert_count; /* 0 = take the model's */
 	int top_k;
 	double capacity_factor;
-	Loc experts_loc;
+	Loc experts_loc, expert_count_loc; /* the statement; its count value (graph.c checks it) */
 } PlanSpec;
 
 Item *find_item(Program *p, ItemKind kind, const char *name, const Module *from);

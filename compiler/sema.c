@@ -2706,8 +2706,10 @@ static void plan_experts(PlanCtx *pc, PlanStmt *st, Expr **count_e, Expr **topk_
 			if (plan_int(pc, pc->src, a->value, "count", &n)) {
 				if (n < 1 || n > 1 << 20)
 					diag_error(pc->src, a->value->loc, "count must be at least 1, not %lld", n);
-				else
+				else {
 					ps->expert_count = (int)n;
+					ps->expert_count_loc = a->value->loc;
+				}
 			}
 			break;
 		case 1:
@@ -3006,17 +3008,10 @@ static void check_experts(PlanCtx *pc, Expr *count_e, Expr *topk_e)
 		diag_note_plain("experts configures moe_router / moe_dispatch / moe_combine (e.g. nn.moe_block); remove it");
 		return;
 	}
-	HyperValue *E = find_hyper(pc, "E");
+	/* the count against the model's routers: graph.c, which knows their expert dims whatever the
+	 * model calls its hyperparameters */
+	(void)count_e;
 	long long count = ps->expert_count;
-	if (E && pc->hypers_ok && count_e && ps->expert_count && (long long)E->value != ps->expert_count) {
-		diag_error(pc->src, count_e->loc, "experts count = %d does not match the model's E = %lld", ps->expert_count,
-		           (long long)E->value);
-		diag_note(E->src, E->loc, "E is set here");
-		diag_note_plain("the number of experts is the model's: set it with plan %s for %s(E = %d)", ps->plan->name,
-		                pc->model->name, ps->expert_count);
-	}
-	if (!count && E && pc->hypers_ok)
-		count = (long long)E->value;
 	if (topk_e && count > 0 && ps->top_k > count) {
 		diag_error(pc->src, topk_e->loc, "top_k = %d is more than the %lld experts", ps->top_k, count);
 	}

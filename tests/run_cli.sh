@@ -44,6 +44,10 @@ expect "unknown plan" 1 "no plan named 'nope'" -- "$planc" explain examples/gpt.
 expect "build needs -o" 2 "'build' needs -o PATH" -- "$planc" build examples/gpt.plan
 expect "build refuses offload to host" 1 "the CPU target has none to free" -- "$planc" build examples/gpt.plan --plan zero3_offload -o "$tmp/off"
 expect "build experts" 0 "" -- "$planc" build examples/moe.plan --plan ep2 -o "$tmp/ep2"
+expect "cuda refuses moe kernels" 1 "cannot execute kernel 'moe_route'" -- "$planc" build examples/moe.plan --plan single --target cuda -o "$tmp/moe_cuda"
+expect "emit cuda refuses moe kernels" 1 "cannot execute kernel 'moe_route'" -- "$planc" emit cuda examples/moe.plan --plan ep2 -o "$tmp/moe_cuda_src"
+expect "expert_parallel finds experts by any name" 0 "layers.1.sparse_ffn: 4 experts, top 1" -- "$planc" explain tests/equiv/moe_names.plan --plan ep2
+expect "expert_parallel splits them" 0 "experts split over 'data'" -- "$planc" explain tests/equiv/moe_names.plan --plan ep2
 expect "build local sgd" 0 "" -- "$planc" build examples/gpt.plan --plan dp4_local_sgd -o "$tmp/ls"
 expect "run help" 0 "Trains plan dp2 of model gpt" -- "$planc" run examples/gpt.plan --plan dp2 --help
 expect "run needs a file" 2 "'run' needs a FILE" -- "$planc" run

@@ -21,7 +21,7 @@ include(${ROOT}/tests/llvm/tests.cmake)
 
 # the heart of the suite: every plan trains like the single-rank run (tests/equiv)
 add_test(NAME equiv COMMAND python3 ${ROOT}/tests/equiv/run_equiv.py ${PLANC} ${ROOT} 20 WORKING_DIRECTORY ${ROOT})
-set_tests_properties(equiv PROPERTIES TIMEOUT 1200)
+set_tests_properties(equiv PROPERTIES TIMEOUT 1800)
 add_test(NAME program_errors COMMAND sh ${ROOT}/tests/run_program_errors.sh ${PLANC} WORKING_DIRECTORY ${ROOT})
 set_tests_properties(program_errors PROPERTIES TIMEOUT 600)
 add_test(NAME memory COMMAND python3 ${ROOT}/tests/equiv/check_memory.py ${PLANC} ${ROOT} WORKING_DIRECTORY ${ROOT})

@@ -12,6 +12,9 @@
    formulas for Adam, Psi parameters and N = 4:
        bf16: 16 Psi, 4 Psi + 12 Psi / N, 2 Psi + 14 Psi / N, 16 Psi / N
        f32:  16 Psi, 8 Psi + 8 Psi / N,  4 Psi + 12 Psi / N, 16 Psi / N
+3. Expert parallelism saves what it promises: examples/moe.plan's ep2 and ep4 hold 1/2 and 1/4 of
+   the experts per rank; measured parameters, gradients and AdamW states equal the single rank's
+   less (1 - 1/n) of the experts' bytes (computed here from the model's sizes).
 Prints PASS/FAIL per check and 'N passed, M failed'.
 usage: check_memory.py PLANC REPO_ROOT
 """
@@ -63,7 +66,8 @@ def measure(src, plan, world, steps=2):
 # ---- 1. explain reports the program ----------------------------------------------------------
 CASES = [("gpt", "single"), ("gpt", "dp2"), ("gpt", "tp2_sp"), ("gpt", "zero3_dp4"), ("gpt", "bf16"),
          ("gpt", "bf16_zero2_dp4"), ("mlp", "dp2_tp2_zero2"), ("gpt", "pp2_1f1b"), ("gpt", "pp2"),
-         ("gpt", "pp4_interleaved_l8"), ("gpt", "gpt_3d")]
+         ("gpt", "pp4_interleaved_l8"), ("gpt", "gpt_3d"), ("moe", "ep2"), ("moe", "ep2_dp2_tp2_zero2"),
+         ("moe", "mixtral_ep2")]
 for model, plan in CASES:
     src = f"{root}/examples/{model}.plan"
     d = explain(src, plan)
@@ -120,6 +124,28 @@ for z in range(4):
         check(f"ZeRO {z} {prec} state", worst <= 0.02,
               f"measured {max(got) / psi:.4f} Psi per rank ({max(got) / 2**20:.3f} MiB) vs the formula "
               f"{FORMULAS[z][i]:.4f} Psi ({want / 2**20:.3f} MiB), worst {100 * worst:.2f}% off (tolerance 2%)")
+
+# ---- 3. expert parallelism saves what it promises ---------------------------------------------
+# examples/moe.plan's moe_gpt: L = 2 layers of E = 4 experts, each w1 [D, 4D] and w2 [4D, D], D = 128.
+# Over n ranks each rank holds E / n experts: its parameters and gradients are the single rank's
+# less (1 - 1/n) of the experts' bytes, AdamW's two states twice that.
+src = f"{root}/examples/moe.plan"
+L, E, D = 2, 4, 128
+experts = L * E * 2 * D * 4 * D * 4
+single, err = measure(src, "single", 1)
+for plan, n in (("ep2", 2), ("ep4", 4)):
+    ranks, err2 = measure(src, plan, n)
+    if err or err2:
+        check(f"moe {plan} expert state", False, err or err2)
+        continue
+    base = single[0]["kinds"]
+    want = {"param": base["param"] - experts * (1 - 1 / n), "grad": base["grad"] - experts * (1 - 1 / n),
+            "optim": base["optim"] - 2 * experts * (1 - 1 / n)}
+    bad = [f"rank {r} {k} {m['kinds'][k]} B, want {w:.0f}" for r, m in sorted(ranks.items()) for k, w in want.items()
+           if m["kinds"][k] != w]
+    check(f"moe {plan} expert state", not bad, "; ".join(bad[:3]) if bad else
+          f"every rank holds {E // n} of {E} experts: parameters {ranks[0]['kinds']['param'] / 2**20:.3f} MiB "
+          f"(single rank {base['param'] / 2**20:.3f} MiB), gradients and AdamW states alike")
 
 print(f"{passed} passed, {failed} failed")
 sys.exit(1 if failed else 0)

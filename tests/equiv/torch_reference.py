@@ -15,10 +15,11 @@ planc builds, must give the same loss at every step (1e-5 relative) and the same
   llama  examples/llama.plan, plan single (RMSNorm, RoPE, grouped-query attention, SwiGLU, untied
          head) against Hugging Face's LlamaForCausalLM arithmetic
   moe    examples/moe.plan: plan single_nodropout (GELU experts, top-2, capacity factor 1.25 per
-         sample: tokens are dropped) and plan mixtral_single (SwiGLU experts, top-2 gates
-         normalised, dropless), against a mixture of experts written here from docs/moe.md (every
-         first choice before any second choice, per sample), with the Switch load-balancing loss
-         and the router z-loss
+         sample: tokens are dropped), plan switch_nodropout (top-1, capacity factor 1.0) and plan
+         mixtral_single (SwiGLU experts, top-2 gates normalised, dropless), against a mixture of
+         experts written here from docs/moe.md (every first choice before any second choice, per
+         sample), with the Switch load-balancing loss and the router z-loss; and every step's
+         routing metrics in the log (moe_dropped, moe_load per layer) equal to the reference's
 
 The initial weights are drawn by PyTorch and written as a safetensors file the way the safetensors
 library lays one out (8-byte header length, JSON header with __metadata__ and data offsets,
@@ -130,7 +131,9 @@ def train_program(prog, init, extra=(), data=None):
     log, final = f"{work}/{os.path.basename(prog)}.jsonl", f"{work}/{os.path.basename(prog)}-final.safetensors"
     subprocess.run([prog, "--steps", str(steps), "--data", data or corpus, "--init", f"{work}/init.safetensors",
                     "--log", log, "--save", final, *extra], check=True, env=env, capture_output=True)
-    return [json.loads(line)["loss"] for line in open(log)], read_safetensors(final)
+    global last_log
+    last_log = [json.loads(line) for line in open(log)]
+    return [x["loss"] for x in last_log], read_safetensors(final)
 
 
 def train_torch(init, step_loss, adamw, clip=1.0, trained=None):
@@ -287,7 +290,8 @@ def run_ops():
 def moe(h, w, p, E, K, capacity_factor, normalize, dropless, swiglu, drops):
     """A mixture-of-experts layer as docs/moe.md defines it: softmax router, each token's top K,
     per sample (group) an expert takes at most ceil(K S cf / E) pairs, every first choice before any
-    second choice; dropped pairs add nothing. Returns the output and the two auxiliary losses."""
+    second choice; dropped pairs add nothing. Returns the output and the two auxiliary losses, and
+    appends to drops the pairs dropped and the pairs routed to each expert (before any drop)."""
     B, S, D = h.shape
     logits = h @ w[p + "router"]
     probs = torch.softmax(logits, dim=-1)
@@ -301,7 +305,7 @@ def moe(h, w, p, E, K, capacity_factor, normalize, dropless, swiglu, drops):
         order = onehot.permute(0, 2, 1, 3).reshape(B, K * S, E)  # k-major within the sample
         before = (torch.cumsum(order, dim=1) - order).reshape(B, K, S, E).permute(0, 2, 1, 3)
         keep = (before * onehot).sum(-1) < cap
-    drops.append(int((~keep).sum()))
+    drops.append((int((~keep).sum()), onehot.sum((0, 1, 2)).tolist()))
     out = torch.zeros_like(h)
     for e in range(E):
         chosen = (top_e == e) & keep
@@ -332,7 +336,9 @@ def run_moe():
         a = (probs @ split(v)).transpose(1, 2).reshape(B, S, D)
         return a @ w[p + "attention.wo"] + w[p + "attention.bo"]
 
-    for plan, mixtral in (("single_nodropout", False), ("mixtral_single", True)):
+    # (plan, Mixtral-style, top k, capacity factor)
+    for plan, mixtral, K, CF in (("single_nodropout", False, 2, 1.25), ("switch_nodropout", False, 1, 1.0),
+                                 ("mixtral_single", True, 2, 1.25)):
         drops = []
 
         def loss_of(w, step):
@@ -343,14 +349,14 @@ def run_moe():
                 if mixtral:
                     p = f"layers.{i}.moe_swiglu_block."
                     x = x + attention(rms_norm(x, w[p + "rmsnorm.weight"], 1e-6), w, p)
-                    y, aux, z = moe(rms_norm(x, w[p + "rmsnorm_1.weight"], 1e-6), w, p + "moe_swiglu.", E, 2, 1.25,
+                    y, aux, z = moe(rms_norm(x, w[p + "rmsnorm_1.weight"], 1e-6), w, p + "moe_swiglu.", E, K, CF,
                                     True, True, True, drops)
                 else:
                     p = f"layers.{i}.moe_block."
                     h = F.layer_norm(x, (D,), w[p + "layernorm.weight"], w[p + "layernorm.bias"], eps=1e-5)
                     x = x + attention(h, w, p)
                     h = F.layer_norm(x, (D,), w[p + "layernorm_1.weight"], w[p + "layernorm_1.bias"], eps=1e-5)
-                    y, aux, z = moe(h, w, p + "moe.", E, 2, 1.25, False, False, False, drops)
+                    y, aux, z = moe(h, w, p + "moe.", E, K, CF, False, False, False, drops)
                 x = x + y
                 extra = extra + 0.01 * aux + 0.001 * z
             x = rms_norm(x, w["rmsnorm.weight"], 1e-6) if mixtral else \
@@ -364,14 +370,26 @@ def run_moe():
             if name.endswith("router"):
                 init[name] = init[name] * 25
         planc_losses, final = train_program(prog, init)
+        planc_routing = [(x["moe_dropped"], x["moe_load"]) for x in last_log]
         torch_losses, w = train_torch(init, loss_of, dict(lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1, eps=1e-8))
         what = ("Mixtral-style MoE (examples/moe.plan mixtral_single: SwiGLU experts, normalised top-2, dropless)"
-                if mixtral else "MoE GPT (examples/moe.plan single_nodropout: top-2, capacity factor 1.25)")
-        report(f"{what}, {sum(drops)} pairs dropped in torch", planc_losses, torch_losses, final, w)
-        if not mixtral and not sum(drops):
-            global failed
-            failed += 1
-            print("FAIL: the capacity case dropped no token: it tests nothing", flush=True)
+                if mixtral else f"MoE GPT (examples/moe.plan {plan}: top-{K}, capacity factor {CF})")
+        dropped = sum(d for d, _ in drops)
+        report(f"{what}, {dropped} pairs dropped in torch", planc_losses, torch_losses, final, w)
+        # the routing metrics of every step's log line: per layer, the pairs dropped and the pairs
+        # routed to each expert, equal to the reference's count (the forward of each step, in order)
+        torch_routing = [([d for d, _ in drops[t * L:(t + 1) * L]], [ld for _, ld in drops[t * L:(t + 1) * L]])
+                         for t in range(steps)]
+        bad = [t for t in range(steps) if planc_routing[t] != torch_routing[t]]
+        check_routing = not bad and (mixtral or dropped > 0)
+        print(f"{'PASS' if check_routing else 'FAIL'}: {plan} routing metrics (moe_dropped, moe_load) of "
+              f"{steps} log lines " + (f"equal to torch's: {dropped} pairs dropped, loads of step 0 "
+                                       f"{torch_routing[0][1]}" if not bad else
+                                       f"differ from step {bad[0]}: planc {planc_routing[bad[0]]}, torch "
+                                       f"{torch_routing[bad[0]]}") +
+              ("" if mixtral or dropped else "; the capacity case dropped no pair: it tests nothing"), flush=True)
+        global passed, failed
+        passed, failed = passed + check_routing, failed + (not check_routing)
 
 
 def run_bert():

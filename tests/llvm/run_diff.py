@@ -55,9 +55,8 @@ def listed_plans():
             plans = ast.literal_eval(node.value)
             out = []
             for model, entries in plans.items():
-                # the reference: "single", unless every entry names its own (PLAN:REF)
-                refs = ["single"] if any(":" not in e for e in entries) else []
-                names = refs + [n for e in entries for n in e.split(":")]
+                # each entry's reference (after a colon, else "single") and the plan itself
+                names = [n for e in entries for n in ((e + ":single").split(":")[1], e.split(":")[0])]
                 out += [(model, n) for n in dict.fromkeys(names)]
             return out
     raise SystemExit("tests/equiv/run_equiv.py has no PLANS dict")
