@@ -43,6 +43,11 @@ static const char usage[] =
 	"                                    planc run FILE --plan NAME --steps K --data FILE ...; every\n"
 	"                                    option but --plan, --verify-ir and --dump-after goes to the\n"
 	"                                    program ('planc run FILE --plan NAME --help' lists them)\n"
+	"  reshard FILE --plan NAME CKPT -o DIR\n"
+	"                                    rewrite the checkpoint CKPT (a --save-every directory or a\n"
+	"                                    step-N, written under any plan of the model) into DIR/step-N as\n"
+	"                                    plan NAME holds it, offline (one process, no MPI, no training);\n"
+	"                                    then: mpirun -np WORLD PROG ... --resume DIR\n"
 	"\n"
 	"options:\n"
 	"  --plan NAME        the plan to use (default: the file's first plan)\n"
@@ -77,6 +82,7 @@ typedef struct Options {
 	bool write;
 	const char *output;
 	const char *target; /* emit: "c", "llvm" or "ptx" */
+	const char *checkpoint; /* reshard: the checkpoint read */
 	const char *backend; /* build: "c" or "llvm" */
 	bool cuda;          /* build --target cuda */
 	bool verify;
@@ -171,6 +177,8 @@ static int parse_args(int argc, char **argv, Options *o)
 			o->target = a;
 		} else if (!o->file) {
 			o->file = a;
+		} else if (!strcmp(o->command, "reshard") && !o->checkpoint) {
+			o->checkpoint = a;
 		} else {
 			return usage_error("unexpected argument '%s'", a);
 		}
@@ -510,6 +518,18 @@ static int cmd_run(Lowered *low, Options *o)
 	return status < 0 ? 1 : status;
 }
 
+/* reshard: the plan's program, JIT-compiled as for run, rewrites a checkpoint of any plan of the
+ * model as this plan lays it out (planrt_ckpt_reshard: one process plays every rank in turn) */
+static int cmd_reshard(Lowered *low, Options *o)
+{
+	if (!lowered_executable(low, true))
+		return 1;
+	char *argv[] = {arena_printf(low->g->arena, "planc reshard %s --plan %s", o->file, low->ps->plan->name),
+			"--reshard", (char *)o->checkpoint, (char *)o->output, NULL};
+	int status = llvm_run(low, o->file, 4, argv, o->verify);
+	return status < 0 ? 1 : status;
+}
+
 int main(int argc, char **argv)
 {
 	Options o = {0};
@@ -519,8 +539,11 @@ int main(int argc, char **argv)
 	bool is_check = !strcmp(o.command, "check"), is_explain = !strcmp(o.command, "explain");
 	bool is_fmt = !strcmp(o.command, "fmt");
 	bool is_emit = !strcmp(o.command, "emit"), is_build = !strcmp(o.command, "build");
-	bool is_run = !strcmp(o.command, "run");
-	if (!is_check && !is_explain && !is_fmt && !is_emit && !is_build && !is_run)
+	bool is_run = !strcmp(o.command, "run"), is_reshard = !strcmp(o.command, "reshard");
+	if (is_reshard && (!o.file || !o.checkpoint || !o.output))
+		return usage_error("reshard needs the plan file, the checkpoint and -o: planc reshard FILE --plan NAME CKPT -o "
+				   "DIR%s", "");
+	if (!is_check && !is_explain && !is_fmt && !is_emit && !is_build && !is_run && !is_reshard)
 		return usage_error("unknown command '%s'", o.command);
 	if (is_emit && (!o.target || (strcmp(o.target, "c") && strcmp(o.target, "llvm") && strcmp(o.target, "ptx") &&
 				      strcmp(o.target, "cuda"))))
@@ -542,6 +565,8 @@ int main(int argc, char **argv)
 	setvbuf(stderr, NULL, _IOLBF, BUFSIZ); /* a diagnostic's source line is one write, not one per byte */
 	if (!outputs_ok(&o, NULL, is_emit, is_build, is_explain))
 		return 1;
+	if (is_reshard && !output_ok("-o", o.output, true, &o, NULL))
+		return 1;
 	Arena *a = arena_new();
 	if (is_fmt) {
 		rc = cmd_fmt(&o, a);
@@ -555,7 +580,7 @@ int main(int argc, char **argv)
 	}
 	/* one plan (--plan, or the one explain, emit, build and run use): only it is checked, so
 	 * errors in the file's other plans and models do not block it */
-	bool one = o.plan || is_explain || is_emit || is_build || is_run;
+	bool one = o.plan || is_explain || is_emit || is_build || is_run || is_reshard;
 	Item *plan = p && one ? default_plan(p, o.plan) : NULL;
 	bool ok = p != NULL;
 	if (p && one && !plan) {
@@ -572,8 +597,8 @@ int main(int argc, char **argv)
 			Arena *program_arena = plan_arena_begin(p);
 			Lowered *low = compile_plan(p, plan, &o, is_explain);
 			ok = low != NULL;
-			if (ok && is_run) {
-				rc = cmd_run(low, &o);
+			if (ok && (is_run || is_reshard)) {
+				rc = is_run ? cmd_run(low, &o) : cmd_reshard(low, &o);
 				arena_free(a);
 				return rc;
 			}

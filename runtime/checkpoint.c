@@ -33,6 +33,7 @@
 #include <mpi.h>
 
 #include "planrt_ckpt.h"
+#include "planrt_device.h"
 #include "planrt_exec.h"
 
 #include <dirent.h>
@@ -965,12 +966,14 @@ void planrt_ckpt_read(planrt_ctx_t *ctx, void *dst, planrt_dtype_t dtype, int pa
 	free(tmp);
 }
 
+static int resharding; /* planrt_ckpt_reshard: rank-local state is not carried between plans */
+
 void planrt_ckpt_write_local(planrt_ctx_t *ctx, const void *src, planrt_dtype_t dtype, int64_t n, int id)
 {
 	planrt_ckpt_t *c = ctx->ckpt;
 	if (!c || !c->writing)
 		planrt_fatal("internal error: planrt_ckpt_write_local outside a checkpoint");
-	if (n > 0)
+	if (n > 0 && !resharding)
 		planrt_ckpt_add_local(c, id, dtype, n, src);
 }
 
@@ -1122,15 +1125,40 @@ void planrt_ckpt_save(planrt_ctx_t *ctx, const planrt_stage_t *stage, const char
 	free(done);
 }
 
-planrt_ckpt_t *planrt_ckpt_resume_open(const char *path, const planrt_program_t *prog)
+/* whether directory path holds no step-N entry at all (a --save-every directory nothing was saved
+ * into yet; what an unfinished save left was removed by planrt_ckpt_clean before) */
+static int holds_no_step(const char *path)
+{
+	DIR *d = opendir(path);
+	if (!d)
+		return 0;
+	int none = 1;
+	for (struct dirent *e; none && (e = readdir(d));)
+		none = strncmp(e->d_name, "step-", 5) != 0;
+	closedir(d);
+	return none;
+}
+
+planrt_ckpt_t *planrt_ckpt_resume_open(const char *path, const planrt_program_t *prog, int fresh_ok)
 {
 	int rank = planrt_world_rank_();
 	char dir[4096] = "", err[1024] = "";
 	char *text = NULL;
-	if (rank == 0 && !(text = planrt_ckpt_find(path, dir, sizeof dir, err, sizeof err)))
+	int fresh = 0;
+	if (rank == 0 && fresh_ok && holds_no_step(path)) {
+		fresh = 1;
+		fprintf(stderr, "planrt: note: --resume: '%s' holds no checkpoint yet; starting at step 0\n", path);
+	} else if (rank == 0 && !(text = planrt_ckpt_find(path, dir, sizeof dir, err, sizeof err))) {
 		planrt_fatal("%s", err);
+	}
+	(void)fresh;
 	char *d = broadcast_text(dir), *m = broadcast_text(text);
 	free(text);
+	if (!*m) { /* rank 0 found the directory fresh */
+		free(d);
+		free(m);
+		return NULL;
+	}
 	json_t *j = json_loads(m, 0, NULL);
 	const char *fp = json_string_value(json_object_get(j, "fingerprint"));
 	int exact = fp && prog->fingerprint && !strcmp(fp, prog->fingerprint) &&
@@ -1142,4 +1170,144 @@ planrt_ckpt_t *planrt_ckpt_resume_open(const char *path, const planrt_program_t 
 	if (!c)
 		planrt_fatal("--resume: %s", err);
 	return c;
+}
+
+/* ------------------------------------------------------------------ resharding offline
+ *
+ * planrt_ckpt_reshard (PROG --reshard SRC OUT, planc reshard): the checkpoint SRC, written under any
+ * plan of the model, rewritten as this program's plan would have written it, in one process
+ * without MPI: for every rank of this plan in turn, its state is allocated, its resume phase
+ * gathers its blocks and shards from SRC (as --resume under another plan does), and its
+ * checkpoint phase writes its file; then the manifest, last, as a save does. Rank-local state
+ * (error feedback) does not carry between plans and is not written. The run's position (step,
+ * seed, data) is SRC's; the fingerprint says the checkpoint was resharded, so resuming it takes
+ * the resharding path, whose reads now find each block whole in one piece of the rank's own file.
+ * Resuming OUT under this plan continues exactly as resuming SRC under it does (a test compares
+ * them bit for bit). Returns 0, or ends the process with the cause. */
+int planrt_ckpt_reshard(const planrt_program_t *prog, const char *src, const char *out)
+{
+	char dir[4096], err[1024] = "";
+	if (prog->nroles > 1)
+		planrt_fatal("--reshard: plan %s is sync async, whose runs cannot checkpoint; reshard into a strict plan",
+			     prog->plan);
+	char *text = planrt_ckpt_find(src, dir, sizeof dir, err, sizeof err);
+	if (!text)
+		planrt_fatal("--reshard: %s", err);
+	json_t *m = json_loads(text, 0, NULL);
+	const char *model = json_string_value(json_object_get(m, "model")) ?: "?";
+	const char *from_plan = json_string_value(json_object_get(m, "plan")) ?: "?";
+	const char *sync = json_string_value(json_object_get(m, "sync")) ?: "strict";
+	json_int_t step = json_integer_value(json_object_get(m, "step"));
+	if (strcmp(model, prog->model ? prog->model : "?"))
+		planrt_fatal("--reshard: '%s' is a checkpoint of model '%s' (plan %s); plan %s is of model '%s'", dir, model,
+			     from_plan, prog->plan, prog->model);
+	if (!strcmp(sync, "local_sgd"))
+		planrt_fatal("--reshard: the checkpoint of plan %s (sync local_sgd) holds each replica's own state, which "
+			     "only plan %s can read",
+			     from_plan, from_plan);
+	json_t *d = json_object_get(m, "data");
+	if (json_integer_value(json_object_get(d, "samples_per_step")) != prog->batch ||
+	    json_integer_value(json_object_get(d, "sequence")) != prog->seq)
+		planrt_fatal("--reshard: plan %s takes %lld samples of %lld per step, the checkpoint's run %lld of %lld; the "
+			     "data position would not carry over",
+			     prog->plan, (long long)prog->batch, (long long)prog->seq,
+			     (long long)json_integer_value(json_object_get(d, "samples_per_step")),
+			     (long long)json_integer_value(json_object_get(d, "sequence")));
+	/* OUT: a directory of its own (a --save-every directory), never SRC's */
+	struct stat so, ss;
+	if (mkdir(out, 0777) != 0 && errno != EEXIST)
+		planrt_fatal("--reshard: cannot create '%s': %s; create its parent first", out, strerror(errno));
+	if (stat(out, &so) != 0 || !S_ISDIR(so.st_mode))
+		planrt_fatal("--reshard: '%s' is not a directory; name a directory for the resharded checkpoint", out);
+	char srcdir[4096];
+	snprintf(srcdir, sizeof srcdir, "%s", dir);
+	char *parent = dirname(srcdir);
+	if ((stat(dir, &ss) == 0 && ss.st_dev == so.st_dev && ss.st_ino == so.st_ino) ||
+	    (stat(parent, &ss) == 0 && ss.st_dev == so.st_dev && ss.st_ino == so.st_ino))
+		planrt_fatal("--reshard: '%s' is where the checkpoint is read from; write the resharded one elsewhere", out);
+	char sd[4096];
+	step_dir(out, step, sd, sizeof sd);
+	char *mp = path_join(sd, "manifest.json");
+	if (access(mp, F_OK) == 0)
+		planrt_fatal("--reshard: '%s' already holds a checkpoint of step %lld; remove it or name another directory", out,
+			     (long long)step);
+	free(mp);
+	if (mkdir(sd, 0777) != 0 && errno != EEXIST)
+		planrt_fatal("--reshard: cannot create '%s': %s", sd, strerror(errno));
+	struct timespec ts;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	uint64_t t = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+	char token[32];
+	snprintf(token, sizeof token, "%012llx", (unsigned long long)(fnv1a(t, &t, sizeof t) ^ (uint64_t)getpid()) & 0xffffffffffffull);
+
+	json_t **ranks = calloc((size_t)prog->world, sizeof *ranks);
+	if (!ranks)
+		planrt_fatal("out of memory");
+	resharding = 1;
+	for (int r = 0; r < prog->world; r++) {
+		planrt_mesh_offline_(prog->naxes, prog->axis_sizes, r);
+		int stage_index = prog->pipe_axis >= 0 ? planrt_mesh_coord(prog->pipe_axis) : 0;
+		const planrt_stage_t *stage = &prog->stages[stage_index];
+		for (int i = 0; i < stage->nstate; i++) {
+			void *ptr = NULL;
+			if (planrt_state_alloc(&stage->state[i], &ptr) != planrt_success)
+				planrt_fatal("--reshard: cannot allocate %zu bytes for '%s' of rank %d (%s)", stage->state[i].bytes,
+					     stage->state[i].name, r, planrt_last_error());
+			*stage->state[i].ptr = ptr;
+		}
+		planrt_ctx_t ctx = {.seed = 0, .eval_batch = -1};
+		planrt_ckpt_t *in = planrt_ckpt_reader(dir, text, r, 0, err, sizeof err);
+		if (!in)
+			planrt_fatal("--reshard: %s", err);
+		ctx.ckpt = in;
+		if (stage->resume)
+			stage->resume(&ctx);
+		planrt_ckpt_close(in);
+		planrt_ckpt_t *w = planrt_ckpt_writer(sd, token, r);
+		ctx.ckpt = w;
+		if (stage->checkpoint)
+			stage->checkpoint(&ctx);
+		ranks[r] = planrt_ckpt_write_rank(w, err, sizeof err);
+		if (!ranks[r])
+			planrt_fatal("--reshard: rank %d of plan %s: %s", r, prog->plan, err);
+		for (int i = 0; i < stage->nstate; i++) {
+			planrt_state_free(&stage->state[i]);
+			*stage->state[i].ptr = NULL;
+		}
+	}
+	resharding = 0;
+	/* the run's position is SRC's; the plan's fields are this program's */
+	json_t *run = json_deep_copy(m);
+	const char *drop[] = {"files", "tensors", "local", "manifest_checksum", "format", "version"};
+	for (size_t i = 0; i < sizeof drop / sizeof *drop; i++)
+		json_object_del(run, drop[i]);
+	json_t *mesh = json_array();
+	for (int a = 0; a < prog->naxes; a++)
+		json_array_append_new(mesh, json_pack("[s, i]", prog->axis_names[a], prog->axis_sizes[a]));
+	char fp[256];
+	snprintf(fp, sizeof fp, "resharded:%s", prog->fingerprint ? prog->fingerprint : "?");
+	json_object_set_new(run, "resharded_from",
+			    json_pack("{s:s, s:O, s:O, s:O}", "plan", from_plan, "fingerprint",
+				      json_object_get(m, "fingerprint") ?: json_null(), "mesh",
+				      json_object_get(m, "mesh") ?: json_null(), "world", json_object_get(m, "world") ?: json_null()));
+	json_object_set_new(run, "plan", json_string(prog->plan ? prog->plan : "?"));
+	json_object_set_new(run, "source", json_string(prog->source ? prog->source : "?"));
+	json_object_set_new(run, "fingerprint", json_string(fp));
+	json_object_set_new(run, "sync", json_string(prog->sync ? prog->sync : "strict"));
+	json_object_set_new(run, "world", json_integer(prog->world));
+	json_object_set_new(run, "mesh", mesh);
+	if (planrt_ckpt_commit(sd, run, ranks, prog->world, err, sizeof err))
+		planrt_fatal("--reshard: checkpoint '%s' not written: %s", sd, err);
+	fsync_dir(out);
+	free(ranks);
+	if (json_array_size(json_object_get(m, "local")))
+		fprintf(stderr, "planrt: note: the rank-local state of plan %s (gradient compression's error feedback) is not "
+				"carried into plan %s: it restarts from zero there\n",
+			from_plan, prog->plan);
+	fprintf(stderr, "planrt: resharded '%s' (plan %s, step %lld) into '%s' for plan %s (%d ranks); resume it with "
+			"--resume %s\n",
+		dir, from_plan, (long long)step, sd, prog->plan, prog->world, out);
+	json_decref(m);
+	free(text);
+	return 0;
 }

@@ -209,15 +209,10 @@ static void describe(const struct planrt_request *q, char *buf, size_t n)
 			 q->comm->size);
 }
 
-/* One started call into the counters, by the formula at the top of this file. */
-static void count_call(const struct planrt_request *q)
+/* A call's wire bytes, by the formula at the top of this file. */
+static uint64_t wire_bytes(const struct planrt_request *q)
 {
 	uint64_t n = (uint64_t)q->comm->size, B = (uint64_t)q->count * planrt_dtype_size(q->dtype), k = 1, bytes;
-	if (q->comm->group == PLANRT_GROUP_CONTROL_)
-		return; /* planrt's own control messages: not the plan's traffic */
-	int g = group_slot(q->comm->group);
-	if (g < 0)
-		g = 0;
 	if (n <= 1 || q->kind == K_RECV) {
 		bytes = 0;
 	} else if (q->kind == K_SEND || q->kind == K_ALLTOALLV) { /* alltoallv: count is what leaves */
@@ -229,8 +224,42 @@ static void count_call(const struct planrt_request *q)
 			B *= n; /* reduce-scatter, allgather, alltoall: n blocks of count */
 		bytes = (2 * k * (n - 1) * B + n) / (2 * n);
 	}
-	bytes_by[q->kind][g] += bytes;
+	return bytes;
+}
+
+/* One started call into the counters. */
+static void count_call(const struct planrt_request *q)
+{
+	if (q->comm->group == PLANRT_GROUP_CONTROL_)
+		return; /* planrt's own control messages: not the plan's traffic */
+	int g = group_slot(q->comm->group);
+	if (g < 0)
+		g = 0;
+	bytes_by[q->kind][g] += wire_bytes(q);
 	calls_by[q->kind][g]++;
+}
+
+/* --trace: a call is an event of category collective or p2p, from its start to its completion
+ * (blocking) or to the return of the call that posts it (started: its completion is the wait's
+ * event); a wait is an event of category wait. Their arguments: the communicator and its size,
+ * count, dtype, the wire bytes (the counters' figure), the call's sequence number there. planrt's
+ * control messages are not the plan's and are left out. */
+static int traced(const struct planrt_request *q)
+{
+	return planrt_tracing_ && q->comm->group != PLANRT_GROUP_CONTROL_;
+}
+
+static void trace_call_args(const struct planrt_request *q, const char *mode)
+{
+	char args[200];
+	int len = snprintf(args, sizeof args,
+			   "\"op\":\"%s\",\"group\":\"%s\",\"members\":%d,\"count\":%zu,\"dtype\":\"%s\",\"bytes\":%llu,"
+			   "\"seq\":%llu,\"mode\":\"%s\"",
+			   kind_names[q->kind], q->comm->name, q->comm->size, q->count, dtype_names[q->dtype],
+			   (unsigned long long)wire_bytes(q), (unsigned long long)q->seq, mode);
+	if (len > 0 && (size_t)len < sizeof args && (q->kind == K_SEND || q->kind == K_RECV || q->kind == K_BROADCAST))
+		snprintf(args + len, sizeof args - (size_t)len, ",\"%s\":%d", q->kind == K_BROADCAST ? "root" : "peer", q->peer);
+	planrt_trace_end_(args);
 }
 
 /* f32 staging for half-precision reductions. One buffer is kept between calls (so a training
@@ -836,24 +865,26 @@ static planrt_result_t run(kind_t kind, const void *sendbuf, void *recvbuf, size
 	q->tag = tag;
 	q->comm = c;
 	q->seq = ++c->ncalls;
+	int tracing = traced(q);
+	if (tracing)
+		planrt_trace_begin_(kind_names[kind], kind == K_SEND || kind == K_RECV ? "p2p" : "collective");
 	planrt_result_t r = start(q, sendbuf, recvbuf, req == NULL);
+	if (r == planrt_success && !req && !q->done) {
+		r = poll_wait(q);
+		if (r != planrt_success)
+			abandon(q);
+		else
+			finish(q);
+	}
+	if (tracing)
+		trace_call_args(q, req ? "started" : "blocking");
 	if (r != planrt_success) {
 		if (req)
 			free(q);
 		return r;
 	}
-	if (req) {
+	if (req)
 		*req = q;
-		return planrt_success;
-	}
-	if (!q->done) {
-		r = poll_wait(q);
-		if (r != planrt_success) {
-			abandon(q);
-			return r;
-		}
-		finish(q);
-	}
 	return planrt_success;
 }
 
@@ -916,6 +947,9 @@ planrt_result_t planrt_alltoallv(const void *sendbuf, const int64_t *sendcounts,
 	q.comm = c;
 	q.seq = ++c->ncalls;
 	q.vcounts = v;
+	int tracing = traced(&q);
+	if (tracing)
+		planrt_trace_begin_("alltoallv", "collective");
 	planrt_result_t r = start(&q, sendbuf, recvbuf, 1);
 	if (r == planrt_success && !q.done) {
 		r = poll_wait(&q);
@@ -924,6 +958,8 @@ planrt_result_t planrt_alltoallv(const void *sendbuf, const int64_t *sendcounts,
 		else
 			finish(&q);
 	}
+	if (tracing)
+		trace_call_args(&q, "blocking");
 	free(v);
 	return r;
 }
@@ -970,6 +1006,9 @@ planrt_result_t planrt_wait(planrt_request_t q)
 		return e;
 	}
 	planrt_result_t r = planrt_success;
+	int tracing = traced(q);
+	if (tracing)
+		planrt_trace_begin_("wait", "wait");
 	if (!q->done) {
 		r = poll_wait(q);
 		if (r == planrt_success)
@@ -977,6 +1016,8 @@ planrt_result_t planrt_wait(planrt_request_t q)
 		else
 			abandon(q);
 	}
+	if (tracing)
+		trace_call_args(q, "wait");
 	free(q);
 	return r;
 }

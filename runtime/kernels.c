@@ -24,6 +24,8 @@
 #pragma GCC optimize("tree-vectorize", "vect-cost-model=dynamic", "no-trapping-math", "no-math-errno")
 #endif
 
+#define PLANRT_INTERNAL
+#include "planrt.h"
 #include "planrt_kernels.h"
 #include "planrt_math.h"
 

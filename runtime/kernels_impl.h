@@ -60,8 +60,16 @@ static inline T FN(kmax)(const T *x, int64_t n)
 static inline void FN(kgemm)(int ta, int tb, int64_t M, int64_t N, int64_t K, const T *A, const T *B, T *C, T beta)
 {
 	int lda = (int)(ta ? M : K), ldb = (int)(tb ? K : N), ldc = (int)N;
+	if (planrt_tracing_) /* --trace: every GEMM is a kernel event */
+		planrt_trace_begin_("gemm", "kernel");
 	KGEMM(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, (int)M, (int)N, (int)K,
 	      (T)1, A, lda > 0 ? lda : 1, B, ldb > 0 ? ldb : 1, beta, C, ldc);
+	if (planrt_tracing_) {
+		char args[160];
+		snprintf(args, sizeof args, "\"M\":%lld,\"N\":%lld,\"K\":%lld,\"flops\":%.0f,\"dtype\":\"%s\"", (long long)M,
+			 (long long)N, (long long)K, 2.0 * (double)M * (double)N * (double)K, sizeof(T) == 8 ? "f64" : "f32");
+		planrt_trace_end_(args);
+	}
 }
 
 /* The batch dims go through a KView (size-1 dims dropped, dims that every operand walks contiguously

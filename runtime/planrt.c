@@ -30,6 +30,7 @@ static int world_rank = -1, world_size = 0;
 static int we_initialised_mpi;
 static struct planrt_comm world, control;
 static int world_ready;
+static int offline; /* planrt_mesh_offline_: one process plays the ranks, without MPI */
 
 static int mesh_naxes;
 static int mesh_sizes[MAX_AXES], mesh_coords[MAX_AXES];
@@ -89,7 +90,10 @@ void planrt_fatal(const char *fmt, ...)
 	va_end(ap);
 	fflush(stdout);
 	/* One write so that lines from several ranks do not interleave mid-line. */
-	fprintf(stderr, "planrt: rank %d: %s\n", world_rank, msg);
+	if (world_rank >= 0 && !offline)
+		fprintf(stderr, "planrt: rank %d: %s\n", world_rank, msg);
+	else /* before MPI, or one process playing every rank (--reshard) */
+		fprintf(stderr, "planrt: %s\n", msg);
 	fflush(stderr);
 	if (mpi_live())
 		MPI_Abort(MPI_COMM_WORLD, 1);
@@ -293,6 +297,25 @@ planrt_result_t planrt_mesh_init(int naxes, const int *sizes, const char *const 
 		}
 	}
 	return planrt_success;
+}
+
+/* planc reshard / PROG --reshard: one process plays every rank in turn, without MPI: the mesh's
+ * coordinates of world rank `rank`, and no communicators (a collective there fails with its cause). */
+void planrt_mesh_offline_(int naxes, const int *sizes, int rank)
+{
+	if (world_ready || naxes < 0 || naxes > MAX_AXES)
+		planrt_fatal("internal error: planrt_mesh_offline_ with MPI running or %d axes", naxes);
+	mesh_naxes = naxes;
+	world_size = 1;
+	for (int k = 0; k < naxes; k++) {
+		mesh_sizes[k] = sizes[k];
+		world_size *= sizes[k];
+		axis_comms[k] = NULL;
+	}
+	for (int k = 0; k < naxes; k++)
+		mesh_coords[k] = (rank / axis_stride(k)) % sizes[k];
+	world_rank = rank;
+	offline = 1;
 }
 
 int planrt_mesh_coord(int axis)

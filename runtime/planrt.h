@@ -217,6 +217,8 @@ double planrt_now(void); /* seconds, monotonic */
  * return planrt_error_(planrt_io_error, "cannot open '%s': %s; check the path", path, ...); */
 planrt_result_t planrt_error_(planrt_result_t r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 int planrt_world_rank_(void); /* -1 before planrt_init */
+/* planc reshard: the mesh coordinates of world rank `rank` in a process without MPI (no comms) */
+void planrt_mesh_offline_(int naxes, const int *sizes, int rank);
 /* bf16 and f16 (t) to and from f32; f32 -> half rounds to nearest even, NaN stays NaN. */
 float planrt_half_to_f32_(uint16_t h, planrt_dtype_t t);
 uint16_t planrt_f32_to_half_(float x, planrt_dtype_t t);

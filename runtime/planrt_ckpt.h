@@ -79,14 +79,20 @@ int planrt_ckpt_lock(const char *dir, char *err, size_t errn);
 void planrt_ckpt_save(planrt_ctx_t *ctx, const planrt_stage_t *stage, const char *dir, int64_t step, json_t *run,
 		      int keep);
 /* Every rank: rank 0 finds the checkpoint path names, every rank reads its manifest; exact when it
- * was written by this program (fingerprint and world). Ends the job on failure. */
-planrt_ckpt_t *planrt_ckpt_resume_open(const char *path, const planrt_program_t *prog);
+ * was written by this program (fingerprint and world). Ends the job on failure. fresh_ok (path is
+ * also the run's --save-every directory): a directory without any step-N entry is no failure but
+ * a first run, NULL on every rank (a note), so one job script serves the first run and restarts. */
+planrt_ckpt_t *planrt_ckpt_resume_open(const char *path, const planrt_program_t *prog, int fresh_ok);
 /* program.c: the running program, a parameter's local block (its offsets; returns its elements)
  * and whether this rank writes its piece (planrt_save_param's rule) */
 const planrt_program_t *planrt_program_(void);
 int64_t planrt_param_block_(int param, int64_t *offs);
 int planrt_param_writes_(int param, int shard_axis);
 
+/* PROG --reshard SRC OUT, planc reshard: the checkpoint SRC (any plan of the model) rewritten into
+ * OUT/step-N as this program's plan lays it out, by one process without MPI playing each rank in
+ * turn (checkpoint.c). 0, or the process ends with the cause. */
+int planrt_ckpt_reshard(const planrt_program_t *prog, const char *src, const char *out);
 /* Rank-local state read back only when the checkpoint's plan is this one; else skipped (a note). */
 int planrt_ckpt_exact(const planrt_ckpt_t *c);
 /* PLANRT_TEST_PAUSE (a test hook): "checkpoint:STEP" pauses every rank of the save of step STEP

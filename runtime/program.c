@@ -82,6 +82,8 @@ typedef struct options {
 	int seed_given;
 	const char *data, *init, *save, *log;
 	const char *save_every_dir, *resume, *trace;
+	const char *reshard_from, *reshard_to; /* --reshard SRC OUT */
+	int nother;                            /* options other than --reshard given */
 	int64_t save_every, keep, eval_every, eval_batches, max_skips;
 	int help;
 	char error[512]; /* the first usage error, reported after planrt_init */
@@ -164,6 +166,21 @@ static void parse_options(int argc, char **argv, options_t *o)
 		int numeric = !strcmp(a, "--steps") || !strcmp(a, "--seed") || !strcmp(a, "--keep") ||
 			      !strcmp(a, "--eval-every") || !strcmp(a, "--eval-batches") || !strcmp(a, "--max-skips");
 		int pair = !strcmp(a, "--save-every"); /* N DIR */
+		int reshard = !strcmp(a, "--reshard"); /* SRC OUT */
+		if (!reshard)
+			o->nother++;
+		if (reshard) {
+			if (i + 2 >= argc || !strncmp(argv[i + 1], "--", 2) || !strncmp(argv[i + 2], "--", 2)) {
+				set_error(o, "missing values after --reshard (--reshard CHECKPOINT OUT_DIR)");
+				i = argc;
+				continue;
+			}
+			o->reshard_from = argv[++i];
+			o->reshard_to = argv[++i];
+			if (!*o->reshard_from || !*o->reshard_to)
+				set_error(o, "--reshard needs a checkpoint and an output directory, not an empty value");
+			continue;
+		}
 		if (!text && !numeric && !pair) {
 			set_error(o, "unknown option %s", a);
 			continue;
@@ -196,6 +213,9 @@ static void parse_options(int argc, char **argv, options_t *o)
 			parse_count(o, "--eval-batches", v, 1, 1000000, &o->eval_batches);
 		} else if (!strcmp(a, "--max-skips")) {
 			parse_count(o, "--max-skips", v, 1, 1000000, &o->max_skips);
+			/* no program skips steps yet: planc build refuses fp16 plans (loss scaling) */
+			set_error(o, "--max-skips applies to fp16 plans with dynamic loss scaling, which planc build does not "
+				     "execute yet; leave it out");
 		} else {
 			errno = 0;
 			unsigned long long s = all_digits(v) ? strtoull(v, NULL, 10) : 0;
@@ -206,7 +226,9 @@ static void parse_options(int argc, char **argv, options_t *o)
 			o->seed_given = 1;
 		}
 	}
-	if (!o->help && !o->error[0] && (o->steps < 0 || !o->data))
+	if (!o->help && !o->error[0] && o->reshard_from && o->nother)
+		set_error(o, "--reshard CHECKPOINT OUT_DIR takes no other option (it trains nothing)");
+	if (!o->help && !o->error[0] && !o->reshard_from && (o->steps < 0 || !o->data))
 		set_error(o, "--steps and --data are required");
 	if (!o->help && !o->error[0] && o->keep && !o->save_every_dir)
 		set_error(o, "--keep needs --save-every N DIR (it keeps the newest K checkpoints there)");
@@ -267,11 +289,13 @@ static void print_help(const char *prog_name, const planrt_program_t *p)
 	       "  --keep K              keep the newest K checkpoints in DIR (default: all)\n"
 	       "  --resume DIR          continue from the newest complete checkpoint in DIR (or DIR/step-K): bit\n"
 	       "                        for bit under the plan that wrote it, resharded under another plan\n"
+	       "  --reshard CKPT OUT    no training: the checkpoint CKPT (a --save-every directory or a step-N\n"
+	       "                        of any plan of this model) rewritten into OUT/step-N as this plan holds it;\n"
+	       "                        one process, without mpirun; then --resume OUT (planc reshard does the same)\n"
 	       "  --trace T.json        a Chrome-trace / Perfetto timeline of every rank (compute, collectives,\n"
 	       "                        transfers, waits)\n"
 	       "  --eval-every N        every N steps, the loss on held-out data (the last tenth of the tokens,\n"
 	       "                        which training then never sees) over --eval-batches B batches (default 4)\n"
-	       "  --max-skips N         fp16 loss scaling: stop after N consecutive skipped steps (default 20)\n"
 	       "  --help, -h            this text\n"
 	       "environment: PLANRT_WATCHDOG=SECONDS (stall limit, 0 off), PLANRT_REPORT_MEMORY, "
 	       "PLANRT_REPORT_TIMING, PLANRT_REPORT_COMM (one stderr line per rank),\n"
@@ -880,6 +904,31 @@ void planrt_p2p_finish(planrt_ctx_t *ctx, planrt_request_t *req)
 
 /* ------------------------------------------------------------------ the walker */
 
+/* --trace: an action (or the prepare that posts its receives) is a compute event, "F 3" or
+ * "B 3" (micro-batch 3; ".1" for chunk 1 of an interleaved schedule) */
+static void trace_action(const char *prefix, const planrt_action_t *a)
+{
+	if (!planrt_tracing_)
+		return;
+	char name[64], args[96];
+	snprintf(name, sizeof name, a->chunk ? "%s%c %d.%d" : "%s%c %d", prefix, a->kind == PLANRT_FORWARD ? 'F' : 'B',
+		 (int)a->micro, a->chunk);
+	planrt_trace_begin_(name, "compute");
+	snprintf(args, sizeof args, "\"micro_batch\":%d,\"chunk\":%d", (int)a->micro, a->chunk);
+	planrt_trace_args_(args);
+}
+
+/* --trace: a run phase (init, a step, a checkpoint, ...) as an event with its step */
+static void trace_phase(const char *name, int64_t step)
+{
+	if (!planrt_tracing_)
+		return;
+	char args[48];
+	planrt_trace_begin_(name, "run");
+	snprintf(args, sizeof args, "\"step\":%lld", (long long)step);
+	planrt_trace_args_(args);
+}
+
 typedef struct walker {
 	const planrt_stage_t *stage;
 	planrt_ctx_t *ctx;
@@ -940,7 +989,9 @@ static void prepare(walker_t *w, int i)
 	const planrt_phase_fn *fns = a->kind == PLANRT_FORWARD ? s->prepare_forward : s->prepare_backward;
 	if (fns && fns[a->chunk]) {
 		point_at(w, a);
+		trace_action("prepare ", a);
 		fns[a->chunk](w->ctx);
+		planrt_trace_end_(NULL);
 	}
 	if (a->kind == PLANRT_FORWARD)
 		for (int r = 0; r < nr; r++)
@@ -973,7 +1024,9 @@ static void walk(walker_t *w)
 			prepare(w, i + 1);
 		point_at(w, a);
 		planrt_where_(w->ctx->step, a->kind == PLANRT_FORWARD ? "forward" : "backward", (int)a->micro, a->chunk);
+		trace_action("", a);
 		(a->kind == PLANRT_FORWARD ? s->forward : s->backward)[a->chunk](w->ctx);
+		planrt_trace_end_(NULL);
 	}
 	drain(w, w->reqs, s->nslots * s->nreqs, NULL);
 	clear_action(w->ctx);
@@ -1268,10 +1321,17 @@ static int64_t check_resume(planrt_ckpt_t *c, const planrt_program_t *p, const o
 		planrt_fatal("--resume: the checkpoint of plan %s (sync local_sgd) holds each replica's own state, which "
 			     "only the same plan can read; resume it with plan %s",
 			     plan, plan);
-	if (rank == 0 && !exact) {
+	const char *from = json_string_value(json_object_get(json_object_get(m, "resharded_from"), "plan"));
+	if (rank == 0 && !exact && from && !strcmp(plan, p->plan ? p->plan : "?"))
+		fprintf(stderr, "planrt: note: the checkpoint was resharded offline from plan %s into this plan %s; the run "
+				"continues as resuming plan %s's checkpoint here would, equal up to float rounding to plan %s "
+				"continuing\n",
+			from, plan, from, from);
+	else if (rank == 0 && !exact)
 		fprintf(stderr, "planrt: note: resharding the checkpoint of plan %s (%s) into plan %s; the run continues "
 				"equal up to float rounding, not bit for bit\n",
 			plan, json_string_value(json_object_get(m, "fingerprint")) ?: "?", p->plan);
+	if (rank == 0 && !exact) {
 		if (json_array_size(json_object_get(m, "local")))
 			fprintf(stderr, "planrt: note: the rank-local state of plan %s (gradient compression's error feedback) "
 					"restarts from zero under plan %s\n",
@@ -1293,11 +1353,13 @@ static double evaluate(walker_t *w, const planrt_stage_t *stage, planrt_ctx_t *c
 		ctx->eval_batch = b;
 		clear_action(ctx);
 		planrt_where_(step, "evaluation", -1, -1);
+		trace_phase("evaluation batch", step);
 		if (stage->eval_begin)
 			stage->eval_begin(ctx);
 		walk(w);
 		if (stage->eval_end)
 			stage->eval_end(ctx);
+		planrt_trace_end_(NULL);
 		sum += stage->eval_loss && *stage->eval_loss ? **stage->eval_loss : NAN;
 	}
 	ctx->eval_batch = -1;
@@ -1305,6 +1367,19 @@ static double evaluate(walker_t *w, const planrt_stage_t *stage, planrt_ctx_t *c
 	forward_only_chunks = 0;
 	clear_action(ctx);
 	return sum / (double)batches;
+}
+
+/* --trace: every rank's events joined into the file, each rank named by its mesh coordinates */
+static void trace_close(const planrt_program_t *p)
+{
+	char name[256];
+	int len = snprintf(name, sizeof name, "rank %d", planrt_world_rank_());
+	for (int a = 0; a < p->naxes && len > 0 && (size_t)len < sizeof name; a++)
+		len += snprintf(name + len, sizeof name - (size_t)len, "%s%s %d", a ? ", " : " (",
+				p->axis_names && p->axis_names[a] ? p->axis_names[a] : "?", planrt_mesh_coord(a));
+	if (p->naxes > 0 && len > 0 && (size_t)len < sizeof name)
+		snprintf(name + len, sizeof name - (size_t)len, ")");
+	planrt_trace_close_(name);
 }
 
 /* The stage with its forward actions only (evaluation), built once. */
@@ -1332,6 +1407,16 @@ int planrt_main(int argc, char **argv, const planrt_program_t *program)
 		if (launcher_rank0())
 			print_help(prog_name, program);
 		return 0;
+	}
+
+	/* --reshard: one process, no MPI (the ranks are played in turn) */
+	if (opt.reshard_from && opt.error[0])
+		planrt_fatal("%s; usage: %s --reshard CHECKPOINT OUT_DIR", opt.error, prog_name);
+	if (opt.reshard_from) {
+		prog = program;
+		int rc = planrt_ckpt_reshard(program, opt.reshard_from, opt.reshard_to);
+		prog = NULL;
+		return rc;
 	}
 
 	/* 1. the world and the mesh */
@@ -1369,6 +1454,8 @@ int planrt_main(int argc, char **argv, const planrt_program_t *program)
 	}
 	if (opt.log && rank == 0)
 		PLANRT_CHECK(planrt_log_open_(opt.log, opt.resume != NULL));
+	if (opt.trace) /* every rank (the origin of its clock is agreed on) */
+		planrt_trace_open_(opt.trace);
 
 	/* 3. this rank's stage and role, its state and its arena */
 	int stage_index = program->pipe_axis >= 0 ? planrt_mesh_coord(program->pipe_axis) : 0;
@@ -1406,22 +1493,30 @@ int planrt_main(int argc, char **argv, const planrt_program_t *program)
 	int64_t train_tokens = planrt_data_tokens(ctx.data), first_step = 0;
 	if (opt.eval_every)
 		PLANRT_CHECK(planrt_data_hold_out_(ctx.data, &train_tokens));
-	planrt_ckpt_t *resume = opt.resume ? planrt_ckpt_resume_open(opt.resume, program) : NULL;
+	struct stat resume_st, every_st;
+	int fresh_ok = opt.resume && opt.save_every_dir && stat(opt.resume, &resume_st) == 0 &&
+		       stat(opt.save_every_dir, &every_st) == 0 && resume_st.st_dev == every_st.st_dev &&
+		       resume_st.st_ino == every_st.st_ino; /* --resume DIR --save-every N DIR: a first run too */
+	planrt_ckpt_t *resume = opt.resume ? planrt_ckpt_resume_open(opt.resume, program, fresh_ok) : NULL;
 	if (resume)
 		first_step = check_resume(resume, program, &opt, ctx.data, train_tokens, &ctx.seed, rank);
 	uint64_t seed = ctx.seed;
 	if (opt.init)
 		PLANRT_CHECK(planrt_st_open(opt.init, &ctx.init_file));
 	planrt_where_(-1, "init", -1, -1);
+	trace_phase("init", -1);
 	if (stage->init)
 		stage->init(&ctx);
+	planrt_trace_end_(NULL);
 	planrt_st_close(ctx.init_file);
 	ctx.init_file = NULL;
 	if (resume) {
 		planrt_where_(-1, "resume", -1, -1);
 		ctx.ckpt = resume;
+		trace_phase("resume", first_step);
 		if (stage->resume)
 			stage->resume(&ctx);
+		planrt_trace_end_(NULL);
 		ctx.ckpt = NULL;
 		planrt_ckpt_close(resume);
 		if (rank == 0)
@@ -1437,7 +1532,8 @@ int planrt_main(int argc, char **argv, const planrt_program_t *program)
 	int window = stage->loss_window > 1 ? stage->loss_window : 1;
 	enum { ROW = 4 }; /* lr, gradient norm, step seconds, held-out loss (NaN: none) */
 	double *pending = calloc((size_t)window * ROW, sizeof(double)), shown_loss = NAN;
-	if (!pending)
+	double *kept = calloc((size_t)window, sizeof(double)); /* the window's losses across an evaluation */
+	if (!pending || !kept)
 		planrt_fatal("out of memory for %d log rows", window);
 	const char *straggler = getenv("PLANRT_STRAGGLER");
 	planrt_stage_t fwd = opt.eval_every ? forward_stage(stage) : *stage;
@@ -1451,14 +1547,19 @@ int planrt_main(int argc, char **argv, const planrt_program_t *program)
 		ctx.step_seed = seed * 0x9E3779B97F4A7C15ull + (uint64_t)step;
 		clear_action(&ctx);
 		planrt_where_(step, "step_begin", -1, -1);
+		trace_phase("step", step);
 		if (stage->step_begin)
 			stage->step_begin(&ctx);
 		double t_walk = planrt_now();
 		walk(&walker);
 		double t_end = planrt_now();
 		planrt_where_(step, "update", -1, -1);
+		if (planrt_tracing_)
+			planrt_trace_begin_("update", "compute");
 		if (stage->step_end)
 			stage->step_end(&ctx);
+		planrt_trace_end_(NULL);
+		planrt_trace_end_(NULL); /* the step */
 		double update_s = planrt_now() - t_end + (t_walk - t0);
 		double norm = stage->grad_norm && *stage->grad_norm ? **stage->grad_norm : NAN;
 		double step_s = planrt_now() - t0;
@@ -1481,8 +1582,18 @@ int planrt_main(int argc, char **argv, const planrt_program_t *program)
 			stopped = step; /* every rank sees the same reduced values and stops here */
 		}
 		double eval = NAN;
-		if (stopped < 0 && opt.eval_every && (step + 1) % opt.eval_every == 0)
+		if (stopped < 0 && opt.eval_every && (step + 1) % opt.eval_every == 0) {
+			/* the held-out forward passes compute their loss where the step's is: keep the
+			 * step's (the log reads it below) */
+			int nkept = stage->loss && *stage->loss ? window : 0;
+			for (int i = 0; i < nkept; i++)
+				kept[i] = (*stage->loss)[i];
+			trace_phase("evaluation", step);
 			eval = evaluate(&evaluator, stage, &ctx, opt.eval_batches, step);
+			planrt_trace_end_(NULL);
+			for (int i = 0; i < nkept; i++)
+				(*stage->loss)[i] = kept[i];
+		}
 		if (rank == 0) {
 			double *row = pending + (step % window) * ROW;
 			row[0] = planrt_lr_at(program->lr, step, program->warmup, program->total_steps, program->min_lr);
@@ -1514,12 +1625,15 @@ int planrt_main(int argc, char **argv, const planrt_program_t *program)
 		if (opt.save_every_dir && ((step + 1) % opt.save_every == 0 || step == opt.steps - 1)) {
 			clear_action(&ctx);
 			json_t *run = run_info(program, &opt, step + 1, seed, ctx.data, train_tokens);
+			trace_phase("checkpoint", step + 1);
 			planrt_ckpt_save(&ctx, stage, opt.save_every_dir, step + 1, run, (int)opt.keep);
+			planrt_trace_end_(NULL);
 			json_decref(run);
 			saved_step = step + 1;
 		}
 	}
 	free(pending);
+	free(kept);
 	if (fwd.actions != stage->actions)
 		free((void *)fwd.actions);
 	if (stopped >= 0 && rank == 0)
@@ -1537,8 +1651,13 @@ int planrt_main(int argc, char **argv, const planrt_program_t *program)
 	/* 6. the checkpoint and the reports */
 	clear_action(&ctx);
 	planrt_where_(-1, "save", -1, -1);
-	if (opt.save && stopped < 0)
+	if (opt.save && stopped < 0) {
+		trace_phase("save", opt.steps);
 		save_checkpoint(&ctx, stage, opt.save, rank);
+		planrt_trace_end_(NULL);
+	}
+	if (opt.trace)
+		trace_close(program);
 	if (getenv("PLANRT_REPORT_MEMORY"))
 		fprintf(stderr,
 			"planrt: rank %d: memory arena_high_water=%zu arena_planned=%zu state=%zu peak_rss=%zu stage=%d "

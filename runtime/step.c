@@ -26,6 +26,7 @@
 
 #include <math.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 
 enum { OPT_BLOCK = 4096 };
@@ -337,8 +338,15 @@ void planrt_optimizer_step(int kind, double lr, double beta1, double beta2, doub
 		planrt_fatal("planrt_optimizer_step: optimizer kind %d without its moment buffers", kind);
 	const planrt_opt_t o = {(planrt_opt_kind_t)kind, lr, beta1, beta2, eps, weight_decay, momentum};
 	const double lr_t = planrt_lr_at(lr, step, warmup, total, min_lr), k = coef ? *coef : 1.0;
+	if (planrt_tracing_) { /* --trace: a kernel event (ends with its element count) */
+		planrt_trace_begin_("optimizer_step", "kernel");
+		char args[64];
+		snprintf(args, sizeof args, "\"elements\":%lld", (long long)n);
+		planrt_trace_args_(args);
+	}
 	if (gt == planrt_f32 && k == 1.0) {
 		planrt_opt_step(&o, lr_t, step + 1, param, grad, m, v, (size_t)n);
+		planrt_trace_end_(NULL);
 		return;
 	}
 	float block[OPT_BLOCK];
@@ -354,4 +362,5 @@ void planrt_optimizer_step(int kind, double lr, double beta1, double beta2, doub
 		planrt_opt_step(&o, lr_t, step + 1, param + i, block, needs_m ? m + i : NULL, needs_v ? v + i : NULL,
 				(size_t)len);
 	}
+	planrt_trace_end_(NULL);
 }

@@ -45,7 +45,11 @@ add_test(NAME explain_svg COMMAND python3 ${ROOT}/tests/explain/check_svg.py ${P
 # kill -9 inside a save, resharding between plans, --keep, NaN stops, refused arguments and
 # paths, every survivor explaining a killed rank (tests/ops)
 add_test(NAME ops COMMAND python3 ${ROOT}/tests/ops/run_ops.py ${PLANC} ${ROOT} WORKING_DIRECTORY ${ROOT})
-set_tests_properties(ops PROPERTIES TIMEOUT 600)
+set_tests_properties(ops PROPERTIES TIMEOUT 900)
+# watching a run: --trace (nesting, bytes against the comm counters), --eval-every (the same held-out
+# loss under every plan, training untouched), the TensorBoard converter, the tcp transport
+add_test(NAME ops_observe COMMAND python3 ${ROOT}/tests/ops/run_observe.py ${PLANC} ${ROOT} WORKING_DIRECTORY ${ROOT})
+set_tests_properties(ops_observe PROPERTIES TIMEOUT 600)
 # The CUDA target (issue 7). On a CPU: the stream/event schedule as data (its orderings: buckets
 # under the backward, ZeRO-3 gathers prefetched, pipeline transfers beside compute) and the arena
 # the device allocates; with the CUDA toolkit (planrt_cuda built): every example plan built for

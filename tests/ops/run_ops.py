@@ -23,6 +23,7 @@ Prints PASS/FAIL per check and a closing 'N passed, N failed' line.
 usage: run_ops.py PLANC REPO_ROOT
 """
 import json
+from math import prod
 import os
 import re
 import shutil
@@ -218,10 +219,96 @@ for (model, a, b) in [("mlp", "dp2", "tp2"), ("mlp", "dp2", "zero3_dp4"), ("gpt"
     check(f"reshard {model} {a} -> {b}", rc == 0 and "resharding" in err and sorted(got) == list(range(2, n)) and worst <= 1e-5,
           f"steps 2-{n - 1}, worst relative loss difference {worst:.2e}" if rc == 0 else err[-300:])
 
+# ------------------------------------------------------------------ resharding offline
+# planc reshard (and PROG --reshard) rewrite A's checkpoint as B lays it out: one file per rank of
+# B holding exactly that rank's pieces, no rank-local state; B resumed from it equals B resumed from
+# A's checkpoint bit for bit (losses and final weights), so it equals A continuing within 1e-5.
+
+def reshard_offline(model, a, b, how, lossy=False):
+    progb = build(model, b)
+    n = max(full[(model, a)]) + 1
+    src, out = f"{ckdirs[(model, a)]}/step-00000002", f"{work}/offline_{model}_{a}_{b}"
+    if how == "planc":
+        r = subprocess.run([planc, "reshard", f"{root}/examples/{model}.plan", "--plan", b, src, "-o", out],
+                           capture_output=True, text=True, env=env, timeout=300)
+    else:  # the built program itself, one process, no mpirun
+        r = subprocess.run([progb, "--reshard", src, out], capture_output=True, text=True, env=env, timeout=300)
+    tag = f"reshard offline ({how}) {model} {a} -> {b}"
+    if not check(f"{tag}: written", r.returncode == 0 and os.path.exists(f"{out}/step-00000002/manifest.json") and
+                 "resharded" in r.stderr, r.stderr[-300:]):
+        return
+    m = json.load(open(f"{out}/step-00000002/manifest.json"))
+    world = WORLD[progb]
+    # every element of every tensor in exactly one piece (replicas write once, ZeRO padding clipped)
+    own = all(sum(p["range"][1] - p["range"][0] for p in t["pieces"]) == prod(t["shape"]) and
+              len({(tuple(p["offsets"]), tuple(p["range"])) for p in t["pieces"]}) == len(t["pieces"])
+              for t in m["tensors"].values())
+    layout_ok = (m["plan"] == b and m["world"] == world and m["resharded_from"]["plan"] == a and not m["local"] and
+                 len(m["files"]) <= world and len({f["rank"] for f in m["files"]}) == len(m["files"]) and own and
+                 m["step"] == 2)
+    check(f"{tag}: one file per rank of {b}, the run's position kept", layout_ok,
+          f"{len(m['files'])} files for {world} ranks, step {m['step']}, from {m['resharded_from']['plan']}")
+    runs = {}
+    for name, path in (("offline", out), ("direct", src)):
+        log, st = f"{out}_{name}.jsonl", f"{out}_{name}.st"
+        rc, err = run(progb, "--data", data, "--steps", str(n), "--resume", path, "--log", log, "--save", st)
+        runs[name] = (rc, losses(log) if rc == 0 else {}, open(st, "rb").read() if rc == 0 else b"", err)
+    a_run, b_run = runs["offline"], runs["direct"]
+    same = a_run[0] == 0 and a_run[1] == b_run[1] and a_run[2] == b_run[2] and sorted(a_run[1]) == list(range(2, n))
+    check(f"{tag}: {b} resumed from it equals {b} resumed from {a}'s checkpoint", same,
+          f"steps 2-{n - 1} and the final weights bit for bit" if same else a_run[3][-300:])
+    if lossy:  # A's top-k compression is part of its training: B (uncompressed) continues otherwise
+        return
+    ref = full[(model, a)]
+    worst = max((abs(a_run[1][s] - ref[s]) / abs(ref[s]) for s in a_run[1]), default=1.0) if a_run[1] else 1.0
+    check(f"{tag}: equals {a} continuing", worst <= 1e-5, f"worst relative loss difference {worst:.2e}")
+
+
+reshard_offline("mlp", "dp2", "tp2", "program")
+reshard_offline("mlp", "dp2", "zero3_dp4", "planc")
+reshard_offline("gpt", "pp2", "dp2_tp2", "planc")
+reshard_offline("gpt", "zero1_dp4", "pp2", "program")
+reshard_offline("gpt", "bf16_zero2_dp4", "bf16", "planc")
+reshard_offline("gpt", "dp4_topk_zero1", "dp2_tp2", "planc", lossy=True)
+src = f"{ckdirs[('mlp', 'dp2')]}/step-00000002"
+for name, args, pattern in [
+        ("another model", [planc, "reshard", f"{root}/examples/gpt.plan", "--plan", "dp2", src, "-o", f"{work}/rx"],
+         "is a checkpoint of model 'mlp'"),
+        ("into the checkpoint's own directory", [planc, "reshard", f"{root}/examples/mlp.plan", "--plan", "tp2", src, "-o",
+                                                 ckdirs[("mlp", "dp2")]], "is where the checkpoint is read from"),
+        ("over a resharded checkpoint", [planc, "reshard", f"{root}/examples/mlp.plan", "--plan", "tp2", src, "-o",
+                                         f"{work}/offline_mlp_dp2_tp2"], "already holds a checkpoint of step 2"),
+        ("local SGD's checkpoint", [planc, "reshard", f"{root}/examples/gpt.plan", "--plan", "dp2",
+                                    f"{ckdirs[('gpt', 'dp4_local_sgd')]}/step-00000002", "-o", f"{work}/rx"],
+         "holds each replica's own state"),
+        ("no checkpoint", [planc, "reshard", f"{root}/examples/mlp.plan", "--plan", "tp2", f"{work}/none", "-o",
+                           f"{work}/rx"], "No such file or directory"),
+        ("with training options", [build("mlp", "tp2"), "--reshard", src, f"{work}/rx", "--steps", "3"],
+         "takes no other option")]:
+    r = subprocess.run(args, capture_output=True, text=True, env=env, timeout=300)
+    check(f"reshard refused: {name}", r.returncode != 0 and pattern in r.stderr,
+          r.stderr.strip().splitlines()[0][:160] if r.stderr.strip() else "")
+
 # ------------------------------------------------------------------ --keep
 
 rc, err = run(prog, "--data", data, "--steps", "5", "--save-every", "1", f"{work}/keep", "--keep", "2")
 check("--keep 2 leaves the newest two", rc == 0 and steps_of(f"{work}/keep") == [4, 5], str(steps_of(f"{work}/keep")))
+
+# one job script for the first run and every restart: --resume DIR --save-every N DIR
+fresh = f"{work}/fresh"
+rc, err = run(prog, "--data", data, "--steps", "4", "--resume", fresh, "--save-every", "2", fresh, "--log",
+              f"{work}/fresh.jsonl")
+check("--resume DIR --save-every N DIR starts a first run", rc == 0 and "holds no checkpoint yet; starting at step 0"
+      in err and steps_of(fresh) == [2, 4], err[-300:] if rc else str(steps_of(fresh)))
+rc, err = run(prog, "--data", data, "--steps", "6", "--resume", fresh, "--save-every", "2", fresh, "--log",
+              f"{work}/fresh.jsonl")
+got = losses(f"{work}/fresh.jsonl")
+check("... and the same command line continues it", rc == 0 and "resumed at step 4" in err and
+      all(got.get(s) == base[s] for s in range(6)), err[-300:] if rc else f"{got} vs {base}")
+os.makedirs(f"{work}/not_every")
+rc, err = run(prog, "--data", data, "--steps", "2", "--resume", f"{work}/not_every")
+check("--resume of a directory without checkpoints (not the --save-every one) is refused",
+      rc != 0 and "holds no complete checkpoint" in err, err.strip().splitlines()[0][:160] if err.strip() else "")
 
 # ------------------------------------------------------------------ failures
 
@@ -284,6 +371,8 @@ for name, args, pattern in [
         ("--save-every in a missing directory", ["--steps", "1", "--data", data, "--save-every", "1", f"{work}/no/such"],
          "cannot create the --save-every directory"),
         ("--save-every is a file", ["--steps", "1", "--data", data, "--save-every", "1", f"{work}/afile"], "is not a directory"),
+        ("--max-skips (no plan skips steps yet)", ["--steps", "1", "--data", data, "--max-skips", "3"],
+         "--max-skips applies to fp16 plans with dynamic loss scaling"),
         ("--resume and --init", ["--steps", "1", "--data", data, "--resume", ck, "--init", f"{work}/kill.st"],
          "--resume and --init"),
         ("--resume of another model", ["--steps", "6", "--data", data, "--resume", ckdirs[("gpt", "pp2")]], "of model 'gpt'")]:
