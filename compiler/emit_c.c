@@ -262,8 +262,9 @@ static void print_expr(Emit *e, const LExpr *x, const Kernel *k, bool flat)
 	FILE *f = e->f;
 	switch (x->kind) {
 	case LX_LOAD: {
-		bool half = e->p->buf[buffer_root(e->p, x->buf)].dtype == DT_BF16;
-		fprintf(f, half ? "bf(v%d[" : "v%d[", e->load_slot ? e->load_slot[x->buf] : x->buf);
+		DType t = e->p->buf[buffer_root(e->p, x->buf)].dtype;
+		bool half = t == DT_BF16 || t == DT_F16;
+		fprintf(f, t == DT_BF16 ? "bf(v%d[" : t == DT_F16 ? "hf(v%d[" : "v%d[", e->load_slot ? e->load_slot[x->buf] : x->buf);
 		print_index(e, x, k, flat);
 		fprintf(f, half ? "])" : "]");
 		return;
@@ -369,7 +370,9 @@ static void print_loop(Emit *e, const Kernel *k)
 		fprintf(f, ";\n");
 	}
 	bool flat = contiguous(k->expr, k);
-	bool half = e->p->buf[buffer_root(e->p, k->out)].dtype == DT_BF16;
+	DType out_t = e->p->buf[buffer_root(e->p, k->out)].dtype;
+	bool half = out_t == DT_BF16 || out_t == DT_F16;
+	const char *to = out_t == DT_F16 ? "tohf" : "tobf", *from = out_t == DT_F16 ? "hf" : "bf";
 	const char *op = k->accumulate ? "+=" : "=";
 	long long total = 1, stride[MAX_DIMS];
 	for (int d = k->rank - 1; d >= 0; d--) {
@@ -397,11 +400,11 @@ static void print_loop(Emit *e, const Kernel *k)
 	}
 	indent(f, depth);
 	if (half)
-		fprintf(f, "out[%s] = tobf(%s", at, k->accumulate ? "" : "");
+		fprintf(f, "out[%s] = %s(", at, to);
 	else
 		fprintf(f, "out[%s] %s ", at, op);
 	if (half && k->accumulate)
-		fprintf(f, "bf(out[%s]) + ", at);
+		fprintf(f, "%s(out[%s]) + ", from, at);
 	print_expr(e, k->expr, k, flat);
 	fprintf(f, half ? ");\n" : ";\n");
 	if (!flat) {
@@ -654,11 +657,14 @@ static void print_prelude(Emit *e, const char *source_path)
 		"static inline float bf(uint16_t x)\n{\n\tuint32_t u = (uint32_t)x << 16;\n\tfloat f;\n\tmemcpy(&f, &u, 4);\n\treturn f;\n}\n"
 		"static inline uint16_t tobf(float f)\n{\n\tuint32_t u;\n\tmemcpy(&u, &f, 4);\n"
 		"\tif ((u & 0x7fffffffu) > 0x7f800000u)\n\t\treturn (uint16_t)((u >> 16) | 0x40);\n"
-		"\treturn (uint16_t)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);\n}\n\n");
+		"\treturn (uint16_t)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);\n}\n"
+		"/* f16 storage: IEEE half, widened exactly, rounded to nearest even when stored (planrt_cast's) */\n"
+		"static inline float hf(uint16_t x) { return planrt_f16_to_f32(x); }\n"
+		"static inline uint16_t tohf(float f) { return planrt_f32_to_f16(f); }\n\n");
 	/* only the helpers a file uses must exist: mark the rest used */
 	fprintf(f, "static void unused_helpers(void)\n{\n\t(void)relu; (void)relu_grad; (void)gelu_erf; (void)gelu_erf_grad;"
 		   " (void)gelu_tanh;\n\t(void)gelu_tanh_grad; (void)silu; (void)silu_grad; (void)dropout_grad; (void)bf;"
-		   " (void)tobf;\n}\n\n");
+		   " (void)tobf;\n\t(void)hf; (void)tohf;\n}\n\n");
 }
 
 static void print_program(Emit *e, const char *source_path)
@@ -695,7 +701,7 @@ static void print_program(Emit *e, const char *source_path)
 		low->nparams, ps->micro_batches > 0 ? ps->micro_batches : 1);
 	fprintf(f, "\t%lld, %lld, %lld, %.17g, %.17g, %d, %d, %d, %d,\n", ps->batch, low->seq, low->vocab, ps->lr,
 		ps->min_lr, ps->warmup, ps->total_steps, low->nroles, low->nroles > 1 ? sync_axis(ps) : -1);
-	fprintf(f, "\t\"%s\", \"%s\",\n};\n\n", plan_fingerprint(low), sync_mode_name(ps->sync));
+	fprintf(f, "\t\"%s\", \"%s\", %.17g,\n};\n\n", plan_fingerprint(low), sync_mode_name(ps->sync), ps->loss_scale);
 	fprintf(f, "int main(int argc, char **argv)\n{\n\tunused_helpers();\n\treturn %s(argc, argv, &program);\n}\n",
 		e->target ? e->target->main_fn : "planrt_main");
 	if (e->target)
@@ -871,9 +877,14 @@ bool lowered_executable_on(const Lowered *low, bool report, bool device)
 	if (ps->compress != COMPRESS_NONE && ps->param_dtype != DT_F32 &&
 	    !(ps->compress == COMPRESS_BF16 && ps->param_dtype == DT_BF16))
 		REFUSE(ps->sync_loc, "planc build compresses f32 gradients so far (this plan's are %s)", dtype_name(ps->param_dtype));
-	if (ps->param_dtype != DT_F32 && ps->param_dtype != DT_BF16)
-		REFUSE(ps->plan->name_loc, "planc build executes f32 and bf16 plans so far (this plan uses %s)",
+	if (ps->param_dtype != DT_F32 && ps->param_dtype != DT_BF16 && ps->param_dtype != DT_F16)
+		REFUSE(ps->plan->name_loc, "planc build executes f32, bf16 and f16 plans so far (this plan uses %s)",
 		       dtype_name(ps->param_dtype));
+	if (ps->param_dtype == DT_F16 && device)
+		REFUSE(ps->plan->name_loc, "the CUDA target does not execute fp16 plans yet (f16 storage and loss scaling)");
+	if (ps->param_dtype == DT_F16 && ps->sync != SYNC_STRICT)
+		REFUSE(ps->sync_loc, "fp16 loss scaling skips a step on every rank at once: %s replicas step on their own",
+		       ps->sync == SYNC_ASYNC ? "async" : "local_sgd");
 	for (int i = 0; i < g->nops && ok; i++) {
 		const Op *op = &g->ops[i];
 		if (op->kind == OP_INPUT && g->vals[op->out[0]].tied_to < 0) {

@@ -129,6 +129,8 @@
 	  (double *, const void *, planrt_dtype_t, int64_t, int64_t, int, const int64_t *, const int64_t *, \
 	   const int64_t *))                                                                               \
 	X(CLIP_COEF, planrt_clip_coef, (const double *, double *, double *, double))                       \
+	X(LOSS_SEED, planrt_loss_seed, (planrt_ctx_t *, float *, double))                                  \
+	X(UNSCALE_CLIP, planrt_unscale_clip_coef, (planrt_ctx_t *, const double *, double *, double *, double)) \
 	X(OPTIMIZER, planrt_optimizer_step,                                                                \
 	  (int, double, double, double, double, double, double, int64_t, int64_t, double, int64_t, float *,  \
 	   const void *, planrt_dtype_t, float *, float *, int64_t, const double *))                       \
@@ -817,6 +819,35 @@ static LLVMValueRef f32_to_bf(Gen *G, LLVMValueRef f)
 	return LLVMBuildTrunc(G->b, sel(G, nan, quiet, round), G->t_i16, "");
 }
 
+/* f16 storage: IEEE half widened exactly, rounded to nearest even when stored. On the host both
+ * back ends call the runtime's conversions (emit_c.c's hf and tohf, planrt_cast's), so the bits
+ * agree by construction; a GPU module converts with the hardware's, which round the same way. */
+static LLVMValueRef hf_to_f32(Gen *G, LLVMValueRef h)
+{
+	LLVMTypeRef half = LLVMHalfTypeInContext(LLVMGetTypeContext(G->t_f32));
+	if (G->gpu)
+		return LLVMBuildFPExt(G->b, LLVMBuildBitCast(G->b, h, half, ""), G->t_f32, "");
+	LLVMTypeRef params[] = {G->t_i16};
+	LLVMValueRef fn = declare(G, "planrt_f16_to_f32", LLVMFunctionType(G->t_f32, params, 1, 0));
+	return call(G, fn, &h, 1);
+}
+
+static LLVMValueRef f32_to_hf(Gen *G, LLVMValueRef f)
+{
+	LLVMTypeRef half = LLVMHalfTypeInContext(LLVMGetTypeContext(G->t_f32));
+	if (G->gpu)
+		return LLVMBuildBitCast(G->b, LLVMBuildFPTrunc(G->b, f, half, ""), G->t_i16, "");
+	LLVMTypeRef params[] = {G->t_f32};
+	LLVMValueRef fn = declare(G, "planrt_f32_to_f16", LLVMFunctionType(G->t_i16, params, 1, 0));
+	return call(G, fn, &f, 1);
+}
+
+/* a stored element widened to f32 for arithmetic (bf16 and f16; other dtypes as they are) */
+static LLVMValueRef widen(Gen *G, DType t, LLVMValueRef v)
+{
+	return t == DT_BF16 ? bf_to_f32(G, v) : t == DT_F16 ? hf_to_f32(G, v) : v;
+}
+
 /* ------------------------------------------------------------------ fused loops */
 
 /* The loop nest of a K_LOOP: its dims with the size-1 ones dropped and neighbours merged where
@@ -938,7 +969,7 @@ static LLVMValueRef loop_expr(Gen *G, const Nest *ns, const LExpr *x)
 		LLVMTypeRef et = elem_type(G, G->p, x->buf);
 		LLVMValueRef off = nest_offset(G, ns, x->stride, true);
 		LLVMValueRef v = LLVMBuildLoad2(G->b, et, LLVMBuildInBoundsGEP2(G->b, et, ns->ptr[i], &off, 1, ""), "");
-		return G->p->buf[buffer_root(G->p, x->buf)].dtype == DT_BF16 ? bf_to_f32(G, v) : v;
+		return widen(G, G->p->buf[buffer_root(G->p, x->buf)].dtype, v);
 	}
 	case LX_CONST:
 		return LLVMConstReal(G->t_f32, x->f);
@@ -998,21 +1029,20 @@ static LLVMValueRef loop_expr(Gen *G, const Nest *ns, const LExpr *x)
 static void loop_element(Gen *G, const Kernel *k, const Nest *ns)
 {
 	DType t = G->p->buf[buffer_root(G->p, k->out)].dtype;
-	if (t != DT_F32 && t != DT_BF16)
-		ICE("a fused loop writes %s; the back ends write f32 and bf16", dtype_name(t));
+	if (t != DT_F32 && t != DT_BF16 && t != DT_F16)
+		ICE("a fused loop writes %s; the back ends write f32, bf16 and f16", dtype_name(t));
 	LLVMTypeRef et = elem_type(G, G->p, k->out);
 	LLVMValueRef off = nest_offset(G, ns, ns->out_stride, false);
 	LLVMValueRef at = LLVMBuildInBoundsGEP2(G->b, et, ns->out, &off, 1, "");
 	LLVMValueRef old = NULL;
 	if (k->accumulate) {
 		old = LLVMBuildLoad2(G->b, et, at, "");
-		if (t == DT_BF16)
-			old = bf_to_f32(G, old);
+		old = widen(G, t, old);
 	}
 	LLVMValueRef v = as_f32(G, loop_expr(G, ns, k->expr));
 	if (old)
 		v = fadd(G, old, v);
-	LLVMBuildStore(G->b, t == DT_BF16 ? f32_to_bf(G, v) : v, at);
+	LLVMBuildStore(G->b, t == DT_BF16 ? f32_to_bf(G, v) : t == DT_F16 ? f32_to_hf(G, v) : v, at);
 }
 
 /* The function of a fused loop: (out, then every buffer it loads), out noalias as the C
@@ -1274,7 +1304,8 @@ static void table_types(Gen *G, Tables *T)
 			   F(planrt_program_t, lr, f64),          F(planrt_program_t, min_lr, f64),
 			   F(planrt_program_t, warmup, i64),      F(planrt_program_t, total_steps, i64),
 			   F(planrt_program_t, nroles, i32),      F(planrt_program_t, role_axis, i32),
-			   F(planrt_program_t, fingerprint, p),   F(planrt_program_t, sync, p)};
+			   F(planrt_program_t, fingerprint, p),   F(planrt_program_t, sync, p),
+			   F(planrt_program_t, loss_scale, f64)};
 #undef F
 #define N(a) (int)(sizeof a / sizeof a[0])
 	T->action = c_struct(G, "planrt_action_t", action, N(action), sizeof(planrt_action_t));
@@ -1469,7 +1500,8 @@ static void build_program(Gen *G, const char *source_path)
 			    i32c(G, low->nroles),
 			    i32c(G, low->nroles > 1 ? sync_axis(ps) : -1),
 			    cstring(G, plan_fingerprint(low)),
-			    cstring(G, sync_mode_name(ps->sync))};
+			    cstring(G, sync_mode_name(ps->sync)),
+			    LLVMConstReal(G->t_f64, ps->loss_scale)};
 	LLVMValueRef program = LLVMAddGlobal(G->m, T.program, "program");
 	LLVMSetInitializer(program, LLVMConstNamedStruct(T.program, f, sizeof f / sizeof f[0]));
 	LLVMSetGlobalConstant(program, 1);

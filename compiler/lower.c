@@ -1699,6 +1699,14 @@ static void lower_op(Lower *L, const Op *op, int oi)
 		lower_input(L, op, oi);
 		return;
 	case OP_FILL:
+		if (g->ps->loss_scale != 0 && op->backward && g->loss >= 0 && op->fwd_op == g->vals[g->loss].def) {
+			/* fp16 loss scaling: the backward starts from loss * the run's current scale */
+			k = call(L, K_LOSS_SEED, oi);
+			karg(p, k, KA_CTX, 0);
+			arg_value(L, k, y, false, true);
+			karg_f64(p, k, 1.0 / (g->ps->micro_batches > 0 ? g->ps->micro_batches : 1));
+			return;
+		}
 		k = call(L, K_FILL, oi);
 		arg_value(L, k, y, false, true);
 		karg_int(p, k, 1);
@@ -2174,7 +2182,8 @@ static Kernel cast_kernel(LProg *p, const Kernel *around, int from, int to, long
 	c.op = around->op;
 	c.out = -1;
 	c.only_last_micro = around->only_last_micro;
-	c.note = "bf16 storage, f32 compute";
+	c.note = p->buf[buffer_root(p, from)].dtype == DT_F16 || p->buf[buffer_root(p, to)].dtype == DT_F16
+		 ? "f16 storage, f32 compute" : "bf16 storage, f32 compute";
 	karg_buf(p, &c, from, true, false);
 	karg(p, &c, KA_DTYPE, p->buf[from].dtype);
 	karg_buf(p, &c, to, false, true);
@@ -2195,7 +2204,8 @@ static void lower_conversions(LProg *p)
 			if (k->args[a].kind != KA_BUF)
 				continue;
 			int b = k->args[a].buf;
-			if (p->buf[buffer_root(p, b)].dtype != DT_BF16)
+			DType stored = p->buf[buffer_root(p, b)].dtype;
+			if (stored != DT_BF16 && stored != DT_F16)
 				continue;
 			bool in = listed(k->uses, k->nuses, b), out = listed(k->defs, k->ndefs, b);
 			long long elems = p->buf[b].elems;

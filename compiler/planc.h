@@ -721,6 +721,8 @@ extern const char *const pass_names[];
 	X(SUM_SQUARES, "sum_squares", "planrt_sum_squares_acc", KC_COMPUTE) \
 	X(SUM_SQUARES_SHARD, "sum_squares_shard", "planrt_sum_squares_shard", KC_COMPUTE) \
 	X(CLIP_COEF, "clip_coef", "planrt_clip_coef", KC_COMPUTE) \
+	X(LOSS_SEED, "loss_seed", "planrt_loss_seed", KC_COMPUTE) \
+	X(UNSCALE_CLIP, "unscale_clip", "planrt_unscale_clip_coef", KC_COMPUTE) \
 	X(OPTIMIZER, "optimizer", "planrt_optimizer_step", KC_COMPUTE) \
 	X(LOSS_ACCUMULATE, "loss_accumulate", "planrt_loss_accumulate", KC_COMPUTE) \
 	X(ALLREDUCE_DIM, "allreduce", "planrt_allreduce_dim", KC_COMM) \

@@ -2269,8 +2269,10 @@ static void plan_precision(PlanCtx *pc, PlanStmt *st)
 			else
 				ps->loss_scale = v.v;
 		}
-		if (t != DT_F16)
+		if (t != DT_F16) {
 			pwarn(pc, pc->src, scale_e->loc, "loss_scale has no effect with %s", word_of(first->value));
+			ps->loss_scale = 0;
+		}
 	} else if (t == DT_F16) {
 		diag_error(pc->src, first->value->loc, "fp16 training needs loss scaling");
 		diag_note_plain("fp16 gradients underflow without it: add loss_scale = dynamic (or use bf16)");

@@ -817,7 +817,13 @@ static void phase_norm(State *S)
 	for (int a = 0; a < ps->naxes; a++)
 		if (ps->axes[a].size > 1 && a != S->sa)
 			allreduce_inplace(S, PH_STEP, S->sumsq, 1, a, -1, "gradient norm");
-	Kernel *k = step_kernel(S, K_CLIP_COEF, PH_STEP, "clipping");
+	Kernel *k;
+	if (ps->loss_scale != 0) { /* fp16: unscale, and skip the step when a gradient overflowed */
+		k = step_kernel(S, K_UNSCALE_CLIP, PH_STEP, "unscaling and clipping");
+		karg(p, k, KA_CTX, 0);
+	} else {
+		k = step_kernel(S, K_CLIP_COEF, PH_STEP, "clipping");
+	}
 	karg_buf(p, k, S->sumsq, true, false);
 	karg_buf(p, k, p->norm_metric, false, true);
 	karg_buf(p, k, S->coef, false, true);

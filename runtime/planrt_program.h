@@ -52,6 +52,8 @@ typedef struct planrt_ctx {
 	int64_t steps;           /* --steps: the run's last step is steps - 1 */
 	struct planrt_ckpt *ckpt;/* during checkpoint and resume: the sharded checkpoint written or read */
 	int64_t eval_batch;      /* during an evaluation: the held-out batch (-1: training) */
+	double loss_scale;       /* fp16 loss scaling: the backward starts from loss * loss_scale (else 1) */
+	int step_skipped;        /* set when this step's unscaled gradients are not finite: no update */
 } planrt_ctx_t;
 
 typedef void (*planrt_phase_fn)(planrt_ctx_t *ctx);
@@ -151,6 +153,7 @@ typedef struct planrt_program {
 	 * program with the same fingerprint; under another it is resharded */
 	const char *fingerprint;
 	const char *sync;                  /* "strict", "local_sgd" or "async" (checkpoints) */
+	double loss_scale;                 /* fp16 loss scaling: 0 none, -1 dynamic, > 0 static */
 } planrt_program_t;
 
 /* Runs the program: parses argv (--steps K --data FILE [--init W] [--save W] [--log F] [--seed S]
@@ -168,6 +171,21 @@ void planrt_init_param(planrt_ctx_t *ctx, void *dst, planrt_dtype_t dtype, int p
 /* Writes this rank's piece into the open checkpoint. shard_axis >= 0: the piece is this rank's
  * ZeRO shard over that axis (every coordinate writes its own); otherwise only the rank with
  * coordinate 0 on every axis that does not split the parameter writes. */
+/* fp16 loss scaling. planrt_loss_seed writes d loss / d loss = ctx->loss_scale * per_micro (the
+ * backward's seed). planrt_unscale_clip_coef is planrt_clip_coef on gradients scaled by
+ * ctx->loss_scale: *norm is the unscaled norm and *coef folds 1 / loss_scale into the clipping
+ * coefficient; a norm that is not finite (some gradient overflowed on some rank: sumsq is reduced
+ * over every axis) sets ctx->step_skipped and *coef to NaN, and planrt_optimizer_step then leaves
+ * parameters and moments alone. planrt_steps_skipped_ (kept by the run) is subtracted from the
+ * step for the optimizer's t, so a skipped step does not advance Adam's bias correction. */
+void planrt_loss_seed(planrt_ctx_t *ctx, float *dl, double per_micro);
+/* f16 elements of the fused loops (both back ends call these, as planrt_cast converts): exact
+ * widening; narrowing rounds to nearest even, NaN stays NaN */
+float planrt_f16_to_f32(uint16_t h);
+uint16_t planrt_f32_to_f16(float x);
+void planrt_unscale_clip_coef(planrt_ctx_t *ctx, const double *sumsq, double *norm, double *coef, double max_norm);
+extern int64_t planrt_steps_skipped_;
+
 void planrt_save_param(planrt_ctx_t *ctx, const void *src, planrt_dtype_t dtype, int param, int64_t lo, int64_t n,
 		       int shard_axis);
 /* Sharded checkpoints (checkpoint.c; the checkpoint and resume phases). A piece is the part of a

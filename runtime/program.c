@@ -85,13 +85,16 @@ typedef struct options {
 	const char *reshard_from, *reshard_to; /* --reshard SRC OUT */
 	int nother;                            /* options other than --reshard given */
 	int64_t save_every, keep, eval_every, eval_batches, max_skips;
+	int max_skips_given;                   /* --max-skips was given (fp16 plans only) */
+	double loss_scale_init;                /* --loss-scale-init, or 0: the plan's */
 	int help;
 	char error[512]; /* the first usage error, reported after planrt_init */
 } options_t;
 
 static const char usage_line[] =
 	"--steps K --data FILE [--init W.safetensors] [--save W.safetensors] [--log run.jsonl] [--seed S] "
-	"[--save-every N DIR [--keep K]] [--resume DIR] [--trace T.json] [--eval-every N [--eval-batches B]]";
+	"[--save-every N DIR [--keep K]] [--resume DIR] [--trace T.json] [--eval-every N [--eval-batches B]] "
+	"[--max-skips K] [--loss-scale-init S]";
 
 static void set_error(options_t *o, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void set_error(options_t *o, const char *fmt, ...)
@@ -164,7 +167,8 @@ static void parse_options(int argc, char **argv, options_t *o)
 				    : !strcmp(a, "--trace")  ? &o->trace
 							     : NULL;
 		int numeric = !strcmp(a, "--steps") || !strcmp(a, "--seed") || !strcmp(a, "--keep") ||
-			      !strcmp(a, "--eval-every") || !strcmp(a, "--eval-batches") || !strcmp(a, "--max-skips");
+			      !strcmp(a, "--eval-every") || !strcmp(a, "--eval-batches") || !strcmp(a, "--max-skips") ||
+			      !strcmp(a, "--loss-scale-init");
 		int pair = !strcmp(a, "--save-every"); /* N DIR */
 		int reshard = !strcmp(a, "--reshard"); /* SRC OUT */
 		if (!reshard)
@@ -213,9 +217,15 @@ static void parse_options(int argc, char **argv, options_t *o)
 			parse_count(o, "--eval-batches", v, 1, 1000000, &o->eval_batches);
 		} else if (!strcmp(a, "--max-skips")) {
 			parse_count(o, "--max-skips", v, 1, 1000000, &o->max_skips);
-			/* no program skips steps yet: planc build refuses fp16 plans (loss scaling) */
-			set_error(o, "--max-skips applies to fp16 plans with dynamic loss scaling, which planc build does not "
-				     "execute yet; leave it out");
+			o->max_skips_given = 1;
+		} else if (!strcmp(a, "--loss-scale-init")) {
+			char *end;
+			errno = 0;
+			double x = strtod(v, &end);
+			if (*end || errno == ERANGE || !isfinite(x) || x <= 0)
+				set_error(o, "--loss-scale-init needs a positive finite number (e.g. 65536), not %s", v);
+			else
+				o->loss_scale_init = x;
 		} else {
 			errno = 0;
 			unsigned long long s = all_digits(v) ? strtoull(v, NULL, 10) : 0;
@@ -296,6 +306,9 @@ static void print_help(const char *prog_name, const planrt_program_t *p)
 	       "                        transfers, waits)\n"
 	       "  --eval-every N        every N steps, the loss on held-out data (the last tenth of the tokens,\n"
 	       "                        which training then never sees) over --eval-batches B batches (default 4)\n"
+	       "  --max-skips K         fp16 loss scaling: stop after K consecutive skipped steps (default 20)\n"
+	       "  --loss-scale-init S   fp16 loss scaling: the first step's scale (default: the plan's, 65536 for\n"
+	       "                        dynamic)\n"
 	       "  --help, -h            this text\n"
 	       "environment: PLANRT_WATCHDOG=SECONDS (stall limit, 0 off), PLANRT_REPORT_MEMORY, "
 	       "PLANRT_REPORT_TIMING, PLANRT_REPORT_COMM (one stderr line per rank),\n"
@@ -1430,6 +1443,9 @@ int planrt_main(int argc, char **argv, const planrt_program_t *program)
 	prog = program;
 
 	/* 2. options, then the paths the run reads and writes, before any work */
+	if (!opt.error[0] && program->loss_scale == 0 && (opt.max_skips_given || opt.loss_scale_init > 0))
+		set_error(&opt, "%s applies to fp16 plans with loss scaling (plan %s has none); leave it out",
+			  opt.max_skips_given ? "--max-skips" : "--loss-scale-init", program->plan);
 	if (opt.error[0])
 		planrt_fatal("%s; usage: %s %s (--help explains)", opt.error, prog_name, usage_line);
 	int async = program->nroles > 1;
@@ -1488,7 +1504,7 @@ int planrt_main(int argc, char **argv, const planrt_program_t *program)
 		planrt_fatal("out of memory for %zu requests", nreq);
 
 	/* 4. data, initial weights (or the checkpoint resumed) */
-	planrt_ctx_t ctx = {.seed = opt.seed, .arena = arena, .steps = opt.steps, .eval_batch = -1};
+	planrt_ctx_t ctx = {.seed = opt.seed, .arena = arena, .steps = opt.steps, .eval_batch = -1, .loss_scale = 1.0};
 	PLANRT_CHECK(planrt_data_open(opt.data, program->vocab, program->seq, &ctx.data));
 	int64_t train_tokens = planrt_data_tokens(ctx.data), first_step = 0;
 	if (opt.eval_every)
@@ -1540,8 +1556,17 @@ int planrt_main(int argc, char **argv, const planrt_program_t *program)
 	walker_t evaluator = {&fwd, &ctx, reqs, own, 0};
 	int64_t saved_step = first_step, stopped = -1;
 	int strict = !program->sync || !strcmp(program->sync, "strict");
+	/* fp16 loss scaling (GradScaler's rule): a step whose gradients overflowed is skipped and a
+	 * dynamic scale halves; after 2000 good steps in a row it doubles */
+	int scaled = program->loss_scale != 0, dynamic = program->loss_scale < 0;
+	double scale = opt.loss_scale_init > 0 ? opt.loss_scale_init : program->loss_scale > 0 ? program->loss_scale : 65536.0;
+	int64_t good_steps = 0, skips_in_row = 0, skip_stopped = -1;
+	enum { GROWTH_INTERVAL = 2000 };
 	for (int64_t step = first_step; step < opt.steps; step++) {
 		double t0 = planrt_now(), wait0 = ctx.wait_s;
+		double step_scale = scaled ? scale : 1.0;
+		ctx.loss_scale = step_scale;
+		ctx.step_skipped = 0;
 		sleep_s(straggler_delay(straggler, rank, world, seed, step));
 		ctx.step = step;
 		ctx.step_seed = seed * 0x9E3779B97F4A7C15ull + (uint64_t)step;
@@ -1574,7 +1599,24 @@ int planrt_main(int argc, char **argv, const planrt_program_t *program)
 		int known = window == 1 || (step + 1) % window == 0 || step == opt.steps - 1;
 		double loss_now = known && stage->loss && *stage->loss ? (*stage->loss)[step % window] : 0;
 		double norm_now = stage->grad_norm && *stage->grad_norm ? **stage->grad_norm : 0;
-		if (!isfinite(loss_now) || !isfinite(norm_now)) {
+		int skipped = scaled && ctx.step_skipped; /* the same verdict on every rank: sumsq is all-reduced */
+		if (skipped) {
+			planrt_steps_skipped_++;
+			good_steps = 0;
+			if (dynamic)
+				scale /= 2;
+			if (++skips_in_row >= opt.max_skips) {
+				skip_stopped = step;
+				stopped = step;
+			}
+		} else if (scaled) {
+			skips_in_row = 0;
+			if (dynamic && ++good_steps == GROWTH_INTERVAL) {
+				scale *= 2;
+				good_steps = 0;
+			}
+		}
+		if (!skipped && (!isfinite(loss_now) || !isfinite(norm_now))) {
 			if (!strict) /* each replica has its own: this one's verdict ends the job */
 				planrt_fatal("step %lld: the loss is %g and the gradient norm %g on this replica; training stopped "
 					     "before writing anything from this state; lower the learning rate or clip the gradients",
@@ -1606,6 +1648,12 @@ int planrt_main(int argc, char **argv, const planrt_program_t *program)
 					const double *r = pending + (s % window) * ROW;
 					shown_loss = stage->loss && *stage->loss ? (*stage->loss)[s % window] : NAN;
 					log_versions(stage);
+					if (scaled) { /* fp16 runs are strict: the window is this one step */
+						char f[96];
+						snprintf(f, sizeof f, "\"loss_scale\":%.9g,\"skipped\":%s", step_scale,
+							 skipped ? "true" : "false");
+						planrt_log_fields(f);
+					}
 					if (!isnan(r[3])) {
 						char f[64];
 						snprintf(f, sizeof f, "\"eval_loss\":%.9g", r[3]);
@@ -1636,7 +1684,13 @@ int planrt_main(int argc, char **argv, const planrt_program_t *program)
 	free(kept);
 	if (fwd.actions != stage->actions)
 		free((void *)fwd.actions);
-	if (stopped >= 0 && rank == 0)
+	if (skip_stopped >= 0 && rank == 0)
+		fprintf(stderr,
+			"planrt: rank 0: step %lld: %lld steps in a row skipped by loss scaling (--max-skips %lld): the "
+			"gradients overflow at every scale tried, down to %g; training stopped: nothing is written from "
+			"this state; lower the learning rate, clip the gradients or use bf16 precision\n",
+			(long long)skip_stopped, (long long)skips_in_row, (long long)opt.max_skips, dynamic ? scale * 2 : scale);
+	else if (stopped >= 0 && rank == 0)
 		fprintf(stderr,
 			"planrt: rank 0: step %lld: the loss is %g and the gradient norm %g; training stopped: nothing is written "
 			"from this state (%s%s%s%s%s); lower the learning rate, clip the gradients (clip = 1.0) or resume from "

@@ -23,6 +23,7 @@
 #define PLANRT_INTERNAL
 #include "planrt_exec.h"
 #include "planrt_kernels.h"
+#include "planrt_program.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -317,6 +318,35 @@ void planrt_clip_coef(const double *sumsq, double *norm, double *coef, double ma
 	*coef = max_norm > 0 && *norm > max_norm ? max_norm / (*norm + 1e-6) : 1.0;
 }
 
+int64_t planrt_steps_skipped_ = 0;
+
+float planrt_f16_to_f32(uint16_t h)
+{
+	return planrt_half_to_f32_(h, planrt_f16);
+}
+
+uint16_t planrt_f32_to_f16(float x)
+{
+	return planrt_f32_to_half_(x, planrt_f16);
+}
+
+void planrt_loss_seed(planrt_ctx_t *ctx, float *dl, double per_micro)
+{
+	*dl = (float)(ctx->loss_scale * per_micro);
+}
+
+void planrt_unscale_clip_coef(planrt_ctx_t *ctx, const double *sumsq, double *norm, double *coef, double max_norm)
+{
+	double s = ctx->loss_scale;
+	*norm = sqrt(*sumsq) / s;
+	if (!isfinite(*norm)) {
+		ctx->step_skipped = 1;
+		*coef = NAN;
+		return;
+	}
+	*coef = (max_norm > 0 && *norm > max_norm ? max_norm / (*norm + 1e-6) : 1.0) / s;
+}
+
 void planrt_loss_accumulate(double *acc, const float *loss, double scale)
 {
 	*acc += scale * (double)*loss;
@@ -338,6 +368,9 @@ void planrt_optimizer_step(int kind, double lr, double beta1, double beta2, doub
 		planrt_fatal("planrt_optimizer_step: optimizer kind %d without its moment buffers", kind);
 	const planrt_opt_t o = {(planrt_opt_kind_t)kind, lr, beta1, beta2, eps, weight_decay, momentum};
 	const double lr_t = planrt_lr_at(lr, step, warmup, total, min_lr), k = coef ? *coef : 1.0;
+	if (isnan(k)) /* a step skipped by loss scaling (planrt_unscale_clip_coef): nothing changes */
+		return;
+	step -= planrt_steps_skipped_; /* Adam's t counts the steps that updated */
 	if (planrt_tracing_) { /* --trace: a kernel event (ends with its element count) */
 		planrt_trace_begin_("optimizer_step", "kernel");
 		char args[64];

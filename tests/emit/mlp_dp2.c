@@ -53,11 +53,15 @@ static inline uint16_t tobf(float f)
 		return (uint16_t)((u >> 16) | 0x40);
 	return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
 }
+/* f16 storage: IEEE half, widened exactly, rounded to nearest even when stored (planrt_cast's) */
+static inline float hf(uint16_t x) { return planrt_f16_to_f32(x); }
+static inline uint16_t tohf(float f) { return planrt_f32_to_f16(f); }
 
 static void unused_helpers(void)
 {
 	(void)relu; (void)relu_grad; (void)gelu_erf; (void)gelu_erf_grad; (void)gelu_tanh;
 	(void)gelu_tanh_grad; (void)silu; (void)silu_grad; (void)dropout_grad; (void)bf; (void)tobf;
+	(void)hf; (void)tohf;
 }
 
 /* ================================================================ stage 0 */
@@ -422,7 +426,7 @@ static const planrt_stage_t stages[] = {
 static const planrt_program_t program = {
 	"dp2", "mlp", "examples/mlp.plan", 2, 1, -1, axis_sizes, axis_names, 1, stages, params, 7, 1,
 	32, 16, 256, 0.001, 0, 0, 0, 1, -1,
-	"fnv1a64:77efd3612713a677", "strict",
+	"fnv1a64:a3af26e95ef94697", "strict", 0,
 };
 
 int main(int argc, char **argv)

@@ -52,7 +52,7 @@ PLANS = {
             "pp2", "pp2_1f1b", "pp2_interleaved", "pp4", "pp4_1f1b", "pp2_dp2", "pp2_tp2_sp", "gpt_3d",
             "pp4_l8:single_l8", "pp4_1f1b_l8:single_l8", "pp4_interleaved_l8:single_l8",
             "dp4_async_s0", "dp2_local_sgd_k1:single_momentum",
-            "bf16", "bf16_zero2_dp4", "bf16_pp2"],
+            "bf16", "bf16_zero2_dp4", "bf16_pp2", "fp16", "fp16_dp2"],
     "llama": ["tp2", "tp2_patterns", "dp2_tp2_sp", "zero3_dp4"],
     "tests/equiv/ops": ["dp2", "tp2", "sp2", "dp2_tp2"],
     "tests/equiv/moe_names": ["ep2", "ep2_pattern"],
@@ -67,6 +67,8 @@ IDENTICAL = {"gpt": [["pp2", "pp2_1f1b", "pp2_interleaved"], ["pp4_l8", "pp4_1f1
 # bf16 plans: against the f32 run at bf16 tolerance, and against the single-rank bf16 plan (the
 # same arithmetic in another order) more closely, on the loss and on the gradient norm.
 BF16_LOSS_VS_F32, BF16_VS_BF16 = 2e-2, 2e-3
+# fp16 plans (dynamic loss scaling, f32 masters): f16 keeps 3 more mantissa bits than bf16.
+FP16_LOSS_VS_F32 = 2e-3
 
 
 def check(name, ok, detail):
@@ -190,7 +192,7 @@ for model, entries in PLANS.items():
               f"loss {ref[0][0]:.4f} -> {ref[0][-1]:.4f} over {steps} steps")
     results = {}
     for plan, ref_plan in pairs:
-        if plan.startswith("bf16") or ref_plan not in refs:
+        if plan.startswith(("bf16", "fp16")) or ref_plan not in refs:
             continue
         got, err = run(model, plan, "a")
         if err:
@@ -237,6 +239,24 @@ for model, entries in PLANS.items():
         check(f"{model} {plan} vs bf16", wl <= BF16_VS_BF16 and wn <= BF16_VS_BF16,
               f"worst relative difference from the single-rank bf16 run: loss {wl:.2e}, gradient norm {wn:.2e} "
               f"(tolerance {BF16_VS_BF16:g})")
+
+    fp_ref = None
+    for plan, ref_plan in pairs:
+        if not plan.startswith("fp16") or ref_plan not in refs:
+            continue
+        fp, err = run(model, plan, "a")
+        if err:
+            check(f"{model} {plan}", False, err)
+            continue
+        worst = relative(refs[ref_plan][0], fp[0]) if len(fp[0]) == len(refs[ref_plan][0]) else float("inf")
+        check(f"{model} {plan} losses", worst <= FP16_LOSS_VS_F32,
+              f"worst relative difference from f32 {worst:.2e} (fp16 tolerance {FP16_LOSS_VS_F32:g})")
+        if plan == "fp16":
+            fp_ref = fp
+        elif fp_ref is not None:
+            wl = relative(fp_ref[0], fp[0])
+            check(f"{model} {plan} vs fp16", wl <= BF16_VS_BF16,
+                  f"worst relative difference from the single-rank fp16 run: loss {wl:.2e} (tolerance {BF16_VS_BF16:g})")
 
 print(f"{passed} passed, {failed} failed")
 sys.exit(1 if failed else 0)

@@ -17,6 +17,11 @@
               --init refuses NaN weights naming the tensor; bad numbers, empty values, a FIFO as
               --data, an output that is an input, an unwritable --save-every: errors before any
               work, with the input intact
+  fp16        loss scaling: the fp16 plan trains and stays within 2e-3 of the f32 run; a scale that
+              overflows skips every step (the log says skipped and the scale halves each time) and the
+              weights after skipped steps are byte for byte the initial ones; a too-large first scale
+              recovers (skips, then steps); --max-skips 2 stops naming the step and writes no --save;
+              fp16 over data = 2 gives the single rank's losses within 1e-3; bad --loss-scale-init
   peer death  a rank SIGKILLed mid-training: every other rank prints what it was waiting in, and
               the time until every rank has exited is printed
 Prints PASS/FAIL per check and a closing 'N passed, N failed' line.
@@ -371,8 +376,10 @@ for name, args, pattern in [
         ("--save-every in a missing directory", ["--steps", "1", "--data", data, "--save-every", "1", f"{work}/no/such"],
          "cannot create the --save-every directory"),
         ("--save-every is a file", ["--steps", "1", "--data", data, "--save-every", "1", f"{work}/afile"], "is not a directory"),
-        ("--max-skips (no plan skips steps yet)", ["--steps", "1", "--data", data, "--max-skips", "3"],
-         "--max-skips applies to fp16 plans with dynamic loss scaling"),
+        ("--max-skips on an f32 plan", ["--steps", "1", "--data", data, "--max-skips", "3"],
+         "--max-skips applies to fp16 plans with loss scaling"),
+        ("--loss-scale-init on an f32 plan", ["--steps", "1", "--data", data, "--loss-scale-init", "8"],
+         "--loss-scale-init applies to fp16 plans with loss scaling"),
         ("--resume and --init", ["--steps", "1", "--data", data, "--resume", ck, "--init", f"{work}/kill.st"],
          "--resume and --init"),
         ("--resume of another model", ["--steps", "6", "--data", data, "--resume", ckdirs[("gpt", "pp2")]], "of model 'gpt'")]:
@@ -380,6 +387,53 @@ for name, args, pattern in [
     rc, err = run(prog, *args, timeout=60)
     check(f"refused: {name}", rc != 0 and pattern in err, err.strip().splitlines()[0][:160] if err.strip() else "")
 check("the data given as --log is intact", open(copy, "rb").read() == open(data, "rb").read())
+
+# ------------------------------------------------------------------ fp16 loss scaling
+
+fp16, f32 = build("gpt", "fp16"), build("gpt", "single")
+rc1, e1 = run(fp16, "--steps", "12", "--data", data, "--log", f"{work}/fp16.jsonl")
+rc2, e2 = run(f32, "--steps", "12", "--data", data, "--log", f"{work}/f32.jsonl")
+rows = [json.loads(x) for x in open(f"{work}/fp16.jsonl")] if rc1 == 0 else []
+a, b = (losses(f"{work}/fp16.jsonl"), losses(f"{work}/f32.jsonl")) if rc1 == 0 and rc2 == 0 else ({}, {})
+dev = max((abs(a[k] - b[k]) / abs(b[k]) for k in b), default=1.0) if len(a) == len(b) == 12 else 1.0
+check("fp16 trains: its loss falls, no step skipped at 65536, within 2e-3 of the f32 run", rc1 == 0 and
+      len(a) == 12 and a[11] < a[0] - 0.5 and dev < 2e-3 and all(r["loss_scale"] == 65536 and not r["skipped"]
+                                                                   for r in rows),
+      f"loss {a.get(0)} -> {a.get(11)}, largest relative deviation from f32 {dev:.2e}; {e1[-200:] if rc1 else ''}")
+rc0, _ = run(fp16, "--steps", "0", "--data", data, "--save", f"{work}/fp16_w0.st")
+rc1, e1 = run(fp16, "--steps", "3", "--data", data, "--loss-scale-init", "1e30", "--log", f"{work}/over.jsonl",
+              "--save", f"{work}/fp16_w3.st")
+rows = [json.loads(x) for x in open(f"{work}/over.jsonl")] if rc1 == 0 else []
+check("an overflowing scale skips each step and halves, the weights stay as they were",
+      rc0 == 0 and rc1 == 0 and [r["skipped"] for r in rows] == [True] * 3 and
+      [r["loss_scale"] for r in rows] == [1e30, 5e29, 2.5e29] and
+      read_st(f"{work}/fp16_w0.st") == read_st(f"{work}/fp16_w3.st"),
+      f"{[(r['loss_scale'], r['skipped']) for r in rows]} {e1[-200:] if rc1 else ''}")
+rc1, e1 = run(fp16, "--steps", "14", "--data", data, "--loss-scale-init", "1e6", "--log", f"{work}/rec.jsonl")
+rows = [json.loads(x) for x in open(f"{work}/rec.jsonl")] if rc1 == 0 else []
+skips = [r["skipped"] for r in rows]
+first = skips.index(False) if False in skips else len(skips)
+rule = all(rows[i]["loss_scale"] == rows[i - 1]["loss_scale"] / (2 if skips[i - 1] else 1) for i in range(1, len(rows)))
+check("a too-large first scale recovers: skipped steps halve it until steps update (most of them), the loss falls",
+      rc1 == 0 and len(rows) == 14 and rows[0]["loss_scale"] == 1e6 and skips[0] and rule and
+      skips.count(False) >= 8 and rows[13]["loss"] < rows[first]["loss"] - 0.2,
+      f"{[(r['loss_scale'], r['skipped']) for r in rows]}; {e1[-200:] if rc1 else ''}")
+if os.path.exists(f"{work}/stop.st"):
+    os.remove(f"{work}/stop.st")
+rc1, e1 = run(fp16, "--steps", "6", "--data", data, "--loss-scale-init", "1e30", "--max-skips", "2",
+              "--save", f"{work}/stop.st")
+check("--max-skips 2 stops at the second skipped step, with no --save written",
+      rc1 != 0 and "step 1: 2 steps in a row skipped by loss scaling" in e1 and not os.path.exists(f"{work}/stop.st"),
+      e1.strip().splitlines()[-1][:200] if e1.strip() else "")
+rc1, e1 = run(fp16, "--steps", "1", "--data", data, "--loss-scale-init", "-4")
+check("refused: --loss-scale-init -4", rc1 != 0 and "--loss-scale-init needs a positive finite number" in e1,
+      e1.strip().splitlines()[0][:160] if e1.strip() else "")
+dp2 = build("gpt", "fp16_dp2")
+rc1, e1 = run(dp2, "--steps", "8", "--data", data, "--log", f"{work}/fp16dp2.jsonl")
+c = losses(f"{work}/fp16dp2.jsonl") if rc1 == 0 else {}
+dev = max((abs(c[k] - a[k]) / abs(a[k]) for k in c), default=1.0) if len(c) == 8 and len(a) == 12 else 1.0
+check("fp16 over data = 2 gives the single rank's fp16 losses within 1e-3", rc1 == 0 and dev < 1e-3,
+      f"largest relative deviation {dev:.2e}; {e1[-200:] if rc1 else ''}")
 
 # ------------------------------------------------------------------ a peer dies
 
