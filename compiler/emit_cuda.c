@@ -36,7 +36,9 @@ static const KernelKind device_kinds[] = {
 	K_LAYER_NORM_GRAD, K_RMS_NORM, K_RMS_NORM_GRAD, K_EMBED, K_EMBED_GRAD, K_CROSS_ENTROPY, K_CE_GRAD, K_SLICE_DIM,
 	K_FILL, K_CAST, K_ACCUMULATE, K_LOAD_INPUT, K_INIT_PARAM, K_SAVE_PARAM, K_CKPT_WRITE, K_CKPT_READ,
 	K_CKPT_WRITE_LOCAL, K_CKPT_READ_LOCAL, K_PAIR_COMM, K_SUM_SQUARES, K_SUM_SQUARES_SHARD, K_CLIP_COEF, K_OPTIMIZER,
-	K_LOSS_ACCUMULATE, K_ALLREDUCE_DIM, K_REDUCE_SCATTER_DIM, K_ALLGATHER_DIM, K_ALLTOALL_DIM, K_ALLREDUCE_INPLACE,
+	K_LOSS_ACCUMULATE, K_CHECK_LABELS, K_NARROW, K_NARROW_GRAD, K_NARROW_I32, K_ROPE, K_ROPE_GRAD,
+	K_UNARY, K_UNARY_GRAD, K_REPEAT_KV, K_REPEAT_KV_GRAD,
+	K_ALLREDUCE_DIM, K_REDUCE_SCATTER_DIM, K_ALLGATHER_DIM, K_ALLTOALL_DIM, K_ALLREDUCE_INPLACE,
 	K_REDUCE_SCATTER_INPLACE, K_ALLGATHER_INPLACE, K_ALLGATHER_FLAT, K_ALLGATHER_FLAT_START, K_BUCKET_ALLREDUCE,
 	K_BUCKET_RS, K_BUCKET_RS_START, K_BUCKET_RS_FINISH, K_SEND_START, K_RECV_START, K_P2P_FINISH, K_REQUEST_FINISH,
 	K_SCALE_METRIC, K_OFFLOAD_COPY,
@@ -263,7 +265,10 @@ static void device_call(Emit *e, const Kernel *k)
 	}
 	const char *fn = kernel_functions[k->kind];
 	internal_assert(fn && !strncmp(fn, "planrt_", 7));
-	fprintf(f, "planrt_cu_%s(", fn + 7);
+	if (k->kind == K_MATMUL && k->tensor_cores) /* its operands are bf16 values (streams.c) */
+		fprintf(f, "planrt_cu_%.*s_tc%s(", (int)(strlen(fn + 7) - 4), fn + 7, fn + strlen(fn) - 4);
+	else
+		fprintf(f, "planrt_cu_%s(", fn + 7);
 	for (int i = 0; i < k->nargs; i++) {
 		const KArg *a = &k->args[i];
 		if (i)

@@ -260,9 +260,10 @@ int planrt_cuda_main(int argc, char **argv, const planrt_program_t *program)
 	cudaError_t e = cudaGetDeviceCount(&count);
 	if (e != cudaSuccess || count < 1) {
 		fprintf(stderr,
-			"planrt: rank %d: no CUDA GPU: %s; this program was built with --target cuda and needs an NVIDIA "
+			"planrt: rank %d: no CUDA GPU: %s%s; this program was built with --target cuda and needs an NVIDIA "
 			"GPU and driver (build for the CPU without --target)\n",
-			world_rank_env(), e != cudaSuccess ? cudaGetErrorString(e) : "no device found");
+			world_rank_env(), e != cudaSuccess ? cudaGetErrorString(e) : "no device found",
+			e == cudaErrorInsufficientDriver ? " (no NVIDIA driver here, or one older than this CUDA runtime)" : "");
 		return 1;
 	}
 	int dev = local_rank() % count;

@@ -784,6 +784,260 @@ void planrt_cu_k_ce_grad_f32(const float *logits, const int32_t *targets, const 
 	LAUNCH(ce_grad_kernel, n, stream, logits, targets, lse, cols, vocab_lo, dscale, factor, dlogits, n);
 }
 
+/* Labels: the first one outside [0, classes) (its flat index, by atomicMin), read back on the host;
+ * a bad label ends the run with the CPU's message (planrt_check_labels on a host copy), before the
+ * cross-entropy that follows it runs. One 8-byte read per call: the labels are checked every step as
+ * on the CPU. */
+__global__ static void check_labels_kernel(const int32_t *labels, int64_t n, int64_t classes,
+					   unsigned long long *first_bad)
+{
+	GRID_STRIDE(i, n)
+	{
+		if (labels[i] < 0 || labels[i] >= classes)
+			atomicMin(first_bad, (unsigned long long)i);
+	}
+}
+
+void planrt_cu_check_labels(const int32_t *labels, int rank, const int64_t *ldims, const int64_t *offs,
+			    int64_t classes, const char *what, int64_t step, int stream)
+{
+	static unsigned long long *first_bad, *host_first_bad;
+	int64_t n = 1;
+	for (int d = 0; d < rank; d++)
+		n *= ldims[d];
+	if (n <= 0)
+		return;
+	if (!first_bad) {
+		planrt_cu_check_(cudaMalloc(&first_bad, sizeof *first_bad), "cudaMalloc");
+		planrt_cu_check_(cudaMallocHost(&host_first_bad, sizeof *host_first_bad), "cudaMallocHost");
+	}
+	cudaStream_t s = planrt_cu_stream(stream);
+	planrt_cu_check_(cudaMemsetAsync(first_bad, 0xff, sizeof *first_bad, s), "cudaMemsetAsync");
+	LAUNCH(check_labels_kernel, n, stream, labels, n, classes, first_bad);
+	planrt_cu_check_(cudaMemcpyAsync(host_first_bad, first_bad, sizeof *first_bad, cudaMemcpyDeviceToHost, s),
+			 "cudaMemcpyAsync");
+	planrt_cu_check_(cudaStreamSynchronize(s), "checking the labels (cudaStreamSynchronize)");
+	if (*host_first_bad == ~0ull)
+		return;
+	int32_t *copy = (int32_t *)malloc(sizeof(int32_t) * (size_t)n);
+	if (!copy)
+		planrt_fatal("out of memory reading back %lld labels", (long long)n);
+	planrt_cu_check_(cudaMemcpy(copy, labels, sizeof(int32_t) * (size_t)n, cudaMemcpyDeviceToHost), "cudaMemcpy");
+	planrt_check_labels(copy, rank, ldims, offs, classes, what, step); /* reports and ends the run */
+	free(copy);
+}
+
+/* ------------------------------------------------------------------ narrow, rope (kernels_impl.h's) */
+
+/* y[o, 0:len, :] = x[o, start:start+len, :] (grad: dx[o, start:start+len, :] (+)= dy, the rest 0),
+ * elements of esize bytes */
+__global__ static void narrow_kernel(const char *x, char *y, int64_t n_in, int64_t n_out, int64_t off_in,
+				     int64_t off_out, int64_t len, int64_t inner, int esize, int accumulate, int64_t total)
+{
+	GRID_STRIDE(i, total)
+	{
+		int64_t j = i % inner, r = i / inner, k = r % len, o = r / len;
+		int64_t src = (o * n_in + off_in + k) * inner + j, dst = (o * n_out + off_out + k) * inner + j;
+		if (esize == 4 && accumulate)
+			((float *)y)[dst] += ((const float *)x)[src];
+		else if (esize == 4)
+			((int32_t *)y)[dst] = ((const int32_t *)x)[src];
+		else
+			for (int b = 0; b < esize; b++)
+				y[dst * esize + b] = x[src * esize + b];
+	}
+}
+
+static void narrow(const void *x, void *y, int64_t outer, int64_t n_in, int64_t n_out, int64_t off_in, int64_t off_out,
+		   int64_t len, int64_t inner, int esize, int accumulate, int stream)
+{
+	int64_t total = outer * len * inner;
+	LAUNCH(narrow_kernel, total, stream, (const char *)x, (char *)y, n_in, n_out, off_in, off_out, len, inner, esize,
+	       accumulate, total);
+}
+
+void planrt_cu_k_slice_f32(const float *x, float *y, int64_t outer, int64_t n, int64_t inner, int64_t start,
+			   int64_t len, int stream)
+{
+	if (start < 0 || len < 0 || start + len > n)
+		planrt_fatal("slice out of range");
+	narrow(x, y, outer, n, len, start, 0, len, inner, 4, 0, stream);
+}
+
+void planrt_cu_k_slice_grad_f32(const float *dy, float *dx, int64_t outer, int64_t n, int64_t inner, int64_t start,
+				int64_t len, int accumulate, int stream)
+{
+	if (start < 0 || len < 0 || start + len > n)
+		planrt_fatal("slice_grad out of range");
+	if (!accumulate)
+		planrt_cu_check_(cudaMemsetAsync(dx, 0, sizeof(float) * (size_t)(outer * n * inner), planrt_cu_stream(stream)),
+				 "cudaMemsetAsync");
+	narrow(dy, dx, outer, len, n, 0, start, len, inner, 4, accumulate, stream);
+}
+
+void planrt_cu_narrow_i32(const int32_t *x, int32_t *y, int64_t outer, int64_t n, int64_t inner, int64_t start,
+			  int64_t len, int stream)
+{
+	narrow(x, y, outer, n, len, start, 0, len, inner, 4, 0, stream);
+}
+
+/* y = x rotated by the angles p f_i (sign 1) or -p f_i (sign -1): one thread per row and frequency,
+ * with the CPU's float recipe (inv_freq = 1 / powf(theta, 2i / rot_dim), a = p * inv_freq); the dims
+ * past rot_dim pass through. */
+__global__ static void rope_kernel(const float *x, float *y, int64_t batch, int64_t seq, int64_t heads,
+				   int64_t head_dim, int64_t rot_dim, int heads_first, const int32_t *pos,
+				   int64_t pos_stride, int64_t pos_off, float theta, float sign, int64_t total)
+{
+	int64_t h = rot_dim / 2, pass = head_dim - rot_dim, per_row = h + pass;
+	GRID_STRIDE(t, total)
+	{
+		int64_t row = t / per_row, i = t % per_row;
+		const float *xr = x + row * head_dim;
+		float *yr = y + row * head_dim;
+		if (i >= h) {
+			yr[rot_dim + i - h] = xr[rot_dim + i - h];
+			continue;
+		}
+		int64_t b, s;
+		if (heads_first) {
+			s = row % seq;
+			b = row / seq / heads;
+		} else {
+			s = row / heads % seq;
+			b = row / heads / seq;
+		}
+		float p = pos ? (float)pos[b * pos_stride + s] : (float)(pos_off + s);
+		float inv = 1.0f / powf(theta, (float)(2 * i) / (float)rot_dim);
+		float a = p * inv, c = cosf(a), sn = sign * sinf(a);
+		float u = xr[i], w = xr[i + h];
+		yr[i] = u * c - w * sn;
+		yr[i + h] = w * c + u * sn;
+	}
+}
+
+static void rope(const float *x, float *y, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim, int64_t rot_dim,
+		 int heads_first, const int32_t *pos, int64_t pos_stride, int64_t pos_off, double theta, float sign,
+		 int stream)
+{
+	if (rot_dim < 0 || rot_dim % 2 || rot_dim > head_dim)
+		planrt_fatal("rope: rot_dim must be even and at most head_dim");
+	int64_t total = batch * seq * heads * (rot_dim / 2 + head_dim - rot_dim);
+	LAUNCH(rope_kernel, total, stream, x, y, batch, seq, heads, head_dim, rot_dim, heads_first, pos, pos_stride,
+	       pos_off, (float)theta, sign, total);
+}
+
+void planrt_cu_k_rope_f32(const float *x, float *y, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim,
+			  int64_t rot_dim, int heads_first, const int32_t *pos, int64_t pos_stride, int64_t pos_off,
+			  double theta, int stream)
+{
+	rope(x, y, batch, seq, heads, head_dim, rot_dim, heads_first, pos, pos_stride, pos_off, theta, 1.0f, stream);
+}
+
+void planrt_cu_k_rope_grad_f32(const float *dy, float *dx, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim,
+			       int64_t rot_dim, int heads_first, const int32_t *pos, int64_t pos_stride,
+			       int64_t pos_off, double theta, int stream)
+{
+	rope(dy, dx, batch, seq, heads, head_dim, rot_dim, heads_first, pos, pos_stride, pos_off, theta, -1.0f, stream);
+}
+
+/* ------------------------------------------------------------------ unary functions, repeat_kv */
+
+__device__ static float unary_of(int op, float x)
+{
+	switch (op) {
+	case PLANRT_SIN: return sinf(x);
+	case PLANRT_COS: return cosf(x);
+	case PLANRT_EXP: return kexpf(x);
+	case PLANRT_LOG: return logf(x);
+	case PLANRT_TANH: return tanhf(x);
+	default: return 1 / (1 + kexpf(-x)); /* PLANRT_SIGMOID */
+	}
+}
+
+__global__ static void unary_kernel(int op, const float *x, float *y, int64_t n)
+{
+	GRID_STRIDE(i, n)
+	y[i] = unary_of(op, x[i]);
+}
+
+/* dx = dy f'(x), as kernels_impl.h's planrt_k_unary_grad */
+__global__ static void unary_grad_kernel(int op, const float *x, const float *dy, float *dx, int64_t n)
+{
+	GRID_STRIDE(i, n)
+	{
+		float v = x[i], g = dy[i];
+		switch (op) {
+		case PLANRT_SIN: dx[i] = g * cosf(v); break;
+		case PLANRT_COS: dx[i] = -g * sinf(v); break;
+		case PLANRT_EXP: dx[i] = g * kexpf(v); break;
+		case PLANRT_LOG: dx[i] = g / v; break;
+		case PLANRT_TANH: {
+			float t = tanhf(v);
+			dx[i] = g * (1 - t * t);
+			break;
+		}
+		default: {
+			float sg = 1 / (1 + kexpf(-v));
+			dx[i] = g * sg * (1 - sg);
+		}
+		}
+	}
+}
+
+static void check_unary(int op)
+{
+	if (op < PLANRT_SIN || op > PLANRT_SIGMOID)
+		planrt_fatal("unary: unknown op %d", op);
+}
+
+void planrt_cu_k_unary_f32(int op, const float *x, float *y, int64_t n, int stream)
+{
+	check_unary(op);
+	LAUNCH(unary_kernel, n, stream, op, x, y, n);
+}
+
+void planrt_cu_k_unary_grad_f32(int op, const float *x, const float *dy, float *dx, int64_t n, int stream)
+{
+	check_unary(op);
+	LAUNCH(unary_grad_kernel, n, stream, op, x, dy, dx, n);
+}
+
+/* y[o, h, r, :] = x[o, h, :] for each of n_rep copies; the gradient sums the copies in order */
+__global__ static void repeat_kv_kernel(const float *x, float *y, int64_t n_rep, int64_t inner, int64_t total)
+{
+	GRID_STRIDE(i, total)
+	{
+		int64_t j = i % inner, row = i / inner / n_rep;
+		y[i] = x[row * inner + j];
+	}
+}
+
+__global__ static void repeat_kv_grad_kernel(const float *dy, float *dx, int64_t n_rep, int64_t inner, int64_t total)
+{
+	GRID_STRIDE(i, total)
+	{
+		int64_t j = i % inner, row = i / inner;
+		float s = 0;
+		for (int64_t r = 0; r < n_rep; r++)
+			s += dy[(row * n_rep + r) * inner + j];
+		dx[i] = s;
+	}
+}
+
+void planrt_cu_k_repeat_kv_f32(const float *x, float *y, int64_t outer, int64_t heads, int64_t n_rep, int64_t inner,
+			       int stream)
+{
+	int64_t total = outer * heads * n_rep * inner;
+	LAUNCH(repeat_kv_kernel, total, stream, x, y, n_rep, inner, total);
+}
+
+void planrt_cu_k_repeat_kv_grad_f32(const float *dy, float *dx, int64_t outer, int64_t heads, int64_t n_rep,
+				    int64_t inner, int stream)
+{
+	int64_t total = outer * heads * inner;
+	LAUNCH(repeat_kv_grad_kernel, total, stream, dy, dx, n_rep, inner, total);
+}
+
 /* ------------------------------------------------------------------ fills, casts, sums */
 
 __global__ static void fill_kernel(void *dst, int64_t n, int t, double value, uint16_t half, int32_t i32)

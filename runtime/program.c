@@ -1545,8 +1545,19 @@ int planrt_main(int argc, char **argv, const planrt_program_t *program)
 		       stat(opt.save_every_dir, &every_st) == 0 && resume_st.st_dev == every_st.st_dev &&
 		       resume_st.st_ino == every_st.st_ino; /* --resume DIR --save-every N DIR: a first run too */
 	planrt_ckpt_t *resume = opt.resume ? planrt_ckpt_resume_open(opt.resume, program, fresh_ok) : NULL;
-	if (resume)
+	/* fp16 loss scaling's state as the checkpoint left it (scale <= 0: none saved) */
+	double resumed_scale = 0;
+	int64_t resumed_good = 0, resumed_in_row = 0;
+	if (resume) {
 		first_step = check_resume(resume, program, &opt, ctx.data, train_tokens, &ctx.seed, rank);
+		json_t *ls = json_object_get(planrt_ckpt_manifest(resume), "loss_scaling");
+		if (ls && program->loss_scale != 0) {
+			resumed_scale = json_number_value(json_object_get(ls, "scale"));
+			resumed_good = json_integer_value(json_object_get(ls, "good_steps"));
+			resumed_in_row = json_integer_value(json_object_get(ls, "skips_in_row"));
+			planrt_steps_skipped_ = json_integer_value(json_object_get(ls, "skipped"));
+		}
+	}
 	uint64_t seed = ctx.seed;
 	if (opt.init)
 		PLANRT_CHECK(planrt_st_open(opt.init, &ctx.init_file));
@@ -1594,6 +1605,11 @@ int planrt_main(int argc, char **argv, const planrt_program_t *program)
 	int scaled = program->loss_scale != 0, dynamic = program->loss_scale < 0;
 	double scale = opt.loss_scale_init > 0 ? opt.loss_scale_init : program->loss_scale > 0 ? program->loss_scale : 65536.0;
 	int64_t good_steps = 0, skips_in_row = 0, skip_stopped = -1;
+	if (resumed_scale > 0) { /* a resumed run goes on with its scale, as GradScaler's state_dict does */
+		scale = resumed_scale;
+		good_steps = resumed_good;
+		skips_in_row = resumed_in_row;
+	}
 	enum { GROWTH_INTERVAL = 2000 };
 	for (int64_t step = first_step; step < opt.steps; step++) {
 		double t0 = planrt_now(), wait0 = ctx.wait_s;
@@ -1706,6 +1722,12 @@ int planrt_main(int argc, char **argv, const planrt_program_t *program)
 		if (opt.save_every_dir && ((step + 1) % opt.save_every == 0 || step == opt.steps - 1)) {
 			clear_action(&ctx);
 			json_t *run = run_info(program, &opt, step + 1, seed, ctx.data, train_tokens);
+			if (scaled && json_object_set_new(run, "loss_scaling",
+							  json_pack("{s:f, s:I, s:I, s:I}", "scale", scale, "good_steps",
+								    (json_int_t)good_steps, "skips_in_row",
+								    (json_int_t)skips_in_row, "skipped",
+								    (json_int_t)planrt_steps_skipped_)))
+				planrt_fatal("out of memory describing a checkpoint");
 			trace_phase("checkpoint", step + 1);
 			planrt_ckpt_save(&ctx, stage, opt.save_every_dir, step + 1, run, (int)opt.keep);
 			planrt_trace_end_(NULL);

@@ -50,3 +50,15 @@ set_tests_properties(ops PROPERTIES TIMEOUT 900)
 # loss under every plan, training untouched), the TensorBoard converter, the tcp transport
 add_test(NAME ops_observe COMMAND python3 ${ROOT}/tests/ops/run_observe.py ${PLANC} ${ROOT} WORKING_DIRECTORY ${ROOT})
 set_tests_properties(ops_observe PROPERTIES TIMEOUT 600)
+# The CUDA target (issue 7). On a CPU: the stream/event schedule as data (its orderings: buckets
+# under the backward, ZeRO-3 gathers prefetched, pipeline transfers beside compute) and the arena
+# the device allocates; with the CUDA toolkit (planrt_cuda built): every example plan built for
+# cuda (or refused as listed, by kernel), each program's one-line refusal without a GPU, and the
+# build half of scripts/gpu-check.sh (planrt for one process, without MPI or OpenBLAS).
+add_test(NAME cuda_streams COMMAND python3 ${ROOT}/tests/cuda/check_streams.py ${PLANC} ${ROOT} WORKING_DIRECTORY ${ROOT})
+if(TARGET planrt_cuda)
+  add_test(NAME cuda_build COMMAND bash ${ROOT}/tests/cuda/run_build.sh ${PLANC} ${NVCC} ${MPI_C_COMPILER} WORKING_DIRECTORY ${ROOT})
+  set_tests_properties(cuda_build PROPERTIES TIMEOUT 900 SKIP_RETURN_CODE 77)
+  add_test(NAME cuda_one_process COMMAND bash ${ROOT}/tests/cuda/one_process.sh ${PLANC} ${NVCC} WORKING_DIRECTORY ${ROOT})
+  set_tests_properties(cuda_one_process PROPERTIES TIMEOUT 600 SKIP_RETURN_CODE 77)
+endif()

@@ -418,6 +418,24 @@ check("a too-large first scale recovers: skipped steps halve it until steps upda
       rc1 == 0 and len(rows) == 14 and rows[0]["loss_scale"] == 1e6 and skips[0] and rule and
       skips.count(False) >= 8 and rows[13]["loss"] < rows[first]["loss"] - 0.2,
       f"{[(r['loss_scale'], r['skipped']) for r in rows]}; {e1[-200:] if rc1 else ''}")
+# resume carries the loss scaling state (the scale, the good-step run, the skips Adam's t leaves out)
+for d in ("fp16_ck_a", "fp16_ck_b"):
+    shutil.rmtree(f"{work}/{d}", ignore_errors=True)
+rc1, e1 = run(fp16, "--steps", "8", "--data", data, "--loss-scale-init", "1e6", "--log", f"{work}/full.jsonl",
+              "--save", f"{work}/full.st")
+rc2, e2 = run(fp16, "--steps", "4", "--data", data, "--loss-scale-init", "1e6", "--save-every", "4",
+              f"{work}/fp16_ck_a")
+rc3, e3 = run(fp16, "--steps", "8", "--data", data, "--resume", f"{work}/fp16_ck_a", "--log",
+              f"{work}/resumed.jsonl", "--save", f"{work}/resumed.st")
+full = {r["step"]: (r["loss"], r["loss_scale"], r["skipped"]) for r in map(json.loads, open(f"{work}/full.jsonl"))} \
+    if rc1 == 0 else {}
+again = {r["step"]: (r["loss"], r["loss_scale"], r["skipped"]) for r in map(json.loads, open(f"{work}/resumed.jsonl"))} \
+    if rc3 == 0 else {}
+check("fp16 --resume continues bit for bit after skipped steps (scale, skips, Adam's t restored)",
+      rc1 == 0 and rc2 == 0 and rc3 == 0 and full[0][2] and sorted(again) == [4, 5, 6, 7] and
+      all(again[k] == full[k] for k in again) and read_st(f"{work}/full.st") == read_st(f"{work}/resumed.st"),
+      f"uninterrupted {[full.get(k) for k in range(4, 8)]} resumed {[again.get(k) for k in range(4, 8)]} "
+      f"{(e1 + e2 + e3)[-300:]}")
 if os.path.exists(f"{work}/stop.st"):
     os.remove(f"{work}/stop.st")
 rc1, e1 = run(fp16, "--steps", "6", "--data", data, "--loss-scale-init", "1e30", "--max-skips", "2",

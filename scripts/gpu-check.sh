@@ -1,0 +1,156 @@
+#!/bin/bash
+# gpu-check.sh: the CUDA target on one GPU (an H200), in one call of under 5 minutes, from a bundle
+# that scripts/gpu-prepare.sh made on the build machine (the GPU machine needs the CUDA toolkit,
+# python3 with PyTorch, and none of the project's other dependencies: no MPI, no OpenBLAS, no LLVM).
+#
+#   bash BUNDLE/gpu-check.sh [--build-only]
+#
+# 1. builds planrt for one process and the two CUDA programs the bundle holds the sources of
+#    (gpu-build.sh: nvcc sm_80 + sm_90 + PTX, cuBLAS, NCCL, the static CUDA runtime), and the
+#    cuBLAS bf16 GEMM benchmark;
+# 2. trains each program of bundle/compare/ (examples/gpt.plan `single`: f32, TF32 off, dropout
+#    0.1; llama `single`: RoPE, RMS norm, SwiGLU; bert `single_nodropout`: a data set, the [CLS]
+#    narrow) 20 steps and compares every step's loss with the CPU program's, computed on the build
+#    machine (compare/NAME/cpu.jsonl): 1e-4 relative;
+# 3. measures the bf16 GEMM rate with cuBLAS (8192^3), then times bench/gpu/gpt350m.plan (355M
+#    parameters, bf16, batch 8 x 1024): tokens/s and MFU = model FLOPs per step (planc explain) /
+#    step time / the measured GEMM rate; its device memory against planc explain's (the arena and
+#    state the program allocates, and the peak the device saw);
+# 4. the same model in PyTorch eager on the same GPU (bench/gpu/torch_gpt.py) and the ratio.
+# Without a GPU (or with --build-only) it stops after the build, having run each program once to
+# show its one-line refusal. Exit status: 0 when every check passed.
+set -uo pipefail
+DIR=$(cd "$(dirname "$0")" && pwd)
+W=${GPU_CHECK_WORK:-/tmp/gpu-check}
+export JANSSON_DIR=${JANSSON_DIR:-$DIR/jansson}
+mkdir -p "$W"
+fail=0
+section() { printf '\n== %s  (%s)\n' "$1" "$(date -u +%H:%M:%S)"; }
+verdict() { if [ "$1" = 0 ]; then echo "PASS: $2"; else echo "FAIL: $2"; fail=1; fi; }
+
+section "machine"
+uname -m
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader 2>/dev/null || echo "no nvidia-smi"
+NVCC=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
+"$NVCC" --version 2>/dev/null | tail -2 | head -1
+ls /usr/local/cuda/lib64 2>/dev/null | grep -E "^lib(cublas|nccl|cudart_static)" | tr "\n" " "; echo
+python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)' 2>/dev/null || echo "no PyTorch"
+
+section "build"
+t0=$(date +%s)
+pairs=()
+for c in "$DIR"/compare/*/; do
+	c=${c%/}
+	pairs+=("$c" "$W/$(basename "$c")")
+done
+if NVCC=$NVCC bash "$DIR/gpu-build.sh" "$DIR/runtime" "$W/lib" "${pairs[@]}" \
+	"$DIR/gpt350m" "$W/gpt350m" "$DIR/gemm_rate.cu" "$W/gemm_rate"; then
+	verdict 0 "built the CUDA programs in $(( $(date +%s) - t0 )) s"
+else
+	verdict 1 "building the CUDA programs"
+	if [ -x "$DIR/prebuilt/gpt350m" ]; then
+		echo "using the programs built on the build machine (bundle/prebuilt) for the rest"
+		cp "$DIR"/prebuilt/* "$W"/
+		# their cuBLAS and NCCL: wherever this machine has them
+		libs=$(find /usr/local/cuda*/ /usr/lib /opt / -xdev -maxdepth 8 \( -name 'libcublas.so.13' -o -name 'libnccl.so.2' \) \
+			2>/dev/null | xargs -r -n1 dirname | sort -u | tr '\n' ':')
+		export LD_LIBRARY_PATH=${libs}${LD_LIBRARY_PATH:-}
+		echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
+	else
+		exit 1
+	fi
+fi
+ls -la "${pairs[@]:1:1}" "$W/gpt350m" "$W/gemm_rate" 2>&1
+
+if [ "${1:-}" = "--build-only" ] || ! nvidia-smi -L >/dev/null 2>&1; then
+	section "no GPU: each program says so in one line"
+	"$W/gpt350m" --steps 1 --data "$DIR/corpus.txt"
+	rc=$?
+	[ $rc != 0 ] && verdict 0 "the program refused to start without a GPU (status $rc)" || verdict 1 "ran without a GPU?"
+	exit $fail
+fi
+
+for c in "$DIR"/compare/*/; do
+	c=${c%/}
+	name=$(basename "$c")
+	section "$(cat "$c/what"): 20 steps on the GPU against the CPU program (f32, TF32 off)"
+	rm -f "$W/$name.jsonl"
+	"$W/$name" --steps 20 --data "$DIR/$(cat "$c/data")" --log "$W/$name.jsonl" 2>&1 | tail -2
+	python3 - "$c/cpu.jsonl" "$W/$name.jsonl" <<'PY'
+import json, sys
+cpu = [json.loads(l)["loss"] for l in open(sys.argv[1])]
+try:
+    gpu = [json.loads(l)["loss"] for l in open(sys.argv[2])]
+except OSError:
+    gpu = []
+worst = max((abs(g - c) / abs(c) for c, g in zip(cpu, gpu)), default=float("inf"))
+for i, (c, g) in enumerate(zip(cpu, gpu)):
+    if i % 5 == 0 or i == len(cpu) - 1:
+        print(f"  step {i:2d}  cpu {c:.7f}  gpu {g:.7f}  rel {abs(g - c) / abs(c):.2e}")
+print(f"  {len(gpu)} of {len(cpu)} steps, worst relative difference {worst:.2e}")
+sys.exit(0 if len(gpu) == len(cpu) == 20 and worst <= 1e-4 else 1)
+PY
+	verdict $? "$(cat "$c/what"): GPU losses equal the CPU program's within 1e-4 relative over 20 steps"
+done
+
+section "cuBLAS bf16 GEMM rate (8192^3, random data)"
+gemm_line=$("$W/gemm_rate" 8192 8192 8192)
+echo "$gemm_line"
+rate=$(echo "$gemm_line" | awk '{print $(NF-1)}')
+
+section "bench/gpu/gpt350m.plan bf16: 355M parameters, batch 8 x 1024 tokens"
+STEPS=${GPT350M_STEPS:-12}
+rm -f "$W/gpt350m.jsonl"
+PLANRT_REPORT_MEMORY=1 PLANRT_REPORT_TIMING=1 "$W/gpt350m" --steps "$STEPS" --data "$DIR/corpus.txt" \
+	--log "$W/gpt350m.jsonl" 2>"$W/gpt350m.err" | tail -2
+cat "$W/gpt350m.err"
+python3 - "$W/gpt350m.jsonl" "$W/gpt350m.err" "$DIR/gpt350m_explain.json" "${rate:-0}" > "$W/gpt350m.figures" <<'PY'
+import json, re, sys
+log = [json.loads(l) for l in open(sys.argv[1])]
+err = open(sys.argv[2]).read()
+ex = json.load(open(sys.argv[3]))
+rate = float(sys.argv[4]) * 1e12
+role = ex["roles"][0]
+steady = log[2:] if len(log) > 4 else log
+step_s = sum(x["step_ms"] for x in steady) / len(steady) / 1e3
+tokens = log[0]["tokens"]
+flops = ex["model_flops_per_step"]
+print(f"  losses {log[0]['loss']:.4f} -> {log[-1]['loss']:.4f} over {len(log)} steps")
+print(f"  step {step_s * 1e3:.1f} ms (mean of steps {len(log) - len(steady) + 1}..{len(log)}), {tokens / step_s:.0f} tokens/s")
+print(f"  model FLOPs per step {flops / 1e12:.2f} T (planc explain): {flops / step_s / 1e12:.1f} TFLOP/s, "
+      f"MFU {flops / step_s / rate * 100:.1f}% of the measured bf16 GEMM rate {rate / 1e12:.1f} TFLOP/s")
+m = dict(re.findall(r"(\w+)=(\d+)", err.split("memory", 1)[1])) if "memory" in err else {}
+planned = role["program"]["arena"] + role["program"]["state"]
+alloc = int(m.get("device_allocated", 0))
+peak = int(m.get("device_peak_used", 0))
+gib = lambda b: b / 2**30
+print(f"  device memory: explain's program {gib(planned):.3f} GiB (arena {gib(role['program']['arena']):.3f} + state "
+      f"{gib(role['program']['state']):.3f}), peak {gib(role['bytes']['peak']):.3f} GiB")
+print(f"  device memory: the program allocated {gib(alloc):.3f} GiB (arena_planned={m.get('arena_planned')} "
+      f"state={m.get('state')}), the device's peak use above the context {gib(peak):.3f} GiB "
+      f"(cuBLAS workspace and the CUDA runtime's own included)")
+pinned = int(m.get("host_pinned", 0))
+# every byte the plan places: device memory, and the metric scalars in pinned host memory
+ok = alloc > 0 and int(m.get("arena_planned", -1)) == role["program"]["arena"] and alloc + pinned == planned
+print(f"  device {alloc} + pinned host {pinned} = {alloc + pinned} bytes allocated; explain: {planned}")
+print(f"  TOKENS_PER_S={tokens / step_s:.1f}")
+sys.exit(0 if ok else 1)
+PY
+rc=$?
+cat "$W/gpt350m.figures"
+verdict $rc "the program's allocations (device + pinned host) are exactly explain's arena and state"
+planc_tps=$(grep -o 'TOKENS_PER_S=[0-9.]*' "$W/gpt350m.figures" | cut -d= -f2)
+
+section "the same model in PyTorch eager"
+PYTHONUNBUFFERED=1 python3 "$DIR/torch_gpt.py" 10 3 | tee "$W/torch.txt"
+torch_tps=$(grep "same attention math" "$W/torch.txt" | sed 's/.*ms\/step, \([0-9]*\) tokens.*/\1/')
+flash_tps=$(grep "flash" "$W/torch.txt" | sed 's/.*ms\/step, \([0-9]*\) tokens.*/\1/')
+if [ -n "${planc_tps:-}" ] && [ -n "${torch_tps:-}" ]; then
+	awk -v a="$planc_tps" -v b="$torch_tps" -v c="${flash_tps:-0}" 'BEGIN {
+		printf "planc / torch eager (same attention math): %.2f\n", a / b
+		if (c > 0) printf "planc / torch eager (flash attention): %.2f\n", a / c }'
+fi
+
+section "done"
+[ $fail = 0 ] && echo "every check passed" || echo "some checks FAILED"
+exit $fail

@@ -1,0 +1,139 @@
+"""check_streams.py: the CUDA target's stream/event schedule, checked as data on a CPU.
+
+planc check --dump-after=streams prints, per stage program, every kernel with its phase, stream,
+the kernels it waits for (events) and whether it records one (streams.c). From that data:
+  buckets    examples/gpt.plan dp2: the gradient all-reduces run on the comm stream during the
+             backward, and compute kernels of the same backward after each one (but the last, the
+             first layer's bucket, with which the backward ends) do not wait for it
+             (the reduction overlaps the rest of the backward); nothing in the backward waits for it.
+  prefetch   zero3_dp4: every ZeRO-3 parameter gather starts on the comm stream, its finish on the
+             compute stream waits for it; for most gathers compute kernels run between the start and
+             the finish (the gather is prefetched: issued ahead of the compute that needs it).
+  pipeline   pp2_1f1b: sends and receives run on their channel's streams, never compute; after each
+             send, compute kernels follow that do not wait for it.
+  order      every wait names an earlier kernel of the same program, on another stream.
+  arena      the CUDA program's stage table (its arena bytes) is the C program's, and explain's
+             program arena is that number: the arena the device layer allocates is the planned one.
+usage: check_streams.py PLANC ROOT"""
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+PLANC, ROOT = sys.argv[1], sys.argv[2]
+failures = []
+
+
+def check(what, ok, detail=""):
+    print(f"{'ok' if ok else 'FAIL'}: {what}{': ' + detail if detail else ''}")
+    if not ok:
+        failures.append(what)
+
+
+def schedule(plan_file, plan):
+    out = subprocess.run([PLANC, "check", plan_file, "--plan", plan, "--dump-after=streams"], cwd=ROOT,
+                         capture_output=True, text=True, check=True).stdout
+    stages, cur = [], None
+    for line in out.splitlines():
+        if line.startswith("# stage"):
+            cur = {}
+            stages.append(cur)
+            continue
+        m = re.match(r"\s*(\d+) (\S+)\s+c(\d+) (\S+)\s+(\S+)(.*)$", line)
+        if not m or cur is None:
+            continue
+        i, phase, chunk, kind, stream, rest = m.groups()
+        waits = [int(w) for w in re.findall(r"wait (\d+)", rest)]
+        cur[int(i)] = dict(i=int(i), phase=phase, chunk=int(chunk), kind=kind, stream=stream, waits=waits,
+                           entry="wait entry" in rest, event=" event" in rest, join=" join" in rest)
+    return stages
+
+
+def waits_on(prog, j, i):
+    """kernel j waits for kernel i, directly or through the waits of kernels on its stream before it"""
+    seen, todo = set(), [j]
+    while todo:
+        k = todo.pop()
+        if k in seen:
+            continue
+        seen.add(k)
+        if i in prog[k]["waits"]:
+            return True
+        todo += [w for w in prog[k]["waits"]]
+        todo += [x for x in prog if x < k and prog[x]["stream"] == prog[k]["stream"] and x >= i]
+    return False
+
+
+def check_order(name, stages):
+    bad = [(s, k["i"], w) for s, prog in enumerate(stages) for k in prog.values() for w in k["waits"]
+           if w >= k["i"] or prog[w]["stream"] == k["stream"]]
+    check(f"{name}: every wait is for an earlier kernel on another stream", not bad, str(bad[:3]))
+
+
+# ---- gradient buckets reduce while the backward runs
+stages = schedule("examples/gpt.plan", "dp2")
+check_order("dp2", stages)
+prog = stages[0]
+reduces = [k for k in prog.values() if k["phase"] == "backward" and k["stream"] == "comm"]
+check("dp2: gradient reductions start on the comm stream during the backward", len(reduces) >= 2,
+      f"{len(reduces)} of them")
+overlapped = 0
+for r in reduces[:-1]:  # the last bucket holds the first layer's gradients: the backward ends with it
+    after = [k for k in prog.values() if k["phase"] == "backward" and k["i"] > r["i"] and k["stream"] == "compute"]
+    if after and not any(r["i"] in k["waits"] for k in after):
+        overlapped += 1
+check("dp2: compute kernels of the backward follow each reduction but the last without waiting for it",
+      len(reduces) >= 2 and overlapped == len(reduces) - 1, f"{overlapped} of {len(reduces) - 1}")
+
+# ---- ZeRO-3 gathers are prefetched
+stages = schedule("examples/gpt.plan", "zero3_dp4")
+check_order("zero3_dp4", stages)
+prog = stages[0]
+starts = [k for k in prog.values() if k["kind"] == "allgather_flat_start" and k["phase"] in ("forward", "backward")]
+check("zero3_dp4: the parameter gathers start on the comm stream", starts and all(k["stream"] == "comm" for k in starts),
+      f"{len(starts)} gathers")
+ahead = 0
+for s in starts:
+    fin = [k for k in prog.values() if k["kind"] == "finish" and s["i"] in k["waits"]]
+    if len(fin) != 1:
+        check(f"zero3_dp4: gather {s['i']} has one finish waiting for it", False, f"{len(fin)}")
+        continue
+    between = [k for k in prog.values() if s["i"] < k["i"] < fin[0]["i"] and k["stream"] == "compute"
+               and k["kind"] != "finish" and k["phase"] == s["phase"]]
+    ahead += bool(between)
+check("zero3_dp4: most gathers are issued ahead of compute that runs before their finish",
+      starts and ahead * 2 >= len(starts), f"{ahead} of {len(starts)}")
+
+# ---- pipeline sends and receives overlap compute
+stages = schedule("examples/gpt.plan", "pp2_1f1b")
+check_order("pp2_1f1b", stages)
+p2p = [(s, k) for s, prog in enumerate(stages) for k in prog.values() if k["kind"] in ("send", "recv")]
+check("pp2_1f1b: sends and receives run on channel streams", p2p and all(k["stream"].startswith("p2p") for _, k in p2p),
+      f"{len(p2p)} transfers on {sorted({k['stream'] for _, k in p2p})}")
+sends = [(s, k) for s, k in p2p if k["kind"] == "send"]
+free = sum(1 for s, k in sends
+           if any(x["stream"] == "compute" and x["i"] > k["i"] and k["i"] not in x["waits"] for x in stages[s].values()))
+check("pp2_1f1b: compute follows every send without waiting for it", sends and free == len(sends),
+      f"{free} of {len(sends)}")
+
+# ---- the arena the device allocates is the planned one
+with tempfile.TemporaryDirectory() as tmp:
+    for plan in ("single", "zero3_dp4", "pp2_1f1b"):
+        subprocess.run([PLANC, "emit", "cuda", "examples/gpt.plan", "--plan", plan, "-o", f"{tmp}/cu"], cwd=ROOT,
+                       check=True)
+        subprocess.run([PLANC, "emit", "c", "examples/gpt.plan", "--plan", plan, "-o", f"{tmp}/c"], cwd=ROOT,
+                       check=True)
+        table = lambda path: re.search(r"static const planrt_stage_t stages\[\] = \{(.*?)\n\};", open(path).read(),
+                                       re.S).group(1)
+        cu, c = table(f"{tmp}/cu/prog.c"), table(f"{tmp}/c/prog.c")
+        ex = json.loads(subprocess.run([PLANC, "explain", "examples/gpt.plan", "--plan", plan, "--json"], cwd=ROOT,
+                                       capture_output=True, text=True, check=True).stdout)
+        arenas = {r["program"]["arena"] for r in ex["roles"]}
+        numbers = {int(n) for n in re.findall(r"\b\d+\b", cu)}
+        check(f"{plan}: the CUDA program's stage table is the C program's, and holds explain's arena bytes",
+              cu == c and arenas <= numbers, f"explain: {sorted(arenas)}")
+
+print("check_streams:", "FAILED: " + ", ".join(failures) if failures else "every check passed")
+sys.exit(1 if failures else 0)

@@ -1,0 +1,114 @@
+#!/bin/bash
+# run_build.sh: every plan of every example (examples/*.plan) builds for the CUDA target: planc build
+# --target cuda, i.e. nvcc for sm_80 and sm_90 SASS and compute_80 PTX, linked with planrt_cuda,
+# cuBLAS, NCCL and the static CUDA runtime. Each program must not link libcuda, and, started here
+# without a GPU, must exit with status 1 and one line that says so. The plans the CUDA target
+# cannot execute yet are listed below with the kernel they stop at: each must fail with that
+# error, and a plan that fails otherwise (or a listed one that starts building) fails the test, so
+# the list cannot grow or go stale silently. Identical kernels.cu files (most plans of a model) are
+# compiled once (nvcc_cache.sh); CUDA_BUILD_JOBS plans (default 2) build at a time.
+# The host code is compiled at -O0 (cc_quick.sh): the programs only run to refuse.
+#   run_build.sh PLANC NVCC CC   (CC: planc build's C compiler; exit 77, skipped, without the CUDA target)
+set -u
+PLANC=$1
+NVCC=$2
+export REAL_CC=$3
+ROOT=$(pwd)
+if ! "$PLANC" build --help 2>&1 | grep -q "target=cpu|cuda" || [ ! -x "$NVCC" ]; then
+	echo "skip: no nvcc"; exit 77
+fi
+# "file plan: the kernel it stops at" (the reason: planrt_cuda has no device version of it yet)
+UNSUPPORTED="
+examples/gpt.plan zero3_offload: offload
+examples/gpt.plan fp16: fp16
+examples/gpt.plan fp16_dp2: fp16
+examples/gpt.plan dp4_async: async_post
+examples/gpt.plan dp4_async_s0: async_post
+examples/gpt.plan dp2_tp2_async: async_post
+examples/gpt.plan dp4_local_sgd: local_average
+examples/gpt.plan dp4_diloco: local_average
+examples/gpt.plan pp2_dp2_local_sgd: local_average
+examples/gpt.plan dp2_local_sgd_k1: local_average
+examples/gpt.plan dp4_bf16_grads: compress_cast
+examples/gpt.plan dp4_powersgd: powersgd_init
+examples/gpt.plan dp4_topk_zero1: compress_topk
+examples/gpt.plan dp4_fp16_grads: compress_cast
+examples/gpt.plan dp2_tp2_sp_topk: compress_topk
+examples/gpt.plan pp2_dp2_powersgd: powersgd_init
+examples/mlp.plan zero3_offload: offload
+examples/moe.plan single: moe_route
+examples/moe.plan ep2: moe_route
+examples/moe.plan ep4: moe_route
+examples/moe.plan ep2_tp2: moe_route
+examples/moe.plan ep2_dp2: moe_route
+examples/moe.plan ep2_dp2_zero1: moe_route
+examples/moe.plan ep2_dp2_tp2_zero2: moe_route
+examples/moe.plan switch_single: moe_route
+examples/moe.plan switch_ep2: moe_route
+examples/moe.plan single_nodropout: moe_route
+examples/moe.plan switch_nodropout: moe_route
+examples/moe.plan mixtral_single: moe_route
+examples/moe.plan mixtral_ep2: moe_route
+examples/moe.plan mixtral_ep2_tp2: moe_route
+"
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+mkdir -p "$tmp/cache"
+export NVCC_CACHE_DIR=$tmp/cache REAL_NVCC=$NVCC PLANC_NVCC=$ROOT/tests/cuda/nvcc_cache.sh \
+	PLANC_MPICC=$ROOT/tests/cuda/cc_quick.sh
+start=$(date +%s)
+# one plan: prints "ok: ...", "refused: ..." or "FAIL: ..." lines
+one_plan() {
+	local f=$1 p=$2 d="$tmp/$3" want out rc run rrc secs t0
+	mkdir -p "$d"
+	want=$(printf '%s\n' "$UNSUPPORTED" | grep -F "$f $p:" | sed 's/.*: //')
+	t0=$(date +%s.%N)
+	out=$(TMPDIR=$d "$PLANC" build --target cuda "$f" --plan "$p" -o "$d/prog" 2>&1)
+	rc=$?
+	secs=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN{printf "%.1f", b-a}')
+	if [ -n "$want" ]; then
+		if [ $rc = 0 ]; then
+			echo "FAIL: $f $p builds for cuda now: take it off the list in tests/cuda/run_build.sh"
+		elif [ "$want" = offload ] && echo "$out" | grep -q "error: planc build does not execute offload yet"; then
+			echo "refused: $f $p (offload)"
+		elif [ "$want" = fp16 ] && echo "$out" | grep -q "error: the CUDA target does not execute fp16 plans yet"; then
+			echo "refused: $f $p (fp16)"
+		elif echo "$out" | grep -q "error: planc build --target cuda cannot execute kernel '$want' yet"; then
+			echo "refused: $f $p ($want)"
+		else
+			echo "FAIL: $f $p: expected the error naming '$want', got: $(echo "$out" | head -3)"
+		fi
+		rm -rf "$d"
+		return
+	fi
+	if [ $rc != 0 ]; then
+		echo "FAIL: $f $p does not build for cuda: $(echo "$out" | tail -5)"
+		rm -rf "$d"
+		return
+	fi
+	if ldd "$d/prog" | grep -q 'libcuda\.so'; then echo "FAIL: $f $p links libcuda"; fi
+	if ! nm "$d/prog" | grep -q ' planrt_cuda_main$'; then echo "FAIL: $f $p: no planrt_cuda_main in the program"; fi
+	run=$("$d/prog" --steps 1 --data data/corpus.txt 2>&1)
+	rrc=$?
+	if [ -e /dev/nvidia0 ]; then
+		: # a GPU is here: the program may run; the one-line refusal is for machines without one
+	elif [ $rrc != 1 ] || [ "$(printf '%s\n' "$run" | wc -l)" != 1 ] || ! echo "$run" | grep -q "no CUDA GPU"; then
+		echo "FAIL: $f $p without a GPU: status $rrc, output: $(echo "$run" | head -3)"
+	fi
+	echo "ok: $f $p ($secs s)"
+	rm -rf "$d"
+}
+export -f one_plan
+export PLANC UNSUPPORTED tmp
+n=0
+for f in examples/*.plan; do
+	for p in $(grep -oE '^plan +[A-Za-z0-9_]+' "$f" | awk '{print $2}'); do
+		n=$((n + 1))
+		echo "$f $p $n"
+	done
+done | xargs -P "${CUDA_BUILD_JOBS:-2}" -L 1 bash -c 'one_plan "$@"' _ > "$tmp/results"
+cat "$tmp/results"
+built=$(grep -c '^ok:' "$tmp/results")
+refused=$(grep -c '^refused:' "$tmp/results")
+echo "$built plans built for cuda, $refused refused as listed; nvcc: $(grep -c miss "$tmp/cache/stats" 2>/dev/null || echo 0) compiled, $(grep -c hit "$tmp/cache/stats" 2>/dev/null || echo 0) reused; $(( $(date +%s) - start )) s"
+! grep -q '^FAIL' "$tmp/results"
