@@ -354,21 +354,6 @@ static void remove_build_dir(const char *dir, const char *file)
 #define PLANC_CUDA_INCLUDE ""
 #endif
 
-static bool dump_text(const char *path, FILE *out)
-{
-	FILE *f = fopen(path, "r");
-	if (!f) {
-		fprintf(stderr, "planc: error: cannot read back '%s'\n", path);
-		return false;
-	}
-	char buf[65536];
-	size_t n;
-	fprintf(out, "# %s after emit\n", path);
-	while ((n = fread(buf, 1, sizeof buf, f)) > 0)
-		fwrite(buf, 1, n, out);
-	fclose(f);
-	return true;
-}
 
 static bool cmd_cuda(Lowered *low, const Options *o, bool compile)
 {
@@ -378,8 +363,8 @@ static bool cmd_cuda(Lowered *low, const Options *o, bool compile)
 	bool dump = o->dump_after && !strcmp(o->dump_after, "emit");
 	if (!compile)
 		return emit_cuda(low, o->output, o->file) &&
-		       (!dump || (dump_text(arena_printf(a, "%s/prog.c", o->output), stdout) &&
-				  dump_text(arena_printf(a, "%s/kernels.cu", o->output), stdout)));
+		       (!dump || (dump_after_emit(arena_printf(a, "%s/prog.c", o->output), stdout) &&
+				  dump_after_emit(arena_printf(a, "%s/kernels.cu", o->output), stdout)));
 	if (!*PLANC_NVCC || !*PLANC_CUDA_LIB) {
 		fprintf(stderr, "planc: error: this planc was built without the CUDA toolkit (no nvcc when it was configured), "
 				"so it cannot build for --target cuda\n");
@@ -396,7 +381,8 @@ static bool cmd_cuda(Lowered *low, const Options *o, bool compile)
 	static const char *const files[] = {"prog.c", "kernels.cu", "loops.h", "prog.o", "kernels.o"};
 	bool ok = emit_cuda(low, dir, o->file);
 	if (ok && dump)
-		ok = dump_text(arena_printf(a, "%s/prog.c", dir), stdout) && dump_text(arena_printf(a, "%s/kernels.cu", dir), stdout);
+		ok = dump_after_emit(arena_printf(a, "%s/prog.c", dir), stdout) &&
+		     dump_after_emit(arena_printf(a, "%s/kernels.cu", dir), stdout);
 	const char *inc = arena_printf(a, "-I%s", PLANC_RUNTIME_DIR);
 	const char *cc = getenv("PLANC_MPICC");
 	cc = cc && *cc ? cc : PLANC_MPICC;

@@ -92,7 +92,12 @@ bool run_emit(const Lowered *low, const char *dir, const char *source_path, cons
 		return false;
 	if (!dump_after || strcmp(dump_after, "emit"))
 		return true;
-	const char *path = arena_printf(low->g->arena, "%s/prog.c", dir);
+	return dump_after_emit(arena_printf(low->g->arena, "%s/prog.c", dir), dump_out);
+}
+
+/* `--dump-after=emit`: a file the printer wrote, read back whole onto out under a header. */
+bool dump_after_emit(const char *path, FILE *out)
+{
 	FILE *f = fopen(path, "r");
 	if (!f) {
 		fprintf(stderr, "planc: error: cannot read back '%s'\n", path);
@@ -100,9 +105,9 @@ bool run_emit(const Lowered *low, const char *dir, const char *source_path, cons
 	}
 	char buf[65536];
 	size_t n;
-	fprintf(dump_out, "# C after emit (%s)\n", path);
+	fprintf(out, "# %s after emit\n", path);
 	while ((n = fread(buf, 1, sizeof buf, f)) > 0)
-		fwrite(buf, 1, n, dump_out);
+		fwrite(buf, 1, n, out);
 	fclose(f);
 	return true;
 }

@@ -1118,6 +1118,7 @@ void emit_cuda_loop_body(FILE *f, const LProg *p, const Kernel *k, const char *f
 Lowered *run_backend(Graph *g, const char *dump_after, FILE *dump_out, bool verify);
 /* The emit pass: DIR/prog.c, printed after it when dump_after is "emit". */
 bool run_emit(const Lowered *low, const char *dir, const char *source_path, const char *dump_after, FILE *dump_out);
+bool dump_after_emit(const char *path, FILE *out);
 
 /* ---------------------------------------------------------------- emit_llvm.c */
 /* The LLVM back end (LLVM 14 C API): the program emit_c.c prints, built as LLVM IR and optimised

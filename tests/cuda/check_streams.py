@@ -53,16 +53,16 @@ def schedule(plan_file, plan):
 
 def waits_on(prog, j, i):
     """kernel j waits for kernel i, directly or through the waits of kernels on its stream before it"""
-    seen, todo = set(), [j]
-    while todo:
-        k = todo.pop()
+    seen, frontier = set(), [j]
+    while frontier:
+        k = frontier.pop()
         if k in seen:
             continue
         seen.add(k)
         if i in prog[k]["waits"]:
             return True
-        todo += [w for w in prog[k]["waits"]]
-        todo += [x for x in prog if x < k and prog[x]["stream"] == prog[k]["stream"] and x >= i]
+        frontier += [w for w in prog[k]["waits"]]
+        frontier += [x for x in prog if x < k and prog[x]["stream"] == prog[k]["stream"] and x >= i]
     return False
 
 
