@@ -25,16 +25,6 @@ examples/gpt.plan fp16_dp2: fp16
 examples/gpt.plan dp4_async: async_post
 examples/gpt.plan dp4_async_s0: async_post
 examples/gpt.plan dp2_tp2_async: async_post
-examples/gpt.plan dp4_local_sgd: local_average
-examples/gpt.plan dp4_diloco: local_average
-examples/gpt.plan pp2_dp2_local_sgd: local_average
-examples/gpt.plan dp2_local_sgd_k1: local_average
-examples/gpt.plan dp4_bf16_grads: compress_cast
-examples/gpt.plan dp4_powersgd: powersgd_init
-examples/gpt.plan dp4_topk_zero1: compress_topk
-examples/gpt.plan dp4_fp16_grads: compress_cast
-examples/gpt.plan dp2_tp2_sp_topk: compress_topk
-examples/gpt.plan pp2_dp2_powersgd: powersgd_init
 examples/mlp.plan zero3_offload: offload
 examples/moe.plan single: moe_route
 examples/moe.plan ep2: moe_route
