@@ -196,6 +196,9 @@ void planrt_cu_powersgd_init(planrt_ctx_t *ctx, float *q, int64_t n, int stream)
 void planrt_cu_local_average(planrt_ctx_t *ctx, int every, void *flat, int64_t n, planrt_dtype_t t, void *params,
 			     planrt_dtype_t pt, const double *loss, double *history, planrt_comm_t c, int outer,
 			     double outer_lr, double outer_momentum, float *anchor, float *momentum, int stream);
+void planrt_cu_loss_seed(planrt_ctx_t *ctx, float *dl, double per_micro, int stream);
+void planrt_cu_unscale_clip_coef(planrt_ctx_t *ctx, const double *sumsq, double *norm, double *coef, double max_norm,
+				 int stream);
 
 #ifdef __cplusplus
 }

@@ -375,3 +375,58 @@ void planrt_cu_local_average(planrt_ctx_t *ctx, int every, void *flat, int64_t n
 	if (params)
 		planrt_cu_cast(flat, planrt_f32, params, pt, n, stream);
 }
+
+/* ------------------------------------------------------------------ fp16 dynamic loss scaling
+ * The backward starts from loss * scale (planrt_cu_loss_seed: the scale is the host's for this
+ * step, passed by value). planrt_cu_unscale_clip_coef runs step.c's rule on the device: the norm
+ * of the scaled gradients (sumsq all-reduced over every axis, so every rank finds the same) is
+ * unscaled; not finite, the step is skipped: *coef is NaN, which optimizer_kernel reads as "change
+ * nothing", and a flag in pinned host memory says so. The host learns the verdict when it next
+ * waits for the device (planrt_cu_synchronize, at the end of the step phase), which sets
+ * ctx->step_skipped; the run then halves the scale or, after its interval, doubles it, as on the
+ * CPU (program.c), and the next step's seed and unscaling use the new one. */
+
+__global__ static void loss_seed_kernel(float *dl, float value)
+{
+	*dl = value;
+}
+
+void planrt_cu_loss_seed(planrt_ctx_t *ctx, float *dl, double per_micro, int stream)
+{
+	loss_seed_kernel<<<1, 1, 0, planrt_cu_stream(stream)>>>(dl, (float)(ctx->loss_scale * per_micro));
+	planrt_cu_check_launch("loss_seed_kernel");
+}
+
+__global__ static void unscale_clip_kernel(const double *sumsq, double *norm, double *coef, double scale,
+					   double max_norm, int *skipped)
+{
+	*skipped = sm_unscale_clip(*sumsq, scale, max_norm, norm, coef);
+}
+
+static struct {
+	int *skipped;        /* pinned, mapped: the device's verdict */
+	planrt_ctx_t *ctx;   /* the step waiting for it, or NULL */
+} verdict;
+
+void planrt_cu_unscale_clip_coef(planrt_ctx_t *ctx, const double *sumsq, double *norm, double *coef, double max_norm,
+				 int stream)
+{
+	if (!verdict.skipped) {
+		planrt_cu_check_(cudaHostAlloc((void **)&verdict.skipped, sizeof(int), cudaHostAllocMapped | cudaHostAllocPortable),
+				 "cudaHostAlloc of the loss-scale verdict");
+		*verdict.skipped = 0;
+	}
+	unscale_clip_kernel<<<1, 1, 0, planrt_cu_stream(stream)>>>(sumsq, norm, coef, ctx->loss_scale, max_norm,
+								     verdict.skipped);
+	planrt_cu_check_launch("unscale_clip_kernel");
+	verdict.ctx = ctx;
+}
+
+void planrt_cu_settle_loss_scale_(void)
+{
+	if (!verdict.ctx)
+		return;
+	if (*verdict.skipped)
+		verdict.ctx->step_skipped = 1;
+	verdict.ctx = NULL;
+}
