@@ -24,20 +24,6 @@ examples/gpt.plan dp4_async: async_post
 examples/gpt.plan dp4_async_s0: async_post
 examples/gpt.plan dp2_tp2_async: async_post
 examples/mlp.plan zero3_offload: offload
-examples/moe.plan single: moe_route
-examples/moe.plan ep2: moe_route
-examples/moe.plan ep4: moe_route
-examples/moe.plan ep2_tp2: moe_route
-examples/moe.plan ep2_dp2: moe_route
-examples/moe.plan ep2_dp2_zero1: moe_route
-examples/moe.plan ep2_dp2_tp2_zero2: moe_route
-examples/moe.plan switch_single: moe_route
-examples/moe.plan switch_ep2: moe_route
-examples/moe.plan single_nodropout: moe_route
-examples/moe.plan switch_nodropout: moe_route
-examples/moe.plan mixtral_single: moe_route
-examples/moe.plan mixtral_ep2: moe_route
-examples/moe.plan mixtral_ep2_tp2: moe_route
 "
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
