@@ -5,10 +5,11 @@
  *
  * Each function does the CPU kernel's arithmetic in the CPU kernel's order (f32: kexpf, logf; the
  * maximum over 8 running maxima as kmax; sums in index order; dot products over 8 partial sums as
- * kdot), so the results are the CPU's bit for bit on the host. On the device a product that feeds a
- * sum is rounded on its own (MOE_MUL: __fmul_rn / __dmul_rn, which nvcc never contracts into a fused
- * multiply-add), as the host rounds it; kexpf's own polynomial and logf are the device's (within
- * 1 ulp of the host's).
+ * kdot), so the results are the CPU's bit for bit on the host. On the device every product that
+ * feeds a sum is rounded on its own (MOE_MUL: __fmul_rn / __dmul_rn, which nvcc never contracts into
+ * a fused multiply-add), as the host rounds it, kexpf included (planrt_moe_expf): the device's
+ * probabilities, choices, slots and gates are the host's bit for bit. Only logf (the z-loss's
+ * logsumexp) is the device's own, within 1 ulp of the host's.
  *
  * Routing (docs/moe.md) in two passes. The token pass (planrt_moe_route_token) computes a token's
  * probabilities, its top_k experts and its gates, and leaves in idx the code -(e + 2) of each
@@ -54,6 +55,39 @@ static inline PLANRT_HD float planrt_moe_max(const float *x, int64_t n)
 	return m;
 }
 
+/* planrt_math.h's kexpf, operation for operation, with its products rounded on their own on the
+ * device too (MOE_MUL): nvcc would otherwise fuse them with the following additions, and a
+ * probability one ulp off can change which expert a near tie goes to. On the host it is kexpf
+ * (the test compares the results with the CPU kernels, which call kexpf). */
+static inline PLANRT_HD float planrt_moe_expf(float x)
+{
+	const float hi = 88.7228317f, lo = -87.3365479f;
+	float xc = x > hi ? hi : (x < lo ? lo : x);
+	float k = MOE_MUL(xc, 1.44269504089f) + 12582912.0f;
+	k -= 12582912.0f;
+	float r = xc - MOE_MUL(k, 0.693359375f);
+	r = r - MOE_MUL(k, -2.12194440e-4f);
+	float p = 1.9875691500e-4f;
+	p = MOE_MUL(p, r) + 1.3981999507e-3f;
+	p = MOE_MUL(p, r) + 8.3334519073e-3f;
+	p = MOE_MUL(p, r) + 4.1665795894e-2f;
+	p = MOE_MUL(p, r) + 1.6666665459e-1f;
+	p = MOE_MUL(p, r) + 5.0000001201e-1f;
+	p = MOE_MUL(MOE_MUL(p, r), r) + r + 1.0f;
+	int32_t ki = (int32_t)k;
+	int32_t k1 = ki >> 1, k2 = ki - k1;
+	union {
+		int32_t i;
+		float f;
+	} s1, s2;
+	s1.i = (k1 + 127) << 23;
+	s2.i = (k2 + 127) << 23;
+	float y = MOE_MUL(MOE_MUL(p, s1.f), s2.f);
+	y = x > hi ? INFINITY : y;
+	y = x < lo ? 0.0f : y;
+	return x != x ? x : y;
+}
+
 /* A token's softmax as its maximum and sum: p[e] = kexpf(l[e] - m) / s (kmoe_probs). */
 typedef struct planrt_moe_softmax {
 	float m, s;
@@ -65,13 +99,13 @@ static inline PLANRT_HD planrt_moe_softmax_t planrt_moe_softmax(const float *l, 
 	x.m = planrt_moe_max(l, experts);
 	x.s = 0;
 	for (int64_t e = 0; e < experts; e++)
-		x.s += kexpf(l[e] - x.m);
+		x.s += planrt_moe_expf(l[e] - x.m);
 	return x;
 }
 
 static inline PLANRT_HD float planrt_moe_prob(const float *l, planrt_moe_softmax_t x, int64_t e)
 {
-	return kexpf(l[e] - x.m) / x.s;
+	return planrt_moe_expf(l[e] - x.m) / x.s;
 }
 
 /* The top_k experts of a token by descending probability, ties to the lower index (kmoe_topk). */
@@ -280,7 +314,7 @@ static inline PLANRT_HD float planrt_moe_lse(const float *l, int64_t experts)
 {
 	float m = planrt_moe_max(l, experts), s = 0;
 	for (int64_t e = 0; e < experts; e++)
-		s += kexpf(l[e] - m);
+		s += planrt_moe_expf(l[e] - m);
 	return m + logf(s);
 }
 
@@ -293,7 +327,7 @@ static inline PLANRT_HD void planrt_moe_z_grad_token(const float *logits, int64_
 	float c = MOE_MUL((float)(2 * dscale), z);
 	float *d = dlogits + t * experts;
 	for (int64_t e = 0; e < experts; e++)
-		d[e] = MOE_MUL(c, kexpf(l[e] - z));
+		d[e] = MOE_MUL(c, planrt_moe_expf(l[e] - z));
 }
 
 /* ------------------------------------------------------------------ the dropless exchange (host side)
