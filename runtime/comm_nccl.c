@@ -15,7 +15,9 @@
  * were enqueued, whichever stream they are on, so the pipe axis gets a communicator per channel,
  * and per channel one per sender parity (an even sender, an odd one, and the last stage wrapping
  * to stage 0 when the stage count is odd): on each of them a rank only sends or only receives, so
- * a receive posted ahead never holds up a send.
+ * a receive posted ahead never holds up a send. The role axis of a `sync async` plan gets one
+ * communicator per tag the same way (parameter versions, master to workers; gradients, workers to
+ * master): a worker's receive of the next version, posted ahead, never holds up its gradient.
  *
  * Watchdog. Every enqueued operation records an event; a thread polls the oldest pending ones and
  * every communicator's ncclCommGetAsyncError. When an operation has been pending longer than
@@ -242,6 +244,17 @@ void planrt_nccl_start_(void)
 						   "ncclCommSplit (a pipeline channel)");
 		}
 	}
+	/* async: the role axis's two tags (sync.c's TAG_PARAMS and TAG_GRADS) */
+	if (prog && prog->nroles == 2 && prog->role_axis >= 0) {
+		entry_t *e = entry_of(planrt_axis_comm(prog->role_axis));
+		if (e->nccl && !e->nchan) {
+			e->nchan = 2;
+			e->ncolors = 1;
+			for (int c = 0; c < e->nchan; c++)
+				nccl_check(ncclCommSplit(e->nccl, 0, planrt_comm_rank(e->comm), &e->chan[c][0], NULL),
+					   "ncclCommSplit (an async tag)");
+		}
+	}
 	pthread_t t;
 	if (pthread_create(&t, NULL, watchdog_main, NULL) != 0)
 		planrt_fatal("cannot start the NCCL watchdog thread");
@@ -282,6 +295,8 @@ static ncclComm_t channel_comm(const entry_t *e, int tag, int sender)
 {
 	if (!e->nchan || tag < 0 || tag >= e->nchan)
 		return e->nccl;
+	if (e->ncolors == 1) /* an async tag: one direction only */
+		return e->chan[tag][0];
 	int stages = planrt_comm_size(e->comm);
 	int color = stages % 2 && sender == stages - 1 ? 2 : sender % 2;
 	return e->chan[tag][color];

@@ -117,7 +117,7 @@ static void sample_memory(void)
 void planrt_cu_synchronize(void)
 {
 	planrt_cu_check_(cudaDeviceSynchronize(), "a kernel (cudaDeviceSynchronize)");
-	planrt_cu_settle_loss_scale_();
+	planrt_cu_settle_sync_();
 	sample_memory();
 }
 

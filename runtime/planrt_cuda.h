@@ -227,6 +227,18 @@ void planrt_cu_powersgd_init(planrt_ctx_t *ctx, float *q, int64_t n, int stream)
 void planrt_cu_local_average(planrt_ctx_t *ctx, int every, void *flat, int64_t n, planrt_dtype_t t, void *params,
 			     planrt_dtype_t pt, const double *loss, double *history, planrt_comm_t c, int outer,
 			     double outer_lr, double outer_momentum, float *anchor, float *momentum, int stream);
+void planrt_cu_async_pull(planrt_ctx_t *ctx, int staleness, void *params, void *inbox, int64_t n, planrt_dtype_t t,
+			  planrt_comm_t c, int stream);
+void planrt_cu_async_push(planrt_ctx_t *ctx, int staleness, const void *grads, int64_t n, planrt_dtype_t t, void *ring,
+			  const double *loss, planrt_comm_t c, int stream);
+void planrt_cu_async_drain(planrt_ctx_t *ctx, void *params, void *inbox, int64_t n, planrt_dtype_t t, planrt_comm_t c,
+			   int stream);
+void planrt_cu_async_post(planrt_ctx_t *ctx, void *inbox, int64_t msg, planrt_dtype_t t, int nworkers, planrt_comm_t c,
+			  int stream);
+void planrt_cu_async_gather(planrt_ctx_t *ctx, int staleness, void *grads, int64_t n, planrt_dtype_t t,
+			    const void *inbox, int nworkers, double *loss, double *versions, int stream);
+void planrt_cu_async_publish(planrt_ctx_t *ctx, int staleness, const void *params, int64_t n, planrt_dtype_t t,
+			     void *ring, int nworkers, planrt_comm_t c, int stream);
 void planrt_cu_loss_seed(planrt_ctx_t *ctx, float *dl, double per_micro, int stream);
 void planrt_cu_unscale_clip_coef(planrt_ctx_t *ctx, const double *sumsq, double *norm, double *coef, double max_norm,
 				 int stream);

@@ -422,11 +422,252 @@ void planrt_cu_unscale_clip_coef(planrt_ctx_t *ctx, const double *sumsq, double 
 	verdict.ctx = ctx;
 }
 
-void planrt_cu_settle_loss_scale_(void)
+
+/* ------------------------------------------------------------------ async: host-driven
+ * sync.c's bounded-staleness protocol (its comment has the messages, the rings and why neither
+ * side waits for the other in a cycle), kept as it is with device buffers and NCCL. Which version
+ * a worker computes a step on depends on what has arrived when the step starts: that is decided
+ * by the host (cudaEventQuery on the receive), so this part is host-driven by nature; nothing
+ * blocks the host, though: a version the worker must have is waited for by the stream
+ * (cudaStreamWaitEvent), not by the CPU.
+ *   streams   the NCCL sends and receives run on two streams of their own (a posted receive must
+ *             not hold up the call's stream, nor a send wait behind a receive); the copies into
+ *             the rings and out of the inbox, and the gradient sums, on the stream the schedule
+ *             gave the kernel, handed over by events;
+ *   channels  comm_nccl.c gives the role axis one NCCL communicator per tag (versions, gradients),
+ *             on which a rank only sends or only receives, as MPI's tags keep the two apart;
+ *   rings     a slot is rewritten after its previous sends completed (an event per slot), as
+ *             sync.c's requests do;
+ *   staleness the master's check of the version each worker used runs on the device; a violation
+ *             stops the run at the end of the step (planrt_cu_settle_sync_), with sync.c's message.
+ * The master's gradient sum is in worker order as on the CPU (planrt_cu_accumulate). */
+
+enum { TAG_PARAMS = 0, TAG_GRADS = 1, TAIL_BYTES = 16 };
+
+/* the master's staleness violation (pinned, mapped: the device writes it, the host reads it) */
+struct Stale {
+	int worker; /* 0: none */
+	double version;
+	int64_t step;
+	int staleness;
+};
+
+static struct {
+	cudaStream_t send, recv;      /* the NCCL streams */
+	cudaEvent_t handoff;          /* one stream waits for another's work so far */
+	int64_t version, received;    /* worker: version in use; versions received */
+	cudaEvent_t pull;             /* worker: after the receive of version received + 1 */
+	int pulling;                  /* worker: that receive is posted */
+	cudaEvent_t *recv_done;       /* master: [nworkers] after this step's receives */
+	cudaEvent_t *slot_sent;       /* either: [slots] after a ring slot's sends */
+	int nslots;
+	Stale *stale;
+} AD;
+
+static cudaEvent_t new_event(void)
 {
-	if (!verdict.ctx)
+	cudaEvent_t e;
+	planrt_cu_check_(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
+	return e;
+}
+
+static void async_start(void)
+{
+	if (AD.send)
 		return;
-	if (*verdict.skipped)
-		verdict.ctx->step_skipped = 1;
-	verdict.ctx = NULL;
+	planrt_cu_check_(cudaStreamCreateWithFlags(&AD.send, cudaStreamNonBlocking), "cudaStreamCreate");
+	planrt_cu_check_(cudaStreamCreateWithFlags(&AD.recv, cudaStreamNonBlocking), "cudaStreamCreate");
+	AD.handoff = new_event();
+	AD.pull = new_event();
+	planrt_cu_check_(cudaHostAlloc((void **)&AD.stale, sizeof *AD.stale, cudaHostAllocMapped | cudaHostAllocPortable),
+			 "cudaHostAlloc");
+	memset(AD.stale, 0, sizeof *AD.stale);
+}
+
+/* `to` waits for the work enqueued on `from` so far */
+static void follow(cudaStream_t to, cudaStream_t from)
+{
+	planrt_cu_check_(cudaEventRecord(AD.handoff, from), "cudaEventRecord");
+	planrt_cu_check_(cudaStreamWaitEvent(to, AD.handoff, 0), "cudaStreamWaitEvent");
+}
+
+/* the event after ring slot `slot`'s sends (of nslots) */
+static cudaEvent_t *slot_event(int slot, int nslots)
+{
+	if (!AD.slot_sent) {
+		AD.nslots = nslots;
+		AD.slot_sent = (cudaEvent_t *)calloc((size_t)nslots, sizeof *AD.slot_sent);
+		if (!AD.slot_sent)
+			planrt_fatal("out of memory for %d async ring events", nslots);
+		for (int i = 0; i < nslots; i++)
+			AD.slot_sent[i] = new_event(); /* recorded on no stream yet: waiting for it is a no-op */
+	}
+	return &AD.slot_sent[slot];
+}
+
+/* Worker: takes the versions that have arrived, in order, until the newest is at least need. */
+static void pull_until(planrt_ctx_t *ctx, int64_t need, void *params, void *inbox, int64_t n, planrt_dtype_t t,
+		       planrt_comm_t c, int stream)
+{
+	cudaStream_t s = planrt_cu_stream(stream);
+	for (;;) {
+		if (!AD.pulling && AD.received < ctx->steps) {
+			follow(AD.recv, s); /* the inbox has been copied out */
+			PLANRT_CHECK(planrt_recv_tagged(inbox, (size_t)n, t, 0, TAG_PARAMS, c, (planrt_stream_t)AD.recv, NULL));
+			planrt_cu_check_(cudaEventRecord(AD.pull, AD.recv), "cudaEventRecord");
+			AD.pulling = 1;
+		}
+		if (!AD.pulling)
+			break;
+		if (AD.version >= need) { /* take what has arrived, wait for nothing */
+			cudaError_t e = cudaEventQuery(AD.pull);
+			if (e == cudaErrorNotReady)
+				break;
+			planrt_cu_check_(e, "an async parameter receive");
+		}
+		/* arrived, or needed: the stream waits for it */
+		planrt_cu_check_(cudaStreamWaitEvent(s, AD.pull, 0), "cudaStreamWaitEvent");
+		planrt_cu_check_(cudaMemcpyAsync(params, inbox, (size_t)n * planrt_dtype_size(t), cudaMemcpyDeviceToDevice, s),
+				 "cudaMemcpyAsync");
+		AD.pulling = 0;
+		AD.version = ++AD.received;
+	}
+	if (AD.version < need)
+		planrt_fatal("internal error: async worker needs parameter version %lld but the master sends %lld",
+			     (long long)need, (long long)ctx->steps);
+}
+
+void planrt_cu_async_pull(planrt_ctx_t *ctx, int staleness, void *params, void *inbox, int64_t n, planrt_dtype_t t,
+			  planrt_comm_t c, int stream)
+{
+	async_start();
+	if (ctx->step == 0)
+		AD.version = AD.received = 0; /* every rank starts from the same initial parameters */
+	pull_until(ctx, ctx->step - staleness, params, inbox, n, t, c, stream);
+}
+
+/* the message's tail: the loss (a metric: pinned host memory) and the version, as two f64, byte
+ * by byte (the tail follows n elements: it need not be 8-byte aligned) */
+__global__ static void push_tail_kernel(unsigned char *tail, const double *loss, double version)
+{
+	double v[2] = {*loss, version};
+	const unsigned char *b = (const unsigned char *)v;
+	for (int i = 0; i < TAIL_BYTES; i++)
+		tail[i] = b[i];
+}
+
+void planrt_cu_async_push(planrt_ctx_t *ctx, int staleness, const void *grads, int64_t n, planrt_dtype_t t, void *ring,
+			  const double *loss, planrt_comm_t c, int stream)
+{
+	async_start();
+	cudaStream_t s = planrt_cu_stream(stream);
+	size_t es = planrt_dtype_size(t), bytes = (size_t)n * es + TAIL_BYTES;
+	int slot = (int)(ctx->step % (staleness + 1));
+	unsigned char *msg = (unsigned char *)ring + (size_t)slot * bytes;
+	cudaEvent_t *sent = slot_event(slot, staleness + 1);
+	planrt_cu_check_(cudaStreamWaitEvent(s, *sent, 0), "cudaStreamWaitEvent"); /* the slot's last message left */
+	planrt_cu_check_(cudaMemcpyAsync(msg, grads, (size_t)n * es, cudaMemcpyDeviceToDevice, s), "cudaMemcpyAsync");
+	push_tail_kernel<<<1, 1, 0, s>>>(msg + (size_t)n * es, loss, (double)AD.version);
+	planrt_cu_check_launch("push_tail_kernel");
+	follow(AD.send, s);
+	PLANRT_CHECK(planrt_send_tagged(msg, bytes / es, t, 0, TAG_GRADS, c, (planrt_stream_t)AD.send, NULL));
+	planrt_cu_check_(cudaEventRecord(*sent, AD.send), "cudaEventRecord");
+}
+
+void planrt_cu_async_drain(planrt_ctx_t *ctx, void *params, void *inbox, int64_t n, planrt_dtype_t t, planrt_comm_t c,
+			   int stream)
+{
+	if (ctx->step != ctx->steps - 1)
+		return;
+	async_start();
+	pull_until(ctx, ctx->steps, params, inbox, n, t, c, stream);
+	follow(planrt_cu_stream(stream), AD.send); /* every gradient has left */
+}
+
+void planrt_cu_async_post(planrt_ctx_t *ctx, void *inbox, int64_t msg, planrt_dtype_t t, int nworkers, planrt_comm_t c,
+			  int stream)
+{
+	async_start();
+	if (!AD.recv_done) {
+		AD.recv_done = (cudaEvent_t *)calloc((size_t)(nworkers > 0 ? nworkers : 1), sizeof *AD.recv_done);
+		if (!AD.recv_done)
+			planrt_fatal("out of memory for %d async receive events", nworkers);
+		for (int w = 0; w < nworkers; w++)
+			AD.recv_done[w] = new_event();
+	}
+	follow(AD.recv, planrt_cu_stream(stream)); /* the inbox has been summed out of */
+	for (int w = 0; w < nworkers; w++) {
+		PLANRT_CHECK(planrt_recv_tagged((unsigned char *)inbox + (size_t)w * (size_t)msg * planrt_dtype_size(t),
+						(size_t)msg, t, w + 1, TAG_GRADS, c, (planrt_stream_t)AD.recv, NULL));
+		planrt_cu_check_(cudaEventRecord(AD.recv_done[w], AD.recv), "cudaEventRecord");
+	}
+	(void)ctx;
+}
+
+__global__ static void gather_tail_kernel(const unsigned char *tail, double *loss, double *versions, int worker,
+					  int64_t step, int staleness, Stale *stale)
+{
+	double v[2];
+	unsigned char *b = (unsigned char *)v;
+	for (int i = 0; i < TAIL_BYTES; i++)
+		b[i] = tail[i];
+	if ((v[1] > (double)step || (double)step - v[1] > staleness) && !stale->worker) {
+		stale->version = v[1];
+		stale->step = step;
+		stale->staleness = staleness;
+		stale->worker = worker;
+	}
+	*loss += v[0];
+	versions[worker] = v[1];
+}
+
+void planrt_cu_async_gather(planrt_ctx_t *ctx, int staleness, void *grads, int64_t n, planrt_dtype_t t,
+			    const void *inbox, int nworkers, double *loss, double *versions, int stream)
+{
+	async_start();
+	cudaStream_t s = planrt_cu_stream(stream);
+	size_t es = planrt_dtype_size(t), bytes = (size_t)n * es + TAIL_BYTES;
+	versions[0] = (double)ctx->step; /* a metric: pinned host memory */
+	for (int w = 0; w < nworkers; w++) {
+		planrt_cu_check_(cudaStreamWaitEvent(s, AD.recv_done[w], 0), "cudaStreamWaitEvent");
+		const unsigned char *msg = (const unsigned char *)inbox + (size_t)w * bytes;
+		planrt_cu_accumulate(grads, msg, n, t, stream);
+		gather_tail_kernel<<<1, 1, 0, s>>>(msg + (size_t)n * es, loss, versions, w + 1, ctx->step, staleness, AD.stale);
+		planrt_cu_check_launch("gather_tail_kernel");
+	}
+}
+
+void planrt_cu_async_publish(planrt_ctx_t *ctx, int staleness, const void *params, int64_t n, planrt_dtype_t t,
+			     void *ring, int nworkers, planrt_comm_t c, int stream)
+{
+	async_start();
+	cudaStream_t s = planrt_cu_stream(stream);
+	int slots = staleness + 2, slot = (int)((ctx->step + 1) % slots);
+	size_t bytes = (size_t)n * planrt_dtype_size(t);
+	unsigned char *copy = (unsigned char *)ring + (size_t)slot * bytes;
+	cudaEvent_t *sent = slot_event(slot, slots);
+	planrt_cu_check_(cudaStreamWaitEvent(s, *sent, 0), "cudaStreamWaitEvent"); /* the slot's last version left */
+	planrt_cu_check_(cudaMemcpyAsync(copy, params, bytes, cudaMemcpyDeviceToDevice, s), "cudaMemcpyAsync");
+	follow(AD.send, s);
+	for (int w = 0; w < nworkers; w++)
+		PLANRT_CHECK(planrt_send_tagged(copy, (size_t)n, t, w + 1, TAG_PARAMS, c, (planrt_stream_t)AD.send, NULL));
+	planrt_cu_check_(cudaEventRecord(*sent, AD.send), "cudaEventRecord");
+	if (ctx->step == ctx->steps - 1)
+		follow(s, AD.send); /* every version has left */
+}
+
+/* ------------------------------------------------------------------ after the device is done */
+
+void planrt_cu_settle_sync_(void)
+{
+	if (verdict.ctx) {
+		if (*verdict.skipped)
+			verdict.ctx->step_skipped = 1;
+		verdict.ctx = NULL;
+	}
+	if (AD.stale && AD.stale->worker)
+		planrt_fatal("async: worker %d computed step %lld on parameter version %.0f, %.0f updates old; the plan's "
+			     "bound is staleness = %d",
+			     AD.stale->worker, (long long)AD.stale->step, AD.stale->version,
+			     (double)AD.stale->step - AD.stale->version, AD.stale->staleness);
 }

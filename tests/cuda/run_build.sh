@@ -20,9 +20,6 @@ fi
 # "file plan: the kernel it stops at" (the reason: planrt_cuda has no device version of it yet)
 UNSUPPORTED="
 examples/gpt.plan zero3_offload: offload
-examples/gpt.plan dp4_async: async_post
-examples/gpt.plan dp4_async_s0: async_post
-examples/gpt.plan dp2_tp2_async: async_post
 examples/mlp.plan zero3_offload: offload
 "
 tmp=$(mktemp -d)
