@@ -60,7 +60,8 @@ typedef struct Update {
 	long long replicas; /* identical copies of the gradient across the mesh; 0: a tied copy (its
 			     * original is counted) */
 	int chunk_grad;     /* ZeRO 3: the gradient shard buffer */
-	int master, m, v;   /* buffers, or -1 */
+	int master, m, v;   /* buffers, or -1 (offload optimizer -> disk: in the record instead) */
+	int grp;            /* offload optimizer: its group (not sharded), or -1 */
 } Update;
 
 typedef struct Flat {
@@ -73,7 +74,19 @@ typedef struct Flat {
 	int param;          /* ZeRO 1/2: the flat parameters */
 	int grad_shard;     /* ZeRO 2: this rank's gradient shard */
 	int master, m, v;   /* the shard's optimizer state */
+	int grp;            /* offload optimizer: its group (ZeRO 1/2), or -1 */
 } Flat;
+
+/* An optimizer call with offloaded state: a ZeRO 1/2 bucket shard, or an update's whole block
+ * or ZeRO-3 chunk (offload below). */
+typedef struct Group {
+	Flat *f;            /* one of the two */
+	Update *u;
+	int target;         /* the parameters it updates (the shard view, the block, the chunk) */
+	int grad;           /* their gradients */
+	long long n;        /* elements */
+	long long rec;      /* disk: the record's byte offset in the state file */
+} Group;
 
 typedef struct State {
 	LProg *p;
@@ -96,6 +109,15 @@ typedef struct State {
 	long long nflat;    /* local SGD, async: elements of every parameter of the stage */
 	int param_flat, master_flat, grad_flat; /* their flat buffers, or -1 */
 	int inbox;          /* async: the worker's parameter inbox, the master's gradient inbox */
+	/* offload optimizer (offload below) */
+	OffloadPlace off;   /* PLACE_HOST, PLACE_DISK, or PLACE_NONE: not offloaded */
+	Group *grp;
+	int ngrp;
+	int parts;          /* f32 arrays per group: master weights (bf16 / f16 parameters) and moments */
+	long long grp_max;  /* elements of the largest group */
+	int slot[2];        /* disk: the two host buffers records are read into */
+	int stage_grad[DT_F64 + 1][2], stage_param[DT_F64 + 1][2]; /* host copies, by dtype, or -1 */
+	int coef_host;      /* the clipping coefficient, copied to the host */
 } State;
 
 static int state_buf(State *S, StateKind kind, DType t, long long elems, const char *name, const char *what)
@@ -227,7 +249,7 @@ static void collect_updates(State *S)
 		u->flat = -1;
 		u->n = p->buf[u->grad].elems;
 		u->replicas = g->vals[u->param].tied_to >= 0 ? 0 : replicas_of(S, u->grad);
-		u->chunk_grad = u->master = u->m = u->v = -1;
+		u->chunk_grad = u->master = u->m = u->v = u->grp = -1;
 	}
 }
 
@@ -271,7 +293,7 @@ static void layout_flat(State *S)
 		Flat *f = &S->f[S->nf];
 		f->op = i;
 		f->upd = arena_alloc(g->arena, sizeof(int) * (size_t)op->nmembers);
-		f->grad_shard = f->master = f->m = f->v = f->param = -1;
+		f->grad_shard = f->master = f->m = f->v = f->param = f->grp = -1;
 		DType gt = DT_F32;
 		for (int m = 0; m < op->nmembers; m++) {
 			int ui = update_of_grad(S, op->members[m]);
@@ -324,7 +346,8 @@ static void layout_optimizer(State *S)
 		return;
 	if (S->param_flat >= 0 && S->low)
 		S->master_flat = state_buf(S, SC_MASTER, DT_F32, S->nflat, "master_flat", "f32 master weights of every parameter");
-	for (int i = 0; i < S->nf && S->zero >= 1; i++) {
+	bool resident = S->off != PLACE_DISK; /* on disk: records of the state file (offload below) */
+	for (int i = 0; i < S->nf && S->zero >= 1 && resident; i++) {
 		Flat *f = &S->f[i];
 		const char *what = arena_printf(g->arena, "shard of gradient bucket %d", i);
 		if (S->moments >= 1)
@@ -342,6 +365,8 @@ static void layout_optimizer(State *S)
 		long long n = p->buf[u->param].elems; /* the whole block, or the ZeRO-3 chunk */
 		if (S->zero >= 3)
 			u->chunk_grad = state_buf(S, SC_GRAD, p->buf[u->grad].dtype, n, "grad_chunk", name);
+		if (!resident)
+			continue;
 		if (S->moments >= 1)
 			u->m = state_buf(S, SC_OPTIM, DT_F32, n, "m", name);
 		if (S->moments >= 2)
@@ -425,6 +450,255 @@ static void fill(State *S, Phase ph, int b, long long n, const char *note)
 	karg_f64(p, k, 0.0);
 }
 
+/* ------------------------------------------------------------------ offloaded optimizer state
+ *
+ * `offload optimizer -> host | disk` (ZeRO-Offload; ZeRO-Infinity's NVMe offload). The optimizer
+ * calls become groups: a ZeRO 1/2 bucket shard, or an update's whole block or ZeRO-3 chunk. A
+ * group's state (f32 master weights of lower-precision parameters, then the moments) lives
+ *   host  in pinned host memory, a buffer per array as without offload;
+ *   disk  in one file per rank (planrt_offload_open; zero-filled, the moments' initial value), a
+ *         record per group, its arrays one after the other. Whatever touches a group's state
+ *         (init, the update, save, checkpoint and resume) reads the record (or its master part)
+ *         into a host slot first and writes back what it changed.
+ * The update runs on the host (CPU Adam): the group's gradient is copied to a host staging buffer,
+ * the optimizer steps the master weights (f32 parameters: a host copy of them), and the new
+ * parameters go back through a second staging buffer. Two of each (and two record slots)
+ * alternate, so that the next group's copies and record read overlap this group's update
+ * (streams.c puts the copies on the copy stream and the update on the host; the C target runs
+ * everything in order, a copy being a memcpy, and the record I/O the same asynchronous way). The
+ * device keeps no optimizer state: explain prints the host's staging and state, and the file. */
+
+static void mark_host(State *S, int b)
+{
+	if (b >= 0)
+		S->p->buf[b].place = PLACE_HOST;
+}
+
+static int host_buf(State *S, DType t, long long elems, const char *name, const char *what)
+{
+	int b = state_buf(S, SC_OFFLOAD, t, elems, name, what);
+	mark_host(S, b);
+	return b;
+}
+
+static Group *group_add(State *S, Flat *f, Update *u, int target, int grad, long long n)
+{
+	Group *G = &S->grp[S->ngrp];
+	*G = (Group){f, u, target, grad, n, 0};
+	if (f)
+		f->grp = S->ngrp;
+	else
+		u->grp = S->ngrp;
+	S->ngrp++;
+	if (n > S->grp_max)
+		S->grp_max = n;
+	return G;
+}
+
+/* The groups in the update's order, where their state lives, the file's records, the staging. */
+static void offload_layout(State *S)
+{
+	LProg *p = S->p;
+	for (int t = 0; t <= DT_F64; t++)
+		S->stage_grad[t][0] = S->stage_grad[t][1] = S->stage_param[t][0] = S->stage_param[t][1] = -1;
+	S->slot[0] = S->slot[1] = S->coef_host = -1;
+	if (S->off == PLACE_NONE)
+		return;
+	S->grp = calloc((size_t)(S->nf + S->nu) + 1, sizeof(Group));
+	if (!S->grp)
+		ICE("out of memory");
+	S->parts = (S->low ? 1 : 0) + S->moments;
+	for (int i = 0; i < S->nf && S->zero >= 1; i++) {
+		Flat *f = &S->f[i];
+		int grad = f->grad_shard >= 0 ? f->grad_shard : view_new(S, f->grad, 0, S->za, f->chunk, f->chunk, "grad_shard_view");
+		group_add(S, f, NULL, view_new(S, f->param, 0, S->za, f->chunk, f->chunk, "param_shard"), grad, f->chunk);
+	}
+	for (int i = 0; i < S->nu; i++) {
+		Update *u = &S->u[i];
+		if (!sharded(S, u))
+			group_add(S, NULL, u, u->param, u->chunk_grad >= 0 ? u->chunk_grad : u->grad, p->buf[u->param].elems);
+	}
+	long long file = 0;
+	for (int i = 0; i < S->ngrp; i++) {
+		Group *G = &S->grp[i];
+		long long bytes;
+		if (__builtin_mul_overflow(G->n, (long long)S->parts * 4, &bytes) || __builtin_add_overflow(file, bytes, &file))
+			ICE("the optimizer state file overflows 64 bits");
+		G->rec = file - bytes;
+		if (S->off == PLACE_HOST) {
+			mark_host(S, G->f ? G->f->master : G->u->master);
+			mark_host(S, G->f ? G->f->m : G->u->m);
+			mark_host(S, G->f ? G->f->v : G->u->v);
+		}
+		DType gt = p->buf[G->grad].dtype, pt = p->buf[G->target].dtype;
+		for (int s = 0; s < 2; s++) {
+			if (S->stage_grad[gt][s] < 0)
+				S->stage_grad[gt][s] = host_buf(S, gt, S->grp_max, "grad_host", "a group's gradients, copied to the host");
+			if (S->stage_param[pt][s] < 0)
+				S->stage_param[pt][s] = host_buf(S, pt, S->grp_max, "param_host", "a group's parameters, on the host");
+		}
+	}
+	if (S->off == PLACE_DISK) {
+		p->disk_bytes = (size_t)file;
+		for (int s = 0; s < 2; s++)
+			S->slot[s] = host_buf(S, DT_F32, S->grp_max * S->parts > 0 ? S->grp_max * S->parts : 1, "record",
+					      "a group's record of the optimizer state file, read in");
+	}
+	S->coef_host = host_buf(S, DT_F64, 1, "clip_coef_host", "the clipping coefficient, on the host");
+}
+
+/* A group's master weights and moments (-1: none) where kernels reach them: its buffers, or (disk)
+ * views of record slot `slot`. */
+static void group_state(State *S, const Group *G, int slot, int bufs[3])
+{
+	if (S->off != PLACE_DISK) {
+		bufs[0] = G->f ? G->f->master : G->u->master;
+		bufs[1] = G->f ? G->f->m : G->u->m;
+		bufs[2] = G->f ? G->f->v : G->u->v;
+		return;
+	}
+	static const char *const names[3] = {"master_rec", "m_rec", "v_rec"};
+	bool has[3] = {S->low, S->moments >= 1, S->moments >= 2};
+	long long at = 0;
+	for (int j = 0; j < 3; j++) {
+		bufs[j] = -1;
+		if (!has[j])
+			continue;
+		bufs[j] = view_new(S, S->slot[slot], at, -1, 0, G->n, names[j]);
+		at += G->n;
+	}
+}
+
+/* Disk: the group's record (master_only: its master weights, the record's first array) read into
+ * or written from slot `slot`; on I/O slot io (its own order, finished by io_wait), or done before
+ * the kernel returns (io < 0). */
+static void record_io(State *S, Phase ph, const Group *G, int slot, bool write, int io, bool master_only)
+{
+	LProg *p = S->p;
+	long long elems = master_only ? G->n : G->n * S->parts;
+	int view = view_new(S, S->slot[slot], 0, -1, 0, elems > 0 ? elems : 1, "record_in_slot");
+	Kernel *k = step_kernel(S, write ? K_OFFLOAD_WRITE : K_OFFLOAD_READ, ph,
+				write ? "optimizer state written back to its file" : "optimizer state read from its file");
+	karg_buf(p, k, view, write, !write);
+	karg_int(p, k, G->rec);
+	karg_int(p, k, elems * 4);
+	karg_int(p, k, io);
+}
+
+static void io_wait(State *S, Phase ph, int io)
+{
+	Kernel *k = step_kernel(S, K_OFFLOAD_WAIT, ph, "the optimizer state file's reads and writes on this slot done");
+	karg_int(S->p, k, io);
+}
+
+/* The group holding an update's optimizer state (offload), or NULL. */
+static const Group *group_of(const State *S, const Update *u)
+{
+	if (S->off == PLACE_NONE || !u)
+		return NULL;
+	int gi = sharded(S, u) ? S->f[u->flat].grp : u->grp;
+	return gi >= 0 ? &S->grp[gi] : NULL;
+}
+
+/* The buffer holding u's master weights for reading in phase ph (-1: none): on disk, its group's
+ * master part read into slot 0 first. */
+static int master_for_read(State *S, Phase ph, const Update *u)
+{
+	const Group *G = group_of(S, u);
+	if (!G || S->off != PLACE_DISK) {
+		if (!u)
+			return -1;
+		return sharded(S, u) ? S->f[u->flat].master : u->master;
+	}
+	if (!S->low)
+		return -1;
+	record_io(S, ph, G, 0, false, -1, true);
+	int bufs[3];
+	group_state(S, G, 0, bufs);
+	return bufs[0];
+}
+
+static void offload_copy(State *S, int dst, int src, long long n, const char *note)
+{
+	LProg *p = S->p;
+	Kernel *k = step_kernel(S, K_OFFLOAD_COPY, PH_STEP, note);
+	karg_buf(p, k, dst, false, true);
+	karg_buf(p, k, src, true, false);
+	karg_int(p, k, n * dtype_bytes(p->buf[src].dtype));
+}
+
+/* Group i's inputs to the host, into slot s: its record, its gradients, and f32 parameters that
+ * have no master weights (the optimizer steps the host copy). */
+static void offload_fetch(State *S, int i, int s)
+{
+	LProg *p = S->p;
+	const Group *G = &S->grp[i];
+	if (S->off == PLACE_DISK)
+		record_io(S, PH_STEP, G, s, false, s, false);
+	offload_copy(S, S->stage_grad[p->buf[G->grad].dtype][s], G->grad, G->n, "a group's gradients to the host");
+	if (!S->low)
+		offload_copy(S, S->stage_param[p->buf[G->target].dtype][s], G->target, G->n, "a group's parameters to the host");
+}
+
+static void optimizer(State *S, int target, int grad, int m, int v, long long n);
+
+/* The step's update of every group on the host, pipelined over two slots. */
+static void offload_update(State *S)
+{
+	LProg *p = S->p;
+	offload_copy(S, S->coef_host, S->coef, 1, "the clipping coefficient to the host");
+	if (S->ngrp)
+		offload_fetch(S, 0, 0);
+	for (int i = 0; i < S->ngrp; i++) {
+		const Group *G = &S->grp[i];
+		int s = i & 1;
+		if (i + 1 < S->ngrp)
+			offload_fetch(S, i + 1, 1 - s);
+		if (S->off == PLACE_DISK)
+			io_wait(S, PH_STEP, s);
+		int bufs[3];
+		group_state(S, G, s, bufs);
+		int host_param = S->stage_param[p->buf[G->target].dtype][s];
+		optimizer(S, bufs[0] >= 0 ? bufs[0] : host_param, S->stage_grad[p->buf[G->grad].dtype][s], bufs[1], bufs[2], G->n);
+		if (bufs[0] >= 0)
+			cast(S, PH_STEP, bufs[0], host_param, G->n);
+		offload_copy(S, G->target, host_param, G->n, "a group's new parameters to the device");
+		if (S->off == PLACE_DISK)
+			record_io(S, PH_STEP, G, s, true, s, false);
+	}
+	if (S->off == PLACE_DISK) {
+		io_wait(S, PH_STEP, 0);
+		io_wait(S, PH_STEP, 1);
+	}
+}
+
+/* init: the master weights drawn (or read) into a record are written to the file (disk). */
+static void offload_init_masters(State *S)
+{
+	if (S->off != PLACE_DISK || !S->low)
+		return;
+	LProg *p = S->p;
+	for (int i = 0; i < S->ngrp; i++) {
+		const Group *G = &S->grp[i];
+		int bufs[3];
+		group_state(S, G, 0, bufs);
+		if (G->f) { /* a bucket shard: every member's part of it (the padding stays zero) */
+			record_io(S, PH_INIT, G, 0, false, -1, true);
+			for (int m = 0; m < G->f->nupd; m++) {
+				const Update *u = &S->u[G->f->upd[m]];
+				int pi = param_index(S, u->param);
+				init_param(S, bufs[0], DT_F32, pi, -u->off, S->za, G->f->chunk, G->f->chunk);
+			}
+		} else {
+			int v = G->u->param;
+			long long n = p->buf[v].elems;
+			init_param(S, bufs[0], DT_F32, param_index(S, v), 0, S->zero >= 3 ? S->za : -1, S->zero >= 3 ? n : 0, n);
+			cast(S, PH_INIT, bufs[0], v, n);
+		}
+		record_io(S, PH_INIT, G, 0, true, -1, true);
+	}
+}
+
 /* init: the tied pairs' communicators, then every parameter of the stage (and master weights):
  * drawn from the seed or read from --init by each rank for what it holds, with no communication. */
 static void phase_init(State *S)
@@ -438,6 +712,10 @@ static void phase_init(State *S)
 		karg_int(p, k, p->low->pair_b[q]);
 		karg_int(p, k, q);
 	}
+	if (S->off == PLACE_DISK) {
+		Kernel *k = step_kernel(S, K_OFFLOAD_OPEN, PH_INIT, "the optimizer state file");
+		karg_int(p, k, (long long)p->disk_bytes);
+	}
 	for (int i = 0; i < g->nops; i++) {
 		const Op *op = &g->ops[i];
 		if (op->kind != OP_PARAM || op->stage != p->stage)
@@ -447,6 +725,8 @@ static void phase_init(State *S)
 		const Update *u = ui >= 0 ? &S->u[ui] : NULL;
 		long long n = p->buf[v].elems;
 		DType pt = p->buf[v].dtype;
+		if (S->off == PLACE_DISK && S->low && u && !sharded(S, u))
+			continue; /* drawn into its master weights' record: offload_init_masters */
 		if (S->zero >= 3) { /* this rank's chunk */
 			if (u && u->master >= 0) {
 				init_param(S, u->master, DT_F32, pi, 0, S->za, n, n);
@@ -466,6 +746,7 @@ static void phase_init(State *S)
 			init_param(S, v, pt, pi, 0, -1, 0, n);
 		}
 	}
+	offload_init_masters(S);
 }
 
 /* save: every rank writes the pieces it holds of the stage's saved parameters, in f32 from the
@@ -484,12 +765,13 @@ static void phase_save(State *S)
 		int ui = update_of_param(S, v);
 		const Update *u = ui >= 0 ? &S->u[ui] : NULL;
 		long long n = p->buf[v].elems;
+		int master = master_for_read(S, PH_SAVE, u);
 		if (S->zero >= 3)
-			save_param(S, u && u->master >= 0 ? u->master : v, pi, 0, S->za, n, n);
-		else if (u && sharded(S, u) && S->f[u->flat].master >= 0)
-			save_param(S, S->f[u->flat].master, pi, -u->off, S->za, S->f[u->flat].chunk, S->f[u->flat].chunk);
+			save_param(S, master >= 0 ? master : v, pi, 0, S->za, n, n);
+		else if (u && sharded(S, u) && master >= 0)
+			save_param(S, master, pi, -u->off, S->za, S->f[u->flat].chunk, S->f[u->flat].chunk);
 		else
-			save_param(S, u && u->master >= 0 ? u->master : v, pi, 0, -1, 0, n);
+			save_param(S, master >= 0 ? master : v, pi, 0, -1, 0, n);
 	}
 }
 
@@ -575,6 +857,12 @@ static void phase_checkpoint(State *S)
 			continue;
 		const Flat *f = sharded(S, u) ? &S->f[u->flat] : NULL;
 		int bufs[3] = {f ? f->master : u->master, f ? f->m : u->m, f ? f->v : u->v};
+		const Group *G = S->off == PLACE_DISK ? group_of(S, u) : NULL;
+		if (G) { /* the whole record in (resume: written back with the member's pieces read in) */
+			record_io(S, PH_CHECKPOINT, G, 0, false, -1, false);
+			record_io(S, PH_RESUME, G, 0, false, -1, false);
+			group_state(S, G, 0, bufs);
+		}
 		int kinds[3] = {1, first, 3};
 		for (int j = 0; j < 3; j++) {
 			if (bufs[j] < 0)
@@ -586,6 +874,8 @@ static void phase_checkpoint(State *S)
 			else
 				ckpt_piece(S, bufs[j], pi, kinds[j], 0, -1, 0, n, -1);
 		}
+		if (G)
+			record_io(S, PH_RESUME, G, 0, true, -1, false);
 	}
 	for (int b = 0; b < p->nbuf; b++)
 		if (p->buf[b].cls == BUF_STATE && p->buf[b].state == SC_BUFFER)
@@ -863,7 +1153,7 @@ static void optimizer(State *S, int target, int grad, int m, int v, long long n)
 	else
 		karg(p, k, KA_NULL, 0);
 	karg_int(p, k, n);
-	karg_buf(p, k, S->coef, true, false);
+	karg_buf(p, k, S->coef_host >= 0 ? S->coef_host : S->coef, true, false); /* offload: the host's copy */
 }
 
 /* The update of every owned element, the casts to lower-precision parameters, and the ZeRO 1/2
@@ -871,7 +1161,9 @@ static void optimizer(State *S, int target, int grad, int m, int v, long long n)
 static void phase_update(State *S)
 {
 	LProg *p = S->p;
-	for (int i = 0; i < S->nf && S->zero >= 1; i++) {
+	if (S->off != PLACE_NONE)
+		offload_update(S);
+	for (int i = 0; i < S->nf && S->zero >= 1 && S->off == PLACE_NONE; i++) {
 		const Flat *f = &S->f[i];
 		int grad = f->grad_shard >= 0 ? f->grad_shard : view_new(S, f->grad, 0, S->za, f->chunk, f->chunk, "grad_shard_view");
 		int mine = view_new(S, f->param, 0, S->za, f->chunk, f->chunk, "param_shard");
@@ -879,7 +1171,7 @@ static void phase_update(State *S)
 		if (f->master >= 0)
 			cast(S, PH_STEP, f->master, mine, f->chunk);
 	}
-	for (int i = 0; i < S->nu; i++) {
+	for (int i = 0; i < S->nu && S->off == PLACE_NONE; i++) {
 		const Update *u = &S->u[i];
 		if (sharded(S, u))
 			continue;
@@ -1210,6 +1502,7 @@ static void state_prog(LProg *p)
 	/* (bf16 gradients sent as bf16 are not compressed: the warning says so) */
 	S.compress = ps->sync == SYNC_STRICT && ps->compress != COMPRESS_NONE && replicas && ps->param_dtype == DT_F32;
 	S.optimizes = !S.worker;
+	S.off = S.optimizes ? ps->offload_optimizer : PLACE_NONE;
 	S.param_flat = S.master_flat = S.grad_flat = S.inbox = -1;
 	p->loss_history = p->versions_metric = -1;
 	p->loss_window = 0;
@@ -1227,6 +1520,7 @@ static void state_prog(LProg *p)
 		layout_whole(&S);
 	}
 	layout_optimizer(&S);
+	offload_layout(&S);
 	phase_init(&S);
 	phase_step_begin(&S);
 	if (S.master || S.worker)
@@ -1254,6 +1548,7 @@ static void state_prog(LProg *p)
 	clear_transient_gradients(&S);
 	free(S.u);
 	free(S.f);
+	free(S.grp);
 }
 
 bool plan_state(Lowered *low)

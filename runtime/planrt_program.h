@@ -76,6 +76,7 @@ typedef enum {
 	planrt_state_master,     /* f32 master weights of lower-precision parameters */
 	planrt_state_buffer,     /* named runtime buffers explain lists (e.g. an overlapped bucket) */
 	planrt_state_metric,     /* per-step scalars (loss, gradient norm, clip coefficient) */
+	planrt_state_offload,    /* an offloaded optimizer's host staging (grad and parameter copies, disk records) */
 	planrt_state_kinds
 } planrt_state_kind_t;
 typedef struct planrt_state_buf {
