@@ -784,6 +784,8 @@ static void phase_save(State *S)
 static void ckpt_piece(State *S, int buf, int param, int kind, long long base, int axis, long long stride, long long n,
 		       int shard_axis)
 {
+	/* PLANRT_CKPT_COPY: a record slot holds the next record before the checkpoint is written out */
+	int copy = S->slot[0] >= 0 && buffer_root(S->p, buf) == S->slot[0] ? 0x100 : 0;
 	LProg *p = S->p;
 	for (int io = 0; io < 2; io++) {
 		if (!io && !p->low->params[param].saved)
@@ -793,7 +795,7 @@ static void ckpt_piece(State *S, int buf, int param, int kind, long long base, i
 		karg_buf(p, k, buf, !io, io);
 		karg(p, k, KA_DTYPE, p->buf[buf].dtype);
 		karg(p, k, KA_PARAM, param);
-		karg_int(p, k, kind);
+		karg_int(p, k, io ? kind : kind | copy);
 		karg_coord(p, k, base, axis, stride);
 		karg_int(p, k, n);
 		if (!io)

@@ -200,10 +200,16 @@ void planrt_save_param(planrt_ctx_t *ctx, const void *src, planrt_dtype_t dtype,
  * state) is written and read whole by its id, and only resumed under the same plan. */
 enum { PLANRT_CKPT_PARAM = 0, PLANRT_CKPT_MASTER, PLANRT_CKPT_EXP_AVG, PLANRT_CKPT_EXP_AVG_SQ, PLANRT_CKPT_MOMENTUM,
        PLANRT_CKPT_KINDS };
+/* or'ed into planrt_ckpt_write's kind: src is transient (a record slot of the offloaded optimizer,
+ * a host copy of device memory), so the piece's bytes are copied now rather than read when the
+ * checkpoint is written out at the end of the phase */
+enum { PLANRT_CKPT_COPY = 0x100 };
 void planrt_ckpt_write(planrt_ctx_t *ctx, const void *src, planrt_dtype_t dtype, int param, int kind, int64_t lo,
 		       int64_t n, int shard_axis);
 void planrt_ckpt_read(planrt_ctx_t *ctx, void *dst, planrt_dtype_t dtype, int param, int kind, int64_t lo, int64_t n);
 void planrt_ckpt_write_local(planrt_ctx_t *ctx, const void *src, planrt_dtype_t dtype, int64_t n, int id);
+/* the same with src transient: its bytes are copied now (the CUDA target's host copies) */
+void planrt_ckpt_write_local_copy_(planrt_ctx_t *ctx, const void *src, planrt_dtype_t dtype, int64_t n, int id);
 void planrt_ckpt_read_local(planrt_ctx_t *ctx, void *dst, planrt_dtype_t dtype, int64_t n, int id);
 /* tokens (stream 0: window[0, S)) or targets (stream 1: window[1, S]) of samples
  * [row_lo, row_lo + rows) of this step, positions [s_lo, s_lo + s_n) of each window */
