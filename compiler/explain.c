@@ -815,9 +815,10 @@ static void print_text(FILE *out, const Report *rep)
 			fprintf(out, "  %-22s %12s\n", "peak", human(r->peak, b1, sizeof b1));
 		}
 		if (r->host > 0 && rep->runnable)
-			fprintf(out, "  %-22s %12s   (pinned: offloaded optimizer state and its staging, %s)\n", "host memory",
-				human(r->host, b1, sizeof b1),
-				ps->offload_optimizer == PLACE_DISK ? "two record slots" : "the CPU optimizer's");
+			fprintf(out, "  %-22s %12s   (%s; pinned on a GPU)\n", "host memory", human(r->host, b1, sizeof b1),
+				ps->offload_optimizer == PLACE_DISK
+					? "the offloaded optimizer's staging: two records, gradient and parameter copies"
+					: "the offloaded optimizer state, and gradient and parameter copies");
 		else if (r->host > 0)
 			fprintf(out, "  %-22s %12s\n", "offloaded to host", human(r->host, b1, sizeof b1));
 		if (r->disk > 0)

@@ -61,7 +61,6 @@ typedef struct Update {
 			     * original is counted) */
 	int chunk_grad;     /* ZeRO 3: the gradient shard buffer */
 	int master, m, v;   /* buffers, or -1 (offload optimizer -> disk: in the record instead) */
-	int grp;            /* offload optimizer: its group (not sharded), or -1 */
 } Update;
 
 typedef struct Flat {
@@ -74,16 +73,16 @@ typedef struct Flat {
 	int param;          /* ZeRO 1/2: the flat parameters */
 	int grad_shard;     /* ZeRO 2: this rank's gradient shard */
 	int master, m, v;   /* the shard's optimizer state */
-	int grp;            /* offload optimizer: its group (ZeRO 1/2), or -1 */
 } Flat;
 
-/* An optimizer call with offloaded state: a ZeRO 1/2 bucket shard, or an update's whole block
- * or ZeRO-3 chunk (offload below). */
+/* An optimizer call with offloaded state (offload below): a piece of a ZeRO 1/2 bucket shard, or
+ * of an update's whole block or ZeRO-3 chunk. */
 typedef struct Group {
 	Flat *f;            /* one of the two */
 	Update *u;
-	int target;         /* the parameters it updates (the shard view, the block, the chunk) */
+	int target;         /* the parameters it updates */
 	int grad;           /* their gradients */
+	long long at;       /* the piece's first element in the shard, block or chunk */
 	long long n;        /* elements */
 	long long rec;      /* disk: the record's byte offset in the state file */
 } Group;
@@ -249,7 +248,7 @@ static void collect_updates(State *S)
 		u->flat = -1;
 		u->n = p->buf[u->grad].elems;
 		u->replicas = g->vals[u->param].tied_to >= 0 ? 0 : replicas_of(S, u->grad);
-		u->chunk_grad = u->master = u->m = u->v = u->grp = -1;
+		u->chunk_grad = u->master = u->m = u->v = -1;
 	}
 }
 
@@ -293,7 +292,7 @@ static void layout_flat(State *S)
 		Flat *f = &S->f[S->nf];
 		f->op = i;
 		f->upd = arena_alloc(g->arena, sizeof(int) * (size_t)op->nmembers);
-		f->grad_shard = f->master = f->m = f->v = f->param = f->grp = -1;
+		f->grad_shard = f->master = f->m = f->v = f->param = -1;
 		DType gt = DT_F32;
 		for (int m = 0; m < op->nmembers; m++) {
 			int ui = update_of_grad(S, op->members[m]);
@@ -481,19 +480,26 @@ static int host_buf(State *S, DType t, long long elems, const char *name, const 
 	return b;
 }
 
-static Group *group_add(State *S, Flat *f, Update *u, int target, int grad, long long n)
+/* The pieces of a shard, block or chunk of n elements (target and grad: its parameters and
+ * gradients): each at most `piece` elements, so that the host staging stays a fraction of the
+ * state however large a tensor or bucket is (DeepSpeed's sub-groups). */
+static void group_add(State *S, Flat *f, Update *u, int target, int grad, long long n, long long piece)
 {
-	Group *G = &S->grp[S->ngrp];
-	*G = (Group){f, u, target, grad, n, 0};
-	if (f)
-		f->grp = S->ngrp;
-	else
-		u->grp = S->ngrp;
-	S->ngrp++;
-	if (n > S->grp_max)
-		S->grp_max = n;
-	return G;
+	for (long long at = 0; at < n || (at == 0 && n == 0); at += piece) {
+		long long len = n - at < piece ? n - at : piece;
+		Group *G = &S->grp[S->ngrp];
+		bool whole = at == 0 && len == n;
+		*G = (Group){f, u, whole ? target : view_new(S, target, at, -1, 0, len, "param_piece"),
+			     whole ? grad : view_new(S, grad, at, -1, 0, len, "grad_piece"), at, len, 0};
+		S->ngrp++;
+		if (len > S->grp_max)
+			S->grp_max = len;
+		if (n == 0)
+			break;
+	}
 }
+
+enum { PIECE_MIN = 1 << 16, PIECE_MAX = 1 << 22 };
 
 /* The groups in the update's order, where their state lives, the file's records, the staging. */
 static void offload_layout(State *S)
@@ -504,19 +510,33 @@ static void offload_layout(State *S)
 	S->slot[0] = S->slot[1] = S->coef_host = -1;
 	if (S->off == PLACE_NONE)
 		return;
-	S->grp = calloc((size_t)(S->nf + S->nu) + 1, sizeof(Group));
+	S->parts = (S->low ? 1 : 0) + S->moments;
+	/* pieces of a sixteenth of the rank's optimizer elements, within [PIECE_MIN, PIECE_MAX]: the
+	 * staging (two pieces' records, gradients and parameters) is an eighth of the state or less */
+	long long total = 0, count = 0;
+	for (int i = 0; i < S->nf && S->zero >= 1; i++)
+		total += S->f[i].chunk;
+	for (int i = 0; i < S->nu; i++)
+		if (!sharded(S, &S->u[i]))
+			total += p->buf[S->u[i].param].elems;
+	long long piece = (total + 15) / 16;
+	piece = piece < PIECE_MIN ? PIECE_MIN : piece > PIECE_MAX ? PIECE_MAX : piece;
+	for (int i = 0; i < S->nf && S->zero >= 1; i++)
+		count += (S->f[i].chunk + piece - 1) / piece + 1;
+	for (int i = 0; i < S->nu; i++)
+		count += (p->buf[S->u[i].param].elems + piece - 1) / piece + 1;
+	S->grp = calloc((size_t)count + 1, sizeof(Group));
 	if (!S->grp)
 		ICE("out of memory");
-	S->parts = (S->low ? 1 : 0) + S->moments;
 	for (int i = 0; i < S->nf && S->zero >= 1; i++) {
 		Flat *f = &S->f[i];
 		int grad = f->grad_shard >= 0 ? f->grad_shard : view_new(S, f->grad, 0, S->za, f->chunk, f->chunk, "grad_shard_view");
-		group_add(S, f, NULL, view_new(S, f->param, 0, S->za, f->chunk, f->chunk, "param_shard"), grad, f->chunk);
+		group_add(S, f, NULL, view_new(S, f->param, 0, S->za, f->chunk, f->chunk, "param_shard"), grad, f->chunk, piece);
 	}
 	for (int i = 0; i < S->nu; i++) {
 		Update *u = &S->u[i];
 		if (!sharded(S, u))
-			group_add(S, NULL, u, u->param, u->chunk_grad >= 0 ? u->chunk_grad : u->grad, p->buf[u->param].elems);
+			group_add(S, NULL, u, u->param, u->chunk_grad >= 0 ? u->chunk_grad : u->grad, p->buf[u->param].elems, piece);
 	}
 	long long file = 0;
 	for (int i = 0; i < S->ngrp; i++) {
@@ -525,7 +545,7 @@ static void offload_layout(State *S)
 		if (__builtin_mul_overflow(G->n, (long long)S->parts * 4, &bytes) || __builtin_add_overflow(file, bytes, &file))
 			ICE("the optimizer state file overflows 64 bits");
 		G->rec = file - bytes;
-		if (S->off == PLACE_HOST) {
+		if (S->off == PLACE_HOST) { /* the state itself (views for pieces: their roots) */
 			mark_host(S, G->f ? G->f->master : G->u->master);
 			mark_host(S, G->f ? G->f->m : G->u->m);
 			mark_host(S, G->f ? G->f->v : G->u->v);
@@ -544,7 +564,7 @@ static void offload_layout(State *S)
 			S->slot[s] = host_buf(S, DT_F32, S->grp_max * S->parts > 0 ? S->grp_max * S->parts : 1, "record",
 					      "a group's record of the optimizer state file, read in");
 	}
-	S->coef_host = host_buf(S, DT_F64, 1, "clip_coef_host", "the clipping coefficient, on the host");
+	S->coef_host = host_buf(S, DT_F32 == DT_F32 ? DT_F64 : DT_F64, 1, "clip_coef_host", "the clipping coefficient, on the host");
 }
 
 /* A group's master weights and moments (-1: none) where kernels reach them: its buffers, or (disk)
@@ -552,9 +572,11 @@ static void offload_layout(State *S)
 static void group_state(State *S, const Group *G, int slot, int bufs[3])
 {
 	if (S->off != PLACE_DISK) {
-		bufs[0] = G->f ? G->f->master : G->u->master;
-		bufs[1] = G->f ? G->f->m : G->u->m;
-		bufs[2] = G->f ? G->f->v : G->u->v;
+		int own[3] = {G->f ? G->f->master : G->u->master, G->f ? G->f->m : G->u->m, G->f ? G->f->v : G->u->v};
+		for (int j = 0; j < 3; j++)
+			bufs[j] = own[j] < 0 || (G->at == 0 && G->n == S->p->buf[own[j]].elems)
+					  ? own[j]
+					  : view_new(S, own[j], G->at, -1, 0, G->n, S->p->buf[own[j]].name);
 		return;
 	}
 	static const char *const names[3] = {"master_rec", "m_rec", "v_rec"};
@@ -591,31 +613,27 @@ static void io_wait(State *S, Phase ph, int io)
 	karg_int(S->p, k, io);
 }
 
-/* The group holding an update's optimizer state (offload), or NULL. */
-static const Group *group_of(const State *S, const Update *u)
+/* A member of a group (a parameter whose elements the piece holds some of): the update, and the
+ * piece's first element as init_param, save_param and ckpt_piece place pieces (lo = base +
+ * coord(axis) * stride). */
+static int members(const Group *G)
 {
-	if (S->off == PLACE_NONE || !u)
-		return NULL;
-	int gi = sharded(S, u) ? S->f[u->flat].grp : u->grp;
-	return gi >= 0 ? &S->grp[gi] : NULL;
+	return G->f ? G->f->nupd : 1;
 }
 
-/* The buffer holding u's master weights for reading in phase ph (-1: none): on disk, its group's
- * master part read into slot 0 first. */
-static int master_for_read(State *S, Phase ph, const Update *u)
+static const Update *member(const State *S, const Group *G, int m, long long *base, int *axis, long long *stride)
 {
-	const Group *G = group_of(S, u);
-	if (!G || S->off != PLACE_DISK) {
-		if (!u)
-			return -1;
-		return sharded(S, u) ? S->f[u->flat].master : u->master;
+	if (G->f) {
+		const Update *u = &S->u[G->f->upd[m]];
+		*base = -u->off + G->at;
+		*axis = S->za;
+		*stride = G->f->chunk;
+		return u;
 	}
-	if (!S->low)
-		return -1;
-	record_io(S, ph, G, 0, false, -1, true);
-	int bufs[3];
-	group_state(S, G, 0, bufs);
-	return bufs[0];
+	*base = G->at;
+	*axis = S->zero >= 3 ? S->za : -1;
+	*stride = S->zero >= 3 ? S->p->buf[G->u->param].elems : 0;
+	return G->u;
 }
 
 static void offload_copy(State *S, int dst, int src, long long n, const char *note)
@@ -672,30 +690,78 @@ static void offload_update(State *S)
 	}
 }
 
-/* init: the master weights drawn (or read) into a record are written to the file (disk). */
+/* init (disk): each piece's master weights drawn (or read) into a record slot and written to the
+ * file; a bucket shard's padding keeps the file's zeros. Parameters outside buckets are the cast
+ * of their master weights, as without offload. */
 static void offload_init_masters(State *S)
 {
 	if (S->off != PLACE_DISK || !S->low)
 		return;
-	LProg *p = S->p;
 	for (int i = 0; i < S->ngrp; i++) {
 		const Group *G = &S->grp[i];
 		int bufs[3];
 		group_state(S, G, 0, bufs);
-		if (G->f) { /* a bucket shard: every member's part of it (the padding stays zero) */
+		if (G->f)
 			record_io(S, PH_INIT, G, 0, false, -1, true);
-			for (int m = 0; m < G->f->nupd; m++) {
-				const Update *u = &S->u[G->f->upd[m]];
-				int pi = param_index(S, u->param);
-				init_param(S, bufs[0], DT_F32, pi, -u->off, S->za, G->f->chunk, G->f->chunk);
-			}
-		} else {
-			int v = G->u->param;
-			long long n = p->buf[v].elems;
-			init_param(S, bufs[0], DT_F32, param_index(S, v), 0, S->zero >= 3 ? S->za : -1, S->zero >= 3 ? n : 0, n);
-			cast(S, PH_INIT, bufs[0], v, n);
+		for (int m = 0; m < members(G); m++) {
+			long long base, stride;
+			int axis;
+			const Update *u = member(S, G, m, &base, &axis, &stride);
+			init_param(S, bufs[0], DT_F32, param_index(S, u->param), base, axis, stride, G->n);
 		}
+		if (!G->f)
+			cast(S, PH_INIT, bufs[0], G->target, G->n);
 		record_io(S, PH_INIT, G, 0, true, -1, true);
+	}
+}
+
+/* save (disk): each piece's master weights read in, and every member's part of them written. */
+static void offload_save_masters(State *S)
+{
+	if (S->off != PLACE_DISK || !S->low)
+		return;
+	for (int i = 0; i < S->ngrp; i++) {
+		const Group *G = &S->grp[i];
+		int bufs[3];
+		record_io(S, PH_SAVE, G, 0, false, -1, true);
+		group_state(S, G, 0, bufs);
+		for (int m = 0; m < members(G); m++) {
+			long long base, stride;
+			int axis;
+			const Update *u = member(S, G, m, &base, &axis, &stride);
+			int pi = param_index(S, u->param);
+			if (S->p->low->params[pi].saved)
+				save_param(S, bufs[0], pi, base, axis, stride, G->n);
+		}
+	}
+}
+
+static void ckpt_piece(State *S, int buf, int param, int kind, long long base, int axis, long long stride, long long n,
+		       int shard_axis);
+
+/* checkpoint and resume (disk): each piece's record read in, every member's part of its master
+ * weights and moments written (resume: read, and the record written back). */
+static void offload_checkpoint(State *S, int first_moment)
+{
+	if (S->off != PLACE_DISK)
+		return;
+	int kinds[3] = {1, first_moment, 3};
+	for (int i = 0; i < S->ngrp; i++) {
+		const Group *G = &S->grp[i];
+		int bufs[3];
+		record_io(S, PH_CHECKPOINT, G, 0, false, -1, false);
+		record_io(S, PH_RESUME, G, 0, false, -1, false);
+		group_state(S, G, 0, bufs);
+		for (int m = 0; m < members(G); m++) {
+			long long base, stride;
+			int axis;
+			const Update *u = member(S, G, m, &base, &axis, &stride);
+			for (int j = 0; j < 3; j++)
+				if (bufs[j] >= 0)
+					ckpt_piece(S, bufs[j], param_index(S, u->param), kinds[j], base, axis, stride, G->n,
+						   G->f || S->zero >= 3 ? S->za : -1);
+		}
+		record_io(S, PH_RESUME, G, 0, true, -1, false);
 	}
 }
 
@@ -765,14 +831,16 @@ static void phase_save(State *S)
 		int ui = update_of_param(S, v);
 		const Update *u = ui >= 0 ? &S->u[ui] : NULL;
 		long long n = p->buf[v].elems;
-		int master = master_for_read(S, PH_SAVE, u);
+		if (S->off == PLACE_DISK && S->low && u)
+			continue; /* from the file: offload_save_masters */
 		if (S->zero >= 3)
-			save_param(S, master >= 0 ? master : v, pi, 0, S->za, n, n);
-		else if (u && sharded(S, u) && master >= 0)
-			save_param(S, master, pi, -u->off, S->za, S->f[u->flat].chunk, S->f[u->flat].chunk);
+			save_param(S, u && u->master >= 0 ? u->master : v, pi, 0, S->za, n, n);
+		else if (u && sharded(S, u) && S->f[u->flat].master >= 0)
+			save_param(S, S->f[u->flat].master, pi, -u->off, S->za, S->f[u->flat].chunk, S->f[u->flat].chunk);
 		else
-			save_param(S, master >= 0 ? master : v, pi, 0, -1, 0, n);
+			save_param(S, u && u->master >= 0 ? u->master : v, pi, 0, -1, 0, n);
 	}
+	offload_save_masters(S);
 }
 
 /* ------------------------------------------------------------------ checkpoints and evaluation */
@@ -857,14 +925,10 @@ static void phase_checkpoint(State *S)
 			ckpt_piece(S, v, pi, 0, 0, -1, 0, n, -1);
 		if (!u)
 			continue;
+		if (S->off == PLACE_DISK)
+			continue; /* in the file: offload_checkpoint */
 		const Flat *f = sharded(S, u) ? &S->f[u->flat] : NULL;
 		int bufs[3] = {f ? f->master : u->master, f ? f->m : u->m, f ? f->v : u->v};
-		const Group *G = S->off == PLACE_DISK ? group_of(S, u) : NULL;
-		if (G) { /* the whole record in (resume: written back with the member's pieces read in) */
-			record_io(S, PH_CHECKPOINT, G, 0, false, -1, false);
-			record_io(S, PH_RESUME, G, 0, false, -1, false);
-			group_state(S, G, 0, bufs);
-		}
 		int kinds[3] = {1, first, 3};
 		for (int j = 0; j < 3; j++) {
 			if (bufs[j] < 0)
@@ -876,9 +940,8 @@ static void phase_checkpoint(State *S)
 			else
 				ckpt_piece(S, bufs[j], pi, kinds[j], 0, -1, 0, n, -1);
 		}
-		if (G)
-			record_io(S, PH_RESUME, G, 0, true, -1, false);
 	}
+	offload_checkpoint(S, first);
 	for (int b = 0; b < p->nbuf; b++)
 		if (p->buf[b].cls == BUF_STATE && p->buf[b].state == SC_BUFFER)
 			ckpt_local(S, b);
