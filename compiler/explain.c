@@ -623,7 +623,8 @@ static Report *build_report(Graph *g, const Lowered *low)
 	rep->g = g;
 	rep->ps = ps;
 	rep->low = low;
-	rep->runnable = low && lowered_executable(low, false);
+	/* one program for both targets: its allocations are explain's figures when either runs it */
+	rep->runnable = low && (lowered_executable(low, false) || cuda_executable(low, false));
 	bool async = ps->sync == SYNC_ASYNC;
 	int nr = g->nstages * (async ? 2 : 1);
 	rep->roles = calloc((size_t)nr, sizeof(Role));
