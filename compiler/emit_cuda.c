@@ -42,7 +42,13 @@ static const KernelKind device_kinds[] = {
 	K_REDUCE_SCATTER_INPLACE, K_ALLGATHER_INPLACE, K_ALLGATHER_FLAT, K_ALLGATHER_FLAT_START, K_BUCKET_ALLREDUCE,
 	K_BUCKET_RS, K_BUCKET_RS_START, K_BUCKET_RS_FINISH, K_SEND_START, K_RECV_START, K_P2P_FINISH, K_REQUEST_FINISH,
 	K_SCALE_METRIC, K_OFFLOAD_COPY,
+	K_MOE_ROUTE, K_MOE_ROUTE_GRAD, K_MOE_DISPATCH, K_MOE_DISPATCH_GRAD, K_MOE_COMBINE, K_MOE_COMBINE_GRAD,
+	K_MOE_AUX_LOSS, K_MOE_AUX_LOSS_GRAD, K_MOE_Z_LOSS, K_MOE_Z_LOSS_GRAD, K_MOE_METRICS, K_MOE_EXCHANGE,
 };
+
+/* the most experts a token is routed to on the device (runtime/planrt_moe_math.h's
+ * PLANRT_MOE_MAX_TOP_K: the device's routing gradient keeps a token's choices in registers) */
+enum { MOE_MAX_TOP_K = 32 };
 
 /* kinds with nothing to do on the GPU: NCCL progresses its operations on their stream */
 static bool progress_kind(KernelKind k)
@@ -543,6 +549,18 @@ bool cuda_executable(const Lowered *low, bool report)
 			const Kernel *x = &p->k[k];
 			bool ok = x->stream == STREAM_HOST ? host_kind(x->kind)
 							   : x->kind == K_LOOP || device_kind(x->kind) || progress_kind(x->kind);
+			long long top_k = x->kind == K_MOE_ROUTE ? x->args[3].i : x->kind == K_MOE_ROUTE_GRAD ? x->args[4].i : 0;
+			if (ok && top_k > MOE_MAX_TOP_K) {
+				if (report) {
+					const Op *op = x->op >= 0 ? &low->g->ops[x->op] : NULL;
+					diag_error(op && op->src ? op->src : low->ps->src,
+						   op && op->src ? op->loc : low->ps->plan->name_loc,
+						   "planc build --target cuda routes a token to at most %d experts (top_k = %lld)",
+						   MOE_MAX_TOP_K, top_k);
+					diag_note_plain("choose a smaller top_k, or build it for the CPU (planc build without --target)");
+				}
+				return false;
+			}
 			if (ok)
 				continue;
 			if (report) {

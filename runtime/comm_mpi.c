@@ -964,6 +964,35 @@ planrt_result_t planrt_alltoallv(const void *sendbuf, const int64_t *sendcounts,
 	return r;
 }
 
+planrt_result_t planrt_alltoallv_on(const void *sendbuf, const int64_t *sendcounts, const int64_t *sdispls,
+				    void *recvbuf, const int64_t *recvcounts, const int64_t *rdispls, planrt_dtype_t t,
+				    planrt_comm_t c, planrt_stream_t stream)
+{
+	if (!stream)
+		return planrt_alltoallv(sendbuf, sendcounts, sdispls, recvbuf, recvcounts, rdispls, t, c);
+	if (!c)
+		return planrt_error_(planrt_invalid_usage, "alltoallv on a NULL communicator (before planrt_init)");
+	if ((unsigned)t > planrt_f64)
+		return planrt_error_(planrt_invalid_argument, "alltoallv: unknown dtype %d", (int)t);
+	if (!device_layer || !device_layer->alltoallv)
+		return planrt_error_(planrt_invalid_usage,
+				     "alltoallv on a device stream, but no device comm layer with alltoallv is registered");
+	size_t others = 0;
+	for (int r = 0; r < c->size; r++) {
+		if (sendcounts[r] < 0 || sdispls[r] < 0 || recvcounts[r] < 0 || rdispls[r] < 0)
+			return planrt_error_(planrt_invalid_argument, "alltoallv: a negative count or displacement");
+		if (r != c->rank)
+			others += (size_t)sendcounts[r];
+	}
+	planrt_result_t r = device_layer->alltoallv(sendbuf, sendcounts, sdispls, recvbuf, recvcounts, rdispls, t, c, stream);
+	if (r == planrt_success) {
+		struct planrt_request counted = {.kind = K_ALLTOALLV, .count = others, .dtype = t, .comm = c};
+		c->ncalls++;
+		count_call(&counted);
+	}
+	return r;
+}
+
 planrt_result_t planrt_broadcast(void *buf, size_t count, planrt_dtype_t t, int root, planrt_comm_t c,
 				 planrt_stream_t stream, planrt_request_t *req)
 {

@@ -384,7 +384,52 @@ static planrt_result_t nccl_run(planrt_coll_t kind, const void *send, void *recv
 	return planrt_success;
 }
 
-static const planrt_comm_layer_t nccl_layer = {"nccl", nccl_run};
+/* planrt_alltoallv_on: one NCCL group of a send and a receive per other member that has rows for
+ * it (a zero count is no message on either side: the counts were exchanged first), and the block to
+ * itself a copy on the stream */
+static planrt_result_t nccl_alltoallv(const void *send, const int64_t *sc, const int64_t *sd, void *recv,
+				      const int64_t *rc, const int64_t *rd, planrt_dtype_t t, planrt_comm_t c,
+				      planrt_stream_t stream_handle)
+{
+	cudaStream_t stream = (cudaStream_t)stream_handle;
+	entry_t *e = entry_of(c);
+	if (!e)
+		return planrt_error_(planrt_invalid_usage, "alltoallv on a communicator the NCCL layer does not know");
+	size_t es = planrt_dtype_size(t);
+	int n = planrt_comm_size(c), me = planrt_comm_rank(c);
+	if (sc[me] != rc[me])
+		return planrt_error_(planrt_invalid_argument,
+				     "alltoallv on %s: member %d sends itself %lld elements but receives %lld", c->name, me,
+				     (long long)sc[me], (long long)rc[me]);
+	long long sent = 0;
+	for (int p = 0; p < n; p++)
+		sent += p == me ? 0 : sc[p];
+	char what[160];
+	snprintf(what, sizeof what, "alltoallv #%llu of %lld %s on %s (member %d of %d)", (unsigned long long)c->ncalls + 1,
+		 sent, dtype_text[t], c->name, me, n);
+	if (sc[me])
+		planrt_cu_check_(cudaMemcpyAsync((char *)recv + (size_t)rd[me] * es, (const char *)send + (size_t)sd[me] * es,
+						 (size_t)sc[me] * es, cudaMemcpyDeviceToDevice, stream),
+				 "cudaMemcpyAsync");
+	if (!e->nccl)
+		return planrt_success;
+	ncclDataType_t dt = nccl_type(t);
+	nccl_check(ncclGroupStart(), what);
+	for (int p = 0; p < n; p++) {
+		if (p == me)
+			continue;
+		if (sc[p])
+			nccl_check(ncclSend((const char *)send + (size_t)sd[p] * es, (size_t)sc[p], dt, p, e->nccl, stream),
+				   what);
+		if (rc[p])
+			nccl_check(ncclRecv((char *)recv + (size_t)rd[p] * es, (size_t)rc[p], dt, p, e->nccl, stream), what);
+	}
+	nccl_check(ncclGroupEnd(), what);
+	record(stream, what);
+	return planrt_success;
+}
+
+static const planrt_comm_layer_t nccl_layer = {"nccl", nccl_run, nccl_alltoallv};
 
 /* ------------------------------------------------------------------ the NCCL-shaped shorthands */
 

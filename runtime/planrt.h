@@ -95,6 +95,11 @@ planrt_result_t planrt_alltoall(const void *sendbuf, void *recvbuf, size_t count
  * alltoallv: the bytes sent to the other members, exactly. */
 planrt_result_t planrt_alltoallv(const void *sendbuf, const int64_t *sendcounts, const int64_t *sdispls, void *recvbuf,
 				 const int64_t *recvcounts, const int64_t *rdispls, planrt_dtype_t t, planrt_comm_t c);
+/* The same on a device stream (stream NULL: planrt_alltoallv): enqueued there by the device's comm
+ * layer (NCCL: a group of ncclSend / ncclRecv), done when the stream reaches it; counted alike. */
+planrt_result_t planrt_alltoallv_on(const void *sendbuf, const int64_t *sendcounts, const int64_t *sdispls,
+				    void *recvbuf, const int64_t *recvcounts, const int64_t *rdispls, planrt_dtype_t t,
+				    planrt_comm_t c, planrt_stream_t stream);
 planrt_result_t planrt_broadcast(void *buf, size_t count, planrt_dtype_t t, int root, planrt_comm_t c,
 				 planrt_stream_t stream, planrt_request_t *req);
 planrt_result_t planrt_send(const void *buf, size_t count, planrt_dtype_t t, int peer, planrt_comm_t c,
@@ -274,6 +279,10 @@ typedef struct planrt_comm_layer {
 	planrt_result_t (*run)(planrt_coll_t kind, const void *sendbuf, void *recvbuf, size_t count, planrt_dtype_t t,
 			       planrt_op_t op, int peer, int tag, planrt_comm_t c, planrt_stream_t stream,
 			       planrt_request_t *req);
+	/* planrt_alltoallv_on on a device stream (counts and displacements in elements) */
+	planrt_result_t (*alltoallv)(const void *sendbuf, const int64_t *sendcounts, const int64_t *sdispls,
+				     void *recvbuf, const int64_t *recvcounts, const int64_t *rdispls, planrt_dtype_t t,
+				     planrt_comm_t c, planrt_stream_t stream);
 } planrt_comm_layer_t;
 void planrt_comm_layer_set_(const planrt_comm_layer_t *layer);
 typedef struct planrt_request_ops {

@@ -135,6 +135,37 @@ void planrt_cu_optimizer_step(int kind, double lr, double beta1, double beta2, d
 void planrt_cu_loss_accumulate(double *acc, const float *loss, double scale, int stream);
 void planrt_cu_scale_metric(double *x, double f, int stream);
 
+/* ------------------------------------------------------------------ mixture of experts (moe_cuda.cu)
+ * planrt_k_moe_* (planrt_kernels.h) and moe.c's on the device; the routing exactly the CPU's
+ * (top_k at most PLANRT_MOE_MAX_TOP_K, planrt_moe_math.h). planrt_cu_moe_metrics and
+ * planrt_cu_moe_exchange synchronise their stream: the host reads the metrics, and the dropless
+ * counts size the rows' exchange. */
+void planrt_cu_k_moe_route_f32(const float *logits, int64_t tokens, int64_t experts, int64_t top_k, int64_t group,
+			       int64_t capacity, int normalize, float *gates, int32_t *idx, int32_t *counts, double *stats,
+			       int stream);
+void planrt_cu_k_moe_route_grad_f32(const float *logits, const float *dgates, int64_t tokens, int64_t experts,
+				    int64_t top_k, int normalize, float *dlogits, int stream);
+void planrt_cu_k_moe_dispatch_f32(const float *x, const int32_t *idx, int64_t tokens, int64_t top_k, int64_t dim,
+				  int64_t slots, float *buf, int stream);
+void planrt_cu_k_moe_dispatch_grad_f32(const float *dbuf, const int32_t *idx, int64_t tokens, int64_t top_k, int64_t dim,
+				       float *dx, int stream);
+void planrt_cu_k_moe_combine_f32(const float *buf, const float *gates, const int32_t *idx, int64_t tokens, int64_t top_k,
+				 int64_t dim, float *out, int stream);
+void planrt_cu_k_moe_combine_grad_f32(const float *dout, const float *buf, const float *gates, const int32_t *idx,
+				      int64_t tokens, int64_t top_k, int64_t dim, int64_t slots, float *dbuf, float *dgates,
+				      int stream);
+void planrt_cu_moe_aux_loss_f32(const float *logits, int64_t tokens, int64_t experts, int64_t group, double scale,
+				float *loss, int stream);
+void planrt_cu_k_moe_aux_loss_grad_f32(const float *logits, int64_t tokens, int64_t experts, int64_t group,
+				       const float *dloss, double factor, float *dlogits, int stream);
+void planrt_cu_moe_z_loss_f32(const float *logits, int64_t tokens, int64_t experts, double scale, float *loss, int stream);
+void planrt_cu_k_moe_z_loss_grad_f32(const float *logits, int64_t tokens, int64_t experts, const float *dloss,
+				     double factor, float *dlogits, int stream);
+void planrt_cu_moe_metrics(const double *stats, int layers, const int64_t *experts, int stream);
+void planrt_cu_moe_exchange(const void *in, void *out, int to_experts, const int32_t *idx, int64_t pairs,
+			    int64_t experts, int64_t slots, int64_t dim, planrt_dtype_t t, planrt_comm_t c, void *scratch,
+			    int stream);
+
 /* ------------------------------------------------------------------ I/O through the host (io_cuda.cu) */
 void planrt_cu_load_data(planrt_ctx_t *ctx, void *dst, int input, const char *name, planrt_dtype_t t, int rank,
 			 const int64_t *gdims, const int64_t *ldims, const int64_t *offs, int64_t classes, int stream);

@@ -10,8 +10,9 @@
 #    cuBLAS bf16 GEMM benchmark;
 # 2. trains each program of bundle/compare/ (examples/gpt.plan `single`: f32, TF32 off, dropout
 #    0.1; llama `single`: RoPE, RMS norm, SwiGLU; bert `single_nodropout`: a data set, the [CLS]
-#    narrow) 20 steps and compares every step's loss with the CPU program's, computed on the build
-#    machine (compare/NAME/cpu.jsonl): 1e-4 relative;
+#    narrow; examples/moe.plan `single`: top-2 with drops, and `mixtral_single`: dropless, SwiGLU
+#    experts) 20 steps and compares every step's loss with the CPU program's, computed on the build
+#    machine (compare/NAME/cpu.jsonl): 1e-4 relative; a MoE model's routing metrics exactly;
 # 3. measures the bf16 GEMM rate with cuBLAS (8192^3), then times bench/gpu/gpt350m.plan (355M
 #    parameters, bf16, batch 8 x 1024): tokens/s and MFU = model FLOPs per step (planc explain) /
 #    step time / the measured GEMM rate; its device memory against planc explain's (the arena and
@@ -78,17 +79,28 @@ for c in "$DIR"/compare/*/; do
 	"$W/$name" --steps 20 --data "$DIR/$(cat "$c/data")" --log "$W/$name.jsonl" 2>&1 | tail -2
 	python3 - "$c/cpu.jsonl" "$W/$name.jsonl" <<'PY'
 import json, sys
-cpu = [json.loads(l)["loss"] for l in open(sys.argv[1])]
+cpu_log = [json.loads(l) for l in open(sys.argv[1])]
 try:
-    gpu = [json.loads(l)["loss"] for l in open(sys.argv[2])]
+    gpu_log = [json.loads(l) for l in open(sys.argv[2])]
 except OSError:
-    gpu = []
+    gpu_log = []
+cpu = [x["loss"] for x in cpu_log]
+gpu = [x["loss"] for x in gpu_log]
 worst = max((abs(g - c) / abs(c) for c, g in zip(cpu, gpu)), default=float("inf"))
 for i, (c, g) in enumerate(zip(cpu, gpu)):
     if i % 5 == 0 or i == len(cpu) - 1:
         print(f"  step {i:2d}  cpu {c:.7f}  gpu {g:.7f}  rel {abs(g - c) / abs(c):.2e}")
 print(f"  {len(gpu)} of {len(cpu)} steps, worst relative difference {worst:.2e}")
-sys.exit(0 if len(gpu) == len(cpu) == 20 and worst <= 1e-4 else 1)
+# a MoE model's routing metrics (pairs dropped, pairs per expert) must be the CPU's exactly
+routing_ok = True
+if cpu_log and "moe_load" in cpu_log[0]:
+    differ = [i for i, (c, g) in enumerate(zip(cpu_log, gpu_log))
+              if (c.get("moe_dropped"), c.get("moe_load")) != (g.get("moe_dropped"), g.get("moe_load"))]
+    routing_ok = not differ and len(gpu_log) == len(cpu_log)
+    print(f"  routing metrics (moe_dropped, moe_load) equal the CPU's on {len(gpu_log) - len(differ)} of {len(cpu_log)} steps"
+          + (f"; first difference at step {differ[0]}: cpu {cpu_log[differ[0]].get('moe_dropped')} {cpu_log[differ[0]].get('moe_load')}, "
+             f"gpu {gpu_log[differ[0]].get('moe_dropped')} {gpu_log[differ[0]].get('moe_load')}" if differ else ""))
+sys.exit(0 if len(gpu) == len(cpu) == 20 and worst <= 1e-4 and routing_ok else 1)
 PY
 	verdict $? "$(cat "$c/what"): GPU losses equal the CPU program's within 1e-4 relative over 20 steps"
 done

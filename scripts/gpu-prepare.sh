@@ -48,6 +48,8 @@ done <<'LIST'
 gpt_single examples/gpt.plan single data/corpus.txt f32, dropout 0.1
 llama_single examples/llama.plan single data/corpus.txt RoPE, RMS norm, SwiGLU
 bert_single examples/bert.plan single_nodropout data/classify.safetensors a data set, the [CLS] narrow
+moe_single examples/moe.plan single data/corpus.txt MoE top-2 with drops, dropout 0.1
+mixtral_single examples/moe.plan mixtral_single data/corpus.txt MoE dropless, normalised top-2, SwiGLU
 LIST
 rm -rf "$tmp"
 # the fallback programs, and the proof that the bundle builds

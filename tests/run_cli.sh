@@ -44,8 +44,10 @@ expect "unknown plan" 1 "no plan named 'nope'" -- "$planc" explain examples/gpt.
 expect "build needs -o" 2 "'build' needs -o PATH" -- "$planc" build examples/gpt.plan
 expect "build refuses offload to host" 1 "the CPU target has none to free" -- "$planc" build examples/gpt.plan --plan zero3_offload -o "$tmp/off"
 expect "build experts" 0 "" -- "$planc" build examples/moe.plan --plan ep2 -o "$tmp/ep2"
-expect "cuda refuses moe kernels" 1 "cannot execute kernel 'moe_route'" -- "$planc" build examples/moe.plan --plan single --target cuda -o "$tmp/moe_cuda"
-expect "emit cuda refuses moe kernels" 1 "cannot execute kernel 'moe_route'" -- "$planc" emit cuda examples/moe.plan --plan ep2 -o "$tmp/moe_cuda_src"
+expect "emit cuda moe" 0 "" -- "$planc" emit cuda examples/moe.plan --plan mixtral_ep2 -o "$tmp/moe_cuda_src"
+if grep -q "planrt_cu_moe_exchange(" "$tmp/moe_cuda_src/prog.c" && grep -q "planrt_cu_k_moe_route_f32(" "$tmp/moe_cuda_src/prog.c"; then pass=$((pass + 1)); else fail=$((fail + 1)); echo "FAIL: the CUDA mixtral_ep2 program does not route and exchange on the device"; fi
+expect "emit cuda top_k 32" 0 "" -- "$planc" emit cuda tests/cuda/moe_top_k.plan --plan top32 -o "$tmp/top32"
+expect "emit cuda refuses top_k 33" 1 "moe_top_k.plan:9:11: error: planc build --target cuda routes a token to at most 32 experts (top_k = 33)" -- "$planc" emit cuda tests/cuda/moe_top_k.plan --plan top33 -o "$tmp/top33"
 expect "expert_parallel finds experts by any name" 0 "layers.1.sparse_ffn: 4 experts, top 1" -- "$planc" explain tests/equiv/moe_names.plan --plan ep2
 expect "expert_parallel splits them" 0 "experts split over 'data'" -- "$planc" explain tests/equiv/moe_names.plan --plan ep2
 expect "build local sgd" 0 "" -- "$planc" build examples/gpt.plan --plan dp4_local_sgd -o "$tmp/ls"

@@ -59,6 +59,12 @@ set_tests_properties(ops_observe PROPERTIES TIMEOUT 600)
 # cuda (or refused as listed, by kernel), each program's one-line refusal without a GPU, and the
 # build half of scripts/gpu-check.sh (planrt for one process, without MPI or OpenBLAS).
 add_test(NAME cuda_streams COMMAND python3 ${ROOT}/tests/cuda/check_streams.py ${PLANC} ${ROOT} WORKING_DIRECTORY ${ROOT})
+# the MoE kernels' per-token, per-expert and per-element logic (runtime/planrt_moe_math.h, which
+# moe_cuda.cu runs on the device) run on the CPU against the CPU kernels, bit for bit
+add_executable(cuda_test_moe_math ${ROOT}/tests/cuda/test_moe_math.c)
+target_compile_options(cuda_test_moe_math PRIVATE ${PLANC_WARNINGS} -O2)
+target_link_libraries(cuda_test_moe_math PRIVATE planrt)
+add_test(NAME cuda_moe_math COMMAND cuda_test_moe_math WORKING_DIRECTORY ${ROOT})
 if(TARGET planrt_cuda)
   add_test(NAME cuda_build COMMAND bash ${ROOT}/tests/cuda/run_build.sh ${PLANC} ${NVCC} ${MPI_C_COMPILER} WORKING_DIRECTORY ${ROOT})
   set_tests_properties(cuda_build PROPERTIES TIMEOUT 900 SKIP_RETURN_CODE 77)

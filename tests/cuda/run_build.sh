@@ -36,20 +36,6 @@ examples/gpt.plan dp4_fp16_grads: compress_cast
 examples/gpt.plan dp2_tp2_sp_topk: compress_topk
 examples/gpt.plan pp2_dp2_powersgd: powersgd_init
 examples/mlp.plan zero3_offload: offload
-examples/moe.plan single: moe_route
-examples/moe.plan ep2: moe_route
-examples/moe.plan ep4: moe_route
-examples/moe.plan ep2_tp2: moe_route
-examples/moe.plan ep2_dp2: moe_route
-examples/moe.plan ep2_dp2_zero1: moe_route
-examples/moe.plan ep2_dp2_tp2_zero2: moe_route
-examples/moe.plan switch_single: moe_route
-examples/moe.plan switch_ep2: moe_route
-examples/moe.plan single_nodropout: moe_route
-examples/moe.plan switch_nodropout: moe_route
-examples/moe.plan mixtral_single: moe_route
-examples/moe.plan mixtral_ep2: moe_route
-examples/moe.plan mixtral_ep2_tp2: moe_route
 "
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
