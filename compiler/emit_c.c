@@ -880,8 +880,6 @@ bool lowered_executable_on(const Lowered *low, bool report, bool device)
 	if (ps->param_dtype != DT_F32 && ps->param_dtype != DT_BF16 && ps->param_dtype != DT_F16)
 		REFUSE(ps->plan->name_loc, "planc build executes f32, bf16 and f16 plans so far (this plan uses %s)",
 		       dtype_name(ps->param_dtype));
-	if (ps->param_dtype == DT_F16 && device)
-		REFUSE(ps->plan->name_loc, "the CUDA target does not execute fp16 plans yet (f16 storage and loss scaling)");
 	if (ps->param_dtype == DT_F16 && ps->sync != SYNC_STRICT)
 		REFUSE(ps->sync_loc, "fp16 loss scaling skips a step on every rank at once: %s replicas step on their own",
 		       ps->sync == SYNC_ASYNC ? "async" : "local_sgd");

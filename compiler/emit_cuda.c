@@ -44,6 +44,7 @@ static const KernelKind device_kinds[] = {
 	K_SCALE_METRIC, K_OFFLOAD_COPY,
 	K_MOE_ROUTE, K_MOE_ROUTE_GRAD, K_MOE_DISPATCH, K_MOE_DISPATCH_GRAD, K_MOE_COMBINE, K_MOE_COMBINE_GRAD,
 	K_MOE_AUX_LOSS, K_MOE_AUX_LOSS_GRAD, K_MOE_Z_LOSS, K_MOE_Z_LOSS_GRAD, K_MOE_METRICS, K_MOE_EXCHANGE,
+	K_COMPRESS_CAST, K_COMPRESS_TOPK, K_COMPRESS_POWERSGD, K_POWERSGD_INIT, K_LOCAL_AVERAGE, K_LOSS_SEED, K_UNSCALE_CLIP,
 };
 
 /* the most experts a token is routed to on the device (runtime/planrt_moe_math.h's
@@ -147,9 +148,10 @@ void emit_cuda_loop_body(FILE *f, const LProg *p, const Kernel *k, const char *f
 		}
 	}
 	fprintf(f, "\t");
-	bool half = ot == DT_BF16;
+	bool half = ot == DT_BF16 || ot == DT_F16;
 	if (half)
-		fprintf(f, "out[i] = tobf(%s", k->accumulate ? "bf(out[i]) + " : "");
+		fprintf(f, "out[i] = %s(%s", ot == DT_F16 ? "tohf" : "tobf",
+			k->accumulate ? (ot == DT_F16 ? "hf(out[i]) + " : "bf(out[i]) + ") : "");
 	else
 		fprintf(f, "out[i] %s ", k->accumulate ? "+=" : "=");
 	emit_loop_expr_to(f, p, k, flat, slot);
@@ -440,7 +442,7 @@ static bool write_kernels(const Cuda *c, const char *dir, const char *source_pat
 	fprintf(h, " * The element functions of the plan's fused loops: out[i] for the output's flat index i. C that\n"
 		   " * compiles for the host and, included by kernels.cu, for the device. */\n");
 	fprintf(h, "#ifndef PLANC_LOOPS_H\n#define PLANC_LOOPS_H\n#include <stdint.h>\n#include <string.h>\n#include <math.h>\n\n"
-		   "#include \"planrt_math.h\"\n\n");
+		   "#include \"planrt_math.h\"\n#include \"planrt_sync_math.h\"\n\n");
 	fprintf(h, "#ifdef __CUDACC__\n#define PLANRT_LOOP static __host__ __device__ __forceinline__\n"
 		   "#define PLANRT_RESTRICT __restrict__\n#else\n#define PLANRT_LOOP static inline\n"
 		   "#define PLANRT_RESTRICT restrict\n#endif\n\n");
@@ -463,7 +465,11 @@ static bool write_kernels(const Cuda *c, const char *dir, const char *source_pat
 		   "PLANRT_LOOP uint16_t tobf(float f)\n{\n"
 		   "#ifdef __CUDA_ARCH__\n\tuint32_t u = __float_as_uint(f);\n#else\n\tuint32_t u;\n\tmemcpy(&u, &f, 4);\n#endif\n"
 		   "\tif ((u & 0x7fffffffu) > 0x7f800000u)\n\t\treturn (uint16_t)((u >> 16) | 0x40);\n"
-		   "\treturn (uint16_t)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);\n}\n\n");
+		   "\treturn (uint16_t)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);\n}\n"
+		   "/* f16 storage: IEEE half, widened exactly, rounded to nearest even when stored: the C target's\n"
+		   " * planrt_f16_to_f32 and planrt_f32_to_f16 (planrt_sync_math.h; tests/cuda/test_sync_math.c) */\n"
+		   "PLANRT_LOOP float hf(uint16_t x) { return sm_widen(x, PLANRT_SM_F16); }\n"
+		   "PLANRT_LOOP uint16_t tohf(float f) { return sm_narrow(f, PLANRT_SM_F16); }\n\n");
 	for (int i = 0; i < c->nloops; i++) {
 		const char *key = c->loops[i].key, *at = strchr(key, '@');
 		fprintf(h, "%.*sloop%d%s\n", (int)(at - key), key, i, at + 1);

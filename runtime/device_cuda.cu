@@ -117,6 +117,7 @@ static void sample_memory(void)
 void planrt_cu_synchronize(void)
 {
 	planrt_cu_check_(cudaDeviceSynchronize(), "a kernel (cudaDeviceSynchronize)");
+	planrt_cu_settle_loss_scale_();
 	sample_memory();
 }
 

@@ -1300,6 +1300,8 @@ __global__ static void optimizer_kernel(OptScalars o, float *param, const void *
 		k_shared = coef ? *coef : 1.0; /* a metric in host memory: read once per block */
 	__syncthreads();
 	double k = k_shared;
+	if (k != k) /* NaN: a step skipped by fp16 loss scaling (planrt_cu_unscale_clip_coef) changes nothing */
+		return;
 	GRID_STRIDE(i, n)
 	{
 		float g = gt == planrt_f32 ? ((const float *)grad)[i] : half_f32(((const uint16_t *)grad)[i], gt);
@@ -1345,8 +1347,11 @@ void planrt_cu_optimizer_step(int kind, double lr, double beta1, double beta2, d
 		planrt_fatal("planrt_optimizer_step: unknown optimizer kind %d", kind);
 	if (gt != planrt_f32 && gt != planrt_bf16 && gt != planrt_f16)
 		planrt_fatal("planrt_optimizer_step: dtype %d gradients (f32, bf16 or f16)", (int)gt);
-	/* the scalars as optim.c computes them, for step + 1 */
-	double lr_t = planrt_lr_at(lr, step, warmup, total, min_lr), t = (double)(step + 1);
+	/* the scalars as optim.c computes them, for step + 1; Adam's t counts the steps that updated
+	 * (step.c: the schedule's step does not) */
+	double lr_t = planrt_lr_at(lr, step, warmup, total, min_lr);
+	step -= planrt_steps_skipped_;
+	double t = (double)(step + 1);
 	double bc1 = 1 - pow(beta1, t), bc2 = 1 - pow(beta2, t);
 	OptScalars o;
 	o.kind = kind;

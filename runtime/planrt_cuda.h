@@ -216,6 +216,21 @@ void planrt_cu_p2p_recv_start(void *buf, int64_t n, planrt_dtype_t t, int peer, 
 void planrt_cu_p2p_finish(planrt_ctx_t *ctx, planrt_request_t *req, int stream);
 void planrt_cu_request_finish(planrt_request_t *req, int stream);
 
+/* ------------------------------------------------------------------ sync strategies (sync_cuda.cu) */
+void planrt_cu_compress_cast(float *grad, int64_t n, planrt_dtype_t wire, float *residual, void *scratch, int64_t chunk,
+			     planrt_comm_t c, int stream);
+void planrt_cu_compress_topk(float *grad, int nseg, const int64_t *off, const int64_t *len, const int64_t *k,
+			     float *residual, void *scratch, planrt_comm_t c, int stream);
+void planrt_cu_compress_powersgd(float *grad, int nseg, const int64_t *off, const int64_t *rows, const int64_t *cols,
+				 int r, float *q, float *residual, float *scratch, planrt_comm_t c, int stream);
+void planrt_cu_powersgd_init(planrt_ctx_t *ctx, float *q, int64_t n, int stream);
+void planrt_cu_local_average(planrt_ctx_t *ctx, int every, void *flat, int64_t n, planrt_dtype_t t, void *params,
+			     planrt_dtype_t pt, const double *loss, double *history, planrt_comm_t c, int outer,
+			     double outer_lr, double outer_momentum, float *anchor, float *momentum, int stream);
+void planrt_cu_loss_seed(planrt_ctx_t *ctx, float *dl, double per_micro, int stream);
+void planrt_cu_unscale_clip_coef(planrt_ctx_t *ctx, const double *sumsq, double *norm, double *coef, double max_norm,
+				 int stream);
+
 #ifdef __cplusplus
 }
 #endif

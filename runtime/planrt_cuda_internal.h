@@ -17,6 +17,8 @@ cudaStream_t planrt_cu_stream_(int stream); /* planrt_cu_stream, for C sources *
 void planrt_cu_blas_destroy_(void);
 /* dst (of dtype t: f32, bf16, f16) += src (f32), each element rounded once (step.c's planrt_accumulate_f32) */
 void planrt_cu_accumulate_f32_(void *dst, planrt_dtype_t t, const float *src, int64_t n, int stream);
+/* after the device is done: the fp16 loss-scale verdict of the step, into ctx->step_skipped (sync_cuda.cu) */
+void planrt_cu_settle_loss_scale_(void);
 /* the program planrt_cuda_main runs (its mesh and stages, for the communicators) */
 struct planrt_program;
 const struct planrt_program *planrt_cu_program_(void);
