@@ -13,6 +13,9 @@
  * moe_route runs a thread per token (probabilities, top_k, gates; each choice left in idx as a
  * code), then one block whose threads each walk one expert's pairs in the drop order (docs/moe.md)
  * and give them slots: the drop order is a sequential rule per expert, and experts are independent.
+ * The block walks the order piece by piece out of shared memory (a piece's codes are read by all,
+ * then each expert writes only its own pairs' slots back), so each expert's serial walk reads
+ * shared memory, not global memory.
  *
  * The dropless exchange needs a host-side decision: the counts exchanged first size the rows'
  * all-to-all. planrt_cu_moe_exchange therefore synchronises its stream (the comm stream) after the
@@ -26,7 +29,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { MOE_THREADS = 256 };
+/* MOE_THREADS: the blocks that sum in order; ROUTE_THREADS, ROUTE_PIECE: the routing's expert pass
+ * (at most that many experts walk at once; a piece of the drop order in shared memory) */
+enum { MOE_THREADS = 256, ROUTE_THREADS = 1024, ROUTE_PIECE = 2048 };
 
 #define LAUNCH(kernel, n, stream, ...)                                                                          \
 	do {                                                                                                    \
@@ -66,20 +71,39 @@ __global__ static void route_tokens_kernel(const float *logits, int64_t tokens, 
 	planrt_moe_route_token(logits, t, experts, top_k, normalize, gates, idx);
 }
 
-/* one block: thread i walks experts i, i + blockDim.x, ...; the pairs dropped summed over the block */
-__global__ static void route_experts_kernel(int32_t *idx, int64_t tokens, int64_t experts, int64_t top_k, int64_t group,
+/* One block, a thread per expert (experts beyond blockDim.x in further rounds): the drop order's
+ * pieces are copied to shared memory one at a time, then every thread walks the piece for its
+ * expert; the pairs dropped are summed over the block. */
+__global__ static void __launch_bounds__(ROUTE_THREADS) route_experts_kernel(int32_t *idx, int64_t tokens, int64_t experts, int64_t top_k, int64_t group,
 					    int64_t capacity, int32_t *counts, double *stats)
 {
-	__shared__ long long dropped[MOE_THREADS];
+	__shared__ int32_t codes[ROUTE_PIECE];
+	__shared__ long long dropped[ROUTE_THREADS];
 	long long mine = 0;
-	for (int64_t e = threadIdx.x; e < experts; e += blockDim.x) {
-		int64_t routed, kept;
-		planrt_moe_assign_expert(idx, tokens, top_k, group, capacity, e, &routed, &kept);
-		if (counts)
-			counts[e] = (int32_t)kept;
-		if (stats)
-			stats[1 + e] += (double)routed;
-		mine += routed - kept;
+	int64_t pieces = top_k * ((group + ROUTE_PIECE - 1) / ROUTE_PIECE); /* per group */
+	for (int64_t base = 0; base < experts; base += blockDim.x) {
+		int64_t e = base + threadIdx.x, c = 0, routed = 0, kept = 0;
+		for (int64_t g0 = 0; g0 < tokens; g0 += group) {
+			if (capacity > 0)
+				c = 0;
+			for (int64_t i = 0; i < pieces; i++) {
+				int64_t t0, k, n = planrt_moe_drop_order(g0, group, ROUTE_PIECE, i, &t0, &k);
+				__syncthreads(); /* the previous piece is walked */
+				for (int64_t j = threadIdx.x; j < n; j += blockDim.x)
+					codes[j] = idx[(t0 + j) * top_k + k];
+				__syncthreads();
+				if (e < experts)
+					planrt_moe_assign_piece(codes, n, t0, k, tokens, top_k, group, capacity, e, &c, &routed,
+								&kept, idx);
+			}
+		}
+		if (e < experts) {
+			if (counts)
+				counts[e] = (int32_t)kept;
+			if (stats)
+				stats[1 + e] += (double)routed;
+			mine += routed - kept;
+		}
 	}
 	dropped[threadIdx.x] = mine;
 	__syncthreads();
@@ -100,8 +124,10 @@ void planrt_cu_k_moe_route_f32(const float *logits, int64_t tokens, int64_t expe
 	if (tokens <= 0)
 		return;
 	LAUNCH(route_tokens_kernel, tokens, stream, logits, tokens, experts, top_k, normalize, gates, idx);
-	route_experts_kernel<<<1, MOE_THREADS, 0, planrt_cu_stream(stream)>>>(idx, tokens, experts, top_k, group, capacity,
-									       counts, stats);
+	int64_t threads = (experts + 31) / 32 * 32; /* a thread per expert, whole warps */
+	threads = threads < ROUTE_THREADS ? threads : ROUTE_THREADS;
+	route_experts_kernel<<<1, (unsigned)threads, 0, planrt_cu_stream(stream)>>>(idx, tokens, experts, top_k, group,
+										     capacity, counts, stats);
 	planrt_cu_check_launch("route_experts_kernel");
 }
 

@@ -13,11 +13,12 @@
  *
  * Routing (docs/moe.md) in two passes. The token pass (planrt_moe_route_token) computes a token's
  * probabilities, its top_k experts and its gates, and leaves in idx the code -(e + 2) of each
- * choice e. The expert pass (planrt_moe_assign_expert) walks the pairs of one expert in the drop
- * order (every token's first choice in token order, then every second choice, ..., group by group)
- * and turns each of its codes into the slot (or -1, dropped): slots are per expert, so one expert's
- * walk decides its pairs alone. A code is at most -2 and a decided entry at least -1, so experts
- * walking at the same time never mistake each other's entries. */
+ * choice e. The expert pass walks the pairs in the drop order (every token's first choice in token
+ * order, then every second choice, ..., group by group), one piece at a time (a run of tokens of one
+ * group for one choice k: planrt_moe_drop_order), and each expert turns its own codes into slots (or
+ * -1, dropped; planrt_moe_assign_piece): slots are per expert, so one expert's walk decides its pairs
+ * alone. The kernel copies each piece's codes to shared memory before the experts walk it, so no
+ * entry is read while another thread writes it. */
 #ifndef PLANRT_MOE_MATH_H
 #define PLANRT_MOE_MATH_H
 
@@ -150,36 +151,41 @@ static inline PLANRT_HD void planrt_moe_route_token(const float *logits, int64_t
 	}
 }
 
-/* The expert pass of moe_route for expert e, after every token's pass: its pairs in the drop order
- * get their slots, e * slots + g * capacity + position (a later pair to a full expert: -1), or
- * dropless e * tokens + position. *routed: the pairs that chose e; *kept: those that got a slot. */
-static inline PLANRT_HD void planrt_moe_assign_expert(int32_t *idx, int64_t tokens, int64_t top_k, int64_t group,
-						      int64_t capacity, int64_t e, int64_t *routed, int64_t *kept)
+/* The drop order in pieces: piece i of a group's walk is choice k = i / per_k over tokens
+ * [g0 + j * chunk, + n) with j = i % per_k, per_k = ceil(group / chunk). Returns n; sets *t0, *k. */
+static inline PLANRT_HD int64_t planrt_moe_drop_order(int64_t g0, int64_t group, int64_t chunk, int64_t i, int64_t *t0,
+						      int64_t *k)
+{
+	int64_t per_k = (group + chunk - 1) / chunk, j = i % per_k;
+	*k = i / per_k;
+	*t0 = g0 + j * chunk;
+	return group - j * chunk < chunk ? group - j * chunk : chunk;
+}
+
+/* Expert e's walk over one piece of the drop order: codes[i] is pair (t0 + i, k)'s entry of idx as the
+ * token pass left it. Each pair that chose e gets its slot in idx: e * slots + g * capacity +
+ * position in the group (position >= capacity: -1), or dropless e * tokens + position in the
+ * micro-batch; *c counts e's pairs so far (reset by the caller at each group when capacity > 0),
+ * *routed and *kept add the pairs that chose e and those that got a slot. */
+static inline PLANRT_HD void planrt_moe_assign_piece(const int32_t *codes, int64_t n, int64_t t0, int64_t k,
+						     int64_t tokens, int64_t top_k, int64_t group, int64_t capacity,
+						     int64_t e, int64_t *c, int64_t *routed, int64_t *kept, int32_t *idx)
 {
 	int64_t slots = capacity > 0 ? tokens / group * capacity : tokens; /* per expert */
 	int32_t code = -(int32_t)(e + 2);
-	int64_t c = 0, n = 0, have = 0;
-	for (int64_t g0 = 0; g0 < tokens; g0 += group) {
-		if (capacity > 0)
-			c = 0;
-		for (int64_t k = 0; k < top_k; k++)
-			for (int64_t t = g0; t < g0 + group; t++) {
-				int32_t *at = &idx[t * top_k + k];
-				if (*at != code)
-					continue;
-				int64_t slot = c++;
-				n++;
-				if (capacity <= 0)
-					*at = (int32_t)(e * slots + slot);
-				else if (slot < capacity)
-					*at = (int32_t)(e * slots + g0 / group * capacity + slot);
-				else
-					*at = -1;
-				have += *at >= 0;
-			}
+	for (int64_t i = 0; i < n; i++) {
+		if (codes[i] != code)
+			continue;
+		int64_t t = t0 + i, slot = (*c)++;
+		int32_t at = -1;
+		if (capacity <= 0)
+			at = (int32_t)(e * slots + slot);
+		else if (slot < capacity)
+			at = (int32_t)(e * slots + t / group * capacity + slot);
+		idx[t * top_k + k] = at;
+		*routed += 1;
+		*kept += at >= 0;
 	}
-	*routed = n;
-	*kept = have;
 }
 
 /* moe_dispatch's element q of the pairs' rows (pair q / dim, column q % dim), after buf is zeroed */

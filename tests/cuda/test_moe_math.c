@@ -1,7 +1,7 @@
 /* test_moe_math.c: the CUDA target's mixture-of-experts logic checked on the CPU. moe_cuda.cu's
  * kernels run planrt_moe_math.h's functions per token, per expert and per element; this test runs
  * the same functions on the host, in the shape the kernels run them (the token pass then the
- * expert pass of routing, a zeroed buffer then one call per element, the losses' per-group and
+ * expert pass of routing piece by piece, a zeroed buffer then one call per element, the losses' per-group and
  * per-token values summed in order as the kernels' thread 0 sums them), and compares every result
  * bit for bit with the CPU kernels (kernels_impl.h via libplanrt, moe.c) on random inputs: routing
  * with drops (top-1 Switch, top-2 GShard, top-3 over 13 experts, ties), dropless routing with
@@ -84,12 +84,47 @@ static void expect(int ok, const char *what, const char *cs)
 	}
 }
 
+/* route_experts_kernel's walk: the drop order piece by piece, each piece's codes copied out
+ * first, then every expert's walk over it; experts in rounds of `round` (the block's threads) */
+static void route_experts(int32_t *idx, int64_t T, int64_t E, int64_t K, int64_t G, int64_t capacity, int64_t piece,
+			  int32_t *counts, double *stats)
+{
+	enum { ROUND = 64 };
+	int32_t *codes = alloc(sizeof(int32_t) * (size_t)piece);
+	int64_t c[ROUND], routed[ROUND], kept[ROUND], pieces = K * ((G + piece - 1) / piece);
+	long long dropped = 0;
+	for (int64_t base = 0; base < E; base += ROUND) {
+		for (int j = 0; j < ROUND; j++)
+			c[j] = routed[j] = kept[j] = 0;
+		for (int64_t g0 = 0; g0 < T; g0 += G) {
+			for (int j = 0; j < ROUND && capacity > 0; j++)
+				c[j] = 0;
+			for (int64_t i = 0; i < pieces; i++) {
+				int64_t t0, k, n = planrt_moe_drop_order(g0, G, piece, i, &t0, &k);
+				for (int64_t j = 0; j < n; j++)
+					codes[j] = idx[(t0 + j) * K + k];
+				for (int j = 0; j < ROUND && base + j < E; j++)
+					planrt_moe_assign_piece(codes, n, t0, k, T, K, G, capacity, base + j, &c[j], &routed[j],
+								&kept[j], idx);
+			}
+		}
+		for (int j = 0; j < ROUND && base + j < E; j++) {
+			counts[base + j] = (int32_t)kept[j];
+			stats[1 + base + j] += (double)routed[j];
+			dropped += routed[j] - kept[j];
+		}
+	}
+	stats[0] += (double)dropped;
+	free(codes);
+}
+
 typedef struct Case {
 	const char *name;
 	int64_t tokens, experts, top_k, group, capacity, dim;
 	int normalize;
 	int ties;       /* logits on a coarse grid: equal probabilities, broken to the lower index */
 	int want_drops; /* the inputs must drop pairs (the case tests dropping) */
+	int64_t piece;  /* tokens per piece of the drop order in the expert pass */
 } Case;
 
 static void run_case(const Case *c)
@@ -115,15 +150,7 @@ static void run_case(const Case *c)
 	planrt_k_moe_route_f32(logits, T, E, K, G, c->capacity, c->normalize, gates_cpu, idx_cpu, counts_cpu, stats_cpu);
 	for (int64_t t = 0; t < T; t++)
 		planrt_moe_route_token(logits, t, E, K, c->normalize, gates_dev, idx_dev);
-	long long dropped = 0;
-	for (int64_t e = 0; e < E; e++) {
-		int64_t routed, kept;
-		planrt_moe_assign_expert(idx_dev, T, K, G, c->capacity, e, &routed, &kept);
-		counts_dev[e] = (int32_t)kept;
-		stats_dev[1 + e] += (double)routed;
-		dropped += routed - kept;
-	}
-	stats_dev[0] += (double)dropped;
+	route_experts(idx_dev, T, E, K, G, c->capacity, c->piece, counts_dev, stats_dev);
 	same("moe_route gates", cs, gates_cpu, gates_dev, sizeof(float) * (size_t)pairs, 4);
 	same("moe_route idx", cs, idx_cpu, idx_dev, sizeof(int32_t) * (size_t)pairs, -4);
 	same("moe_route counts", cs, counts_cpu, counts_dev, sizeof(int32_t) * (size_t)E, -4);
@@ -330,13 +357,16 @@ static void run_exchange(int n, int64_t T, int64_t E, int64_t K, int64_t D)
 int main(void)
 {
 	static const Case cases[] = {
-		{"switch top-1 with drops", 64, 4, 1, 16, 3, 16, 0, 0, 1},
-		{"gshard top-2 with drops", 96, 8, 2, 32, 5, 24, 0, 0, 1},
-		{"top-3 of 13 experts with drops, dim 19", 40, 13, 3, 10, 2, 19, 0, 0, 1},
-		{"top-2 ties with drops", 64, 6, 2, 16, 4, 9, 1, 1, 1},
-		{"mixtral top-2 dropless", 64, 8, 2, 16, 0, 16, 1, 0, 0},
-		{"top-2 dropless ties, 1000 experts", 12, 1000, 2, 4, 0, 8, 0, 1, 0},
-		{"top-2 roomy capacity", 32, 4, 2, 16, 32, 8, 1, 0, 0},
+		{"switch top-1 with drops", 64, 4, 1, 16, 3, 16, 0, 0, 1, 2048},
+		{"switch top-1 with drops, pieces of 5", 64, 4, 1, 16, 3, 16, 0, 0, 1, 5},
+		{"gshard top-2 with drops", 96, 8, 2, 32, 5, 24, 0, 0, 1, 2048},
+		{"gshard top-2 with drops, pieces of 7", 96, 8, 2, 32, 5, 24, 0, 0, 1, 7},
+		{"top-3 of 13 experts with drops, dim 19", 40, 13, 3, 10, 2, 19, 0, 0, 1, 3},
+		{"top-2 ties with drops", 64, 6, 2, 16, 4, 9, 1, 1, 1, 16},
+		{"mixtral top-2 dropless", 64, 8, 2, 16, 0, 16, 1, 0, 0, 2048},
+		{"mixtral top-2 dropless, pieces of 6", 64, 8, 2, 16, 0, 16, 1, 0, 0, 6},
+		{"top-2 dropless ties, 1000 experts", 12, 1000, 2, 4, 0, 8, 0, 1, 0, 3},
+		{"top-2 roomy capacity", 32, 4, 2, 16, 32, 8, 1, 0, 0, 2048},
 	};
 	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
 		for (int rep = 0; rep < 3; rep++)
