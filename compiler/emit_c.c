@@ -446,7 +446,8 @@ static void print_kernel(Emit *e, const Kernel *k)
 static const char *state_kind_enum(StateKind s)
 {
 	static const char *const names[] = {"planrt_state_param", "planrt_state_grad", "planrt_state_optim",
-					    "planrt_state_master", "planrt_state_buffer", "planrt_state_metric"};
+					    "planrt_state_master", "planrt_state_buffer", "planrt_state_metric",
+					    "planrt_state_offload"};
 	return names[s];
 }
 
@@ -871,8 +872,10 @@ bool lowered_executable_on(const Lowered *low, bool report, bool device)
 		if (report)
 			diag_note_plain("build it with --target cuda, or offload the optimizer state to disk on the CPU "
 					"(offload optimizer -> disk)");
-	} else if (ps->offload_optimizer || ps->offload_params || ps->offload_activations) {
-		REFUSE(ps->offload_loc, "planc build does not execute offload yet");
+	} else if (ps->offload_params || ps->offload_activations) {
+		REFUSE(ps->offload_loc, "planc build does not execute offload %s -> %s yet (offload optimizer runs)",
+		       ps->offload_params ? "params" : "activations",
+		       (ps->offload_params ? ps->offload_params : ps->offload_activations) == PLACE_HOST ? "host" : "disk");
 	}
 	if (ps->compress != COMPRESS_NONE && ps->param_dtype != DT_F32 &&
 	    !(ps->compress == COMPRESS_BF16 && ps->param_dtype == DT_BF16))

@@ -564,10 +564,17 @@ static void program_memory(Report *rep, Role *r)
 	const LProg *p = r->lp;
 	if (!rep->runnable || !p)
 		return;
-	r->params = (double)p->state_bytes[SC_PARAM];
-	r->grads = (double)p->state_bytes[SC_GRAD];
-	r->optim = (double)(p->state_bytes[SC_OPTIM] + p->state_bytes[SC_MASTER]);
-	r->prog_metric = (double)(p->state_bytes[SC_METRIC] + p->state_bytes[SC_BUFFER]);
+	double dev[SC_COUNT]; /* device memory by kind: what is not offloaded to the host */
+	r->host = 0;
+	for (int k = 0; k < SC_COUNT; k++) {
+		dev[k] = (double)(p->state_bytes[k] - p->host_state_bytes[k]);
+		r->host += (double)p->host_state_bytes[k];
+	}
+	r->disk = (double)p->disk_bytes;
+	r->params = dev[SC_PARAM];
+	r->grads = dev[SC_GRAD];
+	r->optim = dev[SC_OPTIM] + dev[SC_MASTER];
+	r->prog_metric = dev[SC_METRIC] + dev[SC_BUFFER];
 	double slots = (double)p->nslots * (double)p->slot_bytes + (double)p->ninbox * (double)p->inbox_bytes;
 	r->act = slots;
 	r->work = (double)p->arena_bytes - slots;
@@ -575,7 +582,7 @@ static void program_memory(Report *rep, Role *r)
 	r->prog_arena = (double)p->arena_bytes;
 	r->prog_state = 0;
 	for (int k = 0; k < SC_COUNT; k++)
-		r->prog_state += (double)p->state_bytes[k];
+		r->prog_state += dev[k];
 }
 
 /* How many ranks hold a role, and the first of them, from the mesh's shape alone (ranks are
@@ -616,7 +623,8 @@ static Report *build_report(Graph *g, const Lowered *low)
 	rep->g = g;
 	rep->ps = ps;
 	rep->low = low;
-	rep->runnable = low && lowered_executable(low, false);
+	/* one program for both targets: its allocations are explain's figures when either runs it */
+	rep->runnable = low && (lowered_executable(low, false) || cuda_executable(low, false));
 	bool async = ps->sync == SYNC_ASYNC;
 	int nr = g->nstages * (async ? 2 : 1);
 	rep->roles = calloc((size_t)nr, sizeof(Role));
@@ -807,10 +815,16 @@ static void print_text(FILE *out, const Report *rep)
 			fprintf(out, "  %-22s %12s\n", "working memory", human(r->work, b1, sizeof b1));
 			fprintf(out, "  %-22s %12s\n", "peak", human(r->peak, b1, sizeof b1));
 		}
-		if (r->host > 0)
+		if (r->host > 0 && rep->runnable)
+			fprintf(out, "  %-22s %12s   (%s; pinned on a GPU)\n", "host memory", human(r->host, b1, sizeof b1),
+				ps->offload_optimizer == PLACE_DISK
+					? "the offloaded optimizer's staging: two records, gradient and parameter copies"
+					: "the offloaded optimizer state, and gradient and parameter copies");
+		else if (r->host > 0)
 			fprintf(out, "  %-22s %12s\n", "offloaded to host", human(r->host, b1, sizeof b1));
 		if (r->disk > 0)
-			fprintf(out, "  %-22s %12s\n", "offloaded to disk", human(r->disk, b1, sizeof b1));
+			fprintf(out, "  %-22s %12s%s\n", "offloaded to disk", human(r->disk, b1, sizeof b1),
+				rep->runnable ? "   (the optimizer state file of each rank)" : "");
 		fprintf(out, "  %-22s %12s\n", "FLOPs per step", human_count(r->flops, b1, sizeof b1));
 		if (r->ncomm) {
 			fprintf(out, "  communication per step:\n");
@@ -913,11 +927,10 @@ static void print_json(FILE *out, const Report *rep)
 				"\"slot_bytes\": %zu, \"inboxes\": %d, \"inbox_bytes\": %zu, \"transient_bytes\": %zu, \"state_by_kind\": {",
 				r->prog_arena, r->prog_state, r->prog_arena + r->prog_state, p->nslots, p->slot_bytes, p->ninbox,
 				p->inbox_bytes, p->transient_bytes);
+			static const char *const kind_keys[SC_COUNT] = {"param", "grad", "optim", "master", "buffer", "metric", "offload"};
 			for (int k = 0; k < SC_COUNT; k++)
-				fprintf(out, "%s\"%s\": %zu", k ? ", " : "", (const char *[]){"param", "grad", "optim", "master", "buffer",
-											"metric"}[k],
-					p->state_bytes[k]);
-			fprintf(out, "}},\n");
+				fprintf(out, "%s\"%s\": %zu", k ? ", " : "", kind_keys[k], p->state_bytes[k]);
+			fprintf(out, "}, \"host\": %.0f, \"disk\": %zu},\n", r->host, p->disk_bytes);
 		}
 		fprintf(out, "     \"activation_bytes_per_layer\": {");
 		bool first = true;

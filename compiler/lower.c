@@ -46,7 +46,7 @@ const KernelClass kernel_classes[K_COUNT] = {
 const char *const phase_names[PH_COUNT] = {"init", "step_begin", "prepare_forward", "forward", "prepare_backward",
 					   "backward", "step", "save", "checkpoint", "resume", "eval_begin", "eval_end"};
 const char *const state_kind_names[SC_COUNT] = {"parameters", "gradients", "optimizer states", "master weights",
-						"runtime buffers", "metrics"};
+						"runtime buffers", "metrics", "offload staging"};
 
 /* ------------------------------------------------------------------ helpers for every pass */
 

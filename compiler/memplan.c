@@ -352,9 +352,13 @@ static void memplan_prog(LProg *p)
 		p->arena_bytes = p->inbox_offset + (size_t)p->ninbox * inbox;
 	}
 	memset(p->state_bytes, 0, sizeof p->state_bytes);
+	memset(p->host_state_bytes, 0, sizeof p->host_state_bytes);
 	for (int b = 0; b < p->nbuf; b++)
-		if (p->buf[b].cls == BUF_STATE)
+		if (p->buf[b].cls == BUF_STATE) {
 			p->state_bytes[p->buf[b].state] += p->buf[b].bytes;
+			if (p->buf[b].place == PLACE_HOST)
+				p->host_state_bytes[p->buf[b].state] += p->buf[b].bytes;
+		}
 	free(seq);
 	free(first);
 	free(last);

@@ -807,7 +807,9 @@ typedef enum {
 	BUF_INBOX,  /* a receive inbox: a forward input posted one action ahead */
 	BUF_VIEW,   /* elements of another buffer */
 } BufClass;
-typedef enum { SC_PARAM, SC_GRAD, SC_OPTIM, SC_MASTER, SC_BUFFER, SC_METRIC, SC_COUNT } StateKind;
+/* SC_OFFLOAD: the host staging of an offloaded optimizer (state.c: gradient and parameter copies,
+ * the disk records' read slots) */
+typedef enum { SC_PARAM, SC_GRAD, SC_OPTIM, SC_MASTER, SC_BUFFER, SC_METRIC, SC_OFFLOAD, SC_COUNT } StateKind;
 extern const char *const state_kind_names[SC_COUNT];
 
 typedef struct Buffer {
@@ -977,7 +979,10 @@ typedef struct LProg {
 	int nslots, ninbox;
 	size_t transient_bytes, slot_bytes, inbox_bytes;
 	size_t slot_offset, inbox_offset, arena_bytes;
-	size_t state_bytes[SC_COUNT];
+	size_t state_bytes[SC_COUNT]; /* every state buffer, by kind */
+	size_t host_state_bytes[SC_COUNT]; /* of which in (pinned) host memory (PLACE_HOST): offloaded
+					    * state and its staging; the rest is device memory */
+	size_t disk_bytes;      /* the offloaded optimizer's state file (state.c) */
 	/* why the C target cannot run it (NULL: it can): the first opaque kernel's op */
 	int opaque_op;
 	/* sync strategies (state.c): the loss metric holds loss_window steps (local SGD logs a step's

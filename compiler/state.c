@@ -60,7 +60,7 @@ typedef struct Update {
 	long long replicas; /* identical copies of the gradient across the mesh; 0: a tied copy (its
 			     * original is counted) */
 	int chunk_grad;     /* ZeRO 3: the gradient shard buffer */
-	int master, m, v;   /* buffers, or -1 */
+	int master, m, v;   /* buffers, or -1 (offload optimizer -> disk: in the record instead) */
 } Update;
 
 typedef struct Flat {
@@ -74,6 +74,18 @@ typedef struct Flat {
 	int grad_shard;     /* ZeRO 2: this rank's gradient shard */
 	int master, m, v;   /* the shard's optimizer state */
 } Flat;
+
+/* An optimizer call with offloaded state (offload below): a piece of a ZeRO 1/2 bucket shard, or
+ * of an update's whole block or ZeRO-3 chunk. */
+typedef struct Group {
+	Flat *f;            /* one of the two */
+	Update *u;
+	int target;         /* the parameters it updates */
+	int grad;           /* their gradients */
+	long long at;       /* the piece's first element in the shard, block or chunk */
+	long long n;        /* elements */
+	long long rec;      /* disk: the record's byte offset in the state file */
+} Group;
 
 typedef struct State {
 	LProg *p;
@@ -96,6 +108,15 @@ typedef struct State {
 	long long nflat;    /* local SGD, async: elements of every parameter of the stage */
 	int param_flat, master_flat, grad_flat; /* their flat buffers, or -1 */
 	int inbox;          /* async: the worker's parameter inbox, the master's gradient inbox */
+	/* offload optimizer (offload below) */
+	OffloadPlace off;   /* PLACE_HOST, PLACE_DISK, or PLACE_NONE: not offloaded */
+	Group *grp;
+	int ngrp;
+	int parts;          /* f32 arrays per group: master weights (bf16 / f16 parameters) and moments */
+	long long grp_max;  /* elements of the largest group */
+	int slot[2];        /* disk: the two host buffers records are read into */
+	int stage_grad[DT_F64 + 1][2], stage_param[DT_F64 + 1][2]; /* host copies, by dtype, or -1 */
+	int coef_host;      /* the clipping coefficient, copied to the host */
 } State;
 
 static int state_buf(State *S, StateKind kind, DType t, long long elems, const char *name, const char *what)
@@ -324,7 +345,8 @@ static void layout_optimizer(State *S)
 		return;
 	if (S->param_flat >= 0 && S->low)
 		S->master_flat = state_buf(S, SC_MASTER, DT_F32, S->nflat, "master_flat", "f32 master weights of every parameter");
-	for (int i = 0; i < S->nf && S->zero >= 1; i++) {
+	bool resident = S->off != PLACE_DISK; /* on disk: records of the state file (offload below) */
+	for (int i = 0; i < S->nf && S->zero >= 1 && resident; i++) {
 		Flat *f = &S->f[i];
 		const char *what = arena_printf(g->arena, "shard of gradient bucket %d", i);
 		if (S->moments >= 1)
@@ -342,6 +364,8 @@ static void layout_optimizer(State *S)
 		long long n = p->buf[u->param].elems; /* the whole block, or the ZeRO-3 chunk */
 		if (S->zero >= 3)
 			u->chunk_grad = state_buf(S, SC_GRAD, p->buf[u->grad].dtype, n, "grad_chunk", name);
+		if (!resident)
+			continue;
 		if (S->moments >= 1)
 			u->m = state_buf(S, SC_OPTIM, DT_F32, n, "m", name);
 		if (S->moments >= 2)
@@ -425,6 +449,322 @@ static void fill(State *S, Phase ph, int b, long long n, const char *note)
 	karg_f64(p, k, 0.0);
 }
 
+/* ------------------------------------------------------------------ offloaded optimizer state
+ *
+ * `offload optimizer -> host | disk` (ZeRO-Offload; ZeRO-Infinity's NVMe offload). The optimizer
+ * calls become groups: a ZeRO 1/2 bucket shard, or an update's whole block or ZeRO-3 chunk. A
+ * group's state (f32 master weights of lower-precision parameters, then the moments) lives
+ *   host  in pinned host memory, a buffer per array as without offload;
+ *   disk  in one file per rank (planrt_offload_open; zero-filled, the moments' initial value), a
+ *         record per group, its arrays one after the other. Whatever touches a group's state
+ *         (init, the update, save, checkpoint and resume) reads the record (or its master part)
+ *         into a host slot first and writes back what it changed.
+ * The update runs on the host (CPU Adam): the group's gradient is copied to a host staging buffer,
+ * the optimizer steps the master weights (f32 parameters: a host copy of them), and the new
+ * parameters go back through a second staging buffer. Two of each (and two record slots)
+ * alternate, so that the next group's copies and record read overlap this group's update
+ * (streams.c puts the copies on the copy stream and the update on the host; the C target runs
+ * everything in order, a copy being a memcpy, and the record I/O the same asynchronous way). The
+ * device keeps no optimizer state: explain prints the host's staging and state, and the file. */
+
+static void mark_host(State *S, int b)
+{
+	if (b >= 0)
+		S->p->buf[b].place = PLACE_HOST;
+}
+
+static int host_buf(State *S, DType t, long long elems, const char *name, const char *what)
+{
+	int b = state_buf(S, SC_OFFLOAD, t, elems, name, what);
+	mark_host(S, b);
+	return b;
+}
+
+/* The pieces of a shard, block or chunk of n elements (target and grad: its parameters and
+ * gradients): each at most `piece` elements, so that the host staging stays a fraction of the
+ * state however large a tensor or bucket is (DeepSpeed's sub-groups). */
+static void group_add(State *S, Flat *f, Update *u, int target, int grad, long long n, long long piece)
+{
+	for (long long at = 0; at < n || (at == 0 && n == 0); at += piece) {
+		long long len = n - at < piece ? n - at : piece;
+		Group *G = &S->grp[S->ngrp];
+		bool whole = at == 0 && len == n;
+		*G = (Group){f, u, whole ? target : view_new(S, target, at, -1, 0, len, "param_piece"),
+			     whole ? grad : view_new(S, grad, at, -1, 0, len, "grad_piece"), at, len, 0};
+		S->ngrp++;
+		if (len > S->grp_max)
+			S->grp_max = len;
+		if (n == 0)
+			break;
+	}
+}
+
+enum { PIECE_MIN = 1 << 16, PIECE_MAX = 1 << 22 };
+
+/* The groups in the update's order, where their state lives, the file's records, the staging. */
+static void offload_layout(State *S)
+{
+	LProg *p = S->p;
+	for (int t = 0; t <= DT_F64; t++)
+		S->stage_grad[t][0] = S->stage_grad[t][1] = S->stage_param[t][0] = S->stage_param[t][1] = -1;
+	S->slot[0] = S->slot[1] = S->coef_host = -1;
+	if (S->off == PLACE_NONE)
+		return;
+	S->parts = (S->low ? 1 : 0) + S->moments;
+	/* pieces of a sixteenth of the rank's optimizer elements, within [PIECE_MIN, PIECE_MAX]: the
+	 * staging (two pieces' records, gradients and parameters) is an eighth of the state or less */
+	long long total = 0, count = 0;
+	for (int i = 0; i < S->nf && S->zero >= 1; i++)
+		total += S->f[i].chunk;
+	for (int i = 0; i < S->nu; i++)
+		if (!sharded(S, &S->u[i]))
+			total += p->buf[S->u[i].param].elems;
+	long long piece = (total + 15) / 16;
+	piece = piece < PIECE_MIN ? PIECE_MIN : piece > PIECE_MAX ? PIECE_MAX : piece;
+	for (int i = 0; i < S->nf && S->zero >= 1; i++)
+		count += (S->f[i].chunk + piece - 1) / piece + 1;
+	for (int i = 0; i < S->nu; i++)
+		count += (p->buf[S->u[i].param].elems + piece - 1) / piece + 1;
+	S->grp = calloc((size_t)count + 1, sizeof(Group));
+	if (!S->grp)
+		ICE("out of memory");
+	for (int i = 0; i < S->nf && S->zero >= 1; i++) {
+		Flat *f = &S->f[i];
+		int grad = f->grad_shard >= 0 ? f->grad_shard : view_new(S, f->grad, 0, S->za, f->chunk, f->chunk, "grad_shard_view");
+		group_add(S, f, NULL, view_new(S, f->param, 0, S->za, f->chunk, f->chunk, "param_shard"), grad, f->chunk, piece);
+	}
+	for (int i = 0; i < S->nu; i++) {
+		Update *u = &S->u[i];
+		if (!sharded(S, u))
+			group_add(S, NULL, u, u->param, u->chunk_grad >= 0 ? u->chunk_grad : u->grad, p->buf[u->param].elems, piece);
+	}
+	long long file = 0;
+	for (int i = 0; i < S->ngrp; i++) {
+		Group *G = &S->grp[i];
+		long long bytes;
+		if (__builtin_mul_overflow(G->n, (long long)S->parts * 4, &bytes) || __builtin_add_overflow(file, bytes, &file))
+			ICE("the optimizer state file overflows 64 bits");
+		G->rec = file - bytes;
+		if (S->off == PLACE_HOST) { /* the state itself (views for pieces: their roots) */
+			mark_host(S, G->f ? G->f->master : G->u->master);
+			mark_host(S, G->f ? G->f->m : G->u->m);
+			mark_host(S, G->f ? G->f->v : G->u->v);
+		}
+		DType gt = p->buf[G->grad].dtype, pt = p->buf[G->target].dtype;
+		for (int s = 0; s < 2; s++) {
+			if (S->stage_grad[gt][s] < 0)
+				S->stage_grad[gt][s] = host_buf(S, gt, S->grp_max, "grad_host", "a group's gradients, copied to the host");
+			if (S->stage_param[pt][s] < 0)
+				S->stage_param[pt][s] = host_buf(S, pt, S->grp_max, "param_host", "a group's parameters, on the host");
+		}
+	}
+	if (S->off == PLACE_DISK) {
+		p->disk_bytes = (size_t)file;
+		for (int s = 0; s < 2; s++)
+			S->slot[s] = host_buf(S, DT_F32, S->grp_max * S->parts > 0 ? S->grp_max * S->parts : 1, "record",
+					      "a group's record of the optimizer state file, read in");
+	}
+	S->coef_host = host_buf(S, DT_F32 == DT_F32 ? DT_F64 : DT_F64, 1, "clip_coef_host", "the clipping coefficient, on the host");
+}
+
+/* A group's master weights and moments (-1: none) where kernels reach them: its buffers, or (disk)
+ * views of record slot `slot`. */
+static void group_state(State *S, const Group *G, int slot, int bufs[3])
+{
+	if (S->off != PLACE_DISK) {
+		int own[3] = {G->f ? G->f->master : G->u->master, G->f ? G->f->m : G->u->m, G->f ? G->f->v : G->u->v};
+		for (int j = 0; j < 3; j++)
+			bufs[j] = own[j] < 0 || (G->at == 0 && G->n == S->p->buf[own[j]].elems)
+					  ? own[j]
+					  : view_new(S, own[j], G->at, -1, 0, G->n, S->p->buf[own[j]].name);
+		return;
+	}
+	static const char *const names[3] = {"master_rec", "m_rec", "v_rec"};
+	bool has[3] = {S->low, S->moments >= 1, S->moments >= 2};
+	long long at = 0;
+	for (int j = 0; j < 3; j++) {
+		bufs[j] = -1;
+		if (!has[j])
+			continue;
+		bufs[j] = view_new(S, S->slot[slot], at, -1, 0, G->n, names[j]);
+		at += G->n;
+	}
+}
+
+/* Disk: the group's record (master_only: its master weights, the record's first array) read into
+ * or written from slot `slot`; on I/O slot io (its own order, finished by io_wait), or done before
+ * the kernel returns (io < 0). */
+static void record_io(State *S, Phase ph, const Group *G, int slot, bool write, int io, bool master_only)
+{
+	LProg *p = S->p;
+	long long elems = master_only ? G->n : G->n * S->parts;
+	int view = view_new(S, S->slot[slot], 0, -1, 0, elems > 0 ? elems : 1, "record_in_slot");
+	Kernel *k = step_kernel(S, write ? K_OFFLOAD_WRITE : K_OFFLOAD_READ, ph,
+				write ? "optimizer state written back to its file" : "optimizer state read from its file");
+	karg_buf(p, k, view, write, !write);
+	karg_int(p, k, G->rec);
+	karg_int(p, k, elems * 4);
+	karg_int(p, k, io);
+}
+
+static void io_wait(State *S, Phase ph, int io)
+{
+	Kernel *k = step_kernel(S, K_OFFLOAD_WAIT, ph, "the optimizer state file's reads and writes on this slot done");
+	karg_int(S->p, k, io);
+}
+
+/* A member of a group (a parameter whose elements the piece holds some of): the update, and the
+ * piece's first element as init_param, save_param and ckpt_piece place pieces (lo = base +
+ * coord(axis) * stride). */
+static int members(const Group *G)
+{
+	return G->f ? G->f->nupd : 1;
+}
+
+static const Update *member(const State *S, const Group *G, int m, long long *base, int *axis, long long *stride)
+{
+	if (G->f) {
+		const Update *u = &S->u[G->f->upd[m]];
+		*base = -u->off + G->at;
+		*axis = S->za;
+		*stride = G->f->chunk;
+		return u;
+	}
+	*base = G->at;
+	*axis = S->zero >= 3 ? S->za : -1;
+	*stride = S->zero >= 3 ? S->p->buf[G->u->param].elems : 0;
+	return G->u;
+}
+
+static void offload_copy(State *S, int dst, int src, long long n, const char *note)
+{
+	LProg *p = S->p;
+	Kernel *k = step_kernel(S, K_OFFLOAD_COPY, PH_STEP, note);
+	karg_buf(p, k, dst, false, true);
+	karg_buf(p, k, src, true, false);
+	karg_int(p, k, n * dtype_bytes(p->buf[src].dtype));
+}
+
+/* Group i's inputs to the host, into slot s: its record, its gradients, and f32 parameters that
+ * have no master weights (the optimizer steps the host copy). */
+static void offload_fetch(State *S, int i, int s)
+{
+	LProg *p = S->p;
+	const Group *G = &S->grp[i];
+	if (S->off == PLACE_DISK)
+		record_io(S, PH_STEP, G, s, false, s, false);
+	offload_copy(S, S->stage_grad[p->buf[G->grad].dtype][s], G->grad, G->n, "a group's gradients to the host");
+	if (!S->low)
+		offload_copy(S, S->stage_param[p->buf[G->target].dtype][s], G->target, G->n, "a group's parameters to the host");
+}
+
+static void optimizer(State *S, int target, int grad, int m, int v, long long n);
+
+/* The step's update of every group on the host, pipelined over two slots. */
+static void offload_update(State *S)
+{
+	LProg *p = S->p;
+	offload_copy(S, S->coef_host, S->coef, 1, "the clipping coefficient to the host");
+	if (S->ngrp)
+		offload_fetch(S, 0, 0);
+	for (int i = 0; i < S->ngrp; i++) {
+		const Group *G = &S->grp[i];
+		int s = i & 1;
+		if (i + 1 < S->ngrp)
+			offload_fetch(S, i + 1, 1 - s);
+		if (S->off == PLACE_DISK)
+			io_wait(S, PH_STEP, s);
+		int bufs[3];
+		group_state(S, G, s, bufs);
+		int host_param = S->stage_param[p->buf[G->target].dtype][s];
+		optimizer(S, bufs[0] >= 0 ? bufs[0] : host_param, S->stage_grad[p->buf[G->grad].dtype][s], bufs[1], bufs[2], G->n);
+		if (bufs[0] >= 0)
+			cast(S, PH_STEP, bufs[0], host_param, G->n);
+		offload_copy(S, G->target, host_param, G->n, "a group's new parameters to the device");
+		if (S->off == PLACE_DISK)
+			record_io(S, PH_STEP, G, s, true, s, false);
+	}
+	if (S->off == PLACE_DISK) {
+		io_wait(S, PH_STEP, 0);
+		io_wait(S, PH_STEP, 1);
+	}
+}
+
+/* init (disk): each piece's master weights drawn (or read) into a record slot and written to the
+ * file; a bucket shard's padding keeps the file's zeros. Parameters outside buckets are the cast
+ * of their master weights, as without offload. */
+static void offload_init_masters(State *S)
+{
+	if (S->off != PLACE_DISK || !S->low)
+		return;
+	for (int i = 0; i < S->ngrp; i++) {
+		const Group *G = &S->grp[i];
+		int bufs[3];
+		group_state(S, G, 0, bufs);
+		if (G->f)
+			record_io(S, PH_INIT, G, 0, false, -1, true);
+		for (int m = 0; m < members(G); m++) {
+			long long base, stride;
+			int axis;
+			const Update *u = member(S, G, m, &base, &axis, &stride);
+			init_param(S, bufs[0], DT_F32, param_index(S, u->param), base, axis, stride, G->n);
+		}
+		if (!G->f)
+			cast(S, PH_INIT, bufs[0], G->target, G->n);
+		record_io(S, PH_INIT, G, 0, true, -1, true);
+	}
+}
+
+/* save (disk): each piece's master weights read in, and every member's part of them written. */
+static void offload_save_masters(State *S)
+{
+	if (S->off != PLACE_DISK || !S->low)
+		return;
+	for (int i = 0; i < S->ngrp; i++) {
+		const Group *G = &S->grp[i];
+		int bufs[3];
+		record_io(S, PH_SAVE, G, 0, false, -1, true);
+		group_state(S, G, 0, bufs);
+		for (int m = 0; m < members(G); m++) {
+			long long base, stride;
+			int axis;
+			const Update *u = member(S, G, m, &base, &axis, &stride);
+			int pi = param_index(S, u->param);
+			if (S->p->low->params[pi].saved)
+				save_param(S, bufs[0], pi, base, axis, stride, G->n);
+		}
+	}
+}
+
+static void ckpt_piece(State *S, int buf, int param, int kind, long long base, int axis, long long stride, long long n,
+		       int shard_axis);
+
+/* checkpoint and resume (disk): each piece's record read in, every member's part of its master
+ * weights and moments written (resume: read, and the record written back). */
+static void offload_checkpoint(State *S, int first_moment)
+{
+	if (S->off != PLACE_DISK)
+		return;
+	int kinds[3] = {1, first_moment, 3};
+	for (int i = 0; i < S->ngrp; i++) {
+		const Group *G = &S->grp[i];
+		int bufs[3];
+		record_io(S, PH_CHECKPOINT, G, 0, false, -1, false);
+		record_io(S, PH_RESUME, G, 0, false, -1, false);
+		group_state(S, G, 0, bufs);
+		for (int m = 0; m < members(G); m++) {
+			long long base, stride;
+			int axis;
+			const Update *u = member(S, G, m, &base, &axis, &stride);
+			for (int j = 0; j < 3; j++)
+				if (bufs[j] >= 0)
+					ckpt_piece(S, bufs[j], param_index(S, u->param), kinds[j], base, axis, stride, G->n,
+						   G->f || S->zero >= 3 ? S->za : -1);
+		}
+		record_io(S, PH_RESUME, G, 0, true, -1, false);
+	}
+}
+
 /* init: the tied pairs' communicators, then every parameter of the stage (and master weights):
  * drawn from the seed or read from --init by each rank for what it holds, with no communication. */
 static void phase_init(State *S)
@@ -438,6 +778,10 @@ static void phase_init(State *S)
 		karg_int(p, k, p->low->pair_b[q]);
 		karg_int(p, k, q);
 	}
+	if (S->off == PLACE_DISK) {
+		Kernel *k = step_kernel(S, K_OFFLOAD_OPEN, PH_INIT, "the optimizer state file");
+		karg_int(p, k, (long long)p->disk_bytes);
+	}
 	for (int i = 0; i < g->nops; i++) {
 		const Op *op = &g->ops[i];
 		if (op->kind != OP_PARAM || op->stage != p->stage)
@@ -447,6 +791,8 @@ static void phase_init(State *S)
 		const Update *u = ui >= 0 ? &S->u[ui] : NULL;
 		long long n = p->buf[v].elems;
 		DType pt = p->buf[v].dtype;
+		if (S->off == PLACE_DISK && S->low && u && !sharded(S, u))
+			continue; /* drawn into its master weights' record: offload_init_masters */
 		if (S->zero >= 3) { /* this rank's chunk */
 			if (u && u->master >= 0) {
 				init_param(S, u->master, DT_F32, pi, 0, S->za, n, n);
@@ -466,6 +812,7 @@ static void phase_init(State *S)
 			init_param(S, v, pt, pi, 0, -1, 0, n);
 		}
 	}
+	offload_init_masters(S);
 }
 
 /* save: every rank writes the pieces it holds of the stage's saved parameters, in f32 from the
@@ -484,6 +831,8 @@ static void phase_save(State *S)
 		int ui = update_of_param(S, v);
 		const Update *u = ui >= 0 ? &S->u[ui] : NULL;
 		long long n = p->buf[v].elems;
+		if (S->off == PLACE_DISK && S->low && u)
+			continue; /* from the file: offload_save_masters */
 		if (S->zero >= 3)
 			save_param(S, u && u->master >= 0 ? u->master : v, pi, 0, S->za, n, n);
 		else if (u && sharded(S, u) && S->f[u->flat].master >= 0)
@@ -491,6 +840,7 @@ static void phase_save(State *S)
 		else
 			save_param(S, u && u->master >= 0 ? u->master : v, pi, 0, -1, 0, n);
 	}
+	offload_save_masters(S);
 }
 
 /* ------------------------------------------------------------------ checkpoints and evaluation */
@@ -502,6 +852,8 @@ static void phase_save(State *S)
 static void ckpt_piece(State *S, int buf, int param, int kind, long long base, int axis, long long stride, long long n,
 		       int shard_axis)
 {
+	/* PLANRT_CKPT_COPY: a record slot holds the next record before the checkpoint is written out */
+	int copy = S->slot[0] >= 0 && buffer_root(S->p, buf) == S->slot[0] ? 0x100 : 0;
 	LProg *p = S->p;
 	for (int io = 0; io < 2; io++) {
 		if (!io && !p->low->params[param].saved)
@@ -511,7 +863,7 @@ static void ckpt_piece(State *S, int buf, int param, int kind, long long base, i
 		karg_buf(p, k, buf, !io, io);
 		karg(p, k, KA_DTYPE, p->buf[buf].dtype);
 		karg(p, k, KA_PARAM, param);
-		karg_int(p, k, kind);
+		karg_int(p, k, io ? kind : kind | copy);
 		karg_coord(p, k, base, axis, stride);
 		karg_int(p, k, n);
 		if (!io)
@@ -573,6 +925,8 @@ static void phase_checkpoint(State *S)
 			ckpt_piece(S, v, pi, 0, 0, -1, 0, n, -1);
 		if (!u)
 			continue;
+		if (S->off == PLACE_DISK)
+			continue; /* in the file: offload_checkpoint */
 		const Flat *f = sharded(S, u) ? &S->f[u->flat] : NULL;
 		int bufs[3] = {f ? f->master : u->master, f ? f->m : u->m, f ? f->v : u->v};
 		int kinds[3] = {1, first, 3};
@@ -587,6 +941,7 @@ static void phase_checkpoint(State *S)
 				ckpt_piece(S, bufs[j], pi, kinds[j], 0, -1, 0, n, -1);
 		}
 	}
+	offload_checkpoint(S, first);
 	for (int b = 0; b < p->nbuf; b++)
 		if (p->buf[b].cls == BUF_STATE && p->buf[b].state == SC_BUFFER)
 			ckpt_local(S, b);
@@ -863,7 +1218,7 @@ static void optimizer(State *S, int target, int grad, int m, int v, long long n)
 	else
 		karg(p, k, KA_NULL, 0);
 	karg_int(p, k, n);
-	karg_buf(p, k, S->coef, true, false);
+	karg_buf(p, k, S->coef_host >= 0 ? S->coef_host : S->coef, true, false); /* offload: the host's copy */
 }
 
 /* The update of every owned element, the casts to lower-precision parameters, and the ZeRO 1/2
@@ -871,7 +1226,9 @@ static void optimizer(State *S, int target, int grad, int m, int v, long long n)
 static void phase_update(State *S)
 {
 	LProg *p = S->p;
-	for (int i = 0; i < S->nf && S->zero >= 1; i++) {
+	if (S->off != PLACE_NONE)
+		offload_update(S);
+	for (int i = 0; i < S->nf && S->zero >= 1 && S->off == PLACE_NONE; i++) {
 		const Flat *f = &S->f[i];
 		int grad = f->grad_shard >= 0 ? f->grad_shard : view_new(S, f->grad, 0, S->za, f->chunk, f->chunk, "grad_shard_view");
 		int mine = view_new(S, f->param, 0, S->za, f->chunk, f->chunk, "param_shard");
@@ -879,7 +1236,7 @@ static void phase_update(State *S)
 		if (f->master >= 0)
 			cast(S, PH_STEP, f->master, mine, f->chunk);
 	}
-	for (int i = 0; i < S->nu; i++) {
+	for (int i = 0; i < S->nu && S->off == PLACE_NONE; i++) {
 		const Update *u = &S->u[i];
 		if (sharded(S, u))
 			continue;
@@ -1210,6 +1567,7 @@ static void state_prog(LProg *p)
 	/* (bf16 gradients sent as bf16 are not compressed: the warning says so) */
 	S.compress = ps->sync == SYNC_STRICT && ps->compress != COMPRESS_NONE && replicas && ps->param_dtype == DT_F32;
 	S.optimizes = !S.worker;
+	S.off = S.optimizes ? ps->offload_optimizer : PLACE_NONE;
 	S.param_flat = S.master_flat = S.grad_flat = S.inbox = -1;
 	p->loss_history = p->versions_metric = -1;
 	p->loss_window = 0;
@@ -1227,6 +1585,7 @@ static void state_prog(LProg *p)
 		layout_whole(&S);
 	}
 	layout_optimizer(&S);
+	offload_layout(&S);
 	phase_init(&S);
 	phase_step_begin(&S);
 	if (S.master || S.worker)
@@ -1254,6 +1613,7 @@ static void state_prog(LProg *p)
 	clear_transient_gradients(&S);
 	free(S.u);
 	free(S.f);
+	free(S.grp);
 }
 
 bool plan_state(Lowered *low)

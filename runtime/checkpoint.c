@@ -59,6 +59,7 @@ typedef struct piece {
 	int64_t lo, hi;        /* the block's row-major elements [lo, hi) */
 	planrt_dtype_t dtype;  /* as stored */
 	const void *data;      /* writing: hi - lo elements */
+	void *owned;           /* writing: data, when the piece holds a copy (PLANRT_CKPT_COPY) */
 	int file;              /* reading: index in files */
 	char *key;             /* reading: the tensor's key in that file */
 } piece_t;
@@ -68,6 +69,7 @@ typedef struct local {
 	planrt_dtype_t dtype;
 	int64_t n;
 	const void *data;
+	void *owned;           /* data, when the buffer was copied (planrt_ckpt_write_local_copy_) */
 } local_t;
 
 struct planrt_ckpt {
@@ -197,7 +199,7 @@ void planrt_ckpt_add_local(planrt_ckpt_t *c, int id, planrt_dtype_t dtype, int64
 		if (!c->locals)
 			planrt_fatal("out of memory listing a checkpoint's pieces");
 	}
-	c->locals[c->nlocals++] = (local_t){id, dtype, n, data};
+	c->locals[c->nlocals++] = (local_t){id, dtype, n, data, NULL};
 }
 
 static json_t *int_array(const int64_t *v, int n)
@@ -210,9 +212,13 @@ static json_t *int_array(const int64_t *v, int n)
 
 static void writer_free(planrt_ckpt_t *c)
 {
-	for (int i = 0; i < c->npieces; i++)
+	for (int i = 0; i < c->npieces; i++) {
 		free(c->pieces[i].tensor);
+		free(c->pieces[i].owned);
+	}
 	free(c->pieces);
+	for (int i = 0; i < c->nlocals; i++)
+		free(c->locals[i].owned);
 	free(c->locals);
 	free(c->token);
 	free(c->dir);
@@ -926,6 +932,9 @@ void planrt_ckpt_write(planrt_ctx_t *ctx, const void *src, planrt_dtype_t dtype,
 {
 	planrt_ckpt_t *c = ctx->ckpt;
 	const planrt_program_t *prog = planrt_program_();
+	int copy = kind >= 0 && (kind & PLANRT_CKPT_COPY);
+	if (copy)
+		kind &= ~PLANRT_CKPT_COPY;
 	if (!c || !c->writing || !prog || param < 0 || param >= prog->nparams || kind < 0 || kind >= PLANRT_CKPT_KINDS)
 		planrt_fatal("internal error: planrt_ckpt_write(parameter %d, kind %d) outside a checkpoint", param, kind);
 	const planrt_param_t *p = &prog->params[param];
@@ -938,8 +947,19 @@ void planrt_ckpt_write(planrt_ctx_t *ctx, const void *src, planrt_dtype_t dtype,
 		return;
 	char name[512];
 	planrt_ckpt_tensor_name(kind, p->name, name, sizeof name);
-	planrt_ckpt_add_piece(c, name, p->rank, p->gdims, offs, p->ldims, first, end, dtype,
-			      (const unsigned char *)src + planrt_dtype_size(dtype) * (size_t)(first - lo));
+	const unsigned char *data = (const unsigned char *)src + planrt_dtype_size(dtype) * (size_t)(first - lo);
+	if (copy) {
+		size_t bytes = planrt_dtype_size(dtype) * (size_t)(end - first);
+		void *own = malloc(bytes);
+		if (!own)
+			planrt_fatal("out of memory copying '%s' (%zu bytes) into the checkpoint", name, bytes);
+		memcpy(own, data, bytes);
+		data = own;
+		planrt_ckpt_add_piece(c, name, p->rank, p->gdims, offs, p->ldims, first, end, dtype, data);
+		c->pieces[c->npieces - 1].owned = own;
+		return;
+	}
+	planrt_ckpt_add_piece(c, name, p->rank, p->gdims, offs, p->ldims, first, end, dtype, data);
 }
 
 void planrt_ckpt_read(planrt_ctx_t *ctx, void *dst, planrt_dtype_t dtype, int param, int kind, int64_t lo, int64_t n)
@@ -975,6 +995,22 @@ void planrt_ckpt_write_local(planrt_ctx_t *ctx, const void *src, planrt_dtype_t 
 		planrt_fatal("internal error: planrt_ckpt_write_local outside a checkpoint");
 	if (n > 0 && !resharding)
 		planrt_ckpt_add_local(c, id, dtype, n, src);
+}
+
+void planrt_ckpt_write_local_copy_(planrt_ctx_t *ctx, const void *src, planrt_dtype_t dtype, int64_t n, int id)
+{
+	planrt_ckpt_t *c = ctx->ckpt;
+	if (!c || !c->writing)
+		planrt_fatal("internal error: planrt_ckpt_write_local outside a checkpoint");
+	if (n <= 0 || resharding)
+		return;
+	size_t bytes = planrt_dtype_size(dtype) * (size_t)n;
+	void *own = malloc(bytes);
+	if (!own)
+		planrt_fatal("out of memory copying a rank-local buffer (%zu bytes) into the checkpoint", bytes);
+	memcpy(own, src, bytes);
+	planrt_ckpt_add_local(c, id, dtype, n, own);
+	c->locals[c->nlocals - 1].owned = own;
 }
 
 void planrt_ckpt_read_local(planrt_ctx_t *ctx, void *dst, planrt_dtype_t dtype, int64_t n, int id)

@@ -76,7 +76,7 @@ void planrt_cu_ckpt_write(planrt_ctx_t *ctx, const void *src, planrt_dtype_t dty
 	size_t bytes = planrt_dtype_size(dtype) * (size_t)(n > 0 ? n : 0);
 	void *host = host_block(bytes);
 	to_host(host, src, bytes, stream);
-	planrt_ckpt_write(ctx, host, dtype, param, kind, lo, n, shard_axis);
+	planrt_ckpt_write(ctx, host, dtype, param, kind | PLANRT_CKPT_COPY, lo, n, shard_axis); /* host goes now */
 	free(host);
 }
 
@@ -96,7 +96,7 @@ void planrt_cu_ckpt_write_local(planrt_ctx_t *ctx, const void *src, planrt_dtype
 	size_t bytes = planrt_dtype_size(dtype) * (size_t)(n > 0 ? n : 0);
 	void *host = host_block(bytes);
 	to_host(host, src, bytes, stream);
-	planrt_ckpt_write_local(ctx, host, dtype, n, id);
+	planrt_ckpt_write_local_copy_(ctx, host, dtype, n, id); /* host goes now */
 	free(host);
 }
 

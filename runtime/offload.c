@@ -168,6 +168,11 @@ void planrt_offload_wait(int slot)
 		planrt_fatal("%s; check the disk under PLANRT_OFFLOAD_DIR", err);
 }
 
+int64_t planrt_offload_bytes(void)
+{
+	return fd >= 0 ? file_bytes : 0;
+}
+
 void planrt_copy(void *dst, const void *src, int64_t bytes)
 {
 	if (bytes > 0)

@@ -23,6 +23,7 @@ void planrt_offload_open(int64_t bytes);
 void planrt_offload_read(void *dst, int64_t offset, int64_t bytes, int slot);
 void planrt_offload_write(const void *src, int64_t offset, int64_t bytes, int slot);
 void planrt_offload_wait(int slot); /* the slot's operation done (none started: returns) */
+int64_t planrt_offload_bytes(void); /* the state file's size (0: none opened) */
 /* An offload copy between host and device memory: the CPU target's is memcpy (the CUDA target's
  * planrt_cu_copy runs on the copy stream). */
 void planrt_copy(void *dst, const void *src, int64_t bytes);

@@ -76,6 +76,7 @@ typedef enum {
 	planrt_state_master,     /* f32 master weights of lower-precision parameters */
 	planrt_state_buffer,     /* named runtime buffers explain lists (e.g. an overlapped bucket) */
 	planrt_state_metric,     /* per-step scalars (loss, gradient norm, clip coefficient) */
+	planrt_state_offload,    /* an offloaded optimizer's host staging (grad and parameter copies, disk records) */
 	planrt_state_kinds
 } planrt_state_kind_t;
 typedef struct planrt_state_buf {
@@ -199,10 +200,16 @@ void planrt_save_param(planrt_ctx_t *ctx, const void *src, planrt_dtype_t dtype,
  * state) is written and read whole by its id, and only resumed under the same plan. */
 enum { PLANRT_CKPT_PARAM = 0, PLANRT_CKPT_MASTER, PLANRT_CKPT_EXP_AVG, PLANRT_CKPT_EXP_AVG_SQ, PLANRT_CKPT_MOMENTUM,
        PLANRT_CKPT_KINDS };
+/* or'ed into planrt_ckpt_write's kind: src is transient (a record slot of the offloaded optimizer,
+ * a host copy of device memory), so the piece's bytes are copied now rather than read when the
+ * checkpoint is written out at the end of the phase */
+enum { PLANRT_CKPT_COPY = 0x100 };
 void planrt_ckpt_write(planrt_ctx_t *ctx, const void *src, planrt_dtype_t dtype, int param, int kind, int64_t lo,
 		       int64_t n, int shard_axis);
 void planrt_ckpt_read(planrt_ctx_t *ctx, void *dst, planrt_dtype_t dtype, int param, int kind, int64_t lo, int64_t n);
 void planrt_ckpt_write_local(planrt_ctx_t *ctx, const void *src, planrt_dtype_t dtype, int64_t n, int id);
+/* the same with src transient: its bytes are copied now (the CUDA target's host copies) */
+void planrt_ckpt_write_local_copy_(planrt_ctx_t *ctx, const void *src, planrt_dtype_t dtype, int64_t n, int id);
 void planrt_ckpt_read_local(planrt_ctx_t *ctx, void *dst, planrt_dtype_t dtype, int64_t n, int id);
 /* tokens (stream 0: window[0, S)) or targets (stream 1: window[1, S]) of samples
  * [row_lo, row_lo + rows) of this step, positions [s_lo, s_lo + s_n) of each window */

@@ -49,6 +49,7 @@
 #include "planrt_exec.h"
 #include "planrt_kernels.h"
 #include "planrt_namemap.h"
+#include "planrt_offload.h"
 #include "planrt_program.h"
 
 #include <errno.h>
@@ -1796,11 +1797,12 @@ int planrt_main(int argc, char **argv, const planrt_program_t *program)
 	if (getenv("PLANRT_REPORT_MEMORY"))
 		fprintf(stderr,
 			"planrt: rank %d: memory arena_high_water=%zu arena_planned=%zu state=%zu peak_rss=%zu stage=%d "
-			"param=%zu grad=%zu optim=%zu master=%zu buffer=%zu metric=%zu%s\n",
+			"param=%zu grad=%zu optim=%zu master=%zu buffer=%zu metric=%zu offload=%zu disk=%lld%s\n",
 			rank, arena_high_water(planrt_arena_snapshot(), stage->arena_bytes), stage->arena_bytes, state_bytes,
 			planrt_peak_rss_bytes(), stage_index, kind_bytes[planrt_state_param], kind_bytes[planrt_state_grad],
 			kind_bytes[planrt_state_optim], kind_bytes[planrt_state_master], kind_bytes[planrt_state_buffer],
-			kind_bytes[planrt_state_metric], planrt_device_report());
+			kind_bytes[planrt_state_metric], kind_bytes[planrt_state_offload], (long long)planrt_offload_bytes(),
+			planrt_device_report());
 	if (getenv("PLANRT_REPORT_TIMING"))
 		fprintf(stderr, "planrt: rank %d: timing stage=%d steps=%lld step_s=%.6f busy_s=%.6f wait_s=%.6f update_s=%.6f\n",
 			rank, stage_index, timed_steps, timed_s, timed_s - timed_wait_s, timed_wait_s, timed_update_s);

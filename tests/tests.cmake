@@ -26,6 +26,9 @@ add_test(NAME program_errors COMMAND sh ${ROOT}/tests/run_program_errors.sh ${PL
 set_tests_properties(program_errors PROPERTIES TIMEOUT 600)
 add_test(NAME memory COMMAND python3 ${ROOT}/tests/equiv/check_memory.py ${PLANC} ${ROOT} WORKING_DIRECTORY ${ROOT})
 set_tests_properties(memory PROPERTIES TIMEOUT 600)
+# offload optimizer -> disk: the same run as without it, and the memory it saves (measured)
+add_test(NAME offload COMMAND python3 ${ROOT}/tests/equiv/check_offload.py ${PLANC} ${ROOT} WORKING_DIRECTORY ${ROOT})
+set_tests_properties(offload PROPERTIES TIMEOUT 900)
 # PyTorch as an independent reference. Without Debian's python3-torch it exits 77, which ctest
 # reports as skipped (scripts/deps.sh installs it, so CI runs it); a skip never reads as a pass.
 add_test(NAME torch_reference COMMAND /usr/bin/python3 ${ROOT}/tests/equiv/torch_reference.py ${PLANC} ${ROOT} 20

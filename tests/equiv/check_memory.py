@@ -31,9 +31,10 @@ env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIR
            OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", PLANRT_REPORT_MEMORY="1")
 work = tempfile.mkdtemp(prefix="planc-memory-")
 passed = failed = 0
-KINDS = ["param", "grad", "optim", "master", "buffer", "metric"]
+KINDS = ["param", "grad", "optim", "master", "buffer", "metric", "offload"]
 LINE = re.compile(r"planrt: rank (\d+): memory arena_high_water=(\d+) arena_planned=(\d+) state=(\d+) peak_rss=\d+ "
-                  r"stage=(\d+) param=(\d+) grad=(\d+) optim=(\d+) master=(\d+) buffer=(\d+) metric=(\d+)")
+                  r"stage=(\d+) param=(\d+) grad=(\d+) optim=(\d+) master=(\d+) buffer=(\d+) metric=(\d+) "
+                  r"offload=(\d+)")
 
 
 def check(name, ok, detail):
