@@ -11,8 +11,11 @@
 # 2. trains each program of bundle/compare/ (examples/gpt.plan `single`: f32, TF32 off, dropout
 #    0.1; llama `single`: RoPE, RMS norm, SwiGLU; bert `single_nodropout`: a data set, the [CLS]
 #    narrow; examples/moe.plan `single`: top-2 with drops, and `mixtral_single`: dropless, SwiGLU
-#    experts) 20 steps and compares every step's loss with the CPU program's, computed on the build
-#    machine (compare/NAME/cpu.jsonl): 1e-4 relative; a MoE model's routing metrics exactly;
+#    experts; examples/gpt.plan `fp16`: f16 storage, dynamic loss scaling) 20 steps and compares
+#    every step's loss with the CPU program's, computed on the build machine
+#    (compare/NAME/cpu.jsonl, with the options in compare/NAME/args): 1e-4 relative; a MoE model's
+#    routing metrics exactly; an fp16 model's loss scale and skipped steps exactly (its scale starts
+#    at 2^20, so the first steps overflow and are skipped);
 # 3. measures the bf16 GEMM rate with cuBLAS (8192^3), then times bench/gpu/gpt350m.plan (355M
 #    parameters, bf16, batch 8 x 1024): tokens/s and MFU = model FLOPs per step (planc explain) /
 #    step time / the measured GEMM rate; its device memory against planc explain's (the arena and
@@ -76,7 +79,8 @@ for c in "$DIR"/compare/*/; do
 	name=$(basename "$c")
 	section "$(cat "$c/what"): 20 steps on the GPU against the CPU program (f32, TF32 off)"
 	rm -f "$W/$name.jsonl"
-	"$W/$name" --steps 20 --data "$DIR/$(cat "$c/data")" --log "$W/$name.jsonl" 2>&1 | tail -2
+	# shellcheck disable=SC2046 # args: the run's options, words
+	"$W/$name" --steps 20 --data "$DIR/$(cat "$c/data")" $(cat "$c/args" 2>/dev/null) --log "$W/$name.jsonl" 2>&1 | tail -2
 	python3 - "$c/cpu.jsonl" "$W/$name.jsonl" <<'PY'
 import json, sys
 cpu_log = [json.loads(l) for l in open(sys.argv[1])]
@@ -100,6 +104,14 @@ if cpu_log and "moe_load" in cpu_log[0]:
     print(f"  routing metrics (moe_dropped, moe_load) equal the CPU's on {len(gpu_log) - len(differ)} of {len(cpu_log)} steps"
           + (f"; first difference at step {differ[0]}: cpu {cpu_log[differ[0]].get('moe_dropped')} {cpu_log[differ[0]].get('moe_load')}, "
              f"gpu {gpu_log[differ[0]].get('moe_dropped')} {gpu_log[differ[0]].get('moe_load')}" if differ else ""))
+# an fp16 model's loss scale and skipped steps (the device's found-inf verdicts) must be the CPU's exactly
+if cpu_log and "loss_scale" in cpu_log[0]:
+    differ = [i for i, (c, g) in enumerate(zip(cpu_log, gpu_log))
+              if (c.get("loss_scale"), c.get("skipped")) != (g.get("loss_scale"), g.get("skipped"))]
+    routing_ok = routing_ok and not differ and len(gpu_log) == len(cpu_log)
+    print(f"  loss scale and skipped steps equal the CPU's on {len(gpu_log) - len(differ)} of {len(cpu_log)} steps"
+          + (f"; first difference at step {differ[0]}: cpu {cpu_log[differ[0]].get('loss_scale')} {cpu_log[differ[0]].get('skipped')}, "
+             f"gpu {gpu_log[differ[0]].get('loss_scale')} {gpu_log[differ[0]].get('skipped')}" if differ else ""))
 sys.exit(0 if len(gpu) == len(cpu) == 20 and worst <= 1e-4 and routing_ok else 1)
 PY
 	verdict $? "$(cat "$c/what"): GPU losses equal the CPU program's within 1e-4 relative over 20 steps"
