@@ -12,6 +12,7 @@
  *   compress_powersgd  the Gram-Schmidt orthonormalisation of P's columns, in compress.c's order
  *                   (the device runs it on one thread per matrix: the sums are sequential doubles);
  *   local_average   the average and the outer (DiLoCo) SGD step of one element;
+ *   async           the master's check of the parameter version a worker computed a step on;
  *   fp16            the loss-scale rule: unscaled norm, the found-inf verdict, the clipping coefficient.
  *
  * Products and sums are written with sm_mul / sm_add, which on the device round each operation
@@ -244,6 +245,15 @@ PLANRT_SM float sm_local_average(float sum, float replicas, int outer, float lr,
 	}
 	*anchor = sm_sub(*anchor, sm_mul(lr, g));
 	return *anchor;
+}
+
+/* ------------------------------------------------------------------ async */
+
+/* sync.c's planrt_async_gather: a worker's gradient of step `step` computed on parameter version
+ * `version` is refused when the version is from the future or more than `staleness` updates old */
+PLANRT_SM int sm_async_too_stale(double version, int64_t step, int staleness)
+{
+	return version > (double)step || (double)step - version > staleness;
 }
 
 /* ------------------------------------------------------------------ fp16 loss scaling */

@@ -611,7 +611,7 @@ __global__ static void gather_tail_kernel(const unsigned char *tail, double *los
 	unsigned char *b = (unsigned char *)v;
 	for (int i = 0; i < TAIL_BYTES; i++)
 		b[i] = tail[i];
-	if ((v[1] > (double)step || (double)step - v[1] > staleness) && !stale->worker) {
+	if (sm_async_too_stale(v[1], step, staleness) && !stale->worker) {
 		stale->version = v[1];
 		stale->step = step;
 		stale->staleness = staleness;

@@ -15,6 +15,8 @@
  *   compress_powersgd the orthonormalisation and the residual update (the GEMMs and sums are the
  *                     CPU's here: on the device they are cuBLAS's and NCCL's);
  *   local_average     plain, outer SGD, outer Nesterov, with the loss history;
+ *   async             the master's staleness verdict against planrt_async_gather's (run before MPI
+ *                     starts, in a child process per case: the CPU's verdict is planrt_fatal);
  *   fp16              the loss-scale verdict and coefficient against planrt_unscale_clip_coef.
  * Mismatches are counted per rank and summed over the world; the exit status is 1 when any. */
 #define PLANRT_INTERNAL
@@ -25,6 +27,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "planrt.h"
 #include "planrt_exec.h"
@@ -392,6 +396,46 @@ static void test_local_average(int outer, int with_momentum)
 		fail("local_average loss history", EVERY - 1, want, history[EVERY - 1]);
 }
 
+/* ------------------------------------------------------------------ async */
+
+/* Every (step, staleness, version) of a small grid: a child process gives planrt_async_gather one
+ * worker's message with that version; the CPU refuses it when the child exits with status 1. Runs
+ * before MPI starts (planrt_fatal then exits without aborting the job). Returns the mismatches. */
+static long test_async_staleness(void)
+{
+	long found = 0;
+	for (int64_t step = 0; step < 6; step++)
+		for (int staleness = 0; staleness < 4; staleness++)
+			for (int v = -1; v < 9; v++) {
+				double version = v + (v == 7 ? 0.5 : 0.0); /* a fractional one too */
+				pid_t pid = fork();
+				if (pid == 0) {
+					if (!freopen("/dev/null", "w", stderr))
+						_exit(3);
+					float grads[1] = {0}, inbox[1 + 4] = {1.0f};
+					double tail[2] = {0.25, version}, loss = 0, versions[2];
+					memcpy(inbox + 1, tail, sizeof tail);
+					planrt_ctx_t ctx;
+					memset(&ctx, 0, sizeof ctx);
+					ctx.step = step;
+					ctx.steps = 100;
+					planrt_async_gather(&ctx, staleness, grads, 1, planrt_f32, inbox, 1, &loss, versions);
+					_exit(0);
+				}
+				int status = 0;
+				if (pid < 0 || waitpid(pid, &status, 0) != pid || !WIFEXITED(status) || WEXITSTATUS(status) > 1) {
+					fprintf(stderr, "async staleness: the child process for step %lld failed to run\n", (long long)step);
+					found++;
+					continue;
+				}
+				int cpu = WEXITSTATUS(status) == 1, shared = sm_async_too_stale(version, step, staleness);
+				if (cpu != shared && found++ < 10)
+					fprintf(stderr, "async staleness: step %lld, staleness %d, version %g: the CPU %s, the shared rule %s\n",
+						(long long)step, staleness, version, cpu ? "refuses" : "accepts", shared ? "refuses" : "accepts");
+			}
+	return found;
+}
+
 /* ------------------------------------------------------------------ fp16 loss scaling */
 
 static void test_unscale_clip(void)
@@ -418,6 +462,7 @@ static void test_unscale_clip(void)
 
 int main(int argc, char **argv)
 {
+	long stale_found = test_async_staleness(); /* before MPI: each rank runs it; rank 0 reports */
 	PLANRT_CHECK(planrt_init(&argc, &argv, &rank, &world));
 	if (world != 4) {
 		if (rank == 0)
@@ -453,6 +498,7 @@ int main(int argc, char **argv)
 	RUN("local_average, outer SGD with momentum", test_local_average(1, 1));
 	RUN("local_average, outer Nesterov", test_local_average(2, 1));
 	RUN("fp16 loss-scale rule", test_unscale_clip());
+	RUN("async staleness verdict", mismatches += stale_found);
 	int failed = 0;
 	for (int i = 0; i < nreport; i++) {
 		long total = 0;
