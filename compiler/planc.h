@@ -1057,6 +1057,9 @@ bool plan_state(Lowered *low);
 const char *plan_fingerprint(const Lowered *low);
 const char *sync_mode_name(SyncMode m); /* "strict", "local_sgd", "async" (the program descriptor's) */
 bool plan_overlap(Lowered *low);
+/* offload_params.c: under `offload params -> host`, each ZeRO-3 gather reads a device copy of its
+ * host-placed chunk */
+bool plan_offload_params(Lowered *low);
 bool memplan(Lowered *low);
 /* streams.c: the device schedule, after memplan: each kernel's stream (compute, communication,
  * copy, host, a pipeline channel's), the events it waits for within its phase call, and the joins

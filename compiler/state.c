@@ -508,6 +508,10 @@ static void offload_layout(State *S)
 	for (int t = 0; t <= DT_F64; t++)
 		S->stage_grad[t][0] = S->stage_grad[t][1] = S->stage_param[t][0] = S->stage_param[t][1] = -1;
 	S->slot[0] = S->slot[1] = S->coef_host = -1;
+	if (S->ps->offload_params == PLACE_HOST && S->zero >= 3) /* ZeRO-3 chunks (offload_params.c) */
+		for (int b = 0; b < p->nbuf; b++)
+			if (p->buf[b].cls == BUF_STATE && p->buf[b].state == SC_PARAM)
+				p->buf[b].place = PLACE_HOST;
 	if (S->off == PLACE_NONE)
 		return;
 	S->parts = (S->low ? 1 : 0) + S->moments;
@@ -647,6 +651,11 @@ static void offload_copy(State *S, int dst, int src, long long n, const char *no
 
 /* Group i's inputs to the host, into slot s: its record, its gradients, and f32 parameters that
  * have no master weights (the optimizer steps the host copy). */
+static bool target_on_host(const State *S, const Group *G)
+{
+	return S->p->buf[buffer_root(S->p, G->target)].place == PLACE_HOST; /* offload params -> host */
+}
+
 static void offload_fetch(State *S, int i, int s)
 {
 	LProg *p = S->p;
@@ -654,7 +663,7 @@ static void offload_fetch(State *S, int i, int s)
 	if (S->off == PLACE_DISK)
 		record_io(S, PH_STEP, G, s, false, s, false);
 	offload_copy(S, S->stage_grad[p->buf[G->grad].dtype][s], G->grad, G->n, "a group's gradients to the host");
-	if (!S->low)
+	if (!S->low && !target_on_host(S, G))
 		offload_copy(S, S->stage_param[p->buf[G->target].dtype][s], G->target, G->n, "a group's parameters to the host");
 }
 
@@ -676,11 +685,13 @@ static void offload_update(State *S)
 			io_wait(S, PH_STEP, s);
 		int bufs[3];
 		group_state(S, G, s, bufs);
-		int host_param = S->stage_param[p->buf[G->target].dtype][s];
+		bool in_place = target_on_host(S, G); /* the parameters are host memory already */
+		int host_param = in_place ? G->target : S->stage_param[p->buf[G->target].dtype][s];
 		optimizer(S, bufs[0] >= 0 ? bufs[0] : host_param, S->stage_grad[p->buf[G->grad].dtype][s], bufs[1], bufs[2], G->n);
 		if (bufs[0] >= 0)
 			cast(S, PH_STEP, bufs[0], host_param, G->n);
-		offload_copy(S, G->target, host_param, G->n, "a group's new parameters to the device");
+		if (!in_place)
+			offload_copy(S, G->target, host_param, G->n, "a group's new parameters to the device");
 		if (S->off == PLACE_DISK)
 			record_io(S, PH_STEP, G, s, true, s, false);
 	}

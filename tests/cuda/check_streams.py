@@ -12,6 +12,9 @@ the kernels it waits for (events) and whether it records one (streams.c). From t
   pipeline   pp2_1f1b: sends and receives run on their channel's streams, never compute; after each
              send, compute kernels follow that do not wait for it.
   order      every wait names an earlier kernel of the same program, on another stream.
+  offload    zero2_offload_host, zero3_offload: the optimizer runs on the host, the gradient and
+             parameter copies on the copy stream, each piece's gradients copied while the piece
+             before it is updated; with params -> host every gather reads a chunk copied before it.
   arena      the CUDA program's stage table (its arena bytes) is the C program's, and explain's
              program arena is that number: the arena the device layer allocates is the planned one.
 usage: check_streams.py PLANC ROOT"""
@@ -105,6 +108,30 @@ for s in starts:
     ahead += bool(between)
 check("zero3_dp4: most gathers are issued ahead of compute that runs before their finish",
       starts and ahead * 2 >= len(starts), f"{ahead} of {len(starts)}")
+
+# ---- offload: the optimizer on the host, its copies on the copy stream ahead of it
+for plan in ("zero2_offload_host", "zero3_offload"):
+    stages = schedule("examples/gpt.plan", plan)
+    check_order(plan, stages)
+    prog = stages[0]
+    step = sorted((k for k in prog.values() if k["phase"] == "step"), key=lambda k: k["i"])
+    opts = [k for k in step if k["kind"] == "optimizer"]
+    copies = [k for k in step if k["kind"] == "offload_copy"]
+    check(f"{plan}: every optimizer call runs on the host, every offload copy on the copy stream",
+          opts and copies and all(k["stream"] == "host" for k in opts) and all(k["stream"] == "copy" for k in copies),
+          f"{len(opts)} optimizer calls, {len(copies)} copies")
+    # the next piece's gradient copy is issued before this piece's update: it travels during it
+    # (the copy an update waits for was issued before the previous piece's update)
+    ahead = sum(1 for j in range(1, len(opts))
+                if any(prog[w]["kind"] == "offload_copy" and w < opts[j - 1]["i"] for w in opts[j]["waits"]))
+    check(f"{plan}: each piece's gradients are copied while the piece before it is updated",
+          len(opts) > 1 and ahead == len(opts) - 1, f"{ahead} of {len(opts) - 1}")
+    if plan == "zero3_offload":  # parameter chunks on the host: each gather reads a copy made just before it
+        gathers = [k for k in prog.values() if k["kind"] == "allgather_flat_start" and k["phase"] in ("forward", "backward")]
+        fed = sum(1 for g in gathers if prog.get(g["i"] - 1, {}).get("kind") == "offload_copy"
+                  and prog[g["i"] - 1]["stream"] == "copy" and waits_on(prog, g["i"], g["i"] - 1))
+        check("zero3_offload: every parameter gather reads a chunk copied from the host on the copy stream before it",
+              gathers and fed == len(gathers), f"{fed} of {len(gathers)}")
 
 # ---- pipeline sends and receives overlap compute
 stages = schedule("examples/gpt.plan", "pp2_1f1b")

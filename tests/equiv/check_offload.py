@@ -11,6 +11,9 @@ same plan without the offload line (the independent reference: the optimizer sta
    its host staging and its state file's size: they equal explain's JSON exactly, the file holds
    the optimizer state the plain plan keeps in memory (explain: optim + master), and no
    optimizer state is left in the offloaded program's own memory.
+   `-> host` plans (the CUDA target's: ZeRO-Offload, and ZeRO-3 parameter chunks on the host)
+   run the same way on the CPU under PLANC_TEST_HOST_OFFLOAD_ON_CPU=1, where host and device
+   memory are one: the lowering the CUDA target prints, executed and compared.
 3. It saves memory. On tests/equiv/offload.plan (18 M parameters, most of a rank's memory is
    Adam's state) each rank's peak resident set (VmHWM) of the offloaded run is lower than the
    plain run's by at least 80% of what explain predicts (the plain plan's optimizer state less
@@ -67,24 +70,29 @@ def losses(path):
     return [json.loads(line).get("loss") for line in open(path)]
 
 
-def case(src, plan, memory_check):
+def case(src, plan, memory_check, host=False):
     tag = f"{os.path.basename(src)} {plan}"
     text = open(src).read()
-    if "offload optimizer -> disk" not in text:
-        check(tag, False, "no offload line")
+    body = re.search(r"^plan " + plan + r" for .*?^}", text, re.S | re.M)
+    if not body or "offload" not in body.group(0):
+        check(tag, False, "no such plan with an offload line")
         return
-    plain_src = f"{work}/{plan}_plain.plan"
-    open(plain_src, "w").write(text.replace("offload optimizer -> disk", ""))
+    stem = f"{os.path.basename(src)[:-5]}_{plan}"  # (plans of two files may share a name)
+    plain_src = f"{work}/{stem}_plain.plan"
+    open(plain_src, "w").write(text.replace(body.group(0), re.sub(r"^\s*offload .*\n", "", body.group(0), flags=re.M)))
+    env.pop("PLANC_TEST_HOST_OFFLOAD_ON_CPU", None)
+    if host:  # the CUDA target's program, on the CPU (emit_c.c)
+        env["PLANC_TEST_HOST_OFFLOAD_ON_CPU"] = "1"
     d_off, d_plain = explain(src, plan), explain(plain_src, plan)
     world = d_off["world"]
     out, measured, rss = {}, {}, {}
     for name, s, d in (("offload", src, d_off), ("plain", plain_src, d_plain)):
-        prog = f"{work}/{plan}_{name}"
-        b = subprocess.run([planc, "build", s, "--plan", plan, "-o", prog], capture_output=True, text=True)
+        prog = f"{work}/{stem}_{name}"
+        b = subprocess.run([planc, "build", s, "--plan", plan, "-o", prog], capture_output=True, text=True, env=env)
         if b.returncode:
             check(tag, False, f"planc build ({name}) failed: {b.stderr.strip()[:300]}")
             return
-        ck = f"{work}/{plan}_{name}_ck"
+        ck = f"{work}/{stem}_{name}_ck"
         ranks, err = run(prog, world, ["--steps", str(STEPS), "--log", f"{prog}.jsonl", "--save-every", "3", ck,
                                       "--save", f"{prog}.safetensors"])
         if err:
@@ -119,6 +127,13 @@ def case(src, plan, memory_check):
     for rank, m in sorted(measured["offload"].items()):
         if m["kinds"] != prog_off["state_by_kind"]:
             bad.append(f"rank {rank} state {m['kinds']} vs explain {prog_off['state_by_kind']}")
+        if host:  # pinned host memory: the optimizer state and the staging (params too, with ZeRO-3)
+            want = m["kinds"]["optim"] + m["kinds"]["master"] + m["kinds"]["offload"]
+            if "params -> host" in body.group(0):
+                want += m["kinds"]["param"]
+            if prog_off["host"] != want or d_off["roles"][0]["bytes"]["optimizer"]:
+                bad.append(f"rank {rank}: explain's host {prog_off['host']} B vs the program's {want} B")
+            continue
         if m["kinds"]["offload"] != prog_off["host"] or m["disk"] != prog_off["disk"]:
             bad.append(f"rank {rank} host {m['kinds']['offload']} disk {m['disk']} vs explain {prog_off['host']} {prog_off['disk']}")
         if m["disk"] != state_plain["optim"] + state_plain["master"]:
@@ -126,6 +141,12 @@ def case(src, plan, memory_check):
                        f"{state_plain['optim'] + state_plain['master']} B")
         if m["kinds"]["optim"] or m["kinds"]["master"] or d_off["roles"][0]["bytes"]["optimizer"]:
             bad.append(f"rank {rank} keeps optimizer state in memory")
+    if host:
+        check(f"{tag}: memory = explain", not bad, "; ".join(bad[:3]) if bad else
+              f"every rank: state by kind as explain's; host memory {prog_off['host'] / 2**20:.2f} MiB (the "
+              f"optimizer state{', parameter chunks' if 'params -> host' in body.group(0) else ''} and staging), "
+              f"no optimizer state in device memory")
+        return
     check(f"{tag}: memory = explain", not bad, "; ".join(bad[:3]) if bad else
           f"every rank: the state file {prog_off['disk'] / 2**20:.2f} MiB (the plain plan's optimizer state), host "
           f"staging {prog_off['host'] / 2**20:.2f} MiB, no optimizer state in memory")
@@ -149,6 +170,10 @@ case(f"{root}/examples/gpt.plan", "zero1_offload_disk", False)
 case(f"{root}/examples/gpt.plan", "bf16_zero3_offload_disk", False)
 case(f"{root}/tests/equiv/offload.plan", "zero1_disk", True)
 case(f"{root}/tests/equiv/offload.plan", "bf16_zero2_disk", True)
+# -> host is the CUDA target's (the CPU target refuses it): the same program, run on the CPU
+case(f"{root}/examples/gpt.plan", "zero2_offload_host", False, host=True)
+case(f"{root}/examples/gpt.plan", "zero3_offload", False, host=True)
+case(f"{root}/examples/mlp.plan", "zero3_offload", False, host=True)
 left = [f for f in os.listdir(work) if f.startswith("planrt-optimizer-")]
 check("state files", not left, "every run's optimizer state file is gone" if not left else f"left behind: {left}")
 subprocess.run(["rm", "-rf", work])
