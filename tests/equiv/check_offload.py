@@ -127,12 +127,16 @@ def case(src, plan, memory_check, host=False):
     for rank, m in sorted(measured["offload"].items()):
         if m["kinds"] != prog_off["state_by_kind"]:
             bad.append(f"rank {rank} state {m['kinds']} vs explain {prog_off['state_by_kind']}")
-        if host:  # pinned host memory: the optimizer state and the staging (params too, with ZeRO-3)
-            want = m["kinds"]["optim"] + m["kinds"]["master"] + m["kinds"]["offload"]
+        if host:  # pinned host memory: the staging (and saved activations), the optimizer state, param chunks
+            want = m["kinds"]["offload"]
+            if "optimizer -> host" in body.group(0):
+                want += m["kinds"]["optim"] + m["kinds"]["master"]
             if "params -> host" in body.group(0):
                 want += m["kinds"]["param"]
-            if prog_off["host"] != want or d_off["roles"][0]["bytes"]["optimizer"]:
+            if prog_off["host"] != want or ("optimizer -> host" in body.group(0) and d_off["roles"][0]["bytes"]["optimizer"]):
                 bad.append(f"rank {rank}: explain's host {prog_off['host']} B vs the program's {want} B")
+            if m["arena"] != prog_off["arena"]:
+                bad.append(f"rank {rank}: arena {m['arena']} B vs explain's {prog_off['arena']} B")
             continue
         if m["kinds"]["offload"] != prog_off["host"] or m["disk"] != prog_off["disk"]:
             bad.append(f"rank {rank} host {m['kinds']['offload']} disk {m['disk']} vs explain {prog_off['host']} {prog_off['disk']}")
@@ -143,9 +147,12 @@ def case(src, plan, memory_check, host=False):
             bad.append(f"rank {rank} keeps optimizer state in memory")
     if host:
         check(f"{tag}: memory = explain", not bad, "; ".join(bad[:3]) if bad else
-              f"every rank: state by kind as explain's; host memory {prog_off['host'] / 2**20:.2f} MiB (the "
-              f"optimizer state{', parameter chunks' if 'params -> host' in body.group(0) else ''} and staging), "
-              f"no optimizer state in device memory")
+              f"every rank: state by kind and arena as explain's; host memory {prog_off['host'] / 2**20:.2f} MiB")
+        if "activations -> host" in body.group(0):  # what it is for: the device arena shrinks
+            a, b = prog_off["arena"], prog_plain["arena"]
+            check(f"{tag}: device activations", a < b,
+                  f"arena {a / 2**20:.2f} MiB against {b / 2**20:.2f} MiB without offload (measured equal to explain "
+                  f"on every rank); the saved activations are on the host")
         return
     check(f"{tag}: memory = explain", not bad, "; ".join(bad[:3]) if bad else
           f"every rank: the state file {prog_off['disk'] / 2**20:.2f} MiB (the plain plan's optimizer state), host "
@@ -174,6 +181,7 @@ case(f"{root}/tests/equiv/offload.plan", "bf16_zero2_disk", True)
 case(f"{root}/examples/gpt.plan", "zero2_offload_host", False, host=True)
 case(f"{root}/examples/gpt.plan", "zero3_offload", False, host=True)
 case(f"{root}/examples/mlp.plan", "zero3_offload", False, host=True)
+case(f"{root}/examples/gpt.plan", "dp2_offload_activations", False, host=True)
 left = [f for f in os.listdir(work) if f.startswith("planrt-optimizer-")]
 check("state files", not left, "every run's optimizer state file is gone" if not left else f"left behind: {left}")
 subprocess.run(["rm", "-rf", work])
