@@ -22,7 +22,8 @@
 typedef struct Remap {
 	LProg *p;
 	int from, to;   /* the saved buffer, its backward copy */
-	int *view_of;   /* memo: a view of `from` (by index) -> its clone over `to`, or -1 */
+	int *view_of;   /* memo: a view (by index) -> its clone over `to`, where owner[view] == from */
+	int *owner;
 	int nmemo;
 } Remap;
 
@@ -34,7 +35,7 @@ static int remap(Remap *m, int b)
 		return m->to;
 	if (p->buf[b].cls != BUF_VIEW || p->buf[b].view_of < 0)
 		return b;
-	if (b < m->nmemo && m->view_of[b] >= 0)
+	if (b < m->nmemo && m->owner[b] == m->from)
 		return m->view_of[b];
 	int base = remap(m, p->buf[b].view_of);
 	if (base == p->buf[b].view_of)
@@ -45,8 +46,10 @@ static int remap(Remap *m, int b)
 	p->buf[c] = copy;
 	p->buf[c].name = name;
 	p->buf[c].view_of = base;
-	if (b < m->nmemo)
+	if (b < m->nmemo) {
 		m->view_of[b] = c;
+		m->owner[b] = m->from;
+	}
 	return c;
 }
 
@@ -97,12 +100,12 @@ static int by_position(const void *a, const void *b)
 	return x->at != y->at ? x->at - y->at : x->insert - y->insert;
 }
 
-static bool touches(const LProg *p, const Kernel *k, int r)
+static const int *order_first_b; /* by_first_use's key */
+
+static int by_first_use(const void *a, const void *b)
 {
-	for (int i = 0; i < k->nuses + k->ndefs; i++)
-		if (buffer_root(p, i < k->nuses ? k->uses[i] : k->defs[i - k->nuses]) == r)
-			return true;
-	return false;
+	int x = *(const int *)a, y = *(const int *)b;
+	return order_first_b[x] != order_first_b[y] ? order_first_b[x] - order_first_b[y] : x - y;
 }
 
 static Kernel copy_kernel(LProg *p, Phase ph, int chunk, int dst, int src, const char *note)
@@ -146,18 +149,53 @@ static void offload_prog(LProg *p)
 	int *saved = malloc(sizeof(int) * (size_t)(nb + 1)), ns = 0;
 	if (!saved)
 		ICE("out of memory");
-	for (int i = 0; i < nk; i++)
-		if (p->k[i].phase == PH_BACKWARD)
-			for (int b = 0; b < nb; b++)
-				if (first_b[b] == i && last_f[b] >= 0 && !other[b])
-					saved[ns++] = b;
+	for (int b = 0; b < nb; b++)
+		if (first_b[b] >= 0 && last_f[b] >= 0 && !other[b])
+			saved[ns++] = b;
+	order_first_b = first_b;
+	qsort(saved, (size_t)ns, sizeof *saved, by_first_use);
+	/* the backward kernels that touch each saved buffer, in order (one walk over the kernels) */
+	int *index = malloc(sizeof(int) * (size_t)nb);
+	int **uses = calloc((size_t)ns + 1, sizeof(int *)), *nuse = calloc((size_t)ns + 1, sizeof(int)),
+	    *capuse = calloc((size_t)ns + 1, sizeof(int));
+	if (!index || !uses || !nuse || !capuse)
+		ICE("out of memory");
+	for (int b = 0; b < nb; b++)
+		index[b] = -1;
+	for (int s = 0; s < ns; s++)
+		index[saved[s]] = s;
+	for (int i = 0; i < nk; i++) {
+		const Kernel *k = &p->k[i];
+		if (k->phase != PH_BACKWARD)
+			continue;
+		for (int j = 0; j < k->nuses + k->ndefs; j++) {
+			int s = index[buffer_root(p, j < k->nuses ? k->uses[j] : k->defs[j - k->nuses])];
+			if (s < 0 || (nuse[s] && uses[s][nuse[s] - 1] == i))
+				continue;
+			if (nuse[s] == capuse[s]) {
+				capuse[s] = capuse[s] ? 2 * capuse[s] : 4;
+				uses[s] = realloc(uses[s], sizeof(int) * (size_t)capuse[s]);
+				if (!uses[s])
+					ICE("out of memory");
+			}
+			uses[s][nuse[s]++] = i;
+		}
+	}
+	int *forward_start = malloc(sizeof(int) * (size_t)(p->nchunks + 1));
+	if (!forward_start)
+		ICE("out of memory");
+	for (int c = 0; c < p->nchunks; c++)
+		forward_start[c] = nk;
+	for (int i = nk - 1; i >= 0; i--)
+		if (p->k[i].phase == PH_FORWARD && p->k[i].chunk >= 0 && p->k[i].chunk < p->nchunks)
+			forward_start[p->k[i].chunk] = i;
 	Inserts ins = {0};
 	Out *fwd = malloc(sizeof(Out) * (size_t)(ns + 1));
-	Remap m = {p, -1, -1, malloc(sizeof(int) * (size_t)nb), nb};
-	if (!fwd)
+	Remap m = {p, -1, -1, malloc(sizeof(int) * (size_t)nb), malloc(sizeof(int) * (size_t)nb), nb};
+	if (!fwd || !m.view_of || !m.owner)
 		ICE("out of memory");
-	if (!m.view_of)
-		ICE("out of memory");
+	for (int b = 0; b < nb; b++)
+		m.owner[b] = -1;
 	for (int s = 0; s < ns; s++) {
 		int r = saved[s];
 		Buffer orig = p->buf[r];
@@ -173,16 +211,12 @@ static void offload_prog(LProg *p)
 		/* the backward reads the copy */
 		m.from = r;
 		m.to = back;
-		for (int b = 0; b < nb; b++)
-			m.view_of[b] = -1;
-		for (int i = 0; i < nk; i++)
-			if (p->k[i].phase == PH_BACKWARD && touches(p, &p->k[i], r))
-				remap_kernel(&m, &p->k[i]);
+		for (int u = 0; u < nuse[s]; u++)
+			remap_kernel(&m, &p->k[uses[s][u]]);
 		/* to the host after the last forward access, in the forward call itself */
 		int at = last_f[r] + 1, chunk = p->k[last_f[r]].chunk;
 		if (p->k[last_f[r]].phase != PH_FORWARD) /* only a prepare call touched it: the forward's start */
-			for (at = 0; at < nk && !(p->k[at].phase == PH_FORWARD && p->k[at].chunk == chunk); at++)
-				;
+			at = forward_start[chunk];
 		fwd[s] = (Out){ins.n, at, r};
 		inserts_add(&ins, copy_kernel(p, PH_FORWARD, chunk, host, r, "a saved activation to the host"), at);
 		/* back one saved buffer ahead of its first access */
@@ -198,6 +232,14 @@ static void offload_prog(LProg *p)
 	inserts_apply(p, &ins);
 	free(fwd);
 	free(m.view_of);
+	free(m.owner);
+	free(forward_start);
+	for (int s = 0; s < ns; s++)
+		free(uses[s]);
+	free(uses);
+	free(nuse);
+	free(capuse);
+	free(index);
 	free(saved);
 	free(last_f);
 	free(first_b);
