@@ -182,6 +182,16 @@ case(f"{root}/examples/gpt.plan", "zero2_offload_host", False, host=True)
 case(f"{root}/examples/gpt.plan", "zero3_offload", False, host=True)
 case(f"{root}/examples/mlp.plan", "zero3_offload", False, host=True)
 case(f"{root}/examples/gpt.plan", "dp2_offload_activations", False, host=True)
+# a state file that cannot be made: one line naming the cause and the fix, before any step or checkpoint
+prog = f"{work}/gpt_zero1_offload_disk_offload"
+if os.path.exists(prog):
+    bad_env = dict(env, PLANRT_OFFLOAD_DIR=f"{work}/no/such/dir")
+    ck = f"{work}/refused_ck"
+    r = subprocess.run(["mpirun", "-np", "4", prog, "--data", f"{root}/data/corpus.txt", "--steps", "2",
+                        "--save-every", "1", ck], capture_output=True, text=True, env=bad_env, timeout=300)
+    said = [line for line in r.stderr.splitlines() if "cannot create the optimizer state file" in line]
+    ok = r.returncode != 0 and said and "PLANRT_OFFLOAD_DIR" in said[0] and not os.path.exists(f"{ck}/step-00000001")
+    check("unwritable PLANRT_OFFLOAD_DIR", ok, said[0].strip() if ok else f"exit {r.returncode}: {r.stderr.strip()[-300:]}")
 left = [f for f in os.listdir(work) if f.startswith("planrt-optimizer-")]
 check("state files", not left, "every run's optimizer state file is gone" if not left else f"left behind: {left}")
 subprocess.run(["rm", "-rf", work])
