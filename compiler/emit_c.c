@@ -877,11 +877,14 @@ bool lowered_executable_on(const Lowered *low, bool report, bool device)
 		if (report)
 			diag_note_plain("build it with --target cuda, or offload the optimizer state to disk on the CPU "
 					"(offload optimizer -> disk)");
-	} else if (ps->offload_params == PLACE_DISK || ps->offload_activations) {
-		REFUSE(ps->offload_loc, "planc build does not execute offload %s -> %s yet (offload optimizer runs, and "
-					"params -> host on the CUDA target)",
-		       ps->offload_params == PLACE_DISK ? "params" : "activations",
-		       (ps->offload_params == PLACE_DISK ? PLACE_DISK : ps->offload_activations) == PLACE_HOST ? "host" : "disk");
+	} else if (ps->offload_params == PLACE_DISK || ps->offload_activations == PLACE_DISK) {
+		REFUSE(ps->offload_loc, "planc build does not execute offload %s -> disk yet (it runs offload optimizer -> "
+					"disk, and -> host on the CUDA target)",
+		       ps->offload_params == PLACE_DISK ? "params" : "activations");
+	} else if (ps->offload_activations == PLACE_HOST && g->nstages > 1) {
+		REFUSE(ps->offload_loc, "planc build offloads activations for one micro-batch at a time so far (this plan "
+					"has %d pipeline stages, with several micro-batches in flight)",
+		       g->nstages);
 	}
 	if (ps->compress != COMPRESS_NONE && ps->param_dtype != DT_F32 &&
 	    !(ps->compress == COMPRESS_BF16 && ps->param_dtype == DT_BF16))

@@ -816,10 +816,14 @@ static void print_text(FILE *out, const Report *rep)
 			fprintf(out, "  %-22s %12s\n", "peak", human(r->peak, b1, sizeof b1));
 		}
 		if (r->host > 0 && rep->runnable)
-			fprintf(out, "  %-22s %12s   (%s; pinned on a GPU)\n", "host memory", human(r->host, b1, sizeof b1),
-				ps->offload_optimizer == PLACE_DISK
-					? "the offloaded optimizer's staging: two records, gradient and parameter copies"
-					: "the offloaded optimizer state, and gradient and parameter copies");
+			fprintf(out, "  %-22s %12s   (%s%s%s%s%s; pinned on a GPU)\n", "host memory", human(r->host, b1, sizeof b1),
+				ps->offload_optimizer == PLACE_DISK   ? "the optimizer's staging: two records, gradient and parameter copies"
+				: ps->offload_optimizer == PLACE_HOST ? "the optimizer state, gradient and parameter copies"
+								      : "",
+				ps->offload_optimizer && ps->offload_params == PLACE_HOST ? ", " : "",
+				ps->offload_params == PLACE_HOST ? "the parameter chunks" : "",
+				(ps->offload_optimizer || ps->offload_params == PLACE_HOST) && ps->offload_activations == PLACE_HOST ? ", " : "",
+				ps->offload_activations == PLACE_HOST ? "the saved activations of a micro-batch" : "");
 		else if (r->host > 0)
 			fprintf(out, "  %-22s %12s\n", "offloaded to host", human(r->host, b1, sizeof b1));
 		if (r->disk > 0)

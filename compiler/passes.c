@@ -63,9 +63,10 @@ Lowered *run_backend(Graph *g, const char *dump_after, FILE *dump_out, bool veri
 	if (verify && !verify_ir(low, "lower"))
 		return NULL;
 	dump_backend(dump_after, "lower", low, dump_out);
-	static bool (*const passes[])(Lowered *) = {plan_state, plan_overlap, plan_offload_params, memplan};
-	static const char *const names[] = {"state", "overlap", "offload_params", "memplan"};
-	for (int i = 0; i < 4; i++) {
+	static bool (*const passes[])(Lowered *) = {plan_state, plan_overlap, plan_offload_params, plan_offload_activations,
+						    memplan};
+	static const char *const names[] = {"state", "overlap", "offload_params", "offload_activations", "memplan"};
+	for (int i = 0; i < 5; i++) {
 		if (!passes[i](low) || diag_error_count())
 			return NULL;
 		if (verify && !verify_ir(low, names[i]))

@@ -1060,6 +1060,9 @@ bool plan_overlap(Lowered *low);
 /* offload_params.c: under `offload params -> host`, each ZeRO-3 gather reads a device copy of its
  * host-placed chunk */
 bool plan_offload_params(Lowered *low);
+/* offload_activations.c: under `offload activations -> host`, saved activations go to the host in
+ * the forward and come back in the backward */
+bool plan_offload_activations(Lowered *low);
 bool memplan(Lowered *low);
 /* streams.c: the device schedule, after memplan: each kernel's stream (compute, communication,
  * copy, host, a pipeline channel's), the events it waits for within its phase call, and the joins

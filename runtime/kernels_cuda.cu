@@ -46,16 +46,6 @@ static void check_rank(const char *what, int rank)
 		planrt_fatal("internal error: %s of rank %d (at most %d)", what, rank, KMAX);
 }
 
-#define LAUNCH(kernel, n, stream, ...)                                                                          \
-	do {                                                                                                    \
-		if ((n) > 0) {                                                                                  \
-			kernel<<<planrt_cu_grid(n), PLANRT_CU_BLOCK, 0, planrt_cu_stream(stream)>>>(__VA_ARGS__);  \
-			planrt_cu_check_launch(#kernel);                                                        \
-		}                                                                                               \
-	} while (0)
-
-#define GRID_STRIDE(i, n) for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (int64_t)gridDim.x * blockDim.x)
-
 /* ------------------------------------------------------------------ block reductions */
 
 __device__ static float warp_sum(float v)

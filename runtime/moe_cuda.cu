@@ -33,16 +33,6 @@
  * (at most that many experts walk at once; a piece of the drop order in shared memory) */
 enum { MOE_THREADS = 256, ROUTE_THREADS = 1024, ROUTE_PIECE = 2048 };
 
-#define LAUNCH(kernel, n, stream, ...)                                                                          \
-	do {                                                                                                    \
-		if ((n) > 0) {                                                                                  \
-			kernel<<<planrt_cu_grid(n), PLANRT_CU_BLOCK, 0, planrt_cu_stream(stream)>>>(__VA_ARGS__);  \
-			planrt_cu_check_launch(#kernel);                                                        \
-		}                                                                                               \
-	} while (0)
-
-#define GRID_STRIDE(i, n) for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (int64_t)gridDim.x * blockDim.x)
-
 static void zero(void *p, size_t bytes, int stream)
 {
 	if (bytes)

@@ -53,6 +53,19 @@ planrt_result_t planrt_nccl_recv(void *buf, size_t count, planrt_dtype_t t, int 
  * the compute stream wait for it (device side), planrt_test queries it. */
 planrt_request_t planrt_cu_request_(cudaStream_t stream, const char *what);
 
+#ifdef __CUDACC__
+/* A kernel over n elements with planrt's grid and block, on a stream, checked (nothing when n is 0);
+ * and the grid-stride loop its body walks them with. */
+#define LAUNCH(kernel, n, stream, ...)                                                                          \
+	do {                                                                                                    \
+		if ((n) > 0) {                                                                                  \
+			kernel<<<planrt_cu_grid(n), PLANRT_CU_BLOCK, 0, planrt_cu_stream(stream)>>>(__VA_ARGS__);  \
+			planrt_cu_check_launch(#kernel);                                                        \
+		}                                                                                               \
+	} while (0)
+#define GRID_STRIDE(i, n) for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (int64_t)gridDim.x * blockDim.x)
+#endif
+
 #ifdef __cplusplus
 }
 #endif

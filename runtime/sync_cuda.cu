@@ -41,16 +41,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define GRID_STRIDE(i, n) for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (int64_t)gridDim.x * blockDim.x)
-
-#define LAUNCH(kernel, n, stream, ...)                                                                          \
-	do {                                                                                                    \
-		if ((n) > 0) {                                                                                  \
-			kernel<<<planrt_cu_grid(n), PLANRT_CU_BLOCK, 0, planrt_cu_stream(stream)>>>(__VA_ARGS__);  \
-			planrt_cu_check_launch(#kernel);                                                        \
-		}                                                                                               \
-	} while (0)
-
 static planrt_stream_t on(int stream)
 {
 	return (planrt_stream_t)planrt_cu_stream(stream);

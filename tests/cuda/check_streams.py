@@ -14,7 +14,9 @@ the kernels it waits for (events) and whether it records one (streams.c). From t
   order      every wait names an earlier kernel of the same program, on another stream.
   offload    zero2_offload_host, zero3_offload: the optimizer runs on the host, the gradient and
              parameter copies on the copy stream, each piece's gradients copied while the piece
-             before it is updated; with params -> host every gather reads a chunk copied before it.
+             before it is updated; with params -> host every gather reads a chunk copied before it;
+             dp2_offload_activations: saved activations go out in the forward and come back in the
+             backward on the copy stream, most of them while compute runs before their first use.
   arena      the CUDA program's stage table (its arena bytes) is the C program's, and explain's
              program arena is that number: the arena the device layer allocates is the planned one.
 usage: check_streams.py PLANC ROOT"""
@@ -132,6 +134,23 @@ for plan in ("zero2_offload_host", "zero3_offload"):
                   and prog[g["i"] - 1]["stream"] == "copy" and waits_on(prog, g["i"], g["i"] - 1))
         check("zero3_offload: every parameter gather reads a chunk copied from the host on the copy stream before it",
               gathers and fed == len(gathers), f"{fed} of {len(gathers)}")
+
+# ---- offload activations: to the host in the forward, back in the backward ahead of their use
+stages = schedule("examples/gpt.plan", "dp2_offload_activations")
+check_order("dp2_offload_activations", stages)
+prog = stages[0]
+outs = [k for k in prog.values() if k["kind"] == "offload_copy" and k["phase"] == "forward"]
+backs = [k for k in prog.values() if k["kind"] == "offload_copy" and k["phase"] == "backward"]
+check("dp2_offload_activations: saved activations go to the host in the forward and come back in the backward, "
+      "on the copy stream", outs and len(outs) == len(backs) and all(k["stream"] == "copy" for k in outs + backs),
+      f"{len(outs)} out, {len(backs)} back")
+ahead = 0
+for c in backs:  # compute runs between a copy back and the first kernel waiting for it
+    waiters = [k["i"] for k in prog.values() if c["i"] in k["waits"]]
+    if waiters and any(c["i"] < k["i"] < min(waiters) and k["stream"] == "compute" for k in prog.values()):
+        ahead += 1
+check("dp2_offload_activations: most copies back travel while compute runs before their first use",
+      backs and ahead * 2 >= len(backs), f"{ahead} of {len(backs)}")
 
 # ---- pipeline sends and receives overlap compute
 stages = schedule("examples/gpt.plan", "pp2_1f1b")

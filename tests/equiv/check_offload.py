@@ -132,12 +132,16 @@ def case(src, plan, memory_check, host=False, bitwise=True):
     for rank, m in sorted(measured["offload"].items()):
         if m["kinds"] != prog_off["state_by_kind"]:
             bad.append(f"rank {rank} state {m['kinds']} vs explain {prog_off['state_by_kind']}")
-        if host:  # pinned host memory: the optimizer state and the staging (params too, with ZeRO-3)
-            want = m["kinds"]["optim"] + m["kinds"]["master"] + m["kinds"]["offload"]
+        if host:  # pinned host memory: the staging (and saved activations), the optimizer state, param chunks
+            want = m["kinds"]["offload"]
+            if "optimizer -> host" in body.group(0):
+                want += m["kinds"]["optim"] + m["kinds"]["master"]
             if "params -> host" in body.group(0):
                 want += m["kinds"]["param"]
-            if prog_off["host"] != want or d_off["roles"][0]["bytes"]["optimizer"]:
+            if prog_off["host"] != want or ("optimizer -> host" in body.group(0) and d_off["roles"][0]["bytes"]["optimizer"]):
                 bad.append(f"rank {rank}: explain's host {prog_off['host']} B vs the program's {want} B")
+            if m["arena"] != prog_off["arena"]:
+                bad.append(f"rank {rank}: arena {m['arena']} B vs explain's {prog_off['arena']} B")
             continue
         if m["kinds"]["offload"] != prog_off["host"] or m["disk"] != prog_off["disk"]:
             bad.append(f"rank {rank} host {m['kinds']['offload']} disk {m['disk']} vs explain {prog_off['host']} {prog_off['disk']}")
@@ -148,9 +152,12 @@ def case(src, plan, memory_check, host=False, bitwise=True):
             bad.append(f"rank {rank} keeps optimizer state in memory")
     if host:
         check(f"{tag}: memory = explain", not bad, "; ".join(bad[:3]) if bad else
-              f"every rank: state by kind as explain's; host memory {prog_off['host'] / 2**20:.2f} MiB (the "
-              f"optimizer state{', parameter chunks' if 'params -> host' in body.group(0) else ''} and staging), "
-              f"no optimizer state in device memory")
+              f"every rank: state by kind and arena as explain's; host memory {prog_off['host'] / 2**20:.2f} MiB")
+        if "activations -> host" in body.group(0):  # what it is for: the device arena shrinks
+            a, b = prog_off["arena"], prog_plain["arena"]
+            check(f"{tag}: device activations", a < b,
+                  f"arena {a / 2**20:.2f} MiB against {b / 2**20:.2f} MiB without offload (measured equal to explain "
+                  f"on every rank); the saved activations are on the host")
         return
     check(f"{tag}: memory = explain", not bad, "; ".join(bad[:3]) if bad else
           f"every rank: the state file {prog_off['disk'] / 2**20:.2f} MiB (the plain plan's optimizer state), host "
@@ -186,6 +193,17 @@ case(f"{root}/tests/equiv/offload.plan", "bf16_zero2_disk", True, bitwise=False)
 case(f"{root}/examples/gpt.plan", "zero2_offload_host", False, host=True)
 case(f"{root}/examples/gpt.plan", "zero3_offload", False, host=True)
 case(f"{root}/examples/mlp.plan", "zero3_offload", False, host=True)
+case(f"{root}/examples/gpt.plan", "dp2_offload_activations", False, host=True)
+# a state file that cannot be made: one line naming the cause and the fix, before any step or checkpoint
+prog = f"{work}/gpt_zero1_offload_disk_offload"
+if os.path.exists(prog):
+    bad_env = dict(env, PLANRT_OFFLOAD_DIR=f"{work}/no/such/dir")
+    ck = f"{work}/refused_ck"
+    r = subprocess.run(["mpirun", "-np", "4", prog, "--data", f"{root}/data/corpus.txt", "--steps", "2",
+                        "--save-every", "1", ck], capture_output=True, text=True, env=bad_env, timeout=300)
+    said = [line for line in r.stderr.splitlines() if "cannot create the optimizer state file" in line]
+    ok = r.returncode != 0 and said and "PLANRT_OFFLOAD_DIR" in said[0] and not os.path.exists(f"{ck}/step-00000001")
+    check("unwritable PLANRT_OFFLOAD_DIR", ok, said[0].strip() if ok else f"exit {r.returncode}: {r.stderr.strip()[-300:]}")
 left = [f for f in os.listdir(work) if f.startswith("planrt-optimizer-")]
 check("state files", not left, "every run's optimizer state file is gone" if not left else f"left behind: {left}")
 subprocess.run(["rm", "-rf", work])
