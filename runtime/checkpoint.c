@@ -35,6 +35,7 @@
 #include "planrt_ckpt.h"
 #include "planrt_device.h"
 #include "planrt_exec.h"
+#include "planrt_offload.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -60,6 +61,7 @@ typedef struct piece {
 	planrt_dtype_t dtype;  /* as stored */
 	const void *data;      /* writing: hi - lo elements */
 	void *owned;           /* writing: data, when the piece holds a copy (PLANRT_CKPT_COPY) */
+	planrt_st_source_t source; /* writing, data NULL: the bytes are in the offloaded optimizer's state file */
 	int file;              /* reading: index in files */
 	char *key;             /* reading: the tensor's key in that file */
 } piece_t;
@@ -261,7 +263,7 @@ json_t *planrt_ckpt_write_rank(planrt_ckpt_t *c, char *err, size_t errn)
 			}
 		if (!keys[i])
 			planrt_fatal("out of memory writing a checkpoint");
-		ts[i] = (planrt_st_tensor_t){keys[i], p->dtype, 1, {p->hi - p->lo}, p->data};
+		ts[i] = (planrt_st_tensor_t){keys[i], p->dtype, 1, {p->hi - p->lo}, p->data, p->data ? NULL : &p->source};
 		json_t *e = json_pack("{s:s, s:s, s:o, s:s, s:o, s:o, s:[I, I]}", "tensor", p->tensor, "key", keys[i], "shape",
 				      int_array(p->gdims, p->rank), "dtype", dtype_tag(p->dtype), "offsets",
 				      int_array(p->offs, p->rank), "block", int_array(p->block, p->rank), "range",
@@ -276,7 +278,7 @@ json_t *planrt_ckpt_write_rank(planrt_ckpt_t *c, char *err, size_t errn)
 		if (!keys[k])
 			planrt_fatal("out of memory writing a checkpoint");
 		snprintf(keys[k], 32, "local.%d", l->id);
-		ts[k] = (planrt_st_tensor_t){keys[k], l->dtype, 1, {l->n}, l->data};
+		ts[k] = (planrt_st_tensor_t){keys[k], l->dtype, 1, {l->n}, l->data, NULL};
 		json_array_append_new(locals, json_pack("{s:i, s:s, s:s, s:I}", "id", l->id, "key", keys[k], "dtype",
 							dtype_tag(l->dtype), "elements", (json_int_t)l->n));
 	}
@@ -948,6 +950,13 @@ void planrt_ckpt_write(planrt_ctx_t *ctx, const void *src, planrt_dtype_t dtype,
 	char name[512];
 	planrt_ckpt_tensor_name(kind, p->name, name, sizeof name);
 	const unsigned char *data = (const unsigned char *)src + planrt_dtype_size(dtype) * (size_t)(first - lo);
+	planrt_st_source_t from;
+	if (copy && planrt_offload_source_(data, planrt_dtype_size(dtype) * (size_t)(end - first), &from.fd, &from.offset)) {
+		/* a record the state file still holds as read: written out from there, no copy in memory */
+		planrt_ckpt_add_piece(c, name, p->rank, p->gdims, offs, p->ldims, first, end, dtype, NULL);
+		c->pieces[c->npieces - 1].source = from;
+		return;
+	}
 	if (copy) {
 		size_t bytes = planrt_dtype_size(dtype) * (size_t)(end - first);
 		void *own = malloc(bytes);

@@ -120,14 +120,24 @@ void planrt_offload_open(int64_t bytes)
 	thread_started = 1;
 }
 
+/* the latest synchronous read (planrt_offload_source_), forgotten at any write */
+static const unsigned char *read_dst;
+static int64_t read_offset, read_bytes;
+
 static void start(int write, void *buf, int64_t offset, int64_t bytes, int slot)
 {
 	op_t o = {write, slot, buf, offset, bytes};
+	read_dst = NULL;
 	if (slot < 0) {
 		char err[256];
 		transfer(&o, err, sizeof err);
 		if (err[0])
 			planrt_fatal("%s; check the disk under PLANRT_OFFLOAD_DIR", err);
+		if (!write) {
+			read_dst = buf;
+			read_offset = offset;
+			read_bytes = bytes;
+		}
 		return;
 	}
 	if (slot >= MAX_SLOTS)
@@ -166,6 +176,16 @@ void planrt_offload_wait(int slot)
 	pthread_mutex_unlock(&lock);
 	if (err[0])
 		planrt_fatal("%s; check the disk under PLANRT_OFFLOAD_DIR", err);
+}
+
+int planrt_offload_source_(const void *p, size_t bytes, int *fdp, int64_t *offset)
+{
+	const unsigned char *q = p;
+	if (fd < 0 || !read_dst || q < read_dst || (int64_t)bytes > read_bytes || q - read_dst > read_bytes - (int64_t)bytes)
+		return 0;
+	*fdp = fd;
+	*offset = read_offset + (q - read_dst);
+	return 1;
 }
 
 int64_t planrt_offload_bytes(void)

@@ -193,12 +193,18 @@ planrt_result_t planrt_st_open(const char *path, planrt_st_t *out);
 planrt_result_t planrt_st_read_block(planrt_st_t f, const char *name, int rank, const int64_t *gdims,
 				     const int64_t *ldims, const int64_t *offs, float *dst);
 void planrt_st_close(planrt_st_t f);
+/* A tensor's bytes in another file (the offloaded optimizer's state file), read when written out. */
+typedef struct planrt_st_source {
+	int fd;
+	int64_t offset;
+} planrt_st_source_t;
 typedef struct planrt_st_tensor {
 	const char *name;
 	planrt_dtype_t dtype; /* of data: f32 or bf16 */
 	int rank;
 	int64_t dims[8];
 	const void *data;
+	const planrt_st_source_t *source; /* data == NULL: the bytes are in this file (pread) */
 } planrt_st_tensor_t;
 planrt_result_t planrt_st_write(const char *path, const planrt_st_tensor_t *tensors, int n);
 

@@ -24,6 +24,10 @@ void planrt_offload_read(void *dst, int64_t offset, int64_t bytes, int slot);
 void planrt_offload_write(const void *src, int64_t offset, int64_t bytes, int slot);
 void planrt_offload_wait(int slot); /* the slot's operation done (none started: returns) */
 int64_t planrt_offload_bytes(void); /* the state file's size (0: none opened) */
+/* Whether [p, p + bytes) lies in the destination of the latest synchronous read (slot < 0), whose
+ * bytes the file still holds as read: then *fd and *offset are where (the checkpoint writes those
+ * pieces from the file, planrt_ckpt_write's PLANRT_CKPT_COPY). */
+int planrt_offload_source_(const void *p, size_t bytes, int *fd, int64_t *offset);
 /* An offload copy between host and device memory: the CPU target's is memcpy (the CUDA target's
  * planrt_cu_copy runs on the copy stream). */
 void planrt_copy(void *dst, const void *src, int64_t bytes);

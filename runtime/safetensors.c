@@ -453,6 +453,44 @@ static size_t tensor_bytes(const planrt_st_tensor_t *t)
 	return n;
 }
 
+/* The tensor's bytes, chunk by chunk: fn(ctx, chunk, n) for each; from memory at once, or read from
+ * its source file 1 MiB at a time. 0, or the errno of a failed read. */
+static int tensor_chunks(const planrt_st_tensor_t *t, int (*fn)(void *ctx, const void *chunk, size_t n), void *ctx)
+{
+	size_t bytes = tensor_bytes(t);
+	if (!bytes)
+		return 0;
+	if (t->data || !t->source)
+		return fn(ctx, t->data, bytes);
+	enum { CHUNK = 1 << 20 };
+	static unsigned char buf[CHUNK];
+	for (size_t done = 0; done < bytes;) {
+		size_t n = bytes - done < CHUNK ? bytes - done : CHUNK;
+		ssize_t r = pread(t->source->fd, buf, n, (off_t)(t->source->offset + (int64_t)done));
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r <= 0)
+			return r < 0 ? errno : EIO;
+		int e = fn(ctx, buf, (size_t)r);
+		if (e)
+			return e;
+		done += (size_t)r;
+	}
+	return 0;
+}
+
+static int hash_chunk(void *ctx, const void *chunk, size_t n)
+{
+	uint64_t *h = ctx;
+	*h = fnv1a(*h, chunk, n);
+	return 0;
+}
+
+static int write_chunk(void *ctx, const void *chunk, size_t n)
+{
+	return fwrite(chunk, 1, n, (FILE *)ctx) == n ? 0 : (errno ? errno : EIO);
+}
+
 /* The header text, padded with spaces to a multiple of 8 bytes; NULL on failure (error set). */
 static char *build_header(const char *path, const planrt_st_tensor_t *ts, const int *order, int n, size_t *len,
 			  char *checksum, size_t checksum_n)
@@ -471,7 +509,14 @@ static char *build_header(const char *path, const planrt_st_tensor_t *ts, const 
 				      (json_int_t)off, (json_int_t)(off + bytes));
 		ok = ok && e && !json_object_set_new(root, t->name, e);
 		off += bytes;
-		h = fnv1a(h, t->data, bytes);
+		int rerr = tensor_chunks(t, hash_chunk, &h);
+		if (rerr) {
+			json_decref(meta);
+			json_decref(root);
+			planrt_error_(planrt_system_error, "cannot read '%s' for '%s' from the optimizer state file: %s", t->name,
+				      path, strerror(rerr));
+			return NULL;
+		}
 	}
 	char sum[40];
 	snprintf(sum, sizeof sum, "fnv1a64:%016llx", (unsigned long long)h);
@@ -539,7 +584,7 @@ planrt_result_t planrt_st_write_(const char *path, const planrt_st_tensor_t *ten
 			if (t->dims[d] < 0)
 				return planrt_error_(planrt_invalid_argument,
 						     "planrt_st_write('%s'): tensor '%s' has a negative dimension", path, t->name);
-		if (!t->data && tensor_bytes(t))
+		if (!t->data && !t->source && tensor_bytes(t))
 			return planrt_error_(planrt_invalid_argument, "planrt_st_write('%s'): tensor '%s' has no data", path,
 					     t->name);
 	}
@@ -592,9 +637,9 @@ planrt_result_t planrt_st_write_(const char *path, const planrt_st_tensor_t *ten
 	}
 	for (int k = 0; k < n; k++) {
 		const planrt_st_tensor_t *t = &tensors[order[k]];
-		size_t bytes = tensor_bytes(t);
-		if (bytes && fwrite(t->data, 1, bytes, fp) != bytes) {
-			err = errno;
+		int e = tensor_chunks(t, write_chunk, fp);
+		if (e) {
+			err = e;
 			goto fail;
 		}
 	}

@@ -557,7 +557,7 @@ static void check_checkpoint(const char *path, const char *init_path, uint64_t s
 			CHECK(got[k] == want[n][k], "checkpoint %s[%lld] = %g, want %g", p->name, (long long)k, got[k],
 			      want[n][k]);
 		free(got);
-		t[n] = (planrt_st_tensor_t){p->name, planrt_f32, p->rank, {0}, want[n]};
+		t[n] = (planrt_st_tensor_t){p->name, planrt_f32, p->rank, {0}, want[n], NULL};
 		memcpy(t[n].dims, p->gdims, sizeof t[n].dims);
 		n++;
 	}

@@ -93,9 +93,9 @@ static void test_round_trip(void **state)
 	for (int i = 0; i < 5; i++)
 		b[i] = planrt_f32_to_half_((float)i - 1.5f, planrt_bf16);
 	planrt_st_tensor_t ts[3] = {
-		{"b.weight", planrt_f32, 2, {3, 4}, w},
-		{"a.bias", planrt_bf16, 1, {5}, b},
-		{"c", planrt_f32, 0, {0}, &c},
+		{"b.weight", planrt_f32, 2, {3, 4}, w, NULL},
+		{"a.bias", planrt_bf16, 1, {5}, b, NULL},
+		{"c", planrt_f32, 0, {0}, &c, NULL},
 	};
 	const char *path = path_of("ckpt.safetensors");
 	assert_int_equal(planrt_st_write(path, ts, 3), planrt_success);
@@ -157,10 +157,10 @@ static void test_round_trip(void **state)
 	planrt_st_close(f);
 
 	/* duplicate names and unsupported dtypes are refused before anything is written */
-	planrt_st_tensor_t dup[2] = {{"x", planrt_f32, 1, {1}, w}, {"x", planrt_f32, 1, {1}, w}};
+	planrt_st_tensor_t dup[2] = {{"x", planrt_f32, 1, {1}, w, NULL}, {"x", planrt_f32, 1, {1}, w, NULL}};
 	assert_int_equal(planrt_st_write(path_of("dup.safetensors"), dup, 2), planrt_invalid_argument);
 	assert_message("two tensors are named 'x'");
-	planrt_st_tensor_t u8[1] = {{"x", planrt_u8, 1, {1}, w}};
+	planrt_st_tensor_t u8[1] = {{"x", planrt_u8, 1, {1}, w, NULL}};
 	assert_int_equal(planrt_st_write(path_of("u8.safetensors"), u8, 1), planrt_invalid_argument);
 	assert_int_equal(count_files(), 1);
 }
@@ -266,7 +266,7 @@ static void test_malformed(void **state)
 static void test_checksum(void **state)
 {
 	float w[16] = {1, 2, 3};
-	planrt_st_tensor_t t = {"w", planrt_f32, 1, {16}, w};
+	planrt_st_tensor_t t = {"w", planrt_f32, 1, {16}, w, NULL};
 	const char *path = path_of("sum.safetensors");
 	assert_int_equal(planrt_st_write(path, &t, 1), planrt_success);
 	FILE *fp = fopen(path, "r+b");
@@ -285,7 +285,7 @@ static void test_atomic_write(void **state)
 {
 	enum { N = 100000 };
 	float *w = calloc(N, sizeof *w);
-	planrt_st_tensor_t t = {"big", planrt_f32, 1, {N}, w};
+	planrt_st_tensor_t t = {"big", planrt_f32, 1, {N}, w, NULL};
 	const char *path = path_of("atomic.safetensors");
 	int before = count_files();
 	signal(SIGXFSZ, SIG_IGN);
@@ -302,7 +302,7 @@ static void test_atomic_write(void **state)
 	assert_int_equal(access(path, F_OK), -1);
 
 	/* an older checkpoint survives a failed overwrite */
-	planrt_st_tensor_t small = {"small", planrt_f32, 1, {4}, w};
+	planrt_st_tensor_t small = {"small", planrt_f32, 1, {4}, w, NULL};
 	assert_int_equal(planrt_st_write(path, &small, 1), planrt_success);
 	setrlimit(RLIMIT_FSIZE, &lim);
 	r = planrt_st_write(path, &t, 1);
