@@ -22,7 +22,8 @@
 #include <string.h>
 
 const char *const pass_names[] = {"graph", "pipeline", "autodiff", "shard", "recompute", "zero", "sync",
-				  "lower", "state", "overlap", "memplan", "check", "streams", NULL};
+				  "lower", "state", "overlap", "offload_params", "offload_activations", "memplan", "check",
+				  "streams", NULL};
 
 static bool dump_if(const char *want, const char *pass, Graph *g, FILE *out)
 {

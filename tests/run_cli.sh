@@ -63,7 +63,7 @@ expect "dump-after=emit llvm" 0 "define i32 @main(i32 %0, i8\*\* %1)" -- "$planc
 expect "emit c" 0 "" -- "$planc" emit c examples/mlp.plan --plan dp2 -o "$tmp/emit"
 if grep -q "planrt_allreduce_inplace(grad_bucket" "$tmp/emit/prog.c"; then pass=$((pass + 1)); else fail=$((fail + 1)); echo "FAIL: emitted dp2 program has no gradient bucket"; fi
 expect "emit unknown target" 2 "emit supports the targets c, llvm, ptx and cuda" -- "$planc" emit wasm examples/mlp.plan --plan dp2 -o "$tmp/x"
-for pass_name in graph pipeline autodiff shard recompute zero sync lower state overlap memplan check streams; do
+for pass_name in graph pipeline autodiff shard recompute zero sync lower state overlap offload_params offload_activations memplan check streams; do
 	expect "dump-after=$pass_name" 0 "IR after $pass_name" -- "$planc" check examples/gpt.plan --plan gpt_3d --dump-after=$pass_name
 done
 expect "dump-after=emit" 0 "planrt_main(argc, argv, &program)" -- "$planc" emit c examples/mlp.plan --plan dp2 -o "$tmp/emit2" --dump-after=emit
