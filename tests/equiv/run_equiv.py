@@ -80,10 +80,15 @@ def check(name, ok, detail):
         failed += 1
 
 
+explanations = {}
+
+
 def explained(model, plan):
-    out = subprocess.run([planc, "explain", plan_file(model), "--plan", plan, "--json"],
-                         capture_output=True, text=True, check=True).stdout
-    return json.loads(out)
+    if (model, plan) not in explanations:
+        out = subprocess.run([planc, "explain", plan_file(model), "--plan", plan, "--json"],
+                             capture_output=True, text=True, check=True).stdout
+        explanations[model, plan] = json.loads(out)
+    return explanations[model, plan]
 
 
 def world_of(model, plan):

@@ -20,4 +20,4 @@ set_tests_properties(sync_kernels PROPERTIES TIMEOUT 120
                      ENVIRONMENT "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;OMPI_MCA_rmaps_base_oversubscribe=1;OMPI_MCA_plm=isolated;OMPI_MCA_btl=self,vader;PLANRT_WATCHDOG=60")
 
 add_test(NAME sync_runs COMMAND python3 ${ROOT}/tests/sync/run_sync.py ${PLANC} ${ROOT} WORKING_DIRECTORY ${ROOT})
-set_tests_properties(sync_runs PROPERTIES TIMEOUT 600)
+set_tests_properties(sync_runs PROPERTIES TIMEOUT 600 ENVIRONMENT "${CC_CACHE_ENV}")
