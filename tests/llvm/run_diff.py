@@ -1,20 +1,37 @@
 #!/usr/bin/env python3
 """tests/llvm: the differential test of the two back ends (DESIGN 3: a free oracle).
 
-Every plan tests/equiv/run_equiv.py lists (its PLANS dict, references included) is built twice,
-with `planc build` (the C back end: emit_c.c, mpicc -O3) and `planc build --backend llvm` (the
-LLVM back end: emit_llvm.c, default<O3>, an object linked with planrt; --verify-ir also verifies
-the optimised module), both for the baseline CPU, and each program trains STEPS steps under
-`mpirun -np WORLD` on data/corpus.txt. Every step's loss and gradient norm must agree within 1e-6
-relative. A plan is reported bitwise when the logs are identical and the weights saved with --save
-are the same bytes. NATIVE_PLANS are built again with --native (this CPU: FMA, where both back
-ends fuse a multiply into its add alike) and compared the same way, and `planc run` (the JIT, for
-this CPU) must give the native LLVM program's bytes exactly (the same module, compiled in-process).
+Each plan of DIFF_PLANS is built twice, with `planc build` (the C back end: emit_c.c, mpicc -O3)
+and `planc build --backend llvm` (the LLVM back end: emit_llvm.c, default<O3>, an object linked
+with planrt; --verify-ir also verifies the optimised module), both for the baseline CPU, and each
+program trains STEPS steps under `mpirun -np WORLD`. Every step's loss and gradient norm must
+agree within 1e-6 relative. A plan is reported bitwise when the logs are identical and the weights
+saved with --save are the same bytes. NATIVE_PLANS are built again with --native (this CPU: FMA,
+where both back ends fuse a multiply into its add alike) and compared the same way, and `planc run`
+(the JIT, for this CPU) must give the native LLVM program's bytes exactly (the same module,
+compiled in-process).
+
+Coverage. The back ends differ per kernel, not per plan, so DIFF_PLANS is a set of plans that
+together use everything any plan uses, rather than every plan (training all of tests/equiv's
+plans twice was the slowest test of the suite). The test computes, for every plan of examples/
+and every plan tests/equiv/run_equiv.py lists, its features:
+  kernel PHASE:KIND   each kernel kind of the loop-level IR per phase (planc check
+                      --dump-after=memplan; not the checkpoint, resume and eval phases, which a
+                      training run without --save-every or --eval-every does not enter)
+  op KIND DTYPE       each graph op with its result's dtype (--dump-after=sync): what the fused
+                      element-wise loops compute, in which precision
+  pipeline / sync / zero   the pipeline schedule, the sync mode with its compressor and outer
+                      optimizer, the ZeRO stage (planc explain --json)
+and fails, naming a plan that has it, if a feature of any of them is in no plan of DIFF_PLANS
+(add that plan to the list). EXTRA_PLANS, written here on the GPT example, cover what only the
+7B / 175B examples use (too large to train here): bf16 tensor-parallel all-reduces and slices, and
+the progress calls of an overlapped ZeRO-3 bucket.
 Prints PASS/FAIL per check and a closing 'N passed, N failed' line.
 usage: run_diff.py PLANC REPO_ROOT [STEPS]
 """
 import ast
 import concurrent.futures
+import glob
 import json
 import os
 import re
@@ -35,19 +52,61 @@ DATA = {"bert": "data/classify.safetensors", "tests/equiv/regress": "data/regres
 def data_of(model):
     return f"{root}/{DATA.get(model, 'data/corpus.txt')}"
 def plan_file(model):
-    """a model of examples/ by name, or a plan file of the repository by its path without .plan"""
+    """a model of examples/ by name, a plan file of the repository by its path without .plan, or
+    "extra" (EXTRA_PLANS)"""
+    if model == "extra":
+        return extra_plan_file
     return f"{root}/{model}.plan" if "/" in model else f"{root}/examples/{model}.plan"
 
 
 work = tempfile.mkdtemp(prefix="planc-llvm-diff-")
+env["PLANRT_OFFLOAD_DIR"] = work  # (the optimizer state files of offload -> disk)
 TOL = 1e-6
 # built with --native too (GELU and its gradient, dropout, bf16 rounding, a pipeline); planc run on
 # the last two
 NATIVE_PLANS = [("gpt", "bf16"), ("mlp", "dp2"), ("gpt", "pp2_1f1b")]
 RUN_PLANS = NATIVE_PLANS[1:]
+# the plans trained on both back ends (with NATIVE_PLANS): together they have every feature of
+# every plan of examples/ and tests/equiv (checked below)
+DIFF_PLANS = [
+    ("tests/equiv/ops", "dp2_tp2"), ("tests/equiv/regress", "tp2"), ("bert", "dp2_tp2_zero1"),
+    ("tests/equiv/finetune", "finetune_zero3"), ("moe", "ep2_dp2_tp2_zero2"), ("moe", "mixtral_ep2"),
+    ("llama", "dp2_tp2_sp"), ("gpt", "gpt_3d"), ("gpt", "pp2"), ("gpt", "pp2_interleaved"),
+    ("gpt", "dp2_full_recompute"), ("gpt", "bf16_zero2_dp4"), ("gpt", "fp16_dp2"), ("gpt", "dp4_async_s0"),
+    ("gpt", "dp2_local_sgd_k1"), ("gpt", "dp4_diloco"), ("gpt", "dp4_bf16_grads"), ("gpt", "dp4_fp16_grads"),
+    ("gpt", "dp4_topk_zero1"), ("gpt", "dp4_powersgd"), ("gpt", "bf16_zero3_offload_disk"),
+    ("gpt", "zero3_offload"), ("gpt", "bf16_pp2"), ("mlp", "bf16"), ("extra", "bf16_tp2_sp_zero3"),
+    ("extra", "bf16_zero3_overlap")]
+# plans on the GPT example for features only the large examples have
+EXTRA_PLANS = """
+plan bf16_tp2_sp_zero3 for gpt {
+  mesh data = 2, tensor = 2
+  batch B = 16
+  shard B -> data
+  use nn.megatron(tensor)
+  use nn.sequence_parallel(tensor)
+  zero 3 over data
+  precision bf16, master = f32
+  optimizer adamw(lr = 3e-4, betas = (0.9, 0.95), weight_decay = 0.1), clip = 1.0
+  sync strict, bucket = 1MiB, overlap
+}
+
+plan bf16_zero3_overlap for gpt {
+  mesh data = 2
+  batch B = 16
+  shard B -> data
+  zero 3 over data
+  precision bf16, master = f32
+  optimizer adamw(lr = 3e-4, betas = (0.9, 0.95), weight_decay = 0.1), clip = 1.0
+  sync strict, bucket = 1MiB, overlap
+}
+"""
+gpt_text = open(f"{root}/examples/gpt.plan").read()
+extra_plan_file = f"{work}/extra.plan"
+open(extra_plan_file, "w").write(gpt_text[:gpt_text.index("# ---- one rank")] + EXTRA_PLANS)
 
 
-def listed_plans():
+def equiv_plans():
     """PLANS from tests/equiv/run_equiv.py (read, not imported: importing it runs the suite)."""
     tree = ast.parse(open(f"{root}/tests/equiv/run_equiv.py").read())
     for node in tree.body:
@@ -60,6 +119,42 @@ def listed_plans():
                 out += [(model, n) for n in dict.fromkeys(names)]
             return out
     raise SystemExit("tests/equiv/run_equiv.py has no PLANS dict")
+
+
+def example_plans():
+    out = []
+    for path in sorted(glob.glob(f"{root}/examples/*.plan")):
+        model = os.path.basename(path)[:-5]
+        out += [(model, p) for p in re.findall(r"^plan\s+(\w+)", open(path).read(), re.M)]
+    return out
+
+
+KERNEL = re.compile(r"^\s*\d+ (\w+)\s+c\d+ (\w+)\(", re.M)  # "12 forward  c0 permute(...)"
+OP = re.compile(r"^\s*\d+ [A-Z] %\d+:(\w+)\[[^\n]*? = (\w+)", re.M)  # "4 F %4:f32[...] = embed %2, %0"
+UNTRAINED_PHASES = {"checkpoint", "resume", "eval_begin", "eval_end"}
+
+
+def features(model, plan):
+    """the set of features of one plan (see the top of the file), or a string saying what failed"""
+    src, out = plan_file(model), {}
+    for what in ("memplan", "sync", "json"):
+        cmd = [planc, "explain", src, "--plan", plan, "--json"] if what == "json" else \
+            [planc, "check", src, "--plan", plan, f"--dump-after={what}"]
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        if r.returncode:
+            return f"{' '.join(cmd[1:])} failed: {r.stderr.strip()[:300]}"
+        out[what] = r.stdout
+    f = {f"kernel {ph}:{kind}" for ph, kind in KERNEL.findall(out["memplan"]) if ph not in UNTRAINED_PHASES}
+    if not f:
+        return "no kernels found in the --dump-after=memplan output (its format changed?)"
+    f |= {f"op {op} {dtype}" for dtype, op in OP.findall(out["sync"])}
+    d = json.loads(out["json"])
+    if d.get("pipeline"):
+        f.add(f"pipeline {d['pipeline']['schedule']}")
+    s = d.get("sync") or {}
+    f.add(f"sync {s.get('mode')}, compress {s.get('compress')}, outer {s.get('outer')}")
+    f.add(f"zero {d.get('zero')}")
+    return f
 
 
 def world_of(prog):
@@ -80,11 +175,18 @@ def train(model, plan, world, tag, command):
     return ([json.loads(line) for line in open(log)], open(save, "rb").read()), None
 
 
+def host_offload(model, plan):
+    """-> host offload is the CUDA target's; the tests run its program on the CPU (emit_c.c)"""
+    body = re.search(r"^plan " + plan + r" for .*?^}", open(plan_file(model)).read(), re.S | re.M)
+    return bool(body and re.search(r"^\s*offload .*-> host", body.group(0), re.M))
+
+
 def build(model, plan, backend, native=False):
     prog = f"{work}/{model.replace('/', '_')}_{plan}_{backend}{'_native' if native else ''}"
+    e = dict(env, PLANC_TEST_HOST_OFFLOAD_ON_CPU="1") if host_offload(model, plan) else env
     b = subprocess.run([planc, "build", plan_file(model), "--plan", plan, "-o", prog,
                         "--backend", backend, "--verify-ir"] + (["--native"] if native else []),
-                       capture_output=True, text=True)
+                       capture_output=True, text=True, env=e)
     return prog if b.returncode == 0 else None, b.stderr.strip()[:400]
 
 
@@ -133,15 +235,40 @@ def one(model, plan):
 
 
 passed = failed = 0
-plans = listed_plans()
+
+
+def report(name, ok, detail):
+    global passed, failed
+    print(f"{'PASS' if ok else 'FAIL'}: {name}: {detail}", flush=True)
+    passed += ok
+    failed += not ok
+
+
+# coverage: every feature of every plan is in some plan trained here
+plans = list(dict.fromkeys(DIFF_PLANS + NATIVE_PLANS))
+everything = list(dict.fromkeys(example_plans() + equiv_plans() + plans))
+with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
+    feats = dict(zip(everything, pool.map(lambda mp: features(*mp), everything)))
+for (model, plan), f in feats.items():
+    if isinstance(f, str):
+        report(f"{model} {plan} features", False, f)
+covered = set().union(*(f for mp, f in feats.items() if mp in plans and not isinstance(f, str)))
+missing = {}
+for mp, f in feats.items():
+    for x in (set() if isinstance(f, str) else f - covered):
+        missing.setdefault(x, mp)
+report("coverage", not missing,
+       f"the {len(plans)} plans trained here have all {len(covered)} features of the {len(everything)} plans of "
+       "examples/ and tests/equiv" if not missing else
+       "; ".join(f"'{x}' (in {m} {p})" for x, (m, p) in sorted(missing.items())[:8]) +
+       f"{' ...' if len(missing) > 8 else ''}: in no plan of DIFF_PLANS (add one that has it)")
+
 bitwise = []
 # two plans at a time: planc build and mpicc are single-threaded (the machine has 2 cores)
 with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
     for checks in pool.map(lambda mp: one(*mp), plans):
         for name, ok, detail in checks:
-            print(f"{'PASS' if ok else 'FAIL'}: {name}: {detail}", flush=True)
-            passed += ok
-            failed += not ok
+            report(name, ok, detail)
             if ok and "bitwise identical (" in detail:
                 bitwise.append(name)
 print(f"bitwise: {len(bitwise)} of {len(plans) + len(NATIVE_PLANS)} comparisons ({len(plans)} plans, "
