@@ -476,7 +476,10 @@ static void print_buffers(Emit *e)
 		fprintf(f, " (");
 		name(e, x->view_of);
 		fprintf(f, " + ");
-		coord_expr(e, x->view_off, x->view_axis, x->view_stride);
+		if (x->view_axis == VIEW_SLOT)
+			fprintf(f, "(%lld + ctx->slot_index * %lld)", x->view_off, x->view_stride);
+		else
+			coord_expr(e, x->view_off, x->view_axis, x->view_stride);
 		fprintf(f, ")\n");
 	}
 	fprintf(f, "/* transient buffers: the arena (each phase call), a slot (a micro-batch's forward to its\n"
@@ -881,10 +884,6 @@ bool lowered_executable_on(const Lowered *low, bool report, bool device)
 		REFUSE(ps->offload_loc, "planc build does not execute offload %s -> disk yet (it runs offload optimizer -> "
 					"disk, and -> host on the CUDA target)",
 		       ps->offload_params == PLACE_DISK ? "params" : "activations");
-	} else if (ps->offload_activations == PLACE_HOST && g->nstages > 1) {
-		REFUSE(ps->offload_loc, "planc build offloads activations for one micro-batch at a time so far (this plan "
-					"has %d pipeline stages, with several micro-batches in flight)",
-		       g->nstages);
 	}
 	if (ps->compress != COMPRESS_NONE && ps->param_dtype != DT_F32 &&
 	    !(ps->compress == COMPRESS_BF16 && ps->param_dtype == DT_BF16))

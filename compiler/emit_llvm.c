@@ -482,7 +482,13 @@ static LLVMValueRef buf_addr(Gen *G, int b)
 		return LLVMBuildLoad2(G->b, G->t_ptr, G->state[b], name);
 	case BUF_VIEW: {
 		LLVMValueRef base = buf_addr(G, x->view_of);
-		LLVMValueRef elems = coord(G, x->view_off, x->view_axis, x->view_stride);
+		LLVMValueRef elems =
+			x->view_axis == VIEW_SLOT
+				? LLVMBuildAdd(G->b, i64c(G, x->view_off),
+					       LLVMBuildMul(G->b, ctx_load(G, offsetof(planrt_ctx_t, slot_index), G->t_i64, "slot_index"),
+							    i64c(G, x->view_stride), ""),
+					       "")
+				: coord(G, x->view_off, x->view_axis, x->view_stride);
 		int size = dtype_bytes(G->p->buf[buffer_root(G->p, b)].dtype);
 		LLVMValueRef at = bytes_at(G, base, LLVMBuildMul(G->b, elems, i64c(G, size), ""));
 		LLVMSetValueName2(at, name, strlen(name));

@@ -823,7 +823,7 @@ static void print_text(FILE *out, const Report *rep)
 				ps->offload_optimizer && ps->offload_params == PLACE_HOST ? ", " : "",
 				ps->offload_params == PLACE_HOST ? "the parameter chunks" : "",
 				(ps->offload_optimizer || ps->offload_params == PLACE_HOST) && ps->offload_activations == PLACE_HOST ? ", " : "",
-				ps->offload_activations == PLACE_HOST ? "the saved activations of a micro-batch" : "");
+				ps->offload_activations == PLACE_HOST ? "the saved activations of the micro-batches in flight" : "");
 		else if (r->host > 0)
 			fprintf(out, "  %-22s %12s\n", "offloaded to host", human(r->host, b1, sizeof b1));
 		if (r->disk > 0)

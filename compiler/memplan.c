@@ -364,6 +364,12 @@ static void memplan_prog(LProg *p)
 	free(last);
 }
 
+int memplan_slots(LProg *p)
+{
+	assign_slots(p);
+	return p->nslots;
+}
+
 bool memplan(Lowered *low)
 {
 	for (int i = 0; i < low->nprogs; i++)

@@ -10,10 +10,10 @@
  * rest as usual. The copies sit in the forward and backward phase calls themselves, never in the
  * prepare calls, which the walker runs one action early.
  *
- * One micro-batch at a time (no pipeline stages): with several in flight the host copies would be
- * per slot, which is not done yet, and the build refuses such plans (emit_c.c). On the CUDA target
- * the copies run on the copy stream (streams.c); on the CPU they are memcpy (tests only: the CPU
- * target refuses `-> host` for users, it would free nothing). */
+ * A pipeline stage holds several micro-batches in flight (memplan.c's slots): each saved buffer's
+ * host copy is one per slot, the copies addressing the running action's (a VIEW_SLOT view). On
+ * the CUDA target the copies run on the copy stream (streams.c); on the CPU they are memcpy (tests
+ * only: the CPU target refuses `-> host` for users, it would free nothing). */
 #include "planc.h"
 
 #include <stdlib.h>
@@ -121,6 +121,7 @@ static Kernel copy_kernel(LProg *p, Phase ph, int chunk, int dst, int src, const
 static void offload_prog(LProg *p)
 {
 	int nb = p->nbuf, nk = p->nk;
+	int nslots = memplan_slots(p);
 	/* per root buffer: its last forward access, its first backward access (kernel indices), and
 	 * whether anything else (another phase, a transfer, a prepare call's backward access) uses it */
 	int *last_f = malloc(sizeof(int) * (size_t)nb), *first_b = malloc(sizeof(int) * (size_t)nb);
@@ -200,10 +201,18 @@ static void offload_prog(LProg *p)
 		int r = saved[s];
 		Buffer orig = p->buf[r];
 		const char *what = orig.what ? orig.what : orig.name;
-		int host = buffer_new(p, BUF_STATE, orig.dtype, orig.elems, "saved_host",
-				      arena_printf(p->g->arena, "saved for the backward, on the host: %s", what));
-		p->buf[host].state = SC_OFFLOAD;
-		p->buf[host].place = PLACE_HOST;
+		/* one copy per micro-batch in flight, at the running action's slot */
+		int all = buffer_new(p, BUF_STATE, orig.dtype, orig.elems * nslots, "saved_host",
+				     arena_printf(p->g->arena, "saved for the backward, on the host: %s", what));
+		p->buf[all].state = SC_OFFLOAD;
+		p->buf[all].place = PLACE_HOST;
+		int host = all;
+		if (nslots > 1) {
+			host = buffer_new(p, BUF_VIEW, orig.dtype, orig.elems, "saved_host_slot", p->buf[all].what);
+			p->buf[host].view_of = all;
+			p->buf[host].view_axis = VIEW_SLOT;
+			p->buf[host].view_stride = orig.elems;
+		}
 		int back = buffer_new(p, BUF_ARENA, orig.dtype, orig.elems, "saved_back", what);
 		const char *name = p->buf[back].name;
 		p->buf[back] = orig;
@@ -228,7 +237,8 @@ static void offload_prog(LProg *p)
 	 * beside the compute after it rather than before a kernel that would reuse its bytes */
 	qsort(fwd, (size_t)ns, sizeof *fwd, by_position);
 	for (int s = 0; s + 1 < ns; s++)
-		kernel_use(p, &ins.k[fwd[s + 1].insert], fwd[s].buf);
+		if (ins.k[fwd[s + 1].insert].chunk == ins.k[fwd[s].insert].chunk) /* within one phase call */
+			kernel_use(p, &ins.k[fwd[s + 1].insert], fwd[s].buf);
 	inserts_apply(p, &ins);
 	free(fwd);
 	free(m.view_of);
@@ -248,7 +258,7 @@ static void offload_prog(LProg *p)
 
 bool plan_offload_activations(Lowered *low)
 {
-	if (low->ps->offload_activations != PLACE_HOST || low->g->nstages > 1)
+	if (low->ps->offload_activations != PLACE_HOST)
 		return true;
 	for (int i = 0; i < low->nprogs; i++)
 		offload_prog(low->progs[i]);

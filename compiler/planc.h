@@ -280,6 +280,7 @@ typedef struct FreezeRule {
 typedef enum { SCHED_NONE, SCHED_GPIPE, SCHED_1F1B, SCHED_INTERLEAVED } PipeSchedule;
 typedef enum { BALANCE_UNIFORM, BALANCE_PARAMS, BALANCE_FLOPS } PipeBalance;
 typedef enum { PLACE_NONE, PLACE_HOST, PLACE_DISK } OffloadPlace;
+enum { VIEW_SLOT = -2 }; /* Buffer.view_axis */
 typedef enum { RECOMPUTE_NONE, RECOMPUTE_SELECTIVE, RECOMPUTE_FULL } RecomputeMode;
 typedef enum { DT_F32, DT_BF16, DT_F16, DT_I32, DT_U8, DT_F64 } DType;
 typedef enum { OPT_SGD, OPT_MOMENTUM, OPT_ADAM, OPT_ADAMW } OptimizerKind;
@@ -821,7 +822,9 @@ typedef struct Buffer {
 	long long elems;
 	size_t bytes;       /* elems * dtype size; BUF_STATE: what is allocated */
 	int value;          /* the graph value it holds, or -1 */
-	/* BUF_VIEW: elements [view_off + coord(view_axis) * view_stride, ...) of view_of */
+	/* BUF_VIEW: elements [view_off + coord(view_axis) * view_stride, ...) of view_of; view_axis -1:
+	 * none, VIEW_SLOT: the running action's slot index for the coordinate (offload_activations.c's
+	 * host copies, one per micro-batch in flight) */
 	int view_of;
 	long long view_off;
 	int view_axis;
@@ -1064,6 +1067,7 @@ bool plan_offload_params(Lowered *low);
  * the forward and come back in the backward */
 bool plan_offload_activations(Lowered *low);
 bool memplan(Lowered *low);
+int memplan_slots(LProg *p);   /* memplan.c: the slots the stage's schedule needs (micro-batches in flight) */
 /* streams.c: the device schedule, after memplan: each kernel's stream (compute, communication,
  * copy, host, a pipeline channel's), the events it waits for within its phase call, and the joins
  * that end the call; GEMMs whose operands are bf16 values take tensor cores. stream_dump prints it

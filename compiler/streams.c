@@ -113,7 +113,7 @@ static Span span_of(const LProg *p, int b)
 	long long off = 0;
 	while (p->buf[b].cls == BUF_VIEW) {
 		const Buffer *x = &p->buf[b];
-		if (x->view_axis >= 0)
+		if (x->view_axis >= 0 || x->view_axis == VIEW_SLOT)
 			s.whole = true;
 		off += x->view_off * dtype_bytes(p->buf[x->view_of].dtype);
 		b = x->view_of;

@@ -133,6 +133,8 @@ static void check_buffers(Verify *V)
 		long long span = x->view_off + x->elems;
 		if (x->view_axis >= 0)
 			span += (long long)(p->ps->axes[x->view_axis].size - 1) * x->view_stride;
+		else if (x->view_axis == VIEW_SLOT && p->nslots > 0)
+			span += (long long)(p->nslots - 1) * x->view_stride;
 		if (x->view_off < 0 || span > base->elems || x->dtype != base->dtype)
 			fail(V, -1, "view %s (elements %lld..%lld, %s) outside %s (%lld elements, %s)", x->name, x->view_off, span,
 			     dtype_name(x->dtype), base->name, base->elems, dtype_name(base->dtype));

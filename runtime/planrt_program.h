@@ -54,6 +54,7 @@ typedef struct planrt_ctx {
 	int64_t eval_batch;      /* during an evaluation: the held-out batch (-1: training) */
 	double loss_scale;       /* fp16 loss scaling: the backward starts from loss * loss_scale (else 1) */
 	int step_skipped;        /* set when this step's unscaled gradients are not finite: no update */
+	int64_t slot_index;      /* the running action's slot (offload activations: its host copies) */
 } planrt_ctx_t;
 
 typedef void (*planrt_phase_fn)(planrt_ctx_t *ctx);

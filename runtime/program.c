@@ -1002,6 +1002,7 @@ static void point_at(walker_t *w, const planrt_action_t *a)
 	ctx->micro = (int)a->micro;
 	ctx->chunk = a->chunk;
 	ctx->slot = ctx->arena + s->slot_offset + (size_t)a->slot * s->slot_bytes;
+	ctx->slot_index = a->slot;
 	ctx->reqs = w->reqs + (size_t)a->slot * (size_t)s->nreqs;
 	ctx->inbox = a->inbox == NO_INBOX ? NULL : ctx->arena + s->inbox_offset + (size_t)a->inbox * s->inbox_bytes;
 }
@@ -1045,6 +1046,7 @@ static void clear_action(planrt_ctx_t *ctx)
 	ctx->micro = 0;
 	ctx->chunk = 0;
 	ctx->slot = NULL;
+	ctx->slot_index = 0;
 	ctx->inbox = NULL;
 	ctx->reqs = NULL;
 }

@@ -40,7 +40,7 @@ env["PLANRT_OFFLOAD_DIR"] = work
 passed = failed = 0
 KINDS = ["param", "grad", "optim", "master", "buffer", "metric", "offload"]
 LINE = re.compile(r"planrt: rank (\d+): memory arena_high_water=\d+ arena_planned=(\d+) state=\d+ peak_rss=(\d+) "
-                  r"stage=\d+ param=(\d+) grad=(\d+) optim=(\d+) master=(\d+) buffer=(\d+) metric=(\d+) "
+                  r"stage=(\d+) param=(\d+) grad=(\d+) optim=(\d+) master=(\d+) buffer=(\d+) metric=(\d+) "
                   r"offload=(\d+) disk=(\d+)")
 
 
@@ -61,7 +61,7 @@ def run(prog, world, args):
     ranks = {}
     for m in LINE.finditer(r.stderr):
         v = [int(x) for x in m.groups()]
-        ranks[v[0]] = {"arena": v[1], "rss": v[2], "kinds": dict(zip(KINDS, v[3:10])), "disk": v[10]}
+        ranks[v[0]] = {"arena": v[1], "rss": v[2], "stage": v[3], "kinds": dict(zip(KINDS, v[4:11])), "disk": v[11]}
     if r.returncode or len(ranks) != world:
         return None, f"{os.path.basename(prog)} {' '.join(args)}: exit {r.returncode}: {r.stderr.strip()[-400:]}"
     return ranks, None
@@ -119,10 +119,12 @@ def case(src, plan, memory_check, host=False, resume=True):
         check(f"{tag}: resume", ra == rb and len(ra) == STEPS - 3,
               f"steps 4..{STEPS} from the step-3 checkpoint bit for bit" if ra == rb else f"{ra} vs {rb}")
     # 2. the program is what explain says
-    prog_off, prog_plain = d_off["roles"][0]["program"], d_plain["roles"][0]["program"]
-    state_plain = prog_plain["state_by_kind"]
     bad = []
     for rank, m in sorted(measured["offload"].items()):
+        role = {r["stage"]: r for r in d_off["roles"]}[m["stage"]]  # (a pipeline's stages differ)
+        prog_off = role["program"]
+        prog_plain = {r["stage"]: r for r in d_plain["roles"]}[m["stage"]]["program"]
+        state_plain = prog_plain["state_by_kind"]
         if m["kinds"] != prog_off["state_by_kind"]:
             bad.append(f"rank {rank} state {m['kinds']} vs explain {prog_off['state_by_kind']}")
         if host:  # pinned host memory: the staging (and saved activations), the optimizer state, param chunks
@@ -131,7 +133,7 @@ def case(src, plan, memory_check, host=False, resume=True):
                 want += m["kinds"]["optim"] + m["kinds"]["master"]
             if "params -> host" in body.group(0):
                 want += m["kinds"]["param"]
-            if prog_off["host"] != want or ("optimizer -> host" in body.group(0) and d_off["roles"][0]["bytes"]["optimizer"]):
+            if prog_off["host"] != want or ("optimizer -> host" in body.group(0) and role["bytes"]["optimizer"]):
                 bad.append(f"rank {rank}: explain's host {prog_off['host']} B vs the program's {want} B")
             if m["arena"] != prog_off["arena"]:
                 bad.append(f"rank {rank}: arena {m['arena']} B vs explain's {prog_off['arena']} B")
@@ -141,16 +143,16 @@ def case(src, plan, memory_check, host=False, resume=True):
         if m["disk"] != state_plain["optim"] + state_plain["master"]:
             bad.append(f"rank {rank} file {m['disk']} B vs the plain plan's optimizer state "
                        f"{state_plain['optim'] + state_plain['master']} B")
-        if m["kinds"]["optim"] or m["kinds"]["master"] or d_off["roles"][0]["bytes"]["optimizer"]:
+        if m["kinds"]["optim"] or m["kinds"]["master"] or role["bytes"]["optimizer"]:
             bad.append(f"rank {rank} keeps optimizer state in memory")
     if host:
         check(f"{tag}: memory = explain", not bad, "; ".join(bad[:3]) if bad else
               f"every rank: state by kind and arena as explain's; host memory {prog_off['host'] / 2**20:.2f} MiB")
-        if "activations -> host" in body.group(0):  # what it is for: the device arena shrinks
-            a, b = prog_off["arena"], prog_plain["arena"]
-            check(f"{tag}: device activations", a < b,
-                  f"arena {a / 2**20:.2f} MiB against {b / 2**20:.2f} MiB without offload (measured equal to explain "
-                  f"on every rank); the saved activations are on the host")
+        if "activations -> host" in body.group(0):  # what it is for: every stage's device arena shrinks
+            pairs = [(r["program"]["arena"], q["program"]["arena"]) for r, q in zip(d_off["roles"], d_plain["roles"])]
+            check(f"{tag}: device activations", all(a < b for a, b in pairs),
+                  "arena " + ", ".join(f"{a / 2**20:.2f} MiB against {b / 2**20:.2f} MiB" for a, b in pairs) +
+                  " without offload, per stage (measured equal to explain on every rank)")
         return
     check(f"{tag}: memory = explain", not bad, "; ".join(bad[:3]) if bad else
           f"every rank: the state file {prog_off['disk'] / 2**20:.2f} MiB (the plain plan's optimizer state), host "
@@ -187,6 +189,7 @@ case(f"{root}/examples/gpt.plan", "zero2_offload_host", False, host=True)
 case(f"{root}/examples/gpt.plan", "zero3_offload", False, host=True)
 case(f"{root}/examples/mlp.plan", "zero3_offload", False, host=True)
 case(f"{root}/examples/gpt.plan", "dp2_offload_activations", False, host=True)
+case(f"{root}/examples/gpt.plan", "pp2_offload_activations", False, host=True)
 # a state file that cannot be made: one line naming the cause and the fix, before any step or checkpoint
 prog = f"{work}/gpt_zero1_offload_disk_offload"
 if os.path.exists(prog):
