@@ -65,6 +65,17 @@ static void *grow(Arena *a, void *old, int n, int *cap, size_t elem)
 	return fresh;
 }
 
+/* An offload copy of src's n elements into dst (between host and device memory), appended. */
+Kernel *kernel_copy(LProg *p, Phase ph, int chunk, int op, int dst, int src, long long n, const char *note)
+{
+	Kernel *k = kernel_new(p, K_OFFLOAD_COPY, ph, chunk, op);
+	k->note = note;
+	karg_buf(p, k, dst, false, true);
+	karg_buf(p, k, src, true, false);
+	karg_int(p, k, n * dtype_bytes(p->buf[src].dtype));
+	return k;
+}
+
 Kernel *kernel_new(LProg *p, KernelKind kind, Phase ph, int chunk, int op)
 {
 	p->k = grow(p->g->arena, p->k, p->nk, &p->capk, sizeof(Kernel));

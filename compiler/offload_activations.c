@@ -108,13 +108,10 @@ static int by_first_use(const void *a, const void *b)
 	return order_first_b[x] != order_first_b[y] ? order_first_b[x] - order_first_b[y] : x - y;
 }
 
+/* an offload copy of the whole of src, taken off the program's list for an insert */
 static Kernel copy_kernel(LProg *p, Phase ph, int chunk, int dst, int src, const char *note)
 {
-	Kernel *k = kernel_new(p, K_OFFLOAD_COPY, ph, chunk, -1);
-	k->note = note;
-	karg_buf(p, k, dst, false, true);
-	karg_buf(p, k, src, true, false);
-	karg_int(p, k, (long long)p->buf[src].bytes);
+	kernel_copy(p, ph, chunk, -1, dst, src, p->buf[src].elems, note);
 	return p->k[--p->nk];
 }
 

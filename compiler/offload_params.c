@@ -12,29 +12,36 @@
  * refuses `-> host` (emit_c.c): it has no device memory to free. */
 #include "planc.h"
 
+#include <stdlib.h>
+
 static bool host_param(const LProg *p, int b)
 {
 	const Buffer *x = &p->buf[buffer_root(p, b)];
 	return x->cls == BUF_STATE && x->state == SC_PARAM && x->place == PLACE_HOST;
 }
 
-/* The finish of the request a start kernel begins (overlap.c: same handle, later in the phase). */
-static int finish_of(const LProg *p, int start)
+/* finish[h]: the kernel that finishes request handle h (overlap.c gives each start its own) */
+static int *finishes(const LProg *p)
 {
-	const Kernel *s = &p->k[start];
-	for (int i = start + 1; i < p->nk; i++) {
+	int *finish = malloc(sizeof(int) * (size_t)(p->nhandles + 1));
+	if (!finish)
+		ICE("out of memory");
+	for (int h = 0; h < p->nhandles; h++)
+		finish[h] = -1;
+	for (int i = 0; i < p->nk; i++) {
 		const Kernel *k = &p->k[i];
-		if (k->kind == K_REQUEST_FINISH && k->nargs && k->args[0].kind == KA_REQ && s->nargs &&
-		    s->args[0].kind == KA_REQ && k->args[0].i == s->args[0].i)
-			return i;
+		if (k->kind == K_REQUEST_FINISH && k->nargs && k->args[0].kind == KA_REQ && k->args[0].i >= 0 &&
+		    k->args[0].i < p->nhandles)
+			finish[k->args[0].i] = i;
 	}
-	ICE("a parameter gather's start has no finish");
+	return finish;
 }
 
 static void offload_params_prog(LProg *p)
 {
 	Inserts ins = {0};
 	int nk = p->nk;
+	int *finish = finishes(p);
 	for (int i = 0; i < nk; i++) {
 		Kernel *k = &p->k[i];
 		int arg = k->kind == K_ALLGATHER_FLAT ? 0 : k->kind == K_ALLGATHER_FLAT_START ? 1 : -1;
@@ -44,22 +51,24 @@ static void offload_params_prog(LProg *p)
 		const Buffer *c = &p->buf[chunk];
 		int dev = buffer_new(p, BUF_ARENA, c->dtype, c->elems, "param_chunk_device",
 				     arena_printf(p->g->arena, "a device copy of %s", c->what ? c->what : c->name));
-		Kernel *copy = kernel_new(p, K_OFFLOAD_COPY, k->phase, k->chunk, k->op);
-		copy->note = "a parameter chunk from the host, for its gather";
+		Kernel *copy = kernel_copy(p, k->phase, k->chunk, k->op, dev, chunk, c->elems,
+					   "a parameter chunk from the host, for its gather");
 		k = &p->k[i];
 		copy->only_last_micro = k->only_last_micro;
-		karg_buf(p, copy, dev, false, true);
-		karg_buf(p, copy, chunk, true, false);
-		karg_int(p, copy, c->elems * dtype_bytes(c->dtype));
 		inserts_add(&ins, p->k[--p->nk], i);
 		k = &p->k[i];
 		k->args[arg].buf = dev;
 		for (int u = 0; u < k->nuses; u++)
 			if (k->uses[u] == chunk)
 				k->uses[u] = dev;
-		if (k->kind == K_ALLGATHER_FLAT_START) /* the collective reads it until it finishes */
-			kernel_use(p, &p->k[finish_of(p, i)], dev);
+		if (k->kind == K_ALLGATHER_FLAT_START) { /* the collective reads it until it finishes */
+			int h = k->args[0].kind == KA_REQ ? (int)k->args[0].i : -1;
+			if (h < 0 || h >= p->nhandles || finish[h] < 0)
+				ICE("a parameter gather's start has no finish");
+			kernel_use(p, &p->k[finish[h]], dev);
+		}
 	}
+	free(finish);
 	inserts_apply(p, &ins);
 }
 

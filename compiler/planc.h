@@ -1025,6 +1025,8 @@ Lowered *lower(Graph *g);
 LProg *lowered_prog(const Lowered *low, int stage, int role); /* role: RANKROLE_* */
 /* The helpers every back-end pass shares (lower.c). */
 Kernel *kernel_new(LProg *p, KernelKind kind, Phase ph, int chunk, int op);
+/* K_OFFLOAD_COPY of src's first n elements into dst, appended (offload: host <-> device) */
+Kernel *kernel_copy(LProg *p, Phase ph, int chunk, int op, int dst, int src, long long n, const char *note);
 int buffer_new(LProg *p, BufClass cls, DType t, long long elems, const char *name, const char *what);
 void karg_buf(LProg *p, Kernel *k, int b, bool reads, bool writes);
 void karg_int(LProg *p, Kernel *k, long long i);

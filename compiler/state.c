@@ -642,11 +642,7 @@ static const Update *member(const State *S, const Group *G, int m, long long *ba
 
 static void offload_copy(State *S, int dst, int src, long long n, const char *note)
 {
-	LProg *p = S->p;
-	Kernel *k = step_kernel(S, K_OFFLOAD_COPY, PH_STEP, note);
-	karg_buf(p, k, dst, false, true);
-	karg_buf(p, k, src, true, false);
-	karg_int(p, k, n * dtype_bytes(p->buf[src].dtype));
+	kernel_copy(S->p, PH_STEP, 0, -1, dst, src, n, note);
 }
 
 /* Group i's inputs to the host, into slot s: its record, its gradients, and f32 parameters that

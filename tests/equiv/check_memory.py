@@ -25,27 +25,24 @@ import subprocess
 import sys
 import tempfile
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402  (tests/equiv/harness.py)
+
 planc, root = sys.argv[1], sys.argv[2]
-env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-           OMPI_MCA_rmaps_base_oversubscribe="1", OMPI_MCA_plm="isolated", OMPI_MCA_btl="self,vader",
-           OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", PLANRT_REPORT_MEMORY="1")
+env = harness.mpi_env(PLANRT_REPORT_MEMORY="1")
 work = tempfile.mkdtemp(prefix="planc-memory-")
-passed = failed = 0
 KINDS = ["param", "grad", "optim", "master", "buffer", "metric", "offload"]
 LINE = re.compile(r"planrt: rank (\d+): memory arena_high_water=(\d+) arena_planned=(\d+) state=(\d+) peak_rss=\d+ "
                   r"stage=(\d+) param=(\d+) grad=(\d+) optim=(\d+) master=(\d+) buffer=(\d+) metric=(\d+) "
                   r"offload=(\d+)")
 
 
-def check(name, ok, detail):
-    global passed, failed
-    print(f"{'PASS' if ok else 'FAIL'}: {name}: {detail}", flush=True)
-    passed, failed = passed + ok, failed + (not ok)
+tally = harness.Tally()
+check = tally.check
 
 
 def explain(src, plan):
-    out = subprocess.run([planc, "explain", src, "--plan", plan, "--json"], capture_output=True, text=True, check=True)
-    return json.loads(out.stdout)
+    return harness.explain(planc, src, plan)
 
 
 def measure(src, plan, world, steps=2):
@@ -148,5 +145,4 @@ for plan, n in (("ep2", 2), ("ep4", 4)):
           f"every rank holds {E // n} of {E} experts: parameters {ranks[0]['kinds']['param'] / 2**20:.3f} MiB "
           f"(single rank {base['param'] / 2**20:.3f} MiB), gradients and AdamW states alike")
 
-print(f"{passed} passed, {failed} failed")
-sys.exit(1 if failed else 0)
+tally.finish()
