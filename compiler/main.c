@@ -1,7 +1,7 @@
 /* main.c: the planc command line. Parses arguments, loads the program, runs sema and the pass
  * driver, and hands the result to the requested command. Exit status: 0 success, 1 an error in
  * the user's input (reported with file:line:col), 2 a usage error; internal errors abort. */
-#include "planc.h"
+#include "passes.h"
 
 #include <errno.h>
 #include <stdlib.h>

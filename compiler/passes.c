@@ -17,7 +17,7 @@
  *   streams    the device schedule: streams, events, joins (streams.c; printed by the CUDA target)
  *   emit       the C printer (emit_c.c), for planc emit and planc build (run_emit)
  * With verification on (the tests), the IR verifier runs after every back-end pass. */
-#include "planc.h"
+#include "passes.h"
 
 #include <string.h>
 

@@ -13,7 +13,7 @@
  * errors in the same file are reported too. */
 
 %code requires {
-#include "planc.h"
+#include "front/front.h"
 
 #ifndef YY_TYPEDEF_YY_SCANNER_T
 #define YY_TYPEDEF_YY_SCANNER_T

@@ -8,7 +8,7 @@
 # (a PROG_DIR that is a .cu file is compiled as a program of its own, linked with cuBLAS: the GEMM
 # benchmark of scripts/gpu-check.sh)
 #
-# RUNTIME_DIR holds planrt's sources (runtime/ of the repository). planrt and planrt_cuda are compiled
+# RUNTIME_DIR holds planrt's sources (runtime/ of the repository: a folder per concern, include/). planrt and planrt_cuda are compiled
 # once into LIB_DIR (kept: a second call reuses them) for ONE process: runtime/standalone/mpi.h
 # stands in for MPI (a world of one rank; the program runs without mpirun) and runtime/standalone/
 # cblas.h for OpenBLAS (the host multiplies nothing on the GPU's training path). jansson is the one
@@ -82,7 +82,7 @@ if [ -n "${JANSSON_DIR:-}" ]; then JANSSON_INC=$JANSSON_DIR/include JANSSON_A=$J
 
 # standalone/ first: its mpi.h and cblas.h are the one-process MPI and the plain GEMM
 # (never -isystem /usr/include: it reorders the system directories and breaks libstdc++'s #include_next)
-INCS=(-I"$RT/standalone" -I"$RT")
+INCS=(-I"$RT/standalone" -I"$RT/include")
 for d in "$JANSSON_INC" "$CUDA_HOME/include" "$CUBLAS_INC" "$NCCL_INC"; do
 	case "$d" in /usr/include | /usr/local/include) ;; *) INCS+=(-isystem "$d") ;; esac
 done
@@ -93,17 +93,17 @@ NVFLAGS=(-std=c++17 -O2 -gencode "$GENCODE" -Xcompiler=-fPIC,-Wall "${INCS[@]}")
 ARCHIVE=$LIB/libplanrt_one.a
 stale=0
 [ -f "$ARCHIVE" ] || stale=1
-for s in "$RT"/*.c "$RT"/*.cu "$RT"/*.h "$RT"/standalone/*.h; do
+for s in "$RT"/*/*.c "$RT"/*/*.cu "$RT"/*/*.h; do
 	[ "$s" -nt "$ARCHIVE" ] && stale=1
 done
 if [ $stale = 1 ]; then
 	t0=$(date +%s.%N)
 	rm -f "$LIB"/*.o "$ARCHIVE"
 	pids=()
-	for s in "$RT"/*.c; do
+	for s in "$RT"/*/*.c; do
 		"$CC" "${CFLAGS[@]}" -c "$s" -o "$LIB/$(basename "$s" .c).c.o" & pids+=($!)
 	done
-	for s in "$RT"/*.cu; do
+	for s in "$RT"/*/*.cu; do
 		"$NVCC" "${NVFLAGS[@]}" -c "$s" -o "$LIB/$(basename "$s" .cu).cu.o" & pids+=($!)
 	done
 	fail=0

@@ -19,10 +19,9 @@ PLANC=$(readlink -f "$1")
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 B=$2
 rm -rf "$B"
-mkdir -p "$B/runtime/standalone" "$B/jansson/include" "$B/jansson/lib" "$B/prebuilt"
+mkdir -p "$B/runtime" "$B/jansson/include" "$B/jansson/lib" "$B/prebuilt"
 B=$(cd "$B" && pwd)
-cp "$ROOT"/runtime/*.c "$ROOT"/runtime/*.cu "$ROOT"/runtime/*.h "$B/runtime/"
-cp "$ROOT"/runtime/standalone/*.h "$B/runtime/standalone/"
+cp -r "$ROOT"/runtime/. "$B/runtime/" # a folder per concern (runtime/README.md), include/, standalone/
 cp "$ROOT/scripts/gpu-build.sh" "$ROOT/scripts/gpu-check.sh" "$ROOT/bench/gpu/gemm_rate.cu" "$ROOT/bench/gpu/torch_gpt.py" \
 	"$ROOT/bench/gpu/profile.sh" \
 	"$ROOT/data/corpus.txt" "$B/"

@@ -64,17 +64,17 @@ set_tests_properties(ops_observe PROPERTIES TIMEOUT 600 ENVIRONMENT "${CC_CACHE_
 # cuda (or refused as listed, by kernel), each program's one-line refusal without a GPU, and the
 # build half of scripts/gpu-check.sh (planrt for one process, without MPI or OpenBLAS).
 add_test(NAME cuda_streams COMMAND python3 ${ROOT}/tests/cuda/check_streams.py ${PLANC} ${ROOT} WORKING_DIRECTORY ${ROOT})
-# the sync-strategy device kernels' per-element logic (runtime/planrt_sync_math.h) on the CPU,
-# composed as runtime/sync_cuda.cu composes it, against compress.c, sync.c and step.c on 4 ranks
+# the sync-strategy device kernels' per-element logic (runtime/include/planrt_sync_math.h) on the CPU,
+# composed as runtime/cuda/sync_cuda.cu composes it, against compress.c, sync.c and step.c on 4 ranks
 add_executable(cuda_test_sync_math ${ROOT}/tests/cuda/test_sync_math.c)
 target_compile_options(cuda_test_sync_math PRIVATE ${PLANC_WARNINGS})
-target_include_directories(cuda_test_sync_math PRIVATE ${ROOT}/runtime)
+target_include_directories(cuda_test_sync_math PRIVATE ${ROOT}/runtime/include)
 target_link_libraries(cuda_test_sync_math PRIVATE planrt m)
 add_test(NAME cuda_sync_math
          COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 4 ${MPIEXEC_PREFLAGS}
                  $<TARGET_FILE:cuda_test_sync_math> ${MPIEXEC_POSTFLAGS})
 set_tests_properties(cuda_sync_math PROPERTIES TIMEOUT 120 ENVIRONMENT "${RUNTIME_MPI_ENV};PLANRT_WATCHDOG=60")
-# the MoE kernels' per-token, per-expert and per-element logic (runtime/planrt_moe_math.h, which
+# the MoE kernels' per-token, per-expert and per-element logic (runtime/cuda/planrt_moe_math.h, which
 # moe_cuda.cu runs on the device) run on the CPU against the CPU kernels, bit for bit
 add_executable(cuda_test_moe_math ${ROOT}/tests/cuda/test_moe_math.c)
 target_compile_options(cuda_test_moe_math PRIVATE ${PLANC_WARNINGS} -O2)

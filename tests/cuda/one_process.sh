@@ -36,7 +36,7 @@ else
 	echo "ok: without a GPU: $out"
 fi
 # the CPU program against the one-process planrt
-cc -std=gnu11 -O1 -Iruntime/standalone -Iruntime "$tmp/c/prog.c" -o "$tmp/cpu_one" "$tmp/lib/libplanrt_one.a" \
+cc -std=gnu11 -O1 -Iruntime/standalone -Iruntime/include "$tmp/c/prog.c" -o "$tmp/cpu_one" "$tmp/lib/libplanrt_one.a" \
 	/usr/lib/x86_64-linux-gnu/libjansson.a -lpthread -lm || exit 1
 if ldd "$tmp/cpu_one" | grep -q -E "libmpi|libopenblas"; then bad "the one-process CPU program links MPI or OpenBLAS"; fi
 "$PLANC" build examples/mlp.plan --plan single -o "$tmp/cpu_mpi" || exit 1

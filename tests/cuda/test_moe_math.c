@@ -13,7 +13,7 @@
 #define PLANRT_INTERNAL
 #include "planrt_exec.h"
 #include "planrt_kernels.h"
-#include "planrt_moe_math.h"
+#include "../../runtime/cuda/planrt_moe_math.h"
 
 #include <stdio.h>
 #include <stdlib.h>

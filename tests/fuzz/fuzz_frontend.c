@@ -5,7 +5,7 @@
  *
  *   cmake -S . -B build-fuzz -DCMAKE_C_COMPILER=clang -DPLANC_FUZZ=ON && make -C build-fuzz fuzz_frontend
  *   build-fuzz/tests/fuzz/fuzz_frontend -max_total_time=60 tests/fuzz/corpus */
-#include "planc.h"
+#include "front/front.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -9,7 +9,7 @@
  * a planrt function has a signature in emit_llvm.c (a kind added without one would be refused).
  * Prints PASS/FAIL lines and a closing tally.
  * usage: verify_module FILE... (from the repository root) */
-#include "planc.h"
+#include "passes.h"
 
 #include <llvm-c/Analysis.h>
 #include <llvm-c/Core.h>

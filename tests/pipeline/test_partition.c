@@ -8,7 +8,7 @@
  * inputs (n = 10^4, k = 1024) is printed, not asserted. Every result must be a valid partition:
  * part_of non-decreasing from 0 to k - 1 in steps of at most one, so every part is non-empty.
  * Prints PASS/FAIL lines and `N passed, M failed`; exits 1 on any failure. */
-#include "planc.h"
+#include "passes.h"
 
 #include <math.h>
 #include <stdarg.h>

@@ -9,7 +9,7 @@
  *   - the async master receiving a different size from its last worker (coordinate 1999): the
  *     check must still visit every worker's stream, not only the first.
  * Prints PASS/FAIL lines and `N passed, N failed`; exits 1 on any failure. */
-#include "planc.h"
+#include "passes.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -8,7 +8,7 @@
  * examples/gpt.plan's plan, edits the lowered program's communication as a bug in a pass would,
  * and runs the check again, whose diagnostic is captured and matched.
  * Prints PASS/FAIL lines and `N passed, M failed`; exits 1 on any failure. */
-#include "planc.h"
+#include "passes.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -1,0 +1,90 @@
+/* arena.c: one arena per compilation. The compiler allocates AST nodes, IR values and strings
+ * from it and never frees them one by one; arena_free releases everything at once (QBE's
+ * alloc/freeall). Blocks grow geometrically so a 96-layer model costs a handful of mallocs. */
+#include "base/base.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct Block {
+	struct Block *next;
+	size_t used, cap;
+	_Alignas(16) unsigned char data[];
+} Block;
+
+struct Arena {
+	Block *head;
+	size_t next_cap;
+};
+
+Arena *arena_new(void)
+{
+	Arena *a = calloc(1, sizeof *a);
+	if (!a)
+		ICE("out of memory");
+	a->next_cap = 64 * 1024;
+	return a;
+}
+
+void *arena_alloc(Arena *a, size_t n)
+{
+	n = (n + 15) & ~(size_t)15;
+	Block *b = a->head;
+	if (!b || b->cap - b->used < n) {
+		size_t cap = a->next_cap;
+		while (cap < n)
+			cap *= 2;
+		if (a->next_cap < (64u << 20))
+			a->next_cap *= 2;
+		b = malloc(sizeof *b + cap);
+		if (!b)
+			ICE("out of memory (arena block of %zu bytes)", cap);
+		b->next = a->head;
+		b->used = 0;
+		b->cap = cap;
+		a->head = b;
+	}
+	void *p = b->data + b->used;
+	b->used += n;
+	memset(p, 0, n);
+	return p;
+}
+
+char *arena_strndup(Arena *a, const char *s, size_t n)
+{
+	char *p = arena_alloc(a, n + 1);
+	memcpy(p, s, n);
+	p[n] = 0;
+	return p;
+}
+
+char *arena_strdup(Arena *a, const char *s)
+{
+	return arena_strndup(a, s, strlen(s));
+}
+
+char *arena_printf(Arena *a, const char *fmt, ...)
+{
+	va_list ap, ap2;
+	va_start(ap, fmt);
+	va_copy(ap2, ap);
+	int n = vsnprintf(NULL, 0, fmt, ap);
+	va_end(ap);
+	char *p = arena_alloc(a, (size_t)n + 1);
+	vsnprintf(p, (size_t)n + 1, fmt, ap2);
+	va_end(ap2);
+	return p;
+}
+
+void arena_free(Arena *a)
+{
+	if (!a)
+		return;
+	Block *b = a->head;
+	while (b) {
+		Block *next = b->next;
+		free(b);
+		b = next;
+	}
+	free(a);
+}

@@ -1,0 +1,1108 @@
+/* explain.c: what a plan costs, read off the compiled program (never from closed-form formulas).
+ *
+ * For every distinct rank role (pipeline stage x async role) it reports:
+ *   parameters, gradients, optimizer states  for a plan planc build runs: the persistent buffers
+ *                   the program allocates, by kind (state.c): exactly what runs. For a plan it
+ *                   cannot run yet: the PARAM values, their gradients and the optimizer's state at
+ *                   their local sizes after tensor sharding and ZeRO, from the graph;
+ *   activations     runnable: the activation slots (memplan.c), one per micro-batch the schedule
+ *                   keeps in flight; otherwise the forward values a backward op reads, per
+ *                   micro-batch, times the micro-batches in flight. The per-layer figures are
+ *                   always the graph's (what the backward reads), for comparison with papers;
+ *   working memory  runnable: the rest of the arena; otherwise the largest set of other values
+ *                   alive at once in one micro-batch's forward and backward;
+ *   communication   every communication kernel of the program with its calls per step, buffer
+ *                   bytes and the bytes a rank puts on the wire (ring algorithms), rounded per
+ *                   call exactly as planrt counts them;
+ *   FLOPs           2 M N K for every matmul (recomputed ones included), per step;
+ *   bubble          the schedule table simulated with each stage's FLOPs as its time.
+ * docs/explain.md says which published formula each figure agrees with. */
+#include "explain/explain.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct CommRow {
+	OpKind kind;
+	int axis;       /* mesh axis */
+	bool pair;      /* tied-parameter group of two stages */
+	bool bound;     /* bytes are a bound (an all_to_all_v, whose sizes depend on the data) */
+	const char *phase; /* forward, backward, step, recompute */
+	double calls, bytes, wire;
+} CommRow;
+
+typedef struct Role {
+	int stage, role;
+	int nranks, first_rank;
+	double params, grads, optim, act, act_micro, work, peak;
+	double host, disk;
+	int inflight;
+	double *act_layer; /* per layer (global layer index), this stage's layers */
+	double flops;      /* per step, this rank */
+	double prog_arena, prog_state; /* the executable program's memory (0 if not executable yet) */
+	double prog_metric;            /* its metric scalars and named runtime buffers */
+	const LProg *lp;               /* this role's program */
+	CommRow *comm;
+	int ncomm, capcomm;
+} Role;
+
+typedef struct Report {
+	Graph *g;
+	PlanSpec *ps;
+	const Lowered *low;
+	bool runnable;     /* planc build runs it: memory comes from the program */
+	Role *roles;
+	int nroles;
+	double model_flops;
+	long long params_total; /* exact: graph.c keeps every tensor and their sum below 2^60 bytes */
+	long long params_frozen, params_buffers; /* of which `freeze` and `buffer`: no gradients, no optimizer state */
+	double bubble;
+	/* the estimated step time on the reference device (seconds) */
+	double est_pipeline, est_update, est_step;
+} Report;
+
+static double bytes_of(const Graph *g, int v)
+{
+	return (double)value_local_elems(g, v) * dtype_bytes(g->vals[v].dtype);
+}
+
+/* Elements of v's local block: its dims split by the mesh axes that split them (a ZeRO-flat
+ * gradient is still computed whole, so flat layouts do not count). */
+static double block_elems(const Graph *g, int v)
+{
+	const Value *val = &g->vals[v];
+	double n = 1;
+	for (int d = 0; d < val->rank; d++) {
+		double k = (double)val->dim[d];
+		for (int a = 0; a < g->ps->naxes; a++)
+			if (val->lay.on[a] == d)
+				k /= g->ps->axes[a].size;
+		n *= k;
+	}
+	return n;
+}
+
+static double matmul_flops(const Graph *g, const Op *op, bool local)
+{
+	if (op->kind != OP_MATMUL && op->kind != OP_MATMUL_WGRAD)
+		return 0;
+	const Value *a = &g->vals[op->in[0]];
+	double out = local ? block_elems(g, op->out[0]) : (double)value_elems(g, op->out[0]);
+	double k;
+	if (op->kind == OP_MATMUL) {
+		k = (double)a->dim[a->rank - 1];
+		if (local && a->lay.on[0] != 99) {
+			for (int ax = 0; ax < g->ps->naxes; ax++)
+				if (a->lay.on[ax] == a->rank - 1)
+					k /= g->ps->axes[ax].size;
+		}
+	} else { /* contracted over every leading dim of a */
+		double all = local ? block_elems(g, op->in[0]) : (double)value_elems(g, op->in[0]);
+		double last = (double)a->dim[a->rank - 1];
+		if (local)
+			for (int ax = 0; ax < g->ps->naxes; ax++)
+				if (a->lay.on[ax] == a->rank - 1)
+					last /= g->ps->axes[ax].size;
+		k = all / last;
+	}
+	return 2.0 * out * k;
+}
+
+/* Bytes a rank puts on the wire for one call, rounded as planrt counts them (comm_mpi.c): the
+ * exact fraction k (n - 1) B / n to the nearest byte, halves up, in integers. */
+static double wire_bytes(OpKind kind, long long n, long long B)
+{
+	if (n <= 1 || kind == OP_RECV)
+		return 0;
+	if (kind == OP_SEND)
+		return (double)B;
+	/* 128-bit: B < 2^60 (graph.c) times 4 (n - 1) < 2^26 does not fit 64 bits */
+	__int128 k = kind == OP_ALL_REDUCE ? 2 : 1;
+	return (double)((2 * k * (n - 1) * B + n) / (2 * n));
+}
+
+static void add_comm(Report *rep, Role *r, const Kernel *k, const Comm *c)
+{
+	const Graph *g = rep->g;
+	const PlanSpec *ps = rep->ps;
+	int m = ps->micro_batches > 0 ? ps->micro_batches : 1;
+	double calls;
+	switch (k->phase) {
+	case PH_PREPARE_F:
+	case PH_FORWARD:
+	case PH_PREPARE_B:
+	case PH_BACKWARD:
+		calls = k->only_last_micro ? 1 : m;
+		break;
+	case PH_STEP_BEGIN:
+	case PH_STEP:
+		calls = 1;
+		break;
+	default:
+		return; /* once per run, not per step */
+	}
+	if (c->every > 0)
+		calls /= c->every;
+	long long B = c->elems * dtype_bytes(c->dtype);
+	long long n = c->pair >= 0 || c->coll == OP_SEND || c->coll == OP_RECV ? 2 : c->axis >= 0 ? ps->axes[c->axis].size : 1;
+	double wire = c->bound ? (double)B : wire_bytes(c->coll, n, B); /* a bound: what leaves this rank */
+	bool recompute = k->op >= 0 && g->ops[k->op].recompute;
+	bool transfer = c->coll == OP_SEND || c->coll == OP_RECV;
+	int nchunks = g->sched && g->sched->chunks > 0 ? g->sched->chunks : 1;
+	/* a transfer belongs to the pass it serves: a gradient's receive is posted during the forward */
+	bool backward = transfer ? c->channel >= nchunks : k->phase == PH_BACKWARD || k->phase == PH_PREPARE_B;
+	const char *phase = k->phase == PH_STEP || k->phase == PH_STEP_BEGIN ? "step"
+			    : recompute ? "recompute"
+			    : backward ? "backward" : "forward";
+	bool pair = c->pair >= 0;
+	for (int i = 0; i < r->ncomm; i++) {
+		CommRow *row = &r->comm[i];
+		if (row->kind == c->coll && row->axis == c->axis && row->pair == pair && row->bound == c->bound &&
+		    !strcmp(row->phase, phase)) {
+			row->calls += calls;
+			row->bytes += calls * (double)B;
+			row->wire += calls * wire;
+			return;
+		}
+	}
+	if (r->ncomm == r->capcomm) {
+		r->capcomm = r->capcomm ? r->capcomm * 2 : 16;
+		CommRow *nc = realloc(r->comm, sizeof(CommRow) * (size_t)r->capcomm);
+		if (!nc)
+			ICE("out of memory");
+		r->comm = nc;
+	}
+	r->comm[r->ncomm++] = (CommRow){c->coll, c->axis, pair, c->bound, phase, calls, calls * (double)B, calls * wire};
+}
+
+static bool op_on(const Op *op, int stage, int role)
+{
+	if (op->role != RANKROLE_ANY && op->role != role)
+		return false;
+	if (op->stage_group[0] >= 0)
+		return stage == op->stage_group[0] || stage == op->stage_group[1];
+	return op->stage == stage;
+}
+
+static double optimizer_state_bytes(const PlanSpec *ps)
+{
+	double b = ps->master_dtype != ps->param_dtype ? dtype_bytes(ps->master_dtype) : 0;
+	switch (ps->optimizer) {
+	case OPT_ADAM:
+	case OPT_ADAMW:
+		return b + 8;
+	case OPT_MOMENTUM:
+		return b + 4;
+	case OPT_SGD:
+		return b;
+	}
+	return b;
+}
+
+static void model_states(Report *rep, Role *r)
+{
+	Graph *g = rep->g;
+	PlanSpec *ps = rep->ps;
+	int zn = ps->zero_stage >= 1 && ps->zero_axis >= 0 ? ps->axes[ps->zero_axis].size : 1;
+	bool worker_only = ps->sync == SYNC_ASYNC && r->role == RANKROLE_WORKER;
+	for (int i = 0; i < g->nops; i++) {
+		const Op *op = &g->ops[i];
+		if (op->kind != OP_OPTIMIZER_STEP || op->stage != r->stage)
+			continue;
+		int p = op->in[0], gr = op->in[1];
+		r->params += bytes_of(g, p);
+		r->grads += bytes_of(g, gr);
+		/* the optimizer works on the tensor-parallel shard, split again over the ZeRO axis */
+		Layout saved = g->vals[p].lay;
+		if (ps->zero_axis >= 0)
+			g->vals[p].lay.on[ps->zero_axis] = LAYOUT_R;
+		double local = (double)value_local_elems(g, p);
+		g->vals[p].lay = saved;
+		if (zn > 1)
+			local = ceil(local / zn);
+		if (!worker_only)
+			r->optim += local * optimizer_state_bytes(ps);
+		if (ps->compress != COMPRESS_NONE && ps->error_feedback)
+			r->optim += (double)value_local_elems(g, gr) * 4; /* error-feedback residual, f32 */
+	}
+	if (ps->offload_optimizer == PLACE_HOST) {
+		r->host += r->optim;
+		r->optim = 0;
+	} else if (ps->offload_optimizer == PLACE_DISK) {
+		r->disk += r->optim;
+		r->optim = 0;
+	}
+	if (ps->offload_params == PLACE_HOST) {
+		r->host += r->params;
+		r->params = 0;
+	} else if (ps->offload_params == PLACE_DISK) {
+		r->disk += r->params;
+		r->params = 0;
+	}
+}
+
+/* Forward values read by the backward: the activations a micro-batch keeps. */
+static void activations(Report *rep, Role *r)
+{
+	Graph *g = rep->g;
+	char *seen = calloc((size_t)g->nvals, 1);
+	if (!seen)
+		ICE("out of memory");
+	r->act_layer = calloc((size_t)(g->nlayers + 1), sizeof(double));
+	if (!r->act_layer)
+		ICE("out of memory");
+	double total = 0;
+	for (int i = 0; i < g->nops; i++) {
+		const Op *op = &g->ops[i];
+		if (!op->backward || op->stage != r->stage || op->per_step)
+			continue;
+		for (int k = 0; k < op->nin; k++) {
+			int v = op->in[k];
+			int def = g->vals[v].def;
+			if (def < 0)
+				continue;
+			const Op *prod = &g->ops[def];
+			if (prod->backward || prod->per_step || prod->kind == OP_PARAM)
+				continue;
+			if (g->vals[v].role == ROLE_PARAM)
+				continue;
+			int root = value_root(g, v);
+			const Op *rdef = g->vals[root].def >= 0 ? &g->ops[g->vals[root].def] : NULL;
+			if (rdef && rdef->kind == OP_PARAM)
+				continue; /* a view of a parameter (w.T) */
+			if (rdef && rdef->kind == OP_ALL_GATHER && g->vals[rdef->in[0]].role == ROLE_PARAM)
+				continue; /* a gathered ZeRO-3 parameter: working memory, not an activation */
+			if (seen[root])
+				continue;
+			seen[root] = 1;
+			double b = bytes_of(g, root);
+			total += b;
+			int layer = op->layer;
+			if (layer >= 0 && layer < g->nlayers)
+				r->act_layer[layer] += b;
+		}
+	}
+	free(seen);
+	int v = g->sched ? g->sched->chunks : 1;
+	r->inflight = g->sched ? g->sched->inflight[r->stage] : 1;
+	r->act_micro = total;
+	r->act = total * r->inflight / (v > 0 ? v : 1);
+	if (rep->ps->offload_activations == PLACE_HOST) {
+		r->host += r->act - total / (v > 0 ? v : 1);
+		r->act = total / (v > 0 ? v : 1);
+	}
+}
+
+/* Largest live set of values other than model states and saved activations, one micro-batch. */
+static void working_memory(Report *rep, Role *r)
+{
+	Graph *g = rep->g;
+	int *last = malloc(sizeof(int) * (size_t)g->nvals);
+	char *saved = calloc((size_t)g->nvals, 1);
+	if (!last || !saved)
+		ICE("out of memory");
+	for (int v = 0; v < g->nvals; v++)
+		last[v] = -1;
+	for (int i = 0; i < g->nops; i++) {
+		const Op *op = &g->ops[i];
+		if (op->stage != r->stage || op->per_step)
+			continue;
+		for (int k = 0; k < op->nin; k++) {
+			last[op->in[k]] = i;
+			int def = g->vals[op->in[k]].def;
+			if (op->backward && def >= 0 && !g->ops[def].backward)
+				saved[value_root(g, op->in[k])] = 1;
+		}
+	}
+	double live = 0, most = 0;
+	double *free_at = calloc((size_t)g->nops + 1, sizeof(double));
+	if (!free_at)
+		ICE("out of memory");
+	for (int i = 0; i < g->nops; i++) {
+		const Op *op = &g->ops[i];
+		if (op->stage != r->stage || op->per_step)
+			continue;
+		for (int k = 0; k < op->nout; k++) {
+			int v = op->out[k];
+			const Value *val = &g->vals[v];
+			if (val->alias_of >= 0 || saved[v] || val->role == ROLE_PARAM || val->grad_of >= 0 || last[v] < 0)
+				continue;
+			if (op->kind == OP_PARAM)
+				continue;
+			double b = bytes_of(g, v);
+			live += b;
+			free_at[last[v]] += b;
+		}
+		if (live > most)
+			most = live;
+		live -= free_at[i];
+	}
+	r->work = most;
+	free(free_at);
+	free(last);
+	free(saved);
+}
+
+static void flops_and_comm(Report *rep, Role *r)
+{
+	Graph *g = rep->g;
+	int m = rep->ps->micro_batches > 0 ? rep->ps->micro_batches : 1;
+	for (int i = 0; i < g->nops; i++) {
+		const Op *op = &g->ops[i];
+		if (op_on(op, r->stage, r->role))
+			r->flops += matmul_flops(g, op, true) * (op->per_step ? 1 : m);
+	}
+	const LProg *p = r->lp;
+	for (int i = 0; p && i < p->nk; i++)
+		for (int c = 0; c < p->k[i].ncomm; c++)
+			add_comm(rep, r, &p->k[i], &p->k[i].comm[c]);
+}
+
+static void bubble(Report *rep)
+{
+	Graph *g = rep->g;
+	if (!g->sched || g->nstages <= 1)
+		return;
+	int p = g->nstages, v = g->sched->chunks;
+	double *fc = calloc((size_t)(p * v), sizeof(double)), *bc = calloc((size_t)(p * v), sizeof(double));
+	if (!fc || !bc)
+		ICE("out of memory");
+	for (int i = 0; i < g->nops; i++) {
+		const Op *op = &g->ops[i];
+		if (op->per_step)
+			continue;
+		int chunk = op->layer >= 0 ? g->layer_chunk[op->layer] : (op->stage == 0 && i < g->nfwd / 2 ? 0 : v - 1);
+		double f = matmul_flops(g, op, true);
+		(op->backward ? bc : fc)[op->stage * v + chunk] += f;
+	}
+	for (int i = 0; i < p * v; i++) {
+		if (fc[i] == 0)
+			fc[i] = 1;
+		if (bc[i] == 0)
+			bc[i] = 2;
+	}
+	rep->bubble = pipeline_bubble(g, fc, bc);
+	free(fc);
+	free(bc);
+}
+
+/* ---------------------------------------------------------------- estimated step time
+ * Each kernel of the program costs what a roofline of the reference device gives it: a matmul
+ * its FLOPs at the device's rate for the plan's precision, any other compute kernel the bytes of
+ * its buffers at memory bandwidth, a collective its wire bytes at the per-rank network bandwidth
+ * plus a latency per call. A forward or backward of a micro-batch and chunk costs the sum of its
+ * kernels (a transfer between stages delays the receiving action by its own time); the schedule
+ * table is simulated with those costs, and the step's update phase (gradient buckets, clipping,
+ * the optimizer) is added once. The device is a nominal figure for comparing plans, not a
+ * promise: explain says which one it assumed. */
+typedef struct Device {
+	const char *key, *name;
+	double flops_f32, flops_bf16; /* dense matmul FLOP/s */
+	double memory_bw;             /* bytes/s */
+	int node;                     /* ranks per node */
+	double node_bw, net_bw;       /* bytes/s a rank sends inside its node, and to another node */
+	double latency;               /* seconds per message */
+} Device;
+/* The devices explain can assume (--device NAME): nominal figures for comparing plans. "cpu" is
+ * one core of the x86-64 machines planc is developed on (single-thread OpenBLAS sgemm measured at
+ * 100-175 GFLOP/s, a 14 GB/s copy, shared-memory MPI), so estimates can be held against CPU runs. */
+static const Device devices[] = {
+	{"h200", "H200-class nodes of 8 GPUs (67 TFLOP/s f32, 989 TFLOP/s bf16, 4.8 TB/s memory; 450 GB/s per GPU in a "
+		 "node, 50 GB/s between nodes, 10 us per message)",
+	 67e12, 989e12, 4.8e12, 8, 450e9, 50e9, 10e-6},
+	{"cpu", "one x86-64 core per rank (100 GFLOP/s f32 and bf16, 10 GB/s memory; 5 GB/s and 5 us per message between "
+		"ranks of one machine)",
+	 100e9, 100e9, 10e9, 1 << 30, 5e9, 5e9, 5e-6},
+};
+static const Device *device = &devices[0];
+
+bool explain_device(const char *name)
+{
+	for (size_t i = 0; i < sizeof devices / sizeof devices[0]; i++)
+		if (!strcmp(devices[i].key, name)) {
+			device = &devices[i];
+			return true;
+		}
+	return false;
+}
+
+/* Ranks are numbered row-major with the last mesh axis fastest, so the innermost axes whose sizes
+ * multiply to at most a node's ranks run inside one node. */
+static bool inside_node(const PlanSpec *ps, int axis)
+{
+	long long span = 1;
+	for (int a = axis; a < ps->naxes; a++)
+		span *= ps->axes[a].size;
+	return span <= device->node;
+}
+
+static double comm_seconds(const PlanSpec *ps, const Comm *c)
+{
+	if (c->coll == OP_RECV)
+		return 0;
+	long long n = c->pair >= 0 || c->coll == OP_SEND ? 2 : c->axis >= 0 ? ps->axes[c->axis].size : 1;
+	if (n <= 1)
+		return 0;
+	double wire = wire_bytes(c->coll, n, c->elems * dtype_bytes(c->dtype));
+	bool near = c->axis >= 0 && c->pair < 0 && inside_node(ps, c->axis);
+	return wire / (near ? device->node_bw : device->net_bw) + device->latency;
+}
+
+static double kernel_seconds(const PlanSpec *ps, const LProg *p, const Kernel *k)
+{
+	const Device *d = device;
+	double t = 0;
+	if (k->kind == K_MATMUL) {
+		double flops = 2.0 * (double)k->args[0].i * (double)k->args[1].i * (double)k->args[2].i * (double)k->args[3].i;
+		t = flops / (ps->param_dtype == DT_F32 ? d->flops_f32 : d->flops_bf16);
+	} else if (k->kind == K_LOOP) {
+		double elems = 1;
+		for (int i = 0; i < k->rank; i++)
+			elems *= (double)k->dims[i];
+		t = (double)(k->nuses + k->ndefs) * elems * 4 / d->memory_bw;
+	} else if (kernel_classes[k->kind] == KC_COMPUTE) {
+		double bytes = 0;
+		for (int a = 0; a < k->nargs; a++)
+			if (k->args[a].kind == KA_BUF)
+				bytes += (double)p->buf[k->args[a].buf].bytes;
+		t = bytes / d->memory_bw;
+	}
+	for (int c = 0; c < k->ncomm; c++)
+		if (k->comm[c].coll != OP_SEND)
+			t += comm_seconds(ps, &k->comm[c]);
+	return t;
+}
+
+const char *explain_device_name(void)
+{
+	return device->name;
+}
+
+void explain_costs(const Graph *g, const Lowered *low, int role, double *fc, double *bc, double *xfer, double *update)
+{
+	int p = g->nstages, v = g->sched ? g->sched->chunks : 1, m = g->sched ? g->sched->micro : 1;
+	*xfer = 0;
+	for (int s = 0; s < p; s++) {
+		const LProg *lp = lowered_prog(low, s, role);
+		double step = 0;
+		for (int c = 0; c < v; c++)
+			fc[s * v + c] = bc[s * v + c] = 0;
+		for (int i = 0; lp && i < lp->nk; i++) {
+			const Kernel *k = &lp->k[i];
+			double t = kernel_seconds(g->ps, lp, k);
+			for (int c = 0; c < k->ncomm; c++)
+				if (k->comm[c].coll == OP_SEND && comm_seconds(g->ps, &k->comm[c]) > *xfer)
+					*xfer = comm_seconds(g->ps, &k->comm[c]);
+			if (k->only_last_micro)
+				t /= m; /* once per step: spread over the micro-batches */
+			switch (k->phase) {
+			case PH_PREPARE_F:
+			case PH_FORWARD:
+				fc[s * v + k->chunk] += t;
+				break;
+			case PH_PREPARE_B:
+			case PH_BACKWARD:
+				bc[s * v + k->chunk] += t;
+				break;
+			case PH_STEP_BEGIN:
+			case PH_STEP:
+				step += t;
+				break;
+			default:
+				break;
+			}
+		}
+		update[s] = step;
+	}
+}
+
+static void estimate(Report *rep)
+{
+	Graph *g = rep->g;
+	const Lowered *low = rep->low;
+	if (!low || !g->sched)
+		return;
+	int p = g->nstages, v = g->sched->chunks;
+	double *fc = calloc((size_t)(p * v), sizeof(double)), *bc = calloc((size_t)(p * v), sizeof(double));
+	double *upd = calloc((size_t)p, sizeof(double));
+	if (!fc || !bc || !upd)
+		ICE("out of memory");
+	double xfer = 0, update = 0;
+	explain_costs(g, low, low->nroles > 1 ? RANKROLE_WORKER : RANKROLE_ANY, fc, bc, &xfer, upd);
+	for (int s = 0; s < p; s++)
+		if (upd[s] > update)
+			update = upd[s];
+	double makespan = 0;
+	pipeline_simulate(g, fc, bc, xfer, &makespan, NULL);
+	rep->est_pipeline = makespan;
+	rep->est_update = update;
+	rep->est_step = makespan + update;
+	free(fc);
+	free(bc);
+	free(upd);
+}
+
+static const char *human_time(double s, char *buf, size_t n)
+{
+	if (s >= 1)
+		snprintf(buf, n, "%.3f s", s);
+	else if (s >= 1e-3)
+		snprintf(buf, n, "%.3f ms", s * 1e3);
+	else
+		snprintf(buf, n, "%.3f us", s * 1e6);
+	return buf;
+}
+
+/* A plan planc build runs: its memory lines are what the program allocates. The persistent state
+ * by kind; the arena as the activation slots (and inboxes) plus the rest, the working memory.
+ * A stage that runs one micro-batch at a time keeps its forward and backward together in one
+ * slot over the transient region (memplan.c): then the slot is the activations line and the
+ * working memory is what the arena has beyond it. */
+static void program_memory(Report *rep, Role *r)
+{
+	const LProg *p = r->lp;
+	if (!rep->runnable || !p)
+		return;
+	double dev[SC_COUNT]; /* device memory by kind: what is not offloaded to the host */
+	r->host = 0;
+	for (int k = 0; k < SC_COUNT; k++) {
+		dev[k] = (double)(p->state_bytes[k] - p->host_state_bytes[k]);
+		r->host += (double)p->host_state_bytes[k];
+	}
+	r->disk = (double)p->disk_bytes;
+	r->params = dev[SC_PARAM];
+	r->grads = dev[SC_GRAD];
+	r->optim = dev[SC_OPTIM] + dev[SC_MASTER];
+	r->prog_metric = dev[SC_METRIC] + dev[SC_BUFFER];
+	double slots = (double)p->nslots * (double)p->slot_bytes + (double)p->ninbox * (double)p->inbox_bytes;
+	r->act = slots;
+	r->work = (double)p->arena_bytes - slots;
+	r->inflight = p->nslots;
+	r->prog_arena = (double)p->arena_bytes;
+	r->prog_state = 0;
+	for (int k = 0; k < SC_COUNT; k++)
+		r->prog_state += dev[k];
+}
+
+/* How many ranks hold a role, and the first of them, from the mesh's shape alone (ranks are
+ * row-major over the axes, axis 0 slowest): a role is one coordinate on the pipe axis, and the
+ * master (coordinate 0) or the workers (the others) on the async axis. Never a walk over the
+ * ranks: a million-rank mesh costs what an eight-rank one does. */
+static void role_ranks(const PlanSpec *ps, bool async, int async_axis, Role *r)
+{
+	long long n = ps->world;
+	int coord[MAX_AXES] = {0};
+	if (ps->pipe_axis >= 0) {
+		n /= ps->axes[ps->pipe_axis].size;
+		coord[ps->pipe_axis] = r->stage;
+	}
+	if (async && async_axis < 0) {
+		n = 0; /* no axis splits the batch: every rank is of no async role */
+	} else if (async) {
+		int k = ps->axes[async_axis].size;
+		n = r->role == RANKROLE_MASTER ? n / k : n / k * (k - 1);
+		coord[async_axis] = r->role == RANKROLE_MASTER ? 0 : 1;
+	}
+	r->nranks = (int)n;
+	r->first_rank = -1;
+	if (n > 0) {
+		long long rank = 0;
+		for (int a = 0; a < ps->naxes; a++)
+			rank = rank * ps->axes[a].size + coord[a];
+		r->first_rank = (int)rank;
+	}
+}
+
+static Report *build_report(Graph *g, const Lowered *low)
+{
+	PlanSpec *ps = g->ps;
+	Report *rep = calloc(1, sizeof *rep);
+	if (!rep)
+		ICE("out of memory");
+	rep->g = g;
+	rep->ps = ps;
+	rep->low = low;
+	/* one program for both targets: its allocations are explain's figures when either runs it */
+	rep->runnable = low && (lowered_executable(low, false) || cuda_executable(low, false));
+	bool async = ps->sync == SYNC_ASYNC;
+	int nr = g->nstages * (async ? 2 : 1);
+	rep->roles = calloc((size_t)nr, sizeof(Role));
+	if (!rep->roles)
+		ICE("out of memory");
+	int async_axis = -1;
+	for (int r = 0; r < ps->nrules; r++)
+		if (async && ps->rules[r].dim_name && ps->batch_dim && !strcmp(ps->rules[r].dim_name, ps->batch_dim))
+			async_axis = ps->rules[r].axis;
+	for (int s = 0; s < g->nstages; s++)
+		for (int k = 0; k < (async ? 2 : 1); k++) {
+			Role *r = &rep->roles[rep->nroles++];
+			r->stage = s;
+			r->role = async ? (k == 0 ? RANKROLE_MASTER : RANKROLE_WORKER) : RANKROLE_ANY;
+			role_ranks(ps, async, async_axis, r);
+			r->lp = lowered_prog(rep->low, s, r->role);
+			model_states(rep, r);
+			activations(rep, r);
+			working_memory(rep, r);
+			flops_and_comm(rep, r);
+			program_memory(rep, r);
+			r->peak = r->params + r->grads + r->optim + r->prog_metric + r->act + r->work;
+		}
+	int m = ps->micro_batches > 0 ? ps->micro_batches : 1;
+	for (int i = 0; i < g->nops; i++) {
+		const Op *op = &g->ops[i];
+		rep->model_flops += matmul_flops(g, op, false) * (op->per_step ? 1 : m);
+		if (op->kind == OP_PARAM && g->vals[op->out[0]].tied_to < 0) {
+			const Value *v = &g->vals[op->out[0]];
+			rep->params_total += value_elems(g, op->out[0]);
+			if (v->buffer)
+				rep->params_buffers += value_elems(g, op->out[0]);
+			else if (v->frozen)
+				rep->params_frozen += value_elems(g, op->out[0]);
+		}
+	}
+	bubble(rep);
+	estimate(rep);
+	return rep;
+}
+
+static void free_report(Report *rep)
+{
+	for (int i = 0; i < rep->nroles; i++) {
+		free(rep->roles[i].act_layer);
+		free(rep->roles[i].comm);
+	}
+	free(rep->roles);
+	free(rep);
+}
+
+/* ---------------------------------------------------------------- printing */
+
+static const char *human(double b, char *buf, size_t n)
+{
+	const char *units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+	int u = 0;
+	while (b >= 1024 && u < 5) {
+		b /= 1024;
+		u++;
+	}
+	snprintf(buf, n, u ? "%.2f %s" : "%.0f %s", b, units[u]);
+	return buf;
+}
+
+const char *explain_bytes(double b, char *buf, size_t n)
+{
+	return human(b, buf, n);
+}
+
+static const char *human_count(double x, char *buf, size_t n)
+{
+	const char *units[] = {"", " K", " M", " G", " T", " P", " E"};
+	int u = 0;
+	while (fabs(x) >= 1000 && u < 6) {
+		x /= 1000;
+		u++;
+	}
+	snprintf(buf, n, u ? "%.2f%s" : "%.0f%s", x, units[u]);
+	return buf;
+}
+
+static const char *const compressor_names[] = {"none", "bf16", "fp16", "topk", "powersgd"};
+
+/* The sync strategy, for plans other than plain strict sync (docs/sync.md). */
+static void sync_line(FILE *out, const PlanSpec *ps)
+{
+	int a = sync_axis(ps);
+	const char *axis = a >= 0 ? ps->axes[a].name : "?";
+	if (ps->sync == SYNC_ASYNC)
+		fprintf(out, "  sync async, staleness %d: the master is coordinate 0 of '%s' and computes too; workers compute on "
+			     "parameters at most %d update%s old\n",
+			ps->staleness, axis, ps->staleness, ps->staleness == 1 ? "" : "s");
+	else if (ps->sync == SYNC_LOCAL_SGD && ps->outer != OUTER_NONE)
+		fprintf(out, "  sync local_sgd: replicas on '%s' average every %d step%s through outer %s(lr = %g, momentum = %g)\n",
+			axis, ps->every, ps->every == 1 ? "" : "s", ps->outer == OUTER_NESTEROV ? "nesterov" : "sgd", ps->outer_lr,
+			ps->outer_momentum);
+	else if (ps->sync == SYNC_LOCAL_SGD)
+		fprintf(out, "  sync local_sgd: replicas on '%s' average their parameters every %d step%s\n", axis, ps->every,
+			ps->every == 1 ? "" : "s");
+	else if (ps->compress == COMPRESS_TOPK)
+		fprintf(out, "  sync strict, compress = topk(%g) on '%s'%s\n", ps->topk_ratio, axis,
+			ps->error_feedback ? ", error feedback" : "");
+	else if (ps->compress == COMPRESS_POWERSGD)
+		fprintf(out, "  sync strict, compress = powersgd(rank = %d) on '%s'%s\n", ps->powersgd_rank, axis,
+			ps->error_feedback ? ", error feedback" : "");
+	else if (ps->compress != COMPRESS_NONE)
+		fprintf(out, "  sync strict, compress = %s on '%s'%s\n", compressor_names[ps->compress], axis,
+			ps->error_feedback ? ", error feedback" : "");
+}
+
+static const char *role_name(const Report *rep, const Role *r, char *buf, size_t n)
+{
+	const char *who = r->role == RANKROLE_MASTER ? "master, " : r->role == RANKROLE_WORKER ? "workers, " : "";
+	if (rep->g->nstages > 1)
+		snprintf(buf, n, "stage %d (%s%d rank%s from %d)", r->stage, who, r->nranks, r->nranks == 1 ? "" : "s",
+			 r->first_rank);
+	else
+		snprintf(buf, n, "%s%d rank%s%s", who, r->nranks, r->nranks == 1 ? "" : "s",
+			 r->role == RANKROLE_ANY ? " alike" : "");
+	return buf;
+}
+
+static const char *schedule_name(PipeSchedule s)
+{
+	return s == SCHED_GPIPE ? "gpipe" : s == SCHED_1F1B ? "1f1b" : s == SCHED_INTERLEAVED ? "interleaved" : "none";
+}
+
+static void moe_text(FILE *out, const Report *rep);
+static void moe_json(FILE *out, const Report *rep);
+
+static void print_text(FILE *out, const Report *rep)
+{
+	const PlanSpec *ps = rep->ps;
+	const Graph *g = rep->g;
+	char b1[64], b2[64], b3[64];
+	fprintf(out, "plan %s for %s: %d rank%s (", ps->plan->name, ps->model->name, ps->world, ps->world == 1 ? "" : "s");
+	for (int a = 0; a < ps->naxes; a++)
+		fprintf(out, "%s%s = %d", a ? " x " : "", ps->axes[a].name, ps->axes[a].size);
+	fprintf(out, ")\n");
+	fprintf(out, "  batch %lld in %d micro-batch%s, %s, zero %d, recompute %s\n", ps->batch,
+		ps->micro_batches, ps->micro_batches == 1 ? "" : "es",
+		ps->param_dtype == ps->master_dtype ? dtype_name(ps->param_dtype) : arena_printf(g->arena, "%s with %s master weights", dtype_name(ps->param_dtype), dtype_name(ps->master_dtype)),
+		ps->zero_stage, ps->recompute == RECOMPUTE_FULL ? "full" : ps->recompute == RECOMPUTE_SELECTIVE ? "selective" : "none");
+	sync_line(out, ps);
+	fprintf(out, "  parameters %s (%s)\n", human_count((double)rep->params_total, b1, sizeof b1),
+		human((double)rep->params_total * dtype_bytes(ps->param_dtype), b2, sizeof b2));
+	if (rep->params_frozen || rep->params_buffers) { /* they have no gradients and no optimizer state */
+		char c1[32], c2[32], c3[32];
+		fprintf(out, "    of which frozen %s, buffers %s: no gradients, no optimizer state; trained %s\n",
+			human_count((double)rep->params_frozen, c1, sizeof c1), human_count((double)rep->params_buffers, c2, sizeof c2),
+			human_count((double)(rep->params_total - rep->params_frozen - rep->params_buffers), c3, sizeof c3));
+	}
+	fputc('\n', out);
+	for (int i = 0; i < rep->nroles; i++) {
+		const Role *r = &rep->roles[i];
+		char name[128];
+		fprintf(out, "%s\n", role_name(rep, r, name, sizeof name));
+		fprintf(out, "  %-22s %12s\n", "parameters", human(r->params, b1, sizeof b1));
+		fprintf(out, "  %-22s %12s\n", "gradients", human(r->grads, b1, sizeof b1));
+		fprintf(out, "  %-22s %12s\n", "optimizer states", human(r->optim, b1, sizeof b1));
+		if (rep->runnable) {
+			const LProg *p = r->lp;
+			double buffers = (double)p->state_bytes[SC_BUFFER];
+			fprintf(out, "  %-22s %12s   (loss, gradient norm, clipping)\n", "metrics",
+				human(r->prog_metric - buffers, b1, sizeof b1));
+			if (buffers > 0) /* what the sync strategies keep (docs/sync.md) */
+				fprintf(out, "  %-22s %12s   (%s)\n", "sync buffers", human(buffers, b1, sizeof b1),
+					ps->sync == SYNC_ASYNC ? "messages in flight, staleness + 1 or + 2 of them"
+								: "error feedback, PowerSGD's Q factors");
+			if (p->nslots == 1 && p->ninbox == 0)
+				fprintf(out, "  %-22s %12s   (one micro-batch's forward and backward)\n", "activations",
+					human(r->act, b1, sizeof b1));
+			else
+				fprintf(out, "  %-22s %12s   (%d slot%s of %s for the micro-batches in flight%s)\n", "activations",
+					human(r->act, b1, sizeof b1), p->nslots, p->nslots == 1 ? "" : "s",
+					human((double)p->slot_bytes, b2, sizeof b2),
+					p->ninbox ? arena_printf(g->arena, ", %d receive inbox%s of %s", p->ninbox,
+								 p->ninbox == 1 ? "" : "es", human((double)p->inbox_bytes, b3, sizeof b3))
+						  : "");
+			fprintf(out, "  %-22s %12s\n", "working memory", human(r->work, b1, sizeof b1));
+			fprintf(out, "  %-22s %12s   (what the program allocates: state %s + arena %s)\n", "peak",
+				human(r->peak, b1, sizeof b1), human(r->prog_state, b2, sizeof b2), human(r->prog_arena, b3, sizeof b3));
+		} else {
+			fprintf(out, "  %-22s %12s   (%d micro-batch%s in flight, %s each)\n", "activations",
+				human(r->act, b1, sizeof b1), r->inflight, r->inflight == 1 ? "" : "es",
+				human(r->act_micro / (g->sched ? g->sched->chunks : 1), b2, sizeof b2));
+			fprintf(out, "  %-22s %12s\n", "working memory", human(r->work, b1, sizeof b1));
+			fprintf(out, "  %-22s %12s\n", "peak", human(r->peak, b1, sizeof b1));
+		}
+		if (r->host > 0 && rep->runnable)
+			fprintf(out, "  %-22s %12s   (%s%s%s%s%s; pinned on a GPU)\n", "host memory", human(r->host, b1, sizeof b1),
+				ps->offload_optimizer == PLACE_DISK   ? "the optimizer's staging: two records, gradient and parameter copies"
+				: ps->offload_optimizer == PLACE_HOST ? "the optimizer state, gradient and parameter copies"
+								      : "",
+				ps->offload_optimizer && ps->offload_params == PLACE_HOST ? ", " : "",
+				ps->offload_params == PLACE_HOST ? "the parameter chunks" : "",
+				(ps->offload_optimizer || ps->offload_params == PLACE_HOST) && ps->offload_activations == PLACE_HOST ? ", " : "",
+				ps->offload_activations == PLACE_HOST ? "the saved activations of the micro-batches in flight" : "");
+		else if (r->host > 0)
+			fprintf(out, "  %-22s %12s\n", "offloaded to host", human(r->host, b1, sizeof b1));
+		if (r->disk > 0)
+			fprintf(out, "  %-22s %12s%s\n", "offloaded to disk", human(r->disk, b1, sizeof b1),
+				rep->runnable ? "   (the optimizer state file of each rank)" : "");
+		fprintf(out, "  %-22s %12s\n", "FLOPs per step", human_count(r->flops, b1, sizeof b1));
+		if (r->ncomm) {
+			fprintf(out, "  communication per step:\n");
+			fprintf(out, "    %-15s %-10s %-10s %10s %12s %12s\n", "collective", "axis", "phase", "calls", "bytes",
+				"wire bytes");
+			for (int k = 0; k < r->ncomm; k++) {
+				const CommRow *c = &r->comm[k];
+				const char *axis = c->pair ? "tied pair" : c->axis >= 0 ? ps->axes[c->axis].name : "?";
+				fprintf(out, "    %-15s %-10s %-10s %10.4g %12s %12s\n", c->bound ? "all_to_all_v" : op_names[c->kind],
+					axis, c->phase, c->calls,
+					human(c->bytes, b1, sizeof b1), human(c->wire, b2, sizeof b2));
+			}
+			for (int k = 0; k < r->ncomm; k++)
+				if (r->comm[k].bound) {
+					fprintf(out, "    (all_to_all_v: at most; dropless experts exchange the row counts, then "
+						     "only the rows their routing makes)\n");
+					break;
+				}
+		}
+		fputc('\n', out);
+	}
+	if (g->nstages > 1)
+		fprintf(out, "pipeline: %s, %d stages%s, bubble %.1f%% of compute time\n", schedule_name(ps->schedule),
+			g->nstages, g->sched && g->sched->chunks > 1 ? arena_printf(g->arena, " x %d chunks", g->sched->chunks) : "",
+			100 * rep->bubble);
+	fprintf(out, "model FLOPs per step: %s\n", human_count(rep->model_flops, b3, sizeof b3));
+	fprintf(out, "estimated step time: %s (micro-batches %s, update %s) on %s\n",
+		human_time(rep->est_step, b1, sizeof b1), human_time(rep->est_pipeline, b2, sizeof b2),
+		human_time(rep->est_update, b3, sizeof b3), device->name);
+	if (g->has_moe)
+		moe_text(out, rep);
+}
+
+static void json_str(FILE *out, const char *s)
+{
+	fputc('"', out);
+	for (; s && *s; s++) {
+		unsigned char c = (unsigned char)*s;
+		if (c == '"' || c == '\\')
+			fprintf(out, "\\%c", c);
+		else if (c < 32)
+			fprintf(out, "\\u%04x", c);
+		else
+			fputc(c, out);
+	}
+	fputc('"', out);
+}
+
+static void print_json(FILE *out, const Report *rep)
+{
+	const PlanSpec *ps = rep->ps;
+	const Graph *g = rep->g;
+	fprintf(out, "{\n  \"plan\": ");
+	json_str(out, ps->plan->name);
+	fprintf(out, ",\n  \"model\": ");
+	json_str(out, ps->model->name);
+	fprintf(out, ",\n  \"world\": %d,\n  \"mesh\": {", ps->world);
+	for (int a = 0; a < ps->naxes; a++) {
+		fprintf(out, "%s", a ? ", " : "");
+		json_str(out, ps->axes[a].name);
+		fprintf(out, ": %d", ps->axes[a].size);
+	}
+	fprintf(out, "},\n  \"batch\": %lld,\n  \"micro_batches\": %d,\n  \"zero\": %d,\n", ps->batch, ps->micro_batches,
+		ps->zero_stage);
+	fprintf(out, "  \"parameters\": %lld,\n  \"model_flops_per_step\": %.6g,\n", rep->params_total, rep->model_flops);
+	if (rep->params_frozen || rep->params_buffers)
+		fprintf(out, "  \"frozen_parameters\": %lld,\n  \"buffer_parameters\": %lld,\n", rep->params_frozen,
+			rep->params_buffers);
+	fprintf(out, "  \"estimated_step_s\": {\"step\": %.6g, \"micro_batches\": %.6g, \"update\": %.6g},\n", rep->est_step,
+		rep->est_pipeline, rep->est_update);
+	fprintf(out, "  \"pipeline\": {\"axis\": ");
+	json_str(out, ps->pipe_axis >= 0 ? ps->axes[ps->pipe_axis].name : "");
+	fprintf(out, ", \"schedule\": \"%s\", \"stages\": %d, \"chunks\": %d, \"bubble_fraction\": %.6f},\n",
+		schedule_name(ps->schedule), g->nstages, g->sched ? g->sched->chunks : 1, rep->bubble);
+	static const char *const modes[] = {"strict", "local_sgd", "async"};
+	static const char *const outers[] = {"none", "sgd", "nesterov"};
+	fprintf(out, "  \"sync\": {\"mode\": \"%s\", \"axis\": ", modes[ps->sync]);
+	json_str(out, sync_axis(ps) >= 0 ? ps->axes[sync_axis(ps)].name : "");
+	fprintf(out, ", \"compress\": \"%s\", \"error_feedback\": %s, \"every\": %d, \"outer\": \"%s\", \"staleness\": %d},\n",
+		compressor_names[ps->compress], ps->error_feedback ? "true" : "false", ps->every, outers[ps->outer],
+		ps->staleness);
+	if (g->has_moe)
+		moe_json(out, rep);
+	fprintf(out, "  \"roles\": [\n");
+	for (int i = 0; i < rep->nroles; i++) {
+		const Role *r = &rep->roles[i];
+		fprintf(out, "    {\"stage\": %d, \"role\": \"%s\", \"ranks\": %d, \"first_rank\": %d,\n", r->stage,
+			r->role == RANKROLE_MASTER ? "master" : r->role == RANKROLE_WORKER ? "worker" : "all", r->nranks,
+			r->first_rank);
+		fprintf(out,
+			"     \"bytes\": {\"parameters\": %.0f, \"gradients\": %.0f, \"optimizer\": %.0f, \"model_states\": %.0f, "
+			"\"activations\": %.0f, \"activations_per_micro_batch\": %.0f, \"working\": %.0f, \"peak\": %.0f, "
+			"\"host\": %.0f, \"disk\": %.0f},\n",
+			r->params, r->grads, r->optim, r->params + r->grads + r->optim, r->act, r->act_micro, r->work, r->peak,
+			r->host, r->disk);
+		fprintf(out, "     \"inflight_micro_batches\": %d, \"flops_per_step\": %.6g,\n", r->inflight, r->flops);
+		if (rep->runnable) {
+			const LProg *p = r->lp;
+			fprintf(out, "     \"program\": {\"arena\": %.0f, \"state\": %.0f, \"peak\": %.0f, \"slots\": %d, "
+				"\"slot_bytes\": %zu, \"inboxes\": %d, \"inbox_bytes\": %zu, \"transient_bytes\": %zu, \"state_by_kind\": {",
+				r->prog_arena, r->prog_state, r->prog_arena + r->prog_state, p->nslots, p->slot_bytes, p->ninbox,
+				p->inbox_bytes, p->transient_bytes);
+			static const char *const kind_keys[SC_COUNT] = {"param", "grad", "optim", "master", "buffer", "metric", "offload"};
+			for (int k = 0; k < SC_COUNT; k++)
+				fprintf(out, "%s\"%s\": %zu", k ? ", " : "", kind_keys[k], p->state_bytes[k]);
+			fprintf(out, "}, \"host\": %.0f, \"disk\": %zu},\n", r->host, p->disk_bytes);
+		}
+		fprintf(out, "     \"activation_bytes_per_layer\": {");
+		bool first = true;
+		for (int l = 0; l < g->nlayers; l++) {
+			if (g->layer_stage && g->layer_stage[l] != r->stage)
+				continue;
+			fprintf(out, "%s\"%d\": %.0f", first ? "" : ", ", l, r->act_layer ? r->act_layer[l] : 0);
+			first = false;
+		}
+		fprintf(out, "},\n     \"communication\": [");
+		for (int k = 0; k < r->ncomm; k++) {
+			const CommRow *c = &r->comm[k];
+			fprintf(out, "%s\n       {\"collective\": \"%s\", \"axis\": ", k ? "," : "",
+				c->bound ? "all_to_all_v" : op_names[c->kind]);
+			json_str(out, c->pair ? "tied_pair" : c->axis >= 0 ? ps->axes[c->axis].name : "");
+			fprintf(out, ", \"phase\": \"%s\", \"calls\": %.6g, \"bytes\": %.0f, \"wire_bytes\": %.0f}", c->phase,
+				c->calls, c->bytes, c->wire);
+		}
+		fprintf(out, "%s]}%s\n", r->ncomm ? "\n     " : "", i + 1 < rep->nroles ? "," : "");
+	}
+	fprintf(out, "  ]\n}\n");
+}
+
+/* ------------------------------------------------------------------ mixture of experts */
+
+/* One MoE layer as explain reports it (docs/moe.md): the routing the model asks for, the
+ * dispatched buffer per micro-batch, and how the plan splits its experts: the axes that split the
+ * expert dim of its expert weights (whose dispatch and combine move tokens there) and those that
+ * split their hidden dim. */
+typedef struct MoeLayer {
+	const Op *router;
+	long long experts, top_k, group, capacity, slots, dim, tokens;
+	double aux, z;
+	unsigned expert_axes, hidden_axes;
+} MoeLayer;
+
+static int moe_layers(const Graph *g, MoeLayer *out)
+{
+	int n = 0;
+	char *in_layer = calloc((size_t)g->nvals + 1, 1);
+	if (!in_layer)
+		ICE("out of memory");
+	for (int i = 0; i < g->nops; i++) {
+		const Op *r = &g->ops[i];
+		if (r->kind != OP_MOE_ROUTER || r->recompute || r->backward)
+			continue;
+		MoeLayer *m = &out[n++];
+		memset(m, 0, sizeof *m);
+		const Value *l = &g->vals[r->in[0]];
+		m->router = r;
+		m->experts = l->dim[l->rank - 1];
+		m->top_k = r->n;
+		m->group = r->moe_group;
+		m->capacity = r->moe_capacity;
+		m->tokens = value_elems(g, r->in[0]) / m->experts;
+		memset(in_layer, 0, (size_t)g->nvals + 1);
+		for (int j = i + 1; j < g->nops; j++) {
+			const Op *op = &g->ops[j];
+			if (op->backward)
+				break;
+			bool reads_route = op->nin > 1 && (op->in[op->nin - 1] == r->out[1] || op->in[1] == r->out[1]);
+			if ((op->kind == OP_MOE_AUX_LOSS || op->kind == OP_MOE_Z_LOSS) && reads_route)
+				*(op->kind == OP_MOE_AUX_LOSS ? &m->aux : &m->z) = op->f;
+			if (op->kind == OP_MOE_DISPATCH && op->in[2] == r->out[1] && !m->slots) {
+				m->slots = g->vals[op->out[0]].dim[1];
+				m->dim = g->vals[op->out[0]].dim[2];
+				in_layer[op->out[0]] = 1;
+			} else if (op->nin && in_layer[op->in[0]] && op->nout &&
+				   (op_classes[op->kind] == OPK_COLLECTIVE || op->kind == OP_SLICE)) {
+				in_layer[op->out[0]] = 1;
+			} else if (op->kind == OP_MATMUL && in_layer[op->in[0]]) {
+				const Value *w = &g->vals[op->in[1]];
+				for (int a = 0; a < g->ps->naxes; a++) {
+					if (w->lay.on[a] == 0)
+						m->expert_axes |= 1u << a;
+					else if (w->lay.on[a] > 0)
+						m->hidden_axes |= 1u << a;
+				}
+			}
+		}
+	}
+	free(in_layer);
+	return n;
+}
+
+static void moe_text(FILE *out, const Report *rep)
+{
+	const Graph *g = rep->g;
+	const PlanSpec *ps = rep->ps;
+	MoeLayer *ms = calloc((size_t)g->nops + 1, sizeof *ms);
+	if (!ms)
+		ICE("out of memory");
+	int n = moe_layers(g, ms);
+	fprintf(out, "mixture of experts: %d layer%s\n", n, n == 1 ? "" : "s");
+	for (int i = 0; i < n; i++) {
+		const MoeLayer *m = &ms[i];
+		fprintf(out, "  %s: %lld experts, top %lld%s, ", m->router->scope && *m->router->scope ? m->router->scope : "(model)", m->experts,
+			m->top_k, m->router->moe_normalize ? " (gates normalised)" : "");
+		if (m->capacity)
+			fprintf(out, "capacity %lld pairs per expert and sample of %lld tokens (dropped pairs pass through), ",
+				m->capacity, m->group);
+		else
+			fprintf(out, "dropless, ");
+		fprintf(out, "buffer [%lld, %lld, %lld] per micro-batch", m->experts, m->slots, m->dim);
+		if (!m->capacity)
+			fprintf(out, " (bound: an expert can take every token of the micro-batch)");
+		fprintf(out, "; losses: load balancing x %g, z x %g\n", m->aux, m->z);
+		fprintf(out, "    experts split over");
+		bool any = false;
+		for (int a = 0; a < ps->naxes; a++)
+			if (m->expert_axes >> a & 1) {
+				fprintf(out, "%s '%s'", any ? " and" : "", ps->axes[a].name);
+				any = true;
+			}
+		if (!any)
+			fprintf(out, " no axis (every rank holds every expert)");
+		for (int a = 0; a < ps->naxes; a++)
+			if (m->hidden_axes >> a & 1)
+				fprintf(out, ", hidden units over '%s'", ps->axes[a].name);
+		fprintf(out, "\n");
+	}
+	free(ms);
+}
+
+static void moe_json(FILE *out, const Report *rep)
+{
+	const Graph *g = rep->g;
+	const PlanSpec *ps = rep->ps;
+	MoeLayer *ms = calloc((size_t)g->nops + 1, sizeof *ms);
+	if (!ms)
+		ICE("out of memory");
+	int n = moe_layers(g, ms);
+	fprintf(out, "  \"moe\": [");
+	for (int i = 0; i < n; i++) {
+		const MoeLayer *m = &ms[i];
+		fprintf(out, "%s\n    {\"scope\": ", i ? "," : "");
+		json_str(out, m->router->scope ? m->router->scope : "");
+		fprintf(out, ", \"experts\": %lld, \"top_k\": %lld, \"normalize\": %s, \"dropless\": %s, \"group\": %lld, "
+			     "\"capacity\": %lld, \"buffer\": [%lld, %lld, %lld], \"aux_loss\": %g, \"z_loss\": %g, \"expert_axes\": [",
+			m->experts, m->top_k, m->router->moe_normalize ? "true" : "false", m->capacity ? "false" : "true", m->group,
+			m->capacity, m->experts, m->slots, m->dim, m->aux, m->z);
+		bool any = false;
+		for (int a = 0; a < ps->naxes; a++)
+			if (m->expert_axes >> a & 1) {
+				fprintf(out, "%s", any ? ", " : "");
+				json_str(out, ps->axes[a].name);
+				any = true;
+			}
+		fprintf(out, "], \"hidden_axes\": [");
+		any = false;
+		for (int a = 0; a < ps->naxes; a++)
+			if (m->hidden_axes >> a & 1) {
+				fprintf(out, "%s", any ? ", " : "");
+				json_str(out, ps->axes[a].name);
+				any = true;
+			}
+		fprintf(out, "]}");
+	}
+	fprintf(out, "%s],\n", n ? "\n  " : "");
+	free(ms);
+}
+
+void explain(FILE *out, Graph *g, bool json, const Lowered *low)
+{
+	Report *rep = build_report(g, low);
+	if (json)
+		print_json(out, rep);
+	else
+		print_text(out, rep);
+	free_report(rep);
+}

@@ -1,0 +1,2447 @@
+/* lower.c: from the sharded, scheduled graph to the loop-level IR, one program per pipeline stage
+ * and rank role.
+ *
+ * Every graph value becomes a buffer of the program that defines it (over its *local* shape,
+ * this rank's block) and every op of the stage becomes kernels in a phase and a model chunk:
+ *   - matmuls, row-wise ops (softmax, norms), embedding, cross-entropy, dropout: calls into the
+ *     planrt kernels; a transposed operand folds into the gemm's transpose flag;
+ *   - element-wise ops become loop nests, and a chain of them whose intermediates have one
+ *     consumer and are not kept for the backward is fused into one loop (one pass over memory);
+ *   - layout conversions become collectives on the communicator of their mesh axis (packing for
+ *     dims that are not outermost happens inside the runtime's *_dim helpers);
+ *   - pipeline transfers become nonblocking sends, and receives posted one action ahead (in the
+ *     chunk's prepare phase) and completed where the value is first needed;
+ *   - inputs are loaded by a kernel at the start of the forward that reads them, and the loss is
+ *     added into the stage's loss metric after each micro-batch;
+ *   - a compute kernel whose operands are stored in bf16 computes on f32 copies made by explicit
+ *     cast kernels around it (bf16 storage, f32 compute, as CPU autocast does).
+ * What lowering leaves to state.c: the optimizer steps, gradient buckets, tied-parameter
+ * reductions and the ZeRO gathers after the update, which depend on how state is laid out.
+ * An op the C target has no kernel for (MoE routing, async transfers) becomes an opaque kernel,
+ * so that the program stays complete for the collective check and explain; planc build refuses
+ * it by name.
+ *
+ * This file also holds the helpers every back-end pass uses to make kernels and buffers. */
+#include "lower/lower.h"
+
+#include <ctype.h>
+#include <stdlib.h>
+#include <string.h>
+
+const char *const kernel_names[K_COUNT] = {
+#define X(name, text, fn, cls) text,
+	KERNEL_TABLE(X)
+#undef X
+};
+const char *const kernel_functions[K_COUNT] = {
+#define X(name, text, fn, cls) fn,
+	KERNEL_TABLE(X)
+#undef X
+};
+const KernelClass kernel_classes[K_COUNT] = {
+#define X(name, text, fn, cls) cls,
+	KERNEL_TABLE(X)
+#undef X
+};
+const char *const phase_names[PH_COUNT] = {"init", "step_begin", "prepare_forward", "forward", "prepare_backward",
+					   "backward", "step", "save", "checkpoint", "resume", "eval_begin", "eval_end"};
+const char *const state_kind_names[SC_COUNT] = {"parameters", "gradients", "optimizer states", "master weights",
+						"runtime buffers", "metrics", "offload staging"};
+
+/* ------------------------------------------------------------------ helpers for every pass */
+
+/* Grows an arena array of elem-sized items so that index n fits. */
+static void *grow(Arena *a, void *old, int n, int *cap, size_t elem)
+{
+	if (n < *cap)
+		return old;
+	int nc = *cap ? *cap * 2 : 8;
+	while (nc <= n)
+		nc *= 2;
+	void *fresh = arena_alloc(a, elem * (size_t)nc);
+	if (*cap)
+		memcpy(fresh, old, elem * (size_t)*cap);
+	*cap = nc;
+	return fresh;
+}
+
+/* An offload copy of src's n elements into dst (between host and device memory), appended. */
+Kernel *kernel_copy(LProg *p, Phase ph, int chunk, int op, int dst, int src, long long n, const char *note)
+{
+	Kernel *k = kernel_new(p, K_OFFLOAD_COPY, ph, chunk, op);
+	k->note = note;
+	karg_buf(p, k, dst, false, true);
+	karg_buf(p, k, src, true, false);
+	karg_int(p, k, n * dtype_bytes(p->buf[src].dtype));
+	return k;
+}
+
+Kernel *kernel_new(LProg *p, KernelKind kind, Phase ph, int chunk, int op)
+{
+	p->k = grow(p->g->arena, p->k, p->nk, &p->capk, sizeof(Kernel));
+	Kernel *k = &p->k[p->nk++];
+	memset(k, 0, sizeof *k);
+	k->kind = kind;
+	k->phase = ph;
+	k->chunk = chunk;
+	k->op = op;
+	k->out = -1;
+	return k;
+}
+
+static char *identifier(Arena *a, const char *s)
+{
+	char *id = arena_strdup(a, s && *s ? s : "t");
+	for (char *c = id; *c; c++)
+		if (!isalnum((unsigned char)*c))
+			*c = '_';
+	if (isdigit((unsigned char)id[0]))
+		id = arena_printf(a, "t%s", id);
+	return id;
+}
+
+int buffer_new(LProg *p, BufClass cls, DType t, long long elems, const char *name, const char *what)
+{
+	p->buf = grow(p->g->arena, p->buf, p->nbuf, &p->capbuf, sizeof(Buffer));
+	int i = p->nbuf++;
+	Buffer *b = &p->buf[i];
+	memset(b, 0, sizeof *b);
+	b->name = arena_printf(p->g->arena, "%s_%d", identifier(p->g->arena, name), i);
+	b->what = what;
+	b->cls = cls;
+	b->dtype = t;
+	b->elems = elems;
+	b->bytes = (size_t)elems * (size_t)dtype_bytes(t);
+	b->value = -1;
+	b->view_of = -1;
+	b->view_axis = -1;
+	b->rank = 1;
+	b->ldims[0] = elems;
+	for (int d = 0; d < MAX_DIMS; d++)
+		b->split_axis[d] = b->split_outer[d] = -1;
+	b->micro_dim = -1;
+	b->first = b->last = -1;
+	b->chunk = 0;
+	return i;
+}
+
+static KArg *next_arg(LProg *p, Kernel *k)
+{
+	k->args = grow(p->g->arena, k->args, k->nargs, &k->capargs, sizeof(KArg));
+	KArg *a = &k->args[k->nargs++];
+	memset(a, 0, sizeof *a);
+	a->buf = -1;
+	a->axis = -1;
+	return a;
+}
+
+void kernel_use(LProg *p, Kernel *k, int b)
+{
+	internal_assert(b >= 0 && b < p->nbuf);
+	k->uses = grow(p->g->arena, k->uses, k->nuses, &k->capuses, sizeof(int));
+	k->uses[k->nuses++] = b;
+}
+
+void kernel_def(LProg *p, Kernel *k, int b)
+{
+	internal_assert(b >= 0 && b < p->nbuf);
+	k->defs = grow(p->g->arena, k->defs, k->ndefs, &k->capdefs, sizeof(int));
+	k->defs[k->ndefs++] = b;
+}
+
+void karg_buf(LProg *p, Kernel *k, int b, bool reads, bool writes)
+{
+	KArg *a = next_arg(p, k);
+	a->kind = KA_BUF;
+	a->buf = b;
+	if (reads)
+		kernel_use(p, k, b);
+	if (writes)
+		kernel_def(p, k, b);
+}
+
+void karg_int(LProg *p, Kernel *k, long long i)
+{
+	KArg *a = next_arg(p, k);
+	a->kind = KA_INT;
+	a->i = i;
+}
+
+void karg_f64(LProg *p, Kernel *k, double f)
+{
+	KArg *a = next_arg(p, k);
+	a->kind = KA_F64;
+	a->f = f;
+}
+
+void karg(LProg *p, Kernel *k, KArgKind kind, long long i)
+{
+	KArg *a = next_arg(p, k);
+	a->kind = kind;
+	a->i = i;
+}
+
+void karg_ints(LProg *p, Kernel *k, const long long *v, int n, bool i32)
+{
+	long long *copy = arena_alloc(p->g->arena, sizeof(long long) * (size_t)(n ? n : 1));
+	if (n)
+		memcpy(copy, v, sizeof(long long) * (size_t)n);
+	KArg *a = next_arg(p, k);
+	a->kind = KA_INTS;
+	a->ints = copy;
+	a->n = n;
+	a->i32 = i32;
+}
+
+void karg_bufs(LProg *p, Kernel *k, const int *bufs, int n, bool reads, bool writes)
+{
+	int *copy = arena_alloc(p->g->arena, sizeof(int) * (size_t)(n ? n : 1));
+	if (n)
+		memcpy(copy, bufs, sizeof(int) * (size_t)n);
+	KArg *a = next_arg(p, k);
+	a->kind = KA_BUFS;
+	a->bufs = copy;
+	a->n = n;
+	for (int i = 0; i < n; i++) {
+		if (reads)
+			kernel_use(p, k, bufs[i]);
+		if (writes)
+			kernel_def(p, k, bufs[i]);
+	}
+}
+
+void karg_coord(LProg *p, Kernel *k, long long base, int axis, long long stride)
+{
+	KArg *a = next_arg(p, k);
+	a->kind = KA_COORD;
+	a->i = base;
+	a->axis = axis;
+	a->stride = stride;
+}
+
+static void karg_offset(LProg *p, Kernel *k, int b, int dim)
+{
+	KArg *a = next_arg(p, k);
+	a->kind = KA_OFFSET;
+	a->buf = b;
+	a->dim = dim;
+}
+
+static void karg_str(LProg *p, Kernel *k, const char *str)
+{
+	KArg *a = next_arg(p, k);
+	a->kind = KA_STR;
+	a->str = str;
+}
+
+static void karg_scalar(LProg *p, Kernel *k, int b, double f)
+{
+	KArg *a = next_arg(p, k);
+	a->kind = KA_SCALAR;
+	a->buf = b;
+	a->f = f;
+	kernel_use(p, k, b);
+}
+
+Comm *kernel_comm(LProg *p, Kernel *k)
+{
+	if (k->ncomm >= k->capcomm) /* no room, or an array shared with a copied kernel: grow apart */
+		k->capcomm = k->ncomm;
+	k->comm = grow(p->g->arena, k->comm, k->ncomm, &k->capcomm, sizeof(Comm));
+	Comm *n = &k->comm[k->ncomm++];
+	memset(n, 0, sizeof *n);
+	n->axis = -1;
+	n->pair = -1;
+	n->peer = -1;
+	n->op = -1;
+	return n;
+}
+
+int handle_new(LProg *p, HandleType t, const char *name)
+{
+	p->handles = grow(p->g->arena, p->handles, p->nhandles, &p->caphandles, sizeof(Handle));
+	p->handles[p->nhandles].type = t;
+	p->handles[p->nhandles].name = arena_printf(p->g->arena, "%s_%d", name, p->nhandles);
+	return p->nhandles++;
+}
+
+int buffer_root(const LProg *p, int b)
+{
+	while (p->buf[b].cls == BUF_VIEW && p->buf[b].view_of >= 0)
+		b = p->buf[b].view_of;
+	return b;
+}
+
+void inserts_add(Inserts *ins, Kernel k, int before)
+{
+	if (ins->n == ins->cap) {
+		ins->cap = ins->cap ? ins->cap * 2 : 64;
+		ins->k = realloc(ins->k, sizeof(Kernel) * (size_t)ins->cap);
+		ins->before = realloc(ins->before, sizeof(int) * (size_t)ins->cap);
+		if (!ins->k || !ins->before)
+			ICE("out of memory");
+	}
+	ins->k[ins->n] = k;
+	ins->before[ins->n++] = before;
+}
+
+void inserts_apply(LProg *p, Inserts *ins)
+{
+	kernels_insert(p, ins->k, ins->before, ins->n);
+	free(ins->k);
+	free(ins->before);
+	memset(ins, 0, sizeof *ins);
+}
+
+void kernels_insert(LProg *p, Kernel *new_k, const int *before, int n)
+{
+	if (n == 0)
+		return;
+	int *order = malloc(sizeof(int) * (size_t)n);
+	if (!order)
+		ICE("out of memory");
+	for (int i = 0; i < n; i++)
+		order[i] = i;
+	/* stable order by insertion point (insertion sort: n is small next to nk) */
+	for (int i = 1; i < n; i++) {
+		int x = order[i], j = i;
+		while (j > 0 && before[order[j - 1]] > before[x]) {
+			order[j] = order[j - 1];
+			j--;
+		}
+		order[j] = x;
+	}
+	int total = p->nk + n, cap = total;
+	Kernel *out = arena_alloc(p->g->arena, sizeof(Kernel) * (size_t)cap);
+	int at = 0, next = 0;
+	for (int i = 0; i <= p->nk; i++) {
+		while (next < n && before[order[next]] == i)
+			out[at++] = new_k[order[next++]];
+		if (i < p->nk)
+			out[at++] = p->k[i];
+	}
+	internal_assert(at == total && next == n);
+	free(order);
+	p->k = out;
+	p->nk = total;
+	p->capk = cap;
+}
+
+/* ------------------------------------------------------------------ the lowering state */
+
+typedef struct Lower {
+	LProg *p;
+	Graph *g;
+	int *consumers;   /* per value: number of ops (on this stage) reading it */
+	bool *kept;       /* per value: read by a backward op while produced in the forward */
+	bool *skip;       /* per op: fused into another kernel */
+	int *chunk;       /* per op: its model chunk (-1 before it is known) */
+	int first_layer_op;
+	int moe_stats;    /* the step's routing metrics (lower_moe), or -1 */
+	int *moe_idx;     /* per value: a dropless MoE layer's dispatched buffer (or a value like it on the
+			   * way to moe_combine, or its gradient): the layer's idx as the dispatch read it; else -1 */
+} Lower;
+
+static long long ldim(const Graph *g, int v, int d)
+{
+	const Value *val = &g->vals[v];
+	long long n = val->dim[d];
+	for (int a = 0; a < g->ps->naxes; a++)
+		if (val->lay.on[a] == d)
+			n /= g->ps->axes[a].size;
+	return n;
+}
+
+/* Elements of v's local block. A gradient that ZeRO marks flat on its axis is still whole here:
+ * it is reduce-scattered into a shard by state.c; only parameters are stored as ZeRO chunks. */
+static long long lelems(const Graph *g, int v)
+{
+	long long n = 1;
+	for (int d = 0; d < g->vals[v].rank; d++)
+		n *= ldim(g, v, d);
+	return n;
+}
+
+static Phase phase_of(const Op *op)
+{
+	return op->per_step ? PH_STEP : op->backward ? PH_BACKWARD : PH_FORWARD;
+}
+
+/* The model chunk an op belongs to: its layer's chunk; backward ops follow the forward op they
+ * differentiate; ops outside the layers go to the first chunk before the layers and to the last
+ * after them. A transfer carries the layer of the value it moves, which is the producer's: that
+ * is right for the producer's side (the forward send, the backward receive of the gradient) but
+ * not for the consumer's, so a forward receive takes the chunk of its first consumer and the
+ * backward send of the gradient follows that receive (the interleaved schedule's wrap-around
+ * transfers connect different chunks). */
+static int chunk_of(Lower *L, int i)
+{
+	Graph *g = L->g;
+	if (L->chunk[i] >= 0)
+		return L->chunk[i];
+	const Op *op = &g->ops[i];
+	int c;
+	if (op->kind == OP_RECV && !op->backward) {
+		c = -1;
+		for (int j = i + 1; j < g->nops && c < 0; j++) {
+			const Op *u = &g->ops[j];
+			if (u->stage != op->stage)
+				continue;
+			for (int k = 0; k < u->nin; k++)
+				if (u->in[k] == op->out[0])
+					c = chunk_of(L, j);
+		}
+		if (c < 0)
+			c = 0;
+	} else if (op->kind == OP_SEND && op->backward && op->fwd_op >= 0 && op->fwd_op != i) {
+		c = chunk_of(L, op->fwd_op);
+	} else if (op->layer >= 0 && g->layer_chunk) {
+		c = g->layer_chunk[op->layer];
+	} else if (op->fwd_op >= 0 && op->fwd_op != i) {
+		c = chunk_of(L, op->fwd_op);
+	} else {
+		c = i < L->first_layer_op ? 0 : L->p->nchunks - 1;
+	}
+	L->chunk[i] = c;
+	return c;
+}
+
+/* The storage a value's reads go through: a transpose view reads its source. */
+static int storage(const Graph *g, int v, int *transposed)
+{
+	int t = 0;
+	for (;;) {
+		int d = g->vals[v].def;
+		if (d < 0 || g->ops[d].kind != OP_TRANSPOSE)
+			break;
+		v = g->ops[d].in[0];
+		t ^= 1;
+	}
+	if (transposed)
+		*transposed = t;
+	return v;
+}
+
+static Kernel *call(Lower *L, KernelKind kind, int oi)
+{
+	const Op *op = &L->g->ops[oi];
+	Kernel *k = kernel_new(L->p, kind, phase_of(op), chunk_of(L, oi), oi);
+	k->note = op->scope && *op->scope ? arena_printf(L->g->arena, "%s in %s", op_names[op->kind], op->scope)
+					  : op_names[op->kind];
+	return k;
+}
+
+static void arg_value(Lower *L, Kernel *k, int v, bool reads, bool writes)
+{
+	karg_buf(L->p, k, v, reads, writes);
+}
+
+/* A scratch buffer in the transient region for one kernel. */
+static void arg_scratch(Lower *L, Kernel *k, size_t bytes)
+{
+	int b = buffer_new(L->p, BUF_ARENA, DT_U8, (long long)(bytes ? bytes : 1), "scratch", "a kernel's scratch");
+	karg_buf(L->p, k, b, false, true);
+}
+
+static void arg_dims(Lower *L, Kernel *k, int v)
+{
+	long long dims[MAX_DIMS];
+	for (int d = 0; d < L->g->vals[v].rank; d++)
+		dims[d] = ldim(L->g, v, d);
+	karg_ints(L->p, k, dims, L->g->vals[v].rank, false);
+}
+
+/* ------------------------------------------------------------------ matmuls and views */
+
+static void lower_matmul(Lower *L, const Op *op, int oi)
+{
+	Graph *g = L->g;
+	int ta, tb;
+	int a = storage(g, op->in[0], &ta), b = storage(g, op->in[1], &tb);
+	int out = op->out[0];
+	const Value *vo = &g->vals[out];
+	const Value *va = &g->vals[op->in[0]], *vb = &g->vals[op->in[1]];
+	int r = vo->rank;
+	long long M = ldim(g, op->in[0], va->rank - 2), K = ldim(g, op->in[0], va->rank - 1);
+	long long N = ldim(g, op->in[1], vb->rank - 1);
+	long long batch = 1;
+	for (int d = 0; d < r - 2; d++)
+		batch *= ldim(g, out, d);
+	bool b_batched = vb->rank > 2;
+	long long stride_a = M * K, stride_b = b_batched ? K * N : 0, stride_c = M * N;
+	if (!b_batched && !ta) { /* one gemm over every leading dim */
+		M *= batch;
+		batch = 1;
+	}
+	LProg *p = L->p;
+	Kernel *k = call(L, K_MATMUL, oi);
+	karg_int(p, k, batch);
+	karg_int(p, k, M);
+	karg_int(p, k, N);
+	karg_int(p, k, K);
+	arg_value(L, k, a, true, false);
+	karg_int(p, k, ta);
+	karg_int(p, k, stride_a);
+	arg_value(L, k, b, true, false);
+	karg_int(p, k, tb);
+	karg_int(p, k, stride_b);
+	bool acc = g->vals[out].grad_of >= 0; /* parameter gradients accumulate over micro-batches */
+	arg_value(L, k, out, acc, true);
+	karg_int(p, k, stride_c);
+	karg_int(p, k, acc);
+}
+
+/* The contiguous element strides of v's local block over its first n dims (the dims after them
+ * are one block each). */
+static void block_strides(const Graph *g, int v, long long *stride)
+{
+	long long s = 1;
+	for (int d = g->vals[v].rank - 1; d >= 0; d--) {
+		stride[d] = s;
+		s *= ldim(g, v, d);
+	}
+}
+
+/* A matmul through planrt_k_bmm: the iteration runs the batch dims of the operands and the output
+ * broadcast together (right aligned); an operand, or the output, that is shorter or has size 1
+ * along one gets stride 0 there: read once for all, or summed into (the gradient of an operand
+ * that was broadcast). wgrad: out [K, N] = the sum over every leading dim of a^T dy (the weight
+ * gradient, here for a transposed activation). */
+static void lower_bmm(Lower *L, const Op *op, int oi, bool wgrad)
+{
+	Graph *g = L->g;
+	LProg *p = L->p;
+	int ta, tb;
+	int a = storage(g, op->in[0], &ta), b = storage(g, op->in[1], &tb);
+	int la = op->in[0], lb = op->in[1], out = op->out[0];
+	int ra = g->vals[la].rank, rb = g->vals[lb].rank, ro = g->vals[out].rank;
+	long long sa[MAX_DIMS], sb[MAX_DIMS], so[MAX_DIMS];
+	block_strides(g, la, sa);
+	block_strides(g, lb, sb);
+	block_strides(g, out, so);
+	long long M, N, K;
+	int nb, trans_a, trans_b;
+	long long dims[MAX_DIMS], astr[MAX_DIMS], bstr[MAX_DIMS], cstr[MAX_DIMS];
+	if (wgrad) { /* a [.., M, K], dy [.., M, N]: batches over a's leading dims, C summed over all */
+		nb = ra - 2;
+		M = ldim(g, la, ra - 1);
+		K = ldim(g, la, ra - 2);
+		N = ldim(g, lb, rb - 1);
+		trans_a = !ta;
+		trans_b = tb;
+		for (int j = 0; j < nb; j++) {
+			dims[j] = ldim(g, la, j);
+			astr[j] = sa[j];
+			bstr[j] = sb[j];
+			cstr[j] = 0;
+		}
+	} else {
+		int nr = ra > rb ? ra : rb;
+		if (ro > nr)
+			nr = ro;
+		nb = nr - 2;
+		M = ldim(g, la, ra - 2);
+		K = ldim(g, la, ra - 1);
+		N = ldim(g, lb, rb - 1);
+		trans_a = ta;
+		trans_b = tb;
+		for (int j = 0; j < nb; j++) {
+			int da = j - (nr - ra), db = j - (nr - rb), dc = j - (nr - ro);
+			long long n = 1;
+			if (da >= 0 && ldim(g, la, da) > n)
+				n = ldim(g, la, da);
+			if (db >= 0 && ldim(g, lb, db) > n)
+				n = ldim(g, lb, db);
+			if (dc >= 0 && ldim(g, out, dc) > n)
+				n = ldim(g, out, dc);
+			dims[j] = n;
+			astr[j] = da >= 0 && ldim(g, la, da) == n ? sa[da] : 0;
+			bstr[j] = db >= 0 && ldim(g, lb, db) == n ? sb[db] : 0;
+			cstr[j] = dc >= 0 && ldim(g, out, dc) == n ? so[dc] : 0;
+		}
+	}
+	if (nb == 0) { /* one product: a batch of one (no empty arrays in the C) */
+		nb = 1;
+		dims[0] = 1;
+		astr[0] = bstr[0] = cstr[0] = 0;
+	}
+	Kernel *k = call(L, K_BMM, oi);
+	karg_int(p, k, nb);
+	karg_ints(p, k, dims, nb, false);
+	karg_int(p, k, M);
+	karg_int(p, k, N);
+	karg_int(p, k, K);
+	arg_value(L, k, a, true, false);
+	karg_int(p, k, trans_a);
+	karg_ints(p, k, astr, nb, false);
+	arg_value(L, k, b, true, false);
+	karg_int(p, k, trans_b);
+	karg_ints(p, k, bstr, nb, false);
+	bool acc = g->vals[out].grad_of >= 0; /* parameter gradients accumulate over micro-batches */
+	arg_value(L, k, out, acc, true);
+	karg_ints(p, k, cstr, nb, false);
+	karg_int(p, k, acc);
+}
+
+static bool lower_wgrad(Lower *L, const Op *op, int oi)
+{
+	Graph *g = L->g;
+	int ta, tb;
+	int a = storage(g, op->in[0], &ta), dy = storage(g, op->in[1], &tb);
+	if (ta || tb)
+		return false; /* lower_bmm's */
+	int out = op->out[0];
+	const Value *va = &g->vals[op->in[0]];
+	long long K = ldim(g, op->in[0], va->rank - 1);
+	long long N = ldim(g, out, 1);
+	long long R = lelems(g, op->in[0]) / K;
+	LProg *p = L->p;
+	Kernel *k = call(L, K_MATMUL, oi);
+	karg_int(p, k, 1);
+	karg_int(p, k, K);
+	karg_int(p, k, N);
+	karg_int(p, k, R);
+	arg_value(L, k, a, true, false);
+	karg_int(p, k, 1);
+	karg_int(p, k, 0);
+	arg_value(L, k, dy, true, false);
+	karg_int(p, k, 0);
+	karg_int(p, k, 0);
+	bool acc = g->vals[out].grad_of >= 0;
+	arg_value(L, k, out, acc, true);
+	karg_int(p, k, 0);
+	karg_int(p, k, acc);
+	return true;
+}
+
+static void permute(Lower *L, int oi, int rank, const long long *dims, const long long *perm, int in, int out)
+{
+	Kernel *k = call(L, K_PERMUTE, oi);
+	karg_int(L->p, k, rank);
+	karg_ints(L->p, k, dims, rank, false);
+	karg_ints(L->p, k, perm, rank, true);
+	arg_value(L, k, in, true, false);
+	arg_value(L, k, out, false, true);
+}
+
+/* Materialises a transpose view for a consumer that needs it contiguous. */
+static void lower_transpose(Lower *L, const Op *op, int oi)
+{
+	Graph *g = L->g;
+	int src = op->in[0];
+	long long dims[MAX_DIMS], perm[MAX_DIMS];
+	int r = g->vals[src].rank;
+	for (int d = 0; d < r; d++) {
+		dims[d] = ldim(g, src, d);
+		perm[d] = d;
+	}
+	perm[r - 1] = r - 2;
+	perm[r - 2] = r - 1;
+	permute(L, oi, r, dims, perm, src, op->out[0]);
+}
+
+/* [.., S, H*Dh] <-> [.., H, S, Dh]: a permutation of [.., S, H, Dh] */
+static void lower_heads(Lower *L, const Op *op, int oi)
+{
+	Graph *g = L->g;
+	int x = op->in[0], y = op->out[0];
+	const Value *vi = &g->vals[x];
+	bool split = op->kind == OP_SPLIT_HEADS;
+	int r = split ? vi->rank + 1 : vi->rank; /* rank of the 4-d (or more) view */
+	long long dims[MAX_DIMS], perm[MAX_DIMS];
+	int lead = r - 3;
+	long long h = split ? ldim(g, y, r - 3) : ldim(g, x, r - 3);
+	for (int d = 0; d < lead; d++) {
+		dims[d] = ldim(g, split ? x : y, d);
+		perm[d] = d;
+	}
+	if (split) { /* in: [.., S, H, Dh] -> out [.., H, S, Dh] */
+		dims[lead] = ldim(g, x, vi->rank - 2);
+		dims[lead + 1] = h;
+		dims[lead + 2] = ldim(g, y, r - 1);
+	} else { /* in: [.., H, S, Dh] -> out [.., S, H, Dh] */
+		dims[lead] = h;
+		dims[lead + 1] = ldim(g, x, r - 2);
+		dims[lead + 2] = ldim(g, x, r - 1);
+	}
+	perm[lead] = lead + 1;
+	perm[lead + 1] = lead;
+	perm[lead + 2] = lead + 2;
+	permute(L, oi, r, dims, perm, x, y);
+}
+
+/* ------------------------------------------------------------------ element-wise loops */
+
+static bool elementwise(OpKind k)
+{
+	switch (k) {
+	case OP_ADD:
+	case OP_SUB:
+	case OP_MUL:
+	case OP_DIV:
+	case OP_SCALE:
+	case OP_NEG:
+	case OP_GELU:
+	case OP_RELU:
+	case OP_SILU:
+	case OP_GELU_GRAD:
+	case OP_RELU_GRAD:
+	case OP_SILU_GRAD:
+	case OP_DROPOUT_GRAD:
+		return true;
+	default:
+		return false;
+	}
+}
+
+/* A load of value v broadcast into the output's local shape (numpy rules, right aligned). */
+static LExpr *load(Lower *L, int v, int out)
+{
+	Graph *g = L->g;
+	LExpr *e = arena_alloc(g->arena, sizeof *e);
+	e->kind = LX_LOAD;
+	e->buf = v;
+	const Value *vv = &g->vals[v], *vo = &g->vals[out];
+	long long stride = 1;
+	for (int d = vo->rank - 1; d >= 0; d--) {
+		int dv = d - (vo->rank - vv->rank);
+		if (dv < 0) {
+			e->stride[d] = 0;
+			continue;
+		}
+		long long n = ldim(g, v, dv);
+		e->stride[d] = n == 1 && ldim(g, out, d) != 1 ? 0 : stride;
+		stride *= n;
+	}
+	return e;
+}
+
+static LExpr *expr_for(Lower *L, const Op *op, int out);
+
+/* The expression computing input i of op: the fused producer's expression or a load. */
+static LExpr *operand(Lower *L, const Op *op, int i, int out)
+{
+	Graph *g = L->g;
+	int v = op->in[i];
+	int d = g->vals[v].def;
+	if (d >= 0 && L->skip[d] && elementwise(g->ops[d].kind))
+		return expr_for(L, &g->ops[d], out);
+	return load(L, v, out);
+}
+
+static LExpr *expr_for(Lower *L, const Op *op, int out)
+{
+	LExpr *e = arena_alloc(L->g->arena, sizeof *e);
+	e->op = op->kind;
+	e->f = op->f;
+	e->s = op->s;
+	switch (op->kind) {
+	case OP_SCALE:
+	case OP_NEG:
+	case OP_GELU:
+	case OP_RELU:
+	case OP_SILU:
+		e->kind = LX_UNARY;
+		e->a = operand(L, op, 0, out);
+		break;
+	default:
+		e->kind = LX_BINARY;
+		e->a = operand(L, op, 0, out);
+		e->b = operand(L, op, 1, out);
+		break;
+	}
+	return e;
+}
+
+static void collect_loads(LProg *p, Kernel *k, const LExpr *e)
+{
+	if (!e)
+		return;
+	if (e->kind == LX_LOAD)
+		kernel_use(p, k, e->buf);
+	collect_loads(p, k, e->a);
+	collect_loads(p, k, e->b);
+}
+
+static void lower_elementwise(Lower *L, const Op *op, int oi)
+{
+	Graph *g = L->g;
+	int out = op->out[0];
+	Kernel *k = call(L, K_LOOP, oi);
+	k->out = out;
+	k->rank = g->vals[out].rank;
+	for (int d = 0; d < k->rank; d++)
+		k->dims[d] = ldim(g, out, d);
+	k->expr = expr_for(L, op, out);
+	k->accumulate = g->vals[out].grad_of >= 0; /* gradients accumulate over micro-batches */
+	for (const Op *f = op; f;) { /* count the fused chain */
+		k->nfused++;
+		const Op *next = NULL;
+		for (int i = 0; i < f->nin; i++) {
+			int d = g->vals[f->in[i]].def;
+			if (d >= 0 && L->skip[d] && elementwise(g->ops[d].kind))
+				next = &g->ops[d];
+		}
+		f = next;
+	}
+	collect_loads(L->p, k, k->expr);
+	if (k->accumulate)
+		kernel_use(L->p, k, out);
+	kernel_def(L->p, k, out);
+}
+
+/* An element-wise op is fused into its consumer when its only reader is an element-wise op of the
+ * same phase and chunk with the same output shape and nothing else keeps it. */
+static void plan_fusion(Lower *L)
+{
+	Graph *g = L->g;
+	int stage = L->p->stage;
+	for (int i = 0; i < g->nops; i++) {
+		const Op *op = &g->ops[i];
+		if (op->stage != stage || !elementwise(op->kind) || op->nout != 1)
+			continue;
+		int v = op->out[0];
+		if (L->consumers[v] != 1 || L->kept[v] || g->vals[v].grad_of >= 0 || g->vals[v].role == ROLE_LOSS)
+			continue;
+		for (int j = i + 1; j < g->nops; j++) {
+			const Op *c = &g->ops[j];
+			bool reads = false;
+			for (int k = 0; k < c->nin; k++)
+				if (c->in[k] == v)
+					reads = true;
+			if (!reads)
+				continue;
+			if (c->stage == stage && elementwise(c->kind) && phase_of(c) == phase_of(op) &&
+			    chunk_of(L, j) == chunk_of(L, i) && value_local_elems(g, c->out[0]) == value_local_elems(g, v) &&
+			    g->vals[c->out[0]].rank == g->vals[v].rank)
+				L->skip[i] = true;
+			break;
+		}
+	}
+}
+
+/* ------------------------------------------------------------------ the other compute ops */
+
+/* Outputs that accumulate (layer-norm weight gradients, embedding gradients) start from zero
+ * unless they are a parameter's gradient, which accumulates over the micro-batches. */
+static void zero_unless_gradient(Lower *L, int oi, int v)
+{
+	if (L->g->vals[v].grad_of >= 0)
+		return;
+	Kernel *z = call(L, K_FILL, oi);
+	arg_value(L, z, v, false, true);
+	karg_int(L->p, z, lelems(L->g, v));
+	karg(L->p, z, KA_DTYPE, L->g->vals[v].dtype);
+	karg_f64(L->p, z, 0.0);
+}
+
+static long long rows_of(const Graph *g, int v)
+{
+	const Value *val = &g->vals[v];
+	return lelems(g, v) / ldim(g, v, val->rank - 1);
+}
+
+static long long cols_of(const Graph *g, int v)
+{
+	return ldim(g, v, g->vals[v].rank - 1);
+}
+
+/* Comm for a collective op: the value that is the call's buffer B of the wire formula. */
+static void comm_of_op(Lower *L, Kernel *k, const Op *op, int oi)
+{
+	Graph *g = L->g;
+	Comm *c = kernel_comm(L->p, k);
+	c->coll = op->kind;
+	c->axis = op->axis;
+	c->every = op->every;
+	c->op = oi;
+	int v = op->kind == OP_ALL_GATHER || op->kind == OP_RECV ? op->out[0] : op->in[0];
+	c->elems = lelems(g, v);
+	c->dtype = g->vals[v].dtype;
+	const Value *val = &g->vals[v];
+	int wv = op->kind == OP_RECV ? op->out[0] : op->in[0]; /* the shape the check compares */
+	const Value *wval = &g->vals[wv];
+	c->rank = wval->rank;
+	for (int d = 0; d < wval->rank; d++)
+		c->shape[d] = ldim(g, wv, d);
+	c->what = val->name ? val->name : g->vals[wv].name;
+	if (op->kind == OP_SEND || op->kind == OP_RECV) {
+		c->peer = op->peer >= 0 ? op->peer : (int)op->n;
+		c->channel = op->backward ? 1 : 0;
+	}
+}
+
+/* (in, out, rank, dims, dim[, dim2], dtype, comm): the arguments of the *_dim conversions */
+static Kernel *conversion_call(Lower *L, const Op *op, int oi, KernelKind kind, int dim2)
+{
+	int in = op->in[0];
+	Kernel *k = call(L, kind, oi);
+	arg_value(L, k, in, true, false);
+	arg_value(L, k, op->out[0], false, true);
+	karg_int(L->p, k, L->g->vals[in].rank);
+	arg_dims(L, k, in);
+	karg_int(L->p, k, op->coll_dim);
+	if (dim2 >= 0)
+		karg_int(L->p, k, dim2);
+	karg(L->p, k, KA_DTYPE, L->g->vals[in].dtype);
+	karg(L->p, k, KA_AXIS, op->axis);
+	return k;
+}
+
+static void lower_moe_exchange(Lower *L, const Op *op, int oi);
+
+/* Conversions between layouts inserted by shard.c: collectives along one mesh axis. */
+static void lower_conversion(Lower *L, const Op *op, int oi)
+{
+	Graph *g = L->g;
+	LProg *p = L->p;
+	int in = op->in[0], out = op->out[0];
+	size_t bytes = (size_t)lelems(g, in) * (size_t)dtype_bytes(g->vals[in].dtype);
+	DType t = g->vals[in].dtype;
+	Kernel *k;
+	switch (op->kind) {
+	case OP_ALL_REDUCE:
+		k = call(L, K_ALLREDUCE_DIM, oi);
+		arg_value(L, k, in, true, false);
+		arg_value(L, k, out, false, true);
+		karg_int(p, k, lelems(g, in));
+		karg(p, k, KA_DTYPE, t);
+		karg(p, k, KA_AXIS, op->axis);
+		break;
+	case OP_REDUCE_SCATTER:
+	case OP_ALL_GATHER:
+		k = conversion_call(L, op, oi, op->kind == OP_REDUCE_SCATTER ? K_REDUCE_SCATTER_DIM : K_ALLGATHER_DIM, -1);
+		arg_scratch(L, k, op->kind == OP_REDUCE_SCATTER ? bytes : bytes * (size_t)g->ps->axes[op->axis].size);
+		break;
+	case OP_ALL_TO_ALL:
+		if (L->moe_idx && L->moe_idx[in] >= 0) {
+			lower_moe_exchange(L, op, oi);
+			return;
+		}
+		k = conversion_call(L, op, oi, K_ALLTOALL_DIM, op->coll_dim2);
+		arg_scratch(L, k, 2 * bytes);
+		break;
+	case OP_SLICE:
+		conversion_call(L, op, oi, K_SLICE_DIM, -1);
+		return; /* a local copy: no communication */
+	default:
+		ICE("'%s' is not a layout conversion", op_names[op->kind]);
+	}
+	comm_of_op(L, k, op, oi);
+}
+
+/* ZeRO-3: the whole parameter from every rank's chunk, before a use. The gathered buffer is
+ * padded to whole chunks so that a prefetch (overlap.c) can gather into it directly. */
+static void lower_param_gather(Lower *L, const Op *op, int oi)
+{
+	Graph *g = L->g;
+	LProg *p = L->p;
+	int x = op->in[0], y = op->out[0];
+	int size = g->ps->axes[op->axis].size;
+	long long n = 1;
+	for (int d = 0; d < g->vals[y].rank; d++)
+		n *= ldim(g, y, d);
+	long long c = (n + size - 1) / size;
+	p->buf[y].bytes = (size_t)(c * size) * (size_t)dtype_bytes(g->vals[y].dtype);
+	Kernel *k = call(L, K_ALLGATHER_FLAT, oi);
+	arg_value(L, k, x, true, false);
+	arg_value(L, k, y, false, true);
+	karg_int(p, k, n);
+	karg(p, k, KA_DTYPE, g->vals[x].dtype);
+	karg(p, k, KA_AXIS, op->axis);
+	arg_scratch(L, k, (size_t)(c * size) * (size_t)dtype_bytes(g->vals[x].dtype));
+	Comm *cm = kernel_comm(p, k);
+	cm->coll = OP_ALL_GATHER;
+	cm->axis = op->axis;
+	cm->op = oi;
+	cm->elems = c * size;
+	cm->dtype = g->vals[x].dtype;
+	cm->rank = 1;
+	cm->shape[0] = c;
+	cm->what = g->vals[x].name;
+}
+
+/* The input a value was loaded from, through layout conversions and views (-1: computed). */
+static int input_of(const Graph *g, int v)
+{
+	for (;;) {
+		int d = g->vals[v].def;
+		if (d < 0)
+			return -1;
+		const Op *op = &g->ops[d];
+		if (op->kind == OP_INPUT)
+			return v;
+		OpClass c = op_classes[op->kind];
+		if (op->nin != 1 || (c != OPK_COLLECTIVE && c != OPK_VIEW && op->kind != OP_RECV && op->kind != OP_NARROW &&
+				     op->kind != OP_RESHAPE))
+			return -1;
+		v = op->in[0];
+	}
+}
+
+/* Class labels are checked against the classes before every cross-entropy: a label outside them
+ * ends the run with its value and position, never trains silently on a wrong target. */
+static void check_labels(Lower *L, const Op *op, int oi)
+{
+	Graph *g = L->g;
+	LProg *p = L->p;
+	int logits = op->in[0], targets = op->in[1];
+	int src = input_of(g, targets), line, col;
+	diag_line_col(op->src, op->loc.off, &line, &col);
+	const char *what = src >= 0 ? arena_printf(g->arena, "input '%s'", g->vals[src].name) : "the labels";
+	Kernel *k = call(L, K_CHECK_LABELS, oi);
+	arg_value(L, k, targets, true, false);
+	karg_int(p, k, p->buf[targets].rank);
+	karg_ints(p, k, p->buf[targets].ldims, p->buf[targets].rank, false);
+	karg_offset(p, k, targets, -1);
+	karg_int(p, k, g->vals[logits].dim[g->vals[logits].rank - 1]);
+	karg_str(p, k, arena_printf(g->arena, "%s (the targets of cross_entropy at %s:%d:%d)", what, op->src->path, line, col));
+	karg(p, k, KA_STEP, 0);
+}
+
+/* Vocab-parallel cross-entropy all-reduces its row statistics inside its kernel: the internal
+ * reductions shard.c placed right after it are this kernel's communication. */
+static void lower_cross_entropy(Lower *L, const Op *op, int oi)
+{
+	Graph *g = L->g;
+	LProg *p = L->p;
+	int logits = op->in[0], targets = op->in[1];
+	int vaxis = -1, r = g->vals[logits].rank;
+	for (int a = 0; a < g->ps->naxes; a++)
+		if (g->vals[logits].lay.on[a] == r - 1)
+			vaxis = a;
+	check_labels(L, op, oi);
+	Kernel *k = call(L, K_CROSS_ENTROPY, oi);
+	arg_value(L, k, logits, true, false);
+	arg_value(L, k, targets, true, false);
+	arg_value(L, k, op->out[0], false, true);
+	arg_value(L, k, op->out[1], false, true);
+	karg_int(p, k, rows_of(g, logits));
+	karg_int(p, k, cols_of(g, logits));
+	karg_offset(p, k, logits, r - 1);
+	karg_f64(p, k, 1.0 / (double)value_elems(g, targets));
+	karg(p, k, vaxis >= 0 ? KA_AXIS : KA_NULL, vaxis);
+	arg_scratch(L, k, (size_t)rows_of(g, logits) * 3 * sizeof(float));
+	int ki = p->nk - 1;
+	for (int j = oi + 1; j < g->nops && g->ops[j].internal; j++)
+		comm_of_op(L, &p->k[ki], &g->ops[j], j);
+}
+
+/* ------------------------------------------------------------------ reductions, shapes, RoPE */
+
+/* A kernel that overwrites its output cannot write a parameter's gradient, which accumulates over
+ * the micro-batches: it writes a transient copy, added by overwritten_done. */
+static int overwrite_target(Lower *L, int v)
+{
+	const Graph *g = L->g;
+	if (g->vals[v].grad_of < 0)
+		return v;
+	return buffer_new(L->p, BUF_ARENA, g->vals[v].dtype, lelems(g, v), "grad_part", g->vals[v].name);
+}
+
+static void overwritten_done(Lower *L, int oi, int v, int written)
+{
+	if (written == v)
+		return;
+	Kernel *k = call(L, K_ACCUMULATE, oi);
+	arg_value(L, k, v, true, true);
+	arg_value(L, k, written, true, false);
+	karg_int(L->p, k, lelems(L->g, v));
+	karg(L->p, k, KA_DTYPE, L->g->vals[v].dtype);
+}
+
+/* v's local block viewed as [outer, n, inner] around dim d (d < 0: [1, every element, 1]) */
+static void around_dim(const Graph *g, int v, int d, long long *outer, long long *n, long long *inner)
+{
+	*outer = *inner = 1;
+	*n = lelems(g, v);
+	if (d < 0)
+		return;
+	*n = ldim(g, v, d);
+	for (int i = 0; i < g->vals[v].rank; i++)
+		if (i < d)
+			*outer *= ldim(g, v, i);
+		else if (i > d)
+			*inner *= ldim(g, v, i);
+}
+
+static void arg_around(Lower *L, Kernel *k, int v, int d)
+{
+	long long outer, n, inner;
+	around_dim(L->g, v, d, &outer, &n, &inner);
+	karg_int(L->p, k, outer);
+	karg_int(L->p, k, n);
+	karg_int(L->p, k, inner);
+}
+
+/* rows [start, start + len) of dim d of y get x (added to y's rows; the others are left) */
+static void narrow_into(Lower *L, int oi, int x, int y, int d, long long start, long long len, bool accumulate)
+{
+	Kernel *k = call(L, K_NARROW_GRAD, oi);
+	arg_value(L, k, x, true, false);
+	arg_value(L, k, y, accumulate, true);
+	arg_around(L, k, y, d);
+	karg_int(L->p, k, start);
+	karg_int(L->p, k, len);
+	karg_int(L->p, k, accumulate);
+}
+
+static void lower_rope(Lower *L, const Op *op, int oi)
+{
+	Graph *g = L->g;
+	LProg *p = L->p;
+	int x = op->in[0], y = op->out[0], pos = op->nin > 1 ? op->in[1] : -1;
+	bool first = op->dim2 != 0;
+	int w = op->kind == OP_ROPE_GRAD ? overwrite_target(L, y) : y;
+	Kernel *k = call(L, op->kind == OP_ROPE ? K_ROPE : K_ROPE_GRAD, oi);
+	arg_value(L, k, x, true, false);
+	arg_value(L, k, w, false, true);
+	karg_int(p, k, ldim(g, x, 0));                /* batch */
+	karg_int(p, k, ldim(g, x, first ? 2 : 1));    /* seq */
+	karg_int(p, k, ldim(g, x, first ? 1 : 2));    /* heads */
+	karg_int(p, k, ldim(g, x, 3));                /* head_dim */
+	karg_int(p, k, op->n);                        /* rot_dim */
+	karg_int(p, k, first);
+	if (pos >= 0) {
+		arg_value(L, k, pos, true, false);
+		karg_int(p, k, g->vals[pos].rank == 2 ? ldim(g, pos, 1) : 0);
+		karg_int(p, k, 0);
+	} else { /* positions 0, 1, ..: this block's rows start at its offset in the sequence */
+		karg(p, k, KA_NULL, 0);
+		karg_int(p, k, 0);
+		karg_offset(p, k, x, op->dim);
+	}
+	karg_f64(p, k, op->f);
+	overwritten_done(L, oi, y, w);
+}
+
+static void lower_shape_op(Lower *L, const Op *op, int oi)
+{
+	Graph *g = L->g;
+	LProg *p = L->p;
+	int x = op->in[0], y = op->out[0];
+	Kernel *k;
+	switch (op->kind) {
+	case OP_UNARY_FN:
+		k = call(L, K_UNARY, oi);
+		karg_int(p, k, op->n);
+		arg_value(L, k, x, true, false);
+		arg_value(L, k, y, false, true);
+		karg_int(p, k, lelems(g, x));
+		return;
+	case OP_UNARY_FN_GRAD: {
+		int w = overwrite_target(L, y);
+		k = call(L, K_UNARY_GRAD, oi);
+		karg_int(p, k, op->n);
+		arg_value(L, k, x, true, false);
+		arg_value(L, k, op->in[1], true, false);
+		arg_value(L, k, w, false, true);
+		karg_int(p, k, lelems(g, x));
+		overwritten_done(L, oi, y, w);
+		return;
+	}
+	case OP_SUM_DIM:
+		k = call(L, K_SUM_DIM, oi);
+		arg_value(L, k, x, true, false);
+		arg_value(L, k, y, false, true);
+		arg_around(L, k, x, op->dim);
+		karg_f64(p, k, op->f);
+		return;
+	case OP_SUM_DIM_GRAD: {
+		int w = overwrite_target(L, y);
+		k = call(L, K_SUM_DIM_GRAD, oi);
+		arg_value(L, k, x, true, false);
+		arg_value(L, k, w, false, true);
+		arg_around(L, k, y, op->dim);
+		karg_f64(p, k, op->f);
+		overwritten_done(L, oi, y, w);
+		return;
+	}
+	case OP_MAX_DIM:
+		k = call(L, K_MAX_DIM, oi);
+		arg_value(L, k, x, true, false);
+		arg_value(L, k, y, false, true);
+		arg_value(L, k, op->out[1], false, true);
+		arg_around(L, k, x, op->dim);
+		return;
+	case OP_MAX_DIM_GRAD: {
+		int w = overwrite_target(L, y);
+		k = call(L, K_MAX_DIM_GRAD, oi);
+		arg_value(L, k, x, true, false);
+		arg_value(L, k, op->in[1], true, false);
+		arg_value(L, k, w, false, true);
+		arg_around(L, k, y, op->dim);
+		overwritten_done(L, oi, y, w);
+		return;
+	}
+	case OP_MSE_LOSS:
+		k = call(L, K_REGRESSION_LOSS, oi);
+		karg_int(p, k, op->n);
+		arg_value(L, k, x, true, false);
+		arg_value(L, k, op->in[1], true, false);
+		karg_int(p, k, lelems(g, x));
+		karg_f64(p, k, op->f);
+		arg_value(L, k, y, false, true);
+		return;
+	case OP_MSE_LOSS_GRAD: {
+		int w = overwrite_target(L, y);
+		k = call(L, K_REGRESSION_LOSS_GRAD, oi);
+		karg_int(p, k, op->n);
+		arg_value(L, k, x, true, false);
+		arg_value(L, k, op->in[1], true, false);
+		karg_int(p, k, lelems(g, x));
+		karg_scalar(p, k, op->in[2], op->f);
+		arg_value(L, k, w, false, true);
+		overwritten_done(L, oi, y, w);
+		return;
+	}
+	case OP_NARROW:
+		k = call(L, g->vals[x].dtype == DT_I32 ? K_NARROW_I32 : K_NARROW, oi);
+		arg_value(L, k, x, true, false);
+		arg_value(L, k, y, false, true);
+		arg_around(L, k, x, op->dim);
+		karg_int(p, k, op->start);
+		karg_int(p, k, op->length);
+		return;
+	case OP_NARROW_GRAD:
+		narrow_into(L, oi, x, y, op->dim, op->start, op->length, g->vals[y].grad_of >= 0);
+		return;
+	case OP_CONCAT: { /* zeros, then each input added into its rows (x + 0 is x exactly) */
+		k = call(L, K_FILL, oi);
+		arg_value(L, k, y, false, true);
+		karg_int(p, k, lelems(g, y));
+		karg(p, k, KA_DTYPE, g->vals[y].dtype);
+		karg_f64(p, k, 0.0);
+		long long start = 0;
+		for (int i = 0; i < op->nin; i++) {
+			long long n = ldim(g, op->in[i], op->dim);
+			narrow_into(L, oi, op->in[i], y, op->dim, start, n, true);
+			start += n;
+		}
+		return;
+	}
+	case OP_RESHAPE: /* the same elements in the same order: a copy */
+		if (g->vals[y].grad_of >= 0) {
+			overwritten_done(L, oi, y, x);
+			return;
+		}
+		k = call(L, K_CAST, oi);
+		arg_value(L, k, x, true, false);
+		karg(p, k, KA_DTYPE, g->vals[x].dtype);
+		arg_value(L, k, y, false, true);
+		karg(p, k, KA_DTYPE, g->vals[y].dtype);
+		karg_int(p, k, lelems(g, x));
+		return;
+	case OP_SWAP_DIMS: {
+		long long dims[MAX_DIMS], perm[MAX_DIMS];
+		int r = g->vals[x].rank;
+		for (int d = 0; d < r; d++) {
+			dims[d] = ldim(g, x, d);
+			perm[d] = d;
+		}
+		perm[op->dim] = op->dim2;
+		perm[op->dim2] = op->dim;
+		int w = overwrite_target(L, y);
+		permute(L, oi, r, dims, perm, x, w);
+		overwritten_done(L, oi, y, w);
+		return;
+	}
+	case OP_REPEAT_KV:
+	case OP_REPEAT_KV_GRAD: {
+		bool grad = op->kind == OP_REPEAT_KV_GRAD;
+		int w = grad ? overwrite_target(L, y) : y;
+		long long outer, heads, inner;
+		around_dim(g, grad ? y : x, op->dim, &outer, &heads, &inner);
+		k = call(L, grad ? K_REPEAT_KV_GRAD : K_REPEAT_KV, oi);
+		arg_value(L, k, x, true, false);
+		arg_value(L, k, w, false, true);
+		karg_int(p, k, outer);
+		karg_int(p, k, heads);
+		karg_int(p, k, op->n);
+		karg_int(p, k, inner);
+		overwritten_done(L, oi, y, w);
+		return;
+	}
+	case OP_ROPE:
+	case OP_ROPE_GRAD:
+		lower_rope(L, op, oi);
+		return;
+	default:
+		ICE("'%s' is not lowered here", op_names[op->kind]);
+	}
+}
+
+/* The receive matching a transfer op: the RECV of the same value on the peer stage. */
+static int matching_recv(const Graph *g, int oi)
+{
+	const Op *op = &g->ops[oi];
+	if (op->kind == OP_RECV)
+		return oi;
+	for (int j = oi + 1; j < g->nops; j++)
+		if (g->ops[j].kind == OP_RECV && g->ops[j].in[0] == op->in[0] && g->ops[j].backward == op->backward)
+			return j;
+	ICE("a send without its receive");
+}
+
+/* Point-to-point on the pipe axis. A send starts after its value is computed and is completed by
+ * the walker before its slot is reused. A forward input is received into the inbox, posted when
+ * the forward is prepared (one action ahead); a gradient coming back is received into the slot,
+ * posted when the same micro-batch's forward runs, long before the peer's backward sends it. So
+ * a send always finds its receive posted soon after it starts, and completing sends before a
+ * slot is reused never waits on the peer. Messages travel on a channel per direction and
+ * receiving chunk (the interleaved schedule runs the chunks' backwards in another order than
+ * their forwards); within one channel they match in order. */
+static void lower_p2p(Lower *L, const Op *op, int oi)
+{
+	Graph *g = L->g;
+	LProg *p = L->p;
+	int v = op->kind == OP_SEND ? op->in[0] : op->out[0];
+	int req = p->nslotreqs++;
+	int channel = (op->backward ? 1 : 0) * p->nchunks + chunk_of(L, matching_recv(g, oi));
+	Kernel *k = call(L, op->kind == OP_SEND ? K_SEND_START : K_RECV_START, oi);
+	if (op->kind == OP_RECV)
+		k->phase = op->backward ? PH_FORWARD : PH_PREPARE_F;
+	arg_value(L, k, v, op->kind == OP_SEND, op->kind == OP_RECV);
+	karg_int(p, k, lelems(g, v));
+	karg(p, k, KA_DTYPE, g->vals[v].dtype);
+	int peer = op->peer >= 0 ? op->peer : (int)op->n;
+	karg_int(p, k, peer);
+	karg_int(p, k, channel);
+	karg(p, k, KA_SLOTREQ, req);
+	comm_of_op(L, k, op, oi);
+	p->k[p->nk - 1].comm[0].channel = channel;
+	if (op->kind == OP_RECV) {
+		Kernel *f = call(L, K_P2P_FINISH, oi);
+		karg(p, f, KA_CTX, 0);
+		karg(p, f, KA_SLOTREQ, req);
+		kernel_def(p, f, v); /* the value is complete from here on */
+	}
+}
+
+/* The model's inputs in declaration order: their index in the data (token data: 0 tokens, 1
+ * targets; a data set names them). */
+static int input_stream(const Graph *g, int v)
+{
+	const char *name = g->vals[v].name;
+	int stream = 0;
+	for (int i = 0; i < g->nops; i++) {
+		const Op *op = &g->ops[i];
+		if (op->kind != OP_INPUT || g->vals[op->out[0]].tied_to >= 0)
+			continue;
+		const char *n = g->vals[op->out[0]].name;
+		if (n && name && !strcmp(n, name))
+			return stream;
+		stream++;
+	}
+	return 0;
+}
+
+static void lower_input(Lower *L, const Op *op, int oi)
+{
+	Graph *g = L->g;
+	LProg *p = L->p;
+	int v = op->out[0];
+	/* loaded at the start of the forward of the chunk that first reads it */
+	int c = 0;
+	for (int j = oi + 1; j < g->nops; j++) {
+		const Op *u = &g->ops[j];
+		bool reads = false;
+		for (int k = 0; k < u->nin; k++)
+			if (u->in[k] == v)
+				reads = true;
+		if (reads && u->stage == p->stage) {
+			c = chunk_of(L, j);
+			break;
+		}
+	}
+	L->chunk[oi] = c;
+	const Value *val = &g->vals[v];
+	if (p->buf[v].micro_dim != 0) { /* samples are rows of the batch dim: refused by planc build */
+		Kernel *k = call(L, K_OPAQUE, oi);
+		arg_value(L, k, v, false, true);
+		return;
+	}
+	/* the labels of a cross-entropy are checked against its classes when the data is opened */
+	long long classes = 0;
+	for (int i = 0; i < g->nops; i++) {
+		const Op *ce = &g->ops[i];
+		int src = ce->kind == OP_CROSS_ENTROPY && !ce->backward ? input_of(g, ce->in[1]) : -1;
+		if (src >= 0 && g->vals[src].name && val->name && !strcmp(g->vals[src].name, val->name))
+			classes = g->vals[ce->in[0]].dim[g->vals[ce->in[0]].rank - 1];
+	}
+	long long gdims[MAX_DIMS];
+	for (int d = 0; d < val->rank; d++)
+		gdims[d] = d == 0 ? g->ps->batch : val->dim[d];
+	Kernel *k = call(L, K_LOAD_INPUT, oi);
+	karg(p, k, KA_CTX, 0);
+	arg_value(L, k, v, false, true);
+	karg_int(p, k, input_stream(g, v));
+	karg_str(p, k, val->name);
+	karg(p, k, KA_DTYPE, val->dtype);
+	karg_int(p, k, val->rank);
+	karg_ints(p, k, gdims, val->rank, false);
+	arg_dims(L, k, v);
+	karg_offset(p, k, v, -1);
+	karg_int(p, k, classes);
+}
+
+/* The op's inputs and outputs as arguments of an opaque kernel, and its communication. */
+static void lower_opaque(Lower *L, const Op *op, int oi)
+{
+	Kernel *k = call(L, K_OPAQUE, oi);
+	for (int i = 0; i < op->nin; i++)
+		if (L->p->buf[op->in[i]].cls != BUF_NONE)
+			arg_value(L, k, op->in[i], true, false);
+	for (int i = 0; i < op->nout; i++)
+		if (L->p->buf[op->out[i]].cls != BUF_NONE)
+			arg_value(L, k, op->out[i], false, true);
+	OpClass c = op_classes[op->kind];
+	if ((c == OPK_COLLECTIVE && op->kind != OP_SLICE) || c == OPK_P2P)
+		comm_of_op(L, &L->p->k[L->p->nk - 1], op, oi);
+}
+
+Kernel *kernel_opaque(LProg *p, int oi, Phase ph, int chunk)
+{
+	const Op *op = &p->g->ops[oi];
+	Kernel *k = kernel_new(p, K_OPAQUE, ph, chunk, oi);
+	k->note = op_names[op->kind];
+	OpClass c = op_classes[op->kind];
+	if ((c == OPK_COLLECTIVE && op->kind != OP_SLICE) || c == OPK_P2P) {
+		Lower L = {.p = p, .g = p->g};
+		comm_of_op(&L, k, op, oi);
+	}
+	return &p->k[p->nk - 1];
+}
+
+/* Ops state.c lowers: the update and what gradient synchronisation put around it. */
+static bool sync_op(const Graph *g, const Op *op)
+{
+	if (op->kind == OP_OPTIMIZER_STEP || op->nmembers > 0 || op->stage_group[0] >= 0)
+		return true;
+	OpClass c = op_classes[op->kind];
+	if (c != OPK_COLLECTIVE && c != OPK_P2P)
+		return false;
+	int v = op->nin ? op->in[0] : -1;
+	if (v >= 0 && g->vals[v].def < 0)
+		return true; /* a flat value sync.c made (parameter averages, async transfers, top-k) */
+	if (op->kind == OP_ALL_GATHER && v >= 0 && g->ops[g->vals[v].def].kind == OP_OPTIMIZER_STEP)
+		return true; /* ZeRO 1/2: the updated shards gathered back */
+	return false;
+}
+
+/* ------------------------------------------------------------------ mixture of experts */
+
+/* Mixture-of-experts ops (docs/moe.md) become planrt's moe kernels on this rank's block: tokens
+ * split only along their batch dim (whole routing groups, shard.c), the dispatched buffer [E, C, D]
+ * split on C (the rank's groups) or on E (after the all-to-all). The router also adds its pairs
+ * dropped and routed per expert into the step's routing metrics (a view of L->moe_stats; a forward
+ * recomputed in the backward adds nothing). */
+static int moe_stats_offset(const Graph *g, int oi)
+{
+	long long at = 0;
+	for (int i = 0; i < oi; i++) {
+		const Op *r = &g->ops[i];
+		if (r->kind == OP_MOE_ROUTER && !r->recompute)
+			at += 1 + g->vals[r->in[0]].dim[g->vals[r->in[0]].rank - 1];
+	}
+	return (int)at;
+}
+
+static void lower_moe(Lower *L, const Op *op, int oi)
+{
+	Graph *g = L->g;
+	LProg *p = L->p;
+	Kernel *k;
+	int l = op->in[0];
+	long long groups = g->vals[l].dim[0]; /* the micro-batch's samples: one routing group each */
+	long long tokens_all = value_elems(g, l) / g->vals[l].dim[g->vals[l].rank - 1];
+	switch (op->kind) {
+	case OP_MOE_ROUTER: {
+		k = call(L, K_MOE_ROUTE, oi);
+		arg_value(L, k, l, true, false);
+		karg_int(p, k, rows_of(g, l));
+		karg_int(p, k, cols_of(g, l));
+		karg_int(p, k, op->n);
+		karg_int(p, k, op->moe_group);
+		karg_int(p, k, op->moe_capacity);
+		karg_int(p, k, op->moe_normalize);
+		arg_value(L, k, op->out[0], false, true);
+		arg_value(L, k, op->out[1], false, true);
+		karg(p, k, KA_NULL, 0);
+		if (L->moe_stats >= 0 && !op->recompute && !op->backward) {
+			long long E = cols_of(g, l);
+			int v = buffer_new(p, BUF_VIEW, DT_F64, 1 + E, "moe_stats_layer", "a layer's routing metrics");
+			p->buf[v].view_of = L->moe_stats;
+			p->buf[v].view_off = moe_stats_offset(g, oi);
+			p->buf[v].view_axis = -1;
+			karg_buf(p, k, v, true, true);
+		} else {
+			karg(p, k, KA_NULL, 0);
+		}
+		return;
+	}
+	case OP_MOE_ROUTER_GRAD: /* (logits, gates, idx, dgates) -> dlogits */
+		k = call(L, K_MOE_ROUTE_GRAD, oi);
+		arg_value(L, k, l, true, false);
+		arg_value(L, k, op->in[3], true, false);
+		karg_int(p, k, rows_of(g, l));
+		karg_int(p, k, cols_of(g, l));
+		karg_int(p, k, op->n);
+		karg_int(p, k, op->moe_normalize);
+		arg_value(L, k, op->out[0], false, true);
+		return;
+	case OP_MOE_DISPATCH: /* (x, gates, idx) -> buffer */
+		k = call(L, K_MOE_DISPATCH, oi);
+		arg_value(L, k, l, true, false);
+		arg_value(L, k, op->in[2], true, false);
+		karg_int(p, k, rows_of(g, l));
+		karg_int(p, k, ldim(g, op->in[2], 1));
+		karg_int(p, k, cols_of(g, l));
+		karg_int(p, k, rows_of(g, op->out[0]));
+		arg_value(L, k, op->out[0], false, true);
+		return;
+	case OP_MOE_DISPATCH_GRAD: /* (dbuffer, gates, idx) -> dx */
+		k = call(L, K_MOE_DISPATCH_GRAD, oi);
+		arg_value(L, k, l, true, false);
+		arg_value(L, k, op->in[2], true, false);
+		karg_int(p, k, rows_of(g, op->out[0]));
+		karg_int(p, k, ldim(g, op->in[2], 1));
+		karg_int(p, k, cols_of(g, op->out[0]));
+		arg_value(L, k, op->out[0], false, true);
+		return;
+	case OP_MOE_COMBINE: /* (buffer, gates, idx) -> tokens */
+		k = call(L, K_MOE_COMBINE, oi);
+		arg_value(L, k, l, true, false);
+		arg_value(L, k, op->in[1], true, false);
+		arg_value(L, k, op->in[2], true, false);
+		karg_int(p, k, rows_of(g, op->out[0]));
+		karg_int(p, k, ldim(g, op->in[2], 1));
+		karg_int(p, k, cols_of(g, op->out[0]));
+		arg_value(L, k, op->out[0], false, true);
+		return;
+	case OP_MOE_COMBINE_GRAD: /* (dtokens, buffer, gates, idx) -> dbuffer, dgates */
+		k = call(L, K_MOE_COMBINE_GRAD, oi);
+		for (int i = 0; i < 4; i++)
+			arg_value(L, k, op->in[i], true, false);
+		karg_int(p, k, rows_of(g, l));
+		karg_int(p, k, ldim(g, op->in[3], 1));
+		karg_int(p, k, cols_of(g, l));
+		karg_int(p, k, rows_of(g, op->out[0]));
+		arg_value(L, k, op->out[0], false, true);
+		arg_value(L, k, op->out[1], false, true);
+		return;
+	case OP_MOE_AUX_LOSS:
+	case OP_MOE_Z_LOSS: { /* (logits, idx) -> this rank's share of the weighted mean */
+		bool aux = op->kind == OP_MOE_AUX_LOSS;
+		k = call(L, aux ? K_MOE_AUX_LOSS : K_MOE_Z_LOSS, oi);
+		arg_value(L, k, l, true, false);
+		karg_int(p, k, rows_of(g, l));
+		karg_int(p, k, cols_of(g, l));
+		if (aux)
+			karg_int(p, k, op->moe_group);
+		karg_f64(p, k, op->f / (double)(aux ? groups : tokens_all));
+		arg_value(L, k, op->out[0], false, true);
+		return;
+	}
+	case OP_MOE_AUX_LOSS_GRAD:
+	case OP_MOE_Z_LOSS_GRAD: { /* (logits, idx, dloss) -> dlogits */
+		bool aux = op->kind == OP_MOE_AUX_LOSS_GRAD;
+		k = call(L, aux ? K_MOE_AUX_LOSS_GRAD : K_MOE_Z_LOSS_GRAD, oi);
+		arg_value(L, k, l, true, false);
+		karg_int(p, k, rows_of(g, l));
+		karg_int(p, k, cols_of(g, l));
+		if (aux)
+			karg_int(p, k, op->moe_group);
+		karg_scalar(p, k, op->in[2], op->f / (double)(aux ? groups : tokens_all));
+		arg_value(L, k, op->out[0], false, true);
+		return;
+	}
+	default:
+		ICE("'%s' is not a mixture-of-experts op", op_names[op->kind]);
+	}
+}
+
+/* Dropless layers' buffers (L->moe_idx): the dispatched buffer [E, C, D] holds every token, an
+ * expert's rows packed from its first, so between the token and the expert layouts only the rows
+ * that exist travel (planrt_moe_exchange: the counts, then the rows) instead of the all-to-all of
+ * the whole buffer. A value is such a buffer when it comes from a dropless moe_dispatch (or is
+ * moe_combine_grad's) through ops that keep the buffer's [E, C, ..] shape. */
+static void moe_buffers(Lower *L)
+{
+	Graph *g = L->g;
+	L->moe_idx = malloc(sizeof(int) * ((size_t)g->nvals + 1));
+	if (!L->moe_idx)
+		ICE("out of memory");
+	for (int v = 0; v < g->nvals; v++)
+		L->moe_idx[v] = -1;
+	for (int i = 0; i < g->nops; i++) {
+		const Op *op = &g->ops[i];
+		if (!op->nout)
+			continue;
+		int y = op->out[0];
+		if ((op->kind == OP_MOE_DISPATCH || op->kind == OP_MOE_COMBINE_GRAD) && !op->moe_capacity) {
+			L->moe_idx[y] = op->in[op->kind == OP_MOE_DISPATCH ? 2 : 3];
+			continue;
+		}
+		if (op->kind == OP_MOE_COMBINE || op->kind == OP_MOE_DISPATCH_GRAD || op->kind == OP_MOE_COMBINE_GRAD)
+			continue;
+		for (int k = 0; k < op->nin; k++) {
+			int x = op->in[k], ix = L->moe_idx[x];
+			const Value *vx = &g->vals[x], *vy = &g->vals[y];
+			if (ix >= 0 && vy->rank == vx->rank && vy->dim[0] == vx->dim[0] && vy->dim[1] == vx->dim[1]) {
+				L->moe_idx[y] = ix;
+				break;
+			}
+		}
+	}
+}
+
+static void lower_moe_exchange(Lower *L, const Op *op, int oi)
+{
+	Graph *g = L->g;
+	LProg *p = L->p;
+	int in = op->in[0], out = op->out[0], idx = L->moe_idx[in];
+	bool to_experts = op->coll_dim == 1 && op->coll_dim2 == 0;
+	if (!to_experts && !(op->coll_dim == 0 && op->coll_dim2 == 1))
+		ICE("a dropless MoE buffer's all-to-all moves dims %d -> %d", op->coll_dim, op->coll_dim2);
+	int tokens_side = to_experts ? in : out;
+	long long n = g->ps->axes[op->axis].size, E = g->vals[in].dim[0], el = E / n;
+	long long slots = ldim(g, tokens_side, 1), dim = ldim(g, in, 2), k = ldim(g, idx, 1);
+	DType t = g->vals[in].dtype;
+	Kernel *kn = call(L, K_MOE_EXCHANGE, oi);
+	arg_value(L, kn, in, true, false);
+	arg_value(L, kn, out, false, true);
+	karg_int(p, kn, to_experts);
+	arg_value(L, kn, idx, true, false);
+	karg_int(p, kn, lelems(g, idx));
+	karg_int(p, kn, E);
+	karg_int(p, kn, slots);
+	karg_int(p, kn, dim);
+	karg(p, kn, KA_DTYPE, t);
+	karg(p, kn, KA_AXIS, op->axis);
+	arg_scratch(L, kn, (size_t)(2 * E * slots * dim) * (size_t)dtype_bytes(t) + (size_t)(8 * (4 * n + E)));
+	Comm *c = kernel_comm(p, &p->k[p->nk - 1]); /* the counts */
+	c->coll = OP_ALL_TO_ALL;
+	c->axis = op->axis;
+	c->op = oi;
+	c->elems = E;
+	c->dtype = DT_I32;
+	c->rank = 2;
+	c->shape[0] = n;
+	c->shape[1] = el;
+	c->what = "expert row counts";
+	/* the rows: the tokens' side sends each token's pairs with other members' experts, at most
+	 * min(k, E - E / n) of them; the experts' side sends back what it received from the others */
+	long long rows = to_experts ? slots * (k < E - el ? k : E - el) : (n - 1) * slots * (k < el ? k : el);
+	c = kernel_comm(p, &p->k[p->nk - 1]);
+	c->coll = OP_ALL_TO_ALL;
+	c->bound = true;
+	c->axis = op->axis;
+	c->op = oi;
+	c->elems = rows * dim;
+	c->dtype = t;
+	c->rank = 3;
+	c->shape[0] = ldim(g, in, 0);
+	c->shape[1] = ldim(g, in, 1);
+	c->shape[2] = dim;
+	c->what = g->vals[in].name ? g->vals[in].name : "the dispatched tokens";
+}
+
+/* The step's routing metrics: summed over the ranks that route different tokens (and over the
+ * pipeline, whose stages hold different layers), then written into rank 0's log line. Every
+ * stage program has the buffer, zeroed at step_begin with the other metrics (state.c). */
+static void lower_moe_metrics(Lower *L)
+{
+	Graph *g = L->g;
+	LProg *p = L->p;
+	int nlayers = 0;
+	long long *experts = arena_alloc(g->arena, sizeof(long long) * (size_t)(g->nops + 1));
+	const Op *first = NULL;
+	for (int i = 0; i < g->nops; i++) {
+		const Op *r = &g->ops[i];
+		if (r->kind != OP_MOE_ROUTER || r->recompute)
+			continue;
+		experts[nlayers++] = g->vals[r->in[0]].dim[g->vals[r->in[0]].rank - 1];
+		if (!first)
+			first = r;
+	}
+	if (!first)
+		return;
+	const PlanSpec *ps = g->ps;
+	for (int a = 0; a < ps->naxes; a++) {
+		bool split = g->vals[first->out[0]].lay.on[a] >= 0 || (a == ps->pipe_axis && g->nstages > 1);
+		if (!split || ps->axes[a].size <= 1)
+			continue;
+		Kernel *k = kernel_new(p, K_ALLREDUCE_INPLACE, PH_STEP, 0, -1);
+		k->note = "the step's routing metrics";
+		karg_buf(p, k, L->moe_stats, true, true);
+		karg_int(p, k, p->buf[L->moe_stats].elems);
+		karg(p, k, KA_DTYPE, DT_F64);
+		karg(p, k, KA_AXIS, a);
+		karg(p, k, KA_NULL, 0);
+		Comm *c = kernel_comm(p, k);
+		c->coll = OP_ALL_REDUCE;
+		c->axis = a;
+		c->op = -1;
+		c->elems = p->buf[L->moe_stats].elems;
+		c->dtype = DT_F64;
+		c->rank = 1;
+		c->shape[0] = c->elems;
+		c->what = "routing metrics";
+	}
+	Kernel *k = kernel_new(p, K_MOE_METRICS, PH_STEP, 0, -1);
+	k->note = "the step's routing metrics into the log";
+	karg_buf(p, k, L->moe_stats, true, false);
+	karg_int(p, k, nlayers);
+	karg_ints(p, k, experts, nlayers, false);
+}
+
+static void lower_op(Lower *L, const Op *op, int oi)
+{
+	Graph *g = L->g;
+	LProg *p = L->p;
+	Kernel *k;
+	int x = op->nin ? op->in[0] : -1, y = op->nout ? op->out[0] : -1;
+	switch (op->kind) {
+	case OP_PARAM:
+	case OP_TRANSPOSE: /* folded into consumers; materialised in lower() when needed */
+		return;
+	case OP_INPUT:
+		lower_input(L, op, oi);
+		return;
+	case OP_FILL:
+		if (g->ps->loss_scale != 0 && op->backward && g->loss >= 0 && op->fwd_op == g->vals[g->loss].def) {
+			/* fp16 loss scaling: the backward starts from loss * the run's current scale */
+			k = call(L, K_LOSS_SEED, oi);
+			karg(p, k, KA_CTX, 0);
+			arg_value(L, k, y, false, true);
+			karg_f64(p, k, 1.0 / (g->ps->micro_batches > 0 ? g->ps->micro_batches : 1));
+			return;
+		}
+		k = call(L, K_FILL, oi);
+		arg_value(L, k, y, false, true);
+		karg_int(p, k, 1);
+		karg(p, k, KA_DTYPE, g->vals[y].dtype);
+		karg_f64(p, k, 1.0 / (g->ps->micro_batches > 0 ? g->ps->micro_batches : 1));
+		return;
+	case OP_MATMUL:
+		if (matmul_broadcasts(g, op))
+			lower_bmm(L, op, oi, false);
+		else
+			lower_matmul(L, op, oi);
+		return;
+	case OP_MATMUL_WGRAD:
+		if (!lower_wgrad(L, op, oi))
+			lower_bmm(L, op, oi, true); /* a transposed activation (or gradient) */
+		return;
+	case OP_SPLIT_HEADS:
+	case OP_MERGE_HEADS:
+		lower_heads(L, op, oi);
+		return;
+	case OP_SUM_TO: {
+		const Value *vi = &g->vals[x], *vo = &g->vals[y];
+		long long dims[MAX_DIMS], ostr[MAX_DIMS];
+		long long stride = 1;
+		for (int d = vi->rank - 1; d >= 0; d--) {
+			dims[d] = ldim(g, x, d);
+			int dout = d - (vi->rank - vo->rank);
+			if (dout < 0 || (ldim(g, y, dout) == 1 && dims[d] != 1)) {
+				ostr[d] = 0;
+				continue;
+			}
+			ostr[d] = stride;
+			stride *= ldim(g, y, dout);
+		}
+		bool acc = g->vals[y].grad_of >= 0;
+		k = call(L, acc ? K_SUM_TO_ACC : K_SUM_TO, oi);
+		karg_int(p, k, vi->rank);
+		karg_ints(p, k, dims, vi->rank, false);
+		arg_value(L, k, x, true, false);
+		karg_ints(p, k, ostr, vi->rank, false);
+		arg_value(L, k, y, acc, true);
+		karg_int(p, k, lelems(g, y));
+		return;
+	}
+	case OP_DROPOUT: {
+		int r = g->vals[x].rank;
+		long long gd[MAX_DIMS];
+		const Value *vx = &g->vals[x];
+		for (int d = 0; d < r; d++) /* the batch dim is the step's batch: masks key on global samples */
+			gd[d] = d == p->buf[x].micro_dim ? g->ps->batch : vx->dim[d];
+		k = call(L, K_DROPOUT, oi);
+		arg_value(L, k, x, true, false);
+		arg_value(L, k, y, false, true);
+		arg_value(L, k, op->out[1], false, true);
+		karg_f64(p, k, op->f);
+		karg(p, k, KA_STEP_SEED, 0);
+		karg_int(p, k, op->orig);
+		karg_int(p, k, r);
+		karg_ints(p, k, gd, r, false);
+		arg_dims(L, k, x);
+		karg_offset(p, k, x, -1);
+		return;
+	}
+	case OP_CAUSAL_MASK: {
+		int r = g->vals[x].rank;
+		long long rows = ldim(g, x, r - 2), cols = ldim(g, x, r - 1);
+		k = call(L, K_CAUSAL_MASK, oi);
+		arg_value(L, k, x, true, false);
+		arg_value(L, k, y, false, true);
+		karg_int(p, k, lelems(g, x) / (rows * cols));
+		karg_int(p, k, rows);
+		karg_int(p, k, cols);
+		karg_offset(p, k, x, -1);
+		karg_int(p, k, r);
+		karg_int(p, k, op->n == 1); /* gradient: fill with zero */
+		return;
+	}
+	case OP_SOFTMAX:
+		k = call(L, K_SOFTMAX, oi);
+		arg_value(L, k, x, true, false);
+		arg_value(L, k, y, false, true);
+		karg_int(p, k, rows_of(g, x));
+		karg_int(p, k, cols_of(g, x));
+		return;
+	case OP_SOFTMAX_GRAD:
+		k = call(L, K_SOFTMAX_GRAD, oi);
+		arg_value(L, k, op->in[0], true, false);
+		arg_value(L, k, op->in[1], true, false);
+		arg_value(L, k, y, false, true);
+		karg_int(p, k, rows_of(g, x));
+		karg_int(p, k, cols_of(g, x));
+		return;
+	case OP_LAYER_NORM:
+	case OP_RMS_NORM: {
+		bool ln = op->kind == OP_LAYER_NORM;
+		k = call(L, ln ? K_LAYER_NORM : K_RMS_NORM, oi);
+		for (int i = 0; i < (ln ? 3 : 2); i++)
+			arg_value(L, k, op->in[i], true, false);
+		for (int i = 0; i < (ln ? 3 : 2); i++)
+			arg_value(L, k, op->out[i], false, true);
+		karg_int(p, k, rows_of(g, x));
+		karg_int(p, k, cols_of(g, x));
+		karg_f64(p, k, op->f);
+		return;
+	}
+	case OP_LAYER_NORM_GRAD:
+	case OP_RMS_NORM_GRAD: {
+		bool ln = op->kind == OP_LAYER_NORM_GRAD;
+		for (int i = 1; i < (ln ? 3 : 2); i++)
+			zero_unless_gradient(L, oi, op->out[i]);
+		k = call(L, ln ? K_LAYER_NORM_GRAD : K_RMS_NORM_GRAD, oi);
+		for (int i = 0; i < (ln ? 5 : 4); i++)
+			arg_value(L, k, op->in[i], true, false);
+		for (int i = 0; i < (ln ? 3 : 2); i++) /* weight gradients accumulate */
+			arg_value(L, k, op->out[i], i > 0, true);
+		karg_int(p, k, rows_of(g, x));
+		karg_int(p, k, cols_of(g, x));
+		return;
+	}
+	case OP_EMBED: {
+		int table = op->in[0], ids = op->in[1];
+		k = call(L, K_EMBED, oi);
+		arg_value(L, k, table, true, false);
+		arg_value(L, k, ids, true, false);
+		arg_value(L, k, y, false, true);
+		karg_int(p, k, lelems(g, ids));
+		karg_int(p, k, ldim(g, table, 1));
+		karg_offset(p, k, table, 0); /* the vocab rows this rank holds */
+		karg_int(p, k, ldim(g, table, 0));
+		return;
+	}
+	case OP_EMBED_GRAD: {
+		int ids = op->in[0], dy = op->in[1];
+		const Op *fwd = op->fwd_op >= 0 ? &g->ops[op->fwd_op] : NULL;
+		int table = fwd ? fwd->in[0] : y;
+		zero_unless_gradient(L, oi, y);
+		k = call(L, K_EMBED_GRAD, oi);
+		arg_value(L, k, ids, true, false);
+		arg_value(L, k, dy, true, false);
+		arg_value(L, k, y, true, true);
+		karg_int(p, k, lelems(g, ids));
+		karg_int(p, k, ldim(g, y, 1));
+		karg_offset(p, k, p->buf[table].cls != BUF_NONE ? table : y, 0);
+		karg_int(p, k, ldim(g, y, 0));
+		return;
+	}
+	case OP_CROSS_ENTROPY:
+		lower_cross_entropy(L, op, oi);
+		return;
+	case OP_UNARY_FN:
+	case OP_UNARY_FN_GRAD:
+	case OP_SUM_DIM:
+	case OP_SUM_DIM_GRAD:
+	case OP_MAX_DIM:
+	case OP_MAX_DIM_GRAD:
+	case OP_MSE_LOSS:
+	case OP_MSE_LOSS_GRAD:
+	case OP_NARROW:
+	case OP_NARROW_GRAD:
+	case OP_CONCAT:
+	case OP_RESHAPE:
+	case OP_SWAP_DIMS:
+	case OP_REPEAT_KV:
+	case OP_REPEAT_KV_GRAD:
+	case OP_ROPE:
+	case OP_ROPE_GRAD:
+		lower_shape_op(L, op, oi);
+		return;
+	case OP_CROSS_ENTROPY_GRAD: {
+		int logits = op->in[0], targets = op->in[1], lse = op->in[2], dl = op->in[3];
+		int r = g->vals[logits].rank;
+		k = call(L, K_CE_GRAD, oi);
+		arg_value(L, k, logits, true, false);
+		arg_value(L, k, targets, true, false);
+		arg_value(L, k, lse, true, false);
+		karg_int(p, k, rows_of(g, logits));
+		karg_int(p, k, cols_of(g, logits));
+		karg_offset(p, k, logits, r - 1);
+		karg_scalar(p, k, dl, 1.0 / (double)value_elems(g, targets));
+		arg_value(L, k, y, false, true);
+		return;
+	}
+	case OP_SEND:
+	case OP_RECV:
+		if (op->role != RANKROLE_ANY || op->axis != g->ps->pipe_axis)
+			lower_opaque(L, op, oi); /* async transfers: not executed by the C target */
+		else
+			lower_p2p(L, op, oi);
+		return;
+	case OP_ALL_REDUCE:
+		if (op->internal)
+			return; /* vocab-parallel cross-entropy's reductions: inside its kernel */
+		/* fall through */
+	case OP_REDUCE_SCATTER:
+	case OP_ALL_GATHER:
+	case OP_ALL_TO_ALL:
+	case OP_SLICE:
+		if (op->kind == OP_ALL_GATHER && g->vals[x].lay.on[op->axis] == LAYOUT_FLAT)
+			lower_param_gather(L, op, oi);
+		else if (op->every > 0 || op->role != RANKROLE_ANY)
+			lower_opaque(L, op, oi);
+		else
+			lower_conversion(L, op, oi);
+		return;
+	default:
+		if (elementwise(op->kind)) {
+			if (!L->skip[oi])
+				lower_elementwise(L, op, oi);
+			return;
+		}
+		if (op_classes[op->kind] == OPK_MOE) {
+			lower_moe(L, op, oi);
+			return;
+		}
+		lower_opaque(L, op, oi);
+	}
+}
+
+/* ------------------------------------------------------------------ buffers of graph values */
+
+/* Shape and placement of value v's local block. */
+static void describe_value(LProg *p, int v)
+{
+	Graph *g = p->g;
+	PlanSpec *ps = g->ps;
+	const Value *val = &g->vals[v];
+	Buffer *b = &p->buf[v];
+	b->value = v;
+	b->dtype = val->dtype;
+	b->rank = val->rank;
+	bool flat = false; /* a ZeRO-3 parameter chunk */
+	for (int a = 0; a < ps->naxes; a++)
+		if (val->lay.on[a] == LAYOUT_FLAT && val->role == ROLE_PARAM)
+			flat = true;
+	for (int d = 0; d < val->rank; d++) {
+		b->ldims[d] = ldim(g, v, d);
+		b->split_axis[d] = b->split_outer[d] = -1;
+		for (int a = 0; a < ps->naxes; a++)
+			if (val->lay.on[a] == d) {
+				b->split_outer[d] = b->split_axis[d];
+				b->split_axis[d] = (signed char)a;
+			}
+	}
+	b->elems = flat ? value_local_elems(g, v) : lelems(g, v);
+	if (flat) {
+		b->rank = 1;
+		b->ldims[0] = b->elems;
+		b->split_axis[0] = b->split_outer[0] = -1;
+	}
+	if (val->rank == 0) {
+		b->rank = 1;
+		b->ldims[0] = 1;
+	}
+	b->bytes = (size_t)b->elems * (size_t)dtype_bytes(val->dtype);
+	b->micro_dim = -1;
+	if (ps->batch_dim && !flat)
+		for (int d = 0; d < val->rank; d++)
+			if (val->dim_name[d] && !strcmp(val->dim_name[d], ps->batch_dim))
+				b->micro_dim = d;
+	b->micro_rows = ps->batch / (ps->micro_batches > 0 ? ps->micro_batches : 1);
+	const char *base = val->name;
+	if (val->role == ROLE_PARAM && val->name)
+		b->name = arena_printf(g->arena, "p_%s", identifier(g->arena, val->name));
+	else if (val->grad_of >= 0 && g->vals[val->grad_of].name && g->vals[val->grad_of].grad == v)
+		b->name = arena_printf(g->arena, "g_%s", identifier(g->arena, g->vals[val->grad_of].name));
+	else if (val->grad_of >= 0 && g->vals[val->grad_of].name) /* a partial gradient before a conversion */
+		b->name = arena_printf(g->arena, "g_%s_%d", identifier(g->arena, g->vals[val->grad_of].name), v);
+	else if (base)
+		b->name = arena_printf(g->arena, "%s_%d", identifier(g->arena, base), v);
+	else
+		b->name = arena_printf(g->arena, "%s_%d", val->def >= 0 ? op_names[g->ops[val->def].kind] : "v", v);
+	b->what = val->name;
+}
+
+static bool on_prog(const LProg *p, const Op *op)
+{
+	if (op->role != RANKROLE_ANY && op->role != p->role)
+		return false;
+	if (op->stage_group[0] >= 0)
+		return p->stage == op->stage_group[0] || p->stage == op->stage_group[1];
+	return op->stage == p->stage;
+}
+
+static LProg *lower_prog(Lowered *low, int stage, int role)
+{
+	Graph *g = low->g;
+	LProg *p = arena_alloc(g->arena, sizeof *p);
+	p->low = low;
+	p->g = g;
+	p->ps = g->ps;
+	p->stage = stage;
+	p->role = role;
+	p->nchunks = g->sched && g->sched->chunks > 0 ? g->sched->chunks : 1;
+	p->loss_metric = p->norm_metric = -1;
+	p->opaque_op = -1;
+	/* one buffer per graph value, then the buffers lowering makes */
+	for (int v = 0; v < g->nvals; v++)
+		buffer_new(p, BUF_NONE, g->vals[v].dtype, 1, "v", NULL);
+	Lower L = {.p = p, .g = g};
+	L.consumers = calloc((size_t)g->nvals, sizeof(int));
+	L.kept = calloc((size_t)g->nvals, sizeof(bool));
+	L.skip = calloc((size_t)g->nops, sizeof(bool));
+	L.chunk = malloc(sizeof(int) * (size_t)(g->nops + 1));
+	if (!L.consumers || !L.kept || !L.skip || !L.chunk)
+		ICE("out of memory");
+	L.first_layer_op = g->nops;
+	for (int i = 0; i < g->nops; i++) {
+		L.chunk[i] = -1;
+		if (g->ops[i].layer >= 0 && L.first_layer_op == g->nops && !g->ops[i].backward)
+			L.first_layer_op = i;
+	}
+	for (int i = 0; i < g->nops; i++) {
+		const Op *op = &g->ops[i];
+		if (!on_prog(p, op))
+			continue;
+		for (int k = 0; k < op->nin; k++) {
+			L.consumers[op->in[k]]++;
+			int d = g->vals[op->in[k]].def;
+			if (op->backward && d >= 0 && !g->ops[d].backward)
+				L.kept[op->in[k]] = true;
+		}
+		for (int k = 0; k < op->nmembers; k++)
+			L.consumers[op->members[k]]++;
+	}
+	/* buffers of the values this program defines */
+	for (int i = 0; i < g->nops; i++) {
+		const Op *op = &g->ops[i];
+		if (!on_prog(p, op) || sync_op(g, op))
+			continue;
+		for (int k = 0; k < op->nout; k++) {
+			int v = op->out[k];
+			describe_value(p, v);
+			Buffer *b = &p->buf[v];
+			if (op->kind == OP_PARAM) {
+				b->cls = BUF_STATE;
+				b->state = SC_PARAM;
+			} else if (g->vals[v].grad_of >= 0) {
+				b->cls = BUF_STATE;
+				b->state = SC_GRAD;
+			} else {
+				b->cls = BUF_ARENA;
+			}
+		}
+	}
+	/* a transpose read by anything but a matmul is materialised; otherwise it is no buffer */
+	bool *materialise = calloc((size_t)g->nops + 1, sizeof(bool));
+	if (!materialise)
+		ICE("out of memory");
+	for (int i = 0; i < g->nops; i++) {
+		const Op *c = &g->ops[i];
+		if (!on_prog(p, c))
+			continue;
+		for (int k = 0; k < c->nin; k++) {
+			int d = g->vals[c->in[k]].def;
+			if (d >= 0 && g->ops[d].kind == OP_TRANSPOSE && c->kind != OP_MATMUL)
+				materialise[d] = true;
+		}
+	}
+	for (int i = 0; i < g->nops; i++)
+		if (g->ops[i].kind == OP_TRANSPOSE && on_prog(p, &g->ops[i]) && !materialise[i])
+			p->buf[g->ops[i].out[0]].cls = BUF_NONE;
+	/* the loss metric: every stage has one (zero where the loss is not computed) */
+	p->loss_metric = buffer_new(p, BUF_STATE, DT_F64, 1, "loss", "the step's mean loss");
+	p->buf[p->loss_metric].state = SC_METRIC;
+	L.moe_stats = -1;
+	if (g->has_moe)
+		moe_buffers(&L);
+	if (g->has_moe) {
+		long long n = moe_stats_offset(g, g->nops);
+		L.moe_stats = buffer_new(p, BUF_STATE, DT_F64, n, "moe_stats", "the step's routing metrics");
+		p->buf[L.moe_stats].state = SC_METRIC;
+	}
+	plan_fusion(&L);
+	for (int i = 0; i < g->nops; i++) {
+		const Op *op = &g->ops[i];
+		if (!on_prog(p, op) || sync_op(g, op))
+			continue;
+		if (op->kind == OP_TRANSPOSE) {
+			if (materialise[i])
+				lower_transpose(&L, op, i);
+			continue;
+		}
+		lower_op(&L, op, i);
+		if (op->nout && op->out[0] == g->loss) {
+			Kernel *k = call(&L, K_LOSS_ACCUMULATE, i);
+			k->note = "the step's loss";
+			karg_buf(p, k, p->loss_metric, true, true);
+			karg_buf(p, k, g->loss, true, false);
+			karg_f64(p, k, 1.0 / (g->ps->micro_batches > 0 ? g->ps->micro_batches : 1));
+		}
+	}
+	if (L.moe_stats >= 0)
+		lower_moe_metrics(&L);
+	free(L.moe_idx);
+	free(materialise);
+	free(L.consumers);
+	free(L.kept);
+	free(L.skip);
+	free(L.chunk);
+	return p;
+}
+
+/* ------------------------------------------------------------------ bf16 storage */
+
+/* Compute kernels of planrt take f32: a bf16 operand is cast into an f32 copy in the transient
+ * region before the call (when it is read, or accumulated into) and cast back after (when it is
+ * written). */
+static bool takes_f32_only(KernelKind k)
+{
+	switch (k) {
+	case K_MATMUL:
+	case K_PERMUTE:
+	case K_MOE_ROUTE:
+	case K_MOE_ROUTE_GRAD:
+	case K_MOE_DISPATCH:
+	case K_MOE_DISPATCH_GRAD:
+	case K_MOE_COMBINE:
+	case K_MOE_COMBINE_GRAD:
+	case K_MOE_AUX_LOSS:
+	case K_MOE_AUX_LOSS_GRAD:
+	case K_MOE_Z_LOSS:
+	case K_MOE_Z_LOSS_GRAD:
+	case K_SUM_TO:
+	case K_SUM_TO_ACC:
+	case K_DROPOUT:
+	case K_CAUSAL_MASK:
+	case K_SOFTMAX:
+	case K_SOFTMAX_GRAD:
+	case K_LAYER_NORM:
+	case K_LAYER_NORM_GRAD:
+	case K_RMS_NORM:
+	case K_RMS_NORM_GRAD:
+	case K_EMBED:
+	case K_EMBED_GRAD:
+	case K_CROSS_ENTROPY:
+	case K_CE_GRAD:
+	case K_BMM:
+	case K_UNARY:
+	case K_UNARY_GRAD:
+	case K_SUM_DIM:
+	case K_SUM_DIM_GRAD:
+	case K_MAX_DIM:
+	case K_MAX_DIM_GRAD:
+	case K_NARROW:
+	case K_NARROW_GRAD:
+	case K_REPEAT_KV:
+	case K_REPEAT_KV_GRAD:
+	case K_ROPE:
+	case K_ROPE_GRAD:
+	case K_REGRESSION_LOSS:
+	case K_REGRESSION_LOSS_GRAD:
+		return true;
+	default:
+		return false;
+	}
+}
+
+static bool listed(const int *a, int n, int x)
+{
+	for (int i = 0; i < n; i++)
+		if (a[i] == x)
+			return true;
+	return false;
+}
+
+static Kernel cast_kernel(LProg *p, const Kernel *around, int from, int to, long long n)
+{
+	Kernel c;
+	memset(&c, 0, sizeof c);
+	c.kind = K_CAST;
+	c.phase = around->phase;
+	c.chunk = around->chunk;
+	c.op = around->op;
+	c.out = -1;
+	c.only_last_micro = around->only_last_micro;
+	c.note = p->buf[buffer_root(p, from)].dtype == DT_F16 || p->buf[buffer_root(p, to)].dtype == DT_F16
+		 ? "f16 storage, f32 compute" : "bf16 storage, f32 compute";
+	karg_buf(p, &c, from, true, false);
+	karg(p, &c, KA_DTYPE, p->buf[from].dtype);
+	karg_buf(p, &c, to, false, true);
+	karg(p, &c, KA_DTYPE, p->buf[to].dtype);
+	karg_int(p, &c, n);
+	return c;
+}
+
+static void lower_conversions(LProg *p)
+{
+	Inserts casts = {0};
+	int nk = p->nk;
+	for (int i = 0; i < nk; i++) {
+		if (!takes_f32_only(p->k[i].kind))
+			continue;
+		for (int a = 0; a < p->k[i].nargs; a++) {
+			Kernel *k = &p->k[i];
+			if (k->args[a].kind != KA_BUF)
+				continue;
+			int b = k->args[a].buf;
+			DType stored = p->buf[buffer_root(p, b)].dtype;
+			if (stored != DT_BF16 && stored != DT_F16)
+				continue;
+			bool in = listed(k->uses, k->nuses, b), out = listed(k->defs, k->ndefs, b);
+			long long elems = p->buf[b].elems;
+			int c = buffer_new(p, BUF_ARENA, DT_F32, elems, "f32_copy", p->buf[b].what);
+			k->args[a].buf = c;
+			for (int u = 0; u < k->nuses; u++)
+				if (k->uses[u] == b)
+					k->uses[u] = c;
+			for (int d = 0; d < k->ndefs; d++)
+				if (k->defs[d] == b)
+					k->defs[d] = c;
+			if (in || !out)
+				inserts_add(&casts, cast_kernel(p, k, b, c, elems), i);
+			if (out)
+				inserts_add(&casts, cast_kernel(p, k, c, b, elems), i + 1);
+		}
+	}
+	inserts_apply(p, &casts);
+}
+
+/* ------------------------------------------------------------------ the plan */
+
+LProg *lowered_prog(const Lowered *low, int stage, int role)
+{
+	for (int i = 0; i < low->nprogs; i++)
+		if (low->progs[i]->stage == stage && (low->nroles == 1 || low->progs[i]->role == role))
+			return low->progs[i];
+	return NULL;
+}
+
+/* The parameter table: every parameter of every stage, originals saved, tied copies not. */
+static void param_table(Lowered *low)
+{
+	Graph *g = low->g;
+	low->params = arena_alloc(g->arena, sizeof(ParamEntry) * (size_t)(g->nops + 1));
+	for (int i = 0; i < g->nops; i++) {
+		const Op *op = &g->ops[i];
+		if (op->kind != OP_PARAM)
+			continue;
+		int v = op->out[0];
+		const Value *val = &g->vals[v];
+		ParamEntry *e = &low->params[low->nparams++];
+		e->name = val->name;
+		e->value = v;
+		e->stage = op->stage;
+		e->rank = val->rank;
+		for (int d = 0; d < val->rank; d++) {
+			e->gdims[d] = val->dim[d];
+			e->ldims[d] = val->dim[d];
+			e->split_axis[d] = -1;
+			for (int a = 0; a < g->ps->naxes; a++)
+				if (val->lay.on[a] == d) {
+					e->ldims[d] /= g->ps->axes[a].size;
+					e->split_axis[d] = (signed char)a;
+				}
+		}
+		e->init_kind = val->init_kind;
+		e->init_a = val->init_a;
+		e->init_b = val->init_b;
+		e->saved = val->tied_to < 0 && !(val->buffer && val->init_kind >= 4 && val->init_kind <= 6);
+	}
+}
+
+Lowered *lower(Graph *g)
+{
+	Lowered *low = arena_alloc(g->arena, sizeof *low);
+	low->g = g;
+	low->ps = g->ps;
+	low->nroles = g->ps->sync == SYNC_ASYNC ? 2 : 1;
+	low->progs = arena_alloc(g->arena, sizeof(LProg *) * (size_t)(g->nstages * low->nroles));
+	/* tied-parameter pair groups */
+	for (int i = 0; i < g->nops; i++) {
+		const Op *op = &g->ops[i];
+		if (op->stage_group[0] < 0)
+			continue;
+		bool known = false;
+		for (int q = 0; q < low->npairs; q++)
+			if (low->pair_a[q] == op->stage_group[0] && low->pair_b[q] == op->stage_group[1])
+				known = true;
+		if (known)
+			continue;
+		if (low->npairs == 64)
+			ICE("more than 64 tied-parameter groups");
+		low->pair_a[low->npairs] = op->stage_group[0];
+		low->pair_b[low->npairs++] = op->stage_group[1];
+	}
+	param_table(low);
+	low->vocab = 256;
+	for (int i = 0; i < g->nops; i++) {
+		const Op *op = &g->ops[i];
+		if (op->kind == OP_INPUT && g->vals[op->out[0]].rank == 2 && !low->seq)
+			low->seq = g->vals[op->out[0]].dim[1];
+		if (op->kind == OP_EMBED) {
+			low->vocab = g->vals[op->in[0]].dim[0];
+			break;
+		}
+	}
+	for (int s = 0; s < g->nstages; s++)
+		for (int r = 0; r < low->nroles; r++) {
+			int role = low->nroles == 1 ? RANKROLE_ANY : r == 0 ? RANKROLE_MASTER : RANKROLE_WORKER;
+			LProg *p = lower_prog(low, s, role);
+			lower_conversions(p);
+			low->progs[low->nprogs++] = p;
+		}
+	return low;
+}
+
+/* ------------------------------------------------------------------ dump */
+
+static void dump_arg(FILE *out, const LProg *p, const KArg *a)
+{
+	switch (a->kind) {
+	case KA_BUF:
+		fprintf(out, "%s", p->buf[a->buf].name);
+		break;
+	case KA_NULL:
+		fprintf(out, "null");
+		break;
+	case KA_BUFS:
+		fprintf(out, "[%d buffers]", a->n);
+		break;
+	case KA_INT:
+		fprintf(out, "%lld", a->i);
+		break;
+	case KA_INTS:
+		fprintf(out, "{");
+		for (int i = 0; i < a->n; i++)
+			fprintf(out, "%s%lld", i ? "," : "", a->ints[i]);
+		fprintf(out, "}");
+		break;
+	case KA_F64:
+		fprintf(out, "%g", a->f);
+		break;
+	case KA_DTYPE:
+		fprintf(out, "%s", dtype_name((DType)a->i));
+		break;
+	case KA_AXIS:
+		fprintf(out, "axis %s", p->ps->axes[a->i].name);
+		break;
+	case KA_PAIR:
+		fprintf(out, "pair %lld", a->i);
+		break;
+	case KA_REQ:
+		fprintf(out, "&%s", p->handles[a->i].name);
+		break;
+	case KA_SLOTREQ:
+		fprintf(out, "slot request %lld", a->i);
+		break;
+	case KA_COORD:
+		fprintf(out, "%lld + coord(%s) * %lld", a->i, a->axis >= 0 ? p->ps->axes[a->axis].name : "-", a->stride);
+		break;
+	case KA_OFFSET:
+		fprintf(out, "offset(%s, %d)", p->buf[a->buf].name, a->dim);
+		break;
+	case KA_SCALAR:
+		fprintf(out, "%s[0] * %g", p->buf[a->buf].name, a->f);
+		break;
+	case KA_PARAM:
+		fprintf(out, "param %lld", a->i);
+		break;
+	case KA_CTX:
+		fprintf(out, "ctx");
+		break;
+	case KA_STEP:
+		fprintf(out, "step");
+		break;
+	case KA_STEP_SEED:
+		fprintf(out, "step_seed");
+		break;
+	case KA_STR:
+		fprintf(out, "\"%s\"", a->str);
+		break;
+	}
+}
+
+static const char *class_name(BufClass c)
+{
+	static const char *const names[] = {"none", "state", "arena", "slot", "inbox", "view"};
+	return names[c];
+}
+
+void lprog_dump(FILE *out, const LProg *p)
+{
+	fprintf(out, "# stage %d%s: %d kernels, %d buffers\n", p->stage,
+		p->role == RANKROLE_MASTER ? " (master)" : p->role == RANKROLE_WORKER ? " (workers)" : "", p->nk, p->nbuf);
+	for (int i = 0; i < p->nk; i++) {
+		const Kernel *k = &p->k[i];
+		fprintf(out, "%5d %-16s c%d %s%s(", i, phase_names[k->phase], k->chunk, k->only_last_micro ? "[last micro] " : "",
+			kernel_names[k->kind]);
+		if (k->kind == K_LOOP) {
+			fprintf(out, "%s %s %d ops", p->buf[k->out].name, k->accumulate ? "+=" : "=", k->nfused);
+		} else if (k->kind == K_OPAQUE) {
+			fprintf(out, "%s", k->op >= 0 ? op_names[p->g->ops[k->op].kind] : "?");
+		} else {
+			for (int a = 0; a < k->nargs; a++) {
+				if (a)
+					fprintf(out, ", ");
+				dump_arg(out, p, &k->args[a]);
+			}
+		}
+		fprintf(out, ")");
+		for (int c = 0; c < k->ncomm; c++) {
+			const Comm *cm = &k->comm[c];
+			fprintf(out, " [%s %lld %s on %s%s]", op_names[cm->coll], cm->elems, dtype_name(cm->dtype),
+				cm->pair >= 0 ? "pair " : "", cm->axis >= 0 ? p->ps->axes[cm->axis].name : "?");
+		}
+		fprintf(out, "\n");
+	}
+	for (int b = 0; b < p->nbuf; b++) {
+		const Buffer *x = &p->buf[b];
+		if (x->cls == BUF_NONE)
+			continue;
+		fprintf(out, "  buffer %-40s %-5s %s %lld", x->name, class_name(x->cls), dtype_name(x->dtype), x->elems);
+		if (x->cls == BUF_STATE)
+			fprintf(out, " %s", state_kind_names[x->state]);
+		if (x->cls == BUF_VIEW)
+			fprintf(out, " of %s + %lld%s%s", p->buf[x->view_of].name, x->view_off,
+				x->view_axis >= 0 ? " + coord " : x->view_axis == VIEW_SLOT ? " + slot" : "",
+				x->view_axis >= 0 ? p->ps->axes[x->view_axis].name : "");
+		if (x->cls == BUF_ARENA || x->cls == BUF_SLOT || x->cls == BUF_INBOX)
+			fprintf(out, " @%zu live %d..%d", x->offset, x->first, x->last);
+		fprintf(out, "\n");
+	}
+	if (p->arena_bytes)
+		fprintf(out, "  arena %zu bytes: transient %zu, %d slot%s of %zu at %zu, %d inbox%s of %zu at %zu\n",
+			p->arena_bytes, p->transient_bytes, p->nslots, p->nslots == 1 ? "" : "s", p->slot_bytes, p->slot_offset,
+			p->ninbox, p->ninbox == 1 ? "" : "es", p->inbox_bytes, p->inbox_offset);
+}

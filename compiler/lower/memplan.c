@@ -1,0 +1,378 @@
+/* memplan.c: where every transient buffer lives, for one arena per rank.
+ *
+ * A stage may hold several micro-batches in flight (the pipeline schedule). Their activations are
+ * kept in *slots*: one micro-batch's values from its forward to its backward, in a layout shared by
+ * every micro-batch of a model chunk. The schedule table is walked to give each micro-batch and
+ * chunk a slot (interval colouring: a slot is busy from the forward to the backward), and a
+ * receive *inbox* where the forward's inputs arrive one action early (busy from the action before
+ * the forward, when its receive is posted, to the backward). The arena is
+ *     [ transient region | nslots slots | ninbox inboxes ]
+ * where the transient region holds what lives within one phase call (a forward's temporaries, the
+ * step's scratch). A stage that runs one micro-batch at a time with nothing received ahead plans
+ * its forward and backward together in one slot placed over the transient region (they never run
+ * at the same time as the other phases), which is the classic single-arena plan.
+ *
+ * Within each group (one phase call for the transient region, one chunk's forward-and-backward for
+ * a slot) buffers get offsets by liveness and first fit by decreasing size, the way TFLite's arena
+ * planner and XLA's heap simulator place buffers. A buffer that is sent stays live to the end of
+ * its slot's backward: the walker completes sends only before the slot is reused. Persistent state
+ * is sized here too (per kind) from the STATE buffers the program allocates. */
+#include "lower/lower.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+enum { ALIGN = 64 };
+
+static size_t align(size_t x)
+{
+	return (x + ALIGN - 1) / ALIGN * ALIGN;
+}
+
+typedef struct Interval {
+	int buf;
+	size_t bytes;
+	int first, last;
+	size_t offset;
+} Interval;
+
+static int by_size_desc(const void *a, const void *b)
+{
+	const Interval *x = a, *y = b;
+	if (x->bytes != y->bytes)
+		return x->bytes < y->bytes ? 1 : -1;
+	if (x->first != y->first)
+		return x->first - y->first;
+	return x->buf - y->buf;
+}
+
+static int by_offset(const void *a, const void *b)
+{
+	const Interval *x = *(Interval *const *)a, *y = *(Interval *const *)b;
+	return x->offset < y->offset ? -1 : x->offset > y->offset;
+}
+
+/* First fit by decreasing size; returns the region's size. */
+static size_t place(Interval *iv, int n)
+{
+	qsort(iv, (size_t)n, sizeof *iv, by_size_desc);
+	Interval **placed = malloc(sizeof(Interval *) * (size_t)(n + 1));
+	Interval **conflict = malloc(sizeof(Interval *) * (size_t)(n + 1));
+	if (!placed || !conflict)
+		ICE("out of memory");
+	int nplaced = 0;
+	size_t top = 0;
+	for (int i = 0; i < n; i++) {
+		Interval *x = &iv[i];
+		int nc = 0;
+		for (int j = 0; j < nplaced; j++)
+			if (placed[j]->first <= x->last && x->first <= placed[j]->last)
+				conflict[nc++] = placed[j];
+		qsort(conflict, (size_t)nc, sizeof *conflict, by_offset);
+		size_t off = 0;
+		for (int j = 0; j < nc; j++) {
+			if (conflict[j]->offset >= off + x->bytes)
+				break;
+			size_t end = conflict[j]->offset + conflict[j]->bytes;
+			if (end > off)
+				off = end;
+		}
+		x->offset = off;
+		placed[nplaced++] = x;
+		if (off + x->bytes > top)
+			top = off + x->bytes;
+	}
+	free(placed);
+	free(conflict);
+	return top;
+}
+
+static bool forward_side(Phase ph)
+{
+	return ph == PH_PREPARE_F || ph == PH_FORWARD;
+}
+
+static bool backward_side(Phase ph)
+{
+	return ph == PH_PREPARE_B || ph == PH_BACKWARD;
+}
+
+static bool micro_phase(Phase ph)
+{
+	return forward_side(ph) || backward_side(ph);
+}
+
+/* ------------------------------------------------------------------ slots */
+
+typedef struct Pool {
+	int *busy_until; /* per index: the last action that uses it, -2 when free */
+	int n, cap;
+} Pool;
+
+static int pool_take(Pool *p, int until)
+{
+	for (int i = 0; i < p->n; i++)
+		if (p->busy_until[i] == -2) {
+			p->busy_until[i] = until;
+			return i;
+		}
+	if (p->n == p->cap) {
+		p->cap = p->cap ? p->cap * 2 : 8;
+		p->busy_until = realloc(p->busy_until, sizeof(int) * (size_t)p->cap);
+		if (!p->busy_until)
+			ICE("out of memory");
+	}
+	p->busy_until[p->n] = until;
+	return p->n++;
+}
+
+static void pool_release(Pool *p, int t)
+{
+	for (int i = 0; i < p->n; i++)
+		if (p->busy_until[i] == t)
+			p->busy_until[i] = -2;
+}
+
+/* The stage's actions with a slot per in-flight micro-batch and chunk, and an inbox where the
+ * forward receives. */
+static void assign_slots(LProg *p)
+{
+	Graph *g = p->g;
+	const Schedule *sc = g->sched;
+	int v = p->nchunks;
+	bool *receives = calloc((size_t)v, sizeof(bool));
+	if (!receives)
+		ICE("out of memory");
+	for (int i = 0; i < p->nk; i++)
+		if (p->k[i].phase == PH_PREPARE_F)
+			receives[p->k[i].chunk] = true;
+	int n = sc ? 2 * sc->micro * sc->chunks : 0;
+	int m = sc ? sc->micro : 1;
+	p->actions = arena_alloc(g->arena, sizeof(SlotAction) * (size_t)(n ? n : 1));
+	p->nactions = n;
+	int *fwd_at = malloc(sizeof(int) * (size_t)(m * v)), *bwd_at = malloc(sizeof(int) * (size_t)(m * v));
+	int *slot = malloc(sizeof(int) * (size_t)(m * v)), *inbox = malloc(sizeof(int) * (size_t)(m * v));
+	if (!fwd_at || !bwd_at || !slot || !inbox)
+		ICE("out of memory");
+	for (int t = 0; t < n; t++) {
+		const Action *a = &sc->table[p->stage][t];
+		int unit = a->micro * v + a->chunk;
+		(a->kind == ACT_FORWARD ? fwd_at : bwd_at)[unit] = t;
+	}
+	Pool slots = {0}, inboxes = {0};
+	for (int t = -1; t < n; t++) {
+		/* what starts at t: the inbox of the forward at t + 1, the slot of the forward at t */
+		if (t + 1 < n) {
+			const Action *a = &sc->table[p->stage][t + 1];
+			int unit = a->micro * v + a->chunk;
+			if (a->kind == ACT_FORWARD)
+				inbox[unit] = receives[a->chunk] ? pool_take(&inboxes, bwd_at[unit]) : -1;
+		}
+		if (t >= 0) {
+			const Action *a = &sc->table[p->stage][t];
+			int unit = a->micro * v + a->chunk;
+			if (a->kind == ACT_FORWARD)
+				slot[unit] = pool_take(&slots, bwd_at[unit]);
+			pool_release(&slots, t);
+			pool_release(&inboxes, t);
+		}
+	}
+	for (int t = 0; t < n; t++) {
+		const Action *a = &sc->table[p->stage][t];
+		int unit = a->micro * v + a->chunk;
+		p->actions[t] = (SlotAction){a->kind, a->micro, a->chunk, slot[unit], inbox[unit]};
+	}
+	p->nslots = slots.n ? slots.n : 1;
+	p->ninbox = inboxes.n;
+	free(slots.busy_until);
+	free(inboxes.busy_until);
+	free(fwd_at);
+	free(bwd_at);
+	free(slot);
+	free(inbox);
+	free(receives);
+}
+
+/* ------------------------------------------------------------------ classes */
+
+/* Which region each transient buffer of a forward / backward lives in. */
+static void classify(LProg *p, bool unified)
+{
+	int nb = p->nbuf;
+	unsigned char *side = calloc((size_t)nb, 1); /* bit 1 forward side, 2 backward side, 4 other phases */
+	bool *sent = calloc((size_t)nb, 1), *inbox = calloc((size_t)nb, 1), *recv_b = calloc((size_t)nb, 1);
+	int *chunk = malloc(sizeof(int) * (size_t)nb);
+	if (!side || !sent || !inbox || !recv_b || !chunk)
+		ICE("out of memory");
+	for (int b = 0; b < nb; b++)
+		chunk[b] = -1;
+	for (int i = 0; i < p->nk; i++) {
+		const Kernel *k = &p->k[i];
+		unsigned char bit = forward_side(k->phase) ? 1 : backward_side(k->phase) ? 2 : 4;
+		for (int pass = 0; pass < 2; pass++) {
+			const int *list = pass ? k->defs : k->uses;
+			int cnt = pass ? k->ndefs : k->nuses;
+			for (int j = 0; j < cnt; j++) {
+				int r = buffer_root(p, list[j]);
+				side[r] |= bit;
+				if (bit != 4)
+					chunk[r] = k->chunk;
+				if (k->kind == K_SEND_START && !pass)
+					sent[r] = true;
+				if (k->kind == K_RECV_START && pass)
+					(k->phase == PH_PREPARE_F ? inbox : recv_b)[r] = true;
+			}
+		}
+	}
+	for (int b = 0; b < nb; b++) {
+		Buffer *x = &p->buf[b];
+		if (x->cls != BUF_ARENA || !(side[b] & 3))
+			continue;
+		x->chunk = chunk[b] < 0 ? 0 : chunk[b];
+		if (inbox[b] && !unified)
+			x->cls = BUF_INBOX;
+		else if (unified || (side[b] & 3) == 3 || sent[b] || recv_b[b])
+			x->cls = BUF_SLOT;
+	}
+	free(side);
+	free(sent);
+	free(inbox);
+	free(recv_b);
+	free(chunk);
+}
+
+/* ------------------------------------------------------------------ placement */
+
+/* Places the buffers of class cls that kernels seq[0..n) touch; sent buffers (slot) stay live to
+ * the end. Returns the group's size. */
+static size_t plan_group(LProg *p, const int *seq, int n, BufClass cls, int group, int *first, int *last)
+{
+	int nb = p->nbuf;
+	for (int b = 0; b < nb; b++)
+		first[b] = last[b] = -1;
+	for (int s = 0; s < n; s++) {
+		const Kernel *k = &p->k[seq[s]];
+		for (int pass = 0; pass < 2; pass++) {
+			const int *list = pass ? k->defs : k->uses;
+			int cnt = pass ? k->ndefs : k->nuses;
+			for (int j = 0; j < cnt; j++) {
+				int r = buffer_root(p, list[j]);
+				if (p->buf[r].cls != cls)
+					continue;
+				if (first[r] < 0)
+					first[r] = s;
+				last[r] = s;
+				if (k->kind == K_SEND_START && cls == BUF_SLOT)
+					last[r] = n; /* until the slot is reused */
+			}
+		}
+	}
+	Interval *iv = malloc(sizeof(Interval) * (size_t)(nb + 1));
+	if (!iv)
+		ICE("out of memory");
+	int ni = 0;
+	for (int b = 0; b < nb; b++)
+		if (first[b] >= 0)
+			iv[ni++] = (Interval){b, align(p->buf[b].bytes ? p->buf[b].bytes : 1), first[b], last[b], 0};
+	size_t top = place(iv, ni);
+	for (int i = 0; i < ni; i++) {
+		Buffer *x = &p->buf[iv[i].buf];
+		x->offset = iv[i].offset;
+		x->first = iv[i].first;
+		x->last = iv[i].last;
+		x->group = group;
+	}
+	free(iv);
+	return align(top);
+}
+
+static int phase_rank(Phase ph)
+{
+	switch (ph) {
+	case PH_PREPARE_F:
+		return 0;
+	case PH_FORWARD:
+		return 1;
+	case PH_PREPARE_B:
+		return 2;
+	case PH_BACKWARD:
+		return 3;
+	default:
+		return 4;
+	}
+}
+
+static void memplan_prog(LProg *p)
+{
+	assign_slots(p);
+	bool unified = p->nslots == 1 && p->ninbox == 0;
+	classify(p, unified);
+	int *seq = malloc(sizeof(int) * (size_t)(p->nk + 1));
+	int *first = malloc(sizeof(int) * (size_t)p->nbuf), *last = malloc(sizeof(int) * (size_t)p->nbuf);
+	if (!seq || !first || !last)
+		ICE("out of memory");
+	int group = 0;
+	/* the transient region: each phase call on its own */
+	size_t transient = 0;
+	for (int ph = 0; ph < PH_COUNT; ph++)
+		for (int c = 0; c < (micro_phase((Phase)ph) ? p->nchunks : 1); c++) {
+			int n = 0;
+			for (int i = 0; i < p->nk; i++)
+				if (p->k[i].phase == (Phase)ph && (!micro_phase((Phase)ph) || p->k[i].chunk == c))
+					seq[n++] = i;
+			size_t sz = plan_group(p, seq, n, BUF_ARENA, group++, first, last);
+			if (sz > transient)
+				transient = sz;
+		}
+	/* slots and inboxes: one layout per chunk, the largest sets the size */
+	size_t slot = 0, inbox = 0;
+	for (int c = 0; c < p->nchunks; c++) {
+		int n = 0;
+		for (int r = 0; r < 4; r++)
+			for (int i = 0; i < p->nk; i++)
+				if (p->k[i].chunk == c && micro_phase(p->k[i].phase) && phase_rank(p->k[i].phase) == r)
+					seq[n++] = i;
+		size_t s = plan_group(p, seq, n, BUF_SLOT, group++, first, last);
+		if (s > slot)
+			slot = s;
+		size_t b = plan_group(p, seq, n, BUF_INBOX, group++, first, last);
+		if (b > inbox)
+			inbox = b;
+	}
+	p->transient_bytes = transient;
+	p->slot_bytes = slot;
+	p->inbox_bytes = inbox;
+	if (unified) {
+		p->slot_offset = 0;
+		p->inbox_offset = 0;
+		p->arena_bytes = slot > transient ? slot : transient;
+	} else {
+		p->slot_offset = transient;
+		p->inbox_offset = transient + (size_t)p->nslots * slot;
+		p->arena_bytes = p->inbox_offset + (size_t)p->ninbox * inbox;
+	}
+	memset(p->state_bytes, 0, sizeof p->state_bytes);
+	memset(p->host_state_bytes, 0, sizeof p->host_state_bytes);
+	for (int b = 0; b < p->nbuf; b++)
+		if (p->buf[b].cls == BUF_STATE) {
+			p->state_bytes[p->buf[b].state] += p->buf[b].bytes;
+			if (p->buf[b].place == PLACE_HOST)
+				p->host_state_bytes[p->buf[b].state] += p->buf[b].bytes;
+		}
+	free(seq);
+	free(first);
+	free(last);
+}
+
+int memplan_slots(LProg *p)
+{
+	assign_slots(p);
+	return p->nslots;
+}
+
+bool memplan(Lowered *low)
+{
+	for (int i = 0; i < low->nprogs; i++)
+		memplan_prog(low->progs[i]);
+	return true;
+}

@@ -1,0 +1,230 @@
+/* overlap.c: communication that runs while the rank computes.
+ *
+ *   buckets     With `sync strict, overlap`, a gradient bucket reduced in place (state.c's flat
+ *               buckets) starts as a nonblocking collective right after the backward kernel that
+ *               writes the last of its members (in the last micro-batch when it is reduced once
+ *               per step, as PyTorch DDP does), and finishes where the blocking call was. A ZeRO-3
+ *               packed bucket does the same within each micro-batch's backward. A bucket whose
+ *               members something else still touches first (a tied-parameter sum, another axis's
+ *               bucket, a conversion at the step) stays blocking.
+ *   prefetch    ZeRO 3: each parameter gather of a forward or backward starts as soon as the
+ *               previous gather of that phase has finished, so it travels while the previous
+ *               parameter is used; the first starts with the phase.
+ *   progress    After every matmul that runs while a request is in flight, a progress call lets
+ *               MPI move it (MPI makes progress only inside its calls).
+ * Each start, finish and progress is a kernel with a request handle of the stage program. */
+#include "lower/lower.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static bool touches(const Kernel *k, const bool *member)
+{
+	for (int i = 0; i < k->nuses; i++)
+		if (member[k->uses[i]])
+			return true;
+	for (int i = 0; i < k->ndefs; i++)
+		if (member[k->defs[i]])
+			return true;
+	return false;
+}
+
+static KArg *arg_of_kind(Kernel *k, KArgKind kind)
+{
+	for (int a = 0; a < k->nargs; a++)
+		if (k->args[a].kind == kind)
+			return &k->args[a];
+	return NULL;
+}
+
+/* A fresh kernel built with the shared helpers, then taken off the program's list. */
+static Kernel detached(LProg *p, KernelKind kind, Phase ph, int chunk, int op, bool last_micro)
+{
+	(void)kernel_new(p, kind, ph, chunk, op);
+	Kernel k = p->k[--p->nk];
+	k.only_last_micro = last_micro;
+	return k;
+}
+
+static Kernel finish_kernel(LProg *p, const Kernel *of, int h)
+{
+	Kernel f = detached(p, K_REQUEST_FINISH, of->phase, of->chunk, of->op, false);
+	f.note = of->note;
+	karg(p, &f, KA_REQ, h);
+	for (int i = 0; i < of->ndefs; i++) /* the collective's results are complete from here on */
+		kernel_def(p, &f, of->defs[i]);
+	return f;
+}
+
+/* ------------------------------------------------------------------ gradient buckets */
+
+static void overlap_buckets(LProg *p)
+{
+	if (!p->ps->overlap)
+		return;
+	Inserts ins = {0};
+	bool *member = calloc((size_t)p->nbuf, sizeof(bool));
+	if (!member)
+		ICE("out of memory");
+	int nk = p->nk;
+	for (int i = 0; i < nk; i++) {
+		Kernel *k = &p->k[i];
+		bool inplace = k->kind == K_ALLREDUCE_INPLACE || k->kind == K_REDUCE_SCATTER_INPLACE;
+		bool packed = k->kind == K_BUCKET_RS;
+		if ((!inplace && !packed) || k->op < 0 || !p->g->ops[k->op].nmembers)
+			continue;
+		if (k->phase != PH_STEP && k->phase != PH_BACKWARD)
+			continue;
+		/* the bucket's storage and member views */
+		memset(member, 0, sizeof(bool) * (size_t)p->nbuf);
+		if (inplace) {
+			int root = k->args[0].buf;
+			for (int b = 0; b < p->nbuf; b++)
+				if (buffer_root(p, b) == root)
+					member[b] = true;
+		} else {
+			const KArg *bufs = &k->args[1];
+			for (int m = 0; m < bufs->n; m++)
+				member[bufs->bufs[m]] = true;
+		}
+		int last = -1;
+		bool early = true;
+		for (int j = 0; j < i && early; j++) {
+			const Kernel *kj = &p->k[j];
+			if (!touches(kj, member))
+				continue;
+			if (kj->phase == PH_BACKWARD)
+				last = j;
+			else if (kj->phase == PH_STEP || kj->phase == PH_STEP_BEGIN)
+				early = kj->phase == PH_STEP_BEGIN; /* zeroing at the step's start is fine */
+		}
+		/* nothing else may touch the members between the start and the finish */
+		for (int j = last + 1; j < i && early && last >= 0; j++)
+			if (touches(&p->k[j], member) && p->k[j].phase != PH_STEP_BEGIN)
+				early = false;
+		if (last < 0 || !early)
+			continue;
+		bool per_step = k->phase == PH_STEP;
+		Kernel start = *k;
+		start.phase = PH_BACKWARD;
+		start.chunk = p->k[last].chunk;
+		start.only_last_micro = per_step;
+		Kernel fin;
+		if (inplace) {
+			int h = handle_new(p, HANDLE_REQUEST, "bucket");
+			KArg *req = arg_of_kind(&start, KA_NULL);
+			internal_assert(req);
+			/* a copy of the argument array: the original kernel keeps its own */
+			KArg *args = arena_alloc(p->g->arena, sizeof(KArg) * (size_t)start.nargs);
+			memcpy(args, start.args, sizeof(KArg) * (size_t)start.nargs);
+			args[req - start.args].kind = KA_REQ;
+			args[req - start.args].i = h;
+			start.args = args;
+			start.capargs = start.nargs;
+			fin = finish_kernel(p, k, h);
+		} else {
+			/* planrt_bucket_reduce_scatter(n, bufs, counts, t, shards, shard_t, accumulate,
+			 * zero_source, comm, scratch) splits into start(b, n, bufs, counts, t,
+			 * zero_source, comm, buf) and finish(b, n, counts, shards, shard_t, accumulate,
+			 * comm, buf) */
+			int h = handle_new(p, HANDLE_BUCKET, "bucket");
+			const KArg *a = k->args;
+			Kernel s = detached(p, K_BUCKET_RS_START, PH_BACKWARD, p->k[last].chunk, k->op, false);
+			s.note = k->note;
+			karg(p, &s, KA_REQ, h);
+			karg_int(p, &s, a[0].i);
+			karg_bufs(p, &s, a[1].bufs, a[1].n, true, false);
+			karg_ints(p, &s, a[2].ints, a[2].n, false);
+			karg(p, &s, KA_DTYPE, a[3].i);
+			karg_int(p, &s, a[7].i);
+			karg(p, &s, KA_AXIS, a[8].i);
+			karg_buf(p, &s, a[9].buf, false, true);
+			s.comm = k->comm;
+			s.ncomm = k->ncomm;
+			k = &p->k[i];
+			a = k->args;
+			Kernel f = detached(p, K_BUCKET_RS_FINISH, k->phase, k->chunk, k->op, false);
+			f.note = k->note;
+			karg(p, &f, KA_REQ, h);
+			karg_int(p, &f, a[0].i);
+			karg_ints(p, &f, a[2].ints, a[2].n, false);
+			karg_bufs(p, &f, a[4].bufs, a[4].n, true, true);
+			karg(p, &f, KA_DTYPE, a[5].i);
+			karg_int(p, &f, a[6].i);
+			karg(p, &f, KA_AXIS, a[8].i);
+			karg_buf(p, &f, a[9].buf, true, false);
+			start = s;
+			fin = f;
+		}
+		inserts_add(&ins, start, last + 1);
+		/* progress calls after the matmuls of the same phase and chunk that follow the start */
+		for (int j = last + 1; j < nk; j++) {
+			const Kernel *kj = &p->k[j];
+			if (kj->kind != K_MATMUL || kj->phase != PH_BACKWARD || kj->chunk != start.chunk)
+				continue;
+			if (!per_step && j >= i)
+				break;
+			Kernel pr = detached(p, start.kind == K_BUCKET_RS_START ? K_BUCKET_PROGRESS : K_REQUEST_PROGRESS,
+					     PH_BACKWARD, kj->chunk, k->op, per_step);
+			pr.note = "let the bucket move";
+			karg(p, &pr, KA_REQ, arg_of_kind(&start, KA_REQ)->i);
+			inserts_add(&ins, pr, j + 1);
+		}
+		p->k[i] = fin; /* the finish takes the blocking call's place */
+	}
+	inserts_apply(p, &ins);
+	free(member);
+}
+
+/* ------------------------------------------------------------------ ZeRO-3 prefetch */
+
+static void prefetch_gathers(LProg *p)
+{
+	Inserts ins = {0};
+	int nk = p->nk;
+	for (int ph = PH_FORWARD; ph <= PH_BACKWARD; ph++) {
+		for (int c = 0; c < p->nchunks; c++) {
+			int first = -1, prev_finish = -1;
+			for (int i = 0; i < nk; i++) {
+				Kernel *k = &p->k[i];
+				if (k->phase != (Phase)ph || k->chunk != c)
+					continue;
+				if (first < 0)
+					first = i;
+				if (k->kind != K_ALLGATHER_FLAT)
+					continue;
+				/* planrt_allgather_flat(shard, full, n, t, comm, scratch) ->
+				 * start(req, shard, full, n, t, comm) ... finish(req) */
+				int h = handle_new(p, HANDLE_REQUEST, "gather");
+				k = &p->k[i];
+				Kernel s = detached(p, K_ALLGATHER_FLAT_START, k->phase, k->chunk, k->op, false);
+				k = &p->k[i];
+				s.note = k->note;
+				karg(p, &s, KA_REQ, h);
+				karg_buf(p, &s, k->args[0].buf, true, false);
+				karg_buf(p, &s, k->args[1].buf, false, true);
+				karg_int(p, &s, k->args[2].i);
+				karg(p, &s, KA_DTYPE, k->args[3].i);
+				karg(p, &s, KA_AXIS, k->args[4].i);
+				s.comm = k->comm;
+				s.ncomm = k->ncomm;
+				inserts_add(&ins, s, prev_finish < 0 ? first : prev_finish + 1);
+				Kernel f = finish_kernel(p, k, h);
+				f.ndefs = 0;
+				kernel_def(p, &f, k->args[1].buf);
+				p->k[i] = f;
+				prev_finish = i;
+			}
+		}
+	}
+	inserts_apply(p, &ins);
+}
+
+bool plan_overlap(Lowered *low)
+{
+	for (int i = 0; i < low->nprogs; i++) {
+		overlap_buckets(low->progs[i]);
+		prefetch_gathers(low->progs[i]);
+	}
+	return true;
+}

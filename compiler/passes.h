@@ -1,0 +1,17 @@
+/* passes.h: the pass driver (passes.c): the graph passes in order, then the back end's, with
+ * --dump-after after any of them and the IR verifier between them; main.c's CLI calls it. */
+#ifndef PLANC_PASSES_H
+#define PLANC_PASSES_H
+
+#include "explain/explain.h"
+
+Graph *run_passes(PlanSpec *ps, const char *dump_after, FILE *dump_out);
+extern const char *const pass_names[];
+/* The back end's driver (passes.c): lower, state, overlap, memplan, with --dump-after after each
+ * and the IR verifier between passes when verify. NULL after reporting errors. */
+Lowered *run_backend(Graph *g, const char *dump_after, FILE *dump_out, bool verify);
+/* The emit pass: DIR/prog.c, printed after it when dump_after is "emit". */
+bool run_emit(const Lowered *low, const char *dir, const char *source_path, const char *dump_after, FILE *dump_out);
+bool dump_after_emit(const char *path, FILE *out);
+
+#endif

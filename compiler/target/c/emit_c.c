@@ -1,0 +1,930 @@
+/* emit_c.c: prints the loop-level IR as one readable C file (prog.c).
+ *
+ * The file holds only what is particular to the plan: named mesh axes; for every pipeline stage
+ * its buffers by name (persistent state as pointers planrt allocates, transient buffers as named
+ * places in the arena, a slot or an inbox), one function per phase (init, step_begin, the
+ * forward and backward of each model chunk and the receives they post ahead, step, save), its
+ * action table; the parameter table; and the program descriptor handed to planrt_main, which runs
+ * everything that is the same for every program. Every kernel is printed as a call to the planrt
+ * function of its kind (kernel_functions) with its arguments in order, or as a loop nest for a
+ * fused element-wise kernel; the printer adds no computation and no communication. Which kinds
+ * the C target can print at all is lowered_executable()'s answer. The output compiles with
+ * -Wall -Wextra -Werror. */
+#include "target/target.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+struct Emit {
+	FILE *f;
+	const Lowered *low;
+	const LProg *p;     /* the stage being printed */
+	const char *prefix; /* its names' prefix: "s0_" with several stages, else "" */
+	const EmitTarget *target; /* NULL: the C target; else the target printing the kernels (CUDA) */
+	const int *load_slot;     /* a fused loop's loads print as v<load_slot[buffer]> (NULL: v<buffer>) */
+};
+
+/* A program's names' prefix: "s0_" with several stages, "s0_master_" / "s0_worker_" with async
+ * roles, else "". */
+static const char *prog_prefix(const Lowered *low, const LProg *p)
+{
+	if (low->nroles > 1)
+		return arena_printf(low->g->arena, "s%d_%s_", p->stage, p->role == RANKROLE_MASTER ? "master" : "worker");
+	return low->nprogs > 1 ? arena_printf(low->g->arena, "s%d_", p->stage) : "";
+}
+
+static const char *ctype(DType t)
+{
+	switch (t) {
+	case DT_I32:
+		return "int32_t";
+	case DT_U8:
+		return "uint8_t";
+	case DT_F64:
+		return "double";
+	case DT_BF16:
+	case DT_F16:
+		return "uint16_t";
+	default:
+		return "float";
+	}
+}
+
+static const char *dtype_enum(DType t)
+{
+	switch (t) {
+	case DT_BF16:
+		return "planrt_bf16";
+	case DT_F16:
+		return "planrt_f16";
+	case DT_I32:
+		return "planrt_i32";
+	case DT_U8:
+		return "planrt_u8";
+	case DT_F64:
+		return "planrt_f64";
+	default:
+		return "planrt_f32";
+	}
+}
+
+static void name(Emit *e, int b)
+{
+	fprintf(e->f, "%s%s", e->prefix, e->p->buf[b].name);
+}
+
+static void axis(Emit *e, int a)
+{
+	fprintf(e->f, "AXIS_%s", e->low->ps->axes[a].name);
+}
+
+/* coord(axis) * stride + base, as C */
+static void coord_expr(Emit *e, long long base, int a, long long stride)
+{
+	if (a < 0) {
+		fprintf(e->f, "%lld", base);
+		return;
+	}
+	fprintf(e->f, "(");
+	if (base)
+		fprintf(e->f, "%lld + ", base);
+	fprintf(e->f, "(int64_t)planrt_mesh_coord(");
+	axis(e, a);
+	fprintf(e->f, ") * %lld)", stride);
+}
+
+/* The global offset of buffer b's block on dim d: the split axis's coordinate times the local
+ * size, and on the batch dim the micro-batch's rows. */
+static void offset_expr(Emit *e, int b, int d)
+{
+	const Buffer *x = &e->p->buf[b];
+	bool any = false;
+	if (d < x->rank && x->split_axis[d] >= 0) {
+		coord_expr(e, 0, x->split_axis[d], x->ldims[d]);
+		any = true;
+	}
+	if (d < x->rank && x->split_outer[d] >= 0) {
+		fprintf(e->f, " + ");
+		coord_expr(e, 0, x->split_outer[d], x->ldims[d] * e->low->ps->axes[x->split_axis[d]].size);
+	}
+	if (d == x->micro_dim) {
+		fprintf(e->f, "%s(int64_t)ctx->micro * %lld", any ? " + " : "", x->micro_rows);
+		any = true;
+	}
+	if (!any)
+		fprintf(e->f, "0");
+}
+
+static void print_arg(Emit *e, const KArg *a)
+{
+	FILE *f = e->f;
+	switch (a->kind) {
+	case KA_BUF:
+		name(e, a->buf);
+		break;
+	case KA_NULL:
+		fprintf(f, "NULL");
+		break;
+	case KA_BUFS:
+		fprintf(f, "(void *const[]){");
+		for (int i = 0; i < a->n; i++) {
+			fprintf(f, i ? ", " : "");
+			name(e, a->bufs[i]);
+		}
+		fprintf(f, "}");
+		break;
+	case KA_INT:
+	case KA_PARAM:
+		fprintf(f, "%lld", a->i);
+		break;
+	case KA_INTS:
+		fprintf(f, a->i32 ? "(const int[]){" : "(const int64_t[]){");
+		for (int i = 0; i < a->n; i++)
+			fprintf(f, "%s%lld", i ? ", " : "", a->ints[i]);
+		fprintf(f, "}");
+		break;
+	case KA_F64:
+		fprintf(f, "%.17g", a->f);
+		break;
+	case KA_DTYPE:
+		fprintf(f, "%s", dtype_enum((DType)a->i));
+		break;
+	case KA_AXIS:
+		fprintf(f, "planrt_axis_comm(");
+		axis(e, (int)a->i);
+		fprintf(f, ")");
+		break;
+	case KA_PAIR:
+		fprintf(f, "planrt_pair(%lld)", a->i);
+		break;
+	case KA_REQ:
+		fprintf(f, "&%s%s", e->prefix, e->p->handles[a->i].name);
+		break;
+	case KA_SLOTREQ:
+		fprintf(f, "&ctx->reqs[%lld]", a->i);
+		break;
+	case KA_COORD:
+		coord_expr(e, a->i, a->axis, a->stride);
+		break;
+	case KA_OFFSET:
+		if (a->dim >= 0) {
+			offset_expr(e, a->buf, a->dim);
+		} else {
+			fprintf(f, "(const int64_t[]){");
+			for (int d = 0; d < e->p->buf[a->buf].rank; d++) {
+				fprintf(f, d ? ", " : "");
+				offset_expr(e, a->buf, d);
+			}
+			fprintf(f, "}");
+		}
+		break;
+	case KA_SCALAR:
+		fprintf(f, "(double)");
+		name(e, a->buf);
+		fprintf(f, "[0] * %.17g", a->f);
+		break;
+	case KA_CTX:
+		fprintf(f, "ctx");
+		break;
+	case KA_STEP:
+		fprintf(f, "ctx->step");
+		break;
+	case KA_STEP_SEED:
+		fprintf(f, "ctx->step_seed");
+		break;
+	case KA_STR:
+		fputc('"', f);
+		for (const char *c = a->str; *c; c++)
+			fprintf(f, *c == '"' || *c == '\\' ? "\\%c" : (unsigned char)*c < ' ' ? "\\%03o" : "%c", *c);
+		fputc('"', f);
+		break;
+	}
+}
+
+/* ------------------------------------------------------------------ fused loops */
+
+static void collect(const LExpr *x, int *loads, int *n, int cap)
+{
+	if (!x)
+		return;
+	if (x->kind == LX_LOAD) {
+		for (int i = 0; i < *n; i++)
+			if (loads[i] == x->buf)
+				goto next;
+		if (*n == cap)
+			ICE("a fused loop reads more than %d buffers", cap);
+		loads[(*n)++] = x->buf;
+	}
+next:
+	collect(x->a, loads, n, cap);
+	collect(x->b, loads, n, cap);
+}
+
+static bool contiguous(const LExpr *x, const Kernel *k)
+{
+	if (!x)
+		return true;
+	if (x->kind == LX_LOAD) {
+		long long s = 1;
+		bool same = true, scalar = true;
+		for (int d = k->rank - 1; d >= 0; d--) {
+			if (x->stride[d] != s)
+				same = false;
+			if (x->stride[d] != 0)
+				scalar = false;
+			s *= k->dims[d];
+		}
+		if (!same && !scalar)
+			return false;
+	}
+	return contiguous(x->a, k) && contiguous(x->b, k);
+}
+
+static void print_index(Emit *e, const LExpr *x, const Kernel *k, bool flat)
+{
+	bool any = false;
+	for (int d = 0; d < k->rank; d++)
+		if (x->stride[d]) {
+			if (flat) {
+				fprintf(e->f, "i");
+				return;
+			}
+			fprintf(e->f, "%si%d * %lld", any ? " + " : "", d, x->stride[d]);
+			any = true;
+		}
+	if (!any)
+		fprintf(e->f, "0");
+}
+
+static void print_expr(Emit *e, const LExpr *x, const Kernel *k, bool flat)
+{
+	FILE *f = e->f;
+	switch (x->kind) {
+	case LX_LOAD: {
+		DType t = e->p->buf[buffer_root(e->p, x->buf)].dtype;
+		bool half = t == DT_BF16 || t == DT_F16;
+		fprintf(f, t == DT_BF16 ? "bf(v%d[" : t == DT_F16 ? "hf(v%d[" : "v%d[", e->load_slot ? e->load_slot[x->buf] : x->buf);
+		print_index(e, x, k, flat);
+		fprintf(f, half ? "])" : "]");
+		return;
+	}
+	case LX_CONST:
+		fprintf(f, "(float)%.17g", x->f);
+		return;
+	case LX_UNARY:
+		switch (x->op) {
+		case OP_SCALE:
+			fprintf(f, "(");
+			print_expr(e, x->a, k, flat);
+			fprintf(f, " * (float)%.17g)", x->f);
+			return;
+		case OP_NEG:
+			fprintf(f, "(-");
+			print_expr(e, x->a, k, flat);
+			fprintf(f, ")");
+			return;
+		case OP_GELU:
+			fprintf(f, x->s && !strcmp(x->s, "tanh") ? "gelu_tanh(" : "gelu_erf(");
+			break;
+		case OP_RELU:
+			fprintf(f, "relu(");
+			break;
+		case OP_SILU:
+			fprintf(f, "silu(");
+			break;
+		default:
+			ICE("unary op %s in a loop", op_names[x->op]);
+		}
+		print_expr(e, x->a, k, flat);
+		fprintf(f, ")");
+		return;
+	case LX_BINARY: {
+		const char *fn = NULL, *infix = NULL;
+		switch (x->op) {
+		case OP_ADD:
+			infix = " + ";
+			break;
+		case OP_SUB:
+			infix = " - ";
+			break;
+		case OP_MUL:
+			infix = " * ";
+			break;
+		case OP_DIV:
+			infix = " / ";
+			break;
+		case OP_GELU_GRAD:
+			fn = x->s && !strcmp(x->s, "tanh") ? "gelu_tanh_grad" : "gelu_erf_grad";
+			break;
+		case OP_RELU_GRAD:
+			fn = "relu_grad";
+			break;
+		case OP_SILU_GRAD:
+			fn = "silu_grad";
+			break;
+		case OP_DROPOUT_GRAD:
+			fn = "dropout_grad";
+			break;
+		default:
+			ICE("binary op %s in a loop", op_names[x->op]);
+		}
+		if (infix) {
+			fprintf(f, "(");
+			print_expr(e, x->a, k, flat);
+			fputs(infix, f);
+			print_expr(e, x->b, k, flat);
+			fprintf(f, ")");
+		} else {
+			fprintf(f, "%s(", fn);
+			print_expr(e, x->a, k, flat);
+			fprintf(f, ", ");
+			print_expr(e, x->b, k, flat);
+			if (x->op == OP_DROPOUT_GRAD)
+				fprintf(f, ", (float)%.17g", (double)(1.0 / (1.0 - x->f)));
+			fprintf(f, ")");
+		}
+		return;
+	}
+	}
+}
+
+static void indent(FILE *f, int n)
+{
+	for (int i = 0; i < n; i++)
+		fputc('\t', f);
+}
+
+static void print_loop(Emit *e, const Kernel *k)
+{
+	FILE *f = e->f;
+	int loads[64], n = 0;
+	collect(k->expr, loads, &n, 64);
+	fprintf(f, "\t{ /* %s, %d op%s fused */\n", k->note ? k->note : "loop", k->nfused, k->nfused == 1 ? "" : "s");
+	fprintf(f, "\t\t%s *restrict out = ", ctype(e->p->buf[buffer_root(e->p, k->out)].dtype));
+	name(e, k->out);
+	fprintf(f, ";\n");
+	for (int i = 0; i < n; i++) {
+		fprintf(f, "\t\tconst %s *v%d = ", ctype(e->p->buf[buffer_root(e->p, loads[i])].dtype), loads[i]);
+		name(e, loads[i]);
+		fprintf(f, ";\n");
+	}
+	bool flat = contiguous(k->expr, k);
+	DType out_t = e->p->buf[buffer_root(e->p, k->out)].dtype;
+	bool half = out_t == DT_BF16 || out_t == DT_F16;
+	const char *to = out_t == DT_F16 ? "tohf" : "tobf", *from = out_t == DT_F16 ? "hf" : "bf";
+	const char *op = k->accumulate ? "+=" : "=";
+	long long total = 1, stride[MAX_DIMS];
+	for (int d = k->rank - 1; d >= 0; d--) {
+		stride[d] = total;
+		total *= k->dims[d];
+	}
+	int depth;
+	const char *at;
+	if (flat) {
+		fprintf(f, "\t\tfor (int64_t i = 0; i < %lld; i++)\n", total);
+		depth = 3;
+		at = "i";
+	} else {
+		for (int d = 0; d < k->rank; d++) {
+			indent(f, 2 + d);
+			fprintf(f, "for (int64_t i%d = 0; i%d < %lld; i%d++)%s\n", d, d, k->dims[d], d, d == k->rank - 1 ? " {" : "");
+		}
+		depth = 2 + k->rank;
+		indent(f, depth);
+		fprintf(f, "int64_t o = ");
+		for (int d = 0; d < k->rank; d++)
+			fprintf(f, "%si%d * %lld", d ? " + " : "", d, stride[d]);
+		fprintf(f, ";\n");
+		at = "o";
+	}
+	indent(f, depth);
+	if (half)
+		fprintf(f, "out[%s] = %s(", at, to);
+	else
+		fprintf(f, "out[%s] %s ", at, op);
+	if (half && k->accumulate)
+		fprintf(f, "%s(out[%s]) + ", from, at);
+	print_expr(e, k->expr, k, flat);
+	fprintf(f, half ? ");\n" : ";\n");
+	if (!flat) {
+		indent(f, 1 + k->rank);
+		fprintf(f, "}\n");
+	}
+	fprintf(f, "\t}\n");
+}
+
+static void print_kernel(Emit *e, const Kernel *k)
+{
+	FILE *f = e->f;
+	if (e->target) {
+		e->target->kernel(e, k);
+		return;
+	}
+	if (k->only_last_micro)
+		fprintf(f, "\tif (ctx->micro == MICRO_BATCHES - 1)\n\t");
+	if (k->kind == K_LOOP) {
+		print_loop(e, k);
+		return;
+	}
+	if (!kernel_functions[k->kind])
+		ICE("kernel kind '%s' has no C function (planc build should have refused the plan)", kernel_names[k->kind]);
+	fprintf(f, "\t%s(", kernel_functions[k->kind]);
+	for (int i = 0; i < k->nargs; i++) {
+		if (i)
+			fprintf(f, ", ");
+		print_arg(e, &k->args[i]);
+	}
+	fprintf(f, ");");
+	if (k->note)
+		fprintf(f, " /* %s */", k->note);
+	fprintf(f, "\n");
+}
+
+/* ------------------------------------------------------------------ one stage */
+
+static const char *state_kind_enum(StateKind s)
+{
+	static const char *const names[] = {"planrt_state_param", "planrt_state_grad", "planrt_state_optim",
+					    "planrt_state_master", "planrt_state_buffer", "planrt_state_metric",
+					    "planrt_state_offload"};
+	return names[s];
+}
+
+static void print_buffers(Emit *e)
+{
+	FILE *f = e->f;
+	const LProg *p = e->p;
+	fprintf(f, "/* persistent state (allocated by planrt_main) */\n");
+	for (int b = 0; b < p->nbuf; b++) {
+		const Buffer *x = &p->buf[b];
+		if (x->cls != BUF_STATE)
+			continue;
+		fprintf(f, "static %s *", ctype(x->dtype));
+		name(e, b);
+		fprintf(f, "; /* %s, %lld elements%s%s */\n", state_kind_names[x->state], x->elems, x->what ? ": " : "",
+			x->what ? x->what : "");
+	}
+	fprintf(f, "/* views of state */\n");
+	for (int b = 0; b < p->nbuf; b++) {
+		const Buffer *x = &p->buf[b];
+		if (x->cls != BUF_VIEW)
+			continue;
+		fprintf(f, "#define ");
+		name(e, b);
+		fprintf(f, " (");
+		name(e, x->view_of);
+		fprintf(f, " + ");
+		if (x->view_axis == VIEW_SLOT)
+			fprintf(f, "(%lld + ctx->slot_index * %lld)", x->view_off, x->view_stride);
+		else
+			coord_expr(e, x->view_off, x->view_axis, x->view_stride);
+		fprintf(f, ")\n");
+	}
+	fprintf(f, "/* transient buffers: the arena (each phase call), a slot (a micro-batch's forward to its\n"
+		   " * backward) or an inbox (its inputs, received one action ahead) */\n");
+	for (int b = 0; b < p->nbuf; b++) {
+		const Buffer *x = &p->buf[b];
+		const char *base = x->cls == BUF_ARENA ? "ctx->arena" : x->cls == BUF_SLOT ? "ctx->slot"
+				   : x->cls == BUF_INBOX ? "ctx->inbox" : NULL;
+		if (!base || x->first < 0)
+			continue;
+		fprintf(f, "#define ");
+		name(e, b);
+		fprintf(f, " ((%s *)(%s + %zu))\n", ctype(x->dtype), base, x->offset);
+	}
+	for (int h = 0; h < p->nhandles; h++)
+		fprintf(f, "static %s %s%s;\n", p->handles[h].type == HANDLE_BUCKET ? "planrt_bucket_t" : "planrt_request_t",
+			e->prefix, p->handles[h].name);
+	if (e->target)
+		e->target->stage_decls(e);
+	fprintf(f, "\n");
+}
+
+static bool has_phase(const LProg *p, Phase ph, int chunk)
+{
+	for (int i = 0; i < p->nk; i++)
+		if (p->k[i].phase == ph && p->k[i].chunk == chunk)
+			return true;
+	return false;
+}
+
+static void print_phase(Emit *e, Phase ph, int chunk, bool per_chunk)
+{
+	FILE *f = e->f;
+	const LProg *p = e->p;
+	if (per_chunk)
+		fprintf(f, "static void %s%s_c%d(planrt_ctx_t *ctx)\n{\n", e->prefix, phase_names[ph], chunk);
+	else
+		fprintf(f, "static void %s%s(planrt_ctx_t *ctx)\n{\n", e->prefix, phase_names[ph]);
+	fprintf(f, "\t(void)ctx;\n");
+	if (e->target)
+		e->target->phase_begin(e, ph, chunk);
+	for (int i = 0; i < p->nk; i++)
+		if (p->k[i].phase == ph && (!per_chunk || p->k[i].chunk == chunk))
+			print_kernel(e, &p->k[i]);
+	if (e->target)
+		e->target->phase_end(e, ph, chunk);
+	fprintf(f, "}\n\n");
+}
+
+static void print_stage(Emit *e)
+{
+	FILE *f = e->f;
+	const LProg *p = e->p;
+	fprintf(f, "/* ================================================================ stage %d */\n\n", p->stage);
+	print_buffers(e);
+	print_phase(e, PH_INIT, 0, false);
+	print_phase(e, PH_STEP_BEGIN, 0, false);
+	for (int c = 0; c < p->nchunks; c++) {
+		if (has_phase(p, PH_PREPARE_F, c))
+			print_phase(e, PH_PREPARE_F, c, true);
+		print_phase(e, PH_FORWARD, c, true);
+		if (has_phase(p, PH_PREPARE_B, c))
+			print_phase(e, PH_PREPARE_B, c, true);
+		print_phase(e, PH_BACKWARD, c, true);
+	}
+	print_phase(e, PH_STEP, 0, false);
+	print_phase(e, PH_SAVE, 0, false);
+	for (Phase ph = PH_CHECKPOINT; ph <= PH_EVAL_END; ph++)
+		if (has_phase(p, ph, 0))
+			print_phase(e, ph, 0, false);
+	/* the schedule */
+	fprintf(f, "/* one step: F / B of a micro-batch and chunk, its activation slot and receive inbox */\n");
+	fprintf(f, "static const planrt_action_t %sactions[] = {\n", e->prefix);
+	for (int i = 0; i < p->nactions; i++) {
+		const SlotAction *a = &p->actions[i];
+		fprintf(f, "\t{%s, %d, %d, %s, %d},\n", a->kind == ACT_FORWARD ? "PLANRT_FORWARD" : "PLANRT_BACKWARD", a->chunk,
+			a->slot, a->inbox >= 0 ? arena_printf(p->g->arena, "%d", a->inbox) : "0xffff", a->micro);
+	}
+	fprintf(f, "};\n");
+	static const char *const tables[] = {"forward", "backward", "prepare_forward", "prepare_backward"};
+	static const Phase phases[] = {PH_FORWARD, PH_BACKWARD, PH_PREPARE_F, PH_PREPARE_B};
+	for (int t = 0; t < 4; t++) {
+		fprintf(f, "static const planrt_phase_fn %s%s[] = {", e->prefix, tables[t]);
+		for (int c = 0; c < p->nchunks; c++) {
+			bool exists = t < 2 || has_phase(p, phases[t], c);
+			if (exists)
+				fprintf(f, "%s%s%s_c%d", c ? ", " : "", e->prefix, phase_names[phases[t]], c);
+			else
+				fprintf(f, "%sNULL", c ? ", " : "");
+		}
+		fprintf(f, "};\n");
+	}
+	fprintf(f, "static const planrt_state_buf_t %sstate[] = {\n", e->prefix);
+	int nstate = 0;
+	for (int b = 0; b < p->nbuf; b++) {
+		const Buffer *x = &p->buf[b];
+		if (x->cls != BUF_STATE)
+			continue;
+		fprintf(f, "\t{\"%s\", %s, %zu, (void **)&", x->name, state_kind_enum(x->state), x->bytes);
+		name(e, b);
+		fprintf(f, "},\n");
+		nstate++;
+	}
+	if (!nstate)
+		fprintf(f, "\t{\"none\", planrt_state_buffer, 0, NULL},\n");
+	fprintf(f, "};\n\n");
+}
+
+static void print_stage_entry(Emit *e)
+{
+	FILE *f = e->f;
+	const LProg *p = e->p;
+	int nstate = 0;
+	for (int b = 0; b < p->nbuf; b++)
+		nstate += p->buf[b].cls == BUF_STATE;
+	const char *x = e->prefix;
+	fprintf(f, "\t{%sinit, %sstep_begin, %sstep, %ssave, %d, %sforward, %sbackward, %sprepare_forward, %sprepare_backward,\n", x,
+		x, x, x, p->nchunks, x, x, x, x);
+	int loss = p->loss_history >= 0 ? p->loss_history : p->loss_metric;
+	fprintf(f, "\t %sactions, %d, %zu, %zu, %zu, %zu, %zu, %d, %d, %d, %sstate, %d, &%s%s, &%s%s, %d, ", x, p->nactions,
+		p->arena_bytes, p->slot_offset, p->slot_bytes, p->inbox_offset, p->inbox_bytes, p->nslots, p->ninbox,
+		p->nslotreqs, x, nstate, x, p->buf[loss].name, x, p->buf[p->norm_metric].name, p->loss_window);
+	if (p->versions_metric >= 0)
+		fprintf(f, "&%s%s, %lld,\n", x, p->buf[p->versions_metric].name, p->buf[p->versions_metric].elems);
+	else
+		fprintf(f, "NULL, 0,\n");
+	fprintf(f, "\t ");
+	for (Phase ph = PH_CHECKPOINT; ph <= PH_EVAL_END; ph++)
+		if (has_phase(p, ph, 0))
+			fprintf(f, "%s%s, ", x, phase_names[ph]);
+		else
+			fprintf(f, "NULL, ");
+	fprintf(f, "&%s%s},\n", x, p->buf[p->loss_metric].name);
+}
+
+/* ------------------------------------------------------------------ the program */
+
+static void print_prelude(Emit *e, const char *source_path)
+{
+	FILE *f = e->f;
+	const PlanSpec *ps = e->low->ps;
+	fprintf(f, "/* prog.c: generated by planc %s from %s, plan %s for model %s. Do not edit.\n", PLANC_VERSION,
+		source_path, ps->plan->name, ps->model->name);
+	fprintf(f, " * run: mpirun -np %d ./prog --steps K --data FILE [--init W.safetensors] [--save OUT.safetensors]\n",
+		ps->world);
+	fprintf(f, " *      [--log run.jsonl] [--seed S]; ./prog --help */\n");
+	fprintf(f, "#include <math.h>\n#include <stdint.h>\n#include <stdio.h>\n#include <stdlib.h>\n#include <string.h>\n\n");
+	fprintf(f, "#include \"planrt.h\"\n#include \"planrt_exec.h\"\n#include \"planrt_kernels.h\"\n#include \"planrt_math.h\"\n"
+		   "#include \"planrt_program.h\"\n\n");
+	if (e->target)
+		e->target->prelude(e);
+	fprintf(f, "enum { MICRO_BATCHES = %d };\n", ps->micro_batches > 0 ? ps->micro_batches : 1);
+	fprintf(f, "/* mesh axes */\nenum {");
+	for (int a = 0; a < ps->naxes; a++)
+		fprintf(f, "%s AXIS_%s = %d", a ? "," : "", ps->axes[a].name, a);
+	fprintf(f, " };\n");
+	fprintf(f, "static const int axis_sizes[] = {");
+	for (int a = 0; a < ps->naxes; a++)
+		fprintf(f, "%s%d", a ? ", " : "", ps->axes[a].size);
+	fprintf(f, "};\nstatic const char *const axis_names[] = {");
+	for (int a = 0; a < ps->naxes; a++)
+		fprintf(f, "%s\"%s\"", a ? ", " : "", ps->axes[a].name);
+	fprintf(f, "};\n\n");
+	fprintf(f,
+		"/* element-wise helpers of the fused loops */\n"
+		"static inline float relu(float x) { return x > 0 ? x : 0; }\n"
+		"static inline float relu_grad(float y, float dy) { return y > 0 ? dy : 0; }\n"
+		"static inline float gelu_erf(float x) { return planrt_gelu_erf(x); }\n"
+		"static inline float gelu_erf_grad(float x, float dy) { return planrt_gelu_erf_grad(x, dy); }\n"
+		"static inline float gelu_tanh(float x)\n{\n"
+		"\treturn 0.5f * x * (1.0f + tanhf(0.79788456080286536f * (x + 0.044715f * x * x * x)));\n}\n"
+		"static inline float gelu_tanh_grad(float x, float dy)\n{\n"
+		"\tfloat u = 0.79788456080286536f * (x + 0.044715f * x * x * x), t = tanhf(u);\n"
+		"\tfloat du = 0.79788456080286536f * (1.0f + 3.0f * 0.044715f * x * x);\n"
+		"\treturn dy * (0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * du);\n}\n"
+		"static inline float silu(float x) { return planrt_silu(x); }\n"
+		"static inline float silu_grad(float x, float dy) { return planrt_silu_grad(x, dy); }\n"
+		"static inline float dropout_grad(uint8_t keep, float dy, float scale) { return keep ? dy * scale : 0; }\n"
+		"/* bf16 storage: widen to f32 for arithmetic, round to nearest even when stored */\n"
+		"static inline float bf(uint16_t x)\n{\n\tuint32_t u = (uint32_t)x << 16;\n\tfloat f;\n\tmemcpy(&f, &u, 4);\n\treturn f;\n}\n"
+		"static inline uint16_t tobf(float f)\n{\n\tuint32_t u;\n\tmemcpy(&u, &f, 4);\n"
+		"\tif ((u & 0x7fffffffu) > 0x7f800000u)\n\t\treturn (uint16_t)((u >> 16) | 0x40);\n"
+		"\treturn (uint16_t)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);\n}\n"
+		"/* f16 storage: IEEE half, widened exactly, rounded to nearest even when stored (planrt_cast's) */\n"
+		"static inline float hf(uint16_t x) { return planrt_f16_to_f32(x); }\n"
+		"static inline uint16_t tohf(float f) { return planrt_f32_to_f16(f); }\n\n");
+	/* only the helpers a file uses must exist: mark the rest used */
+	fprintf(f, "static void unused_helpers(void)\n{\n\t(void)relu; (void)relu_grad; (void)gelu_erf; (void)gelu_erf_grad;"
+		   " (void)gelu_tanh;\n\t(void)gelu_tanh_grad; (void)silu; (void)silu_grad; (void)dropout_grad; (void)bf;"
+		   " (void)tobf;\n\t(void)hf; (void)tohf;\n}\n\n");
+}
+
+static void print_program(Emit *e, const char *source_path)
+{
+	FILE *f = e->f;
+	const Lowered *low = e->low;
+	const PlanSpec *ps = low->ps;
+	fprintf(f, "/* ================================================================ the program */\n\n");
+	fprintf(f, "static const planrt_param_t params[] = {\n");
+	for (int i = 0; i < low->nparams; i++) {
+		const ParamEntry *pe = &low->params[i];
+		fprintf(f, "\t{\"%s\", %d, {", pe->name, pe->rank);
+		for (int d = 0; d < pe->rank; d++)
+			fprintf(f, "%s%lld", d ? ", " : "", pe->gdims[d]);
+		fprintf(f, "}, {");
+		for (int d = 0; d < pe->rank; d++)
+			fprintf(f, "%s%lld", d ? ", " : "", pe->ldims[d]);
+		fprintf(f, "}, {");
+		for (int d = 0; d < pe->rank; d++)
+			fprintf(f, "%s%d", d ? ", " : "", pe->split_axis[d]);
+		fprintf(f, "}, %d, %d, %.17g, %.17g},\n", pe->init_kind, pe->saved, pe->init_a, pe->init_b);
+	}
+	fprintf(f, "};\n\n");
+	fprintf(f, "static const planrt_stage_t stages[] = {\n");
+	for (int i = 0; i < low->nprogs; i++) {
+		e->p = low->progs[i];
+		e->prefix = prog_prefix(low, e->p);
+		print_stage_entry(e);
+	}
+	fprintf(f, "};\n\n");
+	fprintf(f, "static const planrt_program_t program = {\n");
+	fprintf(f, "\t\"%s\", \"%s\", \"%s\", %d, %d, %d, axis_sizes, axis_names, %d, stages, params, %d, %d,\n",
+		ps->plan->name, ps->model->name, source_path, ps->world, ps->naxes, ps->pipe_axis, low->nprogs / low->nroles,
+		low->nparams, ps->micro_batches > 0 ? ps->micro_batches : 1);
+	fprintf(f, "\t%lld, %lld, %lld, %.17g, %.17g, %d, %d, %d, %d,\n", ps->batch, low->seq, low->vocab, ps->lr,
+		ps->min_lr, ps->warmup, ps->total_steps, low->nroles, low->nroles > 1 ? sync_axis(ps) : -1);
+	fprintf(f, "\t\"%s\", \"%s\", %.17g,\n};\n\n", plan_fingerprint(low), sync_mode_name(ps->sync), ps->loss_scale);
+	fprintf(f, "int main(int argc, char **argv)\n{\n\tunused_helpers();\n\treturn %s(argc, argv, &program);\n}\n",
+		e->target ? e->target->main_fn : "planrt_main");
+	if (e->target)
+		e->target->epilogue(e);
+}
+
+bool emit_c(const Lowered *low, const char *dir, const char *source_path)
+{
+	return emit_c_with(low, dir, source_path, NULL);
+}
+
+bool emit_c_with(const Lowered *low, const char *dir, const char *source_path, const EmitTarget *target)
+{
+	if (mkdir(dir, 0777) != 0 && errno != EEXIST) {
+		fprintf(stderr, "planc: error: cannot create directory '%s': %s\n", dir, strerror(errno));
+		return false;
+	}
+	const char *path = arena_printf(low->g->arena, "%s/prog.c", dir);
+	FILE *f = fopen(path, "w");
+	if (!f) {
+		fprintf(stderr, "planc: error: cannot write '%s': %s\n", path, strerror(errno));
+		return false;
+	}
+	Emit e = {.f = f, .low = low, .target = target};
+	print_prelude(&e, source_path);
+	for (int i = 0; i < low->nprogs; i++) {
+		e.p = low->progs[i];
+		e.prefix = prog_prefix(low, e.p);
+		print_stage(&e);
+	}
+	print_program(&e, source_path);
+	bool ok = !ferror(f);
+	if (fclose(f) != 0)
+		ok = false;
+	if (!ok)
+		fprintf(stderr, "planc: error: writing '%s' failed\n", path);
+	return ok;
+}
+
+/* ------------------------------------------------------------------ for other targets (emit_cuda.c) */
+
+FILE *emit_file(const Emit *e)
+{
+	return e->f;
+}
+
+const LProg *emit_prog(const Emit *e)
+{
+	return e->p;
+}
+
+const char *emit_prefix(const Emit *e)
+{
+	return e->prefix;
+}
+
+const EmitTarget *emit_target(const Emit *e)
+{
+	return e->target;
+}
+
+void emit_arg(Emit *e, const KArg *a)
+{
+	print_arg(e, a);
+}
+
+void emit_c_kernel(Emit *e, const Kernel *k)
+{
+	const EmitTarget *t = e->target;
+	e->target = NULL;
+	print_kernel(e, k);
+	e->target = t;
+}
+
+const char *emit_ctype(DType t)
+{
+	return ctype(t);
+}
+
+int emit_loop_loads(const Kernel *k, int *loads, int cap)
+{
+	int n = 0;
+	collect(k->expr, loads, &n, cap);
+	return n;
+}
+
+bool emit_loop_flat(const Kernel *k)
+{
+	return contiguous(k->expr, k);
+}
+
+void emit_loop_expr_to(FILE *f, const LProg *p, const Kernel *k, bool flat, const int *load_slot)
+{
+	Emit e = {.f = f, .low = p->low, .p = p, .prefix = "", .load_slot = load_slot};
+	print_expr(&e, k->expr, k, flat);
+}
+
+void emit_c_loop_to(FILE *f, const Lowered *low, const LProg *p, const Kernel *k)
+{
+	Emit e = {.f = f, .low = low, .p = p, .prefix = ""};
+	print_loop(&e, k);
+}
+
+/* ------------------------------------------------------------------ what the C target runs */
+
+/* A dim split over two mesh axes a < b (block offset (coord(a) size(b) + coord(b)) ldim, as the
+ * mesh orders ranks): executed for activations (the batch split over a data axis and an expert
+ * axis, and what follows from it) when every collective that gathers or splits such a dim acts on
+ * its inner axis b, so that blocks stay whole, or the dim has no name (an MoE buffer's slots, read
+ * only where they are). Parameters and three axes are not. */
+static bool two_axis_split_refused(const Graph *g, const Op *op, const Value *v, int a, int b)
+{
+	const PlanSpec *ps = g->ps;
+	int d = v->lay.on[a];
+	if (v->role == ROLE_PARAM || v->grad_of >= 0)
+		return true;
+	for (int c = 0; c < ps->naxes; c++)
+		if (c != a && c != b && v->lay.on[c] == d)
+			return true;
+	if (op_classes[op->kind] != OPK_COLLECTIVE || op->kind == OP_ALL_REDUCE || !op->nin || !op->nout)
+		return false;
+	int dims[2] = {op->coll_dim, op->kind == OP_ALL_TO_ALL ? op->coll_dim2 : -1};
+	const Value *ends[2] = {&g->vals[op->in[0]], &g->vals[op->out[0]]};
+	for (int i = 0; i < 2; i++)
+		for (int e = 0; e < 2; e++) {
+			int dd = dims[i];
+			if (dd < 0 || dd >= ends[e]->rank || !ends[e]->dim_name[dd])
+				continue;
+			for (int c = op->axis + 1; c < ps->naxes; c++)
+				if (ends[e]->lay.on[c] == dd)
+					return true;
+		}
+	return false;
+}
+
+bool lowered_executable(const Lowered *low, bool report)
+{
+	return lowered_executable_on(low, report, false);
+}
+
+/* device: for the CUDA target, which also checks its kernels (cuda_executable) */
+bool lowered_executable_on(const Lowered *low, bool report, bool device)
+{
+	Graph *g = low->g;
+	PlanSpec *ps = low->ps;
+	const Source *src = ps->src;
+	bool ok = true;
+#define REFUSE(loc, ...)                                                                                   \
+	do {                                                                                               \
+		if (report)                                                                                \
+			diag_error(src, loc, __VA_ARGS__);                                                 \
+		ok = false;                                                                                \
+	} while (0)
+	if (g->has_moe && ps->sync != SYNC_STRICT)
+		REFUSE(ps->sync_loc, "planc build runs mixture-of-experts layers under sync strict only (this plan's is %s)",
+		       ps->sync == SYNC_ASYNC ? "async" : "local_sgd");
+	int batch_axes = 0;
+	for (int r = 0; r < ps->nrules; r++)
+		batch_axes += ps->rules[r].dim_name && ps->batch_dim && !strcmp(ps->rules[r].dim_name, ps->batch_dim);
+	if (batch_axes > 1 && (ps->sync != SYNC_STRICT || ps->compress != COMPRESS_NONE))
+		REFUSE(ps->sync_loc, "sync strategies other than strict need the batch split over one mesh axis (this plan "
+				     "splits %s over %d)", ps->batch_dim, batch_axes);
+	/* PLANC_TEST_HOST_OFFLOAD_ON_CPU: the tests run the CUDA target's host-offload program on the
+	 * CPU (where host and device memory are one), against the plan without offload
+	 * (tests/equiv/check_offload.py); it frees nothing there, so users get the refusal */
+	bool cpu_test = getenv("PLANC_TEST_HOST_OFFLOAD_ON_CPU") != NULL;
+	if (!device && !cpu_test &&
+	    (ps->offload_optimizer == PLACE_HOST || ps->offload_params == PLACE_HOST || ps->offload_activations == PLACE_HOST)) {
+		REFUSE(ps->offload_loc, "offload %s -> host moves state out of GPU memory: the CPU target has none to free",
+		       ps->offload_optimizer == PLACE_HOST ? "optimizer" : ps->offload_params == PLACE_HOST ? "params" : "activations");
+		if (report)
+			diag_note_plain("build it with --target cuda, or offload the optimizer state to disk on the CPU "
+					"(offload optimizer -> disk)");
+	} else if (ps->offload_params == PLACE_DISK || ps->offload_activations == PLACE_DISK) {
+		REFUSE(ps->offload_loc, "planc build does not execute offload %s -> disk yet (it runs offload optimizer -> "
+					"disk, and -> host on the CUDA target)",
+		       ps->offload_params == PLACE_DISK ? "params" : "activations");
+	}
+	if (ps->compress != COMPRESS_NONE && ps->param_dtype != DT_F32 &&
+	    !(ps->compress == COMPRESS_BF16 && ps->param_dtype == DT_BF16))
+		REFUSE(ps->sync_loc, "planc build compresses f32 gradients so far (this plan's are %s)", dtype_name(ps->param_dtype));
+	if (ps->param_dtype != DT_F32 && ps->param_dtype != DT_BF16 && ps->param_dtype != DT_F16)
+		REFUSE(ps->plan->name_loc, "planc build executes f32, bf16 and f16 plans so far (this plan uses %s)",
+		       dtype_name(ps->param_dtype));
+	if (ps->param_dtype == DT_F16 && ps->sync != SYNC_STRICT)
+		REFUSE(ps->sync_loc, "fp16 loss scaling skips a step on every rank at once: %s replicas step on their own",
+		       ps->sync == SYNC_ASYNC ? "async" : "local_sgd");
+	for (int i = 0; i < g->nops && ok; i++) {
+		const Op *op = &g->ops[i];
+		if (op->kind == OP_INPUT && g->vals[op->out[0]].tied_to < 0) {
+			const Value *v = &g->vals[op->out[0]];
+			if (!ps->batch_dim || !v->rank || !v->dim_name[0] || strcmp(v->dim_name[0], ps->batch_dim))
+				REFUSE(op->loc, "planc build loads an input's samples along its first dim, the batch dim%s%s",
+				       ps->batch_dim ? " " : "", ps->batch_dim ? ps->batch_dim : "");
+		}
+		for (int k = 0; k <= op->nout && ok; k++) { /* the outputs, and a collective's input */
+			if (k == op->nout && (op_classes[op->kind] != OPK_COLLECTIVE || !op->nin))
+				break;
+			const Value *v = &g->vals[k < op->nout ? op->out[k] : op->in[0]];
+			for (int a = 0; a < ps->naxes; a++)
+				for (int b = a + 1; b < ps->naxes; b++)
+					if (v->lay.on[a] >= 0 && v->lay.on[a] == v->lay.on[b] && two_axis_split_refused(g, op, v, a, b))
+						REFUSE(op->src ? op->loc : ps->plan->name_loc,
+						       "planc build cannot execute this split of a dimension over two mesh axes ('%s' and '%s') yet",
+						       ps->axes[a].name, ps->axes[b].name);
+		}
+	}
+	for (int i = 0; i < low->nprogs && ok; i++) {
+		const LProg *p = low->progs[i];
+		for (int k = 0; k < p->nk && ok; k++)
+			if (p->k[k].kind == K_OPAQUE) {
+				const Op *op = p->k[k].op >= 0 ? &g->ops[p->k[k].op] : NULL;
+				REFUSE(op && op->src ? op->loc : ps->plan->name_loc, "planc build cannot execute '%s' yet",
+				       op ? op_names[op->kind] : "an operation");
+			}
+	}
+#undef REFUSE
+	if (!ok && report)
+		diag_note_plain("'planc check' and 'planc explain' handle this plan; only execution is missing");
+	return ok;
+}

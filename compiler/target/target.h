@@ -1,0 +1,82 @@
+/* target.h: the targets that print the loop-level IR: C (target/c/emit_c.c), CUDA C
+ * (target/cuda/emit_cuda.c, on emit_c.c's walker) and LLVM (target/llvm/emit_llvm.c: JIT,
+ * objects, PTX). A target adds no computation and no communication. */
+#ifndef PLANC_TARGET_H
+#define PLANC_TARGET_H
+
+#include "lower/lower.h"
+
+/* ---------------------------------------------------------------- emit_c.c */
+/* Writes the program as C into dir/prog.c; false on I/O errors. */
+bool emit_c(const Lowered *low, const char *dir, const char *source_path);
+/* The same file for another target (the CUDA target: emit_cuda.c): emit_c.c prints the program's
+ * structure (buffers, phase functions, tables, descriptor) and the target prints every kernel, its
+ * declarations per stage, what begins and ends a phase function, and its includes; main() calls
+ * main_fn. */
+typedef struct Emit Emit;
+typedef struct EmitTarget {
+	void (*prelude)(Emit *e);
+	void (*stage_decls)(Emit *e);
+	void (*phase_begin)(Emit *e, Phase ph, int chunk);
+	void (*kernel)(Emit *e, const Kernel *k);
+	void (*phase_end)(Emit *e, Phase ph, int chunk);
+	void (*epilogue)(Emit *e); /* after main() */
+	const char *main_fn;
+	void *data;
+} EmitTarget;
+bool emit_c_with(const Lowered *low, const char *dir, const char *source_path, const EmitTarget *target);
+FILE *emit_file(const Emit *e);
+const LProg *emit_prog(const Emit *e);      /* the stage program being printed */
+const char *emit_prefix(const Emit *e);     /* its names' prefix */
+const EmitTarget *emit_target(const Emit *e);
+void emit_arg(Emit *e, const KArg *a);      /* an argument as the C target prints it */
+void emit_c_kernel(Emit *e, const Kernel *k); /* a kernel as the C target prints it (a call or a loop nest) */
+const char *emit_ctype(DType t);            /* the C type of an element */
+/* A fused loop: the buffers it reads in order of first read (returns how many), whether every load
+ * walks the output's index (flat), and its expression with the load of buffer b printed as
+ * v<load_slot[b]>. emit_c_loop_to prints the C target's loop nest for it (the tests compare it). */
+int emit_loop_loads(const Kernel *k, int *loads, int cap);
+bool emit_loop_flat(const Kernel *k);
+void emit_loop_expr_to(FILE *f, const LProg *p, const Kernel *k, bool flat, const int *load_slot);
+void emit_c_loop_to(FILE *f, const Lowered *low, const LProg *p, const Kernel *k);
+
+/* ---------------------------------------------------------------- emit_cuda.c */
+/* The CUDA target: DIR/prog.c (the host program: emit_c.c's structure, each kernel a call into
+ * planrt_cuda on its stream with the events streams.c planned, or a launch of a fused loop),
+ * DIR/kernels.cu (every distinct fused loop as a __global__ function and its launcher) and
+ * DIR/loops.h (the loops' element functions, C that compiles for the host and the device). */
+bool emit_cuda(const Lowered *low, const char *dir, const char *source_path);
+/* Whether the CUDA target can run the program; reports the first reason when report. */
+bool cuda_executable(const Lowered *low, bool report);
+/* A fused loop's element function as loops.h prints it (static, named fname), for the tests. */
+void emit_cuda_loop_body(FILE *f, const LProg *p, const Kernel *k, const char *fname);
+
+/* ---------------------------------------------------------------- emit_llvm.c */
+/* The LLVM back end (LLVM 14 C API): the program emit_c.c prints, built as LLVM IR and optimised
+ * with default<O3> for the host CPU; the fused loops also as NVPTX kernels. LLVM's errors (a
+ * verifier failure, a missing target, an unresolved symbol) are reported as planc diagnostics. */
+struct LLVMOpaqueContext;
+struct LLVMOpaqueModule;
+struct LLVMOpaqueTargetMachine;
+/* DIR/prog.ll: the verified module before optimisation (also printed to dump when not NULL) */
+bool emit_llvm_ir(const Lowered *low, const char *dir, const char *source_path, FILE *dump);
+/* PATH: a native object of the optimised module, whose main() calls planrt_main (planc build
+ * --backend llvm links it with planrt); verify: also verify the optimised module; native: for
+ * this machine's CPU, else for its triple's baseline */
+bool emit_llvm_object(const Lowered *low, const char *path, const char *source_path, bool verify, bool native);
+/* planc run: compiles the program with ORC LLJIT in this process for this machine's CPU (planrt
+ * resolved from planc itself) and runs main(argc, argv); the program's exit status, or -1 after
+ * a diagnostic */
+int llvm_run(const Lowered *low, const char *source_path, int argc, char **argv, bool verify);
+/* DIR/kernels.ptx: every fused loop as an sm_80 NVPTX kernel, named as in the CPU module
+ * (s<stage>_loop<kernel index>), a grid-stride loop over its output's elements */
+bool emit_ptx(const Lowered *low, const char *dir, FILE *dump);
+/* For tests: the unoptimised module in context c for target machine tm (gpu: the NVPTX kernels
+ * only), and LLVMVerifyModule reported as a planc diagnostic (false if broken). */
+struct LLVMOpaqueModule *llvm_build_module(const Lowered *low, struct LLVMOpaqueContext *c,
+					   struct LLVMOpaqueTargetMachine *tm, bool gpu, const char *source_path);
+bool llvm_verify(struct LLVMOpaqueModule *m, const char *what);
+/* whether the LLVM back end can call kernels of this kind (K_LOOP: it builds them) */
+bool llvm_kernel_known(KernelKind kind);
+
+#endif
