@@ -86,3 +86,7 @@ if(TARGET planrt_cuda)
   add_test(NAME cuda_one_process COMMAND bash ${ROOT}/tests/cuda/one_process.sh ${PLANC} ${NVCC} WORKING_DIRECTORY ${ROOT})
   set_tests_properties(cuda_one_process PROPERTIES TIMEOUT 600 SKIP_RETURN_CODE 77)
 endif()
+# the architecture (issue 21): the include and call graphs of compiler/ and runtime/, file by file
+# and folder by folder, have no cycles (tests/arch/check_deps.py reads the sources and nm of the
+# objects this build made)
+add_test(NAME arch COMMAND python3 ${ROOT}/tests/arch/check_deps.py ${ROOT} ${CMAKE_BINARY_DIR} WORKING_DIRECTORY ${ROOT})

@@ -3,8 +3,19 @@
  * alloc/freeall). Blocks grow geometrically so a 96-layer model costs a handful of mallocs. */
 #include "base/base.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* Out of memory is the machine's limit, not a bug in planc and not the plan's mistake: one line and
+ * exit status 1 (the arena sits below the diagnostic printer, which allocates from it). */
+static _Noreturn void out_of_memory(size_t bytes)
+{
+	fflush(stdout);
+	fprintf(stderr, "planc: error: out of memory (allocating %zu bytes); free memory or compile on a larger machine\n",
+		bytes);
+	exit(1);
+}
 
 typedef struct Block {
 	struct Block *next;
@@ -21,13 +32,15 @@ Arena *arena_new(void)
 {
 	Arena *a = calloc(1, sizeof *a);
 	if (!a)
-		ICE("out of memory");
+		out_of_memory(sizeof *a);
 	a->next_cap = 64 * 1024;
 	return a;
 }
 
 void *arena_alloc(Arena *a, size_t n)
 {
+	if (n > SIZE_MAX / 4)
+		out_of_memory(n);
 	n = (n + 15) & ~(size_t)15;
 	Block *b = a->head;
 	if (!b || b->cap - b->used < n) {
@@ -38,7 +51,7 @@ void *arena_alloc(Arena *a, size_t n)
 			a->next_cap *= 2;
 		b = malloc(sizeof *b + cap);
 		if (!b)
-			ICE("out of memory (arena block of %zu bytes)", cap);
+			out_of_memory(sizeof *b + cap);
 		b->next = a->head;
 		b->used = 0;
 		b->cap = cap;

@@ -224,10 +224,15 @@ double planrt_now(void); /* seconds, monotonic */
  * For the runtime's own sources (they define PLANRT_INTERNAL before including this header);
  * generated programs never use these. */
 #ifdef PLANRT_INTERNAL
+#include <stdio.h>
 /* Records the one-line detail planrt_last_error() returns and passes r through:
  * return planrt_error_(planrt_io_error, "cannot open '%s': %s; check the path", path, ...); */
 planrt_result_t planrt_error_(planrt_result_t r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 int planrt_world_rank_(void); /* -1 before planrt_init */
+/* core/result.c learns who this process is from comm/world.c: the rank its messages name, and
+ * whether one process plays every rank without MPI (then planrt_fatal does not name a rank) */
+void planrt_set_world_rank_(int rank, int offline);
+int planrt_mpi_live_(void); /* MPI is initialised and not finalised */
 /* planc reshard: the mesh coordinates of world rank `rank` in a process without MPI (no comms) */
 void planrt_mesh_offline_(int naxes, const int *sizes, int rank);
 /* bf16 and f16 (t) to and from f32; f32 -> half rounds to nearest even, NaN stays NaN. */
@@ -268,6 +273,12 @@ void planrt_trace_begin_(const char *name, const char *cat);
 void planrt_trace_end_(const char *args);
 void planrt_trace_args_(const char *args);
 void planrt_trace_close_(const char *process_name);
+/* core/trace.c's half for comm/trace_file.c: start recording for path (origin now), the path,
+ * this rank's part of the file, and forgetting every event */
+void planrt_trace_start_(const char *path);
+const char *planrt_trace_path_(void);
+void planrt_trace_write_part_(FILE *f, int rank, const char *process_name);
+void planrt_trace_reset_(void);
 /* kernels.c: while set (planrt_main's evaluation of held-out batches), dropout is the identity */
 extern int planrt_evaluating_;
 /* safetensors.c: planrt_st_write, also returning the data's checksum ("fnv1a64:..."); and a

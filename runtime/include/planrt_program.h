@@ -55,6 +55,8 @@ typedef struct planrt_ctx {
 	double loss_scale;       /* fp16 loss scaling: the backward starts from loss * loss_scale (else 1) */
 	int step_skipped;        /* set when this step's unscaled gradients are not finite: no update */
 	int64_t slot_index;      /* the running action's slot (offload activations: its host copies) */
+	const struct planrt_program *program; /* the program being run (its parameter table, sizes) */
+	struct planrt_namemap *name_map;      /* --map: --init and --save under another framework's names */
 } planrt_ctx_t;
 
 typedef void (*planrt_phase_fn)(planrt_ctx_t *ctx);
@@ -216,6 +218,8 @@ void planrt_ckpt_read_local(planrt_ctx_t *ctx, void *dst, planrt_dtype_t dtype, 
  * [row_lo, row_lo + rows) of this step, positions [s_lo, s_lo + s_n) of each window */
 void planrt_load_input(planrt_ctx_t *ctx, int32_t *dst, int stream, int64_t row_lo, int64_t rows, int64_t s_lo,
 		       int64_t s_n);
+/* input.c: frees what loading kept for the run (planrt_main, at the end) */
+void planrt_input_release_(void);
 /* Pipeline transfers on the pipe axis to / from the rank with pipe coordinate peer, on channel
  * (0: forward activations, 1: backward gradients; messages match in order within a channel). The
  * request is completed by planrt_p2p_finish, or by the walker before the slot is reused. */

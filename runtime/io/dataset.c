@@ -78,7 +78,7 @@ int64_t planrt_dataset_samples(planrt_dataset_t d)
 	return d ? d->samples : 0;
 }
 
-static const char *shape_text(int rank, const int64_t *dims, char *buf, size_t n)
+const char *planrt_shape_text_(int rank, const int64_t *dims, char *buf, size_t n)
 {
 	size_t len = (size_t)snprintf(buf, n, "[");
 	for (int i = 0; i < rank && len < n; i++)
@@ -180,7 +180,7 @@ static planrt_result_t npy_open(const char *path, const char *name, tensor_t *t)
 	size_t data_at = at + hlen;
 	if (n * elems[t->elem].size > size - data_at)
 		NPY_FAIL("data '%s': shape %s needs %llu bytes of data, the file has %zu", path,
-			 shape_text(t->rank, t->dims, (char[128]){0}, 128), (unsigned long long)(n * elems[t->elem].size),
+			 planrt_shape_text_(t->rank, t->dims, (char[128]){0}, 128), (unsigned long long)(n * elems[t->elem].size),
 			 size - data_at);
 #undef NPY_FAIL
 	snprintf(t->name, sizeof t->name, "%s", name);
@@ -266,7 +266,7 @@ planrt_result_t planrt_dataset_open(const char *path, planrt_dataset_t *out)
 		const tensor_t *t = &d->t[i];
 		if (t->rank < 1 || t->dims[0] < 1)
 			r = planrt_error_(planrt_format_error, "data '%s': tensor '%s' of shape %s has no samples (its first dim "
-					  "counts them)", path, t->name, shape_text(t->rank, t->dims, (char[128]){0}, 128));
+					  "counts them)", path, t->name, planrt_shape_text_(t->rank, t->dims, (char[128]){0}, 128));
 		else if (i > 0 && t->dims[0] != d->samples)
 			r = planrt_error_(planrt_format_error,
 					  "data '%s': tensor '%s' has %lld samples but '%s' has %lld; every tensor of a data set "
@@ -356,7 +356,7 @@ static const char *position(const tensor_t *t, int64_t i, char *buf, size_t n)
 		idx[d] = i % t->dims[d];
 		i /= t->dims[d];
 	}
-	return shape_text(t->rank, idx, buf, n);
+	return planrt_shape_text_(t->rank, idx, buf, n);
 }
 
 static const tensor_t *find(planrt_dataset_t d, const char *name)
@@ -382,8 +382,8 @@ static void check_input(planrt_dataset_t d, tensor_t *t, const char *name, planr
 			sample[i] = gdims[i];
 		planrt_fatal("data '%s': tensor '%s' has shape %s but input '%s' needs %s (samples first, then the input's "
 			     "dims after the batch dim)",
-			     d->path, t->name, shape_text(t->rank, t->dims, a, sizeof a), name,
-			     shape_text(rank, sample, b, sizeof b));
+			     d->path, t->name, planrt_shape_text_(t->rank, t->dims, a, sizeof a), name,
+			     planrt_shape_text_(rank, sample, b, sizeof b));
 	}
 	int float_input = want != planrt_i32;
 	if (t->elem == K_OTHER || elems[t->elem].is_float != float_input)
@@ -409,33 +409,9 @@ static void check_input(planrt_dataset_t d, tensor_t *t, const char *name, planr
 
 /* ------------------------------------------------------------------ loading */
 
-/* a token file's labels against the classes of the cross-entropy they feed (once) */
-static int tokens_checked;
-
-void planrt_load_data(planrt_ctx_t *ctx, void *dst, int input, const char *name, planrt_dtype_t t, int rank,
-		      const int64_t *gdims, const int64_t *ldims, const int64_t *offs, int64_t classes)
+void planrt_dataset_load_(planrt_dataset_t d, const planrt_ctx_t *ctx, void *dst, const char *name, planrt_dtype_t t,
+			  int rank, const int64_t *gdims, const int64_t *ldims, const int64_t *offs, int64_t classes)
 {
-	planrt_dataset_t d = planrt_data_set(ctx->data);
-	char a[128];
-	if (!d) { /* token windows: tokens (0) and targets (1), i32 [B, S] */
-		if (input > 1 || t != planrt_i32 || rank != 2)
-			planrt_fatal("the data is a token file: it gives token windows (tokens, then targets, i32 [B, S]), "
-				     "but input '%s' is %s %s; pass a data set whose tensors are named after the inputs (a "
-				     ".safetensors file or a directory of NAME.npy files)",
-				     name, t == planrt_i32 ? "i32" : "float", shape_text(rank, gdims, a, sizeof a));
-		if (classes > 0 && !tokens_checked) {
-			tokens_checked = 1;
-			int64_t pos = 0;
-			int32_t bad = 0;
-			if (planrt_data_check_tokens_(ctx->data, classes, &pos, &bad))
-				planrt_fatal("the data's token %d at offset %lld is a target (input '%s'), a label of a "
-					     "cross_entropy over %lld classes, outside [0, %lld); fix the data or the model's "
-					     "number of classes",
-					     bad, (long long)pos, name, (long long)classes, (long long)classes);
-		}
-		planrt_load_input(ctx, dst, input, offs[0], ldims[0], offs[1], ldims[1]);
-		return;
-	}
 	tensor_t *x = (tensor_t *)find(d, name);
 	if (!x) {
 		char names[512];

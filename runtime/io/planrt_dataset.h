@@ -26,6 +26,13 @@ int planrt_dataset_path(const char *path);
 planrt_result_t planrt_dataset_open(const char *path, planrt_dataset_t *out);
 void planrt_dataset_close(planrt_dataset_t d);
 int64_t planrt_dataset_samples(planrt_dataset_t d);
+/* The load_input kernel's work for a data set (input.c dispatches): the rows [offs[0], +ldims[0])
+ * of the step's global batch of input name into dst, each sample's block at offs[1..]; the
+ * tensor is checked against the input (and labels against classes > 0) the first time. */
+void planrt_dataset_load_(planrt_dataset_t d, const planrt_ctx_t *ctx, void *dst, const char *name, planrt_dtype_t t,
+			  int rank, const int64_t *gdims, const int64_t *ldims, const int64_t *offs, int64_t classes);
+/* "[B, S]": a shape for messages */
+const char *planrt_shape_text_(int rank, const int64_t *dims, char *buf, size_t n);
 /* the data set of a --data file opened by planrt_data_open, or NULL for token data (data.c) */
 planrt_dataset_t planrt_data_set(planrt_data_t d);
 /* token data: the first target token (any token but the first) at or above classes, 1 if any */
