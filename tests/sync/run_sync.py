@@ -26,7 +26,7 @@ import subprocess
 import sys
 import tempfile
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "equiv"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
 import comm_bytes  # noqa: E402
 
 planc, root = sys.argv[1], sys.argv[2]

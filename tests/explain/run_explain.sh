@@ -1,0 +1,38 @@
+#!/bin/sh
+# Golden tests for `planc explain`: every plan of every example, text and JSON, against
+# tests/explain/golden/FILE.PLAN.{txt,json}. Run from the repository root.
+# usage: tests/explain/run_explain.sh PLANC [--update]
+planc=$1
+update=$2
+pass=0
+fail=0
+dir=tests/explain/golden
+mkdir -p "$dir"
+for file in examples/*.plan; do
+	base=$(basename "$file" .plan)
+	for plan in $(sed -n 's/^plan \([A-Za-z0-9_]*\) .*/\1/p' "$file"); do
+		for kind in txt json; do
+			want="$dir/$base.$plan.$kind"
+			got=$(mktemp)
+			if [ "$kind" = json ]; then
+				"$planc" explain "$file" --plan "$plan" --json >"$got" 2>&1
+			else
+				"$planc" explain "$file" --plan "$plan" >"$got" 2>&1
+			fi
+			rc=$?
+			if [ "$update" = --update ]; then
+				cp "$got" "$want"
+			fi
+			if [ $rc -eq 0 ] && [ -f "$want" ] && cmp -s "$got" "$want"; then
+				pass=$((pass + 1))
+			else
+				fail=$((fail + 1))
+				echo "FAIL: $file --plan $plan ($kind, exit $rc)"
+				[ -f "$want" ] && diff "$want" "$got" | head -20
+			fi
+			rm -f "$got"
+		done
+	done
+done
+echo "explain goldens: $pass passed, $fail failed"
+[ $fail -eq 0 ]
