@@ -2,6 +2,12 @@
 # Every test runs from the repository root so diagnostics print repository-relative paths.
 set(PLANC $<TARGET_FILE:planc>)
 set(ROOT ${CMAKE_SOURCE_DIR})
+# mpirun as root with more ranks than cores, over shared memory, one thread per rank: the same as
+# tests/lib/harness.py's MPI_ENV and harness.sh (the runners set it themselves; these are for the
+# C tests ctest starts under mpirun). Each test adds its PLANRT_WATCHDOG.
+set(TEST_MPI_ENV OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+    OMPI_MCA_plm=isolated OMPI_MCA_btl=self,vader OMPI_MCA_btl_vader_single_copy_mechanism=none
+    OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1)
 # planc build's C compiler in the tests that build programs: mpicc with a cache of its outputs in
 # the build directory, so a plan built with the same flags by several tests compiles once
 # (tests/lib/cc_cache.sh)
@@ -50,14 +56,19 @@ target_link_libraries(scale_test_check PRIVATE planc_core)
 add_test(NAME scale_check COMMAND scale_test_check WORKING_DIRECTORY ${ROOT})
 add_test(NAME explain_svg COMMAND python3 ${ROOT}/tests/explain/check_svg.py ${PLANC} ${ROOT} WORKING_DIRECTORY ${ROOT})
 # a generated program's operability (issue 12, runtime): sharded checkpoints resumed bit for bit,
-# kill -9 inside a save, resharding between plans, --keep, NaN stops, refused arguments and
-# paths, every survivor explaining a killed rank (tests/checkpoint)
-add_test(NAME ops COMMAND python3 ${ROOT}/tests/checkpoint/run_ops.py ${PLANC} ${ROOT} WORKING_DIRECTORY ${ROOT})
-set_tests_properties(ops PROPERTIES TIMEOUT 900 ENVIRONMENT "${CC_CACHE_ENV}")
+# kill -9 inside a save, resharding between plans, --keep (tests/checkpoint); fp16 loss scaling
+# (tests/fp16); NaN stops, refused arguments and paths, every survivor explaining a killed rank
+# (tests/program)
+add_test(NAME checkpoint COMMAND python3 ${ROOT}/tests/checkpoint/run_checkpoint.py ${PLANC} ${ROOT} WORKING_DIRECTORY ${ROOT})
+set_tests_properties(checkpoint PROPERTIES TIMEOUT 900 ENVIRONMENT "${CC_CACHE_ENV}")
+add_test(NAME fp16 COMMAND python3 ${ROOT}/tests/fp16/run_fp16.py ${PLANC} ${ROOT} WORKING_DIRECTORY ${ROOT})
+set_tests_properties(fp16 PROPERTIES TIMEOUT 600 ENVIRONMENT "${CC_CACHE_ENV}")
+add_test(NAME program_failures COMMAND python3 ${ROOT}/tests/program/run_failures.py ${PLANC} ${ROOT} WORKING_DIRECTORY ${ROOT})
+set_tests_properties(program_failures PROPERTIES TIMEOUT 600 ENVIRONMENT "${CC_CACHE_ENV}")
 # watching a run: --trace (nesting, bytes against the comm counters), --eval-every (the same held-out
 # loss under every plan, training untouched), the TensorBoard converter, the tcp transport
-add_test(NAME ops_observe COMMAND python3 ${ROOT}/tests/observe/run_observe.py ${PLANC} ${ROOT} WORKING_DIRECTORY ${ROOT})
-set_tests_properties(ops_observe PROPERTIES TIMEOUT 600 ENVIRONMENT "${CC_CACHE_ENV}")
+add_test(NAME observe COMMAND python3 ${ROOT}/tests/observe/run_observe.py ${PLANC} ${ROOT} WORKING_DIRECTORY ${ROOT})
+set_tests_properties(observe PROPERTIES TIMEOUT 600 ENVIRONMENT "${CC_CACHE_ENV}")
 # The CUDA target (issue 7). On a CPU: the stream/event schedule as data (its orderings: buckets
 # under the backward, ZeRO-3 gathers prefetched, pipeline transfers beside compute) and the arena
 # the device allocates; with the CUDA toolkit (planrt_cuda built): every example plan built for
@@ -73,7 +84,7 @@ target_link_libraries(cuda_test_sync_math PRIVATE planrt m)
 add_test(NAME cuda_sync_math
          COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 4 ${MPIEXEC_PREFLAGS}
                  $<TARGET_FILE:cuda_test_sync_math> ${MPIEXEC_POSTFLAGS})
-set_tests_properties(cuda_sync_math PROPERTIES TIMEOUT 120 ENVIRONMENT "${RUNTIME_MPI_ENV};PLANRT_WATCHDOG=60")
+set_tests_properties(cuda_sync_math PROPERTIES TIMEOUT 120 ENVIRONMENT "${TEST_MPI_ENV};PLANRT_WATCHDOG=60")
 # the MoE kernels' per-token, per-expert and per-element logic (runtime/cuda/planrt_moe_math.h, which
 # moe_cuda.cu runs on the device) run on the CPU against the CPU kernels, bit for bit
 add_executable(cuda_test_moe_math ${ROOT}/tests/cuda/test_moe_math.c)

@@ -6,24 +6,7 @@
 # features that planc build does not execute yet are refused by name instead of ignored.
 # usage: tests/cli/run_cli.sh PLANC (from the repository root)
 planc=$1
-pass=0
-fail=0
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-
-expect() { # expect NAME WANT_STATUS GREP_PATTERN -- command...
-	name=$1 want=$2 pattern=$3
-	shift 4
-	"$@" >"$tmp/out" 2>&1
-	got=$?
-	if [ "$got" -eq "$want" ] && { [ -z "$pattern" ] || grep -q -- "$pattern" "$tmp/out"; }; then
-		pass=$((pass + 1))
-	else
-		fail=$((fail + 1))
-		echo "FAIL: $name (exit $got, want $want; pattern '$pattern')"
-		head -5 "$tmp/out"
-	fi
-}
+. "$(dirname "$0")/../lib/harness.sh"
 
 for f in examples/*.plan; do
 	expect "check $f" 0 "" -- "$planc" check "$f"
@@ -45,7 +28,7 @@ expect "build needs -o" 2 "'build' needs -o PATH" -- "$planc" build examples/gpt
 expect "build refuses offload to host" 1 "the CPU target has none to free" -- "$planc" build examples/gpt.plan --plan zero3_offload -o "$tmp/off"
 expect "build experts" 0 "" -- "$planc" build examples/moe.plan --plan ep2 -o "$tmp/ep2"
 expect "emit cuda moe" 0 "" -- "$planc" emit cuda examples/moe.plan --plan mixtral_ep2 -o "$tmp/moe_cuda_src"
-if grep -q "planrt_cu_moe_exchange(" "$tmp/moe_cuda_src/prog.c" && grep -q "planrt_cu_k_moe_route_f32(" "$tmp/moe_cuda_src/prog.c"; then pass=$((pass + 1)); else fail=$((fail + 1)); echo "FAIL: the CUDA mixtral_ep2 program does not route and exchange on the device"; fi
+if grep -q "planrt_cu_moe_exchange(" "$tmp/moe_cuda_src/prog.c" && grep -q "planrt_cu_k_moe_route_f32(" "$tmp/moe_cuda_src/prog.c"; then ok; else bad "the CUDA mixtral_ep2 program does not route and exchange on the device"; fi
 expect "emit cuda top_k 32" 0 "" -- "$planc" emit cuda tests/cuda/moe_top_k.plan --plan top32 -o "$tmp/top32"
 expect "emit cuda refuses top_k 33" 1 "moe_top_k.plan:9:11: error: planc build --target cuda routes a token to at most 32 experts (top_k = 33)" -- "$planc" emit cuda tests/cuda/moe_top_k.plan --plan top33 -o "$tmp/top33"
 expect "expert_parallel finds experts by any name" 0 "layers.1.sparse_ffn: 4 experts, top 1" -- "$planc" explain tests/equiv/moe_names.plan --plan ep2
@@ -58,10 +41,10 @@ expect "build llvm refuses offload to host" 1 "the CPU target has none to free" 
 expect "bad backend" 2 "--backend takes 'c' or 'llvm'" -- "$planc" build examples/gpt.plan --backend gcc -o "$tmp/x"
 expect "backend is for build" 2 "--backend applies to 'build'" -- "$planc" check examples/gpt.plan --backend llvm
 expect "emit llvm" 0 "" -- "$planc" emit llvm examples/mlp.plan --plan dp2 -o "$tmp/emit_ll"
-if grep -q "call void @planrt_allreduce_inplace(i8\* %grad_bucket" "$tmp/emit_ll/prog.ll"; then pass=$((pass + 1)); else fail=$((fail + 1)); echo "FAIL: emitted LLVM dp2 program has no gradient bucket"; fi
+if grep -q "call void @planrt_allreduce_inplace(i8\* %grad_bucket" "$tmp/emit_ll/prog.ll"; then ok; else bad "emitted LLVM dp2 program has no gradient bucket"; fi
 expect "dump-after=emit llvm" 0 "define i32 @main(i32 %0, i8\*\* %1)" -- "$planc" emit llvm examples/mlp.plan --plan dp2 -o "$tmp/emit_ll2" --dump-after=emit
 expect "emit c" 0 "" -- "$planc" emit c examples/mlp.plan --plan dp2 -o "$tmp/emit"
-if grep -q "planrt_allreduce_inplace(grad_bucket" "$tmp/emit/prog.c"; then pass=$((pass + 1)); else fail=$((fail + 1)); echo "FAIL: emitted dp2 program has no gradient bucket"; fi
+if grep -q "planrt_allreduce_inplace(grad_bucket" "$tmp/emit/prog.c"; then ok; else bad "emitted dp2 program has no gradient bucket"; fi
 expect "emit unknown target" 2 "emit supports the targets c, llvm, ptx and cuda" -- "$planc" emit wasm examples/mlp.plan --plan dp2 -o "$tmp/x"
 for pass_name in graph pipeline autodiff shard recompute zero sync lower state overlap offload_params offload_activations memplan check streams; do
 	expect "dump-after=$pass_name" 0 "IR after $pass_name" -- "$planc" check examples/gpt.plan --plan gpt_3d --dump-after=$pass_name
@@ -73,7 +56,7 @@ expect "explain json" 0 '"model_flops_per_step"' -- "$planc" explain examples/gp
 cp examples/mlp.plan "$tmp/w.plan"
 "$planc" fmt "$tmp/w.plan" >"$tmp/expected"
 expect "fmt -w" 0 "" -- "$planc" fmt -w "$tmp/w.plan"
-if cmp -s "$tmp/w.plan" "$tmp/expected"; then pass=$((pass + 1)); else fail=$((fail + 1)); echo "FAIL: fmt -w result"; fi
+if cmp -s "$tmp/w.plan" "$tmp/expected"; then ok; else bad "fmt -w result"; fi
 
 # ---- hostile inputs and outputs (issue 12): refused before any work, nothing left behind
 : >"$tmp/empty.plan"
@@ -84,7 +67,7 @@ mkfifo "$tmp/fifo.plan"
 expect "FIFO as the plan" 1 "is a FIFO, not a regular file" -- timeout 10 "$planc" check "$tmp/fifo.plan"
 cp examples/mlp.plan "$tmp/src.plan"
 expect "build -o the plan itself" 1 "is the plan file" -- "$planc" build "$tmp/src.plan" --plan dp2 -o "$tmp/src.plan"
-if cmp -s "$tmp/src.plan" examples/mlp.plan; then pass=$((pass + 1)); else fail=$((fail + 1)); echo "FAIL: build -o overwrote the plan"; fi
+if cmp -s "$tmp/src.plan" examples/mlp.plan; then ok; else bad "build -o overwrote the plan"; fi
 ln "$tmp/src.plan" "$tmp/hardlink"
 expect "build -o a hard link to the plan" 1 "is the plan file" -- "$planc" build "$tmp/src.plan" --plan dp2 -o "$tmp/hardlink"
 ln -s "$PWD/stdlib/nn.plan" "$tmp/nn-link"
@@ -99,10 +82,10 @@ mkdir "$tmp/tmpdir"
 printf '#!/bin/sh\necho "$@" >"%s/cc-args"\nexit 3\n' "$tmp" >"$tmp/failing-cc"
 chmod +x "$tmp/failing-cc"
 expect "failed build" 1 "compiling the generated program failed" -- env TMPDIR="$tmp/tmpdir" PLANC_MPICC="$tmp/failing-cc" "$planc" build examples/mlp.plan --plan dp2 -o "$tmp/prog"
-if [ -z "$(ls -A "$tmp/tmpdir")" ]; then pass=$((pass + 1)); else fail=$((fail + 1)); echo "FAIL: a failed build left $(ls "$tmp/tmpdir")"; fi
-if ! grep -q -- "-march=native" "$tmp/cc-args"; then pass=$((pass + 1)); else fail=$((fail + 1)); echo "FAIL: build compiles for the build CPU by default: $(cat "$tmp/cc-args")"; fi
+if [ -z "$(ls -A "$tmp/tmpdir")" ]; then ok; else bad "a failed build left $(ls "$tmp/tmpdir")"; fi
+if ! grep -q -- "-march=native" "$tmp/cc-args"; then ok; else bad "build compiles for the build CPU by default: $(cat "$tmp/cc-args")"; fi
 expect "failed --native build" 1 "compiling the generated program failed" -- env TMPDIR="$tmp/tmpdir" PLANC_MPICC="$tmp/failing-cc" "$planc" build examples/mlp.plan --plan dp2 -o "$tmp/prog" --native
-if grep -q -- "-march=native" "$tmp/cc-args"; then pass=$((pass + 1)); else fail=$((fail + 1)); echo "FAIL: --native does not compile for the build CPU: $(cat "$tmp/cc-args")"; fi
+if grep -q -- "-march=native" "$tmp/cc-args"; then ok; else bad "--native does not compile for the build CPU: $(cat "$tmp/cc-args")"; fi
 # integers are exact 64-bit values: 2^53 + 1 is not rounded to 2^53
 sed 's/^model mlp(V = 256,/model mlp(V = 256, N = 9007199254740993,/; s/^  input tokens : i32\[B, S\]/  param big : f32[N] ~ zeros\n&/' examples/mlp.plan >"$tmp/exact.plan"
 expect "integer literal above 2^53 stays exact" 0 "f32\[N=9007199254740993\]" -- "$planc" check "$tmp/exact.plan" --plan single --dump-after=graph
@@ -123,9 +106,7 @@ printf '%s\n' 'model m(V = 64, S = 8, D = 16) {' '  input tokens : i32[B, S]' ' 
 	'plan b for m {' '  mesh data = 1' '  batch B = 8' '}' 'plan c for m {' '  mesh data = 1' '  batch B = 16' '}' \
 	>"$tmp/model_error.plan"
 "$planc" check "$tmp/model_error.plan" >"$tmp/out" 2>&1
-if [ "$(grep -c 'error:' "$tmp/out")" -eq 1 ]; then pass=$((pass + 1)); else
-	fail=$((fail + 1))
-	echo "FAIL: a model error shared by 3 plans is printed $(grep -c 'error:' "$tmp/out") times, want once"
+if [ "$(grep -c 'error:' "$tmp/out")" -eq 1 ]; then ok; else
+	bad "a model error shared by 3 plans is printed $(grep -c 'error:' "$tmp/out") times, want once"
 fi
-echo "cli: $pass passed, $fail failed"
-[ "$fail" -eq 0 ]
+finish cli

@@ -4,8 +4,7 @@
 # usage: tests/explain/run_explain.sh PLANC [--update]
 planc=$1
 update=$2
-pass=0
-fail=0
+. "$(dirname "$0")/../lib/harness.sh"
 dir=tests/explain/golden
 mkdir -p "$dir"
 for file in examples/*.plan; do
@@ -13,7 +12,7 @@ for file in examples/*.plan; do
 	for plan in $(sed -n 's/^plan \([A-Za-z0-9_]*\) .*/\1/p' "$file"); do
 		for kind in txt json; do
 			want="$dir/$base.$plan.$kind"
-			got=$(mktemp)
+			got=$tmp/got
 			if [ "$kind" = json ]; then
 				"$planc" explain "$file" --plan "$plan" --json >"$got" 2>&1
 			else
@@ -24,15 +23,12 @@ for file in examples/*.plan; do
 				cp "$got" "$want"
 			fi
 			if [ $rc -eq 0 ] && [ -f "$want" ] && cmp -s "$got" "$want"; then
-				pass=$((pass + 1))
+				ok
 			else
-				fail=$((fail + 1))
-				echo "FAIL: $file --plan $plan ($kind, exit $rc)"
+				bad "$file --plan $plan ($kind, exit $rc)"
 				[ -f "$want" ] && diff "$want" "$got" | head -20
 			fi
-			rm -f "$got"
 		done
 	done
 done
-echo "explain goldens: $pass passed, $fail failed"
-[ $fail -eq 0 ]
+finish "explain goldens"

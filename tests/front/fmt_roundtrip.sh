@@ -8,10 +8,7 @@ if [ $# -lt 1 ]; then
 fi
 planc=$1
 shift
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/fmt_roundtrip.XXXXXX") || exit 2
-trap 'rm -rf "$tmp"' EXIT INT TERM
-pass=0
-fail=0
+. "$(dirname "$0")/../lib/harness.sh"
 for f in "$@"; do
 	why=
 	if ! "$planc" fmt "$f" >"$tmp/once.plan" 2>"$tmp/err"; then
@@ -22,12 +19,9 @@ for f in "$@"; do
 		why="not idempotent: $(diff "$tmp/once.plan" "$tmp/twice.plan" | head -n 3 | tr '\n' ' ')"
 	fi
 	if [ -z "$why" ]; then
-		echo "PASS $f"
-		pass=$((pass + 1))
+		ok "$f"
 	else
-		echo "FAIL $f: $why"
-		fail=$((fail + 1))
+		bad "$f: $why"
 	fi
 done
-echo "$pass passed, $fail failed"
-[ "$fail" -eq 0 ]
+finish "fmt round trip"

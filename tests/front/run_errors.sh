@@ -33,12 +33,9 @@ if [ ! -x "$planc" ]; then
 	exit 2
 fi
 
+. "$root/tests/lib/harness.sh"
 cd "$root" || exit 2
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/planc-errors.XXXXXX") || exit 2
-trap 'rm -rf "$tmp"' EXIT INT TERM
 
-pass=0
-fail=0
 for plan in tests/front/errors/*.plan; do
 	[ -e "$plan" ] || continue
 	name=${plan%.plan}
@@ -57,18 +54,14 @@ for plan in tests/front/errors/*.plan; do
 		why="diagnostics differ from $expected"
 	fi
 	if [ -z "$why" ]; then
-		echo "PASS $plan"
-		pass=$((pass + 1))
+		ok "$plan"
 	else
-		echo "FAIL $plan: $why"
+		bad "$plan: $why"
 		if [ -f "$expected" ]; then
 			diff -u "$expected" "$tmp/stderr" | sed 's/^/    /'
 		else
 			sed 's/^/    /' "$tmp/stderr"
 		fi
-		fail=$((fail + 1))
 	fi
 done
-
-echo "$pass passed, $fail failed"
-[ "$fail" -eq 0 ]
+finish errors

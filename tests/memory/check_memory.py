@@ -18,26 +18,23 @@
 Prints PASS/FAIL per check and 'N passed, M failed'.
 usage: check_memory.py PLANC REPO_ROOT
 """
-import json
 import os
 import re
-import subprocess
 import sys
-import tempfile
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
 import harness  # noqa: E402  (tests/lib/harness.py)
 
 planc, root = sys.argv[1], sys.argv[2]
 env = harness.mpi_env(PLANRT_REPORT_MEMORY="1")
-work = tempfile.mkdtemp(prefix="planc-memory-")
+work = harness.workdir("memory")
 KINDS = ["param", "grad", "optim", "master", "buffer", "metric", "offload"]
 LINE = re.compile(r"planrt: rank (\d+): memory arena_high_water=(\d+) arena_planned=(\d+) state=(\d+) peak_rss=\d+ "
                   r"stage=(\d+) param=(\d+) grad=(\d+) optim=(\d+) master=(\d+) buffer=(\d+) metric=(\d+) "
                   r"offload=(\d+)")
 
 
-tally = harness.Tally()
+tally = harness.Tally("memory")
 check = tally.check
 
 
@@ -47,11 +44,10 @@ def explain(src, plan):
 
 def measure(src, plan, world, steps=2):
     prog = f"{work}/{os.path.basename(src)}_{plan}"
-    b = subprocess.run([planc, "build", src, "--plan", plan, "-o", prog, "--verify-ir", "--native"], capture_output=True, text=True)
-    if b.returncode:
-        return None, f"planc build failed: {b.stderr.strip()[:300]}"
-    r = subprocess.run(["mpirun", "-np", str(world), prog, "--steps", str(steps), "--data", f"{root}/data/corpus.txt"],
-                       capture_output=True, text=True, env=env, timeout=600)
+    err = harness.build(planc, src, plan, prog, "--verify-ir", "--native")
+    if err:
+        return None, err
+    r = harness.mpirun(world, [prog, "--steps", str(steps), "--data", f"{root}/data/corpus.txt"], env, timeout=600)
     ranks = {}
     for m in LINE.finditer(r.stderr):
         v = [int(x) for x in m.groups()]

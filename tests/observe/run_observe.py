@@ -27,57 +27,25 @@ usage: run_observe.py PLANC REPO_ROOT
 import collections
 import json
 import os
-import shutil
 import struct
 import subprocess
 import sys
-import tempfile
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
+import harness  # noqa: E402  (tests/lib/harness.py)
 
 planc, root = sys.argv[1], sys.argv[2]
-env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-           OMPI_MCA_rmaps_base_oversubscribe="1", OMPI_MCA_plm="isolated", OMPI_MCA_btl="self,vader",
-           OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", PLANRT_WATCHDOG="60")
 data = f"{root}/data/corpus.txt"
-work = tempfile.mkdtemp(prefix="planc-observe-")
-passed = failed = 0
-WORLD = {}
-
-
-def check(name, ok, detail=""):
-    global passed, failed
-    print(f"{'PASS' if ok else 'FAIL'}: {name}{': ' + detail if detail else ''}", flush=True)
-    if ok:
-        passed += 1
-    else:
-        failed += 1
-    return ok
-
-
-def build(model, plan):
-    prog = f"{work}/{model}_{plan}"
-    if not os.path.exists(prog):
-        src = f"{root}/examples/{model}.plan"
-        r = subprocess.run([planc, "build", src, "--plan", plan, "-o", prog, "--native"], capture_output=True, text=True)
-        if r.returncode:
-            raise SystemExit(f"FAIL: planc build {model} {plan}: {r.stderr[-400:]}")
-        out = subprocess.run([planc, "explain", src, "--plan", plan, "--json"], capture_output=True, text=True,
-                             check=True).stdout
-        WORLD[prog] = json.loads(out)["world"]
-    return prog
+work = harness.workdir("observe")
+programs = harness.Programs(planc, root, work)
+build, WORLD = programs.build, programs.world
+tally = harness.Tally("observe")
+check = tally.check
+log_rows, losses = harness.read_log, harness.losses
 
 
 def run(prog, *args, extra_env=None, timeout=180):
-    r = subprocess.run(["mpirun", "-np", str(WORLD[prog]), prog, *args], capture_output=True, text=True,
-                       env=dict(env, **(extra_env or {})), timeout=timeout)
-    return r.returncode, r.stderr
-
-
-def log_rows(path):
-    return [json.loads(line) for line in open(path) if line.strip()]
-
-
-def losses(path):
-    return {x["step"]: x["loss"] for x in log_rows(path) if "loss" in x}
+    return programs.run(prog, *args, extra_env=extra_env, timeout=timeout)
 
 
 # ------------------------------------------------------------------ trace
@@ -320,6 +288,4 @@ for model, plan in [("mlp", "dp2"), ("gpt", "pp2")]:
     a, b = f"{work}/{plan}_vader.st", f"{work}/{plan}_tcp.st"
     check(f"tcp {model} {plan}: the final weights equal", os.path.exists(b) and open(a, "rb").read() == open(b, "rb").read())
 
-shutil.rmtree(work, ignore_errors=True)
-print(f"{passed} passed, {failed} failed")
-sys.exit(1 if failed else 0)
+tally.finish()

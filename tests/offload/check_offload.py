@@ -23,12 +23,10 @@ same plan without the offload line (the independent reference: the optimizer sta
 Prints PASS/FAIL per check and 'N passed, M failed'.
 usage: check_offload.py PLANC REPO_ROOT
 """
-import json
 import os
 import re
-import subprocess
+import shutil
 import sys
-import tempfile
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
 import harness  # noqa: E402  (tests/lib/harness.py)
@@ -36,7 +34,7 @@ import harness  # noqa: E402  (tests/lib/harness.py)
 planc, root = sys.argv[1], sys.argv[2]
 STEPS = 6
 env = harness.mpi_env(PLANRT_REPORT_MEMORY="1")
-work = tempfile.mkdtemp(prefix="planc-offload-")
+work = harness.workdir("offload")
 env["PLANRT_OFFLOAD_DIR"] = work
 KINDS = ["param", "grad", "optim", "master", "buffer", "metric", "offload"]
 LINE = re.compile(r"planrt: rank (\d+): memory arena_high_water=\d+ arena_planned=(\d+) state=\d+ peak_rss=(\d+) "
@@ -44,7 +42,7 @@ LINE = re.compile(r"planrt: rank (\d+): memory arena_high_water=\d+ arena_planne
                   r"offload=(\d+) disk=(\d+)")
 
 
-tally = harness.Tally()
+tally = harness.Tally("offload")
 check = tally.check
 
 
@@ -53,8 +51,7 @@ def explain(src, plan):
 
 
 def run(prog, world, args):
-    r = subprocess.run(["mpirun", "-np", str(world), prog, "--data", f"{root}/data/corpus.txt"] + args,
-                       capture_output=True, text=True, env=env, timeout=900)
+    r = harness.mpirun(world, [prog, "--data", f"{root}/data/corpus.txt"] + args, env)
     ranks = {}
     for m in LINE.finditer(r.stderr):
         v = [int(x) for x in m.groups()]
@@ -65,7 +62,7 @@ def run(prog, world, args):
 
 
 def losses(path):
-    return [json.loads(line).get("loss") for line in open(path)]
+    return [x.get("loss") for x in harness.read_log(path)]
 
 
 def case(src, plan, memory_check, host=False, resume=True):
@@ -86,9 +83,9 @@ def case(src, plan, memory_check, host=False, resume=True):
     out, measured, rss = {}, {}, {}
     for name, s, d in (("offload", src, d_off), ("plain", plain_src, d_plain)):
         prog = f"{work}/{stem}_{name}"
-        b = subprocess.run([planc, "build", s, "--plan", plan, "-o", prog], capture_output=True, text=True, env=env)
-        if b.returncode:
-            check(tag, False, f"planc build ({name}) failed: {b.stderr.strip()[:300]}")
+        err = harness.build(planc, s, plan, prog, env=env)
+        if err:
+            check(tag, False, f"({name}) {err}")
             return
         ck = f"{work}/{stem}_{name}_ck"
         ranks, err = run(prog, world, ["--steps", str(STEPS), "--log", f"{prog}.jsonl", "--save-every", "3", ck,
@@ -98,7 +95,7 @@ def case(src, plan, memory_check, host=False, resume=True):
             return
         # resume from the step-3 checkpoint: the latest (STEPS) is removed first
         latest = sorted(e for e in os.listdir(ck) if e.startswith("step-"))[-1]
-        subprocess.run(["rm", "-rf", f"{ck}/{latest}"], check=True)
+        shutil.rmtree(f"{ck}/{latest}")
         _, err = run(prog, world, ["--steps", str(STEPS), "--log", f"{prog}_resumed.jsonl", "--resume", ck]) \
             if resume else (None, None)
         if err:
@@ -192,12 +189,11 @@ prog = f"{work}/gpt_zero1_offload_disk_offload"
 if os.path.exists(prog):
     bad_env = dict(env, PLANRT_OFFLOAD_DIR=f"{work}/no/such/dir")
     ck = f"{work}/refused_ck"
-    r = subprocess.run(["mpirun", "-np", "4", prog, "--data", f"{root}/data/corpus.txt", "--steps", "2",
-                        "--save-every", "1", ck], capture_output=True, text=True, env=bad_env, timeout=300)
+    r = harness.mpirun(4, [prog, "--data", f"{root}/data/corpus.txt", "--steps", "2", "--save-every", "1", ck], bad_env,
+                       timeout=300)
     said = [line for line in r.stderr.splitlines() if "cannot create the optimizer state file" in line]
     ok = r.returncode != 0 and said and "PLANRT_OFFLOAD_DIR" in said[0] and not os.path.exists(f"{ck}/step-00000001")
     check("unwritable PLANRT_OFFLOAD_DIR", ok, said[0].strip() if ok else f"exit {r.returncode}: {r.stderr.strip()[-300:]}")
 left = [f for f in os.listdir(work) if f.startswith("planrt-optimizer-")]
 check("state files", not left, "every run's optimizer state file is gone" if not left else f"left behind: {left}")
-subprocess.run(["rm", "-rf", work])
 tally.finish()

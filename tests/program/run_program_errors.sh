@@ -5,28 +5,11 @@
 # must end every rank with a non-zero exit and a one-line cause (no hang: every run has a time limit) and must not leave a partial output file.
 # usage: tests/program/run_program_errors.sh PLANC (from the repository root)
 planc=$1
-pass=0
-fail=0
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
-export OMPI_MCA_plm=isolated OMPI_MCA_btl=self,vader OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+. "$(dirname "$0")/../lib/harness.sh"
 
+# expect_fail runs $PROG: the MLP's first
 "$planc" build examples/mlp.plan --plan dp2 -o "$tmp/prog" || { echo "FAIL: build"; exit 1; }
-
-expect_fail() { # NAME PATTERN NP ARGS... (the program: $prog, default the mlp's)
-	name=$1 pattern=$2 np=$3
-	shift 3
-	timeout 60 mpirun -np "$np" "${prog:-$tmp/prog}" "$@" >"$tmp/out" 2>&1
-	rc=$?
-	if [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q -- "$pattern" "$tmp/out"; then
-		pass=$((pass + 1))
-	else
-		fail=$((fail + 1))
-		echo "FAIL: $name (exit $rc; want a non-zero exit and '$pattern')"
-		grep -v '^\[' "$tmp/out" | head -6
-	fi
-}
+PROG=$tmp/prog
 
 data=data/corpus.txt
 expect_fail "world size" "built for 2 ranks" 3 --steps 1 --data $data
@@ -86,17 +69,16 @@ expect_fail "wrong dtype in --init" "I32" 2 --steps 1 --data $data --init "$tmp/
 expect_fail "missing tensor in --init" "$tensor" 2 --steps 1 --data $data --init "$tmp/missing.safetensors"
 expect_fail "unwritable --save" "no/such/dir" 2 --steps 1 --data $data --save no/such/dir/out.safetensors
 if ls no/such/dir 2>/dev/null || ls "$tmp"/*.tmp* 2>/dev/null; then
-	fail=$((fail + 1))
-	echo "FAIL: a partial output file was left behind"
+	bad "a partial output file was left behind"
 else
-	pass=$((pass + 1))
+	ok
 fi
 # and the good checkpoint loads back: --init then --save gives the same bytes
 timeout 60 mpirun -np 2 "$tmp/prog" --steps 0 --data $data --init "$tmp/good.safetensors" --save "$tmp/again.safetensors" >/dev/null 2>&1
-if cmp -s "$tmp/good.safetensors" "$tmp/again.safetensors"; then pass=$((pass + 1)); else fail=$((fail + 1)); echo "FAIL: --init/--save round trip"; fi
+if cmp -s "$tmp/good.safetensors" "$tmp/again.safetensors"; then ok; else bad "--init/--save round trip"; fi
 # data sets of named tensors (examples/bert.plan: tokens i32 [B, 32], labels i32 [B] over 4 classes)
 "$planc" build examples/bert.plan --plan single -o "$tmp/bert" || { echo "FAIL: build bert"; exit 1; }
-prog=$tmp/bert
+PROG=$tmp/bert
 python3 scripts/classify_data.py $data "$tmp/five.safetensors" 64 32 5
 expect_fail "label outside the classes" "label 4 of 'labels' at \\[" 1 --steps 1 --data "$tmp/five.safetensors"
 python3 scripts/classify_data.py $data "$tmp/short.safetensors" 64 16
@@ -121,13 +103,13 @@ printf '%s\n' 'model tok4(V = 256, S = 16, D = 32, C = 4) {' '  input tokens : i
 	'  loss = cross_entropy(embed(wte, tokens) @ w, targets)' '}' 'plan single for tok4 {' '  mesh data = 1' \
 	'  batch B = 8' '}' >"$tmp/tok4.plan"
 "$planc" build "$tmp/tok4.plan" -o "$tmp/tok4" || { echo "FAIL: build tok4"; exit 1; }
-prog=$tmp/tok4
+PROG=$tmp/tok4
 expect_fail "token targets outside the classes" "a label of a cross_entropy over 4 classes, outside \\[0, 4)" 1 \
 	--steps 1 --data $data
 # --map: checkpoints under Hugging Face's Llama names (examples/llama.plan, stdlib/maps)
 "$planc" build examples/llama.plan --plan single -o "$tmp/llama" || { echo "FAIL: build llama"; exit 1; }
-prog=$tmp/llama
-timeout 60 "$prog" --steps 0 --data $data --save "$tmp/hf.safetensors" --map stdlib/maps/hf_llama.map >/dev/null 2>&1
+PROG=$tmp/llama
+timeout 60 "$PROG" --steps 0 --data $data --save "$tmp/hf.safetensors" --map stdlib/maps/hf_llama.map >/dev/null 2>&1
 expect_fail "Hugging Face file without --map" "pass --map NAMES.map, e.g. stdlib/maps/hf_llama.map" 1 --steps 1 \
 	--data $data --init "$tmp/hf.safetensors"
 expect_fail "missing --map" "cannot open --map 'no/such.map'" 1 --steps 1 --data $data --init "$tmp/hf.safetensors" \
@@ -168,10 +150,8 @@ PY
 expect_fail "--init tensor no parameter reads" "holds 'model.layers.1.self_attn.q_proj.bias', which no parameter" 1 \
 	--steps 1 --data $data --init "$tmp/bias.safetensors" --map stdlib/maps/hf_llama.map
 # and a good one loads (the map's '- ...inv_freq' line leaves that tensor unread) and saves back the same bytes
-timeout 60 "$prog" --steps 0 --data $data --init "$tmp/inv_freq.safetensors" --map stdlib/maps/hf_llama.map \
+timeout 60 "$PROG" --steps 0 --data $data --init "$tmp/inv_freq.safetensors" --map stdlib/maps/hf_llama.map \
 	--save "$tmp/hf_again.safetensors" >"$tmp/out" 2>&1
-if cmp -s "$tmp/hf.safetensors" "$tmp/hf_again.safetensors"; then pass=$((pass + 1)); else
-	fail=$((fail + 1)); echo "FAIL: --init/--save round trip under --map hf_llama.map"; head -3 "$tmp/out"; fi
-prog=
-echo "program errors: $pass passed, $fail failed"
-[ $fail -eq 0 ]
+if cmp -s "$tmp/hf.safetensors" "$tmp/hf_again.safetensors"; then ok; else
+	bad "--init/--save round trip under --map hf_llama.map"; show_output; fi
+finish "program errors"

@@ -41,7 +41,9 @@ import os
 import struct
 import subprocess
 import sys
-import tempfile
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
+import harness  # noqa: E402  (tests/lib/harness.py)
 
 try:
     import torch
@@ -55,10 +57,9 @@ planc, root = sys.argv[1], sys.argv[2]
 steps = int(sys.argv[3]) if len(sys.argv) > 3 else 20
 models = sys.argv[4:] or ["gpt", "llama", "bert", "ops", "moe", "finetune"]
 SEED = 1234
-env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-           OMPI_MCA_plm="isolated", OMPI_MCA_rmaps_base_oversubscribe="1", OMPI_MCA_btl="self,vader", OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+env = harness.mpi_env()
 torch.set_num_threads(1)
-work = tempfile.mkdtemp(prefix="planc-torch-")
+work = harness.workdir("torch")
 
 
 def philox(seed, key, counter):
@@ -84,17 +85,11 @@ def batch(data, step, B, S):
 
 
 def read_safetensors(path):
-    blob = open(path, "rb").read()
-    (n,) = struct.unpack("<Q", blob[:8])
-    header = json.loads(blob[8:8 + n])
+    """a safetensors file's F32 and I32 tensors as torch tensors"""
     out = {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        lo, hi = info["data_offsets"]
-        kind = {"F32": ("f", torch.float32), "I32": ("i", torch.long)}[info["dtype"]]
-        vals = struct.unpack(f"<{(hi - lo) // 4}{kind[0]}", blob[8 + n + lo:8 + n + hi])
-        out[name] = torch.tensor(vals, dtype=kind[1]).reshape(info["shape"])
+    for name, (dtype, shape, raw) in harness.read_safetensors(path).items():
+        kind = {"F32": ("f", torch.float32), "I32": ("i", torch.long)}[dtype]
+        out[name] = torch.tensor(struct.unpack(f"<{len(raw) // 4}{kind[0]}", raw), dtype=kind[1]).reshape(shape)
     return out
 
 
@@ -140,7 +135,7 @@ def train_program(prog, init, extra=(), data=None, np=1):
     subprocess.run([*launch, prog, "--steps", str(steps), "--data", data or corpus, "--init", f"{work}/init.safetensors",
                     "--log", log, "--save", final, *extra], check=True, env=env, capture_output=True)
     global last_log
-    last_log = [json.loads(line) for line in open(log)]
+    last_log = harness.read_log(log)
     return [x["loss"] for x in last_log], read_safetensors(final)
 
 
@@ -162,30 +157,27 @@ def train_torch(init, step_loss, adamw, clip=1.0, trained=None):
 
 
 def report(what, planc_losses, torch_losses, final, w):
-    global passed, failed
     worst = max(abs(a - b) / abs(b) for a, b in zip(planc_losses, torch_losses))
     wworst = max((final[k] - w[k].detach()).abs().max().item() for k in w)
     ok = len(planc_losses) == steps and worst <= 1e-5 and wworst <= 1e-4
-    print(f"{'PASS' if ok else 'FAIL'}: {what} trained by planc vs PyTorch {torch.__version__} from PyTorch's weights: "
+    check(f"{what} trained by planc vs PyTorch {torch.__version__} from PyTorch's weights", ok,
           f"{steps} steps, losses {planc_losses[0]:.6f} -> {planc_losses[-1]:.6f}, worst relative difference "
-          f"{worst:.2e} (tolerance 1e-5); final weights differ by at most {wworst:.2e} (tolerance 1e-4)", flush=True)
-    passed, failed = passed + ok, failed + (not ok)
+          f"{worst:.2e} (tolerance 1e-5); final weights differ by at most {wworst:.2e} (tolerance 1e-4)")
 
 
-def check(what, ok, detail):
-    global passed, failed
-    print(f"{'PASS' if ok else 'FAIL'}: {what}{': ' + detail if detail else ''}", flush=True)
-    passed, failed = passed + bool(ok), failed + (not ok)
+tally = harness.Tally("torch reference")
+check = tally.check
 
 
 corpus = f"{root}/data/corpus.txt"
 data = list(open(corpus, "rb").read())
-passed = failed = 0
 
 
 def build(plan_file, plan):
     prog = f"{work}/{os.path.basename(plan_file)[:-5]}_{plan}"
-    subprocess.run([planc, "build", plan_file, "--plan", plan, "-o", prog], check=True)
+    err = harness.build(planc, plan_file, plan, prog)
+    if err:
+        raise SystemExit(f"FAIL: {err}")
     return prog
 
 
@@ -495,14 +487,10 @@ def run_moe():
                          for t in range(steps)]
         bad = [t for t in range(steps) if planc_routing[t] != torch_routing[t]]
         check_routing = not bad and (mixtral or dropped > 0)
-        print(f"{'PASS' if check_routing else 'FAIL'}: {plan} routing metrics (moe_dropped, moe_load) of "
-              f"{steps} log lines " + (f"equal to torch's: {dropped} pairs dropped, loads of step 0 "
-                                       f"{torch_routing[0][1]}" if not bad else
-                                       f"differ from step {bad[0]}: planc {planc_routing[bad[0]]}, torch "
-                                       f"{torch_routing[bad[0]]}") +
-              ("" if mixtral or dropped else "; the capacity case dropped no pair: it tests nothing"), flush=True)
-        global passed, failed
-        passed, failed = passed + check_routing, failed + (not check_routing)
+        check(f"{plan} routing metrics (moe_dropped, moe_load) of {steps} log lines", check_routing,
+              (f"equal to torch's: {dropped} pairs dropped, loads of step 0 {torch_routing[0][1]}" if not bad else
+               f"differ from step {bad[0]}: planc {planc_routing[bad[0]]}, torch {torch_routing[bad[0]]}") +
+              ("" if mixtral or dropped else "; the capacity case dropped no pair: it tests nothing"))
 
 
 def run_bert():
@@ -562,13 +550,10 @@ def run_finetune():
                                   clip=0, trained=trained)
     report("fine-tuning with buffers (tests/equiv/finetune.plan: RoPE tables computed at init, wte frozen)",
            planc_losses, torch_losses, final, w)
-    global passed, failed
     same = all(torch.equal(final[k], init[k]) for k in ("wte", "scale"))
-    print(f"{'PASS' if same else 'FAIL'}: the frozen wte and the buffer scale end bit for bit as they began", flush=True)
-    passed, failed = passed + same, failed + (not same)
+    check("the frozen wte and the buffer scale end bit for bit as they began", same)
 
 
 for m in models:
     {"gpt": run_gpt, "llama": run_llama, "ops": run_ops, "bert": run_bert, "moe": run_moe, "finetune": run_finetune}[m]()
-print(f"{passed} passed, {failed} failed")
-sys.exit(0 if failed == 0 else 1)
+tally.finish()
