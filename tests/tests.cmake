@@ -2,20 +2,26 @@
 # Every test runs from the repository root so diagnostics print repository-relative paths.
 set(PLANC $<TARGET_FILE:planc>)
 set(ROOT ${CMAKE_SOURCE_DIR})
+# mpirun as root with more ranks than cores, over shared memory, one thread per rank: the same as
+# tests/lib/harness.py's MPI_ENV and harness.sh (the runners set it themselves; these are for the
+# C tests ctest starts under mpirun). Each test adds its PLANRT_WATCHDOG.
+set(TEST_MPI_ENV OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+    OMPI_MCA_plm=isolated OMPI_MCA_btl=self,vader OMPI_MCA_btl_vader_single_copy_mechanism=none
+    OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1)
 # planc build's C compiler in the tests that build programs: mpicc with a cache of its outputs in
 # the build directory, so a plan built with the same flags by several tests compiles once
-# (tests/cc_cache.sh)
-set(CC_CACHE_ENV "PLANC_MPICC=${ROOT}/tests/cc_cache.sh" "REAL_CC=${MPI_C_COMPILER}"
+# (tests/lib/cc_cache.sh)
+set(CC_CACHE_ENV "PLANC_MPICC=${ROOT}/tests/lib/cc_cache.sh" "REAL_CC=${MPI_C_COMPILER}"
     "PLANC_CC_CACHE=${CMAKE_BINARY_DIR}/cc-cache")
 
-add_test(NAME errors COMMAND sh ${ROOT}/tests/run_errors.sh ${PLANC} WORKING_DIRECTORY ${ROOT})
-add_test(NAME explain_goldens COMMAND sh ${ROOT}/tests/run_explain.sh ${PLANC} WORKING_DIRECTORY ${ROOT})
+add_test(NAME errors COMMAND sh ${ROOT}/tests/front/run_errors.sh ${PLANC} WORKING_DIRECTORY ${ROOT})
+add_test(NAME explain_goldens COMMAND sh ${ROOT}/tests/explain/run_explain.sh ${PLANC} WORKING_DIRECTORY ${ROOT})
 add_test(NAME explain_formulas COMMAND python3 ${ROOT}/tests/explain/check_formulas.py ${PLANC} ${ROOT}
          WORKING_DIRECTORY ${ROOT})
-add_test(NAME cli COMMAND sh ${ROOT}/tests/run_cli.sh ${PLANC} WORKING_DIRECTORY ${ROOT})
-add_test(NAME emit_golden COMMAND sh ${ROOT}/tests/run_emit_golden.sh ${PLANC} WORKING_DIRECTORY ${ROOT})
-file(GLOB FMT_FILES ${ROOT}/examples/*.plan ${ROOT}/stdlib/*.plan ${ROOT}/tests/parse/*.plan)
-add_test(NAME fmt_roundtrip COMMAND sh ${ROOT}/tests/fmt_roundtrip.sh ${PLANC} ${FMT_FILES} WORKING_DIRECTORY ${ROOT})
+add_test(NAME cli COMMAND sh ${ROOT}/tests/cli/run_cli.sh ${PLANC} WORKING_DIRECTORY ${ROOT})
+add_test(NAME emit_golden COMMAND sh ${ROOT}/tests/emit/run_emit_golden.sh ${PLANC} WORKING_DIRECTORY ${ROOT})
+file(GLOB FMT_FILES ${ROOT}/examples/*.plan ${ROOT}/stdlib/*.plan ${ROOT}/tests/front/parse/*.plan)
+add_test(NAME fmt_roundtrip COMMAND sh ${ROOT}/tests/front/fmt_roundtrip.sh ${PLANC} ${FMT_FILES} WORKING_DIRECTORY ${ROOT})
 
 # runtime and kernel unit tests (cmocka, MPI) live beside their sources' tests
 include(${ROOT}/tests/runtime/tests.cmake)
@@ -27,16 +33,16 @@ include(${ROOT}/tests/llvm/tests.cmake)
 # the heart of the suite: every plan trains like the single-rank run (tests/equiv)
 add_test(NAME equiv COMMAND python3 ${ROOT}/tests/equiv/run_equiv.py ${PLANC} ${ROOT} 20 WORKING_DIRECTORY ${ROOT})
 set_tests_properties(equiv PROPERTIES TIMEOUT 1800 ENVIRONMENT "${CC_CACHE_ENV}")
-add_test(NAME program_errors COMMAND sh ${ROOT}/tests/run_program_errors.sh ${PLANC} WORKING_DIRECTORY ${ROOT})
+add_test(NAME program_errors COMMAND sh ${ROOT}/tests/program/run_program_errors.sh ${PLANC} WORKING_DIRECTORY ${ROOT})
 set_tests_properties(program_errors PROPERTIES TIMEOUT 600)
-add_test(NAME memory COMMAND python3 ${ROOT}/tests/equiv/check_memory.py ${PLANC} ${ROOT} WORKING_DIRECTORY ${ROOT})
+add_test(NAME memory COMMAND python3 ${ROOT}/tests/memory/check_memory.py ${PLANC} ${ROOT} WORKING_DIRECTORY ${ROOT})
 set_tests_properties(memory PROPERTIES TIMEOUT 600 ENVIRONMENT "${CC_CACHE_ENV}")
 # offload optimizer -> disk: the same run as without it, and the memory it saves (measured)
-add_test(NAME offload COMMAND python3 ${ROOT}/tests/equiv/check_offload.py ${PLANC} ${ROOT} WORKING_DIRECTORY ${ROOT})
+add_test(NAME offload COMMAND python3 ${ROOT}/tests/offload/check_offload.py ${PLANC} ${ROOT} WORKING_DIRECTORY ${ROOT})
 set_tests_properties(offload PROPERTIES TIMEOUT 900 ENVIRONMENT "${CC_CACHE_ENV}")
 # PyTorch as an independent reference. Without Debian's python3-torch it exits 77, which ctest
 # reports as skipped (scripts/deps.sh installs it, so CI runs it); a skip never reads as a pass.
-add_test(NAME torch_reference COMMAND /usr/bin/python3 ${ROOT}/tests/equiv/torch_reference.py ${PLANC} ${ROOT} 20
+add_test(NAME torch_reference COMMAND /usr/bin/python3 ${ROOT}/tests/torch/torch_reference.py ${PLANC} ${ROOT} 20
          WORKING_DIRECTORY ${ROOT})
 set_tests_properties(torch_reference PROPERTIES SKIP_RETURN_CODE 77 ENVIRONMENT "${CC_CACHE_ENV}")
 add_test(NAME equiv_sweep COMMAND python3 ${ROOT}/tests/equiv/run_sweep.py ${PLANC} ${ROOT} 24 WORKING_DIRECTORY ${ROOT})
@@ -50,14 +56,19 @@ target_link_libraries(scale_test_check PRIVATE planc_core)
 add_test(NAME scale_check COMMAND scale_test_check WORKING_DIRECTORY ${ROOT})
 add_test(NAME explain_svg COMMAND python3 ${ROOT}/tests/explain/check_svg.py ${PLANC} ${ROOT} WORKING_DIRECTORY ${ROOT})
 # a generated program's operability (issue 12, runtime): sharded checkpoints resumed bit for bit,
-# kill -9 inside a save, resharding between plans, --keep, NaN stops, refused arguments and
-# paths, every survivor explaining a killed rank (tests/ops)
-add_test(NAME ops COMMAND python3 ${ROOT}/tests/ops/run_ops.py ${PLANC} ${ROOT} WORKING_DIRECTORY ${ROOT})
-set_tests_properties(ops PROPERTIES TIMEOUT 900 ENVIRONMENT "${CC_CACHE_ENV}")
+# kill -9 inside a save, resharding between plans, --keep (tests/checkpoint); fp16 loss scaling
+# (tests/fp16); NaN stops, refused arguments and paths, every survivor explaining a killed rank
+# (tests/program)
+add_test(NAME checkpoint COMMAND python3 ${ROOT}/tests/checkpoint/run_checkpoint.py ${PLANC} ${ROOT} WORKING_DIRECTORY ${ROOT})
+set_tests_properties(checkpoint PROPERTIES TIMEOUT 900 ENVIRONMENT "${CC_CACHE_ENV}")
+add_test(NAME fp16 COMMAND python3 ${ROOT}/tests/fp16/run_fp16.py ${PLANC} ${ROOT} WORKING_DIRECTORY ${ROOT})
+set_tests_properties(fp16 PROPERTIES TIMEOUT 600 ENVIRONMENT "${CC_CACHE_ENV}")
+add_test(NAME program_failures COMMAND python3 ${ROOT}/tests/program/run_failures.py ${PLANC} ${ROOT} WORKING_DIRECTORY ${ROOT})
+set_tests_properties(program_failures PROPERTIES TIMEOUT 600 ENVIRONMENT "${CC_CACHE_ENV}")
 # watching a run: --trace (nesting, bytes against the comm counters), --eval-every (the same held-out
 # loss under every plan, training untouched), the TensorBoard converter, the tcp transport
-add_test(NAME ops_observe COMMAND python3 ${ROOT}/tests/ops/run_observe.py ${PLANC} ${ROOT} WORKING_DIRECTORY ${ROOT})
-set_tests_properties(ops_observe PROPERTIES TIMEOUT 600 ENVIRONMENT "${CC_CACHE_ENV}")
+add_test(NAME observe COMMAND python3 ${ROOT}/tests/observe/run_observe.py ${PLANC} ${ROOT} WORKING_DIRECTORY ${ROOT})
+set_tests_properties(observe PROPERTIES TIMEOUT 600 ENVIRONMENT "${CC_CACHE_ENV}")
 # The CUDA target (issue 7). On a CPU: the stream/event schedule as data (its orderings: buckets
 # under the backward, ZeRO-3 gathers prefetched, pipeline transfers beside compute) and the arena
 # the device allocates; with the CUDA toolkit (planrt_cuda built): every example plan built for
@@ -73,7 +84,7 @@ target_link_libraries(cuda_test_sync_math PRIVATE planrt m)
 add_test(NAME cuda_sync_math
          COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 4 ${MPIEXEC_PREFLAGS}
                  $<TARGET_FILE:cuda_test_sync_math> ${MPIEXEC_POSTFLAGS})
-set_tests_properties(cuda_sync_math PROPERTIES TIMEOUT 120 ENVIRONMENT "${RUNTIME_MPI_ENV};PLANRT_WATCHDOG=60")
+set_tests_properties(cuda_sync_math PROPERTIES TIMEOUT 120 ENVIRONMENT "${TEST_MPI_ENV};PLANRT_WATCHDOG=60")
 # the MoE kernels' per-token, per-expert and per-element logic (runtime/cuda/planrt_moe_math.h, which
 # moe_cuda.cu runs on the device) run on the CPU against the CPU kernels, bit for bit
 add_executable(cuda_test_moe_math ${ROOT}/tests/cuda/test_moe_math.c)

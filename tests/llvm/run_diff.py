@@ -37,13 +37,13 @@ import os
 import re
 import subprocess
 import sys
-import tempfile
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
+import harness  # noqa: E402  (tests/lib/harness.py)
 
 planc, root = sys.argv[1], sys.argv[2]
 steps = int(sys.argv[3]) if len(sys.argv) > 3 else 4
-env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-           OMPI_MCA_rmaps_base_oversubscribe="1", OMPI_MCA_plm="isolated", OMPI_MCA_btl="self,vader",
-           OMPI_MCA_btl_vader_single_copy_mechanism="none", OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+env = harness.mpi_env()
 # the data each model trains on (data/corpus.txt: token windows; the others are data sets of named
 # tensors)
 DATA = {"bert": "data/classify.safetensors", "tests/equiv/regress": "data/regress"}
@@ -59,7 +59,7 @@ def plan_file(model):
     return f"{root}/{model}.plan" if "/" in model else f"{root}/examples/{model}.plan"
 
 
-work = tempfile.mkdtemp(prefix="planc-llvm-diff-")
+work = harness.workdir("llvm-diff")
 env["PLANRT_OFFLOAD_DIR"] = work  # (the optimizer state files of offload -> disk)
 TOL = 1e-6
 # built with --native too (GELU and its gradient, dropout, bf16 rounding, a pipeline); planc run on
@@ -167,12 +167,11 @@ def train(model, plan, world, tag, command):
     """command: the program's argv before the run options; returns (log lines, saved bytes) or an error."""
     stem = f"{work}/{model.replace('/', '_')}_{plan}_{tag}"
     log, save = f"{stem}.jsonl", f"{stem}.safetensors"
-    r = subprocess.run(["mpirun", "-np", str(world)] + command +
-                       ["--steps", str(steps), "--data", data_of(model), "--log", log, "--save", save],
-                       capture_output=True, text=True, env=env, timeout=600)
+    r = harness.mpirun(world, command + ["--steps", str(steps), "--data", data_of(model), "--log", log, "--save", save],
+                       env, timeout=600)
     if r.returncode != 0:
         return None, f"{tag}: mpirun failed: {r.stderr.strip()[-400:]}"
-    return ([json.loads(line) for line in open(log)], open(save, "rb").read()), None
+    return (harness.read_log(log), open(save, "rb").read()), None
 
 
 def host_offload(model, plan):
@@ -184,10 +183,9 @@ def host_offload(model, plan):
 def build(model, plan, backend, native=False):
     prog = f"{work}/{model.replace('/', '_')}_{plan}_{backend}{'_native' if native else ''}"
     e = dict(env, PLANC_TEST_HOST_OFFLOAD_ON_CPU="1") if host_offload(model, plan) else env
-    b = subprocess.run([planc, "build", plan_file(model), "--plan", plan, "-o", prog,
-                        "--backend", backend, "--verify-ir"] + (["--native"] if native else []),
-                       capture_output=True, text=True, env=e)
-    return prog if b.returncode == 0 else None, b.stderr.strip()[:400]
+    err = harness.build(planc, plan_file(model), plan, prog, "--backend", backend, "--verify-ir",
+                        *(["--native"] if native else []), env=e)
+    return (None, err) if err else (prog, "")
 
 
 def verdict(bitwise, worst):
@@ -215,7 +213,7 @@ def one(model, plan):
         for backend in ("c", "llvm"):
             prog, err = build(model, plan, backend, native)
             if not prog:
-                return checks + [(f"{model} {plan}{tag}", False, f"planc build --backend {backend} failed: {err}")]
+                return checks + [(f"{model} {plan}{tag}", False, f"--backend {backend}: {err}")]
             world = world or world_of(prog)
             res[backend, native], err = train(model, plan, world, backend + tag.replace(" --", "_"), [prog])
             if err:
@@ -234,14 +232,8 @@ def one(model, plan):
     return checks
 
 
-passed = failed = 0
-
-
-def report(name, ok, detail):
-    global passed, failed
-    print(f"{'PASS' if ok else 'FAIL'}: {name}: {detail}", flush=True)
-    passed += ok
-    failed += not ok
+tally = harness.Tally("llvm diff")
+report = tally.check
 
 
 # coverage: every feature of every plan is in some plan trained here
@@ -273,5 +265,4 @@ with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
                 bitwise.append(name)
 print(f"bitwise: {len(bitwise)} of {len(plans) + len(NATIVE_PLANS)} comparisons ({len(plans)} plans, "
       f"{len(NATIVE_PLANS)} of them also --native)")
-print(f"llvm diff: {passed} passed, {failed} failed")
-sys.exit(1 if failed else 0)
+tally.finish()

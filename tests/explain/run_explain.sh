@@ -1,0 +1,34 @@
+#!/bin/sh
+# Golden tests for `planc explain`: every plan of every example, text and JSON, against
+# tests/explain/golden/FILE.PLAN.{txt,json}. Run from the repository root.
+# usage: tests/explain/run_explain.sh PLANC [--update]
+planc=$1
+update=$2
+. "$(dirname "$0")/../lib/harness.sh"
+dir=tests/explain/golden
+mkdir -p "$dir"
+for file in examples/*.plan; do
+	base=$(basename "$file" .plan)
+	for plan in $(sed -n 's/^plan \([A-Za-z0-9_]*\) .*/\1/p' "$file"); do
+		for kind in txt json; do
+			want="$dir/$base.$plan.$kind"
+			got=$tmp/got
+			if [ "$kind" = json ]; then
+				"$planc" explain "$file" --plan "$plan" --json >"$got" 2>&1
+			else
+				"$planc" explain "$file" --plan "$plan" >"$got" 2>&1
+			fi
+			rc=$?
+			if [ "$update" = --update ]; then
+				cp "$got" "$want"
+			fi
+			if [ $rc -eq 0 ] && [ -f "$want" ] && cmp -s "$got" "$want"; then
+				ok
+			else
+				bad "$file --plan $plan ($kind, exit $rc)"
+				[ -f "$want" ] && diff "$want" "$got" | head -20
+			fi
+		done
+	done
+done
+finish "explain goldens"
