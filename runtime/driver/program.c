@@ -68,7 +68,7 @@
 #include <time.h>
 #include <unistd.h>
 
-enum { MAX_DIMS = 8, NO_INBOX = 0xffff };
+enum { MAX_DIMS = 8 };
 #define CANARY 0x5A17C0DE5A17C0DEull
 #define DEFAULT_SEED 1234
 #define CHECKSUM_PLACEHOLDER "\"planrt_checksum\":\"fnv1a64:0000000000000000\""
@@ -389,7 +389,7 @@ static void check_program(const planrt_program_t *p, int stage_index)
 		const planrt_action_t *a = &s->actions[i];
 		const planrt_phase_fn *run = a->kind == PLANRT_FORWARD ? s->forward : s->backward;
 		if (a->kind > PLANRT_BACKWARD || a->chunk >= s->nchunks || a->slot >= s->nslots ||
-		    (a->inbox != NO_INBOX && a->inbox >= s->ninbox) || !run || !run[a->chunk])
+		    (a->inbox != PLANRT_NO_INBOX && a->inbox >= s->ninbox) || !run || !run[a->chunk])
 			planrt_fatal("internal error: stage %d action %d (kind %d, chunk %d, slot %d, inbox %d) does not fit "
 				     "the stage (%d chunks, %d slots, %d inboxes) or has no function",
 				     stage_index, i, a->kind, a->chunk, a->slot, a->inbox, s->nchunks, s->nslots, s->ninbox);
@@ -472,7 +472,8 @@ void planrt_init_param(planrt_ctx_t *ctx, void *dst, planrt_dtype_t dtype, int p
 		block = malloc(sizeof(float) * (size_t)local);
 		if (!block)
 			planrt_fatal("out of memory initialising '%s' (%lld elements)", p->name, (long long)local);
-		if (ctx->init_file && !(p->init_kind >= 4 && p->init_kind <= 6)) { /* computed buffers are never read */
+		/* computed buffers are never read */
+		if (ctx->init_file && !(p->init_kind >= PLANRT_INIT_ARANGE && p->init_kind <= PLANRT_INIT_ROPE_SIN)) {
 			if (name_map)
 				PLANRT_CHECK(planrt_namemap_read_block(name_map, ctx->init_file, param, p->ldims, offs, block));
 			else
@@ -1004,7 +1005,7 @@ static void point_at(walker_t *w, const planrt_action_t *a)
 	ctx->slot = ctx->arena + s->slot_offset + (size_t)a->slot * s->slot_bytes;
 	ctx->slot_index = a->slot;
 	ctx->reqs = w->reqs + (size_t)a->slot * (size_t)s->nreqs;
-	ctx->inbox = a->inbox == NO_INBOX ? NULL : ctx->arena + s->inbox_offset + (size_t)a->inbox * s->inbox_bytes;
+	ctx->inbox = a->inbox == PLANRT_NO_INBOX ? NULL : ctx->arena + s->inbox_offset + (size_t)a->inbox * s->inbox_bytes;
 }
 
 /* Prepares action i; action i - 1 (if any) runs next. A forward starts a new micro-batch in its
