@@ -42,7 +42,8 @@ FILE *emit_file(const Emit *e);
 const LProg *emit_prog(const Emit *e);      /* the stage program being printed */
 const char *emit_prefix(const Emit *e);     /* its names' prefix */
 const EmitTarget *emit_target(const Emit *e);
-void emit_arg(Emit *e, const KArg *a);      /* an argument as the C target prints it */
+void emit_arg(Emit *e, const Kernel *k, int i); /* k's argument i as the C target prints it */
+void emit_double(Emit *e, double x);        /* the shortest decimal that reads back as x */
 void emit_c_kernel(Emit *e, const Kernel *k); /* a kernel as the C target prints it (a call or a loop nest) */
 const char *emit_ctype(DType t);            /* the C type of an element */
 /* A fused loop: the buffers it reads in order of first read (returns how many), whether every load

@@ -245,10 +245,12 @@ static void device_call(Emit *e, const Kernel *k)
 		const KArg *a = &k->args[i];
 		if (i)
 			fprintf(f, ", ");
-		if (a->kind == KA_SCALAR) /* read on the device: the buffer and its factor */
-			fprintf(f, "%s%s, %.17g", emit_prefix(e), p->buf[a->buf].name, a->f);
-		else
-			emit_arg(e, a);
+		if (a->kind == KA_SCALAR) { /* read on the device: the buffer and its factor */
+			fprintf(f, "%s%s, ", emit_prefix(e), p->buf[a->buf].name);
+			emit_double(e, a->f);
+		} else {
+			emit_arg(e, k, i);
+		}
 	}
 	fprintf(f, "%s", k->nargs ? ", " : "");
 	stream_const(f, k->stream);
