@@ -918,8 +918,9 @@ static int list_items(Elab *e, Expr *x, Expr **items, int max, const char *fn)
 
 static const struct {
 	const char *name;
-	int code; /* planrt_kernels.h: PLANRT_SIN .. PLANRT_SIGMOID */
-} unary_fns[] = {{"sin", 0}, {"cos", 1}, {"exp", 2}, {"log", 3}, {"tanh", 4}, {"sigmoid", 5}};
+	UnaryFn code;
+} unary_fns[] = {{"sin", UNARY_SIN},   {"cos", UNARY_COS},   {"exp", UNARY_EXP},
+		 {"log", UNARY_LOG},   {"tanh", UNARY_TANH}, {"sigmoid", UNARY_SIGMOID}};
 
 static bool lang_primitive(Elab *e, Scope *sc, const char *name, CallArgs *ca, EnvVal *out)
 {
@@ -1973,7 +1974,7 @@ static void exec_stmt(Elab *e, Scope *sc, Stmt *s, bool top_level)
 			pv->role = ROLE_PARAM;
 			pv->buffer = pv->frozen = s->buffer;
 			pv->name = scope_join(e, sc->path, s->name);
-			pv->init_kind = 0;
+			pv->init_kind = INIT_NORMAL;
 			pv->init_a = 0;
 			pv->init_b = 0.02;
 			if (s->init) {
@@ -1996,22 +1997,23 @@ static void exec_stmt(Elab *e, Scope *sc, Stmt *s, bool top_level)
 					const char *name;
 					int nargs;
 					bool buffer_only;
-				} inits[] = {{"normal", 2, false},  {"uniform", 2, false}, {"zeros", 0, false},
-					     {"ones", 0, false},    {"arange", 0, true},   {"rope_cos", 1, true},
-					     {"rope_sin", 1, true}, {"load", 0, true}};
+				} inits[] = {[INIT_NORMAL] = {"normal", 2, false},    [INIT_UNIFORM] = {"uniform", 2, false},
+					     [INIT_ZEROS] = {"zeros", 0, false},      [INIT_ONES] = {"ones", 0, false},
+					     [INIT_ARANGE] = {"arange", 0, true},     [INIT_ROPE_COS] = {"rope_cos", 1, true},
+					     [INIT_ROPE_SIN] = {"rope_sin", 1, true}, [INIT_LOAD] = {"load", 0, true}};
 				int kind = -1;
 				for (int i = 0; i < (int)(sizeof inits / sizeof inits[0]); i++)
 					if (iname && !strcmp(iname, inits[i].name) && nargs == inits[i].nargs &&
 					    (s->buffer || !inits[i].buffer_only))
 						kind = i;
-				if (kind == 5 || kind == 6) { /* tables [.., Dh]: Dh even, theta positive */
+				if (kind == INIT_ROPE_COS || kind == INIT_ROPE_SIN) { /* tables [.., Dh]: Dh even, theta positive */
 					if (pv->dim[pv->rank - 1] % 2 || args[0] <= 0) {
 						elab_error(e, in->loc, "%s needs an even last dim and theta > 0", iname);
 						return;
 					}
 				}
 				if (kind >= 0) {
-					pv->init_kind = kind;
+					pv->init_kind = (InitKind)kind;
 				} else {
 					elab_error(e, in->loc, "unknown initializer; use normal(mean, std), uniform(lo, hi), zeros or ones");
 					return;

@@ -28,21 +28,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-const char *const kernel_names[K_COUNT] = {
-#define X(name, text, fn, cls) text,
-	KERNEL_TABLE(X)
-#undef X
-};
-const char *const kernel_functions[K_COUNT] = {
-#define X(name, text, fn, cls) fn,
-	KERNEL_TABLE(X)
-#undef X
-};
-const KernelClass kernel_classes[K_COUNT] = {
-#define X(name, text, fn, cls) cls,
-	KERNEL_TABLE(X)
-#undef X
-};
 const char *const phase_names[PH_COUNT] = {"init", "step_begin", "prepare_forward", "forward", "prepare_backward",
 					   "backward", "step", "save", "checkpoint", "resume", "eval_begin", "eval_end"};
 const char *const state_kind_names[SC_COUNT] = {"parameters", "gradients", "optimizer states", "master weights",
@@ -125,14 +110,34 @@ int buffer_new(LProg *p, BufClass cls, DType t, long long elems, const char *nam
 	return i;
 }
 
-static KArg *next_arg(LProg *p, Kernel *k)
+static KArg blank_arg(KArgKind kind)
 {
-	k->args = grow(p->g->arena, k->args, k->nargs, &k->capargs, sizeof(KArg));
-	KArg *a = &k->args[k->nargs++];
-	memset(a, 0, sizeof *a);
-	a->buf = -1;
-	a->axis = -1;
+	KArg a;
+	memset(&a, 0, sizeof a);
+	a.kind = kind;
+	a.buf = -1;
+	a.axis = -1;
 	return a;
+}
+
+/* Appends a as the kernel's next argument: the builders fill the parameters of the kind's table
+ * row in order, and an argument that does not fit its parameter (karg_fits), or a buffer written
+ * through a read-only parameter, is a bug in the pass that builds it. */
+static KArg *push_arg(LProg *p, Kernel *k, const KArg *a, bool writes)
+{
+	int i = k->nargs;
+	if (!karg_fits(k->kind, i, a))
+		ICE("a '%s' kernel's argument %d (%s) cannot take a %s", kernel_names[k->kind], i,
+		    i < kernel_nparams[k->kind] ? kernel_params[k->kind][i].name : "none: too many", karg_kind_name(a->kind));
+	if (writes && kernel_nparams[k->kind] >= 0) {
+		KParamType t = kernel_params[k->kind][i].type;
+		if (t == KPT_F32_IN || t == KPT_I32_IN || t == KPT_F64_IN || t == KPT_IN)
+			ICE("a '%s' kernel writes its read-only argument '%s'", kernel_names[k->kind],
+			    kernel_params[k->kind][i].name);
+	}
+	k->args = grow(p->g->arena, k->args, k->nargs, &k->capargs, sizeof(KArg));
+	k->args[k->nargs] = *a;
+	return &k->args[k->nargs++];
 }
 
 void kernel_use(LProg *p, Kernel *k, int b)
@@ -151,9 +156,9 @@ void kernel_def(LProg *p, Kernel *k, int b)
 
 void karg_buf(LProg *p, Kernel *k, int b, bool reads, bool writes)
 {
-	KArg *a = next_arg(p, k);
-	a->kind = KA_BUF;
-	a->buf = b;
+	KArg a = blank_arg(KA_BUF);
+	a.buf = b;
+	push_arg(p, k, &a, writes);
 	if (reads)
 		kernel_use(p, k, b);
 	if (writes)
@@ -162,23 +167,23 @@ void karg_buf(LProg *p, Kernel *k, int b, bool reads, bool writes)
 
 void karg_int(LProg *p, Kernel *k, long long i)
 {
-	KArg *a = next_arg(p, k);
-	a->kind = KA_INT;
-	a->i = i;
+	KArg a = blank_arg(KA_INT);
+	a.i = i;
+	push_arg(p, k, &a, false);
 }
 
 void karg_f64(LProg *p, Kernel *k, double f)
 {
-	KArg *a = next_arg(p, k);
-	a->kind = KA_F64;
-	a->f = f;
+	KArg a = blank_arg(KA_F64);
+	a.f = f;
+	push_arg(p, k, &a, false);
 }
 
 void karg(LProg *p, Kernel *k, KArgKind kind, long long i)
 {
-	KArg *a = next_arg(p, k);
-	a->kind = kind;
-	a->i = i;
+	KArg a = blank_arg(kind);
+	a.i = i;
+	push_arg(p, k, &a, false);
 }
 
 void karg_ints(LProg *p, Kernel *k, const long long *v, int n, bool i32)
@@ -186,11 +191,11 @@ void karg_ints(LProg *p, Kernel *k, const long long *v, int n, bool i32)
 	long long *copy = arena_alloc(p->g->arena, sizeof(long long) * (size_t)(n ? n : 1));
 	if (n)
 		memcpy(copy, v, sizeof(long long) * (size_t)n);
-	KArg *a = next_arg(p, k);
-	a->kind = KA_INTS;
-	a->ints = copy;
-	a->n = n;
-	a->i32 = i32;
+	KArg a = blank_arg(KA_INTS);
+	a.ints = copy;
+	a.n = n;
+	a.i32 = i32;
+	push_arg(p, k, &a, false);
 }
 
 void karg_bufs(LProg *p, Kernel *k, const int *bufs, int n, bool reads, bool writes)
@@ -198,10 +203,10 @@ void karg_bufs(LProg *p, Kernel *k, const int *bufs, int n, bool reads, bool wri
 	int *copy = arena_alloc(p->g->arena, sizeof(int) * (size_t)(n ? n : 1));
 	if (n)
 		memcpy(copy, bufs, sizeof(int) * (size_t)n);
-	KArg *a = next_arg(p, k);
-	a->kind = KA_BUFS;
-	a->bufs = copy;
-	a->n = n;
+	KArg a = blank_arg(KA_BUFS);
+	a.bufs = copy;
+	a.n = n;
+	push_arg(p, k, &a, writes);
 	for (int i = 0; i < n; i++) {
 		if (reads)
 			kernel_use(p, k, bufs[i]);
@@ -212,34 +217,34 @@ void karg_bufs(LProg *p, Kernel *k, const int *bufs, int n, bool reads, bool wri
 
 void karg_coord(LProg *p, Kernel *k, long long base, int axis, long long stride)
 {
-	KArg *a = next_arg(p, k);
-	a->kind = KA_COORD;
-	a->i = base;
-	a->axis = axis;
-	a->stride = stride;
+	KArg a = blank_arg(KA_COORD);
+	a.i = base;
+	a.axis = axis;
+	a.stride = stride;
+	push_arg(p, k, &a, false);
 }
 
 static void karg_offset(LProg *p, Kernel *k, int b, int dim)
 {
-	KArg *a = next_arg(p, k);
-	a->kind = KA_OFFSET;
-	a->buf = b;
-	a->dim = dim;
+	KArg a = blank_arg(KA_OFFSET);
+	a.buf = b;
+	a.dim = dim;
+	push_arg(p, k, &a, false);
 }
 
 static void karg_str(LProg *p, Kernel *k, const char *str)
 {
-	KArg *a = next_arg(p, k);
-	a->kind = KA_STR;
-	a->str = str;
+	KArg a = blank_arg(KA_STR);
+	a.str = str;
+	push_arg(p, k, &a, false);
 }
 
 static void karg_scalar(LProg *p, Kernel *k, int b, double f)
 {
-	KArg *a = next_arg(p, k);
-	a->kind = KA_SCALAR;
-	a->buf = b;
-	a->f = f;
+	KArg a = blank_arg(KA_SCALAR);
+	a.buf = b;
+	a.f = f;
+	push_arg(p, k, &a, false);
 	kernel_use(p, k, b);
 }
 
@@ -2276,7 +2281,7 @@ static void param_table(Lowered *low)
 		e->init_kind = val->init_kind;
 		e->init_a = val->init_a;
 		e->init_b = val->init_b;
-		e->saved = val->tied_to < 0 && !(val->buffer && val->init_kind >= 4 && val->init_kind <= 6);
+		e->saved = val->tied_to < 0 && !(val->buffer && val->init_kind >= INIT_ARANGE && val->init_kind <= INIT_ROPE_SIN);
 	}
 }
 

@@ -743,16 +743,16 @@ static void offload_save_masters(State *S)
 	}
 }
 
-static void ckpt_piece(State *S, int buf, int param, int kind, long long base, int axis, long long stride, long long n,
-		       int shard_axis);
+static void ckpt_piece(State *S, int buf, int param, CkptKind kind, long long base, int axis, long long stride,
+		       long long n, int shard_axis);
 
 /* checkpoint and resume (disk): each piece's record read in, every member's part of its master
  * weights and moments written (resume: read, and the record written back). */
-static void offload_checkpoint(State *S, int first_moment)
+static void offload_checkpoint(State *S, CkptKind first_moment)
 {
 	if (S->off != PLACE_DISK)
 		return;
-	int kinds[3] = {1, first_moment, 3};
+	CkptKind kinds[3] = {CKPT_MASTER, first_moment, CKPT_EXP_AVG_SQ};
 	for (int i = 0; i < S->ngrp; i++) {
 		const Group *G = &S->grp[i];
 		int bufs[3];
@@ -856,11 +856,11 @@ static void phase_save(State *S)
  * writes it (only the original of a tied pair), the resume phase reads it back (into every copy:
  * both take the same updates, so the original's state is the copy's). lo = base + coord(axis) *
  * stride, as init_param's. */
-static void ckpt_piece(State *S, int buf, int param, int kind, long long base, int axis, long long stride, long long n,
-		       int shard_axis)
+static void ckpt_piece(State *S, int buf, int param, CkptKind kind, long long base, int axis, long long stride,
+		       long long n, int shard_axis)
 {
-	/* PLANRT_CKPT_COPY: a record slot holds the next record before the checkpoint is written out */
-	int copy = S->slot[0] >= 0 && buffer_root(S->p, buf) == S->slot[0] ? 0x100 : 0;
+	/* CKPT_COPY: a record slot holds the next record before the checkpoint is written out */
+	int copy = S->slot[0] >= 0 && buffer_root(S->p, buf) == S->slot[0] ? CKPT_COPY : 0;
 	LProg *p = S->p;
 	for (int io = 0; io < 2; io++) {
 		if (!io && !p->low->params[param].saved)
@@ -917,7 +917,7 @@ static void phase_checkpoint(State *S)
 		}
 		return;
 	}
-	int first = S->moments >= 2 ? 2 : 4; /* PLANRT_CKPT_EXP_AVG, or _MOMENTUM */
+	CkptKind first = S->moments >= 2 ? CKPT_EXP_AVG : CKPT_MOMENTUM;
 	for (int i = 0; i < g->nops; i++) {
 		const Op *op = &g->ops[i];
 		if (op->kind != OP_PARAM || op->stage != p->stage)
@@ -927,16 +927,16 @@ static void phase_checkpoint(State *S)
 		const Update *u = ui >= 0 ? &S->u[ui] : NULL;
 		long long n = p->buf[v].elems;
 		if (S->zero >= 3)
-			ckpt_piece(S, v, pi, 0, 0, S->za, n, n, S->za);
+			ckpt_piece(S, v, pi, CKPT_PARAM, 0, S->za, n, n, S->za);
 		else
-			ckpt_piece(S, v, pi, 0, 0, -1, 0, n, -1);
+			ckpt_piece(S, v, pi, CKPT_PARAM, 0, -1, 0, n, -1);
 		if (!u)
 			continue;
 		if (S->off == PLACE_DISK)
 			continue; /* in the file: offload_checkpoint */
 		const Flat *f = sharded(S, u) ? &S->f[u->flat] : NULL;
 		int bufs[3] = {f ? f->master : u->master, f ? f->m : u->m, f ? f->v : u->v};
-		int kinds[3] = {1, first, 3};
+		CkptKind kinds[3] = {CKPT_MASTER, first, CKPT_EXP_AVG_SQ};
 		for (int j = 0; j < 3; j++) {
 			if (bufs[j] < 0)
 				continue;

@@ -22,7 +22,7 @@
 
 #include "../io/planrt_ckpt.h"
 
-enum { PLANRT_DEFAULT_SEED = 1234, PLANRT_NO_INBOX = 0xffff };
+enum { PLANRT_DEFAULT_SEED = 1234 };
 
 /* ---------------------------------------------------------------- options.c */
 typedef struct options {
