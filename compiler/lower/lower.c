@@ -58,7 +58,7 @@ static void *grow(Arena *a, void *old, int n, int *cap, size_t elem)
 	int nc = *cap ? *cap * 2 : 8;
 	while (nc <= n)
 		nc *= 2;
-	void *fresh = arena_alloc(a, elem * (size_t)nc);
+	void *fresh = arena_alloc_raw(a, elem * (size_t)nc); /* items past n are set when added */
 	if (*cap)
 		memcpy(fresh, old, elem * (size_t)*cap);
 	*cap = nc;
@@ -297,22 +297,21 @@ void kernels_insert(LProg *p, Kernel *new_k, const int *before, int n)
 {
 	if (n == 0)
 		return;
-	int *order = malloc(sizeof(int) * (size_t)n);
-	if (!order)
+	/* a stable counting sort by insertion point, then one merge: n + nk, whatever the order of
+	 * the inserts (a pass may add one after every matmul for every bucket it starts) */
+	int *first = calloc((size_t)p->nk + 2, sizeof(int)), *order = malloc(sizeof(int) * (size_t)n);
+	if (!first || !order)
 		ICE("out of memory");
-	for (int i = 0; i < n; i++)
-		order[i] = i;
-	/* stable order by insertion point (insertion sort: n is small next to nk) */
-	for (int i = 1; i < n; i++) {
-		int x = order[i], j = i;
-		while (j > 0 && before[order[j - 1]] > before[x]) {
-			order[j] = order[j - 1];
-			j--;
-		}
-		order[j] = x;
+	for (int i = 0; i < n; i++) {
+		internal_assert(before[i] >= 0 && before[i] <= p->nk);
+		first[before[i] + 1]++;
 	}
+	for (int i = 0; i <= p->nk; i++)
+		first[i + 1] += first[i];
+	for (int i = 0; i < n; i++)
+		order[first[before[i]]++] = i; /* first[b] ends as the start of b + 1's inserts */
 	int total = p->nk + n, cap = total;
-	Kernel *out = arena_alloc(p->g->arena, sizeof(Kernel) * (size_t)cap);
+	Kernel *out = arena_alloc_raw(p->g->arena, sizeof(Kernel) * (size_t)cap);
 	int at = 0, next = 0;
 	for (int i = 0; i <= p->nk; i++) {
 		while (next < n && before[order[next]] == i)
@@ -322,6 +321,7 @@ void kernels_insert(LProg *p, Kernel *new_k, const int *before, int n)
 	}
 	internal_assert(at == total && next == n);
 	free(order);
+	free(first);
 	p->k = out;
 	p->nk = total;
 	p->capk = cap;
