@@ -26,7 +26,7 @@ Arena *arena_new(void)
 	return a;
 }
 
-void *arena_alloc_raw(Arena *a, size_t n)
+void *arena_alloc(Arena *a, size_t n)
 {
 	n = (n + 15) & ~(size_t)15;
 	Block *b = a->head;
@@ -46,12 +46,6 @@ void *arena_alloc_raw(Arena *a, size_t n)
 	}
 	void *p = b->data + b->used;
 	b->used += n;
-	return p;
-}
-
-void *arena_alloc(Arena *a, size_t n)
-{
-	void *p = arena_alloc_raw(a, n);
 	memset(p, 0, n);
 	return p;
 }

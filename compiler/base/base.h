@@ -19,7 +19,6 @@ typedef struct Source Source;
 /* One arena per compilation: everything the compiler allocates lives until arena_free. */
 Arena *arena_new(void);
 void *arena_alloc(Arena *a, size_t n); /* zeroed, 16-byte aligned; aborts on OOM */
-void *arena_alloc_raw(Arena *a, size_t n); /* the same, not zeroed: for arrays filled as they grow */
 char *arena_strdup(Arena *a, const char *s);
 char *arena_strndup(Arena *a, const char *s, size_t n);
 char *arena_printf(Arena *a, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

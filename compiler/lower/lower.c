@@ -58,7 +58,7 @@ static void *grow(Arena *a, void *old, int n, int *cap, size_t elem)
 	int nc = *cap ? *cap * 2 : 8;
 	while (nc <= n)
 		nc *= 2;
-	void *fresh = arena_alloc_raw(a, elem * (size_t)nc); /* items past n are set when added */
+	void *fresh = arena_alloc(a, elem * (size_t)nc);
 	if (*cap)
 		memcpy(fresh, old, elem * (size_t)*cap);
 	*cap = nc;
@@ -311,7 +311,7 @@ void kernels_insert(LProg *p, Kernel *new_k, const int *before, int n)
 	for (int i = 0; i < n; i++)
 		order[first[before[i]]++] = i; /* first[b] ends as the start of b + 1's inserts */
 	int total = p->nk + n, cap = total;
-	Kernel *out = arena_alloc_raw(p->g->arena, sizeof(Kernel) * (size_t)cap);
+	Kernel *out = arena_alloc(p->g->arena, sizeof(Kernel) * (size_t)cap);
 	int at = 0, next = 0;
 	for (int i = 0; i <= p->nk; i++) {
 		while (next < n && before[order[next]] == i)
