@@ -52,22 +52,98 @@ static int by_offset(const void *a, const void *b)
 	return x->offset < y->offset ? -1 : x->offset > y->offset;
 }
 
+/* The placed intervals that overlap one in time, found without visiting the others: the group's
+ * intervals in order of their first kernel, under a tree whose nodes hold the latest last kernel
+ * of the placed intervals below them. The ones starting no later than x ends are a prefix of that
+ * order; a subtree whose latest end is before x starts holds none that overlap. So a query costs
+ * its answer times log n, and first fit over n buffers n log n plus the overlaps, not n^2. */
+typedef struct Overlaps {
+	int n, size;      /* intervals; leaves of the tree (a power of two) */
+	int *order;       /* interval indices by first kernel */
+	int *pos;         /* each interval's leaf */
+	int *latest;      /* per tree node: the latest last kernel of a placed interval below, or -1 */
+} Overlaps;
+
+static Interval *sort_base;
+
+static int by_first(const void *a, const void *b)
+{
+	const Interval *x = &sort_base[*(const int *)a], *y = &sort_base[*(const int *)b];
+	return x->first != y->first ? x->first - y->first : *(const int *)a - *(const int *)b;
+}
+
+static void overlaps_init(Overlaps *o, Interval *iv, int n)
+{
+	o->n = n;
+	for (o->size = 1; o->size < n; o->size *= 2)
+		;
+	o->order = malloc(sizeof(int) * (size_t)(n + 1));
+	o->pos = malloc(sizeof(int) * (size_t)(n + 1));
+	o->latest = malloc(sizeof(int) * 2 * (size_t)o->size);
+	if (!o->order || !o->pos || !o->latest)
+		ICE("out of memory");
+	for (int i = 0; i < n; i++)
+		o->order[i] = i;
+	sort_base = iv;
+	qsort(o->order, (size_t)n, sizeof(int), by_first);
+	for (int i = 0; i < n; i++)
+		o->pos[o->order[i]] = i;
+	for (int i = 0; i < 2 * o->size; i++)
+		o->latest[i] = -1;
+}
+
+static void overlaps_add(Overlaps *o, const Interval *iv, int i)
+{
+	int node = o->size + o->pos[i];
+	o->latest[node] = iv[i].last;
+	for (node /= 2; node >= 1; node /= 2) {
+		int l = o->latest[2 * node], r = o->latest[2 * node + 1];
+		o->latest[node] = l > r ? l : r;
+	}
+}
+
+/* Collects the placed intervals among leaves [lo, hi) of node (covering [nlo, nhi)) that end at or
+ * after from. */
+static int overlaps_collect(const Overlaps *o, Interval *iv, int node, int nlo, int nhi, int hi, int from,
+			    Interval **out, int n)
+{
+	if (nlo >= hi || o->latest[node] < from)
+		return n;
+	if (nhi - nlo == 1) {
+		out[n++] = &iv[o->order[nlo]];
+		return n;
+	}
+	int mid = (nlo + nhi) / 2;
+	n = overlaps_collect(o, iv, 2 * node, nlo, mid, hi, from, out, n);
+	return overlaps_collect(o, iv, 2 * node + 1, mid, nhi, hi, from, out, n);
+}
+
+static int overlaps_of(const Overlaps *o, Interval *iv, const Interval *x, Interval **out)
+{
+	int lo = 0, hi = o->n; /* the intervals that start no later than x ends: order[0 .. lo) */
+	while (lo < hi) {
+		int mid = (lo + hi) / 2;
+		if (iv[o->order[mid]].first <= x->last)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return overlaps_collect(o, iv, 1, 0, o->size, lo, x->first, out, 0);
+}
+
 /* First fit by decreasing size; returns the region's size. */
 static size_t place(Interval *iv, int n)
 {
 	qsort(iv, (size_t)n, sizeof *iv, by_size_desc);
-	Interval **placed = malloc(sizeof(Interval *) * (size_t)(n + 1));
 	Interval **conflict = malloc(sizeof(Interval *) * (size_t)(n + 1));
-	if (!placed || !conflict)
+	if (!conflict)
 		ICE("out of memory");
-	int nplaced = 0;
+	Overlaps o;
+	overlaps_init(&o, iv, n);
 	size_t top = 0;
 	for (int i = 0; i < n; i++) {
 		Interval *x = &iv[i];
-		int nc = 0;
-		for (int j = 0; j < nplaced; j++)
-			if (placed[j]->first <= x->last && x->first <= placed[j]->last)
-				conflict[nc++] = placed[j];
+		int nc = overlaps_of(&o, iv, x, conflict);
 		qsort(conflict, (size_t)nc, sizeof *conflict, by_offset);
 		size_t off = 0;
 		for (int j = 0; j < nc; j++) {
@@ -78,12 +154,14 @@ static size_t place(Interval *iv, int n)
 				off = end;
 		}
 		x->offset = off;
-		placed[nplaced++] = x;
+		overlaps_add(&o, iv, i);
 		if (off + x->bytes > top)
 			top = off + x->bytes;
 	}
-	free(placed);
 	free(conflict);
+	free(o.order);
+	free(o.pos);
+	free(o.latest);
 	return top;
 }
 
