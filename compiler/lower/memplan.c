@@ -46,12 +46,6 @@ static int by_size_desc(const void *a, const void *b)
 	return x->buf - y->buf;
 }
 
-static int by_offset(const void *a, const void *b)
-{
-	const Interval *x = *(Interval *const *)a, *y = *(Interval *const *)b;
-	return x->offset < y->offset ? -1 : x->offset > y->offset;
-}
-
 /* The placed intervals that overlap one in time, found without visiting the others: the group's
  * intervals in order of their first kernel, under a tree whose nodes hold the latest last kernel
  * of the placed intervals below them. The ones starting no later than x ends are a prefix of that
@@ -131,12 +125,55 @@ static int overlaps_of(const Overlaps *o, Interval *iv, const Interval *x, Inter
 	return overlaps_collect(o, iv, 1, 0, o->size, lo, x->first, out, 0);
 }
 
+/* A placed buffer's bytes [lo, hi), sorted by lo without a comparison callback (first fit sorts
+ * every buffer's overlaps: millions of them in a 1T-parameter program). */
+typedef struct Range {
+	size_t lo, hi;
+} Range;
+
+static void sort_ranges(Range *r, int n)
+{
+	while (n > 16) {
+		size_t a = r[0].lo, b = r[n / 2].lo, c = r[n - 1].lo; /* median of three as the pivot */
+		size_t pivot = a < b ? (b < c ? b : a < c ? c : a) : (a < c ? a : b < c ? c : b);
+		int i = 0, j = n - 1;
+		for (;;) {
+			while (r[i].lo < pivot)
+				i++;
+			while (r[j].lo > pivot)
+				j--;
+			if (i >= j)
+				break;
+			Range t = r[i];
+			r[i++] = r[j];
+			r[j--] = t;
+		}
+		/* recurse into the smaller side, loop on the larger */
+		if (j + 1 < n - j - 1) {
+			sort_ranges(r, j + 1);
+			r += j + 1;
+			n -= j + 1;
+		} else {
+			sort_ranges(r + j + 1, n - j - 1);
+			n = j + 1;
+		}
+	}
+	for (int i = 1; i < n; i++) {
+		Range x = r[i];
+		int j = i;
+		for (; j > 0 && r[j - 1].lo > x.lo; j--)
+			r[j] = r[j - 1];
+		r[j] = x;
+	}
+}
+
 /* First fit by decreasing size; returns the region's size. */
 static size_t place(Interval *iv, int n)
 {
 	qsort(iv, (size_t)n, sizeof *iv, by_size_desc);
 	Interval **conflict = malloc(sizeof(Interval *) * (size_t)(n + 1));
-	if (!conflict)
+	Range *taken = malloc(sizeof(Range) * (size_t)(n + 1));
+	if (!conflict || !taken)
 		ICE("out of memory");
 	Overlaps o;
 	overlaps_init(&o, iv, n);
@@ -144,14 +181,15 @@ static size_t place(Interval *iv, int n)
 	for (int i = 0; i < n; i++) {
 		Interval *x = &iv[i];
 		int nc = overlaps_of(&o, iv, x, conflict);
-		qsort(conflict, (size_t)nc, sizeof *conflict, by_offset);
+		for (int j = 0; j < nc; j++)
+			taken[j] = (Range){conflict[j]->offset, conflict[j]->offset + conflict[j]->bytes};
+		sort_ranges(taken, nc);
 		size_t off = 0;
 		for (int j = 0; j < nc; j++) {
-			if (conflict[j]->offset >= off + x->bytes)
+			if (taken[j].lo >= off + x->bytes)
 				break;
-			size_t end = conflict[j]->offset + conflict[j]->bytes;
-			if (end > off)
-				off = end;
+			if (taken[j].hi > off)
+				off = taken[j].hi;
 		}
 		x->offset = off;
 		overlaps_add(&o, iv, i);
@@ -159,6 +197,7 @@ static size_t place(Interval *iv, int n)
 			top = off + x->bytes;
 	}
 	free(conflict);
+	free(taken);
 	free(o.order);
 	free(o.pos);
 	free(o.latest);
