@@ -2001,7 +2001,43 @@ static bool on_prog(const LProg *p, const Op *op)
 	return op->stage == p->stage;
 }
 
-static LProg *lower_prog(Lowered *low, int stage, int role)
+/* One placeholder per graph value, in a scratch array every program of the plan lowers into
+ * (compact_prog moves what a program uses into its own): a value's buffer is found by its number
+ * while lowering. No name yet: describe_value names those a program defines. */
+static void placeholders(LProg *p, Buffer **scratch, int *cap)
+{
+	Graph *g = p->g;
+	if (*cap < g->nvals + 1) {
+		free(*scratch);
+		*cap = g->nvals + g->nvals / 2 + 64;
+		*scratch = malloc(sizeof(Buffer) * (size_t)*cap);
+		if (!*scratch)
+			ICE("out of memory");
+	}
+	Buffer proto;
+	memset(&proto, 0, sizeof proto);
+	proto.cls = BUF_NONE;
+	proto.elems = 1;
+	proto.view_of = proto.view_axis = -1;
+	proto.rank = 1;
+	proto.ldims[0] = 1;
+	for (int d = 0; d < MAX_DIMS; d++)
+		proto.split_axis[d] = proto.split_outer[d] = -1;
+	proto.micro_dim = -1;
+	proto.first = proto.last = -1;
+	for (int v = 0; v < g->nvals; v++) {
+		Buffer *b = &(*scratch)[v];
+		*b = proto;
+		b->dtype = g->vals[v].dtype;
+		b->bytes = (size_t)dtype_bytes(b->dtype);
+		b->value = v;
+	}
+	p->buf = *scratch;
+	p->nbuf = g->nvals;
+	p->capbuf = *cap;
+}
+
+static LProg *lower_prog(Lowered *low, int stage, int role, Buffer **scratch, int *scratch_cap)
 {
 	Graph *g = low->g;
 	LProg *p = arena_alloc(g->arena, sizeof *p);
@@ -2014,8 +2050,7 @@ static LProg *lower_prog(Lowered *low, int stage, int role)
 	p->loss_metric = p->norm_metric = -1;
 	p->opaque_op = -1;
 	/* one buffer per graph value, then the buffers lowering makes */
-	for (int v = 0; v < g->nvals; v++)
-		buffer_new(p, BUF_NONE, g->vals[v].dtype, 1, "v", NULL);
+	placeholders(p, scratch, scratch_cap);
 	Lower L = {.p = p, .g = g};
 	L.consumers = calloc((size_t)g->nvals, sizeof(int));
 	L.kept = calloc((size_t)g->nvals, sizeof(bool));
@@ -2237,6 +2272,154 @@ static void lower_conversions(LProg *p)
 	inserts_apply(p, &casts);
 }
 
+/* ------------------------------------------------------------------ compaction
+ * Lowering addresses a value's buffer by the value's number, so a program starts with a
+ * placeholder for every graph value, and a pipeline stage uses a share of them (1/64 of a 64-stage
+ * model's). Once lowered, a program keeps the buffers it defines or references, in their order
+ * (the value buffers first, by value), in an array of its own; every reference is renumbered, and
+ * lprog_value_buffer finds a value's buffer by binary search. A plan's programs then hold their
+ * stages' buffers, not stages times the model's. */
+
+static int renumber(void *map, int b)
+{
+	return ((const int *)map)[b];
+}
+
+static void compact_prog(LProg *p, int nvals)
+{
+	int nb = p->nbuf;
+	int *map = malloc(sizeof(int) * (size_t)(nb + 1));
+	bool *keep = calloc((size_t)nb + 1, sizeof(bool));
+	if (!map || !keep)
+		ICE("out of memory");
+	for (int b = 0; b < nb; b++)
+		keep[b] = p->buf[b].cls != BUF_NONE;
+	for (int i = 0; i < p->nk; i++)
+		kernel_buffers(&p->k[i], keep);
+	if (p->loss_metric >= 0)
+		keep[p->loss_metric] = true;
+	for (bool grew = true; grew;) { /* a kept view keeps what it views */
+		grew = false;
+		for (int b = nb - 1; b >= 0; b--)
+			if (keep[b] && p->buf[b].cls == BUF_VIEW && p->buf[b].view_of >= 0 && !keep[p->buf[b].view_of])
+				grew = keep[p->buf[b].view_of] = true;
+	}
+	int n = 0;
+	p->nvalbufs = 0;
+	for (int b = 0; b < nb; b++) {
+		map[b] = keep[b] ? n++ : -1;
+		if (keep[b] && b < nvals)
+			p->nvalbufs++;
+	}
+	Buffer *bufs = arena_alloc(p->g->arena, sizeof(Buffer) * (size_t)(n ? n : 1));
+	for (int b = 0; b < nb; b++) {
+		if (!keep[b])
+			continue;
+		Buffer *x = &bufs[map[b]];
+		*x = p->buf[b];
+		if (x->view_of >= 0)
+			x->view_of = map[x->view_of];
+		if (!x->name) /* a value of another stage a kernel names (the verifier reports it) */
+			x->name = arena_printf(p->g->arena, "v_%d", b);
+	}
+	for (int i = 0; i < p->nk; i++)
+		kernel_map_buffers(p, &p->k[i], renumber, map);
+	if (p->loss_metric >= 0)
+		p->loss_metric = map[p->loss_metric];
+	p->buf = bufs;
+	p->nbuf = p->capbuf = n;
+	free(map);
+	free(keep);
+}
+
+static void expr_buffers(const LExpr *e, bool *seen)
+{
+	for (; e; e = e->b) {
+		if (e->kind == LX_LOAD)
+			seen[e->buf] = true;
+		expr_buffers(e->a, seen);
+	}
+}
+
+/* Marks the buffers kernel k names in seen. */
+void kernel_buffers(const Kernel *k, bool *seen)
+{
+	for (int a = 0; a < k->nargs; a++) {
+		const KArg *x = &k->args[a];
+		if (x->kind == KA_BUF || x->kind == KA_OFFSET || x->kind == KA_SCALAR)
+			seen[x->buf] = true;
+		else if (x->kind == KA_BUFS)
+			for (int j = 0; j < x->n; j++)
+				seen[x->bufs[j]] = true;
+	}
+	for (int u = 0; u < k->nuses; u++)
+		seen[k->uses[u]] = true;
+	for (int d = 0; d < k->ndefs; d++)
+		seen[k->defs[d]] = true;
+	if (k->kind == K_LOOP && k->out >= 0)
+		seen[k->out] = true;
+	if (k->kind == K_LOOP)
+		expr_buffers(k->expr, seen);
+}
+
+static LExpr *map_expr(LProg *p, const LExpr *e, int (*f)(void *, int), void *ctx)
+{
+	if (!e)
+		return NULL;
+	LExpr *c = arena_alloc(p->g->arena, sizeof *c);
+	*c = *e;
+	if (c->kind == LX_LOAD)
+		c->buf = f(ctx, c->buf);
+	c->a = map_expr(p, e->a, f, ctx);
+	c->b = map_expr(p, e->b, f, ctx);
+	return c;
+}
+
+/* Every buffer kernel k names becomes f(ctx, buffer); the lists and expression it changes are
+ * copied first (a kernel copied by a pass may share them with its original). */
+void kernel_map_buffers(LProg *p, Kernel *k, int (*f)(void *, int), void *ctx)
+{
+	Arena *a = p->g->arena;
+	for (int i = 0; i < k->nargs; i++) {
+		KArg *x = &k->args[i];
+		if (x->kind == KA_BUF || x->kind == KA_OFFSET || x->kind == KA_SCALAR)
+			x->buf = f(ctx, x->buf);
+		else if (x->kind == KA_BUFS) {
+			int *bufs = arena_alloc(a, sizeof(int) * (size_t)(x->n ? x->n : 1));
+			for (int j = 0; j < x->n; j++)
+				bufs[j] = f(ctx, x->bufs[j]);
+			x->bufs = bufs;
+		}
+	}
+	int *lists = arena_alloc(a, sizeof(int) * (size_t)(k->nuses + k->ndefs + 1));
+	for (int u = 0; u < k->nuses; u++)
+		lists[u] = f(ctx, k->uses[u]);
+	for (int d = 0; d < k->ndefs; d++)
+		lists[k->nuses + d] = f(ctx, k->defs[d]);
+	k->uses = lists;
+	k->capuses = k->nuses;
+	k->defs = lists + k->nuses;
+	k->capdefs = k->ndefs;
+	if (k->kind == K_LOOP) {
+		if (k->out >= 0)
+			k->out = f(ctx, k->out);
+		k->expr = map_expr(p, k->expr, f, ctx);
+	}
+}
+
+int lprog_value_buffer(const LProg *p, int v)
+{
+	int lo = 0, hi = p->nvalbufs;
+	while (lo < hi) {
+		int mid = (lo + hi) / 2;
+		if (p->buf[mid].value < v)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return lo < p->nvalbufs && p->buf[lo].value == v ? lo : -1;
+}
+
 /* ------------------------------------------------------------------ the plan */
 
 LProg *lowered_prog(const Lowered *low, int stage, int role)
@@ -2314,13 +2497,17 @@ Lowered *lower(Graph *g)
 			break;
 		}
 	}
+	Buffer *scratch = NULL;
+	int scratch_cap = 0;
 	for (int s = 0; s < g->nstages; s++)
 		for (int r = 0; r < low->nroles; r++) {
 			int role = low->nroles == 1 ? RANKROLE_ANY : r == 0 ? RANKROLE_MASTER : RANKROLE_WORKER;
-			LProg *p = lower_prog(low, s, role);
+			LProg *p = lower_prog(low, s, role, &scratch, &scratch_cap);
 			lower_conversions(p);
+			compact_prog(p, g->nvals);
 			low->progs[low->nprogs++] = p;
 		}
+	free(scratch);
 	return low;
 }
 
