@@ -46,118 +46,139 @@ static int by_size_desc(const void *a, const void *b)
 	return x->buf - y->buf;
 }
 
-/* The placed intervals that overlap one in time, found without visiting the others: the group's
- * intervals in order of their first kernel, under a tree whose nodes hold the latest last kernel
- * of the placed intervals below them. The ones starting no later than x ends are a prefix of that
- * order; a subtree whose latest end is before x starts holds none that overlap. So a query costs
- * its answer times log n, and first fit over n buffers n log n plus the overlaps, not n^2. */
-typedef struct Overlaps {
-	int n, size;      /* intervals; leaves of the tree (a power of two) */
-	int *order;       /* interval indices by first kernel */
-	int *pos;         /* each interval's leaf */
-	int *latest;      /* per tree node: the latest last kernel of a placed interval below, or -1 */
-} Overlaps;
-
-static Interval *sort_base;
-
-static int by_first(const void *a, const void *b)
-{
-	const Interval *x = &sort_base[*(const int *)a], *y = &sort_base[*(const int *)b];
-	return x->first != y->first ? x->first - y->first : *(const int *)a - *(const int *)b;
-}
-
-static void overlaps_init(Overlaps *o, Interval *iv, int n)
-{
-	o->n = n;
-	for (o->size = 1; o->size < n; o->size *= 2)
-		;
-	o->order = malloc(sizeof(int) * (size_t)(n + 1));
-	o->pos = malloc(sizeof(int) * (size_t)(n + 1));
-	o->latest = malloc(sizeof(int) * 2 * (size_t)o->size);
-	if (!o->order || !o->pos || !o->latest)
-		ICE("out of memory");
-	for (int i = 0; i < n; i++)
-		o->order[i] = i;
-	sort_base = iv;
-	qsort(o->order, (size_t)n, sizeof(int), by_first);
-	for (int i = 0; i < n; i++)
-		o->pos[o->order[i]] = i;
-	for (int i = 0; i < 2 * o->size; i++)
-		o->latest[i] = -1;
-}
-
-static void overlaps_add(Overlaps *o, const Interval *iv, int i)
-{
-	int node = o->size + o->pos[i];
-	o->latest[node] = iv[i].last;
-	for (node /= 2; node >= 1; node /= 2) {
-		int l = o->latest[2 * node], r = o->latest[2 * node + 1];
-		o->latest[node] = l > r ? l : r;
-	}
-}
-
-/* Collects the placed intervals among leaves [lo, hi) of node (covering [nlo, nhi)) that end at or
- * after from. */
-static int overlaps_collect(const Overlaps *o, Interval *iv, int node, int nlo, int nhi, int hi, int from,
-			    Interval **out, int n)
-{
-	if (nlo >= hi || o->latest[node] < from)
-		return n;
-	if (nhi - nlo == 1) {
-		out[n++] = &iv[o->order[nlo]];
-		return n;
-	}
-	int mid = (nlo + nhi) / 2;
-	n = overlaps_collect(o, iv, 2 * node, nlo, mid, hi, from, out, n);
-	return overlaps_collect(o, iv, 2 * node + 1, mid, nhi, hi, from, out, n);
-}
-
-static int overlaps_of(const Overlaps *o, Interval *iv, const Interval *x, Interval **out)
-{
-	int lo = 0, hi = o->n; /* the intervals that start no later than x ends: order[0 .. lo) */
-	while (lo < hi) {
-		int mid = (lo + hi) / 2;
-		if (iv[o->order[mid]].first <= x->last)
-			lo = mid + 1;
-		else
-			hi = mid;
-	}
-	return overlaps_collect(o, iv, 1, 0, o->size, lo, x->first, out, 0);
-}
-
-/* A placed buffer's bytes [lo, hi), sorted by lo without a comparison callback (first fit sorts
- * every buffer's overlaps: millions of them in a 1T-parameter program). */
+/* A placed buffer's bytes [lo, hi). */
 typedef struct Range {
 	size_t lo, hi;
 } Range;
 
-static void sort_ranges(Range *r, int n)
+/* Sorted, disjoint byte ranges: the union of some placed buffers' bytes. Adding a range merges
+ * it with those it touches. */
+typedef struct Segs {
+	Range *r;
+	int n, cap;
+} Segs;
+
+static void segs_add(Segs *s, Range x)
 {
-	while (n > 16) {
-		size_t a = r[0].lo, b = r[n / 2].lo, c = r[n - 1].lo; /* median of three as the pivot */
-		size_t pivot = a < b ? (b < c ? b : a < c ? c : a) : (a < c ? a : b < c ? c : b);
-		int i = 0, j = n - 1;
-		for (;;) {
-			while (r[i].lo < pivot)
-				i++;
-			while (r[j].lo > pivot)
-				j--;
-			if (i >= j)
-				break;
-			Range t = r[i];
-			r[i++] = r[j];
-			r[j--] = t;
-		}
-		/* recurse into the smaller side, loop on the larger */
-		if (j + 1 < n - j - 1) {
-			sort_ranges(r, j + 1);
-			r += j + 1;
-			n -= j + 1;
-		} else {
-			sort_ranges(r + j + 1, n - j - 1);
-			n = j + 1;
+	int a = 0, hi = s->n; /* the first range that ends at or after x starts */
+	while (a < hi) {
+		int mid = (a + hi) / 2;
+		if (s->r[mid].hi < x.lo)
+			a = mid + 1;
+		else
+			hi = mid;
+	}
+	int b = a; /* ranges [a, b) touch x and merge with it */
+	for (; b < s->n && s->r[b].lo <= x.hi; b++) {
+		if (s->r[b].lo < x.lo)
+			x.lo = s->r[b].lo;
+		if (s->r[b].hi > x.hi)
+			x.hi = s->r[b].hi;
+	}
+	if (a == b && s->n == s->cap) {
+		s->cap = s->cap ? 2 * s->cap : 4;
+		s->r = realloc(s->r, sizeof(Range) * (size_t)s->cap);
+		if (!s->r)
+			ICE("out of memory");
+	}
+	memmove(&s->r[a + 1], &s->r[b], sizeof(Range) * (size_t)(s->n - b));
+	s->r[a] = x;
+	s->n += 1 - (b - a);
+}
+
+/* The bytes that placed buffers occupy at some time of a window, as a union, without visiting
+ * the buffers one by one: a segment tree over the group's kernel positions where each node keeps
+ * the union of the buffers whose lifetime covers the node's positions and is split there (cover),
+ * and the union of every buffer split at the node or below it (below). A buffer alive somewhere
+ * in a window either covers one of the window's nodes or an ancestor of one (cover, up the
+ * paths), or is split below one of them (below). First fit needs only the union: the lowest gap
+ * of a buffer's size in it is where the buffer goes, exactly as when each overlapping buffer is
+ * looked at. The unions stay a few ranges (buffers packed side by side merge), so a query costs
+ * about log^2 of the group, however many buffers are alive across it: thousands in a large
+ * model's backward, where a buffer-by-buffer search took most of planc's time. */
+typedef struct Occupancy {
+	int leaves;       /* a power of two, at least the group's positions */
+	Segs *cover, *below;
+	int *stamp;       /* per node: the query that collected its cover last */
+	int query;
+} Occupancy;
+
+static void occupancy_init(Occupancy *o, int positions)
+{
+	for (o->leaves = 1; o->leaves < positions; o->leaves *= 2)
+		;
+	o->cover = calloc(2 * (size_t)o->leaves, sizeof(Segs));
+	o->below = calloc(2 * (size_t)o->leaves, sizeof(Segs));
+	o->stamp = calloc(2 * (size_t)o->leaves, sizeof(int));
+	o->query = 0;
+	if (!o->cover || !o->below || !o->stamp)
+		ICE("out of memory");
+}
+
+static void occupancy_free(Occupancy *o)
+{
+	for (int i = 0; i < 2 * o->leaves; i++) {
+		free(o->cover[i].r);
+		free(o->below[i].r);
+	}
+	free(o->cover);
+	free(o->below);
+	free(o->stamp);
+}
+
+static void occupancy_add(Occupancy *o, const Interval *x)
+{
+	Range r = {x->offset, x->offset + x->bytes};
+	for (int l = x->first + o->leaves, h = x->last + 1 + o->leaves; l < h; l /= 2, h /= 2) {
+		int nodes[2], nn = 0;
+		if (l & 1)
+			nodes[nn++] = l++;
+		if (h & 1)
+			nodes[nn++] = --h;
+		for (int i = 0; i < nn; i++) {
+			segs_add(&o->cover[nodes[i]], r);
+			for (int a = nodes[i]; a >= 1; a /= 2)
+				segs_add(&o->below[a], r);
 		}
 	}
+}
+
+static int append_segs(const Segs *s, Range **out, int n, int *cap)
+{
+	if (n + s->n > *cap) {
+		while (n + s->n > *cap)
+			*cap *= 2;
+		*out = realloc(*out, sizeof(Range) * (size_t)*cap);
+		if (!*out)
+			ICE("out of memory");
+	}
+	memcpy(*out + n, s->r, sizeof(Range) * (size_t)s->n);
+	return n + s->n;
+}
+
+/* The ranges whose union is what the placed buffers occupy at some time in x's lifetime. */
+static int occupancy_of(Occupancy *o, const Interval *x, Range **out, int *cap)
+{
+	int n = 0, q = ++o->query;
+	for (int l = x->first + o->leaves, h = x->last + 1 + o->leaves; l < h; l /= 2, h /= 2) {
+		int nodes[2], nn = 0;
+		if (l & 1)
+			nodes[nn++] = l++;
+		if (h & 1)
+			nodes[nn++] = --h;
+		for (int i = 0; i < nn; i++) {
+			n = append_segs(&o->below[nodes[i]], out, n, cap);
+			for (int a = nodes[i] / 2; a >= 1 && o->stamp[a] != q; a /= 2) {
+				o->stamp[a] = q;
+				n = append_segs(&o->cover[a], out, n, cap);
+			}
+		}
+	}
+	return n;
+}
+
+static void insertion_sort(Range *r, int n)
+{
 	for (int i = 1; i < n; i++) {
 		Range x = r[i];
 		int j = i;
@@ -167,23 +188,55 @@ static void sort_ranges(Range *r, int n)
 	}
 }
 
-/* First fit by decreasing size; returns the region's size. */
-static size_t place(Interval *iv, int n)
+/* Sorts ranges by lo: a bucket per range over [0, largest lo], then each bucket in place. A
+ * buffer's overlaps in a big group number in the thousands (a 175B model's saved activations all
+ * overlap its backward's temporaries), and they spread over the arena, so this is linear. */
+static void sort_ranges(Range *r, int n, Range *tmp, int *count)
+{
+	if (n <= 32) {
+		insertion_sort(r, n);
+		return;
+	}
+	size_t top = 0;
+	for (int i = 0; i < n; i++)
+		if (r[i].lo > top)
+			top = r[i].lo;
+	double scale = (double)(n - 1) / ((double)top + 1);
+	for (int b = 0; b <= n; b++)
+		count[b] = 0;
+	for (int i = 0; i < n; i++)
+		count[(int)((double)r[i].lo * scale) + 1]++;
+	for (int b = 0; b < n; b++)
+		count[b + 1] += count[b];
+	for (int i = 0; i < n; i++)
+		tmp[count[(int)((double)r[i].lo * scale)]++] = r[i];
+	memcpy(r, tmp, sizeof(Range) * (size_t)n);
+	insertion_sort(r, n); /* each range is at most its bucket's size away from its place */
+}
+
+/* First fit by decreasing size over kernel positions [0, positions); returns the region's size. */
+static size_t place(Interval *iv, int n, int positions)
 {
 	qsort(iv, (size_t)n, sizeof *iv, by_size_desc);
-	Interval **conflict = malloc(sizeof(Interval *) * (size_t)(n + 1));
-	Range *taken = malloc(sizeof(Range) * (size_t)(n + 1));
-	if (!conflict || !taken)
+	int cap = 64;
+	Range *taken = malloc(sizeof(Range) * (size_t)cap), *tmp = NULL;
+	int *count = NULL, tmp_cap = 0;
+	if (!taken)
 		ICE("out of memory");
-	Overlaps o;
-	overlaps_init(&o, iv, n);
+	Occupancy o;
+	occupancy_init(&o, positions);
 	size_t top = 0;
 	for (int i = 0; i < n; i++) {
 		Interval *x = &iv[i];
-		int nc = overlaps_of(&o, iv, x, conflict);
-		for (int j = 0; j < nc; j++)
-			taken[j] = (Range){conflict[j]->offset, conflict[j]->offset + conflict[j]->bytes};
-		sort_ranges(taken, nc);
+		int nc = occupancy_of(&o, x, &taken, &cap);
+		if (nc > tmp_cap) {
+			tmp_cap = cap;
+			tmp = realloc(tmp, sizeof(Range) * (size_t)tmp_cap);
+			count = realloc(count, sizeof(int) * (size_t)(tmp_cap + 2));
+			if (!tmp || !count)
+				ICE("out of memory");
+		}
+		sort_ranges(taken, nc, tmp, count);
 		size_t off = 0;
 		for (int j = 0; j < nc; j++) {
 			if (taken[j].lo >= off + x->bytes)
@@ -192,15 +245,14 @@ static size_t place(Interval *iv, int n)
 				off = taken[j].hi;
 		}
 		x->offset = off;
-		overlaps_add(&o, iv, i);
+		occupancy_add(&o, x);
 		if (off + x->bytes > top)
 			top = off + x->bytes;
 	}
-	free(conflict);
 	free(taken);
-	free(o.order);
-	free(o.pos);
-	free(o.latest);
+	free(tmp);
+	free(count);
+	occupancy_free(&o);
 	return top;
 }
 
@@ -391,7 +443,7 @@ static size_t plan_group(LProg *p, const int *seq, int n, BufClass cls, int grou
 	for (int b = 0; b < nb; b++)
 		if (first[b] >= 0)
 			iv[ni++] = (Interval){b, align(p->buf[b].bytes ? p->buf[b].bytes : 1), first[b], last[b], 0};
-	size_t top = place(iv, ni);
+	size_t top = place(iv, ni, n + 1);
 	for (int i = 0; i < ni; i++) {
 		Buffer *x = &p->buf[iv[i].buf];
 		x->offset = iv[i].offset;
