@@ -150,17 +150,28 @@ static bool overlaps(Span a, Span b)
 	return a.region == b.region && (a.whole || b.whole || (a.lo < b.hi && b.lo < a.hi));
 }
 
-/* The accesses of a phase call's kernels so far, by stream and region: a chain per (stream,
- * region) from the latest access back, so that finding the latest earlier kernel of a stream that
- * conflicts with a kernel looks only at accesses of the regions that kernel touches (the
- * original walk over every kernel of the stream grew with the call's compute kernels times its
- * collectives). */
+/* The accesses of a phase call's kernels so far, by stream, so that finding the latest earlier
+ * kernel of a stream that conflicts with a kernel does not walk the stream's kernels (a walk grew
+ * with the call's compute kernels times its in-flight collectives):
+ *   - a state buffer's accesses (region 3 + b) in a chain per (stream, region), from the latest
+ *     back: few kernels touch one state buffer in a call;
+ *   - the transient regions' bytes (arena, slot, inbox: every temporary shares them) in two trees
+ *     per stream, writes and reads: segment trees over the byte ranges of the program's buffers
+ *     (their bounds, sorted), each node keeping the latest position of an access split at it
+ *     (tag) and at or below it (below). The latest access overlapping a range is then a range
+ *     maximum, log n. */
 typedef struct Access {
 	int pos;        /* the kernel's position in the call */
 	bool write;
 	Span span;
 	int prev;       /* the previous access of the same stream and region, or -1 */
 } Access;
+
+typedef struct Latest {
+	int *tag, *below; /* per node: the latest position + 1 (0: none) */
+	int *touched;     /* nodes set in this call (reset after it) */
+	int ntouched, cap;
+} Latest;
 
 typedef struct Accesses {
 	int nregions, ns;
@@ -169,7 +180,144 @@ typedef struct Accesses {
 	int n, cap;
 	int *touched;   /* head entries set in this call (reset after it) */
 	int ntouched, captouched;
+	unsigned long long *keys; /* the transient regions' byte bounds, (region << 56) + byte, sorted */
+	int nkeys, leaves;
+	Latest *latest; /* [stream * 2 + write] */
 } Accesses;
+
+enum { TRANSIENT_REGIONS = 3 };
+
+static unsigned long long key_of(int region, long long byte)
+{
+	return ((unsigned long long)region << 56) + (unsigned long long)byte;
+}
+
+static int by_key(const void *a, const void *b)
+{
+	unsigned long long x = *(const unsigned long long *)a, y = *(const unsigned long long *)b;
+	return (x > y) - (x < y);
+}
+
+/* A span's bounds as keys: a whole-region span covers its region. */
+static void span_keys(Span x, unsigned long long *lo, unsigned long long *hi)
+{
+	*lo = x.whole ? key_of(x.region, 0) : key_of(x.region, x.lo);
+	*hi = x.whole ? key_of(x.region + 1, 0) : key_of(x.region, x.hi);
+}
+
+static int key_index(const Accesses *A, unsigned long long k)
+{
+	int lo = 0, hi = A->nkeys;
+	while (lo < hi) {
+		int mid = (lo + hi) / 2;
+		if (A->keys[mid] < k)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return lo;
+}
+
+static void accesses_init(Accesses *A, const LProg *p, const Span *spans, int ns)
+{
+	memset(A, 0, sizeof *A);
+	A->nregions = TRANSIENT_REGIONS + p->nbuf;
+	A->ns = ns;
+	A->head = malloc(sizeof(int) * (size_t)ns * (size_t)A->nregions);
+	A->keys = malloc(sizeof(unsigned long long) * (2 * (size_t)p->nbuf + 2));
+	A->latest = calloc(2 * (size_t)ns, sizeof(Latest));
+	if (!A->head || !A->keys || !A->latest)
+		ICE("out of memory");
+	for (int h = 0; h < ns * A->nregions; h++)
+		A->head[h] = -1;
+	for (int b = 0; b < p->nbuf; b++)
+		if (spans[b].region < TRANSIENT_REGIONS)
+			span_keys(spans[b], &A->keys[A->nkeys], &A->keys[A->nkeys + 1]), A->nkeys += 2;
+	qsort(A->keys, (size_t)A->nkeys, sizeof *A->keys, by_key);
+	int u = 0;
+	for (int i = 0; i < A->nkeys; i++)
+		if (!u || A->keys[i] != A->keys[u - 1])
+			A->keys[u++] = A->keys[i];
+	A->nkeys = u;
+	for (A->leaves = 1; A->leaves < A->nkeys; A->leaves *= 2)
+		;
+}
+
+static void accesses_free(Accesses *A)
+{
+	for (int i = 0; i < 2 * A->ns; i++) {
+		free(A->latest[i].tag);
+		free(A->latest[i].below);
+		free(A->latest[i].touched);
+	}
+	free(A->latest);
+	free(A->keys);
+	free(A->head);
+	free(A->a);
+	free(A->touched);
+}
+
+static void latest_touch(Latest *t, int node)
+{
+	if (t->ntouched == t->cap) {
+		t->cap = t->cap ? 2 * t->cap : 256;
+		t->touched = realloc(t->touched, sizeof(int) * (size_t)t->cap);
+		if (!t->touched)
+			ICE("out of memory");
+	}
+	t->touched[t->ntouched++] = node;
+}
+
+/* Records an access at pos over the span's bytes in tree t. */
+static void latest_set(const Accesses *A, Latest *t, Span x, int pos)
+{
+	if (!t->tag) {
+		t->tag = calloc(2 * (size_t)A->leaves, sizeof(int));
+		t->below = calloc(2 * (size_t)A->leaves, sizeof(int));
+		if (!t->tag || !t->below)
+			ICE("out of memory");
+	}
+	unsigned long long klo, khi;
+	span_keys(x, &klo, &khi);
+	for (int l = key_index(A, klo) + A->leaves, h = key_index(A, khi) + A->leaves; l < h; l /= 2, h /= 2) {
+		int nodes[2], nn = 0;
+		if (l & 1)
+			nodes[nn++] = l++;
+		if (h & 1)
+			nodes[nn++] = --h;
+		for (int i = 0; i < nn; i++) {
+			t->tag[nodes[i]] = pos + 1;
+			latest_touch(t, nodes[i]);
+			for (int a = nodes[i]; a >= 1 && t->below[a] < pos + 1; a /= 2)
+				t->below[a] = pos + 1;
+		}
+	}
+}
+
+/* The latest position of an access over any of the span's bytes in tree t, or NONE. */
+static int latest_get(const Accesses *A, const Latest *t, Span x)
+{
+	int best = 0;
+	if (!t->tag)
+		return NONE;
+	unsigned long long klo, khi;
+	span_keys(x, &klo, &khi);
+	for (int l = key_index(A, klo) + A->leaves, h = key_index(A, khi) + A->leaves; l < h; l /= 2, h /= 2) {
+		int nodes[2], nn = 0;
+		if (l & 1)
+			nodes[nn++] = l++;
+		if (h & 1)
+			nodes[nn++] = --h;
+		for (int i = 0; i < nn; i++) {
+			if (t->below[nodes[i]] > best)
+				best = t->below[nodes[i]];
+			for (int a = nodes[i] / 2; a >= 1; a /= 2)
+				if (t->tag[a] > best)
+					best = t->tag[a];
+		}
+	}
+	return best ? best - 1 : NONE;
+}
 
 static int region_slot(const Accesses *A, int stream, int region)
 {
@@ -178,6 +326,10 @@ static int region_slot(const Accesses *A, int stream, int region)
 
 static void access_add(Accesses *A, int stream, int pos, bool write, Span span)
 {
+	if (span.region < TRANSIENT_REGIONS) {
+		latest_set(A, &A->latest[2 * stream + write], span, pos);
+		return;
+	}
 	if (A->n == A->cap) {
 		A->cap = A->cap ? 2 * A->cap : 1024;
 		A->a = realloc(A->a, sizeof(Access) * (size_t)A->cap);
@@ -204,12 +356,25 @@ static void accesses_reset(Accesses *A)
 		A->head[A->touched[i]] = -1;
 	A->ntouched = 0;
 	A->n = 0;
+	for (int i = 0; i < 2 * A->ns; i++) {
+		Latest *t = &A->latest[i];
+		for (int j = 0; j < t->ntouched; j++)
+			for (int a = t->touched[j]; a >= 1 && (t->tag[a] || t->below[a]); a /= 2)
+				t->tag[a] = t->below[a] = 0;
+		t->ntouched = 0;
+	}
 }
 
 /* The latest access of stream s after position after that conflicts with span x (x written, or
  * read: then only a write conflicts), or best when none is later than best. */
 static int latest_conflict(const Accesses *A, int s, Span x, bool write, int after, int best)
 {
+	if (x.region < TRANSIENT_REGIONS) {
+		int w = latest_get(A, &A->latest[2 * s + 1], x);
+		int r = write ? latest_get(A, &A->latest[2 * s], x) : NONE;
+		int latest = w > r ? w : r;
+		return latest > after && latest > best ? latest : best;
+	}
 	for (int e = A->head[region_slot(A, s, x.region)]; e >= 0; e = A->a[e].prev) {
 		const Access *ac = &A->a[e];
 		if (ac->pos <= after || ac->pos <= best)
@@ -381,12 +546,8 @@ static void streams_prog(LProg *p)
 		spans[b] = span_of(p, b);
 		stamp[b] = -1;
 	}
-	Accesses A = {.nregions = 3 + p->nbuf, .ns = ns};
-	A.head = malloc(sizeof(int) * (size_t)ns * (size_t)A.nregions);
-	if (!A.head)
-		ICE("out of memory");
-	for (int h = 0; h < ns * A.nregions; h++)
-		A.head[h] = -1;
+	Accesses A;
+	accesses_init(&A, p, spans, ns);
 	int call = 0;
 	for (int i = 0; i < p->nk; i++) {
 		if (done[i])
@@ -405,9 +566,7 @@ static void streams_prog(LProg *p)
 	free(stamp);
 	free(spans);
 	free(done);
-	free(A.head);
-	free(A.a);
-	free(A.touched);
+	accesses_free(&A);
 }
 
 bool plan_streams(Lowered *low)
