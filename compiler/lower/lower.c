@@ -125,9 +125,17 @@ int buffer_new(LProg *p, BufClass cls, DType t, long long elems, const char *nam
 	return i;
 }
 
+/* A kernel's arguments start as many as the program's kernels of its kind have had at most (then
+ * double): most kernels get theirs in one array of the right size. */
 static KArg *next_arg(LProg *p, Kernel *k)
 {
+	if (!k->capargs && k->nargs == 0 && p->arg_hint[k->kind] > 0) {
+		k->capargs = p->arg_hint[k->kind];
+		k->args = arena_alloc(p->g->arena, sizeof(KArg) * (size_t)k->capargs);
+	}
 	k->args = grow(p->g->arena, k->args, k->nargs, &k->capargs, sizeof(KArg));
+	if (k->nargs + 1 > p->arg_hint[k->kind])
+		p->arg_hint[k->kind] = k->nargs + 1;
 	KArg *a = &k->args[k->nargs++];
 	memset(a, 0, sizeof *a);
 	a->buf = -1;
@@ -310,21 +318,26 @@ void kernels_insert(LProg *p, Kernel *new_k, const int *before, int n)
 		first[i + 1] += first[i];
 	for (int i = 0; i < n; i++)
 		order[first[before[i]]++] = i; /* first[b] ends as the start of b + 1's inserts */
-	int total = p->nk + n, cap = total;
-	Kernel *out = arena_alloc(p->g->arena, sizeof(Kernel) * (size_t)cap);
-	int at = 0, next = 0;
-	for (int i = 0; i <= p->nk; i++) {
-		while (next < n && before[order[next]] == i)
-			out[at++] = new_k[order[next++]];
-		if (i < p->nk)
-			out[at++] = p->k[i];
+	int total = p->nk + n;
+	if (total > p->capk) { /* room to spare: a pass that appends and takes back a kernel copies nothing */
+		int cap = total + total / 4 + 16;
+		Kernel *k = arena_alloc(p->g->arena, sizeof(Kernel) * (size_t)cap);
+		memcpy(k, p->k, sizeof(Kernel) * (size_t)p->nk);
+		p->k = k;
+		p->capk = cap;
 	}
-	internal_assert(at == total && next == n);
+	/* merged in place from the back: old kernel i moves to a position at or after i */
+	int at = total, next = n - 1;
+	for (int i = p->nk; i >= 0; i--) {
+		if (i < p->nk)
+			p->k[--at] = p->k[i];
+		while (next >= 0 && before[order[next]] == i)
+			p->k[--at] = new_k[order[next--]];
+	}
+	internal_assert(at == 0 && next == -1);
 	free(order);
 	free(first);
-	p->k = out;
 	p->nk = total;
-	p->capk = cap;
 }
 
 /* ------------------------------------------------------------------ the lowering state */

@@ -324,6 +324,7 @@ typedef struct LProg {
 	Buffer *buf;
 	int nbuf, capbuf;
 	int nvalbufs;           /* buffers [0, nvalbufs) hold graph values (Buffer.value), by value */
+	int arg_hint[K_COUNT];  /* the most arguments a kernel of each kind has had (lower.c's next_arg) */
 	Handle *handles;
 	int nhandles, caphandles;
 	int nslotreqs;          /* p2p requests one slot's actions use */
