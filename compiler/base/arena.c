@@ -16,9 +16,16 @@ typedef struct Block {
 	_Alignas(16) unsigned char data[];
 } Block;
 
+/* A heap array the arena frees with itself (arena_own): *slot when the arena is freed. */
+typedef struct Owned {
+	struct Owned *next;
+	void **slot;
+} Owned;
+
 struct Arena {
 	Block *head;
 	size_t next_cap;
+	Owned *owned;
 };
 
 Arena *arena_new(void)
@@ -93,10 +100,20 @@ char *arena_printf(Arena *a, const char *fmt, ...)
 	return p;
 }
 
+void arena_own(Arena *a, void **slot)
+{
+	Owned *o = arena_alloc(a, sizeof *o);
+	o->slot = slot;
+	o->next = a->owned;
+	a->owned = o;
+}
+
 void arena_free(Arena *a)
 {
 	if (!a)
 		return;
+	for (Owned *o = a->owned; o; o = o->next)
+		free(*o->slot);
 	Block *b = a->head;
 	while (b) {
 		Block *next = b->next;

@@ -76,9 +76,25 @@ Kernel *kernel_copy(LProg *p, Phase ph, int chunk, int op, int dst, int src, lon
 	return k;
 }
 
+/* Grows a program's kernel or buffer array (a heap array the arena owns, arena_own) so that index
+ * n fits: realloc moves it without leaving a copy behind. */
+static void *grow_heap(void *old, int n, int *cap, size_t elem)
+{
+	if (n < *cap)
+		return old;
+	int nc = *cap ? *cap * 2 : 64;
+	while (nc <= n)
+		nc *= 2;
+	void *fresh = realloc(old, elem * (size_t)nc);
+	if (!fresh)
+		ICE("out of memory");
+	*cap = nc;
+	return fresh;
+}
+
 Kernel *kernel_new(LProg *p, KernelKind kind, Phase ph, int chunk, int op)
 {
-	p->k = grow(p->g->arena, p->k, p->nk, &p->capk, sizeof(Kernel));
+	p->k = grow_heap(p->k, p->nk, &p->capk, sizeof(Kernel));
 	Kernel *k = &p->k[p->nk++];
 	memset(k, 0, sizeof *k);
 	k->kind = kind;
@@ -102,7 +118,7 @@ static char *identifier(Arena *a, const char *s)
 
 int buffer_new(LProg *p, BufClass cls, DType t, long long elems, const char *name, const char *what)
 {
-	p->buf = grow(p->g->arena, p->buf, p->nbuf, &p->capbuf, sizeof(Buffer));
+	p->buf = grow_heap(p->buf, p->nbuf, &p->capbuf, sizeof(Buffer));
 	int i = p->nbuf++;
 	Buffer *b = &p->buf[i];
 	memset(b, 0, sizeof *b);
@@ -321,9 +337,9 @@ void kernels_insert(LProg *p, Kernel *new_k, const int *before, int n)
 	int total = p->nk + n;
 	if (total > p->capk) { /* room to spare: a pass that appends and takes back a kernel copies nothing */
 		int cap = total + total / 4 + 16;
-		Kernel *k = arena_alloc(p->g->arena, sizeof(Kernel) * (size_t)cap);
-		memcpy(k, p->k, sizeof(Kernel) * (size_t)p->nk);
-		p->k = k;
+		p->k = realloc(p->k, sizeof(Kernel) * (size_t)cap);
+		if (!p->k)
+			ICE("out of memory");
 		p->capk = cap;
 	}
 	/* merged in place from the back: old kernel i moves to a position at or after i */
@@ -2021,9 +2037,8 @@ static void placeholders(LProg *p, Buffer **scratch, int *cap)
 {
 	Graph *g = p->g;
 	if (*cap < g->nvals + 1) {
-		free(*scratch);
-		*cap = g->nvals + g->nvals / 2 + 64;
-		*scratch = malloc(sizeof(Buffer) * (size_t)*cap);
+		*cap = 2 * g->nvals + 64; /* lowering about doubles the buffers */
+		*scratch = realloc(*scratch, sizeof(Buffer) * (size_t)*cap);
 		if (!*scratch)
 			ICE("out of memory");
 	}
@@ -2054,6 +2069,7 @@ static LProg *lower_prog(Lowered *low, int stage, int role, Buffer **scratch, in
 {
 	Graph *g = low->g;
 	LProg *p = arena_alloc(g->arena, sizeof *p);
+	arena_own(g->arena, (void **)&p->k);
 	p->low = low;
 	p->g = g;
 	p->ps = g->ps;
@@ -2324,7 +2340,10 @@ static void compact_prog(LProg *p, int nvals)
 		if (keep[b] && b < nvals)
 			p->nvalbufs++;
 	}
-	Buffer *bufs = arena_alloc(p->g->arena, sizeof(Buffer) * (size_t)(n ? n : 1));
+	int cap = n + n / 4 + 16; /* the later passes add buffers */
+	Buffer *bufs = malloc(sizeof(Buffer) * (size_t)cap);
+	if (!bufs)
+		ICE("out of memory");
 	for (int b = 0; b < nb; b++) {
 		if (!keep[b])
 			continue;
@@ -2339,8 +2358,10 @@ static void compact_prog(LProg *p, int nvals)
 		kernel_map_buffers(p, &p->k[i], renumber, map);
 	if (p->loss_metric >= 0)
 		p->loss_metric = map[p->loss_metric];
-	p->buf = bufs;
-	p->nbuf = p->capbuf = n;
+	p->buf = bufs; /* the scratch array lowering used stays with lower() for the next program */
+	p->nbuf = n;
+	p->capbuf = cap;
+	arena_own(p->g->arena, (void **)&p->buf);
 	free(map);
 	free(keep);
 }
@@ -2517,6 +2538,8 @@ Lowered *lower(Graph *g)
 			int role = low->nroles == 1 ? RANKROLE_ANY : r == 0 ? RANKROLE_MASTER : RANKROLE_WORKER;
 			LProg *p = lower_prog(low, s, role, &scratch, &scratch_cap);
 			lower_conversions(p);
+			scratch = p->buf; /* buffer_new may have moved it */
+			scratch_cap = p->capbuf;
 			compact_prog(p, g->nvals);
 			low->progs[low->nprogs++] = p;
 		}

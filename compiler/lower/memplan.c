@@ -52,13 +52,41 @@ typedef struct Range {
 } Range;
 
 /* Sorted, disjoint byte ranges: the union of some placed buffers' bytes. Adding a range merges
- * it with those it touches. */
+ * it with those it touches. The arrays come from a pool freed at once (a group's tree holds a
+ * list at most of its nodes, most of a few ranges). */
 typedef struct Segs {
 	Range *r;
 	int n, cap;
 } Segs;
 
-static void segs_add(Segs *s, Range x)
+typedef struct RangePool {
+	Range *chunk;
+	size_t used, size;
+	Range **chunks;
+	int nchunks, capchunks;
+} RangePool;
+
+static Range *range_take(RangePool *pool, int n)
+{
+	if (pool->used + (size_t)n > pool->size) {
+		pool->size = (size_t)n > 16384 ? (size_t)n : 16384;
+		pool->chunk = malloc(sizeof(Range) * pool->size);
+		if (pool->nchunks == pool->capchunks) {
+			pool->capchunks = pool->capchunks ? 2 * pool->capchunks : 16;
+			pool->chunks = realloc(pool->chunks, sizeof(Range *) * (size_t)pool->capchunks);
+		}
+		if (!pool->chunk || !pool->chunks)
+			ICE("out of memory");
+		pool->chunks[pool->nchunks++] = pool->chunk;
+		pool->used = 0;
+	}
+	Range *r = pool->chunk + pool->used;
+	pool->used += (size_t)n;
+	return r;
+}
+
+/* Adds x to the union; false when it was there already. */
+static bool segs_add(RangePool *pool, Segs *s, Range x)
 {
 	int a = 0, hi = s->n; /* the first range that ends at or after x starts */
 	while (a < hi) {
@@ -68,6 +96,8 @@ static void segs_add(Segs *s, Range x)
 		else
 			hi = mid;
 	}
+	if (a < s->n && s->r[a].lo <= x.lo && x.hi <= s->r[a].hi)
+		return false;
 	int b = a; /* ranges [a, b) touch x and merge with it */
 	for (; b < s->n && s->r[b].lo <= x.hi; b++) {
 		if (s->r[b].lo < x.lo)
@@ -76,14 +106,16 @@ static void segs_add(Segs *s, Range x)
 			x.hi = s->r[b].hi;
 	}
 	if (a == b && s->n == s->cap) {
-		s->cap = s->cap ? 2 * s->cap : 4;
-		s->r = realloc(s->r, sizeof(Range) * (size_t)s->cap);
-		if (!s->r)
-			ICE("out of memory");
+		int cap = s->cap ? 2 * s->cap : 4;
+		Range *r = range_take(pool, cap);
+		memcpy(r, s->r, sizeof(Range) * (size_t)s->n);
+		s->r = r;
+		s->cap = cap;
 	}
 	memmove(&s->r[a + 1], &s->r[b], sizeof(Range) * (size_t)(s->n - b));
 	s->r[a] = x;
 	s->n += 1 - (b - a);
+	return true;
 }
 
 /* The bytes that placed buffers occupy at some time of a window, as a union, without visiting
@@ -99,6 +131,7 @@ static void segs_add(Segs *s, Range x)
 typedef struct Occupancy {
 	int leaves;       /* a power of two, at least the group's positions */
 	Segs *cover, *below;
+	RangePool pool;
 	int *stamp;       /* per node: the query that collected its cover last */
 	int query;
 } Occupancy;
@@ -111,16 +144,16 @@ static void occupancy_init(Occupancy *o, int positions)
 	o->below = calloc(2 * (size_t)o->leaves, sizeof(Segs));
 	o->stamp = calloc(2 * (size_t)o->leaves, sizeof(int));
 	o->query = 0;
+	memset(&o->pool, 0, sizeof o->pool);
 	if (!o->cover || !o->below || !o->stamp)
 		ICE("out of memory");
 }
 
 static void occupancy_free(Occupancy *o)
 {
-	for (int i = 0; i < 2 * o->leaves; i++) {
-		free(o->cover[i].r);
-		free(o->below[i].r);
-	}
+	for (int i = 0; i < o->pool.nchunks; i++)
+		free(o->pool.chunks[i]);
+	free(o->pool.chunks);
 	free(o->cover);
 	free(o->below);
 	free(o->stamp);
@@ -136,9 +169,10 @@ static void occupancy_add(Occupancy *o, const Interval *x)
 		if (h & 1)
 			nodes[nn++] = --h;
 		for (int i = 0; i < nn; i++) {
-			segs_add(&o->cover[nodes[i]], r);
-			for (int a = nodes[i]; a >= 1; a /= 2)
-				segs_add(&o->below[a], r);
+			segs_add(&o->pool, &o->cover[nodes[i]], r);
+			/* an ancestor's union holds its descendants': once one has r, the rest have it */
+			for (int a = nodes[i]; a >= 1 && segs_add(&o->pool, &o->below[a], r); a /= 2)
+				;
 		}
 	}
 }
