@@ -3,6 +3,7 @@
  * the user's input (reported with file:line:col), 2 a usage error; internal errors abort. */
 #include "passes.h"
 
+#include <dlfcn.h>
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -428,6 +429,46 @@ static bool cmd_cuda(Lowered *low, const Options *o, bool compile)
 	return ok;
 }
 
+/* ---- the LLVM back end: a module loaded by the commands that use it (CMakeLists.txt says why) */
+
+static void *llvm_symbol(const char *name)
+{
+	static void *module;
+	if (!module && !(module = dlopen(PLANC_LLVM_MODULE, RTLD_NOW | RTLD_LOCAL))) {
+		fprintf(stderr, "planc: error: cannot load the LLVM back end: %s\n", dlerror());
+		diag_note_plain("rebuild planc (cmake --build build), or use the C back end: planc build FILE --plan P -o PROG");
+		return NULL;
+	}
+	void *f = dlsym(module, name);
+	if (!f)
+		fprintf(stderr, "planc: error: the LLVM back end %s has no %s\n", PLANC_LLVM_MODULE, name);
+	return f;
+}
+
+static bool llvm_emit_ir(const Lowered *low, const char *dir, const char *source_path, FILE *dump)
+{
+	bool (*f)(const Lowered *, const char *, const char *, FILE *) = llvm_symbol("emit_llvm_ir");
+	return f && f(low, dir, source_path, dump);
+}
+
+static bool llvm_emit_ptx(const Lowered *low, const char *dir, FILE *dump)
+{
+	bool (*f)(const Lowered *, const char *, FILE *) = llvm_symbol("emit_ptx");
+	return f && f(low, dir, dump);
+}
+
+static bool llvm_emit_object(const Lowered *low, const char *path, const char *source_path, bool verify, bool native)
+{
+	bool (*f)(const Lowered *, const char *, const char *, bool, bool) = llvm_symbol("emit_llvm_object");
+	return f && f(low, path, source_path, verify, native);
+}
+
+static int llvm_jit(const Lowered *low, const char *source_path, int argc, char **argv, bool verify)
+{
+	int (*f)(const Lowered *, const char *, int, char **, bool) = llvm_symbol("llvm_run");
+	return f ? f(low, source_path, argc, argv, verify) : -1;
+}
+
 /* emit / build: print the lowered program as C (emit llvm: LLVM IR; emit ptx: the fused kernels as
  * PTX); build then compiles it against planrt: the C with mpicc, or (--backend llvm) an object LLVM
  * writes, linked by the same mpicc line. */
@@ -438,9 +479,9 @@ static bool cmd_codegen(Lowered *low, const Options *o, bool compile)
 	Graph *g = low->g;
 	FILE *dump = o->dump_after && !strcmp(o->dump_after, "emit") ? stdout : NULL;
 	if (!compile && !strcmp(o->target, "llvm"))
-		return emit_llvm_ir(low, o->output, o->file, dump);
+		return llvm_emit_ir(low, o->output, o->file, dump);
 	if (!compile && !strcmp(o->target, "ptx"))
-		return emit_ptx(low, o->output, dump);
+		return llvm_emit_ptx(low, o->output, dump);
 	bool llvm = compile && o->backend && !strcmp(o->backend, "llvm");
 	const char *dir = o->output;
 	const char *tmp = getenv("TMPDIR");
@@ -453,7 +494,7 @@ static bool cmd_codegen(Lowered *low, const Options *o, bool compile)
 		}
 	}
 	const char *src = arena_printf(g->arena, llvm ? "%s/prog.o" : "%s/prog.c", dir);
-	if (llvm ? !emit_llvm_object(low, src, o->file, o->verify, o->native)
+	if (llvm ? !llvm_emit_object(low, src, o->file, o->verify, o->native)
 		 : !run_emit(low, dir, o->file, o->dump_after, stdout)) {
 		if (compile)
 			remove_build_dir(dir, src);
@@ -501,7 +542,7 @@ static int cmd_run(Lowered *low, Options *o)
 	if (!lowered_executable(low, true))
 		return 1;
 	o->prog_argv[0] = arena_printf(low->g->arena, "planc run %s --plan %s", o->file, low->ps->plan->name);
-	int status = llvm_run(low, o->file, o->prog_argc, o->prog_argv, o->verify);
+	int status = llvm_jit(low, o->file, o->prog_argc, o->prog_argv, o->verify);
 	return status < 0 ? 1 : status;
 }
 
@@ -513,7 +554,7 @@ static int cmd_reshard(Lowered *low, Options *o)
 		return 1;
 	char *argv[] = {arena_printf(low->g->arena, "planc reshard %s --plan %s", o->file, low->ps->plan->name),
 			"--reshard", (char *)o->checkpoint, (char *)o->output, NULL};
-	int status = llvm_run(low, o->file, 4, argv, o->verify);
+	int status = llvm_jit(low, o->file, 4, argv, o->verify);
 	return status < 0 ? 1 : status;
 }
 

@@ -116,8 +116,14 @@ void op_inherit(Op *op, const Op *from)
 
 Op *oplist_add(Graph *g, OpList *l, const Op *op)
 {
+	if (!l->cap && g->capspare) { /* the list the last rewrite replaced */
+		l->ops = g->spare_ops;
+		l->cap = g->capspare;
+		g->spare_ops = NULL;
+		g->capspare = 0;
+	}
 	if (l->n == l->cap) {
-		int cap = l->cap ? l->cap * 2 : 1024;
+		int cap = l->cap ? l->cap * 2 : g->nops > 512 ? 2 * g->nops : 1024;
 		Op *no = arena_alloc(g->arena, sizeof(Op) * (size_t)cap);
 		if (l->n)
 			memcpy(no, l->ops, sizeof(Op) * (size_t)l->n);
@@ -134,6 +140,8 @@ Op *oplist_add(Graph *g, OpList *l, const Op *op)
 
 void graph_set_ops(Graph *g, OpList *l)
 {
+	g->spare_ops = g->ops;
+	g->capspare = g->capops;
 	g->ops = l->ops;
 	g->nops = l->n;
 	g->capops = l->cap;
