@@ -50,6 +50,16 @@ KR_DECLS = re.compile(r'\)\s*([A-Za-z_][^;(){}=]*;\s*)*[A-Za-z_][^;(){}=]*$', re
 LOOK_INSIDE = re.compile(r'(\bextern\s*"\s*"|\bnamespace(\s+[A-Za-z_][A-Za-z_0-9:]*)?)\s*$')
 
 
+def blank_comment(text, out, i):
+    """Blanks the /* comment */ starting at text[i] in out (its newlines kept); returns its end."""
+    j = text.find('*/', i + 2)
+    j = len(text) if j < 0 else j + 2
+    for k in range(i, j):
+        if text[k] != '\n':
+            out[k] = ' '
+    return j
+
+
 def blank(text):
     """text with comments, literals and preprocessor directives replaced by spaces (newlines and
     the quotes of literals kept), so that every brace left is C's."""
@@ -72,12 +82,7 @@ def blank(text):
                     i += 2
                     continue
                 if text.startswith('/*', i):  # a comment inside a directive may span lines
-                    j = text.find('*/', i + 2)
-                    j = n if j < 0 else j + 2
-                    for k in range(i, j):
-                        if text[k] != '\n':
-                            out[k] = ' '
-                    i = j
+                    i = blank_comment(text, out, i)
                     continue
                 out[i] = ' '
                 i += 1
@@ -88,12 +93,7 @@ def blank(text):
                 out[i] = ' '
                 i += 1
         elif text.startswith('/*', i):
-            j = text.find('*/', i + 2)
-            j = n if j < 0 else j + 2
-            for k in range(i, j):
-                if text[k] != '\n':
-                    out[k] = ' '
-            i = j
+            i = blank_comment(text, out, i)
         elif c in '"\'':
             j = i + 1
             while j < n and text[j] != c and text[j] != '\n':
