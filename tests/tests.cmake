@@ -101,3 +101,6 @@ endif()
 # and folder by folder, have no cycles (tests/arch/check_deps.py reads the sources and nm of the
 # objects this build made)
 add_test(NAME arch COMMAND python3 ${ROOT}/tests/arch/check_deps.py ${ROOT} ${CMAKE_BINARY_DIR} WORKING_DIRECTORY ${ROOT})
+# no function in compiler/, runtime/ or grammar/ over 150 lines (issue 21; tests/arch/check_functions.py
+# reads C as a compiler would, and lists with why the few still allowed over it)
+add_test(NAME arch_functions COMMAND python3 ${ROOT}/tests/arch/check_functions.py ${ROOT} WORKING_DIRECTORY ${ROOT})
