@@ -19,7 +19,12 @@
  * approximation ATen's vectorised CPU erf uses); the f64 instantiation, which the
  * finite-difference tests use, calls libm. No kernel
  * allocates, except moe_route / moe_aux_loss with more than KSTACK_EXPERTS experts (per-expert
- * counters). */
+ * counters).
+ *
+ * Instruction-set levels (planrt_cpu.h, cpu_table.h). Built with PLANRT_CPU_VARIANT=avx2 (and the
+ * level's -march), this file holds only the f32 kernels, named planrt_k_*_f32_avx2, and their
+ * table planrt_cpu_table_avx2; in the baseline build every f32 kernel first hands its call to the
+ * running level's table when planrt_cpu_select has set one. */
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC optimize("tree-vectorize", "vect-cost-model=dynamic", "no-trapping-math", "no-math-errno")
 #endif
@@ -28,6 +33,8 @@
 #include "planrt.h"
 #include "planrt_kernels.h"
 #include "planrt_math.h"
+
+#include "cpu_table.h"
 
 #include <cblas.h>
 #include <math.h>
@@ -151,9 +158,11 @@ static inline uint32_t philox_first(uint32_t c0, uint32_t c1, uint32_t c2, uint3
 	return c0;
 }
 
+#ifndef PLANRT_CPU_VARIANT
 /* Set while planrt_main evaluates held-out batches: dropout is the identity then, as in PyTorch's
  * eval mode. */
 int planrt_evaluating_;
+#endif
 
 /* The keep threshold: u / 2^32 >= p  <=>  u >= ceil(p 2^32) for integer u (p 2^32 is exact). */
 static uint64_t dropout_threshold(double p)
@@ -247,6 +256,7 @@ static inline int klabel_counts(int32_t label, int64_t classes, int32_t ignore_i
 	return label != ignore_index && label >= 0 && label < classes;
 }
 
+#ifndef PLANRT_CPU_VARIANT
 int64_t planrt_k_check_labels(const int32_t *labels, int64_t n, int64_t classes, int32_t ignore_index, int64_t *valid,
 			      int64_t *bad_index, int32_t *bad_value)
 {
@@ -265,6 +275,7 @@ int64_t planrt_k_check_labels(const int32_t *labels, int64_t n, int64_t classes,
 		*valid = good;
 	return bad;
 }
+#endif
 
 /* ---- the typed kernels ------------------------------------------------------------------------- */
 #define KCAT_(a, b) a##_##b
@@ -273,7 +284,15 @@ int64_t planrt_k_check_labels(const int32_t *labels, int64_t n, int64_t classes,
 
 #define T float
 #define ST float
+#ifdef PLANRT_CPU_VARIANT /* a level's build: planrt_k_*_f32_<level> */
+#define S PLANRT_CPU_NAME(f32, PLANRT_CPU_VARIANT)
+#define KLEVEL(name, args) ((void)0)
+#define KLEVEL_VALUE(name, args) ((void)0)
+#else
 #define S f32
+#define KLEVEL PLANRT_CPU_DISPATCH
+#define KLEVEL_VALUE PLANRT_CPU_DISPATCH_VALUE
+#endif
 #define KEXP kexpf
 #define KLOG logf
 #define KERF kerff
@@ -284,6 +303,8 @@ int64_t planrt_k_check_labels(const int32_t *labels, int64_t n, int64_t classes,
 #define KSQRT sqrtf
 #define KGEMM cblas_sgemm
 #include "kernels_impl.h"
+#undef KLEVEL
+#undef KLEVEL_VALUE
 #undef T
 #undef ST
 #undef S
@@ -297,6 +318,18 @@ int64_t planrt_k_check_labels(const int32_t *labels, int64_t n, int64_t classes,
 #undef KSQRT
 #undef KGEMM
 
+#ifdef PLANRT_CPU_VARIANT
+/* the level's table: its build of every f32 kernel and of optim.c's functions */
+const planrt_cpu_table_t PLANRT_CPU_NAME(planrt_cpu_table, PLANRT_CPU_VARIANT) = {
+#define KENTRY(name) .name = PLANRT_CPU_NAME(name##_f32, PLANRT_CPU_VARIANT),
+#define FENTRY(name) .name = PLANRT_CPU_NAME(name, PLANRT_CPU_VARIANT),
+	PLANRT_CPU_KERNELS(KENTRY) PLANRT_CPU_FUNCTIONS(FENTRY)
+#undef KENTRY
+#undef FENTRY
+};
+#else /* the baseline's double kernels (the finite-difference tests), bf16 and block copies */
+#define KLEVEL(name, args) ((void)0)
+#define KLEVEL_VALUE(name, args) ((void)0)
 #define T double
 #define ST float
 #define S f64
@@ -388,3 +421,4 @@ void planrt_k_block_copy(size_t elem, int rank, const int64_t *gdims, const int6
 		kview_next(&v);
 	}
 }
+#endif /* !PLANRT_CPU_VARIANT */

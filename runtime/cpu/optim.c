@@ -10,15 +10,37 @@
  *   Adam      g as SGD (L2 decay); m = m * b1 + (1 - b1) * g; v = v * b2 + (1 - b2) * g * g;
  *             denom = sqrt(v) / sqrt(1 - b2^t) + eps;  param = param + (-lr / (1 - b1^t)) * m / denom
  *   AdamW     param = param * (1 - lr * wd) first (decoupled decay), then Adam without L2.
- * The bias corrections and step size are computed in double as torch does in Python. */
+ * The bias corrections and step size are computed in double as torch does in Python.
+ *
+ * The updates and planrt_sum_squares are compiled per instruction-set level too (cpu_table.h):
+ * built with PLANRT_CPU_VARIANT=LEVEL this file holds only them, named with the level. The loops
+ * vectorise with gcc's dynamic cost model, -fno-math-errno (sqrtf inline) and -fno-trapping-math,
+ * which change no result (kernels.c says more). */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC optimize("tree-vectorize", "vect-cost-model=dynamic", "no-trapping-math", "no-math-errno")
+#endif
+
 #define PLANRT_INTERNAL
 #include "planrt.h"
 
+#include "cpu_table.h"
+
 #include <math.h>
+
+#ifdef PLANRT_CPU_VARIANT
+#define planrt_opt_step PLANRT_CPU_NAME(planrt_opt_step, PLANRT_CPU_VARIANT)
+#define planrt_sum_squares PLANRT_CPU_NAME(planrt_sum_squares, PLANRT_CPU_VARIANT)
+#define DISPATCH(name, args) ((void)0)
+#define DISPATCH_VALUE(name, args) ((void)0)
+#else
+#define DISPATCH PLANRT_CPU_DISPATCH
+#define DISPATCH_VALUE PLANRT_CPU_DISPATCH_VALUE
+#endif
 
 void planrt_opt_step(const planrt_opt_t *o, double lr, int64_t step, float *param, const float *grad, float *m,
 		     float *v, size_t n)
 {
+	DISPATCH(planrt_opt_step, (o, lr, step, param, grad, m, v, n));
 	const float wd = (float)o->weight_decay, neg_lr = (float)-lr;
 	const int l2 = o->kind != planrt_opt_adamw && o->weight_decay != 0;
 	switch (o->kind) {
@@ -65,6 +87,7 @@ void planrt_opt_step(const planrt_opt_t *o, double lr, int64_t step, float *para
 	planrt_fatal("planrt_opt_step: unknown optimizer kind %d", (int)o->kind);
 }
 
+#ifndef PLANRT_CPU_VARIANT
 /* step counts from 0. step < warmup: lr * (step + 1) / warmup (the first step already moves).
  * Then, with total > 0, cosine from lr at step = warmup to min_lr at step = total, and min_lr
  * from total on; total <= 0: lr after the warmup (no decay). */
@@ -82,8 +105,11 @@ double planrt_lr_at(double lr, int64_t step, int64_t warmup, int64_t total, doub
 	return min_lr + 0.5 * (lr - min_lr) * (1.0 + cos(M_PI * progress));
 }
 
+#endif
+
 double planrt_sum_squares(const float *x, size_t n)
 {
+	DISPATCH_VALUE(planrt_sum_squares, (x, n));
 	double s = 0;
 	for (size_t i = 0; i < n; i++)
 		s += (double)x[i] * (double)x[i];

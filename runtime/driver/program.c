@@ -45,6 +45,7 @@
 #include <mpi.h>
 
 #include "../io/planrt_ckpt.h"
+#include "planrt_cpu.h"
 #include "planrt_device.h"
 #include "planrt_exec.h"
 #include "planrt_kernels.h"
@@ -288,8 +289,14 @@ static void print_help(const char *prog_name, const planrt_program_t *p)
 		       p->axis_names && p->axis_names[p->pipe_axis] ? p->axis_names[p->pipe_axis] : "?", p->micro_batches);
 	else
 		printf("  no pipeline; %d micro-batch%s per step\n", p->micro_batches, p->micro_batches == 1 ? "" : "es");
-	printf("  step: %lld samples of %lld tokens (vocabulary %lld)\n\n", (long long)p->batch, (long long)p->seq,
+	printf("  step: %lld samples of %lld tokens (vocabulary %lld)\n", (long long)p->batch, (long long)p->seq,
 	       (long long)p->vocab);
+	char cpu[512];
+	if (planrt_cpu_select() == planrt_success)
+		planrt_cpu_describe(cpu, sizeof cpu);
+	else
+		snprintf(cpu, sizeof cpu, "%s", planrt_last_error());
+	printf("  cpu: %s\n\n", cpu);
 	printf("options:\n"
 	       "  --steps K             optimizer steps to train (required; 0 initialises, loads and saves)\n"
 	       "  --data FILE           training tokens: a text file (bytes) or a nanoGPT uint16 .bin file "
@@ -320,7 +327,9 @@ static void print_help(const char *prog_name, const planrt_program_t *p)
 	       "environment: PLANRT_WATCHDOG=SECONDS (stall limit, 0 off), PLANRT_REPORT_MEMORY, "
 	       "PLANRT_REPORT_TIMING, PLANRT_REPORT_COMM (one stderr line per rank),\n"
 	       "  PLANRT_STRAGGLER=RANK:MS or random:MS (that rank, or one drawn per step, sleeps MS ms at each "
-	       "step's start)\n",
+	       "step's start),\n"
+	       "  PLANRT_ISA=LEVEL (the instruction-set level of the fused loops and kernels, one of the cpu line's;\n"
+	       "  default: the best this CPU runs)\n",
 	       DEFAULT_SEED);
 	fflush(stdout);
 }
@@ -1465,6 +1474,8 @@ int planrt_main(int argc, char **argv, const planrt_program_t *program)
 	/* 1. the world and the mesh */
 	int rank, world;
 	PLANRT_CHECK(planrt_init(&argc, &argv, &rank, &world));
+	if (planrt_cpu_select() != planrt_success) /* the instruction-set level: this rank's CPU, or PLANRT_ISA */
+		planrt_fatal("%s", planrt_last_error());
 	if (world != program->world)
 		planrt_fatal("this program was built for %d ranks (plan %s) but runs on %d; launch it with mpirun -np %d",
 			     program->world, program->plan, world, program->world);
@@ -1614,6 +1625,9 @@ int planrt_main(int argc, char **argv, const planrt_program_t *program)
 		skips_in_row = resumed_in_row;
 	}
 	enum { GROWTH_INTERVAL = 2000 };
+	char cpu_field[64]; /* the first line of the log names rank 0's instruction-set level */
+	snprintf(cpu_field, sizeof cpu_field, "\"cpu\":\"%s\"", planrt_cpu_name(planrt_cpu_level_));
+	planrt_log_fields(cpu_field);
 	for (int64_t step = first_step; step < opt.steps; step++) {
 		double t0 = planrt_now(), wait0 = ctx.wait_s;
 		double step_scale = scaled ? scale : 1.0;

@@ -6,6 +6,7 @@
  * transpose, repeat_kv, broadcasting batched matmul, RoPE (Hugging Face's float recipe), mse / l1,
  * cross-entropy over classes with ignore_index and bad labels.
  * Usage: test_semantics reference.txt */
+#include "planrt_cpu.h"
 #include "planrt_kernels.h"
 #include "planrt_math.h"
 
@@ -993,6 +994,13 @@ int main(int argc, char **argv)
 		fprintf(stderr, "usage: test_semantics reference.txt\n");
 		return 2;
 	}
+	/* the kernels of one instruction-set level (PLANRT_ISA; unset: this CPU's best), skipped when
+	 * the CPU lacks it */
+	if (planrt_cpu_select() != planrt_success) {
+		printf("SKIP: %s\n", planrt_last_error());
+		return 77;
+	}
+	printf("instruction-set level: %s\n", planrt_cpu_name(planrt_cpu_level_));
 	load_refs(argv[1]);
 	test_activations();
 	test_norms();
