@@ -174,16 +174,78 @@ static uint64_t dropout_threshold(double p)
 	return (uint64_t)ceil(p * 4294967296.0);
 }
 
-/* Writes mask[i] for n elements whose global indices are g0 + i * gs. Sixteen counters at a time
- * in separate lanes, so the 32x32 -> 64-bit multiplies of Philox vectorise; the stream is the
- * same as philox_first element by element. */
+/* Philox's rounds over a vector of counters (x86-64, every level): one lane per element, the
+ * widest vector the build's instruction set has. The 32 x 32 -> 64-bit products are pmuludq's
+ * (the low halves of 64-bit lanes, even and odd lanes in turn), which gcc's vector extensions do
+ * not express: written as 64-bit products they become full 64-bit multiplies (vpmullq), three
+ * times the work. */
+#if defined(__x86_64__)
+#include <immintrin.h>
+#if defined(__AVX512F__)
+#define KV_BYTES 64
+#define KV_MUL_EPU32(a, b) ((kv64)_mm512_mul_epu32((__m512i)(a), (__m512i)(b)))
+#elif defined(__AVX2__)
+#define KV_BYTES 32
+#define KV_MUL_EPU32(a, b) ((kv64)_mm256_mul_epu32((__m256i)(a), (__m256i)(b)))
+#else
+#define KV_BYTES 16
+#define KV_MUL_EPU32(a, b) ((kv64)_mm_mul_epu32((__m128i)(a), (__m128i)(b)))
+#endif
+typedef uint32_t kv32 __attribute__((vector_size(KV_BYTES)));
+typedef uint64_t kv64 __attribute__((vector_size(KV_BYTES)));
+#define KV_LANES (KV_BYTES / 4)
+
+/* the high and low halves of m * a, lane by lane */
+static inline void kv_mulhilo(kv32 a, uint32_t m, kv32 *hi, kv32 *lo)
+{
+	kv64 mm = (kv64){0} + m;
+	kv64 even = KV_MUL_EPU32(a, mm), odd = KV_MUL_EPU32((kv64)a >> 32, mm);
+	*lo = (kv32)((even & 0xffffffffu) | (odd << 32));
+	*hi = (kv32)((even >> 32) | (odd & 0xffffffff00000000u));
+}
+
+/* mask[i] for the KV_LANES elements whose global indices are g0 + i * gs, as philox_first */
+static inline void kv_dropout_lanes(uint8_t *mask, uint64_t g0, int64_t gs, uint64_t thr, uint32_t k0, uint32_t k1,
+				    uint32_t c2k, uint32_t c3k)
+{
+	kv32 c0, c1, c2 = (kv32){0} + c2k, c3 = (kv32){0} + c3k;
+	for (int l = 0; l < KV_LANES; l++) {
+		uint64_t g = g0 + (uint64_t)(l * gs);
+		c0[l] = (uint32_t)g;
+		c1[l] = (uint32_t)(g >> 32);
+	}
+	for (int r = 0; r < 10; r++) {
+		if (r > 0) {
+			k0 += 0x9E3779B9u;
+			k1 += 0xBB67AE85u;
+		}
+		kv32 hi0, lo0, hi1, lo1;
+		kv_mulhilo(c0, 0xD2511F53u, &hi0, &lo0);
+		kv_mulhilo(c2, 0xCD9E8D57u, &hi1, &lo1);
+		c0 = hi1 ^ c1 ^ k0;
+		c2 = hi0 ^ c3 ^ k1;
+		c1 = lo1;
+		c3 = lo0;
+	}
+	for (int l = 0; l < KV_LANES; l++)
+		mask[l] = (uint64_t)c0[l] >= thr;
+}
+#endif
+
+/* Writes mask[i] for n elements whose global indices are g0 + i * gs: KV_LANES counters at a time
+ * on x86-64 (above), else sixteen in separate lanes of arrays so that the 32x32 -> 64-bit
+ * multiplies of Philox vectorise; the stream is the same as philox_first element by element. */
 static void dropout_mask_row(uint8_t *mask, int64_t n, uint64_t g0, int64_t gs, uint64_t thr, uint64_t seed,
 			     uint64_t key)
 {
-	enum { LANES = 16 };
 	const uint32_t k0 = (uint32_t)seed, k1 = (uint32_t)(seed >> 32);
 	const uint32_t c2k = (uint32_t)key, c3k = (uint32_t)(key >> 32);
 	int64_t i = 0;
+#ifdef KV_LANES
+	for (; i + KV_LANES <= n; i += KV_LANES)
+		kv_dropout_lanes(mask + i, g0 + (uint64_t)(i * gs), gs, thr, k0, k1, c2k, c3k);
+#else
+	enum { LANES = 16 };
 	for (; i + LANES <= n; i += LANES) {
 		uint32_t c0[LANES], c1[LANES], c2[LANES], c3[LANES];
 		for (int l = 0; l < LANES; l++) {
@@ -213,6 +275,7 @@ static void dropout_mask_row(uint8_t *mask, int64_t n, uint64_t g0, int64_t gs, 
 		for (int l = 0; l < LANES; l++)
 			mask[i + l] = (uint64_t)c0[l] >= thr;
 	}
+#endif
 	for (; i < n; i++) {
 		uint64_t g = g0 + (uint64_t)(i * gs);
 		uint32_t u = philox_first((uint32_t)g, (uint32_t)(g >> 32), c2k, c3k, k0, k1);

@@ -297,6 +297,15 @@ static void test_dropout(void)
 		kept += mask[i];
 	}
 	report(ok, "dropout mask = Philox-4x32-10 reference stream (64 elements past 2^32, %d kept)", kept);
+	/* the f32 kernel: the running instruction-set level's vectorised Philox, the same stream */
+	float x32[64], y32[64];
+	for (int i = 0; i < 64; i++)
+		x32[i] = (float)(i + 1);
+	planrt_k_dropout_f32(x32, y32, mask, p, seed, key, 1, gd, ld, of);
+	ok = 1;
+	for (int i = 0; i < 64; i++)
+		ok &= mask[i] == (u[i] / 4294967296.0 >= p);
+	report(ok, "dropout mask (f32, %s) = Philox-4x32-10 reference stream", planrt_cpu_name(planrt_cpu_level_));
 
 	/* Random123 known answer: counter 0, key 0 gives 0x6627e8d5 first; kept iff u / 2^32 >= p */
 	double one = 1, o;
