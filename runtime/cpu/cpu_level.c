@@ -5,7 +5,10 @@
  * within what the CPU runs. The level sets planrt_cpu_level_ (which the fused loops of a program
  * are called at) and planrt_cpu_table_ (planrt's own kernels, when this build of planrt compiled
  * them for the level: CMake defines PLANRT_CPU_HAVE_<LEVEL>; a planrt built with -march=native
- * has no per-level copies and runs its native build at every level). */
+ * has no per-level copies and runs its native build at every level).
+ *
+ * OpenBLAS (DYNAMIC_ARCH) picks its own kernels when it loads (OPENBLAS_CORETYPE overrides it);
+ * --help and the log name them beside the level. */
 #define PLANRT_INTERNAL
 #include "planrt.h"
 #include "planrt_cpu.h"
@@ -18,6 +21,9 @@
 #if defined(__aarch64__) && defined(__linux__)
 #include <sys/auxv.h>
 #endif
+
+/* OpenBLAS's; a weak reference, NULL with another BLAS */
+extern char *openblas_get_corename(void) __attribute__((weak));
 
 int planrt_cpu_level_ = PLANRT_CPU_BASELINE;
 const planrt_cpu_table_t *planrt_cpu_table_;
@@ -140,6 +146,13 @@ static int requested_level(char *err, size_t n)
 	return -1;
 }
 
+/* OpenBLAS's kernels: "?" without OpenBLAS */
+static const char *blas_core(void)
+{
+	const char *core = openblas_get_corename ? openblas_get_corename() : NULL;
+	return core ? core : "?";
+}
+
 planrt_result_t planrt_cpu_select(void)
 {
 	char err[512];
@@ -151,13 +164,18 @@ planrt_result_t planrt_cpu_select(void)
 	return planrt_success;
 }
 
+void planrt_cpu_log_members(char *buf, size_t n)
+{
+	snprintf(buf, n, "\"cpu\":\"%s\",\"blas\":\"%s\"", planrt_cpu_name(planrt_cpu_level_), blas_core());
+}
+
 void planrt_cpu_describe(char *buf, size_t n)
 {
 	char have[128];
 	int best = planrt_cpu_best();
 	level_list(best, have, sizeof have);
 	const char *forced = getenv("PLANRT_ISA");
-	snprintf(buf, n, "%s (this CPU runs %s%s%s%s; PLANRT_ISA=LEVEL forces one)", planrt_cpu_name(planrt_cpu_level_),
-		 have, forced && *forced ? "; PLANRT_ISA=" : "", forced && *forced ? forced : "",
-		 forced && *forced ? " set" : "");
+	snprintf(buf, n, "%s (this CPU runs %s%s%s%s; PLANRT_ISA=LEVEL forces one); OpenBLAS kernels: %s",
+		 planrt_cpu_name(planrt_cpu_level_), have, forced && *forced ? "; PLANRT_ISA=" : "",
+		 forced && *forced ? forced : "", forced && *forced ? " set" : "", blas_core());
 }

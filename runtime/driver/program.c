@@ -1625,9 +1625,9 @@ int planrt_main(int argc, char **argv, const planrt_program_t *program)
 		skips_in_row = resumed_in_row;
 	}
 	enum { GROWTH_INTERVAL = 2000 };
-	char cpu_field[64]; /* the first line of the log names rank 0's instruction-set level */
-	snprintf(cpu_field, sizeof cpu_field, "\"cpu\":\"%s\"", planrt_cpu_name(planrt_cpu_level_));
-	planrt_log_fields(cpu_field);
+	char cpu_members[128]; /* the first line of the log names rank 0's instruction-set level */
+	planrt_cpu_log_members(cpu_members, sizeof cpu_members);
+	planrt_log_fields(cpu_members);
 	for (int64_t step = first_step; step < opt.steps; step++) {
 		double t0 = planrt_now(), wait0 = ctx.wait_s;
 		double step_scale = scaled ? scale : 1.0;

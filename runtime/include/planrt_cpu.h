@@ -43,9 +43,11 @@ extern int planrt_cpu_level_;
 planrt_result_t planrt_cpu_select(void);
 int planrt_cpu_best(void);               /* the best level this CPU runs */
 const char *planrt_cpu_name(int level);  /* "baseline", "avx2", ... */
-/* One line for --help and the log: the running level, what the CPU and the binary have, the
- * override. */
+/* One line for --help: the running level, the levels the CPU runs, the override, and OpenBLAS's
+ * kernels (its own choice, or OPENBLAS_CORETYPE's). */
 void planrt_cpu_describe(char *buf, size_t n);
+/* The log's members for the level and OpenBLAS's kernels: "cpu":"avx512","blas":"SkylakeX" */
+void planrt_cpu_log_members(char *buf, size_t n);
 
 /* ------------------------------------------------------------------ fused loops of the C target
  * planc prints each fused loop as an always-inline function NAME(out, v...) and then
