@@ -204,16 +204,15 @@ static inline void kv_mulhilo(kv32 a, uint32_t m, kv32 *hi, kv32 *lo)
 	*hi = (kv32)((even >> 32) | (odd & 0xffffffff00000000u));
 }
 
-/* mask[i] for the KV_LANES elements whose global indices are g0 + i * gs, as philox_first */
-static inline void kv_dropout_lanes(uint8_t *mask, uint64_t g0, int64_t gs, uint64_t thr, uint32_t k0, uint32_t k1,
+typedef uint8_t kv8 __attribute__((vector_size(KV_LANES)));
+
+/* mask[l] for the KV_LANES counters (c0, c1) (the element indices' low and high words), as
+ * philox_first: kept iff the first output word u >= thr (thr32 = thr, or all dropped when thr is
+ * 2^32, p = 1) */
+static inline void kv_dropout_lanes(uint8_t *mask, kv32 c0, kv32 c1, uint64_t thr, uint32_t k0, uint32_t k1,
 				    uint32_t c2k, uint32_t c3k)
 {
-	kv32 c0, c1, c2 = (kv32){0} + c2k, c3 = (kv32){0} + c3k;
-	for (int l = 0; l < KV_LANES; l++) {
-		uint64_t g = g0 + (uint64_t)(l * gs);
-		c0[l] = (uint32_t)g;
-		c1[l] = (uint32_t)(g >> 32);
-	}
+	kv32 c2 = (kv32){0} + c2k, c3 = (kv32){0} + c3k;
 	for (int r = 0; r < 10; r++) {
 		if (r > 0) {
 			k0 += 0x9E3779B9u;
@@ -227,8 +226,27 @@ static inline void kv_dropout_lanes(uint8_t *mask, uint64_t g0, int64_t gs, uint
 		c1 = lo1;
 		c3 = lo0;
 	}
+	kv32 keep = thr > 0xffffffffu ? (kv32){0} : (kv32)(c0 >= (uint32_t)thr) & 1;
+	kv8 bytes = __builtin_convertvector(keep, kv8);
+	memcpy(mask, &bytes, KV_LANES);
+}
+
+/* the counters of KV_LANES elements with global indices g0 + l * gs */
+static inline void kv_counters(uint64_t g0, int64_t gs, kv32 *c0, kv32 *c1)
+{
+	kv32 iota;
 	for (int l = 0; l < KV_LANES; l++)
-		mask[l] = (uint64_t)c0[l] >= thr;
+		iota[l] = (uint32_t)l;
+	if (gs == 1 && (uint32_t)g0 <= 0xffffffffu - KV_LANES) { /* no carry into the high word */
+		*c0 = (uint32_t)g0 + iota;
+		*c1 = (kv32){0} + (uint32_t)(g0 >> 32);
+		return;
+	}
+	for (int l = 0; l < KV_LANES; l++) {
+		uint64_t g = g0 + (uint64_t)(l * gs);
+		(*c0)[l] = (uint32_t)g;
+		(*c1)[l] = (uint32_t)(g >> 32);
+	}
 }
 #endif
 
@@ -242,8 +260,11 @@ static void dropout_mask_row(uint8_t *mask, int64_t n, uint64_t g0, int64_t gs, 
 	const uint32_t c2k = (uint32_t)key, c3k = (uint32_t)(key >> 32);
 	int64_t i = 0;
 #ifdef KV_LANES
-	for (; i + KV_LANES <= n; i += KV_LANES)
-		kv_dropout_lanes(mask + i, g0 + (uint64_t)(i * gs), gs, thr, k0, k1, c2k, c3k);
+	for (; i + KV_LANES <= n; i += KV_LANES) {
+		kv32 c0, c1;
+		kv_counters(g0 + (uint64_t)(i * gs), gs, &c0, &c1);
+		kv_dropout_lanes(mask + i, c0, c1, thr, k0, k1, c2k, c3k);
+	}
 #else
 	enum { LANES = 16 };
 	for (; i + LANES <= n; i += LANES) {

@@ -751,10 +751,11 @@ void FN(planrt_k_permute)(int rank, const int64_t *in_dims, const int *perm, con
 		return;
 	int64_t n = v.dims[v.rank - 1], is = v.st[1][v.rank - 1];
 	for (int64_t done = 0; done < v.total; done += n) {
-		const T *x = in + v.off[1];
-		T *o = out + v.off[0];
-		if (is == 1)
-			memcpy(o, x, (size_t)n * sizeof(T));
+		const T *restrict x = in + v.off[1];
+		T *restrict o = out + v.off[0];
+		if (is == 1) /* (a loop: rows of a head's few elements cost memcpy more in calls than copies) */
+			for (int64_t i = 0; i < n; i++)
+				o[i] = x[i];
 		else
 			for (int64_t i = 0; i < n; i++)
 				o[i] = x[i * is];

@@ -306,6 +306,19 @@ static void test_dropout(void)
 	for (int i = 0; i < 64; i++)
 		ok &= mask[i] == (u[i] / 4294967296.0 >= p);
 	report(ok, "dropout mask (f32, %s) = Philox-4x32-10 reference stream", planrt_cpu_name(planrt_cpu_level_));
+	/* a row whose element indices cross 2^32 (the counters' high word changes between lanes): the
+	 * vector lanes give what each element alone gives (a block of one element: the scalar path) */
+	int64_t big[1] = {((int64_t)1 << 32) + 64}, row[1] = {64}, at[1] = {((int64_t)1 << 32) - 37}, one1[1] = {1};
+	planrt_k_dropout_f32(x32, y32, mask, 0.5, seed, key, 1, big, row, at);
+	ok = 1;
+	for (int i = 0; i < 64; i++) {
+		uint8_t m1;
+		float y1;
+		int64_t ati[1] = {at[0] + i};
+		planrt_k_dropout_f32(&x32[i], &y1, &m1, 0.5, seed, key, 1, big, one1, ati);
+		ok &= m1 == mask[i];
+	}
+	report(ok, "dropout mask across the 2^32 boundary of element indices = element by element");
 
 	/* Random123 known answer: counter 0, key 0 gives 0x6627e8d5 first; kept iff u / 2^32 >= p */
 	double one = 1, o;
