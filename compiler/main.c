@@ -55,9 +55,11 @@ static const char usage[] =
 	"  --json             machine-readable output for explain\n"
 	"  --device=NAME      the device explain's estimated step time assumes: h200 (default) or cpu\n"
 	"  -o PATH            output directory (emit) or program (build); never an input or a .plan file\n"
-	"  --native           build: compile for this machine's CPU (-march=native; with --backend llvm the\n"
-	"                     host CPU's target machine); the default is the compiler's portable baseline,\n"
-	"                     so a program runs on every node of a cluster ('planc run' is always native)\n"
+	"  --native           build: compile for this machine's CPU only (-march=native; with --backend llvm\n"
+	"                     the host CPU's target machine); by default the fused loops and planrt's\n"
+	"                     kernels are compiled for every instruction-set level (x86-64, AVX2, AVX-512)\n"
+	"                     and the program runs the best its CPU has, so one binary runs on every node\n"
+	"                     of a cluster ('planc run' compiles for this CPU; PLANRT_ISA=LEVEL forces one)\n"
 	"  --svg FILE         explain: also draw each rank role's pipeline schedule and memory over the\n"
 	"                     step as an SVG picture\n"
 	"  --backend=c|llvm   build: compile the C with mpicc (c, the default) or through LLVM (llvm:\n"
@@ -510,8 +512,13 @@ static bool cmd_codegen(Lowered *low, const Options *o, bool compile)
 	if (!llvm) {
 		argv[n++] = "-std=gnu11";
 		argv[n++] = "-O3";
-		if (o->native) /* else the compiler's baseline: the binary runs on any node of the cluster */
+		/* floating-point selects if-convert, so the fused loops vectorise (only the exception
+		 * flags of discarded lanes differ, which nothing reads) */
+		argv[n++] = "-fno-trapping-math";
+		if (o->native) { /* for this CPU only; else every level (planrt_cpu.h): any node of a cluster */
 			argv[n++] = "-march=native";
+			argv[n++] = "-DPLANRT_CPU_NATIVE";
+		}
 		argv[n++] = "-Wall";
 		argv[n++] = "-Wextra";
 		argv[n++] = "-Werror";

@@ -29,6 +29,7 @@ include(${ROOT}/tests/kernels/tests.cmake)
 include(${ROOT}/tests/pipeline/tests.cmake)
 include(${ROOT}/tests/sync/tests.cmake)
 include(${ROOT}/tests/llvm/tests.cmake)
+include(${ROOT}/tests/cpu/tests.cmake)
 
 # the heart of the suite: every plan trains like the single-rank run (tests/equiv)
 add_test(NAME equiv COMMAND python3 ${ROOT}/tests/equiv/run_equiv.py ${PLANC} ${ROOT} 20 WORKING_DIRECTORY ${ROOT})

@@ -18,6 +18,7 @@
  *   5. the steps (train.c);
  *   6. --save (io/save.c), the PLANRT_REPORT_* lines (report.c), planrt_finalize. */
 #include "driver.h"
+#include "planrt_cpu.h"
 #include "planrt_device.h"
 #include "planrt_kernels.h"
 
@@ -188,6 +189,8 @@ int planrt_main(int argc, char **argv, const planrt_program_t *program)
 	/* 1. the world and the mesh */
 	int rank, world;
 	PLANRT_CHECK(planrt_init(&argc, &argv, &rank, &world));
+	if (planrt_cpu_select() != planrt_success) /* the instruction-set level: this rank's CPU, or PLANRT_ISA */
+		planrt_fatal("%s", planrt_last_error());
 	if (world != program->world)
 		planrt_fatal("this program was built for %d ranks (plan %s) but runs on %d; launch it with mpirun -np %d",
 			     program->world, program->plan, world, program->world);

@@ -4,6 +4,7 @@
  * rank agrees and --help anywhere is answered before MPI starts). --help prints the plan the
  * program trains, its mesh and every option. */
 #include "driver.h"
+#include "planrt_cpu.h"
 
 #include <errno.h>
 #include <math.h>
@@ -204,8 +205,14 @@ void planrt_print_help_(const char *prog_name, const planrt_program_t *p)
 		       p->axis_names && p->axis_names[p->pipe_axis] ? p->axis_names[p->pipe_axis] : "?", p->micro_batches);
 	else
 		printf("  no pipeline; %d micro-batch%s per step\n", p->micro_batches, p->micro_batches == 1 ? "" : "es");
-	printf("  step: %lld samples of %lld tokens (vocabulary %lld)\n\n", (long long)p->batch, (long long)p->seq,
+	printf("  step: %lld samples of %lld tokens (vocabulary %lld)\n", (long long)p->batch, (long long)p->seq,
 	       (long long)p->vocab);
+	char cpu[512];
+	if (planrt_cpu_select() == planrt_success)
+		planrt_cpu_describe(cpu, sizeof cpu);
+	else
+		snprintf(cpu, sizeof cpu, "%s", planrt_last_error());
+	printf("  cpu: %s\n\n", cpu);
 	printf("options:\n"
 	       "  --steps K             optimizer steps to train (required; 0 initialises, loads and saves)\n"
 	       "  --data FILE           training tokens: a text file (bytes) or a nanoGPT uint16 .bin file "
@@ -236,7 +243,9 @@ void planrt_print_help_(const char *prog_name, const planrt_program_t *p)
 	       "environment: PLANRT_WATCHDOG=SECONDS (stall limit, 0 off), PLANRT_REPORT_MEMORY, "
 	       "PLANRT_REPORT_TIMING, PLANRT_REPORT_COMM (one stderr line per rank),\n"
 	       "  PLANRT_STRAGGLER=RANK:MS or random:MS (that rank, or one drawn per step, sleeps MS ms at each "
-	       "step's start)\n",
+	       "step's start),\n"
+	       "  PLANRT_ISA=LEVEL (the instruction-set level of the fused loops and kernels, one of the cpu line's;\n"
+	       "  default: the best this CPU runs)\n",
 	       PLANRT_DEFAULT_SEED);
 	fflush(stdout);
 }

@@ -7,6 +7,7 @@
  * Local SGD logs a step's loss when its replicas average: the log's rows wait in a window until
  * the loss of their step is known. */
 #include "driver.h"
+#include "planrt_cpu.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -177,6 +178,9 @@ void planrt_train_(run_t *r)
 	r->stopped = -1;
 	r->saved_step = r->first_step;
 	r->start = planrt_now();
+	char cpu_members[128]; /* the first line of the log names rank 0's instruction-set level */
+	planrt_cpu_log_members(cpu_members, sizeof cpu_members);
+	planrt_log_fields(cpu_members);
 	for (int64_t step = r->first_step; step < o->steps; step++) {
 		double wait0 = ctx->wait_s, update_s;
 		double step_scale = planrt_loss_scaler_scale_(&r->scaler);
