@@ -107,7 +107,7 @@ int buffer_new(LProg *p, BufClass cls, DType t, long long elems, const char *nam
 	int i = p->nbuf++;
 	Buffer *b = &p->buf[i];
 	memset(b, 0, sizeof *b);
-	b->name = arena_printf(p->g->arena, "%s_%d", identifier(p->g->arena, name), i);
+	b->name = arena_printf(p->g->arena, "%s_%d", identifier(p->g->arena, name), i + p->name_base);
 	b->what = what;
 	b->cls = cls;
 	b->dtype = t;
@@ -2366,6 +2366,7 @@ static void compact_prog(LProg *p, int nvals)
 	p->buf = bufs; /* the scratch array lowering used stays with lower() for the next program */
 	p->nbuf = n;
 	p->capbuf = cap;
+	p->name_base += nb - n; /* a buffer added later is numbered past every name made before */
 	arena_own(p->g->arena, (void **)&p->buf);
 	free(map);
 	free(keep);

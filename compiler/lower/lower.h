@@ -269,6 +269,8 @@ typedef struct LProg {
 	Buffer *buf;
 	int nbuf, capbuf;
 	int nvalbufs;           /* buffers [0, nvalbufs) hold graph values (Buffer.value), by value */
+	int name_base;          /* added to a new buffer's index in its name: compaction renumbers the
+				 * buffers, and a name must not repeat one a value buffer has */
 	int arg_hint[K_COUNT];  /* the most arguments a kernel of each kind has had (lower.c's next_arg) */
 	Handle *handles;
 	int nhandles, caphandles;

@@ -86,32 +86,32 @@ static float *p_linear_1_bias; /* parameters, 256 elements: linear_1.bias */
 static float *p_linear_2_weight; /* parameters, 65536 elements: linear_2.weight */
 static float *p_linear_2_bias; /* parameters, 256 elements: linear_2.bias */
 static double *loss_52; /* metrics, 1 elements: the step's mean loss */
-static double *grad_norm_42; /* metrics, 1 elements: the gradient norm before clipping */
-static double *grad_sumsq_43; /* metrics, 1 elements: the squared gradient norm */
-static double *clip_coef_44; /* metrics, 1 elements: the clipping coefficient */
-static float *grad_bucket_45; /* gradients, 164608 elements: gradient bucket 0 (7 tensors) */
-static float *m_46; /* optimizer states, 16384 elements: embedding.weight */
-static float *v_47; /* optimizer states, 16384 elements: embedding.weight */
-static float *m_48; /* optimizer states, 16384 elements: linear.weight */
-static float *v_49; /* optimizer states, 16384 elements: linear.weight */
-static float *m_50; /* optimizer states, 256 elements: linear.bias */
-static float *v_51; /* optimizer states, 256 elements: linear.bias */
-static float *m_52; /* optimizer states, 65536 elements: linear_1.weight */
-static float *v_53; /* optimizer states, 65536 elements: linear_1.weight */
-static float *m_54; /* optimizer states, 256 elements: linear_1.bias */
-static float *v_55; /* optimizer states, 256 elements: linear_1.bias */
-static float *m_56; /* optimizer states, 65536 elements: linear_2.weight */
-static float *v_57; /* optimizer states, 65536 elements: linear_2.weight */
-static float *m_58; /* optimizer states, 256 elements: linear_2.bias */
-static float *v_59; /* optimizer states, 256 elements: linear_2.bias */
+static double *grad_norm_54; /* metrics, 1 elements: the gradient norm before clipping */
+static double *grad_sumsq_55; /* metrics, 1 elements: the squared gradient norm */
+static double *clip_coef_56; /* metrics, 1 elements: the clipping coefficient */
+static float *grad_bucket_57; /* gradients, 164608 elements: gradient bucket 0 (7 tensors) */
+static float *m_58; /* optimizer states, 16384 elements: embedding.weight */
+static float *v_59; /* optimizer states, 16384 elements: embedding.weight */
+static float *m_60; /* optimizer states, 16384 elements: linear.weight */
+static float *v_61; /* optimizer states, 16384 elements: linear.weight */
+static float *m_62; /* optimizer states, 256 elements: linear.bias */
+static float *v_63; /* optimizer states, 256 elements: linear.bias */
+static float *m_64; /* optimizer states, 65536 elements: linear_1.weight */
+static float *v_65; /* optimizer states, 65536 elements: linear_1.weight */
+static float *m_66; /* optimizer states, 256 elements: linear_1.bias */
+static float *v_67; /* optimizer states, 256 elements: linear_1.bias */
+static float *m_68; /* optimizer states, 65536 elements: linear_2.weight */
+static float *v_69; /* optimizer states, 65536 elements: linear_2.weight */
+static float *m_70; /* optimizer states, 256 elements: linear_2.bias */
+static float *v_71; /* optimizer states, 256 elements: linear_2.bias */
 /* views of state */
-#define g_linear_2_bias (grad_bucket_45 + 0)
-#define g_linear_2_weight (grad_bucket_45 + 256)
-#define g_linear_1_bias (grad_bucket_45 + 65792)
-#define g_linear_1_weight (grad_bucket_45 + 66048)
-#define g_linear_bias (grad_bucket_45 + 131584)
-#define g_linear_weight (grad_bucket_45 + 131840)
-#define g_embedding_weight (grad_bucket_45 + 148224)
+#define g_linear_2_bias (grad_bucket_57 + 0)
+#define g_linear_2_weight (grad_bucket_57 + 256)
+#define g_linear_1_bias (grad_bucket_57 + 65792)
+#define g_linear_1_weight (grad_bucket_57 + 66048)
+#define g_linear_bias (grad_bucket_57 + 131584)
+#define g_linear_weight (grad_bucket_57 + 131840)
+#define g_embedding_weight (grad_bucket_57 + 148224)
 /* transient buffers: the arena (each phase call), a slot (a micro-batch's forward to its
  * backward) or an inbox (its inputs, received one action ahead) */
 #define tokens_0 ((int32_t *)(ctx->slot + 1114112))
@@ -157,10 +157,10 @@ static void step_begin(planrt_ctx_t *ctx)
 {
 	(void)ctx;
 	planrt_fill(loss_52, 1, planrt_f64, 0); /* zero the step's accumulators */
-	planrt_fill(grad_norm_42, 1, planrt_f64, 0); /* zero the step's accumulators */
-	planrt_fill(grad_sumsq_43, 1, planrt_f64, 0); /* zero the step's accumulators */
-	planrt_fill(clip_coef_44, 1, planrt_f64, 0); /* zero the step's accumulators */
-	planrt_fill(grad_bucket_45, 164608, planrt_f32, 0); /* zero the step's accumulators */
+	planrt_fill(grad_norm_54, 1, planrt_f64, 0); /* zero the step's accumulators */
+	planrt_fill(grad_sumsq_55, 1, planrt_f64, 0); /* zero the step's accumulators */
+	planrt_fill(clip_coef_56, 1, planrt_f64, 0); /* zero the step's accumulators */
+	planrt_fill(grad_bucket_57, 164608, planrt_f32, 0); /* zero the step's accumulators */
 }
 
 /* scale in linear, 1 op fused */
@@ -304,29 +304,29 @@ static void backward_c0(planrt_ctx_t *ctx)
 	planrt_k_matmul_f32(1, 64, 256, 256, x_3, PLANRT_TRANS, 0, relu_grad_36, PLANRT_NO_TRANS, 0, g_linear_weight, 0, PLANRT_ACCUMULATE); /* matmul_wgrad in linear */
 	planrt_k_embed_grad_f32(tokens_0, matmul_40, g_embedding_weight, 256, 64, 0, 256); /* embed_grad in embedding */
 	if (ctx->micro == MICRO_BATCHES - 1)
-		planrt_allreduce_inplace(grad_bucket_45, 164608, planrt_f32, planrt_axis_comm(AXIS_data), &bucket_0); /* gradient bucket 0 (7 tensors) */
+		planrt_allreduce_inplace(grad_bucket_57, 164608, planrt_f32, planrt_axis_comm(AXIS_data), &bucket_0); /* gradient bucket 0 (7 tensors) */
 }
 
 static void step(planrt_ctx_t *ctx)
 {
 	(void)ctx;
 	planrt_request_finish(&bucket_0); /* gradient bucket 0 (7 tensors) */
-	planrt_sum_squares_acc(grad_sumsq_43, g_embedding_weight, 16384, planrt_f32, 0.5); /* gradient norm */
-	planrt_sum_squares_acc(grad_sumsq_43, g_linear_weight, 16384, planrt_f32, 0.5); /* gradient norm */
-	planrt_sum_squares_acc(grad_sumsq_43, g_linear_bias, 256, planrt_f32, 0.5); /* gradient norm */
-	planrt_sum_squares_acc(grad_sumsq_43, g_linear_1_weight, 65536, planrt_f32, 0.5); /* gradient norm */
-	planrt_sum_squares_acc(grad_sumsq_43, g_linear_1_bias, 256, planrt_f32, 0.5); /* gradient norm */
-	planrt_sum_squares_acc(grad_sumsq_43, g_linear_2_weight, 65536, planrt_f32, 0.5); /* gradient norm */
-	planrt_sum_squares_acc(grad_sumsq_43, g_linear_2_bias, 256, planrt_f32, 0.5); /* gradient norm */
-	planrt_allreduce_inplace(grad_sumsq_43, 1, planrt_f64, planrt_axis_comm(AXIS_data), NULL); /* gradient norm */
-	planrt_clip_coef(grad_sumsq_43, grad_norm_42, clip_coef_44, 0); /* clipping */
-	planrt_optimizer_step(planrt_opt_adamw, 0.001, 0.9, 0.999, 1e-08, 0.01, 0, 0, 0, 0, ctx->step, p_embedding_weight, g_embedding_weight, planrt_f32, m_46, v_47, 16384, clip_coef_44); /* embedding.weight */
-	planrt_optimizer_step(planrt_opt_adamw, 0.001, 0.9, 0.999, 1e-08, 0.01, 0, 0, 0, 0, ctx->step, p_linear_weight, g_linear_weight, planrt_f32, m_48, v_49, 16384, clip_coef_44); /* linear.weight */
-	planrt_optimizer_step(planrt_opt_adamw, 0.001, 0.9, 0.999, 1e-08, 0.01, 0, 0, 0, 0, ctx->step, p_linear_bias, g_linear_bias, planrt_f32, m_50, v_51, 256, clip_coef_44); /* linear.bias */
-	planrt_optimizer_step(planrt_opt_adamw, 0.001, 0.9, 0.999, 1e-08, 0.01, 0, 0, 0, 0, ctx->step, p_linear_1_weight, g_linear_1_weight, planrt_f32, m_52, v_53, 65536, clip_coef_44); /* linear_1.weight */
-	planrt_optimizer_step(planrt_opt_adamw, 0.001, 0.9, 0.999, 1e-08, 0.01, 0, 0, 0, 0, ctx->step, p_linear_1_bias, g_linear_1_bias, planrt_f32, m_54, v_55, 256, clip_coef_44); /* linear_1.bias */
-	planrt_optimizer_step(planrt_opt_adamw, 0.001, 0.9, 0.999, 1e-08, 0.01, 0, 0, 0, 0, ctx->step, p_linear_2_weight, g_linear_2_weight, planrt_f32, m_56, v_57, 65536, clip_coef_44); /* linear_2.weight */
-	planrt_optimizer_step(planrt_opt_adamw, 0.001, 0.9, 0.999, 1e-08, 0.01, 0, 0, 0, 0, ctx->step, p_linear_2_bias, g_linear_2_bias, planrt_f32, m_58, v_59, 256, clip_coef_44); /* linear_2.bias */
+	planrt_sum_squares_acc(grad_sumsq_55, g_embedding_weight, 16384, planrt_f32, 0.5); /* gradient norm */
+	planrt_sum_squares_acc(grad_sumsq_55, g_linear_weight, 16384, planrt_f32, 0.5); /* gradient norm */
+	planrt_sum_squares_acc(grad_sumsq_55, g_linear_bias, 256, planrt_f32, 0.5); /* gradient norm */
+	planrt_sum_squares_acc(grad_sumsq_55, g_linear_1_weight, 65536, planrt_f32, 0.5); /* gradient norm */
+	planrt_sum_squares_acc(grad_sumsq_55, g_linear_1_bias, 256, planrt_f32, 0.5); /* gradient norm */
+	planrt_sum_squares_acc(grad_sumsq_55, g_linear_2_weight, 65536, planrt_f32, 0.5); /* gradient norm */
+	planrt_sum_squares_acc(grad_sumsq_55, g_linear_2_bias, 256, planrt_f32, 0.5); /* gradient norm */
+	planrt_allreduce_inplace(grad_sumsq_55, 1, planrt_f64, planrt_axis_comm(AXIS_data), NULL); /* gradient norm */
+	planrt_clip_coef(grad_sumsq_55, grad_norm_54, clip_coef_56, 0); /* clipping */
+	planrt_optimizer_step(planrt_opt_adamw, 0.001, 0.9, 0.999, 1e-08, 0.01, 0, 0, 0, 0, ctx->step, p_embedding_weight, g_embedding_weight, planrt_f32, m_58, v_59, 16384, clip_coef_56); /* embedding.weight */
+	planrt_optimizer_step(planrt_opt_adamw, 0.001, 0.9, 0.999, 1e-08, 0.01, 0, 0, 0, 0, ctx->step, p_linear_weight, g_linear_weight, planrt_f32, m_60, v_61, 16384, clip_coef_56); /* linear.weight */
+	planrt_optimizer_step(planrt_opt_adamw, 0.001, 0.9, 0.999, 1e-08, 0.01, 0, 0, 0, 0, ctx->step, p_linear_bias, g_linear_bias, planrt_f32, m_62, v_63, 256, clip_coef_56); /* linear.bias */
+	planrt_optimizer_step(planrt_opt_adamw, 0.001, 0.9, 0.999, 1e-08, 0.01, 0, 0, 0, 0, ctx->step, p_linear_1_weight, g_linear_1_weight, planrt_f32, m_64, v_65, 65536, clip_coef_56); /* linear_1.weight */
+	planrt_optimizer_step(planrt_opt_adamw, 0.001, 0.9, 0.999, 1e-08, 0.01, 0, 0, 0, 0, ctx->step, p_linear_1_bias, g_linear_1_bias, planrt_f32, m_66, v_67, 256, clip_coef_56); /* linear_1.bias */
+	planrt_optimizer_step(planrt_opt_adamw, 0.001, 0.9, 0.999, 1e-08, 0.01, 0, 0, 0, 0, ctx->step, p_linear_2_weight, g_linear_2_weight, planrt_f32, m_68, v_69, 65536, clip_coef_56); /* linear_2.weight */
+	planrt_optimizer_step(planrt_opt_adamw, 0.001, 0.9, 0.999, 1e-08, 0.01, 0, 0, 0, 0, ctx->step, p_linear_2_bias, g_linear_2_bias, planrt_f32, m_70, v_71, 256, clip_coef_56); /* linear_2.bias */
 	planrt_allreduce_inplace(loss_52, 1, planrt_f64, planrt_axis_comm(AXIS_data), NULL); /* the step's loss */
 }
 
@@ -346,52 +346,52 @@ static void checkpoint(planrt_ctx_t *ctx)
 {
 	(void)ctx;
 	planrt_ckpt_write(ctx, p_embedding_weight, planrt_f32, PARAM_embedding_weight, PLANRT_CKPT_PARAM, 0, 16384, PLANRT_NO_AXIS); /* embedding.weight */
-	planrt_ckpt_write(ctx, m_46, planrt_f32, PARAM_embedding_weight, PLANRT_CKPT_EXP_AVG, 0, 16384, PLANRT_NO_AXIS); /* embedding.weight */
-	planrt_ckpt_write(ctx, v_47, planrt_f32, PARAM_embedding_weight, PLANRT_CKPT_EXP_AVG_SQ, 0, 16384, PLANRT_NO_AXIS); /* embedding.weight */
+	planrt_ckpt_write(ctx, m_58, planrt_f32, PARAM_embedding_weight, PLANRT_CKPT_EXP_AVG, 0, 16384, PLANRT_NO_AXIS); /* embedding.weight */
+	planrt_ckpt_write(ctx, v_59, planrt_f32, PARAM_embedding_weight, PLANRT_CKPT_EXP_AVG_SQ, 0, 16384, PLANRT_NO_AXIS); /* embedding.weight */
 	planrt_ckpt_write(ctx, p_linear_weight, planrt_f32, PARAM_linear_weight, PLANRT_CKPT_PARAM, 0, 16384, PLANRT_NO_AXIS); /* linear.weight */
-	planrt_ckpt_write(ctx, m_48, planrt_f32, PARAM_linear_weight, PLANRT_CKPT_EXP_AVG, 0, 16384, PLANRT_NO_AXIS); /* linear.weight */
-	planrt_ckpt_write(ctx, v_49, planrt_f32, PARAM_linear_weight, PLANRT_CKPT_EXP_AVG_SQ, 0, 16384, PLANRT_NO_AXIS); /* linear.weight */
+	planrt_ckpt_write(ctx, m_60, planrt_f32, PARAM_linear_weight, PLANRT_CKPT_EXP_AVG, 0, 16384, PLANRT_NO_AXIS); /* linear.weight */
+	planrt_ckpt_write(ctx, v_61, planrt_f32, PARAM_linear_weight, PLANRT_CKPT_EXP_AVG_SQ, 0, 16384, PLANRT_NO_AXIS); /* linear.weight */
 	planrt_ckpt_write(ctx, p_linear_bias, planrt_f32, PARAM_linear_bias, PLANRT_CKPT_PARAM, 0, 256, PLANRT_NO_AXIS); /* linear.bias */
-	planrt_ckpt_write(ctx, m_50, planrt_f32, PARAM_linear_bias, PLANRT_CKPT_EXP_AVG, 0, 256, PLANRT_NO_AXIS); /* linear.bias */
-	planrt_ckpt_write(ctx, v_51, planrt_f32, PARAM_linear_bias, PLANRT_CKPT_EXP_AVG_SQ, 0, 256, PLANRT_NO_AXIS); /* linear.bias */
+	planrt_ckpt_write(ctx, m_62, planrt_f32, PARAM_linear_bias, PLANRT_CKPT_EXP_AVG, 0, 256, PLANRT_NO_AXIS); /* linear.bias */
+	planrt_ckpt_write(ctx, v_63, planrt_f32, PARAM_linear_bias, PLANRT_CKPT_EXP_AVG_SQ, 0, 256, PLANRT_NO_AXIS); /* linear.bias */
 	planrt_ckpt_write(ctx, p_linear_1_weight, planrt_f32, PARAM_linear_1_weight, PLANRT_CKPT_PARAM, 0, 65536, PLANRT_NO_AXIS); /* linear_1.weight */
-	planrt_ckpt_write(ctx, m_52, planrt_f32, PARAM_linear_1_weight, PLANRT_CKPT_EXP_AVG, 0, 65536, PLANRT_NO_AXIS); /* linear_1.weight */
-	planrt_ckpt_write(ctx, v_53, planrt_f32, PARAM_linear_1_weight, PLANRT_CKPT_EXP_AVG_SQ, 0, 65536, PLANRT_NO_AXIS); /* linear_1.weight */
+	planrt_ckpt_write(ctx, m_64, planrt_f32, PARAM_linear_1_weight, PLANRT_CKPT_EXP_AVG, 0, 65536, PLANRT_NO_AXIS); /* linear_1.weight */
+	planrt_ckpt_write(ctx, v_65, planrt_f32, PARAM_linear_1_weight, PLANRT_CKPT_EXP_AVG_SQ, 0, 65536, PLANRT_NO_AXIS); /* linear_1.weight */
 	planrt_ckpt_write(ctx, p_linear_1_bias, planrt_f32, PARAM_linear_1_bias, PLANRT_CKPT_PARAM, 0, 256, PLANRT_NO_AXIS); /* linear_1.bias */
-	planrt_ckpt_write(ctx, m_54, planrt_f32, PARAM_linear_1_bias, PLANRT_CKPT_EXP_AVG, 0, 256, PLANRT_NO_AXIS); /* linear_1.bias */
-	planrt_ckpt_write(ctx, v_55, planrt_f32, PARAM_linear_1_bias, PLANRT_CKPT_EXP_AVG_SQ, 0, 256, PLANRT_NO_AXIS); /* linear_1.bias */
+	planrt_ckpt_write(ctx, m_66, planrt_f32, PARAM_linear_1_bias, PLANRT_CKPT_EXP_AVG, 0, 256, PLANRT_NO_AXIS); /* linear_1.bias */
+	planrt_ckpt_write(ctx, v_67, planrt_f32, PARAM_linear_1_bias, PLANRT_CKPT_EXP_AVG_SQ, 0, 256, PLANRT_NO_AXIS); /* linear_1.bias */
 	planrt_ckpt_write(ctx, p_linear_2_weight, planrt_f32, PARAM_linear_2_weight, PLANRT_CKPT_PARAM, 0, 65536, PLANRT_NO_AXIS); /* linear_2.weight */
-	planrt_ckpt_write(ctx, m_56, planrt_f32, PARAM_linear_2_weight, PLANRT_CKPT_EXP_AVG, 0, 65536, PLANRT_NO_AXIS); /* linear_2.weight */
-	planrt_ckpt_write(ctx, v_57, planrt_f32, PARAM_linear_2_weight, PLANRT_CKPT_EXP_AVG_SQ, 0, 65536, PLANRT_NO_AXIS); /* linear_2.weight */
+	planrt_ckpt_write(ctx, m_68, planrt_f32, PARAM_linear_2_weight, PLANRT_CKPT_EXP_AVG, 0, 65536, PLANRT_NO_AXIS); /* linear_2.weight */
+	planrt_ckpt_write(ctx, v_69, planrt_f32, PARAM_linear_2_weight, PLANRT_CKPT_EXP_AVG_SQ, 0, 65536, PLANRT_NO_AXIS); /* linear_2.weight */
 	planrt_ckpt_write(ctx, p_linear_2_bias, planrt_f32, PARAM_linear_2_bias, PLANRT_CKPT_PARAM, 0, 256, PLANRT_NO_AXIS); /* linear_2.bias */
-	planrt_ckpt_write(ctx, m_58, planrt_f32, PARAM_linear_2_bias, PLANRT_CKPT_EXP_AVG, 0, 256, PLANRT_NO_AXIS); /* linear_2.bias */
-	planrt_ckpt_write(ctx, v_59, planrt_f32, PARAM_linear_2_bias, PLANRT_CKPT_EXP_AVG_SQ, 0, 256, PLANRT_NO_AXIS); /* linear_2.bias */
+	planrt_ckpt_write(ctx, m_70, planrt_f32, PARAM_linear_2_bias, PLANRT_CKPT_EXP_AVG, 0, 256, PLANRT_NO_AXIS); /* linear_2.bias */
+	planrt_ckpt_write(ctx, v_71, planrt_f32, PARAM_linear_2_bias, PLANRT_CKPT_EXP_AVG_SQ, 0, 256, PLANRT_NO_AXIS); /* linear_2.bias */
 }
 
 static void resume(planrt_ctx_t *ctx)
 {
 	(void)ctx;
 	planrt_ckpt_read(ctx, p_embedding_weight, planrt_f32, PARAM_embedding_weight, PLANRT_CKPT_PARAM, 0, 16384); /* embedding.weight */
-	planrt_ckpt_read(ctx, m_46, planrt_f32, PARAM_embedding_weight, PLANRT_CKPT_EXP_AVG, 0, 16384); /* embedding.weight */
-	planrt_ckpt_read(ctx, v_47, planrt_f32, PARAM_embedding_weight, PLANRT_CKPT_EXP_AVG_SQ, 0, 16384); /* embedding.weight */
+	planrt_ckpt_read(ctx, m_58, planrt_f32, PARAM_embedding_weight, PLANRT_CKPT_EXP_AVG, 0, 16384); /* embedding.weight */
+	planrt_ckpt_read(ctx, v_59, planrt_f32, PARAM_embedding_weight, PLANRT_CKPT_EXP_AVG_SQ, 0, 16384); /* embedding.weight */
 	planrt_ckpt_read(ctx, p_linear_weight, planrt_f32, PARAM_linear_weight, PLANRT_CKPT_PARAM, 0, 16384); /* linear.weight */
-	planrt_ckpt_read(ctx, m_48, planrt_f32, PARAM_linear_weight, PLANRT_CKPT_EXP_AVG, 0, 16384); /* linear.weight */
-	planrt_ckpt_read(ctx, v_49, planrt_f32, PARAM_linear_weight, PLANRT_CKPT_EXP_AVG_SQ, 0, 16384); /* linear.weight */
+	planrt_ckpt_read(ctx, m_60, planrt_f32, PARAM_linear_weight, PLANRT_CKPT_EXP_AVG, 0, 16384); /* linear.weight */
+	planrt_ckpt_read(ctx, v_61, planrt_f32, PARAM_linear_weight, PLANRT_CKPT_EXP_AVG_SQ, 0, 16384); /* linear.weight */
 	planrt_ckpt_read(ctx, p_linear_bias, planrt_f32, PARAM_linear_bias, PLANRT_CKPT_PARAM, 0, 256); /* linear.bias */
-	planrt_ckpt_read(ctx, m_50, planrt_f32, PARAM_linear_bias, PLANRT_CKPT_EXP_AVG, 0, 256); /* linear.bias */
-	planrt_ckpt_read(ctx, v_51, planrt_f32, PARAM_linear_bias, PLANRT_CKPT_EXP_AVG_SQ, 0, 256); /* linear.bias */
+	planrt_ckpt_read(ctx, m_62, planrt_f32, PARAM_linear_bias, PLANRT_CKPT_EXP_AVG, 0, 256); /* linear.bias */
+	planrt_ckpt_read(ctx, v_63, planrt_f32, PARAM_linear_bias, PLANRT_CKPT_EXP_AVG_SQ, 0, 256); /* linear.bias */
 	planrt_ckpt_read(ctx, p_linear_1_weight, planrt_f32, PARAM_linear_1_weight, PLANRT_CKPT_PARAM, 0, 65536); /* linear_1.weight */
-	planrt_ckpt_read(ctx, m_52, planrt_f32, PARAM_linear_1_weight, PLANRT_CKPT_EXP_AVG, 0, 65536); /* linear_1.weight */
-	planrt_ckpt_read(ctx, v_53, planrt_f32, PARAM_linear_1_weight, PLANRT_CKPT_EXP_AVG_SQ, 0, 65536); /* linear_1.weight */
+	planrt_ckpt_read(ctx, m_64, planrt_f32, PARAM_linear_1_weight, PLANRT_CKPT_EXP_AVG, 0, 65536); /* linear_1.weight */
+	planrt_ckpt_read(ctx, v_65, planrt_f32, PARAM_linear_1_weight, PLANRT_CKPT_EXP_AVG_SQ, 0, 65536); /* linear_1.weight */
 	planrt_ckpt_read(ctx, p_linear_1_bias, planrt_f32, PARAM_linear_1_bias, PLANRT_CKPT_PARAM, 0, 256); /* linear_1.bias */
-	planrt_ckpt_read(ctx, m_54, planrt_f32, PARAM_linear_1_bias, PLANRT_CKPT_EXP_AVG, 0, 256); /* linear_1.bias */
-	planrt_ckpt_read(ctx, v_55, planrt_f32, PARAM_linear_1_bias, PLANRT_CKPT_EXP_AVG_SQ, 0, 256); /* linear_1.bias */
+	planrt_ckpt_read(ctx, m_66, planrt_f32, PARAM_linear_1_bias, PLANRT_CKPT_EXP_AVG, 0, 256); /* linear_1.bias */
+	planrt_ckpt_read(ctx, v_67, planrt_f32, PARAM_linear_1_bias, PLANRT_CKPT_EXP_AVG_SQ, 0, 256); /* linear_1.bias */
 	planrt_ckpt_read(ctx, p_linear_2_weight, planrt_f32, PARAM_linear_2_weight, PLANRT_CKPT_PARAM, 0, 65536); /* linear_2.weight */
-	planrt_ckpt_read(ctx, m_56, planrt_f32, PARAM_linear_2_weight, PLANRT_CKPT_EXP_AVG, 0, 65536); /* linear_2.weight */
-	planrt_ckpt_read(ctx, v_57, planrt_f32, PARAM_linear_2_weight, PLANRT_CKPT_EXP_AVG_SQ, 0, 65536); /* linear_2.weight */
+	planrt_ckpt_read(ctx, m_68, planrt_f32, PARAM_linear_2_weight, PLANRT_CKPT_EXP_AVG, 0, 65536); /* linear_2.weight */
+	planrt_ckpt_read(ctx, v_69, planrt_f32, PARAM_linear_2_weight, PLANRT_CKPT_EXP_AVG_SQ, 0, 65536); /* linear_2.weight */
 	planrt_ckpt_read(ctx, p_linear_2_bias, planrt_f32, PARAM_linear_2_bias, PLANRT_CKPT_PARAM, 0, 256); /* linear_2.bias */
-	planrt_ckpt_read(ctx, m_58, planrt_f32, PARAM_linear_2_bias, PLANRT_CKPT_EXP_AVG, 0, 256); /* linear_2.bias */
-	planrt_ckpt_read(ctx, v_59, planrt_f32, PARAM_linear_2_bias, PLANRT_CKPT_EXP_AVG_SQ, 0, 256); /* linear_2.bias */
+	planrt_ckpt_read(ctx, m_70, planrt_f32, PARAM_linear_2_bias, PLANRT_CKPT_EXP_AVG, 0, 256); /* linear_2.bias */
+	planrt_ckpt_read(ctx, v_71, planrt_f32, PARAM_linear_2_bias, PLANRT_CKPT_EXP_AVG_SQ, 0, 256); /* linear_2.bias */
 }
 
 static void eval_begin(planrt_ctx_t *ctx)
@@ -424,24 +424,24 @@ static const planrt_state_buf_t state[] = {
 	{"p_linear_2_weight", planrt_state_param, 262144, (void **)&p_linear_2_weight},
 	{"p_linear_2_bias", planrt_state_param, 1024, (void **)&p_linear_2_bias},
 	{"loss_52", planrt_state_metric, 8, (void **)&loss_52},
-	{"grad_norm_42", planrt_state_metric, 8, (void **)&grad_norm_42},
-	{"grad_sumsq_43", planrt_state_metric, 8, (void **)&grad_sumsq_43},
-	{"clip_coef_44", planrt_state_metric, 8, (void **)&clip_coef_44},
-	{"grad_bucket_45", planrt_state_grad, 658432, (void **)&grad_bucket_45},
-	{"m_46", planrt_state_optim, 65536, (void **)&m_46},
-	{"v_47", planrt_state_optim, 65536, (void **)&v_47},
-	{"m_48", planrt_state_optim, 65536, (void **)&m_48},
-	{"v_49", planrt_state_optim, 65536, (void **)&v_49},
-	{"m_50", planrt_state_optim, 1024, (void **)&m_50},
-	{"v_51", planrt_state_optim, 1024, (void **)&v_51},
-	{"m_52", planrt_state_optim, 262144, (void **)&m_52},
-	{"v_53", planrt_state_optim, 262144, (void **)&v_53},
-	{"m_54", planrt_state_optim, 1024, (void **)&m_54},
-	{"v_55", planrt_state_optim, 1024, (void **)&v_55},
-	{"m_56", planrt_state_optim, 262144, (void **)&m_56},
-	{"v_57", planrt_state_optim, 262144, (void **)&v_57},
-	{"m_58", planrt_state_optim, 1024, (void **)&m_58},
-	{"v_59", planrt_state_optim, 1024, (void **)&v_59},
+	{"grad_norm_54", planrt_state_metric, 8, (void **)&grad_norm_54},
+	{"grad_sumsq_55", planrt_state_metric, 8, (void **)&grad_sumsq_55},
+	{"clip_coef_56", planrt_state_metric, 8, (void **)&clip_coef_56},
+	{"grad_bucket_57", planrt_state_grad, 658432, (void **)&grad_bucket_57},
+	{"m_58", planrt_state_optim, 65536, (void **)&m_58},
+	{"v_59", planrt_state_optim, 65536, (void **)&v_59},
+	{"m_60", planrt_state_optim, 65536, (void **)&m_60},
+	{"v_61", planrt_state_optim, 65536, (void **)&v_61},
+	{"m_62", planrt_state_optim, 1024, (void **)&m_62},
+	{"v_63", planrt_state_optim, 1024, (void **)&v_63},
+	{"m_64", planrt_state_optim, 262144, (void **)&m_64},
+	{"v_65", planrt_state_optim, 262144, (void **)&v_65},
+	{"m_66", planrt_state_optim, 1024, (void **)&m_66},
+	{"v_67", planrt_state_optim, 1024, (void **)&v_67},
+	{"m_68", planrt_state_optim, 262144, (void **)&m_68},
+	{"v_69", planrt_state_optim, 262144, (void **)&v_69},
+	{"m_70", planrt_state_optim, 1024, (void **)&m_70},
+	{"v_71", planrt_state_optim, 1024, (void **)&v_71},
 };
 
 /* ================================================================ the program */
@@ -487,7 +487,7 @@ static const planrt_stage_t stages[] = {
 		.state = state,
 		.nstate = 26,
 		.loss = &loss_52,
-		.grad_norm = &grad_norm_42,
+		.grad_norm = &grad_norm_54,
 		.checkpoint = checkpoint,
 		.resume = resume,
 		.eval_begin = eval_begin,
@@ -519,7 +519,7 @@ static const planrt_program_t program = {
 	.total_steps = 0,
 	.nroles = 1,
 	.role_axis = PLANRT_NO_AXIS,
-	.fingerprint = "fnv1a64:d9e3f267998949a9",
+	.fingerprint = "fnv1a64:7e433098a2ee26fd",
 	.sync = "strict",
 	.loss_scale = 0,
 };
