@@ -8,7 +8,10 @@
 planc=$1
 . "$(dirname "$0")/../lib/harness.sh"
 
+# (gpt7b and gpt175b are left to explain_goldens_large, which explains, and so checks, each of
+# their plans: checking them here too was a third of this test's time)
 for f in examples/*.plan; do
+	case $f in examples/gpt7b.plan | examples/gpt175b.plan) continue ;; esac
 	expect "check $f" 0 "" -- "$planc" check "$f"
 done
 expect "help" 0 "usage: planc" -- "$planc" --help

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""tests/equiv: the contract that a plan never changes the result (DESIGN 1.1).
+"""tests/equiv: the contract that a plan never changes the result (docs/architecture.md, contract 1).
 
 For the GPT, MLP, Llama and BERT examples, tests/equiv/ops.plan (every op of issue 9) and
 tests/equiv/regress.plan (float inputs from a data set), every plan listed for the model in PLANS
@@ -9,7 +9,9 @@ is built with `planc build`, trained for STEPS steps under `mpirun -np WORLD` on
 must give bitwise identical losses. bf16 plans (named bf16*) are compared with the f32 run at bf16
 tolerance. A listed plan that the model's file does not have is a failure, never a skip.
 Prints PASS/FAIL per check and a closing 'N passed, N failed' line.
-usage: run_equiv.py PLANC REPO_ROOT [STEPS [MODEL...]]
+usage: run_equiv.py PLANC REPO_ROOT [STEPS [MODEL... | -MODEL...]]
+  MODEL: only these models (a key of PLANS); -MODEL: every model but these (tests/tests.cmake runs
+  the models in groups, the last one as every model the others do not name)
 """
 import os
 import re
@@ -138,8 +140,20 @@ def relative(a, b):
     return max(abs(x - y) / abs(x) for x, y in zip(a, b))
 
 
+# the models to run: those named, or all but those named with a leading '-'
+named = [m.lstrip("-") for m in sys.argv[4:]]
+for m in sorted(set(named) - set(PLANS)):
+    check(f"model {m}", False, f"run_equiv.py has no model '{m}' in PLANS: {sorted(PLANS)}")
+excluding = [m.startswith("-") for m in sys.argv[4:]]
+if any(excluding) and not all(excluding):
+    check("arguments", False, f"either models or -models, not both: {sys.argv[4:]}")
+if excluding and all(excluding):
+    selected = [m for m in PLANS if m not in named]
+else:
+    selected = named or list(PLANS)
+
 for model, entries in PLANS.items():
-    if sys.argv[4:] and model not in sys.argv[4:]:
+    if model not in selected:
         continue
     plans_here = {m.group(1) for m in re.finditer(r"^\s*plan\s+(\w+)", open(plan_file(model)).read(),
                                                   re.MULTILINE)}

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Checks planc explain's figures against the published formulas they must agree with.
 
-The figures come from walking the compiled IR (compiler/explain.c); the formulas here are typed in
+The figures come from walking the compiled IR (compiler/explain/explain.c); the formulas here are typed in
 from the papers, so each check is an independent reference:
   ZeRO model states      Rajbhandari et al. 2020, section 5 (K = 12 for mixed-precision Adam)
   activations per layer  Korthikanti et al. 2022, table 2 (bf16 activations, 1-byte dropout masks)

@@ -1,13 +1,21 @@
 #!/bin/sh
-# Golden tests for `planc explain`: every plan of every example, text and JSON, against
-# tests/explain/golden/FILE.PLAN.{txt,json}. Run from the repository root.
-# usage: tests/explain/run_explain.sh PLANC [--update]
+# Golden tests for `planc explain`: every plan of every example (or of the examples named), text
+# and JSON, against tests/explain/golden/FILE.PLAN.{txt,json}. Run from the repository root.
+# ctest runs it twice: the small examples in the quick tier, gpt7b and gpt175b (most of the
+# time: their 36 and 96 layers) in the slow one.
+# usage: tests/explain/run_explain.sh PLANC [--update] [examples/NAME.plan...]
 planc=$1
-update=$2
+shift
+update=
+if [ "$1" = --update ]; then
+	update=--update
+	shift
+fi
+[ $# -gt 0 ] || set -- examples/*.plan
 . "$(dirname "$0")/../lib/harness.sh"
 dir=tests/explain/golden
 mkdir -p "$dir"
-for file in examples/*.plan; do
+for file in "$@"; do
 	base=$(basename "$file" .plan)
 	for plan in $(sed -n 's/^plan \([A-Za-z0-9_]*\) .*/\1/p' "$file"); do
 		for kind in txt json; do

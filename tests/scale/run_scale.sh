@@ -6,7 +6,7 @@
 # a load of 28 on 16 cores); the wall time is printed beside it.
 #   - check + explain of 100,000- and 1,000,000-rank plans (data x tensor, data x pipe x tensor with
 #     ZeRO-1, an async plan): the collective check and explain are linear in the distinct groups,
-#     not the ranks (schedule.c, explain.c); DESIGN 1.3 asks for under 1 s at a million ranks;
+#     not the ranks (schedule.c, explain.c); docs/architecture.md (contract 3) asks for about a second at this scale;
 #   - a model with 100,000 names (sema and the elaborator hash their lookups; was 42 s);
 #   - 20,000 plans in one file (each plan compiles in an arena freed afterwards; ran out of memory);
 #   - 100,000 errors (diagnostics stop after 20, with a note; took 4.4 GB).

@@ -51,7 +51,7 @@ def explained(plan):
 def run(plan, steps, straggler=None):
     """Builds and trains plan; returns the log's lines (None after reporting a failure)."""
     prog, log = f"{work}/{plan}", f"{work}/{plan}.jsonl"
-    err = harness.build(planc, source, plan, prog, "--verify-ir")
+    err = harness.build(planc, source, plan, prog, "--verify-ir", "--native")
     if err:
         check(plan, False, err)
         return None

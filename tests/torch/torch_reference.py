@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """An independent reference: models of examples/ written in PyTorch (torch.nn.functional
-semantics, DESIGN 1.6), trained from the same initial weights on the same batches as the programs
-planc builds, must give the same loss at every step (1e-5 relative) and the same final weights:
+semantics, docs/architecture.md contract 6), trained from the same initial weights on the same
+batches as the programs planc builds, must give the same loss at every step (1e-5 relative) and
+the same final weights:
   gpt    examples/gpt.plan, plan single_nodropout (GPT-2 blocks, tied embedding)
   bert   examples/bert.plan, plan single_nodropout: a BERT encoder ([CLS] pooler, classifier over 4
          classes) on the data set data/classify.safetensors (tokens i32 [N, 32], labels i32 [N]),
