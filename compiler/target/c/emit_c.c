@@ -706,7 +706,8 @@ static void print_program(Emit *e, const char *source_path)
 		low->nparams, ps->micro_batches > 0 ? ps->micro_batches : 1);
 	fprintf(f, "\t%lld, %lld, %lld, %.17g, %.17g, %d, %d, %d, %d,\n", ps->batch, low->seq, low->vocab, ps->lr,
 		ps->min_lr, ps->warmup, ps->total_steps, low->nroles, low->nroles > 1 ? sync_axis(ps) : -1);
-	fprintf(f, "\t\"%s\", \"%s\", %.17g,\n};\n\n", plan_fingerprint(low), sync_mode_name(ps->sync), ps->loss_scale);
+	fprintf(f, "\t\"%s\", \"%s\", %.17g, \"%s\",\n};\n\n", plan_fingerprint(low), sync_mode_name(ps->sync),
+		ps->loss_scale, plan_optimizer_text(low));
 	fprintf(f, "int main(int argc, char **argv)\n{\n\tunused_helpers();\n\treturn %s(argc, argv, &program);\n}\n",
 		e->target ? e->target->main_fn : "planrt_main");
 	if (e->target)
