@@ -2,6 +2,7 @@
  * driver, and hands the result to the requested command. Exit status: 0 success, 1 an error in
  * the user's input (reported with file:line:col), 2 a usage error; internal errors abort. */
 #include "passes.h"
+#include "data/data.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -48,6 +49,8 @@ static const char usage[] =
 	"                                    step-N, written under any plan of the model) into DIR/step-N as\n"
 	"                                    plan NAME holds it, offline (one process, no MPI, no training);\n"
 	"                                    then: mpirun -np WORLD PROG ... --resume DIR\n"
+	"  data vocab|tokenize|decode ...    text to token files: a GPT-2 byte-level BPE vocabulary, Megatron /\n"
+	"                                    nanoGPT / llm.c token files ('planc data --help'; docs/data.md)\n"
 	"\n"
 	"options:\n"
 	"  --plan NAME        the plan to use (default: the file's first plan)\n"
@@ -519,6 +522,8 @@ static int cmd_reshard(Lowered *low, Options *o)
 
 int main(int argc, char **argv)
 {
+	if (argc > 1 && !strcmp(argv[1], "data")) /* text to tokens: its own options (data/data_cli.c) */
+		return data_main(argc - 1, argv + 1);
 	Options o = {0};
 	int rc = parse_args(argc, argv, &o);
 	if (rc)

@@ -90,3 +90,15 @@ endif()
 # and folder by folder, have no cycles (tests/arch/check_deps.py reads the sources and nm of the
 # objects this build made)
 add_test(NAME arch COMMAND python3 ${ROOT}/tests/arch/check_deps.py ${ROOT} ${CMAKE_BINARY_DIR} WORKING_DIRECTORY ${ROOT})
+
+# Data (issue 22, docs/data.md): the token formats (text, nanoGPT, llm.c shards, Megatron's
+# indexed data set) written by an independent Python writer, the sampling rules (epochs, blends,
+# held-out batches, random) and document boundaries against the page's formulas re-implemented
+# in Python, and planc data's tokenizer and trainer against an independent Python GPT-2 encoder
+add_executable(data_dump ${ROOT}/tests/data/data_dump.c)
+target_compile_options(data_dump PRIVATE ${PLANC_WARNINGS})
+target_include_directories(data_dump PRIVATE ${ROOT}/runtime/io)
+target_link_libraries(data_dump PRIVATE planrt)
+add_test(NAME data COMMAND python3 ${ROOT}/tests/data/check_data.py ${PLANC} $<TARGET_FILE:data_dump> ${ROOT}
+         WORKING_DIRECTORY ${ROOT})
+set_tests_properties(data PROPERTIES TIMEOUT 600)
