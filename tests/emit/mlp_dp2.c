@@ -426,7 +426,7 @@ static const planrt_stage_t stages[] = {
 static const planrt_program_t program = {
 	"dp2", "mlp", "examples/mlp.plan", 2, 1, -1, axis_sizes, axis_names, 1, stages, params, 7, 1,
 	32, 16, 256, 0.001, 0, 0, 0, 1, -1,
-	"fnv1a64:a3af26e95ef94697", "strict", 0,
+	"fnv1a64:a3af26e95ef94697", "strict", 0, "adamw(lr = 0.001, betas = (0.9, 0.999), eps = 1e-08, weight_decay = 0.01)",
 };
 
 int main(int argc, char **argv)
