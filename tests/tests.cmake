@@ -102,3 +102,4 @@ target_link_libraries(data_dump PRIVATE planrt)
 add_test(NAME data COMMAND python3 ${ROOT}/tests/data/check_data.py ${PLANC} $<TARGET_FILE:data_dump> ${ROOT}
          WORKING_DIRECTORY ${ROOT})
 set_tests_properties(data PROPERTIES TIMEOUT 600)
+add_test(NAME fmt_golden COMMAND sh ${ROOT}/tests/fmt/run_fmt_golden.sh ${PLANC} WORKING_DIRECTORY ${ROOT})
