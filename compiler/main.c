@@ -309,8 +309,13 @@ static bool output_ok(const char *what, const char *path, bool is_dir, const Opt
 		}
 		return true;
 	}
-	/* a new file or directory: its parent must exist and be writable */
-	const char *slash = strrchr(path, '/');
+	/* a new file or directory: its parent must exist and be writable ("out/": out's parent) */
+	while (n > 1 && path[n - 1] == '/')
+		n--;
+	const char *slash = NULL;
+	for (size_t i = 0; i < n; i++)
+		if (path[i] == '/')
+			slash = path + i;
 	char parent[4096];
 	snprintf(parent, sizeof parent, "%.*s", slash ? (int)(slash == path ? 1 : slash - path) : 1, slash ? path : ".");
 	if (stat(parent, &st) != 0 || !S_ISDIR(st.st_mode)) {
@@ -557,6 +562,15 @@ int main(int argc, char **argv)
 	setvbuf(stderr, NULL, _IOLBF, BUFSIZ); /* a diagnostic's source line is one write, not one per byte */
 	if (!outputs_ok(&o, NULL, is_emit, is_build, is_explain))
 		return 1;
+	if (is_reshard) { /* "DIR/" is DIR: no "DIR//step-N" in what the runtime prints */
+		size_t n = strlen(o.output);
+		while (n > 1 && o.output[n - 1] == '/')
+			n--;
+		char *dir = strndup(o.output, n);
+		if (!dir)
+			return 1;
+		o.output = dir; /* lives until exit */
+	}
 	if (is_reshard && !output_ok("-o", o.output, true, &o, NULL))
 		return 1;
 	Arena *a = arena_new();

@@ -103,3 +103,5 @@ add_test(NAME data COMMAND python3 ${ROOT}/tests/data/check_data.py ${PLANC} $<T
          WORKING_DIRECTORY ${ROOT})
 set_tests_properties(data PROPERTIES TIMEOUT 600)
 add_test(NAME fmt_golden COMMAND sh ${ROOT}/tests/fmt/run_fmt_golden.sh ${PLANC} WORKING_DIRECTORY ${ROOT})
+add_test(NAME data_runs COMMAND python3 ${ROOT}/tests/data/check_runs.py ${PLANC} ${ROOT} WORKING_DIRECTORY ${ROOT})
+set_tests_properties(data_runs PROPERTIES TIMEOUT 900 ENVIRONMENT "${CC_CACHE_ENV}")

@@ -163,6 +163,8 @@ void planrt_parse_options_(int argc, char **argv, options_t *o)
 			}
 			o->reshard_from = argv[++i];
 			o->reshard_to = argv[++i];
+			for (size_t n = strlen(argv[i]); n > 1 && argv[i][n - 1] == '/'; n--)
+				argv[i][n - 1] = 0; /* "OUT/" is OUT: no "OUT//step-N" in messages */
 			if (!*o->reshard_from || !*o->reshard_to)
 				planrt_option_error_(o, "--reshard needs a checkpoint and an output directory, not an empty value");
 			continue;

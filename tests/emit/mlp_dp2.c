@@ -155,7 +155,7 @@ static void step_begin(planrt_ctx_t *ctx)
 static void forward_c0(planrt_ctx_t *ctx)
 {
 	(void)ctx;
-	planrt_load_data(ctx, tokens_0, 0, "tokens", planrt_i32, 2, (const int64_t[]){32, 16}, (const int64_t[]){16, 16}, (const int64_t[]){((int64_t)planrt_mesh_coord(AXIS_data) * 16) + (int64_t)ctx->micro * 32, 0}, 0); /* input */
+	planrt_load_data(ctx, tokens_0, 0, "tokens", planrt_i32, 2, (const int64_t[]){32, 16}, (const int64_t[]){16, 16}, (const int64_t[]){((int64_t)planrt_mesh_coord(AXIS_data) * 16) + (int64_t)ctx->micro * 32, 0}, -256); /* input */
 	planrt_load_data(ctx, targets_1, 1, "targets", planrt_i32, 2, (const int64_t[]){32, 16}, (const int64_t[]){16, 16}, (const int64_t[]){((int64_t)planrt_mesh_coord(AXIS_data) * 16) + (int64_t)ctx->micro * 32, 0}, 256); /* input */
 	planrt_k_embed_f32(p_embedding_weight, tokens_0, x_3, 256, 64, 0, 256); /* embed in embedding */
 	planrt_k_matmul_f32(1, 256, 256, 64, x_3, 0, 1024, p_linear_weight, 0, 0, matmul_6, 4096, 0); /* matmul in linear */
@@ -426,7 +426,7 @@ static const planrt_stage_t stages[] = {
 static const planrt_program_t program = {
 	"dp2", "mlp", "examples/mlp.plan", 2, 1, -1, axis_sizes, axis_names, 1, stages, params, 7, 1,
 	32, 16, 256, 0.001, 0, 0, 0, 1, -1,
-	"fnv1a64:a3af26e95ef94697", "strict", 0, "adamw(lr = 0.001, betas = (0.9, 0.999), eps = 1e-08, weight_decay = 0.01)",
+	"fnv1a64:b0bc28e2b748e01c", "strict", 0, "adamw(lr = 0.001, betas = (0.9, 0.999), eps = 1e-08, weight_decay = 0.01)",
 };
 
 int main(int argc, char **argv)
