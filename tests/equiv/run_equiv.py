@@ -29,7 +29,7 @@ env = dict(os.environ, PLANRT_REPORT_COMM="1", OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_
            OMPI_MCA_btl_vader_single_copy_mechanism="none", OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
 # the data each model trains on (data/corpus.txt: token windows; the others are data sets of named
 # tensors)
-DATA = {"bert": "data/classify.safetensors", "tests/equiv/regress": "data/regress"}
+DATA = {"bert": "data/classify.safetensors", "tests/equiv/regress": "data/regress", "gpt_docs": "data/corpus_tok"}
 
 
 def data_of(model):
@@ -54,6 +54,7 @@ PLANS = {
             "dp4_async_s0", "dp2_local_sgd_k1:single_momentum",
             "bf16", "bf16_zero2_dp4", "bf16_pp2", "fp16", "fp16_dp2"],
     "llama": ["tp2", "tp2_patterns", "dp2_tp2_sp", "zero3_dp4"],
+    "gpt_docs": ["dp2", "tp2", "tp2_sp"],
     "tests/equiv/ops": ["dp2", "tp2", "sp2", "dp2_tp2"],
     "tests/equiv/moe_names": ["ep2", "ep2_pattern"],
     "moe": ["ep2", "ep4", "ep2_tp2", "ep2_dp2", "ep2_dp2_zero1", "ep2_dp2_tp2_zero2", "switch_ep2:switch_single",
