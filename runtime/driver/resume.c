@@ -110,7 +110,7 @@ int64_t planrt_check_resume_(planrt_ckpt_t *c, const planrt_program_t *p, const 
 			     "order, the learning-rate schedule and the optimizer's step count are per step, so the run would "
 			     "not continue as it began: resume with a plan of batch B = %lld",
 			     plan, (long long)per_step, p->plan, (long long)p->batch, (long long)per_step);
-	check_optimizer(json_string_value(json_object_get(d, "optimizer")), plan, p, rank);
+	check_optimizer(json_string_value(json_object_get(m, "optimizer")), plan, p, rank);
 	if (o->seed_given && o->seed != s)
 		planrt_fatal("--resume: the checkpoint's run has --seed %llu, this one %llu; drop --seed (a resumed run "
 			     "keeps its seed)",

@@ -200,6 +200,33 @@ plan single_lr for gpt {
           r.returncode == 0 and os.path.isdir(f"{work}/new") and "//" not in r.stderr, r.stderr[-300:])
 
 
+def name_maps():
+    llama = build(f"{root}/examples/llama.plan", "single", "llama")
+    hf = f"{work}/hf.safetensors"
+    r = run(llama, "--steps", "0", "--data", f"{root}/data/corpus.txt", "--map", f"{root}/stdlib/maps/hf_llama.map",
+            "--save", hf)
+    t = read_safetensors(hf)
+    header_len = struct.unpack("<Q", open(hf, "rb").read(8))[0]
+    header = json.loads(open(hf, "rb").read()[8:8 + header_len])
+    name = "model.layers.0.mlp.gate_proj.weight"
+    F_, D = header[name]["shape"]
+    rows = [t[name][i * D:(i + 1) * D] for i in range(F_)]
+    tensors = {k: ("F32", header[k]["shape"], v) for k, v in t.items()}
+    tensors[name] = ("F32", [D, F_], [rows[i][j] for j in range(D) for i in range(F_)])
+    write_safetensors(f"{work}/hf_t.safetensors", tensors)
+    r = run(llama, "--steps", "0", "--data", f"{root}/data/corpus.txt", "--map", f"{root}/stdlib/maps/hf_llama.map",
+            "--init", f"{work}/hf_t.safetensors")
+    check("--map: an exactly transposed tensor says which line's T to change",
+          r.returncode != 0 and "the transpose of the" in r.stderr and "T on that line" in r.stderr, r.stderr[-300:])
+    renamed = open(f"{root}/stdlib/maps/hf_llama.map").read().replace("wte ", "tok_embeddings ")
+    open(f"{work}/renamed.map", "w").write(renamed)
+    r = run(llama, "--steps", "0", "--data", f"{root}/data/corpus.txt", "--map", f"{work}/renamed.map",
+            "--init", hf)
+    check("--map: a line whose planc name the model lacks is named (not 'drop the tensor')",
+          r.returncode != 0 and "tok_embeddings" in r.stderr and "put the model's name for it on that line" in r.stderr,
+          r.stderr[-300:])
+
+
 padded = build(f"{root}/examples/bert_padded.plan", "single", "padded")
 nomask_plan = open(f"{root}/examples/bert_padded.plan").read().replace(
     "nn.masked_bert_block(x, padding_mask, heads = H, ffn = F, p = P)", "nn.bert_block(x, heads = H, ffn = F, p = P)"
@@ -211,5 +238,6 @@ refusals()
 padding()
 documents()
 resume()
+name_maps()
 print(f"{passed} passed, {failed} failed")
 sys.exit(1 if failed else 0)
