@@ -102,6 +102,10 @@ def evaluation():
     check("the held-out loss of a data set is the same under dp2 and one rank",
           r2.returncode == 0 and len(evals2) == 2 and all(abs(a - b) <= 1e-5 * abs(b) for a, b in zip(evals2, evals3)),
           f"{evals2} vs {evals3} {r2.stderr[-200:]}")
+    reg = build(f"{root}/tests/equiv/regress.plan", "single", "regress")
+    r = run(reg, "--steps", "4", "--data", f"{root}/data/regress", "--eval-every", "2", "--log", f"{work}/r.jsonl")
+    check("--eval-every on regression targets (a directory of .npy)",
+          r.returncode == 0 and len([x for x in log_rows(f"{work}/r.jsonl") if "eval_loss" in x]) == 2, r.stderr[-300:])
     r = run(single, "--steps", "2", "--data", data, "--eval-every", "1", "--eval-data", data, "--log",
             f"{work}/b4.jsonl")
     check("--eval-data: evaluation on another file, training on all of --data",
