@@ -31,6 +31,13 @@ static const char data_usage[] =
 	"       planc data decode FILE --vocab DIR\n"
 	"(docs/data.md)\n";
 
+/* a command's arguments missing: its usage line, exit status 2 (planc's usage errors) */
+static int usage_fail(const char *line)
+{
+	fprintf(stderr, "planc data: usage: %s\n", line);
+	return 2;
+}
+
 static int fail(const char *fmt, const char *a, const char *b)
 {
 	fprintf(stderr, "planc data: ");
@@ -305,7 +312,7 @@ static int append_document(void *p, const char *text, size_t n)
 static int cmd_vocab(const DataOptions *o)
 {
 	if (!o->ninputs || !o->out || o->vocab_size <= 0)
-		return fail("planc data vocab FILE... --vocab-size N -o DIR%s%s", "", "");
+		return usage_fail("planc data vocab FILE... --vocab-size N -o DIR");
 	char path[4096];
 	snprintf(path, sizeof path, "%s/vocab.json", o->out);
 	if (exists(path))
@@ -328,7 +335,7 @@ static int cmd_vocab(const DataOptions *o)
 static int cmd_tokenize(const DataOptions *o)
 {
 	if (!o->ninputs || !o->out || !o->vocab)
-		return fail("planc data tokenize FILE... --vocab DIR -o OUT%s%s", "", "");
+		return usage_fail("planc data tokenize FILE... --vocab DIR -o OUT [--format megatron|nanogpt|llmc]");
 	char err[512];
 	Bpe *b = bpe_load(o->vocab, err, sizeof err);
 	if (!b)
@@ -355,7 +362,7 @@ static int cmd_tokenize(const DataOptions *o)
 static int cmd_decode(const DataOptions *o)
 {
 	if (o->ninputs != 1 || !o->vocab)
-		return fail("planc data decode FILE --vocab DIR%s%s", "", "");
+		return usage_fail("planc data decode FILE --vocab DIR");
 	char err[512], bin[4096], idx[4096];
 	Bpe *b = bpe_load(o->vocab, err, sizeof err);
 	if (!b)
@@ -412,6 +419,7 @@ int data_main(int argc, char **argv)
 		return cmd_tokenize(&o);
 	if (!strcmp(o.cmd, "decode"))
 		return cmd_decode(&o);
+	fail("unknown command 'data %s'%s", o.cmd, "");
 	fputs(data_usage, stderr);
-	return fail("unknown command 'data %s'%s", o.cmd, "");
+	return 2;
 }
