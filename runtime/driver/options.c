@@ -298,7 +298,7 @@ void planrt_print_help_(const char *prog_name, const planrt_program_t *p)
 	       "                        one process, without mpirun; then --resume OUT (planc reshard does the same)\n"
 	       "  --trace T.json        a Chrome-trace / Perfetto timeline of every rank (compute, collectives,\n"
 	       "                        transfers, waits)\n"
-	       "  --eval-every N        every N steps, the loss (and a classifier's accuracy) on held-out data over\n"
+	       "  --eval-every N        every N steps, the loss on held-out data (of --data, or --eval-data) over\n"
 	       "                        --eval-batches B batches (default 4)\n"
 	       "  --max-skips K         fp16 loss scaling: stop after K consecutive skipped steps (default 20)\n"
 	       "  --loss-scale-init S   fp16 loss scaling: the first step's scale (default: the plan's, 65536 for\n"
