@@ -2,6 +2,7 @@
  * driver, and hands the result to the requested command. Exit status: 0 success, 1 an error in
  * the user's input (reported with file:line:col), 2 a usage error; internal errors abort. */
 #include "passes.h"
+#include "data/data.h"
 
 #include <dlfcn.h>
 #include <errno.h>
@@ -49,6 +50,8 @@ static const char usage[] =
 	"                                    step-N, written under any plan of the model) into DIR/step-N as\n"
 	"                                    plan NAME holds it, offline (one process, no MPI, no training);\n"
 	"                                    then: mpirun -np WORLD PROG ... --resume DIR\n"
+	"  data vocab|tokenize|decode ...    text to token files: a GPT-2 byte-level BPE vocabulary, Megatron /\n"
+	"                                    nanoGPT / llm.c token files ('planc data --help'; docs/data.md)\n"
 	"\n"
 	"options:\n"
 	"  --plan NAME        the plan to use (default: the file's first plan)\n"
@@ -309,8 +312,13 @@ static bool output_ok(const char *what, const char *path, bool is_dir, const Opt
 		}
 		return true;
 	}
-	/* a new file or directory: its parent must exist and be writable */
-	const char *slash = strrchr(path, '/');
+	/* a new file or directory: its parent must exist and be writable ("out/": out's parent) */
+	while (n > 1 && path[n - 1] == '/')
+		n--;
+	const char *slash = NULL;
+	for (size_t i = 0; i < n; i++)
+		if (path[i] == '/')
+			slash = path + i;
 	char parent[4096];
 	snprintf(parent, sizeof parent, "%.*s", slash ? (int)(slash == path ? 1 : slash - path) : 1, slash ? path : ".");
 	if (stat(parent, &st) != 0 || !S_ISDIR(st.st_mode)) {
@@ -567,6 +575,8 @@ static int cmd_reshard(Lowered *low, Options *o)
 
 int main(int argc, char **argv)
 {
+	if (argc > 1 && !strcmp(argv[1], "data")) /* text to tokens: its own options (data/data_cli.c) */
+		return data_main(argc - 1, argv + 1);
 	Options o = {0};
 	int rc = parse_args(argc, argv, &o);
 	if (rc)
@@ -600,6 +610,15 @@ int main(int argc, char **argv)
 	setvbuf(stderr, NULL, _IOLBF, BUFSIZ); /* a diagnostic's source line is one write, not one per byte */
 	if (!outputs_ok(&o, NULL, is_emit, is_build, is_explain))
 		return 1;
+	if (is_reshard) { /* "DIR/" is DIR: no "DIR//step-N" in what the runtime prints */
+		size_t n = strlen(o.output);
+		while (n > 1 && o.output[n - 1] == '/')
+			n--;
+		char *dir = strndup(o.output, n);
+		if (!dir)
+			return 1;
+		o.output = dir; /* lives until exit */
+	}
 	if (is_reshard && !output_ok("-o", o.output, true, &o, NULL))
 		return 1;
 	Arena *a = arena_new();

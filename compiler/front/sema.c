@@ -24,6 +24,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 /* ------------------------------------------------------------------ word tables */
 
@@ -457,9 +458,21 @@ static const Stmt *later_assignment(const Stmt *s, const char *name, int after)
 	return NULL;
 }
 
+/* a stdlib module's name used without its import (`nn.block` with no `import std.nn`) */
+static bool stdlib_module(Arena *a, const char *name)
+{
+	struct stat st;
+	return stat(arena_printf(a, "%s/%s.plan", stdlib_dir(), name), &st) == 0;
+}
+
 static void unknown_name(Body *bd, Loc loc, const char *name)
 {
 	diag_error(bd->src, loc, "unknown name '%s'", name);
+	if (stdlib_module(bd->a, name)) {
+		diag_note_plain("'%s' is a module of the standard library: add `import std.%s` at the top of the file", name,
+				name);
+		return;
+	}
 	const Stmt *later = later_assignment(bd->item->body, name, loc.off);
 	if (later) {
 		diag_note(bd->src, later->name_loc, "'%s' is assigned only later, here", name);
@@ -3420,7 +3433,9 @@ static void check_strategy(Program *p, Item *st)
 	}
 }
 
-static void check_module_names(Arena *a, Module *m)
+/* root: the file being checked, whose fns nothing can call qualified (an imported module's
+ * `fn dropout` is reachable as nn.dropout, so the stdlib may wrap a primitive under its name) */
+static void check_module_names(Arena *a, Module *m, bool root)
 {
 	SymTab *aliases = symtab_new(a), *names = symtab_new(a); /* the first of each */
 	for (Item *it = m->items; it && !diag_stopped(); it = it->next) {
@@ -3434,6 +3449,15 @@ static void check_module_names(Arena *a, Module *m)
 			diag_note(&m->src, o->name_loc, "by this import");
 			diag_note_plain("rename one: import %s as NAME", it->name);
 		} else if (it->kind != I_IMPORT && it->name) {
+			if (root && it->kind == I_FN && is_prim(it->name)) { /* every call reaches the primitive */
+				diag_error(&m->src, it->name_loc, "fn '%s' has the name of a primitive op, which every call to "
+					   "'%s' in this file reaches; rename the fn",
+					   it->name, it->name);
+				diag_note_plain("unqualified, a primitive's name means the primitive (docs/language.md); a module "
+						"imported by another may wrap it as M.%s",
+						it->name);
+				continue;
+			}
 			Item *o = symtab_get(names, it->name);
 			if (!o) {
 				symtab_put(names, it->name, it);
@@ -3456,7 +3480,7 @@ bool sema_check_plan(Program *p, const Item *only)
 		return false;
 	int errors_before = diag_error_count();
 	for (Module *m = p->modules; m; m = m->next)
-		check_module_names(p->arena, m);
+		check_module_names(p->arena, m, m == p->main);
 	/* models whose hyperparameter defaults are broken are reported once here, not per plan */
 	int nmodels = 0;
 	for (Module *m = p->modules; m; m = m->next)

@@ -81,6 +81,25 @@ static long long split_product(const Shard *s, const Layout *l, int dim)
 	return n;
 }
 
+/* "nn.tensor_parallel, nn.sequence_parallel": the strategies the plan uses, for notes */
+static void plan_strategies(const Shard *s, char *buf, size_t n)
+{
+	size_t used = 0;
+	buf[0] = 0;
+	for (const PlanStmt *st = s->ps->plan->rules; st && used < n; st = st->next) {
+		const Expr *e = st->args ? st->args->value : NULL;
+		if (strcmp(st->word, "use") || !e)
+			continue;
+		const Expr *callee = e->kind == E_CALL ? e->lhs : e;
+		if (callee->kind == E_MEMBER && callee->lhs && callee->lhs->kind == E_NAME)
+			used += (size_t)snprintf(buf + used, n - used, "%s%s.%s", used ? ", " : "", callee->lhs->text, callee->text);
+		else if (callee->kind == E_NAME)
+			used += (size_t)snprintf(buf + used, n - used, "%s%s", used ? ", " : "", callee->text);
+	}
+}
+
+/* A split dim that its axes do not divide. The message names the plan (the model is every plan's:
+ * without it, the same error of two plans would read as one) and the strategies it uses. */
 static bool check_divisible(Shard *s, int v, const Layout *l, int dim, const Op *at)
 {
 	const Value *val = &s->g->vals[v];
@@ -88,29 +107,39 @@ static bool check_divisible(Shard *s, int v, const Layout *l, int dim, const Op 
 	if (n <= 1 || val->dim[dim] % n == 0)
 		return true;
 	if (!s->failed) {
-		char axes[128] = "";
+		char axes[128] = "", uses[256];
 		size_t used = 0;
 		for (int a = 0; a < s->ps->naxes; a++)
 			if (l->on[a] == dim && used < sizeof axes)
 				used += (size_t)snprintf(axes + used, sizeof axes - used, "%s'%s' of size %d",
 							 used ? " and " : "", s->ps->axes[a].name, s->ps->axes[a].size);
-		const char *dn = val->dim_name[dim];
+		plan_strategies(s, uses, sizeof uses);
+		const char *dn = val->dim_name[dim], *plan = s->ps->plan->name;
 		const Source *src = at && at->src ? at->src : s->ps->src;
 		Loc loc = at && at->src ? at->loc : s->ps->plan->name_loc;
-		if (at && at->kind == OP_SPLIT_HEADS && dim == val->rank - 3)
-			diag_error(src, loc, "the %lld attention heads%s%s%s are not divisible by mesh axis %s", val->dim[dim],
-				   dn ? " (" : "", dn ? dn : "", dn ? ")" : "", axes);
+		bool heads = at && at->kind == OP_SPLIT_HEADS && dim == val->rank - 3;
+		bool kv = at && (at->kind == OP_REPEAT_KV || at->kind == OP_REPEAT_KV_GRAD) && dim == val->rank - 3;
+		if (heads || kv)
+			diag_error(src, loc, "plan %s: the %lld %sheads%s%s%s are not divisible by mesh axis %s", plan, val->dim[dim],
+				   kv ? "key/value " : "attention ", dn ? " (" : "", dn ? dn : "", dn ? ")" : "", axes);
 		else if (dn)
-			diag_error(src, loc, "dimension %s = %lld%s%s is not divisible by mesh axis %s", dn, val->dim[dim],
-				   val->name ? " of " : "", val->name ? val->name : "", axes);
+			diag_error(src, loc, "plan %s: dimension %s = %lld%s%s is not divisible by mesh axis %s", plan, dn,
+				   val->dim[dim], val->name ? " of " : "", val->name ? val->name : "", axes);
 		else
-			diag_error(src, loc, "dimension %d (size %lld)%s%s is not divisible by mesh axis %s", dim,
+			diag_error(src, loc, "plan %s: dimension %d (size %lld)%s%s is not divisible by mesh axis %s", plan, dim,
 				   val->dim[dim], val->name ? " of " : "", val->name ? val->name : "", axes);
 		if (at && at->call_src)
 			diag_note(at->call_src, at->call_loc, "in the call to '%s' here", at->call_fn);
-		if (at && at->kind == OP_SPLIT_HEADS)
-			diag_note_plain("column-parallel attention weights (nn.megatron) split the heads over the axis; "
-					"use a head count divisible by it or a smaller axis");
+		diag_note(s->ps->src, s->ps->plan->name_loc, "plan %s%s%s", plan, uses[0] ? " uses " : " splits it",
+			  uses[0] ? uses : "");
+		if (kv)
+			diag_note_plain("the query heads are split over the axis, and repeat_kv gives each its key/value head, "
+					"so those would be split too; planc does not replicate key/value heads over tensor ranks "
+					"(Megatron does when there are fewer than the ranks): use kv_heads divisible by the "
+					"axis, or leave the query projection unsplit");
+		else if (heads)
+			diag_note_plain("column-parallel attention weights split the heads over the axis; use a head count "
+					"divisible by it or a smaller axis");
 		else
 			diag_note_plain("change the size or shard this dimension over a smaller axis");
 	}

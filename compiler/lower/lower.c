@@ -1403,6 +1403,13 @@ static void lower_input(Lower *L, const Op *op, int oi)
 		if (src >= 0 && g->vals[src].name && val->name && !strcmp(g->vals[src].name, val->name))
 			classes = g->vals[ce->in[0]].dim[g->vals[ce->in[0]].rank - 1];
 	}
+	/* ids that index an embedding table are checked against its rows (a negative bound: an index) */
+	for (int i = 0; i < g->nops && !classes; i++) {
+		const Op *e = &g->ops[i];
+		int src = e->kind == OP_EMBED && !e->backward ? input_of(g, e->in[1]) : -1;
+		if (src >= 0 && g->vals[src].name && val->name && !strcmp(g->vals[src].name, val->name))
+			classes = -g->vals[e->in[0]].dim[0];
+	}
 	long long gdims[MAX_DIMS];
 	for (int d = 0; d < val->rank; d++)
 		gdims[d] = d == 0 ? g->ps->batch : val->dim[d];

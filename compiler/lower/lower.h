@@ -371,6 +371,7 @@ bool plan_state(Lowered *low);
 /* state.c: a hash of the whole lowered program ("fnv1a64:<16 hex digits>"), which planrt records in
  * every checkpoint: a checkpoint resumes bit for bit under the same, and is resharded otherwise */
 const char *plan_fingerprint(const Lowered *low);
+const char *plan_optimizer_text(const Lowered *low); /* "adamw(lr = 0.0003, ...)" (the program descriptor's) */
 const char *sync_mode_name(SyncMode m); /* "strict", "local_sgd", "async" (the program descriptor's) */
 bool plan_overlap(Lowered *low);
 /* offload_params.c: under `offload params -> host`, each ZeRO-3 gather reads a device copy of its

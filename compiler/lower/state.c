@@ -1646,6 +1646,23 @@ const char *sync_mode_name(SyncMode m)
 	return m == SYNC_LOCAL_SGD ? "local_sgd" : m == SYNC_ASYNC ? "async" : "strict";
 }
 
+/* The plan's optimizer as the program descriptor records it (torch's argument names): a checkpoint
+ * keeps it, and planrt refuses to resume under another kind. */
+const char *plan_optimizer_text(const Lowered *low)
+{
+	const PlanSpec *ps = low->ps;
+	switch (ps->optimizer) {
+	case OPT_SGD:
+		return arena_printf(low->g->arena, "sgd(lr = %.9g)", ps->lr);
+	case OPT_MOMENTUM:
+		return arena_printf(low->g->arena, "momentum(lr = %.9g, momentum = %.9g)", ps->lr, ps->momentum);
+	default:
+		return arena_printf(low->g->arena, "%s(lr = %.9g, betas = (%.9g, %.9g), eps = %.9g, weight_decay = %.9g)",
+				    ps->optimizer == OPT_ADAM ? "adam" : "adamw", ps->lr, ps->beta1, ps->beta2, ps->eps,
+				    ps->weight_decay);
+	}
+}
+
 static uint64_t fnv(uint64_t h, const void *data, size_t n)
 {
 	const unsigned char *b = data;

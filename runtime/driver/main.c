@@ -128,21 +128,26 @@ static void start(run_t *r)
 	const planrt_program_t *program = r->program;
 	const planrt_stage_t *stage = r->stage;
 	planrt_ctx_t *ctx = r->ctx;
-	PLANRT_CHECK(planrt_data_open(o->data, program->vocab, program->seq, &ctx->data));
-	r->train_tokens = planrt_data_tokens(ctx->data);
-	if (o->eval_every)
-		PLANRT_CHECK(planrt_data_hold_out_(ctx->data, &r->train_tokens));
 	struct stat resume_st, every_st;
 	int fresh_ok = o->resume && o->save_every_dir && stat(o->resume, &resume_st) == 0 &&
 		       stat(o->save_every_dir, &every_st) == 0 && resume_st.st_dev == every_st.st_dev &&
 		       resume_st.st_ino == every_st.st_ino; /* --resume DIR --save-every N DIR: a first run too */
 	planrt_ckpt_t *resume = o->resume ? planrt_ckpt_resume_open(o->resume, program, fresh_ok) : NULL;
+	planrt_data_config_t data = {.nfiles = o->ndata, .files = o->data_files, .weights = o->blend ? o->data_weights : NULL,
+				     .neval = o->neval, .eval_files = o->eval_files,
+				     .eval_weights = o->eval_blend ? o->eval_weights : NULL, .vocab = program->vocab,
+				     .seq = program->seq, .batch = program->batch,
+				     .sampling = planrt_resume_sampling_(resume, o), .evaluate = o->eval_every > 0};
+	PLANRT_CHECK(planrt_data_open_run_(&data, &ctx->data));
+	r->train_tokens = planrt_data_train_samples_(ctx->data);
 	json_t *scaling = NULL; /* fp16 loss scaling's state as the checkpoint left it */
 	r->first_step = 0;
 	if (resume) {
 		r->first_step = planrt_check_resume_(resume, program, o, ctx->data, r->train_tokens, &ctx->seed, r->rank);
 		scaling = json_object_get(planrt_ckpt_manifest(resume), "loss_scaling");
 	}
+	if (o->log && r->rank == 0)
+		PLANRT_CHECK(planrt_log_truncate_(r->first_step));
 	planrt_loss_scaler_init_(&r->scaler, program, o, scaling);
 	r->seed = ctx->seed;
 	if (o->init)

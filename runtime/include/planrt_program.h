@@ -168,6 +168,9 @@ typedef struct planrt_program {
 	const char *fingerprint;
 	const char *sync;                  /* "strict", "local_sgd" or "async" (checkpoints) */
 	double loss_scale;                 /* fp16 loss scaling: 0 none, -1 dynamic, > 0 static */
+	/* the optimizer and its settings, "adamw(lr = 0.0003, betas = (0.9, 0.95), ...)": a checkpoint
+	 * records it, and resuming under another kind of optimizer is refused */
+	const char *optimizer;
 } planrt_program_t;
 
 /* Runs the program: parses argv (--steps K --data FILE [--init W] [--save W] [--log F] [--seed S]

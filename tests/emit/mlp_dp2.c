@@ -226,7 +226,7 @@ PLANRT_CPU_LOOP(loop11, (float *restrict out, const float *v18, const float *v19
 static void forward_c0(planrt_ctx_t *ctx)
 {
 	(void)ctx;
-	planrt_load_data(ctx, tokens_0, 0, "tokens", planrt_i32, 2, (const int64_t[]){32, 16}, (const int64_t[]){16, 16}, (const int64_t[]){((int64_t)planrt_mesh_coord(AXIS_data) * 16) + (int64_t)ctx->micro * 32, 0}, 0); /* input */
+	planrt_load_data(ctx, tokens_0, 0, "tokens", planrt_i32, 2, (const int64_t[]){32, 16}, (const int64_t[]){16, 16}, (const int64_t[]){((int64_t)planrt_mesh_coord(AXIS_data) * 16) + (int64_t)ctx->micro * 32, 0}, -256); /* input */
 	planrt_load_data(ctx, targets_1, 1, "targets", planrt_i32, 2, (const int64_t[]){32, 16}, (const int64_t[]){16, 16}, (const int64_t[]){((int64_t)planrt_mesh_coord(AXIS_data) * 16) + (int64_t)ctx->micro * 32, 0}, 256); /* input */
 	planrt_k_embed_f32(p_embedding_weight, tokens_0, x_3, 256, 64, 0, 256); /* embed in embedding */
 	planrt_k_matmul_f32(1, 256, 256, 64, x_3, PLANRT_NO_TRANS, 1024, p_linear_weight, PLANRT_NO_TRANS, 0, matmul_6, 4096, PLANRT_OVERWRITE); /* matmul in linear */
@@ -519,9 +519,10 @@ static const planrt_program_t program = {
 	.total_steps = 0,
 	.nroles = 1,
 	.role_axis = PLANRT_NO_AXIS,
-	.fingerprint = "fnv1a64:7e433098a2ee26fd",
+	.fingerprint = "fnv1a64:496d93a4cdf1cc0e",
 	.sync = "strict",
 	.loss_scale = 0,
+	.optimizer = "adamw(lr = 0.001, betas = (0.9, 0.999), eps = 1e-08, weight_decay = 0.01)",
 };
 
 int main(int argc, char **argv)

@@ -857,7 +857,7 @@ static void print_program(Emit *e, const char *source_path)
 	fprintf(f, "\t.fingerprint = \"%s\",\n\t.sync = \"%s\",\n\t.loss_scale = ", plan_fingerprint(low),
 		sync_mode_name(ps->sync));
 	print_double(f, ps->loss_scale);
-	fprintf(f, ",\n};\n\n");
+	fprintf(f, ",\n\t.optimizer = \"%s\",\n};\n\n", plan_optimizer_text(low));
 	fprintf(f, "int main(int argc, char **argv)\n{\n\tunused_helpers();\n\treturn %s(argc, argv, &program);\n}\n",
 		e->target ? e->target->main_fn : "planrt_main");
 	if (e->target)
