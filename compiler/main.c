@@ -404,8 +404,10 @@ static bool link_program(char **argv, int out_at, const char *output, Arena *a)
 	const char *linked = f.in_place ? arena_printf(a, "%s/prog", scratch.dir) : f.tmp;
 	if (f.in_place && scratch.nfiles < SCRATCH_FILES)
 		snprintf(scratch.files[scratch.nfiles++], sizeof scratch.files[0], "%s", linked);
-	if (!f.in_place) /* the linker writes the file (and makes it executable); it stays the pending one */
+	if (!f.in_place) { /* the linker creates the file (executable); its name stays the pending one */
 		planrt_outfile_close(&f);
+		unlink(f.tmp);
+	}
 	argv[out_at] = (char *)linked;
 	if (run_command(argv) != 0) {
 		planrt_outfile_discard(&f);

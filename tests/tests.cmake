@@ -90,3 +90,15 @@ endif()
 # and folder by folder, have no cycles (tests/arch/check_deps.py reads the sources and nm of the
 # objects this build made)
 add_test(NAME arch COMMAND python3 ${ROOT}/tests/arch/check_deps.py ${ROOT} ${CMAKE_BINARY_DIR} WORKING_DIRECTORY ${ROOT})
+# reliability (issue 23): a resume continues the checkpoint's run or is refused before step 1, across
+# sync modes, ZeRO stages, offload and precisions; resharding into local SGD refused; the data file
+# by content; a hand-edited manifest refused (tests/ops/check_resume_guard.py)
+add_test(NAME resume_guard COMMAND python3 ${ROOT}/tests/ops/check_resume_guard.py ${PLANC} ${ROOT} WORKING_DIRECTORY ${ROOT})
+set_tests_properties(resume_guard PROPERTIES TIMEOUT 900 ENVIRONMENT "${CC_CACHE_ENV}")
+# outputs never replace what is not theirs (issue 23): every output of a program and of planc against
+# a symlink, a FIFO, a directory and character devices; --log / --trace write errors; planc build
+# killed by a signal; options given twice; bad --map files (tests/ops/check_outputs.py)
+add_test(NAME outputs COMMAND python3 ${ROOT}/tests/ops/check_outputs.py ${PLANC} ${ROOT} WORKING_DIRECTORY ${ROOT})
+set_tests_properties(outputs PROPERTIES TIMEOUT 900 ENVIRONMENT "${CC_CACHE_ENV}")
+# explain --json's byte counts are exact 64-bit integers, above 2^53 too (tests/explain/check_json_exact.py)
+add_test(NAME explain_json_exact COMMAND python3 ${ROOT}/tests/explain/check_json_exact.py ${PLANC} ${ROOT} WORKING_DIRECTORY ${ROOT})
