@@ -1,7 +1,8 @@
 #!/bin/sh
 # README command 2: installs what is missing, builds planc with warnings as errors, runs the whole
-# suite with ctest, then builds the libFuzzer harness with clang and fuzzes the front end for a
-# bounded time (PLANC_FUZZ_SECONDS, default 60). Exits non-zero if anything fails.
+# suite with ctest, then builds the libFuzzer harnesses with clang and fuzzes each (the front end,
+# check, explain, the emitters) for its share of a bounded time (PLANC_FUZZ_SECONDS, default 60).
+# Exits non-zero if anything fails.
 set -e
 cd "$(dirname "$0")/.."
 . scripts/deps.sh
@@ -10,23 +11,9 @@ cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPLANC_WERROR=ON >/dev/nu
 cmake --build build -j"$jobs"
 (cd build && ctest --output-on-failure)
 
+# the libFuzzer harnesses (tests/fuzz: the front end, check, explain, the emitters), each for its
+# share of PLANC_FUZZ_SECONDS (default 60; 0 skips them), built with clang-14 (scripts/fuzz.sh)
 seconds=${PLANC_FUZZ_SECONDS:-60}
 if [ "$seconds" -gt 0 ]; then
-	cmake -S . -B build-fuzz -DCMAKE_C_COMPILER=clang-14 -DPLANC_FUZZ=ON -DPLANC_WERROR=ON >/dev/null
-	cmake --build build-fuzz --target fuzz_frontend -j"$jobs" >/dev/null
-	corpus=$(mktemp -d)
-	cp tests/fuzz/corpus/* "$corpus"/
-	for f in examples/*.plan stdlib/*.plan; do
-		cp "$f" "$corpus/seed_$(basename "$f")"
-	done
-	echo "fuzzing the front end for ${seconds}s"
-	ASAN_OPTIONS=detect_leaks=1 ./build-fuzz/tests/fuzz/fuzz_frontend -max_total_time="$seconds" \
-		-print_final_stats=1 "$corpus" 2>build-fuzz/fuzz.log || {
-		tail -40 build-fuzz/fuzz.log
-		echo "fuzz: 0 passed, 1 failed"
-		exit 1
-	}
-	grep -E "stat::number_of_executed_units" build-fuzz/fuzz.log || true
-	rm -rf "$corpus"
-	echo "fuzz: 1 passed, 0 failed"
+	sh scripts/fuzz.sh "$seconds"
 fi

@@ -38,6 +38,13 @@ static FILE *devnull;
 static char scratch[256];  /* this process's directory: the input file and the emitted sources */
 static char input_path[320];
 static LLVMTargetMachineRef host;
+static long long inputs, parsed; /* how many inputs came, how many of them loaded (parsed) */
+
+static void report_parsed(void)
+{
+	if (inputs)
+		fprintf(stderr, "fuzz: inputs that parse: %lld of %lld (%.0f%%)\n", parsed, inputs, 100.0 * parsed / inputs);
+}
 
 static void setup(void)
 {
@@ -48,6 +55,7 @@ static void setup(void)
 		abort();
 	snprintf(input_path, sizeof input_path, "%s/input.plan", scratch);
 	diag_set_stream(devnull);
+	atexit(report_parsed);
 	graph_max_repeat = MAX_REPEAT; /* sizes that keep one case to milliseconds */
 	if (FUZZ_STAGE >= 2) {
 		LLVMInitializeNativeTarget();
@@ -118,6 +126,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	diag_reset();
 	Arena *a = arena_new();
 	Program *p = load_program(a, input_path);
+	inputs++;
+	parsed += p != NULL;
 	if (p && sema_check_plan(p, NULL)) {
 		int n = 0;
 		for (Item *it = p->main->items; it && n < MAX_PLANS && !diag_stopped(); it = it->next)

@@ -91,7 +91,8 @@ def expect(name, kind, path, rc, err, seconds):
 def timed(args, timeout=120, **kw):
     t0 = time.time()
     try:
-        r = subprocess.run(args, capture_output=True, text=True, env=env, timeout=timeout, **kw)
+        kw.setdefault("stdout", subprocess.PIPE)
+        r = subprocess.run(args, stderr=subprocess.PIPE, text=True, env=env, timeout=timeout, **kw)
         return r.returncode, r.stderr, time.time() - t0
     except subprocess.TimeoutExpired:
         return -1, "timed out (a hang)", time.time() - t0
