@@ -135,6 +135,17 @@ runner_test(data 600 python3 ${ROOT}/tests/data/check_data.py ${PLANC} $<TARGET_
 runner_test(fmt_golden 300 sh ${ROOT}/tests/front/run_fmt_golden.sh ${PLANC})
 runner_test(data_runs 900 python3 ${ROOT}/tests/data/check_runs.py ${PLANC} ${ROOT})
 
+# ---- reliability (issue 23): a resume continues the checkpoint's run or is refused before step 1,
+# across sync modes, ZeRO stages, offload and precisions; resharding into local SGD refused; the
+# data by content; a hand-edited manifest refused (tests/checkpoint/check_resume_guard.py). Outputs
+# never replace what is not theirs: every output of a program and of planc against a symlink, a
+# FIFO, a directory and character devices; --log / --trace write errors; planc build killed by a
+# signal; options given twice; bad --map files (tests/program/check_outputs.py). explain --json's
+# byte counts are exact 64-bit integers, above 2^53 too (tests/explain/check_json_exact.py)
+runner_test(resume_guard 900 python3 ${ROOT}/tests/checkpoint/check_resume_guard.py ${PLANC} ${ROOT})
+runner_test(outputs 900 python3 ${ROOT}/tests/program/check_outputs.py ${PLANC} ${ROOT})
+runner_test(explain_json_exact 300 python3 ${ROOT}/tests/explain/check_json_exact.py ${PLANC} ${ROOT})
+
 # ---- tiers and labels (README.md, "Tests"). Every test is in exactly one tier:
 #   quick  the edit loop (`ctest -L quick -j2`, under 90 s on 2 cores): diagnostics, goldens,
 #          unit tests, the CLI, and the equivalence of the op test model and the MLP's plans
@@ -148,11 +159,11 @@ set(QUICK_TESTS errors fmt_roundtrip cli explain_goldens explain_formulas explai
     runtime_step_kernels runtime_watchdog runtime_watchdog_world_sum runtime_collectives_no_watchdog
     runtime_program runtime_program_cli kernels_fd kernels_semantics pipeline_partition pipeline_stages
     sync_check sync_kernels llvm_verify scale_check cuda_streams cuda_sync_math cuda_moe_math equiv_ops equiv_mlp arch arch_functions
-    fmt_golden data)
+    fmt_golden data explain_json_exact)
 set(MPI_TESTS runtime_collectives runtime_step_kernels runtime_watchdog runtime_watchdog_world_sum
     runtime_collectives_no_watchdog runtime_program runtime_program_cli sync_kernels sync_runs llvm_diff
     equiv_gpt equiv_moe equiv_mlp equiv_ops equiv_others equiv_sweep torch_reference memory offload checkpoint fp16
-    program_errors program_failures observe cuda_sync_math cpu_levels data_runs)
+    program_errors program_failures observe cuda_sync_math cpu_levels data_runs resume_guard outputs)
 set(CUDA_TESTS llvm_ptxas cuda_build cuda_one_process)
 set(TORCH_TESTS torch_reference)
 set(TEST_COSTS cuda_build 150 equiv_gpt 140 llvm_diff 130 offload 70 equiv_sweep 60 equiv_moe 60 checkpoint 50

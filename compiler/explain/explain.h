@@ -9,9 +9,9 @@
  * give the memory lines when planc build can run it, its kernels the communication. */
 void explain(FILE *out, Graph *g, bool json, const Lowered *low);
 /* svg.c: `planc explain --svg FILE`: each rank role's pipeline schedule (forward, backward, sends,
- * idle time) and memory over one step, from the same estimate as explain's step time. False after
- * reporting an I/O error. */
-bool explain_svg(const char *path, Graph *g, const Lowered *low);
+ * idle time) and memory over one step, from the same estimate as explain's step time, written to
+ * out. False when out reports a write error. */
+bool explain_svg(FILE *out, Graph *g, const Lowered *low);
 bool explain_device(const char *name); /* the device the estimated step time assumes: h200, cpu */
 const char *explain_device_name(void);  /* its description */
 const char *explain_bytes(double b, char *buf, size_t n); /* "1.50 MiB", as the report prints sizes */

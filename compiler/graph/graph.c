@@ -28,6 +28,8 @@ const OpClass op_classes[OP_COUNT] = {
 #undef X
 };
 
+long long graph_max_repeat = 100000;
+
 /* ------------------------------------------------------------------ graph building blocks */
 
 int graph_add_value(Graph *g, DType t, int rank, const long long *dim, const char *const *names)
@@ -2187,8 +2189,8 @@ static void exec_stmt(Elab *e, Scope *sc, Stmt *s, bool top_level)
 		long long n;
 		if (!eval_int(e, sc, s->value, &n, NULL))
 			return;
-		if (n < 1 || n > 100000) {
-			elab_error(e, s->value->loc, "repeat count must be between 1 and 100000, got %lld", n);
+		if (n < 1 || n > graph_max_repeat) {
+			elab_error(e, s->value->loc, "repeat count must be between 1 and %lld, got %lld", graph_max_repeat, n);
 			return;
 		}
 		bool outer = e->repeat_depth == 0 && top_level;

@@ -7,6 +7,9 @@
 #include "front/front.h"
 
 /* ---------------------------------------------------------------- graph.c */
+/* The largest `repeat` count (100000). Only a fuzzing harness lowers it (tests/fuzz: a case must
+ * stay fast); planc never changes it. */
+extern long long graph_max_repeat;
 /* The model graph IR: SSA values over concrete shapes, produced by elaborating the model (fns
  * inlined, repeats unrolled with layer tags) and then extended by every pass: autodiff appends
  * backward and optimizer ops, shard.c inserts collectives, recompute.c clones forward ops into

@@ -41,6 +41,7 @@ typedef struct Shard {
 	 * list and the index of the op being placed in it */
 	signed char *moe_param;
 	int *moe_layer;
+	int moe_nvals; /* the values moe_analyse classed; later ones (collectives' outputs) are none */
 	const Op *old;
 	int cur_old;
 } Shard;
@@ -1049,6 +1050,7 @@ static void moe_analyse(Shard *s, const Op *old, int nold)
 {
 	Graph *g = s->g;
 	s->old = old;
+	s->moe_nvals = g->nvals;
 	s->moe_param = malloc((size_t)g->nvals + 1);
 	s->moe_layer = malloc(sizeof(int) * ((size_t)g->nvals + 1));
 	int *act = malloc(sizeof(int) * ((size_t)g->nvals + 1)); /* the layer of an expert activation */
@@ -1117,7 +1119,7 @@ static bool moe_experts_split(const Shard *s, int layer, int a)
 {
 	if (layer < 0)
 		return false;
-	for (int v = 0; v < s->g->nvals; v++)
+	for (int v = 0; v < s->moe_nvals; v++)
 		if (s->moe_param[v] != MP_NONE && s->moe_layer[v] == layer && s->g->vals[v].lay.on[a] == 0)
 			return true;
 	return false;
@@ -1194,7 +1196,7 @@ static void moe_rules_check(Shard *s)
 		}
 		if (!names) { /* the expert parameters, layer numbers as '*': the patterns a user means */
 			names = arena_alloc(g->arena, sizeof(char *) * ((size_t)g->nvals + 1));
-			for (int v = 0; v < g->nvals; v++) {
+			for (int v = 0; v < s->moe_nvals; v++) {
 				if (s->moe_param[v] == MP_NONE || !g->vals[v].name)
 					continue;
 				char buf[256];

@@ -577,7 +577,7 @@ static void offload_layout(State *S)
 			S->slot[s] = host_buf(S, DT_F32, S->grp_max * S->parts > 0 ? S->grp_max * S->parts : 1, "record",
 					      "a group's record of the optimizer state file, read in");
 	}
-	S->coef_host = host_buf(S, DT_F32 == DT_F32 ? DT_F64 : DT_F64, 1, "clip_coef_host", "the clipping coefficient, on the host");
+	S->coef_host = host_buf(S, DT_F64, 1, "clip_coef_host", "the clipping coefficient, on the host");
 }
 
 /* A group's master weights and moments (-1: none) where kernels reach them: its buffers, or (disk)

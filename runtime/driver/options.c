@@ -106,9 +106,21 @@ static int parse_files(options_t *o, const char *opt, int argc, char **argv, int
 	return last;
 }
 
+/* An option given a second time is an error (never "the last one wins", which hides a typo in a
+ * long job script): returns 1 the second time argv names opt. */
+static int given_twice(options_t *o, char **argv, int at, const char *opt)
+{
+	for (int k = 1; k < at; k++)
+		if (!strcmp(argv[k], opt)) {
+			planrt_option_error_(o, "%s is given twice; give it once", opt);
+			return 1;
+		}
+	return 0;
+}
+
 /* Parses argv without failing: the first error is kept for after planrt_init, so that --help
  * anywhere is still answered before MPI starts. A value that looks like an option ("--x") is a
- * missing value; an empty value is an error. */
+ * missing value; an empty value is an error; so is an option given twice. */
 void planrt_parse_options_(int argc, char **argv, options_t *o)
 {
 	memset(o, 0, sizeof *o);
@@ -157,6 +169,7 @@ void planrt_parse_options_(int argc, char **argv, options_t *o)
 			continue;
 		}
 		if (reshard) {
+			given_twice(o, argv, i, a);
 			if (i + 2 >= argc || !strncmp(argv[i + 1], "--", 2) || !strncmp(argv[i + 2], "--", 2)) {
 				planrt_option_error_(o, "missing values after --reshard (--reshard CHECKPOINT OUT_DIR)");
 				i = argc;
@@ -174,6 +187,7 @@ void planrt_parse_options_(int argc, char **argv, options_t *o)
 			planrt_option_error_(o, "unknown option %s", a);
 			continue;
 		}
+		given_twice(o, argv, i, a);
 		int values = pair ? 2 : 1;
 		int missing = 0;
 		for (int k = 1; k <= values; k++)

@@ -216,7 +216,9 @@ void planrt_log_step(int64_t step, double loss, double lr, double grad_norm, int
 /* More members for the next planrt_log_step line, as JSON text ("versions":[3,2],"staleness":1),
  * added to those given since the last line; NULL or "" adds none. */
 void planrt_log_fields(const char *members);
-void planrt_log_close(void);
+/* Closes the log: 0, or -1 when a line could not be written (the first failure was reported on
+ * stderr when it happened; this reports the count): the run's exit status is then 1. */
+int planrt_log_close(void);
 /* Rank 0's progress line on stderr: step k/K, loss, tokens/s, ETA. */
 void planrt_progress(int64_t step, int64_t total, double loss, double tokens_per_s, double elapsed_s);
 double planrt_now(void); /* seconds, monotonic */
@@ -298,13 +300,14 @@ void planrt_progress_(int64_t step, int64_t total, double loss, double rate, con
 /* trace.c: --trace FILE, a Chrome-trace timeline of every rank. planrt_trace_open_ starts recording
  * (collective: every rank calls it); begin/end open and close nested events (end's args, when not
  * NULL, are the event's JSON arguments); planrt_trace_args_ sets the innermost open event's; close
- * joins every rank's events into FILE (collective) under process_name. */
+ * joins every rank's events into FILE (collective) under process_name: 0, or -1 on every rank
+ * when the file could not be written (rank 0 printed why). */
 extern int planrt_tracing_;
 void planrt_trace_open_(const char *path);
 void planrt_trace_begin_(const char *name, const char *cat);
 void planrt_trace_end_(const char *args);
 void planrt_trace_args_(const char *args);
-void planrt_trace_close_(const char *process_name);
+int planrt_trace_close_(const char *process_name);
 /* core/trace.c's half for comm/trace_file.c: start recording for path (origin now), the path,
  * this rank's part of the file, and forgetting every event */
 void planrt_trace_start_(const char *path);
@@ -313,10 +316,12 @@ void planrt_trace_write_part_(FILE *f, int rank, const char *process_name);
 void planrt_trace_reset_(void);
 /* kernels.c: while set (planrt_main's evaluation of held-out batches), dropout is the identity */
 extern int planrt_evaluating_;
-/* safetensors.c: planrt_st_write, also returning the data's checksum ("fnv1a64:..."); and a
- * tensor's raw data as stored (dtype a planrt_dtype_t, or -1 for one planrt has no type for) */
-planrt_result_t planrt_st_write_(const char *path, const planrt_st_tensor_t *tensors, int n, char *checksum,
-				 size_t checksum_n);
+/* safetensors.c: planrt_st_write, with one more string in __metadata__ (meta_key NULL: none),
+ * also returning the data's checksum ("fnv1a64:..."); and a tensor's raw data as stored (dtype a
+ * planrt_dtype_t, or -1 for one planrt has no type for); and a file's __metadata__ string */
+planrt_result_t planrt_st_write_(const char *path, const planrt_st_tensor_t *tensors, int n, const char *meta_key,
+				 const char *meta_value, char *checksum, size_t checksum_n);
+const char *planrt_st_metadata_(planrt_st_t f, const char *key);
 planrt_result_t planrt_st_find_(planrt_st_t f, const char *name, int *dtype, int64_t *n, const void **data);
 /* safetensors.c: the name of the file's i-th tensor (file order), NULL past the last */
 const char *planrt_st_name_(planrt_st_t f, int i);
