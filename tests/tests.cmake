@@ -80,6 +80,8 @@ add_executable(cuda_test_moe_math ${ROOT}/tests/cuda/test_moe_math.c)
 target_compile_options(cuda_test_moe_math PRIVATE ${PLANC_WARNINGS} -O2)
 target_link_libraries(cuda_test_moe_math PRIVATE planrt)
 add_test(NAME cuda_moe_math COMMAND cuda_test_moe_math WORKING_DIRECTORY ${ROOT})
+# several ranks on GPUs, tested on the CPU: the MPI device backend, the node-local MPI, GPU binding
+include(${ROOT}/tests/cuda/gpu_ranks.cmake)
 if(TARGET planrt_cuda)
   add_test(NAME cuda_build COMMAND bash ${ROOT}/tests/cuda/run_build.sh ${PLANC} ${NVCC} ${MPI_C_COMPILER} WORKING_DIRECTORY ${ROOT})
   set_tests_properties(cuda_build PROPERTIES TIMEOUT 900 SKIP_RETURN_CODE 77)

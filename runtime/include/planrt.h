@@ -238,6 +238,9 @@ void planrt_mesh_offline_(int naxes, const int *sizes, int rank);
 /* bf16 and f16 (t) to and from f32; f32 -> half rounds to nearest even, NaN stays NaN. */
 float planrt_half_to_f32_(uint16_t h, planrt_dtype_t t);
 uint16_t planrt_f32_to_half_(float x, planrt_dtype_t t);
+/* the same over n elements (h and f do not overlap) */
+void planrt_halves_to_f32_(const uint16_t *h, float *f, size_t n, planrt_dtype_t t);
+void planrt_f32_to_halves_(const float *f, uint16_t *h, size_t n, planrt_dtype_t t);
 /* The most mesh axes planrt_mesh_init accepts; the per-group counters have one slot per axis. */
 enum { PLANRT_MAX_AXES_ = 8 };
 /* comm_mpi.c: reads PLANRT_WATCHDOG and MPI's largest tag; called by planrt_init. */
@@ -316,6 +319,8 @@ struct planrt_comm {
 	char name[48];   /* for messages: "world", "axis data", "pair axis 1 {0,3}" */
 	uint64_t ncalls; /* operations started on it, numbered in watchdog messages */
 };
+/* comm_mpi.c: the MPI datatype that carries t (bf16 and f16 as 16-bit words: reduce them in f32) */
+MPI_Datatype planrt_mpi_type_(planrt_dtype_t t);
 #endif
 #endif
 
