@@ -57,7 +57,7 @@ fi
 # 3. CPU programs against Open MPI
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 \
 	OMPI_MCA_plm=isolated OMPI_MCA_btl=self,vader OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
-while read -r file plan ranks; do
+while read -r file plan ranks <&3; do
 	d=$tmp/$plan
 	if ! "$PLANC" emit c "$file" --plan "$plan" -o "$d" >/dev/null ||
 		! cc -std=gnu11 -O1 -I"$CBLAS_INC" -Iruntime/standalone -Iruntime/include -I"$d" "$d/prog.c" -o "$d/local" \
@@ -79,7 +79,7 @@ print(f"{'ok' if good else 'FAIL'}: {sys.argv[3]}: node-local MPI against Open M
       f"worst relative difference {worst:.1e}")
 sys.exit(0 if good else 1)
 PY
-done <<'LIST'
+done 3<<'LIST'
 examples/gpt.plan dp2_tp2_sp_zero3 4
 examples/gpt.plan pp2_interleaved 2
 examples/moe.plan mixtral_ep2 2
