@@ -5,6 +5,7 @@
 #   cuda_comm_staged_watchdog a stalled collective on the backend is reported by its watchdog
 #   cuda_comm_staged_local    the same checks on planrt's node-local MPI under planrt-run
 #   cuda_local_mpi            the node-local MPI and planrt-run against Open MPI (tests/cuda/local_mpi.sh)
+#   cuda_gpu_binding          the GPU binding and backend rules (runtime/comm/binding.c)
 add_executable(cuda_test_comm_staged ${ROOT}/tests/cuda/test_comm_staged.c)
 target_compile_options(cuda_test_comm_staged PRIVATE ${PLANC_WARNINGS})
 target_link_libraries(cuda_test_comm_staged PRIVATE planrt)
@@ -37,3 +38,10 @@ add_test(NAME cuda_local_mpi
                  $<TARGET_FILE:cuda_local_test_step_kernels> $<TARGET_FILE:cuda_local_test_watchdog>
          WORKING_DIRECTORY ${ROOT})
 set_tests_properties(cuda_local_mpi PROPERTIES TIMEOUT 900 ENVIRONMENT "${CC_CACHE_ENV}")
+
+# cuda_gpu_binding: runtime/comm/binding.c's rules (local rank, device, backend) on plain data
+add_executable(cuda_test_gpu_binding ${ROOT}/tests/cuda/test_gpu_binding.c)
+target_compile_options(cuda_test_gpu_binding PRIVATE ${PLANC_WARNINGS})
+target_link_libraries(cuda_test_gpu_binding PRIVATE planrt)
+add_test(NAME cuda_gpu_binding COMMAND cuda_test_gpu_binding)
+set_tests_properties(cuda_gpu_binding PROPERTIES TIMEOUT 60 PASS_REGULAR_EXPRESSION "^PASS: ")
