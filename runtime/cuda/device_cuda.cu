@@ -6,10 +6,11 @@
  * the gradient norm, the clipping coefficient: what the host reads every step) and the state the
  * program marks offloaded (planrt_cu_host_state) are pinned, mapped host memory: kernels reach
  * them through unified addressing and the host reads them after the phase's synchronisation.
- * PLANRT_REPORT_MEMORY adds what was allocated on the device and in pinned host memory, and the
- * peak of the device memory in use (cudaMemGetInfo sampled at each synchronisation, less what was
- * in use before the first allocation: the CUDA context), which includes cuBLAS's and NCCL's own
- * buffers.
+ * PLANRT_REPORT_MEMORY adds what was allocated on the device and in pinned host memory for the
+ * plan, the pinned staging buffers of the MPI device backend (host_staging, its peak; not the
+ * plan's), and the peak of the device memory in use (cudaMemGetInfo sampled at each
+ * synchronisation, less what was in use before the first allocation: the CUDA context), which
+ * includes cuBLAS's and NCCL's own buffers (and, with several ranks on one GPU, the others').
  *
  * Streams are created non-blocking on first use; the host "stream" is the calling thread. Events
  * are created on first record; waiting for one never recorded waits for nothing.
@@ -19,6 +20,7 @@
 #include "planrt_cuda.h"
 #include "planrt_cuda_internal.h"
 #include "planrt_device.h"
+#include "planrt_staged.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -205,8 +207,9 @@ static void cuda_to_host(void *dst, const void *src, size_t bytes)
 static void cuda_report(char *buf, size_t n)
 {
 	planrt_cu_sample_memory_();
-	snprintf(buf, n, " device=cuda device_allocated=%zu device_peak_used=%zu host_pinned=%zu", device_bytes,
-		 peak_used > baseline_used ? peak_used - baseline_used : 0, pinned_bytes);
+	snprintf(buf, n, " device=cuda device_allocated=%zu device_peak_used=%zu host_pinned=%zu host_staging=%zu",
+		 device_bytes, peak_used > baseline_used ? peak_used - baseline_used : 0, pinned_bytes,
+		 planrt_staged_host_peak_());
 }
 
 /* the device layer (planrt_device.h) once the GPU is chosen; start: what runs when the mesh exists */

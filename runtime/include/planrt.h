@@ -233,6 +233,9 @@ int planrt_world_rank_(void); /* -1 before planrt_init */
  * whether one process plays every rank without MPI (then planrt_fatal does not name a rank) */
 void planrt_set_world_rank_(int rank, int offline);
 int planrt_mpi_live_(void); /* MPI is initialised and not finalised */
+/* world.c: before planrt_init, from a device layer whose threads will call MPI (the MPI device
+ * backend): planrt_init asks MPI for MPI_THREAD_MULTIPLE instead of funneled */
+void planrt_want_threads_(void);
 /* planc reshard: the mesh coordinates of world rank `rank` in a process without MPI (no comms) */
 void planrt_mesh_offline_(int naxes, const int *sizes, int rank);
 /* bf16 and f16 (t) to and from f32; f32 -> half rounds to nearest even, NaN stays NaN. */

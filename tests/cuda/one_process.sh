@@ -1,12 +1,15 @@
 #!/bin/bash
 # one_process.sh: the build half of scripts/gpu-check.sh, on a machine without a GPU (CI).
-# scripts/gpu-build.sh compiles planrt for one process (runtime/standalone: MPI for a world of one,
-# a plain GEMM) with planrt_cuda, then a CUDA program from `planc emit cuda`: it must build without
-# MPI and OpenBLAS (neither may be linked), never link libcuda, and, started here, exit with one
-# line that says there is no GPU. The one-process planrt is then held against the real one: the
-# CPU program of examples/mlp.plan `single` linked with it trains 5 steps with the losses of the
-# same program built by planc build (MPI, OpenBLAS), within 1e-5 relative (the GEMM sums in another
-# order), started without mpirun.
+# scripts/gpu-build.sh compiles planrt with its node-local MPI (runtime/standalone: shared memory
+# between the ranks planrt-run starts, a world of one without it; a plain GEMM) with planrt_cuda and
+# planrt-run, then a CUDA program from `planc emit cuda` and the device comm backends' unit test
+# (tests/cuda/test_nccl_one.cu): they must build without MPI and OpenBLAS (neither may be linked),
+# never link libcuda, and, started here, the program exits with one line that says there is no GPU
+# and the unit test with status 77 (skipped). The bundle's planrt is then held against the real
+# one: the CPU program of examples/mlp.plan `single` linked with it trains 5 steps with the losses
+# of the same program built by planc build (MPI, OpenBLAS), within 1e-5 relative (the GEMM sums in
+# another order), started without a launcher; and `dp2_tp2_zero2` under the bundle's planrt-run -n 4
+# with the losses of planc build's under mpirun -np 4.
 #   one_process.sh PLANC NVCC      (exit 77, skipped, without nvcc)
 set -u
 PLANC=$1
@@ -19,13 +22,26 @@ bad() { echo "FAIL: $*"; fail=1; }
 "$PLANC" emit cuda examples/mlp.plan --plan single -o "$tmp/cu" || exit 1
 "$PLANC" emit c examples/mlp.plan --plan single -o "$tmp/c" || exit 1
 # one target keeps the test short; gpu-check.sh builds sm_80 + sm_90 + PTX
-if ! GPU_ARCHS="arch=compute_90,code=sm_90" NVCC=$NVCC scripts/gpu-build.sh runtime "$tmp/lib" "$tmp/cu" "$tmp/prog"; then
+if ! GPU_ARCHS="arch=compute_90,code=sm_90" NVCC=$NVCC scripts/gpu-build.sh runtime "$tmp/lib" "$tmp/cu" "$tmp/prog" \
+	tests/cuda/test_nccl_one.cu "$tmp/nccl_one"; then
 	echo "FAIL: scripts/gpu-build.sh"; exit 1
 fi
-libs=$(ldd "$tmp/prog")
-for l in libmpi libopenblas libcuda.so libjansson; do
-	if echo "$libs" | grep -q "$l"; then bad "the one-process CUDA program links $l"; fi
+for p in prog nccl_one lib/planrt-run; do
+	libs=$(ldd "$tmp/$p")
+	for l in libmpi libopenblas libcuda.so libjansson; do
+		if echo "$libs" | grep -q "$l"; then bad "the bundle's $p links $l"; fi
+	done
 done
+out=$("$tmp/nccl_one" 2>&1)
+rc=$?
+if [ -e /dev/nvidia0 ]; then
+	echo "a GPU is here: the device comm unit test ran: $(echo "$out" | tail -1)"
+	[ $rc = 0 ] || bad "test_nccl_one on this GPU: $out"
+elif [ $rc = 77 ] && echo "$out" | grep -q "skip: no CUDA GPU"; then
+	echo "ok: the device comm backends' unit test built and skips without a GPU"
+else
+	bad "test_nccl_one without a GPU: status $rc, output: $out"
+fi
 out=$("$tmp/prog" --steps 1 --data data/corpus.txt 2>&1)
 rc=$?
 if [ -e /dev/nvidia0 ]; then
@@ -36,7 +52,7 @@ else
 	echo "ok: without a GPU: $out"
 fi
 # the CPU program against the one-process planrt
-cc -std=gnu11 -O1 -Iruntime/standalone -Iruntime/include "$tmp/c/prog.c" -o "$tmp/cpu_one" "$tmp/lib/libplanrt_one.a" \
+cc -std=gnu11 -O1 -Iruntime/standalone -Iruntime/include "$tmp/c/prog.c" -o "$tmp/cpu_one" "$tmp/lib/libplanrt_local.a" \
 	/usr/lib/x86_64-linux-gnu/libjansson.a -lpthread -lm || exit 1
 if ldd "$tmp/cpu_one" | grep -q -E "libmpi|libopenblas"; then bad "the one-process CPU program links MPI or OpenBLAS"; fi
 "$PLANC" build examples/mlp.plan --plan single -o "$tmp/cpu_mpi" || exit 1
@@ -48,7 +64,26 @@ a = [json.loads(l)["loss"] for l in open(sys.argv[1])]
 b = [json.loads(l)["loss"] for l in open(sys.argv[2])]
 worst = max((abs(x - y) / abs(x) for x, y in zip(a, b)), default=1.0)
 ok = len(a) == len(b) == 5 and worst <= 1e-5
-print(f"{'ok' if ok else 'FAIL'}: one process vs MPI + OpenBLAS: {len(b)} of {len(a)} steps, worst relative difference {worst:.2e}")
+print(f"{'ok' if ok else 'FAIL'}: one process (no launcher) vs MPI + OpenBLAS: {len(b)} of {len(a)} steps, worst relative difference {worst:.2e}")
+sys.exit(0 if ok else 1)
+PY
+# several ranks: the bundle's planrt-run and node-local MPI against Open MPI
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 \
+	OMPI_MCA_plm=isolated OMPI_MCA_btl=self,vader
+"$PLANC" emit c examples/mlp.plan --plan dp2_tp2_zero2 -o "$tmp/c4" || exit 1
+cc -std=gnu11 -O1 -Iruntime/standalone -Iruntime/include "$tmp/c4/prog.c" -o "$tmp/cpu_local4" "$tmp/lib/libplanrt_local.a" \
+	/usr/lib/x86_64-linux-gnu/libjansson.a -lpthread -lm || exit 1
+"$PLANC" build examples/mlp.plan --plan dp2_tp2_zero2 -o "$tmp/cpu_mpi4" || exit 1
+PLANRT_WATCHDOG=60 "$tmp/lib/planrt-run" -n 4 "$tmp/cpu_local4" --steps 5 --data data/corpus.txt --log "$tmp/local4.jsonl" \
+	>/dev/null </dev/null || bad "the node-local program under planrt-run -n 4 failed"
+mpirun -np 4 "$tmp/cpu_mpi4" --steps 5 --data data/corpus.txt --log "$tmp/mpi4.jsonl" >/dev/null </dev/null || bad "mpirun -np 4 failed"
+python3 - "$tmp/mpi4.jsonl" "$tmp/local4.jsonl" <<'PY' || fail=1
+import json, sys
+a = [json.loads(l)["loss"] for l in open(sys.argv[1])]
+b = [json.loads(l)["loss"] for l in open(sys.argv[2])]
+worst = max((abs(x - y) / abs(x) for x, y in zip(a, b)), default=1.0)
+ok = len(a) == len(b) == 5 and worst <= 1e-5
+print(f"{'ok' if ok else 'FAIL'}: mlp dp2_tp2_zero2, 4 ranks, planrt-run vs mpirun: {len(b)} of {len(a)} steps, worst relative difference {worst:.2e}")
 sys.exit(0 if ok else 1)
 PY
 exit $fail
