@@ -164,11 +164,10 @@ typedef struct device_req {
 static planrt_result_t req_wait(void *impl)
 {
 	device_req_t *r = impl;
-	cudaError_t e = cudaStreamWaitEvent(planrt_cu_stream_(0), r->ev, 0);
+	planrt_cu_wait_comm_(planrt_cu_stream_(0), r->ev, "a started operation");
 	cudaEventDestroy(r->ev);
 	free(r);
-	return e == cudaSuccess ? planrt_success
-				: planrt_error_(planrt_system_error, "waiting for a device request: %s", cudaGetErrorString(e));
+	return planrt_success;
 }
 
 static planrt_result_t req_test(void *impl, int *done)
@@ -203,11 +202,17 @@ static planrt_result_t layer_run(planrt_coll_t kind, const void *send, void *rec
 	if (!known)
 		return planrt_error_(planrt_invalid_usage, "%s on %s, a communicator the device comm layer has not opened",
 				     kind_text[kind], c->name);
-	if (b == PLANRT_BACKEND_MPI)
-		return planrt_staged_run_(kind, send, recv, count, t, op, peer, tag, c, stream, req);
 	cudaStream_t s = (cudaStream_t)stream;
+	if (b == PLANRT_BACKEND_MPI) { /* on the compute stream itself, compute waits all along */
+		int span = planrt_cu_span_begin_(s, kind_text[kind]);
+		planrt_result_t r = planrt_staged_run_(kind, send, recv, count, t, op, peer, tag, c, stream, req);
+		planrt_cu_span_end_(span, s);
+		return r;
+	}
 	if (b == PLANRT_BACKEND_NCCL) {
+		int span = planrt_cu_span_begin_(s, kind_text[kind]);
 		planrt_result_t r = planrt_nccl_run_(kind, send, recv, count, t, op, peer, tag, c, s);
+		planrt_cu_span_end_(span, s);
 		if (r != planrt_success)
 			return r;
 	} else { /* one member: the result is the input */

@@ -21,6 +21,7 @@
 void planrt_cu_synchronize(void)
 {
 	planrt_cu_check_(cudaDeviceSynchronize(), "a kernel (cudaDeviceSynchronize)");
+	planrt_cu_settle_spans_();
 	planrt_cu_settle_sync_();
 	planrt_cu_sample_memory_();
 }

@@ -30,6 +30,14 @@ const struct planrt_program *planrt_cu_program_(void);
 void planrt_cu_device_open_(int dev, const struct planrt_program *program, void (*start)(void));
 void planrt_cu_device_close_(void);
 void planrt_cu_sample_memory_(void);
+/* device_cuda.cu: the compute stream's stalls for communication, measured with --trace or
+ * PLANRT_REPORT_TIMING: s waits for ev (timed when s is the compute stream), or a span around work
+ * enqueued on s (begin returns -1 when not measured); settle, after a device synchronisation, adds
+ * the spans to the device's comm_wait_s and the trace */
+void planrt_cu_wait_comm_(cudaStream_t s, cudaEvent_t ev, const char *what);
+int planrt_cu_span_begin_(cudaStream_t s, const char *what);
+void planrt_cu_span_end_(int span, cudaStream_t s);
+void planrt_cu_settle_spans_(void);
 
 /* ------------------------------------------------------------------ the device comm layer
  * comm_cuda.c: each device communicator's backend, chosen from its members' GPUs under PLANRT_COMM

@@ -83,9 +83,10 @@ static void host_wait(planrt_stage_event_t e)
 	planrt_cu_check_(cudaEventSynchronize(e->e), "cudaEventSynchronize (an operation of the MPI device backend)");
 }
 
+/* (a request's planrt_wait: the compute stream's wait, timed when measured) */
 static void stream_wait(planrt_stream_t s, planrt_stage_event_t e)
 {
-	planrt_cu_check_(cudaStreamWaitEvent((cudaStream_t)s, e->e, 0), "cudaStreamWaitEvent");
+	planrt_cu_wait_comm_((cudaStream_t)s, e->e, "a started operation (MPI device backend)");
 }
 
 __global__ static void gate_kernel(const volatile uint32_t *flag, uint32_t value)

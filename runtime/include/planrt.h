@@ -278,6 +278,9 @@ void planrt_trace_open_(const char *path);
 void planrt_trace_begin_(const char *name, const char *cat);
 void planrt_trace_end_(const char *args);
 void planrt_trace_args_(const char *args);
+/* a finished event measured elsewhere (start_s in planrt_now() seconds, dur_s seconds) on track tid
+ * (1: the GPU's compute stream's waits for communication) */
+void planrt_trace_complete_(const char *name, const char *cat, int tid, double start_s, double dur_s, const char *args);
 void planrt_trace_close_(const char *process_name);
 /* core/trace.c's half for comm/trace_file.c: start recording for path (origin now), the path,
  * this rank's part of the file, and forgetting every event */
