@@ -119,22 +119,34 @@ fi
 
 LINK=("$ARCHIVE" "$JANSSON_A" "$CUBLAS_LIB" ${CUBLASLT_LIB:+"$CUBLASLT_LIB"} "$NCCL_LIB" $CUDART_A
       -Wl,-rpath,"$(dirname "$CUBLAS_LIB")" -Wl,-rpath,"$(dirname "$NCCL_LIB")" -ldl -lrt -lpthread -lstdc++ -lm)
-while [ $# -gt 0 ]; do
-	src=$1 out=$2
-	shift 2
+# one program: PROG_DIR (prog.c, kernels.cu) or a .cu file of its own (a benchmark, a unit test,
+# which may reach planrt_cuda_internal.h)
+build_one() {
+	local src=$1 out=$2 t0 obj
 	t0=$(date +%s.%N)
-	if [ -f "$src" ] && [ "${src%.cu}" != "$src" ]; then # a program of its own (a benchmark, a unit test)
-		obj=$(mktemp -d)
-		"$NVCC" "${NVFLAGS[@]}" -I"$RT/cuda" -c "$src" -o "$obj/main.o" # a unit test reaches planrt_cuda_internal.h
-		"$CC" "$obj/main.o" -o "$out" "${LINK[@]}"
-		rm -rf "$obj"
-		printf 'gpu-build: %s: %.1f s\n' "$out" "$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN{print b-a}')"
-		continue
-	fi
 	obj=$(mktemp -d)
-	"$NVCC" "${NVFLAGS[@]}" -I"$src" -c "$src/kernels.cu" -o "$obj/kernels.o"
-	"$CC" "${CFLAGS[@]}" -O1 -I"$src" -c "$src/prog.c" -o "$obj/prog.o"
-	"$CC" "$obj/prog.o" "$obj/kernels.o" -o "$out" "${LINK[@]}"
+	if [ -f "$src" ] && [ "${src%.cu}" != "$src" ]; then
+		"$NVCC" "${NVFLAGS[@]}" -I"$RT/cuda" -c "$src" -o "$obj/main.o" &&
+			"$CC" "$obj/main.o" -o "$out" "${LINK[@]}" || { rm -rf "$obj"; return 1; }
+	else
+		"$NVCC" "${NVFLAGS[@]}" -I"$src" -c "$src/kernels.cu" -o "$obj/kernels.o" &&
+			"$CC" "${CFLAGS[@]}" -O1 -I"$src" -c "$src/prog.c" -o "$obj/prog.o" &&
+			"$CC" "$obj/prog.o" "$obj/kernels.o" -o "$out" "${LINK[@]}" || { rm -rf "$obj"; return 1; }
+	fi
 	rm -rf "$obj"
 	printf 'gpu-build: %s: %.1f s\n' "$out" "$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN{print b-a}')"
+}
+# the programs, GPU_BUILD_JOBS at a time (default: the cores)
+JOBS=${GPU_BUILD_JOBS:-$(nproc 2>/dev/null || echo 4)}
+pids=()
+fail=0
+while [ $# -gt 0 ]; do
+	build_one "$1" "$2" & pids+=($!)
+	shift 2
+	if [ ${#pids[@]} -ge "$JOBS" ]; then
+		wait "${pids[0]}" || fail=1
+		pids=("${pids[@]:1}")
+	fi
 done
+for p in "${pids[@]}"; do wait "$p" || fail=1; done
+[ $fail = 0 ] || { echo "gpu-build: building a program failed" >&2; exit 1; }

@@ -228,7 +228,7 @@ static stage_t *stage_get(size_t bytes)
 
 /* ------------------------------------------------------------------ the lanes */
 
-static void backoff(unsigned *spins)
+void planrt_poll_backoff_(unsigned *spins)
 {
 	++*spins;
 	if (*spins < 64)
@@ -312,7 +312,7 @@ static void lane_run(lane_t *L, op_t *o)
 	int rc = mpi_start(L, o, &q);
 	if (rc != MPI_SUCCESS)
 		mpi_failed(o, rc);
-	for (unsigned spins = 0;; backoff(&spins)) {
+	for (unsigned spins = 0;; planrt_poll_backoff_(&spins)) {
 		int flag = 0;
 		rc = MPI_Test(&q, &flag, MPI_STATUS_IGNORE);
 		if (rc != MPI_SUCCESS)

@@ -123,6 +123,8 @@ static void channels(const planrt_program_t *prog, int axis, int *nchan, int *nc
 		*nchan = 2;
 		*ncolors = 1;
 	}
+	if (*nchan > 16) /* more than 8 model chunks a stage: the transfers share the group's communicator */
+		*nchan = *ncolors = 0;
 }
 
 static const planrt_comm_layer_t device_layer;

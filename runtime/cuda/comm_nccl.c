@@ -192,9 +192,10 @@ planrt_result_t planrt_nccl_open_(planrt_comm_t c, int nchan, int ncolors)
 		return planrt_success;
 	if (ntable == MAX_COMMS)
 		return planrt_error_(planrt_internal_error, "more than %d NCCL communicators", MAX_COMMS);
-	if (nchan < 0 || nchan > MAX_CHANNELS || ncolors < 0 || ncolors > 3)
-		return planrt_error_(planrt_invalid_argument, "NCCL: %d channels of %d colours (at most %d of 3)", nchan,
-				     ncolors, MAX_CHANNELS);
+	if (nchan < 0 || ncolors < 0 || ncolors > 3)
+		return planrt_error_(planrt_invalid_argument, "NCCL: %d channels of %d colours", nchan, ncolors);
+	if (nchan > MAX_CHANNELS) /* more than 8 model chunks a stage: the transfers share the group's communicator */
+		nchan = 0;
 	ncclUniqueId id;
 	memset(&id, 0, sizeof id);
 	if (c->rank == 0)

@@ -78,9 +78,13 @@ static int query(planrt_stage_event_t e)
 	return r == cudaSuccess;
 }
 
+/* a lane thread waits for a staging copy: polled, yielding the core and then sleeping briefly (with
+ * several ranks on one GPU and a lane thread per communicator, spinning in cudaEventSynchronize
+ * would take the cores the ranks' own threads need) */
 static void host_wait(planrt_stage_event_t e)
 {
-	planrt_cu_check_(cudaEventSynchronize(e->e), "cudaEventSynchronize (an operation of the MPI device backend)");
+	for (unsigned spins = 0; !query(e);)
+		planrt_poll_backoff_(&spins);
 }
 
 /* (a request's planrt_wait: the compute stream's wait, timed when measured) */

@@ -72,6 +72,11 @@ void planrt_staged_stop_(void);
 size_t planrt_staged_host_bytes_(void);
 size_t planrt_staged_host_peak_(void);
 
+/* How a thread that polls (a lane waiting for MPI or for a staging copy) waits between polls: a
+ * short spin, then sched_yield, then sleeps of 20 to 50 us, spins counting the polls so far; so
+ * that ranks and their lanes that outnumber the cores still let each other run. */
+void planrt_poll_backoff_(unsigned *spins);
+
 /* The lane of a point-to-point message on a communicator with nchan channels of ncolors colours
  * (the NCCL layer's channel communicators; the staged layer's point-to-point lanes): -1 for the
  * communicator itself (no channels, or a tag outside them), else channel * ncolors + colour. The

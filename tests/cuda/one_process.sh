@@ -19,6 +19,19 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 fail=0
 bad() { echo "FAIL: $*"; fail=1; }
+# same_losses REFERENCE.jsonl RUN.jsonl STEPS LABEL: every step's loss within 1e-5 relative
+same_losses() {
+	python3 - "$@" <<'PY'
+import json, sys
+a = [json.loads(l)["loss"] for l in open(sys.argv[1])]
+b = [json.loads(l)["loss"] for l in open(sys.argv[2])]
+steps = int(sys.argv[3])
+worst = max((abs(x - y) / abs(x) for x, y in zip(a, b)), default=1.0)
+ok = len(a) == len(b) == steps and worst <= 1e-5
+print(f"{'ok' if ok else 'FAIL'}: {sys.argv[4]}: {len(b)} of {len(a)} steps, worst relative difference {worst:.2e}")
+sys.exit(0 if ok else 1)
+PY
+}
 "$PLANC" emit cuda examples/mlp.plan --plan single -o "$tmp/cu" || exit 1
 "$PLANC" emit c examples/mlp.plan --plan single -o "$tmp/c" || exit 1
 # one target keeps the test short; gpu-check.sh builds sm_80 + sm_90 + PTX
@@ -58,15 +71,7 @@ if ldd "$tmp/cpu_one" | grep -q -E "libmpi|libopenblas"; then bad "the one-proce
 "$PLANC" build examples/mlp.plan --plan single -o "$tmp/cpu_mpi" || exit 1
 env -u OMPI_COMM_WORLD_RANK "$tmp/cpu_one" --steps 5 --data data/corpus.txt --log "$tmp/one.jsonl" >/dev/null || bad "the one-process program failed"
 "$tmp/cpu_mpi" --steps 5 --data data/corpus.txt --log "$tmp/mpi.jsonl" >/dev/null || bad "the MPI program failed"
-python3 - "$tmp/mpi.jsonl" "$tmp/one.jsonl" <<'PY' || fail=1
-import json, sys
-a = [json.loads(l)["loss"] for l in open(sys.argv[1])]
-b = [json.loads(l)["loss"] for l in open(sys.argv[2])]
-worst = max((abs(x - y) / abs(x) for x, y in zip(a, b)), default=1.0)
-ok = len(a) == len(b) == 5 and worst <= 1e-5
-print(f"{'ok' if ok else 'FAIL'}: one process (no launcher) vs MPI + OpenBLAS: {len(b)} of {len(a)} steps, worst relative difference {worst:.2e}")
-sys.exit(0 if ok else 1)
-PY
+same_losses "$tmp/mpi.jsonl" "$tmp/one.jsonl" 5 "one process (no launcher) vs MPI + OpenBLAS" || fail=1
 # several ranks: the bundle's planrt-run and node-local MPI against Open MPI
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 \
 	OMPI_MCA_plm=isolated OMPI_MCA_btl=self,vader
@@ -77,13 +82,5 @@ cc -std=gnu11 -O1 -Iruntime/standalone -Iruntime/include "$tmp/c4/prog.c" -o "$t
 PLANRT_WATCHDOG=60 "$tmp/lib/planrt-run" -n 4 "$tmp/cpu_local4" --steps 5 --data data/corpus.txt --log "$tmp/local4.jsonl" \
 	>/dev/null </dev/null || bad "the node-local program under planrt-run -n 4 failed"
 mpirun -np 4 "$tmp/cpu_mpi4" --steps 5 --data data/corpus.txt --log "$tmp/mpi4.jsonl" >/dev/null </dev/null || bad "mpirun -np 4 failed"
-python3 - "$tmp/mpi4.jsonl" "$tmp/local4.jsonl" <<'PY' || fail=1
-import json, sys
-a = [json.loads(l)["loss"] for l in open(sys.argv[1])]
-b = [json.loads(l)["loss"] for l in open(sys.argv[2])]
-worst = max((abs(x - y) / abs(x) for x, y in zip(a, b)), default=1.0)
-ok = len(a) == len(b) == 5 and worst <= 1e-5
-print(f"{'ok' if ok else 'FAIL'}: mlp dp2_tp2_zero2, 4 ranks, planrt-run vs mpirun: {len(b)} of {len(a)} steps, worst relative difference {worst:.2e}")
-sys.exit(0 if ok else 1)
-PY
+same_losses "$tmp/mpi4.jsonl" "$tmp/local4.jsonl" 5 "mlp dp2_tp2_zero2, 4 ranks, planrt-run vs mpirun" || fail=1
 exit $fail

@@ -7,22 +7,11 @@
  * two ranks and the GPU under nccl). Prints a PASS/FAIL tally; exit status 0 when all passed. */
 #define PLANRT_INTERNAL
 #include "planrt_binding.h"
+#include "tally.h"
 
 #include <stdio.h>
 #include <string.h>
 
-static int checks, failures;
-
-#define CHECK(cond, ...)                                                                                           \
-	do {                                                                                                       \
-		checks++;                                                                                          \
-		if (!(cond)) {                                                                                     \
-			failures++;                                                                                \
-			printf("FAIL: %s:%d: ", __FILE__, __LINE__);                                               \
-			printf(__VA_ARGS__);                                                                       \
-			printf("\n");                                                                              \
-		}                                                                                                  \
-	} while (0)
 
 /* an environment of NAME=VALUE strings, NULL-terminated, read through get */
 static const char *const *env;
@@ -181,7 +170,5 @@ int main(void)
 	test_local_rank();
 	test_device();
 	test_backend();
-	printf("%s: %d of %d checks of the GPU binding and backend rules passed\n", failures ? "FAIL" : "PASS",
-	       checks - failures, checks);
-	return failures != 0;
+	return tally_report("the GPU binding and backend rules");
 }

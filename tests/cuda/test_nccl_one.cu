@@ -28,19 +28,8 @@
 #include "planrt_cuda.h"
 #include "planrt_cuda_internal.h"
 #include "planrt_staged.h"
+#include "tally.h"
 
-static int checks, failures;
-
-#define CHECK(cond, ...)                                                                                           \
-	do {                                                                                                       \
-		checks++;                                                                                          \
-		if (!(cond)) {                                                                                     \
-			failures++;                                                                                \
-			printf("FAIL: ");                                                                          \
-			printf(__VA_ARGS__);                                                                       \
-			printf("\n");                                                                              \
-		}                                                                                                  \
-	} while (0)
 
 #define CUDA(call) planrt_cu_check_((call), #call)
 
@@ -272,8 +261,6 @@ int main(int argc, char **argv)
 	       "pinned host memory: %.1f GB/s each way)\n",
 	       t_nccl * 1e3, t_mpi * 1e3, 2 * (double)n * 4 / t_mpi / 1e9);
 	planrt_staged_stop_();
-	printf("%s: %d of %d checks of the device comm backends on one GPU passed\n", failures ? "FAIL" : "PASS",
-	       checks - failures, checks);
 	planrt_finalize();
-	return failures != 0;
+	return tally_report("the device comm backends on one GPU");
 }
