@@ -153,14 +153,21 @@ PY
 done
 
 # ---- several ranks on the one GPU ----------------------------------------------------------------
+# (a stall ends a run by the watchdog within a minute; the section stops starting plans after
+# RANKS_BUDGET seconds, 360 by default, so that the call stays inside the device's limits)
 rm -f "$W/rows.jsonl"
+ranks_t0=$(date +%s)
 for ((i = 0; i < ${#ranks[@]}; i += 2)); do
 	r=${ranks[i]} prog=${ranks[i + 1]}
 	name=$(basename "$r")
+	if [ $(( $(date +%s) - ranks_t0 )) -gt "${RANKS_BUDGET:-360}" ]; then
+		verdict 1 "$(cat "$r/what"): not run, the multi-rank section's ${RANKS_BUDGET:-360} s are spent"
+		continue
+	fi
 	section "$(cat "$r/what") on $(cat "$r/world") ranks sharing the GPU: 20 steps against the CPU program"
 	rm -f "$W/$name.jsonl" "$W/$name.trace.json"
 	# shellcheck disable=SC2046 # args: the run's options, words
-	PLANRT_REPORT_MEMORY=1 PLANRT_REPORT_TIMING=1 PLANRT_WATCHDOG=90 timeout 180 "$RUN" -n "$(cat "$r/world")" "$prog" \
+	PLANRT_REPORT_MEMORY=1 PLANRT_REPORT_TIMING=1 PLANRT_WATCHDOG=60 timeout 120 "$RUN" -n "$(cat "$r/world")" "$prog" \
 		--steps 20 --data "$DIR/corpus.txt" $(cat "$r/args") --log "$W/$name.jsonl" --trace "$W/$name.trace.json" \
 		</dev/null >"$W/$name.out" 2>"$W/$name.err"
 	rc=$?

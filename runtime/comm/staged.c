@@ -327,6 +327,8 @@ static void lane_run(lane_t *L, op_t *o)
 static void *lane_main(void *arg)
 {
 	lane_t *L = arg;
+	if (S.ops->thread_start)
+		S.ops->thread_start();
 	for (;;) {
 		pthread_mutex_lock(&L->lock);
 		while (!L->head && !L->stop)

@@ -135,11 +135,21 @@ static planrt_stream_t compute(void)
 	return (planrt_stream_t)planrt_cu_stream(PLANRT_STREAM_COMPUTE);
 }
 
+static int device = -1; /* the rank's GPU, made current in each lane thread */
+
+static void thread_start(void)
+{
+	if (device >= 0)
+		planrt_cu_check_(cudaSetDevice(device), "cudaSetDevice (a lane of the MPI device backend)");
+}
+
 static const planrt_stage_ops_t cuda_stage_ops = {"CUDA (pinned host memory)", host_alloc, host_free, to_host,
 						  to_device, event_new, event_free, record, query, host_wait,
-						  stream_wait, gate, compute};
+						  stream_wait, gate, compute, thread_start};
 
 const planrt_stage_ops_t *planrt_cu_stage_ops_(void)
 {
+	if (device < 0)
+		planrt_cu_check_(cudaGetDevice(&device), "cudaGetDevice");
 	return &cuda_stage_ops;
 }

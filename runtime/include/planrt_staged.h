@@ -45,6 +45,8 @@ typedef struct planrt_stage_ops {
 	void (*gate)(planrt_stream_t s, volatile uint32_t *flag, uint32_t value);
 	/* the stream a request's planrt_wait holds back (the device's compute stream) */
 	planrt_stream_t (*compute)(void);
+	/* run first by each lane thread (the GPU made current there); NULL: nothing */
+	void (*thread_start)(void);
 } planrt_stage_ops_t;
 
 /* Starts the layer on ops (once per process, after planrt_init with MPI_THREAD_MULTIPLE: its

@@ -306,7 +306,7 @@ static planrt_stream_t h_compute(void)
 
 static const planrt_stage_ops_t host_ops = {"host threads", h_alloc, h_free, h_to_host, h_to_device, h_event_new,
 					    h_event_free, h_record, h_query, h_host_wait, h_stream_wait, h_gate,
-					    h_compute};
+					    h_compute, NULL};
 
 static void fn(hstream_t *s, void (*f)(void *), void *arg)
 {
