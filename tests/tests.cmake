@@ -107,6 +107,8 @@ add_executable(cuda_test_moe_math ${ROOT}/tests/cuda/test_moe_math.c)
 target_compile_options(cuda_test_moe_math PRIVATE ${PLANC_WARNINGS} -O2)
 target_link_libraries(cuda_test_moe_math PRIVATE planrt)
 add_test(NAME cuda_moe_math COMMAND cuda_test_moe_math WORKING_DIRECTORY ${ROOT})
+# several ranks on GPUs, tested on the CPU: the MPI device backend, the node-local MPI, GPU binding
+include(${ROOT}/tests/cuda/gpu_ranks.cmake)
 if(TARGET planrt_cuda)
   add_test(NAME cuda_build COMMAND bash ${ROOT}/tests/cuda/run_build.sh ${PLANC} ${NVCC} ${MPI_C_COMPILER} WORKING_DIRECTORY ${ROOT})
   set_tests_properties(cuda_build PROPERTIES TIMEOUT 900 SKIP_RETURN_CODE 77)
@@ -159,11 +161,12 @@ set(QUICK_TESTS errors fmt_roundtrip cli explain_goldens explain_formulas explai
     runtime_step_kernels runtime_watchdog runtime_watchdog_world_sum runtime_collectives_no_watchdog
     runtime_program runtime_program_cli kernels_fd kernels_semantics pipeline_partition pipeline_stages
     sync_check sync_kernels llvm_verify scale_check cuda_streams cuda_sync_math cuda_moe_math equiv_ops equiv_mlp arch arch_functions
-    fmt_golden data explain_json_exact)
+    fmt_golden data explain_json_exact cuda_gpu_binding cuda_comm_staged_watchdog)
 set(MPI_TESTS runtime_collectives runtime_step_kernels runtime_watchdog runtime_watchdog_world_sum
     runtime_collectives_no_watchdog runtime_program runtime_program_cli sync_kernels sync_runs llvm_diff
     equiv_gpt equiv_moe equiv_mlp equiv_ops equiv_others equiv_sweep torch_reference memory offload checkpoint fp16
-    program_errors program_failures observe cuda_sync_math cpu_levels data_runs resume_guard outputs)
+    program_errors program_failures observe cuda_sync_math cpu_levels data_runs resume_guard outputs
+    cuda_comm_staged cuda_comm_staged_watchdog cuda_comm_staged_local cuda_local_mpi)
 set(CUDA_TESTS llvm_ptxas cuda_build cuda_one_process)
 set(TORCH_TESTS torch_reference)
 set(TEST_COSTS cuda_build 150 equiv_gpt 140 llvm_diff 130 offload 70 equiv_sweep 60 equiv_moe 60 checkpoint 50

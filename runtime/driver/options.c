@@ -262,7 +262,7 @@ static void mesh_text(const planrt_program_t *p, char *buf, size_t n)
  * variables; no MPI call is made for --help). */
 int planrt_launcher_rank0_(void)
 {
-	const char *vars[] = {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID"};
+	const char *vars[] = {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID", "PLANRT_RUN_RANK"};
 	for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
 		const char *v = getenv(vars[i]);
 		if (v && *v)

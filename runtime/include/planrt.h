@@ -236,11 +236,17 @@ int planrt_world_rank_(void); /* -1 before planrt_init */
  * whether one process plays every rank without MPI (then planrt_fatal does not name a rank) */
 void planrt_set_world_rank_(int rank, int offline);
 int planrt_mpi_live_(void); /* MPI is initialised and not finalised */
+/* world.c: before planrt_init, from a device layer whose threads will call MPI (the MPI device
+ * backend): planrt_init asks MPI for MPI_THREAD_MULTIPLE instead of funneled */
+void planrt_want_threads_(void);
 /* planc reshard: the mesh coordinates of world rank `rank` in a process without MPI (no comms) */
 void planrt_mesh_offline_(int naxes, const int *sizes, int rank);
 /* bf16 and f16 (t) to and from f32; f32 -> half rounds to nearest even, NaN stays NaN. */
 float planrt_half_to_f32_(uint16_t h, planrt_dtype_t t);
 uint16_t planrt_f32_to_half_(float x, planrt_dtype_t t);
+/* the same over n elements (h and f do not overlap) */
+void planrt_halves_to_f32_(const uint16_t *h, float *f, size_t n, planrt_dtype_t t);
+void planrt_f32_to_halves_(const float *f, uint16_t *h, size_t n, planrt_dtype_t t);
 /* The most mesh axes planrt_mesh_init accepts; the per-group counters have one slot per axis. */
 enum { PLANRT_MAX_AXES_ = 8 };
 /* comm_mpi.c: reads PLANRT_WATCHDOG and MPI's largest tag; called by planrt_init. */
@@ -307,6 +313,9 @@ void planrt_trace_open_(const char *path);
 void planrt_trace_begin_(const char *name, const char *cat);
 void planrt_trace_end_(const char *args);
 void planrt_trace_args_(const char *args);
+/* a finished event measured elsewhere (start_s in planrt_now() seconds, dur_s seconds) on track tid
+ * (1: the GPU's compute stream's waits for communication) */
+void planrt_trace_complete_(const char *name, const char *cat, int tid, double start_s, double dur_s, const char *args);
 int planrt_trace_close_(const char *process_name);
 /* core/trace.c's half for comm/trace_file.c: start recording for path (origin now), the path,
  * this rank's part of the file, and forgetting every event */
@@ -353,6 +362,8 @@ struct planrt_comm {
 	char name[48];   /* for messages: "world", "axis data", "pair axis 1 {0,3}" */
 	uint64_t ncalls; /* operations started on it, numbered in watchdog messages */
 };
+/* comm_mpi.c: the MPI datatype that carries t (bf16 and f16 as 16-bit words: reduce them in f32) */
+MPI_Datatype planrt_mpi_type_(planrt_dtype_t t);
 #endif
 #endif
 
