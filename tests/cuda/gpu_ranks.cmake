@@ -12,12 +12,12 @@ target_link_libraries(cuda_test_comm_staged PRIVATE planrt)
 add_test(NAME cuda_comm_staged
          COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 4 ${MPIEXEC_PREFLAGS}
                  $<TARGET_FILE:cuda_test_comm_staged> ${MPIEXEC_POSTFLAGS} 150)
-set_tests_properties(cuda_comm_staged PROPERTIES TIMEOUT 300 ENVIRONMENT "${RUNTIME_MPI_ENV};PLANRT_WATCHDOG=120"
+set_tests_properties(cuda_comm_staged PROPERTIES TIMEOUT 300 ENVIRONMENT "${TEST_MPI_ENV};PLANRT_WATCHDOG=120"
                      FAIL_REGULAR_EXPRESSION "FAIL:")
 add_test(NAME cuda_comm_staged_watchdog
          COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 4 ${MPIEXEC_PREFLAGS}
                  $<TARGET_FILE:cuda_test_comm_staged> ${MPIEXEC_POSTFLAGS} watchdog)
-set_tests_properties(cuda_comm_staged_watchdog PROPERTIES TIMEOUT 60 ENVIRONMENT "${RUNTIME_MPI_ENV};PLANRT_WATCHDOG=2"
+set_tests_properties(cuda_comm_staged_watchdog PROPERTIES TIMEOUT 60 ENVIRONMENT "${TEST_MPI_ENV};PLANRT_WATCHDOG=2"
   PASS_REGULAR_EXPRESSION "planrt: rank 0: watchdog: allreduce #1 of 4 f32 on world \\(member 0 of 4, MPI device backend\\) still pending after 2 s, in the MPI call")
 
 add_executable(cuda_test_comm_staged_local ${ROOT}/tests/cuda/test_comm_staged.c)
