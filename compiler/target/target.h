@@ -62,17 +62,19 @@ struct LLVMOpaqueTargetMachine;
 bool emit_llvm_ir(const Lowered *low, const char *dir, const char *source_path, FILE *dump);
 /* PATH: a native object of the optimised module, whose main() calls planrt_main (planc build
  * --backend llvm links it with planrt); verify: also verify the optimised module; native: for
- * this machine's CPU, else for its triple's baseline */
+ * this machine's CPU, else for its triple's baseline with the fused loops once per
+ * instruction-set level (planrt_cpu.h) */
 bool emit_llvm_object(const Lowered *low, const char *path, const char *source_path, bool verify, bool native);
-/* planc run: compiles the program with ORC LLJIT in this process for this machine's CPU (planrt
- * resolved from planc itself) and runs main(argc, argv); the program's exit status, or -1 after
- * a diagnostic */
+/* planc run: compiles the program with ORC LLJIT in this process for this machine's CPU (the
+ * fused loops for the level PLANRT_ISA forces, if any; planrt resolved from planc itself) and runs
+ * main(argc, argv); the program's exit status, or -1 after a diagnostic */
 int llvm_run(const Lowered *low, const char *source_path, int argc, char **argv, bool verify);
 /* DIR/kernels.ptx: every fused loop as an sm_80 NVPTX kernel, named as in the CPU module
  * (s<stage>_loop<kernel index>), a grid-stride loop over its output's elements */
 bool emit_ptx(const Lowered *low, const char *dir, FILE *dump);
 /* For tests: the unoptimised module in context c for target machine tm (gpu: the NVPTX kernels
- * only), and LLVMVerifyModule reported as a planc diagnostic (false if broken). */
+ * only; the CPU's fused loops once per instruction-set level, as in an object), and
+ * LLVMVerifyModule reported as a planc diagnostic (false if broken). */
 struct LLVMOpaqueModule *llvm_build_module(const Lowered *low, struct LLVMOpaqueContext *c,
 					   struct LLVMOpaqueTargetMachine *tm, bool gpu, const char *source_path);
 bool llvm_verify(struct LLVMOpaqueModule *m, const char *what);

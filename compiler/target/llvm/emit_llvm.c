@@ -21,8 +21,12 @@
  * the CPU has FMA; the builder does the same here (llvm.fmuladd: fused where the target has FMA),
  * so that the two back ends round alike. LLVMRunPasses runs default<O3> with the target machine:
  * the host CPU's for planc run and build --native (the loops vectorise as gcc -march=native
- * vectorises the C), the triple's baseline otherwise, as gcc's. LLVM errors (a verifier failure,
- * a missing target, an unresolved symbol) are planc diagnostics, never aborts. */
+ * vectorises the C), the triple's baseline otherwise. Instruction-set levels (planrt_cpu.h): in an
+ * object each fused loop is a function per level, marked with the level's target-cpu, called
+ * through a table indexed by planrt_cpu_level_ (the C target's PLANRT_CPU_LOOP); planc run builds
+ * it once, for the host CPU or for the level PLANRT_ISA forces, so that at every level both back
+ * ends and the JIT compute the same bits. LLVM errors (a verifier failure, a missing target, an
+ * unresolved symbol) are planc diagnostics, never aborts. */
 #include "target/target.h"
 
 #include <errno.h>
