@@ -27,7 +27,7 @@ import subprocess
 import sys
 import tempfile
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "equiv"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
 from harness import Tally, mpi_env  # noqa: E402
 
 planc, root = sys.argv[1], sys.argv[2]

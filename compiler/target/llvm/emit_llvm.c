@@ -10,10 +10,10 @@
  * or, for a fused element-wise kernel (K_LOOP), a loop nest specialised to its exact shape. It adds
  * no computation and no communication, and every choice is made per kernel kind or argument kind.
  *
- * Calls into planrt need each function's C signature. KERNEL_SIGNATURES lists them, and every
- * entry is checked at compile time against the runtime's headers (__builtin_types_compatible_p),
- * so a changed prototype breaks the build, not a run. The descriptors' layouts are checked the
- * same way at run time: every field's LLVM offset must equal offsetof() in planrt's struct.
+ * Calls into planrt take each function's parameters from the kernel table (kernel_table.h), whose
+ * rows target/planrt_abi.c checks at compile time against the runtime's headers, so a changed
+ * prototype breaks the build, not a run. The descriptors' layouts are checked at run time: every
+ * field's LLVM offset must equal offsetof() in planrt's struct.
  *
  * Numerics: the fused loops repeat emit_c.c's expressions and helpers (planrt_math.h's kexpf and
  * kerff, bf16 rounding) operation for operation. The C back end compiles with gcc's default
@@ -51,187 +51,6 @@
 
 /* ------------------------------------------------------------------ planrt's signatures */
 
-/* kind, the planrt function KERNEL_TABLE names for it, its parameter list (all return void) */
-#define KERNEL_SIGNATURES(X)                                                                               \
-	X(MATMUL, planrt_k_matmul_f32,                                                                     \
-	  (int64_t, int64_t, int64_t, int64_t, const float *, int, int64_t, const float *, int, int64_t, float *, \
-	   int64_t, int))                                                                                  \
-	X(PERMUTE, planrt_k_permute_f32, (int, const int64_t *, const int *, const float *, float *))      \
-	X(SUM_TO, planrt_k_sum_to_f32, (int, const int64_t *, const float *, const int64_t *, float *, int64_t)) \
-	X(SUM_TO_ACC, planrt_k_sum_to_acc_f32,                                                             \
-	  (int, const int64_t *, const float *, const int64_t *, float *, int64_t))                        \
-	X(DROPOUT, planrt_k_dropout_f32,                                                                   \
-	  (const float *, float *, uint8_t *, double, uint64_t, uint64_t, int, const int64_t *, const int64_t *, \
-	   const int64_t *))                                                                               \
-	X(CAUSAL_MASK, planrt_causal_mask_block_f32,                                                       \
-	  (const float *, float *, int64_t, int64_t, int64_t, const int64_t *, int, int))                  \
-	X(SOFTMAX, planrt_k_softmax_f32, (const float *, float *, int64_t, int64_t))                      \
-	X(SOFTMAX_GRAD, planrt_k_softmax_grad_f32, (const float *, const float *, float *, int64_t, int64_t)) \
-	X(LAYER_NORM, planrt_k_layer_norm_f32,                                                             \
-	  (const float *, const float *, const float *, float *, float *, float *, int64_t, int64_t, double)) \
-	X(LAYER_NORM_GRAD, planrt_k_layer_norm_grad_f32,                                                   \
-	  (const float *, const float *, const float *, const float *, const float *, float *, float *, float *, \
-	   int64_t, int64_t))                                                                              \
-	X(RMS_NORM, planrt_k_rms_norm_f32,                                                                 \
-	  (const float *, const float *, float *, float *, int64_t, int64_t, double))                      \
-	X(RMS_NORM_GRAD, planrt_k_rms_norm_grad_f32,                                                       \
-	  (const float *, const float *, const float *, const float *, float *, float *, int64_t, int64_t)) \
-	X(EMBED, planrt_k_embed_f32,                                                                       \
-	  (const float *, const int32_t *, float *, int64_t, int64_t, int64_t, int64_t))                   \
-	X(EMBED_GRAD, planrt_k_embed_grad_f32,                                                             \
-	  (const int32_t *, const float *, float *, int64_t, int64_t, int64_t, int64_t))                   \
-	X(CROSS_ENTROPY, planrt_cross_entropy_f32,                                                         \
-	  (const float *, const int32_t *, float *, float *, int64_t, int64_t, int64_t, double, planrt_comm_t, \
-	   void *))                                                                                        \
-	X(CE_GRAD, planrt_k_ce_grad_f32,                                                                   \
-	  (const float *, const int32_t *, const float *, int64_t, int64_t, int64_t, double, float *))     \
-	X(MOE_ROUTE, planrt_k_moe_route_f32,                                                               \
-	  (const float *, int64_t, int64_t, int64_t, int64_t, int64_t, int, float *, int32_t *, int32_t *, double *)) \
-	X(MOE_ROUTE_GRAD, planrt_k_moe_route_grad_f32,                                                     \
-	  (const float *, const float *, int64_t, int64_t, int64_t, int, float *))                         \
-	X(MOE_DISPATCH, planrt_k_moe_dispatch_f32,                                                         \
-	  (const float *, const int32_t *, int64_t, int64_t, int64_t, int64_t, float *))                   \
-	X(MOE_DISPATCH_GRAD, planrt_k_moe_dispatch_grad_f32,                                               \
-	  (const float *, const int32_t *, int64_t, int64_t, int64_t, float *))                            \
-	X(MOE_COMBINE, planrt_k_moe_combine_f32,                                                           \
-	  (const float *, const float *, const int32_t *, int64_t, int64_t, int64_t, float *))             \
-	X(MOE_COMBINE_GRAD, planrt_k_moe_combine_grad_f32,                                                 \
-	  (const float *, const float *, const float *, const int32_t *, int64_t, int64_t, int64_t, int64_t, \
-	   float *, float *))                                                                              \
-	X(MOE_AUX_LOSS, planrt_moe_aux_loss_f32, (const float *, int64_t, int64_t, int64_t, double, float *)) \
-	X(MOE_AUX_LOSS_GRAD, planrt_k_moe_aux_loss_grad_f32,                                               \
-	  (const float *, int64_t, int64_t, int64_t, double, float *))                                     \
-	X(MOE_Z_LOSS, planrt_moe_z_loss_f32, (const float *, int64_t, int64_t, double, float *))          \
-	X(MOE_Z_LOSS_GRAD, planrt_k_moe_z_loss_grad_f32, (const float *, int64_t, int64_t, double, float *)) \
-	X(MOE_METRICS, planrt_moe_metrics, (const double *, int, const int64_t *))                         \
-	X(MOE_EXCHANGE, planrt_moe_exchange,                                                               \
-	  (const void *, void *, int, const int32_t *, int64_t, int64_t, int64_t, int64_t, planrt_dtype_t,   \
-	   planrt_comm_t, void *))                                                                         \
-	X(SLICE_DIM, planrt_slice_dim,                                                                     \
-	  (const void *, void *, int, const int64_t *, int, planrt_dtype_t, planrt_comm_t))                \
-	X(FILL, planrt_fill, (void *, int64_t, planrt_dtype_t, double))                                    \
-	X(CAST, planrt_cast, (const void *, planrt_dtype_t, void *, planrt_dtype_t, int64_t))              \
-	X(ACCUMULATE, planrt_accumulate, (void *, const void *, int64_t, planrt_dtype_t))                  \
-	X(LOAD_INPUT, planrt_load_data,                                                                    \
-	  (planrt_ctx_t *, void *, int, const char *, planrt_dtype_t, int, const int64_t *, const int64_t *,  \
-	   const int64_t *, int64_t))                                                                      \
-	X(INIT_PARAM, planrt_init_param, (planrt_ctx_t *, void *, planrt_dtype_t, int, int64_t, int64_t))  \
-	X(SAVE_PARAM, planrt_save_param,                                                                   \
-	  (planrt_ctx_t *, const void *, planrt_dtype_t, int, int64_t, int64_t, int))                      \
-	X(CKPT_WRITE, planrt_ckpt_write,                                                                   \
-	  (planrt_ctx_t *, const void *, planrt_dtype_t, int, int, int64_t, int64_t, int))                 \
-	X(CKPT_READ, planrt_ckpt_read, (planrt_ctx_t *, void *, planrt_dtype_t, int, int, int64_t, int64_t)) \
-	X(CKPT_WRITE_LOCAL, planrt_ckpt_write_local, (planrt_ctx_t *, const void *, planrt_dtype_t, int64_t, int)) \
-	X(CKPT_READ_LOCAL, planrt_ckpt_read_local, (planrt_ctx_t *, void *, planrt_dtype_t, int64_t, int)) \
-	X(PAIR_COMM, planrt_make_pair_comm, (int, int, int, int))                                          \
-	X(OFFLOAD_OPEN, planrt_offload_open, (int64_t))                                                    \
-	X(OFFLOAD_READ, planrt_offload_read, (void *, int64_t, int64_t, int))                              \
-	X(OFFLOAD_WRITE, planrt_offload_write, (const void *, int64_t, int64_t, int))                      \
-	X(OFFLOAD_WAIT, planrt_offload_wait, (int))                                                        \
-	X(OFFLOAD_COPY, planrt_copy, (void *, const void *, int64_t))                                      \
-	X(SUM_SQUARES, planrt_sum_squares_acc, (double *, const void *, int64_t, planrt_dtype_t, double))  \
-	X(SUM_SQUARES_SHARD, planrt_sum_squares_shard,                                                     \
-	  (double *, const void *, planrt_dtype_t, int64_t, int64_t, int, const int64_t *, const int64_t *, \
-	   const int64_t *))                                                                               \
-	X(CLIP_COEF, planrt_clip_coef, (const double *, double *, double *, double))                       \
-	X(LOSS_SEED, planrt_loss_seed, (planrt_ctx_t *, float *, double))                                  \
-	X(UNSCALE_CLIP, planrt_unscale_clip_coef, (planrt_ctx_t *, const double *, double *, double *, double)) \
-	X(OPTIMIZER, planrt_optimizer_step,                                                                \
-	  (int, double, double, double, double, double, double, int64_t, int64_t, double, int64_t, float *,  \
-	   const void *, planrt_dtype_t, float *, float *, int64_t, const double *))                       \
-	X(LOSS_ACCUMULATE, planrt_loss_accumulate, (double *, const float *, double))                      \
-	X(ALLREDUCE_DIM, planrt_allreduce_dim, (const void *, void *, int64_t, planrt_dtype_t, planrt_comm_t)) \
-	X(REDUCE_SCATTER_DIM, planrt_reduce_scatter_dim,                                                   \
-	  (const void *, void *, int, const int64_t *, int, planrt_dtype_t, planrt_comm_t, void *))        \
-	X(ALLGATHER_DIM, planrt_allgather_dim,                                                             \
-	  (const void *, void *, int, const int64_t *, int, planrt_dtype_t, planrt_comm_t, void *))        \
-	X(ALLTOALL_DIM, planrt_alltoall_dim,                                                               \
-	  (const void *, void *, int, const int64_t *, int, int, planrt_dtype_t, planrt_comm_t, void *))   \
-	X(ALLREDUCE_INPLACE, planrt_allreduce_inplace,                                                     \
-	  (void *, int64_t, planrt_dtype_t, planrt_comm_t, planrt_request_t *))                            \
-	X(REDUCE_SCATTER_INPLACE, planrt_reduce_scatter_inplace,                                           \
-	  (void *, int64_t, planrt_dtype_t, planrt_comm_t, planrt_request_t *))                            \
-	X(ALLGATHER_INPLACE, planrt_allgather_inplace,                                                     \
-	  (void *, int64_t, planrt_dtype_t, planrt_comm_t, planrt_request_t *))                            \
-	X(ALLGATHER_FLAT, planrt_allgather_flat,                                                           \
-	  (const void *, void *, int64_t, planrt_dtype_t, planrt_comm_t, void *))                          \
-	X(ALLGATHER_FLAT_START, planrt_allgather_flat_start,                                               \
-	  (planrt_request_t *, const void *, void *, int64_t, planrt_dtype_t, planrt_comm_t))              \
-	X(BUCKET_ALLREDUCE, planrt_bucket_allreduce,                                                       \
-	  (int, void *const *, const int64_t *, planrt_dtype_t, planrt_comm_t, void *))                    \
-	X(BUCKET_RS, planrt_bucket_reduce_scatter,                                                         \
-	  (int, void *const *, const int64_t *, planrt_dtype_t, void *const *, planrt_dtype_t, int, int,    \
-	   planrt_comm_t, void *))                                                                         \
-	X(BUCKET_RS_START, planrt_bucket_reduce_scatter_start,                                             \
-	  (planrt_bucket_t *, int, void *const *, const int64_t *, planrt_dtype_t, int, planrt_comm_t, void *)) \
-	X(BUCKET_RS_FINISH, planrt_bucket_reduce_scatter_finish,                                           \
-	  (planrt_bucket_t *, int, const int64_t *, void *const *, planrt_dtype_t, int, planrt_comm_t, void *)) \
-	X(SEND_START, planrt_p2p_send_start,                                                               \
-	  (const void *, int64_t, planrt_dtype_t, int, int, planrt_request_t *))                           \
-	X(RECV_START, planrt_p2p_recv_start, (void *, int64_t, planrt_dtype_t, int, int, planrt_request_t *)) \
-	X(P2P_FINISH, planrt_p2p_finish, (planrt_ctx_t *, planrt_request_t *))                             \
-	X(REQUEST_FINISH, planrt_request_finish, (planrt_request_t *))                                     \
-	X(REQUEST_PROGRESS, planrt_request_progress, (planrt_request_t *))                                 \
-	X(BUCKET_PROGRESS, planrt_bucket_progress, (planrt_bucket_t *))                                    \
-	X(SCALE_METRIC, planrt_scale_metric, (double *, double))                                           \
-	X(LOCAL_AVERAGE, planrt_local_average,                                                             \
-	  (planrt_ctx_t *, int, void *, int64_t, planrt_dtype_t, void *, planrt_dtype_t, const double *, double *, \
-	   planrt_comm_t, int, double, double, float *, float *))                                          \
-	X(ASYNC_PULL, planrt_async_pull, (planrt_ctx_t *, int, void *, void *, int64_t, planrt_dtype_t, planrt_comm_t)) \
-	X(ASYNC_PUSH, planrt_async_push,                                                                   \
-	  (planrt_ctx_t *, int, const void *, int64_t, planrt_dtype_t, void *, const double *, planrt_comm_t)) \
-	X(ASYNC_DRAIN, planrt_async_drain, (planrt_ctx_t *, void *, void *, int64_t, planrt_dtype_t, planrt_comm_t)) \
-	X(ASYNC_POST, planrt_async_post, (planrt_ctx_t *, void *, int64_t, planrt_dtype_t, int, planrt_comm_t)) \
-	X(ASYNC_GATHER, planrt_async_gather,                                                               \
-	  (planrt_ctx_t *, int, void *, int64_t, planrt_dtype_t, const void *, int, double *, double *))     \
-	X(ASYNC_PUBLISH, planrt_async_publish,                                                             \
-	  (planrt_ctx_t *, int, const void *, int64_t, planrt_dtype_t, void *, int, planrt_comm_t))         \
-	X(COMPRESS_CAST, planrt_compress_cast,                                                             \
-	  (float *, int64_t, planrt_dtype_t, float *, void *, int64_t, planrt_comm_t))                     \
-	X(COMPRESS_TOPK, planrt_compress_topk,                                                             \
-	  (float *, int, const int64_t *, const int64_t *, const int64_t *, float *, void *, planrt_comm_t)) \
-	X(COMPRESS_POWERSGD, planrt_compress_powersgd,                                                     \
-	  (float *, int, const int64_t *, const int64_t *, const int64_t *, int, float *, float *, float *,  \
-	   planrt_comm_t))                                                                                 \
-	X(POWERSGD_INIT, planrt_powersgd_init, (planrt_ctx_t *, float *, int64_t))                       \
-	X(BMM, planrt_k_bmm_f32,                                                                           \
-	  (int, const int64_t *, int64_t, int64_t, int64_t, const float *, int, const int64_t *, const float *, int, \
-	   const int64_t *, float *, const int64_t *, int))                                                \
-	X(UNARY, planrt_k_unary_f32, (int, const float *, float *, int64_t))                               \
-	X(UNARY_GRAD, planrt_k_unary_grad_f32, (int, const float *, const float *, float *, int64_t))      \
-	X(SUM_DIM, planrt_k_sum_dim_f32, (const float *, float *, int64_t, int64_t, int64_t, double))      \
-	X(SUM_DIM_GRAD, planrt_k_sum_dim_grad_f32, (const float *, float *, int64_t, int64_t, int64_t, double)) \
-	X(MAX_DIM, planrt_k_max_dim_f32, (const float *, float *, int32_t *, int64_t, int64_t, int64_t))   \
-	X(MAX_DIM_GRAD, planrt_k_max_dim_grad_f32,                                                         \
-	  (const int32_t *, const float *, float *, int64_t, int64_t, int64_t))                            \
-	X(NARROW, planrt_k_slice_f32, (const float *, float *, int64_t, int64_t, int64_t, int64_t, int64_t)) \
-	X(NARROW_GRAD, planrt_k_slice_grad_f32,                                                            \
-	  (const float *, float *, int64_t, int64_t, int64_t, int64_t, int64_t, int))                      \
-	X(REPEAT_KV, planrt_k_repeat_kv_f32, (const float *, float *, int64_t, int64_t, int64_t, int64_t)) \
-	X(REPEAT_KV_GRAD, planrt_k_repeat_kv_grad_f32, (const float *, float *, int64_t, int64_t, int64_t, int64_t)) \
-	X(ROPE, planrt_k_rope_f32,                                                                         \
-	  (const float *, float *, int64_t, int64_t, int64_t, int64_t, int64_t, int, const int32_t *, int64_t, \
-	   int64_t, double))                                                                               \
-	X(ROPE_GRAD, planrt_k_rope_grad_f32,                                                               \
-	  (const float *, float *, int64_t, int64_t, int64_t, int64_t, int64_t, int, const int32_t *, int64_t, \
-	   int64_t, double))                                                                               \
-	X(REGRESSION_LOSS, planrt_regression_loss_f32,                                                     \
-	  (int, const float *, const float *, int64_t, double, float *))                                   \
-	X(REGRESSION_LOSS_GRAD, planrt_regression_loss_grad_f32,                                           \
-	  (int, const float *, const float *, int64_t, double, float *))                                   \
-	X(CHECK_LABELS, planrt_check_labels,                                                               \
-	  (const int32_t *, int, const int64_t *, const int64_t *, int64_t, const char *, int64_t))        \
-	X(NARROW_I32, planrt_narrow_i32, (const int32_t *, int32_t *, int64_t, int64_t, int64_t, int64_t, int64_t))
-
-#define X(kind, fn, params)                                                                                \
-	_Static_assert(__builtin_types_compatible_p(__typeof__(fn), void params),                          \
-		       #fn " must have the parameters emit_llvm.c's KERNEL_SIGNATURES gives it");
-KERNEL_SIGNATURES(X)
-#undef X
-/* graph.c's unary_fns pass these codes to planrt_k_unary */
-_Static_assert(PLANRT_SIN == 0 && PLANRT_COS == 1 && PLANRT_EXP == 2 && PLANRT_LOG == 3 && PLANRT_TANH == 4 &&
-		       PLANRT_SIGMOID == 5,
-	       "graph.c's unary_fns codes");
 /* the calls that make arguments, and the entry point */
 _Static_assert(__builtin_types_compatible_p(__typeof__(planrt_mesh_coord), int(int)), "planrt_mesh_coord");
 _Static_assert(__builtin_types_compatible_p(__typeof__(planrt_axis_comm), planrt_comm_t(int)), "planrt_axis_comm");
@@ -239,18 +58,9 @@ _Static_assert(__builtin_types_compatible_p(__typeof__(planrt_pair), planrt_comm
 _Static_assert(__builtin_types_compatible_p(__typeof__(planrt_main), int(int, char **, const planrt_program_t *)),
 	       "planrt_main");
 
-static const struct {
-	const char *fn, *params;
-} signatures[K_COUNT] = {
-#define X(kind, fn, params) [K_##kind] = {#fn, #params},
-	KERNEL_SIGNATURES(X)
-#undef X
-};
-
 bool llvm_kernel_known(KernelKind kind)
 {
-	return kind == K_LOOP ||
-	       (kernel_functions[kind] && signatures[kind].fn && !strcmp(signatures[kind].fn, kernel_functions[kind]));
+	return kind == K_LOOP || kernel_functions[kind];
 }
 
 /* Every kernel the program calls has a signature here (a kind added to KERNEL_TABLE without one
@@ -352,48 +162,37 @@ static LLVMValueRef call(Gen *G, LLVMValueRef fn, LLVMValueRef *args, unsigned n
 	return LLVMBuildCall2(G->b, LLVMGlobalGetValueType(fn), fn, args, n, "");
 }
 
-/* One C parameter type of a KERNEL_SIGNATURES list as LLVM sees it at the call: pointers and
- * handles as i8*, enums as i32. */
-static LLVMTypeRef c_param_type(Gen *G, const char *s, size_t n)
+/* A planrt function's parameter as LLVM sees it at the call: pointers and handles as i8*, enums
+ * as i32 (kernel_table.h's ABI class of its type). */
+static LLVMTypeRef param_type(Gen *G, KParamType t)
 {
-	while (n && (*s == ' ' || *s == '('))
-		s++, n--;
-	while (n && (s[n - 1] == ' ' || s[n - 1] == ')'))
-		n--;
-	if (memchr(s, '*', n))
-		return G->t_ptr;
-	static const struct {
-		const char *c;
-		int bits; /* 0: double, -1: pointer */
-	} types[] = {{"int64_t", 64}, {"uint64_t", 64}, {"int", 32},
-		     {"planrt_dtype_t", 32}, {"double", 0}, {"planrt_comm_t", -1}};
-	for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
-		if (strlen(types[i].c) == n && !memcmp(types[i].c, s, n))
-			return types[i].bits > 0 ? LLVMIntTypeInContext(G->c, (unsigned)types[i].bits)
-			       : types[i].bits == 0 ? G->t_f64
-						    : G->t_ptr;
-	ICE("emit_llvm.c: no LLVM type for the C parameter type '%.*s'", (int)n, s);
+	switch (kparam_abis[t]) {
+	case KABI_I32:
+		return G->t_i32;
+	case KABI_I64:
+		return G->t_i64;
+	case KABI_F64:
+		return G->t_f64;
+	case KABI_PTR:
+		break;
+	}
+	return G->t_ptr;
 }
 
 static LLVMValueRef kernel_decl(Gen *G, KernelKind kind)
 {
 	if (G->kfn[kind])
 		return G->kfn[kind];
-	if (!signatures[kind].fn || !kernel_functions[kind] || strcmp(signatures[kind].fn, kernel_functions[kind]))
-		ICE("kernel kind '%s' calls '%s' but emit_llvm.c's KERNEL_SIGNATURES has '%s'", kernel_names[kind],
-		    kernel_functions[kind] ? kernel_functions[kind] : "nothing",
-		    signatures[kind].fn ? signatures[kind].fn : "nothing");
+	if (!kernel_functions[kind])
+		ICE("kernel kind '%s' has no planrt function", kernel_names[kind]);
 	LLVMTypeRef params[32];
-	unsigned n = 0;
-	const char *s = signatures[kind].params;
-	for (const char *comma; s; s = comma ? comma + 1 : NULL) {
-		comma = strchr(s, ',');
-		if (n == 32)
-			ICE("'%s' has more than 32 parameters", signatures[kind].fn);
-		params[n++] = c_param_type(G, s, comma ? (size_t)(comma - s) : strlen(s));
-	}
+	unsigned n = (unsigned)kernel_nparams[kind];
+	if (n > 32)
+		ICE("'%s' has more than 32 parameters", kernel_functions[kind]);
+	for (unsigned i = 0; i < n; i++)
+		params[i] = param_type(G, kernel_params[kind][i].type);
 	G->kty[kind] = LLVMFunctionType(G->t_void, params, n, 0);
-	G->kfn[kind] = declare(G, signatures[kind].fn, G->kty[kind]);
+	G->kfn[kind] = declare(G, kernel_functions[kind], G->kty[kind]);
 	return G->kfn[kind];
 }
 
@@ -1376,7 +1175,7 @@ static void table_types(Gen *G, Tables *T)
 			   F(planrt_program_t, warmup, i64),      F(planrt_program_t, total_steps, i64),
 			   F(planrt_program_t, nroles, i32),      F(planrt_program_t, role_axis, i32),
 			   F(planrt_program_t, fingerprint, p),   F(planrt_program_t, sync, p),
-			   F(planrt_program_t, loss_scale, f64)};
+			   F(planrt_program_t, loss_scale, f64), F(planrt_program_t, optimizer, p)};
 #undef F
 #define N(a) (int)(sizeof a / sizeof a[0])
 	T->action = c_struct(G, "planrt_action_t", action, N(action), sizeof(planrt_action_t));
@@ -1572,7 +1371,8 @@ static void build_program(Gen *G, const char *source_path)
 			    i32c(G, low->nroles > 1 ? sync_axis(ps) : -1),
 			    cstring(G, plan_fingerprint(low)),
 			    cstring(G, sync_mode_name(ps->sync)),
-			    LLVMConstReal(G->t_f64, ps->loss_scale)};
+			    LLVMConstReal(G->t_f64, ps->loss_scale),
+			    cstring(G, plan_optimizer_text(low))};
 	LLVMValueRef program = LLVMAddGlobal(G->m, T.program, "program");
 	LLVMSetInitializer(program, LLVMConstNamedStruct(T.program, f, sizeof f / sizeof f[0]));
 	LLVMSetGlobalConstant(program, 1);
