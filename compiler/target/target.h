@@ -53,6 +53,11 @@ int emit_loop_loads(const Kernel *k, int *loads, int cap);
 bool emit_loop_flat(const Kernel *k);
 void emit_loop_expr_to(FILE *f, const LProg *p, const Kernel *k, bool flat, const int *load_slot);
 void emit_c_loop_to(FILE *f, const Lowered *low, const LProg *p, const Kernel *k);
+/* x adds (or subtracts) two products, a * b + c * d: gcc's -ffp-contract=fast may fuse either one
+ * into the add, depending on the shape of its code, so every target prints it a * b + (c * d + 0),
+ * the right product rounded on its own (+0 turns a -0 product into +0, on every target alike) and
+ * the left one fused where the instruction set has FMA. */
+bool emit_loop_sum_of_products(const LExpr *x);
 
 /* ---------------------------------------------------------------- emit_cuda.c */
 /* The CUDA target: DIR/prog.c (the host program: emit_c.c's structure, each kernel a call into
