@@ -43,7 +43,7 @@ static inline float gelu_tanh_grad(float x, float dy)
 {
 	float u = 0.79788456080286536f * (x + 0.044715f * x * x * x), t = tanhf(u);
 	float du = 0.79788456080286536f * (1.0f + 3.0f * 0.044715f * x * x);
-	return dy * (0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * du);
+	return dy * (0.5f + 0.5f * t + 0.5f * x * (1.0f - t * t) * du);
 }
 static inline float silu(float x) { return planrt_silu(x); }
 static inline float silu_grad(float x, float dy) { return planrt_silu_grad(x, dy); }

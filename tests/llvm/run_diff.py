@@ -3,7 +3,8 @@
 
 Each plan of DIFF_PLANS is built twice, with `planc build` (the C back end: emit_c.c, mpicc -O3)
 and `planc build --backend llvm` (the LLVM back end: emit_llvm.c, default<O3>, an object linked
-with planrt; --verify-ir also verifies the optimised module), both for the baseline CPU, and each
+with planrt; --verify-ir also verifies the optimised module), both carrying every instruction-set
+level and running this CPU's best (tests/cpu compares the back ends at each level), and each
 program trains STEPS steps under `mpirun -np WORLD`. Every step's loss and gradient norm must
 agree within 1e-6 relative. A plan is reported bitwise when the logs are identical and the weights
 saved with --save are the same bytes. NATIVE_PLANS are built again with --native (this CPU: FMA,

@@ -421,7 +421,7 @@ static bool write_kernels(const Cuda *c, const char *dir, const char *source_pat
 		   "PLANRT_LOOP float gelu_tanh_grad(float x, float dy)\n{\n"
 		   "\tfloat u = 0.79788456080286536f * (x + 0.044715f * x * x * x), t = tanhf(u);\n"
 		   "\tfloat du = 0.79788456080286536f * (1.0f + 3.0f * 0.044715f * x * x);\n"
-		   "\treturn dy * (0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * du);\n}\n"
+		   "\treturn dy * (0.5f + 0.5f * t + 0.5f * x * (1.0f - t * t) * du);\n}\n"
 		   "PLANRT_LOOP float silu(float x) { return planrt_silu(x); }\n"
 		   "PLANRT_LOOP float silu_grad(float x, float dy) { return planrt_silu_grad(x, dy); }\n"
 		   "PLANRT_LOOP float dropout_grad(uint8_t keep, float dy, float scale) { return keep ? dy * scale : 0; }\n"
