@@ -307,33 +307,38 @@ static bool micro_phase(Phase ph)
 
 /* ------------------------------------------------------------------ slots */
 
+/* Indices of slots (or inboxes) as a set of free ones: the lowest free one is taken (a bitmap
+ * scanned a word at a time), and a unit's slot is released when its backward has run. */
 typedef struct Pool {
-	int *busy_until; /* per index: the last action that uses it, -2 when free */
-	int n, cap;
+	unsigned long long *free; /* bit i: index i is free */
+	int n, words;
 } Pool;
 
-static int pool_take(Pool *p, int until)
+static int pool_take(Pool *p)
 {
-	for (int i = 0; i < p->n; i++)
-		if (p->busy_until[i] == -2) {
-			p->busy_until[i] = until;
+	for (int w = 0; w < p->words; w++)
+		if (p->free[w]) {
+			int i = w * 64 + __builtin_ctzll(p->free[w]);
+			p->free[w] &= p->free[w] - 1;
 			return i;
 		}
-	if (p->n == p->cap) {
-		p->cap = p->cap ? p->cap * 2 : 8;
-		p->busy_until = realloc(p->busy_until, sizeof(int) * (size_t)p->cap);
-		if (!p->busy_until)
+	if (p->n == p->words * 64) {
+		p->words = p->words ? 2 * p->words : 1;
+		p->free = realloc(p->free, sizeof(unsigned long long) * (size_t)p->words);
+		if (!p->free)
 			ICE("out of memory");
+		for (int w = p->words / 2; w < p->words; w++)
+			p->free[w] = 0;
+		if (p->words == 1)
+			p->free[0] = 0;
 	}
-	p->busy_until[p->n] = until;
 	return p->n++;
 }
 
-static void pool_release(Pool *p, int t)
+static void pool_release(Pool *p, int i)
 {
-	for (int i = 0; i < p->n; i++)
-		if (p->busy_until[i] == t)
-			p->busy_until[i] = -2;
+	if (i >= 0)
+		p->free[i / 64] |= 1ull << (i % 64);
 }
 
 /* The stage's actions with a slot per in-flight micro-batch and chunk, and an inbox where the
@@ -364,20 +369,23 @@ static void assign_slots(LProg *p)
 	}
 	Pool slots = {0}, inboxes = {0};
 	for (int t = -1; t < n; t++) {
-		/* what starts at t: the inbox of the forward at t + 1, the slot of the forward at t */
+		/* what starts at t: the inbox of the forward at t + 1, the slot of the forward at t; what
+		 * ends at t: the backward's slot and inbox */
 		if (t + 1 < n) {
 			const Action *a = &sc->table[p->stage][t + 1];
 			int unit = a->micro * v + a->chunk;
 			if (a->kind == ACT_FORWARD)
-				inbox[unit] = receives[a->chunk] ? pool_take(&inboxes, bwd_at[unit]) : -1;
+				inbox[unit] = receives[a->chunk] ? pool_take(&inboxes) : -1;
 		}
 		if (t >= 0) {
 			const Action *a = &sc->table[p->stage][t];
 			int unit = a->micro * v + a->chunk;
 			if (a->kind == ACT_FORWARD)
-				slot[unit] = pool_take(&slots, bwd_at[unit]);
-			pool_release(&slots, t);
-			pool_release(&inboxes, t);
+				slot[unit] = pool_take(&slots);
+			if (bwd_at[unit] == t) { /* the unit's last action */
+				pool_release(&slots, slot[unit]);
+				pool_release(&inboxes, inbox[unit]);
+			}
 		}
 	}
 	for (int t = 0; t < n; t++) {
@@ -387,8 +395,8 @@ static void assign_slots(LProg *p)
 	}
 	p->nslots = slots.n ? slots.n : 1;
 	p->ninbox = inboxes.n;
-	free(slots.busy_until);
-	free(inboxes.busy_until);
+	free(slots.free);
+	free(inboxes.free);
 	free(fwd_at);
 	free(bwd_at);
 	free(slot);

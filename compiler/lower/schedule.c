@@ -100,11 +100,13 @@ static void push_xfer(const Check *C, Issued *is, const Comm *c, int op, int mic
 
 static int stream_cmp(int d1, int a1, int p1, int c1, int d2, int a2, int p2, int c2)
 {
-	int x[4] = {d1, a1, p1, c1}, y[4] = {d2, a2, p2, c2};
-	for (int i = 0; i < 4; i++)
-		if (x[i] != y[i])
-			return x[i] < y[i] ? -1 : 1;
-	return 0;
+	if (d1 != d2)
+		return d1 < d2 ? -1 : 1;
+	if (a1 != a2)
+		return a1 < a2 ? -1 : 1;
+	if (p1 != p2)
+		return p1 < p2 ? -1 : 1;
+	return (c1 > c2) - (c1 < c2);
 }
 
 static int xfer_cmp(const void *pa, const void *pb)
@@ -165,8 +167,8 @@ static void issue_kernel(Check *C, Issued *is, const Kernel *k, int micro)
 	}
 }
 
-/* Kernel lists per phase and chunk, so that walking the action table costs the kernels each
- * action runs, not the whole program per action. */
+/* The communicating kernels per phase and chunk, so that walking the action table costs the
+ * collectives and transfers each action issues, not the whole program per action. */
 static void index_phases(Issued *is)
 {
 	const LProg *p = is->p;
@@ -185,6 +187,8 @@ static void index_phases(Issued *is)
 		}
 		for (int i = 0; i < p->nk; i++) {
 			const Kernel *k = &p->k[i];
+			if (!k->ncomm)
+				continue; /* issues nothing */
 			int all = (int)k->phase * (nch + 1);
 			if (pass == 1)
 				is->by_phase[all][count[all]] = i;
