@@ -105,14 +105,34 @@ Kernel *kernel_new(LProg *p, KernelKind kind, Phase ph, int chunk, int op)
 	return k;
 }
 
-static char *identifier(Arena *a, const char *s)
+/* A C identifier: lead, then s with every character but letters and digits made '_' (and "t"
+ * before it when it starts with a digit; "t" for no s), then "_index" when index >= 0. Built
+ * without printf: a 1T-parameter plan names a hundred thousand buffers. */
+static char *identifier(Arena *a, const char *lead, const char *s, long long index)
 {
-	char *id = arena_strdup(a, s && *s ? s : "t");
-	for (char *c = id; *c; c++)
-		if (!isalnum((unsigned char)*c))
-			*c = '_';
-	if (isdigit((unsigned char)id[0]))
-		id = arena_printf(a, "t%s", id);
+	if (!s || !*s)
+		s = "t";
+	char digits[24], rev[24];
+	int nd = 0, nr = 0;
+	if (index >= 0) {
+		do
+			rev[nr++] = (char)('0' + index % 10);
+		while ((index /= 10) > 0);
+		digits[nd++] = '_';
+		while (nr)
+			digits[nd++] = rev[--nr];
+	}
+	size_t nl = strlen(lead), ns = strlen(s);
+	int t = isdigit((unsigned char)s[0]) ? 1 : 0;
+	char *id = arena_alloc(a, nl + (size_t)t + ns + (size_t)nd + 1), *q = id;
+	memcpy(q, lead, nl);
+	q += nl;
+	if (t)
+		*q++ = 't';
+	for (size_t i = 0; i < ns; i++)
+		*q++ = isalnum((unsigned char)s[i]) ? s[i] : '_';
+	memcpy(q, digits, (size_t)nd);
+	q[nd] = 0;
 	return id;
 }
 
@@ -122,7 +142,7 @@ int buffer_new(LProg *p, BufClass cls, DType t, long long elems, const char *nam
 	int i = p->nbuf++;
 	Buffer *b = &p->buf[i];
 	memset(b, 0, sizeof *b);
-	b->name = arena_printf(p->g->arena, "%s_%d", identifier(p->g->arena, name), i);
+	b->name = identifier(p->g->arena, "", name, i);
 	b->what = what;
 	b->cls = cls;
 	b->dtype = t;
@@ -458,8 +478,17 @@ static Kernel *call(Lower *L, KernelKind kind, int oi)
 {
 	const Op *op = &L->g->ops[oi];
 	Kernel *k = kernel_new(L->p, kind, phase_of(op), chunk_of(L, oi), oi);
-	k->note = op->scope && *op->scope ? arena_printf(L->g->arena, "%s in %s", op_names[op->kind], op->scope)
-					  : op_names[op->kind];
+	if (op->scope && *op->scope) { /* "OP in SCOPE" */
+		const char *name = op_names[op->kind];
+		size_t n = strlen(name), m = strlen(op->scope);
+		char *note = arena_alloc(L->g->arena, n + m + 5);
+		memcpy(note, name, n);
+		memcpy(note + n, " in ", 4);
+		memcpy(note + n + 4, op->scope, m + 1);
+		k->note = note;
+	} else {
+		k->note = op_names[op->kind];
+	}
 	return k;
 }
 
@@ -2013,15 +2042,15 @@ static void describe_value(LProg *p, int v)
 	b->micro_rows = ps->batch / (ps->micro_batches > 0 ? ps->micro_batches : 1);
 	const char *base = val->name;
 	if (val->role == ROLE_PARAM && val->name)
-		b->name = arena_printf(g->arena, "p_%s", identifier(g->arena, val->name));
+		b->name = identifier(g->arena, "p_", val->name, -1);
 	else if (val->grad_of >= 0 && g->vals[val->grad_of].name && g->vals[val->grad_of].grad == v)
-		b->name = arena_printf(g->arena, "g_%s", identifier(g->arena, g->vals[val->grad_of].name));
+		b->name = identifier(g->arena, "g_", g->vals[val->grad_of].name, -1);
 	else if (val->grad_of >= 0 && g->vals[val->grad_of].name) /* a partial gradient before a conversion */
-		b->name = arena_printf(g->arena, "g_%s_%d", identifier(g->arena, g->vals[val->grad_of].name), v);
+		b->name = identifier(g->arena, "g_", g->vals[val->grad_of].name, v);
 	else if (base)
-		b->name = arena_printf(g->arena, "%s_%d", identifier(g->arena, base), v);
-	else
-		b->name = arena_printf(g->arena, "%s_%d", val->def >= 0 ? op_names[g->ops[val->def].kind] : "v", v);
+		b->name = identifier(g->arena, "", base, v);
+	else /* op names are identifiers */
+		b->name = identifier(g->arena, "", val->def >= 0 ? op_names[g->ops[val->def].kind] : "v", v);
 	b->what = val->name;
 }
 
