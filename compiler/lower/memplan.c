@@ -177,21 +177,9 @@ static void occupancy_add(Occupancy *o, const Interval *x)
 	}
 }
 
-static int append_segs(const Segs *s, Range **out, int n, int *cap)
-{
-	if (n + s->n > *cap) {
-		while (n + s->n > *cap)
-			*cap *= 2;
-		*out = realloc(*out, sizeof(Range) * (size_t)*cap);
-		if (!*out)
-			ICE("out of memory");
-	}
-	memcpy(*out + n, s->r, sizeof(Range) * (size_t)s->n);
-	return n + s->n;
-}
-
-/* The ranges whose union is what the placed buffers occupy at some time in x's lifetime. */
-static int occupancy_of(Occupancy *o, const Interval *x, Range **out, int *cap)
+/* The unions whose union is what the placed buffers occupy at some time in x's lifetime: the
+ * below lists of x's window's nodes and the cover lists of their ancestors. */
+static int occupancy_of(Occupancy *o, const Interval *x, const Segs **out)
 {
 	int n = 0, q = ++o->query;
 	for (int l = x->first + o->leaves, h = x->last + 1 + o->leaves; l < h; l /= 2, h /= 2) {
@@ -201,91 +189,97 @@ static int occupancy_of(Occupancy *o, const Interval *x, Range **out, int *cap)
 		if (h & 1)
 			nodes[nn++] = --h;
 		for (int i = 0; i < nn; i++) {
-			n = append_segs(&o->below[nodes[i]], out, n, cap);
+			if (o->below[nodes[i]].n)
+				out[n++] = &o->below[nodes[i]];
 			for (int a = nodes[i] / 2; a >= 1 && o->stamp[a] != q; a /= 2) {
 				o->stamp[a] = q;
-				n = append_segs(&o->cover[a], out, n, cap);
+				if (o->cover[a].n)
+					out[n++] = &o->cover[a];
 			}
 		}
 	}
 	return n;
 }
 
-static void insertion_sort(Range *r, int n)
-{
-	for (int i = 1; i < n; i++) {
-		Range x = r[i];
-		int j = i;
-		for (; j > 0 && r[j - 1].lo > x.lo; j--)
-			r[j] = r[j - 1];
-		r[j] = x;
-	}
-}
+/* The lowest offset where size bytes fit between the ranges of the sorted lists: a sweep in
+ * offset order over their merge (a heap of the lists' next ranges), stopping at the first gap
+ * that is large enough. The same offset as a first fit over every overlapping buffer. */
+typedef struct Cursor {
+	const Segs *s;
+	int at;
+} Cursor;
 
-/* Sorts ranges by lo: a bucket per range over [0, largest lo], then each bucket in place. A
- * buffer's overlaps in a big group number in the thousands (a 175B model's saved activations all
- * overlap its backward's temporaries), and they spread over the arena, so this is linear. */
-static void sort_ranges(Range *r, int n, Range *tmp, int *count)
+static size_t lowest_gap(Cursor *heap, int n, size_t size)
 {
-	if (n <= 32) {
-		insertion_sort(r, n);
-		return;
+	/* a binary min-heap by the next range's start */
+#define LO(c) ((c).s->r[(c).at].lo)
+	for (int i = n / 2 - 1; i >= 0; i--)
+		for (int j = i;;) {
+			int m = j, l = 2 * j + 1, r = l + 1;
+			if (l < n && LO(heap[l]) < LO(heap[m]))
+				m = l;
+			if (r < n && LO(heap[r]) < LO(heap[m]))
+				m = r;
+			if (m == j)
+				break;
+			Cursor t = heap[j];
+			heap[j] = heap[m];
+			heap[m] = t;
+			j = m;
+		}
+	size_t off = 0;
+	while (n > 0) {
+		Range x = heap[0].s->r[heap[0].at];
+		if (x.lo >= off + size)
+			break;
+		if (x.hi > off)
+			off = x.hi;
+		if (++heap[0].at == heap[0].s->n)
+			heap[0] = heap[--n];
+		for (int j = 0;;) {
+			int m = j, l = 2 * j + 1, r = l + 1;
+			if (l < n && LO(heap[l]) < LO(heap[m]))
+				m = l;
+			if (r < n && LO(heap[r]) < LO(heap[m]))
+				m = r;
+			if (m == j)
+				break;
+			Cursor t = heap[j];
+			heap[j] = heap[m];
+			heap[m] = t;
+			j = m;
+		}
 	}
-	size_t top = 0;
-	for (int i = 0; i < n; i++)
-		if (r[i].lo > top)
-			top = r[i].lo;
-	double scale = (double)(n - 1) / ((double)top + 1);
-	for (int b = 0; b <= n; b++)
-		count[b] = 0;
-	for (int i = 0; i < n; i++)
-		count[(int)((double)r[i].lo * scale) + 1]++;
-	for (int b = 0; b < n; b++)
-		count[b + 1] += count[b];
-	for (int i = 0; i < n; i++)
-		tmp[count[(int)((double)r[i].lo * scale)]++] = r[i];
-	memcpy(r, tmp, sizeof(Range) * (size_t)n);
-	insertion_sort(r, n); /* each range is at most its bucket's size away from its place */
+#undef LO
+	return off;
 }
 
 /* First fit by decreasing size over kernel positions [0, positions); returns the region's size. */
 static size_t place(Interval *iv, int n, int positions)
 {
 	qsort(iv, (size_t)n, sizeof *iv, by_size_desc);
-	int cap = 64;
-	Range *taken = malloc(sizeof(Range) * (size_t)cap), *tmp = NULL;
-	int *count = NULL, tmp_cap = 0;
-	if (!taken)
-		ICE("out of memory");
 	Occupancy o;
 	occupancy_init(&o, positions);
+	int depth = 2;
+	for (int l = 1; l < o.leaves; l *= 2)
+		depth++;
+	const Segs **lists = malloc(sizeof(Segs *) * (size_t)(4 * depth));
+	Cursor *heap = malloc(sizeof(Cursor) * (size_t)(4 * depth));
+	if (!lists || !heap)
+		ICE("out of memory");
 	size_t top = 0;
 	for (int i = 0; i < n; i++) {
 		Interval *x = &iv[i];
-		int nc = occupancy_of(&o, x, &taken, &cap);
-		if (nc > tmp_cap) {
-			tmp_cap = cap;
-			tmp = realloc(tmp, sizeof(Range) * (size_t)tmp_cap);
-			count = realloc(count, sizeof(int) * (size_t)(tmp_cap + 2));
-			if (!tmp || !count)
-				ICE("out of memory");
-		}
-		sort_ranges(taken, nc, tmp, count);
-		size_t off = 0;
-		for (int j = 0; j < nc; j++) {
-			if (taken[j].lo >= off + x->bytes)
-				break;
-			if (taken[j].hi > off)
-				off = taken[j].hi;
-		}
-		x->offset = off;
+		int nl = occupancy_of(&o, x, lists);
+		for (int j = 0; j < nl; j++)
+			heap[j] = (Cursor){lists[j], 0};
+		x->offset = lowest_gap(heap, nl, x->bytes);
 		occupancy_add(&o, x);
-		if (off + x->bytes > top)
-			top = off + x->bytes;
+		if (x->offset + x->bytes > top)
+			top = x->offset + x->bytes;
 	}
-	free(taken);
-	free(tmp);
-	free(count);
+	free(lists);
+	free(heap);
 	occupancy_free(&o);
 	return top;
 }
