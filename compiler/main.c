@@ -2,6 +2,7 @@
  * driver, and hands the result to the requested command. Exit status: 0 success, 1 an error in
  * the user's input (reported with file:line:col), 2 a usage error; internal errors abort. */
 #include "passes.h"
+#include "data/data.h"
 
 #include <dlfcn.h>
 #include <errno.h>
@@ -49,15 +50,19 @@ static const char usage[] =
 	"                                    step-N, written under any plan of the model) into DIR/step-N as\n"
 	"                                    plan NAME holds it, offline (one process, no MPI, no training);\n"
 	"                                    then: mpirun -np WORLD PROG ... --resume DIR\n"
+	"  data vocab|tokenize|decode ...    text to token files: a GPT-2 byte-level BPE vocabulary, Megatron /\n"
+	"                                    nanoGPT / llm.c token files ('planc data --help'; docs/data.md)\n"
 	"\n"
 	"options:\n"
 	"  --plan NAME        the plan to use (default: the file's first plan)\n"
 	"  --json             machine-readable output for explain\n"
 	"  --device=NAME      the device explain's estimated step time assumes: h200 (default) or cpu\n"
 	"  -o PATH            output directory (emit) or program (build); never an input or a .plan file\n"
-	"  --native           build: compile for this machine's CPU (-march=native; with --backend llvm the\n"
-	"                     host CPU's target machine); the default is the compiler's portable baseline,\n"
-	"                     so a program runs on every node of a cluster ('planc run' is always native)\n"
+	"  --native           build: compile for this machine's CPU only (-march=native; with --backend llvm\n"
+	"                     the host CPU's target machine); by default the fused loops and planrt's\n"
+	"                     kernels are compiled for every instruction-set level (x86-64, AVX2, AVX-512)\n"
+	"                     and the program runs the best its CPU has, so one binary runs on every node\n"
+	"                     of a cluster ('planc run' compiles for this CPU; PLANRT_ISA=LEVEL forces one)\n"
 	"  --svg FILE         explain: also draw each rank role's pipeline schedule and memory over the\n"
 	"                     step as an SVG picture\n"
 	"  --backend=c|llvm   build: compile the C with mpicc (c, the default) or through LLVM (llvm:\n"
@@ -307,8 +312,13 @@ static bool output_ok(const char *what, const char *path, bool is_dir, const Opt
 		}
 		return true;
 	}
-	/* a new file or directory: its parent must exist and be writable */
-	const char *slash = strrchr(path, '/');
+	/* a new file or directory: its parent must exist and be writable ("out/": out's parent) */
+	while (n > 1 && path[n - 1] == '/')
+		n--;
+	const char *slash = NULL;
+	for (size_t i = 0; i < n; i++)
+		if (path[i] == '/')
+			slash = path + i;
 	char parent[4096];
 	snprintf(parent, sizeof parent, "%.*s", slash ? (int)(slash == path ? 1 : slash - path) : 1, slash ? path : ".");
 	if (stat(parent, &st) != 0 || !S_ISDIR(st.st_mode)) {
@@ -510,8 +520,13 @@ static bool cmd_codegen(Lowered *low, const Options *o, bool compile)
 	if (!llvm) {
 		argv[n++] = "-std=gnu11";
 		argv[n++] = "-O3";
-		if (o->native) /* else the compiler's baseline: the binary runs on any node of the cluster */
+		/* floating-point selects if-convert, so the fused loops vectorise (only the exception
+		 * flags of discarded lanes differ, which nothing reads) */
+		argv[n++] = "-fno-trapping-math";
+		if (o->native) { /* for this CPU only; else every level (planrt_cpu.h): any node of a cluster */
 			argv[n++] = "-march=native";
+			argv[n++] = "-DPLANRT_CPU_NATIVE";
+		}
 		argv[n++] = "-Wall";
 		argv[n++] = "-Wextra";
 		argv[n++] = "-Werror";
@@ -560,6 +575,8 @@ static int cmd_reshard(Lowered *low, Options *o)
 
 int main(int argc, char **argv)
 {
+	if (argc > 1 && !strcmp(argv[1], "data")) /* text to tokens: its own options (data/data_cli.c) */
+		return data_main(argc - 1, argv + 1);
 	Options o = {0};
 	int rc = parse_args(argc, argv, &o);
 	if (rc)
@@ -593,6 +610,15 @@ int main(int argc, char **argv)
 	setvbuf(stderr, NULL, _IOLBF, BUFSIZ); /* a diagnostic's source line is one write, not one per byte */
 	if (!outputs_ok(&o, NULL, is_emit, is_build, is_explain))
 		return 1;
+	if (is_reshard) { /* "DIR/" is DIR: no "DIR//step-N" in what the runtime prints */
+		size_t n = strlen(o.output);
+		while (n > 1 && o.output[n - 1] == '/')
+			n--;
+		char *dir = strndup(o.output, n);
+		if (!dir)
+			return 1;
+		o.output = dir; /* lives until exit */
+	}
 	if (is_reshard && !output_ok("-o", o.output, true, &o, NULL))
 		return 1;
 	Arena *a = arena_new();

@@ -6,9 +6,20 @@
  * page faults than the passes' work. */
 #include "base/base.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+
+/* Out of memory is the machine's limit, not a bug in planc and not the plan's mistake: one line and
+ * exit status 1 (the arena sits below the diagnostic printer, which allocates from it). */
+static _Noreturn void out_of_memory(size_t bytes)
+{
+	fflush(stdout);
+	fprintf(stderr, "planc: error: out of memory (allocating %zu bytes); free memory or compile on a larger machine\n",
+		bytes);
+	exit(1);
+}
 
 typedef struct Block {
 	struct Block *next;
@@ -32,7 +43,7 @@ Arena *arena_new(void)
 {
 	Arena *a = calloc(1, sizeof *a);
 	if (!a)
-		ICE("out of memory");
+		out_of_memory(sizeof *a);
 	a->next_cap = 64 * 1024;
 	return a;
 }
@@ -52,6 +63,8 @@ static Block *block_alloc(size_t bytes)
 
 void *arena_alloc(Arena *a, size_t n)
 {
+	if (n > SIZE_MAX / 4)
+		out_of_memory(n);
 	n = (n + 15) & ~(size_t)15;
 	Block *b = a->head;
 	if (!b || b->cap - b->used < n) {
@@ -62,7 +75,7 @@ void *arena_alloc(Arena *a, size_t n)
 			a->next_cap *= 2;
 		b = block_alloc(sizeof *b + cap);
 		if (!b)
-			ICE("out of memory (arena block of %zu bytes)", cap);
+			out_of_memory(sizeof *b + cap);
 		b->next = a->head;
 		b->used = 0;
 		b->cap = cap;

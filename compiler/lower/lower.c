@@ -28,21 +28,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-const char *const kernel_names[K_COUNT] = {
-#define X(name, text, fn, cls) text,
-	KERNEL_TABLE(X)
-#undef X
-};
-const char *const kernel_functions[K_COUNT] = {
-#define X(name, text, fn, cls) fn,
-	KERNEL_TABLE(X)
-#undef X
-};
-const KernelClass kernel_classes[K_COUNT] = {
-#define X(name, text, fn, cls) cls,
-	KERNEL_TABLE(X)
-#undef X
-};
 const char *const phase_names[PH_COUNT] = {"init", "step_begin", "prepare_forward", "forward", "prepare_backward",
 					   "backward", "step", "save", "checkpoint", "resume", "eval_begin", "eval_end"};
 const char *const state_kind_names[SC_COUNT] = {"parameters", "gradients", "optimizer states", "master weights",
@@ -142,7 +127,7 @@ int buffer_new(LProg *p, BufClass cls, DType t, long long elems, const char *nam
 	int i = p->nbuf++;
 	Buffer *b = &p->buf[i];
 	memset(b, 0, sizeof *b);
-	b->name = identifier(p->g->arena, "", name, i);
+	b->name = identifier(p->g->arena, "", name, (long long)i + p->name_base);
 	b->what = what;
 	b->cls = cls;
 	b->dtype = t;
@@ -161,10 +146,33 @@ int buffer_new(LProg *p, BufClass cls, DType t, long long elems, const char *nam
 	return i;
 }
 
-/* A kernel's arguments start as many as the program's kernels of its kind have had at most (then
- * double): most kernels get theirs in one array of the right size. */
-static KArg *next_arg(LProg *p, Kernel *k)
+static KArg blank_arg(KArgKind kind)
 {
+	KArg a;
+	memset(&a, 0, sizeof a);
+	a.kind = kind;
+	a.buf = -1;
+	a.axis = -1;
+	return a;
+}
+
+/* Appends a as the kernel's next argument: the builders fill the parameters of the kind's table
+ * row in order, and an argument that does not fit its parameter (karg_fits), or a buffer written
+ * through a read-only parameter, is a bug in the pass that builds it. */
+static KArg *push_arg(LProg *p, Kernel *k, const KArg *a, bool writes)
+{
+	int i = k->nargs;
+	if (!karg_fits(k->kind, i, a))
+		ICE("a '%s' kernel's argument %d (%s) cannot take a %s", kernel_names[k->kind], i,
+		    i < kernel_nparams[k->kind] ? kernel_params[k->kind][i].name : "none: too many", karg_kind_name(a->kind));
+	if (writes && kernel_nparams[k->kind] >= 0) {
+		KParamType t = kernel_params[k->kind][i].type;
+		if (t == KPT_F32_IN || t == KPT_I32_IN || t == KPT_F64_IN || t == KPT_IN)
+			ICE("a '%s' kernel writes its read-only argument '%s'", kernel_names[k->kind],
+			    kernel_params[k->kind][i].name);
+	}
+	/* a kernel's arguments start as many as the program's kernels of its kind have had at most (then
+	 * double): most kernels get theirs in one array of the right size */
 	if (!k->capargs && k->nargs == 0 && p->arg_hint[k->kind] > 0) {
 		k->capargs = p->arg_hint[k->kind];
 		k->args = arena_alloc(p->g->arena, sizeof(KArg) * (size_t)k->capargs);
@@ -172,11 +180,8 @@ static KArg *next_arg(LProg *p, Kernel *k)
 	k->args = grow(p->g->arena, k->args, k->nargs, &k->capargs, sizeof(KArg));
 	if (k->nargs + 1 > p->arg_hint[k->kind])
 		p->arg_hint[k->kind] = k->nargs + 1;
-	KArg *a = &k->args[k->nargs++];
-	memset(a, 0, sizeof *a);
-	a->buf = -1;
-	a->axis = -1;
-	return a;
+	k->args[k->nargs] = *a;
+	return &k->args[k->nargs++];
 }
 
 void kernel_use(LProg *p, Kernel *k, int b)
@@ -195,9 +200,9 @@ void kernel_def(LProg *p, Kernel *k, int b)
 
 void karg_buf(LProg *p, Kernel *k, int b, bool reads, bool writes)
 {
-	KArg *a = next_arg(p, k);
-	a->kind = KA_BUF;
-	a->buf = b;
+	KArg a = blank_arg(KA_BUF);
+	a.buf = b;
+	push_arg(p, k, &a, writes);
 	if (reads)
 		kernel_use(p, k, b);
 	if (writes)
@@ -206,23 +211,23 @@ void karg_buf(LProg *p, Kernel *k, int b, bool reads, bool writes)
 
 void karg_int(LProg *p, Kernel *k, long long i)
 {
-	KArg *a = next_arg(p, k);
-	a->kind = KA_INT;
-	a->i = i;
+	KArg a = blank_arg(KA_INT);
+	a.i = i;
+	push_arg(p, k, &a, false);
 }
 
 void karg_f64(LProg *p, Kernel *k, double f)
 {
-	KArg *a = next_arg(p, k);
-	a->kind = KA_F64;
-	a->f = f;
+	KArg a = blank_arg(KA_F64);
+	a.f = f;
+	push_arg(p, k, &a, false);
 }
 
 void karg(LProg *p, Kernel *k, KArgKind kind, long long i)
 {
-	KArg *a = next_arg(p, k);
-	a->kind = kind;
-	a->i = i;
+	KArg a = blank_arg(kind);
+	a.i = i;
+	push_arg(p, k, &a, false);
 }
 
 void karg_ints(LProg *p, Kernel *k, const long long *v, int n, bool i32)
@@ -230,11 +235,11 @@ void karg_ints(LProg *p, Kernel *k, const long long *v, int n, bool i32)
 	long long *copy = arena_alloc(p->g->arena, sizeof(long long) * (size_t)(n ? n : 1));
 	if (n)
 		memcpy(copy, v, sizeof(long long) * (size_t)n);
-	KArg *a = next_arg(p, k);
-	a->kind = KA_INTS;
-	a->ints = copy;
-	a->n = n;
-	a->i32 = i32;
+	KArg a = blank_arg(KA_INTS);
+	a.ints = copy;
+	a.n = n;
+	a.i32 = i32;
+	push_arg(p, k, &a, false);
 }
 
 void karg_bufs(LProg *p, Kernel *k, const int *bufs, int n, bool reads, bool writes)
@@ -242,10 +247,10 @@ void karg_bufs(LProg *p, Kernel *k, const int *bufs, int n, bool reads, bool wri
 	int *copy = arena_alloc(p->g->arena, sizeof(int) * (size_t)(n ? n : 1));
 	if (n)
 		memcpy(copy, bufs, sizeof(int) * (size_t)n);
-	KArg *a = next_arg(p, k);
-	a->kind = KA_BUFS;
-	a->bufs = copy;
-	a->n = n;
+	KArg a = blank_arg(KA_BUFS);
+	a.bufs = copy;
+	a.n = n;
+	push_arg(p, k, &a, writes);
 	for (int i = 0; i < n; i++) {
 		if (reads)
 			kernel_use(p, k, bufs[i]);
@@ -256,34 +261,34 @@ void karg_bufs(LProg *p, Kernel *k, const int *bufs, int n, bool reads, bool wri
 
 void karg_coord(LProg *p, Kernel *k, long long base, int axis, long long stride)
 {
-	KArg *a = next_arg(p, k);
-	a->kind = KA_COORD;
-	a->i = base;
-	a->axis = axis;
-	a->stride = stride;
+	KArg a = blank_arg(KA_COORD);
+	a.i = base;
+	a.axis = axis;
+	a.stride = stride;
+	push_arg(p, k, &a, false);
 }
 
 static void karg_offset(LProg *p, Kernel *k, int b, int dim)
 {
-	KArg *a = next_arg(p, k);
-	a->kind = KA_OFFSET;
-	a->buf = b;
-	a->dim = dim;
+	KArg a = blank_arg(KA_OFFSET);
+	a.buf = b;
+	a.dim = dim;
+	push_arg(p, k, &a, false);
 }
 
 static void karg_str(LProg *p, Kernel *k, const char *str)
 {
-	KArg *a = next_arg(p, k);
-	a->kind = KA_STR;
-	a->str = str;
+	KArg a = blank_arg(KA_STR);
+	a.str = str;
+	push_arg(p, k, &a, false);
 }
 
 static void karg_scalar(LProg *p, Kernel *k, int b, double f)
 {
-	KArg *a = next_arg(p, k);
-	a->kind = KA_SCALAR;
-	a->buf = b;
-	a->f = f;
+	KArg a = blank_arg(KA_SCALAR);
+	a.buf = b;
+	a.f = f;
+	push_arg(p, k, &a, false);
 	kernel_use(p, k, b);
 }
 
@@ -1431,6 +1436,13 @@ static void lower_input(Lower *L, const Op *op, int oi)
 		if (src >= 0 && g->vals[src].name && val->name && !strcmp(g->vals[src].name, val->name))
 			classes = g->vals[ce->in[0]].dim[g->vals[ce->in[0]].rank - 1];
 	}
+	/* ids that index an embedding table are checked against its rows (a negative bound: an index) */
+	for (int i = 0; i < g->nops && !classes; i++) {
+		const Op *e = &g->ops[i];
+		int src = e->kind == OP_EMBED && !e->backward ? input_of(g, e->in[1]) : -1;
+		if (src >= 0 && g->vals[src].name && val->name && !strcmp(g->vals[src].name, val->name))
+			classes = -g->vals[e->in[0]].dim[0];
+	}
 	long long gdims[MAX_DIMS];
 	for (int d = 0; d < val->rank; d++)
 		gdims[d] = d == 0 ? g->ps->batch : val->dim[d];
@@ -2500,6 +2512,7 @@ static void compact_prog(LProg *p, Shared *sh, int nvals)
 	p->buf = bufs;
 	p->nbuf = n;
 	p->capbuf = cap;
+	p->name_base += nb - n; /* a buffer added later is numbered past every name made before */
 	arena_own(p->g->arena, (void **)&p->buf);
 }
 
@@ -2669,7 +2682,7 @@ static void param_table(Lowered *low)
 		e->init_kind = val->init_kind;
 		e->init_a = val->init_a;
 		e->init_b = val->init_b;
-		e->saved = val->tied_to < 0 && !(val->buffer && val->init_kind >= 4 && val->init_kind <= 6);
+		e->saved = val->tied_to < 0 && !(val->buffer && val->init_kind >= INIT_ARANGE && val->init_kind <= INIT_ROPE_SIN);
 	}
 }
 

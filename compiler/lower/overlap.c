@@ -19,14 +19,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static KArg *arg_of_kind(Kernel *k, KArgKind kind)
-{
-	for (int a = 0; a < k->nargs; a++)
-		if (k->args[a].kind == kind)
-			return &k->args[a];
-	return NULL;
-}
-
 /* A fresh kernel built with the shared helpers, then taken off the program's list. */
 static Kernel detached(LProg *p, KernelKind kind, Phase ph, int chunk, int op, bool last_micro)
 {
@@ -115,11 +107,12 @@ static void candidates_find(LProg *p, Candidates *C)
 		int c = C->n++;
 		C->kernel[c] = i;
 		if (inplace) {
-			rk[ninplace] = k->args[0].buf;
+			rk[ninplace] = k->kind == K_ALLREDUCE_INPLACE ? KARG(k, ALLREDUCE_INPLACE, buf)->buf
+							      : KARG(k, REDUCE_SCATTER_INPLACE, buf)->buf;
 			rc[ninplace++] = c;
 			continue;
 		}
-		const KArg *bufs = &k->args[1];
+		const KArg *bufs = KARG(k, BUCKET_RS, bufs);
 		for (int m = 0; m < bufs->n; m++) {
 			if (npacked == cap) {
 				cap *= 2;
@@ -214,15 +207,17 @@ static Started start_bucket(LProg *p, Inserts *ins, int i, int last)
 	start.chunk = p->k[last].chunk;
 	start.only_last_micro = per_step;
 	Kernel fin;
+	int h;
 	if (inplace) {
-		int h = handle_new(p, HANDLE_REQUEST, "bucket");
-		KArg *req = arg_of_kind(&start, KA_NULL);
-		internal_assert(req);
+		h = handle_new(p, HANDLE_REQUEST, "bucket");
+		int req = k->kind == K_ALLREDUCE_INPLACE ? KARG_INDEX(ALLREDUCE_INPLACE, req)
+							 : KARG_INDEX(REDUCE_SCATTER_INPLACE, req);
+		internal_assert(start.args[req].kind == KA_NULL);
 		/* a copy of the argument array: the original kernel keeps its own */
 		KArg *args = arena_alloc(p->g->arena, sizeof(KArg) * (size_t)start.nargs);
 		memcpy(args, start.args, sizeof(KArg) * (size_t)start.nargs);
-		args[req - start.args].kind = KA_REQ;
-		args[req - start.args].i = h;
+		args[req].kind = KA_REQ;
+		args[req].i = h;
 		start.args = args;
 		start.capargs = start.nargs;
 		fin = finish_kernel(p, k, h);
@@ -231,43 +226,40 @@ static Started start_bucket(LProg *p, Inserts *ins, int i, int last)
 		 * zero_source, comm, scratch) splits into start(b, n, bufs, counts, t,
 		 * zero_source, comm, buf) and finish(b, n, counts, shards, shard_t, accumulate,
 		 * comm, buf) */
-		int h = handle_new(p, HANDLE_BUCKET, "bucket");
-		const KArg *a = k->args;
+		h = handle_new(p, HANDLE_BUCKET, "bucket");
 		Kernel s = detached(p, K_BUCKET_RS_START, PH_BACKWARD, p->k[last].chunk, k->op, false);
 		k = &p->k[i];
-		a = k->args;
+		const KArg *bufs = KARG(k, BUCKET_RS, bufs), *counts = KARG(k, BUCKET_RS, counts);
 		s.note = k->note;
 		karg(p, &s, KA_REQ, h);
-		karg_int(p, &s, a[0].i);
-		karg_bufs(p, &s, a[1].bufs, a[1].n, true, false);
-		karg_ints(p, &s, a[2].ints, a[2].n, false);
-		karg(p, &s, KA_DTYPE, a[3].i);
-		karg_int(p, &s, a[7].i);
-		karg(p, &s, KA_AXIS, a[8].i);
-		karg_buf(p, &s, a[9].buf, false, true);
+		karg_int(p, &s, KARG(k, BUCKET_RS, n)->i);
+		karg_bufs(p, &s, bufs->bufs, bufs->n, true, false);
+		karg_ints(p, &s, counts->ints, counts->n, false);
+		karg(p, &s, KA_DTYPE, KARG(k, BUCKET_RS, t)->i);
+		karg_int(p, &s, KARG(k, BUCKET_RS, zero_source)->i);
+		karg(p, &s, KA_AXIS, KARG(k, BUCKET_RS, c)->i);
+		karg_buf(p, &s, KARG(k, BUCKET_RS, scratch)->buf, false, true);
 		s.comm = k->comm;
 		s.ncomm = k->ncomm;
-		k = &p->k[i];
-		a = k->args;
 		Kernel f = detached(p, K_BUCKET_RS_FINISH, k->phase, k->chunk, k->op, false);
 		k = &p->k[i];
-		a = k->args;
+		const KArg *shards = KARG(k, BUCKET_RS, shards);
 		f.note = k->note;
 		karg(p, &f, KA_REQ, h);
-		karg_int(p, &f, a[0].i);
-		karg_ints(p, &f, a[2].ints, a[2].n, false);
-		karg_bufs(p, &f, a[4].bufs, a[4].n, true, true);
-		karg(p, &f, KA_DTYPE, a[5].i);
-		karg_int(p, &f, a[6].i);
-		karg(p, &f, KA_AXIS, a[8].i);
-		karg_buf(p, &f, a[9].buf, true, false);
+		karg_int(p, &f, KARG(k, BUCKET_RS, n)->i);
+		karg_ints(p, &f, counts->ints, counts->n, false);
+		karg_bufs(p, &f, shards->bufs, shards->n, true, true);
+		karg(p, &f, KA_DTYPE, KARG(k, BUCKET_RS, shard_t)->i);
+		karg_int(p, &f, KARG(k, BUCKET_RS, accumulate)->i);
+		karg(p, &f, KA_AXIS, KARG(k, BUCKET_RS, c)->i);
+		karg_buf(p, &f, KARG(k, BUCKET_RS, scratch)->buf, true, false);
 		start = s;
 		fin = f;
 	}
 	inserts_add(ins, start, last + 1);
 	Started st = {last + 1, per_step ? p->nk : i, start.chunk, p->k[i].op, 0, per_step,
 		      start.kind == K_BUCKET_RS_START ? K_BUCKET_PROGRESS : K_REQUEST_PROGRESS,
-		      arg_of_kind(&start, KA_REQ)->i};
+		      h};
 	p->k[i] = fin; /* the finish takes the blocking call's place */
 	return st;
 }
@@ -369,17 +361,17 @@ static void prefetch_gathers(LProg *p)
 				k = &p->k[i];
 				s.note = k->note;
 				karg(p, &s, KA_REQ, h);
-				karg_buf(p, &s, k->args[0].buf, true, false);
-				karg_buf(p, &s, k->args[1].buf, false, true);
-				karg_int(p, &s, k->args[2].i);
-				karg(p, &s, KA_DTYPE, k->args[3].i);
-				karg(p, &s, KA_AXIS, k->args[4].i);
+				karg_buf(p, &s, KARG(k, ALLGATHER_FLAT, shard)->buf, true, false);
+				karg_buf(p, &s, KARG(k, ALLGATHER_FLAT, full)->buf, false, true);
+				karg_int(p, &s, KARG(k, ALLGATHER_FLAT, n)->i);
+				karg(p, &s, KA_DTYPE, KARG(k, ALLGATHER_FLAT, t)->i);
+				karg(p, &s, KA_AXIS, KARG(k, ALLGATHER_FLAT, c)->i);
 				s.comm = k->comm;
 				s.ncomm = k->ncomm;
 				inserts_add(&ins, s, prev_finish < 0 ? first : prev_finish + 1);
 				Kernel f = finish_kernel(p, k, h);
 				f.ndefs = 0;
-				kernel_def(p, &f, k->args[1].buf);
+				kernel_def(p, &f, KARG(k, ALLGATHER_FLAT, full)->buf);
 				p->k[i] = f;
 				prev_finish = i;
 			}

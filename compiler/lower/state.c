@@ -776,16 +776,16 @@ static void offload_save_masters(State *S)
 	}
 }
 
-static void ckpt_piece(State *S, int buf, int param, int kind, long long base, int axis, long long stride, long long n,
-		       int shard_axis);
+static void ckpt_piece(State *S, int buf, int param, CkptKind kind, long long base, int axis, long long stride,
+		       long long n, int shard_axis);
 
 /* checkpoint and resume (disk): each piece's record read in, every member's part of its master
  * weights and moments written (resume: read, and the record written back). */
-static void offload_checkpoint(State *S, int first_moment)
+static void offload_checkpoint(State *S, CkptKind first_moment)
 {
 	if (S->off != PLACE_DISK)
 		return;
-	int kinds[3] = {1, first_moment, 3};
+	CkptKind kinds[3] = {CKPT_MASTER, first_moment, CKPT_EXP_AVG_SQ};
 	for (int i = 0; i < S->ngrp; i++) {
 		const Group *G = &S->grp[i];
 		int bufs[3];
@@ -891,11 +891,11 @@ static void phase_save(State *S)
  * writes it (only the original of a tied pair), the resume phase reads it back (into every copy:
  * both take the same updates, so the original's state is the copy's). lo = base + coord(axis) *
  * stride, as init_param's. */
-static void ckpt_piece(State *S, int buf, int param, int kind, long long base, int axis, long long stride, long long n,
-		       int shard_axis)
+static void ckpt_piece(State *S, int buf, int param, CkptKind kind, long long base, int axis, long long stride,
+		       long long n, int shard_axis)
 {
-	/* PLANRT_CKPT_COPY: a record slot holds the next record before the checkpoint is written out */
-	int copy = S->slot[0] >= 0 && buffer_root(S->p, buf) == S->slot[0] ? 0x100 : 0;
+	/* CKPT_COPY: a record slot holds the next record before the checkpoint is written out */
+	int copy = S->slot[0] >= 0 && buffer_root(S->p, buf) == S->slot[0] ? CKPT_COPY : 0;
 	LProg *p = S->p;
 	for (int io = 0; io < 2; io++) {
 		if (!io && !p->low->params[param].saved)
@@ -952,7 +952,7 @@ static void phase_checkpoint(State *S)
 		}
 		return;
 	}
-	int first = S->moments >= 2 ? 2 : 4; /* PLANRT_CKPT_EXP_AVG, or _MOMENTUM */
+	CkptKind first = S->moments >= 2 ? CKPT_EXP_AVG : CKPT_MOMENTUM;
 	for (int so = 0; so < S->nops; so++) {
 		int i = S->ops[so];
 		const Op *op = &g->ops[i];
@@ -963,16 +963,16 @@ static void phase_checkpoint(State *S)
 		const Update *u = ui >= 0 ? &S->u[ui] : NULL;
 		long long n = p->buf[v].elems;
 		if (S->zero >= 3)
-			ckpt_piece(S, v, pi, 0, 0, S->za, n, n, S->za);
+			ckpt_piece(S, v, pi, CKPT_PARAM, 0, S->za, n, n, S->za);
 		else
-			ckpt_piece(S, v, pi, 0, 0, -1, 0, n, -1);
+			ckpt_piece(S, v, pi, CKPT_PARAM, 0, -1, 0, n, -1);
 		if (!u)
 			continue;
 		if (S->off == PLACE_DISK)
 			continue; /* in the file: offload_checkpoint */
 		const Flat *f = sharded(S, u) ? &S->f[u->flat] : NULL;
 		int bufs[3] = {f ? f->master : u->master, f ? f->m : u->m, f ? f->v : u->v};
-		int kinds[3] = {1, first, 3};
+		CkptKind kinds[3] = {CKPT_MASTER, first, CKPT_EXP_AVG_SQ};
 		for (int j = 0; j < 3; j++) {
 			if (bufs[j] < 0)
 				continue;
@@ -1678,6 +1678,23 @@ bool plan_state(Lowered *low)
 const char *sync_mode_name(SyncMode m)
 {
 	return m == SYNC_LOCAL_SGD ? "local_sgd" : m == SYNC_ASYNC ? "async" : "strict";
+}
+
+/* The plan's optimizer as the program descriptor records it (torch's argument names): a checkpoint
+ * keeps it, and planrt refuses to resume under another kind. */
+const char *plan_optimizer_text(const Lowered *low)
+{
+	const PlanSpec *ps = low->ps;
+	switch (ps->optimizer) {
+	case OPT_SGD:
+		return arena_printf(low->g->arena, "sgd(lr = %.9g)", ps->lr);
+	case OPT_MOMENTUM:
+		return arena_printf(low->g->arena, "momentum(lr = %.9g, momentum = %.9g)", ps->lr, ps->momentum);
+	default:
+		return arena_printf(low->g->arena, "%s(lr = %.9g, betas = (%.9g, %.9g), eps = %.9g, weight_decay = %.9g)",
+				    ps->optimizer == OPT_ADAM ? "adam" : "adamw", ps->lr, ps->beta1, ps->beta2, ps->eps,
+				    ps->weight_decay);
+	}
 }
 
 static uint64_t fnv(uint64_t h, const void *data, size_t n)

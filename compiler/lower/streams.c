@@ -509,15 +509,14 @@ static void mark_tensor_cores(LProg *p, const int *members, int n, int call, int
 {
 	for (int j = 0; j < n; j++) {
 		Kernel *k = &p->k[members[j]];
-		if (k->kind == K_MATMUL && k->nargs >= 8 && k->args[4].kind == KA_BUF && k->args[7].kind == KA_BUF) {
-			int operands[2] = {k->args[4].buf, k->args[7].buf}, widened = 0;
+		if (k->kind == K_MATMUL && KARG(k, MATMUL, A)->kind == KA_BUF && KARG(k, MATMUL, B)->kind == KA_BUF) {
+			int operands[2] = {KARG(k, MATMUL, A)->buf, KARG(k, MATMUL, B)->buf}, widened = 0;
 			for (int o = 0; o < 2; o++) {
 				int b = operands[o];
 				if (stamp[b] != call)
 					continue;
 				const Kernel *c = &p->k[writer[b]];
-				if (c->kind == K_CAST && c->nargs >= 4 && c->args[1].kind == KA_DTYPE && c->args[1].i == DT_BF16 &&
-				    c->args[3].kind == KA_DTYPE && c->args[3].i == DT_F32)
+				if (c->kind == K_CAST && KARG(c, CAST, from)->i == DT_BF16 && KARG(c, CAST, to)->i == DT_F32)
 					widened++;
 			}
 			k->tensor_cores = widened == 2;

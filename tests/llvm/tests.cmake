@@ -1,4 +1,4 @@
-# The LLVM back end (compiler/emit_llvm.c): its modules verify (every example plan, host and
+# The LLVM back end (compiler/target/llvm/emit_llvm.c): its modules verify (every example plan, host and
 # NVPTX), its PTX assembles with ptxas for sm_90 (skipped without the CUDA toolkit), and its
 # programs train bit for bit like the C back end's on plans that together use every kernel kind,
 # op, dtype, schedule and sync strategy of the example and tests/equiv plans (run_diff.py checks
