@@ -56,7 +56,8 @@ static const char usage[] =
 	"options:\n"
 	"  --plan NAME        the plan to use (default: the file's first plan)\n"
 	"  --json             machine-readable output for explain\n"
-	"  --device=NAME      the device explain's estimated step time assumes: h200 (default) or cpu\n"
+	"  --device=NAME|FILE the device explain's estimated step time assumes: h200 (default), h100,\n"
+	"                     a100, cpu, or a device file (docs/search.md; planc calibrate writes one)\n"
 	"  -o PATH            output directory (emit) or program (build); never an input or a .plan file\n"
 	"  --native           build: compile for this machine's CPU only (-march=native; with --backend llvm\n"
 	"                     the host CPU's target machine); by default the fused loops and planrt's\n"
@@ -140,8 +141,8 @@ static int parse_args(int argc, char **argv, Options *o)
 		} else if (!strcmp(a, "--json")) {
 			o->json = true;
 		} else if (!strncmp(a, "--device=", 9)) {
-			if (!explain_device(a + 9))
-				return usage_error("unknown device '%s' for --device (h200 or cpu)", a + 9);
+			if (!device_select(a + 9))
+				return 2;
 		} else if (!strcmp(a, "--verify-ir")) {
 			o->verify = true;
 		} else if (!strcmp(a, "--native")) {

@@ -37,6 +37,7 @@ runner_test(explain_goldens_large 600 sh ${ROOT}/tests/explain/run_explain.sh ${
             ${ROOT}/examples/gpt7b.plan ${ROOT}/examples/gpt175b.plan)
 runner_test(explain_formulas 300 python3 ${ROOT}/tests/explain/check_formulas.py ${PLANC} ${ROOT})
 runner_test(explain_svg 300 python3 ${ROOT}/tests/explain/check_svg.py ${PLANC} ${ROOT})
+runner_test(explain_devices 300 python3 ${ROOT}/tests/explain/check_devices.py ${PLANC} ${ROOT})
 # the C printer's output, byte for byte (tests/emit)
 runner_test(emit_golden 300 sh ${ROOT}/tests/emit/run_emit_golden.sh ${PLANC})
 
@@ -146,7 +147,7 @@ runner_test(data_runs 900 python3 ${ROOT}/tests/data/check_runs.py ${PLANC} ${RO
 # and labelled by what it needs: mpi (programs under mpirun), cuda (the CUDA toolkit: nvcc,
 # ptxas), torch (Debian's python3-torch). COST (about the test's seconds on an idle 2-core
 # machine) makes `ctest -j` start the long tests first.
-set(QUICK_TESTS errors fmt_roundtrip cli explain_goldens explain_formulas explain_svg emit_golden
+set(QUICK_TESTS errors fmt_roundtrip cli explain_goldens explain_formulas explain_svg explain_devices emit_golden
     runtime_rng runtime_data runtime_optim runtime_safetensors runtime_log runtime_memory runtime_collectives
     runtime_step_kernels runtime_watchdog runtime_watchdog_world_sum runtime_collectives_no_watchdog
     runtime_program runtime_program_cli kernels_fd kernels_semantics pipeline_partition pipeline_stages
