@@ -1,7 +1,7 @@
 /* main.c: the planc command line. Parses arguments, loads the program, runs sema and the pass
  * driver, and hands the result to the requested command. Exit status: 0 success, 1 an error in
  * the user's input (reported with file:line:col), 2 a usage error; internal errors abort. */
-#include "passes.h"
+#include "search.h"
 #include "data/data.h"
 
 #include <dlfcn.h>
@@ -50,6 +50,9 @@ static const char usage[] =
 	"                                    step-N, written under any plan of the model) into DIR/step-N as\n"
 	"                                    plan NAME holds it, offline (one process, no MPI, no training);\n"
 	"                                    then: mpirun -np WORLD PROG ... --resume DIR\n"
+	"  search FILE --model M --world N --batch B [--device=D] [--memory SIZE] [--top K] [--write NAME]\n"
+	"                                    the fastest plans for M on N ranks that pass every check and fit\n"
+	"                                    in memory, as plan text ('planc search --help'; docs/search.md)\n"
 	"  data vocab|tokenize|decode ...    text to token files: a GPT-2 byte-level BPE vocabulary, Megatron /\n"
 	"                                    nanoGPT / llm.c token files ('planc data --help'; docs/data.md)\n"
 	"\n"
@@ -578,6 +581,8 @@ int main(int argc, char **argv)
 {
 	if (argc > 1 && !strcmp(argv[1], "data")) /* text to tokens: its own options (data/data_cli.c) */
 		return data_main(argc - 1, argv + 1);
+	if (argc > 1 && !strcmp(argv[1], "search")) /* the fastest plan that fits: its own options (search.c) */
+		return search_main(argc - 1, argv + 1);
 	Options o = {0};
 	int rc = parse_args(argc, argv, &o);
 	if (rc)

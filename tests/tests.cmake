@@ -81,6 +81,8 @@ runner_test(observe 600 python3 ${ROOT}/tests/observe/run_observe.py ${PLANC} ${
 # ---- the compiler at scale (issue 12): timings of million-rank plans and hostile input
 # (tests/scale), the collective check's mismatches found at a million ranks
 runner_test(scale 600 sh ${ROOT}/tests/scale/run_scale.sh ${PLANC})
+# planc search (issue 20): pruned = brute force on small spaces, memory limits, --write
+runner_test(search 900 python3 ${ROOT}/tests/search/run_search.py ${PLANC} ${ROOT})
 # compile time (issue 20): explain of every example, of 1T GPTs under every ZeRO stage and of
 # million-rank meshes within a CPU-time limit (bench/compile_time.py prints the figures)
 runner_test(scale_compile_time 600 python3 ${ROOT}/tests/scale/run_compile_time.py ${PLANC})
@@ -160,7 +162,7 @@ set(MPI_TESTS runtime_collectives runtime_step_kernels runtime_watchdog runtime_
 set(CUDA_TESTS llvm_ptxas cuda_build cuda_one_process)
 set(TORCH_TESTS torch_reference)
 set(TEST_COSTS cuda_build 150 equiv_gpt 140 llvm_diff 130 offload 70 equiv_sweep 60 equiv_moe 60 checkpoint 50
-    torch_reference 50 sync_runs 40 equiv_others 40 memory 30 explain_goldens_large 25 scale_compile_time 25 fp16 20 observe 15)
+    torch_reference 50 sync_runs 40 equiv_others 40 memory 30 explain_goldens_large 25 scale_compile_time 25 search 30 fp16 20 observe 15)
 
 get_property(ALL_TESTS DIRECTORY PROPERTY TESTS)
 foreach(t ${ALL_TESTS})

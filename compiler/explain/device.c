@@ -93,7 +93,7 @@ double device_collective_seconds(const Link *l, bool all_reduce, long long n, do
 /* ---------------------------------------------------------------- device files */
 
 /* A number with an optional SI or binary suffix; false if the text is not one. */
-static bool parse_number(const char *s, double *out)
+bool device_parse_number(const char *s, double *out)
 {
 	char *end;
 	errno = 0;
@@ -113,6 +113,8 @@ static bool parse_number(const char *s, double *out)
 			break;
 		}
 	}
+	if (*end == 'B') /* 80GiB, 450GB */
+		end++;
 	while (isspace((unsigned char)*end))
 		end++;
 	*out = v;
@@ -172,7 +174,7 @@ static bool device_line(Device *d, const char *path, int line, char *key, char *
 		return true;
 	}
 	double v;
-	if (!parse_number(value, &v))
+	if (!device_parse_number(value, &v))
 		return file_error(path, line, "'%s' is not a non-negative number (an SI suffix may follow: 450G, 10u, 80Gi)",
 				  value);
 	if (!strcmp(key, "node.ranks")) {

@@ -649,6 +649,45 @@ static void free_report(Report *rep)
 	free(rep);
 }
 
+bool explain_summary(Graph *g, const Lowered *low, ExplainSummary *out)
+{
+	Report *rep = build_report(g, low);
+	memset(out, 0, sizeof *out);
+	for (int i = 0; i < rep->nroles; i++)
+		if (rep->roles[i].peak > out->peak)
+			out->peak = rep->roles[i].peak;
+	out->step = rep->est_step;
+	out->pipeline = rep->est_pipeline;
+	out->update = rep->est_update;
+	out->bubble = rep->bubble;
+	out->runnable = rep->runnable;
+	bool ok = low && g->sched;
+	free_report(rep);
+	return ok;
+}
+
+/* The seconds explain_costs gives the compute kernels (no communication) of every program, in
+ * the phases it counts: planc search's lower bound (search.c says why it bounds every plan). */
+double explain_compute_seconds(const Lowered *low)
+{
+	int m = low->g->sched ? low->g->sched->micro : 1;
+	double t = 0;
+	for (int i = 0; i < low->nprogs; i++) {
+		const LProg *lp = low->progs[i];
+		for (int j = 0; j < lp->nk; j++) {
+			const Kernel *k = &lp->k[j];
+			Phase ph = k->phase;
+			bool counted = ph == PH_PREPARE_F || ph == PH_FORWARD || ph == PH_PREPARE_B || ph == PH_BACKWARD ||
+				       ph == PH_STEP_BEGIN || ph == PH_STEP;
+			if (kernel_classes[k->kind] != KC_COMPUTE || k->ncomm || !counted)
+				continue;
+			double c = kernel_seconds(low->g->ps, lp, k);
+			t += ph == PH_STEP_BEGIN || ph == PH_STEP || k->only_last_micro ? c : c * m;
+		}
+	}
+	return t;
+}
+
 /* ---------------------------------------------------------------- printing */
 
 static const char *human(double b, char *buf, size_t n)

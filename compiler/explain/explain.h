@@ -34,10 +34,21 @@ const Device *device_named(const char *key); /* h200, h100, a100, cpu; NULL if n
 const char *device_names(void);
 bool device_load(const char *path, Device *d); /* a device file; false after printing why */
 void device_write(FILE *out, const Device *d);
-bool device_select(const char *arg); /* --device=NAME|FILE; false after printing why */
+bool device_select(const char *arg);
+bool device_parse_number(const char *s, double *out); /* 450G, 10u, 80GiB; false if not one */ /* --device=NAME|FILE; false after printing why */
 /* seconds of a collective moving `wire` ring bytes per rank over n ranks in `steps` ring steps */
 double device_collective_seconds(const Link *l, bool all_reduce, long long n, double steps, double wire);
-const char *explain_bytes(double b, char *buf, size_t n); /* "1.50 MiB", as the report prints sizes */
+const char *explain_bytes(double b, char *buf, size_t n);
+/* What planc search ranks a plan by: the largest peak memory of a rank role (bytes), the
+ * estimated step time and its parts (seconds), the pipeline bubble; runnable: planc build runs
+ * it, so the peak is what the program allocates. False when there is no estimate. */
+typedef struct ExplainSummary {
+	double peak, step, pipeline, update, bubble;
+	bool runnable;
+} ExplainSummary;
+bool explain_summary(Graph *g, const Lowered *low, ExplainSummary *out);
+/* The estimate's seconds of every compute kernel of every program, summed (search.c's bound). */
+double explain_compute_seconds(const Lowered *low); /* "1.50 MiB", as the report prints sizes */
 /* The estimate's costs in seconds for the programs of one rank role (RANKROLE_ANY, or an async
  * role): one micro-batch's forward and backward per stage and chunk (fc, bc: [stages * chunks]),
  * the longest transfer between stages, and each stage's update phase (update: [stages]). */
