@@ -18,6 +18,12 @@
  * best estimate, no later candidate can enter the top k: the rest are skipped. --exhaustive
  * compiles every candidate (tests/search checks that both give the same top k).
  *
+ * Memory is pruned alike: the one-rank plan's parameters, gradients and optimizer state (bytes
+ * P, G, O) are split at most by tensor x pipe (x seq: replicated) and by data where the ZeRO stage
+ * shards them (3: P, 2: G, 1: O); what a plan replicates only adds, so the average rank, and so
+ * the largest peak, holds at least P / (t p [d]) + G / (t p [d]) + O / (t p [d]). A candidate
+ * whose bound exceeds --memory is not compiled.
+ *
  * The candidates keep the statements of a base plan (--plan, or the file's first plan for the
  * model) other than the parallel ones: its precision, optimizer, sync options, data. */
 #include "search.h"
@@ -58,7 +64,8 @@ typedef struct Search {
 	int top;
 	bool exhaustive, seq;
 	double ref_compute[3]; /* W per recompute mode (0: unknown, bound 0) */
-	long long compiled, refused, over_memory, pruned;
+	double ref_params, ref_grads, ref_optim; /* the one-rank plan's model states (0: unknown) */
+	long long compiled, refused, over_memory, pruned, pruned_memory;
 	Result *best;
 	int nbest;
 } Search;
@@ -185,6 +192,11 @@ static void reference_bounds(Search *S)
 		if (!evaluate(S, text, &sum, &w))
 			w = 0;
 		S->ref_compute[r] = w;
+		if (r == REC_NONE && w > 0) {
+			S->ref_params = sum.params;
+			S->ref_grads = sum.grads;
+			S->ref_optim = sum.optim;
+		}
 		free(text);
 	}
 }
@@ -280,6 +292,14 @@ static void keep(Search *S, const Candidate *c, const ExplainSummary *sum)
 	S->best[i].sum = *sum;
 }
 
+/* The least model state a rank of the candidate holds (the comment at the top says why). */
+static double memory_bound(const Search *S, const Candidate *c)
+{
+	double split = (double)c->t * (double)c->p, d = (double)c->d;
+	return S->ref_params / (split * (c->zero >= 3 ? d : 1)) + S->ref_grads / (split * (c->zero >= 2 ? d : 1)) +
+	       S->ref_optim / (split * (c->zero >= 1 ? d : 1));
+}
+
 static void run_search(Search *S, CandList *l)
 {
 	qsort(l->c, (size_t)l->n, sizeof *l->c, by_bound);
@@ -288,6 +308,10 @@ static void run_search(Search *S, CandList *l)
 		if (!S->exhaustive && S->nbest == S->top && c->bound >= S->best[S->top - 1].sum.step) {
 			S->pruned = l->n - i; /* sorted: every later bound is as large */
 			break;
+		}
+		if (!S->exhaustive && memory_bound(S, c) > S->memory) {
+			S->pruned_memory++;
+			continue;
 		}
 		char *text = plan_text(S, c, "search_candidate");
 		ExplainSummary sum;
@@ -535,8 +559,9 @@ int search_main(int argc, char **argv)
 	printf("# planc search: model %s, %lld ranks, batch %lld, at most %s per rank, on %s\n", S.model, S.world, S.batch,
 	       explain_bytes(S.memory, b1, sizeof b1), device_current()->name);
 	printf("# %lld candidates: %lld compiled (%lld refused by the checks, %lld over memory), %lld pruned by the time "
-	       "bound; %.2f s CPU, %.1f ms per compiled candidate\n",
-	       l.n, S.compiled, S.refused, S.over_memory, S.pruned, secs, S.compiled ? 1e3 * secs / (double)S.compiled : 0.0);
+	       "bound, %lld by the memory bound; %.2f s CPU, %.1f ms per compiled candidate\n",
+	       l.n, S.compiled, S.refused, S.over_memory, S.pruned, S.pruned_memory, secs,
+	       S.compiled ? 1e3 * secs / (double)S.compiled : 0.0);
 	if (S.nbest == 0) {
 		fprintf(stderr, "planc: error: no plan of model %s on %lld ranks passes the checks and fits in %s\n", S.model,
 			S.world, b1);

@@ -654,8 +654,13 @@ bool explain_summary(Graph *g, const Lowered *low, ExplainSummary *out)
 	Report *rep = build_report(g, low);
 	memset(out, 0, sizeof *out);
 	for (int i = 0; i < rep->nroles; i++)
-		if (rep->roles[i].peak > out->peak)
-			out->peak = rep->roles[i].peak;
+		if (rep->roles[i].peak > out->peak) {
+			const Role *r = &rep->roles[i];
+			out->peak = r->peak;
+			out->params = r->params;
+			out->grads = r->grads;
+			out->optim = r->optim;
+		}
 	out->step = rep->est_step;
 	out->pipeline = rep->est_pipeline;
 	out->update = rep->est_update;

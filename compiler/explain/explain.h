@@ -44,6 +44,7 @@ const char *explain_bytes(double b, char *buf, size_t n);
  * it, so the peak is what the program allocates. False when there is no estimate. */
 typedef struct ExplainSummary {
 	double peak, step, pipeline, update, bubble;
+	double params, grads, optim; /* bytes of the rank role with the largest peak */
 	bool runnable;
 } ExplainSummary;
 bool explain_summary(Graph *g, const Lowered *low, ExplainSummary *out);

@@ -4,6 +4,7 @@
     ranks, Llama on 4, the MLP on 8; k = 1, 3 or 5) the pruned search prints exactly the plans and
     estimates that compiling every candidate (--exhaustive, brute force) ranks first, and at least
     one of those searches prunes something (so the comparison is not vacuous);
+  - the memory bound: at 8 MiB per rank it skips candidates and the answer is brute force's;
   - memory: with --memory just under the unconstrained best's peak that plan is not printed, every
     printed plan's peak is within the limit, and a limit nothing fits is an error (exit 1);
   - the printed plan is plan text a user pastes: --write appends it, explain of the written plan
@@ -41,11 +42,17 @@ def main():
             r1, pruned, c1 = search(planc, path, model, world, batch, "--top", str(top))
             r2, brute, c2 = search(planc, path, model, world, batch, "--top", str(top), "--exhaustive")
             name = "%s %s on %d, top %d" % (os.path.basename(path), model, world, top)
-            ok = r1.returncode == 0 and r2.returncode == 0 and len(brute) == top and pruned == brute
-            tally.check(name + ": pruned = brute force", ok, "%s of %s candidates compiled, %s pruned; best %s" % (
-                c1.group(2) if c1 else "?", c1.group(1) if c1 else "?", c1.group(3) if c1 else "?",
-                pruned[0][0] if pruned else r1.stderr.strip()))
+            tally.check(name + ": pruned = brute force", r1.returncode == 0 and r2.returncode == 0 and len(brute) == top
+                        and pruned == brute, "%s of %s candidates compiled, %s pruned; best %s" % (
+                            c1.group(2) if c1 else "?", c1.group(1) if c1 else "?", c1.group(3) if c1 else "?",
+                            pruned[0][0] if pruned else r1.stderr.strip()))
             pruned_any += int(c1.group(3)) if c1 else 0
+    # the memory bound: at 8 MiB per rank some candidates are not compiled, the answer is the same
+    r1, pruned, c1 = search(planc, ex("gpt.plan"), "gpt", 4, 16, "--top", "3", "--memory", "8MiB")
+    r2, brute, _ = search(planc, ex("gpt.plan"), "gpt", 4, 16, "--top", "3", "--memory", "8MiB", "--exhaustive")
+    skipped = re.search(r"(\d+) by the memory bound", r1.stdout)
+    tally.check("8 MiB per rank: pruned by memory = brute force", pruned == brute and len(brute) == 3 and skipped
+                and int(skipped.group(1)) > 0, "%s skipped by the memory bound" % (skipped.group(1) if skipped else "?"))
     tally.check("the bound prunes some candidates", pruned_any > 0, "%d pruned in all" % pruned_any)
 
     gpt = ex("gpt.plan")
