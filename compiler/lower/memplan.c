@@ -209,24 +209,28 @@ typedef struct Cursor {
 	int at;
 } Cursor;
 
+/* Moves heap[j] down a binary min-heap of n cursors ordered by their next range's start. */
+static void sift_down(Cursor *heap, int n, int j)
+{
+	for (;;) {
+		int m = j, l = 2 * j + 1, r = l + 1;
+		if (l < n && heap[l].s->r[heap[l].at].lo < heap[m].s->r[heap[m].at].lo)
+			m = l;
+		if (r < n && heap[r].s->r[heap[r].at].lo < heap[m].s->r[heap[m].at].lo)
+			m = r;
+		if (m == j)
+			return;
+		Cursor t = heap[j];
+		heap[j] = heap[m];
+		heap[m] = t;
+		j = m;
+	}
+}
+
 static size_t lowest_gap(Cursor *heap, int n, size_t size)
 {
-	/* a binary min-heap by the next range's start */
-#define LO(c) ((c).s->r[(c).at].lo)
 	for (int i = n / 2 - 1; i >= 0; i--)
-		for (int j = i;;) {
-			int m = j, l = 2 * j + 1, r = l + 1;
-			if (l < n && LO(heap[l]) < LO(heap[m]))
-				m = l;
-			if (r < n && LO(heap[r]) < LO(heap[m]))
-				m = r;
-			if (m == j)
-				break;
-			Cursor t = heap[j];
-			heap[j] = heap[m];
-			heap[m] = t;
-			j = m;
-		}
+		sift_down(heap, n, i);
 	size_t off = 0;
 	while (n > 0) {
 		Range x = heap[0].s->r[heap[0].at];
@@ -236,21 +240,8 @@ static size_t lowest_gap(Cursor *heap, int n, size_t size)
 			off = x.hi;
 		if (++heap[0].at == heap[0].s->n)
 			heap[0] = heap[--n];
-		for (int j = 0;;) {
-			int m = j, l = 2 * j + 1, r = l + 1;
-			if (l < n && LO(heap[l]) < LO(heap[m]))
-				m = l;
-			if (r < n && LO(heap[r]) < LO(heap[m]))
-				m = r;
-			if (m == j)
-				break;
-			Cursor t = heap[j];
-			heap[j] = heap[m];
-			heap[m] = t;
-			j = m;
-		}
+		sift_down(heap, n, 0);
 	}
-#undef LO
 	return off;
 }
 
