@@ -1,7 +1,7 @@
 /* main.c: the planc command line. Parses arguments, loads the program, runs sema and the pass
  * driver, and hands the result to the requested command. Exit status: 0 success, 1 an error in
  * the user's input (reported with file:line:col), 2 a usage error; internal errors abort. */
-#include "passes.h"
+#include "search.h"
 #include "data/data.h"
 #include "planrt_outfile.h" /* the rule every output file is written by (runtime/core/outfile.c) */
 
@@ -53,13 +53,17 @@ static const char usage[] =
 	"                                    step-N, written under any plan of the model) into DIR/step-N as\n"
 	"                                    plan NAME holds it, offline (one process, no MPI, no training);\n"
 	"                                    then: mpirun -np WORLD PROG ... --resume DIR\n"
+	"  search FILE --model M --world N --batch B [--device=D] [--memory SIZE] [--top K] [--write NAME]\n"
+	"                                    the fastest plans for M on N ranks that pass every check and fit\n"
+	"                                    in memory, as plan text ('planc search --help'; docs/search.md)\n"
 	"  data vocab|tokenize|decode ...    text to token files: a GPT-2 byte-level BPE vocabulary, Megatron /\n"
 	"                                    nanoGPT / llm.c token files ('planc data --help'; docs/data.md)\n"
 	"\n"
 	"options:\n"
 	"  --plan NAME        the plan to use (default: the file's first plan)\n"
 	"  --json             machine-readable output for explain\n"
-	"  --device=NAME      the device explain's estimated step time assumes: h200 (default) or cpu\n"
+	"  --device=NAME|FILE the device explain's estimated step time assumes: h200 (default), h100,\n"
+	"                     a100, cpu, or a device file (docs/search.md; planc calibrate writes one)\n"
 	"  -o PATH            output directory (emit) or program (build); never an input or a .plan file\n"
 	"  --native           build: compile for this machine's CPU only (-march=native; with --backend llvm\n"
 	"                     the host CPU's target machine); by default the fused loops and planrt's\n"
@@ -167,8 +171,8 @@ static int parse_args(int argc, char **argv, Options *o)
 		} else if (!strcmp(a, "--json")) {
 			o->json = true;
 		} else if (!strncmp(a, "--device=", 9)) {
-			if (!explain_device(a + 9))
-				return usage_error("unknown device '%s' for --device (h200 or cpu)", a + 9);
+			if (!device_select(a + 9))
+				return 2;
 		} else if (!strcmp(a, "--verify-ir")) {
 			o->verify = true;
 		} else if (!strcmp(a, "--native")) {
@@ -741,6 +745,8 @@ int main(int argc, char **argv)
 {
 	if (argc > 1 && !strcmp(argv[1], "data")) /* text to tokens: its own options (data/data_cli.c) */
 		return data_main(argc - 1, argv + 1);
+	if (argc > 1 && !strcmp(argv[1], "search")) /* the fastest plan that fits: its own options (search.c) */
+		return search_main(argc - 1, argv + 1);
 	Options o = {0};
 	int rc = parse_args(argc, argv, &o);
 	if (rc)

@@ -37,6 +37,7 @@ runner_test(explain_goldens_large 600 sh ${ROOT}/tests/explain/run_explain.sh ${
             ${ROOT}/examples/gpt7b.plan ${ROOT}/examples/gpt175b.plan)
 runner_test(explain_formulas 300 python3 ${ROOT}/tests/explain/check_formulas.py ${PLANC} ${ROOT})
 runner_test(explain_svg 300 python3 ${ROOT}/tests/explain/check_svg.py ${PLANC} ${ROOT})
+runner_test(explain_devices 300 python3 ${ROOT}/tests/explain/check_devices.py ${PLANC} ${ROOT})
 # the C printer's output, byte for byte (tests/emit)
 runner_test(emit_golden 300 sh ${ROOT}/tests/emit/run_emit_golden.sh ${PLANC})
 
@@ -80,6 +81,11 @@ runner_test(observe 600 python3 ${ROOT}/tests/observe/run_observe.py ${PLANC} ${
 # ---- the compiler at scale (issue 12): timings of million-rank plans and hostile input
 # (tests/scale), the collective check's mismatches found at a million ranks
 runner_test(scale 600 sh ${ROOT}/tests/scale/run_scale.sh ${PLANC})
+# planc search (issue 20): pruned = brute force on small spaces, memory limits, --write
+runner_test(search 900 python3 ${ROOT}/tests/search/run_search.py ${PLANC} ${ROOT})
+# compile time (issue 20): explain of every example, of 1T GPTs under every ZeRO stage and of
+# million-rank meshes within a CPU-time limit (bench/compile_time.py prints the figures)
+runner_test(scale_compile_time 600 python3 ${ROOT}/tests/scale/run_compile_time.py ${PLANC})
 add_executable(scale_test_check ${ROOT}/tests/scale/test_check.c)
 target_compile_options(scale_test_check PRIVATE ${PLANC_WARNINGS})
 target_link_libraries(scale_test_check PRIVATE planc_core)
@@ -156,7 +162,7 @@ runner_test(explain_json_exact 300 python3 ${ROOT}/tests/explain/check_json_exac
 # and labelled by what it needs: mpi (programs under mpirun), cuda (the CUDA toolkit: nvcc,
 # ptxas), torch (Debian's python3-torch). COST (about the test's seconds on an idle 2-core
 # machine) makes `ctest -j` start the long tests first.
-set(QUICK_TESTS errors fmt_roundtrip cli explain_goldens explain_formulas explain_svg emit_golden
+set(QUICK_TESTS errors fmt_roundtrip cli explain_goldens explain_formulas explain_svg explain_devices emit_golden
     runtime_rng runtime_data runtime_optim runtime_safetensors runtime_log runtime_memory runtime_collectives
     runtime_step_kernels runtime_watchdog runtime_watchdog_world_sum runtime_collectives_no_watchdog
     runtime_program runtime_program_cli kernels_fd kernels_semantics pipeline_partition pipeline_stages
@@ -170,7 +176,7 @@ set(MPI_TESTS runtime_collectives runtime_step_kernels runtime_watchdog runtime_
 set(CUDA_TESTS llvm_ptxas cuda_build cuda_one_process)
 set(TORCH_TESTS torch_reference)
 set(TEST_COSTS cuda_build 150 equiv_gpt 140 llvm_diff 130 offload 70 equiv_sweep 60 equiv_moe 60 checkpoint 50
-    torch_reference 50 sync_runs 40 equiv_others 40 memory 30 explain_goldens_large 25 fp16 20 observe 15)
+    torch_reference 50 sync_runs 40 equiv_others 40 memory 30 explain_goldens_large 25 scale_compile_time 25 search 30 fp16 20 observe 15)
 
 get_property(ALL_TESTS DIRECTORY PROPERTY TESTS)
 foreach(t ${ALL_TESTS})

@@ -444,37 +444,6 @@ static void bubble(Report *rep)
  * table is simulated with those costs, and the step's update phase (gradient buckets, clipping,
  * the optimizer) is added once. The device is a nominal figure for comparing plans, not a
  * promise: explain says which one it assumed. */
-typedef struct Device {
-	const char *key, *name;
-	double flops_f32, flops_bf16; /* dense matmul FLOP/s */
-	double memory_bw;             /* bytes/s */
-	int node;                     /* ranks per node */
-	double node_bw, net_bw;       /* bytes/s a rank sends inside its node, and to another node */
-	double latency;               /* seconds per message */
-} Device;
-/* The devices explain can assume (--device NAME): nominal figures for comparing plans. "cpu" is
- * one core of the x86-64 machines planc is developed on (single-thread OpenBLAS sgemm measured at
- * 100-175 GFLOP/s, a 14 GB/s copy, shared-memory MPI), so estimates can be held against CPU runs. */
-static const Device devices[] = {
-	{"h200", "H200-class nodes of 8 GPUs (67 TFLOP/s f32, 989 TFLOP/s bf16, 4.8 TB/s memory; 450 GB/s per GPU in a "
-		 "node, 50 GB/s between nodes, 10 us per message)",
-	 67e12, 989e12, 4.8e12, 8, 450e9, 50e9, 10e-6},
-	{"cpu", "one x86-64 core per rank (100 GFLOP/s f32 and bf16, 10 GB/s memory; 5 GB/s and 5 us per message between "
-		"ranks of one machine)",
-	 100e9, 100e9, 10e9, 1 << 30, 5e9, 5e9, 5e-6},
-};
-static const Device *device = &devices[0];
-
-bool explain_device(const char *name)
-{
-	for (size_t i = 0; i < sizeof devices / sizeof devices[0]; i++)
-		if (!strcmp(devices[i].key, name)) {
-			device = &devices[i];
-			return true;
-		}
-	return false;
-}
-
 /* Ranks are numbered row-major with the last mesh axis fastest, so the innermost axes whose sizes
  * multiply to at most a node's ranks run inside one node. */
 static bool inside_node(const PlanSpec *ps, int axis)
@@ -482,7 +451,7 @@ static bool inside_node(const PlanSpec *ps, int axis)
 	long long span = 1;
 	for (int a = axis; a < ps->naxes; a++)
 		span *= ps->axes[a].size;
-	return span <= device->node;
+	return span <= device_current()->node_ranks;
 }
 
 static double comm_seconds(const PlanSpec *ps, const Comm *c)
@@ -494,28 +463,31 @@ static double comm_seconds(const PlanSpec *ps, const Comm *c)
 		return 0;
 	double wire = wire_bytes(c->coll, n, c->elems * dtype_bytes(c->dtype));
 	bool near = c->axis >= 0 && c->pair < 0 && inside_node(ps, c->axis);
-	return wire / (near ? device->node_bw : device->net_bw) + device->latency;
+	const Device *d = device_current();
+	double steps = c->coll == OP_SEND ? 1 : c->coll == OP_ALL_REDUCE ? 2.0 * (double)(n - 1) : (double)(n - 1);
+	return device_collective_seconds(near ? &d->node : &d->net, c->coll == OP_ALL_REDUCE, n, steps, wire);
 }
 
 static double kernel_seconds(const PlanSpec *ps, const LProg *p, const Kernel *k)
 {
-	const Device *d = device;
+	const Device *d = device_current();
+	int dt = ps->param_dtype == DT_BF16 ? 1 : ps->param_dtype == DT_F16 ? 2 : 0;
 	double t = 0;
 	if (k->kind == K_MATMUL) {
 		double flops = 2.0 * (double)KARG(k, MATMUL, batch)->i * (double)KARG(k, MATMUL, M)->i *
 			       (double)KARG(k, MATMUL, N)->i * (double)KARG(k, MATMUL, K)->i;
-		t = flops / (ps->param_dtype == DT_F32 ? d->flops_f32 : d->flops_bf16);
+		t = flops / d->matmul[dt];
 	} else if (k->kind == K_LOOP) {
 		double elems = 1;
 		for (int i = 0; i < k->rank; i++)
 			elems *= (double)k->dims[i];
-		t = (double)(k->nuses + k->ndefs) * elems * 4 / d->memory_bw;
+		t = (double)(k->nuses + k->ndefs) * elems * 4 / d->memory_bw[dt];
 	} else if (kernel_classes[k->kind] == KC_COMPUTE) {
 		double bytes = 0;
 		for (int a = 0; a < k->nargs; a++)
 			if (k->args[a].kind == KA_BUF)
 				bytes += (double)p->buf[k->args[a].buf].bytes;
-		t = bytes / d->memory_bw;
+		t = bytes / d->memory_bw[dt];
 	}
 	for (int c = 0; c < k->ncomm; c++)
 		if (k->comm[c].coll != OP_SEND)
@@ -525,7 +497,7 @@ static double kernel_seconds(const PlanSpec *ps, const LProg *p, const Kernel *k
 
 const char *explain_device_name(void)
 {
-	return device->name;
+	return device_current()->name;
 }
 
 void explain_costs(const Graph *g, const Lowered *low, int role, double *fc, double *bc, double *xfer, double *update)
@@ -725,6 +697,50 @@ static void free_report(Report *rep)
 	free(rep);
 }
 
+bool explain_summary(Graph *g, const Lowered *low, ExplainSummary *out)
+{
+	Report *rep = build_report(g, low);
+	memset(out, 0, sizeof *out);
+	for (int i = 0; i < rep->nroles; i++)
+		if (rep->roles[i].peak > out->peak) {
+			const Role *r = &rep->roles[i];
+			out->peak = r->peak;
+			out->params = r->params;
+			out->grads = r->grads;
+			out->optim = r->optim;
+		}
+	out->step = rep->est_step;
+	out->pipeline = rep->est_pipeline;
+	out->update = rep->est_update;
+	out->bubble = rep->bubble;
+	out->runnable = rep->runnable;
+	bool ok = low && g->sched;
+	free_report(rep);
+	return ok;
+}
+
+/* The seconds explain_costs gives the compute kernels (no communication) of every program, in
+ * the phases it counts: planc search's lower bound (search.c says why it bounds every plan). */
+double explain_compute_seconds(const Lowered *low)
+{
+	int m = low->g->sched ? low->g->sched->micro : 1;
+	double t = 0;
+	for (int i = 0; i < low->nprogs; i++) {
+		const LProg *lp = low->progs[i];
+		for (int j = 0; j < lp->nk; j++) {
+			const Kernel *k = &lp->k[j];
+			Phase ph = k->phase;
+			bool counted = ph == PH_PREPARE_F || ph == PH_FORWARD || ph == PH_PREPARE_B || ph == PH_BACKWARD ||
+				       ph == PH_STEP_BEGIN || ph == PH_STEP;
+			if (kernel_classes[k->kind] != KC_COMPUTE || k->ncomm || !counted)
+				continue;
+			double c = kernel_seconds(low->g->ps, lp, k);
+			t += ph == PH_STEP_BEGIN || ph == PH_STEP || k->only_last_micro ? c : c * m;
+		}
+	}
+	return t;
+}
+
 /* ---------------------------------------------------------------- printing */
 
 static const char *human(double b, char *buf, size_t n)
@@ -907,7 +923,7 @@ static void print_text(FILE *out, const Report *rep)
 	fprintf(out, "model FLOPs per step: %s\n", human_count(rep->model_flops, b3, sizeof b3));
 	fprintf(out, "estimated step time: %s (micro-batches %s, update %s) on %s\n",
 		human_time(rep->est_step, b1, sizeof b1), human_time(rep->est_pipeline, b2, sizeof b2),
-		human_time(rep->est_update, b3, sizeof b3), device->name);
+		human_time(rep->est_update, b3, sizeof b3), device_current()->name);
 	if (g->has_moe)
 		moe_text(out, rep);
 }

@@ -319,11 +319,15 @@ struct Lowered {
 	int npairs;             /* tied-parameter pair groups on the pipe axis */
 	int pair_a[64], pair_b[64];
 	long long seq, vocab;   /* the token data: window length and vocabulary */
+	int *stage_first, *stage_op; /* the ops on stage s: stage_op[stage_first[s] .. stage_first[s + 1]) */
 };
 
 /* lower.c: the program of every stage and role, complete for the check and explain. */
 Lowered *lower(Graph *g);
 LProg *lowered_prog(const Lowered *low, int stage, int role); /* role: RANKROLE_* */
+/* The graph ops on a stage in order: op->stage == stage, or a tied pair's op on either of its two
+ * stages. A pass on one stage's program walks these (a superset of what it keeps), not the model's. */
+const int *lowered_stage_ops(const Lowered *low, int stage, int *n);
 /* The helpers every back-end pass shares (lower.c). */
 Kernel *kernel_new(LProg *p, KernelKind kind, Phase ph, int chunk, int op);
 /* K_OFFLOAD_COPY of src's first n elements into dst, appended (offload: host <-> device) */

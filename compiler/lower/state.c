@@ -91,6 +91,10 @@ typedef struct State {
 	LProg *p;
 	Graph *g;
 	PlanSpec *ps;
+	const int *ops;     /* the ops on this program's stage (lowered_stage_ops) */
+	int nops;
+	int *upd_of_grad, *upd_of_param, *param_of; /* per value buffer: its update, parameter table
+						     * entry, or -1 */
 	Update *u;
 	int nu;
 	Flat *f;
@@ -162,11 +166,35 @@ static int value_buffer(const LProg *p, int v)
 
 static int param_index(const State *S, int value)
 {
-	const Lowered *low = S->p->low;
-	for (int i = 0; i < low->nparams; i++)
-		if (low->params[i].value == value && low->params[i].stage == S->p->stage)
-			return i;
-	ICE("parameter %%%d has no table entry", value);
+	int b = lprog_value_buffer(S->p, value), i = b >= 0 ? S->param_of[b] : -1;
+	if (i < 0)
+		ICE("parameter %%%d has no table entry", value);
+	return i;
+}
+
+/* The lookups by value buffer: each update's gradient and parameter (the first update wins, as a
+ * search from the front would find), each parameter's table entry on this stage. */
+static void index_updates(State *S)
+{
+	LProg *p = S->p;
+	const Lowered *low = p->low;
+	int n = p->nvalbufs + 1;
+	S->upd_of_grad = malloc(sizeof(int) * (size_t)n);
+	S->upd_of_param = malloc(sizeof(int) * (size_t)n);
+	S->param_of = malloc(sizeof(int) * (size_t)n);
+	if (!S->upd_of_grad || !S->upd_of_param || !S->param_of)
+		ICE("out of memory");
+	for (int b = 0; b < n; b++)
+		S->upd_of_grad[b] = S->upd_of_param[b] = S->param_of[b] = -1;
+	for (int i = S->nu - 1; i >= 0; i--) {
+		S->upd_of_grad[S->u[i].grad] = i;
+		S->upd_of_param[S->u[i].param] = i;
+	}
+	for (int i = low->nparams - 1; i >= 0; i--) {
+		int b = low->params[i].stage == p->stage ? lprog_value_buffer(p, low->params[i].value) : -1;
+		if (b >= 0)
+			S->param_of[b] = i;
+	}
 }
 
 /* Whether an update is on a ZeRO 1/2 shard of a flat bucket (else it updates its whole block, or
@@ -178,18 +206,12 @@ static bool sharded(const State *S, const Update *u)
 
 static int update_of_grad(const State *S, int grad)
 {
-	for (int i = 0; i < S->nu; i++)
-		if (S->u[i].grad == grad)
-			return i;
-	return -1;
+	return grad >= 0 && grad < S->p->nvalbufs ? S->upd_of_grad[grad] : -1;
 }
 
 static int update_of_param(const State *S, int param)
 {
-	for (int i = 0; i < S->nu; i++)
-		if (S->u[i].param == param)
-			return i;
-	return -1;
+	return param >= 0 && param < S->p->nvalbufs ? S->upd_of_param[param] : -1;
 }
 
 /* ------------------------------------------------------------------ collectives */
@@ -243,10 +265,11 @@ static void collect_updates(State *S)
 {
 	Graph *g = S->g;
 	LProg *p = S->p;
-	S->u = calloc((size_t)g->nops + 1, sizeof(Update));
+	S->u = calloc((size_t)S->nops + 1, sizeof(Update));
 	if (!S->u)
 		ICE("out of memory");
-	for (int i = 0; i < g->nops; i++) {
+	for (int so = 0; so < S->nops; so++) {
+		int i = S->ops[so];
 		const Op *op = &g->ops[i];
 		if (op->kind != OP_OPTIMIZER_STEP || op->stage != p->stage)
 			continue; /* an async worker keeps the parameters and gradients of the master's updates */
@@ -271,8 +294,8 @@ static int primary_axis(const State *S)
 	int axis = -1;
 	for (int a = 0; a < S->ps->naxes; a++) {
 		double bytes = 0;
-		for (int i = 0; i < g->nops; i++) {
-			const Op *op = &g->ops[i];
+		for (int so = 0; so < S->nops; so++) {
+			const Op *op = &g->ops[S->ops[so]];
 			if (op->nmembers && op->kind == OP_ALL_REDUCE && op->axis == a && op->stage == S->p->stage)
 				bytes += (double)value_elems(g, op->in[0]);
 		}
@@ -289,10 +312,11 @@ static void layout_flat(State *S)
 {
 	Graph *g = S->g;
 	LProg *p = S->p;
-	S->f = calloc((size_t)g->nops + 1, sizeof(Flat));
+	S->f = calloc((size_t)S->nops + 1, sizeof(Flat));
 	if (!S->f)
 		ICE("out of memory");
-	for (int i = 0; i < g->nops; i++) {
+	for (int so = 0; so < S->nops; so++) {
+		int i = S->ops[so];
 		const Op *op = &g->ops[i];
 		if (!op->nmembers || op->stage != p->stage || op->axis != S->primary)
 			continue;
@@ -798,7 +822,8 @@ static void phase_init(State *S)
 		Kernel *k = step_kernel(S, K_OFFLOAD_OPEN, PH_INIT, "the optimizer state file");
 		karg_int(p, k, (long long)p->disk_bytes);
 	}
-	for (int i = 0; i < g->nops; i++) {
+	for (int so = 0; so < S->nops; so++) {
+		int i = S->ops[so];
 		const Op *op = &g->ops[i];
 		if (op->kind != OP_PARAM || op->stage != p->stage)
 			continue;
@@ -837,7 +862,8 @@ static void phase_save(State *S)
 {
 	LProg *p = S->p;
 	Graph *g = S->g;
-	for (int i = 0; i < g->nops; i++) {
+	for (int so = 0; so < S->nops; so++) {
+		int i = S->ops[so];
 		const Op *op = &g->ops[i];
 		if (op->kind != OP_PARAM || op->stage != p->stage)
 			continue;
@@ -927,7 +953,8 @@ static void phase_checkpoint(State *S)
 		return;
 	}
 	CkptKind first = S->moments >= 2 ? CKPT_EXP_AVG : CKPT_MOMENTUM;
-	for (int i = 0; i < g->nops; i++) {
+	for (int so = 0; so < S->nops; so++) {
+		int i = S->ops[so];
 		const Op *op = &g->ops[i];
 		if (op->kind != OP_PARAM || op->stage != p->stage)
 			continue;
@@ -1040,7 +1067,8 @@ static void phase_sync(State *S)
 	Graph *g = S->g;
 	LProg *p = S->p;
 	/* tied parameter copies on two stages: their gradients summed over the pair */
-	for (int i = 0; i < g->nops; i++) {
+	for (int so = 0; so < S->nops; so++) {
+		int i = S->ops[so];
 		const Op *op = &g->ops[i];
 		if (op->stage_group[0] < 0 || (p->stage != op->stage_group[0] && p->stage != op->stage_group[1]))
 			continue;
@@ -1052,7 +1080,8 @@ static void phase_sync(State *S)
 		allreduce_inplace(S, PH_STEP, grad, p->buf[grad].elems, S->ps->pipe_axis, q, "tied-parameter gradients");
 		p->k[p->nk - 1].op = i;
 	}
-	for (int i = 0; i < g->nops; i++) {
+	for (int so = 0; so < S->nops; so++) {
+		int i = S->ops[so];
 		const Op *op = &g->ops[i];
 		if (!op->nmembers || op->stage != p->stage)
 			continue;
@@ -1566,6 +1595,7 @@ static void async_end(State *S)
 static void state_prog(LProg *p)
 {
 	State S = {.p = p, .g = p->g, .ps = p->ps};
+	S.ops = lowered_stage_ops(p->low, p->stage, &S.nops);
 	PlanSpec *ps = p->ps;
 	S.za = ps->zero_axis;
 	S.zn = S.za >= 0 ? ps->axes[S.za].size : 1;
@@ -1591,6 +1621,7 @@ static void state_prog(LProg *p)
 	S.sumsq = state_buf(&S, SC_METRIC, DT_F64, 1, "grad_sumsq", "the squared gradient norm");
 	S.coef = state_buf(&S, SC_METRIC, DT_F64, 1, "clip_coef", "the clipping coefficient");
 	collect_updates(&S);
+	index_updates(&S);
 	if (S.sa < 0) {
 		/* compression works on the batch axis's flat buckets */
 		S.primary = S.compress ? (S.zero ? S.za : ba) : primary_axis(&S);
@@ -1630,6 +1661,9 @@ static void state_prog(LProg *p)
 	free(S.u);
 	free(S.f);
 	free(S.grp);
+	free(S.upd_of_grad);
+	free(S.upd_of_param);
+	free(S.param_of);
 }
 
 bool plan_state(Lowered *low)

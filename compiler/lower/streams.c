@@ -183,6 +183,7 @@ typedef struct Accesses {
 	unsigned long long *keys; /* the transient regions' byte bounds, (region << 56) + byte, sorted */
 	int nkeys, leaves;
 	Latest *latest; /* [stream * 2 + write] */
+	int *count;     /* per stream: its accesses in this call (none: nothing to look up) */
 } Accesses;
 
 enum { TRANSIENT_REGIONS = 3 };
@@ -226,7 +227,8 @@ static void accesses_init(Accesses *A, const LProg *p, const Span *spans, int ns
 	A->head = malloc(sizeof(int) * (size_t)ns * (size_t)A->nregions);
 	A->keys = malloc(sizeof(unsigned long long) * (2 * (size_t)p->nbuf + 2));
 	A->latest = calloc(2 * (size_t)ns, sizeof(Latest));
-	if (!A->head || !A->keys || !A->latest)
+	A->count = calloc((size_t)ns, sizeof(int));
+	if (!A->head || !A->keys || !A->latest || !A->count)
 		ICE("out of memory");
 	for (int h = 0; h < ns * A->nregions; h++)
 		A->head[h] = -1;
@@ -251,6 +253,7 @@ static void accesses_free(Accesses *A)
 		free(A->latest[i].touched);
 	}
 	free(A->latest);
+	free(A->count);
 	free(A->keys);
 	free(A->head);
 	free(A->a);
@@ -326,6 +329,7 @@ static int region_slot(const Accesses *A, int stream, int region)
 
 static void access_add(Accesses *A, int stream, int pos, bool write, Span span)
 {
+	A->count[stream]++;
 	if (span.region < TRANSIENT_REGIONS) {
 		latest_set(A, &A->latest[2 * stream + write], span, pos);
 		return;
@@ -356,6 +360,7 @@ static void accesses_reset(Accesses *A)
 		A->head[A->touched[i]] = -1;
 	A->ntouched = 0;
 	A->n = 0;
+	memset(A->count, 0, sizeof(int) * (size_t)A->ns);
 	for (int i = 0; i < 2 * A->ns; i++) {
 		Latest *t = &A->latest[i];
 		for (int j = 0; j < t->ntouched; j++)
@@ -390,6 +395,8 @@ static int latest_conflict(const Accesses *A, int s, Span x, bool write, int aft
 static int conflicting(const Accesses *A, const Span *spans, const Kernel *k, int s, int after)
 {
 	int best = NONE;
+	if (!A->count[s])
+		return NONE;
 	for (int i = 0; i < k->ndefs; i++)
 		best = latest_conflict(A, s, spans[k->defs[i]], true, after, best);
 	for (int i = 0; i < k->nuses; i++)
