@@ -146,7 +146,7 @@ runner_test(data_runs 900 python3 ${ROOT}/tests/data/check_runs.py ${PLANC} ${RO
 set(QUICK_TESTS errors fmt_roundtrip cli explain_goldens explain_formulas explain_svg emit_golden
     runtime_rng runtime_data runtime_optim runtime_safetensors runtime_log runtime_memory runtime_collectives
     runtime_step_kernels runtime_watchdog runtime_watchdog_world_sum runtime_collectives_no_watchdog
-    runtime_program runtime_program_cli kernels_fd kernels_semantics pipeline_partition pipeline_stages
+    runtime_program runtime_program_cli kernels_fd kernels_semantics kernels_matmul_bf16 pipeline_partition pipeline_stages
     sync_check sync_kernels llvm_verify scale_check cuda_streams cuda_sync_math cuda_moe_math equiv_ops equiv_mlp arch arch_functions
     fmt_golden data)
 set(MPI_TESTS runtime_collectives runtime_step_kernels runtime_watchdog runtime_watchdog_world_sum
