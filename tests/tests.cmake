@@ -165,7 +165,7 @@ runner_test(explain_json_exact 300 python3 ${ROOT}/tests/explain/check_json_exac
 set(QUICK_TESTS errors fmt_roundtrip cli explain_goldens explain_formulas explain_svg explain_devices emit_golden
     runtime_rng runtime_data runtime_optim runtime_safetensors runtime_log runtime_memory runtime_collectives
     runtime_step_kernels runtime_watchdog runtime_watchdog_world_sum runtime_collectives_no_watchdog
-    runtime_program runtime_program_cli kernels_fd kernels_semantics pipeline_partition pipeline_stages
+    runtime_program runtime_program_cli kernels_fd kernels_semantics kernels_matmul_bf16 pipeline_partition pipeline_stages
     sync_check sync_kernels llvm_verify scale_check cuda_streams cuda_sync_math cuda_moe_math equiv_ops equiv_mlp arch arch_functions
     fmt_golden data explain_json_exact cuda_gpu_binding cuda_comm_staged_watchdog)
 set(MPI_TESTS runtime_collectives runtime_step_kernels runtime_watchdog runtime_watchdog_world_sum
@@ -176,7 +176,8 @@ set(MPI_TESTS runtime_collectives runtime_step_kernels runtime_watchdog runtime_
 set(CUDA_TESTS llvm_ptxas cuda_build cuda_one_process)
 set(TORCH_TESTS torch_reference)
 set(TEST_COSTS cuda_build 150 equiv_gpt 140 llvm_diff 130 offload 70 equiv_sweep 60 equiv_moe 60 checkpoint 50
-    torch_reference 50 sync_runs 40 equiv_others 40 memory 30 explain_goldens_large 25 scale_compile_time 25 search 30 fp16 20 observe 15)
+    torch_reference 50 sync_runs 40 equiv_others 40 memory 30 explain_goldens_large 25 scale_compile_time 25 search 30 fp16 20 observe 15
+    kernels_matmul_bf16 15)
 
 get_property(ALL_TESTS DIRECTORY PROPERTY TESTS)
 foreach(t ${ALL_TESTS})

@@ -473,10 +473,8 @@ static double kernel_seconds(const PlanSpec *ps, const LProg *p, const Kernel *k
 	const Device *d = device_current();
 	int dt = ps->param_dtype == DT_BF16 ? 1 : ps->param_dtype == DT_F16 ? 2 : 0;
 	double t = 0;
-	if (k->kind == K_MATMUL) {
-		double flops = 2.0 * (double)KARG(k, MATMUL, batch)->i * (double)KARG(k, MATMUL, M)->i *
-			       (double)KARG(k, MATMUL, N)->i * (double)KARG(k, MATMUL, K)->i;
-		t = flops / d->matmul[dt];
+	if (kernel_is_gemm(k)) {
+		t = kernel_gemm_flops(k) / d->matmul[dt];
 	} else if (k->kind == K_LOOP) {
 		double elems = 1;
 		for (int i = 0; i < k->rank; i++)

@@ -437,6 +437,8 @@ typedef struct Elab {
 	bool failed;
 	DType act_dtype;
 	SymTab *primitives;   /* name -> Primitive */
+	int folded;           /* ops folded away as identities (dropout at p = 0, scale by 1): they keep
+			       * their elaboration index, so the later ops' RNG keys do not move */
 } Elab;
 
 static void call_notes(Elab *e)
@@ -562,7 +564,7 @@ static int emit(Elab *e, OpKind k, int nin, const int *in, int nout, const int *
 		check_shape(e, k, out[i], loc);
 	int o = graph_add_op(e->g, k, nin, in, nout, out);
 	Op *op = &e->g->ops[o];
-	op->orig = o;
+	op->orig = o + e->folded;
 	op->layer = e->layer;
 	op->scope = e->op_scope;
 	op->loc = loc;
@@ -1104,6 +1106,11 @@ static void prim_dropout(Elab *e, Scope *sc, CallArgs *ca, const Primitive *p, E
 		return;
 	if (prob < 0 || prob >= 1) {
 		elab_error(e, ca->loc, "dropout probability must be in [0, 1), got %g", prob);
+		return;
+	}
+	if (prob == 0) { /* the identity: no random numbers, no mask, no kernel, no gradient op */
+		e->folded++;
+		*out = tensor_val(x);
 		return;
 	}
 	int y = new_value_like(e, x, g->vals[x].dtype);
@@ -1926,6 +1933,10 @@ static EnvVal scale_tensor(Elab *e, const Expr *x, int t, double f)
 			return (EnvVal){0};
 		}
 		f = 1 / f;
+	}
+	if (f == 1) { /* x * 1 is x, bit for bit (signed zeros, infinities and NaNs too): no copy loop */
+		e->folded++;
+		return tensor_val(t);
 	}
 	int y = unary(e, OP_SCALE, t, x->loc);
 	e->g->ops[e->g->vals[y].def].f = f;

@@ -71,10 +71,9 @@ const int kernel_nparams[K_COUNT] = {
 #undef Y
 };
 
-/* the device column: KDEV(f), KDEV_TC(f, tensor-core f), KDEV_NOOP, KDEV_HOST */
+/* the device column: KDEV(f), KDEV_NOOP, KDEV_HOST */
 const DeviceMode kernel_device_modes[K_COUNT] = {
 #define KDEV(f) KDEV_CALL
-#define KDEV_TC(f, tc) KDEV_CALL
 #define KDEV_NOOP KDEV_NO_OP
 #define KDEV_HOST KDEV_HOST_ONLY
 #define X(kind, text, cls, fn, dev, params) dev,
@@ -83,14 +82,12 @@ const DeviceMode kernel_device_modes[K_COUNT] = {
 #undef X
 #undef Y
 #undef KDEV
-#undef KDEV_TC
 #undef KDEV_NOOP
 #undef KDEV_HOST
 };
 
 const char *const kernel_device_functions[K_COUNT] = {
 #define KDEV(f) #f
-#define KDEV_TC(f, tc) #f
 #define KDEV_NOOP NULL
 #define KDEV_HOST NULL
 #define X(kind, text, cls, fn, dev, params) dev,
@@ -99,23 +96,6 @@ const char *const kernel_device_functions[K_COUNT] = {
 #undef X
 #undef Y
 #undef KDEV
-#undef KDEV_TC
-#undef KDEV_NOOP
-#undef KDEV_HOST
-};
-
-const char *const kernel_tensor_core_functions[K_COUNT] = {
-#define KDEV(f) NULL
-#define KDEV_TC(f, tc) #tc
-#define KDEV_NOOP NULL
-#define KDEV_HOST NULL
-#define X(kind, text, cls, fn, dev, params) dev,
-#define Y(kind, text, cls) NULL,
-	KERNEL_TABLE(X, Y)
-#undef X
-#undef Y
-#undef KDEV
-#undef KDEV_TC
 #undef KDEV_NOOP
 #undef KDEV_HOST
 };
@@ -139,6 +119,22 @@ KArg *kernel_arg(const Kernel *k, KernelKind kind, int index)
 		    index >= 0 && index < kernel_nparams[kind] ? kernel_params[kind][index].name : "?", kernel_names[kind],
 		    kernel_names[k->kind], k->nargs);
 	return &k->args[index];
+}
+
+bool kernel_is_gemm(const Kernel *k)
+{
+	return k->kind == K_MATMUL || k->kind == K_MATMUL_BF16;
+}
+
+double kernel_gemm_flops(const Kernel *k)
+{
+	if (k->kind == K_MATMUL)
+		return 2.0 * (double)KARG(k, MATMUL, batch)->i * (double)KARG(k, MATMUL, M)->i *
+		       (double)KARG(k, MATMUL, N)->i * (double)KARG(k, MATMUL, K)->i;
+	if (k->kind == K_MATMUL_BF16)
+		return 2.0 * (double)KARG(k, MATMUL_BF16, batch)->i * (double)KARG(k, MATMUL_BF16, M)->i *
+		       (double)KARG(k, MATMUL_BF16, N)->i * (double)KARG(k, MATMUL_BF16, K)->i;
+	return 0;
 }
 
 /* What may fill a parameter of each type. */
@@ -176,6 +172,7 @@ bool karg_fits(KernelKind kind, int index, const KArg *a)
 	case KPT_I32_OUT:
 	case KPT_U8_OUT:
 	case KPT_F64_IN:
+	case KPT_BF16_IN:
 	case KPT_F64_OUT:
 	case KPT_IN:
 	case KPT_OUT:

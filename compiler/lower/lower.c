@@ -167,7 +167,7 @@ static KArg *push_arg(LProg *p, Kernel *k, const KArg *a, bool writes)
 		    i < kernel_nparams[k->kind] ? kernel_params[k->kind][i].name : "none: too many", karg_kind_name(a->kind));
 	if (writes && kernel_nparams[k->kind] >= 0) {
 		KParamType t = kernel_params[k->kind][i].type;
-		if (t == KPT_F32_IN || t == KPT_I32_IN || t == KPT_F64_IN || t == KPT_IN)
+		if (t == KPT_F32_IN || t == KPT_I32_IN || t == KPT_F64_IN || t == KPT_BF16_IN || t == KPT_IN)
 			ICE("a '%s' kernel writes its read-only argument '%s'", kernel_names[k->kind],
 			    kernel_params[k->kind][i].name);
 	}
@@ -2389,12 +2389,44 @@ static Kernel cast_kernel(LProg *p, const Kernel *around, int from, int to, long
 	return c;
 }
 
+/* a buffer argument's element type, -1 for any other argument */
+static int root_dtype(const LProg *p, const KArg *a)
+{
+	return a->kind == KA_BUF ? (int)p->buf[buffer_root(p, a->buf)].dtype : -1;
+}
+
+/* A GEMM of two bf16 operands reads them as they are (f32 accumulation) and writes C in its own
+ * dtype, f32 or bf16: the same arguments as the f32 GEMM's, with C's dtype after C. */
+static bool matmul_reads_bf16(LProg *p, Kernel *k)
+{
+	if (k->kind != K_MATMUL)
+		return false;
+	int c = root_dtype(p, KARG(k, MATMUL, C));
+	if (root_dtype(p, KARG(k, MATMUL, A)) != DT_BF16 || root_dtype(p, KARG(k, MATMUL, B)) != DT_BF16 ||
+	    (c != DT_F32 && c != DT_BF16))
+		return false;
+	const KArg *old = k->args;
+	int n = k->nargs, at_c = KARG_INDEX(MATMUL, C);
+	k->kind = K_MATMUL_BF16;
+	k->args = NULL;
+	k->nargs = k->capargs = 0;
+	for (int a = 0; a < n; a++) {
+		push_arg(p, k, &old[a], a == at_c);
+		if (a == at_c) {
+			KArg t = blank_arg(KA_DTYPE);
+			t.i = c;
+			push_arg(p, k, &t, false);
+		}
+	}
+	return true;
+}
+
 static void lower_conversions(LProg *p)
 {
 	Inserts casts = {0};
 	int nk = p->nk;
 	for (int i = 0; i < nk; i++) {
-		if (!takes_f32_only(p->k[i].kind))
+		if (matmul_reads_bf16(p, &p->k[i]) || !takes_f32_only(p->k[i].kind))
 			continue;
 		for (int a = 0; a < p->k[i].nargs; a++) {
 			Kernel *k = &p->k[i];

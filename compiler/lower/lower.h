@@ -67,7 +67,6 @@ extern const int kernel_nparams[K_COUNT];
 typedef enum { KDEV_CALL, KDEV_NO_OP, KDEV_HOST_ONLY } DeviceMode;
 extern const DeviceMode kernel_device_modes[K_COUNT];
 extern const char *const kernel_device_functions[K_COUNT];    /* KDEV_CALL: the planrt_cuda function */
-extern const char *const kernel_tensor_core_functions[K_COUNT]; /* its bf16 tensor-core variant, or NULL */
 
 /* Named argument access: KARG(k, MATMUL, A) is kernel k's argument A (k must be a K_MATMUL with
  * its arguments built); KARG_INDEX(MATMUL, A) its position. Each kind's parameters are the char
@@ -235,8 +234,6 @@ typedef struct Kernel {
 				 * events); -1: the compute stream at the phase call's entry */
 	bool event;             /* records an event when done (a kernel or the call's end waits for it) */
 	bool join;              /* the phase call ends with the compute stream waiting for it */
-	bool tensor_cores;      /* K_MATMUL: both operands are bf16 values widened to f32 (casts of
-				 * bf16 buffers), so bf16 tensor-core math computes the same products */
 } Kernel;
 
 typedef enum { HANDLE_REQUEST, HANDLE_BUCKET } HandleType; /* planrt_request_t, planrt_bucket_t */
@@ -344,6 +341,10 @@ void kernel_use(LProg *p, Kernel *k, int b);
 void kernel_def(LProg *p, Kernel *k, int b);
 Comm *kernel_comm(LProg *p, Kernel *k);
 /* kernels.c: argument index of kernel k, which must be of this kind (KARG names it) */
+/* a GEMM (K_MATMUL, K_MATMUL_BF16) and its floating-point operations, 2 x batch x M x N x K (0 for
+ * any other kernel) */
+bool kernel_is_gemm(const Kernel *k);
+double kernel_gemm_flops(const Kernel *k);
 KArg *kernel_arg(const Kernel *k, KernelKind kind, int index);
 /* kernels.c: whether argument a may fill parameter index of kind (the builders and verify.c ask) */
 bool karg_fits(KernelKind kind, int index, const KArg *a);
@@ -388,8 +389,7 @@ bool memplan(Lowered *low);
 int memplan_slots(LProg *p);   /* memplan.c: the slots the stage's schedule needs (micro-batches in flight) */
 /* streams.c: the device schedule, after memplan: each kernel's stream (compute, communication,
  * copy, host, a pipeline channel's), the events it waits for within its phase call, and the joins
- * that end the call; GEMMs whose operands are bf16 values take tensor cores. stream_dump prints it
- * (--dump-after=streams). */
+ * that end the call. stream_dump prints it (--dump-after=streams). */
 typedef enum { STREAM_COMPUTE, STREAM_COMM, STREAM_COPY, STREAM_HOST, STREAM_P2P } StreamKind;
 bool plan_streams(Lowered *low);
 const char *stream_name(int stream, char *buf, size_t n);

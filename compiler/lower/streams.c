@@ -33,10 +33,7 @@
  *             lets a bucket's reduction run across the rest of the backward.
  *   host      a kernel on the host waits for a device kernel by synchronising with its event; a
  *             device kernel never waits for a host kernel: it is enqueued after the host kernel
- *             returned, and so after everything the host had waited for.
- *   GEMMs     a matmul whose two operands are written in its phase call by casts from bf16 takes
- *             bf16 tensor cores (tensor_cores): its operands are bf16 values, so the products are
- *             the same and only the summation order differs; f32 matmuls keep f32 math (no TF32). */
+ *             returned, and so after everything the host had waited for. */
 #include "lower/lower.h"
 
 #include <stdlib.h>
@@ -502,32 +499,6 @@ static void schedule_call(LProg *p, const Span *spans, Accesses *A, const int *m
 	free(want);
 }
 
-/* A matmul whose operands are both written, in its phase call, by casts from bf16 to f32. One walk
- * in program order keeps each buffer's latest writer in the call (writer[b], valid when
- * stamp[b] == call): the matmul's operands are looked up, not searched for. */
-static void mark_tensor_cores(LProg *p, const int *members, int n, int call, int *writer, int *stamp)
-{
-	for (int j = 0; j < n; j++) {
-		Kernel *k = &p->k[members[j]];
-		if (k->kind == K_MATMUL && KARG(k, MATMUL, A)->kind == KA_BUF && KARG(k, MATMUL, B)->kind == KA_BUF) {
-			int operands[2] = {KARG(k, MATMUL, A)->buf, KARG(k, MATMUL, B)->buf}, widened = 0;
-			for (int o = 0; o < 2; o++) {
-				int b = operands[o];
-				if (stamp[b] != call)
-					continue;
-				const Kernel *c = &p->k[writer[b]];
-				if (c->kind == K_CAST && KARG(c, CAST, from)->i == DT_BF16 && KARG(c, CAST, to)->i == DT_F32)
-					widened++;
-			}
-			k->tensor_cores = widened == 2;
-		}
-		for (int d = 0; d < k->ndefs; d++) {
-			writer[k->defs[d]] = members[j];
-			stamp[k->defs[d]] = call;
-		}
-	}
-}
-
 static void streams_prog(LProg *p)
 {
 	int ns = STREAM_P2P;
@@ -537,24 +508,19 @@ static void streams_prog(LProg *p)
 		k->waits = NULL;
 		k->nwaits = 0;
 		k->event = k->join = false;
-		k->tensor_cores = false;
 		if (k->stream + 1 > ns)
 			ns = k->stream + 1;
 	}
 	int nk = p->nk ? p->nk : 1, nb = p->nbuf ? p->nbuf : 1;
 	int *members = malloc(sizeof(int) * (size_t)nk);
-	int *writer = malloc(sizeof(int) * (size_t)nb), *stamp = malloc(sizeof(int) * (size_t)nb);
 	Span *spans = malloc(sizeof(Span) * (size_t)nb);
 	char *done = calloc((size_t)nk, 1);
-	if (!members || !writer || !stamp || !spans || !done)
+	if (!members || !spans || !done)
 		ICE("out of memory");
-	for (int b = 0; b < p->nbuf; b++) {
+	for (int b = 0; b < p->nbuf; b++)
 		spans[b] = span_of(p, b);
-		stamp[b] = -1;
-	}
 	Accesses A;
 	accesses_init(&A, p, spans, ns);
-	int call = 0;
 	for (int i = 0; i < p->nk; i++) {
 		if (done[i])
 			continue;
@@ -565,11 +531,8 @@ static void streams_prog(LProg *p)
 				done[j] = 1;
 			}
 		schedule_call(p, spans, &A, members, n, ns);
-		mark_tensor_cores(p, members, n, call++, writer, stamp);
 	}
 	free(members);
-	free(writer);
-	free(stamp);
 	free(spans);
 	free(done);
 	accesses_free(&A);
@@ -600,8 +563,6 @@ void streams_dump(FILE *out, const LProg *p)
 			fprintf(out, " event");
 		if (k->join)
 			fprintf(out, " join");
-		if (k->tensor_cores)
-			fprintf(out, " tensor-cores");
 		fprintf(out, "\n");
 	}
 }

@@ -237,8 +237,7 @@ static void device_call(Emit *e, const Kernel *k)
 		fprintf(f, " /* %s, %d op%s fused */", k->note ? k->note : "loop", k->nfused, k->nfused == 1 ? "" : "s");
 		return;
 	}
-	/* the tensor-core variant where streams.c found the operands are bf16 values */
-	const char *fn = k->tensor_cores ? kernel_tensor_core_functions[k->kind] : kernel_device_functions[k->kind];
+	const char *fn = kernel_device_functions[k->kind];
 	internal_assert(kernel_device_modes[k->kind] == KDEV_CALL && fn);
 	fprintf(f, "%s(", fn);
 	for (int i = 0; i < k->nargs; i++) {
@@ -255,8 +254,6 @@ static void device_call(Emit *e, const Kernel *k)
 	fprintf(f, "%s", k->nargs ? ", " : "");
 	stream_const(f, k->stream);
 	fprintf(f, ");");
-	if (k->tensor_cores)
-		fprintf(f, " /* bf16 tensor cores */");
 	if (k->note)
 		fprintf(f, " /* %s */", k->note);
 }
