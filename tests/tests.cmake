@@ -46,6 +46,7 @@ include(${ROOT}/tests/kernels/tests.cmake)
 include(${ROOT}/tests/pipeline/tests.cmake)
 include(${ROOT}/tests/sync/tests.cmake)
 include(${ROOT}/tests/llvm/tests.cmake)
+include(${ROOT}/tests/cpu/tests.cmake)
 
 # ---- the heart of the suite: every plan trains like the single-rank run (tests/equiv), one test
 # per model group so that they run side by side; equiv_others is every model the others do not
@@ -112,6 +113,27 @@ if(TARGET planrt_cuda)
   add_test(NAME cuda_one_process COMMAND bash ${ROOT}/tests/cuda/one_process.sh ${PLANC} ${NVCC} WORKING_DIRECTORY ${ROOT})
   set_tests_properties(cuda_one_process PROPERTIES TIMEOUT 600 SKIP_RETURN_CODE 77)
 endif()
+# the architecture (issue 21): the include and call graphs of compiler/ and runtime/, file by file
+# and folder by folder, have no cycles (tests/arch/check_deps.py reads the sources and nm of the
+# objects this build made)
+add_test(NAME arch COMMAND python3 ${ROOT}/tests/arch/check_deps.py ${ROOT} ${CMAKE_BINARY_DIR} WORKING_DIRECTORY ${ROOT})
+# no function in compiler/, runtime/ or grammar/ over 150 lines (issue 21; tests/arch/check_functions.py
+# reads C as a compiler would, and lists with why the few still allowed over it)
+add_test(NAME arch_functions COMMAND python3 ${ROOT}/tests/arch/check_functions.py ${ROOT} WORKING_DIRECTORY ${ROOT})
+
+
+# ---- data (issue 22, docs/data.md): the token formats (text, nanoGPT, llm.c shards, Megatron's
+# indexed data set) written by an independent Python writer, the sampling rules (epochs, blends,
+# held-out batches, random) and document boundaries against the page's formulas re-implemented
+# in Python, and planc data's tokenizer and trainer against an independent Python GPT-2 encoder;
+# data_runs trains on them (evaluation, samples/s, refusals, masks, resume checks)
+add_executable(data_dump ${ROOT}/tests/data/data_dump.c)
+target_compile_options(data_dump PRIVATE ${PLANC_WARNINGS})
+target_include_directories(data_dump PRIVATE ${ROOT}/runtime/io)
+target_link_libraries(data_dump PRIVATE planrt)
+runner_test(data 600 python3 ${ROOT}/tests/data/check_data.py ${PLANC} $<TARGET_FILE:data_dump> ${ROOT})
+runner_test(fmt_golden 300 sh ${ROOT}/tests/front/run_fmt_golden.sh ${PLANC})
+runner_test(data_runs 900 python3 ${ROOT}/tests/data/check_runs.py ${PLANC} ${ROOT})
 
 # ---- tiers and labels (README.md, "Tests"). Every test is in exactly one tier:
 #   quick  the edit loop (`ctest -L quick -j2`, under 90 s on 2 cores): diagnostics, goldens,
@@ -125,11 +147,12 @@ set(QUICK_TESTS errors fmt_roundtrip cli explain_goldens explain_formulas explai
     runtime_rng runtime_data runtime_optim runtime_safetensors runtime_log runtime_memory runtime_collectives
     runtime_step_kernels runtime_watchdog runtime_watchdog_world_sum runtime_collectives_no_watchdog
     runtime_program runtime_program_cli kernels_fd kernels_semantics pipeline_partition pipeline_stages
-    sync_check sync_kernels llvm_verify scale_check cuda_streams cuda_sync_math cuda_moe_math equiv_ops equiv_mlp)
+    sync_check sync_kernels llvm_verify scale_check cuda_streams cuda_sync_math cuda_moe_math equiv_ops equiv_mlp arch arch_functions
+    fmt_golden data)
 set(MPI_TESTS runtime_collectives runtime_step_kernels runtime_watchdog runtime_watchdog_world_sum
     runtime_collectives_no_watchdog runtime_program runtime_program_cli sync_kernels sync_runs llvm_diff
     equiv_gpt equiv_moe equiv_mlp equiv_ops equiv_others equiv_sweep torch_reference memory offload checkpoint fp16
-    program_errors program_failures observe cuda_sync_math)
+    program_errors program_failures observe cuda_sync_math cpu_levels data_runs)
 set(CUDA_TESTS llvm_ptxas cuda_build cuda_one_process)
 set(TORCH_TESTS torch_reference)
 set(TEST_COSTS cuda_build 150 equiv_gpt 140 llvm_diff 130 offload 70 equiv_sweep 60 equiv_moe 60 checkpoint 50

@@ -55,18 +55,24 @@ typedef struct planrt_ctx {
 	double loss_scale;       /* fp16 loss scaling: the backward starts from loss * loss_scale (else 1) */
 	int step_skipped;        /* set when this step's unscaled gradients are not finite: no update */
 	int64_t slot_index;      /* the running action's slot (offload activations: its host copies) */
+	const struct planrt_program *program; /* the program being run (its parameter table, sizes) */
+	struct planrt_namemap *name_map;      /* --map: --init and --save under another framework's names */
 } planrt_ctx_t;
 
 typedef void (*planrt_phase_fn)(planrt_ctx_t *ctx);
 
 typedef enum { PLANRT_FORWARD = 0, PLANRT_BACKWARD = 1 } planrt_act_kind_t;
+enum { PLANRT_NO_INBOX = 0xffff };
 typedef struct planrt_action {
 	uint8_t kind;    /* planrt_act_kind_t */
 	uint8_t chunk;
 	uint16_t slot;   /* activation slot (and request set) of this micro-batch and chunk */
-	uint16_t inbox;  /* receive inbox, or 0xffff when the action receives nothing ahead */
+	uint16_t inbox;  /* receive inbox, or PLANRT_NO_INBOX when the action receives nothing ahead */
 	uint32_t micro;
 } planrt_action_t;
+/* "no mesh axis" wherever an axis is asked for (a parameter dim no axis splits, a piece no ZeRO
+ * axis shards) */
+enum { PLANRT_NO_AXIS = -1 };
 
 /* Persistent state: each buffer is allocated once (zeroed, 64-byte aligned), counted by kind; planc
  * explain's category lines are the sums of these. */
@@ -91,13 +97,19 @@ typedef struct planrt_state_buf {
  * tensor-parallel block) shapes and the mesh axis that splits each dim (-1: not split). Element
  * index i of the local block is its row-major index. Tied copies on a second pipeline stage have
  * saved = 0 (the original is written). */
+/* How a parameter starts: drawn normal(a = mean, b = std) or uniform(a, b), zeros, ones; buffers
+ * also arange, rope_cos(a = theta), rope_sin(a) (computed, never read from --init) and load
+ * (--init only). */
+typedef enum {
+	PLANRT_INIT_NORMAL = 0, PLANRT_INIT_UNIFORM, PLANRT_INIT_ZEROS, PLANRT_INIT_ONES, PLANRT_INIT_ARANGE,
+	PLANRT_INIT_ROPE_COS, PLANRT_INIT_ROPE_SIN, PLANRT_INIT_LOAD
+} planrt_init_kind_t;
 typedef struct planrt_param {
 	const char *name;
 	int rank;
 	int64_t gdims[8], ldims[8];
 	int8_t split_axis[8];
-	uint8_t init_kind;       /* 0 normal(a, b) 1 uniform(a, b) 2 zeros 3 ones; buffers: 4 arange, 5 rope_cos(a),
-				  * 6 rope_sin(a) (computed, never read from --init), 7 load (--init only) */
+	uint8_t init_kind;       /* planrt_init_kind_t */
 	uint8_t saved;
 	double a, b;
 } planrt_param_t;
@@ -156,6 +168,9 @@ typedef struct planrt_program {
 	const char *fingerprint;
 	const char *sync;                  /* "strict", "local_sgd" or "async" (checkpoints) */
 	double loss_scale;                 /* fp16 loss scaling: 0 none, -1 dynamic, > 0 static */
+	/* the optimizer and its settings, "adamw(lr = 0.0003, betas = (0.9, 0.95), ...)": a checkpoint
+	 * records it, and resuming under another kind of optimizer is refused */
+	const char *optimizer;
 } planrt_program_t;
 
 /* Runs the program: parses argv (--steps K --data FILE [--init W] [--save W] [--log F] [--seed S]
@@ -216,6 +231,8 @@ void planrt_ckpt_read_local(planrt_ctx_t *ctx, void *dst, planrt_dtype_t dtype, 
  * [row_lo, row_lo + rows) of this step, positions [s_lo, s_lo + s_n) of each window */
 void planrt_load_input(planrt_ctx_t *ctx, int32_t *dst, int stream, int64_t row_lo, int64_t rows, int64_t s_lo,
 		       int64_t s_n);
+/* input.c: frees what loading kept for the run (planrt_main, at the end) */
+void planrt_input_release_(void);
 /* Pipeline transfers on the pipe axis to / from the rank with pipe coordinate peer, on channel
  * (0: forward activations, 1: backward gradients; messages match in order within a channel). The
  * request is completed by planrt_p2p_finish, or by the walker before the slot is reused. */

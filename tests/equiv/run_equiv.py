@@ -26,7 +26,7 @@ steps = int(sys.argv[3]) if len(sys.argv) > 3 else 20
 env = harness.mpi_env(PLANRT_REPORT_COMM="1")
 # the data each model trains on (data/corpus.txt: token windows; the others are data sets of named
 # tensors)
-DATA = {"bert": "data/classify.safetensors", "tests/equiv/regress": "data/regress"}
+DATA = {"bert": "data/classify.safetensors", "tests/equiv/regress": "data/regress", "gpt_docs": "data/corpus_tok"}
 
 
 def data_of(model):
@@ -52,6 +52,7 @@ PLANS = {
             "dp4_async_s0", "dp2_local_sgd_k1:single_momentum",
             "bf16", "bf16_zero2_dp4", "bf16_pp2", "fp16", "fp16_dp2"],
     "llama": ["tp2", "tp2_patterns", "dp2_tp2_sp", "zero3_dp4"],
+    "gpt_docs": ["dp2", "tp2", "tp2_sp"],
     "tests/equiv/ops": ["dp2", "tp2", "sp2", "dp2_tp2"],
     "tests/equiv/moe_names": ["ep2", "ep2_pattern"],
     "moe": ["ep2", "ep4", "ep2_tp2", "ep2_dp2", "ep2_dp2_zero1", "ep2_dp2_tp2_zero2", "switch_ep2:switch_single",

@@ -20,7 +20,7 @@ for case in $cases; do
 		continue
 	fi
 	n=$(grep -c '^\.visible \.entry' "$out/kernels.ptx")
-	loops=$(grep -c 'op.* fused \*/$' "$out/prog.c")
+	loops=$(grep -c '^PLANRT_LOOP void [a-z0-9_]*loop[0-9]*(' "$out/prog.c") # each fused loop's function
 	if ! grep -q '^\.target sm_80' "$out/kernels.ptx" || [ "$n" -eq 0 ] || [ "$n" -ne "$loops" ]; then
 		bad "$model $plan: $n kernels in kernels.ptx for $loops fused loops in prog.c (or not sm_80)"
 	fi

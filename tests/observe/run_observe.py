@@ -247,7 +247,7 @@ if check("tensorboard: the converter writes one event file", r.returncode == 0 a
     rows = log_rows(log)
     want = collections.defaultdict(dict)
     for x in rows:
-        for k in ("loss", "eval_loss", "lr", "grad_norm", "tokens_per_s"):
+        for k in ("loss", "eval_loss", "lr", "grad_norm", "tokens_per_s", "samples_per_s"):
             if k in x:
                 want[f"train/{k}" if k != "eval_loss" else "eval/loss"][x["step"]] = struct.unpack(
                     "<f", struct.pack("<f", x[k]))[0]

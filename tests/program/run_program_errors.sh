@@ -1,7 +1,8 @@
 #!/bin/sh
 # A generated program facing bad input: a wrong world size, missing / empty / malformed data,
 # a missing, truncated or malformed --init file, a tensor of the wrong shape or dtype, an unusable
-# --save path, unknown options, a bad --map (name map) or an --init file it does not fit. Each
+# --save path, unknown options, a bad --map (name map) or an --init file it does not fit (a tensor
+# stored transposed: "add T on that line"). Each
 # must end every rank with a non-zero exit and a one-line cause (no hang: every run has a time limit) and must not leave a partial output file.
 # usage: tests/program/run_program_errors.sh PLANC (from the repository root)
 planc=$1
@@ -125,7 +126,7 @@ printf 'wte embed\nlm_head embed T\n' >"$tmp/twice.map"
 expect_fail "--map gives two parameters one name" "parameters 'wte' and 'lm_head' both map to 'embed'" 1 --steps 1 \
 	--data $data --init "$tmp/hf.safetensors" --map "$tmp/twice.map"
 sed 's/\(self_attn.k_proj.weight *\)T/\1/' stdlib/maps/hf_llama.map >"$tmp/no_t.map"
-expect_fail "--map without a needed T" "'model.layers.0.self_attn.k_proj.weight' in '.*' has shape \[32, 64\] but the model expects \[64, 32\]" 1 \
+expect_fail "--map without a needed T" "'model.layers.0.self_attn.k_proj.weight' is \[32, 64\], the transpose of the \[64, 32\] that line 10 of --map '.*' reads for 'layers.0.llama_block.gqa_attention.wk'; add T on that line" 1 \
 	--steps 1 --data $data --init "$tmp/hf.safetensors" --map "$tmp/no_t.map"
 python3 - "$tmp" <<'PY'
 import json, struct, sys

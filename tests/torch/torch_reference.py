@@ -74,12 +74,39 @@ def philox(seed, key, counter):
     return c0, c1, c2, c3
 
 
+def shuffle(seed, epoch, j, n):
+    """docs/data.md's permutation, read from the page: a 4-round Feistel network on 2h bits
+    (the fewest with 4^h >= n), round r keyed by Philox(seed, 0x7368756666000000 + 4 epoch + r,
+    right half), cycle-walked into [0, n)."""
+    if n <= 1:
+        return 0
+    h = 1
+    while h < 32 and (1 << (2 * h)) < n:
+        h += 1
+    mask = (1 << h) - 1
+    x = j
+    while True:
+        left, right = x >> h, x & mask
+        for r in range(4):
+            f = philox(seed, 0x7368756666000000 + 4 * epoch + r, right)[0]
+            left, right = right, left ^ (f & mask)
+        x = (left << h) | right
+        if x < n:
+            return x
+
+
+def epoch_sample(step, i, B, n):
+    """the sample row i of step t reads (sampling by epochs, one source of n samples)"""
+    g = step * B + i
+    return shuffle(SEED, g // n, g % n, n)
+
+
 def batch(data, step, B, S):
-    npos = len(data) - S - 1
+    # planrt's default sampling (epochs): window k is tokens [k S, k S + S], N = (len - 1) // S
+    n = (len(data) - 1) // S
     toks, tgts = [], []
     for i in range(B):
-        x = philox(SEED, step, i)
-        pos = (x[0] | (x[1] << 32)) % npos
+        pos = epoch_sample(step, i, B, n) * S
         toks.append(data[pos:pos + S])
         tgts.append(data[pos + 1:pos + S + 1])
     return torch.tensor(toks, dtype=torch.long), torch.tensor(tgts, dtype=torch.long)
@@ -502,8 +529,8 @@ def run_bert():
     n = ds["tokens"].shape[0]
 
     def loss_of(w, step):
-        # planrt's sampler for data sets: row i of step t is sample Philox(seed, (t, i)) mod N
-        idx = [(lambda x: (x[0] | (x[1] << 32)) % n)(philox(SEED, step, i)) for i in range(B)]
+        # planrt's sampler for data sets (epochs): row i of step t is sample shuffle(seed, g // N, g % N, N)
+        idx = [epoch_sample(step, i, B, n) for i in range(B)]
         tokens, labels = ds["tokens"][idx], ds["labels"][idx]
         x = F.layer_norm(F.embedding(tokens, w["wte"]) + w["wpe"], (D,), w["layernorm.weight"], w["layernorm.bias"],
                          eps=1e-12)

@@ -1,9 +1,8 @@
-/* planrt.c: results and error text, the world, the mesh and its communicators.
+/* world.c: the world, the mesh and its communicators.
  *
- * Errors: every fallible call returns a planrt_result_t and leaves a one-line detail (cause and
- * fix) in a thread-local buffer that planrt_last_error() returns. A failure a program cannot
- * recover from goes through planrt_fatal, which aborts every rank (MPI_Abort) so that no rank
- * waits forever in a collective for a peer that has died.
+ * planrt_init starts MPI (unless the program did) with errors returned as results, and makes the
+ * world communicator and planrt's own control group (a duplicate of the world, for the run's
+ * bookkeeping collectives: trace origin, checkpoint agreement, metrics).
  *
  * The mesh: planc numbers ranks row-major over the mesh axes, the first axis slowest, so a rank's
  * coordinate on axis k is (rank / stride[k]) % size[k] with stride[k] the product of the sizes of
@@ -17,20 +16,15 @@
 
 #include "planrt.h"
 
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 
 enum { MAX_AXES = PLANRT_MAX_AXES_, MAX_COMMS = 64 };
-
-static _Thread_local char last_error[1024];
 
 static int world_rank = -1, world_size = 0;
 static int we_initialised_mpi;
 static struct planrt_comm world, control;
 static int world_ready;
-static int offline; /* planrt_mesh_offline_: one process plays the ranks, without MPI */
 
 static int mesh_naxes;
 static int mesh_sizes[MAX_AXES], mesh_coords[MAX_AXES];
@@ -38,80 +32,6 @@ static planrt_comm_t axis_comms[MAX_AXES];
 /* Pair communicators, freed by planrt_finalize (and a new mesh). */
 static planrt_comm_t pair_comms[MAX_COMMS];
 static int npair_comms;
-
-const char *planrt_error_string(planrt_result_t r)
-{
-	switch (r) {
-	case planrt_success: return "success";
-	case planrt_system_error: return "system error (the OS or MPI failed)";
-	case planrt_invalid_argument: return "invalid argument";
-	case planrt_invalid_usage: return "invalid usage (a call out of order)";
-	case planrt_io_error: return "I/O error";
-	case planrt_format_error: return "malformed file";
-	case planrt_timeout: return "timeout (the watchdog fired)";
-	case planrt_internal_error: return "internal error in planrt";
-	}
-	return "unknown planrt result";
-}
-
-const char *planrt_last_error(void)
-{
-	return last_error;
-}
-
-planrt_result_t planrt_error_(planrt_result_t r, const char *fmt, ...)
-{
-	va_list ap;
-	va_start(ap, fmt);
-	vsnprintf(last_error, sizeof last_error, fmt, ap);
-	va_end(ap);
-	return r;
-}
-
-int planrt_world_rank_(void)
-{
-	return world_rank;
-}
-
-static int mpi_live(void)
-{
-	int init = 0, fin = 0;
-	MPI_Initialized(&init);
-	MPI_Finalized(&fin);
-	return init && !fin;
-}
-
-void planrt_fatal(const char *fmt, ...)
-{
-	char msg[2048];
-	va_list ap;
-	va_start(ap, fmt);
-	vsnprintf(msg, sizeof msg, fmt, ap);
-	va_end(ap);
-	fflush(stdout);
-	/* One write so that lines from several ranks do not interleave mid-line. */
-	if (world_rank >= 0 && !offline)
-		fprintf(stderr, "planrt: rank %d: %s\n", world_rank, msg);
-	else /* before MPI, or one process playing every rank (--reshard) */
-		fprintf(stderr, "planrt: %s\n", msg);
-	fflush(stderr);
-	if (mpi_live())
-		MPI_Abort(MPI_COMM_WORLD, 1);
-	exit(1);
-}
-
-void planrt_check_(planrt_result_t r, const char *what, const char *file, int line)
-{
-	if (r == planrt_success)
-		return;
-	/* users see the cause and the fix; PLANRT_DEBUG adds where in the program it happened */
-	if (getenv("PLANRT_DEBUG"))
-		planrt_fatal("%s:%d: %s: %s%s%s", file, line, what, planrt_error_string(r), last_error[0] ? ": " : "",
-			     last_error);
-	planrt_fatal("%s%s%s", planrt_error_string(r), last_error[0] ? ": " : "", last_error);
-}
-
-/* ------------------------------------------------------------------ world */
 
 static planrt_result_t mpi_error(int rc, const char *call)
 {
@@ -153,12 +73,13 @@ planrt_result_t planrt_init(int *argc, char ***argv, int *rank, int *world_out)
 	control.group = PLANRT_GROUP_CONTROL_;
 	snprintf(control.name, sizeof control.name, "planrt's control group (the world)");
 	world_ready = 1;
+	planrt_set_world_rank_(world_rank, 0);
 	planrt_comm_init_();
 	if (rank)
 		*rank = world_rank;
 	if (world_out)
 		*world_out = world_size;
-	last_error[0] = 0;
+	planrt_error_(planrt_success, "%s", "");
 	return planrt_success;
 }
 
@@ -189,11 +110,11 @@ planrt_result_t planrt_finalize(void)
 		return planrt_error_(planrt_invalid_usage, "planrt_finalize called before planrt_init");
 	mesh_free();
 	world_ready = 0;
-	if (mpi_live() && control.comm != MPI_COMM_NULL) {
+	if (planrt_mpi_live_() && control.comm != MPI_COMM_NULL) {
 		MPI_Comm_free(&control.comm);
 		control.comm = MPI_COMM_NULL;
 	}
-	if (we_initialised_mpi && mpi_live()) {
+	if (we_initialised_mpi && planrt_mpi_live_()) {
 		int rc = MPI_Finalize();
 		if (rc != MPI_SUCCESS)
 			return mpi_error(rc, "MPI_Finalize");
@@ -315,7 +236,7 @@ void planrt_mesh_offline_(int naxes, const int *sizes, int rank)
 	for (int k = 0; k < naxes; k++)
 		mesh_coords[k] = (rank / axis_stride(k)) % sizes[k];
 	world_rank = rank;
-	offline = 1;
+	planrt_set_world_rank_(rank, 1);
 }
 
 int planrt_mesh_coord(int axis)
@@ -349,73 +270,4 @@ planrt_result_t planrt_pair_comm(int axis, int a, int b, planrt_comm_t *out)
 	if (r == planrt_success && *out)
 		pair_comms[npair_comms++] = *out;
 	return r;
-}
-
-/* ------------------------------------------------------------------ dtypes */
-
-size_t planrt_dtype_size(planrt_dtype_t t)
-{
-	switch (t) {
-	case planrt_f32: return 4;
-	case planrt_bf16: return 2;
-	case planrt_f16: return 2;
-	case planrt_i32: return 4;
-	case planrt_u8: return 1;
-	case planrt_f64: return 8;
-	}
-	return 0;
-}
-
-static uint32_t f32_bits(float x)
-{
-	uint32_t u;
-	memcpy(&u, &x, 4);
-	return u;
-}
-
-static float bits_f32(uint32_t u)
-{
-	float x;
-	memcpy(&x, &u, 4);
-	return x;
-}
-
-float planrt_half_to_f32_(uint16_t h, planrt_dtype_t t)
-{
-	if (t == planrt_bf16)
-		return bits_f32((uint32_t)h << 16);
-	uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, mant = h & 0x3ff;
-	if (exp == 0) { /* zero or subnormal: mant * 2^-24, exact in f32 */
-		float f = (float)mant * 0x1p-24f;
-		return sign ? -f : f;
-	}
-	if (exp == 31)
-		return bits_f32(sign | 0x7f800000u | (mant << 13));
-	return bits_f32(sign | ((exp + 112) << 23) | (mant << 13));
-}
-
-uint16_t planrt_f32_to_half_(float x, planrt_dtype_t t)
-{
-	uint32_t u = f32_bits(x);
-	if (t == planrt_bf16) {
-		if ((u & 0x7fffffffu) > 0x7f800000u)
-			return (uint16_t)((u >> 16) | 0x40); /* quiet NaN */
-		return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
-	}
-	uint16_t sign = (uint16_t)((u >> 16) & 0x8000);
-	u &= 0x7fffffffu;
-	if (u >= 0x7f800000u)
-		return sign | 0x7c00 | (u > 0x7f800000u ? 0x200 : 0);
-	if (u >= 0x477ff000u) /* at least 65520: rounds to infinity */
-		return sign | 0x7c00;
-	if (u < 0x38800000u) { /* below 2^-14: an f16 subnormal, mantissa = x * 2^24 rounded to even */
-		float f = bits_f32(u) * 0x1p24f;
-		float r = f - (float)(uint32_t)f; /* f < 1024: exact */
-		uint32_t m = (uint32_t)f;
-		if (r > 0.5f || (r == 0.5f && (m & 1)))
-			m++;
-		return (uint16_t)(sign | m);
-	}
-	u += 0xfffu + ((u >> 13) & 1);
-	return (uint16_t)(sign | ((u - 0x38000000u) >> 13));
 }
