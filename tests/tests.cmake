@@ -135,6 +135,14 @@ runner_test(data 600 python3 ${ROOT}/tests/data/check_data.py ${PLANC} $<TARGET_
 runner_test(fmt_golden 300 sh ${ROOT}/tests/front/run_fmt_golden.sh ${PLANC})
 runner_test(data_runs 900 python3 ${ROOT}/tests/data/check_runs.py ${PLANC} ${ROOT})
 
+# ---- the libFuzzer harness of the front end (tests/fuzz): built with clang into the build
+# directory's fuzz/ (fuzz_build, a fixture), then run for PLANC_FUZZ_SECONDS (default 60; 0 skips
+# both) beside the rest of the suite
+add_test(NAME fuzz_build COMMAND sh ${ROOT}/tests/fuzz/run_fuzz.sh build ${CMAKE_BINARY_DIR}/fuzz WORKING_DIRECTORY ${ROOT})
+set_tests_properties(fuzz_build PROPERTIES TIMEOUT 600 SKIP_RETURN_CODE 77 FIXTURES_SETUP fuzz_harness)
+add_test(NAME fuzz COMMAND sh ${ROOT}/tests/fuzz/run_fuzz.sh run ${CMAKE_BINARY_DIR}/fuzz WORKING_DIRECTORY ${ROOT})
+set_tests_properties(fuzz PROPERTIES TIMEOUT 600 SKIP_RETURN_CODE 77 FIXTURES_REQUIRED fuzz_harness)
+
 # ---- tiers and labels (README.md, "Tests"). Every test is in exactly one tier:
 #   quick  the edit loop (`ctest -L quick -j2`, under 90 s on 2 cores): diagnostics, goldens,
 #          unit tests, the CLI, and the equivalence of the op test model and the MLP's plans
@@ -155,8 +163,9 @@ set(MPI_TESTS runtime_collectives runtime_step_kernels runtime_watchdog runtime_
     program_errors program_failures observe cuda_sync_math cpu_levels data_runs)
 set(CUDA_TESTS llvm_ptxas cuda_build cuda_one_process)
 set(TORCH_TESTS torch_reference)
-set(TEST_COSTS cuda_build 150 equiv_gpt 140 llvm_diff 130 offload 70 equiv_sweep 60 equiv_moe 60 checkpoint 50
-    torch_reference 50 sync_runs 40 equiv_others 40 memory 30 explain_goldens_large 25 fp16 20 observe 15)
+set(TEST_COSTS cuda_build 180 equiv_gpt 140 llvm_diff 139 cpu_levels 120 offload 70 sync_runs 63 fuzz 60
+    equiv_sweep 60 equiv_moe 60 checkpoint 50 torch_reference 50 data_runs 45 cuda_one_process 40 equiv_others 40
+    fuzz_build 30 memory 30 explain_goldens_large 25 fp16 20 observe 15)
 
 get_property(ALL_TESTS DIRECTORY PROPERTY TESTS)
 foreach(t ${ALL_TESTS})
