@@ -154,6 +154,14 @@ runner_test(resume_guard 900 python3 ${ROOT}/tests/checkpoint/check_resume_guard
 runner_test(outputs 900 python3 ${ROOT}/tests/program/check_outputs.py ${PLANC} ${ROOT})
 runner_test(explain_json_exact 300 python3 ${ROOT}/tests/explain/check_json_exact.py ${PLANC} ${ROOT})
 
+# ---- the libFuzzer harnesses (tests/fuzz: the front end, check, explain, the emitters): built with
+# clang into the build directory's fuzz/ (fuzz_build, a fixture), then each run for its share of
+# PLANC_FUZZ_SECONDS (default 60; 0 skips both) beside the rest of the suite (scripts/fuzz.sh)
+add_test(NAME fuzz_build COMMAND sh ${ROOT}/tests/fuzz/run_fuzz.sh build ${CMAKE_BINARY_DIR}/fuzz WORKING_DIRECTORY ${ROOT})
+set_tests_properties(fuzz_build PROPERTIES TIMEOUT 600 SKIP_RETURN_CODE 77 FIXTURES_SETUP fuzz_harness)
+add_test(NAME fuzz COMMAND sh ${ROOT}/tests/fuzz/run_fuzz.sh run ${CMAKE_BINARY_DIR}/fuzz WORKING_DIRECTORY ${ROOT})
+set_tests_properties(fuzz PROPERTIES TIMEOUT 600 SKIP_RETURN_CODE 77 FIXTURES_REQUIRED fuzz_harness)
+
 # ---- tiers and labels (README.md, "Tests"). Every test is in exactly one tier:
 #   quick  the edit loop (`ctest -L quick -j2`, under 90 s on 2 cores): diagnostics, goldens,
 #          unit tests, the CLI, and the equivalence of the op test model and the MLP's plans
@@ -175,8 +183,9 @@ set(MPI_TESTS runtime_collectives runtime_step_kernels runtime_watchdog runtime_
     cuda_comm_staged cuda_comm_staged_watchdog cuda_comm_staged_local cuda_local_mpi)
 set(CUDA_TESTS llvm_ptxas cuda_build cuda_one_process)
 set(TORCH_TESTS torch_reference)
-set(TEST_COSTS cuda_build 150 equiv_gpt 140 llvm_diff 130 offload 70 equiv_sweep 60 equiv_moe 60 checkpoint 50
-    torch_reference 50 sync_runs 40 equiv_others 40 memory 30 explain_goldens_large 25 scale_compile_time 25 search 30 fp16 20 observe 15
+set(TEST_COSTS cuda_build 180 equiv_gpt 140 llvm_diff 139 cpu_levels 60 offload 70 sync_runs 63 fuzz 60
+    equiv_sweep 60 equiv_moe 60 checkpoint 50 torch_reference 50 data_runs 45 cuda_one_process 40 equiv_others 40
+    fuzz_build 60 memory 30 search 30 explain_goldens_large 25 scale_compile_time 25 fp16 20 observe 15
     kernels_matmul_bf16 15)
 
 get_property(ALL_TESTS DIRECTORY PROPERTY TESTS)

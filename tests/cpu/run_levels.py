@@ -26,10 +26,9 @@ import os
 import re
 import subprocess
 import sys
-import tempfile
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
-from harness import Tally, mpi_env  # noqa: E402
+from harness import Tally, mpi_env, workdir  # noqa: E402
 
 planc, root = sys.argv[1], sys.argv[2]
 steps = int(sys.argv[3]) if len(sys.argv) > 3 else 20
@@ -37,9 +36,9 @@ TOL = {"f32": 1e-5, "bf16": 2e-3, "f16": 2e-3}
 # (model, plan, ranks, precision)
 PLANS = [("gpt", "single", 1, "f32"), ("llama", "single", 1, "f32"), ("gpt", "bf16", 1, "bf16"),
          ("gpt", "fp16", 1, "f16"), ("gpt", "dp2", 2, "f32")]
-work = tempfile.mkdtemp(prefix="planc-cpu-levels-")
+work = workdir("cpu-levels")
 data = f"{root}/data/corpus.txt"
-t = Tally()
+t = Tally("cpu levels")
 
 
 def plan_file(model):
