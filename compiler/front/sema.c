@@ -42,11 +42,11 @@ enum { PARAM_INITS = 4 };
 static const char *const decorators[] = {"recompute"};
 static const char *const plan_words[] = {
 	"mesh", "batch", "shard", "use", "pipeline", "stage", "zero", "offload", "recompute",
-	"precision", "optimizer", "sync", "experts", "replicate", "freeze",
+	"precision", "optimizer", "sync", "experts", "replicate", "freeze", "attention",
 };
 enum {
 	W_MESH, W_BATCH, W_SHARD, W_USE, W_PIPELINE, W_STAGE, W_ZERO, W_OFFLOAD, W_RECOMPUTE,
-	W_PRECISION, W_OPTIMIZER, W_SYNC, W_EXPERTS, W_REPLICATE, W_FREEZE, NWORDS
+	W_PRECISION, W_OPTIMIZER, W_SYNC, W_EXPERTS, W_REPLICATE, W_FREEZE, W_ATTENTION, NWORDS
 };
 static const char *const schedules[] = {"gpipe", "1f1b", "interleaved"};
 static const char *const balances[] = {"uniform", "params", "flops"};
@@ -54,6 +54,7 @@ static const char *const pipeline_keys[] = {"stages", "balance", "chunks", "sche
 static const char *const offload_whats[] = {"optimizer", "params", "activations"};
 static const char *const offload_places[] = {"host", "disk"};
 static const char *const recompute_modes[] = {"none", "selective", "full"};
+static const char *const attention_modes[] = {"fused", "unfused"};
 static const char *const precisions[] = {"f32", "bf16", "fp16"};
 static const char *const precision_keys[] = {"master", "loss_scale"};
 static const char *const optimizers[] = {"sgd", "momentum", "adam", "adamw"};
@@ -2247,6 +2248,22 @@ static void plan_recompute(PlanCtx *pc, PlanStmt *st)
 	}
 }
 
+/* attention fused | unfused: whether attention chains become one fused op (graph/attention.c) */
+static void plan_attention(PlanCtx *pc, PlanStmt *st)
+{
+	Arg *a = st->args;
+	if (!a || a->key || a->next) {
+		diag_error(pc->src, a && a->next ? a->next->loc : st->word_loc, "expected attention fused or unfused");
+		return;
+	}
+	int m = word_index(word_of(a->value), attention_modes, COUNT(attention_modes));
+	if (m < 0) {
+		unknown_word(pc, pc->src, a->value, "attention mode", attention_modes, COUNT(attention_modes));
+		return;
+	}
+	pc->ps->attention_unfused = m == 1;
+}
+
 static bool precision_dtype(const char *w, DType *t)
 {
 	if (!w)
@@ -3299,6 +3316,8 @@ static PlanSpec *build_plan(Program *p, Item *plan, bool model_checked_ok, bool 
 			plan_offload(pc, st, offload_seen);
 	if (pc->first[W_RECOMPUTE])
 		plan_recompute(pc, pc->first[W_RECOMPUTE]);
+	if (pc->first[W_ATTENTION])
+		plan_attention(pc, pc->first[W_ATTENTION]);
 	if (pc->first[W_PRECISION])
 		plan_precision(pc, pc->first[W_PRECISION]);
 	if (pc->first[W_OPTIMIZER])
