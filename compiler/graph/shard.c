@@ -118,7 +118,8 @@ static bool check_divisible(Shard *s, int v, const Layout *l, int dim, const Op 
 		const Source *src = at && at->src ? at->src : s->ps->src;
 		Loc loc = at && at->src ? at->loc : s->ps->plan->name_loc;
 		bool heads = at && at->kind == OP_SPLIT_HEADS && dim == val->rank - 3;
-		bool kv = at && (at->kind == OP_REPEAT_KV || at->kind == OP_REPEAT_KV_GRAD) && dim == val->rank - 3;
+		bool fused = at && op_classes[at->kind] == OPK_ATTENTION && v != at->in[0]; /* its k or v */
+		bool kv = at && (at->kind == OP_REPEAT_KV || at->kind == OP_REPEAT_KV_GRAD || fused) && dim == val->rank - 3;
 		if (heads || kv)
 			diag_error(src, loc, "plan %s: the %lld %sheads%s%s%s are not divisible by mesh axis %s", plan, val->dim[dim],
 				   kv ? "key/value " : "attention ", dn ? " (" : "", dn ? dn : "", dn ? ")" : "", axes);

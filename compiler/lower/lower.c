@@ -2299,6 +2299,8 @@ static bool takes_f32_only(KernelKind k)
 	case K_ROPE_GRAD:
 	case K_REGRESSION_LOSS:
 	case K_REGRESSION_LOSS_GRAD:
+	case K_ATTENTION:
+	case K_ATTENTION_GRAD:
 		return true;
 	default:
 		return false;
