@@ -311,12 +311,12 @@
 	  KP(STEP, step)) \
 	X(NARROW_I32, "narrow_i32", KC_COMPUTE, planrt_narrow_i32, KDEV(planrt_cu_narrow_i32), \
 	  KP(I32_IN, x) KP(I32_OUT, y) KP(I64, outer) KP(I64, n) KP(I64, inner) KP(I64, start) KP(I64, len)) \
-	X(ATTENTION, "attention", KC_COMPUTE, planrt_k_attention_f32, KDEV_HOST, \
+	X(ATTENTION, "attention", KC_COMPUTE, planrt_k_attention_f32, KDEV(planrt_cu_k_attention_f32), \
 	  KP(F32_IN, q) KP(F32_IN, k) KP(F32_IN, v) KP(F32_IN, mask) KP(DIMS, mask_strides) KP(F32_OUT, out) \
 	  KP(F32_OUT, lse) KP(INT, rank) KP(DIMS, ldims) KP(I64, kv_heads) KP(I64, sk) KP(F64, scale) \
 	  KP(INT, mask_kind) KP(F64, p) KP(STEP_SEED, seed) KP(U64, key) KP(DIMS, gdims) KP(DIMS, offs) \
 	  KP(OUT, scratch)) \
-	X(ATTENTION_GRAD, "attention_grad", KC_COMPUTE, planrt_k_attention_grad_f32, KDEV_HOST, \
+	X(ATTENTION_GRAD, "attention_grad", KC_COMPUTE, planrt_k_attention_grad_f32, KDEV(planrt_cu_k_attention_grad_f32), \
 	  KP(F32_IN, q) KP(F32_IN, k) KP(F32_IN, v) KP(F32_IN, mask) KP(DIMS, mask_strides) KP(F32_IN, out) \
 	  KP(F32_IN, lse) KP(F32_IN, dout) KP(F32_OUT, dq) KP(F32_OUT, dk) KP(F32_OUT, dv) KP(INT, rank) \
 	  KP(DIMS, ldims) KP(I64, kv_heads) KP(I64, sk) KP(F64, scale) KP(INT, mask_kind) KP(F64, p) \
