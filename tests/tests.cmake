@@ -61,6 +61,12 @@ runner_test(equiv_sweep 900 python3 ${ROOT}/tests/equiv/run_sweep.py ${PLANC} ${
 # PyTorch as an independent reference. Without Debian's python3-torch it exits 77, which ctest
 # reports as skipped (scripts/deps.sh installs it, so CI runs it); a skip never reads as a pass.
 # the fused attention trains as the attention written out, and saves the S^2 activations (tests/attention)
+add_executable(attention_io ${ROOT}/tests/attention/attention_io.c)
+target_compile_options(attention_io PRIVATE ${PLANC_WARNINGS} -O2)
+target_link_libraries(attention_io PRIVATE planrt)
+# the CPU's fused attention against PyTorch's on odd sizes, head dims, GQA ratios and masks
+runner_test(attention_torch 300 /usr/bin/python3 ${ROOT}/tests/attention/check_torch.py $<TARGET_FILE:attention_io>)
+set_tests_properties(attention_torch PROPERTIES SKIP_RETURN_CODE 77)
 runner_test(attention_fused 900 python3 ${ROOT}/tests/attention/run_fused.py ${PLANC} ${ROOT} 5)
 runner_test(torch_reference 900 /usr/bin/python3 ${ROOT}/tests/torch/torch_reference.py ${PLANC} ${ROOT} 20)
 set_tests_properties(torch_reference PROPERTIES SKIP_RETURN_CODE 77)
@@ -162,7 +168,7 @@ set(MPI_TESTS runtime_collectives runtime_step_kernels runtime_watchdog runtime_
     equiv_gpt equiv_moe equiv_mlp equiv_ops equiv_others equiv_sweep attention_fused torch_reference memory offload checkpoint fp16
     program_errors program_failures observe cuda_sync_math cpu_levels data_runs)
 set(CUDA_TESTS llvm_ptxas cuda_build cuda_one_process)
-set(TORCH_TESTS torch_reference)
+set(TORCH_TESTS torch_reference attention_torch)
 set(TEST_COSTS cuda_build 150 equiv_gpt 140 llvm_diff 130 offload 70 equiv_sweep 60 equiv_moe 60 checkpoint 50
     torch_reference 50 sync_runs 40 equiv_others 40 memory 30 explain_goldens_large 25 fp16 20 observe 15)
 
