@@ -2228,21 +2228,32 @@ static void plan_offload(PlanCtx *pc, PlanStmt *st, Loc seen[3])
 	}
 }
 
-static void plan_recompute(PlanCtx *pc, PlanStmt *st)
+/* A statement of one mode word (recompute selective, attention unfused): its index in modes, or
+ * -1 after the error (expected: the statement's forms, for the message). */
+static int plan_mode(PlanCtx *pc, PlanStmt *st, const char *const *modes, int n, const char *what,
+		     const char *expected)
 {
 	Arg *a = st->args;
 	if (!a || a->key || a->next) {
-		diag_error(pc->src, a && a->next ? a->next->loc : st->word_loc, "expected recompute none, selective or full");
-		return;
+		diag_error(pc->src, a && a->next ? a->next->loc : st->word_loc, "expected %s", expected);
+		return -1;
 	}
-	int m = word_index(word_of(a->value), recompute_modes, COUNT(recompute_modes));
-	if (m < 0) {
-		unknown_word(pc, pc->src, a->value, "recompute mode", recompute_modes, COUNT(recompute_modes));
+	int m = word_index(word_of(a->value), modes, n);
+	if (m < 0)
+		unknown_word(pc, pc->src, a->value, what, modes, n);
+	return m;
+}
+
+static void plan_recompute(PlanCtx *pc, PlanStmt *st)
+{
+	int m = plan_mode(pc, st, recompute_modes, COUNT(recompute_modes), "recompute mode",
+			  "recompute none, selective or full");
+	if (m < 0)
 		return;
-	}
 	pc->ps->recompute = (RecomputeMode)m;
 	if (m == RECOMPUTE_SELECTIVE && pc->model && !pc->mi.uses_recompute_fn) {
-		pwarn(pc, pc->src, a->value->loc, "recompute selective has nothing to recompute in model '%s'", pc->model->name);
+		pwarn(pc, pc->src, st->args->value->loc, "recompute selective has nothing to recompute in model '%s'",
+		      pc->model->name);
 		if (pc->warn)
 			diag_note_plain("selective recomputes the fns marked @recompute, and the model calls none");
 	}
@@ -2251,17 +2262,9 @@ static void plan_recompute(PlanCtx *pc, PlanStmt *st)
 /* attention fused | unfused: whether attention chains become one fused op (graph/attention.c) */
 static void plan_attention(PlanCtx *pc, PlanStmt *st)
 {
-	Arg *a = st->args;
-	if (!a || a->key || a->next) {
-		diag_error(pc->src, a && a->next ? a->next->loc : st->word_loc, "expected attention fused or unfused");
-		return;
-	}
-	int m = word_index(word_of(a->value), attention_modes, COUNT(attention_modes));
-	if (m < 0) {
-		unknown_word(pc, pc->src, a->value, "attention mode", attention_modes, COUNT(attention_modes));
-		return;
-	}
-	pc->ps->attention_unfused = m == 1;
+	int m = plan_mode(pc, st, attention_modes, COUNT(attention_modes), "attention mode", "attention fused or unfused");
+	if (m >= 0)
+		pc->ps->attention_unfused = m == 1;
 }
 
 static bool precision_dtype(const char *w, DType *t)
