@@ -83,7 +83,8 @@ def planc_run(src, plan, S):
         return peak, "failed: " + r.stderr.strip()[-200:]
     rss = int(re.search(r"peak_rss=(\d+)", r.stderr).group(1))
     arena = int(re.search(r"arena_planned=(\d+)", r.stderr).group(1))
-    rates = [x["tokens_per_s"] for x in map(json.loads, open(log)) if "tokens_per_s" in x][1:]
+    rates = [x["tokens_per_s"] for x in map(json.loads, open(log)) if "tokens_per_s" in x]
+    rates = rates[1:] or rates  # the first step warms up, when there are others
     return peak, (sum(rates) / len(rates), rss, arena)
 
 
