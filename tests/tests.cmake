@@ -61,6 +61,14 @@ runner_test(equiv_others 900 python3 ${ROOT}/tests/equiv/run_equiv.py ${PLANC} $
 runner_test(equiv_sweep 900 python3 ${ROOT}/tests/equiv/run_sweep.py ${PLANC} ${ROOT} 24)
 # PyTorch as an independent reference. Without Debian's python3-torch it exits 77, which ctest
 # reports as skipped (scripts/deps.sh installs it, so CI runs it); a skip never reads as a pass.
+# the fused attention trains as the attention written out, and saves the S^2 activations (tests/attention)
+add_executable(attention_io ${ROOT}/tests/attention/attention_io.c)
+target_compile_options(attention_io PRIVATE ${PLANC_WARNINGS} -O2)
+target_link_libraries(attention_io PRIVATE planrt)
+# the CPU's fused attention against PyTorch's on odd sizes, head dims, GQA ratios and masks
+runner_test(attention_torch 300 /usr/bin/python3 ${ROOT}/tests/attention/check_torch.py $<TARGET_FILE:attention_io>)
+set_tests_properties(attention_torch PROPERTIES SKIP_RETURN_CODE 77)
+runner_test(attention_fused 900 python3 ${ROOT}/tests/attention/run_fused.py ${PLANC} ${ROOT} 5)
 runner_test(torch_reference 900 /usr/bin/python3 ${ROOT}/tests/torch/torch_reference.py ${PLANC} ${ROOT} 20)
 set_tests_properties(torch_reference PROPERTIES SKIP_RETURN_CODE 77)
 # what programs allocate = explain's figure; ZeRO's and expert parallelism's memory (tests/memory)
@@ -115,6 +123,12 @@ target_link_libraries(cuda_test_moe_math PRIVATE planrt)
 add_test(NAME cuda_moe_math COMMAND cuda_test_moe_math WORKING_DIRECTORY ${ROOT})
 # several ranks on GPUs, tested on the CPU: the MPI device backend, the node-local MPI, GPU binding
 include(${ROOT}/tests/cuda/gpu_ranks.cmake)
+# the fused attention's per-row logic (runtime/cuda/planrt_attention_math.h, attention_cuda.cu's
+# threads) on the host against the CPU's tiled kernels: outputs, lse, gradients, dropout
+add_executable(cuda_test_attention_math ${ROOT}/tests/cuda/test_attention_math.c)
+target_compile_options(cuda_test_attention_math PRIVATE ${PLANC_WARNINGS} -O2)
+target_link_libraries(cuda_test_attention_math PRIVATE planrt)
+add_test(NAME cuda_attention_math COMMAND cuda_test_attention_math WORKING_DIRECTORY ${ROOT})
 if(TARGET planrt_cuda)
   add_test(NAME cuda_build COMMAND bash ${ROOT}/tests/cuda/run_build.sh ${PLANC} ${NVCC} ${MPI_C_COMPILER} WORKING_DIRECTORY ${ROOT})
   set_tests_properties(cuda_build PROPERTIES TIMEOUT 900 SKIP_RETURN_CODE 77)
@@ -174,19 +188,19 @@ set(QUICK_TESTS errors fmt_roundtrip cli explain_goldens explain_formulas explai
     runtime_rng runtime_data runtime_optim runtime_safetensors runtime_log runtime_memory runtime_collectives
     runtime_step_kernels runtime_watchdog runtime_watchdog_world_sum runtime_collectives_no_watchdog
     runtime_program runtime_program_cli kernels_fd kernels_semantics kernels_matmul_bf16 pipeline_partition pipeline_stages
-    sync_check sync_kernels llvm_verify scale_check cuda_streams cuda_sync_math cuda_moe_math equiv_ops equiv_mlp arch arch_functions
+    sync_check sync_kernels llvm_verify scale_check cuda_streams cuda_sync_math cuda_moe_math cuda_attention_math equiv_ops equiv_mlp arch arch_functions
     fmt_golden data explain_json_exact cuda_gpu_binding cuda_comm_staged_watchdog)
 set(MPI_TESTS runtime_collectives runtime_step_kernels runtime_watchdog runtime_watchdog_world_sum
     runtime_collectives_no_watchdog runtime_program runtime_program_cli sync_kernels sync_runs llvm_diff
-    equiv_gpt equiv_moe equiv_mlp equiv_ops equiv_others equiv_sweep torch_reference memory offload checkpoint fp16
+    equiv_gpt equiv_moe equiv_mlp equiv_ops equiv_others equiv_sweep attention_fused torch_reference memory offload checkpoint fp16
     program_errors program_failures observe cuda_sync_math cpu_levels data_runs resume_guard outputs
     cuda_comm_staged cuda_comm_staged_watchdog cuda_comm_staged_local cuda_local_mpi)
 set(CUDA_TESTS llvm_ptxas cuda_build cuda_one_process)
-set(TORCH_TESTS torch_reference)
+set(TORCH_TESTS torch_reference attention_torch)
 set(TEST_COSTS cuda_build 180 equiv_gpt 140 llvm_diff 139 cpu_levels 60 offload 70 sync_runs 63 fuzz 60
     equiv_sweep 60 equiv_moe 60 checkpoint 50 torch_reference 50 data_runs 45 cuda_one_process 40 equiv_others 40
     fuzz_build 60 memory 30 search 30 explain_goldens_large 25 scale_compile_time 25 fp16 20 observe 15
-    kernels_matmul_bf16 15)
+    kernels_matmul_bf16 15 attention_fused 30 attention_torch 20)
 
 get_property(ALL_TESTS DIRECTORY PROPERTY TESTS)
 foreach(t ${ALL_TESTS})

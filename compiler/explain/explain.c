@@ -14,7 +14,8 @@
  *   communication   every communication kernel of the program with its calls per step, buffer
  *                   bytes and the bytes a rank puts on the wire (ring algorithms), rounded per
  *                   call exactly as planrt counts them;
- *   FLOPs           2 M N K for every matmul (recomputed ones included), per step;
+ *   FLOPs           2 M N K for every matmul (recomputed ones included), and fused attention's
+ *                   (attention_flops), per step;
  *   bubble          the schedule table simulated with each stage's FLOPs as its time.
  * docs/explain.md says which published formula each figure agrees with. */
 #include "explain/explain.h"
@@ -90,8 +91,24 @@ static double block_elems(const Graph *g, int v)
 	return n;
 }
 
+/* Fused attention's products (graph/attention.c): q k^T and P v forward, 2 Sq Sk Dh each per head;
+ * the gradient's dV, dP, dQ and dK, and (not in the model's count) the scores recomputed. */
+static double attention_flops(const Graph *g, const Op *op, bool local, bool model)
+{
+	int q = op->in[0], k = op->in[1], r = g->vals[q].rank;
+	double sk = (double)g->vals[k].dim[r - 2];
+	if (local)
+		for (int ax = 0; ax < g->ps->naxes; ax++)
+			if (g->vals[k].lay.on[ax] == r - 2)
+				sk /= g->ps->axes[ax].size;
+	double qe = local ? block_elems(g, q) : (double)value_elems(g, q);
+	return 2.0 * qe * sk * (op->kind == OP_ATTENTION ? 2 : model ? 4 : 5);
+}
+
 static double matmul_flops(const Graph *g, const Op *op, bool local)
 {
+	if (op_classes[op->kind] == OPK_ATTENTION)
+		return attention_flops(g, op, local, !local);
 	if (op->kind != OP_MATMUL && op->kind != OP_MATMUL_WGRAD)
 		return 0;
 	const Value *a = &g->vals[op->in[0]];
@@ -475,6 +492,16 @@ static double kernel_seconds(const PlanSpec *ps, const LProg *p, const Kernel *k
 	double t = 0;
 	if (kernel_is_gemm(k)) {
 		t = kernel_gemm_flops(k) / d->matmul[dt];
+	} else if (k->kind == K_ATTENTION || k->kind == K_ATTENTION_GRAD) { /* its products (attention_flops) */
+		bool fwd = k->kind == K_ATTENTION;
+		const KArg *ld = fwd ? KARG(k, ATTENTION, ldims) : KARG(k, ATTENTION_GRAD, ldims);
+		double q = 1;
+		for (int i = 0; i < ld->n; i++)
+			q *= (double)ld->ints[i];
+		double sk = (double)(fwd ? KARG(k, ATTENTION, sk) : KARG(k, ATTENTION_GRAD, sk))->i;
+		long long causal = (fwd ? KARG(k, ATTENTION, mask_kind) : KARG(k, ATTENTION_GRAD, mask_kind))->i == 1;
+		double flops = 2.0 * q * sk * (fwd ? 2 : 5) * (causal ? 0.5 : 1); /* causal: key tiles skipped */
+		t = flops / d->matmul[dt];
 	} else if (k->kind == K_LOOP) {
 		double elems = 1;
 		for (int i = 0; i < k->rank; i++)

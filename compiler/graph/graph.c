@@ -73,7 +73,7 @@ int graph_add_op(Graph *g, OpKind k, int nin, const int *in, int nout, const int
 		g->ops = no;
 		g->capops = cap;
 	}
-	internal_assert(nin <= 6 && nout <= 3);
+	internal_assert(nin <= 7 && nout <= 3);
 	Op *op = &g->ops[g->nops];
 	op_clear(op);
 	op->kind = k;

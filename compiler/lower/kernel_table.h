@@ -315,6 +315,16 @@
 	  KP(I64, batch) KP(I64, M) KP(I64, N) KP(I64, K) KP(BF16_IN, A) KP(TRANS, trans_a) KP(I64, stride_a) \
 	  KP(BF16_IN, B) KP(TRANS, trans_b) KP(I64, stride_b) KP(OUT, C) KP(DTYPE, c_type) KP(I64, stride_c) \
 	  KP(ACCUMULATE, accumulate)) \
+	X(ATTENTION, "attention", KC_COMPUTE, planrt_k_attention_f32, KDEV(planrt_cu_k_attention_f32), \
+	  KP(F32_IN, q) KP(F32_IN, k) KP(F32_IN, v) KP(F32_IN, mask) KP(DIMS, mask_strides) KP(F32_OUT, out) \
+	  KP(F32_OUT, lse) KP(INT, rank) KP(DIMS, ldims) KP(I64, kv_heads) KP(I64, sk) KP(F64, scale) \
+	  KP(INT, mask_kind) KP(F64, p) KP(STEP_SEED, seed) KP(U64, key) KP(DIMS, gdims) KP(DIMS, offs) \
+	  KP(OUT, scratch)) \
+	X(ATTENTION_GRAD, "attention_grad", KC_COMPUTE, planrt_k_attention_grad_f32, KDEV(planrt_cu_k_attention_grad_f32), \
+	  KP(F32_IN, q) KP(F32_IN, k) KP(F32_IN, v) KP(F32_IN, mask) KP(DIMS, mask_strides) KP(F32_IN, out) \
+	  KP(F32_IN, lse) KP(F32_IN, dout) KP(F32_OUT, dq) KP(F32_OUT, dk) KP(F32_OUT, dv) KP(INT, rank) \
+	  KP(DIMS, ldims) KP(I64, kv_heads) KP(I64, sk) KP(F64, scale) KP(INT, mask_kind) KP(F64, p) \
+	  KP(STEP_SEED, seed) KP(U64, key) KP(DIMS, gdims) KP(DIMS, offs) KP(OUT, scratch)) \
 	Y(OPAQUE, "op", KC_OPAQUE)
 
 

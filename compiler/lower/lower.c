@@ -1770,6 +1770,56 @@ static void lower_moe_metrics(Lower *L)
 	karg_ints(p, k, experts, nlayers, false);
 }
 
+/* Fused attention (graph/attention.c) and its gradient: one planrt call each, over q's local
+ * block; dropout keys on the scores' global shape (the step's batch, every key) as the unfused
+ * dropout does. The scratch holds a few 64 x 64 score tiles: ATTN_SCRATCH_FLOATS in
+ * runtime/cpu/attention_impl.h, the same formula. */
+static void lower_attention(Lower *L, const Op *op, int oi)
+{
+	enum { BQ = 64, BK = 64 };
+	Graph *g = L->g;
+	LProg *p = L->p;
+	bool grad = op->kind == OP_ATTENTION_GRAD;
+	int q = op->in[0], kv = op->in[1], r = g->vals[q].rank, ntensors = grad ? 6 : 3;
+	int mask = op->nin > ntensors ? op->in[ntensors] : -1;
+	long long ldims[MAX_DIMS], gd[MAX_DIMS], mstr[MAX_DIMS] = {0};
+	for (int d = 0; d < r; d++) {
+		ldims[d] = ldim(g, q, d);
+		gd[d] = d == p->buf[q].micro_dim ? g->ps->batch : g->vals[q].dim[d];
+	}
+	long long sk = ldim(g, kv, r - 2), dh = ldims[r - 1];
+	gd[r - 1] = g->vals[kv].dim[r - 2];
+	for (long long d = r - 1, stride = 1; mask >= 0 && d >= 0; d--) { /* broadcast dims read stride 0 */
+		long long n = ldim(g, mask, (int)d), scores = d == r - 1 ? sk : ldims[d];
+		mstr[d] = n == 1 && scores != 1 ? 0 : stride;
+		stride *= n;
+	}
+	Kernel *k = call(L, grad ? K_ATTENTION_GRAD : K_ATTENTION, oi);
+	for (int i = 0; i < 3; i++)
+		arg_value(L, k, op->in[i], true, false);
+	if (mask >= 0)
+		arg_value(L, k, mask, true, false);
+	else
+		karg(p, k, KA_NULL, 0);
+	karg_ints(p, k, mstr, r, false);
+	for (int i = 3; i < ntensors; i++)
+		arg_value(L, k, op->in[i], true, false);
+	for (int i = 0; i < op->nout; i++)
+		arg_value(L, k, op->out[i], false, true);
+	karg_int(p, k, r);
+	karg_ints(p, k, ldims, r, false);
+	karg_int(p, k, ldim(g, kv, r - 3));
+	karg_int(p, k, sk);
+	karg_f64(p, k, op->f);
+	karg_int(p, k, op->n);
+	karg_f64(p, k, op->dropout_p);
+	karg(p, k, KA_STEP_SEED, 0);
+	karg_int(p, k, op->orig);
+	karg_ints(p, k, gd, r, false);
+	karg_offset(p, k, q, -1);
+	arg_scratch(L, k, sizeof(float) * (size_t)(3 * BQ * BK + 2 * BK * dh + BQ * dh + 3 * BQ));
+}
+
 static void lower_op(Lower *L, const Op *op, int oi)
 {
 	Graph *g = L->g;
@@ -1940,6 +1990,10 @@ static void lower_op(Lower *L, const Op *op, int oi)
 	}
 	case OP_CROSS_ENTROPY:
 		lower_cross_entropy(L, op, oi);
+		return;
+	case OP_ATTENTION:
+	case OP_ATTENTION_GRAD:
+		lower_attention(L, op, oi);
 		return;
 	case OP_UNARY_FN:
 	case OP_UNARY_FN_GRAD:
@@ -2355,6 +2409,8 @@ static bool takes_f32_only(KernelKind k)
 	case K_ROPE_GRAD:
 	case K_REGRESSION_LOSS:
 	case K_REGRESSION_LOSS_GRAD:
+	case K_ATTENTION:
+	case K_ATTENTION_GRAD:
 		return true;
 	default:
 		return false;

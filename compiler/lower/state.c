@@ -197,6 +197,13 @@ static void index_updates(State *S)
 	}
 }
 
+/* an update's parameter (a buffer: value buffers are numbered apart from their values once
+ * dead values have none) in the parameter table */
+static int update_param_index(const State *S, const Update *u)
+{
+	return param_index(S, S->p->buf[u->param].value);
+}
+
 /* Whether an update is on a ZeRO 1/2 shard of a flat bucket (else it updates its whole block, or
  * its ZeRO-3 chunk). */
 static bool sharded(const State *S, const Update *u)
@@ -747,7 +754,7 @@ static void offload_init_masters(State *S)
 			long long base, stride;
 			int axis;
 			const Update *u = member(S, G, m, &base, &axis, &stride);
-			init_param(S, bufs[0], DT_F32, param_index(S, u->param), base, axis, stride, G->n);
+			init_param(S, bufs[0], DT_F32, update_param_index(S, u), base, axis, stride, G->n);
 		}
 		if (!G->f)
 			cast(S, PH_INIT, bufs[0], G->target, G->n);
@@ -769,7 +776,7 @@ static void offload_save_masters(State *S)
 			long long base, stride;
 			int axis;
 			const Update *u = member(S, G, m, &base, &axis, &stride);
-			int pi = param_index(S, u->param);
+			int pi = update_param_index(S, u);
 			if (S->p->low->params[pi].saved)
 				save_param(S, bufs[0], pi, base, axis, stride, G->n);
 		}
@@ -798,7 +805,7 @@ static void offload_checkpoint(State *S, CkptKind first_moment)
 			const Update *u = member(S, G, m, &base, &axis, &stride);
 			for (int j = 0; j < 3; j++)
 				if (bufs[j] >= 0)
-					ckpt_piece(S, bufs[j], param_index(S, u->param), kinds[j], base, axis, stride, G->n,
+					ckpt_piece(S, bufs[j], update_param_index(S, u), kinds[j], base, axis, stride, G->n,
 						   G->f || S->zero >= 3 ? S->za : -1);
 		}
 		record_io(S, PH_RESUME, G, 0, true, -1, false);

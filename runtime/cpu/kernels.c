@@ -388,6 +388,7 @@ int64_t planrt_k_check_labels(const int32_t *labels, int64_t n, int64_t classes,
 #define KSQRT sqrtf
 #define KGEMM cblas_sgemm
 #include "kernels_impl.h"
+#include "attention_impl.h"
 #undef KLEVEL
 #undef KLEVEL_VALUE
 #undef T
@@ -428,6 +429,7 @@ const planrt_cpu_table_t PLANRT_CPU_NAME(planrt_cpu_table, PLANRT_CPU_VARIANT) =
 #define KSQRT sqrt
 #define KGEMM cblas_dgemm
 #include "kernels_impl.h"
+#include "attention_impl.h"
 #undef ST
 #undef S
 

@@ -80,6 +80,16 @@ void planrt_cu_k_dropout_f32(const float *x, float *y, uint8_t *mask, double p, 
 void planrt_cu_causal_mask_block_f32(const float *x, float *y, int64_t batch, int64_t rows, int64_t cols,
 				     const int64_t *offs, int rank, int gradient, int stream);
 void planrt_cu_k_softmax_f32(const float *x, float *y, int64_t rows, int64_t cols, int stream);
+/* fused attention (attention_cuda.cu), as planrt_k_attention_f32 / _grad_f32 (planrt_kernels.h) */
+void planrt_cu_k_attention_f32(const float *q, const float *k, const float *v, const float *mask,
+			       const int64_t *mask_strides, float *out, float *lse, int rank, const int64_t *ldims,
+			       int64_t kv_heads, int64_t sk, double scale, int mask_kind, double p, uint64_t seed,
+			       uint64_t key, const int64_t *gdims, const int64_t *offs, void *scratch, int stream);
+void planrt_cu_k_attention_grad_f32(const float *q, const float *k, const float *v, const float *mask,
+				    const int64_t *mask_strides, const float *out, const float *lse, const float *dout,
+				    float *dq, float *dk, float *dv, int rank, const int64_t *ldims, int64_t kv_heads,
+				    int64_t sk, double scale, int mask_kind, double p, uint64_t seed, uint64_t key,
+				    const int64_t *gdims, const int64_t *offs, void *scratch, int stream);
 void planrt_cu_k_softmax_grad_f32(const float *y, const float *dy, float *dx, int64_t rows, int64_t cols, int stream);
 void planrt_cu_k_layer_norm_f32(const float *x, const float *w, const float *b, float *y, float *mean, float *rstd,
 				int64_t rows, int64_t cols, double eps, int stream);
