@@ -13,7 +13,7 @@ Prints the kills (step, rank, when), the restarts, the steps trained again, the 
 verdict; exits 1 if the weights or a loss differ, or a run fails otherwise than by the kill.
 
   python3 bench/soak.py PLANC ROOT [--steps 2000] [--save-every 50] [--kill-every 100] [--seed 1]
-  python3 bench/soak.py PLANC ROOT --short      # the CI form: 24 steps, checkpoints every 3, kills every 6
+  python3 bench/soak.py PLANC ROOT --short      # the CI form: 12 steps, checkpoints every 2, kills every 3
 """
 import argparse
 import json
@@ -34,16 +34,16 @@ ap.add_argument("--steps", type=int, default=2000)
 ap.add_argument("--save-every", type=int, default=50)
 ap.add_argument("--kill-every", type=int, default=100)
 ap.add_argument("--seed", type=int, default=1)
-ap.add_argument("--short", action="store_true", help="24 steps, checkpoints every 3 steps, a kill every 6")
+ap.add_argument("--short", action="store_true", help="12 steps, checkpoints every 2 steps, a kill every 3")
 ap.add_argument("--keep", action="store_true", help="keep the work directory")
 a = ap.parse_args()
 if a.short:
-    a.steps, a.save_every, a.kill_every = 24, 3, 6
+    a.steps, a.save_every, a.kill_every = 12, 2, 3
 
-env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-           OMPI_MCA_rmaps_base_oversubscribe="1", OMPI_MCA_plm="isolated", OMPI_MCA_btl="self,vader",
-           OMPI_MCA_btl_vader_single_copy_mechanism="none", OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1",
-           PLANRT_WATCHDOG="120")
+sys.path.insert(0, os.path.join(a.root, "tests", "equiv"))
+from harness import mpi_env  # noqa: E402
+
+env = mpi_env(OMPI_MCA_btl_vader_single_copy_mechanism="none", PLANRT_WATCHDOG="120")
 data = f"{a.root}/data/corpus.txt"
 work = tempfile.mkdtemp(prefix="planc-soak-")
 rng = random.Random(a.seed)

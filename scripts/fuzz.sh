@@ -61,7 +61,7 @@ for h in $harnesses; do
 		llvm-profdata-14 merge -sparse "$work"/*.profraw -o "$work/$h.profdata"
 		llvm-cov-14 report ./build-fuzz/tests/fuzz/fuzz_cov_$h -instr-profile="$work/$h.profdata" \
 			"$PWD/compiler" >"$work/$h.cov" 2>/dev/null
-		awk -v h="$h" '/^TOTAL/ { printf "fuzz_%s coverage of compiler/: lines %s, functions %s, regions %s\n", h, $10, $7, $4 }' \
+		awk -v h="$h" '/^TOTAL/ { printf "fuzz_%s coverage of the compiler/ files it links: lines %s of %s, functions %s of %s, regions %s\n", h, $10, $8, $7, $5, $4 }' \
 			"$work/$h.cov"
 	fi
 done

@@ -102,3 +102,8 @@ add_test(NAME outputs COMMAND python3 ${ROOT}/tests/ops/check_outputs.py ${PLANC
 set_tests_properties(outputs PROPERTIES TIMEOUT 900 ENVIRONMENT "${CC_CACHE_ENV}")
 # explain --json's byte counts are exact 64-bit integers, above 2^53 too (tests/explain/check_json_exact.py)
 add_test(NAME explain_json_exact COMMAND python3 ${ROOT}/tests/explain/check_json_exact.py ${PLANC} ${ROOT} WORKING_DIRECTORY ${ROOT})
+# the soak's short form (bench/soak.py --short): gpt_3d on 8 ranks for 12 steps, checkpoints every 2,
+# a random rank SIGKILLed every ~3 steps and the job restarted with --resume until it finishes; the
+# final weights and every loss equal an uninterrupted run's bit for bit
+add_test(NAME soak COMMAND python3 ${ROOT}/bench/soak.py ${PLANC} ${ROOT} --short WORKING_DIRECTORY ${ROOT})
+set_tests_properties(soak PROPERTIES TIMEOUT 600 ENVIRONMENT "${CC_CACHE_ENV}")
