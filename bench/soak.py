@@ -40,7 +40,7 @@ a = ap.parse_args()
 if a.short:
     a.steps, a.save_every, a.kill_every = 12, 2, 3
 
-sys.path.insert(0, os.path.join(a.root, "tests", "equiv"))
+sys.path.insert(0, os.path.join(a.root, "tests", "lib"))
 from harness import mpi_env  # noqa: E402
 
 env = mpi_env(OMPI_MCA_btl_vader_single_copy_mechanism="none", PLANRT_WATCHDOG="120")
@@ -57,7 +57,7 @@ world = json.loads(subprocess.run([a.planc, "explain", f"{a.root}/examples/gpt.p
 
 
 def rows(log):
-    """step -> loss, each step as the last run that trained it logged it"""
+    """step -> loss (a resumed run cut the rows past its checkpoint: each step as the run that kept it)"""
     out = {}
     if os.path.exists(log):
         for line in open(log):
@@ -68,6 +68,13 @@ def rows(log):
             if "loss" in x:
                 out[x["step"]] = x["loss"]
     return out
+
+
+def checkpointed(ck):
+    """the newest step with a complete checkpoint in ck (its manifest written last), 0: none"""
+    steps = [int(d[5:]) for d in os.listdir(ck) if d.startswith("step-") and d[5:].isdigit()
+             and os.path.exists(f"{ck}/{d}/manifest.json")] if os.path.isdir(ck) else []
+    return max(steps, default=0)
 
 
 def lines(log):
@@ -90,10 +97,12 @@ print(f"soak: {a.plan} on {world} ranks, {a.steps} steps uninterrupted: {ref_s:.
 ck, log, st = f"{work}/ckpt", f"{work}/soak.jsonl", f"{work}/soak.safetensors"
 cmd = ["mpirun", "-np", str(world), prog, "--data", data, "--steps", str(a.steps), "--resume", ck, "--save-every",
        str(a.save_every), ck, "--log", log, "--save", st]
-kills, runs, failures, t1 = [], 0, [], time.time()
+kills, runs, failures, again, t1 = [], 0, [], 0, time.time()
 while True:
     runs += 1
     start_lines = lines(log)
+    # a resumed run cuts the log back to its checkpoint's step: the rows past it are trained again
+    again += max(0, start_lines - checkpointed(ck))
     target = start_lines + max(1, int(a.kill_every * rng.uniform(0.5, 1.5)))  # the log row to kill after
     p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
                          start_new_session=True)
@@ -129,8 +138,7 @@ soak_s = time.time() - t1
 got, ref = rows(log), rows(ref_log)
 same_losses = got == ref
 same_weights = os.path.exists(st) and open(st, "rb").read() == open(ref_st, "rb").read()
-trained = lines(log)  # every row written, the steps trained again after a kill included
-print(f"soak: {len(kills)} kills, {runs} runs, {trained - a.steps} steps trained again, {soak_s:.1f} s "
+print(f"soak: {len(kills)} kills, {runs} runs, {again} steps trained again, {soak_s:.1f} s "
       f"({soak_s / max(ref_s, 1e-9):.2f}x the uninterrupted run)")
 print(f"soak: losses of all {len(ref)} steps {'equal' if same_losses else 'DIFFER'}; final weights "
       f"{'equal bit for bit' if same_weights else 'DIFFER'} ({os.path.getsize(ref_st)} bytes)")

@@ -1,10 +1,9 @@
 #!/bin/sh
 # fuzz.sh: the libFuzzer harnesses of tests/fuzz, each for its share of SECONDS (default
 # $PLANC_FUZZ_SECONDS, else 60), from a corpus of tests/fuzz/corpus (regression inputs of every bug
-# the fuzzers found), examples/, stdlib/ and tests/errors/. Prints, per harness, the executions, the
-# executions per second (of wall time, and of the CPU time it got: this machine is shared), the
-# corpus it grew and the share of its inputs that parse; with
-# --coverage, also the share of compiler/'s lines and functions the corpus reached (a build with
+# the fuzzers found), examples/, stdlib/ and tests/front/errors/. Prints, per harness, the
+# executions, the executions per second (of wall time, and of the CPU time it got: this machine is
+# shared), the corpus it grew and the share of its inputs that parse; with --coverage, also the share of compiler/'s lines and functions the corpus reached (a build with
 # clang's coverage instrumentation runs every corpus input once; llvm-cov reports). A crash, a
 # sanitizer report, a leak or an input slower than 10 s fails it, with the input kept in
 # build-fuzz/artifacts/ and the report's tail printed.
@@ -30,7 +29,7 @@ work=$(mktemp -d)
 trap 'rm -rf "$seeds" "$work"' EXIT
 cp tests/fuzz/corpus/* "$seeds"/
 for f in examples/*.plan stdlib/*.plan; do cp "$f" "$seeds/seed_$(basename "$f")"; done
-for f in tests/errors/*.plan; do cp "$f" "$seeds/error_$(basename "$f")"; done
+for f in tests/front/errors/*.plan; do cp "$f" "$seeds/error_$(basename "$f")"; done
 mkdir -p build-fuzz/artifacts
 # the frontend is fast and shallow: a sixth of the time; the three compiler harnesses share the rest
 share_front=$((seconds / 6 > 0 ? seconds / 6 : 1))

@@ -502,7 +502,8 @@ static double kernel_seconds(const PlanSpec *ps, const LProg *p, const Kernel *k
 	const Device *d = device;
 	double t = 0;
 	if (k->kind == K_MATMUL) {
-		double flops = 2.0 * (double)k->args[0].i * (double)k->args[1].i * (double)k->args[2].i * (double)k->args[3].i;
+		double flops = 2.0 * (double)KARG(k, MATMUL, batch)->i * (double)KARG(k, MATMUL, M)->i *
+			       (double)KARG(k, MATMUL, N)->i * (double)KARG(k, MATMUL, K)->i;
 		t = flops / (ps->param_dtype == DT_F32 ? d->flops_f32 : d->flops_bf16);
 	} else if (k->kind == K_LOOP) {
 		double elems = 1;

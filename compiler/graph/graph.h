@@ -68,7 +68,7 @@ extern long long graph_max_repeat;
 	X(SLICE, "slice", OPK_VIEW) \
 	X(SEND, "send", OPK_P2P) \
 	X(RECV, "recv", OPK_P2P) \
-	X(UNARY_FN, "unary", OPK_UNARY)                 /* n: PLANRT_SIN .. PLANRT_SIGMOID */ \
+	X(UNARY_FN, "unary", OPK_UNARY)                 /* n: the UnaryFn */ \
 	X(UNARY_FN_GRAD, "unary_grad", OPK_UNARY_GRAD) \
 	X(SUM_DIM, "sum_dim", OPK_REDUCE)               /* dim (-1: every dim), f: scale (mean 1 / n) */ \
 	X(SUM_DIM_GRAD, "sum_dim_grad", OPK_REDUCE) \
@@ -110,6 +110,13 @@ typedef struct Layout {
 	signed char on[MAX_AXES]; /* LAYOUT_R, LAYOUT_P or the split dim */
 } Layout;
 
+/* How a parameter starts (planrt_init_kind_t): drawn normal(a = mean, b = std) or uniform(a, b),
+ * zeros, ones; buffers also arange, rope_cos(a = theta) and rope_sin(a) (computed at init, never
+ * read from --init nor saved) and load (--init only). */
+typedef enum { INIT_NORMAL, INIT_UNIFORM, INIT_ZEROS, INIT_ONES, INIT_ARANGE, INIT_ROPE_COS, INIT_ROPE_SIN, INIT_LOAD } InitKind;
+/* The element-wise functions of OP_UNARY_FN (its n; planrt_k_unary's PLANRT_SIN ..) */
+typedef enum { UNARY_SIN, UNARY_COS, UNARY_EXP, UNARY_LOG, UNARY_TANH, UNARY_SIGMOID } UnaryFn;
+
 typedef enum { ROLE_ACT, ROLE_PARAM, ROLE_INPUT, ROLE_GRAD, ROLE_MASK, ROLE_STAT, ROLE_INDEX, ROLE_LOSS } ValueRole;
 
 typedef struct Value {
@@ -127,8 +134,7 @@ typedef struct Value {
 	int alias_of;      /* views: the value whose storage this is, else -1 */
 	int tied_to;       /* a parameter copy on another pipeline stage: the original, else -1 */
 	Layout lay;        /* filled by shard.c */
-	int init_kind;     /* ROLE_PARAM: 0 normal, 1 uniform, 2 zeros, 3 ones; buffers also 4 arange, 5 rope_cos,
-			    * 6 rope_sin (computed at init, never read from --init nor saved), 7 load (--init) */
+	InitKind init_kind; /* ROLE_PARAM */
 	double init_a, init_b;
 	bool frozen;       /* ROLE_PARAM that does not train (a buffer, or `freeze` in the plan): no gradient */
 	bool buffer;       /* declared `buffer` */
@@ -197,6 +203,8 @@ typedef struct Graph {
 	int nvals, capvals;
 	Op *ops;
 	int nops, capops;
+	Op *spare_ops;   /* the op list before the last rewrite: the next rewrite's (graph_set_ops) */
+	int capspare;
 	int loss;        /* value id of the scalar loss */
 	int nlayers;     /* iterations of the model's top-level repeat */
 	int nfwd;        /* ops [0, nfwd) are the forward pass (set by autodiff) */
@@ -215,7 +223,8 @@ void op_clear(Op *op); /* zero an op outside the graph, with every "none" index 
  * that one runs: layer, stage, phase, the op it differentiates, and its source location. */
 void op_inherit(Op *op, const Op *from);
 /* A pass that rewrites the op list builds a new one and installs it with graph_set_ops, which
- * renumbers every value's producing op. */
+ * renumbers every value's producing op. Two lists take turns: the one a rewrite replaces holds
+ * the next rewrite, so the passes do not each leave a copy of the model's ops behind. */
 typedef struct OpList {
 	Op *ops;
 	int n, cap;

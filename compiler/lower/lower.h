@@ -22,115 +22,16 @@
  *   memplan.c  activation slots for the pipeline schedule, liveness, arena offsets
  *   verify.c   the IR verifier (between passes in the tests)
  *   emit_c.c   the C printer
- * The kernel table: name, planrt function the C target calls, class. */
-#define KERNEL_TABLE(X) \
-	X(LOOP, "loop", NULL, KC_LOOP) \
-	X(MATMUL, "matmul", "planrt_k_matmul_f32", KC_COMPUTE) \
-	X(PERMUTE, "permute", "planrt_k_permute_f32", KC_COMPUTE) \
-	X(SUM_TO, "sum_to", "planrt_k_sum_to_f32", KC_COMPUTE) \
-	X(SUM_TO_ACC, "sum_to_acc", "planrt_k_sum_to_acc_f32", KC_COMPUTE) \
-	X(DROPOUT, "dropout", "planrt_k_dropout_f32", KC_COMPUTE) \
-	X(CAUSAL_MASK, "causal_mask", "planrt_causal_mask_block_f32", KC_COMPUTE) \
-	X(SOFTMAX, "softmax", "planrt_k_softmax_f32", KC_COMPUTE) \
-	X(SOFTMAX_GRAD, "softmax_grad", "planrt_k_softmax_grad_f32", KC_COMPUTE) \
-	X(LAYER_NORM, "layer_norm", "planrt_k_layer_norm_f32", KC_COMPUTE) \
-	X(LAYER_NORM_GRAD, "layer_norm_grad", "planrt_k_layer_norm_grad_f32", KC_COMPUTE) \
-	X(RMS_NORM, "rms_norm", "planrt_k_rms_norm_f32", KC_COMPUTE) \
-	X(RMS_NORM_GRAD, "rms_norm_grad", "planrt_k_rms_norm_grad_f32", KC_COMPUTE) \
-	X(EMBED, "embed", "planrt_k_embed_f32", KC_COMPUTE) \
-	X(EMBED_GRAD, "embed_grad", "planrt_k_embed_grad_f32", KC_COMPUTE) \
-	X(CROSS_ENTROPY, "cross_entropy", "planrt_cross_entropy_f32", KC_COMPUTE) \
-	X(CE_GRAD, "cross_entropy_grad", "planrt_k_ce_grad_f32", KC_COMPUTE) \
-	X(MOE_ROUTE, "moe_route", "planrt_k_moe_route_f32", KC_COMPUTE) \
-	X(MOE_ROUTE_GRAD, "moe_route_grad", "planrt_k_moe_route_grad_f32", KC_COMPUTE) \
-	X(MOE_DISPATCH, "moe_dispatch", "planrt_k_moe_dispatch_f32", KC_COMPUTE) \
-	X(MOE_DISPATCH_GRAD, "moe_dispatch_grad", "planrt_k_moe_dispatch_grad_f32", KC_COMPUTE) \
-	X(MOE_COMBINE, "moe_combine", "planrt_k_moe_combine_f32", KC_COMPUTE) \
-	X(MOE_COMBINE_GRAD, "moe_combine_grad", "planrt_k_moe_combine_grad_f32", KC_COMPUTE) \
-	X(MOE_AUX_LOSS, "moe_aux_loss", "planrt_moe_aux_loss_f32", KC_COMPUTE) \
-	X(MOE_AUX_LOSS_GRAD, "moe_aux_loss_grad", "planrt_k_moe_aux_loss_grad_f32", KC_COMPUTE) \
-	X(MOE_Z_LOSS, "moe_z_loss", "planrt_moe_z_loss_f32", KC_COMPUTE) \
-	X(MOE_Z_LOSS_GRAD, "moe_z_loss_grad", "planrt_k_moe_z_loss_grad_f32", KC_COMPUTE) \
-	X(MOE_METRICS, "moe_metrics", "planrt_moe_metrics", KC_IO) \
-	X(MOE_EXCHANGE, "moe_exchange", "planrt_moe_exchange", KC_COMM) \
-	X(SLICE_DIM, "slice", "planrt_slice_dim", KC_COMPUTE) \
-	X(FILL, "fill", "planrt_fill", KC_COMPUTE) \
-	X(CAST, "cast", "planrt_cast", KC_COMPUTE) \
-	X(ACCUMULATE, "accumulate", "planrt_accumulate", KC_COMPUTE) \
-	X(LOAD_INPUT, "load_input", "planrt_load_data", KC_IO) \
-	X(INIT_PARAM, "init_param", "planrt_init_param", KC_IO) \
-	X(SAVE_PARAM, "save_param", "planrt_save_param", KC_IO) \
-	X(CKPT_WRITE, "checkpoint_write", "planrt_ckpt_write", KC_IO) \
-	X(CKPT_READ, "checkpoint_read", "planrt_ckpt_read", KC_IO) \
-	X(CKPT_WRITE_LOCAL, "checkpoint_write_local", "planrt_ckpt_write_local", KC_IO) \
-	X(CKPT_READ_LOCAL, "checkpoint_read_local", "planrt_ckpt_read_local", KC_IO) \
-	X(PAIR_COMM, "pair_comm", "planrt_make_pair_comm", KC_SETUP) \
-	X(OFFLOAD_OPEN, "offload_open", "planrt_offload_open", KC_IO) \
-	X(OFFLOAD_READ, "offload_read", "planrt_offload_read", KC_IO) \
-	X(OFFLOAD_WRITE, "offload_write", "planrt_offload_write", KC_IO) \
-	X(OFFLOAD_WAIT, "offload_wait", "planrt_offload_wait", KC_IO) \
-	X(OFFLOAD_COPY, "offload_copy", "planrt_copy", KC_IO) \
-	X(SUM_SQUARES, "sum_squares", "planrt_sum_squares_acc", KC_COMPUTE) \
-	X(SUM_SQUARES_SHARD, "sum_squares_shard", "planrt_sum_squares_shard", KC_COMPUTE) \
-	X(CLIP_COEF, "clip_coef", "planrt_clip_coef", KC_COMPUTE) \
-	X(LOSS_SEED, "loss_seed", "planrt_loss_seed", KC_COMPUTE) \
-	X(UNSCALE_CLIP, "unscale_clip", "planrt_unscale_clip_coef", KC_COMPUTE) \
-	X(OPTIMIZER, "optimizer", "planrt_optimizer_step", KC_COMPUTE) \
-	X(LOSS_ACCUMULATE, "loss_accumulate", "planrt_loss_accumulate", KC_COMPUTE) \
-	X(ALLREDUCE_DIM, "allreduce", "planrt_allreduce_dim", KC_COMM) \
-	X(REDUCE_SCATTER_DIM, "reduce_scatter", "planrt_reduce_scatter_dim", KC_COMM) \
-	X(ALLGATHER_DIM, "allgather", "planrt_allgather_dim", KC_COMM) \
-	X(ALLTOALL_DIM, "alltoall", "planrt_alltoall_dim", KC_COMM) \
-	X(ALLREDUCE_INPLACE, "allreduce_inplace", "planrt_allreduce_inplace", KC_COMM) \
-	X(REDUCE_SCATTER_INPLACE, "reduce_scatter_inplace", "planrt_reduce_scatter_inplace", KC_COMM) \
-	X(ALLGATHER_INPLACE, "allgather_inplace", "planrt_allgather_inplace", KC_COMM) \
-	X(ALLGATHER_FLAT, "allgather_flat", "planrt_allgather_flat", KC_COMM) \
-	X(ALLGATHER_FLAT_START, "allgather_flat_start", "planrt_allgather_flat_start", KC_COMM) \
-	X(BUCKET_ALLREDUCE, "bucket_allreduce", "planrt_bucket_allreduce", KC_COMM) \
-	X(BUCKET_RS, "bucket_reduce_scatter", "planrt_bucket_reduce_scatter", KC_COMM) \
-	X(BUCKET_RS_START, "bucket_reduce_scatter_start", "planrt_bucket_reduce_scatter_start", KC_COMM) \
-	X(BUCKET_RS_FINISH, "bucket_reduce_scatter_finish", "planrt_bucket_reduce_scatter_finish", KC_WAIT) \
-	X(SEND_START, "send", "planrt_p2p_send_start", KC_COMM) \
-	X(RECV_START, "recv", "planrt_p2p_recv_start", KC_COMM) \
-	X(P2P_FINISH, "p2p_finish", "planrt_p2p_finish", KC_WAIT) \
-	X(REQUEST_FINISH, "finish", "planrt_request_finish", KC_WAIT) \
-	X(REQUEST_PROGRESS, "progress", "planrt_request_progress", KC_WAIT) \
-	X(BUCKET_PROGRESS, "bucket_progress", "planrt_bucket_progress", KC_WAIT) \
-	X(SCALE_METRIC, "scale_metric", "planrt_scale_metric", KC_COMPUTE) \
-	X(LOCAL_AVERAGE, "local_average", "planrt_local_average", KC_COMM) \
-	X(ASYNC_PULL, "async_pull", "planrt_async_pull", KC_COMM) \
-	X(ASYNC_PUSH, "async_push", "planrt_async_push", KC_COMM) \
-	X(ASYNC_DRAIN, "async_drain", "planrt_async_drain", KC_WAIT) \
-	X(ASYNC_POST, "async_post", "planrt_async_post", KC_COMM) \
-	X(ASYNC_GATHER, "async_gather", "planrt_async_gather", KC_WAIT) \
-	X(ASYNC_PUBLISH, "async_publish", "planrt_async_publish", KC_COMM) \
-	X(COMPRESS_CAST, "compress_cast", "planrt_compress_cast", KC_COMM) \
-	X(COMPRESS_TOPK, "compress_topk", "planrt_compress_topk", KC_COMM) \
-	X(COMPRESS_POWERSGD, "compress_powersgd", "planrt_compress_powersgd", KC_COMM) \
-	X(POWERSGD_INIT, "powersgd_init", "planrt_powersgd_init", KC_COMPUTE) \
-	X(BMM, "bmm", "planrt_k_bmm_f32", KC_COMPUTE) \
-	X(UNARY, "unary", "planrt_k_unary_f32", KC_COMPUTE) \
-	X(UNARY_GRAD, "unary_grad", "planrt_k_unary_grad_f32", KC_COMPUTE) \
-	X(SUM_DIM, "sum_dim", "planrt_k_sum_dim_f32", KC_COMPUTE) \
-	X(SUM_DIM_GRAD, "sum_dim_grad", "planrt_k_sum_dim_grad_f32", KC_COMPUTE) \
-	X(MAX_DIM, "max_dim", "planrt_k_max_dim_f32", KC_COMPUTE) \
-	X(MAX_DIM_GRAD, "max_dim_grad", "planrt_k_max_dim_grad_f32", KC_COMPUTE) \
-	X(NARROW, "narrow", "planrt_k_slice_f32", KC_COMPUTE) \
-	X(NARROW_GRAD, "narrow_grad", "planrt_k_slice_grad_f32", KC_COMPUTE) \
-	X(REPEAT_KV, "repeat_kv", "planrt_k_repeat_kv_f32", KC_COMPUTE) \
-	X(REPEAT_KV_GRAD, "repeat_kv_grad", "planrt_k_repeat_kv_grad_f32", KC_COMPUTE) \
-	X(ROPE, "rope", "planrt_k_rope_f32", KC_COMPUTE) \
-	X(ROPE_GRAD, "rope_grad", "planrt_k_rope_grad_f32", KC_COMPUTE) \
-	X(REGRESSION_LOSS, "regression_loss", "planrt_regression_loss_f32", KC_COMPUTE) \
-	X(REGRESSION_LOSS_GRAD, "regression_loss_grad", "planrt_regression_loss_grad_f32", KC_COMPUTE) \
-	X(CHECK_LABELS, "check_labels", "planrt_check_labels", KC_COMPUTE) \
-	X(NARROW_I32, "narrow_i32", "planrt_narrow_i32", KC_COMPUTE) \
-	X(OPAQUE, "op", NULL, KC_OPAQUE)
+ * The kernel table (kernel_table.h) says what each kind is: its name, class, planrt functions and
+ * ordered, named, typed parameters. */
+#include "lower/kernel_table.h"
 
 typedef enum {
-#define X(name, text, fn, cls) K_##name,
-	KERNEL_TABLE(X)
+#define X(kind, text, cls, fn, dev, params) K_##kind,
+#define Y(kind, text, cls) K_##kind,
+	KERNEL_TABLE(X, Y)
 #undef X
+#undef Y
 	K_COUNT
 } KernelKind;
 
@@ -139,8 +40,47 @@ typedef enum {
  * transfers): it keeps the program complete for the check and explain, and planc build refuses it. */
 typedef enum { KC_LOOP, KC_COMPUTE, KC_COMM, KC_WAIT, KC_IO, KC_SETUP, KC_OPAQUE } KernelClass;
 extern const char *const kernel_names[K_COUNT];
-extern const char *const kernel_functions[K_COUNT];
+extern const char *const kernel_functions[K_COUNT]; /* the CPU function (NULL: none) */
 extern const KernelClass kernel_classes[K_COUNT];
+
+/* A kernel parameter's type (kernel_table.h's KPARAM_TYPES). */
+typedef enum {
+#define T(type, abi) KPT_##type,
+	KPARAM_TYPES(T)
+#undef T
+	KPT_COUNT
+} KParamType;
+extern const char *const kparam_type_names[KPT_COUNT];
+/* how a parameter of each type is passed (the LLVM back end's call types) */
+typedef enum { KABI_I32, KABI_I64, KABI_F64, KABI_PTR } KParamAbi;
+extern const KParamAbi kparam_abis[KPT_COUNT];
+typedef struct KernelParam {
+	KParamType type;
+	const char *name;
+} KernelParam;
+/* kernel_params[kind][0 .. kernel_nparams[kind]): the planrt function's parameters in order;
+ * OPAQUE kernels take their op's buffers, any number (kernel_nparams -1) */
+extern const KernelParam *const kernel_params[K_COUNT];
+extern const int kernel_nparams[K_COUNT];
+/* What the CUDA target does with a kind: call its device function, nothing (NCCL progresses its
+ * operations on their own stream), or run it on the host only. */
+typedef enum { KDEV_CALL, KDEV_NO_OP, KDEV_HOST_ONLY } DeviceMode;
+extern const DeviceMode kernel_device_modes[K_COUNT];
+extern const char *const kernel_device_functions[K_COUNT];    /* KDEV_CALL: the planrt_cuda function */
+extern const char *const kernel_tensor_core_functions[K_COUNT]; /* its bf16 tensor-core variant, or NULL */
+
+/* Named argument access: KARG(k, MATMUL, A) is kernel k's argument A (k must be a K_MATMUL with
+ * its arguments built); KARG_INDEX(MATMUL, A) its position. Each kind's parameters are the char
+ * fields of struct kernel_args_<KIND>, so a field's offset is its position. */
+#define X(kind, text, cls, fn, dev, params) struct kernel_args_##kind { params char count_; };
+#define Y(kind, text, cls) struct kernel_args_##kind { char count_; };
+#define KP(type, name) char name;
+KERNEL_TABLE(X, Y)
+#undef X
+#undef Y
+#undef KP
+#define KARG_INDEX(KIND, name) ((int)offsetof(struct kernel_args_##KIND, name))
+#define KARG(k, KIND, name) kernel_arg((k), K_##KIND, KARG_INDEX(KIND, name))
 
 /* Phases: how often a kernel runs. Forward, backward and the prepares run once per micro-batch
  * per model chunk; step_begin and step once per step; init once before training, save once after.
@@ -163,6 +103,11 @@ typedef enum {
  * the disk records' read slots) */
 typedef enum { SC_PARAM, SC_GRAD, SC_OPTIM, SC_MASTER, SC_BUFFER, SC_METRIC, SC_OFFLOAD, SC_COUNT } StateKind;
 extern const char *const state_kind_names[SC_COUNT];
+/* The tensors a checkpoint piece can be (planrt_ckpt_write's kind, PLANRT_CKPT_*): a parameter in
+ * its storage dtype, its f32 master weights, Adam's moments, SGD's momentum; CKPT_COPY or'ed in
+ * when the source is transient (its bytes are copied at the call). */
+typedef enum { CKPT_PARAM, CKPT_MASTER, CKPT_EXP_AVG, CKPT_EXP_AVG_SQ, CKPT_MOMENTUM } CkptKind;
+enum { CKPT_COPY = 0x100 };
 
 typedef struct Buffer {
 	const char *name;   /* a C identifier, unique in the program */
@@ -310,8 +255,9 @@ typedef struct SlotAction {
 
 typedef struct Lowered Lowered;
 
-/* The program of one pipeline stage and rank role. Buffer i < g->nvals is graph value i (BUF_NONE
- * when the value is not on this stage); lowering appends the buffers it makes. */
+/* The program of one pipeline stage and rank role. Its buffers [0, nvalbufs) hold graph values,
+ * in increasing value order (lprog_value_buffer finds one); lowering and the later passes append
+ * the buffers they make. */
 typedef struct LProg {
 	Lowered *low;
 	Graph *g;
@@ -322,6 +268,10 @@ typedef struct LProg {
 	int nk, capk;
 	Buffer *buf;
 	int nbuf, capbuf;
+	int nvalbufs;           /* buffers [0, nvalbufs) hold graph values (Buffer.value), by value */
+	int name_base;          /* added to a new buffer's index in its name: compaction renumbers the
+				 * buffers, and a name must not repeat one a value buffer has */
+	int arg_hint[K_COUNT];  /* the most arguments a kernel of each kind has had (lower.c's next_arg) */
 	Handle *handles;
 	int nhandles, caphandles;
 	int nslotreqs;          /* p2p requests one slot's actions use */
@@ -354,7 +304,7 @@ typedef struct ParamEntry {
 	int rank;
 	long long gdims[MAX_DIMS], ldims[MAX_DIMS];
 	signed char split_axis[MAX_DIMS];
-	int init_kind;
+	InitKind init_kind;
 	double init_a, init_b;
 	bool saved;             /* false for a tied copy (the original is written) and a computed buffer */
 } ParamEntry;
@@ -389,10 +339,20 @@ void karg_coord(LProg *p, Kernel *k, long long base, int axis, long long stride)
 void kernel_use(LProg *p, Kernel *k, int b);
 void kernel_def(LProg *p, Kernel *k, int b);
 Comm *kernel_comm(LProg *p, Kernel *k);
+/* kernels.c: argument index of kernel k, which must be of this kind (KARG names it) */
+KArg *kernel_arg(const Kernel *k, KernelKind kind, int index);
+/* kernels.c: whether argument a may fill parameter index of kind (the builders and verify.c ask) */
+bool karg_fits(KernelKind kind, int index, const KArg *a);
+const char *karg_kind_name(KArgKind kind); /* for messages */
 /* An opaque kernel for graph op oi (with its communication, if any), appended in phase ph. */
 Kernel *kernel_opaque(LProg *p, int oi, Phase ph, int chunk);
 int handle_new(LProg *p, HandleType t, const char *name);
 int buffer_root(const LProg *p, int b); /* follows views to the storage */
+int lprog_value_buffer(const LProg *p, int v); /* graph value v's buffer, or -1: not on this program */
+/* the buffers a kernel names (arguments, reads, writes, a loop's output and loads): marked in seen,
+ * or each replaced by f(ctx, buffer) (lists and expressions copied first) */
+void kernel_buffers(const Kernel *k, bool *seen);
+void kernel_map_buffers(LProg *p, Kernel *k, int (*f)(void *, int), void *ctx);
 /* Inserts kernels: new_k[i] goes right before old kernel before[i] (before[i] == p->nk: at the
  * end); several before the same kernel keep their order. */
 void kernels_insert(LProg *p, Kernel *new_k, const int *before, int n);
@@ -411,6 +371,7 @@ bool plan_state(Lowered *low);
 /* state.c: a hash of the whole lowered program ("fnv1a64:<16 hex digits>"), which planrt records in
  * every checkpoint: a checkpoint resumes bit for bit under the same, and is resharded otherwise */
 const char *plan_fingerprint(const Lowered *low);
+const char *plan_optimizer_text(const Lowered *low); /* "adamw(lr = 0.0003, ...)" (the program descriptor's) */
 const char *sync_mode_name(SyncMode m); /* "strict", "local_sgd", "async" (the program descriptor's) */
 bool plan_overlap(Lowered *low);
 /* offload_params.c: under `offload params -> host`, each ZeRO-3 gather reads a device copy of its

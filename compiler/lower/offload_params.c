@@ -30,11 +30,19 @@ static int *finishes(const LProg *p)
 		finish[h] = -1;
 	for (int i = 0; i < p->nk; i++) {
 		const Kernel *k = &p->k[i];
-		if (k->kind == K_REQUEST_FINISH && k->nargs && k->args[0].kind == KA_REQ && k->args[0].i >= 0 &&
-		    k->args[0].i < p->nhandles)
-			finish[k->args[0].i] = i;
+		const KArg *req = k->kind == K_REQUEST_FINISH ? KARG(k, REQUEST_FINISH, req) : NULL;
+		if (req && req->kind == KA_REQ && req->i >= 0 && req->i < p->nhandles)
+			finish[req->i] = i;
 	}
 	return finish;
+}
+
+/* the shard a ZeRO-3 gather (or its start) reads, or NULL for another kernel */
+static KArg *gather_shard(const Kernel *k)
+{
+	if (k->kind == K_ALLGATHER_FLAT)
+		return KARG(k, ALLGATHER_FLAT, shard);
+	return k->kind == K_ALLGATHER_FLAT_START ? KARG(k, ALLGATHER_FLAT_START, shard) : NULL;
 }
 
 static void offload_params_prog(LProg *p)
@@ -44,10 +52,10 @@ static void offload_params_prog(LProg *p)
 	int *finish = finishes(p);
 	for (int i = 0; i < nk; i++) {
 		Kernel *k = &p->k[i];
-		int arg = k->kind == K_ALLGATHER_FLAT ? 0 : k->kind == K_ALLGATHER_FLAT_START ? 1 : -1;
-		if (arg < 0 || k->args[arg].kind != KA_BUF || !host_param(p, k->args[arg].buf))
+		const KArg *shard = gather_shard(k);
+		if (!shard || shard->kind != KA_BUF || !host_param(p, shard->buf))
 			continue;
-		int chunk = k->args[arg].buf;
+		int chunk = shard->buf;
 		const Buffer *c = &p->buf[chunk];
 		int dev = buffer_new(p, BUF_ARENA, c->dtype, c->elems, "param_chunk_device",
 				     arena_printf(p->g->arena, "a device copy of %s", c->what ? c->what : c->name));
@@ -57,12 +65,13 @@ static void offload_params_prog(LProg *p)
 		copy->only_last_micro = k->only_last_micro;
 		inserts_add(&ins, p->k[--p->nk], i);
 		k = &p->k[i];
-		k->args[arg].buf = dev;
+		gather_shard(k)->buf = dev;
 		for (int u = 0; u < k->nuses; u++)
 			if (k->uses[u] == chunk)
 				k->uses[u] = dev;
 		if (k->kind == K_ALLGATHER_FLAT_START) { /* the collective reads it until it finishes */
-			int h = k->args[0].kind == KA_REQ ? (int)k->args[0].i : -1;
+			const KArg *req = KARG(k, ALLGATHER_FLAT_START, req);
+			int h = req->kind == KA_REQ ? (int)req->i : -1;
 			if (h < 0 || h >= p->nhandles || finish[h] < 0)
 				ICE("a parameter gather's start has no finish");
 			kernel_use(p, &p->k[finish[h]], dev);

@@ -151,6 +151,15 @@ static Kernel *step_kernel(State *S, KernelKind kind, Phase ph, const char *note
 	return k;
 }
 
+/* Graph value v's buffer in the program: it must have one. */
+static int value_buffer(const LProg *p, int v)
+{
+	int b = lprog_value_buffer(p, v);
+	if (b < 0)
+		ICE("value %%%d has no buffer on stage %d", v, p->stage);
+	return b;
+}
+
 static int param_index(const State *S, int value)
 {
 	const Lowered *low = S->p->low;
@@ -243,11 +252,11 @@ static void collect_updates(State *S)
 			continue; /* an async worker keeps the parameters and gradients of the master's updates */
 		Update *u = &S->u[S->nu++];
 		u->op = i;
-		u->param = op->in[0];
-		u->grad = op->in[1];
+		u->param = value_buffer(p, op->in[0]);
+		u->grad = value_buffer(p, op->in[1]);
 		u->flat = -1;
 		u->n = p->buf[u->grad].elems;
-		u->replicas = g->vals[u->param].tied_to >= 0 ? 0 : replicas_of(S, u->grad);
+		u->replicas = g->vals[op->in[0]].tied_to >= 0 ? 0 : replicas_of(S, op->in[1]);
 		u->chunk_grad = u->master = u->m = u->v = -1;
 	}
 }
@@ -295,7 +304,7 @@ static void layout_flat(State *S)
 		f->grad_shard = f->master = f->m = f->v = f->param = -1;
 		DType gt = DT_F32;
 		for (int m = 0; m < op->nmembers; m++) {
-			int ui = update_of_grad(S, op->members[m]);
+			int ui = update_of_grad(S, value_buffer(p, op->members[m]));
 			if (ui < 0 || S->u[ui].flat >= 0)
 				ICE("bucket member %%%d is no update's gradient", op->members[m]);
 			Update *u = &S->u[ui];
@@ -329,7 +338,7 @@ static void layout_flat(State *S)
 	}
 	/* ZeRO 2 and 3: whole gradients (accumulators and what converts them) are transient */
 	if (S->zero >= 2)
-		for (int b = 0; b < g->nvals; b++) {
+		for (int b = 0; b < p->nvalbufs; b++) {
 			Buffer *x = &p->buf[b];
 			if (x->cls == BUF_STATE && x->state == SC_GRAD)
 				x->cls = BUF_ARENA;
@@ -360,7 +369,7 @@ static void layout_optimizer(State *S)
 		Update *u = &S->u[i];
 		if (sharded(S, u))
 			continue;
-		const char *name = g->vals[u->param].name;
+		const char *name = g->vals[p->buf[u->param].value].name;
 		long long n = p->buf[u->param].elems; /* the whole block, or the ZeRO-3 chunk */
 		if (S->zero >= 3)
 			u->chunk_grad = state_buf(S, SC_GRAD, p->buf[u->grad].dtype, n, "grad_chunk", name);
@@ -743,16 +752,16 @@ static void offload_save_masters(State *S)
 	}
 }
 
-static void ckpt_piece(State *S, int buf, int param, int kind, long long base, int axis, long long stride, long long n,
-		       int shard_axis);
+static void ckpt_piece(State *S, int buf, int param, CkptKind kind, long long base, int axis, long long stride,
+		       long long n, int shard_axis);
 
 /* checkpoint and resume (disk): each piece's record read in, every member's part of its master
  * weights and moments written (resume: read, and the record written back). */
-static void offload_checkpoint(State *S, int first_moment)
+static void offload_checkpoint(State *S, CkptKind first_moment)
 {
 	if (S->off != PLACE_DISK)
 		return;
-	int kinds[3] = {1, first_moment, 3};
+	CkptKind kinds[3] = {CKPT_MASTER, first_moment, CKPT_EXP_AVG_SQ};
 	for (int i = 0; i < S->ngrp; i++) {
 		const Group *G = &S->grp[i];
 		int bufs[3];
@@ -793,7 +802,7 @@ static void phase_init(State *S)
 		const Op *op = &g->ops[i];
 		if (op->kind != OP_PARAM || op->stage != p->stage)
 			continue;
-		int v = op->out[0], pi = param_index(S, v);
+		int pi = param_index(S, op->out[0]), v = value_buffer(p, op->out[0]);
 		int ui = update_of_param(S, v);
 		const Update *u = ui >= 0 ? &S->u[ui] : NULL;
 		long long n = p->buf[v].elems;
@@ -832,7 +841,7 @@ static void phase_save(State *S)
 		const Op *op = &g->ops[i];
 		if (op->kind != OP_PARAM || op->stage != p->stage)
 			continue;
-		int v = op->out[0], pi = param_index(S, v);
+		int pi = param_index(S, op->out[0]), v = value_buffer(p, op->out[0]);
 		if (!p->low->params[pi].saved)
 			continue;
 		int ui = update_of_param(S, v);
@@ -856,11 +865,11 @@ static void phase_save(State *S)
  * writes it (only the original of a tied pair), the resume phase reads it back (into every copy:
  * both take the same updates, so the original's state is the copy's). lo = base + coord(axis) *
  * stride, as init_param's. */
-static void ckpt_piece(State *S, int buf, int param, int kind, long long base, int axis, long long stride, long long n,
-		       int shard_axis)
+static void ckpt_piece(State *S, int buf, int param, CkptKind kind, long long base, int axis, long long stride,
+		       long long n, int shard_axis)
 {
-	/* PLANRT_CKPT_COPY: a record slot holds the next record before the checkpoint is written out */
-	int copy = S->slot[0] >= 0 && buffer_root(S->p, buf) == S->slot[0] ? 0x100 : 0;
+	/* CKPT_COPY: a record slot holds the next record before the checkpoint is written out */
+	int copy = S->slot[0] >= 0 && buffer_root(S->p, buf) == S->slot[0] ? CKPT_COPY : 0;
 	LProg *p = S->p;
 	for (int io = 0; io < 2; io++) {
 		if (!io && !p->low->params[param].saved)
@@ -917,26 +926,26 @@ static void phase_checkpoint(State *S)
 		}
 		return;
 	}
-	int first = S->moments >= 2 ? 2 : 4; /* PLANRT_CKPT_EXP_AVG, or _MOMENTUM */
+	CkptKind first = S->moments >= 2 ? CKPT_EXP_AVG : CKPT_MOMENTUM;
 	for (int i = 0; i < g->nops; i++) {
 		const Op *op = &g->ops[i];
 		if (op->kind != OP_PARAM || op->stage != p->stage)
 			continue;
-		int v = op->out[0], pi = param_index(S, v);
+		int pi = param_index(S, op->out[0]), v = value_buffer(p, op->out[0]);
 		int ui = update_of_param(S, v);
 		const Update *u = ui >= 0 ? &S->u[ui] : NULL;
 		long long n = p->buf[v].elems;
 		if (S->zero >= 3)
-			ckpt_piece(S, v, pi, 0, 0, S->za, n, n, S->za);
+			ckpt_piece(S, v, pi, CKPT_PARAM, 0, S->za, n, n, S->za);
 		else
-			ckpt_piece(S, v, pi, 0, 0, -1, 0, n, -1);
+			ckpt_piece(S, v, pi, CKPT_PARAM, 0, -1, 0, n, -1);
 		if (!u)
 			continue;
 		if (S->off == PLACE_DISK)
 			continue; /* in the file: offload_checkpoint */
 		const Flat *f = sharded(S, u) ? &S->f[u->flat] : NULL;
 		int bufs[3] = {f ? f->master : u->master, f ? f->m : u->m, f ? f->v : u->v};
-		int kinds[3] = {1, first, 3};
+		CkptKind kinds[3] = {CKPT_MASTER, first, CKPT_EXP_AVG_SQ};
 		for (int j = 0; j < 3; j++) {
 			if (bufs[j] < 0)
 				continue;
@@ -1039,7 +1048,7 @@ static void phase_sync(State *S)
 		for (int k = 0; k < p->low->npairs; k++)
 			if (p->low->pair_a[k] == op->stage_group[0] && p->low->pair_b[k] == op->stage_group[1])
 				q = k;
-		int grad = p->stage == op->stage_group[0] ? op->in[0] : op->in[1];
+		int grad = value_buffer(p, p->stage == op->stage_group[0] ? op->in[0] : op->in[1]);
 		allreduce_inplace(S, PH_STEP, grad, p->buf[grad].elems, S->ps->pipe_axis, q, "tied-parameter gradients");
 		p->k[p->nk - 1].op = i;
 	}
@@ -1088,7 +1097,7 @@ static void phase_sync(State *S)
 		long long total = 0, chunks = 0;
 		int size = S->ps->axes[op->axis].size;
 		for (int m = 0; m < op->nmembers; m++) {
-			bufs[m] = op->members[m];
+			bufs[m] = value_buffer(p, op->members[m]);
 			counts[m] = p->buf[bufs[m]].elems;
 			total += counts[m];
 			chunks += (counts[m] + size - 1) / size;
@@ -1635,6 +1644,23 @@ bool plan_state(Lowered *low)
 const char *sync_mode_name(SyncMode m)
 {
 	return m == SYNC_LOCAL_SGD ? "local_sgd" : m == SYNC_ASYNC ? "async" : "strict";
+}
+
+/* The plan's optimizer as the program descriptor records it (torch's argument names): a checkpoint
+ * keeps it, and planrt refuses to resume under another kind. */
+const char *plan_optimizer_text(const Lowered *low)
+{
+	const PlanSpec *ps = low->ps;
+	switch (ps->optimizer) {
+	case OPT_SGD:
+		return arena_printf(low->g->arena, "sgd(lr = %.9g)", ps->lr);
+	case OPT_MOMENTUM:
+		return arena_printf(low->g->arena, "momentum(lr = %.9g, momentum = %.9g)", ps->lr, ps->momentum);
+	default:
+		return arena_printf(low->g->arena, "%s(lr = %.9g, betas = (%.9g, %.9g), eps = %.9g, weight_decay = %.9g)",
+				    ps->optimizer == OPT_ADAM ? "adam" : "adamw", ps->lr, ps->beta1, ps->beta2, ps->eps,
+				    ps->weight_decay);
+	}
 }
 
 static uint64_t fnv(uint64_t h, const void *data, size_t n)

@@ -2,8 +2,12 @@
  * (`planc ... --verify-ir`). A broken invariant is a bug in planc: it is reported with the pass
  * after which it was found, the stage, the kernel and the buffer, and verification fails.
  *
- *   arguments  every buffer argument names a live buffer of the program; mesh axes, pair groups,
- *              request handles and slot requests exist; lists are consistent
+ *   arguments  every kernel has the parameters of its kind's row in the kernel table, each filled
+ *              by an argument that fits its type (karg_fits), a typed buffer parameter by a
+ *              buffer of that element type, a bucket by a bucket handle; every buffer argument
+ *              names a live buffer of the program; mesh axes, pair groups, request handles and
+ *              slot requests exist; lists are consistent
+ *   names      no two live buffers of a program share a name (the printers declare each once)
  *   buffers    views stay inside the buffer they view (for every coordinate of their axis);
  *              slot and inbox buffers are touched only by the micro-batch phases; a transient
  *              buffer is touched by one phase call only
@@ -54,10 +58,63 @@ static bool live_buffer(Verify *V, int ki, int b)
 	return true;
 }
 
+/* the element type a typed buffer parameter takes (-1: any) */
+static int param_dtype(KParamType t)
+{
+	switch (t) {
+	case KPT_F32_IN:
+	case KPT_F32_OUT:
+		return DT_F32;
+	case KPT_I32_IN:
+	case KPT_I32_OUT:
+		return DT_I32;
+	case KPT_U8_OUT:
+		return DT_U8;
+	case KPT_F64_IN:
+	case KPT_F64_OUT:
+		return DT_F64;
+	default:
+		return -1;
+	}
+}
+
+/* The arguments against the kind's parameters in the kernel table. */
+static void check_params(Verify *V, int ki)
+{
+	const LProg *p = V->p;
+	const Kernel *k = &p->k[ki];
+	int n = kernel_nparams[k->kind];
+	if (n >= 0 && k->nargs != n) {
+		fail(V, ki, "%d arguments where the kernel table gives %d", k->nargs, n);
+		return;
+	}
+	for (int a = 0; a < k->nargs; a++) {
+		const KArg *x = &k->args[a];
+		const char *name = n >= 0 ? kernel_params[k->kind][a].name : "buffer";
+		if (!karg_fits(k->kind, a, x)) {
+			fail(V, ki, "argument %d (%s, %s) cannot take a %s", a, name,
+			     n >= 0 ? kparam_type_names[kernel_params[k->kind][a].type] : "BUF", karg_kind_name(x->kind));
+			continue;
+		}
+		if (n < 0)
+			continue;
+		KParamType t = kernel_params[k->kind][a].type;
+		int want = param_dtype(t);
+		if (x->kind == KA_BUF && want >= 0 && x->buf >= 0 && x->buf < p->nbuf &&
+		    p->buf[buffer_root(p, x->buf)].dtype != (DType)want)
+			fail(V, ki, "argument %d (%s) is %s buffer %s where %s is taken", a, name,
+			     dtype_name(p->buf[buffer_root(p, x->buf)].dtype), p->buf[x->buf].name, dtype_name((DType)want));
+		if (x->kind == KA_REQ && x->i >= 0 && x->i < p->nhandles &&
+		    (p->handles[x->i].type == HANDLE_BUCKET) != (t == KPT_BUCKET))
+			fail(V, ki, "argument %d (%s) names a handle of the other type", a, name);
+	}
+}
+
 static void check_args(Verify *V, int ki)
 {
 	const LProg *p = V->p;
 	const Kernel *k = &p->k[ki];
+	check_params(V, ki);
 	for (int a = 0; a < k->nargs; a++) {
 		const KArg *x = &k->args[a];
 		switch (x->kind) {
@@ -169,6 +226,30 @@ static void check_buffers(Verify *V)
 	free(group);
 }
 
+static int by_name(const void *a, const void *b)
+{
+	return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+static void check_names(Verify *V)
+{
+	const LProg *p = V->p;
+	const char **names = malloc(sizeof(char *) * (size_t)(p->nbuf + 1));
+	if (!names)
+		ICE("out of memory");
+	int n = 0;
+	for (int b = 0; b < p->nbuf; b++)
+		if (p->buf[b].cls != BUF_NONE && p->buf[b].name)
+			names[n++] = p->buf[b].name;
+	qsort(names, (size_t)n, sizeof *names, by_name);
+	for (int i = 1; i < n; i++)
+		if (!strcmp(names[i - 1], names[i])) {
+			fail(V, -1, "two buffers named %s", names[i]);
+			break;
+		}
+	free(names);
+}
+
 static void check_placement(Verify *V)
 {
 	const LProg *p = V->p;
@@ -214,6 +295,8 @@ bool verify_ir(const Lowered *low, const char *after_pass)
 			check_args(&V, k);
 		if (V.ok)
 			check_buffers(&V);
+		if (V.ok)
+			check_names(&V);
 		if (V.ok && !strcmp(after_pass, "memplan"))
 			check_placement(&V);
 		ok = ok && V.ok;

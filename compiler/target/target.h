@@ -6,6 +6,19 @@
 
 #include "lower/lower.h"
 
+/* ---------------------------------------------------------------- planrt_abi.c */
+/* planrt's names for the values of the compiler's enums it shares (the printers print these):
+ * planrt_f32, planrt_state_param, PLANRT_FORWARD, PLANRT_INIT_NORMAL, PLANRT_STREAM_COMPUTE (a
+ * pipeline channel's stream: PLANRT_STREAM_P2P, plus its offset); planrt_int_name: an integer
+ * argument of an enum parameter type (planrt_opt_adamw, PLANRT_CKPT_EXP_AVG without the
+ * PLANRT_CKPT_COPY bit, PLANRT_TRANS), NULL for the other types. */
+const char *planrt_dtype_name(DType t);
+const char *planrt_state_kind_name(StateKind s);
+const char *planrt_action_name(ActionKind a);
+const char *planrt_init_kind_name(InitKind k);
+const char *planrt_stream_name(int stream);
+const char *planrt_int_name(KParamType t, long long v);
+
 /* ---------------------------------------------------------------- emit_c.c */
 /* Writes the program as C into dir/prog.c; false on I/O errors. */
 bool emit_c(const Lowered *low, const char *dir, const char *source_path);
@@ -29,7 +42,8 @@ FILE *emit_file(const Emit *e);
 const LProg *emit_prog(const Emit *e);      /* the stage program being printed */
 const char *emit_prefix(const Emit *e);     /* its names' prefix */
 const EmitTarget *emit_target(const Emit *e);
-void emit_arg(Emit *e, const KArg *a);      /* an argument as the C target prints it */
+void emit_arg(Emit *e, const Kernel *k, int i); /* k's argument i as the C target prints it */
+void emit_double(Emit *e, double x);        /* the shortest decimal that reads back as x */
 void emit_c_kernel(Emit *e, const Kernel *k); /* a kernel as the C target prints it (a call or a loop nest) */
 const char *emit_ctype(DType t);            /* the C type of an element */
 /* A fused loop: the buffers it reads in order of first read (returns how many), whether every load

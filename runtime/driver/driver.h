@@ -22,7 +22,7 @@
 
 #include "../io/planrt_ckpt.h"
 
-enum { PLANRT_DEFAULT_SEED = 1234, PLANRT_NO_INBOX = 0xffff };
+enum { PLANRT_DEFAULT_SEED = 1234, PLANRT_MAX_FILES = 64 };
 
 /* ---------------------------------------------------------------- options.c */
 typedef struct options {
@@ -30,6 +30,12 @@ typedef struct options {
 	uint64_t seed;
 	int seed_given;
 	const char *data, *init, *save, *log, *map;
+	/* --data FILE or --data W1 FILE1 W2 FILE2 ... (a blend); --eval-data the same */
+	int ndata, neval;
+	const char *data_files[PLANRT_MAX_FILES], *eval_files[PLANRT_MAX_FILES];
+	double data_weights[PLANRT_MAX_FILES], eval_weights[PLANRT_MAX_FILES];
+	int blend, eval_blend; /* weights were given */
+	int sampling;          /* --sampling: PLANRT_SAMPLE_*, or -1: the default (a resumed run: its own) */
 	const char *save_every_dir, *resume, *trace;
 	const char *reshard_from, *reshard_to; /* --reshard SRC OUT */
 	int nother;                            /* options other than --reshard given */
@@ -108,6 +114,9 @@ json_t *planrt_loss_scaler_state_(const loss_scaler_t *s); /* for a checkpoint's
 /* The run's position for a checkpoint's manifest (planrt_ckpt.h). */
 json_t *planrt_run_info_(const planrt_program_t *p, const options_t *o, int64_t step, uint64_t seed, planrt_data_t data,
 			 int64_t train_tokens);
+/* the sampling rule of the run: the checkpoint's when resuming (random for checkpoints made before
+ * epochs), else --sampling or epochs */
+int planrt_resume_sampling_(planrt_ckpt_t *c, const options_t *o);
 /* --resume: the checkpoint's run against this one; sets the seed and returns the first step. */
 int64_t planrt_check_resume_(planrt_ckpt_t *c, const planrt_program_t *p, const options_t *o, planrt_data_t data,
 			     int64_t train_tokens, uint64_t *seed, int rank);

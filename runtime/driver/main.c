@@ -19,6 +19,7 @@
  *   6. --save (io/save.c), the PLANRT_REPORT_* lines (report.c), planrt_finalize; the exit status
  *      is 1 when the run stopped early or an output (--log, --trace) could not be written. */
 #include "driver.h"
+#include "planrt_cpu.h"
 #include "planrt_device.h"
 #include "planrt_kernels.h"
 
@@ -128,21 +129,26 @@ static void start(run_t *r)
 	const planrt_program_t *program = r->program;
 	const planrt_stage_t *stage = r->stage;
 	planrt_ctx_t *ctx = r->ctx;
-	PLANRT_CHECK(planrt_data_open(o->data, program->vocab, program->seq, &ctx->data));
-	r->train_tokens = planrt_data_tokens(ctx->data);
-	if (o->eval_every)
-		PLANRT_CHECK(planrt_data_hold_out_(ctx->data, &r->train_tokens));
 	struct stat resume_st, every_st;
 	int fresh_ok = o->resume && o->save_every_dir && stat(o->resume, &resume_st) == 0 &&
 		       stat(o->save_every_dir, &every_st) == 0 && resume_st.st_dev == every_st.st_dev &&
 		       resume_st.st_ino == every_st.st_ino; /* --resume DIR --save-every N DIR: a first run too */
 	planrt_ckpt_t *resume = o->resume ? planrt_ckpt_resume_open(o->resume, program, fresh_ok) : NULL;
+	planrt_data_config_t data = {.nfiles = o->ndata, .files = o->data_files, .weights = o->blend ? o->data_weights : NULL,
+				     .neval = o->neval, .eval_files = o->eval_files,
+				     .eval_weights = o->eval_blend ? o->eval_weights : NULL, .vocab = program->vocab,
+				     .seq = program->seq, .batch = program->batch,
+				     .sampling = planrt_resume_sampling_(resume, o), .evaluate = o->eval_every > 0};
+	PLANRT_CHECK(planrt_data_open_run_(&data, &ctx->data));
+	r->train_tokens = planrt_data_train_samples_(ctx->data);
 	json_t *scaling = NULL; /* fp16 loss scaling's state as the checkpoint left it */
 	r->first_step = 0;
 	if (resume) {
 		r->first_step = planrt_check_resume_(resume, program, o, ctx->data, r->train_tokens, &ctx->seed, r->rank);
 		scaling = json_object_get(planrt_ckpt_manifest(resume), "loss_scaling");
 	}
+	if (o->log && r->rank == 0)
+		PLANRT_CHECK(planrt_log_truncate_(r->first_step));
 	planrt_loss_scaler_init_(&r->scaler, program, o, scaling);
 	r->seed = ctx->seed;
 	if (o->init)
@@ -192,6 +198,8 @@ int planrt_main(int argc, char **argv, const planrt_program_t *program)
 	/* 1. the world and the mesh */
 	int rank, world;
 	PLANRT_CHECK(planrt_init(&argc, &argv, &rank, &world));
+	if (planrt_cpu_select() != planrt_success) /* the instruction-set level: this rank's CPU, or PLANRT_ISA */
+		planrt_fatal("%s", planrt_last_error());
 	if (world != program->world)
 		planrt_fatal("this program was built for %d ranks (plan %s) but runs on %d; launch it with mpirun -np %d",
 			     program->world, program->plan, world, program->world);

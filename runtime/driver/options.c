@@ -4,6 +4,7 @@
  * rank agrees and --help anywhere is answered before MPI starts). --help prints the plan the
  * program trains, its mesh and every option. */
 #include "driver.h"
+#include "planrt_cpu.h"
 
 #include <errno.h>
 #include <math.h>
@@ -13,7 +14,7 @@
 #include <string.h>
 
 const char planrt_usage_line_[] =
-	"--steps K --data FILE [--init W.safetensors] [--save W.safetensors] [--map NAMES.map] [--log run.jsonl] "
+	"--steps K --data FILE [--eval-data FILE] [--sampling epochs|random] [--init W.safetensors] [--save W.safetensors] [--map NAMES.map] [--log run.jsonl] "
 	"[--seed S] [--save-every N DIR [--keep K]] [--resume DIR] [--trace T.json] [--eval-every N [--eval-batches B]] "
 	"[--max-skips K] [--loss-scale-init S]";
 
@@ -74,6 +75,49 @@ static int given_twice(options_t *o, char **argv, int at, const char *opt)
 	return 0;
 }
 
+/* --data FILE, or a blend --data W1 FILE1 W2 FILE2 ... (Megatron's --data-path): the values up to
+ * the next option; returns the index of the last one taken. */
+static int parse_files(options_t *o, const char *opt, int argc, char **argv, int i, int *n, const char **files,
+		       double *weights, int *blend)
+{
+	int last = i;
+	while (last + 1 < argc && strncmp(argv[last + 1], "--", 2) && strcmp(argv[last + 1], "-h"))
+		last++;
+	int count = last - i;
+	if (count == 0) {
+		planrt_option_error_(o, "missing value after %s", opt);
+		return i;
+	}
+	if (count == 1) {
+		files[0] = argv[i + 1];
+		*n = 1;
+		if (!*files[0])
+			planrt_option_error_(o, "%s needs a path, not an empty value", opt);
+		return last;
+	}
+	if (count % 2 || count / 2 > PLANRT_MAX_FILES) {
+		planrt_option_error_(o, "%s takes FILE or WEIGHT FILE pairs (a blend of at most %d files: %s 0.7 a.bin 0.3 "
+				     "b.bin), not %d values",
+				     opt, PLANRT_MAX_FILES, opt, count);
+		return last;
+	}
+	*blend = 1;
+	*n = count / 2;
+	for (int k = 0; k < *n; k++) {
+		const char *w = argv[i + 1 + 2 * k];
+		char *end;
+		errno = 0;
+		double x = strtod(w, &end);
+		if (end == w || *end || errno == ERANGE || !isfinite(x) || x <= 0)
+			planrt_option_error_(o, "%s: '%s' is not a weight; a blend is WEIGHT FILE pairs with positive weights (%s "
+					     "0.7 a.bin 0.3 b.bin)",
+					     opt, w, opt);
+		weights[k] = x;
+		files[k] = argv[i + 2 + 2 * k];
+	}
+	return last;
+}
+
 /* Parses argv without failing: the first error is kept for after planrt_init, so that --help
  * anywhere is still answered before MPI starts. A value that looks like an option ("--x") is a
  * missing value; an empty value is an error; so is an option given twice. */
@@ -84,6 +128,7 @@ void planrt_parse_options_(int argc, char **argv, options_t *o)
 	o->seed = PLANRT_DEFAULT_SEED;
 	o->eval_batches = 4;
 	o->max_skips = 20;
+	o->sampling = -1;
 	const long long most = 1ll << 62;
 	for (int i = 1; i < argc; i++) {
 		const char *a = argv[i];
@@ -91,8 +136,7 @@ void planrt_parse_options_(int argc, char **argv, options_t *o)
 			o->help = 1;
 			continue;
 		}
-		const char **text = !strcmp(a, "--data")     ? &o->data
-				    : !strcmp(a, "--init")   ? &o->init
+		const char **text = !strcmp(a, "--init")   ? &o->init
 				    : !strcmp(a, "--save")   ? &o->save
 				    : !strcmp(a, "--log")    ? &o->log
 				    : !strcmp(a, "--resume") ? &o->resume
@@ -106,6 +150,26 @@ void planrt_parse_options_(int argc, char **argv, options_t *o)
 		int reshard = !strcmp(a, "--reshard"); /* SRC OUT */
 		if (!reshard)
 			o->nother++;
+		if (!strcmp(a, "--data") || !strcmp(a, "--eval-data")) {
+			int eval = a[2] == 'e';
+			given_twice(o, argv, i, a);
+			i = parse_files(o, a, argc, argv, i, eval ? &o->neval : &o->ndata, eval ? o->eval_files : o->data_files,
+					eval ? o->eval_weights : o->data_weights, eval ? &o->eval_blend : &o->blend);
+			if (!eval && o->ndata)
+				o->data = o->data_files[0];
+			continue;
+		}
+		if (!strcmp(a, "--sampling")) {
+			given_twice(o, argv, i, a);
+			const char *v = i + 1 < argc ? argv[++i] : "";
+			if (!strcmp(v, "epochs") || !strcmp(v, "random"))
+				o->sampling = !strcmp(v, "epochs") ? PLANRT_SAMPLE_EPOCHS : PLANRT_SAMPLE_RANDOM;
+			else
+				planrt_option_error_(o, "--sampling takes epochs (without replacement, the default) or random (with "
+						     "replacement), not '%s'",
+						     v);
+			continue;
+		}
 		if (reshard) {
 			given_twice(o, argv, i, a);
 			if (i + 2 >= argc || !strncmp(argv[i + 1], "--", 2) || !strncmp(argv[i + 2], "--", 2)) {
@@ -115,6 +179,8 @@ void planrt_parse_options_(int argc, char **argv, options_t *o)
 			}
 			o->reshard_from = argv[++i];
 			o->reshard_to = argv[++i];
+			for (size_t n = strlen(argv[i]); n > 1 && argv[i][n - 1] == '/'; n--)
+				argv[i][n - 1] = 0; /* "OUT/" is OUT: no "OUT//step-N" in messages */
 			if (!*o->reshard_from || !*o->reshard_to)
 				planrt_option_error_(o, "--reshard needs a checkpoint and an output directory, not an empty value");
 			continue;
@@ -177,6 +243,8 @@ void planrt_parse_options_(int argc, char **argv, options_t *o)
 		planrt_option_error_(o, "--steps and --data are required");
 	if (!o->help && !o->error[0] && o->keep && !o->save_every_dir)
 		planrt_option_error_(o, "--keep needs --save-every N DIR (it keeps the newest K checkpoints there)");
+	if (!o->help && !o->error[0] && o->neval && !o->eval_every)
+		planrt_option_error_(o, "--eval-data needs --eval-every N (it says when to evaluate on it)");
 	if (!o->help && !o->error[0] && o->resume && o->init)
 		planrt_option_error_(o, "--resume and --init both set the weights; pass one of them");
 }
@@ -218,12 +286,24 @@ void planrt_print_help_(const char *prog_name, const planrt_program_t *p)
 		       p->axis_names && p->axis_names[p->pipe_axis] ? p->axis_names[p->pipe_axis] : "?", p->micro_batches);
 	else
 		printf("  no pipeline; %d micro-batch%s per step\n", p->micro_batches, p->micro_batches == 1 ? "" : "es");
-	printf("  step: %lld samples of %lld tokens (vocabulary %lld)\n\n", (long long)p->batch, (long long)p->seq,
+	printf("  step: %lld samples of %lld tokens (vocabulary %lld)\n", (long long)p->batch, (long long)p->seq,
 	       (long long)p->vocab);
+	char cpu[512];
+	if (planrt_cpu_select() == planrt_success)
+		planrt_cpu_describe(cpu, sizeof cpu);
+	else
+		snprintf(cpu, sizeof cpu, "%s", planrt_last_error());
+	printf("  cpu: %s\n\n", cpu);
 	printf("options:\n"
 	       "  --steps K             optimizer steps to train (required; 0 initialises, loads and saves)\n"
-	       "  --data FILE           training tokens: a text file (bytes) or a nanoGPT uint16 .bin file "
-	       "(required)\n"
+	       "  --data FILE           the training data (required; docs/data.md): a text file (bytes), a token\n"
+	       "                        file (nanoGPT .bin, an llm.c shard or a glob of shards 'dir/train_*.bin', a\n"
+	       "                        Megatron PREFIX with PREFIX.bin/.idx), or a data set of named tensors\n"
+	       "                        (.safetensors, a directory of NAME.npy); W1 FILE1 W2 FILE2 ...: a blend\n"
+	       "  --eval-data FILE      what --eval-every evaluates on (the same forms); default: the last tenth\n"
+	       "                        of --data, which training then never sees\n"
+	       "  --sampling RULE       epochs (default: every sample once per epoch, shuffled per epoch from the\n"
+	       "                        seed) or random (with replacement: the rule of runs before epochs existed)\n"
 	       "  --init W.safetensors  initial weights (default: drawn from the seed)\n"
 	       "  --save W.safetensors  write the trained weights there (temporary file, fsync, rename)\n"
 	       "  --map NAMES.map       --init and --save under another framework's names and layouts\n"
@@ -241,8 +321,8 @@ void planrt_print_help_(const char *prog_name, const planrt_program_t *p)
 	       "                        one process, without mpirun; then --resume OUT (planc reshard does the same)\n"
 	       "  --trace T.json        a Chrome-trace / Perfetto timeline of every rank (compute, collectives,\n"
 	       "                        transfers, waits)\n"
-	       "  --eval-every N        every N steps, the loss on held-out data (the last tenth of the tokens,\n"
-	       "                        which training then never sees) over --eval-batches B batches (default 4)\n"
+	       "  --eval-every N        every N steps, the loss on held-out data (of --data, or --eval-data) over\n"
+	       "                        --eval-batches B batches (default 4)\n"
 	       "  --max-skips K         fp16 loss scaling: stop after K consecutive skipped steps (default 20)\n"
 	       "  --loss-scale-init S   fp16 loss scaling: the first step's scale (default: the plan's, 65536 for\n"
 	       "                        dynamic)\n"
@@ -250,7 +330,9 @@ void planrt_print_help_(const char *prog_name, const planrt_program_t *p)
 	       "environment: PLANRT_WATCHDOG=SECONDS (stall limit, 0 off), PLANRT_REPORT_MEMORY, "
 	       "PLANRT_REPORT_TIMING, PLANRT_REPORT_COMM (one stderr line per rank),\n"
 	       "  PLANRT_STRAGGLER=RANK:MS or random:MS (that rank, or one drawn per step, sleeps MS ms at each "
-	       "step's start)\n",
+	       "step's start),\n"
+	       "  PLANRT_ISA=LEVEL (the instruction-set level of the fused loops and kernels, one of the cpu line's;\n"
+	       "  default: the best this CPU runs)\n",
 	       PLANRT_DEFAULT_SEED);
 	fflush(stdout);
 }

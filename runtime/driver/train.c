@@ -7,6 +7,8 @@
  * Local SGD logs a step's loss when its replicas average: the log's rows wait in a window until
  * the loss of their step is known. */
 #include "driver.h"
+#include "../io/planrt_dataset.h"
+#include "planrt_cpu.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -92,7 +94,8 @@ static void log_step(run_t *r, log_rows_t *rows, int64_t step, const double *row
 		     int skipped)
 {
 	const planrt_stage_t *stage = r->stage;
-	int64_t tokens = r->program->batch * r->program->seq;
+	/* a data set's samples are not token windows: its throughput is samples/s */
+	int64_t samples = r->program->batch, tokens = planrt_data_set(r->ctx->data) ? 0 : samples * r->program->seq;
 	int window = rows->window;
 	double *mine = rows->pending + (step % window) * ROW;
 	for (int k = 0; k < ROW; k++)
@@ -113,12 +116,13 @@ static void log_step(run_t *r, log_rows_t *rows, int64_t step, const double *row
 				snprintf(f, sizeof f, "\"eval_loss\":%.9g", w[ROW_EVAL]);
 				planrt_log_fields(f);
 			}
-			planrt_log_step(s, rows->shown, w[ROW_LR], w[ROW_NORM], tokens, w[ROW_SECONDS] * 1e3);
+			planrt_log_step_(s, rows->shown, w[ROW_LR], w[ROW_NORM], tokens, samples, w[ROW_SECONDS] * 1e3);
 		}
 	}
 	double step_s = row[ROW_SECONDS];
-	planrt_progress(step + 1, r->opt->steps, rows->shown, step_s > 0 ? (double)tokens / step_s : 0,
-			planrt_now() - r->start);
+	double per_step = tokens ? (double)tokens : (double)samples;
+	planrt_progress_(step + 1, r->opt->steps, rows->shown, step_s > 0 ? per_step / step_s : 0,
+			 tokens ? "tok/s" : "samples/s", planrt_now() - r->start);
 	if (!isnan(row[ROW_EVAL]))
 		fprintf(stderr, "eval after step %lld: held-out loss %.4f (%lld batches)\n", (long long)step + 1, row[ROW_EVAL],
 			(long long)r->opt->eval_batches);
@@ -177,6 +181,9 @@ void planrt_train_(run_t *r)
 	r->stopped = -1;
 	r->saved_step = r->first_step;
 	r->start = planrt_now();
+	char cpu_members[128]; /* the first line of the log names rank 0's instruction-set level */
+	planrt_cpu_log_members(cpu_members, sizeof cpu_members);
+	planrt_log_fields(cpu_members);
 	for (int64_t step = r->first_step; step < o->steps; step++) {
 		double wait0 = ctx->wait_s, update_s;
 		double step_scale = planrt_loss_scaler_scale_(&r->scaler);

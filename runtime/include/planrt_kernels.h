@@ -17,6 +17,9 @@ extern "C" {
 
 enum { PLANRT_ADD = 0, PLANRT_SUB, PLANRT_MUL, PLANRT_DIV };
 enum { PLANRT_GELU_ERF = 0, PLANRT_GELU_TANH };
+/* a matmul operand's trans flag, and whether a kernel's output is overwritten or added to */
+enum { PLANRT_NO_TRANS = 0, PLANRT_TRANS = 1 };
+enum { PLANRT_OVERWRITE = 0, PLANRT_ACCUMULATE = 1 };
 /* the element-wise functions of planrt_k_unary: torch.sin, cos, exp, log, tanh, sigmoid */
 enum { PLANRT_SIN = 0, PLANRT_COS, PLANRT_EXP, PLANRT_LOG, PLANRT_TANH, PLANRT_SIGMOID };
 /* torch.nn.functional.cross_entropy's default ignore_index */

@@ -62,13 +62,17 @@ typedef struct planrt_ctx {
 typedef void (*planrt_phase_fn)(planrt_ctx_t *ctx);
 
 typedef enum { PLANRT_FORWARD = 0, PLANRT_BACKWARD = 1 } planrt_act_kind_t;
+enum { PLANRT_NO_INBOX = 0xffff };
 typedef struct planrt_action {
 	uint8_t kind;    /* planrt_act_kind_t */
 	uint8_t chunk;
 	uint16_t slot;   /* activation slot (and request set) of this micro-batch and chunk */
-	uint16_t inbox;  /* receive inbox, or 0xffff when the action receives nothing ahead */
+	uint16_t inbox;  /* receive inbox, or PLANRT_NO_INBOX when the action receives nothing ahead */
 	uint32_t micro;
 } planrt_action_t;
+/* "no mesh axis" wherever an axis is asked for (a parameter dim no axis splits, a piece no ZeRO
+ * axis shards) */
+enum { PLANRT_NO_AXIS = -1 };
 
 /* Persistent state: each buffer is allocated once (zeroed, 64-byte aligned), counted by kind; planc
  * explain's category lines are the sums of these. */
@@ -93,13 +97,19 @@ typedef struct planrt_state_buf {
  * tensor-parallel block) shapes and the mesh axis that splits each dim (-1: not split). Element
  * index i of the local block is its row-major index. Tied copies on a second pipeline stage have
  * saved = 0 (the original is written). */
+/* How a parameter starts: drawn normal(a = mean, b = std) or uniform(a, b), zeros, ones; buffers
+ * also arange, rope_cos(a = theta), rope_sin(a) (computed, never read from --init) and load
+ * (--init only). */
+typedef enum {
+	PLANRT_INIT_NORMAL = 0, PLANRT_INIT_UNIFORM, PLANRT_INIT_ZEROS, PLANRT_INIT_ONES, PLANRT_INIT_ARANGE,
+	PLANRT_INIT_ROPE_COS, PLANRT_INIT_ROPE_SIN, PLANRT_INIT_LOAD
+} planrt_init_kind_t;
 typedef struct planrt_param {
 	const char *name;
 	int rank;
 	int64_t gdims[8], ldims[8];
 	int8_t split_axis[8];
-	uint8_t init_kind;       /* 0 normal(a, b) 1 uniform(a, b) 2 zeros 3 ones; buffers: 4 arange, 5 rope_cos(a),
-				  * 6 rope_sin(a) (computed, never read from --init), 7 load (--init only) */
+	uint8_t init_kind;       /* planrt_init_kind_t */
 	uint8_t saved;
 	double a, b;
 } planrt_param_t;
@@ -158,6 +168,9 @@ typedef struct planrt_program {
 	const char *fingerprint;
 	const char *sync;                  /* "strict", "local_sgd" or "async" (checkpoints) */
 	double loss_scale;                 /* fp16 loss scaling: 0 none, -1 dynamic, > 0 static */
+	/* the optimizer and its settings, "adamw(lr = 0.0003, betas = (0.9, 0.95), ...)": a checkpoint
+	 * records it, and resuming under another kind of optimizer is refused */
+	const char *optimizer;
 } planrt_program_t;
 
 /* Runs the program: parses argv (--steps K --data FILE [--init W] [--save W] [--log F] [--seed S]

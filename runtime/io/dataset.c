@@ -1,14 +1,13 @@
-/* dataset.c: data sets of named tensors (planrt_dataset.h) and planrt_load_data, the kernel every
- * model input is loaded by.
+/* dataset.c: data sets of named tensors (planrt_dataset.h) and planrt_load_data's work for them.
  *
  * A data set is read once: a .safetensors file through safetensors.c (mapped and validated), or a
  * directory of NAME.npy files, each mapped and its header parsed here (magic, version 1-3, the
  * dict's descr, fortran_order and shape; little-endian or single-byte dtypes, C order). A tensor
  * is then a dtype, a shape and a pointer into a mapping. When an input is loaded for the first time
  * it is checked against the model (a tensor of that name, the sample dims, a dtype of the right
- * kind, integers that fit i32, labels in [0, classes)); then every load copies the step's rows:
- * global batch row i of step t is sample Philox(seed, (t, i)) mod N, as for token windows, so the
- * batch does not depend on the plan and a data-parallel rank gets exactly its rows. */
+ * kind, integers that fit i32, labels in [0, classes), token ids inside the embedding table they
+ * index); then every load copies the rows data.c chose for the step (or the held-out batch), so
+ * the batch does not depend on the plan and a data-parallel rank gets exactly its rows. */
 #define PLANRT_INTERNAL
 #include "planrt_dataset.h"
 #include "planrt_exec.h"
@@ -17,6 +16,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -386,10 +386,11 @@ static void check_input(planrt_dataset_t d, tensor_t *t, const char *name, planr
 			     planrt_shape_text_(rank, sample, b, sizeof b));
 	}
 	int float_input = want != planrt_i32;
-	if (t->elem == K_OTHER || elems[t->elem].is_float != float_input)
+	/* integers feed float inputs too (a 0/1 mask, as torch's .float()); floats never feed i32 */
+	if (t->elem == K_OTHER || (elems[t->elem].is_float && !float_input))
 		planrt_fatal("data '%s': tensor '%s' holds %s but input '%s' is %s; give it %s values", d->path, t->name,
 			     t->type, name, float_input ? "floating point" : "i32",
-			     float_input ? "float (F32, F64, F16 or BF16)" : "integer (I64, I32, I16, I8, U8 or BOOL)");
+			     float_input ? "float (F32, F64, F16 or BF16) or integer" : "integer (I64, I32, I16, I8, U8 or BOOL)");
 	int64_t n = 1;
 	for (int i = 0; i < t->rank; i++)
 		n *= t->dims[i];
@@ -398,6 +399,11 @@ static void check_input(planrt_dataset_t d, tensor_t *t, const char *name, planr
 		if (v < INT32_MIN || v > INT32_MAX)
 			planrt_fatal("data '%s': value %lld of '%s' at %s does not fit input '%s' (i32)", d->path, (long long)v,
 				     t->name, position(t, i, a, sizeof a), name);
+		if (classes < 0 && (v < 0 || v >= -classes))
+			planrt_fatal("data '%s': token id %lld of '%s' at %s (sample %lld) is outside the embedding table's %lld "
+				     "rows [0, %lld) that input '%s' indexes; fix the data or the model's vocabulary",
+				     d->path, (long long)v, t->name, position(t, i, a, sizeof a),
+				     (long long)(i / (n / t->dims[0])), (long long)-classes, (long long)-classes, name);
 		if (classes > 0 && (v < 0 || v >= classes))
 			planrt_fatal("data '%s': label %lld of '%s' at %s (sample %lld) is outside [0, %lld): its "
 				     "cross_entropy has %lld classes; fix the labels or the model's number of classes",
@@ -409,7 +415,7 @@ static void check_input(planrt_dataset_t d, tensor_t *t, const char *name, planr
 
 /* ------------------------------------------------------------------ loading */
 
-void planrt_dataset_load_(planrt_dataset_t d, const planrt_ctx_t *ctx, void *dst, const char *name, planrt_dtype_t t,
+void planrt_dataset_load_(planrt_dataset_t d, const int64_t *samples, void *dst, const char *name, planrt_dtype_t t,
 			  int rank, const int64_t *gdims, const int64_t *ldims, const int64_t *offs, int64_t classes)
 {
 	tensor_t *x = (tensor_t *)find(d, name);
@@ -435,9 +441,7 @@ void planrt_dataset_load_(planrt_dataset_t d, const planrt_ctx_t *ctx, void *dst
 	size_t esize = planrt_dtype_size(t);
 	unsigned char *out = dst;
 	for (int64_t r = 0; r < ldims[0]; r++) {
-		uint32_t x4[4];
-		planrt_philox(ctx->seed, (uint64_t)ctx->step, (uint64_t)(offs[0] + r), x4);
-		int64_t sample = (int64_t)(((uint64_t)x4[0] | (uint64_t)x4[1] << 32) % (uint64_t)d->samples);
+		int64_t sample = samples[r];
 		for (int64_t j = 0; j < block; j++) {
 			/* element j of the block: its index in the sample */
 			int64_t rest = j, at = 0, stride = 1;
@@ -452,12 +456,54 @@ void planrt_dataset_load_(planrt_dataset_t d, const planrt_ctx_t *ctx, void *dst
 				int32_t v = (int32_t)int_at(x, src);
 				memcpy(o, &v, 4);
 			} else if (t == planrt_f32) {
-				float v = (float)float_at(x, src);
+				float v = elems[x->elem].is_float ? (float)float_at(x, src) : (float)int_at(x, src);
 				memcpy(o, &v, 4);
 			} else {
-				uint16_t h = planrt_f32_to_half_((float)float_at(x, src), t);
+				float f = elems[x->elem].is_float ? (float)float_at(x, src) : (float)int_at(x, src);
+				uint16_t h = planrt_f32_to_half_(f, t);
 				memcpy(o, &h, 2);
 			}
+		}
+	}
+}
+
+int planrt_dataset_has_(planrt_dataset_t d, const char *name)
+{
+	return find(d, name) != NULL;
+}
+
+/* padding_mask [B, 1, 1, S] (or [B, S]): 0 on the first lengths[sample] keys, -inf after them */
+void planrt_dataset_padding_mask_(planrt_dataset_t d, const int64_t *samples, void *dst, planrt_dtype_t t, int rank,
+				  const int64_t *gdims, const int64_t *ldims, const int64_t *offs)
+{
+	char a[128];
+	const tensor_t *len = find(d, "lengths");
+	int64_t keys = gdims[rank - 1];
+	int shape_ok = t != planrt_i32 && (rank == 2 || (rank == 4 && gdims[1] == 1 && gdims[2] == 1));
+	if (!len || !shape_ok || len->rank != 1 || elems[len->elem].is_float)
+		planrt_fatal("input 'padding_mask' (%s %s): data '%s' has no tensor of that name%s; give it one, or an integer "
+			     "tensor 'lengths' [N] and declare the input f32[B, 1, 1, S] (docs/data.md)",
+			     t == planrt_i32 ? "i32" : "float", planrt_shape_text_(rank, gdims, a, sizeof a), d->path,
+			     len ? " and its 'lengths' is not integers [N]" : "");
+	size_t esize = planrt_dtype_size(t);
+	float neg = -INFINITY, zero = 0.0f;
+	uint16_t neg_half = t == planrt_f32 ? 0 : planrt_f32_to_half_(neg, t),
+		 zero_half = t == planrt_f32 ? 0 : planrt_f32_to_half_(zero, t);
+	int64_t per_row = 1;
+	for (int i = 1; i < rank; i++)
+		per_row *= ldims[i];
+	for (int64_t r = 0; r < ldims[0]; r++) {
+		int64_t n = int_at(len, samples[r]);
+		if (n < 1 || n > keys)
+			planrt_fatal("data '%s': lengths[%lld] = %lld is outside [1, %lld] (the input's %lld positions)", d->path,
+				     (long long)samples[r], (long long)n, (long long)keys, (long long)keys);
+		for (int64_t j = 0; j < per_row; j++) {
+			int open = offs[rank - 1] + j % ldims[rank - 1] < n;
+			unsigned char *o = (unsigned char *)dst + (size_t)(r * per_row + j) * esize;
+			if (t == planrt_f32)
+				memcpy(o, open ? &zero : &neg, 4);
+			else
+				memcpy(o, open ? &zero_half : &neg_half, 2);
 		}
 	}
 }

@@ -88,7 +88,8 @@ void planrt_init_param(planrt_ctx_t *ctx, void *dst, planrt_dtype_t dtype, int p
 		block = malloc(sizeof(float) * (size_t)local);
 		if (!block)
 			planrt_fatal("out of memory initialising '%s' (%lld elements)", p->name, (long long)local);
-		if (ctx->init_file && !(p->init_kind >= 4 && p->init_kind <= 6)) { /* computed buffers are never read */
+		/* computed buffers are never read */
+		if (ctx->init_file && !(p->init_kind >= PLANRT_INIT_ARANGE && p->init_kind <= PLANRT_INIT_ROPE_SIN)) {
 			if (ctx->name_map)
 				PLANRT_CHECK(planrt_namemap_read_block(ctx->name_map, ctx->init_file, param, p->ldims, offs, block));
 			else

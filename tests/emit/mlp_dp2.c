@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "planrt.h"
+#include "planrt_cpu.h"
 #include "planrt_exec.h"
 #include "planrt_kernels.h"
 #include "planrt_math.h"
@@ -18,6 +19,16 @@ enum { MICRO_BATCHES = 1 };
 enum { AXIS_data = 0 };
 static const int axis_sizes[] = {2};
 static const char *const axis_names[] = {"data"};
+/* the parameter table's entries (params[] below) */
+enum {
+	PARAM_embedding_weight = 0,
+	PARAM_linear_weight,
+	PARAM_linear_bias,
+	PARAM_linear_1_weight,
+	PARAM_linear_1_bias,
+	PARAM_linear_2_weight,
+	PARAM_linear_2_bias,
+};
 
 /* element-wise helpers of the fused loops */
 static inline float relu(float x) { return x > 0 ? x : 0; }
@@ -133,13 +144,13 @@ static planrt_request_t bucket_0;
 static void init(planrt_ctx_t *ctx)
 {
 	(void)ctx;
-	planrt_init_param(ctx, p_embedding_weight, planrt_f32, 0, 0, 16384); /* embedding.weight */
-	planrt_init_param(ctx, p_linear_weight, planrt_f32, 1, 0, 16384); /* linear.weight */
-	planrt_init_param(ctx, p_linear_bias, planrt_f32, 2, 0, 256); /* linear.bias */
-	planrt_init_param(ctx, p_linear_1_weight, planrt_f32, 3, 0, 65536); /* linear_1.weight */
-	planrt_init_param(ctx, p_linear_1_bias, planrt_f32, 4, 0, 256); /* linear_1.bias */
-	planrt_init_param(ctx, p_linear_2_weight, planrt_f32, 5, 0, 65536); /* linear_2.weight */
-	planrt_init_param(ctx, p_linear_2_bias, planrt_f32, 6, 0, 256); /* linear_2.bias */
+	planrt_init_param(ctx, p_embedding_weight, planrt_f32, PARAM_embedding_weight, 0, 16384); /* embedding.weight */
+	planrt_init_param(ctx, p_linear_weight, planrt_f32, PARAM_linear_weight, 0, 16384); /* linear.weight */
+	planrt_init_param(ctx, p_linear_bias, planrt_f32, PARAM_linear_bias, 0, 256); /* linear.bias */
+	planrt_init_param(ctx, p_linear_1_weight, planrt_f32, PARAM_linear_1_weight, 0, 65536); /* linear_1.weight */
+	planrt_init_param(ctx, p_linear_1_bias, planrt_f32, PARAM_linear_1_bias, 0, 256); /* linear_1.bias */
+	planrt_init_param(ctx, p_linear_2_weight, planrt_f32, PARAM_linear_2_weight, 0, 65536); /* linear_2.weight */
+	planrt_init_param(ctx, p_linear_2_bias, planrt_f32, PARAM_linear_2_bias, 0, 256); /* linear_2.bias */
 }
 
 static void step_begin(planrt_ctx_t *ctx)
@@ -152,70 +163,125 @@ static void step_begin(planrt_ctx_t *ctx)
 	planrt_fill(grad_bucket_57, 164608, planrt_f32, 0); /* zero the step's accumulators */
 }
 
+/* scale in linear, 1 op fused */
+PLANRT_LOOP void loop4(float *restrict out, const float *v5)
+{
+	for (int64_t i = 0; i < 256; i++)
+		out[i] = (v5[i] * (float)1);
+}
+PLANRT_CPU_LOOP(loop4, (float *restrict out, const float *v5), (out, v5))
+
+/* relu, 2 ops fused */
+PLANRT_LOOP void loop5(float *restrict out, const float *v6, const float *v7)
+{
+	for (int64_t i0 = 0; i0 < 16; i0++)
+		for (int64_t i1 = 0; i1 < 16; i1++)
+			for (int64_t i2 = 0; i2 < 256; i2++) {
+				int64_t o = i0 * 4096 + i1 * 256 + i2 * 1;
+				out[o] = relu((v6[i0 * 4096 + i1 * 256 + i2 * 1] + v7[i2 * 1]));
+			}
+}
+PLANRT_CPU_LOOP(loop5, (float *restrict out, const float *v6, const float *v7), (out, v6, v7))
+
+/* scale in linear_1, 1 op fused */
+PLANRT_LOOP void loop7(float *restrict out, const float *v11)
+{
+	for (int64_t i = 0; i < 256; i++)
+		out[i] = (v11[i] * (float)1);
+}
+PLANRT_CPU_LOOP(loop7, (float *restrict out, const float *v11), (out, v11))
+
+/* relu, 2 ops fused */
+PLANRT_LOOP void loop8(float *restrict out, const float *v12, const float *v13)
+{
+	for (int64_t i0 = 0; i0 < 16; i0++)
+		for (int64_t i1 = 0; i1 < 16; i1++)
+			for (int64_t i2 = 0; i2 < 256; i2++) {
+				int64_t o = i0 * 4096 + i1 * 256 + i2 * 1;
+				out[o] = relu((v12[i0 * 4096 + i1 * 256 + i2 * 1] + v13[i2 * 1]));
+			}
+}
+PLANRT_CPU_LOOP(loop8, (float *restrict out, const float *v12, const float *v13), (out, v12, v13))
+
+/* scale in linear_2, 1 op fused */
+PLANRT_LOOP void loop10(float *restrict out, const float *v17)
+{
+	for (int64_t i = 0; i < 256; i++)
+		out[i] = (v17[i] * (float)1);
+}
+PLANRT_CPU_LOOP(loop10, (float *restrict out, const float *v17), (out, v17))
+
+/* add in linear_2, 1 op fused */
+PLANRT_LOOP void loop11(float *restrict out, const float *v18, const float *v19)
+{
+	for (int64_t i0 = 0; i0 < 16; i0++)
+		for (int64_t i1 = 0; i1 < 16; i1++)
+			for (int64_t i2 = 0; i2 < 256; i2++) {
+				int64_t o = i0 * 4096 + i1 * 256 + i2 * 1;
+				out[o] = (v18[i0 * 4096 + i1 * 256 + i2 * 1] + v19[i2 * 1]);
+			}
+}
+PLANRT_CPU_LOOP(loop11, (float *restrict out, const float *v18, const float *v19), (out, v18, v19))
+
 static void forward_c0(planrt_ctx_t *ctx)
 {
 	(void)ctx;
-	planrt_load_data(ctx, tokens_0, 0, "tokens", planrt_i32, 2, (const int64_t[]){32, 16}, (const int64_t[]){16, 16}, (const int64_t[]){((int64_t)planrt_mesh_coord(AXIS_data) * 16) + (int64_t)ctx->micro * 32, 0}, 0); /* input */
+	planrt_load_data(ctx, tokens_0, 0, "tokens", planrt_i32, 2, (const int64_t[]){32, 16}, (const int64_t[]){16, 16}, (const int64_t[]){((int64_t)planrt_mesh_coord(AXIS_data) * 16) + (int64_t)ctx->micro * 32, 0}, -256); /* input */
 	planrt_load_data(ctx, targets_1, 1, "targets", planrt_i32, 2, (const int64_t[]){32, 16}, (const int64_t[]){16, 16}, (const int64_t[]){((int64_t)planrt_mesh_coord(AXIS_data) * 16) + (int64_t)ctx->micro * 32, 0}, 256); /* input */
 	planrt_k_embed_f32(p_embedding_weight, tokens_0, x_3, 256, 64, 0, 256); /* embed in embedding */
-	planrt_k_matmul_f32(1, 256, 256, 64, x_3, 0, 1024, p_linear_weight, 0, 0, matmul_6, 4096, 0); /* matmul in linear */
-	{ /* scale in linear, 1 op fused */
-		float *restrict out = scale_7;
-		const float *v5 = p_linear_bias;
-		for (int64_t i = 0; i < 256; i++)
-			out[i] = (v5[i] * (float)1);
-	}
-	{ /* relu, 2 ops fused */
-		float *restrict out = h_9;
-		const float *v6 = matmul_6;
-		const float *v7 = scale_7;
-		for (int64_t i0 = 0; i0 < 16; i0++)
-			for (int64_t i1 = 0; i1 < 16; i1++)
-				for (int64_t i2 = 0; i2 < 256; i2++) {
-					int64_t o = i0 * 4096 + i1 * 256 + i2 * 1;
-					out[o] = relu((v6[i0 * 4096 + i1 * 256 + i2 * 1] + v7[i2 * 1]));
-				}
-	}
-	planrt_k_matmul_f32(1, 256, 256, 256, h_9, 0, 4096, p_linear_1_weight, 0, 0, matmul_12, 4096, 0); /* matmul in linear_1 */
-	{ /* scale in linear_1, 1 op fused */
-		float *restrict out = scale_13;
-		const float *v11 = p_linear_1_bias;
-		for (int64_t i = 0; i < 256; i++)
-			out[i] = (v11[i] * (float)1);
-	}
-	{ /* relu, 2 ops fused */
-		float *restrict out = h_15;
-		const float *v12 = matmul_12;
-		const float *v13 = scale_13;
-		for (int64_t i0 = 0; i0 < 16; i0++)
-			for (int64_t i1 = 0; i1 < 16; i1++)
-				for (int64_t i2 = 0; i2 < 256; i2++) {
-					int64_t o = i0 * 4096 + i1 * 256 + i2 * 1;
-					out[o] = relu((v12[i0 * 4096 + i1 * 256 + i2 * 1] + v13[i2 * 1]));
-				}
-	}
-	planrt_k_matmul_f32(1, 256, 256, 256, h_15, 0, 4096, p_linear_2_weight, 0, 0, matmul_18, 4096, 0); /* matmul in linear_2 */
-	{ /* scale in linear_2, 1 op fused */
-		float *restrict out = scale_19;
-		const float *v17 = p_linear_2_bias;
-		for (int64_t i = 0; i < 256; i++)
-			out[i] = (v17[i] * (float)1);
-	}
-	{ /* add in linear_2, 1 op fused */
-		float *restrict out = logits_20;
-		const float *v18 = matmul_18;
-		const float *v19 = scale_19;
-		for (int64_t i0 = 0; i0 < 16; i0++)
-			for (int64_t i1 = 0; i1 < 16; i1++)
-				for (int64_t i2 = 0; i2 < 256; i2++) {
-					int64_t o = i0 * 4096 + i1 * 256 + i2 * 1;
-					out[o] = (v18[i0 * 4096 + i1 * 256 + i2 * 1] + v19[i2 * 1]);
-				}
-	}
+	planrt_k_matmul_f32(1, 256, 256, 64, x_3, PLANRT_NO_TRANS, 1024, p_linear_weight, PLANRT_NO_TRANS, 0, matmul_6, 4096, PLANRT_OVERWRITE); /* matmul in linear */
+	loop4_at[planrt_cpu_level_](scale_7, p_linear_bias); /* scale in linear, 1 op fused */
+	loop5_at[planrt_cpu_level_](h_9, matmul_6, scale_7); /* relu, 2 ops fused */
+	planrt_k_matmul_f32(1, 256, 256, 256, h_9, PLANRT_NO_TRANS, 4096, p_linear_1_weight, PLANRT_NO_TRANS, 0, matmul_12, 4096, PLANRT_OVERWRITE); /* matmul in linear_1 */
+	loop7_at[planrt_cpu_level_](scale_13, p_linear_1_bias); /* scale in linear_1, 1 op fused */
+	loop8_at[planrt_cpu_level_](h_15, matmul_12, scale_13); /* relu, 2 ops fused */
+	planrt_k_matmul_f32(1, 256, 256, 256, h_15, PLANRT_NO_TRANS, 4096, p_linear_2_weight, PLANRT_NO_TRANS, 0, matmul_18, 4096, PLANRT_OVERWRITE); /* matmul in linear_2 */
+	loop10_at[planrt_cpu_level_](scale_19, p_linear_2_bias); /* scale in linear_2, 1 op fused */
+	loop11_at[planrt_cpu_level_](logits_20, matmul_18, scale_19); /* add in linear_2, 1 op fused */
 	planrt_check_labels(targets_1, 2, (const int64_t[]){16, 16}, (const int64_t[]){((int64_t)planrt_mesh_coord(AXIS_data) * 16) + (int64_t)ctx->micro * 32, 0}, 256, "input 'targets' (the targets of cross_entropy at examples/mlp.plan:14:10)", ctx->step); /* cross_entropy */
 	planrt_cross_entropy_f32(logits_20, targets_1, loss_21, cross_entropy_22, 256, 256, 0, 0.001953125, NULL, scratch_53); /* cross_entropy */
 	planrt_loss_accumulate(loss_52, loss_21, 1); /* the step's loss */
 }
+
+/* scale in linear_2, 1 op fused */
+PLANRT_LOOP void loop18(float *restrict out, const float *v25)
+{
+	for (int64_t i = 0; i < 256; i++)
+		out[i] += (v25[i] * (float)1);
+}
+PLANRT_CPU_LOOP(loop18, (float *restrict out, const float *v25), (out, v25))
+
+/* relu_grad, 1 op fused */
+PLANRT_LOOP void loop21(float *restrict out, const float *v15, const float *v27)
+{
+	for (int64_t i = 0; i < 65536; i++)
+		out[i] = relu_grad(v15[i], v27[i]);
+}
+PLANRT_CPU_LOOP(loop21, (float *restrict out, const float *v15, const float *v27), (out, v15, v27))
+
+/* scale in linear_1, 1 op fused */
+PLANRT_LOOP void loop23(float *restrict out, const float *v30)
+{
+	for (int64_t i = 0; i < 256; i++)
+		out[i] += (v30[i] * (float)1);
+}
+PLANRT_CPU_LOOP(loop23, (float *restrict out, const float *v30), (out, v30))
+
+/* relu_grad, 1 op fused */
+PLANRT_LOOP void loop26(float *restrict out, const float *v9, const float *v32)
+{
+	for (int64_t i = 0; i < 65536; i++)
+		out[i] = relu_grad(v9[i], v32[i]);
+}
+PLANRT_CPU_LOOP(loop26, (float *restrict out, const float *v9, const float *v32), (out, v9, v32))
+
+/* scale in linear, 1 op fused */
+PLANRT_LOOP void loop28(float *restrict out, const float *v35)
+{
+	for (int64_t i = 0; i < 256; i++)
+		out[i] += (v35[i] * (float)1);
+}
+PLANRT_CPU_LOOP(loop28, (float *restrict out, const float *v35), (out, v35))
 
 static void backward_c0(planrt_ctx_t *ctx)
 {
@@ -223,46 +289,19 @@ static void backward_c0(planrt_ctx_t *ctx)
 	planrt_fill(fill_23, 1, planrt_f32, 1); /* fill */
 	planrt_k_ce_grad_f32(logits_20, targets_1, cross_entropy_22, 256, 256, 0, (double)fill_23[0] * 0.001953125, cross_entropy_grad_24); /* cross_entropy_grad */
 	planrt_k_sum_to_f32(3, (const int64_t[]){16, 16, 256}, cross_entropy_grad_24, (const int64_t[]){0, 0, 1}, sum_to_25, 256); /* sum_to in linear_2 */
-	{ /* scale in linear_2, 1 op fused */
-		float *restrict out = g_linear_2_bias;
-		const float *v25 = sum_to_25;
-		for (int64_t i = 0; i < 256; i++)
-			out[i] += (v25[i] * (float)1);
-	}
-	planrt_k_matmul_f32(1, 256, 256, 256, cross_entropy_grad_24, 0, 4096, p_linear_2_weight, 1, 0, matmul_28, 4096, 0); /* matmul in linear_2 */
-	planrt_k_matmul_f32(1, 256, 256, 256, h_15, 1, 0, cross_entropy_grad_24, 0, 0, g_linear_2_weight, 0, 1); /* matmul_wgrad in linear_2 */
-	{ /* relu_grad, 1 op fused */
-		float *restrict out = relu_grad_30;
-		const float *v15 = h_15;
-		const float *v28 = matmul_28;
-		for (int64_t i = 0; i < 65536; i++)
-			out[i] = relu_grad(v15[i], v28[i]);
-	}
+	loop18_at[planrt_cpu_level_](g_linear_2_bias, sum_to_25); /* scale in linear_2, 1 op fused */
+	planrt_k_matmul_f32(1, 256, 256, 256, cross_entropy_grad_24, PLANRT_NO_TRANS, 4096, p_linear_2_weight, PLANRT_TRANS, 0, matmul_28, 4096, PLANRT_OVERWRITE); /* matmul in linear_2 */
+	planrt_k_matmul_f32(1, 256, 256, 256, h_15, PLANRT_TRANS, 0, cross_entropy_grad_24, PLANRT_NO_TRANS, 0, g_linear_2_weight, 0, PLANRT_ACCUMULATE); /* matmul_wgrad in linear_2 */
+	loop21_at[planrt_cpu_level_](relu_grad_30, h_15, matmul_28); /* relu_grad, 1 op fused */
 	planrt_k_sum_to_f32(3, (const int64_t[]){16, 16, 256}, relu_grad_30, (const int64_t[]){0, 0, 1}, sum_to_31, 256); /* sum_to in linear_1 */
-	{ /* scale in linear_1, 1 op fused */
-		float *restrict out = g_linear_1_bias;
-		const float *v31 = sum_to_31;
-		for (int64_t i = 0; i < 256; i++)
-			out[i] += (v31[i] * (float)1);
-	}
-	planrt_k_matmul_f32(1, 256, 256, 256, relu_grad_30, 0, 4096, p_linear_1_weight, 1, 0, matmul_34, 4096, 0); /* matmul in linear_1 */
-	planrt_k_matmul_f32(1, 256, 256, 256, h_9, 1, 0, relu_grad_30, 0, 0, g_linear_1_weight, 0, 1); /* matmul_wgrad in linear_1 */
-	{ /* relu_grad, 1 op fused */
-		float *restrict out = relu_grad_36;
-		const float *v9 = h_9;
-		const float *v34 = matmul_34;
-		for (int64_t i = 0; i < 65536; i++)
-			out[i] = relu_grad(v9[i], v34[i]);
-	}
+	loop23_at[planrt_cpu_level_](g_linear_1_bias, sum_to_31); /* scale in linear_1, 1 op fused */
+	planrt_k_matmul_f32(1, 256, 256, 256, relu_grad_30, PLANRT_NO_TRANS, 4096, p_linear_1_weight, PLANRT_TRANS, 0, matmul_34, 4096, PLANRT_OVERWRITE); /* matmul in linear_1 */
+	planrt_k_matmul_f32(1, 256, 256, 256, h_9, PLANRT_TRANS, 0, relu_grad_30, PLANRT_NO_TRANS, 0, g_linear_1_weight, 0, PLANRT_ACCUMULATE); /* matmul_wgrad in linear_1 */
+	loop26_at[planrt_cpu_level_](relu_grad_36, h_9, matmul_34); /* relu_grad, 1 op fused */
 	planrt_k_sum_to_f32(3, (const int64_t[]){16, 16, 256}, relu_grad_36, (const int64_t[]){0, 0, 1}, sum_to_37, 256); /* sum_to in linear */
-	{ /* scale in linear, 1 op fused */
-		float *restrict out = g_linear_bias;
-		const float *v37 = sum_to_37;
-		for (int64_t i = 0; i < 256; i++)
-			out[i] += (v37[i] * (float)1);
-	}
-	planrt_k_matmul_f32(1, 256, 64, 256, relu_grad_36, 0, 4096, p_linear_weight, 1, 0, matmul_40, 1024, 0); /* matmul in linear */
-	planrt_k_matmul_f32(1, 64, 256, 256, x_3, 1, 0, relu_grad_36, 0, 0, g_linear_weight, 0, 1); /* matmul_wgrad in linear */
+	loop28_at[planrt_cpu_level_](g_linear_bias, sum_to_37); /* scale in linear, 1 op fused */
+	planrt_k_matmul_f32(1, 256, 64, 256, relu_grad_36, PLANRT_NO_TRANS, 4096, p_linear_weight, PLANRT_TRANS, 0, matmul_40, 1024, PLANRT_OVERWRITE); /* matmul in linear */
+	planrt_k_matmul_f32(1, 64, 256, 256, x_3, PLANRT_TRANS, 0, relu_grad_36, PLANRT_NO_TRANS, 0, g_linear_weight, 0, PLANRT_ACCUMULATE); /* matmul_wgrad in linear */
 	planrt_k_embed_grad_f32(tokens_0, matmul_40, g_embedding_weight, 256, 64, 0, 256); /* embed_grad in embedding */
 	if (ctx->micro == MICRO_BATCHES - 1)
 		planrt_allreduce_inplace(grad_bucket_57, 164608, planrt_f32, planrt_axis_comm(AXIS_data), &bucket_0); /* gradient bucket 0 (7 tensors) */
@@ -281,78 +320,78 @@ static void step(planrt_ctx_t *ctx)
 	planrt_sum_squares_acc(grad_sumsq_55, g_linear_2_bias, 256, planrt_f32, 0.5); /* gradient norm */
 	planrt_allreduce_inplace(grad_sumsq_55, 1, planrt_f64, planrt_axis_comm(AXIS_data), NULL); /* gradient norm */
 	planrt_clip_coef(grad_sumsq_55, grad_norm_54, clip_coef_56, 0); /* clipping */
-	planrt_optimizer_step(3, 0.001, 0.90000000000000002, 0.999, 1e-08, 0.01, 0, 0, 0, 0, ctx->step, p_embedding_weight, g_embedding_weight, planrt_f32, m_58, v_59, 16384, clip_coef_56); /* embedding.weight */
-	planrt_optimizer_step(3, 0.001, 0.90000000000000002, 0.999, 1e-08, 0.01, 0, 0, 0, 0, ctx->step, p_linear_weight, g_linear_weight, planrt_f32, m_60, v_61, 16384, clip_coef_56); /* linear.weight */
-	planrt_optimizer_step(3, 0.001, 0.90000000000000002, 0.999, 1e-08, 0.01, 0, 0, 0, 0, ctx->step, p_linear_bias, g_linear_bias, planrt_f32, m_62, v_63, 256, clip_coef_56); /* linear.bias */
-	planrt_optimizer_step(3, 0.001, 0.90000000000000002, 0.999, 1e-08, 0.01, 0, 0, 0, 0, ctx->step, p_linear_1_weight, g_linear_1_weight, planrt_f32, m_64, v_65, 65536, clip_coef_56); /* linear_1.weight */
-	planrt_optimizer_step(3, 0.001, 0.90000000000000002, 0.999, 1e-08, 0.01, 0, 0, 0, 0, ctx->step, p_linear_1_bias, g_linear_1_bias, planrt_f32, m_66, v_67, 256, clip_coef_56); /* linear_1.bias */
-	planrt_optimizer_step(3, 0.001, 0.90000000000000002, 0.999, 1e-08, 0.01, 0, 0, 0, 0, ctx->step, p_linear_2_weight, g_linear_2_weight, planrt_f32, m_68, v_69, 65536, clip_coef_56); /* linear_2.weight */
-	planrt_optimizer_step(3, 0.001, 0.90000000000000002, 0.999, 1e-08, 0.01, 0, 0, 0, 0, ctx->step, p_linear_2_bias, g_linear_2_bias, planrt_f32, m_70, v_71, 256, clip_coef_56); /* linear_2.bias */
+	planrt_optimizer_step(planrt_opt_adamw, 0.001, 0.9, 0.999, 1e-08, 0.01, 0, 0, 0, 0, ctx->step, p_embedding_weight, g_embedding_weight, planrt_f32, m_58, v_59, 16384, clip_coef_56); /* embedding.weight */
+	planrt_optimizer_step(planrt_opt_adamw, 0.001, 0.9, 0.999, 1e-08, 0.01, 0, 0, 0, 0, ctx->step, p_linear_weight, g_linear_weight, planrt_f32, m_60, v_61, 16384, clip_coef_56); /* linear.weight */
+	planrt_optimizer_step(planrt_opt_adamw, 0.001, 0.9, 0.999, 1e-08, 0.01, 0, 0, 0, 0, ctx->step, p_linear_bias, g_linear_bias, planrt_f32, m_62, v_63, 256, clip_coef_56); /* linear.bias */
+	planrt_optimizer_step(planrt_opt_adamw, 0.001, 0.9, 0.999, 1e-08, 0.01, 0, 0, 0, 0, ctx->step, p_linear_1_weight, g_linear_1_weight, planrt_f32, m_64, v_65, 65536, clip_coef_56); /* linear_1.weight */
+	planrt_optimizer_step(planrt_opt_adamw, 0.001, 0.9, 0.999, 1e-08, 0.01, 0, 0, 0, 0, ctx->step, p_linear_1_bias, g_linear_1_bias, planrt_f32, m_66, v_67, 256, clip_coef_56); /* linear_1.bias */
+	planrt_optimizer_step(planrt_opt_adamw, 0.001, 0.9, 0.999, 1e-08, 0.01, 0, 0, 0, 0, ctx->step, p_linear_2_weight, g_linear_2_weight, planrt_f32, m_68, v_69, 65536, clip_coef_56); /* linear_2.weight */
+	planrt_optimizer_step(planrt_opt_adamw, 0.001, 0.9, 0.999, 1e-08, 0.01, 0, 0, 0, 0, ctx->step, p_linear_2_bias, g_linear_2_bias, planrt_f32, m_70, v_71, 256, clip_coef_56); /* linear_2.bias */
 	planrt_allreduce_inplace(loss_52, 1, planrt_f64, planrt_axis_comm(AXIS_data), NULL); /* the step's loss */
 }
 
 static void save(planrt_ctx_t *ctx)
 {
 	(void)ctx;
-	planrt_save_param(ctx, p_embedding_weight, planrt_f32, 0, 0, 16384, -1); /* embedding.weight */
-	planrt_save_param(ctx, p_linear_weight, planrt_f32, 1, 0, 16384, -1); /* linear.weight */
-	planrt_save_param(ctx, p_linear_bias, planrt_f32, 2, 0, 256, -1); /* linear.bias */
-	planrt_save_param(ctx, p_linear_1_weight, planrt_f32, 3, 0, 65536, -1); /* linear_1.weight */
-	planrt_save_param(ctx, p_linear_1_bias, planrt_f32, 4, 0, 256, -1); /* linear_1.bias */
-	planrt_save_param(ctx, p_linear_2_weight, planrt_f32, 5, 0, 65536, -1); /* linear_2.weight */
-	planrt_save_param(ctx, p_linear_2_bias, planrt_f32, 6, 0, 256, -1); /* linear_2.bias */
+	planrt_save_param(ctx, p_embedding_weight, planrt_f32, PARAM_embedding_weight, 0, 16384, PLANRT_NO_AXIS); /* embedding.weight */
+	planrt_save_param(ctx, p_linear_weight, planrt_f32, PARAM_linear_weight, 0, 16384, PLANRT_NO_AXIS); /* linear.weight */
+	planrt_save_param(ctx, p_linear_bias, planrt_f32, PARAM_linear_bias, 0, 256, PLANRT_NO_AXIS); /* linear.bias */
+	planrt_save_param(ctx, p_linear_1_weight, planrt_f32, PARAM_linear_1_weight, 0, 65536, PLANRT_NO_AXIS); /* linear_1.weight */
+	planrt_save_param(ctx, p_linear_1_bias, planrt_f32, PARAM_linear_1_bias, 0, 256, PLANRT_NO_AXIS); /* linear_1.bias */
+	planrt_save_param(ctx, p_linear_2_weight, planrt_f32, PARAM_linear_2_weight, 0, 65536, PLANRT_NO_AXIS); /* linear_2.weight */
+	planrt_save_param(ctx, p_linear_2_bias, planrt_f32, PARAM_linear_2_bias, 0, 256, PLANRT_NO_AXIS); /* linear_2.bias */
 }
 
 static void checkpoint(planrt_ctx_t *ctx)
 {
 	(void)ctx;
-	planrt_ckpt_write(ctx, p_embedding_weight, planrt_f32, 0, 0, 0, 16384, -1); /* embedding.weight */
-	planrt_ckpt_write(ctx, m_58, planrt_f32, 0, 2, 0, 16384, -1); /* embedding.weight */
-	planrt_ckpt_write(ctx, v_59, planrt_f32, 0, 3, 0, 16384, -1); /* embedding.weight */
-	planrt_ckpt_write(ctx, p_linear_weight, planrt_f32, 1, 0, 0, 16384, -1); /* linear.weight */
-	planrt_ckpt_write(ctx, m_60, planrt_f32, 1, 2, 0, 16384, -1); /* linear.weight */
-	planrt_ckpt_write(ctx, v_61, planrt_f32, 1, 3, 0, 16384, -1); /* linear.weight */
-	planrt_ckpt_write(ctx, p_linear_bias, planrt_f32, 2, 0, 0, 256, -1); /* linear.bias */
-	planrt_ckpt_write(ctx, m_62, planrt_f32, 2, 2, 0, 256, -1); /* linear.bias */
-	planrt_ckpt_write(ctx, v_63, planrt_f32, 2, 3, 0, 256, -1); /* linear.bias */
-	planrt_ckpt_write(ctx, p_linear_1_weight, planrt_f32, 3, 0, 0, 65536, -1); /* linear_1.weight */
-	planrt_ckpt_write(ctx, m_64, planrt_f32, 3, 2, 0, 65536, -1); /* linear_1.weight */
-	planrt_ckpt_write(ctx, v_65, planrt_f32, 3, 3, 0, 65536, -1); /* linear_1.weight */
-	planrt_ckpt_write(ctx, p_linear_1_bias, planrt_f32, 4, 0, 0, 256, -1); /* linear_1.bias */
-	planrt_ckpt_write(ctx, m_66, planrt_f32, 4, 2, 0, 256, -1); /* linear_1.bias */
-	planrt_ckpt_write(ctx, v_67, planrt_f32, 4, 3, 0, 256, -1); /* linear_1.bias */
-	planrt_ckpt_write(ctx, p_linear_2_weight, planrt_f32, 5, 0, 0, 65536, -1); /* linear_2.weight */
-	planrt_ckpt_write(ctx, m_68, planrt_f32, 5, 2, 0, 65536, -1); /* linear_2.weight */
-	planrt_ckpt_write(ctx, v_69, planrt_f32, 5, 3, 0, 65536, -1); /* linear_2.weight */
-	planrt_ckpt_write(ctx, p_linear_2_bias, planrt_f32, 6, 0, 0, 256, -1); /* linear_2.bias */
-	planrt_ckpt_write(ctx, m_70, planrt_f32, 6, 2, 0, 256, -1); /* linear_2.bias */
-	planrt_ckpt_write(ctx, v_71, planrt_f32, 6, 3, 0, 256, -1); /* linear_2.bias */
+	planrt_ckpt_write(ctx, p_embedding_weight, planrt_f32, PARAM_embedding_weight, PLANRT_CKPT_PARAM, 0, 16384, PLANRT_NO_AXIS); /* embedding.weight */
+	planrt_ckpt_write(ctx, m_58, planrt_f32, PARAM_embedding_weight, PLANRT_CKPT_EXP_AVG, 0, 16384, PLANRT_NO_AXIS); /* embedding.weight */
+	planrt_ckpt_write(ctx, v_59, planrt_f32, PARAM_embedding_weight, PLANRT_CKPT_EXP_AVG_SQ, 0, 16384, PLANRT_NO_AXIS); /* embedding.weight */
+	planrt_ckpt_write(ctx, p_linear_weight, planrt_f32, PARAM_linear_weight, PLANRT_CKPT_PARAM, 0, 16384, PLANRT_NO_AXIS); /* linear.weight */
+	planrt_ckpt_write(ctx, m_60, planrt_f32, PARAM_linear_weight, PLANRT_CKPT_EXP_AVG, 0, 16384, PLANRT_NO_AXIS); /* linear.weight */
+	planrt_ckpt_write(ctx, v_61, planrt_f32, PARAM_linear_weight, PLANRT_CKPT_EXP_AVG_SQ, 0, 16384, PLANRT_NO_AXIS); /* linear.weight */
+	planrt_ckpt_write(ctx, p_linear_bias, planrt_f32, PARAM_linear_bias, PLANRT_CKPT_PARAM, 0, 256, PLANRT_NO_AXIS); /* linear.bias */
+	planrt_ckpt_write(ctx, m_62, planrt_f32, PARAM_linear_bias, PLANRT_CKPT_EXP_AVG, 0, 256, PLANRT_NO_AXIS); /* linear.bias */
+	planrt_ckpt_write(ctx, v_63, planrt_f32, PARAM_linear_bias, PLANRT_CKPT_EXP_AVG_SQ, 0, 256, PLANRT_NO_AXIS); /* linear.bias */
+	planrt_ckpt_write(ctx, p_linear_1_weight, planrt_f32, PARAM_linear_1_weight, PLANRT_CKPT_PARAM, 0, 65536, PLANRT_NO_AXIS); /* linear_1.weight */
+	planrt_ckpt_write(ctx, m_64, planrt_f32, PARAM_linear_1_weight, PLANRT_CKPT_EXP_AVG, 0, 65536, PLANRT_NO_AXIS); /* linear_1.weight */
+	planrt_ckpt_write(ctx, v_65, planrt_f32, PARAM_linear_1_weight, PLANRT_CKPT_EXP_AVG_SQ, 0, 65536, PLANRT_NO_AXIS); /* linear_1.weight */
+	planrt_ckpt_write(ctx, p_linear_1_bias, planrt_f32, PARAM_linear_1_bias, PLANRT_CKPT_PARAM, 0, 256, PLANRT_NO_AXIS); /* linear_1.bias */
+	planrt_ckpt_write(ctx, m_66, planrt_f32, PARAM_linear_1_bias, PLANRT_CKPT_EXP_AVG, 0, 256, PLANRT_NO_AXIS); /* linear_1.bias */
+	planrt_ckpt_write(ctx, v_67, planrt_f32, PARAM_linear_1_bias, PLANRT_CKPT_EXP_AVG_SQ, 0, 256, PLANRT_NO_AXIS); /* linear_1.bias */
+	planrt_ckpt_write(ctx, p_linear_2_weight, planrt_f32, PARAM_linear_2_weight, PLANRT_CKPT_PARAM, 0, 65536, PLANRT_NO_AXIS); /* linear_2.weight */
+	planrt_ckpt_write(ctx, m_68, planrt_f32, PARAM_linear_2_weight, PLANRT_CKPT_EXP_AVG, 0, 65536, PLANRT_NO_AXIS); /* linear_2.weight */
+	planrt_ckpt_write(ctx, v_69, planrt_f32, PARAM_linear_2_weight, PLANRT_CKPT_EXP_AVG_SQ, 0, 65536, PLANRT_NO_AXIS); /* linear_2.weight */
+	planrt_ckpt_write(ctx, p_linear_2_bias, planrt_f32, PARAM_linear_2_bias, PLANRT_CKPT_PARAM, 0, 256, PLANRT_NO_AXIS); /* linear_2.bias */
+	planrt_ckpt_write(ctx, m_70, planrt_f32, PARAM_linear_2_bias, PLANRT_CKPT_EXP_AVG, 0, 256, PLANRT_NO_AXIS); /* linear_2.bias */
+	planrt_ckpt_write(ctx, v_71, planrt_f32, PARAM_linear_2_bias, PLANRT_CKPT_EXP_AVG_SQ, 0, 256, PLANRT_NO_AXIS); /* linear_2.bias */
 }
 
 static void resume(planrt_ctx_t *ctx)
 {
 	(void)ctx;
-	planrt_ckpt_read(ctx, p_embedding_weight, planrt_f32, 0, 0, 0, 16384); /* embedding.weight */
-	planrt_ckpt_read(ctx, m_58, planrt_f32, 0, 2, 0, 16384); /* embedding.weight */
-	planrt_ckpt_read(ctx, v_59, planrt_f32, 0, 3, 0, 16384); /* embedding.weight */
-	planrt_ckpt_read(ctx, p_linear_weight, planrt_f32, 1, 0, 0, 16384); /* linear.weight */
-	planrt_ckpt_read(ctx, m_60, planrt_f32, 1, 2, 0, 16384); /* linear.weight */
-	planrt_ckpt_read(ctx, v_61, planrt_f32, 1, 3, 0, 16384); /* linear.weight */
-	planrt_ckpt_read(ctx, p_linear_bias, planrt_f32, 2, 0, 0, 256); /* linear.bias */
-	planrt_ckpt_read(ctx, m_62, planrt_f32, 2, 2, 0, 256); /* linear.bias */
-	planrt_ckpt_read(ctx, v_63, planrt_f32, 2, 3, 0, 256); /* linear.bias */
-	planrt_ckpt_read(ctx, p_linear_1_weight, planrt_f32, 3, 0, 0, 65536); /* linear_1.weight */
-	planrt_ckpt_read(ctx, m_64, planrt_f32, 3, 2, 0, 65536); /* linear_1.weight */
-	planrt_ckpt_read(ctx, v_65, planrt_f32, 3, 3, 0, 65536); /* linear_1.weight */
-	planrt_ckpt_read(ctx, p_linear_1_bias, planrt_f32, 4, 0, 0, 256); /* linear_1.bias */
-	planrt_ckpt_read(ctx, m_66, planrt_f32, 4, 2, 0, 256); /* linear_1.bias */
-	planrt_ckpt_read(ctx, v_67, planrt_f32, 4, 3, 0, 256); /* linear_1.bias */
-	planrt_ckpt_read(ctx, p_linear_2_weight, planrt_f32, 5, 0, 0, 65536); /* linear_2.weight */
-	planrt_ckpt_read(ctx, m_68, planrt_f32, 5, 2, 0, 65536); /* linear_2.weight */
-	planrt_ckpt_read(ctx, v_69, planrt_f32, 5, 3, 0, 65536); /* linear_2.weight */
-	planrt_ckpt_read(ctx, p_linear_2_bias, planrt_f32, 6, 0, 0, 256); /* linear_2.bias */
-	planrt_ckpt_read(ctx, m_70, planrt_f32, 6, 2, 0, 256); /* linear_2.bias */
-	planrt_ckpt_read(ctx, v_71, planrt_f32, 6, 3, 0, 256); /* linear_2.bias */
+	planrt_ckpt_read(ctx, p_embedding_weight, planrt_f32, PARAM_embedding_weight, PLANRT_CKPT_PARAM, 0, 16384); /* embedding.weight */
+	planrt_ckpt_read(ctx, m_58, planrt_f32, PARAM_embedding_weight, PLANRT_CKPT_EXP_AVG, 0, 16384); /* embedding.weight */
+	planrt_ckpt_read(ctx, v_59, planrt_f32, PARAM_embedding_weight, PLANRT_CKPT_EXP_AVG_SQ, 0, 16384); /* embedding.weight */
+	planrt_ckpt_read(ctx, p_linear_weight, planrt_f32, PARAM_linear_weight, PLANRT_CKPT_PARAM, 0, 16384); /* linear.weight */
+	planrt_ckpt_read(ctx, m_60, planrt_f32, PARAM_linear_weight, PLANRT_CKPT_EXP_AVG, 0, 16384); /* linear.weight */
+	planrt_ckpt_read(ctx, v_61, planrt_f32, PARAM_linear_weight, PLANRT_CKPT_EXP_AVG_SQ, 0, 16384); /* linear.weight */
+	planrt_ckpt_read(ctx, p_linear_bias, planrt_f32, PARAM_linear_bias, PLANRT_CKPT_PARAM, 0, 256); /* linear.bias */
+	planrt_ckpt_read(ctx, m_62, planrt_f32, PARAM_linear_bias, PLANRT_CKPT_EXP_AVG, 0, 256); /* linear.bias */
+	planrt_ckpt_read(ctx, v_63, planrt_f32, PARAM_linear_bias, PLANRT_CKPT_EXP_AVG_SQ, 0, 256); /* linear.bias */
+	planrt_ckpt_read(ctx, p_linear_1_weight, planrt_f32, PARAM_linear_1_weight, PLANRT_CKPT_PARAM, 0, 65536); /* linear_1.weight */
+	planrt_ckpt_read(ctx, m_64, planrt_f32, PARAM_linear_1_weight, PLANRT_CKPT_EXP_AVG, 0, 65536); /* linear_1.weight */
+	planrt_ckpt_read(ctx, v_65, planrt_f32, PARAM_linear_1_weight, PLANRT_CKPT_EXP_AVG_SQ, 0, 65536); /* linear_1.weight */
+	planrt_ckpt_read(ctx, p_linear_1_bias, planrt_f32, PARAM_linear_1_bias, PLANRT_CKPT_PARAM, 0, 256); /* linear_1.bias */
+	planrt_ckpt_read(ctx, m_66, planrt_f32, PARAM_linear_1_bias, PLANRT_CKPT_EXP_AVG, 0, 256); /* linear_1.bias */
+	planrt_ckpt_read(ctx, v_67, planrt_f32, PARAM_linear_1_bias, PLANRT_CKPT_EXP_AVG_SQ, 0, 256); /* linear_1.bias */
+	planrt_ckpt_read(ctx, p_linear_2_weight, planrt_f32, PARAM_linear_2_weight, PLANRT_CKPT_PARAM, 0, 65536); /* linear_2.weight */
+	planrt_ckpt_read(ctx, m_68, planrt_f32, PARAM_linear_2_weight, PLANRT_CKPT_EXP_AVG, 0, 65536); /* linear_2.weight */
+	planrt_ckpt_read(ctx, v_69, planrt_f32, PARAM_linear_2_weight, PLANRT_CKPT_EXP_AVG_SQ, 0, 65536); /* linear_2.weight */
+	planrt_ckpt_read(ctx, p_linear_2_bias, planrt_f32, PARAM_linear_2_bias, PLANRT_CKPT_PARAM, 0, 256); /* linear_2.bias */
+	planrt_ckpt_read(ctx, m_70, planrt_f32, PARAM_linear_2_bias, PLANRT_CKPT_EXP_AVG, 0, 256); /* linear_2.bias */
+	planrt_ckpt_read(ctx, v_71, planrt_f32, PARAM_linear_2_bias, PLANRT_CKPT_EXP_AVG_SQ, 0, 256); /* linear_2.bias */
 }
 
 static void eval_begin(planrt_ctx_t *ctx)
@@ -369,8 +408,8 @@ static void eval_end(planrt_ctx_t *ctx)
 
 /* one step: F / B of a micro-batch and chunk, its activation slot and receive inbox */
 static const planrt_action_t actions[] = {
-	{PLANRT_FORWARD, 0, 0, 0xffff, 0},
-	{PLANRT_BACKWARD, 0, 0, 0xffff, 0},
+	{.kind = PLANRT_FORWARD, .chunk = 0, .slot = 0, .inbox = PLANRT_NO_INBOX, .micro = 0},
+	{.kind = PLANRT_BACKWARD, .chunk = 0, .slot = 0, .inbox = PLANRT_NO_INBOX, .micro = 0},
 };
 static const planrt_phase_fn forward[] = {forward_c0};
 static const planrt_phase_fn backward[] = {backward_c0};
@@ -408,25 +447,82 @@ static const planrt_state_buf_t state[] = {
 /* ================================================================ the program */
 
 static const planrt_param_t params[] = {
-	{"embedding.weight", 2, {256, 64}, {256, 64}, {-1, -1}, 0, 1, 0, 0.02},
-	{"linear.weight", 2, {64, 256}, {64, 256}, {-1, -1}, 0, 1, 0, 0.02},
-	{"linear.bias", 1, {256}, {256}, {-1}, 2, 1, 0, 0},
-	{"linear_1.weight", 2, {256, 256}, {256, 256}, {-1, -1}, 0, 1, 0, 0.02},
-	{"linear_1.bias", 1, {256}, {256}, {-1}, 2, 1, 0, 0},
-	{"linear_2.weight", 2, {256, 256}, {256, 256}, {-1, -1}, 0, 1, 0, 0.02},
-	{"linear_2.bias", 1, {256}, {256}, {-1}, 2, 1, 0, 0},
+	[PARAM_embedding_weight] = {.name = "embedding.weight", .rank = 2, .gdims = {256, 64}, .ldims = {256, 64},
+		.split_axis = {PLANRT_NO_AXIS, PLANRT_NO_AXIS}, .init_kind = PLANRT_INIT_NORMAL, .saved = 1, .a = 0, .b = 0.02},
+	[PARAM_linear_weight] = {.name = "linear.weight", .rank = 2, .gdims = {64, 256}, .ldims = {64, 256},
+		.split_axis = {PLANRT_NO_AXIS, PLANRT_NO_AXIS}, .init_kind = PLANRT_INIT_NORMAL, .saved = 1, .a = 0, .b = 0.02},
+	[PARAM_linear_bias] = {.name = "linear.bias", .rank = 1, .gdims = {256}, .ldims = {256},
+		.split_axis = {PLANRT_NO_AXIS}, .init_kind = PLANRT_INIT_ZEROS, .saved = 1, .a = 0, .b = 0},
+	[PARAM_linear_1_weight] = {.name = "linear_1.weight", .rank = 2, .gdims = {256, 256}, .ldims = {256, 256},
+		.split_axis = {PLANRT_NO_AXIS, PLANRT_NO_AXIS}, .init_kind = PLANRT_INIT_NORMAL, .saved = 1, .a = 0, .b = 0.02},
+	[PARAM_linear_1_bias] = {.name = "linear_1.bias", .rank = 1, .gdims = {256}, .ldims = {256},
+		.split_axis = {PLANRT_NO_AXIS}, .init_kind = PLANRT_INIT_ZEROS, .saved = 1, .a = 0, .b = 0},
+	[PARAM_linear_2_weight] = {.name = "linear_2.weight", .rank = 2, .gdims = {256, 256}, .ldims = {256, 256},
+		.split_axis = {PLANRT_NO_AXIS, PLANRT_NO_AXIS}, .init_kind = PLANRT_INIT_NORMAL, .saved = 1, .a = 0, .b = 0.02},
+	[PARAM_linear_2_bias] = {.name = "linear_2.bias", .rank = 1, .gdims = {256}, .ldims = {256},
+		.split_axis = {PLANRT_NO_AXIS}, .init_kind = PLANRT_INIT_ZEROS, .saved = 1, .a = 0, .b = 0},
 };
 
 static const planrt_stage_t stages[] = {
-	{init, step_begin, step, save, 1, forward, backward, prepare_forward, prepare_backward,
-	 actions, 2, 1117248, 0, 1117248, 0, 0, 1, 0, 0, state, 26, &loss_52, &grad_norm_54, 0, NULL, 0,
-	 checkpoint, resume, eval_begin, eval_end, &loss_52},
+	{
+		.init = init,
+		.step_begin = step_begin,
+		.step_end = step,
+		.save = save,
+		.nchunks = 1,
+		.forward = forward,
+		.backward = backward,
+		.prepare_forward = prepare_forward,
+		.prepare_backward = prepare_backward,
+		.actions = actions,
+		.nactions = 2,
+		.arena_bytes = 1117248,
+		.slot_offset = 0,
+		.slot_bytes = 1117248,
+		.inbox_offset = 0,
+		.inbox_bytes = 0,
+		.nslots = 1,
+		.ninbox = 0,
+		.nreqs = 0,
+		.state = state,
+		.nstate = 26,
+		.loss = &loss_52,
+		.grad_norm = &grad_norm_54,
+		.checkpoint = checkpoint,
+		.resume = resume,
+		.eval_begin = eval_begin,
+		.eval_end = eval_end,
+		.eval_loss = &loss_52,
+	},
 };
 
 static const planrt_program_t program = {
-	"dp2", "mlp", "examples/mlp.plan", 2, 1, -1, axis_sizes, axis_names, 1, stages, params, 7, 1,
-	32, 16, 256, 0.001, 0, 0, 0, 1, -1,
-	"fnv1a64:a3af26e95ef94697", "strict", 0,
+	.plan = "dp2",
+	.model = "mlp",
+	.source = "examples/mlp.plan",
+	.world = 2,
+	.naxes = 1,
+	.pipe_axis = PLANRT_NO_AXIS,
+	.axis_sizes = axis_sizes,
+	.axis_names = axis_names,
+	.nstages = 1,
+	.stages = stages,
+	.params = params,
+	.nparams = 7,
+	.micro_batches = MICRO_BATCHES,
+	.batch = 32,
+	.seq = 16,
+	.vocab = 256,
+	.lr = 0.001,
+	.min_lr = 0,
+	.warmup = 0,
+	.total_steps = 0,
+	.nroles = 1,
+	.role_axis = PLANRT_NO_AXIS,
+	.fingerprint = "fnv1a64:496d93a4cdf1cc0e",
+	.sync = "strict",
+	.loss_scale = 0,
+	.optimizer = "adamw(lr = 0.001, betas = (0.9, 0.999), eps = 1e-08, weight_decay = 0.01)",
 };
 
 int main(int argc, char **argv)

@@ -6,12 +6,15 @@
  * forward and backward of each model chunk and the receives they post ahead, step, save), its
  * action table; the parameter table; and the program descriptor handed to planrt_main, which runs
  * everything that is the same for every program. Every kernel is printed as a call to the planrt
- * function of its kind (kernel_functions) with its arguments in order, or as a loop nest for a
- * fused element-wise kernel; the printer adds no computation and no communication. Which kinds
+ * function of its kind (kernel_functions) with its arguments in order, or, for a fused
+ * element-wise kernel, as a call of its loop function: the loop nest, printed once before the
+ * phase and compiled for every instruction-set level by PLANRT_CPU_LOOP (planrt_cpu.h; the phase
+ * calls the running level's); the printer adds no computation and no communication. Which kinds
  * the C target can print at all is lowered_executable()'s answer. The output compiles with
  * -Wall -Wextra -Werror. */
 #include "target/target.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,6 +27,8 @@ struct Emit {
 	const char *prefix; /* its names' prefix: "s0_" with several stages, else "" */
 	const EmitTarget *target; /* NULL: the C target; else the target printing the kernels (CUDA) */
 	const int *load_slot;     /* a fused loop's loads print as v<load_slot[buffer]> (NULL: v<buffer>) */
+	const char **param_names; /* the parameter table's entries as the file's PARAM_ enum names them */
+	bool loop_functions;      /* the C target: each fused loop is a function per instruction-set level */
 };
 
 /* A program's names' prefix: "s0_" with several stages, "s0_master_" / "s0_worker_" with async
@@ -52,22 +57,17 @@ static const char *ctype(DType t)
 	}
 }
 
-static const char *dtype_enum(DType t)
+/* A double as the shortest decimal that reads back as the same double (0.9, not
+ * 0.90000000000000002): the compiler reads the same value. */
+static void print_double(FILE *f, double x)
 {
-	switch (t) {
-	case DT_BF16:
-		return "planrt_bf16";
-	case DT_F16:
-		return "planrt_f16";
-	case DT_I32:
-		return "planrt_i32";
-	case DT_U8:
-		return "planrt_u8";
-	case DT_F64:
-		return "planrt_f64";
-	default:
-		return "planrt_f32";
+	char buf[40];
+	for (int digits = 1; digits <= 17; digits++) {
+		snprintf(buf, sizeof buf, "%.*g", digits, x);
+		if (strtod(buf, NULL) == x)
+			break;
 	}
+	fputs(buf, f);
 }
 
 static void name(Emit *e, int b)
@@ -117,9 +117,35 @@ static void offset_expr(Emit *e, int b, int d)
 		fprintf(e->f, "0");
 }
 
-static void print_arg(Emit *e, const KArg *a)
+/* An integer argument of an enum parameter type by its name: planrt's, a mesh axis's, or none. */
+static bool print_named_int(Emit *e, KParamType t, long long v)
 {
 	FILE *f = e->f;
+	if (t == KPT_AXIS) {
+		if (v < 0)
+			fprintf(f, "PLANRT_NO_AXIS");
+		else
+			axis(e, (int)v);
+		return true;
+	}
+	const char *name = planrt_int_name(t, v);
+	if (!name)
+		return false;
+	fprintf(f, "%s", name);
+	if (t == KPT_CKPT && (v & CKPT_COPY))
+		fprintf(f, " | PLANRT_CKPT_COPY");
+	return true;
+}
+
+/* Argument i of kernel k, as its parameter's type reads: enum values and parameter indices by
+ * name, buffers, axes and requests by theirs. */
+static void print_arg(Emit *e, const Kernel *k, int index)
+{
+	FILE *f = e->f;
+	const KArg *a = &k->args[index];
+	KParamType type = kernel_nparams[k->kind] > index ? kernel_params[k->kind][index].type : KPT_COUNT;
+	if (a->kind == KA_INT && print_named_int(e, type, a->i))
+		return;
 	switch (a->kind) {
 	case KA_BUF:
 		name(e, a->buf);
@@ -136,8 +162,10 @@ static void print_arg(Emit *e, const KArg *a)
 		fprintf(f, "}");
 		break;
 	case KA_INT:
-	case KA_PARAM:
 		fprintf(f, "%lld", a->i);
+		break;
+	case KA_PARAM:
+		fprintf(f, "%s", e->param_names[a->i]);
 		break;
 	case KA_INTS:
 		fprintf(f, a->i32 ? "(const int[]){" : "(const int64_t[]){");
@@ -146,10 +174,10 @@ static void print_arg(Emit *e, const KArg *a)
 		fprintf(f, "}");
 		break;
 	case KA_F64:
-		fprintf(f, "%.17g", a->f);
+		print_double(f, a->f);
 		break;
 	case KA_DTYPE:
-		fprintf(f, "%s", dtype_enum((DType)a->i));
+		fprintf(f, "%s", planrt_dtype_name((DType)a->i));
 		break;
 	case KA_AXIS:
 		fprintf(f, "planrt_axis_comm(");
@@ -183,7 +211,8 @@ static void print_arg(Emit *e, const KArg *a)
 	case KA_SCALAR:
 		fprintf(f, "(double)");
 		name(e, a->buf);
-		fprintf(f, "[0] * %.17g", a->f);
+		fprintf(f, "[0] * ");
+		print_double(f, a->f);
 		break;
 	case KA_CTX:
 		fprintf(f, "ctx");
@@ -271,14 +300,17 @@ static void print_expr(Emit *e, const LExpr *x, const Kernel *k, bool flat)
 		return;
 	}
 	case LX_CONST:
-		fprintf(f, "(float)%.17g", x->f);
+		fprintf(f, "(float)");
+		print_double(f, x->f);
 		return;
 	case LX_UNARY:
 		switch (x->op) {
 		case OP_SCALE:
 			fprintf(f, "(");
 			print_expr(e, x->a, k, flat);
-			fprintf(f, " * (float)%.17g)", x->f);
+			fprintf(f, " * (float)");
+			print_double(f, x->f);
+			fprintf(f, ")");
 			return;
 		case OP_NEG:
 			fprintf(f, "(-");
@@ -341,8 +373,10 @@ static void print_expr(Emit *e, const LExpr *x, const Kernel *k, bool flat)
 			print_expr(e, x->a, k, flat);
 			fprintf(f, ", ");
 			print_expr(e, x->b, k, flat);
-			if (x->op == OP_DROPOUT_GRAD)
-				fprintf(f, ", (float)%.17g", (double)(1.0 / (1.0 - x->f)));
+			if (x->op == OP_DROPOUT_GRAD) {
+				fprintf(f, ", (float)");
+				print_double(f, 1.0 / (1.0 - x->f));
+			}
 			fprintf(f, ")");
 		}
 		return;
@@ -356,20 +390,10 @@ static void indent(FILE *f, int n)
 		fputc('\t', f);
 }
 
-static void print_loop(Emit *e, const Kernel *k)
+/* The loop nest of fused loop k over out and v<buffer> (declared by the caller), at indent base. */
+static void print_loop_nest(Emit *e, const Kernel *k, int base)
 {
 	FILE *f = e->f;
-	int loads[64], n = 0;
-	collect(k->expr, loads, &n, 64);
-	fprintf(f, "\t{ /* %s, %d op%s fused */\n", k->note ? k->note : "loop", k->nfused, k->nfused == 1 ? "" : "s");
-	fprintf(f, "\t\t%s *restrict out = ", ctype(e->p->buf[buffer_root(e->p, k->out)].dtype));
-	name(e, k->out);
-	fprintf(f, ";\n");
-	for (int i = 0; i < n; i++) {
-		fprintf(f, "\t\tconst %s *v%d = ", ctype(e->p->buf[buffer_root(e->p, loads[i])].dtype), loads[i]);
-		name(e, loads[i]);
-		fprintf(f, ";\n");
-	}
 	bool flat = contiguous(k->expr, k);
 	DType out_t = e->p->buf[buffer_root(e->p, k->out)].dtype;
 	bool half = out_t == DT_BF16 || out_t == DT_F16;
@@ -383,15 +407,16 @@ static void print_loop(Emit *e, const Kernel *k)
 	int depth;
 	const char *at;
 	if (flat) {
-		fprintf(f, "\t\tfor (int64_t i = 0; i < %lld; i++)\n", total);
-		depth = 3;
+		indent(f, base);
+		fprintf(f, "for (int64_t i = 0; i < %lld; i++)\n", total);
+		depth = base + 1;
 		at = "i";
 	} else {
 		for (int d = 0; d < k->rank; d++) {
-			indent(f, 2 + d);
+			indent(f, base + d);
 			fprintf(f, "for (int64_t i%d = 0; i%d < %lld; i%d++)%s\n", d, d, k->dims[d], d, d == k->rank - 1 ? " {" : "");
 		}
-		depth = 2 + k->rank;
+		depth = base + k->rank;
 		indent(f, depth);
 		fprintf(f, "int64_t o = ");
 		for (int d = 0; d < k->rank; d++)
@@ -409,10 +434,72 @@ static void print_loop(Emit *e, const Kernel *k)
 	print_expr(e, k->expr, k, flat);
 	fprintf(f, half ? ");\n" : ";\n");
 	if (!flat) {
-		indent(f, 1 + k->rank);
+		indent(f, base + k->rank - 1);
 		fprintf(f, "}\n");
 	}
+}
+
+/* A fused loop in place, as a block declaring out and v<buffer> (the CUDA target's host loops). */
+static void print_loop(Emit *e, const Kernel *k)
+{
+	FILE *f = e->f;
+	int loads[64], n = 0;
+	collect(k->expr, loads, &n, 64);
+	fprintf(f, "\t{ /* %s, %d op%s fused */\n", k->note ? k->note : "loop", k->nfused, k->nfused == 1 ? "" : "s");
+	fprintf(f, "\t\t%s *restrict out = ", ctype(e->p->buf[buffer_root(e->p, k->out)].dtype));
+	name(e, k->out);
+	fprintf(f, ";\n");
+	for (int i = 0; i < n; i++) {
+		fprintf(f, "\t\tconst %s *v%d = ", ctype(e->p->buf[buffer_root(e->p, loads[i])].dtype), loads[i]);
+		name(e, loads[i]);
+		fprintf(f, ";\n");
+	}
+	print_loop_nest(e, k, 2);
 	fprintf(f, "\t}\n");
+}
+
+/* The parameters of fused loop k's function: out, then each buffer it loads. */
+static void print_loop_params(Emit *e, const Kernel *k, const int *loads, int n)
+{
+	fprintf(e->f, "(%s *restrict out", ctype(e->p->buf[buffer_root(e->p, k->out)].dtype));
+	for (int i = 0; i < n; i++)
+		fprintf(e->f, ", const %s *v%d", ctype(e->p->buf[buffer_root(e->p, loads[i])].dtype), loads[i]);
+	fprintf(e->f, ")");
+}
+
+/* Fused loop k as a function, compiled once per instruction-set level by PLANRT_CPU_LOOP
+ * (planrt_cpu.h), which defines the table loop<index>_at the phase calls through. */
+static void print_loop_function(Emit *e, const Kernel *k)
+{
+	FILE *f = e->f;
+	int loads[64], n = 0, index = (int)(k - e->p->k);
+	collect(k->expr, loads, &n, 64);
+	fprintf(f, "/* %s, %d op%s fused */\nPLANRT_LOOP void %sloop%d", k->note ? k->note : "loop", k->nfused,
+		k->nfused == 1 ? "" : "s", e->prefix, index);
+	print_loop_params(e, k, loads, n);
+	fprintf(f, "\n{\n");
+	print_loop_nest(e, k, 1);
+	fprintf(f, "}\nPLANRT_CPU_LOOP(%sloop%d, ", e->prefix, index);
+	print_loop_params(e, k, loads, n);
+	fprintf(f, ", (out");
+	for (int i = 0; i < n; i++)
+		fprintf(f, ", v%d", loads[i]);
+	fprintf(f, "))\n\n");
+}
+
+/* The call of fused loop k's function at the running level. */
+static void print_loop_call(Emit *e, const Kernel *k)
+{
+	FILE *f = e->f;
+	int loads[64], n = 0;
+	collect(k->expr, loads, &n, 64);
+	fprintf(f, "\t%sloop%d_at[planrt_cpu_level_](", e->prefix, (int)(k - e->p->k));
+	name(e, k->out);
+	for (int i = 0; i < n; i++) {
+		fprintf(f, ", ");
+		name(e, loads[i]);
+	}
+	fprintf(f, "); /* %s, %d op%s fused */\n", k->note ? k->note : "loop", k->nfused, k->nfused == 1 ? "" : "s");
 }
 
 static void print_kernel(Emit *e, const Kernel *k)
@@ -425,7 +512,10 @@ static void print_kernel(Emit *e, const Kernel *k)
 	if (k->only_last_micro)
 		fprintf(f, "\tif (ctx->micro == MICRO_BATCHES - 1)\n\t");
 	if (k->kind == K_LOOP) {
-		print_loop(e, k);
+		if (e->loop_functions)
+			print_loop_call(e, k);
+		else
+			print_loop(e, k);
 		return;
 	}
 	if (!kernel_functions[k->kind])
@@ -434,7 +524,7 @@ static void print_kernel(Emit *e, const Kernel *k)
 	for (int i = 0; i < k->nargs; i++) {
 		if (i)
 			fprintf(f, ", ");
-		print_arg(e, &k->args[i]);
+		print_arg(e, k, i);
 	}
 	fprintf(f, ");");
 	if (k->note)
@@ -443,14 +533,6 @@ static void print_kernel(Emit *e, const Kernel *k)
 }
 
 /* ------------------------------------------------------------------ one stage */
-
-static const char *state_kind_enum(StateKind s)
-{
-	static const char *const names[] = {"planrt_state_param", "planrt_state_grad", "planrt_state_optim",
-					    "planrt_state_master", "planrt_state_buffer", "planrt_state_metric",
-					    "planrt_state_offload"};
-	return names[s];
-}
 
 static void print_buffers(Emit *e)
 {
@@ -514,6 +596,9 @@ static void print_phase(Emit *e, Phase ph, int chunk, bool per_chunk)
 {
 	FILE *f = e->f;
 	const LProg *p = e->p;
+	for (int i = 0; i < p->nk && e->loop_functions; i++)
+		if (p->k[i].kind == K_LOOP && p->k[i].phase == ph && (!per_chunk || p->k[i].chunk == chunk))
+			print_loop_function(e, &p->k[i]);
 	if (per_chunk)
 		fprintf(f, "static void %s%s_c%d(planrt_ctx_t *ctx)\n{\n", e->prefix, phase_names[ph], chunk);
 	else
@@ -555,8 +640,8 @@ static void print_stage(Emit *e)
 	fprintf(f, "static const planrt_action_t %sactions[] = {\n", e->prefix);
 	for (int i = 0; i < p->nactions; i++) {
 		const SlotAction *a = &p->actions[i];
-		fprintf(f, "\t{%s, %d, %d, %s, %d},\n", a->kind == ACT_FORWARD ? "PLANRT_FORWARD" : "PLANRT_BACKWARD", a->chunk,
-			a->slot, a->inbox >= 0 ? arena_printf(p->g->arena, "%d", a->inbox) : "0xffff", a->micro);
+		fprintf(f, "\t{.kind = %s, .chunk = %d, .slot = %d, .inbox = %s, .micro = %d},\n", planrt_action_name(a->kind),
+			a->chunk, a->slot, a->inbox >= 0 ? arena_printf(p->g->arena, "%d", a->inbox) : "PLANRT_NO_INBOX", a->micro);
 	}
 	fprintf(f, "};\n");
 	static const char *const tables[] = {"forward", "backward", "prepare_forward", "prepare_backward"};
@@ -578,7 +663,7 @@ static void print_stage(Emit *e)
 		const Buffer *x = &p->buf[b];
 		if (x->cls != BUF_STATE)
 			continue;
-		fprintf(f, "\t{\"%s\", %s, %zu, (void **)&", x->name, state_kind_enum(x->state), x->bytes);
+		fprintf(f, "\t{\"%s\", %s, %zu, (void **)&", x->name, planrt_state_kind_name(x->state), x->bytes);
 		name(e, b);
 		fprintf(f, "},\n");
 		nstate++;
@@ -588,6 +673,13 @@ static void print_stage(Emit *e)
 	fprintf(f, "};\n\n");
 }
 
+/* the name of a mesh axis, or PLANRT_NO_AXIS */
+static const char *axis_or_none(const Emit *e, int a)
+{
+	return a < 0 ? "PLANRT_NO_AXIS" : arena_printf(e->low->g->arena, "AXIS_%s", e->low->ps->axes[a].name);
+}
+
+/* The stage's entry of the stage table (planrt_stage_t), field by field. */
 static void print_stage_entry(Emit *e)
 {
 	FILE *f = e->f;
@@ -596,26 +688,54 @@ static void print_stage_entry(Emit *e)
 	for (int b = 0; b < p->nbuf; b++)
 		nstate += p->buf[b].cls == BUF_STATE;
 	const char *x = e->prefix;
-	fprintf(f, "\t{%sinit, %sstep_begin, %sstep, %ssave, %d, %sforward, %sbackward, %sprepare_forward, %sprepare_backward,\n", x,
-		x, x, x, p->nchunks, x, x, x, x);
+	fprintf(f, "\t{\n\t\t.init = %sinit,\n\t\t.step_begin = %sstep_begin,\n\t\t.step_end = %sstep,\n\t\t.save = %ssave,\n",
+		x, x, x, x);
+	fprintf(f, "\t\t.nchunks = %d,\n\t\t.forward = %sforward,\n\t\t.backward = %sbackward,\n", p->nchunks, x, x);
+	fprintf(f, "\t\t.prepare_forward = %sprepare_forward,\n\t\t.prepare_backward = %sprepare_backward,\n", x, x);
+	fprintf(f, "\t\t.actions = %sactions,\n\t\t.nactions = %d,\n", x, p->nactions);
+	fprintf(f, "\t\t.arena_bytes = %zu,\n\t\t.slot_offset = %zu,\n\t\t.slot_bytes = %zu,\n", p->arena_bytes,
+		p->slot_offset, p->slot_bytes);
+	fprintf(f, "\t\t.inbox_offset = %zu,\n\t\t.inbox_bytes = %zu,\n", p->inbox_offset, p->inbox_bytes);
+	fprintf(f, "\t\t.nslots = %d,\n\t\t.ninbox = %d,\n\t\t.nreqs = %d,\n", p->nslots, p->ninbox, p->nslotreqs);
+	fprintf(f, "\t\t.state = %sstate,\n\t\t.nstate = %d,\n", x, nstate);
 	int loss = p->loss_history >= 0 ? p->loss_history : p->loss_metric;
-	fprintf(f, "\t %sactions, %d, %zu, %zu, %zu, %zu, %zu, %d, %d, %d, %sstate, %d, &%s%s, &%s%s, %d, ", x, p->nactions,
-		p->arena_bytes, p->slot_offset, p->slot_bytes, p->inbox_offset, p->inbox_bytes, p->nslots, p->ninbox,
-		p->nslotreqs, x, nstate, x, p->buf[loss].name, x, p->buf[p->norm_metric].name, p->loss_window);
+	fprintf(f, "\t\t.loss = &%s%s,\n\t\t.grad_norm = &%s%s,\n", x, p->buf[loss].name, x, p->buf[p->norm_metric].name);
+	if (p->loss_window)
+		fprintf(f, "\t\t.loss_window = %d,\n", p->loss_window);
 	if (p->versions_metric >= 0)
-		fprintf(f, "&%s%s, %lld,\n", x, p->buf[p->versions_metric].name, p->buf[p->versions_metric].elems);
-	else
-		fprintf(f, "NULL, 0,\n");
-	fprintf(f, "\t ");
+		fprintf(f, "\t\t.versions = &%s%s,\n\t\t.nversions = %lld,\n", x, p->buf[p->versions_metric].name,
+			p->buf[p->versions_metric].elems);
+	static const char *const fields[] = {[PH_CHECKPOINT] = "checkpoint", [PH_RESUME] = "resume",
+					     [PH_EVAL_BEGIN] = "eval_begin", [PH_EVAL_END] = "eval_end"};
 	for (Phase ph = PH_CHECKPOINT; ph <= PH_EVAL_END; ph++)
 		if (has_phase(p, ph, 0))
-			fprintf(f, "%s%s, ", x, phase_names[ph]);
-		else
-			fprintf(f, "NULL, ");
-	fprintf(f, "&%s%s},\n", x, p->buf[p->loss_metric].name);
+			fprintf(f, "\t\t.%s = %s%s,\n", fields[ph], x, phase_names[ph]);
+	fprintf(f, "\t\t.eval_loss = &%s%s,\n\t},\n", x, p->buf[p->loss_metric].name);
 }
 
 /* ------------------------------------------------------------------ the program */
+
+/* PARAM_<the parameter's name as an identifier> for each entry of the parameter table; a name
+ * taken already (a tied parameter's copy on another stage) gets its stage, then its index. */
+static const char **param_enum_names(const Lowered *low)
+{
+	Arena *a = low->g->arena;
+	const char **names = arena_alloc(a, sizeof(char *) * (size_t)(low->nparams ? low->nparams : 1));
+	SymTab *taken = symtab_new(a);
+	for (int i = 0; i < low->nparams; i++) {
+		char *id = arena_printf(a, "PARAM_%s", low->params[i].name);
+		for (char *c = id; *c; c++)
+			if (!isalnum((unsigned char)*c) && *c != '_')
+				*c = '_';
+		if (symtab_get(taken, id))
+			id = arena_printf(a, "%s_s%d", id, low->params[i].stage);
+		if (symtab_get(taken, id))
+			id = arena_printf(a, "%s_%d", id, i);
+		symtab_put(taken, id, (void *)names);
+		names[i] = id;
+	}
+	return names;
+}
 
 static void print_prelude(Emit *e, const char *source_path)
 {
@@ -627,8 +747,8 @@ static void print_prelude(Emit *e, const char *source_path)
 		ps->world);
 	fprintf(f, " *      [--log run.jsonl] [--seed S]; ./prog --help */\n");
 	fprintf(f, "#include <math.h>\n#include <stdint.h>\n#include <stdio.h>\n#include <stdlib.h>\n#include <string.h>\n\n");
-	fprintf(f, "#include \"planrt.h\"\n#include \"planrt_exec.h\"\n#include \"planrt_kernels.h\"\n#include \"planrt_math.h\"\n"
-		   "#include \"planrt_program.h\"\n\n");
+	fprintf(f, "#include \"planrt.h\"\n#include \"planrt_cpu.h\"\n#include \"planrt_exec.h\"\n#include \"planrt_kernels.h\"\n"
+		   "#include \"planrt_math.h\"\n#include \"planrt_program.h\"\n\n");
 	if (e->target)
 		e->target->prelude(e);
 	fprintf(f, "enum { MICRO_BATCHES = %d };\n", ps->micro_batches > 0 ? ps->micro_batches : 1);
@@ -642,6 +762,10 @@ static void print_prelude(Emit *e, const char *source_path)
 	fprintf(f, "};\nstatic const char *const axis_names[] = {");
 	for (int a = 0; a < ps->naxes; a++)
 		fprintf(f, "%s\"%s\"", a ? ", " : "", ps->axes[a].name);
+	fprintf(f, "};\n");
+	fprintf(f, "/* the parameter table's entries (params[] below) */\nenum {\n");
+	for (int i = 0; i < e->low->nparams; i++)
+		fprintf(f, "\t%s%s,\n", e->param_names[i], i ? "" : " = 0");
 	fprintf(f, "};\n\n");
 	fprintf(f,
 		"/* element-wise helpers of the fused loops */\n"
@@ -672,6 +796,32 @@ static void print_prelude(Emit *e, const char *source_path)
 		   " (void)tobf;\n\t(void)hf; (void)tohf;\n}\n\n");
 }
 
+static void print_dims(FILE *f, const long long *d, int n)
+{
+	fprintf(f, "{");
+	for (int i = 0; i < n; i++)
+		fprintf(f, "%s%lld", i ? ", " : "", d[i]);
+	fprintf(f, "}");
+}
+
+/* The parameter table's entry i (planrt_param_t), named by its PARAM_ enum. */
+static void print_param_entry(Emit *e, const ParamEntry *pe, int i)
+{
+	FILE *f = e->f;
+	fprintf(f, "\t[%s] = {.name = \"%s\", .rank = %d, .gdims = ", e->param_names[i], pe->name, pe->rank);
+	print_dims(f, pe->gdims, pe->rank);
+	fprintf(f, ", .ldims = ");
+	print_dims(f, pe->ldims, pe->rank);
+	fprintf(f, ",\n\t\t.split_axis = {");
+	for (int d = 0; d < pe->rank; d++)
+		fprintf(f, "%s%s", d ? ", " : "", axis_or_none(e, pe->split_axis[d]));
+	fprintf(f, "}, .init_kind = %s, .saved = %d, .a = ", planrt_init_kind_name(pe->init_kind), pe->saved);
+	print_double(f, pe->init_a);
+	fprintf(f, ", .b = ");
+	print_double(f, pe->init_b);
+	fprintf(f, "},\n");
+}
+
 static void print_program(Emit *e, const char *source_path)
 {
 	FILE *f = e->f;
@@ -679,19 +829,8 @@ static void print_program(Emit *e, const char *source_path)
 	const PlanSpec *ps = low->ps;
 	fprintf(f, "/* ================================================================ the program */\n\n");
 	fprintf(f, "static const planrt_param_t params[] = {\n");
-	for (int i = 0; i < low->nparams; i++) {
-		const ParamEntry *pe = &low->params[i];
-		fprintf(f, "\t{\"%s\", %d, {", pe->name, pe->rank);
-		for (int d = 0; d < pe->rank; d++)
-			fprintf(f, "%s%lld", d ? ", " : "", pe->gdims[d]);
-		fprintf(f, "}, {");
-		for (int d = 0; d < pe->rank; d++)
-			fprintf(f, "%s%lld", d ? ", " : "", pe->ldims[d]);
-		fprintf(f, "}, {");
-		for (int d = 0; d < pe->rank; d++)
-			fprintf(f, "%s%d", d ? ", " : "", pe->split_axis[d]);
-		fprintf(f, "}, %d, %d, %.17g, %.17g},\n", pe->init_kind, pe->saved, pe->init_a, pe->init_b);
-	}
+	for (int i = 0; i < low->nparams; i++)
+		print_param_entry(e, &low->params[i], i);
 	fprintf(f, "};\n\n");
 	fprintf(f, "static const planrt_stage_t stages[] = {\n");
 	for (int i = 0; i < low->nprogs; i++) {
@@ -701,12 +840,24 @@ static void print_program(Emit *e, const char *source_path)
 	}
 	fprintf(f, "};\n\n");
 	fprintf(f, "static const planrt_program_t program = {\n");
-	fprintf(f, "\t\"%s\", \"%s\", \"%s\", %d, %d, %d, axis_sizes, axis_names, %d, stages, params, %d, %d,\n",
-		ps->plan->name, ps->model->name, source_path, ps->world, ps->naxes, ps->pipe_axis, low->nprogs / low->nroles,
-		low->nparams, ps->micro_batches > 0 ? ps->micro_batches : 1);
-	fprintf(f, "\t%lld, %lld, %lld, %.17g, %.17g, %d, %d, %d, %d,\n", ps->batch, low->seq, low->vocab, ps->lr,
-		ps->min_lr, ps->warmup, ps->total_steps, low->nroles, low->nroles > 1 ? sync_axis(ps) : -1);
-	fprintf(f, "\t\"%s\", \"%s\", %.17g,\n};\n\n", plan_fingerprint(low), sync_mode_name(ps->sync), ps->loss_scale);
+	fprintf(f, "\t.plan = \"%s\",\n\t.model = \"%s\",\n\t.source = \"%s\",\n", ps->plan->name, ps->model->name,
+		source_path);
+	fprintf(f, "\t.world = %d,\n\t.naxes = %d,\n\t.pipe_axis = %s,\n", ps->world, ps->naxes, axis_or_none(e, ps->pipe_axis));
+	fprintf(f, "\t.axis_sizes = axis_sizes,\n\t.axis_names = axis_names,\n");
+	fprintf(f, "\t.nstages = %d,\n\t.stages = stages,\n\t.params = params,\n\t.nparams = %d,\n", low->nprogs / low->nroles,
+		low->nparams);
+	fprintf(f, "\t.micro_batches = MICRO_BATCHES,\n\t.batch = %lld,\n\t.seq = %lld,\n\t.vocab = %lld,\n", ps->batch,
+		low->seq, low->vocab);
+	fprintf(f, "\t.lr = ");
+	print_double(f, ps->lr);
+	fprintf(f, ",\n\t.min_lr = ");
+	print_double(f, ps->min_lr);
+	fprintf(f, ",\n\t.warmup = %d,\n\t.total_steps = %d,\n", ps->warmup, ps->total_steps);
+	fprintf(f, "\t.nroles = %d,\n\t.role_axis = %s,\n", low->nroles, axis_or_none(e, low->nroles > 1 ? sync_axis(ps) : -1));
+	fprintf(f, "\t.fingerprint = \"%s\",\n\t.sync = \"%s\",\n\t.loss_scale = ", plan_fingerprint(low),
+		sync_mode_name(ps->sync));
+	print_double(f, ps->loss_scale);
+	fprintf(f, ",\n\t.optimizer = \"%s\",\n};\n\n", plan_optimizer_text(low));
 	fprintf(f, "int main(int argc, char **argv)\n{\n\tunused_helpers();\n\treturn %s(argc, argv, &program);\n}\n",
 		e->target ? e->target->main_fn : "planrt_main");
 	if (e->target)
@@ -730,7 +881,7 @@ bool emit_c_with(const Lowered *low, const char *dir, const char *source_path, c
 		fprintf(stderr, "planc: error: cannot write '%s': %s\n", path, strerror(errno));
 		return false;
 	}
-	Emit e = {.f = f, .low = low, .target = target};
+	Emit e = {.f = f, .low = low, .target = target, .param_names = param_enum_names(low), .loop_functions = !target};
 	print_prelude(&e, source_path);
 	for (int i = 0; i < low->nprogs; i++) {
 		e.p = low->progs[i];
@@ -768,9 +919,14 @@ const EmitTarget *emit_target(const Emit *e)
 	return e->target;
 }
 
-void emit_arg(Emit *e, const KArg *a)
+void emit_arg(Emit *e, const Kernel *k, int i)
 {
-	print_arg(e, a);
+	print_arg(e, k, i);
+}
+
+void emit_double(Emit *e, double x)
+{
+	print_double(e->f, x);
 }
 
 void emit_c_kernel(Emit *e, const Kernel *k)

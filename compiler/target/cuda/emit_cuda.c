@@ -17,9 +17,10 @@
  *               them (emit_c.c's expression printer). Plain C that also compiles for the device,
  *               so tests/cuda runs each one on the CPU against the C target's loop nest.
  *
- * The printer adds no computation and no communication; the choices it makes are per kernel kind
- * (a cuBLAS GEMM, a CUDA kernel of planrt_cuda, a host call) and per stream. A kind planrt_cuda
- * has no implementation of is refused by name (cuda_executable). The streams and events are
+ * The printer adds no computation and no communication; the choices it makes are per kernel kind,
+ * from the kernel table's device column (kernel_table.h: the planrt_cuda function, its bf16
+ * tensor-core variant, nothing to do, or host only), and per stream. A kind planrt_cuda has no
+ * implementation of is refused by name (cuda_executable). The streams and events are
  * streams.c's data, printed as calls: planrt_cu_wait(STREAM, &event) before a kernel,
  * planrt_cu_record(&event, STREAM) after it, planrt_cu_wait_entry at a side stream's first use in
  * a phase call, and the joins at the call's end; the generated file shows the schedule. */
@@ -29,42 +30,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* The kinds planrt_cuda implements; the function is planrt_cu_ + the C target's name without its
- * planrt_ prefix, with the C target's arguments and the stream last. */
-static const KernelKind device_kinds[] = {
-	K_MATMUL, K_PERMUTE, K_SUM_TO, K_SUM_TO_ACC, K_DROPOUT, K_CAUSAL_MASK, K_SOFTMAX, K_SOFTMAX_GRAD, K_LAYER_NORM,
-	K_LAYER_NORM_GRAD, K_RMS_NORM, K_RMS_NORM_GRAD, K_EMBED, K_EMBED_GRAD, K_CROSS_ENTROPY, K_CE_GRAD, K_SLICE_DIM,
-	K_FILL, K_CAST, K_ACCUMULATE, K_LOAD_INPUT, K_INIT_PARAM, K_SAVE_PARAM, K_CKPT_WRITE, K_CKPT_READ,
-	K_CKPT_WRITE_LOCAL, K_CKPT_READ_LOCAL, K_PAIR_COMM, K_SUM_SQUARES, K_SUM_SQUARES_SHARD, K_CLIP_COEF, K_OPTIMIZER,
-	K_LOSS_ACCUMULATE, K_CHECK_LABELS, K_NARROW, K_NARROW_GRAD, K_NARROW_I32, K_ROPE, K_ROPE_GRAD,
-	K_UNARY, K_UNARY_GRAD, K_REPEAT_KV, K_REPEAT_KV_GRAD,
-	K_ALLREDUCE_DIM, K_REDUCE_SCATTER_DIM, K_ALLGATHER_DIM, K_ALLTOALL_DIM, K_ALLREDUCE_INPLACE,
-	K_REDUCE_SCATTER_INPLACE, K_ALLGATHER_INPLACE, K_ALLGATHER_FLAT, K_ALLGATHER_FLAT_START, K_BUCKET_ALLREDUCE,
-	K_BUCKET_RS, K_BUCKET_RS_START, K_BUCKET_RS_FINISH, K_SEND_START, K_RECV_START, K_P2P_FINISH, K_REQUEST_FINISH,
-	K_SCALE_METRIC, K_OFFLOAD_COPY,
-	K_MOE_ROUTE, K_MOE_ROUTE_GRAD, K_MOE_DISPATCH, K_MOE_DISPATCH_GRAD, K_MOE_COMBINE, K_MOE_COMBINE_GRAD,
-	K_MOE_AUX_LOSS, K_MOE_AUX_LOSS_GRAD, K_MOE_Z_LOSS, K_MOE_Z_LOSS_GRAD, K_MOE_METRICS, K_MOE_EXCHANGE,
-	K_COMPRESS_CAST, K_COMPRESS_TOPK, K_COMPRESS_POWERSGD, K_POWERSGD_INIT, K_LOCAL_AVERAGE, K_LOSS_SEED, K_UNSCALE_CLIP,
-	K_ASYNC_PULL, K_ASYNC_PUSH, K_ASYNC_DRAIN, K_ASYNC_POST, K_ASYNC_GATHER, K_ASYNC_PUBLISH,
-};
-
 /* the most experts a token is routed to on the device (runtime/planrt_moe_math.h's
  * PLANRT_MOE_MAX_TOP_K: the device's routing gradient keeps a token's choices in registers) */
 enum { MOE_MAX_TOP_K = 32 };
-
-/* kinds with nothing to do on the GPU: NCCL progresses its operations on their stream */
-static bool progress_kind(KernelKind k)
-{
-	return k == K_REQUEST_PROGRESS || k == K_BUCKET_PROGRESS;
-}
-
-static bool device_kind(KernelKind k)
-{
-	for (size_t i = 0; i < sizeof device_kinds / sizeof device_kinds[0]; i++)
-		if (device_kinds[i] == k)
-			return true;
-	return false;
-}
 
 /* what the host can run itself (the C target's function on host memory) */
 static bool host_kind(KernelKind k)
@@ -77,6 +45,11 @@ static bool host_kind(KernelKind k)
 typedef struct Loop {
 	char *key;  /* the element function's text with "@" for its name: loops with the same share it */
 	int id;
+	DType out;  /* its output's element type, and its loads' in order */
+	DType *in;
+	int nin;
+	const LProg *p; /* the first kernel that runs it */
+	const Kernel *k;
 } Loop;
 
 typedef struct Cuda {
@@ -180,45 +153,37 @@ static int loop_id(Cuda *c, const LProg *p, const Kernel *k)
 		if (!c->loops)
 			ICE("out of memory");
 	}
-	c->loops[c->nloops].key = key;
-	c->loops[c->nloops].id = c->nloops;
+	Loop *l = &c->loops[c->nloops];
+	int loads[64];
+	l->key = key;
+	l->id = c->nloops;
+	l->p = p;
+	l->k = k;
+	l->out = p->buf[buffer_root(p, k->out)].dtype;
+	l->nin = emit_loop_loads(k, loads, 64);
+	l->in = arena_alloc(p->g->arena, sizeof(DType) * (size_t)(l->nin ? l->nin : 1));
+	for (int i = 0; i < l->nin; i++)
+		l->in[i] = p->buf[buffer_root(p, loads[i])].dtype;
 	return c->nloops++;
 }
 
 /* the loop's parameter list as the launcher and the kernel take it (restrict_: with PLANRT_RESTRICT,
- * which loops.h defines; else without, for prog.c's C declarations) */
-static void loop_params(FILE *f, const char *key, bool restrict_)
+ * which loops.h defines; else without, for prog.c's C declarations): the output's elements, the
+ * output and the loads, as its element function takes them */
+static void loop_params(FILE *f, const Loop *l, bool restrict_)
 {
-	const char *open = strchr(key, '(');
-	const char *close = strchr(key, ')');
-	const char *comma = strchr(open, ',');
-	fprintf(f, "int64_t n");
-	for (const char *c = comma; c < close; c++) {
-		if (!restrict_ && !strncmp(c, "PLANRT_RESTRICT ", 16)) {
-			c += 15;
-			continue;
-		}
-		fputc(*c, f);
-	}
+	const char *r = restrict_ ? "PLANRT_RESTRICT " : "";
+	fprintf(f, "int64_t n, %s *%sout", emit_ctype(l->out), r);
+	for (int i = 0; i < l->nin; i++)
+		fprintf(f, ", const %s *%sv%d", emit_ctype(l->in[i]), r, i);
 }
 
 /* the parameter names of a loop's list: "out, v0, v1" */
-static void loop_names(FILE *f, const char *key)
+static void loop_names(FILE *f, const Loop *l)
 {
-	const char *p = strchr(key, ',');
-	const char *close = strchr(key, ')');
-	bool first = true;
-	while (p && p < close) {
-		const char *end = p + 1;
-		while (end < close && *end != ',')
-			end++;
-		const char *name = end;
-		while (name > p && name[-1] != ' ' && name[-1] != '*')
-			name--;
-		fprintf(f, "%s%.*s", first ? "" : ", ", (int)(end - name), name);
-		first = false;
-		p = end < close ? end : NULL;
-	}
+	fprintf(f, "out");
+	for (int i = 0; i < l->nin; i++)
+		fprintf(f, ", v%d", i);
 }
 
 /* ------------------------------------------------------------------ printing kernels */
@@ -272,20 +237,20 @@ static void device_call(Emit *e, const Kernel *k)
 		fprintf(f, " /* %s, %d op%s fused */", k->note ? k->note : "loop", k->nfused, k->nfused == 1 ? "" : "s");
 		return;
 	}
-	const char *fn = kernel_functions[k->kind];
-	internal_assert(fn && !strncmp(fn, "planrt_", 7));
-	if (k->kind == K_MATMUL && k->tensor_cores) /* its operands are bf16 values (streams.c) */
-		fprintf(f, "planrt_cu_%.*s_tc%s(", (int)(strlen(fn + 7) - 4), fn + 7, fn + strlen(fn) - 4);
-	else
-		fprintf(f, "planrt_cu_%s(", fn + 7);
+	/* the tensor-core variant where streams.c found the operands are bf16 values */
+	const char *fn = k->tensor_cores ? kernel_tensor_core_functions[k->kind] : kernel_device_functions[k->kind];
+	internal_assert(kernel_device_modes[k->kind] == KDEV_CALL && fn);
+	fprintf(f, "%s(", fn);
 	for (int i = 0; i < k->nargs; i++) {
 		const KArg *a = &k->args[i];
 		if (i)
 			fprintf(f, ", ");
-		if (a->kind == KA_SCALAR) /* read on the device: the buffer and its factor */
-			fprintf(f, "%s%s, %.17g", emit_prefix(e), p->buf[a->buf].name, a->f);
-		else
-			emit_arg(e, a);
+		if (a->kind == KA_SCALAR) { /* read on the device: the buffer and its factor */
+			fprintf(f, "%s%s, ", emit_prefix(e), p->buf[a->buf].name);
+			emit_double(e, a->f);
+		} else {
+			emit_arg(e, k, i);
+		}
 	}
 	fprintf(f, "%s", k->nargs ? ", " : "");
 	stream_const(f, k->stream);
@@ -300,7 +265,7 @@ static void print_kernel(Emit *e, const Kernel *k)
 {
 	FILE *f = emit_file(e);
 	const LProg *p = emit_prog(e);
-	if (progress_kind(k->kind)) {
+	if (kernel_device_modes[k->kind] == KDEV_NO_OP) {
 		fprintf(f, "\t/* %s: NCCL progresses its operations on their own stream */\n", kernel_names[k->kind]);
 		return;
 	}
@@ -421,7 +386,7 @@ static void prelude(Emit *e)
 	fprintf(f, "/* kernels.cu: the fused loops */\n");
 	for (int i = 0; i < c->nloops; i++) {
 		fprintf(f, "void loop%d_launch(", i);
-		loop_params(f, c->loops[i].key, false);
+		loop_params(f, &c->loops[i], false);
 		fprintf(f, ", int stream);\n");
 	}
 	fprintf(f, "\n");
@@ -472,8 +437,8 @@ static bool write_kernels(const Cuda *c, const char *dir, const char *source_pat
 		   "PLANRT_LOOP float hf(uint16_t x) { return sm_widen(x, PLANRT_SM_F16); }\n"
 		   "PLANRT_LOOP uint16_t tohf(float f) { return sm_narrow(f, PLANRT_SM_F16); }\n\n");
 	for (int i = 0; i < c->nloops; i++) {
-		const char *key = c->loops[i].key, *at = strchr(key, '@');
-		fprintf(h, "%.*sloop%d%s\n", (int)(at - key), key, i, at + 1);
+		emit_cuda_loop_body(h, c->loops[i].p, c->loops[i].k, arena_printf(c->low->g->arena, "loop%d", i));
+		fprintf(h, "\n");
 	}
 	fprintf(h, "#endif\n");
 	bool ok = !ferror(h);
@@ -495,19 +460,19 @@ static bool write_kernels(const Cuda *c, const char *dir, const char *source_pat
 		c->nloops);
 	fprintf(f, "#include \"planrt_cuda.h\"\n#include \"loops.h\"\n\n");
 	for (int i = 0; i < c->nloops; i++) {
-		const char *key = c->loops[i].key;
+		const Loop *l = &c->loops[i];
 		fprintf(f, "__global__ void loop%d_kernel(", i);
-		loop_params(f, key, true);
+		loop_params(f, l, true);
 		fprintf(f, ")\n{\n\tfor (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; "
 			   "i += (int64_t)gridDim.x * blockDim.x)\n\t\tloop%d(i, ",
 			i);
-		loop_names(f, key);
+		loop_names(f, l);
 		fprintf(f, ");\n}\n\nextern \"C\" void loop%d_launch(", i);
-		loop_params(f, key, true);
+		loop_params(f, l, true);
 		fprintf(f, ", int stream)\n{\n\tif (n <= 0)\n\t\treturn;\n"
 			   "\tloop%d_kernel<<<planrt_cu_grid(n), PLANRT_CU_BLOCK, 0, planrt_cu_stream(stream)>>>(n, ",
 			i);
-		loop_names(f, key);
+		loop_names(f, l);
 		fprintf(f, ");\n\tplanrt_cu_check_launch(\"loop%d\");\n}\n\n", i);
 	}
 	ok = !ferror(f);
@@ -555,8 +520,10 @@ bool cuda_executable(const Lowered *low, bool report)
 		for (int k = 0; k < p->nk; k++) {
 			const Kernel *x = &p->k[k];
 			bool ok = x->stream == STREAM_HOST ? host_kind(x->kind)
-							   : x->kind == K_LOOP || device_kind(x->kind) || progress_kind(x->kind);
-			long long top_k = x->kind == K_MOE_ROUTE ? x->args[3].i : x->kind == K_MOE_ROUTE_GRAD ? x->args[4].i : 0;
+							   : x->kind == K_LOOP || kernel_device_modes[x->kind] != KDEV_HOST_ONLY;
+			long long top_k = x->kind == K_MOE_ROUTE	       ? KARG(x, MOE_ROUTE, top_k)->i
+					  : x->kind == K_MOE_ROUTE_GRAD ? KARG(x, MOE_ROUTE_GRAD, top_k)->i
+									: 0;
 			if (ok && top_k > MOE_MAX_TOP_K) {
 				if (report) {
 					const Op *op = x->op >= 0 ? &low->g->ops[x->op] : NULL;

@@ -10,10 +10,10 @@
  * or, for a fused element-wise kernel (K_LOOP), a loop nest specialised to its exact shape. It adds
  * no computation and no communication, and every choice is made per kernel kind or argument kind.
  *
- * Calls into planrt need each function's C signature. KERNEL_SIGNATURES lists them, and every
- * entry is checked at compile time against the runtime's headers (__builtin_types_compatible_p),
- * so a changed prototype breaks the build, not a run. The descriptors' layouts are checked the
- * same way at run time: every field's LLVM offset must equal offsetof() in planrt's struct.
+ * Calls into planrt take each function's parameters from the kernel table (kernel_table.h), whose
+ * rows target/planrt_abi.c checks at compile time against the runtime's headers, so a changed
+ * prototype breaks the build, not a run. The descriptors' layouts are checked at run time: every
+ * field's LLVM offset must equal offsetof() in planrt's struct.
  *
  * Numerics: the fused loops repeat emit_c.c's expressions and helpers (planrt_math.h's kexpf and
  * kerff, bf16 rounding) operation for operation. The C back end compiles with gcc's default
@@ -40,193 +40,13 @@
 #include <llvm-c/TargetMachine.h>
 #include <llvm-c/Transforms/PassBuilder.h>
 
+#include "planrt_cpu.h"
 #include "planrt_exec.h"
 #include "planrt_kernels.h"
 #include "planrt_program.h"
 
 /* ------------------------------------------------------------------ planrt's signatures */
 
-/* kind, the planrt function KERNEL_TABLE names for it, its parameter list (all return void) */
-#define KERNEL_SIGNATURES(X)                                                                               \
-	X(MATMUL, planrt_k_matmul_f32,                                                                     \
-	  (int64_t, int64_t, int64_t, int64_t, const float *, int, int64_t, const float *, int, int64_t, float *, \
-	   int64_t, int))                                                                                  \
-	X(PERMUTE, planrt_k_permute_f32, (int, const int64_t *, const int *, const float *, float *))      \
-	X(SUM_TO, planrt_k_sum_to_f32, (int, const int64_t *, const float *, const int64_t *, float *, int64_t)) \
-	X(SUM_TO_ACC, planrt_k_sum_to_acc_f32,                                                             \
-	  (int, const int64_t *, const float *, const int64_t *, float *, int64_t))                        \
-	X(DROPOUT, planrt_k_dropout_f32,                                                                   \
-	  (const float *, float *, uint8_t *, double, uint64_t, uint64_t, int, const int64_t *, const int64_t *, \
-	   const int64_t *))                                                                               \
-	X(CAUSAL_MASK, planrt_causal_mask_block_f32,                                                       \
-	  (const float *, float *, int64_t, int64_t, int64_t, const int64_t *, int, int))                  \
-	X(SOFTMAX, planrt_k_softmax_f32, (const float *, float *, int64_t, int64_t))                      \
-	X(SOFTMAX_GRAD, planrt_k_softmax_grad_f32, (const float *, const float *, float *, int64_t, int64_t)) \
-	X(LAYER_NORM, planrt_k_layer_norm_f32,                                                             \
-	  (const float *, const float *, const float *, float *, float *, float *, int64_t, int64_t, double)) \
-	X(LAYER_NORM_GRAD, planrt_k_layer_norm_grad_f32,                                                   \
-	  (const float *, const float *, const float *, const float *, const float *, float *, float *, float *, \
-	   int64_t, int64_t))                                                                              \
-	X(RMS_NORM, planrt_k_rms_norm_f32,                                                                 \
-	  (const float *, const float *, float *, float *, int64_t, int64_t, double))                      \
-	X(RMS_NORM_GRAD, planrt_k_rms_norm_grad_f32,                                                       \
-	  (const float *, const float *, const float *, const float *, float *, float *, int64_t, int64_t)) \
-	X(EMBED, planrt_k_embed_f32,                                                                       \
-	  (const float *, const int32_t *, float *, int64_t, int64_t, int64_t, int64_t))                   \
-	X(EMBED_GRAD, planrt_k_embed_grad_f32,                                                             \
-	  (const int32_t *, const float *, float *, int64_t, int64_t, int64_t, int64_t))                   \
-	X(CROSS_ENTROPY, planrt_cross_entropy_f32,                                                         \
-	  (const float *, const int32_t *, float *, float *, int64_t, int64_t, int64_t, double, planrt_comm_t, \
-	   void *))                                                                                        \
-	X(CE_GRAD, planrt_k_ce_grad_f32,                                                                   \
-	  (const float *, const int32_t *, const float *, int64_t, int64_t, int64_t, double, float *))     \
-	X(MOE_ROUTE, planrt_k_moe_route_f32,                                                               \
-	  (const float *, int64_t, int64_t, int64_t, int64_t, int64_t, int, float *, int32_t *, int32_t *, double *)) \
-	X(MOE_ROUTE_GRAD, planrt_k_moe_route_grad_f32,                                                     \
-	  (const float *, const float *, int64_t, int64_t, int64_t, int, float *))                         \
-	X(MOE_DISPATCH, planrt_k_moe_dispatch_f32,                                                         \
-	  (const float *, const int32_t *, int64_t, int64_t, int64_t, int64_t, float *))                   \
-	X(MOE_DISPATCH_GRAD, planrt_k_moe_dispatch_grad_f32,                                               \
-	  (const float *, const int32_t *, int64_t, int64_t, int64_t, float *))                            \
-	X(MOE_COMBINE, planrt_k_moe_combine_f32,                                                           \
-	  (const float *, const float *, const int32_t *, int64_t, int64_t, int64_t, float *))             \
-	X(MOE_COMBINE_GRAD, planrt_k_moe_combine_grad_f32,                                                 \
-	  (const float *, const float *, const float *, const int32_t *, int64_t, int64_t, int64_t, int64_t, \
-	   float *, float *))                                                                              \
-	X(MOE_AUX_LOSS, planrt_moe_aux_loss_f32, (const float *, int64_t, int64_t, int64_t, double, float *)) \
-	X(MOE_AUX_LOSS_GRAD, planrt_k_moe_aux_loss_grad_f32,                                               \
-	  (const float *, int64_t, int64_t, int64_t, double, float *))                                     \
-	X(MOE_Z_LOSS, planrt_moe_z_loss_f32, (const float *, int64_t, int64_t, double, float *))          \
-	X(MOE_Z_LOSS_GRAD, planrt_k_moe_z_loss_grad_f32, (const float *, int64_t, int64_t, double, float *)) \
-	X(MOE_METRICS, planrt_moe_metrics, (const double *, int, const int64_t *))                         \
-	X(MOE_EXCHANGE, planrt_moe_exchange,                                                               \
-	  (const void *, void *, int, const int32_t *, int64_t, int64_t, int64_t, int64_t, planrt_dtype_t,   \
-	   planrt_comm_t, void *))                                                                         \
-	X(SLICE_DIM, planrt_slice_dim,                                                                     \
-	  (const void *, void *, int, const int64_t *, int, planrt_dtype_t, planrt_comm_t))                \
-	X(FILL, planrt_fill, (void *, int64_t, planrt_dtype_t, double))                                    \
-	X(CAST, planrt_cast, (const void *, planrt_dtype_t, void *, planrt_dtype_t, int64_t))              \
-	X(ACCUMULATE, planrt_accumulate, (void *, const void *, int64_t, planrt_dtype_t))                  \
-	X(LOAD_INPUT, planrt_load_data,                                                                    \
-	  (planrt_ctx_t *, void *, int, const char *, planrt_dtype_t, int, const int64_t *, const int64_t *,  \
-	   const int64_t *, int64_t))                                                                      \
-	X(INIT_PARAM, planrt_init_param, (planrt_ctx_t *, void *, planrt_dtype_t, int, int64_t, int64_t))  \
-	X(SAVE_PARAM, planrt_save_param,                                                                   \
-	  (planrt_ctx_t *, const void *, planrt_dtype_t, int, int64_t, int64_t, int))                      \
-	X(CKPT_WRITE, planrt_ckpt_write,                                                                   \
-	  (planrt_ctx_t *, const void *, planrt_dtype_t, int, int, int64_t, int64_t, int))                 \
-	X(CKPT_READ, planrt_ckpt_read, (planrt_ctx_t *, void *, planrt_dtype_t, int, int, int64_t, int64_t)) \
-	X(CKPT_WRITE_LOCAL, planrt_ckpt_write_local, (planrt_ctx_t *, const void *, planrt_dtype_t, int64_t, int)) \
-	X(CKPT_READ_LOCAL, planrt_ckpt_read_local, (planrt_ctx_t *, void *, planrt_dtype_t, int64_t, int)) \
-	X(PAIR_COMM, planrt_make_pair_comm, (int, int, int, int))                                          \
-	X(OFFLOAD_OPEN, planrt_offload_open, (int64_t))                                                    \
-	X(OFFLOAD_READ, planrt_offload_read, (void *, int64_t, int64_t, int))                              \
-	X(OFFLOAD_WRITE, planrt_offload_write, (const void *, int64_t, int64_t, int))                      \
-	X(OFFLOAD_WAIT, planrt_offload_wait, (int))                                                        \
-	X(OFFLOAD_COPY, planrt_copy, (void *, const void *, int64_t))                                      \
-	X(SUM_SQUARES, planrt_sum_squares_acc, (double *, const void *, int64_t, planrt_dtype_t, double))  \
-	X(SUM_SQUARES_SHARD, planrt_sum_squares_shard,                                                     \
-	  (double *, const void *, planrt_dtype_t, int64_t, int64_t, int, const int64_t *, const int64_t *, \
-	   const int64_t *))                                                                               \
-	X(CLIP_COEF, planrt_clip_coef, (const double *, double *, double *, double))                       \
-	X(LOSS_SEED, planrt_loss_seed, (planrt_ctx_t *, float *, double))                                  \
-	X(UNSCALE_CLIP, planrt_unscale_clip_coef, (planrt_ctx_t *, const double *, double *, double *, double)) \
-	X(OPTIMIZER, planrt_optimizer_step,                                                                \
-	  (int, double, double, double, double, double, double, int64_t, int64_t, double, int64_t, float *,  \
-	   const void *, planrt_dtype_t, float *, float *, int64_t, const double *))                       \
-	X(LOSS_ACCUMULATE, planrt_loss_accumulate, (double *, const float *, double))                      \
-	X(ALLREDUCE_DIM, planrt_allreduce_dim, (const void *, void *, int64_t, planrt_dtype_t, planrt_comm_t)) \
-	X(REDUCE_SCATTER_DIM, planrt_reduce_scatter_dim,                                                   \
-	  (const void *, void *, int, const int64_t *, int, planrt_dtype_t, planrt_comm_t, void *))        \
-	X(ALLGATHER_DIM, planrt_allgather_dim,                                                             \
-	  (const void *, void *, int, const int64_t *, int, planrt_dtype_t, planrt_comm_t, void *))        \
-	X(ALLTOALL_DIM, planrt_alltoall_dim,                                                               \
-	  (const void *, void *, int, const int64_t *, int, int, planrt_dtype_t, planrt_comm_t, void *))   \
-	X(ALLREDUCE_INPLACE, planrt_allreduce_inplace,                                                     \
-	  (void *, int64_t, planrt_dtype_t, planrt_comm_t, planrt_request_t *))                            \
-	X(REDUCE_SCATTER_INPLACE, planrt_reduce_scatter_inplace,                                           \
-	  (void *, int64_t, planrt_dtype_t, planrt_comm_t, planrt_request_t *))                            \
-	X(ALLGATHER_INPLACE, planrt_allgather_inplace,                                                     \
-	  (void *, int64_t, planrt_dtype_t, planrt_comm_t, planrt_request_t *))                            \
-	X(ALLGATHER_FLAT, planrt_allgather_flat,                                                           \
-	  (const void *, void *, int64_t, planrt_dtype_t, planrt_comm_t, void *))                          \
-	X(ALLGATHER_FLAT_START, planrt_allgather_flat_start,                                               \
-	  (planrt_request_t *, const void *, void *, int64_t, planrt_dtype_t, planrt_comm_t))              \
-	X(BUCKET_ALLREDUCE, planrt_bucket_allreduce,                                                       \
-	  (int, void *const *, const int64_t *, planrt_dtype_t, planrt_comm_t, void *))                    \
-	X(BUCKET_RS, planrt_bucket_reduce_scatter,                                                         \
-	  (int, void *const *, const int64_t *, planrt_dtype_t, void *const *, planrt_dtype_t, int, int,    \
-	   planrt_comm_t, void *))                                                                         \
-	X(BUCKET_RS_START, planrt_bucket_reduce_scatter_start,                                             \
-	  (planrt_bucket_t *, int, void *const *, const int64_t *, planrt_dtype_t, int, planrt_comm_t, void *)) \
-	X(BUCKET_RS_FINISH, planrt_bucket_reduce_scatter_finish,                                           \
-	  (planrt_bucket_t *, int, const int64_t *, void *const *, planrt_dtype_t, int, planrt_comm_t, void *)) \
-	X(SEND_START, planrt_p2p_send_start,                                                               \
-	  (const void *, int64_t, planrt_dtype_t, int, int, planrt_request_t *))                           \
-	X(RECV_START, planrt_p2p_recv_start, (void *, int64_t, planrt_dtype_t, int, int, planrt_request_t *)) \
-	X(P2P_FINISH, planrt_p2p_finish, (planrt_ctx_t *, planrt_request_t *))                             \
-	X(REQUEST_FINISH, planrt_request_finish, (planrt_request_t *))                                     \
-	X(REQUEST_PROGRESS, planrt_request_progress, (planrt_request_t *))                                 \
-	X(BUCKET_PROGRESS, planrt_bucket_progress, (planrt_bucket_t *))                                    \
-	X(SCALE_METRIC, planrt_scale_metric, (double *, double))                                           \
-	X(LOCAL_AVERAGE, planrt_local_average,                                                             \
-	  (planrt_ctx_t *, int, void *, int64_t, planrt_dtype_t, void *, planrt_dtype_t, const double *, double *, \
-	   planrt_comm_t, int, double, double, float *, float *))                                          \
-	X(ASYNC_PULL, planrt_async_pull, (planrt_ctx_t *, int, void *, void *, int64_t, planrt_dtype_t, planrt_comm_t)) \
-	X(ASYNC_PUSH, planrt_async_push,                                                                   \
-	  (planrt_ctx_t *, int, const void *, int64_t, planrt_dtype_t, void *, const double *, planrt_comm_t)) \
-	X(ASYNC_DRAIN, planrt_async_drain, (planrt_ctx_t *, void *, void *, int64_t, planrt_dtype_t, planrt_comm_t)) \
-	X(ASYNC_POST, planrt_async_post, (planrt_ctx_t *, void *, int64_t, planrt_dtype_t, int, planrt_comm_t)) \
-	X(ASYNC_GATHER, planrt_async_gather,                                                               \
-	  (planrt_ctx_t *, int, void *, int64_t, planrt_dtype_t, const void *, int, double *, double *))     \
-	X(ASYNC_PUBLISH, planrt_async_publish,                                                             \
-	  (planrt_ctx_t *, int, const void *, int64_t, planrt_dtype_t, void *, int, planrt_comm_t))         \
-	X(COMPRESS_CAST, planrt_compress_cast,                                                             \
-	  (float *, int64_t, planrt_dtype_t, float *, void *, int64_t, planrt_comm_t))                     \
-	X(COMPRESS_TOPK, planrt_compress_topk,                                                             \
-	  (float *, int, const int64_t *, const int64_t *, const int64_t *, float *, void *, planrt_comm_t)) \
-	X(COMPRESS_POWERSGD, planrt_compress_powersgd,                                                     \
-	  (float *, int, const int64_t *, const int64_t *, const int64_t *, int, float *, float *, float *,  \
-	   planrt_comm_t))                                                                                 \
-	X(POWERSGD_INIT, planrt_powersgd_init, (planrt_ctx_t *, float *, int64_t))                       \
-	X(BMM, planrt_k_bmm_f32,                                                                           \
-	  (int, const int64_t *, int64_t, int64_t, int64_t, const float *, int, const int64_t *, const float *, int, \
-	   const int64_t *, float *, const int64_t *, int))                                                \
-	X(UNARY, planrt_k_unary_f32, (int, const float *, float *, int64_t))                               \
-	X(UNARY_GRAD, planrt_k_unary_grad_f32, (int, const float *, const float *, float *, int64_t))      \
-	X(SUM_DIM, planrt_k_sum_dim_f32, (const float *, float *, int64_t, int64_t, int64_t, double))      \
-	X(SUM_DIM_GRAD, planrt_k_sum_dim_grad_f32, (const float *, float *, int64_t, int64_t, int64_t, double)) \
-	X(MAX_DIM, planrt_k_max_dim_f32, (const float *, float *, int32_t *, int64_t, int64_t, int64_t))   \
-	X(MAX_DIM_GRAD, planrt_k_max_dim_grad_f32,                                                         \
-	  (const int32_t *, const float *, float *, int64_t, int64_t, int64_t))                            \
-	X(NARROW, planrt_k_slice_f32, (const float *, float *, int64_t, int64_t, int64_t, int64_t, int64_t)) \
-	X(NARROW_GRAD, planrt_k_slice_grad_f32,                                                            \
-	  (const float *, float *, int64_t, int64_t, int64_t, int64_t, int64_t, int))                      \
-	X(REPEAT_KV, planrt_k_repeat_kv_f32, (const float *, float *, int64_t, int64_t, int64_t, int64_t)) \
-	X(REPEAT_KV_GRAD, planrt_k_repeat_kv_grad_f32, (const float *, float *, int64_t, int64_t, int64_t, int64_t)) \
-	X(ROPE, planrt_k_rope_f32,                                                                         \
-	  (const float *, float *, int64_t, int64_t, int64_t, int64_t, int64_t, int, const int32_t *, int64_t, \
-	   int64_t, double))                                                                               \
-	X(ROPE_GRAD, planrt_k_rope_grad_f32,                                                               \
-	  (const float *, float *, int64_t, int64_t, int64_t, int64_t, int64_t, int, const int32_t *, int64_t, \
-	   int64_t, double))                                                                               \
-	X(REGRESSION_LOSS, planrt_regression_loss_f32,                                                     \
-	  (int, const float *, const float *, int64_t, double, float *))                                   \
-	X(REGRESSION_LOSS_GRAD, planrt_regression_loss_grad_f32,                                           \
-	  (int, const float *, const float *, int64_t, double, float *))                                   \
-	X(CHECK_LABELS, planrt_check_labels,                                                               \
-	  (const int32_t *, int, const int64_t *, const int64_t *, int64_t, const char *, int64_t))        \
-	X(NARROW_I32, planrt_narrow_i32, (const int32_t *, int32_t *, int64_t, int64_t, int64_t, int64_t, int64_t))
-
-#define X(kind, fn, params)                                                                                \
-	_Static_assert(__builtin_types_compatible_p(__typeof__(fn), void params),                          \
-		       #fn " must have the parameters emit_llvm.c's KERNEL_SIGNATURES gives it");
-KERNEL_SIGNATURES(X)
-#undef X
-/* graph.c's unary_fns pass these codes to planrt_k_unary */
-_Static_assert(PLANRT_SIN == 0 && PLANRT_COS == 1 && PLANRT_EXP == 2 && PLANRT_LOG == 3 && PLANRT_TANH == 4 &&
-		       PLANRT_SIGMOID == 5,
-	       "graph.c's unary_fns codes");
 /* the calls that make arguments, and the entry point */
 _Static_assert(__builtin_types_compatible_p(__typeof__(planrt_mesh_coord), int(int)), "planrt_mesh_coord");
 _Static_assert(__builtin_types_compatible_p(__typeof__(planrt_axis_comm), planrt_comm_t(int)), "planrt_axis_comm");
@@ -234,18 +54,9 @@ _Static_assert(__builtin_types_compatible_p(__typeof__(planrt_pair), planrt_comm
 _Static_assert(__builtin_types_compatible_p(__typeof__(planrt_main), int(int, char **, const planrt_program_t *)),
 	       "planrt_main");
 
-static const struct {
-	const char *fn, *params;
-} signatures[K_COUNT] = {
-#define X(kind, fn, params) [K_##kind] = {#fn, #params},
-	KERNEL_SIGNATURES(X)
-#undef X
-};
-
 bool llvm_kernel_known(KernelKind kind)
 {
-	return kind == K_LOOP ||
-	       (kernel_functions[kind] && signatures[kind].fn && !strcmp(signatures[kind].fn, kernel_functions[kind]));
+	return kind == K_LOOP || kernel_functions[kind];
 }
 
 /* Every kernel the program calls has a signature here (a kind added to KERNEL_TABLE without one
@@ -288,7 +99,28 @@ typedef struct Gen {
 	LLVMValueRef kfn[K_COUNT];
 	LLVMTypeRef kty[K_COUNT];
 	LLVMValueRef fmuladd, fabs, copysign, tanhf, mesh_coord, axis_comm, pair;
+	/* the fused loops' instruction sets (planrt_cpu.h): LOOPS_PER_LEVEL, one function per level
+	 * called through loop<k>_at[planrt_cpu_level_]; else one function, for the target machine's
+	 * CPU (level < 0) or for one level's */
+	int loop_level;
+	LLVMValueRef cpu_level; /* the global planrt_cpu_level_ */
 } Gen;
+
+enum { LOOPS_PER_LEVEL = PLANRT_CPU_LEVELS, LOOPS_FOR_MACHINE = -1 };
+
+/* The CPU and features of each instruction-set level, as function attributes: each function's
+ * code is generated for its own (LLVM's per-function subtargets), whatever the target machine's. */
+static const struct {
+	const char *cpu, *features;
+} level_target[PLANRT_CPU_LEVELS] = {
+#if defined(__x86_64__)
+	{"x86-64", ""}, {"x86-64-v3", ""}, {"x86-64-v4", ""},
+#elif defined(__aarch64__)
+	{"generic", "+neon"}, {"generic", "+neon,+sve"},
+#else
+	{"generic", ""},
+#endif
+};
 
 static LLVMValueRef i32c(Gen *G, long long v)
 {
@@ -326,48 +158,37 @@ static LLVMValueRef call(Gen *G, LLVMValueRef fn, LLVMValueRef *args, unsigned n
 	return LLVMBuildCall2(G->b, LLVMGlobalGetValueType(fn), fn, args, n, "");
 }
 
-/* One C parameter type of a KERNEL_SIGNATURES list as LLVM sees it at the call: pointers and
- * handles as i8*, enums as i32. */
-static LLVMTypeRef c_param_type(Gen *G, const char *s, size_t n)
+/* A planrt function's parameter as LLVM sees it at the call: pointers and handles as i8*, enums
+ * as i32 (kernel_table.h's ABI class of its type). */
+static LLVMTypeRef param_type(Gen *G, KParamType t)
 {
-	while (n && (*s == ' ' || *s == '('))
-		s++, n--;
-	while (n && (s[n - 1] == ' ' || s[n - 1] == ')'))
-		n--;
-	if (memchr(s, '*', n))
-		return G->t_ptr;
-	static const struct {
-		const char *c;
-		int bits; /* 0: double, -1: pointer */
-	} types[] = {{"int64_t", 64}, {"uint64_t", 64}, {"int", 32},
-		     {"planrt_dtype_t", 32}, {"double", 0}, {"planrt_comm_t", -1}};
-	for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
-		if (strlen(types[i].c) == n && !memcmp(types[i].c, s, n))
-			return types[i].bits > 0 ? LLVMIntTypeInContext(G->c, (unsigned)types[i].bits)
-			       : types[i].bits == 0 ? G->t_f64
-						    : G->t_ptr;
-	ICE("emit_llvm.c: no LLVM type for the C parameter type '%.*s'", (int)n, s);
+	switch (kparam_abis[t]) {
+	case KABI_I32:
+		return G->t_i32;
+	case KABI_I64:
+		return G->t_i64;
+	case KABI_F64:
+		return G->t_f64;
+	case KABI_PTR:
+		break;
+	}
+	return G->t_ptr;
 }
 
 static LLVMValueRef kernel_decl(Gen *G, KernelKind kind)
 {
 	if (G->kfn[kind])
 		return G->kfn[kind];
-	if (!signatures[kind].fn || !kernel_functions[kind] || strcmp(signatures[kind].fn, kernel_functions[kind]))
-		ICE("kernel kind '%s' calls '%s' but emit_llvm.c's KERNEL_SIGNATURES has '%s'", kernel_names[kind],
-		    kernel_functions[kind] ? kernel_functions[kind] : "nothing",
-		    signatures[kind].fn ? signatures[kind].fn : "nothing");
+	if (!kernel_functions[kind])
+		ICE("kernel kind '%s' has no planrt function", kernel_names[kind]);
 	LLVMTypeRef params[32];
-	unsigned n = 0;
-	const char *s = signatures[kind].params;
-	for (const char *comma; s; s = comma ? comma + 1 : NULL) {
-		comma = strchr(s, ',');
-		if (n == 32)
-			ICE("'%s' has more than 32 parameters", signatures[kind].fn);
-		params[n++] = c_param_type(G, s, comma ? (size_t)(comma - s) : strlen(s));
-	}
+	unsigned n = (unsigned)kernel_nparams[kind];
+	if (n > 32)
+		ICE("'%s' has more than 32 parameters", kernel_functions[kind]);
+	for (unsigned i = 0; i < n; i++)
+		params[i] = param_type(G, kernel_params[kind][i].type);
 	G->kty[kind] = LLVMFunctionType(G->t_void, params, n, 0);
-	G->kfn[kind] = declare(G, signatures[kind].fn, G->kty[kind]);
+	G->kfn[kind] = declare(G, kernel_functions[kind], G->kty[kind]);
 	return G->kfn[kind];
 }
 
@@ -1175,6 +996,52 @@ static LLVMValueRef build_loop(Gen *G, const Kernel *k, const char *name, Nest *
 
 /* ------------------------------------------------------------------ kernels and phases */
 
+/* Marks fn's code as the instruction set of level. */
+static void set_level(Gen *G, LLVMValueRef fn, int level)
+{
+	const char *kv[][2] = {{"target-cpu", level_target[level].cpu}, {"target-features", level_target[level].features}};
+	for (int i = 0; i < 2; i++)
+		LLVMAddAttributeAtIndex(fn, LLVMAttributeFunctionIndex,
+					LLVMCreateStringAttribute(G->c, kv[i][0], (unsigned)strlen(kv[i][0]), kv[i][1],
+								  (unsigned)strlen(kv[i][1])));
+}
+
+/* The call of fused loop k (kernel index): its function for the target machine or one level, or
+ * (LOOPS_PER_LEVEL) its function per level, through the table loop<index>_at indexed by
+ * planrt_cpu_level_ (emit_c.c's PLANRT_CPU_LOOP). */
+static void build_loop_call(Gen *G, const Kernel *k, int index)
+{
+	Nest ns;
+	const char *name = arena_printf(G->low->g->arena, "%sloop%d", G->prefix, index);
+	int versions = G->loop_level == LOOPS_PER_LEVEL ? PLANRT_CPU_LEVELS : 1;
+	LLVMValueRef fns[PLANRT_CPU_LEVELS];
+	for (int l = 0; l < versions; l++) {
+		fns[l] = build_loop(G, k, versions > 1 ? arena_printf(G->low->g->arena, "%s_l%d", name, l) : name, &ns);
+		if (versions > 1 || G->loop_level >= 0)
+			set_level(G, fns[l], versions > 1 ? l : G->loop_level);
+		if (versions == 1 && G->loop_level >= 0) /* (a phase for the machine would inline it) */
+			add_attr(G, fns[l], LLVMAttributeFunctionIndex, "noinline");
+	}
+	LLVMValueRef fn = fns[0];
+	LLVMTypeRef fty = LLVMGlobalGetValueType(fn);
+	if (versions > 1) {
+		LLVMTypeRef pty = LLVMPointerType(fty, 0);
+		LLVMValueRef at = LLVMAddGlobal(G->m, LLVMArrayType(pty, (unsigned)versions), arena_printf(G->low->g->arena, "%s_at", name));
+		LLVMSetInitializer(at, LLVMConstArray(pty, fns, (unsigned)versions));
+		LLVMSetGlobalConstant(at, 1);
+		LLVMSetLinkage(at, LLVMInternalLinkage);
+		LLVMValueRef level = LLVMBuildZExt(G->b, LLVMBuildLoad2(G->b, G->t_i32, G->cpu_level, "level"), G->t_i64, "");
+		LLVMValueRef idx[] = {i64c(G, 0), level};
+		LLVMValueRef slot = LLVMBuildInBoundsGEP2(G->b, LLVMArrayType(pty, (unsigned)versions), at, idx, 2, "");
+		fn = LLVMBuildLoad2(G->b, pty, slot, "");
+	}
+	LLVMValueRef args[65];
+	args[0] = LLVMBuildBitCast(G->b, buf_addr(G, k->out), LLVMTypeOf(LLVMGetParam(fns[0], 0)), "");
+	for (int i = 0; i < ns.nbuf; i++)
+		args[i + 1] = LLVMBuildBitCast(G->b, buf_addr(G, ns.bufs[i]), LLVMTypeOf(LLVMGetParam(fns[0], (unsigned)i + 1)), "");
+	LLVMBuildCall2(G->b, fty, fn, args, (unsigned)ns.nbuf + 1, "");
+}
+
 static void build_kernel(Gen *G, const Kernel *k, int index)
 {
 	LLVMBasicBlockRef skip = NULL;
@@ -1187,14 +1054,7 @@ static void build_kernel(Gen *G, const Kernel *k, int index)
 		LLVMPositionBuilderAtEnd(G->b, run);
 	}
 	if (k->kind == K_LOOP) {
-		Nest ns;
-		const char *name = arena_printf(G->low->g->arena, "%sloop%d", G->prefix, index);
-		LLVMValueRef fn = build_loop(G, k, name, &ns);
-		LLVMValueRef args[65];
-		args[0] = LLVMBuildBitCast(G->b, buf_addr(G, k->out), LLVMTypeOf(LLVMGetParam(fn, 0)), "");
-		for (int i = 0; i < ns.nbuf; i++)
-			args[i + 1] = LLVMBuildBitCast(G->b, buf_addr(G, ns.bufs[i]), LLVMTypeOf(LLVMGetParam(fn, (unsigned)i + 1)), "");
-		call(G, fn, args, (unsigned)ns.nbuf + 1);
+		build_loop_call(G, k, index);
 	} else {
 		if (!kernel_functions[k->kind])
 			ICE("kernel kind '%s' has no planrt function (planc should have refused the plan)", kernel_names[k->kind]);
@@ -1311,7 +1171,7 @@ static void table_types(Gen *G, Tables *T)
 			   F(planrt_program_t, warmup, i64),      F(planrt_program_t, total_steps, i64),
 			   F(planrt_program_t, nroles, i32),      F(planrt_program_t, role_axis, i32),
 			   F(planrt_program_t, fingerprint, p),   F(planrt_program_t, sync, p),
-			   F(planrt_program_t, loss_scale, f64)};
+			   F(planrt_program_t, loss_scale, f64), F(planrt_program_t, optimizer, p)};
 #undef F
 #define N(a) (int)(sizeof a / sizeof a[0])
 	T->action = c_struct(G, "planrt_action_t", action, N(action), sizeof(planrt_action_t));
@@ -1507,7 +1367,8 @@ static void build_program(Gen *G, const char *source_path)
 			    i32c(G, low->nroles > 1 ? sync_axis(ps) : -1),
 			    cstring(G, plan_fingerprint(low)),
 			    cstring(G, sync_mode_name(ps->sync)),
-			    LLVMConstReal(G->t_f64, ps->loss_scale)};
+			    LLVMConstReal(G->t_f64, ps->loss_scale),
+			    cstring(G, plan_optimizer_text(low))};
 	LLVMValueRef program = LLVMAddGlobal(G->m, T.program, "program");
 	LLVMSetInitializer(program, LLVMConstNamedStruct(T.program, f, sizeof f / sizeof f[0]));
 	LLVMSetGlobalConstant(program, 1);
@@ -1542,12 +1403,13 @@ static void build_kernels(Gen *G)
 
 /* ------------------------------------------------------------------ modules */
 
-static void gen_init(Gen *G, const Lowered *low, LLVMContextRef c, LLVMTargetMachineRef tm, bool gpu)
+static void gen_init(Gen *G, const Lowered *low, LLVMContextRef c, LLVMTargetMachineRef tm, bool gpu, int loop_level)
 {
 	memset(G, 0, sizeof *G);
 	G->c = c;
 	G->low = low;
 	G->gpu = gpu;
+	G->loop_level = loop_level;
 	G->m = LLVMModuleCreateWithNameInContext(gpu ? "kernels" : "prog", c);
 	char *triple = LLVMGetTargetMachineTriple(tm);
 	LLVMSetTarget(G->m, triple);
@@ -1576,6 +1438,7 @@ static void gen_init(Gen *G, const Lowered *low, LLVMContextRef c, LLVMTargetMac
 	G->mesh_coord = declare(G, "planrt_mesh_coord", LLVMFunctionType(G->t_i32, &i32, 1, 0));
 	G->axis_comm = declare(G, "planrt_axis_comm", LLVMFunctionType(G->t_ptr, &i32, 1, 0));
 	G->pair = declare(G, "planrt_pair", LLVMFunctionType(G->t_ptr, &i32, 1, 0));
+	G->cpu_level = LLVMAddGlobal(G->m, G->t_i32, "planrt_cpu_level_");
 }
 
 static void gen_done(Gen *G)
@@ -1585,17 +1448,24 @@ static void gen_done(Gen *G)
 	LLVMDisposeTargetData(G->td);
 }
 
-LLVMModuleRef llvm_build_module(const Lowered *low, LLVMContextRef c, LLVMTargetMachineRef tm, bool gpu,
-				const char *source_path)
+/* The module; the fused loops per loop_level (LOOPS_PER_LEVEL, LOOPS_FOR_MACHINE or a level). */
+static LLVMModuleRef build_module(const Lowered *low, LLVMContextRef c, LLVMTargetMachineRef tm, bool gpu,
+				  const char *source_path, int loop_level)
 {
 	Gen G;
-	gen_init(&G, low, c, tm, gpu);
+	gen_init(&G, low, c, tm, gpu, gpu ? LOOPS_FOR_MACHINE : loop_level);
 	if (gpu)
 		build_kernels(&G);
 	else
 		build_program(&G, source_path);
 	gen_done(&G);
 	return G.m;
+}
+
+LLVMModuleRef llvm_build_module(const Lowered *low, LLVMContextRef c, LLVMTargetMachineRef tm, bool gpu,
+				const char *source_path)
+{
+	return build_module(low, c, tm, gpu, source_path, LOOPS_PER_LEVEL);
 }
 
 static void report_llvm(const char *what, char *msg)
@@ -1705,15 +1575,16 @@ static bool prepare(LLVMModuleRef m, LLVMTargetMachineRef tm, bool opt, bool ver
 
 typedef enum { OUT_IR, OUT_OBJECT, OUT_PTX } Output;
 
-/* Builds the module for tm (OUT_PTX: the NVPTX kernels), prepares it (OUT_IR: not optimised) and
- * writes it to path, also to dump when not NULL; disposes of tm. */
+/* Builds the module for tm (OUT_PTX: the NVPTX kernels; the CPU's fused loops per loop_level),
+ * prepares it (OUT_IR: not optimised) and writes it to path, also to dump when not NULL; disposes
+ * of tm. */
 static bool write_module(const Lowered *low, LLVMTargetMachineRef tm, Output out, const char *path,
-			 const char *source_path, bool verify_after, FILE *dump)
+			 const char *source_path, bool verify_after, FILE *dump, int loop_level)
 {
 	if (!tm)
 		return false;
 	LLVMContextRef c = LLVMContextCreate();
-	LLVMModuleRef m = llvm_build_module(low, c, tm, out == OUT_PTX, source_path);
+	LLVMModuleRef m = build_module(low, c, tm, out == OUT_PTX, source_path, loop_level);
 	bool ok = prepare(m, tm, out != OUT_IR, verify_after);
 	char *err = NULL;
 	if (ok && (out == OUT_IR ? LLVMPrintModuleToFile(m, path, &err)
@@ -1749,13 +1620,13 @@ bool emit_llvm_ir(const Lowered *low, const char *dir, const char *source_path, 
 {
 	return llvm_supported(low) && make_dir(dir) &&
 	       write_module(low, host_machine(LLVMRelocPIC, LLVMCodeModelDefault, false), OUT_IR,
-			    arena_printf(low->g->arena, "%s/prog.ll", dir), source_path, false, dump);
+			    arena_printf(low->g->arena, "%s/prog.ll", dir), source_path, false, dump, LOOPS_PER_LEVEL);
 }
 
 bool emit_llvm_object(const Lowered *low, const char *path, const char *source_path, bool verify, bool native)
 {
 	return llvm_supported(low) && write_module(low, host_machine(LLVMRelocPIC, LLVMCodeModelDefault, native), OUT_OBJECT,
-						   path, source_path, verify, NULL);
+						   path, source_path, verify, NULL, native ? LOOPS_FOR_MACHINE : LOOPS_PER_LEVEL);
 }
 
 bool emit_ptx(const Lowered *low, const char *dir, FILE *dump)
@@ -1764,28 +1635,41 @@ bool emit_ptx(const Lowered *low, const char *dir, FILE *dump)
 		return false;
 	LLVMTargetMachineRef tm =
 		target_machine("nvptx64-nvidia-cuda", "sm_80", "+ptx70", LLVMRelocDefault, LLVMCodeModelDefault);
-	return write_module(low, tm, OUT_PTX, arena_printf(low->g->arena, "%s/kernels.ptx", dir), NULL, false, dump);
+	return write_module(low, tm, OUT_PTX, arena_printf(low->g->arena, "%s/kernels.ptx", dir), NULL, false, dump,
+			    LOOPS_FOR_MACHINE);
+}
+
+/* The instruction-set level planrt will run at in this process (planrt_cpu_select, resolved from
+ * planc itself through the JIT): LOOPS_FOR_MACHINE when it is the best this CPU runs (the JIT
+ * compiles for the host CPU), else the level PLANRT_ISA forces, which the fused loops are then
+ * built for, so that planc run computes what a built program does at that level. An unknown or
+ * unavailable PLANRT_ISA is left to the program's own check (planrt_main reports it). */
+static int jit_loop_level(LLVMOrcLLJITRef jit)
+{
+	LLVMOrcExecutorAddress select = 0, best = 0, level = 0;
+	if (!report_error("LLVM's JIT cannot find planrt_cpu_select", LLVMOrcLLJITLookup(jit, &select, "planrt_cpu_select")) ||
+	    !report_error("LLVM's JIT cannot find planrt_cpu_best", LLVMOrcLLJITLookup(jit, &best, "planrt_cpu_best")) ||
+	    !report_error("LLVM's JIT cannot find planrt_cpu_level_", LLVMOrcLLJITLookup(jit, &level, "planrt_cpu_level_")))
+		return LOOPS_FOR_MACHINE;
+	if (((planrt_result_t(*)(void))(uintptr_t)select)() != planrt_success)
+		return LOOPS_FOR_MACHINE;
+	int running = *(const int *)(uintptr_t)level;
+	return running == ((int (*)(void))(uintptr_t)best)() ? LOOPS_FOR_MACHINE : running;
 }
 
 int llvm_run(const Lowered *low, const char *source_path, int argc, char **argv, bool verify)
 {
 	if (!llvm_supported(low))
 		return -1;
-	LLVMTargetMachineRef tm = host_machine(LLVMRelocDefault, LLVMCodeModelJITDefault, true);
-	if (!tm)
-		return -1;
 	LLVMOrcLLJITRef jit = NULL;
 	LLVMOrcThreadSafeContextRef tsc = LLVMOrcCreateNewThreadSafeContext();
-	LLVMModuleRef m = llvm_build_module(low, LLVMOrcThreadSafeContextGetContext(tsc), tm, false, source_path);
-	if (!prepare(m, tm, true, verify)) {
-		LLVMDisposeModule(m);
-		m = NULL;
-	}
-	LLVMDisposeTargetMachine(tm);
-	int status = -1;
 	LLVMOrcDefinitionGeneratorRef process = NULL;
+	LLVMModuleRef m = NULL;
+	LLVMTargetMachineRef tm = NULL;
+	int status = -1;
 	LLVMOrcExecutorAddress entry = 0;
-	if (!m || !report_error("LLVM cannot start its JIT", LLVMOrcCreateLLJIT(&jit, LLVMOrcCreateLLJITBuilder())))
+	if (!(tm = host_machine(LLVMRelocDefault, LLVMCodeModelJITDefault, true)) || /* (registers the target) */
+	    !report_error("LLVM cannot start its JIT", LLVMOrcCreateLLJIT(&jit, LLVMOrcCreateLLJITBuilder())))
 		goto out;
 	/* planrt_*, libm and libc come from this process (planc links planrt whole and exports it) */
 	if (!report_error("LLVM's JIT cannot search this process for symbols",
@@ -1793,6 +1677,10 @@ int llvm_run(const Lowered *low, const char *source_path, int argc, char **argv,
 									       NULL, NULL)))
 		goto out;
 	LLVMOrcJITDylibAddGenerator(LLVMOrcLLJITGetMainJITDylib(jit), process);
+	int loop_level = jit_loop_level(jit);
+	m = build_module(low, LLVMOrcThreadSafeContextGetContext(tsc), tm, false, source_path, loop_level);
+	if (!prepare(m, tm, true, verify))
+		goto out;
 	LLVMSetDataLayout(m, LLVMOrcLLJITGetDataLayoutStr(jit));
 	LLVMOrcThreadSafeModuleRef tsm = LLVMOrcCreateNewThreadSafeModule(m, tsc);
 	m = NULL;
@@ -1805,6 +1693,8 @@ int llvm_run(const Lowered *low, const char *source_path, int argc, char **argv,
 out:
 	if (m)
 		LLVMDisposeModule(m);
+	if (tm)
+		LLVMDisposeTargetMachine(tm);
 	if (jit)
 		LLVMOrcDisposeLLJIT(jit);
 	LLVMOrcDisposeThreadSafeContext(tsc);
