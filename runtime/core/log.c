@@ -20,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -72,8 +73,9 @@ planrt_result_t planrt_log_open_(const char *path, int append)
  * once, as the run that continues computes it. */
 planrt_result_t planrt_log_truncate_(int64_t first_step)
 {
-	if (!log_fp || !log_path)
-		return planrt_success;
+	struct stat st;
+	if (!log_fp || !log_path || fstat(fileno(log_fp), &st) != 0 || !S_ISREG(st.st_mode))
+		return planrt_success; /* a character device (/dev/null) is written in place: nothing to cut */
 	FILE *in = fopen(log_path, "rb");
 	if (!in)
 		return planrt_error_(planrt_io_error, "cannot read the log '%s': %s", log_path, strerror(errno));

@@ -142,7 +142,7 @@ T.check("a corpus of the same size and other bytes is refused", rc != 0 and "tra
 # a blend: every file of it is identified, not only the first
 copy = f"{work}/copy.txt"
 shutil.copyfile(data, copy)
-rc, err = run("single", "--data", "0.5", data, "0.5", copy, "--steps", str(STEPS), "--save-every", str(AT),
+rc, err = run("single", "--data", "0.5", data, "0.5", copy, "--steps", str(AT), "--save-every", str(AT),
               f"{work}/blend_ck", "--log", f"{work}/blend.jsonl")
 if rc:
     T.check("a blend's run checkpoints", False, first_line(err))
