@@ -186,7 +186,8 @@ static int append_segs(const Segs *s, Range **out, int n, int *cap)
 		if (!*out)
 			ICE("out of memory");
 	}
-	memcpy(*out + n, s->r, sizeof(Range) * (size_t)s->n);
+	if (s->n) /* an empty list may have no array (memcpy from NULL is undefined even for 0 bytes) */
+		memcpy(*out + n, s->r, sizeof(Range) * (size_t)s->n);
 	return n + s->n;
 }
 
