@@ -13,7 +13,7 @@ Prints the kills (step, rank, when), the restarts, the steps trained again, the 
 verdict; exits 1 if the weights or a loss differ, or a run fails otherwise than by the kill.
 
   python3 bench/soak.py PLANC ROOT [--steps 2000] [--save-every 50] [--kill-every 100] [--seed 1]
-  python3 bench/soak.py PLANC ROOT --short      # the CI form: 24 steps, checkpoints every 3, kills every 6
+  python3 bench/soak.py PLANC ROOT --short      # the CI form: 12 steps, checkpoints every 2, kills every 3
 """
 import argparse
 import json
@@ -34,16 +34,16 @@ ap.add_argument("--steps", type=int, default=2000)
 ap.add_argument("--save-every", type=int, default=50)
 ap.add_argument("--kill-every", type=int, default=100)
 ap.add_argument("--seed", type=int, default=1)
-ap.add_argument("--short", action="store_true", help="24 steps, checkpoints every 3 steps, a kill every 6")
+ap.add_argument("--short", action="store_true", help="12 steps, checkpoints every 2 steps, a kill every 3")
 ap.add_argument("--keep", action="store_true", help="keep the work directory")
 a = ap.parse_args()
 if a.short:
-    a.steps, a.save_every, a.kill_every = 24, 3, 6
+    a.steps, a.save_every, a.kill_every = 12, 2, 3
 
-env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-           OMPI_MCA_rmaps_base_oversubscribe="1", OMPI_MCA_plm="isolated", OMPI_MCA_btl="self,vader",
-           OMPI_MCA_btl_vader_single_copy_mechanism="none", OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1",
-           PLANRT_WATCHDOG="120")
+sys.path.insert(0, os.path.join(a.root, "tests", "lib"))
+from harness import mpi_env  # noqa: E402
+
+env = mpi_env(OMPI_MCA_btl_vader_single_copy_mechanism="none", PLANRT_WATCHDOG="120")
 data = f"{a.root}/data/corpus.txt"
 work = tempfile.mkdtemp(prefix="planc-soak-")
 rng = random.Random(a.seed)
@@ -57,7 +57,7 @@ world = json.loads(subprocess.run([a.planc, "explain", f"{a.root}/examples/gpt.p
 
 
 def rows(log):
-    """step -> loss, each step as the last run that trained it logged it"""
+    """step -> loss (a resumed run cut the rows past its checkpoint: each step as the run that kept it)"""
     out = {}
     if os.path.exists(log):
         for line in open(log):
@@ -68,6 +68,13 @@ def rows(log):
             if "loss" in x:
                 out[x["step"]] = x["loss"]
     return out
+
+
+def checkpointed(ck):
+    """the newest step with a complete checkpoint in ck (its manifest written last), 0: none"""
+    steps = [int(d[5:]) for d in os.listdir(ck) if d.startswith("step-") and d[5:].isdigit()
+             and os.path.exists(f"{ck}/{d}/manifest.json")] if os.path.isdir(ck) else []
+    return max(steps, default=0)
 
 
 def lines(log):
@@ -90,10 +97,12 @@ print(f"soak: {a.plan} on {world} ranks, {a.steps} steps uninterrupted: {ref_s:.
 ck, log, st = f"{work}/ckpt", f"{work}/soak.jsonl", f"{work}/soak.safetensors"
 cmd = ["mpirun", "-np", str(world), prog, "--data", data, "--steps", str(a.steps), "--resume", ck, "--save-every",
        str(a.save_every), ck, "--log", log, "--save", st]
-kills, runs, failures, t1 = [], 0, [], time.time()
+kills, runs, failures, again, t1 = [], 0, [], 0, time.time()
 while True:
     runs += 1
     start_lines = lines(log)
+    # a resumed run cuts the log back to its checkpoint's step: the rows past it are trained again
+    again += max(0, start_lines - checkpointed(ck))
     target = start_lines + max(1, int(a.kill_every * rng.uniform(0.5, 1.5)))  # the log row to kill after
     p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
                          start_new_session=True)
@@ -129,8 +138,7 @@ soak_s = time.time() - t1
 got, ref = rows(log), rows(ref_log)
 same_losses = got == ref
 same_weights = os.path.exists(st) and open(st, "rb").read() == open(ref_st, "rb").read()
-trained = lines(log)  # every row written, the steps trained again after a kill included
-print(f"soak: {len(kills)} kills, {runs} runs, {trained - a.steps} steps trained again, {soak_s:.1f} s "
+print(f"soak: {len(kills)} kills, {runs} runs, {again} steps trained again, {soak_s:.1f} s "
       f"({soak_s / max(ref_s, 1e-9):.2f}x the uninterrupted run)")
 print(f"soak: losses of all {len(ref)} steps {'equal' if same_losses else 'DIFFER'}; final weights "
       f"{'equal bit for bit' if same_weights else 'DIFFER'} ({os.path.getsize(ref_st)} bytes)")

@@ -498,7 +498,8 @@ static bool output_ok(const char *what, const char *path, bool is_dir, const Opt
 		}
 		return true;
 	}
-	/* a new file or directory, or a file renamed over: its parent must exist and be writable ("out/": out's parent) */
+	/* a new file or directory, or a file renamed over: its parent must exist and be writable
+	 * ("out/": out's parent) */
 	while (n > 1 && path[n - 1] == '/')
 		n--;
 	const char *slash = NULL;

@@ -1,10 +1,10 @@
 #!/bin/sh
 # fuzz.sh: the libFuzzer harnesses of tests/fuzz, each for its share of SECONDS (default
 # $PLANC_FUZZ_SECONDS, else 60), from a corpus of tests/fuzz/corpus (regression inputs of every bug
-# the fuzzers found), examples/, stdlib/ and tests/front/errors/. Prints, per harness, the executions, the
-# executions per second (of wall time, and of the CPU time it got: this machine is shared), the
-# corpus it grew and the share of its inputs that parse; with
-# --coverage, also the share of compiler/'s lines and functions the corpus reached (a build with
+# the fuzzers found), examples/, stdlib/ and tests/front/errors/. Prints, per harness, the
+# executions, the executions per second (of wall time, and of the CPU time it got: this machine is
+# shared), the corpus it grew and the share of its inputs that parse; with --coverage, also the
+# share of compiler/'s lines and functions the corpus reached (a build with
 # clang's coverage instrumentation runs every corpus input once; llvm-cov reports). A crash, a
 # sanitizer report, a leak or an input slower than 10 s fails it, with the input kept in
 # the build directory's artifacts/ and the report's tail printed.
@@ -62,7 +62,7 @@ for h in $harnesses; do
 		llvm-profdata-14 merge -sparse "$work"/*.profraw -o "$work/$h.profdata"
 		llvm-cov-14 report "$B"/tests/fuzz/fuzz_cov_$h -instr-profile="$work/$h.profdata" \
 			"$PWD/compiler" >"$work/$h.cov" 2>/dev/null
-		awk -v h="$h" '/^TOTAL/ { printf "fuzz_%s coverage of compiler/: lines %s, functions %s, regions %s\n", h, $10, $7, $4 }' \
+		awk -v h="$h" '/^TOTAL/ { printf "fuzz_%s coverage of the compiler/ files it links: lines %s of %s, functions %s of %s, regions %s\n", h, $10, $8, $7, $5, $4 }' \
 			"$work/$h.cov"
 	fi
 done

@@ -157,16 +157,21 @@ runner_test(data 600 python3 ${ROOT}/tests/data/check_data.py ${PLANC} $<TARGET_
 runner_test(fmt_golden 300 sh ${ROOT}/tests/front/run_fmt_golden.sh ${PLANC})
 runner_test(data_runs 900 python3 ${ROOT}/tests/data/check_runs.py ${PLANC} ${ROOT})
 
-# ---- reliability (issue 23): a resume continues the checkpoint's run or is refused before step 1,
-# across sync modes, ZeRO stages, offload and precisions; resharding into local SGD refused; the
-# data by content; a hand-edited manifest refused (tests/checkpoint/check_resume_guard.py). Outputs
-# never replace what is not theirs: every output of a program and of planc against a symlink, a
-# FIFO, a directory and character devices; --log / --trace write errors; planc build killed by a
-# signal; options given twice; bad --map files (tests/program/check_outputs.py). explain --json's
-# byte counts are exact 64-bit integers, above 2^53 too (tests/explain/check_json_exact.py)
+# ---- reliability (issue 23)
+# a resume continues the checkpoint's run or is refused before step 1, across sync modes, ZeRO
+# stages, offload and precisions; resharding into local SGD refused; the data (every file of a
+# blend) identified by content; a hand-edited manifest refused
 runner_test(resume_guard 900 python3 ${ROOT}/tests/checkpoint/check_resume_guard.py ${PLANC} ${ROOT})
+# outputs never replace what is not theirs: every output of a program and of planc against a
+# symlink, a FIFO, a directory and character devices; --log / --trace write errors; planc build
+# killed by a signal; options given twice; bad --map files
 runner_test(outputs 900 python3 ${ROOT}/tests/program/check_outputs.py ${PLANC} ${ROOT})
+# explain --json's byte counts are exact 64-bit integers, above 2^53 too
 runner_test(explain_json_exact 300 python3 ${ROOT}/tests/explain/check_json_exact.py ${PLANC} ${ROOT})
+# the soak's short form (bench/soak.py --short): gpt_3d on 8 ranks for 12 steps, checkpoints every
+# 2, a random rank SIGKILLed every ~3 steps and the job restarted with --resume until it finishes;
+# the final weights and every loss equal an uninterrupted run's bit for bit
+runner_test(soak 600 python3 ${ROOT}/bench/soak.py ${PLANC} ${ROOT} --short)
 
 # ---- the libFuzzer harnesses (tests/fuzz: the front end, check, explain, the emitters): built with
 # clang into the build directory's fuzz/ (fuzz_build, a fixture), then each run for its share of
@@ -194,13 +199,14 @@ set(MPI_TESTS runtime_collectives runtime_step_kernels runtime_watchdog runtime_
     runtime_collectives_no_watchdog runtime_program runtime_program_cli sync_kernels sync_runs llvm_diff
     equiv_gpt equiv_moe equiv_mlp equiv_ops equiv_others equiv_sweep attention_fused torch_reference memory offload checkpoint fp16
     program_errors program_failures observe cuda_sync_math cpu_levels data_runs resume_guard outputs
-    cuda_comm_staged cuda_comm_staged_watchdog cuda_comm_staged_local cuda_local_mpi)
+    cuda_comm_staged cuda_comm_staged_watchdog cuda_comm_staged_local cuda_local_mpi soak)
 set(CUDA_TESTS llvm_ptxas cuda_build cuda_one_process)
 set(TORCH_TESTS torch_reference attention_torch)
 set(TEST_COSTS cuda_build 180 equiv_gpt 140 llvm_diff 139 cpu_levels 60 offload 70 sync_runs 63 fuzz 60
     equiv_sweep 60 equiv_moe 60 checkpoint 50 torch_reference 50 data_runs 45 cuda_one_process 40 equiv_others 40
     fuzz_build 60 memory 30 search 30 explain_goldens_large 25 scale_compile_time 25 fp16 20 observe 15
-    kernels_matmul_bf16 15 attention_fused 30 attention_torch 20)
+    kernels_matmul_bf16 15 attention_fused 30 attention_torch 20
+    resume_guard 90 outputs 40 soak 40)
 
 get_property(ALL_TESTS DIRECTORY PROPERTY TESTS)
 foreach(t ${ALL_TESTS})

@@ -108,7 +108,8 @@ static bool segs_add(RangePool *pool, Segs *s, Range x)
 	if (a == b && s->n == s->cap) {
 		int cap = s->cap ? 2 * s->cap : 4;
 		Range *r = range_take(pool, cap);
-		memcpy(r, s->r, sizeof(Range) * (size_t)s->n);
+		if (s->n) /* a list never grown has no array */
+			memcpy(r, s->r, sizeof(Range) * (size_t)s->n);
 		s->r = r;
 		s->cap = cap;
 	}

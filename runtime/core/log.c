@@ -20,13 +20,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
 static FILE *log_fp;
-static char log_path[4096];
-static int log_errno;       /* the first write error, 0: none */
-static int64_t log_lost;    /* lines not written */
+static char *log_path;    /* for planrt_log_truncate_ and the closing message */
+static int log_errno;     /* the first write error, 0: none */
+static int64_t log_lost;  /* lines not written */
 static char *extra;      /* planrt_log_fields: members of the next line (NULL or "": none) */
 static size_t extra_cap;
 
@@ -60,7 +61,8 @@ planrt_result_t planrt_log_open_(const char *path, int append)
 	if (!log_fp)
 		return planrt_error_(planrt_io_error, "cannot write the log '%s': %s; check that its directory exists",
 				     path, strerror(errno));
-	snprintf(log_path, sizeof log_path, "%s", path);
+	free(log_path);
+	log_path = strdup(path);
 	log_errno = 0;
 	log_lost = 0;
 	return planrt_success;
@@ -71,8 +73,9 @@ planrt_result_t planrt_log_open_(const char *path, int append)
  * once, as the run that continues computes it. */
 planrt_result_t planrt_log_truncate_(int64_t first_step)
 {
-	if (!log_fp || !log_path[0])
-		return planrt_success;
+	struct stat st;
+	if (!log_fp || !log_path || fstat(fileno(log_fp), &st) != 0 || !S_ISREG(st.st_mode))
+		return planrt_success; /* a character device (/dev/null) is written in place: nothing to cut */
 	FILE *in = fopen(log_path, "rb");
 	if (!in)
 		return planrt_error_(planrt_io_error, "cannot read the log '%s': %s", log_path, strerror(errno));
@@ -174,7 +177,8 @@ int planrt_log_close(void)
 		fprintf(stderr, "planrt: rank 0: the log '%s' lacks %lld line%s (%s); the run itself is complete\n", log_path,
 			(long long)log_lost, log_lost == 1 ? "" : "s", strerror(log_errno));
 	log_fp = NULL;
-	log_path[0] = 0;
+	free(log_path);
+	log_path = NULL;
 	return failed ? -1 : 0;
 }
 

@@ -63,6 +63,18 @@ static int parse_count(options_t *o, const char *opt, const char *v, long long l
 	return 1;
 }
 
+/* An option given a second time is an error (never "the last one wins", which hides a typo in a
+ * long job script): returns 1 the second time argv names opt. */
+static int given_twice(options_t *o, char **argv, int at, const char *opt)
+{
+	for (int k = 1; k < at; k++)
+		if (!strcmp(argv[k], opt)) {
+			planrt_option_error_(o, "%s is given twice; give it once", opt);
+			return 1;
+		}
+	return 0;
+}
+
 /* --data FILE, or a blend --data W1 FILE1 W2 FILE2 ... (Megatron's --data-path): the values up to
  * the next option; returns the index of the last one taken. */
 static int parse_files(options_t *o, const char *opt, int argc, char **argv, int i, int *n, const char **files,
@@ -106,18 +118,6 @@ static int parse_files(options_t *o, const char *opt, int argc, char **argv, int
 	return last;
 }
 
-/* An option given a second time is an error (never "the last one wins", which hides a typo in a
- * long job script): returns 1 the second time argv names opt. */
-static int given_twice(options_t *o, char **argv, int at, const char *opt)
-{
-	for (int k = 1; k < at; k++)
-		if (!strcmp(argv[k], opt)) {
-			planrt_option_error_(o, "%s is given twice; give it once", opt);
-			return 1;
-		}
-	return 0;
-}
-
 /* Parses argv without failing: the first error is kept for after planrt_init, so that --help
  * anywhere is still answered before MPI starts. A value that looks like an option ("--x") is a
  * missing value; an empty value is an error; so is an option given twice. */
@@ -152,6 +152,7 @@ void planrt_parse_options_(int argc, char **argv, options_t *o)
 			o->nother++;
 		if (!strcmp(a, "--data") || !strcmp(a, "--eval-data")) {
 			int eval = a[2] == 'e';
+			given_twice(o, argv, i, a);
 			i = parse_files(o, a, argc, argv, i, eval ? &o->neval : &o->ndata, eval ? o->eval_files : o->data_files,
 					eval ? o->eval_weights : o->data_weights, eval ? &o->eval_blend : &o->blend);
 			if (!eval && o->ndata)
@@ -159,6 +160,7 @@ void planrt_parse_options_(int argc, char **argv, options_t *o)
 			continue;
 		}
 		if (!strcmp(a, "--sampling")) {
+			given_twice(o, argv, i, a);
 			const char *v = i + 1 < argc ? argv[++i] : "";
 			if (!strcmp(v, "epochs") || !strcmp(v, "random"))
 				o->sampling = !strcmp(v, "epochs") ? PLANRT_SAMPLE_EPOCHS : PLANRT_SAMPLE_RANDOM;
@@ -262,7 +264,7 @@ static void mesh_text(const planrt_program_t *p, char *buf, size_t n)
  * variables; no MPI call is made for --help). */
 int planrt_launcher_rank0_(void)
 {
-	const char *vars[] = {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID", "PLANRT_RUN_RANK"};
+	const char *vars[] = {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID"};
 	for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
 		const char *v = getenv(vars[i]);
 		if (v && *v)

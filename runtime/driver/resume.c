@@ -1,11 +1,12 @@
 /* resume.c: a checkpoint's run against this one. The manifest's run (planrt_run_info_ writes it)
- * must be of the same model and data (each data file identified by its content: a hash of sampled
- * blocks, not its name or size), the same sampling rule and held-out split, the same seed,
- * the same samples per step and the same optimizer (its settings may change: a note says which),
- * and a step within --steps; a checkpoint of another plan is resharded (equal up to float
- * rounding, said once), and one of a sync mode that keeps per-replica state (policy.c) is refused under
- * another plan, before any step. A checkpoint written before epochs existed has no "sampling": its run sampled
- * with replacement, and it resumes so. */
+ * must be of the same model and data (every file of the data, a blend's and a glob's shards
+ * included, identified by its content: a hash of sampled blocks, not its name or size), the same
+ * sampling rule and held-out split, the same seed, the same samples per step and the same
+ * optimizer (its settings may change: a note says which), and a step within --steps; a
+ * checkpoint of another plan is resharded (equal up to float rounding, said once), unless either
+ * plan's sync mode keeps per-replica state (policy.c), which is refused before any step. A
+ * checkpoint written before epochs existed has no "sampling": its run sampled with replacement,
+ * and it resumes so. */
 #include "driver.h"
 
 #include <fcntl.h>
@@ -15,42 +16,53 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-/* The data's identity: FNV-1a over each --data file's size and 64 blocks of 4 KiB spread evenly
- * over it (the first at its start, the last at its end; a file of at most 256 KiB is read whole),
- * so that another corpus of the same size (the same text reversed, another shard) is told apart by
- * reading 256 KiB per file at most. A path that is not one file (a glob of shards, a Megatron
- * prefix) is "?", checked by its token count only. Computed once per process. */
-static const char *data_content(const options_t *o)
+/* FNV-1a of one file's size and of 64 blocks of 4 KiB spread evenly over it (the first at its
+ * start, the last at its end; a file of at most 256 KiB is read whole) folded into h; 0 when the
+ * file cannot be read. */
+static int fold_file(uint64_t *h, const char *path)
+{
+	enum { BLOCKS = 64, BLOCK = 4096 };
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	struct stat st;
+	if (fd < 0 || fstat(fd, &st) != 0) {
+		if (fd >= 0)
+			close(fd);
+		return 0;
+	}
+	uint64_t size = (uint64_t)st.st_size;
+	unsigned char buf[BLOCK];
+	for (int i = 0; i < 8; i++)
+		*h = (*h ^ (unsigned char)(size >> (8 * i))) * 0x100000001b3ull;
+	uint64_t span = size > (uint64_t)BLOCKS * BLOCK ? size - BLOCK : 0;
+	for (int b = 0; b < BLOCKS && S_ISREG(st.st_mode); b++) {
+		uint64_t at = span ? span * (uint64_t)b / (BLOCKS - 1) : (uint64_t)b * BLOCK;
+		if (at >= size)
+			break;
+		ssize_t got = pread(fd, buf, BLOCK, (off_t)at);
+		for (ssize_t k = 0; k < got; k++)
+			*h = (*h ^ buf[k]) * 0x100000001b3ull;
+	}
+	close(fd);
+	return 1;
+}
+
+/* The training data's identity: every file it reads (each source of a blend, each shard of a glob,
+ * in order; a data set's path) folded by fold_file, so that another corpus of the same size (the
+ * same text reversed, another shard) is told apart by reading 256 KiB per file at most. Computed
+ * once per process. */
+static const char *data_content(planrt_data_t data, const options_t *o)
 {
 	static char id[48];
-	enum { BLOCKS = 64, BLOCK = 4096 };
 	if (id[0])
 		return id;
+	const char *paths[PLANRT_MAX_FILES * 4];
+	int n = planrt_data_files_(data, paths, (int)(sizeof paths / sizeof *paths));
+	if (n == 0 && o->data) /* a data set */
+		paths[n++] = o->data;
 	uint64_t h = 0xcbf29ce484222325ull;
-	unsigned char buf[BLOCK];
-	for (int f = 0; f < (o->ndata > 0 ? o->ndata : 1); f++) {
-		const char *path = o->ndata > 0 ? o->data_files[f] : o->data;
-		int fd = path ? open(path, O_RDONLY | O_CLOEXEC) : -1;
-		struct stat st;
-		if (fd < 0 || fstat(fd, &st) != 0) {
-			if (fd >= 0)
-				close(fd);
+	for (int i = 0; i < n; i++)
+		if (!fold_file(&h, paths[i]))
 			return "?";
-		}
-		uint64_t size = (uint64_t)st.st_size;
-		for (int i = 0; i < 8; i++)
-			h = (h ^ (unsigned char)(size >> (8 * i))) * 0x100000001b3ull;
-		uint64_t span = size > (uint64_t)BLOCKS * BLOCK ? size - BLOCK : 0;
-		for (int b = 0; b < BLOCKS; b++) {
-			uint64_t at = span ? span * (uint64_t)b / (BLOCKS - 1) : (uint64_t)b * BLOCK;
-			if (at >= size)
-				break;
-			ssize_t got = pread(fd, buf, BLOCK, (off_t)at);
-			for (ssize_t k = 0; k < got; k++)
-				h = (h ^ buf[k]) * 0x100000001b3ull;
-		}
-		close(fd);
-	}
 	snprintf(id, sizeof id, "fnv1a64-sampled:%016llx", (unsigned long long)h);
 	return id;
 }
@@ -74,7 +86,8 @@ json_t *planrt_run_info_(const planrt_program_t *p, const options_t *o, int64_t 
 				"source", p->source ? p->source : "?", "fingerprint", p->fingerprint ? p->fingerprint : "?",
 				"sync", p->sync ? p->sync : "strict", "world", p->world, "mesh", mesh, "rng", "seed", s,
 				"generator", "philox4x32-10: init (seed, name, element), data (seed, step, sample)",
-				"next_dropout_key", key, "data", "path", o->data, "content", data_content(o), "tokens", (json_int_t)planrt_data_tokens(data),
+				"next_dropout_key", key, "data", "path", o->data, "content", data_content(data, o), "tokens",
+				(json_int_t)planrt_data_tokens(data),
 				epochs ? "train_samples" : "train_tokens", (json_int_t)train_tokens, "next_step", (json_int_t)step,
 				"samples_per_step", (json_int_t)p->batch, "sequence", (json_int_t)p->seq, "sampling",
 				planrt_data_sampling_(data), "files", files, "optimizer", p->optimizer ? p->optimizer : "?");
@@ -140,10 +153,15 @@ int64_t planrt_check_resume_(planrt_ckpt_t *c, const planrt_program_t *p, const 
 			     (long long)json_integer_value(json_object_get(d, "tokens")),
 			     json_string_value(json_object_get(d, "path")) ?: "?", o->data, (long long)planrt_data_tokens(data));
 	const char *content = json_string_value(json_object_get(d, "content"));
-	if (content && strcmp(content, data_content(o)))
-		planrt_fatal("--resume: the checkpoint was trained on other data: '%s' (content %s) is not the file it was "
-			     "trained on ('%s', content %s; the same size, other bytes); resume on the same data",
-			     o->data, data_content(o), json_string_value(json_object_get(d, "path")) ?: "?", content);
+	if (content && strcmp(content, data_content(data, o))) {
+		char ours[2048];
+		planrt_data_describe_(data, ours, sizeof ours);
+		planrt_fatal("--resume: the checkpoint was trained on other data: --data %s (content %s) is not what it was "
+			     "trained on (%s, content %s; the same number of tokens, other bytes); resume on the same data",
+			     ours, data_content(data, o),
+			     json_string_value(json_object_get(d, "files")) ?: json_string_value(json_object_get(d, "path")) ?: "?",
+			     content);
+	}
 	if (!content && rank == 0)
 		fprintf(stderr, "planrt: note: the checkpoint predates data content hashes: its data file was checked by size "
 				"only\n");

@@ -284,6 +284,9 @@ int64_t planrt_data_train_samples_(planrt_data_t d);
 const char *planrt_data_sampling_(planrt_data_t d);
 /* "0.7 a.bin (megatron, 1000 tokens, documents) 0.3 b.bin (...)": the sources, for messages */
 void planrt_data_describe_(planrt_data_t d, char *buf, size_t n);
+/* the token files the training data reads (every source of a blend, every shard of a glob, in
+ * order) into paths (at most max): their number; 0 for a data set */
+int planrt_data_files_(planrt_data_t d, const char **paths, int max);
 /* whether any source has document boundaries (a Megatron index, or shards) */
 int planrt_data_has_documents_(planrt_data_t d);
 /* data.c: holds out the last tenth of the samples (random token sampling: of the tokens, at least

@@ -12,7 +12,8 @@ before step 1 (issue 23); never a silent restart.
                zero1_dp4 -> zero1_offload_disk, bf16_zero2_dp4 -> bf16_zero3_offload_disk   continue
   reshard    `planc reshard ... --plan dp4_local_sgd` refused, no step directory written; f32 ->
              bf16 resharded offline resumes exactly as resuming the f32 checkpoint directly
-  data       a corpus of the same size and other bytes (the same text reversed) is refused
+  data       a corpus of the same size and other bytes (the same text reversed) is refused, and so is a
+             blend whose second file is (every file of a blend is hashed); the same blend resumes
   manifest   a hand-edited manifest (the seed; a piece moved; the step) with its checksum
              recomputed is refused as disagreeing with its files; the unedited copy resumes
 Prints PASS/FAIL per check and 'N passed, M failed'.
@@ -138,6 +139,22 @@ rc, err = run("single", "--data", rev, "--steps", str(STEPS), "--resume", f"{wor
               f"{work}/rev.jsonl")
 T.check("a corpus of the same size and other bytes is refused", rc != 0 and "trained on other data" in err and
         not losses(f"{work}/rev.jsonl"), first_line(err))
+# a blend: every file of it is identified, not only the first
+copy = f"{work}/copy.txt"
+shutil.copyfile(data, copy)
+rc, err = run("single", "--data", "0.5", data, "0.5", copy, "--steps", str(AT), "--save-every", str(AT),
+              f"{work}/blend_ck", "--log", f"{work}/blend.jsonl")
+if rc:
+    T.check("a blend's run checkpoints", False, first_line(err))
+else:
+    rc, err = run("single", "--data", "0.5", data, "0.5", rev, "--steps", str(STEPS), "--resume", f"{work}/blend_ck",
+                  "--log", f"{work}/blend_rev.jsonl")
+    T.check("a blend whose second file has the same size and other bytes is refused",
+            rc != 0 and "trained on other data" in err and not losses(f"{work}/blend_rev.jsonl"), first_line(err))
+    rc, err = run("single", "--data", "0.5", data, "0.5", copy, "--steps", str(STEPS), "--resume", f"{work}/blend_ck",
+                  "--log", f"{work}/blend_same.jsonl")
+    T.check("the same blend resumes", rc == 0 and sorted(losses(f"{work}/blend_same.jsonl")) == list(range(AT, STEPS)),
+            first_line(err))
 
 # ---------------------------------------------------------------- hand-edited manifests
 

@@ -10,11 +10,13 @@
  * moved or derived afresh; a name, a plan statement's word or an argument's key is swapped for
  * another name of the input or of the language's vocabulary (plan words, ops, initialisers, sync
  * modes); an argument is dropped, duplicated or derived. Crossover splices an item or a plan
- * statement of one input into another. An input that does not parse goes to libFuzzer's own byte
- * mutations (so the lexer's and parser's error paths stay covered), and so does one in eight that
- * does. */
+ * statement of one input into another. An input that does not parse is replaced, one time in two,
+ * by a module derived from the grammar alone (a model and a plan of derived statements), else it
+ * goes to libFuzzer's own byte mutations (so the lexer's and parser's error paths stay covered),
+ * as one input in eight that does parse also goes. */
 #include "front/front.h"
 
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -467,7 +469,8 @@ static void replace_expr(Pools *P)
 	Expr *old = *slot, *e;
 	if (old->kind == E_INT && below(P->r, 2)) { /* nudge a number */
 		static const long long d[] = {1, -1, 2, -2};
-		long long v = below(P->r, 3) ? old->ival + d[below(P->r, 4)] : old->ival * 2;
+		long long v = below(P->r, 3) ? (old->ival == LLONG_MAX ? old->ival : old->ival + d[below(P->r, 4)])
+				  : old->ival > LLONG_MAX / 2 ? LLONG_MAX : old->ival * 2;
 		old->ival = v < 0 ? 0 : v;
 		return;
 	}
@@ -598,6 +601,47 @@ static void mutate_tree(Pools *P)
 		}
 }
 
+/* A module derived from the grammar alone (for an input that does not parse): `import std.nn`, a
+ * model of derived hyperparameters and statements, and a plan for it of derived statements. */
+static Module *derive_module(Pools *P)
+{
+	Module *m = arena_alloc(P->a, sizeof *m);
+	memset(m, 0, sizeof *m);
+	m->src.path = "derived.plan";
+	m->src.text = "";
+	Item *imp = arena_alloc(P->a, sizeof *imp), *model = arena_alloc(P->a, sizeof *model),
+	     *plan = arena_alloc(P->a, sizeof *plan);
+	memset(imp, 0, sizeof *imp);
+	memset(model, 0, sizeof *model);
+	memset(plan, 0, sizeof *plan);
+	imp->kind = I_IMPORT;
+	imp->name = "std.nn";
+	imp->alias = "nn";
+	model->kind = I_MODEL;
+	model->name = "m";
+	Param **pt = &model->params;
+	for (int i = 0, n = below(P->r, 4); i < n; i++, pt = &(*pt)->next) {
+		*pt = arena_alloc(P->a, sizeof **pt);
+		memset(*pt, 0, sizeof **pt);
+		static const char *const hyper[] = {"V", "S", "D", "L"};
+		(*pt)->name = hyper[i];
+		(*pt)->def = number(P);
+	}
+	Stmt **st = &model->body;
+	for (int i = 0, n = 1 + below(P->r, 6); i < n; i++, st = &(*st)->next)
+		*st = derive_stmt(P, 0);
+	plan->kind = I_PLAN;
+	plan->name = "p";
+	plan->for_model = "m";
+	PlanStmt **ps = &plan->rules;
+	for (int i = 0, n = 1 + below(P->r, 6); i < n; i++, ps = &(*ps)->next)
+		*ps = derive_pstmt(P);
+	imp->next = model;
+	model->next = plan;
+	m->items = below(P->r, 2) ? imp : model;
+	return m;
+}
+
 /* fmt's text of m into out (at most max bytes): its length, or 0 when it does not fit */
 static size_t print(Module *m, uint8_t *out, size_t max)
 {
@@ -638,12 +682,18 @@ size_t LLVMFuzzerCustomMutator(uint8_t *data, size_t size, size_t max_size, unsi
 {
 	Rng r = {seed * 0x9E3779B97F4A7C15ull + 1};
 	Arena *a = arena_new();
-	Module *m = below(&r, 8) ? parse(a, data, size) : NULL;
+	bool bytes = below(&r, 8) == 0; /* one in eight: libFuzzer's byte mutations */
+	Module *m = bytes ? NULL : parse(a, data, size);
 	size_t n = 0;
-	if (m) {
+	if (m || (!bytes && below(&r, 2))) { /* a tree mutated, or (no tree) one derived afresh */
 		Pools P = {.a = a, .r = &r};
-		walk_module(&P, m);
-		mutate_tree(&P);
+		if (m) {
+			walk_module(&P, m);
+			mutate_tree(&P);
+		} else {
+			walk_module(&P, &(Module){0});
+			m = derive_module(&P);
+		}
 		n = print(m, data, max_size);
 		pools_free(&P);
 	}

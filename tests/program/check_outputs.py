@@ -155,6 +155,8 @@ for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
 # ---------------------------------------------------------------- options given twice
 rc, err, _ = timed(["mpirun", "-np", "2", prog, "--data", data, "--steps", "1", "--steps", "2"])
 T.check("program: --steps given twice refused", rc != 0 and "--steps is given twice" in err, first(err))
+rc, err, _ = timed(["mpirun", "-np", "2", prog, "--data", data, "--steps", "1", "--data", data])
+T.check("program: --data given twice refused", rc != 0 and "--data is given twice" in err, first(err))
 rc, err, _ = timed([planc, "check", mlp, "--plan", "single", "--plan=dp2"])
 T.check("planc: --plan given twice refused", rc == 2 and "--plan is given twice" in err, first(err))
 
