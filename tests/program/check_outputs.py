@@ -143,10 +143,10 @@ for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         p = subprocess.Popen([planc, "build", f"{root}/examples/gpt.plan", "--plan", "dp2", "-o", out],
                              env=dict(real_cc, TMPDIR=scratch), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         time.sleep(delay)
-        finished = p.poll() is not None  # a quiet machine may finish the build before the signal
-        if not finished:
+        if p.poll() is None:
             p.send_signal(sig)
         p.wait()
+        finished = p.returncode == 0  # a quiet machine may finish the build before the signal
         time.sleep(0.2)
         left = os.listdir(scratch) + [f for f in os.listdir(work) if f.startswith("killed_build")]
         if finished:  # then its program is its output, and its scratch directory must be gone
