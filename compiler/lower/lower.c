@@ -2132,15 +2132,15 @@ static bool on_prog(const LProg *p, const Op *op)
 /* What lowering keeps from one program of a plan to the next: arrays over the graph's values and
  * ops, put back after each program only where its ops changed them, so that lowering a stage costs
  * its ops, not the model's (a 64-stage plan lowers 64 programs).
- *   scratch     one placeholder buffer per graph value (no name yet: describe_value names those
+ *   scratch     one blank buffer per graph value (no name yet: describe_value names those
  *               a program defines), the array a program lowers into; compact_prog then moves what
  *               it uses into the program's own;
  *   touched     the values the program's ops read, write or list (its ins, outs and members):
- *               every value whose placeholder, consumer count or "kept" flag lowering may change. */
+ *               every value whose blank buffer, consumer count or "kept" flag lowering may change. */
 typedef struct Shared {
 	Buffer *scratch;
-	int cap;            /* scratch's size: placeholders and the buffers lowering adds */
-	Buffer proto;       /* a pristine placeholder (dtype, bytes and value set per value) */
+	int cap;            /* scratch's size: the blank value buffers and the buffers lowering adds */
+	Buffer proto;       /* a pristine blank value buffer (dtype, bytes and value set per value) */
 	int *consumers;     /* per value (Lower.consumers) */
 	bool *kept;         /* per value (Lower.kept) */
 	bool *skip, *materialise; /* per op */
@@ -2153,7 +2153,7 @@ typedef struct Shared {
 	bool *seen;         /* compaction: named by a kernel (per scratch buffer) */
 } Shared;
 
-static void placeholder(const Graph *g, const Shared *sh, int v)
+static void reset_value_buffer(const Graph *g, const Shared *sh, int v)
 {
 	Buffer *b = &sh->scratch[v];
 	*b = sh->proto;
@@ -2188,7 +2188,7 @@ static void shared_init(Shared *sh, const Graph *g)
 	    !sh->stamp)
 		ICE("out of memory");
 	for (int v = 0; v < g->nvals; v++)
-		placeholder(g, sh, v);
+		reset_value_buffer(g, sh, v);
 	sh->first_layer_op = g->nops;
 	for (int i = 0; i < g->nops; i++) {
 		sh->chunk[i] = -1;
@@ -2251,7 +2251,7 @@ static LProg *lower_prog(Lowered *low, int stage, int role, Shared *sh)
 	p->nchunks = g->sched && g->sched->chunks > 0 ? g->sched->chunks : 1;
 	p->loss_metric = p->norm_metric = -1;
 	p->opaque_op = -1;
-	/* one buffer per graph value (the placeholders), then the buffers lowering makes */
+	/* one buffer per graph value (the blank value buffers), then the buffers lowering makes */
 	p->buf = sh->scratch;
 	p->nbuf = g->nvals;
 	p->capbuf = sh->cap;
@@ -2343,13 +2343,13 @@ static LProg *lower_prog(Lowered *low, int stage, int role, Shared *sh)
 	return p;
 }
 
-/* Puts back what lowering program changed in the shared arrays: the placeholders, counts and
+/* Puts back what lowering program changed in the shared arrays: the blank value buffers, counts and
  * flags of its values (a transpose it materialised: the op of a value it read), its ops' flags. */
 static void shared_reset(Shared *sh, const Graph *g, const int *ops, int nops)
 {
 	for (int i = 0; i < sh->ntouched; i++) {
 		int v = sh->touched[i];
-		placeholder(g, sh, v);
+		reset_value_buffer(g, sh, v);
 		sh->consumers[v] = 0;
 		sh->kept[v] = false;
 		if (g->vals[v].def >= 0)
@@ -2513,7 +2513,7 @@ static void lower_conversions(LProg *p)
 
 /* ------------------------------------------------------------------ compaction
  * Lowering addresses a value's buffer by the value's number, so a program starts with a
- * placeholder for every graph value, and a pipeline stage uses a share of them (1/64 of a 64-stage
+ * blank buffer for every graph value, and a pipeline stage uses a share of them (1/64 of a 64-stage
  * model's). Once lowered, a program keeps the buffers it defines or references, in their order
  * (the value buffers first, by value), in an array of its own; every reference is renumbered, and
  * lprog_value_buffer finds a value's buffer by binary search. A plan's programs then hold their
