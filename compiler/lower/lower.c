@@ -2136,7 +2136,8 @@ static bool on_prog(const LProg *p, const Op *op)
  *               a program defines), the array a program lowers into; compact_prog then moves what
  *               it uses into the program's own;
  *   touched     the values the program's ops read, write or list (its ins, outs and members):
- *               every value whose blank buffer, consumer count or "kept" flag lowering may change. */
+ *               every value whose blank buffer, consumer count or "kept" flag lowering may
+ *               change. */
 typedef struct Shared {
 	Buffer *scratch;
 	int cap;            /* scratch's size: the blank value buffers and the buffers lowering adds */
