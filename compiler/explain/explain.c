@@ -746,24 +746,26 @@ bool explain_summary(Graph *g, const Lowered *low, ExplainSummary *out)
 
 /* The seconds explain_costs gives the compute kernels (no communication) of every program, in
  * the phases it counts: planc search's lower bound (search.c says why it bounds every plan). */
-double explain_compute_seconds(const Lowered *low)
+void explain_compute_seconds(const Lowered *low, double *micro_batches, double *update)
 {
 	int m = low->g->sched ? low->g->sched->micro : 1;
-	double t = 0;
+	*micro_batches = *update = 0;
 	for (int i = 0; i < low->nprogs; i++) {
 		const LProg *lp = low->progs[i];
 		for (int j = 0; j < lp->nk; j++) {
 			const Kernel *k = &lp->k[j];
 			Phase ph = k->phase;
-			bool counted = ph == PH_PREPARE_F || ph == PH_FORWARD || ph == PH_PREPARE_B || ph == PH_BACKWARD ||
-				       ph == PH_STEP_BEGIN || ph == PH_STEP;
+			bool step = ph == PH_STEP_BEGIN || ph == PH_STEP;
+			bool counted = step || ph == PH_PREPARE_F || ph == PH_FORWARD || ph == PH_PREPARE_B || ph == PH_BACKWARD;
 			if (kernel_classes[k->kind] != KC_COMPUTE || k->ncomm || !counted)
 				continue;
 			double c = kernel_seconds(low->g->ps, lp, k);
-			t += ph == PH_STEP_BEGIN || ph == PH_STEP || k->only_last_micro ? c : c * m;
+			if (step)
+				*update += c;
+			else
+				*micro_batches += k->only_last_micro ? c : c * m;
 		}
 	}
-	return t;
 }
 
 /* ---------------------------------------------------------------- printing */
