@@ -2,6 +2,9 @@
  * driver, and hands the result to the requested command. Exit status: 0 success, 1 an error in
  * the user's input (reported with file:line:col), 2 a usage error; internal errors abort. */
 #include "search.h"
+#ifdef PLANC_CALIBRATE
+int calibrate_main(int argc, char **argv); /* calibrate.c, built into planc with planrt */
+#endif
 #include "data/data.h"
 #include "planrt_outfile.h" /* the rule every output file is written by (runtime/core/outfile.c) */
 
@@ -56,6 +59,9 @@ static const char usage[] =
 	"  search FILE --model M --world N --batch B [--device=D] [--memory SIZE] [--top K] [--write NAME]\n"
 	"                                    the fastest plans for M on N ranks that pass every check and fit\n"
 	"                                    in memory, as plan text ('planc search --help'; docs/search.md)\n"
+	"  calibrate -o FILE [--device BASE] measure this machine (run under mpirun -np N: the kernels and\n"
+	"                                    collectives of planc's programs on every rank at once) and\n"
+	"                                    write a device file for --device=FILE ('planc calibrate --help')\n"
 	"  data vocab|tokenize|decode ...    text to token files: a GPT-2 byte-level BPE vocabulary, Megatron /\n"
 	"                                    nanoGPT / llm.c token files ('planc data --help'; docs/data.md)\n"
 	"\n"
@@ -746,6 +752,10 @@ int main(int argc, char **argv)
 {
 	if (argc > 1 && !strcmp(argv[1], "data")) /* text to tokens: its own options (data/data_cli.c) */
 		return data_main(argc - 1, argv + 1);
+#ifdef PLANC_CALIBRATE
+	if (argc > 1 && !strcmp(argv[1], "calibrate")) /* a measured device file: its own options (calibrate.c) */
+		return calibrate_main(argc - 1, argv + 1);
+#endif
 	if (argc > 1 && !strcmp(argv[1], "search")) /* the fastest plan that fits: its own options (search.c) */
 		return search_main(argc - 1, argv + 1);
 	Options o = {0};

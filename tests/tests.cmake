@@ -38,6 +38,8 @@ runner_test(explain_goldens_large 600 sh ${ROOT}/tests/explain/run_explain.sh ${
 runner_test(explain_formulas 300 python3 ${ROOT}/tests/explain/check_formulas.py ${PLANC} ${ROOT})
 runner_test(explain_svg 300 python3 ${ROOT}/tests/explain/check_svg.py ${PLANC} ${ROOT})
 runner_test(explain_devices 300 python3 ${ROOT}/tests/explain/check_devices.py ${PLANC} ${ROOT})
+# planc calibrate (issue 20): a measured device file, read back by explain
+runner_test(calibrate 600 python3 ${ROOT}/tests/explain/check_calibrate.py ${PLANC} ${ROOT})
 # the C printer's output, byte for byte (tests/emit)
 runner_test(emit_golden 300 sh ${ROOT}/tests/emit/run_emit_golden.sh ${PLANC})
 
@@ -199,7 +201,7 @@ set(MPI_TESTS runtime_collectives runtime_step_kernels runtime_watchdog runtime_
     runtime_collectives_no_watchdog runtime_program runtime_program_cli sync_kernels sync_runs llvm_diff
     equiv_gpt equiv_moe equiv_mlp equiv_ops equiv_others equiv_sweep attention_fused torch_reference memory offload checkpoint fp16
     program_errors program_failures observe cuda_sync_math cpu_levels data_runs resume_guard outputs
-    cuda_comm_staged cuda_comm_staged_watchdog cuda_comm_staged_local cuda_local_mpi soak)
+    cuda_comm_staged cuda_comm_staged_watchdog cuda_comm_staged_local cuda_local_mpi soak calibrate)
 set(CUDA_TESTS llvm_ptxas cuda_build cuda_one_process)
 set(TORCH_TESTS torch_reference attention_torch)
 set(TEST_COSTS cuda_build 180 equiv_gpt 140 llvm_diff 139 cpu_levels 60 offload 70 sync_runs 63 fuzz 60

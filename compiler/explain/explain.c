@@ -501,7 +501,7 @@ static double kernel_seconds(const PlanSpec *ps, const LProg *p, const Kernel *k
 		double sk = (double)(fwd ? KARG(k, ATTENTION, sk) : KARG(k, ATTENTION_GRAD, sk))->i;
 		long long causal = (fwd ? KARG(k, ATTENTION, mask_kind) : KARG(k, ATTENTION_GRAD, mask_kind))->i == 1;
 		double flops = 2.0 * q * sk * (fwd ? 2 : 5) * (causal ? 0.5 : 1); /* causal: key tiles skipped */
-		t = flops / d->matmul[dt];
+		t = flops / (d->attention[dt] > 0 ? d->attention[dt] : d->matmul[dt]);
 	} else if (k->kind == K_LOOP) {
 		double elems = 1;
 		for (int i = 0; i < k->rank; i++)

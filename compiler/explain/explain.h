@@ -24,6 +24,7 @@ typedef struct Device {
 	const char *key, *name;
 	double matmul[3];    /* dense matmul FLOP/s by element type: f32, bf16, f16 */
 	double memory_bw[3]; /* bytes/s element-wise kernels move, by element type */
+	double attention[3]; /* FLOP/s of the fused attention by element type (0: the matmul rate) */
 	double capacity;     /* bytes of device memory per rank */
 	int node_ranks;      /* ranks per node */
 	Link node, net;      /* within a node, between nodes */
