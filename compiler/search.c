@@ -519,8 +519,8 @@ static int parse_search_args(int argc, char **argv, SearchArgs *a, Search *S)
 		return search_usage_error("--nodes %s times the device's ranks per node overflows", a->nodes);
 	if (!parse_count(a->batch, &S->batch))
 		return search_usage_error("--batch takes a positive whole number, not '%s'", a->batch);
-	if (a->top && (!parse_count(a->top, &top) || top > 100))
-		return search_usage_error("--top takes 1 to 100, not '%s'", a->top);
+	if (a->top && (!parse_count(a->top, &top) || top > 10000))
+		return search_usage_error("--top takes 1 to 10000, not '%s'", a->top);
 	S->top = (int)top;
 	S->memory = device_current()->capacity;
 	if (a->memory && (!device_parse_number(a->memory, &S->memory) || S->memory <= 0))
