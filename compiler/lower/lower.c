@@ -71,6 +71,7 @@ Kernel *kernel_new(LProg *p, KernelKind kind, Phase ph, int chunk, int op)
 	k->chunk = chunk;
 	k->op = op;
 	k->out = -1;
+	k->bucket = -1;
 	return k;
 }
 
@@ -858,7 +859,6 @@ static void comm_of_op(Lower *L, Kernel *k, const Op *op, int oi)
 	Comm *c = kernel_comm(L->p, k);
 	c->coll = op->kind;
 	c->axis = op->axis;
-	c->every = op->every;
 	c->op = oi;
 	int v = op->kind == OP_ALL_GATHER || op->kind == OP_RECV ? op->out[0] : op->in[0];
 	c->elems = lelems(g, v);
@@ -1418,22 +1418,6 @@ Kernel *kernel_opaque(LProg *p, int oi, Phase ph, int chunk)
 	return &p->k[p->nk - 1];
 }
 
-/* Ops state.c lowers: the update and what gradient synchronisation put around it. */
-static bool sync_op(const Graph *g, const Op *op)
-{
-	if (op->kind == OP_OPTIMIZER_STEP || op->nmembers > 0 || op->stage_group[0] >= 0)
-		return true;
-	OpClass c = op_classes[op->kind];
-	if (c != OPK_COLLECTIVE && c != OPK_P2P)
-		return false;
-	int v = op->nin ? op->in[0] : -1;
-	if (v >= 0 && g->vals[v].def < 0)
-		return true; /* a flat value sync.c made (parameter averages, async transfers, top-k) */
-	if (op->kind == OP_ALL_GATHER && v >= 0 && g->ops[g->vals[v].def].kind == OP_OPTIMIZER_STEP)
-		return true; /* ZeRO 1/2: the updated shards gathered back */
-	return false;
-}
-
 /* ------------------------------------------------------------------ mixture of experts */
 
 /* Mixture-of-experts ops (docs/moe.md) become planrt's moe kernels on this rank's block: tokens
@@ -1922,8 +1906,6 @@ static void lower_op(Lower *L, const Op *op, int oi)
 	case OP_SLICE:
 		if (op->kind == OP_ALL_GATHER && g->vals[x].lay.on[op->axis] == LAYOUT_FLAT)
 			lower_param_gather(L, op, oi);
-		else if (op->every > 0 || op->role != RANKROLE_ANY)
-			lower_opaque(L, op, oi);
 		else
 			lower_conversion(L, op, oi);
 		return;
@@ -2001,8 +1983,6 @@ static bool on_prog(const LProg *p, const Op *op)
 {
 	if (op->role != RANKROLE_ANY && op->role != p->role)
 		return false;
-	if (op->stage_group[0] >= 0)
-		return p->stage == op->stage_group[0] || p->stage == op->stage_group[1];
 	return op->stage == p->stage;
 }
 
@@ -2044,13 +2024,20 @@ static LProg *lower_prog(Lowered *low, int stage, int role)
 			if (op->backward && d >= 0 && !g->ops[d].backward)
 				L.kept[op->in[k]] = true;
 		}
-		for (int k = 0; k < op->nmembers; k++)
-			L.consumers[op->members[k]]++;
 	}
+	/* what state.c reads: the gradient buckets' members, the tied pairs' gradients */
+	for (int i = 0; i < g->sync.nbuckets; i++)
+		for (int k = 0; g->sync.buckets[i].stage == stage && k < g->sync.buckets[i].nmembers; k++)
+			L.consumers[g->sync.buckets[i].members[k]]++;
+	for (int i = 0; i < g->sync.ntied; i++)
+		if (g->sync.tied[i].stage[0] == stage || g->sync.tied[i].stage[1] == stage) {
+			L.consumers[g->sync.tied[i].grad[0]]++;
+			L.consumers[g->sync.tied[i].grad[1]]++;
+		}
 	/* buffers of the values this program defines */
 	for (int i = 0; i < g->nops; i++) {
 		const Op *op = &g->ops[i];
-		if (!on_prog(p, op) || sync_op(g, op))
+		if (!on_prog(p, op) || op->kind == OP_OPTIMIZER_STEP) /* the update: state.c */
 			continue;
 		for (int k = 0; k < op->nout; k++) {
 			int v = op->out[k];
@@ -2098,7 +2085,7 @@ static LProg *lower_prog(Lowered *low, int stage, int role)
 	plan_fusion(&L);
 	for (int i = 0; i < g->nops; i++) {
 		const Op *op = &g->ops[i];
-		if (!on_prog(p, op) || sync_op(g, op))
+		if (!on_prog(p, op) || op->kind == OP_OPTIMIZER_STEP) /* the update: state.c */
 			continue;
 		if (op->kind == OP_TRANSPOSE) {
 			if (materialise[i])
@@ -2290,23 +2277,21 @@ Lowered *lower(Graph *g)
 	Lowered *low = arena_alloc(g->arena, sizeof *low);
 	low->g = g;
 	low->ps = g->ps;
-	low->nroles = g->ps->sync == SYNC_ASYNC ? 2 : 1;
+	low->nroles = g->sync.mode == SYNC_ASYNC ? 2 : 1; /* sync.c's: async masters and workers */
 	low->progs = arena_alloc(g->arena, sizeof(LProg *) * (size_t)(g->nstages * low->nroles));
-	/* tied-parameter pair groups */
-	for (int i = 0; i < g->nops; i++) {
-		const Op *op = &g->ops[i];
-		if (op->stage_group[0] < 0)
-			continue;
+	/* tied-parameter pair groups (sync.c's tied gradients) */
+	for (int i = 0; i < g->sync.ntied; i++) {
+		const TiedGrads *t = &g->sync.tied[i];
 		bool known = false;
 		for (int q = 0; q < low->npairs; q++)
-			if (low->pair_a[q] == op->stage_group[0] && low->pair_b[q] == op->stage_group[1])
+			if (low->pair_a[q] == t->stage[0] && low->pair_b[q] == t->stage[1])
 				known = true;
 		if (known)
 			continue;
 		if (low->npairs == 64)
 			ICE("more than 64 tied-parameter groups");
-		low->pair_a[low->npairs] = op->stage_group[0];
-		low->pair_b[low->npairs++] = op->stage_group[1];
+		low->pair_a[low->npairs] = t->stage[0];
+		low->pair_b[low->npairs++] = t->stage[1];
 	}
 	param_table(low);
 	low->vocab = 256;
@@ -2423,6 +2408,8 @@ void lprog_dump(FILE *out, const LProg *p)
 			}
 		}
 		fprintf(out, ")");
+		if (k->bucket >= 0)
+			fprintf(out, " {bucket %d}", k->bucket);
 		for (int c = 0; c < k->ncomm; c++) {
 			const Comm *cm = &k->comm[c];
 			fprintf(out, " [%s %lld %s on %s%s]", op_names[cm->coll], cm->elems, dtype_name(cm->dtype),

@@ -65,9 +65,12 @@ extern const int kernel_nparams[K_COUNT];
 /* What the CUDA target does with a kind: call its device function, nothing (NCCL progresses its
  * operations on their own stream), or run it on the host only. */
 typedef enum { KDEV_CALL, KDEV_NO_OP, KDEV_HOST_ONLY } DeviceMode;
-extern const DeviceMode kernel_device_modes[K_COUNT];
-extern const char *const kernel_device_functions[K_COUNT];    /* KDEV_CALL: the planrt_cuda function */
-extern const char *const kernel_tensor_core_functions[K_COUNT]; /* its bf16 tensor-core variant, or NULL */
+typedef struct DeviceCall {
+	DeviceMode mode;
+	const char *function;     /* KDEV_CALL: the planrt_cuda function */
+	const char *tensor_cores; /* its bf16 tensor-core variant, or NULL */
+} DeviceCall;
+extern const DeviceCall kernel_device[K_COUNT];
 
 /* Named argument access: KARG(k, MATMUL, A) is kernel k's argument A (k must be a K_MATMUL with
  * its arguments built); KARG_INDEX(MATMUL, A) its position. Each kind's parameters are the char
@@ -237,6 +240,7 @@ typedef struct Kernel {
 	bool join;              /* the phase call ends with the compute stream waiting for it */
 	bool tensor_cores;      /* K_MATMUL: both operands are bf16 values widened to f32 (casts of
 				 * bf16 buffers), so bf16 tensor-core math computes the same products */
+	int bucket;             /* state.c: the gradient bucket it reduces (g->sync.buckets), or -1 */
 } Kernel;
 
 typedef enum { HANDLE_REQUEST, HANDLE_BUCKET } HandleType; /* planrt_request_t, planrt_bucket_t */
@@ -304,9 +308,24 @@ typedef struct ParamEntry {
 	bool saved;             /* false for a tied copy (the original is written) and a computed buffer */
 } ParamEntry;
 
+/* state.c: ZeRO, gradient synchronisation and offload as the programs run them (from zero.c's and
+ * sync.c's annotations of the graph). The passes after state, the targets and explain read these,
+ * never the plan's settings. */
+typedef struct StateRecord {
+	ZeroSharding zero;      /* the sharding the state is laid out by (stage 0: none) */
+	SyncMode sync;          /* the plan's strategy (the program descriptor's) */
+	int sync_axis;          /* the axis the batch is split over, or -1 */
+	bool local_sgd, async;  /* in effect: the batch axis has replicas */
+	bool compress;          /* the batch axis's buckets are compressed */
+	bool error_feedback;    /* ... with residuals (optimizer-side state) */
+	bool overlap;           /* buckets start during the backward (overlap.c) */
+	OffloadPlace offload_optimizer, offload_params, offload_activations;
+} StateRecord;
+
 struct Lowered {
 	Graph *g;
 	PlanSpec *ps;
+	StateRecord state;      /* state.c */
 	LProg **progs;          /* [stage * nroles + role index] */
 	int nprogs, nroles;
 	ParamEntry *params;

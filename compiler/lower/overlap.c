@@ -52,7 +52,7 @@ static Kernel finish_kernel(LProg *p, const Kernel *of, int h)
 
 static void overlap_buckets(LProg *p)
 {
-	if (!p->ps->overlap)
+	if (!p->low->state.overlap)
 		return;
 	Inserts ins = {0};
 	bool *member = calloc((size_t)p->nbuf, sizeof(bool));
@@ -63,7 +63,7 @@ static void overlap_buckets(LProg *p)
 		Kernel *k = &p->k[i];
 		bool inplace = k->kind == K_ALLREDUCE_INPLACE || k->kind == K_REDUCE_SCATTER_INPLACE;
 		bool packed = k->kind == K_BUCKET_RS;
-		if ((!inplace && !packed) || k->op < 0 || !p->g->ops[k->op].nmembers)
+		if ((!inplace && !packed) || k->bucket < 0)
 			continue;
 		if (k->phase != PH_STEP && k->phase != PH_BACKWARD)
 			continue;
@@ -152,6 +152,7 @@ static void overlap_buckets(LProg *p)
 			start = s;
 			fin = f;
 		}
+		start.bucket = fin.bucket = k->bucket; /* both halves reduce state.c's bucket */
 		inserts_add(&ins, start, last + 1);
 		/* progress calls after the matmuls of the same phase and chunk that follow the start */
 		for (int j = last + 1; j < nk; j++) {

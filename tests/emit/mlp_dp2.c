@@ -84,33 +84,33 @@ static float *p_linear_1_weight; /* parameters, 65536 elements: linear_1.weight 
 static float *p_linear_1_bias; /* parameters, 256 elements: linear_1.bias */
 static float *p_linear_2_weight; /* parameters, 65536 elements: linear_2.weight */
 static float *p_linear_2_bias; /* parameters, 256 elements: linear_2.bias */
-static double *loss_52; /* metrics, 1 elements: the step's mean loss */
-static double *grad_norm_54; /* metrics, 1 elements: the gradient norm before clipping */
-static double *grad_sumsq_55; /* metrics, 1 elements: the squared gradient norm */
-static double *clip_coef_56; /* metrics, 1 elements: the clipping coefficient */
-static float *grad_bucket_57; /* gradients, 164608 elements: gradient bucket 0 (7 tensors) */
-static float *m_58; /* optimizer states, 16384 elements: embedding.weight */
-static float *v_59; /* optimizer states, 16384 elements: embedding.weight */
-static float *m_60; /* optimizer states, 16384 elements: linear.weight */
-static float *v_61; /* optimizer states, 16384 elements: linear.weight */
-static float *m_62; /* optimizer states, 256 elements: linear.bias */
-static float *v_63; /* optimizer states, 256 elements: linear.bias */
-static float *m_64; /* optimizer states, 65536 elements: linear_1.weight */
-static float *v_65; /* optimizer states, 65536 elements: linear_1.weight */
-static float *m_66; /* optimizer states, 256 elements: linear_1.bias */
-static float *v_67; /* optimizer states, 256 elements: linear_1.bias */
-static float *m_68; /* optimizer states, 65536 elements: linear_2.weight */
-static float *v_69; /* optimizer states, 65536 elements: linear_2.weight */
-static float *m_70; /* optimizer states, 256 elements: linear_2.bias */
-static float *v_71; /* optimizer states, 256 elements: linear_2.bias */
+static double *loss_50; /* metrics, 1 elements: the step's mean loss */
+static double *grad_norm_52; /* metrics, 1 elements: the gradient norm before clipping */
+static double *grad_sumsq_53; /* metrics, 1 elements: the squared gradient norm */
+static double *clip_coef_54; /* metrics, 1 elements: the clipping coefficient */
+static float *grad_bucket_55; /* gradients, 164608 elements: gradient bucket 0 (7 tensors) */
+static float *m_56; /* optimizer states, 16384 elements: embedding.weight */
+static float *v_57; /* optimizer states, 16384 elements: embedding.weight */
+static float *m_58; /* optimizer states, 16384 elements: linear.weight */
+static float *v_59; /* optimizer states, 16384 elements: linear.weight */
+static float *m_60; /* optimizer states, 256 elements: linear.bias */
+static float *v_61; /* optimizer states, 256 elements: linear.bias */
+static float *m_62; /* optimizer states, 65536 elements: linear_1.weight */
+static float *v_63; /* optimizer states, 65536 elements: linear_1.weight */
+static float *m_64; /* optimizer states, 256 elements: linear_1.bias */
+static float *v_65; /* optimizer states, 256 elements: linear_1.bias */
+static float *m_66; /* optimizer states, 65536 elements: linear_2.weight */
+static float *v_67; /* optimizer states, 65536 elements: linear_2.weight */
+static float *m_68; /* optimizer states, 256 elements: linear_2.bias */
+static float *v_69; /* optimizer states, 256 elements: linear_2.bias */
 /* views of state */
-#define g_linear_2_bias (grad_bucket_57 + 0)
-#define g_linear_2_weight (grad_bucket_57 + 256)
-#define g_linear_1_bias (grad_bucket_57 + 65792)
-#define g_linear_1_weight (grad_bucket_57 + 66048)
-#define g_linear_bias (grad_bucket_57 + 131584)
-#define g_linear_weight (grad_bucket_57 + 131840)
-#define g_embedding_weight (grad_bucket_57 + 148224)
+#define g_linear_2_bias (grad_bucket_55 + 0)
+#define g_linear_2_weight (grad_bucket_55 + 256)
+#define g_linear_1_bias (grad_bucket_55 + 65792)
+#define g_linear_1_weight (grad_bucket_55 + 66048)
+#define g_linear_bias (grad_bucket_55 + 131584)
+#define g_linear_weight (grad_bucket_55 + 131840)
+#define g_embedding_weight (grad_bucket_55 + 148224)
 /* transient buffers: the arena (each phase call), a slot (a micro-batch's forward to its
  * backward) or an inbox (its inputs, received one action ahead) */
 #define tokens_0 ((int32_t *)(ctx->slot + 1114112))
@@ -137,7 +137,7 @@ static float *v_71; /* optimizer states, 256 elements: linear_2.bias */
 #define relu_grad_36 ((float *)(ctx->slot + 0))
 #define sum_to_37 ((float *)(ctx->slot + 262144))
 #define matmul_40 ((float *)(ctx->slot + 262144))
-#define scratch_53 ((uint8_t *)(ctx->slot + 0))
+#define scratch_51 ((uint8_t *)(ctx->slot + 0))
 static planrt_request_t bucket_0;
 
 static void init(planrt_ctx_t *ctx)
@@ -155,11 +155,11 @@ static void init(planrt_ctx_t *ctx)
 static void step_begin(planrt_ctx_t *ctx)
 {
 	(void)ctx;
-	planrt_fill(loss_52, 1, planrt_f64, 0); /* zero the step's accumulators */
-	planrt_fill(grad_norm_54, 1, planrt_f64, 0); /* zero the step's accumulators */
-	planrt_fill(grad_sumsq_55, 1, planrt_f64, 0); /* zero the step's accumulators */
-	planrt_fill(clip_coef_56, 1, planrt_f64, 0); /* zero the step's accumulators */
-	planrt_fill(grad_bucket_57, 164608, planrt_f32, 0); /* zero the step's accumulators */
+	planrt_fill(loss_50, 1, planrt_f64, 0); /* zero the step's accumulators */
+	planrt_fill(grad_norm_52, 1, planrt_f64, 0); /* zero the step's accumulators */
+	planrt_fill(grad_sumsq_53, 1, planrt_f64, 0); /* zero the step's accumulators */
+	planrt_fill(clip_coef_54, 1, planrt_f64, 0); /* zero the step's accumulators */
+	planrt_fill(grad_bucket_55, 164608, planrt_f32, 0); /* zero the step's accumulators */
 }
 
 static void forward_c0(planrt_ctx_t *ctx)
@@ -223,8 +223,8 @@ static void forward_c0(planrt_ctx_t *ctx)
 				}
 	}
 	planrt_check_labels(targets_1, 2, (const int64_t[]){16, 16}, (const int64_t[]){((int64_t)planrt_mesh_coord(AXIS_data) * 16) + (int64_t)ctx->micro * 32, 0}, 256, "input 'targets' (the targets of cross_entropy at examples/mlp.plan:14:10)", ctx->step); /* cross_entropy */
-	planrt_cross_entropy_f32(logits_20, targets_1, loss_21, cross_entropy_22, 256, 256, 0, 0.001953125, NULL, scratch_53); /* cross_entropy */
-	planrt_loss_accumulate(loss_52, loss_21, 1); /* the step's loss */
+	planrt_cross_entropy_f32(logits_20, targets_1, loss_21, cross_entropy_22, 256, 256, 0, 0.001953125, NULL, scratch_51); /* cross_entropy */
+	planrt_loss_accumulate(loss_50, loss_21, 1); /* the step's loss */
 }
 
 static void backward_c0(planrt_ctx_t *ctx)
@@ -275,30 +275,30 @@ static void backward_c0(planrt_ctx_t *ctx)
 	planrt_k_matmul_f32(1, 64, 256, 256, x_3, PLANRT_TRANS, 0, relu_grad_36, PLANRT_NO_TRANS, 0, g_linear_weight, 0, PLANRT_ACCUMULATE); /* matmul_wgrad in linear */
 	planrt_k_embed_grad_f32(tokens_0, matmul_40, g_embedding_weight, 256, 64, 0, 256); /* embed_grad in embedding */
 	if (ctx->micro == MICRO_BATCHES - 1)
-		planrt_allreduce_inplace(grad_bucket_57, 164608, planrt_f32, planrt_axis_comm(AXIS_data), &bucket_0); /* gradient bucket 0 (7 tensors) */
+		planrt_allreduce_inplace(grad_bucket_55, 164608, planrt_f32, planrt_axis_comm(AXIS_data), &bucket_0); /* gradient bucket 0 (7 tensors) */
 }
 
 static void step(planrt_ctx_t *ctx)
 {
 	(void)ctx;
 	planrt_request_finish(&bucket_0); /* gradient bucket 0 (7 tensors) */
-	planrt_sum_squares_acc(grad_sumsq_55, g_embedding_weight, 16384, planrt_f32, 0.5); /* gradient norm */
-	planrt_sum_squares_acc(grad_sumsq_55, g_linear_weight, 16384, planrt_f32, 0.5); /* gradient norm */
-	planrt_sum_squares_acc(grad_sumsq_55, g_linear_bias, 256, planrt_f32, 0.5); /* gradient norm */
-	planrt_sum_squares_acc(grad_sumsq_55, g_linear_1_weight, 65536, planrt_f32, 0.5); /* gradient norm */
-	planrt_sum_squares_acc(grad_sumsq_55, g_linear_1_bias, 256, planrt_f32, 0.5); /* gradient norm */
-	planrt_sum_squares_acc(grad_sumsq_55, g_linear_2_weight, 65536, planrt_f32, 0.5); /* gradient norm */
-	planrt_sum_squares_acc(grad_sumsq_55, g_linear_2_bias, 256, planrt_f32, 0.5); /* gradient norm */
-	planrt_allreduce_inplace(grad_sumsq_55, 1, planrt_f64, planrt_axis_comm(AXIS_data), NULL); /* gradient norm */
-	planrt_clip_coef(grad_sumsq_55, grad_norm_54, clip_coef_56, 0); /* clipping */
-	planrt_optimizer_step(planrt_opt_adamw, 0.001, 0.9, 0.999, 1e-08, 0.01, 0, 0, 0, 0, ctx->step, p_embedding_weight, g_embedding_weight, planrt_f32, m_58, v_59, 16384, clip_coef_56); /* embedding.weight */
-	planrt_optimizer_step(planrt_opt_adamw, 0.001, 0.9, 0.999, 1e-08, 0.01, 0, 0, 0, 0, ctx->step, p_linear_weight, g_linear_weight, planrt_f32, m_60, v_61, 16384, clip_coef_56); /* linear.weight */
-	planrt_optimizer_step(planrt_opt_adamw, 0.001, 0.9, 0.999, 1e-08, 0.01, 0, 0, 0, 0, ctx->step, p_linear_bias, g_linear_bias, planrt_f32, m_62, v_63, 256, clip_coef_56); /* linear.bias */
-	planrt_optimizer_step(planrt_opt_adamw, 0.001, 0.9, 0.999, 1e-08, 0.01, 0, 0, 0, 0, ctx->step, p_linear_1_weight, g_linear_1_weight, planrt_f32, m_64, v_65, 65536, clip_coef_56); /* linear_1.weight */
-	planrt_optimizer_step(planrt_opt_adamw, 0.001, 0.9, 0.999, 1e-08, 0.01, 0, 0, 0, 0, ctx->step, p_linear_1_bias, g_linear_1_bias, planrt_f32, m_66, v_67, 256, clip_coef_56); /* linear_1.bias */
-	planrt_optimizer_step(planrt_opt_adamw, 0.001, 0.9, 0.999, 1e-08, 0.01, 0, 0, 0, 0, ctx->step, p_linear_2_weight, g_linear_2_weight, planrt_f32, m_68, v_69, 65536, clip_coef_56); /* linear_2.weight */
-	planrt_optimizer_step(planrt_opt_adamw, 0.001, 0.9, 0.999, 1e-08, 0.01, 0, 0, 0, 0, ctx->step, p_linear_2_bias, g_linear_2_bias, planrt_f32, m_70, v_71, 256, clip_coef_56); /* linear_2.bias */
-	planrt_allreduce_inplace(loss_52, 1, planrt_f64, planrt_axis_comm(AXIS_data), NULL); /* the step's loss */
+	planrt_sum_squares_acc(grad_sumsq_53, g_embedding_weight, 16384, planrt_f32, 0.5); /* gradient norm */
+	planrt_sum_squares_acc(grad_sumsq_53, g_linear_weight, 16384, planrt_f32, 0.5); /* gradient norm */
+	planrt_sum_squares_acc(grad_sumsq_53, g_linear_bias, 256, planrt_f32, 0.5); /* gradient norm */
+	planrt_sum_squares_acc(grad_sumsq_53, g_linear_1_weight, 65536, planrt_f32, 0.5); /* gradient norm */
+	planrt_sum_squares_acc(grad_sumsq_53, g_linear_1_bias, 256, planrt_f32, 0.5); /* gradient norm */
+	planrt_sum_squares_acc(grad_sumsq_53, g_linear_2_weight, 65536, planrt_f32, 0.5); /* gradient norm */
+	planrt_sum_squares_acc(grad_sumsq_53, g_linear_2_bias, 256, planrt_f32, 0.5); /* gradient norm */
+	planrt_allreduce_inplace(grad_sumsq_53, 1, planrt_f64, planrt_axis_comm(AXIS_data), NULL); /* gradient norm */
+	planrt_clip_coef(grad_sumsq_53, grad_norm_52, clip_coef_54, 0); /* clipping */
+	planrt_optimizer_step(planrt_opt_adamw, 0.001, 0.9, 0.999, 1e-08, 0.01, 0, 0, 0, 0, ctx->step, p_embedding_weight, g_embedding_weight, planrt_f32, m_56, v_57, 16384, clip_coef_54); /* embedding.weight */
+	planrt_optimizer_step(planrt_opt_adamw, 0.001, 0.9, 0.999, 1e-08, 0.01, 0, 0, 0, 0, ctx->step, p_linear_weight, g_linear_weight, planrt_f32, m_58, v_59, 16384, clip_coef_54); /* linear.weight */
+	planrt_optimizer_step(planrt_opt_adamw, 0.001, 0.9, 0.999, 1e-08, 0.01, 0, 0, 0, 0, ctx->step, p_linear_bias, g_linear_bias, planrt_f32, m_60, v_61, 256, clip_coef_54); /* linear.bias */
+	planrt_optimizer_step(planrt_opt_adamw, 0.001, 0.9, 0.999, 1e-08, 0.01, 0, 0, 0, 0, ctx->step, p_linear_1_weight, g_linear_1_weight, planrt_f32, m_62, v_63, 65536, clip_coef_54); /* linear_1.weight */
+	planrt_optimizer_step(planrt_opt_adamw, 0.001, 0.9, 0.999, 1e-08, 0.01, 0, 0, 0, 0, ctx->step, p_linear_1_bias, g_linear_1_bias, planrt_f32, m_64, v_65, 256, clip_coef_54); /* linear_1.bias */
+	planrt_optimizer_step(planrt_opt_adamw, 0.001, 0.9, 0.999, 1e-08, 0.01, 0, 0, 0, 0, ctx->step, p_linear_2_weight, g_linear_2_weight, planrt_f32, m_66, v_67, 65536, clip_coef_54); /* linear_2.weight */
+	planrt_optimizer_step(planrt_opt_adamw, 0.001, 0.9, 0.999, 1e-08, 0.01, 0, 0, 0, 0, ctx->step, p_linear_2_bias, g_linear_2_bias, planrt_f32, m_68, v_69, 256, clip_coef_54); /* linear_2.bias */
+	planrt_allreduce_inplace(loss_50, 1, planrt_f64, planrt_axis_comm(AXIS_data), NULL); /* the step's loss */
 }
 
 static void save(planrt_ctx_t *ctx)
@@ -317,64 +317,64 @@ static void checkpoint(planrt_ctx_t *ctx)
 {
 	(void)ctx;
 	planrt_ckpt_write(ctx, p_embedding_weight, planrt_f32, PARAM_embedding_weight, PLANRT_CKPT_PARAM, 0, 16384, PLANRT_NO_AXIS); /* embedding.weight */
-	planrt_ckpt_write(ctx, m_58, planrt_f32, PARAM_embedding_weight, PLANRT_CKPT_EXP_AVG, 0, 16384, PLANRT_NO_AXIS); /* embedding.weight */
-	planrt_ckpt_write(ctx, v_59, planrt_f32, PARAM_embedding_weight, PLANRT_CKPT_EXP_AVG_SQ, 0, 16384, PLANRT_NO_AXIS); /* embedding.weight */
+	planrt_ckpt_write(ctx, m_56, planrt_f32, PARAM_embedding_weight, PLANRT_CKPT_EXP_AVG, 0, 16384, PLANRT_NO_AXIS); /* embedding.weight */
+	planrt_ckpt_write(ctx, v_57, planrt_f32, PARAM_embedding_weight, PLANRT_CKPT_EXP_AVG_SQ, 0, 16384, PLANRT_NO_AXIS); /* embedding.weight */
 	planrt_ckpt_write(ctx, p_linear_weight, planrt_f32, PARAM_linear_weight, PLANRT_CKPT_PARAM, 0, 16384, PLANRT_NO_AXIS); /* linear.weight */
-	planrt_ckpt_write(ctx, m_60, planrt_f32, PARAM_linear_weight, PLANRT_CKPT_EXP_AVG, 0, 16384, PLANRT_NO_AXIS); /* linear.weight */
-	planrt_ckpt_write(ctx, v_61, planrt_f32, PARAM_linear_weight, PLANRT_CKPT_EXP_AVG_SQ, 0, 16384, PLANRT_NO_AXIS); /* linear.weight */
+	planrt_ckpt_write(ctx, m_58, planrt_f32, PARAM_linear_weight, PLANRT_CKPT_EXP_AVG, 0, 16384, PLANRT_NO_AXIS); /* linear.weight */
+	planrt_ckpt_write(ctx, v_59, planrt_f32, PARAM_linear_weight, PLANRT_CKPT_EXP_AVG_SQ, 0, 16384, PLANRT_NO_AXIS); /* linear.weight */
 	planrt_ckpt_write(ctx, p_linear_bias, planrt_f32, PARAM_linear_bias, PLANRT_CKPT_PARAM, 0, 256, PLANRT_NO_AXIS); /* linear.bias */
-	planrt_ckpt_write(ctx, m_62, planrt_f32, PARAM_linear_bias, PLANRT_CKPT_EXP_AVG, 0, 256, PLANRT_NO_AXIS); /* linear.bias */
-	planrt_ckpt_write(ctx, v_63, planrt_f32, PARAM_linear_bias, PLANRT_CKPT_EXP_AVG_SQ, 0, 256, PLANRT_NO_AXIS); /* linear.bias */
+	planrt_ckpt_write(ctx, m_60, planrt_f32, PARAM_linear_bias, PLANRT_CKPT_EXP_AVG, 0, 256, PLANRT_NO_AXIS); /* linear.bias */
+	planrt_ckpt_write(ctx, v_61, planrt_f32, PARAM_linear_bias, PLANRT_CKPT_EXP_AVG_SQ, 0, 256, PLANRT_NO_AXIS); /* linear.bias */
 	planrt_ckpt_write(ctx, p_linear_1_weight, planrt_f32, PARAM_linear_1_weight, PLANRT_CKPT_PARAM, 0, 65536, PLANRT_NO_AXIS); /* linear_1.weight */
-	planrt_ckpt_write(ctx, m_64, planrt_f32, PARAM_linear_1_weight, PLANRT_CKPT_EXP_AVG, 0, 65536, PLANRT_NO_AXIS); /* linear_1.weight */
-	planrt_ckpt_write(ctx, v_65, planrt_f32, PARAM_linear_1_weight, PLANRT_CKPT_EXP_AVG_SQ, 0, 65536, PLANRT_NO_AXIS); /* linear_1.weight */
+	planrt_ckpt_write(ctx, m_62, planrt_f32, PARAM_linear_1_weight, PLANRT_CKPT_EXP_AVG, 0, 65536, PLANRT_NO_AXIS); /* linear_1.weight */
+	planrt_ckpt_write(ctx, v_63, planrt_f32, PARAM_linear_1_weight, PLANRT_CKPT_EXP_AVG_SQ, 0, 65536, PLANRT_NO_AXIS); /* linear_1.weight */
 	planrt_ckpt_write(ctx, p_linear_1_bias, planrt_f32, PARAM_linear_1_bias, PLANRT_CKPT_PARAM, 0, 256, PLANRT_NO_AXIS); /* linear_1.bias */
-	planrt_ckpt_write(ctx, m_66, planrt_f32, PARAM_linear_1_bias, PLANRT_CKPT_EXP_AVG, 0, 256, PLANRT_NO_AXIS); /* linear_1.bias */
-	planrt_ckpt_write(ctx, v_67, planrt_f32, PARAM_linear_1_bias, PLANRT_CKPT_EXP_AVG_SQ, 0, 256, PLANRT_NO_AXIS); /* linear_1.bias */
+	planrt_ckpt_write(ctx, m_64, planrt_f32, PARAM_linear_1_bias, PLANRT_CKPT_EXP_AVG, 0, 256, PLANRT_NO_AXIS); /* linear_1.bias */
+	planrt_ckpt_write(ctx, v_65, planrt_f32, PARAM_linear_1_bias, PLANRT_CKPT_EXP_AVG_SQ, 0, 256, PLANRT_NO_AXIS); /* linear_1.bias */
 	planrt_ckpt_write(ctx, p_linear_2_weight, planrt_f32, PARAM_linear_2_weight, PLANRT_CKPT_PARAM, 0, 65536, PLANRT_NO_AXIS); /* linear_2.weight */
-	planrt_ckpt_write(ctx, m_68, planrt_f32, PARAM_linear_2_weight, PLANRT_CKPT_EXP_AVG, 0, 65536, PLANRT_NO_AXIS); /* linear_2.weight */
-	planrt_ckpt_write(ctx, v_69, planrt_f32, PARAM_linear_2_weight, PLANRT_CKPT_EXP_AVG_SQ, 0, 65536, PLANRT_NO_AXIS); /* linear_2.weight */
+	planrt_ckpt_write(ctx, m_66, planrt_f32, PARAM_linear_2_weight, PLANRT_CKPT_EXP_AVG, 0, 65536, PLANRT_NO_AXIS); /* linear_2.weight */
+	planrt_ckpt_write(ctx, v_67, planrt_f32, PARAM_linear_2_weight, PLANRT_CKPT_EXP_AVG_SQ, 0, 65536, PLANRT_NO_AXIS); /* linear_2.weight */
 	planrt_ckpt_write(ctx, p_linear_2_bias, planrt_f32, PARAM_linear_2_bias, PLANRT_CKPT_PARAM, 0, 256, PLANRT_NO_AXIS); /* linear_2.bias */
-	planrt_ckpt_write(ctx, m_70, planrt_f32, PARAM_linear_2_bias, PLANRT_CKPT_EXP_AVG, 0, 256, PLANRT_NO_AXIS); /* linear_2.bias */
-	planrt_ckpt_write(ctx, v_71, planrt_f32, PARAM_linear_2_bias, PLANRT_CKPT_EXP_AVG_SQ, 0, 256, PLANRT_NO_AXIS); /* linear_2.bias */
+	planrt_ckpt_write(ctx, m_68, planrt_f32, PARAM_linear_2_bias, PLANRT_CKPT_EXP_AVG, 0, 256, PLANRT_NO_AXIS); /* linear_2.bias */
+	planrt_ckpt_write(ctx, v_69, planrt_f32, PARAM_linear_2_bias, PLANRT_CKPT_EXP_AVG_SQ, 0, 256, PLANRT_NO_AXIS); /* linear_2.bias */
 }
 
 static void resume(planrt_ctx_t *ctx)
 {
 	(void)ctx;
 	planrt_ckpt_read(ctx, p_embedding_weight, planrt_f32, PARAM_embedding_weight, PLANRT_CKPT_PARAM, 0, 16384); /* embedding.weight */
-	planrt_ckpt_read(ctx, m_58, planrt_f32, PARAM_embedding_weight, PLANRT_CKPT_EXP_AVG, 0, 16384); /* embedding.weight */
-	planrt_ckpt_read(ctx, v_59, planrt_f32, PARAM_embedding_weight, PLANRT_CKPT_EXP_AVG_SQ, 0, 16384); /* embedding.weight */
+	planrt_ckpt_read(ctx, m_56, planrt_f32, PARAM_embedding_weight, PLANRT_CKPT_EXP_AVG, 0, 16384); /* embedding.weight */
+	planrt_ckpt_read(ctx, v_57, planrt_f32, PARAM_embedding_weight, PLANRT_CKPT_EXP_AVG_SQ, 0, 16384); /* embedding.weight */
 	planrt_ckpt_read(ctx, p_linear_weight, planrt_f32, PARAM_linear_weight, PLANRT_CKPT_PARAM, 0, 16384); /* linear.weight */
-	planrt_ckpt_read(ctx, m_60, planrt_f32, PARAM_linear_weight, PLANRT_CKPT_EXP_AVG, 0, 16384); /* linear.weight */
-	planrt_ckpt_read(ctx, v_61, planrt_f32, PARAM_linear_weight, PLANRT_CKPT_EXP_AVG_SQ, 0, 16384); /* linear.weight */
+	planrt_ckpt_read(ctx, m_58, planrt_f32, PARAM_linear_weight, PLANRT_CKPT_EXP_AVG, 0, 16384); /* linear.weight */
+	planrt_ckpt_read(ctx, v_59, planrt_f32, PARAM_linear_weight, PLANRT_CKPT_EXP_AVG_SQ, 0, 16384); /* linear.weight */
 	planrt_ckpt_read(ctx, p_linear_bias, planrt_f32, PARAM_linear_bias, PLANRT_CKPT_PARAM, 0, 256); /* linear.bias */
-	planrt_ckpt_read(ctx, m_62, planrt_f32, PARAM_linear_bias, PLANRT_CKPT_EXP_AVG, 0, 256); /* linear.bias */
-	planrt_ckpt_read(ctx, v_63, planrt_f32, PARAM_linear_bias, PLANRT_CKPT_EXP_AVG_SQ, 0, 256); /* linear.bias */
+	planrt_ckpt_read(ctx, m_60, planrt_f32, PARAM_linear_bias, PLANRT_CKPT_EXP_AVG, 0, 256); /* linear.bias */
+	planrt_ckpt_read(ctx, v_61, planrt_f32, PARAM_linear_bias, PLANRT_CKPT_EXP_AVG_SQ, 0, 256); /* linear.bias */
 	planrt_ckpt_read(ctx, p_linear_1_weight, planrt_f32, PARAM_linear_1_weight, PLANRT_CKPT_PARAM, 0, 65536); /* linear_1.weight */
-	planrt_ckpt_read(ctx, m_64, planrt_f32, PARAM_linear_1_weight, PLANRT_CKPT_EXP_AVG, 0, 65536); /* linear_1.weight */
-	planrt_ckpt_read(ctx, v_65, planrt_f32, PARAM_linear_1_weight, PLANRT_CKPT_EXP_AVG_SQ, 0, 65536); /* linear_1.weight */
+	planrt_ckpt_read(ctx, m_62, planrt_f32, PARAM_linear_1_weight, PLANRT_CKPT_EXP_AVG, 0, 65536); /* linear_1.weight */
+	planrt_ckpt_read(ctx, v_63, planrt_f32, PARAM_linear_1_weight, PLANRT_CKPT_EXP_AVG_SQ, 0, 65536); /* linear_1.weight */
 	planrt_ckpt_read(ctx, p_linear_1_bias, planrt_f32, PARAM_linear_1_bias, PLANRT_CKPT_PARAM, 0, 256); /* linear_1.bias */
-	planrt_ckpt_read(ctx, m_66, planrt_f32, PARAM_linear_1_bias, PLANRT_CKPT_EXP_AVG, 0, 256); /* linear_1.bias */
-	planrt_ckpt_read(ctx, v_67, planrt_f32, PARAM_linear_1_bias, PLANRT_CKPT_EXP_AVG_SQ, 0, 256); /* linear_1.bias */
+	planrt_ckpt_read(ctx, m_64, planrt_f32, PARAM_linear_1_bias, PLANRT_CKPT_EXP_AVG, 0, 256); /* linear_1.bias */
+	planrt_ckpt_read(ctx, v_65, planrt_f32, PARAM_linear_1_bias, PLANRT_CKPT_EXP_AVG_SQ, 0, 256); /* linear_1.bias */
 	planrt_ckpt_read(ctx, p_linear_2_weight, planrt_f32, PARAM_linear_2_weight, PLANRT_CKPT_PARAM, 0, 65536); /* linear_2.weight */
-	planrt_ckpt_read(ctx, m_68, planrt_f32, PARAM_linear_2_weight, PLANRT_CKPT_EXP_AVG, 0, 65536); /* linear_2.weight */
-	planrt_ckpt_read(ctx, v_69, planrt_f32, PARAM_linear_2_weight, PLANRT_CKPT_EXP_AVG_SQ, 0, 65536); /* linear_2.weight */
+	planrt_ckpt_read(ctx, m_66, planrt_f32, PARAM_linear_2_weight, PLANRT_CKPT_EXP_AVG, 0, 65536); /* linear_2.weight */
+	planrt_ckpt_read(ctx, v_67, planrt_f32, PARAM_linear_2_weight, PLANRT_CKPT_EXP_AVG_SQ, 0, 65536); /* linear_2.weight */
 	planrt_ckpt_read(ctx, p_linear_2_bias, planrt_f32, PARAM_linear_2_bias, PLANRT_CKPT_PARAM, 0, 256); /* linear_2.bias */
-	planrt_ckpt_read(ctx, m_70, planrt_f32, PARAM_linear_2_bias, PLANRT_CKPT_EXP_AVG, 0, 256); /* linear_2.bias */
-	planrt_ckpt_read(ctx, v_71, planrt_f32, PARAM_linear_2_bias, PLANRT_CKPT_EXP_AVG_SQ, 0, 256); /* linear_2.bias */
+	planrt_ckpt_read(ctx, m_68, planrt_f32, PARAM_linear_2_bias, PLANRT_CKPT_EXP_AVG, 0, 256); /* linear_2.bias */
+	planrt_ckpt_read(ctx, v_69, planrt_f32, PARAM_linear_2_bias, PLANRT_CKPT_EXP_AVG_SQ, 0, 256); /* linear_2.bias */
 }
 
 static void eval_begin(planrt_ctx_t *ctx)
 {
 	(void)ctx;
-	planrt_fill(loss_52, 1, planrt_f64, 0); /* the held-out batch's loss */
+	planrt_fill(loss_50, 1, planrt_f64, 0); /* the held-out batch's loss */
 }
 
 static void eval_end(planrt_ctx_t *ctx)
 {
 	(void)ctx;
-	planrt_allreduce_inplace(loss_52, 1, planrt_f64, planrt_axis_comm(AXIS_data), NULL); /* the step's loss */
+	planrt_allreduce_inplace(loss_50, 1, planrt_f64, planrt_axis_comm(AXIS_data), NULL); /* the step's loss */
 }
 
 /* one step: F / B of a micro-batch and chunk, its activation slot and receive inbox */
@@ -394,25 +394,25 @@ static const planrt_state_buf_t state[] = {
 	{"p_linear_1_bias", planrt_state_param, 1024, (void **)&p_linear_1_bias},
 	{"p_linear_2_weight", planrt_state_param, 262144, (void **)&p_linear_2_weight},
 	{"p_linear_2_bias", planrt_state_param, 1024, (void **)&p_linear_2_bias},
-	{"loss_52", planrt_state_metric, 8, (void **)&loss_52},
-	{"grad_norm_54", planrt_state_metric, 8, (void **)&grad_norm_54},
-	{"grad_sumsq_55", planrt_state_metric, 8, (void **)&grad_sumsq_55},
-	{"clip_coef_56", planrt_state_metric, 8, (void **)&clip_coef_56},
-	{"grad_bucket_57", planrt_state_grad, 658432, (void **)&grad_bucket_57},
+	{"loss_50", planrt_state_metric, 8, (void **)&loss_50},
+	{"grad_norm_52", planrt_state_metric, 8, (void **)&grad_norm_52},
+	{"grad_sumsq_53", planrt_state_metric, 8, (void **)&grad_sumsq_53},
+	{"clip_coef_54", planrt_state_metric, 8, (void **)&clip_coef_54},
+	{"grad_bucket_55", planrt_state_grad, 658432, (void **)&grad_bucket_55},
+	{"m_56", planrt_state_optim, 65536, (void **)&m_56},
+	{"v_57", planrt_state_optim, 65536, (void **)&v_57},
 	{"m_58", planrt_state_optim, 65536, (void **)&m_58},
 	{"v_59", planrt_state_optim, 65536, (void **)&v_59},
-	{"m_60", planrt_state_optim, 65536, (void **)&m_60},
-	{"v_61", planrt_state_optim, 65536, (void **)&v_61},
-	{"m_62", planrt_state_optim, 1024, (void **)&m_62},
-	{"v_63", planrt_state_optim, 1024, (void **)&v_63},
-	{"m_64", planrt_state_optim, 262144, (void **)&m_64},
-	{"v_65", planrt_state_optim, 262144, (void **)&v_65},
-	{"m_66", planrt_state_optim, 1024, (void **)&m_66},
-	{"v_67", planrt_state_optim, 1024, (void **)&v_67},
-	{"m_68", planrt_state_optim, 262144, (void **)&m_68},
-	{"v_69", planrt_state_optim, 262144, (void **)&v_69},
-	{"m_70", planrt_state_optim, 1024, (void **)&m_70},
-	{"v_71", planrt_state_optim, 1024, (void **)&v_71},
+	{"m_60", planrt_state_optim, 1024, (void **)&m_60},
+	{"v_61", planrt_state_optim, 1024, (void **)&v_61},
+	{"m_62", planrt_state_optim, 262144, (void **)&m_62},
+	{"v_63", planrt_state_optim, 262144, (void **)&v_63},
+	{"m_64", planrt_state_optim, 1024, (void **)&m_64},
+	{"v_65", planrt_state_optim, 1024, (void **)&v_65},
+	{"m_66", planrt_state_optim, 262144, (void **)&m_66},
+	{"v_67", planrt_state_optim, 262144, (void **)&v_67},
+	{"m_68", planrt_state_optim, 1024, (void **)&m_68},
+	{"v_69", planrt_state_optim, 1024, (void **)&v_69},
 };
 
 /* ================================================================ the program */
@@ -457,13 +457,13 @@ static const planrt_stage_t stages[] = {
 		.nreqs = 0,
 		.state = state,
 		.nstate = 26,
-		.loss = &loss_52,
-		.grad_norm = &grad_norm_54,
+		.loss = &loss_50,
+		.grad_norm = &grad_norm_52,
 		.checkpoint = checkpoint,
 		.resume = resume,
 		.eval_begin = eval_begin,
 		.eval_end = eval_end,
-		.eval_loss = &loss_52,
+		.eval_loss = &loss_50,
 	},
 };
 
@@ -490,7 +490,7 @@ static const planrt_program_t program = {
 	.total_steps = 0,
 	.nroles = 1,
 	.role_axis = PLANRT_NO_AXIS,
-	.fingerprint = "fnv1a64:a3af26e95ef94697",
+	.fingerprint = "fnv1a64:068f6b8595bf47a8",
 	.sync = "strict",
 	.loss_scale = 0,
 };

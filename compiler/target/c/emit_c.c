@@ -791,9 +791,10 @@ static void print_program(Emit *e, const char *source_path)
 	fprintf(f, ",\n\t.min_lr = ");
 	print_double(f, ps->min_lr);
 	fprintf(f, ",\n\t.warmup = %d,\n\t.total_steps = %d,\n", ps->warmup, ps->total_steps);
-	fprintf(f, "\t.nroles = %d,\n\t.role_axis = %s,\n", low->nroles, axis_or_none(e, low->nroles > 1 ? sync_axis(ps) : -1));
+	fprintf(f, "\t.nroles = %d,\n\t.role_axis = %s,\n", low->nroles,
+		axis_or_none(e, low->nroles > 1 ? low->state.sync_axis : -1));
 	fprintf(f, "\t.fingerprint = \"%s\",\n\t.sync = \"%s\",\n\t.loss_scale = ", plan_fingerprint(low),
-		sync_mode_name(ps->sync));
+		sync_mode_name(low->state.sync));
 	print_double(f, ps->loss_scale);
 	fprintf(f, ",\n};\n\n");
 	fprintf(f, "int main(int argc, char **argv)\n{\n\tunused_helpers();\n\treturn %s(argc, argv, &program);\n}\n",

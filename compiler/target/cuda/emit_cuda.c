@@ -238,8 +238,9 @@ static void device_call(Emit *e, const Kernel *k)
 		return;
 	}
 	/* the tensor-core variant where streams.c found the operands are bf16 values */
-	const char *fn = k->tensor_cores ? kernel_tensor_core_functions[k->kind] : kernel_device_functions[k->kind];
-	internal_assert(kernel_device_modes[k->kind] == KDEV_CALL && fn);
+	const DeviceCall *dev = &kernel_device[k->kind];
+	const char *fn = k->tensor_cores ? dev->tensor_cores : dev->function;
+	internal_assert(dev->mode == KDEV_CALL && fn);
 	fprintf(f, "%s(", fn);
 	for (int i = 0; i < k->nargs; i++) {
 		const KArg *a = &k->args[i];
@@ -265,7 +266,7 @@ static void print_kernel(Emit *e, const Kernel *k)
 {
 	FILE *f = emit_file(e);
 	const LProg *p = emit_prog(e);
-	if (kernel_device_modes[k->kind] == KDEV_NO_OP) {
+	if (kernel_device[k->kind].mode == KDEV_NO_OP) {
 		fprintf(f, "\t/* %s: NCCL progresses its operations on their own stream */\n", kernel_names[k->kind]);
 		return;
 	}
@@ -520,7 +521,7 @@ bool cuda_executable(const Lowered *low, bool report)
 		for (int k = 0; k < p->nk; k++) {
 			const Kernel *x = &p->k[k];
 			bool ok = x->stream == STREAM_HOST ? host_kind(x->kind)
-							   : x->kind == K_LOOP || kernel_device_modes[x->kind] != KDEV_HOST_ONLY;
+							   : x->kind == K_LOOP || kernel_device[x->kind].mode != KDEV_HOST_ONLY;
 			long long top_k = x->kind == K_MOE_ROUTE	       ? KARG(x, MOE_ROUTE, top_k)->i
 					  : x->kind == K_MOE_ROUTE_GRAD ? KARG(x, MOE_ROUTE_GRAD, top_k)->i
 									: 0;

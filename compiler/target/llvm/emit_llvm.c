@@ -1303,9 +1303,9 @@ static void build_program(Gen *G, const char *source_path)
 			    i64c(G, ps->warmup),
 			    i64c(G, ps->total_steps),
 			    i32c(G, low->nroles),
-			    i32c(G, low->nroles > 1 ? sync_axis(ps) : -1),
+			    i32c(G, low->nroles > 1 ? low->state.sync_axis : -1),
 			    cstring(G, plan_fingerprint(low)),
-			    cstring(G, sync_mode_name(ps->sync)),
+			    cstring(G, sync_mode_name(low->state.sync)),
 			    LLVMConstReal(G->t_f64, ps->loss_scale)};
 	LLVMValueRef program = LLVMAddGlobal(G->m, T.program, "program");
 	LLVMSetInitializer(program, LLVMConstNamedStruct(T.program, f, sizeof f / sizeof f[0]));
