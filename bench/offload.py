@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Benchmark (figures, not a test): what offload costs in time and saves in memory, each plan
 side by side with the same plan without its offload line, in one run on this machine's CPU.
-  tests/equiv/offload.plan zero1_disk, bf16_zero2_disk   offload optimizer -> disk (2 ranks)
+  tests/offload/offload.plan zero1_disk, bf16_zero2_disk   offload optimizer -> disk (2 ranks)
   examples/gpt.plan dp2_offload_activations              offload activations -> host, the CUDA
                                                           target's program run on the CPU
 Per plan: step time (PLANRT_REPORT_TIMING: mean over the steps after the first) and the part in
@@ -47,7 +47,7 @@ def mib(x):
 
 
 print(f"{'plan':42} {'step ms':>8} {'update':>8} {'RSS MiB':>8} {'device':>8} {'host':>8} {'disk':>8}")
-for src, plan in (("tests/equiv/offload.plan", "zero1_disk"), ("tests/equiv/offload.plan", "bf16_zero2_disk"),
+for src, plan in (("tests/offload/offload.plan", "zero1_disk"), ("tests/offload/offload.plan", "bf16_zero2_disk"),
                   ("examples/gpt.plan", "dp2_offload_activations")):
     text = open(src).read()
     body = re.search(r"^plan " + plan + r" for .*?^}", text, re.S | re.M).group(0)

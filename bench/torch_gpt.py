@@ -5,8 +5,10 @@ The same architecture as the planc program: byte embedding + learned positions, 
 pre-LN blocks with separate q, k, v projections, causal softmax attention with dropout, a GELU
 MLP, a final layer norm and the tied head; AdamW and gradient clipping as the plan says. Data
 parallel runs use torch.distributed with the gloo backend and DistributedDataParallel.
-Prints one line: tokens/s over the timed steps.
-usage: torch_gpt.py STEPS WARMUP [--dp] (under torchrun-like env: RANK, WORLD_SIZE, MASTER_ADDR/PORT)
+Prints one line: tokens/s over the timed steps. --size overrides the example's sizes (the larger
+GPT of bench/gpt_tokens.sh --large: S=256,D=512,H=8,B=8); OMP_NUM_THREADS threads.
+usage: torch_gpt.py STEPS WARMUP [--dp] [--size K=V,...] (under torchrun-like env: RANK, WORLD_SIZE,
+       MASTER_ADDR/PORT)
 """
 import os
 import sys
@@ -19,6 +21,10 @@ import torch.nn.functional as F
 V, S, D, H, L, B, P = 256, 64, 128, 4, 4, 16, 0.1
 steps, warmup = int(sys.argv[1]), int(sys.argv[2])
 dp = "--dp" in sys.argv
+if "--size" in sys.argv:
+    sizes = dict(kv.split("=") for kv in sys.argv[sys.argv.index("--size") + 1].split(","))
+    V, S, D, H, L, B = (int(sizes.get(k, v)) for k, v in zip("VSDHLB", (V, S, D, H, L, B)))
+    P = float(sizes.get("P", P))
 torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
 torch.manual_seed(0)
 

@@ -2,7 +2,9 @@
  * driver, and hands the result to the requested command. Exit status: 0 success, 1 an error in
  * the user's input (reported with file:line:col), 2 a usage error; internal errors abort. */
 #include "passes.h"
+#include "data/data.h"
 
+#include <dlfcn.h>
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -48,15 +50,19 @@ static const char usage[] =
 	"                                    step-N, written under any plan of the model) into DIR/step-N as\n"
 	"                                    plan NAME holds it, offline (one process, no MPI, no training);\n"
 	"                                    then: mpirun -np WORLD PROG ... --resume DIR\n"
+	"  data vocab|tokenize|decode ...    text to token files: a GPT-2 byte-level BPE vocabulary, Megatron /\n"
+	"                                    nanoGPT / llm.c token files ('planc data --help'; docs/data.md)\n"
 	"\n"
 	"options:\n"
 	"  --plan NAME        the plan to use (default: the file's first plan)\n"
 	"  --json             machine-readable output for explain\n"
 	"  --device=NAME      the device explain's estimated step time assumes: h200 (default) or cpu\n"
 	"  -o PATH            output directory (emit) or program (build); never an input or a .plan file\n"
-	"  --native           build: compile for this machine's CPU (-march=native; with --backend llvm the\n"
-	"                     host CPU's target machine); the default is the compiler's portable baseline,\n"
-	"                     so a program runs on every node of a cluster ('planc run' is always native)\n"
+	"  --native           build: compile for this machine's CPU only (-march=native; with --backend llvm\n"
+	"                     the host CPU's target machine); by default the fused loops and planrt's\n"
+	"                     kernels are compiled for every instruction-set level (x86-64, AVX2, AVX-512)\n"
+	"                     and the program runs the best its CPU has, so one binary runs on every node\n"
+	"                     of a cluster ('planc run' compiles for this CPU; PLANRT_ISA=LEVEL forces one)\n"
 	"  --svg FILE         explain: also draw each rank role's pipeline schedule and memory over the\n"
 	"                     step as an SVG picture\n"
 	"  --backend=c|llvm   build: compile the C with mpicc (c, the default) or through LLVM (llvm:\n"
@@ -306,8 +312,13 @@ static bool output_ok(const char *what, const char *path, bool is_dir, const Opt
 		}
 		return true;
 	}
-	/* a new file or directory: its parent must exist and be writable */
-	const char *slash = strrchr(path, '/');
+	/* a new file or directory: its parent must exist and be writable ("out/": out's parent) */
+	while (n > 1 && path[n - 1] == '/')
+		n--;
+	const char *slash = NULL;
+	for (size_t i = 0; i < n; i++)
+		if (path[i] == '/')
+			slash = path + i;
 	char parent[4096];
 	snprintf(parent, sizeof parent, "%.*s", slash ? (int)(slash == path ? 1 : slash - path) : 1, slash ? path : ".");
 	if (stat(parent, &st) != 0 || !S_ISDIR(st.st_mode)) {
@@ -428,6 +439,46 @@ static bool cmd_cuda(Lowered *low, const Options *o, bool compile)
 	return ok;
 }
 
+/* ---- the LLVM back end: a module loaded by the commands that use it (CMakeLists.txt says why) */
+
+static void *llvm_symbol(const char *name)
+{
+	static void *module;
+	if (!module && !(module = dlopen(PLANC_LLVM_MODULE, RTLD_NOW | RTLD_LOCAL))) {
+		fprintf(stderr, "planc: error: cannot load the LLVM back end: %s\n", dlerror());
+		diag_note_plain("rebuild planc (cmake --build build), or use the C back end: planc build FILE --plan P -o PROG");
+		return NULL;
+	}
+	void *f = dlsym(module, name);
+	if (!f)
+		fprintf(stderr, "planc: error: the LLVM back end %s has no %s\n", PLANC_LLVM_MODULE, name);
+	return f;
+}
+
+static bool llvm_emit_ir(const Lowered *low, const char *dir, const char *source_path, FILE *dump)
+{
+	bool (*f)(const Lowered *, const char *, const char *, FILE *) = llvm_symbol("emit_llvm_ir");
+	return f && f(low, dir, source_path, dump);
+}
+
+static bool llvm_emit_ptx(const Lowered *low, const char *dir, FILE *dump)
+{
+	bool (*f)(const Lowered *, const char *, FILE *) = llvm_symbol("emit_ptx");
+	return f && f(low, dir, dump);
+}
+
+static bool llvm_emit_object(const Lowered *low, const char *path, const char *source_path, bool verify, bool native)
+{
+	bool (*f)(const Lowered *, const char *, const char *, bool, bool) = llvm_symbol("emit_llvm_object");
+	return f && f(low, path, source_path, verify, native);
+}
+
+static int llvm_jit(const Lowered *low, const char *source_path, int argc, char **argv, bool verify)
+{
+	int (*f)(const Lowered *, const char *, int, char **, bool) = llvm_symbol("llvm_run");
+	return f ? f(low, source_path, argc, argv, verify) : -1;
+}
+
 /* emit / build: print the lowered program as C (emit llvm: LLVM IR; emit ptx: the fused kernels as
  * PTX); build then compiles it against planrt: the C with mpicc, or (--backend llvm) an object LLVM
  * writes, linked by the same mpicc line. */
@@ -438,9 +489,9 @@ static bool cmd_codegen(Lowered *low, const Options *o, bool compile)
 	Graph *g = low->g;
 	FILE *dump = o->dump_after && !strcmp(o->dump_after, "emit") ? stdout : NULL;
 	if (!compile && !strcmp(o->target, "llvm"))
-		return emit_llvm_ir(low, o->output, o->file, dump);
+		return llvm_emit_ir(low, o->output, o->file, dump);
 	if (!compile && !strcmp(o->target, "ptx"))
-		return emit_ptx(low, o->output, dump);
+		return llvm_emit_ptx(low, o->output, dump);
 	bool llvm = compile && o->backend && !strcmp(o->backend, "llvm");
 	const char *dir = o->output;
 	const char *tmp = getenv("TMPDIR");
@@ -453,7 +504,7 @@ static bool cmd_codegen(Lowered *low, const Options *o, bool compile)
 		}
 	}
 	const char *src = arena_printf(g->arena, llvm ? "%s/prog.o" : "%s/prog.c", dir);
-	if (llvm ? !emit_llvm_object(low, src, o->file, o->verify, o->native)
+	if (llvm ? !llvm_emit_object(low, src, o->file, o->verify, o->native)
 		 : !run_emit(low, dir, o->file, o->dump_after, stdout)) {
 		if (compile)
 			remove_build_dir(dir, src);
@@ -469,8 +520,13 @@ static bool cmd_codegen(Lowered *low, const Options *o, bool compile)
 	if (!llvm) {
 		argv[n++] = "-std=gnu11";
 		argv[n++] = "-O3";
-		if (o->native) /* else the compiler's baseline: the binary runs on any node of the cluster */
+		/* floating-point selects if-convert, so the fused loops vectorise (only the exception
+		 * flags of discarded lanes differ, which nothing reads) */
+		argv[n++] = "-fno-trapping-math";
+		if (o->native) { /* for this CPU only; else every level (planrt_cpu.h): any node of a cluster */
 			argv[n++] = "-march=native";
+			argv[n++] = "-DPLANRT_CPU_NATIVE";
+		}
 		argv[n++] = "-Wall";
 		argv[n++] = "-Wextra";
 		argv[n++] = "-Werror";
@@ -501,7 +557,7 @@ static int cmd_run(Lowered *low, Options *o)
 	if (!lowered_executable(low, true))
 		return 1;
 	o->prog_argv[0] = arena_printf(low->g->arena, "planc run %s --plan %s", o->file, low->ps->plan->name);
-	int status = llvm_run(low, o->file, o->prog_argc, o->prog_argv, o->verify);
+	int status = llvm_jit(low, o->file, o->prog_argc, o->prog_argv, o->verify);
 	return status < 0 ? 1 : status;
 }
 
@@ -513,12 +569,14 @@ static int cmd_reshard(Lowered *low, Options *o)
 		return 1;
 	char *argv[] = {arena_printf(low->g->arena, "planc reshard %s --plan %s", o->file, low->ps->plan->name),
 			"--reshard", (char *)o->checkpoint, (char *)o->output, NULL};
-	int status = llvm_run(low, o->file, 4, argv, o->verify);
+	int status = llvm_jit(low, o->file, 4, argv, o->verify);
 	return status < 0 ? 1 : status;
 }
 
 int main(int argc, char **argv)
 {
+	if (argc > 1 && !strcmp(argv[1], "data")) /* text to tokens: its own options (data/data_cli.c) */
+		return data_main(argc - 1, argv + 1);
 	Options o = {0};
 	int rc = parse_args(argc, argv, &o);
 	if (rc)
@@ -552,6 +610,15 @@ int main(int argc, char **argv)
 	setvbuf(stderr, NULL, _IOLBF, BUFSIZ); /* a diagnostic's source line is one write, not one per byte */
 	if (!outputs_ok(&o, NULL, is_emit, is_build, is_explain))
 		return 1;
+	if (is_reshard) { /* "DIR/" is DIR: no "DIR//step-N" in what the runtime prints */
+		size_t n = strlen(o.output);
+		while (n > 1 && o.output[n - 1] == '/')
+			n--;
+		char *dir = strndup(o.output, n);
+		if (!dir)
+			return 1;
+		o.output = dir; /* lives until exit */
+	}
 	if (is_reshard && !output_ok("-o", o.output, true, &o, NULL))
 		return 1;
 	Arena *a = arena_new();

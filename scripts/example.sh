@@ -14,7 +14,7 @@ echo "examples/gpt.plan: every plan checks"
 ./build/planc explain examples/gpt.plan --plan gpt_3d
 ./build/planc build examples/gpt.plan --plan gpt_3d -o build/gpt_3d
 echo "training examples/gpt.plan, plan gpt_3d, on 8 MPI ranks (data 2 x pipe 2 x tensor 2):"
-# OpenMPI as root and with more ranks than cores (DESIGN section 7)
+# OpenMPI as root and with more ranks than cores (the environment tests/lib/harness.sh sets)
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 export OMPI_MCA_plm=isolated OMPI_MCA_btl=self,vader OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 mpirun -np 8 build/gpt_3d --steps ${PLANC_EXAMPLE_STEPS:-60} --data data/corpus.txt --log build/gpt_3d.jsonl \

@@ -1,19 +1,33 @@
 #!/bin/sh
 # README command 2: installs what is missing, builds planc with warnings as errors, runs the whole
-# suite with ctest, then builds the libFuzzer harness with clang and fuzzes the front end for a
-# bounded time (PLANC_FUZZ_SECONDS, default 60). Exits non-zero if anything fails.
+# suite with ctest (one test per core at a time, the longest first), then fuzzes the front end with
+# the libFuzzer harness for a bounded time (PLANC_FUZZ_SECONDS, default 60; 0 skips it). The
+# harness is built with clang while the suite runs. Exits non-zero if anything fails.
 set -e
 cd "$(dirname "$0")/.."
 . scripts/deps.sh
 jobs=$(nproc)
+seconds=${PLANC_FUZZ_SECONDS:-60}
 cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPLANC_WERROR=ON >/dev/null
 cmake --build build -j"$jobs"
-(cd build && ctest --output-on-failure)
 
-seconds=${PLANC_FUZZ_SECONDS:-60}
+fuzz_build=
 if [ "$seconds" -gt 0 ]; then
-	cmake -S . -B build-fuzz -DCMAKE_C_COMPILER=clang-14 -DPLANC_FUZZ=ON -DPLANC_WERROR=ON >/dev/null
-	cmake --build build-fuzz --target fuzz_frontend -j"$jobs" >/dev/null
+	mkdir -p build-fuzz
+	(cmake -S . -B build-fuzz -DCMAKE_C_COMPILER=clang-14 -DPLANC_FUZZ=ON -DPLANC_WERROR=ON &&
+		cmake --build build-fuzz --target fuzz_frontend) >build-fuzz/build.log 2>&1 &
+	fuzz_build=$!
+fi
+status=0
+(cd build && ctest --output-on-failure -j"$jobs") || status=$?
+if [ -n "$fuzz_build" ] && ! wait "$fuzz_build"; then
+	tail -20 build-fuzz/build.log
+	echo "fuzz: building the harness failed"
+	exit 1
+fi
+[ "$status" -eq 0 ] || exit "$status"
+
+if [ "$seconds" -gt 0 ]; then
 	corpus=$(mktemp -d)
 	cp tests/fuzz/corpus/* "$corpus"/
 	for f in examples/*.plan stdlib/*.plan; do

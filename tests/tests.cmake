@@ -1,76 +1,104 @@
-# The test suite, run by ctest from the build directory (scripts/test.sh runs it all).
-# Every test runs from the repository root so diagnostics print repository-relative paths.
+# The test suite (tests/README.md), run by ctest from the build directory: `ctest -j2` runs it all
+# (scripts/test.sh does, with the build and the fuzzing), `ctest -L quick` the edit loop's tier.
+# Every test runs from the repository root so diagnostics print repository-relative paths. The
+# tiers and labels are at the end of this file.
 set(PLANC $<TARGET_FILE:planc>)
 set(ROOT ${CMAKE_SOURCE_DIR})
+# mpirun as root with more ranks than cores, over shared memory, one thread per rank: the same as
+# tests/lib/harness.py's MPI_ENV and harness.sh (the runners set it themselves; these are for the
+# C tests ctest starts under mpirun). Each test adds its PLANRT_WATCHDOG.
+set(TEST_MPI_ENV OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+    OMPI_MCA_plm=isolated OMPI_MCA_btl=self,vader OMPI_MCA_btl_vader_single_copy_mechanism=none
+    OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1)
 # planc build's C compiler in the tests that build programs: mpicc with a cache of its outputs in
 # the build directory, so a plan built with the same flags by several tests compiles once
-# (tests/cc_cache.sh)
-set(CC_CACHE_ENV "PLANC_MPICC=${ROOT}/tests/cc_cache.sh" "REAL_CC=${MPI_C_COMPILER}"
+# (tests/lib/cc_cache.sh)
+set(CC_CACHE_ENV "PLANC_MPICC=${ROOT}/tests/lib/cc_cache.sh" "REAL_CC=${MPI_C_COMPILER}"
     "PLANC_CC_CACHE=${CMAKE_BINARY_DIR}/cc-cache")
 
-add_test(NAME errors COMMAND sh ${ROOT}/tests/run_errors.sh ${PLANC} WORKING_DIRECTORY ${ROOT})
-add_test(NAME explain_goldens COMMAND sh ${ROOT}/tests/run_explain.sh ${PLANC} WORKING_DIRECTORY ${ROOT})
-add_test(NAME explain_formulas COMMAND python3 ${ROOT}/tests/explain/check_formulas.py ${PLANC} ${ROOT}
-         WORKING_DIRECTORY ${ROOT})
-add_test(NAME cli COMMAND sh ${ROOT}/tests/run_cli.sh ${PLANC} WORKING_DIRECTORY ${ROOT})
-add_test(NAME emit_golden COMMAND sh ${ROOT}/tests/run_emit_golden.sh ${PLANC} WORKING_DIRECTORY ${ROOT})
-file(GLOB FMT_FILES ${ROOT}/examples/*.plan ${ROOT}/stdlib/*.plan ${ROOT}/tests/parse/*.plan)
-add_test(NAME fmt_roundtrip COMMAND sh ${ROOT}/tests/fmt_roundtrip.sh ${PLANC} ${FMT_FILES} WORKING_DIRECTORY ${ROOT})
+# runner_test(NAME TIMEOUT COMMAND...): a runner script's test, from the repository root, with the
+# compile cache (a test that builds nothing does not use it)
+function(runner_test name timeout)
+  add_test(NAME ${name} COMMAND ${ARGN} WORKING_DIRECTORY ${ROOT})
+  set_tests_properties(${name} PROPERTIES TIMEOUT ${timeout} ENVIRONMENT "${CC_CACHE_ENV}")
+endfunction()
 
-# runtime and kernel unit tests (cmocka, MPI) live beside their sources' tests
+# ---- the front end and the command line (tests/front, tests/cli)
+runner_test(errors 300 sh ${ROOT}/tests/front/run_errors.sh ${PLANC})
+file(GLOB FMT_FILES ${ROOT}/examples/*.plan ${ROOT}/stdlib/*.plan ${ROOT}/tests/front/parse/*.plan)
+runner_test(fmt_roundtrip 300 sh ${ROOT}/tests/front/fmt_roundtrip.sh ${PLANC} ${FMT_FILES})
+runner_test(cli 600 sh ${ROOT}/tests/cli/run_cli.sh ${PLANC})
+
+# ---- explain (tests/explain): the goldens of the small examples, of the 7B and 175B ones (most
+# of the goldens' time: 36 and 96 layers), the papers' formulas, the picture
+runner_test(explain_goldens 300 sh ${ROOT}/tests/explain/run_explain.sh ${PLANC} ${ROOT}/examples/mlp.plan
+            ${ROOT}/examples/gpt.plan ${ROOT}/examples/moe.plan ${ROOT}/examples/llama.plan ${ROOT}/examples/bert.plan)
+runner_test(explain_goldens_large 600 sh ${ROOT}/tests/explain/run_explain.sh ${PLANC}
+            ${ROOT}/examples/gpt7b.plan ${ROOT}/examples/gpt175b.plan)
+runner_test(explain_formulas 300 python3 ${ROOT}/tests/explain/check_formulas.py ${PLANC} ${ROOT})
+runner_test(explain_svg 300 python3 ${ROOT}/tests/explain/check_svg.py ${PLANC} ${ROOT})
+# the C printer's output, byte for byte (tests/emit)
+runner_test(emit_golden 300 sh ${ROOT}/tests/emit/run_emit_golden.sh ${PLANC})
+
+# ---- unit tests (cmocka, MPI) beside their sources' folders
 include(${ROOT}/tests/runtime/tests.cmake)
 include(${ROOT}/tests/kernels/tests.cmake)
 include(${ROOT}/tests/pipeline/tests.cmake)
 include(${ROOT}/tests/sync/tests.cmake)
 include(${ROOT}/tests/llvm/tests.cmake)
+include(${ROOT}/tests/cpu/tests.cmake)
 
-# the heart of the suite: every plan trains like the single-rank run (tests/equiv)
-add_test(NAME equiv COMMAND python3 ${ROOT}/tests/equiv/run_equiv.py ${PLANC} ${ROOT} 20 WORKING_DIRECTORY ${ROOT})
-set_tests_properties(equiv PROPERTIES TIMEOUT 1800 ENVIRONMENT "${CC_CACHE_ENV}")
-add_test(NAME program_errors COMMAND sh ${ROOT}/tests/run_program_errors.sh ${PLANC} WORKING_DIRECTORY ${ROOT})
-set_tests_properties(program_errors PROPERTIES TIMEOUT 600)
-add_test(NAME memory COMMAND python3 ${ROOT}/tests/equiv/check_memory.py ${PLANC} ${ROOT} WORKING_DIRECTORY ${ROOT})
-set_tests_properties(memory PROPERTIES TIMEOUT 600 ENVIRONMENT "${CC_CACHE_ENV}")
-# offload optimizer -> disk: the same run as without it, and the memory it saves (measured)
-add_test(NAME offload COMMAND python3 ${ROOT}/tests/equiv/check_offload.py ${PLANC} ${ROOT} WORKING_DIRECTORY ${ROOT})
-set_tests_properties(offload PROPERTIES TIMEOUT 900 ENVIRONMENT "${CC_CACHE_ENV}")
+# ---- the heart of the suite: every plan trains like the single-rank run (tests/equiv), one test
+# per model group so that they run side by side; equiv_others is every model the others do not
+# name (run_equiv.py's -MODEL), so a model added to run_equiv.py's PLANS is never left out
+runner_test(equiv_gpt 1800 python3 ${ROOT}/tests/equiv/run_equiv.py ${PLANC} ${ROOT} 20 gpt)
+runner_test(equiv_moe 900 python3 ${ROOT}/tests/equiv/run_equiv.py ${PLANC} ${ROOT} 20 moe tests/equiv/moe_names)
+runner_test(equiv_mlp 600 python3 ${ROOT}/tests/equiv/run_equiv.py ${PLANC} ${ROOT} 20 mlp)
+runner_test(equiv_ops 600 python3 ${ROOT}/tests/equiv/run_equiv.py ${PLANC} ${ROOT} 20 tests/equiv/ops)
+runner_test(equiv_others 900 python3 ${ROOT}/tests/equiv/run_equiv.py ${PLANC} ${ROOT} 20
+            -gpt -moe -tests/equiv/moe_names -mlp -tests/equiv/ops)
+runner_test(equiv_sweep 900 python3 ${ROOT}/tests/equiv/run_sweep.py ${PLANC} ${ROOT} 24)
 # PyTorch as an independent reference. Without Debian's python3-torch it exits 77, which ctest
 # reports as skipped (scripts/deps.sh installs it, so CI runs it); a skip never reads as a pass.
-add_test(NAME torch_reference COMMAND /usr/bin/python3 ${ROOT}/tests/equiv/torch_reference.py ${PLANC} ${ROOT} 20
-         WORKING_DIRECTORY ${ROOT})
-set_tests_properties(torch_reference PROPERTIES SKIP_RETURN_CODE 77 ENVIRONMENT "${CC_CACHE_ENV}")
-add_test(NAME equiv_sweep COMMAND python3 ${ROOT}/tests/equiv/run_sweep.py ${PLANC} ${ROOT} 24 WORKING_DIRECTORY ${ROOT})
-set_tests_properties(equiv_sweep PROPERTIES TIMEOUT 900)
-# the compiler at scale (issue 12): timings of million-rank plans and hostile input (tests/scale),
-# the collective check's mismatches found at a million ranks, and explain --svg's picture
-add_test(NAME scale COMMAND sh ${ROOT}/tests/scale/run_scale.sh ${PLANC} WORKING_DIRECTORY ${ROOT})
+runner_test(torch_reference 900 /usr/bin/python3 ${ROOT}/tests/torch/torch_reference.py ${PLANC} ${ROOT} 20)
+set_tests_properties(torch_reference PROPERTIES SKIP_RETURN_CODE 77)
+# what programs allocate = explain's figure; ZeRO's and expert parallelism's memory (tests/memory)
+runner_test(memory 600 python3 ${ROOT}/tests/memory/check_memory.py ${PLANC} ${ROOT})
+# offload optimizer -> disk: the same run as without it, and the memory it saves (measured)
+runner_test(offload 900 python3 ${ROOT}/tests/offload/check_offload.py ${PLANC} ${ROOT})
+
+# ---- a generated program's operability (issue 12, runtime): sharded checkpoints resumed bit for
+# bit, kill -9 inside a save, resharding between plans, --keep (tests/checkpoint); fp16 loss
+# scaling (tests/fp16); bad input, NaN stops, refused arguments and paths, every survivor
+# explaining a killed rank (tests/program); --trace, --eval-every, TensorBoard, tcp (tests/observe)
+runner_test(checkpoint 900 python3 ${ROOT}/tests/checkpoint/run_checkpoint.py ${PLANC} ${ROOT})
+runner_test(fp16 600 python3 ${ROOT}/tests/fp16/run_fp16.py ${PLANC} ${ROOT})
+runner_test(program_errors 600 sh ${ROOT}/tests/program/run_program_errors.sh ${PLANC})
+runner_test(program_failures 600 python3 ${ROOT}/tests/program/run_failures.py ${PLANC} ${ROOT})
+runner_test(observe 600 python3 ${ROOT}/tests/observe/run_observe.py ${PLANC} ${ROOT})
+
+# ---- the compiler at scale (issue 12): timings of million-rank plans and hostile input
+# (tests/scale), the collective check's mismatches found at a million ranks
+runner_test(scale 600 sh ${ROOT}/tests/scale/run_scale.sh ${PLANC})
 add_executable(scale_test_check ${ROOT}/tests/scale/test_check.c)
 target_compile_options(scale_test_check PRIVATE ${PLANC_WARNINGS})
 target_link_libraries(scale_test_check PRIVATE planc_core)
 add_test(NAME scale_check COMMAND scale_test_check WORKING_DIRECTORY ${ROOT})
-# the loop-level IR's contracts (issue 21): kernels typed by the kernel table (named access, the
-# verifier refusing a misfit argument), ZeRO and sync annotated by the graph passes and owned by
-# state.c (nothing left for lowering to drop; the record explain reads)
+
+# ---- the loop-level IR's contracts (issue 21): kernels typed by the kernel table (named access,
+# the verifier refusing a misfit argument), ZeRO and sync annotated by the graph passes and owned
+# by state.c (nothing left for lowering to drop; the record explain reads)
 add_executable(lower_test_ir ${ROOT}/tests/lower/test_ir.c)
 target_compile_options(lower_test_ir PRIVATE ${PLANC_WARNINGS})
 target_link_libraries(lower_test_ir PRIVATE planc_core)
 add_test(NAME lower_ir COMMAND lower_test_ir WORKING_DIRECTORY ${ROOT})
-add_test(NAME explain_svg COMMAND python3 ${ROOT}/tests/explain/check_svg.py ${PLANC} ${ROOT} WORKING_DIRECTORY ${ROOT})
-# a generated program's operability (issue 12, runtime): sharded checkpoints resumed bit for bit,
-# kill -9 inside a save, resharding between plans, --keep, NaN stops, refused arguments and
-# paths, every survivor explaining a killed rank (tests/ops)
-add_test(NAME ops COMMAND python3 ${ROOT}/tests/ops/run_ops.py ${PLANC} ${ROOT} WORKING_DIRECTORY ${ROOT})
-set_tests_properties(ops PROPERTIES TIMEOUT 900 ENVIRONMENT "${CC_CACHE_ENV}")
-# watching a run: --trace (nesting, bytes against the comm counters), --eval-every (the same held-out
-# loss under every plan, training untouched), the TensorBoard converter, the tcp transport
-add_test(NAME ops_observe COMMAND python3 ${ROOT}/tests/ops/run_observe.py ${PLANC} ${ROOT} WORKING_DIRECTORY ${ROOT})
-set_tests_properties(ops_observe PROPERTIES TIMEOUT 600 ENVIRONMENT "${CC_CACHE_ENV}")
-# The CUDA target (issue 7). On a CPU: the stream/event schedule as data (its orderings: buckets
-# under the backward, ZeRO-3 gathers prefetched, pipeline transfers beside compute) and the arena
-# the device allocates; with the CUDA toolkit (planrt_cuda built): every example plan built for
-# cuda (or refused as listed, by kernel), each program's one-line refusal without a GPU, and the
-# build half of scripts/gpu-check.sh (planrt for one process, without MPI or OpenBLAS).
-add_test(NAME cuda_streams COMMAND python3 ${ROOT}/tests/cuda/check_streams.py ${PLANC} ${ROOT} WORKING_DIRECTORY ${ROOT})
+
+# ---- the CUDA target (issue 7). On a CPU: the stream/event schedule as data (its orderings:
+# buckets under the backward, ZeRO-3 gathers prefetched, pipeline transfers beside compute) and
+# the arena the device allocates; with the CUDA toolkit (planrt_cuda built): every example plan
+# built for cuda (or refused as listed, by kernel), each program's one-line refusal without a
+# GPU, and the build half of scripts/gpu-check.sh (planrt for one process, without MPI or OpenBLAS).
+runner_test(cuda_streams 300 python3 ${ROOT}/tests/cuda/check_streams.py ${PLANC} ${ROOT})
 # the sync-strategy device kernels' per-element logic (runtime/include/planrt_sync_math.h) on the CPU,
 # composed as runtime/cuda/sync_cuda.cu composes it, against compress.c, sync.c and step.c on 4 ranks
 add_executable(cuda_test_sync_math ${ROOT}/tests/cuda/test_sync_math.c)
@@ -80,7 +108,7 @@ target_link_libraries(cuda_test_sync_math PRIVATE planrt m)
 add_test(NAME cuda_sync_math
          COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 4 ${MPIEXEC_PREFLAGS}
                  $<TARGET_FILE:cuda_test_sync_math> ${MPIEXEC_POSTFLAGS})
-set_tests_properties(cuda_sync_math PROPERTIES TIMEOUT 120 ENVIRONMENT "${RUNTIME_MPI_ENV};PLANRT_WATCHDOG=60")
+set_tests_properties(cuda_sync_math PROPERTIES TIMEOUT 120 ENVIRONMENT "${TEST_MPI_ENV};PLANRT_WATCHDOG=60")
 # the MoE kernels' per-token, per-expert and per-element logic (runtime/cuda/planrt_moe_math.h, which
 # moe_cuda.cu runs on the device) run on the CPU against the CPU kernels, bit for bit
 add_executable(cuda_test_moe_math ${ROOT}/tests/cuda/test_moe_math.c)
@@ -93,3 +121,78 @@ if(TARGET planrt_cuda)
   add_test(NAME cuda_one_process COMMAND bash ${ROOT}/tests/cuda/one_process.sh ${PLANC} ${NVCC} WORKING_DIRECTORY ${ROOT})
   set_tests_properties(cuda_one_process PROPERTIES TIMEOUT 600 SKIP_RETURN_CODE 77)
 endif()
+# the architecture (issue 21): the include and call graphs of compiler/ and runtime/, file by file
+# and folder by folder, have no cycles (tests/arch/check_deps.py reads the sources and nm of the
+# objects this build made)
+add_test(NAME arch COMMAND python3 ${ROOT}/tests/arch/check_deps.py ${ROOT} ${CMAKE_BINARY_DIR} WORKING_DIRECTORY ${ROOT})
+# no function in compiler/, runtime/ or grammar/ over 150 lines (issue 21; tests/arch/check_functions.py
+# reads C as a compiler would, and lists with why the few still allowed over it)
+add_test(NAME arch_functions COMMAND python3 ${ROOT}/tests/arch/check_functions.py ${ROOT} WORKING_DIRECTORY ${ROOT})
+
+
+# ---- data (issue 22, docs/data.md): the token formats (text, nanoGPT, llm.c shards, Megatron's
+# indexed data set) written by an independent Python writer, the sampling rules (epochs, blends,
+# held-out batches, random) and document boundaries against the page's formulas re-implemented
+# in Python, and planc data's tokenizer and trainer against an independent Python GPT-2 encoder;
+# data_runs trains on them (evaluation, samples/s, refusals, masks, resume checks)
+add_executable(data_dump ${ROOT}/tests/data/data_dump.c)
+target_compile_options(data_dump PRIVATE ${PLANC_WARNINGS})
+target_include_directories(data_dump PRIVATE ${ROOT}/runtime/io)
+target_link_libraries(data_dump PRIVATE planrt)
+runner_test(data 600 python3 ${ROOT}/tests/data/check_data.py ${PLANC} $<TARGET_FILE:data_dump> ${ROOT})
+runner_test(fmt_golden 300 sh ${ROOT}/tests/front/run_fmt_golden.sh ${PLANC})
+runner_test(data_runs 900 python3 ${ROOT}/tests/data/check_runs.py ${PLANC} ${ROOT})
+
+# ---- tiers and labels (README.md, "Tests"). Every test is in exactly one tier:
+#   quick  the edit loop (`ctest -L quick -j2`, under 90 s on 2 cores): diagnostics, goldens,
+#          unit tests, the CLI, and the equivalence of the op test model and the MLP's plans
+#   slow   the rest: every other plan trained, the back ends against each other, PyTorch,
+#          checkpoints, offload, the CUDA builds
+# and labelled by what it needs: mpi (programs under mpirun), cuda (the CUDA toolkit: nvcc,
+# ptxas), torch (Debian's python3-torch). COST (about the test's seconds on an idle 2-core
+# machine) makes `ctest -j` start the long tests first.
+set(QUICK_TESTS errors fmt_roundtrip cli explain_goldens explain_formulas explain_svg emit_golden
+    runtime_rng runtime_data runtime_optim runtime_safetensors runtime_log runtime_memory runtime_collectives
+    runtime_step_kernels runtime_watchdog runtime_watchdog_world_sum runtime_collectives_no_watchdog
+    runtime_program runtime_program_cli kernels_fd kernels_semantics pipeline_partition pipeline_stages
+    sync_check sync_kernels llvm_verify scale_check lower_ir cuda_streams cuda_sync_math cuda_moe_math equiv_ops equiv_mlp arch arch_functions
+    fmt_golden data)
+set(MPI_TESTS runtime_collectives runtime_step_kernels runtime_watchdog runtime_watchdog_world_sum
+    runtime_collectives_no_watchdog runtime_program runtime_program_cli sync_kernels sync_runs llvm_diff
+    equiv_gpt equiv_moe equiv_mlp equiv_ops equiv_others equiv_sweep torch_reference memory offload checkpoint fp16
+    program_errors program_failures observe cuda_sync_math cpu_levels data_runs)
+set(CUDA_TESTS llvm_ptxas cuda_build cuda_one_process)
+set(TORCH_TESTS torch_reference)
+set(TEST_COSTS cuda_build 150 equiv_gpt 140 llvm_diff 130 offload 70 equiv_sweep 60 equiv_moe 60 checkpoint 50
+    torch_reference 50 sync_runs 40 equiv_others 40 memory 30 explain_goldens_large 25 fp16 20 observe 15)
+
+get_property(ALL_TESTS DIRECTORY PROPERTY TESTS)
+foreach(t ${ALL_TESTS})
+  if(t IN_LIST QUICK_TESTS)
+    set(labels quick)
+  else()
+    set(labels slow)
+  endif()
+  foreach(label mpi cuda torch)
+    string(TOUPPER ${label} upper)
+    if(t IN_LIST ${upper}_TESTS)
+      list(APPEND labels ${label})
+    endif()
+  endforeach()
+  set_tests_properties(${t} PROPERTIES LABELS "${labels}")
+endforeach()
+foreach(t ${QUICK_TESTS} ${MPI_TESTS} ${CUDA_TESTS} ${TORCH_TESTS})
+  if(NOT t IN_LIST ALL_TESTS AND NOT (t MATCHES "^cuda_(build|one_process)$" AND NOT TARGET planrt_cuda))
+    message(FATAL_ERROR "tests/tests.cmake labels a test '${t}' that no add_test defines")
+  endif()
+endforeach()
+list(LENGTH TEST_COSTS n)
+math(EXPR last "${n} - 1")
+foreach(i RANGE 0 ${last} 2)
+  math(EXPR j "${i} + 1")
+  list(GET TEST_COSTS ${i} t)
+  list(GET TEST_COSTS ${j} cost)
+  if(t IN_LIST ALL_TESTS)
+    set_tests_properties(${t} PROPERTIES COST ${cost})
+  endif()
+endforeach()

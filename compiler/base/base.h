@@ -23,6 +23,10 @@ char *arena_strdup(Arena *a, const char *s);
 char *arena_strndup(Arena *a, const char *s, size_t n);
 char *arena_printf(Arena *a, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void arena_free(Arena *a);
+/* *slot is a heap array (malloc, realloc) that lives as long as the arena: arena_free frees it. For
+ * the big arrays that grow (a program's kernels and buffers), where realloc can move pages instead
+ * of leaving a copy in the arena at each doubling. slot itself must live in the arena. */
+void arena_own(Arena *a, void **slot);
 
 /* ---------------------------------------------------------------- symtab.c */
 /* String-keyed hash tables (open addressing) in an arena, for every name lookup: expected O(1).

@@ -340,13 +340,52 @@ static void model_stmts(Fmt *f, const Stmt *s, int indent)
 		model_stmt(f, s, indent);
 }
 
+enum { FMT_WIDTH = 100 }; /* a `use` longer than this wraps its arguments */
+
+/* The printed width of a call expression on one line. */
+static size_t call_width(Fmt *f, const Expr *e)
+{
+	char *text = NULL;
+	size_t n = 0;
+	FILE *mem = open_memstream(&text, &n), *out = f->out;
+	if (!mem)
+		return 0;
+	f->out = mem;
+	expr(f, e, P_ARG);
+	f->out = out;
+	fclose(mem);
+	free(text);
+	return n;
+}
+
+/* `use nn.tensor_parallel(tensor, column = [...], row = [...])` over FMT_WIDTH columns: the
+ * first argument on the statement's line, each other on a line of its own, 4 spaces deeper */
+static bool use_wrapped(Fmt *f, const PlanStmt *s, int indent)
+{
+	const Expr *call = s->args && !s->args->next && !s->args->key ? s->args->value : NULL;
+	if (strcmp(s->word, "use") || !call || call->kind != E_CALL || !call->args || !call->args->next ||
+	    (size_t)(2 * indent) + 4 + call_width(f, call) <= FMT_WIDTH)
+		return false;
+	fputs(" ", f->out);
+	expr(f, call->lhs, P_POSTFIX);
+	fputc('(', f->out);
+	for (const Arg *a = call->args; a; a = a->next) {
+		if (a != call->args)
+			fprintf(f->out, ",\n%*s", 2 * indent + 4, "");
+		args(f, &(Arg){.key = a->key, .value = a->value});
+	}
+	fputc(')', f->out);
+	return true;
+}
+
 static void plan_stmt(Fmt *f, const PlanStmt *s, int indent)
 {
 	comments_before(f, s->loc.off, indent);
 	start_line(f, indent, line_of(f, s->loc.off));
 	fputs(s->word, f->out);
 	int header_end = end_of(s->word_loc);
-	for (const Arg *a = s->args; a; a = a->next) {
+	bool wrapped = use_wrapped(f, s, indent);
+	for (const Arg *a = wrapped ? NULL : s->args; a; a = a->next) {
 		bool over = a->key && !strcmp(a->key, "over") && a->value && a->value->kind == E_NAME;
 		if (over)
 			fprintf(f->out, " over %s", a->value->text);
@@ -356,6 +395,8 @@ static void plan_stmt(Fmt *f, const PlanStmt *s, int indent)
 		}
 		header_end = end_of(a->loc);
 	}
+	if (wrapped)
+		header_end = end_of(s->args->loc);
 	if (s->body || end_of(s->loc) > header_end) { /* `stage 0 { ... }` */
 		if (open_block(f, header_end, s->loc, !s->body, indent)) {
 			plan_stmts(f, s->body, indent + 1);

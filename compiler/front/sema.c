@@ -24,6 +24,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 /* ------------------------------------------------------------------ word tables */
 
@@ -457,9 +458,21 @@ static const Stmt *later_assignment(const Stmt *s, const char *name, int after)
 	return NULL;
 }
 
+/* a stdlib module's name used without its import (`nn.block` with no `import std.nn`) */
+static bool stdlib_module(Arena *a, const char *name)
+{
+	struct stat st;
+	return stat(arena_printf(a, "%s/%s.plan", stdlib_dir(), name), &st) == 0;
+}
+
 static void unknown_name(Body *bd, Loc loc, const char *name)
 {
 	diag_error(bd->src, loc, "unknown name '%s'", name);
+	if (stdlib_module(bd->a, name)) {
+		diag_note_plain("'%s' is a module of the standard library: add `import std.%s` at the top of the file", name,
+				name);
+		return;
+	}
 	const Stmt *later = later_assignment(bd->item->body, name, loc.off);
 	if (later) {
 		diag_note(bd->src, later->name_loc, "'%s' is assigned only later, here", name);
@@ -1324,123 +1337,114 @@ static bool is_dim_name(PlanCtx *pc, const char *name)
 static int moe_rule_target(Expr *lhs, Expr **pattern);
 static void moe_rule(PlanCtx *pc, const Frame *fr, Expr *e, int kind, Expr *pat, int stage);
 
-/* One `shard` argument: `DIM -> AXIS` or `PATTERN : [LAYOUT]`. quiet: the rule's form was
- * already checked (strategies are checked once in sema_check). */
-static void shard_rule(PlanCtx *pc, const Frame *fr, Arg *arg, int stage)
+/* `DIM -> AXIS`: the model's dim DIM split over mesh axis AXIS. */
+static void dim_rule(PlanCtx *pc, const Frame *fr, Expr *e, int stage)
 {
 	const Source *fsrc = fr->src;
 	bool quiet = fr->strategy != NULL;
-	Expr *e = arg->value;
-	if (arg->key || !e || e->kind != E_BINARY || (e->op != 'A' && e->op != ':')) {
-		if (!quiet) {
-			diag_error(fsrc, arg->loc, "expected a shard rule");
-			diag_note_plain("write 'shard DIM -> AXIS' (e.g. B -> data) or 'shard PATTERN : [LAYOUT]' (e.g. layers.*.mlp.w1 : [_, tensor])");
+	const Source *dsrc;
+	ArgBind *db;
+	const Frame *dwhere;
+	Expr *d = resolve_bound(fr, e->lhs, &dsrc, &db, &dwhere);
+	if (d->kind != E_NAME) {
+		if (!quiet || db) {
+			perr(dwhere, dsrc, d->loc, "expected a dimension name before '->'");
+			diag_note_plain("a parameter layout is written 'PATTERN : [LAYOUT]'");
 		}
 		return;
 	}
-	if (e->op == 'A') {
-		Expr *moe_pat;
-		int moe = moe_rule_target(e->lhs, &moe_pat);
-		if (moe) {
-			moe_rule(pc, fr, e, moe, moe_pat, stage);
+	if (pc->model && !is_dim_name(pc, d->text)) {
+		if (db && db->reported)
 			return;
-		}
-		const Source *dsrc;
-		ArgBind *db;
-		const Frame *dwhere;
-		Expr *d = resolve_bound(fr, e->lhs, &dsrc, &db, &dwhere);
-		if (d->kind != E_NAME) {
-			if (!quiet || db) {
-				perr(dwhere, dsrc, d->loc, "expected a dimension name before '->'");
-				diag_note_plain("a parameter layout is written 'PATTERN : [LAYOUT]'");
-			}
-			return;
-		}
-		if (pc->model && !is_dim_name(pc, d->text)) {
-			if (db && db->reported)
-				return;
-			perr(dwhere, dsrc, d->loc, "'%s' is not a dimension of model '%s'", d->text, pc->model->name);
-			Names ns = {0};
-			for (int i = 0; i < pc->mi.hypers.n; i++)
-				names_add(pc->a, &ns, pc->mi.hypers.v[i]);
-			for (int i = 0; i < pc->mi.free_dims.n; i++)
-				names_add(pc->a, &ns, pc->mi.free_dims.v[i]);
-			if (best_guess(d->text, ns.v, ns.n))
-				suggest(d->text, ns.v, ns.n);
-			else
-				diag_note_plain("a dim rule names a hyperparameter or a batch dim of the model's inputs: %s",
-				                word_list(pc->a, ns.v, ns.n, " or "));
-			if (db)
-				db->reported = true;
-			return;
-		}
-		int ax = resolve_axis(pc, fr, e->rhs);
-		if (ax < 0)
-			return;
-		/* the same dim over the same axis twice */
-		for (int i = 0; i < pc->ps->nrules; i++) {
-			ShardRule *o = &pc->ps->rules[i];
-			if (o->dim_name && !strcmp(o->dim_name, d->text) && o->axis == ax && o->stage == stage) {
-				perr(fr, fsrc, e->loc, "dimension %s is already split over mesh axis '%s'", d->text,
-				     pc->ps->axes[ax].name);
-				diag_note(pc->notes[i].src, pc->notes[i].loc, "by this rule");
-				rule_notes(&pc->notes[i]);
-				return;
-			}
-		}
-		ShardRule *r = add_rule(pc, fr, fsrc, e->loc);
-		r->dim_name = d->text;
-		r->axis = ax;
-		r->stage = stage;
+		perr(dwhere, dsrc, d->loc, "'%s' is not a dimension of model '%s'", d->text, pc->model->name);
+		Names ns = {0};
+		for (int i = 0; i < pc->mi.hypers.n; i++)
+			names_add(pc->a, &ns, pc->mi.hypers.v[i]);
+		for (int i = 0; i < pc->mi.free_dims.n; i++)
+			names_add(pc->a, &ns, pc->mi.free_dims.v[i]);
+		if (best_guess(d->text, ns.v, ns.n))
+			suggest(d->text, ns.v, ns.n);
+		else
+			diag_note_plain("a dim rule names a hyperparameter or a batch dim of the model's inputs: %s",
+			                word_list(pc->a, ns.v, ns.n, " or "));
+		if (db)
+			db->reported = true;
 		return;
 	}
-	/* parameter rule. The pattern may be a strategy parameter bound to a pattern or to a list of
-	 * them (`shard column : [_, axis]`, used with `column = [layers.*.attn.wq, layers.*.mlp.w1]`):
-	 * one rule per pattern, located at the pattern where the plan wrote it. */
-	const Source *psrc;
-	ArgBind *pb;
-	const Frame *pwhere;
-	Expr *bound = resolve_bound(fr, e->lhs, &psrc, &pb, &pwhere);
-	Expr *pats[64];
+	int ax = resolve_axis(pc, fr, e->rhs);
+	if (ax < 0)
+		return;
+	/* the same dim over the same axis twice */
+	for (int i = 0; i < pc->ps->nrules; i++) {
+		ShardRule *o = &pc->ps->rules[i];
+		if (o->dim_name && !strcmp(o->dim_name, d->text) && o->axis == ax && o->stage == stage) {
+			perr(fr, fsrc, e->loc, "dimension %s is already split over mesh axis '%s'", d->text,
+			     pc->ps->axes[ax].name);
+			diag_note(pc->notes[i].src, pc->notes[i].loc, "by this rule");
+			rule_notes(&pc->notes[i]);
+			return;
+		}
+	}
+	ShardRule *r = add_rule(pc, fr, fsrc, e->loc);
+	r->dim_name = d->text;
+	r->axis = ax;
+	r->stage = stage;
+}
+
+enum { MAX_RULE_PATTERNS = 64, MAX_PATTERN_TEXT = 256 };
+
+/* A parameter rule's patterns as text: bound (its left side, resolved where and from src; bind:
+ * the strategy parameter it came through, or NULL) is a pattern or a list of them. Returns their
+ * count, or -1 after an error. */
+static int pattern_texts(const Frame *where, const Source *src, const ArgBind *bind, bool quiet, Expr *bound,
+			 Expr **pats, char (*texts)[MAX_PATTERN_TEXT])
+{
 	int npats = 0;
 	if (bound->kind == E_LIST) {
 		for (Expr *x = bound->items; x; x = x->next) {
-			if (npats == 64) {
-				perr(pwhere, psrc, x->loc, "at most 64 patterns in one list");
-				return;
+			if (npats == MAX_RULE_PATTERNS) {
+				perr(where, src, x->loc, "at most 64 patterns in one list");
+				return -1;
 			}
 			pats[npats++] = x;
 		}
 	} else {
 		pats[npats++] = bound;
 	}
-	char bufs[64][256];
 	for (int i = 0; i < npats; i++) {
 		size_t len = 0;
-		bufs[i][0] = 0;
-		if (!pattern_text(pats[i], bufs[i], sizeof bufs[i], &len)) {
-			if (!quiet || pb) {
-				perr(pwhere, psrc, pats[i]->loc, "expected a parameter pattern%s", pb ? "" : " before ':'");
+		texts[i][0] = 0;
+		if (!pattern_text(pats[i], texts[i], MAX_PATTERN_TEXT, &len)) {
+			if (!quiet || bind) {
+				perr(where, src, pats[i]->loc, "expected a parameter pattern%s", bind ? "" : " before ':'");
 				diag_note_plain("a pattern is a dotted parameter path where '*' matches one segment: layers.*.mlp.w1");
 			}
-			return;
+			return -1;
 		}
 	}
-	if (e->rhs->kind != E_LIST) {
+	return npats;
+}
+
+/* A layout `[_, AXIS, ...]`: per entry the mesh axis, or -1 for '_'. Returns the entry count, or
+ * -1 after an error. */
+static int layout_axes(PlanCtx *pc, const Frame *fr, Expr *layout, int *axes)
+{
+	const Source *fsrc = fr->src;
+	bool quiet = fr->strategy != NULL;
+	if (layout->kind != E_LIST) {
 		if (!quiet) {
-			diag_error(fsrc, e->rhs->loc, "expected a layout: [_, AXIS, ...] with one entry per dimension");
+			diag_error(fsrc, layout->loc, "expected a layout: [_, AXIS, ...] with one entry per dimension");
 		}
-		return;
+		return -1;
 	}
-	int axes[MAX_DIMS];
 	Expr *ents[MAX_DIMS];
 	int n = 0;
 	bool ok = true;
-	for (Expr *x = e->rhs->items; x; x = x->next) {
+	for (Expr *x = layout->items; x; x = x->next) {
 		if (n == MAX_DIMS) {
 			if (!quiet)
 				diag_error(fsrc, x->loc, "a layout has at most %d entries", MAX_DIMS);
-			return;
+			return -1;
 		}
 		const Source *xsrc;
 		ArgBind *xb;
@@ -1462,26 +1466,72 @@ static void shard_rule(PlanCtx *pc, const Frame *fr, Arg *arg, int stage)
 		n++;
 	}
 	if (!ok)
-		return;
+		return -1;
 	for (int i = 0; i < n; i++)
 		for (int j = 0; j < i; j++)
 			if (axes[i] >= 0 && axes[i] == axes[j]) {
 				perr(fr, fsrc, ents[i]->loc, "mesh axis '%s' used twice in one layout", pc->ps->axes[axes[i]].name);
 				diag_note_plain("a dimension can be split over an axis only once per tensor; use '_' for one of them");
-				return;
+				return -1;
 			}
+	return n;
+}
+
+/* `PATTERN : [LAYOUT]`. The pattern may be a strategy parameter bound to a pattern or to a list
+ * of them (`shard column : [_, axis]`, used with `column = [layers.*.attn.wq, layers.*.mlp.w1]`):
+ * one rule per pattern, located at the pattern where the plan wrote it. */
+static void param_rule(PlanCtx *pc, const Frame *fr, Expr *e, int stage)
+{
+	const Source *psrc;
+	ArgBind *pb;
+	const Frame *pwhere;
+	Expr *bound = resolve_bound(fr, e->lhs, &psrc, &pb, &pwhere);
+	Expr *pats[MAX_RULE_PATTERNS];
+	char texts[MAX_RULE_PATTERNS][MAX_PATTERN_TEXT];
+	int npats = pattern_texts(pwhere, psrc, pb, fr->strategy != NULL, bound, pats, texts);
+	if (npats < 0)
+		return;
+	int axes[MAX_DIMS];
+	int n = layout_axes(pc, fr, e->rhs, axes);
+	if (n < 0)
+		return;
 	for (int k = 0; k < npats; k++) {
-		ShardRule *r = add_rule(pc, fr, fsrc, e->loc);
+		ShardRule *r = add_rule(pc, fr, fr->src, e->loc);
 		if (pb && pwhere && !pwhere->strategy) { /* a pattern the plan passed: errors point at it */
 			r->loc = pats[k]->loc;
 			r->src = psrc;
 		}
-		r->pattern = arena_strdup(pc->a, bufs[k]);
+		r->pattern = arena_strdup(pc->a, texts[k]);
 		r->ndims = n;
 		for (int i = 0; i < n; i++)
 			r->axes[i] = axes[i];
 		r->stage = stage;
 	}
+}
+
+/* One `shard` argument: `DIM -> AXIS` or `PATTERN : [LAYOUT]`. quiet: the rule's form was
+ * already checked (strategies are checked once in sema_check). */
+static void shard_rule(PlanCtx *pc, const Frame *fr, Arg *arg, int stage)
+{
+	bool quiet = fr->strategy != NULL;
+	Expr *e = arg->value;
+	if (arg->key || !e || e->kind != E_BINARY || (e->op != 'A' && e->op != ':')) {
+		if (!quiet) {
+			diag_error(fr->src, arg->loc, "expected a shard rule");
+			diag_note_plain("write 'shard DIM -> AXIS' (e.g. B -> data) or 'shard PATTERN : [LAYOUT]' (e.g. layers.*.mlp.w1 : [_, tensor])");
+		}
+		return;
+	}
+	if (e->op != 'A') {
+		param_rule(pc, fr, e, stage);
+		return;
+	}
+	Expr *moe_pat;
+	int moe = moe_rule_target(e->lhs, &moe_pat);
+	if (moe)
+		moe_rule(pc, fr, e, moe, moe_pat, stage);
+	else
+		dim_rule(pc, fr, e, stage);
 }
 
 static void plan_stmts(PlanCtx *pc, const Frame *fr, PlanStmt *st, int stage);
@@ -3109,22 +3159,10 @@ static void check_pipeline_batches(PlanCtx *pc)
 
 /* ------------------------------------------------------------------ sema_plan */
 
-static PlanSpec *build_plan(Program *p, Item *plan, bool model_checked_ok, bool warn)
+/* A plan's settings before its statements: torch.optim.AdamW's, DDP's bucket and GShard's routing
+ * defaults. */
+static void plan_defaults(PlanSpec *ps)
 {
-	PlanSpec *ps = arena_alloc(p->arena, sizeof *ps);
-	PlanCtx pcv;
-	PlanCtx *pc = &pcv;
-	memset(pc, 0, sizeof *pc);
-	pc->prog = p;
-	pc->a = p->arena;
-	pc->ps = ps;
-	pc->src = &plan->module->src;
-	pc->warn = warn;
-	int errors_before = diag_error_count();
-
-	ps->prog = p;
-	ps->plan = plan;
-	ps->src = pc->src;
 	ps->world = 1;
 	ps->micro_batches = 1;
 	ps->pipe_axis = -1;
@@ -3144,8 +3182,14 @@ static PlanSpec *build_plan(Program *p, Item *plan, bool model_checked_ok, bool 
 	ps->overlap = true;
 	ps->top_k = 2;
 	ps->capacity_factor = 1.25;
+}
 
-	/* the model */
+/* The model the plan is `for`, its hyperparameters as the plan sets them, and its layer count
+ * where the hyperparameters fix it. */
+static Item *plan_model(PlanCtx *pc, Item *plan, bool model_checked_ok)
+{
+	Program *p = pc->prog;
+	PlanSpec *ps = pc->ps;
 	Item *model = plan->for_model ? find_item(p, I_MODEL, plan->for_model, plan->module) : NULL;
 	if (!model && plan->for_model) {
 		Item *other = NULL;
@@ -3177,8 +3221,13 @@ static PlanSpec *build_plan(Program *p, Item *plan, bool model_checked_ok, bool 
 			pc->layers_known = true;
 		}
 	}
+	return model;
+}
 
-	/* statement words and duplicates */
+/* Each statement's word known (a misspelled one is taken as its guess) and written once (but
+ * the statements that add rules): pc->first[word] is its statement. */
+static void plan_statement_words(PlanCtx *pc, Item *plan)
+{
 	for (PlanStmt *st = plan->rules; st; st = st->next) {
 		int w = word_index(st->word, plan_words, NWORDS);
 		if (w < 0) {
@@ -3207,6 +3256,28 @@ static PlanSpec *build_plan(Program *p, Item *plan, bool model_checked_ok, bool 
 		}
 		pc->first[w] = st;
 	}
+}
+
+static PlanSpec *build_plan(Program *p, Item *plan, bool model_checked_ok, bool warn)
+{
+	PlanSpec *ps = arena_alloc(p->arena, sizeof *ps);
+	PlanCtx pcv;
+	PlanCtx *pc = &pcv;
+	memset(pc, 0, sizeof *pc);
+	pc->prog = p;
+	pc->a = p->arena;
+	pc->ps = ps;
+	pc->src = &plan->module->src;
+	pc->warn = warn;
+	int errors_before = diag_error_count();
+
+	ps->prog = p;
+	ps->plan = plan;
+	ps->src = pc->src;
+	plan_defaults(ps);
+
+	Item *model = plan_model(pc, plan, model_checked_ok);
+	plan_statement_words(pc, plan);
 
 	if (pc->first[W_MESH])
 		plan_mesh(pc, pc->first[W_MESH]);
@@ -3362,7 +3433,9 @@ static void check_strategy(Program *p, Item *st)
 	}
 }
 
-static void check_module_names(Arena *a, Module *m)
+/* root: the file being checked, whose fns nothing can call qualified (an imported module's
+ * `fn dropout` is reachable as nn.dropout, so the stdlib may wrap a primitive under its name) */
+static void check_module_names(Arena *a, Module *m, bool root)
 {
 	SymTab *aliases = symtab_new(a), *names = symtab_new(a); /* the first of each */
 	for (Item *it = m->items; it && !diag_stopped(); it = it->next) {
@@ -3376,6 +3449,15 @@ static void check_module_names(Arena *a, Module *m)
 			diag_note(&m->src, o->name_loc, "by this import");
 			diag_note_plain("rename one: import %s as NAME", it->name);
 		} else if (it->kind != I_IMPORT && it->name) {
+			if (root && it->kind == I_FN && is_prim(it->name)) { /* every call reaches the primitive */
+				diag_error(&m->src, it->name_loc, "fn '%s' has the name of a primitive op, which every call to "
+					   "'%s' in this file reaches; rename the fn",
+					   it->name, it->name);
+				diag_note_plain("unqualified, a primitive's name means the primitive (docs/language.md); a module "
+						"imported by another may wrap it as M.%s",
+						it->name);
+				continue;
+			}
 			Item *o = symtab_get(names, it->name);
 			if (!o) {
 				symtab_put(names, it->name, it);
@@ -3398,7 +3480,7 @@ bool sema_check_plan(Program *p, const Item *only)
 		return false;
 	int errors_before = diag_error_count();
 	for (Module *m = p->modules; m; m = m->next)
-		check_module_names(p->arena, m);
+		check_module_names(p->arena, m, m == p->main);
 	/* models whose hyperparameter defaults are broken are reported once here, not per plan */
 	int nmodels = 0;
 	for (Module *m = p->modules; m; m = m->next)

@@ -104,6 +104,409 @@ static void moe_grad_attributes(Op *op, const Op *f)
 	op->moe_normalize = f->moe_normalize;
 }
 
+/* ------------------------------------------------------------------ the derivative of each op kind
+ *
+ * grad_KIND(ad, f, dy) appends the backward ops of the forward op f (a copy: g->ops may move
+ * while ops are appended), given dy, the gradient of its first output, and accumulates the
+ * gradients of its inputs. The table below maps every op kind the forward graph holds to one. */
+
+typedef void Derivative(AD *ad, const Op *f, int dy);
+
+/* inputs, parameters and fills: the gradient stops */
+static void grad_none(AD *ad, const Op *f, int dy) {}
+
+/* the gradient travels back: SEND on this stage, RECV on the sender's */
+static void grad_recv(AD *ad, const Op *f, int dy)
+{
+	Graph *g = ad->g;
+	int a = f->in[0];
+	int so = bop(ad, OP_SEND, 1, &dy, 0, NULL);
+	g->ops[so].axis = f->axis;
+	g->ops[so].n = f->n;
+	g->ops[so].stage = f->stage;
+	int dx = new_like(g, a, g->vals[a].dtype);
+	int ro = bop(ad, OP_RECV, 1, &dy, 1, &dx);
+	g->ops[ro].axis = f->axis;
+	g->ops[ro].n = f->stage;
+	g->ops[ro].stage = (int)f->n;
+	accumulate(ad, a, dx);
+}
+
+/* y = a @ b: da = dy @ b^T; db = a^T @ dy (a weight b: contracted over every leading dim) */
+static void grad_matmul(AD *ad, const Op *f, int dy)
+{
+	Graph *g = ad->g;
+	int a = f->in[0], b = f->in[1];
+	const Value *vb = &g->vals[b];
+	if (ad->needs[a]) {
+		int bt = transpose_of(ad, b);
+		int in[2] = {dy, bt};
+		int da = new_like(g, a, g->vals[a].dtype);
+		bop(ad, OP_MATMUL, 2, in, 1, &da);
+		accumulate(ad, a, da);
+	}
+	if (ad->needs[b]) {
+		int db = new_like(g, b, g->vals[b].dtype);
+		if (vb->rank == 2) { /* a weight: contract a and dy over every leading dim */
+			int in[2] = {a, dy};
+			bop(ad, OP_MATMUL_WGRAD, 2, in, 1, &db);
+		} else {
+			int in[2] = {transpose_of(ad, a), dy};
+			bop(ad, OP_MATMUL, 2, in, 1, &db);
+		}
+		accumulate(ad, b, db);
+	}
+}
+
+static void grad_transpose(AD *ad, const Op *f, int dy) { accumulate(ad, f->in[0], transpose_of(ad, dy)); }
+
+/* split_heads and merge_heads: each other's inverse, a view of dy */
+static void grad_heads(AD *ad, const Op *f, int dy)
+{
+	Graph *g = ad->g;
+	int a = f->in[0];
+	int dx = b1(ad, f->kind == OP_SPLIT_HEADS ? OP_MERGE_HEADS : OP_SPLIT_HEADS, dy, a);
+	g->vals[dx].alias_of = dy;
+	g->ops[g->vals[dx].def].n = f->n;
+	accumulate(ad, a, dx);
+}
+
+/* a + b, a - b: dy (negated for b), summed back over broadcast dims */
+static void grad_add_sub(AD *ad, const Op *f, int dy)
+{
+	int a = f->in[0], b = f->in[1];
+	if (ad->needs[a])
+		accumulate(ad, a, sum_to(ad, dy, a));
+	if (ad->needs[b])
+		accumulate(ad, b, sum_to(ad, f->kind == OP_SUB ? b1(ad, OP_NEG, dy, dy) : dy, b));
+}
+
+static void grad_mul(AD *ad, const Op *f, int dy)
+{
+	int a = f->in[0], b = f->in[1];
+	if (ad->needs[a])
+		accumulate(ad, a, sum_to(ad, b2(ad, OP_MUL, dy, b, f->out[0]), a));
+	if (ad->needs[b])
+		accumulate(ad, b, sum_to(ad, b2(ad, OP_MUL, dy, a, f->out[0]), b));
+}
+
+static void grad_div(AD *ad, const Op *f, int dy)
+{
+	int a = f->in[0], b = f->in[1];
+	if (ad->needs[a])
+		accumulate(ad, a, sum_to(ad, b2(ad, OP_DIV, dy, b, f->out[0]), a));
+	if (ad->needs[b]) { /* d(a/b)/db = -(a/b)/b */
+		int q = b2(ad, OP_DIV, f->out[0], b, f->out[0]);
+		int t = b2(ad, OP_MUL, dy, q, f->out[0]);
+		accumulate(ad, b, sum_to(ad, b1(ad, OP_NEG, t, t), b));
+	}
+}
+
+static void grad_scale(AD *ad, const Op *f, int dy)
+{
+	int dx = b1(ad, OP_SCALE, dy, f->in[0]);
+	ad->g->ops[ad->g->vals[dx].def].f = f->f;
+	accumulate(ad, f->in[0], dx);
+}
+
+static void grad_neg(AD *ad, const Op *f, int dy) { accumulate(ad, f->in[0], b1(ad, OP_NEG, dy, f->in[0])); }
+
+/* the activations' gradient ops, from the input (gelu, silu) or the output (relu, softmax) */
+static void grad_gelu(AD *ad, const Op *f, int dy)
+{
+	int a = f->in[0];
+	int dx = b2(ad, OP_GELU_GRAD, a, dy, a);
+	ad->g->ops[ad->g->vals[dx].def].s = f->s;
+	accumulate(ad, a, dx);
+}
+
+static void grad_relu(AD *ad, const Op *f, int dy)
+{
+	accumulate(ad, f->in[0], b2(ad, OP_RELU_GRAD, f->out[0], dy, f->in[0]));
+}
+
+static void grad_silu(AD *ad, const Op *f, int dy)
+{
+	accumulate(ad, f->in[0], b2(ad, OP_SILU_GRAD, f->in[0], dy, f->in[0]));
+}
+
+static void grad_softmax(AD *ad, const Op *f, int dy)
+{
+	accumulate(ad, f->in[0], b2(ad, OP_SOFTMAX_GRAD, f->out[0], dy, f->in[0]));
+}
+
+/* dy through the forward's mask */
+static void grad_dropout(AD *ad, const Op *f, int dy)
+{
+	int a = f->in[0];
+	int dx = b2(ad, OP_DROPOUT_GRAD, f->out[1], dy, a);
+	ad->g->ops[ad->g->vals[dx].def].f = f->f;
+	accumulate(ad, a, dx);
+}
+
+/* the masked entries get no gradient */
+static void grad_causal_mask(AD *ad, const Op *f, int dy)
+{
+	int a = f->in[0];
+	int dx = b1(ad, OP_CAUSAL_MASK, dy, a);
+	ad->g->ops[ad->g->vals[dx].def].n = 1; /* fill with zero, not -inf */
+	accumulate(ad, a, dx);
+}
+
+/* layer_norm: dx, dw, db from the saved mean and rstd */
+static void grad_layer_norm(AD *ad, const Op *f, int dy)
+{
+	Graph *g = ad->g;
+	int a = f->in[0];
+	int dx = new_like(g, a, g->vals[a].dtype);
+	int dw = new_like(g, f->in[1], g->vals[f->in[1]].dtype);
+	int db = new_like(g, f->in[2], g->vals[f->in[2]].dtype);
+	int in[5] = {a, f->in[1], f->out[1], f->out[2], dy};
+	int o2 = bop(ad, OP_LAYER_NORM_GRAD, 5, in, 3, (int[]){dx, dw, db});
+	g->ops[o2].f = f->f;
+	accumulate(ad, a, dx);
+	accumulate(ad, f->in[1], dw);
+	accumulate(ad, f->in[2], db);
+}
+
+/* rms_norm: dx, dw from the saved rstd */
+static void grad_rms_norm(AD *ad, const Op *f, int dy)
+{
+	Graph *g = ad->g;
+	int a = f->in[0];
+	int dx = new_like(g, a, g->vals[a].dtype);
+	int dw = new_like(g, f->in[1], g->vals[f->in[1]].dtype);
+	int in[4] = {a, f->in[1], f->out[1], dy};
+	int o2 = bop(ad, OP_RMS_NORM_GRAD, 4, in, 2, (int[]){dx, dw});
+	g->ops[o2].f = f->f;
+	accumulate(ad, a, dx);
+	accumulate(ad, f->in[1], dw);
+}
+
+/* the table's rows the ids picked get dy (the ids get none) */
+static void grad_embed(AD *ad, const Op *f, int dy)
+{
+	int a = f->in[0];
+	if (ad->needs[a])
+		accumulate(ad, a, b2(ad, OP_EMBED_GRAD, f->in[1], dy, a));
+}
+
+static void grad_cross_entropy(AD *ad, const Op *f, int dy)
+{
+	Graph *g = ad->g;
+	int a = f->in[0];
+	int dl = new_like(g, a, g->vals[a].dtype);
+	int in[4] = {a, f->in[1], f->out[1], dy};
+	bop(ad, OP_CROSS_ENTROPY_GRAD, 4, in, 1, &dl);
+	accumulate(ad, a, dl);
+}
+
+/* gates get gradients from moe_combine; the router turns them into logit gradients */
+static void grad_moe_router(AD *ad, const Op *f, int dy)
+{
+	Graph *g = ad->g;
+	int a = f->in[0];
+	int dg = ad->grad[f->out[0]];
+	if (dg < 0)
+		return;
+	int dl = new_like(g, a, g->vals[a].dtype);
+	int in[4] = {a, f->out[0], f->out[1], dg};
+	int o2 = bop(ad, OP_MOE_ROUTER_GRAD, 4, in, 1, &dl);
+	moe_grad_attributes(&g->ops[o2], f);
+	accumulate(ad, a, dl);
+}
+
+static void grad_moe_dispatch(AD *ad, const Op *f, int dy)
+{
+	Graph *g = ad->g;
+	int a = f->in[0];
+	int dx = new_like(g, a, g->vals[a].dtype);
+	int in[3] = {dy, f->in[1], f->in[2]};
+	int o2 = bop(ad, OP_MOE_DISPATCH_GRAD, 3, in, 1, &dx);
+	moe_grad_attributes(&g->ops[o2], f);
+	accumulate(ad, a, dx);
+}
+
+/* the expert outputs' gradient and the gates' */
+static void grad_moe_combine(AD *ad, const Op *f, int dy)
+{
+	Graph *g = ad->g;
+	int a = f->in[0];
+	int dx = new_like(g, a, g->vals[a].dtype);
+	int dgate = new_like(g, f->in[1], g->vals[f->in[1]].dtype);
+	int in[4] = {dy, a, f->in[1], f->in[2]};
+	int o2 = bop(ad, OP_MOE_COMBINE_GRAD, 4, in, 2, (int[]){dx, dgate});
+	moe_grad_attributes(&g->ops[o2], f);
+	accumulate(ad, a, dx);
+	accumulate(ad, f->in[1], dgate);
+}
+
+/* moe_aux_loss, moe_z_loss: the router logits' gradient */
+static void grad_moe_loss(AD *ad, const Op *f, int dy)
+{
+	Graph *g = ad->g;
+	int a = f->in[0];
+	int dl = new_like(g, a, g->vals[a].dtype);
+	int in[3] = {a, f->in[1], dy};
+	int o2 = bop(ad, f->kind == OP_MOE_AUX_LOSS ? OP_MOE_AUX_LOSS_GRAD : OP_MOE_Z_LOSS_GRAD, 3, in, 1, &dl);
+	moe_grad_attributes(&g->ops[o2], f);
+	accumulate(ad, a, dl);
+}
+
+static void grad_unary_fn(AD *ad, const Op *f, int dy)
+{
+	int a = f->in[0];
+	int dx = b2(ad, OP_UNARY_FN_GRAD, a, dy, a);
+	ad->g->ops[ad->g->vals[dx].def].n = f->n;
+	accumulate(ad, a, dx);
+}
+
+/* sum_dim (and mean): dy broadcast back; max_dim: dy to each argmax */
+static void grad_reduce(AD *ad, const Op *f, int dy)
+{
+	Graph *g = ad->g;
+	int a = f->in[0];
+	int dx = f->kind == OP_SUM_DIM ? b1(ad, OP_SUM_DIM_GRAD, dy, a) : b2(ad, OP_MAX_DIM_GRAD, f->out[1], dy, a);
+	Op *bo = &g->ops[g->vals[dx].def];
+	bo->dim = f->dim;
+	bo->f = f->f;
+	accumulate(ad, a, dx);
+}
+
+/* mse_loss and l1_loss: d/dtarget = -d/dx */
+static void grad_mse_loss(AD *ad, const Op *f, int dy)
+{
+	Graph *g = ad->g;
+	int a = f->in[0], b = f->in[1];
+	int dx = new_like(g, a, g->vals[a].dtype);
+	int in[3] = {a, b, dy};
+	int o2 = bop(ad, OP_MSE_LOSS_GRAD, 3, in, 1, &dx);
+	g->ops[o2].n = f->n;
+	g->ops[o2].f = f->f;
+	accumulate(ad, a, dx);
+	if (ad->needs[b])
+		accumulate(ad, b, b1(ad, OP_NEG, dx, b));
+}
+
+/* dy into the narrowed rows, zeros elsewhere */
+static void grad_narrow(AD *ad, const Op *f, int dy)
+{
+	Graph *g = ad->g;
+	int a = f->in[0];
+	int dx = b1(ad, OP_NARROW_GRAD, dy, a);
+	Op *bo = &g->ops[g->vals[dx].def];
+	bo->dim = f->dim;
+	bo->dim2 = f->dim2;
+	bo->start = f->start;
+	bo->length = f->length;
+	accumulate(ad, a, dx);
+}
+
+/* each input's gradient is its rows of dy */
+static void grad_concat(AD *ad, const Op *f, int dy)
+{
+	Graph *g = ad->g;
+	long long start = 0;
+	for (int i = 0; i < f->nin; i++) {
+		int x = f->in[i];
+		long long n = g->vals[x].dim[f->dim];
+		if (ad->needs[x]) {
+			int dx = b1(ad, OP_NARROW, dy, x);
+			Op *bo = &g->ops[g->vals[dx].def];
+			bo->dim = f->dim;
+			bo->start = start;
+			bo->length = n;
+			accumulate(ad, x, dx);
+		}
+		start += n;
+	}
+}
+
+static void grad_reshape(AD *ad, const Op *f, int dy)
+{
+	accumulate(ad, f->in[0], b1(ad, OP_RESHAPE, dy, f->in[0]));
+}
+
+static void grad_swap_dims(AD *ad, const Op *f, int dy)
+{
+	Graph *g = ad->g;
+	int a = f->in[0];
+	int dx = b1(ad, OP_SWAP_DIMS, dy, a);
+	g->ops[g->vals[dx].def].dim = f->dim;
+	g->ops[g->vals[dx].def].dim2 = f->dim2;
+	accumulate(ad, a, dx);
+}
+
+/* the copies of each head summed */
+static void grad_repeat_kv(AD *ad, const Op *f, int dy)
+{
+	Graph *g = ad->g;
+	int a = f->in[0];
+	int dx = b1(ad, OP_REPEAT_KV_GRAD, dy, a);
+	g->ops[g->vals[dx].def].dim = f->dim;
+	g->ops[g->vals[dx].def].n = f->n;
+	accumulate(ad, a, dx);
+}
+
+/* the rotation by minus the angles, at the same positions */
+static void grad_rope(AD *ad, const Op *f, int dy)
+{
+	Graph *g = ad->g;
+	int a = f->in[0];
+	int dx = new_like(g, a, g->vals[a].dtype);
+	int in[2] = {dy, f->nin > 1 ? f->in[1] : -1};
+	Op *bo = &g->ops[bop(ad, OP_ROPE_GRAD, f->nin, in, 1, &dx)];
+	bo->f = f->f;
+	bo->n = f->n;
+	bo->dim = f->dim;
+	bo->dim2 = f->dim2;
+	accumulate(ad, a, dx);
+}
+
+/* Every op kind of a forward graph; the others (backward and communication ops, which no forward
+ * graph holds) are an internal error. */
+static Derivative *const derivatives[OP_COUNT] = {
+	[OP_INPUT] = grad_none,
+	[OP_PARAM] = grad_none,
+	[OP_FILL] = grad_none,
+	[OP_RECV] = grad_recv,
+	[OP_MATMUL] = grad_matmul,
+	[OP_TRANSPOSE] = grad_transpose,
+	[OP_SPLIT_HEADS] = grad_heads,
+	[OP_MERGE_HEADS] = grad_heads,
+	[OP_ADD] = grad_add_sub,
+	[OP_SUB] = grad_add_sub,
+	[OP_MUL] = grad_mul,
+	[OP_DIV] = grad_div,
+	[OP_SCALE] = grad_scale,
+	[OP_NEG] = grad_neg,
+	[OP_GELU] = grad_gelu,
+	[OP_RELU] = grad_relu,
+	[OP_SILU] = grad_silu,
+	[OP_DROPOUT] = grad_dropout,
+	[OP_CAUSAL_MASK] = grad_causal_mask,
+	[OP_SOFTMAX] = grad_softmax,
+	[OP_LAYER_NORM] = grad_layer_norm,
+	[OP_RMS_NORM] = grad_rms_norm,
+	[OP_EMBED] = grad_embed,
+	[OP_CROSS_ENTROPY] = grad_cross_entropy,
+	[OP_MOE_ROUTER] = grad_moe_router,
+	[OP_MOE_DISPATCH] = grad_moe_dispatch,
+	[OP_MOE_COMBINE] = grad_moe_combine,
+	[OP_MOE_AUX_LOSS] = grad_moe_loss,
+	[OP_MOE_Z_LOSS] = grad_moe_loss,
+	[OP_UNARY_FN] = grad_unary_fn,
+	[OP_SUM_DIM] = grad_reduce,
+	[OP_MAX_DIM] = grad_reduce,
+	[OP_MSE_LOSS] = grad_mse_loss,
+	[OP_NARROW] = grad_narrow,
+	[OP_CONCAT] = grad_concat,
+	[OP_RESHAPE] = grad_reshape,
+	[OP_SWAP_DIMS] = grad_swap_dims,
+	[OP_REPEAT_KV] = grad_repeat_kv,
+	[OP_ROPE] = grad_rope,
+};
+
 static void differentiate(AD *ad, int o)
 {
 	Graph *g = ad->g;
@@ -114,283 +517,9 @@ static void differentiate(AD *ad, int o)
 	if (dy < 0 && f.kind != OP_MOE_ROUTER)
 		return;
 	ad->cur_fwd = o;
-	int a = f.in[0], b = f.nin > 1 ? f.in[1] : -1;
-	switch (f.kind) {
-	case OP_INPUT:
-	case OP_PARAM:
-	case OP_FILL:
-		break;
-	case OP_RECV: { /* the gradient travels back: SEND on this stage, RECV on the sender's */
-		int so = bop(ad, OP_SEND, 1, &dy, 0, NULL);
-		g->ops[so].axis = f.axis;
-		g->ops[so].n = f.n;
-		g->ops[so].stage = f.stage;
-		int dx = new_like(g, a, g->vals[a].dtype);
-		int ro = bop(ad, OP_RECV, 1, &dy, 1, &dx);
-		g->ops[ro].axis = f.axis;
-		g->ops[ro].n = f.stage;
-		g->ops[ro].stage = (int)f.n;
-		accumulate(ad, a, dx);
-		break;
-	}
-	case OP_MATMUL: {
-		const Value *vb = &g->vals[b];
-		if (ad->needs[a]) {
-			int bt = transpose_of(ad, b);
-			int in[2] = {dy, bt};
-			int da = new_like(g, a, g->vals[a].dtype);
-			bop(ad, OP_MATMUL, 2, in, 1, &da);
-			accumulate(ad, a, da);
-		}
-		if (ad->needs[b]) {
-			int db = new_like(g, b, g->vals[b].dtype);
-			if (vb->rank == 2) { /* a weight: contract a and dy over every leading dim */
-				int in[2] = {a, dy};
-				bop(ad, OP_MATMUL_WGRAD, 2, in, 1, &db);
-			} else {
-				int in[2] = {transpose_of(ad, a), dy};
-				bop(ad, OP_MATMUL, 2, in, 1, &db);
-			}
-			accumulate(ad, b, db);
-		}
-		break;
-	}
-	case OP_TRANSPOSE:
-		accumulate(ad, a, transpose_of(ad, dy));
-		break;
-	case OP_SPLIT_HEADS: {
-		int dx = b1(ad, OP_MERGE_HEADS, dy, a);
-		g->vals[dx].alias_of = dy;
-		g->ops[g->vals[dx].def].n = f.n;
-		accumulate(ad, a, dx);
-		break;
-	}
-	case OP_MERGE_HEADS: {
-		int dx = b1(ad, OP_SPLIT_HEADS, dy, a);
-		g->vals[dx].alias_of = dy;
-		g->ops[g->vals[dx].def].n = f.n;
-		accumulate(ad, a, dx);
-		break;
-	}
-	case OP_ADD:
-		if (ad->needs[a])
-			accumulate(ad, a, sum_to(ad, dy, a));
-		if (ad->needs[b])
-			accumulate(ad, b, sum_to(ad, dy, b));
-		break;
-	case OP_SUB:
-		if (ad->needs[a])
-			accumulate(ad, a, sum_to(ad, dy, a));
-		if (ad->needs[b])
-			accumulate(ad, b, sum_to(ad, b1(ad, OP_NEG, dy, dy), b));
-		break;
-	case OP_MUL:
-		if (ad->needs[a])
-			accumulate(ad, a, sum_to(ad, b2(ad, OP_MUL, dy, b, f.out[0]), a));
-		if (ad->needs[b])
-			accumulate(ad, b, sum_to(ad, b2(ad, OP_MUL, dy, a, f.out[0]), b));
-		break;
-	case OP_DIV:
-		if (ad->needs[a])
-			accumulate(ad, a, sum_to(ad, b2(ad, OP_DIV, dy, b, f.out[0]), a));
-		if (ad->needs[b]) { /* d(a/b)/db = -(a/b)/b */
-			int q = b2(ad, OP_DIV, f.out[0], b, f.out[0]);
-			int t = b2(ad, OP_MUL, dy, q, f.out[0]);
-			accumulate(ad, b, sum_to(ad, b1(ad, OP_NEG, t, t), b));
-		}
-		break;
-	case OP_SCALE: {
-		int dx = b1(ad, OP_SCALE, dy, a);
-		g->ops[g->vals[dx].def].f = f.f;
-		accumulate(ad, a, dx);
-		break;
-	}
-	case OP_NEG:
-		accumulate(ad, a, b1(ad, OP_NEG, dy, a));
-		break;
-	case OP_GELU: {
-		int dx = b2(ad, OP_GELU_GRAD, a, dy, a);
-		g->ops[g->vals[dx].def].s = f.s;
-		accumulate(ad, a, dx);
-		break;
-	}
-	case OP_RELU:
-		accumulate(ad, a, b2(ad, OP_RELU_GRAD, f.out[0], dy, a));
-		break;
-	case OP_SILU:
-		accumulate(ad, a, b2(ad, OP_SILU_GRAD, a, dy, a));
-		break;
-	case OP_DROPOUT: {
-		int dx = b2(ad, OP_DROPOUT_GRAD, f.out[1], dy, a);
-		g->ops[g->vals[dx].def].f = f.f;
-		accumulate(ad, a, dx);
-		break;
-	}
-	case OP_CAUSAL_MASK: { /* the masked entries get no gradient */
-		int dx = b1(ad, OP_CAUSAL_MASK, dy, a);
-		g->ops[g->vals[dx].def].n = 1; /* fill with zero, not -inf */
-		accumulate(ad, a, dx);
-		break;
-	}
-	case OP_SOFTMAX:
-		accumulate(ad, a, b2(ad, OP_SOFTMAX_GRAD, f.out[0], dy, a));
-		break;
-	case OP_LAYER_NORM: {
-		int dx = new_like(g, a, g->vals[a].dtype);
-		int dw = new_like(g, f.in[1], g->vals[f.in[1]].dtype);
-		int db = new_like(g, f.in[2], g->vals[f.in[2]].dtype);
-		int in[5] = {a, f.in[1], f.out[1], f.out[2], dy};
-		int o2 = bop(ad, OP_LAYER_NORM_GRAD, 5, in, 3, (int[]){dx, dw, db});
-		g->ops[o2].f = f.f;
-		accumulate(ad, a, dx);
-		accumulate(ad, f.in[1], dw);
-		accumulate(ad, f.in[2], db);
-		break;
-	}
-	case OP_RMS_NORM: {
-		int dx = new_like(g, a, g->vals[a].dtype);
-		int dw = new_like(g, f.in[1], g->vals[f.in[1]].dtype);
-		int in[4] = {a, f.in[1], f.out[1], dy};
-		int o2 = bop(ad, OP_RMS_NORM_GRAD, 4, in, 2, (int[]){dx, dw});
-		g->ops[o2].f = f.f;
-		accumulate(ad, a, dx);
-		accumulate(ad, f.in[1], dw);
-		break;
-	}
-	case OP_EMBED:
-		if (ad->needs[a])
-			accumulate(ad, a, b2(ad, OP_EMBED_GRAD, b, dy, a));
-		break;
-	case OP_CROSS_ENTROPY: {
-		int dl = new_like(g, a, g->vals[a].dtype);
-		int in[4] = {a, b, f.out[1], dy};
-		bop(ad, OP_CROSS_ENTROPY_GRAD, 4, in, 1, &dl);
-		accumulate(ad, a, dl);
-		break;
-	}
-	case OP_MOE_ROUTER: {
-		/* gates get gradients from moe_combine; the router turns them into logit gradients */
-		int dg = ad->grad[f.out[0]];
-		if (dg < 0)
-			break;
-		int dl = new_like(g, a, g->vals[a].dtype);
-		int in[4] = {a, f.out[0], f.out[1], dg};
-		int o2 = bop(ad, OP_MOE_ROUTER_GRAD, 4, in, 1, &dl);
-		moe_grad_attributes(&g->ops[o2], &f);
-		accumulate(ad, a, dl);
-		break;
-	}
-	case OP_MOE_DISPATCH: {
-		int dx = new_like(g, a, g->vals[a].dtype);
-		int in[3] = {dy, f.in[1], f.in[2]};
-		int o2 = bop(ad, OP_MOE_DISPATCH_GRAD, 3, in, 1, &dx);
-		moe_grad_attributes(&g->ops[o2], &f);
-		accumulate(ad, a, dx);
-		break;
-	}
-	case OP_MOE_COMBINE: {
-		int dx = new_like(g, a, g->vals[a].dtype);
-		int dgate = new_like(g, f.in[1], g->vals[f.in[1]].dtype);
-		int in[4] = {dy, a, f.in[1], f.in[2]};
-		int o2 = bop(ad, OP_MOE_COMBINE_GRAD, 4, in, 2, (int[]){dx, dgate});
-		moe_grad_attributes(&g->ops[o2], &f);
-		accumulate(ad, a, dx);
-		accumulate(ad, f.in[1], dgate);
-		break;
-	}
-	case OP_MOE_AUX_LOSS:
-	case OP_MOE_Z_LOSS: {
-		int dl = new_like(g, a, g->vals[a].dtype);
-		int in[3] = {a, b, dy};
-		int o2 = bop(ad, f.kind == OP_MOE_AUX_LOSS ? OP_MOE_AUX_LOSS_GRAD : OP_MOE_Z_LOSS_GRAD, 3, in, 1, &dl);
-		moe_grad_attributes(&g->ops[o2], &f);
-		accumulate(ad, a, dl);
-		break;
-	}
-	case OP_UNARY_FN: {
-		int dx = b2(ad, OP_UNARY_FN_GRAD, a, dy, a);
-		g->ops[g->vals[dx].def].n = f.n;
-		accumulate(ad, a, dx);
-		break;
-	}
-	case OP_SUM_DIM:
-	case OP_MAX_DIM: {
-		int dx = f.kind == OP_SUM_DIM ? b1(ad, OP_SUM_DIM_GRAD, dy, a) : b2(ad, OP_MAX_DIM_GRAD, f.out[1], dy, a);
-		Op *bo = &g->ops[g->vals[dx].def];
-		bo->dim = f.dim;
-		bo->f = f.f;
-		accumulate(ad, a, dx);
-		break;
-	}
-	case OP_MSE_LOSS: { /* d/dtarget = -d/dx */
-		int dx = new_like(g, a, g->vals[a].dtype);
-		int in[3] = {a, b, dy};
-		int o2 = bop(ad, OP_MSE_LOSS_GRAD, 3, in, 1, &dx);
-		g->ops[o2].n = f.n;
-		g->ops[o2].f = f.f;
-		accumulate(ad, a, dx);
-		if (ad->needs[b])
-			accumulate(ad, b, b1(ad, OP_NEG, dx, b));
-		break;
-	}
-	case OP_NARROW: {
-		int dx = b1(ad, OP_NARROW_GRAD, dy, a);
-		Op *bo = &g->ops[g->vals[dx].def];
-		bo->dim = f.dim;
-		bo->dim2 = f.dim2;
-		bo->start = f.start;
-		bo->length = f.length;
-		accumulate(ad, a, dx);
-		break;
-	}
-	case OP_CONCAT: { /* each input's gradient is its rows of dy */
-		long long start = 0;
-		for (int i = 0; i < f.nin; i++) {
-			int x = f.in[i];
-			long long n = g->vals[x].dim[f.dim];
-			if (ad->needs[x]) {
-				int dx = b1(ad, OP_NARROW, dy, x);
-				Op *bo = &g->ops[g->vals[dx].def];
-				bo->dim = f.dim;
-				bo->start = start;
-				bo->length = n;
-				accumulate(ad, x, dx);
-			}
-			start += n;
-		}
-		break;
-	}
-	case OP_RESHAPE:
-		accumulate(ad, a, b1(ad, OP_RESHAPE, dy, a));
-		break;
-	case OP_SWAP_DIMS: {
-		int dx = b1(ad, OP_SWAP_DIMS, dy, a);
-		g->ops[g->vals[dx].def].dim = f.dim;
-		g->ops[g->vals[dx].def].dim2 = f.dim2;
-		accumulate(ad, a, dx);
-		break;
-	}
-	case OP_REPEAT_KV: {
-		int dx = b1(ad, OP_REPEAT_KV_GRAD, dy, a);
-		g->ops[g->vals[dx].def].dim = f.dim;
-		g->ops[g->vals[dx].def].n = f.n;
-		accumulate(ad, a, dx);
-		break;
-	}
-	case OP_ROPE: { /* the rotation by minus the angles, at the same positions */
-		int dx = new_like(g, a, g->vals[a].dtype);
-		int in[2] = {dy, b};
-		Op *bo = &g->ops[bop(ad, OP_ROPE_GRAD, f.nin, in, 1, &dx)];
-		bo->f = f.f;
-		bo->n = f.n;
-		bo->dim = f.dim;
-		bo->dim2 = f.dim2;
-		accumulate(ad, a, dx);
-		break;
-	}
-	default:
+	if (!derivatives[f.kind])
 		ICE("no derivative for op '%s'", op_names[f.kind]);
-	}
+	derivatives[f.kind](ad, &f, dy);
 }
 
 bool autodiff(Graph *g)

@@ -115,8 +115,14 @@ void op_inherit(Op *op, const Op *from)
 
 Op *oplist_add(Graph *g, OpList *l, const Op *op)
 {
+	if (!l->cap && g->capspare) { /* the list the last rewrite replaced */
+		l->ops = g->spare_ops;
+		l->cap = g->capspare;
+		g->spare_ops = NULL;
+		g->capspare = 0;
+	}
 	if (l->n == l->cap) {
-		int cap = l->cap ? l->cap * 2 : 1024;
+		int cap = l->cap ? l->cap * 2 : g->nops > 512 ? 2 * g->nops : 1024;
 		Op *no = arena_alloc(g->arena, sizeof(Op) * (size_t)cap);
 		if (l->n)
 			memcpy(no, l->ops, sizeof(Op) * (size_t)l->n);
@@ -133,6 +139,8 @@ Op *oplist_add(Graph *g, OpList *l, const Op *op)
 
 void graph_set_ops(Graph *g, OpList *l)
 {
+	g->spare_ops = g->ops;
+	g->capspare = g->capops;
 	g->ops = l->ops;
 	g->nops = l->n;
 	g->capops = l->cap;
@@ -452,6 +460,7 @@ typedef struct Elab {
 	const Source *src;    /* source of the statement being elaborated */
 	bool failed;
 	DType act_dtype;
+	SymTab *primitives;   /* name -> Primitive */
 } Elab;
 
 static void call_notes(Elab *e)
@@ -824,9 +833,8 @@ static int route_of(Elab *e, int route, Loc loc, const char *fn)
 	return def;
 }
 
-/* ------------------------------------------------------------------ tensor manipulation, reductions,
- * element-wise functions, RoPE, repeat_kv and the regression losses (torch.nn.functional's
- * namesakes; docs/language.md lists them with their signatures) */
+/* ------------------------------------------------------------------ the primitives' arguments: dims,
+ * positions, lists; x[i, _, j] indexing */
 
 /* A dim argument in [-rank, rank), returned in [0, rank). */
 static bool dim_arg(Elab *e, Scope *sc, Expr *x, int rank, int *d)
@@ -942,750 +950,844 @@ static int list_items(Elab *e, Expr *x, Expr **items, int max, const char *fn)
 	return n;
 }
 
-static const struct {
-	const char *name;
-	UnaryFn code;
-} unary_fns[] = {{"sin", UNARY_SIN},   {"cos", UNARY_COS},   {"exp", UNARY_EXP},
-		 {"log", UNARY_LOG},   {"tanh", UNARY_TANH}, {"sigmoid", UNARY_SIGMOID}};
+/* ------------------------------------------------------------------ primitive ops
+ *
+ * Each primitive is a row of the table below: its name, the positional arguments it takes
+ * (min..max) and its keyword names, which call_primitive checks for every call before the row's
+ * handler runs, and the handler, which evaluates the arguments and emits the op. A handler shared
+ * by several primitives tells them apart by the row's op (the op kind it emits) or code (below).
+ * The elaborator looks names up through a symbol table built from the rows (elab_primitives). */
 
-static bool lang_primitive(Elab *e, Scope *sc, const char *name, CallArgs *ca, EnvVal *out)
+typedef struct Primitive Primitive;
+typedef void PrimitiveBuild(Elab *e, Scope *sc, CallArgs *ca, const Primitive *p, EnvVal *out);
+struct Primitive {
+	const char *name;
+	PrimitiveBuild *build;
+	int min_args, max_args;  /* positional */
+	const char *const *keys; /* keyword names, NULL-terminated */
+	OpKind op;               /* the op it emits (OP_COUNT: none); shared handlers read it */
+	int code;                /* unary functions: the UnaryFn; mean: 1;
+				  * l1_loss: 1 (the op's n) */
+};
+
+/* dim(x, i): the size of x's dim i, as an integer named like the dim */
+static void prim_dim(Elab *e, Scope *sc, CallArgs *ca, const Primitive *p, EnvVal *out)
 {
 	Graph *g = e->g;
-	Loc loc = ca->loc;
-	static const char *const no_keys[] = {NULL};
-	for (size_t i = 0; i < sizeof unary_fns / sizeof unary_fns[0]; i++) {
-		if (strcmp(name, unary_fns[i].name))
-			continue;
-		if (!check_arity(e, ca, name, 1, 1, no_keys))
-			return true;
-		int x = float_tensor(e, sc, ca->pos[0], name);
-		if (x < 0)
-			return true;
-		int y = unary(e, OP_UNARY_FN, x, loc);
-		g->ops[g->vals[y].def].n = unary_fns[i].code;
-		*out = tensor_val(y);
-		return true;
+	int x = eval_tensor(e, sc, ca->pos[0]);
+	long long i;
+	if (x < 0 || !eval_int(e, sc, ca->pos[1], &i, NULL))
+		return;
+	int r = g->vals[x].rank;
+	if (i < -r || i >= r) {
+		elab_error(e, ca->pos[1]->loc, "dimension %lld out of range for a tensor of rank %d", i, r);
+		return;
 	}
-	if (!strcmp(name, "sum") || !strcmp(name, "mean") || !strcmp(name, "max")) {
-		static const char *const keys[] = {"dim", "keepdim", NULL};
-		if (!check_arity(e, ca, name, 1, 3, keys))
-			return true;
-		int x = float_tensor(e, sc, ca->pos[0], name);
-		if (x < 0)
-			return true;
-		const Value *v = &g->vals[x];
-		int d = -1;
-		Expr *dx = kwarg(ca, "dim", 1);
-		if (dx && !dim_arg(e, sc, dx, v->rank, &d))
-			return true;
-		double keep = num_arg(e, sc, ca, "keepdim", 2, 0);
-		if (e->failed)
-			return true;
-		long long n = d >= 0 ? v->dim[d] : value_elems(g, x);
-		int y;
-		if (d < 0 && keep != 0) { /* every dim kept as size 1 */
-			long long dim[MAX_DIMS];
-			for (int i = 0; i < v->rank; i++)
-				dim[i] = 1;
-			y = graph_add_value(g, v->dtype, v->rank, dim, NULL);
-		} else if (d < 0) {
-			y = graph_add_value(g, v->dtype, 0, NULL, NULL);
-		} else {
-			y = reshaped_like(e, x, d, 1, keep == 0, v->dtype);
-		}
-		bool max = name[1] == 'a';
-		int o;
-		if (max) {
-			int arg = new_value_like(e, y, DT_I32);
-			g->vals[arg].role = ROLE_INDEX;
-			o = emit(e, OP_MAX_DIM, 1, &x, 2, (int[]){y, arg}, loc);
-		} else {
-			o = emit(e, OP_SUM_DIM, 1, &x, 1, &y, loc);
-		}
-		g->ops[o].dim = d;
-		g->ops[o].f = name[0] == 'm' && !max ? 1.0 / (double)n : 1.0;
-		*out = tensor_val(y);
-		return true;
+	if (i < 0)
+		i += r;
+	*out = int_val(g->vals[x].dim[i], g->vals[x].dim_name[i]);
+}
+
+/* sqrt(n) of a number (hyperparameter arithmetic; tensors take their element-wise functions) */
+static void prim_sqrt(Elab *e, Scope *sc, CallArgs *ca, const Primitive *p, EnvVal *out)
+{
+	EnvVal v = eval(e, sc, ca->pos[0]);
+	if (e->failed)
+		return;
+	if (v.kind != EV_NUM || v.num < 0) {
+		elab_error(e, ca->pos[0]->loc, "'sqrt' needs a non-negative number");
+		return;
 	}
-	if (!strcmp(name, "mse_loss") || !strcmp(name, "l1_loss")) {
-		if (!check_arity(e, ca, name, 2, 2, no_keys))
-			return true;
-		int x = float_tensor(e, sc, ca->pos[0], name);
-		int t = x < 0 ? -1 : float_tensor(e, sc, ca->pos[1], name);
-		if (t < 0)
-			return true;
-		const Value *vx = &g->vals[x], *vt = &g->vals[t];
-		bool same = vx->rank == vt->rank;
-		for (int i = 0; same && i < vx->rank; i++)
-			same = vx->dim[i] == vt->dim[i];
-		if (!same) {
+	*out = num_val(sqrt(v.num), false, NULL);
+}
+
+/* embed(table [V, D], ids i32 [..]) -> [.., D] */
+static void prim_embed(Elab *e, Scope *sc, CallArgs *ca, const Primitive *p, EnvVal *out)
+{
+	Graph *g = e->g;
+	int t = eval_tensor(e, sc, ca->pos[0]);
+	int ids = t < 0 ? -1 : eval_tensor(e, sc, ca->pos[1]);
+	if (ids < 0)
+		return;
+	const Value *vt = &g->vals[t], *vi = &g->vals[ids];
+	if (vt->rank != 2) {
+		elab_error(e, ca->pos[0]->loc, "embedding table must be 2-D [V, D]");
+		return;
+	}
+	if (vi->dtype != DT_I32) {
+		elab_error(e, ca->pos[1]->loc, "embedding ids must be i32, not %s", dtype_name(vi->dtype));
+		return;
+	}
+	if (vi->rank + 1 > MAX_DIMS) {
+		elab_error(e, ca->loc, "too many dimensions");
+		return;
+	}
+	long long dim[MAX_DIMS];
+	const char *names[MAX_DIMS];
+	for (int i = 0; i < vi->rank; i++) {
+		dim[i] = vi->dim[i];
+		names[i] = vi->dim_name[i];
+	}
+	dim[vi->rank] = vt->dim[1];
+	names[vi->rank] = vt->dim_name[1];
+	int y = graph_add_value(g, e->act_dtype, vi->rank + 1, dim, names);
+	int in[2] = {t, ids};
+	emit(e, OP_EMBED, 2, in, 1, &y, ca->loc);
+	*out = tensor_val(y);
+}
+
+/* layer_norm(x, w, b, eps) and rms_norm(x, w, eps) over the last dim; the statistics the backward
+ * reads are outputs too */
+static void prim_norm(Elab *e, Scope *sc, CallArgs *ca, const Primitive *p, EnvVal *out)
+{
+	Graph *g = e->g;
+	bool ln = p->op == OP_LAYER_NORM;
+	int x = eval_tensor(e, sc, ca->pos[0]);
+	int w = x < 0 ? -1 : eval_tensor(e, sc, ca->pos[1]);
+	int b = (!ln || w < 0) ? -1 : eval_tensor(e, sc, ca->pos[2]);
+	if (w < 0 || (ln && b < 0))
+		return;
+	const Value *vx = &g->vals[x];
+	long long d = vx->dim[vx->rank - 1];
+	for (int k = 1; k < (ln ? 3 : 2); k++) {
+		int wb = k == 1 ? w : b;
+		if (g->vals[wb].rank != 1 || g->vals[wb].dim[0] != d) {
 			char s1[128], s2[128];
 			shape_text(g, x, s1, sizeof s1);
-			shape_text(g, t, s2, sizeof s2);
-			elab_error(e, loc, "%s needs an input and a target of one shape, got %s and %s", name, s1, s2);
-			return true;
+			shape_text(g, wb, s2, sizeof s2);
+			elab_error(e, ca->pos[k]->loc, "%s weight has shape %s but the input %s needs [%lld]", p->name, s2, s1,
+				   d);
+			return;
 		}
-		int loss = graph_add_value(g, DT_F32, 0, NULL, NULL);
-		g->vals[loss].role = ROLE_LOSS;
-		int o = emit(e, OP_MSE_LOSS, 2, (int[]){x, t}, 1, &loss, loc);
-		g->ops[o].n = name[0] == 'l';
-		g->ops[o].f = 1.0 / (double)value_elems(g, x);
-		*out = tensor_val(loss);
-		return true;
 	}
-	if (!strcmp(name, "select") || !strcmp(name, "slice")) {
-		bool sel = name[1] == 'e';
-		if (!check_arity(e, ca, name, sel ? 3 : 4, sel ? 3 : 4, no_keys))
-			return true;
-		int x = eval_tensor(e, sc, ca->pos[0]);
-		int d;
-		if (x < 0 || !dim_arg(e, sc, ca->pos[1], g->vals[x].rank, &d))
-			return true;
-		long long n = g->vals[x].dim[d], start, end;
-		if (!position_arg(e, sc, ca->pos[2], n, !sel, &start))
-			return true;
-		if (sel) {
-			*out = tensor_val(narrow(e, x, d, start, 1, true, loc));
-			return true;
-		}
-		if (!position_arg(e, sc, ca->pos[3], n, true, &end))
-			return true;
-		if (end <= start) {
-			elab_error(e, loc, "slice [%lld, %lld) of a dimension of size %lld is empty", start, end, n);
-			return true;
-		}
-		*out = tensor_val(narrow(e, x, d, start, end - start, false, loc));
-		return true;
-	}
-	if (!strcmp(name, "concat")) {
-		static const char *const keys[] = {"dim", NULL};
-		if (!check_arity(e, ca, name, 1, 2, keys))
-			return true;
-		Expr *items[6];
-		int n = list_items(e, ca->pos[0], items, 6, name), xs[6];
-		if (n < 0)
-			return true;
-		if (n < 2) {
-			elab_error(e, ca->pos[0]->loc, "concat needs a list of 2 to 6 tensors: concat([a, b], dim)");
-			return true;
-		}
-		for (int i = 0; i < n; i++)
-			if ((xs[i] = float_tensor(e, sc, items[i], name)) < 0)
-				return true;
-		int d = -1;
-		Expr *dx = kwarg(ca, "dim", 1);
-		if (dx && !dim_arg(e, sc, dx, g->vals[xs[0]].rank, &d))
-			return true;
-		if (!dx)
-			d = g->vals[xs[0]].rank - 1;
-		long long total = 0;
-		for (int i = 0; i < n; i++) {
-			const Value *a = &g->vals[xs[0]], *b = &g->vals[xs[i]];
-			bool ok = a->rank == b->rank && a->dtype == b->dtype;
-			for (int k = 0; ok && k < a->rank; k++)
-				ok = k == d || a->dim[k] == b->dim[k];
-			if (!ok) {
-				char s1[128], s2[128];
-				shape_text(g, xs[0], s1, sizeof s1);
-				shape_text(g, xs[i], s2, sizeof s2);
-				elab_error(e, items[i]->loc, "concat along dim %d needs tensors equal in every other dim, got %s and %s",
-					   d, s1, s2);
-				return true;
-			}
-			total += b->dim[d];
-		}
-		int y = reshaped_like(e, xs[0], d, total, false, g->vals[xs[0]].dtype);
-		int o = emit(e, OP_CONCAT, n, xs, 1, &y, loc);
-		g->ops[o].dim = d;
-		*out = tensor_val(y);
-		return true;
-	}
-	if (!strcmp(name, "reshape")) {
-		if (!check_arity(e, ca, name, 2, 2, no_keys))
-			return true;
-		int x = eval_tensor(e, sc, ca->pos[0]);
-		Expr *items[MAX_DIMS];
-		int n = x < 0 ? -1 : list_items(e, ca->pos[1], items, MAX_DIMS, name);
-		if (n < 0)
-			return true;
-		long long dim[MAX_DIMS], known = 1;
-		const char *names[MAX_DIMS];
-		int infer = -1;
-		for (int i = 0; i < n; i++) {
-			if (!eval_int(e, sc, items[i], &dim[i], &names[i]))
-				return true;
-			if (dim[i] == -1 && infer < 0) {
-				infer = i;
-				continue;
-			}
-			if (dim[i] <= 0) {
-				elab_error(e, items[i]->loc, "a reshape dimension is positive (or one -1), not %lld", dim[i]);
-				return true;
-			}
-			known *= dim[i];
-		}
-		long long elems = value_elems(g, x);
-		if (infer >= 0 && elems % known == 0) {
-			dim[infer] = elems / known;
-			names[infer] = NULL;
-			known = elems;
-		}
-		if (known != elems) {
-			char s[128];
-			shape_text(g, x, s, sizeof s);
-			elab_error(e, ca->pos[1]->loc, "cannot reshape %s (%lld elements) to this shape (%lld elements)", s, elems,
-				   known);
-			return true;
-		}
-		int y = graph_add_value(g, g->vals[x].dtype, n, dim, names);
-		emit(e, OP_RESHAPE, 1, &x, 1, &y, loc);
-		*out = tensor_val(y);
-		return true;
-	}
-	if (!strcmp(name, "transpose")) {
-		if (!check_arity(e, ca, name, 3, 3, no_keys))
-			return true;
-		int x = float_tensor(e, sc, ca->pos[0], name), d0, d1;
-		if (x < 0 || !dim_arg(e, sc, ca->pos[1], g->vals[x].rank, &d0) || !dim_arg(e, sc, ca->pos[2], g->vals[x].rank, &d1))
-			return true;
-		int r = g->vals[x].rank;
-		if (d0 == d1) {
-			*out = tensor_val(x);
-			return true;
-		}
-		if ((d0 == r - 1 && d1 == r - 2) || (d0 == r - 2 && d1 == r - 1)) { /* as x.T: matmuls fold it */
-			int y = transpose(e, x, loc);
-			if (y >= 0)
-				*out = tensor_val(y);
-			return true;
-		}
-		int y = new_value_like(e, x, g->vals[x].dtype);
-		Value *vy = &g->vals[y];
-		const Value *vx = &g->vals[x];
-		vy->dim[d0] = vx->dim[d1];
-		vy->dim[d1] = vx->dim[d0];
-		vy->dim_name[d0] = vx->dim_name[d1];
-		vy->dim_name[d1] = vx->dim_name[d0];
-		int o = emit(e, OP_SWAP_DIMS, 1, &x, 1, &y, loc);
-		g->ops[o].dim = d0;
-		g->ops[o].dim2 = d1;
-		*out = tensor_val(y);
-		return true;
-	}
-	if (!strcmp(name, "repeat_kv")) {
-		static const char *const keys[] = {"dim", NULL};
-		if (!check_arity(e, ca, name, 2, 3, keys))
-			return true;
-		int x = float_tensor(e, sc, ca->pos[0], name);
-		long long rep;
-		if (x < 0 || !eval_int(e, sc, ca->pos[1], &rep, NULL))
-			return true;
-		int r = g->vals[x].rank, d = r - 3;
-		Expr *dx = kwarg(ca, "dim", 2);
-		if (dx && !dim_arg(e, sc, dx, r, &d))
-			return true;
-		if (d < 0) {
-			elab_error(e, loc, "repeat_kv needs heads [.., Hkv, S, Dh] (after split_heads) or a dim");
-			return true;
-		}
-		if (rep < 1) {
-			elab_error(e, ca->pos[1]->loc, "repeat_kv needs n_rep >= 1, not %lld", rep);
-			return true;
-		}
-		int y = reshaped_like(e, x, d, g->vals[x].dim[d] * rep, false, g->vals[x].dtype);
-		int o = emit(e, OP_REPEAT_KV, 1, &x, 1, &y, loc);
-		g->ops[o].dim = d;
-		g->ops[o].n = rep;
-		*out = tensor_val(y);
-		return true;
-	}
-	if (!strcmp(name, "rope")) {
-		static const char *const keys[] = {"theta", "pos", "rot_dim", "heads_first", NULL};
-		if (!check_arity(e, ca, name, 1, 1, keys))
-			return true;
-		int x = float_tensor(e, sc, ca->pos[0], name);
-		if (x < 0)
-			return true;
+	double eps = num_arg(e, sc, ca, "eps", -1, ln ? 1e-5 : 1e-6);
+	int y = new_value_like(e, x, vx->dtype);
+	long long sdim[MAX_DIMS];
+	for (int i = 0; i < vx->rank - 1; i++)
+		sdim[i] = vx->dim[i];
+	int mean = graph_add_value(g, DT_F32, vx->rank - 1, sdim, (const char *const *)g->vals[x].dim_name);
+	int rstd = graph_add_value(g, DT_F32, vx->rank - 1, sdim, (const char *const *)g->vals[x].dim_name);
+	g->vals[mean].role = ROLE_STAT;
+	g->vals[rstd].role = ROLE_STAT;
+	int in[3] = {x, w, b};
+	int outs[3] = {y, mean, rstd};
+	int o = ln ? emit(e, OP_LAYER_NORM, 3, in, 3, outs, ca->loc) : emit(e, OP_RMS_NORM, 2, in, 2, (int[]){y, rstd}, ca->loc);
+	g->ops[o].f = eps;
+	*out = tensor_val(y);
+}
+
+/* relu, silu, softmax (over the last dim), causal_mask (of square last two dims) */
+static void prim_activation(Elab *e, Scope *sc, CallArgs *ca, const Primitive *p, EnvVal *out)
+{
+	Graph *g = e->g;
+	int x = eval_tensor(e, sc, ca->pos[0]);
+	if (x < 0)
+		return;
+	if (p->op == OP_CAUSAL_MASK) {
 		const Value *v = &g->vals[x];
-		if (v->rank != 4) {
+		if (v->rank < 2 || v->dim[v->rank - 1] != v->dim[v->rank - 2]) {
 			char s[128];
 			shape_text(g, x, s, sizeof s);
-			elab_error(e, loc, "rope needs heads [B, H, S, Dh] (after split_heads), or [B, S, H, Dh] with heads_first = 0; got %s", s);
-			return true;
+			elab_error(e, ca->loc, "causal_mask needs square last two dimensions, got %s", s);
+			return;
 		}
-		double theta = num_arg(e, sc, ca, "theta", -1, 10000.0);
-		double first = num_arg(e, sc, ca, "heads_first", -1, 1);
-		double rot = num_arg(e, sc, ca, "rot_dim", -1, (double)v->dim[3]);
-		if (e->failed)
-			return true;
-		if (theta <= 0) {
-			elab_error(e, loc, "rope needs theta > 0, not %g", theta);
-			return true;
-		}
-		if (rot != floor(rot) || rot < 2 || rot > (double)v->dim[3] || (long long)rot % 2) {
-			elab_error(e, loc, "rope's rot_dim = %g must be even and between 2 and the head dim %lld", rot, v->dim[3]);
-			return true;
-		}
-		int seq = first != 0 ? 2 : 1;
-		int in[2] = {x, -1}, nin = 1;
-		Expr *px = kwarg(ca, "pos", -1);
-		if (px) {
-			int pos = eval_tensor(e, sc, px);
-			if (pos < 0)
-				return true;
-			const Value *vp = &g->vals[pos];
-			bool ok = vp->dtype == DT_I32 && ((vp->rank == 1 && vp->dim[0] == v->dim[seq]) ||
-							   (vp->rank == 2 && vp->dim[0] == v->dim[0] && vp->dim[1] == v->dim[seq]));
-			if (!ok) {
-				char s[128];
-				shape_text(g, pos, s, sizeof s);
-				elab_error(e, px->loc, "rope's positions are i32 [S] or [B, S] (S = %lld), not %s %s", v->dim[seq],
-					   dtype_name(vp->dtype), s);
-				return true;
-			}
-			in[nin++] = pos;
-		}
-		int y = new_value_like(e, x, v->dtype);
-		int o = emit(e, OP_ROPE, nin, in, 1, &y, loc);
-		g->ops[o].f = theta;
-		g->ops[o].n = (long long)rot;
-		g->ops[o].dim = seq;
-		g->ops[o].dim2 = first != 0;
-		*out = tensor_val(y);
-		return true;
 	}
+	*out = tensor_val(unary(e, p->op, x, ca->loc));
+}
+
+/* gelu(x, approximate = "none" | "tanh") */
+static void prim_gelu(Elab *e, Scope *sc, CallArgs *ca, const Primitive *p, EnvVal *out)
+{
+	int x = eval_tensor(e, sc, ca->pos[0]);
+	if (x < 0)
+		return;
+	const char *approx = "none";
+	Expr *a = kwarg(ca, "approximate", -1);
+	if (a) {
+		EnvVal v = eval(e, sc, a);
+		if (v.kind != EV_STR || (strcmp(v.str, "none") && strcmp(v.str, "tanh"))) {
+			elab_error(e, a->loc, "gelu approximate must be \"none\" or \"tanh\"");
+			return;
+		}
+		approx = v.str;
+	}
+	int y = unary(e, OP_GELU, x, ca->loc);
+	e->g->ops[e->g->vals[y].def].s = approx;
+	*out = tensor_val(y);
+}
+
+/* dropout(x, p): the mask the backward reads is an output */
+static void prim_dropout(Elab *e, Scope *sc, CallArgs *ca, const Primitive *p, EnvVal *out)
+{
+	Graph *g = e->g;
+	int x = eval_tensor(e, sc, ca->pos[0]);
+	if (x < 0)
+		return;
+	double prob = num_arg(e, sc, ca, "p", 1, 0.1);
+	if (e->failed)
+		return;
+	if (prob < 0 || prob >= 1) {
+		elab_error(e, ca->loc, "dropout probability must be in [0, 1), got %g", prob);
+		return;
+	}
+	int y = new_value_like(e, x, g->vals[x].dtype);
+	int mask = new_value_like(e, x, DT_U8);
+	g->vals[mask].role = ROLE_MASK;
+	int o = emit(e, OP_DROPOUT, 1, &x, 2, (int[]){y, mask}, ca->loc);
+	g->ops[o].f = prob;
+	*out = tensor_val(y);
+}
+
+/* split_heads(x [.., S, D], heads = H) -> [.., H, S, D / H], a view of x */
+static void prim_split_heads(Elab *e, Scope *sc, CallArgs *ca, const Primitive *p, EnvVal *out)
+{
+	Graph *g = e->g;
+	int x = eval_tensor(e, sc, ca->pos[0]);
+	Expr *hx = kwarg(ca, "heads", 1);
+	if (x < 0)
+		return;
+	if (!hx) {
+		elab_error(e, ca->loc, "split_heads needs the number of heads");
+		return;
+	}
+	long long h;
+	const char *hname;
+	if (!eval_int(e, sc, hx, &h, &hname))
+		return;
+	const Value *v = &g->vals[x];
+	if (v->rank < 2 || v->rank + 1 > MAX_DIMS) {
+		elab_error(e, ca->loc, "split_heads needs a tensor [.., S, D]");
+		return;
+	}
+	long long d = v->dim[v->rank - 1];
+	if (h <= 0 || d % h) {
+		elab_error(e, hx->loc, "hidden size %lld is not divisible by %lld heads", d, h);
+		return;
+	}
+	long long dim[MAX_DIMS];
+	const char *names[MAX_DIMS];
+	int r = v->rank;
+	for (int i = 0; i < r - 2; i++) {
+		dim[i] = v->dim[i];
+		names[i] = v->dim_name[i];
+	}
+	dim[r - 2] = h;
+	names[r - 2] = hname ? hname : "heads";
+	dim[r - 1] = v->dim[r - 2];
+	names[r - 1] = v->dim_name[r - 2];
+	dim[r] = d / h;
+	names[r] = NULL;
+	int y = graph_add_value(g, v->dtype, r + 1, dim, names);
+	g->vals[y].alias_of = x;
+	int o = emit(e, OP_SPLIT_HEADS, 1, &x, 1, &y, ca->loc);
+	g->ops[o].n = h;
+	*out = tensor_val(y);
+}
+
+/* merge_heads(x [.., H, S, Dh]) -> [.., S, H * Dh], a view of x */
+static void prim_merge_heads(Elab *e, Scope *sc, CallArgs *ca, const Primitive *p, EnvVal *out)
+{
+	Graph *g = e->g;
+	int x = eval_tensor(e, sc, ca->pos[0]);
+	if (x < 0)
+		return;
+	const Value *v = &g->vals[x];
+	if (v->rank < 3) {
+		elab_error(e, ca->loc, "merge_heads needs a tensor [.., H, S, Dh]");
+		return;
+	}
+	long long dim[MAX_DIMS];
+	const char *names[MAX_DIMS];
+	int r = v->rank;
+	for (int i = 0; i < r - 3; i++) {
+		dim[i] = v->dim[i];
+		names[i] = v->dim_name[i];
+	}
+	dim[r - 3] = v->dim[r - 2];
+	names[r - 3] = v->dim_name[r - 2];
+	dim[r - 2] = v->dim[r - 3] * v->dim[r - 1];
+	names[r - 2] = NULL;
+	int y = graph_add_value(g, v->dtype, r - 1, dim, names);
+	g->vals[y].alias_of = x;
+	int o = emit(e, OP_MERGE_HEADS, 1, &x, 1, &y, ca->loc);
+	g->ops[o].n = v->dim[r - 3];
+	*out = tensor_val(y);
+}
+
+/* cross_entropy(logits [.., V], targets i32 [..]): the mean over tokens; the log-sum-exp the
+ * backward reads is an output */
+static void prim_cross_entropy(Elab *e, Scope *sc, CallArgs *ca, const Primitive *p, EnvVal *out)
+{
+	Graph *g = e->g;
+	int l = eval_tensor(e, sc, ca->pos[0]);
+	int t = l < 0 ? -1 : eval_tensor(e, sc, ca->pos[1]);
+	if (t < 0)
+		return;
+	const Value *vl = &g->vals[l], *vt = &g->vals[t];
+	bool ok = vt->dtype == DT_I32 && vl->rank == vt->rank + 1;
+	for (int i = 0; ok && i < vt->rank; i++)
+		ok = vl->dim[i] == vt->dim[i];
+	if (!ok) {
+		char s1[128], s2[128];
+		shape_text(g, l, s1, sizeof s1);
+		shape_text(g, t, s2, sizeof s2);
+		elab_error(e, ca->loc, "cross_entropy needs logits [.., V] and i32 targets [..], got %s and %s %s", s1,
+			   dtype_name(vt->dtype), s2);
+		diag_note_plain("the targets have the logits' dims but the last (the classes): per-sample labels "
+				"i32 [B] go with logits [B, C], so pool or select a position first (x[_, 0])");
+		return;
+	}
+	int loss = graph_add_value(g, DT_F32, 0, NULL, NULL);
+	g->vals[loss].role = ROLE_LOSS;
+	int lse = graph_add_value(g, DT_F32, vt->rank, vt->dim, (const char *const *)g->vals[t].dim_name);
+	g->vals[lse].role = ROLE_STAT;
+	int in[2] = {l, t};
+	emit(e, OP_CROSS_ENTROPY, 2, in, 2, (int[]){loss, lse}, ca->loc);
+	*out = tensor_val(loss);
+}
+
+/* The plan's `experts count = N` against the router's N: the plan does not choose it. */
+static bool router_matches_plan(Elab *e, long long experts, Loc loc)
+{
+	const PlanSpec *ps = e->ps;
+	if (!ps->has_experts || !ps->expert_count || ps->expert_count == experts)
+		return true;
+	if (!e->failed) {
+		diag_error(ps->src, ps->expert_count_loc, "experts count = %d does not match the model's %lld experts",
+			   ps->expert_count, experts);
+		diag_note(e->src, loc, "this router chooses among %lld experts", experts);
+		diag_note_plain("the number of experts is the model's: set it through the model's "
+				"hyperparameters (plan %s for %s(...)), or leave count out",
+				ps->plan->name, ps->model->name);
+	}
+	e->failed = true;
 	return false;
 }
 
-/* Primitive ops. Returns true if name is a primitive (result in *out). */
-static bool call_primitive(Elab *e, Scope *sc, const char *name, CallArgs *ca, EnvVal *out)
+/* moe_router(logits [.., E], top_k, capacity_factor, normalize, dropless) -> gates [T, k] (and
+ * the chosen experts [T, k] as its second output); the plan's experts top_k and capacity_factor
+ * override the model's */
+static void prim_moe_router(Elab *e, Scope *sc, CallArgs *ca, const Primitive *p, EnvVal *out)
 {
 	Graph *g = e->g;
 	Loc loc = ca->loc;
-	static const char *const no_keys[] = {NULL};
-	if (!strcmp(name, "dim")) {
-		if (!check_arity(e, ca, name, 2, 2, no_keys))
-			return true;
-		int x = eval_tensor(e, sc, ca->pos[0]);
-		long long i;
-		if (x < 0 || !eval_int(e, sc, ca->pos[1], &i, NULL))
-			return true;
-		int r = g->vals[x].rank;
-		if (i < -r || i >= r) {
-			elab_error(e, ca->pos[1]->loc, "dimension %lld out of range for a tensor of rank %d", i, r);
-			return true;
-		}
-		if (i < 0)
-			i += r;
-		*out = int_val(g->vals[x].dim[i], g->vals[x].dim_name[i]);
-		return true;
+	int l = eval_tensor(e, sc, ca->pos[0]);
+	if (l < 0)
+		return;
+	double k = num_arg(e, sc, ca, "top_k", -1, 2);
+	double cf = num_arg(e, sc, ca, "capacity_factor", -1, 1.25);
+	double normalize = num_arg(e, sc, ca, "normalize", -1, 0);
+	double dropless = num_arg(e, sc, ca, "dropless", -1, 0);
+	if (e->ps->has_experts) {
+		if (e->ps->top_k > 0)
+			k = e->ps->top_k;
+		if (e->ps->capacity_factor > 0)
+			cf = e->ps->capacity_factor;
 	}
-	if (!strcmp(name, "sqrt")) {
-		if (!check_arity(e, ca, name, 1, 1, no_keys))
-			return true;
-		EnvVal v = eval(e, sc, ca->pos[0]);
-		if (e->failed)
-			return true;
-		if (v.kind != EV_NUM || v.num < 0) {
-			elab_error(e, ca->pos[0]->loc, "'sqrt' needs a non-negative number");
-			return true;
-		}
-		*out = num_val(sqrt(v.num), false, NULL);
-		return true;
+	const Value *vl = &g->vals[l];
+	long long E = vl->dim[vl->rank - 1];
+	if (!router_matches_plan(e, E, loc))
+		return;
+	if (k < 1 || k > (double)E || k != floor(k)) {
+		elab_error(e, loc, "top_k = %g must be a whole number between 1 and the %lld experts", k, E);
+		return;
 	}
-	if (!strcmp(name, "embed")) {
-		if (!check_arity(e, ca, name, 2, 2, no_keys))
-			return true;
-		int t = eval_tensor(e, sc, ca->pos[0]);
-		int ids = t < 0 ? -1 : eval_tensor(e, sc, ca->pos[1]);
-		if (ids < 0)
-			return true;
-		const Value *vt = &g->vals[t], *vi = &g->vals[ids];
-		if (vt->rank != 2) {
-			elab_error(e, ca->pos[0]->loc, "embedding table must be 2-D [V, D]");
-			return true;
-		}
-		if (vi->dtype != DT_I32) {
-			elab_error(e, ca->pos[1]->loc, "embedding ids must be i32, not %s", dtype_name(vi->dtype));
-			return true;
-		}
-		if (vi->rank + 1 > MAX_DIMS) {
-			elab_error(e, loc, "too many dimensions");
-			return true;
-		}
-		long long dim[MAX_DIMS];
-		const char *names[MAX_DIMS];
-		for (int i = 0; i < vi->rank; i++) {
-			dim[i] = vi->dim[i];
-			names[i] = vi->dim_name[i];
-		}
-		dim[vi->rank] = vt->dim[1];
-		names[vi->rank] = vt->dim_name[1];
-		int y = graph_add_value(g, e->act_dtype, vi->rank + 1, dim, names);
-		int in[2] = {t, ids};
-		emit(e, OP_EMBED, 2, in, 1, &y, loc);
-		*out = tensor_val(y);
-		return true;
+	if ((normalize != 0 && normalize != 1) || (dropless != 0 && dropless != 1)) {
+		elab_error(e, loc, "normalize and dropless are 0 or 1");
+		return;
 	}
-	if (!strcmp(name, "layer_norm") || !strcmp(name, "rms_norm")) {
-		bool ln = name[0] == 'l';
-		static const char *const keys[] = {"eps", NULL};
-		if (!check_arity(e, ca, name, ln ? 3 : 2, ln ? 3 : 2, keys))
-			return true;
-		int x = eval_tensor(e, sc, ca->pos[0]);
-		int w = x < 0 ? -1 : eval_tensor(e, sc, ca->pos[1]);
-		int b = (!ln || w < 0) ? -1 : eval_tensor(e, sc, ca->pos[2]);
-		if (w < 0 || (ln && b < 0))
-			return true;
-		const Value *vx = &g->vals[x];
-		long long d = vx->dim[vx->rank - 1];
-		for (int k = 1; k < (ln ? 3 : 2); k++) {
-			int p = k == 1 ? w : b;
-			if (g->vals[p].rank != 1 || g->vals[p].dim[0] != d) {
-				char s1[128], s2[128];
-				shape_text(g, x, s1, sizeof s1);
-				shape_text(g, p, s2, sizeof s2);
-				elab_error(e, ca->pos[k]->loc, "%s weight has shape %s but the input %s needs [%lld]", name, s2,
-					   s1, d);
-				return true;
-			}
-		}
-		double eps = num_arg(e, sc, ca, "eps", -1, ln ? 1e-5 : 1e-6);
-		int y = new_value_like(e, x, vx->dtype);
-		long long sdim[MAX_DIMS];
+	if (!dropless && !(cf > 0)) {
+		elab_error(e, loc, "capacity_factor = %g must be positive", cf);
+		diag_note_plain("for every token to reach its experts, route with dropless = 1");
+		return;
+	}
+	if (vl->rank < 2) {
+		elab_error(e, loc, "moe_router needs logits [.., E] with a batch dim first");
+		return;
+	}
+	long long tokens = 1;
+	for (int i = 0; i < vl->rank - 1; i++)
+		tokens *= vl->dim[i];
+	long long group = tokens / vl->dim[0]; /* a routing group: the tokens of one sample */
+	long long dim[2] = {tokens, (long long)k};
+	int gates = graph_add_value(g, DT_F32, 2, dim, NULL);
+	int idx = graph_add_value(g, DT_I32, 2, dim, NULL);
+	g->vals[idx].role = ROLE_INDEX;
+	int o = emit(e, OP_MOE_ROUTER, 1, &l, 2, (int[]){gates, idx}, loc);
+	Op *op = &g->ops[o];
+	op->n = (long long)k;
+	op->f = dropless ? 0 : cf;
+	op->moe_group = group;
+	/* pairs an expert takes per group: GShard's ceil(k G cf / E); dropless: every token */
+	op->moe_capacity = dropless ? 0 : (long long)ceil((double)k * (double)group * cf / (double)E);
+	if (!dropless && op->moe_capacity < 1)
+		op->moe_capacity = 1;
+	op->moe_normalize = normalize != 0;
+	g->has_moe = true;
+	*out = tensor_val(gates);
+}
+
+/* moe_dispatch(x [.., D], route) -> [E, C, D] and moe_combine(y [E, C, D], route) -> [.., D]:
+ * tokens to their experts' slots and back */
+static void prim_moe_route(Elab *e, Scope *sc, CallArgs *ca, const Primitive *p, EnvVal *out)
+{
+	Graph *g = e->g;
+	bool dispatch = p->op == OP_MOE_DISPATCH;
+	int x = eval_tensor(e, sc, ca->pos[0]);
+	int r = x < 0 ? -1 : eval_tensor(e, sc, ca->pos[1]);
+	int ro = route_of(e, r, ca->pos[1]->loc, p->name);
+	if (ro < 0)
+		return;
+	const Op *router = &g->ops[ro];
+	const Value *logits = &g->vals[router->in[0]];
+	long long E = logits->dim[logits->rank - 1];
+	long long tokens = g->vals[router->out[0]].dim[0];
+	/* slots per expert: every group's capacity (dropless: every token) */
+	long long cap = router->moe_capacity ? tokens / router->moe_group * router->moe_capacity : tokens;
+	const Value *vx = &g->vals[x];
+	int idx = router->out[1];
+	int y;
+	if (dispatch) {
+		long long t = 1;
 		for (int i = 0; i < vx->rank - 1; i++)
-			sdim[i] = vx->dim[i];
-		int mean = graph_add_value(g, DT_F32, vx->rank - 1, sdim, (const char *const *)g->vals[x].dim_name);
-		int rstd = graph_add_value(g, DT_F32, vx->rank - 1, sdim, (const char *const *)g->vals[x].dim_name);
-		g->vals[mean].role = ROLE_STAT;
-		g->vals[rstd].role = ROLE_STAT;
-		int in[3] = {x, w, b};
-		int outs[3] = {y, mean, rstd};
-		int o = ln ? emit(e, OP_LAYER_NORM, 3, in, 3, outs, loc) : emit(e, OP_RMS_NORM, 2, in, 2, (int[]){y, rstd}, loc);
-		g->ops[o].f = eps;
-		*out = tensor_val(y);
-		return true;
-	}
-	struct {
-		const char *name;
-		OpKind kind;
-	} unaries[] = {{"relu", OP_RELU}, {"silu", OP_SILU}, {"softmax", OP_SOFTMAX}, {"causal_mask", OP_CAUSAL_MASK}};
-	for (size_t i = 0; i < sizeof unaries / sizeof unaries[0]; i++) {
-		if (strcmp(name, unaries[i].name))
-			continue;
-		if (!check_arity(e, ca, name, 1, 1, no_keys))
-			return true;
-		int x = eval_tensor(e, sc, ca->pos[0]);
-		if (x < 0)
-			return true;
-		if (unaries[i].kind == OP_CAUSAL_MASK) {
-			const Value *v = &g->vals[x];
-			if (v->rank < 2 || v->dim[v->rank - 1] != v->dim[v->rank - 2]) {
-				char s[128];
-				shape_text(g, x, s, sizeof s);
-				elab_error(e, loc, "causal_mask needs square last two dimensions, got %s", s);
-				return true;
-			}
+			t *= vx->dim[i];
+		if (t != tokens || vx->dim[0] != logits->dim[0]) {
+			elab_error(e, ca->loc, "moe_dispatch input has %lld tokens but the router saw %lld", t, tokens);
+			return;
 		}
-		*out = tensor_val(unary(e, unaries[i].kind, x, loc));
-		return true;
-	}
-	if (!strcmp(name, "gelu")) {
-		static const char *const keys[] = {"approximate", NULL};
-		if (!check_arity(e, ca, name, 1, 1, keys))
-			return true;
-		int x = eval_tensor(e, sc, ca->pos[0]);
-		if (x < 0)
-			return true;
-		const char *approx = "none";
-		Expr *a = kwarg(ca, "approximate", -1);
-		if (a) {
-			EnvVal v = eval(e, sc, a);
-			if (v.kind != EV_STR || (strcmp(v.str, "none") && strcmp(v.str, "tanh"))) {
-				elab_error(e, a->loc, "gelu approximate must be \"none\" or \"tanh\"");
-				return true;
-			}
-			approx = v.str;
-		}
-		int y = unary(e, OP_GELU, x, loc);
-		g->ops[g->vals[y].def].s = approx;
-		*out = tensor_val(y);
-		return true;
-	}
-	if (!strcmp(name, "dropout")) {
-		static const char *const keys[] = {"p", NULL};
-		if (!check_arity(e, ca, name, 1, 2, keys))
-			return true;
-		int x = eval_tensor(e, sc, ca->pos[0]);
-		if (x < 0)
-			return true;
-		double p = num_arg(e, sc, ca, "p", 1, 0.1);
-		if (e->failed)
-			return true;
-		if (p < 0 || p >= 1) {
-			elab_error(e, loc, "dropout probability must be in [0, 1), got %g", p);
-			return true;
-		}
-		int y = new_value_like(e, x, g->vals[x].dtype);
-		int mask = new_value_like(e, x, DT_U8);
-		g->vals[mask].role = ROLE_MASK;
-		int o = emit(e, OP_DROPOUT, 1, &x, 2, (int[]){y, mask}, loc);
-		g->ops[o].f = p;
-		*out = tensor_val(y);
-		return true;
-	}
-	if (!strcmp(name, "split_heads")) {
-		static const char *const keys[] = {"heads", NULL};
-		if (!check_arity(e, ca, name, 1, 2, keys))
-			return true;
-		int x = eval_tensor(e, sc, ca->pos[0]);
-		Expr *hx = kwarg(ca, "heads", 1);
-		if (x < 0)
-			return true;
-		if (!hx) {
-			elab_error(e, loc, "split_heads needs the number of heads");
-			return true;
-		}
-		long long h;
-		const char *hname;
-		if (!eval_int(e, sc, hx, &h, &hname))
-			return true;
-		const Value *v = &g->vals[x];
-		if (v->rank < 2 || v->rank + 1 > MAX_DIMS) {
-			elab_error(e, loc, "split_heads needs a tensor [.., S, D]");
-			return true;
-		}
-		long long d = v->dim[v->rank - 1];
-		if (h <= 0 || d % h) {
-			elab_error(e, hx->loc, "hidden size %lld is not divisible by %lld heads", d, h);
-			return true;
+		long long dim[3] = {E, cap, vx->dim[vx->rank - 1]};
+		const char *names[3] = {logits->dim_name[logits->rank - 1], NULL, vx->dim_name[vx->rank - 1]};
+		y = graph_add_value(g, vx->dtype, 3, dim, names);
+	} else {
+		if (vx->rank != 3 || vx->dim[0] != E || vx->dim[1] != cap) {
+			char s[128];
+			shape_text(g, x, s, sizeof s);
+			elab_error(e, ca->loc, "moe_combine needs expert outputs [%lld, %lld, D], got %s", E, cap, s);
+			return;
 		}
 		long long dim[MAX_DIMS];
 		const char *names[MAX_DIMS];
-		int r = v->rank;
-		for (int i = 0; i < r - 2; i++) {
-			dim[i] = v->dim[i];
-			names[i] = v->dim_name[i];
+		for (int i = 0; i < logits->rank - 1; i++) {
+			dim[i] = logits->dim[i];
+			names[i] = logits->dim_name[i];
 		}
-		dim[r - 2] = h;
-		names[r - 2] = hname ? hname : "heads";
-		dim[r - 1] = v->dim[r - 2];
-		names[r - 1] = v->dim_name[r - 2];
-		dim[r] = d / h;
-		names[r] = NULL;
-		int y = graph_add_value(g, v->dtype, r + 1, dim, names);
-		g->vals[y].alias_of = x;
-		int o = emit(e, OP_SPLIT_HEADS, 1, &x, 1, &y, loc);
-		g->ops[o].n = h;
-		*out = tensor_val(y);
-		return true;
+		dim[logits->rank - 1] = vx->dim[2];
+		names[logits->rank - 1] = vx->dim_name[2];
+		y = graph_add_value(g, vx->dtype, logits->rank, dim, names);
 	}
-	if (!strcmp(name, "merge_heads")) {
-		if (!check_arity(e, ca, name, 1, 1, no_keys))
-			return true;
-		int x = eval_tensor(e, sc, ca->pos[0]);
-		if (x < 0)
-			return true;
-		const Value *v = &g->vals[x];
-		if (v->rank < 3) {
-			elab_error(e, loc, "merge_heads needs a tensor [.., H, S, Dh]");
-			return true;
-		}
+	int in[3] = {x, r, idx};
+	int o = emit(e, p->op, 3, in, 1, &y, ca->loc);
+	g->ops[o].n = cap;
+	moe_attributes(&g->ops[o], &g->ops[ro]);
+	*out = tensor_val(y);
+}
+
+/* moe_aux_loss(route, weight) and moe_z_loss(route, weight): a weighted auxiliary loss of the
+ * routing; graph_build adds it to the model's loss */
+static void prim_moe_loss(Elab *e, Scope *sc, CallArgs *ca, const Primitive *p, EnvVal *out)
+{
+	Graph *g = e->g;
+	int r = eval_tensor(e, sc, ca->pos[0]);
+	int ro = route_of(e, r, ca->pos[0]->loc, p->name);
+	if (ro < 0)
+		return;
+	double w = num_arg(e, sc, ca, "weight", 1, p->op == OP_MOE_AUX_LOSS ? 0.01 : 0.001);
+	if (!(w >= 0)) {
+		elab_error(e, ca->loc, "the weight of %s must be 0 or more, not %g", p->name, w);
+		return;
+	}
+	int y = graph_add_value(g, DT_F32, 0, NULL, NULL);
+	int in[2] = {g->ops[ro].in[0], g->ops[ro].out[1]};
+	int o = emit(e, p->op, 2, in, 1, &y, ca->loc);
+	g->ops[o].f = w;
+	moe_attributes(&g->ops[o], &g->ops[ro]);
+	*out = tensor_val(y);
+}
+
+/* sin, cos, exp, log, tanh, sigmoid: one element-wise op with the function's code */
+static void prim_unary_fn(Elab *e, Scope *sc, CallArgs *ca, const Primitive *p, EnvVal *out)
+{
+	int x = float_tensor(e, sc, ca->pos[0], p->name);
+	if (x < 0)
+		return;
+	int y = unary(e, OP_UNARY_FN, x, ca->loc);
+	e->g->ops[e->g->vals[y].def].n = p->code;
+	*out = tensor_val(y);
+}
+
+/* sum, mean, max(x, dim, keepdim): over every element, or over dim (max: its argmax an output) */
+static void prim_reduce(Elab *e, Scope *sc, CallArgs *ca, const Primitive *p, EnvVal *out)
+{
+	Graph *g = e->g;
+	int x = float_tensor(e, sc, ca->pos[0], p->name);
+	if (x < 0)
+		return;
+	const Value *v = &g->vals[x];
+	int d = -1;
+	Expr *dx = kwarg(ca, "dim", 1);
+	if (dx && !dim_arg(e, sc, dx, v->rank, &d))
+		return;
+	double keep = num_arg(e, sc, ca, "keepdim", 2, 0);
+	if (e->failed)
+		return;
+	long long n = d >= 0 ? v->dim[d] : value_elems(g, x);
+	int y;
+	if (d < 0 && keep != 0) { /* every dim kept as size 1 */
 		long long dim[MAX_DIMS];
-		const char *names[MAX_DIMS];
-		int r = v->rank;
-		for (int i = 0; i < r - 3; i++) {
-			dim[i] = v->dim[i];
-			names[i] = v->dim_name[i];
-		}
-		dim[r - 3] = v->dim[r - 2];
-		names[r - 3] = v->dim_name[r - 2];
-		dim[r - 2] = v->dim[r - 3] * v->dim[r - 1];
-		names[r - 2] = NULL;
-		int y = graph_add_value(g, v->dtype, r - 1, dim, names);
-		g->vals[y].alias_of = x;
-		int o = emit(e, OP_MERGE_HEADS, 1, &x, 1, &y, loc);
-		g->ops[o].n = v->dim[r - 3];
-		*out = tensor_val(y);
-		return true;
+		for (int i = 0; i < v->rank; i++)
+			dim[i] = 1;
+		y = graph_add_value(g, v->dtype, v->rank, dim, NULL);
+	} else if (d < 0) {
+		y = graph_add_value(g, v->dtype, 0, NULL, NULL);
+	} else {
+		y = reshaped_like(e, x, d, 1, keep == 0, v->dtype);
 	}
-	if (!strcmp(name, "cross_entropy")) {
-		if (!check_arity(e, ca, name, 2, 2, no_keys))
-			return true;
-		int l = eval_tensor(e, sc, ca->pos[0]);
-		int t = l < 0 ? -1 : eval_tensor(e, sc, ca->pos[1]);
-		if (t < 0)
-			return true;
-		const Value *vl = &g->vals[l], *vt = &g->vals[t];
-		bool ok = vt->dtype == DT_I32 && vl->rank == vt->rank + 1;
-		for (int i = 0; ok && i < vt->rank; i++)
-			ok = vl->dim[i] == vt->dim[i];
+	int o;
+	if (p->op == OP_MAX_DIM) {
+		int arg = new_value_like(e, y, DT_I32);
+		g->vals[arg].role = ROLE_INDEX;
+		o = emit(e, OP_MAX_DIM, 1, &x, 2, (int[]){y, arg}, ca->loc);
+	} else {
+		o = emit(e, OP_SUM_DIM, 1, &x, 1, &y, ca->loc);
+	}
+	g->ops[o].dim = d;
+	g->ops[o].f = p->code == 1 ? 1.0 / (double)n : 1.0;
+	*out = tensor_val(y);
+}
+
+/* mse_loss(x, target) and l1_loss(x, target): the mean over every element */
+static void prim_regression_loss(Elab *e, Scope *sc, CallArgs *ca, const Primitive *p, EnvVal *out)
+{
+	Graph *g = e->g;
+	int x = float_tensor(e, sc, ca->pos[0], p->name);
+	int t = x < 0 ? -1 : float_tensor(e, sc, ca->pos[1], p->name);
+	if (t < 0)
+		return;
+	const Value *vx = &g->vals[x], *vt = &g->vals[t];
+	bool same = vx->rank == vt->rank;
+	for (int i = 0; same && i < vx->rank; i++)
+		same = vx->dim[i] == vt->dim[i];
+	if (!same) {
+		char s1[128], s2[128];
+		shape_text(g, x, s1, sizeof s1);
+		shape_text(g, t, s2, sizeof s2);
+		elab_error(e, ca->loc, "%s needs an input and a target of one shape, got %s and %s", p->name, s1, s2);
+		return;
+	}
+	int loss = graph_add_value(g, DT_F32, 0, NULL, NULL);
+	g->vals[loss].role = ROLE_LOSS;
+	int o = emit(e, OP_MSE_LOSS, 2, (int[]){x, t}, 1, &loss, ca->loc);
+	g->ops[o].n = p->code;
+	g->ops[o].f = 1.0 / (double)value_elems(g, x);
+	*out = tensor_val(loss);
+}
+
+/* select's and slice's first three arguments: the tensor, its dim, the start (slice: it may be
+ * the dim's size) */
+static bool narrow_args(Elab *e, Scope *sc, CallArgs *ca, bool slice, int *x, int *d, long long *start)
+{
+	*x = eval_tensor(e, sc, ca->pos[0]);
+	if (*x < 0 || !dim_arg(e, sc, ca->pos[1], e->g->vals[*x].rank, d))
+		return false;
+	return position_arg(e, sc, ca->pos[2], e->g->vals[*x].dim[*d], slice, start);
+}
+
+/* select(x, dim, i): torch.select, the dim dropped */
+static void prim_select(Elab *e, Scope *sc, CallArgs *ca, const Primitive *p, EnvVal *out)
+{
+	int x, d;
+	long long start;
+	if (narrow_args(e, sc, ca, false, &x, &d, &start))
+		*out = tensor_val(narrow(e, x, d, start, 1, true, ca->loc));
+}
+
+/* slice(x, dim, start, end): rows [start, end) of dim */
+static void prim_slice(Elab *e, Scope *sc, CallArgs *ca, const Primitive *p, EnvVal *out)
+{
+	int x, d;
+	long long start, end;
+	if (!narrow_args(e, sc, ca, true, &x, &d, &start))
+		return;
+	long long n = e->g->vals[x].dim[d];
+	if (!position_arg(e, sc, ca->pos[3], n, true, &end))
+		return;
+	if (end <= start) {
+		elab_error(e, ca->loc, "slice [%lld, %lld) of a dimension of size %lld is empty", start, end, n);
+		return;
+	}
+	*out = tensor_val(narrow(e, x, d, start, end - start, false, ca->loc));
+}
+
+/* concat([a, b, ..], dim): 2 to 6 tensors equal in every dim but dim (default: the last) */
+static void prim_concat(Elab *e, Scope *sc, CallArgs *ca, const Primitive *p, EnvVal *out)
+{
+	Graph *g = e->g;
+	Expr *items[6];
+	int n = list_items(e, ca->pos[0], items, 6, p->name), xs[6];
+	if (n < 0)
+		return;
+	if (n < 2) {
+		elab_error(e, ca->pos[0]->loc, "concat needs a list of 2 to 6 tensors: concat([a, b], dim)");
+		return;
+	}
+	for (int i = 0; i < n; i++)
+		if ((xs[i] = float_tensor(e, sc, items[i], p->name)) < 0)
+			return;
+	int d = -1;
+	Expr *dx = kwarg(ca, "dim", 1);
+	if (dx && !dim_arg(e, sc, dx, g->vals[xs[0]].rank, &d))
+		return;
+	if (!dx)
+		d = g->vals[xs[0]].rank - 1;
+	long long total = 0;
+	for (int i = 0; i < n; i++) {
+		const Value *a = &g->vals[xs[0]], *b = &g->vals[xs[i]];
+		bool ok = a->rank == b->rank && a->dtype == b->dtype;
+		for (int k = 0; ok && k < a->rank; k++)
+			ok = k == d || a->dim[k] == b->dim[k];
 		if (!ok) {
 			char s1[128], s2[128];
-			shape_text(g, l, s1, sizeof s1);
-			shape_text(g, t, s2, sizeof s2);
-			elab_error(e, loc, "cross_entropy needs logits [.., V] and i32 targets [..], got %s and %s %s", s1,
-				   dtype_name(vt->dtype), s2);
-			diag_note_plain("the targets have the logits' dims but the last (the classes): per-sample labels "
-					"i32 [B] go with logits [B, C], so pool or select a position first (x[_, 0])");
-			return true;
+			shape_text(g, xs[0], s1, sizeof s1);
+			shape_text(g, xs[i], s2, sizeof s2);
+			elab_error(e, items[i]->loc, "concat along dim %d needs tensors equal in every other dim, got %s and %s", d,
+				   s1, s2);
+			return;
 		}
-		int loss = graph_add_value(g, DT_F32, 0, NULL, NULL);
-		g->vals[loss].role = ROLE_LOSS;
-		int lse = graph_add_value(g, DT_F32, vt->rank, vt->dim, (const char *const *)g->vals[t].dim_name);
-		g->vals[lse].role = ROLE_STAT;
-		int in[2] = {l, t};
-		emit(e, OP_CROSS_ENTROPY, 2, in, 2, (int[]){loss, lse}, loc);
-		*out = tensor_val(loss);
-		return true;
+		total += b->dim[d];
 	}
-	if (!strcmp(name, "moe_router")) {
-		static const char *const keys[] = {"top_k", "capacity_factor", "normalize", "dropless", NULL};
-		if (!check_arity(e, ca, name, 1, 1, keys))
-			return true;
-		int l = eval_tensor(e, sc, ca->pos[0]);
-		if (l < 0)
-			return true;
-		double k = num_arg(e, sc, ca, "top_k", -1, 2);
-		double cf = num_arg(e, sc, ca, "capacity_factor", -1, 1.25);
-		double normalize = num_arg(e, sc, ca, "normalize", -1, 0);
-		double dropless = num_arg(e, sc, ca, "dropless", -1, 0);
-		if (e->ps->has_experts) {
-			if (e->ps->top_k > 0)
-				k = e->ps->top_k;
-			if (e->ps->capacity_factor > 0)
-				cf = e->ps->capacity_factor;
+	int y = reshaped_like(e, xs[0], d, total, false, g->vals[xs[0]].dtype);
+	int o = emit(e, OP_CONCAT, n, xs, 1, &y, ca->loc);
+	g->ops[o].dim = d;
+	*out = tensor_val(y);
+}
+
+/* reshape(x, [d0, d1, ..]): one dim may be -1 (inferred) */
+static void prim_reshape(Elab *e, Scope *sc, CallArgs *ca, const Primitive *p, EnvVal *out)
+{
+	Graph *g = e->g;
+	int x = eval_tensor(e, sc, ca->pos[0]);
+	Expr *items[MAX_DIMS];
+	int n = x < 0 ? -1 : list_items(e, ca->pos[1], items, MAX_DIMS, p->name);
+	if (n < 0)
+		return;
+	long long dim[MAX_DIMS], known = 1;
+	const char *names[MAX_DIMS];
+	int infer = -1;
+	for (int i = 0; i < n; i++) {
+		if (!eval_int(e, sc, items[i], &dim[i], &names[i]))
+			return;
+		if (dim[i] == -1 && infer < 0) {
+			infer = i;
+			continue;
 		}
-		const Value *vl = &g->vals[l];
-		long long E = vl->dim[vl->rank - 1];
-		if (e->ps->has_experts && e->ps->expert_count && e->ps->expert_count != E) {
-			if (!e->failed) {
-				diag_error(e->ps->src, e->ps->expert_count_loc,
-					   "experts count = %d does not match the model's %lld experts", e->ps->expert_count, E);
-				diag_note(e->src, loc, "this router chooses among %lld experts", E);
-				diag_note_plain("the number of experts is the model's: set it through the model's "
-						"hyperparameters (plan %s for %s(...)), or leave count out",
-						e->ps->plan->name, e->ps->model->name);
-			}
-			e->failed = true;
-			return true;
+		if (dim[i] <= 0) {
+			elab_error(e, items[i]->loc, "a reshape dimension is positive (or one -1), not %lld", dim[i]);
+			return;
 		}
-		if (k < 1 || k > (double)E || k != floor(k)) {
-			elab_error(e, loc, "top_k = %g must be a whole number between 1 and the %lld experts", k, E);
-			return true;
-		}
-		if ((normalize != 0 && normalize != 1) || (dropless != 0 && dropless != 1)) {
-			elab_error(e, loc, "normalize and dropless are 0 or 1");
-			return true;
-		}
-		if (!dropless && !(cf > 0)) {
-			elab_error(e, loc, "capacity_factor = %g must be positive", cf);
-			diag_note_plain("for every token to reach its experts, route with dropless = 1");
-			return true;
-		}
-		if (vl->rank < 2) {
-			elab_error(e, loc, "moe_router needs logits [.., E] with a batch dim first");
-			return true;
-		}
-		long long tokens = 1;
-		for (int i = 0; i < vl->rank - 1; i++)
-			tokens *= vl->dim[i];
-		long long group = tokens / vl->dim[0]; /* a routing group: the tokens of one sample */
-		long long dim[2] = {tokens, (long long)k};
-		int gates = graph_add_value(g, DT_F32, 2, dim, NULL);
-		int idx = graph_add_value(g, DT_I32, 2, dim, NULL);
-		g->vals[idx].role = ROLE_INDEX;
-		int o = emit(e, OP_MOE_ROUTER, 1, &l, 2, (int[]){gates, idx}, loc);
-		Op *op = &g->ops[o];
-		op->n = (long long)k;
-		op->f = dropless ? 0 : cf;
-		op->moe_group = group;
-		/* pairs an expert takes per group: GShard's ceil(k G cf / E); dropless: every token */
-		op->moe_capacity = dropless ? 0 : (long long)ceil((double)k * (double)group * cf / (double)E);
-		if (!dropless && op->moe_capacity < 1)
-			op->moe_capacity = 1;
-		op->moe_normalize = normalize != 0;
-		g->has_moe = true;
-		*out = tensor_val(gates);
-		return true;
+		known *= dim[i];
 	}
-	if (!strcmp(name, "moe_dispatch") || !strcmp(name, "moe_combine")) {
-		bool dispatch = name[4] == 'd';
-		if (!check_arity(e, ca, name, 2, 2, no_keys))
-			return true;
-		int x = eval_tensor(e, sc, ca->pos[0]);
-		int r = x < 0 ? -1 : eval_tensor(e, sc, ca->pos[1]);
-		int ro = route_of(e, r, ca->pos[1]->loc, name);
-		if (ro < 0)
-			return true;
-		const Op *router = &g->ops[ro];
-		const Value *logits = &g->vals[router->in[0]];
-		long long E = logits->dim[logits->rank - 1];
-		long long tokens = g->vals[router->out[0]].dim[0];
-		/* slots per expert: every group's capacity (dropless: every token) */
-		long long cap = router->moe_capacity ? tokens / router->moe_group * router->moe_capacity : tokens;
-		const Value *vx = &g->vals[x];
-		int idx = router->out[1];
-		int y;
-		if (dispatch) {
-			long long t = 1;
-			for (int i = 0; i < vx->rank - 1; i++)
-				t *= vx->dim[i];
-			if (t != tokens || vx->dim[0] != logits->dim[0]) {
-				elab_error(e, loc, "moe_dispatch input has %lld tokens but the router saw %lld", t, tokens);
-				return true;
-			}
-			long long dim[3] = {E, cap, vx->dim[vx->rank - 1]};
-			const char *names[3] = {logits->dim_name[logits->rank - 1], NULL, vx->dim_name[vx->rank - 1]};
-			y = graph_add_value(g, vx->dtype, 3, dim, names);
-		} else {
-			if (vx->rank != 3 || vx->dim[0] != E || vx->dim[1] != cap) {
-				char s[128];
-				shape_text(g, x, s, sizeof s);
-				elab_error(e, loc, "moe_combine needs expert outputs [%lld, %lld, D], got %s", E, cap, s);
-				return true;
-			}
-			long long dim[MAX_DIMS];
-			const char *names[MAX_DIMS];
-			for (int i = 0; i < logits->rank - 1; i++) {
-				dim[i] = logits->dim[i];
-				names[i] = logits->dim_name[i];
-			}
-			dim[logits->rank - 1] = vx->dim[2];
-			names[logits->rank - 1] = vx->dim_name[2];
-			y = graph_add_value(g, vx->dtype, logits->rank, dim, names);
-		}
-		int in[3] = {x, r, idx};
-		int o = emit(e, dispatch ? OP_MOE_DISPATCH : OP_MOE_COMBINE, 3, in, 1, &y, loc);
-		g->ops[o].n = cap;
-		moe_attributes(&g->ops[o], &g->ops[ro]);
-		*out = tensor_val(y);
-		return true;
+	long long elems = value_elems(g, x);
+	if (infer >= 0 && elems % known == 0) {
+		dim[infer] = elems / known;
+		names[infer] = NULL;
+		known = elems;
 	}
-	if (!strcmp(name, "moe_aux_loss") || !strcmp(name, "moe_z_loss")) {
-		/* a weighted auxiliary loss of the routing: graph_build adds it to the model's loss */
-		bool aux = name[4] == 'a';
-		static const char *const keys[] = {"weight", NULL};
-		if (!check_arity(e, ca, name, 1, 2, keys))
-			return true;
-		int r = eval_tensor(e, sc, ca->pos[0]);
-		int ro = route_of(e, r, ca->pos[0]->loc, name);
-		if (ro < 0)
-			return true;
-		double w = num_arg(e, sc, ca, "weight", 1, aux ? 0.01 : 0.001);
-		if (!(w >= 0)) {
-			elab_error(e, loc, "the weight of %s must be 0 or more, not %g", name, w);
-			return true;
-		}
-		int y = graph_add_value(g, DT_F32, 0, NULL, NULL);
-		int in[2] = {g->ops[ro].in[0], g->ops[ro].out[1]};
-		int o = emit(e, aux ? OP_MOE_AUX_LOSS : OP_MOE_Z_LOSS, 2, in, 1, &y, loc);
-		g->ops[o].f = w;
-		moe_attributes(&g->ops[o], &g->ops[ro]);
-		*out = tensor_val(y);
-		return true;
+	if (known != elems) {
+		char s[128];
+		shape_text(g, x, s, sizeof s);
+		elab_error(e, ca->pos[1]->loc, "cannot reshape %s (%lld elements) to this shape (%lld elements)", s, elems,
+			   known);
+		return;
 	}
-	return lang_primitive(e, sc, name, ca, out);
+	int y = graph_add_value(g, g->vals[x].dtype, n, dim, names);
+	emit(e, OP_RESHAPE, 1, &x, 1, &y, ca->loc);
+	*out = tensor_val(y);
+}
+
+/* transpose(x, d0, d1): the last two as x.T (a view matmuls fold), any other pair swapped */
+static void prim_transpose(Elab *e, Scope *sc, CallArgs *ca, const Primitive *p, EnvVal *out)
+{
+	Graph *g = e->g;
+	int x = float_tensor(e, sc, ca->pos[0], p->name), d0, d1;
+	if (x < 0 || !dim_arg(e, sc, ca->pos[1], g->vals[x].rank, &d0) || !dim_arg(e, sc, ca->pos[2], g->vals[x].rank, &d1))
+		return;
+	int r = g->vals[x].rank;
+	if (d0 == d1) {
+		*out = tensor_val(x);
+		return;
+	}
+	if ((d0 == r - 1 && d1 == r - 2) || (d0 == r - 2 && d1 == r - 1)) { /* as x.T: matmuls fold it */
+		int y = transpose(e, x, ca->loc);
+		if (y >= 0)
+			*out = tensor_val(y);
+		return;
+	}
+	int y = new_value_like(e, x, g->vals[x].dtype);
+	Value *vy = &g->vals[y];
+	const Value *vx = &g->vals[x];
+	vy->dim[d0] = vx->dim[d1];
+	vy->dim[d1] = vx->dim[d0];
+	vy->dim_name[d0] = vx->dim_name[d1];
+	vy->dim_name[d1] = vx->dim_name[d0];
+	int o = emit(e, OP_SWAP_DIMS, 1, &x, 1, &y, ca->loc);
+	g->ops[o].dim = d0;
+	g->ops[o].dim2 = d1;
+	*out = tensor_val(y);
+}
+
+/* repeat_kv(x [.., Hkv, S, Dh], n_rep, dim): each head n_rep times (grouped-query attention) */
+static void prim_repeat_kv(Elab *e, Scope *sc, CallArgs *ca, const Primitive *p, EnvVal *out)
+{
+	Graph *g = e->g;
+	int x = float_tensor(e, sc, ca->pos[0], p->name);
+	long long rep;
+	if (x < 0 || !eval_int(e, sc, ca->pos[1], &rep, NULL))
+		return;
+	int r = g->vals[x].rank, d = r - 3;
+	Expr *dx = kwarg(ca, "dim", 2);
+	if (dx && !dim_arg(e, sc, dx, r, &d))
+		return;
+	if (d < 0) {
+		elab_error(e, ca->loc, "repeat_kv needs heads [.., Hkv, S, Dh] (after split_heads) or a dim");
+		return;
+	}
+	if (rep < 1) {
+		elab_error(e, ca->pos[1]->loc, "repeat_kv needs n_rep >= 1, not %lld", rep);
+		return;
+	}
+	int y = reshaped_like(e, x, d, g->vals[x].dim[d] * rep, false, g->vals[x].dtype);
+	int o = emit(e, OP_REPEAT_KV, 1, &x, 1, &y, ca->loc);
+	g->ops[o].dim = d;
+	g->ops[o].n = rep;
+	*out = tensor_val(y);
+}
+
+/* rope(x [B, H, S, Dh], theta, pos, rot_dim, heads_first): rotary position embedding */
+static void prim_rope(Elab *e, Scope *sc, CallArgs *ca, const Primitive *p, EnvVal *out)
+{
+	Graph *g = e->g;
+	Loc loc = ca->loc;
+	int x = float_tensor(e, sc, ca->pos[0], p->name);
+	if (x < 0)
+		return;
+	const Value *v = &g->vals[x];
+	if (v->rank != 4) {
+		char s[128];
+		shape_text(g, x, s, sizeof s);
+		elab_error(e, loc, "rope needs heads [B, H, S, Dh] (after split_heads), or [B, S, H, Dh] with heads_first = 0; got %s", s);
+		return;
+	}
+	double theta = num_arg(e, sc, ca, "theta", -1, 10000.0);
+	double first = num_arg(e, sc, ca, "heads_first", -1, 1);
+	double rot = num_arg(e, sc, ca, "rot_dim", -1, (double)v->dim[3]);
+	if (e->failed)
+		return;
+	if (theta <= 0) {
+		elab_error(e, loc, "rope needs theta > 0, not %g", theta);
+		return;
+	}
+	if (rot != floor(rot) || rot < 2 || rot > (double)v->dim[3] || (long long)rot % 2) {
+		elab_error(e, loc, "rope's rot_dim = %g must be even and between 2 and the head dim %lld", rot, v->dim[3]);
+		return;
+	}
+	int seq = first != 0 ? 2 : 1;
+	int in[2] = {x, -1}, nin = 1;
+	Expr *px = kwarg(ca, "pos", -1);
+	if (px) {
+		int pos = eval_tensor(e, sc, px);
+		if (pos < 0)
+			return;
+		const Value *vp = &g->vals[pos];
+		bool ok = vp->dtype == DT_I32 && ((vp->rank == 1 && vp->dim[0] == v->dim[seq]) ||
+						   (vp->rank == 2 && vp->dim[0] == v->dim[0] && vp->dim[1] == v->dim[seq]));
+		if (!ok) {
+			char s[128];
+			shape_text(g, pos, s, sizeof s);
+			elab_error(e, px->loc, "rope's positions are i32 [S] or [B, S] (S = %lld), not %s %s", v->dim[seq],
+				   dtype_name(vp->dtype), s);
+			return;
+		}
+		in[nin++] = pos;
+	}
+	int y = new_value_like(e, x, v->dtype);
+	int o = emit(e, OP_ROPE, nin, in, 1, &y, loc);
+	g->ops[o].f = theta;
+	g->ops[o].n = (long long)rot;
+	g->ops[o].dim = seq;
+	g->ops[o].dim2 = first != 0;
+	*out = tensor_val(y);
+}
+
+#define KEYS(...) ((const char *const[]){__VA_ARGS__, NULL})
+static const char *const no_keys[] = {NULL};
+
+/* torch.nn.functional's namesakes; docs/language.md lists them with their signatures */
+static const Primitive primitives[] = {
+	/* numbers */
+	{"dim", prim_dim, 2, 2, no_keys, OP_COUNT, 0},
+	{"sqrt", prim_sqrt, 1, 1, no_keys, OP_COUNT, 0},
+	/* layers */
+	{"embed", prim_embed, 2, 2, no_keys, OP_EMBED, 0},
+	{"layer_norm", prim_norm, 3, 3, KEYS("eps"), OP_LAYER_NORM, 0},
+	{"rms_norm", prim_norm, 2, 2, KEYS("eps"), OP_RMS_NORM, 0},
+	{"dropout", prim_dropout, 1, 2, KEYS("p"), OP_DROPOUT, 0},
+	/* activations and element-wise functions */
+	{"relu", prim_activation, 1, 1, no_keys, OP_RELU, 0},
+	{"silu", prim_activation, 1, 1, no_keys, OP_SILU, 0},
+	{"softmax", prim_activation, 1, 1, no_keys, OP_SOFTMAX, 0},
+	{"causal_mask", prim_activation, 1, 1, no_keys, OP_CAUSAL_MASK, 0},
+	{"gelu", prim_gelu, 1, 1, KEYS("approximate"), OP_GELU, 0},
+	{"sin", prim_unary_fn, 1, 1, no_keys, OP_UNARY_FN, UNARY_SIN},
+	{"cos", prim_unary_fn, 1, 1, no_keys, OP_UNARY_FN, UNARY_COS},
+	{"exp", prim_unary_fn, 1, 1, no_keys, OP_UNARY_FN, UNARY_EXP},
+	{"log", prim_unary_fn, 1, 1, no_keys, OP_UNARY_FN, UNARY_LOG},
+	{"tanh", prim_unary_fn, 1, 1, no_keys, OP_UNARY_FN, UNARY_TANH},
+	{"sigmoid", prim_unary_fn, 1, 1, no_keys, OP_UNARY_FN, UNARY_SIGMOID},
+	/* attention */
+	{"split_heads", prim_split_heads, 1, 2, KEYS("heads"), OP_SPLIT_HEADS, 0},
+	{"merge_heads", prim_merge_heads, 1, 1, no_keys, OP_MERGE_HEADS, 0},
+	{"repeat_kv", prim_repeat_kv, 2, 3, KEYS("dim"), OP_REPEAT_KV, 0},
+	{"rope", prim_rope, 1, 1, KEYS("theta", "pos", "rot_dim", "heads_first"), OP_ROPE, 0},
+	/* reductions and losses */
+	{"sum", prim_reduce, 1, 3, KEYS("dim", "keepdim"), OP_SUM_DIM, 0},
+	{"mean", prim_reduce, 1, 3, KEYS("dim", "keepdim"), OP_SUM_DIM, 1},
+	{"max", prim_reduce, 1, 3, KEYS("dim", "keepdim"), OP_MAX_DIM, 0},
+	{"cross_entropy", prim_cross_entropy, 2, 2, no_keys, OP_CROSS_ENTROPY, 0},
+	{"mse_loss", prim_regression_loss, 2, 2, no_keys, OP_MSE_LOSS, 0},
+	{"l1_loss", prim_regression_loss, 2, 2, no_keys, OP_MSE_LOSS, 1},
+	/* tensor manipulation */
+	{"select", prim_select, 3, 3, no_keys, OP_NARROW, 0},
+	{"slice", prim_slice, 4, 4, no_keys, OP_NARROW, 0},
+	{"concat", prim_concat, 1, 2, KEYS("dim"), OP_CONCAT, 0},
+	{"reshape", prim_reshape, 2, 2, no_keys, OP_RESHAPE, 0},
+	{"transpose", prim_transpose, 3, 3, no_keys, OP_SWAP_DIMS, 0},
+	/* mixture of experts */
+	{"moe_router", prim_moe_router, 1, 1, KEYS("top_k", "capacity_factor", "normalize", "dropless"), OP_MOE_ROUTER, 0},
+	{"moe_dispatch", prim_moe_route, 2, 2, no_keys, OP_MOE_DISPATCH, 0},
+	{"moe_combine", prim_moe_route, 2, 2, no_keys, OP_MOE_COMBINE, 0},
+	{"moe_aux_loss", prim_moe_loss, 1, 2, KEYS("weight"), OP_MOE_AUX_LOSS, 0},
+	{"moe_z_loss", prim_moe_loss, 1, 2, KEYS("weight"), OP_MOE_Z_LOSS, 0},
+};
+#undef KEYS
+
+/* name -> its row of primitives[], for the elaborator's lookups */
+static SymTab *primitive_index(Arena *a)
+{
+	SymTab *t = symtab_new(a);
+	for (size_t i = 0; i < sizeof primitives / sizeof primitives[0]; i++)
+		symtab_put(t, primitives[i].name, (void *)&primitives[i]);
+	return t;
+}
+
+/* A call of a primitive op. Returns true if name is a primitive (its result, if any, in *out). */
+static bool call_primitive(Elab *e, Scope *sc, const char *name, CallArgs *ca, EnvVal *out)
+{
+	const Primitive *p = symtab_get(e->primitives, name);
+	if (!p)
+		return false;
+	if (check_arity(e, ca, p->name, p->min_args, p->max_args, p->keys))
+		p->build(e, sc, ca, p, out);
+	return true;
 }
 
 static EnvVal call_fn(Elab *e, Scope *caller, Item *fn, Expr *call);
@@ -1758,6 +1860,169 @@ static EnvVal eval_call(Elab *e, Scope *sc, Expr *x)
 	return call_fn(e, sc, fn, x);
 }
 
+static EnvVal operands_error(Elab *e, const Expr *x)
+{
+	elab_error(e, x->loc, "operator '%c' cannot combine these operands", x->op == 'A' ? '>' : x->op);
+	return (EnvVal){0};
+}
+
+/* a op b on two integers (+ - * / %): exact, or an error */
+static EnvVal int_binary(Elab *e, const Expr *x, long long a, long long b)
+{
+	EnvVal none = {0};
+	long long r;
+	bool inexact;
+	if ((x->op == '/' || x->op == '%') && b == 0) {
+		elab_error(e, x->loc, x->op == '/' ? "division by zero" : "'%%' needs a non-zero integer divisor");
+		return none;
+	}
+	if (!int_arith(x->op, a, b, &r, &inexact)) {
+		elab_error(e, x->loc, "integer overflow: %lld %c %lld is beyond 2^63 - 1", a, x->op, b);
+		return none;
+	}
+	if (inexact) {
+		elab_error(e, x->loc, "%lld is not divisible by %lld", a, b);
+		return none;
+	}
+	return int_val(r, NULL);
+}
+
+/* a op b on two numbers, one of them a float */
+static EnvVal num_binary(Elab *e, const Expr *x, double a, double b)
+{
+	EnvVal none = {0};
+	switch (x->op) {
+	case '+':
+		return num_val(a + b, false, NULL);
+	case '-':
+		return num_val(a - b, false, NULL);
+	case '*':
+		return num_val(a * b, false, NULL);
+	case '/':
+		if (b == 0) {
+			elab_error(e, x->loc, "division by zero");
+			return none;
+		}
+		return num_val(a / b, false, NULL);
+	case '%':
+		elab_error(e, x->loc, "'%%' needs a non-zero integer divisor");
+		return none;
+	case '@':
+		elab_error(e, x->loc, "'@' needs tensors, not numbers");
+		return none;
+	}
+	return operands_error(e, x);
+}
+
+/* a @ b, or a op b element-wise with broadcasting */
+static EnvVal tensor_binary(Elab *e, const Expr *x, int a, int b)
+{
+	int y = -1;
+	switch (x->op) {
+	case '@':
+		y = matmul(e, a, b, x->loc);
+		break;
+	case '+':
+		y = binary(e, OP_ADD, a, b, x->loc, "+");
+		break;
+	case '-':
+		y = binary(e, OP_SUB, a, b, x->loc, "-");
+		break;
+	case '*':
+		y = binary(e, OP_MUL, a, b, x->loc, "*");
+		break;
+	case '/':
+		y = binary(e, OP_DIV, a, b, x->loc, "/");
+		break;
+	default:
+		elab_error(e, x->loc, "'%%' is not defined on tensors");
+		break;
+	}
+	return y < 0 ? (EnvVal){0} : tensor_val(y);
+}
+
+/* tensor * number, number * tensor, tensor / number: the tensor scaled */
+static EnvVal scale_tensor(Elab *e, const Expr *x, int t, double f)
+{
+	if (x->op == '/') {
+		if (f == 0) {
+			elab_error(e, x->loc, "division by zero");
+			return (EnvVal){0};
+		}
+		f = 1 / f;
+	}
+	int y = unary(e, OP_SCALE, t, x->loc);
+	e->g->ops[e->g->vals[y].def].f = f;
+	return tensor_val(y);
+}
+
+static EnvVal eval_binary(Elab *e, Scope *sc, Expr *x)
+{
+	EnvVal none = {0};
+	if (x->op == ':' || x->op == 'A' || x->op == 'R') {
+		elab_error(e, x->loc, "this expression is only valid in plan statements");
+		return none;
+	}
+	EnvVal a = eval(e, sc, x->lhs);
+	EnvVal b = eval(e, sc, x->rhs);
+	if (e->failed)
+		return none;
+	if (a.kind == EV_NUM && b.kind == EV_NUM && a.is_int && b.is_int && x->op != '@')
+		return int_binary(e, x, a.inum, b.inum);
+	if (a.kind == EV_NUM && b.kind == EV_NUM)
+		return num_binary(e, x, a.num, b.num);
+	if (a.kind == EV_TENSOR && b.kind == EV_TENSOR)
+		return tensor_binary(e, x, a.tensor, b.tensor);
+	if ((a.kind == EV_TENSOR && b.kind == EV_NUM && (x->op == '*' || x->op == '/')) ||
+	    (a.kind == EV_NUM && b.kind == EV_TENSOR && x->op == '*'))
+		return scale_tensor(e, x, a.kind == EV_TENSOR ? a.tensor : b.tensor, a.kind == EV_NUM ? a.num : b.num);
+	if (a.kind == EV_TENSOR && b.kind == EV_NUM && x->op == '-') {
+		elab_error(e, x->loc, "adding a number to a tensor is not supported; use a parameter");
+		return none;
+	}
+	return operands_error(e, x);
+}
+
+static EnvVal eval_neg(Elab *e, Scope *sc, Expr *x)
+{
+	EnvVal none = {0};
+	EnvVal v = eval(e, sc, x->lhs);
+	if (e->failed)
+		return none;
+	if (v.kind == EV_NUM && v.is_int) {
+		if (v.inum == LLONG_MIN) {
+			elab_error(e, x->loc, "integer overflow: -(%lld) is beyond 2^63 - 1", v.inum);
+			return none;
+		}
+		return int_val(-v.inum, NULL);
+	}
+	if (v.kind == EV_NUM)
+		return num_val(-v.num, false, NULL);
+	if (v.kind == EV_TENSOR)
+		return tensor_val(unary(e, OP_NEG, v.tensor, x->loc));
+	elab_error(e, x->loc, "cannot negate this");
+	return none;
+}
+
+/* x.T; other members (module.fn) are only called */
+static EnvVal eval_member(Elab *e, Scope *sc, Expr *x)
+{
+	EnvVal none = {0};
+	if (x->text && !strcmp(x->text, "T")) {
+		EnvVal v = eval(e, sc, x->lhs);
+		if (e->failed)
+			return none;
+		if (v.kind != EV_TENSOR) {
+			elab_error(e, x->loc, "'.T' needs a tensor");
+			return none;
+		}
+		int y = transpose(e, v.tensor, x->loc);
+		return y < 0 ? none : tensor_val(y);
+	}
+	elab_error(e, x->loc, "a module member can only be called");
+	return none;
+}
+
 static EnvVal eval(Elab *e, Scope *sc, Expr *x)
 {
 	EnvVal none = {0};
@@ -1781,133 +2046,12 @@ static EnvVal eval(Elab *e, Scope *sc, Expr *x)
 		}
 		return b->val;
 	}
-	case E_NEG: {
-		EnvVal v = eval(e, sc, x->lhs);
-		if (e->failed)
-			return none;
-		if (v.kind == EV_NUM && v.is_int) {
-			if (v.inum == LLONG_MIN) {
-				elab_error(e, x->loc, "integer overflow: -(%lld) is beyond 2^63 - 1", v.inum);
-				return none;
-			}
-			return int_val(-v.inum, NULL);
-		}
-		if (v.kind == EV_NUM)
-			return num_val(-v.num, false, NULL);
-		if (v.kind == EV_TENSOR)
-			return tensor_val(unary(e, OP_NEG, v.tensor, x->loc));
-		elab_error(e, x->loc, "cannot negate this");
-		return none;
-	}
-	case E_BINARY: {
-		if (x->op == ':' || x->op == 'A' || x->op == 'R') {
-			elab_error(e, x->loc, "this expression is only valid in plan statements");
-			return none;
-		}
-		EnvVal a = eval(e, sc, x->lhs);
-		EnvVal b = eval(e, sc, x->rhs);
-		if (e->failed)
-			return none;
-		if (a.kind == EV_NUM && b.kind == EV_NUM && a.is_int && b.is_int && x->op != '@') { /* + - * / %: exact */
-			long long r;
-			bool inexact;
-			if ((x->op == '/' || x->op == '%') && b.inum == 0) {
-				elab_error(e, x->loc, x->op == '/' ? "division by zero" : "'%%' needs a non-zero integer divisor");
-				return none;
-			}
-			if (!int_arith(x->op, a.inum, b.inum, &r, &inexact)) {
-				elab_error(e, x->loc, "integer overflow: %lld %c %lld is beyond 2^63 - 1", a.inum, x->op, b.inum);
-				return none;
-			}
-			if (inexact) {
-				elab_error(e, x->loc, "%lld is not divisible by %lld", a.inum, b.inum);
-				return none;
-			}
-			return int_val(r, NULL);
-		}
-		if (a.kind == EV_NUM && b.kind == EV_NUM) { /* one of them is a float */
-			switch (x->op) {
-			case '+':
-				return num_val(a.num + b.num, false, NULL);
-			case '-':
-				return num_val(a.num - b.num, false, NULL);
-			case '*':
-				return num_val(a.num * b.num, false, NULL);
-			case '/':
-				if (b.num == 0) {
-					elab_error(e, x->loc, "division by zero");
-					return none;
-				}
-				return num_val(a.num / b.num, false, NULL);
-			case '%':
-				elab_error(e, x->loc, "'%%' needs a non-zero integer divisor");
-				return none;
-			case '@':
-				elab_error(e, x->loc, "'@' needs tensors, not numbers");
-				return none;
-			}
-		}
-		if (a.kind == EV_TENSOR && b.kind == EV_TENSOR) {
-			int y = -1;
-			switch (x->op) {
-			case '@':
-				y = matmul(e, a.tensor, b.tensor, x->loc);
-				break;
-			case '+':
-				y = binary(e, OP_ADD, a.tensor, b.tensor, x->loc, "+");
-				break;
-			case '-':
-				y = binary(e, OP_SUB, a.tensor, b.tensor, x->loc, "-");
-				break;
-			case '*':
-				y = binary(e, OP_MUL, a.tensor, b.tensor, x->loc, "*");
-				break;
-			case '/':
-				y = binary(e, OP_DIV, a.tensor, b.tensor, x->loc, "/");
-				break;
-			default:
-				elab_error(e, x->loc, "'%%' is not defined on tensors");
-				break;
-			}
-			return y < 0 ? none : tensor_val(y);
-		}
-		if ((a.kind == EV_TENSOR && b.kind == EV_NUM && (x->op == '*' || x->op == '/')) ||
-		    (a.kind == EV_NUM && b.kind == EV_TENSOR && x->op == '*')) {
-			int t = a.kind == EV_TENSOR ? a.tensor : b.tensor;
-			double f = a.kind == EV_NUM ? a.num : b.num;
-			if (x->op == '/') {
-				if (f == 0) {
-					elab_error(e, x->loc, "division by zero");
-					return none;
-				}
-				f = 1 / f;
-			}
-			int y = unary(e, OP_SCALE, t, x->loc);
-			e->g->ops[e->g->vals[y].def].f = f;
-			return tensor_val(y);
-		}
-		if (a.kind == EV_TENSOR && b.kind == EV_NUM && x->op == '-' ) {
-			elab_error(e, x->loc, "adding a number to a tensor is not supported; use a parameter");
-			return none;
-		}
-		elab_error(e, x->loc, "operator '%c' cannot combine these operands", x->op == 'A' ? '>' : x->op);
-		return none;
-	}
-	case E_MEMBER: {
-		if (x->text && !strcmp(x->text, "T")) {
-			EnvVal v = eval(e, sc, x->lhs);
-			if (e->failed)
-				return none;
-			if (v.kind != EV_TENSOR) {
-				elab_error(e, x->loc, "'.T' needs a tensor");
-				return none;
-			}
-			int y = transpose(e, v.tensor, x->loc);
-			return y < 0 ? none : tensor_val(y);
-		}
-		elab_error(e, x->loc, "a module member can only be called");
-		return none;
-	}
+	case E_NEG:
+		return eval_neg(e, sc, x);
+	case E_BINARY:
+		return eval_binary(e, sc, x);
+	case E_MEMBER:
+		return eval_member(e, sc, x);
 	case E_CALL:
 		return eval_call(e, sc, x);
 	case E_INDEX: {
@@ -2227,6 +2371,7 @@ Graph *graph_build(PlanSpec *ps)
 	e.src = &ps->model->module->src;
 	e.act_dtype = ps->param_dtype;
 	e.op_scope = "";
+	e.primitives = primitive_index(a);
 	Scope sc = {0};
 	sc.path = "";
 	sc.module = ps->model->module;

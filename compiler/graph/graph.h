@@ -241,6 +241,8 @@ typedef struct Graph {
 	int nvals, capvals;
 	Op *ops;
 	int nops, capops;
+	Op *spare_ops;   /* the op list before the last rewrite: the next rewrite's (graph_set_ops) */
+	int capspare;
 	int loss;        /* value id of the scalar loss */
 	int nlayers;     /* iterations of the model's top-level repeat */
 	int nfwd;        /* ops [0, nfwd) are the forward pass (set by autodiff) */
@@ -261,7 +263,8 @@ void op_clear(Op *op); /* zero an op outside the graph, with every "none" index 
  * that one runs: layer, stage, phase, the op it differentiates, and its source location. */
 void op_inherit(Op *op, const Op *from);
 /* A pass that rewrites the op list builds a new one and installs it with graph_set_ops, which
- * renumbers every value's producing op. */
+ * renumbers every value's producing op. Two lists take turns: the one a rewrite replaces holds
+ * the next rewrite, so the passes do not each leave a copy of the model's ops behind. */
 typedef struct OpList {
 	Op *ops;
 	int n, cap;

@@ -81,6 +81,25 @@ static long long split_product(const Shard *s, const Layout *l, int dim)
 	return n;
 }
 
+/* "nn.tensor_parallel, nn.sequence_parallel": the strategies the plan uses, for notes */
+static void plan_strategies(const Shard *s, char *buf, size_t n)
+{
+	size_t used = 0;
+	buf[0] = 0;
+	for (const PlanStmt *st = s->ps->plan->rules; st && used < n; st = st->next) {
+		const Expr *e = st->args ? st->args->value : NULL;
+		if (strcmp(st->word, "use") || !e)
+			continue;
+		const Expr *callee = e->kind == E_CALL ? e->lhs : e;
+		if (callee->kind == E_MEMBER && callee->lhs && callee->lhs->kind == E_NAME)
+			used += (size_t)snprintf(buf + used, n - used, "%s%s.%s", used ? ", " : "", callee->lhs->text, callee->text);
+		else if (callee->kind == E_NAME)
+			used += (size_t)snprintf(buf + used, n - used, "%s%s", used ? ", " : "", callee->text);
+	}
+}
+
+/* A split dim that its axes do not divide. The message names the plan (the model is every plan's:
+ * without it, the same error of two plans would read as one) and the strategies it uses. */
 static bool check_divisible(Shard *s, int v, const Layout *l, int dim, const Op *at)
 {
 	const Value *val = &s->g->vals[v];
@@ -88,29 +107,39 @@ static bool check_divisible(Shard *s, int v, const Layout *l, int dim, const Op 
 	if (n <= 1 || val->dim[dim] % n == 0)
 		return true;
 	if (!s->failed) {
-		char axes[128] = "";
+		char axes[128] = "", uses[256];
 		size_t used = 0;
 		for (int a = 0; a < s->ps->naxes; a++)
 			if (l->on[a] == dim && used < sizeof axes)
 				used += (size_t)snprintf(axes + used, sizeof axes - used, "%s'%s' of size %d",
 							 used ? " and " : "", s->ps->axes[a].name, s->ps->axes[a].size);
-		const char *dn = val->dim_name[dim];
+		plan_strategies(s, uses, sizeof uses);
+		const char *dn = val->dim_name[dim], *plan = s->ps->plan->name;
 		const Source *src = at && at->src ? at->src : s->ps->src;
 		Loc loc = at && at->src ? at->loc : s->ps->plan->name_loc;
-		if (at && at->kind == OP_SPLIT_HEADS && dim == val->rank - 3)
-			diag_error(src, loc, "the %lld attention heads%s%s%s are not divisible by mesh axis %s", val->dim[dim],
-				   dn ? " (" : "", dn ? dn : "", dn ? ")" : "", axes);
+		bool heads = at && at->kind == OP_SPLIT_HEADS && dim == val->rank - 3;
+		bool kv = at && (at->kind == OP_REPEAT_KV || at->kind == OP_REPEAT_KV_GRAD) && dim == val->rank - 3;
+		if (heads || kv)
+			diag_error(src, loc, "plan %s: the %lld %sheads%s%s%s are not divisible by mesh axis %s", plan, val->dim[dim],
+				   kv ? "key/value " : "attention ", dn ? " (" : "", dn ? dn : "", dn ? ")" : "", axes);
 		else if (dn)
-			diag_error(src, loc, "dimension %s = %lld%s%s is not divisible by mesh axis %s", dn, val->dim[dim],
-				   val->name ? " of " : "", val->name ? val->name : "", axes);
+			diag_error(src, loc, "plan %s: dimension %s = %lld%s%s is not divisible by mesh axis %s", plan, dn,
+				   val->dim[dim], val->name ? " of " : "", val->name ? val->name : "", axes);
 		else
-			diag_error(src, loc, "dimension %d (size %lld)%s%s is not divisible by mesh axis %s", dim,
+			diag_error(src, loc, "plan %s: dimension %d (size %lld)%s%s is not divisible by mesh axis %s", plan, dim,
 				   val->dim[dim], val->name ? " of " : "", val->name ? val->name : "", axes);
 		if (at && at->call_src)
 			diag_note(at->call_src, at->call_loc, "in the call to '%s' here", at->call_fn);
-		if (at && at->kind == OP_SPLIT_HEADS)
-			diag_note_plain("column-parallel attention weights (nn.megatron) split the heads over the axis; "
-					"use a head count divisible by it or a smaller axis");
+		diag_note(s->ps->src, s->ps->plan->name_loc, "plan %s%s%s", plan, uses[0] ? " uses " : " splits it",
+			  uses[0] ? uses : "");
+		if (kv)
+			diag_note_plain("the query heads are split over the axis, and repeat_kv gives each its key/value head, "
+					"so those would be split too; planc does not replicate key/value heads over tensor ranks "
+					"(Megatron does when there are fewer than the ranks): use kv_heads divisible by the "
+					"axis, or leave the query projection unsplit");
+		else if (heads)
+			diag_note_plain("column-parallel attention weights split the heads over the axis; use a head count "
+					"divisible by it or a smaller axis");
 		else
 			diag_note_plain("change the size or shard this dimension over a smaller axis");
 	}
@@ -1261,10 +1290,212 @@ static bool input_layout(Shard *s, Op *op)
 	return true;
 }
 
+/* (x or mask, dy): linear in dy; dy follows x */
+static void rule_unary_grad(Shard *s, Op *op, int a)
+{
+	int x = resolve_partial(s, op->in[0], a);
+	op->in[0] = x;
+	int sx = st(s, x, a);
+	int dy = op->in[1];
+	if (st(s, dy, a) != sx)
+		op->in[1] = convert_axis(s, dy, a, sx);
+	set_out(s, op, a, sx);
+}
+
+/* sum_to: a split dim the reduction keeps stays split, one it sums over becomes a partial sum */
+static void rule_sum_to(Shard *s, Op *op, int a)
+{
+	const Graph *g = s->g;
+	int x = op->in[0];
+	int sx = st(s, x, a);
+	const Value *in = &g->vals[x], *out = &g->vals[op->out[0]];
+	if (sx == LAYOUT_P || sx == LAYOUT_R) {
+		set_out(s, op, a, sx);
+	} else {
+		int d = sx - (in->rank - out->rank);
+		bool kept = d >= 0 && out->dim[d] == in->dim[sx];
+		set_out(s, op, a, kept ? d : LAYOUT_P);
+	}
+}
+
+/* transpose, split_heads, merge_heads: the split dim moves with the view (merge_heads of a split
+ * head dim gathers it first) */
+static void rule_view(Shard *s, Op *op, int a)
+{
+	Graph *g = s->g;
+	int x = op->in[0];
+	int sx = st(s, x, a);
+	int rin = g->vals[x].rank;
+	int out = sx;
+	if (op->kind == OP_TRANSPOSE && sx >= rin - 2)
+		out = sx == rin - 1 ? rin - 2 : rin - 1;
+	else if (op->kind == OP_SPLIT_HEADS && sx >= 0) {
+		/* [.., S, D] -> [.., H, S, Dh]: a split hidden dim splits the heads */
+		if (sx == rin - 1)
+			out = rin - 2;
+		else if (sx == rin - 2)
+			out = rin - 1;
+	} else if (op->kind == OP_MERGE_HEADS && sx >= 0) {
+		if (sx == rin - 1) {
+			x = op->in[0] = convert_axis(s, x, a, LAYOUT_R);
+			out = LAYOUT_R;
+		} else if (sx == rin - 3)
+			out = rin - 2;
+		else if (sx == rin - 2)
+			out = rin - 3;
+	}
+	set_out(s, op, a, out);
+	if (out >= 0)
+		check_divisible(s, op->out[0], &g->vals[op->out[0]].lay, out, op);
+}
+
+/* The rule of op's class on mesh axis a: its inputs converted as it needs, its outputs' state. */
+static void place_on_axis(Shard *s, Op *op, int a)
+{
+	bool vocab_parallel = false; /* set by rule_loss; the reductions follow the op */
+	switch (op_classes[op->kind]) {
+	case OPK_MATMUL:
+		if (op->kind == OP_MATMUL)
+			rule_matmul(s, op, a);
+		else
+			rule_wgrad(s, op, a);
+		break;
+	case OPK_BINARY:
+		rule_elementwise(s, op, a);
+		break;
+	case OPK_UNARY:
+		rule_unary(s, op, a, false, op->kind == OP_CAUSAL_MASK ? s->g->vals[op->in[0]].rank - 2 : -1);
+		break;
+	case OPK_UNARY_GRAD:
+		rule_unary_grad(s, op, a);
+		break;
+	case OPK_LINEAR:
+		if (op->kind == OP_SUM_TO)
+			rule_sum_to(s, op, a);
+		else
+			rule_unary(s, op, a, true, -1);
+		break;
+	case OPK_VIEW:
+		rule_view(s, op, a);
+		break;
+	case OPK_ROWWISE:
+		rule_rowwise(s, op, a);
+		break;
+	case OPK_EMBED:
+		if (op->kind == OP_EMBED)
+			rule_embed(s, op, a);
+		else
+			rule_embed_grad(s, op, a);
+		break;
+	case OPK_LOSS:
+		rule_loss(s, op, a, &vocab_parallel);
+		break;
+	case OPK_MOE:
+		rule_moe(s, op, a);
+		break;
+	case OPK_REDUCE:
+		rule_reduce(s, op, a);
+		break;
+	case OPK_SHAPE:
+		rule_shape(s, op, a);
+		break;
+	default:
+		ICE("no sharding rule for '%s'", op_names[op->kind]);
+	}
+}
+
+/* The gradient must match the parameter's layout on every axis where it is not a partial sum;
+ * partial sums are the gradient synchronisation, placed by sync.c (which makes them whole: a
+ * partial sum of a parameter split on that axis is reduce-scattered here). */
+static void place_optimizer_step(Shard *s, Op *op)
+{
+	Graph *g = s->g;
+	int p = op->in[0];
+	for (int a = 0; a < s->ps->naxes; a++) {
+		int sp = st(s, p, a), sgr = st(s, op->in[1], a);
+		if ((sgr == LAYOUT_P && sp < 0) || sgr == sp)
+			continue;
+		int gv = convert_axis(s, op->in[1], a, sp);
+		op->in[1] = gv;
+	}
+	int gv = op->in[1];
+	if (g->vals[gv].grad_of < 0) {
+		g->vals[gv].grad_of = p;
+		g->vals[gv].role = ROLE_GRAD;
+		g->vals[p].grad = gv;
+	}
+	g->vals[op->out[0]].lay = g->vals[p].lay;
+}
+
+/* After a forward op is placed: which converted copy of each forward input it read (fwd_copy). */
+static void note_forward_copies(Shard *s, const Op *placed, const int *original_in)
+{
+	if (placed->backward || placed->per_step)
+		return;
+	for (int k = 0; k < placed->nin; k++) {
+		int orig = original_in[k];
+		if (orig >= s->nfwd_copy)
+			continue;
+		int now = placed->in[k];
+		int *slot = &s->fwd_copy[orig];
+		if (now == orig || (*slot >= 0 && *slot != now))
+			*slot = -2;
+		else if (*slot == -1)
+			*slot = now;
+	}
+}
+
+/* vocab-parallel cross entropy's reductions (max, sum of exp, target logit) */
+static void vocab_parallel_reductions(Shard *s, const Op *placed)
+{
+	if (placed->kind != OP_CROSS_ENTROPY && placed->kind != OP_CROSS_ENTROPY_GRAD)
+		return;
+	const Value *l = &s->g->vals[placed->in[0]];
+	for (int a = 0; a < s->ps->naxes; a++)
+		if (l->lay.on[a] == l->rank - 1 && placed->kind == OP_CROSS_ENTROPY) {
+			Op copy = *placed;
+			s->cur = &copy;
+			emit_stat_all_reduce(s, copy.out[1], a, 3);
+		}
+}
+
+/* MoE: where the layer's experts are split (an expert rule, or a dim rule on the expert dim),
+ * the dispatched buffer follows: from the capacity split, the all-to-all; from replicated
+ * tokens, a slice (and an all-gather after the experts) */
+static void moe_dispatched_layout(Shard *s, const Op *placed)
+{
+	if (placed->kind != OP_MOE_DISPATCH && placed->kind != OP_MOE_COMBINE_GRAD)
+		return;
+	Op copy = *placed;
+	s->cur = &copy;
+	int layer = moe_layer_of(s, &copy);
+	for (int a = 0; a < s->ps->naxes; a++) {
+		int buf = copy.out[0];
+		int sb = st(s, buf, a);
+		if ((sb == 1 || sb == LAYOUT_R) && (preferred_dim(s, buf, a) == 0 || moe_experts_split(s, layer, a)))
+			convert_axis(s, buf, a, 0);
+	}
+}
+
+/* divisibility of every split output dim */
+static void check_outputs_divisible(Shard *s, const Op *placed)
+{
+	Graph *g = s->g;
+	for (int k = 0; k < placed->nout && !s->failed; k++) {
+		int v = placed->out[k];
+		for (int a = 0; a < s->ps->naxes; a++) {
+			int d = g->vals[v].lay.on[a];
+			if (d >= 0 && !check_divisible(s, v, &g->vals[v].lay, d, placed))
+				break;
+		}
+	}
+}
+
+/* Places op: its layout on every mesh axis (with the conversions its inputs need before it) and
+ * the collectives its outputs need after it. Returns its index in the new op list. */
 static int place_op(Shard *s, Op *op)
 {
 	Graph *g = s->g;
-	int naxes = s->ps->naxes;
 	s->cur = op;
 	int original_in[6];
 	for (int k = 0; k < op->nin; k++) {
@@ -1281,177 +1512,24 @@ static int place_op(Shard *s, Op *op)
 			moe_param_layout(s, op);
 		break;
 	case OP_FILL:
-		break;
 	case OP_SEND:
 		break;
 	case OP_RECV:
 		g->vals[op->out[0]].lay = g->vals[op->in[0]].lay;
 		break;
-	case OP_OPTIMIZER_STEP: {
-		/* the gradient must match the parameter's layout on every axis where it is not a partial
-		 * sum; partial sums are the gradient synchronisation, placed by sync.c (which makes them
-		 * whole: a partial sum of a parameter split on that axis is reduce-scattered here) */
-		int p = op->in[0];
-		for (int a = 0; a < naxes; a++) {
-			int sp = st(s, p, a), sgr = st(s, op->in[1], a);
-			if ((sgr == LAYOUT_P && sp < 0) || sgr == sp)
-				continue;
-			int gv = convert_axis(s, op->in[1], a, sp);
-			op->in[1] = gv;
-		}
-		int gv = op->in[1];
-		if (g->vals[gv].grad_of < 0) {
-			g->vals[gv].grad_of = p;
-			g->vals[gv].role = ROLE_GRAD;
-			g->vals[p].grad = gv;
-		}
-		g->vals[op->out[0]].lay = g->vals[p].lay;
+	case OP_OPTIMIZER_STEP:
+		place_optimizer_step(s, op);
 		break;
-	}
 	default:
-		for (int a = 0; a < naxes && !s->failed; a++) {
-			bool vocab_parallel = false; /* set by rule_loss; the reductions follow the op */
-			switch (op_classes[op->kind]) {
-			case OPK_MATMUL:
-				if (op->kind == OP_MATMUL)
-					rule_matmul(s, op, a);
-				else
-					rule_wgrad(s, op, a);
-				break;
-			case OPK_BINARY:
-				rule_elementwise(s, op, a);
-				break;
-			case OPK_UNARY:
-				rule_unary(s, op, a, op->kind == OP_DROPOUT ? false : false,
-					   op->kind == OP_CAUSAL_MASK ? g->vals[op->in[0]].rank - 2 : -1);
-				break;
-			case OPK_UNARY_GRAD: {
-				/* (x or mask, dy): linear in dy; dy follows x */
-				int x = resolve_partial(s, op->in[0], a);
-				op->in[0] = x;
-				int sx = st(s, x, a);
-				int dy = op->in[1];
-				if (st(s, dy, a) != sx)
-					op->in[1] = convert_axis(s, dy, a, sx);
-				set_out(s, op, a, sx);
-				break;
-			}
-			case OPK_LINEAR:
-				if (op->kind == OP_SUM_TO) {
-					int x = op->in[0];
-					int sx = st(s, x, a);
-					const Value *in = &g->vals[x], *out = &g->vals[op->out[0]];
-					if (sx == LAYOUT_P || sx == LAYOUT_R) {
-						set_out(s, op, a, sx);
-					} else {
-						int d = sx - (in->rank - out->rank);
-						bool kept = d >= 0 && out->dim[d] == in->dim[sx];
-						set_out(s, op, a, kept ? d : LAYOUT_P);
-					}
-				} else {
-					rule_unary(s, op, a, true, -1);
-				}
-				break;
-			case OPK_VIEW: {
-				int x = op->in[0];
-				int sx = st(s, x, a);
-				int rin = g->vals[x].rank;
-				int out = sx;
-				if (op->kind == OP_TRANSPOSE && sx >= rin - 2)
-					out = sx == rin - 1 ? rin - 2 : rin - 1;
-				else if (op->kind == OP_SPLIT_HEADS && sx >= 0) {
-					/* [.., S, D] -> [.., H, S, Dh]: a split hidden dim splits the heads */
-					if (sx == rin - 1)
-						out = rin - 2;
-					else if (sx == rin - 2)
-						out = rin - 1;
-				} else if (op->kind == OP_MERGE_HEADS && sx >= 0) {
-					if (sx == rin - 1) {
-						x = op->in[0] = convert_axis(s, x, a, LAYOUT_R);
-						out = LAYOUT_R;
-					} else if (sx == rin - 3)
-						out = rin - 2;
-					else if (sx == rin - 2)
-						out = rin - 3;
-				}
-				set_out(s, op, a, out);
-				if (out >= 0)
-					check_divisible(s, op->out[0], &g->vals[op->out[0]].lay, out, op);
-				break;
-			}
-			case OPK_ROWWISE:
-				rule_rowwise(s, op, a);
-				break;
-			case OPK_EMBED:
-				if (op->kind == OP_EMBED)
-					rule_embed(s, op, a);
-				else
-					rule_embed_grad(s, op, a);
-				break;
-			case OPK_LOSS:
-				rule_loss(s, op, a, &vocab_parallel);
-				break;
-			case OPK_MOE:
-				rule_moe(s, op, a);
-				break;
-			case OPK_REDUCE:
-				rule_reduce(s, op, a);
-				break;
-			case OPK_SHAPE:
-				rule_shape(s, op, a);
-				break;
-			default:
-				ICE("no sharding rule for '%s'", op_names[op->kind]);
-			}
-		}
+		for (int a = 0; a < s->ps->naxes && !s->failed; a++)
+			place_on_axis(s, op, a);
 	}
 	Op *placed = push_op(s, op);
 	int placed_index = s->out.n - 1;
-	if (!placed->backward && !placed->per_step)
-		for (int k = 0; k < placed->nin; k++) {
-			int orig = original_in[k];
-			if (orig >= s->nfwd_copy)
-				continue;
-			int now = placed->in[k];
-			int *slot = &s->fwd_copy[orig];
-			if (now == orig || (*slot >= 0 && *slot != now))
-				*slot = -2;
-			else if (*slot == -1)
-				*slot = now;
-		}
-	/* vocab-parallel cross entropy's reductions (max, sum of exp, target logit) */
-	if (placed->kind == OP_CROSS_ENTROPY || placed->kind == OP_CROSS_ENTROPY_GRAD) {
-		const Value *l = &g->vals[placed->in[0]];
-		for (int a = 0; a < naxes; a++)
-			if (l->lay.on[a] == l->rank - 1 && placed->kind == OP_CROSS_ENTROPY) {
-				Op copy = *placed;
-				s->cur = &copy;
-				emit_stat_all_reduce(s, copy.out[1], a, 3);
-			}
-	}
-	/* MoE: where the layer's experts are split (an expert rule, or a dim rule on the expert dim),
-	 * the dispatched buffer follows: from the capacity split, the all-to-all; from replicated
-	 * tokens, a slice (and an all-gather after the experts) */
-	if (placed->kind == OP_MOE_DISPATCH || placed->kind == OP_MOE_COMBINE_GRAD) {
-		Op copy = *placed;
-		s->cur = &copy;
-		int layer = moe_layer_of(s, &copy);
-		for (int a = 0; a < naxes; a++) {
-			int buf = copy.out[0];
-			int sb = st(s, buf, a);
-			if ((sb == 1 || sb == LAYOUT_R) && (preferred_dim(s, buf, a) == 0 || moe_experts_split(s, layer, a)))
-				convert_axis(s, buf, a, 0);
-		}
-	}
-	/* divisibility of every split output dim */
-	for (int k = 0; k < placed->nout && !s->failed; k++) {
-		int v = placed->out[k];
-		for (int a = 0; a < naxes; a++) {
-			int d = g->vals[v].lay.on[a];
-			if (d >= 0 && !check_divisible(s, v, &g->vals[v].lay, d, placed))
-				break;
-		}
-	}
+	note_forward_copies(s, placed, original_in);
+	vocab_parallel_reductions(s, placed);
+	moe_dispatched_layout(s, placed);
+	check_outputs_divisible(s, placed);
 	return placed_index;
 }
 

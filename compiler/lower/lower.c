@@ -61,9 +61,25 @@ Kernel *kernel_copy(LProg *p, Phase ph, int chunk, int op, int dst, int src, lon
 	return k;
 }
 
+/* Grows a program's kernel or buffer array (a heap array the arena owns, arena_own) so that index
+ * n fits: realloc moves it without leaving a copy behind. */
+static void *grow_heap(void *old, int n, int *cap, size_t elem)
+{
+	if (n < *cap)
+		return old;
+	int nc = *cap ? *cap * 2 : 64;
+	while (nc <= n)
+		nc *= 2;
+	void *fresh = realloc(old, elem * (size_t)nc);
+	if (!fresh)
+		ICE("out of memory");
+	*cap = nc;
+	return fresh;
+}
+
 Kernel *kernel_new(LProg *p, KernelKind kind, Phase ph, int chunk, int op)
 {
-	p->k = grow(p->g->arena, p->k, p->nk, &p->capk, sizeof(Kernel));
+	p->k = grow_heap(p->k, p->nk, &p->capk, sizeof(Kernel));
 	Kernel *k = &p->k[p->nk++];
 	memset(k, 0, sizeof *k);
 	k->kind = kind;
@@ -88,11 +104,11 @@ static char *identifier(Arena *a, const char *s)
 
 int buffer_new(LProg *p, BufClass cls, DType t, long long elems, const char *name, const char *what)
 {
-	p->buf = grow(p->g->arena, p->buf, p->nbuf, &p->capbuf, sizeof(Buffer));
+	p->buf = grow_heap(p->buf, p->nbuf, &p->capbuf, sizeof(Buffer));
 	int i = p->nbuf++;
 	Buffer *b = &p->buf[i];
 	memset(b, 0, sizeof *b);
-	b->name = arena_printf(p->g->arena, "%s_%d", identifier(p->g->arena, name), i);
+	b->name = arena_printf(p->g->arena, "%s_%d", identifier(p->g->arena, name), i + p->name_base);
 	b->what = what;
 	b->cls = cls;
 	b->dtype = t;
@@ -136,7 +152,15 @@ static KArg *push_arg(LProg *p, Kernel *k, const KArg *a, bool writes)
 			ICE("a '%s' kernel writes its read-only argument '%s'", kernel_names[k->kind],
 			    kernel_params[k->kind][i].name);
 	}
+	/* a kernel's arguments start as many as the program's kernels of its kind have had at most (then
+	 * double): most kernels get theirs in one array of the right size */
+	if (!k->capargs && k->nargs == 0 && p->arg_hint[k->kind] > 0) {
+		k->capargs = p->arg_hint[k->kind];
+		k->args = arena_alloc(p->g->arena, sizeof(KArg) * (size_t)k->capargs);
+	}
 	k->args = grow(p->g->arena, k->args, k->nargs, &k->capargs, sizeof(KArg));
+	if (k->nargs + 1 > p->arg_hint[k->kind])
+		p->arg_hint[k->kind] = k->nargs + 1;
 	k->args[k->nargs] = *a;
 	return &k->args[k->nargs++];
 }
@@ -303,34 +327,39 @@ void kernels_insert(LProg *p, Kernel *new_k, const int *before, int n)
 {
 	if (n == 0)
 		return;
-	int *order = malloc(sizeof(int) * (size_t)n);
-	if (!order)
+	/* a stable counting sort by insertion point, then one merge: n + nk, whatever the order of
+	 * the inserts (a pass may add one after every matmul for every bucket it starts) */
+	int *first = calloc((size_t)p->nk + 2, sizeof(int)), *order = malloc(sizeof(int) * (size_t)n);
+	if (!first || !order)
 		ICE("out of memory");
+	for (int i = 0; i < n; i++) {
+		internal_assert(before[i] >= 0 && before[i] <= p->nk);
+		first[before[i] + 1]++;
+	}
+	for (int i = 0; i <= p->nk; i++)
+		first[i + 1] += first[i];
 	for (int i = 0; i < n; i++)
-		order[i] = i;
-	/* stable order by insertion point (insertion sort: n is small next to nk) */
-	for (int i = 1; i < n; i++) {
-		int x = order[i], j = i;
-		while (j > 0 && before[order[j - 1]] > before[x]) {
-			order[j] = order[j - 1];
-			j--;
-		}
-		order[j] = x;
+		order[first[before[i]]++] = i; /* first[b] ends as the start of b + 1's inserts */
+	int total = p->nk + n;
+	if (total > p->capk) { /* room to spare: a pass that appends and takes back a kernel copies nothing */
+		int cap = total + total / 4 + 16;
+		p->k = realloc(p->k, sizeof(Kernel) * (size_t)cap);
+		if (!p->k)
+			ICE("out of memory");
+		p->capk = cap;
 	}
-	int total = p->nk + n, cap = total;
-	Kernel *out = arena_alloc(p->g->arena, sizeof(Kernel) * (size_t)cap);
-	int at = 0, next = 0;
-	for (int i = 0; i <= p->nk; i++) {
-		while (next < n && before[order[next]] == i)
-			out[at++] = new_k[order[next++]];
+	/* merged in place from the back: old kernel i moves to a position at or after i */
+	int at = total, next = n - 1;
+	for (int i = p->nk; i >= 0; i--) {
 		if (i < p->nk)
-			out[at++] = p->k[i];
+			p->k[--at] = p->k[i];
+		while (next >= 0 && before[order[next]] == i)
+			p->k[--at] = new_k[order[next--]];
 	}
-	internal_assert(at == total && next == n);
+	internal_assert(at == 0 && next == -1);
 	free(order);
-	p->k = out;
+	free(first);
 	p->nk = total;
-	p->capk = cap;
 }
 
 /* ------------------------------------------------------------------ the lowering state */
@@ -1374,6 +1403,13 @@ static void lower_input(Lower *L, const Op *op, int oi)
 		if (src >= 0 && g->vals[src].name && val->name && !strcmp(g->vals[src].name, val->name))
 			classes = g->vals[ce->in[0]].dim[g->vals[ce->in[0]].rank - 1];
 	}
+	/* ids that index an embedding table are checked against its rows (a negative bound: an index) */
+	for (int i = 0; i < g->nops && !classes; i++) {
+		const Op *e = &g->ops[i];
+		int src = e->kind == OP_EMBED && !e->backward ? input_of(g, e->in[1]) : -1;
+		if (src >= 0 && g->vals[src].name && val->name && !strcmp(g->vals[src].name, val->name))
+			classes = -g->vals[e->in[0]].dim[0];
+	}
 	long long gdims[MAX_DIMS];
 	for (int d = 0; d < val->rank; d++)
 		gdims[d] = d == 0 ? g->ps->batch : val->dim[d];
@@ -1986,10 +2022,46 @@ static bool on_prog(const LProg *p, const Op *op)
 	return op->stage == p->stage;
 }
 
-static LProg *lower_prog(Lowered *low, int stage, int role)
+/* One placeholder per graph value, in a scratch array every program of the plan lowers into
+ * (compact_prog moves what a program uses into its own): a value's buffer is found by its number
+ * while lowering. No name yet: describe_value names those a program defines. */
+static void placeholders(LProg *p, Buffer **scratch, int *cap)
+{
+	Graph *g = p->g;
+	if (*cap < g->nvals + 1) {
+		*cap = 2 * g->nvals + 64; /* lowering about doubles the buffers */
+		*scratch = realloc(*scratch, sizeof(Buffer) * (size_t)*cap);
+		if (!*scratch)
+			ICE("out of memory");
+	}
+	Buffer proto;
+	memset(&proto, 0, sizeof proto);
+	proto.cls = BUF_NONE;
+	proto.elems = 1;
+	proto.view_of = proto.view_axis = -1;
+	proto.rank = 1;
+	proto.ldims[0] = 1;
+	for (int d = 0; d < MAX_DIMS; d++)
+		proto.split_axis[d] = proto.split_outer[d] = -1;
+	proto.micro_dim = -1;
+	proto.first = proto.last = -1;
+	for (int v = 0; v < g->nvals; v++) {
+		Buffer *b = &(*scratch)[v];
+		*b = proto;
+		b->dtype = g->vals[v].dtype;
+		b->bytes = (size_t)dtype_bytes(b->dtype);
+		b->value = v;
+	}
+	p->buf = *scratch;
+	p->nbuf = g->nvals;
+	p->capbuf = *cap;
+}
+
+static LProg *lower_prog(Lowered *low, int stage, int role, Buffer **scratch, int *scratch_cap)
 {
 	Graph *g = low->g;
 	LProg *p = arena_alloc(g->arena, sizeof *p);
+	arena_own(g->arena, (void **)&p->k);
 	p->low = low;
 	p->g = g;
 	p->ps = g->ps;
@@ -1999,8 +2071,7 @@ static LProg *lower_prog(Lowered *low, int stage, int role)
 	p->loss_metric = p->norm_metric = -1;
 	p->opaque_op = -1;
 	/* one buffer per graph value, then the buffers lowering makes */
-	for (int v = 0; v < g->nvals; v++)
-		buffer_new(p, BUF_NONE, g->vals[v].dtype, 1, "v", NULL);
+	placeholders(p, scratch, scratch_cap);
 	Lower L = {.p = p, .g = g};
 	L.consumers = calloc((size_t)g->nvals, sizeof(int));
 	L.kept = calloc((size_t)g->nvals, sizeof(bool));
@@ -2229,6 +2300,160 @@ static void lower_conversions(LProg *p)
 	inserts_apply(p, &casts);
 }
 
+/* ------------------------------------------------------------------ compaction
+ * Lowering addresses a value's buffer by the value's number, so a program starts with a
+ * placeholder for every graph value, and a pipeline stage uses a share of them (1/64 of a 64-stage
+ * model's). Once lowered, a program keeps the buffers it defines or references, in their order
+ * (the value buffers first, by value), in an array of its own; every reference is renumbered, and
+ * lprog_value_buffer finds a value's buffer by binary search. A plan's programs then hold their
+ * stages' buffers, not stages times the model's. */
+
+static int renumber(void *map, int b)
+{
+	return ((const int *)map)[b];
+}
+
+static void compact_prog(LProg *p, int nvals)
+{
+	int nb = p->nbuf;
+	int *map = malloc(sizeof(int) * (size_t)(nb + 1));
+	bool *keep = calloc((size_t)nb + 1, sizeof(bool));
+	if (!map || !keep)
+		ICE("out of memory");
+	for (int b = 0; b < nb; b++)
+		keep[b] = p->buf[b].cls != BUF_NONE;
+	for (int i = 0; i < p->nk; i++)
+		kernel_buffers(&p->k[i], keep);
+	if (p->loss_metric >= 0)
+		keep[p->loss_metric] = true;
+	for (bool grew = true; grew;) { /* a kept view keeps what it views */
+		grew = false;
+		for (int b = nb - 1; b >= 0; b--)
+			if (keep[b] && p->buf[b].cls == BUF_VIEW && p->buf[b].view_of >= 0 && !keep[p->buf[b].view_of])
+				grew = keep[p->buf[b].view_of] = true;
+	}
+	int n = 0;
+	p->nvalbufs = 0;
+	for (int b = 0; b < nb; b++) {
+		map[b] = keep[b] ? n++ : -1;
+		if (keep[b] && b < nvals)
+			p->nvalbufs++;
+	}
+	int cap = n + n / 4 + 16; /* the later passes add buffers */
+	Buffer *bufs = malloc(sizeof(Buffer) * (size_t)cap);
+	if (!bufs)
+		ICE("out of memory");
+	for (int b = 0; b < nb; b++) {
+		if (!keep[b])
+			continue;
+		Buffer *x = &bufs[map[b]];
+		*x = p->buf[b];
+		if (x->view_of >= 0)
+			x->view_of = map[x->view_of];
+		if (!x->name) /* a value of another stage a kernel names (the verifier reports it) */
+			x->name = arena_printf(p->g->arena, "v_%d", b);
+	}
+	for (int i = 0; i < p->nk; i++)
+		kernel_map_buffers(p, &p->k[i], renumber, map);
+	if (p->loss_metric >= 0)
+		p->loss_metric = map[p->loss_metric];
+	p->buf = bufs; /* the scratch array lowering used stays with lower() for the next program */
+	p->nbuf = n;
+	p->capbuf = cap;
+	p->name_base += nb - n; /* a buffer added later is numbered past every name made before */
+	arena_own(p->g->arena, (void **)&p->buf);
+	free(map);
+	free(keep);
+}
+
+static void expr_buffers(const LExpr *e, bool *seen)
+{
+	for (; e; e = e->b) {
+		if (e->kind == LX_LOAD)
+			seen[e->buf] = true;
+		expr_buffers(e->a, seen);
+	}
+}
+
+/* Marks the buffers kernel k names in seen. */
+void kernel_buffers(const Kernel *k, bool *seen)
+{
+	for (int a = 0; a < k->nargs; a++) {
+		const KArg *x = &k->args[a];
+		if (x->kind == KA_BUF || x->kind == KA_OFFSET || x->kind == KA_SCALAR)
+			seen[x->buf] = true;
+		else if (x->kind == KA_BUFS)
+			for (int j = 0; j < x->n; j++)
+				seen[x->bufs[j]] = true;
+	}
+	for (int u = 0; u < k->nuses; u++)
+		seen[k->uses[u]] = true;
+	for (int d = 0; d < k->ndefs; d++)
+		seen[k->defs[d]] = true;
+	if (k->kind == K_LOOP && k->out >= 0)
+		seen[k->out] = true;
+	if (k->kind == K_LOOP)
+		expr_buffers(k->expr, seen);
+}
+
+static LExpr *map_expr(LProg *p, const LExpr *e, int (*f)(void *, int), void *ctx)
+{
+	if (!e)
+		return NULL;
+	LExpr *c = arena_alloc(p->g->arena, sizeof *c);
+	*c = *e;
+	if (c->kind == LX_LOAD)
+		c->buf = f(ctx, c->buf);
+	c->a = map_expr(p, e->a, f, ctx);
+	c->b = map_expr(p, e->b, f, ctx);
+	return c;
+}
+
+/* Every buffer kernel k names becomes f(ctx, buffer); the lists and expression it changes are
+ * copied first (a kernel copied by a pass may share them with its original). */
+void kernel_map_buffers(LProg *p, Kernel *k, int (*f)(void *, int), void *ctx)
+{
+	Arena *a = p->g->arena;
+	for (int i = 0; i < k->nargs; i++) {
+		KArg *x = &k->args[i];
+		if (x->kind == KA_BUF || x->kind == KA_OFFSET || x->kind == KA_SCALAR)
+			x->buf = f(ctx, x->buf);
+		else if (x->kind == KA_BUFS) {
+			int *bufs = arena_alloc(a, sizeof(int) * (size_t)(x->n ? x->n : 1));
+			for (int j = 0; j < x->n; j++)
+				bufs[j] = f(ctx, x->bufs[j]);
+			x->bufs = bufs;
+		}
+	}
+	int *lists = arena_alloc(a, sizeof(int) * (size_t)(k->nuses + k->ndefs + 1));
+	for (int u = 0; u < k->nuses; u++)
+		lists[u] = f(ctx, k->uses[u]);
+	for (int d = 0; d < k->ndefs; d++)
+		lists[k->nuses + d] = f(ctx, k->defs[d]);
+	k->uses = lists;
+	k->capuses = k->nuses;
+	k->defs = lists + k->nuses;
+	k->capdefs = k->ndefs;
+	if (k->kind == K_LOOP) {
+		if (k->out >= 0)
+			k->out = f(ctx, k->out);
+		k->expr = map_expr(p, k->expr, f, ctx);
+	}
+}
+
+int lprog_value_buffer(const LProg *p, int v)
+{
+	int lo = 0, hi = p->nvalbufs;
+	while (lo < hi) {
+		int mid = (lo + hi) / 2;
+		if (p->buf[mid].value < v)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return lo < p->nvalbufs && p->buf[lo].value == v ? lo : -1;
+}
+
 /* ------------------------------------------------------------------ the plan */
 
 LProg *lowered_prog(const Lowered *low, int stage, int role)
@@ -2304,13 +2529,19 @@ Lowered *lower(Graph *g)
 			break;
 		}
 	}
+	Buffer *scratch = NULL;
+	int scratch_cap = 0;
 	for (int s = 0; s < g->nstages; s++)
 		for (int r = 0; r < low->nroles; r++) {
 			int role = low->nroles == 1 ? RANKROLE_ANY : r == 0 ? RANKROLE_MASTER : RANKROLE_WORKER;
-			LProg *p = lower_prog(low, s, role);
+			LProg *p = lower_prog(low, s, role, &scratch, &scratch_cap);
 			lower_conversions(p);
+			scratch = p->buf; /* buffer_new may have moved it */
+			scratch_cap = p->capbuf;
+			compact_prog(p, g->nvals);
 			low->progs[low->nprogs++] = p;
 		}
+	free(scratch);
 	return low;
 }
 

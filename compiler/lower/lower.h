@@ -259,8 +259,9 @@ typedef struct SlotAction {
 
 typedef struct Lowered Lowered;
 
-/* The program of one pipeline stage and rank role. Buffer i < g->nvals is graph value i (BUF_NONE
- * when the value is not on this stage); lowering appends the buffers it makes. */
+/* The program of one pipeline stage and rank role. Its buffers [0, nvalbufs) hold graph values,
+ * in increasing value order (lprog_value_buffer finds one); lowering and the later passes append
+ * the buffers they make. */
 typedef struct LProg {
 	Lowered *low;
 	Graph *g;
@@ -271,6 +272,10 @@ typedef struct LProg {
 	int nk, capk;
 	Buffer *buf;
 	int nbuf, capbuf;
+	int nvalbufs;           /* buffers [0, nvalbufs) hold graph values (Buffer.value), by value */
+	int name_base;          /* added to a new buffer's index in its name: compaction renumbers the
+				 * buffers, and a name must not repeat one a value buffer has */
+	int arg_hint[K_COUNT];  /* the most arguments a kernel of each kind has had (lower.c's next_arg) */
 	Handle *handles;
 	int nhandles, caphandles;
 	int nslotreqs;          /* p2p requests one slot's actions use */
@@ -362,6 +367,11 @@ const char *karg_kind_name(KArgKind kind); /* for messages */
 Kernel *kernel_opaque(LProg *p, int oi, Phase ph, int chunk);
 int handle_new(LProg *p, HandleType t, const char *name);
 int buffer_root(const LProg *p, int b); /* follows views to the storage */
+int lprog_value_buffer(const LProg *p, int v); /* graph value v's buffer, or -1: not on this program */
+/* the buffers a kernel names (arguments, reads, writes, a loop's output and loads): marked in seen,
+ * or each replaced by f(ctx, buffer) (lists and expressions copied first) */
+void kernel_buffers(const Kernel *k, bool *seen);
+void kernel_map_buffers(LProg *p, Kernel *k, int (*f)(void *, int), void *ctx);
 /* Inserts kernels: new_k[i] goes right before old kernel before[i] (before[i] == p->nk: at the
  * end); several before the same kernel keep their order. */
 void kernels_insert(LProg *p, Kernel *new_k, const int *before, int n);
@@ -380,6 +390,7 @@ bool plan_state(Lowered *low);
 /* state.c: a hash of the whole lowered program ("fnv1a64:<16 hex digits>"), which planrt records in
  * every checkpoint: a checkpoint resumes bit for bit under the same, and is resharded otherwise */
 const char *plan_fingerprint(const Lowered *low);
+const char *plan_optimizer_text(const Lowered *low); /* "adamw(lr = 0.0003, ...)" (the program descriptor's) */
 const char *sync_mode_name(SyncMode m); /* "strict", "local_sgd", "async" (the program descriptor's) */
 bool plan_overlap(Lowered *low);
 /* offload_params.c: under `offload params -> host`, each ZeRO-3 gather reads a device copy of its

@@ -46,44 +46,247 @@ static int by_size_desc(const void *a, const void *b)
 	return x->buf - y->buf;
 }
 
-static int by_offset(const void *a, const void *b)
+/* A placed buffer's bytes [lo, hi). */
+typedef struct Range {
+	size_t lo, hi;
+} Range;
+
+/* Sorted, disjoint byte ranges: the union of some placed buffers' bytes. Adding a range merges
+ * it with those it touches. The arrays come from a pool freed at once (a group's tree holds a
+ * list at most of its nodes, most of a few ranges). */
+typedef struct Segs {
+	Range *r;
+	int n, cap;
+} Segs;
+
+typedef struct RangePool {
+	Range *chunk;
+	size_t used, size;
+	Range **chunks;
+	int nchunks, capchunks;
+} RangePool;
+
+static Range *range_take(RangePool *pool, int n)
 {
-	const Interval *x = *(Interval *const *)a, *y = *(Interval *const *)b;
-	return x->offset < y->offset ? -1 : x->offset > y->offset;
+	if (pool->used + (size_t)n > pool->size) {
+		pool->size = (size_t)n > 16384 ? (size_t)n : 16384;
+		pool->chunk = malloc(sizeof(Range) * pool->size);
+		if (pool->nchunks == pool->capchunks) {
+			pool->capchunks = pool->capchunks ? 2 * pool->capchunks : 16;
+			pool->chunks = realloc(pool->chunks, sizeof(Range *) * (size_t)pool->capchunks);
+		}
+		if (!pool->chunk || !pool->chunks)
+			ICE("out of memory");
+		pool->chunks[pool->nchunks++] = pool->chunk;
+		pool->used = 0;
+	}
+	Range *r = pool->chunk + pool->used;
+	pool->used += (size_t)n;
+	return r;
 }
 
-/* First fit by decreasing size; returns the region's size. */
-static size_t place(Interval *iv, int n)
+/* Adds x to the union; false when it was there already. */
+static bool segs_add(RangePool *pool, Segs *s, Range x)
+{
+	int a = 0, hi = s->n; /* the first range that ends at or after x starts */
+	while (a < hi) {
+		int mid = (a + hi) / 2;
+		if (s->r[mid].hi < x.lo)
+			a = mid + 1;
+		else
+			hi = mid;
+	}
+	if (a < s->n && s->r[a].lo <= x.lo && x.hi <= s->r[a].hi)
+		return false;
+	int b = a; /* ranges [a, b) touch x and merge with it */
+	for (; b < s->n && s->r[b].lo <= x.hi; b++) {
+		if (s->r[b].lo < x.lo)
+			x.lo = s->r[b].lo;
+		if (s->r[b].hi > x.hi)
+			x.hi = s->r[b].hi;
+	}
+	if (a == b && s->n == s->cap) {
+		int cap = s->cap ? 2 * s->cap : 4;
+		Range *r = range_take(pool, cap);
+		memcpy(r, s->r, sizeof(Range) * (size_t)s->n);
+		s->r = r;
+		s->cap = cap;
+	}
+	memmove(&s->r[a + 1], &s->r[b], sizeof(Range) * (size_t)(s->n - b));
+	s->r[a] = x;
+	s->n += 1 - (b - a);
+	return true;
+}
+
+/* The bytes that placed buffers occupy at some time of a window, as a union, without visiting
+ * the buffers one by one: a segment tree over the group's kernel positions where each node keeps
+ * the union of the buffers whose lifetime covers the node's positions and is split there (cover),
+ * and the union of every buffer split at the node or below it (below). A buffer alive somewhere
+ * in a window either covers one of the window's nodes or an ancestor of one (cover, up the
+ * paths), or is split below one of them (below). First fit needs only the union: the lowest gap
+ * of a buffer's size in it is where the buffer goes, exactly as when each overlapping buffer is
+ * looked at. The unions stay a few ranges (buffers packed side by side merge), so a query costs
+ * about log^2 of the group, however many buffers are alive across it: thousands in a large
+ * model's backward, where a buffer-by-buffer search took most of planc's time. */
+typedef struct Occupancy {
+	int leaves;       /* a power of two, at least the group's positions */
+	Segs *cover, *below;
+	RangePool pool;
+	int *stamp;       /* per node: the query that collected its cover last */
+	int query;
+} Occupancy;
+
+static void occupancy_init(Occupancy *o, int positions)
+{
+	for (o->leaves = 1; o->leaves < positions; o->leaves *= 2)
+		;
+	o->cover = calloc(2 * (size_t)o->leaves, sizeof(Segs));
+	o->below = calloc(2 * (size_t)o->leaves, sizeof(Segs));
+	o->stamp = calloc(2 * (size_t)o->leaves, sizeof(int));
+	o->query = 0;
+	memset(&o->pool, 0, sizeof o->pool);
+	if (!o->cover || !o->below || !o->stamp)
+		ICE("out of memory");
+}
+
+static void occupancy_free(Occupancy *o)
+{
+	for (int i = 0; i < o->pool.nchunks; i++)
+		free(o->pool.chunks[i]);
+	free(o->pool.chunks);
+	free(o->cover);
+	free(o->below);
+	free(o->stamp);
+}
+
+static void occupancy_add(Occupancy *o, const Interval *x)
+{
+	Range r = {x->offset, x->offset + x->bytes};
+	for (int l = x->first + o->leaves, h = x->last + 1 + o->leaves; l < h; l /= 2, h /= 2) {
+		int nodes[2], nn = 0;
+		if (l & 1)
+			nodes[nn++] = l++;
+		if (h & 1)
+			nodes[nn++] = --h;
+		for (int i = 0; i < nn; i++) {
+			segs_add(&o->pool, &o->cover[nodes[i]], r);
+			/* an ancestor's union holds its descendants': once one has r, the rest have it */
+			for (int a = nodes[i]; a >= 1 && segs_add(&o->pool, &o->below[a], r); a /= 2)
+				;
+		}
+	}
+}
+
+static int append_segs(const Segs *s, Range **out, int n, int *cap)
+{
+	if (n + s->n > *cap) {
+		while (n + s->n > *cap)
+			*cap *= 2;
+		*out = realloc(*out, sizeof(Range) * (size_t)*cap);
+		if (!*out)
+			ICE("out of memory");
+	}
+	memcpy(*out + n, s->r, sizeof(Range) * (size_t)s->n);
+	return n + s->n;
+}
+
+/* The ranges whose union is what the placed buffers occupy at some time in x's lifetime. */
+static int occupancy_of(Occupancy *o, const Interval *x, Range **out, int *cap)
+{
+	int n = 0, q = ++o->query;
+	for (int l = x->first + o->leaves, h = x->last + 1 + o->leaves; l < h; l /= 2, h /= 2) {
+		int nodes[2], nn = 0;
+		if (l & 1)
+			nodes[nn++] = l++;
+		if (h & 1)
+			nodes[nn++] = --h;
+		for (int i = 0; i < nn; i++) {
+			n = append_segs(&o->below[nodes[i]], out, n, cap);
+			for (int a = nodes[i] / 2; a >= 1 && o->stamp[a] != q; a /= 2) {
+				o->stamp[a] = q;
+				n = append_segs(&o->cover[a], out, n, cap);
+			}
+		}
+	}
+	return n;
+}
+
+static void insertion_sort(Range *r, int n)
+{
+	for (int i = 1; i < n; i++) {
+		Range x = r[i];
+		int j = i;
+		for (; j > 0 && r[j - 1].lo > x.lo; j--)
+			r[j] = r[j - 1];
+		r[j] = x;
+	}
+}
+
+/* Sorts ranges by lo: a bucket per range over [0, largest lo], then each bucket in place. A
+ * buffer's overlaps in a big group number in the thousands (a 175B model's saved activations all
+ * overlap its backward's temporaries), and they spread over the arena, so this is linear. */
+static void sort_ranges(Range *r, int n, Range *tmp, int *count)
+{
+	if (n <= 32) {
+		insertion_sort(r, n);
+		return;
+	}
+	size_t top = 0;
+	for (int i = 0; i < n; i++)
+		if (r[i].lo > top)
+			top = r[i].lo;
+	double scale = (double)(n - 1) / ((double)top + 1);
+	for (int b = 0; b <= n; b++)
+		count[b] = 0;
+	for (int i = 0; i < n; i++)
+		count[(int)((double)r[i].lo * scale) + 1]++;
+	for (int b = 0; b < n; b++)
+		count[b + 1] += count[b];
+	for (int i = 0; i < n; i++)
+		tmp[count[(int)((double)r[i].lo * scale)]++] = r[i];
+	memcpy(r, tmp, sizeof(Range) * (size_t)n);
+	insertion_sort(r, n); /* each range is at most its bucket's size away from its place */
+}
+
+/* First fit by decreasing size over kernel positions [0, positions); returns the region's size. */
+static size_t place(Interval *iv, int n, int positions)
 {
 	qsort(iv, (size_t)n, sizeof *iv, by_size_desc);
-	Interval **placed = malloc(sizeof(Interval *) * (size_t)(n + 1));
-	Interval **conflict = malloc(sizeof(Interval *) * (size_t)(n + 1));
-	if (!placed || !conflict)
+	int cap = 64;
+	Range *taken = malloc(sizeof(Range) * (size_t)cap), *tmp = NULL;
+	int *count = NULL, tmp_cap = 0;
+	if (!taken)
 		ICE("out of memory");
-	int nplaced = 0;
+	Occupancy o;
+	occupancy_init(&o, positions);
 	size_t top = 0;
 	for (int i = 0; i < n; i++) {
 		Interval *x = &iv[i];
-		int nc = 0;
-		for (int j = 0; j < nplaced; j++)
-			if (placed[j]->first <= x->last && x->first <= placed[j]->last)
-				conflict[nc++] = placed[j];
-		qsort(conflict, (size_t)nc, sizeof *conflict, by_offset);
+		int nc = occupancy_of(&o, x, &taken, &cap);
+		if (nc > tmp_cap) {
+			tmp_cap = cap;
+			tmp = realloc(tmp, sizeof(Range) * (size_t)tmp_cap);
+			count = realloc(count, sizeof(int) * (size_t)(tmp_cap + 2));
+			if (!tmp || !count)
+				ICE("out of memory");
+		}
+		sort_ranges(taken, nc, tmp, count);
 		size_t off = 0;
 		for (int j = 0; j < nc; j++) {
-			if (conflict[j]->offset >= off + x->bytes)
+			if (taken[j].lo >= off + x->bytes)
 				break;
-			size_t end = conflict[j]->offset + conflict[j]->bytes;
-			if (end > off)
-				off = end;
+			if (taken[j].hi > off)
+				off = taken[j].hi;
 		}
 		x->offset = off;
-		placed[nplaced++] = x;
+		occupancy_add(&o, x);
 		if (off + x->bytes > top)
 			top = off + x->bytes;
 	}
-	free(placed);
-	free(conflict);
+	free(taken);
+	free(tmp);
+	free(count);
+	occupancy_free(&o);
 	return top;
 }
 
@@ -274,7 +477,7 @@ static size_t plan_group(LProg *p, const int *seq, int n, BufClass cls, int grou
 	for (int b = 0; b < nb; b++)
 		if (first[b] >= 0)
 			iv[ni++] = (Interval){b, align(p->buf[b].bytes ? p->buf[b].bytes : 1), first[b], last[b], 0};
-	size_t top = place(iv, ni);
+	size_t top = place(iv, ni, n + 1);
 	for (int i = 0; i < ni; i++) {
 		Buffer *x = &p->buf[iv[i].buf];
 		x->offset = iv[i].offset;

@@ -53,40 +53,14 @@ static int remap(Remap *m, int b)
 	return c;
 }
 
-static LExpr *remap_expr(Remap *m, const LExpr *e)
+static int remap_buffer(void *m, int b)
 {
-	if (!e)
-		return NULL;
-	LExpr *c = arena_alloc(m->p->g->arena, sizeof *c);
-	*c = *e;
-	if (c->kind == LX_LOAD)
-		c->buf = remap(m, c->buf);
-	c->a = remap_expr(m, e->a);
-	c->b = remap_expr(m, e->b);
-	return c;
+	return remap(m, b);
 }
 
 static void remap_kernel(Remap *m, Kernel *k)
 {
-	for (int a = 0; a < k->nargs; a++) {
-		KArg *x = &k->args[a];
-		if (x->kind == KA_BUF || x->kind == KA_OFFSET || x->kind == KA_SCALAR)
-			x->buf = remap(m, x->buf);
-		else if (x->kind == KA_BUFS) {
-			int *bufs = arena_alloc(m->p->g->arena, sizeof(int) * (size_t)(x->n ? x->n : 1));
-			for (int j = 0; j < x->n; j++)
-				bufs[j] = remap(m, x->bufs[j]);
-			x->bufs = bufs;
-		}
-	}
-	for (int u = 0; u < k->nuses; u++)
-		k->uses[u] = remap(m, k->uses[u]);
-	for (int d = 0; d < k->ndefs; d++)
-		k->defs[d] = remap(m, k->defs[d]);
-	if (k->kind == K_LOOP) {
-		k->out = remap(m, k->out);
-		k->expr = remap_expr(m, k->expr);
-	}
+	kernel_map_buffers(m->p, k, remap_buffer, m);
 }
 
 /* a forward copy to the host: its place in the insert list, its position, the buffer */

@@ -11,23 +11,13 @@
  *               previous gather of that phase has finished, so it travels while the previous
  *               parameter is used; the first starts with the phase.
  *   progress    After every matmul that runs while a request is in flight, a progress call lets
- *               MPI move it (MPI makes progress only inside its calls).
+ *               MPI move it (MPI makes progress only inside its calls): one call per matmul, on
+ *               the bucket started last, since one call moves every outstanding operation.
  * Each start, finish and progress is a kernel with a request handle of the stage program. */
 #include "lower/lower.h"
 
 #include <stdlib.h>
 #include <string.h>
-
-static bool touches(const Kernel *k, const bool *member)
-{
-	for (int i = 0; i < k->nuses; i++)
-		if (member[k->uses[i]])
-			return true;
-	for (int i = 0; i < k->ndefs; i++)
-		if (member[k->defs[i]])
-			return true;
-	return false;
-}
 
 /* A fresh kernel built with the shared helpers, then taken off the program's list. */
 static Kernel detached(LProg *p, KernelKind kind, Phase ph, int chunk, int op, bool last_micro)
@@ -48,129 +38,303 @@ static Kernel finish_kernel(LProg *p, const Kernel *of, int h)
 	return f;
 }
 
-/* ------------------------------------------------------------------ gradient buckets */
+/* ------------------------------------------------------------------ gradient buckets
+ * One walk over the kernels decides every bucket: each buffer lists the buckets it is a member of
+ * (a packed bucket's member buffers; every view of an in-place bucket's storage), so a kernel
+ * updates only the buckets it touches, and a program of n kernels and b buckets costs n + b, not
+ * n * b. A bucket starts early when, among the kernels before it that touch its members, the last
+ * one of the backward is followed by nothing but the step's zeroing, and no step kernel comes
+ * first. */
+
+typedef struct Candidates {
+	int n;
+	int *kernel;            /* the bucket collective's kernel index */
+	int *by_buf, *buf_list; /* packed members: buffer b's buckets are buf_list[by_buf[b] .. by_buf[b + 1]) */
+	int *by_root, *root_list; /* in-place buckets by their storage, alike */
+	int *root;              /* each buffer's storage */
+	int *last;              /* the last backward kernel touching a member, or -1 */
+	bool *dead;             /* a step kernel touched a member first */
+	bool *after;            /* a kernel other than step_begin's touched a member after last */
+	int *seen;              /* the last kernel that touched it (a kernel counts once) */
+} Candidates;
+
+static bool bucket_candidate(const LProg *p, const Kernel *k, bool *inplace)
+{
+	*inplace = k->kind == K_ALLREDUCE_INPLACE || k->kind == K_REDUCE_SCATTER_INPLACE;
+	if ((!*inplace && k->kind != K_BUCKET_RS) || k->bucket < 0)
+		return false;
+	return k->phase == PH_STEP || k->phase == PH_BACKWARD;
+}
+
+/* A CSR table from (key, candidate) pairs: keys[i] belongs to cands[i]; n pairs, nkeys keys. */
+static void csr(int nkeys, const int *keys, const int *cands, int n, int **first, int **list)
+{
+	*first = calloc((size_t)nkeys + 2, sizeof(int));
+	*list = malloc(sizeof(int) * (size_t)(n + 1));
+	if (!*first || !*list)
+		ICE("out of memory");
+	for (int i = 0; i < n; i++)
+		(*first)[keys[i] + 2]++;
+	for (int b = 0; b < nkeys; b++)
+		(*first)[b + 2] += (*first)[b + 1];
+	for (int i = 0; i < n; i++)
+		(*list)[(*first)[keys[i] + 1]++] = cands[i];
+}
+
+static void *zalloc(size_t n, size_t size)
+{
+	void *q = calloc(n ? n : 1, size);
+	if (!q)
+		ICE("out of memory");
+	return q;
+}
+
+static void candidates_find(LProg *p, Candidates *C)
+{
+	memset(C, 0, sizeof *C);
+	C->kernel = zalloc((size_t)p->nk, sizeof(int));
+	C->root = zalloc((size_t)p->nbuf, sizeof(int));
+	for (int b = 0; b < p->nbuf; b++)
+		C->root[b] = buffer_root(p, b);
+	int npacked = 0, ninplace = 0, cap = 64;
+	int *pk = zalloc((size_t)cap, sizeof(int)), *pc = zalloc((size_t)cap, sizeof(int));
+	int *rk = zalloc((size_t)p->nk, sizeof(int)), *rc = zalloc((size_t)p->nk, sizeof(int));
+	for (int i = 0; i < p->nk; i++) {
+		const Kernel *k = &p->k[i];
+		bool inplace;
+		if (!bucket_candidate(p, k, &inplace))
+			continue;
+		int c = C->n++;
+		C->kernel[c] = i;
+		if (inplace) {
+			rk[ninplace] = k->kind == K_ALLREDUCE_INPLACE ? KARG(k, ALLREDUCE_INPLACE, buf)->buf
+							      : KARG(k, REDUCE_SCATTER_INPLACE, buf)->buf;
+			rc[ninplace++] = c;
+			continue;
+		}
+		const KArg *bufs = KARG(k, BUCKET_RS, bufs);
+		for (int m = 0; m < bufs->n; m++) {
+			if (npacked == cap) {
+				cap *= 2;
+				pk = realloc(pk, sizeof(int) * (size_t)cap);
+				pc = realloc(pc, sizeof(int) * (size_t)cap);
+				if (!pk || !pc)
+					ICE("out of memory");
+			}
+			pk[npacked] = bufs->bufs[m];
+			pc[npacked++] = c;
+		}
+	}
+	csr(p->nbuf, pk, pc, npacked, &C->by_buf, &C->buf_list);
+	csr(p->nbuf, rk, rc, ninplace, &C->by_root, &C->root_list);
+	free(pk);
+	free(pc);
+	free(rk);
+	free(rc);
+	C->last = zalloc((size_t)C->n, sizeof(int));
+	C->seen = zalloc((size_t)C->n, sizeof(int));
+	C->dead = zalloc((size_t)C->n, sizeof(bool));
+	C->after = zalloc((size_t)C->n, sizeof(bool));
+	for (int c = 0; c < C->n; c++)
+		C->last[c] = C->seen[c] = -1;
+}
+
+static void candidates_free(Candidates *C)
+{
+	free(C->kernel);
+	free(C->root);
+	free(C->by_buf);
+	free(C->buf_list);
+	free(C->by_root);
+	free(C->root_list);
+	free(C->last);
+	free(C->seen);
+	free(C->dead);
+	free(C->after);
+}
+
+static void touch_list(const Candidates *C, const int *list, int from, int to, int j, Phase ph)
+{
+	for (int e = from; e < to; e++) {
+		int c = list[e];
+		if (C->seen[c] == j || C->kernel[c] <= j)
+			continue; /* counted already, or not before the bucket */
+		C->seen[c] = j;
+		if (C->dead[c])
+			continue;
+		if (ph == PH_BACKWARD) {
+			C->last[c] = j;
+			C->after[c] = false;
+		} else if (ph == PH_STEP) {
+			C->dead[c] = true;
+		} else if (ph != PH_STEP_BEGIN) {
+			C->after[c] = true; /* zeroing at the step's start is fine; anything else is not */
+		}
+	}
+}
+
+/* Kernel j's reads and writes, on the buckets whose members they are. */
+static void touch_buckets(const Candidates *C, const Kernel *k, int j)
+{
+	for (int side = 0; side < 2; side++) {
+		const int *bs = side ? k->defs : k->uses;
+		for (int i = 0, n = side ? k->ndefs : k->nuses; i < n; i++) {
+			int b = bs[i], r = C->root[b];
+			touch_list(C, C->buf_list, C->by_buf[b], C->by_buf[b + 1], j, k->phase);
+			touch_list(C, C->root_list, C->by_root[r], C->by_root[r + 1], j, k->phase);
+		}
+	}
+}
+
+/* A started bucket: progress calls go after the backward matmuls of its chunk in [from, to). */
+typedef struct Started {
+	int from, to, chunk, op;
+	int seq;                /* started in this order (the sort keeps it among equal starts) */
+	bool per_step;
+	KernelKind progress;
+	long long req;
+} Started;
+
+/* The bucket collective at kernel i starts after kernel last: its start is inserted there and its
+ * finish takes the blocking call's place. Returns what its progress calls need. */
+static Started start_bucket(LProg *p, Inserts *ins, int i, int last)
+{
+	Kernel *k = &p->k[i];
+	bool inplace = k->kind != K_BUCKET_RS;
+	bool per_step = k->phase == PH_STEP;
+	Kernel start = *k;
+	start.phase = PH_BACKWARD;
+	start.chunk = p->k[last].chunk;
+	start.only_last_micro = per_step;
+	Kernel fin;
+	int h;
+	if (inplace) {
+		h = handle_new(p, HANDLE_REQUEST, "bucket");
+		int req = k->kind == K_ALLREDUCE_INPLACE ? KARG_INDEX(ALLREDUCE_INPLACE, req)
+							 : KARG_INDEX(REDUCE_SCATTER_INPLACE, req);
+		internal_assert(start.args[req].kind == KA_NULL);
+		/* a copy of the argument array: the original kernel keeps its own */
+		KArg *args = arena_alloc(p->g->arena, sizeof(KArg) * (size_t)start.nargs);
+		memcpy(args, start.args, sizeof(KArg) * (size_t)start.nargs);
+		args[req].kind = KA_REQ;
+		args[req].i = h;
+		start.args = args;
+		start.capargs = start.nargs;
+		fin = finish_kernel(p, k, h);
+	} else {
+		/* planrt_bucket_reduce_scatter(n, bufs, counts, t, shards, shard_t, accumulate,
+		 * zero_source, comm, scratch) splits into start(b, n, bufs, counts, t,
+		 * zero_source, comm, buf) and finish(b, n, counts, shards, shard_t, accumulate,
+		 * comm, buf) */
+		h = handle_new(p, HANDLE_BUCKET, "bucket");
+		Kernel s = detached(p, K_BUCKET_RS_START, PH_BACKWARD, p->k[last].chunk, k->op, false);
+		k = &p->k[i];
+		const KArg *bufs = KARG(k, BUCKET_RS, bufs), *counts = KARG(k, BUCKET_RS, counts);
+		s.note = k->note;
+		karg(p, &s, KA_REQ, h);
+		karg_int(p, &s, KARG(k, BUCKET_RS, n)->i);
+		karg_bufs(p, &s, bufs->bufs, bufs->n, true, false);
+		karg_ints(p, &s, counts->ints, counts->n, false);
+		karg(p, &s, KA_DTYPE, KARG(k, BUCKET_RS, t)->i);
+		karg_int(p, &s, KARG(k, BUCKET_RS, zero_source)->i);
+		karg(p, &s, KA_AXIS, KARG(k, BUCKET_RS, c)->i);
+		karg_buf(p, &s, KARG(k, BUCKET_RS, scratch)->buf, false, true);
+		s.comm = k->comm;
+		s.ncomm = k->ncomm;
+		Kernel f = detached(p, K_BUCKET_RS_FINISH, k->phase, k->chunk, k->op, false);
+		k = &p->k[i];
+		const KArg *shards = KARG(k, BUCKET_RS, shards);
+		f.note = k->note;
+		karg(p, &f, KA_REQ, h);
+		karg_int(p, &f, KARG(k, BUCKET_RS, n)->i);
+		karg_ints(p, &f, counts->ints, counts->n, false);
+		karg_bufs(p, &f, shards->bufs, shards->n, true, true);
+		karg(p, &f, KA_DTYPE, KARG(k, BUCKET_RS, shard_t)->i);
+		karg_int(p, &f, KARG(k, BUCKET_RS, accumulate)->i);
+		karg(p, &f, KA_AXIS, KARG(k, BUCKET_RS, c)->i);
+		karg_buf(p, &f, KARG(k, BUCKET_RS, scratch)->buf, true, false);
+		start = s;
+		fin = f;
+	}
+	start.bucket = fin.bucket = p->k[i].bucket; /* both halves reduce state.c's bucket */
+	inserts_add(ins, start, last + 1);
+	Started st = {last + 1, per_step ? p->nk : i, start.chunk, p->k[i].op, 0, per_step,
+		      start.kind == K_BUCKET_RS_START ? K_BUCKET_PROGRESS : K_REQUEST_PROGRESS,
+		      h};
+	p->k[i] = fin; /* the finish takes the blocking call's place */
+	return st;
+}
+
+static int by_from(const void *a, const void *b)
+{
+	const Started *x = a, *y = b;
+	return x->from != y->from ? (x->from > y->from) - (x->from < y->from) : (x->seq > y->seq) - (x->seq < y->seq);
+}
+
+/* Progress calls: after every backward matmul that runs while a started bucket of its chunk is in
+ * flight, one call on the bucket started last (per micro-batch for buckets reduced in each, in the
+ * last micro-batch for buckets reduced once per step). One call moves them all: MPI_Test on any
+ * request runs the library's progress engine, which advances every outstanding operation (Open
+ * MPI's opal_progress, MPICH's progress engine); a call per bucket and matmul would make the
+ * program grow with their product. The bucket started last is the one least likely to be done
+ * already (a done request's test returns without entering MPI). */
+static void progress_calls(LProg *p, Inserts *ins, Started *st, int n, int nk)
+{
+	if (!n)
+		return;
+	qsort(st, (size_t)n, sizeof *st, by_from);
+	int nstacks = 2 * p->nchunks, next = 0;
+	int *stack = zalloc((size_t)nstacks * (size_t)n, sizeof(int)), *depth = zalloc((size_t)nstacks, sizeof(int));
+	for (int j = 0; j < nk; j++) {
+		for (; next < n && st[next].from <= j; next++) {
+			int s = (st[next].per_step ? p->nchunks : 0) + st[next].chunk;
+			stack[s * n + depth[s]++] = next;
+		}
+		const Kernel *kj = &p->k[j];
+		if (kj->kind != K_MATMUL || kj->phase != PH_BACKWARD)
+			continue;
+		for (int per_step = 0; per_step < 2; per_step++) {
+			int s = (per_step ? p->nchunks : 0) + kj->chunk;
+			while (depth[s] && st[stack[s * n + depth[s] - 1]].to <= j)
+				depth[s]--; /* finished before this matmul */
+			if (!depth[s])
+				continue;
+			const Started *b = &st[stack[s * n + depth[s] - 1]];
+			Kernel pr = detached(p, b->progress, PH_BACKWARD, kj->chunk, b->op, b->per_step);
+			kj = &p->k[j];
+			pr.note = "let the buckets move";
+			karg(p, &pr, KA_REQ, b->req);
+			inserts_add(ins, pr, j + 1);
+		}
+	}
+	free(stack);
+	free(depth);
+}
 
 static void overlap_buckets(LProg *p)
 {
 	if (!p->low->state.overlap)
 		return;
+	Candidates C;
+	candidates_find(p, &C);
 	Inserts ins = {0};
-	bool *member = calloc((size_t)p->nbuf, sizeof(bool));
-	if (!member)
-		ICE("out of memory");
-	int nk = p->nk;
-	for (int i = 0; i < nk; i++) {
-		Kernel *k = &p->k[i];
-		bool inplace = k->kind == K_ALLREDUCE_INPLACE || k->kind == K_REDUCE_SCATTER_INPLACE;
-		bool packed = k->kind == K_BUCKET_RS;
-		if ((!inplace && !packed) || k->bucket < 0)
-			continue;
-		if (k->phase != PH_STEP && k->phase != PH_BACKWARD)
-			continue;
-		/* the bucket's storage and member views */
-		memset(member, 0, sizeof(bool) * (size_t)p->nbuf);
-		if (inplace) {
-			int root = k->kind == K_ALLREDUCE_INPLACE ? KARG(k, ALLREDUCE_INPLACE, buf)->buf
-								  : KARG(k, REDUCE_SCATTER_INPLACE, buf)->buf;
-			for (int b = 0; b < p->nbuf; b++)
-				if (buffer_root(p, b) == root)
-					member[b] = true;
-		} else {
-			const KArg *bufs = KARG(k, BUCKET_RS, bufs);
-			for (int m = 0; m < bufs->n; m++)
-				member[bufs->bufs[m]] = true;
+	Started *st = zalloc((size_t)C.n, sizeof(Started));
+	int nst = 0, next = 0, nk = p->nk;
+	for (int j = 0; j < nk; j++) {
+		if (next < C.n && C.kernel[next] == j) {
+			int c = next++;
+			if (!C.dead[c] && C.last[c] >= 0 && !C.after[c]) {
+				st[nst] = start_bucket(p, &ins, j, C.last[c]);
+				st[nst].seq = nst;
+				nst++;
+			}
 		}
-		int last = -1;
-		bool early = true;
-		for (int j = 0; j < i && early; j++) {
-			const Kernel *kj = &p->k[j];
-			if (!touches(kj, member))
-				continue;
-			if (kj->phase == PH_BACKWARD)
-				last = j;
-			else if (kj->phase == PH_STEP || kj->phase == PH_STEP_BEGIN)
-				early = kj->phase == PH_STEP_BEGIN; /* zeroing at the step's start is fine */
-		}
-		/* nothing else may touch the members between the start and the finish */
-		for (int j = last + 1; j < i && early && last >= 0; j++)
-			if (touches(&p->k[j], member) && p->k[j].phase != PH_STEP_BEGIN)
-				early = false;
-		if (last < 0 || !early)
-			continue;
-		bool per_step = k->phase == PH_STEP;
-		Kernel start = *k;
-		start.phase = PH_BACKWARD;
-		start.chunk = p->k[last].chunk;
-		start.only_last_micro = per_step;
-		Kernel fin;
-		int h;
-		if (inplace) {
-			h = handle_new(p, HANDLE_REQUEST, "bucket");
-			int req = k->kind == K_ALLREDUCE_INPLACE ? KARG_INDEX(ALLREDUCE_INPLACE, req)
-								 : KARG_INDEX(REDUCE_SCATTER_INPLACE, req);
-			internal_assert(start.args[req].kind == KA_NULL);
-			/* a copy of the argument array: the original kernel keeps its own */
-			KArg *args = arena_alloc(p->g->arena, sizeof(KArg) * (size_t)start.nargs);
-			memcpy(args, start.args, sizeof(KArg) * (size_t)start.nargs);
-			args[req].kind = KA_REQ;
-			args[req].i = h;
-			start.args = args;
-			start.capargs = start.nargs;
-			fin = finish_kernel(p, k, h);
-		} else {
-			/* planrt_bucket_reduce_scatter(n, bufs, counts, t, shards, shard_t, accumulate,
-			 * zero_source, comm, scratch) splits into start(b, n, bufs, counts, t,
-			 * zero_source, comm, buf) and finish(b, n, counts, shards, shard_t, accumulate,
-			 * comm, buf) */
-			h = handle_new(p, HANDLE_BUCKET, "bucket");
-			Kernel s = detached(p, K_BUCKET_RS_START, PH_BACKWARD, p->k[last].chunk, k->op, false);
-			k = &p->k[i];
-			const KArg *bufs = KARG(k, BUCKET_RS, bufs), *counts = KARG(k, BUCKET_RS, counts);
-			s.note = k->note;
-			karg(p, &s, KA_REQ, h);
-			karg_int(p, &s, KARG(k, BUCKET_RS, n)->i);
-			karg_bufs(p, &s, bufs->bufs, bufs->n, true, false);
-			karg_ints(p, &s, counts->ints, counts->n, false);
-			karg(p, &s, KA_DTYPE, KARG(k, BUCKET_RS, t)->i);
-			karg_int(p, &s, KARG(k, BUCKET_RS, zero_source)->i);
-			karg(p, &s, KA_AXIS, KARG(k, BUCKET_RS, c)->i);
-			karg_buf(p, &s, KARG(k, BUCKET_RS, scratch)->buf, false, true);
-			s.comm = k->comm;
-			s.ncomm = k->ncomm;
-			Kernel f = detached(p, K_BUCKET_RS_FINISH, k->phase, k->chunk, k->op, false);
-			k = &p->k[i];
-			const KArg *shards = KARG(k, BUCKET_RS, shards);
-			f.note = k->note;
-			karg(p, &f, KA_REQ, h);
-			karg_int(p, &f, KARG(k, BUCKET_RS, n)->i);
-			karg_ints(p, &f, counts->ints, counts->n, false);
-			karg_bufs(p, &f, shards->bufs, shards->n, true, true);
-			karg(p, &f, KA_DTYPE, KARG(k, BUCKET_RS, shard_t)->i);
-			karg_int(p, &f, KARG(k, BUCKET_RS, accumulate)->i);
-			karg(p, &f, KA_AXIS, KARG(k, BUCKET_RS, c)->i);
-			karg_buf(p, &f, KARG(k, BUCKET_RS, scratch)->buf, true, false);
-			start = s;
-			fin = f;
-		}
-		start.bucket = fin.bucket = k->bucket; /* both halves reduce state.c's bucket */
-		inserts_add(&ins, start, last + 1);
-		/* progress calls after the matmuls of the same phase and chunk that follow the start */
-		for (int j = last + 1; j < nk; j++) {
-			const Kernel *kj = &p->k[j];
-			if (kj->kind != K_MATMUL || kj->phase != PH_BACKWARD || kj->chunk != start.chunk)
-				continue;
-			if (!per_step && j >= i)
-				break;
-			Kernel pr = detached(p, start.kind == K_BUCKET_RS_START ? K_BUCKET_PROGRESS : K_REQUEST_PROGRESS,
-					     PH_BACKWARD, kj->chunk, k->op, per_step);
-			pr.note = "let the bucket move";
-			karg(p, &pr, KA_REQ, h);
-			inserts_add(&ins, pr, j + 1);
-		}
-		p->k[i] = fin; /* the finish takes the blocking call's place */
+		touch_buckets(&C, &p->k[j], j);
 	}
+	progress_calls(p, &ins, st, nst, nk);
 	inserts_apply(p, &ins);
-	free(member);
+	free(st);
+	candidates_free(&C);
 }
 
 /* ------------------------------------------------------------------ ZeRO-3 prefetch */

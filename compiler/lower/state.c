@@ -151,6 +151,15 @@ static Kernel *step_kernel(State *S, KernelKind kind, Phase ph, const char *note
 	return k;
 }
 
+/* Graph value v's buffer in the program: it must have one. */
+static int value_buffer(const LProg *p, int v)
+{
+	int b = lprog_value_buffer(p, v);
+	if (b < 0)
+		ICE("value %%%d has no buffer on stage %d", v, p->stage);
+	return b;
+}
+
 static int param_index(const State *S, int value)
 {
 	const Lowered *low = S->p->low;
@@ -243,11 +252,11 @@ static void collect_updates(State *S)
 			continue; /* an async worker keeps the parameters and gradients of the master's updates */
 		Update *u = &S->u[S->nu++];
 		u->op = i;
-		u->param = op->in[0];
-		u->grad = op->in[1];
+		u->param = value_buffer(p, op->in[0]);
+		u->grad = value_buffer(p, op->in[1]);
 		u->flat = -1;
 		u->n = p->buf[u->grad].elems;
-		u->replicas = g->vals[u->param].tied_to >= 0 ? 0 : replicas_of(S, u->grad);
+		u->replicas = g->vals[op->in[0]].tied_to >= 0 ? 0 : replicas_of(S, op->in[1]);
 		u->chunk_grad = u->master = u->m = u->v = -1;
 	}
 }
@@ -295,7 +304,7 @@ static void layout_flat(State *S)
 		f->grad_shard = f->master = f->m = f->v = f->param = -1;
 		DType gt = DT_F32;
 		for (int m = 0; m < bk->nmembers; m++) {
-			int ui = update_of_grad(S, bk->members[m]);
+			int ui = update_of_grad(S, value_buffer(p, bk->members[m]));
 			if (ui < 0 || S->u[ui].flat >= 0)
 				ICE("bucket member %%%d is no update's gradient", bk->members[m]);
 			Update *u = &S->u[ui];
@@ -329,7 +338,7 @@ static void layout_flat(State *S)
 	}
 	/* ZeRO 2 and 3: whole gradients (accumulators and what converts them) are transient */
 	if (S->zero >= 2)
-		for (int b = 0; b < g->nvals; b++) {
+		for (int b = 0; b < p->nvalbufs; b++) {
 			Buffer *x = &p->buf[b];
 			if (x->cls == BUF_STATE && x->state == SC_GRAD)
 				x->cls = BUF_ARENA;
@@ -360,7 +369,7 @@ static void layout_optimizer(State *S)
 		Update *u = &S->u[i];
 		if (sharded(S, u))
 			continue;
-		const char *name = g->vals[u->param].name;
+		const char *name = g->vals[p->buf[u->param].value].name;
 		long long n = p->buf[u->param].elems; /* the whole block, or the ZeRO-3 chunk */
 		if (S->zero >= 3)
 			u->chunk_grad = state_buf(S, SC_GRAD, p->buf[u->grad].dtype, n, "grad_chunk", name);
@@ -793,7 +802,7 @@ static void phase_init(State *S)
 		const Op *op = &g->ops[i];
 		if (op->kind != OP_PARAM || op->stage != p->stage)
 			continue;
-		int v = op->out[0], pi = param_index(S, v);
+		int pi = param_index(S, op->out[0]), v = value_buffer(p, op->out[0]);
 		int ui = update_of_param(S, v);
 		const Update *u = ui >= 0 ? &S->u[ui] : NULL;
 		long long n = p->buf[v].elems;
@@ -832,7 +841,7 @@ static void phase_save(State *S)
 		const Op *op = &g->ops[i];
 		if (op->kind != OP_PARAM || op->stage != p->stage)
 			continue;
-		int v = op->out[0], pi = param_index(S, v);
+		int pi = param_index(S, op->out[0]), v = value_buffer(p, op->out[0]);
 		if (!p->low->params[pi].saved)
 			continue;
 		int ui = update_of_param(S, v);
@@ -922,7 +931,7 @@ static void phase_checkpoint(State *S)
 		const Op *op = &g->ops[i];
 		if (op->kind != OP_PARAM || op->stage != p->stage)
 			continue;
-		int v = op->out[0], pi = param_index(S, v);
+		int pi = param_index(S, op->out[0]), v = value_buffer(p, op->out[0]);
 		int ui = update_of_param(S, v);
 		const Update *u = ui >= 0 ? &S->u[ui] : NULL;
 		long long n = p->buf[v].elems;
@@ -1037,7 +1046,7 @@ static void sync_tied(State *S)
 		for (int k = 0; k < p->low->npairs; k++)
 			if (p->low->pair_a[k] == t->stage[0] && p->low->pair_b[k] == t->stage[1])
 				q = k;
-		int grad = p->stage == t->stage[0] ? t->grad[0] : t->grad[1];
+		int grad = value_buffer(p, p->stage == t->stage[0] ? t->grad[0] : t->grad[1]);
 		allreduce_inplace(S, PH_STEP, grad, p->buf[grad].elems, S->ps->pipe_axis, q, "tied-parameter gradients");
 		p->k[p->nk - 1].op = g->vals[t->param].def; /* messages point at the copy's declaration */
 	}
@@ -1084,7 +1093,7 @@ static void sync_packed(State *S, int bi, Phase ph)
 	long long total = 0, chunks = 0;
 	int size = S->ps->axes[bk->axis].size;
 	for (int m = 0; m < n; m++) {
-		bufs[m] = bk->members[m];
+		bufs[m] = value_buffer(p, bk->members[m]);
 		counts[m] = p->buf[bufs[m]].elems;
 		total += counts[m];
 		chunks += (counts[m] + size - 1) / size;
@@ -1667,6 +1676,23 @@ bool plan_state(Lowered *low)
 const char *sync_mode_name(SyncMode m)
 {
 	return m == SYNC_LOCAL_SGD ? "local_sgd" : m == SYNC_ASYNC ? "async" : "strict";
+}
+
+/* The plan's optimizer as the program descriptor records it (torch's argument names): a checkpoint
+ * keeps it, and planrt refuses to resume under another kind. */
+const char *plan_optimizer_text(const Lowered *low)
+{
+	const PlanSpec *ps = low->ps;
+	switch (ps->optimizer) {
+	case OPT_SGD:
+		return arena_printf(low->g->arena, "sgd(lr = %.9g)", ps->lr);
+	case OPT_MOMENTUM:
+		return arena_printf(low->g->arena, "momentum(lr = %.9g, momentum = %.9g)", ps->lr, ps->momentum);
+	default:
+		return arena_printf(low->g->arena, "%s(lr = %.9g, betas = (%.9g, %.9g), eps = %.9g, weight_decay = %.9g)",
+				    ps->optimizer == OPT_ADAM ? "adam" : "adamw", ps->lr, ps->beta1, ps->beta2, ps->eps,
+				    ps->weight_decay);
+	}
 }
 
 static uint64_t fnv(uint64_t h, const void *data, size_t n)

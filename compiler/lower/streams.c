@@ -143,29 +143,258 @@ static Span span_of(const LProg *p, int b)
 	return s;
 }
 
+enum { NONE = -2, ENTRY = -1 };
+
 static bool overlaps(Span a, Span b)
 {
 	return a.region == b.region && (a.whole || b.whole || (a.lo < b.hi && b.lo < a.hi));
 }
 
-static bool conflict(const LProg *p, const Kernel *a, const Kernel *b)
+/* The accesses of a phase call's kernels so far, by stream, so that finding the latest earlier
+ * kernel of a stream that conflicts with a kernel does not walk the stream's kernels (a walk grew
+ * with the call's compute kernels times its in-flight collectives):
+ *   - a state buffer's accesses (region 3 + b) in a chain per (stream, region), from the latest
+ *     back: few kernels touch one state buffer in a call;
+ *   - the transient regions' bytes (arena, slot, inbox: every temporary shares them) in two trees
+ *     per stream, writes and reads: segment trees over the byte ranges of the program's buffers
+ *     (their bounds, sorted), each node keeping the latest position of an access split at it
+ *     (tag) and at or below it (below). The latest access overlapping a range is then a range
+ *     maximum, log n. */
+typedef struct Access {
+	int pos;        /* the kernel's position in the call */
+	bool write;
+	Span span;
+	int prev;       /* the previous access of the same stream and region, or -1 */
+} Access;
+
+typedef struct Latest {
+	int *tag, *below; /* per node: the latest position + 1 (0: none) */
+	int *touched;     /* nodes set in this call (reset after it) */
+	int ntouched, cap;
+} Latest;
+
+typedef struct Accesses {
+	int nregions, ns;
+	int *head;      /* [stream * nregions + region]: the latest access, or -1 */
+	Access *a;
+	int n, cap;
+	int *touched;   /* head entries set in this call (reset after it) */
+	int ntouched, captouched;
+	unsigned long long *keys; /* the transient regions' byte bounds, (region << 56) + byte, sorted */
+	int nkeys, leaves;
+	Latest *latest; /* [stream * 2 + write] */
+} Accesses;
+
+enum { TRANSIENT_REGIONS = 3 };
+
+static unsigned long long key_of(int region, long long byte)
 {
-	for (int i = 0; i < a->ndefs; i++) {
-		Span s = span_of(p, a->defs[i]);
-		for (int j = 0; j < b->ndefs; j++)
-			if (overlaps(s, span_of(p, b->defs[j])))
-				return true;
-		for (int j = 0; j < b->nuses; j++)
-			if (overlaps(s, span_of(p, b->uses[j])))
-				return true;
+	return ((unsigned long long)region << 56) + (unsigned long long)byte;
+}
+
+static int by_key(const void *a, const void *b)
+{
+	unsigned long long x = *(const unsigned long long *)a, y = *(const unsigned long long *)b;
+	return (x > y) - (x < y);
+}
+
+/* A span's bounds as keys: a whole-region span covers its region. */
+static void span_keys(Span x, unsigned long long *lo, unsigned long long *hi)
+{
+	*lo = x.whole ? key_of(x.region, 0) : key_of(x.region, x.lo);
+	*hi = x.whole ? key_of(x.region + 1, 0) : key_of(x.region, x.hi);
+}
+
+static int key_index(const Accesses *A, unsigned long long k)
+{
+	int lo = 0, hi = A->nkeys;
+	while (lo < hi) {
+		int mid = (lo + hi) / 2;
+		if (A->keys[mid] < k)
+			lo = mid + 1;
+		else
+			hi = mid;
 	}
-	for (int i = 0; i < a->nuses; i++) {
-		Span s = span_of(p, a->uses[i]);
-		for (int j = 0; j < b->ndefs; j++)
-			if (overlaps(s, span_of(p, b->defs[j])))
-				return true;
+	return lo;
+}
+
+static void accesses_init(Accesses *A, const LProg *p, const Span *spans, int ns)
+{
+	memset(A, 0, sizeof *A);
+	A->nregions = TRANSIENT_REGIONS + p->nbuf;
+	A->ns = ns;
+	A->head = malloc(sizeof(int) * (size_t)ns * (size_t)A->nregions);
+	A->keys = malloc(sizeof(unsigned long long) * (2 * (size_t)p->nbuf + 2));
+	A->latest = calloc(2 * (size_t)ns, sizeof(Latest));
+	if (!A->head || !A->keys || !A->latest)
+		ICE("out of memory");
+	for (int h = 0; h < ns * A->nregions; h++)
+		A->head[h] = -1;
+	for (int b = 0; b < p->nbuf; b++)
+		if (spans[b].region < TRANSIENT_REGIONS)
+			span_keys(spans[b], &A->keys[A->nkeys], &A->keys[A->nkeys + 1]), A->nkeys += 2;
+	qsort(A->keys, (size_t)A->nkeys, sizeof *A->keys, by_key);
+	int u = 0;
+	for (int i = 0; i < A->nkeys; i++)
+		if (!u || A->keys[i] != A->keys[u - 1])
+			A->keys[u++] = A->keys[i];
+	A->nkeys = u;
+	for (A->leaves = 1; A->leaves < A->nkeys; A->leaves *= 2)
+		;
+}
+
+static void accesses_free(Accesses *A)
+{
+	for (int i = 0; i < 2 * A->ns; i++) {
+		free(A->latest[i].tag);
+		free(A->latest[i].below);
+		free(A->latest[i].touched);
 	}
-	return false;
+	free(A->latest);
+	free(A->keys);
+	free(A->head);
+	free(A->a);
+	free(A->touched);
+}
+
+static void latest_touch(Latest *t, int node)
+{
+	if (t->ntouched == t->cap) {
+		t->cap = t->cap ? 2 * t->cap : 256;
+		t->touched = realloc(t->touched, sizeof(int) * (size_t)t->cap);
+		if (!t->touched)
+			ICE("out of memory");
+	}
+	t->touched[t->ntouched++] = node;
+}
+
+/* Records an access at pos over the span's bytes in tree t. */
+static void latest_set(const Accesses *A, Latest *t, Span x, int pos)
+{
+	if (!t->tag) {
+		t->tag = calloc(2 * (size_t)A->leaves, sizeof(int));
+		t->below = calloc(2 * (size_t)A->leaves, sizeof(int));
+		if (!t->tag || !t->below)
+			ICE("out of memory");
+	}
+	unsigned long long klo, khi;
+	span_keys(x, &klo, &khi);
+	for (int l = key_index(A, klo) + A->leaves, h = key_index(A, khi) + A->leaves; l < h; l /= 2, h /= 2) {
+		int nodes[2], nn = 0;
+		if (l & 1)
+			nodes[nn++] = l++;
+		if (h & 1)
+			nodes[nn++] = --h;
+		for (int i = 0; i < nn; i++) {
+			t->tag[nodes[i]] = pos + 1;
+			latest_touch(t, nodes[i]);
+			for (int a = nodes[i]; a >= 1 && t->below[a] < pos + 1; a /= 2)
+				t->below[a] = pos + 1;
+		}
+	}
+}
+
+/* The latest position of an access over any of the span's bytes in tree t, or NONE. */
+static int latest_get(const Accesses *A, const Latest *t, Span x)
+{
+	int best = 0;
+	if (!t->tag)
+		return NONE;
+	unsigned long long klo, khi;
+	span_keys(x, &klo, &khi);
+	for (int l = key_index(A, klo) + A->leaves, h = key_index(A, khi) + A->leaves; l < h; l /= 2, h /= 2) {
+		int nodes[2], nn = 0;
+		if (l & 1)
+			nodes[nn++] = l++;
+		if (h & 1)
+			nodes[nn++] = --h;
+		for (int i = 0; i < nn; i++) {
+			if (t->below[nodes[i]] > best)
+				best = t->below[nodes[i]];
+			for (int a = nodes[i] / 2; a >= 1; a /= 2)
+				if (t->tag[a] > best)
+					best = t->tag[a];
+		}
+	}
+	return best ? best - 1 : NONE;
+}
+
+static int region_slot(const Accesses *A, int stream, int region)
+{
+	return stream * A->nregions + region;
+}
+
+static void access_add(Accesses *A, int stream, int pos, bool write, Span span)
+{
+	if (span.region < TRANSIENT_REGIONS) {
+		latest_set(A, &A->latest[2 * stream + write], span, pos);
+		return;
+	}
+	if (A->n == A->cap) {
+		A->cap = A->cap ? 2 * A->cap : 1024;
+		A->a = realloc(A->a, sizeof(Access) * (size_t)A->cap);
+		if (!A->a)
+			ICE("out of memory");
+	}
+	int h = region_slot(A, stream, span.region);
+	if (A->head[h] < 0) {
+		if (A->ntouched == A->captouched) {
+			A->captouched = A->captouched ? 2 * A->captouched : 256;
+			A->touched = realloc(A->touched, sizeof(int) * (size_t)A->captouched);
+			if (!A->touched)
+				ICE("out of memory");
+		}
+		A->touched[A->ntouched++] = h;
+	}
+	A->a[A->n] = (Access){pos, write, span, A->head[h]};
+	A->head[h] = A->n++;
+}
+
+static void accesses_reset(Accesses *A)
+{
+	for (int i = 0; i < A->ntouched; i++)
+		A->head[A->touched[i]] = -1;
+	A->ntouched = 0;
+	A->n = 0;
+	for (int i = 0; i < 2 * A->ns; i++) {
+		Latest *t = &A->latest[i];
+		for (int j = 0; j < t->ntouched; j++)
+			for (int a = t->touched[j]; a >= 1 && (t->tag[a] || t->below[a]); a /= 2)
+				t->tag[a] = t->below[a] = 0;
+		t->ntouched = 0;
+	}
+}
+
+/* The latest access of stream s after position after that conflicts with span x (x written, or
+ * read: then only a write conflicts), or best when none is later than best. */
+static int latest_conflict(const Accesses *A, int s, Span x, bool write, int after, int best)
+{
+	if (x.region < TRANSIENT_REGIONS) {
+		int w = latest_get(A, &A->latest[2 * s + 1], x);
+		int r = write ? latest_get(A, &A->latest[2 * s], x) : NONE;
+		int latest = w > r ? w : r;
+		return latest > after && latest > best ? latest : best;
+	}
+	for (int e = A->head[region_slot(A, s, x.region)]; e >= 0; e = A->a[e].prev) {
+		const Access *ac = &A->a[e];
+		if (ac->pos <= after || ac->pos <= best)
+			break;
+		if ((write || ac->write) && overlaps(x, ac->span))
+			return ac->pos;
+	}
+	return best;
+}
+
+/* On stream s, the latest kernel after position after whose memory conflicts with k's (one
+ * writes what the other reads or writes), or NONE. */
+static int conflicting(const Accesses *A, const Span *spans, const Kernel *k, int s, int after)
+{
+	int best = NONE;
+	for (int i = 0; i < k->ndefs; i++)
+		best = latest_conflict(A, s, spans[k->defs[i]], true, after, best);
+	for (int i = 0; i < k->nuses; i++)
+		best = latest_conflict(A, s, spans[k->uses[i]], false, after, best);
+	return best;
 }
 
 /* the kernels of one phase call, in program order */
@@ -184,34 +413,16 @@ static bool same_call(const Kernel *a, const Kernel *b)
 	}
 }
 
-enum { NONE = -2, ENTRY = -1 };
-
 /* One phase call: members[0..n) are kernel indices in program order. Vector clocks: vc[i * ns + s]
  * is the latest kernel of stream s known complete when kernel i completes (ENTRY: the compute
  * stream's state at the call's entry; NONE: nothing). */
-static void schedule_call(LProg *p, const int *members, int n, int ns)
+static void schedule_call(LProg *p, const Span *spans, Accesses *A, const int *members, int n, int ns)
 {
 	Arena *a = p->g->arena;
 	int *vc = malloc(sizeof(int) * (size_t)n * (size_t)ns);
 	int *cur = malloc(sizeof(int) * (size_t)ns * (size_t)ns); /* each stream's clock after its last kernel */
 	int *last = malloc(sizeof(int) * (size_t)ns);             /* each stream's last member (position) */
 	int *want = malloc(sizeof(int) * (size_t)ns);
-	/* the call's positions grouped by stream, in program order (start[s]: where stream s's begin;
-	 * seen[s]: how many of them come before the kernel being scheduled) */
-	int *start = calloc((size_t)ns + 1, sizeof(int));
-	int *seen = calloc((size_t)ns, sizeof(int));
-	int *on_stream = malloc(sizeof(int) * (size_t)(n ? n : 1));
-	if (!vc || !cur || !last || !want || !start || !seen || !on_stream)
-		ICE("out of memory");
-	for (int j = 0; j < n; j++)
-		start[p->k[members[j]].stream + 1]++;
-	for (int s = 0; s < ns; s++)
-		start[s + 1] += start[s];
-	for (int j = 0; j < n; j++) {
-		int s = p->k[members[j]].stream;
-		on_stream[start[s] + seen[s]++] = j;
-	}
-	memset(seen, 0, sizeof(int) * (size_t)ns);
 	for (int s = 0; s < ns * ns; s++)
 		cur[s] = NONE;
 	for (int s = 0; s < ns; s++) {
@@ -229,22 +440,9 @@ static void schedule_call(LProg *p, const int *members, int n, int ns)
 			if (cur[STREAM_HOST * ns + s] > clock[s])
 				clock[s] = cur[STREAM_HOST * ns + s];
 		/* on each other device stream, the latest earlier kernel not yet known complete that
-		 * conflicts with k: only that stream's kernels after its clock are looked at, so the
-		 * work grows with the side streams' kernels, not with the call's length squared */
-		for (int s = 0; s < ns; s++) {
-			want[s] = NONE;
-			if (s == sj || s == STREAM_HOST)
-				continue;
-			for (int t = seen[s] - 1; t >= 0; t--) {
-				int i = on_stream[start[s] + t];
-				if (clock[s] >= i)
-					break;
-				if (conflict(p, &p->k[members[i]], k)) {
-					want[s] = i;
-					break;
-				}
-			}
-		}
+		 * conflicts with k */
+		for (int s = 0; s < ns; s++)
+			want[s] = s == sj || s == STREAM_HOST ? NONE : conflicting(A, spans, k, s, clock[s]);
 		int nw = 0;
 		int *waits = arena_alloc(a, sizeof(int) * (size_t)(ns + 1));
 		for (int s = 0; s < ns; s++) {
@@ -267,8 +465,12 @@ static void schedule_call(LProg *p, const int *members, int n, int ns)
 		k->nwaits = nw;
 		memcpy(&cur[sj * ns], clock, sizeof(int) * (size_t)ns);
 		last[sj] = j;
-		seen[sj]++;
+		for (int d = 0; d < k->ndefs; d++)
+			access_add(A, sj, j, true, spans[k->defs[d]]);
+		for (int u = 0; u < k->nuses; u++)
+			access_add(A, sj, j, false, spans[k->uses[u]]);
 	}
+	accesses_reset(A);
 	/* the exit: compute waits for each side stream's last kernel no request tracks */
 	int *end = &cur[STREAM_COMPUTE * ns];
 	for (int s = 0; s < ns; s++) {
@@ -291,32 +493,31 @@ static void schedule_call(LProg *p, const int *members, int n, int ns)
 	free(cur);
 	free(last);
 	free(want);
-	free(start);
-	free(seen);
-	free(on_stream);
 }
 
-/* A matmul whose operands are both written, in its phase call, by casts from bf16 to f32. */
-static void mark_tensor_cores(LProg *p, const int *members, int n)
+/* A matmul whose operands are both written, in its phase call, by casts from bf16 to f32. One walk
+ * in program order keeps each buffer's latest writer in the call (writer[b], valid when
+ * stamp[b] == call): the matmul's operands are looked up, not searched for. */
+static void mark_tensor_cores(LProg *p, const int *members, int n, int call, int *writer, int *stamp)
 {
 	for (int j = 0; j < n; j++) {
 		Kernel *k = &p->k[members[j]];
-		if (k->kind != K_MATMUL || KARG(k, MATMUL, A)->kind != KA_BUF || KARG(k, MATMUL, B)->kind != KA_BUF)
-			continue;
-		int operands[2] = {KARG(k, MATMUL, A)->buf, KARG(k, MATMUL, B)->buf}, widened = 0;
-		for (int o = 0; o < 2; o++)
-			for (int i = j - 1; i >= 0; i--) {
-				const Kernel *c = &p->k[members[i]];
-				bool writes = false;
-				for (int d = 0; d < c->ndefs; d++)
-					writes |= c->defs[d] == operands[o];
-				if (!writes)
+		if (k->kind == K_MATMUL && KARG(k, MATMUL, A)->kind == KA_BUF && KARG(k, MATMUL, B)->kind == KA_BUF) {
+			int operands[2] = {KARG(k, MATMUL, A)->buf, KARG(k, MATMUL, B)->buf}, widened = 0;
+			for (int o = 0; o < 2; o++) {
+				int b = operands[o];
+				if (stamp[b] != call)
 					continue;
+				const Kernel *c = &p->k[writer[b]];
 				if (c->kind == K_CAST && KARG(c, CAST, from)->i == DT_BF16 && KARG(c, CAST, to)->i == DT_F32)
 					widened++;
-				break;
 			}
-		k->tensor_cores = widened == 2;
+			k->tensor_cores = widened == 2;
+		}
+		for (int d = 0; d < k->ndefs; d++) {
+			writer[k->defs[d]] = members[j];
+			stamp[k->defs[d]] = call;
+		}
 	}
 }
 
@@ -329,13 +530,24 @@ static void streams_prog(LProg *p)
 		k->waits = NULL;
 		k->nwaits = 0;
 		k->event = k->join = false;
+		k->tensor_cores = false;
 		if (k->stream + 1 > ns)
 			ns = k->stream + 1;
 	}
-	int *members = malloc(sizeof(int) * (size_t)(p->nk ? p->nk : 1));
-	char *done = calloc((size_t)(p->nk ? p->nk : 1), 1);
-	if (!members || !done)
+	int nk = p->nk ? p->nk : 1, nb = p->nbuf ? p->nbuf : 1;
+	int *members = malloc(sizeof(int) * (size_t)nk);
+	int *writer = malloc(sizeof(int) * (size_t)nb), *stamp = malloc(sizeof(int) * (size_t)nb);
+	Span *spans = malloc(sizeof(Span) * (size_t)nb);
+	char *done = calloc((size_t)nk, 1);
+	if (!members || !writer || !stamp || !spans || !done)
 		ICE("out of memory");
+	for (int b = 0; b < p->nbuf; b++) {
+		spans[b] = span_of(p, b);
+		stamp[b] = -1;
+	}
+	Accesses A;
+	accesses_init(&A, p, spans, ns);
+	int call = 0;
 	for (int i = 0; i < p->nk; i++) {
 		if (done[i])
 			continue;
@@ -345,11 +557,15 @@ static void streams_prog(LProg *p)
 				members[n++] = j;
 				done[j] = 1;
 			}
-		schedule_call(p, members, n, ns);
-		mark_tensor_cores(p, members, n);
+		schedule_call(p, spans, &A, members, n, ns);
+		mark_tensor_cores(p, members, n, call++, writer, stamp);
 	}
 	free(members);
+	free(writer);
+	free(stamp);
+	free(spans);
 	free(done);
+	accesses_free(&A);
 }
 
 bool plan_streams(Lowered *low)

@@ -7,6 +7,7 @@
  *              buffer of that element type, a bucket by a bucket handle; every buffer argument
  *              names a live buffer of the program; mesh axes, pair groups, request handles and
  *              slot requests exist; lists are consistent
+ *   names      no two live buffers of a program share a name (the printers declare each once)
  *   buffers    views stay inside the buffer they view (for every coordinate of their axis);
  *              slot and inbox buffers are touched only by the micro-batch phases; a transient
  *              buffer is touched by one phase call only
@@ -225,6 +226,30 @@ static void check_buffers(Verify *V)
 	free(group);
 }
 
+static int by_name(const void *a, const void *b)
+{
+	return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+static void check_names(Verify *V)
+{
+	const LProg *p = V->p;
+	const char **names = malloc(sizeof(char *) * (size_t)(p->nbuf + 1));
+	if (!names)
+		ICE("out of memory");
+	int n = 0;
+	for (int b = 0; b < p->nbuf; b++)
+		if (p->buf[b].cls != BUF_NONE && p->buf[b].name)
+			names[n++] = p->buf[b].name;
+	qsort(names, (size_t)n, sizeof *names, by_name);
+	for (int i = 1; i < n; i++)
+		if (!strcmp(names[i - 1], names[i])) {
+			fail(V, -1, "two buffers named %s", names[i]);
+			break;
+		}
+	free(names);
+}
+
 static void check_placement(Verify *V)
 {
 	const LProg *p = V->p;
@@ -270,6 +295,8 @@ bool verify_ir(const Lowered *low, const char *after_pass)
 			check_args(&V, k);
 		if (V.ok)
 			check_buffers(&V);
+		if (V.ok)
+			check_names(&V);
 		if (V.ok && !strcmp(after_pass, "memplan"))
 			check_placement(&V);
 		ok = ok && V.ok;

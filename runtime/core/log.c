@@ -13,8 +13,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 static FILE *log_fp;
+static char *log_path;   /* for planrt_log_truncate_ */
 static char *extra;      /* planrt_log_fields: members of the next line (NULL or "": none) */
 static size_t extra_cap;
 
@@ -45,6 +47,40 @@ planrt_result_t planrt_log_open_(const char *path, int append)
 	if (!log_fp)
 		return planrt_error_(planrt_io_error, "cannot write the log '%s': %s; check that its directory exists",
 				     path, strerror(errno));
+	free(log_path);
+	log_path = strdup(path);
+	return planrt_success;
+}
+
+/* A resumed run's log keeps the rows of the steps before the one it resumes at: the rows a dead
+ * run wrote after its last checkpoint (and a torn last line) are cut, so that every step appears
+ * once, as the run that continues computes it. */
+planrt_result_t planrt_log_truncate_(int64_t first_step)
+{
+	if (!log_fp || !log_path)
+		return planrt_success;
+	FILE *in = fopen(log_path, "rb");
+	if (!in)
+		return planrt_error_(planrt_io_error, "cannot read the log '%s': %s", log_path, strerror(errno));
+	char line[4096];
+	long keep = 0;
+	int cut = 0;
+	while (!cut && fgets(line, sizeof line, in)) {
+		long long step;
+		size_t len = strlen(line);
+		int whole = len > 0 && line[len - 1] == '\n';
+		if (!whole || sscanf(line, "{\"step\":%lld,", &step) != 1 || step >= first_step)
+			cut = 1;
+		else
+			keep = ftell(in);
+	}
+	fclose(in);
+	if (!cut)
+		return planrt_success;
+	fflush(log_fp);
+	if (ftruncate(fileno(log_fp), keep) != 0)
+		return planrt_error_(planrt_io_error, "cannot cut the log '%s' back to step %lld: %s", log_path,
+				     (long long)first_step, strerror(errno));
 	return planrt_success;
 }
 
@@ -58,15 +94,27 @@ static void put_number(const char *key, double x, int last)
 
 void planrt_log_step(int64_t step, double loss, double lr, double grad_norm, int64_t tokens, double step_ms)
 {
+	planrt_log_step_(step, loss, lr, grad_norm, tokens, 0, step_ms);
+}
+
+void planrt_log_step_(int64_t step, double loss, double lr, double grad_norm, int64_t tokens, int64_t samples,
+		      double step_ms)
+{
 	if (!log_fp)
 		return;
 	fprintf(log_fp, "{\"step\":%lld,", (long long)step);
 	put_number("loss", loss, 0);
 	put_number("lr", lr, 0);
 	put_number("grad_norm", grad_norm, 0);
-	fprintf(log_fp, "\"tokens\":%lld,", (long long)tokens);
-	put_number("step_ms", step_ms, 0);
-	put_number("tokens_per_s", step_ms > 0 ? (double)tokens / (step_ms * 1e-3) : 0, 1);
+	if (tokens > 0)
+		fprintf(log_fp, "\"tokens\":%lld,", (long long)tokens);
+	put_number("step_ms", step_ms, tokens <= 0 && samples <= 0);
+	if (tokens > 0)
+		put_number("tokens_per_s", step_ms > 0 ? (double)tokens / (step_ms * 1e-3) : 0, samples <= 0);
+	if (samples > 0) {
+		fprintf(log_fp, "\"samples\":%lld,", (long long)samples);
+		put_number("samples_per_s", step_ms > 0 ? (double)samples / (step_ms * 1e-3) : 0, 1);
+	}
 	if (extra && extra[0])
 		fprintf(log_fp, ",%s", extra);
 	if (extra)
@@ -99,6 +147,8 @@ void planrt_log_close(void)
 	if (log_fp)
 		fclose(log_fp);
 	log_fp = NULL;
+	free(log_path);
+	log_path = NULL;
 }
 
 /* "1m03s", "2h05m09s", "7s" */
@@ -118,10 +168,15 @@ static void format_duration(double s, char *buf, size_t n)
 /* step is the number of steps done (1-based), elapsed_s the time they took. */
 void planrt_progress(int64_t step, int64_t total, double loss, double tokens_per_s, double elapsed_s)
 {
+	planrt_progress_(step, total, loss, tokens_per_s, "tok/s", elapsed_s);
+}
+
+void planrt_progress_(int64_t step, int64_t total, double loss, double rate, const char *unit, double elapsed_s)
+{
 	if (!is_rank0())
 		return;
 	char eta[32];
 	format_duration(step > 0 ? elapsed_s / (double)step * (double)(total - step) : 0, eta, sizeof eta);
-	fprintf(stderr, "step %lld/%lld  loss %.4f  %.2e tok/s  ETA %s\n", (long long)step, (long long)total, loss,
-		tokens_per_s, eta);
+	fprintf(stderr, "step %lld/%lld  loss %.4f  %.2e %s  ETA %s\n", (long long)step, (long long)total, loss, rate,
+		unit, eta);
 }

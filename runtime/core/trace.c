@@ -1,4 +1,5 @@
-/* trace.c: --trace FILE, a Chrome-trace / Perfetto timeline of every rank in one file.
+/* trace.c: --trace FILE, a Chrome-trace / Perfetto timeline of every rank in one file: the
+ * recording (comm/trace_file.c agrees on the origin and joins the ranks' parts).
  *
  * While tracing, each rank records complete events ("ph": "X": name, category, start, duration,
  * arguments) on its own thread's stack: planrt_trace_begin_ opens one, planrt_trace_end_ closes the
@@ -19,11 +20,9 @@
 #define PLANRT_INTERNAL
 #include "planrt.h"
 
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 int planrt_tracing_;
 
@@ -48,16 +47,19 @@ static double now_us(void)
 	return (planrt_now() - origin) * 1e6;
 }
 
-void planrt_trace_open_(const char *path)
+/* Starts recording for FILE, with now as the origin (comm/trace_file.c calls it right after the
+ * barrier the ranks agree on it with). */
+void planrt_trace_start_(const char *path)
 {
 	free(trace_path);
-	trace_path = strdup(path);
-	planrt_comm_t ctl = planrt_control_comm_();
-	int32_t x = 0;
-	if (ctl) /* an origin every rank agrees on, to the barrier's precision */
-		PLANRT_CHECK(planrt_allreduce(&x, &x, 1, planrt_i32, planrt_sum, ctl, NULL, NULL));
+	trace_path = path ? strdup(path) : NULL;
 	origin = planrt_now();
 	planrt_tracing_ = trace_path != NULL;
+}
+
+const char *planrt_trace_path_(void)
+{
+	return trace_path;
 }
 
 void planrt_trace_begin_(const char *name, const char *cat)
@@ -133,96 +135,32 @@ static void write_events(FILE *f, int rank, int *first)
 	}
 }
 
-/* Every rank: its part, then rank 0 joins them. names: each rank's process name (rank 0 only). */
-void planrt_trace_close_(const char *process_name)
+/* This rank's part of the file: its process name and sort index, its events, and a line saying
+ * how many it could not record. */
+void planrt_trace_write_part_(FILE *f, int rank, const char *process_name)
 {
-	if (!trace_path)
-		return;
+	int first = 1;
+	fprintf(f, "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":0,\"args\":{\"name\":\"", rank);
+	put_string(f, process_name);
+	fprintf(f, "\"}},\n{\"name\":\"process_sort_index\",\"ph\":\"M\",\"pid\":%d,\"tid\":0,\"args\":{\"sort_index\":%d}}", rank,
+		rank);
+	first = 0;
+	write_events(f, rank, &first);
+	if (dropped)
+		fprintf(f, ",\n{\"name\":\"%zu events not recorded (over %d)\",\"ph\":\"i\",\"s\":\"p\",\"ts\":0,\"pid\":%d,"
+			   "\"tid\":0}",
+			dropped, MAX_EVENTS, rank);
+}
+
+/* Stops recording and forgets every event. */
+void planrt_trace_reset_(void)
+{
 	planrt_tracing_ = 0;
-	int rank = planrt_world_rank_() < 0 ? 0 : planrt_world_rank_();
-	planrt_comm_t ctl = planrt_control_comm_();
-	int world = ctl ? planrt_comm_size(ctl) : 1;
-	/* the part files are named after rank 0's pid, so that every rank finds them */
-	int64_t id = (int64_t)getpid();
-	if (ctl)
-		PLANRT_CHECK(planrt_broadcast(&id, 1, planrt_f64 /* 8 bytes */, 0, ctl, NULL, NULL));
-	size_t n = strlen(trace_path) + 64;
-	char *part = malloc(n);
-	if (!part)
-		planrt_fatal("out of memory writing the trace");
-	snprintf(part, n, "%s.rank%d.tmp.%lld", trace_path, rank, (long long)id);
-	FILE *f = fopen(part, "w");
-	int32_t bad = 0, any = 0;
-	if (!f) {
-		bad = 1;
-	} else {
-		int first = 1;
-		fprintf(f, "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":0,\"args\":{\"name\":\"", rank);
-		put_string(f, process_name);
-		fprintf(f, "\"}},\n{\"name\":\"process_sort_index\",\"ph\":\"M\",\"pid\":%d,\"tid\":0,\"args\":{\"sort_index\":%d}}", rank,
-			rank);
-		first = 0;
-		write_events(f, rank, &first);
-		if (dropped)
-			fprintf(f, ",\n{\"name\":\"%zu events not recorded (over %d)\",\"ph\":\"i\",\"s\":\"p\",\"ts\":0,\"pid\":%d,"
-				   "\"tid\":0}",
-				dropped, MAX_EVENTS, rank);
-		bad = fclose(f) != 0;
-	}
-	if (ctl)
-		PLANRT_CHECK(planrt_allreduce(&bad, &any, 1, planrt_i32, planrt_max, ctl, NULL, NULL));
-	else
-		any = bad;
-	if (rank == 0 && !any) {
-		char *tmp = malloc(n);
-		if (!tmp)
-			planrt_fatal("out of memory writing the trace");
-		snprintf(tmp, n, "%s.tmp.%lld", trace_path, (long long)id);
-		FILE *out = fopen(tmp, "w");
-		int ok = out != NULL;
-		if (ok)
-			fputs("{\"displayTimeUnit\":\"ms\",\"otherData\":{\"producer\":\"planrt --trace\"},\"traceEvents\":[\n", out);
-		for (int r = 0; ok && r < world; r++) {
-			snprintf(part, n, "%s.rank%d.tmp.%lld", trace_path, r, (long long)id);
-			FILE *in = fopen(part, "r");
-			if (!in) {
-				ok = 0;
-				break;
-			}
-			if (r)
-				fputs(",\n", out);
-			char buf[65536];
-			size_t got;
-			while ((got = fread(buf, 1, sizeof buf, in)) > 0)
-				ok &= fwrite(buf, 1, got, out) == got;
-			fclose(in);
-		}
-		if (ok)
-			fputs("\n]}\n", out);
-		ok = ok && fflush(out) == 0 && fsync(fileno(out)) == 0;
-		if (out && fclose(out) != 0)
-			ok = 0;
-		if (ok && rename(tmp, trace_path) != 0)
-			ok = 0;
-		if (!ok) {
-			unlink(tmp);
-			fprintf(stderr, "planrt: rank 0: cannot write the trace '%s': %s; the run itself is complete\n", trace_path,
-				strerror(errno));
-		}
-		free(tmp);
-	} else if (rank == 0) {
-		fprintf(stderr, "planrt: rank 0: cannot write the trace '%s': a rank could not write its part\n", trace_path);
-	}
-	int32_t done = 0;
-	if (ctl) /* every part is read before any is removed */
-		PLANRT_CHECK(planrt_allreduce(&done, &done, 1, planrt_i32, planrt_sum, ctl, NULL, NULL));
-	snprintf(part, n, "%s.rank%d.tmp.%lld", trace_path, rank, (long long)id);
-	unlink(part);
-	free(part);
 	free(events);
 	events = NULL;
 	nevents = capevents = 0;
 	depth = 0;
+	dropped = 0;
 	free(trace_path);
 	trace_path = NULL;
 }

@@ -11,13 +11,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-void planrt_fill_f32(float *x, int64_t n, double value)
-{
-	float v = (float)value;
-	for (int64_t i = 0; i < n; i++)
-		x[i] = v;
-}
-
 void planrt_causal_mask_block_f32(const float *x, float *y, int64_t batch, int64_t rows, int64_t cols,
 				  const int64_t *offs, int rank, int gradient)
 {
@@ -303,25 +296,6 @@ void planrt_cross_entropy_f32(const float *logits, const int32_t *targets, float
 		PLANRT_CHECK(planrt_allreduce(tlogit, tlogit, (size_t)rows, planrt_f32, planrt_sum, vocab_comm, NULL, NULL));
 	}
 	*loss = (float)planrt_k_ce_loss_f32(rowmax, sumexp, tlogit, rows, lse, scale);
-}
-
-void planrt_load_inputs(planrt_data_t d, int64_t step, int64_t lo, int64_t rows, int64_t seq, int64_t s_lo,
-			int64_t seq_local, uint64_t seed, int32_t *tokens, int32_t *targets)
-{
-	if (s_lo == 0 && seq_local == seq) {
-		PLANRT_CHECK(planrt_data_batch(d, step, lo, lo + rows, seed, tokens, targets));
-		return;
-	}
-	int32_t *tok = malloc(sizeof(int32_t) * (size_t)(rows * seq) * 2);
-	if (!tok)
-		planrt_fatal("out of memory loading a batch");
-	int32_t *tgt = tok + rows * seq;
-	PLANRT_CHECK(planrt_data_batch(d, step, lo, lo + rows, seed, tok, tgt));
-	for (int64_t r = 0; r < rows; r++) {
-		memcpy(tokens + r * seq_local, tok + r * seq + s_lo, sizeof(int32_t) * (size_t)seq_local);
-		memcpy(targets + r * seq_local, tgt + r * seq + s_lo, sizeof(int32_t) * (size_t)seq_local);
-	}
-	free(tok);
 }
 
 double planrt_world_sum(double x)

@@ -19,7 +19,12 @@
  * approximation ATen's vectorised CPU erf uses); the f64 instantiation, which the
  * finite-difference tests use, calls libm. No kernel
  * allocates, except moe_route / moe_aux_loss with more than KSTACK_EXPERTS experts (per-expert
- * counters). */
+ * counters).
+ *
+ * Instruction-set levels (planrt_cpu.h, cpu_table.h). Built with PLANRT_CPU_VARIANT=avx2 (and the
+ * level's -march), this file holds only the f32 kernels, named planrt_k_*_f32_avx2, and their
+ * table planrt_cpu_table_avx2; in the baseline build every f32 kernel first hands its call to the
+ * running level's table when planrt_cpu_select has set one. */
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC optimize("tree-vectorize", "vect-cost-model=dynamic", "no-trapping-math", "no-math-errno")
 #endif
@@ -28,6 +33,8 @@
 #include "planrt.h"
 #include "planrt_kernels.h"
 #include "planrt_math.h"
+
+#include "cpu_table.h"
 
 #include <cblas.h>
 #include <math.h>
@@ -151,9 +158,11 @@ static inline uint32_t philox_first(uint32_t c0, uint32_t c1, uint32_t c2, uint3
 	return c0;
 }
 
+#ifndef PLANRT_CPU_VARIANT
 /* Set while planrt_main evaluates held-out batches: dropout is the identity then, as in PyTorch's
  * eval mode. */
 int planrt_evaluating_;
+#endif
 
 /* The keep threshold: u / 2^32 >= p  <=>  u >= ceil(p 2^32) for integer u (p 2^32 is exact). */
 static uint64_t dropout_threshold(double p)
@@ -165,16 +174,99 @@ static uint64_t dropout_threshold(double p)
 	return (uint64_t)ceil(p * 4294967296.0);
 }
 
-/* Writes mask[i] for n elements whose global indices are g0 + i * gs. Sixteen counters at a time
- * in separate lanes, so the 32x32 -> 64-bit multiplies of Philox vectorise; the stream is the
- * same as philox_first element by element. */
+/* Philox's rounds over a vector of counters (x86-64, every level): one lane per element, the
+ * widest vector the build's instruction set has. The 32 x 32 -> 64-bit products are pmuludq's
+ * (the low halves of 64-bit lanes, even and odd lanes in turn), which gcc's vector extensions do
+ * not express: written as 64-bit products they become full 64-bit multiplies (vpmullq), three
+ * times the work. */
+#if defined(__x86_64__)
+#include <immintrin.h>
+#if defined(__AVX512F__)
+#define KV_BYTES 64
+#define KV_MUL_EPU32(a, b) ((kv64)_mm512_mul_epu32((__m512i)(a), (__m512i)(b)))
+#elif defined(__AVX2__)
+#define KV_BYTES 32
+#define KV_MUL_EPU32(a, b) ((kv64)_mm256_mul_epu32((__m256i)(a), (__m256i)(b)))
+#else
+#define KV_BYTES 16
+#define KV_MUL_EPU32(a, b) ((kv64)_mm_mul_epu32((__m128i)(a), (__m128i)(b)))
+#endif
+typedef uint32_t kv32 __attribute__((vector_size(KV_BYTES)));
+typedef uint64_t kv64 __attribute__((vector_size(KV_BYTES)));
+#define KV_LANES (KV_BYTES / 4)
+
+/* the high and low halves of m * a, lane by lane */
+static inline void kv_mulhilo(kv32 a, uint32_t m, kv32 *hi, kv32 *lo)
+{
+	kv64 mm = (kv64){0} + m;
+	kv64 even = KV_MUL_EPU32(a, mm), odd = KV_MUL_EPU32((kv64)a >> 32, mm);
+	*lo = (kv32)((even & 0xffffffffu) | (odd << 32));
+	*hi = (kv32)((even >> 32) | (odd & 0xffffffff00000000u));
+}
+
+typedef uint8_t kv8 __attribute__((vector_size(KV_LANES)));
+
+/* mask[l] for the KV_LANES counters (c0, c1) (the element indices' low and high words), as
+ * philox_first: kept iff the first output word u >= thr (thr32 = thr, or all dropped when thr is
+ * 2^32, p = 1) */
+static inline void kv_dropout_lanes(uint8_t *mask, kv32 c0, kv32 c1, uint64_t thr, uint32_t k0, uint32_t k1,
+				    uint32_t c2k, uint32_t c3k)
+{
+	kv32 c2 = (kv32){0} + c2k, c3 = (kv32){0} + c3k;
+	for (int r = 0; r < 10; r++) {
+		if (r > 0) {
+			k0 += 0x9E3779B9u;
+			k1 += 0xBB67AE85u;
+		}
+		kv32 hi0, lo0, hi1, lo1;
+		kv_mulhilo(c0, 0xD2511F53u, &hi0, &lo0);
+		kv_mulhilo(c2, 0xCD9E8D57u, &hi1, &lo1);
+		c0 = hi1 ^ c1 ^ k0;
+		c2 = hi0 ^ c3 ^ k1;
+		c1 = lo1;
+		c3 = lo0;
+	}
+	kv32 keep = thr > 0xffffffffu ? (kv32){0} : (kv32)(c0 >= (uint32_t)thr) & 1;
+	kv8 bytes = __builtin_convertvector(keep, kv8);
+	memcpy(mask, &bytes, KV_LANES);
+}
+
+/* the counters of KV_LANES elements with global indices g0 + l * gs */
+static inline void kv_counters(uint64_t g0, int64_t gs, kv32 *c0, kv32 *c1)
+{
+	kv32 iota;
+	for (int l = 0; l < KV_LANES; l++)
+		iota[l] = (uint32_t)l;
+	if (gs == 1 && (uint32_t)g0 <= 0xffffffffu - KV_LANES) { /* no carry into the high word */
+		*c0 = (uint32_t)g0 + iota;
+		*c1 = (kv32){0} + (uint32_t)(g0 >> 32);
+		return;
+	}
+	for (int l = 0; l < KV_LANES; l++) {
+		uint64_t g = g0 + (uint64_t)(l * gs);
+		(*c0)[l] = (uint32_t)g;
+		(*c1)[l] = (uint32_t)(g >> 32);
+	}
+}
+#endif
+
+/* Writes mask[i] for n elements whose global indices are g0 + i * gs: KV_LANES counters at a time
+ * on x86-64 (above), else sixteen in separate lanes of arrays so that the 32x32 -> 64-bit
+ * multiplies of Philox vectorise; the stream is the same as philox_first element by element. */
 static void dropout_mask_row(uint8_t *mask, int64_t n, uint64_t g0, int64_t gs, uint64_t thr, uint64_t seed,
 			     uint64_t key)
 {
-	enum { LANES = 16 };
 	const uint32_t k0 = (uint32_t)seed, k1 = (uint32_t)(seed >> 32);
 	const uint32_t c2k = (uint32_t)key, c3k = (uint32_t)(key >> 32);
 	int64_t i = 0;
+#ifdef KV_LANES
+	for (; i + KV_LANES <= n; i += KV_LANES) {
+		kv32 c0, c1;
+		kv_counters(g0 + (uint64_t)(i * gs), gs, &c0, &c1);
+		kv_dropout_lanes(mask + i, c0, c1, thr, k0, k1, c2k, c3k);
+	}
+#else
+	enum { LANES = 16 };
 	for (; i + LANES <= n; i += LANES) {
 		uint32_t c0[LANES], c1[LANES], c2[LANES], c3[LANES];
 		for (int l = 0; l < LANES; l++) {
@@ -204,6 +296,7 @@ static void dropout_mask_row(uint8_t *mask, int64_t n, uint64_t g0, int64_t gs, 
 		for (int l = 0; l < LANES; l++)
 			mask[i + l] = (uint64_t)c0[l] >= thr;
 	}
+#endif
 	for (; i < n; i++) {
 		uint64_t g = g0 + (uint64_t)(i * gs);
 		uint32_t u = philox_first((uint32_t)g, (uint32_t)(g >> 32), c2k, c3k, k0, k1);
@@ -247,6 +340,7 @@ static inline int klabel_counts(int32_t label, int64_t classes, int32_t ignore_i
 	return label != ignore_index && label >= 0 && label < classes;
 }
 
+#ifndef PLANRT_CPU_VARIANT
 int64_t planrt_k_check_labels(const int32_t *labels, int64_t n, int64_t classes, int32_t ignore_index, int64_t *valid,
 			      int64_t *bad_index, int32_t *bad_value)
 {
@@ -265,6 +359,7 @@ int64_t planrt_k_check_labels(const int32_t *labels, int64_t n, int64_t classes,
 		*valid = good;
 	return bad;
 }
+#endif
 
 /* ---- the typed kernels ------------------------------------------------------------------------- */
 #define KCAT_(a, b) a##_##b
@@ -273,7 +368,15 @@ int64_t planrt_k_check_labels(const int32_t *labels, int64_t n, int64_t classes,
 
 #define T float
 #define ST float
+#ifdef PLANRT_CPU_VARIANT /* a level's build: planrt_k_*_f32_<level> */
+#define S PLANRT_CPU_NAME(f32, PLANRT_CPU_VARIANT)
+#define KLEVEL(name, args) ((void)0)
+#define KLEVEL_VALUE(name, args) ((void)0)
+#else
 #define S f32
+#define KLEVEL PLANRT_CPU_DISPATCH
+#define KLEVEL_VALUE PLANRT_CPU_DISPATCH_VALUE
+#endif
 #define KEXP kexpf
 #define KLOG logf
 #define KERF kerff
@@ -284,6 +387,8 @@ int64_t planrt_k_check_labels(const int32_t *labels, int64_t n, int64_t classes,
 #define KSQRT sqrtf
 #define KGEMM cblas_sgemm
 #include "kernels_impl.h"
+#undef KLEVEL
+#undef KLEVEL_VALUE
 #undef T
 #undef ST
 #undef S
@@ -297,6 +402,18 @@ int64_t planrt_k_check_labels(const int32_t *labels, int64_t n, int64_t classes,
 #undef KSQRT
 #undef KGEMM
 
+#ifdef PLANRT_CPU_VARIANT
+/* the level's table: its build of every f32 kernel and of optim.c's functions */
+const planrt_cpu_table_t PLANRT_CPU_NAME(planrt_cpu_table, PLANRT_CPU_VARIANT) = {
+#define KENTRY(name) .name = PLANRT_CPU_NAME(name##_f32, PLANRT_CPU_VARIANT),
+#define FENTRY(name) .name = PLANRT_CPU_NAME(name, PLANRT_CPU_VARIANT),
+	PLANRT_CPU_KERNELS(KENTRY) PLANRT_CPU_FUNCTIONS(FENTRY)
+#undef KENTRY
+#undef FENTRY
+};
+#else /* the baseline's double kernels (the finite-difference tests), bf16 and block copies */
+#define KLEVEL(name, args) ((void)0)
+#define KLEVEL_VALUE(name, args) ((void)0)
 #define T double
 #define ST float
 #define S f64
@@ -388,3 +505,4 @@ void planrt_k_block_copy(size_t elem, int rank, const int64_t *gdims, const int6
 		kview_next(&v);
 	}
 }
+#endif /* !PLANRT_CPU_VARIANT */

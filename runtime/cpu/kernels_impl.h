@@ -5,6 +5,8 @@
  *   S      the name suffix (f32, f64, f64d)
  *   KEXP KLOG KERF KTANH KSQRT KSIN KCOS KPOW   the math functions for T, KGEMM the cblas gemm
  *   KI_STATS_ONLY   defined: only the kernels that take statistics (the _f64d set)
+ *   KLEVEL(name, (args)), KLEVEL_VALUE   each public kernel's first statement: hands the call to
+ *                   the running instruction-set level's build of it (cpu_table.h), or nothing
  * and FN(name) (name_S), and provides KView, kfatal, kstrides and the dropout mask helpers. Static
  * helpers carry the suffix too so that instantiations do not collide. */
 
@@ -80,6 +82,8 @@ void FN(planrt_k_bmm)(int batch_rank, const int64_t *batch_dims, int64_t M, int6
 		      int trans_a, const int64_t *a_strides, const T *B, int trans_b, const int64_t *b_strides, T *C,
 		      const int64_t *c_strides, int accumulate)
 {
+	KLEVEL(planrt_k_bmm,
+	       (batch_rank, batch_dims, M, N, K, A, trans_a, a_strides, B, trans_b, b_strides, C, c_strides, accumulate));
 	if (M <= 0 || N <= 0)
 		return;
 	KView v;
@@ -117,6 +121,7 @@ void FN(planrt_k_bmm)(int batch_rank, const int64_t *batch_dims, int64_t M, int6
 void FN(planrt_k_matmul)(int64_t batch, int64_t M, int64_t N, int64_t K, const T *A, int trans_a, int64_t stride_a,
 			 const T *B, int trans_b, int64_t stride_b, T *C, int64_t stride_c, int accumulate)
 {
+	KLEVEL(planrt_k_matmul, (batch, M, N, K, A, trans_a, stride_a, B, trans_b, stride_b, C, stride_c, accumulate));
 	if (batch <= 0)
 		return;
 	FN(planrt_k_bmm)(1, &batch, M, N, K, A, trans_a, &stride_a, B, trans_b, &stride_b, C, &stride_c, accumulate);
@@ -174,6 +179,7 @@ static void FN(kbinary_row)(int op, int64_t n, const T *a, int64_t sa, const T *
 void FN(planrt_k_binary)(int op, int rank, const int64_t *dims, const T *a, const int64_t *a_strides, const T *b,
 			 const int64_t *b_strides, T *out)
 {
+	KLEVEL(planrt_k_binary, (op, rank, dims, a, a_strides, b, b_strides, out));
 	int64_t ost[KMAX_RANK];
 	if (rank < 0 || rank > KMAX_RANK)
 		kfatal("binary rank out of range");
@@ -224,17 +230,20 @@ static void FN(ksum_to_into)(int rank, const int64_t *dims, const T *in, const i
 void FN(planrt_k_sum_to)(int rank, const int64_t *dims, const T *in, const int64_t *out_strides, T *out,
 			 int64_t out_elems)
 {
+	KLEVEL(planrt_k_sum_to, (rank, dims, in, out_strides, out, out_elems));
 	FN(ksum_to_into)(rank, dims, in, out_strides, out, out_elems, 0);
 }
 
 void FN(planrt_k_sum_to_acc)(int rank, const int64_t *dims, const T *in, const int64_t *out_strides, T *out,
 			     int64_t out_elems)
 {
+	KLEVEL(planrt_k_sum_to_acc, (rank, dims, in, out_strides, out, out_elems));
 	FN(ksum_to_into)(rank, dims, in, out_strides, out, out_elems, 1);
 }
 
 void FN(planrt_k_scale)(const T *x, T *y, int64_t n, double alpha)
 {
+	KLEVEL(planrt_k_scale, (x, y, n, alpha));
 	T a = (T)alpha;
 	for (int64_t i = 0; i < n; i++)
 		y[i] = a * x[i];
@@ -247,6 +256,7 @@ void FN(planrt_k_scale)(const T *x, T *y, int64_t n, double alpha)
 
 void FN(planrt_k_gelu)(const T *x, T *y, int64_t n, int approx)
 {
+	KLEVEL(planrt_k_gelu, (x, y, n, approx));
 	if (approx == PLANRT_GELU_TANH) {
 		const T c = (T)KI_SQRT2_PI, k = (T)0.044715;
 		for (int64_t i = 0; i < n; i++) {
@@ -266,6 +276,7 @@ void FN(planrt_k_gelu)(const T *x, T *y, int64_t n, int approx)
 
 void FN(planrt_k_gelu_grad)(const T *x, const T *dy, T *dx, int64_t n, int approx)
 {
+	KLEVEL(planrt_k_gelu_grad, (x, dy, dx, n, approx));
 	if (approx == PLANRT_GELU_TANH) {
 		const T c = (T)KI_SQRT2_PI, k = (T)0.044715;
 		for (int64_t i = 0; i < n; i++) {
@@ -287,24 +298,28 @@ void FN(planrt_k_gelu_grad)(const T *x, const T *dy, T *dx, int64_t n, int appro
 
 void FN(planrt_k_relu)(const T *x, T *y, int64_t n)
 {
+	KLEVEL(planrt_k_relu, (x, y, n));
 	for (int64_t i = 0; i < n; i++)
 		y[i] = x[i] < 0 ? (T)0 : x[i]; /* NaN passes through, as torch.relu */
 }
 
 void FN(planrt_k_relu_grad)(const T *y, const T *dy, T *dx, int64_t n)
 {
+	KLEVEL(planrt_k_relu_grad, (y, dy, dx, n));
 	for (int64_t i = 0; i < n; i++)
 		dx[i] = y[i] > 0 ? dy[i] : (T)0;
 }
 
 void FN(planrt_k_silu)(const T *x, T *y, int64_t n)
 {
+	KLEVEL(planrt_k_silu, (x, y, n));
 	for (int64_t i = 0; i < n; i++)
 		y[i] = x[i] / (1 + KEXP(-x[i]));
 }
 
 void FN(planrt_k_silu_grad)(const T *x, const T *dy, T *dx, int64_t n)
 {
+	KLEVEL(planrt_k_silu_grad, (x, dy, dx, n));
 	for (int64_t i = 0; i < n; i++) {
 		T s = 1 / (1 + KEXP(-x[i]));
 		dx[i] = dy[i] * (s * (1 + x[i] * (1 - s)));
@@ -313,6 +328,7 @@ void FN(planrt_k_silu_grad)(const T *x, const T *dy, T *dx, int64_t n)
 
 void FN(planrt_k_unary)(int op, const T *x, T *y, int64_t n)
 {
+	KLEVEL(planrt_k_unary, (op, x, y, n));
 	switch (op) {
 	case PLANRT_SIN:
 		for (int64_t i = 0; i < n; i++)
@@ -345,6 +361,7 @@ void FN(planrt_k_unary)(int op, const T *x, T *y, int64_t n)
 
 void FN(planrt_k_unary_grad)(int op, const T *x, const T *dy, T *dx, int64_t n)
 {
+	KLEVEL(planrt_k_unary_grad, (op, x, dy, dx, n));
 	switch (op) {
 	case PLANRT_SIN:
 		for (int64_t i = 0; i < n; i++)
@@ -389,6 +406,7 @@ static T FN(kdropout_scale)(double p)
 void FN(planrt_k_dropout)(const T *x, T *y, uint8_t *mask, double p, uint64_t seed, uint64_t key, int rank,
 			  const int64_t *gdims, const int64_t *ldims, const int64_t *offs)
 {
+	KLEVEL(planrt_k_dropout, (x, y, mask, p, seed, key, rank, gdims, ldims, offs));
 	if (planrt_evaluating_) /* evaluation: the identity (kernels.c) */
 		p = 0;
 	int64_t n = dropout_mask(mask, p, seed, key, rank, gdims, ldims, offs);
@@ -399,6 +417,7 @@ void FN(planrt_k_dropout)(const T *x, T *y, uint8_t *mask, double p, uint64_t se
 
 void FN(planrt_k_dropout_grad)(const uint8_t *mask, const T *dy, T *dx, int64_t n, double p)
 {
+	KLEVEL(planrt_k_dropout_grad, (mask, dy, dx, n, p));
 	T sc = FN(kdropout_scale)(p);
 	for (int64_t i = 0; i < n; i++)
 		dx[i] = mask[i] ? dy[i] * sc : (T)0;
@@ -408,6 +427,7 @@ void FN(planrt_k_dropout_grad)(const uint8_t *mask, const T *dy, T *dx, int64_t 
 void FN(planrt_k_causal_mask)(const T *x, T *y, int64_t batch, int64_t rows, int64_t cols, int64_t row_off,
 			      int64_t col_off, T fill)
 {
+	KLEVEL(planrt_k_causal_mask, (x, y, batch, rows, cols, row_off, col_off, fill));
 	for (int64_t b = 0; b < batch; b++) {
 		for (int64_t r = 0; r < rows; r++) {
 			const T *xr = x + (b * rows + r) * cols;
@@ -426,6 +446,7 @@ void FN(planrt_k_causal_mask)(const T *x, T *y, int64_t batch, int64_t rows, int
 
 void FN(planrt_k_softmax)(const T *x, T *y, int64_t rows, int64_t cols)
 {
+	KLEVEL(planrt_k_softmax, (x, y, rows, cols));
 	for (int64_t r = 0; r < rows; r++) {
 		const T *xr = x + r * cols;
 		T *yr = y + r * cols;
@@ -440,6 +461,7 @@ void FN(planrt_k_softmax)(const T *x, T *y, int64_t rows, int64_t cols)
 
 void FN(planrt_k_softmax_grad)(const T *y, const T *dy, T *dx, int64_t rows, int64_t cols)
 {
+	KLEVEL(planrt_k_softmax_grad, (y, dy, dx, rows, cols));
 	for (int64_t r = 0; r < rows; r++) {
 		const T *yr = y + r * cols, *gr = dy + r * cols;
 		T *dr = dx + r * cols;
@@ -457,6 +479,7 @@ void FN(planrt_k_softmax_grad)(const T *y, const T *dy, T *dx, int64_t rows, int
 void FN(planrt_k_layer_norm)(const T *x, const T *w, const T *b, T *y, ST *mean, ST *rstd, int64_t rows,
 			     int64_t cols, double eps)
 {
+	KLEVEL(planrt_k_layer_norm, (x, w, b, y, mean, rstd, rows, cols, eps));
 	for (int64_t r = 0; r < rows; r++) {
 		const T *xr = x + r * cols;
 		T *yr = y + r * cols;
@@ -484,6 +507,7 @@ void FN(planrt_k_layer_norm)(const T *x, const T *w, const T *b, T *y, ST *mean,
 void FN(planrt_k_layer_norm_grad)(const T *x, const T *w, const ST *mean, const ST *rstd, const T *dy, T *dx, T *dw,
 				  T *db, int64_t rows, int64_t cols)
 {
+	KLEVEL(planrt_k_layer_norm_grad, (x, w, mean, rstd, dy, dx, dw, db, rows, cols));
 	for (int64_t r = 0; r < rows; r++) {
 		const T *xr = x + r * cols, *gr = dy + r * cols;
 		T *dr = dx + r * cols;
@@ -524,6 +548,7 @@ void FN(planrt_k_layer_norm_grad)(const T *x, const T *w, const ST *mean, const 
 /* torch.nn.functional.rms_norm: y = x / sqrt(mean(x^2) + eps) * w. */
 void FN(planrt_k_rms_norm)(const T *x, const T *w, T *y, ST *rstd, int64_t rows, int64_t cols, double eps)
 {
+	KLEVEL(planrt_k_rms_norm, (x, w, y, rstd, rows, cols, eps));
 	for (int64_t r = 0; r < rows; r++) {
 		const T *xr = x + r * cols;
 		T *yr = y + r * cols;
@@ -542,6 +567,7 @@ void FN(planrt_k_rms_norm)(const T *x, const T *w, T *y, ST *rstd, int64_t rows,
 void FN(planrt_k_rms_norm_grad)(const T *x, const T *w, const ST *rstd, const T *dy, T *dx, T *dw, int64_t rows,
 				int64_t cols)
 {
+	KLEVEL(planrt_k_rms_norm_grad, (x, w, rstd, dy, dx, dw, rows, cols));
 	for (int64_t r = 0; r < rows; r++) {
 		const T *xr = x + r * cols, *gr = dy + r * cols;
 		T *dr = dx + r * cols;
@@ -569,6 +595,7 @@ void FN(planrt_k_rms_norm_grad)(const T *x, const T *w, const ST *rstd, const T 
 /* ---- cross-entropy pieces ------------------------------------------------------------------------ */
 void FN(planrt_k_ce_max)(const T *logits, int64_t rows, int64_t cols, ST *rowmax)
 {
+	KLEVEL(planrt_k_ce_max, (logits, rows, cols, rowmax));
 	for (int64_t r = 0; r < rows; r++)
 		rowmax[r] = cols > 0 ? (ST)FN(kmax)(logits + r * cols, cols) : (ST)-INFINITY;
 }
@@ -588,6 +615,7 @@ static inline T FN(ksumexp)(const T *xr, T m, int64_t cols)
 
 void FN(planrt_k_ce_sumexp)(const T *logits, const ST *rowmax, int64_t rows, int64_t cols, ST *sumexp)
 {
+	KLEVEL(planrt_k_ce_sumexp, (logits, rowmax, rows, cols, sumexp));
 	for (int64_t r = 0; r < rows; r++)
 		sumexp[r] = (ST)FN(ksumexp)(logits + r * cols, (T)rowmax[r], cols);
 }
@@ -595,6 +623,7 @@ void FN(planrt_k_ce_sumexp)(const T *logits, const ST *rowmax, int64_t rows, int
 void FN(planrt_k_ce_target)(const T *logits, const int32_t *targets, int64_t rows, int64_t cols, int64_t vocab_lo,
 			    ST *tlogit)
 {
+	KLEVEL(planrt_k_ce_target, (logits, targets, rows, cols, vocab_lo, tlogit));
 	for (int64_t r = 0; r < rows; r++) {
 		int64_t c = (int64_t)targets[r] - vocab_lo;
 		tlogit[r] = c >= 0 && c < cols ? (ST)logits[r * cols + c] : (ST)0;
@@ -604,6 +633,7 @@ void FN(planrt_k_ce_target)(const T *logits, const int32_t *targets, int64_t row
 double FN(planrt_k_ce_loss)(const ST *rowmax, const ST *sumexp, const ST *tlogit, int64_t rows, ST *lse,
 			    double scale)
 {
+	KLEVEL_VALUE(planrt_k_ce_loss, (rowmax, sumexp, tlogit, rows, lse, scale));
 	double loss = 0;
 	for (int64_t r = 0; r < rows; r++) {
 		double l = (double)rowmax[r] + log((double)sumexp[r]);
@@ -616,6 +646,7 @@ double FN(planrt_k_ce_loss)(const ST *rowmax, const ST *sumexp, const ST *tlogit
 void FN(planrt_k_ce_grad)(const T *logits, const int32_t *targets, const ST *lse, int64_t rows, int64_t cols,
 			  int64_t vocab_lo, double dscale, T *dlogits)
 {
+	KLEVEL(planrt_k_ce_grad, (logits, targets, lse, rows, cols, vocab_lo, dscale, dlogits));
 	T ds = (T)dscale;
 	for (int64_t r = 0; r < rows; r++) {
 		const T *xr = logits + r * cols;
@@ -636,6 +667,8 @@ int64_t FN(planrt_k_cross_entropy)(const T *logits, const int32_t *labels, int64
 				   int32_t ignore_index, double scale, ST *lse, double *loss, int64_t *bad_row,
 				   int32_t *bad_value)
 {
+	KLEVEL_VALUE(planrt_k_cross_entropy,
+	       (logits, labels, rows, classes, ignore_index, scale, lse, loss, bad_row, bad_value));
 	if (rows > 0 && classes < 1)
 		kfatal("cross_entropy without classes");
 	int64_t bad = planrt_k_check_labels(labels, rows, classes, ignore_index, NULL, bad_row, bad_value);
@@ -656,6 +689,7 @@ int64_t FN(planrt_k_cross_entropy)(const T *logits, const int32_t *labels, int64
 void FN(planrt_k_cross_entropy_grad)(const T *logits, const int32_t *labels, const ST *lse, int64_t rows,
 				     int64_t classes, int32_t ignore_index, double dscale, T *dlogits)
 {
+	KLEVEL(planrt_k_cross_entropy_grad, (logits, labels, lse, rows, classes, ignore_index, dscale, dlogits));
 	for (int64_t r = 0; r < rows; r++) {
 		T *dr = dlogits + r * classes;
 		if (klabel_counts(labels[r], classes, ignore_index))
@@ -671,6 +705,7 @@ void FN(planrt_k_cross_entropy_grad)(const T *logits, const int32_t *labels, con
 void FN(planrt_k_embed)(const T *table, const int32_t *ids, T *out, int64_t ntok, int64_t dim, int64_t vocab_lo,
 			int64_t vocab_local)
 {
+	KLEVEL(planrt_k_embed, (table, ids, out, ntok, dim, vocab_lo, vocab_local));
 	for (int64_t t = 0; t < ntok; t++) {
 		int64_t v = (int64_t)ids[t] - vocab_lo;
 		T *o = out + t * dim;
@@ -685,6 +720,7 @@ void FN(planrt_k_embed)(const T *table, const int32_t *ids, T *out, int64_t ntok
 void FN(planrt_k_embed_grad)(const int32_t *ids, const T *dy, T *dtable, int64_t ntok, int64_t dim, int64_t vocab_lo,
 			     int64_t vocab_local)
 {
+	KLEVEL(planrt_k_embed_grad, (ids, dy, dtable, ntok, dim, vocab_lo, vocab_local));
 	for (int64_t t = 0; t < ntok; t++) {
 		int64_t v = (int64_t)ids[t] - vocab_lo;
 		if (v < 0 || v >= vocab_local)
@@ -699,6 +735,7 @@ void FN(planrt_k_embed_grad)(const int32_t *ids, const T *dy, T *dtable, int64_t
 /* ---- permute ----------------------------------------------------------------------------------- */
 void FN(planrt_k_permute)(int rank, const int64_t *in_dims, const int *perm, const T *in, T *out)
 {
+	KLEVEL(planrt_k_permute, (rank, in_dims, perm, in, out));
 	int64_t ist[KMAX_RANK], odims[KMAX_RANK], ost[KMAX_RANK], pst[KMAX_RANK];
 	if (rank < 0 || rank > KMAX_RANK)
 		kfatal("permute rank out of range");
@@ -714,10 +751,11 @@ void FN(planrt_k_permute)(int rank, const int64_t *in_dims, const int *perm, con
 		return;
 	int64_t n = v.dims[v.rank - 1], is = v.st[1][v.rank - 1];
 	for (int64_t done = 0; done < v.total; done += n) {
-		const T *x = in + v.off[1];
-		T *o = out + v.off[0];
-		if (is == 1)
-			memcpy(o, x, (size_t)n * sizeof(T));
+		const T *restrict x = in + v.off[1];
+		T *restrict o = out + v.off[0];
+		if (is == 1) /* (a loop: rows of a head's few elements cost memcpy more in calls than copies) */
+			for (int64_t i = 0; i < n; i++)
+				o[i] = x[i];
 		else
 			for (int64_t i = 0; i < n; i++)
 				o[i] = x[i * is];
@@ -728,6 +766,7 @@ void FN(planrt_k_permute)(int rank, const int64_t *in_dims, const int *perm, con
 /* ---- reductions over one dim ---------------------------------------------------------------------- */
 void FN(planrt_k_sum_dim)(const T *x, T *y, int64_t outer, int64_t n, int64_t inner, double scale)
 {
+	KLEVEL(planrt_k_sum_dim, (x, y, outer, n, inner, scale));
 	T a = (T)scale;
 	for (int64_t o = 0; o < outer; o++) {
 		const T *xo = x + o * n * inner;
@@ -748,6 +787,7 @@ void FN(planrt_k_sum_dim)(const T *x, T *y, int64_t outer, int64_t n, int64_t in
 
 void FN(planrt_k_sum_dim_grad)(const T *dy, T *dx, int64_t outer, int64_t n, int64_t inner, double scale)
 {
+	KLEVEL(planrt_k_sum_dim_grad, (dy, dx, outer, n, inner, scale));
 	T a = (T)scale;
 	for (int64_t o = 0; o < outer; o++)
 		for (int64_t k = 0; k < n; k++) {
@@ -760,6 +800,7 @@ void FN(planrt_k_sum_dim_grad)(const T *dy, T *dx, int64_t outer, int64_t n, int
 
 void FN(planrt_k_max_dim)(const T *x, T *y, int32_t *argmax, int64_t outer, int64_t n, int64_t inner)
 {
+	KLEVEL(planrt_k_max_dim, (x, y, argmax, outer, n, inner));
 	if (n < 1)
 		kfatal("max_dim over an empty dim");
 	for (int64_t o = 0; o < outer; o++) {
@@ -782,6 +823,7 @@ void FN(planrt_k_max_dim)(const T *x, T *y, int32_t *argmax, int64_t outer, int6
 
 void FN(planrt_k_max_dim_grad)(const int32_t *argmax, const T *dy, T *dx, int64_t outer, int64_t n, int64_t inner)
 {
+	KLEVEL(planrt_k_max_dim_grad, (argmax, dy, dx, outer, n, inner));
 	memset(dx, 0, (size_t)(outer * n * inner) * sizeof(T));
 	for (int64_t o = 0; o < outer; o++)
 		for (int64_t i = 0; i < inner; i++)
@@ -808,6 +850,7 @@ static void FN(kcopy_rows)(const T *src, int64_t sn, int64_t s0, T *dst, int64_t
 
 void FN(planrt_k_slice)(const T *x, T *y, int64_t outer, int64_t n, int64_t inner, int64_t start, int64_t len)
 {
+	KLEVEL(planrt_k_slice, (x, y, outer, n, inner, start, len));
 	if (start < 0 || len < 0 || start + len > n)
 		kfatal("slice out of range");
 	FN(kcopy_rows)(x, n, start, y, len, 0, len, outer, inner, 0);
@@ -816,6 +859,7 @@ void FN(planrt_k_slice)(const T *x, T *y, int64_t outer, int64_t n, int64_t inne
 void FN(planrt_k_slice_grad)(const T *dy, T *dx, int64_t outer, int64_t n, int64_t inner, int64_t start, int64_t len,
 			     int accumulate)
 {
+	KLEVEL(planrt_k_slice_grad, (dy, dx, outer, n, inner, start, len, accumulate));
 	if (start < 0 || len < 0 || start + len > n)
 		kfatal("slice_grad out of range");
 	if (!accumulate)
@@ -825,6 +869,7 @@ void FN(planrt_k_slice_grad)(const T *dy, T *dx, int64_t outer, int64_t n, int64
 
 void FN(planrt_k_concat)(int count, const T *const *xs, const int64_t *ns, T *y, int64_t outer, int64_t inner)
 {
+	KLEVEL(planrt_k_concat, (count, xs, ns, y, outer, inner));
 	int64_t total = 0, off = 0;
 	for (int i = 0; i < count; i++)
 		total += ns[i];
@@ -836,6 +881,7 @@ void FN(planrt_k_concat)(int count, const T *const *xs, const int64_t *ns, T *y,
 
 void FN(planrt_k_concat_grad)(int count, const T *dy, T *const *dxs, const int64_t *ns, int64_t outer, int64_t inner)
 {
+	KLEVEL(planrt_k_concat_grad, (count, dy, dxs, ns, outer, inner));
 	int64_t total = 0, off = 0;
 	for (int i = 0; i < count; i++)
 		total += ns[i];
@@ -848,11 +894,13 @@ void FN(planrt_k_concat_grad)(int count, const T *dy, T *const *dxs, const int64
 /* ---- repeat_kv: the head dim broadcast over n_rep copies, and back ---------------------------------- */
 void FN(planrt_k_repeat_kv)(const T *x, T *y, int64_t outer, int64_t heads, int64_t n_rep, int64_t inner)
 {
+	KLEVEL(planrt_k_repeat_kv, (x, y, outer, heads, n_rep, inner));
 	FN(planrt_k_sum_dim_grad)(x, y, outer * heads, n_rep, inner, 1.0);
 }
 
 void FN(planrt_k_repeat_kv_grad)(const T *dy, T *dx, int64_t outer, int64_t heads, int64_t n_rep, int64_t inner)
 {
+	KLEVEL(planrt_k_repeat_kv_grad, (dy, dx, outer, heads, n_rep, inner));
 	FN(planrt_k_sum_dim)(dy, dx, outer * heads, n_rep, inner, 1.0);
 }
 
@@ -903,6 +951,8 @@ static void FN(krope)(const T *x, T *y, int64_t batch, int64_t seq, int64_t head
 void FN(planrt_k_rope)(const T *x, T *y, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim, int64_t rot_dim,
 		       int heads_first, const int32_t *pos, int64_t pos_stride, int64_t pos_off, double theta)
 {
+	KLEVEL(planrt_k_rope,
+	       (x, y, batch, seq, heads, head_dim, rot_dim, heads_first, pos, pos_stride, pos_off, theta));
 	FN(krope)(x, y, batch, seq, heads, head_dim, rot_dim, heads_first, pos, pos_stride, pos_off, theta, (T)1);
 }
 
@@ -910,6 +960,8 @@ void FN(planrt_k_rope_grad)(const T *dy, T *dx, int64_t batch, int64_t seq, int6
 			    int64_t rot_dim, int heads_first, const int32_t *pos, int64_t pos_stride, int64_t pos_off,
 			    double theta)
 {
+	KLEVEL(planrt_k_rope_grad,
+	       (dy, dx, batch, seq, heads, head_dim, rot_dim, heads_first, pos, pos_stride, pos_off, theta));
 	FN(krope)(dy, dx, batch, seq, heads, head_dim, rot_dim, heads_first, pos, pos_stride, pos_off, theta, (T)-1);
 }
 #undef KROPE_CHUNK
@@ -940,21 +992,25 @@ static void FN(kpoint_loss_grad)(int l1, const T *x, const T *t, int64_t n, doub
 
 double FN(planrt_k_mse_loss)(const T *x, const T *target, int64_t n, double scale)
 {
+	KLEVEL_VALUE(planrt_k_mse_loss, (x, target, n, scale));
 	return FN(kpoint_loss)(0, x, target, n, scale);
 }
 
 void FN(planrt_k_mse_loss_grad)(const T *x, const T *target, int64_t n, double dscale, T *dx, T *dtarget)
 {
+	KLEVEL(planrt_k_mse_loss_grad, (x, target, n, dscale, dx, dtarget));
 	FN(kpoint_loss_grad)(0, x, target, n, dscale, dx, dtarget);
 }
 
 double FN(planrt_k_l1_loss)(const T *x, const T *target, int64_t n, double scale)
 {
+	KLEVEL_VALUE(planrt_k_l1_loss, (x, target, n, scale));
 	return FN(kpoint_loss)(1, x, target, n, scale);
 }
 
 void FN(planrt_k_l1_loss_grad)(const T *x, const T *target, int64_t n, double dscale, T *dx, T *dtarget)
 {
+	KLEVEL(planrt_k_l1_loss_grad, (x, target, n, dscale, dx, dtarget));
 	FN(kpoint_loss_grad)(1, x, target, n, dscale, dx, dtarget);
 }
 
@@ -1033,6 +1089,8 @@ static void FN(kmoe_gates)(const T *p, const int64_t *choice, int64_t top_k, int
 void FN(planrt_k_moe_route)(const T *logits, int64_t tokens, int64_t experts, int64_t top_k, int64_t group,
 			    int64_t capacity, int normalize, T *gates, int32_t *idx, int32_t *counts, double *stats)
 {
+	KLEVEL(planrt_k_moe_route,
+	       (logits, tokens, experts, top_k, group, capacity, normalize, gates, idx, counts, stats));
 	if (group <= 0 || tokens % group)
 		kfatal("moe_route: tokens are not a whole number of groups");
 	FN(KMoeScratch) sp; /* sp.p: probabilities of a token, sp.c: pairs per expert, sp.choice: the group's */
@@ -1078,6 +1136,7 @@ void FN(planrt_k_moe_route)(const T *logits, int64_t tokens, int64_t experts, in
 void FN(planrt_k_moe_dispatch)(const T *x, const int32_t *idx, int64_t tokens, int64_t top_k, int64_t dim,
 			       int64_t slots, T *buf)
 {
+	KLEVEL(planrt_k_moe_dispatch, (x, idx, tokens, top_k, dim, slots, buf));
 	memset(buf, 0, (size_t)(slots * dim) * sizeof(T));
 	for (int64_t t = 0; t < tokens; t++)
 		for (int64_t k = 0; k < top_k; k++) {
@@ -1090,6 +1149,7 @@ void FN(planrt_k_moe_dispatch)(const T *x, const int32_t *idx, int64_t tokens, i
 void FN(planrt_k_moe_dispatch_grad)(const T *dbuf, const int32_t *idx, int64_t tokens, int64_t top_k, int64_t dim,
 				    T *dx)
 {
+	KLEVEL(planrt_k_moe_dispatch_grad, (dbuf, idx, tokens, top_k, dim, dx));
 	for (int64_t t = 0; t < tokens; t++) {
 		T *o = dx + t * dim;
 		for (int64_t j = 0; j < dim; j++)
@@ -1108,6 +1168,7 @@ void FN(planrt_k_moe_dispatch_grad)(const T *dbuf, const int32_t *idx, int64_t t
 void FN(planrt_k_moe_combine)(const T *buf, const T *gates, const int32_t *idx, int64_t tokens, int64_t top_k,
 			      int64_t dim, T *out)
 {
+	KLEVEL(planrt_k_moe_combine, (buf, gates, idx, tokens, top_k, dim, out));
 	for (int64_t t = 0; t < tokens; t++) {
 		T *o = out + t * dim;
 		for (int64_t j = 0; j < dim; j++)
@@ -1128,6 +1189,7 @@ void FN(planrt_k_moe_combine)(const T *buf, const T *gates, const int32_t *idx, 
 void FN(planrt_k_moe_combine_grad)(const T *dout, const T *buf, const T *gates, const int32_t *idx, int64_t tokens,
 				   int64_t top_k, int64_t dim, int64_t slots, T *dbuf, T *dgates)
 {
+	KLEVEL(planrt_k_moe_combine_grad, (dout, buf, gates, idx, tokens, top_k, dim, slots, dbuf, dgates));
 	memset(dbuf, 0, (size_t)(slots * dim) * sizeof(T));
 	for (int64_t t = 0; t < tokens; t++) {
 		const T *g = dout + t * dim;
@@ -1151,6 +1213,7 @@ void FN(planrt_k_moe_combine_grad)(const T *dout, const T *buf, const T *gates, 
 void FN(planrt_k_moe_route_grad)(const T *logits, const T *dgates, int64_t tokens, int64_t experts, int64_t top_k,
 				 int normalize, T *dlogits)
 {
+	KLEVEL(planrt_k_moe_route_grad, (logits, dgates, tokens, experts, top_k, normalize, dlogits));
 	FN(KMoeScratch) sp;
 	FN(kmoe_scratch)(&sp, experts, top_k);
 	for (int64_t t = 0; t < tokens; t++) {
@@ -1214,6 +1277,7 @@ static void FN(kmoe_fractions)(const T *logits, int64_t group, int64_t experts, 
 
 double FN(planrt_k_moe_aux_loss)(const T *logits, int64_t tokens, int64_t experts, int64_t group, double scale)
 {
+	KLEVEL_VALUE(planrt_k_moe_aux_loss, (logits, tokens, experts, group, scale));
 	if (tokens <= 0 || experts <= 0 || group <= 0 || tokens % group)
 		kfatal("moe_aux_loss: tokens are not a whole number of groups");
 	KMOE_FP_BEGIN("moe_aux_loss");
@@ -1234,6 +1298,7 @@ double FN(planrt_k_moe_aux_loss)(const T *logits, int64_t tokens, int64_t expert
 void FN(planrt_k_moe_aux_loss_grad)(const T *logits, int64_t tokens, int64_t experts, int64_t group, double dscale,
 				    T *dlogits)
 {
+	KLEVEL(planrt_k_moe_aux_loss_grad, (logits, tokens, experts, group, dscale, dlogits));
 	if (tokens <= 0 || experts <= 0 || group <= 0 || tokens % group)
 		kfatal("moe_aux_loss_grad: tokens are not a whole number of groups");
 	KMOE_FP_BEGIN("moe_aux_loss_grad");
@@ -1266,6 +1331,7 @@ static T FN(kmoe_lse)(const T *l, int64_t experts)
 
 double FN(planrt_k_moe_z_loss)(const T *logits, int64_t tokens, int64_t experts, double scale)
 {
+	KLEVEL_VALUE(planrt_k_moe_z_loss, (logits, tokens, experts, scale));
 	double loss = 0;
 	for (int64_t t = 0; t < tokens; t++) {
 		double z = (double)FN(kmoe_lse)(logits + t * experts, experts);
@@ -1277,6 +1343,7 @@ double FN(planrt_k_moe_z_loss)(const T *logits, int64_t tokens, int64_t experts,
 /* dlogits[t, e] = dscale 2 z_t softmax(logits_t)[e] (overwritten) */
 void FN(planrt_k_moe_z_loss_grad)(const T *logits, int64_t tokens, int64_t experts, double dscale, T *dlogits)
 {
+	KLEVEL(planrt_k_moe_z_loss_grad, (logits, tokens, experts, dscale, dlogits));
 	for (int64_t t = 0; t < tokens; t++) {
 		const T *l = logits + t * experts;
 		T z = FN(kmoe_lse)(l, experts);

@@ -10,15 +10,67 @@
  *   Adam      g as SGD (L2 decay); m = m * b1 + (1 - b1) * g; v = v * b2 + (1 - b2) * g * g;
  *             denom = sqrt(v) / sqrt(1 - b2^t) + eps;  param = param + (-lr / (1 - b1^t)) * m / denom
  *   AdamW     param = param * (1 - lr * wd) first (decoupled decay), then Adam without L2.
- * The bias corrections and step size are computed in double as torch does in Python. */
+ * The bias corrections and step size are computed in double as torch does in Python.
+ *
+ * The updates and planrt_sum_squares are compiled per instruction-set level too (cpu_table.h):
+ * built with PLANRT_CPU_VARIANT=LEVEL this file holds only them, named with the level. The loops
+ * vectorise with the flags runtime/CMakeLists.txt gives this file and kernels.c (gcc's dynamic
+ * cost model, -fno-math-errno: sqrtf inline, -fno-trapping-math: selects if-converted), which
+ * change no result. */
 #define PLANRT_INTERNAL
 #include "planrt.h"
 
+#include "cpu_table.h"
+
 #include <math.h>
+
+#ifdef PLANRT_CPU_VARIANT
+#define planrt_opt_step PLANRT_CPU_NAME(planrt_opt_step, PLANRT_CPU_VARIANT)
+#define planrt_sum_squares PLANRT_CPU_NAME(planrt_sum_squares, PLANRT_CPU_VARIANT)
+#define DISPATCH(name, args) ((void)0)
+#define DISPATCH_VALUE(name, args) ((void)0)
+#else
+#define DISPATCH PLANRT_CPU_DISPATCH
+#define DISPATCH_VALUE PLANRT_CPU_DISPATCH_VALUE
+#endif
+
+/* Adam's scalars for one step (f32, as torch rounds them); decay is 1 without decoupled decay
+ * (p * 1 is p) */
+typedef struct {
+	float neg_step_size, bc2_sqrt, b1, b2, one_b1, one_b2, eps, decay, wd;
+} adam_t;
+
+/* Adam's (AdamW's) element loop, for l2 (L2 decay in the gradient) known where it is inlined: the
+ * arrays do not overlap and the loop has no branch, so it vectorises */
+static inline __attribute__((always_inline)) void adam_loop(const adam_t *a, int l2, float *restrict param,
+							    const float *restrict grad, float *restrict m,
+							    float *restrict v, size_t n)
+{
+	const adam_t c = *a;
+	for (size_t i = 0; i < n; i++) {
+		float p = param[i] * c.decay;
+		float g = l2 ? grad[i] + c.wd * p : grad[i];
+		float mi = m[i] * c.b1 + c.one_b1 * g;
+		float vi = v[i] * c.b2 + c.one_b2 * g * g;
+		float denom = sqrtf(vi) / c.bc2_sqrt + c.eps;
+		m[i] = mi;
+		v[i] = vi;
+		param[i] = p + c.neg_step_size * mi / denom;
+	}
+}
+
+static void adam_update(const adam_t *a, int l2, float *param, const float *grad, float *m, float *v, size_t n)
+{
+	if (l2)
+		adam_loop(a, 1, param, grad, m, v, n);
+	else
+		adam_loop(a, 0, param, grad, m, v, n);
+}
 
 void planrt_opt_step(const planrt_opt_t *o, double lr, int64_t step, float *param, const float *grad, float *m,
 		     float *v, size_t n)
 {
+	DISPATCH(planrt_opt_step, (o, lr, step, param, grad, m, v, n));
 	const float wd = (float)o->weight_decay, neg_lr = (float)-lr;
 	const int l2 = o->kind != planrt_opt_adamw && o->weight_decay != 0;
 	switch (o->kind) {
@@ -42,29 +94,25 @@ void planrt_opt_step(const planrt_opt_t *o, double lr, int64_t step, float *para
 	case planrt_opt_adamw: {
 		const double t = (double)step;
 		const double bc1 = 1 - pow(o->beta1, t), bc2 = 1 - pow(o->beta2, t);
-		const float neg_step_size = (float)-(lr / bc1), bc2_sqrt = (float)sqrt(bc2);
-		const float b1 = (float)o->beta1, b2 = (float)o->beta2, one_b1 = (float)(1 - o->beta1),
-			    one_b2 = (float)(1 - o->beta2), eps = (float)o->eps;
-		const float decay = (float)(1 - lr * o->weight_decay);
-		const int decoupled = o->kind == planrt_opt_adamw && o->weight_decay != 0;
-		for (size_t i = 0; i < n; i++) {
-			float p = param[i];
-			if (decoupled)
-				p = p * decay;
-			float g = l2 ? grad[i] + wd * p : grad[i];
-			float mi = m[i] * b1 + one_b1 * g;
-			float vi = v[i] * b2 + one_b2 * g * g;
-			float denom = sqrtf(vi) / bc2_sqrt + eps;
-			m[i] = mi;
-			v[i] = vi;
-			param[i] = p + neg_step_size * mi / denom;
-		}
+		const adam_t a = {
+			.neg_step_size = (float)-(lr / bc1),
+			.bc2_sqrt = (float)sqrt(bc2),
+			.b1 = (float)o->beta1,
+			.b2 = (float)o->beta2,
+			.one_b1 = (float)(1 - o->beta1),
+			.one_b2 = (float)(1 - o->beta2),
+			.eps = (float)o->eps,
+			.decay = o->kind == planrt_opt_adamw && o->weight_decay != 0 ? (float)(1 - lr * o->weight_decay) : 1.0f,
+			.wd = wd,
+		};
+		adam_update(&a, l2, param, grad, m, v, n);
 		return;
 	}
 	}
 	planrt_fatal("planrt_opt_step: unknown optimizer kind %d", (int)o->kind);
 }
 
+#ifndef PLANRT_CPU_VARIANT
 /* step counts from 0. step < warmup: lr * (step + 1) / warmup (the first step already moves).
  * Then, with total > 0, cosine from lr at step = warmup to min_lr at step = total, and min_lr
  * from total on; total <= 0: lr after the warmup (no decay). */
@@ -82,10 +130,18 @@ double planrt_lr_at(double lr, int64_t step, int64_t warmup, int64_t total, doub
 	return min_lr + 0.5 * (lr - min_lr) * (1.0 + cos(M_PI * progress));
 }
 
+#endif
+
+/* in double, with eight partial sums (a vector's lanes), added pairwise at the end */
 double planrt_sum_squares(const float *x, size_t n)
 {
-	double s = 0;
-	for (size_t i = 0; i < n; i++)
+	DISPATCH_VALUE(planrt_sum_squares, (x, n));
+	double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0}, s = 0;
+	size_t i = 0;
+	for (; i + 8 <= n; i += 8)
+		for (int j = 0; j < 8; j++)
+			acc[j] += (double)x[i + j] * (double)x[i + j];
+	for (; i < n; i++)
 		s += (double)x[i] * (double)x[i];
-	return s;
+	return s + ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
 }

@@ -137,6 +137,13 @@ static uint16_t f64_to_half(double x, planrt_dtype_t t)
 	return f32_half(f32_round_odd(x), t);
 }
 
+void planrt_fill_f32(float *x, int64_t n, double value)
+{
+	float v = (float)value;
+	for (int64_t i = 0; i < n; i++)
+		x[i] = v;
+}
+
 void planrt_fill(void *dst, int64_t n, planrt_dtype_t t, double value)
 {
 	check_count("planrt_fill", n);

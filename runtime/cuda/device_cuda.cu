@@ -1,5 +1,5 @@
-/* device_cuda.cu: the CUDA device layer, the streams and events of planrt_cuda.h, and
- * planrt_cuda_main.
+/* device_cuda.cu: the CUDA device layer and the streams and events of planrt_cuda.h (main_cuda.cu
+ * chooses the GPU and runs planrt_cuda_main).
  *
  * Memory. Persistent state and the arena are cudaMalloc'd, each state buffer on its own and the arena
  * as one allocation of exactly the planned bytes, all zero-filled. The metric scalars (the loss,
@@ -14,10 +14,7 @@
  * Streams are created non-blocking on first use; the host "stream" is the calling thread. Events
  * are created on first record; waiting for one never recorded waits for nothing.
  *
- * planrt_cuda_main answers --help without a GPU; otherwise it checks that a device exists before
- * MPI starts, and if none does prints one line (the CUDA runtime's reason) and exits with status 1.
- * The program links the CUDA runtime statically, which loads the driver itself: it never links
- * libcuda, so it starts anywhere. */
+ */
 #define PLANRT_INTERNAL
 #include "planrt_cuda.h"
 #include "planrt_cuda_internal.h"
@@ -107,19 +104,13 @@ void planrt_cu_wait_entry(int stream)
 		planrt_cu_check_(cudaStreamWaitEvent(planrt_cu_stream(stream), entry_event, 0), "cudaStreamWaitEvent");
 }
 
-static void sample_memory(void)
+void planrt_cu_sample_memory_(void)
 {
 	size_t free_b = 0, total = 0;
 	if (cudaMemGetInfo(&free_b, &total) == cudaSuccess && total - free_b > peak_used)
 		peak_used = total - free_b;
 }
 
-void planrt_cu_synchronize(void)
-{
-	planrt_cu_check_(cudaDeviceSynchronize(), "a kernel (cudaDeviceSynchronize)");
-	planrt_cu_settle_sync_();
-	sample_memory();
-}
 
 unsigned planrt_cu_grid(int64_t n)
 {
@@ -183,7 +174,7 @@ static planrt_result_t cuda_alloc(size_t bytes, const planrt_state_buf_t *b, voi
 		planrt_cu_check_(cudaMemset(p, 0, bytes), "cudaMemset");
 		device_bytes += bytes;
 	}
-	sample_memory();
+	planrt_cu_sample_memory_();
 	*out = p;
 	return planrt_success;
 }
@@ -213,61 +204,16 @@ static void cuda_to_host(void *dst, const void *src, size_t bytes)
 
 static void cuda_report(char *buf, size_t n)
 {
-	sample_memory();
+	planrt_cu_sample_memory_();
 	snprintf(buf, n, " device=cuda device_allocated=%zu device_peak_used=%zu host_pinned=%zu", device_bytes,
 		 peak_used > baseline_used ? peak_used - baseline_used : 0, pinned_bytes);
 }
 
-static void cuda_start(void)
+/* the device layer (planrt_device.h) once the GPU is chosen; start: what runs when the mesh exists */
+static planrt_device_t cuda_device = {"GPU", cuda_alloc, cuda_release, cuda_fill64, cuda_to_host, cuda_report, NULL};
+
+void planrt_cu_device_open_(int dev, const planrt_program_t *program, void (*start)(void))
 {
-	planrt_nccl_start_();
-}
-
-static const planrt_device_t cuda_device = {"GPU", cuda_alloc, cuda_release, cuda_fill64, cuda_to_host, cuda_report,
-					    cuda_start};
-
-/* ------------------------------------------------------------------ the entry point */
-
-/* the rank on this node, from the launcher (the GPU it uses), before MPI starts */
-static int local_rank(void)
-{
-	const char *vars[] = {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID", "PMI_LOCAL_RANK",
-			      "LOCAL_RANK"};
-	for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
-		const char *v = getenv(vars[i]);
-		if (v && *v)
-			return atoi(v);
-	}
-	return 0;
-}
-
-static int world_rank_env(void)
-{
-	const char *vars[] = {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID"};
-	for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
-		const char *v = getenv(vars[i]);
-		if (v && *v)
-			return atoi(v);
-	}
-	return 0;
-}
-
-int planrt_cuda_main(int argc, char **argv, const planrt_program_t *program)
-{
-	for (int i = 1; i < argc; i++)
-		if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h"))
-			return planrt_main(argc, argv, program); /* no device needed to answer */
-	int count = 0;
-	cudaError_t e = cudaGetDeviceCount(&count);
-	if (e != cudaSuccess || count < 1) {
-		fprintf(stderr,
-			"planrt: rank %d: no CUDA GPU: %s%s; this program was built with --target cuda and needs an NVIDIA "
-			"GPU and driver (build for the CPU without --target)\n",
-			world_rank_env(), e != cudaSuccess ? cudaGetErrorString(e) : "no device found",
-			e == cudaErrorInsufficientDriver ? " (no NVIDIA driver here, or one older than this CUDA runtime)" : "");
-		return 1;
-	}
-	int dev = local_rank() % count;
 	planrt_cu_check_(cudaSetDevice(dev), "cudaSetDevice");
 	cudaDeviceProp prop;
 	if (cudaGetDeviceProperties(&prop, dev) == cudaSuccess)
@@ -276,11 +222,13 @@ int planrt_cuda_main(int argc, char **argv, const planrt_program_t *program)
 	size_t free_b = 0, total = 0;
 	if (cudaMemGetInfo(&free_b, &total) == cudaSuccess)
 		baseline_used = peak_used = total - free_b;
+	cuda_device.start = start;
 	planrt_device_set(&cuda_device);
 	running = program;
-	int rc = planrt_main(argc, argv, program);
+}
+
+void planrt_cu_device_close_(void)
+{
 	running = NULL;
-	planrt_cu_blas_destroy_();
 	planrt_device_set(NULL);
-	return rc;
 }

@@ -1,5 +1,5 @@
-/* planrt_cuda_internal.h: what planrt_cuda's own sources share (device_cuda.cu, kernels_cuda.cu,
- * io_cuda.cu, exec_cuda.cu, comm_nccl.c). Not for generated programs. */
+/* planrt_cuda_internal.h: what planrt_cuda's own sources share (device_cuda.cu, main_cuda.cu, kernels_cuda.cu,
+ * io_cuda.cu, exec_cuda.cu, sync_cuda.cu, moe_cuda.cu, comm_nccl.c). Not for generated programs. */
 #ifndef PLANRT_CUDA_INTERNAL_H
 #define PLANRT_CUDA_INTERNAL_H
 
@@ -23,6 +23,11 @@ void planrt_cu_settle_sync_(void);
 /* the program planrt_cuda_main runs (its mesh and stages, for the communicators) */
 struct planrt_program;
 const struct planrt_program *planrt_cu_program_(void);
+/* device_cuda.cu, for main_cuda.cu: the device layer on GPU dev for program (start: what runs once
+ * the mesh exists), and closed; the peak of device memory in use sampled */
+void planrt_cu_device_open_(int dev, const struct planrt_program *program, void (*start)(void));
+void planrt_cu_device_close_(void);
+void planrt_cu_sample_memory_(void);
 
 /* ------------------------------------------------------------------ comm_nccl.c: the NCCL layer
  * NCCL-shaped: (send, recv, count, dtype, op, comm, stream), enqueued on stream. comm is a planrt

@@ -156,9 +156,10 @@ void planrt_init_block(float *dst, int rank, const int64_t *gdims, const int64_t
 		       int kind, double a, double b, uint64_t seed, const char *name);
 
 /* ------------------------------------------------------------------ data
- * A text file read as bytes (vocabulary 256) or a nanoGPT uint16 token file (.bin). Sample i of
- * step t is the window of seq + 1 tokens starting at a position drawn from (seed, t, i), so step
- * t's global batch is the same for every plan; a rank asks for its samples [lo, hi). */
+ * Token data (docs/data.md: text, nanoGPT, llm.c, Megatron). planrt_data_open samples with
+ * replacement (sample i of step t is the window of seq + 1 tokens starting at a position drawn
+ * from (seed, t, i)); a run opens its data with planrt_data_open_run_ (epochs, blends, held-out
+ * data). Step t's global batch is the same for every plan; a rank asks for its samples [lo, hi). */
 typedef struct planrt_data *planrt_data_t;
 planrt_result_t planrt_data_open(const char *path, int64_t vocab, int64_t seq, planrt_data_t *out);
 planrt_result_t planrt_data_batch(planrt_data_t d, int64_t step, int64_t lo, int64_t hi, uint64_t seed,
@@ -224,10 +225,15 @@ double planrt_now(void); /* seconds, monotonic */
  * For the runtime's own sources (they define PLANRT_INTERNAL before including this header);
  * generated programs never use these. */
 #ifdef PLANRT_INTERNAL
+#include <stdio.h>
 /* Records the one-line detail planrt_last_error() returns and passes r through:
  * return planrt_error_(planrt_io_error, "cannot open '%s': %s; check the path", path, ...); */
 planrt_result_t planrt_error_(planrt_result_t r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 int planrt_world_rank_(void); /* -1 before planrt_init */
+/* core/result.c learns who this process is from comm/world.c: the rank its messages name, and
+ * whether one process plays every rank without MPI (then planrt_fatal does not name a rank) */
+void planrt_set_world_rank_(int rank, int offline);
+int planrt_mpi_live_(void); /* MPI is initialised and not finalised */
 /* planc reshard: the mesh coordinates of world rank `rank` in a process without MPI (no comms) */
 void planrt_mesh_offline_(int naxes, const int *sizes, int rank);
 /* bf16 and f16 (t) to and from f32; f32 -> half rounds to nearest even, NaN stays NaN. */
@@ -250,14 +256,45 @@ void planrt_on_signal_(void (*cleanup)(void));
  * watchdog like every other call. NULL before planrt_init. */
 enum { PLANRT_GROUP_CONTROL_ = -3 };
 planrt_comm_t planrt_control_comm_(void);
-/* data.c: holds out the last tenth of the tokens (at least one window) for evaluation; training
- * then draws from the rest only (*train: its tokens). A held-out batch: samples [lo, hi) of
- * evaluation batch `batch`, from its own stream of (seed, batch, sample). */
+/* data.c: a run's data (docs/data.md). files: one path (a token file, a glob of llm.c shards, a
+ * Megatron prefix, a data set) or a blend of several token files with weights (NULL: equal);
+ * eval_files (neval > 0): --eval-data, of the same kind, all of it held out; evaluate without
+ * eval_files holds out the last tenth of every source. sampling: PLANRT_SAMPLE_EPOCHS (without
+ * replacement, the default) or _RANDOM (with replacement, the rule of runs made before epochs).
+ * batch: the step's global batch (fewer distinct training samples is an error). */
+typedef enum { PLANRT_SAMPLE_RANDOM = 0, PLANRT_SAMPLE_EPOCHS = 1 } planrt_sampling_t;
+typedef struct planrt_data_config {
+	int nfiles, neval;
+	const char *const *files, *const *eval_files;
+	const double *weights, *eval_weights;
+	int64_t vocab, seq, batch;
+	int sampling, evaluate;
+} planrt_data_config_t;
+planrt_result_t planrt_data_open_run_(const planrt_data_config_t *c, planrt_data_t *out);
+/* the training samples (random sampling of tokens: the tokens windows start in), the rule's name */
+int64_t planrt_data_train_samples_(planrt_data_t d);
+const char *planrt_data_sampling_(planrt_data_t d);
+/* "0.7 a.bin (megatron, 1000 tokens, documents) 0.3 b.bin (...)": the sources, for messages */
+void planrt_data_describe_(planrt_data_t d, char *buf, size_t n);
+/* whether any source has document boundaries (a Megatron index, or shards) */
+int planrt_data_has_documents_(planrt_data_t d);
+/* data.c: holds out the last tenth of the samples (random token sampling: of the tokens, at least
+ * one window) for evaluation; training then draws from the rest only (*train: what
+ * planrt_data_train_samples_ says). A held-out batch: samples [lo, hi) of evaluation batch
+ * `batch` (random token sampling: from its own stream of (seed, batch, sample)). */
 planrt_result_t planrt_data_hold_out_(planrt_data_t d, int64_t *train);
 planrt_result_t planrt_data_eval_batch_(planrt_data_t d, int64_t batch, int64_t lo, int64_t hi, uint64_t seed,
 					int32_t *tokens, int32_t *targets);
-/* log.c: planrt_log_open, appending to an existing log when append (a resumed run) */
+/* log.c: planrt_log_open, appending to an existing log when append (a resumed run); a resumed run
+ * then cuts the rows of steps >= first_step (a dead run's, and a torn last line) */
 planrt_result_t planrt_log_open_(const char *path, int append);
+planrt_result_t planrt_log_truncate_(int64_t first_step);
+/* planrt_log_step with the samples of the step too ("samples", "samples_per_s"; tokens <= 0: no
+ * "tokens" fields, a model that does not read token windows) */
+void planrt_log_step_(int64_t step, double loss, double lr, double grad_norm, int64_t tokens, int64_t samples,
+		      double step_ms);
+/* planrt_progress with the rate's unit ("tok/s", "samples/s") */
+void planrt_progress_(int64_t step, int64_t total, double loss, double rate, const char *unit, double elapsed_s);
 /* trace.c: --trace FILE, a Chrome-trace timeline of every rank. planrt_trace_open_ starts recording
  * (collective: every rank calls it); begin/end open and close nested events (end's args, when not
  * NULL, are the event's JSON arguments); planrt_trace_args_ sets the innermost open event's; close
@@ -268,6 +305,12 @@ void planrt_trace_begin_(const char *name, const char *cat);
 void planrt_trace_end_(const char *args);
 void planrt_trace_args_(const char *args);
 void planrt_trace_close_(const char *process_name);
+/* core/trace.c's half for comm/trace_file.c: start recording for path (origin now), the path,
+ * this rank's part of the file, and forgetting every event */
+void planrt_trace_start_(const char *path);
+const char *planrt_trace_path_(void);
+void planrt_trace_write_part_(FILE *f, int rank, const char *process_name);
+void planrt_trace_reset_(void);
 /* kernels.c: while set (planrt_main's evaluation of held-out batches), dropout is the identity */
 extern int planrt_evaluating_;
 /* safetensors.c: planrt_st_write, also returning the data's checksum ("fnv1a64:..."); and a

@@ -99,11 +99,6 @@ void planrt_bucket_progress(planrt_bucket_t *b);
 void planrt_cross_entropy_f32(const float *logits, const int32_t *targets, float *loss, float *lse, int64_t rows,
 			      int64_t cols, int64_t vocab_lo, double scale, planrt_comm_t vocab_comm, void *scratch);
 
-/* tokens / targets [rows, seq_local] of samples [lo, lo + rows) of the step, positions
- * [s_lo, s_lo + seq_local) of each window of seq. */
-void planrt_load_inputs(planrt_data_t d, int64_t step, int64_t lo, int64_t rows, int64_t seq, int64_t s_lo,
-			int64_t seq_local, uint64_t seed, int32_t *tokens, int32_t *targets);
-
 /* ------------------------------------------------------------------ step kernels of the IR
  * In-place collectives on flat buffers (gradient buckets viewed in place, ZeRO shards), sums
  * (bf16 / f16 in f32): blocking when req is NULL, otherwise started into *req (which must hold

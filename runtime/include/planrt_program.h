@@ -55,6 +55,8 @@ typedef struct planrt_ctx {
 	double loss_scale;       /* fp16 loss scaling: the backward starts from loss * loss_scale (else 1) */
 	int step_skipped;        /* set when this step's unscaled gradients are not finite: no update */
 	int64_t slot_index;      /* the running action's slot (offload activations: its host copies) */
+	const struct planrt_program *program; /* the program being run (its parameter table, sizes) */
+	struct planrt_namemap *name_map;      /* --map: --init and --save under another framework's names */
 } planrt_ctx_t;
 
 typedef void (*planrt_phase_fn)(planrt_ctx_t *ctx);
@@ -166,6 +168,9 @@ typedef struct planrt_program {
 	const char *fingerprint;
 	const char *sync;                  /* "strict", "local_sgd" or "async" (checkpoints) */
 	double loss_scale;                 /* fp16 loss scaling: 0 none, -1 dynamic, > 0 static */
+	/* the optimizer and its settings, "adamw(lr = 0.0003, betas = (0.9, 0.95), ...)": a checkpoint
+	 * records it, and resuming under another kind of optimizer is refused */
+	const char *optimizer;
 } planrt_program_t;
 
 /* Runs the program: parses argv (--steps K --data FILE [--init W] [--save W] [--log F] [--seed S]
@@ -226,6 +231,8 @@ void planrt_ckpt_read_local(planrt_ctx_t *ctx, void *dst, planrt_dtype_t dtype, 
  * [row_lo, row_lo + rows) of this step, positions [s_lo, s_lo + s_n) of each window */
 void planrt_load_input(planrt_ctx_t *ctx, int32_t *dst, int stream, int64_t row_lo, int64_t rows, int64_t s_lo,
 		       int64_t s_n);
+/* input.c: frees what loading kept for the run (planrt_main, at the end) */
+void planrt_input_release_(void);
 /* Pipeline transfers on the pipe axis to / from the rank with pipe coordinate peer, on channel
  * (0: forward activations, 1: backward gradients; messages match in order within a channel). The
  * request is completed by planrt_p2p_finish, or by the walker before the slot is reused. */

@@ -36,6 +36,8 @@
 #include "planrt_device.h"
 #include "planrt_exec.h"
 #include "planrt_offload.h"
+#include "planrt_params.h"
+#include "planrt_tempfile.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -933,17 +935,17 @@ void planrt_ckpt_write(planrt_ctx_t *ctx, const void *src, planrt_dtype_t dtype,
 		       int64_t n, int shard_axis)
 {
 	planrt_ckpt_t *c = ctx->ckpt;
-	const planrt_program_t *prog = planrt_program_();
+	const planrt_program_t *prog = ctx->program;
 	int copy = kind >= 0 && (kind & PLANRT_CKPT_COPY);
 	if (copy)
 		kind &= ~PLANRT_CKPT_COPY;
 	if (!c || !c->writing || !prog || param < 0 || param >= prog->nparams || kind < 0 || kind >= PLANRT_CKPT_KINDS)
 		planrt_fatal("internal error: planrt_ckpt_write(parameter %d, kind %d) outside a checkpoint", param, kind);
 	const planrt_param_t *p = &prog->params[param];
-	if (!p->saved || n <= 0 || !planrt_param_writes_(param, shard_axis))
+	if (!p->saved || n <= 0 || !planrt_param_writes_(prog, p, shard_axis))
 		return;
 	int64_t offs[MAX_DIMS];
-	int64_t local = planrt_param_block_(param, offs);
+	int64_t local = planrt_param_block_(p, offs);
 	int64_t first = lo < 0 ? 0 : lo, end = lo + n < local ? lo + n : local;
 	if (end <= first)
 		return;
@@ -974,12 +976,12 @@ void planrt_ckpt_write(planrt_ctx_t *ctx, const void *src, planrt_dtype_t dtype,
 void planrt_ckpt_read(planrt_ctx_t *ctx, void *dst, planrt_dtype_t dtype, int param, int kind, int64_t lo, int64_t n)
 {
 	planrt_ckpt_t *c = ctx->ckpt;
-	const planrt_program_t *prog = planrt_program_();
+	const planrt_program_t *prog = ctx->program;
 	if (!c || c->writing || !prog || param < 0 || param >= prog->nparams || kind < 0 || kind >= PLANRT_CKPT_KINDS)
 		planrt_fatal("internal error: planrt_ckpt_read(parameter %d, kind %d) outside a resume", param, kind);
 	const planrt_param_t *p = &prog->params[param];
 	int64_t offs[MAX_DIMS];
-	int64_t local = planrt_param_block_(param, offs);
+	int64_t local = planrt_param_block_(p, offs);
 	/* [j0, j1): the buffer's positions that hold local elements (the rest: another parameter's) */
 	int64_t j0 = lo < 0 ? (-lo < n ? -lo : n) : 0, j1 = local - lo < n ? local - lo : n;
 	if (j1 <= j0)
@@ -1300,7 +1302,7 @@ int planrt_ckpt_reshard(const planrt_program_t *prog, const char *src, const cha
 					     stage->state[i].name, r, planrt_last_error());
 			*stage->state[i].ptr = ptr;
 		}
-		planrt_ctx_t ctx = {.seed = 0, .eval_batch = -1};
+		planrt_ctx_t ctx = {.seed = 0, .eval_batch = -1, .program = prog};
 		planrt_ckpt_t *in = planrt_ckpt_reader(dir, text, r, 0, err, sizeof err);
 		if (!in)
 			planrt_fatal("--reshard: %s", err);

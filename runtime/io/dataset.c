@@ -1,14 +1,13 @@
-/* dataset.c: data sets of named tensors (planrt_dataset.h) and planrt_load_data, the kernel every
- * model input is loaded by.
+/* dataset.c: data sets of named tensors (planrt_dataset.h) and planrt_load_data's work for them.
  *
  * A data set is read once: a .safetensors file through safetensors.c (mapped and validated), or a
  * directory of NAME.npy files, each mapped and its header parsed here (magic, version 1-3, the
  * dict's descr, fortran_order and shape; little-endian or single-byte dtypes, C order). A tensor
  * is then a dtype, a shape and a pointer into a mapping. When an input is loaded for the first time
  * it is checked against the model (a tensor of that name, the sample dims, a dtype of the right
- * kind, integers that fit i32, labels in [0, classes)); then every load copies the step's rows:
- * global batch row i of step t is sample Philox(seed, (t, i)) mod N, as for token windows, so the
- * batch does not depend on the plan and a data-parallel rank gets exactly its rows. */
+ * kind, integers that fit i32, labels in [0, classes), token ids inside the embedding table they
+ * index); then every load copies the rows data.c chose for the step (or the held-out batch), so
+ * the batch does not depend on the plan and a data-parallel rank gets exactly its rows. */
 #define PLANRT_INTERNAL
 #include "planrt_dataset.h"
 #include "planrt_exec.h"
@@ -17,6 +16,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -78,7 +78,7 @@ int64_t planrt_dataset_samples(planrt_dataset_t d)
 	return d ? d->samples : 0;
 }
 
-static const char *shape_text(int rank, const int64_t *dims, char *buf, size_t n)
+const char *planrt_shape_text_(int rank, const int64_t *dims, char *buf, size_t n)
 {
 	size_t len = (size_t)snprintf(buf, n, "[");
 	for (int i = 0; i < rank && len < n; i++)
@@ -180,7 +180,7 @@ static planrt_result_t npy_open(const char *path, const char *name, tensor_t *t)
 	size_t data_at = at + hlen;
 	if (n * elems[t->elem].size > size - data_at)
 		NPY_FAIL("data '%s': shape %s needs %llu bytes of data, the file has %zu", path,
-			 shape_text(t->rank, t->dims, (char[128]){0}, 128), (unsigned long long)(n * elems[t->elem].size),
+			 planrt_shape_text_(t->rank, t->dims, (char[128]){0}, 128), (unsigned long long)(n * elems[t->elem].size),
 			 size - data_at);
 #undef NPY_FAIL
 	snprintf(t->name, sizeof t->name, "%s", name);
@@ -266,7 +266,7 @@ planrt_result_t planrt_dataset_open(const char *path, planrt_dataset_t *out)
 		const tensor_t *t = &d->t[i];
 		if (t->rank < 1 || t->dims[0] < 1)
 			r = planrt_error_(planrt_format_error, "data '%s': tensor '%s' of shape %s has no samples (its first dim "
-					  "counts them)", path, t->name, shape_text(t->rank, t->dims, (char[128]){0}, 128));
+					  "counts them)", path, t->name, planrt_shape_text_(t->rank, t->dims, (char[128]){0}, 128));
 		else if (i > 0 && t->dims[0] != d->samples)
 			r = planrt_error_(planrt_format_error,
 					  "data '%s': tensor '%s' has %lld samples but '%s' has %lld; every tensor of a data set "
@@ -356,7 +356,7 @@ static const char *position(const tensor_t *t, int64_t i, char *buf, size_t n)
 		idx[d] = i % t->dims[d];
 		i /= t->dims[d];
 	}
-	return shape_text(t->rank, idx, buf, n);
+	return planrt_shape_text_(t->rank, idx, buf, n);
 }
 
 static const tensor_t *find(planrt_dataset_t d, const char *name)
@@ -382,14 +382,15 @@ static void check_input(planrt_dataset_t d, tensor_t *t, const char *name, planr
 			sample[i] = gdims[i];
 		planrt_fatal("data '%s': tensor '%s' has shape %s but input '%s' needs %s (samples first, then the input's "
 			     "dims after the batch dim)",
-			     d->path, t->name, shape_text(t->rank, t->dims, a, sizeof a), name,
-			     shape_text(rank, sample, b, sizeof b));
+			     d->path, t->name, planrt_shape_text_(t->rank, t->dims, a, sizeof a), name,
+			     planrt_shape_text_(rank, sample, b, sizeof b));
 	}
 	int float_input = want != planrt_i32;
-	if (t->elem == K_OTHER || elems[t->elem].is_float != float_input)
+	/* integers feed float inputs too (a 0/1 mask, as torch's .float()); floats never feed i32 */
+	if (t->elem == K_OTHER || (elems[t->elem].is_float && !float_input))
 		planrt_fatal("data '%s': tensor '%s' holds %s but input '%s' is %s; give it %s values", d->path, t->name,
 			     t->type, name, float_input ? "floating point" : "i32",
-			     float_input ? "float (F32, F64, F16 or BF16)" : "integer (I64, I32, I16, I8, U8 or BOOL)");
+			     float_input ? "float (F32, F64, F16 or BF16) or integer" : "integer (I64, I32, I16, I8, U8 or BOOL)");
 	int64_t n = 1;
 	for (int i = 0; i < t->rank; i++)
 		n *= t->dims[i];
@@ -398,6 +399,11 @@ static void check_input(planrt_dataset_t d, tensor_t *t, const char *name, planr
 		if (v < INT32_MIN || v > INT32_MAX)
 			planrt_fatal("data '%s': value %lld of '%s' at %s does not fit input '%s' (i32)", d->path, (long long)v,
 				     t->name, position(t, i, a, sizeof a), name);
+		if (classes < 0 && (v < 0 || v >= -classes))
+			planrt_fatal("data '%s': token id %lld of '%s' at %s (sample %lld) is outside the embedding table's %lld "
+				     "rows [0, %lld) that input '%s' indexes; fix the data or the model's vocabulary",
+				     d->path, (long long)v, t->name, position(t, i, a, sizeof a),
+				     (long long)(i / (n / t->dims[0])), (long long)-classes, (long long)-classes, name);
 		if (classes > 0 && (v < 0 || v >= classes))
 			planrt_fatal("data '%s': label %lld of '%s' at %s (sample %lld) is outside [0, %lld): its "
 				     "cross_entropy has %lld classes; fix the labels or the model's number of classes",
@@ -409,33 +415,9 @@ static void check_input(planrt_dataset_t d, tensor_t *t, const char *name, planr
 
 /* ------------------------------------------------------------------ loading */
 
-/* a token file's labels against the classes of the cross-entropy they feed (once) */
-static int tokens_checked;
-
-void planrt_load_data(planrt_ctx_t *ctx, void *dst, int input, const char *name, planrt_dtype_t t, int rank,
-		      const int64_t *gdims, const int64_t *ldims, const int64_t *offs, int64_t classes)
+void planrt_dataset_load_(planrt_dataset_t d, const int64_t *samples, void *dst, const char *name, planrt_dtype_t t,
+			  int rank, const int64_t *gdims, const int64_t *ldims, const int64_t *offs, int64_t classes)
 {
-	planrt_dataset_t d = planrt_data_set(ctx->data);
-	char a[128];
-	if (!d) { /* token windows: tokens (0) and targets (1), i32 [B, S] */
-		if (input > 1 || t != planrt_i32 || rank != 2)
-			planrt_fatal("the data is a token file: it gives token windows (tokens, then targets, i32 [B, S]), "
-				     "but input '%s' is %s %s; pass a data set whose tensors are named after the inputs (a "
-				     ".safetensors file or a directory of NAME.npy files)",
-				     name, t == planrt_i32 ? "i32" : "float", shape_text(rank, gdims, a, sizeof a));
-		if (classes > 0 && !tokens_checked) {
-			tokens_checked = 1;
-			int64_t pos = 0;
-			int32_t bad = 0;
-			if (planrt_data_check_tokens_(ctx->data, classes, &pos, &bad))
-				planrt_fatal("the data's token %d at offset %lld is a target (input '%s'), a label of a "
-					     "cross_entropy over %lld classes, outside [0, %lld); fix the data or the model's "
-					     "number of classes",
-					     bad, (long long)pos, name, (long long)classes, (long long)classes);
-		}
-		planrt_load_input(ctx, dst, input, offs[0], ldims[0], offs[1], ldims[1]);
-		return;
-	}
 	tensor_t *x = (tensor_t *)find(d, name);
 	if (!x) {
 		char names[512];
@@ -459,9 +441,7 @@ void planrt_load_data(planrt_ctx_t *ctx, void *dst, int input, const char *name,
 	size_t esize = planrt_dtype_size(t);
 	unsigned char *out = dst;
 	for (int64_t r = 0; r < ldims[0]; r++) {
-		uint32_t x4[4];
-		planrt_philox(ctx->seed, (uint64_t)ctx->step, (uint64_t)(offs[0] + r), x4);
-		int64_t sample = (int64_t)(((uint64_t)x4[0] | (uint64_t)x4[1] << 32) % (uint64_t)d->samples);
+		int64_t sample = samples[r];
 		for (int64_t j = 0; j < block; j++) {
 			/* element j of the block: its index in the sample */
 			int64_t rest = j, at = 0, stride = 1;
@@ -476,12 +456,54 @@ void planrt_load_data(planrt_ctx_t *ctx, void *dst, int input, const char *name,
 				int32_t v = (int32_t)int_at(x, src);
 				memcpy(o, &v, 4);
 			} else if (t == planrt_f32) {
-				float v = (float)float_at(x, src);
+				float v = elems[x->elem].is_float ? (float)float_at(x, src) : (float)int_at(x, src);
 				memcpy(o, &v, 4);
 			} else {
-				uint16_t h = planrt_f32_to_half_((float)float_at(x, src), t);
+				float f = elems[x->elem].is_float ? (float)float_at(x, src) : (float)int_at(x, src);
+				uint16_t h = planrt_f32_to_half_(f, t);
 				memcpy(o, &h, 2);
 			}
+		}
+	}
+}
+
+int planrt_dataset_has_(planrt_dataset_t d, const char *name)
+{
+	return find(d, name) != NULL;
+}
+
+/* padding_mask [B, 1, 1, S] (or [B, S]): 0 on the first lengths[sample] keys, -inf after them */
+void planrt_dataset_padding_mask_(planrt_dataset_t d, const int64_t *samples, void *dst, planrt_dtype_t t, int rank,
+				  const int64_t *gdims, const int64_t *ldims, const int64_t *offs)
+{
+	char a[128];
+	const tensor_t *len = find(d, "lengths");
+	int64_t keys = gdims[rank - 1];
+	int shape_ok = t != planrt_i32 && (rank == 2 || (rank == 4 && gdims[1] == 1 && gdims[2] == 1));
+	if (!len || !shape_ok || len->rank != 1 || elems[len->elem].is_float)
+		planrt_fatal("input 'padding_mask' (%s %s): data '%s' has no tensor of that name%s; give it one, or an integer "
+			     "tensor 'lengths' [N] and declare the input f32[B, 1, 1, S] (docs/data.md)",
+			     t == planrt_i32 ? "i32" : "float", planrt_shape_text_(rank, gdims, a, sizeof a), d->path,
+			     len ? " and its 'lengths' is not integers [N]" : "");
+	size_t esize = planrt_dtype_size(t);
+	float neg = -INFINITY, zero = 0.0f;
+	uint16_t neg_half = t == planrt_f32 ? 0 : planrt_f32_to_half_(neg, t),
+		 zero_half = t == planrt_f32 ? 0 : planrt_f32_to_half_(zero, t);
+	int64_t per_row = 1;
+	for (int i = 1; i < rank; i++)
+		per_row *= ldims[i];
+	for (int64_t r = 0; r < ldims[0]; r++) {
+		int64_t n = int_at(len, samples[r]);
+		if (n < 1 || n > keys)
+			planrt_fatal("data '%s': lengths[%lld] = %lld is outside [1, %lld] (the input's %lld positions)", d->path,
+				     (long long)samples[r], (long long)n, (long long)keys, (long long)keys);
+		for (int64_t j = 0; j < per_row; j++) {
+			int open = offs[rank - 1] + j % ldims[rank - 1] < n;
+			unsigned char *o = (unsigned char *)dst + (size_t)(r * per_row + j) * esize;
+			if (t == planrt_f32)
+				memcpy(o, open ? &zero : &neg, 4);
+			else
+				memcpy(o, open ? &zero_half : &neg_half, 2);
 		}
 	}
 }

@@ -15,6 +15,7 @@
  * names: whole tensors, in memory, once, which is what a conversion script would do. */
 #define PLANRT_INTERNAL
 #include "planrt_namemap.h"
+#include "planrt_dataset.h" /* planrt_st_count, planrt_st_raw */
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -206,6 +207,53 @@ planrt_result_t planrt_namemap_open(const char *path, const planrt_program_t *pr
 	return planrt_success;
 }
 
+/* A file tensor no parameter reads: when a rule of the map names it, that rule's planc name is
+ * what is wrong (a model whose embedding is not called wte), not the file. */
+static planrt_result_t unread_tensor(planrt_namemap_t m, const char *path, const char *name)
+{
+	char idx[32];
+	for (int k = 0; k < m->n; k++)
+		if (!m->r[k].ignore && match(m->r[k].file, name, idx, sizeof idx))
+			return planrt_error_(planrt_format_error,
+					     "--init '%s' holds '%s', which line %d of --map '%s' maps to '%s', but the model has no "
+					     "parameter of that name; put the model's name for it on that line (--save without "
+					     "--map writes the model's names)",
+					     path, name, m->r[k].line, m->path, m->r[k].planc);
+	return planrt_error_(planrt_format_error,
+			     "--init '%s' holds '%s', which no parameter of the model maps to under --map '%s' (a bias or "
+			     "layer the model lacks?); load it into a model that has it, or add a line '- %s' to the map "
+			     "to leave it unread",
+			     path, name, m->path, name);
+}
+
+/* A 2-D tensor whose shape is exactly the transpose of what the map expects: the rule's T is
+ * missing (or extra). A square weight without its T cannot be told from its shape (docs/namemap.md). */
+static planrt_result_t check_transposes(planrt_namemap_t m, planrt_st_t f, const char *path)
+{
+	for (int i = 0; i < planrt_st_count(f); i++) {
+		const char *name, *type;
+		int rank;
+		int64_t dims[MAX_DIMS];
+		const void *data;
+		planrt_st_raw(f, i, &name, &type, &rank, dims, &data);
+		for (int p = 0; p < m->prog->nparams; p++) {
+			const bound_t *b = &m->b[p];
+			if (strcmp(b->file, name) || b->rank != 2 || rank != 2 || b->cat || b->rule < 0)
+				continue;
+			if (dims[0] == b->fdims[0] && dims[1] == b->fdims[1])
+				continue;
+			if (dims[0] == b->fdims[1] && dims[1] == b->fdims[0])
+				return planrt_error_(planrt_format_error,
+						     "--init '%s': '%s' is [%lld, %lld], the transpose of the [%lld, %lld] that line %d "
+						     "of --map '%s' reads for '%s'; %s T on that line",
+						     path, name, (long long)dims[0], (long long)dims[1], (long long)b->fdims[0],
+						     (long long)b->fdims[1], m->r[b->rule].line, m->path, m->prog->params[p].name,
+						     b->transpose ? "remove" : "add");
+		}
+	}
+	return planrt_success;
+}
+
 planrt_result_t planrt_namemap_check_file(planrt_namemap_t m, planrt_st_t f, const char *path)
 {
 	const char *name;
@@ -217,13 +265,9 @@ planrt_result_t planrt_namemap_check_file(planrt_namemap_t m, planrt_st_t f, con
 		for (int k = 0; !used && k < m->n; k++)
 			used = m->r[k].ignore && match(m->r[k].file, name, idx, sizeof idx);
 		if (!used)
-			return planrt_error_(planrt_format_error,
-					     "--init '%s' holds '%s', which no parameter of the model maps to under --map '%s' "
-					     "(a bias or layer the model lacks?); load it into a model that has it, or add a "
-					     "line '- %s' to the map to leave it unread",
-					     path, name, m->path, name);
+			return unread_tensor(m, path, name);
 	}
-	return planrt_success;
+	return check_transposes(m, f, path);
 }
 
 void planrt_namemap_close(planrt_namemap_t m)

@@ -83,11 +83,6 @@ void planrt_ckpt_save(planrt_ctx_t *ctx, const planrt_stage_t *stage, const char
  * also the run's --save-every directory): a directory without any step-N entry is no failure but
  * a first run, NULL on every rank (a note), so one job script serves the first run and restarts. */
 planrt_ckpt_t *planrt_ckpt_resume_open(const char *path, const planrt_program_t *prog, int fresh_ok);
-/* program.c: the running program, a parameter's local block (its offsets; returns its elements)
- * and whether this rank writes its piece (planrt_save_param's rule) */
-const planrt_program_t *planrt_program_(void);
-int64_t planrt_param_block_(int param, int64_t *offs);
-int planrt_param_writes_(int param, int shard_axis);
 
 /* PROG --reshard SRC OUT, planc reshard: the checkpoint SRC (any plan of the model) rewritten into
  * OUT/step-N as this program's plan lays it out, by one process without MPI playing each rank in
@@ -100,7 +95,5 @@ int planrt_ckpt_exact(const planrt_ckpt_t *c);
  * data and before the rename (tests kill -9 the job there): this call sleeps (600 s) when the
  * setting names what (and step). */
 void planrt_test_pause(const char *what, int64_t step);
-/* program.c: the temporary file this rank is writing (NULL: none), removed if a signal ends it */
-void planrt_pending_tmp_(const char *path);
 
 #endif

@@ -20,21 +20,17 @@ the kernels it waits for (events) and whether it records one (streams.c). From t
   arena      the CUDA program's stage table (its arena bytes) is the C program's, and explain's
              program arena is that number: the arena the device layer allocates is the planned one.
 usage: check_streams.py PLANC ROOT"""
-import json
 import os
 import re
 import subprocess
 import sys
-import tempfile
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
+import harness  # noqa: E402  (tests/lib/harness.py)
 
 PLANC, ROOT = sys.argv[1], sys.argv[2]
-failures = []
-
-
-def check(what, ok, detail=""):
-    print(f"{'ok' if ok else 'FAIL'}: {what}{': ' + detail if detail else ''}")
-    if not ok:
-        failures.append(what)
+tally = harness.Tally("cuda streams")
+check = tally.check
 
 
 def schedule(plan_file, plan):
@@ -165,21 +161,19 @@ check("pp2_1f1b: compute follows every send without waiting for it", sends and f
       f"{free} of {len(sends)}")
 
 # ---- the arena the device allocates is the planned one
-with tempfile.TemporaryDirectory() as tmp:
-    for plan in ("single", "zero3_dp4", "pp2_1f1b"):
-        subprocess.run([PLANC, "emit", "cuda", "examples/gpt.plan", "--plan", plan, "-o", f"{tmp}/cu"], cwd=ROOT,
-                       check=True)
-        subprocess.run([PLANC, "emit", "c", "examples/gpt.plan", "--plan", plan, "-o", f"{tmp}/c"], cwd=ROOT,
-                       check=True)
-        table = lambda path: re.search(r"static const planrt_stage_t stages\[\] = \{(.*?)\n\};", open(path).read(),
-                                       re.S).group(1)
-        cu, c = table(f"{tmp}/cu/prog.c"), table(f"{tmp}/c/prog.c")
-        ex = json.loads(subprocess.run([PLANC, "explain", "examples/gpt.plan", "--plan", plan, "--json"], cwd=ROOT,
-                                       capture_output=True, text=True, check=True).stdout)
-        arenas = {r["program"]["arena"] for r in ex["roles"]}
-        numbers = {int(n) for n in re.findall(r"\b\d+\b", cu)}
-        check(f"{plan}: the CUDA program's stage table is the C program's, and holds explain's arena bytes",
-              cu == c and arenas <= numbers, f"explain: {sorted(arenas)}")
+tmp = harness.workdir("streams")
+for plan in ("single", "zero3_dp4", "pp2_1f1b"):
+    subprocess.run([PLANC, "emit", "cuda", "examples/gpt.plan", "--plan", plan, "-o", f"{tmp}/cu"], cwd=ROOT,
+                   check=True)
+    subprocess.run([PLANC, "emit", "c", "examples/gpt.plan", "--plan", plan, "-o", f"{tmp}/c"], cwd=ROOT,
+                   check=True)
+    table = lambda path: re.search(r"static const planrt_stage_t stages\[\] = \{(.*?)\n\};", open(path).read(),
+                                   re.S).group(1)
+    cu, c = table(f"{tmp}/cu/prog.c"), table(f"{tmp}/c/prog.c")
+    ex = harness.explain(PLANC, f"{ROOT}/examples/gpt.plan", plan)
+    arenas = {r["program"]["arena"] for r in ex["roles"]}
+    numbers = {int(n) for n in re.findall(r"\b\d+\b", cu)}
+    check(f"{plan}: the CUDA program's stage table is the C program's, and holds explain's arena bytes",
+          cu == c and arenas <= numbers, f"explain: {sorted(arenas)}")
 
-print("check_streams:", "FAILED: " + ", ".join(failures) if failures else "every check passed")
-sys.exit(1 if failures else 0)
+tally.finish()

@@ -20,8 +20,7 @@ fi
 # "file plan: the kernel it stops at" (the reason: planrt_cuda has no device version of it yet)
 UNSUPPORTED="
 "
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
+. "$(dirname "$0")/../lib/harness.sh"
 mkdir -p "$tmp/cache"
 export NVCC_CACHE_DIR=$tmp/cache REAL_NVCC=$NVCC PLANC_NVCC=$ROOT/tests/cuda/nvcc_cache.sh \
 	PLANC_MPICC=$ROOT/tests/cuda/cc_quick.sh
@@ -31,9 +30,9 @@ if command -v clang-14 >/dev/null 2>&1; then
 	export OMPI_CC=clang-14
 fi
 start=$(date +%s)
-# one plan: prints "ok: ...", "refused: ..." or "FAIL: ..." lines
+# one plan: prints "PASS: ..." (built, or refused as listed) or "FAIL: ..." lines
 one_plan() {
-	local f=$1 p=$2 d="$tmp/$3" want out rc run rrc secs t0
+	local f=$1 p=$2 d="$tmp/$3" want out rc run rrc secs t0 why
 	mkdir -p "$d"
 	want=$(printf '%s\n' "$UNSUPPORTED" | grep -F "$f $p:" | sed 's/.*: //')
 	t0=$(date +%s.%N)
@@ -44,7 +43,7 @@ one_plan() {
 		if [ $rc = 0 ]; then
 			echo "FAIL: $f $p builds for cuda now: take it off the list in tests/cuda/run_build.sh"
 		elif echo "$out" | grep -q "error: planc build --target cuda cannot execute kernel '$want' yet"; then
-			echo "refused: $f $p ($want)"
+			echo "PASS: refused as listed: $f $p ($want)"
 		else
 			echo "FAIL: $f $p: expected the error naming '$want', got: $(echo "$out" | head -3)"
 		fi
@@ -56,16 +55,17 @@ one_plan() {
 		rm -rf "$d"
 		return
 	fi
-	if ldd "$d/prog" | grep -q 'libcuda\.so'; then echo "FAIL: $f $p links libcuda"; fi
-	if ! nm "$d/prog" | grep -q ' planrt_cuda_main$'; then echo "FAIL: $f $p: no planrt_cuda_main in the program"; fi
+	why=
+	if ldd "$d/prog" | grep -q 'libcuda\.so'; then why="links libcuda"; fi
+	if ! nm "$d/prog" | grep -q ' planrt_cuda_main$'; then why="$why${why:+; }no planrt_cuda_main in the program"; fi
 	run=$("$d/prog" --steps 1 --data data/corpus.txt 2>&1)
 	rrc=$?
 	if [ -e /dev/nvidia0 ]; then
 		: # a GPU is here: the program may run; the one-line refusal is for machines without one
 	elif [ $rrc != 1 ] || [ "$(printf '%s\n' "$run" | wc -l)" != 1 ] || ! echo "$run" | grep -q "no CUDA GPU"; then
-		echo "FAIL: $f $p without a GPU: status $rrc, output: $(echo "$run" | head -3)"
+		why="$why${why:+; }without a GPU: status $rrc, output: $(echo "$run" | head -3)"
 	fi
-	echo "ok: $f $p ($secs s)"
+	if [ -n "$why" ]; then echo "FAIL: $f $p: $why"; else echo "PASS: $f $p ($secs s)"; fi
 	rm -rf "$d"
 }
 export -f one_plan
@@ -78,7 +78,8 @@ for f in examples/*.plan; do
 	done
 done | xargs -P "${CUDA_BUILD_JOBS:-2}" -L 1 bash -c 'one_plan "$@"' _ > "$tmp/results"
 cat "$tmp/results"
-built=$(grep -c '^ok:' "$tmp/results")
-refused=$(grep -c '^refused:' "$tmp/results")
-echo "$built plans built for cuda, $refused refused as listed; nvcc: $(grep -c miss "$tmp/cache/stats" 2>/dev/null || echo 0) compiled, $(grep -c hit "$tmp/cache/stats" 2>/dev/null || echo 0) reused; $(( $(date +%s) - start )) s"
-! grep -q '^FAIL' "$tmp/results"
+pass=$(grep -c '^PASS:' "$tmp/results")
+fail=$(grep -c '^FAIL:' "$tmp/results")
+refused=$(grep -c '^PASS: refused' "$tmp/results")
+echo "$((pass - refused)) plans built for cuda, $refused refused as listed; nvcc: $(grep -c miss "$tmp/cache/stats" 2>/dev/null || echo 0) compiled, $(grep -c hit "$tmp/cache/stats" 2>/dev/null || echo 0) reused; $(( $(date +%s) - start )) s"
+finish "cuda build"

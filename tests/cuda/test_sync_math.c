@@ -1,5 +1,5 @@
 /* test_sync_math.c (mpirun -np 4): the per-element logic of the CUDA target's sync-strategy kernels
- * (runtime/planrt_sync_math.h, which runtime/sync_cuda.cu runs on the device) run here on the CPU,
+ * (runtime/include/planrt_sync_math.h, which runtime/cuda/sync_cuda.cu runs on the device) run here on the CPU,
  * composed the way sync_cuda.cu composes it (the same block layouts, orders and strides), against
  * the CPU runtime's kernels on random inputs, bit for bit:
  *   the half types    every bf16 and f16 value widened, and f32 values (random bits, the rounding

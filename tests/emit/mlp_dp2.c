@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "planrt.h"
+#include "planrt_cpu.h"
 #include "planrt_exec.h"
 #include "planrt_kernels.h"
 #include "planrt_math.h"
@@ -162,70 +163,125 @@ static void step_begin(planrt_ctx_t *ctx)
 	planrt_fill(grad_bucket_55, 164608, planrt_f32, 0); /* zero the step's accumulators */
 }
 
+/* scale in linear, 1 op fused */
+PLANRT_LOOP void loop4(float *restrict out, const float *v5)
+{
+	for (int64_t i = 0; i < 256; i++)
+		out[i] = (v5[i] * (float)1);
+}
+PLANRT_CPU_LOOP(loop4, (float *restrict out, const float *v5), (out, v5))
+
+/* relu, 2 ops fused */
+PLANRT_LOOP void loop5(float *restrict out, const float *v6, const float *v7)
+{
+	for (int64_t i0 = 0; i0 < 16; i0++)
+		for (int64_t i1 = 0; i1 < 16; i1++)
+			for (int64_t i2 = 0; i2 < 256; i2++) {
+				int64_t o = i0 * 4096 + i1 * 256 + i2 * 1;
+				out[o] = relu((v6[i0 * 4096 + i1 * 256 + i2 * 1] + v7[i2 * 1]));
+			}
+}
+PLANRT_CPU_LOOP(loop5, (float *restrict out, const float *v6, const float *v7), (out, v6, v7))
+
+/* scale in linear_1, 1 op fused */
+PLANRT_LOOP void loop7(float *restrict out, const float *v11)
+{
+	for (int64_t i = 0; i < 256; i++)
+		out[i] = (v11[i] * (float)1);
+}
+PLANRT_CPU_LOOP(loop7, (float *restrict out, const float *v11), (out, v11))
+
+/* relu, 2 ops fused */
+PLANRT_LOOP void loop8(float *restrict out, const float *v12, const float *v13)
+{
+	for (int64_t i0 = 0; i0 < 16; i0++)
+		for (int64_t i1 = 0; i1 < 16; i1++)
+			for (int64_t i2 = 0; i2 < 256; i2++) {
+				int64_t o = i0 * 4096 + i1 * 256 + i2 * 1;
+				out[o] = relu((v12[i0 * 4096 + i1 * 256 + i2 * 1] + v13[i2 * 1]));
+			}
+}
+PLANRT_CPU_LOOP(loop8, (float *restrict out, const float *v12, const float *v13), (out, v12, v13))
+
+/* scale in linear_2, 1 op fused */
+PLANRT_LOOP void loop10(float *restrict out, const float *v17)
+{
+	for (int64_t i = 0; i < 256; i++)
+		out[i] = (v17[i] * (float)1);
+}
+PLANRT_CPU_LOOP(loop10, (float *restrict out, const float *v17), (out, v17))
+
+/* add in linear_2, 1 op fused */
+PLANRT_LOOP void loop11(float *restrict out, const float *v18, const float *v19)
+{
+	for (int64_t i0 = 0; i0 < 16; i0++)
+		for (int64_t i1 = 0; i1 < 16; i1++)
+			for (int64_t i2 = 0; i2 < 256; i2++) {
+				int64_t o = i0 * 4096 + i1 * 256 + i2 * 1;
+				out[o] = (v18[i0 * 4096 + i1 * 256 + i2 * 1] + v19[i2 * 1]);
+			}
+}
+PLANRT_CPU_LOOP(loop11, (float *restrict out, const float *v18, const float *v19), (out, v18, v19))
+
 static void forward_c0(planrt_ctx_t *ctx)
 {
 	(void)ctx;
-	planrt_load_data(ctx, tokens_0, 0, "tokens", planrt_i32, 2, (const int64_t[]){32, 16}, (const int64_t[]){16, 16}, (const int64_t[]){((int64_t)planrt_mesh_coord(AXIS_data) * 16) + (int64_t)ctx->micro * 32, 0}, 0); /* input */
+	planrt_load_data(ctx, tokens_0, 0, "tokens", planrt_i32, 2, (const int64_t[]){32, 16}, (const int64_t[]){16, 16}, (const int64_t[]){((int64_t)planrt_mesh_coord(AXIS_data) * 16) + (int64_t)ctx->micro * 32, 0}, -256); /* input */
 	planrt_load_data(ctx, targets_1, 1, "targets", planrt_i32, 2, (const int64_t[]){32, 16}, (const int64_t[]){16, 16}, (const int64_t[]){((int64_t)planrt_mesh_coord(AXIS_data) * 16) + (int64_t)ctx->micro * 32, 0}, 256); /* input */
 	planrt_k_embed_f32(p_embedding_weight, tokens_0, x_3, 256, 64, 0, 256); /* embed in embedding */
 	planrt_k_matmul_f32(1, 256, 256, 64, x_3, PLANRT_NO_TRANS, 1024, p_linear_weight, PLANRT_NO_TRANS, 0, matmul_6, 4096, PLANRT_OVERWRITE); /* matmul in linear */
-	{ /* scale in linear, 1 op fused */
-		float *restrict out = scale_7;
-		const float *v5 = p_linear_bias;
-		for (int64_t i = 0; i < 256; i++)
-			out[i] = (v5[i] * (float)1);
-	}
-	{ /* relu, 2 ops fused */
-		float *restrict out = h_9;
-		const float *v6 = matmul_6;
-		const float *v7 = scale_7;
-		for (int64_t i0 = 0; i0 < 16; i0++)
-			for (int64_t i1 = 0; i1 < 16; i1++)
-				for (int64_t i2 = 0; i2 < 256; i2++) {
-					int64_t o = i0 * 4096 + i1 * 256 + i2 * 1;
-					out[o] = relu((v6[i0 * 4096 + i1 * 256 + i2 * 1] + v7[i2 * 1]));
-				}
-	}
+	loop4_at[planrt_cpu_level_](scale_7, p_linear_bias); /* scale in linear, 1 op fused */
+	loop5_at[planrt_cpu_level_](h_9, matmul_6, scale_7); /* relu, 2 ops fused */
 	planrt_k_matmul_f32(1, 256, 256, 256, h_9, PLANRT_NO_TRANS, 4096, p_linear_1_weight, PLANRT_NO_TRANS, 0, matmul_12, 4096, PLANRT_OVERWRITE); /* matmul in linear_1 */
-	{ /* scale in linear_1, 1 op fused */
-		float *restrict out = scale_13;
-		const float *v11 = p_linear_1_bias;
-		for (int64_t i = 0; i < 256; i++)
-			out[i] = (v11[i] * (float)1);
-	}
-	{ /* relu, 2 ops fused */
-		float *restrict out = h_15;
-		const float *v12 = matmul_12;
-		const float *v13 = scale_13;
-		for (int64_t i0 = 0; i0 < 16; i0++)
-			for (int64_t i1 = 0; i1 < 16; i1++)
-				for (int64_t i2 = 0; i2 < 256; i2++) {
-					int64_t o = i0 * 4096 + i1 * 256 + i2 * 1;
-					out[o] = relu((v12[i0 * 4096 + i1 * 256 + i2 * 1] + v13[i2 * 1]));
-				}
-	}
+	loop7_at[planrt_cpu_level_](scale_13, p_linear_1_bias); /* scale in linear_1, 1 op fused */
+	loop8_at[planrt_cpu_level_](h_15, matmul_12, scale_13); /* relu, 2 ops fused */
 	planrt_k_matmul_f32(1, 256, 256, 256, h_15, PLANRT_NO_TRANS, 4096, p_linear_2_weight, PLANRT_NO_TRANS, 0, matmul_18, 4096, PLANRT_OVERWRITE); /* matmul in linear_2 */
-	{ /* scale in linear_2, 1 op fused */
-		float *restrict out = scale_19;
-		const float *v17 = p_linear_2_bias;
-		for (int64_t i = 0; i < 256; i++)
-			out[i] = (v17[i] * (float)1);
-	}
-	{ /* add in linear_2, 1 op fused */
-		float *restrict out = logits_20;
-		const float *v18 = matmul_18;
-		const float *v19 = scale_19;
-		for (int64_t i0 = 0; i0 < 16; i0++)
-			for (int64_t i1 = 0; i1 < 16; i1++)
-				for (int64_t i2 = 0; i2 < 256; i2++) {
-					int64_t o = i0 * 4096 + i1 * 256 + i2 * 1;
-					out[o] = (v18[i0 * 4096 + i1 * 256 + i2 * 1] + v19[i2 * 1]);
-				}
-	}
+	loop10_at[planrt_cpu_level_](scale_19, p_linear_2_bias); /* scale in linear_2, 1 op fused */
+	loop11_at[planrt_cpu_level_](logits_20, matmul_18, scale_19); /* add in linear_2, 1 op fused */
 	planrt_check_labels(targets_1, 2, (const int64_t[]){16, 16}, (const int64_t[]){((int64_t)planrt_mesh_coord(AXIS_data) * 16) + (int64_t)ctx->micro * 32, 0}, 256, "input 'targets' (the targets of cross_entropy at examples/mlp.plan:14:10)", ctx->step); /* cross_entropy */
 	planrt_cross_entropy_f32(logits_20, targets_1, loss_21, cross_entropy_22, 256, 256, 0, 0.001953125, NULL, scratch_51); /* cross_entropy */
 	planrt_loss_accumulate(loss_50, loss_21, 1); /* the step's loss */
 }
+
+/* scale in linear_2, 1 op fused */
+PLANRT_LOOP void loop18(float *restrict out, const float *v25)
+{
+	for (int64_t i = 0; i < 256; i++)
+		out[i] += (v25[i] * (float)1);
+}
+PLANRT_CPU_LOOP(loop18, (float *restrict out, const float *v25), (out, v25))
+
+/* relu_grad, 1 op fused */
+PLANRT_LOOP void loop21(float *restrict out, const float *v15, const float *v27)
+{
+	for (int64_t i = 0; i < 65536; i++)
+		out[i] = relu_grad(v15[i], v27[i]);
+}
+PLANRT_CPU_LOOP(loop21, (float *restrict out, const float *v15, const float *v27), (out, v15, v27))
+
+/* scale in linear_1, 1 op fused */
+PLANRT_LOOP void loop23(float *restrict out, const float *v30)
+{
+	for (int64_t i = 0; i < 256; i++)
+		out[i] += (v30[i] * (float)1);
+}
+PLANRT_CPU_LOOP(loop23, (float *restrict out, const float *v30), (out, v30))
+
+/* relu_grad, 1 op fused */
+PLANRT_LOOP void loop26(float *restrict out, const float *v9, const float *v32)
+{
+	for (int64_t i = 0; i < 65536; i++)
+		out[i] = relu_grad(v9[i], v32[i]);
+}
+PLANRT_CPU_LOOP(loop26, (float *restrict out, const float *v9, const float *v32), (out, v9, v32))
+
+/* scale in linear, 1 op fused */
+PLANRT_LOOP void loop28(float *restrict out, const float *v35)
+{
+	for (int64_t i = 0; i < 256; i++)
+		out[i] += (v35[i] * (float)1);
+}
+PLANRT_CPU_LOOP(loop28, (float *restrict out, const float *v35), (out, v35))
 
 static void backward_c0(planrt_ctx_t *ctx)
 {
@@ -233,44 +289,17 @@ static void backward_c0(planrt_ctx_t *ctx)
 	planrt_fill(fill_23, 1, planrt_f32, 1); /* fill */
 	planrt_k_ce_grad_f32(logits_20, targets_1, cross_entropy_22, 256, 256, 0, (double)fill_23[0] * 0.001953125, cross_entropy_grad_24); /* cross_entropy_grad */
 	planrt_k_sum_to_f32(3, (const int64_t[]){16, 16, 256}, cross_entropy_grad_24, (const int64_t[]){0, 0, 1}, sum_to_25, 256); /* sum_to in linear_2 */
-	{ /* scale in linear_2, 1 op fused */
-		float *restrict out = g_linear_2_bias;
-		const float *v25 = sum_to_25;
-		for (int64_t i = 0; i < 256; i++)
-			out[i] += (v25[i] * (float)1);
-	}
+	loop18_at[planrt_cpu_level_](g_linear_2_bias, sum_to_25); /* scale in linear_2, 1 op fused */
 	planrt_k_matmul_f32(1, 256, 256, 256, cross_entropy_grad_24, PLANRT_NO_TRANS, 4096, p_linear_2_weight, PLANRT_TRANS, 0, matmul_28, 4096, PLANRT_OVERWRITE); /* matmul in linear_2 */
 	planrt_k_matmul_f32(1, 256, 256, 256, h_15, PLANRT_TRANS, 0, cross_entropy_grad_24, PLANRT_NO_TRANS, 0, g_linear_2_weight, 0, PLANRT_ACCUMULATE); /* matmul_wgrad in linear_2 */
-	{ /* relu_grad, 1 op fused */
-		float *restrict out = relu_grad_30;
-		const float *v15 = h_15;
-		const float *v28 = matmul_28;
-		for (int64_t i = 0; i < 65536; i++)
-			out[i] = relu_grad(v15[i], v28[i]);
-	}
+	loop21_at[planrt_cpu_level_](relu_grad_30, h_15, matmul_28); /* relu_grad, 1 op fused */
 	planrt_k_sum_to_f32(3, (const int64_t[]){16, 16, 256}, relu_grad_30, (const int64_t[]){0, 0, 1}, sum_to_31, 256); /* sum_to in linear_1 */
-	{ /* scale in linear_1, 1 op fused */
-		float *restrict out = g_linear_1_bias;
-		const float *v31 = sum_to_31;
-		for (int64_t i = 0; i < 256; i++)
-			out[i] += (v31[i] * (float)1);
-	}
+	loop23_at[planrt_cpu_level_](g_linear_1_bias, sum_to_31); /* scale in linear_1, 1 op fused */
 	planrt_k_matmul_f32(1, 256, 256, 256, relu_grad_30, PLANRT_NO_TRANS, 4096, p_linear_1_weight, PLANRT_TRANS, 0, matmul_34, 4096, PLANRT_OVERWRITE); /* matmul in linear_1 */
 	planrt_k_matmul_f32(1, 256, 256, 256, h_9, PLANRT_TRANS, 0, relu_grad_30, PLANRT_NO_TRANS, 0, g_linear_1_weight, 0, PLANRT_ACCUMULATE); /* matmul_wgrad in linear_1 */
-	{ /* relu_grad, 1 op fused */
-		float *restrict out = relu_grad_36;
-		const float *v9 = h_9;
-		const float *v34 = matmul_34;
-		for (int64_t i = 0; i < 65536; i++)
-			out[i] = relu_grad(v9[i], v34[i]);
-	}
+	loop26_at[planrt_cpu_level_](relu_grad_36, h_9, matmul_34); /* relu_grad, 1 op fused */
 	planrt_k_sum_to_f32(3, (const int64_t[]){16, 16, 256}, relu_grad_36, (const int64_t[]){0, 0, 1}, sum_to_37, 256); /* sum_to in linear */
-	{ /* scale in linear, 1 op fused */
-		float *restrict out = g_linear_bias;
-		const float *v37 = sum_to_37;
-		for (int64_t i = 0; i < 256; i++)
-			out[i] += (v37[i] * (float)1);
-	}
+	loop28_at[planrt_cpu_level_](g_linear_bias, sum_to_37); /* scale in linear, 1 op fused */
 	planrt_k_matmul_f32(1, 256, 64, 256, relu_grad_36, PLANRT_NO_TRANS, 4096, p_linear_weight, PLANRT_TRANS, 0, matmul_40, 1024, PLANRT_OVERWRITE); /* matmul in linear */
 	planrt_k_matmul_f32(1, 64, 256, 256, x_3, PLANRT_TRANS, 0, relu_grad_36, PLANRT_NO_TRANS, 0, g_linear_weight, 0, PLANRT_ACCUMULATE); /* matmul_wgrad in linear */
 	planrt_k_embed_grad_f32(tokens_0, matmul_40, g_embedding_weight, 256, 64, 0, 256); /* embed_grad in embedding */
@@ -490,9 +519,10 @@ static const planrt_program_t program = {
 	.total_steps = 0,
 	.nroles = 1,
 	.role_axis = PLANRT_NO_AXIS,
-	.fingerprint = "fnv1a64:068f6b8595bf47a8",
+	.fingerprint = "fnv1a64:4ca9e3a2c8e90002",
 	.sync = "strict",
 	.loss_scale = 0,
+	.optimizer = "adamw(lr = 0.001, betas = (0.9, 0.999), eps = 1e-08, weight_decay = 0.01)",
 };
 
 int main(int argc, char **argv)

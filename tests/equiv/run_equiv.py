@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""tests/equiv: the contract that a plan never changes the result (DESIGN 1.1).
+"""tests/equiv: the contract that a plan never changes the result (docs/architecture.md, contract 1).
 
 For the GPT, MLP, Llama and BERT examples, tests/equiv/ops.plan (every op of issue 9) and
 tests/equiv/regress.plan (float inputs from a data set), every plan listed for the model in PLANS
@@ -9,27 +9,24 @@ is built with `planc build`, trained for STEPS steps under `mpirun -np WORLD` on
 must give bitwise identical losses. bf16 plans (named bf16*) are compared with the f32 run at bf16
 tolerance. A listed plan that the model's file does not have is a failure, never a skip.
 Prints PASS/FAIL per check and a closing 'N passed, N failed' line.
-usage: run_equiv.py PLANC REPO_ROOT [STEPS [MODEL...]]
+usage: run_equiv.py PLANC REPO_ROOT [STEPS [MODEL... | -MODEL...]]
+  MODEL: only these models (a key of PLANS); -MODEL: every model but these (tests/tests.cmake runs
+  the models in groups, the last one as every model the others do not name)
 """
-import json
 import os
 import re
-import struct
-import subprocess
 import sys
-import tempfile
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import comm_bytes  # noqa: E402  (tests/equiv/comm_bytes.py)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
+import comm_bytes  # noqa: E402  (tests/lib/comm_bytes.py)
+import harness  # noqa: E402  (tests/lib/harness.py)
 
 planc, root = sys.argv[1], sys.argv[2]
 steps = int(sys.argv[3]) if len(sys.argv) > 3 else 20
-env = dict(os.environ, PLANRT_REPORT_COMM="1", OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-           OMPI_MCA_rmaps_base_oversubscribe="1", OMPI_MCA_plm="isolated", OMPI_MCA_btl="self,vader",
-           OMPI_MCA_btl_vader_single_copy_mechanism="none", OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+env = harness.mpi_env(PLANRT_REPORT_COMM="1")
 # the data each model trains on (data/corpus.txt: token windows; the others are data sets of named
 # tensors)
-DATA = {"bert": "data/classify.safetensors", "tests/equiv/regress": "data/regress"}
+DATA = {"bert": "data/classify.safetensors", "tests/equiv/regress": "data/regress", "gpt_docs": "data/corpus_tok"}
 
 
 def data_of(model):
@@ -39,8 +36,9 @@ def plan_file(model):
     return f"{root}/{model}.plan" if "/" in model else f"{root}/examples/{model}.plan"
 
 
-work = tempfile.mkdtemp(prefix="planc-equiv-")
-passed = failed = 0
+work = harness.workdir("equiv")
+tally = harness.Tally("equiv")
+check = tally.check
 
 # The plans checked for each model (examples/MODEL.plan) against its reference plan: "single", or
 # the plan named after a colon (the same model with other hyperparameters, e.g. 8 layers).
@@ -54,6 +52,7 @@ PLANS = {
             "dp4_async_s0", "dp2_local_sgd_k1:single_momentum",
             "bf16", "bf16_zero2_dp4", "bf16_pp2", "fp16", "fp16_dp2"],
     "llama": ["tp2", "tp2_patterns", "dp2_tp2_sp", "zero3_dp4"],
+    "gpt_docs": ["dp2", "tp2", "tp2_sp"],
     "tests/equiv/ops": ["dp2", "tp2", "sp2", "dp2_tp2"],
     "tests/equiv/moe_names": ["ep2", "ep2_pattern"],
     "moe": ["ep2", "ep4", "ep2_tp2", "ep2_dp2", "ep2_dp2_zero1", "ep2_dp2_tp2_zero2", "switch_ep2:switch_single",
@@ -71,24 +70,8 @@ BF16_LOSS_VS_F32, BF16_VS_BF16 = 2e-2, 2e-3
 FP16_LOSS_VS_F32 = 2e-3
 
 
-def check(name, ok, detail):
-    global passed, failed
-    print(f"{'PASS' if ok else 'FAIL'}: {name}: {detail}", flush=True)
-    if ok:
-        passed += 1
-    else:
-        failed += 1
-
-
-explanations = {}
-
-
 def explained(model, plan):
-    if (model, plan) not in explanations:
-        out = subprocess.run([planc, "explain", plan_file(model), "--plan", plan, "--json"],
-                             capture_output=True, text=True, check=True).stdout
-        explanations[model, plan] = json.loads(out)
-    return explanations[model, plan]
+    return harness.explain(planc, plan_file(model), plan)
 
 
 def world_of(model, plan):
@@ -103,25 +86,10 @@ def check_bytes(model, plan, stderr):
           f"{total} bytes over {d['world']} rank(s) in {steps} steps, per kind and axis equal to explain's")
 
 
-def read_safetensors(path):
-    with open(path, "rb") as f:
-        blob = f.read()
-    (n,) = struct.unpack("<Q", blob[:8])
-    header = json.loads(blob[8:8 + n])
-    tensors = {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        lo, hi = info["data_offsets"]
-        raw = blob[8 + n + lo:8 + n + hi]
-        if info["dtype"] == "F32":
-            vals = struct.unpack(f"<{len(raw) // 4}f", raw)
-        elif info["dtype"] == "BF16":
-            vals = [struct.unpack("<f", b"\0\0" + raw[i:i + 2])[0] for i in range(0, len(raw), 2)]
-        else:
-            raise ValueError(f"{path}: unexpected dtype {info['dtype']}")
-        tensors[name] = (tuple(info["shape"]), vals)
-    return tensors
+def read_weights(path):
+    """{name: (shape, values)} of a --save file"""
+    return {name: (shape, harness.as_floats(dtype, raw))
+            for name, (dtype, shape, raw) in harness.read_safetensors(path).items()}
 
 
 norms = {}
@@ -129,22 +97,19 @@ norms = {}
 
 def run(model, plan, tag):
     prog = f"{work}/{model.replace('/', '_')}_{plan}"
-    if not os.path.exists(prog):
-        b = subprocess.run([planc, "build", plan_file(model), "--plan", plan, "-o", prog, "--verify-ir", "--native"],
-                           capture_output=True, text=True)
-        if b.returncode != 0:
-            return None, f"planc build failed: {b.stderr.strip()[:400]}"
+    err = harness.build(planc, plan_file(model), plan, prog, "--verify-ir", "--native")
+    if err:
+        return None, err
     stem = f"{work}/{model.replace('/', '_')}_{plan}_{tag}"
     log, save = f"{stem}.jsonl", f"{stem}.safetensors"
     n = world_of(model, plan)
-    r = subprocess.run(["mpirun", "-np", str(n), prog, "--steps", str(steps), "--data", data_of(model),
-                        "--log", log, "--save", save], capture_output=True, text=True, env=env, timeout=900)
+    r = harness.mpirun(n, [prog, "--steps", str(steps), "--data", data_of(model), "--log", log, "--save", save], env)
     if r.returncode != 0:
         return None, f"mpirun -np {n} failed: {r.stderr.strip()[-400:]}"
     check_bytes(model, plan, r.stderr)
-    lines = [json.loads(line) for line in open(log)]
+    lines = harness.read_log(log)
     norms[(model, plan, tag)] = [x["grad_norm"] for x in lines]
-    return ([x["loss"] for x in lines], read_safetensors(save)), None
+    return ([x["loss"] for x in lines], read_weights(save)), None
 
 
 def compare(model, plan, ref, got, loss_tol, weight_tol):
@@ -176,8 +141,20 @@ def relative(a, b):
     return max(abs(x - y) / abs(x) for x, y in zip(a, b))
 
 
+# the models to run: those named, or all but those named with a leading '-'
+named = [m.lstrip("-") for m in sys.argv[4:]]
+for m in sorted(set(named) - set(PLANS)):
+    check(f"model {m}", False, f"run_equiv.py has no model '{m}' in PLANS: {sorted(PLANS)}")
+excluding = [m.startswith("-") for m in sys.argv[4:]]
+if any(excluding) and not all(excluding):
+    check("arguments", False, f"either models or -models, not both: {sys.argv[4:]}")
+if excluding and all(excluding):
+    selected = [m for m in PLANS if m not in named]
+else:
+    selected = named or list(PLANS)
+
 for model, entries in PLANS.items():
-    if sys.argv[4:] and model not in sys.argv[4:]:
+    if model not in selected:
         continue
     plans_here = {m.group(1) for m in re.finditer(r"^\s*plan\s+(\w+)", open(plan_file(model)).read(),
                                                   re.MULTILINE)}
@@ -263,5 +240,4 @@ for model, entries in PLANS.items():
             check(f"{model} {plan} vs fp16", wl <= BF16_VS_BF16,
                   f"worst relative difference from the single-rank fp16 run: loss {wl:.2e} (tolerance {BF16_VS_BF16:g})")
 
-print(f"{passed} passed, {failed} failed")
-sys.exit(1 if failed else 0)
+tally.finish()

@@ -8,19 +8,16 @@ bf16: 2e-2).
 usage: run_sweep.py PLANC REPO_ROOT [COUNT]
 """
 import itertools
-import json
 import os
 import random
-import subprocess
 import sys
-import tempfile
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
+import harness  # noqa: E402  (tests/lib/harness.py)
 
 planc, root = sys.argv[1], sys.argv[2]
 count = int(sys.argv[3]) if len(sys.argv) > 3 else 16
-env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-           OMPI_MCA_rmaps_base_oversubscribe="1", OMPI_MCA_plm="isolated", OMPI_MCA_btl="self,vader",
-           OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
-work = tempfile.mkdtemp(prefix="planc-sweep-")
+work = harness.workdir("sweep")
 random.seed(7)
 combos = [c for c in itertools.product([1, 2], [1, 2], [0, 1], [None, "gpipe", "1f1b", "interleaved"], [0, 1, 2, 3],
                                        [1, 2], ["none", "selective", "full"], [0, 1], ["f32", "bf16"])
@@ -50,28 +47,25 @@ open(src, "w").write(text)
 
 def train(plan, n):
     prog = f"{work}/{plan}"
-    b = subprocess.run([planc, "build", src, "--plan", plan, "-o", prog, "--verify-ir", "--native"], capture_output=True, text=True)
-    if b.returncode:
-        return None, b.stderr.strip()[:300]
-    r = subprocess.run(["mpirun", "-np", str(n), prog, "--steps", "6", "--data", f"{root}/data/corpus.txt",
-                        "--log", f"{prog}.jsonl"], capture_output=True, text=True, env=env, timeout=600)
+    err = harness.build(planc, src, plan, prog, "--verify-ir", "--native")
+    if err:
+        return None, err
+    r = harness.mpirun(n, [prog, "--steps", "6", "--data", f"{root}/data/corpus.txt", "--log", f"{prog}.jsonl"],
+                       timeout=600)
     if r.returncode:
         return None, r.stderr.strip()[-300:]
-    return [json.loads(line)["loss"] for line in open(f"{prog}.jsonl")], None
+    return [x["loss"] for x in harness.read_log(f"{prog}.jsonl")], None
 
 
 text += "\nplan sweep_single for gpt {\n  mesh data = 1\n  batch B = 16\n" \
         "  optimizer adamw(lr = 3e-4, betas = (0.9, 0.95), weight_decay = 0.1), clip = 1.0\n}\n"
 open(src, "w").write(text)
 ref, err = train("sweep_single", 1)
-passed = failed = 0
+tally = harness.Tally("equiv sweep")
 for plan, n, prec, desc in plans:
     got, err = train(plan, n) if ref else (None, err)
     tol = 2e-2 if prec == "bf16" else 1e-5
     worst = max(abs(a - b) / abs(a) for a, b in zip(ref, got)) if got else float("inf")
     ok = got is not None and len(got) == len(ref) and worst <= tol
-    print(f"{'PASS' if ok else 'FAIL'}: {desc}: " + (err or f"worst relative loss difference {worst:.2e} (tolerance {tol:g})"),
-          flush=True)
-    passed, failed = passed + ok, failed + (not ok)
-print(f"{passed} passed, {failed} failed")
-sys.exit(1 if failed else 0)
+    tally.check(desc, ok, err or f"worst relative loss difference {worst:.2e} (tolerance {tol:g})")
+tally.finish()

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Checks planc explain's figures against the published formulas they must agree with.
 
-The figures come from walking the compiled IR (compiler/explain.c); the formulas here are typed in
+The figures come from walking the compiled IR (compiler/explain/explain.c); the formulas here are typed in
 from the papers, so each check is an independent reference:
   ZeRO model states      Rajbhandari et al. 2020, section 5 (K = 12 for mixed-precision Adam)
   activations per layer  Korthikanti et al. 2022, table 2 (bf16 activations, 1-byte dropout masks)
@@ -11,27 +11,20 @@ from the papers, so each check is an independent reference:
 Prints one PASS/FAIL line per check and a closing 'N passed, N failed' line.
 usage: check_formulas.py PLANC REPO_ROOT
 """
-import json
+import os
 import subprocess
 import sys
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
+import harness  # noqa: E402  (tests/lib/harness.py)
+
 planc, root = sys.argv[1], sys.argv[2]
-passed = failed = 0
+tally = harness.Tally("explain formulas")
+check = tally.check
 
 
 def explain(path, plan):
-    out = subprocess.run([planc, "explain", f"{root}/{path}", "--plan", plan, "--json"],
-                         capture_output=True, text=True, check=True).stdout
-    return json.loads(out)
-
-
-def check(name, ok, detail):
-    global passed, failed
-    print(f"{'PASS' if ok else 'FAIL'}: {name}: {detail}")
-    if ok:
-        passed += 1
-    else:
-        failed += 1
+    return harness.explain(planc, f"{root}/{path}", plan)
 
 
 def close(a, b, rel):
@@ -102,5 +95,4 @@ for layer in (0, 2):
     check(f"Megatron TP collectives, layer {layer}", fwd == 2 and bwd == 2,
           f"{fwd} all-reduces forward, {bwd} backward (want 2 and 2)")
 
-print(f"{passed} passed, {failed} failed")
-sys.exit(1 if failed else 0)
+tally.finish()

@@ -11,8 +11,10 @@ import os
 import re
 import subprocess
 import sys
-import tempfile
 import xml.etree.ElementTree as ET
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
+import harness  # noqa: E402  (tests/lib/harness.py)
 
 NS = "{http://www.w3.org/2000/svg}"
 
@@ -103,14 +105,15 @@ def check(planc, root, plan, want, tmp, fails):
 
 def main():
     planc, root = os.path.abspath(sys.argv[1]), sys.argv[2]
-    fails = []
-    with tempfile.TemporaryDirectory() as tmp:
-        for plan, want in CASES.items():
-            check(planc, root, plan, want, tmp, fails)
-    for f in fails:
-        print("FAIL:", f)
-    print("explain --svg: %d plans, %d failures" % (len(CASES), len(fails)))
-    sys.exit(1 if fails else 0)
+    tmp, tally = harness.workdir("svg"), harness.Tally("explain --svg")
+    for plan, want in CASES.items():
+        fails = []
+        check(planc, root, plan, want, tmp, fails)
+        rows, stages, micro, chunks = want
+        tally.check(f"explain --svg of gpt {plan}", not fails, "; ".join(fails) if fails else
+                    f"{rows} schedule row(s) and memory chart(s), {micro * chunks} forward and backward boxes per "
+                    "stage, the transfers, axes, legends and explain's step time")
+    tally.finish()
 
 
 main()

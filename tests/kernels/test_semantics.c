@@ -6,6 +6,7 @@
  * transpose, repeat_kv, broadcasting batched matmul, RoPE (Hugging Face's float recipe), mse / l1,
  * cross-entropy over classes with ignore_index and bad labels.
  * Usage: test_semantics reference.txt */
+#include "planrt_cpu.h"
 #include "planrt_kernels.h"
 #include "planrt_math.h"
 
@@ -296,6 +297,28 @@ static void test_dropout(void)
 		kept += mask[i];
 	}
 	report(ok, "dropout mask = Philox-4x32-10 reference stream (64 elements past 2^32, %d kept)", kept);
+	/* the f32 kernel: the running instruction-set level's vectorised Philox, the same stream */
+	float x32[64], y32[64];
+	for (int i = 0; i < 64; i++)
+		x32[i] = (float)(i + 1);
+	planrt_k_dropout_f32(x32, y32, mask, p, seed, key, 1, gd, ld, of);
+	ok = 1;
+	for (int i = 0; i < 64; i++)
+		ok &= mask[i] == (u[i] / 4294967296.0 >= p);
+	report(ok, "dropout mask (f32, %s) = Philox-4x32-10 reference stream", planrt_cpu_name(planrt_cpu_level_));
+	/* a row whose element indices cross 2^32 (the counters' high word changes between lanes): the
+	 * vector lanes give what each element alone gives (a block of one element: the scalar path) */
+	int64_t big[1] = {((int64_t)1 << 32) + 64}, row[1] = {64}, at[1] = {((int64_t)1 << 32) - 37}, one1[1] = {1};
+	planrt_k_dropout_f32(x32, y32, mask, 0.5, seed, key, 1, big, row, at);
+	ok = 1;
+	for (int i = 0; i < 64; i++) {
+		uint8_t m1;
+		float y1;
+		int64_t ati[1] = {at[0] + i};
+		planrt_k_dropout_f32(&x32[i], &y1, &m1, 0.5, seed, key, 1, big, one1, ati);
+		ok &= m1 == mask[i];
+	}
+	report(ok, "dropout mask across the 2^32 boundary of element indices = element by element");
 
 	/* Random123 known answer: counter 0, key 0 gives 0x6627e8d5 first; kept iff u / 2^32 >= p */
 	double one = 1, o;
@@ -993,6 +1016,13 @@ int main(int argc, char **argv)
 		fprintf(stderr, "usage: test_semantics reference.txt\n");
 		return 2;
 	}
+	/* the kernels of one instruction-set level (PLANRT_ISA; unset: this CPU's best), skipped when
+	 * the CPU lacks it */
+	if (planrt_cpu_select() != planrt_success) {
+		printf("SKIP: %s\n", planrt_last_error());
+		return 77;
+	}
+	printf("instruction-set level: %s\n", planrt_cpu_name(planrt_cpu_level_));
 	load_refs(argv[1]);
 	test_activations();
 	test_norms();

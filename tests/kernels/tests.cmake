@@ -12,3 +12,15 @@ endforeach()
 add_test(NAME kernels_fd COMMAND kernels_test_fd WORKING_DIRECTORY ${ROOT})
 add_test(NAME kernels_semantics COMMAND kernels_test_semantics ${ROOT}/tests/kernels/reference.txt
          WORKING_DIRECTORY ${ROOT})
+# the same at each instruction-set level planrt builds its kernels for (planrt_cpu.h; the test
+# above runs this CPU's best), skipped on a CPU without it
+if(CMAKE_SYSTEM_PROCESSOR MATCHES "aarch64|arm64")
+  set(PLANRT_TEST_LEVELS baseline sve)
+else()
+  set(PLANRT_TEST_LEVELS baseline avx2 avx512)
+endif()
+foreach(level ${PLANRT_TEST_LEVELS})
+  add_test(NAME kernels_semantics_${level} COMMAND kernels_test_semantics ${ROOT}/tests/kernels/reference.txt
+           WORKING_DIRECTORY ${ROOT})
+  set_tests_properties(kernels_semantics_${level} PROPERTIES ENVIRONMENT PLANRT_ISA=${level} SKIP_RETURN_CODE 77)
+endforeach()

@@ -8,24 +8,21 @@
 # usage: tests/llvm/ptxas.sh PLANC (from the repository root)
 planc=$1
 ptxas=${PTXAS:-$(command -v ptxas || echo /usr/local/cuda/bin/ptxas)}
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-pass=0 fail=0 kernels=0
+. "$(dirname "$0")/../lib/harness.sh"
+kernels=0
 # one plan per kind of loop: f32, bf16, tensor and sequence parallel, Ulysses, recompute, 3D
 cases="mlp:single mlp:bf16 mlp:tp2_sp gpt:single gpt:bf16 gpt:ulysses2 gpt:dp2_full_recompute gpt:gpt_3d"
 for case in $cases; do
 	model=${case%%:*} plan=${case#*:} out="$tmp/${case%%:*}-${case#*:}"
 	if ! "$planc" emit ptx examples/$model.plan --plan "$plan" -o "$out" >"$tmp/log" 2>&1 ||
 		! "$planc" emit c examples/$model.plan --plan "$plan" -o "$out" >>"$tmp/log" 2>&1; then
-		echo "FAIL: $model $plan: planc emit failed"; head -5 "$tmp/log"
-		fail=$((fail + 1))
+		bad "$model $plan: planc emit failed"; head -5 "$tmp/log"
 		continue
 	fi
 	n=$(grep -c '^\.visible \.entry' "$out/kernels.ptx")
-	loops=$(grep -c 'op.* fused \*/$' "$out/prog.c")
+	loops=$(grep -c '^PLANRT_LOOP void [a-z0-9_]*loop[0-9]*(' "$out/prog.c") # each fused loop's function
 	if ! grep -q '^\.target sm_80' "$out/kernels.ptx" || [ "$n" -eq 0 ] || [ "$n" -ne "$loops" ]; then
-		echo "FAIL: $model $plan: $n kernels in kernels.ptx for $loops fused loops in prog.c (or not sm_80)"
-		fail=$((fail + 1))
+		bad "$model $plan: $n kernels in kernels.ptx for $loops fused loops in prog.c (or not sm_80)"
 	fi
 	kernels=$((kernels + n))
 done
@@ -38,11 +35,10 @@ for case in $cases; do
 	out="$tmp/${case%%:*}-${case#*:}"
 	[ -f "$out/kernels.ptx" ] || continue
 	if "$ptxas" -arch=sm_90 "$out/kernels.ptx" -o "$out/kernels.cubin" >"$tmp/log" 2>&1; then
-		pass=$((pass + 1))
+		ok "${case%%:*} ${case#*:}: $(grep -c '^\.visible \.entry' "$out/kernels.ptx") kernels assembled for sm_90"
 	else
-		echo "FAIL: ${case%%:*} ${case#*:}: ptxas -arch=sm_90 failed"; head -5 "$tmp/log"
-		fail=$((fail + 1))
+		bad "${case%%:*} ${case#*:}: ptxas -arch=sm_90 failed"; head -5 "$tmp/log"
 	fi
 done
-echo "ptxas: $pass plans ($kernels kernels) assembled for sm_90, $fail failed"
-[ "$fail" -eq 0 ] && [ "$pass" -gt 0 ]
+[ "$pass" -gt 0 ] || bad "no plan assembled"
+finish "ptxas ($kernels kernels)"

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""tests/llvm: the differential test of the two back ends (DESIGN 3: a free oracle).
+"""tests/llvm: the differential test of the two back ends (docs/architecture.md, section 5: a free oracle).
 
 Each plan of DIFF_PLANS is built twice, with `planc build` (the C back end: emit_c.c, mpicc -O3)
 and `planc build --backend llvm` (the LLVM back end: emit_llvm.c, default<O3>, an object linked
@@ -21,9 +21,11 @@ and every plan tests/equiv/run_equiv.py lists, its features:
   op KIND DTYPE       each graph op with its result's dtype (--dump-after=sync): what the fused
                       element-wise loops compute, in which precision
   pipeline / sync / zero   the pipeline schedule, the sync mode with its compressor and outer
-                      optimizer, the ZeRO stage (planc explain --json)
-and fails, naming a plan that has it, if a feature of any of them is in no plan of DIFF_PLANS
-(add that plan to the list). EXTRA_PLANS, written here on the GPT example, cover what only the
+                      optimizer, the ZeRO stage (planc explain --json; an example plan's from
+                      tests/explain/golden, which explain_goldens holds equal to planc's output)
+The dumps come from one `planc check FILE --dump-after=PASS` per file (every plan of it, in order)
+rather than one compilation per plan and pass. The test fails, naming a plan that has it, if a
+feature of any of them is in no plan of DIFF_PLANS (add that plan to the list). EXTRA_PLANS, written here on the GPT example, cover what only the
 7B / 175B examples use (too large to train here): bf16 tensor-parallel all-reduces and slices, and
 the progress calls of an overlapped ZeRO-3 bucket.
 Prints PASS/FAIL per check and a closing 'N passed, N failed' line.
@@ -37,13 +39,13 @@ import os
 import re
 import subprocess
 import sys
-import tempfile
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
+import harness  # noqa: E402  (tests/lib/harness.py)
 
 planc, root = sys.argv[1], sys.argv[2]
 steps = int(sys.argv[3]) if len(sys.argv) > 3 else 4
-env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-           OMPI_MCA_rmaps_base_oversubscribe="1", OMPI_MCA_plm="isolated", OMPI_MCA_btl="self,vader",
-           OMPI_MCA_btl_vader_single_copy_mechanism="none", OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+env = harness.mpi_env()
 # the data each model trains on (data/corpus.txt: token windows; the others are data sets of named
 # tensors)
 DATA = {"bert": "data/classify.safetensors", "tests/equiv/regress": "data/regress"}
@@ -59,7 +61,7 @@ def plan_file(model):
     return f"{root}/{model}.plan" if "/" in model else f"{root}/examples/{model}.plan"
 
 
-work = tempfile.mkdtemp(prefix="planc-llvm-diff-")
+work = harness.workdir("llvm-diff")
 env["PLANRT_OFFLOAD_DIR"] = work  # (the optimizer state files of offload -> disk)
 TOL = 1e-6
 # built with --native too (GELU and its gradient, dropout, bf16 rounding, a pipeline); planc run on
@@ -134,21 +136,48 @@ OP = re.compile(r"^\s*\d+ [A-Z] %\d+:(\w+)\[[^\n]*? = (\w+)", re.M)  # "4 F %4:f
 UNTRAINED_PHASES = {"checkpoint", "resume", "eval_begin", "eval_end"}
 
 
-def features(model, plan):
-    """the set of features of one plan (see the top of the file), or a string saying what failed"""
-    src, out = plan_file(model), {}
-    for what in ("memplan", "sync", "json"):
-        cmd = [planc, "explain", src, "--plan", plan, "--json"] if what == "json" else \
-            [planc, "check", src, "--plan", plan, f"--dump-after={what}"]
-        r = subprocess.run(cmd, capture_output=True, text=True)
-        if r.returncode:
-            return f"{' '.join(cmd[1:])} failed: {r.stderr.strip()[:300]}"
-        out[what] = r.stdout
-    f = {f"kernel {ph}:{kind}" for ph, kind in KERNEL.findall(out["memplan"]) if ph not in UNTRAINED_PHASES}
+DUMP_HEADER = {"memplan": re.compile(r"^# loop-level IR after memplan\n", re.M),
+               "sync": re.compile(r"^# IR after sync: .*\n", re.M)}
+
+
+def file_dumps(src, what):
+    """{plan: its IR after pass WHAT} for every plan of SRC, from one `planc check SRC
+    --dump-after=WHAT` (which compiles the file's plans in their order), or a string saying what
+    failed. One compilation per file instead of one per plan and pass."""
+    r = subprocess.run([planc, "check", src, f"--dump-after={what}"], capture_output=True, text=True)
+    if r.returncode:
+        return f"planc check {src} --dump-after={what} failed: {r.stderr.strip()[:300]}"
+    dumps = DUMP_HEADER[what].split(r.stdout)[1:]
+    names = re.findall(r"^plan\s+(\w+)", open(src).read(), re.M)
+    if len(dumps) != len(names):
+        return f"planc check {src} --dump-after={what}: {len(dumps)} dumps for the file's {len(names)} plans"
+    return dict(zip(names, dumps))
+
+
+def plan_json(model, plan):
+    """explain --json of a plan: an example's from tests/explain/golden (explain_goldens holds
+    those equal to planc's output), the others' from planc"""
+    golden = f"{root}/tests/explain/golden/{model}.{plan}.json"
+    if "/" not in model and model != "extra" and os.path.exists(golden):
+        return json.load(open(golden))
+    return harness.explain(planc, plan_file(model), plan)
+
+
+def features(model, plan, dumps):
+    """the set of features of one plan (see the top of the file), or a string saying what failed;
+    dumps: file_dumps of its file by pass"""
+    for what in ("memplan", "sync"):
+        if isinstance(dumps[what], str):
+            return dumps[what]
+    memplan, sync = dumps["memplan"][plan], dumps["sync"][plan]
+    f = {f"kernel {ph}:{kind}" for ph, kind in KERNEL.findall(memplan) if ph not in UNTRAINED_PHASES}
     if not f:
         return "no kernels found in the --dump-after=memplan output (its format changed?)"
-    f |= {f"op {op} {dtype}" for dtype, op in OP.findall(out["sync"])}
-    d = json.loads(out["json"])
+    f |= {f"op {op} {dtype}" for dtype, op in OP.findall(sync)}
+    try:
+        d = plan_json(model, plan)
+    except subprocess.CalledProcessError as e:
+        return f"planc explain {plan_file(model)} --plan {plan} --json failed: {e.stderr.strip()[:300]}"
     if d.get("pipeline"):
         f.add(f"pipeline {d['pipeline']['schedule']}")
     s = d.get("sync") or {}
@@ -167,12 +196,11 @@ def train(model, plan, world, tag, command):
     """command: the program's argv before the run options; returns (log lines, saved bytes) or an error."""
     stem = f"{work}/{model.replace('/', '_')}_{plan}_{tag}"
     log, save = f"{stem}.jsonl", f"{stem}.safetensors"
-    r = subprocess.run(["mpirun", "-np", str(world)] + command +
-                       ["--steps", str(steps), "--data", data_of(model), "--log", log, "--save", save],
-                       capture_output=True, text=True, env=env, timeout=600)
+    r = harness.mpirun(world, command + ["--steps", str(steps), "--data", data_of(model), "--log", log, "--save", save],
+                       env, timeout=600)
     if r.returncode != 0:
         return None, f"{tag}: mpirun failed: {r.stderr.strip()[-400:]}"
-    return ([json.loads(line) for line in open(log)], open(save, "rb").read()), None
+    return (harness.read_log(log), open(save, "rb").read()), None
 
 
 def host_offload(model, plan):
@@ -184,10 +212,9 @@ def host_offload(model, plan):
 def build(model, plan, backend, native=False):
     prog = f"{work}/{model.replace('/', '_')}_{plan}_{backend}{'_native' if native else ''}"
     e = dict(env, PLANC_TEST_HOST_OFFLOAD_ON_CPU="1") if host_offload(model, plan) else env
-    b = subprocess.run([planc, "build", plan_file(model), "--plan", plan, "-o", prog,
-                        "--backend", backend, "--verify-ir"] + (["--native"] if native else []),
-                       capture_output=True, text=True, env=e)
-    return prog if b.returncode == 0 else None, b.stderr.strip()[:400]
+    err = harness.build(planc, plan_file(model), plan, prog, "--backend", backend, "--verify-ir",
+                        *(["--native"] if native else []), env=e)
+    return (None, err) if err else (prog, "")
 
 
 def verdict(bitwise, worst):
@@ -215,7 +242,7 @@ def one(model, plan):
         for backend in ("c", "llvm"):
             prog, err = build(model, plan, backend, native)
             if not prog:
-                return checks + [(f"{model} {plan}{tag}", False, f"planc build --backend {backend} failed: {err}")]
+                return checks + [(f"{model} {plan}{tag}", False, f"--backend {backend}: {err}")]
             world = world or world_of(prog)
             res[backend, native], err = train(model, plan, world, backend + tag.replace(" --", "_"), [prog])
             if err:
@@ -234,21 +261,18 @@ def one(model, plan):
     return checks
 
 
-passed = failed = 0
-
-
-def report(name, ok, detail):
-    global passed, failed
-    print(f"{'PASS' if ok else 'FAIL'}: {name}: {detail}", flush=True)
-    passed += ok
-    failed += not ok
+tally = harness.Tally("llvm diff")
+report = tally.check
 
 
 # coverage: every feature of every plan is in some plan trained here
 plans = list(dict.fromkeys(DIFF_PLANS + NATIVE_PLANS))
 everything = list(dict.fromkeys(example_plans() + equiv_plans() + plans))
+models = list(dict.fromkeys(m for m, _ in everything))
 with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
-    feats = dict(zip(everything, pool.map(lambda mp: features(*mp), everything)))
+    jobs = {(m, what): pool.submit(file_dumps, plan_file(m), what) for m in models for what in ("memplan", "sync")}
+    dumps = {key: job.result() for key, job in jobs.items()}
+feats = {(m, p): features(m, p, {what: dumps[m, what] for what in ("memplan", "sync")}) for m, p in everything}
 for (model, plan), f in feats.items():
     if isinstance(f, str):
         report(f"{model} {plan} features", False, f)
@@ -273,5 +297,4 @@ with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
                 bitwise.append(name)
 print(f"bitwise: {len(bitwise)} of {len(plans) + len(NATIVE_PLANS)} comparisons ({len(plans)} plans, "
       f"{len(NATIVE_PLANS)} of them also --native)")
-print(f"llvm diff: {passed} passed, {failed} failed")
-sys.exit(1 if failed else 0)
+tally.finish()

@@ -7,10 +7,7 @@
 # the value they move, so they are not counted.
 # usage: tests/pipeline/run_stages.sh PLANC (from the repository root)
 planc=$1
-pass=0
-fail=0
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
+. "$(dirname "$0")/../lib/harness.sh"
 
 # model NAME V L: embedding of V tokens into 16 dims, L layers of nn.linear(16), the loss on the
 # 16 outputs directly (no matmul outside the layers)
@@ -90,18 +87,15 @@ repeat() { # repeat WORD COUNT
 
 expect() { # expect PLAN SIZES
 	if ! "$planc" check "$tmp/stages.plan" --plan "$1" --dump-after=pipeline >"$tmp/out" 2>&1; then
-		fail=$((fail + 1))
-		echo "FAIL: $1 (planc check failed)"
+		bad "$1 (planc check failed)"
 		head -5 "$tmp/out"
 		return
 	fi
 	got=$(stage_sizes "$tmp/out")
 	if [ "$got" = "$2" ]; then
-		pass=$((pass + 1))
-		echo "PASS: $1: $got"
+		ok "$1: $got"
 	else
-		fail=$((fail + 1))
-		echo "FAIL: $1: layers per stage $got, want $2"
+		bad "$1: layers per stage $got, want $2"
 	fi
 }
 
@@ -112,5 +106,4 @@ expect p105_params "$three"
 expect p128 "$(repeat 2 64)"
 expect wide_params "2 4 4 2"
 expect wide_flops "3 3 3 3"
-echo "pipeline stages: $pass passed, $fail failed"
-[ $fail -eq 0 ]
+finish "pipeline stages"

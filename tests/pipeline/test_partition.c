@@ -1,4 +1,4 @@
-/* test_partition.c: pipeline_partition (compiler/pipeline.c) against independent answers.
+/* test_partition.c: pipeline_partition (compiler/graph/pipeline.c) against independent answers.
  *
  * Thousands of small random instances (n <= 12) against the brute-force optimum over every
  * placement of the k - 1 cuts: integer costs must match exactly, real ones within 1e-9

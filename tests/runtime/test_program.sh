@@ -6,26 +6,11 @@
 # usage: tests/runtime/test_program.sh TEST_PROGRAM DATA
 bin=$1
 data=$2
-pass=0
-fail=0
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
-export OMPI_MCA_plm=isolated OMPI_MCA_btl=self,vader OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
-: "${PLANRT_WATCHDOG:=60}"
-export PLANRT_WATCHDOG
+. "$(dirname "$0")/../lib/harness.sh"
+PROG=$bin # (expect_fail's program)
 
-ok() { pass=$((pass + 1)); }
-bad() { fail=$((fail + 1)); echo "FAIL: $*"; sed 's/^/    /' "$tmp/out" | grep -v '^    \[' | head -8; }
-
-# expect_fail NAME PATTERN NP ARGS...: a non-zero exit (not the time limit) and PATTERN in the output
-expect_fail() {
-	name=$1 pattern=$2 np=$3
-	shift 3
-	timeout 60 mpirun -np "$np" "$bin" "$@" >"$tmp/out" 2>&1
-	rc=$?
-	if [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q -- "$pattern" "$tmp/out"; then ok; else bad "$name (exit $rc; want '$pattern')"; fi
-}
+# bad WHAT with the output of the run that failed
+bad_run() { bad "$@"; show_output; }
 
 # expect_ok NAME ARGS...: mpirun -np 2 succeeds (the scenario's own checks pass on every rank)
 expect_ok() {
@@ -33,20 +18,20 @@ expect_ok() {
 	shift
 	timeout 60 mpirun -np 2 "$bin" "$@" >"$tmp/out" 2>&1
 	rc=$?
-	if [ $rc -eq 0 ] && [ "$(grep -c ': ok$' "$tmp/out")" -eq 2 ]; then ok; else bad "$name (exit $rc)"; fi
+	if [ $rc -eq 0 ] && [ "$(grep -c ': ok$' "$tmp/out")" -eq 2 ]; then ok; else bad_run "$name (exit $rc)"; fi
 }
 
 no_leftovers() { # NAME DIR: nothing but what was there before (*.tmp*, probes)
-	if ls "$2" | grep -q 'tmp'; then fail=$((fail + 1)); echo "FAIL: $1: left $(ls "$2" | tr '\n' ' ')"; else ok; fi
+	if ls "$2" | grep -q 'tmp'; then bad "$1: left $(ls "$2" | tr '\n' ' ')"; else ok; fi
 }
 
 # --help: a single process without mpirun, stdout, exit 0
 timeout 30 "$bin" pipe --help >"$tmp/out" 2>"$tmp/err"
 rc=$?
 if [ $rc -eq 0 ] && grep -q 'plan pipe2 of model toy' "$tmp/out" && grep -q 'mesh: pipe = 2; world 2 ranks' "$tmp/out" &&
-	grep -q -- '--steps K' "$tmp/out" && [ ! -s "$tmp/err" ]; then ok; else bad "--help (exit $rc)"; cat "$tmp/err"; fi
+	grep -q -- '--steps K' "$tmp/out" && [ ! -s "$tmp/err" ]; then ok; else bad_run "--help (exit $rc)"; cat "$tmp/err"; fi
 timeout 30 "$bin" zero --bogus -h >"$tmp/out" 2>&1
-if [ $? -eq 0 ] && grep -q 'mesh: data = 2' "$tmp/out"; then ok; else bad "-h after an unknown option"; fi
+if [ $? -eq 0 ] && grep -q 'mesh: data = 2' "$tmp/out"; then ok; else bad_run "-h after an unknown option"; fi
 
 # argument errors: one line each
 expect_fail "world size" "this program was built for 2 ranks (plan pipe2) but runs on 1; launch it with mpirun -np 2" 1 pipe --steps 1 --data "$data"
@@ -60,7 +45,7 @@ expect_fail "bad --seed" "--seed needs an unsigned integer.*not 12abc" 2 pipe --
 expect_fail "huge --seed" "--seed needs an unsigned integer.*not 18446744073709551616" 2 pipe --steps 1 --data "$data" --seed 18446744073709551616
 expect_fail "unknown option" "unknown option --lr" 2 pipe --steps 1 --data "$data" --lr 3
 # the cause, the usage and the pointer to --help on one line
-if grep 'unknown option --lr' "$tmp/out" | grep -q '^planrt: rank [01]: unknown option --lr; usage: .* --steps K --data FILE .*(--help explains)$'; then ok; else bad "usage error line"; fi
+if grep 'unknown option --lr' "$tmp/out" | grep -q '^planrt: rank [01]: unknown option --lr; usage: .* --steps K --data FILE .*(--help explains)$'; then ok; else bad_run "usage error line"; fi
 expect_fail "missing value at the end" "missing value after --data" 2 pipe --steps 1 --data
 expect_fail "option as a value" "missing value after --save" 2 pipe --steps 1 --save --log x --data "$data"
 expect_fail "missing data" "no/such/file" 2 pipe --steps 1 --data no/such/file
@@ -81,14 +66,14 @@ no_leftovers "failing save" "$tmp/w"
 # runs: the pipeline, its log, the --init / --save round trip
 expect_ok "pipe" pipe --steps 3 --seed 5 --data "$data" --save "$tmp/w/a.safetensors" --log "$tmp/w/a.jsonl"
 if [ "$(wc -l <"$tmp/w/a.jsonl")" -eq 3 ] &&
-	grep -q '^{"step":2,"loss":3.5,"lr":0.001,"grad_norm":0.5,"tokens":32,"step_ms":' "$tmp/w/a.jsonl"; then ok; else bad "log lines"; cat "$tmp/w/a.jsonl"; fi
-if grep -q '^step 3/3  loss 3.5000' "$tmp/out"; then ok; else bad "progress line"; fi
+	grep -q '^{"step":2,"loss":3.5,"lr":0.001,"grad_norm":0.5,"tokens":32,"step_ms":' "$tmp/w/a.jsonl"; then ok; else bad_run "log lines"; cat "$tmp/w/a.jsonl"; fi
+if grep -q '^step 3/3  loss 3.5000' "$tmp/out"; then ok; else bad_run "progress line"; fi
 expect_ok "pipe --init" pipe --steps 0 --data "$data" --init "$tmp/w/a.safetensors" --save "$tmp/w/b.safetensors"
-if cmp -s "$tmp/w/a.safetensors" "$tmp/w/b.safetensors"; then ok; else bad "--init then --save changed the bytes"; fi
+if cmp -s "$tmp/w/a.safetensors" "$tmp/w/b.safetensors"; then ok; else bad_run "--init then --save changed the bytes"; fi
 expect_ok "pipe --init, trained" pipe --steps 2 --data "$data" --init "$tmp/w/a.safetensors" --save "$tmp/w/c.safetensors"
 expect_ok "zero" zero --steps 2 --seed 9 --data "$data" --save "$tmp/w/z.safetensors"
 expect_ok "zero --init" zero --steps 0 --data "$data" --init "$tmp/w/z.safetensors" --save "$tmp/w/z2.safetensors"
-if cmp -s "$tmp/w/z.safetensors" "$tmp/w/z2.safetensors"; then ok; else bad "zero: --init then --save changed the bytes"; fi
+if cmp -s "$tmp/w/z.safetensors" "$tmp/w/z2.safetensors"; then ok; else bad_run "zero: --init then --save changed the bytes"; fi
 expect_ok "zero, one step" zero --steps 1 --data "$data"
 no_leftovers "runs" "$tmp/w"
 
@@ -103,11 +88,10 @@ for want in \
 	'planrt: rank 0: comm kind=recv group=pipe calls=12 bytes=0$' \
 	'planrt: rank 1: comm kind=send group=pipe calls=12 bytes=768$' \
 	'planrt: rank 1: comm kind=recv group=pipe calls=24 bytes=0$'; do
-	if grep -q -- "$want" "$tmp/out"; then ok; else bad "report line '$want'"; fi
+	if grep -q -- "$want" "$tmp/out"; then ok; else bad_run "report line '$want'"; fi
 done
-if [ "$(grep -c 'comm kind=' "$tmp/out")" -eq 4 ]; then ok; else bad "comm lines: only the pipeline's sends and receives"; fi
+if [ "$(grep -c 'comm kind=' "$tmp/out")" -eq 4 ]; then ok; else bad_run "comm lines: only the pipeline's sends and receives"; fi
 PLANRT_REPORT_TIMING=1 timeout 60 mpirun -np 2 "$bin" zero --steps 1 --data "$data" >"$tmp/out" 2>&1
-if grep -q 'planrt: rank 0: timing stage=0 steps=1 ' "$tmp/out"; then ok; else bad "timing of a single step"; fi
+if grep -q 'planrt: rank 0: timing stage=0 steps=1 ' "$tmp/out"; then ok; else bad_run "timing of a single step"; fi
 
-echo "test_program: $pass passed, $fail failed"
-[ $fail -eq 0 ]
+finish test_program

@@ -1,6 +1,6 @@
 # planrt unit tests (cmocka), included by tests/tests.cmake. Every test is named runtime_*.
-# The MPI tests run under mpirun with the settings this workplace needs (root, more ranks than
-# cores, shared-memory transport); the watchdog test must abort with its message, not hang.
+# The MPI tests run under mpirun with TEST_MPI_ENV (tests/tests.cmake: root, more ranks than cores,
+# shared-memory transport); the watchdog test must abort with its message, not hang.
 # A missing dependency fails the configuration: these tests never silently drop out of the suite.
 find_library(CMOCKA_LIB NAMES cmocka)
 if(NOT CMOCKA_LIB)
@@ -14,10 +14,6 @@ if(NOT MPIEXEC_EXECUTABLE)
 endif()
 
 set(RUNTIME_TEST_DIR ${CMAKE_SOURCE_DIR}/tests/runtime)
-set(RUNTIME_MPI_ENV
-  OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
-  OMPI_MCA_plm=isolated OMPI_MCA_btl=self,vader)
-
 foreach(t rng data optim safetensors log memory collectives watchdog step_kernels)
   add_executable(runtime_test_${t} ${RUNTIME_TEST_DIR}/test_${t}.c)
   target_compile_options(runtime_test_${t} PRIVATE ${PLANC_WARNINGS})
@@ -35,20 +31,20 @@ add_test(NAME runtime_collectives
                  $<TARGET_FILE:runtime_test_collectives> ${MPIEXEC_POSTFLAGS})
 # A failed assertion on one rank leaves the others in a collective: the watchdog ends that.
 set_tests_properties(runtime_collectives PROPERTIES TIMEOUT 180
-                     ENVIRONMENT "${RUNTIME_MPI_ENV};PLANRT_WATCHDOG=60")
+                     ENVIRONMENT "${TEST_MPI_ENV};PLANRT_WATCHDOG=60")
 
 # the step kernels of the IR: values, in-place collectives on a mesh, counters, tagged p2p
 add_test(NAME runtime_step_kernels
          COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 4 ${MPIEXEC_PREFLAGS}
                  $<TARGET_FILE:runtime_test_step_kernels> ${MPIEXEC_POSTFLAGS})
 set_tests_properties(runtime_step_kernels PROPERTIES TIMEOUT 180
-                     ENVIRONMENT "${RUNTIME_MPI_ENV};PLANRT_WATCHDOG=60")
+                     ENVIRONMENT "${TEST_MPI_ENV};PLANRT_WATCHDOG=60")
 
 add_test(NAME runtime_watchdog
          COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 2 ${MPIEXEC_PREFLAGS}
                  $<TARGET_FILE:runtime_test_watchdog> ${MPIEXEC_POSTFLAGS})
 set_tests_properties(runtime_watchdog PROPERTIES TIMEOUT 60
-                     ENVIRONMENT "${RUNTIME_MPI_ENV};PLANRT_WATCHDOG=2"
+                     ENVIRONMENT "${TEST_MPI_ENV};PLANRT_WATCHDOG=2"
                      PASS_REGULAR_EXPRESSION "planrt: rank [0-9]+: watchdog: recv #1 of 4 f32 from member [0-9] on world \\(member [0-9] of 2\\) still pending after 2 s")
 
 # a rank alone in planrt_world_sum (once a raw MPI_Allreduce the watchdog could not see)
@@ -56,7 +52,7 @@ add_test(NAME runtime_watchdog_world_sum
          COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 2 ${MPIEXEC_PREFLAGS}
                  $<TARGET_FILE:runtime_test_watchdog> world_sum ${MPIEXEC_POSTFLAGS})
 set_tests_properties(runtime_watchdog_world_sum PROPERTIES TIMEOUT 60
-                     ENVIRONMENT "${RUNTIME_MPI_ENV};PLANRT_WATCHDOG=2"
+                     ENVIRONMENT "${TEST_MPI_ENV};PLANRT_WATCHDOG=2"
                      PASS_REGULAR_EXPRESSION "planrt: rank 0: watchdog: allreduce #1 of 1 f64 \\(sum\\) on world \\(member 0 of 2\\) still pending after 2 s")
 
 # the same checks with the watchdog off, where blocking calls are MPI's blocking collectives
@@ -64,7 +60,7 @@ add_test(NAME runtime_collectives_no_watchdog
          COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 4 ${MPIEXEC_PREFLAGS}
                  $<TARGET_FILE:runtime_test_collectives> ${MPIEXEC_POSTFLAGS})
 set_tests_properties(runtime_collectives_no_watchdog PROPERTIES TIMEOUT 180
-                     ENVIRONMENT "${RUNTIME_MPI_ENV};PLANRT_WATCHDOG=0")
+                     ENVIRONMENT "${TEST_MPI_ENV};PLANRT_WATCHDOG=0")
 
 # planrt_main and the kernels of planrt_program.h, driven by hand-written program descriptors: a
 # 2-stage pipeline run whose checks run inside its phase functions and on the checkpoint it saves,
@@ -79,9 +75,9 @@ add_test(NAME runtime_program
                  --data ${CMAKE_SOURCE_DIR}/data/corpus.txt
                  --save ${CMAKE_CURRENT_BINARY_DIR}/runtime_program.safetensors)
 set_tests_properties(runtime_program PROPERTIES TIMEOUT 120
-                     ENVIRONMENT "${RUNTIME_MPI_ENV};PLANRT_WATCHDOG=60")
+                     ENVIRONMENT "${TEST_MPI_ENV};PLANRT_WATCHDOG=60")
 add_test(NAME runtime_program_cli
          COMMAND sh ${RUNTIME_TEST_DIR}/test_program.sh $<TARGET_FILE:runtime_test_program>
                  ${CMAKE_SOURCE_DIR}/data/corpus.txt)
 set_tests_properties(runtime_program_cli PROPERTIES TIMEOUT 600
-                     ENVIRONMENT "${RUNTIME_MPI_ENV};PLANRT_WATCHDOG=60")
+                     ENVIRONMENT "${TEST_MPI_ENV};PLANRT_WATCHDOG=60")

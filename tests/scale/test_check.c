@@ -1,4 +1,4 @@
-/* test_check.c: the collective-sequence check (compiler/schedule.c) still finds every mismatch
+/* test_check.c: the collective-sequence check (compiler/lower/schedule.c) still finds every mismatch
  * after it became linear in the distinct groups. Plans of a million ranks (and an async plan with
  * 2,000 workers) are compiled through planc_core; then one communication of one program is
  * changed and check_collectives must refuse the plan with the right message, and accept it again

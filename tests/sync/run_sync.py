@@ -20,23 +20,19 @@ the rest, on data/corpus.txt:
 Prints PASS/FAIL per check and a closing 'N passed, N failed' line.
 usage: run_sync.py PLANC REPO_ROOT
 """
-import json
 import os
-import subprocess
 import sys
-import tempfile
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "equiv"))
-import comm_bytes  # noqa: E402
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
+import comm_bytes  # noqa: E402  (tests/lib/comm_bytes.py)
+import harness  # noqa: E402  (tests/lib/harness.py)
 
 planc, root = sys.argv[1], sys.argv[2]
 source, data = f"{root}/examples/gpt.plan", f"{root}/data/corpus.txt"
-env = dict(os.environ, PLANRT_REPORT_COMM="1", OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-           OMPI_MCA_rmaps_base_oversubscribe="1", OMPI_MCA_plm="isolated", OMPI_MCA_btl="self,vader",
-           OMPI_MCA_btl_vader_single_copy_mechanism="none", OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
-env.pop("PLANRT_STRAGGLER", None)
-work = tempfile.mkdtemp(prefix="planc-sync-")
-passed = failed = 0
+env = harness.mpi_env(PLANRT_REPORT_COMM="1", PLANRT_STRAGGLER=None)
+work = harness.workdir("sync")
+tally = harness.Tally("sync")
+check = tally.check
 
 # (plan, steps, straggler): steps a multiple of local SGD's K, so that explain's 1/K calls per
 # step times the steps is what runs
@@ -48,39 +44,27 @@ CONVERGENCE_STEPS = 30
 CONVERGENCE = {"dp4_bf16_grads": 0.005, "dp4_powersgd": 0.02, "dp4_topk_zero1": 0.22}
 
 
-def check(name, ok, detail):
-    global passed, failed
-    print(f"{'PASS' if ok else 'FAIL'}: {name}: {detail}", flush=True)
-    if ok:
-        passed += 1
-    else:
-        failed += 1
-
-
 def explained(plan):
-    out = subprocess.run([planc, "explain", source, "--plan", plan, "--json"], capture_output=True, text=True,
-                         check=True).stdout
-    return json.loads(out)
+    return harness.explain(planc, source, plan)
 
 
 def run(plan, steps, straggler=None):
     """Builds and trains plan; returns the log's lines (None after reporting a failure)."""
     prog, log = f"{work}/{plan}", f"{work}/{plan}.jsonl"
-    b = subprocess.run([planc, "build", source, "--plan", plan, "-o", prog, "--verify-ir"], capture_output=True, text=True)
-    if b.returncode != 0:
-        check(plan, False, f"planc build failed: {b.stderr.strip()[:400]}")
+    err = harness.build(planc, source, plan, prog, "--verify-ir", "--native")
+    if err:
+        check(plan, False, err)
         return None
     d = explained(plan)
     e = dict(env, PLANRT_STRAGGLER=straggler) if straggler else env
-    r = subprocess.run(["mpirun", "-np", str(d["world"]), prog, "--steps", str(steps), "--data", data, "--log", log],
-                       capture_output=True, text=True, env=e, timeout=600)
+    r = harness.mpirun(d["world"], [prog, "--steps", str(steps), "--data", data, "--log", log], e, timeout=600)
     if r.returncode != 0:
         check(plan, False, f"mpirun -np {d['world']} failed: {r.stderr.strip()[-400:]}")
         return None
     bad, total = comm_bytes.mismatches(d, r.stderr, steps)
     check(f"{plan} bytes", not bad, "; ".join(bad[:2]) if bad else
           f"{total} bytes over {d['world']} ranks in {steps} steps, per kind and axis equal to explain's")
-    lines = [json.loads(line) for line in open(log)]
+    lines = harness.read_log(log)
     ok = [x["step"] for x in lines] == list(range(steps)) and all(x["loss"] is not None for x in lines)
     check(f"{plan} log", ok, f"{steps} steps logged in order, loss {lines[0]['loss']:.4f} -> {lines[-1]['loss']:.4f}"
           if ok else f"steps {[x['step'] for x in lines]}")
@@ -117,5 +101,4 @@ for plan, margin in CONVERGENCE.items():
           f"mean loss of steps {CONVERGENCE_STEPS - 10}-{CONVERGENCE_STEPS - 1}: {got:.4f} against {want:.4f} "
           f"uncompressed ({100 * gap:+.2f}%, margin {100 * margin:g}%)")
 
-print(f"{passed} passed, {failed} failed")
-sys.exit(1 if failed else 0)
+tally.finish()

@@ -1,4 +1,4 @@
-/* test_check.c: the collective check (compiler/schedule.c) on the traffic of the sync strategies.
+/* test_check.c: the collective check (compiler/lower/schedule.c) on the traffic of the sync strategies.
  *
  * Async plans exchange point-to-point messages between the master and each worker; local SGD and
  * compression add collectives on the batch axis. The check must accept the programs planc builds

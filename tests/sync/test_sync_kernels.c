@@ -1,10 +1,10 @@
 /* test_sync_kernels.c (mpirun -np 4): the kernels of the sync strategies against a reference
  * computed here, on every rank, from every rank's data (each rank draws all four from the same
  * seed), with no collective and no BLAS.
- * Local SGD (runtime/sync.c): the average only every K steps and after the last; the replicas'
+ * Local SGD (runtime/comm/sync.c): the average only every K steps and after the last; the replicas'
  * mean, the losses summed; DiLoCo's outer step (torch.optim.SGD with Nesterov momentum on
  * anchor - average) and plain SGD with lr 1 (the average itself); the cast to bf16 parameters.
- * The compressors of runtime/compress.c:
+ * The compressors of runtime/comm/compress.c:
  *   bf16 / fp16   the sum of the four rounded gradients rounded once (exact in double here), the
  *                 error-feedback residual v - round(v) bitwise, and the ZeRO-1 reduce-scatter's
  *                 chunk;

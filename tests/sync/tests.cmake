@@ -17,7 +17,7 @@ add_test(NAME sync_kernels
          COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 4 ${MPIEXEC_PREFLAGS}
                  $<TARGET_FILE:sync_test_kernels> ${MPIEXEC_POSTFLAGS})
 set_tests_properties(sync_kernels PROPERTIES TIMEOUT 120
-                     ENVIRONMENT "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;OMPI_MCA_rmaps_base_oversubscribe=1;OMPI_MCA_plm=isolated;OMPI_MCA_btl=self,vader;PLANRT_WATCHDOG=60")
+                     ENVIRONMENT "${TEST_MPI_ENV};PLANRT_WATCHDOG=60")
 
 add_test(NAME sync_runs COMMAND python3 ${ROOT}/tests/sync/run_sync.py ${PLANC} ${ROOT} WORKING_DIRECTORY ${ROOT})
 set_tests_properties(sync_runs PROPERTIES TIMEOUT 600 ENVIRONMENT "${CC_CACHE_ENV}")

@@ -6,8 +6,10 @@
  * forward and backward of each model chunk and the receives they post ahead, step, save), its
  * action table; the parameter table; and the program descriptor handed to planrt_main, which runs
  * everything that is the same for every program. Every kernel is printed as a call to the planrt
- * function of its kind (kernel_functions) with its arguments in order, or as a loop nest for a
- * fused element-wise kernel; the printer adds no computation and no communication. Which kinds
+ * function of its kind (kernel_functions) with its arguments in order, or, for a fused
+ * element-wise kernel, as a call of its loop function: the loop nest, printed once before the
+ * phase and compiled for every instruction-set level by PLANRT_CPU_LOOP (planrt_cpu.h; the phase
+ * calls the running level's); the printer adds no computation and no communication. Which kinds
  * the C target can print at all is lowered_executable()'s answer. The output compiles with
  * -Wall -Wextra -Werror. */
 #include "target/target.h"
@@ -26,6 +28,7 @@ struct Emit {
 	const EmitTarget *target; /* NULL: the C target; else the target printing the kernels (CUDA) */
 	const int *load_slot;     /* a fused loop's loads print as v<load_slot[buffer]> (NULL: v<buffer>) */
 	const char **param_names; /* the parameter table's entries as the file's PARAM_ enum names them */
+	bool loop_functions;      /* the C target: each fused loop is a function per instruction-set level */
 };
 
 /* A program's names' prefix: "s0_" with several stages, "s0_master_" / "s0_worker_" with async
@@ -387,20 +390,10 @@ static void indent(FILE *f, int n)
 		fputc('\t', f);
 }
 
-static void print_loop(Emit *e, const Kernel *k)
+/* The loop nest of fused loop k over out and v<buffer> (declared by the caller), at indent base. */
+static void print_loop_nest(Emit *e, const Kernel *k, int base)
 {
 	FILE *f = e->f;
-	int loads[64], n = 0;
-	collect(k->expr, loads, &n, 64);
-	fprintf(f, "\t{ /* %s, %d op%s fused */\n", k->note ? k->note : "loop", k->nfused, k->nfused == 1 ? "" : "s");
-	fprintf(f, "\t\t%s *restrict out = ", ctype(e->p->buf[buffer_root(e->p, k->out)].dtype));
-	name(e, k->out);
-	fprintf(f, ";\n");
-	for (int i = 0; i < n; i++) {
-		fprintf(f, "\t\tconst %s *v%d = ", ctype(e->p->buf[buffer_root(e->p, loads[i])].dtype), loads[i]);
-		name(e, loads[i]);
-		fprintf(f, ";\n");
-	}
 	bool flat = contiguous(k->expr, k);
 	DType out_t = e->p->buf[buffer_root(e->p, k->out)].dtype;
 	bool half = out_t == DT_BF16 || out_t == DT_F16;
@@ -414,15 +407,16 @@ static void print_loop(Emit *e, const Kernel *k)
 	int depth;
 	const char *at;
 	if (flat) {
-		fprintf(f, "\t\tfor (int64_t i = 0; i < %lld; i++)\n", total);
-		depth = 3;
+		indent(f, base);
+		fprintf(f, "for (int64_t i = 0; i < %lld; i++)\n", total);
+		depth = base + 1;
 		at = "i";
 	} else {
 		for (int d = 0; d < k->rank; d++) {
-			indent(f, 2 + d);
+			indent(f, base + d);
 			fprintf(f, "for (int64_t i%d = 0; i%d < %lld; i%d++)%s\n", d, d, k->dims[d], d, d == k->rank - 1 ? " {" : "");
 		}
-		depth = 2 + k->rank;
+		depth = base + k->rank;
 		indent(f, depth);
 		fprintf(f, "int64_t o = ");
 		for (int d = 0; d < k->rank; d++)
@@ -440,10 +434,72 @@ static void print_loop(Emit *e, const Kernel *k)
 	print_expr(e, k->expr, k, flat);
 	fprintf(f, half ? ");\n" : ";\n");
 	if (!flat) {
-		indent(f, 1 + k->rank);
+		indent(f, base + k->rank - 1);
 		fprintf(f, "}\n");
 	}
+}
+
+/* A fused loop in place, as a block declaring out and v<buffer> (the CUDA target's host loops). */
+static void print_loop(Emit *e, const Kernel *k)
+{
+	FILE *f = e->f;
+	int loads[64], n = 0;
+	collect(k->expr, loads, &n, 64);
+	fprintf(f, "\t{ /* %s, %d op%s fused */\n", k->note ? k->note : "loop", k->nfused, k->nfused == 1 ? "" : "s");
+	fprintf(f, "\t\t%s *restrict out = ", ctype(e->p->buf[buffer_root(e->p, k->out)].dtype));
+	name(e, k->out);
+	fprintf(f, ";\n");
+	for (int i = 0; i < n; i++) {
+		fprintf(f, "\t\tconst %s *v%d = ", ctype(e->p->buf[buffer_root(e->p, loads[i])].dtype), loads[i]);
+		name(e, loads[i]);
+		fprintf(f, ";\n");
+	}
+	print_loop_nest(e, k, 2);
 	fprintf(f, "\t}\n");
+}
+
+/* The parameters of fused loop k's function: out, then each buffer it loads. */
+static void print_loop_params(Emit *e, const Kernel *k, const int *loads, int n)
+{
+	fprintf(e->f, "(%s *restrict out", ctype(e->p->buf[buffer_root(e->p, k->out)].dtype));
+	for (int i = 0; i < n; i++)
+		fprintf(e->f, ", const %s *v%d", ctype(e->p->buf[buffer_root(e->p, loads[i])].dtype), loads[i]);
+	fprintf(e->f, ")");
+}
+
+/* Fused loop k as a function, compiled once per instruction-set level by PLANRT_CPU_LOOP
+ * (planrt_cpu.h), which defines the table loop<index>_at the phase calls through. */
+static void print_loop_function(Emit *e, const Kernel *k)
+{
+	FILE *f = e->f;
+	int loads[64], n = 0, index = (int)(k - e->p->k);
+	collect(k->expr, loads, &n, 64);
+	fprintf(f, "/* %s, %d op%s fused */\nPLANRT_LOOP void %sloop%d", k->note ? k->note : "loop", k->nfused,
+		k->nfused == 1 ? "" : "s", e->prefix, index);
+	print_loop_params(e, k, loads, n);
+	fprintf(f, "\n{\n");
+	print_loop_nest(e, k, 1);
+	fprintf(f, "}\nPLANRT_CPU_LOOP(%sloop%d, ", e->prefix, index);
+	print_loop_params(e, k, loads, n);
+	fprintf(f, ", (out");
+	for (int i = 0; i < n; i++)
+		fprintf(f, ", v%d", loads[i]);
+	fprintf(f, "))\n\n");
+}
+
+/* The call of fused loop k's function at the running level. */
+static void print_loop_call(Emit *e, const Kernel *k)
+{
+	FILE *f = e->f;
+	int loads[64], n = 0;
+	collect(k->expr, loads, &n, 64);
+	fprintf(f, "\t%sloop%d_at[planrt_cpu_level_](", e->prefix, (int)(k - e->p->k));
+	name(e, k->out);
+	for (int i = 0; i < n; i++) {
+		fprintf(f, ", ");
+		name(e, loads[i]);
+	}
+	fprintf(f, "); /* %s, %d op%s fused */\n", k->note ? k->note : "loop", k->nfused, k->nfused == 1 ? "" : "s");
 }
 
 static void print_kernel(Emit *e, const Kernel *k)
@@ -456,7 +512,10 @@ static void print_kernel(Emit *e, const Kernel *k)
 	if (k->only_last_micro)
 		fprintf(f, "\tif (ctx->micro == MICRO_BATCHES - 1)\n\t");
 	if (k->kind == K_LOOP) {
-		print_loop(e, k);
+		if (e->loop_functions)
+			print_loop_call(e, k);
+		else
+			print_loop(e, k);
 		return;
 	}
 	if (!kernel_functions[k->kind])
@@ -537,6 +596,9 @@ static void print_phase(Emit *e, Phase ph, int chunk, bool per_chunk)
 {
 	FILE *f = e->f;
 	const LProg *p = e->p;
+	for (int i = 0; i < p->nk && e->loop_functions; i++)
+		if (p->k[i].kind == K_LOOP && p->k[i].phase == ph && (!per_chunk || p->k[i].chunk == chunk))
+			print_loop_function(e, &p->k[i]);
 	if (per_chunk)
 		fprintf(f, "static void %s%s_c%d(planrt_ctx_t *ctx)\n{\n", e->prefix, phase_names[ph], chunk);
 	else
@@ -685,8 +747,8 @@ static void print_prelude(Emit *e, const char *source_path)
 		ps->world);
 	fprintf(f, " *      [--log run.jsonl] [--seed S]; ./prog --help */\n");
 	fprintf(f, "#include <math.h>\n#include <stdint.h>\n#include <stdio.h>\n#include <stdlib.h>\n#include <string.h>\n\n");
-	fprintf(f, "#include \"planrt.h\"\n#include \"planrt_exec.h\"\n#include \"planrt_kernels.h\"\n#include \"planrt_math.h\"\n"
-		   "#include \"planrt_program.h\"\n\n");
+	fprintf(f, "#include \"planrt.h\"\n#include \"planrt_cpu.h\"\n#include \"planrt_exec.h\"\n#include \"planrt_kernels.h\"\n"
+		   "#include \"planrt_math.h\"\n#include \"planrt_program.h\"\n\n");
 	if (e->target)
 		e->target->prelude(e);
 	fprintf(f, "enum { MICRO_BATCHES = %d };\n", ps->micro_batches > 0 ? ps->micro_batches : 1);
@@ -796,7 +858,7 @@ static void print_program(Emit *e, const char *source_path)
 	fprintf(f, "\t.fingerprint = \"%s\",\n\t.sync = \"%s\",\n\t.loss_scale = ", plan_fingerprint(low),
 		sync_mode_name(low->state.sync));
 	print_double(f, ps->loss_scale);
-	fprintf(f, ",\n};\n\n");
+	fprintf(f, ",\n\t.optimizer = \"%s\",\n};\n\n", plan_optimizer_text(low));
 	fprintf(f, "int main(int argc, char **argv)\n{\n\tunused_helpers();\n\treturn %s(argc, argv, &program);\n}\n",
 		e->target ? e->target->main_fn : "planrt_main");
 	if (e->target)
@@ -820,7 +882,7 @@ bool emit_c_with(const Lowered *low, const char *dir, const char *source_path, c
 		fprintf(stderr, "planc: error: cannot write '%s': %s\n", path, strerror(errno));
 		return false;
 	}
-	Emit e = {.f = f, .low = low, .target = target, .param_names = param_enum_names(low)};
+	Emit e = {.f = f, .low = low, .target = target, .param_names = param_enum_names(low), .loop_functions = !target};
 	print_prelude(&e, source_path);
 	for (int i = 0; i < low->nprogs; i++) {
 		e.p = low->progs[i];

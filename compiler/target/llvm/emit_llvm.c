@@ -40,6 +40,7 @@
 #include <llvm-c/TargetMachine.h>
 #include <llvm-c/Transforms/PassBuilder.h>
 
+#include "planrt_cpu.h"
 #include "planrt_exec.h"
 #include "planrt_kernels.h"
 #include "planrt_program.h"
@@ -98,7 +99,28 @@ typedef struct Gen {
 	LLVMValueRef kfn[K_COUNT];
 	LLVMTypeRef kty[K_COUNT];
 	LLVMValueRef fmuladd, fabs, copysign, tanhf, mesh_coord, axis_comm, pair;
+	/* the fused loops' instruction sets (planrt_cpu.h): LOOPS_PER_LEVEL, one function per level
+	 * called through loop<k>_at[planrt_cpu_level_]; else one function, for the target machine's
+	 * CPU (level < 0) or for one level's */
+	int loop_level;
+	LLVMValueRef cpu_level; /* the global planrt_cpu_level_ */
 } Gen;
+
+enum { LOOPS_PER_LEVEL = PLANRT_CPU_LEVELS, LOOPS_FOR_MACHINE = -1 };
+
+/* The CPU and features of each instruction-set level, as function attributes: each function's
+ * code is generated for its own (LLVM's per-function subtargets), whatever the target machine's. */
+static const struct {
+	const char *cpu, *features;
+} level_target[PLANRT_CPU_LEVELS] = {
+#if defined(__x86_64__)
+	{"x86-64", ""}, {"x86-64-v3", ""}, {"x86-64-v4", ""},
+#elif defined(__aarch64__)
+	{"generic", "+neon"}, {"generic", "+neon,+sve"},
+#else
+	{"generic", ""},
+#endif
+};
 
 static LLVMValueRef i32c(Gen *G, long long v)
 {
@@ -974,6 +996,52 @@ static LLVMValueRef build_loop(Gen *G, const Kernel *k, const char *name, Nest *
 
 /* ------------------------------------------------------------------ kernels and phases */
 
+/* Marks fn's code as the instruction set of level. */
+static void set_level(Gen *G, LLVMValueRef fn, int level)
+{
+	const char *kv[][2] = {{"target-cpu", level_target[level].cpu}, {"target-features", level_target[level].features}};
+	for (int i = 0; i < 2; i++)
+		LLVMAddAttributeAtIndex(fn, LLVMAttributeFunctionIndex,
+					LLVMCreateStringAttribute(G->c, kv[i][0], (unsigned)strlen(kv[i][0]), kv[i][1],
+								  (unsigned)strlen(kv[i][1])));
+}
+
+/* The call of fused loop k (kernel index): its function for the target machine or one level, or
+ * (LOOPS_PER_LEVEL) its function per level, through the table loop<index>_at indexed by
+ * planrt_cpu_level_ (emit_c.c's PLANRT_CPU_LOOP). */
+static void build_loop_call(Gen *G, const Kernel *k, int index)
+{
+	Nest ns;
+	const char *name = arena_printf(G->low->g->arena, "%sloop%d", G->prefix, index);
+	int versions = G->loop_level == LOOPS_PER_LEVEL ? PLANRT_CPU_LEVELS : 1;
+	LLVMValueRef fns[PLANRT_CPU_LEVELS];
+	for (int l = 0; l < versions; l++) {
+		fns[l] = build_loop(G, k, versions > 1 ? arena_printf(G->low->g->arena, "%s_l%d", name, l) : name, &ns);
+		if (versions > 1 || G->loop_level >= 0)
+			set_level(G, fns[l], versions > 1 ? l : G->loop_level);
+		if (versions == 1 && G->loop_level >= 0) /* (a phase for the machine would inline it) */
+			add_attr(G, fns[l], LLVMAttributeFunctionIndex, "noinline");
+	}
+	LLVMValueRef fn = fns[0];
+	LLVMTypeRef fty = LLVMGlobalGetValueType(fn);
+	if (versions > 1) {
+		LLVMTypeRef pty = LLVMPointerType(fty, 0);
+		LLVMValueRef at = LLVMAddGlobal(G->m, LLVMArrayType(pty, (unsigned)versions), arena_printf(G->low->g->arena, "%s_at", name));
+		LLVMSetInitializer(at, LLVMConstArray(pty, fns, (unsigned)versions));
+		LLVMSetGlobalConstant(at, 1);
+		LLVMSetLinkage(at, LLVMInternalLinkage);
+		LLVMValueRef level = LLVMBuildZExt(G->b, LLVMBuildLoad2(G->b, G->t_i32, G->cpu_level, "level"), G->t_i64, "");
+		LLVMValueRef idx[] = {i64c(G, 0), level};
+		LLVMValueRef slot = LLVMBuildInBoundsGEP2(G->b, LLVMArrayType(pty, (unsigned)versions), at, idx, 2, "");
+		fn = LLVMBuildLoad2(G->b, pty, slot, "");
+	}
+	LLVMValueRef args[65];
+	args[0] = LLVMBuildBitCast(G->b, buf_addr(G, k->out), LLVMTypeOf(LLVMGetParam(fns[0], 0)), "");
+	for (int i = 0; i < ns.nbuf; i++)
+		args[i + 1] = LLVMBuildBitCast(G->b, buf_addr(G, ns.bufs[i]), LLVMTypeOf(LLVMGetParam(fns[0], (unsigned)i + 1)), "");
+	LLVMBuildCall2(G->b, fty, fn, args, (unsigned)ns.nbuf + 1, "");
+}
+
 static void build_kernel(Gen *G, const Kernel *k, int index)
 {
 	LLVMBasicBlockRef skip = NULL;
@@ -986,14 +1054,7 @@ static void build_kernel(Gen *G, const Kernel *k, int index)
 		LLVMPositionBuilderAtEnd(G->b, run);
 	}
 	if (k->kind == K_LOOP) {
-		Nest ns;
-		const char *name = arena_printf(G->low->g->arena, "%sloop%d", G->prefix, index);
-		LLVMValueRef fn = build_loop(G, k, name, &ns);
-		LLVMValueRef args[65];
-		args[0] = LLVMBuildBitCast(G->b, buf_addr(G, k->out), LLVMTypeOf(LLVMGetParam(fn, 0)), "");
-		for (int i = 0; i < ns.nbuf; i++)
-			args[i + 1] = LLVMBuildBitCast(G->b, buf_addr(G, ns.bufs[i]), LLVMTypeOf(LLVMGetParam(fn, (unsigned)i + 1)), "");
-		call(G, fn, args, (unsigned)ns.nbuf + 1);
+		build_loop_call(G, k, index);
 	} else {
 		if (!kernel_functions[k->kind])
 			ICE("kernel kind '%s' has no planrt function (planc should have refused the plan)", kernel_names[k->kind]);
@@ -1110,7 +1171,7 @@ static void table_types(Gen *G, Tables *T)
 			   F(planrt_program_t, warmup, i64),      F(planrt_program_t, total_steps, i64),
 			   F(planrt_program_t, nroles, i32),      F(planrt_program_t, role_axis, i32),
 			   F(planrt_program_t, fingerprint, p),   F(planrt_program_t, sync, p),
-			   F(planrt_program_t, loss_scale, f64)};
+			   F(planrt_program_t, loss_scale, f64), F(planrt_program_t, optimizer, p)};
 #undef F
 #define N(a) (int)(sizeof a / sizeof a[0])
 	T->action = c_struct(G, "planrt_action_t", action, N(action), sizeof(planrt_action_t));
@@ -1306,7 +1367,8 @@ static void build_program(Gen *G, const char *source_path)
 			    i32c(G, low->nroles > 1 ? low->state.sync_axis : -1),
 			    cstring(G, plan_fingerprint(low)),
 			    cstring(G, sync_mode_name(low->state.sync)),
-			    LLVMConstReal(G->t_f64, ps->loss_scale)};
+			    LLVMConstReal(G->t_f64, ps->loss_scale),
+			    cstring(G, plan_optimizer_text(low))};
 	LLVMValueRef program = LLVMAddGlobal(G->m, T.program, "program");
 	LLVMSetInitializer(program, LLVMConstNamedStruct(T.program, f, sizeof f / sizeof f[0]));
 	LLVMSetGlobalConstant(program, 1);
@@ -1341,12 +1403,13 @@ static void build_kernels(Gen *G)
 
 /* ------------------------------------------------------------------ modules */
 
-static void gen_init(Gen *G, const Lowered *low, LLVMContextRef c, LLVMTargetMachineRef tm, bool gpu)
+static void gen_init(Gen *G, const Lowered *low, LLVMContextRef c, LLVMTargetMachineRef tm, bool gpu, int loop_level)
 {
 	memset(G, 0, sizeof *G);
 	G->c = c;
 	G->low = low;
 	G->gpu = gpu;
+	G->loop_level = loop_level;
 	G->m = LLVMModuleCreateWithNameInContext(gpu ? "kernels" : "prog", c);
 	char *triple = LLVMGetTargetMachineTriple(tm);
 	LLVMSetTarget(G->m, triple);
@@ -1375,6 +1438,7 @@ static void gen_init(Gen *G, const Lowered *low, LLVMContextRef c, LLVMTargetMac
 	G->mesh_coord = declare(G, "planrt_mesh_coord", LLVMFunctionType(G->t_i32, &i32, 1, 0));
 	G->axis_comm = declare(G, "planrt_axis_comm", LLVMFunctionType(G->t_ptr, &i32, 1, 0));
 	G->pair = declare(G, "planrt_pair", LLVMFunctionType(G->t_ptr, &i32, 1, 0));
+	G->cpu_level = LLVMAddGlobal(G->m, G->t_i32, "planrt_cpu_level_");
 }
 
 static void gen_done(Gen *G)
@@ -1384,17 +1448,24 @@ static void gen_done(Gen *G)
 	LLVMDisposeTargetData(G->td);
 }
 
-LLVMModuleRef llvm_build_module(const Lowered *low, LLVMContextRef c, LLVMTargetMachineRef tm, bool gpu,
-				const char *source_path)
+/* The module; the fused loops per loop_level (LOOPS_PER_LEVEL, LOOPS_FOR_MACHINE or a level). */
+static LLVMModuleRef build_module(const Lowered *low, LLVMContextRef c, LLVMTargetMachineRef tm, bool gpu,
+				  const char *source_path, int loop_level)
 {
 	Gen G;
-	gen_init(&G, low, c, tm, gpu);
+	gen_init(&G, low, c, tm, gpu, gpu ? LOOPS_FOR_MACHINE : loop_level);
 	if (gpu)
 		build_kernels(&G);
 	else
 		build_program(&G, source_path);
 	gen_done(&G);
 	return G.m;
+}
+
+LLVMModuleRef llvm_build_module(const Lowered *low, LLVMContextRef c, LLVMTargetMachineRef tm, bool gpu,
+				const char *source_path)
+{
+	return build_module(low, c, tm, gpu, source_path, LOOPS_PER_LEVEL);
 }
 
 static void report_llvm(const char *what, char *msg)
@@ -1504,15 +1575,16 @@ static bool prepare(LLVMModuleRef m, LLVMTargetMachineRef tm, bool opt, bool ver
 
 typedef enum { OUT_IR, OUT_OBJECT, OUT_PTX } Output;
 
-/* Builds the module for tm (OUT_PTX: the NVPTX kernels), prepares it (OUT_IR: not optimised) and
- * writes it to path, also to dump when not NULL; disposes of tm. */
+/* Builds the module for tm (OUT_PTX: the NVPTX kernels; the CPU's fused loops per loop_level),
+ * prepares it (OUT_IR: not optimised) and writes it to path, also to dump when not NULL; disposes
+ * of tm. */
 static bool write_module(const Lowered *low, LLVMTargetMachineRef tm, Output out, const char *path,
-			 const char *source_path, bool verify_after, FILE *dump)
+			 const char *source_path, bool verify_after, FILE *dump, int loop_level)
 {
 	if (!tm)
 		return false;
 	LLVMContextRef c = LLVMContextCreate();
-	LLVMModuleRef m = llvm_build_module(low, c, tm, out == OUT_PTX, source_path);
+	LLVMModuleRef m = build_module(low, c, tm, out == OUT_PTX, source_path, loop_level);
 	bool ok = prepare(m, tm, out != OUT_IR, verify_after);
 	char *err = NULL;
 	if (ok && (out == OUT_IR ? LLVMPrintModuleToFile(m, path, &err)
@@ -1548,13 +1620,13 @@ bool emit_llvm_ir(const Lowered *low, const char *dir, const char *source_path, 
 {
 	return llvm_supported(low) && make_dir(dir) &&
 	       write_module(low, host_machine(LLVMRelocPIC, LLVMCodeModelDefault, false), OUT_IR,
-			    arena_printf(low->g->arena, "%s/prog.ll", dir), source_path, false, dump);
+			    arena_printf(low->g->arena, "%s/prog.ll", dir), source_path, false, dump, LOOPS_PER_LEVEL);
 }
 
 bool emit_llvm_object(const Lowered *low, const char *path, const char *source_path, bool verify, bool native)
 {
 	return llvm_supported(low) && write_module(low, host_machine(LLVMRelocPIC, LLVMCodeModelDefault, native), OUT_OBJECT,
-						   path, source_path, verify, NULL);
+						   path, source_path, verify, NULL, native ? LOOPS_FOR_MACHINE : LOOPS_PER_LEVEL);
 }
 
 bool emit_ptx(const Lowered *low, const char *dir, FILE *dump)
@@ -1563,28 +1635,41 @@ bool emit_ptx(const Lowered *low, const char *dir, FILE *dump)
 		return false;
 	LLVMTargetMachineRef tm =
 		target_machine("nvptx64-nvidia-cuda", "sm_80", "+ptx70", LLVMRelocDefault, LLVMCodeModelDefault);
-	return write_module(low, tm, OUT_PTX, arena_printf(low->g->arena, "%s/kernels.ptx", dir), NULL, false, dump);
+	return write_module(low, tm, OUT_PTX, arena_printf(low->g->arena, "%s/kernels.ptx", dir), NULL, false, dump,
+			    LOOPS_FOR_MACHINE);
+}
+
+/* The instruction-set level planrt will run at in this process (planrt_cpu_select, resolved from
+ * planc itself through the JIT): LOOPS_FOR_MACHINE when it is the best this CPU runs (the JIT
+ * compiles for the host CPU), else the level PLANRT_ISA forces, which the fused loops are then
+ * built for, so that planc run computes what a built program does at that level. An unknown or
+ * unavailable PLANRT_ISA is left to the program's own check (planrt_main reports it). */
+static int jit_loop_level(LLVMOrcLLJITRef jit)
+{
+	LLVMOrcExecutorAddress select = 0, best = 0, level = 0;
+	if (!report_error("LLVM's JIT cannot find planrt_cpu_select", LLVMOrcLLJITLookup(jit, &select, "planrt_cpu_select")) ||
+	    !report_error("LLVM's JIT cannot find planrt_cpu_best", LLVMOrcLLJITLookup(jit, &best, "planrt_cpu_best")) ||
+	    !report_error("LLVM's JIT cannot find planrt_cpu_level_", LLVMOrcLLJITLookup(jit, &level, "planrt_cpu_level_")))
+		return LOOPS_FOR_MACHINE;
+	if (((planrt_result_t(*)(void))(uintptr_t)select)() != planrt_success)
+		return LOOPS_FOR_MACHINE;
+	int running = *(const int *)(uintptr_t)level;
+	return running == ((int (*)(void))(uintptr_t)best)() ? LOOPS_FOR_MACHINE : running;
 }
 
 int llvm_run(const Lowered *low, const char *source_path, int argc, char **argv, bool verify)
 {
 	if (!llvm_supported(low))
 		return -1;
-	LLVMTargetMachineRef tm = host_machine(LLVMRelocDefault, LLVMCodeModelJITDefault, true);
-	if (!tm)
-		return -1;
 	LLVMOrcLLJITRef jit = NULL;
 	LLVMOrcThreadSafeContextRef tsc = LLVMOrcCreateNewThreadSafeContext();
-	LLVMModuleRef m = llvm_build_module(low, LLVMOrcThreadSafeContextGetContext(tsc), tm, false, source_path);
-	if (!prepare(m, tm, true, verify)) {
-		LLVMDisposeModule(m);
-		m = NULL;
-	}
-	LLVMDisposeTargetMachine(tm);
-	int status = -1;
 	LLVMOrcDefinitionGeneratorRef process = NULL;
+	LLVMModuleRef m = NULL;
+	LLVMTargetMachineRef tm = NULL;
+	int status = -1;
 	LLVMOrcExecutorAddress entry = 0;
-	if (!m || !report_error("LLVM cannot start its JIT", LLVMOrcCreateLLJIT(&jit, LLVMOrcCreateLLJITBuilder())))
+	if (!(tm = host_machine(LLVMRelocDefault, LLVMCodeModelJITDefault, true)) || /* (registers the target) */
+	    !report_error("LLVM cannot start its JIT", LLVMOrcCreateLLJIT(&jit, LLVMOrcCreateLLJITBuilder())))
 		goto out;
 	/* planrt_*, libm and libc come from this process (planc links planrt whole and exports it) */
 	if (!report_error("LLVM's JIT cannot search this process for symbols",
@@ -1592,6 +1677,10 @@ int llvm_run(const Lowered *low, const char *source_path, int argc, char **argv,
 									       NULL, NULL)))
 		goto out;
 	LLVMOrcJITDylibAddGenerator(LLVMOrcLLJITGetMainJITDylib(jit), process);
+	int loop_level = jit_loop_level(jit);
+	m = build_module(low, LLVMOrcThreadSafeContextGetContext(tsc), tm, false, source_path, loop_level);
+	if (!prepare(m, tm, true, verify))
+		goto out;
 	LLVMSetDataLayout(m, LLVMOrcLLJITGetDataLayoutStr(jit));
 	LLVMOrcThreadSafeModuleRef tsm = LLVMOrcCreateNewThreadSafeModule(m, tsc);
 	m = NULL;
@@ -1604,6 +1693,8 @@ int llvm_run(const Lowered *low, const char *source_path, int argc, char **argv,
 out:
 	if (m)
 		LLVMDisposeModule(m);
+	if (tm)
+		LLVMDisposeTargetMachine(tm);
 	if (jit)
 		LLVMOrcDisposeLLJIT(jit);
 	LLVMOrcDisposeThreadSafeContext(tsc);

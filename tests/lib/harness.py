@@ -1,0 +1,165 @@
+"""harness.py: the one harness of the Python test runners (tests/*/*.py import it as `harness`).
+
+What every runner needs and would otherwise write again:
+  MPI_ENV, mpi_env()  the environment that runs mpirun as root on a machine with more ranks than
+                      cores (Open MPI over shared memory, one thread per rank, the watchdog at 60 s
+                      so that a stall becomes an error naming the pending operation, not a hang)
+  Tally               one 'PASS: name: detail' / 'FAIL: ...' line per check and the closing
+                      'LABEL: N passed, M failed' line; the runner exits 1 when a check failed
+  explain()           planc explain --json, parsed, once per (plan file content, plan)
+  workdir()           a temporary directory, removed when the runner exits (PLANC_KEEP_TMP=1 keeps
+                      it, and prints where it is, to look at a failure)
+  build(), mpirun()   planc build of a plan; a program (or any command) under mpirun
+  read_log(), losses() a program's --log (JSON lines)
+  read_safetensors()  a safetensors file as {name: (dtype, shape, bytes)}; as_floats() decodes F32/BF16
+  kill_job()          SIGKILL for mpirun and every rank it started, as when a node fails
+A runner's work is the checks it makes; how a program is built and launched is here.
+"""
+import atexit
+import hashlib
+import json
+import os
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import tempfile
+
+MPI_ENV = dict(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMPI_MCA_rmaps_base_oversubscribe="1",
+               OMPI_MCA_plm="isolated", OMPI_MCA_btl="self,vader", OMPI_MCA_btl_vader_single_copy_mechanism="none",
+               OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", PLANRT_WATCHDOG="60")
+
+
+def mpi_env(**extra):
+    """os.environ with MPI_ENV and extra (a value of None removes that variable)"""
+    env = dict(os.environ, **MPI_ENV)
+    for k, v in extra.items():
+        if v is None:
+            env.pop(k, None)
+        else:
+            env[k] = v
+    return env
+
+
+class Tally:
+    """check() prints a check's verdict and counts it; finish() prints the tally and exits."""
+
+    def __init__(self, label=None):
+        self.label, self.passed, self.failed = label, 0, 0
+
+    def check(self, name, ok, detail=""):
+        ok = bool(ok)
+        print(f"{'PASS' if ok else 'FAIL'}: {name}{': ' + str(detail) if detail else ''}", flush=True)
+        self.passed, self.failed = self.passed + ok, self.failed + (not ok)
+        return ok
+
+    def finish(self):
+        """prints the closing line and exits 1 when a check failed"""
+        print(f"{self.label + ': ' if self.label else ''}{self.passed} passed, {self.failed} failed", flush=True)
+        sys.exit(1 if self.failed else 0)
+
+
+def workdir(prefix):
+    """a fresh temporary directory, removed at exit unless PLANC_KEEP_TMP is set"""
+    path = tempfile.mkdtemp(prefix=f"planc-{prefix}-")
+    if os.environ.get("PLANC_KEEP_TMP"):
+        print(f"note: PLANC_KEEP_TMP: the runs' files stay in {path}", flush=True)
+    else:
+        atexit.register(shutil.rmtree, path, True)
+    return path
+
+
+_explained = {}
+
+
+def explain(planc, src, plan, env=None):
+    """planc explain SRC --plan PLAN --json, parsed; asked once per content of SRC and plan"""
+    key = (planc, src, plan, hashlib.sha256(open(src, "rb").read()).hexdigest())
+    if key not in _explained:
+        out = subprocess.run([planc, "explain", src, "--plan", plan, "--json"], capture_output=True, text=True,
+                             check=True, env=env)
+        _explained[key] = json.loads(out.stdout)
+    return _explained[key]
+
+
+def build(planc, src, plan, out, *flags, env=None):
+    """planc build SRC --plan PLAN -o OUT FLAGS...: None when it built, else the error (its first lines).
+    An OUT that exists is taken as built (runners name a program by its plan and flags)."""
+    if os.path.exists(out):
+        return None
+    r = subprocess.run([planc, "build", src, "--plan", plan, "-o", out, *flags], capture_output=True, text=True,
+                       env=env)
+    return None if r.returncode == 0 else f"planc build {os.path.basename(src)} --plan {plan} failed: " \
+                                          f"{r.stderr.strip()[:400]}"
+
+
+def mpirun(world, argv, env=None, timeout=900):
+    """argv under mpirun -np WORLD (the MPI environment unless env is given): the CompletedProcess"""
+    return subprocess.run(["mpirun", "-np", str(world), *argv], capture_output=True, text=True,
+                          env=env if env is not None else mpi_env(), timeout=timeout)
+
+
+class Programs:
+    """Programs built from plans (examples/MODEL.plan, or a file given), each run under mpirun on its
+    plan's world size: what the runners that exercise one program's options share."""
+
+    def __init__(self, planc, root, work, flags=("--native",), env=None):
+        self.planc, self.root, self.work, self.flags = planc, root, work, flags
+        self.env = env if env is not None else mpi_env()
+        self.world = {}
+
+    def build(self, model, plan, src=None):
+        """the program of plan PLAN (built once); a failed build ends the runner with a FAIL line"""
+        src = src or f"{self.root}/examples/{model}.plan"
+        prog = f"{self.work}/{model}_{plan}"
+        err = build(self.planc, src, plan, prog, *self.flags)
+        if err:
+            raise SystemExit(f"FAIL: {err}")
+        self.world[prog] = explain(self.planc, src, plan)["world"]
+        return prog
+
+    def run(self, prog, *args, extra_env=None, timeout=120):
+        """(exit status, stderr) of the program with ARGS on its world size"""
+        r = mpirun(self.world[prog], [prog, *args], dict(self.env, **(extra_env or {})), timeout)
+        return r.returncode, r.stderr
+
+
+def read_log(path):
+    """a --log file: one dict per line"""
+    return [json.loads(line) for line in open(path) if line.strip()]
+
+
+def losses(path):
+    """a --log file's losses by step"""
+    return {x["step"]: x["loss"] for x in read_log(path) if "loss" in x}
+
+
+def read_safetensors(path):
+    """{name: (dtype, shape, raw bytes)} of a safetensors file (no __metadata__)"""
+    blob = open(path, "rb").read()
+    (n,) = struct.unpack("<Q", blob[:8])
+    header = json.loads(blob[8:8 + n])
+    return {name: (info["dtype"], tuple(info["shape"]), blob[8 + n + info["data_offsets"][0]:8 + n + info["data_offsets"][1]])
+            for name, info in header.items() if name != "__metadata__"}
+
+
+def as_floats(dtype, raw):
+    """the values of an F32 or BF16 tensor's bytes"""
+    if dtype == "F32":
+        return struct.unpack(f"<{len(raw) // 4}f", raw)
+    if dtype == "BF16":
+        return [struct.unpack("<f", b"\0\0" + raw[i:i + 2])[0] for i in range(0, len(raw), 2)]
+    raise ValueError(f"unexpected dtype {dtype}")
+
+
+def kill_job(p):
+    """SIGKILL for mpirun (a Popen started with start_new_session) and the ranks it started, at once"""
+    ranks = [int(x) for x in subprocess.run(["ps", "-o", "pid=", "--ppid", str(p.pid)], capture_output=True,
+                                            text=True).stdout.split()]
+    for pid in ranks + [p.pid]:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return ranks

@@ -1,0 +1,140 @@
+#!/usr/bin/env python3
+"""tests/program: a generated program facing failures (issue 12, the runtime side; docs/operability.md).
+
+  NaN         a NaN loss stops the run naming the step, with --save and the checkpoints untouched
+  --init NaN  --init refuses NaN weights, naming the tensor
+  refused     bad numbers, empty values, a FIFO as --data, an output that is an input, an unwritable
+              --save-every, options of other plans: an error before any work, with the input intact
+  peer death  a rank SIGKILLed mid-training: every other rank prints what it was waiting in, and
+              the time until every rank has exited is printed
+(run_program_errors.sh: bad data, --init files and --map; tests/checkpoint: checkpoints.)
+Prints PASS/FAIL per check and a closing 'program failures: N passed, M failed' line.
+usage: run_failures.py PLANC REPO_ROOT
+"""
+import json
+import os
+import re
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
+import harness  # noqa: E402  (tests/lib/harness.py)
+
+planc, root = sys.argv[1], sys.argv[2]
+data = f"{root}/data/corpus.txt"
+work = harness.workdir("failures")
+programs = harness.Programs(planc, root, work)
+build, run, env = programs.build, programs.run, programs.env
+tally = harness.Tally("program failures")
+check = tally.check
+
+
+def steps_of(d):
+    return sorted(int(x[5:]) for x in os.listdir(d) if x.startswith("step-"))
+
+
+# what the checks start from: an MLP's weights (--save) and checkpoint, and a GPT's checkpoint
+prog, gpt = build("mlp", "dp2"), build("gpt", "zero1_dp4")
+ck, gpt_ck, saved_mlp = f"{work}/mlp_ck", f"{work}/gpt_ck", f"{work}/mlp.st"
+rc, err = run(prog, "--data", data, "--steps", "2", "--save", saved_mlp, "--save-every", "2", ck)
+rc2, err2 = run(gpt, "--data", data, "--steps", "2", "--save-every", "2", gpt_ck)
+if not check("the MLP and GPT runs the checks start from", rc == 0 and rc2 == 0, (err + err2)[-300:]):
+    tally.finish()
+
+boom = f"{work}/boom.plan"
+open(boom, "w").write(open(f"{root}/examples/mlp.plan").read().split("plan single")[0] +
+                      "plan boom for mlp {\n  mesh data = 2\n  batch B = 32\n  shard B -> data\n"
+                      "  optimizer adamw(lr = 1e30)\n}\n")
+pb = build("mlp", "boom", boom)
+save = f"{work}/boom.st"
+shutil.copy(saved_mlp, save)
+good = open(save, "rb").read()
+rc, err = run(pb, "--data", data, "--steps", "6", "--save", save, "--save-every", "1", f"{work}/boomck",
+              "--log", f"{work}/boom.jsonl")
+m = re.search(r"step (\d+): the loss is (\S+) and the gradient norm (\S+); training stopped", err)
+saved = steps_of(f"{work}/boomck")
+check("a NaN loss stops the run naming the step", rc != 0 and m is not None, err[-300:])
+if m:
+    check("no checkpoint from the NaN state, --save untouched",
+          open(save, "rb").read() == good and saved and max(saved) <= int(m.group(1)),
+          f"stopped at step {m.group(1)} (loss {m.group(2)}); checkpoints {saved}; --save kept its bytes")
+
+nanw = f"{work}/nan.safetensors"
+t = harness.read_safetensors(saved_mlp)
+victim = "linear_1.bias"
+raw = bytearray(t[victim][2])
+raw[8:12] = struct.pack("<f", float("nan"))
+t[victim] = (t[victim][0], t[victim][1], bytes(raw))
+header, blob, at = {}, b"", 0
+for k in sorted(t):
+    dtype, shape, data_k = t[k]
+    header[k] = {"dtype": dtype, "shape": list(shape), "data_offsets": [at, at + len(data_k)]}
+    blob += data_k
+    at += len(data_k)
+h = json.dumps(header).encode()
+h += b" " * (-len(h) % 8)
+open(nanw, "wb").write(struct.pack("<Q", len(h)) + h + blob)
+rc, err = run(prog, "--data", data, "--steps", "1", "--init", nanw)
+check("--init refuses NaN weights naming the tensor", rc != 0 and victim in err and "NaN" in err, err[-200:])
+
+copy = f"{work}/data.txt"
+shutil.copy(data, copy)
+fifo = f"{work}/fifo"
+os.mkfifo(fifo)
+open(f"{work}/afile", "w").close()
+for name, args, pattern in [
+        ("--steps ''", ["--steps", "", "--data", data], "--steps needs a non-negative integer, not an empty value"),
+        ("--seed -1", ["--steps", "1", "--data", data, "--seed", "-1"], "--seed needs an unsigned integer"),
+        ("--steps out of range", ["--steps", "99999999999999999999", "--data", data], "from 0 to"),
+        ("--save-every 0", ["--steps", "1", "--data", data, "--save-every", "0", f"{work}/x"], "--save-every needs a positive integer"),
+        ("--save-every without DIR", ["--steps", "1", "--data", data, "--save-every", "2"], "missing values after --save-every"),
+        ("--keep without --save-every", ["--steps", "1", "--data", data, "--keep", "2"], "--keep needs --save-every"),
+        ("--eval-every -1", ["--steps", "1", "--data", data, "--eval-every", "-1"], "--eval-every needs a positive integer"),
+        ("--data ''", ["--steps", "1", "--data", ""], "--data needs a path, not an empty value"),
+        ("a FIFO as --data", ["--steps", "1", "--data", fifo], "not a regular file"),
+        ("--log is --data", ["--steps", "1", "--data", copy, "--log", copy], "are the same file"),
+        ("--save is --init", ["--steps", "1", "--data", data, "--init", saved_mlp, "--save", saved_mlp],
+         "are the same file"),
+        ("--trace is --log", ["--steps", "1", "--data", data, "--log", f"{work}/l.jsonl", "--trace", f"{work}/l.jsonl"],
+         "are the same file"),
+        ("--save-every in a missing directory", ["--steps", "1", "--data", data, "--save-every", "1", f"{work}/no/such"],
+         "cannot create the --save-every directory"),
+        ("--save-every is a file", ["--steps", "1", "--data", data, "--save-every", "1", f"{work}/afile"], "is not a directory"),
+        ("--max-skips on an f32 plan", ["--steps", "1", "--data", data, "--max-skips", "3"],
+         "--max-skips applies to fp16 plans with loss scaling"),
+        ("--loss-scale-init on an f32 plan", ["--steps", "1", "--data", data, "--loss-scale-init", "8"],
+         "--loss-scale-init applies to fp16 plans with loss scaling"),
+        ("--resume and --init", ["--steps", "1", "--data", data, "--resume", ck, "--init", saved_mlp],
+         "--resume and --init"),
+        ("--resume of another model", ["--steps", "6", "--data", data, "--resume", gpt_ck], "of model 'gpt'")]:
+    rc, err = run(prog, *args, timeout=60)
+    check(f"refused: {name}", rc != 0 and pattern in err, err.strip().splitlines()[0][:160] if err.strip() else "")
+check("the data given as --log is intact", open(copy, "rb").read() == open(data, "rb").read())
+
+# ------------------------------------------------------------------ a peer dies
+
+p = subprocess.Popen(["mpirun", "-np", "4", gpt, "--data", data, "--steps", "1000"], stderr=subprocess.PIPE,
+                     stdout=subprocess.DEVNULL, text=True, env=env, start_new_session=True)
+while True:
+    line = p.stderr.readline()
+    if not line or line.startswith("step 2/"):
+        break
+ranks = [int(x) for x in subprocess.run(["ps", "-o", "pid=", "--ppid", str(p.pid)], capture_output=True,
+                                        text=True).stdout.split()]
+t0 = time.time()
+os.kill(ranks[2], signal.SIGKILL)
+try:
+    out = p.communicate(timeout=90)[1]
+except subprocess.TimeoutExpired:
+    harness.kill_job(p)
+    out = p.communicate()[1]
+elapsed = time.time() - t0
+told = sorted(int(r) for r in re.findall(r"planrt: rank (\d+): stopped by SIG\w+ at step \d+ .*: waiting [\d.]+ s in ", out))
+check("a killed rank is explained on every survivor", len(ranks) == 4 and told == [0, 1, 3],
+      f"ranks {told} named their pending operation; every rank exited {elapsed:.2f} s after rank 2 was killed")
+
+tally.finish()
