@@ -387,11 +387,23 @@ void lprog_dump(FILE *out, const LProg *p);
 
 /* state.c, overlap.c, memplan.c: the back-end passes after lower, on every program */
 bool plan_state(Lowered *low);
-/* state.c: a hash of the whole lowered program ("fnv1a64:<16 hex digits>"), which planrt records in
- * every checkpoint: a checkpoint resumes bit for bit under the same, and is resharded otherwise */
-const char *plan_fingerprint(const Lowered *low);
-const char *plan_optimizer_text(const Lowered *low); /* "adamw(lr = 0.0003, ...)" (the program descriptor's) */
-const char *sync_mode_name(SyncMode m); /* "strict", "local_sgd", "async" (the program descriptor's) */
+/* descriptor.c: the program descriptor's scalar fields (planrt_program_t, in its field order),
+ * computed once for every target to print */
+typedef struct ProgramDesc {
+	const char *plan, *model, *source;
+	int world, naxes, pipe_axis; /* pipe_axis, role_axis: -1 none */
+	int nstages, nparams;
+	int micro_batches;
+	long long batch, seq, vocab;
+	double lr, min_lr;
+	int warmup, total_steps;
+	int nroles, role_axis;      /* async: masters and workers on the batch axis */
+	const char *fingerprint;    /* "fnv1a64:<16 hex digits>", a hash of the whole lowered program */
+	const char *sync;           /* "strict", "local_sgd", "async" */
+	double loss_scale;
+	const char *optimizer;      /* "adamw(lr = 0.0003, ...)", as the checkpoint records it */
+} ProgramDesc;
+ProgramDesc program_desc(const Lowered *low, const char *source_path);
 bool plan_overlap(Lowered *low);
 /* offload_params.c: under `offload params -> host`, each ZeRO-3 gather reads a device copy of its
  * host-placed chunk */
