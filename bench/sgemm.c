@@ -1,5 +1,7 @@
-/* bench/sgemm.c: the sgemm rate of the OpenBLAS planrt links, for bench/backends.sh to hold the
+/* bench/sgemm.c: the sgemm rate of the OpenBLAS planrt links, for bench/backends.py to hold the
  * back ends' step times against (run it with OPENBLAS_NUM_THREADS=1 for the one-thread rate).
+ * Times are the process's CPU time, as backends.py's step times are: on a machine busy with
+ * other work, wall time would charge the GEMMs for others' turns.
  * For each M,N,K given: C[M, N] = A[M, K] B[K, N] (row-major, no transposes, as planrt's matmul
  * calls it for a forward linear layer), repeated for at least 0.3 s after one untimed call.
  * Prints one line per shape (M N K, ms per call, GFLOP/s) and the rate over all of them (total
@@ -13,7 +15,7 @@
 static double now(void)
 {
 	struct timespec t;
-	clock_gettime(CLOCK_MONOTONIC, &t);
+	clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
 	return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 

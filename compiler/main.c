@@ -1,11 +1,14 @@
 /* main.c: the planc command line. Parses arguments, loads the program, runs sema and the pass
  * driver, and hands the result to the requested command. Exit status: 0 success, 1 an error in
  * the user's input (reported with file:line:col), 2 a usage error; internal errors abort. */
-#include "passes.h"
+#include "search.h"
 #include "data/data.h"
+#include "planrt_outfile.h" /* the rule every output file is written by (runtime/core/outfile.c) */
 
 #include <dlfcn.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -50,13 +53,17 @@ static const char usage[] =
 	"                                    step-N, written under any plan of the model) into DIR/step-N as\n"
 	"                                    plan NAME holds it, offline (one process, no MPI, no training);\n"
 	"                                    then: mpirun -np WORLD PROG ... --resume DIR\n"
+	"  search FILE --model M --world N --batch B [--device=D] [--memory SIZE] [--top K] [--write NAME]\n"
+	"                                    the fastest plans for M on N ranks that pass every check and fit\n"
+	"                                    in memory, as plan text ('planc search --help'; docs/search.md)\n"
 	"  data vocab|tokenize|decode ...    text to token files: a GPT-2 byte-level BPE vocabulary, Megatron /\n"
 	"                                    nanoGPT / llm.c token files ('planc data --help'; docs/data.md)\n"
 	"\n"
 	"options:\n"
 	"  --plan NAME        the plan to use (default: the file's first plan)\n"
 	"  --json             machine-readable output for explain\n"
-	"  --device=NAME      the device explain's estimated step time assumes: h200 (default) or cpu\n"
+	"  --device=NAME|FILE the device explain's estimated step time assumes: h200 (default), h100,\n"
+	"                     a100, cpu, or a device file (docs/search.md; planc calibrate writes one)\n"
 	"  -o PATH            output directory (emit) or program (build); never an input or a .plan file\n"
 	"  --native           build: compile for this machine's CPU only (-march=native; with --backend llvm\n"
 	"                     the host CPU's target machine); by default the fused loops and planrt's\n"
@@ -123,13 +130,37 @@ static bool run_option(const char *a)
 	return !strcmp(a, "--plan") || !strncmp(a, "--plan=", 7) || !strcmp(a, "--verify-ir") || !strncmp(a, "--dump-after=", 13);
 }
 
+/* Whether option a (its name: "--plan" for "--plan=x" too) was given before among seen[0..n);
+ * records it. An option given twice is a usage error, never "the last one wins". */
+static bool seen_before(const char *a, const char **seen, int *n, int max)
+{
+	size_t len = strcspn(a, "=");
+	for (int k = 0; k < *n; k++)
+		if (strlen(seen[k]) == len && !strncmp(seen[k], a, len))
+			return true;
+	if (*n < max) {
+		char *name = strndup(a, len);
+		if (name)
+			seen[(*n)++] = name;
+	}
+	return false;
+}
+
 static int parse_args(int argc, char **argv, Options *o)
 {
 	o->prog_argv = calloc((size_t)argc + 1, sizeof *o->prog_argv);
 	o->prog_argc = 1;
+	const char *seen[32];
+	int nseen = 0;
 	for (int i = 1; i < argc; i++) {
 		const char *a = argv[i];
-		if (o->command && !strcmp(o->command, "run") && o->file && !run_option(a)) {
+		bool program_arg = o->command && !strcmp(o->command, "run") && o->file && !run_option(a);
+		if (!program_arg && a[0] == '-' && a[1] && seen_before(a, seen, &nseen, 32)) {
+			fprintf(stderr, "planc: %.*s is given twice; give it once\nrun 'planc --help' for usage\n",
+				(int)strcspn(a, "="), a);
+			return 2;
+		}
+		if (program_arg) {
 			o->prog_argv[o->prog_argc++] = argv[i];
 		} else if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
 			fputs(usage, stdout);
@@ -140,8 +171,8 @@ static int parse_args(int argc, char **argv, Options *o)
 		} else if (!strcmp(a, "--json")) {
 			o->json = true;
 		} else if (!strncmp(a, "--device=", 9)) {
-			if (!explain_device(a + 9))
-				return usage_error("unknown device '%s' for --device (h200 or cpu)", a + 9);
+			if (!device_select(a + 9))
+				return 2;
 		} else if (!strcmp(a, "--verify-ir")) {
 			o->verify = true;
 		} else if (!strcmp(a, "--native")) {
@@ -197,6 +228,40 @@ static int parse_args(int argc, char **argv, Options *o)
 	return 0;
 }
 
+/* Writes path by planrt_outfile's rule (a temporary file beside it, renamed over it; a character
+ * device in place; anything else refused): write(f, arg) prints the content and returns false on
+ * an error it reported. False after reporting why; the target is then as it was. */
+static bool write_output(const char *what, const char *path, bool (*write)(FILE *, void *), void *arg)
+{
+	planrt_outfile_t f;
+	char why[1024] = "";
+	FILE *out = NULL;
+	if (planrt_outfile_open(&f, what, path, (long)getpid(), why, sizeof why) != 0 ||
+	    !(out = planrt_outfile_stream(&f, why, sizeof why))) {
+		if (f.fd >= 0)
+			planrt_outfile_discard(&f);
+		fprintf(stderr, "planc: error: %s\n", why);
+		return false;
+	}
+	if (!write(out, arg) || ferror(out)) {
+		int e = errno;
+		planrt_outfile_discard(&f);
+		fprintf(stderr, "planc: error: cannot write %s '%s': %s\n", what, path, strerror(e ? e : EIO));
+		return false;
+	}
+	if (planrt_outfile_commit(&f, why, sizeof why) != 0) {
+		fprintf(stderr, "planc: error: %s\n", why);
+		return false;
+	}
+	return true;
+}
+
+static bool write_fmt(FILE *f, void *module)
+{
+	fmt_module(f, module);
+	return true;
+}
+
 static int cmd_fmt(const Options *o, Arena *a)
 {
 	char *text;
@@ -213,19 +278,18 @@ static int cmd_fmt(const Options *o, Arena *a)
 		return 0;
 	}
 	/* rewrite atomically: a temporary file beside the original, then rename */
-	const char *tmp = arena_printf(a, "%s.fmt-tmp", o->file);
-	FILE *f = fopen(tmp, "w");
-	if (!f) {
-		fprintf(stderr, "planc: error: cannot write '%s'\n", tmp);
-		return 1;
-	}
-	fmt_module(f, m);
-	if (fclose(f) != 0 || rename(tmp, o->file) != 0) {
-		remove(tmp);
-		fprintf(stderr, "planc: error: cannot rewrite '%s'\n", o->file);
-		return 1;
-	}
-	return 0;
+	return write_output("fmt -w", o->file, write_fmt, m) ? 0 : 1;
+}
+
+typedef struct SvgArgs {
+	Graph *g;
+	const Lowered *low;
+} SvgArgs;
+
+static bool write_svg(FILE *f, void *arg)
+{
+	const SvgArgs *a = arg;
+	return explain_svg(f, a->g, a->low);
 }
 
 /* Runs sema, the middle end and the back end for one plan (the collective check reads the
@@ -243,9 +307,74 @@ static Lowered *compile_plan(Program *p, Item *plan, const Options *o, bool do_e
 		return NULL;
 	if (do_explain)
 		explain(stdout, g, o->json, low);
-	if (do_explain && o->svg && !explain_svg(o->svg, g, low))
+	if (do_explain && o->svg && !write_output("--svg", o->svg, write_svg, &(SvgArgs){g, low}))
 		return NULL;
 	return low;
+}
+
+/* ---- planc build's scratch: a planc-build-* directory and the program linked beside its target.
+ * Removed on every exit path, and by SIGTERM, SIGINT or SIGHUP: the handler stops the compiler
+ * running (its process group), removes the files the build makes and the directory, and the
+ * temporary program (planrt_outfile's pending file), then dies of the signal as it would have. */
+
+enum { SCRATCH_FILES = 8 };
+static struct {
+	char dir[4096];
+	char files[SCRATCH_FILES][4160]; /* what the build may create in dir */
+	int nfiles;
+	volatile pid_t child;            /* the compiler running, in a process group of its own */
+} scratch;
+
+static void scratch_remove(void) /* async-signal-safe: unlink, rmdir */
+{
+	for (int i = 0; i < scratch.nfiles; i++)
+		unlink(scratch.files[i]);
+	if (scratch.dir[0])
+		rmdir(scratch.dir);
+	planrt_outfile_remove_pending();
+}
+
+static void scratch_on_signal(int sig)
+{
+	pid_t child = scratch.child;
+	if (child > 0) {
+		kill(-child, SIGTERM);
+		waitpid(child, NULL, 0);
+	}
+	scratch_remove();
+	signal(sig, SIG_DFL);
+	raise(sig);
+}
+
+/* A new scratch directory under $TMPDIR holding (at most) the named files; NULL after reporting. */
+static const char *scratch_begin(Arena *a, const char *const *names, int n)
+{
+	const char *tmp = getenv("TMPDIR");
+	char *dir = mkdtemp(arena_printf(a, "%s/planc-build-XXXXXX", tmp && *tmp ? tmp : "/tmp"));
+	if (!dir) {
+		fprintf(stderr, "planc: error: cannot create a temporary directory: %s\n", strerror(errno));
+		return NULL;
+	}
+	snprintf(scratch.dir, sizeof scratch.dir, "%s", dir);
+	scratch.nfiles = 0;
+	for (int i = 0; i < n && i < SCRATCH_FILES; i++)
+		snprintf(scratch.files[scratch.nfiles++], sizeof scratch.files[0], "%s/%s", dir, names[i]);
+	struct sigaction sa = {.sa_handler = scratch_on_signal};
+	sigemptyset(&sa.sa_mask);
+	sigaction(SIGTERM, &sa, NULL);
+	sigaction(SIGINT, &sa, NULL);
+	sigaction(SIGHUP, &sa, NULL);
+	return dir;
+}
+
+static void scratch_end(void)
+{
+	signal(SIGTERM, SIG_DFL);
+	signal(SIGINT, SIG_DFL);
+	signal(SIGHUP, SIG_DFL);
+	scratch_remove();
+	scratch.dir[0] = 0;
+	scratch.nfiles = 0;
 }
 
 static int run_command(char *const argv[])
@@ -254,15 +383,66 @@ static int run_command(char *const argv[])
 	if (pid < 0)
 		return -1;
 	if (pid == 0) {
+		setpgid(0, 0); /* planc's signal handler stops the compiler and everything it started */
 		execvp(argv[0], argv);
 		fprintf(stderr, "planc: error: cannot run '%s': %s\n", argv[0], strerror(errno));
 		_exit(127);
 	}
+	setpgid(pid, pid);
+	scratch.child = pid;
 	int status;
 	while (waitpid(pid, &status, 0) < 0)
-		if (errno != EINTR)
+		if (errno != EINTR) {
+			scratch.child = 0;
 			return -1;
+		}
+	scratch.child = 0;
 	return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+/* The link line's last step: argv (with "-o" followed by NULL, to fill) links the program into a
+ * temporary file beside -o, renamed over it once linked (planrt_outfile); a character device
+ * target gets the linked bytes written in place. False after reporting. */
+static bool link_program(char **argv, int out_at, const char *output, Arena *a)
+{
+	planrt_outfile_t f;
+	char why[1024];
+	if (planrt_outfile_open(&f, "-o", output, (long)getpid(), why, sizeof why) != 0) {
+		fprintf(stderr, "planc: error: %s\n", why);
+		return false;
+	}
+	const char *linked = f.in_place ? arena_printf(a, "%s/prog", scratch.dir) : f.tmp;
+	if (f.in_place && scratch.nfiles < SCRATCH_FILES)
+		snprintf(scratch.files[scratch.nfiles++], sizeof scratch.files[0], "%s", linked);
+	if (!f.in_place) { /* the linker creates the file (executable); its name stays the pending one */
+		planrt_outfile_close(&f);
+		unlink(f.tmp);
+	}
+	argv[out_at] = (char *)linked;
+	if (run_command(argv) != 0) {
+		planrt_outfile_discard(&f);
+		return false;
+	}
+	if (!f.in_place)
+		f.fd = open(f.tmp, O_RDONLY | O_CLOEXEC); /* for the commit's fsync */
+	bool ok = true;
+	FILE *in = f.in_place ? fopen(linked, "rb") : NULL;
+	if (f.in_place) { /* the device gets the program's bytes */
+		char buf[65536];
+		size_t got;
+		ok = in != NULL;
+		while (ok && (got = fread(buf, 1, sizeof buf, in)) > 0)
+			ok = write(f.fd, buf, got) == (ssize_t)got;
+		if (in)
+			fclose(in);
+	}
+	if (!ok || planrt_outfile_commit(&f, why, sizeof why) != 0) {
+		if (!ok)
+			planrt_outfile_discard(&f);
+		fprintf(stderr, "planc: error: %s\n", ok ? why : strerror(errno));
+		return false;
+	}
+	return true;
 }
 
 /* ---- outputs: checked before any work, they never replace an input */
@@ -273,9 +453,11 @@ static bool same_file(const char *a, const char *b)
 	return stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
 }
 
-/* An output path (what: "-o" or "--svg"; is_dir: emit's directory) is refused when it is the plan
- * file or a module the plan imports (modules NULL: before loading, the plan file only), a .plan
- * source, a directory where a file is written (or the reverse), or not writable. */
+/* An output path (what: "-o" or "--svg"; is_dir: emit's or reshard's directory) is refused when it
+ * is the plan file or a module the plan imports (modules NULL: before loading, the plan file
+ * only), a .plan source, a file that planrt_outfile's rule refuses (a directory, FIFO, socket,
+ * block device or symbolic link), a directory output that exists and is not one, or a path whose
+ * directory is not writable. */
 static bool output_ok(const char *what, const char *path, bool is_dir, const Options *o, const Module *modules)
 {
 	const char *input = NULL;
@@ -296,23 +478,28 @@ static bool output_ok(const char *what, const char *path, bool is_dir, const Opt
 		return false;
 	}
 	struct stat st;
-	if (stat(path, &st) == 0) {
-		if (!is_dir && S_ISDIR(st.st_mode)) {
-			fprintf(stderr, "planc: error: %s '%s' is a directory; give the file to write, e.g. %s/prog\n", what, path,
-				path);
-			return false;
-		}
-		if (is_dir && !S_ISDIR(st.st_mode)) {
+	char why[1024];
+	if (!is_dir && !modules && lstat(path, &st) == 0 && S_ISLNK(st.st_mode))
+		return true; /* judged after loading, when the imports are known: a link to one is named so */
+	if (!is_dir && planrt_outfile_check(what, path, why, sizeof why) != 0) {
+		fprintf(stderr, "planc: error: %s\n", why);
+		return false;
+	}
+	if (!is_dir && lstat(path, &st) == 0 && S_ISCHR(st.st_mode))
+		return true; /* a device, written in place */
+	if (is_dir && stat(path, &st) == 0) {
+		if (!S_ISDIR(st.st_mode)) {
 			fprintf(stderr, "planc: error: %s '%s' exists and is not a directory\n", what, path);
 			return false;
 		}
-		if (access(path, W_OK) != 0) {
+		if (access(path, W_OK | X_OK) != 0) {
 			fprintf(stderr, "planc: error: %s '%s' is not writable: %s\n", what, path, strerror(errno));
 			return false;
 		}
 		return true;
 	}
-	/* a new file or directory: its parent must exist and be writable ("out/": out's parent) */
+	/* a new file or directory, or a file renamed over: its parent must exist and be writable
+	 * ("out/": out's parent) */
 	while (n > 1 && path[n - 1] == '/')
 		n--;
 	const char *slash = NULL;
@@ -339,13 +526,6 @@ static bool outputs_ok(const Options *o, const Module *modules, bool is_emit, bo
 	if (is_explain && o->svg && !output_ok("--svg", o->svg, false, o, modules))
 		return false;
 	return true;
-}
-
-/* build's temporary directory and what it holds (a failed build leaves nothing behind) */
-static void remove_build_dir(const char *dir, const char *file)
-{
-	remove(file);
-	rmdir(dir);
 }
 
 /* The CUDA target: emit cuda writes DIR/prog.c, kernels.cu and loops.h; build --target cuda compiles
@@ -384,13 +564,10 @@ static bool cmd_cuda(Lowered *low, const Options *o, bool compile)
 				"them elsewhere", o->file, low->ps->plan->name);
 		return false;
 	}
-	const char *tmp = getenv("TMPDIR");
-	char *dir = mkdtemp(arena_printf(a, "%s/planc-build-XXXXXX", tmp && *tmp ? tmp : "/tmp"));
-	if (!dir) {
-		fprintf(stderr, "planc: error: cannot create a temporary directory: %s\n", strerror(errno));
-		return false;
-	}
 	static const char *const files[] = {"prog.c", "kernels.cu", "loops.h", "prog.o", "kernels.o"};
+	const char *dir = scratch_begin(a, files, 5);
+	if (!dir)
+		return false;
 	bool ok = emit_cuda(low, dir, o->file);
 	if (ok && dump)
 		ok = dump_after_emit(arena_printf(a, "%s/prog.c", dir), stdout) &&
@@ -419,18 +596,16 @@ static bool cmd_cuda(Lowered *low, const Options *o, bool compile)
 		argv[n++] = arena_printf(a, "%s/prog.o", dir);
 		argv[n++] = arena_printf(a, "%s/kernels.o", dir);
 		argv[n++] = "-o";
-		argv[n++] = (char *)o->output;
+		int out_at = n++;
 		argv[n++] = (char *)PLANC_CUDA_LIB;
 		argv[n++] = (char *)PLANC_RUNTIME_LIB;
 		for (char *t = strtok(libs, " "); t && n < 92; t = strtok(NULL, " "))
 			argv[n++] = t;
 		argv[n++] = "-lm";
 		argv[n] = NULL;
-		ok = run_command(argv) == 0;
+		ok = link_program(argv, out_at, o->output, a);
 	}
-	for (size_t i = 0; i < sizeof files / sizeof files[0]; i++)
-		remove(arena_printf(a, "%s/%s", dir, files[i]));
-	rmdir(dir);
+	scratch_end();
 	if (!ok) {
 		fprintf(stderr, "planc: error: building the CUDA program failed\n");
 		diag_note_plain("'planc emit cuda %s --plan %s -o DIR' writes what was compiled, for inspection", o->file,
@@ -494,20 +669,14 @@ static bool cmd_codegen(Lowered *low, const Options *o, bool compile)
 		return llvm_emit_ptx(low, o->output, dump);
 	bool llvm = compile && o->backend && !strcmp(o->backend, "llvm");
 	const char *dir = o->output;
-	const char *tmp = getenv("TMPDIR");
-	char *tmpl = arena_printf(g->arena, "%s/planc-build-XXXXXX", tmp && *tmp ? tmp : "/tmp");
-	if (compile) {
-		dir = mkdtemp(tmpl);
-		if (!dir) {
-			fprintf(stderr, "planc: error: cannot create a temporary directory: %s\n", strerror(errno));
-			return false;
-		}
-	}
+	static const char *const files[] = {"prog.c", "prog.o"};
+	if (compile && !(dir = scratch_begin(g->arena, files, 2)))
+		return false;
 	const char *src = arena_printf(g->arena, llvm ? "%s/prog.o" : "%s/prog.c", dir);
 	if (llvm ? !llvm_emit_object(low, src, o->file, o->verify, o->native)
 		 : !run_emit(low, dir, o->file, o->dump_after, stdout)) {
 		if (compile)
-			remove_build_dir(dir, src);
+			scratch_end();
 		return false;
 	}
 	if (!compile)
@@ -534,15 +703,15 @@ static bool cmd_codegen(Lowered *low, const Options *o, bool compile)
 	}
 	argv[n++] = (char *)src;
 	argv[n++] = "-o";
-	argv[n++] = (char *)o->output;
+	int out_at = n++;
 	argv[n++] = (char *)PLANC_RUNTIME_LIB;
 	for (char *t = strtok(libs, " "); t && n < 62; t = strtok(NULL, " "))
 		argv[n++] = t;
 	argv[n++] = "-lm";
 	argv[n] = NULL;
-	int rc = run_command(argv);
-	remove_build_dir(dir, src);
-	if (rc != 0) {
+	bool linked = link_program(argv, out_at, o->output, g->arena);
+	scratch_end();
+	if (!linked) {
 		fprintf(stderr, "planc: error: %s the generated program failed\n", llvm ? "linking" : "compiling");
 		diag_note_plain("'planc emit %s %s --plan %s -o DIR' writes what was %s, for inspection", llvm ? "llvm" : "c",
 				o->file, low->ps->plan->name, llvm ? "linked" : "compiled");
@@ -577,6 +746,8 @@ int main(int argc, char **argv)
 {
 	if (argc > 1 && !strcmp(argv[1], "data")) /* text to tokens: its own options (data/data_cli.c) */
 		return data_main(argc - 1, argv + 1);
+	if (argc > 1 && !strcmp(argv[1], "search")) /* the fastest plan that fits: its own options (search.c) */
+		return search_main(argc - 1, argv + 1);
 	Options o = {0};
 	int rc = parse_args(argc, argv, &o);
 	if (rc)

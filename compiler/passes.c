@@ -2,6 +2,7 @@
  * Halide's Lower.cpp). After any pass the IR can be printed: `planc --dump-after=shard ...`.
  *
  *   graph      elaborate the model into ops over concrete shapes (graph.c)
+ *   attention  attention chains fused into one op with an online softmax (attention.c)
  *   pipeline   stage partition, tied-parameter copies, sends and receives, schedule (pipeline.c)
  *   autodiff   backward graph and optimizer update (autodiff.c)
  *   shard      layouts per mesh axis, collectives inserted (shard.c)
@@ -21,7 +22,7 @@
 
 #include <string.h>
 
-const char *const pass_names[] = {"graph", "pipeline", "autodiff", "shard", "recompute", "zero", "sync",
+const char *const pass_names[] = {"graph", "attention", "pipeline", "autodiff", "shard", "recompute", "zero", "sync",
 				  "lower", "state", "overlap", "offload_params", "offload_activations", "memplan", "check",
 				  "streams", NULL};
 
@@ -41,7 +42,8 @@ Graph *run_passes(PlanSpec *ps, const char *dump_after, FILE *dump_out)
 	if (!g)
 		return NULL;
 	dump_if(dump_after, "graph", g, dump_out);
-	static bool (*const passes[])(Graph *) = {pipeline, autodiff, shard, recompute, zero, sync_grads};
+	static bool (*const passes[])(Graph *) = {fuse_attention, pipeline, autodiff, shard, recompute, zero,
+						    sync_grads};
 	for (int i = 0; i < (int)(sizeof passes / sizeof passes[0]); i++) {
 		if (!passes[i](g) || diag_error_count() != errors_before)
 			return NULL;

@@ -2,7 +2,7 @@
 # Installs the Debian 12 packages planc needs, when some are missing (as root: apt-get; otherwise
 # it names the command to run). Sourced by scripts/example.sh and scripts/test.sh.
 PLANC_PACKAGES="cmake make gcc flex bison libfl-dev llvm-14-dev openmpi-bin libopenmpi-dev \
-libopenblas-dev libjansson-dev libcmocka-dev clang-14 libclang-rt-14-dev python3 python3-torch"
+libopenblas-dev libjansson-dev libcmocka-dev clang-14 libclang-rt-14-dev python3 python3-torch time"
 missing=""
 for p in $PLANC_PACKAGES; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"

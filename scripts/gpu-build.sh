@@ -5,13 +5,15 @@
 #
 #   scripts/gpu-build.sh RUNTIME_DIR LIB_DIR  PROG_DIR OUT [PROG_DIR OUT ...]
 #
-# (a PROG_DIR that is a .cu file is compiled as a program of its own, linked with cuBLAS: the GEMM
-# benchmark of scripts/gpu-check.sh)
+# (a PROG_DIR that is a .cu file is compiled as a program of its own, linked like the programs: the
+# GEMM benchmark and the NCCL / MPI device backend unit test of scripts/gpu-check.sh)
 #
-# RUNTIME_DIR holds planrt's sources (runtime/ of the repository: a folder per concern, include/). planrt and planrt_cuda are compiled
-# once into LIB_DIR (kept: a second call reuses them) for ONE process: runtime/standalone/mpi.h
-# stands in for MPI (a world of one rank; the program runs without mpirun) and runtime/standalone/
-# cblas.h for OpenBLAS (the host multiplies nothing on the GPU's training path). jansson is the one
+# RUNTIME_DIR holds planrt's sources (runtime/ of the repository: a folder per concern, include/).
+# planrt and planrt_cuda are compiled once into LIB_DIR (kept: a second call reuses them) with
+# planrt's node-local MPI (runtime/standalone/mpi.h and mpi_local.c): a program runs alone as a
+# world of one rank, or as N ranks on this node under LIB_DIR/planrt-run -n N (built here from
+# runtime/standalone/planrt_run.c); runtime/standalone/cblas.h stands in for OpenBLAS (the host
+# multiplies nothing on the GPU's training path). jansson is the one
 # C library planrt needs besides CUDA: its header and static archive are found in JANSSON_DIR
 # (include/ and lib/), or the system's. Each PROG_DIR (prog.c, kernels.cu, loops.h) becomes the
 # program OUT: kernels.cu with nvcc for sm_80 and sm_90 (SASS) and compute_80 PTX, prog.c with the
@@ -80,7 +82,7 @@ if [ -n "${JANSSON_DIR:-}" ]; then JANSSON_INC=$JANSSON_DIR/include JANSSON_A=$J
 [ -f "$JANSSON_INC/jansson.h" ] && [ -f "$JANSSON_A" ] || {
 	echo "gpu-build: jansson not found ($JANSSON_INC/jansson.h, $JANSSON_A): set JANSSON_DIR" >&2; exit 1; }
 
-# standalone/ first: its mpi.h and cblas.h are the one-process MPI and the plain GEMM
+# standalone/ first: its mpi.h and cblas.h are the node-local MPI and the plain GEMM
 # (never -isystem /usr/include: it reorders the system directories and breaks libstdc++'s #include_next)
 INCS=(-I"$RT/standalone" -I"$RT/include")
 for d in "$JANSSON_INC" "$CUDA_HOME/include" "$CUBLAS_INC" "$NCCL_INC"; do
@@ -89,8 +91,8 @@ done
 CFLAGS=(-std=gnu11 -O2 -fPIC -Wall -Wno-unused-parameter -Wno-unused-function "${INCS[@]}")
 NVFLAGS=(-std=c++17 -O2 -gencode "$GENCODE" -Xcompiler=-fPIC,-Wall "${INCS[@]}")
 
-# planrt + planrt_cuda, once (rebuilt when a source is newer than the archive)
-ARCHIVE=$LIB/libplanrt_one.a
+# planrt + planrt_cuda, once (rebuilt when a source is newer than the archive), and planrt-run
+ARCHIVE=$LIB/libplanrt_local.a
 stale=0
 [ -f "$ARCHIVE" ] || stale=1
 for s in "$RT"/*/*.c "$RT"/*/*.cu "$RT"/*/*.h; do
@@ -101,8 +103,10 @@ if [ $stale = 1 ]; then
 	rm -f "$LIB"/*.o "$ARCHIVE"
 	pids=()
 	for s in "$RT"/*/*.c; do
+		[ "$(basename "$s")" = planrt_run.c ] && continue # the launcher: a program of its own
 		"$CC" "${CFLAGS[@]}" -c "$s" -o "$LIB/$(basename "$s" .c).c.o" & pids+=($!)
 	done
+	"$CC" -std=gnu11 -O2 -Wall "$RT/standalone/planrt_run.c" -o "$LIB/planrt-run" & pids+=($!)
 	for s in "$RT"/*/*.cu; do
 		"$NVCC" "${NVFLAGS[@]}" -c "$s" -o "$LIB/$(basename "$s" .cu).cu.o" & pids+=($!)
 	done
@@ -110,25 +114,39 @@ if [ $stale = 1 ]; then
 	for p in "${pids[@]}"; do wait "$p" || fail=1; done
 	[ $fail = 0 ] || { echo "gpu-build: compiling planrt failed" >&2; exit 1; }
 	ar rcs "$ARCHIVE" "$LIB"/*.o
-	printf 'gpu-build: planrt (one process) + planrt_cuda: %.1f s\n' "$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN{print b-a}')"
+	printf 'gpu-build: planrt (node-local MPI) + planrt_cuda + planrt-run: %.1f s\n' "$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN{print b-a}')"
 fi
 
 LINK=("$ARCHIVE" "$JANSSON_A" "$CUBLAS_LIB" ${CUBLASLT_LIB:+"$CUBLASLT_LIB"} "$NCCL_LIB" $CUDART_A
       -Wl,-rpath,"$(dirname "$CUBLAS_LIB")" -Wl,-rpath,"$(dirname "$NCCL_LIB")" -ldl -lrt -lpthread -lstdc++ -lm)
-while [ $# -gt 0 ]; do
-	src=$1 out=$2
-	shift 2
+# one program: PROG_DIR (prog.c, kernels.cu) or a .cu file of its own (a benchmark, a unit test,
+# which may reach planrt_cuda_internal.h)
+build_one() {
+	local src=$1 out=$2 t0 obj
 	t0=$(date +%s.%N)
-	if [ -f "$src" ] && [ "${src%.cu}" != "$src" ]; then # a program of its own (a benchmark): nvcc, cuBLAS
-		"$NVCC" "${NVFLAGS[@]}" "$src" -o "$out" "$CUBLAS_LIB" ${CUBLASLT_LIB:+"$CUBLASLT_LIB"} \
-			-Xlinker -rpath -Xlinker "$(dirname "$CUBLAS_LIB")"
-		printf 'gpu-build: %s: %.1f s\n' "$out" "$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN{print b-a}')"
-		continue
-	fi
 	obj=$(mktemp -d)
-	"$NVCC" "${NVFLAGS[@]}" -I"$src" -c "$src/kernels.cu" -o "$obj/kernels.o"
-	"$CC" "${CFLAGS[@]}" -O1 -I"$src" -c "$src/prog.c" -o "$obj/prog.o"
-	"$CC" "$obj/prog.o" "$obj/kernels.o" -o "$out" "${LINK[@]}"
+	if [ -f "$src" ] && [ "${src%.cu}" != "$src" ]; then
+		"$NVCC" "${NVFLAGS[@]}" -I"$RT/cuda" -c "$src" -o "$obj/main.o" &&
+			"$CC" "$obj/main.o" -o "$out" "${LINK[@]}" || { rm -rf "$obj"; return 1; }
+	else
+		"$NVCC" "${NVFLAGS[@]}" -I"$src" -c "$src/kernels.cu" -o "$obj/kernels.o" &&
+			"$CC" "${CFLAGS[@]}" -O1 -I"$src" -c "$src/prog.c" -o "$obj/prog.o" &&
+			"$CC" "$obj/prog.o" "$obj/kernels.o" -o "$out" "${LINK[@]}" || { rm -rf "$obj"; return 1; }
+	fi
 	rm -rf "$obj"
 	printf 'gpu-build: %s: %.1f s\n' "$out" "$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN{print b-a}')"
+}
+# the programs, GPU_BUILD_JOBS at a time (default: the cores)
+JOBS=${GPU_BUILD_JOBS:-$(nproc 2>/dev/null || echo 4)}
+pids=()
+fail=0
+while [ $# -gt 0 ]; do
+	build_one "$1" "$2" & pids+=($!)
+	shift 2
+	if [ ${#pids[@]} -ge "$JOBS" ]; then
+		wait "${pids[0]}" || fail=1
+		pids=("${pids[@]:1}")
+	fi
 done
+for p in "${pids[@]}"; do wait "$p" || fail=1; done
+[ $fail = 0 ] || { echo "gpu-build: building a program failed" >&2; exit 1; }

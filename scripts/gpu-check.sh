@@ -1,14 +1,18 @@
 #!/bin/bash
-# gpu-check.sh: the CUDA target on one GPU (an H200), in one call of under 5 minutes, from a bundle
+# gpu-check.sh: the CUDA target on one GPU (an H200), in one call of about 8 minutes, from a bundle
 # that scripts/gpu-prepare.sh made on the build machine (the GPU machine needs the CUDA toolkit,
 # python3 with PyTorch, and none of the project's other dependencies: no MPI, no OpenBLAS, no LLVM).
 #
 #   bash BUNDLE/gpu-check.sh [--build-only]
 #
-# 1. builds planrt for one process and the two CUDA programs the bundle holds the sources of
-#    (gpu-build.sh: nvcc sm_80 + sm_90 + PTX, cuBLAS, NCCL, the static CUDA runtime), and the
-#    cuBLAS bf16 GEMM benchmark;
-# 2. trains each program of bundle/compare/ (examples/gpt.plan `single`: f32, TF32 off, dropout
+# 1. builds planrt with its node-local MPI and planrt-run, its launcher (no MPI on that machine:
+#    docs/gpu.md), the CUDA programs the bundle holds the sources of (gpu-build.sh: nvcc sm_80 +
+#    sm_90 + PTX for the single-rank ones, sm_90 for the multi-rank ones; cuBLAS, NCCL, the static
+#    CUDA runtime), the device comm backends' unit test and the cuBLAS bf16 GEMM benchmark;
+# 2. the device comm backends on one GPU (tests/cuda/test_nccl_one.cu): comm_nccl's every
+#    collective kind and p2p on an NCCL communicator of one, the MPI device backend's staging and
+#    gate on the device, and what an allreduce costs on each;
+# 3. trains each program of bundle/compare/ (examples/gpt.plan `single`: f32, TF32 off, dropout
 #    0.1; llama `single`: RoPE, RMS norm, SwiGLU; bert `single_nodropout`: a data set, the [CLS]
 #    narrow; examples/moe.plan `single`: top-2 with drops, and `mixtral_single`: dropless, SwiGLU
 #    experts; examples/gpt.plan `fp16`: f16 storage, dynamic loss scaling) 20 steps and compares
@@ -16,13 +20,21 @@
 #    (compare/NAME/cpu.jsonl, with the options in compare/NAME/args): 1e-4 relative; a MoE model's
 #    routing metrics exactly; an fp16 model's loss scale and skipped steps exactly (its scale starts
 #    at 2^20, so the first steps overflow and are skipped);
-# 3. measures the bf16 GEMM rate with cuBLAS (8192^3), then times bench/gpu/gpt350m.plan (355M
+# 4. several ranks on the one GPU (bundle/ranks/: data, tensor and sequence parallel, the 8-rank 3D
+#    plan, an interleaved pipeline, ZeRO-3 with prefetch, offload to disk and to host, MoE expert
+#    parallelism (dropless too), fp16 with skipped steps, async, local SGD, PowerSGD): each runs 20
+#    steps under planrt-run, its communication on the MPI device backend (the ranks share the GPU,
+#    which NCCL refuses), and gpu-ranks-check.py holds it against the CPU program's losses (f32,
+#    TF32 off: 1e-6 relative), explain's memory on every rank, and reports the step time and the
+#    share of the step the compute stream waited on communication (from the trace); the table of
+#    every plan is printed last, for docs/gpu.md;
+# 5. measures the bf16 GEMM rate with cuBLAS (8192^3), then times bench/gpu/gpt350m.plan (355M
 #    parameters, bf16, batch 8 x 1024): tokens/s and MFU = model FLOPs per step (planc explain) /
 #    step time / the measured GEMM rate; its device memory against planc explain's (the arena and
 #    state the program allocates, and the peak the device saw);
-# 4. the same model in PyTorch eager on the same GPU (bench/gpu/torch_gpt.py) and the ratio.
-# Without a GPU (or with --build-only) it stops after the build, having run each program once to
-# show its one-line refusal. Exit status: 0 when every check passed.
+# 6. the same model in PyTorch eager on the same GPU (bench/gpu/torch_gpt.py) and the ratio.
+# Without a GPU (or with --build-only) it stops after the build, having run each kind of program
+# once to show its one-line refusal. Exit status: 0 when every check passed.
 set -uo pipefail
 DIR=$(cd "$(dirname "$0")" && pwd)
 W=${GPU_CHECK_WORK:-/tmp/gpu-check}
@@ -47,14 +59,25 @@ for c in "$DIR"/compare/*/; do
 	c=${c%/}
 	pairs+=("$c" "$W/$(basename "$c")")
 done
+ranks=()
+mkdir -p "$W/ranks"
+for r in "$DIR"/ranks/*/; do
+	[ -d "$r" ] || continue
+	r=${r%/}
+	ranks+=("$r" "$W/ranks/$(basename "$r")")
+done
 if NVCC=$NVCC bash "$DIR/gpu-build.sh" "$DIR/runtime" "$W/lib" "${pairs[@]}" \
-	"$DIR/gpt350m" "$W/gpt350m" "$DIR/gemm_rate.cu" "$W/gemm_rate"; then
+	"$DIR/gpt350m" "$W/gpt350m" "$DIR/gemm_rate.cu" "$W/gemm_rate" "$DIR/test_nccl_one.cu" "$W/nccl_one" &&
+	{ [ ${#ranks[@]} = 0 ] || GPU_ARCHS=${GPU_ARCHS:-"arch=compute_90,code=sm_90"} NVCC=$NVCC \
+		bash "$DIR/gpu-build.sh" "$DIR/runtime" "$W/lib" "${ranks[@]}"; }; then
 	verdict 0 "built the CUDA programs in $(( $(date +%s) - t0 )) s"
 else
 	verdict 1 "building the CUDA programs"
 	if [ -x "$DIR/prebuilt/gpt350m" ]; then
-		echo "using the programs built on the build machine (bundle/prebuilt) for the rest"
+		echo "using the programs built on the build machine (bundle/prebuilt) for the rest (no multi-rank ones)"
 		cp "$DIR"/prebuilt/* "$W"/
+		mkdir -p "$W/lib" && cp "$DIR/prebuilt/planrt-run" "$W/lib/"
+		ranks=()
 		# their cuBLAS and NCCL: wherever this machine has them
 		libs=$(find /usr/local/cuda*/ /usr/lib /opt / -xdev -maxdepth 8 \( -name 'libcublas.so.13' -o -name 'libnccl.so.2' \) \
 			2>/dev/null | xargs -r -n1 dirname | sort -u | tr '\n' ':')
@@ -66,13 +89,25 @@ else
 fi
 ls -la "${pairs[@]:1:1}" "$W/gpt350m" "$W/gemm_rate" 2>&1
 
+RUN=$W/lib/planrt-run
 if [ "${1:-}" = "--build-only" ] || ! nvidia-smi -L >/dev/null 2>&1; then
 	section "no GPU: each program says so in one line"
 	"$W/gpt350m" --steps 1 --data "$DIR/corpus.txt"
 	rc=$?
 	[ $rc != 0 ] && verdict 0 "the program refused to start without a GPU (status $rc)" || verdict 1 "ran without a GPU?"
+	"$W/nccl_one" | tail -1
+	if [ ${#ranks[@]} -gt 0 ]; then
+		"$RUN" -n 2 "${ranks[1]}" --steps 1 --data "$DIR/corpus.txt" </dev/null
+		rc=$?
+		[ $rc != 0 ] && verdict 0 "planrt-run -n 2 $(basename "${ranks[1]}"): every rank refused, the launcher says which (status $rc)" ||
+			verdict 1 "planrt-run ran without a GPU?"
+	fi
 	exit $fail
 fi
+
+section "the device comm backends on one GPU (tests/cuda/test_nccl_one.cu)"
+"$W/nccl_one"
+verdict $? "NCCL's every collective kind and p2p, and the MPI device backend's staging and ordering, on the GPU"
 
 for c in "$DIR"/compare/*/; do
 	c=${c%/}
@@ -116,6 +151,45 @@ sys.exit(0 if len(gpu) == len(cpu) == 20 and worst <= 1e-4 and routing_ok else 1
 PY
 	verdict $? "$(cat "$c/what"): GPU losses equal the CPU program's within 1e-4 relative over 20 steps"
 done
+
+# ---- several ranks on the one GPU ----------------------------------------------------------------
+# (a stall ends a run by the watchdog within a minute; the section stops starting plans after
+# RANKS_BUDGET seconds, 360 by default, so that the call stays inside the device's limits)
+rm -f "$W/rows.jsonl"
+ranks_t0=$(date +%s)
+for ((i = 0; i < ${#ranks[@]}; i += 2)); do
+	r=${ranks[i]} prog=${ranks[i + 1]}
+	name=$(basename "$r")
+	if [ $(( $(date +%s) - ranks_t0 )) -gt "${RANKS_BUDGET:-360}" ]; then
+		verdict 1 "$(cat "$r/what"): not run, the multi-rank section's ${RANKS_BUDGET:-360} s are spent"
+		continue
+	fi
+	section "$(cat "$r/what") on $(cat "$r/world") ranks sharing the GPU: 20 steps against the CPU program"
+	rm -f "$W/$name.jsonl" "$W/$name.trace.json"
+	# shellcheck disable=SC2046 # args: the run's options, words
+	PLANRT_REPORT_MEMORY=1 PLANRT_REPORT_TIMING=1 PLANRT_WATCHDOG=60 timeout 120 "$RUN" -n "$(cat "$r/world")" "$prog" \
+		--steps 20 --data "$DIR/corpus.txt" $(cat "$r/args") --log "$W/$name.jsonl" --trace "$W/$name.trace.json" \
+		</dev/null >"$W/$name.out" 2>"$W/$name.err"
+	rc=$?
+	tail -1 "$W/$name.out"
+	grep -E "planrt-run|device communicators|watchdog|error" "$W/$name.err" | head -5
+	[ $rc = 0 ] || tail -5 "$W/$name.err"
+	python3 "$DIR/gpu-ranks-check.py" "$r" "$W/$name.jsonl" "$W/$name.err" "$W/$name.trace.json" "$W/rows.jsonl"
+	verdict $(( $? || rc )) "$(cat "$r/what"), $(cat "$r/world") ranks: losses, metrics and memory on every rank"
+done
+if [ -f "$W/rows.jsonl" ]; then
+	section "several ranks on one GPU: the table (docs/gpu.md)"
+	python3 - "$W/rows.jsonl" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+print("| plan | ranks | worst loss difference vs CPU | memory (every rank) | step | waiting on communication | |")
+print("| --- | --- | --- | --- | --- | --- | --- |")
+for r in rows:
+    print(f"| {r['plan']} | {r['ranks']} | {r['losses']} | {r['memory']} | {r['step_ms']} ms | {r['comm_wait']} | "
+          f"{'pass' if r['ok'] else 'FAIL'} |")
+print(f"device communicators of the last plan's rank 0: {rows[-1]['backend']}" if rows else "")
+PY
+fi
 
 section "cuBLAS bf16 GEMM rate (8192^3, random data)"
 gemm_line=$("$W/gemm_rate" 8192 8192 8192)

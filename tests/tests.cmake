@@ -37,6 +37,7 @@ runner_test(explain_goldens_large 600 sh ${ROOT}/tests/explain/run_explain.sh ${
             ${ROOT}/examples/gpt7b.plan ${ROOT}/examples/gpt175b.plan)
 runner_test(explain_formulas 300 python3 ${ROOT}/tests/explain/check_formulas.py ${PLANC} ${ROOT})
 runner_test(explain_svg 300 python3 ${ROOT}/tests/explain/check_svg.py ${PLANC} ${ROOT})
+runner_test(explain_devices 300 python3 ${ROOT}/tests/explain/check_devices.py ${PLANC} ${ROOT})
 # the C printer's output, byte for byte (tests/emit)
 runner_test(emit_golden 300 sh ${ROOT}/tests/emit/run_emit_golden.sh ${PLANC})
 
@@ -60,6 +61,14 @@ runner_test(equiv_others 900 python3 ${ROOT}/tests/equiv/run_equiv.py ${PLANC} $
 runner_test(equiv_sweep 900 python3 ${ROOT}/tests/equiv/run_sweep.py ${PLANC} ${ROOT} 24)
 # PyTorch as an independent reference. Without Debian's python3-torch it exits 77, which ctest
 # reports as skipped (scripts/deps.sh installs it, so CI runs it); a skip never reads as a pass.
+# the fused attention trains as the attention written out, and saves the S^2 activations (tests/attention)
+add_executable(attention_io ${ROOT}/tests/attention/attention_io.c)
+target_compile_options(attention_io PRIVATE ${PLANC_WARNINGS} -O2)
+target_link_libraries(attention_io PRIVATE planrt)
+# the CPU's fused attention against PyTorch's on odd sizes, head dims, GQA ratios and masks
+runner_test(attention_torch 300 /usr/bin/python3 ${ROOT}/tests/attention/check_torch.py $<TARGET_FILE:attention_io>)
+set_tests_properties(attention_torch PROPERTIES SKIP_RETURN_CODE 77)
+runner_test(attention_fused 900 python3 ${ROOT}/tests/attention/run_fused.py ${PLANC} ${ROOT} 5)
 runner_test(torch_reference 900 /usr/bin/python3 ${ROOT}/tests/torch/torch_reference.py ${PLANC} ${ROOT} 20)
 set_tests_properties(torch_reference PROPERTIES SKIP_RETURN_CODE 77)
 # what programs allocate = explain's figure; ZeRO's and expert parallelism's memory (tests/memory)
@@ -80,6 +89,11 @@ runner_test(observe 600 python3 ${ROOT}/tests/observe/run_observe.py ${PLANC} ${
 # ---- the compiler at scale (issue 12): timings of million-rank plans and hostile input
 # (tests/scale), the collective check's mismatches found at a million ranks
 runner_test(scale 600 sh ${ROOT}/tests/scale/run_scale.sh ${PLANC})
+# planc search (issue 20): pruned = brute force on small spaces, memory limits, --write
+runner_test(search 900 python3 ${ROOT}/tests/search/run_search.py ${PLANC} ${ROOT})
+# compile time (issue 20): explain of every example, of 1T GPTs under every ZeRO stage and of
+# million-rank meshes within a CPU-time limit (bench/compile_time.py prints the figures)
+runner_test(scale_compile_time 600 python3 ${ROOT}/tests/scale/run_compile_time.py ${PLANC})
 add_executable(scale_test_check ${ROOT}/tests/scale/test_check.c)
 target_compile_options(scale_test_check PRIVATE ${PLANC_WARNINGS})
 target_link_libraries(scale_test_check PRIVATE planc_core)
@@ -115,6 +129,14 @@ add_executable(cuda_test_moe_math ${ROOT}/tests/cuda/test_moe_math.c)
 target_compile_options(cuda_test_moe_math PRIVATE ${PLANC_WARNINGS} -O2)
 target_link_libraries(cuda_test_moe_math PRIVATE planrt)
 add_test(NAME cuda_moe_math COMMAND cuda_test_moe_math WORKING_DIRECTORY ${ROOT})
+# several ranks on GPUs, tested on the CPU: the MPI device backend, the node-local MPI, GPU binding
+include(${ROOT}/tests/cuda/gpu_ranks.cmake)
+# the fused attention's per-row logic (runtime/cuda/planrt_attention_math.h, attention_cuda.cu's
+# threads) on the host against the CPU's tiled kernels: outputs, lse, gradients, dropout
+add_executable(cuda_test_attention_math ${ROOT}/tests/cuda/test_attention_math.c)
+target_compile_options(cuda_test_attention_math PRIVATE ${PLANC_WARNINGS} -O2)
+target_link_libraries(cuda_test_attention_math PRIVATE planrt)
+add_test(NAME cuda_attention_math COMMAND cuda_test_attention_math WORKING_DIRECTORY ${ROOT})
 if(TARGET planrt_cuda)
   add_test(NAME cuda_build COMMAND bash ${ROOT}/tests/cuda/run_build.sh ${PLANC} ${NVCC} ${MPI_C_COMPILER} WORKING_DIRECTORY ${ROOT})
   set_tests_properties(cuda_build PROPERTIES TIMEOUT 900 SKIP_RETURN_CODE 77)
@@ -143,6 +165,30 @@ runner_test(data 600 python3 ${ROOT}/tests/data/check_data.py ${PLANC} $<TARGET_
 runner_test(fmt_golden 300 sh ${ROOT}/tests/front/run_fmt_golden.sh ${PLANC})
 runner_test(data_runs 900 python3 ${ROOT}/tests/data/check_runs.py ${PLANC} ${ROOT})
 
+# ---- reliability (issue 23)
+# a resume continues the checkpoint's run or is refused before step 1, across sync modes, ZeRO
+# stages, offload and precisions; resharding into local SGD refused; the data (every file of a
+# blend) identified by content; a hand-edited manifest refused
+runner_test(resume_guard 900 python3 ${ROOT}/tests/checkpoint/check_resume_guard.py ${PLANC} ${ROOT})
+# outputs never replace what is not theirs: every output of a program and of planc against a
+# symlink, a FIFO, a directory and character devices; --log / --trace write errors; planc build
+# killed by a signal; options given twice; bad --map files
+runner_test(outputs 900 python3 ${ROOT}/tests/program/check_outputs.py ${PLANC} ${ROOT})
+# explain --json's byte counts are exact 64-bit integers, above 2^53 too
+runner_test(explain_json_exact 300 python3 ${ROOT}/tests/explain/check_json_exact.py ${PLANC} ${ROOT})
+# the soak's short form (bench/soak.py --short): gpt_3d on 8 ranks for 12 steps, checkpoints every
+# 2, a random rank SIGKILLed every ~3 steps and the job restarted with --resume until it finishes;
+# the final weights and every loss equal an uninterrupted run's bit for bit
+runner_test(soak 600 python3 ${ROOT}/bench/soak.py ${PLANC} ${ROOT} --short)
+
+# ---- the libFuzzer harnesses (tests/fuzz: the front end, check, explain, the emitters): built with
+# clang into the build directory's fuzz/ (fuzz_build, a fixture), then each run for its share of
+# PLANC_FUZZ_SECONDS (default 60; 0 skips both) beside the rest of the suite (scripts/fuzz.sh)
+add_test(NAME fuzz_build COMMAND sh ${ROOT}/tests/fuzz/run_fuzz.sh build ${CMAKE_BINARY_DIR}/fuzz WORKING_DIRECTORY ${ROOT})
+set_tests_properties(fuzz_build PROPERTIES TIMEOUT 600 SKIP_RETURN_CODE 77 FIXTURES_SETUP fuzz_harness)
+add_test(NAME fuzz COMMAND sh ${ROOT}/tests/fuzz/run_fuzz.sh run ${CMAKE_BINARY_DIR}/fuzz WORKING_DIRECTORY ${ROOT})
+set_tests_properties(fuzz PROPERTIES TIMEOUT 600 SKIP_RETURN_CODE 77 FIXTURES_REQUIRED fuzz_harness)
+
 # ---- tiers and labels (README.md, "Tests"). Every test is in exactly one tier:
 #   quick  the edit loop (`ctest -L quick -j2`, under 90 s on 2 cores): diagnostics, goldens,
 #          unit tests, the CLI, and the equivalence of the op test model and the MLP's plans
@@ -151,20 +197,24 @@ runner_test(data_runs 900 python3 ${ROOT}/tests/data/check_runs.py ${PLANC} ${RO
 # and labelled by what it needs: mpi (programs under mpirun), cuda (the CUDA toolkit: nvcc,
 # ptxas), torch (Debian's python3-torch). COST (about the test's seconds on an idle 2-core
 # machine) makes `ctest -j` start the long tests first.
-set(QUICK_TESTS errors fmt_roundtrip cli explain_goldens explain_formulas explain_svg emit_golden
+set(QUICK_TESTS errors fmt_roundtrip cli explain_goldens explain_formulas explain_svg explain_devices emit_golden
     runtime_rng runtime_data runtime_optim runtime_safetensors runtime_log runtime_memory runtime_collectives
     runtime_step_kernels runtime_watchdog runtime_watchdog_world_sum runtime_collectives_no_watchdog
-    runtime_program runtime_program_cli kernels_fd kernels_semantics pipeline_partition pipeline_stages
-    sync_check sync_kernels llvm_verify scale_check lower_ir cuda_streams cuda_sync_math cuda_moe_math equiv_ops equiv_mlp arch arch_functions
-    fmt_golden data)
+    runtime_program runtime_program_cli kernels_fd kernels_semantics kernels_matmul_bf16 pipeline_partition pipeline_stages
+    sync_check sync_kernels llvm_verify scale_check lower_ir cuda_streams cuda_sync_math cuda_moe_math cuda_attention_math equiv_ops equiv_mlp arch arch_functions
+    fmt_golden data explain_json_exact cuda_gpu_binding cuda_comm_staged_watchdog)
 set(MPI_TESTS runtime_collectives runtime_step_kernels runtime_watchdog runtime_watchdog_world_sum
     runtime_collectives_no_watchdog runtime_program runtime_program_cli sync_kernels sync_runs llvm_diff
-    equiv_gpt equiv_moe equiv_mlp equiv_ops equiv_others equiv_sweep torch_reference memory offload checkpoint fp16
-    program_errors program_failures observe cuda_sync_math cpu_levels data_runs)
+    equiv_gpt equiv_moe equiv_mlp equiv_ops equiv_others equiv_sweep attention_fused torch_reference memory offload checkpoint fp16
+    program_errors program_failures observe cuda_sync_math cpu_levels data_runs resume_guard outputs
+    cuda_comm_staged cuda_comm_staged_watchdog cuda_comm_staged_local cuda_local_mpi soak)
 set(CUDA_TESTS llvm_ptxas cuda_build cuda_one_process)
-set(TORCH_TESTS torch_reference)
-set(TEST_COSTS cuda_build 150 equiv_gpt 140 llvm_diff 130 offload 70 equiv_sweep 60 equiv_moe 60 checkpoint 50
-    torch_reference 50 sync_runs 40 equiv_others 40 memory 30 explain_goldens_large 25 fp16 20 observe 15)
+set(TORCH_TESTS torch_reference attention_torch)
+set(TEST_COSTS cuda_build 180 equiv_gpt 140 llvm_diff 139 cpu_levels 60 offload 70 sync_runs 63 fuzz 60
+    equiv_sweep 60 equiv_moe 60 checkpoint 50 torch_reference 50 data_runs 45 cuda_one_process 40 equiv_others 40
+    fuzz_build 60 memory 30 search 30 explain_goldens_large 25 scale_compile_time 25 fp16 20 observe 15
+    kernels_matmul_bf16 15 attention_fused 30 attention_torch 20
+    resume_guard 90 outputs 40 soak 40)
 
 get_property(ALL_TESTS DIRECTORY PROPERTY TESTS)
 foreach(t ${ALL_TESTS})

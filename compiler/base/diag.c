@@ -103,13 +103,20 @@ void diag_index_lines(Arena *a, Source *src)
 	src->nlines = n;
 }
 
+/* a UTF-8 byte-order mark that starts the file: the lexer skips it, and columns and the source
+ * lines shown start after it */
+static int bom_length(const Source *src)
+{
+	return src->len >= 3 && !memcmp(src->text, "\xef\xbb\xbf", 3) ? 3 : 0;
+}
+
 void diag_line_col(const Source *src, int off, int *line, int *col)
 {
 	int l = 1, c = 1;
 	if (off > src->len)
 		off = src->len;
-	if (off < 0)
-		off = 0;
+	if (off < bom_length(src))
+		off = bom_length(src);
 	if (src->line_starts) { /* the last line start at or before off */
 		int lo = 0, hi = src->nlines - 1;
 		while (lo < hi) {
@@ -120,10 +127,10 @@ void diag_line_col(const Source *src, int off, int *line, int *col)
 				hi = mid - 1;
 		}
 		*line = lo + 1;
-		*col = off - src->line_starts[lo] + 1;
+		*col = off - (lo ? src->line_starts[lo] : bom_length(src)) + 1;
 		return;
 	}
-	for (int i = 0; i < off; i++) {
+	for (int i = bom_length(src); i < off; i++) {
 		if (src->text[i] == '\n') {
 			l++;
 			c = 1;
@@ -139,8 +146,10 @@ void diag_line_col(const Source *src, int off, int *line, int *col)
 static void show_source_line(const Source *src, Loc loc)
 {
 	int off = loc.off < 0 ? 0 : loc.off > src->len ? src->len : loc.off;
+	if (off < bom_length(src))
+		off = bom_length(src);
 	int start = off;
-	while (start > 0 && src->text[start - 1] != '\n')
+	while (start > bom_length(src) && src->text[start - 1] != '\n')
 		start--;
 	int end = off;
 	while (end < src->len && src->text[end] != '\n')

@@ -14,11 +14,13 @@
  *   communication   every communication kernel of the program with its calls per step, buffer
  *                   bytes and the bytes a rank puts on the wire (ring algorithms), rounded per
  *                   call exactly as planrt counts them;
- *   FLOPs           2 M N K for every matmul (recomputed ones included), per step;
+ *   FLOPs           2 M N K for every matmul (recomputed ones included), and fused attention's
+ *                   (attention_flops), per step;
  *   bubble          the schedule table simulated with each stage's FLOPs as its time.
  * docs/explain.md says which published formula each figure agrees with. */
 #include "explain/explain.h"
 
+#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,19 +31,25 @@ typedef struct CommRow {
 	bool pair;      /* tied-parameter group of two stages */
 	bool bound;     /* bytes are a bound (an all_to_all_v, whose sizes depend on the data) */
 	const char *phase; /* forward, backward, step, recompute */
-	double calls, bytes, wire;
+	double calls;
+	/* bytes and wire bytes per step, exactly: num / den (den > 1 when a collective runs every K
+	 * steps); 128 bits: micro-batches times calls times B < 2^60 can pass 2^63 */
+	__int128 bytes, wire;
+	long long den;
 } CommRow;
 
+/* Byte counts are exact integers (long long: graph.c keeps every tensor and their sums below 2^60
+ * bytes), never doubles, which lose the last bits above 2^53 (explain --json prints them). */
 typedef struct Role {
 	int stage, role;
 	int nranks, first_rank;
-	double params, grads, optim, act, act_micro, work, peak;
-	double host, disk;
+	long long params, grads, optim, act, act_micro, work, peak;
+	long long host, disk;
 	int inflight;
-	double *act_layer; /* per layer (global layer index), this stage's layers */
-	double flops;      /* per step, this rank */
-	double prog_arena, prog_state; /* the executable program's memory (0 if not executable yet) */
-	double prog_metric;            /* its metric scalars and named runtime buffers */
+	long long *act_layer; /* per layer (global layer index), this stage's layers */
+	double flops;         /* per step, this rank */
+	long long prog_arena, prog_state; /* the executable program's memory (0 if not executable yet) */
+	long long prog_metric;            /* its metric scalars and named runtime buffers */
 	const LProg *lp;               /* this role's program */
 	CommRow *comm;
 	int ncomm, capcomm;
@@ -62,9 +70,9 @@ typedef struct Report {
 	double est_pipeline, est_update, est_step;
 } Report;
 
-static double bytes_of(const Graph *g, int v)
+static long long bytes_of(const Graph *g, int v)
 {
-	return (double)value_local_elems(g, v) * dtype_bytes(g->vals[v].dtype);
+	return value_local_elems(g, v) * dtype_bytes(g->vals[v].dtype);
 }
 
 /* Elements of v's local block: its dims split by the mesh axes that split them (a ZeRO-flat
@@ -83,8 +91,24 @@ static double block_elems(const Graph *g, int v)
 	return n;
 }
 
+/* Fused attention's products (graph/attention.c): q k^T and P v forward, 2 Sq Sk Dh each per head;
+ * the gradient's dV, dP, dQ and dK, and (not in the model's count) the scores recomputed. */
+static double attention_flops(const Graph *g, const Op *op, bool local, bool model)
+{
+	int q = op->in[0], k = op->in[1], r = g->vals[q].rank;
+	double sk = (double)g->vals[k].dim[r - 2];
+	if (local)
+		for (int ax = 0; ax < g->ps->naxes; ax++)
+			if (g->vals[k].lay.on[ax] == r - 2)
+				sk /= g->ps->axes[ax].size;
+	double qe = local ? block_elems(g, q) : (double)value_elems(g, q);
+	return 2.0 * qe * sk * (op->kind == OP_ATTENTION ? 2 : model ? 4 : 5);
+}
+
 static double matmul_flops(const Graph *g, const Op *op, bool local)
 {
+	if (op_classes[op->kind] == OPK_ATTENTION)
+		return attention_flops(g, op, local, !local);
 	if (op->kind != OP_MATMUL && op->kind != OP_MATMUL_WGRAD)
 		return 0;
 	const Value *a = &g->vals[op->in[0]];
@@ -111,15 +135,49 @@ static double matmul_flops(const Graph *g, const Op *op, bool local)
 
 /* Bytes a rank puts on the wire for one call, rounded as planrt counts them (comm_mpi.c): the
  * exact fraction k (n - 1) B / n to the nearest byte, halves up, in integers. */
-static double wire_bytes(OpKind kind, long long n, long long B)
+static long long wire_bytes(OpKind kind, long long n, long long B)
 {
 	if (n <= 1 || kind == OP_RECV)
 		return 0;
 	if (kind == OP_SEND)
-		return (double)B;
+		return B;
 	/* 128-bit: B < 2^60 (graph.c) times 4 (n - 1) < 2^26 does not fit 64 bits */
 	__int128 k = kind == OP_ALL_REDUCE ? 2 : 1;
-	return (double)((2 * k * (n - 1) * B + n) / (2 * n));
+	return (long long)((2 * k * (n - 1) * B + n) / (2 * n));
+}
+
+static long long gcd(long long a, long long b)
+{
+	while (b) {
+		long long t = a % b;
+		a = b;
+		b = t;
+	}
+	return a;
+}
+
+/* row's bytes and wire bytes plus count calls of B and wire bytes every `every` steps, exactly */
+static void add_per_step(CommRow *row, long long count, long long every, long long B, long long wire)
+{
+	long long den = row->den / gcd(row->den, every) * every; /* lcm: every is small (a plan's every = K) */
+	__int128 up = den / row->den, x = (__int128)count * (den / every);
+	row->bytes = row->bytes * up + x * B;
+	row->wire = row->wire * up + x * wire;
+	row->den = den;
+}
+
+/* a per-step byte count: an integer when it is one (exact to the byte), else its decimal value */
+static double per_step_value(__int128 num, long long den)
+{
+	return (double)num / (double)den;
+}
+
+static void json_per_step(FILE *out, __int128 num, long long den)
+{
+	if (num % den == 0 && num / den <= (__int128)LLONG_MAX)
+		fprintf(out, "%lld", (long long)(num / den));
+	else
+		fprintf(out, "%.17g", per_step_value(num, den));
 }
 
 static void add_comm(Report *rep, Role *r, const Kernel *k, const Comm *c)
@@ -127,26 +185,26 @@ static void add_comm(Report *rep, Role *r, const Kernel *k, const Comm *c)
 	const Graph *g = rep->g;
 	const PlanSpec *ps = rep->ps;
 	int m = ps->micro_batches > 0 ? ps->micro_batches : 1;
-	double calls;
+	long long count; /* calls every `every` steps */
 	switch (k->phase) {
 	case PH_PREPARE_F:
 	case PH_FORWARD:
 	case PH_PREPARE_B:
 	case PH_BACKWARD:
-		calls = k->only_last_micro ? 1 : m;
+		count = k->only_last_micro ? 1 : m;
 		break;
 	case PH_STEP_BEGIN:
 	case PH_STEP:
-		calls = 1;
+		count = 1;
 		break;
 	default:
 		return; /* once per run, not per step */
 	}
-	if (c->every > 0)
-		calls /= c->every;
+	long long every = c->every > 0 ? c->every : 1;
+	double calls = (double)count / (double)every;
 	long long B = c->elems * dtype_bytes(c->dtype);
 	long long n = c->pair >= 0 || c->coll == OP_SEND || c->coll == OP_RECV ? 2 : c->axis >= 0 ? ps->axes[c->axis].size : 1;
-	double wire = c->bound ? (double)B : wire_bytes(c->coll, n, B); /* a bound: what leaves this rank */
+	long long wire = c->bound ? B : wire_bytes(c->coll, n, B); /* a bound: what leaves this rank */
 	bool recompute = k->op >= 0 && g->ops[k->op].recompute;
 	bool transfer = c->coll == OP_SEND || c->coll == OP_RECV;
 	int nchunks = g->sched && g->sched->chunks > 0 ? g->sched->chunks : 1;
@@ -161,8 +219,7 @@ static void add_comm(Report *rep, Role *r, const Kernel *k, const Comm *c)
 		if (row->kind == c->coll && row->axis == c->axis && row->pair == pair && row->bound == c->bound &&
 		    !strcmp(row->phase, phase)) {
 			row->calls += calls;
-			row->bytes += calls * (double)B;
-			row->wire += calls * wire;
+			add_per_step(row, count, every, B, wire);
 			return;
 		}
 	}
@@ -173,7 +230,8 @@ static void add_comm(Report *rep, Role *r, const Kernel *k, const Comm *c)
 			ICE("out of memory");
 		r->comm = nc;
 	}
-	r->comm[r->ncomm++] = (CommRow){c->coll, c->axis, pair, c->bound, phase, calls, calls * (double)B, calls * wire};
+	r->comm[r->ncomm] = (CommRow){c->coll, c->axis, pair, c->bound, phase, calls, 0, 0, 1};
+	add_per_step(&r->comm[r->ncomm++], count, every, B, wire);
 }
 
 static bool op_on(const Op *op, int stage, int role)
@@ -183,9 +241,9 @@ static bool op_on(const Op *op, int stage, int role)
 	return op->stage == stage;
 }
 
-static double optimizer_state_bytes(const PlanSpec *ps)
+static long long optimizer_state_bytes(const PlanSpec *ps)
 {
-	double b = ps->master_dtype != ps->param_dtype ? dtype_bytes(ps->master_dtype) : 0;
+	long long b = ps->master_dtype != ps->param_dtype ? dtype_bytes(ps->master_dtype) : 0;
 	switch (ps->optimizer) {
 	case OPT_ADAM:
 	case OPT_ADAMW:
@@ -216,14 +274,14 @@ static void model_states(Report *rep, Role *r)
 		Layout saved = g->vals[p].lay;
 		if (st->zero.axis >= 0)
 			g->vals[p].lay.on[st->zero.axis] = LAYOUT_R;
-		double local = (double)value_local_elems(g, p);
+		long long local = value_local_elems(g, p);
 		g->vals[p].lay = saved;
 		if (zn > 1)
-			local = ceil(local / zn);
+			local = (local + zn - 1) / zn;
 		if (!worker_only)
 			r->optim += local * optimizer_state_bytes(ps);
 		if (st->error_feedback)
-			r->optim += (double)value_local_elems(g, gr) * 4; /* error-feedback residual, f32 */
+			r->optim += value_local_elems(g, gr) * 4; /* error-feedback residual, f32 */
 	}
 	if (st->offload_optimizer == PLACE_HOST) {
 		r->host += r->optim;
@@ -241,6 +299,13 @@ static void model_states(Report *rep, Role *r)
 	}
 }
 
+/* bytes / chunks to the nearest byte, halves to even (as "%.0f" printed the quotient) */
+static long long per_chunk(long long bytes, int chunks)
+{
+	long long v = chunks > 0 ? chunks : 1, q = bytes / v, twice = 2 * (bytes % v);
+	return q + (twice > v || (twice == v && q % 2));
+}
+
 /* Forward values read by the backward: the activations a micro-batch keeps. */
 static void activations(Report *rep, Role *r)
 {
@@ -248,10 +313,10 @@ static void activations(Report *rep, Role *r)
 	char *seen = calloc((size_t)g->nvals, 1);
 	if (!seen)
 		ICE("out of memory");
-	r->act_layer = calloc((size_t)(g->nlayers + 1), sizeof(double));
+	r->act_layer = calloc((size_t)(g->nlayers + 1), sizeof(long long));
 	if (!r->act_layer)
 		ICE("out of memory");
-	double total = 0;
+	long long total = 0;
 	for (int i = 0; i < g->nops; i++) {
 		const Op *op = &g->ops[i];
 		if (!op->backward || op->stage != r->stage || op->per_step)
@@ -275,7 +340,7 @@ static void activations(Report *rep, Role *r)
 			if (seen[root])
 				continue;
 			seen[root] = 1;
-			double b = bytes_of(g, root);
+			long long b = bytes_of(g, root);
 			total += b;
 			int layer = op->layer;
 			if (layer >= 0 && layer < g->nlayers)
@@ -286,10 +351,10 @@ static void activations(Report *rep, Role *r)
 	int v = g->sched ? g->sched->chunks : 1;
 	r->inflight = g->sched ? g->sched->inflight[r->stage] : 1;
 	r->act_micro = total;
-	r->act = total * r->inflight / (v > 0 ? v : 1);
+	r->act = per_chunk(total * r->inflight, v);
 	if (rep->low->state.offload_activations == PLACE_HOST) {
-		r->host += r->act - total / (v > 0 ? v : 1);
-		r->act = total / (v > 0 ? v : 1);
+		r->host += r->act - per_chunk(total, v);
+		r->act = per_chunk(total, v);
 	}
 }
 
@@ -314,8 +379,8 @@ static void working_memory(Report *rep, Role *r)
 				saved[value_root(g, op->in[k])] = 1;
 		}
 	}
-	double live = 0, most = 0;
-	double *free_at = calloc((size_t)g->nops + 1, sizeof(double));
+	long long live = 0, most = 0;
+	long long *free_at = calloc((size_t)g->nops + 1, sizeof(long long));
 	if (!free_at)
 		ICE("out of memory");
 	for (int i = 0; i < g->nops; i++) {
@@ -329,7 +394,7 @@ static void working_memory(Report *rep, Role *r)
 				continue;
 			if (op->kind == OP_PARAM)
 				continue;
-			double b = bytes_of(g, v);
+			long long b = bytes_of(g, v);
 			live += b;
 			free_at[last[v]] += b;
 		}
@@ -395,37 +460,6 @@ static void bubble(Report *rep)
  * table is simulated with those costs, and the step's update phase (gradient buckets, clipping,
  * the optimizer) is added once. The device is a nominal figure for comparing plans, not a
  * promise: explain says which one it assumed. */
-typedef struct Device {
-	const char *key, *name;
-	double flops_f32, flops_bf16; /* dense matmul FLOP/s */
-	double memory_bw;             /* bytes/s */
-	int node;                     /* ranks per node */
-	double node_bw, net_bw;       /* bytes/s a rank sends inside its node, and to another node */
-	double latency;               /* seconds per message */
-} Device;
-/* The devices explain can assume (--device NAME): nominal figures for comparing plans. "cpu" is
- * one core of the x86-64 machines planc is developed on (single-thread OpenBLAS sgemm measured at
- * 100-175 GFLOP/s, a 14 GB/s copy, shared-memory MPI), so estimates can be held against CPU runs. */
-static const Device devices[] = {
-	{"h200", "H200-class nodes of 8 GPUs (67 TFLOP/s f32, 989 TFLOP/s bf16, 4.8 TB/s memory; 450 GB/s per GPU in a "
-		 "node, 50 GB/s between nodes, 10 us per message)",
-	 67e12, 989e12, 4.8e12, 8, 450e9, 50e9, 10e-6},
-	{"cpu", "one x86-64 core per rank (100 GFLOP/s f32 and bf16, 10 GB/s memory; 5 GB/s and 5 us per message between "
-		"ranks of one machine)",
-	 100e9, 100e9, 10e9, 1 << 30, 5e9, 5e9, 5e-6},
-};
-static const Device *device = &devices[0];
-
-bool explain_device(const char *name)
-{
-	for (size_t i = 0; i < sizeof devices / sizeof devices[0]; i++)
-		if (!strcmp(devices[i].key, name)) {
-			device = &devices[i];
-			return true;
-		}
-	return false;
-}
-
 /* Ranks are numbered row-major with the last mesh axis fastest, so the innermost axes whose sizes
  * multiply to at most a node's ranks run inside one node. */
 static bool inside_node(const PlanSpec *ps, int axis)
@@ -433,7 +467,7 @@ static bool inside_node(const PlanSpec *ps, int axis)
 	long long span = 1;
 	for (int a = axis; a < ps->naxes; a++)
 		span *= ps->axes[a].size;
-	return span <= device->node;
+	return span <= device_current()->node_ranks;
 }
 
 static double comm_seconds(const PlanSpec *ps, const Comm *c)
@@ -445,28 +479,39 @@ static double comm_seconds(const PlanSpec *ps, const Comm *c)
 		return 0;
 	double wire = wire_bytes(c->coll, n, c->elems * dtype_bytes(c->dtype));
 	bool near = c->axis >= 0 && c->pair < 0 && inside_node(ps, c->axis);
-	return wire / (near ? device->node_bw : device->net_bw) + device->latency;
+	const Device *d = device_current();
+	double steps = c->coll == OP_SEND ? 1 : c->coll == OP_ALL_REDUCE ? 2.0 * (double)(n - 1) : (double)(n - 1);
+	return device_collective_seconds(near ? &d->node : &d->net, c->coll == OP_ALL_REDUCE, n, steps, wire);
 }
 
 static double kernel_seconds(const PlanSpec *ps, const LProg *p, const Kernel *k)
 {
-	const Device *d = device;
+	const Device *d = device_current();
+	int dt = ps->param_dtype == DT_BF16 ? 1 : ps->param_dtype == DT_F16 ? 2 : 0;
 	double t = 0;
-	if (k->kind == K_MATMUL) {
-		double flops = 2.0 * (double)KARG(k, MATMUL, batch)->i * (double)KARG(k, MATMUL, M)->i *
-			       (double)KARG(k, MATMUL, N)->i * (double)KARG(k, MATMUL, K)->i;
-		t = flops / (ps->param_dtype == DT_F32 ? d->flops_f32 : d->flops_bf16);
+	if (kernel_is_gemm(k)) {
+		t = kernel_gemm_flops(k) / d->matmul[dt];
+	} else if (k->kind == K_ATTENTION || k->kind == K_ATTENTION_GRAD) { /* its products (attention_flops) */
+		bool fwd = k->kind == K_ATTENTION;
+		const KArg *ld = fwd ? KARG(k, ATTENTION, ldims) : KARG(k, ATTENTION_GRAD, ldims);
+		double q = 1;
+		for (int i = 0; i < ld->n; i++)
+			q *= (double)ld->ints[i];
+		double sk = (double)(fwd ? KARG(k, ATTENTION, sk) : KARG(k, ATTENTION_GRAD, sk))->i;
+		long long causal = (fwd ? KARG(k, ATTENTION, mask_kind) : KARG(k, ATTENTION_GRAD, mask_kind))->i == 1;
+		double flops = 2.0 * q * sk * (fwd ? 2 : 5) * (causal ? 0.5 : 1); /* causal: key tiles skipped */
+		t = flops / d->matmul[dt];
 	} else if (k->kind == K_LOOP) {
 		double elems = 1;
 		for (int i = 0; i < k->rank; i++)
 			elems *= (double)k->dims[i];
-		t = (double)(k->nuses + k->ndefs) * elems * 4 / d->memory_bw;
+		t = (double)(k->nuses + k->ndefs) * elems * 4 / d->memory_bw[dt];
 	} else if (kernel_classes[k->kind] == KC_COMPUTE) {
 		double bytes = 0;
 		for (int a = 0; a < k->nargs; a++)
 			if (k->args[a].kind == KA_BUF)
 				bytes += (double)p->buf[k->args[a].buf].bytes;
-		t = bytes / d->memory_bw;
+		t = bytes / d->memory_bw[dt];
 	}
 	for (int c = 0; c < k->ncomm; c++)
 		if (k->comm[c].coll != OP_SEND)
@@ -476,7 +521,7 @@ static double kernel_seconds(const PlanSpec *ps, const LProg *p, const Kernel *k
 
 const char *explain_device_name(void)
 {
-	return device->name;
+	return device_current()->name;
 }
 
 void explain_costs(const Graph *g, const Lowered *low, int role, double *fc, double *bc, double *xfer, double *update)
@@ -564,22 +609,22 @@ static void program_memory(Report *rep, Role *r)
 	const LProg *p = r->lp;
 	if (!rep->runnable || !p)
 		return;
-	double dev[SC_COUNT]; /* device memory by kind: what is not offloaded to the host */
+	long long dev[SC_COUNT]; /* device memory by kind: what is not offloaded to the host */
 	r->host = 0;
 	for (int k = 0; k < SC_COUNT; k++) {
-		dev[k] = (double)(p->state_bytes[k] - p->host_state_bytes[k]);
-		r->host += (double)p->host_state_bytes[k];
+		dev[k] = (long long)(p->state_bytes[k] - p->host_state_bytes[k]);
+		r->host += (long long)p->host_state_bytes[k];
 	}
-	r->disk = (double)p->disk_bytes;
+	r->disk = (long long)p->disk_bytes;
 	r->params = dev[SC_PARAM];
 	r->grads = dev[SC_GRAD];
 	r->optim = dev[SC_OPTIM] + dev[SC_MASTER];
 	r->prog_metric = dev[SC_METRIC] + dev[SC_BUFFER];
-	double slots = (double)p->nslots * (double)p->slot_bytes + (double)p->ninbox * (double)p->inbox_bytes;
+	long long slots = (long long)p->nslots * (long long)p->slot_bytes + (long long)p->ninbox * (long long)p->inbox_bytes;
 	r->act = slots;
-	r->work = (double)p->arena_bytes - slots;
+	r->work = (long long)p->arena_bytes - slots;
 	r->inflight = p->nslots;
-	r->prog_arena = (double)p->arena_bytes;
+	r->prog_arena = (long long)p->arena_bytes;
 	r->prog_state = 0;
 	for (int k = 0; k < SC_COUNT; k++)
 		r->prog_state += dev[k];
@@ -671,6 +716,50 @@ static void free_report(Report *rep)
 	}
 	free(rep->roles);
 	free(rep);
+}
+
+bool explain_summary(Graph *g, const Lowered *low, ExplainSummary *out)
+{
+	Report *rep = build_report(g, low);
+	memset(out, 0, sizeof *out);
+	for (int i = 0; i < rep->nroles; i++)
+		if (rep->roles[i].peak > out->peak) {
+			const Role *r = &rep->roles[i];
+			out->peak = r->peak;
+			out->params = r->params;
+			out->grads = r->grads;
+			out->optim = r->optim;
+		}
+	out->step = rep->est_step;
+	out->pipeline = rep->est_pipeline;
+	out->update = rep->est_update;
+	out->bubble = rep->bubble;
+	out->runnable = rep->runnable;
+	bool ok = low && g->sched;
+	free_report(rep);
+	return ok;
+}
+
+/* The seconds explain_costs gives the compute kernels (no communication) of every program, in
+ * the phases it counts: planc search's lower bound (search.c says why it bounds every plan). */
+double explain_compute_seconds(const Lowered *low)
+{
+	int m = low->g->sched ? low->g->sched->micro : 1;
+	double t = 0;
+	for (int i = 0; i < low->nprogs; i++) {
+		const LProg *lp = low->progs[i];
+		for (int j = 0; j < lp->nk; j++) {
+			const Kernel *k = &lp->k[j];
+			Phase ph = k->phase;
+			bool counted = ph == PH_PREPARE_F || ph == PH_FORWARD || ph == PH_PREPARE_B || ph == PH_BACKWARD ||
+				       ph == PH_STEP_BEGIN || ph == PH_STEP;
+			if (kernel_classes[k->kind] != KC_COMPUTE || k->ncomm || !counted)
+				continue;
+			double c = kernel_seconds(low->g->ps, lp, k);
+			t += ph == PH_STEP_BEGIN || ph == PH_STEP || k->only_last_micro ? c : c * m;
+		}
+	}
+	return t;
 }
 
 /* ---------------------------------------------------------------- printing */
@@ -781,40 +870,40 @@ static void print_text(FILE *out, const Report *rep)
 		const Role *r = &rep->roles[i];
 		char name[128];
 		fprintf(out, "%s\n", role_name(rep, r, name, sizeof name));
-		fprintf(out, "  %-22s %12s\n", "parameters", human(r->params, b1, sizeof b1));
-		fprintf(out, "  %-22s %12s\n", "gradients", human(r->grads, b1, sizeof b1));
-		fprintf(out, "  %-22s %12s\n", "optimizer states", human(r->optim, b1, sizeof b1));
+		fprintf(out, "  %-22s %12s\n", "parameters", human((double)r->params, b1, sizeof b1));
+		fprintf(out, "  %-22s %12s\n", "gradients", human((double)r->grads, b1, sizeof b1));
+		fprintf(out, "  %-22s %12s\n", "optimizer states", human((double)r->optim, b1, sizeof b1));
 		if (rep->runnable) {
 			const LProg *p = r->lp;
 			double buffers = (double)p->state_bytes[SC_BUFFER];
 			fprintf(out, "  %-22s %12s   (loss, gradient norm, clipping)\n", "metrics",
-				human(r->prog_metric - buffers, b1, sizeof b1));
+				human((double)r->prog_metric - buffers, b1, sizeof b1));
 			if (buffers > 0) /* what the sync strategies keep (docs/sync.md) */
 				fprintf(out, "  %-22s %12s   (%s)\n", "sync buffers", human(buffers, b1, sizeof b1),
 					st->sync == SYNC_ASYNC ? "messages in flight, staleness + 1 or + 2 of them"
 								: "error feedback, PowerSGD's Q factors");
 			if (p->nslots == 1 && p->ninbox == 0)
 				fprintf(out, "  %-22s %12s   (one micro-batch's forward and backward)\n", "activations",
-					human(r->act, b1, sizeof b1));
+					human((double)r->act, b1, sizeof b1));
 			else
 				fprintf(out, "  %-22s %12s   (%d slot%s of %s for the micro-batches in flight%s)\n", "activations",
-					human(r->act, b1, sizeof b1), p->nslots, p->nslots == 1 ? "" : "s",
+					human((double)r->act, b1, sizeof b1), p->nslots, p->nslots == 1 ? "" : "s",
 					human((double)p->slot_bytes, b2, sizeof b2),
 					p->ninbox ? arena_printf(g->arena, ", %d receive inbox%s of %s", p->ninbox,
 								 p->ninbox == 1 ? "" : "es", human((double)p->inbox_bytes, b3, sizeof b3))
 						  : "");
-			fprintf(out, "  %-22s %12s\n", "working memory", human(r->work, b1, sizeof b1));
+			fprintf(out, "  %-22s %12s\n", "working memory", human((double)r->work, b1, sizeof b1));
 			fprintf(out, "  %-22s %12s   (what the program allocates: state %s + arena %s)\n", "peak",
-				human(r->peak, b1, sizeof b1), human(r->prog_state, b2, sizeof b2), human(r->prog_arena, b3, sizeof b3));
+				human((double)r->peak, b1, sizeof b1), human((double)r->prog_state, b2, sizeof b2), human((double)r->prog_arena, b3, sizeof b3));
 		} else {
 			fprintf(out, "  %-22s %12s   (%d micro-batch%s in flight, %s each)\n", "activations",
-				human(r->act, b1, sizeof b1), r->inflight, r->inflight == 1 ? "" : "es",
-				human(r->act_micro / (g->sched ? g->sched->chunks : 1), b2, sizeof b2));
-			fprintf(out, "  %-22s %12s\n", "working memory", human(r->work, b1, sizeof b1));
-			fprintf(out, "  %-22s %12s\n", "peak", human(r->peak, b1, sizeof b1));
+				human((double)r->act, b1, sizeof b1), r->inflight, r->inflight == 1 ? "" : "es",
+				human((double)r->act_micro / (g->sched ? g->sched->chunks : 1), b2, sizeof b2));
+			fprintf(out, "  %-22s %12s\n", "working memory", human((double)r->work, b1, sizeof b1));
+			fprintf(out, "  %-22s %12s\n", "peak", human((double)r->peak, b1, sizeof b1));
 		}
 		if (r->host > 0 && rep->runnable)
-			fprintf(out, "  %-22s %12s   (%s%s%s%s%s; pinned on a GPU)\n", "host memory", human(r->host, b1, sizeof b1),
+			fprintf(out, "  %-22s %12s   (%s%s%s%s%s; pinned on a GPU)\n", "host memory", human((double)r->host, b1, sizeof b1),
 				st->offload_optimizer == PLACE_DISK   ? "the optimizer's staging: two records, gradient and parameter copies"
 				: st->offload_optimizer == PLACE_HOST ? "the optimizer state, gradient and parameter copies"
 								      : "",
@@ -823,9 +912,9 @@ static void print_text(FILE *out, const Report *rep)
 				(st->offload_optimizer || st->offload_params == PLACE_HOST) && st->offload_activations == PLACE_HOST ? ", " : "",
 				st->offload_activations == PLACE_HOST ? "the saved activations of the micro-batches in flight" : "");
 		else if (r->host > 0)
-			fprintf(out, "  %-22s %12s\n", "offloaded to host", human(r->host, b1, sizeof b1));
+			fprintf(out, "  %-22s %12s\n", "offloaded to host", human((double)r->host, b1, sizeof b1));
 		if (r->disk > 0)
-			fprintf(out, "  %-22s %12s%s\n", "offloaded to disk", human(r->disk, b1, sizeof b1),
+			fprintf(out, "  %-22s %12s%s\n", "offloaded to disk", human((double)r->disk, b1, sizeof b1),
 				rep->runnable ? "   (the optimizer state file of each rank)" : "");
 		fprintf(out, "  %-22s %12s\n", "FLOPs per step", human_count(r->flops, b1, sizeof b1));
 		if (r->ncomm) {
@@ -837,7 +926,8 @@ static void print_text(FILE *out, const Report *rep)
 				const char *axis = c->pair ? "tied pair" : c->axis >= 0 ? ps->axes[c->axis].name : "?";
 				fprintf(out, "    %-15s %-10s %-10s %10.4g %12s %12s\n", c->bound ? "all_to_all_v" : op_names[c->kind],
 					axis, c->phase, c->calls,
-					human(c->bytes, b1, sizeof b1), human(c->wire, b2, sizeof b2));
+					human(per_step_value(c->bytes, c->den), b1, sizeof b1),
+					human(per_step_value(c->wire, c->den), b2, sizeof b2));
 			}
 			for (int k = 0; k < r->ncomm; k++)
 				if (r->comm[k].bound) {
@@ -855,7 +945,7 @@ static void print_text(FILE *out, const Report *rep)
 	fprintf(out, "model FLOPs per step: %s\n", human_count(rep->model_flops, b3, sizeof b3));
 	fprintf(out, "estimated step time: %s (micro-batches %s, update %s) on %s\n",
 		human_time(rep->est_step, b1, sizeof b1), human_time(rep->est_pipeline, b2, sizeof b2),
-		human_time(rep->est_update, b3, sizeof b3), device->name);
+		human_time(rep->est_update, b3, sizeof b3), device_current()->name);
 	if (g->has_moe)
 		moe_text(out, rep);
 }
@@ -918,29 +1008,29 @@ static void print_json(FILE *out, const Report *rep)
 			r->role == RANKROLE_MASTER ? "master" : r->role == RANKROLE_WORKER ? "worker" : "all", r->nranks,
 			r->first_rank);
 		fprintf(out,
-			"     \"bytes\": {\"parameters\": %.0f, \"gradients\": %.0f, \"optimizer\": %.0f, \"model_states\": %.0f, "
-			"\"activations\": %.0f, \"activations_per_micro_batch\": %.0f, \"working\": %.0f, \"peak\": %.0f, "
-			"\"host\": %.0f, \"disk\": %.0f},\n",
+			"     \"bytes\": {\"parameters\": %lld, \"gradients\": %lld, \"optimizer\": %lld, \"model_states\": %lld, "
+			"\"activations\": %lld, \"activations_per_micro_batch\": %lld, \"working\": %lld, \"peak\": %lld, "
+			"\"host\": %lld, \"disk\": %lld},\n",
 			r->params, r->grads, r->optim, r->params + r->grads + r->optim, r->act, r->act_micro, r->work, r->peak,
 			r->host, r->disk);
 		fprintf(out, "     \"inflight_micro_batches\": %d, \"flops_per_step\": %.6g,\n", r->inflight, r->flops);
 		if (rep->runnable) {
 			const LProg *p = r->lp;
-			fprintf(out, "     \"program\": {\"arena\": %.0f, \"state\": %.0f, \"peak\": %.0f, \"slots\": %d, "
+			fprintf(out, "     \"program\": {\"arena\": %lld, \"state\": %lld, \"peak\": %lld, \"slots\": %d, "
 				"\"slot_bytes\": %zu, \"inboxes\": %d, \"inbox_bytes\": %zu, \"transient_bytes\": %zu, \"state_by_kind\": {",
 				r->prog_arena, r->prog_state, r->prog_arena + r->prog_state, p->nslots, p->slot_bytes, p->ninbox,
 				p->inbox_bytes, p->transient_bytes);
 			static const char *const kind_keys[SC_COUNT] = {"param", "grad", "optim", "master", "buffer", "metric", "offload"};
 			for (int k = 0; k < SC_COUNT; k++)
 				fprintf(out, "%s\"%s\": %zu", k ? ", " : "", kind_keys[k], p->state_bytes[k]);
-			fprintf(out, "}, \"host\": %.0f, \"disk\": %zu},\n", r->host, p->disk_bytes);
+			fprintf(out, "}, \"host\": %lld, \"disk\": %zu},\n", r->host, p->disk_bytes);
 		}
 		fprintf(out, "     \"activation_bytes_per_layer\": {");
 		bool first = true;
 		for (int l = 0; l < g->nlayers; l++) {
 			if (g->layer_stage && g->layer_stage[l] != r->stage)
 				continue;
-			fprintf(out, "%s\"%d\": %.0f", first ? "" : ", ", l, r->act_layer ? r->act_layer[l] : 0);
+			fprintf(out, "%s\"%d\": %lld", first ? "" : ", ", l, r->act_layer ? r->act_layer[l] : 0);
 			first = false;
 		}
 		fprintf(out, "},\n     \"communication\": [");
@@ -949,8 +1039,11 @@ static void print_json(FILE *out, const Report *rep)
 			fprintf(out, "%s\n       {\"collective\": \"%s\", \"axis\": ", k ? "," : "",
 				c->bound ? "all_to_all_v" : op_names[c->kind]);
 			json_str(out, c->pair ? "tied_pair" : c->axis >= 0 ? ps->axes[c->axis].name : "");
-			fprintf(out, ", \"phase\": \"%s\", \"calls\": %.6g, \"bytes\": %.0f, \"wire_bytes\": %.0f}", c->phase,
-				c->calls, c->bytes, c->wire);
+			fprintf(out, ", \"phase\": \"%s\", \"calls\": %.6g, \"bytes\": ", c->phase, c->calls);
+			json_per_step(out, c->bytes, c->den);
+			fprintf(out, ", \"wire_bytes\": ");
+			json_per_step(out, c->wire, c->den);
+			fputc('}', out);
 		}
 		fprintf(out, "%s]}%s\n", r->ncomm ? "\n     " : "", i + 1 < rep->nroles ? "," : "");
 	}

@@ -9,12 +9,47 @@
  * give the memory lines when planc build can run it, its kernels the communication. */
 void explain(FILE *out, Graph *g, bool json, const Lowered *low);
 /* svg.c: `planc explain --svg FILE`: each rank role's pipeline schedule (forward, backward, sends,
- * idle time) and memory over one step, from the same estimate as explain's step time. False after
- * reporting an I/O error. */
-bool explain_svg(const char *path, Graph *g, const Lowered *low);
-bool explain_device(const char *name); /* the device the estimated step time assumes: h200, cpu */
-const char *explain_device_name(void);  /* its description */
+ * idle time) and memory over one step, from the same estimate as explain's step time, written to
+ * out. False when out reports a write error. */
+bool explain_svg(FILE *out, Graph *g, const Lowered *low);
+const char *explain_device_name(void); /* the description of the device the estimate assumes */
+
+/* device.c: the device models (docs/search.md). A link as nccl-tests measures it: bus bandwidth
+ * (bytes/s), latency per call and per ring step; tree: the tree all-reduce's share of the bus
+ * bandwidth (0: none) and its latency per tree level. */
+typedef struct Link {
+	double bw, latency, hop, tree, tree_hop;
+} Link;
+typedef struct Device {
+	const char *key, *name;
+	double matmul[3];    /* dense matmul FLOP/s by element type: f32, bf16, f16 */
+	double memory_bw[3]; /* bytes/s element-wise kernels move, by element type */
+	double capacity;     /* bytes of device memory per rank */
+	int node_ranks;      /* ranks per node */
+	Link node, net;      /* within a node, between nodes */
+} Device;
+const Device *device_current(void);  /* the device explain assumes (h200 unless chosen) */
+void device_use(const Device *d);    /* copies d */
+const Device *device_named(const char *key); /* h200, h100, a100, cpu; NULL if none */
+const char *device_names(void);
+bool device_load(const char *path, Device *d); /* a device file; false after printing why */
+void device_write(FILE *out, const Device *d);
+bool device_select(const char *arg); /* --device=NAME|FILE; false after printing why */
+bool device_parse_number(const char *s, double *out); /* 450G, 10u, 80GiB; false if not one */
+/* seconds of a collective moving `wire` ring bytes per rank over n ranks in `steps` ring steps */
+double device_collective_seconds(const Link *l, bool all_reduce, long long n, double steps, double wire);
 const char *explain_bytes(double b, char *buf, size_t n); /* "1.50 MiB", as the report prints sizes */
+/* What planc search ranks a plan by: the largest peak memory of a rank role (bytes), the
+ * estimated step time and its parts (seconds), the pipeline bubble; runnable: planc build runs
+ * it, so the peak is what the program allocates. False when there is no estimate. */
+typedef struct ExplainSummary {
+	double peak, step, pipeline, update, bubble;
+	double params, grads, optim; /* bytes of the rank role with the largest peak */
+	bool runnable;
+} ExplainSummary;
+bool explain_summary(Graph *g, const Lowered *low, ExplainSummary *out);
+/* The estimate's seconds of every compute kernel of every program, summed (search.c's bound). */
+double explain_compute_seconds(const Lowered *low);
 /* The estimate's costs in seconds for the programs of one rank role (RANKROLE_ANY, or an async
  * role): one micro-batch's forward and backward per stage and chunk (fc, bc: [stages * chunks]),
  * the longest transfer between stages, and each stage's update phase (update: [stages]). */

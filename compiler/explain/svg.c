@@ -16,14 +16,13 @@
  * cost on the assumed device, transfers between stages, the schedule simulated by
  * pipeline_timeline), and the memory is the program's memory plan (memplan.c), so the picture and
  * the text report cannot disagree. Elements carry classes (forward, backward, idle, send, update,
- * state, inbox, slots, transient, allocated) for tests and for styling. */
+ * state, inbox, slots, transient, allocated) for tests and for styling. The picture goes to the
+ * stream the caller opened (main.c writes the file by planrt_outfile's rule). */
 #include "explain/explain.h"
 
-#include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 enum {
 	WIDTH = 1400,
@@ -478,7 +477,7 @@ static void write_svg(Svg *S)
 	fputs("</svg>\n", f);
 }
 
-bool explain_svg(const char *path, Graph *g, const Lowered *low)
+bool explain_svg(FILE *out, Graph *g, const Lowered *low)
 {
 	const Schedule *sc = g->sched;
 	if (!sc || !low)
@@ -538,23 +537,8 @@ bool explain_svg(const char *path, Graph *g, const Lowered *low)
 	free(upd);
 	free(end);
 	free(start);
-	/* written beside the target and renamed over it: a reader never sees half a picture */
-	char *tmp = arena_printf(g->arena, "%s.tmp-%ld", path, (long)getpid());
-	S.f = fopen(tmp, "w");
-	if (!S.f) {
-		fprintf(stderr, "planc: error: cannot write '%s': %s\n", path, strerror(errno));
-		free(S.rows);
-		return false;
-	}
+	S.f = out;
 	write_svg(&S);
-	bool ok = !ferror(S.f);
-	ok = fclose(S.f) == 0 && ok;
-	if (!ok || rename(tmp, path) != 0) {
-		fprintf(stderr, "planc: error: cannot write '%s': %s\n", path, strerror(errno));
-		remove(tmp);
-		free(S.rows);
-		return false;
-	}
 	free(S.rows);
-	return true;
+	return !ferror(out);
 }

@@ -265,6 +265,7 @@ typedef struct PlanSpec {
 	Loc offload_loc;
 
 	RecomputeMode recompute;
+	bool attention_unfused; /* `attention unfused`: attention chains stay as written (graph/attention.c) */
 
 	DType param_dtype;  /* compute/storage precision: f32, bf16 or f16 */
 	DType master_dtype; /* f32 master weights when param_dtype is lower, else = param_dtype */

@@ -42,11 +42,11 @@ enum { PARAM_INITS = 4 };
 static const char *const decorators[] = {"recompute"};
 static const char *const plan_words[] = {
 	"mesh", "batch", "shard", "use", "pipeline", "stage", "zero", "offload", "recompute",
-	"precision", "optimizer", "sync", "experts", "replicate", "freeze",
+	"precision", "optimizer", "sync", "experts", "replicate", "freeze", "attention",
 };
 enum {
 	W_MESH, W_BATCH, W_SHARD, W_USE, W_PIPELINE, W_STAGE, W_ZERO, W_OFFLOAD, W_RECOMPUTE,
-	W_PRECISION, W_OPTIMIZER, W_SYNC, W_EXPERTS, W_REPLICATE, W_FREEZE, NWORDS
+	W_PRECISION, W_OPTIMIZER, W_SYNC, W_EXPERTS, W_REPLICATE, W_FREEZE, W_ATTENTION, NWORDS
 };
 static const char *const schedules[] = {"gpipe", "1f1b", "interleaved"};
 static const char *const balances[] = {"uniform", "params", "flops"};
@@ -54,6 +54,7 @@ static const char *const pipeline_keys[] = {"stages", "balance", "chunks", "sche
 static const char *const offload_whats[] = {"optimizer", "params", "activations"};
 static const char *const offload_places[] = {"host", "disk"};
 static const char *const recompute_modes[] = {"none", "selective", "full"};
+static const char *const attention_modes[] = {"fused", "unfused"};
 static const char *const precisions[] = {"f32", "bf16", "fp16"};
 static const char *const precision_keys[] = {"master", "loss_scale"};
 static const char *const optimizers[] = {"sgd", "momentum", "adam", "adamw"};
@@ -2227,24 +2228,43 @@ static void plan_offload(PlanCtx *pc, PlanStmt *st, Loc seen[3])
 	}
 }
 
-static void plan_recompute(PlanCtx *pc, PlanStmt *st)
+/* A statement of one mode word (recompute selective, attention unfused): its index in modes, or
+ * -1 after the error (expected: the statement's forms, for the message). */
+static int plan_mode(PlanCtx *pc, PlanStmt *st, const char *const *modes, int n, const char *what,
+		     const char *expected)
 {
 	Arg *a = st->args;
 	if (!a || a->key || a->next) {
-		diag_error(pc->src, a && a->next ? a->next->loc : st->word_loc, "expected recompute none, selective or full");
-		return;
+		diag_error(pc->src, a && a->next ? a->next->loc : st->word_loc, "expected %s", expected);
+		return -1;
 	}
-	int m = word_index(word_of(a->value), recompute_modes, COUNT(recompute_modes));
-	if (m < 0) {
-		unknown_word(pc, pc->src, a->value, "recompute mode", recompute_modes, COUNT(recompute_modes));
+	int m = word_index(word_of(a->value), modes, n);
+	if (m < 0)
+		unknown_word(pc, pc->src, a->value, what, modes, n);
+	return m;
+}
+
+static void plan_recompute(PlanCtx *pc, PlanStmt *st)
+{
+	int m = plan_mode(pc, st, recompute_modes, COUNT(recompute_modes), "recompute mode",
+			  "recompute none, selective or full");
+	if (m < 0)
 		return;
-	}
 	pc->ps->recompute = (RecomputeMode)m;
 	if (m == RECOMPUTE_SELECTIVE && pc->model && !pc->mi.uses_recompute_fn) {
-		pwarn(pc, pc->src, a->value->loc, "recompute selective has nothing to recompute in model '%s'", pc->model->name);
+		pwarn(pc, pc->src, st->args->value->loc, "recompute selective has nothing to recompute in model '%s'",
+		      pc->model->name);
 		if (pc->warn)
 			diag_note_plain("selective recomputes the fns marked @recompute, and the model calls none");
 	}
+}
+
+/* attention fused | unfused: whether attention chains become one fused op (graph/attention.c) */
+static void plan_attention(PlanCtx *pc, PlanStmt *st)
+{
+	int m = plan_mode(pc, st, attention_modes, COUNT(attention_modes), "attention mode", "attention fused or unfused");
+	if (m >= 0)
+		pc->ps->attention_unfused = m == 1;
 }
 
 static bool precision_dtype(const char *w, DType *t)
@@ -3299,6 +3319,8 @@ static PlanSpec *build_plan(Program *p, Item *plan, bool model_checked_ok, bool 
 			plan_offload(pc, st, offload_seen);
 	if (pc->first[W_RECOMPUTE])
 		plan_recompute(pc, pc->first[W_RECOMPUTE]);
+	if (pc->first[W_ATTENTION])
+		plan_attention(pc, pc->first[W_ATTENTION]);
 	if (pc->first[W_PRECISION])
 		plan_precision(pc, pc->first[W_PRECISION]);
 	if (pc->first[W_OPTIMIZER])

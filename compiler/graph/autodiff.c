@@ -463,6 +463,25 @@ static void grad_rope(AD *ad, const Op *f, int dy)
 	accumulate(ad, a, dx);
 }
 
+/* fused attention (attention.c): dq, dk, dv from q, k, v, the output and its row logsumexps, the
+ * scores recomputed tile by tile; k and v's gradients sum over each kv head's query heads */
+static void grad_attention(AD *ad, const Op *f, int dy)
+{
+	Graph *g = ad->g;
+	int dq = new_like(g, f->in[0], g->vals[f->in[0]].dtype);
+	int dk = new_like(g, f->in[1], g->vals[f->in[1]].dtype);
+	int dv = new_like(g, f->in[2], g->vals[f->in[2]].dtype);
+	int in[7] = {f->in[0], f->in[1], f->in[2], f->out[0], f->out[1], dy, f->nin > 3 ? f->in[3] : -1};
+	Op *bo = &g->ops[bop(ad, OP_ATTENTION_GRAD, f->nin > 3 ? 7 : 6, in, 3, (int[]){dq, dk, dv})];
+	bo->f = f->f;
+	bo->n = f->n;
+	bo->dropout_p = f->dropout_p;
+	bo->orig = f->orig;
+	accumulate(ad, f->in[0], dq);
+	accumulate(ad, f->in[1], dk);
+	accumulate(ad, f->in[2], dv);
+}
+
 /* Every op kind of a forward graph; the others (backward and communication ops, which no forward
  * graph holds) are an internal error. */
 static Derivative *const derivatives[OP_COUNT] = {
@@ -505,6 +524,7 @@ static Derivative *const derivatives[OP_COUNT] = {
 	[OP_SWAP_DIMS] = grad_swap_dims,
 	[OP_REPEAT_KV] = grad_repeat_kv,
 	[OP_ROPE] = grad_rope,
+	[OP_ATTENTION] = grad_attention,
 };
 
 static void differentiate(AD *ad, int o)

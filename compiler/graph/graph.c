@@ -28,6 +28,8 @@ const OpClass op_classes[OP_COUNT] = {
 #undef X
 };
 
+long long graph_max_repeat = 100000;
+
 /* ------------------------------------------------------------------ graph building blocks */
 
 int graph_add_value(Graph *g, DType t, int rank, const long long *dim, const char *const *names)
@@ -71,7 +73,7 @@ int graph_add_op(Graph *g, OpKind k, int nin, const int *in, int nout, const int
 		g->ops = no;
 		g->capops = cap;
 	}
-	internal_assert(nin <= 6 && nout <= 3);
+	internal_assert(nin <= 7 && nout <= 3);
 	Op *op = &g->ops[g->nops];
 	op_clear(op);
 	op->kind = k;
@@ -461,6 +463,8 @@ typedef struct Elab {
 	bool failed;
 	DType act_dtype;
 	SymTab *primitives;   /* name -> Primitive */
+	int folded;           /* ops folded away as identities (dropout at p = 0, scale by 1): they keep
+			       * their elaboration index, so the later ops' RNG keys do not move */
 } Elab;
 
 static void call_notes(Elab *e)
@@ -586,7 +590,7 @@ static int emit(Elab *e, OpKind k, int nin, const int *in, int nout, const int *
 		check_shape(e, k, out[i], loc);
 	int o = graph_add_op(e->g, k, nin, in, nout, out);
 	Op *op = &e->g->ops[o];
-	op->orig = o;
+	op->orig = o + e->folded;
 	op->layer = e->layer;
 	op->scope = e->op_scope;
 	op->loc = loc;
@@ -1128,6 +1132,11 @@ static void prim_dropout(Elab *e, Scope *sc, CallArgs *ca, const Primitive *p, E
 		return;
 	if (prob < 0 || prob >= 1) {
 		elab_error(e, ca->loc, "dropout probability must be in [0, 1), got %g", prob);
+		return;
+	}
+	if (prob == 0) { /* the identity: no random numbers, no mask, no kernel, no gradient op */
+		e->folded++;
+		*out = tensor_val(x);
 		return;
 	}
 	int y = new_value_like(e, x, g->vals[x].dtype);
@@ -1951,6 +1960,10 @@ static EnvVal scale_tensor(Elab *e, const Expr *x, int t, double f)
 		}
 		f = 1 / f;
 	}
+	if (f == 1) { /* x * 1 is x, bit for bit (signed zeros, infinities and NaNs too): no copy loop */
+		e->folded++;
+		return tensor_val(t);
+	}
 	int y = unary(e, OP_SCALE, t, x->loc);
 	e->g->ops[e->g->vals[y].def].f = f;
 	return tensor_val(y);
@@ -2213,8 +2226,8 @@ static void exec_stmt(Elab *e, Scope *sc, Stmt *s, bool top_level)
 		long long n;
 		if (!eval_int(e, sc, s->value, &n, NULL))
 			return;
-		if (n < 1 || n > 100000) {
-			elab_error(e, s->value->loc, "repeat count must be between 1 and 100000, got %lld", n);
+		if (n < 1 || n > graph_max_repeat) {
+			elab_error(e, s->value->loc, "repeat count must be between 1 and %lld, got %lld", graph_max_repeat, n);
 			return;
 		}
 		bool outer = e->repeat_depth == 0 && top_level;

@@ -7,6 +7,9 @@
 #include "front/front.h"
 
 /* ---------------------------------------------------------------- graph.c */
+/* The largest `repeat` count (100000). Only a fuzzing harness lowers it (tests/fuzz: a case must
+ * stay fast); planc never changes it. */
+extern long long graph_max_repeat;
 /* The model graph IR: SSA values over concrete shapes, produced by elaborating the model (fns
  * inlined, repeats unrolled with layer tags) and then extended by every pass: autodiff appends
  * backward and optimizer ops, shard.c inserts collectives, recompute.c clones forward ops into
@@ -81,7 +84,9 @@
 	X(REPEAT_KV, "repeat_kv", OPK_SHAPE)            /* dim: the heads dim, n: n_rep */ \
 	X(REPEAT_KV_GRAD, "repeat_kv_grad", OPK_SHAPE) \
 	X(ROPE, "rope", OPK_SHAPE)                      /* f: theta, n: rot_dim, dim: seq dim, dim2: heads first */ \
-	X(ROPE_GRAD, "rope_grad", OPK_SHAPE)
+	X(ROPE_GRAD, "rope_grad", OPK_SHAPE) \
+	X(ATTENTION, "attention", OPK_ATTENTION)        /* attention.c: f scale, n AttnMask, dropout_p */ \
+	X(ATTENTION_GRAD, "attention_grad", OPK_ATTENTION)
 
 typedef enum {
 #define X(name, text, kind) OP_##name,
@@ -93,8 +98,13 @@ typedef enum {
 typedef enum { OPK_SOURCE, OPK_MATMUL, OPK_VIEW, OPK_BINARY, OPK_LINEAR, OPK_UNARY, OPK_ROWWISE, OPK_EMBED,
 	OPK_LOSS, OPK_MOE, OPK_UNARY_GRAD, OPK_OPTIMIZER, OPK_COLLECTIVE, OPK_P2P,
 	OPK_REDUCE, /* reductions over a dim and the regression losses (shard.c's rule_reduce) */
-	OPK_SHAPE   /* slices, concat, reshape, transposes, repeat_kv, RoPE (shard.c's rule_shape) */
+	OPK_SHAPE,  /* slices, concat, reshape, transposes, repeat_kv, RoPE (shard.c's rule_shape) */
+	OPK_ATTENTION /* the fused attention and its gradient (attention.c; shard.c's rule_attention) */
 } OpClass;
+
+/* The mask of a fused attention op (its n): none, causal (key j > query i gets no weight), or an
+ * additive mask tensor, its last input, broadcast to the scores [.., H, Sq, Sk]. */
+typedef enum { ATTN_NO_MASK, ATTN_CAUSAL, ATTN_ADDITIVE } AttnMask;
 
 extern const char *const op_names[OP_COUNT];
 extern const OpClass op_classes[OP_COUNT];
@@ -140,9 +150,10 @@ typedef struct Value {
 typedef struct Op {
 	OpKind kind;
 	int nin, nout;
-	int in[6];
+	int in[7];
 	int out[3];
 	double f;          /* scalar attribute: scale, dropout p, eps, capacity factor */
+	double dropout_p;  /* attention: the dropout probability on its probabilities (0: none) */
 	long long n;       /* integer attribute: heads, top_k, split dim, group stage */
 	const char *s;     /* string attribute: gelu approximation */
 	/* MoE ops (the router and every op reading its route): tokens per routing group (one sample),
@@ -289,6 +300,9 @@ const char *layout_string(const Graph *g, int v, char *buf, size_t n);
 /* ---------------------------------------------------------------- passes */
 /* Each pass is one file; passes.c runs them in order and prints the IR after any of them when
  * asked (`planc --dump-after=PASS`). */
+/* attention.c: scaled scores, mask, softmax, dropout and `@ v` (GQA's repeat_kv folded in) become
+ * one OP_ATTENTION, unless the plan says `attention unfused` */
+bool fuse_attention(Graph *g);
 bool autodiff(Graph *g);     /* autodiff.c: backward graph and optimizer update */
 bool shard(Graph *g);        /* shard.c: layouts per mesh axis, collectives inserted */
 bool recompute(Graph *g);    /* recompute.c: selective / full activation recomputation */

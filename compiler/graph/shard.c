@@ -41,6 +41,7 @@ typedef struct Shard {
 	 * list and the index of the op being placed in it */
 	signed char *moe_param;
 	int *moe_layer;
+	int moe_nvals; /* the values moe_analyse classed; later ones (collectives' outputs) are none */
 	const Op *old;
 	int cur_old;
 } Shard;
@@ -118,7 +119,8 @@ static bool check_divisible(Shard *s, int v, const Layout *l, int dim, const Op 
 		const Source *src = at && at->src ? at->src : s->ps->src;
 		Loc loc = at && at->src ? at->loc : s->ps->plan->name_loc;
 		bool heads = at && at->kind == OP_SPLIT_HEADS && dim == val->rank - 3;
-		bool kv = at && (at->kind == OP_REPEAT_KV || at->kind == OP_REPEAT_KV_GRAD) && dim == val->rank - 3;
+		bool fused = at && op_classes[at->kind] == OPK_ATTENTION && v != at->in[0]; /* its k or v */
+		bool kv = at && (at->kind == OP_REPEAT_KV || at->kind == OP_REPEAT_KV_GRAD || fused) && dim == val->rank - 3;
 		if (heads || kv)
 			diag_error(src, loc, "plan %s: the %lld %sheads%s%s%s are not divisible by mesh axis %s", plan, val->dim[dim],
 				   kv ? "key/value " : "attention ", dn ? " (" : "", dn ? dn : "", dn ? ")" : "", axes);
@@ -1049,6 +1051,7 @@ static void moe_analyse(Shard *s, const Op *old, int nold)
 {
 	Graph *g = s->g;
 	s->old = old;
+	s->moe_nvals = g->nvals;
 	s->moe_param = malloc((size_t)g->nvals + 1);
 	s->moe_layer = malloc(sizeof(int) * ((size_t)g->nvals + 1));
 	int *act = malloc(sizeof(int) * ((size_t)g->nvals + 1)); /* the layer of an expert activation */
@@ -1117,7 +1120,7 @@ static bool moe_experts_split(const Shard *s, int layer, int a)
 {
 	if (layer < 0)
 		return false;
-	for (int v = 0; v < s->g->nvals; v++)
+	for (int v = 0; v < s->moe_nvals; v++)
 		if (s->moe_param[v] != MP_NONE && s->moe_layer[v] == layer && s->g->vals[v].lay.on[a] == 0)
 			return true;
 	return false;
@@ -1194,7 +1197,7 @@ static void moe_rules_check(Shard *s)
 		}
 		if (!names) { /* the expert parameters, layer numbers as '*': the patterns a user means */
 			names = arena_alloc(g->arena, sizeof(char *) * ((size_t)g->nvals + 1));
-			for (int v = 0; v < g->nvals; v++) {
+			for (int v = 0; v < s->moe_nvals; v++) {
 				if (s->moe_param[v] == MP_NONE || !g->vals[v].name)
 					continue;
 				char buf[256];
@@ -1349,6 +1352,42 @@ static void rule_view(Shard *s, Op *op, int a)
 		check_divisible(s, op->out[0], &g->vals[op->out[0]].lay, out, op);
 }
 
+/* Fused attention (attention.c) q, k, v [.., H, S, Dh] (and out, lse, dy in its gradient): a split
+ * batch or head dim stays split, and k, v and the others follow it; Ulysses moves a sequence split
+ * to the heads when a dim rule prefers them (an all-to-all); a split of the query rows stays, with
+ * k and v gathered whole (each rank attends its rows to every key) and their gradients partial
+ * sums; a head-dim split is gathered. An additive mask follows where it has the split dim. */
+static void rule_attention(Shard *s, Op *op, int a)
+{
+	Graph *g = s->g;
+	bool grad = op->kind == OP_ATTENTION_GRAD;
+	int r = g->vals[op->in[0]].rank, nt = grad ? 6 : 3, mask = op->nin > nt ? nt : -1;
+	for (int i = 0; i < op->nin; i++)
+		op->in[i] = resolve_partial(s, op->in[i], a);
+	int sq = st(s, op->in[0], a);
+	if (sq >= r - 2) {
+		int p = preferred_dim_in(s, op->in[0], a, 0, r - 2);
+		op->in[0] = convert_axis(s, op->in[0], a, p >= 0 ? p : sq == r - 2 ? sq : LAYOUT_R);
+		sq = st(s, op->in[0], a);
+	}
+	bool rows = sq == r - 2;
+	for (int i = 1; i < nt; i++) {
+		int want = rows && (i == 1 || i == 2) ? LAYOUT_R : sq;
+		if (st(s, op->in[i], a) != want)
+			op->in[i] = convert_axis(s, op->in[i], a, want);
+	}
+	if (mask >= 0) {
+		const Value *m = &g->vals[op->in[mask]], *q = &g->vals[op->in[0]];
+		int want = sq >= 0 && m->dim[sq] == q->dim[sq] ? sq : LAYOUT_R;
+		if (st(s, op->in[mask], a) != want)
+			op->in[mask] = convert_axis(s, op->in[mask], a, want);
+	}
+	set_out(s, op, a, sq);
+	if (grad && rows)
+		for (int i = 1; i < 3; i++)
+			g->vals[op->out[i]].lay.on[a] = LAYOUT_P;
+}
+
 /* The rule of op's class on mesh axis a: its inputs converted as it needs, its outputs' state. */
 static void place_on_axis(Shard *s, Op *op, int a)
 {
@@ -1398,6 +1437,9 @@ static void place_on_axis(Shard *s, Op *op, int a)
 		break;
 	case OPK_SHAPE:
 		rule_shape(s, op, a);
+		break;
+	case OPK_ATTENTION:
+		rule_attention(s, op, a);
 		break;
 	default:
 		ICE("no sharding rule for '%s'", op_names[op->kind]);
@@ -1497,7 +1539,7 @@ static int place_op(Shard *s, Op *op)
 {
 	Graph *g = s->g;
 	s->cur = op;
-	int original_in[6];
+	int original_in[7];
 	for (int k = 0; k < op->nin; k++) {
 		if (op->backward && op->in[k] < s->nfwd_copy && s->fwd_copy[op->in[k]] >= 0)
 			op->in[k] = s->fwd_copy[op->in[k]];

@@ -3,8 +3,7 @@
  *
  * A row is X(KIND, name, class, cpu function, device function, parameters): the kind's name in
  * dumps and messages, its class (KernelClass), the planrt function the C and LLVM targets call,
- * the planrt_cuda function the CUDA target calls (KDEV(f); KDEV_TC(f, g): g when its operands are
- * bf16 values and tensor cores compute the same products; KDEV_NOOP: nothing to do on the device;
+ * the planrt_cuda function the CUDA target calls (KDEV(f); KDEV_NOOP: nothing to do on the device;
  * KDEV_HOST: planrt_cuda has none, the kernel runs only where every buffer is in host memory),
  * and the function's parameters in order, each KP(type, name) with a type of KPARAM_TYPES. Rows
  * Y(KIND, name, class) are kinds without a planrt function: fused loops, which the targets print
@@ -40,6 +39,7 @@
 	T(U8_OUT, PTR) \
 	T(F64_IN, PTR) \
 	T(F64_OUT, PTR) \
+	T(BF16_IN, PTR) \
 	T(IN, PTR)         /* a buffer of any element type, read */ \
 	T(OUT, PTR)        /* written */ \
 	T(BUFS, PTR)       /* a list of buffers */ \
@@ -62,7 +62,7 @@
 
 #define KERNEL_TABLE(X, Y) \
 	Y(LOOP, "loop", KC_LOOP) \
-	X(MATMUL, "matmul", KC_COMPUTE, planrt_k_matmul_f32, KDEV_TC(planrt_cu_k_matmul_f32, planrt_cu_k_matmul_tc_f32), \
+	X(MATMUL, "matmul", KC_COMPUTE, planrt_k_matmul_f32, KDEV(planrt_cu_k_matmul_f32), \
 	  KP(I64, batch) KP(I64, M) KP(I64, N) KP(I64, K) KP(F32_IN, A) KP(TRANS, trans_a) KP(I64, stride_a) \
 	  KP(F32_IN, B) KP(TRANS, trans_b) KP(I64, stride_b) KP(F32_OUT, C) KP(I64, stride_c) \
 	  KP(ACCUMULATE, accumulate)) \
@@ -311,6 +311,20 @@
 	  KP(STEP, step)) \
 	X(NARROW_I32, "narrow_i32", KC_COMPUTE, planrt_narrow_i32, KDEV(planrt_cu_narrow_i32), \
 	  KP(I32_IN, x) KP(I32_OUT, y) KP(I64, outer) KP(I64, n) KP(I64, inner) KP(I64, start) KP(I64, len)) \
+	X(MATMUL_BF16, "matmul_bf16", KC_COMPUTE, planrt_k_matmul_bf16, KDEV(planrt_cu_k_matmul_bf16), \
+	  KP(I64, batch) KP(I64, M) KP(I64, N) KP(I64, K) KP(BF16_IN, A) KP(TRANS, trans_a) KP(I64, stride_a) \
+	  KP(BF16_IN, B) KP(TRANS, trans_b) KP(I64, stride_b) KP(OUT, C) KP(DTYPE, c_type) KP(I64, stride_c) \
+	  KP(ACCUMULATE, accumulate)) \
+	X(ATTENTION, "attention", KC_COMPUTE, planrt_k_attention_f32, KDEV(planrt_cu_k_attention_f32), \
+	  KP(F32_IN, q) KP(F32_IN, k) KP(F32_IN, v) KP(F32_IN, mask) KP(DIMS, mask_strides) KP(F32_OUT, out) \
+	  KP(F32_OUT, lse) KP(INT, rank) KP(DIMS, ldims) KP(I64, kv_heads) KP(I64, sk) KP(F64, scale) \
+	  KP(INT, mask_kind) KP(F64, p) KP(STEP_SEED, seed) KP(U64, key) KP(DIMS, gdims) KP(DIMS, offs) \
+	  KP(OUT, scratch)) \
+	X(ATTENTION_GRAD, "attention_grad", KC_COMPUTE, planrt_k_attention_grad_f32, KDEV(planrt_cu_k_attention_grad_f32), \
+	  KP(F32_IN, q) KP(F32_IN, k) KP(F32_IN, v) KP(F32_IN, mask) KP(DIMS, mask_strides) KP(F32_IN, out) \
+	  KP(F32_IN, lse) KP(F32_IN, dout) KP(F32_OUT, dq) KP(F32_OUT, dk) KP(F32_OUT, dv) KP(INT, rank) \
+	  KP(DIMS, ldims) KP(I64, kv_heads) KP(I64, sk) KP(F64, scale) KP(INT, mask_kind) KP(F64, p) \
+	  KP(STEP_SEED, seed) KP(U64, key) KP(DIMS, gdims) KP(DIMS, offs) KP(OUT, scratch)) \
 	Y(OPAQUE, "op", KC_OPAQUE)
 
 

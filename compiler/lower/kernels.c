@@ -71,19 +71,17 @@ const int kernel_nparams[K_COUNT] = {
 #undef Y
 };
 
-/* the device column: KDEV(f), KDEV_TC(f, tensor-core f), KDEV_NOOP, KDEV_HOST */
+/* the device column: KDEV(f), KDEV_NOOP, KDEV_HOST */
 const DeviceCall kernel_device[K_COUNT] = {
-#define KDEV(f) {KDEV_CALL, #f, NULL}
-#define KDEV_TC(f, tc) {KDEV_CALL, #f, #tc}
-#define KDEV_NOOP {KDEV_NO_OP, NULL, NULL}
-#define KDEV_HOST {KDEV_HOST_ONLY, NULL, NULL}
+#define KDEV(f) {KDEV_CALL, #f}
+#define KDEV_NOOP {KDEV_NO_OP, NULL}
+#define KDEV_HOST {KDEV_HOST_ONLY, NULL}
 #define X(kind, text, cls, fn, dev, params) dev,
-#define Y(kind, text, cls) {KDEV_HOST_ONLY, NULL, NULL},
+#define Y(kind, text, cls) {KDEV_HOST_ONLY, NULL},
 	KERNEL_TABLE(X, Y)
 #undef X
 #undef Y
 #undef KDEV
-#undef KDEV_TC
 #undef KDEV_NOOP
 #undef KDEV_HOST
 };
@@ -107,6 +105,22 @@ KArg *kernel_arg(const Kernel *k, KernelKind kind, int index)
 		    index >= 0 && index < kernel_nparams[kind] ? kernel_params[kind][index].name : "?", kernel_names[kind],
 		    kernel_names[k->kind], k->nargs);
 	return &k->args[index];
+}
+
+bool kernel_is_gemm(const Kernel *k)
+{
+	return k->kind == K_MATMUL || k->kind == K_MATMUL_BF16;
+}
+
+double kernel_gemm_flops(const Kernel *k)
+{
+	if (k->kind == K_MATMUL)
+		return 2.0 * (double)KARG(k, MATMUL, batch)->i * (double)KARG(k, MATMUL, M)->i *
+		       (double)KARG(k, MATMUL, N)->i * (double)KARG(k, MATMUL, K)->i;
+	if (k->kind == K_MATMUL_BF16)
+		return 2.0 * (double)KARG(k, MATMUL_BF16, batch)->i * (double)KARG(k, MATMUL_BF16, M)->i *
+		       (double)KARG(k, MATMUL_BF16, N)->i * (double)KARG(k, MATMUL_BF16, K)->i;
+	return 0;
 }
 
 /* What may fill a parameter of each type. */
@@ -144,6 +158,7 @@ bool karg_fits(KernelKind kind, int index, const KArg *a)
 	case KPT_I32_OUT:
 	case KPT_U8_OUT:
 	case KPT_F64_IN:
+	case KPT_BF16_IN:
 	case KPT_F64_OUT:
 	case KPT_IN:
 	case KPT_OUT:

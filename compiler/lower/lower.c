@@ -91,14 +91,34 @@ Kernel *kernel_new(LProg *p, KernelKind kind, Phase ph, int chunk, int op)
 	return k;
 }
 
-static char *identifier(Arena *a, const char *s)
+/* A C identifier: lead, then s with every character but letters and digits made '_' (and "t"
+ * before it when it starts with a digit; "t" for no s), then "_index" when index >= 0. Built
+ * without printf: a 1T-parameter plan names a hundred thousand buffers. */
+static char *identifier(Arena *a, const char *lead, const char *s, long long index)
 {
-	char *id = arena_strdup(a, s && *s ? s : "t");
-	for (char *c = id; *c; c++)
-		if (!isalnum((unsigned char)*c))
-			*c = '_';
-	if (isdigit((unsigned char)id[0]))
-		id = arena_printf(a, "t%s", id);
+	if (!s || !*s)
+		s = "t";
+	char digits[24], rev[24];
+	int nd = 0, nr = 0;
+	if (index >= 0) {
+		do
+			rev[nr++] = (char)('0' + index % 10);
+		while ((index /= 10) > 0);
+		digits[nd++] = '_';
+		while (nr)
+			digits[nd++] = rev[--nr];
+	}
+	size_t nl = strlen(lead), ns = strlen(s);
+	int t = isdigit((unsigned char)s[0]) ? 1 : 0;
+	char *id = arena_alloc(a, nl + (size_t)t + ns + (size_t)nd + 1), *q = id;
+	memcpy(q, lead, nl);
+	q += nl;
+	if (t)
+		*q++ = 't';
+	for (size_t i = 0; i < ns; i++)
+		*q++ = isalnum((unsigned char)s[i]) ? s[i] : '_';
+	memcpy(q, digits, (size_t)nd);
+	q[nd] = 0;
 	return id;
 }
 
@@ -108,7 +128,7 @@ int buffer_new(LProg *p, BufClass cls, DType t, long long elems, const char *nam
 	int i = p->nbuf++;
 	Buffer *b = &p->buf[i];
 	memset(b, 0, sizeof *b);
-	b->name = arena_printf(p->g->arena, "%s_%d", identifier(p->g->arena, name), i + p->name_base);
+	b->name = identifier(p->g->arena, "", name, (long long)i + p->name_base);
 	b->what = what;
 	b->cls = cls;
 	b->dtype = t;
@@ -148,7 +168,7 @@ static KArg *push_arg(LProg *p, Kernel *k, const KArg *a, bool writes)
 		    i < kernel_nparams[k->kind] ? kernel_params[k->kind][i].name : "none: too many", karg_kind_name(a->kind));
 	if (writes && kernel_nparams[k->kind] >= 0) {
 		KParamType t = kernel_params[k->kind][i].type;
-		if (t == KPT_F32_IN || t == KPT_I32_IN || t == KPT_F64_IN || t == KPT_IN)
+		if (t == KPT_F32_IN || t == KPT_I32_IN || t == KPT_F64_IN || t == KPT_BF16_IN || t == KPT_IN)
 			ICE("a '%s' kernel writes its read-only argument '%s'", kernel_names[k->kind],
 			    kernel_params[k->kind][i].name);
 	}
@@ -367,10 +387,13 @@ void kernels_insert(LProg *p, Kernel *new_k, const int *before, int n)
 typedef struct Lower {
 	LProg *p;
 	Graph *g;
+	const int *ops;   /* the ops on this program's stage (lowered_stage_ops), in order */
+	int nops;
 	int *consumers;   /* per value: number of ops (on this stage) reading it */
 	bool *kept;       /* per value: read by a backward op while produced in the forward */
 	bool *skip;       /* per op: fused into another kernel */
-	int *chunk;       /* per op: its model chunk (-1 before it is known) */
+	bool *materialise; /* per op: a transpose read by something other than a matmul */
+	int *chunk;       /* per op: its model chunk (-1 before it is known; the same on every program) */
 	int first_layer_op;
 	int moe_stats;    /* the step's routing metrics (lower_moe), or -1 */
 	int *moe_idx;     /* per value: a dropless MoE layer's dispatched buffer (or a value like it on the
@@ -461,8 +484,17 @@ static Kernel *call(Lower *L, KernelKind kind, int oi)
 {
 	const Op *op = &L->g->ops[oi];
 	Kernel *k = kernel_new(L->p, kind, phase_of(op), chunk_of(L, oi), oi);
-	k->note = op->scope && *op->scope ? arena_printf(L->g->arena, "%s in %s", op_names[op->kind], op->scope)
-					  : op_names[op->kind];
+	if (op->scope && *op->scope) { /* "OP in SCOPE" */
+		const char *name = op_names[op->kind];
+		size_t n = strlen(name), m = strlen(op->scope);
+		char *note = arena_alloc(L->g->arena, n + m + 5);
+		memcpy(note, name, n);
+		memcpy(note + n, " in ", 4);
+		memcpy(note + n + 4, op->scope, m + 1);
+		k->note = note;
+	} else {
+		k->note = op_names[op->kind];
+	}
 	return k;
 }
 
@@ -831,7 +863,8 @@ static void plan_fusion(Lower *L)
 {
 	Graph *g = L->g;
 	int stage = L->p->stage;
-	for (int i = 0; i < g->nops; i++) {
+	for (int t = 0; t < L->nops; t++) {
+		int i = L->ops[t];
 		const Op *op = &g->ops[i];
 		if (op->stage != stage || !elementwise(op->kind) || op->nout != 1)
 			continue;
@@ -1591,34 +1624,34 @@ static void lower_moe(Lower *L, const Op *op, int oi)
  * that exist travel (planrt_moe_exchange: the counts, then the rows) instead of the all-to-all of
  * the whole buffer. A value is such a buffer when it comes from a dropless moe_dispatch (or is
  * moe_combine_grad's) through ops that keep the buffer's [E, C, ..] shape. */
-static void moe_buffers(Lower *L)
+static int *moe_buffers(const Graph *g)
 {
-	Graph *g = L->g;
-	L->moe_idx = malloc(sizeof(int) * ((size_t)g->nvals + 1));
-	if (!L->moe_idx)
+	int *moe_idx = malloc(sizeof(int) * ((size_t)g->nvals + 1));
+	if (!moe_idx)
 		ICE("out of memory");
 	for (int v = 0; v < g->nvals; v++)
-		L->moe_idx[v] = -1;
+		moe_idx[v] = -1;
 	for (int i = 0; i < g->nops; i++) {
 		const Op *op = &g->ops[i];
 		if (!op->nout)
 			continue;
 		int y = op->out[0];
 		if ((op->kind == OP_MOE_DISPATCH || op->kind == OP_MOE_COMBINE_GRAD) && !op->moe_capacity) {
-			L->moe_idx[y] = op->in[op->kind == OP_MOE_DISPATCH ? 2 : 3];
+			moe_idx[y] = op->in[op->kind == OP_MOE_DISPATCH ? 2 : 3];
 			continue;
 		}
 		if (op->kind == OP_MOE_COMBINE || op->kind == OP_MOE_DISPATCH_GRAD || op->kind == OP_MOE_COMBINE_GRAD)
 			continue;
 		for (int k = 0; k < op->nin; k++) {
-			int x = op->in[k], ix = L->moe_idx[x];
+			int x = op->in[k], ix = moe_idx[x];
 			const Value *vx = &g->vals[x], *vy = &g->vals[y];
 			if (ix >= 0 && vy->rank == vx->rank && vy->dim[0] == vx->dim[0] && vy->dim[1] == vx->dim[1]) {
-				L->moe_idx[y] = ix;
+				moe_idx[y] = ix;
 				break;
 			}
 		}
 	}
+	return moe_idx;
 }
 
 static void lower_moe_exchange(Lower *L, const Op *op, int oi)
@@ -1719,6 +1752,56 @@ static void lower_moe_metrics(Lower *L)
 	karg_buf(p, k, L->moe_stats, true, false);
 	karg_int(p, k, nlayers);
 	karg_ints(p, k, experts, nlayers, false);
+}
+
+/* Fused attention (graph/attention.c) and its gradient: one planrt call each, over q's local
+ * block; dropout keys on the scores' global shape (the step's batch, every key) as the unfused
+ * dropout does. The scratch holds a few 64 x 64 score tiles: ATTN_SCRATCH_FLOATS in
+ * runtime/cpu/attention_impl.h, the same formula. */
+static void lower_attention(Lower *L, const Op *op, int oi)
+{
+	enum { BQ = 64, BK = 64 };
+	Graph *g = L->g;
+	LProg *p = L->p;
+	bool grad = op->kind == OP_ATTENTION_GRAD;
+	int q = op->in[0], kv = op->in[1], r = g->vals[q].rank, ntensors = grad ? 6 : 3;
+	int mask = op->nin > ntensors ? op->in[ntensors] : -1;
+	long long ldims[MAX_DIMS], gd[MAX_DIMS], mstr[MAX_DIMS] = {0};
+	for (int d = 0; d < r; d++) {
+		ldims[d] = ldim(g, q, d);
+		gd[d] = d == p->buf[q].micro_dim ? g->ps->batch : g->vals[q].dim[d];
+	}
+	long long sk = ldim(g, kv, r - 2), dh = ldims[r - 1];
+	gd[r - 1] = g->vals[kv].dim[r - 2];
+	for (long long d = r - 1, stride = 1; mask >= 0 && d >= 0; d--) { /* broadcast dims read stride 0 */
+		long long n = ldim(g, mask, (int)d), scores = d == r - 1 ? sk : ldims[d];
+		mstr[d] = n == 1 && scores != 1 ? 0 : stride;
+		stride *= n;
+	}
+	Kernel *k = call(L, grad ? K_ATTENTION_GRAD : K_ATTENTION, oi);
+	for (int i = 0; i < 3; i++)
+		arg_value(L, k, op->in[i], true, false);
+	if (mask >= 0)
+		arg_value(L, k, mask, true, false);
+	else
+		karg(p, k, KA_NULL, 0);
+	karg_ints(p, k, mstr, r, false);
+	for (int i = 3; i < ntensors; i++)
+		arg_value(L, k, op->in[i], true, false);
+	for (int i = 0; i < op->nout; i++)
+		arg_value(L, k, op->out[i], false, true);
+	karg_int(p, k, r);
+	karg_ints(p, k, ldims, r, false);
+	karg_int(p, k, ldim(g, kv, r - 3));
+	karg_int(p, k, sk);
+	karg_f64(p, k, op->f);
+	karg_int(p, k, op->n);
+	karg_f64(p, k, op->dropout_p);
+	karg(p, k, KA_STEP_SEED, 0);
+	karg_int(p, k, op->orig);
+	karg_ints(p, k, gd, r, false);
+	karg_offset(p, k, q, -1);
+	arg_scratch(L, k, sizeof(float) * (size_t)(3 * BQ * BK + 2 * BK * dh + BQ * dh + 3 * BQ));
 }
 
 static void lower_op(Lower *L, const Op *op, int oi)
@@ -1892,6 +1975,10 @@ static void lower_op(Lower *L, const Op *op, int oi)
 	case OP_CROSS_ENTROPY:
 		lower_cross_entropy(L, op, oi);
 		return;
+	case OP_ATTENTION:
+	case OP_ATTENTION_GRAD:
+		lower_attention(L, op, oi);
+		return;
 	case OP_UNARY_FN:
 	case OP_UNARY_FN_GRAD:
 	case OP_SUM_DIM:
@@ -2003,15 +2090,15 @@ static void describe_value(LProg *p, int v)
 	b->micro_rows = ps->batch / (ps->micro_batches > 0 ? ps->micro_batches : 1);
 	const char *base = val->name;
 	if (val->role == ROLE_PARAM && val->name)
-		b->name = arena_printf(g->arena, "p_%s", identifier(g->arena, val->name));
+		b->name = identifier(g->arena, "p_", val->name, -1);
 	else if (val->grad_of >= 0 && g->vals[val->grad_of].name && g->vals[val->grad_of].grad == v)
-		b->name = arena_printf(g->arena, "g_%s", identifier(g->arena, g->vals[val->grad_of].name));
+		b->name = identifier(g->arena, "g_", g->vals[val->grad_of].name, -1);
 	else if (val->grad_of >= 0 && g->vals[val->grad_of].name) /* a partial gradient before a conversion */
-		b->name = arena_printf(g->arena, "g_%s_%d", identifier(g->arena, g->vals[val->grad_of].name), v);
+		b->name = identifier(g->arena, "g_", g->vals[val->grad_of].name, v);
 	else if (base)
-		b->name = arena_printf(g->arena, "%s_%d", identifier(g->arena, base), v);
-	else
-		b->name = arena_printf(g->arena, "%s_%d", val->def >= 0 ? op_names[g->ops[val->def].kind] : "v", v);
+		b->name = identifier(g->arena, "", base, v);
+	else /* op names are identifiers */
+		b->name = identifier(g->arena, "", val->def >= 0 ? op_names[g->ops[val->def].kind] : "v", v);
 	b->what = val->name;
 }
 
@@ -2022,42 +2109,129 @@ static bool on_prog(const LProg *p, const Op *op)
 	return op->stage == p->stage;
 }
 
-/* One placeholder per graph value, in a scratch array every program of the plan lowers into
- * (compact_prog moves what a program uses into its own): a value's buffer is found by its number
- * while lowering. No name yet: describe_value names those a program defines. */
-static void placeholders(LProg *p, Buffer **scratch, int *cap)
+/* What lowering keeps from one program of a plan to the next: arrays over the graph's values and
+ * ops, put back after each program only where its ops changed them, so that lowering a stage costs
+ * its ops, not the model's (a 64-stage plan lowers 64 programs).
+ *   scratch     one blank buffer per graph value (no name yet: describe_value names those
+ *               a program defines), the array a program lowers into; compact_prog then moves what
+ *               it uses into the program's own;
+ *   touched     the values the program's ops read, write or list (its ins, outs and members):
+ *               every value whose blank buffer, consumer count or "kept" flag lowering may
+ *               change. */
+typedef struct Shared {
+	Buffer *scratch;
+	int cap;            /* scratch's size: the blank value buffers and the buffers lowering adds */
+	Buffer proto;       /* a pristine blank value buffer (dtype, bytes and value set per value) */
+	int *consumers;     /* per value (Lower.consumers) */
+	bool *kept;         /* per value (Lower.kept) */
+	bool *skip, *materialise; /* per op */
+	int *chunk;         /* per op */
+	int *moe_idx;       /* per value (program-independent), or NULL */
+	int first_layer_op;
+	int *touched, ntouched; /* this program's values, ascending */
+	int *stamp;         /* per value: the program (+ 1) that touched it last */
+	int *map;           /* compaction: old buffer -> new, -1 (per scratch buffer) */
+	bool *seen;         /* compaction: named by a kernel (per scratch buffer) */
+} Shared;
+
+static void reset_value_buffer(const Graph *g, const Shared *sh, int v)
 {
-	Graph *g = p->g;
-	if (*cap < g->nvals + 1) {
-		*cap = 2 * g->nvals + 64; /* lowering about doubles the buffers */
-		*scratch = realloc(*scratch, sizeof(Buffer) * (size_t)*cap);
-		if (!*scratch)
-			ICE("out of memory");
-	}
-	Buffer proto;
-	memset(&proto, 0, sizeof proto);
-	proto.cls = BUF_NONE;
-	proto.elems = 1;
-	proto.view_of = proto.view_axis = -1;
-	proto.rank = 1;
-	proto.ldims[0] = 1;
-	for (int d = 0; d < MAX_DIMS; d++)
-		proto.split_axis[d] = proto.split_outer[d] = -1;
-	proto.micro_dim = -1;
-	proto.first = proto.last = -1;
-	for (int v = 0; v < g->nvals; v++) {
-		Buffer *b = &(*scratch)[v];
-		*b = proto;
-		b->dtype = g->vals[v].dtype;
-		b->bytes = (size_t)dtype_bytes(b->dtype);
-		b->value = v;
-	}
-	p->buf = *scratch;
-	p->nbuf = g->nvals;
-	p->capbuf = *cap;
+	Buffer *b = &sh->scratch[v];
+	*b = sh->proto;
+	b->dtype = g->vals[v].dtype;
+	b->bytes = (size_t)dtype_bytes(b->dtype);
+	b->value = v;
 }
 
-static LProg *lower_prog(Lowered *low, int stage, int role, Buffer **scratch, int *scratch_cap)
+static void shared_init(Shared *sh, const Graph *g)
+{
+	memset(sh, 0, sizeof *sh);
+	Buffer *x = &sh->proto;
+	x->cls = BUF_NONE;
+	x->elems = 1;
+	x->view_of = x->view_axis = -1;
+	x->rank = 1;
+	x->ldims[0] = 1;
+	for (int d = 0; d < MAX_DIMS; d++)
+		x->split_axis[d] = x->split_outer[d] = -1;
+	x->micro_dim = -1;
+	x->first = x->last = -1;
+	sh->cap = 2 * g->nvals + 64; /* lowering about doubles the buffers */
+	sh->scratch = malloc(sizeof(Buffer) * (size_t)sh->cap);
+	sh->consumers = calloc((size_t)g->nvals + 1, sizeof(int));
+	sh->kept = calloc((size_t)g->nvals + 1, sizeof(bool));
+	sh->skip = calloc((size_t)g->nops + 1, sizeof(bool));
+	sh->materialise = calloc((size_t)g->nops + 1, sizeof(bool));
+	sh->chunk = malloc(sizeof(int) * (size_t)(g->nops + 1));
+	sh->touched = malloc(sizeof(int) * (size_t)(g->nvals + 1));
+	sh->stamp = calloc((size_t)g->nvals + 1, sizeof(int));
+	if (!sh->scratch || !sh->consumers || !sh->kept || !sh->skip || !sh->materialise || !sh->chunk || !sh->touched ||
+	    !sh->stamp)
+		ICE("out of memory");
+	for (int v = 0; v < g->nvals; v++)
+		reset_value_buffer(g, sh, v);
+	sh->first_layer_op = g->nops;
+	for (int i = 0; i < g->nops; i++) {
+		sh->chunk[i] = -1;
+		if (g->ops[i].layer >= 0 && sh->first_layer_op == g->nops && !g->ops[i].backward)
+			sh->first_layer_op = i;
+	}
+	sh->moe_idx = g->has_moe ? moe_buffers(g) : NULL;
+}
+
+static void shared_free(Shared *sh)
+{
+	free(sh->scratch);
+	free(sh->consumers);
+	free(sh->kept);
+	free(sh->skip);
+	free(sh->materialise);
+	free(sh->chunk);
+	free(sh->touched);
+	free(sh->stamp);
+	free(sh->map);
+	free(sh->seen);
+	free(sh->moe_idx);
+}
+
+static int by_int(const void *a, const void *b)
+{
+	int x = *(const int *)a, y = *(const int *)b;
+	return (x > y) - (x < y);
+}
+
+static void touch_value(Shared *sh, int v, int program)
+{
+	if (v >= 0 && sh->stamp[v] != program + 1) {
+		sh->stamp[v] = program + 1;
+		sh->touched[sh->ntouched++] = v;
+	}
+}
+
+/* The values the program's ops touch and those state.c reads on its stage (sync.c's bucket
+ * members and tied gradients), ascending, in sh->touched. */
+static void touch_values(Shared *sh, const Graph *g, int stage, const int *ops, int nops, int program)
+{
+	sh->ntouched = 0;
+	for (int t = 0; t < nops; t++) {
+		const Op *op = &g->ops[ops[t]];
+		for (int k = 0; k < op->nin; k++)
+			touch_value(sh, op->in[k], program);
+		for (int k = 0; k < op->nout; k++)
+			touch_value(sh, op->out[k], program);
+	}
+	for (int i = 0; i < g->sync.nbuckets; i++)
+		for (int k = 0; g->sync.buckets[i].stage == stage && k < g->sync.buckets[i].nmembers; k++)
+			touch_value(sh, g->sync.buckets[i].members[k], program);
+	for (int i = 0; i < g->sync.ntied; i++)
+		if (g->sync.tied[i].stage[0] == stage || g->sync.tied[i].stage[1] == stage) {
+			touch_value(sh, g->sync.tied[i].grad[0], program);
+			touch_value(sh, g->sync.tied[i].grad[1], program);
+		}
+	qsort(sh->touched, (size_t)sh->ntouched, sizeof(int), by_int);
+}
+
+static LProg *lower_prog(Lowered *low, int stage, int role, Shared *sh)
 {
 	Graph *g = low->g;
 	LProg *p = arena_alloc(g->arena, sizeof *p);
@@ -2070,23 +2244,16 @@ static LProg *lower_prog(Lowered *low, int stage, int role, Buffer **scratch, in
 	p->nchunks = g->sched && g->sched->chunks > 0 ? g->sched->chunks : 1;
 	p->loss_metric = p->norm_metric = -1;
 	p->opaque_op = -1;
-	/* one buffer per graph value, then the buffers lowering makes */
-	placeholders(p, scratch, scratch_cap);
-	Lower L = {.p = p, .g = g};
-	L.consumers = calloc((size_t)g->nvals, sizeof(int));
-	L.kept = calloc((size_t)g->nvals, sizeof(bool));
-	L.skip = calloc((size_t)g->nops, sizeof(bool));
-	L.chunk = malloc(sizeof(int) * (size_t)(g->nops + 1));
-	if (!L.consumers || !L.kept || !L.skip || !L.chunk)
-		ICE("out of memory");
-	L.first_layer_op = g->nops;
-	for (int i = 0; i < g->nops; i++) {
-		L.chunk[i] = -1;
-		if (g->ops[i].layer >= 0 && L.first_layer_op == g->nops && !g->ops[i].backward)
-			L.first_layer_op = i;
-	}
-	for (int i = 0; i < g->nops; i++) {
-		const Op *op = &g->ops[i];
+	/* one buffer per graph value (the blank value buffers), then the buffers lowering makes */
+	p->buf = sh->scratch;
+	p->nbuf = g->nvals;
+	p->capbuf = sh->cap;
+	Lower L = {.p = p, .g = g, .consumers = sh->consumers, .kept = sh->kept, .skip = sh->skip,
+		   .materialise = sh->materialise, .chunk = sh->chunk, .first_layer_op = sh->first_layer_op,
+		   .moe_idx = sh->moe_idx};
+	L.ops = lowered_stage_ops(low, stage, &L.nops);
+	for (int t = 0; t < L.nops; t++) {
+		const Op *op = &g->ops[L.ops[t]];
 		if (!on_prog(p, op))
 			continue;
 		for (int k = 0; k < op->nin; k++) {
@@ -2106,8 +2273,8 @@ static LProg *lower_prog(Lowered *low, int stage, int role, Buffer **scratch, in
 			L.consumers[g->sync.tied[i].grad[1]]++;
 		}
 	/* buffers of the values this program defines */
-	for (int i = 0; i < g->nops; i++) {
-		const Op *op = &g->ops[i];
+	for (int t = 0; t < L.nops; t++) {
+		const Op *op = &g->ops[L.ops[t]];
 		if (!on_prog(p, op) || op->kind == OP_OPTIMIZER_STEP) /* the update: state.c */
 			continue;
 		for (int k = 0; k < op->nout; k++) {
@@ -2126,11 +2293,9 @@ static LProg *lower_prog(Lowered *low, int stage, int role, Buffer **scratch, in
 		}
 	}
 	/* a transpose read by anything but a matmul is materialised; otherwise it is no buffer */
-	bool *materialise = calloc((size_t)g->nops + 1, sizeof(bool));
-	if (!materialise)
-		ICE("out of memory");
-	for (int i = 0; i < g->nops; i++) {
-		const Op *c = &g->ops[i];
+	bool *materialise = L.materialise;
+	for (int t = 0; t < L.nops; t++) {
+		const Op *c = &g->ops[L.ops[t]];
 		if (!on_prog(p, c))
 			continue;
 		for (int k = 0; k < c->nin; k++) {
@@ -2139,22 +2304,23 @@ static LProg *lower_prog(Lowered *low, int stage, int role, Buffer **scratch, in
 				materialise[d] = true;
 		}
 	}
-	for (int i = 0; i < g->nops; i++)
+	for (int t = 0; t < L.nops; t++) {
+		int i = L.ops[t];
 		if (g->ops[i].kind == OP_TRANSPOSE && on_prog(p, &g->ops[i]) && !materialise[i])
 			p->buf[g->ops[i].out[0]].cls = BUF_NONE;
+	}
 	/* the loss metric: every stage has one (zero where the loss is not computed) */
 	p->loss_metric = buffer_new(p, BUF_STATE, DT_F64, 1, "loss", "the step's mean loss");
 	p->buf[p->loss_metric].state = SC_METRIC;
 	L.moe_stats = -1;
-	if (g->has_moe)
-		moe_buffers(&L);
 	if (g->has_moe) {
 		long long n = moe_stats_offset(g, g->nops);
 		L.moe_stats = buffer_new(p, BUF_STATE, DT_F64, n, "moe_stats", "the step's routing metrics");
 		p->buf[L.moe_stats].state = SC_METRIC;
 	}
 	plan_fusion(&L);
-	for (int i = 0; i < g->nops; i++) {
+	for (int t = 0; t < L.nops; t++) {
+		int i = L.ops[t];
 		const Op *op = &g->ops[i];
 		if (!on_prog(p, op) || op->kind == OP_OPTIMIZER_STEP) /* the update: state.c */
 			continue;
@@ -2174,14 +2340,25 @@ static LProg *lower_prog(Lowered *low, int stage, int role, Buffer **scratch, in
 	}
 	if (L.moe_stats >= 0)
 		lower_moe_metrics(&L);
-	free(L.moe_idx);
-	free(materialise);
-	free(L.consumers);
-	free(L.kept);
-	free(L.skip);
-	free(L.chunk);
 	return p;
 }
+
+/* Puts back what lowering program changed in the shared arrays: the blank value buffers, counts and
+ * flags of its values (a transpose it materialised: the op of a value it read), its ops' flags. */
+static void shared_reset(Shared *sh, const Graph *g, const int *ops, int nops)
+{
+	for (int i = 0; i < sh->ntouched; i++) {
+		int v = sh->touched[i];
+		reset_value_buffer(g, sh, v);
+		sh->consumers[v] = 0;
+		sh->kept[v] = false;
+		if (g->vals[v].def >= 0)
+			sh->materialise[g->vals[v].def] = false;
+	}
+	for (int t = 0; t < nops; t++)
+		sh->skip[ops[t]] = sh->materialise[ops[t]] = false;
+}
+
 
 /* ------------------------------------------------------------------ bf16 storage */
 
@@ -2232,6 +2409,8 @@ static bool takes_f32_only(KernelKind k)
 	case K_ROPE_GRAD:
 	case K_REGRESSION_LOSS:
 	case K_REGRESSION_LOSS_GRAD:
+	case K_ATTENTION:
+	case K_ATTENTION_GRAD:
 		return true;
 	default:
 		return false;
@@ -2266,12 +2445,44 @@ static Kernel cast_kernel(LProg *p, const Kernel *around, int from, int to, long
 	return c;
 }
 
+/* a buffer argument's element type, -1 for any other argument */
+static int root_dtype(const LProg *p, const KArg *a)
+{
+	return a->kind == KA_BUF ? (int)p->buf[buffer_root(p, a->buf)].dtype : -1;
+}
+
+/* A GEMM of two bf16 operands reads them as they are (f32 accumulation) and writes C in its own
+ * dtype, f32 or bf16: the same arguments as the f32 GEMM's, with C's dtype after C. */
+static bool matmul_reads_bf16(LProg *p, Kernel *k)
+{
+	if (k->kind != K_MATMUL)
+		return false;
+	int c = root_dtype(p, KARG(k, MATMUL, C));
+	if (root_dtype(p, KARG(k, MATMUL, A)) != DT_BF16 || root_dtype(p, KARG(k, MATMUL, B)) != DT_BF16 ||
+	    (c != DT_F32 && c != DT_BF16))
+		return false;
+	const KArg *old = k->args;
+	int n = k->nargs, at_c = KARG_INDEX(MATMUL, C);
+	k->kind = K_MATMUL_BF16;
+	k->args = NULL;
+	k->nargs = k->capargs = 0;
+	for (int a = 0; a < n; a++) {
+		push_arg(p, k, &old[a], a == at_c);
+		if (a == at_c) {
+			KArg t = blank_arg(KA_DTYPE);
+			t.i = c;
+			push_arg(p, k, &t, false);
+		}
+	}
+	return true;
+}
+
 static void lower_conversions(LProg *p)
 {
 	Inserts casts = {0};
 	int nk = p->nk;
 	for (int i = 0; i < nk; i++) {
-		if (!takes_f32_only(p->k[i].kind))
+		if (matmul_reads_bf16(p, &p->k[i]) || !takes_f32_only(p->k[i].kind))
 			continue;
 		for (int a = 0; a < p->k[i].nargs; a++) {
 			Kernel *k = &p->k[i];
@@ -2302,7 +2513,7 @@ static void lower_conversions(LProg *p)
 
 /* ------------------------------------------------------------------ compaction
  * Lowering addresses a value's buffer by the value's number, so a program starts with a
- * placeholder for every graph value, and a pipeline stage uses a share of them (1/64 of a 64-stage
+ * blank buffer for every graph value, and a pipeline stage uses a share of them (1/64 of a 64-stage
  * model's). Once lowered, a program keeps the buffers it defines or references, in their order
  * (the value buffers first, by value), in an array of its own; every reference is renumbered, and
  * lprog_value_buffer finds a value's buffer by binary search. A plan's programs then hold their
@@ -2310,60 +2521,87 @@ static void lower_conversions(LProg *p)
 
 static int renumber(void *map, int b)
 {
-	return ((const int *)map)[b];
+	int n = ((const int *)map)[b];
+	internal_assert(n >= 0); /* a buffer the program names is one it keeps */
+	return n;
 }
 
-static void compact_prog(LProg *p, int nvals)
+/* The program's buffers: its values (sh->touched) and those lowering added ([nvals, nbuf)); kept
+ * when on the program or named by a kernel, and what a kept view views. */
+static void compact_prog(LProg *p, Shared *sh, int nvals)
 {
 	int nb = p->nbuf;
-	int *map = malloc(sizeof(int) * (size_t)(nb + 1));
-	bool *keep = calloc((size_t)nb + 1, sizeof(bool));
-	if (!map || !keep)
-		ICE("out of memory");
-	for (int b = 0; b < nb; b++)
-		keep[b] = p->buf[b].cls != BUF_NONE;
+	if (nb > sh->cap || !sh->map) { /* lowering may have outgrown the scratch (buffer_new) */
+		sh->map = realloc(sh->map, sizeof(int) * (size_t)(nb > sh->cap ? nb : sh->cap));
+		sh->seen = realloc(sh->seen, sizeof(bool) * (size_t)(nb > sh->cap ? nb : sh->cap));
+		if (!sh->map || !sh->seen)
+			ICE("out of memory");
+		for (int b = 0; b < (nb > sh->cap ? nb : sh->cap); b++) {
+			sh->map[b] = -1;
+			sh->seen[b] = false;
+		}
+	}
+	sh->scratch = p->buf; /* buffer_new may have moved it */
+	if (nb > sh->cap)
+		sh->cap = nb;
+	int *map = sh->map;
+	bool *seen = sh->seen;
 	for (int i = 0; i < p->nk; i++)
-		kernel_buffers(&p->k[i], keep);
+		kernel_buffers(&p->k[i], seen);
 	if (p->loss_metric >= 0)
-		keep[p->loss_metric] = true;
-	for (bool grew = true; grew;) { /* a kept view keeps what it views */
+		seen[p->loss_metric] = true;
+	for (int i = 0; i < sh->ntouched; i++)
+		seen[sh->touched[i]] |= p->buf[sh->touched[i]].cls != BUF_NONE;
+	for (int b = nvals; b < nb; b++)
+		seen[b] |= p->buf[b].cls != BUF_NONE;
+	for (bool grew = true; grew;) { /* a kept view keeps what it views (an added view's base may be a value) */
 		grew = false;
-		for (int b = nb - 1; b >= 0; b--)
-			if (keep[b] && p->buf[b].cls == BUF_VIEW && p->buf[b].view_of >= 0 && !keep[p->buf[b].view_of])
-				grew = keep[p->buf[b].view_of] = true;
+		for (int b = nb - 1; b >= nvals; b--)
+			if (seen[b] && p->buf[b].cls == BUF_VIEW && p->buf[b].view_of >= 0 && !seen[p->buf[b].view_of])
+				grew = seen[p->buf[b].view_of] = true;
+		for (int i = sh->ntouched - 1; i >= 0; i--) {
+			int b = sh->touched[i];
+			if (seen[b] && p->buf[b].cls == BUF_VIEW && p->buf[b].view_of >= 0 && !seen[p->buf[b].view_of])
+				grew = seen[p->buf[b].view_of] = true;
+		}
 	}
 	int n = 0;
-	p->nvalbufs = 0;
-	for (int b = 0; b < nb; b++) {
-		map[b] = keep[b] ? n++ : -1;
-		if (keep[b] && b < nvals)
-			p->nvalbufs++;
-	}
+	for (int i = 0; i < sh->ntouched; i++)
+		if (seen[sh->touched[i]])
+			map[sh->touched[i]] = n++;
+	p->nvalbufs = n;
+	for (int b = nvals; b < nb; b++)
+		if (seen[b])
+			map[b] = n++;
 	int cap = n + n / 4 + 16; /* the later passes add buffers */
 	Buffer *bufs = malloc(sizeof(Buffer) * (size_t)cap);
 	if (!bufs)
 		ICE("out of memory");
-	for (int b = 0; b < nb; b++) {
-		if (!keep[b])
-			continue;
-		Buffer *x = &bufs[map[b]];
-		*x = p->buf[b];
-		if (x->view_of >= 0)
-			x->view_of = map[x->view_of];
-		if (!x->name) /* a value of another stage a kernel names (the verifier reports it) */
-			x->name = arena_printf(p->g->arena, "v_%d", b);
-	}
+	for (int pass = 0; pass < 2; pass++)
+		for (int i = 0, end = pass ? nb - nvals : sh->ntouched; i < end; i++) {
+			int b = pass ? nvals + i : sh->touched[i];
+			if (!seen[b])
+				continue;
+			Buffer *x = &bufs[map[b]];
+			*x = p->buf[b];
+			if (x->view_of >= 0)
+				x->view_of = map[x->view_of];
+			if (!x->name) /* a value of another stage a kernel names (the verifier reports it) */
+				x->name = arena_printf(p->g->arena, "v_%d", b);
+		}
 	for (int i = 0; i < p->nk; i++)
 		kernel_map_buffers(p, &p->k[i], renumber, map);
 	if (p->loss_metric >= 0)
 		p->loss_metric = map[p->loss_metric];
-	p->buf = bufs; /* the scratch array lowering used stays with lower() for the next program */
+	for (int i = 0; i < sh->ntouched; i++) /* the shared arrays as they were */
+		map[sh->touched[i]] = -1, seen[sh->touched[i]] = false;
+	for (int b = nvals; b < nb; b++)
+		map[b] = -1, seen[b] = false;
+	p->buf = bufs;
 	p->nbuf = n;
 	p->capbuf = cap;
 	p->name_base += nb - n; /* a buffer added later is numbered past every name made before */
 	arena_own(p->g->arena, (void **)&p->buf);
-	free(map);
-	free(keep);
 }
 
 static void expr_buffers(const LExpr *e, bool *seen)
@@ -2456,6 +2694,41 @@ int lprog_value_buffer(const LProg *p, int v)
 
 /* ------------------------------------------------------------------ the plan */
 
+/* The ops on each stage, in order, once: every pass that works on one stage's program walks these,
+ * not the model's ops. */
+static void stage_ops_index(Lowered *low)
+{
+	Graph *g = low->g;
+	int ns = g->nstages;
+	low->stage_first = arena_alloc(g->arena, sizeof(int) * (size_t)(ns + 2));
+	for (int pass = 0; pass < 2; pass++) {
+		int *at = pass ? calloc((size_t)ns + 1, sizeof(int)) : NULL;
+		if (pass && !at)
+			ICE("out of memory");
+		for (int i = 0; i < g->nops; i++) {
+			int on = g->ops[i].stage;
+			if (on < 0 || on >= ns)
+				continue;
+			if (pass)
+				low->stage_op[low->stage_first[on] + at[on]++] = i;
+			else
+				low->stage_first[on + 1]++;
+		}
+		if (!pass) {
+			for (int st = 0; st < ns; st++)
+				low->stage_first[st + 1] += low->stage_first[st];
+			low->stage_op = arena_alloc(g->arena, sizeof(int) * (size_t)(low->stage_first[ns] + 1));
+		}
+		free(at);
+	}
+}
+
+const int *lowered_stage_ops(const Lowered *low, int stage, int *n)
+{
+	*n = low->stage_first[stage + 1] - low->stage_first[stage];
+	return low->stage_op + low->stage_first[stage];
+}
+
 LProg *lowered_prog(const Lowered *low, int stage, int role)
 {
 	for (int i = 0; i < low->nprogs; i++)
@@ -2529,19 +2802,22 @@ Lowered *lower(Graph *g)
 			break;
 		}
 	}
-	Buffer *scratch = NULL;
-	int scratch_cap = 0;
+	stage_ops_index(low);
+	Shared sh;
+	shared_init(&sh, g);
 	for (int s = 0; s < g->nstages; s++)
 		for (int r = 0; r < low->nroles; r++) {
 			int role = low->nroles == 1 ? RANKROLE_ANY : r == 0 ? RANKROLE_MASTER : RANKROLE_WORKER;
-			LProg *p = lower_prog(low, s, role, &scratch, &scratch_cap);
+			int nops;
+			const int *ops = lowered_stage_ops(low, s, &nops);
+			touch_values(&sh, g, s, ops, nops, low->nprogs);
+			LProg *p = lower_prog(low, s, role, &sh);
 			lower_conversions(p);
-			scratch = p->buf; /* buffer_new may have moved it */
-			scratch_cap = p->capbuf;
-			compact_prog(p, g->nvals);
+			compact_prog(p, &sh, g->nvals);
+			shared_reset(&sh, g, ops, nops);
 			low->progs[low->nprogs++] = p;
 		}
-	free(scratch);
+	shared_free(&sh);
 	return low;
 }
 

@@ -67,8 +67,7 @@ extern const int kernel_nparams[K_COUNT];
 typedef enum { KDEV_CALL, KDEV_NO_OP, KDEV_HOST_ONLY } DeviceMode;
 typedef struct DeviceCall {
 	DeviceMode mode;
-	const char *function;     /* KDEV_CALL: the planrt_cuda function */
-	const char *tensor_cores; /* its bf16 tensor-core variant, or NULL */
+	const char *function; /* KDEV_CALL: the planrt_cuda function */
 } DeviceCall;
 extern const DeviceCall kernel_device[K_COUNT];
 
@@ -238,8 +237,6 @@ typedef struct Kernel {
 				 * events); -1: the compute stream at the phase call's entry */
 	bool event;             /* records an event when done (a kernel or the call's end waits for it) */
 	bool join;              /* the phase call ends with the compute stream waiting for it */
-	bool tensor_cores;      /* K_MATMUL: both operands are bf16 values widened to f32 (casts of
-				 * bf16 buffers), so bf16 tensor-core math computes the same products */
 	int bucket;             /* state.c: the gradient bucket it reduces (g->sync.buckets), or -1 */
 } Kernel;
 
@@ -338,11 +335,15 @@ struct Lowered {
 	int npairs;             /* tied-parameter pair groups on the pipe axis */
 	int pair_a[64], pair_b[64];
 	long long seq, vocab;   /* the token data: window length and vocabulary */
+	int *stage_first, *stage_op; /* the ops on stage s: stage_op[stage_first[s] .. stage_first[s + 1]) */
 };
 
 /* lower.c: the program of every stage and role, complete for the check and explain. */
 Lowered *lower(Graph *g);
 LProg *lowered_prog(const Lowered *low, int stage, int role); /* role: RANKROLE_* */
+/* The graph ops on a stage in order: op->stage == stage, or a tied pair's op on either of its two
+ * stages. A pass on one stage's program walks these (a superset of what it keeps), not the model's. */
+const int *lowered_stage_ops(const Lowered *low, int stage, int *n);
 /* The helpers every back-end pass shares (lower.c). */
 Kernel *kernel_new(LProg *p, KernelKind kind, Phase ph, int chunk, int op);
 /* K_OFFLOAD_COPY of src's first n elements into dst, appended (offload: host <-> device) */
@@ -359,6 +360,10 @@ void kernel_use(LProg *p, Kernel *k, int b);
 void kernel_def(LProg *p, Kernel *k, int b);
 Comm *kernel_comm(LProg *p, Kernel *k);
 /* kernels.c: argument index of kernel k, which must be of this kind (KARG names it) */
+/* a GEMM (K_MATMUL, K_MATMUL_BF16) and its floating-point operations, 2 x batch x M x N x K (0 for
+ * any other kernel) */
+bool kernel_is_gemm(const Kernel *k);
+double kernel_gemm_flops(const Kernel *k);
 KArg *kernel_arg(const Kernel *k, KernelKind kind, int index);
 /* kernels.c: whether argument a may fill parameter index of kind (the builders and verify.c ask) */
 bool karg_fits(KernelKind kind, int index, const KArg *a);
@@ -415,8 +420,7 @@ bool memplan(Lowered *low);
 int memplan_slots(LProg *p);   /* memplan.c: the slots the stage's schedule needs (micro-batches in flight) */
 /* streams.c: the device schedule, after memplan: each kernel's stream (compute, communication,
  * copy, host, a pipeline channel's), the events it waits for within its phase call, and the joins
- * that end the call; GEMMs whose operands are bf16 values take tensor cores. stream_dump prints it
- * (--dump-after=streams). */
+ * that end the call. stream_dump prints it (--dump-after=streams). */
 typedef enum { STREAM_COMPUTE, STREAM_COMM, STREAM_COPY, STREAM_HOST, STREAM_P2P } StreamKind;
 bool plan_streams(Lowered *low);
 const char *stream_name(int stream, char *buf, size_t n);

@@ -108,7 +108,8 @@ static bool segs_add(RangePool *pool, Segs *s, Range x)
 	if (a == b && s->n == s->cap) {
 		int cap = s->cap ? 2 * s->cap : 4;
 		Range *r = range_take(pool, cap);
-		memcpy(r, s->r, sizeof(Range) * (size_t)s->n);
+		if (s->n) /* a list never grown has no array */
+			memcpy(r, s->r, sizeof(Range) * (size_t)s->n);
 		s->r = r;
 		s->cap = cap;
 	}
@@ -177,21 +178,9 @@ static void occupancy_add(Occupancy *o, const Interval *x)
 	}
 }
 
-static int append_segs(const Segs *s, Range **out, int n, int *cap)
-{
-	if (n + s->n > *cap) {
-		while (n + s->n > *cap)
-			*cap *= 2;
-		*out = realloc(*out, sizeof(Range) * (size_t)*cap);
-		if (!*out)
-			ICE("out of memory");
-	}
-	memcpy(*out + n, s->r, sizeof(Range) * (size_t)s->n);
-	return n + s->n;
-}
-
-/* The ranges whose union is what the placed buffers occupy at some time in x's lifetime. */
-static int occupancy_of(Occupancy *o, const Interval *x, Range **out, int *cap)
+/* The unions whose union is what the placed buffers occupy at some time in x's lifetime: the
+ * below lists of x's window's nodes and the cover lists of their ancestors. */
+static int occupancy_of(Occupancy *o, const Interval *x, const Segs **out)
 {
 	int n = 0, q = ++o->query;
 	for (int l = x->first + o->leaves, h = x->last + 1 + o->leaves; l < h; l /= 2, h /= 2) {
@@ -201,91 +190,88 @@ static int occupancy_of(Occupancy *o, const Interval *x, Range **out, int *cap)
 		if (h & 1)
 			nodes[nn++] = --h;
 		for (int i = 0; i < nn; i++) {
-			n = append_segs(&o->below[nodes[i]], out, n, cap);
+			if (o->below[nodes[i]].n)
+				out[n++] = &o->below[nodes[i]];
 			for (int a = nodes[i] / 2; a >= 1 && o->stamp[a] != q; a /= 2) {
 				o->stamp[a] = q;
-				n = append_segs(&o->cover[a], out, n, cap);
+				if (o->cover[a].n)
+					out[n++] = &o->cover[a];
 			}
 		}
 	}
 	return n;
 }
 
-static void insertion_sort(Range *r, int n)
+/* The lowest offset where size bytes fit between the ranges of the sorted lists: a sweep in
+ * offset order over their merge (a heap of the lists' next ranges), stopping at the first gap
+ * that is large enough. The same offset as a first fit over every overlapping buffer. */
+typedef struct Cursor {
+	const Segs *s;
+	int at;
+} Cursor;
+
+/* Moves heap[j] down a binary min-heap of n cursors ordered by their next range's start. */
+static void sift_down(Cursor *heap, int n, int j)
 {
-	for (int i = 1; i < n; i++) {
-		Range x = r[i];
-		int j = i;
-		for (; j > 0 && r[j - 1].lo > x.lo; j--)
-			r[j] = r[j - 1];
-		r[j] = x;
+	for (;;) {
+		int m = j, l = 2 * j + 1, r = l + 1;
+		if (l < n && heap[l].s->r[heap[l].at].lo < heap[m].s->r[heap[m].at].lo)
+			m = l;
+		if (r < n && heap[r].s->r[heap[r].at].lo < heap[m].s->r[heap[m].at].lo)
+			m = r;
+		if (m == j)
+			return;
+		Cursor t = heap[j];
+		heap[j] = heap[m];
+		heap[m] = t;
+		j = m;
 	}
 }
 
-/* Sorts ranges by lo: a bucket per range over [0, largest lo], then each bucket in place. A
- * buffer's overlaps in a big group number in the thousands (a 175B model's saved activations all
- * overlap its backward's temporaries), and they spread over the arena, so this is linear. */
-static void sort_ranges(Range *r, int n, Range *tmp, int *count)
+static size_t lowest_gap(Cursor *heap, int n, size_t size)
 {
-	if (n <= 32) {
-		insertion_sort(r, n);
-		return;
+	for (int i = n / 2 - 1; i >= 0; i--)
+		sift_down(heap, n, i);
+	size_t off = 0;
+	while (n > 0) {
+		Range x = heap[0].s->r[heap[0].at];
+		if (x.lo >= off + size)
+			break;
+		if (x.hi > off)
+			off = x.hi;
+		if (++heap[0].at == heap[0].s->n)
+			heap[0] = heap[--n];
+		sift_down(heap, n, 0);
 	}
-	size_t top = 0;
-	for (int i = 0; i < n; i++)
-		if (r[i].lo > top)
-			top = r[i].lo;
-	double scale = (double)(n - 1) / ((double)top + 1);
-	for (int b = 0; b <= n; b++)
-		count[b] = 0;
-	for (int i = 0; i < n; i++)
-		count[(int)((double)r[i].lo * scale) + 1]++;
-	for (int b = 0; b < n; b++)
-		count[b + 1] += count[b];
-	for (int i = 0; i < n; i++)
-		tmp[count[(int)((double)r[i].lo * scale)]++] = r[i];
-	memcpy(r, tmp, sizeof(Range) * (size_t)n);
-	insertion_sort(r, n); /* each range is at most its bucket's size away from its place */
+	return off;
 }
 
 /* First fit by decreasing size over kernel positions [0, positions); returns the region's size. */
 static size_t place(Interval *iv, int n, int positions)
 {
 	qsort(iv, (size_t)n, sizeof *iv, by_size_desc);
-	int cap = 64;
-	Range *taken = malloc(sizeof(Range) * (size_t)cap), *tmp = NULL;
-	int *count = NULL, tmp_cap = 0;
-	if (!taken)
-		ICE("out of memory");
 	Occupancy o;
 	occupancy_init(&o, positions);
+	int depth = 2;
+	for (int l = 1; l < o.leaves; l *= 2)
+		depth++;
+	const Segs **lists = malloc(sizeof(Segs *) * (size_t)(4 * depth));
+	Cursor *heap = malloc(sizeof(Cursor) * (size_t)(4 * depth));
+	if (!lists || !heap)
+		ICE("out of memory");
 	size_t top = 0;
 	for (int i = 0; i < n; i++) {
 		Interval *x = &iv[i];
-		int nc = occupancy_of(&o, x, &taken, &cap);
-		if (nc > tmp_cap) {
-			tmp_cap = cap;
-			tmp = realloc(tmp, sizeof(Range) * (size_t)tmp_cap);
-			count = realloc(count, sizeof(int) * (size_t)(tmp_cap + 2));
-			if (!tmp || !count)
-				ICE("out of memory");
-		}
-		sort_ranges(taken, nc, tmp, count);
-		size_t off = 0;
-		for (int j = 0; j < nc; j++) {
-			if (taken[j].lo >= off + x->bytes)
-				break;
-			if (taken[j].hi > off)
-				off = taken[j].hi;
-		}
-		x->offset = off;
+		int nl = occupancy_of(&o, x, lists);
+		for (int j = 0; j < nl; j++)
+			heap[j] = (Cursor){lists[j], 0};
+		x->offset = lowest_gap(heap, nl, x->bytes);
 		occupancy_add(&o, x);
-		if (off + x->bytes > top)
-			top = off + x->bytes;
+		if (x->offset + x->bytes > top)
+			top = x->offset + x->bytes;
 	}
-	free(taken);
-	free(tmp);
-	free(count);
+	free(lists);
+	free(heap);
 	occupancy_free(&o);
 	return top;
 }
@@ -307,33 +293,38 @@ static bool micro_phase(Phase ph)
 
 /* ------------------------------------------------------------------ slots */
 
+/* Indices of slots (or inboxes) as a set of free ones: the lowest free one is taken (a bitmap
+ * scanned a word at a time), and a unit's slot is released when its backward has run. */
 typedef struct Pool {
-	int *busy_until; /* per index: the last action that uses it, -2 when free */
-	int n, cap;
+	unsigned long long *free; /* bit i: index i is free */
+	int n, words;
 } Pool;
 
-static int pool_take(Pool *p, int until)
+static int pool_take(Pool *p)
 {
-	for (int i = 0; i < p->n; i++)
-		if (p->busy_until[i] == -2) {
-			p->busy_until[i] = until;
+	for (int w = 0; w < p->words; w++)
+		if (p->free[w]) {
+			int i = w * 64 + __builtin_ctzll(p->free[w]);
+			p->free[w] &= p->free[w] - 1;
 			return i;
 		}
-	if (p->n == p->cap) {
-		p->cap = p->cap ? p->cap * 2 : 8;
-		p->busy_until = realloc(p->busy_until, sizeof(int) * (size_t)p->cap);
-		if (!p->busy_until)
+	if (p->n == p->words * 64) {
+		p->words = p->words ? 2 * p->words : 1;
+		p->free = realloc(p->free, sizeof(unsigned long long) * (size_t)p->words);
+		if (!p->free)
 			ICE("out of memory");
+		for (int w = p->words / 2; w < p->words; w++)
+			p->free[w] = 0;
+		if (p->words == 1)
+			p->free[0] = 0;
 	}
-	p->busy_until[p->n] = until;
 	return p->n++;
 }
 
-static void pool_release(Pool *p, int t)
+static void pool_release(Pool *p, int i)
 {
-	for (int i = 0; i < p->n; i++)
-		if (p->busy_until[i] == t)
-			p->busy_until[i] = -2;
+	if (i >= 0)
+		p->free[i / 64] |= 1ull << (i % 64);
 }
 
 /* The stage's actions with a slot per in-flight micro-batch and chunk, and an inbox where the
@@ -364,20 +355,23 @@ static void assign_slots(LProg *p)
 	}
 	Pool slots = {0}, inboxes = {0};
 	for (int t = -1; t < n; t++) {
-		/* what starts at t: the inbox of the forward at t + 1, the slot of the forward at t */
+		/* what starts at t: the inbox of the forward at t + 1, the slot of the forward at t; what
+		 * ends at t: the backward's slot and inbox */
 		if (t + 1 < n) {
 			const Action *a = &sc->table[p->stage][t + 1];
 			int unit = a->micro * v + a->chunk;
 			if (a->kind == ACT_FORWARD)
-				inbox[unit] = receives[a->chunk] ? pool_take(&inboxes, bwd_at[unit]) : -1;
+				inbox[unit] = receives[a->chunk] ? pool_take(&inboxes) : -1;
 		}
 		if (t >= 0) {
 			const Action *a = &sc->table[p->stage][t];
 			int unit = a->micro * v + a->chunk;
 			if (a->kind == ACT_FORWARD)
-				slot[unit] = pool_take(&slots, bwd_at[unit]);
-			pool_release(&slots, t);
-			pool_release(&inboxes, t);
+				slot[unit] = pool_take(&slots);
+			if (bwd_at[unit] == t) { /* the unit's last action */
+				pool_release(&slots, slot[unit]);
+				pool_release(&inboxes, inbox[unit]);
+			}
 		}
 	}
 	for (int t = 0; t < n; t++) {
@@ -387,8 +381,8 @@ static void assign_slots(LProg *p)
 	}
 	p->nslots = slots.n ? slots.n : 1;
 	p->ninbox = inboxes.n;
-	free(slots.busy_until);
-	free(inboxes.busy_until);
+	free(slots.free);
+	free(inboxes.free);
 	free(fwd_at);
 	free(bwd_at);
 	free(slot);

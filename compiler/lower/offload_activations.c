@@ -4,10 +4,10 @@
  * reads; memplan would keep it on the device from one to the other. Here each one gets a pinned
  * host copy (a state buffer of kind "offload staging") and a second device buffer for the
  * backward: the forward copies it to the host right after its last forward access, and the
- * backward copies it back one saved buffer ahead of its first access (so the next one travels
- * while this one is in use). Backward kernels read the second buffer. The device then holds a
- * saved activation only while the forward or the backward works near it, and memplan packs the
- * rest as usual. The copies sit in the forward and backward phase calls themselves, never in the
+ * backward copies it back one first access ahead of its own (so the next one travels while this
+ * one is in use; buffers one kernel reads first all travel during the access before it). Backward
+ * kernels read the second buffer. The device then holds a saved activation only while the forward
+ * or the backward works near it, and memplan packs the rest as usual. The copies sit in the forward and backward phase calls themselves, never in the
  * prepare calls, which the walker runs one action early.
  *
  * A pipeline stage holds several micro-batches in flight (memplan.c's slots): each saved buffer's
@@ -199,8 +199,13 @@ static void offload_prog(LProg *p)
 			at = forward_start[chunk];
 		fwd[s] = (Out){ins.n, at, r};
 		inserts_add(&ins, copy_kernel(p, PH_FORWARD, chunk, host, r, "a saved activation to the host"), at);
-		/* back one saved buffer ahead of its first access */
-		int before = s > 0 ? first_b[saved[s - 1]] : first_b[r];
+		/* back one first access ahead of its own: at the first access of the saved buffer before it
+		 * that a different kernel reads first (one kernel, a fused attention's gradient, may read
+		 * several first: their copies must not all land right before it) */
+		int t = s - 1;
+		while (t >= 0 && first_b[saved[t]] == first_b[r])
+			t--;
+		int before = t >= 0 ? first_b[saved[t]] : first_b[r];
 		inserts_add(&ins, copy_kernel(p, PH_BACKWARD, p->k[first_b[r]].chunk, back, host, "a saved activation back from the host"),
 			    before);
 	}

@@ -291,7 +291,7 @@ static void progress_calls(LProg *p, Inserts *ins, Started *st, int n, int nk)
 			stack[s * n + depth[s]++] = next;
 		}
 		const Kernel *kj = &p->k[j];
-		if (kj->kind != K_MATMUL || kj->phase != PH_BACKWARD)
+		if (!kernel_is_gemm(kj) || kj->phase != PH_BACKWARD)
 			continue;
 		for (int per_step = 0; per_step < 2; per_step++) {
 			int s = (per_step ? p->nchunks : 0) + kj->chunk;

@@ -40,7 +40,6 @@ typedef struct Seq {
 enum { DIR_SEND, DIR_RECV };
 typedef struct Xfer {
 	int dir, axis, peer, channel;
-	int order; /* issue order: a stream's entries stay in it */
 	Entry e;
 } Xfer;
 typedef struct Stream {
@@ -93,44 +92,88 @@ static void push_xfer(const Check *C, Issued *is, const Comm *c, int op, int mic
 		if (!is->xfers)
 			ICE("out of memory");
 	}
-	is->xfers[is->nxfers] = (Xfer){c->coll == OP_SEND ? DIR_SEND : DIR_RECV, c->axis, c->peer, c->channel, is->nxfers,
-				       {c, op, micro}};
+	is->xfers[is->nxfers] = (Xfer){c->coll == OP_SEND ? DIR_SEND : DIR_RECV, c->axis, c->peer, c->channel, {c, op, micro}};
 	is->nxfers++;
 }
 
 static int stream_cmp(int d1, int a1, int p1, int c1, int d2, int a2, int p2, int c2)
 {
-	int x[4] = {d1, a1, p1, c1}, y[4] = {d2, a2, p2, c2};
-	for (int i = 0; i < 4; i++)
-		if (x[i] != y[i])
-			return x[i] < y[i] ? -1 : 1;
-	return 0;
+	if (d1 != d2)
+		return d1 < d2 ? -1 : 1;
+	if (a1 != a2)
+		return a1 < a2 ? -1 : 1;
+	if (p1 != p2)
+		return p1 < p2 ? -1 : 1;
+	return (c1 > c2) - (c1 < c2);
 }
 
-static int xfer_cmp(const void *pa, const void *pb)
+static unsigned stream_hash(const Xfer *x)
 {
-	const Xfer *a = pa, *b = pb;
-	int r = stream_cmp(a->dir, a->axis, a->peer, a->channel, b->dir, b->axis, b->peer, b->channel);
-	return r ? r : (a->order > b->order) - (a->order < b->order);
+	unsigned h = (unsigned)x->dir * 0x9e3779b1u;
+	h = (h ^ (unsigned)x->axis) * 0x85ebca6bu;
+	h = (h ^ (unsigned)x->peer) * 0xc2b2ae35u;
+	return (h ^ (unsigned)x->channel) * 0x27d4eb2fu;
 }
 
-/* Groups the issued transfers into streams. */
+static int by_stream_key(const void *pa, const void *pb)
+{
+	const Xfer *a = *(const Xfer *const *)pa, *b = *(const Xfer *const *)pb;
+	return stream_cmp(a->dir, a->axis, a->peer, a->channel, b->dir, b->axis, b->peer, b->channel);
+}
+
+/* Groups the issued transfers into streams, sorted by stream and in issue order within each: each
+ * distinct stream found through a hash table, the streams (few next to the transfers: a stage's
+ * neighbours) sorted, then every transfer placed by counting, which keeps issue order. */
 static void build_streams(Issued *is)
 {
-	if (is->nxfers)
-		qsort(is->xfers, (size_t)is->nxfers, sizeof(Xfer), xfer_cmp);
-	is->xe = malloc(sizeof(Entry) * (size_t)(is->nxfers + 1));
-	is->streams = malloc(sizeof(Stream) * (size_t)(is->nxfers + 1));
-	if (!is->xe || !is->streams)
+	int n = is->nxfers, size = 16;
+	while (size < 2 * n)
+		size *= 2;
+	int *slot = malloc(sizeof(int) * (size_t)size), *sid = malloc(sizeof(int) * (size_t)(n + 1));
+	const Xfer **first = malloc(sizeof(Xfer *) * (size_t)(n + 1));
+	is->xe = malloc(sizeof(Entry) * (size_t)(n + 1));
+	is->streams = malloc(sizeof(Stream) * (size_t)(n + 1));
+	if (!slot || !sid || !first || !is->xe || !is->streams)
 		ICE("out of memory");
-	for (int i = 0; i < is->nxfers; i++) {
+	for (int h = 0; h < size; h++)
+		slot[h] = -1;
+	int ns = 0;
+	for (int i = 0; i < n; i++) { /* sid[i]: the stream of transfer i, numbered as first seen */
 		const Xfer *x = &is->xfers[i];
-		is->xe[i] = x->e;
-		Stream *last = is->nstreams ? &is->streams[is->nstreams - 1] : NULL;
-		if (!last || stream_cmp(last->dir, last->axis, last->peer, last->channel, x->dir, x->axis, x->peer, x->channel))
-			is->streams[is->nstreams++] = (Stream){x->dir, x->axis, x->peer, x->channel, {&is->xe[i], 0, 0}};
-		is->streams[is->nstreams - 1].s.n++;
+		unsigned h = stream_hash(x) & (unsigned)(size - 1);
+		for (;; h = (h + 1) & (unsigned)(size - 1)) {
+			if (slot[h] < 0) {
+				slot[h] = ns;
+				first[ns++] = x;
+				break;
+			}
+			const Xfer *y = first[slot[h]];
+			if (!stream_cmp(x->dir, x->axis, x->peer, x->channel, y->dir, y->axis, y->peer, y->channel))
+				break;
+		}
+		sid[i] = slot[h];
 	}
+	qsort(first, (size_t)ns, sizeof *first, by_stream_key);
+	int *rank = malloc(sizeof(int) * (size_t)(ns + 1)), *at = calloc((size_t)ns + 1, sizeof(int));
+	if (!rank || !at)
+		ICE("out of memory");
+	for (int r = 0; r < ns; r++) /* a stream's number (first seen) -> its place in key order */
+		rank[sid[first[r] - is->xfers]] = r;
+	for (int i = 0; i < n; i++)
+		at[rank[sid[i]] + 1]++;
+	for (int r = 0; r < ns; r++) {
+		at[r + 1] += at[r];
+		const Xfer *x = first[r];
+		is->streams[r] = (Stream){x->dir, x->axis, x->peer, x->channel, {&is->xe[at[r]], at[r + 1] - at[r], 0}};
+	}
+	is->nstreams = ns;
+	for (int i = 0; i < n; i++)
+		is->xe[at[rank[sid[i]]]++] = is->xfers[i].e;
+	free(slot);
+	free(sid);
+	free(first);
+	free(rank);
+	free(at);
 	free(is->xfers);
 	is->xfers = NULL;
 }
@@ -165,8 +208,8 @@ static void issue_kernel(Check *C, Issued *is, const Kernel *k, int micro)
 	}
 }
 
-/* Kernel lists per phase and chunk, so that walking the action table costs the kernels each
- * action runs, not the whole program per action. */
+/* The communicating kernels per phase and chunk, so that walking the action table costs the
+ * collectives and transfers each action issues, not the whole program per action. */
 static void index_phases(Issued *is)
 {
 	const LProg *p = is->p;
@@ -185,6 +228,8 @@ static void index_phases(Issued *is)
 		}
 		for (int i = 0; i < p->nk; i++) {
 			const Kernel *k = &p->k[i];
+			if (!k->ncomm)
+				continue; /* issues nothing */
 			int all = (int)k->phase * (nch + 1);
 			if (pass == 1)
 				is->by_phase[all][count[all]] = i;

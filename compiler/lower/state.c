@@ -91,6 +91,10 @@ typedef struct State {
 	LProg *p;
 	Graph *g;
 	PlanSpec *ps;
+	const int *ops;     /* the ops on this program's stage (lowered_stage_ops) */
+	int nops;
+	int *upd_of_grad, *upd_of_param, *param_of; /* per value buffer: its update, parameter table
+						     * entry, or -1 */
 	Update *u;
 	int nu;
 	Flat *f;
@@ -162,11 +166,42 @@ static int value_buffer(const LProg *p, int v)
 
 static int param_index(const State *S, int value)
 {
-	const Lowered *low = S->p->low;
-	for (int i = 0; i < low->nparams; i++)
-		if (low->params[i].value == value && low->params[i].stage == S->p->stage)
-			return i;
-	ICE("parameter %%%d has no table entry", value);
+	int b = lprog_value_buffer(S->p, value), i = b >= 0 ? S->param_of[b] : -1;
+	if (i < 0)
+		ICE("parameter %%%d has no table entry", value);
+	return i;
+}
+
+/* The lookups by value buffer: each update's gradient and parameter (the first update wins, as a
+ * search from the front would find), each parameter's table entry on this stage. */
+static void index_updates(State *S)
+{
+	LProg *p = S->p;
+	const Lowered *low = p->low;
+	int n = p->nvalbufs + 1;
+	S->upd_of_grad = malloc(sizeof(int) * (size_t)n);
+	S->upd_of_param = malloc(sizeof(int) * (size_t)n);
+	S->param_of = malloc(sizeof(int) * (size_t)n);
+	if (!S->upd_of_grad || !S->upd_of_param || !S->param_of)
+		ICE("out of memory");
+	for (int b = 0; b < n; b++)
+		S->upd_of_grad[b] = S->upd_of_param[b] = S->param_of[b] = -1;
+	for (int i = S->nu - 1; i >= 0; i--) {
+		S->upd_of_grad[S->u[i].grad] = i;
+		S->upd_of_param[S->u[i].param] = i;
+	}
+	for (int i = low->nparams - 1; i >= 0; i--) {
+		int b = low->params[i].stage == p->stage ? lprog_value_buffer(p, low->params[i].value) : -1;
+		if (b >= 0)
+			S->param_of[b] = i;
+	}
+}
+
+/* an update's parameter (a buffer: value buffers are numbered apart from their values once
+ * dead values have none) in the parameter table */
+static int update_param_index(const State *S, const Update *u)
+{
+	return param_index(S, S->p->buf[u->param].value);
 }
 
 /* Whether an update is on a ZeRO 1/2 shard of a flat bucket (else it updates its whole block, or
@@ -178,18 +213,12 @@ static bool sharded(const State *S, const Update *u)
 
 static int update_of_grad(const State *S, int grad)
 {
-	for (int i = 0; i < S->nu; i++)
-		if (S->u[i].grad == grad)
-			return i;
-	return -1;
+	return grad >= 0 && grad < S->p->nvalbufs ? S->upd_of_grad[grad] : -1;
 }
 
 static int update_of_param(const State *S, int param)
 {
-	for (int i = 0; i < S->nu; i++)
-		if (S->u[i].param == param)
-			return i;
-	return -1;
+	return param >= 0 && param < S->p->nvalbufs ? S->upd_of_param[param] : -1;
 }
 
 /* ------------------------------------------------------------------ collectives */
@@ -243,10 +272,11 @@ static void collect_updates(State *S)
 {
 	Graph *g = S->g;
 	LProg *p = S->p;
-	S->u = calloc((size_t)g->nops + 1, sizeof(Update));
+	S->u = calloc((size_t)S->nops + 1, sizeof(Update));
 	if (!S->u)
 		ICE("out of memory");
-	for (int i = 0; i < g->nops; i++) {
+	for (int so = 0; so < S->nops; so++) {
+		int i = S->ops[so];
 		const Op *op = &g->ops[i];
 		if (op->kind != OP_OPTIMIZER_STEP || op->stage != p->stage)
 			continue; /* an async worker keeps the parameters and gradients of the master's updates */
@@ -577,7 +607,7 @@ static void offload_layout(State *S)
 			S->slot[s] = host_buf(S, DT_F32, S->grp_max * S->parts > 0 ? S->grp_max * S->parts : 1, "record",
 					      "a group's record of the optimizer state file, read in");
 	}
-	S->coef_host = host_buf(S, DT_F32 == DT_F32 ? DT_F64 : DT_F64, 1, "clip_coef_host", "the clipping coefficient, on the host");
+	S->coef_host = host_buf(S, DT_F64, 1, "clip_coef_host", "the clipping coefficient, on the host");
 }
 
 /* A group's master weights and moments (-1: none) where kernels reach them: its buffers, or (disk)
@@ -723,7 +753,7 @@ static void offload_init_masters(State *S)
 			long long base, stride;
 			int axis;
 			const Update *u = member(S, G, m, &base, &axis, &stride);
-			init_param(S, bufs[0], DT_F32, param_index(S, u->param), base, axis, stride, G->n);
+			init_param(S, bufs[0], DT_F32, update_param_index(S, u), base, axis, stride, G->n);
 		}
 		if (!G->f)
 			cast(S, PH_INIT, bufs[0], G->target, G->n);
@@ -745,7 +775,7 @@ static void offload_save_masters(State *S)
 			long long base, stride;
 			int axis;
 			const Update *u = member(S, G, m, &base, &axis, &stride);
-			int pi = param_index(S, u->param);
+			int pi = update_param_index(S, u);
 			if (S->p->low->params[pi].saved)
 				save_param(S, bufs[0], pi, base, axis, stride, G->n);
 		}
@@ -774,7 +804,7 @@ static void offload_checkpoint(State *S, CkptKind first_moment)
 			const Update *u = member(S, G, m, &base, &axis, &stride);
 			for (int j = 0; j < 3; j++)
 				if (bufs[j] >= 0)
-					ckpt_piece(S, bufs[j], param_index(S, u->param), kinds[j], base, axis, stride, G->n,
+					ckpt_piece(S, bufs[j], update_param_index(S, u), kinds[j], base, axis, stride, G->n,
 						   G->f || S->zero >= 3 ? S->za : -1);
 		}
 		record_io(S, PH_RESUME, G, 0, true, -1, false);
@@ -798,7 +828,8 @@ static void phase_init(State *S)
 		Kernel *k = step_kernel(S, K_OFFLOAD_OPEN, PH_INIT, "the optimizer state file");
 		karg_int(p, k, (long long)p->disk_bytes);
 	}
-	for (int i = 0; i < g->nops; i++) {
+	for (int so = 0; so < S->nops; so++) {
+		int i = S->ops[so];
 		const Op *op = &g->ops[i];
 		if (op->kind != OP_PARAM || op->stage != p->stage)
 			continue;
@@ -837,7 +868,8 @@ static void phase_save(State *S)
 {
 	LProg *p = S->p;
 	Graph *g = S->g;
-	for (int i = 0; i < g->nops; i++) {
+	for (int so = 0; so < S->nops; so++) {
+		int i = S->ops[so];
 		const Op *op = &g->ops[i];
 		if (op->kind != OP_PARAM || op->stage != p->stage)
 			continue;
@@ -927,7 +959,8 @@ static void phase_checkpoint(State *S)
 		return;
 	}
 	CkptKind first = S->moments >= 2 ? CKPT_EXP_AVG : CKPT_MOMENTUM;
-	for (int i = 0; i < g->nops; i++) {
+	for (int so = 0; so < S->nops; so++) {
+		int i = S->ops[so];
 		const Op *op = &g->ops[i];
 		if (op->kind != OP_PARAM || op->stage != p->stage)
 			continue;
@@ -1579,6 +1612,7 @@ static void async_end(State *S)
 static void state_prog(LProg *p)
 {
 	State S = {.p = p, .g = p->g, .ps = p->ps};
+	S.ops = lowered_stage_ops(p->low, p->stage, &S.nops);
 	PlanSpec *ps = p->ps;
 	/* ZeRO and sync as zero.c and sync.c decided them */
 	const ZeroSharding *z = &S.g->zero;
@@ -1603,6 +1637,7 @@ static void state_prog(LProg *p)
 	S.sumsq = state_buf(&S, SC_METRIC, DT_F64, 1, "grad_sumsq", "the squared gradient norm");
 	S.coef = state_buf(&S, SC_METRIC, DT_F64, 1, "clip_coef", "the clipping coefficient");
 	collect_updates(&S);
+	index_updates(&S);
 	if (S.sa < 0) {
 		/* compression works on the batch axis's flat buckets */
 		S.primary = S.compress ? (S.zero ? S.za : ba) : primary_axis(&S);
@@ -1642,6 +1677,9 @@ static void state_prog(LProg *p)
 	free(S.u);
 	free(S.f);
 	free(S.grp);
+	free(S.upd_of_grad);
+	free(S.upd_of_param);
+	free(S.param_of);
 }
 
 /* What the programs run, for every pass after this one, the targets and explain. */

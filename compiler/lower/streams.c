@@ -33,10 +33,7 @@
  *             lets a bucket's reduction run across the rest of the backward.
  *   host      a kernel on the host waits for a device kernel by synchronising with its event; a
  *             device kernel never waits for a host kernel: it is enqueued after the host kernel
- *             returned, and so after everything the host had waited for.
- *   GEMMs     a matmul whose two operands are written in its phase call by casts from bf16 takes
- *             bf16 tensor cores (tensor_cores): its operands are bf16 values, so the products are
- *             the same and only the summation order differs; f32 matmuls keep f32 math (no TF32). */
+ *             returned, and so after everything the host had waited for. */
 #include "lower/lower.h"
 
 #include <stdlib.h>
@@ -183,6 +180,7 @@ typedef struct Accesses {
 	unsigned long long *keys; /* the transient regions' byte bounds, (region << 56) + byte, sorted */
 	int nkeys, leaves;
 	Latest *latest; /* [stream * 2 + write] */
+	int *count;     /* per stream: its accesses in this call (none: nothing to look up) */
 } Accesses;
 
 enum { TRANSIENT_REGIONS = 3 };
@@ -226,7 +224,8 @@ static void accesses_init(Accesses *A, const LProg *p, const Span *spans, int ns
 	A->head = malloc(sizeof(int) * (size_t)ns * (size_t)A->nregions);
 	A->keys = malloc(sizeof(unsigned long long) * (2 * (size_t)p->nbuf + 2));
 	A->latest = calloc(2 * (size_t)ns, sizeof(Latest));
-	if (!A->head || !A->keys || !A->latest)
+	A->count = calloc((size_t)ns, sizeof(int));
+	if (!A->head || !A->keys || !A->latest || !A->count)
 		ICE("out of memory");
 	for (int h = 0; h < ns * A->nregions; h++)
 		A->head[h] = -1;
@@ -251,6 +250,7 @@ static void accesses_free(Accesses *A)
 		free(A->latest[i].touched);
 	}
 	free(A->latest);
+	free(A->count);
 	free(A->keys);
 	free(A->head);
 	free(A->a);
@@ -326,6 +326,7 @@ static int region_slot(const Accesses *A, int stream, int region)
 
 static void access_add(Accesses *A, int stream, int pos, bool write, Span span)
 {
+	A->count[stream]++;
 	if (span.region < TRANSIENT_REGIONS) {
 		latest_set(A, &A->latest[2 * stream + write], span, pos);
 		return;
@@ -356,6 +357,7 @@ static void accesses_reset(Accesses *A)
 		A->head[A->touched[i]] = -1;
 	A->ntouched = 0;
 	A->n = 0;
+	memset(A->count, 0, sizeof(int) * (size_t)A->ns);
 	for (int i = 0; i < 2 * A->ns; i++) {
 		Latest *t = &A->latest[i];
 		for (int j = 0; j < t->ntouched; j++)
@@ -390,6 +392,8 @@ static int latest_conflict(const Accesses *A, int s, Span x, bool write, int aft
 static int conflicting(const Accesses *A, const Span *spans, const Kernel *k, int s, int after)
 {
 	int best = NONE;
+	if (!A->count[s])
+		return NONE;
 	for (int i = 0; i < k->ndefs; i++)
 		best = latest_conflict(A, s, spans[k->defs[i]], true, after, best);
 	for (int i = 0; i < k->nuses; i++)
@@ -495,32 +499,6 @@ static void schedule_call(LProg *p, const Span *spans, Accesses *A, const int *m
 	free(want);
 }
 
-/* A matmul whose operands are both written, in its phase call, by casts from bf16 to f32. One walk
- * in program order keeps each buffer's latest writer in the call (writer[b], valid when
- * stamp[b] == call): the matmul's operands are looked up, not searched for. */
-static void mark_tensor_cores(LProg *p, const int *members, int n, int call, int *writer, int *stamp)
-{
-	for (int j = 0; j < n; j++) {
-		Kernel *k = &p->k[members[j]];
-		if (k->kind == K_MATMUL && KARG(k, MATMUL, A)->kind == KA_BUF && KARG(k, MATMUL, B)->kind == KA_BUF) {
-			int operands[2] = {KARG(k, MATMUL, A)->buf, KARG(k, MATMUL, B)->buf}, widened = 0;
-			for (int o = 0; o < 2; o++) {
-				int b = operands[o];
-				if (stamp[b] != call)
-					continue;
-				const Kernel *c = &p->k[writer[b]];
-				if (c->kind == K_CAST && KARG(c, CAST, from)->i == DT_BF16 && KARG(c, CAST, to)->i == DT_F32)
-					widened++;
-			}
-			k->tensor_cores = widened == 2;
-		}
-		for (int d = 0; d < k->ndefs; d++) {
-			writer[k->defs[d]] = members[j];
-			stamp[k->defs[d]] = call;
-		}
-	}
-}
-
 static void streams_prog(LProg *p)
 {
 	int ns = STREAM_P2P;
@@ -530,24 +508,19 @@ static void streams_prog(LProg *p)
 		k->waits = NULL;
 		k->nwaits = 0;
 		k->event = k->join = false;
-		k->tensor_cores = false;
 		if (k->stream + 1 > ns)
 			ns = k->stream + 1;
 	}
 	int nk = p->nk ? p->nk : 1, nb = p->nbuf ? p->nbuf : 1;
 	int *members = malloc(sizeof(int) * (size_t)nk);
-	int *writer = malloc(sizeof(int) * (size_t)nb), *stamp = malloc(sizeof(int) * (size_t)nb);
 	Span *spans = malloc(sizeof(Span) * (size_t)nb);
 	char *done = calloc((size_t)nk, 1);
-	if (!members || !writer || !stamp || !spans || !done)
+	if (!members || !spans || !done)
 		ICE("out of memory");
-	for (int b = 0; b < p->nbuf; b++) {
+	for (int b = 0; b < p->nbuf; b++)
 		spans[b] = span_of(p, b);
-		stamp[b] = -1;
-	}
 	Accesses A;
 	accesses_init(&A, p, spans, ns);
-	int call = 0;
 	for (int i = 0; i < p->nk; i++) {
 		if (done[i])
 			continue;
@@ -558,11 +531,8 @@ static void streams_prog(LProg *p)
 				done[j] = 1;
 			}
 		schedule_call(p, spans, &A, members, n, ns);
-		mark_tensor_cores(p, members, n, call++, writer, stamp);
 	}
 	free(members);
-	free(writer);
-	free(stamp);
 	free(spans);
 	free(done);
 	accesses_free(&A);
@@ -593,8 +563,6 @@ void streams_dump(FILE *out, const LProg *p)
 			fprintf(out, " event");
 		if (k->join)
 			fprintf(out, " join");
-		if (k->tensor_cores)
-			fprintf(out, " tensor-cores");
 		fprintf(out, "\n");
 	}
 }

@@ -73,6 +73,8 @@ static int param_dtype(KParamType t)
 	case KPT_F64_IN:
 	case KPT_F64_OUT:
 		return DT_F64;
+	case KPT_BF16_IN:
+		return DT_BF16;
 	default:
 		return -1;
 	}
@@ -110,11 +112,27 @@ static void check_params(Verify *V, int ki)
 	}
 }
 
+/* A bf16 GEMM writes C in the dtype its c_type names: f32 or bf16. */
+static void check_matmul_bf16(Verify *V, int ki)
+{
+	const LProg *p = V->p;
+	const Kernel *k = &p->k[ki];
+	if (k->kind != K_MATMUL_BF16 || k->nargs != kernel_nparams[K_MATMUL_BF16])
+		return;
+	const KArg *c = KARG(k, MATMUL_BF16, C), *t = KARG(k, MATMUL_BF16, c_type);
+	if (t->i != DT_F32 && t->i != DT_BF16)
+		fail(V, ki, "a bf16 GEMM writes f32 or bf16, not %s", dtype_name((DType)t->i));
+	else if (c->kind == KA_BUF && c->buf >= 0 && c->buf < p->nbuf && p->buf[buffer_root(p, c->buf)].dtype != (DType)t->i)
+		fail(V, ki, "C is %s buffer %s where c_type says %s", dtype_name(p->buf[buffer_root(p, c->buf)].dtype),
+		     p->buf[c->buf].name, dtype_name((DType)t->i));
+}
+
 static void check_args(Verify *V, int ki)
 {
 	const LProg *p = V->p;
 	const Kernel *k = &p->k[ki];
 	check_params(V, ki);
+	check_matmul_bf16(V, ki);
 	for (int a = 0; a < k->nargs; a++) {
 		const KArg *x = &k->args[a];
 		switch (x->kind) {

@@ -33,6 +33,7 @@
 #define CTYPE_I32_OUT int32_t *
 #define CTYPE_U8_OUT uint8_t *
 #define CTYPE_F64_IN const double *
+#define CTYPE_BF16_IN const uint16_t *
 #define CTYPE_F64_OUT double *
 #define CTYPE_IN const void *
 #define CTYPE_OUT void *
@@ -90,6 +91,7 @@ KERNEL_TABLE(X, Y)
 #define CTYPE_DEVICE_I32_OUT CTYPE_I32_OUT
 #define CTYPE_DEVICE_U8_OUT CTYPE_U8_OUT
 #define CTYPE_DEVICE_F64_IN CTYPE_F64_IN
+#define CTYPE_DEVICE_BF16_IN CTYPE_BF16_IN
 #define CTYPE_DEVICE_F64_OUT CTYPE_F64_OUT
 #define CTYPE_DEVICE_IN CTYPE_IN
 #define CTYPE_DEVICE_OUT CTYPE_OUT
@@ -120,12 +122,7 @@ void planrt_abi_no_device_function_(void);
 #define KDEV(f) f
 #define KDEV_NOOP planrt_abi_no_device_function_
 #define KDEV_HOST planrt_abi_no_device_function_
-#define KDEV_TC(f, tc) f
 KERNEL_TABLE(X, Y)
-#undef KDEV_TC
-#define KDEV_TC(f, tc) tc
-KERNEL_TABLE(X, Y)
-#undef KDEV_TC
 #undef KDEV
 #undef KDEV_NOOP
 #undef KDEV_HOST

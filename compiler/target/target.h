@@ -53,6 +53,11 @@ int emit_loop_loads(const Kernel *k, int *loads, int cap);
 bool emit_loop_flat(const Kernel *k);
 void emit_loop_expr_to(FILE *f, const LProg *p, const Kernel *k, bool flat, const int *load_slot);
 void emit_c_loop_to(FILE *f, const Lowered *low, const LProg *p, const Kernel *k);
+/* x adds (or subtracts) two products, a * b + c * d: gcc's -ffp-contract=fast may fuse either one
+ * into the add, depending on the shape of its code, so every target prints it a * b + (c * d + 0),
+ * the right product rounded on its own (+0 turns a -0 product into +0, on every target alike) and
+ * the left one fused where the instruction set has FMA. */
+bool emit_loop_sum_of_products(const LExpr *x);
 
 /* ---------------------------------------------------------------- emit_cuda.c */
 /* The CUDA target: DIR/prog.c (the host program: emit_c.c's structure, each kernel a call into
@@ -76,17 +81,19 @@ struct LLVMOpaqueTargetMachine;
 bool emit_llvm_ir(const Lowered *low, const char *dir, const char *source_path, FILE *dump);
 /* PATH: a native object of the optimised module, whose main() calls planrt_main (planc build
  * --backend llvm links it with planrt); verify: also verify the optimised module; native: for
- * this machine's CPU, else for its triple's baseline */
+ * this machine's CPU, else for its triple's baseline with the fused loops once per
+ * instruction-set level (planrt_cpu.h) */
 bool emit_llvm_object(const Lowered *low, const char *path, const char *source_path, bool verify, bool native);
-/* planc run: compiles the program with ORC LLJIT in this process for this machine's CPU (planrt
- * resolved from planc itself) and runs main(argc, argv); the program's exit status, or -1 after
- * a diagnostic */
+/* planc run: compiles the program with ORC LLJIT in this process for this machine's CPU (the
+ * fused loops for the level PLANRT_ISA forces, if any; planrt resolved from planc itself) and runs
+ * main(argc, argv); the program's exit status, or -1 after a diagnostic */
 int llvm_run(const Lowered *low, const char *source_path, int argc, char **argv, bool verify);
 /* DIR/kernels.ptx: every fused loop as an sm_80 NVPTX kernel, named as in the CPU module
  * (s<stage>_loop<kernel index>), a grid-stride loop over its output's elements */
 bool emit_ptx(const Lowered *low, const char *dir, FILE *dump);
 /* For tests: the unoptimised module in context c for target machine tm (gpu: the NVPTX kernels
- * only), and LLVMVerifyModule reported as a planc diagnostic (false if broken). */
+ * only; the CPU's fused loops once per instruction-set level, as in an object), and
+ * LLVMVerifyModule reported as a planc diagnostic (false if broken). */
 struct LLVMOpaqueModule *llvm_build_module(const Lowered *low, struct LLVMOpaqueContext *c,
 					   struct LLVMOpaqueTargetMachine *tm, bool gpu, const char *source_path);
 bool llvm_verify(struct LLVMOpaqueModule *m, const char *what);

@@ -165,7 +165,7 @@ const char *planrt_coll_name(planrt_coll_t kind)
 	return (unsigned)kind < planrt_coll_kinds ? kind_names[kind] : "?";
 }
 
-static MPI_Datatype mpi_type(planrt_dtype_t t)
+MPI_Datatype planrt_mpi_type_(planrt_dtype_t t)
 {
 	switch (t) {
 	case planrt_f32: return MPI_FLOAT;
@@ -295,34 +295,14 @@ static void stage_put(float *p)
 static float *to_f32(const void *src, size_t n, planrt_dtype_t t)
 {
 	float *f = stage_get(n);
-	if (!f)
-		return NULL;
-	const uint16_t *h = src;
-	if (t == planrt_bf16) {
-		for (size_t i = 0; i < n; i++) {
-			uint32_t u = (uint32_t)h[i] << 16;
-			memcpy(&f[i], &u, 4);
-		}
-	} else {
-		for (size_t i = 0; i < n; i++)
-			f[i] = planrt_half_to_f32_(h[i], t);
-	}
+	if (f)
+		planrt_halves_to_f32_(src, f, n, t);
 	return f;
 }
 
 static void from_f32(const float *f, uint16_t *h, size_t n, planrt_dtype_t t)
 {
-	if (t != planrt_bf16) {
-		for (size_t i = 0; i < n; i++)
-			h[i] = planrt_f32_to_half_(f[i], t);
-		return;
-	}
-	for (size_t i = 0; i < n; i++) { /* round to nearest even, NaN stays NaN */
-		uint32_t u;
-		memcpy(&u, &f[i], 4);
-		h[i] = (u & 0x7fffffffu) > 0x7f800000u ? (uint16_t)((u >> 16) | 0x40)
-						       : (uint16_t)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
-	}
+	planrt_f32_to_halves_(f, h, n, t);
 }
 
 /* Runs after MPI reports completion: half-precision results back, staged copies out. */
@@ -662,7 +642,7 @@ static planrt_result_t start(struct planrt_request *q, const void *sendbuf, void
 {
 	planrt_comm_t c = q->comm;
 	MPI_Comm comm = c->comm;
-	MPI_Datatype dt = mpi_type(q->dtype);
+	MPI_Datatype dt = planrt_mpi_type_(q->dtype);
 	MPI_Op mop = q->op == planrt_max ? MPI_MAX : MPI_SUM;
 	size_t es = planrt_dtype_size(q->dtype), n = (size_t)c->size;
 	int cnt = (int)q->count;

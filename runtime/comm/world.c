@@ -1,6 +1,8 @@
 /* world.c: the world, the mesh and its communicators.
  *
- * planrt_init starts MPI (unless the program did) with errors returned as results, and makes the
+ * planrt_init starts MPI (unless the program did; thread level funneled, or multiple when the device
+ * layer asked for it: the MPI device backend calls MPI from its own threads) with errors returned
+ * as results, and makes the
  * world communicator and planrt's own control group (a duplicate of the world, for the run's
  * bookkeeping collectives: trace origin, checkpoint agreement, metrics).
  *
@@ -23,6 +25,12 @@ enum { MAX_AXES = PLANRT_MAX_AXES_, MAX_COMMS = 64 };
 
 static int world_rank = -1, world_size = 0;
 static int we_initialised_mpi;
+static int thread_level = MPI_THREAD_FUNNELED;
+
+void planrt_want_threads_(void)
+{
+	thread_level = MPI_THREAD_MULTIPLE;
+}
 static struct planrt_comm world, control;
 static int world_ready;
 
@@ -48,7 +56,7 @@ planrt_result_t planrt_init(int *argc, char ***argv, int *rank, int *world_out)
 	MPI_Initialized(&init);
 	if (!init) {
 		int provided;
-		rc = MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided);
+		rc = MPI_Init_thread(argc, argv, thread_level, &provided);
 		if (rc != MPI_SUCCESS)
 			return planrt_error_(planrt_system_error,
 					     "MPI_Init_thread failed; launch the program with mpirun or srun");

@@ -1,6 +1,6 @@
 /* dtype.c: element sizes, and the conversions between f32 and the 16-bit floats (bf16 rounds to
  * nearest even, NaN kept quiet; f16 IEEE half with subnormals and overflow to infinity) that
- * checkpoints, data and compression use on the host. */
+ * checkpoints, data, compression and half-precision reductions over MPI use on the host. */
 #define PLANRT_INTERNAL
 #include "planrt.h"
 
@@ -71,4 +71,21 @@ uint16_t planrt_f32_to_half_(float x, planrt_dtype_t t)
 	}
 	u += 0xfffu + ((u >> 13) & 1);
 	return (uint16_t)(sign | ((u - 0x38000000u) >> 13));
+}
+
+void planrt_halves_to_f32_(const uint16_t *h, float *f, size_t n, planrt_dtype_t t)
+{
+	if (t == planrt_bf16) {
+		for (size_t i = 0; i < n; i++)
+			f[i] = bits_f32((uint32_t)h[i] << 16);
+		return;
+	}
+	for (size_t i = 0; i < n; i++)
+		f[i] = planrt_half_to_f32_(h[i], t);
+}
+
+void planrt_f32_to_halves_(const float *f, uint16_t *h, size_t n, planrt_dtype_t t)
+{
+	for (size_t i = 0; i < n; i++)
+		h[i] = planrt_f32_to_half_(f[i], t);
 }

@@ -3,20 +3,31 @@
  * Only world rank 0 (or a program that never called planrt_init) writes the log and the progress
  * line; on other ranks these calls do nothing, so every rank can make them. Each JSON line is
  * flushed when written, so a run that dies leaves whole lines. Non-finite numbers (a diverged
- * loss) are written as null, which JSON can represent. */
+ * loss) are written as null, which JSON can represent.
+ *
+ * The log is a stream, appended to line by line while the run goes (tail -f, a resumed run
+ * appends), so it is written in place, not beside and renamed as the other outputs are; but the
+ * path follows planrt_outfile's rule (a directory, FIFO, socket, block device or symbolic link is
+ * refused; a character device such as /dev/null is fine). A line that cannot be written (a full
+ * disk) is reported at once; training goes on (its checkpoints keep its work), and closing the
+ * log reports how many lines were lost, which makes the run's exit status 1. */
 #define PLANRT_INTERNAL
 #include "planrt.h"
+#include "planrt_outfile.h"
 
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
 static FILE *log_fp;
-static char *log_path;   /* for planrt_log_truncate_ */
+static char *log_path;    /* for planrt_log_truncate_ and the closing message */
+static int log_errno;     /* the first write error, 0: none */
+static int64_t log_lost;  /* lines not written */
 static char *extra;      /* planrt_log_fields: members of the next line (NULL or "": none) */
 static size_t extra_cap;
 
@@ -43,12 +54,17 @@ planrt_result_t planrt_log_open_(const char *path, int append)
 		return planrt_success;
 	if (log_fp)
 		fclose(log_fp);
+	char why[1024];
+	if (planrt_outfile_check("the log", path, why, sizeof why) != 0)
+		return planrt_error_(planrt_io_error, "%s", why);
 	log_fp = fopen(path, append ? "a" : "w");
 	if (!log_fp)
 		return planrt_error_(planrt_io_error, "cannot write the log '%s': %s; check that its directory exists",
 				     path, strerror(errno));
 	free(log_path);
 	log_path = strdup(path);
+	log_errno = 0;
+	log_lost = 0;
 	return planrt_success;
 }
 
@@ -57,8 +73,9 @@ planrt_result_t planrt_log_open_(const char *path, int append)
  * once, as the run that continues computes it. */
 planrt_result_t planrt_log_truncate_(int64_t first_step)
 {
-	if (!log_fp || !log_path)
-		return planrt_success;
+	struct stat st;
+	if (!log_fp || !log_path || fstat(fileno(log_fp), &st) != 0 || !S_ISREG(st.st_mode))
+		return planrt_success; /* a character device (/dev/null) is written in place: nothing to cut */
 	FILE *in = fopen(log_path, "rb");
 	if (!in)
 		return planrt_error_(planrt_io_error, "cannot read the log '%s': %s", log_path, strerror(errno));
@@ -120,7 +137,16 @@ void planrt_log_step_(int64_t step, double loss, double lr, double grad_norm, in
 	if (extra)
 		extra[0] = 0;
 	fputs("}\n", log_fp);
-	fflush(log_fp);
+	if (fflush(log_fp) != 0 || ferror(log_fp)) {
+		int e = errno ? errno : EIO;
+		if (!log_errno)
+			fprintf(stderr, "planrt: rank 0: cannot write the log '%s' (step %lld): %s; training goes on, the run will "
+					"exit with status 1\n",
+				log_path, (long long)step, strerror(e));
+		log_errno = log_errno ? log_errno : e;
+		log_lost++;
+		clearerr(log_fp);
+	}
 }
 
 void planrt_log_fields(const char *members)
@@ -142,13 +168,18 @@ void planrt_log_fields(const char *members)
 		extra[have++] = ',';
 	memcpy(extra + have, members, n + 1);
 }
-void planrt_log_close(void)
+int planrt_log_close(void)
 {
-	if (log_fp)
-		fclose(log_fp);
+	if (log_fp && fclose(log_fp) != 0 && !log_errno)
+		log_errno = errno ? errno : EIO;
+	int failed = log_fp && log_errno;
+	if (failed)
+		fprintf(stderr, "planrt: rank 0: the log '%s' lacks %lld line%s (%s); the run itself is complete\n", log_path,
+			(long long)log_lost, log_lost == 1 ? "" : "s", strerror(log_errno));
 	log_fp = NULL;
 	free(log_path);
 	log_path = NULL;
+	return failed ? -1 : 0;
 }
 
 /* "1m03s", "2h05m09s", "7s" */

@@ -54,7 +54,7 @@ static void cpu_to_host(void *dst, const void *src, size_t bytes)
 	memcpy(dst, src, bytes);
 }
 
-static const planrt_device_t cpu_device = {"cpu", cpu_alloc, cpu_release, cpu_fill64, cpu_to_host, NULL, NULL};
+static const planrt_device_t cpu_device = {"cpu", cpu_alloc, cpu_release, cpu_fill64, cpu_to_host, NULL, NULL, NULL};
 static const planrt_device_t *device = &cpu_device;
 
 void planrt_device_set(const planrt_device_t *d)
@@ -100,6 +100,11 @@ void planrt_device_start(void)
 {
 	if (device->start)
 		device->start();
+}
+
+double planrt_device_comm_wait_s(void)
+{
+	return device->comm_wait_s ? device->comm_wait_s() : 0;
 }
 
 const char *planrt_device_report(void)

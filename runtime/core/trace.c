@@ -11,7 +11,9 @@
  *   collective every collective planrt runs (kind, group, elements, dtype, the bytes it puts on the
  *              wire as planc explain counts them, its sequence number), blocking or started
  *   p2p        every send and receive (peer, tag, bytes)
- *   wait       every wait on a started operation (pipeline receives, buckets, prefetches)
+ *   wait       every wait on a started operation (pipeline receives, buckets, prefetches); on a
+ *              GPU also the compute stream's own waits for communication, measured on the device
+ *              and added afterwards (planrt_trace_complete_) on a track of their own (tid 1)
  * Timestamps are microseconds from an origin the ranks agree on (a barrier on planrt's control
  * group right before it). At the end every rank writes its events to FILE.rank<R>.tmp.<pid>; after
  * a barrier rank 0 joins them into {"traceEvents": [...]} with a process (pid = rank) per rank
@@ -30,6 +32,7 @@ typedef struct event {
 	char name[64];
 	const char *cat;
 	double ts, dur; /* microseconds from the origin */
+	int tid;        /* 0: the rank's thread; 1: its GPU's compute stream */
 	char args[200];
 } event_t;
 
@@ -84,8 +87,26 @@ void planrt_trace_begin_(const char *name, const char *cat)
 	e->cat = cat;
 	e->args[0] = 0;
 	e->dur = -1;
+	e->tid = 0;
 	stack[depth++] = nevents++;
 	e->ts = now_us();
+}
+
+/* a finished event whose times were measured elsewhere (planrt_now() seconds): a device's */
+void planrt_trace_complete_(const char *name, const char *cat, int tid, double start_s, double dur_s, const char *args)
+{
+	if (!planrt_tracing_)
+		return;
+	planrt_trace_begin_(name, cat);
+	size_t i = stack[--depth];
+	if (i == (size_t)-1)
+		return;
+	event_t *e = &events[i];
+	e->ts = (start_s - origin) * 1e6;
+	e->dur = dur_s * 1e6;
+	e->tid = tid;
+	if (args)
+		snprintf(e->args, sizeof e->args, "%s", args);
 }
 
 void planrt_trace_end_(const char *args)
@@ -120,14 +141,23 @@ static void put_string(FILE *f, const char *s)
 
 static void write_events(FILE *f, int rank, int *first)
 {
+	int device_track = 0;
+	for (size_t i = 0; i < nevents; i++)
+		device_track |= events[i].tid == 1;
+	if (device_track) {
+		fprintf(f, "%s{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":1,\"args\":{\"name\":\"GPU compute "
+			   "stream: waits for communication\"}}",
+			*first ? "" : ",\n", rank);
+		*first = 0;
+	}
 	for (size_t i = 0; i < nevents; i++) {
 		const event_t *e = &events[i];
 		if (e->dur < 0)
 			continue; /* still open (the run ended inside it) */
 		fprintf(f, "%s{\"name\":\"", *first ? "" : ",\n");
 		put_string(f, e->name);
-		fprintf(f, "\",\"cat\":\"%s\",\"ph\":\"X\",\"ts\":%.3f,\"dur\":%.3f,\"pid\":%d,\"tid\":0", e->cat, e->ts, e->dur,
-			rank);
+		fprintf(f, "\",\"cat\":\"%s\",\"ph\":\"X\",\"ts\":%.3f,\"dur\":%.3f,\"pid\":%d,\"tid\":%d", e->cat, e->ts, e->dur,
+			rank, e->tid);
 		if (e->args[0])
 			fprintf(f, ",\"args\":{%s}", e->args);
 		fputc('}', f);

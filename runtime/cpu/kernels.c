@@ -31,6 +31,7 @@
 
 #define PLANRT_INTERNAL
 #include "planrt.h"
+#include "planrt_exec.h"
 #include "planrt_kernels.h"
 #include "planrt_math.h"
 
@@ -387,6 +388,7 @@ int64_t planrt_k_check_labels(const int32_t *labels, int64_t n, int64_t classes,
 #define KSQRT sqrtf
 #define KGEMM cblas_sgemm
 #include "kernels_impl.h"
+#include "attention_impl.h"
 #undef KLEVEL
 #undef KLEVEL_VALUE
 #undef T
@@ -427,6 +429,7 @@ const planrt_cpu_table_t PLANRT_CPU_NAME(planrt_cpu_table, PLANRT_CPU_VARIANT) =
 #define KSQRT sqrt
 #define KGEMM cblas_dgemm
 #include "kernels_impl.h"
+#include "attention_impl.h"
 #undef ST
 #undef S
 
@@ -467,6 +470,125 @@ void planrt_k_bf16_to_f32(const uint16_t *x, float *y, int64_t n)
 		uint32_t u = (uint32_t)x[i] << 16;
 		memcpy(&y[i], &u, 4);
 	}
+}
+
+/* ---- bf16 GEMM -------------------------------------------------------------------------------
+ * The operands stay bf16 in memory; each f32 GEMM runs on tiles widened into one scratch
+ * allocation of at most 16 MiB: a tile of columns of op(B) (all of K), then each tile of rows of
+ * op(A) under it (all of K), and, for a bf16 C, the C tile, widened when accumulating and rounded
+ * back once. The tiles are as large as that bound allows (halving the longer side), so a product
+ * that fits is one f32 GEMM, the widened f32 GEMM's bit for bit; a larger one is several, each
+ * element still one f32 dot product over all of K (OpenBLAS may order its terms differently for a
+ * smaller GEMM: equal to f32 rounding, not bit for bit). The batch
+ * entries merge as planrt_k_bmm merges them (a shared B under stacked A: one tall GEMM; a sum of
+ * A_i^T B_i into one C: one GEMM over the stacked K); other products into one C add up in f32. */
+#define KBF16_SCRATCH_FLOATS ((int64_t)1 << 22)
+
+/* rows [r0, r0 + nr) of op(X) = X (trans = 0, X stored [rows, K]) or X^T (trans = 1, X stored
+ * [K, rows]) into t, in X's layout: [nr, K] or [K, nr]; returns the tile's leading dimension */
+static int64_t widen_rows(const uint16_t *X, int trans, int64_t rows, int64_t K, int64_t r0, int64_t nr, float *t)
+{
+	if (!trans) {
+		planrt_k_bf16_to_f32(X + r0 * K, t, nr * K);
+		return K;
+	}
+	for (int64_t k = 0; k < K; k++)
+		planrt_k_bf16_to_f32(X + k * rows + r0, t + k * nr, nr);
+	return nr;
+}
+
+typedef struct {
+	int64_t m, n; /* rows of op(A), columns of op(B) per tile */
+} Bf16Tile;
+
+static Bf16Tile bf16_tile(int64_t M, int64_t N, int64_t K)
+{
+	Bf16Tile t = {M, N};
+	while ((t.m + t.n) * K + t.m * t.n > KBF16_SCRATCH_FLOATS && (t.m > 16 || t.n > 16)) {
+		if (t.m >= t.n)
+			t.m = (t.m + 1) / 2;
+		else
+			t.n = (t.n + 1) / 2;
+	}
+	return t;
+}
+
+static void bf16_gemm_one(int ta, int tb, int64_t M, int64_t N, int64_t K, const uint16_t *A, const uint16_t *B, void *C,
+			  planrt_dtype_t c_type, int beta, Bf16Tile tile, float *scratch)
+{
+	float *bt = scratch, *at = bt + tile.n * K, *ct = at + tile.m * K;
+	for (int64_t n0 = 0; n0 < N; n0 += tile.n) {
+		int64_t nt = N - n0 < tile.n ? N - n0 : tile.n;
+		int64_t ldb = widen_rows(B, !tb, N, K, n0, nt, bt); /* op(B)'s columns are op(B)^T's rows */
+		for (int64_t m0 = 0; m0 < M; m0 += tile.m) {
+			int64_t mt = M - m0 < tile.m ? M - m0 : tile.m;
+			int64_t lda = widen_rows(A, ta, M, K, m0, mt, at);
+			float *c = c_type == planrt_f32 ? (float *)C + m0 * N + n0 : ct;
+			int64_t ldc = c_type == planrt_f32 ? N : nt;
+			uint16_t *ch = (uint16_t *)C + m0 * N + n0;
+			if (c_type != planrt_f32 && beta)
+				for (int64_t i = 0; i < mt; i++)
+					planrt_k_bf16_to_f32(ch + i * N, ct + i * nt, nt);
+			cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, (int)mt,
+				    (int)nt, (int)K, 1.0f, at, lda > 0 ? (int)lda : 1, bt, ldb > 0 ? (int)ldb : 1,
+				    beta ? 1.0f : 0.0f, c, (int)ldc);
+			if (c_type != planrt_f32)
+				for (int64_t i = 0; i < mt; i++)
+					planrt_k_f32_to_bf16(ct + i * nt, ch + i * N, nt);
+		}
+	}
+}
+
+void planrt_k_matmul_bf16(int64_t batch, int64_t M, int64_t N, int64_t K, const uint16_t *A, int trans_a,
+			  int64_t stride_a, const uint16_t *B, int trans_b, int64_t stride_b, void *C, planrt_dtype_t c_type,
+			  int64_t stride_c, int accumulate)
+{
+	if (c_type != planrt_f32 && c_type != planrt_bf16)
+		kfatal("planrt_k_matmul_bf16: C must be f32 or bf16");
+	if (batch <= 0 || M <= 0 || N <= 0)
+		return;
+	if (batch > 1 && stride_b == 0 && !trans_a && stride_a == M * K && stride_c == M * N) {
+		M *= batch;
+		batch = 1;
+	} else if (batch > 1 && stride_c == 0 && trans_a && !trans_b && stride_a == K * M && stride_b == K * N) {
+		K *= batch;
+		batch = 1;
+	}
+	Bf16Tile tile = bf16_tile(M, N, K);
+	float *scratch = malloc(sizeof(float) * (size_t)((tile.m + tile.n) * K + tile.m * tile.n + 1));
+	if (!scratch)
+		kfatal("planrt_k_matmul_bf16: out of memory for the widened tiles");
+	if (planrt_tracing_)
+		planrt_trace_begin_("gemm", "kernel");
+	int reduces = batch > 1 && stride_c == 0;
+	if (reduces) { /* one C that every product adds into, in f32, a bf16 C rounded once at the end */
+		float *sum = c_type == planrt_f32 ? (float *)C : malloc(sizeof(float) * (size_t)(M * N));
+		if (!sum)
+			kfatal("planrt_k_matmul_bf16: out of memory for the sum");
+		if (!accumulate)
+			memset(sum, 0, sizeof(float) * (size_t)(M * N));
+		else if (c_type != planrt_f32)
+			planrt_k_bf16_to_f32((const uint16_t *)C, sum, M * N);
+		for (int64_t b = 0; b < batch; b++)
+			bf16_gemm_one(trans_a, trans_b, M, N, K, A + b * stride_a, B + b * stride_b, sum, planrt_f32, 1, tile,
+				      scratch);
+		if (c_type != planrt_f32) {
+			planrt_k_f32_to_bf16(sum, (uint16_t *)C, M * N);
+			free(sum);
+		}
+	} else {
+		size_t esize = c_type == planrt_f32 ? 4 : 2;
+		for (int64_t b = 0; b < batch; b++)
+			bf16_gemm_one(trans_a, trans_b, M, N, K, A + b * stride_a, B + b * stride_b,
+				      (char *)C + (size_t)(b * stride_c) * esize, c_type, accumulate, tile, scratch);
+	}
+	if (planrt_tracing_) {
+		char args[160];
+		snprintf(args, sizeof args, "\"M\":%lld,\"N\":%lld,\"K\":%lld,\"flops\":%.0f,\"dtype\":\"bf16\"", (long long)M,
+			 (long long)N, (long long)K, 2.0 * (double)batch * (double)M * (double)N * (double)K);
+		planrt_trace_end_(args);
+	}
+	free(scratch);
 }
 
 /* ---- block copies ----------------------------------------------------------------------------- */

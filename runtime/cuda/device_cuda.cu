@@ -6,19 +6,30 @@
  * the gradient norm, the clipping coefficient: what the host reads every step) and the state the
  * program marks offloaded (planrt_cu_host_state) are pinned, mapped host memory: kernels reach
  * them through unified addressing and the host reads them after the phase's synchronisation.
- * PLANRT_REPORT_MEMORY adds what was allocated on the device and in pinned host memory, and the
- * peak of the device memory in use (cudaMemGetInfo sampled at each synchronisation, less what was
- * in use before the first allocation: the CUDA context), which includes cuBLAS's and NCCL's own
- * buffers.
+ * PLANRT_REPORT_MEMORY adds what was allocated on the device and in pinned host memory for the
+ * plan, the pinned staging buffers of the MPI device backend (host_staging, its peak; not the
+ * plan's), and the peak of the device memory in use (cudaMemGetInfo sampled at each
+ * synchronisation, less what was in use before the first allocation: the CUDA context), which
+ * includes cuBLAS's and NCCL's own buffers (and, with several ranks on one GPU, the others').
  *
  * Streams are created non-blocking on first use; the host "stream" is the calling thread. Events
  * are created on first record; waiting for one never recorded waits for nothing.
  *
+ * Waiting for communication. With --trace or PLANRT_REPORT_TIMING the compute stream's stalls for
+ * communication are measured on the device: around each wait of the compute stream for an event of
+ * a communication stream (comm, the pipeline channels; a request's planrt_wait) a timing event is
+ * recorded right before and right after the wait, so the time between them is how long compute
+ * stood still (a wait for something already done costs nothing); a collective enqueued on the
+ * compute stream itself counts whole. At each synchronisation the spans are read, added to the
+ * device's comm_wait_s (PLANRT_REPORT_TIMING's wait_s) and, with --trace, written as "wait" events
+ * on a track of the rank's own (the device times mapped to the host's clock through an event
+ * recorded at the synchronisation).
  */
 #define PLANRT_INTERNAL
 #include "planrt_cuda.h"
 #include "planrt_cuda_internal.h"
 #include "planrt_device.h"
+#include "planrt_staged.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -64,6 +75,7 @@ cudaStream_t planrt_cu_stream(int stream)
 
 struct planrt_cu_event {
 	cudaEvent_t e;
+	int stream; /* where it was last recorded */
 };
 
 void planrt_cu_record(planrt_cu_event_t *ev, int stream)
@@ -75,16 +87,134 @@ void planrt_cu_record(planrt_cu_event_t *ev, int stream)
 		planrt_cu_check_(cudaEventCreateWithFlags(&(*ev)->e, cudaEventDisableTiming), "cudaEventCreate");
 	}
 	planrt_cu_check_(cudaEventRecord((*ev)->e, planrt_cu_stream(stream)), "cudaEventRecord");
+	(*ev)->stream = stream;
 }
 
 void planrt_cu_wait(int stream, planrt_cu_event_t *ev)
 {
 	if (!*ev)
 		return; /* never recorded: nothing to wait for */
+	int from = (*ev)->stream;
 	if (stream == PLANRT_STREAM_HOST)
 		planrt_cu_check_(cudaEventSynchronize((*ev)->e), "cudaEventSynchronize");
+	else if (stream == PLANRT_STREAM_COMPUTE && (from == PLANRT_STREAM_COMM || from >= PLANRT_STREAM_P2P))
+		planrt_cu_wait_comm_(planrt_cu_stream(stream), (*ev)->e,
+				     from == PLANRT_STREAM_COMM ? "the comm stream" : "a pipeline channel");
 	else
 		planrt_cu_check_(cudaStreamWaitEvent(planrt_cu_stream(stream), (*ev)->e, 0), "cudaStreamWaitEvent");
+}
+
+/* ------------------------------------------------------------------ waiting for communication */
+
+typedef struct span {
+	cudaEvent_t before, after;
+	const char *what;
+} span_t;
+
+static span_t *spans;
+static int nspans, capspans;
+static cudaEvent_t *spare; /* timing events to reuse */
+static int nspare, capspare;
+static double comm_wait_total;
+static int report_timing = -1;
+
+static int measuring(void)
+{
+	if (report_timing < 0) {
+		const char *v = getenv("PLANRT_REPORT_TIMING");
+		report_timing = v && *v && strcmp(v, "0");
+	}
+	return report_timing || planrt_tracing_;
+}
+
+static cudaEvent_t timing_event(void)
+{
+	if (nspare)
+		return spare[--nspare];
+	cudaEvent_t e;
+	planrt_cu_check_(cudaEventCreate(&e), "cudaEventCreate (timing)");
+	return e;
+}
+
+static void spare_event(cudaEvent_t e)
+{
+	if (nspare == capspare) {
+		int cap = capspare ? 2 * capspare : 64;
+		cudaEvent_t *grown = (cudaEvent_t *)realloc(spare, sizeof *spare * (size_t)cap);
+		if (!grown) {
+			cudaEventDestroy(e);
+			return;
+		}
+		spare = grown;
+		capspare = cap;
+	}
+	spare[nspare++] = e;
+}
+
+int planrt_cu_span_begin_(cudaStream_t s, const char *what)
+{
+	if (s != planrt_cu_stream(PLANRT_STREAM_COMPUTE) || !measuring())
+		return -1;
+	if (nspans == capspans) {
+		int cap = capspans ? 2 * capspans : 256;
+		span_t *grown = (span_t *)realloc(spans, sizeof *spans * (size_t)cap);
+		if (!grown)
+			return -1;
+		spans = grown;
+		capspans = cap;
+	}
+	span_t *sp = &spans[nspans];
+	sp->before = timing_event();
+	sp->after = timing_event();
+	sp->what = what;
+	planrt_cu_check_(cudaEventRecord(sp->before, s), "cudaEventRecord (timing)");
+	return nspans++;
+}
+
+void planrt_cu_span_end_(int span, cudaStream_t s)
+{
+	if (span >= 0)
+		planrt_cu_check_(cudaEventRecord(spans[span].after, s), "cudaEventRecord (timing)");
+}
+
+void planrt_cu_wait_comm_(cudaStream_t s, cudaEvent_t ev, const char *what)
+{
+	int span = planrt_cu_span_begin_(s, what);
+	planrt_cu_check_(cudaStreamWaitEvent(s, ev, 0), "cudaStreamWaitEvent");
+	planrt_cu_span_end_(span, s);
+}
+
+/* the spans since the last synchronisation into comm_wait_total and the trace (the device is idle) */
+void planrt_cu_settle_spans_(void)
+{
+	if (!nspans)
+		return;
+	cudaStream_t compute = planrt_cu_stream(PLANRT_STREAM_COMPUTE);
+	cudaEvent_t now_ev = timing_event();
+	planrt_cu_check_(cudaEventRecord(now_ev, compute), "cudaEventRecord (timing)");
+	planrt_cu_check_(cudaEventSynchronize(now_ev), "cudaEventSynchronize (timing)");
+	double now = planrt_now();
+	for (int i = 0; i < nspans; i++) {
+		float waited = 0, ago = 0;
+		if (cudaEventElapsedTime(&waited, spans[i].before, spans[i].after) == cudaSuccess &&
+		    cudaEventElapsedTime(&ago, spans[i].before, now_ev) == cudaSuccess) {
+			comm_wait_total += waited * 1e-3;
+			if (planrt_tracing_ && waited > 0) {
+				char args[96];
+				snprintf(args, sizeof args, "\"on\":\"%s\",\"stream\":\"compute\"", spans[i].what);
+				planrt_trace_complete_("comm wait", "wait", 1, now - ago * 1e-3, waited * 1e-3, args);
+			}
+		}
+		spare_event(spans[i].before);
+		spare_event(spans[i].after);
+	}
+	spare_event(now_ev);
+	nspans = 0;
+}
+
+static double cuda_comm_wait_s(void)
+{
+	return comm_wait_total;
 }
 
 void planrt_cu_record_entry(void)
@@ -205,12 +335,14 @@ static void cuda_to_host(void *dst, const void *src, size_t bytes)
 static void cuda_report(char *buf, size_t n)
 {
 	planrt_cu_sample_memory_();
-	snprintf(buf, n, " device=cuda device_allocated=%zu device_peak_used=%zu host_pinned=%zu", device_bytes,
-		 peak_used > baseline_used ? peak_used - baseline_used : 0, pinned_bytes);
+	snprintf(buf, n, " device=cuda device_allocated=%zu device_peak_used=%zu host_pinned=%zu host_staging=%zu",
+		 device_bytes, peak_used > baseline_used ? peak_used - baseline_used : 0, pinned_bytes,
+		 planrt_staged_host_peak_());
 }
 
 /* the device layer (planrt_device.h) once the GPU is chosen; start: what runs when the mesh exists */
-static planrt_device_t cuda_device = {"GPU", cuda_alloc, cuda_release, cuda_fill64, cuda_to_host, cuda_report, NULL};
+static planrt_device_t cuda_device = {"GPU", cuda_alloc, cuda_release, cuda_fill64, cuda_to_host, cuda_report, NULL,
+				      cuda_comm_wait_s};
 
 void planrt_cu_device_open_(int dev, const planrt_program_t *program, void (*start)(void))
 {

@@ -345,5 +345,5 @@ void planrt_cu_make_pair_comm(int axis, int a, int b, int index, int stream)
 	(void)stream;
 	planrt_make_pair_comm(axis, a, b, index);
 	int me = planrt_mesh_coord(axis);
-	planrt_nccl_pair_(axis, a, b, me == a || me == b ? planrt_pair(index) : NULL);
+	planrt_cu_comm_pair_(me == a || me == b ? planrt_pair(index) : NULL);
 }

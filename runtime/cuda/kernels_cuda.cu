@@ -13,8 +13,9 @@
  * Row-wise kernels (softmax, the norms, cross-entropy) give each row to a block of threads;
  * parameter gradients of the norms are column sums over the rows (a thread per column walks a
  * chunk of rows; chunks are added atomically). GEMMs are cuBLAS: f32 math with TF32 off (the CPU's
- * precision; PLANRT_TF32=1 allows TF32), or bf16 tensor cores with f32 accumulation for the _tc
- * variant, whose operands are bf16 values widened to f32. */
+ * precision; PLANRT_TF32=1 allows TF32), or, for planrt_cu_k_matmul_bf16, bf16 operands read as
+ * they are on the tensor cores with f32 accumulation and C in f32 or bf16. Casts are one kernel per
+ * dtype pair (bf16 or f16 to and from f32 in f32 arithmetic, 16 bytes of halves per thread). */
 #define PLANRT_INTERNAL
 #include "planrt_cuda.h"
 #include "planrt_cuda_internal.h"
@@ -183,9 +184,19 @@ static cublasHandle_t blas_on(int stream)
 	return blas;
 }
 
-/* row-major C[M, N] (+)= op(A) op(B), batch entries at the given strides, as column-major C^T */
-static void gemm(int64_t batch, int64_t M, int64_t N, int64_t K, const float *A, int ta, int64_t sa, const float *B,
-		 int tb, int64_t sb, float *C, int64_t sc, int accumulate, int tensor_cores, int stream)
+/* The element types of a GEMM: its operands', C's, and the products' and sums' (cuBLAS's compute
+ * type). f32 with TF32 off is the CPU's precision (PLANRT_TF32=1 allows TF32); bf16 operands go
+ * to the tensor cores with f32 accumulation. */
+typedef struct {
+	cudaDataType ab, c;
+	size_t ab_size, c_size;
+	cublasComputeType_t compute;
+} GemmTypes;
+
+/* row-major C[M, N] (+)= op(A) op(B), batch entries at the given element strides, as column-major
+ * C^T */
+static void gemm(int64_t batch, int64_t M, int64_t N, int64_t K, const void *A, int ta, int64_t sa, const void *B,
+		 int tb, int64_t sb, void *C, int64_t sc, int accumulate, GemmTypes t, int stream)
 {
 	if (batch <= 0 || M <= 0 || N <= 0)
 		return;
@@ -193,12 +204,6 @@ static void gemm(int64_t batch, int64_t M, int64_t N, int64_t K, const float *A,
 		planrt_fatal("a matmul of %lld x %lld x %lld is beyond cuBLAS's 32-bit dimensions", (long long)M, (long long)N,
 			     (long long)K);
 	cublasHandle_t h = blas_on(stream);
-	static const char *tf32 = NULL;
-	if (!tf32)
-		tf32 = getenv("PLANRT_TF32") ? getenv("PLANRT_TF32") : "0";
-	cublasComputeType_t ct = tensor_cores	     ? CUBLAS_COMPUTE_32F_FAST_16BF
-				 : !strcmp(tf32, "1") ? CUBLAS_COMPUTE_32F_FAST_TF32
-						      : CUBLAS_COMPUTE_32F;
 	float one = 1.0f, zero = 0.0f;
 	/* one tall GEMM: a shared B under A blocks laid end to end (a linear layer) */
 	if (batch > 1 && sb == 0 && !ta && sa == M * K && sc == M * N) {
@@ -213,32 +218,47 @@ static void gemm(int64_t batch, int64_t M, int64_t N, int64_t K, const float *A,
 	int lda = (int)(ta ? M : K), ldb = (int)(tb ? K : N);
 	cublasOperation_t oa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, ob = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
 	if (batch == 1 || sc != 0) {
-		blas_check(cublasGemmStridedBatchedEx(h, ob, oa, (int)N, (int)M, (int)K, &one, B, CUDA_R_32F, ldb > 0 ? ldb : 1,
-						      sb, A, CUDA_R_32F, lda > 0 ? lda : 1, sa, accumulate ? &one : &zero, C,
-						      CUDA_R_32F, (int)N, sc, (int)batch, ct, CUBLAS_GEMM_DEFAULT),
+		blas_check(cublasGemmStridedBatchedEx(h, ob, oa, (int)N, (int)M, (int)K, &one, B, t.ab, ldb > 0 ? ldb : 1, sb, A,
+						      t.ab, lda > 0 ? lda : 1, sa, accumulate ? &one : &zero, C, t.c, (int)N,
+						      sc, (int)batch, t.compute, CUBLAS_GEMM_DEFAULT),
 			   "gemm");
 		return;
 	}
 	/* several products into one C: in order, each added to the last */
 	for (int64_t b = 0; b < batch; b++)
-		blas_check(cublasGemmEx(h, ob, oa, (int)N, (int)M, (int)K, &one, B + b * sb, CUDA_R_32F, ldb > 0 ? ldb : 1,
-					A + b * sa, CUDA_R_32F, lda > 0 ? lda : 1, accumulate || b ? &one : &zero, C, CUDA_R_32F,
-					(int)N, ct, CUBLAS_GEMM_DEFAULT),
+		blas_check(cublasGemmEx(h, ob, oa, (int)N, (int)M, (int)K, &one, (const char *)B + (size_t)(b * sb) * t.ab_size,
+					t.ab, ldb > 0 ? ldb : 1, (const char *)A + (size_t)(b * sa) * t.ab_size, t.ab,
+					lda > 0 ? lda : 1, accumulate || b ? &one : &zero, C, t.c, (int)N, t.compute,
+					CUBLAS_GEMM_DEFAULT),
 			   "gemm");
+}
+
+static GemmTypes f32_gemm(void)
+{
+	static const char *tf32 = NULL;
+	if (!tf32)
+		tf32 = getenv("PLANRT_TF32") ? getenv("PLANRT_TF32") : "0";
+	return (GemmTypes){CUDA_R_32F, CUDA_R_32F, 4, 4, !strcmp(tf32, "1") ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F};
 }
 
 void planrt_cu_k_matmul_f32(int64_t batch, int64_t M, int64_t N, int64_t K, const float *A, int trans_a, int64_t stride_a,
 			    const float *B, int trans_b, int64_t stride_b, float *C, int64_t stride_c, int accumulate,
 			    int stream)
 {
-	gemm(batch, M, N, K, A, trans_a, stride_a, B, trans_b, stride_b, C, stride_c, accumulate, 0, stream);
+	gemm(batch, M, N, K, A, trans_a, stride_a, B, trans_b, stride_b, C, stride_c, accumulate, f32_gemm(), stream);
 }
 
-void planrt_cu_k_matmul_tc_f32(int64_t batch, int64_t M, int64_t N, int64_t K, const float *A, int trans_a,
-			       int64_t stride_a, const float *B, int trans_b, int64_t stride_b, float *C, int64_t stride_c,
-			       int accumulate, int stream)
+/* bf16 operands read as they are (no widened copies), f32 accumulation, C in f32 or bf16 (rounded
+ * once by cuBLAS's epilogue) */
+void planrt_cu_k_matmul_bf16(int64_t batch, int64_t M, int64_t N, int64_t K, const uint16_t *A, int trans_a,
+			     int64_t stride_a, const uint16_t *B, int trans_b, int64_t stride_b, void *C, planrt_dtype_t c_type,
+			     int64_t stride_c, int accumulate, int stream)
 {
-	gemm(batch, M, N, K, A, trans_a, stride_a, B, trans_b, stride_b, C, stride_c, accumulate, 1, stream);
+	if (c_type != planrt_f32 && c_type != planrt_bf16)
+		planrt_fatal("planrt_cu_k_matmul_bf16: C must be f32 or bf16, not dtype %d", (int)c_type);
+	GemmTypes t = {CUDA_R_16BF, c_type == planrt_f32 ? CUDA_R_32F : CUDA_R_16BF, 2, c_type == planrt_f32 ? 4u : 2u,
+		       CUBLAS_COMPUTE_32F};
+	gemm(batch, M, N, K, A, trans_a, stride_a, B, trans_b, stride_b, C, stride_c, accumulate, t, stream);
 }
 
 /* ------------------------------------------------------------------ permute, sum_to */
@@ -1089,20 +1109,67 @@ __device__ static double load_as_double(const void *p, int t, int64_t i)
 	}
 }
 
-__global__ static void cast_kernel(const void *src, int from, void *dst, int to, int64_t n)
+/* Casts with f64 at one end: through double (exact), a half type rounded once from f64 by way of
+ * round-to-odd f32 */
+__global__ static void cast_f64_kernel(const void *src, int from, void *dst, int to, int64_t n)
 {
 	GRID_STRIDE(i, n)
 	{
-		if (to == planrt_f32) {
-			((float *)dst)[i] = from == planrt_f64 ? (float)((const double *)src)[i] : (float)load_as_double(src, from, i);
-		} else if (to == planrt_f64) {
+		if (to == planrt_f32)
+			((float *)dst)[i] = (float)((const double *)src)[i];
+		else if (to == planrt_f64)
 			((double *)dst)[i] = load_as_double(src, from, i);
-		} else if (from == planrt_f64) {
+		else
 			((uint16_t *)dst)[i] = f32_half(f32_round_odd(((const double *)src)[i]), to);
-		} else {
-			((uint16_t *)dst)[i] = f32_half((float)load_as_double(src, from, i), to);
-		}
 	}
+}
+
+/* A half type widened to f32 (exact) and f32 rounded to a half type (nearest even): one kernel per
+ * pair, in f32, eight elements (16 bytes of halves) per thread when the pointers are aligned. */
+template <int HALF> __global__ static void widen_kernel(const uint16_t *src, float *dst, int64_t n)
+{
+	int64_t n8 = ((uintptr_t)src % 16 == 0 && (uintptr_t)dst % 16 == 0) ? n / 8 : 0;
+	GRID_STRIDE(j, n8)
+	{
+		uint4 h = ((const uint4 *)src)[j];
+		const uint16_t *hv = (const uint16_t *)&h;
+		float4 a, b;
+		a.x = half_f32(hv[0], HALF), a.y = half_f32(hv[1], HALF), a.z = half_f32(hv[2], HALF), a.w = half_f32(hv[3], HALF);
+		b.x = half_f32(hv[4], HALF), b.y = half_f32(hv[5], HALF), b.z = half_f32(hv[6], HALF), b.w = half_f32(hv[7], HALF);
+		((float4 *)dst)[2 * j] = a;
+		((float4 *)dst)[2 * j + 1] = b;
+	}
+	GRID_STRIDE(i, n - n8 * 8)
+	dst[n8 * 8 + i] = half_f32(src[n8 * 8 + i], HALF);
+}
+
+template <int HALF> __global__ static void narrow_kernel(const float *src, uint16_t *dst, int64_t n)
+{
+	int64_t n8 = ((uintptr_t)src % 16 == 0 && (uintptr_t)dst % 16 == 0) ? n / 8 : 0;
+	GRID_STRIDE(j, n8)
+	{
+		float4 a = ((const float4 *)src)[2 * j], b = ((const float4 *)src)[2 * j + 1];
+		uint4 h;
+		uint16_t *hv = (uint16_t *)&h;
+		hv[0] = f32_half(a.x, HALF), hv[1] = f32_half(a.y, HALF), hv[2] = f32_half(a.z, HALF), hv[3] = f32_half(a.w, HALF);
+		hv[4] = f32_half(b.x, HALF), hv[5] = f32_half(b.y, HALF), hv[6] = f32_half(b.z, HALF), hv[7] = f32_half(b.w, HALF);
+		((uint4 *)dst)[j] = h;
+	}
+	GRID_STRIDE(i, n - n8 * 8)
+	dst[n8 * 8 + i] = f32_half(src[n8 * 8 + i], HALF);
+}
+
+/* one half type to the other, through f32 (exact widening, one rounding) */
+__global__ static void bf16_f16_kernel(const uint16_t *src, uint16_t *dst, int64_t n)
+{
+	GRID_STRIDE(i, n)
+	dst[i] = f32_f16(bf16_f32(src[i]));
+}
+
+__global__ static void f16_bf16_kernel(const uint16_t *src, uint16_t *dst, int64_t n)
+{
+	GRID_STRIDE(i, n)
+	dst[i] = f32_bf16(f16_f32(src[i]));
 }
 
 static int is_float(planrt_dtype_t t)
@@ -1123,7 +1190,22 @@ void planrt_cu_cast(const void *src, planrt_dtype_t from, void *dst, planrt_dtyp
 	if (!is_float(from) || !is_float(to))
 		planrt_fatal("planrt_cast: no cast from dtype %d to %d (casts are among f32, bf16, f16 and f64)", (int)from,
 			     (int)to);
-	LAUNCH(cast_kernel, n, stream, src, (int)from, dst, (int)to, n);
+	const uint16_t *hs = (const uint16_t *)src;
+	uint16_t *hd = (uint16_t *)dst;
+	if (from == planrt_f64 || to == planrt_f64)
+		LAUNCH(cast_f64_kernel, n, stream, src, (int)from, dst, (int)to, n);
+	else if (from == planrt_bf16 && to == planrt_f32)
+		LAUNCH(widen_kernel<planrt_bf16>, n, stream, hs, (float *)dst, n);
+	else if (from == planrt_f16 && to == planrt_f32)
+		LAUNCH(widen_kernel<planrt_f16>, n, stream, hs, (float *)dst, n);
+	else if (from == planrt_f32 && to == planrt_bf16)
+		LAUNCH(narrow_kernel<planrt_bf16>, n, stream, (const float *)src, hd, n);
+	else if (from == planrt_f32 && to == planrt_f16)
+		LAUNCH(narrow_kernel<planrt_f16>, n, stream, (const float *)src, hd, n);
+	else if (from == planrt_bf16)
+		LAUNCH(bf16_f16_kernel, n, stream, hs, hd, n);
+	else
+		LAUNCH(f16_bf16_kernel, n, stream, hs, hd, n);
 }
 
 __global__ static void accumulate_kernel(void *dst, const void *src, int t, int64_t n)

@@ -92,6 +92,7 @@ typedef struct sync_policy {
 	int evaluates;       /* --eval-every */
 } sync_policy_t;
 const sync_policy_t *planrt_sync_policy_(const planrt_program_t *p); /* ends the job on an unknown mode */
+int planrt_sync_reshardable_(const char *mode); /* a checkpoint of the mode is read by another plan */
 
 /* fp16 loss scaling (GradScaler's rule): a step whose gradients overflow is skipped and a dynamic
  * scale halves; after growth_interval good steps in a row it doubles; max_skips skipped steps in
@@ -130,7 +131,8 @@ void planrt_report_run_(int rank, int stage_index, const planrt_program_t *p, co
 /* PLANRT_STRAGGLER=RANK:MS or random:MS: sleeps that long at the start of step when this rank is
  * the straggler */
 void planrt_straggle_(const char *setting, int rank, int world, uint64_t seed, int64_t step);
-void planrt_trace_close_ranks_(const planrt_program_t *p); /* --trace: each rank named by its coordinates */
+/* --trace: each rank named by its coordinates; 0, or -1 on every rank when the file was not written */
+int planrt_trace_close_ranks_(const planrt_program_t *p);
 
 /* ---------------------------------------------------------------- train.c */
 /* The run as planrt_main set it up, and what the step loop leaves. */

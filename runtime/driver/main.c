@@ -16,7 +16,8 @@
  *      is the measured high-water mark) and its slots' request sets;
  *   4. data, --init or the checkpoint resumed, stage->init;
  *   5. the steps (train.c);
- *   6. --save (io/save.c), the PLANRT_REPORT_* lines (report.c), planrt_finalize. */
+ *   6. --save (io/save.c), the PLANRT_REPORT_* lines (report.c), planrt_finalize; the exit status
+ *      is 1 when the run stopped early or an output (--log, --trace) could not be written. */
 #include "driver.h"
 #include "planrt_cpu.h"
 #include "planrt_device.h"
@@ -24,7 +25,7 @@
 
 #include "../io/planrt_namemap.h"
 #include "../io/planrt_save.h"
-#include "../io/planrt_tempfile.h"
+#include "planrt_outfile.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -65,11 +66,11 @@ static void check_options(options_t *o, const planrt_program_t *p, const sync_po
 static int open_run_files(const options_t *o, int rank)
 {
 	int ckpt_lock = -1;
-	planrt_on_signal_(planrt_remove_pending_tmp_);
+	planrt_on_signal_(planrt_outfile_remove_pending);
 	if (rank == 0) {
 		planrt_check_run_files_(o);
 		if (o->save)
-			planrt_remove_stale_temps_(o->save);
+			planrt_outfile_remove_stale(o->save);
 		if (o->save_every_dir) {
 			char err[1024];
 			if ((ckpt_lock = planrt_ckpt_lock(o->save_every_dir, err, sizeof err)) < 0)
@@ -188,8 +189,11 @@ int planrt_main(int argc, char **argv, const planrt_program_t *program)
 	/* --reshard: one process, no MPI (the ranks are played in turn) */
 	if (opt.reshard_from && opt.error[0])
 		planrt_fatal("%s; usage: %s --reshard CHECKPOINT OUT_DIR", opt.error, prog_name);
+	if (opt.reshard_from && !planrt_sync_policy_(program)->checkpoints)
+		planrt_fatal("--reshard: plan %s is sync %s, whose runs cannot checkpoint; reshard into a strict plan",
+			     program->plan, planrt_sync_policy_(program)->name);
 	if (opt.reshard_from)
-		return planrt_ckpt_reshard(program, opt.reshard_from, opt.reshard_to);
+		return planrt_ckpt_reshard(program, opt.reshard_from, opt.reshard_to, planrt_sync_reshardable_);
 
 	/* 1. the world and the mesh */
 	int rank, world;
@@ -236,11 +240,10 @@ int planrt_main(int argc, char **argv, const planrt_program_t *program)
 	}
 	planrt_namemap_close(ctx.name_map);
 	ctx.name_map = NULL;
-	if (opt.trace)
-		planrt_trace_close_ranks_(program);
+	int outputs_lost = opt.trace && planrt_trace_close_ranks_(program) != 0; /* the causes are printed */
 	planrt_report_run_(rank, stage_index, program, stage, held.kind_bytes, held.state_bytes, run.timed_steps, run.timed_s,
 			   run.timed_wait_s, run.timed_update_s);
-	planrt_log_close();
+	outputs_lost |= planrt_log_close() != 0;
 	planrt_data_close(ctx.data);
 	planrt_input_release_();
 	release(stage, &held);
@@ -248,5 +251,5 @@ int planrt_main(int argc, char **argv, const planrt_program_t *program)
 	PLANRT_CHECK(planrt_finalize());
 	if (ckpt_lock >= 0)
 		close(ckpt_lock);
-	return run.stopped >= 0 ? 1 : 0;
+	return run.stopped >= 0 || outputs_lost ? 1 : 0;
 }

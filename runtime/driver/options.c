@@ -63,6 +63,18 @@ static int parse_count(options_t *o, const char *opt, const char *v, long long l
 	return 1;
 }
 
+/* An option given a second time is an error (never "the last one wins", which hides a typo in a
+ * long job script): returns 1 the second time argv names opt. */
+static int given_twice(options_t *o, char **argv, int at, const char *opt)
+{
+	for (int k = 1; k < at; k++)
+		if (!strcmp(argv[k], opt)) {
+			planrt_option_error_(o, "%s is given twice; give it once", opt);
+			return 1;
+		}
+	return 0;
+}
+
 /* --data FILE, or a blend --data W1 FILE1 W2 FILE2 ... (Megatron's --data-path): the values up to
  * the next option; returns the index of the last one taken. */
 static int parse_files(options_t *o, const char *opt, int argc, char **argv, int i, int *n, const char **files,
@@ -108,7 +120,7 @@ static int parse_files(options_t *o, const char *opt, int argc, char **argv, int
 
 /* Parses argv without failing: the first error is kept for after planrt_init, so that --help
  * anywhere is still answered before MPI starts. A value that looks like an option ("--x") is a
- * missing value; an empty value is an error. */
+ * missing value; an empty value is an error; so is an option given twice. */
 void planrt_parse_options_(int argc, char **argv, options_t *o)
 {
 	memset(o, 0, sizeof *o);
@@ -140,6 +152,7 @@ void planrt_parse_options_(int argc, char **argv, options_t *o)
 			o->nother++;
 		if (!strcmp(a, "--data") || !strcmp(a, "--eval-data")) {
 			int eval = a[2] == 'e';
+			given_twice(o, argv, i, a);
 			i = parse_files(o, a, argc, argv, i, eval ? &o->neval : &o->ndata, eval ? o->eval_files : o->data_files,
 					eval ? o->eval_weights : o->data_weights, eval ? &o->eval_blend : &o->blend);
 			if (!eval && o->ndata)
@@ -147,6 +160,7 @@ void planrt_parse_options_(int argc, char **argv, options_t *o)
 			continue;
 		}
 		if (!strcmp(a, "--sampling")) {
+			given_twice(o, argv, i, a);
 			const char *v = i + 1 < argc ? argv[++i] : "";
 			if (!strcmp(v, "epochs") || !strcmp(v, "random"))
 				o->sampling = !strcmp(v, "epochs") ? PLANRT_SAMPLE_EPOCHS : PLANRT_SAMPLE_RANDOM;
@@ -157,6 +171,7 @@ void planrt_parse_options_(int argc, char **argv, options_t *o)
 			continue;
 		}
 		if (reshard) {
+			given_twice(o, argv, i, a);
 			if (i + 2 >= argc || !strncmp(argv[i + 1], "--", 2) || !strncmp(argv[i + 2], "--", 2)) {
 				planrt_option_error_(o, "missing values after --reshard (--reshard CHECKPOINT OUT_DIR)");
 				i = argc;
@@ -174,6 +189,7 @@ void planrt_parse_options_(int argc, char **argv, options_t *o)
 			planrt_option_error_(o, "unknown option %s", a);
 			continue;
 		}
+		given_twice(o, argv, i, a);
 		int values = pair ? 2 : 1;
 		int missing = 0;
 		for (int k = 1; k <= values; k++)

@@ -14,13 +14,27 @@ static const sync_policy_t sync_policies[] = {
 	{"async", 0, 0, 0, 0},     /* gradients and versions are in flight at every step boundary */
 };
 
-const sync_policy_t *planrt_sync_policy_(const planrt_program_t *p)
+static const sync_policy_t *find_policy(const char *mode)
 {
-	const char *mode = p->sync ? p->sync : "strict";
 	for (size_t i = 0; i < sizeof sync_policies / sizeof sync_policies[0]; i++)
 		if (!strcmp(sync_policies[i].name, mode))
 			return &sync_policies[i];
-	planrt_fatal("internal error: program '%s' has sync mode '%s', which planrt does not know", p->plan, mode);
+	return NULL;
+}
+
+const sync_policy_t *planrt_sync_policy_(const planrt_program_t *p)
+{
+	const char *mode = p->sync ? p->sync : "strict";
+	const sync_policy_t *s = find_policy(mode);
+	if (!s)
+		planrt_fatal("internal error: program '%s' has sync mode '%s', which planrt does not know", p->plan, mode);
+	return s;
+}
+
+int planrt_sync_reshardable_(const char *mode)
+{
+	const sync_policy_t *s = find_policy(mode ? mode : "strict");
+	return s && s->reshardable; /* a mode this planrt does not know (a newer one's checkpoint): no */
 }
 
 enum { GROWTH_INTERVAL = 2000, DEFAULT_DYNAMIC_SCALE = 65536 };

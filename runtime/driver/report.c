@@ -97,8 +97,9 @@ void planrt_straggle_(const char *setting, int rank, int world, uint64_t seed, i
 	sleep_s(straggler_delay(setting, rank, world, seed, step));
 }
 
-/* --trace: every rank's events joined into the file, each rank named by its mesh coordinates */
-void planrt_trace_close_ranks_(const planrt_program_t *p)
+/* --trace: every rank's events joined into the file, each rank named by its mesh coordinates; 0, or
+ * -1 on every rank when the file could not be written */
+int planrt_trace_close_ranks_(const planrt_program_t *p)
 {
 	char name[256];
 	int len = snprintf(name, sizeof name, "rank %d", planrt_world_rank_());
@@ -107,5 +108,5 @@ void planrt_trace_close_ranks_(const planrt_program_t *p)
 				p->axis_names && p->axis_names[a] ? p->axis_names[a] : "?", planrt_mesh_coord(a));
 	if (p->naxes > 0 && len > 0 && (size_t)len < sizeof name)
 		snprintf(name + len, sizeof name - (size_t)len, ")");
-	planrt_trace_close_(name);
+	return planrt_trace_close_(name);
 }

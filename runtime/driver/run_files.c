@@ -1,9 +1,11 @@
 /* run_files.c: the paths a run reads and writes, checked by rank 0 before any work: an input that
- * is not a regular file (a FIFO would block), an output that is an input or another output (the
- * same file, by inode or by path), an output whose directory does not take a new file (probed:
- * a file created and removed beside the target), so that an unusable path fails in the first
- * second, not after training. */
+ * is not a regular file (a FIFO would block; --map must be a file), an output that is an input or
+ * another output (the same file, by inode or by path), an output that planrt_outfile's rule
+ * refuses (a directory, FIFO, socket, block device or symbolic link) or whose directory does not
+ * take a new file (probed: a file created and removed beside the target), so that an unusable
+ * path fails in the first second, not after training. */
 #include "driver.h"
+#include "planrt_outfile.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -15,13 +17,18 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-/* A path the run will write must be usable before training: its directory exists and takes a new
- * file (a probe created and removed beside the target), and it is not a directory itself. */
-static void probe_writable(const char *what, const char *path)
+/* A file the run will write must be usable before training: planrt_outfile's rule (absent or a
+ * regular file, written beside and renamed; a character device written in place; a directory,
+ * FIFO, socket, block device or symbolic link refused), and its directory must take a new file
+ * (a probe created and removed beside the target). */
+static void check_output(const char *what, const char *path)
 {
+	char why[1024];
+	if (planrt_outfile_check(what, path, why, sizeof why) != 0)
+		planrt_fatal("%s", why);
 	struct stat st;
-	if (stat(path, &st) == 0 && S_ISDIR(st.st_mode))
-		planrt_fatal("%s '%s' is a directory; pass a file name such as '%s/weights.safetensors'", what, path, path);
+	if (lstat(path, &st) == 0 && S_ISCHR(st.st_mode))
+		return; /* written in place */
 	char *copy = strdup(path);
 	if (!copy)
 		planrt_fatal("out of memory checking %s '%s'", what, path);
@@ -75,9 +82,9 @@ static void canonical(run_file_t *f)
  * every output is probed. Nothing has been written yet. */
 void planrt_check_run_files_(const options_t *o)
 {
-	const char *what[] = {"--data", "--init", "--resume", "the program", "--save", "--log", "--trace", "--save-every"};
-	const char *path[] = {o->data, o->init, o->resume, "/proc/self/exe", o->save, o->log, o->trace, o->save_every_dir};
-	enum { N = sizeof what / sizeof what[0], FIRST_OUTPUT = 4 };
+	const char *what[] = {"--data", "--init", "--map", "--resume", "the program", "--save", "--log", "--trace", "--save-every"};
+	const char *path[] = {o->data, o->init, o->map, o->resume, "/proc/self/exe", o->save, o->log, o->trace, o->save_every_dir};
+	enum { N = sizeof what / sizeof what[0], FIRST_OUTPUT = 5, FILE_INPUTS = 3 };
 	run_file_t f[N];
 	memset(f, 0, sizeof f);
 	int n = N;
@@ -91,10 +98,11 @@ void planrt_check_run_files_(const options_t *o)
 			continue;
 		f[i].exists = stat(f[i].path, &f[i].st) == 0;
 		canonical(&f[i]);
-		if (f[i].exists && !f[i].output && i < 2 && !S_ISREG(f[i].st.st_mode) && !S_ISDIR(f[i].st.st_mode))
-			planrt_fatal("%s '%s' is not a regular file (a FIFO, socket or device, which would block or never end); "
-				     "pass a file",
-				     f[i].what, f[i].path);
+		if (f[i].exists && !f[i].output && i < FILE_INPUTS && !S_ISREG(f[i].st.st_mode) &&
+		    (!S_ISDIR(f[i].st.st_mode) || !strcmp(f[i].what, "--map")))
+			planrt_fatal("%s '%s' is %s; pass a file", f[i].what, f[i].path,
+				     S_ISDIR(f[i].st.st_mode) ? "a directory, not a name map file"
+							      : "not a regular file (a FIFO, socket or device, which would block or never end)");
 	}
 	for (int i = 0; i < n; i++)
 		for (int j = i + 1; j < n; j++) {
@@ -102,6 +110,8 @@ void planrt_check_run_files_(const options_t *o)
 				continue;
 			if (!strcmp(f[i].what, "--resume") && !strcmp(f[j].what, "--save-every"))
 				continue; /* resuming from the directory the run keeps saving to */
+			if (f[i].output && f[j].exists && S_ISCHR(f[j].st.st_mode))
+				continue; /* two outputs to one device (/dev/null): each writes in place */
 			int same = f[i].exists && f[j].exists ? f[i].st.st_dev == f[j].st.st_dev && f[i].st.st_ino == f[j].st.st_ino
 							     : !strcmp(f[i].canon, f[j].canon);
 			if (same)
@@ -110,9 +120,11 @@ void planrt_check_run_files_(const options_t *o)
 					     f[i].output ? "the other output" : "the input");
 		}
 	if (o->save)
-		probe_writable("--save", o->save);
+		check_output("--save", o->save);
 	if (o->trace)
-		probe_writable("--trace", o->trace);
+		check_output("--trace", o->trace);
+	if (o->log)
+		check_output("--log", o->log);
 	if (o->save_every_dir) {
 		struct stat st;
 		if (stat(o->save_every_dir, &st) == 0 && !S_ISDIR(st.st_mode))
@@ -125,7 +137,7 @@ void planrt_check_run_files_(const options_t *o)
 		if (!probe)
 			planrt_fatal("out of memory");
 		snprintf(probe, len, "%s/probe", o->save_every_dir);
-		probe_writable("--save-every", probe);
+		check_output("--save-every", probe);
 		free(probe);
 	}
 }

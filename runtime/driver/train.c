@@ -9,6 +9,7 @@
 #include "driver.h"
 #include "../io/planrt_dataset.h"
 #include "planrt_cpu.h"
+#include "planrt_device.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -185,12 +186,13 @@ void planrt_train_(run_t *r)
 	planrt_cpu_log_members(cpu_members, sizeof cpu_members);
 	planrt_log_fields(cpu_members);
 	for (int64_t step = r->first_step; step < o->steps; step++) {
-		double wait0 = ctx->wait_s, update_s;
+		/* waits: the host's (CPU collectives, pipeline finishes) and a GPU's compute stream's */
+		double wait0 = ctx->wait_s + planrt_device_comm_wait_s(), update_s;
 		double step_scale = planrt_loss_scaler_scale_(&r->scaler);
 		double step_s = run_step(r, step, &update_s);
 		if (step > r->first_step || o->steps == r->first_step + 1) { /* the first step warms up */
 			r->timed_s += step_s;
-			r->timed_wait_s += ctx->wait_s - wait0;
+			r->timed_wait_s += ctx->wait_s + planrt_device_comm_wait_s() - wait0;
 			r->timed_update_s += update_s;
 			r->timed_steps++;
 		}

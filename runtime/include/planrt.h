@@ -216,7 +216,9 @@ void planrt_log_step(int64_t step, double loss, double lr, double grad_norm, int
 /* More members for the next planrt_log_step line, as JSON text ("versions":[3,2],"staleness":1),
  * added to those given since the last line; NULL or "" adds none. */
 void planrt_log_fields(const char *members);
-void planrt_log_close(void);
+/* Closes the log: 0, or -1 when a line could not be written (the first failure was reported on
+ * stderr when it happened; this reports the count): the run's exit status is then 1. */
+int planrt_log_close(void);
 /* Rank 0's progress line on stderr: step k/K, loss, tokens/s, ETA. */
 void planrt_progress(int64_t step, int64_t total, double loss, double tokens_per_s, double elapsed_s);
 double planrt_now(void); /* seconds, monotonic */
@@ -234,11 +236,17 @@ int planrt_world_rank_(void); /* -1 before planrt_init */
  * whether one process plays every rank without MPI (then planrt_fatal does not name a rank) */
 void planrt_set_world_rank_(int rank, int offline);
 int planrt_mpi_live_(void); /* MPI is initialised and not finalised */
+/* world.c: before planrt_init, from a device layer whose threads will call MPI (the MPI device
+ * backend): planrt_init asks MPI for MPI_THREAD_MULTIPLE instead of funneled */
+void planrt_want_threads_(void);
 /* planc reshard: the mesh coordinates of world rank `rank` in a process without MPI (no comms) */
 void planrt_mesh_offline_(int naxes, const int *sizes, int rank);
 /* bf16 and f16 (t) to and from f32; f32 -> half rounds to nearest even, NaN stays NaN. */
 float planrt_half_to_f32_(uint16_t h, planrt_dtype_t t);
 uint16_t planrt_f32_to_half_(float x, planrt_dtype_t t);
+/* the same over n elements (h and f do not overlap) */
+void planrt_halves_to_f32_(const uint16_t *h, float *f, size_t n, planrt_dtype_t t);
+void planrt_f32_to_halves_(const float *f, uint16_t *h, size_t n, planrt_dtype_t t);
 /* The most mesh axes planrt_mesh_init accepts; the per-group counters have one slot per axis. */
 enum { PLANRT_MAX_AXES_ = 8 };
 /* comm_mpi.c: reads PLANRT_WATCHDOG and MPI's largest tag; called by planrt_init. */
@@ -276,6 +284,9 @@ int64_t planrt_data_train_samples_(planrt_data_t d);
 const char *planrt_data_sampling_(planrt_data_t d);
 /* "0.7 a.bin (megatron, 1000 tokens, documents) 0.3 b.bin (...)": the sources, for messages */
 void planrt_data_describe_(planrt_data_t d, char *buf, size_t n);
+/* the token files the training data reads (every source of a blend, every shard of a glob, in
+ * order) into paths (at most max): their number; 0 for a data set */
+int planrt_data_files_(planrt_data_t d, const char **paths, int max);
 /* whether any source has document boundaries (a Megatron index, or shards) */
 int planrt_data_has_documents_(planrt_data_t d);
 /* data.c: holds out the last tenth of the samples (random token sampling: of the tokens, at least
@@ -298,13 +309,17 @@ void planrt_progress_(int64_t step, int64_t total, double loss, double rate, con
 /* trace.c: --trace FILE, a Chrome-trace timeline of every rank. planrt_trace_open_ starts recording
  * (collective: every rank calls it); begin/end open and close nested events (end's args, when not
  * NULL, are the event's JSON arguments); planrt_trace_args_ sets the innermost open event's; close
- * joins every rank's events into FILE (collective) under process_name. */
+ * joins every rank's events into FILE (collective) under process_name: 0, or -1 on every rank
+ * when the file could not be written (rank 0 printed why). */
 extern int planrt_tracing_;
 void planrt_trace_open_(const char *path);
 void planrt_trace_begin_(const char *name, const char *cat);
 void planrt_trace_end_(const char *args);
 void planrt_trace_args_(const char *args);
-void planrt_trace_close_(const char *process_name);
+/* a finished event measured elsewhere (start_s in planrt_now() seconds, dur_s seconds) on track tid
+ * (1: the GPU's compute stream's waits for communication) */
+void planrt_trace_complete_(const char *name, const char *cat, int tid, double start_s, double dur_s, const char *args);
+int planrt_trace_close_(const char *process_name);
 /* core/trace.c's half for comm/trace_file.c: start recording for path (origin now), the path,
  * this rank's part of the file, and forgetting every event */
 void planrt_trace_start_(const char *path);
@@ -313,10 +328,12 @@ void planrt_trace_write_part_(FILE *f, int rank, const char *process_name);
 void planrt_trace_reset_(void);
 /* kernels.c: while set (planrt_main's evaluation of held-out batches), dropout is the identity */
 extern int planrt_evaluating_;
-/* safetensors.c: planrt_st_write, also returning the data's checksum ("fnv1a64:..."); and a
- * tensor's raw data as stored (dtype a planrt_dtype_t, or -1 for one planrt has no type for) */
-planrt_result_t planrt_st_write_(const char *path, const planrt_st_tensor_t *tensors, int n, char *checksum,
-				 size_t checksum_n);
+/* safetensors.c: planrt_st_write, with one more string in __metadata__ (meta_key NULL: none),
+ * also returning the data's checksum ("fnv1a64:..."); and a tensor's raw data as stored (dtype a
+ * planrt_dtype_t, or -1 for one planrt has no type for); and a file's __metadata__ string */
+planrt_result_t planrt_st_write_(const char *path, const planrt_st_tensor_t *tensors, int n, const char *meta_key,
+				 const char *meta_value, char *checksum, size_t checksum_n);
+const char *planrt_st_metadata_(planrt_st_t f, const char *key);
 planrt_result_t planrt_st_find_(planrt_st_t f, const char *name, int *dtype, int64_t *n, const void **data);
 /* safetensors.c: the name of the file's i-th tensor (file order), NULL past the last */
 const char *planrt_st_name_(planrt_st_t f, int i);
@@ -348,6 +365,8 @@ struct planrt_comm {
 	char name[48];   /* for messages: "world", "axis data", "pair axis 1 {0,3}" */
 	uint64_t ncalls; /* operations started on it, numbered in watchdog messages */
 };
+/* comm_mpi.c: the MPI datatype that carries t (bf16 and f16 as 16-bit words: reduce them in f32) */
+MPI_Datatype planrt_mpi_type_(planrt_dtype_t t);
 #endif
 #endif
 

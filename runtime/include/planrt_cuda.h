@@ -14,8 +14,8 @@
  * the stream last: the same operation on device memory, enqueued on that stream. A buffer argument
  * read as a scalar on the CPU (a loss gradient) is passed as its device pointer and factor.
  * Arrays passed as host pointers (dims, offsets, buffer lists) are read before the call returns.
- * GEMMs go through cuBLAS in f32 (TF32 off, as the CPU computes) or, for the _tc variant, on bf16
- * tensor cores with f32 accumulation (the operands are bf16 values widened to f32). Collectives go
+ * GEMMs go through cuBLAS in f32 (TF32 off, as the CPU computes) or, for bf16 operands
+ * (planrt_cu_k_matmul_bf16), on the tensor cores with f32 accumulation. Collectives go
  * through NCCL (comm_nccl.c): one communicator per mesh axis and per tied-parameter pair, split
  * from a world communicator whose id MPI broadcasts.
  *
@@ -67,9 +67,9 @@ cudaStream_t planrt_cu_stream(int stream);
 void planrt_cu_k_matmul_f32(int64_t batch, int64_t M, int64_t N, int64_t K, const float *A, int trans_a, int64_t stride_a,
 			    const float *B, int trans_b, int64_t stride_b, float *C, int64_t stride_c, int accumulate,
 			    int stream);
-void planrt_cu_k_matmul_tc_f32(int64_t batch, int64_t M, int64_t N, int64_t K, const float *A, int trans_a,
-			       int64_t stride_a, const float *B, int trans_b, int64_t stride_b, float *C, int64_t stride_c,
-			       int accumulate, int stream);
+void planrt_cu_k_matmul_bf16(int64_t batch, int64_t M, int64_t N, int64_t K, const uint16_t *A, int trans_a,
+			     int64_t stride_a, const uint16_t *B, int trans_b, int64_t stride_b, void *C, planrt_dtype_t c_type,
+			     int64_t stride_c, int accumulate, int stream);
 void planrt_cu_k_permute_f32(int rank, const int64_t *in_dims, const int *perm, const float *in, float *out, int stream);
 void planrt_cu_k_sum_to_f32(int rank, const int64_t *dims, const float *in, const int64_t *out_strides, float *out,
 			    int64_t out_elems, int stream);
@@ -80,6 +80,16 @@ void planrt_cu_k_dropout_f32(const float *x, float *y, uint8_t *mask, double p, 
 void planrt_cu_causal_mask_block_f32(const float *x, float *y, int64_t batch, int64_t rows, int64_t cols,
 				     const int64_t *offs, int rank, int gradient, int stream);
 void planrt_cu_k_softmax_f32(const float *x, float *y, int64_t rows, int64_t cols, int stream);
+/* fused attention (attention_cuda.cu), as planrt_k_attention_f32 / _grad_f32 (planrt_kernels.h) */
+void planrt_cu_k_attention_f32(const float *q, const float *k, const float *v, const float *mask,
+			       const int64_t *mask_strides, float *out, float *lse, int rank, const int64_t *ldims,
+			       int64_t kv_heads, int64_t sk, double scale, int mask_kind, double p, uint64_t seed,
+			       uint64_t key, const int64_t *gdims, const int64_t *offs, void *scratch, int stream);
+void planrt_cu_k_attention_grad_f32(const float *q, const float *k, const float *v, const float *mask,
+				    const int64_t *mask_strides, const float *out, const float *lse, const float *dout,
+				    float *dq, float *dk, float *dv, int rank, const int64_t *ldims, int64_t kv_heads,
+				    int64_t sk, double scale, int mask_kind, double p, uint64_t seed, uint64_t key,
+				    const int64_t *gdims, const int64_t *offs, void *scratch, int stream);
 void planrt_cu_k_softmax_grad_f32(const float *y, const float *dy, float *dx, int64_t rows, int64_t cols, int stream);
 void planrt_cu_k_layer_norm_f32(const float *x, const float *w, const float *b, float *y, float *mean, float *rstd,
 				int64_t rows, int64_t cols, double eps, int stream);

@@ -23,6 +23,9 @@ typedef struct planrt_device {
 	void (*to_host)(void *dst, const void *src, size_t bytes); /* synchronous */
 	void (*report)(char *buf, size_t n);                       /* more fields for PLANRT_REPORT_MEMORY */
 	void (*start)(void); /* after the mesh exists: the device's communicators (NULL: nothing) */
+	/* seconds the device's compute stream has stood still waiting for communication so far,
+	 * measured with --trace or PLANRT_REPORT_TIMING (NULL: the CPU, whose waits the host times) */
+	double (*comm_wait_s)(void);
 } planrt_device_t;
 
 void planrt_device_set(const planrt_device_t *d); /* NULL: the CPU */
@@ -38,6 +41,8 @@ const unsigned char *planrt_arena_snapshot(void);
 void planrt_device_start(void);
 /* " device=cuda device_allocated=N ..." for the memory report, "" on the CPU */
 const char *planrt_device_report(void);
+/* the device's comm_wait_s(), 0 on the CPU */
+double planrt_device_comm_wait_s(void);
 
 #ifdef __cplusplus
 }

@@ -122,6 +122,13 @@ void planrt_accumulate_f32(void *dst, planrt_dtype_t t, const float *src, int64_
 /* any pair among f32, bf16, f16, f64 (same dtype: a copy, of any dtype); dst does not overlap
  * src unless the dtypes are the same */
 void planrt_cast(const void *src, planrt_dtype_t from, void *dst, planrt_dtype_t to, int64_t n);
+/* C (+)= op(A) op(B) of bf16 A and B, batch entries at the given element strides (planrt_k_matmul's
+ * arguments), every product and sum in f32; C is f32 or bf16 (c_type), a bf16 C rounded once, to
+ * nearest even, after the products are added (to its old value when accumulate). The operands are
+ * widened a tile at a time (rows of op(A), columns of op(B), all of K), never as a whole. */
+void planrt_k_matmul_bf16(int64_t batch, int64_t M, int64_t N, int64_t K, const uint16_t *A, int trans_a,
+			  int64_t stride_a, const uint16_t *B, int trans_b, int64_t stride_b, void *C, planrt_dtype_t c_type,
+			  int64_t stride_c, int accumulate);
 /* *acc += weight * sum of x[i]^2 (x of dtype t: f32, bf16, f16; summed in double in order) */
 void planrt_sum_squares_acc(double *acc, const void *x, int64_t n, planrt_dtype_t t, double weight);
 /* The squared norm of a ZeRO bucket shard: the shard holds elements [lo, lo + n) of the bucket,

@@ -159,6 +159,21 @@ enum { PLANRT_SIN = 0, PLANRT_COS, PLANRT_EXP, PLANRT_LOG, PLANRT_TANH, PLANRT_S
 	void planrt_k_causal_mask_##S(const T *x, T *y, int64_t batch, int64_t rows, int64_t cols, int64_t row_off, \
 				      int64_t col_off, T fill);                                                 \
 	void planrt_k_softmax_##S(const T *x, T *y, int64_t rows, int64_t cols);                                 \
+	/* Fused attention (cpu/attention_impl.h, FlashAttention-2's tiling): q [.., H, Sq, Dh] (ldims, rank \
+	 * dims), k and v [.., kv_heads, sk, Dh] -> out [.., H, Sq, Dh] and lse [.., H, Sq], the scores never \
+	 * stored. mask_kind 0 none, 1 causal (offs[rank - 2]: the query rows' global offset), 2 additive   \
+	 * mask (mask_strides: per dim of the local scores, 0 to broadcast). Dropout p on the probabilities \
+	 * as planrt_k_dropout on the scores' global shape gdims at block offsets offs. The gradient        \
+	 * overwrites dq, dk and dv. scratch: see attention_impl.h. */                                     \
+	void planrt_k_attention_##S(const T *q, const T *k, const T *v, const T *mask, const int64_t *mask_strides, \
+				    T *out, T *lse, int rank, const int64_t *ldims, int64_t kv_heads, int64_t sk, \
+				    double scale, int mask_kind, double p, uint64_t seed, uint64_t key,         \
+				    const int64_t *gdims, const int64_t *offs, void *scratch);                  \
+	void planrt_k_attention_grad_##S(const T *q, const T *k, const T *v, const T *mask,                      \
+					 const int64_t *mask_strides, const T *out, const T *lse, const T *dout, \
+					 T *dq, T *dk, T *dv, int rank, const int64_t *ldims, int64_t kv_heads,   \
+					 int64_t sk, double scale, int mask_kind, double p, uint64_t seed,        \
+					 uint64_t key, const int64_t *gdims, const int64_t *offs, void *scratch); \
 	void planrt_k_softmax_grad_##S(const T *y, const T *dy, T *dx, int64_t rows, int64_t cols);              \
 	/* mean and rstd: [rows], saved for the backward. dw, db accumulate. */                                \
 	void planrt_k_layer_norm_##S(const T *x, const T *w, const T *b, T *y, float *mean, float *rstd,         \

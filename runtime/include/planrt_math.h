@@ -71,9 +71,12 @@ static inline PLANRT_HD float planrt_gelu_erf(float x)
 	return 0.5f * x * (1.0f + kerff(x * 0.70710678118654752f));
 }
 
+/* cdf is 0.5 + 0.5 erf, not 0.5 (1 + erf): the same bits at every level (halving is exact), and
+ * cdf + x pdf then adds one product, not two, so that gcc's -ffp-contract=fast and planc's LLVM back
+ * end fuse the same one (docs/cpu.md: which of two products gcc fuses depends on its code's shape) */
 static inline PLANRT_HD float planrt_gelu_erf_grad(float x, float dy)
 {
-	float cdf = 0.5f * (1.0f + kerff(x * 0.70710678118654752f));
+	float cdf = 0.5f + 0.5f * kerff(x * 0.70710678118654752f);
 	float pdf = 0.39894228040143268f * kexpf(-0.5f * x * x);
 	return dy * (cdf + x * pdf);
 }

@@ -37,7 +37,7 @@
 #include "planrt_exec.h"
 #include "planrt_offload.h"
 #include "planrt_params.h"
-#include "planrt_tempfile.h"
+#include "planrt_outfile.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -54,6 +54,9 @@
 
 enum { MAX_DIMS = 8 };
 #define FORMAT_NAME "planrt sharded checkpoint"
+/* format 2: each rank file's __metadata__ holds its part of the manifest (PART_KEY) */
+enum { FORMAT_VERSION = 2 };
+#define PART_KEY "planrt_checkpoint"
 
 typedef struct piece {
 	char *tensor;          /* logical tensor */
@@ -82,6 +85,7 @@ struct planrt_ckpt {
 	int rank;
 	/* writing */
 	char *token;
+	char run_sum[40];      /* the checksum of the run's fields the manifest will hold */
 	piece_t *pieces;
 	int npieces, cappieces;
 	local_t *locals;
@@ -159,11 +163,33 @@ static void fsync_dir(const char *dir)
 
 /* ------------------------------------------------------------------ writing */
 
-planrt_ckpt_t *planrt_ckpt_writer(const char *stepdir, const char *token, int rank)
+/* the checksum of a JSON value: FNV-1a of its compact, key-sorted text */
+static void json_checksum(json_t *j, char *out, size_t n)
+{
+	char *text = json_dumps(j, JSON_COMPACT | JSON_SORT_KEYS | JSON_ENCODE_ANY);
+	snprintf(out, n, "fnv1a64:%016llx", (unsigned long long)fnv1a(0xcbf29ce484222325ull, text ? text : "", text ? strlen(text) : 0));
+	free(text);
+}
+
+/* the manifest's members that are not the run's: derived from the rank files, or the format */
+static const char *const derived_members[] = {"files", "tensors", "local", "manifest_checksum", "format", "version"};
+
+/* the checksum of a manifest's run (its members but the derived ones); run may be a manifest */
+static void run_checksum(json_t *run, char *out, size_t n)
+{
+	json_t *copy = json_copy(run);
+	for (size_t i = 0; i < sizeof derived_members / sizeof *derived_members; i++)
+		json_object_del(copy, derived_members[i]);
+	json_checksum(copy, out, n);
+	json_decref(copy);
+}
+
+planrt_ckpt_t *planrt_ckpt_writer(const char *stepdir, const char *token, json_t *run, int rank)
 {
 	planrt_ckpt_t *c = calloc(1, sizeof *c);
 	if (!c || !(c->dir = strdup(stepdir)) || !(c->token = strdup(token)))
 		planrt_fatal("out of memory starting a checkpoint");
+	run_checksum(run, c->run_sum, sizeof c->run_sum);
 	c->writing = 1;
 	c->rank = rank;
 	c->own_file = -1;
@@ -286,11 +312,15 @@ json_t *planrt_ckpt_write_rank(planrt_ckpt_t *c, char *err, size_t errn)
 	}
 	char name[96], checksum[40] = "";
 	snprintf(name, sizeof name, "rank-%05d.%s.safetensors", c->rank, c->token);
-	char *path = path_join(c->dir, name), tmp[4200];
-	snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid()); /* planrt_st_write_'s */
-	planrt_pending_tmp_(tmp);
-	planrt_result_t r = planrt_st_write_(path, ts, n, checksum, sizeof checksum);
-	planrt_pending_tmp_(NULL);
+	char *path = path_join(c->dir, name);
+	/* the file's own description of itself, which the manifest must agree with (check_dir) */
+	json_t *part = json_pack("{s:i, s:s, s:O, s:O}", "rank", c->rank, "run", c->run_sum, "pieces", pieces, "local", locals);
+	char *part_text = part ? json_dumps(part, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
+	json_decref(part);
+	if (!part_text)
+		planrt_fatal("out of memory describing a checkpoint");
+	planrt_result_t r = planrt_st_write_(path, ts, n, PART_KEY, part_text, checksum, sizeof checksum);
+	free(part_text);
 	struct stat st;
 	int ok = r == planrt_success && stat(path, &st) == 0;
 	if (!ok)
@@ -322,10 +352,8 @@ static void manifest_checksum(json_t *m, char *out, size_t n)
 {
 	json_t *copy = json_copy(m);
 	json_object_del(copy, "manifest_checksum");
-	char *text = json_dumps(copy, JSON_COMPACT | JSON_SORT_KEYS);
+	json_checksum(copy, out, n);
 	json_decref(copy);
-	snprintf(out, n, "fnv1a64:%016llx", (unsigned long long)fnv1a(0xcbf29ce484222325ull, text ? text : "", text ? strlen(text) : 0));
-	free(text);
 }
 
 static int ours(const char *name)
@@ -362,47 +390,62 @@ static int remove_unnamed(const char *dir, json_t *files)
 	return removed;
 }
 
-int planrt_ckpt_commit(const char *stepdir, json_t *run, json_t **ranks, int nranks, char *err, size_t errn)
+/* A manifest's "files", "tensors" and "local" from the ranks' descriptions ({"rank", "file",
+ * "bytes", "checksum", "pieces", "local"}; borrowed; a rank without a file is left out), in rank
+ * order. The save builds the manifest with it, and check_dir rebuilds it from the files' own
+ * descriptions to compare. */
+static void manifest_listing(json_t *const *ranks, int nranks, json_t *m)
 {
-	json_t *m = run, *files = json_array(), *tensors = json_object(), *locals = json_array();
-	json_object_set_new(m, "format", json_string(FORMAT_NAME));
-	json_object_set_new(m, "version", json_integer(1));
+	json_t *files = json_array(), *tensors = json_object(), *locals = json_array();
+	if (!files || !tensors || !locals)
+		planrt_fatal("out of memory describing a checkpoint");
 	for (int r = 0; r < nranks; r++) {
 		json_t *d = ranks[r];
 		const char *file = json_string_value(json_object_get(d, "file"));
-		if (!file) {
-			json_decref(d);
+		if (!file)
 			continue;
-		}
 		json_int_t fi = (json_int_t)json_array_size(files);
 		json_array_append_new(files, json_pack("{s:s, s:I, s:O, s:O}", "name", file, "rank",
 						       json_integer_value(json_object_get(d, "rank")), "bytes",
-						       json_object_get(d, "bytes"), "checksum", json_object_get(d, "checksum")));
+						       json_object_get(d, "bytes") ?: json_null(), "checksum",
+						       json_object_get(d, "checksum") ?: json_null()));
 		size_t i;
 		json_t *p;
 		json_array_foreach(json_object_get(d, "pieces"), i, p)
 		{
-			const char *name = json_string_value(json_object_get(p, "tensor"));
+			const char *name = json_string_value(json_object_get(p, "tensor")) ?: "?";
 			json_t *t = json_object_get(tensors, name);
 			if (!t) {
-				t = json_pack("{s:O, s:O, s:[]}", "shape", json_object_get(p, "shape"), "dtype",
-					      json_object_get(p, "dtype"), "pieces");
+				t = json_pack("{s:O, s:O, s:[]}", "shape", json_object_get(p, "shape") ?: json_null(), "dtype",
+					      json_object_get(p, "dtype") ?: json_null(), "pieces");
 				json_object_set_new(tensors, name, t);
 			}
 			json_array_append_new(json_object_get(t, "pieces"),
-					      json_pack("{s:I, s:O, s:O, s:O, s:O, s:O}", "file", fi, "key", json_object_get(p, "key"),
-							"dtype", json_object_get(p, "dtype"), "offsets", json_object_get(p, "offsets"),
-							"block", json_object_get(p, "block"), "range", json_object_get(p, "range")) ?:
+					      json_pack("{s:I, s:O, s:O, s:O, s:O, s:O}", "file", fi, "key",
+							json_object_get(p, "key") ?: json_null(), "dtype",
+							json_object_get(p, "dtype") ?: json_null(), "offsets",
+							json_object_get(p, "offsets") ?: json_null(), "block",
+							json_object_get(p, "block") ?: json_null(), "range",
+							json_object_get(p, "range") ?: json_null()) ?:
 						      json_null());
 		}
 		if (json_array_size(json_object_get(d, "local")))
 			json_array_append_new(locals, json_pack("{s:I, s:I, s:O}", "rank", json_integer_value(json_object_get(d, "rank")),
 								"file", fi, "buffers", json_object_get(d, "local")));
-		json_decref(d);
 	}
 	json_object_set_new(m, "files", files);
 	json_object_set_new(m, "tensors", tensors);
 	json_object_set_new(m, "local", locals);
+}
+
+int planrt_ckpt_commit(const char *stepdir, json_t *run, json_t **ranks, int nranks, char *err, size_t errn)
+{
+	json_t *m = run;
+	json_object_set_new(m, "format", json_string(FORMAT_NAME));
+	json_object_set_new(m, "version", json_integer(FORMAT_VERSION));
+	manifest_listing(ranks, nranks, m);
+	for (int r = 0; r < nranks; r++)
+		json_decref(ranks[r]);
 	char sum[40];
 	manifest_checksum(m, sum, sizeof sum);
 	json_object_set_new(m, "manifest_checksum", json_string(sum));
@@ -412,47 +455,23 @@ int planrt_ckpt_commit(const char *stepdir, json_t *run, json_t **ranks, int nra
 		set_err(err, errn, "out of memory writing the manifest of '%s'", stepdir);
 		return -1;
 	}
-	char *path = path_join(stepdir, "manifest.json"), tmp[4096];
-	snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
-	const char *step = "create";
-	int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0666), e = fd < 0 ? errno : 0;
-	size_t len = strlen(text), done = 0;
-	while (!e && done < len) {
-		ssize_t w = write(fd, text + done, len - done);
-		if (w < 0 && errno == EINTR)
-			continue;
-		if (w <= 0) {
-			e = w < 0 ? errno : ENOSPC;
-			step = "write";
-		}
-		done += w > 0 ? (size_t)w : 0;
+	char *path = path_join(stepdir, "manifest.json"), why[1024];
+	planrt_outfile_t out;
+	FILE *f = NULL;
+	int ok = planrt_outfile_open(&out, "the manifest", path, (long)getpid(), why, sizeof why) == 0;
+	if (ok && (!(f = planrt_outfile_stream(&out, why, sizeof why)) || fputs(text, f) < 0 || fputc('\n', f) < 0)) {
+		planrt_outfile_discard(&out);
+		snprintf(why, sizeof why, "cannot write '%.900s': %s", out.tmp, strerror(errno));
+		ok = 0;
 	}
-	if (!e && write(fd, "\n", 1) != 1) {
-		e = errno ? errno : ENOSPC;
-		step = "write";
-	}
-	if (!e && fsync(fd) != 0) {
-		e = errno;
-		step = "fsync";
-	}
-	if (fd >= 0 && close(fd) != 0 && !e) {
-		e = errno;
-		step = "close";
-	}
-	if (!e && rename(tmp, path) != 0) {
-		e = errno;
-		step = "rename";
-	}
+	ok = ok && planrt_outfile_commit(&out, why, sizeof why) == 0;
 	free(text);
-	if (e) {
-		unlink(tmp);
-		set_err(err, errn, "cannot write the manifest '%s' (%s failed: %s); check free space and permissions", path,
-			step, strerror(e));
+	if (!ok) {
+		set_err(err, errn, "cannot write the manifest: %s", why);
 		free(path);
 		json_decref(m);
 		return -1;
 	}
-	fsync_dir(stepdir);
 	remove_unnamed(stepdir, json_object_get(m, "files"));
 	free(path);
 	json_decref(m);
@@ -501,11 +520,14 @@ static char *read_text(const char *path, size_t limit)
 	return text;
 }
 
-/* the checksum a safetensors file's header records */
-static int file_checksum(const char *path, char *out, size_t n)
+/* the checksum a safetensors file's header records, and (part not NULL) its description of itself
+ * (PART_KEY, parsed; NULL when the file has none) */
+static int file_checksum(const char *path, char *out, size_t n, json_t **part)
 {
 	int fd = open(path, O_RDONLY);
 	unsigned char len8[8];
+	if (part)
+		*part = NULL;
 	if (fd < 0 || read(fd, len8, 8) != 8) {
 		if (fd >= 0)
 			close(fd);
@@ -524,11 +546,70 @@ static int file_checksum(const char *path, char *out, size_t n)
 	text[h] = 0;
 	json_t *j = json_loads(text, 0, NULL);
 	free(text);
-	const char *c = json_string_value(json_object_get(json_object_get(j, "__metadata__"), "planrt_checksum"));
+	json_t *meta = json_object_get(j, "__metadata__");
+	const char *c = json_string_value(json_object_get(meta, "planrt_checksum"));
 	if (c)
 		snprintf(out, n, "%s", c);
+	const char *p = json_string_value(json_object_get(meta, PART_KEY));
+	if (part && p)
+		*part = json_loads(p, 0, NULL);
 	json_decref(j);
 	return c ? 0 : -1;
+}
+
+/* Format 2: the manifest must say what its files say of themselves (each rank file's header
+ * records its rank, the checksum of the run's fields and its pieces): the run's fields, the
+ * files' ranks, every tensor's pieces and the rank-local buffers are rebuilt from the files and
+ * compared with the manifest. An edit of the manifest alone (a step, a seed, a piece moved),
+ * even with its checksum recomputed, is refused. parts[i]: file i's description (borrowed). */
+static int manifest_agrees(json_t *m, json_t **parts, char *why, size_t whyn)
+{
+	json_t *files = json_object_get(m, "files");
+	size_t nfiles = json_array_size(files);
+	char run_sum[40];
+	run_checksum(m, run_sum, sizeof run_sum);
+	json_t **descs = calloc(nfiles + 1, sizeof *descs);
+	if (!descs)
+		planrt_fatal("out of memory checking a checkpoint");
+	int ok = 1;
+	for (size_t i = 0; ok && i < nfiles; i++) {
+		json_t *f = json_array_get(files, i), *part = parts[i];
+		const char *name = json_string_value(json_object_get(f, "name")) ?: "?";
+		if (!part) {
+			set_err(why, whyn, "its file '%s' does not describe itself (a file of format 1, or not planrt's)", name);
+			ok = 0;
+		} else if (strcmp(json_string_value(json_object_get(part, "run")) ?: "", run_sum)) {
+			set_err(why, whyn, "its manifest's run (step, seed, plan, data position) is not the one its file '%s' was "
+				"saved with: the manifest was edited or belongs to another save",
+				name);
+			ok = 0;
+		} else {
+			descs[i] = json_pack("{s:O, s:s, s:O, s:O, s:O, s:O}", "rank", json_object_get(part, "rank") ?: json_null(),
+					     "file", name, "bytes", json_object_get(f, "bytes") ?: json_null(), "checksum",
+					     json_object_get(f, "checksum") ?: json_null(), "pieces",
+					     json_object_get(part, "pieces") ?: json_null(), "local",
+					     json_object_get(part, "local") ?: json_null());
+			ok = descs[i] != NULL;
+		}
+	}
+	if (ok) {
+		json_t *rebuilt = json_object();
+		manifest_listing(descs, (int)nfiles, rebuilt);
+		const char *what[] = {"files", "tensors", "local"};
+		for (size_t k = 0; ok && k < sizeof what / sizeof *what; k++)
+			if (!json_equal(json_object_get(rebuilt, what[k]), json_object_get(m, what[k]))) {
+				set_err(why, whyn, "its manifest's %s disagree with what its files hold: the manifest was edited or "
+					"belongs to another save",
+					!strcmp(what[k], "files") ? "files' ranks" : !strcmp(what[k], "tensors") ? "tensors' pieces"
+														 : "rank-local buffers");
+				ok = 0;
+			}
+		json_decref(rebuilt);
+	}
+	for (size_t i = 0; i < nfiles; i++)
+		json_decref(descs[i]);
+	free(descs);
+	return ok;
 }
 
 /* A step directory's manifest and files check out: returns the manifest text, or NULL with why. */
@@ -555,18 +636,30 @@ static char *check_dir(const char *dir, int deep, char *why, size_t whyn)
 		free(text);
 		return NULL;
 	}
-	size_t i;
-	json_t *f;
+	json_int_t version = json_integer_value(json_object_get(m, "version"));
+	if (version < 1 || version > FORMAT_VERSION) {
+		set_err(why, whyn, "its manifest is of format %lld, this planrt reads formats 1 to %d", (long long)version,
+			FORMAT_VERSION);
+		json_decref(m);
+		free(text);
+		return NULL;
+	}
+	size_t i, nfiles = json_array_size(json_object_get(m, "files"));
+	json_t *f, **parts = calloc(nfiles + 1, sizeof *parts);
+	if (!parts)
+		planrt_fatal("out of memory checking a checkpoint");
+	int bad = 0;
+	const char *bad_name = "?";
 	json_array_foreach(json_object_get(m, "files"), i, f)
 	{
 		const char *name = json_string_value(json_object_get(f, "name"));
 		char *p = path_join(dir, name ? name : "?");
 		struct stat st;
 		char have[40] = "";
-		int bad = !name || stat(p, &st) != 0 ? 1
-			  : st.st_size != json_integer_value(json_object_get(f, "bytes")) ? 2
-			  : file_checksum(p, have, sizeof have) || strcmp(have, json_string_value(json_object_get(f, "checksum")) ?: "") ? 3
-															     : 0;
+		bad = !name || strchr(name, '/') || stat(p, &st) != 0 ? 1
+		      : st.st_size != json_integer_value(json_object_get(f, "bytes")) ? 2
+		      : file_checksum(p, have, sizeof have, &parts[i]) || strcmp(have, json_string_value(json_object_get(f, "checksum")) ?: "") ? 3
+																	 : 0;
 		if (!bad && deep) { /* the data against the checksum */
 			planrt_st_t st_f = NULL;
 			bad = planrt_st_open(p, &st_f) != planrt_success ? 4 : 0;
@@ -574,15 +667,24 @@ static char *check_dir(const char *dir, int deep, char *why, size_t whyn)
 		}
 		free(p);
 		if (bad) {
-			set_err(why, whyn, "its file '%s' is %s", name ? name : "?",
-				bad == 1 ? "missing" : bad == 2 ? "of the wrong size" : bad == 3 ? "not the one the manifest names"
-											: "damaged (its data does not match its checksum)");
-			json_decref(m);
-			free(text);
-			return NULL;
+			bad_name = name ? name : "?";
+			break;
 		}
 	}
+	if (bad)
+		set_err(why, whyn, "its file '%s' is %s", bad_name,
+			bad == 1 ? "missing" : bad == 2 ? "of the wrong size" : bad == 3 ? "not the one the manifest names"
+										: "damaged (its data does not match its checksum)");
+	else if (version >= 2 && !manifest_agrees(m, parts, why, whyn))
+		bad = 5;
+	for (i = 0; i < nfiles; i++)
+		json_decref(parts[i]);
+	free(parts);
 	json_decref(m);
+	if (bad) {
+		free(text);
+		return NULL;
+	}
 	return text;
 }
 
@@ -973,6 +1075,26 @@ void planrt_ckpt_write(planrt_ctx_t *ctx, const void *src, planrt_dtype_t dtype,
 	planrt_ckpt_add_piece(c, name, p->rank, p->gdims, offs, p->ldims, first, end, dtype, data);
 }
 
+/* The tensor a read of kind takes its values from (in name). Under the same plan, its own. Across
+ * precisions (another plan): a plan whose parameters are f32 takes a mixed-precision checkpoint's
+ * master weights (the f32 values its bf16 or f16 parameters were rounded from), and a
+ * mixed-precision plan whose checkpoint source had f32 parameters (and so no master weights)
+ * takes those as its master weights: both continue from the f32 state of the run. */
+static void precision_source(planrt_ckpt_t *c, int kind, const char *param, planrt_dtype_t dtype, char *name, size_t n)
+{
+	planrt_ckpt_tensor_name(kind, param, name, n);
+	if (c->exact)
+		return;
+	json_t *tensors = json_object_get(c->manifest, "tensors");
+	char master[512];
+	planrt_ckpt_tensor_name(PLANRT_CKPT_MASTER, param, master, sizeof master);
+	if (kind == PLANRT_CKPT_PARAM && dtype == planrt_f32 && json_object_get(tensors, master))
+		snprintf(name, n, "%s", master);
+	else if (kind == PLANRT_CKPT_MASTER && !json_object_get(tensors, master) &&
+		 !strcmp(json_string_value(json_object_get(json_object_get(tensors, param), "dtype")) ?: "", "F32"))
+		snprintf(name, n, "%s", param);
+}
+
 void planrt_ckpt_read(planrt_ctx_t *ctx, void *dst, planrt_dtype_t dtype, int param, int kind, int64_t lo, int64_t n)
 {
 	planrt_ckpt_t *c = ctx->ckpt;
@@ -990,7 +1112,7 @@ void planrt_ckpt_read(planrt_ctx_t *ctx, void *dst, planrt_dtype_t dtype, int pa
 	if (!tmp)
 		planrt_fatal("out of memory resuming '%s'", p->name);
 	char name[512], err[1024];
-	planrt_ckpt_tensor_name(kind, p->name, name, sizeof name);
+	precision_source(c, kind, p->name, dtype, name, sizeof name);
 	if (planrt_ckpt_gather(c, name, p->rank, p->gdims, offs, p->ldims, lo + j0, j1 - j0, tmp, err, sizeof err))
 		planrt_fatal("--resume: %s", err);
 	planrt_cast(tmp, planrt_f32, (unsigned char *)dst + planrt_dtype_size(dtype) * (size_t)j0, dtype, j1 - j0);
@@ -1112,7 +1234,7 @@ void planrt_ckpt_save(planrt_ctx_t *ctx, const planrt_stage_t *stage, const char
 	}
 	char *tok = broadcast_text(token); /* after rank 0 made the directory */
 	step_dir(dir, step, sd, sizeof sd);
-	planrt_ckpt_t *c = planrt_ckpt_writer(sd, tok, rank);
+	planrt_ckpt_t *c = planrt_ckpt_writer(sd, tok, run, rank);
 	free(tok);
 	ctx->ckpt = c;
 	planrt_where_(step, "checkpoint", -1, -1);
@@ -1231,12 +1353,15 @@ planrt_ckpt_t *planrt_ckpt_resume_open(const char *path, const planrt_program_t 
  * the resharding path, whose reads now find each block whole in one piece of the rank's own file.
  * Resuming OUT under this plan continues exactly as resuming SRC under it does (a test compares
  * them bit for bit). Returns 0, or ends the process with the cause. */
-int planrt_ckpt_reshard(const planrt_program_t *prog, const char *src, const char *out)
+int planrt_ckpt_reshard(const planrt_program_t *prog, const char *src, const char *out,
+			int (*reshardable)(const char *sync_mode))
 {
 	char dir[4096], err[1024] = "";
-	if (prog->nroles > 1)
-		planrt_fatal("--reshard: plan %s is sync async, whose runs cannot checkpoint; reshard into a strict plan",
-			     prog->plan);
+	const char *into = prog->sync ? prog->sync : "strict";
+	if (!reshardable(into)) /* before anything is read or written */
+		planrt_fatal("--reshard: plan %s (sync %s) keeps each replica's own state, which it reads only from its own "
+			     "checkpoints, so no checkpoint can be resharded into it; reshard into a strict plan of the model",
+			     prog->plan, into);
 	char *text = planrt_ckpt_find(src, dir, sizeof dir, err, sizeof err);
 	if (!text)
 		planrt_fatal("--reshard: %s", err);
@@ -1248,10 +1373,10 @@ int planrt_ckpt_reshard(const planrt_program_t *prog, const char *src, const cha
 	if (strcmp(model, prog->model ? prog->model : "?"))
 		planrt_fatal("--reshard: '%s' is a checkpoint of model '%s' (plan %s); plan %s is of model '%s'", dir, model,
 			     from_plan, prog->plan, prog->model);
-	if (!strcmp(sync, "local_sgd"))
-		planrt_fatal("--reshard: the checkpoint of plan %s (sync local_sgd) holds each replica's own state, which "
+	if (!reshardable(sync))
+		planrt_fatal("--reshard: the checkpoint of plan %s (sync %s) holds each replica's own state, which "
 			     "only plan %s can read",
-			     from_plan, from_plan);
+			     from_plan, sync, from_plan);
 	json_t *d = json_object_get(m, "data");
 	if (json_integer_value(json_object_get(d, "samples_per_step")) != prog->batch ||
 	    json_integer_value(json_object_get(d, "sequence")) != prog->seq)
@@ -1287,6 +1412,25 @@ int planrt_ckpt_reshard(const planrt_program_t *prog, const char *src, const cha
 	char token[32];
 	snprintf(token, sizeof token, "%012llx", (unsigned long long)(fnv1a(t, &t, sizeof t) ^ (uint64_t)getpid()) & 0xffffffffffffull);
 
+	/* the run's position is SRC's; the plan's fields are this program's */
+	json_t *run = json_deep_copy(m);
+	for (size_t i = 0; i < sizeof derived_members / sizeof *derived_members; i++)
+		json_object_del(run, derived_members[i]);
+	json_t *mesh = json_array();
+	for (int a = 0; a < prog->naxes; a++)
+		json_array_append_new(mesh, json_pack("[s, i]", prog->axis_names[a], prog->axis_sizes[a]));
+	char fp[256];
+	snprintf(fp, sizeof fp, "resharded:%s", prog->fingerprint ? prog->fingerprint : "?");
+	json_object_set_new(run, "resharded_from",
+			    json_pack("{s:s, s:O, s:O, s:O}", "plan", from_plan, "fingerprint",
+				      json_object_get(m, "fingerprint") ?: json_null(), "mesh",
+				      json_object_get(m, "mesh") ?: json_null(), "world", json_object_get(m, "world") ?: json_null()));
+	json_object_set_new(run, "plan", json_string(prog->plan ? prog->plan : "?"));
+	json_object_set_new(run, "source", json_string(prog->source ? prog->source : "?"));
+	json_object_set_new(run, "fingerprint", json_string(fp));
+	json_object_set_new(run, "sync", json_string(prog->sync ? prog->sync : "strict"));
+	json_object_set_new(run, "world", json_integer(prog->world));
+	json_object_set_new(run, "mesh", mesh);
 	json_t **ranks = calloc((size_t)prog->world, sizeof *ranks);
 	if (!ranks)
 		planrt_fatal("out of memory");
@@ -1310,7 +1454,7 @@ int planrt_ckpt_reshard(const planrt_program_t *prog, const char *src, const cha
 		if (stage->resume)
 			stage->resume(&ctx);
 		planrt_ckpt_close(in);
-		planrt_ckpt_t *w = planrt_ckpt_writer(sd, token, r);
+		planrt_ckpt_t *w = planrt_ckpt_writer(sd, token, run, r);
 		ctx.ckpt = w;
 		if (stage->checkpoint)
 			stage->checkpoint(&ctx);
@@ -1323,26 +1467,6 @@ int planrt_ckpt_reshard(const planrt_program_t *prog, const char *src, const cha
 		}
 	}
 	resharding = 0;
-	/* the run's position is SRC's; the plan's fields are this program's */
-	json_t *run = json_deep_copy(m);
-	const char *drop[] = {"files", "tensors", "local", "manifest_checksum", "format", "version"};
-	for (size_t i = 0; i < sizeof drop / sizeof *drop; i++)
-		json_object_del(run, drop[i]);
-	json_t *mesh = json_array();
-	for (int a = 0; a < prog->naxes; a++)
-		json_array_append_new(mesh, json_pack("[s, i]", prog->axis_names[a], prog->axis_sizes[a]));
-	char fp[256];
-	snprintf(fp, sizeof fp, "resharded:%s", prog->fingerprint ? prog->fingerprint : "?");
-	json_object_set_new(run, "resharded_from",
-			    json_pack("{s:s, s:O, s:O, s:O}", "plan", from_plan, "fingerprint",
-				      json_object_get(m, "fingerprint") ?: json_null(), "mesh",
-				      json_object_get(m, "mesh") ?: json_null(), "world", json_object_get(m, "world") ?: json_null()));
-	json_object_set_new(run, "plan", json_string(prog->plan ? prog->plan : "?"));
-	json_object_set_new(run, "source", json_string(prog->source ? prog->source : "?"));
-	json_object_set_new(run, "fingerprint", json_string(fp));
-	json_object_set_new(run, "sync", json_string(prog->sync ? prog->sync : "strict"));
-	json_object_set_new(run, "world", json_integer(prog->world));
-	json_object_set_new(run, "mesh", mesh);
 	if (planrt_ckpt_commit(sd, run, ranks, prog->world, err, sizeof err))
 		planrt_fatal("--reshard: checkpoint '%s' not written: %s", sd, err);
 	fsync_dir(out);

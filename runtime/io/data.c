@@ -516,6 +516,15 @@ void planrt_data_describe_(planrt_data_t d, char *buf, size_t n)
 	}
 }
 
+int planrt_data_files_(planrt_data_t d, const char **paths, int max)
+{
+	int n = 0;
+	for (int i = 0; d && !d->set && i < d->nsrc; i++)
+		for (int k = 0; k < d->src[i].nshards && n < max; k++)
+			paths[n++] = planrt_tokens_path_(d->src[i].shard[k]);
+	return n;
+}
+
 planrt_dataset_t planrt_data_set(planrt_data_t d)
 {
 	return d ? d->set : NULL;

@@ -17,9 +17,13 @@
 #include "planrt_namemap.h"
 #include "planrt_dataset.h" /* planrt_st_count, planrt_st_raw */
 
+#include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 enum { MAX_RULES = 256, MAX_DIMS = 8 };
 
@@ -75,20 +79,10 @@ static void substitute(const char *pat, const char *idx, char *out, size_t n)
 		snprintf(out, n, "%.*s%s%s", (int)(hole - pat), pat, idx, hole + 3);
 }
 
-planrt_result_t planrt_namemap_open(const char *path, const planrt_program_t *prog, planrt_namemap_t *out)
+/* The map file's rules, line by line: 'PLANC_NAME FILE_NAME [T] [cat]' or '- FILE_NAME'; '#'
+ * starts a comment. The first malformed line is the error. */
+static planrt_result_t read_rules(planrt_namemap_t m, FILE *fp, const char *path)
 {
-	*out = NULL;
-	FILE *fp = fopen(path, "r");
-	if (!fp)
-		return planrt_error_(planrt_io_error, "cannot open --map '%s'; pass a name map file (stdlib/maps/*.map)", path);
-	planrt_namemap_t m = calloc(1, sizeof *m);
-	if (!m || !(m->b = calloc((size_t)(prog->nparams ? prog->nparams : 1), sizeof *m->b))) {
-		fclose(fp);
-		free(m);
-		return planrt_error_(planrt_system_error, "out of memory reading --map '%s'", path);
-	}
-	m->prog = prog;
-	snprintf(m->path, sizeof m->path, "%s", path);
 	char line[1024];
 	planrt_result_t r = planrt_success;
 	for (int ln = 1; r == planrt_success && fgets(line, sizeof line, fp); ln++) {
@@ -96,10 +90,10 @@ planrt_result_t planrt_namemap_open(const char *path, const planrt_program_t *pr
 		if (hash)
 			*hash = 0;
 		char *words[4];
-		int nw = 0;
+		int nw = 0, too_many = 0;
 		for (char *t = strtok(line, " \t\r\n"); t; t = strtok(NULL, " \t\r\n")) {
 			if (nw == 4) {
-				nw = 5;
+				too_many = 1;
 				break;
 			}
 			words[nw++] = t;
@@ -107,15 +101,23 @@ planrt_result_t planrt_namemap_open(const char *path, const planrt_program_t *pr
 		if (!nw)
 			continue;
 		int transpose = 0, cat = 0, ignore = nw == 2 && !strcmp(words[0], "-");
-		for (int i = 2; i < nw && i < 4; i++) {
+		const char *unknown = NULL; /* a flag that is neither T nor cat (a lower-case t) */
+		for (int i = 2; i < nw && !unknown; i++) {
 			if (!strcmp(words[i], "T"))
 				transpose = 1;
 			else if (!strcmp(words[i], "cat"))
 				cat = 1;
 			else
-				nw = 5;
+				unknown = words[i];
 		}
-		if (nw < 2 || nw > 4 || strlen(words[0]) >= 256 || strlen(words[1]) >= 256 ||
+		if (unknown) {
+			r = planrt_error_(planrt_format_error,
+					  "--map '%s' line %d: unknown flag '%s' after the names; the flags are 'T' (transposed) "
+					  "and 'cat' (a part of a fused tensor)",
+					  path, ln, unknown);
+			break;
+		}
+		if (too_many || nw < 2 || strlen(words[0]) >= 256 || strlen(words[1]) >= 256 ||
 		    (!ignore && (strstr(words[0], "{i}") != NULL) != (strstr(words[1], "{i}") != NULL))) {
 			r = planrt_error_(planrt_format_error,
 					  "--map '%s' line %d: expected 'PLANC_NAME FILE_NAME [T] [cat]' ({i} in both names or "
@@ -135,6 +137,37 @@ planrt_result_t planrt_namemap_open(const char *path, const planrt_program_t *pr
 		x->ignore = ignore;
 		x->line = ln;
 	}
+	return r;
+}
+
+planrt_result_t planrt_namemap_open(const char *path, const planrt_program_t *prog, planrt_namemap_t *out)
+{
+	*out = NULL;
+	/* a regular file only: a FIFO would block every rank, a directory reads as an empty map */
+	int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+	struct stat st;
+	if (fd < 0)
+		return planrt_error_(planrt_io_error, "cannot open --map '%s': %s; pass a name map file (stdlib/maps/*.map)",
+				     path, strerror(errno));
+	if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+		close(fd);
+		return planrt_error_(planrt_io_error, "--map '%s' is %s, not a name map file; pass a file (stdlib/maps/*.map)",
+				     path, S_ISDIR(st.st_mode) ? "a directory" : "not a regular file (a FIFO, socket or device)");
+	}
+	FILE *fp = fdopen(fd, "r");
+	if (!fp) {
+		close(fd);
+		return planrt_error_(planrt_system_error, "cannot read --map '%s': %s", path, strerror(errno));
+	}
+	planrt_namemap_t m = calloc(1, sizeof *m);
+	if (!m || !(m->b = calloc((size_t)(prog->nparams ? prog->nparams : 1), sizeof *m->b))) {
+		fclose(fp);
+		free(m);
+		return planrt_error_(planrt_system_error, "out of memory reading --map '%s'", path);
+	}
+	m->prog = prog;
+	snprintf(m->path, sizeof m->path, "%s", path);
+	planrt_result_t r = read_rules(m, fp, path);
 	fclose(fp);
 	/* bind: each parameter's file tensor */
 	for (int p = 0; r == planrt_success && p < prog->nparams; p++) {

@@ -12,7 +12,11 @@
  * with its global shape and its pieces: the file and key of each, the block of the global tensor
  * the writing rank held (offsets, block shape) and the range of that block's row-major elements
  * it wrote. Any plan of the model can gather its own pieces from those. The manifest checksums
- * itself ("manifest_checksum": FNV-1a of the compact, key-sorted JSON of everything else). */
+ * itself ("manifest_checksum": FNV-1a of the compact, key-sorted JSON of everything else), and
+ * (format 2) every rank file's header holds the file's part of the manifest (its rank, its pieces
+ * and the checksum of the run's fields), which the manifest must agree with. The checksums find
+ * accidental damage (a torn write, a flipped bit, a file of another save); FNV-1a is no MAC: they
+ * do not authenticate a checkpoint against someone who edits the files deliberately. */
 #ifndef PLANRT_CKPT_H
 #define PLANRT_CKPT_H
 
@@ -28,8 +32,10 @@ void planrt_ckpt_tensor_name(int kind, const char *param, char *buf, size_t n);
 
 /* ------------------------------------------------------------------ writing
  * One writer per rank: the checkpoint phase adds this rank's pieces (the data is referenced, not
- * copied, until planrt_ckpt_write_rank), then the rank's file is written and described. */
-planrt_ckpt_t *planrt_ckpt_writer(const char *stepdir, const char *token, int rank);
+ * copied, until planrt_ckpt_write_rank), then the rank's file is written and described. run: the
+ * run's fields the manifest will hold (each file records their checksum, and its own pieces, so a
+ * manifest that disagrees with its files is refused: see planrt_ckpt_find). */
+planrt_ckpt_t *planrt_ckpt_writer(const char *stepdir, const char *token, json_t *run, int rank);
 /* a piece: elements [lo, hi) of the block at offs of shape block of tensor (global shape
  * gdims), data[0, hi - lo) of dtype */
 void planrt_ckpt_add_piece(planrt_ckpt_t *c, const char *tensor, int rank, const int64_t *gdims, const int64_t *offs,
@@ -86,8 +92,11 @@ planrt_ckpt_t *planrt_ckpt_resume_open(const char *path, const planrt_program_t 
 
 /* PROG --reshard SRC OUT, planc reshard: the checkpoint SRC (any plan of the model) rewritten into
  * OUT/step-N as this program's plan lays it out, by one process without MPI playing each rank in
- * turn (checkpoint.c). 0, or the process ends with the cause. */
-int planrt_ckpt_reshard(const planrt_program_t *prog, const char *src, const char *out);
+ * turn (checkpoint.c). reshardable(mode): whether a sync mode's state can be read by another plan
+ * (the driver's policy table); SRC's and this plan's mode must both be. 0, or the process ends
+ * with the cause (before anything is written when the modes refuse). */
+int planrt_ckpt_reshard(const planrt_program_t *prog, const char *src, const char *out,
+			int (*reshardable)(const char *sync_mode));
 /* Rank-local state read back only when the checkpoint's plan is this one; else skipped (a note). */
 int planrt_ckpt_exact(const planrt_ckpt_t *c);
 /* PLANRT_TEST_PAUSE (a test hook): "checkpoint:STEP" pauses every rank of the save of step STEP

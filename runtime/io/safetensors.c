@@ -23,11 +23,11 @@
 #define PLANRT_INTERNAL
 #include "planrt.h"
 #include "planrt_dataset.h" /* planrt_st_count, planrt_st_raw */
+#include "planrt_outfile.h"
 
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
-#include <libgen.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -391,6 +391,11 @@ planrt_result_t planrt_st_read_block(planrt_st_t f, const char *name, int rank, 
 	return planrt_success;
 }
 
+const char *planrt_st_metadata_(planrt_st_t f, const char *key)
+{
+	return f ? json_string_value(json_object_get(json_object_get(f->header, "__metadata__"), key)) : NULL;
+}
+
 const char *planrt_st_name_(planrt_st_t f, int i)
 {
 	return f && i >= 0 && i < f->n ? f->t[i].name : NULL;
@@ -493,7 +498,7 @@ static int write_chunk(void *ctx, const void *chunk, size_t n)
 
 /* The header text, padded with spaces to a multiple of 8 bytes; NULL on failure (error set). */
 static char *build_header(const char *path, const planrt_st_tensor_t *ts, const int *order, int n, size_t *len,
-			  char *checksum, size_t checksum_n)
+			  const char *meta_key, const char *meta_value, char *checksum, size_t checksum_n)
 {
 	json_t *root = json_object(), *meta = json_object();
 	uint64_t off = 0, h = FNV_BASIS;
@@ -523,7 +528,9 @@ static char *build_header(const char *path, const planrt_st_tensor_t *ts, const 
 	if (checksum)
 		snprintf(checksum, checksum_n, "%s", sum);
 	ok = ok && !json_object_set_new(meta, "format", json_string("pt")) &&
-	     !json_object_set_new(meta, CHECKSUM_KEY, json_string(sum)) && !json_object_set(root, "__metadata__", meta);
+	     !json_object_set_new(meta, CHECKSUM_KEY, json_string(sum)) &&
+	     (!meta_key || !json_object_set_new(meta, meta_key, json_string(meta_value ? meta_value : ""))) &&
+	     !json_object_set(root, "__metadata__", meta);
 	char *text = ok ? json_dumps(root, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
 	json_decref(meta);
 	json_decref(root);
@@ -544,26 +551,13 @@ static char *build_header(const char *path, const planrt_st_tensor_t *ts, const 
 	return out;
 }
 
-static void fsync_dir_of(const char *path)
-{
-	char *copy = strdup(path);
-	if (!copy)
-		return;
-	int fd = open(dirname(copy), O_RDONLY | O_DIRECTORY);
-	if (fd >= 0) {
-		fsync(fd);
-		close(fd);
-	}
-	free(copy);
-}
-
 planrt_result_t planrt_st_write(const char *path, const planrt_st_tensor_t *tensors, int n)
 {
-	return planrt_st_write_(path, tensors, n, NULL, 0);
+	return planrt_st_write_(path, tensors, n, NULL, NULL, NULL, 0);
 }
 
-planrt_result_t planrt_st_write_(const char *path, const planrt_st_tensor_t *tensors, int n, char *checksum,
-				 size_t checksum_n)
+planrt_result_t planrt_st_write_(const char *path, const planrt_st_tensor_t *tensors, int n, const char *meta_key,
+				 const char *meta_value, char *checksum, size_t checksum_n)
 {
 	if (n < 0 || (n > 0 && !tensors))
 		return planrt_error_(planrt_invalid_argument, "planrt_st_write('%s'): bad tensor list", path);
@@ -606,27 +600,21 @@ planrt_result_t planrt_st_write_(const char *path, const planrt_st_tensor_t *ten
 		}
 	qsort(order, (size_t)n, sizeof *order, cmp_layout);
 	size_t hlen = 0;
-	char *header = build_header(path, tensors, order, n, &hlen, checksum, checksum_n);
+	char *header = build_header(path, tensors, order, n, &hlen, meta_key, meta_value, checksum, checksum_n);
 	if (!header) {
 		free(order);
 		return planrt_system_error;
 	}
 
-	size_t tlen = strlen(path) + 32;
-	char *tmp = malloc(tlen);
-	if (!tmp) {
-		free(order);
-		free(header);
-		return planrt_error_(planrt_system_error, "out of memory writing '%s'", path);
-	}
-	snprintf(tmp, tlen, "%s.tmp.%ld", path, (long)getpid());
+	/* planrt_outfile: a temporary file beside the target, renamed over it (a device in place) */
+	planrt_outfile_t out;
+	char why[1024] = "";
 	const char *step = "create";
 	int err = 0;
-	FILE *fp = fopen(tmp, "wb");
-	if (!fp) {
-		err = errno;
+	FILE *fp = NULL;
+	int opened = planrt_outfile_open(&out, "the file", path, (long)getpid(), why, sizeof why) == 0;
+	if (!opened || !(fp = planrt_outfile_stream(&out, why, sizeof why)))
 		goto fail;
-	}
 	unsigned char len8[8];
 	for (int i = 0; i < 8; i++)
 		len8[i] = (unsigned char)((uint64_t)hlen >> (8 * i));
@@ -643,42 +631,23 @@ planrt_result_t planrt_st_write_(const char *path, const planrt_st_tensor_t *ten
 			goto fail;
 		}
 	}
-	step = "flush";
-	if (fflush(fp) != 0) {
-		err = errno;
+	if (planrt_outfile_commit(&out, why, sizeof why) != 0) {
+		opened = 0; /* the commit removed the temporary file */
 		goto fail;
 	}
-	step = "fsync";
-	if (fsync(fileno(fp)) != 0) {
-		err = errno;
-		goto fail;
-	}
-	step = "close";
-	FILE *closing = fp;
-	fp = NULL;
-	if (fclose(closing) != 0) {
-		err = errno;
-		goto fail;
-	}
-	step = "rename";
-	if (rename(tmp, path) != 0) {
-		err = errno;
-		goto fail;
-	}
-	fsync_dir_of(path);
-	free(tmp);
 	free(header);
 	free(order);
 	return planrt_success;
 fail:
-	if (fp)
-		fclose(fp);
-	unlink(tmp);
-	planrt_error_(planrt_io_error,
-		      "cannot write checkpoint '%s' (%s of '%s' failed: %s); check free space and permissions of its "
-		      "directory",
-		      path, step, tmp, err ? strerror(err) : "short write");
-	free(tmp);
+	if (opened)
+		planrt_outfile_discard(&out);
+	if (why[0])
+		planrt_error_(planrt_io_error, "cannot write checkpoint '%s': %s", path, why);
+	else
+		planrt_error_(planrt_io_error,
+			      "cannot write checkpoint '%s' (%s of '%s' failed: %s); check free space and permissions of its "
+			      "directory",
+			      path, step, out.tmp, err ? strerror(err) : "short write");
 	free(header);
 	free(order);
 	return planrt_io_error;

@@ -2,10 +2,11 @@
  * (or --map's), written without moving parameters between ranks.
  *
  * Every rank computes the same safetensors layout (it is a function of the parameter table), rank
- * 0 creates a temporary file beside the target with the header and the full size, every rank
- * pwrite()s its own pieces at their offsets (the save phase's planrt_save_param kernels), the
- * ranks agree on success, and rank 0 fills in the checksum, fsyncs and renames the file over the
- * target. The bytes are exactly those planrt_st_write would write for the same tensors (sorted
+ * 0 creates a temporary file beside the target with the header and the full size (planrt_outfile:
+ * a target that is not a regular file is refused, a character device such as /dev/null is
+ * written in place), every rank pwrite()s its own pieces at their offsets (the save phase's
+ * planrt_save_param kernels), the ranks agree on success, and rank 0 fills in the checksum,
+ * fsyncs and renames the file over the target. The bytes are exactly those planrt_st_write would write for the same tensors (sorted
  * compact JSON header padded to 8 bytes, data ordered by name, the FNV-1a checksum of the data
  * area in __metadata__; the checksum's 16 hex digits have a fixed width, so rank 0 writes a
  * placeholder and patches it after reading the data back). On any failure the temporary file is
@@ -19,12 +20,11 @@
 #include "planrt_kernels.h"
 #include "planrt_params.h"
 #include "planrt_save.h"
-#include "planrt_tempfile.h"
+#include "planrt_outfile.h"
 
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
-#include <libgen.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -233,32 +233,37 @@ static uint64_t fnv1a(uint64_t h, const unsigned char *b, size_t n)
 	return h;
 }
 
-/* rank 0, after every rank wrote: the checksum of the data area into the header, fsync, rename.
- * Returns 0 or sets sv->error (the caller removes the temporary file). */
-static int finish_checkpoint(struct planrt_save *sv, const layout_t *L)
+/* rank 0, after every rank wrote: the checksum of the data area into the header, then the file
+ * committed (fsync, rename; a device is only closed: its bytes cannot be read back). Returns 0 or
+ * sets sv->error (the temporary file is removed). */
+static int finish_checkpoint(struct planrt_save *sv, planrt_outfile_t *of, const layout_t *L)
 {
-	int fd = open(sv->tmp, O_RDWR);
-	if (fd < 0) {
+	char why[1024];
+	if (of->in_place)
+		goto commit;
+	of->fd = open(sv->tmp, O_RDWR | O_CLOEXEC);
+	if (of->fd < 0) {
 		save_fail(sv, "reopen", errno);
+		planrt_outfile_discard(of);
 		return -1;
 	}
 	enum { BUF = 1 << 20 };
 	unsigned char *buf = malloc(BUF);
 	if (!buf) {
-		close(fd);
 		save_fail(sv, "checksum", ENOMEM);
+		planrt_outfile_discard(of);
 		return -1;
 	}
 	uint64_t h = 0xcbf29ce484222325ull;
 	for (uint64_t at = 0; at < L->data_bytes;) {
 		size_t want = L->data_bytes - at < BUF ? (size_t)(L->data_bytes - at) : BUF;
-		ssize_t got = pread(fd, buf, want, (off_t)(sv->data_start + at));
+		ssize_t got = pread(of->fd, buf, want, (off_t)(sv->data_start + at));
 		if (got < 0 && errno == EINTR)
 			continue;
 		if (got <= 0) {
 			save_fail(sv, "read back", got < 0 ? errno : 0);
 			free(buf);
-			close(fd);
+			planrt_outfile_discard(of);
 			return -1;
 		}
 		h = fnv1a(h, buf, (size_t)got);
@@ -267,32 +272,16 @@ static int finish_checkpoint(struct planrt_save *sv, const layout_t *L)
 	free(buf);
 	char hex[17];
 	snprintf(hex, sizeof hex, "%016llx", (unsigned long long)h);
-	int err = pwrite_all(fd, hex, 16, 8 + L->checksum_at);
-	const char *step = "checksum write";
-	if (!err && fsync(fd) != 0) {
-		err = errno;
-		step = "fsync";
-	}
-	if (close(fd) != 0 && !err) {
-		err = errno;
-		step = "close";
-	}
-	if (!err && rename(sv->tmp, sv->path) != 0) {
-		err = errno;
-		step = "rename";
-	}
+	int err = pwrite_all(of->fd, hex, 16, 8 + L->checksum_at);
 	if (err) {
-		save_fail(sv, step, err);
+		save_fail(sv, "checksum write", err);
+		planrt_outfile_discard(of);
 		return -1;
 	}
-	char *copy = strdup(sv->path);
-	if (copy) {
-		int dfd = open(dirname(copy), O_RDONLY | O_DIRECTORY);
-		if (dfd >= 0) {
-			fsync(dfd);
-			close(dfd);
-		}
-		free(copy);
+commit:
+	if (planrt_outfile_commit(of, why, sizeof why) != 0) {
+		snprintf(sv->error, sizeof sv->error, "%s", why);
+		return -1;
 	}
 	return 0;
 }
@@ -307,43 +296,38 @@ static void save_file(planrt_ctx_t *ctx, const planrt_stage_t *stage, const char
 	/* rank 0 names the file after its pid and creates it; the broadcast of the pid tells the
 	 * others that it exists */
 	long pid = (long)getpid();
-	size_t tlen = strlen(path) + 32;
-	char *tmp = malloc(tlen);
-	if (!tmp)
-		planrt_fatal("out of memory saving '%s'", path);
-	snprintf(tmp, tlen, "%s.tmp.%ld", path, pid);
-	sv.tmp = tmp;
+	planrt_outfile_t of = {.fd = -1};
 	if (rank == 0) {
-		const char *step = "create";
-		int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0666), err = fd < 0 ? errno : 0;
+		char why[1024];
+		if (planrt_outfile_open(&of, "--save", path, pid, why, sizeof why) != 0)
+			planrt_fatal("%s", why);
+		const char *step = "write";
 		unsigned char len8[8];
 		for (int i = 0; i < 8; i++)
 			len8[i] = (unsigned char)((uint64_t)L.hlen >> (8 * i));
-		if (!err && (step = "write", err = pwrite_all(fd, len8, 8, 0)) == 0)
-			err = pwrite_all(fd, L.header, L.hlen, 8);
-		if (!err && (step = "resize", ftruncate(fd, (off_t)(sv.data_start + L.data_bytes)) != 0))
+		sv.tmp = of.tmp;
+		int err = pwrite_all(of.fd, len8, 8, 0);
+		if (!err)
+			err = pwrite_all(of.fd, L.header, L.hlen, 8);
+		if (!err && !of.in_place && (step = "resize", ftruncate(of.fd, (off_t)(sv.data_start + L.data_bytes)) != 0))
 			err = errno;
-		if (fd >= 0 && close(fd) != 0 && !err) {
-			step = "close";
-			err = errno;
-		}
 		if (err) {
 			save_fail(&sv, step, err);
-			if (fd >= 0)
-				unlink(tmp);
+			planrt_outfile_discard(&of);
 			planrt_fatal("%s", sv.error);
 		}
+		planrt_outfile_close(&of); /* still the pending temporary file: a signal removes it */
 	}
 	planrt_comm_t ctl = planrt_control_comm_();
 	int64_t id = pid;
 	PLANRT_CHECK(planrt_broadcast(&id, 1, planrt_f64 /* 8 bytes */, 0, ctl, NULL, NULL));
 	pid = (long)id;
-	snprintf(tmp, tlen, "%s.tmp.%ld", path, pid);
-	if (rank == 0)
-		planrt_pending_tmp_(tmp); /* a signal that ends the job removes it */
-	sv.fd = open(tmp, O_WRONLY);
-	if (sv.fd < 0)
+	planrt_outfile_t part; /* this rank's descriptor of the file */
+	char why[1024];
+	if (planrt_outfile_join(&part, path, pid, why, sizeof why) != 0)
 		save_fail(&sv, "open", errno);
+	sv.fd = part.fd;
+	sv.tmp = part.tmp;
 	ctx->save_file = &sv;
 	if (sv.fd >= 0 && stage->save)
 		stage->save(ctx);
@@ -358,21 +342,17 @@ static void save_file(planrt_ctx_t *ctx, const planrt_stage_t *stage, const char
 	PLANRT_CHECK(planrt_allreduce(&mine, &worst, 1, planrt_i32, planrt_max, ctl, NULL, NULL));
 	if (worst) {
 		if (rank == 0)
-			unlink(tmp);
+			planrt_outfile_discard(&of);
 		PLANRT_CHECK(planrt_allreduce(&sync, &sync, 1, planrt_i32, planrt_sum, ctl, NULL, NULL));
 		if (rank == world - worst)
 			planrt_fatal("%s", sv.error);
 		PLANRT_CHECK(planrt_allreduce(&sync, &sync, 1, planrt_i32, planrt_sum, ctl, NULL, NULL));
 		planrt_fatal("checkpoint '%s' not written (rank %d failed)", path, world - worst);
 	}
-	if (rank == 0 && finish_checkpoint(&sv, &L) != 0) {
-		unlink(tmp);
+	if (rank == 0 && finish_checkpoint(&sv, &of, &L) != 0)
 		planrt_fatal("%s", sv.error);
-	}
-	planrt_pending_tmp_(NULL);
 	/* the others pass this once rank 0 has renamed the file (or ended the job) */
 	PLANRT_CHECK(planrt_allreduce(&sync, &sync, 1, planrt_i32, planrt_sum, ctl, NULL, NULL));
-	free(tmp);
 	free(L.header);
 	free(L.offset);
 }
@@ -383,8 +363,8 @@ void planrt_save_weights_(planrt_ctx_t *ctx, const planrt_stage_t *stage, const 
 		save_file(ctx, stage, path, rank);
 		return;
 	}
-	/* planc's names first, in a temporary file beside it that a later run's remove_stale_temps
-	 * recognises (rank 0's pid); then rank 0 rewrites it under the map's names */
+	/* planc's names first, in a temporary file beside it that a later run's
+	 * planrt_outfile_remove_stale recognises (rank 0's pid); then rank 0 rewrites it under the map's names */
 	planrt_comm_t ctl = planrt_control_comm_();
 	int64_t id = (int64_t)getpid();
 	PLANRT_CHECK(planrt_broadcast(&id, 1, planrt_f64 /* 8 bytes */, 0, ctl, NULL, NULL));

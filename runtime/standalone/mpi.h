@@ -1,185 +1,93 @@
-/* mpi.h (runtime/standalone): MPI for one process, for planrt built where there is no MPI (the GPU
- * check machine: scripts/gpu-check.sh). A program built with it is its own world of one rank and
- * runs without mpirun. Every collective over a group of one is what MPI defines it to be there: the
- * result is the input (a copy unless MPI_IN_PLACE), started operations complete at once. Point to
- * point has no partner in a world of one: it returns an error whose text says so. Only the subset
- * planrt uses is here; a program that needs more ranks is built with a real MPI. */
+/* mpi.h (runtime/standalone): planrt's node-local MPI, for planrt built where no MPI library is
+ * installed (the GPU check machine: scripts/gpu-build.sh). Its implementation is mpi_local.c.
+ *
+ * Started by `planrt-run -n N PROG ...` (planrt_run.c), the N processes are one world on one node
+ * and move their messages through shared memory the launcher created; started alone, a program is
+ * its own world of one rank and runs without a launcher. It provides MPI_THREAD_MULTIPLE (one lock
+ * around the progress engine), which the MPI device backend (comm/staged.c) needs.
+ *
+ * Only the subset planrt, its tests and its benchmarks use is here: the world and split / dup
+ * communicators, the blocking and nonblocking collectives planrt runs (allreduce, reduce-scatter,
+ * allgather, all-to-all(v), broadcast, barrier), tagged point-to-point without wildcards, wait and
+ * test. Collectives are deterministic: a reduction sums each block in member order on the block's
+ * owner, so every member gets the same bits whatever the timing. A program that needs more is
+ * built with a real MPI. */
 #ifndef PLANRT_STANDALONE_MPI_H
 #define PLANRT_STANDALONE_MPI_H
 
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
+#ifdef __cplusplus
+extern "C" {
+#endif
 
 #define MPI_VERSION 3
 #define MPI_SUBVERSION 1
-#define PLANRT_ONE_PROCESS_MPI 1
+#define PLANRT_LOCAL_MPI 1
 
 typedef int MPI_Comm;
-typedef int MPI_Datatype; /* the element's size in bytes */
+typedef int MPI_Datatype; /* (type code << 8) | the element's size in bytes */
 typedef int MPI_Op;
-typedef int MPI_Request;
 typedef int MPI_Errhandler;
+typedef int MPI_Info;
+typedef struct planrt_lmpi_req *MPI_Request;
 typedef struct MPI_Status {
 	int MPI_SOURCE, MPI_TAG, MPI_ERROR;
 } MPI_Status;
 
-enum { MPI_SUCCESS = 0, MPI_ERR_OTHER = 15, MPI_ERR_RANK = 6 };
-enum { MPI_COMM_NULL = 0, MPI_COMM_WORLD = 1, MPI_COMM_SELF_ONE = 2 };
-enum { MPI_DATATYPE_NULL = 0, MPI_BYTE = 1, MPI_UINT8_T = 1, MPI_UINT16_T = 2, MPI_INT = 4, MPI_INT32_T = 4,
-       MPI_FLOAT = 4, MPI_DOUBLE = 8 };
+enum { MPI_SUCCESS = 0, MPI_ERR_COMM = 5, MPI_ERR_RANK = 6, MPI_ERR_ARG = 12, MPI_ERR_TRUNCATE = 14,
+       MPI_ERR_OTHER = 15, MPI_ERR_TYPE = 3, MPI_ERR_OP = 9 };
+enum { MPI_COMM_NULL = 0, MPI_COMM_WORLD = 1 };
+enum { MPI_DATATYPE_NULL = 0, MPI_BYTE = 0x101, MPI_UINT8_T = 0x201, MPI_UINT16_T = 0x302, MPI_INT = 0x404,
+       MPI_INT32_T = 0x404, MPI_FLOAT = 0x504, MPI_DOUBLE = 0x608, MPI_LONG = 0x708, MPI_INT64_T = 0x708,
+       MPI_UINT64_T = 0x808, MPI_UNSIGNED = 0x904 };
 enum { MPI_SUM = 1, MPI_MAX = 2, MPI_MIN = 3 };
-enum { MPI_REQUEST_NULL = 0, MPI_UNDEFINED = -32766, MPI_THREAD_FUNNELED = 1, MPI_TAG_UB = 1,
-       MPI_MAX_ERROR_STRING = 256, MPI_ERRORS_RETURN = 1 };
+enum { MPI_UNDEFINED = -32766, MPI_THREAD_SINGLE = 0, MPI_THREAD_FUNNELED = 1, MPI_THREAD_SERIALIZED = 2,
+       MPI_THREAD_MULTIPLE = 3, MPI_TAG_UB = 1, MPI_MAX_ERROR_STRING = 256, MPI_ERRORS_RETURN = 1,
+       MPI_COMM_TYPE_SHARED = 1, MPI_INFO_NULL = 0 };
 #define MPI_IN_PLACE ((void *)1)
 #define MPI_STATUS_IGNORE ((MPI_Status *)0)
+#define MPI_REQUEST_NULL ((MPI_Request)0)
 
-static int planrt_one_init_, planrt_one_fin_;
+int MPI_Init(int *argc, char ***argv);
+int MPI_Init_thread(int *argc, char ***argv, int required, int *provided);
+int MPI_Query_thread(int *provided);
+int MPI_Initialized(int *flag);
+int MPI_Finalized(int *flag);
+int MPI_Finalize(void);
+int MPI_Abort(MPI_Comm c, int code);
+int MPI_Comm_set_errhandler(MPI_Comm c, MPI_Errhandler h);
+int MPI_Comm_rank(MPI_Comm c, int *rank);
+int MPI_Comm_size(MPI_Comm c, int *size);
+int MPI_Comm_dup(MPI_Comm c, MPI_Comm *out);
+int MPI_Comm_free(MPI_Comm *c);
+int MPI_Comm_split(MPI_Comm c, int color, int key, MPI_Comm *out);
+int MPI_Comm_split_type(MPI_Comm c, int type, int key, MPI_Info info, MPI_Comm *out);
+int MPI_Comm_get_attr(MPI_Comm c, int key, void *value, int *flag);
+int MPI_Error_string(int code, char *text, int *len);
 
-static inline int MPI_Init_thread(int *argc, char ***argv, int required, int *provided)
-{
-	(void)argc, (void)argv;
-	planrt_one_init_ = 1;
-	*provided = required;
-	return MPI_SUCCESS;
-}
-static inline int MPI_Init(int *argc, char ***argv)
-{
-	int p;
-	return MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &p);
-}
-static inline int MPI_Initialized(int *flag) { *flag = planrt_one_init_; return MPI_SUCCESS; }
-static inline int MPI_Finalized(int *flag) { *flag = planrt_one_fin_; return MPI_SUCCESS; }
-static inline int MPI_Finalize(void) { planrt_one_fin_ = 1; return MPI_SUCCESS; }
-static inline int MPI_Abort(MPI_Comm c, int code) { (void)c; exit(code ? code : 1); }
-static inline int MPI_Comm_set_errhandler(MPI_Comm c, MPI_Errhandler h) { (void)c, (void)h; return MPI_SUCCESS; }
-static inline int MPI_Comm_rank(MPI_Comm c, int *rank) { (void)c; *rank = 0; return MPI_SUCCESS; }
-static inline int MPI_Comm_size(MPI_Comm c, int *size) { (void)c; *size = 1; return MPI_SUCCESS; }
-static inline int MPI_Comm_dup(MPI_Comm c, MPI_Comm *out) { (void)c; *out = MPI_COMM_SELF_ONE; return MPI_SUCCESS; }
-static inline int MPI_Comm_free(MPI_Comm *c) { *c = MPI_COMM_NULL; return MPI_SUCCESS; }
-static inline int MPI_Comm_split(MPI_Comm c, int color, int key, MPI_Comm *out)
-{
-	(void)c, (void)key;
-	*out = color == MPI_UNDEFINED ? MPI_COMM_NULL : MPI_COMM_SELF_ONE;
-	return MPI_SUCCESS;
-}
-static inline int MPI_Comm_get_attr(MPI_Comm c, int key, void *value, int *flag)
-{
-	static int tag_ub = 2147483647;
-	(void)c, (void)key;
-	*(int **)value = &tag_ub;
-	*flag = 1;
-	return MPI_SUCCESS;
-}
-static inline int MPI_Error_string(int code, char *text, int *len)
-{
-	*len = snprintf(text, MPI_MAX_ERROR_STRING, code == MPI_ERR_RANK
-			? "no partner: this planrt was built without MPI (one process), so it cannot send or receive; "
-			  "build it with MPI to run more ranks"
-			: "error %d of the one-process MPI", code);
-	return MPI_SUCCESS;
-}
+int MPI_Barrier(MPI_Comm c);
+int MPI_Allreduce(const void *s, void *r, int n, MPI_Datatype t, MPI_Op op, MPI_Comm c);
+int MPI_Reduce_scatter_block(const void *s, void *r, int n, MPI_Datatype t, MPI_Op op, MPI_Comm c);
+int MPI_Allgather(const void *s, int n, MPI_Datatype t, void *r, int rn, MPI_Datatype rt, MPI_Comm c);
+int MPI_Alltoall(const void *s, int n, MPI_Datatype t, void *r, int rn, MPI_Datatype rt, MPI_Comm c);
+int MPI_Alltoallv(const void *s, const int *sc, const int *sd, MPI_Datatype t, void *r, const int *rc, const int *rd,
+		  MPI_Datatype rt, MPI_Comm c);
+int MPI_Bcast(void *b, int n, MPI_Datatype t, int root, MPI_Comm c);
+int MPI_Iallreduce(const void *s, void *r, int n, MPI_Datatype t, MPI_Op op, MPI_Comm c, MPI_Request *q);
+int MPI_Ireduce_scatter_block(const void *s, void *r, int n, MPI_Datatype t, MPI_Op op, MPI_Comm c, MPI_Request *q);
+int MPI_Iallgather(const void *s, int n, MPI_Datatype t, void *r, int rn, MPI_Datatype rt, MPI_Comm c, MPI_Request *q);
+int MPI_Ialltoall(const void *s, int n, MPI_Datatype t, void *r, int rn, MPI_Datatype rt, MPI_Comm c, MPI_Request *q);
+int MPI_Ialltoallv(const void *s, const int *sc, const int *sd, MPI_Datatype t, void *r, const int *rc, const int *rd,
+		   MPI_Datatype rt, MPI_Comm c, MPI_Request *q);
+int MPI_Ibcast(void *b, int n, MPI_Datatype t, int root, MPI_Comm c, MPI_Request *q);
 
-/* a group of one: the result is the input */
-static inline void planrt_one_copy_(const void *send, void *recv, long long bytes)
-{
-	if (send != MPI_IN_PLACE && send != recv && bytes > 0)
-		memmove(recv, send, (size_t)bytes);
+int MPI_Send(const void *b, int n, MPI_Datatype t, int peer, int tag, MPI_Comm c);
+int MPI_Recv(void *b, int n, MPI_Datatype t, int peer, int tag, MPI_Comm c, MPI_Status *st);
+int MPI_Isend(const void *b, int n, MPI_Datatype t, int peer, int tag, MPI_Comm c, MPI_Request *q);
+int MPI_Irecv(void *b, int n, MPI_Datatype t, int peer, int tag, MPI_Comm c, MPI_Request *q);
+int MPI_Wait(MPI_Request *q, MPI_Status *st);
+int MPI_Test(MPI_Request *q, int *flag, MPI_Status *st);
+
+#ifdef __cplusplus
 }
-static inline int MPI_Allreduce(const void *s, void *r, int n, MPI_Datatype t, MPI_Op op, MPI_Comm c)
-{
-	(void)op, (void)c;
-	planrt_one_copy_(s, r, (long long)n * t);
-	return MPI_SUCCESS;
-}
-static inline int MPI_Reduce_scatter_block(const void *s, void *r, int n, MPI_Datatype t, MPI_Op op, MPI_Comm c)
-{
-	return MPI_Allreduce(s, r, n, t, op, c);
-}
-static inline int MPI_Allgather(const void *s, int n, MPI_Datatype t, void *r, int rn, MPI_Datatype rt, MPI_Comm c)
-{
-	(void)rn, (void)rt, (void)c;
-	planrt_one_copy_(s, r, (long long)n * t);
-	return MPI_SUCCESS;
-}
-static inline int MPI_Alltoall(const void *s, int n, MPI_Datatype t, void *r, int rn, MPI_Datatype rt, MPI_Comm c)
-{
-	return MPI_Allgather(s, n, t, r, rn, rt, c);
-}
-static inline int MPI_Alltoallv(const void *s, const int *sc, const int *sd, MPI_Datatype t, void *r, const int *rc,
-				const int *rd, MPI_Datatype rt, MPI_Comm c)
-{
-	(void)rc, (void)rt, (void)c;
-	if (s != MPI_IN_PLACE)
-		memmove((char *)r + (long long)rd[0] * t, (const char *)s + (long long)sd[0] * t, (size_t)sc[0] * (size_t)t);
-	return MPI_SUCCESS;
-}
-static inline int MPI_Bcast(void *b, int n, MPI_Datatype t, int root, MPI_Comm c)
-{
-	(void)b, (void)n, (void)t, (void)c;
-	return root == 0 ? MPI_SUCCESS : MPI_ERR_RANK;
-}
-static inline int MPI_Iallreduce(const void *s, void *r, int n, MPI_Datatype t, MPI_Op op, MPI_Comm c, MPI_Request *q)
-{
-	*q = MPI_REQUEST_NULL;
-	return MPI_Allreduce(s, r, n, t, op, c);
-}
-static inline int MPI_Ireduce_scatter_block(const void *s, void *r, int n, MPI_Datatype t, MPI_Op op, MPI_Comm c,
-					    MPI_Request *q)
-{
-	*q = MPI_REQUEST_NULL;
-	return MPI_Reduce_scatter_block(s, r, n, t, op, c);
-}
-static inline int MPI_Iallgather(const void *s, int n, MPI_Datatype t, void *r, int rn, MPI_Datatype rt, MPI_Comm c,
-				 MPI_Request *q)
-{
-	*q = MPI_REQUEST_NULL;
-	return MPI_Allgather(s, n, t, r, rn, rt, c);
-}
-static inline int MPI_Ialltoall(const void *s, int n, MPI_Datatype t, void *r, int rn, MPI_Datatype rt, MPI_Comm c,
-				MPI_Request *q)
-{
-	*q = MPI_REQUEST_NULL;
-	return MPI_Alltoall(s, n, t, r, rn, rt, c);
-}
-static inline int MPI_Ialltoallv(const void *s, const int *sc, const int *sd, MPI_Datatype t, void *r, const int *rc,
-				 const int *rd, MPI_Datatype rt, MPI_Comm c, MPI_Request *q)
-{
-	*q = MPI_REQUEST_NULL;
-	return MPI_Alltoallv(s, sc, sd, t, r, rc, rd, rt, c);
-}
-static inline int MPI_Ibcast(void *b, int n, MPI_Datatype t, int root, MPI_Comm c, MPI_Request *q)
-{
-	*q = MPI_REQUEST_NULL;
-	return MPI_Bcast(b, n, t, root, c);
-}
-/* point to point: no partner in a world of one */
-static inline int MPI_Send(const void *b, int n, MPI_Datatype t, int peer, int tag, MPI_Comm c)
-{
-	(void)b, (void)n, (void)t, (void)peer, (void)tag, (void)c;
-	return MPI_ERR_RANK;
-}
-static inline int MPI_Recv(void *b, int n, MPI_Datatype t, int peer, int tag, MPI_Comm c, MPI_Status *st)
-{
-	(void)b, (void)n, (void)t, (void)peer, (void)tag, (void)c, (void)st;
-	return MPI_ERR_RANK;
-}
-static inline int MPI_Isend(const void *b, int n, MPI_Datatype t, int peer, int tag, MPI_Comm c, MPI_Request *q)
-{
-	*q = MPI_REQUEST_NULL;
-	return MPI_Send(b, n, t, peer, tag, c);
-}
-static inline int MPI_Irecv(void *b, int n, MPI_Datatype t, int peer, int tag, MPI_Comm c, MPI_Request *q)
-{
-	*q = MPI_REQUEST_NULL;
-	return MPI_Recv(b, n, t, peer, tag, c, MPI_STATUS_IGNORE);
-}
-static inline int MPI_Wait(MPI_Request *q, MPI_Status *st) { (void)st; *q = MPI_REQUEST_NULL; return MPI_SUCCESS; }
-static inline int MPI_Test(MPI_Request *q, int *flag, MPI_Status *st)
-{
-	(void)st;
-	*q = MPI_REQUEST_NULL;
-	*flag = 1;
-	return MPI_SUCCESS;
-}
+#endif
 #endif

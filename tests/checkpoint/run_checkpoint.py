@@ -30,13 +30,9 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
 import harness  # noqa: E402  (tests/lib/harness.py)
 
-planc, root = sys.argv[1], sys.argv[2]
-data = f"{root}/data/corpus.txt"
-work = harness.workdir("checkpoint")
-programs = harness.Programs(planc, root, work)
-build, run, env, WORLD = programs.build, programs.run, programs.env, programs.world
-tally = harness.Tally("checkpoint")
-check = tally.check
+runner = harness.Runner("checkpoint")
+planc, root, data, work, check = runner.planc, runner.root, runner.data, runner.work, runner.check
+build, run, env, WORLD = runner.programs.build, runner.programs.run, runner.programs.env, runner.programs.world
 losses = harness.losses
 
 
@@ -256,4 +252,4 @@ rc, err = run(prog, "--data", data, "--steps", "2", "--resume", f"{work}/not_eve
 check("--resume of a directory without checkpoints (not the --save-every one) is refused",
       rc != 0 and "holds no complete checkpoint" in err, err.strip().splitlines()[0][:160] if err.strip() else "")
 
-tally.finish()
+runner.finish()

@@ -3,17 +3,18 @@
 
 A program planc builds carries its fused loops and planrt's kernels for every level of its
 architecture and runs the best its CPU has, unless PLANRT_ISA forces one. For plans that
-together use GELU, dropout, layer and RMS norm, SiLU, RoPE, bf16 rounding and data parallelism,
+together use GELU, dropout, layer and RMS norm, SiLU, RoPE, bf16 and f16 storage and data parallelism,
 the program (the C back end's default build) trains STEPS steps at every level this CPU runs
 (its --help names them), and each level's losses and gradient norms must agree with the
 baseline level's within the tolerance docs/cpu.md documents (FMA contraction from avx2 up changes
-last bits): relative 1e-5 per step for f32 plans, 2e-3 for bf16. Also:
+last bits): relative 1e-5 per step for f32 plans, 2e-3 for bf16 and f16. At every level, the LLVM
+back end's program (--backend llvm: per-level loop functions) gives the C program's bytes, for every
+plan (the same level on both, so their bitwise comparison stays meaningful: an f16 plan's GELU
+gradient once fused a different product of two on each back end from avx2 up). Also:
   - the log's first line names the level that ran; without PLANRT_ISA it is the best level, and
     the run is bit for bit the forced best level's;
   - the avx2 level differs from the baseline in the last bits (its FMAs): the level took effect;
-  - the LLVM back end's program (--backend llvm: per-level loop functions) and planc run (the
-    JIT, for the forced level) give the C program's bytes at every level (the same level on both,
-    so their bitwise comparison stays meaningful);
+  - planc run (the JIT, for the forced level) gives the C program's bytes at every level;
   - an unknown level, and a level the CPU lacks (PLANRT_TEST_CPU_BEST makes this machine lack
     it), stop the program and planc run with a one-line error naming the levels it has;
   - a --native build trains within the tolerance of the baseline.
@@ -25,20 +26,19 @@ import os
 import re
 import subprocess
 import sys
-import tempfile
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
-from harness import Tally, mpi_env  # noqa: E402
+from harness import Tally, mpi_env, workdir  # noqa: E402
 
 planc, root = sys.argv[1], sys.argv[2]
 steps = int(sys.argv[3]) if len(sys.argv) > 3 else 20
-TOL = {"f32": 1e-5, "bf16": 2e-3}
+TOL = {"f32": 1e-5, "bf16": 2e-3, "f16": 2e-3}
 # (model, plan, ranks, precision)
 PLANS = [("gpt", "single", 1, "f32"), ("llama", "single", 1, "f32"), ("gpt", "bf16", 1, "bf16"),
-         ("gpt", "dp2", 2, "f32")]
-work = tempfile.mkdtemp(prefix="planc-cpu-levels-")
+         ("gpt", "fp16", 1, "f16"), ("gpt", "dp2", 2, "f32")]
+work = workdir("cpu-levels")
 data = f"{root}/data/corpus.txt"
-t = Tally()
+t = Tally("cpu levels")
 
 
 def plan_file(model):
@@ -112,17 +112,9 @@ for model, plan, ranks, precision in PLANS:
             t.check(f"{name} at {level} against baseline", w <= TOL[precision],
                     f"{steps} steps, worst relative difference of loss and gradient norm {w:.2e} (tolerance "
                     f"{TOL[precision]:g}){'; bitwise identical' if same(res['baseline'], res[level]) else ''}")
-    if (model, plan) != ("gpt", "single") or any(res.get(lv) is None for lv in levels):
+    if any(res.get(lv) is None for lv in levels):
         continue
-    best = levels[-1]
-    got, err = run([prog], ranks, f"{model}_{plan}_default")
-    t.check(f"{name} without PLANRT_ISA", not err and got[0][0].get("cpu") == best and same(got, res[best]),
-            err.strip()[-300:] if err else f"ran {got[0][0].get('cpu')}, the best level {best}; "
-            f"{'bit for bit' if same(got, res[best]) else 'NOT bit for bit'} the forced {best} run")
-    if "avx2" in levels:
-        t.check(f"{name} avx2 took effect", not same(res["baseline"], res["avx2"]),
-                "avx2's FMAs change the last bits of the weights (identical bytes: the level did not run)")
-    # the same level on both back ends, and in the JIT
+    # the same level on both back ends
     lprog, err = build(model, plan, "--backend", "llvm")
     if not lprog:
         t.check(f"{name} --backend llvm build", False, err)
@@ -132,6 +124,18 @@ for model, plan, ranks, precision in PLANS:
         t.check(f"{name} --backend llvm at {level}", not err and same(got, res[level]),
                 err.strip()[-300:] if err else "bit for bit the C program's" if same(got, res[level]) else
                 f"differs from the C program (worst {worst(res[level][0], got[0]):.2e})")
+    if (model, plan) != ("gpt", "single"):
+        continue
+    best = levels[-1]
+    got, err = run([prog], ranks, f"{model}_{plan}_default")
+    t.check(f"{name} without PLANRT_ISA", not err and got[0][0].get("cpu") == best and same(got, res[best]),
+            err.strip()[-300:] if err else f"ran {got[0][0].get('cpu')}, the best level {best}; "
+            f"{'bit for bit' if same(got, res[best]) else 'NOT bit for bit'} the forced {best} run")
+    if "avx2" in levels:
+        t.check(f"{name} avx2 took effect", not same(res["baseline"], res["avx2"]),
+                "avx2's FMAs change the last bits of the weights (identical bytes: the level did not run)")
+    # the same level in the JIT
+    for level in levels:
         got, err = run([planc, "run", plan_file(model), "--plan", plan], ranks, f"{model}_{plan}_jit_{level}", level)
         t.check(f"{name} planc run at {level}", not err and same(got, res[level]),
                 err.strip()[-300:] if err else "bit for bit the C program's" if same(got, res[level]) else

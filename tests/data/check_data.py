@@ -21,23 +21,16 @@ import re
 import struct
 import subprocess
 import sys
-import tempfile
 import unicodedata
 
 planc, dump, root = sys.argv[1], sys.argv[2], sys.argv[3]
-work = tempfile.mkdtemp(prefix="planc-data-")
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
+import harness  # noqa: E402  (tests/lib/harness.py)
+
+work = harness.workdir("data")
 SEED = 1234
-passed = failed = 0
-
-
-def check(what, ok, detail=""):
-    global passed, failed
-    if ok:
-        passed += 1
-        print(f"PASS {what}")
-    else:
-        failed += 1
-        print(f"FAIL {what}: {detail}")
+tally = harness.Tally("data")
+check = tally.check
 
 
 # ---------------------------------------------------------------------------- docs/data.md, read
@@ -421,5 +414,4 @@ def tokenizer():
 data_formats()
 refusals()
 tokenizer()
-print(f"{passed} passed, {failed} failed")
-sys.exit(1 if failed else 0)
+tally.finish()

@@ -21,20 +21,15 @@ import os
 import struct
 import subprocess
 import sys
-import tempfile
 
 planc, root = sys.argv[1], sys.argv[2]
-work = tempfile.mkdtemp(prefix="planc-runs-")
-env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMPI_MCA_plm="isolated",
-           OMPI_MCA_rmaps_base_oversubscribe="1", OMPI_MCA_btl="self,vader", OMP_NUM_THREADS="1",
-           OPENBLAS_NUM_THREADS="1")
-passed = failed = 0
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
+import harness  # noqa: E402  (tests/lib/harness.py)
 
-
-def check(what, ok, detail=""):
-    global passed, failed
-    passed, failed = passed + bool(ok), failed + (not ok)
-    print(f"{'PASS' if ok else 'FAIL'} {what}" + ("" if ok else f": {detail}"))
+work = harness.workdir("data-runs")
+env = harness.mpi_env()
+tally = harness.Tally("data runs")
+check = tally.check
 
 
 def build(plan_file, plan, name):
@@ -243,5 +238,4 @@ padding()
 documents()
 resume()
 name_maps()
-print(f"{passed} passed, {failed} failed")
-sys.exit(1 if failed else 0)
+tally.finish()

@@ -43,7 +43,7 @@ static inline float gelu_tanh_grad(float x, float dy)
 {
 	float u = 0.79788456080286536f * (x + 0.044715f * x * x * x), t = tanhf(u);
 	float du = 0.79788456080286536f * (1.0f + 3.0f * 0.044715f * x * x);
-	return dy * (0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * du);
+	return dy * (0.5f + 0.5f * t + 0.5f * x * (1.0f - t * t) * du);
 }
 static inline float silu(float x) { return planrt_silu(x); }
 static inline float silu_grad(float x, float dy) { return planrt_silu_grad(x, dy); }
@@ -85,60 +85,54 @@ static float *p_linear_1_weight; /* parameters, 65536 elements: linear_1.weight 
 static float *p_linear_1_bias; /* parameters, 256 elements: linear_1.bias */
 static float *p_linear_2_weight; /* parameters, 65536 elements: linear_2.weight */
 static float *p_linear_2_bias; /* parameters, 256 elements: linear_2.bias */
-static double *loss_50; /* metrics, 1 elements: the step's mean loss */
-static double *grad_norm_52; /* metrics, 1 elements: the gradient norm before clipping */
-static double *grad_sumsq_53; /* metrics, 1 elements: the squared gradient norm */
-static double *clip_coef_54; /* metrics, 1 elements: the clipping coefficient */
-static float *grad_bucket_55; /* gradients, 164608 elements: gradient bucket 0 (7 tensors) */
-static float *m_56; /* optimizer states, 16384 elements: embedding.weight */
-static float *v_57; /* optimizer states, 16384 elements: embedding.weight */
-static float *m_58; /* optimizer states, 16384 elements: linear.weight */
-static float *v_59; /* optimizer states, 16384 elements: linear.weight */
-static float *m_60; /* optimizer states, 256 elements: linear.bias */
-static float *v_61; /* optimizer states, 256 elements: linear.bias */
-static float *m_62; /* optimizer states, 65536 elements: linear_1.weight */
-static float *v_63; /* optimizer states, 65536 elements: linear_1.weight */
-static float *m_64; /* optimizer states, 256 elements: linear_1.bias */
-static float *v_65; /* optimizer states, 256 elements: linear_1.bias */
-static float *m_66; /* optimizer states, 65536 elements: linear_2.weight */
-static float *v_67; /* optimizer states, 65536 elements: linear_2.weight */
-static float *m_68; /* optimizer states, 256 elements: linear_2.bias */
-static float *v_69; /* optimizer states, 256 elements: linear_2.bias */
+static double *loss_44; /* metrics, 1 elements: the step's mean loss */
+static double *grad_norm_46; /* metrics, 1 elements: the gradient norm before clipping */
+static double *grad_sumsq_47; /* metrics, 1 elements: the squared gradient norm */
+static double *clip_coef_48; /* metrics, 1 elements: the clipping coefficient */
+static float *grad_bucket_49; /* gradients, 164608 elements: gradient bucket 0 (7 tensors) */
+static float *m_50; /* optimizer states, 16384 elements: embedding.weight */
+static float *v_51; /* optimizer states, 16384 elements: embedding.weight */
+static float *m_52; /* optimizer states, 16384 elements: linear.weight */
+static float *v_53; /* optimizer states, 16384 elements: linear.weight */
+static float *m_54; /* optimizer states, 256 elements: linear.bias */
+static float *v_55; /* optimizer states, 256 elements: linear.bias */
+static float *m_56; /* optimizer states, 65536 elements: linear_1.weight */
+static float *v_57; /* optimizer states, 65536 elements: linear_1.weight */
+static float *m_58; /* optimizer states, 256 elements: linear_1.bias */
+static float *v_59; /* optimizer states, 256 elements: linear_1.bias */
+static float *m_60; /* optimizer states, 65536 elements: linear_2.weight */
+static float *v_61; /* optimizer states, 65536 elements: linear_2.weight */
+static float *m_62; /* optimizer states, 256 elements: linear_2.bias */
+static float *v_63; /* optimizer states, 256 elements: linear_2.bias */
 /* views of state */
-#define g_linear_2_bias (grad_bucket_55 + 0)
-#define g_linear_2_weight (grad_bucket_55 + 256)
-#define g_linear_1_bias (grad_bucket_55 + 65792)
-#define g_linear_1_weight (grad_bucket_55 + 66048)
-#define g_linear_bias (grad_bucket_55 + 131584)
-#define g_linear_weight (grad_bucket_55 + 131840)
-#define g_embedding_weight (grad_bucket_55 + 148224)
+#define g_linear_2_bias (grad_bucket_49 + 0)
+#define g_linear_2_weight (grad_bucket_49 + 256)
+#define g_linear_1_bias (grad_bucket_49 + 65792)
+#define g_linear_1_weight (grad_bucket_49 + 66048)
+#define g_linear_bias (grad_bucket_49 + 131584)
+#define g_linear_weight (grad_bucket_49 + 131840)
+#define g_embedding_weight (grad_bucket_49 + 148224)
 /* transient buffers: the arena (each phase call), a slot (a micro-batch's forward to its
  * backward) or an inbox (its inputs, received one action ahead) */
 #define tokens_0 ((int32_t *)(ctx->slot + 1114112))
 #define targets_1 ((int32_t *)(ctx->slot + 1115136))
 #define x_3 ((float *)(ctx->slot + 1048576))
 #define matmul_6 ((float *)(ctx->slot + 0))
-#define scale_7 ((float *)(ctx->slot + 524288))
-#define h_9 ((float *)(ctx->slot + 262144))
-#define matmul_12 ((float *)(ctx->slot + 0))
-#define scale_13 ((float *)(ctx->slot + 786432))
-#define h_15 ((float *)(ctx->slot + 524288))
-#define matmul_18 ((float *)(ctx->slot + 0))
-#define scale_19 ((float *)(ctx->slot + 1116160))
-#define logits_20 ((float *)(ctx->slot + 786432))
-#define loss_21 ((float *)(ctx->slot + 3072))
-#define cross_entropy_22 ((float *)(ctx->slot + 1116160))
-#define fill_23 ((float *)(ctx->slot + 1117184))
-#define cross_entropy_grad_24 ((float *)(ctx->slot + 0))
-#define sum_to_25 ((float *)(ctx->slot + 786432))
-#define matmul_28 ((float *)(ctx->slot + 786432))
-#define relu_grad_30 ((float *)(ctx->slot + 0))
-#define sum_to_31 ((float *)(ctx->slot + 524288))
-#define matmul_34 ((float *)(ctx->slot + 524288))
-#define relu_grad_36 ((float *)(ctx->slot + 0))
-#define sum_to_37 ((float *)(ctx->slot + 262144))
-#define matmul_40 ((float *)(ctx->slot + 262144))
-#define scratch_51 ((uint8_t *)(ctx->slot + 0))
+#define h_8 ((float *)(ctx->slot + 262144))
+#define matmul_11 ((float *)(ctx->slot + 0))
+#define h_13 ((float *)(ctx->slot + 524288))
+#define matmul_16 ((float *)(ctx->slot + 0))
+#define logits_17 ((float *)(ctx->slot + 786432))
+#define loss_18 ((float *)(ctx->slot + 3072))
+#define cross_entropy_19 ((float *)(ctx->slot + 1116160))
+#define fill_20 ((float *)(ctx->slot + 1117184))
+#define cross_entropy_grad_21 ((float *)(ctx->slot + 0))
+#define matmul_24 ((float *)(ctx->slot + 786432))
+#define relu_grad_26 ((float *)(ctx->slot + 0))
+#define matmul_29 ((float *)(ctx->slot + 524288))
+#define relu_grad_31 ((float *)(ctx->slot + 0))
+#define matmul_34 ((float *)(ctx->slot + 262144))
+#define scratch_45 ((uint8_t *)(ctx->slot + 0))
 static planrt_request_t bucket_0;
 
 static void init(planrt_ctx_t *ctx)
@@ -156,72 +150,48 @@ static void init(planrt_ctx_t *ctx)
 static void step_begin(planrt_ctx_t *ctx)
 {
 	(void)ctx;
-	planrt_fill(loss_50, 1, planrt_f64, 0); /* zero the step's accumulators */
-	planrt_fill(grad_norm_52, 1, planrt_f64, 0); /* zero the step's accumulators */
-	planrt_fill(grad_sumsq_53, 1, planrt_f64, 0); /* zero the step's accumulators */
-	planrt_fill(clip_coef_54, 1, planrt_f64, 0); /* zero the step's accumulators */
-	planrt_fill(grad_bucket_55, 164608, planrt_f32, 0); /* zero the step's accumulators */
+	planrt_fill(loss_44, 1, planrt_f64, 0); /* zero the step's accumulators */
+	planrt_fill(grad_norm_46, 1, planrt_f64, 0); /* zero the step's accumulators */
+	planrt_fill(grad_sumsq_47, 1, planrt_f64, 0); /* zero the step's accumulators */
+	planrt_fill(clip_coef_48, 1, planrt_f64, 0); /* zero the step's accumulators */
+	planrt_fill(grad_bucket_49, 164608, planrt_f32, 0); /* zero the step's accumulators */
 }
-
-/* scale in linear, 1 op fused */
-PLANRT_LOOP void loop4(float *restrict out, const float *v5)
-{
-	for (int64_t i = 0; i < 256; i++)
-		out[i] = (v5[i] * (float)1);
-}
-PLANRT_CPU_LOOP(loop4, (float *restrict out, const float *v5), (out, v5))
 
 /* relu, 2 ops fused */
-PLANRT_LOOP void loop5(float *restrict out, const float *v6, const float *v7)
+PLANRT_LOOP void loop4(float *restrict out, const float *v6, const float *v5)
 {
 	for (int64_t i0 = 0; i0 < 16; i0++)
 		for (int64_t i1 = 0; i1 < 16; i1++)
 			for (int64_t i2 = 0; i2 < 256; i2++) {
 				int64_t o = i0 * 4096 + i1 * 256 + i2 * 1;
-				out[o] = relu((v6[i0 * 4096 + i1 * 256 + i2 * 1] + v7[i2 * 1]));
+				out[o] = relu((v6[i0 * 4096 + i1 * 256 + i2 * 1] + v5[i2 * 1]));
 			}
 }
-PLANRT_CPU_LOOP(loop5, (float *restrict out, const float *v6, const float *v7), (out, v6, v7))
-
-/* scale in linear_1, 1 op fused */
-PLANRT_LOOP void loop7(float *restrict out, const float *v11)
-{
-	for (int64_t i = 0; i < 256; i++)
-		out[i] = (v11[i] * (float)1);
-}
-PLANRT_CPU_LOOP(loop7, (float *restrict out, const float *v11), (out, v11))
+PLANRT_CPU_LOOP(loop4, (float *restrict out, const float *v6, const float *v5), (out, v6, v5))
 
 /* relu, 2 ops fused */
-PLANRT_LOOP void loop8(float *restrict out, const float *v12, const float *v13)
+PLANRT_LOOP void loop6(float *restrict out, const float *v11, const float *v10)
 {
 	for (int64_t i0 = 0; i0 < 16; i0++)
 		for (int64_t i1 = 0; i1 < 16; i1++)
 			for (int64_t i2 = 0; i2 < 256; i2++) {
 				int64_t o = i0 * 4096 + i1 * 256 + i2 * 1;
-				out[o] = relu((v12[i0 * 4096 + i1 * 256 + i2 * 1] + v13[i2 * 1]));
+				out[o] = relu((v11[i0 * 4096 + i1 * 256 + i2 * 1] + v10[i2 * 1]));
 			}
 }
-PLANRT_CPU_LOOP(loop8, (float *restrict out, const float *v12, const float *v13), (out, v12, v13))
-
-/* scale in linear_2, 1 op fused */
-PLANRT_LOOP void loop10(float *restrict out, const float *v17)
-{
-	for (int64_t i = 0; i < 256; i++)
-		out[i] = (v17[i] * (float)1);
-}
-PLANRT_CPU_LOOP(loop10, (float *restrict out, const float *v17), (out, v17))
+PLANRT_CPU_LOOP(loop6, (float *restrict out, const float *v11, const float *v10), (out, v11, v10))
 
 /* add in linear_2, 1 op fused */
-PLANRT_LOOP void loop11(float *restrict out, const float *v18, const float *v19)
+PLANRT_LOOP void loop8(float *restrict out, const float *v16, const float *v15)
 {
 	for (int64_t i0 = 0; i0 < 16; i0++)
 		for (int64_t i1 = 0; i1 < 16; i1++)
 			for (int64_t i2 = 0; i2 < 256; i2++) {
 				int64_t o = i0 * 4096 + i1 * 256 + i2 * 1;
-				out[o] = (v18[i0 * 4096 + i1 * 256 + i2 * 1] + v19[i2 * 1]);
+				out[o] = (v16[i0 * 4096 + i1 * 256 + i2 * 1] + v15[i2 * 1]);
 			}
 }
-PLANRT_CPU_LOOP(loop11, (float *restrict out, const float *v18, const float *v19), (out, v18, v19))
+PLANRT_CPU_LOOP(loop8, (float *restrict out, const float *v16, const float *v15), (out, v16, v15))
 
 static void forward_c0(planrt_ctx_t *ctx)
 {
@@ -230,104 +200,74 @@ static void forward_c0(planrt_ctx_t *ctx)
 	planrt_load_data(ctx, targets_1, 1, "targets", planrt_i32, 2, (const int64_t[]){32, 16}, (const int64_t[]){16, 16}, (const int64_t[]){((int64_t)planrt_mesh_coord(AXIS_data) * 16) + (int64_t)ctx->micro * 32, 0}, 256); /* input */
 	planrt_k_embed_f32(p_embedding_weight, tokens_0, x_3, 256, 64, 0, 256); /* embed in embedding */
 	planrt_k_matmul_f32(1, 256, 256, 64, x_3, PLANRT_NO_TRANS, 1024, p_linear_weight, PLANRT_NO_TRANS, 0, matmul_6, 4096, PLANRT_OVERWRITE); /* matmul in linear */
-	loop4_at[planrt_cpu_level_](scale_7, p_linear_bias); /* scale in linear, 1 op fused */
-	loop5_at[planrt_cpu_level_](h_9, matmul_6, scale_7); /* relu, 2 ops fused */
-	planrt_k_matmul_f32(1, 256, 256, 256, h_9, PLANRT_NO_TRANS, 4096, p_linear_1_weight, PLANRT_NO_TRANS, 0, matmul_12, 4096, PLANRT_OVERWRITE); /* matmul in linear_1 */
-	loop7_at[planrt_cpu_level_](scale_13, p_linear_1_bias); /* scale in linear_1, 1 op fused */
-	loop8_at[planrt_cpu_level_](h_15, matmul_12, scale_13); /* relu, 2 ops fused */
-	planrt_k_matmul_f32(1, 256, 256, 256, h_15, PLANRT_NO_TRANS, 4096, p_linear_2_weight, PLANRT_NO_TRANS, 0, matmul_18, 4096, PLANRT_OVERWRITE); /* matmul in linear_2 */
-	loop10_at[planrt_cpu_level_](scale_19, p_linear_2_bias); /* scale in linear_2, 1 op fused */
-	loop11_at[planrt_cpu_level_](logits_20, matmul_18, scale_19); /* add in linear_2, 1 op fused */
+	loop4_at[planrt_cpu_level_](h_8, matmul_6, p_linear_bias); /* relu, 2 ops fused */
+	planrt_k_matmul_f32(1, 256, 256, 256, h_8, PLANRT_NO_TRANS, 4096, p_linear_1_weight, PLANRT_NO_TRANS, 0, matmul_11, 4096, PLANRT_OVERWRITE); /* matmul in linear_1 */
+	loop6_at[planrt_cpu_level_](h_13, matmul_11, p_linear_1_bias); /* relu, 2 ops fused */
+	planrt_k_matmul_f32(1, 256, 256, 256, h_13, PLANRT_NO_TRANS, 4096, p_linear_2_weight, PLANRT_NO_TRANS, 0, matmul_16, 4096, PLANRT_OVERWRITE); /* matmul in linear_2 */
+	loop8_at[planrt_cpu_level_](logits_17, matmul_16, p_linear_2_bias); /* add in linear_2, 1 op fused */
 	planrt_check_labels(targets_1, 2, (const int64_t[]){16, 16}, (const int64_t[]){((int64_t)planrt_mesh_coord(AXIS_data) * 16) + (int64_t)ctx->micro * 32, 0}, 256, "input 'targets' (the targets of cross_entropy at examples/mlp.plan:14:10)", ctx->step); /* cross_entropy */
-	planrt_cross_entropy_f32(logits_20, targets_1, loss_21, cross_entropy_22, 256, 256, 0, 0.001953125, NULL, scratch_51); /* cross_entropy */
-	planrt_loss_accumulate(loss_50, loss_21, 1); /* the step's loss */
+	planrt_cross_entropy_f32(logits_17, targets_1, loss_18, cross_entropy_19, 256, 256, 0, 0.001953125, NULL, scratch_45); /* cross_entropy */
+	planrt_loss_accumulate(loss_44, loss_18, 1); /* the step's loss */
 }
-
-/* scale in linear_2, 1 op fused */
-PLANRT_LOOP void loop18(float *restrict out, const float *v25)
-{
-	for (int64_t i = 0; i < 256; i++)
-		out[i] += (v25[i] * (float)1);
-}
-PLANRT_CPU_LOOP(loop18, (float *restrict out, const float *v25), (out, v25))
 
 /* relu_grad, 1 op fused */
-PLANRT_LOOP void loop21(float *restrict out, const float *v15, const float *v27)
+PLANRT_LOOP void loop17(float *restrict out, const float *v13, const float *v23)
 {
 	for (int64_t i = 0; i < 65536; i++)
-		out[i] = relu_grad(v15[i], v27[i]);
+		out[i] = relu_grad(v13[i], v23[i]);
 }
-PLANRT_CPU_LOOP(loop21, (float *restrict out, const float *v15, const float *v27), (out, v15, v27))
-
-/* scale in linear_1, 1 op fused */
-PLANRT_LOOP void loop23(float *restrict out, const float *v30)
-{
-	for (int64_t i = 0; i < 256; i++)
-		out[i] += (v30[i] * (float)1);
-}
-PLANRT_CPU_LOOP(loop23, (float *restrict out, const float *v30), (out, v30))
+PLANRT_CPU_LOOP(loop17, (float *restrict out, const float *v13, const float *v23), (out, v13, v23))
 
 /* relu_grad, 1 op fused */
-PLANRT_LOOP void loop26(float *restrict out, const float *v9, const float *v32)
+PLANRT_LOOP void loop21(float *restrict out, const float *v8, const float *v27)
 {
 	for (int64_t i = 0; i < 65536; i++)
-		out[i] = relu_grad(v9[i], v32[i]);
+		out[i] = relu_grad(v8[i], v27[i]);
 }
-PLANRT_CPU_LOOP(loop26, (float *restrict out, const float *v9, const float *v32), (out, v9, v32))
-
-/* scale in linear, 1 op fused */
-PLANRT_LOOP void loop28(float *restrict out, const float *v35)
-{
-	for (int64_t i = 0; i < 256; i++)
-		out[i] += (v35[i] * (float)1);
-}
-PLANRT_CPU_LOOP(loop28, (float *restrict out, const float *v35), (out, v35))
+PLANRT_CPU_LOOP(loop21, (float *restrict out, const float *v8, const float *v27), (out, v8, v27))
 
 static void backward_c0(planrt_ctx_t *ctx)
 {
 	(void)ctx;
-	planrt_fill(fill_23, 1, planrt_f32, 1); /* fill */
-	planrt_k_ce_grad_f32(logits_20, targets_1, cross_entropy_22, 256, 256, 0, (double)fill_23[0] * 0.001953125, cross_entropy_grad_24); /* cross_entropy_grad */
-	planrt_k_sum_to_f32(3, (const int64_t[]){16, 16, 256}, cross_entropy_grad_24, (const int64_t[]){0, 0, 1}, sum_to_25, 256); /* sum_to in linear_2 */
-	loop18_at[planrt_cpu_level_](g_linear_2_bias, sum_to_25); /* scale in linear_2, 1 op fused */
-	planrt_k_matmul_f32(1, 256, 256, 256, cross_entropy_grad_24, PLANRT_NO_TRANS, 4096, p_linear_2_weight, PLANRT_TRANS, 0, matmul_28, 4096, PLANRT_OVERWRITE); /* matmul in linear_2 */
-	planrt_k_matmul_f32(1, 256, 256, 256, h_15, PLANRT_TRANS, 0, cross_entropy_grad_24, PLANRT_NO_TRANS, 0, g_linear_2_weight, 0, PLANRT_ACCUMULATE); /* matmul_wgrad in linear_2 */
-	loop21_at[planrt_cpu_level_](relu_grad_30, h_15, matmul_28); /* relu_grad, 1 op fused */
-	planrt_k_sum_to_f32(3, (const int64_t[]){16, 16, 256}, relu_grad_30, (const int64_t[]){0, 0, 1}, sum_to_31, 256); /* sum_to in linear_1 */
-	loop23_at[planrt_cpu_level_](g_linear_1_bias, sum_to_31); /* scale in linear_1, 1 op fused */
-	planrt_k_matmul_f32(1, 256, 256, 256, relu_grad_30, PLANRT_NO_TRANS, 4096, p_linear_1_weight, PLANRT_TRANS, 0, matmul_34, 4096, PLANRT_OVERWRITE); /* matmul in linear_1 */
-	planrt_k_matmul_f32(1, 256, 256, 256, h_9, PLANRT_TRANS, 0, relu_grad_30, PLANRT_NO_TRANS, 0, g_linear_1_weight, 0, PLANRT_ACCUMULATE); /* matmul_wgrad in linear_1 */
-	loop26_at[planrt_cpu_level_](relu_grad_36, h_9, matmul_34); /* relu_grad, 1 op fused */
-	planrt_k_sum_to_f32(3, (const int64_t[]){16, 16, 256}, relu_grad_36, (const int64_t[]){0, 0, 1}, sum_to_37, 256); /* sum_to in linear */
-	loop28_at[planrt_cpu_level_](g_linear_bias, sum_to_37); /* scale in linear, 1 op fused */
-	planrt_k_matmul_f32(1, 256, 64, 256, relu_grad_36, PLANRT_NO_TRANS, 4096, p_linear_weight, PLANRT_TRANS, 0, matmul_40, 1024, PLANRT_OVERWRITE); /* matmul in linear */
-	planrt_k_matmul_f32(1, 64, 256, 256, x_3, PLANRT_TRANS, 0, relu_grad_36, PLANRT_NO_TRANS, 0, g_linear_weight, 0, PLANRT_ACCUMULATE); /* matmul_wgrad in linear */
-	planrt_k_embed_grad_f32(tokens_0, matmul_40, g_embedding_weight, 256, 64, 0, 256); /* embed_grad in embedding */
+	planrt_fill(fill_20, 1, planrt_f32, 1); /* fill */
+	planrt_k_ce_grad_f32(logits_17, targets_1, cross_entropy_19, 256, 256, 0, (double)fill_20[0] * 0.001953125, cross_entropy_grad_21); /* cross_entropy_grad */
+	planrt_k_sum_to_acc_f32(3, (const int64_t[]){16, 16, 256}, cross_entropy_grad_21, (const int64_t[]){0, 0, 1}, g_linear_2_bias, 256); /* sum_to in linear_2 */
+	planrt_k_matmul_f32(1, 256, 256, 256, cross_entropy_grad_21, PLANRT_NO_TRANS, 4096, p_linear_2_weight, PLANRT_TRANS, 0, matmul_24, 4096, PLANRT_OVERWRITE); /* matmul in linear_2 */
+	planrt_k_matmul_f32(1, 256, 256, 256, h_13, PLANRT_TRANS, 0, cross_entropy_grad_21, PLANRT_NO_TRANS, 0, g_linear_2_weight, 0, PLANRT_ACCUMULATE); /* matmul_wgrad in linear_2 */
+	loop17_at[planrt_cpu_level_](relu_grad_26, h_13, matmul_24); /* relu_grad, 1 op fused */
+	planrt_k_sum_to_acc_f32(3, (const int64_t[]){16, 16, 256}, relu_grad_26, (const int64_t[]){0, 0, 1}, g_linear_1_bias, 256); /* sum_to in linear_1 */
+	planrt_k_matmul_f32(1, 256, 256, 256, relu_grad_26, PLANRT_NO_TRANS, 4096, p_linear_1_weight, PLANRT_TRANS, 0, matmul_29, 4096, PLANRT_OVERWRITE); /* matmul in linear_1 */
+	planrt_k_matmul_f32(1, 256, 256, 256, h_8, PLANRT_TRANS, 0, relu_grad_26, PLANRT_NO_TRANS, 0, g_linear_1_weight, 0, PLANRT_ACCUMULATE); /* matmul_wgrad in linear_1 */
+	loop21_at[planrt_cpu_level_](relu_grad_31, h_8, matmul_29); /* relu_grad, 1 op fused */
+	planrt_k_sum_to_acc_f32(3, (const int64_t[]){16, 16, 256}, relu_grad_31, (const int64_t[]){0, 0, 1}, g_linear_bias, 256); /* sum_to in linear */
+	planrt_k_matmul_f32(1, 256, 64, 256, relu_grad_31, PLANRT_NO_TRANS, 4096, p_linear_weight, PLANRT_TRANS, 0, matmul_34, 1024, PLANRT_OVERWRITE); /* matmul in linear */
+	planrt_k_matmul_f32(1, 64, 256, 256, x_3, PLANRT_TRANS, 0, relu_grad_31, PLANRT_NO_TRANS, 0, g_linear_weight, 0, PLANRT_ACCUMULATE); /* matmul_wgrad in linear */
+	planrt_k_embed_grad_f32(tokens_0, matmul_34, g_embedding_weight, 256, 64, 0, 256); /* embed_grad in embedding */
 	if (ctx->micro == MICRO_BATCHES - 1)
-		planrt_allreduce_inplace(grad_bucket_55, 164608, planrt_f32, planrt_axis_comm(AXIS_data), &bucket_0); /* gradient bucket 0 (7 tensors) */
+		planrt_allreduce_inplace(grad_bucket_49, 164608, planrt_f32, planrt_axis_comm(AXIS_data), &bucket_0); /* gradient bucket 0 (7 tensors) */
 }
 
 static void step(planrt_ctx_t *ctx)
 {
 	(void)ctx;
 	planrt_request_finish(&bucket_0); /* gradient bucket 0 (7 tensors) */
-	planrt_sum_squares_acc(grad_sumsq_53, g_embedding_weight, 16384, planrt_f32, 0.5); /* gradient norm */
-	planrt_sum_squares_acc(grad_sumsq_53, g_linear_weight, 16384, planrt_f32, 0.5); /* gradient norm */
-	planrt_sum_squares_acc(grad_sumsq_53, g_linear_bias, 256, planrt_f32, 0.5); /* gradient norm */
-	planrt_sum_squares_acc(grad_sumsq_53, g_linear_1_weight, 65536, planrt_f32, 0.5); /* gradient norm */
-	planrt_sum_squares_acc(grad_sumsq_53, g_linear_1_bias, 256, planrt_f32, 0.5); /* gradient norm */
-	planrt_sum_squares_acc(grad_sumsq_53, g_linear_2_weight, 65536, planrt_f32, 0.5); /* gradient norm */
-	planrt_sum_squares_acc(grad_sumsq_53, g_linear_2_bias, 256, planrt_f32, 0.5); /* gradient norm */
-	planrt_allreduce_inplace(grad_sumsq_53, 1, planrt_f64, planrt_axis_comm(AXIS_data), NULL); /* gradient norm */
-	planrt_clip_coef(grad_sumsq_53, grad_norm_52, clip_coef_54, 0); /* clipping */
-	planrt_optimizer_step(planrt_opt_adamw, 0.001, 0.9, 0.999, 1e-08, 0.01, 0, 0, 0, 0, ctx->step, p_embedding_weight, g_embedding_weight, planrt_f32, m_56, v_57, 16384, clip_coef_54); /* embedding.weight */
-	planrt_optimizer_step(planrt_opt_adamw, 0.001, 0.9, 0.999, 1e-08, 0.01, 0, 0, 0, 0, ctx->step, p_linear_weight, g_linear_weight, planrt_f32, m_58, v_59, 16384, clip_coef_54); /* linear.weight */
-	planrt_optimizer_step(planrt_opt_adamw, 0.001, 0.9, 0.999, 1e-08, 0.01, 0, 0, 0, 0, ctx->step, p_linear_bias, g_linear_bias, planrt_f32, m_60, v_61, 256, clip_coef_54); /* linear.bias */
-	planrt_optimizer_step(planrt_opt_adamw, 0.001, 0.9, 0.999, 1e-08, 0.01, 0, 0, 0, 0, ctx->step, p_linear_1_weight, g_linear_1_weight, planrt_f32, m_62, v_63, 65536, clip_coef_54); /* linear_1.weight */
-	planrt_optimizer_step(planrt_opt_adamw, 0.001, 0.9, 0.999, 1e-08, 0.01, 0, 0, 0, 0, ctx->step, p_linear_1_bias, g_linear_1_bias, planrt_f32, m_64, v_65, 256, clip_coef_54); /* linear_1.bias */
-	planrt_optimizer_step(planrt_opt_adamw, 0.001, 0.9, 0.999, 1e-08, 0.01, 0, 0, 0, 0, ctx->step, p_linear_2_weight, g_linear_2_weight, planrt_f32, m_66, v_67, 65536, clip_coef_54); /* linear_2.weight */
-	planrt_optimizer_step(planrt_opt_adamw, 0.001, 0.9, 0.999, 1e-08, 0.01, 0, 0, 0, 0, ctx->step, p_linear_2_bias, g_linear_2_bias, planrt_f32, m_68, v_69, 256, clip_coef_54); /* linear_2.bias */
-	planrt_allreduce_inplace(loss_50, 1, planrt_f64, planrt_axis_comm(AXIS_data), NULL); /* the step's loss */
+	planrt_sum_squares_acc(grad_sumsq_47, g_embedding_weight, 16384, planrt_f32, 0.5); /* gradient norm */
+	planrt_sum_squares_acc(grad_sumsq_47, g_linear_weight, 16384, planrt_f32, 0.5); /* gradient norm */
+	planrt_sum_squares_acc(grad_sumsq_47, g_linear_bias, 256, planrt_f32, 0.5); /* gradient norm */
+	planrt_sum_squares_acc(grad_sumsq_47, g_linear_1_weight, 65536, planrt_f32, 0.5); /* gradient norm */
+	planrt_sum_squares_acc(grad_sumsq_47, g_linear_1_bias, 256, planrt_f32, 0.5); /* gradient norm */
+	planrt_sum_squares_acc(grad_sumsq_47, g_linear_2_weight, 65536, planrt_f32, 0.5); /* gradient norm */
+	planrt_sum_squares_acc(grad_sumsq_47, g_linear_2_bias, 256, planrt_f32, 0.5); /* gradient norm */
+	planrt_allreduce_inplace(grad_sumsq_47, 1, planrt_f64, planrt_axis_comm(AXIS_data), NULL); /* gradient norm */
+	planrt_clip_coef(grad_sumsq_47, grad_norm_46, clip_coef_48, 0); /* clipping */
+	planrt_optimizer_step(planrt_opt_adamw, 0.001, 0.9, 0.999, 1e-08, 0.01, 0, 0, 0, 0, ctx->step, p_embedding_weight, g_embedding_weight, planrt_f32, m_50, v_51, 16384, clip_coef_48); /* embedding.weight */
+	planrt_optimizer_step(planrt_opt_adamw, 0.001, 0.9, 0.999, 1e-08, 0.01, 0, 0, 0, 0, ctx->step, p_linear_weight, g_linear_weight, planrt_f32, m_52, v_53, 16384, clip_coef_48); /* linear.weight */
+	planrt_optimizer_step(planrt_opt_adamw, 0.001, 0.9, 0.999, 1e-08, 0.01, 0, 0, 0, 0, ctx->step, p_linear_bias, g_linear_bias, planrt_f32, m_54, v_55, 256, clip_coef_48); /* linear.bias */
+	planrt_optimizer_step(planrt_opt_adamw, 0.001, 0.9, 0.999, 1e-08, 0.01, 0, 0, 0, 0, ctx->step, p_linear_1_weight, g_linear_1_weight, planrt_f32, m_56, v_57, 65536, clip_coef_48); /* linear_1.weight */
+	planrt_optimizer_step(planrt_opt_adamw, 0.001, 0.9, 0.999, 1e-08, 0.01, 0, 0, 0, 0, ctx->step, p_linear_1_bias, g_linear_1_bias, planrt_f32, m_58, v_59, 256, clip_coef_48); /* linear_1.bias */
+	planrt_optimizer_step(planrt_opt_adamw, 0.001, 0.9, 0.999, 1e-08, 0.01, 0, 0, 0, 0, ctx->step, p_linear_2_weight, g_linear_2_weight, planrt_f32, m_60, v_61, 65536, clip_coef_48); /* linear_2.weight */
+	planrt_optimizer_step(planrt_opt_adamw, 0.001, 0.9, 0.999, 1e-08, 0.01, 0, 0, 0, 0, ctx->step, p_linear_2_bias, g_linear_2_bias, planrt_f32, m_62, v_63, 256, clip_coef_48); /* linear_2.bias */
+	planrt_allreduce_inplace(loss_44, 1, planrt_f64, planrt_axis_comm(AXIS_data), NULL); /* the step's loss */
 }
 
 static void save(planrt_ctx_t *ctx)
@@ -346,64 +286,64 @@ static void checkpoint(planrt_ctx_t *ctx)
 {
 	(void)ctx;
 	planrt_ckpt_write(ctx, p_embedding_weight, planrt_f32, PARAM_embedding_weight, PLANRT_CKPT_PARAM, 0, 16384, PLANRT_NO_AXIS); /* embedding.weight */
-	planrt_ckpt_write(ctx, m_56, planrt_f32, PARAM_embedding_weight, PLANRT_CKPT_EXP_AVG, 0, 16384, PLANRT_NO_AXIS); /* embedding.weight */
-	planrt_ckpt_write(ctx, v_57, planrt_f32, PARAM_embedding_weight, PLANRT_CKPT_EXP_AVG_SQ, 0, 16384, PLANRT_NO_AXIS); /* embedding.weight */
+	planrt_ckpt_write(ctx, m_50, planrt_f32, PARAM_embedding_weight, PLANRT_CKPT_EXP_AVG, 0, 16384, PLANRT_NO_AXIS); /* embedding.weight */
+	planrt_ckpt_write(ctx, v_51, planrt_f32, PARAM_embedding_weight, PLANRT_CKPT_EXP_AVG_SQ, 0, 16384, PLANRT_NO_AXIS); /* embedding.weight */
 	planrt_ckpt_write(ctx, p_linear_weight, planrt_f32, PARAM_linear_weight, PLANRT_CKPT_PARAM, 0, 16384, PLANRT_NO_AXIS); /* linear.weight */
-	planrt_ckpt_write(ctx, m_58, planrt_f32, PARAM_linear_weight, PLANRT_CKPT_EXP_AVG, 0, 16384, PLANRT_NO_AXIS); /* linear.weight */
-	planrt_ckpt_write(ctx, v_59, planrt_f32, PARAM_linear_weight, PLANRT_CKPT_EXP_AVG_SQ, 0, 16384, PLANRT_NO_AXIS); /* linear.weight */
+	planrt_ckpt_write(ctx, m_52, planrt_f32, PARAM_linear_weight, PLANRT_CKPT_EXP_AVG, 0, 16384, PLANRT_NO_AXIS); /* linear.weight */
+	planrt_ckpt_write(ctx, v_53, planrt_f32, PARAM_linear_weight, PLANRT_CKPT_EXP_AVG_SQ, 0, 16384, PLANRT_NO_AXIS); /* linear.weight */
 	planrt_ckpt_write(ctx, p_linear_bias, planrt_f32, PARAM_linear_bias, PLANRT_CKPT_PARAM, 0, 256, PLANRT_NO_AXIS); /* linear.bias */
-	planrt_ckpt_write(ctx, m_60, planrt_f32, PARAM_linear_bias, PLANRT_CKPT_EXP_AVG, 0, 256, PLANRT_NO_AXIS); /* linear.bias */
-	planrt_ckpt_write(ctx, v_61, planrt_f32, PARAM_linear_bias, PLANRT_CKPT_EXP_AVG_SQ, 0, 256, PLANRT_NO_AXIS); /* linear.bias */
+	planrt_ckpt_write(ctx, m_54, planrt_f32, PARAM_linear_bias, PLANRT_CKPT_EXP_AVG, 0, 256, PLANRT_NO_AXIS); /* linear.bias */
+	planrt_ckpt_write(ctx, v_55, planrt_f32, PARAM_linear_bias, PLANRT_CKPT_EXP_AVG_SQ, 0, 256, PLANRT_NO_AXIS); /* linear.bias */
 	planrt_ckpt_write(ctx, p_linear_1_weight, planrt_f32, PARAM_linear_1_weight, PLANRT_CKPT_PARAM, 0, 65536, PLANRT_NO_AXIS); /* linear_1.weight */
-	planrt_ckpt_write(ctx, m_62, planrt_f32, PARAM_linear_1_weight, PLANRT_CKPT_EXP_AVG, 0, 65536, PLANRT_NO_AXIS); /* linear_1.weight */
-	planrt_ckpt_write(ctx, v_63, planrt_f32, PARAM_linear_1_weight, PLANRT_CKPT_EXP_AVG_SQ, 0, 65536, PLANRT_NO_AXIS); /* linear_1.weight */
+	planrt_ckpt_write(ctx, m_56, planrt_f32, PARAM_linear_1_weight, PLANRT_CKPT_EXP_AVG, 0, 65536, PLANRT_NO_AXIS); /* linear_1.weight */
+	planrt_ckpt_write(ctx, v_57, planrt_f32, PARAM_linear_1_weight, PLANRT_CKPT_EXP_AVG_SQ, 0, 65536, PLANRT_NO_AXIS); /* linear_1.weight */
 	planrt_ckpt_write(ctx, p_linear_1_bias, planrt_f32, PARAM_linear_1_bias, PLANRT_CKPT_PARAM, 0, 256, PLANRT_NO_AXIS); /* linear_1.bias */
-	planrt_ckpt_write(ctx, m_64, planrt_f32, PARAM_linear_1_bias, PLANRT_CKPT_EXP_AVG, 0, 256, PLANRT_NO_AXIS); /* linear_1.bias */
-	planrt_ckpt_write(ctx, v_65, planrt_f32, PARAM_linear_1_bias, PLANRT_CKPT_EXP_AVG_SQ, 0, 256, PLANRT_NO_AXIS); /* linear_1.bias */
+	planrt_ckpt_write(ctx, m_58, planrt_f32, PARAM_linear_1_bias, PLANRT_CKPT_EXP_AVG, 0, 256, PLANRT_NO_AXIS); /* linear_1.bias */
+	planrt_ckpt_write(ctx, v_59, planrt_f32, PARAM_linear_1_bias, PLANRT_CKPT_EXP_AVG_SQ, 0, 256, PLANRT_NO_AXIS); /* linear_1.bias */
 	planrt_ckpt_write(ctx, p_linear_2_weight, planrt_f32, PARAM_linear_2_weight, PLANRT_CKPT_PARAM, 0, 65536, PLANRT_NO_AXIS); /* linear_2.weight */
-	planrt_ckpt_write(ctx, m_66, planrt_f32, PARAM_linear_2_weight, PLANRT_CKPT_EXP_AVG, 0, 65536, PLANRT_NO_AXIS); /* linear_2.weight */
-	planrt_ckpt_write(ctx, v_67, planrt_f32, PARAM_linear_2_weight, PLANRT_CKPT_EXP_AVG_SQ, 0, 65536, PLANRT_NO_AXIS); /* linear_2.weight */
+	planrt_ckpt_write(ctx, m_60, planrt_f32, PARAM_linear_2_weight, PLANRT_CKPT_EXP_AVG, 0, 65536, PLANRT_NO_AXIS); /* linear_2.weight */
+	planrt_ckpt_write(ctx, v_61, planrt_f32, PARAM_linear_2_weight, PLANRT_CKPT_EXP_AVG_SQ, 0, 65536, PLANRT_NO_AXIS); /* linear_2.weight */
 	planrt_ckpt_write(ctx, p_linear_2_bias, planrt_f32, PARAM_linear_2_bias, PLANRT_CKPT_PARAM, 0, 256, PLANRT_NO_AXIS); /* linear_2.bias */
-	planrt_ckpt_write(ctx, m_68, planrt_f32, PARAM_linear_2_bias, PLANRT_CKPT_EXP_AVG, 0, 256, PLANRT_NO_AXIS); /* linear_2.bias */
-	planrt_ckpt_write(ctx, v_69, planrt_f32, PARAM_linear_2_bias, PLANRT_CKPT_EXP_AVG_SQ, 0, 256, PLANRT_NO_AXIS); /* linear_2.bias */
+	planrt_ckpt_write(ctx, m_62, planrt_f32, PARAM_linear_2_bias, PLANRT_CKPT_EXP_AVG, 0, 256, PLANRT_NO_AXIS); /* linear_2.bias */
+	planrt_ckpt_write(ctx, v_63, planrt_f32, PARAM_linear_2_bias, PLANRT_CKPT_EXP_AVG_SQ, 0, 256, PLANRT_NO_AXIS); /* linear_2.bias */
 }
 
 static void resume(planrt_ctx_t *ctx)
 {
 	(void)ctx;
 	planrt_ckpt_read(ctx, p_embedding_weight, planrt_f32, PARAM_embedding_weight, PLANRT_CKPT_PARAM, 0, 16384); /* embedding.weight */
-	planrt_ckpt_read(ctx, m_56, planrt_f32, PARAM_embedding_weight, PLANRT_CKPT_EXP_AVG, 0, 16384); /* embedding.weight */
-	planrt_ckpt_read(ctx, v_57, planrt_f32, PARAM_embedding_weight, PLANRT_CKPT_EXP_AVG_SQ, 0, 16384); /* embedding.weight */
+	planrt_ckpt_read(ctx, m_50, planrt_f32, PARAM_embedding_weight, PLANRT_CKPT_EXP_AVG, 0, 16384); /* embedding.weight */
+	planrt_ckpt_read(ctx, v_51, planrt_f32, PARAM_embedding_weight, PLANRT_CKPT_EXP_AVG_SQ, 0, 16384); /* embedding.weight */
 	planrt_ckpt_read(ctx, p_linear_weight, planrt_f32, PARAM_linear_weight, PLANRT_CKPT_PARAM, 0, 16384); /* linear.weight */
-	planrt_ckpt_read(ctx, m_58, planrt_f32, PARAM_linear_weight, PLANRT_CKPT_EXP_AVG, 0, 16384); /* linear.weight */
-	planrt_ckpt_read(ctx, v_59, planrt_f32, PARAM_linear_weight, PLANRT_CKPT_EXP_AVG_SQ, 0, 16384); /* linear.weight */
+	planrt_ckpt_read(ctx, m_52, planrt_f32, PARAM_linear_weight, PLANRT_CKPT_EXP_AVG, 0, 16384); /* linear.weight */
+	planrt_ckpt_read(ctx, v_53, planrt_f32, PARAM_linear_weight, PLANRT_CKPT_EXP_AVG_SQ, 0, 16384); /* linear.weight */
 	planrt_ckpt_read(ctx, p_linear_bias, planrt_f32, PARAM_linear_bias, PLANRT_CKPT_PARAM, 0, 256); /* linear.bias */
-	planrt_ckpt_read(ctx, m_60, planrt_f32, PARAM_linear_bias, PLANRT_CKPT_EXP_AVG, 0, 256); /* linear.bias */
-	planrt_ckpt_read(ctx, v_61, planrt_f32, PARAM_linear_bias, PLANRT_CKPT_EXP_AVG_SQ, 0, 256); /* linear.bias */
+	planrt_ckpt_read(ctx, m_54, planrt_f32, PARAM_linear_bias, PLANRT_CKPT_EXP_AVG, 0, 256); /* linear.bias */
+	planrt_ckpt_read(ctx, v_55, planrt_f32, PARAM_linear_bias, PLANRT_CKPT_EXP_AVG_SQ, 0, 256); /* linear.bias */
 	planrt_ckpt_read(ctx, p_linear_1_weight, planrt_f32, PARAM_linear_1_weight, PLANRT_CKPT_PARAM, 0, 65536); /* linear_1.weight */
-	planrt_ckpt_read(ctx, m_62, planrt_f32, PARAM_linear_1_weight, PLANRT_CKPT_EXP_AVG, 0, 65536); /* linear_1.weight */
-	planrt_ckpt_read(ctx, v_63, planrt_f32, PARAM_linear_1_weight, PLANRT_CKPT_EXP_AVG_SQ, 0, 65536); /* linear_1.weight */
+	planrt_ckpt_read(ctx, m_56, planrt_f32, PARAM_linear_1_weight, PLANRT_CKPT_EXP_AVG, 0, 65536); /* linear_1.weight */
+	planrt_ckpt_read(ctx, v_57, planrt_f32, PARAM_linear_1_weight, PLANRT_CKPT_EXP_AVG_SQ, 0, 65536); /* linear_1.weight */
 	planrt_ckpt_read(ctx, p_linear_1_bias, planrt_f32, PARAM_linear_1_bias, PLANRT_CKPT_PARAM, 0, 256); /* linear_1.bias */
-	planrt_ckpt_read(ctx, m_64, planrt_f32, PARAM_linear_1_bias, PLANRT_CKPT_EXP_AVG, 0, 256); /* linear_1.bias */
-	planrt_ckpt_read(ctx, v_65, planrt_f32, PARAM_linear_1_bias, PLANRT_CKPT_EXP_AVG_SQ, 0, 256); /* linear_1.bias */
+	planrt_ckpt_read(ctx, m_58, planrt_f32, PARAM_linear_1_bias, PLANRT_CKPT_EXP_AVG, 0, 256); /* linear_1.bias */
+	planrt_ckpt_read(ctx, v_59, planrt_f32, PARAM_linear_1_bias, PLANRT_CKPT_EXP_AVG_SQ, 0, 256); /* linear_1.bias */
 	planrt_ckpt_read(ctx, p_linear_2_weight, planrt_f32, PARAM_linear_2_weight, PLANRT_CKPT_PARAM, 0, 65536); /* linear_2.weight */
-	planrt_ckpt_read(ctx, m_66, planrt_f32, PARAM_linear_2_weight, PLANRT_CKPT_EXP_AVG, 0, 65536); /* linear_2.weight */
-	planrt_ckpt_read(ctx, v_67, planrt_f32, PARAM_linear_2_weight, PLANRT_CKPT_EXP_AVG_SQ, 0, 65536); /* linear_2.weight */
+	planrt_ckpt_read(ctx, m_60, planrt_f32, PARAM_linear_2_weight, PLANRT_CKPT_EXP_AVG, 0, 65536); /* linear_2.weight */
+	planrt_ckpt_read(ctx, v_61, planrt_f32, PARAM_linear_2_weight, PLANRT_CKPT_EXP_AVG_SQ, 0, 65536); /* linear_2.weight */
 	planrt_ckpt_read(ctx, p_linear_2_bias, planrt_f32, PARAM_linear_2_bias, PLANRT_CKPT_PARAM, 0, 256); /* linear_2.bias */
-	planrt_ckpt_read(ctx, m_68, planrt_f32, PARAM_linear_2_bias, PLANRT_CKPT_EXP_AVG, 0, 256); /* linear_2.bias */
-	planrt_ckpt_read(ctx, v_69, planrt_f32, PARAM_linear_2_bias, PLANRT_CKPT_EXP_AVG_SQ, 0, 256); /* linear_2.bias */
+	planrt_ckpt_read(ctx, m_62, planrt_f32, PARAM_linear_2_bias, PLANRT_CKPT_EXP_AVG, 0, 256); /* linear_2.bias */
+	planrt_ckpt_read(ctx, v_63, planrt_f32, PARAM_linear_2_bias, PLANRT_CKPT_EXP_AVG_SQ, 0, 256); /* linear_2.bias */
 }
 
 static void eval_begin(planrt_ctx_t *ctx)
 {
 	(void)ctx;
-	planrt_fill(loss_50, 1, planrt_f64, 0); /* the held-out batch's loss */
+	planrt_fill(loss_44, 1, planrt_f64, 0); /* the held-out batch's loss */
 }
 
 static void eval_end(planrt_ctx_t *ctx)
 {
 	(void)ctx;
-	planrt_allreduce_inplace(loss_50, 1, planrt_f64, planrt_axis_comm(AXIS_data), NULL); /* the step's loss */
+	planrt_allreduce_inplace(loss_44, 1, planrt_f64, planrt_axis_comm(AXIS_data), NULL); /* the step's loss */
 }
 
 /* one step: F / B of a micro-batch and chunk, its activation slot and receive inbox */
@@ -423,25 +363,25 @@ static const planrt_state_buf_t state[] = {
 	{"p_linear_1_bias", planrt_state_param, 1024, (void **)&p_linear_1_bias},
 	{"p_linear_2_weight", planrt_state_param, 262144, (void **)&p_linear_2_weight},
 	{"p_linear_2_bias", planrt_state_param, 1024, (void **)&p_linear_2_bias},
-	{"loss_50", planrt_state_metric, 8, (void **)&loss_50},
-	{"grad_norm_52", planrt_state_metric, 8, (void **)&grad_norm_52},
-	{"grad_sumsq_53", planrt_state_metric, 8, (void **)&grad_sumsq_53},
-	{"clip_coef_54", planrt_state_metric, 8, (void **)&clip_coef_54},
-	{"grad_bucket_55", planrt_state_grad, 658432, (void **)&grad_bucket_55},
-	{"m_56", planrt_state_optim, 65536, (void **)&m_56},
-	{"v_57", planrt_state_optim, 65536, (void **)&v_57},
-	{"m_58", planrt_state_optim, 65536, (void **)&m_58},
-	{"v_59", planrt_state_optim, 65536, (void **)&v_59},
-	{"m_60", planrt_state_optim, 1024, (void **)&m_60},
-	{"v_61", planrt_state_optim, 1024, (void **)&v_61},
-	{"m_62", planrt_state_optim, 262144, (void **)&m_62},
-	{"v_63", planrt_state_optim, 262144, (void **)&v_63},
-	{"m_64", planrt_state_optim, 1024, (void **)&m_64},
-	{"v_65", planrt_state_optim, 1024, (void **)&v_65},
-	{"m_66", planrt_state_optim, 262144, (void **)&m_66},
-	{"v_67", planrt_state_optim, 262144, (void **)&v_67},
-	{"m_68", planrt_state_optim, 1024, (void **)&m_68},
-	{"v_69", planrt_state_optim, 1024, (void **)&v_69},
+	{"loss_44", planrt_state_metric, 8, (void **)&loss_44},
+	{"grad_norm_46", planrt_state_metric, 8, (void **)&grad_norm_46},
+	{"grad_sumsq_47", planrt_state_metric, 8, (void **)&grad_sumsq_47},
+	{"clip_coef_48", planrt_state_metric, 8, (void **)&clip_coef_48},
+	{"grad_bucket_49", planrt_state_grad, 658432, (void **)&grad_bucket_49},
+	{"m_50", planrt_state_optim, 65536, (void **)&m_50},
+	{"v_51", planrt_state_optim, 65536, (void **)&v_51},
+	{"m_52", planrt_state_optim, 65536, (void **)&m_52},
+	{"v_53", planrt_state_optim, 65536, (void **)&v_53},
+	{"m_54", planrt_state_optim, 1024, (void **)&m_54},
+	{"v_55", planrt_state_optim, 1024, (void **)&v_55},
+	{"m_56", planrt_state_optim, 262144, (void **)&m_56},
+	{"v_57", planrt_state_optim, 262144, (void **)&v_57},
+	{"m_58", planrt_state_optim, 1024, (void **)&m_58},
+	{"v_59", planrt_state_optim, 1024, (void **)&v_59},
+	{"m_60", planrt_state_optim, 262144, (void **)&m_60},
+	{"v_61", planrt_state_optim, 262144, (void **)&v_61},
+	{"m_62", planrt_state_optim, 1024, (void **)&m_62},
+	{"v_63", planrt_state_optim, 1024, (void **)&v_63},
 };
 
 /* ================================================================ the program */
@@ -486,13 +426,13 @@ static const planrt_stage_t stages[] = {
 		.nreqs = 0,
 		.state = state,
 		.nstate = 26,
-		.loss = &loss_50,
-		.grad_norm = &grad_norm_52,
+		.loss = &loss_44,
+		.grad_norm = &grad_norm_46,
 		.checkpoint = checkpoint,
 		.resume = resume,
 		.eval_begin = eval_begin,
 		.eval_end = eval_end,
-		.eval_loss = &loss_50,
+		.eval_loss = &loss_44,
 	},
 };
 
@@ -519,7 +459,7 @@ static const planrt_program_t program = {
 	.total_steps = 0,
 	.nroles = 1,
 	.role_axis = PLANRT_NO_AXIS,
-	.fingerprint = "fnv1a64:4ca9e3a2c8e90002",
+	.fingerprint = "fnv1a64:d791953874061b64",
 	.sync = "strict",
 	.loss_scale = 0,
 	.optimizer = "adamw(lr = 0.001, betas = (0.9, 0.999), eps = 1e-08, weight_decay = 0.01)",

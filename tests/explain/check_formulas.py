@@ -45,14 +45,21 @@ for plan, k in expect.items():
           f"{per_psi:.4f} Psi (want {k:.4f} Psi); {at_paper:.1f} GB at Psi = 7.5e9 (paper {paper_gb[plan]})")
 
 # ---- activations per layer (Korthikanti et al. 2022, table 2) -------------------------------------
-# s b h (34 + 5 a s / h) and its variants, b = micro-batch size per model replica, bf16.
+# s b h (34 + 5 a s / h) and its variants, b = micro-batch size per model replica, bf16. The 5 a s / h
+# term is the attention's [a, s, s] scores, softmax and dropout (plans `attention unfused`); the fused
+# attention (graph/attention.c, as FlashAttention) keeps only the row logsumexps, f32 [a, s] per
+# sample: the figure of selective recompute plus 4 a s b bytes (over t with tensor parallelism).
 s, h, a, t = 2048, 4096, 32, 8
 b = 1
 sbh = s * b * h
+lse = 4 * a * s * b
 variants = {
-    "zero0": ("no parallelism", sbh * (34 + 5 * a * s / h)),
-    "tp8": ("tensor parallel", sbh * (10 + 24 / t + 5 * a * s / (h * t))),
-    "tp8_sp": ("tensor + sequence parallel", sbh * (34 / t + 5 * a * s / (h * t))),
+    "zero0_unfused": ("no parallelism, attention unfused", sbh * (34 + 5 * a * s / h)),
+    "tp8_unfused": ("tensor parallel, attention unfused", sbh * (10 + 24 / t + 5 * a * s / (h * t))),
+    "tp8_sp_unfused": ("tensor + sequence parallel, attention unfused", sbh * (34 / t + 5 * a * s / (h * t))),
+    "zero0": ("no parallelism, fused attention", sbh * 34 + lse),
+    "tp8": ("tensor parallel, fused attention", sbh * (10 + 24 / t) + lse / t),
+    "tp8_sp": ("tensor + sequence parallel, fused attention", sbh * 34 / t + lse / t),
     "tp8_selective": ("tensor parallel + selective recompute", sbh * (10 + 24 / t)),
     "selective": ("tensor + sequence parallel + selective recompute", sbh * (34 / t)),
     "full": ("full recompute", 2 * sbh),

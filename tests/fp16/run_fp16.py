@@ -23,13 +23,8 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
 import harness  # noqa: E402  (tests/lib/harness.py)
 
-planc, root = sys.argv[1], sys.argv[2]
-data = f"{root}/data/corpus.txt"
-work = harness.workdir("fp16")
-programs = harness.Programs(planc, root, work)
-build, run = programs.build, programs.run
-tally = harness.Tally("fp16")
-check = tally.check
+runner = harness.Runner("fp16")
+data, work, check, build, run = runner.data, runner.work, runner.check, runner.programs.build, runner.programs.run
 losses, read_st = harness.losses, harness.read_safetensors
 
 fp16, f32 = build("gpt", "fp16"), build("gpt", "single")
@@ -95,4 +90,4 @@ dev = max((abs(c[k] - a[k]) / abs(a[k]) for k in c), default=1.0) if len(c) == 8
 check("fp16 over data = 2 gives the single rank's fp16 losses within 1e-3", rc1 == 0 and dev < 1e-3,
       f"largest relative deviation {dev:.2e}; {e1[-200:] if rc1 else ''}")
 
-tally.finish()
+runner.finish()

@@ -9,7 +9,8 @@
 # headers prog.c includes.
 # Anything else (no -o, or an argument naming a missing file) goes to the compiler unchanged.
 # Environment: REAL_CC the compiler (planc's default, mpicc), PLANC_CC_CACHE the cache directory
-# (under the build directory: ctest sets both, tests/tests.cmake).
+# (under the build directory: ctest sets both, tests/tests.cmake). Each use appends "hit" or
+# "miss" and the output's name to PLANC_CC_CACHE/stats (bench/suite_times.py counts them).
 set -eu
 out= prev= key="$REAL_CC"
 for a in "$@"; do
@@ -39,7 +40,9 @@ hash=$(printf '%s\n' "$key" | sha256sum | cut -c1-40)
 cached=$PLANC_CC_CACHE/$hash
 if [ -f "$cached" ]; then
 	cp "$cached" "$out"
+	echo "hit $out" >>"$PLANC_CC_CACHE/stats"
 	exit 0
 fi
 "$REAL_CC" "$@"
 cp "$out" "$cached.tmp.$$" && mv "$cached.tmp.$$" "$cached"
+echo "miss $out" >>"$PLANC_CC_CACHE/stats"

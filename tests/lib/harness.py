@@ -5,20 +5,25 @@ What every runner needs and would otherwise write again:
                       cores (Open MPI over shared memory, one thread per rank, the watchdog at 60 s
                       so that a stall becomes an error naming the pending operation, not a hang)
   Tally               one 'PASS: name: detail' / 'FAIL: ...' line per check and the closing
-                      'LABEL: N passed, M failed' line; the runner exits 1 when a check failed
+                      'LABEL: N passed, M failed (S s CPU)' line; the runner exits 1 when a check
+                      failed
   explain()           planc explain --json, parsed, once per (plan file content, plan)
   workdir()           a temporary directory, removed when the runner exits (PLANC_KEEP_TMP=1 keeps
                       it, and prints where it is, to look at a failure)
   build(), mpirun()   planc build of a plan; a program (or any command) under mpirun
   read_log(), losses() a program's --log (JSON lines)
   read_safetensors()  a safetensors file as {name: (dtype, shape, bytes)}; as_floats() decodes F32/BF16
+  memory_reports()    each rank's PLANRT_REPORT_MEMORY line
   kill_job()          SIGKILL for mpirun and every rank it started, as when a node fails
+  Runner              a runner's start: its arguments (PLANC REPO_ROOT), the corpus, its work
+                      directory, its tally and its Programs
 A runner's work is the checks it makes; how a program is built and launched is here.
 """
 import atexit
 import hashlib
 import json
 import os
+import re
 import shutil
 import signal
 import struct
@@ -55,14 +60,18 @@ class Tally:
         return ok
 
     def finish(self):
-        """prints the closing line and exits 1 when a check failed"""
-        print(f"{self.label + ': ' if self.label else ''}{self.passed} passed, {self.failed} failed", flush=True)
+        """prints the closing line (with the CPU time the runner and everything it ran took: a
+        figure to read, never a check) and exits 1 when a check failed"""
+        t = os.times()
+        cpu = t.user + t.system + t.children_user + t.children_system
+        print(f"{self.label + ': ' if self.label else ''}{self.passed} passed, {self.failed} failed ({cpu:.1f} s CPU)",
+              flush=True)
         sys.exit(1 if self.failed else 0)
 
 
 def workdir(prefix):
     """a fresh temporary directory, removed at exit unless PLANC_KEEP_TMP is set"""
-    path = tempfile.mkdtemp(prefix=f"planc-{prefix}-")
+    path = tempfile.mkdtemp(prefix=f"planc-{prefix.replace(' ', '-')}-")
     if os.environ.get("PLANC_KEEP_TMP"):
         print(f"note: PLANC_KEEP_TMP: the runs' files stay in {path}", flush=True)
     else:
@@ -153,6 +162,24 @@ def as_floats(dtype, raw):
     raise ValueError(f"unexpected dtype {dtype}")
 
 
+MEMORY_KINDS = ("param", "grad", "optim", "master", "buffer", "metric", "offload")
+MEMORY_LINE = re.compile(r"planrt: rank (\d+): memory arena_high_water=(\d+) arena_planned=(\d+) state=(\d+) "
+                         r"peak_rss=(\d+) stage=(\d+) param=(\d+) grad=(\d+) optim=(\d+) master=(\d+) buffer=(\d+) "
+                         r"metric=(\d+) offload=(\d+) disk=(\d+)")
+
+
+def memory_reports(stderr):
+    """{rank: its PLANRT_REPORT_MEMORY line}: arena high-water mark ("high") and planned size
+    ("arena"), persistent state ("state"), peak resident set ("rss"), pipeline stage, state bytes
+    by kind ("kinds") and the optimizer state file's size ("disk")"""
+    out = {}
+    for m in MEMORY_LINE.finditer(stderr):
+        v = [int(x) for x in m.groups()]
+        out[v[0]] = {"high": v[1], "arena": v[2], "state": v[3], "rss": v[4], "stage": v[5],
+                     "kinds": dict(zip(MEMORY_KINDS, v[6:13])), "disk": v[13]}
+    return out
+
+
 def kill_job(p):
     """SIGKILL for mpirun (a Popen started with start_new_session) and the ranks it started, at once"""
     ranks = [int(x) for x in subprocess.run(["ps", "-o", "pid=", "--ppid", str(p.pid)], capture_output=True,
@@ -163,3 +190,17 @@ def kill_job(p):
         except ProcessLookupError:
             pass
     return ranks
+
+
+class Runner:
+    """What a runner starts from: planc and the repository root (its first two arguments),
+    data/corpus.txt, a work directory and a tally named LABEL (check, finish), and programs (a
+    Programs built with --native in the work directory)."""
+
+    def __init__(self, label):
+        self.planc, self.root = sys.argv[1], sys.argv[2]
+        self.data = f"{self.root}/data/corpus.txt"
+        self.work = workdir(label)
+        self.tally = Tally(label)
+        self.check, self.finish = self.tally.check, self.tally.finish
+        self.programs = Programs(self.planc, self.root, self.work)

@@ -11,7 +11,8 @@
 #   expect_fail NAME PATTERN NP ARGS...
 #                         runs $PROG ARGS under mpirun -np NP (60 s at most): a pass when it exits
 #                         non-zero (not at the time limit) and its output holds PATTERN
-#   finish LABEL          prints 'LABEL: N passed, M failed' and exits 1 when a check failed
+#   finish LABEL          prints 'LABEL: N passed, M failed (S s CPU)' (the CPU time of the runner
+#                         and what it ran: a figure, never a check) and exits 1 when a check failed
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 export OMPI_MCA_plm=isolated OMPI_MCA_btl=self,vader OMPI_MCA_btl_vader_single_copy_mechanism=none
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
@@ -66,7 +67,9 @@ expect_fail() {
 }
 
 finish() {
-	echo "$1: $pass passed, $fail failed"
+	times >"$tmp/times" # (in this shell: a subshell's times start at zero)
+	_cpu=$(awk '{ for (i = 1; i <= NF; i++) { split($i, t, "m"); s += t[1] * 60 + t[2] } } END { printf "%.1f", s }' "$tmp/times")
+	echo "$1: $pass passed, $fail failed ($_cpu s CPU)"
 	[ "$fail" -eq 0 ] && exit 0
 	exit 1
 }

@@ -3,7 +3,8 @@
 
 Each plan of DIFF_PLANS is built twice, with `planc build` (the C back end: emit_c.c, mpicc -O3)
 and `planc build --backend llvm` (the LLVM back end: emit_llvm.c, default<O3>, an object linked
-with planrt; --verify-ir also verifies the optimised module), both for the baseline CPU, and each
+with planrt; --verify-ir also verifies the optimised module), both carrying every instruction-set
+level and running this CPU's best (tests/cpu compares the back ends at each level), and each
 program trains STEPS steps under `mpirun -np WORLD`. Every step's loss and gradient norm must
 agree within 1e-6 relative. A plan is reported bitwise when the logs are identical and the weights
 saved with --save are the same bytes. NATIVE_PLANS are built again with --native (this CPU: FMA,
@@ -26,8 +27,9 @@ and every plan tests/equiv/run_equiv.py lists, its features:
 The dumps come from one `planc check FILE --dump-after=PASS` per file (every plan of it, in order)
 rather than one compilation per plan and pass. The test fails, naming a plan that has it, if a
 feature of any of them is in no plan of DIFF_PLANS (add that plan to the list). EXTRA_PLANS, written here on the GPT example, cover what only the
-7B / 175B examples use (too large to train here): bf16 tensor-parallel all-reduces and slices, and
-the progress calls of an overlapped ZeRO-3 bucket.
+7B / 175B examples use (too large to train here): bf16 tensor-parallel all-reduces and slices,
+the progress calls of an overlapped ZeRO-3 bucket, and the attention as written in bf16 (gpt7b's
+`attention unfused` plans).
 Prints PASS/FAIL per check and a closing 'N passed, N failed' line.
 usage: run_diff.py PLANC REPO_ROOT [STEPS]
 """
@@ -78,7 +80,7 @@ DIFF_PLANS = [
     ("gpt", "dp2_local_sgd_k1"), ("gpt", "dp4_diloco"), ("gpt", "dp4_bf16_grads"), ("gpt", "dp4_fp16_grads"),
     ("gpt", "dp4_topk_zero1"), ("gpt", "dp4_powersgd"), ("gpt", "bf16_zero3_offload_disk"),
     ("gpt", "zero3_offload"), ("gpt", "bf16_pp2"), ("mlp", "bf16"), ("extra", "bf16_tp2_sp_zero3"),
-    ("extra", "bf16_zero3_overlap")]
+    ("extra", "bf16_zero3_overlap"), ("extra", "bf16_unfused_attention")]
 # plans on the GPT example for features only the large examples have
 EXTRA_PLANS = """
 plan bf16_tp2_sp_zero3 for gpt {
@@ -101,6 +103,14 @@ plan bf16_zero3_overlap for gpt {
   precision bf16, master = f32
   optimizer adamw(lr = 3e-4, betas = (0.9, 0.95), weight_decay = 0.1), clip = 1.0
   sync strict, bucket = 1MiB, overlap
+}
+
+plan bf16_unfused_attention for gpt {
+  mesh data = 1
+  batch B = 16
+  attention unfused
+  precision bf16, master = f32
+  optimizer adamw(lr = 3e-4, betas = (0.9, 0.95), weight_decay = 0.1), clip = 1.0
 }
 """
 gpt_text = open(f"{root}/examples/gpt.plan").read()

@@ -19,23 +19,14 @@ Prints PASS/FAIL per check and 'N passed, M failed'.
 usage: check_memory.py PLANC REPO_ROOT
 """
 import os
-import re
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
 import harness  # noqa: E402  (tests/lib/harness.py)
 
-planc, root = sys.argv[1], sys.argv[2]
+runner = harness.Runner("memory")
+planc, root, work, check = runner.planc, runner.root, runner.work, runner.check
 env = harness.mpi_env(PLANRT_REPORT_MEMORY="1")
-work = harness.workdir("memory")
-KINDS = ["param", "grad", "optim", "master", "buffer", "metric", "offload"]
-LINE = re.compile(r"planrt: rank (\d+): memory arena_high_water=(\d+) arena_planned=(\d+) state=(\d+) peak_rss=\d+ "
-                  r"stage=(\d+) param=(\d+) grad=(\d+) optim=(\d+) master=(\d+) buffer=(\d+) metric=(\d+) "
-                  r"offload=(\d+)")
-
-
-tally = harness.Tally("memory")
-check = tally.check
 
 
 def explain(src, plan):
@@ -48,10 +39,7 @@ def measure(src, plan, world, steps=2):
     if err:
         return None, err
     r = harness.mpirun(world, [prog, "--steps", str(steps), "--data", f"{root}/data/corpus.txt"], env, timeout=600)
-    ranks = {}
-    for m in LINE.finditer(r.stderr):
-        v = [int(x) for x in m.groups()]
-        ranks[v[0]] = {"high": v[1], "arena": v[2], "state": v[3], "stage": v[4], "kinds": dict(zip(KINDS, v[5:]))}
+    ranks = harness.memory_reports(r.stderr)
     if r.returncode or len(ranks) != world:
         return None, f"run failed or reported {len(ranks)} of {world} ranks: {r.stderr.strip()[-300:]}"
     return ranks, None
@@ -141,4 +129,4 @@ for plan, n in (("ep2", 2), ("ep4", 4)):
           f"every rank holds {E // n} of {E} experts: parameters {ranks[0]['kinds']['param'] / 2**20:.3f} MiB "
           f"(single rank {base['param'] / 2**20:.3f} MiB), gradients and AdamW states alike")
 
-tally.finish()
+runner.finish()

@@ -34,18 +34,14 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
 import harness  # noqa: E402  (tests/lib/harness.py)
 
-planc, root = sys.argv[1], sys.argv[2]
-data = f"{root}/data/corpus.txt"
-work = harness.workdir("observe")
-programs = harness.Programs(planc, root, work)
-build, WORLD = programs.build, programs.world
-tally = harness.Tally("observe")
-check = tally.check
+runner = harness.Runner("observe")
+root, data, work, check = runner.root, runner.data, runner.work, runner.check
+build, WORLD = runner.programs.build, runner.programs.world
 log_rows, losses = harness.read_log, harness.losses
 
 
 def run(prog, *args, extra_env=None, timeout=180):
-    return programs.run(prog, *args, extra_env=extra_env, timeout=timeout)
+    return runner.programs.run(prog, *args, extra_env=extra_env, timeout=timeout)
 
 
 # ------------------------------------------------------------------ trace
@@ -288,4 +284,4 @@ for model, plan in [("mlp", "dp2"), ("gpt", "pp2")]:
     a, b = f"{work}/{plan}_vader.st", f"{work}/{plan}_tcp.st"
     check(f"tcp {model} {plan}: the final weights equal", os.path.exists(b) and open(a, "rb").read() == open(b, "rb").read())
 
-tally.finish()
+runner.finish()

@@ -2,15 +2,16 @@
 """`offload optimizer -> disk` (ZeRO-Infinity's optimizer offload) on the CPU target, against the
 same plan without the offload line (the independent reference: the optimizer state in memory).
 
-1. Same run. For every plan below, trained for 6 steps with a checkpoint every 3 steps and
-   --save at the end: the per-step losses are bit for bit the same, the --save files are byte for
-   byte the same, and resuming the offloaded run from its checkpoint continues exactly as the
-   plain run resumed from its own (the checkpoint carries the records' moments and master
-   weights). tests/offload/offload.plan's plans are resumed on the same model with F = 256 (165 K
-   parameters): the 18 M-parameter one's resumed runs took a minute. The 18 M-parameter runs
-   themselves (for 3. below) train 2 steps with a checkpoint after each: two checkpoints and
-   --save, as 3. needs, without 4 more steps of I/O-bound updates of 18 M parameters (the same
-   plans' 6 steps and resume are checked at F = 256).
+1. Same run. For every plan below (built with --native, as the other tests build), trained for 6
+   steps with a checkpoint every 3 steps and --save at the end: the per-step losses are bit for
+   bit the same, the --save files are byte for byte the same, and resuming the offloaded run from
+   its checkpoint continues exactly as the plain run resumed from its own (the checkpoint
+   carries the records' moments and master weights). tests/offload/offload.plan's plans are
+   resumed on the same model with F = 256 (165 K parameters): the 18 M-parameter one's resumed
+   runs took a minute. The 18 M-parameter runs themselves (for 3. below) train 2 steps with a
+   checkpoint after each: two checkpoints and --save, as 3. needs, without 4 more steps of
+   I/O-bound updates of 18 M parameters (the same plans' 6 steps and resume are checked at
+   F = 256).
 2. The program is what explain says. Each rank reports (PLANRT_REPORT_MEMORY) its state by kind,
    its host staging and its state file's size: they equal explain's JSON exactly, the file holds
    the optimizer state the plain plan keeps in memory (explain: optim + master), and no
@@ -34,18 +35,9 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
 import harness  # noqa: E402  (tests/lib/harness.py)
 
-planc, root = sys.argv[1], sys.argv[2]
-env = harness.mpi_env(PLANRT_REPORT_MEMORY="1")
-work = harness.workdir("offload")
-env["PLANRT_OFFLOAD_DIR"] = work
-KINDS = ["param", "grad", "optim", "master", "buffer", "metric", "offload"]
-LINE = re.compile(r"planrt: rank (\d+): memory arena_high_water=\d+ arena_planned=(\d+) state=\d+ peak_rss=(\d+) "
-                  r"stage=(\d+) param=(\d+) grad=(\d+) optim=(\d+) master=(\d+) buffer=(\d+) metric=(\d+) "
-                  r"offload=(\d+) disk=(\d+)")
-
-
-tally = harness.Tally("offload")
-check = tally.check
+runner = harness.Runner("offload")
+planc, root, work, check = runner.planc, runner.root, runner.work, runner.check
+env = harness.mpi_env(PLANRT_REPORT_MEMORY="1", PLANRT_OFFLOAD_DIR=work)
 
 
 def explain(src, plan):
@@ -54,10 +46,7 @@ def explain(src, plan):
 
 def run(prog, world, args):
     r = harness.mpirun(world, [prog, "--data", f"{root}/data/corpus.txt"] + args, env)
-    ranks = {}
-    for m in LINE.finditer(r.stderr):
-        v = [int(x) for x in m.groups()]
-        ranks[v[0]] = {"arena": v[1], "rss": v[2], "stage": v[3], "kinds": dict(zip(KINDS, v[4:11])), "disk": v[11]}
+    ranks = harness.memory_reports(r.stderr)
     if r.returncode or len(ranks) != world:
         return None, f"{os.path.basename(prog)} {' '.join(args)}: exit {r.returncode}: {r.stderr.strip()[-400:]}"
     return ranks, None
@@ -85,7 +74,7 @@ def case(src, plan, memory_check, host=False, resume=True, steps=6, every=3):
     out, measured, rss = {}, {}, {}
     for name, s, d in (("offload", src, d_off), ("plain", plain_src, d_plain)):
         prog = f"{work}/{stem}_{name}"
-        err = harness.build(planc, s, plan, prog, env=env)
+        err = harness.build(planc, s, plan, prog, "--native", env=env)
         if err:
             check(tag, False, f"({name}) {err}")
             return
@@ -198,4 +187,4 @@ if os.path.exists(prog):
     check("unwritable PLANRT_OFFLOAD_DIR", ok, said[0].strip() if ok else f"exit {r.returncode}: {r.stderr.strip()[-300:]}")
 left = [f for f in os.listdir(work) if f.startswith("planrt-optimizer-")]
 check("state files", not left, "every run's optimizer state file is gone" if not left else f"left behind: {left}")
-tally.finish()
+runner.finish()

@@ -24,13 +24,9 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
 import harness  # noqa: E402  (tests/lib/harness.py)
 
-planc, root = sys.argv[1], sys.argv[2]
-data = f"{root}/data/corpus.txt"
-work = harness.workdir("failures")
-programs = harness.Programs(planc, root, work)
-build, run, env = programs.build, programs.run, programs.env
-tally = harness.Tally("program failures")
-check = tally.check
+runner = harness.Runner("program failures")
+root, data, work, check = runner.root, runner.data, runner.work, runner.check
+build, run, env = runner.programs.build, runner.programs.run, runner.programs.env
 
 
 def steps_of(d):
@@ -43,7 +39,7 @@ ck, gpt_ck, saved_mlp = f"{work}/mlp_ck", f"{work}/gpt_ck", f"{work}/mlp.st"
 rc, err = run(prog, "--data", data, "--steps", "2", "--save", saved_mlp, "--save-every", "2", ck)
 rc2, err2 = run(gpt, "--data", data, "--steps", "2", "--save-every", "2", gpt_ck)
 if not check("the MLP and GPT runs the checks start from", rc == 0 and rc2 == 0, (err + err2)[-300:]):
-    tally.finish()
+    runner.finish()
 
 boom = f"{work}/boom.plan"
 open(boom, "w").write(open(f"{root}/examples/mlp.plan").read().split("plan single")[0] +
@@ -137,4 +133,4 @@ told = sorted(int(r) for r in re.findall(r"planrt: rank (\d+): stopped by SIG\w+
 check("a killed rank is explained on every survivor", len(ranks) == 4 and told == [0, 1, 3],
       f"ranks {told} named their pending operation; every rank exited {elapsed:.2f} s after rank 2 was killed")
 
-tally.finish()
+runner.finish()

@@ -287,6 +287,23 @@ static void print_index(Emit *e, const LExpr *x, const Kernel *k, bool flat)
 		fprintf(e->f, "0");
 }
 
+/* Whether x's value is a product as the compilers see it after inlining the helpers: a multiply, or
+ * a helper whose last operation is one, or the negation of one. */
+static bool ends_in_product(const LExpr *x)
+{
+	if (x->kind == LX_UNARY)
+		return x->op == OP_SCALE || x->op == OP_GELU || (x->op == OP_NEG && ends_in_product(x->a));
+	if (x->kind == LX_BINARY)
+		return x->op == OP_MUL || x->op == OP_GELU_GRAD || x->op == OP_SILU_GRAD;
+	return false;
+}
+
+bool emit_loop_sum_of_products(const LExpr *x)
+{
+	return x->kind == LX_BINARY && (x->op == OP_ADD || x->op == OP_SUB) && ends_in_product(x->a) &&
+	       ends_in_product(x->b);
+}
+
 static void print_expr(Emit *e, const LExpr *x, const Kernel *k, bool flat)
 {
 	FILE *f = e->f;
@@ -363,11 +380,14 @@ static void print_expr(Emit *e, const LExpr *x, const Kernel *k, bool flat)
 			ICE("binary op %s in a loop", op_names[x->op]);
 		}
 		if (infix) {
+			bool apart = emit_loop_sum_of_products(x);
 			fprintf(f, "(");
 			print_expr(e, x->a, k, flat);
 			fputs(infix, f);
+			if (apart)
+				fprintf(f, "(");
 			print_expr(e, x->b, k, flat);
-			fprintf(f, ")");
+			fprintf(f, apart ? " + 0.0f))" : ")");
 		} else {
 			fprintf(f, "%s(", fn);
 			print_expr(e, x->a, k, flat);
@@ -778,7 +798,7 @@ static void print_prelude(Emit *e, const char *source_path)
 		"static inline float gelu_tanh_grad(float x, float dy)\n{\n"
 		"\tfloat u = 0.79788456080286536f * (x + 0.044715f * x * x * x), t = tanhf(u);\n"
 		"\tfloat du = 0.79788456080286536f * (1.0f + 3.0f * 0.044715f * x * x);\n"
-		"\treturn dy * (0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * du);\n}\n"
+		"\treturn dy * (0.5f + 0.5f * t + 0.5f * x * (1.0f - t * t) * du);\n}\n"
 		"static inline float silu(float x) { return planrt_silu(x); }\n"
 		"static inline float silu_grad(float x, float dy) { return planrt_silu_grad(x, dy); }\n"
 		"static inline float dropout_grad(uint8_t keep, float dy, float scale) { return keep ? dy * scale : 0; }\n"

@@ -18,8 +18,8 @@
  *               so tests/cuda runs each one on the CPU against the C target's loop nest.
  *
  * The printer adds no computation and no communication; the choices it makes are per kernel kind,
- * from the kernel table's device column (kernel_table.h: the planrt_cuda function, its bf16
- * tensor-core variant, nothing to do, or host only), and per stream. A kind planrt_cuda has no
+ * from the kernel table's device column (kernel_table.h: the planrt_cuda function, nothing to do,
+ * or host only; bf16 GEMMs are kinds of their own), and per stream. A kind planrt_cuda has no
  * implementation of is refused by name (cuda_executable). The streams and events are
  * streams.c's data, printed as calls: planrt_cu_wait(STREAM, &event) before a kernel,
  * planrt_cu_record(&event, STREAM) after it, planrt_cu_wait_entry at a side stream's first use in
@@ -237,9 +237,8 @@ static void device_call(Emit *e, const Kernel *k)
 		fprintf(f, " /* %s, %d op%s fused */", k->note ? k->note : "loop", k->nfused, k->nfused == 1 ? "" : "s");
 		return;
 	}
-	/* the tensor-core variant where streams.c found the operands are bf16 values */
 	const DeviceCall *dev = &kernel_device[k->kind];
-	const char *fn = k->tensor_cores ? dev->tensor_cores : dev->function;
+	const char *fn = dev->function;
 	internal_assert(dev->mode == KDEV_CALL && fn);
 	fprintf(f, "%s(", fn);
 	for (int i = 0; i < k->nargs; i++) {
@@ -256,8 +255,6 @@ static void device_call(Emit *e, const Kernel *k)
 	fprintf(f, "%s", k->nargs ? ", " : "");
 	stream_const(f, k->stream);
 	fprintf(f, ");");
-	if (k->tensor_cores)
-		fprintf(f, " /* bf16 tensor cores */");
 	if (k->note)
 		fprintf(f, " /* %s */", k->note);
 }
@@ -422,7 +419,7 @@ static bool write_kernels(const Cuda *c, const char *dir, const char *source_pat
 		   "PLANRT_LOOP float gelu_tanh_grad(float x, float dy)\n{\n"
 		   "\tfloat u = 0.79788456080286536f * (x + 0.044715f * x * x * x), t = tanhf(u);\n"
 		   "\tfloat du = 0.79788456080286536f * (1.0f + 3.0f * 0.044715f * x * x);\n"
-		   "\treturn dy * (0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * du);\n}\n"
+		   "\treturn dy * (0.5f + 0.5f * t + 0.5f * x * (1.0f - t * t) * du);\n}\n"
 		   "PLANRT_LOOP float silu(float x) { return planrt_silu(x); }\n"
 		   "PLANRT_LOOP float silu_grad(float x, float dy) { return planrt_silu_grad(x, dy); }\n"
 		   "PLANRT_LOOP float dropout_grad(uint8_t keep, float dy, float scale) { return keep ? dy * scale : 0; }\n"

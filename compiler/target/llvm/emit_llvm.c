@@ -21,8 +21,12 @@
  * the CPU has FMA; the builder does the same here (llvm.fmuladd: fused where the target has FMA),
  * so that the two back ends round alike. LLVMRunPasses runs default<O3> with the target machine:
  * the host CPU's for planc run and build --native (the loops vectorise as gcc -march=native
- * vectorises the C), the triple's baseline otherwise, as gcc's. LLVM errors (a verifier failure,
- * a missing target, an unresolved symbol) are planc diagnostics, never aborts. */
+ * vectorises the C), the triple's baseline otherwise. Instruction-set levels (planrt_cpu.h): in an
+ * object each fused loop is a function per level, marked with the level's target-cpu, called
+ * through a table indexed by planrt_cpu_level_ (the C target's PLANRT_CPU_LOOP); planc run builds
+ * it once, for the host CPU or for the level PLANRT_ISA forces, so that at every level both back
+ * ends and the JIT compute the same bits. LLVM errors (a verifier failure, a missing target, an
+ * unresolved symbol) are planc diagnostics, never aborts. */
 #include "target/target.h"
 
 #include <errno.h>
@@ -484,13 +488,18 @@ static bool lone_product(LLVMValueRef v, LLVMValueRef *x, LLVMValueRef *y, bool 
 	return true;
 }
 
-/* a + b, or a - b: a lone product operand (the left one first) is fused into the add as gcc's
- * -ffp-contract=fast does for the C back end, through llvm.fmuladd (one rounding where the
- * target has FMA). */
+/* a + b, or a - b: a lone product operand is fused into the add as gcc's -ffp-contract=fast does
+ * for the C back end, through llvm.fmuladd (one rounding where the target has FMA). Never two:
+ * which of two products gcc fuses depends on the shape of its code (the first in statement order
+ * of straight-line code, the later one when branches separate them), so the helpers add at most
+ * one product and the fused expressions' sums of two products hold the right one apart
+ * (emit_loop_sum_of_products: both back ends add 0 to it first). */
 static LLVMValueRef fadd_sub(Gen *G, LLVMValueRef a, LLVMValueRef b, bool sub)
 {
-	LLVMValueRef x, y;
-	bool neg;
+	LLVMValueRef x, y, x2, y2;
+	bool neg, neg2;
+	if (lone_product(a, &x, &y, &neg) && lone_product(b, &x2, &y2, &neg2))
+		ICE("a fused loop adds two products: the C and LLVM back ends could fuse different ones");
 	if (lone_product(a, &x, &y, &neg)) {
 		LLVMValueRef args[3] = {neg ? fneg(G, x) : x, y, sub ? fneg(G, b) : b};
 		return call(G, G->fmuladd, args, 3);
@@ -582,7 +591,7 @@ static LLVMValueRef gelu_erf(Gen *G, LLVMValueRef x)
 
 static LLVMValueRef gelu_erf_grad(Gen *G, LLVMValueRef x, LLVMValueRef dy)
 {
-	LLVMValueRef cdf = fmul(G, cf(G, "0.5"), fadd(G, cf(G, "1.0"), kerff(G, fmul(G, x, cf(G, "0.70710678118654752")))));
+	LLVMValueRef cdf = fadd(G, cf(G, "0.5"), fmul(G, cf(G, "0.5"), kerff(G, fmul(G, x, cf(G, "0.70710678118654752")))));
 	LLVMValueRef pdf = fmul(G, cf(G, "0.39894228040143268"), kexpf(G, fmul(G, fmul(G, cf(G, "-0.5"), x), x)));
 	return fmul(G, dy, fadd(G, cdf, fmul(G, x, pdf)));
 }
@@ -605,7 +614,7 @@ static LLVMValueRef gelu_tanh_grad(Gen *G, LLVMValueRef x, LLVMValueRef dy)
 	LLVMValueRef t = tanh_f32(G, gelu_tanh_arg(G, x));
 	LLVMValueRef c3 = fmul(G, cf(G, "3.0"), cf(G, "0.044715"));
 	LLVMValueRef du = fmul(G, cf(G, "0.79788456080286536"), fadd(G, cf(G, "1.0"), fmul(G, fmul(G, c3, x), x)));
-	LLVMValueRef a = fmul(G, cf(G, "0.5"), fadd(G, cf(G, "1.0"), t));
+	LLVMValueRef a = fadd(G, cf(G, "0.5"), fmul(G, cf(G, "0.5"), t));
 	LLVMValueRef b = fmul(G, fmul(G, fmul(G, cf(G, "0.5"), x), fsub(G, cf(G, "1.0"), fmul(G, t, t))), du);
 	return fmul(G, dy, fadd(G, a, b));
 }
@@ -829,6 +838,8 @@ static LLVMValueRef loop_expr(Gen *G, const Nest *ns, const LExpr *x)
 		}
 		a = as_f32(G, a);
 		LLVMValueRef b = as_f32(G, loop_expr(G, ns, x->b));
+		if (emit_loop_sum_of_products(x)) /* as emit_c.c prints it: a + (b + 0) */
+			b = fadd(G, b, cf(G, "0.0"));
 		switch (x->op) {
 		case OP_ADD:
 			return fadd(G, a, b);

@@ -1,0 +1,275 @@
+/* attention_impl.h: the fused attention kernels (FlashAttention-2's tiling on the CPU), included
+ * by kernels.c after kernels_impl.h, once per element type (T, S, FN, KEXP, KLOG, KLEVEL as
+ * there; no include guard).
+ *
+ * q [.., H, Sq, Dh], k and v [.., Hk, Sk, Dh] (H a multiple of Hk: query head h reads kv head
+ * h / (H / Hk), grouped-query attention), out [.., H, Sq, Dh], lse [.., H, Sq]. The forward walks
+ * each head's query rows in tiles of ATTN_BQ and the keys in tiles of ATTN_BK with an online
+ * softmax (running row maximum m and sum l, the accumulator rescaled by exp(m_old - m_new)), so
+ * nothing of size Sq x Sk is ever stored: it keeps the output and each row's logsumexp
+ * lse = m + log l. The backward recomputes each score tile from q, k and lse (P = exp(S - lse)),
+ * with D = rowsum(dout * out) in place of the softmax's rowsum(dP * P) (equal, dropout or not).
+ *
+ * Masks: mask_kind 1 is causal (key j > the query's global row gets no weight; key tiles past a
+ * query tile's last row are skipped), 2 adds mask (strides per dim of the local scores, 0 where it
+ * broadcasts). Dropout draws its keep mask from the same Philox stream as planrt_k_dropout on the
+ * scores' global index (gdims: the scores' global shape, offs: this block's offsets), so the fused
+ * and the unfused graphs drop the same probabilities. scratch: ATTN_SCRATCH_FLOATS(Dh) floats,
+ * which lower.c sizes by the same formula. */
+
+#ifndef ATTN_BQ
+#define ATTN_BQ 64
+#define ATTN_BK 64
+/* S or P tile, dP tile, keep mask, k and v transposed tiles, the output accumulator, m l D */
+#define ATTN_SCRATCH_FLOATS(dh) (3 * ATTN_BQ * ATTN_BK + 2 * ATTN_BK * (dh) + ATTN_BQ * (dh) + 3 * ATTN_BQ)
+#endif
+
+/* One call's shapes, masks and dropout, and where the head being worked on lives. */
+typedef struct FN(AttnCall) {
+	int rank;
+	int64_t heads, kv_heads, sq, sk, dh, nlead;
+	const int64_t *ldims, *mstr, *gdims, *offs;
+	const T *mask;
+	int causal;
+	T scale, keep_scale;
+	uint64_t thr, seed, key;
+	double p;
+	int64_t gst[KMAX_RANK];
+	/* the head being worked on: its mask and dropout bases, its query rows' global offset */
+	int64_t mask_base, drop_base, row0;
+} FN(AttnCall);
+
+static void FN(attn_setup)(FN(AttnCall) *c, int rank, const int64_t *ldims, int64_t kv_heads, int64_t sk,
+			   double scale, int mask_kind, const T *mask, const int64_t *mstr, double p,
+			   uint64_t seed, uint64_t key, const int64_t *gdims, const int64_t *offs)
+{
+	if (rank < 3 || rank > KMAX_RANK)
+		kfatal("attention rank out of range");
+	if (planrt_evaluating_)
+		p = 0;
+	*c = (FN(AttnCall)){.rank = rank, .heads = ldims[rank - 3], .kv_heads = kv_heads, .sq = ldims[rank - 2],
+			    .sk = sk, .dh = ldims[rank - 1], .nlead = 1, .ldims = ldims, .mstr = mstr,
+			    .gdims = gdims, .offs = offs, .mask = mask_kind == 2 ? mask : NULL,
+			    .causal = mask_kind == 1, .scale = (T)scale, .keep_scale = FN(kdropout_scale)(p),
+			    .thr = dropout_threshold(p), .seed = seed, .key = key, .p = p};
+	if (kv_heads <= 0 || c->heads % kv_heads)
+		kfatal("attention: the query heads are not a multiple of the key/value heads");
+	for (int d = 0; d < rank - 3; d++)
+		c->nlead *= ldims[d];
+	kstrides(rank, gdims, c->gst);
+}
+
+/* Points c at head (b, h): b the flat index over the leading dims. */
+static void FN(attn_head)(FN(AttnCall) *c, int64_t b, int64_t h)
+{
+	int r = c->rank;
+	int64_t rest = b, mb = 0, gb = 0;
+	for (int d = r - 4; d >= 0; d--) {
+		int64_t i = rest % c->ldims[d];
+		rest /= c->ldims[d];
+		mb += i * (c->mstr ? c->mstr[d] : 0);
+		gb += (i + c->offs[d]) * c->gst[d];
+	}
+	c->mask_base = mb + h * (c->mstr ? c->mstr[r - 3] : 0);
+	c->drop_base = gb + (h + c->offs[r - 3]) * c->gst[r - 3] + c->offs[r - 2] * c->gst[r - 2];
+	c->row0 = c->offs[r - 2];
+}
+
+/* The scores of query rows [i0, i0 + nq) against keys [j0, j0 + nk), scaled and masked, into
+ * s[nq][ATTN_BK], from kt (the key tile transposed, [Dh][ATTN_BK]); masked entries are -inf. */
+static void FN(attn_scores)(const FN(AttnCall) *c, const T *qh, const T *kt, int64_t i0, int64_t nq,
+			    int64_t j0, int64_t nk, T *s)
+{
+	for (int64_t i = 0; i < nq; i++) {
+		T *si = s + i * ATTN_BK;
+		const T *qi = qh + (i0 + i) * c->dh;
+		for (int64_t j = 0; j < nk; j++)
+			si[j] = 0;
+		for (int64_t d = 0; d < c->dh; d++) {
+			T qd = qi[d] * c->scale;
+			const T *kd = kt + d * ATTN_BK;
+			for (int64_t j = 0; j < nk; j++)
+				si[j] += qd * kd[j];
+		}
+		if (c->mask) {
+			const T *mi = c->mask + c->mask_base + (i0 + i) * c->mstr[c->rank - 2];
+			int64_t ms = c->mstr[c->rank - 1];
+			for (int64_t j = 0; j < nk; j++)
+				si[j] += mi[(j0 + j) * ms];
+		}
+		if (c->causal)
+			for (int64_t j = 0; j < nk; j++)
+				if (j0 + j > c->row0 + i0 + i)
+					si[j] = -INFINITY;
+	}
+}
+
+/* The dropout keep mask of the tile (1: kept), as planrt_k_dropout draws it. */
+static void FN(attn_keep)(const FN(AttnCall) *c, int64_t i0, int64_t nq, int64_t j0, int64_t nk, uint8_t *keep)
+{
+	for (int64_t i = 0; i < nq; i++)
+		dropout_mask_row(keep + i * ATTN_BK, nk, (uint64_t)(c->drop_base + (i0 + i) * c->gst[c->rank - 2] + j0), 1,
+				 c->thr, c->seed, c->key);
+}
+
+/* rows x Dh of src transposed into dst [Dh][ATTN_BK] */
+static void FN(attn_transpose)(const T *src, int64_t rows, int64_t dh, T *dst)
+{
+	for (int64_t j = 0; j < rows; j++)
+		for (int64_t d = 0; d < dh; d++)
+			dst[d * ATTN_BK + j] = src[j * dh + d];
+}
+
+/* the last key a query tile [i0, i0 + nq) attends to, plus one */
+static int64_t FN(attn_key_end)(const FN(AttnCall) *c, int64_t i0, int64_t nq)
+{
+	if (!c->causal)
+		return c->sk;
+	int64_t end = c->row0 + i0 + nq;
+	return end < c->sk ? end : c->sk;
+}
+
+/* One query tile of one head: the online softmax over its key tiles. */
+static void FN(attn_forward_tile)(const FN(AttnCall) *c, const T *qh, const T *kh, const T *vh, int64_t i0,
+				  int64_t nq, T *oh, T *lh, T *work)
+{
+	int64_t dh = c->dh;
+	T *s = work, *kt = s + 3 * ATTN_BQ * ATTN_BK, *acc = kt + 2 * ATTN_BK * dh, *m = acc + ATTN_BQ * dh;
+	T *l = m + ATTN_BQ;
+	uint8_t *keep = (uint8_t *)(s + 2 * ATTN_BQ * ATTN_BK);
+	for (int64_t i = 0; i < nq; i++) {
+		m[i] = -INFINITY;
+		l[i] = 0;
+	}
+	for (int64_t i = 0; i < nq * dh; i++)
+		acc[i] = 0;
+	int64_t jend = FN(attn_key_end)(c, i0, nq);
+	for (int64_t j0 = 0; j0 < jend; j0 += ATTN_BK) {
+		int64_t nk = jend - j0 < ATTN_BK ? jend - j0 : ATTN_BK;
+		FN(attn_transpose)(kh + j0 * dh, nk, dh, kt);
+		FN(attn_scores)(c, qh, kt, i0, nq, j0, nk, s);
+		if (c->p > 0)
+			FN(attn_keep)(c, i0, nq, j0, nk, keep);
+		for (int64_t i = 0; i < nq; i++) {
+			T *si = s + i * ATTN_BK, *ai = acc + i * dh;
+			T mt = FN(kmax)(si, nk), mnew = mt > m[i] ? mt : m[i];
+			if (mnew == -INFINITY)
+				continue; /* every key so far masked */
+			T corr = KEXP(m[i] - mnew);
+			for (int64_t j = 0; j < nk; j++)
+				si[j] = KEXP(si[j] - mnew);
+			l[i] = l[i] * corr + FN(ksum)(si, nk);
+			m[i] = mnew;
+			for (int64_t d = 0; d < dh; d++)
+				ai[d] *= corr;
+			for (int64_t j = 0; j < nk; j++) {
+				T pj = c->p > 0 ? (keep[i * ATTN_BK + j] ? si[j] * c->keep_scale : 0) : si[j];
+				const T *vj = vh + (j0 + j) * dh;
+				for (int64_t d = 0; d < dh; d++)
+					ai[d] += pj * vj[d];
+			}
+		}
+	}
+	for (int64_t i = 0; i < nq; i++) {
+		T inv = l[i] > 0 ? 1 / l[i] : 0;
+		for (int64_t d = 0; d < dh; d++)
+			oh[(i0 + i) * dh + d] = acc[i * dh + d] * inv;
+		lh[i0 + i] = l[i] > 0 ? m[i] + KLOG(l[i]) : -INFINITY;
+	}
+}
+
+void FN(planrt_k_attention)(const T *q, const T *k, const T *v, const T *mask, const int64_t *mask_strides, T *out,
+			    T *lse, int rank, const int64_t *ldims, int64_t kv_heads, int64_t sk, double scale,
+			    int mask_kind, double p, uint64_t seed, uint64_t key, const int64_t *gdims,
+			    const int64_t *offs, void *scratch)
+{
+	KLEVEL(planrt_k_attention, (q, k, v, mask, mask_strides, out, lse, rank, ldims, kv_heads, sk, scale, mask_kind,
+				    p, seed, key, gdims, offs, scratch));
+	FN(AttnCall) c;
+	FN(attn_setup)(&c, rank, ldims, kv_heads, sk, scale, mask_kind, mask, mask_strides, p, seed, key, gdims, offs);
+	int64_t group = c.heads / c.kv_heads, dh = c.dh;
+	for (int64_t b = 0; b < c.nlead; b++)
+		for (int64_t h = 0; h < c.heads; h++) {
+			FN(attn_head)(&c, b, h);
+			int64_t qi = b * c.heads + h, ki = b * c.kv_heads + h / group;
+			for (int64_t i0 = 0; i0 < c.sq; i0 += ATTN_BQ)
+				FN(attn_forward_tile)(&c, q + qi * c.sq * dh, k + ki * sk * dh, v + ki * sk * dh, i0,
+						      c.sq - i0 < ATTN_BQ ? c.sq - i0 : ATTN_BQ, out + qi * c.sq * dh,
+						      lse + qi * c.sq, (T *)scratch);
+		}
+}
+
+/* One query tile of one head's backward: dq of its rows, its share of dk and dv. */
+static void FN(attn_backward_tile)(const FN(AttnCall) *c, const T *const *in, T *const *grad, int64_t i0,
+				   int64_t nq, T *work)
+{
+	const T *qh = in[0], *kh = in[1], *vh = in[2], *oh = in[3], *lh = in[4], *doh = in[5];
+	T *dq = grad[0], *dk = grad[1], *dv = grad[2];
+	int64_t dh = c->dh;
+	T *s = work, *dp = s + ATTN_BQ * ATTN_BK, *kt = s + 3 * ATTN_BQ * ATTN_BK, *vt = kt + ATTN_BK * dh;
+	T *dd = kt + 2 * ATTN_BK * dh + ATTN_BQ * dh;
+	uint8_t *keep = (uint8_t *)(s + 2 * ATTN_BQ * ATTN_BK);
+	for (int64_t i = 0; i < nq; i++)
+		dd[i] = FN(kdot)(doh + (i0 + i) * dh, oh + (i0 + i) * dh, dh);
+	int64_t jend = FN(attn_key_end)(c, i0, nq);
+	for (int64_t j0 = 0; j0 < jend; j0 += ATTN_BK) {
+		int64_t nk = jend - j0 < ATTN_BK ? jend - j0 : ATTN_BK;
+		FN(attn_transpose)(kh + j0 * dh, nk, dh, kt);
+		FN(attn_transpose)(vh + j0 * dh, nk, dh, vt);
+		FN(attn_scores)(c, qh, kt, i0, nq, j0, nk, s);
+		if (c->p > 0)
+			FN(attn_keep)(c, i0, nq, j0, nk, keep);
+		for (int64_t i = 0; i < nq; i++) {
+			T *si = s + i * ATTN_BK, *dpi = dp + i * ATTN_BK, li = lh[i0 + i];
+			const T *doi = doh + (i0 + i) * dh, *qi = qh + (i0 + i) * dh;
+			for (int64_t j = 0; j < nk; j++)
+				si[j] = li == -INFINITY ? 0 : KEXP(si[j] - li); /* P */
+			for (int64_t j = 0; j < nk; j++)
+				dpi[j] = 0;
+			for (int64_t d = 0; d < dh; d++) { /* dP (of the dropped probabilities) = dout v^T */
+				T g = doi[d];
+				const T *vd = vt + d * ATTN_BK;
+				for (int64_t j = 0; j < nk; j++)
+					dpi[j] += g * vd[j];
+			}
+			for (int64_t j = 0; j < nk; j++) {
+				T z = c->p > 0 ? (keep[i * ATTN_BK + j] ? c->keep_scale : 0) : 1;
+				T pd = si[j] * z, ds = si[j] * (dpi[j] * z - dd[i]) * c->scale;
+				T *dvj = dv + (j0 + j) * dh, *dkj = dk + (j0 + j) * dh, *dqi = dq + (i0 + i) * dh;
+				const T *kj = kh + (j0 + j) * dh;
+				for (int64_t d = 0; d < dh; d++) {
+					dvj[d] += pd * doi[d];
+					dkj[d] += ds * qi[d];
+					dqi[d] += ds * kj[d];
+				}
+			}
+		}
+	}
+}
+
+void FN(planrt_k_attention_grad)(const T *q, const T *k, const T *v, const T *mask, const int64_t *mask_strides,
+				 const T *out, const T *lse, const T *dout, T *dq, T *dk, T *dv, int rank,
+				 const int64_t *ldims, int64_t kv_heads, int64_t sk, double scale, int mask_kind,
+				 double p, uint64_t seed, uint64_t key, const int64_t *gdims, const int64_t *offs,
+				 void *scratch)
+{
+	KLEVEL(planrt_k_attention_grad, (q, k, v, mask, mask_strides, out, lse, dout, dq, dk, dv, rank, ldims, kv_heads,
+					 sk, scale, mask_kind, p, seed, key, gdims, offs, scratch));
+	FN(AttnCall) c;
+	FN(attn_setup)(&c, rank, ldims, kv_heads, sk, scale, mask_kind, mask, mask_strides, p, seed, key, gdims, offs);
+	int64_t group = c.heads / c.kv_heads, dh = c.dh;
+	memset(dq, 0, sizeof(T) * (size_t)(c.nlead * c.heads * c.sq * dh));
+	memset(dk, 0, sizeof(T) * (size_t)(c.nlead * c.kv_heads * sk * dh));
+	memset(dv, 0, sizeof(T) * (size_t)(c.nlead * c.kv_heads * sk * dh));
+	for (int64_t b = 0; b < c.nlead; b++)
+		for (int64_t h = 0; h < c.heads; h++) {
+			FN(attn_head)(&c, b, h);
+			int64_t qi = b * c.heads + h, ki = b * c.kv_heads + h / group;
+			const T *in[6] = {q + qi * c.sq * dh, k + ki * sk * dh, v + ki * sk * dh, out + qi * c.sq * dh,
+					  lse + qi * c.sq, dout + qi * c.sq * dh};
+			T *grad[3] = {dq + qi * c.sq * dh, dk + ki * sk * dh, dv + ki * sk * dh};
+			for (int64_t i0 = 0; i0 < c.sq; i0 += ATTN_BQ)
+				FN(attn_backward_tile)(&c, in, grad, i0, c.sq - i0 < ATTN_BQ ? c.sq - i0 : ATTN_BQ,
+						       (T *)scratch);
+		}
+}

@@ -1,0 +1,88 @@
+/* attention_cuda.cu: the CUDA target's fused attention (graph/attention.c's op), forward and
+ * backward, with the per-row arithmetic of planrt_attention_math.h (which the host test
+ * tests/cuda/test_attention_math.c checks against the CPU kernels).
+ *
+ * One thread per query row (forward, dq) or per key row of a kv head (dk, dv), every key or query
+ * walked with an online softmax: the scores are never stored, so memory is the CPU kernel's (the
+ * output and each row's logsumexp). These are the exact, portable kernels (f32 FMA, no tensor
+ * cores); the fast path docs/gpu.md decides on (cuDNN's fused SDPA through its backend API, or FA2
+ * tiles on the tensor cores) needs a GPU to measure, which this work did not have. */
+#define PLANRT_INTERNAL
+#include "planrt_cuda.h"
+#include "planrt_cuda_internal.h"
+#include "planrt_kernels.h"
+#include "planrt_attention_math.h"
+
+__global__ static void attention_forward_kernel(AttnParams a, const float *q, const float *k, const float *v,
+						const float *mask, float *out, float *lse, int64_t rows)
+{
+	GRID_STRIDE(r, rows)
+	{
+		int64_t i = r % a.sq, bh = r / a.sq;
+		attn_forward_row(&a, q, k, v, mask, bh / a.heads, bh % a.heads, i, out, lse);
+	}
+}
+
+struct AttnInputs {
+	const float *t[6]; /* q, k, v, out, lse, dout */
+};
+
+__global__ static void attention_dq_kernel(AttnParams a, AttnInputs in, const float *mask, float *dq, int64_t rows)
+{
+	GRID_STRIDE(r, rows)
+	{
+		int64_t i = r % a.sq, bh = r / a.sq;
+		attn_dq_row(&a, in.t, mask, bh / a.heads, bh % a.heads, i, dq);
+	}
+}
+
+__global__ static void attention_dkdv_kernel(AttnParams a, AttnInputs in, const float *mask, float *dk, float *dv,
+					     int64_t rows)
+{
+	GRID_STRIDE(r, rows)
+	{
+		int64_t j = r % a.sk, bh = r / a.sk;
+		attn_dkdv_row(&a, in.t, mask, bh / a.kv_heads, bh % a.kv_heads, j, dk, dv);
+	}
+}
+
+static AttnParams attention_params(int rank, const int64_t *ldims, int64_t kv_heads, int64_t sk, double scale,
+				   int mask_kind, const int64_t *mask_strides, double p, uint64_t seed, uint64_t key,
+				   const int64_t *gdims, const int64_t *offs)
+{
+	AttnParams a;
+	if (planrt_evaluating_)
+		p = 0;
+	if (!attn_params(&a, rank, ldims, kv_heads, sk, scale, mask_kind, mask_strides, p, seed, key, gdims, offs))
+		planrt_fatal("attention: rank %d, head dim %lld or heads not a multiple of kv_heads %lld is outside what "
+			     "the CUDA kernel takes (rank <= %d, head dim <= %d)",
+			     rank, (long long)ldims[rank - 1], (long long)kv_heads, ATTN_MAX_RANK, ATTN_MAX_DH);
+	return a;
+}
+
+void planrt_cu_k_attention_f32(const float *q, const float *k, const float *v, const float *mask,
+			       const int64_t *mask_strides, float *out, float *lse, int rank, const int64_t *ldims,
+			       int64_t kv_heads, int64_t sk, double scale, int mask_kind, double p, uint64_t seed,
+			       uint64_t key, const int64_t *gdims, const int64_t *offs, void *scratch, int stream)
+{
+	(void)scratch;
+	AttnParams a = attention_params(rank, ldims, kv_heads, sk, scale, mask_kind, mask_strides, p, seed, key, gdims,
+					offs);
+	int64_t rows = a.nlead * a.heads * a.sq;
+	LAUNCH(attention_forward_kernel, rows, stream, a, q, k, v, mask, out, lse, rows);
+}
+
+void planrt_cu_k_attention_grad_f32(const float *q, const float *k, const float *v, const float *mask,
+				    const int64_t *mask_strides, const float *out, const float *lse, const float *dout,
+				    float *dq, float *dk, float *dv, int rank, const int64_t *ldims, int64_t kv_heads,
+				    int64_t sk, double scale, int mask_kind, double p, uint64_t seed, uint64_t key,
+				    const int64_t *gdims, const int64_t *offs, void *scratch, int stream)
+{
+	(void)scratch;
+	AttnParams a = attention_params(rank, ldims, kv_heads, sk, scale, mask_kind, mask_strides, p, seed, key, gdims,
+					offs);
+	AttnInputs in = {{q, k, v, out, lse, dout}};
+	int64_t qrows = a.nlead * a.heads * a.sq, krows = a.nlead * a.kv_heads * a.sk;
+	LAUNCH(attention_dq_kernel, qrows, stream, a, in, mask, dq, qrows);
+	LAUNCH(attention_dkdv_kernel, krows, stream, a, in, mask, dk, dv, krows);
+}

@@ -1,0 +1,232 @@
+/* planrt_attention_math.h: the per-row logic of the CUDA target's fused attention
+ * (attention_cuda.cu), as plain C that compiles for the device and for the host, so that
+ * tests/cuda/test_attention_math.c runs exactly this code on the CPU against planrt's CPU kernels
+ * (cpu/attention_impl.h) and the CPU's dropout masks.
+ *
+ * Shapes and masks as planrt_k_attention (planrt_kernels.h). One thread owns a query row for the
+ * forward (an online softmax over every key: running maximum m, sum l, the accumulator rescaled
+ * by exp(m_old - m_new); out = acc / l, lse = m + log l) and for dq (P = exp(s - lse) recomputed,
+ * D = dout . out), and a key row of a kv head for dk and dv (every query row of the head's group
+ * of query heads). The dropout keep decision is Philox-4x32-10's first word on the scores' global
+ * index, the CPU's stream (kernels.c's philox_first), so the device drops what the CPU drops. */
+#ifndef PLANRT_ATTENTION_MATH_H
+#define PLANRT_ATTENTION_MATH_H
+
+#include <math.h>
+#include <stdint.h>
+
+#ifdef __CUDACC__
+#define ATTN_FN __host__ __device__ static inline
+#else
+#define ATTN_FN static inline
+#endif
+
+#define ATTN_MAX_RANK 8
+#define ATTN_MAX_DH 256 /* the head dims a thread's accumulators hold */
+
+typedef struct AttnParams {
+	int rank, causal, has_mask;
+	int64_t heads, kv_heads, sq, sk, dh, nlead;
+	int64_t ldims[ATTN_MAX_RANK], mstr[ATTN_MAX_RANK], gst[ATTN_MAX_RANK], offs[ATTN_MAX_RANK];
+	float scale, keep_scale;
+	uint64_t thr, seed, key;
+} AttnParams;
+
+/* Fills a from the kernel's arguments (host side); returns 0 when the shapes are out of range. */
+ATTN_FN int attn_params(AttnParams *a, int rank, const int64_t *ldims, int64_t kv_heads, int64_t sk, double scale,
+			int mask_kind, const int64_t *mask_strides, double p, uint64_t seed, uint64_t key,
+			const int64_t *gdims, const int64_t *offs)
+{
+	if (rank < 3 || rank > ATTN_MAX_RANK || ldims[rank - 1] > ATTN_MAX_DH || kv_heads <= 0 ||
+	    ldims[rank - 3] % kv_heads)
+		return 0;
+	a->rank = rank;
+	a->causal = mask_kind == 1;
+	a->has_mask = mask_kind == 2;
+	a->heads = ldims[rank - 3];
+	a->kv_heads = kv_heads;
+	a->sq = ldims[rank - 2];
+	a->sk = sk;
+	a->dh = ldims[rank - 1];
+	a->nlead = 1;
+	int64_t st = 1;
+	for (int d = rank - 1; d >= 0; d--) {
+		a->ldims[d] = ldims[d];
+		a->mstr[d] = mask_strides ? mask_strides[d] : 0;
+		a->offs[d] = offs[d];
+		a->gst[d] = st;
+		st *= gdims[d];
+		if (d < rank - 3)
+			a->nlead *= ldims[d];
+	}
+	a->scale = (float)scale;
+	a->keep_scale = p >= 1 ? 0.0f : (float)(1.0 / (1.0 - p));
+	a->thr = !(p > 0) ? 0 : p >= 1 ? (uint64_t)1 << 32 : (uint64_t)ceil(p * 4294967296.0);
+	a->seed = seed;
+	a->key = key;
+	return 1;
+}
+
+ATTN_FN uint32_t attn_philox_first(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3, uint32_t k0, uint32_t k1)
+{
+	for (int r = 0; r < 10; r++) {
+		if (r > 0) {
+			k0 += 0x9E3779B9u;
+			k1 += 0xBB67AE85u;
+		}
+		uint64_t p0 = (uint64_t)0xD2511F53u * c0, p1 = (uint64_t)0xCD9E8D57u * c2;
+		uint32_t n0 = (uint32_t)(p1 >> 32) ^ c1 ^ k0, n2 = (uint32_t)(p0 >> 32) ^ c3 ^ k1;
+		c1 = (uint32_t)p1;
+		c3 = (uint32_t)p0;
+		c0 = n0;
+		c2 = n2;
+	}
+	return c0;
+}
+
+/* Where head (b, h) starts: in the mask, and in the scores' global index (dropout). */
+ATTN_FN void attn_head_bases(const AttnParams *a, int64_t b, int64_t h, int64_t *mask_base, uint64_t *drop_base)
+{
+	int r = a->rank;
+	int64_t rest = b, mb = 0, gb = 0;
+	for (int d = r - 4; d >= 0; d--) {
+		int64_t i = rest % a->ldims[d];
+		rest /= a->ldims[d];
+		mb += i * a->mstr[d];
+		gb += (i + a->offs[d]) * a->gst[d];
+	}
+	*mask_base = mb + h * a->mstr[r - 3];
+	*drop_base = (uint64_t)(gb + (h + a->offs[r - 3]) * a->gst[r - 3] + a->offs[r - 2] * a->gst[r - 2]);
+}
+
+/* Score (i, j) of a head: q_i . k_j scaled, plus the mask; -inf where causal masks it. */
+ATTN_FN float attn_score(const AttnParams *a, const float *qi, const float *kj, const float *mask, int64_t mask_base,
+			 int64_t i, int64_t j)
+{
+	if (a->causal && j > a->offs[a->rank - 2] + i)
+		return -INFINITY;
+	float s = 0;
+	for (int64_t d = 0; d < a->dh; d++)
+		s += qi[d] * a->scale * kj[d];
+	if (a->has_mask)
+		s += mask[mask_base + i * a->mstr[a->rank - 2] + j * a->mstr[a->rank - 1]];
+	return s;
+}
+
+/* The factor dropout gives probability (i, j): 0 dropped, 1 / (1 - p) kept, 1 without dropout. */
+ATTN_FN float attn_dropout_factor(const AttnParams *a, uint64_t drop_base, int64_t i, int64_t j)
+{
+	if (!a->thr)
+		return 1.0f;
+	uint64_t g = drop_base + (uint64_t)(i * a->gst[a->rank - 2] + j);
+	uint32_t u = attn_philox_first((uint32_t)g, (uint32_t)(g >> 32), (uint32_t)a->key, (uint32_t)(a->key >> 32),
+				       (uint32_t)a->seed, (uint32_t)(a->seed >> 32));
+	return (uint64_t)u >= a->thr ? a->keep_scale : 0.0f;
+}
+
+/* Query row i of head (b, h): out_i and lse_i by an online softmax over every key. */
+ATTN_FN void attn_forward_row(const AttnParams *a, const float *q, const float *k, const float *v, const float *mask,
+			      int64_t b, int64_t h, int64_t i, float *out, float *lse)
+{
+	float acc[ATTN_MAX_DH];
+	int64_t dh = a->dh, qh = b * a->heads + h, kh = b * a->kv_heads + h / (a->heads / a->kv_heads);
+	const float *qi = q + (qh * a->sq + i) * dh, *kb = k + kh * a->sk * dh, *vb = v + kh * a->sk * dh;
+	int64_t mask_base;
+	uint64_t drop_base;
+	attn_head_bases(a, b, h, &mask_base, &drop_base);
+	float m = -INFINITY, l = 0;
+	for (int64_t d = 0; d < dh; d++)
+		acc[d] = 0;
+	for (int64_t j = 0; j < a->sk; j++) {
+		float s = attn_score(a, qi, kb + j * dh, mask, mask_base, i, j);
+		if (s == -INFINITY)
+			continue;
+		float mnew = s > m ? s : m, corr = expf(m - mnew), pj = expf(s - mnew);
+		l = l * corr + pj;
+		m = mnew;
+		float pd = pj * attn_dropout_factor(a, drop_base, i, j);
+		for (int64_t d = 0; d < dh; d++)
+			acc[d] = acc[d] * corr + pd * vb[j * dh + d];
+	}
+	float inv = l > 0 ? 1 / l : 0;
+	for (int64_t d = 0; d < dh; d++)
+		out[(qh * a->sq + i) * dh + d] = acc[d] * inv;
+	lse[qh * a->sq + i] = l > 0 ? m + logf(l) : -INFINITY;
+}
+
+/* The gradient pieces of entry (i, j): P (undropped), the dropout factor z, dS = P (z dP - D). */
+ATTN_FN float attn_ds(const AttnParams *a, float s, float lse_i, float dpd, float z, float D, float *pz)
+{
+	float p = lse_i == -INFINITY || s == -INFINITY ? 0 : expf(s - lse_i);
+	*pz = p * z;
+	return p * (dpd * z - D) * a->scale;
+}
+
+ATTN_FN float attn_dot(const float *x, const float *y, int64_t n)
+{
+	float s = 0;
+	for (int64_t d = 0; d < n; d++)
+		s += x[d] * y[d];
+	return s;
+}
+
+/* dq of query row i of head (b, h) (overwritten). */
+ATTN_FN void attn_dq_row(const AttnParams *a, const float *const *in, const float *mask, int64_t b, int64_t h,
+			 int64_t i, float *dq)
+{
+	const float *q = in[0], *k = in[1], *v = in[2], *o = in[3], *lse = in[4], *dout = in[5];
+	int64_t dh = a->dh, qh = b * a->heads + h, kh = b * a->kv_heads + h / (a->heads / a->kv_heads);
+	const float *qi = q + (qh * a->sq + i) * dh, *doi = dout + (qh * a->sq + i) * dh;
+	float *dqi = dq + (qh * a->sq + i) * dh, li = lse[qh * a->sq + i], pz;
+	float D = attn_dot(doi, o + (qh * a->sq + i) * dh, dh);
+	int64_t mask_base;
+	uint64_t drop_base;
+	attn_head_bases(a, b, h, &mask_base, &drop_base);
+	for (int64_t d = 0; d < dh; d++)
+		dqi[d] = 0;
+	for (int64_t j = 0; j < a->sk; j++) {
+		const float *kj = k + (kh * a->sk + j) * dh;
+		float s = attn_score(a, qi, kj, mask, mask_base, i, j);
+		if (s == -INFINITY)
+			continue;
+		float dpd = attn_dot(doi, v + (kh * a->sk + j) * dh, dh);
+		float ds = attn_ds(a, s, li, dpd, attn_dropout_factor(a, drop_base, i, j), D, &pz);
+		for (int64_t d = 0; d < dh; d++)
+			dqi[d] += ds * kj[d];
+	}
+}
+
+/* dk and dv of key row j of kv head (b, hk) (overwritten): every query row of its query heads. */
+ATTN_FN void attn_dkdv_row(const AttnParams *a, const float *const *in, const float *mask, int64_t b, int64_t hk,
+			   int64_t j, float *dk, float *dv)
+{
+	const float *q = in[0], *k = in[1], *v = in[2], *o = in[3], *lse = in[4], *dout = in[5];
+	float gk[ATTN_MAX_DH], gv[ATTN_MAX_DH];
+	int64_t dh = a->dh, group = a->heads / a->kv_heads, kh = b * a->kv_heads + hk;
+	const float *kj = k + (kh * a->sk + j) * dh, *vj = v + (kh * a->sk + j) * dh;
+	for (int64_t d = 0; d < dh; d++)
+		gk[d] = gv[d] = 0;
+	for (int64_t h = hk * group; h < (hk + 1) * group; h++) {
+		int64_t qh = b * a->heads + h, mask_base;
+		uint64_t drop_base;
+		attn_head_bases(a, b, h, &mask_base, &drop_base);
+		for (int64_t i = 0; i < a->sq; i++) {
+			const float *qi = q + (qh * a->sq + i) * dh, *doi = dout + (qh * a->sq + i) * dh;
+			float s = attn_score(a, qi, kj, mask, mask_base, i, j), pz;
+			if (s == -INFINITY)
+				continue;
+			float D = attn_dot(doi, o + (qh * a->sq + i) * dh, dh), dpd = attn_dot(doi, vj, dh);
+			float ds = attn_ds(a, s, lse[qh * a->sq + i], dpd, attn_dropout_factor(a, drop_base, i, j), D, &pz);
+			for (int64_t d = 0; d < dh; d++) {
+				gv[d] += pz * doi[d];
+				gk[d] += ds * qi[d];
+			}
+		}
+	}
+	for (int64_t d = 0; d < dh; d++) {
+		dk[(kh * a->sk + j) * dh + d] = gk[d];
+		dv[(kh * a->sk + j) * dh + d] = gv[d];
+	}
+}
+
+#endif

@@ -1,0 +1,65 @@
+#!/usr/bin/env python3
+"""Device models (issue 20, docs/search.md): explain's estimated step time follows the device it
+is told to assume, named or from a device file.
+  - the named devices order as their rates do: a100 slower than h100, h100 slower than h200 (more
+    memory bandwidth), one CPU core far slower than any GPU;
+  - a device file `base = h100` alone gives h100's estimate; doubling its matmul rate shortens a
+    compute-bound plan's step, halving its in-node bandwidth lengthens a tensor-parallel one's;
+  - the tree all-reduce: at 12,500 data-parallel ranks across nodes a ring's 25,000 steps of
+    latency dominate, and the same device without its tree (net.tree = 0) is far slower;
+  - bad files: an unknown key or a non-number is an error naming file:line, exit 2.
+usage: tests/explain/check_devices.py PLANC ROOT"""
+import os
+import re
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
+import harness  # noqa: E402
+
+
+def step(planc, path, plan, device):
+    out = subprocess.run([planc, "explain", path, "--plan", plan, "--json", "--device=" + device],
+                         capture_output=True, text=True, check=True).stdout
+    return float(re.search(r'"estimated_step_s": \{"step": ([0-9.e+-]+)', out).group(1))
+
+
+def main():
+    planc, root = sys.argv[1], sys.argv[2]
+    tally = harness.Tally("devices")
+    tmp = harness.workdir("devices")
+    gpt = os.path.join(root, "examples/gpt.plan")
+    named = {d: step(planc, gpt, "dp2_tp2", d) for d in ("h200", "h100", "a100", "cpu")}
+    tally.check("a100 > h100 > h200, cpu slowest", named["a100"] > named["h100"] > named["h200"]
+                and named["cpu"] > 10 * named["a100"], named)
+
+    def dev(name, text):
+        path = os.path.join(tmp, name + ".device")
+        with open(path, "w") as f:
+            f.write(text)
+        return path
+
+    base = step(planc, gpt, "dp2_tp2", dev("base", "# as h100\nbase = h100\n"))
+    tally.check("base = h100 is h100", base == named["h100"], "%g vs %g" % (base, named["h100"]))
+    big = os.path.join(root, "examples/gpt175b.plan")
+    h100_big = step(planc, big, "t8_p8", "h100")
+    fast = step(planc, big, "t8_p8", dev("fast", "base = h100\nmatmul.bf16 = 1978T\nmatmul.f32 = 134T\n"))
+    tally.check("twice the matmul rate: a shorter step", fast < h100_big, "%g vs %g" % (fast, h100_big))
+    slow = step(planc, gpt, "dp2_tp2", dev("slow", "base = h100\nnode.bandwidth = 180G\n"))
+    tally.check("half the in-node bandwidth: a longer step", slow > named["h100"], "%g vs %g" % (slow, named["h100"]))
+    mesh = os.path.join(root, "tests/scale/mesh.plan")
+    tree = step(planc, mesh, "dp_tp_100k", "h100")
+    ring = step(planc, mesh, "dp_tp_100k", dev("ring", "base = h100\nnet.tree = 0\n"))
+    tally.check("tree all-reduce at 12,500 ranks", ring > 10 * tree, "ring only %g s, with tree %g s" % (ring, tree))
+    for name, text, want in (("unknown", "base = h100\nflops = 3\n", ":2: error: unknown key 'flops'"),
+                             ("nan", "base = h100\nnode.latency = fast\n", ":2: error: 'fast' is not"),
+                             ("empty", "# nothing\n", "the device has no matmul.f32")):
+        r = subprocess.run([planc, "explain", gpt, "--device=" + dev(name, text)], capture_output=True, text=True)
+        tally.check("bad device file: " + name, r.returncode == 2 and want in r.stderr, r.stderr.strip())
+    r = subprocess.run([planc, "explain", gpt, "--device=h300"], capture_output=True, text=True)
+    tally.check("unknown device name", r.returncode == 2 and "unknown device 'h300'" in r.stderr, r.stderr.strip())
+    tally.finish()
+
+
+if __name__ == "__main__":
+    main()
