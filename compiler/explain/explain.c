@@ -238,8 +238,6 @@ static bool op_on(const Op *op, int stage, int role)
 {
 	if (op->role != RANKROLE_ANY && op->role != role)
 		return false;
-	if (op->stage_group[0] >= 0)
-		return stage == op->stage_group[0] || stage == op->stage_group[1];
 	return op->stage == stage;
 }
 
@@ -262,8 +260,9 @@ static void model_states(Report *rep, Role *r)
 {
 	Graph *g = rep->g;
 	PlanSpec *ps = rep->ps;
-	int zn = ps->zero_stage >= 1 && ps->zero_axis >= 0 ? ps->axes[ps->zero_axis].size : 1;
-	bool worker_only = ps->sync == SYNC_ASYNC && r->role == RANKROLE_WORKER;
+	const StateRecord *st = &rep->low->state; /* ZeRO and sync as state.c laid them out */
+	int zn = st->zero.size;
+	bool worker_only = st->async && r->role == RANKROLE_WORKER;
 	for (int i = 0; i < g->nops; i++) {
 		const Op *op = &g->ops[i];
 		if (op->kind != OP_OPTIMIZER_STEP || op->stage != r->stage)
@@ -273,28 +272,28 @@ static void model_states(Report *rep, Role *r)
 		r->grads += bytes_of(g, gr);
 		/* the optimizer works on the tensor-parallel shard, split again over the ZeRO axis */
 		Layout saved = g->vals[p].lay;
-		if (ps->zero_axis >= 0)
-			g->vals[p].lay.on[ps->zero_axis] = LAYOUT_R;
+		if (st->zero.axis >= 0)
+			g->vals[p].lay.on[st->zero.axis] = LAYOUT_R;
 		long long local = value_local_elems(g, p);
 		g->vals[p].lay = saved;
 		if (zn > 1)
 			local = (local + zn - 1) / zn;
 		if (!worker_only)
 			r->optim += local * optimizer_state_bytes(ps);
-		if (ps->compress != COMPRESS_NONE && ps->error_feedback)
+		if (st->error_feedback)
 			r->optim += value_local_elems(g, gr) * 4; /* error-feedback residual, f32 */
 	}
-	if (ps->offload_optimizer == PLACE_HOST) {
+	if (st->offload_optimizer == PLACE_HOST) {
 		r->host += r->optim;
 		r->optim = 0;
-	} else if (ps->offload_optimizer == PLACE_DISK) {
+	} else if (st->offload_optimizer == PLACE_DISK) {
 		r->disk += r->optim;
 		r->optim = 0;
 	}
-	if (ps->offload_params == PLACE_HOST) {
+	if (st->offload_params == PLACE_HOST) {
 		r->host += r->params;
 		r->params = 0;
-	} else if (ps->offload_params == PLACE_DISK) {
+	} else if (st->offload_params == PLACE_DISK) {
 		r->disk += r->params;
 		r->params = 0;
 	}
@@ -353,7 +352,7 @@ static void activations(Report *rep, Role *r)
 	r->inflight = g->sched ? g->sched->inflight[r->stage] : 1;
 	r->act_micro = total;
 	r->act = per_chunk(total * r->inflight, v);
-	if (rep->ps->offload_activations == PLACE_HOST) {
+	if (rep->low->state.offload_activations == PLACE_HOST) {
 		r->host += r->act - per_chunk(total, v);
 		r->act = per_chunk(total, v);
 	}
@@ -671,15 +670,12 @@ static Report *build_report(Graph *g, const Lowered *low)
 	rep->low = low;
 	/* one program for both targets: its allocations are explain's figures when either runs it */
 	rep->runnable = low && (lowered_executable(low, false) || cuda_executable(low, false));
-	bool async = ps->sync == SYNC_ASYNC;
+	bool async = low->nroles > 1; /* async masters and workers */
 	int nr = g->nstages * (async ? 2 : 1);
 	rep->roles = calloc((size_t)nr, sizeof(Role));
 	if (!rep->roles)
 		ICE("out of memory");
-	int async_axis = -1;
-	for (int r = 0; r < ps->nrules; r++)
-		if (async && ps->rules[r].dim_name && ps->batch_dim && !strcmp(ps->rules[r].dim_name, ps->batch_dim))
-			async_axis = ps->rules[r].axis;
+	int async_axis = async ? low->state.sync_axis : -1;
 	for (int s = 0; s < g->nstages; s++)
 		for (int k = 0; k < (async ? 2 : 1); k++) {
 			Role *r = &rep->roles[rep->nroles++];
@@ -802,19 +798,19 @@ static const char *human_count(double x, char *buf, size_t n)
 static const char *const compressor_names[] = {"none", "bf16", "fp16", "topk", "powersgd"};
 
 /* The sync strategy, for plans other than plain strict sync (docs/sync.md). */
-static void sync_line(FILE *out, const PlanSpec *ps)
+static void sync_line(FILE *out, const PlanSpec *ps, const StateRecord *st)
 {
-	int a = sync_axis(ps);
+	int a = st->sync_axis;
 	const char *axis = a >= 0 ? ps->axes[a].name : "?";
-	if (ps->sync == SYNC_ASYNC)
+	if (st->sync == SYNC_ASYNC)
 		fprintf(out, "  sync async, staleness %d: the master is coordinate 0 of '%s' and computes too; workers compute on "
 			     "parameters at most %d update%s old\n",
 			ps->staleness, axis, ps->staleness, ps->staleness == 1 ? "" : "s");
-	else if (ps->sync == SYNC_LOCAL_SGD && ps->outer != OUTER_NONE)
+	else if (st->sync == SYNC_LOCAL_SGD && ps->outer != OUTER_NONE)
 		fprintf(out, "  sync local_sgd: replicas on '%s' average every %d step%s through outer %s(lr = %g, momentum = %g)\n",
 			axis, ps->every, ps->every == 1 ? "" : "s", ps->outer == OUTER_NESTEROV ? "nesterov" : "sgd", ps->outer_lr,
 			ps->outer_momentum);
-	else if (ps->sync == SYNC_LOCAL_SGD)
+	else if (st->sync == SYNC_LOCAL_SGD)
 		fprintf(out, "  sync local_sgd: replicas on '%s' average their parameters every %d step%s\n", axis, ps->every,
 			ps->every == 1 ? "" : "s");
 	else if (ps->compress == COMPRESS_TOPK)
@@ -861,7 +857,8 @@ static void print_text(FILE *out, const Report *rep)
 		ps->micro_batches, ps->micro_batches == 1 ? "" : "es",
 		ps->param_dtype == ps->master_dtype ? dtype_name(ps->param_dtype) : arena_printf(g->arena, "%s with %s master weights", dtype_name(ps->param_dtype), dtype_name(ps->master_dtype)),
 		ps->zero_stage, ps->recompute == RECOMPUTE_FULL ? "full" : ps->recompute == RECOMPUTE_SELECTIVE ? "selective" : "none");
-	sync_line(out, ps);
+	const StateRecord *st = &rep->low->state;
+	sync_line(out, ps, st);
 	fprintf(out, "  parameters %s (%s)\n", human_count((double)rep->params_total, b1, sizeof b1),
 		human((double)rep->params_total * dtype_bytes(ps->param_dtype), b2, sizeof b2));
 	if (rep->params_frozen || rep->params_buffers) { /* they have no gradients and no optimizer state */
@@ -885,7 +882,7 @@ static void print_text(FILE *out, const Report *rep)
 				human((double)r->prog_metric - buffers, b1, sizeof b1));
 			if (buffers > 0) /* what the sync strategies keep (docs/sync.md) */
 				fprintf(out, "  %-22s %12s   (%s)\n", "sync buffers", human(buffers, b1, sizeof b1),
-					ps->sync == SYNC_ASYNC ? "messages in flight, staleness + 1 or + 2 of them"
+					st->sync == SYNC_ASYNC ? "messages in flight, staleness + 1 or + 2 of them"
 								: "error feedback, PowerSGD's Q factors");
 			if (p->nslots == 1 && p->ninbox == 0)
 				fprintf(out, "  %-22s %12s   (one micro-batch's forward and backward)\n", "activations",
@@ -909,13 +906,13 @@ static void print_text(FILE *out, const Report *rep)
 		}
 		if (r->host > 0 && rep->runnable)
 			fprintf(out, "  %-22s %12s   (%s%s%s%s%s; pinned on a GPU)\n", "host memory", human((double)r->host, b1, sizeof b1),
-				ps->offload_optimizer == PLACE_DISK   ? "the optimizer's staging: two records, gradient and parameter copies"
-				: ps->offload_optimizer == PLACE_HOST ? "the optimizer state, gradient and parameter copies"
+				st->offload_optimizer == PLACE_DISK   ? "the optimizer's staging: two records, gradient and parameter copies"
+				: st->offload_optimizer == PLACE_HOST ? "the optimizer state, gradient and parameter copies"
 								      : "",
-				ps->offload_optimizer && ps->offload_params == PLACE_HOST ? ", " : "",
-				ps->offload_params == PLACE_HOST ? "the parameter chunks" : "",
-				(ps->offload_optimizer || ps->offload_params == PLACE_HOST) && ps->offload_activations == PLACE_HOST ? ", " : "",
-				ps->offload_activations == PLACE_HOST ? "the saved activations of the micro-batches in flight" : "");
+				st->offload_optimizer && st->offload_params == PLACE_HOST ? ", " : "",
+				st->offload_params == PLACE_HOST ? "the parameter chunks" : "",
+				(st->offload_optimizer || st->offload_params == PLACE_HOST) && st->offload_activations == PLACE_HOST ? ", " : "",
+				st->offload_activations == PLACE_HOST ? "the saved activations of the micro-batches in flight" : "");
 		else if (r->host > 0)
 			fprintf(out, "  %-22s %12s\n", "offloaded to host", human((double)r->host, b1, sizeof b1));
 		if (r->disk > 0)
@@ -998,8 +995,9 @@ static void print_json(FILE *out, const Report *rep)
 		schedule_name(ps->schedule), g->nstages, g->sched ? g->sched->chunks : 1, rep->bubble);
 	static const char *const modes[] = {"strict", "local_sgd", "async"};
 	static const char *const outers[] = {"none", "sgd", "nesterov"};
-	fprintf(out, "  \"sync\": {\"mode\": \"%s\", \"axis\": ", modes[ps->sync]);
-	json_str(out, sync_axis(ps) >= 0 ? ps->axes[sync_axis(ps)].name : "");
+	const StateRecord *st = &rep->low->state;
+	fprintf(out, "  \"sync\": {\"mode\": \"%s\", \"axis\": ", modes[st->sync]);
+	json_str(out, st->sync_axis >= 0 ? ps->axes[st->sync_axis].name : "");
 	fprintf(out, ", \"compress\": \"%s\", \"error_feedback\": %s, \"every\": %d, \"outer\": \"%s\", \"staleness\": %d},\n",
 		compressor_names[ps->compress], ps->error_feedback ? "true" : "false", ps->every, outers[ps->outer],
 		ps->staleness);

@@ -93,7 +93,6 @@ void op_clear(Op *op)
 	memset(op, 0, sizeof *op);
 	op->layer = -1;
 	op->peer = -1;
-	op->stage_group[0] = op->stage_group[1] = -1;
 	op->fwd_op = -1;
 	op->axis = -1;
 	op->coll_dim = -1;
@@ -352,6 +351,32 @@ static void dump_value(FILE *out, const Graph *g, int v)
 		fprintf(out, "{%s}", buf);
 }
 
+/* The ZeRO and sync annotations (zero.c, sync.c), after the ops. */
+static void dump_state(FILE *out, const Graph *g)
+{
+	const PlanSpec *ps = g->ps;
+	if (g->zero.stage)
+		fprintf(out, "zero %d over %s (%d ranks)\n", g->zero.stage, ps->axes[g->zero.axis].name, g->zero.size);
+	const GradSync *gs = &g->sync;
+	if (!gs->nbuckets && !gs->ntied && gs->axis < 0)
+		return;
+	static const char *const modes[] = {"strict", "local_sgd", "async"};
+	fprintf(out, "sync %s over %s%s%s%s\n", modes[gs->mode], gs->axis >= 0 ? ps->axes[gs->axis].name : "no axis",
+		gs->replicas ? "" : " (one replica)", gs->compress ? ", compressed" : "", gs->overlap ? ", overlapped" : "");
+	for (int i = 0; i < gs->nbuckets; i++) {
+		const GradBucket *b = &gs->buckets[i];
+		fprintf(out, "bucket %d: %s axis=%s stage=%d %s, %lld %s elements of", i, op_names[b->coll],
+			ps->axes[b->axis].name, b->stage, b->per_step ? "per step" : "per micro-batch", b->elems,
+			dtype_name(b->dtype));
+		for (int m = 0; m < b->nmembers; m++)
+			fprintf(out, " %%%d", b->members[m]);
+		fputc('\n', out);
+	}
+	for (int i = 0; i < gs->ntied; i++)
+		fprintf(out, "tied: %%%d (stage %d) + %%%d (stage %d) over %s\n", gs->tied[i].grad[0], gs->tied[i].stage[0],
+			gs->tied[i].grad[1], gs->tied[i].stage[1], ps->axes[ps->pipe_axis].name);
+}
+
 void graph_dump(FILE *out, const Graph *g)
 {
 	for (int i = 0; i < g->nops; i++) {
@@ -377,6 +402,7 @@ void graph_dump(FILE *out, const Graph *g)
 			fprintf(out, " %s", g->vals[op->out[0]].name);
 		fputc('\n', out);
 	}
+	dump_state(out, g);
 }
 
 /* ------------------------------------------------------------------ elaboration */
@@ -2348,6 +2374,8 @@ Graph *graph_build(PlanSpec *ps)
 	g->arena = a;
 	g->ps = ps;
 	g->loss = -1;
+	g->zero = (ZeroSharding){.stage = 0, .axis = -1, .size = 1};
+	g->sync.axis = -1;
 	Elab e = {0};
 	e.g = g;
 	e.ps = ps;

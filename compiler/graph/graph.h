@@ -172,12 +172,8 @@ typedef struct Op {
 	bool per_step;     /* runs once per step (optimizer, gradient sync), not per micro-batch */
 	bool internal;     /* communication done inside the preceding op's kernel (vocab-parallel
 			    * cross-entropy's reductions): counted and checked, not lowered on its own */
-	double every;      /* collectives: runs once per this many steps (local SGD), 0 = every step */
 	int peer;          /* p2p and async: the peer's coordinate on `axis`; -1 none */
-	int stage_group[2]; /* pipe-axis collectives between two stages (tied weights), else -1 */
 	int role;          /* ROLE_ANY, or an async role that alone runs the op */
-	int *members;      /* gradient buckets (sync.c): the gradient values packed into the buffer */
-	int nmembers;
 	int stage;         /* pipeline stage (0 without pipeline) */
 	int fwd_op;        /* backward ops: the forward op they differentiate, else -1 */
 	const char *scope; /* dotted fn path the op came from */
@@ -204,6 +200,51 @@ typedef struct Schedule {
 
 enum { RANKROLE_ANY = 0, RANKROLE_WORKER = 1, RANKROLE_MASTER = 2 };
 
+/* What the ZeRO and sync passes decided, as annotations of the graph (they insert no ops that a
+ * later pass would have to recognise and drop): state.c lays out the state and writes every
+ * kernel of it from these, and records what it ran in the Lowered program.
+ *
+ * zero.c: the ZeRO sharding in effect (Rajbhandari et al.'s stages): stage 0 when the plan asks
+ * for none or its axis has one rank (then axis -1, size 1). */
+typedef struct ZeroSharding {
+	int stage;
+	int axis, size;
+} ZeroSharding;
+
+/* sync.c: one gradient bucket, the member gradients (values) reduced together over a mesh axis. */
+typedef struct GradBucket {
+	OpKind coll;       /* OP_ALL_REDUCE, or OP_REDUCE_SCATTER over the ZeRO axis */
+	int axis, stage;
+	DType dtype;
+	long long elems;   /* the members' local elements */
+	bool per_step;     /* once per step; else after every micro-batch's backward (ZeRO 2 and 3) */
+	const char *what;  /* "gradient bucket (7 tensors)" */
+	int *members;
+	int nmembers;
+} GradBucket;
+
+/* sync.c: a parameter copied to two pipeline stages (tied weights): the gradients of the original
+ * (stage[0], grad[0]) and of the copy are summed over the pipe axis (Megatron's embedding group). */
+typedef struct TiedGrads {
+	int stage[2];
+	int grad[2];
+	int param;         /* the copy */
+} TiedGrads;
+
+/* sync.c: how data-parallel replicas agree (docs/sync.md). */
+typedef struct GradSync {
+	SyncMode mode;     /* the plan's strategy */
+	int axis;          /* the axis the batch is split over (local SGD averages and async masters
+			    * serve there), or -1 */
+	bool replicas;     /* that axis has more than one rank: local SGD and async are in effect */
+	bool compress;     /* strict sync whose batch-axis buckets are compressed (f32 gradients) */
+	bool overlap;      /* buckets started during the backward (overlap.c) */
+	GradBucket *buckets; /* in the order their gradients complete, per axis */
+	int nbuckets;
+	TiedGrads *tied;
+	int ntied;
+} GradSync;
+
 typedef struct Graph {
 	Arena *arena;
 	PlanSpec *ps;
@@ -221,6 +262,8 @@ typedef struct Graph {
 	int *layer_stage; /* layer -> stage */
 	int *layer_chunk; /* layer -> virtual chunk on its stage */
 	Schedule *sched;
+	ZeroSharding zero; /* zero.c */
+	GradSync sync;     /* sync.c */
 } Graph;
 
 Graph *graph_build(PlanSpec *ps); /* elaborate the model; NULL after reporting errors */
@@ -280,9 +323,6 @@ double pipeline_simulate(const Graph *g, const double *fcost, const double *bcos
 void pipeline_timeline(const Graph *g, const double *fcost, const double *bcost, double xfer, double *start, double *end);
 bool zero(Graph *g);         /* zero.c: ZeRO state sharding and offload placement */
 bool sync_grads(Graph *g);   /* sync.c: gradient buckets, compression, local SGD, async */
-/* sync.c: the axis the batch is split over, where local SGD averages and async masters serve
- * (-1: none) */
-int sync_axis(const PlanSpec *ps);
 /* sync.c: what compression sends for a gradient block of rows x cols elements (cols: the last dim,
  * 1 for a vector): top-k's entries kept, and whether PowerSGD factors it (then P is rows x r and
  * Q is cols x r) */

@@ -14,9 +14,15 @@
  *   async      workers send gradients to the master (coordinate 0 of the batch axis, which also
  *              computes gradients on its own share of the batch: a co-located parameter server),
  *              which updates and sends parameters back; the runtime enforces the staleness bound.
- * The ops made here for local SGD and async describe the traffic for --dump-after=sync; state.c
- * writes the kernels that run it. Tied parameters copied to two pipeline stages have their
- * gradients all-reduced between those two stages (Megatron's embedding group). */
+ * Tied parameters copied to two pipeline stages have their gradients all-reduced between those
+ * two stages (Megatron's embedding group).
+ *
+ * The pass annotates; it inserts no communication ops. What it decides is g->sync: the mode, the
+ * batch axis and whether it has replicas, compression, overlap, the buckets (axis, stage,
+ * members, reduce-scatter or all-reduce, every micro-batch or once per step) and the tied pairs;
+ * it marks the gradients' layouts (whole, or a flat ZeRO shard), and orders the ops so that the
+ * updates come after the backward. state.c writes every kernel of it (--dump-after=sync prints
+ * the annotation after the ops). */
 #include "graph/graph.h"
 
 #include <math.h>
@@ -33,45 +39,6 @@ static Op *add(Sync *s)
 	return oplist_add(s->g, &s->list, NULL);
 }
 
-static int flat_value(Graph *g, DType t, long long elems, const char *name)
-{
-	long long d[1] = {elems};
-	int v = graph_add_value(g, t, 1, d, NULL);
-	g->vals[v].name = name;
-	g->vals[v].role = ROLE_GRAD;
-	return v;
-}
-
-/* One bucket's collective on `axis`. */
-static Op *emit_bucket(Sync *s, OpKind kind, int axis, int stage, DType t, long long elems, bool per_step,
-		       double every, const char *name, int role, int peer)
-{
-	Graph *g = s->g;
-	int in = flat_value(g, t, elems, name);
-	Op *op = add(s);
-	op->kind = kind;
-	op->nin = 1;
-	op->in[0] = in;
-	if (kind != OP_SEND) {
-		int out = flat_value(g, t, kind == OP_ALL_GATHER ? elems * g->ps->axes[axis].size : elems, name);
-		if (kind == OP_REDUCE_SCATTER)
-			g->vals[out].lay.on[axis] = LAYOUT_FLAT;
-		op->nout = 1;
-		op->out[0] = out;
-		g->vals[out].def = s->list.n - 1;
-	}
-	if (kind == OP_REDUCE_SCATTER)
-		g->vals[in].lay.on[axis] = LAYOUT_R;
-	op->axis = axis;
-	op->stage = stage;
-	op->per_step = per_step;
-	op->backward = true;
-	op->every = every;
-	op->role = role;
-	op->peer = peer;
-	return op;
-}
-
 typedef struct Pending {
 	int stage;
 	DType dtype;
@@ -80,7 +47,8 @@ typedef struct Pending {
 	int members[4096];
 } Pending;
 
-int sync_axis(const PlanSpec *ps)
+/* the axis the batch is split over, where local SGD averages and async masters serve (-1: none) */
+static int sync_axis(const PlanSpec *ps)
 {
 	for (int r = 0; r < ps->nrules; r++)
 		if (ps->rules[r].dim_name && ps->batch_dim && !strcmp(ps->rules[r].dim_name, ps->batch_dim))
@@ -102,22 +70,113 @@ bool powersgd_factors(const PlanSpec *ps, long long rows, long long cols)
 	return rows > 1 && cols > 1 && (rows + cols) * ps->powersgd_rank < rows * cols;
 }
 
-static void flush(Sync *s, Pending *p, OpKind kind, int axis, bool per_step, double every, const char *what)
+/* The pending gradients of a stage as one bucket of g->sync. */
+static void flush(Graph *g, Pending *p, OpKind kind, int axis, bool per_step, const char *what)
 {
 	if (p->elems == 0)
 		return;
-	const char *name = arena_printf(s->g->arena, "%s bucket (%d tensors)", what, p->count);
-	Op *op = emit_bucket(s, kind, axis, p->stage, p->dtype, p->elems, per_step, every, name, RANKROLE_ANY, -1);
-	op->members = arena_alloc(s->g->arena, sizeof(int) * (size_t)p->count);
-	memcpy(op->members, p->members, sizeof(int) * (size_t)p->count);
-	op->nmembers = p->count;
+	GradSync *gs = &g->sync;
+	if (gs->nbuckets % 64 == 0) {
+		GradBucket *more = arena_alloc(g->arena, sizeof(GradBucket) * (size_t)(gs->nbuckets + 64));
+		if (gs->nbuckets)
+			memcpy(more, gs->buckets, sizeof(GradBucket) * (size_t)gs->nbuckets);
+		gs->buckets = more;
+	}
+	GradBucket *b = &gs->buckets[gs->nbuckets++];
+	b->coll = kind;
+	b->axis = axis;
+	b->stage = p->stage;
+	b->dtype = p->dtype;
+	b->elems = p->elems;
+	b->per_step = per_step;
+	b->what = arena_printf(g->arena, "%s bucket (%d tensors)", what, p->count);
+	b->members = arena_alloc(g->arena, sizeof(int) * (size_t)p->count);
+	memcpy(b->members, p->members, sizeof(int) * (size_t)p->count);
+	b->nmembers = p->count;
 	p->elems = 0;
 	p->count = 0;
+}
+
+/* The tied parameter copies on two stages, whose gradients are summed over the pipe axis. */
+static void tied_pairs(Graph *g, const int *upd, int nupd)
+{
+	GradSync *gs = &g->sync;
+	gs->tied = arena_alloc(g->arena, sizeof(TiedGrads) * (size_t)(nupd ? nupd : 1));
+	for (int k = 0; k < nupd; k++) {
+		const Op *u = &g->ops[upd[k]];
+		int orig = g->vals[u->in[0]].tied_to;
+		if (orig < 0)
+			continue;
+		int ou = -1;
+		for (int j = 0; j < nupd; j++)
+			if (g->ops[upd[j]].in[0] == orig)
+				ou = upd[j];
+		if (ou < 0)
+			continue;
+		gs->tied[gs->ntied++] = (TiedGrads){.stage = {g->ops[ou].stage, u->stage},
+						    .grad = {g->ops[ou].in[1], u->in[1]},
+						    .param = u->in[0]};
+	}
+}
+
+/* The buckets of one axis a: every gradient that is a partial sum on it becomes whole (or, on the
+ * ZeRO axis under ZeRO 2 and 3, this rank's flat shard), and under strict sync joins a bucket of
+ * its stage, in the order the gradients complete (upd: the updates, last first). */
+static void axis_buckets(Graph *g, int a, const int *upd, int nupd, bool per_micro)
+{
+	const PlanSpec *ps = g->ps;
+	const ZeroSharding *z = &g->zero;
+	bool zero_axis = a == z->axis && z->stage >= 1;
+	bool data_like = false; /* the batch is split over a (an axis of a rule for the batch dim) */
+	for (int r = 0; r < ps->nrules; r++)
+		if (ps->rules[r].dim_name && ps->batch_dim && !strcmp(ps->rules[r].dim_name, ps->batch_dim) &&
+		    ps->rules[r].axis == a)
+			data_like = true;
+	bool replicas_agree = data_like && (ps->sync == SYNC_LOCAL_SGD || ps->sync == SYNC_ASYNC);
+	const char *what = data_like && ps->compress != COMPRESS_NONE ? "compressed gradient" : "gradient";
+	OpKind kind = zero_axis ? OP_REDUCE_SCATTER : OP_ALL_REDUCE;
+	double bucket_bytes = ps->bucket_bytes > 0 ? ps->bucket_bytes : 25.0 * 1024 * 1024;
+	Pending *pend = calloc((size_t)g->nstages, sizeof(Pending));
+	if (!pend)
+		ICE("out of memory");
+	for (int k = nupd - 1; k >= 0; k--) {
+		const Op *u = &g->ops[upd[k]];
+		int grad = u->in[1];
+		Value *gv = &g->vals[grad];
+		if (gv->lay.on[a] != LAYOUT_P)
+			continue;
+		long long elems = value_local_elems(g, grad);
+		DType t = gv->dtype;
+		gv->lay.on[a] = zero_axis && z->stage >= 2 ? LAYOUT_FLAT : LAYOUT_R;
+		if (replicas_agree)
+			continue; /* local SGD and async move parameters, not gradients (state.c) */
+		Pending *p = &pend[u->stage];
+		if (p->elems && p->dtype != t)
+			flush(g, p, kind, a, !per_micro, what);
+		if (p->count == (int)(sizeof p->members / sizeof p->members[0]))
+			flush(g, p, kind, a, !per_micro, what);
+		p->stage = u->stage;
+		p->dtype = t;
+		p->elems += elems;
+		p->members[p->count++] = grad;
+		if ((double)p->elems * dtype_bytes(t) >= bucket_bytes)
+			flush(g, p, kind, a, !per_micro, what);
+	}
+	for (int st = 0; st < g->nstages; st++)
+		flush(g, &pend[st], kind, a, !per_micro, what);
+	free(pend);
 }
 
 bool sync_grads(Graph *g)
 {
 	PlanSpec *ps = g->ps;
+	GradSync *gs = &g->sync;
+	gs->mode = ps->sync;
+	gs->axis = sync_axis(ps);
+	gs->replicas = gs->axis >= 0 && ps->axes[gs->axis].size > 1;
+	/* (bf16 gradients sent as bf16 are not compressed: the warning says so) */
+	gs->compress = ps->sync == SYNC_STRICT && ps->compress != COMPRESS_NONE && gs->replicas && ps->param_dtype == DT_F32;
+	gs->overlap = ps->overlap;
 	Sync s = {.g = g};
 	int first_update = -1;
 	for (int i = 0; i < g->nops; i++)
@@ -131,8 +190,8 @@ bool sync_grads(Graph *g)
 	 * shard.c put before each update to bring a gradient to its parameter's layout (a gradient
 	 * is synchronised after those). With ZeRO 2/3 gradients leave the rank every micro-batch, so
 	 * those conversions run every micro-batch too. The updates, and what reads their results,
-	 * come after the buckets. */
-	bool per_micro = ps->zero_stage >= 2 && ps->zero_axis >= 0 && ps->axes[ps->zero_axis].size > 1;
+	 * come after the buckets (which state.c writes between them). */
+	bool per_micro = g->zero.stage >= 2;
 	char *after = calloc((size_t)g->nops + 1, 1);
 	if (!after)
 		ICE("out of memory");
@@ -156,7 +215,6 @@ bool sync_grads(Graph *g)
 			op->backward = true;
 		}
 	}
-	int nstages = g->nstages;
 	/* parameters in the order their gradients complete: reverse of the update order */
 	int nupd = 0;
 	int *upd = malloc(sizeof(int) * (size_t)(g->nops + 1));
@@ -165,117 +223,14 @@ bool sync_grads(Graph *g)
 	for (int i = first_update; i < g->nops; i++)
 		if (g->ops[i].kind == OP_OPTIMIZER_STEP)
 			upd[nupd++] = i;
-	double bucket_bytes = ps->bucket_bytes > 0 ? ps->bucket_bytes : 25.0 * 1024 * 1024;
 	/* every other axis first: a gradient is whole on them before the ZeRO axis splits it */
-	int order[MAX_AXES], norder = 0;
 	for (int a = 0; a < ps->naxes; a++)
 		if (a != ps->zero_axis)
-			order[norder++] = a;
+			axis_buckets(g, a, upd, nupd, per_micro);
 	if (ps->zero_axis >= 0)
-		order[norder++] = ps->zero_axis;
-	for (int oa = 0; oa < norder; oa++) {
-		int a = order[oa];
-		bool zero_axis = a == ps->zero_axis && ps->zero_stage >= 1 && ps->axes[a].size > 1;
-		bool data_like = false;
-		for (int r = 0; r < ps->nrules; r++)
-			if (ps->rules[r].dim_name && ps->batch_dim && !strcmp(ps->rules[r].dim_name, ps->batch_dim) &&
-			    ps->rules[r].axis == a)
-				data_like = true;
-		bool local_sgd = data_like && ps->sync == SYNC_LOCAL_SGD;
-		bool async = data_like && ps->sync == SYNC_ASYNC;
-		bool compressed = data_like && ps->compress != COMPRESS_NONE;
-		bool per_step = !per_micro;
-		Pending *pend = calloc((size_t)nstages, sizeof(Pending));
-		if (!pend)
-			ICE("out of memory");
-		for (int k = nupd - 1; k >= 0; k--) {
-			const Op *u = &g->ops[upd[k]];
-			int grad = u->in[1];
-			Value *gv = &g->vals[grad];
-			if (gv->lay.on[a] != LAYOUT_P)
-				continue;
-			OpKind kind = zero_axis ? OP_REDUCE_SCATTER : OP_ALL_REDUCE;
-			long long elems = value_local_elems(g, grad);
-			DType t = gv->dtype;
-			gv->lay.on[a] = zero_axis && ps->zero_stage >= 2 ? LAYOUT_FLAT : LAYOUT_R;
-			if (local_sgd || async)
-				continue;
-			Pending *p = &pend[u->stage];
-			if (p->elems && p->dtype != t)
-				flush(&s, p, kind, a, per_step, 0, compressed ? "compressed gradient" : "gradient");
-			if (p->count == (int)(sizeof p->members / sizeof p->members[0]))
-				flush(&s, p, kind, a, per_step, 0, compressed ? "compressed gradient" : "gradient");
-			p->stage = u->stage;
-			p->dtype = t;
-			p->elems += elems;
-			p->members[p->count++] = grad;
-			if ((double)p->elems * dtype_bytes(t) >= bucket_bytes)
-				flush(&s, p, kind, a, per_step, 0, compressed ? "compressed gradient" : "gradient");
-		}
-		for (int st = 0; st < nstages; st++)
-			flush(&s, &pend[st], zero_axis ? OP_REDUCE_SCATTER : OP_ALL_REDUCE, a, per_step, 0,
-			      compressed ? "compressed gradient" : "gradient");
-		if (local_sgd || async) {
-			/* parameters (not gradients) travel: averaged every K steps, or to and from the master */
-			for (int st = 0; st < nstages; st++) {
-				long long elems = 0;
-				DType t = ps->param_dtype;
-				for (int k = 0; k < nupd; k++)
-					if (g->ops[upd[k]].stage == st)
-						elems += value_local_elems(g, g->ops[upd[k]].in[0]);
-				if (!elems)
-					continue;
-				if (local_sgd) {
-					emit_bucket(&s, OP_ALL_REDUCE, a, st, ps->master_dtype, elems, true, ps->every,
-						    "parameter average", RANKROLE_ANY, -1);
-				} else {
-					/* each worker: gradients (and its loss and parameter version) out, parameters
-					 * back; the master serves every worker */
-					int n = ps->axes[a].size;
-					long long msg = elems + 16 / dtype_bytes(t);
-					emit_bucket(&s, OP_SEND, a, st, t, msg, true, 0, "gradients to the master", RANKROLE_WORKER, 0);
-					emit_bucket(&s, OP_RECV, a, st, t, elems, true, 0, "parameters from the master",
-						    RANKROLE_WORKER, 0);
-					for (int w = 1; w < n; w++) {
-						emit_bucket(&s, OP_RECV, a, st, t, msg, true, 0, "gradients from a worker", RANKROLE_MASTER,
-							    w);
-						emit_bucket(&s, OP_SEND, a, st, t, elems, true, 0, "parameters to a worker",
-							    RANKROLE_MASTER, w);
-					}
-				}
-			}
-		}
-		free(pend);
-	}
-	/* tied parameter copies on two stages: sum their gradients over the pipe axis */
+		axis_buckets(g, ps->zero_axis, upd, nupd, per_micro);
 	if (ps->pipe_axis >= 0)
-		for (int k = 0; k < nupd; k++) {
-			const Op *u = &g->ops[upd[k]];
-			int p = u->in[0];
-			int orig = g->vals[p].tied_to;
-			if (orig < 0)
-				continue;
-			int ou = -1;
-			for (int j = 0; j < nupd; j++)
-				if (g->ops[upd[j]].in[0] == orig)
-					ou = upd[j];
-			if (ou < 0)
-				continue;
-			Op *op = add(&s);
-			op->kind = OP_ALL_REDUCE;
-			op->nin = 2;
-			op->in[0] = g->ops[ou].in[1];
-			op->in[1] = u->in[1];
-			op->nout = 0;
-			op->axis = ps->pipe_axis;
-			op->stage = g->ops[ou].stage;
-			op->stage_group[0] = g->ops[ou].stage;
-			op->stage_group[1] = u->stage;
-			op->per_step = true;
-			op->backward = true;
-			op->loc = g->ops[g->vals[p].def].loc;
-			op->src = g->ops[g->vals[p].def].src;
-		}
+		tied_pairs(g, upd, nupd);
 	for (int i = 0; i < g->nops; i++) {
 		if (!after[i])
 			continue;

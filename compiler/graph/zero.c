@@ -6,8 +6,13 @@
  *   zero 3  parameters are split too: each use of a parameter in the forward and again in the
  *           backward is preceded by an all-gather of it (per micro-batch; freed after use).
  * Split here means flattened, padded and divided evenly (LAYOUT_FLAT), as DeepSpeed does, so
- * ZeRO never imposes divisibility on a parameter's dims. Offload placement is not a graph change:
- * explain.c moves the offloaded bytes from device to host (or disk). */
+ * ZeRO never imposes divisibility on a parameter's dims.
+ *
+ * This pass decides whether ZeRO is in effect (the stage, over an axis of more than one rank) and
+ * records it in g->zero, the one place later passes read it from; under ZeRO 3 it marks the
+ * parameters flat and inserts the gathers before their uses, which are the model's dataflow. What
+ * happens around the update (the sharded optimizer state, the gathers of the updated shards under
+ * ZeRO 1 and 2) is state.c's, from g->zero. Offload placement is not a graph change either. */
 #include "graph/graph.h"
 
 #include <stdlib.h>
@@ -17,7 +22,10 @@ bool zero(Graph *g)
 	PlanSpec *ps = g->ps;
 	int za = ps->zero_axis;
 	if (ps->zero_stage == 0 || za < 0 || ps->axes[za].size <= 1)
-		return true;
+		return true; /* g->zero stays stage 0 */
+	g->zero = (ZeroSharding){.stage = ps->zero_stage, .axis = za, .size = ps->axes[za].size};
+	if (g->zero.stage < 3)
+		return true; /* the state is laid out by state.c; the graph is unchanged */
 	OpList list = {0};
 	/* value -> gathered copy, per phase (0 forward, 1 backward) */
 	int nv = g->nvals;
@@ -29,7 +37,7 @@ bool zero(Graph *g)
 		gathered[i] = -1;
 	for (int i = 0; i < g->nops; i++) {
 		Op op = g->ops[i];
-		if (ps->zero_stage == 3 && op.kind != OP_OPTIMIZER_STEP && op.kind != OP_PARAM) {
+		if (op.kind != OP_OPTIMIZER_STEP && op.kind != OP_PARAM) {
 			for (int k = 0; k < op.nin; k++) {
 				int v = op.in[k];
 				if (v >= nv || g->vals[v].role != ROLE_PARAM)
@@ -59,32 +67,11 @@ bool zero(Graph *g)
 		}
 		newpos[i] = list.n;
 		oplist_add(g, &list, &op);
-		if (op.kind == OP_OPTIMIZER_STEP && ps->zero_stage < 3) {
-			/* each rank updated its shard: gather the full updated parameter */
-			int p = op.in[0];
-			int newp = op.out[0];
-			const Value *pv = &g->vals[p];
-			int shard = graph_add_value(g, pv->dtype, pv->rank, pv->dim, (const char *const *)pv->dim_name);
-			g->vals[shard].lay = g->vals[p].lay;
-			g->vals[shard].lay.on[za] = LAYOUT_FLAT;
-			g->vals[shard].name = g->vals[p].name;
-			g->vals[shard].role = ROLE_ACT;
-			list.ops[list.n - 1].out[0] = shard;
-			Op *ag = oplist_add(g, &list, NULL);
-			ag->kind = OP_ALL_GATHER;
-			ag->nin = 1;
-			ag->in[0] = shard;
-			ag->nout = 1;
-			ag->out[0] = newp;
-			op_inherit(ag, &op);
-			ag->axis = za;
-			ag->fwd_op = -1;
-		}
 	}
 	/* mark what each rank stores */
 	for (int v = 0; v < nv; v++) {
 		Value *val = &g->vals[v];
-		if (val->role == ROLE_PARAM && ps->zero_stage == 3 && val->def >= 0 && g->ops[val->def].kind == OP_PARAM)
+		if (val->role == ROLE_PARAM && val->def >= 0 && g->ops[val->def].kind == OP_PARAM)
 			val->lay.on[za] = LAYOUT_FLAT;
 	}
 	for (int i = 0; i < list.n; i++)

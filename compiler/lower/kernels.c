@@ -72,26 +72,12 @@ const int kernel_nparams[K_COUNT] = {
 };
 
 /* the device column: KDEV(f), KDEV_NOOP, KDEV_HOST */
-const DeviceMode kernel_device_modes[K_COUNT] = {
-#define KDEV(f) KDEV_CALL
-#define KDEV_NOOP KDEV_NO_OP
-#define KDEV_HOST KDEV_HOST_ONLY
+const DeviceCall kernel_device[K_COUNT] = {
+#define KDEV(f) {KDEV_CALL, #f}
+#define KDEV_NOOP {KDEV_NO_OP, NULL}
+#define KDEV_HOST {KDEV_HOST_ONLY, NULL}
 #define X(kind, text, cls, fn, dev, params) dev,
-#define Y(kind, text, cls) KDEV_HOST_ONLY,
-	KERNEL_TABLE(X, Y)
-#undef X
-#undef Y
-#undef KDEV
-#undef KDEV_NOOP
-#undef KDEV_HOST
-};
-
-const char *const kernel_device_functions[K_COUNT] = {
-#define KDEV(f) #f
-#define KDEV_NOOP NULL
-#define KDEV_HOST NULL
-#define X(kind, text, cls, fn, dev, params) dev,
-#define Y(kind, text, cls) NULL,
+#define Y(kind, text, cls) {KDEV_HOST_ONLY, NULL},
 	KERNEL_TABLE(X, Y)
 #undef X
 #undef Y

@@ -87,6 +87,7 @@ Kernel *kernel_new(LProg *p, KernelKind kind, Phase ph, int chunk, int op)
 	k->chunk = chunk;
 	k->op = op;
 	k->out = -1;
+	k->bucket = -1;
 	return k;
 }
 
@@ -920,7 +921,6 @@ static void comm_of_op(Lower *L, Kernel *k, const Op *op, int oi)
 	Comm *c = kernel_comm(L->p, k);
 	c->coll = op->kind;
 	c->axis = op->axis;
-	c->every = op->every;
 	c->op = oi;
 	int v = op->kind == OP_ALL_GATHER || op->kind == OP_RECV ? op->out[0] : op->in[0];
 	c->elems = lelems(g, v);
@@ -1487,22 +1487,6 @@ Kernel *kernel_opaque(LProg *p, int oi, Phase ph, int chunk)
 	return &p->k[p->nk - 1];
 }
 
-/* Ops state.c lowers: the update and what gradient synchronisation put around it. */
-static bool sync_op(const Graph *g, const Op *op)
-{
-	if (op->kind == OP_OPTIMIZER_STEP || op->nmembers > 0 || op->stage_group[0] >= 0)
-		return true;
-	OpClass c = op_classes[op->kind];
-	if (c != OPK_COLLECTIVE && c != OPK_P2P)
-		return false;
-	int v = op->nin ? op->in[0] : -1;
-	if (v >= 0 && g->vals[v].def < 0)
-		return true; /* a flat value sync.c made (parameter averages, async transfers, top-k) */
-	if (op->kind == OP_ALL_GATHER && v >= 0 && g->ops[g->vals[v].def].kind == OP_OPTIMIZER_STEP)
-		return true; /* ZeRO 1/2: the updated shards gathered back */
-	return false;
-}
-
 /* ------------------------------------------------------------------ mixture of experts */
 
 /* Mixture-of-experts ops (docs/moe.md) become planrt's moe kernels on this rank's block: tokens
@@ -2045,8 +2029,6 @@ static void lower_op(Lower *L, const Op *op, int oi)
 	case OP_SLICE:
 		if (op->kind == OP_ALL_GATHER && g->vals[x].lay.on[op->axis] == LAYOUT_FLAT)
 			lower_param_gather(L, op, oi);
-		else if (op->every > 0 || op->role != RANKROLE_ANY)
-			lower_opaque(L, op, oi);
 		else
 			lower_conversion(L, op, oi);
 		return;
@@ -2124,8 +2106,6 @@ static bool on_prog(const LProg *p, const Op *op)
 {
 	if (op->role != RANKROLE_ANY && op->role != p->role)
 		return false;
-	if (op->stage_group[0] >= 0)
-		return p->stage == op->stage_group[0] || p->stage == op->stage_group[1];
 	return op->stage == p->stage;
 }
 
@@ -2220,22 +2200,34 @@ static int by_int(const void *a, const void *b)
 	return (x > y) - (x < y);
 }
 
-/* The values the program's ops touch, ascending, in sh->touched. */
-static void touch_values(Shared *sh, const Graph *g, const int *ops, int nops, int program)
+static void touch_value(Shared *sh, int v, int program)
+{
+	if (v >= 0 && sh->stamp[v] != program + 1) {
+		sh->stamp[v] = program + 1;
+		sh->touched[sh->ntouched++] = v;
+	}
+}
+
+/* The values the program's ops touch and those state.c reads on its stage (sync.c's bucket
+ * members and tied gradients), ascending, in sh->touched. */
+static void touch_values(Shared *sh, const Graph *g, int stage, const int *ops, int nops, int program)
 {
 	sh->ntouched = 0;
 	for (int t = 0; t < nops; t++) {
 		const Op *op = &g->ops[ops[t]];
-		for (int side = 0; side < 3; side++) {
-			const int *vs = side == 0 ? op->in : side == 1 ? op->out : op->members;
-			int n = side == 0 ? op->nin : side == 1 ? op->nout : op->nmembers;
-			for (int k = 0; k < n; k++)
-				if (vs[k] >= 0 && sh->stamp[vs[k]] != program + 1) {
-					sh->stamp[vs[k]] = program + 1;
-					sh->touched[sh->ntouched++] = vs[k];
-				}
-		}
+		for (int k = 0; k < op->nin; k++)
+			touch_value(sh, op->in[k], program);
+		for (int k = 0; k < op->nout; k++)
+			touch_value(sh, op->out[k], program);
 	}
+	for (int i = 0; i < g->sync.nbuckets; i++)
+		for (int k = 0; g->sync.buckets[i].stage == stage && k < g->sync.buckets[i].nmembers; k++)
+			touch_value(sh, g->sync.buckets[i].members[k], program);
+	for (int i = 0; i < g->sync.ntied; i++)
+		if (g->sync.tied[i].stage[0] == stage || g->sync.tied[i].stage[1] == stage) {
+			touch_value(sh, g->sync.tied[i].grad[0], program);
+			touch_value(sh, g->sync.tied[i].grad[1], program);
+		}
 	qsort(sh->touched, (size_t)sh->ntouched, sizeof(int), by_int);
 }
 
@@ -2270,13 +2262,20 @@ static LProg *lower_prog(Lowered *low, int stage, int role, Shared *sh)
 			if (op->backward && d >= 0 && !g->ops[d].backward)
 				L.kept[op->in[k]] = true;
 		}
-		for (int k = 0; k < op->nmembers; k++)
-			L.consumers[op->members[k]]++;
 	}
+	/* what state.c reads: the gradient buckets' members, the tied pairs' gradients */
+	for (int i = 0; i < g->sync.nbuckets; i++)
+		for (int k = 0; g->sync.buckets[i].stage == stage && k < g->sync.buckets[i].nmembers; k++)
+			L.consumers[g->sync.buckets[i].members[k]]++;
+	for (int i = 0; i < g->sync.ntied; i++)
+		if (g->sync.tied[i].stage[0] == stage || g->sync.tied[i].stage[1] == stage) {
+			L.consumers[g->sync.tied[i].grad[0]]++;
+			L.consumers[g->sync.tied[i].grad[1]]++;
+		}
 	/* buffers of the values this program defines */
 	for (int t = 0; t < L.nops; t++) {
 		const Op *op = &g->ops[L.ops[t]];
-		if (!on_prog(p, op) || sync_op(g, op))
+		if (!on_prog(p, op) || op->kind == OP_OPTIMIZER_STEP) /* the update: state.c */
 			continue;
 		for (int k = 0; k < op->nout; k++) {
 			int v = op->out[k];
@@ -2323,7 +2322,7 @@ static LProg *lower_prog(Lowered *low, int stage, int role, Shared *sh)
 	for (int t = 0; t < L.nops; t++) {
 		int i = L.ops[t];
 		const Op *op = &g->ops[i];
-		if (!on_prog(p, op) || sync_op(g, op))
+		if (!on_prog(p, op) || op->kind == OP_OPTIMIZER_STEP) /* the update: state.c */
 			continue;
 		if (op->kind == OP_TRANSPOSE) {
 			if (materialise[i])
@@ -2695,8 +2694,8 @@ int lprog_value_buffer(const LProg *p, int v)
 
 /* ------------------------------------------------------------------ the plan */
 
-/* The ops on each stage, in order (a tied pair's op on both of its stages), once: every pass that
- * works on one stage's program walks these, not the model's ops. */
+/* The ops on each stage, in order, once: every pass that works on one stage's program walks these,
+ * not the model's ops. */
 static void stage_ops_index(Lowered *low)
 {
 	Graph *g = low->g;
@@ -2707,17 +2706,13 @@ static void stage_ops_index(Lowered *low)
 		if (pass && !at)
 			ICE("out of memory");
 		for (int i = 0; i < g->nops; i++) {
-			const Op *op = &g->ops[i];
-			int on[2] = {op->stage_group[0] >= 0 ? op->stage_group[0] : op->stage,
-				     op->stage_group[0] >= 0 && op->stage_group[1] != op->stage_group[0] ? op->stage_group[1] : -1};
-			for (int k = 0; k < 2; k++) {
-				if (on[k] < 0 || on[k] >= ns)
-					continue;
-				if (pass)
-					low->stage_op[low->stage_first[on[k]] + at[on[k]]++] = i;
-				else
-					low->stage_first[on[k] + 1]++;
-			}
+			int on = g->ops[i].stage;
+			if (on < 0 || on >= ns)
+				continue;
+			if (pass)
+				low->stage_op[low->stage_first[on] + at[on]++] = i;
+			else
+				low->stage_first[on + 1]++;
 		}
 		if (!pass) {
 			for (int st = 0; st < ns; st++)
@@ -2780,23 +2775,21 @@ Lowered *lower(Graph *g)
 	Lowered *low = arena_alloc(g->arena, sizeof *low);
 	low->g = g;
 	low->ps = g->ps;
-	low->nroles = g->ps->sync == SYNC_ASYNC ? 2 : 1;
+	low->nroles = g->sync.mode == SYNC_ASYNC ? 2 : 1; /* sync.c's: async masters and workers */
 	low->progs = arena_alloc(g->arena, sizeof(LProg *) * (size_t)(g->nstages * low->nroles));
-	/* tied-parameter pair groups */
-	for (int i = 0; i < g->nops; i++) {
-		const Op *op = &g->ops[i];
-		if (op->stage_group[0] < 0)
-			continue;
+	/* tied-parameter pair groups (sync.c's tied gradients) */
+	for (int i = 0; i < g->sync.ntied; i++) {
+		const TiedGrads *t = &g->sync.tied[i];
 		bool known = false;
 		for (int q = 0; q < low->npairs; q++)
-			if (low->pair_a[q] == op->stage_group[0] && low->pair_b[q] == op->stage_group[1])
+			if (low->pair_a[q] == t->stage[0] && low->pair_b[q] == t->stage[1])
 				known = true;
 		if (known)
 			continue;
 		if (low->npairs == 64)
 			ICE("more than 64 tied-parameter groups");
-		low->pair_a[low->npairs] = op->stage_group[0];
-		low->pair_b[low->npairs++] = op->stage_group[1];
+		low->pair_a[low->npairs] = t->stage[0];
+		low->pair_b[low->npairs++] = t->stage[1];
 	}
 	param_table(low);
 	low->vocab = 256;
@@ -2817,7 +2810,7 @@ Lowered *lower(Graph *g)
 			int role = low->nroles == 1 ? RANKROLE_ANY : r == 0 ? RANKROLE_MASTER : RANKROLE_WORKER;
 			int nops;
 			const int *ops = lowered_stage_ops(low, s, &nops);
-			touch_values(&sh, g, ops, nops, low->nprogs);
+			touch_values(&sh, g, s, ops, nops, low->nprogs);
 			LProg *p = lower_prog(low, s, role, &sh);
 			lower_conversions(p);
 			compact_prog(p, &sh, g->nvals);
@@ -2922,6 +2915,8 @@ void lprog_dump(FILE *out, const LProg *p)
 			}
 		}
 		fprintf(out, ")");
+		if (k->bucket >= 0)
+			fprintf(out, " {bucket %d}", k->bucket);
 		for (int c = 0; c < k->ncomm; c++) {
 			const Comm *cm = &k->comm[c];
 			fprintf(out, " [%s %lld %s on %s%s]", op_names[cm->coll], cm->elems, dtype_name(cm->dtype),

@@ -65,8 +65,11 @@ extern const int kernel_nparams[K_COUNT];
 /* What the CUDA target does with a kind: call its device function, nothing (NCCL progresses its
  * operations on their own stream), or run it on the host only. */
 typedef enum { KDEV_CALL, KDEV_NO_OP, KDEV_HOST_ONLY } DeviceMode;
-extern const DeviceMode kernel_device_modes[K_COUNT];
-extern const char *const kernel_device_functions[K_COUNT];    /* KDEV_CALL: the planrt_cuda function */
+typedef struct DeviceCall {
+	DeviceMode mode;
+	const char *function; /* KDEV_CALL: the planrt_cuda function */
+} DeviceCall;
+extern const DeviceCall kernel_device[K_COUNT];
 
 /* Named argument access: KARG(k, MATMUL, A) is kernel k's argument A (k must be a K_MATMUL with
  * its arguments built); KARG_INDEX(MATMUL, A) its position. Each kind's parameters are the char
@@ -234,6 +237,7 @@ typedef struct Kernel {
 				 * events); -1: the compute stream at the phase call's entry */
 	bool event;             /* records an event when done (a kernel or the call's end waits for it) */
 	bool join;              /* the phase call ends with the compute stream waiting for it */
+	int bucket;             /* state.c: the gradient bucket it reduces (g->sync.buckets), or -1 */
 } Kernel;
 
 typedef enum { HANDLE_REQUEST, HANDLE_BUCKET } HandleType; /* planrt_request_t, planrt_bucket_t */
@@ -306,9 +310,24 @@ typedef struct ParamEntry {
 	bool saved;             /* false for a tied copy (the original is written) and a computed buffer */
 } ParamEntry;
 
+/* state.c: ZeRO, gradient synchronisation and offload as the programs run them (from zero.c's and
+ * sync.c's annotations of the graph). The passes after state, the targets and explain read these,
+ * never the plan's settings. */
+typedef struct StateRecord {
+	ZeroSharding zero;      /* the sharding the state is laid out by (stage 0: none) */
+	SyncMode sync;          /* the plan's strategy (the program descriptor's) */
+	int sync_axis;          /* the axis the batch is split over, or -1 */
+	bool local_sgd, async;  /* in effect: the batch axis has replicas */
+	bool compress;          /* the batch axis's buckets are compressed */
+	bool error_feedback;    /* ... with residuals (optimizer-side state) */
+	bool overlap;           /* buckets start during the backward (overlap.c) */
+	OffloadPlace offload_optimizer, offload_params, offload_activations;
+} StateRecord;
+
 struct Lowered {
 	Graph *g;
 	PlanSpec *ps;
+	StateRecord state;      /* state.c */
 	LProg **progs;          /* [stage * nroles + role index] */
 	int nprogs, nroles;
 	ParamEntry *params;
@@ -373,11 +392,23 @@ void lprog_dump(FILE *out, const LProg *p);
 
 /* state.c, overlap.c, memplan.c: the back-end passes after lower, on every program */
 bool plan_state(Lowered *low);
-/* state.c: a hash of the whole lowered program ("fnv1a64:<16 hex digits>"), which planrt records in
- * every checkpoint: a checkpoint resumes bit for bit under the same, and is resharded otherwise */
-const char *plan_fingerprint(const Lowered *low);
-const char *plan_optimizer_text(const Lowered *low); /* "adamw(lr = 0.0003, ...)" (the program descriptor's) */
-const char *sync_mode_name(SyncMode m); /* "strict", "local_sgd", "async" (the program descriptor's) */
+/* descriptor.c: the program descriptor's scalar fields (planrt_program_t, in its field order),
+ * computed once for every target to print */
+typedef struct ProgramDesc {
+	const char *plan, *model, *source;
+	int world, naxes, pipe_axis; /* pipe_axis, role_axis: -1 none */
+	int nstages, nparams;
+	int micro_batches;
+	long long batch, seq, vocab;
+	double lr, min_lr;
+	int warmup, total_steps;
+	int nroles, role_axis;      /* async: masters and workers on the batch axis */
+	const char *fingerprint;    /* "fnv1a64:<16 hex digits>", a hash of the whole lowered program */
+	const char *sync;           /* "strict", "local_sgd", "async" */
+	double loss_scale;
+	const char *optimizer;      /* "adamw(lr = 0.0003, ...)", as the checkpoint records it */
+} ProgramDesc;
+ProgramDesc program_desc(const Lowered *low, const char *source_path);
 bool plan_overlap(Lowered *low);
 /* offload_params.c: under `offload params -> host`, each ZeRO-3 gather reads a device copy of its
  * host-placed chunk */

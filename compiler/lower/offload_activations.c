@@ -234,7 +234,7 @@ static void offload_prog(LProg *p)
 
 bool plan_offload_activations(Lowered *low)
 {
-	if (low->ps->offload_activations != PLACE_HOST)
+	if (low->state.offload_activations != PLACE_HOST)
 		return true;
 	for (int i = 0; i < low->nprogs; i++)
 		offload_prog(low->progs[i]);

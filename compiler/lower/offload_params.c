@@ -83,7 +83,7 @@ static void offload_params_prog(LProg *p)
 
 bool plan_offload_params(Lowered *low)
 {
-	if (low->ps->offload_params != PLACE_HOST)
+	if (low->state.offload_params != PLACE_HOST)
 		return true;
 	for (int i = 0; i < low->nprogs; i++)
 		offload_params_prog(low->progs[i]);

@@ -61,7 +61,7 @@ typedef struct Candidates {
 static bool bucket_candidate(const LProg *p, const Kernel *k, bool *inplace)
 {
 	*inplace = k->kind == K_ALLREDUCE_INPLACE || k->kind == K_REDUCE_SCATTER_INPLACE;
-	if ((!*inplace && k->kind != K_BUCKET_RS) || k->op < 0 || !p->g->ops[k->op].nmembers)
+	if ((!*inplace && k->kind != K_BUCKET_RS) || k->bucket < 0)
 		return false;
 	return k->phase == PH_STEP || k->phase == PH_BACKWARD;
 }
@@ -256,6 +256,7 @@ static Started start_bucket(LProg *p, Inserts *ins, int i, int last)
 		start = s;
 		fin = f;
 	}
+	start.bucket = fin.bucket = p->k[i].bucket; /* both halves reduce state.c's bucket */
 	inserts_add(ins, start, last + 1);
 	Started st = {last + 1, per_step ? p->nk : i, start.chunk, p->k[i].op, 0, per_step,
 		      start.kind == K_BUCKET_RS_START ? K_BUCKET_PROGRESS : K_REQUEST_PROGRESS,
@@ -312,7 +313,7 @@ static void progress_calls(LProg *p, Inserts *ins, Started *st, int n, int nk)
 
 static void overlap_buckets(LProg *p)
 {
-	if (!p->ps->overlap)
+	if (!p->low->state.overlap)
 		return;
 	Candidates C;
 	candidates_find(p, &C);

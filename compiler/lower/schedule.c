@@ -474,11 +474,8 @@ static Pair *transfer_pairs(const Check *C, int a, const Range *rg, int nrg, int
 bool check_collectives(const Lowered *low)
 {
 	const PlanSpec *ps = low->ps;
-	Check C = {.low = low, .ps = ps, .async_axis = -1};
-	if (ps->sync == SYNC_ASYNC)
-		for (int r = 0; r < ps->nrules; r++)
-			if (ps->rules[r].dim_name && ps->batch_dim && !strcmp(ps->rules[r].dim_name, ps->batch_dim))
-				C.async_axis = ps->rules[r].axis;
+	/* async masters and workers: the batch axis state.c ran them on */
+	Check C = {.low = low, .ps = ps, .async_axis = low->nroles > 1 ? low->state.sync_axis : -1};
 	C.ncomm = ps->naxes + low->npairs;
 	C.nchannel = 2 * (low->g->sched && low->g->sched->chunks > 0 ? low->g->sched->chunks : 1);
 	index_programs(&C);

@@ -64,7 +64,7 @@ typedef struct Update {
 } Update;
 
 typedef struct Flat {
-	int op;             /* the bucket op */
+	int bucket;         /* its gradient bucket (g->sync.buckets) */
 	int *upd;
 	int nupd;
 	long long total;    /* member elements, padded to chunk * N under ZeRO */
@@ -301,10 +301,10 @@ static int primary_axis(const State *S)
 	int axis = -1;
 	for (int a = 0; a < S->ps->naxes; a++) {
 		double bytes = 0;
-		for (int so = 0; so < S->nops; so++) {
-			const Op *op = &g->ops[S->ops[so]];
-			if (op->nmembers && op->kind == OP_ALL_REDUCE && op->axis == a && op->stage == S->p->stage)
-				bytes += (double)value_elems(g, op->in[0]);
+		for (int i = 0; i < g->sync.nbuckets; i++) {
+			const GradBucket *b = &g->sync.buckets[i];
+			if (b->coll == OP_ALL_REDUCE && b->axis == a && b->stage == S->p->stage)
+				bytes += (double)b->elems;
 		}
 		if (bytes > best) {
 			best = bytes;
@@ -319,25 +319,24 @@ static void layout_flat(State *S)
 {
 	Graph *g = S->g;
 	LProg *p = S->p;
-	S->f = calloc((size_t)S->nops + 1, sizeof(Flat));
+	S->f = calloc((size_t)g->sync.nbuckets + 1, sizeof(Flat));
 	if (!S->f)
 		ICE("out of memory");
-	for (int so = 0; so < S->nops; so++) {
-		int i = S->ops[so];
-		const Op *op = &g->ops[i];
-		if (!op->nmembers || op->stage != p->stage || op->axis != S->primary)
+	for (int i = 0; i < g->sync.nbuckets; i++) {
+		const GradBucket *bk = &g->sync.buckets[i];
+		if (bk->stage != p->stage || bk->axis != S->primary)
 			continue;
-		if (op->kind != (S->zero >= 1 ? OP_REDUCE_SCATTER : OP_ALL_REDUCE))
+		if (bk->coll != (S->zero >= 1 ? OP_REDUCE_SCATTER : OP_ALL_REDUCE))
 			continue;
 		Flat *f = &S->f[S->nf];
-		f->op = i;
-		f->upd = arena_alloc(g->arena, sizeof(int) * (size_t)op->nmembers);
+		f->bucket = i;
+		f->upd = arena_alloc(g->arena, sizeof(int) * (size_t)bk->nmembers);
 		f->grad_shard = f->master = f->m = f->v = f->param = -1;
 		DType gt = DT_F32;
-		for (int m = 0; m < op->nmembers; m++) {
-			int ui = update_of_grad(S, value_buffer(p, op->members[m]));
+		for (int m = 0; m < bk->nmembers; m++) {
+			int ui = update_of_grad(S, value_buffer(p, bk->members[m]));
 			if (ui < 0 || S->u[ui].flat >= 0)
-				ICE("bucket member %%%d is no update's gradient", op->members[m]);
+				ICE("bucket member %%%d is no update's gradient", bk->members[m]);
 			Update *u = &S->u[ui];
 			u->flat = S->nf;
 			u->off = f->total;
@@ -1065,114 +1064,127 @@ static void clear_transient_gradients(State *S)
 	free(done);
 }
 
-static void compress_bucket(State *S, Flat *f, int oi); /* (sync strategies, below) */
+static void compress_bucket(State *S, Flat *f); /* (sync strategies, below) */
 
-/* The buckets sync.c made, in its order, then the tied pairs (before anything that could split
- * their gradients). */
+/* The tied pairs' gradients summed over the pipe axis (before anything that could split them). */
+static void sync_tied(State *S)
+{
+	Graph *g = S->g;
+	LProg *p = S->p;
+	for (int i = 0; i < g->sync.ntied; i++) {
+		const TiedGrads *t = &g->sync.tied[i];
+		if (p->stage != t->stage[0] && p->stage != t->stage[1])
+			continue;
+		int q = -1;
+		for (int k = 0; k < p->low->npairs; k++)
+			if (p->low->pair_a[k] == t->stage[0] && p->low->pair_b[k] == t->stage[1])
+				q = k;
+		int grad = value_buffer(p, p->stage == t->stage[0] ? t->grad[0] : t->grad[1]);
+		allreduce_inplace(S, PH_STEP, grad, p->buf[grad].elems, S->ps->pipe_axis, q, "tied-parameter gradients");
+		p->k[p->nk - 1].op = g->vals[t->param].def; /* messages point at the copy's declaration */
+	}
+}
+
+/* A flat bucket (layout_flat): reduced in place (ZeRO 1 and 2: reduce-scattered, and under
+ * ZeRO 2 this micro-batch's shard added to the step's). */
+static void sync_flat(State *S, Flat *f, int bi, Phase ph)
+{
+	LProg *p = S->p;
+	const GradBucket *bk = &S->g->sync.buckets[bi];
+	DType t = p->buf[f->grad].dtype;
+	const char *what = p->buf[f->grad].what;
+	Kernel *k = step_kernel(S, S->zero >= 1 ? K_REDUCE_SCATTER_INPLACE : K_ALLREDUCE_INPLACE, ph, what);
+	k->bucket = bi;
+	karg_buf(p, k, f->grad, true, true);
+	karg_int(p, k, S->zero >= 1 ? f->chunk : f->total);
+	karg(p, k, KA_DTYPE, t);
+	karg(p, k, KA_AXIS, bk->axis);
+	karg(p, k, KA_NULL, 0);
+	comm_flat(S, k, S->zero >= 1 ? OP_REDUCE_SCATTER : OP_ALL_REDUCE, bk->axis, f->total, t, what);
+	if (S->zero >= 2) { /* this micro-batch's shard into the step's */
+		int mine = view_new(S, f->grad, 0, S->za, f->chunk, f->chunk, "grad_bucket_mine");
+		Kernel *a = step_kernel(S, K_ACCUMULATE, ph, "this rank's gradient shard");
+		karg_buf(p, a, f->grad_shard, true, true);
+		karg_buf(p, a, mine, true, false);
+		karg_int(p, a, f->chunk);
+		karg(p, a, KA_DTYPE, t);
+	}
+}
+
+/* A packed bucket: members are copied into a transient buffer around the collective. */
+static void sync_packed(State *S, int bi, Phase ph)
+{
+	Graph *g = S->g;
+	LProg *p = S->p;
+	const GradBucket *bk = &g->sync.buckets[bi];
+	int n = bk->nmembers;
+	int *bufs = malloc(sizeof(int) * (size_t)n);
+	long long *counts = malloc(sizeof(long long) * (size_t)n);
+	int *shards = malloc(sizeof(int) * (size_t)n);
+	if (!bufs || !counts || !shards)
+		ICE("out of memory");
+	long long total = 0, chunks = 0;
+	int size = S->ps->axes[bk->axis].size;
+	for (int m = 0; m < n; m++) {
+		bufs[m] = value_buffer(p, bk->members[m]);
+		counts[m] = p->buf[bufs[m]].elems;
+		total += counts[m];
+		chunks += (counts[m] + size - 1) / size;
+		int ui = update_of_grad(S, bufs[m]);
+		shards[m] = ui >= 0 ? S->u[ui].chunk_grad : -1;
+	}
+	DType t = p->buf[bufs[0]].dtype;
+	const char *what = arena_printf(g->arena, "gradient bucket on '%s' (%d tensors)", S->ps->axes[bk->axis].name, n);
+	bool rs = bk->coll == OP_REDUCE_SCATTER;
+	for (int m = 0; rs && m < n; m++)
+		if (shards[m] < 0)
+			ICE("a reduce-scattered gradient without a shard");
+	int scratch = buffer_new(p, BUF_ARENA, DT_U8,
+				 rs ? (long long)((size_t)(size + 1) * (size_t)chunks * sizeof(float)) : total * dtype_bytes(t),
+				 "bucket_scratch", what);
+	Kernel *k = step_kernel(S, rs ? K_BUCKET_RS : K_BUCKET_ALLREDUCE, ph, what);
+	k->bucket = bi;
+	karg_int(p, k, n);
+	karg_bufs(p, k, bufs, n, true, !rs);
+	karg_ints(p, k, counts, n, false);
+	karg(p, k, KA_DTYPE, t);
+	if (rs) {
+		karg_bufs(p, k, shards, n, true, true);
+		karg(p, k, KA_DTYPE, p->buf[shards[0]].dtype);
+		karg_int(p, k, 1); /* accumulate into the shards */
+		karg_int(p, k, 0); /* the whole gradients are cleared before the next micro-batch */
+	}
+	karg(p, k, KA_AXIS, bk->axis);
+	karg_buf(p, k, scratch, false, true);
+	/* on the wire: f32 (bf16 is widened while packing) chunks of every member for a
+	 * reduce-scatter; the members as they are for an all-reduce */
+	comm_flat(S, k, rs ? OP_REDUCE_SCATTER : OP_ALL_REDUCE, bk->axis, rs ? chunks * size : total, rs ? DT_F32 : t, what);
+	free(bufs);
+	free(counts);
+	free(shards);
+}
+
+/* The tied pairs, then the buckets sync.c made, in its order. */
 static void phase_sync(State *S)
 {
 	Graph *g = S->g;
 	LProg *p = S->p;
-	/* tied parameter copies on two stages: their gradients summed over the pair */
-	for (int so = 0; so < S->nops; so++) {
-		int i = S->ops[so];
-		const Op *op = &g->ops[i];
-		if (op->stage_group[0] < 0 || (p->stage != op->stage_group[0] && p->stage != op->stage_group[1]))
+	sync_tied(S);
+	for (int i = 0; i < g->sync.nbuckets; i++) {
+		const GradBucket *bk = &g->sync.buckets[i];
+		if (bk->stage != p->stage)
 			continue;
-		int q = -1;
-		for (int k = 0; k < p->low->npairs; k++)
-			if (p->low->pair_a[k] == op->stage_group[0] && p->low->pair_b[k] == op->stage_group[1])
-				q = k;
-		int grad = value_buffer(p, p->stage == op->stage_group[0] ? op->in[0] : op->in[1]);
-		allreduce_inplace(S, PH_STEP, grad, p->buf[grad].elems, S->ps->pipe_axis, q, "tied-parameter gradients");
-		p->k[p->nk - 1].op = i;
-	}
-	for (int so = 0; so < S->nops; so++) {
-		int i = S->ops[so];
-		const Op *op = &g->ops[i];
-		if (!op->nmembers || op->stage != p->stage)
-			continue;
-		Phase ph = op->per_step ? PH_STEP : PH_BACKWARD;
+		Phase ph = bk->per_step ? PH_STEP : PH_BACKWARD;
 		int fi = -1;
 		for (int f = 0; f < S->nf; f++)
-			if (S->f[f].op == i)
+			if (S->f[f].bucket == i)
 				fi = f;
-		if (fi >= 0 && S->compress && op->axis == S->primary) {
-			compress_bucket(S, &S->f[fi], i);
-			continue;
-		}
-		if (fi >= 0) {
-			Flat *f = &S->f[fi];
-			DType t = p->buf[f->grad].dtype;
-			const char *what = p->buf[f->grad].what;
-			Kernel *k = step_kernel(S, S->zero >= 1 ? K_REDUCE_SCATTER_INPLACE : K_ALLREDUCE_INPLACE, ph, what);
-			k->op = i;
-			karg_buf(p, k, f->grad, true, true);
-			karg_int(p, k, S->zero >= 1 ? f->chunk : f->total);
-			karg(p, k, KA_DTYPE, t);
-			karg(p, k, KA_AXIS, op->axis);
-			karg(p, k, KA_NULL, 0);
-			comm_flat(S, k, S->zero >= 1 ? OP_REDUCE_SCATTER : OP_ALL_REDUCE, op->axis, f->total, t, what);
-			k->comm[0].op = i;
-			if (S->zero >= 2) { /* this micro-batch's shard into the step's */
-				int mine = view_new(S, f->grad, 0, S->za, f->chunk, f->chunk, "grad_bucket_mine");
-				Kernel *a = step_kernel(S, K_ACCUMULATE, ph, "this rank's gradient shard");
-				karg_buf(p, a, f->grad_shard, true, true);
-				karg_buf(p, a, mine, true, false);
-				karg_int(p, a, f->chunk);
-				karg(p, a, KA_DTYPE, t);
-			}
-			continue;
-		}
-		/* a packed bucket: members are copied into a transient buffer around the collective */
-		int *bufs = malloc(sizeof(int) * (size_t)op->nmembers);
-		long long *counts = malloc(sizeof(long long) * (size_t)op->nmembers);
-		int *shards = malloc(sizeof(int) * (size_t)op->nmembers);
-		if (!bufs || !counts || !shards)
-			ICE("out of memory");
-		long long total = 0, chunks = 0;
-		int size = S->ps->axes[op->axis].size;
-		for (int m = 0; m < op->nmembers; m++) {
-			bufs[m] = value_buffer(p, op->members[m]);
-			counts[m] = p->buf[bufs[m]].elems;
-			total += counts[m];
-			chunks += (counts[m] + size - 1) / size;
-			int ui = update_of_grad(S, bufs[m]);
-			shards[m] = ui >= 0 ? S->u[ui].chunk_grad : -1;
-		}
-		DType t = p->buf[bufs[0]].dtype;
-		const char *what = arena_printf(g->arena, "gradient bucket on '%s' (%d tensors)", S->ps->axes[op->axis].name,
-						op->nmembers);
-		bool rs = op->kind == OP_REDUCE_SCATTER;
-		for (int m = 0; rs && m < op->nmembers; m++)
-			if (shards[m] < 0)
-				ICE("a reduce-scattered gradient without a shard");
-		int scratch = buffer_new(p, BUF_ARENA, DT_U8,
-					 rs ? (long long)((size_t)(size + 1) * (size_t)chunks * sizeof(float))
-					    : total * dtype_bytes(t),
-					 "bucket_scratch", what);
-		Kernel *k = step_kernel(S, rs ? K_BUCKET_RS : K_BUCKET_ALLREDUCE, ph, what);
-		k->op = i;
-		karg_int(p, k, op->nmembers);
-		karg_bufs(p, k, bufs, op->nmembers, true, !rs);
-		karg_ints(p, k, counts, op->nmembers, false);
-		karg(p, k, KA_DTYPE, t);
-		if (rs) {
-			karg_bufs(p, k, shards, op->nmembers, true, true);
-			karg(p, k, KA_DTYPE, p->buf[shards[0]].dtype);
-			karg_int(p, k, 1); /* accumulate into the shards */
-			karg_int(p, k, 0); /* the whole gradients are cleared before the next micro-batch */
-		}
-		karg(p, k, KA_AXIS, op->axis);
-		karg_buf(p, k, scratch, false, true);
-		/* on the wire: f32 (bf16 is widened while packing) chunks of every member for a
-		 * reduce-scatter; the members as they are for an all-reduce */
-		comm_flat(S, k, rs ? OP_REDUCE_SCATTER : OP_ALL_REDUCE, op->axis, rs ? chunks * size : total, rs ? DT_F32 : t,
-			  what);
-		k->comm[0].op = i;
-		free(bufs);
-		free(counts);
-		free(shards);
+		if (fi >= 0 && S->compress && bk->axis == S->primary)
+			compress_bucket(S, &S->f[fi]);
+		else if (fi >= 0)
+			sync_flat(S, &S->f[fi], i, ph);
+		else
+			sync_packed(S, i, ph);
 	}
 }
 
@@ -1348,12 +1360,12 @@ static void copy_state(State *S, Phase ph, int from, int to, long long n, const 
  * compressor. Its kernel leaves in the bucket the sum over the axis of what every rank sent,
  * decompressed (with ZeRO 1, bf16 / fp16 reduce-scatter and leave this rank's shard); with error
  * feedback a residual per bucket keeps what compression dropped and adds it to the next step's. */
-static void compress_bucket(State *S, Flat *f, int oi)
+static void compress_bucket(State *S, Flat *f)
 {
 	LProg *p = S->p;
 	PlanSpec *ps = S->ps;
 	Graph *g = S->g;
-	int axis = g->ops[oi].axis, size = ps->axes[axis].size;
+	int axis = g->sync.buckets[f->bucket].axis, size = ps->axes[axis].size;
 	const char *what = p->buf[f->grad].what;
 	long long used = 0;
 	for (int m = 0; m < f->nupd; m++)
@@ -1436,9 +1448,7 @@ static void compress_bucket(State *S, Flat *f, int oi)
 		if (dense)
 			comm_flat(S, k, OP_ALL_REDUCE, axis, dense, DT_F32, arena_printf(g->arena, "vectors of %s", what));
 	}
-	k->op = oi;
-	for (int c = 0; c < k->ncomm; c++)
-		k->comm[c].op = oi;
+	k->bucket = f->bucket;
 	free(off);
 	free(len);
 	free(aux);
@@ -1604,21 +1614,20 @@ static void state_prog(LProg *p)
 	State S = {.p = p, .g = p->g, .ps = p->ps};
 	S.ops = lowered_stage_ops(p->low, p->stage, &S.nops);
 	PlanSpec *ps = p->ps;
-	S.za = ps->zero_axis;
-	S.zn = S.za >= 0 ? ps->axes[S.za].size : 1;
-	S.zero = ps->zero_stage >= 1 && S.za >= 0 && S.zn > 1 ? ps->zero_stage : 0;
-	if (!S.zero)
-		S.za = -1;
+	/* ZeRO and sync as zero.c and sync.c decided them */
+	const ZeroSharding *z = &S.g->zero;
+	const GradSync *gs = &S.g->sync;
+	S.zero = z->stage;
+	S.za = z->axis;
+	S.zn = z->size;
 	S.moments = ps->optimizer == OPT_ADAM || ps->optimizer == OPT_ADAMW ? 2 : ps->optimizer == OPT_MOMENTUM ? 1 : 0;
 	S.low = ps->param_dtype != DT_F32;
-	int ba = sync_axis(ps);
-	bool replicas = ba >= 0 && ps->axes[ba].size > 1;
-	S.local = ps->sync == SYNC_LOCAL_SGD && replicas;
-	S.master = ps->sync == SYNC_ASYNC && replicas && p->role == RANKROLE_MASTER;
-	S.worker = ps->sync == SYNC_ASYNC && replicas && p->role == RANKROLE_WORKER;
+	int ba = gs->axis;
+	S.local = gs->mode == SYNC_LOCAL_SGD && gs->replicas;
+	S.master = gs->mode == SYNC_ASYNC && gs->replicas && p->role == RANKROLE_MASTER;
+	S.worker = gs->mode == SYNC_ASYNC && gs->replicas && p->role == RANKROLE_WORKER;
 	S.sa = S.local || S.master || S.worker ? ba : -1;
-	/* (bf16 gradients sent as bf16 are not compressed: the warning says so) */
-	S.compress = ps->sync == SYNC_STRICT && ps->compress != COMPRESS_NONE && replicas && ps->param_dtype == DT_F32;
+	S.compress = gs->compress;
 	S.optimizes = !S.worker;
 	S.off = S.optimizes ? ps->offload_optimizer : PLACE_NONE;
 	S.param_flat = S.master_flat = S.grad_flat = S.inbox = -1;
@@ -1673,116 +1682,29 @@ static void state_prog(LProg *p)
 	free(S.param_of);
 }
 
+/* What the programs run, for every pass after this one, the targets and explain. */
+static void record_state(Lowered *low)
+{
+	const Graph *g = low->g;
+	const PlanSpec *ps = low->ps;
+	StateRecord *r = &low->state;
+	r->zero = g->zero;
+	r->sync = g->sync.mode;
+	r->sync_axis = g->sync.axis;
+	r->local_sgd = g->sync.mode == SYNC_LOCAL_SGD && g->sync.replicas;
+	r->async = g->sync.mode == SYNC_ASYNC && g->sync.replicas;
+	r->compress = g->sync.compress;
+	r->error_feedback = g->sync.compress && ps->error_feedback;
+	r->overlap = g->sync.overlap;
+	r->offload_optimizer = ps->offload_optimizer;
+	r->offload_params = ps->offload_params;
+	r->offload_activations = ps->offload_activations;
+}
+
 bool plan_state(Lowered *low)
 {
+	record_state(low);
 	for (int i = 0; i < low->nprogs; i++)
 		state_prog(low->progs[i]);
 	return true;
-}
-
-/* ------------------------------------------------------------------ the plan's fingerprint */
-
-const char *sync_mode_name(SyncMode m)
-{
-	return m == SYNC_LOCAL_SGD ? "local_sgd" : m == SYNC_ASYNC ? "async" : "strict";
-}
-
-/* The plan's optimizer as the program descriptor records it (torch's argument names): a checkpoint
- * keeps it, and planrt refuses to resume under another kind. */
-const char *plan_optimizer_text(const Lowered *low)
-{
-	const PlanSpec *ps = low->ps;
-	switch (ps->optimizer) {
-	case OPT_SGD:
-		return arena_printf(low->g->arena, "sgd(lr = %.9g)", ps->lr);
-	case OPT_MOMENTUM:
-		return arena_printf(low->g->arena, "momentum(lr = %.9g, momentum = %.9g)", ps->lr, ps->momentum);
-	default:
-		return arena_printf(low->g->arena, "%s(lr = %.9g, betas = (%.9g, %.9g), eps = %.9g, weight_decay = %.9g)",
-				    ps->optimizer == OPT_ADAM ? "adam" : "adamw", ps->lr, ps->beta1, ps->beta2, ps->eps,
-				    ps->weight_decay);
-	}
-}
-
-static uint64_t fnv(uint64_t h, const void *data, size_t n)
-{
-	const unsigned char *b = data;
-	for (size_t i = 0; i < n; i++) {
-		h ^= b[i];
-		h *= 0x100000001b3ull;
-	}
-	return h;
-}
-
-static uint64_t fnv_ll(uint64_t h, long long x)
-{
-	return fnv(h, &x, sizeof x);
-}
-
-static uint64_t fnv_str(uint64_t h, const char *s)
-{
-	return s ? fnv(h, s, strlen(s) + 1) : fnv(h, "", 1);
-}
-
-/* A hash of everything a rank's program is: the mesh, the parameter table, every buffer and every
- * kernel with its arguments, in order. planrt records it in each checkpoint and resumes bit for
- * bit (rank-local state included) only under a program with the same one. "fnv1a64:" and 16 hex
- * digits. */
-const char *plan_fingerprint(const Lowered *low)
-{
-	const PlanSpec *ps = low->ps;
-	uint64_t h = 0xcbf29ce484222325ull;
-	h = fnv_str(h, ps->model->name);
-	h = fnv_ll(h, ps->world);
-	for (int a = 0; a < ps->naxes; a++) {
-		h = fnv_str(h, ps->axes[a].name);
-		h = fnv_ll(h, ps->axes[a].size);
-	}
-	h = fnv_ll(h, ps->batch);
-	h = fnv_ll(h, ps->micro_batches);
-	for (int i = 0; i < low->nparams; i++) {
-		const ParamEntry *e = &low->params[i];
-		h = fnv_str(h, e->name);
-		h = fnv_ll(h, e->stage);
-		for (int d = 0; d < e->rank; d++) {
-			h = fnv_ll(h, e->gdims[d]);
-			h = fnv_ll(h, e->ldims[d]);
-			h = fnv_ll(h, e->split_axis[d]);
-		}
-	}
-	for (int i = 0; i < low->nprogs; i++) {
-		const LProg *p = low->progs[i];
-		h = fnv_ll(h, p->stage);
-		h = fnv_ll(h, p->role);
-		for (int b = 0; b < p->nbuf; b++) {
-			const Buffer *x = &p->buf[b];
-			h = fnv_str(h, x->name);
-			h = fnv_ll(h, x->cls);
-			h = fnv_ll(h, x->state);
-			h = fnv_ll(h, x->dtype);
-			h = fnv_ll(h, x->elems);
-			h = fnv_ll(h, x->view_of);
-			h = fnv_ll(h, x->view_off);
-		}
-		for (int k = 0; k < p->nk; k++) {
-			const Kernel *kk = &p->k[k];
-			h = fnv_ll(h, kk->kind);
-			h = fnv_ll(h, kk->phase);
-			h = fnv_ll(h, kk->chunk);
-			h = fnv_ll(h, kk->only_last_micro);
-			for (int a = 0; a < kk->nargs; a++) {
-				const KArg *x = &kk->args[a];
-				h = fnv_ll(h, x->kind);
-				h = fnv_ll(h, x->buf);
-				h = fnv_ll(h, x->i);
-				h = fnv(h, &x->f, sizeof x->f);
-				h = fnv_ll(h, x->axis);
-				h = fnv_ll(h, x->stride);
-				h = fnv_ll(h, x->dim);
-				for (int j = 0; j < x->n; j++)
-					h = fnv_ll(h, x->ints ? x->ints[j] : x->bufs[j]);
-			}
-		}
-	}
-	return arena_printf(low->g->arena, "fnv1a64:%016llx", (unsigned long long)h);
 }

@@ -132,6 +132,56 @@ int planrt_resume_sampling_(planrt_ckpt_t *c, const options_t *o)
 	return rule;
 }
 
+/* A checkpoint this program cannot read back as its own (planrt_ckpt_exact: another fingerprint or
+ * world) is read as another plan's: its blocks and shards regathered, the run equal up to float
+ * rounding. Refused where state would be lost (local SGD's and async's replicas). A checkpoint of
+ * the same plan name with another fingerprint was written by a program compiled differently
+ * (another planc version renumbers buffers, an edited plan) and is named as such, so that "resume
+ * it with plan P" never tells a user to do what they just did. */
+static void check_reshard(json_t *m, const char *plan, const char *sync, const planrt_program_t *p, int rank)
+{
+	const char *fp = json_string_value(json_object_get(m, "fingerprint")) ?: "?";
+	const char *from = json_string_value(json_object_get(json_object_get(m, "resharded_from"), "plan"));
+	int same_name = !strcmp(plan, p->plan ? p->plan : "?");
+	int rebuilt = same_name && !from;
+	if (rebuilt && !planrt_sync_reshardable_(sync))
+		planrt_fatal("--resume: the checkpoint of plan %s (sync %s) was written by a program compiled differently "
+			     "(fingerprint %s, this program's %s: another planc version or an edited plan), and it holds "
+			     "each replica's own state, which only the program that wrote it can read; resume with that "
+			     "program (built by the planc that wrote it, from the same plan text), or start a new run",
+			     plan, sync, fp, p->fingerprint ? p->fingerprint : "?");
+	if (!planrt_sync_reshardable_(sync))
+		planrt_fatal("--resume: the checkpoint of plan %s (sync %s) holds each replica's own state, which "
+			     "only the same plan can read; resume it with plan %s",
+			     plan, sync, plan);
+	const char *into = p->sync ? p->sync : "strict";
+	if (!planrt_sync_reshardable_(into)) /* its state would start afresh: a silent restart */
+		planrt_fatal("--resume: plan %s (sync %s) keeps each replica's own weights and optimizer state, which it "
+			     "reads only from its own checkpoints; this checkpoint is of plan %s (sync %s), which would leave "
+			     "them at their initial values; resume it with plan %s or another %s plan",
+			     p->plan, into, plan, sync, plan, planrt_sync_reshardable_(sync) ? "strict" : sync);
+	if (rank != 0)
+		return;
+	if (from && same_name)
+		fprintf(stderr, "planrt: note: the checkpoint was resharded offline from plan %s into this plan %s; the run "
+				"continues as resuming plan %s's checkpoint here would, equal up to float rounding to plan %s "
+				"continuing\n",
+			from, plan, from, from);
+	else if (rebuilt)
+		fprintf(stderr, "planrt: note: the checkpoint of plan %s was written by a program compiled differently "
+				"(fingerprint %s, this program's %s: another planc version or an edited plan); it is read as "
+				"another plan's checkpoint is, so the run continues equal up to float rounding, not bit for bit\n",
+			plan, fp, p->fingerprint ? p->fingerprint : "?");
+	else
+		fprintf(stderr, "planrt: note: resharding the checkpoint of plan %s (%s) into plan %s; the run continues "
+				"equal up to float rounding, not bit for bit\n",
+			plan, fp, p->plan);
+	if (json_array_size(json_object_get(m, "local")))
+		fprintf(stderr, "planrt: note: the rank-local state of plan %s (gradient compression's error feedback) "
+				"restarts from zero under plan %s\n",
+			plan, p->plan);
+}
+
 /* --resume: the checkpoint's run against this one; sets the seed and returns the first step. */
 int64_t planrt_check_resume_(planrt_ckpt_t *c, const planrt_program_t *p, const options_t *o, planrt_data_t data,
 			     int64_t train_tokens, uint64_t *seed, int rank)
@@ -192,32 +242,8 @@ int64_t planrt_check_resume_(planrt_ckpt_t *c, const planrt_program_t *p, const 
 	if (rank == 0 && json_integer_value(json_object_get(m, "version")) < 2)
 		fprintf(stderr, "planrt: note: the checkpoint is of format 1 (an older planrt): its manifest cannot be checked "
 				"against its files\n");
-	if (!exact && !planrt_sync_reshardable_(sync))
-		planrt_fatal("--resume: the checkpoint of plan %s (sync %s) holds each replica's own state, which "
-			     "only the same plan can read; resume it with plan %s",
-			     plan, sync, plan);
-	const char *into = p->sync ? p->sync : "strict";
-	if (!exact && !planrt_sync_reshardable_(into)) /* its state would start afresh: a silent restart */
-		planrt_fatal("--resume: plan %s (sync %s) keeps each replica's own weights and optimizer state, which it "
-			     "reads only from its own checkpoints; this checkpoint is of plan %s (sync %s), which would leave "
-			     "them at their initial values; resume it with plan %s or another %s plan",
-			     p->plan, into, plan, sync, plan, planrt_sync_reshardable_(sync) ? "strict" : sync);
-	const char *from = json_string_value(json_object_get(json_object_get(m, "resharded_from"), "plan"));
-	if (rank == 0 && !exact && from && !strcmp(plan, p->plan ? p->plan : "?"))
-		fprintf(stderr, "planrt: note: the checkpoint was resharded offline from plan %s into this plan %s; the run "
-				"continues as resuming plan %s's checkpoint here would, equal up to float rounding to plan %s "
-				"continuing\n",
-			from, plan, from, from);
-	else if (rank == 0 && !exact)
-		fprintf(stderr, "planrt: note: resharding the checkpoint of plan %s (%s) into plan %s; the run continues "
-				"equal up to float rounding, not bit for bit\n",
-			plan, json_string_value(json_object_get(m, "fingerprint")) ?: "?", p->plan);
-	if (rank == 0 && !exact) {
-		if (json_array_size(json_object_get(m, "local")))
-			fprintf(stderr, "planrt: note: the rank-local state of plan %s (gradient compression's error feedback) "
-					"restarts from zero under plan %s\n",
-				plan, p->plan);
-	}
+	if (!exact)
+		check_reshard(m, plan, sync, p, rank);
 	*seed = s;
 	return step;
 }

@@ -37,9 +37,6 @@ ALLOWED = {
     # here as well would collide with that rewrite. Split it into per-op-kind lowerings after.
     ('compiler/lower/lower.c', 'lower_op'): 'kernel-argument table rewrite in flight',
     ('compiler/lower/lower.c', 'lower_shape_op'): 'kernel-argument table rewrite in flight',
-    # issue 21: the gradient sync pass moves to state.c's single ownership of ZeRO and sync state
-    # in the same change in flight; split it as part of that move.
-    ('compiler/graph/sync.c', 'sync_grads'): 'ZeRO/sync state ownership change in flight',
 }
 
 IDENT_BEFORE_PAREN = re.compile(r'([A-Za-z_][A-Za-z_0-9]*)\s*$')

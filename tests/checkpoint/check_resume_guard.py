@@ -16,6 +16,10 @@ before step 1 (issue 23); never a silent restart.
              blend whose second file is (every file of a blend is hashed); the same blend resumes
   manifest   a hand-edited manifest (the seed; a piece moved; the step) with its checksum
              recomputed is refused as disagreeing with its files; the unedited copy resumes
+  rebuilt    a checkpoint of the same plan with another fingerprint (what a program compiled by another
+             planc version, which numbers buffers otherwise, finds): single's is read as another plan's
+             (a note names both fingerprints) and continues the run; dp4_local_sgd's is refused, naming
+             the fingerprints, not telling the user to resume with the plan they used
 Prints PASS/FAIL per check and 'N passed, M failed'.
 usage: check_resume_guard.py PLANC REPO_ROOT
 """
@@ -166,10 +170,10 @@ def fnv1a(text):
     return f"fnv1a64:{h:016x}"
 
 
-def edited(name, edit):
-    """a copy of single's step-AT checkpoint whose manifest edit() changed, its checksum recomputed"""
+def edited(name, edit, plan="single"):
+    """a copy of PLAN's step-AT checkpoint whose manifest edit() changed, its checksum recomputed"""
     d = f"{work}/edit_{name}/step-{AT:08d}"
-    shutil.copytree(f"{work}/single_ck/step-{AT:08d}", d)
+    shutil.copytree(f"{work}/{plan}_ck/step-{AT:08d}", d)
     m = json.load(open(f"{d}/manifest.json"))
     edit(m)
     m.pop("manifest_checksum")
@@ -194,6 +198,23 @@ for name, edit in [("unedited", lambda m: None), ("seed", lambda m: m["rng"].upd
     else:
         T.check(f"a manifest with its {name} edited and its checksum recomputed is refused",
                 rc != 0 and ("disagree" in err or "is not the one its file" in err), first_line(err))
+
+# ---------------------------------------------------------------- another build of the same plan
+OTHER = "fnv1a64:0123456789abcdef"
+d = edited("rebuilt_single", lambda m: m.update(fingerprint=OTHER))
+log = f"{work}/rebuilt_single.jsonl"
+rc, err = run("single", "--data", data, "--steps", str(STEPS), "--resume", d, "--log", log)
+got = losses(log)
+worst = max((abs(got[s] - full["single"][s]) / abs(full["single"][s]) for s in got), default=1.0)
+T.check("single's checkpoint with another fingerprint continues the run, the note naming both fingerprints",
+        rc == 0 and "compiled differently" in err and OTHER in err and sorted(got) == list(range(AT, STEPS)) and
+        worst <= 1e-5, f"worst relative loss difference {worst:.2e}" if rc == 0 else first_line(err))
+d = edited("rebuilt_local_sgd", lambda m: m.update(fingerprint=OTHER), "dp4_local_sgd")
+log = f"{work}/rebuilt_local_sgd.jsonl"
+rc, err = run("dp4_local_sgd", "--data", data, "--steps", str(STEPS), "--resume", d, "--log", log)
+T.check("dp4_local_sgd's checkpoint with another fingerprint is refused, naming it",
+        rc != 0 and "compiled differently" in err and OTHER in err and "resume it with plan" not in err and
+        not losses(log), first_line(err))
 
 shutil.rmtree(work, ignore_errors=True)
 T.finish()

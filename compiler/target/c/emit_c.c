@@ -846,7 +846,6 @@ static void print_program(Emit *e, const char *source_path)
 {
 	FILE *f = e->f;
 	const Lowered *low = e->low;
-	const PlanSpec *ps = low->ps;
 	fprintf(f, "/* ================================================================ the program */\n\n");
 	fprintf(f, "static const planrt_param_t params[] = {\n");
 	for (int i = 0; i < low->nparams; i++)
@@ -859,25 +858,24 @@ static void print_program(Emit *e, const char *source_path)
 		print_stage_entry(e);
 	}
 	fprintf(f, "};\n\n");
+	ProgramDesc d = program_desc(low, source_path);
 	fprintf(f, "static const planrt_program_t program = {\n");
-	fprintf(f, "\t.plan = \"%s\",\n\t.model = \"%s\",\n\t.source = \"%s\",\n", ps->plan->name, ps->model->name,
-		source_path);
-	fprintf(f, "\t.world = %d,\n\t.naxes = %d,\n\t.pipe_axis = %s,\n", ps->world, ps->naxes, axis_or_none(e, ps->pipe_axis));
+	fprintf(f, "\t.plan = \"%s\",\n\t.model = \"%s\",\n\t.source = \"%s\",\n", d.plan, d.model, d.source);
+	fprintf(f, "\t.world = %d,\n\t.naxes = %d,\n\t.pipe_axis = %s,\n", d.world, d.naxes, axis_or_none(e, d.pipe_axis));
 	fprintf(f, "\t.axis_sizes = axis_sizes,\n\t.axis_names = axis_names,\n");
-	fprintf(f, "\t.nstages = %d,\n\t.stages = stages,\n\t.params = params,\n\t.nparams = %d,\n", low->nprogs / low->nroles,
-		low->nparams);
-	fprintf(f, "\t.micro_batches = MICRO_BATCHES,\n\t.batch = %lld,\n\t.seq = %lld,\n\t.vocab = %lld,\n", ps->batch,
-		low->seq, low->vocab);
+	fprintf(f, "\t.nstages = %d,\n\t.stages = stages,\n\t.params = params,\n\t.nparams = %d,\n", d.nstages, d.nparams);
+	/* MICRO_BATCHES: the enum the phase functions use, d.micro_batches */
+	fprintf(f, "\t.micro_batches = MICRO_BATCHES,\n\t.batch = %lld,\n\t.seq = %lld,\n\t.vocab = %lld,\n", d.batch, d.seq,
+		d.vocab);
 	fprintf(f, "\t.lr = ");
-	print_double(f, ps->lr);
+	print_double(f, d.lr);
 	fprintf(f, ",\n\t.min_lr = ");
-	print_double(f, ps->min_lr);
-	fprintf(f, ",\n\t.warmup = %d,\n\t.total_steps = %d,\n", ps->warmup, ps->total_steps);
-	fprintf(f, "\t.nroles = %d,\n\t.role_axis = %s,\n", low->nroles, axis_or_none(e, low->nroles > 1 ? sync_axis(ps) : -1));
-	fprintf(f, "\t.fingerprint = \"%s\",\n\t.sync = \"%s\",\n\t.loss_scale = ", plan_fingerprint(low),
-		sync_mode_name(ps->sync));
-	print_double(f, ps->loss_scale);
-	fprintf(f, ",\n\t.optimizer = \"%s\",\n};\n\n", plan_optimizer_text(low));
+	print_double(f, d.min_lr);
+	fprintf(f, ",\n\t.warmup = %d,\n\t.total_steps = %d,\n", d.warmup, d.total_steps);
+	fprintf(f, "\t.nroles = %d,\n\t.role_axis = %s,\n", d.nroles, axis_or_none(e, d.role_axis));
+	fprintf(f, "\t.fingerprint = \"%s\",\n\t.sync = \"%s\",\n\t.loss_scale = ", d.fingerprint, d.sync);
+	print_double(f, d.loss_scale);
+	fprintf(f, ",\n\t.optimizer = \"%s\",\n};\n\n", d.optimizer);
 	fprintf(f, "int main(int argc, char **argv)\n{\n\tunused_helpers();\n\treturn %s(argc, argv, &program);\n}\n",
 		e->target ? e->target->main_fn : "planrt_main");
 	if (e->target)

@@ -18,8 +18,8 @@
  *               so tests/cuda runs each one on the CPU against the C target's loop nest.
  *
  * The printer adds no computation and no communication; the choices it makes are per kernel kind,
- * from the kernel table's device column (kernel_table.h: the planrt_cuda function, its bf16
- * tensor-core variant, nothing to do, or host only), and per stream. A kind planrt_cuda has no
+ * from the kernel table's device column (kernel_table.h: the planrt_cuda function, nothing to do,
+ * or host only; bf16 GEMMs are kinds of their own), and per stream. A kind planrt_cuda has no
  * implementation of is refused by name (cuda_executable). The streams and events are
  * streams.c's data, printed as calls: planrt_cu_wait(STREAM, &event) before a kernel,
  * planrt_cu_record(&event, STREAM) after it, planrt_cu_wait_entry at a side stream's first use in
@@ -237,8 +237,9 @@ static void device_call(Emit *e, const Kernel *k)
 		fprintf(f, " /* %s, %d op%s fused */", k->note ? k->note : "loop", k->nfused, k->nfused == 1 ? "" : "s");
 		return;
 	}
-	const char *fn = kernel_device_functions[k->kind];
-	internal_assert(kernel_device_modes[k->kind] == KDEV_CALL && fn);
+	const DeviceCall *dev = &kernel_device[k->kind];
+	const char *fn = dev->function;
+	internal_assert(dev->mode == KDEV_CALL && fn);
 	fprintf(f, "%s(", fn);
 	for (int i = 0; i < k->nargs; i++) {
 		const KArg *a = &k->args[i];
@@ -262,7 +263,7 @@ static void print_kernel(Emit *e, const Kernel *k)
 {
 	FILE *f = emit_file(e);
 	const LProg *p = emit_prog(e);
-	if (kernel_device_modes[k->kind] == KDEV_NO_OP) {
+	if (kernel_device[k->kind].mode == KDEV_NO_OP) {
 		fprintf(f, "\t/* %s: NCCL progresses its operations on their own stream */\n", kernel_names[k->kind]);
 		return;
 	}
@@ -517,7 +518,7 @@ bool cuda_executable(const Lowered *low, bool report)
 		for (int k = 0; k < p->nk; k++) {
 			const Kernel *x = &p->k[k];
 			bool ok = x->stream == STREAM_HOST ? host_kind(x->kind)
-							   : x->kind == K_LOOP || kernel_device_modes[x->kind] != KDEV_HOST_ONLY;
+							   : x->kind == K_LOOP || kernel_device[x->kind].mode != KDEV_HOST_ONLY;
 			long long top_k = x->kind == K_MOE_ROUTE	       ? KARG(x, MOE_ROUTE, top_k)->i
 					  : x->kind == K_MOE_ROUTE_GRAD ? KARG(x, MOE_ROUTE_GRAD, top_k)->i
 									: 0;

@@ -1,0 +1,211 @@
+/* test_ir.c: the loop-level IR's two contracts with its producers (issue 21), on plans of
+ * examples/mlp.plan compiled through planc_core.
+ *
+ * The kernel table (compiler/lower/kernel_table.h) types every kernel's arguments:
+ *   - named access finds the argument the planrt prototype has at that place (KARG);
+ *   - the verifier refuses a kernel whose argument does not fit its parameter (a float where the
+ *     table has an int64, an i32 buffer where it has const float *), or that has one argument
+ *     too few, naming the parameter; and accepts it again once the change is undone.
+ * ZeRO and sync have one owner:
+ *   - zero.c and sync.c annotate the graph (g->zero, g->sync) and insert nothing that lowering
+ *     would have to drop: no op reads a value without a producer (sync.c's old flat bucket
+ *     values) or the result of an update (zero.c's old gathers of updated shards);
+ *   - the ZeRO stage in effect is 0 when its axis has one rank, and state.c records in the
+ *     Lowered program what the annotations say (explain and the later passes read that);
+ *   - state.c writes the kernels: a reduce-scatter per ZeRO bucket, the gathers of the updated
+ *     shards, and each bucket's kernel says which bucket it reduces.
+ * Prints PASS/FAIL lines and `N passed, N failed`; exits 1 on any failure. */
+#include "passes.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "../kernels/report.h"
+
+static char err_text[1 << 14];
+
+/* verify_ir with what it prints on stderr captured in err_text */
+static bool verify(const Lowered *low)
+{
+	char path[] = "/tmp/planc-test-ir-XXXXXX";
+	int fd = mkstemp(path);
+	if (fd < 0)
+		return false;
+	fflush(stderr);
+	int saved = dup(2);
+	dup2(fd, 2);
+	bool ok = verify_ir(low, "test");
+	fflush(stderr);
+	dup2(saved, 2);
+	close(saved);
+	ssize_t n = pread(fd, err_text, sizeof err_text - 1, 0);
+	err_text[n > 0 ? n : 0] = '\0';
+	close(fd);
+	remove(path);
+	return ok;
+}
+
+typedef struct Compiled {
+	Graph *g;
+	Lowered *low;
+} Compiled;
+
+static Compiled compile(Program *p, const char *name)
+{
+	Compiled c = {0};
+	Item *plan = default_plan(p, name);
+	PlanSpec *ps = plan ? sema_plan(p, plan) : NULL;
+	c.g = ps ? run_passes(ps, NULL, NULL) : NULL;
+	c.low = c.g ? run_backend(c.g, NULL, NULL, false) : NULL;
+	report(c.low != NULL, "%s compiles", name);
+	return c;
+}
+
+static Kernel *first_kernel(const Lowered *low, KernelKind kind)
+{
+	LProg *p = low->progs[0];
+	for (int i = 0; i < p->nk; i++)
+		if (p->k[i].kind == kind)
+			return &p->k[i];
+	return NULL;
+}
+
+/* the verifier refuses the change made before this call (naming want) */
+static void expect_refused(const Lowered *low, const char *what, const char *want)
+{
+	bool ok = verify(low);
+	report(!ok && strstr(err_text, want), "%s: refused, naming '%s'%s%s", what, want, ok ? " (accepted!)" : ": ",
+	       ok ? "" : err_text);
+}
+
+static void kernel_table(const Lowered *low)
+{
+	report(verify(low), "dp2: the verifier accepts the program");
+	Kernel *k = first_kernel(low, K_MATMUL);
+	if (!report(k != NULL, "dp2 has a matmul"))
+		return;
+	/* planrt_k_matmul_f32(batch, M, N, K, A, trans_a, stride_a, B, trans_b, stride_b, C, stride_c, acc) */
+	report(KARG(k, MATMUL, A) == &k->args[4] && KARG(k, MATMUL, B) == &k->args[7] &&
+		       KARG(k, MATMUL, accumulate) == &k->args[12] && kernel_nparams[K_MATMUL] == 13,
+	       "KARG(k, MATMUL, A / B / accumulate) are the prototype's arguments 4, 7 and 12 of 13");
+	report(KARG(k, MATMUL, A)->kind == KA_BUF && !strcmp(kernel_params[K_MATMUL][4].name, "A") &&
+		       kernel_params[K_MATMUL][4].type == KPT_F32_IN,
+	       "the table names and types them: A is a const float * buffer");
+
+	KArg saved = *KARG(k, MATMUL, batch);
+	KARG(k, MATMUL, batch)->kind = KA_F64;
+	expect_refused(low, "a float as the matmul's batch", "(batch, I64) cannot take a float");
+	*KARG(k, MATMUL, batch) = saved;
+	report(verify(low), "restored: accepted again");
+
+	Kernel *load = first_kernel(low, K_LOAD_INPUT);
+	if (report(load != NULL, "dp2 loads its tokens")) {
+		saved = *KARG(k, MATMUL, A);
+		KARG(k, MATMUL, A)->buf = KARG(load, LOAD_INPUT, dst)->buf; /* the i32 tokens */
+		expect_refused(low, "an i32 buffer as the matmul's A", "(A) is i32 buffer");
+		*KARG(k, MATMUL, A) = saved;
+		report(verify(low), "restored: accepted again");
+	}
+	k->nargs--;
+	expect_refused(low, "a matmul with 12 arguments", "12 arguments where the kernel table gives 13");
+	k->nargs++;
+	report(verify(low), "restored: accepted again");
+}
+
+/* No op reads a value without a producer, or an update's result. */
+static bool nothing_to_drop(const Graph *g)
+{
+	for (int i = 0; i < g->nops; i++)
+		for (int k = 0; k < g->ops[i].nin; k++) {
+			int d = g->vals[g->ops[i].in[k]].def;
+			if (d < 0 || g->ops[d].kind == OP_OPTIMIZER_STEP)
+				return false;
+		}
+	return true;
+}
+
+/* kernels of a kind in a phase (PH_COUNT: any), only those that name a bucket when bucket */
+static int count_kernels(const Lowered *low, KernelKind kind, Phase ph, bool bucket)
+{
+	int n = 0;
+	const LProg *p = low->progs[0];
+	for (int i = 0; i < p->nk; i++)
+		n += p->k[i].kind == kind && (ph == PH_COUNT || p->k[i].phase == ph) && (!bucket || p->k[i].bucket >= 0);
+	return n;
+}
+
+static void zero_and_sync(Program *p)
+{
+	Compiled dp2 = compile(p, "dp2");
+	if (dp2.low) {
+		const GradSync *s = &dp2.g->sync;
+		report(dp2.g->zero.stage == 0 && s->mode == SYNC_STRICT && s->axis == 0 && s->replicas && s->overlap &&
+			       s->nbuckets == 1 && s->buckets[0].nmembers == 7 && s->buckets[0].coll == OP_ALL_REDUCE,
+		       "dp2: sync.c records one all-reduce bucket of the 7 gradients on 'data', overlapped");
+		report(nothing_to_drop(dp2.g), "dp2: no op for lowering to drop");
+		report(dp2.low->state.sync_axis == 0 && !dp2.low->state.zero.stage && dp2.low->state.overlap,
+		       "dp2: state.c's record says the same");
+		report(count_kernels(dp2.low, K_ALLREDUCE_INPLACE, PH_BACKWARD, true) == 1,
+		       "dp2: the bucket's all-reduce starts in the backward and names its bucket");
+		kernel_table(dp2.low);
+	}
+	Compiled z1 = compile(p, "zero1_dp4");
+	if (z1.low) {
+		report(z1.g->zero.stage == 1 && z1.g->zero.axis == 0 && z1.g->zero.size == 4 &&
+			       z1.low->state.zero.stage == 1 && z1.g->sync.nbuckets >= 1 &&
+			       z1.g->sync.buckets[0].coll == OP_REDUCE_SCATTER,
+		       "zero1_dp4: ZeRO 1 over data (4 ranks), reduce-scattered buckets, recorded by state.c");
+		report(nothing_to_drop(z1.g), "zero1_dp4: no gathers of updated shards in the graph");
+		int rs = count_kernels(z1.low, K_REDUCE_SCATTER_INPLACE, PH_COUNT, true); /* started in the backward */
+		int ag = count_kernels(z1.low, K_ALLGATHER_INPLACE, PH_STEP, false);
+		report(rs == z1.g->sync.nbuckets && ag == z1.g->sync.nbuckets,
+		       "zero1_dp4: state.c reduce-scatters each of the %d buckets and gathers its updated shard (%d, %d)",
+		       z1.g->sync.nbuckets, rs, ag);
+	}
+	Compiled z3 = compile(p, "zero3_dp4");
+	if (z3.low)
+		report(z3.g->zero.stage == 3 && z3.low->state.zero.stage == 3 && nothing_to_drop(z3.g) &&
+			       count_kernels(z3.low, K_BUCKET_RS_START, PH_BACKWARD, true) == z3.g->sync.nbuckets &&
+			       count_kernels(z3.low, K_BUCKET_RS_FINISH, PH_BACKWARD, true) == z3.g->sync.nbuckets,
+		       "zero3_dp4: ZeRO 3, every bucket reduce-scattered each micro-batch by state.c");
+	Compiled one = compile(p, "zero1_one_rank");
+	if (one.low)
+		report(one.g->zero.stage == 0 && one.g->zero.axis == -1 && one.low->state.zero.stage == 0 &&
+			       !one.g->sync.replicas,
+		       "zero 1 over an axis of one rank: not in effect (stage 0 in the graph and in the record)");
+}
+
+int main(void)
+{
+	/* examples/mlp.plan and one plan whose ZeRO axis has one rank */
+	char path[] = "/tmp/planc-test-ir-plan-XXXXXX";
+	int fd = mkstemp(path);
+	FILE *in = fopen("examples/mlp.plan", "r"), *out = fd >= 0 ? fdopen(fd, "w") : NULL;
+	if (!in || !out) {
+		perror("test_ir: examples/mlp.plan (run from the repository root)");
+		return 2;
+	}
+	char buf[4096];
+	size_t n;
+	while ((n = fread(buf, 1, sizeof buf, in)) > 0)
+		fwrite(buf, 1, n, out);
+	fputs("\nplan zero1_one_rank for mlp {\n  mesh data = 1\n  batch B = 32\n  shard B -> data\n  zero 1 over data\n"
+	      "  optimizer adamw(lr = 1e-3, betas = (0.9, 0.999), weight_decay = 0.01)\n}\n",
+	      out);
+	fclose(in);
+	fclose(out);
+	Arena *a = arena_new();
+	Program *p = load_program(a, path);
+	if (!p || !sema_check(p)) {
+		fprintf(stderr, "test_ir: the plans do not compile\n");
+		remove(path);
+		return 2;
+	}
+	zero_and_sync(p);
+	arena_free(a);
+	remove(path);
+	printf("%d passed, %d failed\n", npass, nfail);
+	return nfail ? 1 : 0;
+}
