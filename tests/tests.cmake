@@ -212,11 +212,16 @@ set(MPI_TESTS runtime_collectives runtime_step_kernels runtime_watchdog runtime_
     cuda_comm_staged cuda_comm_staged_watchdog cuda_comm_staged_local cuda_local_mpi soak calibrate)
 set(CUDA_TESTS llvm_ptxas cuda_build cuda_one_process)
 set(TORCH_TESTS torch_reference attention_torch)
-set(TEST_COSTS cuda_build 180 equiv_gpt 140 llvm_diff 139 cpu_levels 60 offload 70 sync_runs 63 fuzz 60
-    equiv_sweep 60 equiv_moe 60 checkpoint 50 torch_reference 50 data_runs 45 cuda_one_process 40 equiv_others 40
-    fuzz_build 60 memory 30 search 30 explain_goldens_large 25 scale_compile_time 25 fp16 20 observe 15
-    kernels_matmul_bf16 15 attention_fused 30 attention_torch 20
-    resume_guard 90 outputs 40 soak 40)
+# COST makes ctest -j start the longest first (a test not listed costs 0 and fills the gaps): the
+# test's CPU seconds where bench/suite_times.py measured them (2026-12-02, tests/README.md "Time"),
+# else its wall seconds in the last full `ctest -j2` (the merge of 2026-12-02 at load 4-7,
+# CTestCostData.txt)
+set(TEST_COSTS equiv_gpt 470 cuda_build 405 llvm_diff 225 equiv_sweep 128 offload 122 fuzz_build 121
+    cpu_levels 92 equiv_moe 92 sync_runs 90 equiv_others 83 torch_reference 72 fuzz 71 checkpoint 63
+    cuda_one_process 62 memory 61 resume_guard 60 program_errors 58 data_runs 43 fp16 38 attention_fused 38
+    equiv_mlp 37 soak 28 cuda_local_mpi 27 program_failures 23 observe 20 search 17 kernels_matmul_bf16 17
+    scale_compile_time 16 explain_goldens_large 15 scale 13 equiv_ops 12 cli 11 outputs 11 cuda_sync_math 11
+    runtime_program_cli 9 explain_goldens 9)
 
 get_property(ALL_TESTS DIRECTORY PROPERTY TESTS)
 foreach(t ${ALL_TESTS})
