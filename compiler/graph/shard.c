@@ -1495,6 +1495,7 @@ static void replicated_kv_grad(Shard *s, Op *op, int i, int a)
 	int nv = graph_add_value(g, kv->dtype, r, dim, names);
 	g->vals[nv].name = g->vals[op->out[i]].name;
 	g->vals[nv].layer = g->vals[op->out[i]].layer;
+	g->vals[nv].lay = g->vals[op->out[i]].lay; /* as the axes placed before this one left it */
 	s->kv_grad[i - 1] = nv;
 	s->kv_grad_of[i - 1] = op->out[i];
 	s->kv_axis = a;
