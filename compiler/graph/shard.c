@@ -1442,17 +1442,6 @@ static void rule_view(Shard *s, Op *op, int a)
 static int replicate_kv(Shard *s, int v, int a, int rep)
 {
 	Graph *g = s->g;
-	for (int r = 0; r < s->ps->nrules; r++) /* sequence parallelism over the axis: not yet */
-		if (s->ps->rules[r].dim_name && s->ps->rules[r].axis == a && !s->failed) {
-			diag_error(s->cur->src, s->cur->loc,
-				   "plan %s: the %lld key/value heads are replicated over mesh axis '%s' of size %d, which "
-				   "a dim rule also splits (sequence parallelism); planc does not combine the two yet",
-				   s->ps->plan->name, g->vals[v].dim[g->vals[v].rank - 3], s->ps->axes[a].name,
-				   s->ps->axes[a].size);
-			diag_note_plain("use kv_heads divisible by the axis, or leave out nn.sequence_parallel on it");
-			s->failed = true;
-			return v;
-		}
 	v = convert_axis(s, v, a, LAYOUT_R);
 	const Value *src = &g->vals[v];
 	int r = src->rank;
