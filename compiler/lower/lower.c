@@ -1066,6 +1066,22 @@ static void check_labels(Lower *L, const Op *op, int oi)
 	karg(p, k, KA_STEP, 0);
 }
 
+/* A loss that is a cross-entropy's output is a classification's: every stage gets the metric
+ * counting the rows whose target class has the largest logit (zero where the loss is not
+ * computed), which the cross-entropy kernel adds to and evaluation reports as the accuracy
+ * (state.c's phase_eval) over the batch's accuracy_rows (its micro-batches' targets). */
+static void accuracy_metric(Lower *L)
+{
+	const Graph *g = L->g;
+	LProg *p = L->p;
+	int d = g->loss >= 0 ? g->vals[g->loss].def : -1;
+	if (d < 0 || g->ops[d].kind != OP_CROSS_ENTROPY)
+		return;
+	p->accuracy_metric = buffer_new(p, BUF_STATE, DT_F64, 1, "correct", "the rows whose target has the largest logit");
+	p->buf[p->accuracy_metric].state = SC_METRIC;
+	p->accuracy_rows = value_elems(g, g->ops[d].in[1]) * (g->ps->micro_batches > 0 ? g->ps->micro_batches : 1);
+}
+
 /* Vocab-parallel cross-entropy all-reduces its row statistics inside its kernel: the internal
  * reductions shard.c placed right after it are this kernel's communication. */
 static void lower_cross_entropy(Lower *L, const Op *op, int oi)
@@ -1087,6 +1103,10 @@ static void lower_cross_entropy(Lower *L, const Op *op, int oi)
 	karg_int(p, k, cols_of(g, logits));
 	karg_offset(p, k, logits, r - 1);
 	karg_f64(p, k, 1.0 / (double)value_elems(g, targets));
+	if (op->out[0] == g->loss && p->accuracy_metric >= 0)
+		karg_buf(p, k, p->accuracy_metric, true, true);
+	else
+		karg(p, k, KA_NULL, 0);
 	karg(p, k, vaxis >= 0 ? KA_AXIS : KA_NULL, vaxis);
 	arg_scratch(L, k, (size_t)rows_of(g, logits) * 3 * sizeof(float));
 	int ki = p->nk - 1;
@@ -1326,6 +1346,15 @@ static void lower_shape_op(Lower *L, const Op *op, int oi)
 		karg_int(p, k, heads);
 		karg_int(p, k, op->n);
 		karg_int(p, k, inner);
+		/* the repeated side's heads: a block matching the kv heads' block, or, where the kv heads
+		 * are whole on the rank (replicated over the tensor ranks that share them: shard.c), the
+		 * rank's block of the query heads from its first */
+		int rep = grad ? x : y, kv = grad ? y : x;
+		karg_int(p, k, ldim(g, rep, op->dim));
+		if (ldim(g, kv, op->dim) == g->vals[kv].dim[op->dim] && ldim(g, rep, op->dim) < g->vals[rep].dim[op->dim])
+			karg_offset(p, k, rep, op->dim);
+		else
+			karg_int(p, k, 0);
 		overwritten_done(L, oi, y, w);
 		return;
 	}
@@ -2242,7 +2271,7 @@ static LProg *lower_prog(Lowered *low, int stage, int role, Shared *sh)
 	p->stage = stage;
 	p->role = role;
 	p->nchunks = g->sched && g->sched->chunks > 0 ? g->sched->chunks : 1;
-	p->loss_metric = p->norm_metric = -1;
+	p->loss_metric = p->norm_metric = p->accuracy_metric = -1;
 	p->opaque_op = -1;
 	/* one buffer per graph value (the blank value buffers), then the buffers lowering makes */
 	p->buf = sh->scratch;
@@ -2312,6 +2341,7 @@ static LProg *lower_prog(Lowered *low, int stage, int role, Shared *sh)
 	/* the loss metric: every stage has one (zero where the loss is not computed) */
 	p->loss_metric = buffer_new(p, BUF_STATE, DT_F64, 1, "loss", "the step's mean loss");
 	p->buf[p->loss_metric].state = SC_METRIC;
+	accuracy_metric(&L);
 	L.moe_stats = -1;
 	if (g->has_moe) {
 		long long n = moe_stats_offset(g, g->nops);
@@ -2550,6 +2580,8 @@ static void compact_prog(LProg *p, Shared *sh, int nvals)
 		kernel_buffers(&p->k[i], seen);
 	if (p->loss_metric >= 0)
 		seen[p->loss_metric] = true;
+	if (p->accuracy_metric >= 0)
+		seen[p->accuracy_metric] = true;
 	for (int i = 0; i < sh->ntouched; i++)
 		seen[sh->touched[i]] |= p->buf[sh->touched[i]].cls != BUF_NONE;
 	for (int b = nvals; b < nb; b++)
@@ -2593,6 +2625,8 @@ static void compact_prog(LProg *p, Shared *sh, int nvals)
 		kernel_map_buffers(p, &p->k[i], renumber, map);
 	if (p->loss_metric >= 0)
 		p->loss_metric = map[p->loss_metric];
+	if (p->accuracy_metric >= 0)
+		p->accuracy_metric = map[p->accuracy_metric];
 	for (int i = 0; i < sh->ntouched; i++) /* the shared arrays as they were */
 		map[sh->touched[i]] = -1, seen[sh->touched[i]] = false;
 	for (int b = nvals; b < nb; b++)

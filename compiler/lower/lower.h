@@ -277,6 +277,10 @@ typedef struct LProg {
 	int nhandles, caphandles;
 	int nslotreqs;          /* p2p requests one slot's actions use */
 	int loss_metric;        /* buffer: the step's mean loss (f64) */
+	/* where the loss is a cross-entropy's (a classification): the buffer counting the rows whose
+	 * target has the largest logit (f64; -1: none), and the rows of a batch (accuracy_rows) */
+	int accuracy_metric;
+	long long accuracy_rows;
 	int norm_metric;        /* buffer: the gradient norm (f64) */
 	/* memplan.c */
 	SlotAction *actions;

@@ -76,8 +76,10 @@ typedef struct walker {
 void planrt_walk_(walker_t *w);
 void planrt_clear_action_(planrt_ctx_t *ctx); /* outside actions: no micro-batch, no slot */
 void planrt_trace_phase_(const char *name, int64_t step); /* --trace: a run phase as an event */
-/* --eval-every: the mean loss of batches held-out batches through w (a forward-only stage) */
-double planrt_evaluate_(walker_t *w, const planrt_stage_t *stage, planrt_ctx_t *ctx, int64_t batches, int64_t step);
+/* --eval-every: the mean loss of batches held-out batches through w (a forward-only stage), and
+ * their accuracy into *accuracy (NaN: the loss is not a classification) */
+double planrt_evaluate_(walker_t *w, const planrt_stage_t *stage, planrt_ctx_t *ctx, int64_t batches, int64_t step,
+			double *accuracy);
 /* the stage with its forward actions only (evaluation); free its actions when they differ */
 planrt_stage_t planrt_forward_stage_(const planrt_stage_t *s);
 

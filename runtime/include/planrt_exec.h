@@ -95,9 +95,11 @@ void planrt_bucket_progress(planrt_bucket_t *b);
 
 /* loss = sum over rows of (lse - target logit) * scale; lse saved for the backward. With a
  * vocabulary split over vocab_comm (non-NULL), the max, sum of exp and target logit are
- * all-reduced between the pieces. scratch: 3 * rows floats. */
+ * all-reduced between the pieces. correct (non-NULL): adds the count of rows whose target's
+ * logit is the row's largest (the accuracy's numerator). scratch: 3 * rows floats. */
 void planrt_cross_entropy_f32(const float *logits, const int32_t *targets, float *loss, float *lse, int64_t rows,
-			      int64_t cols, int64_t vocab_lo, double scale, planrt_comm_t vocab_comm, void *scratch);
+			      int64_t cols, int64_t vocab_lo, double scale, double *correct, planrt_comm_t vocab_comm,
+			      void *scratch);
 
 /* ------------------------------------------------------------------ step kernels of the IR
  * In-place collectives on flat buffers (gradient buckets viewed in place, ZeRO shards), sums

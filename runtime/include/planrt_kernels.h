@@ -113,11 +113,14 @@ enum { PLANRT_SIN = 0, PLANRT_COS, PLANRT_EXP, PLANRT_LOG, PLANRT_TANH, PLANRT_S
 	/* repeat_kv of Hugging Face's Llama (grouped-query attention), torch.repeat_interleave(x, n_rep, dim):  \
 	 * x viewed as [outer, heads, inner] gives y [outer, heads * n_rep, inner] whose head h is x's head      \
 	 * h / n_rep. [B, S, Hkv, Dh]: outer = B S, inner = Dh; [B, Hkv, S, Dh]: outer = B, inner = S Dh. A block \
-	 * of kv heads gives the matching block of query heads (tensor parallel). The gradient sums the n_rep    \
-	 * copies (dx overwritten). */                                                                          \
-	void planrt_k_repeat_kv_##S(const T *x, T *y, int64_t outer, int64_t heads, int64_t n_rep, int64_t inner); \
+	 * of kv heads gives the matching block of query heads (tensor parallel). y holds y_heads of the heads  \
+	 * from y_head_lo on (0 and heads * n_rep: all; key/value heads replicated over tensor ranks: each rank  \
+	 * its query heads' block of x's whole heads). The gradient sums the copies into dx [outer, heads,      \
+	 * inner] (overwritten; the heads no copy comes from are zero). */                                      \
+	void planrt_k_repeat_kv_##S(const T *x, T *y, int64_t outer, int64_t heads, int64_t n_rep, int64_t inner,  \
+				    int64_t y_heads, int64_t y_head_lo);                                        \
 	void planrt_k_repeat_kv_grad_##S(const T *dy, T *dx, int64_t outer, int64_t heads, int64_t n_rep,         \
-					 int64_t inner);                                                         \
+					 int64_t inner, int64_t y_heads, int64_t y_head_lo);                     \
 	/* Rotary position embeddings, the Llama / GPT-NeoX form (rotate_half on the two halves). x is           \
 	 * [batch, seq, heads, head_dim] (heads_first = 0) or [batch, heads, seq, head_dim] (heads_first = 1):   \
 	 * any block of heads (tensor parallel) and of sequence rows (sequence parallel). Row (b, s) is at       \

@@ -142,9 +142,12 @@ typedef struct planrt_stage {
 	planrt_phase_fn checkpoint, resume;
 	/* evaluation (--eval-every): eval_begin clears the loss metric, the walker runs the forward
 	 * actions on a held-out batch, eval_end reduces the loss into *eval_loss on every rank (NULL
-	 * functions: the stage cannot evaluate, an async plan) */
+	 * functions: the stage cannot evaluate, an async plan), and, where the loss is a
+	 * cross-entropy, the fraction of the batch's rows whose target class has the largest logit
+	 * into *eval_accuracy (NULL: the loss is not a classification) */
 	planrt_phase_fn eval_begin, eval_end;
 	double *const *eval_loss;
+	double *const *eval_accuracy;
 } planrt_stage_t;
 
 typedef struct planrt_program {

@@ -730,7 +730,10 @@ static void print_stage_entry(Emit *e)
 	for (Phase ph = PH_CHECKPOINT; ph <= PH_EVAL_END; ph++)
 		if (has_phase(p, ph, 0))
 			fprintf(f, "\t\t.%s = %s%s,\n", fields[ph], x, phase_names[ph]);
-	fprintf(f, "\t\t.eval_loss = &%s%s,\n\t},\n", x, p->buf[p->loss_metric].name);
+	fprintf(f, "\t\t.eval_loss = &%s%s,\n", x, p->buf[p->loss_metric].name);
+	if (p->accuracy_metric >= 0)
+		fprintf(f, "\t\t.eval_accuracy = &%s%s,\n", x, p->buf[p->accuracy_metric].name);
+	fprintf(f, "\t},\n");
 }
 
 /* ------------------------------------------------------------------ the program */

@@ -1169,7 +1169,7 @@ static void table_types(Gen *G, Tables *T)
 			 F(planrt_stage_t, versions, p),      F(planrt_stage_t, nversions, i32),
 			 F(planrt_stage_t, checkpoint, p),    F(planrt_stage_t, resume, p),
 			 F(planrt_stage_t, eval_begin, p),    F(planrt_stage_t, eval_end, p),
-			 F(planrt_stage_t, eval_loss, p)};
+			 F(planrt_stage_t, eval_loss, p),     F(planrt_stage_t, eval_accuracy, p)};
 	Field program[] = {F(planrt_program_t, plan, p),          F(planrt_program_t, model, p),
 			   F(planrt_program_t, source, p),        F(planrt_program_t, world, i32),
 			   F(planrt_program_t, naxes, i32),       F(planrt_program_t, pipe_axis, i32),
@@ -1309,7 +1309,9 @@ static LLVMValueRef build_stage(Gen *G, const Tables *T)
 			    extra[1],
 			    extra[2],
 			    extra[3],
-			    LLVMConstBitCast(G->state[p->loss_metric], G->t_ptr)};
+			    LLVMConstBitCast(G->state[p->loss_metric], G->t_ptr),
+			    p->accuracy_metric >= 0 ? LLVMConstBitCast(G->state[p->accuracy_metric], G->t_ptr)
+						    : LLVMConstPointerNull(G->t_ptr)};
 	return LLVMConstNamedStruct(T->stage, f, sizeof f / sizeof f[0]);
 }
 
