@@ -268,6 +268,12 @@ void karg_coord(LProg *p, Kernel *k, long long base, int axis, long long stride)
 	push_arg(p, k, &a, false);
 }
 
+void karg_copy(LProg *p, Kernel *k, const KArg *a)
+{
+	internal_assert(a->kind != KA_BUF && a->kind != KA_BUFS && a->kind != KA_SCALAR);
+	push_arg(p, k, a, false);
+}
+
 static void karg_offset(LProg *p, Kernel *k, int b, int dim)
 {
 	KArg a = blank_arg(KA_OFFSET);
@@ -1818,6 +1824,9 @@ static void lower_attention(Lower *L, const Op *op, int oi)
 	karg_ints(p, k, gd, r, false);
 	karg_offset(p, k, q, -1);
 	arg_scratch(L, k, sizeof(float) * (size_t)(3 * BQ * BK + 2 * BK * dh + BQ * dh + 3 * BQ));
+	int ring = g->ps->ring_axis;
+	if (ring >= 0 && g->vals[kv].lay.on[ring] == r - 2) /* context parallelism: K/V split too */
+		ring_attention(p, ring);
 }
 
 static void lower_op(Lower *L, const Op *op, int oi)
