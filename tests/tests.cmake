@@ -69,6 +69,9 @@ target_link_libraries(attention_io PRIVATE planrt)
 runner_test(attention_torch 300 /usr/bin/python3 ${ROOT}/tests/attention/check_torch.py $<TARGET_FILE:attention_io>)
 set_tests_properties(attention_torch PROPERTIES SKIP_RETURN_CODE 77)
 runner_test(attention_fused 900 python3 ${ROOT}/tests/attention/run_fused.py ${PLANC} ${ROOT} 5)
+# context parallelism (ring attention) against one rank: cp2, cp4, with dp, tp and pp; bytes and
+# memory equal explain's; what is refused (tests/context)
+runner_test(context_parallel 900 python3 ${ROOT}/tests/context/run_cp.py ${PLANC} ${ROOT} 20)
 runner_test(torch_reference 900 /usr/bin/python3 ${ROOT}/tests/torch/torch_reference.py ${PLANC} ${ROOT} 20)
 set_tests_properties(torch_reference PROPERTIES SKIP_RETURN_CODE 77)
 # what programs allocate = explain's figure; ZeRO's and expert parallelism's memory (tests/memory)
@@ -197,7 +200,7 @@ set(QUICK_TESTS errors fmt_roundtrip cli explain_goldens explain_formulas explai
     fmt_golden data explain_json_exact cuda_gpu_binding cuda_comm_staged_watchdog)
 set(MPI_TESTS runtime_collectives runtime_step_kernels runtime_watchdog runtime_watchdog_world_sum
     runtime_collectives_no_watchdog runtime_program runtime_program_cli sync_kernels sync_runs llvm_diff
-    equiv_gpt equiv_moe equiv_mlp equiv_ops equiv_others equiv_sweep attention_fused torch_reference memory offload checkpoint fp16
+    equiv_gpt equiv_moe equiv_mlp equiv_ops equiv_others equiv_sweep attention_fused context_parallel torch_reference memory offload checkpoint fp16
     program_errors program_failures observe cuda_sync_math cpu_levels data_runs resume_guard outputs
     cuda_comm_staged cuda_comm_staged_watchdog cuda_comm_staged_local cuda_local_mpi soak)
 set(CUDA_TESTS llvm_ptxas cuda_build cuda_one_process)
@@ -205,7 +208,7 @@ set(TORCH_TESTS torch_reference attention_torch)
 set(TEST_COSTS cuda_build 180 equiv_gpt 140 llvm_diff 139 cpu_levels 60 offload 70 sync_runs 63 fuzz 60
     equiv_sweep 60 equiv_moe 60 checkpoint 50 torch_reference 50 data_runs 45 cuda_one_process 40 equiv_others 40
     fuzz_build 60 memory 30 search 30 explain_goldens_large 25 scale_compile_time 25 fp16 20 observe 15
-    kernels_matmul_bf16 15 attention_fused 30 attention_torch 20
+    kernels_matmul_bf16 15 attention_fused 30 attention_torch 20 context_parallel 40
     resume_guard 90 outputs 40 soak 40)
 
 get_property(ALL_TESTS DIRECTORY PROPERTY TESTS)

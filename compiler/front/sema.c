@@ -1564,6 +1564,13 @@ static void ring_rule(PlanCtx *pc, const Frame *fr, Expr *e, int stage)
 	ps->ring_axis = ax;
 	ps->ring_loc = e->loc;
 	ps->ring_src = fr->src;
+	if (fr->strategy) { /* located at the outermost `use` in the plan, as other strategy rules */
+		const Frame *f = fr;
+		while (f->up && f->up->strategy)
+			f = f->up;
+		ps->ring_loc = f->use_loc;
+		ps->ring_src = f->use_src;
+	}
 }
 
 /* The target of an expert rule: `experts` or `expert_hidden`, bare or with a parameter pattern

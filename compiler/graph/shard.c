@@ -1365,10 +1365,10 @@ static bool ring_possible(Shard *s, const Op *op, int mask)
 	if (!missing)
 		return true;
 	if (!s->failed) {
-		diag_error(op->src ? op->src : ps->src, op->src ? op->loc : ps->plan->name_loc,
-			   "ring attention over mesh axis '%s' does not support %s yet", ps->axes[ps->ring_axis].name,
-			   missing);
-		diag_note(ps->ring_src, ps->ring_loc, "the ring is set here");
+		diag_error(ps->ring_src, ps->ring_loc, "ring attention over mesh axis '%s' does not support %s yet",
+			   ps->axes[ps->ring_axis].name, missing);
+		if (op->src)
+			diag_note(op->src, op->loc, "the attention it would run");
 		diag_note_plain("use a causal or unmasked f32 attention, or split the sequence without the ring (shard S -> %s)",
 				ps->axes[ps->ring_axis].name);
 	}
