@@ -32,7 +32,7 @@ work = harness.workdir("context")
 tally = harness.Tally("context parallelism")
 check = tally.check
 src = f"{root}/tests/context/cp.plan"
-PLANS = {"cp2": 2, "cp4": 4, "cp2_dp2": 2, "cp2_tp2": 2, "cp2_pp2": 2}  # plan: its ring size
+PLANS = {"cp2": 2, "cp4": 4, "cp2_dp2": 2, "cp2_tp2": 2, "cp2_pp2": 2, "cp2_dp2_zero1_recompute": 2}  # plan: its ring size
 # the model's sizes (cp.plan): batch, heads, sequence, head dim, layers
 B, H, S, DH, L = 4, 4, 256, 16, 2
 
@@ -104,7 +104,10 @@ for plan, cp in PLANS.items():
     heads = H // d["mesh"].get("tensor", 1)
     stages = d["mesh"].get("pipe", 1)
     block = (B // data) * heads * (S // cp) * DH * 4
+    recompute = 2 * (cp - 1) * block * L // stages if "recompute" in plan else 0  # the forward again
     want = {"forward": L // stages * 2 * (cp - 1) * block, "backward": L // stages * (2 * (cp - 1) + 2 * cp) * block}
+    if recompute:
+        want["recompute"] = recompute
     got = ring_sends(d)
     check(f"{plan} ring bytes", got == want, f"explain's sends on ctx per step {got}, the ring's formula {want}")
     check_memory(plan, run)
