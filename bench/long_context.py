@@ -64,14 +64,10 @@ plan unfused for lc {{
   attention unfused
   optimizer adamw(lr = 3e-4, betas = (0.9, 0.95), weight_decay = 0.1), clip = 1.0
 }}
-plan cp2 for lc {{
-  mesh ctx = 2
-  batch B = 1
-  use nn.context_parallel(ctx)
-  optimizer adamw(lr = 3e-4, betas = (0.9, 0.95), weight_decay = 0.1), clip = 1.0
-}}
-plan cp4 for lc {{
-  mesh ctx = 4
+"""
+# context parallelism over N ranks (the ring), one plan per --ranks entry
+CP_PLAN = """plan cp{N} for lc {{
+  mesh ctx = {N}
   batch B = 1
   use nn.context_parallel(ctx)
   optimizer adamw(lr = 3e-4, betas = (0.9, 0.95), weight_decay = 0.1), clip = 1.0
@@ -124,7 +120,7 @@ def torch_run(S):
 print(f"one-layer GPT, D = {D}, {H} head, batch 1, one CPU thread, cap {gib(cap)} per run")
 for S in sizes:
     src = f"{work}/lc{S}.plan"
-    open(src, "w").write(PLAN.format(S=S, D=D, H=H))
+    open(src, "w").write(PLAN.format(S=S, D=D, H=H) + "".join(CP_PLAN.format(N=n) for n in ranks))
     fpeak, fused = planc_run(src, "fused", S)
     upeak = json.loads(subprocess.run([planc, "explain", src, "--plan", "unfused", "--json"], capture_output=True,
                                       text=True, check=True).stdout)["roles"][0]["program"]["peak"]
