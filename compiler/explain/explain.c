@@ -97,9 +97,9 @@ static double attention_flops(const Graph *g, const Op *op, bool local, bool mod
 {
 	int q = op->in[0], k = op->in[1], r = g->vals[q].rank;
 	double sk = (double)g->vals[k].dim[r - 2];
-	if (local)
+	if (local) /* a ring (context parallelism) brings every key block to each rank in turn */
 		for (int ax = 0; ax < g->ps->naxes; ax++)
-			if (g->vals[k].lay.on[ax] == r - 2)
+			if (g->vals[k].lay.on[ax] == r - 2 && ax != g->ps->ring_axis)
 				sk /= g->ps->axes[ax].size;
 	double qe = local ? block_elems(g, q) : (double)value_elems(g, q);
 	return 2.0 * qe * sk * (op->kind == OP_ATTENTION ? 2 : model ? 4 : 5);

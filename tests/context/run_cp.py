@@ -11,7 +11,8 @@ single rank's Philox mask at their global key positions). For each run:
   blocks cp - 1 times forward, and in the backward the K and V blocks cp - 1 times plus their
   gradient sums cp times, each block B x H x S/cp x Dh f32;
 - every rank's persistent state by kind and arena equal explain's (PLANRT_REPORT_MEMORY), and
-  explain's activations per rank are the single rank's / cp.
+  explain's activations per rank are the single rank's / cp, its FLOPs per rank the single rank's
+  / (cp x data) (each rank attends its queries to every key block the ring brings).
 Then what is refused is refused: the CUDA target (the ring has no device kernels yet), an additive
 mask, bf16 storage and a ring that no attention takes, each with its file:line:col error.
 usage: run_cp.py PLANC REPO_ROOT [STEPS]
@@ -83,7 +84,8 @@ def check_memory(plan, run):
 
 ref, err = train("single")
 check("single trains", ref is not None, err or f"{steps} steps")
-single_act = harness.explain(planc, src, "single")["roles"][0]["bytes"]["activations_per_micro_batch"]
+single_role = harness.explain(planc, src, "single")["roles"][0]
+single_act, single_flops = single_role["bytes"]["activations_per_micro_batch"], single_role["flops_per_step"]
 for plan, cp in PLANS.items():
     nring, nplain = kernels(plan)
     check(f"{plan} ring", nring > 0 and nplain == 0, f"{nring} ring attention kernels, {nplain} plain ones")
@@ -111,6 +113,10 @@ for plan, cp in PLANS.items():
     got = ring_sends(d)
     check(f"{plan} ring bytes", got == want, f"explain's sends on ctx per step {got}, the ring's formula {want}")
     check_memory(plan, run)
+    if stages == 1 and "tensor" not in d["mesh"] and "recompute" not in plan:
+        flops = d["roles"][0]["flops_per_step"]
+        check(f"{plan} FLOPs 1/(cp x data)", abs(flops * cp * data - single_flops) <= 1e-9 * single_flops,
+              f"{flops:.6g} per rank, the single rank's {single_flops:.6g} / {cp * data} (the ring visits every key block)")
     if stages == 1 and data == 1 and "tensor" not in d["mesh"]:
         act = d["roles"][0]["bytes"]["activations_per_micro_batch"]
         check(f"{plan} activations 1/cp", act * cp == single_act,
