@@ -115,7 +115,8 @@ for plan, cp in PLANS.items():
     check_memory(plan, run)
     if stages == 1 and "tensor" not in d["mesh"] and "recompute" not in plan:
         flops = d["roles"][0]["flops_per_step"]
-        check(f"{plan} FLOPs 1/(cp x data)", abs(flops * cp * data - single_flops) <= 1e-9 * single_flops,
+        # explain's JSON prints FLOPs to 6 significant digits
+        check(f"{plan} FLOPs 1/(cp x data)", abs(flops * cp * data - single_flops) <= 1e-5 * single_flops,
               f"{flops:.6g} per rank, the single rank's {single_flops:.6g} / {cp * data} (the ring visits every key block)")
     if stages == 1 and data == 1 and "tensor" not in d["mesh"]:
         act = d["roles"][0]["bytes"]["activations_per_micro_batch"]
