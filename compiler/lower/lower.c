@@ -1824,9 +1824,6 @@ static void lower_attention(Lower *L, const Op *op, int oi)
 	karg_ints(p, k, gd, r, false);
 	karg_offset(p, k, q, -1);
 	arg_scratch(L, k, sizeof(float) * (size_t)(3 * BQ * BK + 2 * BK * dh + BQ * dh + 3 * BQ));
-	int ring = g->ps->ring_axis;
-	if (ring >= 0 && g->vals[kv].lay.on[ring] == r - 2) /* context parallelism: K/V split too */
-		ring_attention(p, ring);
 }
 
 static void lower_op(Lower *L, const Op *op, int oi)

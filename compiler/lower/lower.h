@@ -375,9 +375,9 @@ void inserts_add(Inserts *ins, Kernel k, int before);
 void inserts_apply(LProg *p, Inserts *ins);
 void lprog_dump(FILE *out, const LProg *p);
 
-/* ring.c: the program's last kernel, a fused attention (or its gradient) whose K/V are split over
- * mesh axis `axis` like its queries (context parallelism), replaced by the ring over that axis */
-void ring_attention(LProg *p, int axis);
+/* ring.c, right after lower: every fused attention kernel (and gradient) whose K/V are split over
+ * the plan's ring axis like its queries (context parallelism) replaced by the ring over that axis */
+bool plan_ring(Lowered *low);
 /* state.c, overlap.c, memplan.c: the back-end passes after lower, on every program */
 bool plan_state(Lowered *low);
 /* state.c: a hash of the whole lowered program ("fnv1a64:<16 hex digits>"), which planrt records in

@@ -1,9 +1,10 @@
-/* ring.c: context parallelism's ring attention (Ring Attention, Megatron-Core's context parallel).
+/* ring.c: the ring pass, context parallelism's ring attention (Ring Attention, Megatron-Core's
+ * context parallel), on the loop-level IR right after lower.
  *
  * Under `use nn.context_parallel(ctx)` every activation is split along the sequence over ctx, and
  * shard.c keeps a fused attention op's K and V split like its queries (and their gradients split,
- * not partial sums). Lowering first builds the op's ordinary attention kernel; ring_attention
- * replaces it by the ring, size = |ctx| steps in the same phase:
+ * not partial sums). lower.c builds the op's ordinary attention kernel over the local blocks; this
+ * pass replaces each such kernel by the ring, size = |ctx| steps in the same phase:
  *
  *   forward, step t:  start shifting the K/V block held to the next rank and receiving the
  *                     previous rank's (ring_shift), attend the local queries to the block held
@@ -26,6 +27,8 @@
  * K and two V blocks (and in the backward two dk, dv partials and one received sum each), all in
  * the transient arena; memplan places them like any other. */
 #include "lower/lower.h"
+
+#include <stdlib.h>
 
 enum { TAG_KV = 1, TAG_DKV = 2 }; /* the K/V ring and the ring of their gradient sums */
 
@@ -220,20 +223,54 @@ static void ring_backward(Ring *R)
 	finish(R, pv[last], dv, dvreq);
 }
 
-void ring_attention(LProg *p, int axis)
+/* Appends the ring that replaces plain attention kernel x (a copy: the program's kernel array
+ * is being rebuilt). */
+static void ring_attention(LProg *p, const Kernel *x, int axis)
 {
-	Ring R = {.p = p, .plain = p->k[p->nk - 1], .axis = axis, .size = p->ps->axes[axis].size};
-	R.grad = R.plain.kind == K_ATTENTION_GRAD;
-	internal_assert(R.grad || R.plain.kind == K_ATTENTION);
+	Ring R = {.p = p, .plain = *x, .axis = axis, .size = p->ps->axes[axis].size};
+	R.grad = x->kind == K_ATTENTION_GRAD;
 	int ik = R.grad ? KARG_INDEX(ATTENTION_GRAD, k) : KARG_INDEX(ATTENTION, k);
 	int iv = R.grad ? KARG_INDEX(ATTENTION_GRAD, v) : KARG_INDEX(ATTENTION, v);
 	int is = R.grad ? KARG_INDEX(ATTENTION_GRAD, scratch) : KARG_INDEX(ATTENTION, scratch);
-	R.k = R.plain.args[ik].buf;
-	R.v = R.plain.args[iv].buf;
-	R.scratch = R.plain.args[is].buf;
-	p->nk--; /* the plain kernel goes; its argument arrays live in the arena */
+	R.k = x->args[ik].buf;
+	R.v = x->args[iv].buf;
+	R.scratch = x->args[is].buf;
 	if (R.grad)
 		ring_backward(&R);
 	else
 		ring_forward(&R);
+}
+
+/* whether attention kernel k reads K/V split over the ring axis (shard.c kept them split) */
+static bool on_ring(const LProg *p, const Kernel *k, int axis)
+{
+	if (k->kind != K_ATTENTION && k->kind != K_ATTENTION_GRAD)
+		return false;
+	int b = k->args[k->kind == K_ATTENTION ? KARG_INDEX(ATTENTION, k) : KARG_INDEX(ATTENTION_GRAD, k)].buf;
+	int v = p->buf[buffer_root(p, b)].value;
+	return v >= 0 && p->g->vals[v].lay.on[axis] == p->g->vals[v].rank - 2;
+}
+
+bool plan_ring(Lowered *low)
+{
+	int axis = low->ps->ring_axis;
+	if (axis < 0)
+		return true;
+	for (int i = 0; i < low->nprogs; i++) {
+		LProg *p = low->progs[i];
+		if (!p)
+			continue;
+		Kernel *old = p->k;
+		int n = p->nk;
+		p->k = NULL;
+		p->nk = p->capk = 0;
+		for (int j = 0; j < n; j++) {
+			if (on_ring(p, &old[j], axis))
+				ring_attention(p, &old[j], axis);
+			else
+				*kernel_new(p, old[j].kind, old[j].phase, old[j].chunk, old[j].op) = old[j];
+		}
+		free(old);
+	}
+	return true;
 }
