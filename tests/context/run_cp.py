@@ -55,7 +55,7 @@ def train(plan):
 
 
 def kernels(plan):
-    dump = subprocess.run([planc, "check", src, "--plan", plan, "--dump-after=lower"], capture_output=True,
+    dump = subprocess.run([planc, "check", src, "--plan", plan, "--dump-after=ring"], capture_output=True,
                           text=True).stdout
     return len(re.findall(r" (?:c\d+ )?ring_attention\(", dump)), len(re.findall(r" (?:c\d+ )?attention\(", dump))
 
