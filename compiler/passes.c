@@ -11,6 +11,7 @@
  *   sync       gradient synchronisation (sync.c)
  * and the back end, on the loop-level IR of every stage program (run_backend):
  *   lower      graph ops to kernels over buffers (lower.c)
+ *   ring       context parallelism: attention over a split sequence as the K/V ring (ring.c)
  *   state      persistent state, buckets, ZeRO, the optimizer, init and save (state.c)
  *   overlap    buckets during the backward, ZeRO-3 prefetch (overlap.c)
  *   memplan    slots, inboxes and arena offsets (memplan.c)
@@ -23,7 +24,7 @@
 #include <string.h>
 
 const char *const pass_names[] = {"graph", "attention", "pipeline", "autodiff", "shard", "recompute", "zero", "sync",
-				  "lower", "state", "overlap", "offload_params", "offload_activations", "memplan", "check",
+				  "lower", "ring", "state", "overlap", "offload_params", "offload_activations", "memplan", "check",
 				  "streams", NULL};
 
 static bool dump_if(const char *want, const char *pass, Graph *g, FILE *out)
@@ -68,10 +69,10 @@ Lowered *run_backend(Graph *g, const char *dump_after, FILE *dump_out, bool veri
 	if (verify && !verify_ir(low, "lower"))
 		return NULL;
 	dump_backend(dump_after, "lower", low, dump_out);
-	static bool (*const passes[])(Lowered *) = {plan_state, plan_overlap, plan_offload_params, plan_offload_activations,
-						    memplan};
-	static const char *const names[] = {"state", "overlap", "offload_params", "offload_activations", "memplan"};
-	for (int i = 0; i < 5; i++) {
+	static bool (*const passes[])(Lowered *) = {plan_ring, plan_state, plan_overlap, plan_offload_params,
+						    plan_offload_activations, memplan};
+	static const char *const names[] = {"ring", "state", "overlap", "offload_params", "offload_activations", "memplan"};
+	for (int i = 0; i < 6; i++) {
 		if (!passes[i](low) || diag_error_count() != errors_before)
 			return NULL;
 		if (verify && !verify_ir(low, names[i]))

@@ -71,6 +71,9 @@ target_link_libraries(attention_io PRIVATE planrt)
 runner_test(attention_torch 300 /usr/bin/python3 ${ROOT}/tests/attention/check_torch.py $<TARGET_FILE:attention_io>)
 set_tests_properties(attention_torch PROPERTIES SKIP_RETURN_CODE 77)
 runner_test(attention_fused 900 python3 ${ROOT}/tests/attention/run_fused.py ${PLANC} ${ROOT} 5)
+# context parallelism (ring attention) against one rank: cp2, cp4, with dp, tp and pp; bytes and
+# memory equal explain's; what is refused (tests/context)
+runner_test(context_parallel 900 python3 ${ROOT}/tests/context/run_cp.py ${PLANC} ${ROOT} 20)
 runner_test(torch_reference 900 /usr/bin/python3 ${ROOT}/tests/torch/torch_reference.py ${PLANC} ${ROOT} 20)
 set_tests_properties(torch_reference PROPERTIES SKIP_RETURN_CODE 77)
 # what programs allocate = explain's figure; ZeRO's and expert parallelism's memory (tests/memory)
@@ -207,7 +210,7 @@ set(QUICK_TESTS errors fmt_roundtrip cli explain_goldens explain_formulas explai
     fmt_golden data explain_json_exact cuda_gpu_binding cuda_comm_staged_watchdog)
 set(MPI_TESTS runtime_collectives runtime_step_kernels runtime_watchdog runtime_watchdog_world_sum
     runtime_collectives_no_watchdog runtime_program runtime_program_cli sync_kernels sync_runs llvm_diff
-    equiv_gpt equiv_moe equiv_mlp equiv_ops equiv_others equiv_sweep attention_fused torch_reference memory offload checkpoint fp16
+    equiv_gpt equiv_moe equiv_mlp equiv_ops equiv_others equiv_sweep attention_fused context_parallel torch_reference memory offload checkpoint fp16
     program_errors program_failures observe cuda_sync_math cpu_levels data_runs resume_guard outputs
     cuda_comm_staged cuda_comm_staged_watchdog cuda_comm_staged_local cuda_local_mpi soak calibrate)
 set(CUDA_TESTS llvm_ptxas cuda_build cuda_one_process)
@@ -221,7 +224,7 @@ set(TEST_COSTS equiv_gpt 470 cuda_build 405 llvm_diff 225 equiv_sweep 128 offloa
     cuda_one_process 62 memory 61 resume_guard 60 program_errors 58 data_runs 43 fp16 38 attention_fused 38
     equiv_mlp 37 soak 28 cuda_local_mpi 27 program_failures 23 observe 20 search 17 kernels_matmul_bf16 17
     scale_compile_time 16 explain_goldens_large 15 scale 13 equiv_ops 12 cli 11 outputs 11 cuda_sync_math 11
-    runtime_program_cli 9 explain_goldens 9)
+    runtime_program_cli 9 explain_goldens 9 context_parallel 40 attention_torch 20)
 
 get_property(ALL_TESTS DIRECTORY PROPERTY TESTS)
 foreach(t ${ALL_TESTS})

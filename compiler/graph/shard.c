@@ -58,6 +58,7 @@ typedef struct Shard {
 	int *kv_heads, *kv_q_heads;
 	int kv_nvals;
 	int kv_grad[2], kv_grad_of[2], kv_axis, kv_rep;
+	int ring_ops; /* attention ops placed as a ring over the plan's ring axis */
 } Shard;
 
 /* ---------------------------------------------------------------- op list rebuilding */
@@ -1517,12 +1518,52 @@ static void kv_grads(Shard *s, const Op *placed)
 	}
 }
 
+/* Whether attention op, its query rows split over the ring axis (`shard ring_attention -> axis`),
+ * can keep K/V split and pass them around the ring (lower/ring.c); reports what is missing when it
+ * cannot: an additive mask (its key dim would have to travel with the block) and storage other
+ * than f32. */
+static bool ring_possible(Shard *s, const Op *op, int mask)
+{
+	const PlanSpec *ps = s->ps;
+	const char *missing = mask >= 0 ? "an additive attention mask (padding or document masks)"
+			      : ps->param_dtype != DT_F32 ? "bf16 or f16 storage" : NULL;
+	if (!missing)
+		return true;
+	if (!s->failed) {
+		diag_error(ps->ring_src, ps->ring_loc, "ring attention over mesh axis '%s' does not support %s yet",
+			   ps->axes[ps->ring_axis].name, missing);
+		if (op->src)
+			diag_note(op->src, op->loc, "the attention it would run");
+		diag_note_plain("use a causal or unmasked f32 attention, or split the sequence without the ring (shard S -> %s)",
+				ps->axes[ps->ring_axis].name);
+	}
+	s->failed = true;
+	return false;
+}
+
+/* `shard ring_attention -> axis` that no attention took: the sequence is not split over the axis
+ * where attention runs, the attention is unfused, or Ulysses moved the split to the heads. */
+static void ring_unused(Shard *s)
+{
+	const PlanSpec *ps = s->ps;
+	const char *axis = ps->axes[ps->ring_axis].name;
+	diag_error(ps->ring_src, ps->ring_loc, "ring attention over mesh axis '%s' applies to no attention", axis);
+	if (ps->attention_unfused)
+		diag_note_plain("the ring runs the fused attention op: remove 'attention unfused'");
+	else
+		diag_note_plain("the ring needs fused attention whose sequence is split over '%s' (shard S -> %s) and "
+				"its heads not (Ulysses: shard H -> %s)", axis, axis, axis);
+	s->failed = true;
+}
+
 /* Fused attention (attention.c) q, k, v [.., H, S, Dh] (and out, lse, dy in its gradient): a split
  * batch or head dim stays split, and k, v and the others follow it; Ulysses moves a sequence split
  * to the heads when a dim rule prefers them (an all-to-all); a split of the query rows stays, with
  * k and v gathered whole (each rank attends its rows to every key) and their gradients partial
- * sums; a head-dim split is gathered. An additive mask follows where it has the split dim. Key/value
- * heads fewer than the ranks splitting the query heads are replicated (replicate_kv). */
+ * sums, unless the axis is the plan's ring (context parallelism): then k, v and their gradients
+ * stay split like q, and lowering passes the blocks around the ring; a head-dim split is gathered.
+ * An additive mask follows where it has the split dim. Key/value heads fewer than the ranks
+ * splitting the query heads are replicated (replicate_kv). */
 static void rule_attention(Shard *s, Op *op, int a)
 {
 	Graph *g = s->g;
@@ -1536,10 +1577,11 @@ static void rule_attention(Shard *s, Op *op, int a)
 		op->in[0] = convert_axis(s, op->in[0], a, p >= 0 ? p : sq == r - 2 ? sq : LAYOUT_R);
 		sq = st(s, op->in[0], a);
 	}
-	bool rows = sq == r - 2;
+	bool rows = sq == r - 2, ring = rows && a == s->ps->ring_axis && ring_possible(s, op, mask);
+	s->ring_ops += ring && !grad;
 	long long n = s->ps->axes[a].size, q_heads = g->vals[op->in[0]].dim[r - 3];
 	for (int i = 1; i < nt; i++) {
-		int want = rows && (i == 1 || i == 2) ? LAYOUT_R : sq;
+		int want = rows && !ring && (i == 1 || i == 2) ? LAYOUT_R : sq;
 		long long kv = g->vals[op->in[i]].dim[r - 3];
 		if (!grad && (i == 1 || i == 2) && want == r - 3 && kv_replicated(kv, q_heads, n))
 			op->in[i] = replicate_kv(s, op->in[i], a, (int)(n / kv));
@@ -1555,7 +1597,7 @@ static void rule_attention(Shard *s, Op *op, int a)
 			op->in[mask] = convert_axis(s, op->in[mask], a, want);
 	}
 	set_out(s, op, a, sq);
-	if (grad && rows)
+	if (grad && rows && !ring)
 		for (int i = 1; i < 3; i++)
 			g->vals[op->out[i]].lay.on[a] = LAYOUT_P;
 }
@@ -1790,6 +1832,8 @@ bool shard(Graph *g)
 	free(s.fwd_copy);
 	if (!s.failed)
 		moe_rules_check(&s);
+	if (!s.failed && g->ps->ring_axis >= 0 && !s.ring_ops)
+		ring_unused(&s);
 	free(s.moe_param);
 	free(s.moe_layer);
 	free(s.kv_heads);

@@ -327,6 +327,20 @@
 	  KP(F32_IN, lse) KP(F32_IN, dout) KP(F32_OUT, dq) KP(F32_OUT, dk) KP(F32_OUT, dv) KP(INT, rank) \
 	  KP(DIMS, ldims) KP(I64, kv_heads) KP(I64, sk) KP(F64, scale) KP(INT, mask_kind) KP(F64, p) \
 	  KP(STEP_SEED, seed) KP(U64, key) KP(DIMS, gdims) KP(DIMS, offs) KP(OUT, scratch)) \
+	X(RING_ATTENTION, "ring_attention", KC_COMPUTE, planrt_k_ring_attention_f32, KDEV_HOST, \
+	  KP(F32_IN, q) KP(F32_IN, k) KP(F32_IN, v) KP(F32_IN, mask) KP(DIMS, mask_strides) KP(F32_OUT, out) \
+	  KP(F32_OUT, lse) KP(INT, rank) KP(DIMS, ldims) KP(I64, kv_heads) KP(I64, sk) KP(F64, scale) \
+	  KP(INT, mask_kind) KP(F64, p) KP(STEP_SEED, seed) KP(U64, key) KP(DIMS, gdims) KP(DIMS, offs) \
+	  KP(OUT, scratch) KP(I64, coord) KP(INT, step) KP(INT, size)) \
+	X(RING_ATTENTION_GRAD, "ring_attention_grad", KC_COMPUTE, planrt_k_ring_attention_grad_f32, KDEV_HOST, \
+	  KP(F32_IN, q) KP(F32_IN, k) KP(F32_IN, v) KP(F32_IN, mask) KP(DIMS, mask_strides) KP(F32_IN, out) \
+	  KP(F32_IN, lse) KP(F32_IN, dout) KP(F32_OUT, dq) KP(F32_OUT, dk) KP(F32_OUT, dv) KP(INT, rank) \
+	  KP(DIMS, ldims) KP(I64, kv_heads) KP(I64, sk) KP(F64, scale) KP(INT, mask_kind) KP(F64, p) \
+	  KP(STEP_SEED, seed) KP(U64, key) KP(DIMS, gdims) KP(DIMS, offs) KP(OUT, scratch) KP(I64, coord) \
+	  KP(INT, step) KP(INT, size)) \
+	X(RING_SHIFT, "ring_shift", KC_COMM, planrt_ring_shift_start, KDEV_HOST, \
+	  KP(IN, send) KP(OUT, recv) KP(I64, n) KP(DTYPE, t) KP(COMM, c) KP(INT, tag) KP(REQUEST, send_req) \
+	  KP(REQUEST, recv_req)) \
 	Y(OPAQUE, "op", KC_OPAQUE)
 
 

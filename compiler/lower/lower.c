@@ -269,6 +269,12 @@ void karg_coord(LProg *p, Kernel *k, long long base, int axis, long long stride)
 	push_arg(p, k, &a, false);
 }
 
+void karg_copy(LProg *p, Kernel *k, const KArg *a)
+{
+	internal_assert(a->kind != KA_BUF && a->kind != KA_BUFS && a->kind != KA_SCALAR);
+	push_arg(p, k, a, false);
+}
+
 static void karg_offset(LProg *p, Kernel *k, int b, int dim)
 {
 	KArg a = blank_arg(KA_OFFSET);

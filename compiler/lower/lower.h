@@ -149,7 +149,8 @@ typedef struct Comm {
 	OpKind coll;        /* OP_ALL_REDUCE, OP_REDUCE_SCATTER, OP_ALL_GATHER, OP_ALL_TO_ALL, OP_SEND, OP_RECV */
 	int axis;           /* the group's mesh axis (the pipe axis for tied pairs and pipeline transfers) */
 	int pair;           /* >= 0: the tied-parameter pair group Lowered.pair_a/b[pair] on the pipe axis */
-	int peer;           /* p2p: the peer's coordinate on axis */
+	int peer;           /* p2p: the peer's coordinate on axis; PEER_RING_NEXT / PEER_RING_PREV: a ring
+			     * shift's (ring.c), the next / previous coordinate on axis, wrapping around */
 	int channel;        /* p2p: direction (0 activations, 1 gradients) * chunks + the receiving chunk */
 	int micro;          /* p2p, filled by the check's walk: the micro-batch it carries */
 	long long elems;    /* the call's buffer B of the wire formula, in elements of dtype */
@@ -162,6 +163,8 @@ typedef struct Comm {
 	int op;             /* graph op, for messages, or -1 */
 	const char *what;   /* the tensor, for messages */
 } Comm;
+
+enum { PEER_RING_NEXT = -2, PEER_RING_PREV = -3 };
 
 typedef enum {
 	KA_BUF,      /* a buffer's address */
@@ -360,6 +363,7 @@ void karg(LProg *p, Kernel *k, KArgKind kind, long long i);
 void karg_ints(LProg *p, Kernel *k, const long long *v, int n, bool i32);
 void karg_bufs(LProg *p, Kernel *k, const int *bufs, int n, bool reads, bool writes);
 void karg_coord(LProg *p, Kernel *k, long long base, int axis, long long stride);
+void karg_copy(LProg *p, Kernel *k, const KArg *a); /* another kernel's argument (not a buffer's: no use or def) */
 void kernel_use(LProg *p, Kernel *k, int b);
 void kernel_def(LProg *p, Kernel *k, int b);
 Comm *kernel_comm(LProg *p, Kernel *k);
@@ -394,6 +398,9 @@ void inserts_add(Inserts *ins, Kernel k, int before);
 void inserts_apply(LProg *p, Inserts *ins);
 void lprog_dump(FILE *out, const LProg *p);
 
+/* ring.c, right after lower: every fused attention kernel (and gradient) whose K/V are split over
+ * the plan's ring axis like its queries (context parallelism) replaced by the ring over that axis */
+bool plan_ring(Lowered *low);
 /* state.c, overlap.c, memplan.c: the back-end passes after lower, on every program */
 bool plan_state(Lowered *low);
 /* descriptor.c: the program descriptor's scalar fields (planrt_program_t, in its field order),

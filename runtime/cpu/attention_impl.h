@@ -15,7 +15,15 @@
  * broadcasts). Dropout draws its keep mask from the same Philox stream as planrt_k_dropout on the
  * scores' global index (gdims: the scores' global shape, offs: this block's offsets), so the fused
  * and the unfused graphs drop the same probabilities. scratch: ATTN_SCRATCH_FLOATS(Dh) floats,
- * which lower.c sizes by the same formula. */
+ * which lower.c sizes by the same formula.
+ *
+ * Ring attention (context parallelism, compiler/lower/ring.c): planrt_k_ring_attention works on
+ * one K/V block of the ring, the block that started on the rank at ring coordinate
+ * (coord - step) mod size, so its keys sit at global offset key0 = that coordinate times sk: the
+ * causal mask and dropout index the global key. Step 0 overwrites out and lse; later steps merge
+ * the block's partial result into them with the online-softmax rule (lse = logaddexp(lse_a,
+ * lse_b), out = out_a exp(lse_a - lse) + out_b exp(lse_b - lse)). Its gradient accumulates dq
+ * from step 1 on and writes this block's dk and dv (the ring carries their sums). */
 
 #ifndef ATTN_BQ
 #define ATTN_BQ 64
@@ -37,6 +45,8 @@ typedef struct FN(AttnCall) {
 	int64_t gst[KMAX_RANK];
 	/* the head being worked on: its mask and dropout bases, its query rows' global offset */
 	int64_t mask_base, drop_base, row0;
+	int64_t key0;   /* the keys' global offset (ring attention's block; 0 otherwise) */
+	int merge;      /* forward: merge into out and lse (a ring step after the first) */
 } FN(AttnCall);
 
 static void FN(attn_setup)(FN(AttnCall) *c, int rank, const int64_t *ldims, int64_t kv_heads, int64_t sk,
@@ -99,7 +109,7 @@ static void FN(attn_scores)(const FN(AttnCall) *c, const T *qh, const T *kt, int
 		}
 		if (c->causal)
 			for (int64_t j = 0; j < nk; j++)
-				if (j0 + j > c->row0 + i0 + i)
+				if (c->key0 + j0 + j > c->row0 + i0 + i)
 					si[j] = -INFINITY;
 	}
 }
@@ -108,7 +118,8 @@ static void FN(attn_scores)(const FN(AttnCall) *c, const T *qh, const T *kt, int
 static void FN(attn_keep)(const FN(AttnCall) *c, int64_t i0, int64_t nq, int64_t j0, int64_t nk, uint8_t *keep)
 {
 	for (int64_t i = 0; i < nq; i++)
-		dropout_mask_row(keep + i * ATTN_BK, nk, (uint64_t)(c->drop_base + (i0 + i) * c->gst[c->rank - 2] + j0), 1,
+		dropout_mask_row(keep + i * ATTN_BK, nk,
+				 (uint64_t)(c->drop_base + (i0 + i) * c->gst[c->rank - 2] + c->key0 + j0), 1,
 				 c->thr, c->seed, c->key);
 }
 
@@ -125,8 +136,8 @@ static int64_t FN(attn_key_end)(const FN(AttnCall) *c, int64_t i0, int64_t nq)
 {
 	if (!c->causal)
 		return c->sk;
-	int64_t end = c->row0 + i0 + nq;
-	return end < c->sk ? end : c->sk;
+	int64_t end = c->row0 + i0 + nq - c->key0;
+	return end < 0 ? 0 : end < c->sk ? end : c->sk;
 }
 
 /* One query tile of one head: the online softmax over its key tiles. */
@@ -171,11 +182,37 @@ static void FN(attn_forward_tile)(const FN(AttnCall) *c, const T *qh, const T *k
 		}
 	}
 	for (int64_t i = 0; i < nq; i++) {
-		T inv = l[i] > 0 ? 1 / l[i] : 0;
+		T inv = l[i] > 0 ? 1 / l[i] : 0, lse = l[i] > 0 ? m[i] + KLOG(l[i]) : -INFINITY;
+		T *oi = oh + (i0 + i) * dh, old = c->merge ? lh[i0 + i] : -INFINITY;
+		if (c->merge && lse == -INFINITY)
+			continue; /* every key of this block masked: out and lse stay */
+		if (old == -INFINITY) {
+			for (int64_t d = 0; d < dh; d++)
+				oi[d] = acc[i * dh + d] * inv;
+			lh[i0 + i] = lse;
+			continue;
+		}
+		T hi = old > lse ? old : lse, merged = hi + KLOG(KEXP(old - hi) + KEXP(lse - hi));
+		T wa = KEXP(old - merged), wb = KEXP(lse - merged) * inv;
 		for (int64_t d = 0; d < dh; d++)
-			oh[(i0 + i) * dh + d] = acc[i * dh + d] * inv;
-		lh[i0 + i] = l[i] > 0 ? m[i] + KLOG(l[i]) : -INFINITY;
+			oi[d] = oi[d] * wa + acc[i * dh + d] * wb;
+		lh[i0 + i] = merged;
 	}
+}
+
+/* Every query tile of every head of a call set up in c. */
+static void FN(attn_forward)(FN(AttnCall) *c, const T *q, const T *k, const T *v, T *out, T *lse, void *scratch)
+{
+	int64_t group = c->heads / c->kv_heads, dh = c->dh, sk = c->sk;
+	for (int64_t b = 0; b < c->nlead; b++)
+		for (int64_t h = 0; h < c->heads; h++) {
+			FN(attn_head)(c, b, h);
+			int64_t qi = b * c->heads + h, ki = b * c->kv_heads + h / group;
+			for (int64_t i0 = 0; i0 < c->sq; i0 += ATTN_BQ)
+				FN(attn_forward_tile)(c, q + qi * c->sq * dh, k + ki * sk * dh, v + ki * sk * dh, i0,
+						      c->sq - i0 < ATTN_BQ ? c->sq - i0 : ATTN_BQ, out + qi * c->sq * dh,
+						      lse + qi * c->sq, (T *)scratch);
+		}
 }
 
 void FN(planrt_k_attention)(const T *q, const T *k, const T *v, const T *mask, const int64_t *mask_strides, T *out,
@@ -187,16 +224,30 @@ void FN(planrt_k_attention)(const T *q, const T *k, const T *v, const T *mask, c
 				    p, seed, key, gdims, offs, scratch));
 	FN(AttnCall) c;
 	FN(attn_setup)(&c, rank, ldims, kv_heads, sk, scale, mask_kind, mask, mask_strides, p, seed, key, gdims, offs);
-	int64_t group = c.heads / c.kv_heads, dh = c.dh;
-	for (int64_t b = 0; b < c.nlead; b++)
-		for (int64_t h = 0; h < c.heads; h++) {
-			FN(attn_head)(&c, b, h);
-			int64_t qi = b * c.heads + h, ki = b * c.kv_heads + h / group;
-			for (int64_t i0 = 0; i0 < c.sq; i0 += ATTN_BQ)
-				FN(attn_forward_tile)(&c, q + qi * c.sq * dh, k + ki * sk * dh, v + ki * sk * dh, i0,
-						      c.sq - i0 < ATTN_BQ ? c.sq - i0 : ATTN_BQ, out + qi * c.sq * dh,
-						      lse + qi * c.sq, (T *)scratch);
-		}
+	FN(attn_forward)(&c, q, k, v, out, lse, scratch);
+}
+
+/* the ring block's global key offset: the block started on coordinate (coord - step) mod size */
+static int64_t FN(attn_ring_key0)(int64_t coord, int step, int size, int64_t sk)
+{
+	if (size <= 0 || coord < 0 || coord >= size || step < 0 || step >= size)
+		kfatal("ring attention: step or coordinate out of range");
+	return (int64_t)((coord - step + size) % size) * sk;
+}
+
+void FN(planrt_k_ring_attention)(const T *q, const T *k, const T *v, const T *mask, const int64_t *mask_strides,
+				 T *out, T *lse, int rank, const int64_t *ldims, int64_t kv_heads, int64_t sk,
+				 double scale, int mask_kind, double p, uint64_t seed, uint64_t key,
+				 const int64_t *gdims, const int64_t *offs, void *scratch, int64_t coord, int step,
+				 int size)
+{
+	KLEVEL(planrt_k_ring_attention, (q, k, v, mask, mask_strides, out, lse, rank, ldims, kv_heads, sk, scale,
+					 mask_kind, p, seed, key, gdims, offs, scratch, coord, step, size));
+	FN(AttnCall) c;
+	FN(attn_setup)(&c, rank, ldims, kv_heads, sk, scale, mask_kind, mask, mask_strides, p, seed, key, gdims, offs);
+	c.key0 = FN(attn_ring_key0)(coord, step, size, sk);
+	c.merge = step > 0;
+	FN(attn_forward)(&c, q, k, v, out, lse, scratch);
 }
 
 /* One query tile of one head's backward: dq of its rows, its share of dk and dv. */
@@ -247,6 +298,28 @@ static void FN(attn_backward_tile)(const FN(AttnCall) *c, const T *const *in, T 
 	}
 }
 
+/* The backward of a call set up in c: dq (+)= and dk, dv = (accumulate_dq: dq keeps its sum). */
+static void FN(attn_backward)(FN(AttnCall) *c, const T *const *t, T *dq, T *dk, T *dv, int accumulate_dq,
+			      void *scratch)
+{
+	int64_t group = c->heads / c->kv_heads, dh = c->dh, sk = c->sk;
+	if (!accumulate_dq)
+		memset(dq, 0, sizeof(T) * (size_t)(c->nlead * c->heads * c->sq * dh));
+	memset(dk, 0, sizeof(T) * (size_t)(c->nlead * c->kv_heads * sk * dh));
+	memset(dv, 0, sizeof(T) * (size_t)(c->nlead * c->kv_heads * sk * dh));
+	for (int64_t b = 0; b < c->nlead; b++)
+		for (int64_t h = 0; h < c->heads; h++) {
+			FN(attn_head)(c, b, h);
+			int64_t qi = b * c->heads + h, ki = b * c->kv_heads + h / group;
+			const T *in[6] = {t[0] + qi * c->sq * dh, t[1] + ki * sk * dh, t[2] + ki * sk * dh,
+					  t[3] + qi * c->sq * dh, t[4] + qi * c->sq, t[5] + qi * c->sq * dh};
+			T *grad[3] = {dq + qi * c->sq * dh, dk + ki * sk * dh, dv + ki * sk * dh};
+			for (int64_t i0 = 0; i0 < c->sq; i0 += ATTN_BQ)
+				FN(attn_backward_tile)(c, in, grad, i0, c->sq - i0 < ATTN_BQ ? c->sq - i0 : ATTN_BQ,
+						       (T *)scratch);
+		}
+}
+
 void FN(planrt_k_attention_grad)(const T *q, const T *k, const T *v, const T *mask, const int64_t *mask_strides,
 				 const T *out, const T *lse, const T *dout, T *dq, T *dk, T *dv, int rank,
 				 const int64_t *ldims, int64_t kv_heads, int64_t sk, double scale, int mask_kind,
@@ -257,19 +330,23 @@ void FN(planrt_k_attention_grad)(const T *q, const T *k, const T *v, const T *ma
 					 sk, scale, mask_kind, p, seed, key, gdims, offs, scratch));
 	FN(AttnCall) c;
 	FN(attn_setup)(&c, rank, ldims, kv_heads, sk, scale, mask_kind, mask, mask_strides, p, seed, key, gdims, offs);
-	int64_t group = c.heads / c.kv_heads, dh = c.dh;
-	memset(dq, 0, sizeof(T) * (size_t)(c.nlead * c.heads * c.sq * dh));
-	memset(dk, 0, sizeof(T) * (size_t)(c.nlead * c.kv_heads * sk * dh));
-	memset(dv, 0, sizeof(T) * (size_t)(c.nlead * c.kv_heads * sk * dh));
-	for (int64_t b = 0; b < c.nlead; b++)
-		for (int64_t h = 0; h < c.heads; h++) {
-			FN(attn_head)(&c, b, h);
-			int64_t qi = b * c.heads + h, ki = b * c.kv_heads + h / group;
-			const T *in[6] = {q + qi * c.sq * dh, k + ki * sk * dh, v + ki * sk * dh, out + qi * c.sq * dh,
-					  lse + qi * c.sq, dout + qi * c.sq * dh};
-			T *grad[3] = {dq + qi * c.sq * dh, dk + ki * sk * dh, dv + ki * sk * dh};
-			for (int64_t i0 = 0; i0 < c.sq; i0 += ATTN_BQ)
-				FN(attn_backward_tile)(&c, in, grad, i0, c.sq - i0 < ATTN_BQ ? c.sq - i0 : ATTN_BQ,
-						       (T *)scratch);
-		}
+	const T *t[6] = {q, k, v, out, lse, dout};
+	FN(attn_backward)(&c, t, dq, dk, dv, 0, scratch);
+}
+
+void FN(planrt_k_ring_attention_grad)(const T *q, const T *k, const T *v, const T *mask,
+				      const int64_t *mask_strides, const T *out, const T *lse, const T *dout, T *dq,
+				      T *dk, T *dv, int rank, const int64_t *ldims, int64_t kv_heads, int64_t sk,
+				      double scale, int mask_kind, double p, uint64_t seed, uint64_t key,
+				      const int64_t *gdims, const int64_t *offs, void *scratch, int64_t coord, int step,
+				      int size)
+{
+	KLEVEL(planrt_k_ring_attention_grad, (q, k, v, mask, mask_strides, out, lse, dout, dq, dk, dv, rank, ldims,
+					      kv_heads, sk, scale, mask_kind, p, seed, key, gdims, offs, scratch, coord,
+					      step, size));
+	FN(AttnCall) c;
+	FN(attn_setup)(&c, rank, ldims, kv_heads, sk, scale, mask_kind, mask, mask_strides, p, seed, key, gdims, offs);
+	c.key0 = FN(attn_ring_key0)(coord, step, size, sk);
+	const T *t[6] = {q, k, v, out, lse, dout};
+	FN(attn_backward)(&c, t, dq, dk, dv, step > 0, scratch);
 }

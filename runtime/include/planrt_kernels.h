@@ -177,6 +177,20 @@ enum { PLANRT_SIN = 0, PLANRT_COS, PLANRT_EXP, PLANRT_LOG, PLANRT_TANH, PLANRT_S
 					 T *dq, T *dk, T *dv, int rank, const int64_t *ldims, int64_t kv_heads,   \
 					 int64_t sk, double scale, int mask_kind, double p, uint64_t seed,        \
 					 uint64_t key, const int64_t *gdims, const int64_t *offs, void *scratch); \
+	/* Ring attention (context parallelism): the call above on the K/V block of ring step `step` of  \
+	 * `size`, whose keys start at global key ((coord - step) mod size) * sk; the forward merges into  \
+	 * out and lse after step 0, the gradient accumulates dq after step 0 and writes the block's dk, dv. */ \
+	void planrt_k_ring_attention_##S(const T *q, const T *k, const T *v, const T *mask,                     \
+					 const int64_t *mask_strides, T *out, T *lse, int rank, const int64_t *ldims, \
+					 int64_t kv_heads, int64_t sk, double scale, int mask_kind, double p,     \
+					 uint64_t seed, uint64_t key, const int64_t *gdims, const int64_t *offs,  \
+					 void *scratch, int64_t coord, int step, int size);                          \
+	void planrt_k_ring_attention_grad_##S(const T *q, const T *k, const T *v, const T *mask,                \
+					      const int64_t *mask_strides, const T *out, const T *lse,           \
+					      const T *dout, T *dq, T *dk, T *dv, int rank, const int64_t *ldims, \
+					      int64_t kv_heads, int64_t sk, double scale, int mask_kind, double p, \
+					      uint64_t seed, uint64_t key, const int64_t *gdims,                 \
+					      const int64_t *offs, void *scratch, int64_t coord, int step, int size); \
 	void planrt_k_softmax_grad_##S(const T *y, const T *dy, T *dx, int64_t rows, int64_t cols);              \
 	/* mean and rstd: [rows], saved for the backward. dw, db accumulate. */                                \
 	void planrt_k_layer_norm_##S(const T *x, const T *w, const T *b, T *y, float *mean, float *rstd,         \
