@@ -144,6 +144,10 @@ def example_plans():
 
 KERNEL = re.compile(r"^\s*\d+ (\w+)\s+c\d+ (\w+)\(", re.M)  # "12 forward  c0 permute(...)"
 OP = re.compile(r"^\s*\d+ [A-Z] %\d+:(\w+)\[[^\n]*? = (\w+)", re.M)  # "4 F %4:f32[...] = embed %2, %0"
+# sync.c's annotations (collectives state.c writes; not graph ops): "bucket 0: all_reduce axis=data
+# stage=0 per step, 264192 f32 elements of ...", "tied: %423 (stage 0) + %424 (stage 1) over pipe"
+BUCKET = re.compile(r"^bucket \d+: (\w+) axis=\S+ [^\n]*?, \d+ (\w+) elements", re.M)
+TIED = re.compile(r"^tied: %(\d+) ", re.M)
 UNTRAINED_PHASES = {"checkpoint", "resume", "eval_begin", "eval_end"}
 
 
@@ -185,6 +189,10 @@ def features(model, plan, dumps):
     if not f:
         return "no kernels found in the --dump-after=memplan output (its format changed?)"
     f |= {f"op {op} {dtype}" for dtype, op in OP.findall(sync)}
+    f |= {f"op {coll} {dtype}" for coll, dtype in BUCKET.findall(sync)}
+    for v in TIED.findall(sync):  # the pair's gradients are summed in the parameter's dtype
+        dtype = re.search(rf"%{v}:(\w+)\[", sync)
+        f.add(f"op all_reduce {dtype.group(1) if dtype else '?'}")
     try:
         d = plan_json(model, plan)
     except subprocess.CalledProcessError as e:
