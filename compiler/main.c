@@ -79,7 +79,9 @@ static const char usage[] =
 	"  --dump-after=PASS  print the IR after PASS: the graph after graph pipeline autodiff shard recompute\n"
 	"                     zero sync; the loop-level IR after lower state overlap offload_params\n"
 	"                     offload_activations memplan check streams; the\n"
-	"                     generated C after emit\n"
+	"                     generated C after emit; the decode graph for generation after decode\n"
+	"  --generate         check: also build and check the model's decode graph for generation (one\n"
+	"                     token per step with a key/value cache; docs/generate.md)\n"
 	"  --verify-ir        check the loop-level IR's invariants after every back-end pass\n"
 	"  --help, --version\n"
 	"\n"
@@ -101,6 +103,7 @@ typedef struct Options {
 	bool cuda;          /* build --target cuda */
 	bool verify;
 	bool native;        /* build: -march=native */
+	bool generate;      /* check: build and check the decode graph too (decode.c) */
 	const char *svg;    /* explain: the picture's path */
 	int prog_argc;      /* run: the program's arguments (prog_argv[0] is set by main) */
 	char **prog_argv;
@@ -177,6 +180,8 @@ static int parse_args(int argc, char **argv, Options *o)
 			o->verify = true;
 		} else if (!strcmp(a, "--native")) {
 			o->native = true;
+		} else if (!strcmp(a, "--generate")) {
+			o->generate = true;
 		} else if (!strcmp(a, "--svg") || !strncmp(a, "--svg=", 6)) {
 			o->svg = a[5] == '=' ? a + 6 : ++i < argc ? argv[i] : NULL;
 			if (!o->svg || !*o->svg)
@@ -301,6 +306,9 @@ static Lowered *compile_plan(Program *p, Item *plan, const Options *o, bool do_e
 		return NULL;
 	Graph *g = run_passes(ps, o->dump_after, stdout);
 	if (!g)
+		return NULL;
+	if ((o->generate || (o->dump_after && !strcmp(o->dump_after, "decode"))) &&
+	    !run_decode(ps, g, o->dump_after, stdout))
 		return NULL;
 	Lowered *low = run_backend(g, o->dump_after, stdout, o->verify);
 	if (!low)
@@ -778,6 +786,9 @@ int main(int argc, char **argv)
 		return usage_error("--native applies to 'build'%s", "");
 	if (o.svg && !is_explain)
 		return usage_error("--svg applies to 'explain'%s", "");
+	if ((o.generate || (o.dump_after && !strcmp(o.dump_after, "decode"))) && !is_check)
+		return usage_error("--generate applies to 'check' (the decode graph is checked, not yet lowered to a "
+				   "program: docs/generate.md)%s", "");
 	setvbuf(stderr, NULL, _IOLBF, BUFSIZ); /* a diagnostic's source line is one write, not one per byte */
 	if (!outputs_ok(&o, NULL, is_emit, is_build, is_explain))
 		return 1;

@@ -38,6 +38,8 @@ runner_test(explain_goldens_large 600 sh ${ROOT}/tests/explain/run_explain.sh ${
 runner_test(explain_formulas 300 python3 ${ROOT}/tests/explain/check_formulas.py ${PLANC} ${ROOT})
 runner_test(explain_svg 300 python3 ${ROOT}/tests/explain/check_svg.py ${PLANC} ${ROOT})
 runner_test(explain_devices 300 python3 ${ROOT}/tests/explain/check_devices.py ${PLANC} ${ROOT})
+# generation's decode graph (compiler/graph/decode.c): one token per step, the caches, the refusals
+runner_test(generate_graph 300 python3 ${ROOT}/tests/generate/check_decode_graph.py ${PLANC} ${ROOT})
 # the C printer's output, byte for byte (tests/emit)
 runner_test(emit_golden 300 sh ${ROOT}/tests/emit/run_emit_golden.sh ${PLANC})
 
@@ -194,7 +196,7 @@ set(QUICK_TESTS errors fmt_roundtrip cli explain_goldens explain_formulas explai
     runtime_step_kernels runtime_watchdog runtime_watchdog_world_sum runtime_collectives_no_watchdog
     runtime_program runtime_program_cli kernels_fd kernels_semantics kernels_matmul_bf16 kernels_decode pipeline_partition pipeline_stages
     sync_check sync_kernels llvm_verify scale_check cuda_streams cuda_sync_math cuda_moe_math cuda_attention_math equiv_ops equiv_mlp arch arch_functions
-    fmt_golden data explain_json_exact cuda_gpu_binding cuda_comm_staged_watchdog)
+    fmt_golden data explain_json_exact generate_graph cuda_gpu_binding cuda_comm_staged_watchdog)
 set(MPI_TESTS runtime_collectives runtime_step_kernels runtime_watchdog runtime_watchdog_world_sum
     runtime_collectives_no_watchdog runtime_program runtime_program_cli sync_kernels sync_runs llvm_diff
     equiv_gpt equiv_moe equiv_mlp equiv_ops equiv_others equiv_sweep attention_fused torch_reference memory offload checkpoint fp16

@@ -373,10 +373,13 @@ void graph_dump(FILE *out, const Graph *g)
 			fprintf(out, " layer=%d", op->layer);
 		if (g->ps->pipe_axis >= 0)
 			fprintf(out, " stage=%d", op->stage);
-		if (op->kind == OP_PARAM || op->kind == OP_INPUT)
+		if (op->kind == OP_PARAM || op->kind == OP_INPUT || op->kind == OP_KV_CACHE)
 			fprintf(out, " %s", g->vals[op->out[0]].name);
 		fputc('\n', out);
 	}
+	if (g->decode)
+		fprintf(out, "# decode: the next token's logits %%%d; position %%%d; caches of %lld rows\n", g->logits,
+			g->position, g->context);
 }
 
 /* ------------------------------------------------------------------ elaboration */
@@ -2348,6 +2351,8 @@ Graph *graph_build(PlanSpec *ps)
 	g->arena = a;
 	g->ps = ps;
 	g->loss = -1;
+	g->logits = -1;
+	g->position = -1;
 	Elab e = {0};
 	e.g = g;
 	e.ps = ps;
