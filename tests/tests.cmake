@@ -40,6 +40,9 @@ runner_test(explain_svg 300 python3 ${ROOT}/tests/explain/check_svg.py ${PLANC} 
 runner_test(explain_devices 300 python3 ${ROOT}/tests/explain/check_devices.py ${PLANC} ${ROOT})
 # generation's decode graph (compiler/graph/decode.c): one token per step, the caches, the refusals
 runner_test(generate_graph 300 python3 ${ROOT}/tests/generate/check_decode_graph.py ${PLANC} ${ROOT})
+# PROG --generate against PyTorch's greedy decoding (gpt, llama trained a few steps), tp2 = single, errors
+runner_test(generate 600 /usr/bin/python3 ${ROOT}/tests/generate/check_generate.py ${PLANC} ${ROOT})
+set_tests_properties(generate PROPERTIES SKIP_RETURN_CODE 77)
 # the C printer's output, byte for byte (tests/emit)
 runner_test(emit_golden 300 sh ${ROOT}/tests/emit/run_emit_golden.sh ${PLANC})
 
@@ -200,14 +203,14 @@ set(QUICK_TESTS errors fmt_roundtrip cli explain_goldens explain_formulas explai
 set(MPI_TESTS runtime_collectives runtime_step_kernels runtime_watchdog runtime_watchdog_world_sum
     runtime_collectives_no_watchdog runtime_program runtime_program_cli sync_kernels sync_runs llvm_diff
     equiv_gpt equiv_moe equiv_mlp equiv_ops equiv_others equiv_sweep attention_fused torch_reference memory offload checkpoint fp16
-    program_errors program_failures observe cuda_sync_math cpu_levels data_runs resume_guard outputs
+    program_errors program_failures observe generate cuda_sync_math cpu_levels data_runs resume_guard outputs
     cuda_comm_staged cuda_comm_staged_watchdog cuda_comm_staged_local cuda_local_mpi soak)
 set(CUDA_TESTS llvm_ptxas cuda_build cuda_one_process)
-set(TORCH_TESTS torch_reference attention_torch)
+set(TORCH_TESTS torch_reference attention_torch generate)
 set(TEST_COSTS cuda_build 180 equiv_gpt 140 llvm_diff 139 cpu_levels 60 offload 70 sync_runs 63 fuzz 60
     equiv_sweep 60 equiv_moe 60 checkpoint 50 torch_reference 50 data_runs 45 cuda_one_process 40 equiv_others 40
     fuzz_build 60 memory 30 search 30 explain_goldens_large 25 scale_compile_time 25 fp16 20 observe 15
-    kernels_matmul_bf16 15 attention_fused 30 attention_torch 20
+    kernels_matmul_bf16 15 generate 45 attention_fused 30 attention_torch 20
     resume_guard 90 outputs 40 soak 40)
 
 get_property(ALL_TESTS DIRECTORY PROPERTY TESTS)

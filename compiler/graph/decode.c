@@ -75,6 +75,16 @@ static PlanSpec *decode_spec(const PlanSpec *ps, const char *seq)
 		}
 	d->batch = 1;
 	d->micro_batches = 1;
+	/* the decode program trains nothing and splits nothing yet: one stage, every value replicated */
+	d->pipe_axis = -1;
+	d->stages = 1;
+	d->chunks = 1;
+	d->zero_stage = 0;
+	d->zero_axis = -1;
+	d->offload_optimizer = d->offload_params = d->offload_activations = PLACE_NONE;
+	d->recompute = RECOMPUTE_NONE;
+	d->sync = SYNC_STRICT;
+	d->compress = ps->compress;
 	return d;
 }
 
@@ -285,5 +295,12 @@ Graph *decode_graph(PlanSpec *ps, const Graph *train)
 	g->context = d.context;
 	g->position = d.position;
 	g->decode = true;
+	/* the decode program splits nothing yet: every value whole on every rank, one stage, all forward */
+	for (int v = 0; v < g->nvals; v++)
+		for (int a = 0; a < MAX_AXES; a++)
+			g->vals[v].lay.on[a] = LAYOUT_R;
+	if (!pipeline(g))
+		return NULL;
+	g->nfwd = g->nops;
 	return g;
 }

@@ -325,6 +325,14 @@
 	  KP(F32_IN, lse) KP(F32_IN, dout) KP(F32_OUT, dq) KP(F32_OUT, dk) KP(F32_OUT, dv) KP(INT, rank) \
 	  KP(DIMS, ldims) KP(I64, kv_heads) KP(I64, sk) KP(F64, scale) KP(INT, mask_kind) KP(F64, p) \
 	  KP(STEP_SEED, seed) KP(U64, key) KP(DIMS, gdims) KP(DIMS, offs) KP(OUT, scratch)) \
+	X(DECODE_ATTENTION, "decode_attention", KC_COMPUTE, planrt_decode_attention_f32, KDEV_HOST, \
+	  KP(F32_IN, q) KP(F32_IN, k) KP(F32_IN, v) KP(F32_OUT, kcache) KP(F32_OUT, vcache) KP(F32_OUT, out) \
+	  KP(I32_IN, pos) KP(I64, batch) KP(I64, heads) KP(I64, kv_heads) KP(I64, head_dim) KP(I64, tmax) \
+	  KP(F64, scale)) \
+	X(DECODE_INPUT, "decode_input", KC_IO, planrt_decode_input, KDEV_HOST, \
+	  KP(CTX, ctx) KP(I32_OUT, dst) KP(FLAG, position)) \
+	X(DECODE_LOGITS, "decode_logits", KC_IO, planrt_decode_logits, KDEV_HOST, \
+	  KP(CTX, ctx) KP(F32_IN, logits) KP(I64, vocab)) \
 	Y(OPAQUE, "op", KC_OPAQUE)
 
 

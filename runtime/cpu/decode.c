@@ -9,6 +9,7 @@
  * draws the same token. */
 #include "planrt.h"
 #include "planrt_kernels.h"
+#include "planrt_program.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -67,6 +68,17 @@ int64_t planrt_k_decode_attention_f32(const float *q, const float *k, const floa
 	}
 	free(scores);
 	return -1;
+}
+
+void planrt_decode_attention_f32(const float *q, const float *k, const float *v, float *kcache, float *vcache,
+				 float *out, const int32_t *pos, int64_t batch, int64_t heads, int64_t kv_heads,
+				 int64_t head_dim, int64_t tmax, double scale)
+{
+	int64_t b = planrt_k_decode_attention_f32(q, k, v, kcache, vcache, out, pos, batch, heads, kv_heads, head_dim,
+						  tmax, scale);
+	if (b >= 0)
+		planrt_fatal("generation: position %d of sequence %lld is past the model's context of %lld tokens",
+			     (int)pos[b], (long long)b, (long long)tmax);
 }
 
 static int64_t argmax_first(const float *x, int64_t n)

@@ -33,12 +33,6 @@
 #include <unistd.h>
 
 /* What this rank holds for the run: its state buffers (by kind) and the arena's request sets. */
-typedef struct holdings {
-	size_t kind_bytes[planrt_state_kinds], state_bytes;
-	unsigned char *arena;
-	planrt_request_t *reqs;
-	unsigned char *own;
-} holdings_t;
 
 /* 1. the options' errors and what the plan's sync mode allows, after planrt_init (every rank
  * reports the same) */
@@ -86,7 +80,7 @@ static int open_run_files(const options_t *o, int rank)
 }
 
 /* 3. the stage's state buffers, its arena (a canary in every word) and its slots' request sets */
-static void allocate(const planrt_stage_t *stage, holdings_t *h)
+void planrt_stage_allocate_(const planrt_stage_t *stage, holdings_t *h)
 {
 	for (int i = 0; i < stage->nstate; i++) {
 		const planrt_state_buf_t *b = &stage->state[i];
@@ -110,7 +104,7 @@ static void allocate(const planrt_stage_t *stage, holdings_t *h)
 		planrt_fatal("out of memory for %zu requests", nreq);
 }
 
-static void release(const planrt_stage_t *stage, holdings_t *h)
+void planrt_stage_release_(const planrt_stage_t *stage, holdings_t *h)
 {
 	free(h->reqs);
 	free(h->own);
@@ -178,6 +172,8 @@ static void start(run_t *r)
 
 int planrt_main(int argc, char **argv, const planrt_program_t *program)
 {
+	if (planrt_generate_wanted_(argc, argv)) /* --generate: the decode program continues a prompt */
+		return planrt_generate_(argc, argv, program);
 	options_t opt;
 	planrt_parse_options_(argc, argv, &opt);
 	const char *prog_name = argc > 0 && argv[0] ? argv[0] : "prog";
@@ -221,7 +217,7 @@ int planrt_main(int argc, char **argv, const planrt_program_t *program)
 	planrt_check_program_(program, stage_index * nroles + role);
 	const planrt_stage_t *stage = &program->stages[stage_index * nroles + role];
 	holdings_t held = {.state_bytes = 0};
-	allocate(stage, &held);
+	planrt_stage_allocate_(stage, &held);
 	ctx.arena = held.arena;
 
 	/* 4. data, initial weights (or the checkpoint resumed); 5. the steps */
@@ -246,7 +242,7 @@ int planrt_main(int argc, char **argv, const planrt_program_t *program)
 	outputs_lost |= planrt_log_close() != 0;
 	planrt_data_close(ctx.data);
 	planrt_input_release_();
-	release(stage, &held);
+	planrt_stage_release_(stage, &held);
 	planrt_where_(-1, "finalize", -1, -1);
 	PLANRT_CHECK(planrt_finalize());
 	if (ckpt_lock >= 0)

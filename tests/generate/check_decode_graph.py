@@ -11,7 +11,8 @@ cache is kv_heads / heads of a multi-head one); the position table read at the p
 rotating by it; the parameters at their training shapes, so --init and checkpoints load as they
 are; the same decode graph under every plan of the model. And the refusals, each a located error
 with its fix: an encoder (not causal), a mixture of experts, an input other than the tokens,
-attention left unfused, a loss other than next-token cross-entropy, and --generate outside check.
+attention left unfused, a loss other than next-token cross-entropy; and what planc emit writes
+(decode.c beside prog.c; the LLVM back end refused).
 """
 import os
 import re
@@ -122,8 +123,15 @@ with open(f"{work}/mse.plan", "w") as f:
             "  optimizer sgd(lr = 0.1)\n}\n")
 refused("a loss other than next-token cross_entropy", f"{work}/mse.plan", "p", "loss is not the cross_entropy",
         "note: generation samples from next-token logits")
-p = subprocess.run([r.planc, "build", f"{ex}/gpt.plan", "--plan", "single", "--generate", "-o", f"{work}/prog"],
+p = subprocess.run([r.planc, "emit", "llvm", f"{ex}/gpt.plan", "--plan", "single", "--generate", "-o", f"{work}/ll"],
                    capture_output=True, text=True)
-r.check("planc build --generate says the decode graph is not lowered yet (exit 2, docs/generate.md)",
-        p.returncode == 2 and "docs/generate.md" in p.stderr and not os.path.exists(f"{work}/prog"), p.stderr.strip())
+r.check("planc emit llvm --generate is refused: the decode program has the C back end only (exit 2)",
+        p.returncode == 2 and "docs/generate.md" in p.stderr and not os.path.exists(f"{work}/ll"), p.stderr.strip())
+p = subprocess.run([r.planc, "emit", "c", f"{ex}/llama.plan", "--plan", "tp2", "--generate", "-o", f"{work}/c"],
+                   capture_output=True, text=True)
+decode_c = open(f"{work}/c/decode.c").read() if os.path.exists(f"{work}/c/decode.c") else ""
+prog_c = open(f"{work}/c/prog.c").read() if os.path.exists(f"{work}/c/prog.c") else ""
+r.check("planc emit c --generate writes decode.c (the decode program) beside prog.c, which points at it",
+        p.returncode == 0 and decode_c.count("planrt_decode_attention_f32(") == 2 and "planrt_decode_logits(" in decode_c
+        and "int main(" not in decode_c and ".decode = &planrt_decode_program" in prog_c, p.stderr.strip())
 r.finish()
