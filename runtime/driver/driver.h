@@ -26,6 +26,8 @@
 enum { PLANRT_DEFAULT_SEED = 1234, PLANRT_MAX_FILES = 64 };
 
 /* ---------------------------------------------------------------- main.c */
+/* MPI, the instruction-set level, the world size checked against the program's, the mesh, the device */
+void planrt_start_world_(int *argc, char ***argv, const planrt_program_t *program, int *rank, int *world);
 /* a stage's state buffers, its arena (a canary in every word) and its slots' request sets */
 typedef struct holdings {
 	size_t kind_bytes[planrt_state_kinds], state_bytes;

@@ -3,15 +3,13 @@
  * A program built with `planc build --generate` carries a second program, the model's decode
  * program (compiler/graph/decode.c): one token of one sequence per call of its forward, each layer's
  * keys and values kept in caches across calls. This file runs it: the weights from --init (a
- * safetensors file: what --save writes, or PyTorch's) or drawn from --seed as training would draw
- * them; the prompt's bytes as tokens (the byte-level models' encoding); the prompt fed one token per
+ * safetensors file: what --save writes, or PyTorch's), a checkpoint (--resume: a --save-every
+ * directory of any plan of the model) or drawn from --seed as training would draw them; the prompt's bytes as tokens (the byte-level models' encoding); the prompt fed one token per
  * step (prefill through the decode step: O(t) each, the cache filled as it goes), then max-tokens new
  * tokens, each drawn by planrt_sample_token (greedy by default; --temperature, --top-k, the run's
  * Philox --seed) from the logits the step left in ctx->decode_logits. Every rank runs the same steps
  * (the decode program is replicated) and draws the same tokens; rank 0 prints the continuation. */
 #include "driver.h"
-#include "planrt_cpu.h"
-#include "planrt_device.h"
 #include "planrt_kernels.h"
 
 #include <errno.h>
@@ -20,7 +18,7 @@
 #include <string.h>
 
 typedef struct gen_options {
-	const char *prompt, *init, *logits_path;
+	const char *prompt, *init, *resume, *logits_path;
 	int64_t max_tokens, top_k;
 	double temperature;
 	uint64_t seed;
@@ -71,13 +69,15 @@ static void parse(int argc, char **argv, gen_options_t *o)
 			o->seed = (uint64_t)number_of(a, value_of(argc, argv, &i), 0, 1);
 		else if (!strcmp(a, "--init"))
 			o->init = value_of(argc, argv, &i);
+		else if (!strcmp(a, "--resume"))
+			o->resume = value_of(argc, argv, &i);
 		else if (!strcmp(a, "--logits"))
 			o->logits_path = value_of(argc, argv, &i);
 		else if (!strcmp(a, "--print-ids"))
 			o->print_ids = 1;
 		else
 			planrt_fatal("%s does not apply to --generate (its options: --max-tokens N --temperature T --top-k K "
-				     "--seed S --init W.safetensors --print-ids --logits FILE)",
+				     "--seed S --init W.safetensors --resume CKPT --print-ids --logits FILE)",
 				     a);
 	}
 }
@@ -119,14 +119,26 @@ void planrt_decode_logits(planrt_ctx_t *ctx, const float *logits, int64_t vocab)
 	memcpy(ctx->decode_logits, logits, sizeof(float) * (size_t)vocab);
 }
 
-/* the weights: --init, or drawn from the seed as training draws them */
-static void load_weights(planrt_ctx_t *ctx, const planrt_stage_t *stage, const char *init)
+/* the weights: --init, or drawn from the seed as training draws them; then the parameters of the
+ * checkpoint --resume names (a --save-every directory or one step-N of it, written under any plan of
+ * the model: read as a resharding resume reads it) over them */
+static void load_weights(planrt_ctx_t *ctx, const planrt_stage_t *stage, const gen_options_t *o, int rank)
 {
-	if (init)
-		PLANRT_CHECK(planrt_st_open(init, &ctx->init_file));
+	if (o->init && o->resume)
+		planrt_fatal("--generate takes the weights from --init or from --resume, not both");
+	if (o->init)
+		PLANRT_CHECK(planrt_st_open(o->init, &ctx->init_file));
 	stage->init(ctx);
 	planrt_st_close(ctx->init_file);
 	ctx->init_file = NULL;
+	if (!o->resume)
+		return;
+	ctx->ckpt = planrt_ckpt_resume_open(o->resume, ctx->program, 0);
+	stage->resume(ctx);
+	planrt_ckpt_close(ctx->ckpt);
+	ctx->ckpt = NULL;
+	if (rank == 0)
+		fprintf(stderr, "planrt: generating from the checkpoint '%s'\n", o->resume);
 }
 
 static void emit_token(const gen_options_t *o, int32_t t, int rank)
@@ -154,14 +166,7 @@ int planrt_generate_(int argc, char **argv, const planrt_program_t *train)
 	int64_t nprompt;
 	int32_t *prompt = prompt_tokens(&o, train, &nprompt);
 	int rank, world;
-	PLANRT_CHECK(planrt_init(&argc, &argv, &rank, &world));
-	if (planrt_cpu_select() != planrt_success)
-		planrt_fatal("%s", planrt_last_error());
-	if (world != p->world)
-		planrt_fatal("this program was built for %d ranks (plan %s) but runs on %d; launch it with mpirun -np %d",
-			     p->world, p->plan, world, p->world);
-	PLANRT_CHECK(planrt_mesh_init(p->naxes, p->axis_sizes, p->axis_names));
-	planrt_device_start();
+	planrt_start_world_(&argc, &argv, p, &rank, &world);
 	planrt_check_program_(p, 0);
 	const planrt_stage_t *stage = &p->stages[0];
 	holdings_t held = {.state_bytes = 0};
@@ -173,7 +178,7 @@ int planrt_generate_(int argc, char **argv, const planrt_program_t *train)
 	planrt_ctx_t ctx = {.seed = o.seed, .eval_batch = -1, .loss_scale = 1.0, .program = p, .arena = held.arena,
 			    .slot = held.arena + stage->slot_offset, .reqs = held.reqs, .decode_logits = logits,
 			    .decode_vocab = train->vocab};
-	load_weights(&ctx, stage, o.init);
+	load_weights(&ctx, stage, &o, rank);
 	int32_t token = prompt[0];
 	for (int64_t t = 0; t < nprompt + o.max_tokens - 1; t++) {
 		ctx.decode_token = t < nprompt ? prompt[t] : token;

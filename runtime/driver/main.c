@@ -80,6 +80,18 @@ static int open_run_files(const options_t *o, int rank)
 }
 
 /* 3. the stage's state buffers, its arena (a canary in every word) and its slots' request sets */
+void planrt_start_world_(int *argc, char ***argv, const planrt_program_t *program, int *rank, int *world)
+{
+	PLANRT_CHECK(planrt_init(argc, argv, rank, world));
+	if (planrt_cpu_select() != planrt_success) /* the instruction-set level: this rank's CPU, or PLANRT_ISA */
+		planrt_fatal("%s", planrt_last_error());
+	if (*world != program->world)
+		planrt_fatal("this program was built for %d ranks (plan %s) but runs on %d; launch it with mpirun -np %d",
+			     program->world, program->plan, *world, program->world);
+	PLANRT_CHECK(planrt_mesh_init(program->naxes, program->axis_sizes, program->axis_names));
+	planrt_device_start();
+}
+
 void planrt_stage_allocate_(const planrt_stage_t *stage, holdings_t *h)
 {
 	for (int i = 0; i < stage->nstate; i++) {
@@ -193,14 +205,7 @@ int planrt_main(int argc, char **argv, const planrt_program_t *program)
 
 	/* 1. the world and the mesh */
 	int rank, world;
-	PLANRT_CHECK(planrt_init(&argc, &argv, &rank, &world));
-	if (planrt_cpu_select() != planrt_success) /* the instruction-set level: this rank's CPU, or PLANRT_ISA */
-		planrt_fatal("%s", planrt_last_error());
-	if (world != program->world)
-		planrt_fatal("this program was built for %d ranks (plan %s) but runs on %d; launch it with mpirun -np %d",
-			     program->world, program->plan, world, program->world);
-	PLANRT_CHECK(planrt_mesh_init(program->naxes, program->axis_sizes, program->axis_names));
-	planrt_device_start();
+	planrt_start_world_(&argc, &argv, program, &rank, &world);
 	const sync_policy_t *sync = planrt_sync_policy_(program);
 	check_options(&opt, program, sync, prog_name);
 

@@ -10,7 +10,7 @@ grouped-query attention, SwiGLU, untied head), each trained a few steps by its p
     the whole forward again over the prefix for every token (no cache): the same tokens, and every
     step's logits within 1e-5 (the program's key/value cache against the full recomputation);
   - the tensor-parallel plan's program (tp2, mpirun -np 2) generates the same tokens from the same
-    file; sampling (temperature, top-k, seed) gives the same tokens on 1 and 2 ranks and on a
+    file; a checkpoint directory tp2 wrote (--resume) gives the logits its --save file gives; sampling (temperature, top-k, seed) gives the same tokens on 1 and 2 ranks and on a
     second run, another sequence under another seed, and stays inside the top k;
 and the errors: an empty prompt, --max-tokens past the context, a prompt byte outside a smaller
 vocabulary, a program built without --generate, an encoder at planc build --generate, and
@@ -152,6 +152,20 @@ def check_model(name, src, single, tp, forward, n):
 
 
 gpt, gpt_w = check_model("gpt", f"{ex}/gpt.plan", "single_nodropout", "tp2", gpt_forward, 24)
+
+# from a checkpoint: tp2 trains with --save-every; the single-rank program generates from the
+# checkpoint directory (read as a resharding resume reads it) exactly as from the same run's --save
+tp2 = f"{r.work}/gpt_tp2"
+ckpt, saved = f"{r.work}/ckpt-tp2", f"{r.work}/tp2-final.safetensors"
+run(tp2, "--steps", "10", "--data", r.data, "--save-every", "10", ckpt, "--save", saved, np=2)
+logits_path = f"{r.work}/resume.f32"
+from_ckpt = run(gpt, "--generate", PROMPT, "--max-tokens", "8", "--resume", ckpt, "--print-ids", "--logits",
+                logits_path).stdout.split()
+ckpt_logits = open(logits_path, "rb").read()
+from_file = run(gpt, "--generate", PROMPT, "--max-tokens", "8", "--init", saved, "--print-ids", "--logits",
+                logits_path).stdout.split()
+r.check("gpt: generating from tp2's checkpoint directory (--resume) = from its --save file, logits bit for bit",
+        from_ckpt == from_file and ckpt_logits == open(logits_path, "rb").read(), f"{from_ckpt} / {from_file}")
 check_model("llama", f"{ex}/llama.plan", "single", "tp2", llama_forward, 12)
 
 
