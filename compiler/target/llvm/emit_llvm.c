@@ -1182,7 +1182,8 @@ static void table_types(Gen *G, Tables *T)
 			   F(planrt_program_t, warmup, i64),      F(planrt_program_t, total_steps, i64),
 			   F(planrt_program_t, nroles, i32),      F(planrt_program_t, role_axis, i32),
 			   F(planrt_program_t, fingerprint, p),   F(planrt_program_t, sync, p),
-			   F(planrt_program_t, loss_scale, f64), F(planrt_program_t, optimizer, p)};
+			   F(planrt_program_t, loss_scale, f64), F(planrt_program_t, optimizer, p),
+			   F(planrt_program_t, decode, p)};
 #undef F
 #define N(a) (int)(sizeof a / sizeof a[0])
 	T->action = c_struct(G, "planrt_action_t", action, N(action), sizeof(planrt_action_t));
@@ -1379,7 +1380,8 @@ static void build_program(Gen *G, const char *source_path)
 			    cstring(G, plan_fingerprint(low)),
 			    cstring(G, sync_mode_name(ps->sync)),
 			    LLVMConstReal(G->t_f64, ps->loss_scale),
-			    cstring(G, plan_optimizer_text(low))};
+			    cstring(G, plan_optimizer_text(low)),
+			    LLVMConstNull(G->t_ptr)}; /* no decode program: --generate is the C back end's */
 	LLVMValueRef program = LLVMAddGlobal(G->m, T.program, "program");
 	LLVMSetInitializer(program, LLVMConstNamedStruct(T.program, f, sizeof f / sizeof f[0]));
 	LLVMSetGlobalConstant(program, 1);
