@@ -11,6 +11,7 @@
  *   policy.c     what each sync mode allows (a table), and fp16 loss scaling's rule
  *   resume.c     a checkpoint's run checked against this one
  *   report.c     the PLANRT_REPORT_* lines and test hooks (stragglers)
+ *   start.c      the world started and a stage's memory allocated (planrt_main and --generate)
  *   generate.c   --generate: the decode program continues a prompt (docs/generate.md) */
 #ifndef PLANRT_DRIVER_H
 #define PLANRT_DRIVER_H
@@ -25,7 +26,7 @@
 
 enum { PLANRT_DEFAULT_SEED = 1234, PLANRT_MAX_FILES = 64 };
 
-/* ---------------------------------------------------------------- main.c */
+/* ---------------------------------------------------------------- start.c */
 /* MPI, the instruction-set level, the world size checked against the program's, the mesh, the device */
 void planrt_start_world_(int *argc, char ***argv, const planrt_program_t *program, int *rank, int *world);
 /* a stage's state buffers, its arena (a canary in every word) and its slots' request sets */

@@ -19,8 +19,6 @@
  *   6. --save (io/save.c), the PLANRT_REPORT_* lines (report.c), planrt_finalize; the exit status
  *      is 1 when the run stopped early or an output (--log, --trace) could not be written. */
 #include "driver.h"
-#include "planrt_cpu.h"
-#include "planrt_device.h"
 #include "planrt_kernels.h"
 
 #include "../io/planrt_namemap.h"
@@ -77,54 +75,6 @@ static int open_run_files(const options_t *o, int rank)
 	if (o->trace) /* every rank (the origin of its clock is agreed on) */
 		planrt_trace_open_(o->trace);
 	return ckpt_lock;
-}
-
-/* 3. the stage's state buffers, its arena (a canary in every word) and its slots' request sets */
-void planrt_start_world_(int *argc, char ***argv, const planrt_program_t *program, int *rank, int *world)
-{
-	PLANRT_CHECK(planrt_init(argc, argv, rank, world));
-	if (planrt_cpu_select() != planrt_success) /* the instruction-set level: this rank's CPU, or PLANRT_ISA */
-		planrt_fatal("%s", planrt_last_error());
-	if (*world != program->world)
-		planrt_fatal("this program was built for %d ranks (plan %s) but runs on %d; launch it with mpirun -np %d",
-			     program->world, program->plan, *world, program->world);
-	PLANRT_CHECK(planrt_mesh_init(program->naxes, program->axis_sizes, program->axis_names));
-	planrt_device_start();
-}
-
-void planrt_stage_allocate_(const planrt_stage_t *stage, holdings_t *h)
-{
-	for (int i = 0; i < stage->nstate; i++) {
-		const planrt_state_buf_t *b = &stage->state[i];
-		void *ptr = NULL;
-		if (planrt_state_alloc(b, &ptr) != planrt_success)
-			planrt_fatal("cannot allocate %zu bytes for '%s' (%s); choose a plan with less memory per rank (planc "
-				     "explain shows it)",
-				     b->bytes, b->name, planrt_last_error());
-		*b->ptr = ptr;
-		h->kind_bytes[b->kind] += b->bytes;
-		h->state_bytes += b->bytes;
-	}
-	void *arena_base;
-	PLANRT_CHECK(planrt_arena_create(stage->arena_bytes, &arena_base));
-	h->arena = arena_base;
-	planrt_arena_fill64(PLANRT_ARENA_CANARY);
-	size_t nreq = (size_t)stage->nslots * (size_t)stage->nreqs;
-	h->reqs = calloc(nreq ? nreq : 1, sizeof *h->reqs);
-	h->own = calloc(nreq ? nreq : 1, 1);
-	if (!h->reqs || !h->own)
-		planrt_fatal("out of memory for %zu requests", nreq);
-}
-
-void planrt_stage_release_(const planrt_stage_t *stage, holdings_t *h)
-{
-	free(h->reqs);
-	free(h->own);
-	planrt_arena_destroy();
-	for (int i = 0; i < stage->nstate; i++) {
-		planrt_state_free(&stage->state[i]);
-		*stage->state[i].ptr = NULL;
-	}
 }
 
 /* 4. the data, then the weights: --init (or drawn from the seed) through stage->init, then the
@@ -205,7 +155,7 @@ int planrt_main(int argc, char **argv, const planrt_program_t *program)
 
 	/* 1. the world and the mesh */
 	int rank, world;
-	planrt_start_world_(&argc, &argv, program, &rank, &world);
+	planrt_start_world_(&argc, &argv, program, &rank, &world); /* start.c */
 	const sync_policy_t *sync = planrt_sync_policy_(program);
 	check_options(&opt, program, sync, prog_name);
 
