@@ -18,9 +18,10 @@
  *
  * What cannot decode is refused here with the fix: a model whose attention is not causal (an
  * encoder), whose loss is not the next-token cross_entropy of the logits, with a mixture of
- * experts, with inputs other than its tokens, or attention left unfused. The pass is the graph
- * half of generation: the back end does not lower this graph yet (docs/generate.md says what is
- * left). */
+ * experts, with inputs other than its tokens, or attention left unfused. The back end lowers
+ * this graph as it lowers the training graph (planc build --generate: decode.c beside prog.c);
+ * every value is replicated, so a tensor-parallel plan's ranks each run the whole decode step
+ * (docs/generate.md). */
 #include "graph/graph.h"
 
 #include <stdlib.h>
