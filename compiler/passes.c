@@ -18,6 +18,9 @@
  *   check      the collective-sequence check (schedule.c)
  *   streams    the device schedule: streams, events, joins (streams.c; printed by the CUDA target)
  *   emit       the C printer (emit_c.c), for planc emit and planc build (run_emit)
+ * and, with --generate, beside them:
+ *   decode     the model's decode graph for generation: one token per step, a key/value cache
+ *              (decode.c; run_decode)
  * With verification on (the tests), the IR verifier runs after every back-end pass. */
 #include "passes.h"
 
@@ -25,7 +28,7 @@
 
 const char *const pass_names[] = {"graph", "attention", "pipeline", "autodiff", "shard", "recompute", "zero", "sync",
 				  "lower", "ring", "state", "overlap", "offload_params", "offload_activations", "memplan", "check",
-				  "streams", NULL};
+				  "streams", "decode", NULL};
 
 static bool dump_if(const char *want, const char *pass, Graph *g, FILE *out)
 {
@@ -50,6 +53,17 @@ Graph *run_passes(PlanSpec *ps, const char *dump_after, FILE *dump_out)
 			return NULL;
 		dump_if(dump_after, pass_names[i + 1], g, dump_out);
 	}
+	return g;
+}
+
+/* The decode graph of the plan's model (generation, decode.c), printed after `--dump-after=decode`. */
+Graph *run_decode(PlanSpec *ps, const Graph *train, const char *dump_after, FILE *dump_out)
+{
+	int errors_before = diag_error_count();
+	Graph *g = decode_graph(ps, train);
+	if (!g || diag_error_count() != errors_before)
+		return NULL;
+	dump_if(dump_after, "decode", g, dump_out);
 	return g;
 }
 

@@ -341,6 +341,14 @@
 	X(RING_SHIFT, "ring_shift", KC_COMM, planrt_ring_shift_start, KDEV_HOST, \
 	  KP(IN, send) KP(OUT, recv) KP(I64, n) KP(DTYPE, t) KP(COMM, c) KP(INT, tag) KP(REQUEST, send_req) \
 	  KP(REQUEST, recv_req)) \
+	X(DECODE_ATTENTION, "decode_attention", KC_COMPUTE, planrt_decode_attention_f32, KDEV_HOST, \
+	  KP(F32_IN, q) KP(F32_IN, k) KP(F32_IN, v) KP(F32_OUT, kcache) KP(F32_OUT, vcache) KP(F32_OUT, out) \
+	  KP(I32_IN, pos) KP(I64, batch) KP(I64, heads) KP(I64, kv_heads) KP(I64, head_dim) KP(I64, tmax) \
+	  KP(F64, scale)) \
+	X(DECODE_INPUT, "decode_input", KC_IO, planrt_decode_input, KDEV_HOST, \
+	  KP(CTX, ctx) KP(I32_OUT, dst) KP(FLAG, position)) \
+	X(DECODE_LOGITS, "decode_logits", KC_IO, planrt_decode_logits, KDEV_HOST, \
+	  KP(CTX, ctx) KP(F32_IN, logits) KP(I64, vocab)) \
 	Y(OPAQUE, "op", KC_OPAQUE)
 
 

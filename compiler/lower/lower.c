@@ -1839,6 +1839,47 @@ static void lower_attention(Lower *L, const Op *op, int oi)
 	arg_scratch(L, k, sizeof(float) * (size_t)(3 * BQ * BK + 2 * BK * dh + BQ * dh + 3 * BQ));
 }
 
+/* Generation's decode program (graph/decode.c): the token and its position come from the run
+ * (ctx), each decode attention appends to its layer's caches and attends over them, and the
+ * logits of the next token go back to the run. */
+static void lower_decode_input(Lower *L, const Op *op, int oi)
+{
+	Kernel *k = call(L, K_DECODE_INPUT, oi);
+	karg(L->p, k, KA_CTX, 0);
+	arg_value(L, k, op->out[0], false, true);
+	karg_int(L->p, k, op->out[0] == L->g->position);
+}
+
+static void lower_decode_attention(Lower *L, const Op *op, int oi)
+{
+	Graph *g = L->g;
+	LProg *p = L->p;
+	int q = op->in[0], kc = op->in[4];
+	int r = g->vals[q].rank;
+	Kernel *k = call(L, K_DECODE_ATTENTION, oi);
+	for (int i = 0; i < 3; i++)
+		arg_value(L, k, op->in[i], true, false);
+	arg_value(L, k, op->in[4], true, true);
+	arg_value(L, k, op->in[5], true, true);
+	arg_value(L, k, op->out[0], false, true);
+	arg_value(L, k, op->in[3], true, false);
+	karg_int(p, k, lelems(g, q) / (ldim(g, q, r - 3) * ldim(g, q, r - 1)));
+	karg_int(p, k, ldim(g, q, r - 3));
+	karg_int(p, k, ldim(g, kc, r - 3));
+	karg_int(p, k, ldim(g, q, r - 1));
+	karg_int(p, k, ldim(g, kc, r - 2));
+	karg_f64(p, k, op->f);
+}
+
+static void lower_decode_logits(Lower *L, int oi)
+{
+	Kernel *k = call(L, K_DECODE_LOGITS, oi);
+	k->note = "the next token's logits";
+	karg(L->p, k, KA_CTX, 0);
+	arg_value(L, k, L->g->logits, true, false);
+	karg_int(L->p, k, lelems(L->g, L->g->logits));
+}
+
 static void lower_op(Lower *L, const Op *op, int oi)
 {
 	Graph *g = L->g;
@@ -1850,7 +1891,15 @@ static void lower_op(Lower *L, const Op *op, int oi)
 	case OP_TRANSPOSE: /* folded into consumers; materialised in lower() when needed */
 		return;
 	case OP_INPUT:
-		lower_input(L, op, oi);
+		if (g->decode)
+			lower_decode_input(L, op, oi);
+		else
+			lower_input(L, op, oi);
+		return;
+	case OP_KV_CACHE: /* persistent state, written by the decode attention that reads it */
+		return;
+	case OP_DECODE_ATTENTION:
+		lower_decode_attention(L, op, oi);
 		return;
 	case OP_FILL:
 		if (g->ps->loss_scale != 0 && op->backward && g->loss >= 0 && op->fwd_op == g->vals[g->loss].def) {
@@ -2316,9 +2365,9 @@ static LProg *lower_prog(Lowered *low, int stage, int role, Shared *sh)
 			int v = op->out[k];
 			describe_value(p, v);
 			Buffer *b = &p->buf[v];
-			if (op->kind == OP_PARAM) {
+			if (op->kind == OP_PARAM || op->kind == OP_KV_CACHE) { /* a cache lives across decode steps */
 				b->cls = BUF_STATE;
-				b->state = SC_PARAM;
+				b->state = op->kind == OP_PARAM ? SC_PARAM : SC_BUFFER;
 			} else if (g->vals[v].grad_of >= 0) {
 				b->cls = BUF_STATE;
 				b->state = SC_GRAD;
@@ -2366,6 +2415,8 @@ static LProg *lower_prog(Lowered *low, int stage, int role, Shared *sh)
 			continue;
 		}
 		lower_op(&L, op, i);
+		if (g->decode && op->nout && op->out[0] == g->logits)
+			lower_decode_logits(&L, i);
 		if (op->nout && op->out[0] == g->loss) {
 			Kernel *k = call(&L, K_LOSS_ACCUMULATE, i);
 			k->note = "the step's loss";

@@ -343,6 +343,9 @@ struct Lowered {
 	int pair_a[64], pair_b[64];
 	long long seq, vocab;   /* the token data: window length and vocabulary */
 	int *stage_first, *stage_op; /* the ops on stage s: stage_op[stage_first[s] .. stage_first[s + 1]) */
+	/* generation (planc build --generate): the training program's decode program, printed beside
+	 * it (decode.c) and run by --generate; NULL without */
+	const Lowered *decode;
 };
 
 /* lower.c: the program of every stage and role, complete for the check and explain. */

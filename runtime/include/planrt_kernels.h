@@ -297,6 +297,24 @@ PLANRT_CE_CLASSES(double, double, f64d)
 int64_t planrt_k_check_labels(const int32_t *labels, int64_t n, int64_t classes, int32_t ignore_index, int64_t *valid,
 			      int64_t *bad_index, int32_t *bad_value);
 
+/* Generation (cpu/decode.c, docs/generate.md). Decode attention with a key/value cache: q [batch,
+ * heads, 1, head_dim], k and v [batch, kv_heads, 1, head_dim] of the token at position pos[b]; the
+ * caches [batch, kv_heads, tmax, head_dim]. Writes k and v into row pos[b] of the caches, then
+ * out[b, h] = softmax(scale * q . kcache[0 .. pos[b]]) @ vcache[0 .. pos[b]] (causal by
+ * construction; query head h reads kv head h / (heads / kv_heads), grouped-query attention). O(t)
+ * per token: the earlier positions' keys and values are read from the caches, never recomputed.
+ * Returns the first b whose position is outside [0, tmax), or -1. */
+int64_t planrt_k_decode_attention_f32(const float *q, const float *k, const float *v, float *kcache, float *vcache,
+				      float *out, const int32_t *pos, int64_t batch, int64_t heads, int64_t kv_heads,
+				      int64_t head_dim, int64_t tmax, double scale);
+/* The next token from one row of logits [vocab]: temperature <= 0 is greedy (the first largest
+ * logit, torch.argmax); otherwise softmax(logits / temperature) over the top_k largest (top_k <= 0
+ * or >= vocab: all of them; exactly k, ties at the k-th taken in index order), drawn with
+ * Philox(seed, key "generate", counter = draw): the same token for the same (seed, draw) on every
+ * rank and plan. */
+int32_t planrt_sample_token(const float *logits, int64_t vocab, double temperature, int64_t top_k, uint64_t seed,
+			    uint64_t draw);
+
 /* bf16 storage: round to nearest even; conversions in both directions. */
 void planrt_k_f32_to_bf16(const float *x, uint16_t *y, int64_t n);
 void planrt_k_bf16_to_f32(const uint16_t *x, float *y, int64_t n);

@@ -1182,7 +1182,8 @@ static void table_types(Gen *G, Tables *T)
 			   F(planrt_program_t, warmup, i64),      F(planrt_program_t, total_steps, i64),
 			   F(planrt_program_t, nroles, i32),      F(planrt_program_t, role_axis, i32),
 			   F(planrt_program_t, fingerprint, p),   F(planrt_program_t, sync, p),
-			   F(planrt_program_t, loss_scale, f64), F(planrt_program_t, optimizer, p)};
+			   F(planrt_program_t, loss_scale, f64), F(planrt_program_t, optimizer, p),
+			   F(planrt_program_t, decode, p)};
 #undef F
 #define N(a) (int)(sizeof a / sizeof a[0])
 	T->action = c_struct(G, "planrt_action_t", action, N(action), sizeof(planrt_action_t));
@@ -1382,7 +1383,8 @@ static void build_program(Gen *G, const char *source_path)
 			    cstring(G, d.fingerprint),
 			    cstring(G, d.sync),
 			    LLVMConstReal(G->t_f64, d.loss_scale),
-			    cstring(G, d.optimizer)};
+			    cstring(G, d.optimizer),
+			    LLVMConstNull(G->t_ptr)}; /* no decode program: --generate is the C back end's */
 	LLVMValueRef program = LLVMAddGlobal(G->m, T.program, "program");
 	LLVMSetInitializer(program, LLVMConstNamedStruct(T.program, f, sizeof f / sizeof f[0]));
 	LLVMSetGlobalConstant(program, 1);
