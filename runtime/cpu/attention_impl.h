@@ -191,6 +191,30 @@ void FN(planrt_k_attention)(const T *q, const T *k, const T *v, const T *mask, c
 		}
 }
 
+/* One score row of the backward, in place: s (the scores) becomes the dropped probabilities
+ * Pd = P z and dp (dP) becomes dS = P (dP z - D) scale, with P = exp(s - lse) and z the keep
+ * scale or 0 (keep NULL: no dropout, z = 1). Branch-free loops per case, so each vectorises. */
+static void FN(attn_ds_row)(const FN(AttnCall) *c, T lse, T d, const uint8_t *keep, int64_t nk, T *s, T *dp)
+{
+	if (lse == -INFINITY) { /* every key masked: no probability, no gradient */
+		for (int64_t j = 0; j < nk; j++)
+			s[j] = dp[j] = 0;
+		return;
+	}
+	for (int64_t j = 0; j < nk; j++)
+		s[j] = KEXP(s[j] - lse);
+	if (!keep) {
+		for (int64_t j = 0; j < nk; j++)
+			dp[j] = s[j] * (dp[j] - d) * c->scale;
+		return;
+	}
+	for (int64_t j = 0; j < nk; j++) {
+		T z = keep[j] ? c->keep_scale : 0, pj = s[j];
+		s[j] = pj * z;
+		dp[j] = pj * (dp[j] * z - d) * c->scale;
+	}
+}
+
 /* One query tile of one head's backward: dq of its rows, its share of dk and dv. Per key tile, five
  * GEMMs (OpenBLAS) on the tile: S = q k^T (P recomputed from lse), dP = dout v^T, then with the
  * dropped probabilities Pd and dS = P (dP - D) scale: dv += Pd^T dout, dk += dS^T q, dq += dS k. */
@@ -214,15 +238,9 @@ static void FN(attn_backward_tile)(const FN(AttnCall) *c, const T *const *in, T 
 		/* dP (of the dropped probabilities) = dout v^T */
 		KGEMM(CblasRowMajor, CblasNoTrans, CblasTrans, (int)nq, (int)nk, dh, 1, dot, dh, vh + j0 * dh, dh, 0, dp,
 		      ATTN_BK);
-		for (int64_t i = 0; i < nq; i++) {
-			T *si = s + i * ATTN_BK, *dpi = dp + i * ATTN_BK, li = lh[i0 + i];
-			for (int64_t j = 0; j < nk; j++) {
-				T pj = li == -INFINITY ? 0 : KEXP(si[j] - li); /* P */
-				T z = c->p > 0 ? (keep[i * ATTN_BK + j] ? c->keep_scale : 0) : 1;
-				si[j] = pj * z;                           /* Pd */
-				dpi[j] = pj * (dpi[j] * z - dd[i]) * c->scale; /* dS */
-			}
-		}
+		for (int64_t i = 0; i < nq; i++)
+			FN(attn_ds_row)(c, lh[i0 + i], dd[i], c->p > 0 ? keep + i * ATTN_BK : NULL, nk, s + i * ATTN_BK,
+					dp + i * ATTN_BK);
 		KGEMM(CblasRowMajor, CblasTrans, CblasNoTrans, (int)nk, dh, (int)nq, 1, s, ATTN_BK, dot, dh, 1,
 		      dv + j0 * dh, dh);
 		KGEMM(CblasRowMajor, CblasTrans, CblasNoTrans, (int)nk, dh, (int)nq, 1, dp, ATTN_BK, qt, dh, 1,
