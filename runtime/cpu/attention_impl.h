@@ -9,6 +9,10 @@
  * nothing of size Sq x Sk is ever stored: it keeps the output and each row's logsumexp
  * lse = m + log l. The backward recomputes each score tile from q, k and lse (P = exp(S - lse)),
  * with D = rowsum(dout * out) in place of the softmax's rowsum(dP * P) (equal, dropout or not).
+ * Every product of a tile (q k^T, P v, dout v^T, and the three gradient products) is one GEMM
+ * through OpenBLAS (KGEMM) on the operands where they lie, so a tile's products run at the GEMM
+ * kernel's rate; the softmax and the masks are row loops between them (docs/cpu.md, "Where the
+ * step goes").
  *
  * Masks: mask_kind 1 is causal (key j > the query's global row gets no weight; key tiles past a
  * query tile's last row are skipped), 2 adds mask (strides per dim of the local scores, 0 where it
@@ -28,7 +32,9 @@
 #ifndef ATTN_BQ
 #define ATTN_BQ 64
 #define ATTN_BK 64
-/* S or P tile, dP tile, keep mask, k and v transposed tiles, the output accumulator, m l D */
+/* S or P tile, dP tile, keep mask, room for two Dh x ATTN_BK tiles (unused since the products
+ * became GEMMs on k and v in place; lower.c sizes the scratch by this formula), the output
+ * accumulator, m l D */
 #define ATTN_SCRATCH_FLOATS(dh) (3 * ATTN_BQ * ATTN_BK + 2 * ATTN_BK * (dh) + ATTN_BQ * (dh) + 3 * ATTN_BQ)
 #endif
 
@@ -86,21 +92,14 @@ static void FN(attn_head)(FN(AttnCall) *c, int64_t b, int64_t h)
 }
 
 /* The scores of query rows [i0, i0 + nq) against keys [j0, j0 + nk), scaled and masked, into
- * s[nq][ATTN_BK], from kt (the key tile transposed, [Dh][ATTN_BK]); masked entries are -inf. */
-static void FN(attn_scores)(const FN(AttnCall) *c, const T *qh, const T *kt, int64_t i0, int64_t nq,
-			    int64_t j0, int64_t nk, T *s)
+ * s[nq][ATTN_BK]: one GEMM (q_tile k_tile^T, OpenBLAS), then the masks; masked entries are -inf. */
+static void FN(attn_scores)(const FN(AttnCall) *c, const T *qh, const T *kh, int64_t i0, int64_t nq, int64_t j0,
+			    int64_t nk, T *s)
 {
+	KGEMM(CblasRowMajor, CblasNoTrans, CblasTrans, (int)nq, (int)nk, (int)c->dh, c->scale, qh + i0 * c->dh,
+	      (int)c->dh, kh + j0 * c->dh, (int)c->dh, 0, s, ATTN_BK);
 	for (int64_t i = 0; i < nq; i++) {
 		T *si = s + i * ATTN_BK;
-		const T *qi = qh + (i0 + i) * c->dh;
-		for (int64_t j = 0; j < nk; j++)
-			si[j] = 0;
-		for (int64_t d = 0; d < c->dh; d++) {
-			T qd = qi[d] * c->scale;
-			const T *kd = kt + d * ATTN_BK;
-			for (int64_t j = 0; j < nk; j++)
-				si[j] += qd * kd[j];
-		}
 		if (c->mask) {
 			const T *mi = c->mask + c->mask_base + (i0 + i) * c->mstr[c->rank - 2];
 			int64_t ms = c->mstr[c->rank - 1];
@@ -123,14 +122,6 @@ static void FN(attn_keep)(const FN(AttnCall) *c, int64_t i0, int64_t nq, int64_t
 				 c->thr, c->seed, c->key);
 }
 
-/* rows x Dh of src transposed into dst [Dh][ATTN_BK] */
-static void FN(attn_transpose)(const T *src, int64_t rows, int64_t dh, T *dst)
-{
-	for (int64_t j = 0; j < rows; j++)
-		for (int64_t d = 0; d < dh; d++)
-			dst[d * ATTN_BK + j] = src[j * dh + d];
-}
-
 /* the last key a query tile [i0, i0 + nq) attends to, plus one */
 static int64_t FN(attn_key_end)(const FN(AttnCall) *c, int64_t i0, int64_t nq)
 {
@@ -140,13 +131,13 @@ static int64_t FN(attn_key_end)(const FN(AttnCall) *c, int64_t i0, int64_t nq)
 	return end < 0 ? 0 : end < c->sk ? end : c->sk;
 }
 
-/* One query tile of one head: the online softmax over its key tiles. */
+/* One query tile of one head: the online softmax over its key tiles; the scores and P v are GEMMs
+ * (OpenBLAS) on the tile, the softmax's rescaling is row by row between them. */
 static void FN(attn_forward_tile)(const FN(AttnCall) *c, const T *qh, const T *kh, const T *vh, int64_t i0,
 				  int64_t nq, T *oh, T *lh, T *work)
 {
 	int64_t dh = c->dh;
-	T *s = work, *kt = s + 3 * ATTN_BQ * ATTN_BK, *acc = kt + 2 * ATTN_BK * dh, *m = acc + ATTN_BQ * dh;
-	T *l = m + ATTN_BQ;
+	T *s = work, *acc = s + 3 * ATTN_BQ * ATTN_BK + 2 * ATTN_BK * dh, *m = acc + ATTN_BQ * dh, *l = m + ATTN_BQ;
 	uint8_t *keep = (uint8_t *)(s + 2 * ATTN_BQ * ATTN_BK);
 	for (int64_t i = 0; i < nq; i++) {
 		m[i] = -INFINITY;
@@ -157,15 +148,17 @@ static void FN(attn_forward_tile)(const FN(AttnCall) *c, const T *qh, const T *k
 	int64_t jend = FN(attn_key_end)(c, i0, nq);
 	for (int64_t j0 = 0; j0 < jend; j0 += ATTN_BK) {
 		int64_t nk = jend - j0 < ATTN_BK ? jend - j0 : ATTN_BK;
-		FN(attn_transpose)(kh + j0 * dh, nk, dh, kt);
-		FN(attn_scores)(c, qh, kt, i0, nq, j0, nk, s);
+		FN(attn_scores)(c, qh, kh, i0, nq, j0, nk, s);
 		if (c->p > 0)
 			FN(attn_keep)(c, i0, nq, j0, nk, keep);
 		for (int64_t i = 0; i < nq; i++) {
 			T *si = s + i * ATTN_BK, *ai = acc + i * dh;
 			T mt = FN(kmax)(si, nk), mnew = mt > m[i] ? mt : m[i];
-			if (mnew == -INFINITY)
-				continue; /* every key so far masked */
+			if (mnew == -INFINITY) { /* every key so far masked: no weight */
+				for (int64_t j = 0; j < nk; j++)
+					si[j] = 0;
+				continue;
+			}
 			T corr = KEXP(m[i] - mnew);
 			for (int64_t j = 0; j < nk; j++)
 				si[j] = KEXP(si[j] - mnew);
@@ -173,13 +166,12 @@ static void FN(attn_forward_tile)(const FN(AttnCall) *c, const T *qh, const T *k
 			m[i] = mnew;
 			for (int64_t d = 0; d < dh; d++)
 				ai[d] *= corr;
-			for (int64_t j = 0; j < nk; j++) {
-				T pj = c->p > 0 ? (keep[i * ATTN_BK + j] ? si[j] * c->keep_scale : 0) : si[j];
-				const T *vj = vh + (j0 + j) * dh;
-				for (int64_t d = 0; d < dh; d++)
-					ai[d] += pj * vj[d];
-			}
+			if (c->p > 0) /* the dropped probabilities weigh v; l sums the kept and dropped alike */
+				for (int64_t j = 0; j < nk; j++)
+					si[j] = keep[i * ATTN_BK + j] ? si[j] * c->keep_scale : 0;
 		}
+		KGEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)nq, (int)dh, (int)nk, 1, s, ATTN_BK, vh + j0 * dh,
+		      (int)dh, 1, acc, (int)dh);
 	}
 	for (int64_t i = 0; i < nq; i++) {
 		T inv = l[i] > 0 ? 1 / l[i] : 0, lse = l[i] > 0 ? m[i] + KLOG(l[i]) : -INFINITY;
@@ -250,51 +242,62 @@ void FN(planrt_k_ring_attention)(const T *q, const T *k, const T *v, const T *ma
 	FN(attn_forward)(&c, q, k, v, out, lse, scratch);
 }
 
-/* One query tile of one head's backward: dq of its rows, its share of dk and dv. */
+/* One score row of the backward, in place: s (the scores) becomes the dropped probabilities
+ * Pd = P z and dp (dP) becomes dS = P (dP z - D) scale, with P = exp(s - lse) and z the keep
+ * scale or 0 (keep NULL: no dropout, z = 1). Branch-free loops per case, so each vectorises. */
+static void FN(attn_ds_row)(const FN(AttnCall) *c, T lse, T d, const uint8_t *keep, int64_t nk, T *s, T *dp)
+{
+	if (lse == -INFINITY) { /* every key masked: no probability, no gradient */
+		for (int64_t j = 0; j < nk; j++)
+			s[j] = dp[j] = 0;
+		return;
+	}
+	for (int64_t j = 0; j < nk; j++)
+		s[j] = KEXP(s[j] - lse);
+	if (!keep) {
+		for (int64_t j = 0; j < nk; j++)
+			dp[j] = s[j] * (dp[j] - d) * c->scale;
+		return;
+	}
+	for (int64_t j = 0; j < nk; j++) {
+		T z = keep[j] ? c->keep_scale : 0, pj = s[j];
+		s[j] = pj * z;
+		dp[j] = pj * (dp[j] * z - d) * c->scale;
+	}
+}
+
+/* One query tile of one head's backward: dq of its rows, its share of dk and dv. Per key tile, five
+ * GEMMs (OpenBLAS) on the tile: S = q k^T (P recomputed from lse), dP = dout v^T, then with the
+ * dropped probabilities Pd and dS = P (dP - D) scale: dv += Pd^T dout, dk += dS^T q, dq += dS k. */
 static void FN(attn_backward_tile)(const FN(AttnCall) *c, const T *const *in, T *const *grad, int64_t i0,
 				   int64_t nq, T *work)
 {
 	const T *qh = in[0], *kh = in[1], *vh = in[2], *oh = in[3], *lh = in[4], *doh = in[5];
 	T *dq = grad[0], *dk = grad[1], *dv = grad[2];
-	int64_t dh = c->dh;
-	T *s = work, *dp = s + ATTN_BQ * ATTN_BK, *kt = s + 3 * ATTN_BQ * ATTN_BK, *vt = kt + ATTN_BK * dh;
-	T *dd = kt + 2 * ATTN_BK * dh + ATTN_BQ * dh;
+	int dh = (int)c->dh;
+	T *s = work, *dp = s + ATTN_BQ * ATTN_BK, *dd = s + 3 * ATTN_BQ * ATTN_BK + 2 * ATTN_BK * dh + ATTN_BQ * dh;
 	uint8_t *keep = (uint8_t *)(s + 2 * ATTN_BQ * ATTN_BK);
+	const T *qt = qh + i0 * dh, *dot = doh + i0 * dh;
 	for (int64_t i = 0; i < nq; i++)
-		dd[i] = FN(kdot)(doh + (i0 + i) * dh, oh + (i0 + i) * dh, dh);
+		dd[i] = FN(kdot)(dot + i * dh, oh + (i0 + i) * dh, dh);
 	int64_t jend = FN(attn_key_end)(c, i0, nq);
 	for (int64_t j0 = 0; j0 < jend; j0 += ATTN_BK) {
 		int64_t nk = jend - j0 < ATTN_BK ? jend - j0 : ATTN_BK;
-		FN(attn_transpose)(kh + j0 * dh, nk, dh, kt);
-		FN(attn_transpose)(vh + j0 * dh, nk, dh, vt);
-		FN(attn_scores)(c, qh, kt, i0, nq, j0, nk, s);
+		FN(attn_scores)(c, qh, kh, i0, nq, j0, nk, s);
 		if (c->p > 0)
 			FN(attn_keep)(c, i0, nq, j0, nk, keep);
-		for (int64_t i = 0; i < nq; i++) {
-			T *si = s + i * ATTN_BK, *dpi = dp + i * ATTN_BK, li = lh[i0 + i];
-			const T *doi = doh + (i0 + i) * dh, *qi = qh + (i0 + i) * dh;
-			for (int64_t j = 0; j < nk; j++)
-				si[j] = li == -INFINITY ? 0 : KEXP(si[j] - li); /* P */
-			for (int64_t j = 0; j < nk; j++)
-				dpi[j] = 0;
-			for (int64_t d = 0; d < dh; d++) { /* dP (of the dropped probabilities) = dout v^T */
-				T g = doi[d];
-				const T *vd = vt + d * ATTN_BK;
-				for (int64_t j = 0; j < nk; j++)
-					dpi[j] += g * vd[j];
-			}
-			for (int64_t j = 0; j < nk; j++) {
-				T z = c->p > 0 ? (keep[i * ATTN_BK + j] ? c->keep_scale : 0) : 1;
-				T pd = si[j] * z, ds = si[j] * (dpi[j] * z - dd[i]) * c->scale;
-				T *dvj = dv + (j0 + j) * dh, *dkj = dk + (j0 + j) * dh, *dqi = dq + (i0 + i) * dh;
-				const T *kj = kh + (j0 + j) * dh;
-				for (int64_t d = 0; d < dh; d++) {
-					dvj[d] += pd * doi[d];
-					dkj[d] += ds * qi[d];
-					dqi[d] += ds * kj[d];
-				}
-			}
-		}
+		/* dP (of the dropped probabilities) = dout v^T */
+		KGEMM(CblasRowMajor, CblasNoTrans, CblasTrans, (int)nq, (int)nk, dh, 1, dot, dh, vh + j0 * dh, dh, 0, dp,
+		      ATTN_BK);
+		for (int64_t i = 0; i < nq; i++)
+			FN(attn_ds_row)(c, lh[i0 + i], dd[i], c->p > 0 ? keep + i * ATTN_BK : NULL, nk, s + i * ATTN_BK,
+					dp + i * ATTN_BK);
+		KGEMM(CblasRowMajor, CblasTrans, CblasNoTrans, (int)nk, dh, (int)nq, 1, s, ATTN_BK, dot, dh, 1,
+		      dv + j0 * dh, dh);
+		KGEMM(CblasRowMajor, CblasTrans, CblasNoTrans, (int)nk, dh, (int)nq, 1, dp, ATTN_BK, qt, dh, 1,
+		      dk + j0 * dh, dh);
+		KGEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)nq, dh, (int)nk, 1, dp, ATTN_BK, kh + j0 * dh, dh,
+		      1, dq + i0 * dh, dh);
 	}
 }
 
