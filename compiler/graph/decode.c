@@ -43,7 +43,7 @@ static void refuse(Decode *d, const Op *at, const char *fix, const char *fmt, co
 	const PlanSpec *ps = d->g->ps;
 	const Source *src = at && at->src ? at->src : &ps->model->module->src;
 	diag_error(src, at ? at->loc : ps->model->name_loc, fmt, what);
-	diag_note_plain(fix);
+	diag_note_plain("%s", fix);
 	d->failed = true;
 }
 

@@ -93,6 +93,11 @@ static int32_t *prompt_tokens(const gen_options_t *o, const planrt_program_t *tr
 			     "model's context of %lld; shorten the prompt or lower --max-tokens to %lld",
 			     (long long)*n, (long long)o->max_tokens, (long long)(*n + o->max_tokens), (long long)train->seq,
 			     (long long)(train->seq - *n > 0 ? train->seq - *n : 0));
+	if (train->vocab > 256) /* its ids are not bytes: a byte would silently be another token */
+		planrt_fatal("--generate: this model's vocabulary has %lld tokens, not the 256 bytes --generate reads a "
+			     "prompt as and prints tokens as; a model trained on tokenized data (planc data tokenize) "
+			     "cannot take a text prompt yet (docs/generate.md): train it on bytes (V = 256) to generate",
+			     (long long)train->vocab);
 	int32_t *ids = malloc(sizeof(int32_t) * (size_t)*n);
 	if (!ids)
 		planrt_fatal("out of memory for the prompt");

@@ -184,6 +184,13 @@ with open(small, "w") as f:
             + "plan small for gpt(V = 64, P = 0.0) {\n  mesh data = 1\n  batch B = 4\n  optimizer sgd(lr = 0.1)\n}\n")
 fails("a prompt byte outside the vocabulary (V = 64)", run(build(small, "small"), "--generate", "hello", check=False),
       "outside the model's vocabulary of 64")
+wide = f"{r.work}/wide.plan"
+with open(wide, "w") as f:
+    f.write(open(f"{ex}/gpt.plan").read().split("# ---- one rank")[0]
+            + "plan wide for gpt(V = 512, P = 0.0) {\n  mesh data = 1\n  batch B = 4\n  optimizer sgd(lr = 0.1)\n}\n")
+fails("a vocabulary of tokenized data (V = 512): bytes are not its ids", run(build(wide, "wide"), "--generate", "hello",
+                                                                            check=False),
+      "cannot take a text prompt yet")
 plain = f"{r.work}/plain"
 subprocess.run([r.planc, "build", f"{ex}/gpt.plan", "--plan", "single", "-o", plain], check=True)
 fails("a program built without --generate", run(plain, "--generate", PROMPT, check=False), "rebuild it with planc build")

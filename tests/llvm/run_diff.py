@@ -81,7 +81,8 @@ DIFF_PLANS = [
     ("gpt", "dp4_topk_zero1"), ("gpt", "dp4_powersgd"), ("gpt", "bf16_zero3_offload_disk"),
     ("gpt", "zero3_offload"), ("gpt", "bf16_pp2"), ("mlp", "bf16"), ("extra", "bf16_tp2_sp_zero3"),
     ("extra", "bf16_zero3_overlap"), ("extra", "bf16_unfused_attention"),
-    ("tests/context/cp", "cp2_dp2_zero1_recompute")]  # the ring (context parallelism, tests/context)
+    ("tests/context/cp", "cp2_dp2_zero1_recompute"),  # the ring (context parallelism, tests/context)
+    ("tests/equiv/mqa", "dp2_tp2_sp")]  # key/value heads replicated over tensor ranks (repeat_kv)
 # plans on the GPT example for features only the large examples have
 EXTRA_PLANS = """
 plan bf16_tp2_sp_zero3 for gpt {
