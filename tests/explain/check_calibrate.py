@@ -19,12 +19,7 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
 import harness  # noqa: E402
-
-
-def step(planc, path, plan, device):
-    out = subprocess.run([planc, "explain", path, "--plan", plan, "--json", "--device=" + device],
-                         capture_output=True, text=True, check=True).stdout
-    return float(re.search(r'"estimated_step_s": \{"step": ([0-9.e+-]+)', out).group(1))
+from check_devices import step  # noqa: E402  (explain's estimated step on a device)
 
 
 def fields(path):
