@@ -56,7 +56,7 @@ fi
 
 # 3. CPU programs against Open MPI
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 \
-	OMPI_MCA_plm=isolated OMPI_MCA_btl=self,vader OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+	OMPI_MCA_plm=isolated OMPI_MCA_btl=self,vader OMPI_MCA_mpi_yield_when_idle=1 OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 while read -r file plan ranks <&3; do
 	d=$tmp/$plan
 	if ! "$PLANC" emit c "$file" --plan "$plan" -o "$d" >/dev/null ||

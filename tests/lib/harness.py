@@ -2,8 +2,9 @@
 
 What every runner needs and would otherwise write again:
   MPI_ENV, mpi_env()  the environment that runs mpirun as root on a machine with more ranks than
-                      cores (Open MPI over shared memory, one thread per rank, the watchdog at 60 s
-                      so that a stall becomes an error naming the pending operation, not a hang)
+                      cores (Open MPI over shared memory, one thread per rank, a waiting rank
+                      yielding its core, the watchdog at 60 s so that a stall becomes an error
+                      naming the pending operation, not a hang)
   Tally               one 'PASS: name: detail' / 'FAIL: ...' line per check and the closing
                       'LABEL: N passed, M failed (S s CPU)' line; the runner exits 1 when a check
                       failed
@@ -31,9 +32,14 @@ import subprocess
 import sys
 import tempfile
 
+# OMPI_MCA_mpi_yield_when_idle: a rank polling for a message calls sched_yield between polls. Open
+# MPI turns it on by itself only when one job has more ranks than cores; under `ctest -j2` two
+# 2-rank jobs share 2 cores, and a rank spinning for its peer holds the core that peer (or the
+# other test) needs: a GPT tp2 run of 20 steps took 9.4 CPU s without it, 4.6 with it (the same
+# losses bit for bit; tests/README.md, "Time").
 MPI_ENV = dict(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMPI_MCA_rmaps_base_oversubscribe="1",
                OMPI_MCA_plm="isolated", OMPI_MCA_btl="self,vader", OMPI_MCA_btl_vader_single_copy_mechanism="none",
-               OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", PLANRT_WATCHDOG="60")
+               OMPI_MCA_mpi_yield_when_idle="1", OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", PLANRT_WATCHDOG="60")
 
 
 def mpi_env(**extra):

@@ -1,7 +1,8 @@
 # harness.sh: the one helper of the shell test runners (tests/*/*.sh), each of which sources it as
 # `. "$(dirname "$0")/../lib/harness.sh"`. The shell half of harness.py:
 #   the MPI environment   mpirun as root with more ranks than cores, over shared memory, one thread
-#                         per rank, the watchdog at 60 s (exported; the same as harness.py's MPI_ENV)
+#                         per rank, a waiting rank yielding its core, the watchdog at 60 s
+#                         (exported; the same as harness.py's MPI_ENV, which says why)
 #   $tmp                  a temporary directory, removed when the runner exits
 #   ok [NAME]             counts a pass (and prints 'PASS: NAME' when named)
 #   bad WHAT              counts a failure and prints 'FAIL: WHAT'
@@ -15,6 +16,7 @@
 #                         and what it ran: a figure, never a check) and exits 1 when a check failed
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 export OMPI_MCA_plm=isolated OMPI_MCA_btl=self,vader OMPI_MCA_btl_vader_single_copy_mechanism=none
+export OMPI_MCA_mpi_yield_when_idle=1
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 : "${PLANRT_WATCHDOG:=60}"
 export PLANRT_WATCHDOG
