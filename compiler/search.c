@@ -61,6 +61,14 @@ typedef struct Result {
 	ExplainSummary sum;
 } Result;
 
+/* The plan that splits the whole batch over `tensor = t` alone (no recompute): whether the checks
+ * pass it, its compute seconds (W_t), its collectives' least seconds (C_t) and its saved
+ * activations (A_t). */
+typedef struct TensorPlan {
+	bool known, ok;
+	double compute, comm, act;
+} TensorPlan;
+
 typedef struct Search {
 	const char *path, *model, *name;
 	char *src; /* the file's text */
@@ -75,9 +83,15 @@ typedef struct Search {
 	bool exhaustive, seq;
 	double ref_compute[3]; /* W per recompute mode (0: unknown, bound 0) */
 	double ref_update;     /* U (0: unknown or not a bound, see update_bounded) */
+	double ref_act[3];     /* A per recompute mode: saved activations of the whole batch (0: unknown) */
 	bool update_bounded;   /* the base plan updates every rank's own shard in its step */
+	bool plain_sync;       /* the base plan writes no sync or offload: gradients reduced every step */
 	double ref_params, ref_grads, ref_optim; /* the one-rank plan's model states (0: unknown) */
-	long long compiled, refused, over_memory, pruned, pruned_memory;
+	long long tensor_degrees[256]; /* the divisors of the world */
+	TensorPlan tensor[256][2];     /* the tensor-only plan of each, without and with sequence parallelism */
+	int ntensor;
+	long long compiled, refused, over_memory, pruned, pruned_memory, violations;
+	long long refused_tensor; /* not compiled: the checks refuse their tensor-only plan */
 	Result *best;
 	int nbest;
 } Search;
@@ -157,9 +171,19 @@ static char *plan_text(const Search *S, const Candidate *c, const char *name)
 
 /* ---------------------------------------------------------------- compiling one candidate */
 
+static int divisors(long long n, long long *out, int cap)
+{
+	int k = 0;
+	for (long long i = 1; i <= n && k < cap; i++)
+		if (n % i == 0)
+			out[k++] = i;
+	return k;
+}
+
+
 /* Compiles the file with `text` appended (every diagnostic silenced: a refused candidate is
- * counted, not reported); fills *sum and, when matmul is given, the matmul seconds. */
-static bool evaluate(Search *S, const char *text, ExplainSummary *sum, double *compute, double *update)
+ * counted, not reported); fills *sum and, when given, *totals. */
+static bool evaluate(Search *S, const char *text, ExplainSummary *sum, ExplainTotals *totals)
 {
 	Arena *saved = plan_arena_begin(S->prog);
 	Arena *a = S->prog->arena;
@@ -184,29 +208,29 @@ static bool evaluate(Search *S, const char *text, ExplainSummary *sum, double *c
 		Graph *g = ps ? run_passes(ps, NULL, NULL) : NULL;
 		Lowered *low = g ? run_backend(g, NULL, NULL, false) : NULL;
 		ok = low && diag_error_count() == 0 && explain_summary(g, low, sum);
-		if (ok && compute)
-			explain_compute_seconds(low, compute, update);
+		if (ok && totals)
+			explain_totals(low, totals);
 	}
 	diag_reset();
 	plan_arena_end(S->prog, saved);
 	return ok;
 }
 
-/* W for each recompute mode and U: the one-rank plan of the whole batch (0 if it does not
- * compile: then the bound is 0 and prunes nothing). */
+/* W and A for each recompute mode, U and the model states: the one-rank plan of the whole batch
+ * (0 if it does not compile: then the bounds are 0 and prune nothing). */
 static void reference_bounds(Search *S)
 {
 	for (int r = 0; r < 3; r++) {
 		Candidate c = {.d = 1, .p = 1, .s = 1, .t = 1, .m = 1, .rec = (Recompute)r};
 		char *text = plan_text(S, &c, "search_reference");
 		ExplainSummary sum;
-		double w = 0, u = 0;
-		if (!evaluate(S, text, &sum, &w, &u))
-			w = u = 0;
-		S->ref_compute[r] = w;
-		if (r == REC_NONE)
-			S->ref_update = S->update_bounded ? u : 0;
-		if (r == REC_NONE && w > 0) {
+		ExplainTotals tot = {0};
+		if (!evaluate(S, text, &sum, &tot))
+			memset(&sum, 0, sizeof sum);
+		S->ref_compute[r] = tot.compute;
+		S->ref_act[r] = S->plain_sync ? sum.act_micro : 0;
+		if (r == REC_NONE) {
+			S->ref_update = S->update_bounded ? tot.update : 0;
 			S->ref_params = sum.params;
 			S->ref_grads = sum.grads;
 			S->ref_optim = sum.optim;
@@ -215,16 +239,41 @@ static void reference_bounds(Search *S)
 	}
 }
 
-/* ---------------------------------------------------------------- enumeration */
-
-static int divisors(long long n, long long *out, int cap)
+/* The tensor-only plan of every tensor degree of the world, with and without sequence parallelism
+ * (unknown when the base plan writes sync or offload). */
+static void tensor_bounds(Search *S)
 {
-	int k = 0;
-	for (long long i = 1; i <= n && k < cap; i++)
-		if (n % i == 0)
-			out[k++] = i;
-	return k;
+	S->ntensor = divisors(S->world, S->tensor_degrees, 256);
+	for (int i = 0; i < S->ntensor; i++)
+		for (int sp = 0; sp < 2; sp++) {
+			TensorPlan *tp = &S->tensor[i][sp];
+			memset(tp, 0, sizeof *tp);
+			if (S->tensor_degrees[i] == 1 || !S->plain_sync)
+				continue;
+			Candidate c = {.d = 1, .p = 1, .s = 1, .t = S->tensor_degrees[i], .m = 1, .sp = sp};
+			char *text = plan_text(S, &c, "search_reference");
+			ExplainSummary sum;
+			ExplainTotals tot = {0};
+			tp->known = true;
+			tp->ok = evaluate(S, text, &sum, &tot);
+			if (tp->ok) {
+				tp->compute = tot.compute;
+				tp->comm = tot.comm_micro + tot.comm_step;
+				tp->act = sum.act_micro;
+			}
+			free(text);
+		}
 }
+
+static const TensorPlan *tensor_plan(const Search *S, const Candidate *c)
+{
+	for (int i = 0; i < S->ntensor; i++)
+		if (S->tensor_degrees[i] == c->t)
+			return S->tensor[i][c->sp].known ? &S->tensor[i][c->sp] : NULL;
+	return NULL;
+}
+
+/* ---------------------------------------------------------------- enumeration */
 
 typedef struct CandList {
 	Candidate *c;
@@ -242,17 +291,42 @@ static void push(CandList *l, const Candidate *c)
 	l->c[l->n++] = *c;
 }
 
+/* The least seconds the collectives over data take a rank of an average stage: every plain data-
+ * parallel step reduces each rank's gradients (G / (t p) bytes) over the d ranks of its data
+ * group, an all-reduce without ZeRO; under ZeRO a reduce-scatter, and the updated shards of the
+ * parameters (P / (t p)) come back by an all-gather (ZeRO 3: before each use). */
+static double data_floor(const Search *S, const Candidate *c)
+{
+	if (c->d <= 1 || !S->plain_sync)
+		return 0;
+	double d = (double)c->d, split = (double)c->t * (double)c->p, ring = (d - 1) / d;
+	const Device *dev = device_current();
+	const Link *link = S->world <= dev->node_ranks ? &dev->node : &dev->net; /* data is the outermost axis */
+	if (c->zero == 0)
+		return device_wire_floor(link, true, 2 * ring * S->ref_grads / split);
+	return device_wire_floor(link, false, ring * (S->ref_grads + S->ref_params) / split);
+}
+
 /* The least step time the estimate can give the candidate (the comment at the top says why). */
 static double time_bound(const Search *S, const Candidate *c)
 {
-	double w = S->ref_compute[c->rec], m = (double)c->m, world = (double)S->world;
-	double pipeline = w / world;
-	if (c->sched != SCH_INTERLEAVED) {
-		double x = w / ((double)c->d * (double)c->s * (double)c->t * m);
-		pipeline = x / (1 - pow(1 - 1 / m, (double)c->p));
+	double w = S->ref_compute[c->rec], m = (double)c->m, p = (double)c->p, t = (double)c->t;
+	double shards = t * p * (c->zero >= 1 ? (double)c->d : 1), update = S->ref_update / shards;
+	double group = w / t, comm = 0; /* one tensor group's seconds over the whole batch */
+	const TensorPlan *tp = tensor_plan(S, c);
+	if (tp && tp->ok) {
+		double again = w - S->ref_compute[REC_NONE]; /* what recomputation adds */
+		if (tp->compute + (again > 0 ? again : 0) / t > group)
+			group = tp->compute + (again > 0 ? again : 0) / t;
+		comm = tp->comm;
 	}
-	double shards = (double)c->t * (double)c->p * (c->zero >= 1 ? (double)c->d : 1);
-	return pipeline + S->ref_update / shards;
+	double rows = (double)c->d * (double)c->s; /* a rank's share of the rows and the sequence */
+	double flat = (group + comm) / (rows * p) + update + data_floor(S, c);
+	if (c->sched == SCH_INTERLEAVED)
+		return flat;
+	double x = group / (rows * m);
+	double bubble = x / (1 - pow(1 - 1 / m, p)) + update;
+	return bubble > flat ? bubble : flat;
 }
 
 /* Every schedule, ZeRO stage, recompute mode and sequence-parallel choice of one mesh and
@@ -319,12 +393,24 @@ static void keep(Search *S, const Candidate *c, const ExplainSummary *sum)
 	S->best[i].sum = *sum;
 }
 
-/* The least model state a rank of the candidate holds (the comment at the top says why). */
+/* The least peak memory of the candidate's busiest rank (the comment at the top says why). */
 static double memory_bound(const Search *S, const Candidate *c)
 {
-	double split = (double)c->t * (double)c->p, d = (double)c->d;
-	return S->ref_params / (split * (c->zero >= 3 ? d : 1)) + S->ref_grads / (split * (c->zero >= 2 ? d : 1)) +
-	       S->ref_optim / (split * (c->zero >= 1 ? d : 1));
+	double split = (double)c->t * (double)c->p, d = (double)c->d, m = (double)c->m;
+	double states = S->ref_params / (split * (c->zero >= 3 ? d : 1)) + S->ref_grads / (split * (c->zero >= 2 ? d : 1)) +
+			S->ref_optim / (split * (c->zero >= 1 ? d : 1));
+	double group = S->ref_act[c->rec] / (double)c->t; /* one tensor group, the whole batch */
+	const TensorPlan *tp = tensor_plan(S, c);
+	if (tp && tp->ok && c->rec == REC_NONE && tp->act > group)
+		group = tp->act;
+	double micro = group / (d * m * (double)c->s); /* one micro-batch, every stage */
+	double flat = states + micro / (double)c->p;
+	if (c->sched == SCH_INTERLEAVED)
+		return flat;
+	double spread = 0; /* 1f1b: stage s holds min(p - s, m) micro-batches */
+	for (long long s = 0; s < c->p; s++)
+		spread += 1 / (double)(c->p - s < c->m ? c->p - s : c->m);
+	return micro / spread > flat ? micro / spread : flat;
 }
 
 static void run_search(Search *S, CandList *l)
@@ -336,15 +422,30 @@ static void run_search(Search *S, CandList *l)
 			S->pruned = l->n - i; /* sorted: every later bound is as large */
 			break;
 		}
+		const TensorPlan *tp = tensor_plan(S, c);
+		if (tp && !tp->ok && !S->exhaustive) {
+			S->refused_tensor++;
+			continue;
+		}
 		if (!S->exhaustive && memory_bound(S, c) > S->memory) {
 			S->pruned_memory++;
 			continue;
 		}
 		char *text = plan_text(S, c, "search_candidate");
 		ExplainSummary sum;
-		bool ok = evaluate(S, text, &sum, NULL, NULL);
+		bool ok = evaluate(S, text, &sum, NULL);
 		free(text);
 		S->compiled++;
+		if (getenv("PLANC_SEARCH_TRACE"))
+			fprintf(stderr, "trace %.2f d%lld p%lld s%lld t%lld m%lld z%d r%d sch%d sp%d ok%d bound %.4g step %.4g mem %.4g peak %.4g\n",
+				cpu_seconds(), c->d, c->p, c->s, c->t, c->m, c->zero, c->rec, c->sched, c->sp, ok, c->bound,
+				ok ? sum.step : 0, memory_bound(S, c), ok ? sum.peak : 0);
+		if (ok && (c->bound > sum.step * (1 + 1e-9) || memory_bound(S, c) > sum.peak * (1 + 1e-9) || (tp && !tp->ok))) {
+			S->violations++; /* a bound above what it bounds: a bug (tests/search checks there is none) */
+			fprintf(stderr, "planc search: bound violated: d%lld p%lld s%lld t%lld m%lld z%d r%d sch%d sp%d: "
+				"time %.6g > %.6g or memory %.6g > %.6g\n", c->d, c->p, c->s, c->t, c->m, c->zero, c->rec,
+				c->sched, c->sp, c->bound, sum.step, memory_bound(S, c), sum.peak);
+		}
 		if (!ok)
 			S->refused++;
 		else if (sum.peak > S->memory)
@@ -398,6 +499,7 @@ static bool take_base(Search *S, const char *plan_name)
 		ICE("out of memory");
 	S->base[0] = 0;
 	S->update_bounded = true;
+	S->plain_sync = true;
 	for (const PlanStmt *st = base->rules; st; st = st->next) {
 		bool skip = false;
 		for (int i = 0; parallel[i]; i++)
@@ -411,6 +513,8 @@ static bool take_base(Search *S, const char *plan_name)
 		if (!strcmp(st->word, "offload") ||
 		    (!strcmp(st->word, "sync") && mentions(src + st->loc.off, st->loc.len, "async")))
 			S->update_bounded = false;
+		if (!strcmp(st->word, "offload") || !strcmp(st->word, "sync"))
+			S->plain_sync = false;
 	}
 	if (!S->batch_name) {
 		fprintf(stderr, "planc: error: plan '%s' has no 'batch NAME = N' to take the batch dimension's name from\n",
@@ -590,6 +694,16 @@ int search_main(int argc, char **argv)
 		ICE("out of memory");
 	diag_set_stream(devnull);
 	reference_bounds(&S);
+	tensor_bounds(&S);
+	if (getenv("PLANC_SEARCH_TRACE")) {
+		fprintf(stderr, "ref W %g %g %g U %g A %g %g %g P %g G %g O %g\n", S.ref_compute[0], S.ref_compute[1],
+			S.ref_compute[2], S.ref_update, S.ref_act[0], S.ref_act[1], S.ref_act[2], S.ref_params, S.ref_grads,
+			S.ref_optim);
+		for (int i = 0; i < S.ntensor; i++)
+			for (int sp = 0; sp < 2; sp++)
+				fprintf(stderr, "tensor %lld sp%d: ok %d W %g C %g A %g\n", S.tensor_degrees[i], sp, S.tensor[i][sp].ok,
+					S.tensor[i][sp].compute, S.tensor[i][sp].comm, S.tensor[i][sp].act);
+	}
 	CandList l = {0};
 	enumerate(&S, &l);
 	run_search(&S, &l);
@@ -600,9 +714,10 @@ int search_main(int argc, char **argv)
 	printf("# planc search: model %s, %lld ranks, batch %lld, at most %s per rank, on %s\n", S.model, S.world, S.batch,
 	       explain_bytes(S.memory, b1, sizeof b1), device_current()->name);
 	printf("# %lld candidates: %lld compiled (%lld refused by the checks, %lld over memory), %lld pruned by the time "
-	       "bound, %lld by the memory bound; %.2f s CPU, %.1f ms per compiled candidate\n",
-	       l.n, S.compiled, S.refused, S.over_memory, S.pruned, S.pruned_memory, secs,
-	       S.compiled ? 1e3 * secs / (double)S.compiled : 0.0);
+	       "bound, %lld by the memory bound, %lld by their tensor-only plan; %.2f s CPU, %.1f ms per compiled candidate; "
+	       "bounds violated %lld\n",
+	       l.n, S.compiled, S.refused, S.over_memory, S.pruned, S.pruned_memory, S.refused_tensor, secs,
+	       S.compiled ? 1e3 * secs / (double)S.compiled : 0.0, S.violations);
 	if (S.nbest == 0) {
 		fprintf(stderr, "planc: error: no plan of model %s on %lld ranks passes the checks and fits in %s\n", S.model,
 			S.world, b1);
