@@ -66,7 +66,7 @@ typedef struct Result {
  * activations (A_t). */
 typedef struct TensorPlan {
 	bool known, ok;
-	double compute, comm, act;
+	double compute, comm, comm_micro, act;
 } TensorPlan;
 
 typedef struct Search {
@@ -259,6 +259,7 @@ static void tensor_bounds(Search *S)
 			if (tp->ok) {
 				tp->compute = tot.compute;
 				tp->comm = tot.comm_micro + tot.comm_step;
+				tp->comm_micro = tot.comm_micro;
 				tp->act = sum.act_micro;
 			}
 			free(text);
@@ -312,19 +313,20 @@ static double time_bound(const Search *S, const Candidate *c)
 {
 	double w = S->ref_compute[c->rec], m = (double)c->m, p = (double)c->p, t = (double)c->t;
 	double shards = t * p * (c->zero >= 1 ? (double)c->d : 1), update = S->ref_update / shards;
-	double group = w / t, comm = 0; /* one tensor group's seconds over the whole batch */
+	double group = w / t, comm = 0, comm_micro = 0; /* one tensor group's seconds over the whole batch */
 	const TensorPlan *tp = tensor_plan(S, c);
 	if (tp && tp->ok) {
 		double again = w - S->ref_compute[REC_NONE]; /* what recomputation adds */
 		if (tp->compute + (again > 0 ? again : 0) / t > group)
 			group = tp->compute + (again > 0 ? again : 0) / t;
 		comm = tp->comm;
+		comm_micro = tp->comm_micro;
 	}
 	double rows = (double)c->d * (double)c->s; /* a rank's share of the rows and the sequence */
 	double flat = (group + comm) / (rows * p) + update + data_floor(S, c);
 	if (c->sched == SCH_INTERLEAVED)
 		return flat;
-	double x = group / (rows * m);
+	double x = (group + comm_micro) / (rows * m);
 	double bubble = x / (1 - pow(1 - 1 / m, p)) + update;
 	return bubble > flat ? bubble : flat;
 }
@@ -393,6 +395,18 @@ static void keep(Search *S, const Candidate *c, const ExplainSummary *sum)
 	S->best[i].sum = *sum;
 }
 
+/* How many micro-batches' activations stage s holds at once, as pipeline.c's schedule table has
+ * them: 1f1b runs p - s - 1 forwards before its first backward, the interleaved schedule
+ * 2 (p - s - 1) + (v - 1) p forwards of chunks (v = 2, a chunk holding 1 / v of the stage's). */
+static double held(const Candidate *c, long long s)
+{
+	double m = (double)c->m, p = (double)c->p;
+	if (c->sched != SCH_INTERLEAVED)
+		return p - (double)s < m ? p - (double)s : m;
+	double v = 2, chunks = 2 * (p - (double)s - 1) + (v - 1) * p + 1;
+	return (chunks < m * v ? chunks : m * v) / v;
+}
+
 /* The least peak memory of the candidate's busiest rank (the comment at the top says why). */
 static double memory_bound(const Search *S, const Candidate *c)
 {
@@ -405,11 +419,9 @@ static double memory_bound(const Search *S, const Candidate *c)
 		group = tp->act;
 	double micro = group / (d * m * (double)c->s); /* one micro-batch, every stage */
 	double flat = states + micro / (double)c->p;
-	if (c->sched == SCH_INTERLEAVED)
-		return flat;
-	double spread = 0; /* 1f1b: stage s holds min(p - s, m) micro-batches */
+	double spread = 0; /* stage s holds `held` of its micro-batch activations at once */
 	for (long long s = 0; s < c->p; s++)
-		spread += 1 / (double)(c->p - s < c->m ? c->p - s : c->m);
+		spread += 1 / held(c, s);
 	return micro / spread > flat ? micro / spread : flat;
 }
 
