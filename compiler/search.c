@@ -8,31 +8,24 @@
  * per-rank memory and estimated step time on the chosen device). A candidate the checks refuse,
  * or whose peak memory exceeds --memory, is dropped; the rest are ranked by the estimate.
  *
- * Pruning (sound): before compiling, a candidate's step time is bounded below from the seconds
- * the estimate gives the compute kernels of the one-rank plan of the same model, batch and
- * recompute mode: W for the forward and backward phases (every micro-batch) and U for the update
- * phase. Every plan runs the same kernels over its ranks: data splits their rows, tensor their
- * columns or inner dims, pipe and micro-batches split the layers and rows, so the ranks' seconds
- * sum to W or more (a replicated kernel only adds), and the busiest rank holds at least the
- * average. A pipeline adds its bubble: with p stages of per-micro-batch costs X_0..X_{p-1}, stage
- * s cannot start before the first micro-batch has passed stages 0..s-1, and its last backward
- * must still pass them back, so the step takes at least X_0 + .. + X_{s-1} + m X_s for every s.
- * Weighting stage s by (1 - 1/m)^(p-1-s) / m shows the largest of these is at least
- * X / (1 - (1 - 1/m)^p), X the sum of the X_s, here at least W / (d s t m) (the whole pipeline's
- * share of W, one micro-batch); with p = 1 that is W / world, and for a balanced pipeline it is
- * the familiar (m + p - 1) X / p. The interleaved schedule keeps the plain W / world. The update
- * phase, which the estimate adds after the pipeline, runs each rank's optimizer over its shard:
- * at least U / (t p), or U / (t p d) when ZeRO shards it over data (not bounded when the base plan
- * offloads or trains asynchronously, whose updates run elsewhere). Candidates are taken in the
- * order of that bound, and once k plans are known and the bound reaches the k-th best estimate,
- * no later candidate can enter the top k: the rest are skipped. --exhaustive compiles every
- * candidate (tests/search checks that both give the same top k).
- *
- * Memory is pruned alike: the one-rank plan's parameters, gradients and optimizer state (bytes
- * P, G, O) are split at most by tensor x pipe (x seq: replicated) and by data where the ZeRO stage
- * shards them (3: P, 2: G, 1: O); what a plan replicates only adds, so the average rank, and so
- * the largest peak, holds at least P / (t p [d]) + G / (t p [d]) + O / (t p [d]). A candidate
- * whose bound exceeds --memory is not compiled.
+ * Pruning (sound; docs/search.md proves each bound). Before the candidates it compiles reference
+ * plans of the whole batch, once each: the one-rank plan per recompute mode (W: compute seconds of
+ * the forward and backward phases, U: of the update, A: saved activations, P, G, O: model-state
+ * bytes) and, for every tensor degree t, the tensor-only plan with and without sequence
+ * parallelism (whether the checks pass it; W_t, C_t: its compute and its collectives' least
+ * seconds; A_t). A candidate's ranks run the same kernels split d s ways by rows and sequence, p
+ * ways by layers, m ways by micro-batches; anything a plan adds only adds. So its estimate is at
+ * least the average stage's work ((T + C) / (d s p), T = max(W / t, W_t + (W - W_none) / t)) plus
+ * its update (U / (t p), / d under ZeRO) plus the data-parallel gradients' least traffic; and for
+ * 1f1b at least the pipeline's bubble bound X / (1 - (1 - 1/m)^p), X one micro-batch's work over
+ * all stages (it holds for any stage balance). Its peak is at least the average rank's model
+ * states plus its saved activations, and at least the activations of the micro-batches a stage
+ * holds at once (min(p - s, m) under 1f1b). Candidates are taken in the order of the time bound
+ * and once k plans are known and the bound reaches the k-th best estimate, no later candidate can
+ * enter the top k: the rest are skipped; one over --memory by the memory bound, or whose tensor-only
+ * plan the checks refuse, is not compiled. --exhaustive compiles every candidate, and every
+ * compiled candidate checks its bounds against its estimate and peak ("bounds violated N";
+ * tests/search requires 0 and the same top k both ways).
  *
  * The candidates keep the statements of a base plan (--plan, or the file's first plan for the
  * model) other than the parallel ones: its precision, optimizer, sync options, data. */
