@@ -42,6 +42,8 @@ typedef enum { SCH_NONE, SCH_1F1B, SCH_INTERLEAVED } SearchSchedule;
 
 typedef struct Candidate {
 	long long d, p, s, t, m;
+	long long c, e; /* context-parallel degree (ctx axis); expert-parallel degree (e divides d) */
+	bool offload;   /* the optimizer state offloaded to the host */
 	int zero;
 	Recompute rec;
 	SearchSchedule sched;
@@ -73,7 +75,10 @@ typedef struct Search {
 	long long world, batch;
 	double memory;
 	int top;
-	bool exhaustive, seq;
+	bool exhaustive, seq, ctx, offload; /* --seq, --ctx, --offload: enumerate those too */
+	bool base_offloads;                 /* the base plan writes offload: candidates keep it */
+	bool causal;                        /* the model has a fused causal attention (--ctx needs one) */
+	bool ctx_ok[256], expert_ok[256];   /* per divisor of the world: the ctx-only, expert-only plan passes */
 	double ref_compute[3]; /* W per recompute mode (0: unknown, bound 0) */
 	double ref_update;     /* U (0: unknown or not a bound, see update_bounded) */
 	double ref_act[3];     /* A per recompute mode: saved activations of the whole batch (0: unknown) */
@@ -130,10 +135,10 @@ static char *plan_text(const Search *S, const Candidate *c, const char *name)
 		ICE("out of memory");
 	b[0] = 0;
 	append(&b, &len, &cap, "plan %s for %s {\n  mesh ", name, S->for_clause);
-	const char *names[] = {"data", "pipe", "seq", "tensor"};
-	long long deg[] = {c->d, c->p, c->s, c->t};
+	const char *names[] = {"data", "expert", "pipe", "ctx", "seq", "tensor"};
+	long long deg[] = {c->d / c->e, c->e, c->p, c->c, c->s, c->t};
 	bool any = false;
-	for (int i = 0; i < 4; i++)
+	for (int i = 0; i < 6; i++)
 		if (deg[i] > 1) {
 			append(&b, &len, &cap, "%s%s = %lld", any ? ", " : "", names[i], deg[i]);
 			any = true;
@@ -144,18 +149,24 @@ static char *plan_text(const Search *S, const Candidate *c, const char *name)
 	if (c->m > 1)
 		append(&b, &len, &cap, ", micro_batches = %lld", c->m);
 	append(&b, &len, &cap, "\n");
-	if (c->d > 1)
+	if (c->d / c->e > 1)
 		append(&b, &len, &cap, "  shard %s -> data\n", S->batch_name);
+	if (c->e > 1)
+		append(&b, &len, &cap, "  shard %s -> expert\n  use nn.expert_parallel(expert)\n", S->batch_name);
 	if (c->t > 1)
 		append(&b, &len, &cap, "  use nn.megatron(tensor)\n");
 	if (c->sp)
 		append(&b, &len, &cap, "  use nn.sequence_parallel(tensor)\n");
+	if (c->c > 1)
+		append(&b, &len, &cap, "  use nn.context_parallel(ctx)\n");
 	if (c->s > 1)
 		append(&b, &len, &cap, "  use nn.ulysses(seq)\n");
 	if (c->sched != SCH_NONE)
 		append(&b, &len, &cap, "  pipeline pipe: %s\n", c->sched == SCH_1F1B ? "1f1b" : "interleaved");
 	if (c->zero > 0)
 		append(&b, &len, &cap, "  zero %d over data\n", c->zero);
+	if (c->offload)
+		append(&b, &len, &cap, "  offload optimizer -> host\n");
 	if (c->rec != REC_NONE)
 		append(&b, &len, &cap, "  recompute %s\n", rec_names[c->rec]);
 	append(&b, &len, &cap, "%s}\n", S->base);
@@ -214,7 +225,7 @@ static bool evaluate(Search *S, const char *text, ExplainSummary *sum, ExplainTo
 static void reference_bounds(Search *S)
 {
 	for (int r = 0; r < 3; r++) {
-		Candidate c = {.d = 1, .p = 1, .s = 1, .t = 1, .m = 1, .rec = (Recompute)r};
+		Candidate c = {.d = 1, .p = 1, .s = 1, .t = 1, .m = 1, .c = 1, .e = 1, .rec = (Recompute)r};
 		char *text = plan_text(S, &c, "search_reference");
 		ExplainSummary sum;
 		ExplainTotals tot = {0};
@@ -223,6 +234,7 @@ static void reference_bounds(Search *S)
 		S->ref_compute[r] = tot.compute;
 		S->ref_act[r] = S->plain_sync ? sum.act_micro : 0;
 		if (r == REC_NONE) {
+			S->causal = sum.causal;
 			S->ref_update = S->update_bounded ? tot.update : 0;
 			S->ref_params = sum.params;
 			S->ref_grads = sum.grads;
@@ -243,7 +255,7 @@ static void tensor_bounds(Search *S)
 			memset(tp, 0, sizeof *tp);
 			if (S->tensor_degrees[i] == 1 || !S->plain_sync)
 				continue;
-			Candidate c = {.d = 1, .p = 1, .s = 1, .t = S->tensor_degrees[i], .m = 1, .sp = sp};
+			Candidate c = {.d = 1, .p = 1, .s = 1, .t = S->tensor_degrees[i], .m = 1, .c = 1, .e = 1, .sp = sp};
 			char *text = plan_text(S, &c, "search_reference");
 			ExplainSummary sum;
 			ExplainTotals tot = {0};
@@ -257,6 +269,43 @@ static void tensor_bounds(Search *S)
 			}
 			free(text);
 		}
+}
+
+/* Which context-parallel and expert-parallel degrees the checks allow: the plan that splits the
+ * whole batch over that axis alone (`use nn.context_parallel(ctx)`, only with --ctx and a causal
+ * fused attention; `use nn.expert_parallel(expert)`, which needs MoE layers whose expert count it
+ * divides). A degree whose plan is refused is not enumerated. */
+static void axis_bounds(Search *S)
+{
+	for (int i = 0; i < S->ntensor; i++) {
+		long long k = S->tensor_degrees[i];
+		S->ctx_ok[i] = S->expert_ok[i] = k == 1;
+		if (k == 1)
+			continue;
+		Candidate c = {.d = 1, .p = 1, .s = 1, .t = 1, .m = 1, .c = k, .e = 1};
+		if (S->ctx && S->causal) {
+			char *text = plan_text(S, &c, "search_reference");
+			ExplainSummary sum;
+			S->ctx_ok[i] = evaluate(S, text, &sum, NULL);
+			free(text);
+		}
+		if (S->batch % k == 0) {
+			c.c = 1;
+			c.d = c.e = k;
+			char *text = plan_text(S, &c, "search_reference");
+			ExplainSummary sum;
+			S->expert_ok[i] = evaluate(S, text, &sum, NULL);
+			free(text);
+		}
+	}
+}
+
+static bool degree_ok(const Search *S, const bool *ok, long long k)
+{
+	for (int i = 0; i < S->ntensor; i++)
+		if (S->tensor_degrees[i] == k)
+			return ok[i];
+	return false;
 }
 
 static const TensorPlan *tensor_plan(const Search *S, const Candidate *c)
@@ -291,9 +340,10 @@ static void push(CandList *l, const Candidate *c)
  * parameters (P / (t p)) come back by an all-gather (ZeRO 3: before each use). */
 static double data_floor(const Search *S, const Candidate *c)
 {
-	if (c->d <= 1 || !S->plain_sync)
+	if (c->d <= 1 || !S->plain_sync || c->offload)
 		return 0;
-	double d = (double)c->d, split = (double)c->t * (double)c->p, ring = (d - 1) / d;
+	/* experts are split e ways more; the data axis alone (d / e ranks) is the smallest group */
+	double d = (double)(c->d / c->e), split = (double)c->t * (double)c->p * (double)c->e, ring = (d - 1) / d;
 	const Device *dev = device_current();
 	const Link *link = S->world <= dev->node_ranks ? &dev->node : &dev->net; /* data is the outermost axis */
 	if (c->zero == 0)
@@ -305,7 +355,8 @@ static double data_floor(const Search *S, const Candidate *c)
 static double time_bound(const Search *S, const Candidate *c)
 {
 	double w = S->ref_compute[c->rec], m = (double)c->m, p = (double)c->p, t = (double)c->t;
-	double shards = t * p * (c->zero >= 1 ? (double)c->d : 1), update = S->ref_update / shards;
+	double shards = t * p * (double)c->e * (c->zero >= 1 ? (double)(c->d / c->e) : 1);
+	double update = c->offload ? 0 : S->ref_update / shards; /* offloaded: the host updates */
 	double group = w / t, comm = 0, comm_micro = 0; /* one tensor group's seconds over the whole batch */
 	const TensorPlan *tp = tensor_plan(S, c);
 	if (tp && tp->ok) {
@@ -315,7 +366,7 @@ static double time_bound(const Search *S, const Candidate *c)
 		comm = tp->comm;
 		comm_micro = tp->comm_micro;
 	}
-	double rows = (double)c->d * (double)c->s; /* a rank's share of the rows and the sequence */
+	double rows = (double)c->d * (double)c->s * (double)c->c; /* a rank's share of the rows and the sequence */
 	double flat = (group + comm) / (rows * p) + update + data_floor(S, c);
 	if (c->sched == SCH_INTERLEAVED)
 		return flat;
@@ -328,36 +379,59 @@ static double time_bound(const Search *S, const Candidate *c)
  * micro-batch count. */
 static void push_variants(const Search *S, CandList *l, Candidate c)
 {
+	long long data = c.d / c.e; /* the data axis ZeRO shards over */
 	for (int sch = c.p > 1 ? SCH_1F1B : SCH_NONE; sch <= (c.p > 1 ? SCH_INTERLEAVED : SCH_NONE); sch++)
-		for (int z = 0; z <= (c.d > 1 ? 3 : 0); z++)
+		for (int z = 0; z <= (data > 1 ? 3 : 0); z++)
 			for (int r = 0; r < 3; r++)
-				for (int sp = 0; sp <= (c.t > 1 ? 1 : 0); sp++) {
-					c.sched = (SearchSchedule)sch;
-					c.zero = z;
-					c.rec = (Recompute)r;
-					c.sp = sp;
-					c.bound = time_bound(S, &c);
-					push(l, &c);
-				}
+				for (int sp = 0; sp <= (c.t > 1 ? 1 : 0); sp++)
+					for (int off = 0; off <= (S->offload && !S->base_offloads ? 1 : 0); off++) {
+						c.sched = (SearchSchedule)sch;
+						c.zero = z;
+						c.rec = (Recompute)r;
+						c.sp = sp;
+						c.offload = off;
+						c.bound = time_bound(S, &c);
+						push(l, &c);
+					}
 }
 
+/* The data degree is what the other degrees leave; the expert degree divides it; then every
+ * micro-batch count of the local batch. */
+static void enumerate_data(const Search *S, CandList *l, Candidate c)
+{
+	long long de[256], dm[256];
+	c.d = S->world / (c.t * c.s * c.c * c.p);
+	if (S->batch % c.d)
+		return;
+	int ne = divisors(c.d, de, 256), nm = divisors(S->batch / c.d, dm, 256);
+	for (int i = 0; i < ne; i++) {
+		if (!degree_ok(S, S->expert_ok, de[i]))
+			continue;
+		for (int q = 0; q < nm; q++) {
+			c.e = de[i];
+			c.m = dm[q];
+			push_variants(S, l, c);
+		}
+	}
+}
+
+/* Every tensor x seq x ctx x pipe degree whose product divides the world. */
 static void enumerate(const Search *S, CandList *l)
 {
-	long long dt[256], ds[256], dp[256], dm[256];
+	long long dt[256], ds[256], dc[256], dp[256];
 	int nt = divisors(S->world, dt, 256);
 	for (int i = 0; i < nt; i++) {
 		long long rest = S->world / dt[i];
 		int ns = S->seq ? divisors(rest, ds, 256) : (ds[0] = 1, 1);
 		for (int j = 0; j < ns; j++) {
-			int np = divisors(rest / ds[j], dp, 256);
-			for (int k = 0; k < np; k++) {
-				long long d = rest / ds[j] / dp[k];
-				if (S->batch % d)
+			int nc = divisors(rest / ds[j], dc, 256);
+			for (int k = 0; k < nc; k++) {
+				if (!degree_ok(S, S->ctx_ok, dc[k]))
 					continue;
-				int nm = divisors(S->batch / d, dm, 256);
-				for (int q = 0; q < nm; q++) {
-					Candidate c = {.d = d, .p = dp[k], .s = ds[j], .t = dt[i], .m = dm[q]};
-					push_variants(S, l, c);
+				int np = divisors(rest / ds[j] / dc[k], dp, 256);
+				for (int q = 0; q < np; q++) {
+					Candidate c = {.t = dt[i], .s = ds[j], .c = dc[k], .p = dp[q]};
+					enumerate_data(S, l, c);
 				}
 			}
 		}
@@ -403,14 +477,16 @@ static double held(const Candidate *c, long long s)
 /* The least peak memory of the candidate's busiest rank (the comment at the top says why). */
 static double memory_bound(const Search *S, const Candidate *c)
 {
-	double split = (double)c->t * (double)c->p, d = (double)c->d, m = (double)c->m;
-	double states = S->ref_params / (split * (c->zero >= 3 ? d : 1)) + S->ref_grads / (split * (c->zero >= 2 ? d : 1)) +
-			S->ref_optim / (split * (c->zero >= 1 ? d : 1));
+	/* experts may be split e ways more; ZeRO shards over the data axis (d / e ranks) */
+	double split = (double)c->t * (double)c->p * (double)c->e, d = (double)c->d, z = (double)(c->d / c->e);
+	double m = (double)c->m;
+	double states = S->ref_params / (split * (c->zero >= 3 ? z : 1)) + S->ref_grads / (split * (c->zero >= 2 ? z : 1)) +
+			(c->offload ? 0 : S->ref_optim / (split * (c->zero >= 1 ? z : 1)));
 	double group = S->ref_act[c->rec] / (double)c->t; /* one tensor group, the whole batch */
 	const TensorPlan *tp = tensor_plan(S, c);
 	if (tp && tp->ok && c->rec == REC_NONE && tp->act > group)
 		group = tp->act;
-	double micro = group / (d * m * (double)c->s); /* one micro-batch, every stage */
+	double micro = group / (d * m * (double)c->s * (double)c->c); /* one micro-batch, every stage */
 	double flat = states + micro / (double)c->p;
 	double spread = 0; /* stage s holds `held` of its micro-batch activations at once */
 	for (long long s = 0; s < c->p; s++)
@@ -441,16 +517,14 @@ static void run_search(Search *S, CandList *l)
 		bool ok = evaluate(S, text, &sum, NULL);
 		free(text);
 		S->compiled++;
-		if (getenv("PLANC_SEARCH_TRACE"))
-			fprintf(stderr, "trace %.2f d%lld p%lld s%lld t%lld m%lld z%d r%d sch%d sp%d ok%d bound %.4g step %.4g mem %.4g peak %.4g\n",
-				cpu_seconds(), c->d, c->p, c->s, c->t, c->m, c->zero, c->rec, c->sched, c->sp, ok, c->bound,
-				ok ? sum.step : 0, memory_bound(S, c), ok ? sum.peak : 0);
-		if (ok && (c->bound > sum.step * (1 + 1e-9) || memory_bound(S, c) > sum.peak * (1 + 1e-9) || (tp && !tp->ok))) {
-			S->violations++; /* a bound above what it bounds: a bug (tests/search checks there is none) */
-			fprintf(stderr, "planc search: bound violated: d%lld p%lld s%lld t%lld m%lld z%d r%d sch%d sp%d: "
-				"time %.6g > %.6g or memory %.6g > %.6g\n", c->d, c->p, c->s, c->t, c->m, c->zero, c->rec,
-				c->sched, c->sp, c->bound, sum.step, memory_bound(S, c), sum.peak);
-		}
+		bool violated = ok && (c->bound > sum.step * (1 + 1e-9) || memory_bound(S, c) > sum.peak * (1 + 1e-9) || (tp && !tp->ok));
+		S->violations += violated; /* a bound above what it bounds: a bug (tests/search checks there is none) */
+		if (violated || getenv("PLANC_SEARCH_TRACE"))
+			fprintf(stderr, "%s %.2f s: d%lld e%lld p%lld c%lld s%lld t%lld m%lld z%d r%d sch%d sp%d off%d ok%d: "
+				"time bound %.6g, estimate %.6g; memory bound %.6g, peak %.6g\n",
+				violated ? "planc search: bound violated" : "trace", cpu_seconds(), c->d, c->e, c->p, c->c, c->s,
+				c->t, c->m, c->zero, c->rec, c->sched, c->sp, c->offload, ok, c->bound, ok ? sum.step : 0,
+				memory_bound(S, c), ok ? sum.peak : 0);
 		if (!ok)
 			S->refused++;
 		else if (sum.peak > S->memory)
@@ -520,6 +594,8 @@ static bool take_base(Search *S, const char *plan_name)
 			S->update_bounded = false;
 		if (!strcmp(st->word, "offload") || !strcmp(st->word, "sync"))
 			S->plain_sync = false;
+		if (!strcmp(st->word, "offload"))
+			S->base_offloads = true;
 	}
 	if (!S->batch_name) {
 		fprintf(stderr, "planc: error: plan '%s' has no 'batch NAME = N' to take the batch dimension's name from\n",
@@ -533,9 +609,9 @@ static bool take_base(Search *S, const char *plan_name)
 
 static const char search_usage[] =
 	"usage: planc search FILE --model M (--world N | --nodes K) --batch B [options]\n"
-	"  enumerates data x pipe x tensor (x seq) degrees, micro-batches, schedule, ZeRO 0-3, recompute\n"
-	"  and sequence parallelism for model M on N ranks; keeps the plans that pass every check and fit\n"
-	"  in memory; prints the fastest by explain's estimated step time as plan text (docs/search.md)\n"
+	"  enumerates data x expert x pipe x tensor (x seq, x ctx) degrees, micro-batches, schedule, ZeRO 0-3,\n"
+	"  recompute, sequence parallelism (and optimizer offload) for model M on N ranks; keeps the plans\n"
+	"  that pass every check and fit in memory; prints the fastest by explain's estimated step time as plan text (docs/search.md)\n"
 	"options:\n"
 	"  --device=NAME|FILE  the device the estimate assumes (h200, h100, a100, cpu, a device file)\n"
 	"  --nodes K           world = K x the device's ranks per node\n"
@@ -544,6 +620,9 @@ static const char search_usage[] =
 	"  --plan BASE         the plan whose other statements (precision, optimizer, sync) the candidates\n"
 	"                      keep (default: the file's first plan for M)\n"
 	"  --seq               also split the sequence (Ulysses) over a seq axis\n"
+	"  --ctx               also split the sequence over a ctx axis (context parallelism: ring attention;\n"
+	"                      only for a model with a fused causal attention)\n"
+	"  --offload           also try the optimizer state offloaded to the host (unless the base plan offloads)\n"
 	"  --exhaustive        compile every candidate (no pruning by the time bound)\n"
 	"  --write NAME        append the best plan to FILE as plan NAME\n";
 
@@ -611,6 +690,10 @@ static int parse_search_args(int argc, char **argv, SearchArgs *a, Search *S)
 			S->exhaustive = true;
 		} else if (!strcmp(argv[i], "--seq")) {
 			S->seq = true;
+		} else if (!strcmp(argv[i], "--ctx")) {
+			S->ctx = true;
+		} else if (!strcmp(argv[i], "--offload")) {
+			S->offload = true;
 		} else if (argv[i][0] == '-') {
 			return search_usage_error("unknown option '%s'", argv[i]);
 		} else if (!a->file) {
@@ -700,6 +783,7 @@ int search_main(int argc, char **argv)
 	diag_set_stream(devnull);
 	reference_bounds(&S);
 	tensor_bounds(&S);
+	axis_bounds(&S);
 	if (getenv("PLANC_SEARCH_TRACE")) {
 		fprintf(stderr, "ref W %g %g %g U %g A %g %g %g P %g G %g O %g\n", S.ref_compute[0], S.ref_compute[1],
 			S.ref_compute[2], S.ref_update, S.ref_act[0], S.ref_act[1], S.ref_act[2], S.ref_params, S.ref_grads,

@@ -760,6 +760,9 @@ bool explain_summary(Graph *g, const Lowered *low, ExplainSummary *out)
 	for (int i = 0; i < rep->nroles; i++)
 		if (rep->roles[i].peak == out->peak)
 			out->act_micro = (double)rep->roles[i].act_micro;
+	for (int i = 0; i < g->nops; i++)
+		if (g->ops[i].kind == OP_ATTENTION && g->ops[i].n == ATTN_CAUSAL)
+			out->causal = true;
 	out->runnable = rep->runnable;
 	bool ok = low && g->sched;
 	free_report(rep);

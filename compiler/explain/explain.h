@@ -49,6 +49,7 @@ typedef struct ExplainSummary {
 	double peak, step, pipeline, update, bubble;
 	double params, grads, optim; /* bytes of the rank role with the largest peak */
 	double act_micro;            /* its saved activations of one micro-batch (explain's count) */
+	bool causal;                 /* the model has a fused causal attention */
 	bool runnable;
 } ExplainSummary;
 bool explain_summary(Graph *g, const Lowered *low, ExplainSummary *out);

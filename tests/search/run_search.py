@@ -8,6 +8,11 @@
     estimate, the memory bound at most its peak, and that no candidate whose tensor-only plan the
     checks refuse compiles ("bounds violated 0"); a medium space (the small GPT on 16 ranks, 1560
     candidates) gives the same top 3 pruned and exhaustive;
+  - the axes beyond data x pipe x tensor, each against brute force: expert parallelism on the
+    small MoE GPT (4 ranks: an expert = 4 plan is best), context parallelism (--ctx) on a GPT with a
+    4096-token context (tests/search/long_context.plan: nothing fits in 16 MiB per rank without a
+    ctx axis, a ctx plan is best with it), optimizer offload (--offload: an offload plan ranks in
+    the top 3 of the small GPT on 4 ranks);
   - the memory bound: at 8 MiB per rank it skips candidates and the answer is brute force's;
   - memory: with --memory just under the unconstrained best's peak that plan is not printed, every
     printed plan's peak is within the limit, and a limit nothing fits is an error (exit 1);
@@ -69,6 +74,23 @@ def main():
     # nothing at these sizes; the memory bound's skips above keep the comparison from being vacuous)
     pruned_any += int(skipped.group(1)) if skipped else 0
     tally.check("the bounds prune some candidates", pruned_any > 0, "%d pruned in all" % pruned_any)
+    # expert parallelism, context parallelism, offload: pruned = brute force, and each is chosen
+    long = os.path.join(root, "tests", "search", "long_context.plan")
+    for path, model, world, batch, extra, want in (
+            (ex("moe.plan"), "moe_gpt", 4, 16, [], "use nn.expert_parallel(expert)"),
+            (long, "longgpt", 4, 1, ["--ctx"], "use nn.context_parallel(ctx)"),
+            (long, "longgpt", 4, 1, ["--ctx", "--memory", "16MiB"], "use nn.context_parallel(ctx)"),
+            (ex("gpt.plan"), "gpt", 4, 16, ["--offload"], "offload optimizer -> host")):
+        r1, pruned, c1 = search(planc, path, model, world, batch, "--top", "3", *extra)
+        r2, brute, _ = search(planc, path, model, world, batch, "--top", "3", "--exhaustive", *extra)
+        name = "%s %s on %d %s" % (os.path.basename(path), model, world, " ".join(extra))
+        tally.check(name + ": pruned = brute force, and it uses '%s'" % want,
+                    r1.returncode == 0 and pruned == brute and len(brute) == 3 and any(want in t for _, _, t in brute),
+                    "best %s: %s" % (brute[0][0] if brute else r2.stderr.strip()[-200:],
+                                     brute[0][2].splitlines()[1].strip() if brute else "-"))
+    r, none, _ = search(planc, long, "longgpt", 4, 1, "--memory", "16MiB", "--exhaustive")
+    tally.check("long context without --ctx: nothing fits in 16 MiB", r.returncode == 1 and not none,
+                r.stderr.strip().splitlines()[0] if r.stderr.strip() else "exit %d" % r.returncode)
     tally.check("no bound exceeds what it bounds (every compiled candidate checked)", not VIOLATIONS,
                 "; ".join(VIOLATIONS) or "bounds violated 0 in every search")
 
