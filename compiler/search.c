@@ -517,7 +517,8 @@ static void run_search(Search *S, CandList *l)
 		bool ok = evaluate(S, text, &sum, NULL);
 		free(text);
 		S->compiled++;
-		bool violated = ok && (c->bound > sum.step * (1 + 1e-9) || memory_bound(S, c) > sum.peak * (1 + 1e-9) || (tp && !tp->ok));
+		bool violated = ok && (c->bound > sum.step * (1 + 1e-9) || memory_bound(S, c) > sum.peak * (1 + 1e-9) ||
+				       (tp && !tp->ok));
 		S->violations += violated; /* a bound above what it bounds: a bug (tests/search checks there is none) */
 		if (violated || getenv("PLANC_SEARCH_TRACE"))
 			fprintf(stderr, "%s %.2f s: d%lld e%lld p%lld c%lld s%lld t%lld m%lld z%d r%d sch%d sp%d off%d ok%d: "
@@ -611,7 +612,8 @@ static const char search_usage[] =
 	"usage: planc search FILE --model M (--world N | --nodes K) --batch B [options]\n"
 	"  enumerates data x expert x pipe x tensor (x seq, x ctx) degrees, micro-batches, schedule, ZeRO 0-3,\n"
 	"  recompute, sequence parallelism (and optimizer offload) for model M on N ranks; keeps the plans\n"
-	"  that pass every check and fit in memory; prints the fastest by explain's estimated step time as plan text (docs/search.md)\n"
+	"  that pass every check and fit in memory; prints the fastest by explain's estimated step time as\n"
+	"  plan text (docs/search.md)\n"
 	"options:\n"
 	"  --device=NAME|FILE  the device the estimate assumes (h200, h100, a100, cpu, a device file)\n"
 	"  --nodes K           world = K x the device's ranks per node\n"
@@ -807,6 +809,14 @@ int search_main(int argc, char **argv)
 	       "bounds violated %lld\n",
 	       l.n, S.compiled, S.refused, S.over_memory, S.pruned, S.pruned_memory, S.refused_tensor, secs,
 	       S.compiled ? 1e3 * secs / (double)S.compiled : 0.0, S.violations);
+	int nctx = 0;
+	for (int i = 0; i < S.ntensor; i++)
+		nctx += S.tensor_degrees[i] > 1 && S.ctx_ok[i];
+	if (S.ctx && !nctx)
+		printf("# --ctx: no context-parallel degree applies (%s)\n",
+		       S.causal ? "the checks refuse a ctx axis alone at every degree: the ring attention needs f32 "
+				  "storage and a degree dividing the sequence"
+				: "the model has no fused causal attention");
 	if (S.nbest == 0) {
 		fprintf(stderr, "planc: error: no plan of model %s on %lld ranks passes the checks and fits in %s\n", S.model,
 			S.world, b1);
