@@ -8,31 +8,24 @@
  * per-rank memory and estimated step time on the chosen device). A candidate the checks refuse,
  * or whose peak memory exceeds --memory, is dropped; the rest are ranked by the estimate.
  *
- * Pruning (sound): before compiling, a candidate's step time is bounded below from the seconds
- * the estimate gives the compute kernels of the one-rank plan of the same model, batch and
- * recompute mode: W for the forward and backward phases (every micro-batch) and U for the update
- * phase. Every plan runs the same kernels over its ranks: data splits their rows, tensor their
- * columns or inner dims, pipe and micro-batches split the layers and rows, so the ranks' seconds
- * sum to W or more (a replicated kernel only adds), and the busiest rank holds at least the
- * average. A pipeline adds its bubble: with p stages of per-micro-batch costs X_0..X_{p-1}, stage
- * s cannot start before the first micro-batch has passed stages 0..s-1, and its last backward
- * must still pass them back, so the step takes at least X_0 + .. + X_{s-1} + m X_s for every s.
- * Weighting stage s by (1 - 1/m)^(p-1-s) / m shows the largest of these is at least
- * X / (1 - (1 - 1/m)^p), X the sum of the X_s, here at least W / (d s t m) (the whole pipeline's
- * share of W, one micro-batch); with p = 1 that is W / world, and for a balanced pipeline it is
- * the familiar (m + p - 1) X / p. The interleaved schedule keeps the plain W / world. The update
- * phase, which the estimate adds after the pipeline, runs each rank's optimizer over its shard:
- * at least U / (t p), or U / (t p d) when ZeRO shards it over data (not bounded when the base plan
- * offloads or trains asynchronously, whose updates run elsewhere). Candidates are taken in the
- * order of that bound, and once k plans are known and the bound reaches the k-th best estimate,
- * no later candidate can enter the top k: the rest are skipped. --exhaustive compiles every
- * candidate (tests/search checks that both give the same top k).
- *
- * Memory is pruned alike: the one-rank plan's parameters, gradients and optimizer state (bytes
- * P, G, O) are split at most by tensor x pipe (x seq: replicated) and by data where the ZeRO stage
- * shards them (3: P, 2: G, 1: O); what a plan replicates only adds, so the average rank, and so
- * the largest peak, holds at least P / (t p [d]) + G / (t p [d]) + O / (t p [d]). A candidate
- * whose bound exceeds --memory is not compiled.
+ * Pruning (sound; docs/search.md proves each bound). Before the candidates it compiles reference
+ * plans of the whole batch, once each: the one-rank plan per recompute mode (W: compute seconds of
+ * the forward and backward phases, U: of the update, A: saved activations, P, G, O: model-state
+ * bytes) and, for every tensor degree t, the tensor-only plan with and without sequence
+ * parallelism (whether the checks pass it; W_t, C_t: its compute and its collectives' least
+ * seconds; A_t). A candidate's ranks run the same kernels split d s ways by rows and sequence, p
+ * ways by layers, m ways by micro-batches; anything a plan adds only adds. So its estimate is at
+ * least the average stage's work ((T + C) / (d s p), T = max(W / t, W_t + (W - W_none) / t)) plus
+ * its update (U / (t p), / d under ZeRO) plus the data-parallel gradients' least traffic; and for
+ * 1f1b at least the pipeline's bubble bound X / (1 - (1 - 1/m)^p), X one micro-batch's work over
+ * all stages (it holds for any stage balance). Its peak is at least the average rank's model
+ * states plus its saved activations, and at least the activations of the micro-batches a stage
+ * holds at once (min(p - s, m) under 1f1b). Candidates are taken in the order of the time bound
+ * and once k plans are known and the bound reaches the k-th best estimate, no later candidate can
+ * enter the top k: the rest are skipped; one over --memory by the memory bound, or whose tensor-only
+ * plan the checks refuse, is not compiled. --exhaustive compiles every candidate, and every
+ * compiled candidate checks its bounds against its estimate and peak ("bounds violated N";
+ * tests/search requires 0 and the same top k both ways).
  *
  * The candidates keep the statements of a base plan (--plan, or the file's first plan for the
  * model) other than the parallel ones: its precision, optimizer, sync options, data. */
@@ -49,6 +42,8 @@ typedef enum { SCH_NONE, SCH_1F1B, SCH_INTERLEAVED } SearchSchedule;
 
 typedef struct Candidate {
 	long long d, p, s, t, m;
+	long long c, e; /* context-parallel degree (ctx axis); expert-parallel degree (e divides d) */
+	bool offload;   /* the optimizer state offloaded to the host */
 	int zero;
 	Recompute rec;
 	SearchSchedule sched;
@@ -61,6 +56,14 @@ typedef struct Result {
 	ExplainSummary sum;
 } Result;
 
+/* The plan that splits the whole batch over `tensor = t` alone (no recompute): whether the checks
+ * pass it, its compute seconds (W_t), its collectives' least seconds (C_t) and its saved
+ * activations (A_t). */
+typedef struct TensorPlan {
+	bool known, ok;
+	double compute, comm, comm_micro, act;
+} TensorPlan;
+
 typedef struct Search {
 	const char *path, *model, *name;
 	char *src; /* the file's text */
@@ -72,12 +75,21 @@ typedef struct Search {
 	long long world, batch;
 	double memory;
 	int top;
-	bool exhaustive, seq;
+	bool exhaustive, seq, ctx, offload; /* --seq, --ctx, --offload: enumerate those too */
+	bool base_offloads;                 /* the base plan writes offload: candidates keep it */
+	bool causal;                        /* the model has a fused causal attention (--ctx needs one) */
+	bool ctx_ok[256], expert_ok[256];   /* per divisor of the world: the ctx-only, expert-only plan passes */
 	double ref_compute[3]; /* W per recompute mode (0: unknown, bound 0) */
 	double ref_update;     /* U (0: unknown or not a bound, see update_bounded) */
+	double ref_act[3];     /* A per recompute mode: saved activations of the whole batch (0: unknown) */
 	bool update_bounded;   /* the base plan updates every rank's own shard in its step */
+	bool plain_sync;       /* the base plan writes no sync or offload: gradients reduced every step */
 	double ref_params, ref_grads, ref_optim; /* the one-rank plan's model states (0: unknown) */
-	long long compiled, refused, over_memory, pruned, pruned_memory;
+	long long tensor_degrees[256]; /* the divisors of the world */
+	TensorPlan tensor[256][2];     /* the tensor-only plan of each, without and with sequence parallelism */
+	int ntensor;
+	long long compiled, refused, over_memory, pruned, pruned_memory, violations;
+	long long refused_tensor; /* not compiled: the checks refuse their tensor-only plan */
 	Result *best;
 	int nbest;
 } Search;
@@ -123,10 +135,10 @@ static char *plan_text(const Search *S, const Candidate *c, const char *name)
 		ICE("out of memory");
 	b[0] = 0;
 	append(&b, &len, &cap, "plan %s for %s {\n  mesh ", name, S->for_clause);
-	const char *names[] = {"data", "pipe", "seq", "tensor"};
-	long long deg[] = {c->d, c->p, c->s, c->t};
+	const char *names[] = {"data", "expert", "pipe", "ctx", "seq", "tensor"};
+	long long deg[] = {c->d / c->e, c->e, c->p, c->c, c->s, c->t};
 	bool any = false;
-	for (int i = 0; i < 4; i++)
+	for (int i = 0; i < 6; i++)
 		if (deg[i] > 1) {
 			append(&b, &len, &cap, "%s%s = %lld", any ? ", " : "", names[i], deg[i]);
 			any = true;
@@ -137,18 +149,24 @@ static char *plan_text(const Search *S, const Candidate *c, const char *name)
 	if (c->m > 1)
 		append(&b, &len, &cap, ", micro_batches = %lld", c->m);
 	append(&b, &len, &cap, "\n");
-	if (c->d > 1)
+	if (c->d / c->e > 1)
 		append(&b, &len, &cap, "  shard %s -> data\n", S->batch_name);
+	if (c->e > 1)
+		append(&b, &len, &cap, "  shard %s -> expert\n  use nn.expert_parallel(expert)\n", S->batch_name);
 	if (c->t > 1)
 		append(&b, &len, &cap, "  use nn.megatron(tensor)\n");
 	if (c->sp)
 		append(&b, &len, &cap, "  use nn.sequence_parallel(tensor)\n");
+	if (c->c > 1)
+		append(&b, &len, &cap, "  use nn.context_parallel(ctx)\n");
 	if (c->s > 1)
 		append(&b, &len, &cap, "  use nn.ulysses(seq)\n");
 	if (c->sched != SCH_NONE)
 		append(&b, &len, &cap, "  pipeline pipe: %s\n", c->sched == SCH_1F1B ? "1f1b" : "interleaved");
 	if (c->zero > 0)
 		append(&b, &len, &cap, "  zero %d over data\n", c->zero);
+	if (c->offload)
+		append(&b, &len, &cap, "  offload optimizer -> host\n");
 	if (c->rec != REC_NONE)
 		append(&b, &len, &cap, "  recompute %s\n", rec_names[c->rec]);
 	append(&b, &len, &cap, "%s}\n", S->base);
@@ -157,9 +175,19 @@ static char *plan_text(const Search *S, const Candidate *c, const char *name)
 
 /* ---------------------------------------------------------------- compiling one candidate */
 
+static int divisors(long long n, long long *out, int cap)
+{
+	int k = 0;
+	for (long long i = 1; i <= n && k < cap; i++)
+		if (n % i == 0)
+			out[k++] = i;
+	return k;
+}
+
+
 /* Compiles the file with `text` appended (every diagnostic silenced: a refused candidate is
- * counted, not reported); fills *sum and, when matmul is given, the matmul seconds. */
-static bool evaluate(Search *S, const char *text, ExplainSummary *sum, double *compute, double *update)
+ * counted, not reported); fills *sum and, when given, *totals. */
+static bool evaluate(Search *S, const char *text, ExplainSummary *sum, ExplainTotals *totals)
 {
 	Arena *saved = plan_arena_begin(S->prog);
 	Arena *a = S->prog->arena;
@@ -184,29 +212,30 @@ static bool evaluate(Search *S, const char *text, ExplainSummary *sum, double *c
 		Graph *g = ps ? run_passes(ps, NULL, NULL) : NULL;
 		Lowered *low = g ? run_backend(g, NULL, NULL, false) : NULL;
 		ok = low && diag_error_count() == 0 && explain_summary(g, low, sum);
-		if (ok && compute)
-			explain_compute_seconds(low, compute, update);
+		if (ok && totals)
+			explain_totals(low, totals);
 	}
 	diag_reset();
 	plan_arena_end(S->prog, saved);
 	return ok;
 }
 
-/* W for each recompute mode and U: the one-rank plan of the whole batch (0 if it does not
- * compile: then the bound is 0 and prunes nothing). */
+/* W and A for each recompute mode, U and the model states: the one-rank plan of the whole batch
+ * (0 if it does not compile: then the bounds are 0 and prune nothing). */
 static void reference_bounds(Search *S)
 {
 	for (int r = 0; r < 3; r++) {
-		Candidate c = {.d = 1, .p = 1, .s = 1, .t = 1, .m = 1, .rec = (Recompute)r};
+		Candidate c = {.d = 1, .p = 1, .s = 1, .t = 1, .m = 1, .c = 1, .e = 1, .rec = (Recompute)r};
 		char *text = plan_text(S, &c, "search_reference");
 		ExplainSummary sum;
-		double w = 0, u = 0;
-		if (!evaluate(S, text, &sum, &w, &u))
-			w = u = 0;
-		S->ref_compute[r] = w;
-		if (r == REC_NONE)
-			S->ref_update = S->update_bounded ? u : 0;
-		if (r == REC_NONE && w > 0) {
+		ExplainTotals tot = {0};
+		if (!evaluate(S, text, &sum, &tot))
+			memset(&sum, 0, sizeof sum);
+		S->ref_compute[r] = tot.compute;
+		S->ref_act[r] = S->plain_sync ? sum.act_micro : 0;
+		if (r == REC_NONE) {
+			S->causal = sum.causal;
+			S->ref_update = S->update_bounded ? tot.update : 0;
 			S->ref_params = sum.params;
 			S->ref_grads = sum.grads;
 			S->ref_optim = sum.optim;
@@ -215,16 +244,79 @@ static void reference_bounds(Search *S)
 	}
 }
 
-/* ---------------------------------------------------------------- enumeration */
-
-static int divisors(long long n, long long *out, int cap)
+/* The tensor-only plan of every tensor degree of the world, with and without sequence parallelism
+ * (unknown when the base plan writes sync or offload). */
+static void tensor_bounds(Search *S)
 {
-	int k = 0;
-	for (long long i = 1; i <= n && k < cap; i++)
-		if (n % i == 0)
-			out[k++] = i;
-	return k;
+	S->ntensor = divisors(S->world, S->tensor_degrees, 256);
+	for (int i = 0; i < S->ntensor; i++)
+		for (int sp = 0; sp < 2; sp++) {
+			TensorPlan *tp = &S->tensor[i][sp];
+			memset(tp, 0, sizeof *tp);
+			if (S->tensor_degrees[i] == 1 || !S->plain_sync)
+				continue;
+			Candidate c = {.d = 1, .p = 1, .s = 1, .t = S->tensor_degrees[i], .m = 1, .c = 1, .e = 1, .sp = sp};
+			char *text = plan_text(S, &c, "search_reference");
+			ExplainSummary sum;
+			ExplainTotals tot = {0};
+			tp->known = true;
+			tp->ok = evaluate(S, text, &sum, &tot);
+			if (tp->ok) {
+				tp->compute = tot.compute;
+				tp->comm = tot.comm_micro + tot.comm_step;
+				tp->comm_micro = tot.comm_micro;
+				tp->act = sum.act_micro;
+			}
+			free(text);
+		}
 }
+
+/* Which context-parallel and expert-parallel degrees the checks allow: the plan that splits the
+ * whole batch over that axis alone (`use nn.context_parallel(ctx)`, only with --ctx and a causal
+ * fused attention; `use nn.expert_parallel(expert)`, which needs MoE layers whose expert count it
+ * divides). A degree whose plan is refused is not enumerated. */
+static void axis_bounds(Search *S)
+{
+	for (int i = 0; i < S->ntensor; i++) {
+		long long k = S->tensor_degrees[i];
+		S->ctx_ok[i] = S->expert_ok[i] = k == 1;
+		if (k == 1)
+			continue;
+		Candidate c = {.d = 1, .p = 1, .s = 1, .t = 1, .m = 1, .c = k, .e = 1};
+		if (S->ctx && S->causal) {
+			char *text = plan_text(S, &c, "search_reference");
+			ExplainSummary sum;
+			S->ctx_ok[i] = evaluate(S, text, &sum, NULL);
+			free(text);
+		}
+		if (S->batch % k == 0) {
+			c.c = 1;
+			c.d = c.e = k;
+			char *text = plan_text(S, &c, "search_reference");
+			ExplainSummary sum;
+			S->expert_ok[i] = evaluate(S, text, &sum, NULL);
+			free(text);
+		}
+	}
+}
+
+static bool degree_ok(const Search *S, const bool *ok, long long k)
+{
+	for (int i = 0; i < S->ntensor; i++)
+		if (S->tensor_degrees[i] == k)
+			return ok[i];
+	return false;
+}
+
+static const TensorPlan *tensor_plan(const Search *S, const Candidate *c)
+{
+	for (int i = 0; i < S->ntensor; i++)
+		if (S->tensor_degrees[i] == c->t)
+			return S->tensor[i][c->sp].known ? &S->tensor[i][c->sp] : NULL;
+	return NULL;
+}
+
+/* ---------------------------------------------------------------- enumeration */
 
 typedef struct CandList {
 	Candidate *c;
@@ -242,53 +334,104 @@ static void push(CandList *l, const Candidate *c)
 	l->c[l->n++] = *c;
 }
 
+/* The least seconds the collectives over data take a rank of an average stage: every plain data-
+ * parallel step reduces each rank's gradients (G / (t p) bytes) over the d ranks of its data
+ * group, an all-reduce without ZeRO; under ZeRO a reduce-scatter, and the updated shards of the
+ * parameters (P / (t p)) come back by an all-gather (ZeRO 3: before each use). */
+static double data_floor(const Search *S, const Candidate *c)
+{
+	if (c->d <= 1 || !S->plain_sync || c->offload)
+		return 0;
+	/* experts are split e ways more; the data axis alone (d / e ranks) is the smallest group */
+	double d = (double)(c->d / c->e), split = (double)c->t * (double)c->p * (double)c->e, ring = (d - 1) / d;
+	const Device *dev = device_current();
+	const Link *link = S->world <= dev->node_ranks ? &dev->node : &dev->net; /* data is the outermost axis */
+	if (c->zero == 0)
+		return device_wire_floor(link, true, 2 * ring * S->ref_grads / split);
+	return device_wire_floor(link, false, ring * (S->ref_grads + S->ref_params) / split);
+}
+
 /* The least step time the estimate can give the candidate (the comment at the top says why). */
 static double time_bound(const Search *S, const Candidate *c)
 {
-	double w = S->ref_compute[c->rec], m = (double)c->m, world = (double)S->world;
-	double pipeline = w / world;
-	if (c->sched != SCH_INTERLEAVED) {
-		double x = w / ((double)c->d * (double)c->s * (double)c->t * m);
-		pipeline = x / (1 - pow(1 - 1 / m, (double)c->p));
+	double w = S->ref_compute[c->rec], m = (double)c->m, p = (double)c->p, t = (double)c->t;
+	double shards = t * p * (double)c->e * (c->zero >= 1 ? (double)(c->d / c->e) : 1);
+	double update = c->offload ? 0 : S->ref_update / shards; /* offloaded: the host updates */
+	double group = w / t, comm = 0, comm_micro = 0; /* one tensor group's seconds over the whole batch */
+	const TensorPlan *tp = tensor_plan(S, c);
+	if (tp && tp->ok) {
+		double again = w - S->ref_compute[REC_NONE]; /* what recomputation adds */
+		if (tp->compute + (again > 0 ? again : 0) / t > group)
+			group = tp->compute + (again > 0 ? again : 0) / t;
+		comm = tp->comm;
+		comm_micro = tp->comm_micro;
 	}
-	double shards = (double)c->t * (double)c->p * (c->zero >= 1 ? (double)c->d : 1);
-	return pipeline + S->ref_update / shards;
+	double rows = (double)c->d * (double)c->s * (double)c->c; /* a rank's share of the rows and the sequence */
+	double flat = (group + comm) / (rows * p) + update + data_floor(S, c);
+	if (c->sched == SCH_INTERLEAVED)
+		return flat;
+	double x = (group + comm_micro) / (rows * m);
+	double bubble = x / (1 - pow(1 - 1 / m, p)) + update;
+	return bubble > flat ? bubble : flat;
 }
 
 /* Every schedule, ZeRO stage, recompute mode and sequence-parallel choice of one mesh and
  * micro-batch count. */
 static void push_variants(const Search *S, CandList *l, Candidate c)
 {
+	long long data = c.d / c.e; /* the data axis ZeRO shards over */
 	for (int sch = c.p > 1 ? SCH_1F1B : SCH_NONE; sch <= (c.p > 1 ? SCH_INTERLEAVED : SCH_NONE); sch++)
-		for (int z = 0; z <= (c.d > 1 ? 3 : 0); z++)
+		for (int z = 0; z <= (data > 1 ? 3 : 0); z++)
 			for (int r = 0; r < 3; r++)
-				for (int sp = 0; sp <= (c.t > 1 ? 1 : 0); sp++) {
-					c.sched = (SearchSchedule)sch;
-					c.zero = z;
-					c.rec = (Recompute)r;
-					c.sp = sp;
-					c.bound = time_bound(S, &c);
-					push(l, &c);
-				}
+				for (int sp = 0; sp <= (c.t > 1 ? 1 : 0); sp++)
+					for (int off = 0; off <= (S->offload && !S->base_offloads ? 1 : 0); off++) {
+						c.sched = (SearchSchedule)sch;
+						c.zero = z;
+						c.rec = (Recompute)r;
+						c.sp = sp;
+						c.offload = off;
+						c.bound = time_bound(S, &c);
+						push(l, &c);
+					}
 }
 
+/* The data degree is what the other degrees leave; the expert degree divides it; then every
+ * micro-batch count of the local batch. */
+static void enumerate_data(const Search *S, CandList *l, Candidate c)
+{
+	long long de[256], dm[256];
+	c.d = S->world / (c.t * c.s * c.c * c.p);
+	if (S->batch % c.d)
+		return;
+	int ne = divisors(c.d, de, 256), nm = divisors(S->batch / c.d, dm, 256);
+	for (int i = 0; i < ne; i++) {
+		if (!degree_ok(S, S->expert_ok, de[i]))
+			continue;
+		for (int q = 0; q < nm; q++) {
+			c.e = de[i];
+			c.m = dm[q];
+			push_variants(S, l, c);
+		}
+	}
+}
+
+/* Every tensor x seq x ctx x pipe degree whose product divides the world. */
 static void enumerate(const Search *S, CandList *l)
 {
-	long long dt[256], ds[256], dp[256], dm[256];
+	long long dt[256], ds[256], dc[256], dp[256];
 	int nt = divisors(S->world, dt, 256);
 	for (int i = 0; i < nt; i++) {
 		long long rest = S->world / dt[i];
 		int ns = S->seq ? divisors(rest, ds, 256) : (ds[0] = 1, 1);
 		for (int j = 0; j < ns; j++) {
-			int np = divisors(rest / ds[j], dp, 256);
-			for (int k = 0; k < np; k++) {
-				long long d = rest / ds[j] / dp[k];
-				if (S->batch % d)
+			int nc = divisors(rest / ds[j], dc, 256);
+			for (int k = 0; k < nc; k++) {
+				if (!degree_ok(S, S->ctx_ok, dc[k]))
 					continue;
-				int nm = divisors(S->batch / d, dm, 256);
-				for (int q = 0; q < nm; q++) {
-					Candidate c = {.d = d, .p = dp[k], .s = ds[j], .t = dt[i], .m = dm[q]};
-					push_variants(S, l, c);
+				int np = divisors(rest / ds[j] / dc[k], dp, 256);
+				for (int q = 0; q < np; q++) {
+					Candidate c = {.t = dt[i], .s = ds[j], .c = dc[k], .p = dp[q]};
+					enumerate_data(S, l, c);
 				}
 			}
 		}
@@ -319,12 +462,36 @@ static void keep(Search *S, const Candidate *c, const ExplainSummary *sum)
 	S->best[i].sum = *sum;
 }
 
-/* The least model state a rank of the candidate holds (the comment at the top says why). */
+/* How many micro-batches' activations stage s holds at once, as pipeline.c's schedule table has
+ * them: 1f1b runs p - s - 1 forwards before its first backward, the interleaved schedule
+ * 2 (p - s - 1) + (v - 1) p forwards of chunks (v = 2, a chunk holding 1 / v of the stage's). */
+static double held(const Candidate *c, long long s)
+{
+	double m = (double)c->m, p = (double)c->p;
+	if (c->sched != SCH_INTERLEAVED)
+		return p - (double)s < m ? p - (double)s : m;
+	double v = 2, chunks = 2 * (p - (double)s - 1) + (v - 1) * p + 1;
+	return (chunks < m * v ? chunks : m * v) / v;
+}
+
+/* The least peak memory of the candidate's busiest rank (the comment at the top says why). */
 static double memory_bound(const Search *S, const Candidate *c)
 {
-	double split = (double)c->t * (double)c->p, d = (double)c->d;
-	return S->ref_params / (split * (c->zero >= 3 ? d : 1)) + S->ref_grads / (split * (c->zero >= 2 ? d : 1)) +
-	       S->ref_optim / (split * (c->zero >= 1 ? d : 1));
+	/* experts may be split e ways more; ZeRO shards over the data axis (d / e ranks) */
+	double split = (double)c->t * (double)c->p * (double)c->e, d = (double)c->d, z = (double)(c->d / c->e);
+	double m = (double)c->m;
+	double states = S->ref_params / (split * (c->zero >= 3 ? z : 1)) + S->ref_grads / (split * (c->zero >= 2 ? z : 1)) +
+			(c->offload ? 0 : S->ref_optim / (split * (c->zero >= 1 ? z : 1)));
+	double group = S->ref_act[c->rec] / (double)c->t; /* one tensor group, the whole batch */
+	const TensorPlan *tp = tensor_plan(S, c);
+	if (tp && tp->ok && c->rec == REC_NONE && tp->act > group)
+		group = tp->act;
+	double micro = group / (d * m * (double)c->s * (double)c->c); /* one micro-batch, every stage */
+	double flat = states + micro / (double)c->p;
+	double spread = 0; /* stage s holds `held` of its micro-batch activations at once */
+	for (long long s = 0; s < c->p; s++)
+		spread += 1 / held(c, s);
+	return micro / spread > flat ? micro / spread : flat;
 }
 
 static void run_search(Search *S, CandList *l)
@@ -336,15 +503,29 @@ static void run_search(Search *S, CandList *l)
 			S->pruned = l->n - i; /* sorted: every later bound is as large */
 			break;
 		}
+		const TensorPlan *tp = tensor_plan(S, c);
+		if (tp && !tp->ok && !S->exhaustive) {
+			S->refused_tensor++;
+			continue;
+		}
 		if (!S->exhaustive && memory_bound(S, c) > S->memory) {
 			S->pruned_memory++;
 			continue;
 		}
 		char *text = plan_text(S, c, "search_candidate");
 		ExplainSummary sum;
-		bool ok = evaluate(S, text, &sum, NULL, NULL);
+		bool ok = evaluate(S, text, &sum, NULL);
 		free(text);
 		S->compiled++;
+		bool violated = ok && (c->bound > sum.step * (1 + 1e-9) || memory_bound(S, c) > sum.peak * (1 + 1e-9) ||
+				       (tp && !tp->ok));
+		S->violations += violated; /* a bound above what it bounds: a bug (tests/search checks there is none) */
+		if (violated || getenv("PLANC_SEARCH_TRACE"))
+			fprintf(stderr, "%s %.2f s: d%lld e%lld p%lld c%lld s%lld t%lld m%lld z%d r%d sch%d sp%d off%d ok%d: "
+				"time bound %.6g, estimate %.6g; memory bound %.6g, peak %.6g\n",
+				violated ? "planc search: bound violated" : "trace", cpu_seconds(), c->d, c->e, c->p, c->c, c->s,
+				c->t, c->m, c->zero, c->rec, c->sched, c->sp, c->offload, ok, c->bound, ok ? sum.step : 0,
+				memory_bound(S, c), ok ? sum.peak : 0);
 		if (!ok)
 			S->refused++;
 		else if (sum.peak > S->memory)
@@ -398,6 +579,7 @@ static bool take_base(Search *S, const char *plan_name)
 		ICE("out of memory");
 	S->base[0] = 0;
 	S->update_bounded = true;
+	S->plain_sync = true;
 	for (const PlanStmt *st = base->rules; st; st = st->next) {
 		bool skip = false;
 		for (int i = 0; parallel[i]; i++)
@@ -411,6 +593,10 @@ static bool take_base(Search *S, const char *plan_name)
 		if (!strcmp(st->word, "offload") ||
 		    (!strcmp(st->word, "sync") && mentions(src + st->loc.off, st->loc.len, "async")))
 			S->update_bounded = false;
+		if (!strcmp(st->word, "offload") || !strcmp(st->word, "sync"))
+			S->plain_sync = false;
+		if (!strcmp(st->word, "offload"))
+			S->base_offloads = true;
 	}
 	if (!S->batch_name) {
 		fprintf(stderr, "planc: error: plan '%s' has no 'batch NAME = N' to take the batch dimension's name from\n",
@@ -424,9 +610,10 @@ static bool take_base(Search *S, const char *plan_name)
 
 static const char search_usage[] =
 	"usage: planc search FILE --model M (--world N | --nodes K) --batch B [options]\n"
-	"  enumerates data x pipe x tensor (x seq) degrees, micro-batches, schedule, ZeRO 0-3, recompute\n"
-	"  and sequence parallelism for model M on N ranks; keeps the plans that pass every check and fit\n"
-	"  in memory; prints the fastest by explain's estimated step time as plan text (docs/search.md)\n"
+	"  enumerates data x expert x pipe x tensor (x seq, x ctx) degrees, micro-batches, schedule, ZeRO 0-3,\n"
+	"  recompute, sequence parallelism (and optimizer offload) for model M on N ranks; keeps the plans\n"
+	"  that pass every check and fit in memory; prints the fastest by explain's estimated step time as\n"
+	"  plan text (docs/search.md)\n"
 	"options:\n"
 	"  --device=NAME|FILE  the device the estimate assumes (h200, h100, a100, cpu, a device file)\n"
 	"  --nodes K           world = K x the device's ranks per node\n"
@@ -435,6 +622,9 @@ static const char search_usage[] =
 	"  --plan BASE         the plan whose other statements (precision, optimizer, sync) the candidates\n"
 	"                      keep (default: the file's first plan for M)\n"
 	"  --seq               also split the sequence (Ulysses) over a seq axis\n"
+	"  --ctx               also split the sequence over a ctx axis (context parallelism: ring attention;\n"
+	"                      only for a model with a fused causal attention)\n"
+	"  --offload           also try the optimizer state offloaded to the host (unless the base plan offloads)\n"
 	"  --exhaustive        compile every candidate (no pruning by the time bound)\n"
 	"  --write NAME        append the best plan to FILE as plan NAME\n";
 
@@ -502,6 +692,10 @@ static int parse_search_args(int argc, char **argv, SearchArgs *a, Search *S)
 			S->exhaustive = true;
 		} else if (!strcmp(argv[i], "--seq")) {
 			S->seq = true;
+		} else if (!strcmp(argv[i], "--ctx")) {
+			S->ctx = true;
+		} else if (!strcmp(argv[i], "--offload")) {
+			S->offload = true;
 		} else if (argv[i][0] == '-') {
 			return search_usage_error("unknown option '%s'", argv[i]);
 		} else if (!a->file) {
@@ -590,6 +784,17 @@ int search_main(int argc, char **argv)
 		ICE("out of memory");
 	diag_set_stream(devnull);
 	reference_bounds(&S);
+	tensor_bounds(&S);
+	axis_bounds(&S);
+	if (getenv("PLANC_SEARCH_TRACE")) {
+		fprintf(stderr, "ref W %g %g %g U %g A %g %g %g P %g G %g O %g\n", S.ref_compute[0], S.ref_compute[1],
+			S.ref_compute[2], S.ref_update, S.ref_act[0], S.ref_act[1], S.ref_act[2], S.ref_params, S.ref_grads,
+			S.ref_optim);
+		for (int i = 0; i < S.ntensor; i++)
+			for (int sp = 0; sp < 2; sp++)
+				fprintf(stderr, "tensor %lld sp%d: ok %d W %g C %g A %g\n", S.tensor_degrees[i], sp, S.tensor[i][sp].ok,
+					S.tensor[i][sp].compute, S.tensor[i][sp].comm, S.tensor[i][sp].act);
+	}
 	CandList l = {0};
 	enumerate(&S, &l);
 	run_search(&S, &l);
@@ -600,9 +805,18 @@ int search_main(int argc, char **argv)
 	printf("# planc search: model %s, %lld ranks, batch %lld, at most %s per rank, on %s\n", S.model, S.world, S.batch,
 	       explain_bytes(S.memory, b1, sizeof b1), device_current()->name);
 	printf("# %lld candidates: %lld compiled (%lld refused by the checks, %lld over memory), %lld pruned by the time "
-	       "bound, %lld by the memory bound; %.2f s CPU, %.1f ms per compiled candidate\n",
-	       l.n, S.compiled, S.refused, S.over_memory, S.pruned, S.pruned_memory, secs,
-	       S.compiled ? 1e3 * secs / (double)S.compiled : 0.0);
+	       "bound, %lld by the memory bound, %lld by their tensor-only plan; %.2f s CPU, %.1f ms per compiled candidate; "
+	       "bounds violated %lld\n",
+	       l.n, S.compiled, S.refused, S.over_memory, S.pruned, S.pruned_memory, S.refused_tensor, secs,
+	       S.compiled ? 1e3 * secs / (double)S.compiled : 0.0, S.violations);
+	int nctx = 0;
+	for (int i = 0; i < S.ntensor; i++)
+		nctx += S.tensor_degrees[i] > 1 && S.ctx_ok[i];
+	if (S.ctx && !nctx)
+		printf("# --ctx: no context-parallel degree applies (%s)\n",
+		       S.causal ? "the checks refuse a ctx axis alone at every degree: the ring attention needs f32 "
+				  "storage and a degree dividing the sequence"
+				: "the model has no fused causal attention");
 	if (S.nbest == 0) {
 		fprintf(stderr, "planc: error: no plan of model %s on %lld ranks passes the checks and fits in %s\n", S.model,
 			S.world, b1);

@@ -105,6 +105,8 @@ runner_test(search 900 python3 ${ROOT}/tests/search/run_search.py ${PLANC} ${ROO
 # compile time (issue 20): explain of every example, of 1T GPTs under every ZeRO stage and of
 # million-rank meshes within a CPU-time limit (bench/compile_time.py prints the figures)
 runner_test(scale_compile_time 600 python3 ${ROOT}/tests/scale/run_compile_time.py ${PLANC})
+# planc search of the 1T GPT on 3072 GPUs within a CPU-time limit (issue 20)
+runner_test(scale_search 600 python3 ${ROOT}/tests/scale/run_search_time.py ${PLANC})
 add_executable(scale_test_check ${ROOT}/tests/scale/test_check.c)
 target_compile_options(scale_test_check PRIVATE ${PLANC_WARNINGS})
 target_link_libraries(scale_test_check PRIVATE planc_core)
@@ -228,7 +230,7 @@ set(TORCH_TESTS torch_reference attention_torch generate)
 set(TEST_COSTS equiv_gpt 470 cuda_build 405 llvm_diff 225 equiv_sweep 128 offload 122 fuzz_build 121
     cpu_levels 92 equiv_moe 92 sync_runs 90 equiv_others 83 torch_reference 72 fuzz 71 checkpoint 63
     cuda_one_process 62 memory 61 resume_guard 60 program_errors 58 data_runs 43 fp16 38 attention_fused 38
-    equiv_mlp 37 soak 28 cuda_local_mpi 27 program_failures 23 observe 20 search 17 kernels_matmul_bf16 17
+    equiv_mlp 37 soak 28 cuda_local_mpi 27 program_failures 23 observe 20 search 22 scale_search 40 kernels_matmul_bf16 17
     scale_compile_time 16 explain_goldens_large 15 scale 13 equiv_ops 12 cli 11 outputs 11 cuda_sync_math 11
     runtime_program_cli 9 explain_goldens 9 context_parallel 40 attention_torch 20 generate 45)
 

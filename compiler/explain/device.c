@@ -90,6 +90,12 @@ double device_collective_seconds(const Link *l, bool all_reduce, long long n, do
 	return tree < ring ? tree : ring;
 }
 
+double device_wire_floor(const Link *l, bool all_reduce, double wire)
+{
+	double share = all_reduce && l->tree > 1 ? l->tree : 1;
+	return wire / (l->bw * share);
+}
+
 /* ---------------------------------------------------------------- device files */
 
 /* A number with an optional SI or binary suffix; false if the text is not one. */

@@ -470,18 +470,38 @@ static bool inside_node(const PlanSpec *ps, int axis)
 	return span <= device_current()->node_ranks;
 }
 
-static double comm_seconds(const PlanSpec *ps, const Comm *c)
+/* A collective's group size (<= 1: it costs nothing), link, ring steps and wire bytes per rank. */
+static long long comm_shape(const PlanSpec *ps, const Comm *c, const Link **link, double *steps, double *wire)
 {
 	if (c->coll == OP_RECV)
 		return 0;
 	long long n = c->pair >= 0 || c->coll == OP_SEND ? 2 : c->axis >= 0 ? ps->axes[c->axis].size : 1;
 	if (n <= 1)
-		return 0;
-	double wire = wire_bytes(c->coll, n, c->elems * dtype_bytes(c->dtype));
+		return n;
+	*wire = wire_bytes(c->coll, n, c->elems * dtype_bytes(c->dtype));
 	bool near = c->axis >= 0 && c->pair < 0 && inside_node(ps, c->axis);
 	const Device *d = device_current();
-	double steps = c->coll == OP_SEND ? 1 : c->coll == OP_ALL_REDUCE ? 2.0 * (double)(n - 1) : (double)(n - 1);
-	return device_collective_seconds(near ? &d->node : &d->net, c->coll == OP_ALL_REDUCE, n, steps, wire);
+	*link = near ? &d->node : &d->net;
+	*steps = c->coll == OP_SEND ? 1 : c->coll == OP_ALL_REDUCE ? 2.0 * (double)(n - 1) : (double)(n - 1);
+	return n;
+}
+
+static double comm_seconds(const PlanSpec *ps, const Comm *c)
+{
+	const Link *l = NULL;
+	double steps = 0, wire = 0;
+	long long n = comm_shape(ps, c, &l, &steps, &wire);
+	return n > 1 ? device_collective_seconds(l, c->coll == OP_ALL_REDUCE, n, steps, wire) : 0;
+}
+
+/* The least of comm_seconds over any split of the collective into calls: its bandwidth term
+ * (planc search's bounds). */
+static double comm_floor(const PlanSpec *ps, const Comm *c)
+{
+	const Link *l = NULL;
+	double steps = 0, wire = 0;
+	long long n = comm_shape(ps, c, &l, &steps, &wire);
+	return n > 1 && c->coll != OP_SEND ? device_wire_floor(l, c->coll == OP_ALL_REDUCE, wire) : 0;
 }
 
 static double kernel_seconds(const PlanSpec *ps, const LProg *p, const Kernel *k)
@@ -737,18 +757,26 @@ bool explain_summary(Graph *g, const Lowered *low, ExplainSummary *out)
 	out->pipeline = rep->est_pipeline;
 	out->update = rep->est_update;
 	out->bubble = rep->bubble;
+	for (int i = 0; i < rep->nroles; i++)
+		if (rep->roles[i].peak == out->peak)
+			out->act_micro = (double)rep->roles[i].act_micro;
+	for (int i = 0; i < g->nops; i++)
+		if (g->ops[i].kind == OP_ATTENTION && g->ops[i].n == ATTN_CAUSAL)
+			out->causal = true;
 	out->runnable = rep->runnable;
 	bool ok = low && g->sched;
 	free_report(rep);
 	return ok;
 }
 
-/* The seconds explain_costs gives the compute kernels (no communication) of every program, in
- * the phases it counts: planc search's lower bound (search.c says why it bounds every plan). */
-void explain_compute_seconds(const Lowered *low, double *micro_batches, double *update)
+/* The seconds explain_costs gives every program's kernels, summed by kind and phase (planc
+ * search's bounds; search.c says why they bound every plan): compute kernels (no communication)
+ * of the forward and backward phases (all micro-batches) and of the update phase, and the least
+ * seconds of the collectives (comm_floor; sends between stages left out) of the same phases. */
+void explain_totals(const Lowered *low, ExplainTotals *out)
 {
 	int m = low->g->sched ? low->g->sched->micro : 1;
-	*micro_batches = *update = 0;
+	memset(out, 0, sizeof *out);
 	for (int i = 0; i < low->nprogs; i++) {
 		const LProg *lp = low->progs[i];
 		for (int j = 0; j < lp->nk; j++) {
@@ -756,13 +784,13 @@ void explain_compute_seconds(const Lowered *low, double *micro_batches, double *
 			Phase ph = k->phase;
 			bool step = ph == PH_STEP_BEGIN || ph == PH_STEP;
 			bool counted = step || ph == PH_PREPARE_F || ph == PH_FORWARD || ph == PH_PREPARE_B || ph == PH_BACKWARD;
-			if (kernel_classes[k->kind] != KC_COMPUTE || k->ncomm || !counted)
+			if (!counted)
 				continue;
-			double c = kernel_seconds(low->g->ps, lp, k);
-			if (step)
-				*update += c;
-			else
-				*micro_batches += k->only_last_micro ? c : c * m;
+			double times = step || k->only_last_micro ? 1 : m;
+			if (kernel_classes[k->kind] == KC_COMPUTE && !k->ncomm)
+				*(step ? &out->update : &out->compute) += kernel_seconds(low->g->ps, lp, k) * times;
+			for (int c = 0; c < k->ncomm; c++)
+				*(step ? &out->comm_step : &out->comm_micro) += comm_floor(low->g->ps, &k->comm[c]) * times;
 		}
 	}
 }

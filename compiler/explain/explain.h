@@ -39,6 +39,8 @@ bool device_select(const char *arg); /* --device=NAME|FILE; false after printing
 bool device_parse_number(const char *s, double *out); /* 450G, 10u, 80GiB; false if not one */
 /* seconds of a collective moving `wire` ring bytes per rank over n ranks in `steps` ring steps */
 double device_collective_seconds(const Link *l, bool all_reduce, long long n, double steps, double wire);
+/* the least seconds of that collective however it is split into calls: its bandwidth term */
+double device_wire_floor(const Link *l, bool all_reduce, double wire);
 const char *explain_bytes(double b, char *buf, size_t n); /* "1.50 MiB", as the report prints sizes */
 /* What planc search ranks a plan by: the largest peak memory of a rank role (bytes), the
  * estimated step time and its parts (seconds), the pipeline bubble; runnable: planc build runs
@@ -46,12 +48,18 @@ const char *explain_bytes(double b, char *buf, size_t n); /* "1.50 MiB", as the 
 typedef struct ExplainSummary {
 	double peak, step, pipeline, update, bubble;
 	double params, grads, optim; /* bytes of the rank role with the largest peak */
+	double act_micro;            /* its saved activations of one micro-batch (explain's count) */
+	bool causal;                 /* the model has a fused causal attention */
 	bool runnable;
 } ExplainSummary;
 bool explain_summary(Graph *g, const Lowered *low, ExplainSummary *out);
-/* The estimate's seconds of every compute kernel of every program, summed (search.c's bounds):
- * those of the forward and backward phases (all micro-batches) and those of the update phase. */
-void explain_compute_seconds(const Lowered *low, double *micro_batches, double *update);
+/* The estimate's seconds of every program's kernels, summed (search.c's bounds): compute kernels
+ * of the forward and backward phases (all micro-batches) and of the update phase; the least
+ * seconds (the bandwidth term) of the collectives of the same phases, sends left out. */
+typedef struct ExplainTotals {
+	double compute, update, comm_micro, comm_step;
+} ExplainTotals;
+void explain_totals(const Lowered *low, ExplainTotals *out);
 /* The estimate's costs in seconds for the programs of one rank role (RANKROLE_ANY, or an async
  * role): one micro-batch's forward and backward per stage and chunk (fc, bc: [stages * chunks]),
  * the longest transfer between stages, and each stage's update phase (update: [stages]). */

@@ -4,6 +4,15 @@
     ranks, Llama on 4, the MLP on 8; k = 1, 3 or 5) the pruned search prints exactly the plans and
     estimates that compiling every candidate (--exhaustive, brute force) ranks first, and at least
     one of those searches prunes something (so the comparison is not vacuous);
+  - soundness: every candidate --exhaustive compiles checks that the time bound is at most its
+    estimate, the memory bound at most its peak, and that no candidate whose tensor-only plan the
+    checks refuse compiles ("bounds violated 0"); a medium space (the small GPT on 16 ranks, 1560
+    candidates) gives the same top 3 pruned and exhaustive;
+  - the axes beyond data x pipe x tensor, each against brute force: expert parallelism on the
+    small MoE GPT (4 ranks: an expert = 4 plan is best), context parallelism (--ctx) on a GPT with a
+    4096-token context (tests/search/long_context.plan: nothing fits in 16 MiB per rank without a
+    ctx axis, a ctx plan is best with it), optimizer offload (--offload: an offload plan ranks in
+    the top 3 of the small GPT on 4 ranks);
   - the memory bound: at 8 MiB per rank it skips candidates and the answer is brute force's;
   - memory: with --memory just under the unconstrained best's peak that plan is not printed, every
     printed plan's peak is within the limit, and a limit nothing fits is an error (exit 1);
@@ -21,12 +30,19 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import harness  # noqa: E402
 
 
+VIOLATIONS = []
+
+
 def search(planc, path, model, world, batch, *extra):
     r = subprocess.run([planc, "search", path, "--model", model, "--world", str(world), "--batch", str(batch),
                         "--device=cpu"] + list(extra), capture_output=True, text=True)
     plans = re.findall(r"^# (\d+): estimated step ([0-9.e+-]+) s .*?peak ([0-9.]+ \w+) per rank.*?\n(plan .*?^})",
                        r.stdout, re.M | re.S)
     counts = re.search(r"# (\d+) candidates: (\d+) compiled .*?, (\d+) pruned", r.stdout)
+    violated = re.search(r"bounds violated (\d+)", r.stdout)
+    if violated is None or violated.group(1) != "0":
+        VIOLATIONS.append("%s %s on %d: %s" % (os.path.basename(path), model, world,
+                                               violated.group(1) if violated else r.stdout.strip()[-200:]))
     return r, [(float(step), peak, re.sub(r"^plan search_\d+", "plan", text)) for _, step, peak, text in plans], counts
 
 
@@ -37,7 +53,8 @@ def main():
     ex = lambda name: os.path.join(root, "examples", name)  # noqa: E731
     pruned_any = 0
     for path, model, world, batch, tops in ((ex("gpt.plan"), "gpt", 4, 16, (1, 3)), (ex("gpt.plan"), "gpt", 8, 16, (1,)),
-                                            (ex("llama.plan"), "llama", 4, 8, (1, 5)), (ex("mlp.plan"), "mlp", 8, 32, (1,))):
+                                            (ex("llama.plan"), "llama", 4, 8, (1, 5)), (ex("mlp.plan"), "mlp", 8, 32, (1,)),
+                                            (ex("gpt.plan"), "gpt", 16, 32, (3,))):
         for top in tops:
             r1, pruned, c1 = search(planc, path, model, world, batch, "--top", str(top))
             r2, brute, c2 = search(planc, path, model, world, batch, "--top", str(top), "--exhaustive")
@@ -57,6 +74,25 @@ def main():
     # nothing at these sizes; the memory bound's skips above keep the comparison from being vacuous)
     pruned_any += int(skipped.group(1)) if skipped else 0
     tally.check("the bounds prune some candidates", pruned_any > 0, "%d pruned in all" % pruned_any)
+    # expert parallelism, context parallelism, offload: pruned = brute force, and each is chosen
+    long = os.path.join(root, "tests", "search", "long_context.plan")
+    for path, model, world, batch, extra, want in (
+            (ex("moe.plan"), "moe_gpt", 4, 16, [], "use nn.expert_parallel(expert)"),
+            (long, "longgpt", 4, 1, ["--ctx"], "use nn.context_parallel(ctx)"),
+            (long, "longgpt", 4, 1, ["--ctx", "--memory", "16MiB"], "use nn.context_parallel(ctx)"),
+            (ex("gpt.plan"), "gpt", 4, 16, ["--offload"], "offload optimizer -> host")):
+        r1, pruned, c1 = search(planc, path, model, world, batch, "--top", "3", *extra)
+        r2, brute, _ = search(planc, path, model, world, batch, "--top", "3", "--exhaustive", *extra)
+        name = "%s %s on %d %s" % (os.path.basename(path), model, world, " ".join(extra))
+        tally.check(name + ": pruned = brute force, and it uses '%s'" % want,
+                    r1.returncode == 0 and pruned == brute and len(brute) == 3 and any(want in t for _, _, t in brute),
+                    "best %s: %s" % (brute[0][0] if brute else r2.stderr.strip()[-200:],
+                                     brute[0][2].splitlines()[1].strip() if brute else "-"))
+    r, none, _ = search(planc, long, "longgpt", 4, 1, "--memory", "16MiB", "--exhaustive")
+    tally.check("long context without --ctx: nothing fits in 16 MiB", r.returncode == 1 and not none,
+                r.stderr.strip().splitlines()[0] if r.stderr.strip() else "exit %d" % r.returncode)
+    tally.check("no bound exceeds what it bounds (every compiled candidate checked)", not VIOLATIONS,
+                "; ".join(VIOLATIONS) or "bounds violated 0 in every search")
 
     gpt = ex("gpt.plan")
     _, free, _ = search(planc, gpt, "gpt", 4, 16, "--top", "1")
