@@ -16,6 +16,7 @@
  *   memplan    slots, inboxes and arena offsets (memplan.c)
  *   check      the collective-sequence check (schedule.c)
  *   streams    the device schedule: streams, events, joins (streams.c; printed by the CUDA target)
+ *   layers     (an analysis, printed only) the runs of identical layers a loop would fold (layer_runs.c)
  *   emit       the C printer (emit_c.c), for planc emit and planc build (run_emit)
  * With verification on (the tests), the IR verifier runs after every back-end pass. */
 #include "passes.h"
@@ -24,7 +25,7 @@
 
 const char *const pass_names[] = {"graph", "attention", "pipeline", "autodiff", "shard", "recompute", "zero", "sync",
 				  "lower", "state", "overlap", "offload_params", "offload_activations", "memplan", "check",
-				  "streams", NULL};
+				  "streams", "layers", NULL};
 
 static bool dump_if(const char *want, const char *pass, Graph *g, FILE *out)
 {
@@ -88,6 +89,8 @@ Lowered *run_backend(Graph *g, const char *dump_after, FILE *dump_out, bool veri
 		for (int i = 0; i < low->nprogs; i++)
 			streams_dump(dump_out, low->progs[i]);
 	}
+	if (dump_after && !strcmp(dump_after, "layers"))
+		layer_runs_dump(dump_out, low);
 	return low;
 }
 

@@ -101,7 +101,8 @@ add_test(NAME scale_check COMMAND scale_test_check WORKING_DIRECTORY ${ROOT})
 
 # ---- the loop-level IR's contracts (issue 21): kernels typed by the kernel table (named access,
 # the verifier refusing a misfit argument), ZeRO and sync annotated by the graph passes and owned
-# by state.c (nothing left for lowering to drop; the record explain reads)
+# by state.c (nothing left for lowering to drop; the record explain reads), the runs of identical
+# layers a loop would fold (layer_runs.c)
 add_executable(lower_test_ir ${ROOT}/tests/lower/test_ir.c)
 target_compile_options(lower_test_ir PRIVATE ${PLANC_WARNINGS})
 target_link_libraries(lower_test_ir PRIVATE planc_core)
