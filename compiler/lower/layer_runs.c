@@ -17,7 +17,7 @@
  *
  * The figure that matters is the kernels a loop target prints: every kernel outside a run, and
  * one body per run. */
-#include "lower.h"
+#include "lower/lower.h"
 
 #include <stdlib.h>
 #include <string.h>
