@@ -20,6 +20,7 @@ Prints one line per test as it ends and the table (markdown) at the end.
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -39,20 +40,27 @@ def tests_of(build, regex, label):
             env[k] = v
         tests.append({"name": t["name"], "command": t["command"], "cwd": props.get("WORKING_DIRECTORY", build),
                       "env": env, "cost": float(props.get("COST", 0)),
-                      "skip": props.get("SKIP_RETURN_CODE")})
+                      "skip": props.get("SKIP_RETURN_CODE"),
+                      "pass_re": props.get("PASS_REGULAR_EXPRESSION", []),
+                      "fail_re": props.get("FAIL_REGULAR_EXPRESSION", [])})
     return sorted(tests, key=lambda t: -t["cost"])
 
 
 def run_one(t):
     start = time.monotonic()
     p = subprocess.Popen(t["command"], cwd=t["cwd"], env=t["env"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    tail = p.stdout.read().decode(errors="replace").strip().splitlines()[-1:] or [""]
+    output = p.stdout.read().decode(errors="replace")
+    tail = output.strip().splitlines()[-1:] or [""]
     p.stdout.close()
     _, status, usage = os.wait4(p.pid, 0)
     code = os.waitstatus_to_exitcode(status)
     t["wall"] = time.monotonic() - start
     t["cpu"] = usage.ru_utime + usage.ru_stime
-    t["result"] = "skip" if t["skip"] is not None and code == t["skip"] else ("pass" if code == 0 else f"FAIL {code}")
+    # ctest's verdict: PASS_REGULAR_EXPRESSION decides instead of the exit status (the watchdog tests
+    # pass by the message a rank dies with), FAIL_REGULAR_EXPRESSION fails a run whatever its status
+    passed = any(re.search(r, output, re.M) for r in t["pass_re"]) if t["pass_re"] else code == 0
+    passed = passed and not any(re.search(r, output, re.M) for r in t["fail_re"])
+    t["result"] = "skip" if t["skip"] is not None and code == t["skip"] else ("pass" if passed else f"FAIL {code}")
     print(f"{t['name']:34} {t['wall']:8.1f} s wall {t['cpu']:8.1f} s CPU  {t['result']}  {tail[0][:90]}", flush=True)
 
 

@@ -2,6 +2,9 @@
  * driver, and hands the result to the requested command. Exit status: 0 success, 1 an error in
  * the user's input (reported with file:line:col), 2 a usage error; internal errors abort. */
 #include "search.h"
+#ifdef PLANC_CALIBRATE
+int calibrate_main(int argc, char **argv); /* calibrate.c, built into planc with planrt */
+#endif
 #include "data/data.h"
 #include "planrt_outfile.h" /* the rule every output file is written by (runtime/core/outfile.c) */
 
@@ -56,6 +59,9 @@ static const char usage[] =
 	"  search FILE --model M --world N --batch B [--device=D] [--memory SIZE] [--top K] [--write NAME]\n"
 	"                                    the fastest plans for M on N ranks that pass every check and fit\n"
 	"                                    in memory, as plan text ('planc search --help'; docs/search.md)\n"
+	"  calibrate -o FILE [--device BASE] measure this machine (run under mpirun -np N: the kernels and\n"
+	"                                    collectives of planc's programs on every rank at once) and\n"
+	"                                    write a device file for --device=FILE ('planc calibrate --help')\n"
 	"  data vocab|tokenize|decode ...    text to token files: a GPT-2 byte-level BPE vocabulary, Megatron /\n"
 	"                                    nanoGPT / llm.c token files ('planc data --help'; docs/data.md)\n"
 	"\n"
@@ -79,7 +85,9 @@ static const char usage[] =
 	"  --dump-after=PASS  print the IR after PASS: the graph after graph pipeline autodiff shard recompute\n"
 	"                     zero sync; the loop-level IR after lower state overlap offload_params\n"
 	"                     offload_activations memplan check streams; the\n"
-	"                     generated C after emit\n"
+	"                     generated C after emit; the decode graph for generation after decode\n"
+	"  --generate         check, build, emit c: also the model's decode program for generation (one\n"
+	"                     token per step with a key/value cache): PROG --generate TEXT (docs/generate.md)\n"
 	"  --verify-ir        check the loop-level IR's invariants after every back-end pass\n"
 	"  --help, --version\n"
 	"\n"
@@ -101,6 +109,7 @@ typedef struct Options {
 	bool cuda;          /* build --target cuda */
 	bool verify;
 	bool native;        /* build: -march=native */
+	bool generate;      /* check: build and check the decode graph too (decode.c) */
 	const char *svg;    /* explain: the picture's path */
 	int prog_argc;      /* run: the program's arguments (prog_argv[0] is set by main) */
 	char **prog_argv;
@@ -177,6 +186,8 @@ static int parse_args(int argc, char **argv, Options *o)
 			o->verify = true;
 		} else if (!strcmp(a, "--native")) {
 			o->native = true;
+		} else if (!strcmp(a, "--generate")) {
+			o->generate = true;
 		} else if (!strcmp(a, "--svg") || !strncmp(a, "--svg=", 6)) {
 			o->svg = a[5] == '=' ? a + 6 : ++i < argc ? argv[i] : NULL;
 			if (!o->svg || !*o->svg)
@@ -302,8 +313,15 @@ static Lowered *compile_plan(Program *p, Item *plan, const Options *o, bool do_e
 	Graph *g = run_passes(ps, o->dump_after, stdout);
 	if (!g)
 		return NULL;
+	Graph *decode = NULL;
+	if ((o->generate || (o->dump_after && !strcmp(o->dump_after, "decode"))) &&
+	    !(decode = run_decode(ps, g, o->dump_after, stdout)))
+		return NULL;
 	Lowered *low = run_backend(g, o->dump_after, stdout, o->verify);
 	if (!low)
+		return NULL;
+	/* --generate: the decode program too, printed and built beside the training program */
+	if (decode && !(low->decode = run_backend(decode, NULL, stdout, o->verify)))
 		return NULL;
 	if (do_explain)
 		explain(stdout, g, o->json, low);
@@ -669,8 +687,8 @@ static bool cmd_codegen(Lowered *low, const Options *o, bool compile)
 		return llvm_emit_ptx(low, o->output, dump);
 	bool llvm = compile && o->backend && !strcmp(o->backend, "llvm");
 	const char *dir = o->output;
-	static const char *const files[] = {"prog.c", "prog.o"};
-	if (compile && !(dir = scratch_begin(g->arena, files, 2)))
+	static const char *const files[] = {"prog.c", "prog.o", "decode.c"};
+	if (compile && !(dir = scratch_begin(g->arena, files, 3)))
 		return false;
 	const char *src = arena_printf(g->arena, llvm ? "%s/prog.o" : "%s/prog.c", dir);
 	if (llvm ? !llvm_emit_object(low, src, o->file, o->verify, o->native)
@@ -702,6 +720,8 @@ static bool cmd_codegen(Lowered *low, const Options *o, bool compile)
 		argv[n++] = (char *)arena_printf(g->arena, "-I%s", PLANC_RUNTIME_DIR);
 	}
 	argv[n++] = (char *)src;
+	if (low->decode) /* --generate: the decode program */
+		argv[n++] = (char *)arena_printf(g->arena, "%s/decode.c", dir);
 	argv[n++] = "-o";
 	int out_at = n++;
 	argv[n++] = (char *)PLANC_RUNTIME_LIB;
@@ -746,6 +766,10 @@ int main(int argc, char **argv)
 {
 	if (argc > 1 && !strcmp(argv[1], "data")) /* text to tokens: its own options (data/data_cli.c) */
 		return data_main(argc - 1, argv + 1);
+#ifdef PLANC_CALIBRATE
+	if (argc > 1 && !strcmp(argv[1], "calibrate")) /* a measured device file: its own options (calibrate.c) */
+		return calibrate_main(argc - 1, argv + 1);
+#endif
 	if (argc > 1 && !strcmp(argv[1], "search")) /* the fastest plan that fits: its own options (search.c) */
 		return search_main(argc - 1, argv + 1);
 	Options o = {0};
@@ -778,6 +802,12 @@ int main(int argc, char **argv)
 		return usage_error("--native applies to 'build'%s", "");
 	if (o.svg && !is_explain)
 		return usage_error("--svg applies to 'explain'%s", "");
+	if ((o.generate || (o.dump_after && !strcmp(o.dump_after, "decode"))) && !is_check && !is_build &&
+	    !(is_emit && o.target && !strcmp(o.target, "c")))
+		return usage_error("--generate applies to 'check', 'build' and 'emit c' (docs/generate.md)%s", "");
+	if (o.generate && is_build && (o.cuda || (o.backend && !strcmp(o.backend, "llvm"))))
+		return usage_error("--generate builds with the C back end for CPUs: drop --backend llvm / --target cuda "
+				   "(docs/generate.md)%s", "");
 	setvbuf(stderr, NULL, _IOLBF, BUFSIZ); /* a diagnostic's source line is one write, not one per byte */
 	if (!outputs_ok(&o, NULL, is_emit, is_build, is_explain))
 		return 1;

@@ -11,6 +11,7 @@
  *   sync       gradient synchronisation (sync.c)
  * and the back end, on the loop-level IR of every stage program (run_backend):
  *   lower      graph ops to kernels over buffers (lower.c)
+ *   ring       context parallelism: attention over a split sequence as the K/V ring (ring.c)
  *   state      persistent state, buckets, ZeRO, the optimizer, init and save (state.c)
  *   overlap    buckets during the backward, ZeRO-3 prefetch (overlap.c)
  *   memplan    slots, inboxes and arena offsets (memplan.c)
@@ -18,14 +19,17 @@
  *   streams    the device schedule: streams, events, joins (streams.c; printed by the CUDA target)
  *   layers     (an analysis, printed only) the runs of identical layers a loop would fold (layer_runs.c)
  *   emit       the C printer (emit_c.c), for planc emit and planc build (run_emit)
+ * and, with --generate, beside them:
+ *   decode     the model's decode graph for generation: one token per step, a key/value cache
+ *              (decode.c; run_decode)
  * With verification on (the tests), the IR verifier runs after every back-end pass. */
 #include "passes.h"
 
 #include <string.h>
 
 const char *const pass_names[] = {"graph", "attention", "pipeline", "autodiff", "shard", "recompute", "zero", "sync",
-				  "lower", "state", "overlap", "offload_params", "offload_activations", "memplan", "check",
-				  "streams", "layers", NULL};
+				  "lower", "ring", "state", "overlap", "offload_params", "offload_activations", "memplan", "check",
+				  "streams", "layers", "decode", NULL};
 
 static bool dump_if(const char *want, const char *pass, Graph *g, FILE *out)
 {
@@ -53,6 +57,17 @@ Graph *run_passes(PlanSpec *ps, const char *dump_after, FILE *dump_out)
 	return g;
 }
 
+/* The decode graph of the plan's model (generation, decode.c), printed after `--dump-after=decode`. */
+Graph *run_decode(PlanSpec *ps, const Graph *train, const char *dump_after, FILE *dump_out)
+{
+	int errors_before = diag_error_count();
+	Graph *g = decode_graph(ps, train);
+	if (!g || diag_error_count() != errors_before)
+		return NULL;
+	dump_if(dump_after, "decode", g, dump_out);
+	return g;
+}
+
 static void dump_backend(const char *want, const char *pass, const Lowered *low, FILE *out)
 {
 	if (!want || strcmp(want, pass))
@@ -69,10 +84,10 @@ Lowered *run_backend(Graph *g, const char *dump_after, FILE *dump_out, bool veri
 	if (verify && !verify_ir(low, "lower"))
 		return NULL;
 	dump_backend(dump_after, "lower", low, dump_out);
-	static bool (*const passes[])(Lowered *) = {plan_state, plan_overlap, plan_offload_params, plan_offload_activations,
-						    memplan};
-	static const char *const names[] = {"state", "overlap", "offload_params", "offload_activations", "memplan"};
-	for (int i = 0; i < 5; i++) {
+	static bool (*const passes[])(Lowered *) = {plan_ring, plan_state, plan_overlap, plan_offload_params,
+						    plan_offload_activations, memplan};
+	static const char *const names[] = {"ring", "state", "overlap", "offload_params", "offload_activations", "memplan"};
+	for (int i = 0; i < 6; i++) {
 		if (!passes[i](low) || diag_error_count() != errors_before)
 			return NULL;
 		if (verify && !verify_ir(low, names[i]))

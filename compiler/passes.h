@@ -13,5 +13,8 @@ Lowered *run_backend(Graph *g, const char *dump_after, FILE *dump_out, bool veri
 /* The emit pass: DIR/prog.c, printed after it when dump_after is "emit". */
 bool run_emit(const Lowered *low, const char *dir, const char *source_path, const char *dump_after, FILE *dump_out);
 bool dump_after_emit(const char *path, FILE *out);
+/* The decode graph for generation (decode.c), printed after it when dump_after is "decode". NULL
+ * after reporting why the model cannot generate. */
+Graph *run_decode(PlanSpec *ps, const Graph *train, const char *dump_after, FILE *dump_out);
 
 #endif

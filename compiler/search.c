@@ -8,15 +8,25 @@
  * per-rank memory and estimated step time on the chosen device). A candidate the checks refuse,
  * or whose peak memory exceeds --memory, is dropped; the rest are ranked by the estimate.
  *
- * Pruning (sound): before compiling, a candidate's step time is bounded below by W / world,
- * where W is the seconds the estimate gives the matmul kernels of the same model, batch and
- * recompute mode on one rank. Every plan runs the same matmuls over its ranks: data splits their
- * rows, tensor their columns or inner dims, pipe and micro-batches split the layers and rows, so
- * the ranks' matmul seconds sum to W or more (a replicated matmul only adds), a rank's estimate
- * holds at least its own matmuls, and the busiest rank at least the average. Candidates are
- * taken in the order of that bound, and once k plans are known and the bound reaches the k-th
- * best estimate, no later candidate can enter the top k: the rest are skipped. --exhaustive
- * compiles every candidate (tests/search checks that both give the same top k).
+ * Pruning (sound): before compiling, a candidate's step time is bounded below from the seconds
+ * the estimate gives the compute kernels of the one-rank plan of the same model, batch and
+ * recompute mode: W for the forward and backward phases (every micro-batch) and U for the update
+ * phase. Every plan runs the same kernels over its ranks: data splits their rows, tensor their
+ * columns or inner dims, pipe and micro-batches split the layers and rows, so the ranks' seconds
+ * sum to W or more (a replicated kernel only adds), and the busiest rank holds at least the
+ * average. A pipeline adds its bubble: with p stages of per-micro-batch costs X_0..X_{p-1}, stage
+ * s cannot start before the first micro-batch has passed stages 0..s-1, and its last backward
+ * must still pass them back, so the step takes at least X_0 + .. + X_{s-1} + m X_s for every s.
+ * Weighting stage s by (1 - 1/m)^(p-1-s) / m shows the largest of these is at least
+ * X / (1 - (1 - 1/m)^p), X the sum of the X_s, here at least W / (d s t m) (the whole pipeline's
+ * share of W, one micro-batch); with p = 1 that is W / world, and for a balanced pipeline it is
+ * the familiar (m + p - 1) X / p. The interleaved schedule keeps the plain W / world. The update
+ * phase, which the estimate adds after the pipeline, runs each rank's optimizer over its shard:
+ * at least U / (t p), or U / (t p d) when ZeRO shards it over data (not bounded when the base plan
+ * offloads or trains asynchronously, whose updates run elsewhere). Candidates are taken in the
+ * order of that bound, and once k plans are known and the bound reaches the k-th best estimate,
+ * no later candidate can enter the top k: the rest are skipped. --exhaustive compiles every
+ * candidate (tests/search checks that both give the same top k).
  *
  * Memory is pruned alike: the one-rank plan's parameters, gradients and optimizer state (bytes
  * P, G, O) are split at most by tensor x pipe (x seq: replicated) and by data where the ZeRO stage
@@ -64,6 +74,8 @@ typedef struct Search {
 	int top;
 	bool exhaustive, seq;
 	double ref_compute[3]; /* W per recompute mode (0: unknown, bound 0) */
+	double ref_update;     /* U (0: unknown or not a bound, see update_bounded) */
+	bool update_bounded;   /* the base plan updates every rank's own shard in its step */
 	double ref_params, ref_grads, ref_optim; /* the one-rank plan's model states (0: unknown) */
 	long long compiled, refused, over_memory, pruned, pruned_memory;
 	Result *best;
@@ -147,7 +159,7 @@ static char *plan_text(const Search *S, const Candidate *c, const char *name)
 
 /* Compiles the file with `text` appended (every diagnostic silenced: a refused candidate is
  * counted, not reported); fills *sum and, when matmul is given, the matmul seconds. */
-static bool evaluate(Search *S, const char *text, ExplainSummary *sum, double *matmul)
+static bool evaluate(Search *S, const char *text, ExplainSummary *sum, double *compute, double *update)
 {
 	Arena *saved = plan_arena_begin(S->prog);
 	Arena *a = S->prog->arena;
@@ -172,26 +184,28 @@ static bool evaluate(Search *S, const char *text, ExplainSummary *sum, double *m
 		Graph *g = ps ? run_passes(ps, NULL, NULL) : NULL;
 		Lowered *low = g ? run_backend(g, NULL, NULL, false) : NULL;
 		ok = low && diag_error_count() == 0 && explain_summary(g, low, sum);
-		if (ok && matmul)
-			*matmul = explain_compute_seconds(low);
+		if (ok && compute)
+			explain_compute_seconds(low, compute, update);
 	}
 	diag_reset();
 	plan_arena_end(S->prog, saved);
 	return ok;
 }
 
-/* W for each recompute mode: the one-rank plan of the whole batch (0 if it does not compile:
- * then the bound is 0 and prunes nothing). */
+/* W for each recompute mode and U: the one-rank plan of the whole batch (0 if it does not
+ * compile: then the bound is 0 and prunes nothing). */
 static void reference_bounds(Search *S)
 {
 	for (int r = 0; r < 3; r++) {
 		Candidate c = {.d = 1, .p = 1, .s = 1, .t = 1, .m = 1, .rec = (Recompute)r};
 		char *text = plan_text(S, &c, "search_reference");
 		ExplainSummary sum;
-		double w = 0;
-		if (!evaluate(S, text, &sum, &w))
-			w = 0;
+		double w = 0, u = 0;
+		if (!evaluate(S, text, &sum, &w, &u))
+			w = u = 0;
 		S->ref_compute[r] = w;
+		if (r == REC_NONE)
+			S->ref_update = S->update_bounded ? u : 0;
 		if (r == REC_NONE && w > 0) {
 			S->ref_params = sum.params;
 			S->ref_grads = sum.grads;
@@ -228,6 +242,19 @@ static void push(CandList *l, const Candidate *c)
 	l->c[l->n++] = *c;
 }
 
+/* The least step time the estimate can give the candidate (the comment at the top says why). */
+static double time_bound(const Search *S, const Candidate *c)
+{
+	double w = S->ref_compute[c->rec], m = (double)c->m, world = (double)S->world;
+	double pipeline = w / world;
+	if (c->sched != SCH_INTERLEAVED) {
+		double x = w / ((double)c->d * (double)c->s * (double)c->t * m);
+		pipeline = x / (1 - pow(1 - 1 / m, (double)c->p));
+	}
+	double shards = (double)c->t * (double)c->p * (c->zero >= 1 ? (double)c->d : 1);
+	return pipeline + S->ref_update / shards;
+}
+
 /* Every schedule, ZeRO stage, recompute mode and sequence-parallel choice of one mesh and
  * micro-batch count. */
 static void push_variants(const Search *S, CandList *l, Candidate c)
@@ -240,7 +267,7 @@ static void push_variants(const Search *S, CandList *l, Candidate c)
 					c.zero = z;
 					c.rec = (Recompute)r;
 					c.sp = sp;
-					c.bound = S->ref_compute[r] / (double)S->world;
+					c.bound = time_bound(S, &c);
 					push(l, &c);
 				}
 }
@@ -315,7 +342,7 @@ static void run_search(Search *S, CandList *l)
 		}
 		char *text = plan_text(S, c, "search_candidate");
 		ExplainSummary sum;
-		bool ok = evaluate(S, text, &sum, NULL);
+		bool ok = evaluate(S, text, &sum, NULL, NULL);
 		free(text);
 		S->compiled++;
 		if (!ok)
@@ -328,6 +355,16 @@ static void run_search(Search *S, CandList *l)
 }
 
 /* ---------------------------------------------------------------- the base plan */
+
+/* Whether the text [s, s + len) contains the word w. */
+static bool mentions(const char *s, int len, const char *w)
+{
+	size_t n = strlen(w);
+	for (int i = 0; i + (int)n <= len; i++)
+		if (!strncmp(s + i, w, n))
+			return true;
+	return false;
+}
 
 /* The base plan's batch name, its `for` clause and the statements the candidates keep. */
 static bool take_base(Search *S, const char *plan_name)
@@ -360,6 +397,7 @@ static bool take_base(Search *S, const char *plan_name)
 	if (!S->base)
 		ICE("out of memory");
 	S->base[0] = 0;
+	S->update_bounded = true;
 	for (const PlanStmt *st = base->rules; st; st = st->next) {
 		bool skip = false;
 		for (int i = 0; parallel[i]; i++)
@@ -370,6 +408,9 @@ static bool take_base(Search *S, const char *plan_name)
 					S->batch_name = a->key;
 		if (!skip)
 			append(&S->base, &len, &cap, "  %.*s\n", st->loc.len, src + st->loc.off);
+		if (!strcmp(st->word, "offload") ||
+		    (!strcmp(st->word, "sync") && mentions(src + st->loc.off, st->loc.len, "async")))
+			S->update_bounded = false;
 	}
 	if (!S->batch_name) {
 		fprintf(stderr, "planc: error: plan '%s' has no 'batch NAME = N' to take the batch dimension's name from\n",
@@ -478,8 +519,8 @@ static int parse_search_args(int argc, char **argv, SearchArgs *a, Search *S)
 		return search_usage_error("--nodes %s times the device's ranks per node overflows", a->nodes);
 	if (!parse_count(a->batch, &S->batch))
 		return search_usage_error("--batch takes a positive whole number, not '%s'", a->batch);
-	if (a->top && (!parse_count(a->top, &top) || top > 100))
-		return search_usage_error("--top takes 1 to 100, not '%s'", a->top);
+	if (a->top && (!parse_count(a->top, &top) || top > 10000))
+		return search_usage_error("--top takes 1 to 10000, not '%s'", a->top);
 	S->top = (int)top;
 	S->memory = device_current()->capacity;
 	if (a->memory && (!device_parse_number(a->memory, &S->memory) || S->memory <= 0))

@@ -17,7 +17,7 @@ coverage=0
 [ "${2:-}" = --coverage ] && coverage=1
 harnesses="frontend check explain emit"
 jobs=$(nproc)
-cmake -S . -B "$B" -DCMAKE_C_COMPILER=clang-14 -DPLANC_FUZZ=ON -DPLANC_WERROR=ON >/dev/null
+cmake -S . -B "$B" -DCMAKE_C_COMPILER=clang-14 -DPLANC_FUZZ=ON -DPLANC_WERROR=ON -DPLANC_CUDA=OFF >/dev/null
 targets=""
 for h in $harnesses; do
 	targets="$targets fuzz_$h"

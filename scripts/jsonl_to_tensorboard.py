@@ -10,7 +10,7 @@ length, the record, masked CRC-32C of the record) around tensorflow.Event protoc
 by hand (wall_time = 1, step = 2, file_version = 3, summary = 5; Summary.value = 1; Value.tag = 1,
 Value.simple_value = 2).
 
-Scalars: train/loss, train/lr, train/grad_norm, train/tokens_per_s, train/samples_per_s, eval/loss (a step's eval_loss),
+Scalars: train/loss, train/lr, train/grad_norm, train/tokens_per_s, train/samples_per_s, eval/loss and eval/accuracy (a step's eval_loss, eval_accuracy),
 and every other number of a row as train/NAME, at the row's step (0-based, as the log). Run it again
 after a resumed run appended to the log: it rewrites the event file whole.
 
@@ -80,7 +80,7 @@ def record(body):
 
 
 def tag_of(key):
-    return "eval/loss" if key == "eval_loss" else f"train/{key}"
+    return f"eval/{key[5:]}" if key.startswith("eval_") else f"train/{key}"
 
 
 def main(argv):

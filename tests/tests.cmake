@@ -38,6 +38,13 @@ runner_test(explain_goldens_large 600 sh ${ROOT}/tests/explain/run_explain.sh ${
 runner_test(explain_formulas 300 python3 ${ROOT}/tests/explain/check_formulas.py ${PLANC} ${ROOT})
 runner_test(explain_svg 300 python3 ${ROOT}/tests/explain/check_svg.py ${PLANC} ${ROOT})
 runner_test(explain_devices 300 python3 ${ROOT}/tests/explain/check_devices.py ${PLANC} ${ROOT})
+# planc calibrate (issue 20): a measured device file, read back by explain
+runner_test(calibrate 600 python3 ${ROOT}/tests/explain/check_calibrate.py ${PLANC} ${ROOT})
+# generation's decode graph (compiler/graph/decode.c): one token per step, the caches, the refusals
+runner_test(generate_graph 300 python3 ${ROOT}/tests/generate/check_decode_graph.py ${PLANC} ${ROOT})
+# PROG --generate against PyTorch's greedy decoding (gpt, llama trained a few steps), tp2 = single, errors
+runner_test(generate 600 /usr/bin/python3 ${ROOT}/tests/generate/check_generate.py ${PLANC} ${ROOT})
+set_tests_properties(generate PROPERTIES SKIP_RETURN_CODE 77)
 # the C printer's output, byte for byte (tests/emit)
 runner_test(emit_golden 300 sh ${ROOT}/tests/emit/run_emit_golden.sh ${PLANC})
 
@@ -69,6 +76,9 @@ target_link_libraries(attention_io PRIVATE planrt)
 runner_test(attention_torch 300 /usr/bin/python3 ${ROOT}/tests/attention/check_torch.py $<TARGET_FILE:attention_io>)
 set_tests_properties(attention_torch PROPERTIES SKIP_RETURN_CODE 77)
 runner_test(attention_fused 900 python3 ${ROOT}/tests/attention/run_fused.py ${PLANC} ${ROOT} 5)
+# context parallelism (ring attention) against one rank: cp2, cp4, with dp, tp and pp; bytes and
+# memory equal explain's; what is refused (tests/context)
+runner_test(context_parallel 900 python3 ${ROOT}/tests/context/run_cp.py ${PLANC} ${ROOT} 20)
 runner_test(torch_reference 900 /usr/bin/python3 ${ROOT}/tests/torch/torch_reference.py ${PLANC} ${ROOT} 20)
 set_tests_properties(torch_reference PROPERTIES SKIP_RETURN_CODE 77)
 # what programs allocate = explain's figure; ZeRO's and expert parallelism's memory (tests/memory)
@@ -201,21 +211,26 @@ set_tests_properties(fuzz PROPERTIES TIMEOUT 600 SKIP_RETURN_CODE 77 FIXTURES_RE
 set(QUICK_TESTS errors fmt_roundtrip cli explain_goldens explain_formulas explain_svg explain_devices emit_golden
     runtime_rng runtime_data runtime_optim runtime_safetensors runtime_log runtime_memory runtime_collectives
     runtime_step_kernels runtime_watchdog runtime_watchdog_world_sum runtime_collectives_no_watchdog
-    runtime_program runtime_program_cli kernels_fd kernels_semantics kernels_matmul_bf16 pipeline_partition pipeline_stages
+    runtime_program runtime_program_cli kernels_fd kernels_semantics kernels_matmul_bf16 kernels_decode pipeline_partition pipeline_stages
     sync_check sync_kernels llvm_verify scale_check lower_ir cuda_streams cuda_sync_math cuda_moe_math cuda_attention_math equiv_ops equiv_mlp arch arch_functions
-    fmt_golden data explain_json_exact cuda_gpu_binding cuda_comm_staged_watchdog)
+    fmt_golden data explain_json_exact generate_graph cuda_gpu_binding cuda_comm_staged_watchdog)
 set(MPI_TESTS runtime_collectives runtime_step_kernels runtime_watchdog runtime_watchdog_world_sum
     runtime_collectives_no_watchdog runtime_program runtime_program_cli sync_kernels sync_runs llvm_diff
-    equiv_gpt equiv_moe equiv_mlp equiv_ops equiv_others equiv_sweep attention_fused torch_reference memory offload checkpoint fp16
-    program_errors program_failures observe cuda_sync_math cpu_levels data_runs resume_guard outputs
-    cuda_comm_staged cuda_comm_staged_watchdog cuda_comm_staged_local cuda_local_mpi soak)
+    equiv_gpt equiv_moe equiv_mlp equiv_ops equiv_others equiv_sweep attention_fused context_parallel torch_reference memory offload checkpoint fp16
+    program_errors program_failures observe generate cuda_sync_math cpu_levels data_runs resume_guard outputs
+    cuda_comm_staged cuda_comm_staged_watchdog cuda_comm_staged_local cuda_local_mpi soak calibrate)
 set(CUDA_TESTS llvm_ptxas cuda_build cuda_one_process)
-set(TORCH_TESTS torch_reference attention_torch)
-set(TEST_COSTS cuda_build 180 equiv_gpt 140 llvm_diff 139 cpu_levels 60 offload 70 sync_runs 63 fuzz 60
-    equiv_sweep 60 equiv_moe 60 checkpoint 50 torch_reference 50 data_runs 45 cuda_one_process 40 equiv_others 40
-    fuzz_build 60 memory 30 search 30 explain_goldens_large 25 scale_compile_time 25 fp16 20 observe 15
-    kernels_matmul_bf16 15 attention_fused 30 attention_torch 20
-    resume_guard 90 outputs 40 soak 40)
+set(TORCH_TESTS torch_reference attention_torch generate)
+# COST makes ctest -j start the longest first (a test not listed costs 0 and fills the gaps): the
+# test's CPU seconds where bench/suite_times.py measured them (2026-12-02, tests/README.md "Time"),
+# else its wall seconds in the last full `ctest -j2` (the merge of 2026-12-02 at load 4-7,
+# CTestCostData.txt)
+set(TEST_COSTS equiv_gpt 470 cuda_build 405 llvm_diff 225 equiv_sweep 128 offload 122 fuzz_build 121
+    cpu_levels 92 equiv_moe 92 sync_runs 90 equiv_others 83 torch_reference 72 fuzz 71 checkpoint 63
+    cuda_one_process 62 memory 61 resume_guard 60 program_errors 58 data_runs 43 fp16 38 attention_fused 38
+    equiv_mlp 37 soak 28 cuda_local_mpi 27 program_failures 23 observe 20 search 17 kernels_matmul_bf16 17
+    scale_compile_time 16 explain_goldens_large 15 scale 13 equiv_ops 12 cli 11 outputs 11 cuda_sync_math 11
+    runtime_program_cli 9 explain_goldens 9 context_parallel 40 attention_torch 20 generate 45)
 
 get_property(ALL_TESTS DIRECTORY PROPERTY TESTS)
 foreach(t ${ALL_TESTS})

@@ -130,6 +130,8 @@ static double *device_field(Device *d, const char *key)
 			return &d->matmul[t];
 		if (!strncmp(key, "memory.", 7) && !strcmp(key + 7, dtypes[t]))
 			return &d->memory_bw[t];
+		if (!strncmp(key, "attention.", 10) && !strcmp(key + 10, dtypes[t]))
+			return &d->attention[t];
 	}
 	if (!strcmp(key, "memory.capacity"))
 		return &d->capacity;
@@ -186,7 +188,8 @@ static bool device_line(Device *d, const char *path, int line, char *key, char *
 	double *field = device_field(d, key);
 	if (!field)
 		return file_error(path, line,
-				  "unknown key '%s' (name, base, matmul.f32|bf16|f16, memory.f32|bf16|f16, memory.capacity, "
+				  "unknown key '%s' (name, base, matmul.f32|bf16|f16, memory.f32|bf16|f16, attention.f32|bf16|f16, "
+				  "memory.capacity, "
 				  "node.ranks, node|net.bandwidth|latency|hop|tree|tree_hop)",
 				  key);
 	*field = v;
@@ -258,6 +261,9 @@ void device_write(FILE *out, const Device *d)
 		fprintf(out, "matmul.%s = %.6g\n", dtypes[t], d->matmul[t]);
 	for (int t = 0; t < 3; t++)
 		fprintf(out, "memory.%s = %.6g\n", dtypes[t], d->memory_bw[t]);
+	for (int t = 0; t < 3; t++)
+		if (d->attention[t] > 0)
+			fprintf(out, "attention.%s = %.6g\n", dtypes[t], d->attention[t]);
 	fprintf(out, "memory.capacity = %.6g\nnode.ranks = %d\n", d->capacity, d->node_ranks);
 	const Link *links[] = {&d->node, &d->net};
 	const char *const link_names[] = {"node", "net"};

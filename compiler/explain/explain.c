@@ -97,9 +97,9 @@ static double attention_flops(const Graph *g, const Op *op, bool local, bool mod
 {
 	int q = op->in[0], k = op->in[1], r = g->vals[q].rank;
 	double sk = (double)g->vals[k].dim[r - 2];
-	if (local)
+	if (local) /* a ring (context parallelism) brings every key block to each rank in turn */
 		for (int ax = 0; ax < g->ps->naxes; ax++)
-			if (g->vals[k].lay.on[ax] == r - 2)
+			if (g->vals[k].lay.on[ax] == r - 2 && ax != g->ps->ring_axis)
 				sk /= g->ps->axes[ax].size;
 	double qe = local ? block_elems(g, q) : (double)value_elems(g, q);
 	return 2.0 * qe * sk * (op->kind == OP_ATTENTION ? 2 : model ? 4 : 5);
@@ -206,7 +206,7 @@ static void add_comm(Report *rep, Role *r, const Kernel *k, const Comm *c)
 	long long n = c->pair >= 0 || c->coll == OP_SEND || c->coll == OP_RECV ? 2 : c->axis >= 0 ? ps->axes[c->axis].size : 1;
 	long long wire = c->bound ? B : wire_bytes(c->coll, n, B); /* a bound: what leaves this rank */
 	bool recompute = k->op >= 0 && g->ops[k->op].recompute;
-	bool transfer = c->coll == OP_SEND || c->coll == OP_RECV;
+	bool transfer = (c->coll == OP_SEND || c->coll == OP_RECV) && c->peer >= 0; /* a pipeline transfer, not a ring's */
 	int nchunks = g->sched && g->sched->chunks > 0 ? g->sched->chunks : 1;
 	/* a transfer belongs to the pass it serves: a gradient's receive is posted during the forward */
 	bool backward = transfer ? c->channel >= nchunks : k->phase == PH_BACKWARD || k->phase == PH_PREPARE_B;
@@ -491,16 +491,19 @@ static double kernel_seconds(const PlanSpec *ps, const LProg *p, const Kernel *k
 	double t = 0;
 	if (kernel_is_gemm(k)) {
 		t = kernel_gemm_flops(k) / d->matmul[dt];
-	} else if (k->kind == K_ATTENTION || k->kind == K_ATTENTION_GRAD) { /* its products (attention_flops) */
-		bool fwd = k->kind == K_ATTENTION;
-		const KArg *ld = fwd ? KARG(k, ATTENTION, ldims) : KARG(k, ATTENTION_GRAD, ldims);
+	} else if (k->kind == K_ATTENTION || k->kind == K_ATTENTION_GRAD || k->kind == K_RING_ATTENTION ||
+		   k->kind == K_RING_ATTENTION_GRAD) { /* its products (attention_flops); a ring's: one block's */
+		/* the ring kernels' arguments start as the plain ones' (ring.c copies them) */
+		KernelKind kind = k->kind == K_RING_ATTENTION ? K_ATTENTION : k->kind == K_RING_ATTENTION_GRAD ? K_ATTENTION_GRAD : k->kind;
+		bool fwd = kind == K_ATTENTION;
+		const KArg *ld = &k->args[fwd ? KARG_INDEX(ATTENTION, ldims) : KARG_INDEX(ATTENTION_GRAD, ldims)];
 		double q = 1;
 		for (int i = 0; i < ld->n; i++)
 			q *= (double)ld->ints[i];
-		double sk = (double)(fwd ? KARG(k, ATTENTION, sk) : KARG(k, ATTENTION_GRAD, sk))->i;
-		long long causal = (fwd ? KARG(k, ATTENTION, mask_kind) : KARG(k, ATTENTION_GRAD, mask_kind))->i == 1;
+		double sk = (double)k->args[fwd ? KARG_INDEX(ATTENTION, sk) : KARG_INDEX(ATTENTION_GRAD, sk)].i;
+		long long causal = k->args[fwd ? KARG_INDEX(ATTENTION, mask_kind) : KARG_INDEX(ATTENTION_GRAD, mask_kind)].i == 1;
 		double flops = 2.0 * q * sk * (fwd ? 2 : 5) * (causal ? 0.5 : 1); /* causal: key tiles skipped */
-		t = flops / d->matmul[dt];
+		t = flops / (d->attention[dt] > 0 ? d->attention[dt] : d->matmul[dt]);
 	} else if (k->kind == K_LOOP) {
 		double elems = 1;
 		for (int i = 0; i < k->rank; i++)
@@ -537,7 +540,7 @@ void explain_costs(const Graph *g, const Lowered *low, int role, double *fc, dou
 			const Kernel *k = &lp->k[i];
 			double t = kernel_seconds(g->ps, lp, k);
 			for (int c = 0; c < k->ncomm; c++)
-				if (k->comm[c].coll == OP_SEND && comm_seconds(g->ps, &k->comm[c]) > *xfer)
+				if (k->comm[c].coll == OP_SEND && k->comm[c].peer >= 0 && comm_seconds(g->ps, &k->comm[c]) > *xfer)
 					*xfer = comm_seconds(g->ps, &k->comm[c]);
 			if (k->only_last_micro)
 				t /= m; /* once per step: spread over the micro-batches */
@@ -742,24 +745,26 @@ bool explain_summary(Graph *g, const Lowered *low, ExplainSummary *out)
 
 /* The seconds explain_costs gives the compute kernels (no communication) of every program, in
  * the phases it counts: planc search's lower bound (search.c says why it bounds every plan). */
-double explain_compute_seconds(const Lowered *low)
+void explain_compute_seconds(const Lowered *low, double *micro_batches, double *update)
 {
 	int m = low->g->sched ? low->g->sched->micro : 1;
-	double t = 0;
+	*micro_batches = *update = 0;
 	for (int i = 0; i < low->nprogs; i++) {
 		const LProg *lp = low->progs[i];
 		for (int j = 0; j < lp->nk; j++) {
 			const Kernel *k = &lp->k[j];
 			Phase ph = k->phase;
-			bool counted = ph == PH_PREPARE_F || ph == PH_FORWARD || ph == PH_PREPARE_B || ph == PH_BACKWARD ||
-				       ph == PH_STEP_BEGIN || ph == PH_STEP;
+			bool step = ph == PH_STEP_BEGIN || ph == PH_STEP;
+			bool counted = step || ph == PH_PREPARE_F || ph == PH_FORWARD || ph == PH_PREPARE_B || ph == PH_BACKWARD;
 			if (kernel_classes[k->kind] != KC_COMPUTE || k->ncomm || !counted)
 				continue;
 			double c = kernel_seconds(low->g->ps, lp, k);
-			t += ph == PH_STEP_BEGIN || ph == PH_STEP || k->only_last_micro ? c : c * m;
+			if (step)
+				*update += c;
+			else
+				*micro_batches += k->only_last_micro ? c : c * m;
 		}
 	}
-	return t;
 }
 
 /* ---------------------------------------------------------------- printing */

@@ -24,6 +24,7 @@ typedef struct Device {
 	const char *key, *name;
 	double matmul[3];    /* dense matmul FLOP/s by element type: f32, bf16, f16 */
 	double memory_bw[3]; /* bytes/s element-wise kernels move, by element type */
+	double attention[3]; /* FLOP/s of the fused attention by element type (0: the matmul rate) */
 	double capacity;     /* bytes of device memory per rank */
 	int node_ranks;      /* ranks per node */
 	Link node, net;      /* within a node, between nodes */
@@ -48,8 +49,9 @@ typedef struct ExplainSummary {
 	bool runnable;
 } ExplainSummary;
 bool explain_summary(Graph *g, const Lowered *low, ExplainSummary *out);
-/* The estimate's seconds of every compute kernel of every program, summed (search.c's bound). */
-double explain_compute_seconds(const Lowered *low);
+/* The estimate's seconds of every compute kernel of every program, summed (search.c's bounds):
+ * those of the forward and backward phases (all micro-batches) and those of the update phase. */
+void explain_compute_seconds(const Lowered *low, double *micro_batches, double *update);
 /* The estimate's costs in seconds for the programs of one rank role (RANKROLE_ANY, or an async
  * role): one micro-batch's forward and backward per stage and chunk (fc, bc: [stages * chunks]),
  * the longest transfer between stages, and each stage's update phase (update: [stages]). */

@@ -266,6 +266,11 @@ typedef struct PlanSpec {
 
 	RecomputeMode recompute;
 	bool attention_unfused; /* `attention unfused`: attention chains stay as written (graph/attention.c) */
+	/* `shard ring_attention -> AXIS` (nn.context_parallel): fused attention whose query rows are split
+	 * over AXIS keeps K/V split too and passes them around a ring (lower/ring.c); -1: none */
+	int ring_axis;
+	Loc ring_loc;
+	const Source *ring_src;
 
 	DType param_dtype;  /* compute/storage precision: f32, bf16 or f16 */
 	DType master_dtype; /* f32 master weights when param_dtype is lower, else = param_dtype */

@@ -1337,6 +1337,7 @@ static bool is_dim_name(PlanCtx *pc, const char *name)
 
 static int moe_rule_target(Expr *lhs, Expr **pattern);
 static void moe_rule(PlanCtx *pc, const Frame *fr, Expr *e, int kind, Expr *pat, int stage);
+static void ring_rule(PlanCtx *pc, const Frame *fr, Expr *e, int stage);
 
 /* `DIM -> AXIS`: the model's dim DIM split over mesh axis AXIS. */
 static void dim_rule(PlanCtx *pc, const Frame *fr, Expr *e, int stage)
@@ -1529,13 +1530,48 @@ static void shard_rule(PlanCtx *pc, const Frame *fr, Arg *arg, int stage)
 	}
 	Expr *moe_pat;
 	int moe = moe_rule_target(e->lhs, &moe_pat);
-	if (moe)
+	if (e->lhs && e->lhs->kind == E_NAME && !strcmp(e->lhs->text, "ring_attention"))
+		ring_rule(pc, fr, e, stage);
+	else if (moe)
 		moe_rule(pc, fr, e, moe, moe_pat, stage);
 	else
 		dim_rule(pc, fr, e, stage);
 }
 
 static void plan_stmts(PlanCtx *pc, const Frame *fr, PlanStmt *st, int stage);
+
+/* `shard ring_attention -> AXIS` (nn.context_parallel, docs/attention.md): attention over a
+ * sequence split on AXIS passes K/V around a ring instead of gathering them. One axis per plan,
+ * for every stage. */
+static void ring_rule(PlanCtx *pc, const Frame *fr, Expr *e, int stage)
+{
+	int ax = resolve_axis(pc, fr, e->rhs);
+	if (ax < 0)
+		return;
+	PlanSpec *ps = pc->ps;
+	if (stage >= 0) {
+		perr(fr, fr->src, e->loc, "ring attention applies to every stage, not to one stage block");
+		diag_note_plain("move 'shard ring_attention -> %s' (or 'use nn.context_parallel(%s)') out of the stage block",
+				ps->axes[ax].name, ps->axes[ax].name);
+		return;
+	}
+	if (ps->ring_axis >= 0 && ps->ring_axis != ax) {
+		perr(fr, fr->src, e->loc, "attention already passes K/V around a ring over mesh axis '%s'",
+		     ps->axes[ps->ring_axis].name);
+		diag_note(ps->ring_src, ps->ring_loc, "the ring is set here");
+		return;
+	}
+	ps->ring_axis = ax;
+	ps->ring_loc = e->loc;
+	ps->ring_src = fr->src;
+	if (fr->strategy) { /* located at the outermost `use` in the plan, as other strategy rules */
+		const Frame *f = fr;
+		while (f->up && f->up->strategy)
+			f = f->up;
+		ps->ring_loc = f->use_loc;
+		ps->ring_src = f->use_src;
+	}
+}
 
 /* The target of an expert rule: `experts` or `expert_hidden`, bare or with a parameter pattern
  * (`experts(layers.*.ffn.*)`); *pattern is that argument or NULL. */
@@ -3186,6 +3222,7 @@ static void plan_defaults(PlanSpec *ps)
 	ps->world = 1;
 	ps->micro_batches = 1;
 	ps->pipe_axis = -1;
+	ps->ring_axis = -1;
 	ps->stages = 1;
 	ps->chunks = 1;
 	ps->zero_axis = -1;

@@ -398,11 +398,14 @@ void graph_dump(FILE *out, const Graph *g)
 			fprintf(out, " layer=%d", op->layer);
 		if (g->ps->pipe_axis >= 0)
 			fprintf(out, " stage=%d", op->stage);
-		if (op->kind == OP_PARAM || op->kind == OP_INPUT)
+		if (op->kind == OP_PARAM || op->kind == OP_INPUT || op->kind == OP_KV_CACHE)
 			fprintf(out, " %s", g->vals[op->out[0]].name);
 		fputc('\n', out);
 	}
 	dump_state(out, g);
+	if (g->decode)
+		fprintf(out, "# decode: the next token's logits %%%d; position %%%d; caches of %lld rows\n", g->logits,
+			g->position, g->context);
 }
 
 /* ------------------------------------------------------------------ elaboration */
@@ -2376,6 +2379,8 @@ Graph *graph_build(PlanSpec *ps)
 	g->loss = -1;
 	g->zero = (ZeroSharding){.stage = 0, .axis = -1, .size = 1};
 	g->sync.axis = -1;
+	g->logits = -1;
+	g->position = -1;
 	Elab e = {0};
 	e.g = g;
 	e.ps = ps;

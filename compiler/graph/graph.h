@@ -86,7 +86,9 @@ extern long long graph_max_repeat;
 	X(ROPE, "rope", OPK_SHAPE)                      /* f: theta, n: rot_dim, dim: seq dim, dim2: heads first */ \
 	X(ROPE_GRAD, "rope_grad", OPK_SHAPE) \
 	X(ATTENTION, "attention", OPK_ATTENTION)        /* attention.c: f scale, n AttnMask, dropout_p */ \
-	X(ATTENTION_GRAD, "attention_grad", OPK_ATTENTION)
+	X(ATTENTION_GRAD, "attention_grad", OPK_ATTENTION) \
+	X(KV_CACHE, "kv_cache", OPK_SOURCE)             /* decode.c: a layer's key or value cache */ \
+	X(DECODE_ATTENTION, "decode_attention", OPK_ATTENTION) /* decode.c: q, k, v, position, caches; f scale, n rows */
 
 typedef enum {
 #define X(name, text, kind) OP_##name,
@@ -264,6 +266,10 @@ typedef struct Graph {
 	Schedule *sched;
 	ZeroSharding zero; /* zero.c */
 	GradSync sync;     /* sync.c */
+	/* the decode graph (decode.c): the next token's logits, the position input, the cache rows */
+	bool decode;
+	int logits, position;
+	long long context;
 } Graph;
 
 Graph *graph_build(PlanSpec *ps); /* elaborate the model; NULL after reporting errors */
@@ -321,6 +327,9 @@ double pipeline_simulate(const Graph *g, const double *fcost, const double *bcos
 /* The same simulation's timeline: start and end[s * 2n + k] are when stage s starts and finishes
  * action k of its schedule table (n = micro-batches x chunks). */
 void pipeline_timeline(const Graph *g, const double *fcost, const double *bcost, double xfer, double *start, double *end);
+/* decode.c: the model's decode graph for generation, one token per step with a key/value cache
+ * (NULL after reporting why the model cannot generate) */
+Graph *decode_graph(PlanSpec *ps, const Graph *train);
 bool zero(Graph *g);         /* zero.c: ZeRO state sharding and offload placement */
 bool sync_grads(Graph *g);   /* sync.c: gradient buckets, compression, local SGD, async */
 /* sync.c: what compression sends for a gradient block of rows x cols elements (cols: the last dim,

@@ -12,7 +12,14 @@
  *   S(d) -> R all_gather          S(d) -> S(e) all_to_all      R -> S(d)  slice (no traffic)
  * A partial sum is resolved into the dim a dim rule prefers on that axis (`shard S -> tensor`
  * makes Megatron's all-reduce a reduce-scatter: sequence parallelism), else all-reduced.
- * Divisibility of every split dim by its axes is checked here, with the op's location. */
+ * Divisibility of every split dim by its axes is checked here, with the op's location.
+ *
+ * Key/value heads fewer than the tensor ranks that split the query heads (MQA, GQA with
+ * kv_heads < tp) are replicated as Megatron-LM does: the K/V projection weights stay whole on
+ * every rank (a column rule on them is not applied on that axis), each rank computes the kv heads
+ * and repeats the one its query heads share (repeat_kv of its block), and the gradient of the
+ * repeat is each rank's partial sum, so the projections' gradients are all-reduced over the
+ * ranks that replicate them (sync.c, as any partial-sum gradient). */
 #include "graph/graph.h"
 
 #include <stdlib.h>
@@ -44,6 +51,14 @@ typedef struct Shard {
 	int moe_nvals; /* the values moe_analyse classed; later ones (collectives' outputs) are none */
 	const Op *old;
 	int cur_old;
+	/* key/value heads replicated over tensor ranks (kv_analyse): per value, the kv heads of the
+	 * attention a K/V projection weight or bias feeds (0: none) and its query heads; for the
+	 * attention gradient being placed, the gradients of k and v it now gives per replica (-1:
+	 * none) with the kv gradient each is summed into, the axis and the repeat factor */
+	int *kv_heads, *kv_q_heads;
+	int kv_nvals;
+	int kv_grad[2], kv_grad_of[2], kv_axis, kv_rep;
+	int ring_ops; /* attention ops placed as a ring over the plan's ring axis */
 } Shard;
 
 /* ---------------------------------------------------------------- op list rebuilding */
@@ -136,8 +151,8 @@ static bool check_divisible(Shard *s, int v, const Layout *l, int dim, const Op 
 			  uses[0] ? uses : "");
 		if (kv)
 			diag_note_plain("the query heads are split over the axis, and repeat_kv gives each its key/value head, "
-					"so those would be split too; planc does not replicate key/value heads over tensor ranks "
-					"(Megatron does when there are fewer than the ranks): use kv_heads divisible by the "
+					"so those would be split too; key/value heads fewer than the ranks are replicated only "
+					"when the axis is a multiple of kv_heads: use kv_heads dividing or divisible by the "
 					"axis, or leave the query projection unsplit");
 		else if (heads)
 			diag_note_plain("column-parallel attention weights split the heads over the axis; use a head count "
@@ -1234,6 +1249,75 @@ static void moe_rules_check(Shard *s)
 }
 
 /* Layout of a parameter from the plan's rules (the last matching rule wins). */
+/* ---------------------------------------------------------------- key/value heads replicated */
+
+/* Marks the K/V projection parameters (weight of the matmul, bias added) that value v, the k or v
+ * input of an attention with kv key/value heads and q query heads, comes from: through rope,
+ * split_heads, a bias add and the matmul by the weight (or its transpose). */
+static void mark_kv_projection(Shard *s, const Op *old, int v, int kv, int q)
+{
+	const Graph *g = s->g;
+	for (int steps = 0; v >= 0 && steps < 16; steps++) {
+		int d = g->vals[v].def;
+		if (d < 0)
+			return;
+		const Op *op = &old[d];
+		int next = -1;
+		for (int i = 0; i < op->nin && (op->kind == OP_ADD || op->kind == OP_MATMUL); i++) {
+			int w = op->in[i], wd = g->vals[w].def;
+			if (wd >= 0 && old[wd].kind == OP_TRANSPOSE)
+				w = old[wd].in[0], wd = g->vals[w].def;
+			if (wd >= 0 && old[wd].kind == OP_PARAM && w < s->kv_nvals) {
+				s->kv_heads[w] = kv;
+				s->kv_q_heads[w] = q;
+			} else if (op->kind == OP_ADD) {
+				next = op->in[i];
+			}
+		}
+		if (op->kind == OP_ROPE || op->kind == OP_SPLIT_HEADS)
+			next = op->in[0];
+		v = next;
+	}
+}
+
+/* The K/V projections of every attention (fused, or repeat_kv's input when unfused). */
+static void kv_analyse(Shard *s, const Op *old, int nold)
+{
+	s->kv_nvals = s->g->nvals;
+	s->kv_heads = calloc((size_t)s->kv_nvals + 1, sizeof(int));
+	s->kv_q_heads = calloc((size_t)s->kv_nvals + 1, sizeof(int));
+	if (!s->kv_heads || !s->kv_q_heads)
+		ICE("out of memory");
+	for (int i = 0; i < nold; i++) {
+		const Op *op = &old[i];
+		if (op->backward || (op->kind != OP_ATTENTION && op->kind != OP_REPEAT_KV))
+			continue;
+		const Value *q = &s->g->vals[op->kind == OP_ATTENTION ? op->in[0] : op->out[0]];
+		int hd = op->kind == OP_ATTENTION ? q->rank - 3 : op->dim;
+		for (int j = op->kind == OP_ATTENTION ? 1 : 0; j < (op->kind == OP_ATTENTION ? 3 : 1); j++)
+			mark_kv_projection(s, old, op->in[j], (int)s->g->vals[op->in[j]].dim[hd], (int)q->dim[hd]);
+	}
+}
+
+/* Whether kv key/value heads under q query heads split over n ranks are replicated: fewer kv
+ * heads than ranks, each rank's query heads within one kv head's group. */
+static bool kv_replicated(long long kv, long long q, long long n)
+{
+	return n > 1 && kv > 0 && kv % n != 0 && n % kv == 0 && q % n == 0;
+}
+
+/* A K/V projection weight or bias whose output columns an axis would split into parts of kv
+ * heads fewer than the ranks stays whole on that axis (Megatron's replicated K/V projection). */
+static void replicate_kv_projection(Shard *s, int v)
+{
+	Value *val = &s->g->vals[v];
+	if (v >= s->kv_nvals || !s->kv_heads[v])
+		return;
+	for (int a = 0; a < s->ps->naxes; a++)
+		if (val->lay.on[a] == val->rank - 1 && kv_replicated(s->kv_heads[v], s->kv_q_heads[v], s->ps->axes[a].size))
+			val->lay.on[a] = LAYOUT_R;
+}
+
 static bool param_layout(Shard *s, Op *op)
 {
 	Graph *g = s->g;
@@ -1260,6 +1344,7 @@ static bool param_layout(Shard *s, Op *op)
 	for (int d = 0; d < v->rank; d++)
 		if (hit->axes[d] >= 0)
 			v->lay.on[hit->axes[d]] = (signed char)d;
+	replicate_kv_projection(s, op->out[0]);
 	for (int d = 0; d < v->rank; d++) {
 		long long n = split_product(s, &v->lay, d);
 		if (n > 1 && v->dim[d] % n) {
@@ -1352,11 +1437,133 @@ static void rule_view(Shard *s, Op *op, int a)
 		check_divisible(s, op->out[0], &g->vals[op->out[0]].lay, out, op);
 }
 
+/* k or v [.., K, S, Dh] of an attention whose query heads axis a splits, with K kv heads fewer
+ * than its ranks: made whole on the axis and repeated rep times, each rank keeping the block of
+ * the K rep heads its query heads read (repeat_kv from the whole kv heads: no communication). */
+static int replicate_kv(Shard *s, int v, int a, int rep)
+{
+	Graph *g = s->g;
+	v = convert_axis(s, v, a, LAYOUT_R);
+	const Value *src = &g->vals[v];
+	int r = src->rank;
+	long long dim[MAX_DIMS];
+	for (int d = 0; d < r; d++)
+		dim[d] = src->dim[d];
+	dim[r - 3] *= rep;
+	int nv = graph_add_value(g, src->dtype, r, dim, (const char *const *)g->vals[v].dim_name);
+	g->vals[nv].name = g->vals[v].name;
+	g->vals[nv].layer = g->vals[v].layer;
+	g->vals[nv].lay = g->vals[v].lay;
+	g->vals[nv].lay.on[a] = (signed char)(r - 3);
+	Op op;
+	op_clear(&op);
+	op_inherit(&op, s->cur);
+	op.kind = OP_REPEAT_KV;
+	op.nin = op.nout = 1;
+	op.in[0] = v;
+	op.out[0] = nv;
+	op.dim = r - 3;
+	op.n = rep;
+	push_op(s, &op);
+	return nv;
+}
+
+/* The attention gradient's dk or dv (output i) where its k or v was replicated: the op gives the
+ * gradient of the repeated heads (a new value), which kv_grads sums into the kv heads after it. */
+static void replicated_kv_grad(Shard *s, Op *op, int i, int a)
+{
+	Graph *g = s->g;
+	const Value *rep = &g->vals[op->in[i]], *kv = &g->vals[op->out[i]];
+	int r = rep->rank;
+	if (rep->dim[r - 3] == kv->dim[r - 3] || st(s, op->in[i], a) != r - 3 ||
+	    !kv_replicated(kv->dim[r - 3], g->vals[op->in[0]].dim[r - 3], s->ps->axes[a].size))
+		return;
+	long long dim[MAX_DIMS];
+	const char *names[MAX_DIMS];
+	for (int d = 0; d < r; d++)
+		dim[d] = rep->dim[d], names[d] = rep->dim_name[d];
+	int nv = graph_add_value(g, kv->dtype, r, dim, names);
+	g->vals[nv].name = g->vals[op->out[i]].name;
+	g->vals[nv].layer = g->vals[op->out[i]].layer;
+	g->vals[nv].lay = g->vals[op->out[i]].lay; /* as the axes placed before this one left it */
+	s->kv_grad[i - 1] = nv;
+	s->kv_grad_of[i - 1] = op->out[i];
+	s->kv_axis = a;
+	s->kv_rep = (int)(g->vals[nv].dim[r - 3] / g->vals[op->out[i]].dim[r - 3]);
+	op->out[i] = nv;
+}
+
+/* After an attention gradient with replicated k and v: each rank's dk, dv of its repeated heads
+ * summed into the kv heads (repeat_kv_grad), a partial sum over the axis that replicated them. */
+static void kv_grads(Shard *s, const Op *placed)
+{
+	for (int i = 0; i < 2; i++) {
+		if (s->kv_grad[i] < 0)
+			continue;
+		Graph *g = s->g;
+		int dk = s->kv_grad[i], out = s->kv_grad_of[i];
+		g->vals[out].lay = g->vals[dk].lay;
+		g->vals[out].lay.on[s->kv_axis] = LAYOUT_P;
+		Op op;
+		op_clear(&op);
+		op_inherit(&op, placed);
+		op.kind = OP_REPEAT_KV_GRAD;
+		op.nin = op.nout = 1;
+		op.in[0] = dk;
+		op.out[0] = out;
+		op.dim = g->vals[dk].rank - 3;
+		op.n = s->kv_rep;
+		push_op(s, &op);
+		s->kv_grad[i] = -1;
+	}
+}
+
+/* Whether attention op, its query rows split over the ring axis (`shard ring_attention -> axis`),
+ * can keep K/V split and pass them around the ring (lower/ring.c); reports what is missing when it
+ * cannot: an additive mask (its key dim would have to travel with the block) and storage other
+ * than f32. */
+static bool ring_possible(Shard *s, const Op *op, int mask)
+{
+	const PlanSpec *ps = s->ps;
+	const char *missing = mask >= 0 ? "an additive attention mask (padding or document masks)"
+			      : ps->param_dtype != DT_F32 ? "bf16 or f16 storage" : NULL;
+	if (!missing)
+		return true;
+	if (!s->failed) {
+		diag_error(ps->ring_src, ps->ring_loc, "ring attention over mesh axis '%s' does not support %s yet",
+			   ps->axes[ps->ring_axis].name, missing);
+		if (op->src)
+			diag_note(op->src, op->loc, "the attention it would run");
+		diag_note_plain("use a causal or unmasked f32 attention, or split the sequence without the ring (shard S -> %s)",
+				ps->axes[ps->ring_axis].name);
+	}
+	s->failed = true;
+	return false;
+}
+
+/* `shard ring_attention -> axis` that no attention took: the sequence is not split over the axis
+ * where attention runs, the attention is unfused, or Ulysses moved the split to the heads. */
+static void ring_unused(Shard *s)
+{
+	const PlanSpec *ps = s->ps;
+	const char *axis = ps->axes[ps->ring_axis].name;
+	diag_error(ps->ring_src, ps->ring_loc, "ring attention over mesh axis '%s' applies to no attention", axis);
+	if (ps->attention_unfused)
+		diag_note_plain("the ring runs the fused attention op: remove 'attention unfused'");
+	else
+		diag_note_plain("the ring needs fused attention whose sequence is split over '%s' (shard S -> %s) and "
+				"its heads not (Ulysses: shard H -> %s)", axis, axis, axis);
+	s->failed = true;
+}
+
 /* Fused attention (attention.c) q, k, v [.., H, S, Dh] (and out, lse, dy in its gradient): a split
  * batch or head dim stays split, and k, v and the others follow it; Ulysses moves a sequence split
  * to the heads when a dim rule prefers them (an all-to-all); a split of the query rows stays, with
  * k and v gathered whole (each rank attends its rows to every key) and their gradients partial
- * sums; a head-dim split is gathered. An additive mask follows where it has the split dim. */
+ * sums, unless the axis is the plan's ring (context parallelism): then k, v and their gradients
+ * stay split like q, and lowering passes the blocks around the ring; a head-dim split is gathered.
+ * An additive mask follows where it has the split dim. Key/value heads fewer than the ranks
+ * splitting the query heads are replicated (replicate_kv). */
 static void rule_attention(Shard *s, Op *op, int a)
 {
 	Graph *g = s->g;
@@ -1370,12 +1577,19 @@ static void rule_attention(Shard *s, Op *op, int a)
 		op->in[0] = convert_axis(s, op->in[0], a, p >= 0 ? p : sq == r - 2 ? sq : LAYOUT_R);
 		sq = st(s, op->in[0], a);
 	}
-	bool rows = sq == r - 2;
+	bool rows = sq == r - 2, ring = rows && a == s->ps->ring_axis && ring_possible(s, op, mask);
+	s->ring_ops += ring && !grad;
+	long long n = s->ps->axes[a].size, q_heads = g->vals[op->in[0]].dim[r - 3];
 	for (int i = 1; i < nt; i++) {
-		int want = rows && (i == 1 || i == 2) ? LAYOUT_R : sq;
-		if (st(s, op->in[i], a) != want)
+		int want = rows && !ring && (i == 1 || i == 2) ? LAYOUT_R : sq;
+		long long kv = g->vals[op->in[i]].dim[r - 3];
+		if (!grad && (i == 1 || i == 2) && want == r - 3 && kv_replicated(kv, q_heads, n))
+			op->in[i] = replicate_kv(s, op->in[i], a, (int)(n / kv));
+		else if (st(s, op->in[i], a) != want)
 			op->in[i] = convert_axis(s, op->in[i], a, want);
 	}
+	for (int i = 1; grad && i < 3; i++)
+		replicated_kv_grad(s, op, i, a);
 	if (mask >= 0) {
 		const Value *m = &g->vals[op->in[mask]], *q = &g->vals[op->in[0]];
 		int want = sq >= 0 && m->dim[sq] == q->dim[sq] ? sq : LAYOUT_R;
@@ -1383,7 +1597,7 @@ static void rule_attention(Shard *s, Op *op, int a)
 			op->in[mask] = convert_axis(s, op->in[mask], a, want);
 	}
 	set_out(s, op, a, sq);
-	if (grad && rows)
+	if (grad && rows && !ring)
 		for (int i = 1; i < 3; i++)
 			g->vals[op->out[i]].lay.on[a] = LAYOUT_P;
 }
@@ -1570,6 +1784,7 @@ static int place_op(Shard *s, Op *op)
 	int placed_index = s->out.n - 1;
 	note_forward_copies(s, placed, original_in);
 	vocab_parallel_reductions(s, placed);
+	kv_grads(s, placed);
 	moe_dispatched_layout(s, placed);
 	check_outputs_divisible(s, placed);
 	return placed_index;
@@ -1595,6 +1810,8 @@ bool shard(Graph *g)
 		s.fwd_copy[i] = -1;
 	int *remap = arena_alloc(g->arena, sizeof(int) * (size_t)(nold + 1));
 	moe_analyse(&s, old, nold);
+	kv_analyse(&s, old, nold);
+	s.kv_grad[0] = s.kv_grad[1] = -1;
 	for (int i = 0; i < nold && !s.failed; i++) {
 		if (i == g->nfwd)
 			nfwd_new = s.out.n;
@@ -1615,8 +1832,12 @@ bool shard(Graph *g)
 	free(s.fwd_copy);
 	if (!s.failed)
 		moe_rules_check(&s);
+	if (!s.failed && g->ps->ring_axis >= 0 && !s.ring_ops)
+		ring_unused(&s);
 	free(s.moe_param);
 	free(s.moe_layer);
+	free(s.kv_heads);
+	free(s.kv_q_heads);
 	if (s.failed)
 		return false;
 	for (int i = 0; i < s.out.n; i++)

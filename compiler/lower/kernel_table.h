@@ -104,7 +104,7 @@
 	  KP(I64, vocab_local)) \
 	X(CROSS_ENTROPY, "cross_entropy", KC_COMPUTE, planrt_cross_entropy_f32, KDEV(planrt_cu_cross_entropy_f32), \
 	  KP(F32_IN, logits) KP(I32_IN, targets) KP(F32_OUT, loss) KP(F32_OUT, lse) KP(I64, rows) \
-	  KP(I64, cols) KP(I64, vocab_lo) KP(F64, scale) KP(COMM, vocab_comm) KP(OUT, scratch)) \
+	  KP(I64, cols) KP(I64, vocab_lo) KP(F64, scale) KP(F64_OUT, correct) KP(COMM, vocab_comm) KP(OUT, scratch)) \
 	X(CE_GRAD, "cross_entropy_grad", KC_COMPUTE, planrt_k_ce_grad_f32, KDEV(planrt_cu_k_ce_grad_f32), \
 	  KP(F32_IN, logits) KP(I32_IN, targets) KP(F32_IN, lse) KP(I64, rows) KP(I64, cols) KP(I64, vocab_lo) \
 	  KP(SCALAR, dscale) KP(F32_OUT, dlogits)) \
@@ -291,9 +291,11 @@
 	  KP(F32_IN, dy) KP(F32_OUT, dx) KP(I64, outer) KP(I64, n) KP(I64, inner) KP(I64, start) KP(I64, len) \
 	  KP(ACCUMULATE, accumulate)) \
 	X(REPEAT_KV, "repeat_kv", KC_COMPUTE, planrt_k_repeat_kv_f32, KDEV(planrt_cu_k_repeat_kv_f32), \
-	  KP(F32_IN, x) KP(F32_OUT, y) KP(I64, outer) KP(I64, heads) KP(I64, n_rep) KP(I64, inner)) \
+	  KP(F32_IN, x) KP(F32_OUT, y) KP(I64, outer) KP(I64, heads) KP(I64, n_rep) KP(I64, inner) KP(I64, y_heads) \
+	  KP(I64, y_head_lo)) \
 	X(REPEAT_KV_GRAD, "repeat_kv_grad", KC_COMPUTE, planrt_k_repeat_kv_grad_f32, KDEV(planrt_cu_k_repeat_kv_grad_f32), \
-	  KP(F32_IN, dy) KP(F32_OUT, dx) KP(I64, outer) KP(I64, heads) KP(I64, n_rep) KP(I64, inner)) \
+	  KP(F32_IN, dy) KP(F32_OUT, dx) KP(I64, outer) KP(I64, heads) KP(I64, n_rep) KP(I64, inner) KP(I64, y_heads) \
+	  KP(I64, y_head_lo)) \
 	X(ROPE, "rope", KC_COMPUTE, planrt_k_rope_f32, KDEV(planrt_cu_k_rope_f32), \
 	  KP(F32_IN, x) KP(F32_OUT, y) KP(I64, batch) KP(I64, seq) KP(I64, heads) KP(I64, head_dim) \
 	  KP(I64, rot_dim) KP(FLAG, heads_first) KP(I32_IN, pos) KP(I64, pos_stride) KP(I64, pos_off) \
@@ -325,6 +327,28 @@
 	  KP(F32_IN, lse) KP(F32_IN, dout) KP(F32_OUT, dq) KP(F32_OUT, dk) KP(F32_OUT, dv) KP(INT, rank) \
 	  KP(DIMS, ldims) KP(I64, kv_heads) KP(I64, sk) KP(F64, scale) KP(INT, mask_kind) KP(F64, p) \
 	  KP(STEP_SEED, seed) KP(U64, key) KP(DIMS, gdims) KP(DIMS, offs) KP(OUT, scratch)) \
+	X(RING_ATTENTION, "ring_attention", KC_COMPUTE, planrt_k_ring_attention_f32, KDEV_HOST, \
+	  KP(F32_IN, q) KP(F32_IN, k) KP(F32_IN, v) KP(F32_IN, mask) KP(DIMS, mask_strides) KP(F32_OUT, out) \
+	  KP(F32_OUT, lse) KP(INT, rank) KP(DIMS, ldims) KP(I64, kv_heads) KP(I64, sk) KP(F64, scale) \
+	  KP(INT, mask_kind) KP(F64, p) KP(STEP_SEED, seed) KP(U64, key) KP(DIMS, gdims) KP(DIMS, offs) \
+	  KP(OUT, scratch) KP(I64, coord) KP(INT, step) KP(INT, size)) \
+	X(RING_ATTENTION_GRAD, "ring_attention_grad", KC_COMPUTE, planrt_k_ring_attention_grad_f32, KDEV_HOST, \
+	  KP(F32_IN, q) KP(F32_IN, k) KP(F32_IN, v) KP(F32_IN, mask) KP(DIMS, mask_strides) KP(F32_IN, out) \
+	  KP(F32_IN, lse) KP(F32_IN, dout) KP(F32_OUT, dq) KP(F32_OUT, dk) KP(F32_OUT, dv) KP(INT, rank) \
+	  KP(DIMS, ldims) KP(I64, kv_heads) KP(I64, sk) KP(F64, scale) KP(INT, mask_kind) KP(F64, p) \
+	  KP(STEP_SEED, seed) KP(U64, key) KP(DIMS, gdims) KP(DIMS, offs) KP(OUT, scratch) KP(I64, coord) \
+	  KP(INT, step) KP(INT, size)) \
+	X(RING_SHIFT, "ring_shift", KC_COMM, planrt_ring_shift_start, KDEV_HOST, \
+	  KP(IN, send) KP(OUT, recv) KP(I64, n) KP(DTYPE, t) KP(COMM, c) KP(INT, tag) KP(REQUEST, send_req) \
+	  KP(REQUEST, recv_req)) \
+	X(DECODE_ATTENTION, "decode_attention", KC_COMPUTE, planrt_decode_attention_f32, KDEV_HOST, \
+	  KP(F32_IN, q) KP(F32_IN, k) KP(F32_IN, v) KP(F32_OUT, kcache) KP(F32_OUT, vcache) KP(F32_OUT, out) \
+	  KP(I32_IN, pos) KP(I64, batch) KP(I64, heads) KP(I64, kv_heads) KP(I64, head_dim) KP(I64, tmax) \
+	  KP(F64, scale)) \
+	X(DECODE_INPUT, "decode_input", KC_IO, planrt_decode_input, KDEV_HOST, \
+	  KP(CTX, ctx) KP(I32_OUT, dst) KP(FLAG, position)) \
+	X(DECODE_LOGITS, "decode_logits", KC_IO, planrt_decode_logits, KDEV_HOST, \
+	  KP(CTX, ctx) KP(F32_IN, logits) KP(I64, vocab)) \
 	Y(OPAQUE, "op", KC_OPAQUE)
 
 

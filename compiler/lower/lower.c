@@ -269,6 +269,12 @@ void karg_coord(LProg *p, Kernel *k, long long base, int axis, long long stride)
 	push_arg(p, k, &a, false);
 }
 
+void karg_copy(LProg *p, Kernel *k, const KArg *a)
+{
+	internal_assert(a->kind != KA_BUF && a->kind != KA_BUFS && a->kind != KA_SCALAR);
+	push_arg(p, k, a, false);
+}
+
 static void karg_offset(LProg *p, Kernel *k, int b, int dim)
 {
 	KArg a = blank_arg(KA_OFFSET);
@@ -1066,6 +1072,22 @@ static void check_labels(Lower *L, const Op *op, int oi)
 	karg(p, k, KA_STEP, 0);
 }
 
+/* A loss that is a cross-entropy's output is a classification's: every stage gets the metric
+ * counting the rows whose target class has the largest logit (zero where the loss is not
+ * computed), which the cross-entropy kernel adds to and evaluation reports as the accuracy
+ * (state.c's phase_eval) over the batch's accuracy_rows (its micro-batches' targets). */
+static void accuracy_metric(Lower *L)
+{
+	const Graph *g = L->g;
+	LProg *p = L->p;
+	int d = g->loss >= 0 ? g->vals[g->loss].def : -1;
+	if (d < 0 || g->ops[d].kind != OP_CROSS_ENTROPY)
+		return;
+	p->accuracy_metric = buffer_new(p, BUF_STATE, DT_F64, 1, "correct", "the rows whose target has the largest logit");
+	p->buf[p->accuracy_metric].state = SC_METRIC;
+	p->accuracy_rows = value_elems(g, g->ops[d].in[1]) * (g->ps->micro_batches > 0 ? g->ps->micro_batches : 1);
+}
+
 /* Vocab-parallel cross-entropy all-reduces its row statistics inside its kernel: the internal
  * reductions shard.c placed right after it are this kernel's communication. */
 static void lower_cross_entropy(Lower *L, const Op *op, int oi)
@@ -1087,6 +1109,10 @@ static void lower_cross_entropy(Lower *L, const Op *op, int oi)
 	karg_int(p, k, cols_of(g, logits));
 	karg_offset(p, k, logits, r - 1);
 	karg_f64(p, k, 1.0 / (double)value_elems(g, targets));
+	if (op->out[0] == g->loss && p->accuracy_metric >= 0)
+		karg_buf(p, k, p->accuracy_metric, true, true);
+	else
+		karg(p, k, KA_NULL, 0);
 	karg(p, k, vaxis >= 0 ? KA_AXIS : KA_NULL, vaxis);
 	arg_scratch(L, k, (size_t)rows_of(g, logits) * 3 * sizeof(float));
 	int ki = p->nk - 1;
@@ -1326,6 +1352,15 @@ static void lower_shape_op(Lower *L, const Op *op, int oi)
 		karg_int(p, k, heads);
 		karg_int(p, k, op->n);
 		karg_int(p, k, inner);
+		/* the repeated side's heads: a block matching the kv heads' block, or, where the kv heads
+		 * are whole on the rank (replicated over the tensor ranks that share them: shard.c), the
+		 * rank's block of the query heads from its first */
+		int rep = grad ? x : y, kv = grad ? y : x;
+		karg_int(p, k, ldim(g, rep, op->dim));
+		if (ldim(g, kv, op->dim) == g->vals[kv].dim[op->dim] && ldim(g, rep, op->dim) < g->vals[rep].dim[op->dim])
+			karg_offset(p, k, rep, op->dim);
+		else
+			karg_int(p, k, 0);
 		overwritten_done(L, oi, y, w);
 		return;
 	}
@@ -1804,6 +1839,47 @@ static void lower_attention(Lower *L, const Op *op, int oi)
 	arg_scratch(L, k, sizeof(float) * (size_t)(3 * BQ * BK + 2 * BK * dh + BQ * dh + 3 * BQ));
 }
 
+/* Generation's decode program (graph/decode.c): the token and its position come from the run
+ * (ctx), each decode attention appends to its layer's caches and attends over them, and the
+ * logits of the next token go back to the run. */
+static void lower_decode_input(Lower *L, const Op *op, int oi)
+{
+	Kernel *k = call(L, K_DECODE_INPUT, oi);
+	karg(L->p, k, KA_CTX, 0);
+	arg_value(L, k, op->out[0], false, true);
+	karg_int(L->p, k, op->out[0] == L->g->position);
+}
+
+static void lower_decode_attention(Lower *L, const Op *op, int oi)
+{
+	Graph *g = L->g;
+	LProg *p = L->p;
+	int q = op->in[0], kc = op->in[4];
+	int r = g->vals[q].rank;
+	Kernel *k = call(L, K_DECODE_ATTENTION, oi);
+	for (int i = 0; i < 3; i++)
+		arg_value(L, k, op->in[i], true, false);
+	arg_value(L, k, op->in[4], true, true);
+	arg_value(L, k, op->in[5], true, true);
+	arg_value(L, k, op->out[0], false, true);
+	arg_value(L, k, op->in[3], true, false);
+	karg_int(p, k, lelems(g, q) / (ldim(g, q, r - 3) * ldim(g, q, r - 1)));
+	karg_int(p, k, ldim(g, q, r - 3));
+	karg_int(p, k, ldim(g, kc, r - 3));
+	karg_int(p, k, ldim(g, q, r - 1));
+	karg_int(p, k, ldim(g, kc, r - 2));
+	karg_f64(p, k, op->f);
+}
+
+static void lower_decode_logits(Lower *L, int oi)
+{
+	Kernel *k = call(L, K_DECODE_LOGITS, oi);
+	k->note = "the next token's logits";
+	karg(L->p, k, KA_CTX, 0);
+	arg_value(L, k, L->g->logits, true, false);
+	karg_int(L->p, k, lelems(L->g, L->g->logits));
+}
+
 static void lower_op(Lower *L, const Op *op, int oi)
 {
 	Graph *g = L->g;
@@ -1815,7 +1891,15 @@ static void lower_op(Lower *L, const Op *op, int oi)
 	case OP_TRANSPOSE: /* folded into consumers; materialised in lower() when needed */
 		return;
 	case OP_INPUT:
-		lower_input(L, op, oi);
+		if (g->decode)
+			lower_decode_input(L, op, oi);
+		else
+			lower_input(L, op, oi);
+		return;
+	case OP_KV_CACHE: /* persistent state, written by the decode attention that reads it */
+		return;
+	case OP_DECODE_ATTENTION:
+		lower_decode_attention(L, op, oi);
 		return;
 	case OP_FILL:
 		if (g->ps->loss_scale != 0 && op->backward && g->loss >= 0 && op->fwd_op == g->vals[g->loss].def) {
@@ -2242,7 +2326,7 @@ static LProg *lower_prog(Lowered *low, int stage, int role, Shared *sh)
 	p->stage = stage;
 	p->role = role;
 	p->nchunks = g->sched && g->sched->chunks > 0 ? g->sched->chunks : 1;
-	p->loss_metric = p->norm_metric = -1;
+	p->loss_metric = p->norm_metric = p->accuracy_metric = -1;
 	p->opaque_op = -1;
 	/* one buffer per graph value (the blank value buffers), then the buffers lowering makes */
 	p->buf = sh->scratch;
@@ -2281,9 +2365,9 @@ static LProg *lower_prog(Lowered *low, int stage, int role, Shared *sh)
 			int v = op->out[k];
 			describe_value(p, v);
 			Buffer *b = &p->buf[v];
-			if (op->kind == OP_PARAM) {
+			if (op->kind == OP_PARAM || op->kind == OP_KV_CACHE) { /* a cache lives across decode steps */
 				b->cls = BUF_STATE;
-				b->state = SC_PARAM;
+				b->state = op->kind == OP_PARAM ? SC_PARAM : SC_BUFFER;
 			} else if (g->vals[v].grad_of >= 0) {
 				b->cls = BUF_STATE;
 				b->state = SC_GRAD;
@@ -2312,6 +2396,7 @@ static LProg *lower_prog(Lowered *low, int stage, int role, Shared *sh)
 	/* the loss metric: every stage has one (zero where the loss is not computed) */
 	p->loss_metric = buffer_new(p, BUF_STATE, DT_F64, 1, "loss", "the step's mean loss");
 	p->buf[p->loss_metric].state = SC_METRIC;
+	accuracy_metric(&L);
 	L.moe_stats = -1;
 	if (g->has_moe) {
 		long long n = moe_stats_offset(g, g->nops);
@@ -2330,6 +2415,8 @@ static LProg *lower_prog(Lowered *low, int stage, int role, Shared *sh)
 			continue;
 		}
 		lower_op(&L, op, i);
+		if (g->decode && op->nout && op->out[0] == g->logits)
+			lower_decode_logits(&L, i);
 		if (op->nout && op->out[0] == g->loss) {
 			Kernel *k = call(&L, K_LOSS_ACCUMULATE, i);
 			k->note = "the step's loss";
@@ -2550,6 +2637,8 @@ static void compact_prog(LProg *p, Shared *sh, int nvals)
 		kernel_buffers(&p->k[i], seen);
 	if (p->loss_metric >= 0)
 		seen[p->loss_metric] = true;
+	if (p->accuracy_metric >= 0)
+		seen[p->accuracy_metric] = true;
 	for (int i = 0; i < sh->ntouched; i++)
 		seen[sh->touched[i]] |= p->buf[sh->touched[i]].cls != BUF_NONE;
 	for (int b = nvals; b < nb; b++)
@@ -2593,6 +2682,8 @@ static void compact_prog(LProg *p, Shared *sh, int nvals)
 		kernel_map_buffers(p, &p->k[i], renumber, map);
 	if (p->loss_metric >= 0)
 		p->loss_metric = map[p->loss_metric];
+	if (p->accuracy_metric >= 0)
+		p->accuracy_metric = map[p->accuracy_metric];
 	for (int i = 0; i < sh->ntouched; i++) /* the shared arrays as they were */
 		map[sh->touched[i]] = -1, seen[sh->touched[i]] = false;
 	for (int b = nvals; b < nb; b++)

@@ -149,7 +149,8 @@ typedef struct Comm {
 	OpKind coll;        /* OP_ALL_REDUCE, OP_REDUCE_SCATTER, OP_ALL_GATHER, OP_ALL_TO_ALL, OP_SEND, OP_RECV */
 	int axis;           /* the group's mesh axis (the pipe axis for tied pairs and pipeline transfers) */
 	int pair;           /* >= 0: the tied-parameter pair group Lowered.pair_a/b[pair] on the pipe axis */
-	int peer;           /* p2p: the peer's coordinate on axis */
+	int peer;           /* p2p: the peer's coordinate on axis; PEER_RING_NEXT / PEER_RING_PREV: a ring
+			     * shift's (ring.c), the next / previous coordinate on axis, wrapping around */
 	int channel;        /* p2p: direction (0 activations, 1 gradients) * chunks + the receiving chunk */
 	int micro;          /* p2p, filled by the check's walk: the micro-batch it carries */
 	long long elems;    /* the call's buffer B of the wire formula, in elements of dtype */
@@ -162,6 +163,8 @@ typedef struct Comm {
 	int op;             /* graph op, for messages, or -1 */
 	const char *what;   /* the tensor, for messages */
 } Comm;
+
+enum { PEER_RING_NEXT = -2, PEER_RING_PREV = -3 };
 
 typedef enum {
 	KA_BUF,      /* a buffer's address */
@@ -277,6 +280,10 @@ typedef struct LProg {
 	int nhandles, caphandles;
 	int nslotreqs;          /* p2p requests one slot's actions use */
 	int loss_metric;        /* buffer: the step's mean loss (f64) */
+	/* where the loss is a cross-entropy's (a classification): the buffer counting the rows whose
+	 * target has the largest logit (f64; -1: none), and the rows of a batch (accuracy_rows) */
+	int accuracy_metric;
+	long long accuracy_rows;
 	int norm_metric;        /* buffer: the gradient norm (f64) */
 	/* memplan.c */
 	SlotAction *actions;
@@ -336,6 +343,9 @@ struct Lowered {
 	int pair_a[64], pair_b[64];
 	long long seq, vocab;   /* the token data: window length and vocabulary */
 	int *stage_first, *stage_op; /* the ops on stage s: stage_op[stage_first[s] .. stage_first[s + 1]) */
+	/* generation (planc build --generate): the training program's decode program, printed beside
+	 * it (decode.c) and run by --generate; NULL without */
+	const Lowered *decode;
 };
 
 /* lower.c: the program of every stage and role, complete for the check and explain. */
@@ -356,6 +366,7 @@ void karg(LProg *p, Kernel *k, KArgKind kind, long long i);
 void karg_ints(LProg *p, Kernel *k, const long long *v, int n, bool i32);
 void karg_bufs(LProg *p, Kernel *k, const int *bufs, int n, bool reads, bool writes);
 void karg_coord(LProg *p, Kernel *k, long long base, int axis, long long stride);
+void karg_copy(LProg *p, Kernel *k, const KArg *a); /* another kernel's argument (not a buffer's: no use or def) */
 void kernel_use(LProg *p, Kernel *k, int b);
 void kernel_def(LProg *p, Kernel *k, int b);
 Comm *kernel_comm(LProg *p, Kernel *k);
@@ -390,6 +401,9 @@ void inserts_add(Inserts *ins, Kernel k, int before);
 void inserts_apply(LProg *p, Inserts *ins);
 void lprog_dump(FILE *out, const LProg *p);
 
+/* ring.c, right after lower: every fused attention kernel (and gradient) whose K/V are split over
+ * the plan's ring axis like its queries (context parallelism) replaced by the ring over that axis */
+bool plan_ring(Lowered *low);
 /* state.c, overlap.c, memplan.c: the back-end passes after lower, on every program */
 bool plan_state(Lowered *low);
 /* descriptor.c: the program descriptor's scalar fields (planrt_program_t, in its field order),

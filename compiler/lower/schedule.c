@@ -51,6 +51,7 @@ typedef struct Stream {
 typedef struct Issued {
 	const LProg *p;
 	Seq *coll;    /* [naxes + npairs] */
+	Seq *ring;    /* [2 naxes]: the ring shifts' sends and receives on each axis (ring.c) */
 	Xfer *xfers;  /* while issuing */
 	int nxfers, capxfers;
 	Entry *xe;    /* the entries of every stream, sorted by stream */
@@ -201,7 +202,9 @@ static void issue_kernel(Check *C, Issued *is, const Kernel *k, int micro)
 {
 	for (int i = 0; i < k->ncomm; i++) {
 		const Comm *c = &k->comm[i];
-		if (c->coll == OP_SEND || c->coll == OP_RECV)
+		if ((c->coll == OP_SEND || c->coll == OP_RECV) && (c->peer == PEER_RING_NEXT || c->peer == PEER_RING_PREV))
+			push(&is->ring[2 * c->axis + (c->coll == OP_RECV)], c, k->op, micro);
+		else if (c->coll == OP_SEND || c->coll == OP_RECV)
 			push_xfer(C, is, c, k->op, micro);
 		else
 			push(&is->coll[c->pair >= 0 ? C->ps->naxes + c->pair : c->axis], c, k->op, micro);
@@ -486,7 +489,8 @@ bool check_collectives(const Lowered *low)
 		Issued *is = &C.is[i];
 		is->p = low->progs[i];
 		is->coll = calloc((size_t)C.ncomm, sizeof(Seq));
-		if (!is->coll)
+		is->ring = calloc((size_t)(2 * ps->naxes + 1), sizeof(Seq));
+		if (!is->coll || !is->ring)
 			ICE("out of memory");
 		issue_program(&C, is);
 	}
@@ -525,6 +529,16 @@ bool check_collectives(const Lowered *low)
 			     rank_at(ps, ps->pipe_axis, low->pair_a[q]), rank_at(ps, ps->pipe_axis, low->pair_b[q]), group, false,
 			     true);
 	}
+	/* ring shifts: every member of the axis runs the program, sending to the next coordinate what
+	 * the next receives from it, so the k-th send must be the k-th receive */
+	for (int i = 0; i < low->nprogs && ok; i++)
+		for (int a = 0; a < ps->naxes && ok; a++) {
+			if (!C.is[i].ring[2 * a].n && !C.is[i].ring[2 * a + 1].n)
+				continue;
+			snprintf(group, sizeof group, "ring (mesh axis '%s')", ps->axes[a].name);
+			ok = compare(&C, &C.is[i].ring[2 * a], &C.is[i].ring[2 * a + 1], i, i, rank_at(ps, a, 0),
+				     rank_at(ps, a, 1 % ps->axes[a].size), group, true, false);
+		}
 	/* point to point: what the rank at coordinate c sends to its peer p, p receives from c */
 	for (int a = 0; a < ps->naxes && ok; a++) {
 		if (a != ps->pipe_axis && a != C.async_axis)
@@ -555,7 +569,10 @@ bool check_collectives(const Lowered *low)
 		Issued *is = &C.is[i];
 		for (int k = 0; k < C.ncomm; k++)
 			free(is->coll[k].e);
+		for (int k = 0; k < 2 * ps->naxes; k++)
+			free(is->ring[k].e);
 		free(is->coll);
+		free(is->ring);
 		free(is->xe);
 		free(is->streams);
 		int nch = is->p->nchunks > 0 ? is->p->nchunks : 1;

@@ -996,23 +996,41 @@ static void phase_checkpoint(State *S)
 			ckpt_local(S, b);
 }
 
-static void reduce_loss(State *S, Phase ph); /* (the step's phases, below) */
+static void reduce_loss(State *S, Phase ph, int metric, const char *what); /* (the step's phases, below) */
+
+/* A metric times f, in place. */
+static void scale_metric(State *S, Phase ph, int metric, double f, const char *note)
+{
+	Kernel *k = step_kernel(S, K_SCALE_METRIC, ph, note);
+	karg_buf(S->p, k, metric, true, true);
+	karg_f64(S->p, k, f);
+}
 
 /* eval_begin and eval_end: the loss of a held-out batch, whose forwards planrt runs between them,
- * reduced as the step's loss is; local SGD's replicas (each its own model) are averaged. The
- * async roles do not evaluate. */
+ * reduced as the step's loss is; local SGD's replicas (each its own model) are averaged. A
+ * classification's count of correct rows is summed over the same groups (the rows a data-parallel
+ * rank holds, the pipeline's last stage; a class split leaves every rank of it the same count) and
+ * divided by the batch's rows: the accuracy. The async roles do not evaluate. */
 static void phase_eval(State *S)
 {
 	LProg *p = S->p;
 	if (S->master || S->worker)
 		return;
 	fill(S, PH_EVAL_BEGIN, p->loss_metric, 1, "the held-out batch's loss");
-	reduce_loss(S, PH_EVAL_END);
+	if (p->accuracy_metric >= 0)
+		fill(S, PH_EVAL_BEGIN, p->accuracy_metric, 1, "the held-out batch's correct rows");
+	reduce_loss(S, PH_EVAL_END, p->loss_metric, "the step's loss");
+	if (p->accuracy_metric >= 0) {
+		reduce_loss(S, PH_EVAL_END, p->accuracy_metric, "the batch's correct rows");
+		scale_metric(S, PH_EVAL_END, p->accuracy_metric, 1.0 / (double)p->accuracy_rows, "over its rows");
+	}
 	if (S->local) {
 		allreduce_inplace(S, PH_EVAL_END, p->loss_metric, 1, S->sa, -1, "the replicas' held-out loss");
-		Kernel *k = step_kernel(S, K_SCALE_METRIC, PH_EVAL_END, "their mean");
-		karg_buf(p, k, p->loss_metric, true, true);
-		karg_f64(p, k, 1.0 / S->ps->axes[S->sa].size);
+		scale_metric(S, PH_EVAL_END, p->loss_metric, 1.0 / S->ps->axes[S->sa].size, "their mean");
+		if (p->accuracy_metric >= 0) {
+			allreduce_inplace(S, PH_EVAL_END, p->accuracy_metric, 1, S->sa, -1, "the replicas' accuracy");
+			scale_metric(S, PH_EVAL_END, p->accuracy_metric, 1.0 / S->ps->axes[S->sa].size, "their mean");
+		}
 	}
 }
 
@@ -1322,22 +1340,23 @@ static void phase_update(State *S)
 	}
 }
 
-/* The step's loss, on every rank: summed where it is a partial sum, and over the pipeline (only
- * the last stage computes it); in phase ph (the step, or the end of an evaluation). */
-static void reduce_loss(State *S, Phase ph)
+/* The step's loss (or a metric summed like it), on every rank: summed where it is a partial sum,
+ * and over the pipeline (only the last stage computes it); in phase ph (the step, or the end of an
+ * evaluation). */
+static void reduce_loss(State *S, Phase ph, int metric, const char *what)
 {
 	Graph *g = S->g;
 	PlanSpec *ps = S->ps;
 	for (int a = 0; a < ps->naxes; a++) {
 		bool partial = g->vals[g->loss].lay.on[a] == LAYOUT_P;
 		if ((partial || (a == ps->pipe_axis && g->nstages > 1)) && ps->axes[a].size > 1 && a != S->sa)
-			allreduce_inplace(S, ph, S->p->loss_metric, 1, a, -1, "the step's loss");
+			allreduce_inplace(S, ph, metric, 1, a, -1, what);
 	}
 }
 
 static void phase_loss(State *S)
 {
-	reduce_loss(S, PH_STEP);
+	reduce_loss(S, PH_STEP, S->p->loss_metric, "the step's loss");
 }
 
 /* ------------------------------------------------------------------ sync strategies */

@@ -9,18 +9,32 @@
  * nothing of size Sq x Sk is ever stored: it keeps the output and each row's logsumexp
  * lse = m + log l. The backward recomputes each score tile from q, k and lse (P = exp(S - lse)),
  * with D = rowsum(dout * out) in place of the softmax's rowsum(dP * P) (equal, dropout or not).
+ * Every product of a tile (q k^T, P v, dout v^T, and the three gradient products) is one GEMM
+ * through OpenBLAS (KGEMM) on the operands where they lie, so a tile's products run at the GEMM
+ * kernel's rate; the softmax and the masks are row loops between them (docs/cpu.md, "Where the
+ * step goes").
  *
  * Masks: mask_kind 1 is causal (key j > the query's global row gets no weight; key tiles past a
  * query tile's last row are skipped), 2 adds mask (strides per dim of the local scores, 0 where it
  * broadcasts). Dropout draws its keep mask from the same Philox stream as planrt_k_dropout on the
  * scores' global index (gdims: the scores' global shape, offs: this block's offsets), so the fused
  * and the unfused graphs drop the same probabilities. scratch: ATTN_SCRATCH_FLOATS(Dh) floats,
- * which lower.c sizes by the same formula. */
+ * which lower.c sizes by the same formula.
+ *
+ * Ring attention (context parallelism, compiler/lower/ring.c): planrt_k_ring_attention works on
+ * one K/V block of the ring, the block that started on the rank at ring coordinate
+ * (coord - step) mod size, so its keys sit at global offset key0 = that coordinate times sk: the
+ * causal mask and dropout index the global key. Step 0 overwrites out and lse; later steps merge
+ * the block's partial result into them with the online-softmax rule (lse = logaddexp(lse_a,
+ * lse_b), out = out_a exp(lse_a - lse) + out_b exp(lse_b - lse)). Its gradient accumulates dq
+ * from step 1 on and writes this block's dk and dv (the ring carries their sums). */
 
 #ifndef ATTN_BQ
 #define ATTN_BQ 64
 #define ATTN_BK 64
-/* S or P tile, dP tile, keep mask, k and v transposed tiles, the output accumulator, m l D */
+/* S or P tile, dP tile, keep mask, room for two Dh x ATTN_BK tiles (unused since the products
+ * became GEMMs on k and v in place; lower.c sizes the scratch by this formula), the output
+ * accumulator, m l D */
 #define ATTN_SCRATCH_FLOATS(dh) (3 * ATTN_BQ * ATTN_BK + 2 * ATTN_BK * (dh) + ATTN_BQ * (dh) + 3 * ATTN_BQ)
 #endif
 
@@ -37,6 +51,8 @@ typedef struct FN(AttnCall) {
 	int64_t gst[KMAX_RANK];
 	/* the head being worked on: its mask and dropout bases, its query rows' global offset */
 	int64_t mask_base, drop_base, row0;
+	int64_t key0;   /* the keys' global offset (ring attention's block; 0 otherwise) */
+	int merge;      /* forward: merge into out and lse (a ring step after the first) */
 } FN(AttnCall);
 
 static void FN(attn_setup)(FN(AttnCall) *c, int rank, const int64_t *ldims, int64_t kv_heads, int64_t sk,
@@ -76,21 +92,14 @@ static void FN(attn_head)(FN(AttnCall) *c, int64_t b, int64_t h)
 }
 
 /* The scores of query rows [i0, i0 + nq) against keys [j0, j0 + nk), scaled and masked, into
- * s[nq][ATTN_BK], from kt (the key tile transposed, [Dh][ATTN_BK]); masked entries are -inf. */
-static void FN(attn_scores)(const FN(AttnCall) *c, const T *qh, const T *kt, int64_t i0, int64_t nq,
-			    int64_t j0, int64_t nk, T *s)
+ * s[nq][ATTN_BK]: one GEMM (q_tile k_tile^T, OpenBLAS), then the masks; masked entries are -inf. */
+static void FN(attn_scores)(const FN(AttnCall) *c, const T *qh, const T *kh, int64_t i0, int64_t nq, int64_t j0,
+			    int64_t nk, T *s)
 {
+	KGEMM(CblasRowMajor, CblasNoTrans, CblasTrans, (int)nq, (int)nk, (int)c->dh, c->scale, qh + i0 * c->dh,
+	      (int)c->dh, kh + j0 * c->dh, (int)c->dh, 0, s, ATTN_BK);
 	for (int64_t i = 0; i < nq; i++) {
 		T *si = s + i * ATTN_BK;
-		const T *qi = qh + (i0 + i) * c->dh;
-		for (int64_t j = 0; j < nk; j++)
-			si[j] = 0;
-		for (int64_t d = 0; d < c->dh; d++) {
-			T qd = qi[d] * c->scale;
-			const T *kd = kt + d * ATTN_BK;
-			for (int64_t j = 0; j < nk; j++)
-				si[j] += qd * kd[j];
-		}
 		if (c->mask) {
 			const T *mi = c->mask + c->mask_base + (i0 + i) * c->mstr[c->rank - 2];
 			int64_t ms = c->mstr[c->rank - 1];
@@ -99,7 +108,7 @@ static void FN(attn_scores)(const FN(AttnCall) *c, const T *qh, const T *kt, int
 		}
 		if (c->causal)
 			for (int64_t j = 0; j < nk; j++)
-				if (j0 + j > c->row0 + i0 + i)
+				if (c->key0 + j0 + j > c->row0 + i0 + i)
 					si[j] = -INFINITY;
 	}
 }
@@ -108,16 +117,9 @@ static void FN(attn_scores)(const FN(AttnCall) *c, const T *qh, const T *kt, int
 static void FN(attn_keep)(const FN(AttnCall) *c, int64_t i0, int64_t nq, int64_t j0, int64_t nk, uint8_t *keep)
 {
 	for (int64_t i = 0; i < nq; i++)
-		dropout_mask_row(keep + i * ATTN_BK, nk, (uint64_t)(c->drop_base + (i0 + i) * c->gst[c->rank - 2] + j0), 1,
+		dropout_mask_row(keep + i * ATTN_BK, nk,
+				 (uint64_t)(c->drop_base + (i0 + i) * c->gst[c->rank - 2] + c->key0 + j0), 1,
 				 c->thr, c->seed, c->key);
-}
-
-/* rows x Dh of src transposed into dst [Dh][ATTN_BK] */
-static void FN(attn_transpose)(const T *src, int64_t rows, int64_t dh, T *dst)
-{
-	for (int64_t j = 0; j < rows; j++)
-		for (int64_t d = 0; d < dh; d++)
-			dst[d * ATTN_BK + j] = src[j * dh + d];
 }
 
 /* the last key a query tile [i0, i0 + nq) attends to, plus one */
@@ -125,17 +127,17 @@ static int64_t FN(attn_key_end)(const FN(AttnCall) *c, int64_t i0, int64_t nq)
 {
 	if (!c->causal)
 		return c->sk;
-	int64_t end = c->row0 + i0 + nq;
-	return end < c->sk ? end : c->sk;
+	int64_t end = c->row0 + i0 + nq - c->key0;
+	return end < 0 ? 0 : end < c->sk ? end : c->sk;
 }
 
-/* One query tile of one head: the online softmax over its key tiles. */
+/* One query tile of one head: the online softmax over its key tiles; the scores and P v are GEMMs
+ * (OpenBLAS) on the tile, the softmax's rescaling is row by row between them. */
 static void FN(attn_forward_tile)(const FN(AttnCall) *c, const T *qh, const T *kh, const T *vh, int64_t i0,
 				  int64_t nq, T *oh, T *lh, T *work)
 {
 	int64_t dh = c->dh;
-	T *s = work, *kt = s + 3 * ATTN_BQ * ATTN_BK, *acc = kt + 2 * ATTN_BK * dh, *m = acc + ATTN_BQ * dh;
-	T *l = m + ATTN_BQ;
+	T *s = work, *acc = s + 3 * ATTN_BQ * ATTN_BK + 2 * ATTN_BK * dh, *m = acc + ATTN_BQ * dh, *l = m + ATTN_BQ;
 	uint8_t *keep = (uint8_t *)(s + 2 * ATTN_BQ * ATTN_BK);
 	for (int64_t i = 0; i < nq; i++) {
 		m[i] = -INFINITY;
@@ -146,15 +148,17 @@ static void FN(attn_forward_tile)(const FN(AttnCall) *c, const T *qh, const T *k
 	int64_t jend = FN(attn_key_end)(c, i0, nq);
 	for (int64_t j0 = 0; j0 < jend; j0 += ATTN_BK) {
 		int64_t nk = jend - j0 < ATTN_BK ? jend - j0 : ATTN_BK;
-		FN(attn_transpose)(kh + j0 * dh, nk, dh, kt);
-		FN(attn_scores)(c, qh, kt, i0, nq, j0, nk, s);
+		FN(attn_scores)(c, qh, kh, i0, nq, j0, nk, s);
 		if (c->p > 0)
 			FN(attn_keep)(c, i0, nq, j0, nk, keep);
 		for (int64_t i = 0; i < nq; i++) {
 			T *si = s + i * ATTN_BK, *ai = acc + i * dh;
 			T mt = FN(kmax)(si, nk), mnew = mt > m[i] ? mt : m[i];
-			if (mnew == -INFINITY)
-				continue; /* every key so far masked */
+			if (mnew == -INFINITY) { /* every key so far masked: no weight */
+				for (int64_t j = 0; j < nk; j++)
+					si[j] = 0;
+				continue;
+			}
 			T corr = KEXP(m[i] - mnew);
 			for (int64_t j = 0; j < nk; j++)
 				si[j] = KEXP(si[j] - mnew);
@@ -162,20 +166,45 @@ static void FN(attn_forward_tile)(const FN(AttnCall) *c, const T *qh, const T *k
 			m[i] = mnew;
 			for (int64_t d = 0; d < dh; d++)
 				ai[d] *= corr;
-			for (int64_t j = 0; j < nk; j++) {
-				T pj = c->p > 0 ? (keep[i * ATTN_BK + j] ? si[j] * c->keep_scale : 0) : si[j];
-				const T *vj = vh + (j0 + j) * dh;
-				for (int64_t d = 0; d < dh; d++)
-					ai[d] += pj * vj[d];
-			}
+			if (c->p > 0) /* the dropped probabilities weigh v; l sums the kept and dropped alike */
+				for (int64_t j = 0; j < nk; j++)
+					si[j] = keep[i * ATTN_BK + j] ? si[j] * c->keep_scale : 0;
 		}
+		KGEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)nq, (int)dh, (int)nk, 1, s, ATTN_BK, vh + j0 * dh,
+		      (int)dh, 1, acc, (int)dh);
 	}
 	for (int64_t i = 0; i < nq; i++) {
-		T inv = l[i] > 0 ? 1 / l[i] : 0;
+		T inv = l[i] > 0 ? 1 / l[i] : 0, lse = l[i] > 0 ? m[i] + KLOG(l[i]) : -INFINITY;
+		T *oi = oh + (i0 + i) * dh, old = c->merge ? lh[i0 + i] : -INFINITY;
+		if (c->merge && lse == -INFINITY)
+			continue; /* every key of this block masked: out and lse stay */
+		if (old == -INFINITY) {
+			for (int64_t d = 0; d < dh; d++)
+				oi[d] = acc[i * dh + d] * inv;
+			lh[i0 + i] = lse;
+			continue;
+		}
+		T hi = old > lse ? old : lse, merged = hi + KLOG(KEXP(old - hi) + KEXP(lse - hi));
+		T wa = KEXP(old - merged), wb = KEXP(lse - merged) * inv;
 		for (int64_t d = 0; d < dh; d++)
-			oh[(i0 + i) * dh + d] = acc[i * dh + d] * inv;
-		lh[i0 + i] = l[i] > 0 ? m[i] + KLOG(l[i]) : -INFINITY;
+			oi[d] = oi[d] * wa + acc[i * dh + d] * wb;
+		lh[i0 + i] = merged;
 	}
+}
+
+/* Every query tile of every head of a call set up in c. */
+static void FN(attn_forward)(FN(AttnCall) *c, const T *q, const T *k, const T *v, T *out, T *lse, void *scratch)
+{
+	int64_t group = c->heads / c->kv_heads, dh = c->dh, sk = c->sk;
+	for (int64_t b = 0; b < c->nlead; b++)
+		for (int64_t h = 0; h < c->heads; h++) {
+			FN(attn_head)(c, b, h);
+			int64_t qi = b * c->heads + h, ki = b * c->kv_heads + h / group;
+			for (int64_t i0 = 0; i0 < c->sq; i0 += ATTN_BQ)
+				FN(attn_forward_tile)(c, q + qi * c->sq * dh, k + ki * sk * dh, v + ki * sk * dh, i0,
+						      c->sq - i0 < ATTN_BQ ? c->sq - i0 : ATTN_BQ, out + qi * c->sq * dh,
+						      lse + qi * c->sq, (T *)scratch);
+		}
 }
 
 void FN(planrt_k_attention)(const T *q, const T *k, const T *v, const T *mask, const int64_t *mask_strides, T *out,
@@ -187,64 +216,111 @@ void FN(planrt_k_attention)(const T *q, const T *k, const T *v, const T *mask, c
 				    p, seed, key, gdims, offs, scratch));
 	FN(AttnCall) c;
 	FN(attn_setup)(&c, rank, ldims, kv_heads, sk, scale, mask_kind, mask, mask_strides, p, seed, key, gdims, offs);
-	int64_t group = c.heads / c.kv_heads, dh = c.dh;
-	for (int64_t b = 0; b < c.nlead; b++)
-		for (int64_t h = 0; h < c.heads; h++) {
-			FN(attn_head)(&c, b, h);
-			int64_t qi = b * c.heads + h, ki = b * c.kv_heads + h / group;
-			for (int64_t i0 = 0; i0 < c.sq; i0 += ATTN_BQ)
-				FN(attn_forward_tile)(&c, q + qi * c.sq * dh, k + ki * sk * dh, v + ki * sk * dh, i0,
-						      c.sq - i0 < ATTN_BQ ? c.sq - i0 : ATTN_BQ, out + qi * c.sq * dh,
-						      lse + qi * c.sq, (T *)scratch);
-		}
+	FN(attn_forward)(&c, q, k, v, out, lse, scratch);
 }
 
-/* One query tile of one head's backward: dq of its rows, its share of dk and dv. */
+/* the ring block's global key offset: the block started on coordinate (coord - step) mod size */
+static int64_t FN(attn_ring_key0)(int64_t coord, int step, int size, int64_t sk)
+{
+	if (size <= 0 || coord < 0 || coord >= size || step < 0 || step >= size)
+		kfatal("ring attention: step or coordinate out of range");
+	return (int64_t)((coord - step + size) % size) * sk;
+}
+
+void FN(planrt_k_ring_attention)(const T *q, const T *k, const T *v, const T *mask, const int64_t *mask_strides,
+				 T *out, T *lse, int rank, const int64_t *ldims, int64_t kv_heads, int64_t sk,
+				 double scale, int mask_kind, double p, uint64_t seed, uint64_t key,
+				 const int64_t *gdims, const int64_t *offs, void *scratch, int64_t coord, int step,
+				 int size)
+{
+	KLEVEL(planrt_k_ring_attention, (q, k, v, mask, mask_strides, out, lse, rank, ldims, kv_heads, sk, scale,
+					 mask_kind, p, seed, key, gdims, offs, scratch, coord, step, size));
+	FN(AttnCall) c;
+	FN(attn_setup)(&c, rank, ldims, kv_heads, sk, scale, mask_kind, mask, mask_strides, p, seed, key, gdims, offs);
+	c.key0 = FN(attn_ring_key0)(coord, step, size, sk);
+	c.merge = step > 0;
+	FN(attn_forward)(&c, q, k, v, out, lse, scratch);
+}
+
+/* One score row of the backward, in place: s (the scores) becomes the dropped probabilities
+ * Pd = P z and dp (dP) becomes dS = P (dP z - D) scale, with P = exp(s - lse) and z the keep
+ * scale or 0 (keep NULL: no dropout, z = 1). Branch-free loops per case, so each vectorises. */
+static void FN(attn_ds_row)(const FN(AttnCall) *c, T lse, T d, const uint8_t *keep, int64_t nk, T *s, T *dp)
+{
+	if (lse == -INFINITY) { /* every key masked: no probability, no gradient */
+		for (int64_t j = 0; j < nk; j++)
+			s[j] = dp[j] = 0;
+		return;
+	}
+	for (int64_t j = 0; j < nk; j++)
+		s[j] = KEXP(s[j] - lse);
+	if (!keep) {
+		for (int64_t j = 0; j < nk; j++)
+			dp[j] = s[j] * (dp[j] - d) * c->scale;
+		return;
+	}
+	for (int64_t j = 0; j < nk; j++) {
+		T z = keep[j] ? c->keep_scale : 0, pj = s[j];
+		s[j] = pj * z;
+		dp[j] = pj * (dp[j] * z - d) * c->scale;
+	}
+}
+
+/* One query tile of one head's backward: dq of its rows, its share of dk and dv. Per key tile, five
+ * GEMMs (OpenBLAS) on the tile: S = q k^T (P recomputed from lse), dP = dout v^T, then with the
+ * dropped probabilities Pd and dS = P (dP - D) scale: dv += Pd^T dout, dk += dS^T q, dq += dS k. */
 static void FN(attn_backward_tile)(const FN(AttnCall) *c, const T *const *in, T *const *grad, int64_t i0,
 				   int64_t nq, T *work)
 {
 	const T *qh = in[0], *kh = in[1], *vh = in[2], *oh = in[3], *lh = in[4], *doh = in[5];
 	T *dq = grad[0], *dk = grad[1], *dv = grad[2];
-	int64_t dh = c->dh;
-	T *s = work, *dp = s + ATTN_BQ * ATTN_BK, *kt = s + 3 * ATTN_BQ * ATTN_BK, *vt = kt + ATTN_BK * dh;
-	T *dd = kt + 2 * ATTN_BK * dh + ATTN_BQ * dh;
+	int dh = (int)c->dh;
+	T *s = work, *dp = s + ATTN_BQ * ATTN_BK, *dd = s + 3 * ATTN_BQ * ATTN_BK + 2 * ATTN_BK * dh + ATTN_BQ * dh;
 	uint8_t *keep = (uint8_t *)(s + 2 * ATTN_BQ * ATTN_BK);
+	const T *qt = qh + i0 * dh, *dot = doh + i0 * dh;
 	for (int64_t i = 0; i < nq; i++)
-		dd[i] = FN(kdot)(doh + (i0 + i) * dh, oh + (i0 + i) * dh, dh);
+		dd[i] = FN(kdot)(dot + i * dh, oh + (i0 + i) * dh, dh);
 	int64_t jend = FN(attn_key_end)(c, i0, nq);
 	for (int64_t j0 = 0; j0 < jend; j0 += ATTN_BK) {
 		int64_t nk = jend - j0 < ATTN_BK ? jend - j0 : ATTN_BK;
-		FN(attn_transpose)(kh + j0 * dh, nk, dh, kt);
-		FN(attn_transpose)(vh + j0 * dh, nk, dh, vt);
-		FN(attn_scores)(c, qh, kt, i0, nq, j0, nk, s);
+		FN(attn_scores)(c, qh, kh, i0, nq, j0, nk, s);
 		if (c->p > 0)
 			FN(attn_keep)(c, i0, nq, j0, nk, keep);
-		for (int64_t i = 0; i < nq; i++) {
-			T *si = s + i * ATTN_BK, *dpi = dp + i * ATTN_BK, li = lh[i0 + i];
-			const T *doi = doh + (i0 + i) * dh, *qi = qh + (i0 + i) * dh;
-			for (int64_t j = 0; j < nk; j++)
-				si[j] = li == -INFINITY ? 0 : KEXP(si[j] - li); /* P */
-			for (int64_t j = 0; j < nk; j++)
-				dpi[j] = 0;
-			for (int64_t d = 0; d < dh; d++) { /* dP (of the dropped probabilities) = dout v^T */
-				T g = doi[d];
-				const T *vd = vt + d * ATTN_BK;
-				for (int64_t j = 0; j < nk; j++)
-					dpi[j] += g * vd[j];
-			}
-			for (int64_t j = 0; j < nk; j++) {
-				T z = c->p > 0 ? (keep[i * ATTN_BK + j] ? c->keep_scale : 0) : 1;
-				T pd = si[j] * z, ds = si[j] * (dpi[j] * z - dd[i]) * c->scale;
-				T *dvj = dv + (j0 + j) * dh, *dkj = dk + (j0 + j) * dh, *dqi = dq + (i0 + i) * dh;
-				const T *kj = kh + (j0 + j) * dh;
-				for (int64_t d = 0; d < dh; d++) {
-					dvj[d] += pd * doi[d];
-					dkj[d] += ds * qi[d];
-					dqi[d] += ds * kj[d];
-				}
-			}
-		}
+		/* dP (of the dropped probabilities) = dout v^T */
+		KGEMM(CblasRowMajor, CblasNoTrans, CblasTrans, (int)nq, (int)nk, dh, 1, dot, dh, vh + j0 * dh, dh, 0, dp,
+		      ATTN_BK);
+		for (int64_t i = 0; i < nq; i++)
+			FN(attn_ds_row)(c, lh[i0 + i], dd[i], c->p > 0 ? keep + i * ATTN_BK : NULL, nk, s + i * ATTN_BK,
+					dp + i * ATTN_BK);
+		KGEMM(CblasRowMajor, CblasTrans, CblasNoTrans, (int)nk, dh, (int)nq, 1, s, ATTN_BK, dot, dh, 1,
+		      dv + j0 * dh, dh);
+		KGEMM(CblasRowMajor, CblasTrans, CblasNoTrans, (int)nk, dh, (int)nq, 1, dp, ATTN_BK, qt, dh, 1,
+		      dk + j0 * dh, dh);
+		KGEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)nq, dh, (int)nk, 1, dp, ATTN_BK, kh + j0 * dh, dh,
+		      1, dq + i0 * dh, dh);
 	}
+}
+
+/* The backward of a call set up in c: dq (+)= and dk, dv = (accumulate_dq: dq keeps its sum). */
+static void FN(attn_backward)(FN(AttnCall) *c, const T *const *t, T *dq, T *dk, T *dv, int accumulate_dq,
+			      void *scratch)
+{
+	int64_t group = c->heads / c->kv_heads, dh = c->dh, sk = c->sk;
+	if (!accumulate_dq)
+		memset(dq, 0, sizeof(T) * (size_t)(c->nlead * c->heads * c->sq * dh));
+	memset(dk, 0, sizeof(T) * (size_t)(c->nlead * c->kv_heads * sk * dh));
+	memset(dv, 0, sizeof(T) * (size_t)(c->nlead * c->kv_heads * sk * dh));
+	for (int64_t b = 0; b < c->nlead; b++)
+		for (int64_t h = 0; h < c->heads; h++) {
+			FN(attn_head)(c, b, h);
+			int64_t qi = b * c->heads + h, ki = b * c->kv_heads + h / group;
+			const T *in[6] = {t[0] + qi * c->sq * dh, t[1] + ki * sk * dh, t[2] + ki * sk * dh,
+					  t[3] + qi * c->sq * dh, t[4] + qi * c->sq, t[5] + qi * c->sq * dh};
+			T *grad[3] = {dq + qi * c->sq * dh, dk + ki * sk * dh, dv + ki * sk * dh};
+			for (int64_t i0 = 0; i0 < c->sq; i0 += ATTN_BQ)
+				FN(attn_backward_tile)(c, in, grad, i0, c->sq - i0 < ATTN_BQ ? c->sq - i0 : ATTN_BQ,
+						       (T *)scratch);
+		}
 }
 
 void FN(planrt_k_attention_grad)(const T *q, const T *k, const T *v, const T *mask, const int64_t *mask_strides,
@@ -257,19 +333,23 @@ void FN(planrt_k_attention_grad)(const T *q, const T *k, const T *v, const T *ma
 					 sk, scale, mask_kind, p, seed, key, gdims, offs, scratch));
 	FN(AttnCall) c;
 	FN(attn_setup)(&c, rank, ldims, kv_heads, sk, scale, mask_kind, mask, mask_strides, p, seed, key, gdims, offs);
-	int64_t group = c.heads / c.kv_heads, dh = c.dh;
-	memset(dq, 0, sizeof(T) * (size_t)(c.nlead * c.heads * c.sq * dh));
-	memset(dk, 0, sizeof(T) * (size_t)(c.nlead * c.kv_heads * sk * dh));
-	memset(dv, 0, sizeof(T) * (size_t)(c.nlead * c.kv_heads * sk * dh));
-	for (int64_t b = 0; b < c.nlead; b++)
-		for (int64_t h = 0; h < c.heads; h++) {
-			FN(attn_head)(&c, b, h);
-			int64_t qi = b * c.heads + h, ki = b * c.kv_heads + h / group;
-			const T *in[6] = {q + qi * c.sq * dh, k + ki * sk * dh, v + ki * sk * dh, out + qi * c.sq * dh,
-					  lse + qi * c.sq, dout + qi * c.sq * dh};
-			T *grad[3] = {dq + qi * c.sq * dh, dk + ki * sk * dh, dv + ki * sk * dh};
-			for (int64_t i0 = 0; i0 < c.sq; i0 += ATTN_BQ)
-				FN(attn_backward_tile)(&c, in, grad, i0, c.sq - i0 < ATTN_BQ ? c.sq - i0 : ATTN_BQ,
-						       (T *)scratch);
-		}
+	const T *t[6] = {q, k, v, out, lse, dout};
+	FN(attn_backward)(&c, t, dq, dk, dv, 0, scratch);
+}
+
+void FN(planrt_k_ring_attention_grad)(const T *q, const T *k, const T *v, const T *mask,
+				      const int64_t *mask_strides, const T *out, const T *lse, const T *dout, T *dq,
+				      T *dk, T *dv, int rank, const int64_t *ldims, int64_t kv_heads, int64_t sk,
+				      double scale, int mask_kind, double p, uint64_t seed, uint64_t key,
+				      const int64_t *gdims, const int64_t *offs, void *scratch, int64_t coord, int step,
+				      int size)
+{
+	KLEVEL(planrt_k_ring_attention_grad, (q, k, v, mask, mask_strides, out, lse, dout, dq, dk, dv, rank, ldims,
+					      kv_heads, sk, scale, mask_kind, p, seed, key, gdims, offs, scratch, coord,
+					      step, size));
+	FN(AttnCall) c;
+	FN(attn_setup)(&c, rank, ldims, kv_heads, sk, scale, mask_kind, mask, mask_strides, p, seed, key, gdims, offs);
+	c.key0 = FN(attn_ring_key0)(coord, step, size, sk);
+	const T *t[6] = {q, k, v, out, lse, dout};
+	FN(attn_backward)(&c, t, dq, dk, dv, step > 0, scratch);
 }

@@ -31,7 +31,8 @@
 	X(planrt_k_l1_loss_grad) X(planrt_k_moe_route) X(planrt_k_moe_dispatch) X(planrt_k_moe_dispatch_grad)   \
 	X(planrt_k_moe_combine) X(planrt_k_moe_combine_grad) X(planrt_k_moe_route_grad)                         \
 	X(planrt_k_moe_aux_loss) X(planrt_k_moe_aux_loss_grad) X(planrt_k_moe_z_loss) X(planrt_k_moe_z_loss_grad)  \
-	X(planrt_k_attention) X(planrt_k_attention_grad)
+	X(planrt_k_attention) X(planrt_k_attention_grad)   \
+	X(planrt_k_ring_attention) X(planrt_k_ring_attention_grad)
 
 /* the other functions compiled per level (optim.c), by their full names */
 #define PLANRT_CPU_FUNCTIONS(X) X(planrt_opt_step) X(planrt_sum_squares)

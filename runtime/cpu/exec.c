@@ -283,7 +283,8 @@ void planrt_bucket_progress(planrt_bucket_t *b)
 }
 
 void planrt_cross_entropy_f32(const float *logits, const int32_t *targets, float *loss, float *lse, int64_t rows,
-			      int64_t cols, int64_t vocab_lo, double scale, planrt_comm_t vocab_comm, void *scratch)
+			      int64_t cols, int64_t vocab_lo, double scale, double *correct, planrt_comm_t vocab_comm,
+			      void *scratch)
 {
 	float *rowmax = scratch, *sumexp = rowmax + rows, *tlogit = sumexp + rows;
 	planrt_k_ce_max_f32(logits, rows, cols, rowmax);
@@ -296,6 +297,12 @@ void planrt_cross_entropy_f32(const float *logits, const int32_t *targets, float
 		PLANRT_CHECK(planrt_allreduce(tlogit, tlogit, (size_t)rows, planrt_f32, planrt_sum, vocab_comm, NULL, NULL));
 	}
 	*loss = (float)planrt_k_ce_loss_f32(rowmax, sumexp, tlogit, rows, lse, scale);
+	if (correct) { /* the target's logit (summed from its one piece: exact) is the row's max */
+		int64_t n = 0;
+		for (int64_t r = 0; r < rows; r++)
+			n += tlogit[r] >= rowmax[r];
+		*correct += (double)n;
+	}
 }
 
 double planrt_world_sum(double x)

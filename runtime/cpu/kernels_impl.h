@@ -892,16 +892,28 @@ void FN(planrt_k_concat_grad)(int count, const T *dy, T *const *dxs, const int64
 }
 
 /* ---- repeat_kv: the head dim broadcast over n_rep copies, and back ---------------------------------- */
-void FN(planrt_k_repeat_kv)(const T *x, T *y, int64_t outer, int64_t heads, int64_t n_rep, int64_t inner)
+void FN(planrt_k_repeat_kv)(const T *x, T *y, int64_t outer, int64_t heads, int64_t n_rep, int64_t inner,
+			    int64_t y_heads, int64_t y_head_lo)
 {
-	KLEVEL(planrt_k_repeat_kv, (x, y, outer, heads, n_rep, inner));
-	FN(planrt_k_sum_dim_grad)(x, y, outer * heads, n_rep, inner, 1.0);
+	KLEVEL(planrt_k_repeat_kv, (x, y, outer, heads, n_rep, inner, y_heads, y_head_lo));
+	for (int64_t o = 0; o < outer; o++)
+		for (int64_t h = 0; h < y_heads; h++)
+			memcpy(y + (o * y_heads + h) * inner, x + (o * heads + (h + y_head_lo) / n_rep) * inner,
+			       sizeof(T) * (size_t)inner);
 }
 
-void FN(planrt_k_repeat_kv_grad)(const T *dy, T *dx, int64_t outer, int64_t heads, int64_t n_rep, int64_t inner)
+void FN(planrt_k_repeat_kv_grad)(const T *dy, T *dx, int64_t outer, int64_t heads, int64_t n_rep, int64_t inner,
+				 int64_t y_heads, int64_t y_head_lo)
 {
-	KLEVEL(planrt_k_repeat_kv_grad, (dy, dx, outer, heads, n_rep, inner));
-	FN(planrt_k_sum_dim)(dy, dx, outer * heads, n_rep, inner, 1.0);
+	KLEVEL(planrt_k_repeat_kv_grad, (dy, dx, outer, heads, n_rep, inner, y_heads, y_head_lo));
+	memset(dx, 0, sizeof(T) * (size_t)(outer * heads * inner));
+	for (int64_t o = 0; o < outer; o++)
+		for (int64_t h = 0; h < y_heads; h++) { /* each head's copies in order */
+			T *d = dx + (o * heads + (h + y_head_lo) / n_rep) * inner;
+			const T *s = dy + (o * y_heads + h) * inner;
+			for (int64_t j = 0; j < inner; j++)
+				d[j] += s[j];
+		}
 }
 
 /* ---- rotary position embeddings ------------------------------------------------------------------ */

@@ -100,6 +100,19 @@ void planrt_allgather_inplace(void *buf, int64_t chunk, planrt_dtype_t t, planrt
 	PLANRT_CHECK(planrt_allgather((char *)buf + at, buf, (size_t)chunk, t, c, NULL, req));
 }
 
+void planrt_ring_shift_start(const void *send, void *recv, int64_t n, planrt_dtype_t t, planrt_comm_t c, int tag,
+			     planrt_request_t *send_req, planrt_request_t *recv_req)
+{
+	check_count("planrt_ring_shift_start", n);
+	check_idle("planrt_ring_shift_start", send_req);
+	check_idle("planrt_ring_shift_start", recv_req);
+	int size = planrt_comm_size(c), rank = planrt_comm_rank(c);
+	if (size < 2 || rank < 0)
+		planrt_fatal("internal error: a ring shift on a communicator of %d member(s)", size);
+	PLANRT_CHECK(planrt_recv_tagged(recv, (size_t)n, t, (rank + size - 1) % size, tag, c, NULL, recv_req));
+	PLANRT_CHECK(planrt_send_tagged(send, (size_t)n, t, (rank + 1) % size, tag, c, NULL, send_req));
+}
+
 void planrt_request_finish(planrt_request_t *req)
 {
 	planrt_request_t q = *req;

@@ -732,24 +732,31 @@ __global__ static void ce_stats_kernel(const float *logits, const int32_t *targe
 	}
 }
 
-/* lse per row and the loss, summed in double in one block (in row order per thread) */
+/* lse per row and the loss, summed in double in one block (in row order per thread); correct
+ * (non-NULL): plus the rows whose target's logit is the row's max */
 __global__ static void ce_loss_kernel(const float *rowmax, const float *sumexp, const float *tlogit, int64_t rows,
-				      float *lse, float *loss, double scale)
+				      float *lse, float *loss, double scale, double *correct)
 {
-	double s = 0;
+	double s = 0, n = 0;
 	for (int64_t r = threadIdx.x; r < rows; r += blockDim.x) {
 		double l = (double)rowmax[r] + log((double)sumexp[r]);
 		lse[r] = (float)l;
 		s += l - (double)tlogit[r];
+		n += tlogit[r] >= rowmax[r];
 	}
 	s = block_sum_d(s);
-	if (threadIdx.x == 0)
+	if (correct)
+		n = block_sum_d(n);
+	if (threadIdx.x == 0) {
 		*loss = (float)(s * scale);
+		if (correct)
+			*correct += n;
+	}
 }
 
 void planrt_cu_cross_entropy_f32(const float *logits, const int32_t *targets, float *loss, float *lse, int64_t rows,
-				 int64_t cols, int64_t vocab_lo, double scale, planrt_comm_t vocab_comm, void *scratch,
-				 int stream)
+				 int64_t cols, int64_t vocab_lo, double scale, double *correct, planrt_comm_t vocab_comm,
+				 void *scratch, int stream)
 {
 	float *rowmax = (float *)scratch, *sumexp = rowmax + rows, *tlogit = sumexp + rows;
 	cudaStream_t s = planrt_cu_stream(stream);
@@ -769,7 +776,7 @@ void planrt_cu_cross_entropy_f32(const float *logits, const int32_t *targets, fl
 		PLANRT_CHECK(planrt_nccl_allreduce(sumexp, sumexp, (size_t)rows, planrt_f32, planrt_sum, vocab_comm, s));
 		PLANRT_CHECK(planrt_nccl_allreduce(tlogit, tlogit, (size_t)rows, planrt_f32, planrt_sum, vocab_comm, s));
 	}
-	ce_loss_kernel<<<1, 1024, 0, s>>>(rowmax, sumexp, tlogit, rows, lse, loss, scale);
+	ce_loss_kernel<<<1, 1024, 0, s>>>(rowmax, sumexp, tlogit, rows, lse, loss, scale, correct);
 	planrt_cu_check_launch("cross_entropy loss");
 }
 
@@ -1012,40 +1019,44 @@ void planrt_cu_k_unary_grad_f32(int op, const float *x, const float *dy, float *
 	LAUNCH(unary_grad_kernel, n, stream, op, x, dy, dx, n);
 }
 
-/* y[o, h, r, :] = x[o, h, :] for each of n_rep copies; the gradient sums the copies in order */
-__global__ static void repeat_kv_kernel(const float *x, float *y, int64_t n_rep, int64_t inner, int64_t total)
+/* y[o, h, :] = x[o, (h + lo) / n_rep, :] for y's y_heads heads; the gradient sums each x head's
+ * copies among them in order (zero where it has none) */
+__global__ static void repeat_kv_kernel(const float *x, float *y, int64_t heads, int64_t n_rep, int64_t inner,
+					int64_t y_heads, int64_t lo, int64_t total)
 {
 	GRID_STRIDE(i, total)
 	{
-		int64_t j = i % inner, row = i / inner / n_rep;
-		y[i] = x[row * inner + j];
+		int64_t j = i % inner, h = i / inner % y_heads, o = i / inner / y_heads;
+		y[i] = x[(o * heads + (h + lo) / n_rep) * inner + j];
 	}
 }
 
-__global__ static void repeat_kv_grad_kernel(const float *dy, float *dx, int64_t n_rep, int64_t inner, int64_t total)
+__global__ static void repeat_kv_grad_kernel(const float *dy, float *dx, int64_t heads, int64_t n_rep, int64_t inner,
+					     int64_t y_heads, int64_t lo, int64_t total)
 {
 	GRID_STRIDE(i, total)
 	{
-		int64_t j = i % inner, row = i / inner;
+		int64_t j = i % inner, h = i / inner % heads, o = i / inner / heads;
+		int64_t first = h * n_rep - lo, end = first + n_rep; /* y's heads copied from x's head h */
 		float s = 0;
-		for (int64_t r = 0; r < n_rep; r++)
-			s += dy[(row * n_rep + r) * inner + j];
+		for (int64_t r = first < 0 ? 0 : first; r < end && r < y_heads; r++)
+			s += dy[(o * y_heads + r) * inner + j];
 		dx[i] = s;
 	}
 }
 
 void planrt_cu_k_repeat_kv_f32(const float *x, float *y, int64_t outer, int64_t heads, int64_t n_rep, int64_t inner,
-			       int stream)
+			       int64_t y_heads, int64_t y_head_lo, int stream)
 {
-	int64_t total = outer * heads * n_rep * inner;
-	LAUNCH(repeat_kv_kernel, total, stream, x, y, n_rep, inner, total);
+	int64_t total = outer * y_heads * inner;
+	LAUNCH(repeat_kv_kernel, total, stream, x, y, heads, n_rep, inner, y_heads, y_head_lo, total);
 }
 
 void planrt_cu_k_repeat_kv_grad_f32(const float *dy, float *dx, int64_t outer, int64_t heads, int64_t n_rep,
-				    int64_t inner, int stream)
+				    int64_t inner, int64_t y_heads, int64_t y_head_lo, int stream)
 {
 	int64_t total = outer * heads * inner;
-	LAUNCH(repeat_kv_grad_kernel, total, stream, dy, dx, n_rep, inner, total);
+	LAUNCH(repeat_kv_grad_kernel, total, stream, dy, dx, heads, n_rep, inner, y_heads, y_head_lo, total);
 }
 
 /* ------------------------------------------------------------------ fills, casts, sums */

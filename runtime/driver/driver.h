@@ -10,7 +10,9 @@
  *   train.c      the step loop: one step, its log row, NaN stops, checkpoints
  *   policy.c     what each sync mode allows (a table), and fp16 loss scaling's rule
  *   resume.c     a checkpoint's run checked against this one
- *   report.c     the PLANRT_REPORT_* lines and test hooks (stragglers) */
+ *   report.c     the PLANRT_REPORT_* lines and test hooks (stragglers)
+ *   start.c      the world started and a stage's memory allocated (planrt_main and --generate)
+ *   generate.c   --generate: the decode program continues a prompt (docs/generate.md) */
 #ifndef PLANRT_DRIVER_H
 #define PLANRT_DRIVER_H
 
@@ -23,6 +25,23 @@
 #include "../io/planrt_ckpt.h"
 
 enum { PLANRT_DEFAULT_SEED = 1234, PLANRT_MAX_FILES = 64 };
+
+/* ---------------------------------------------------------------- start.c */
+/* MPI, the instruction-set level, the world size checked against the program's, the mesh, the device */
+void planrt_start_world_(int *argc, char ***argv, const planrt_program_t *program, int *rank, int *world);
+/* a stage's state buffers, its arena (a canary in every word) and its slots' request sets */
+typedef struct holdings {
+	size_t kind_bytes[planrt_state_kinds], state_bytes;
+	unsigned char *arena;
+	planrt_request_t *reqs;
+	unsigned char *own;
+} holdings_t;
+void planrt_stage_allocate_(const planrt_stage_t *stage, holdings_t *h);
+void planrt_stage_release_(const planrt_stage_t *stage, holdings_t *h);
+
+/* ---------------------------------------------------------------- generate.c */
+int planrt_generate_wanted_(int argc, char **argv); /* --generate among the options */
+int planrt_generate_(int argc, char **argv, const planrt_program_t *train);
 
 /* ---------------------------------------------------------------- options.c */
 typedef struct options {
@@ -76,8 +95,10 @@ typedef struct walker {
 void planrt_walk_(walker_t *w);
 void planrt_clear_action_(planrt_ctx_t *ctx); /* outside actions: no micro-batch, no slot */
 void planrt_trace_phase_(const char *name, int64_t step); /* --trace: a run phase as an event */
-/* --eval-every: the mean loss of batches held-out batches through w (a forward-only stage) */
-double planrt_evaluate_(walker_t *w, const planrt_stage_t *stage, planrt_ctx_t *ctx, int64_t batches, int64_t step);
+/* --eval-every: the mean loss of batches held-out batches through w (a forward-only stage), and
+ * their accuracy into *accuracy (NaN: the loss is not a classification) */
+double planrt_evaluate_(walker_t *w, const planrt_stage_t *stage, planrt_ctx_t *ctx, int64_t batches, int64_t step,
+			double *accuracy);
 /* the stage with its forward actions only (evaluation); free its actions when they differ */
 planrt_stage_t planrt_forward_stage_(const planrt_stage_t *s);
 

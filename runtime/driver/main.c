@@ -19,8 +19,6 @@
  *   6. --save (io/save.c), the PLANRT_REPORT_* lines (report.c), planrt_finalize; the exit status
  *      is 1 when the run stopped early or an output (--log, --trace) could not be written. */
 #include "driver.h"
-#include "planrt_cpu.h"
-#include "planrt_device.h"
 #include "planrt_kernels.h"
 
 #include "../io/planrt_namemap.h"
@@ -33,12 +31,6 @@
 #include <unistd.h>
 
 /* What this rank holds for the run: its state buffers (by kind) and the arena's request sets. */
-typedef struct holdings {
-	size_t kind_bytes[planrt_state_kinds], state_bytes;
-	unsigned char *arena;
-	planrt_request_t *reqs;
-	unsigned char *own;
-} holdings_t;
 
 /* 1. the options' errors and what the plan's sync mode allows, after planrt_init (every rank
  * reports the same) */
@@ -83,42 +75,6 @@ static int open_run_files(const options_t *o, int rank)
 	if (o->trace) /* every rank (the origin of its clock is agreed on) */
 		planrt_trace_open_(o->trace);
 	return ckpt_lock;
-}
-
-/* 3. the stage's state buffers, its arena (a canary in every word) and its slots' request sets */
-static void allocate(const planrt_stage_t *stage, holdings_t *h)
-{
-	for (int i = 0; i < stage->nstate; i++) {
-		const planrt_state_buf_t *b = &stage->state[i];
-		void *ptr = NULL;
-		if (planrt_state_alloc(b, &ptr) != planrt_success)
-			planrt_fatal("cannot allocate %zu bytes for '%s' (%s); choose a plan with less memory per rank (planc "
-				     "explain shows it)",
-				     b->bytes, b->name, planrt_last_error());
-		*b->ptr = ptr;
-		h->kind_bytes[b->kind] += b->bytes;
-		h->state_bytes += b->bytes;
-	}
-	void *arena_base;
-	PLANRT_CHECK(planrt_arena_create(stage->arena_bytes, &arena_base));
-	h->arena = arena_base;
-	planrt_arena_fill64(PLANRT_ARENA_CANARY);
-	size_t nreq = (size_t)stage->nslots * (size_t)stage->nreqs;
-	h->reqs = calloc(nreq ? nreq : 1, sizeof *h->reqs);
-	h->own = calloc(nreq ? nreq : 1, 1);
-	if (!h->reqs || !h->own)
-		planrt_fatal("out of memory for %zu requests", nreq);
-}
-
-static void release(const planrt_stage_t *stage, holdings_t *h)
-{
-	free(h->reqs);
-	free(h->own);
-	planrt_arena_destroy();
-	for (int i = 0; i < stage->nstate; i++) {
-		planrt_state_free(&stage->state[i]);
-		*stage->state[i].ptr = NULL;
-	}
 }
 
 /* 4. the data, then the weights: --init (or drawn from the seed) through stage->init, then the
@@ -178,6 +134,8 @@ static void start(run_t *r)
 
 int planrt_main(int argc, char **argv, const planrt_program_t *program)
 {
+	if (planrt_generate_wanted_(argc, argv)) /* --generate: the decode program continues a prompt */
+		return planrt_generate_(argc, argv, program);
 	options_t opt;
 	planrt_parse_options_(argc, argv, &opt);
 	const char *prog_name = argc > 0 && argv[0] ? argv[0] : "prog";
@@ -197,14 +155,7 @@ int planrt_main(int argc, char **argv, const planrt_program_t *program)
 
 	/* 1. the world and the mesh */
 	int rank, world;
-	PLANRT_CHECK(planrt_init(&argc, &argv, &rank, &world));
-	if (planrt_cpu_select() != planrt_success) /* the instruction-set level: this rank's CPU, or PLANRT_ISA */
-		planrt_fatal("%s", planrt_last_error());
-	if (world != program->world)
-		planrt_fatal("this program was built for %d ranks (plan %s) but runs on %d; launch it with mpirun -np %d",
-			     program->world, program->plan, world, program->world);
-	PLANRT_CHECK(planrt_mesh_init(program->naxes, program->axis_sizes, program->axis_names));
-	planrt_device_start();
+	planrt_start_world_(&argc, &argv, program, &rank, &world); /* start.c */
 	const sync_policy_t *sync = planrt_sync_policy_(program);
 	check_options(&opt, program, sync, prog_name);
 
@@ -221,7 +172,7 @@ int planrt_main(int argc, char **argv, const planrt_program_t *program)
 	planrt_check_program_(program, stage_index * nroles + role);
 	const planrt_stage_t *stage = &program->stages[stage_index * nroles + role];
 	holdings_t held = {.state_bytes = 0};
-	allocate(stage, &held);
+	planrt_stage_allocate_(stage, &held);
 	ctx.arena = held.arena;
 
 	/* 4. data, initial weights (or the checkpoint resumed); 5. the steps */
@@ -246,7 +197,7 @@ int planrt_main(int argc, char **argv, const planrt_program_t *program)
 	outputs_lost |= planrt_log_close() != 0;
 	planrt_data_close(ctx.data);
 	planrt_input_release_();
-	release(stage, &held);
+	planrt_stage_release_(stage, &held);
 	planrt_where_(-1, "finalize", -1, -1);
 	PLANRT_CHECK(planrt_finalize());
 	if (ckpt_lock >= 0)

@@ -321,18 +321,22 @@ void planrt_print_help_(const char *prog_name, const planrt_program_t *p)
 	       "                        one process, without mpirun; then --resume OUT (planc reshard does the same)\n"
 	       "  --trace T.json        a Chrome-trace / Perfetto timeline of every rank (compute, collectives,\n"
 	       "                        transfers, waits)\n"
-	       "  --eval-every N        every N steps, the loss on held-out data (of --data, or --eval-data) over\n"
-	       "                        --eval-batches B batches (default 4)\n"
+	       "  --eval-every N        every N steps, the loss (and a cross-entropy's accuracy) on held-out data\n"
+	       "                        (of --data, or --eval-data) over --eval-batches B batches (default 4)\n"
 	       "  --max-skips K         fp16 loss scaling: stop after K consecutive skipped steps (default 20)\n"
 	       "  --loss-scale-init S   fp16 loss scaling: the first step's scale (default: the plan's, 65536 for\n"
 	       "                        dynamic)\n"
 	       "  --help, -h            this text\n"
+	       "generation (built with planc build --generate; docs/generate.md):\n"
+	       "  --generate TEXT       continue TEXT (bytes as tokens) instead of training, from --init W or\n"
+	       "                        --resume CKPT: [--max-tokens N (32)] [--temperature T (0: greedy)]\n"
+	       "                        [--top-k K (0: all)] [--seed S] [--print-ids] [--logits FILE]%s\n"
 	       "environment: PLANRT_WATCHDOG=SECONDS (stall limit, 0 off), PLANRT_REPORT_MEMORY, "
 	       "PLANRT_REPORT_TIMING, PLANRT_REPORT_COMM (one stderr line per rank),\n"
 	       "  PLANRT_STRAGGLER=RANK:MS or random:MS (that rank, or one drawn per step, sleeps MS ms at each "
 	       "step's start),\n"
 	       "  PLANRT_ISA=LEVEL (the instruction-set level of the fused loops and kernels, one of the cpu line's;\n"
 	       "  default: the best this CPU runs)\n",
-	       PLANRT_DEFAULT_SEED);
+	       PLANRT_DEFAULT_SEED, p->decode ? "" : "\n                        (this program was built without it)");
 	fflush(stdout);
 }

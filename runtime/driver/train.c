@@ -15,7 +15,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-enum { ROW_LR, ROW_NORM, ROW_SECONDS, ROW_EVAL, ROW }; /* a pending log row (ROW_EVAL NaN: none) */
+/* a pending log row (ROW_EVAL NaN: no evaluation; ROW_ACCURACY NaN: none, or not a classification) */
+enum { ROW_LR, ROW_NORM, ROW_SECONDS, ROW_EVAL, ROW_ACCURACY, ROW };
 
 typedef struct log_rows {
 	int window;      /* steps whose loss one average makes known (1: every step) */
@@ -72,18 +73,20 @@ static double run_step(run_t *r, int64_t step, double *update_s)
 	return planrt_now() - t0;
 }
 
-/* --eval-every: the held-out loss after step (NaN when not evaluated). The held-out forward passes
- * compute their loss where the step's is: the step's is kept for the log. */
-static double evaluate(run_t *r, walker_t *evaluator, log_rows_t *rows, int64_t step)
+/* --eval-every: the held-out loss after step (NaN when not evaluated), and a classification's
+ * accuracy into *accuracy. The held-out forward passes compute their loss where the step's is: the
+ * step's is kept for the log. */
+static double evaluate(run_t *r, walker_t *evaluator, log_rows_t *rows, int64_t step, double *accuracy)
 {
 	const planrt_stage_t *stage = r->stage;
+	*accuracy = NAN;
 	if (!r->opt->eval_every || (step + 1) % r->opt->eval_every != 0)
 		return NAN;
 	int nkept = stage->loss && *stage->loss ? rows->window : 0;
 	for (int i = 0; i < nkept; i++)
 		rows->kept[i] = (*stage->loss)[i];
 	planrt_trace_phase_("evaluation", step);
-	double eval = planrt_evaluate_(evaluator, stage, r->ctx, r->opt->eval_batches, step);
+	double eval = planrt_evaluate_(evaluator, stage, r->ctx, r->opt->eval_batches, step, accuracy);
 	planrt_trace_end_(NULL);
 	for (int i = 0; i < nkept; i++)
 		(*stage->loss)[i] = rows->kept[i];
@@ -113,8 +116,10 @@ static void log_step(run_t *r, log_rows_t *rows, int64_t step, const double *row
 				planrt_log_fields(f);
 			}
 			if (!isnan(w[ROW_EVAL])) {
-				char f[64];
-				snprintf(f, sizeof f, "\"eval_loss\":%.9g", w[ROW_EVAL]);
+				char f[96];
+				int n = snprintf(f, sizeof f, "\"eval_loss\":%.9g", w[ROW_EVAL]);
+				if (!isnan(w[ROW_ACCURACY]))
+					snprintf(f + n, sizeof f - (size_t)n, ",\"eval_accuracy\":%.9g", w[ROW_ACCURACY]);
 				planrt_log_fields(f);
 			}
 			planrt_log_step_(s, rows->shown, w[ROW_LR], w[ROW_NORM], tokens, samples, w[ROW_SECONDS] * 1e3);
@@ -124,7 +129,10 @@ static void log_step(run_t *r, log_rows_t *rows, int64_t step, const double *row
 	double per_step = tokens ? (double)tokens : (double)samples;
 	planrt_progress_(step + 1, r->opt->steps, rows->shown, step_s > 0 ? per_step / step_s : 0,
 			 tokens ? "tok/s" : "samples/s", planrt_now() - r->start);
-	if (!isnan(row[ROW_EVAL]))
+	if (!isnan(row[ROW_EVAL]) && !isnan(row[ROW_ACCURACY]))
+		fprintf(stderr, "eval after step %lld: held-out loss %.4f, accuracy %.2f%% (%lld batches)\n", (long long)step + 1,
+			row[ROW_EVAL], 100 * row[ROW_ACCURACY], (long long)r->opt->eval_batches);
+	else if (!isnan(row[ROW_EVAL]))
 		fprintf(stderr, "eval after step %lld: held-out loss %.4f (%lld batches)\n", (long long)step + 1, row[ROW_EVAL],
 			(long long)r->opt->eval_batches);
 }
@@ -215,10 +223,11 @@ void planrt_train_(run_t *r)
 			r->stopped = step; /* every rank sees the same reduced values and stops here */
 			r->scaling_gave_up = 0;
 		}
-		double eval = r->stopped < 0 ? evaluate(r, &evaluator, &rows, step) : NAN;
+		double accuracy = NAN, eval = r->stopped < 0 ? evaluate(r, &evaluator, &rows, step, &accuracy) : NAN;
 		if (r->rank == 0) {
 			const planrt_program_t *p = r->program;
-			double row[ROW] = {planrt_lr_at(p->lr, step, p->warmup, p->total_steps, p->min_lr), norm, step_s, eval};
+			double row[ROW] = {planrt_lr_at(p->lr, step, p->warmup, p->total_steps, p->min_lr), norm, step_s, eval,
+					   accuracy};
 			log_step(r, &rows, step, row, known, step_scale, skipped);
 		}
 		if (r->stopped >= 0)

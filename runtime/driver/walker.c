@@ -181,10 +181,13 @@ void planrt_walk_(walker_t *w)
 
 /* --eval-every: the mean loss of batches held-out batches, each run through the forward actions
  * of the schedule (no backward: dropout off, gradient receives not posted) between eval_begin and
- * eval_end, which leaves its loss reduced on every rank. Touches no state the next step reads. */
-double planrt_evaluate_(walker_t *w, const planrt_stage_t *stage, planrt_ctx_t *ctx, int64_t batches, int64_t step)
+ * eval_end, which leaves its loss (and a classification's accuracy) reduced on every rank; the
+ * batches are the same size, so the accuracy over all is their mean. Touches no state the next
+ * step reads. */
+double planrt_evaluate_(walker_t *w, const planrt_stage_t *stage, planrt_ctx_t *ctx, int64_t batches, int64_t step,
+			double *accuracy)
 {
-	double sum = 0;
+	double sum = 0, correct = 0;
 	planrt_evaluating_ = 1;
 	forward_only_chunks = stage->nchunks > 0 ? stage->nchunks : 1;
 	for (int64_t b = 0; b < batches; b++) {
@@ -199,7 +202,9 @@ double planrt_evaluate_(walker_t *w, const planrt_stage_t *stage, planrt_ctx_t *
 			stage->eval_end(ctx);
 		planrt_trace_end_(NULL);
 		sum += stage->eval_loss && *stage->eval_loss ? **stage->eval_loss : NAN;
+		correct += stage->eval_accuracy && *stage->eval_accuracy ? **stage->eval_accuracy : NAN;
 	}
+	*accuracy = correct / (double)batches;
 	ctx->eval_batch = -1;
 	planrt_evaluating_ = 0;
 	forward_only_chunks = 0;

@@ -105,8 +105,8 @@ void planrt_cu_k_embed_f32(const float *table, const int32_t *ids, float *out, i
 void planrt_cu_k_embed_grad_f32(const int32_t *ids, const float *dy, float *dtable, int64_t ntok, int64_t dim,
 				int64_t vocab_lo, int64_t vocab_local, int stream);
 void planrt_cu_cross_entropy_f32(const float *logits, const int32_t *targets, float *loss, float *lse, int64_t rows,
-				 int64_t cols, int64_t vocab_lo, double scale, planrt_comm_t vocab_comm, void *scratch,
-				 int stream);
+				 int64_t cols, int64_t vocab_lo, double scale, double *correct, planrt_comm_t vocab_comm,
+				 void *scratch, int stream);
 void planrt_cu_check_labels(const int32_t *labels, int rank, const int64_t *ldims, const int64_t *offs,
 			    int64_t classes, const char *what, int64_t step, int stream);
 void planrt_cu_k_ce_grad_f32(const float *logits, const int32_t *targets, const float *lse, int64_t rows, int64_t cols,
@@ -126,9 +126,9 @@ void planrt_cu_k_rope_grad_f32(const float *dy, float *dx, int64_t batch, int64_
 void planrt_cu_k_unary_f32(int op, const float *x, float *y, int64_t n, int stream);
 void planrt_cu_k_unary_grad_f32(int op, const float *x, const float *dy, float *dx, int64_t n, int stream);
 void planrt_cu_k_repeat_kv_f32(const float *x, float *y, int64_t outer, int64_t heads, int64_t n_rep, int64_t inner,
-			       int stream);
+			       int64_t y_heads, int64_t y_head_lo, int stream);
 void planrt_cu_k_repeat_kv_grad_f32(const float *dy, float *dx, int64_t outer, int64_t heads, int64_t n_rep,
-				    int64_t inner, int stream);
+				    int64_t inner, int64_t y_heads, int64_t y_head_lo, int stream);
 void planrt_cu_slice_dim(const void *in, void *out, int rank, const int64_t *dims, int dim, planrt_dtype_t t,
 			 planrt_comm_t c, int stream);
 void planrt_cu_fill(void *dst, int64_t n, planrt_dtype_t t, double value, int stream);

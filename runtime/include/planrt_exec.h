@@ -95,9 +95,11 @@ void planrt_bucket_progress(planrt_bucket_t *b);
 
 /* loss = sum over rows of (lse - target logit) * scale; lse saved for the backward. With a
  * vocabulary split over vocab_comm (non-NULL), the max, sum of exp and target logit are
- * all-reduced between the pieces. scratch: 3 * rows floats. */
+ * all-reduced between the pieces. correct (non-NULL): adds the count of rows whose target's
+ * logit is the row's largest (the accuracy's numerator). scratch: 3 * rows floats. */
 void planrt_cross_entropy_f32(const float *logits, const int32_t *targets, float *loss, float *lse, int64_t rows,
-			      int64_t cols, int64_t vocab_lo, double scale, planrt_comm_t vocab_comm, void *scratch);
+			      int64_t cols, int64_t vocab_lo, double scale, double *correct, planrt_comm_t vocab_comm,
+			      void *scratch);
 
 /* ------------------------------------------------------------------ step kernels of the IR
  * In-place collectives on flat buffers (gradient buckets viewed in place, ZeRO shards), sums
@@ -112,6 +114,12 @@ void planrt_reduce_scatter_inplace(void *buf, int64_t chunk, planrt_dtype_t t, p
 /* buf holds size * chunk elements; rank r contributes its chunk at buf + r * chunk */
 void planrt_allgather_inplace(void *buf, int64_t chunk, planrt_dtype_t t, planrt_comm_t c, planrt_request_t *req);
 void planrt_request_finish(planrt_request_t *req);   /* waits for *req (if any) and clears it */
+/* One shift of context parallelism's ring (compiler/lower/ring.c): send's n elements go to the next
+ * member of c ((rank + 1) mod size) and recv takes the previous member's, both started into
+ * *send_req and *recv_req (which must be idle) and completed by planrt_p2p_finish; tag keeps the
+ * K/V ring apart from the ring of their gradients. Counted as one send and one receive on c. */
+void planrt_ring_shift_start(const void *send, void *recv, int64_t n, planrt_dtype_t t, planrt_comm_t c, int tag,
+			     planrt_request_t *send_req, planrt_request_t *recv_req);
 void planrt_request_progress(planrt_request_t *req); /* lets an in-flight request move (MPI_Test) */
 /* f32, bf16, f16, f64, i32, u8 (an integer dtype takes an integral value in its range) */
 void planrt_fill(void *dst, int64_t n, planrt_dtype_t t, double value);

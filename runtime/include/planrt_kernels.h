@@ -113,11 +113,14 @@ enum { PLANRT_SIN = 0, PLANRT_COS, PLANRT_EXP, PLANRT_LOG, PLANRT_TANH, PLANRT_S
 	/* repeat_kv of Hugging Face's Llama (grouped-query attention), torch.repeat_interleave(x, n_rep, dim):  \
 	 * x viewed as [outer, heads, inner] gives y [outer, heads * n_rep, inner] whose head h is x's head      \
 	 * h / n_rep. [B, S, Hkv, Dh]: outer = B S, inner = Dh; [B, Hkv, S, Dh]: outer = B, inner = S Dh. A block \
-	 * of kv heads gives the matching block of query heads (tensor parallel). The gradient sums the n_rep    \
-	 * copies (dx overwritten). */                                                                          \
-	void planrt_k_repeat_kv_##S(const T *x, T *y, int64_t outer, int64_t heads, int64_t n_rep, int64_t inner); \
+	 * of kv heads gives the matching block of query heads (tensor parallel). y holds y_heads of the heads  \
+	 * from y_head_lo on (0 and heads * n_rep: all; key/value heads replicated over tensor ranks: each rank  \
+	 * its query heads' block of x's whole heads). The gradient sums the copies into dx [outer, heads,      \
+	 * inner] (overwritten; the heads no copy comes from are zero). */                                      \
+	void planrt_k_repeat_kv_##S(const T *x, T *y, int64_t outer, int64_t heads, int64_t n_rep, int64_t inner,  \
+				    int64_t y_heads, int64_t y_head_lo);                                        \
 	void planrt_k_repeat_kv_grad_##S(const T *dy, T *dx, int64_t outer, int64_t heads, int64_t n_rep,         \
-					 int64_t inner);                                                         \
+					 int64_t inner, int64_t y_heads, int64_t y_head_lo);                     \
 	/* Rotary position embeddings, the Llama / GPT-NeoX form (rotate_half on the two halves). x is           \
 	 * [batch, seq, heads, head_dim] (heads_first = 0) or [batch, heads, seq, head_dim] (heads_first = 1):   \
 	 * any block of heads (tensor parallel) and of sequence rows (sequence parallel). Row (b, s) is at       \
@@ -174,6 +177,20 @@ enum { PLANRT_SIN = 0, PLANRT_COS, PLANRT_EXP, PLANRT_LOG, PLANRT_TANH, PLANRT_S
 					 T *dq, T *dk, T *dv, int rank, const int64_t *ldims, int64_t kv_heads,   \
 					 int64_t sk, double scale, int mask_kind, double p, uint64_t seed,        \
 					 uint64_t key, const int64_t *gdims, const int64_t *offs, void *scratch); \
+	/* Ring attention (context parallelism): the call above on the K/V block of ring step `step` of  \
+	 * `size`, whose keys start at global key ((coord - step) mod size) * sk; the forward merges into  \
+	 * out and lse after step 0, the gradient accumulates dq after step 0 and writes the block's dk, dv. */ \
+	void planrt_k_ring_attention_##S(const T *q, const T *k, const T *v, const T *mask,                     \
+					 const int64_t *mask_strides, T *out, T *lse, int rank, const int64_t *ldims, \
+					 int64_t kv_heads, int64_t sk, double scale, int mask_kind, double p,     \
+					 uint64_t seed, uint64_t key, const int64_t *gdims, const int64_t *offs,  \
+					 void *scratch, int64_t coord, int step, int size);                          \
+	void planrt_k_ring_attention_grad_##S(const T *q, const T *k, const T *v, const T *mask,                \
+					      const int64_t *mask_strides, const T *out, const T *lse,           \
+					      const T *dout, T *dq, T *dk, T *dv, int rank, const int64_t *ldims, \
+					      int64_t kv_heads, int64_t sk, double scale, int mask_kind, double p, \
+					      uint64_t seed, uint64_t key, const int64_t *gdims,                 \
+					      const int64_t *offs, void *scratch, int64_t coord, int step, int size); \
 	void planrt_k_softmax_grad_##S(const T *y, const T *dy, T *dx, int64_t rows, int64_t cols);              \
 	/* mean and rstd: [rows], saved for the backward. dw, db accumulate. */                                \
 	void planrt_k_layer_norm_##S(const T *x, const T *w, const T *b, T *y, float *mean, float *rstd,         \
@@ -279,6 +296,24 @@ PLANRT_CE_CLASSES(double, double, f64d)
  * vocab-parallel pieces (planrt_k_ce_*) do not, so a program calls this on their targets. */
 int64_t planrt_k_check_labels(const int32_t *labels, int64_t n, int64_t classes, int32_t ignore_index, int64_t *valid,
 			      int64_t *bad_index, int32_t *bad_value);
+
+/* Generation (cpu/decode.c, docs/generate.md). Decode attention with a key/value cache: q [batch,
+ * heads, 1, head_dim], k and v [batch, kv_heads, 1, head_dim] of the token at position pos[b]; the
+ * caches [batch, kv_heads, tmax, head_dim]. Writes k and v into row pos[b] of the caches, then
+ * out[b, h] = softmax(scale * q . kcache[0 .. pos[b]]) @ vcache[0 .. pos[b]] (causal by
+ * construction; query head h reads kv head h / (heads / kv_heads), grouped-query attention). O(t)
+ * per token: the earlier positions' keys and values are read from the caches, never recomputed.
+ * Returns the first b whose position is outside [0, tmax), or -1. */
+int64_t planrt_k_decode_attention_f32(const float *q, const float *k, const float *v, float *kcache, float *vcache,
+				      float *out, const int32_t *pos, int64_t batch, int64_t heads, int64_t kv_heads,
+				      int64_t head_dim, int64_t tmax, double scale);
+/* The next token from one row of logits [vocab]: temperature <= 0 is greedy (the first largest
+ * logit, torch.argmax); otherwise softmax(logits / temperature) over the top_k largest (top_k <= 0
+ * or >= vocab: all of them; exactly k, ties at the k-th taken in index order), drawn with
+ * Philox(seed, key "generate", counter = draw): the same token for the same (seed, draw) on every
+ * rank and plan. */
+int32_t planrt_sample_token(const float *logits, int64_t vocab, double temperature, int64_t top_k, uint64_t seed,
+			    uint64_t draw);
 
 /* bf16 storage: round to nearest even; conversions in both directions. */
 void planrt_k_f32_to_bf16(const float *x, uint16_t *y, int64_t n);

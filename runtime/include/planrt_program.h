@@ -56,6 +56,11 @@ typedef struct planrt_ctx {
 	int step_skipped;        /* set when this step's unscaled gradients are not finite: no update */
 	int64_t slot_index;      /* the running action's slot (offload activations: its host copies) */
 	const struct planrt_program *program; /* the program being run (its parameter table, sizes) */
+	/* generation (--generate, driver/generate.c): the token and position the decode step reads,
+	 * and where it leaves the next token's logits (decode_vocab of them) */
+	int32_t decode_token, decode_position;
+	float *decode_logits;
+	int64_t decode_vocab;
 	struct planrt_namemap *name_map;      /* --map: --init and --save under another framework's names */
 } planrt_ctx_t;
 
@@ -142,9 +147,12 @@ typedef struct planrt_stage {
 	planrt_phase_fn checkpoint, resume;
 	/* evaluation (--eval-every): eval_begin clears the loss metric, the walker runs the forward
 	 * actions on a held-out batch, eval_end reduces the loss into *eval_loss on every rank (NULL
-	 * functions: the stage cannot evaluate, an async plan) */
+	 * functions: the stage cannot evaluate, an async plan), and, where the loss is a
+	 * cross-entropy, the fraction of the batch's rows whose target class has the largest logit
+	 * into *eval_accuracy (NULL: the loss is not a classification) */
 	planrt_phase_fn eval_begin, eval_end;
 	double *const *eval_loss;
+	double *const *eval_accuracy;
 } planrt_stage_t;
 
 typedef struct planrt_program {
@@ -171,6 +179,9 @@ typedef struct planrt_program {
 	/* the optimizer and its settings, "adamw(lr = 0.0003, betas = (0.9, 0.95), ...)": a checkpoint
 	 * records it, and resuming under another kind of optimizer is refused */
 	const char *optimizer;
+	/* the model's decode program (planc build --generate; NULL without): one token per step with a
+	 * key/value cache, run by --generate (docs/generate.md) */
+	const struct planrt_program *decode;
 } planrt_program_t;
 
 /* Runs the program: parses argv (--steps K --data FILE [--init W] [--save W] [--log F] [--seed S]
@@ -196,6 +207,14 @@ void planrt_init_param(planrt_ctx_t *ctx, void *dst, planrt_dtype_t dtype, int p
  * parameters and moments alone. planrt_steps_skipped_ (kept by the run) is subtracted from the
  * step for the optimizer's t, so a skipped step does not advance Adam's bias correction. */
 void planrt_loss_seed(planrt_ctx_t *ctx, float *dl, double per_micro);
+/* Generation's kernels (a decode program's step): the token (position = 0) or its position
+ * (position = 1) into dst; the next token's logits into ctx->decode_logits; decode attention as
+ * planrt_k_decode_attention_f32, a position outside the cache a run-time error. */
+void planrt_decode_input(planrt_ctx_t *ctx, int32_t *dst, int position);
+void planrt_decode_logits(planrt_ctx_t *ctx, const float *logits, int64_t vocab);
+void planrt_decode_attention_f32(const float *q, const float *k, const float *v, float *kcache, float *vcache,
+				 float *out, const int32_t *pos, int64_t batch, int64_t heads, int64_t kv_heads,
+				 int64_t head_dim, int64_t tmax, double scale);
 /* f16 elements of the fused loops (both back ends call these, as planrt_cast converts): exact
  * widening; narrowing rounds to nearest even, NaN stays NaN */
 float planrt_f16_to_f32(uint16_t h);

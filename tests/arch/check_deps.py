@@ -50,9 +50,17 @@ def include_graph(root, folder, incdirs):
     return graph
 
 
-def nm(path, args):
-    out = subprocess.run(['nm'] + args + [path], capture_output=True, text=True, check=True).stdout
-    return out.splitlines()
+def nm_symbols(paths):
+    """{object: [(type, symbol)]} from one nm run over every object (-A names each line's object;
+    one process instead of two per object: most of this test's time was starting nm)"""
+    out = subprocess.run(['nm', '-A'] + paths, capture_output=True, text=True, check=True).stdout
+    symbols = {p: [] for p in paths}
+    for line in out.splitlines():
+        path, _, rest = line.partition(':')
+        parts = rest.split()
+        if path in symbols and len(parts) >= 2:
+            symbols[path].append((parts[-2], parts[-1]))
+    return symbols
 
 
 def call_graph(root, build, folder, objdirs):
@@ -63,7 +71,7 @@ def call_graph(root, build, folder, objdirs):
             objs += [os.path.join(dd, f) for f in files if f.endswith('.o')]
     if not objs:
         return None
-    defined, used = {}, {}
+    sources_of = {}
     for o in objs:
         rel = os.path.relpath(o, build)
         # CMake names objects after the source: .../compiler/graph/graph.c.o, .../planrt.dir/core/log.c.o
@@ -72,13 +80,15 @@ def call_graph(root, build, folder, objdirs):
         if m:
             tail = m.group(1)
             src = tail if tail.startswith(folder + '/') else os.path.join(folder, tail)
-        if not src or not os.path.exists(os.path.join(root, src)):
-            continue
-        for line in nm(o, ['--defined-only']):
-            parts = line.split()
-            if len(parts) == 3 and parts[1] in 'TDRBVW' and parts[1].isupper():
-                defined[parts[2]] = src
-        used[src] = [l.split()[-1] for l in nm(o, ['-u']) if l.strip()]
+        if src and os.path.exists(os.path.join(root, src)):
+            sources_of[o] = src
+    defined, used = {}, {}
+    for o, syms in nm_symbols(sorted(sources_of)).items():
+        src = sources_of[o]
+        for kind, name in syms:
+            if kind in 'TDRBVW' and kind.isupper():
+                defined[name] = src
+        used[src] = [name for kind, name in syms if kind == 'U']
     graph = {f: set() for f in used}
     for f, syms in used.items():
         for s in syms:

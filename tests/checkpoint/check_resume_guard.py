@@ -16,10 +16,12 @@ before step 1 (issue 23); never a silent restart.
              blend whose second file is (every file of a blend is hashed); the same blend resumes
   manifest   a hand-edited manifest (the seed; a piece moved; the step) with its checksum
              recomputed is refused as disagreeing with its files; the unedited copy resumes
-  rebuilt    a checkpoint of the same plan with another fingerprint (what a program compiled by another
-             planc version, which numbers buffers otherwise, finds): single's is read as another plan's
-             (a note names both fingerprints) and continues the run; dp4_local_sgd's is refused, naming
-             the fingerprints, not telling the user to resume with the plan they used
+  rebuilt    a checkpoint of the same plan compiled differently (another fingerprint: what a program
+             built by another planc version, which numbers buffers otherwise, finds; here the plan is
+             edited: zero1_dp4 with 64 KiB gradient buckets, dp4_local_sgd averaging every 2 steps):
+             zero1_dp4's is read as another plan's (a note names both fingerprints) and continues the
+             run; dp4_local_sgd's is refused, naming the fingerprints, not telling the user to resume
+             with the plan they used
 Prints PASS/FAIL per check and 'N passed, M failed'.
 usage: check_resume_guard.py PLANC REPO_ROOT
 """
@@ -170,10 +172,10 @@ def fnv1a(text):
     return f"fnv1a64:{h:016x}"
 
 
-def edited(name, edit, plan="single"):
-    """a copy of PLAN's step-AT checkpoint whose manifest edit() changed, its checksum recomputed"""
+def edited(name, edit):
+    """a copy of single's step-AT checkpoint whose manifest edit() changed, its checksum recomputed"""
     d = f"{work}/edit_{name}/step-{AT:08d}"
-    shutil.copytree(f"{work}/{plan}_ck/step-{AT:08d}", d)
+    shutil.copytree(f"{work}/single_ck/step-{AT:08d}", d)
     m = json.load(open(f"{d}/manifest.json"))
     edit(m)
     m.pop("manifest_checksum")
@@ -200,21 +202,45 @@ for name, edit in [("unedited", lambda m: None), ("seed", lambda m: m["rng"].upd
                 rc != 0 and ("disagree" in err or "is not the one its file" in err), first_line(err))
 
 # ---------------------------------------------------------------- another build of the same plan
-OTHER = "fnv1a64:0123456789abcdef"
-d = edited("rebuilt_single", lambda m: m.update(fingerprint=OTHER))
-log = f"{work}/rebuilt_single.jsonl"
-rc, err = run("single", "--data", data, "--steps", str(STEPS), "--resume", d, "--log", log)
-got = losses(log)
-worst = max((abs(got[s] - full["single"][s]) / abs(full["single"][s]) for s in got), default=1.0)
-T.check("single's checkpoint with another fingerprint continues the run, the note naming both fingerprints",
-        rc == 0 and "compiled differently" in err and OTHER in err and sorted(got) == list(range(AT, STEPS)) and
-        worst <= 1e-5, f"worst relative loss difference {worst:.2e}" if rc == 0 else first_line(err))
-d = edited("rebuilt_local_sgd", lambda m: m.update(fingerprint=OTHER), "dp4_local_sgd")
-log = f"{work}/rebuilt_local_sgd.jsonl"
-rc, err = run("dp4_local_sgd", "--data", data, "--steps", str(STEPS), "--resume", d, "--log", log)
-T.check("dp4_local_sgd's checkpoint with another fingerprint is refused, naming it",
-        rc != 0 and "compiled differently" in err and OTHER in err and "resume it with plan" not in err and
-        not losses(log), first_line(err))
+def rebuilt(plan, edit):
+    """plan compiled from an edited copy of its text (same name, another fingerprint): the program"""
+    text = open(gpt).read()
+    at = text.index(f"plan {plan} for gpt {{")
+    end = text.index("\n}", at)
+    edited_gpt = f"{work}/rebuilt_{plan}.plan"
+    open(edited_gpt, "w").write(text[:at] + edit(text[at:end]) + text[end:])
+    prog = f"{work}/rebuilt_{plan}"
+    r = subprocess.run([planc, "build", edited_gpt, "--plan", plan, "-o", prog, "--native"], capture_output=True,
+                       text=True, env=env)
+    return prog if r.returncode == 0 else None
+
+
+def resume_rebuilt(plan, prog):
+    log = f"{work}/rebuilt_{plan}.jsonl"
+    r = subprocess.run(["mpirun", "-np", str(WORLD[plan]), prog, "--data", data, "--steps", str(STEPS), "--resume",
+                        f"{work}/{plan}_ck/step-{AT:08d}", "--log", log], capture_output=True, text=True, env=env,
+                       timeout=300)
+    return r.returncode, r.stderr, losses(log)
+
+
+prog = rebuilt("zero1_dp4", lambda t: t + "\n  sync strict, bucket = 64KiB")
+if not prog:
+    T.check("zero1_dp4 with 64 KiB buckets builds", False, "planc build failed")
+else:
+    rc, err, got = resume_rebuilt("zero1_dp4", prog)
+    ref = full["zero1_dp4"]
+    worst = max((abs(got[s] - ref[s]) / abs(ref[s]) for s in got), default=1.0)
+    T.check("zero1_dp4's checkpoint resumed by zero1_dp4 compiled differently continues the run, the note naming it",
+            rc == 0 and "compiled differently" in err and sorted(got) == list(range(AT, STEPS)) and worst <= 1e-5,
+            f"worst relative loss difference {worst:.2e}" if rc == 0 else first_line(err))
+prog = rebuilt("dp4_local_sgd", lambda t: t.replace("every = 4", "every = 2"))
+if not prog:
+    T.check("dp4_local_sgd averaging every 2 steps builds", False, "planc build failed")
+else:
+    rc, err, got = resume_rebuilt("dp4_local_sgd", prog)
+    T.check("dp4_local_sgd's checkpoint resumed by dp4_local_sgd compiled differently is refused, naming the cause",
+            rc != 0 and "compiled differently" in err and "resume it with plan" not in err and not got,
+            first_line(err))
 
 shutil.rmtree(work, ignore_errors=True)
 T.finish()

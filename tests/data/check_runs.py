@@ -2,7 +2,11 @@
 """tests/data/check_runs.py: what a user of the data features sees in a run (issue 22). Each check
 fails without the fix it names:
   - evaluation on a data set (BERT on data/classify.safetensors): a held-out loss in the log, the
-    same under dp2 as under one rank, and --eval-data; samples/s (not "tokens":0) for it;
+    same under dp2 as under one rank, and --eval-data; samples/s (not "tokens":0) for it; the
+    classifier's accuracy in the log's JSON and the human line, equal under dp2 (rows summed over
+    the data ranks) and tp2 (a class-split cross-entropy: counted once, not per rank) to one rank's
+    (tests/torch/torch_reference.py checks it against PyTorch on the same weights); none for a
+    regression;
   - token ids outside the embedding table in a data set (100000, -5) stop the run; a 3-sample
     data set with batch 16 is refused;
   - padding masks: with padding_mask from `lengths`, what the pad positions hold does not change
@@ -97,14 +101,39 @@ def evaluation():
     check("the held-out loss of a data set is the same under dp2 and one rank",
           r2.returncode == 0 and len(evals2) == 2 and all(abs(a - b) <= 1e-5 * abs(b) for a, b in zip(evals2, evals3)),
           f"{evals2} vs {evals3} {r2.stderr[-200:]}")
+    accuracy(data, r3, f"{work}/b3.jsonl", f"{work}/b2.jsonl")
     reg = build(f"{root}/tests/equiv/regress.plan", "single", "regress")
     r = run(reg, "--steps", "4", "--data", f"{root}/data/regress", "--eval-every", "2", "--log", f"{work}/r.jsonl")
-    check("--eval-every on regression targets (a directory of .npy)",
-          r.returncode == 0 and len([x for x in log_rows(f"{work}/r.jsonl") if "eval_loss" in x]) == 2, r.stderr[-300:])
+    rows = [x for x in log_rows(f"{work}/r.jsonl") if "eval_loss" in x]
+    check("--eval-every on regression targets (a directory of .npy); no accuracy for a regression",
+          r.returncode == 0 and len(rows) == 2 and not any("eval_accuracy" in x for x in rows) and
+          "accuracy" not in r.stderr, r.stderr[-300:])
     r = run(single, "--steps", "2", "--data", data, "--eval-every", "1", "--eval-data", data, "--log",
             f"{work}/b4.jsonl")
     check("--eval-data: evaluation on another file, training on all of --data",
           r.returncode == 0 and len([x for x in log_rows(f"{work}/b4.jsonl") if "eval_loss" in x]) == 2, r.stderr[-300:])
+
+
+def accuracy(data, single_run, single_log, dp2_log):
+    """A classifier's held-out accuracy: logged beside the loss (JSON and the human line), a
+    fraction of the batches' rows, and the same under dp2 and tp2 as under one rank: the counts
+    are summed over the data ranks and taken once over the class-split ranks."""
+    acc1 = [x.get("eval_accuracy") for x in log_rows(single_log) if "eval_loss" in x]
+    shown = [l for l in single_run.stderr.splitlines() if l.startswith("eval after step")]
+    check("a classifier's evaluation logs its accuracy (JSON eval_accuracy, 'accuracy N%' on the line)",
+          len(acc1) == 2 and all(a is not None and 0 <= a <= 1 for a in acc1) and len(shown) == 2 and
+          all(f"accuracy {100 * a:.2f}%" in l for a, l in zip(acc1, shown)), f"{acc1} {shown}")
+    rows = 4 * 16  # --eval-batches 4 (the default) of B = 16 rows: the accuracy is a count over them
+    check("the accuracy counts rows (a multiple of 1/64 over 4 batches of 16)",
+          acc1 and all(a is not None and abs(a * rows - round(a * rows)) < 1e-9 for a in acc1), acc1)
+    acc2 = [x.get("eval_accuracy") for x in log_rows(dp2_log) if "eval_loss" in x]
+    check("the held-out accuracy under dp2 equals one rank's (rows summed over the data ranks)",
+          len(acc2) == 2 and acc2 == acc1, f"dp2 {acc2} vs single {acc1}")
+    tp2 = build(f"{root}/examples/bert.plan", "tp2", "bert_tp2")
+    r = run(tp2, "--steps", "4", "--data", data, "--eval-every", "2", "--log", f"{work}/bt.jsonl", np=2)
+    acct = [x.get("eval_accuracy") for x in log_rows(f"{work}/bt.jsonl") if "eval_loss" in x]
+    check("the held-out accuracy under tp2 (classes split over the ranks) equals one rank's",
+          r.returncode == 0 and acct == acc1, f"tp2 {acct} vs single {acc1} {r.stderr[-200:]}")
 
 
 def refusals():

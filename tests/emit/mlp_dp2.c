@@ -86,32 +86,33 @@ static float *p_linear_1_bias; /* parameters, 256 elements: linear_1.bias */
 static float *p_linear_2_weight; /* parameters, 65536 elements: linear_2.weight */
 static float *p_linear_2_bias; /* parameters, 256 elements: linear_2.bias */
 static double *loss_44; /* metrics, 1 elements: the step's mean loss */
-static double *grad_norm_46; /* metrics, 1 elements: the gradient norm before clipping */
-static double *grad_sumsq_47; /* metrics, 1 elements: the squared gradient norm */
-static double *clip_coef_48; /* metrics, 1 elements: the clipping coefficient */
-static float *grad_bucket_49; /* gradients, 164608 elements: gradient bucket 0 (7 tensors) */
-static float *m_50; /* optimizer states, 16384 elements: embedding.weight */
-static float *v_51; /* optimizer states, 16384 elements: embedding.weight */
-static float *m_52; /* optimizer states, 16384 elements: linear.weight */
-static float *v_53; /* optimizer states, 16384 elements: linear.weight */
-static float *m_54; /* optimizer states, 256 elements: linear.bias */
-static float *v_55; /* optimizer states, 256 elements: linear.bias */
-static float *m_56; /* optimizer states, 65536 elements: linear_1.weight */
-static float *v_57; /* optimizer states, 65536 elements: linear_1.weight */
-static float *m_58; /* optimizer states, 256 elements: linear_1.bias */
-static float *v_59; /* optimizer states, 256 elements: linear_1.bias */
-static float *m_60; /* optimizer states, 65536 elements: linear_2.weight */
-static float *v_61; /* optimizer states, 65536 elements: linear_2.weight */
-static float *m_62; /* optimizer states, 256 elements: linear_2.bias */
-static float *v_63; /* optimizer states, 256 elements: linear_2.bias */
+static double *correct_45; /* metrics, 1 elements: the rows whose target has the largest logit */
+static double *grad_norm_47; /* metrics, 1 elements: the gradient norm before clipping */
+static double *grad_sumsq_48; /* metrics, 1 elements: the squared gradient norm */
+static double *clip_coef_49; /* metrics, 1 elements: the clipping coefficient */
+static float *grad_bucket_50; /* gradients, 164608 elements: gradient bucket 0 (7 tensors) */
+static float *m_51; /* optimizer states, 16384 elements: embedding.weight */
+static float *v_52; /* optimizer states, 16384 elements: embedding.weight */
+static float *m_53; /* optimizer states, 16384 elements: linear.weight */
+static float *v_54; /* optimizer states, 16384 elements: linear.weight */
+static float *m_55; /* optimizer states, 256 elements: linear.bias */
+static float *v_56; /* optimizer states, 256 elements: linear.bias */
+static float *m_57; /* optimizer states, 65536 elements: linear_1.weight */
+static float *v_58; /* optimizer states, 65536 elements: linear_1.weight */
+static float *m_59; /* optimizer states, 256 elements: linear_1.bias */
+static float *v_60; /* optimizer states, 256 elements: linear_1.bias */
+static float *m_61; /* optimizer states, 65536 elements: linear_2.weight */
+static float *v_62; /* optimizer states, 65536 elements: linear_2.weight */
+static float *m_63; /* optimizer states, 256 elements: linear_2.bias */
+static float *v_64; /* optimizer states, 256 elements: linear_2.bias */
 /* views of state */
-#define g_linear_2_bias (grad_bucket_49 + 0)
-#define g_linear_2_weight (grad_bucket_49 + 256)
-#define g_linear_1_bias (grad_bucket_49 + 65792)
-#define g_linear_1_weight (grad_bucket_49 + 66048)
-#define g_linear_bias (grad_bucket_49 + 131584)
-#define g_linear_weight (grad_bucket_49 + 131840)
-#define g_embedding_weight (grad_bucket_49 + 148224)
+#define g_linear_2_bias (grad_bucket_50 + 0)
+#define g_linear_2_weight (grad_bucket_50 + 256)
+#define g_linear_1_bias (grad_bucket_50 + 65792)
+#define g_linear_1_weight (grad_bucket_50 + 66048)
+#define g_linear_bias (grad_bucket_50 + 131584)
+#define g_linear_weight (grad_bucket_50 + 131840)
+#define g_embedding_weight (grad_bucket_50 + 148224)
 /* transient buffers: the arena (each phase call), a slot (a micro-batch's forward to its
  * backward) or an inbox (its inputs, received one action ahead) */
 #define tokens_0 ((int32_t *)(ctx->slot + 1114112))
@@ -132,7 +133,7 @@ static float *v_63; /* optimizer states, 256 elements: linear_2.bias */
 #define matmul_29 ((float *)(ctx->slot + 524288))
 #define relu_grad_31 ((float *)(ctx->slot + 0))
 #define matmul_34 ((float *)(ctx->slot + 262144))
-#define scratch_45 ((uint8_t *)(ctx->slot + 0))
+#define scratch_46 ((uint8_t *)(ctx->slot + 0))
 static planrt_request_t bucket_0;
 
 static void init(planrt_ctx_t *ctx)
@@ -151,10 +152,11 @@ static void step_begin(planrt_ctx_t *ctx)
 {
 	(void)ctx;
 	planrt_fill(loss_44, 1, planrt_f64, 0); /* zero the step's accumulators */
-	planrt_fill(grad_norm_46, 1, planrt_f64, 0); /* zero the step's accumulators */
-	planrt_fill(grad_sumsq_47, 1, planrt_f64, 0); /* zero the step's accumulators */
-	planrt_fill(clip_coef_48, 1, planrt_f64, 0); /* zero the step's accumulators */
-	planrt_fill(grad_bucket_49, 164608, planrt_f32, 0); /* zero the step's accumulators */
+	planrt_fill(correct_45, 1, planrt_f64, 0); /* zero the step's accumulators */
+	planrt_fill(grad_norm_47, 1, planrt_f64, 0); /* zero the step's accumulators */
+	planrt_fill(grad_sumsq_48, 1, planrt_f64, 0); /* zero the step's accumulators */
+	planrt_fill(clip_coef_49, 1, planrt_f64, 0); /* zero the step's accumulators */
+	planrt_fill(grad_bucket_50, 164608, planrt_f32, 0); /* zero the step's accumulators */
 }
 
 /* relu, 2 ops fused */
@@ -206,7 +208,7 @@ static void forward_c0(planrt_ctx_t *ctx)
 	planrt_k_matmul_f32(1, 256, 256, 256, h_13, PLANRT_NO_TRANS, 4096, p_linear_2_weight, PLANRT_NO_TRANS, 0, matmul_16, 4096, PLANRT_OVERWRITE); /* matmul in linear_2 */
 	loop8_at[planrt_cpu_level_](logits_17, matmul_16, p_linear_2_bias); /* add in linear_2, 1 op fused */
 	planrt_check_labels(targets_1, 2, (const int64_t[]){16, 16}, (const int64_t[]){((int64_t)planrt_mesh_coord(AXIS_data) * 16) + (int64_t)ctx->micro * 32, 0}, 256, "input 'targets' (the targets of cross_entropy at examples/mlp.plan:14:10)", ctx->step); /* cross_entropy */
-	planrt_cross_entropy_f32(logits_17, targets_1, loss_18, cross_entropy_19, 256, 256, 0, 0.001953125, NULL, scratch_45); /* cross_entropy */
+	planrt_cross_entropy_f32(logits_17, targets_1, loss_18, cross_entropy_19, 256, 256, 0, 0.001953125, correct_45, NULL, scratch_46); /* cross_entropy */
 	planrt_loss_accumulate(loss_44, loss_18, 1); /* the step's loss */
 }
 
@@ -244,29 +246,29 @@ static void backward_c0(planrt_ctx_t *ctx)
 	planrt_k_matmul_f32(1, 64, 256, 256, x_3, PLANRT_TRANS, 0, relu_grad_31, PLANRT_NO_TRANS, 0, g_linear_weight, 0, PLANRT_ACCUMULATE); /* matmul_wgrad in linear */
 	planrt_k_embed_grad_f32(tokens_0, matmul_34, g_embedding_weight, 256, 64, 0, 256); /* embed_grad in embedding */
 	if (ctx->micro == MICRO_BATCHES - 1)
-		planrt_allreduce_inplace(grad_bucket_49, 164608, planrt_f32, planrt_axis_comm(AXIS_data), &bucket_0); /* gradient bucket 0 (7 tensors) */
+		planrt_allreduce_inplace(grad_bucket_50, 164608, planrt_f32, planrt_axis_comm(AXIS_data), &bucket_0); /* gradient bucket 0 (7 tensors) */
 }
 
 static void step(planrt_ctx_t *ctx)
 {
 	(void)ctx;
 	planrt_request_finish(&bucket_0); /* gradient bucket 0 (7 tensors) */
-	planrt_sum_squares_acc(grad_sumsq_47, g_embedding_weight, 16384, planrt_f32, 0.5); /* gradient norm */
-	planrt_sum_squares_acc(grad_sumsq_47, g_linear_weight, 16384, planrt_f32, 0.5); /* gradient norm */
-	planrt_sum_squares_acc(grad_sumsq_47, g_linear_bias, 256, planrt_f32, 0.5); /* gradient norm */
-	planrt_sum_squares_acc(grad_sumsq_47, g_linear_1_weight, 65536, planrt_f32, 0.5); /* gradient norm */
-	planrt_sum_squares_acc(grad_sumsq_47, g_linear_1_bias, 256, planrt_f32, 0.5); /* gradient norm */
-	planrt_sum_squares_acc(grad_sumsq_47, g_linear_2_weight, 65536, planrt_f32, 0.5); /* gradient norm */
-	planrt_sum_squares_acc(grad_sumsq_47, g_linear_2_bias, 256, planrt_f32, 0.5); /* gradient norm */
-	planrt_allreduce_inplace(grad_sumsq_47, 1, planrt_f64, planrt_axis_comm(AXIS_data), NULL); /* gradient norm */
-	planrt_clip_coef(grad_sumsq_47, grad_norm_46, clip_coef_48, 0); /* clipping */
-	planrt_optimizer_step(planrt_opt_adamw, 0.001, 0.9, 0.999, 1e-08, 0.01, 0, 0, 0, 0, ctx->step, p_embedding_weight, g_embedding_weight, planrt_f32, m_50, v_51, 16384, clip_coef_48); /* embedding.weight */
-	planrt_optimizer_step(planrt_opt_adamw, 0.001, 0.9, 0.999, 1e-08, 0.01, 0, 0, 0, 0, ctx->step, p_linear_weight, g_linear_weight, planrt_f32, m_52, v_53, 16384, clip_coef_48); /* linear.weight */
-	planrt_optimizer_step(planrt_opt_adamw, 0.001, 0.9, 0.999, 1e-08, 0.01, 0, 0, 0, 0, ctx->step, p_linear_bias, g_linear_bias, planrt_f32, m_54, v_55, 256, clip_coef_48); /* linear.bias */
-	planrt_optimizer_step(planrt_opt_adamw, 0.001, 0.9, 0.999, 1e-08, 0.01, 0, 0, 0, 0, ctx->step, p_linear_1_weight, g_linear_1_weight, planrt_f32, m_56, v_57, 65536, clip_coef_48); /* linear_1.weight */
-	planrt_optimizer_step(planrt_opt_adamw, 0.001, 0.9, 0.999, 1e-08, 0.01, 0, 0, 0, 0, ctx->step, p_linear_1_bias, g_linear_1_bias, planrt_f32, m_58, v_59, 256, clip_coef_48); /* linear_1.bias */
-	planrt_optimizer_step(planrt_opt_adamw, 0.001, 0.9, 0.999, 1e-08, 0.01, 0, 0, 0, 0, ctx->step, p_linear_2_weight, g_linear_2_weight, planrt_f32, m_60, v_61, 65536, clip_coef_48); /* linear_2.weight */
-	planrt_optimizer_step(planrt_opt_adamw, 0.001, 0.9, 0.999, 1e-08, 0.01, 0, 0, 0, 0, ctx->step, p_linear_2_bias, g_linear_2_bias, planrt_f32, m_62, v_63, 256, clip_coef_48); /* linear_2.bias */
+	planrt_sum_squares_acc(grad_sumsq_48, g_embedding_weight, 16384, planrt_f32, 0.5); /* gradient norm */
+	planrt_sum_squares_acc(grad_sumsq_48, g_linear_weight, 16384, planrt_f32, 0.5); /* gradient norm */
+	planrt_sum_squares_acc(grad_sumsq_48, g_linear_bias, 256, planrt_f32, 0.5); /* gradient norm */
+	planrt_sum_squares_acc(grad_sumsq_48, g_linear_1_weight, 65536, planrt_f32, 0.5); /* gradient norm */
+	planrt_sum_squares_acc(grad_sumsq_48, g_linear_1_bias, 256, planrt_f32, 0.5); /* gradient norm */
+	planrt_sum_squares_acc(grad_sumsq_48, g_linear_2_weight, 65536, planrt_f32, 0.5); /* gradient norm */
+	planrt_sum_squares_acc(grad_sumsq_48, g_linear_2_bias, 256, planrt_f32, 0.5); /* gradient norm */
+	planrt_allreduce_inplace(grad_sumsq_48, 1, planrt_f64, planrt_axis_comm(AXIS_data), NULL); /* gradient norm */
+	planrt_clip_coef(grad_sumsq_48, grad_norm_47, clip_coef_49, 0); /* clipping */
+	planrt_optimizer_step(planrt_opt_adamw, 0.001, 0.9, 0.999, 1e-08, 0.01, 0, 0, 0, 0, ctx->step, p_embedding_weight, g_embedding_weight, planrt_f32, m_51, v_52, 16384, clip_coef_49); /* embedding.weight */
+	planrt_optimizer_step(planrt_opt_adamw, 0.001, 0.9, 0.999, 1e-08, 0.01, 0, 0, 0, 0, ctx->step, p_linear_weight, g_linear_weight, planrt_f32, m_53, v_54, 16384, clip_coef_49); /* linear.weight */
+	planrt_optimizer_step(planrt_opt_adamw, 0.001, 0.9, 0.999, 1e-08, 0.01, 0, 0, 0, 0, ctx->step, p_linear_bias, g_linear_bias, planrt_f32, m_55, v_56, 256, clip_coef_49); /* linear.bias */
+	planrt_optimizer_step(planrt_opt_adamw, 0.001, 0.9, 0.999, 1e-08, 0.01, 0, 0, 0, 0, ctx->step, p_linear_1_weight, g_linear_1_weight, planrt_f32, m_57, v_58, 65536, clip_coef_49); /* linear_1.weight */
+	planrt_optimizer_step(planrt_opt_adamw, 0.001, 0.9, 0.999, 1e-08, 0.01, 0, 0, 0, 0, ctx->step, p_linear_1_bias, g_linear_1_bias, planrt_f32, m_59, v_60, 256, clip_coef_49); /* linear_1.bias */
+	planrt_optimizer_step(planrt_opt_adamw, 0.001, 0.9, 0.999, 1e-08, 0.01, 0, 0, 0, 0, ctx->step, p_linear_2_weight, g_linear_2_weight, planrt_f32, m_61, v_62, 65536, clip_coef_49); /* linear_2.weight */
+	planrt_optimizer_step(planrt_opt_adamw, 0.001, 0.9, 0.999, 1e-08, 0.01, 0, 0, 0, 0, ctx->step, p_linear_2_bias, g_linear_2_bias, planrt_f32, m_63, v_64, 256, clip_coef_49); /* linear_2.bias */
 	planrt_allreduce_inplace(loss_44, 1, planrt_f64, planrt_axis_comm(AXIS_data), NULL); /* the step's loss */
 }
 
@@ -286,64 +288,67 @@ static void checkpoint(planrt_ctx_t *ctx)
 {
 	(void)ctx;
 	planrt_ckpt_write(ctx, p_embedding_weight, planrt_f32, PARAM_embedding_weight, PLANRT_CKPT_PARAM, 0, 16384, PLANRT_NO_AXIS); /* embedding.weight */
-	planrt_ckpt_write(ctx, m_50, planrt_f32, PARAM_embedding_weight, PLANRT_CKPT_EXP_AVG, 0, 16384, PLANRT_NO_AXIS); /* embedding.weight */
-	planrt_ckpt_write(ctx, v_51, planrt_f32, PARAM_embedding_weight, PLANRT_CKPT_EXP_AVG_SQ, 0, 16384, PLANRT_NO_AXIS); /* embedding.weight */
+	planrt_ckpt_write(ctx, m_51, planrt_f32, PARAM_embedding_weight, PLANRT_CKPT_EXP_AVG, 0, 16384, PLANRT_NO_AXIS); /* embedding.weight */
+	planrt_ckpt_write(ctx, v_52, planrt_f32, PARAM_embedding_weight, PLANRT_CKPT_EXP_AVG_SQ, 0, 16384, PLANRT_NO_AXIS); /* embedding.weight */
 	planrt_ckpt_write(ctx, p_linear_weight, planrt_f32, PARAM_linear_weight, PLANRT_CKPT_PARAM, 0, 16384, PLANRT_NO_AXIS); /* linear.weight */
-	planrt_ckpt_write(ctx, m_52, planrt_f32, PARAM_linear_weight, PLANRT_CKPT_EXP_AVG, 0, 16384, PLANRT_NO_AXIS); /* linear.weight */
-	planrt_ckpt_write(ctx, v_53, planrt_f32, PARAM_linear_weight, PLANRT_CKPT_EXP_AVG_SQ, 0, 16384, PLANRT_NO_AXIS); /* linear.weight */
+	planrt_ckpt_write(ctx, m_53, planrt_f32, PARAM_linear_weight, PLANRT_CKPT_EXP_AVG, 0, 16384, PLANRT_NO_AXIS); /* linear.weight */
+	planrt_ckpt_write(ctx, v_54, planrt_f32, PARAM_linear_weight, PLANRT_CKPT_EXP_AVG_SQ, 0, 16384, PLANRT_NO_AXIS); /* linear.weight */
 	planrt_ckpt_write(ctx, p_linear_bias, planrt_f32, PARAM_linear_bias, PLANRT_CKPT_PARAM, 0, 256, PLANRT_NO_AXIS); /* linear.bias */
-	planrt_ckpt_write(ctx, m_54, planrt_f32, PARAM_linear_bias, PLANRT_CKPT_EXP_AVG, 0, 256, PLANRT_NO_AXIS); /* linear.bias */
-	planrt_ckpt_write(ctx, v_55, planrt_f32, PARAM_linear_bias, PLANRT_CKPT_EXP_AVG_SQ, 0, 256, PLANRT_NO_AXIS); /* linear.bias */
+	planrt_ckpt_write(ctx, m_55, planrt_f32, PARAM_linear_bias, PLANRT_CKPT_EXP_AVG, 0, 256, PLANRT_NO_AXIS); /* linear.bias */
+	planrt_ckpt_write(ctx, v_56, planrt_f32, PARAM_linear_bias, PLANRT_CKPT_EXP_AVG_SQ, 0, 256, PLANRT_NO_AXIS); /* linear.bias */
 	planrt_ckpt_write(ctx, p_linear_1_weight, planrt_f32, PARAM_linear_1_weight, PLANRT_CKPT_PARAM, 0, 65536, PLANRT_NO_AXIS); /* linear_1.weight */
-	planrt_ckpt_write(ctx, m_56, planrt_f32, PARAM_linear_1_weight, PLANRT_CKPT_EXP_AVG, 0, 65536, PLANRT_NO_AXIS); /* linear_1.weight */
-	planrt_ckpt_write(ctx, v_57, planrt_f32, PARAM_linear_1_weight, PLANRT_CKPT_EXP_AVG_SQ, 0, 65536, PLANRT_NO_AXIS); /* linear_1.weight */
+	planrt_ckpt_write(ctx, m_57, planrt_f32, PARAM_linear_1_weight, PLANRT_CKPT_EXP_AVG, 0, 65536, PLANRT_NO_AXIS); /* linear_1.weight */
+	planrt_ckpt_write(ctx, v_58, planrt_f32, PARAM_linear_1_weight, PLANRT_CKPT_EXP_AVG_SQ, 0, 65536, PLANRT_NO_AXIS); /* linear_1.weight */
 	planrt_ckpt_write(ctx, p_linear_1_bias, planrt_f32, PARAM_linear_1_bias, PLANRT_CKPT_PARAM, 0, 256, PLANRT_NO_AXIS); /* linear_1.bias */
-	planrt_ckpt_write(ctx, m_58, planrt_f32, PARAM_linear_1_bias, PLANRT_CKPT_EXP_AVG, 0, 256, PLANRT_NO_AXIS); /* linear_1.bias */
-	planrt_ckpt_write(ctx, v_59, planrt_f32, PARAM_linear_1_bias, PLANRT_CKPT_EXP_AVG_SQ, 0, 256, PLANRT_NO_AXIS); /* linear_1.bias */
+	planrt_ckpt_write(ctx, m_59, planrt_f32, PARAM_linear_1_bias, PLANRT_CKPT_EXP_AVG, 0, 256, PLANRT_NO_AXIS); /* linear_1.bias */
+	planrt_ckpt_write(ctx, v_60, planrt_f32, PARAM_linear_1_bias, PLANRT_CKPT_EXP_AVG_SQ, 0, 256, PLANRT_NO_AXIS); /* linear_1.bias */
 	planrt_ckpt_write(ctx, p_linear_2_weight, planrt_f32, PARAM_linear_2_weight, PLANRT_CKPT_PARAM, 0, 65536, PLANRT_NO_AXIS); /* linear_2.weight */
-	planrt_ckpt_write(ctx, m_60, planrt_f32, PARAM_linear_2_weight, PLANRT_CKPT_EXP_AVG, 0, 65536, PLANRT_NO_AXIS); /* linear_2.weight */
-	planrt_ckpt_write(ctx, v_61, planrt_f32, PARAM_linear_2_weight, PLANRT_CKPT_EXP_AVG_SQ, 0, 65536, PLANRT_NO_AXIS); /* linear_2.weight */
+	planrt_ckpt_write(ctx, m_61, planrt_f32, PARAM_linear_2_weight, PLANRT_CKPT_EXP_AVG, 0, 65536, PLANRT_NO_AXIS); /* linear_2.weight */
+	planrt_ckpt_write(ctx, v_62, planrt_f32, PARAM_linear_2_weight, PLANRT_CKPT_EXP_AVG_SQ, 0, 65536, PLANRT_NO_AXIS); /* linear_2.weight */
 	planrt_ckpt_write(ctx, p_linear_2_bias, planrt_f32, PARAM_linear_2_bias, PLANRT_CKPT_PARAM, 0, 256, PLANRT_NO_AXIS); /* linear_2.bias */
-	planrt_ckpt_write(ctx, m_62, planrt_f32, PARAM_linear_2_bias, PLANRT_CKPT_EXP_AVG, 0, 256, PLANRT_NO_AXIS); /* linear_2.bias */
-	planrt_ckpt_write(ctx, v_63, planrt_f32, PARAM_linear_2_bias, PLANRT_CKPT_EXP_AVG_SQ, 0, 256, PLANRT_NO_AXIS); /* linear_2.bias */
+	planrt_ckpt_write(ctx, m_63, planrt_f32, PARAM_linear_2_bias, PLANRT_CKPT_EXP_AVG, 0, 256, PLANRT_NO_AXIS); /* linear_2.bias */
+	planrt_ckpt_write(ctx, v_64, planrt_f32, PARAM_linear_2_bias, PLANRT_CKPT_EXP_AVG_SQ, 0, 256, PLANRT_NO_AXIS); /* linear_2.bias */
 }
 
 static void resume(planrt_ctx_t *ctx)
 {
 	(void)ctx;
 	planrt_ckpt_read(ctx, p_embedding_weight, planrt_f32, PARAM_embedding_weight, PLANRT_CKPT_PARAM, 0, 16384); /* embedding.weight */
-	planrt_ckpt_read(ctx, m_50, planrt_f32, PARAM_embedding_weight, PLANRT_CKPT_EXP_AVG, 0, 16384); /* embedding.weight */
-	planrt_ckpt_read(ctx, v_51, planrt_f32, PARAM_embedding_weight, PLANRT_CKPT_EXP_AVG_SQ, 0, 16384); /* embedding.weight */
+	planrt_ckpt_read(ctx, m_51, planrt_f32, PARAM_embedding_weight, PLANRT_CKPT_EXP_AVG, 0, 16384); /* embedding.weight */
+	planrt_ckpt_read(ctx, v_52, planrt_f32, PARAM_embedding_weight, PLANRT_CKPT_EXP_AVG_SQ, 0, 16384); /* embedding.weight */
 	planrt_ckpt_read(ctx, p_linear_weight, planrt_f32, PARAM_linear_weight, PLANRT_CKPT_PARAM, 0, 16384); /* linear.weight */
-	planrt_ckpt_read(ctx, m_52, planrt_f32, PARAM_linear_weight, PLANRT_CKPT_EXP_AVG, 0, 16384); /* linear.weight */
-	planrt_ckpt_read(ctx, v_53, planrt_f32, PARAM_linear_weight, PLANRT_CKPT_EXP_AVG_SQ, 0, 16384); /* linear.weight */
+	planrt_ckpt_read(ctx, m_53, planrt_f32, PARAM_linear_weight, PLANRT_CKPT_EXP_AVG, 0, 16384); /* linear.weight */
+	planrt_ckpt_read(ctx, v_54, planrt_f32, PARAM_linear_weight, PLANRT_CKPT_EXP_AVG_SQ, 0, 16384); /* linear.weight */
 	planrt_ckpt_read(ctx, p_linear_bias, planrt_f32, PARAM_linear_bias, PLANRT_CKPT_PARAM, 0, 256); /* linear.bias */
-	planrt_ckpt_read(ctx, m_54, planrt_f32, PARAM_linear_bias, PLANRT_CKPT_EXP_AVG, 0, 256); /* linear.bias */
-	planrt_ckpt_read(ctx, v_55, planrt_f32, PARAM_linear_bias, PLANRT_CKPT_EXP_AVG_SQ, 0, 256); /* linear.bias */
+	planrt_ckpt_read(ctx, m_55, planrt_f32, PARAM_linear_bias, PLANRT_CKPT_EXP_AVG, 0, 256); /* linear.bias */
+	planrt_ckpt_read(ctx, v_56, planrt_f32, PARAM_linear_bias, PLANRT_CKPT_EXP_AVG_SQ, 0, 256); /* linear.bias */
 	planrt_ckpt_read(ctx, p_linear_1_weight, planrt_f32, PARAM_linear_1_weight, PLANRT_CKPT_PARAM, 0, 65536); /* linear_1.weight */
-	planrt_ckpt_read(ctx, m_56, planrt_f32, PARAM_linear_1_weight, PLANRT_CKPT_EXP_AVG, 0, 65536); /* linear_1.weight */
-	planrt_ckpt_read(ctx, v_57, planrt_f32, PARAM_linear_1_weight, PLANRT_CKPT_EXP_AVG_SQ, 0, 65536); /* linear_1.weight */
+	planrt_ckpt_read(ctx, m_57, planrt_f32, PARAM_linear_1_weight, PLANRT_CKPT_EXP_AVG, 0, 65536); /* linear_1.weight */
+	planrt_ckpt_read(ctx, v_58, planrt_f32, PARAM_linear_1_weight, PLANRT_CKPT_EXP_AVG_SQ, 0, 65536); /* linear_1.weight */
 	planrt_ckpt_read(ctx, p_linear_1_bias, planrt_f32, PARAM_linear_1_bias, PLANRT_CKPT_PARAM, 0, 256); /* linear_1.bias */
-	planrt_ckpt_read(ctx, m_58, planrt_f32, PARAM_linear_1_bias, PLANRT_CKPT_EXP_AVG, 0, 256); /* linear_1.bias */
-	planrt_ckpt_read(ctx, v_59, planrt_f32, PARAM_linear_1_bias, PLANRT_CKPT_EXP_AVG_SQ, 0, 256); /* linear_1.bias */
+	planrt_ckpt_read(ctx, m_59, planrt_f32, PARAM_linear_1_bias, PLANRT_CKPT_EXP_AVG, 0, 256); /* linear_1.bias */
+	planrt_ckpt_read(ctx, v_60, planrt_f32, PARAM_linear_1_bias, PLANRT_CKPT_EXP_AVG_SQ, 0, 256); /* linear_1.bias */
 	planrt_ckpt_read(ctx, p_linear_2_weight, planrt_f32, PARAM_linear_2_weight, PLANRT_CKPT_PARAM, 0, 65536); /* linear_2.weight */
-	planrt_ckpt_read(ctx, m_60, planrt_f32, PARAM_linear_2_weight, PLANRT_CKPT_EXP_AVG, 0, 65536); /* linear_2.weight */
-	planrt_ckpt_read(ctx, v_61, planrt_f32, PARAM_linear_2_weight, PLANRT_CKPT_EXP_AVG_SQ, 0, 65536); /* linear_2.weight */
+	planrt_ckpt_read(ctx, m_61, planrt_f32, PARAM_linear_2_weight, PLANRT_CKPT_EXP_AVG, 0, 65536); /* linear_2.weight */
+	planrt_ckpt_read(ctx, v_62, planrt_f32, PARAM_linear_2_weight, PLANRT_CKPT_EXP_AVG_SQ, 0, 65536); /* linear_2.weight */
 	planrt_ckpt_read(ctx, p_linear_2_bias, planrt_f32, PARAM_linear_2_bias, PLANRT_CKPT_PARAM, 0, 256); /* linear_2.bias */
-	planrt_ckpt_read(ctx, m_62, planrt_f32, PARAM_linear_2_bias, PLANRT_CKPT_EXP_AVG, 0, 256); /* linear_2.bias */
-	planrt_ckpt_read(ctx, v_63, planrt_f32, PARAM_linear_2_bias, PLANRT_CKPT_EXP_AVG_SQ, 0, 256); /* linear_2.bias */
+	planrt_ckpt_read(ctx, m_63, planrt_f32, PARAM_linear_2_bias, PLANRT_CKPT_EXP_AVG, 0, 256); /* linear_2.bias */
+	planrt_ckpt_read(ctx, v_64, planrt_f32, PARAM_linear_2_bias, PLANRT_CKPT_EXP_AVG_SQ, 0, 256); /* linear_2.bias */
 }
 
 static void eval_begin(planrt_ctx_t *ctx)
 {
 	(void)ctx;
 	planrt_fill(loss_44, 1, planrt_f64, 0); /* the held-out batch's loss */
+	planrt_fill(correct_45, 1, planrt_f64, 0); /* the held-out batch's correct rows */
 }
 
 static void eval_end(planrt_ctx_t *ctx)
 {
 	(void)ctx;
 	planrt_allreduce_inplace(loss_44, 1, planrt_f64, planrt_axis_comm(AXIS_data), NULL); /* the step's loss */
+	planrt_allreduce_inplace(correct_45, 1, planrt_f64, planrt_axis_comm(AXIS_data), NULL); /* the batch's correct rows */
+	planrt_scale_metric(correct_45, 0.001953125); /* over its rows */
 }
 
 /* one step: F / B of a micro-batch and chunk, its activation slot and receive inbox */
@@ -364,24 +369,25 @@ static const planrt_state_buf_t state[] = {
 	{"p_linear_2_weight", planrt_state_param, 262144, (void **)&p_linear_2_weight},
 	{"p_linear_2_bias", planrt_state_param, 1024, (void **)&p_linear_2_bias},
 	{"loss_44", planrt_state_metric, 8, (void **)&loss_44},
-	{"grad_norm_46", planrt_state_metric, 8, (void **)&grad_norm_46},
-	{"grad_sumsq_47", planrt_state_metric, 8, (void **)&grad_sumsq_47},
-	{"clip_coef_48", planrt_state_metric, 8, (void **)&clip_coef_48},
-	{"grad_bucket_49", planrt_state_grad, 658432, (void **)&grad_bucket_49},
-	{"m_50", planrt_state_optim, 65536, (void **)&m_50},
-	{"v_51", planrt_state_optim, 65536, (void **)&v_51},
-	{"m_52", planrt_state_optim, 65536, (void **)&m_52},
-	{"v_53", planrt_state_optim, 65536, (void **)&v_53},
-	{"m_54", planrt_state_optim, 1024, (void **)&m_54},
-	{"v_55", planrt_state_optim, 1024, (void **)&v_55},
-	{"m_56", planrt_state_optim, 262144, (void **)&m_56},
-	{"v_57", planrt_state_optim, 262144, (void **)&v_57},
-	{"m_58", planrt_state_optim, 1024, (void **)&m_58},
-	{"v_59", planrt_state_optim, 1024, (void **)&v_59},
-	{"m_60", planrt_state_optim, 262144, (void **)&m_60},
-	{"v_61", planrt_state_optim, 262144, (void **)&v_61},
-	{"m_62", planrt_state_optim, 1024, (void **)&m_62},
-	{"v_63", planrt_state_optim, 1024, (void **)&v_63},
+	{"correct_45", planrt_state_metric, 8, (void **)&correct_45},
+	{"grad_norm_47", planrt_state_metric, 8, (void **)&grad_norm_47},
+	{"grad_sumsq_48", planrt_state_metric, 8, (void **)&grad_sumsq_48},
+	{"clip_coef_49", planrt_state_metric, 8, (void **)&clip_coef_49},
+	{"grad_bucket_50", planrt_state_grad, 658432, (void **)&grad_bucket_50},
+	{"m_51", planrt_state_optim, 65536, (void **)&m_51},
+	{"v_52", planrt_state_optim, 65536, (void **)&v_52},
+	{"m_53", planrt_state_optim, 65536, (void **)&m_53},
+	{"v_54", planrt_state_optim, 65536, (void **)&v_54},
+	{"m_55", planrt_state_optim, 1024, (void **)&m_55},
+	{"v_56", planrt_state_optim, 1024, (void **)&v_56},
+	{"m_57", planrt_state_optim, 262144, (void **)&m_57},
+	{"v_58", planrt_state_optim, 262144, (void **)&v_58},
+	{"m_59", planrt_state_optim, 1024, (void **)&m_59},
+	{"v_60", planrt_state_optim, 1024, (void **)&v_60},
+	{"m_61", planrt_state_optim, 262144, (void **)&m_61},
+	{"v_62", planrt_state_optim, 262144, (void **)&v_62},
+	{"m_63", planrt_state_optim, 1024, (void **)&m_63},
+	{"v_64", planrt_state_optim, 1024, (void **)&v_64},
 };
 
 /* ================================================================ the program */
@@ -425,14 +431,15 @@ static const planrt_stage_t stages[] = {
 		.ninbox = 0,
 		.nreqs = 0,
 		.state = state,
-		.nstate = 26,
+		.nstate = 27,
 		.loss = &loss_44,
-		.grad_norm = &grad_norm_46,
+		.grad_norm = &grad_norm_47,
 		.checkpoint = checkpoint,
 		.resume = resume,
 		.eval_begin = eval_begin,
 		.eval_end = eval_end,
 		.eval_loss = &loss_44,
+		.eval_accuracy = &correct_45,
 	},
 };
 
@@ -459,7 +466,7 @@ static const planrt_program_t program = {
 	.total_steps = 0,
 	.nroles = 1,
 	.role_axis = PLANRT_NO_AXIS,
-	.fingerprint = "fnv1a64:d791953874061b64",
+	.fingerprint = "fnv1a64:90918bdff8d42a56",
 	.sync = "strict",
 	.loss_scale = 0,
 	.optimizer = "adamw(lr = 0.001, betas = (0.9, 0.999), eps = 1e-08, weight_decay = 0.01)",

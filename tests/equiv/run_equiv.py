@@ -52,6 +52,7 @@ PLANS = {
             "dp4_async_s0", "dp2_local_sgd_k1:single_momentum",
             "bf16", "bf16_zero2_dp4", "bf16_pp2", "fp16", "fp16_dp2"],
     "llama": ["tp2", "tp2_patterns", "dp2_tp2_sp", "zero3_dp4"],
+    "tests/equiv/mqa": ["tp2", "tp2_megatron", "tp4", "dp2_tp2", "dp2_tp2_sp"],
     "gpt_docs": ["dp2", "tp2", "tp2_sp"],
     "tests/equiv/ops": ["dp2", "tp2", "sp2", "dp2_tp2"],
     "tests/equiv/moe_names": ["ep2", "ep2_pattern"],

@@ -550,14 +550,14 @@ static void cat_bwd(Case *c)
 static void rkv_fwd(Case *c, int f32)
 {
 	if (f32)
-		planrt_k_repeat_kv_f32(c->in32[0], c->out32, sh.outer, sh.n, sh.rep, sh.inner);
+		planrt_k_repeat_kv_f32(c->in32[0], c->out32, sh.outer, sh.n, sh.rep, sh.inner, sh.n * sh.rep, 0);
 	else
-		planrt_k_repeat_kv_f64(c->in[0], c->out, sh.outer, sh.n, sh.rep, sh.inner);
+		planrt_k_repeat_kv_f64(c->in[0], c->out, sh.outer, sh.n, sh.rep, sh.inner, sh.n * sh.rep, 0);
 }
 
 static void rkv_bwd(Case *c)
 {
-	planrt_k_repeat_kv_grad_f64(c->dy, c->grad[0], sh.outer, sh.n, sh.rep, sh.inner);
+	planrt_k_repeat_kv_grad_f64(c->dy, c->grad[0], sh.outer, sh.n, sh.rep, sh.inner, sh.n * sh.rep, 0);
 }
 
 /* ---- rotary position embeddings ------------------------------------------------------------------------ */

@@ -837,15 +837,33 @@ static void test_repeat_kv(void)
 	/* [B = 2, Hkv = 2, S = 3, Dh = 4], n_rep 3 */
 	const double *x = ref("rkv_x", 48);
 	double y[144], xt[48], dx[48];
-	planrt_k_repeat_kv_f64(x, y, 2, 2, 3, 12);
+	planrt_k_repeat_kv_f64(x, y, 2, 2, 3, 12, 6, 0);
 	close64("repeat_kv [B,Hkv,S,Dh] vs Hugging Face", y, ref("rkv_y", 144), 144, 0);
 	const int64_t d[4] = {2, 2, 3, 4};
 	const int perm[4] = {0, 2, 1, 3};
 	planrt_k_permute_f64(4, d, perm, x, xt); /* [B, S, Hkv, Dh] */
-	planrt_k_repeat_kv_f64(xt, y, 6, 2, 3, 4);
+	planrt_k_repeat_kv_f64(xt, y, 6, 2, 3, 4, 6, 0);
 	close64("repeat_kv [B,S,Hkv,Dh] vs repeat_interleave", y, ref("rkv_y_bshd", 144), 144, 0);
-	planrt_k_repeat_kv_grad_f64(ref("rkv_dy", 144), dx, 2, 2, 3, 12);
+	planrt_k_repeat_kv_grad_f64(ref("rkv_dy", 144), dx, 2, 2, 3, 12, 6, 0);
 	close64("repeat_kv gradient vs torch autograd", dx, ref("rkv_dx", 48), 48, 1e-15);
+	/* key/value heads replicated over 3 tensor ranks: rank r holds query heads [2r, 2r + 2) of the
+	 * 6 from the whole 2 kv heads; its gradient holds its heads' part, and the ranks' parts sum to
+	 * the whole gradient (the all-reduce of the replicated projection's gradient) */
+	double block[48], want[48], sum[48] = {0}, part[48];
+	const double *yref = ref("rkv_y", 144), *dy = ref("rkv_dy", 144);
+	for (int r = 0; r < 3; r++) {
+		planrt_k_repeat_kv_f64(x, block, 2, 2, 3, 12, 2, 2 * r);
+		double dyr[48];
+		for (int o = 0; o < 2; o++) {
+			memcpy(want + o * 24, yref + o * 72 + r * 24, 24 * sizeof(double));
+			memcpy(dyr + o * 24, dy + o * 72 + r * 24, 24 * sizeof(double));
+		}
+		close64("repeat_kv: a rank's block of query heads from the whole kv heads", block, want, 48, 0);
+		planrt_k_repeat_kv_grad_f64(dyr, part, 2, 2, 3, 12, 2, 2 * r);
+		for (int i = 0; i < 48; i++)
+			sum[i] += part[i];
+	}
+	close64("repeat_kv gradient: the ranks' partial sums add to torch autograd's", sum, ref("rkv_dx", 48), 48, 1e-15);
 }
 
 static void test_bmm(void)

@@ -80,7 +80,9 @@ DIFF_PLANS = [
     ("gpt", "dp2_local_sgd_k1"), ("gpt", "dp4_diloco"), ("gpt", "dp4_bf16_grads"), ("gpt", "dp4_fp16_grads"),
     ("gpt", "dp4_topk_zero1"), ("gpt", "dp4_powersgd"), ("gpt", "bf16_zero3_offload_disk"),
     ("gpt", "zero3_offload"), ("gpt", "bf16_pp2"), ("mlp", "bf16"), ("extra", "bf16_tp2_sp_zero3"),
-    ("extra", "bf16_zero3_overlap"), ("extra", "bf16_unfused_attention")]
+    ("extra", "bf16_zero3_overlap"), ("extra", "bf16_unfused_attention"),
+    ("tests/context/cp", "cp2_dp2_zero1_recompute"),  # the ring (context parallelism, tests/context)
+    ("tests/equiv/mqa", "dp2_tp2_sp")]  # key/value heads replicated over tensor ranks (repeat_kv)
 # plans on the GPT example for features only the large examples have
 EXTRA_PLANS = """
 plan bf16_tp2_sp_zero3 for gpt {
@@ -143,6 +145,10 @@ def example_plans():
 
 KERNEL = re.compile(r"^\s*\d+ (\w+)\s+c\d+ (\w+)\(", re.M)  # "12 forward  c0 permute(...)"
 OP = re.compile(r"^\s*\d+ [A-Z] %\d+:(\w+)\[[^\n]*? = (\w+)", re.M)  # "4 F %4:f32[...] = embed %2, %0"
+# sync.c's annotations (collectives state.c writes; not graph ops): "bucket 0: all_reduce axis=data
+# stage=0 per step, 264192 f32 elements of ...", "tied: %423 (stage 0) + %424 (stage 1) over pipe"
+BUCKET = re.compile(r"^bucket \d+: (\w+) axis=\S+ [^\n]*?, \d+ (\w+) elements", re.M)
+TIED = re.compile(r"^tied: %(\d+) ", re.M)
 UNTRAINED_PHASES = {"checkpoint", "resume", "eval_begin", "eval_end"}
 
 
@@ -184,6 +190,10 @@ def features(model, plan, dumps):
     if not f:
         return "no kernels found in the --dump-after=memplan output (its format changed?)"
     f |= {f"op {op} {dtype}" for dtype, op in OP.findall(sync)}
+    f |= {f"op {coll} {dtype}" for coll, dtype in BUCKET.findall(sync)}
+    for v in TIED.findall(sync):  # the pair's gradients are summed in the parameter's dtype
+        dtype = re.search(rf"%{v}:(\w+)\[", sync)
+        f.add(f"op all_reduce {dtype.group(1) if dtype else '?'}")
     try:
         d = plan_json(model, plan)
     except subprocess.CalledProcessError as e:

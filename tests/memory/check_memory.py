@@ -15,6 +15,8 @@
 3. Expert parallelism saves what it promises: examples/moe.plan's ep2 and ep4 hold 1/2 and 1/4 of
    the experts per rank; measured parameters, gradients and AdamW states equal the single rank's
    less (1 - 1/n) of the experts' bytes (computed here from the model's sizes).
+(Part 1 includes multi-query attention over 4 tensor ranks, tests/equiv/mqa.plan: the replicated
+key/value projections are counted as the program holds them.)
 Prints PASS/FAIL per check and 'N passed, M failed'.
 usage: check_memory.py PLANC REPO_ROOT
 """
@@ -49,9 +51,9 @@ def measure(src, plan, world, steps=2):
 CASES = [("gpt", "single"), ("gpt", "dp2"), ("gpt", "tp2_sp"), ("gpt", "zero3_dp4"), ("gpt", "bf16"),
          ("gpt", "bf16_zero2_dp4"), ("mlp", "dp2_tp2_zero2"), ("gpt", "pp2_1f1b"), ("gpt", "pp2"),
          ("gpt", "pp4_interleaved_l8"), ("gpt", "gpt_3d"), ("moe", "ep2"), ("moe", "ep2_dp2_tp2_zero2"),
-         ("moe", "mixtral_ep2")]
+         ("moe", "mixtral_ep2"), ("tests/equiv/mqa", "tp4"), ("tests/equiv/mqa", "dp2_tp2_sp")]
 for model, plan in CASES:
-    src = f"{root}/examples/{model}.plan"
+    src = f"{root}/{model}.plan" if "/" in model else f"{root}/examples/{model}.plan"
     d = explain(src, plan)
     ranks, err = measure(src, plan, d["world"])
     if err:

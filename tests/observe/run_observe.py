@@ -247,9 +247,9 @@ if check("tensorboard: the converter writes one event file", r.returncode == 0 a
     rows = log_rows(log)
     want = collections.defaultdict(dict)
     for x in rows:
-        for k in ("loss", "eval_loss", "lr", "grad_norm", "tokens_per_s", "samples_per_s"):
+        for k in ("loss", "eval_loss", "eval_accuracy", "lr", "grad_norm", "tokens_per_s", "samples_per_s"):
             if k in x:
-                want[f"train/{k}" if k != "eval_loss" else "eval/loss"][x["step"]] = struct.unpack(
+                want[f"eval/{k[5:]}" if k.startswith("eval_") else f"train/{k}"][x["step"]] = struct.unpack(
                     "<f", struct.pack("<f", x[k]))[0]
     check("tensorboard: every logged value is a scalar at its step", dict(got) == dict(want),
           f"{sum(len(v) for v in got.values())} scalars" if dict(got) == dict(want) else f"{dict(got)} vs {dict(want)}")

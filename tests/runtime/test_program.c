@@ -357,17 +357,17 @@ static const planrt_action_t s1_actions[] = {FI(0), B(0), FI(1), B(1), FI(2), B(
 static const planrt_stage_t pipe_stages[] = {
 	{s0_init, pipe_begin, s0_end, s0_save, 1, s0_fwd, s0_bwd, s0_pfwd, s0_pbwd, s0_actions, 8, 4096, SLOT_OFF,
 	 SLOT_BYTES, INBOX_OFF, INBOX_BYTES, 2, 2, NREQS, s0_state, 8, (double *const *)&s0_loss, (double *const *)&s0_norm2,
-	 0, NULL, 0, NULL, NULL, NULL, NULL, NULL},
+	 0, NULL, 0, NULL, NULL, NULL, NULL, NULL, NULL},
 	{s1_init, pipe_begin, s1_end, s1_save, 1, s1_fwd, s1_bwd, s1_pfwd, NULL, s1_actions, 8, 4096, SLOT_OFF,
 	 SLOT_BYTES, INBOX_OFF, INBOX_BYTES, 2, 2, NREQS, s1_state, 4, (double *const *)&s1_loss, (double *const *)&s1_norm2,
-	 0, NULL, 0, NULL, NULL, NULL, NULL, NULL},
+	 0, NULL, 0, NULL, NULL, NULL, NULL, NULL, NULL},
 };
 
 static const int pipe_sizes[] = {2};
 static const char *const pipe_names[] = {"pipe"};
 static const planrt_program_t pipe_program = {
 	"pipe2", "toy", "tests/runtime/test_program.c", 2, 1, 0, pipe_sizes, pipe_names, 2, pipe_stages,
-	pipe_params, 4, 4, 4, 8, 256, 0.001, 0.0001, 0, 0, 0, 0, NULL, NULL, 0, NULL,
+	pipe_params, 4, 4, 4, 8, 256, 0.001, 0.0001, 0, 0, 0, 0, NULL, NULL, 0, NULL, NULL,
 };
 
 /* ------------------------------------------------------------------ scenario zero */
@@ -471,19 +471,19 @@ static const planrt_action_t zero_actions[] = {{PLANRT_FORWARD, 0, 0, 0xffff, 0}
 					       {PLANRT_FORWARD, 0, 0, 0xffff, 1}, {PLANRT_BACKWARD, 0, 0, 0xffff, 1}};
 static const planrt_stage_t zero_stage = {zero_init, zero_begin, zero_end, zero_save, 1, z_fwd, z_bwd, NULL, NULL,
 					  zero_actions, 4, 1024, 256, 512, 0, 0, 1, 0, 0, zero_state, 7,
-					  (double *const *)&z_loss, (double *const *)&z_norm, 0, NULL, 0, NULL, NULL, NULL, NULL, NULL};
+					  (double *const *)&z_loss, (double *const *)&z_norm, 0, NULL, 0, NULL, NULL, NULL, NULL, NULL, NULL};
 static const planrt_stage_t badsave_stage = {zero_init, zero_begin, zero_end, badsave_save, 1, z_fwd, z_bwd, NULL,
 					     NULL, zero_actions, 4, 1024, 256, 512, 0, 0, 1, 0, 0, zero_state, 7,
-					     (double *const *)&z_loss, (double *const *)&z_norm, 0, NULL, 0, NULL, NULL, NULL, NULL, NULL};
+					     (double *const *)&z_loss, (double *const *)&z_norm, 0, NULL, 0, NULL, NULL, NULL, NULL, NULL, NULL};
 static const int zero_sizes[] = {2};
 static const char *const zero_names[] = {"data"};
 static const planrt_program_t zero_program = {
 	"zero2", "toy", "tests/runtime/test_program.c", 2, 1, -1, zero_sizes, zero_names, 1, &zero_stage,
-	zero_params, 5, 2, Z_BATCH, Z_SEQ, 256, 0.001, 0.0001, 0, 0, 0, 0, NULL, NULL, 0, NULL,
+	zero_params, 5, 2, Z_BATCH, Z_SEQ, 256, 0.001, 0.0001, 0, 0, 0, 0, NULL, NULL, 0, NULL, NULL,
 };
 static const planrt_program_t badsave_program = {
 	"badsave2", "toy", "tests/runtime/test_program.c", 2, 1, -1, zero_sizes, zero_names, 1, &badsave_stage,
-	zero_params, 5, 2, Z_BATCH, Z_SEQ, 256, 0.001, 0.0001, 0, 0, 0, 0, NULL, NULL, 0, NULL,
+	zero_params, 5, 2, Z_BATCH, Z_SEQ, 256, 0.001, 0.0001, 0, 0, 0, 0, NULL, NULL, 0, NULL, NULL,
 };
 
 /* ------------------------------------------------------------------ the checkpoint, after the run */

@@ -6,7 +6,9 @@ the same final weights:
   gpt    examples/gpt.plan, plan single_nodropout (GPT-2 blocks, tied embedding)
   bert   examples/bert.plan, plan single_nodropout: a BERT encoder ([CLS] pooler, classifier over 4
          classes) on the data set data/classify.safetensors (tokens i32 [N, 32], labels i32 [N]),
-         against Hugging Face's BertForSequenceClassification arithmetic
+         against Hugging Face's BertForSequenceClassification arithmetic, trained with the last
+         tenth held out; planc's held-out loss and accuracy after the last step equal PyTorch's
+         on planc's final weights
   finetune tests/equiv/finetune.plan, plan finetune: buffers (RoPE tables computed at init, a
          buffer of ones) and a frozen parameter; the frozen and buffer tensors must end exactly as
          they began
@@ -528,10 +530,8 @@ def run_bert():
     ds = read_safetensors(dataset)
     n = ds["tokens"].shape[0]
 
-    def loss_of(w, step):
-        # planrt's sampler for data sets (epochs): row i of step t is sample shuffle(seed, g // N, g % N, N)
-        idx = [epoch_sample(step, i, B, n) for i in range(B)]
-        tokens, labels = ds["tokens"][idx], ds["labels"][idx]
+    def logits_of(w, tokens):
+        B = tokens.shape[0]
         x = F.layer_norm(F.embedding(tokens, w["wte"]) + w["wpe"], (D,), w["layernorm.weight"], w["layernorm.bias"],
                          eps=1e-12)
         for i in range(L):
@@ -546,14 +546,34 @@ def run_bert():
             h = F.gelu(x @ w[p + "mlp.w1"] + w[p + "mlp.b1"]) @ w[p + "mlp.w2"] + w[p + "mlp.b2"]
             x = F.layer_norm(x + h, (D,), w[p + "layernorm_1.weight"], w[p + "layernorm_1.bias"], eps=1e-12)
         pooled = torch.tanh(x[:, 0] @ w["classifier.w_pool"] + w["classifier.b_pool"])
-        return F.cross_entropy(pooled @ w["classifier.w"] + w["classifier.b"], labels)
+        return pooled @ w["classifier.w"] + w["classifier.b"]
+
+    held = max(1, n // 10)  # --eval-every holds out the last tenth: training samples the first n - held
+
+    def loss_of(w, step):
+        # planrt's sampler for data sets (epochs): row i of step t is sample shuffle(seed, g // T, g % T, T)
+        idx = [epoch_sample(step, i, B, n - held) for i in range(B)]
+        return F.cross_entropy(logits_of(w, ds["tokens"][idx]), ds["labels"][idx])
 
     prog = build(f"{root}/examples/bert.plan", "single_nodropout")
     init = init_like(program_shapes(prog, data=dataset), ("layernorm.weight", "layernorm_1.weight"))
-    planc_losses, final = train_program(prog, init, data=dataset)
+    # evaluated after the last step, on the held-out last tenth (docs/data.md): the final weights'
+    planc_losses, final = train_program(prog, init, data=dataset, extra=("--eval-every", str(steps), "--eval-batches", "3"))
     torch_losses, w = train_torch(init, loss_of, dict(lr=1e-3, betas=(0.9, 0.999), weight_decay=0.01, eps=1e-8),
                                   clip=0)
     report("BERT classifier (examples/bert.plan, data/classify.safetensors)", planc_losses, torch_losses, final, w)
+    # the held-out accuracy: row i of evaluation batch b is held-out sample (b B + i) mod held
+    idx = [n - held + (g % held) for g in range(3 * B)]
+    with torch.no_grad():
+        logits = logits_of(final, ds["tokens"][idx])
+    labels = ds["labels"][idx]
+    want_acc = (logits.argmax(-1) == labels).double().mean().item()
+    want_loss = sum(F.cross_entropy(logits[b * B:(b + 1) * B], labels[b * B:(b + 1) * B]).item() for b in range(3)) / 3
+    got = last_log[-1]
+    check("BERT's held-out accuracy and loss: planc's evaluation vs PyTorch on planc's final weights",
+          got.get("eval_accuracy") == want_acc and abs(got.get("eval_loss", 0) - want_loss) <= 1e-5 * want_loss,
+          f"accuracy {got.get('eval_accuracy')} vs {want_acc} over {3 * B} rows, loss {got.get('eval_loss')} vs "
+          f"{want_loss:.7f}")
 
 
 def run_finetune():

@@ -730,7 +730,10 @@ static void print_stage_entry(Emit *e)
 	for (Phase ph = PH_CHECKPOINT; ph <= PH_EVAL_END; ph++)
 		if (has_phase(p, ph, 0))
 			fprintf(f, "\t\t.%s = %s%s,\n", fields[ph], x, phase_names[ph]);
-	fprintf(f, "\t\t.eval_loss = &%s%s,\n\t},\n", x, p->buf[p->loss_metric].name);
+	fprintf(f, "\t\t.eval_loss = &%s%s,\n", x, p->buf[p->loss_metric].name);
+	if (p->accuracy_metric >= 0)
+		fprintf(f, "\t\t.eval_accuracy = &%s%s,\n", x, p->buf[p->accuracy_metric].name);
+	fprintf(f, "\t},\n");
 }
 
 /* ------------------------------------------------------------------ the program */
@@ -859,7 +862,10 @@ static void print_program(Emit *e, const char *source_path)
 	}
 	fprintf(f, "};\n\n");
 	ProgramDesc d = program_desc(low, source_path);
-	fprintf(f, "static const planrt_program_t program = {\n");
+	bool decode = low->g->decode; /* the decode program: its descriptor is the training program's .decode */
+	if (low->decode)
+		fprintf(f, "extern const planrt_program_t planrt_decode_program; /* decode.c */\n");
+	fprintf(f, decode ? "const planrt_program_t planrt_decode_program = {\n" : "static const planrt_program_t program = {\n");
 	fprintf(f, "\t.plan = \"%s\",\n\t.model = \"%s\",\n\t.source = \"%s\",\n", d.plan, d.model, d.source);
 	fprintf(f, "\t.world = %d,\n\t.naxes = %d,\n\t.pipe_axis = %s,\n", d.world, d.naxes, axis_or_none(e, d.pipe_axis));
 	fprintf(f, "\t.axis_sizes = axis_sizes,\n\t.axis_names = axis_names,\n");
@@ -875,7 +881,12 @@ static void print_program(Emit *e, const char *source_path)
 	fprintf(f, "\t.nroles = %d,\n\t.role_axis = %s,\n", d.nroles, axis_or_none(e, d.role_axis));
 	fprintf(f, "\t.fingerprint = \"%s\",\n\t.sync = \"%s\",\n\t.loss_scale = ", d.fingerprint, d.sync);
 	print_double(f, d.loss_scale);
-	fprintf(f, ",\n\t.optimizer = \"%s\",\n};\n\n", d.optimizer);
+	fprintf(f, ",\n\t.optimizer = \"%s\",\n", d.optimizer);
+	fprintf(f, "%s};\n\n", low->decode ? "\t.decode = &planrt_decode_program,\n" : "");
+	if (decode) { /* no main: prog.c's runs this program under --generate */
+		fprintf(f, "__attribute__((used)) static void (*const helpers_)(void) = unused_helpers;\n");
+		return;
+	}
 	fprintf(f, "int main(int argc, char **argv)\n{\n\tunused_helpers();\n\treturn %s(argc, argv, &program);\n}\n",
 		e->target ? e->target->main_fn : "planrt_main");
 	if (e->target)
@@ -893,7 +904,10 @@ bool emit_c_with(const Lowered *low, const char *dir, const char *source_path, c
 		fprintf(stderr, "planc: error: cannot create directory '%s': %s\n", dir, strerror(errno));
 		return false;
 	}
-	const char *path = arena_printf(low->g->arena, "%s/prog.c", dir);
+	/* the decode program (planc build --generate) first, in DIR/decode.c beside prog.c */
+	if (low->decode && !emit_c_with(low->decode, dir, source_path, target))
+		return false;
+	const char *path = arena_printf(low->g->arena, low->g->decode ? "%s/decode.c" : "%s/prog.c", dir);
 	FILE *f = fopen(path, "w");
 	if (!f) {
 		fprintf(stderr, "planc: error: cannot write '%s': %s\n", path, strerror(errno));

@@ -1169,7 +1169,7 @@ static void table_types(Gen *G, Tables *T)
 			 F(planrt_stage_t, versions, p),      F(planrt_stage_t, nversions, i32),
 			 F(planrt_stage_t, checkpoint, p),    F(planrt_stage_t, resume, p),
 			 F(planrt_stage_t, eval_begin, p),    F(planrt_stage_t, eval_end, p),
-			 F(planrt_stage_t, eval_loss, p)};
+			 F(planrt_stage_t, eval_loss, p),     F(planrt_stage_t, eval_accuracy, p)};
 	Field program[] = {F(planrt_program_t, plan, p),          F(planrt_program_t, model, p),
 			   F(planrt_program_t, source, p),        F(planrt_program_t, world, i32),
 			   F(planrt_program_t, naxes, i32),       F(planrt_program_t, pipe_axis, i32),
@@ -1182,7 +1182,8 @@ static void table_types(Gen *G, Tables *T)
 			   F(planrt_program_t, warmup, i64),      F(planrt_program_t, total_steps, i64),
 			   F(planrt_program_t, nroles, i32),      F(planrt_program_t, role_axis, i32),
 			   F(planrt_program_t, fingerprint, p),   F(planrt_program_t, sync, p),
-			   F(planrt_program_t, loss_scale, f64), F(planrt_program_t, optimizer, p)};
+			   F(planrt_program_t, loss_scale, f64), F(planrt_program_t, optimizer, p),
+			   F(planrt_program_t, decode, p)};
 #undef F
 #define N(a) (int)(sizeof a / sizeof a[0])
 	T->action = c_struct(G, "planrt_action_t", action, N(action), sizeof(planrt_action_t));
@@ -1309,7 +1310,9 @@ static LLVMValueRef build_stage(Gen *G, const Tables *T)
 			    extra[1],
 			    extra[2],
 			    extra[3],
-			    LLVMConstBitCast(G->state[p->loss_metric], G->t_ptr)};
+			    LLVMConstBitCast(G->state[p->loss_metric], G->t_ptr),
+			    p->accuracy_metric >= 0 ? LLVMConstBitCast(G->state[p->accuracy_metric], G->t_ptr)
+						    : LLVMConstPointerNull(G->t_ptr)};
 	return LLVMConstNamedStruct(T->stage, f, sizeof f / sizeof f[0]);
 }
 
@@ -1380,7 +1383,8 @@ static void build_program(Gen *G, const char *source_path)
 			    cstring(G, d.fingerprint),
 			    cstring(G, d.sync),
 			    LLVMConstReal(G->t_f64, d.loss_scale),
-			    cstring(G, d.optimizer)};
+			    cstring(G, d.optimizer),
+			    LLVMConstNull(G->t_ptr)}; /* no decode program: --generate is the C back end's */
 	LLVMValueRef program = LLVMAddGlobal(G->m, T.program, "program");
 	LLVMSetInitializer(program, LLVMConstNamedStruct(T.program, f, sizeof f / sizeof f[0]));
 	LLVMSetGlobalConstant(program, 1);

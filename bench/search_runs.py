@@ -1,0 +1,121 @@
+#!/usr/bin/env python3
+"""Benchmark (figures, not a test): planc search's ranking against measured runs (issue 20).
+
+For examples/gpt.plan's GPT at two sizes on 4 ranks of this machine:
+  1. `mpirun -np 4 planc calibrate` measures the machine (a device file);
+  2. `planc search --exhaustive --device=FILE` ranks every feasible plan by explain's estimate;
+  3. the top 10 and 5 ranked low (evenly spread over the lower half) are built and trained for
+     --steps steps under mpirun; a plan's measured step is the median step_ms of its log after two
+     warm-up steps.
+Prints, per size, each plan's estimate and measurement, then Spearman's rank correlation between
+estimated and measured step time (issue 20's target: at least 0.8), the measured rank of the
+predicted best (target: within 10% of the measured best) and the estimates' errors after
+calibration (target: within 15%). The machine's load average is printed: take figures when it is
+low (every rank here shares 2 cores when the machine has 2).
+usage: bench/search_runs.py [PLANC] [--steps N] [--quick]   (from the repository root)"""
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "lib"))
+from harness import mpi_env  # noqa: E402
+
+SIZES = [("D128 L4 (the example)", ""), ("D256 L4 S128", "S = 128, D = 256")]
+WORLD, BATCH = 4, 16
+
+
+def ranks(xs):
+    """average ranks (1-based), ties sharing their mean rank"""
+    order = sorted(range(len(xs)), key=lambda i: xs[i])
+    r = [0.0] * len(xs)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and xs[order[j + 1]] == xs[order[i]]:
+            j += 1
+        for k in range(i, j + 1):
+            r[order[k]] = (i + j) / 2 + 1
+        i = j + 1
+    return r
+
+
+def spearman(a, b):
+    ra, rb = ranks(a), ranks(b)
+    ma, mb = statistics.mean(ra), statistics.mean(rb)
+    num = sum((x - ma) * (y - mb) for x, y in zip(ra, rb))
+    den = (sum((x - ma) ** 2 for x in ra) * sum((y - mb) ** 2 for y in rb)) ** 0.5
+    return num / den if den else float("nan")
+
+
+def candidates(planc, path, device):
+    out = subprocess.run([planc, "search", path, "--model", "gpt", "--world", str(WORLD), "--batch", str(BATCH),
+                          "--device=" + device, "--top", "10000", "--exhaustive", "--plan", "base"],
+                         capture_output=True, text=True, check=True).stdout
+    found = []
+    for m in re.finditer(r"# (\d+): estimated step ([0-9.e+-]+) s.*?\n(plan search_\d+ for .*?\n\})", out, re.S):
+        found.append((int(m.group(1)), float(m.group(2)), m.group(3)))
+    return found
+
+
+def measure(planc, work, model_text, rank, plan_text, steps, env):
+    name = "cand%d" % rank
+    src = os.path.join(work, name + ".plan")
+    with open(src, "w") as f:
+        f.write(model_text + "\n" + re.sub(r"plan search_\d+", "plan " + name, plan_text, count=1) + "\n")
+    prog, log = os.path.join(work, name), os.path.join(work, name + ".jsonl")
+    subprocess.run([planc, "build", src, "--plan", name, "-o", prog], check=True, capture_output=True)
+    subprocess.run(["mpirun", "-np", str(WORLD), prog, "--steps", str(steps), "--data", "data/corpus.txt",
+                    "--log", log], check=True, capture_output=True, env=env, timeout=1800)
+    ms = [json.loads(line).get("step_ms") for line in open(log) if '"step_ms"' in line]
+    return statistics.median(ms[2:]) * 1e-3
+
+
+def main():
+    planc = next((a for a in sys.argv[1:] if not a.startswith("--") and not a.isdigit()), "build/planc")
+    steps = int(sys.argv[sys.argv.index("--steps") + 1]) if "--steps" in sys.argv else 8
+    quick = "--quick" in sys.argv
+    env = mpi_env()
+    work = tempfile.mkdtemp(prefix="planc-search-runs-")
+    device = os.path.join(work, "machine.device")
+    print("load average at start: %.2f %.2f %.2f" % os.getloadavg(), flush=True)
+    subprocess.run(["mpirun", "-np", str(WORLD), planc, "calibrate", "-o", device] + (["--quick"] if quick else []),
+                   check=True, env=env)
+    source = open("examples/gpt.plan").read()
+    model_text = source[:source.index("# ---- one rank")]
+    for label, args in SIZES:
+        path = os.path.join(work, "gpt_%d.plan" % len(args))
+        base = "plan base for gpt%s {\n  mesh data = 1\n  batch B = %d\n  optimizer adamw(lr = 3e-4, betas = " \
+               "(0.9, 0.95), weight_decay = 0.1), clip = 1.0\n}\n" % ("(%s)" % args if args else "", BATCH)
+        with open(path, "w") as f:
+            f.write(model_text + base)
+        found = candidates(planc, path, device)
+        low = found[len(found) // 2:]
+        picked = found[:10] + [low[i * (len(low) - 1) // 4] for i in range(5)] if len(low) >= 5 else found
+        print("\n%s, %d ranks, batch %d: %d feasible plans; measured %d (the top 10 and 5 from the lower half)"
+              % (label, WORLD, BATCH, len(found), len(picked)))
+        print("%6s %12s %12s %8s  %s" % ("rank", "estimate s", "measured s", "error", "plan"))
+        est, meas = [], []
+        for rank, estimate, text in picked:
+            m = measure(planc, work, model_text, rank, text, steps, env)
+            est.append(estimate)
+            meas.append(m)
+            summary = "; ".join(line.strip() for line in text.splitlines()[1:-1] if not line.strip().startswith(
+                ("optimizer", "batch")))
+            print("%6d %12.4g %12.4g %+7.0f%%  %s" % (rank, estimate, m, 100 * (estimate - m) / m, summary),
+                  flush=True)
+        best_measured = min(meas)
+        print("Spearman rank correlation (estimate vs measured): %.3f" % spearman(est, meas))
+        print("the predicted best measured %.4g s: %.1f%% slower than the measured best (%.4g s), measured rank %d of %d"
+              % (meas[0], 100 * (meas[0] / best_measured - 1), best_measured, ranks(meas)[0], len(meas)))
+        errs = [abs(e - m) / m for e, m in zip(est, meas)]
+        print("estimate error after calibration: median %.0f%%, worst %.0f%%, within 15%%: %d of %d"
+              % (100 * statistics.median(errs), 100 * max(errs), sum(e <= 0.15 for e in errs), len(errs)))
+    print("\nload average at end: %.2f %.2f %.2f" % os.getloadavg())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,148 @@
+#!/usr/bin/env python3
+"""tests/context: context parallelism (nn.context_parallel, ring attention; docs/attention.md).
+
+Every plan of tests/context/cp.plan is built (--verify-ir), trained for STEPS steps under
+`mpirun -np WORLD` on data/corpus.txt and compared with the single-rank plan: every step's loss
+within 1e-5 relative and the final weights within 1e-4 (dropout is on: the ring's blocks draw the
+single rank's Philox mask at their global key positions). For each run:
+- the program holds the ring (ring_attention kernels, no plain attention kernel);
+- planrt's per-kind, per-axis traffic counters equal explain's table (tests/lib/comm_bytes.py),
+  and explain's sends on the ring axis are the ring's formula: per layer and step, the K and V
+  blocks cp - 1 times forward, and in the backward the K and V blocks cp - 1 times plus their
+  gradient sums cp times, each block B x H x S/cp x Dh f32;
+- every rank's persistent state by kind and arena equal explain's (PLANRT_REPORT_MEMORY), and
+  explain's activations per rank are the single rank's / cp, its FLOPs per rank the single rank's
+  / (cp x data) (each rank attends its queries to every key block the ring brings).
+Then what is refused is refused: the CUDA target (the ring has no device kernels yet), an additive
+mask, bf16 storage and a ring that no attention takes, each with its file:line:col error.
+usage: run_cp.py PLANC REPO_ROOT [STEPS]
+"""
+import os
+import re
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
+import comm_bytes  # noqa: E402  (tests/lib/comm_bytes.py)
+import harness  # noqa: E402  (tests/lib/harness.py)
+
+planc, root = sys.argv[1], sys.argv[2]
+steps = int(sys.argv[3]) if len(sys.argv) > 3 else 20
+env = harness.mpi_env(PLANRT_REPORT_COMM="1", PLANRT_REPORT_MEMORY="1")
+work = harness.workdir("context")
+tally = harness.Tally("context parallelism")
+check = tally.check
+src = f"{root}/tests/context/cp.plan"
+PLANS = {"cp2": 2, "cp4": 4, "cp2_dp2": 2, "cp2_tp2": 2, "cp2_pp2": 2, "cp2_dp2_zero1_recompute": 2}  # plan: its ring size
+# the model's sizes (cp.plan): batch, heads, sequence, head dim, layers
+B, H, S, DH, L = 4, 4, 256, 16, 2
+
+
+def train(plan):
+    prog = f"{work}/{plan}"
+    err = harness.build(planc, src, plan, prog, "--verify-ir", "--native")
+    if err:
+        return None, err
+    d = harness.explain(planc, src, plan)
+    log, save = f"{prog}.jsonl", f"{prog}.safetensors"
+    r = harness.mpirun(d["world"], [prog, "--steps", str(steps), "--data", f"{root}/data/corpus.txt", "--log", log,
+                                    "--save", save], env)
+    if r.returncode != 0:
+        return None, f"mpirun -np {d['world']} failed: {r.stderr.strip()[-400:]}"
+    weights = {n: harness.as_floats(t, raw) for n, (t, _, raw) in harness.read_safetensors(save).items()}
+    return {"losses": [x["loss"] for x in harness.read_log(log)], "weights": weights, "stderr": r.stderr,
+            "explain": d}, None
+
+
+def kernels(plan):
+    dump = subprocess.run([planc, "check", src, "--plan", plan, "--dump-after=ring"], capture_output=True,
+                          text=True).stdout
+    return len(re.findall(r" (?:c\d+ )?ring_attention\(", dump)), len(re.findall(r" (?:c\d+ )?attention\(", dump))
+
+
+def ring_sends(d, axis="ctx"):
+    """explain's wire bytes per step of the sends on the ring axis, by phase (stage 0's role)"""
+    out = {}
+    for row in d["roles"][0]["communication"]:
+        if row["collective"] == "send" and row["axis"] == axis:
+            out[row["phase"]] = out.get(row["phase"], 0) + row["wire_bytes"]
+    return out
+
+
+def check_memory(plan, run):
+    d = run["explain"]
+    roles = {r["stage"]: r for r in d["roles"]}
+    bad = []
+    for rank, m in sorted(harness.memory_reports(run["stderr"]).items()):
+        prog = roles[m["stage"]]["program"]
+        if m["kinds"] != prog["state_by_kind"] or m["arena"] != prog["arena"]:
+            bad.append(f"rank {rank}: state {m['kinds']} arena {m['arena']}, explain {prog['state_by_kind']} "
+                       f"{prog['arena']}")
+    check(f"{plan} memory = explain", not bad and harness.memory_reports(run["stderr"]),
+          "; ".join(bad[:2]) if bad else f"every rank's state and {roles[0]['program']['arena']}-byte arena as explained")
+
+
+ref, err = train("single")
+check("single trains", ref is not None, err or f"{steps} steps")
+single_role = harness.explain(planc, src, "single")["roles"][0]
+single_act, single_flops = single_role["bytes"]["activations_per_micro_batch"], single_role["flops_per_step"]
+for plan, cp in PLANS.items():
+    nring, nplain = kernels(plan)
+    check(f"{plan} ring", nring > 0 and nplain == 0, f"{nring} ring attention kernels, {nplain} plain ones")
+    run, err = train(plan)
+    if err or ref is None:
+        check(f"{plan} trains", False, err or "no reference")
+        continue
+    l0, l1 = ref["losses"], run["losses"]
+    worst = max(abs(a - b) / abs(a) for a, b in zip(l0, l1)) if len(l0) == len(l1) == steps else 1.0
+    check(f"{plan} losses", worst <= 1e-5, f"{len(l1)} steps, worst relative difference {worst:.2e} (tolerance 1e-5)")
+    w0, w1 = ref["weights"], run["weights"]
+    wworst = max(max(abs(a - b) for a, b in zip(w0[n], w1[n])) for n in w0) if set(w0) == set(w1) else 1.0
+    check(f"{plan} weights", wworst <= 1e-4, f"worst absolute difference {wworst:.2e} (tolerance 1e-4)")
+    bad, total = comm_bytes.mismatches(run["explain"], run["stderr"], steps)
+    check(f"{plan} bytes", not bad, "; ".join(bad[:2]) if bad else f"{total} bytes measured, equal to explain's")
+    d = run["explain"]
+    data = d["mesh"].get("data", 1) if "data" in d["mesh"] else 1
+    heads = H // d["mesh"].get("tensor", 1)
+    stages = d["mesh"].get("pipe", 1)
+    block = (B // data) * heads * (S // cp) * DH * 4
+    recompute = 2 * (cp - 1) * block * L // stages if "recompute" in plan else 0  # the forward again
+    want = {"forward": L // stages * 2 * (cp - 1) * block, "backward": L // stages * (2 * (cp - 1) + 2 * cp) * block}
+    if recompute:
+        want["recompute"] = recompute
+    got = ring_sends(d)
+    check(f"{plan} ring bytes", got == want, f"explain's sends on ctx per step {got}, the ring's formula {want}")
+    check_memory(plan, run)
+    if stages == 1 and "tensor" not in d["mesh"] and "recompute" not in plan:
+        flops = d["roles"][0]["flops_per_step"]
+        # explain's JSON prints FLOPs to 6 significant digits
+        check(f"{plan} FLOPs 1/(cp x data)", abs(flops * cp * data - single_flops) <= 1e-5 * single_flops,
+              f"{flops:.6g} per rank, the single rank's {single_flops:.6g} / {cp * data} (the ring visits every key block)")
+    if stages == 1 and data == 1 and "tensor" not in d["mesh"]:
+        act = d["roles"][0]["bytes"]["activations_per_micro_batch"]
+        check(f"{plan} activations 1/cp", act * cp == single_act,
+              f"{act} bytes per rank, the single rank's {single_act} / {cp}")
+
+# what is refused
+text = open(src).read()
+model = text[:text.index("plan single")]
+cases = {
+    "bf16": ("plan p for cpgpt {\n  mesh ctx = 2\n  batch B = 4\n  use nn.context_parallel(ctx)\n"
+             "  precision bf16, master = f32\n}\n", "does not support bf16 or f16 storage yet"),
+    "unfused": ("plan p for cpgpt {\n  mesh ctx = 2\n  batch B = 4\n  attention unfused\n"
+                "  use nn.context_parallel(ctx)\n}\n", "applies to no attention"),
+    "ulysses": ("plan p for cpgpt {\n  mesh ctx = 2\n  batch B = 4\n  use nn.ulysses(ctx)\n"
+                "  shard ring_attention -> ctx\n}\n", "applies to no attention"),
+}
+for name, (plan_text, want) in cases.items():
+    path = f"{work}/refuse_{name}.plan"
+    open(path, "w").write(model + plan_text)
+    r = subprocess.run([planc, "check", path, "--plan", "p"], capture_output=True, text=True)
+    located = re.search(r"refuse_%s\.plan:\d+:\d+: error: " % name, r.stderr)
+    check(f"refused: {name}", r.returncode != 0 and want in r.stderr and located,
+          r.stderr.strip().splitlines()[0] if r.stderr.strip() else "accepted")
+r = subprocess.run([planc, "build", src, "--plan", "cp2", "--target", "cuda", "-o", f"{work}/cp2_cuda"],
+                   capture_output=True, text=True)
+check("refused: CUDA target", r.returncode != 0 and re.search(r"cannot execute kernel 'ring_\w+' yet", r.stderr),
+      r.stderr.strip().splitlines()[0] if r.stderr.strip() else "built")
+tally.finish()

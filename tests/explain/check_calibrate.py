@@ -1,0 +1,104 @@
+#!/usr/bin/env python3
+"""planc calibrate (issue 20, docs/search.md): a device file measured on this machine.
+  - `mpirun -np 2 planc calibrate --quick -o F` writes F (and nothing beside it), which explain
+    reads: the estimate names the calibrated device and differs from the nominal cpu's;
+  - the figures are measurements, not the base device's: every rate positive and within what a
+    CPU core can do, node.ranks the launch's 2 ranks, the link's figures measured (the file says
+    the link between nodes was not, on one machine), the per-shape GEMM rates and the
+    all-reduce's times by size in its comments;
+  - the attention rate is used: the same file with attention.* ten times lower lengthens the
+    fused-attention GPT's estimate, and without attention.* the matmul rate prices attention;
+  - one process without mpirun is a world of one: no link measured, the base's links kept;
+  - errors before any measuring: -o a directory (exit 1, nothing written), an unknown --device,
+    no -o, -o twice (exit 2).
+usage: tests/explain/check_calibrate.py PLANC ROOT"""
+import os
+import re
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
+import harness  # noqa: E402
+from check_devices import step  # noqa: E402  (explain's estimated step on a device)
+
+
+def fields(path):
+    out = {}
+    for line in open(path):
+        line = line.split("#", 1)[0].strip()
+        if "=" in line:
+            k, v = (x.strip() for x in line.split("=", 1))
+            out[k] = v
+    return out
+
+
+def main():
+    planc, root = sys.argv[1], sys.argv[2]
+    tally = harness.Tally("calibrate")
+    tmp = harness.workdir("calibrate")
+    gpt = os.path.join(root, "examples/gpt.plan")
+    dev = os.path.join(tmp, "two.device")
+    r = harness.mpirun(2, [planc, "calibrate", "--quick", "-o", dev], timeout=600)
+    if not tally.check("calibrate on 2 ranks", r.returncode == 0 and os.path.isfile(dev), r.stderr.strip()[-400:]):
+        tally.finish()
+    tally.check("nothing left beside the file", os.listdir(tmp) == ["two.device"], os.listdir(tmp))
+    f = fields(dev)
+    text = open(dev).read()
+    num = {k: float(v) for k, v in f.items() if k != "name"}
+    tally.check("named as calibrated", f.get("name", "").startswith("calibrated on "), f.get("name"))
+    tally.check("rates of a CPU core", 1e8 < num["matmul.f32"] < 1e13 and 1e7 < num["memory.f32"] < 1e12
+                and 1e6 < num["attention.f32"] <= 2 * num["matmul.f32"], {k: num[k] for k in
+                                                                         ("matmul.f32", "memory.f32", "attention.f32")})
+    tally.check("every element type measured", all(num[k + ".bf16"] == num[k + ".f32"] == num[k + ".f16"]
+                                                   for k in ("matmul", "memory", "attention")))
+    tally.check("node.ranks is the launch's", num["node.ranks"] == 2, num["node.ranks"])
+    tally.check("the link measured", num["node.bandwidth"] > 0 and num["node.latency"] > 0
+                and num["node.bandwidth"] != 5e9, (num["node.bandwidth"], num["node.latency"]))
+    tally.check("comments: GEMM shapes, all-reduce by size, what was not measured",
+                "GEMM FLOP/s by shape" in text and "all-reduce seconds by size" in text
+                and "between nodes: not measured (one node)" in text)
+    tally.check("memory per rank", num["memory.capacity"] > 1e8, num["memory.capacity"])
+
+    measured, nominal = step(planc, gpt, "single", dev), step(planc, gpt, "single", "cpu")
+    tally.check("explain uses the measured figures", measured != nominal, "%g vs nominal %g" % (measured, nominal))
+    r = subprocess.run([planc, "explain", gpt, "--plan", "single", "--device=" + dev], capture_output=True, text=True)
+    tally.check("explain names the device", "on calibrated on " in r.stdout, r.stdout[-300:])
+    slow = os.path.join(tmp, "slow_attention.device")
+    with open(slow, "w") as out:
+        out.write(re.sub(r"(?m)^(attention\.\w+) = (\S+)", lambda m: "%s = %g" % (m.group(1), float(m.group(2)) / 10),
+                         text))
+    slower = step(planc, gpt, "single", slow)
+    tally.check("attention.* prices the fused attention", slower > measured, "%g vs %g" % (slower, measured))
+    plain = os.path.join(tmp, "no_attention.device")
+    with open(plain, "w") as out:
+        out.write(re.sub(r"(?m)^attention\..*\n", "", text))
+    same_rate = os.path.join(tmp, "matmul_rate.device")
+    with open(same_rate, "w") as out:
+        out.write(re.sub(r"(?m)^(attention\.\w+) = \S+", lambda m: "%s = %s" % (m.group(1), f["matmul.f32"]), text))
+    tally.check("without attention.*: the matmul rate", step(planc, gpt, "single", plain)
+                == step(planc, gpt, "single", same_rate))
+
+    one = os.path.join(tmp, "one.device")
+    r = subprocess.run([planc, "calibrate", "--quick", "-o", one], capture_output=True, text=True,
+                       env=harness.mpi_env(), timeout=600)
+    g = fields(one) if os.path.isfile(one) else {}
+    tally.check("one process: a world of one, the base's links", r.returncode == 0 and g.get("node.ranks") == "1"
+                and float(g.get("node.bandwidth", 0)) == 5e9 and "not measured" in open(one).read(),
+                r.stderr.strip()[-300:] or g)
+
+    for name, argv, code, want in (
+            ("-o a directory", ["-o", tmp], 1, "directory"),
+            ("unknown base", ["--device", "h300", "-o", os.path.join(tmp, "x")], 2, "unknown device 'h300'"),
+            ("no -o", ["--quick"], 2, "-o FILE is required"),
+            ("-o twice", ["-o", os.path.join(tmp, "a"), "-o", os.path.join(tmp, "b")], 2, "-o given twice")):
+        r = subprocess.run([planc, "calibrate", "--quick", *argv], capture_output=True, text=True,
+                           env=harness.mpi_env(), timeout=600)
+        tally.check("error: " + name, r.returncode == code and want in r.stderr, (r.returncode, r.stderr.strip()))
+    tally.check("errors wrote nothing", sorted(os.listdir(tmp)) == sorted(
+        ["two.device", "slow_attention.device", "no_attention.device", "matmul_rate.device", "one.device"]),
+        os.listdir(tmp))
+    tally.finish()
+
+
+if __name__ == "__main__":
+    main()
