@@ -110,9 +110,10 @@ Lowered *run_backend(Graph *g, const char *dump_after, FILE *dump_out, bool veri
 }
 
 /* The printer, as the last pass: writes DIR/prog.c, and prints it after `--dump-after=emit`. */
-bool run_emit(const Lowered *low, const char *dir, const char *source_path, const char *dump_after, FILE *dump_out)
+bool run_emit(const Lowered *low, const char *dir, const char *source_path, bool layer_loops, const char *dump_after,
+	      FILE *dump_out)
 {
-	if (!emit_c(low, dir, source_path))
+	if (!emit_c(low, dir, source_path, layer_loops))
 		return false;
 	if (!dump_after || strcmp(dump_after, "emit"))
 		return true;
