@@ -76,6 +76,9 @@ static const char usage[] =
 	"                     kernels are compiled for every instruction-set level (x86-64, AVX2, AVX-512)\n"
 	"                     and the program runs the best its CPU has, so one binary runs on every node\n"
 	"                     of a cluster ('planc run' compiles for this CPU; PLANRT_ISA=LEVEL forces one)\n"
+	"  --no-layer-loops   emit c, build: print every layer's kernels in full; by default each run of\n"
+	"                     identical layers is one loop over per-layer tables (docs/ir.md; the same\n"
+	"                     numbers bit for bit)\n"
 	"  --svg FILE         explain: also draw each rank role's pipeline schedule and memory over the\n"
 	"                     step as an SVG picture\n"
 	"  --backend=c|llvm   build: compile the C with mpicc (c, the default) or through LLVM (llvm:\n"
@@ -109,6 +112,7 @@ typedef struct Options {
 	bool cuda;          /* build --target cuda */
 	bool verify;
 	bool native;        /* build: -march=native */
+	bool no_layer_loops; /* emit c, build: every layer printed unrolled */
 	bool generate;      /* check: build and check the decode graph too (decode.c) */
 	const char *svg;    /* explain: the picture's path */
 	int prog_argc;      /* run: the program's arguments (prog_argv[0] is set by main) */
@@ -186,6 +190,8 @@ static int parse_args(int argc, char **argv, Options *o)
 			o->verify = true;
 		} else if (!strcmp(a, "--native")) {
 			o->native = true;
+		} else if (!strcmp(a, "--no-layer-loops")) {
+			o->no_layer_loops = true;
 		} else if (!strcmp(a, "--generate")) {
 			o->generate = true;
 		} else if (!strcmp(a, "--svg") || !strncmp(a, "--svg=", 6)) {
@@ -692,7 +698,7 @@ static bool cmd_codegen(Lowered *low, const Options *o, bool compile)
 		return false;
 	const char *src = arena_printf(g->arena, llvm ? "%s/prog.o" : "%s/prog.c", dir);
 	if (llvm ? !llvm_emit_object(low, src, o->file, o->verify, o->native)
-		 : !run_emit(low, dir, o->file, o->dump_after, stdout)) {
+		 : !run_emit(low, dir, o->file, !o->no_layer_loops, o->dump_after, stdout)) {
 		if (compile)
 			scratch_end();
 		return false;
@@ -800,6 +806,8 @@ int main(int argc, char **argv)
 		return usage_error("'%s' needs a FILE", o.command);
 	if (o.native && !is_build)
 		return usage_error("--native applies to 'build'%s", "");
+	if (o.no_layer_loops && !is_build && !(is_emit && o.target && !strcmp(o.target, "c")))
+		return usage_error("--no-layer-loops applies to 'emit c' and 'build' (the C it prints)%s", "");
 	if (o.svg && !is_explain)
 		return usage_error("--svg applies to 'explain'%s", "");
 	if ((o.generate || (o.dump_after && !strcmp(o.dump_after, "decode"))) && !is_check && !is_build &&

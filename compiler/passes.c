@@ -17,6 +17,7 @@
  *   memplan    slots, inboxes and arena offsets (memplan.c)
  *   check      the collective-sequence check (schedule.c)
  *   streams    the device schedule: streams, events, joins (streams.c; printed by the CUDA target)
+ *   layers     (an analysis, printed only) the runs of identical layers a loop would fold (layer_runs.c)
  *   emit       the C printer (emit_c.c), for planc emit and planc build (run_emit)
  * and, with --generate, beside them:
  *   decode     the model's decode graph for generation: one token per step, a key/value cache
@@ -28,7 +29,7 @@
 
 const char *const pass_names[] = {"graph", "attention", "pipeline", "autodiff", "shard", "recompute", "zero", "sync",
 				  "lower", "ring", "state", "overlap", "offload_params", "offload_activations", "memplan", "check",
-				  "streams", "decode", NULL};
+				  "streams", "layers", "decode", NULL};
 
 static bool dump_if(const char *want, const char *pass, Graph *g, FILE *out)
 {
@@ -103,13 +104,16 @@ Lowered *run_backend(Graph *g, const char *dump_after, FILE *dump_out, bool veri
 		for (int i = 0; i < low->nprogs; i++)
 			streams_dump(dump_out, low->progs[i]);
 	}
+	if (dump_after && !strcmp(dump_after, "layers"))
+		layer_runs_dump(dump_out, low);
 	return low;
 }
 
 /* The printer, as the last pass: writes DIR/prog.c, and prints it after `--dump-after=emit`. */
-bool run_emit(const Lowered *low, const char *dir, const char *source_path, const char *dump_after, FILE *dump_out)
+bool run_emit(const Lowered *low, const char *dir, const char *source_path, bool layer_loops, const char *dump_after,
+	      FILE *dump_out)
 {
-	if (!emit_c(low, dir, source_path))
+	if (!emit_c(low, dir, source_path, layer_loops))
 		return false;
 	if (!dump_after || strcmp(dump_after, "emit"))
 		return true;

@@ -11,7 +11,8 @@ extern const char *const pass_names[];
  * and the IR verifier between passes when verify. NULL after reporting errors. */
 Lowered *run_backend(Graph *g, const char *dump_after, FILE *dump_out, bool verify);
 /* The emit pass: DIR/prog.c, printed after it when dump_after is "emit". */
-bool run_emit(const Lowered *low, const char *dir, const char *source_path, const char *dump_after, FILE *dump_out);
+bool run_emit(const Lowered *low, const char *dir, const char *source_path, bool layer_loops, const char *dump_after,
+	      FILE *dump_out);
 bool dump_after_emit(const char *path, FILE *out);
 /* The decode graph for generation (decode.c), printed after it when dump_after is "decode". NULL
  * after reporting why the model cannot generate. */

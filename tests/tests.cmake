@@ -48,6 +48,9 @@ runner_test(generate 600 /usr/bin/python3 ${ROOT}/tests/generate/check_generate.
 set_tests_properties(generate PROPERTIES SKIP_RETURN_CODE 77)
 # the C printer's output, byte for byte (tests/emit)
 runner_test(emit_golden 300 sh ${ROOT}/tests/emit/run_emit_golden.sh ${PLANC})
+# runs of identical layers printed as loops train bit for bit like the unrolled program
+# (--no-layer-loops) on one rank, dp2/tp2, a pipeline and full recompute; the looped prog.c is smaller
+runner_test(emit_layer_loops 600 python3 ${ROOT}/tests/emit/run_layer_loops.py ${PLANC} ${ROOT} 3)
 
 # ---- unit tests (cmocka, MPI) beside their sources' folders
 include(${ROOT}/tests/runtime/tests.cmake)
@@ -114,7 +117,8 @@ add_test(NAME scale_check COMMAND scale_test_check WORKING_DIRECTORY ${ROOT})
 
 # ---- the loop-level IR's contracts (issue 21): kernels typed by the kernel table (named access,
 # the verifier refusing a misfit argument), ZeRO and sync annotated by the graph passes and owned
-# by state.c (nothing left for lowering to drop; the record explain reads)
+# by state.c (nothing left for lowering to drop; the record explain reads), the runs of identical
+# layers a loop would fold (layer_runs.c)
 add_executable(lower_test_ir ${ROOT}/tests/lower/test_ir.c)
 target_compile_options(lower_test_ir PRIVATE ${PLANC_WARNINGS})
 target_link_libraries(lower_test_ir PRIVATE planc_core)
@@ -220,7 +224,7 @@ set(MPI_TESTS runtime_collectives runtime_step_kernels runtime_watchdog runtime_
     runtime_collectives_no_watchdog runtime_program runtime_program_cli sync_kernels sync_runs llvm_diff
     equiv_gpt equiv_moe equiv_mlp equiv_ops equiv_others equiv_sweep attention_fused context_parallel torch_reference memory offload checkpoint fp16
     program_errors program_failures observe generate cuda_sync_math cpu_levels data_runs resume_guard outputs
-    cuda_comm_staged cuda_comm_staged_watchdog cuda_comm_staged_local cuda_local_mpi soak calibrate)
+    cuda_comm_staged cuda_comm_staged_watchdog cuda_comm_staged_local cuda_local_mpi soak calibrate emit_layer_loops)
 set(CUDA_TESTS llvm_ptxas cuda_build cuda_one_process)
 set(TORCH_TESTS torch_reference attention_torch generate)
 # COST makes ctest -j start the longest first (a test not listed costs 0 and fills the gaps): the

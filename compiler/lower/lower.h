@@ -439,6 +439,20 @@ typedef enum { STREAM_COMPUTE, STREAM_COMM, STREAM_COPY, STREAM_HOST, STREAM_P2P
 bool plan_streams(Lowered *low);
 const char *stream_name(int stream, char *buf, size_t n);
 void streams_dump(FILE *out, const LProg *p);
+/* layer_runs.c: the runs of identical layers in a finished program, which a loop target would
+ * print once each (issue 21; an analysis: it changes nothing). --dump-after=layers prints them. */
+typedef struct LayerRun {
+	Phase phase;
+	int chunk;
+	int first;       /* the first layer's first kernel */
+	int body;        /* kernels per layer */
+	int first_layer; /* the first layer's number, then first_layer + step, ... */
+	int step;        /* 1: ascending (forward), -1: descending (backward) */
+	int nlayers;
+	int tables;      /* arguments that differ by layer only in a parameter index or a message */
+} LayerRun;
+int layer_runs(const LProg *p, LayerRun *runs, int cap); /* the count; at most cap written */
+void layer_runs_dump(FILE *out, const Lowered *low);
 /* verify.c: checks the IR's invariants (arguments, buffers, phases, liveness and placement after
  * memplan); reports and returns false on the first broken one (an internal error in planc). */
 bool verify_ir(const Lowered *low, const char *after_pass);

@@ -20,8 +20,9 @@ const char *planrt_stream_name(int stream);
 const char *planrt_int_name(KParamType t, long long v);
 
 /* ---------------------------------------------------------------- emit_c.c */
-/* Writes the program as C into dir/prog.c; false on I/O errors. */
-bool emit_c(const Lowered *low, const char *dir, const char *source_path);
+/* Writes the program as C into dir/prog.c; false on I/O errors. layer_loops: each run of identical
+ * layers (layer_runs.c) as one loop over per-layer tables (planc's default); false: unrolled. */
+bool emit_c(const Lowered *low, const char *dir, const char *source_path, bool layer_loops);
 /* The same file for another target (the CUDA target: emit_cuda.c): emit_c.c prints the program's
  * structure (buffers, phase functions, tables, descriptor) and the target prints every kernel, its
  * declarations per stage, what begins and ends a phase function, and its includes; main() calls

@@ -84,7 +84,7 @@ static void emit_all(const Lowered *low)
 {
 	if (!lowered_executable(low, false))
 		return;
-	emit_c(low, scratch, input_path);
+	emit_c(low, scratch, input_path, true);
 	if (cuda_executable(low, false))
 		emit_cuda(low, scratch, input_path);
 	LLVMContextRef c = LLVMContextCreate();

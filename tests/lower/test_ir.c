@@ -14,6 +14,11 @@
  *     Lowered program what the annotations say (explain and the later passes read that);
  *   - state.c writes the kernels: a reduce-scatter per ZeRO bucket, the gathers of the updated
  *     shards, and each bucket's kernel says which bucket it reduces.
+ * Layers as loops (layer_runs.c, on examples/gpt.plan's single plan, 4 layers):
+ *   - the forward is one run of all 4 layers, the backward one of layers 3..1 (layer 0's backward
+ *     ends in the embedding's gradient), the optimizer step and checkpoint phases runs of 4;
+ *   - a kernel of layer 2 whose integer argument is changed ends the forward run there, and an
+ *     activation it reads given another size breaks the run too; mlp (no repeat) has no runs.
  * Prints PASS/FAIL lines and `N passed, N failed`; exits 1 on any failure. */
 #include "passes.h"
 
@@ -177,6 +182,86 @@ static void zero_and_sync(Program *p)
 		       "zero 1 over an axis of one rank: not in effect (stage 0 in the graph and in the record)");
 }
 
+/* the first run of phase ph, or NULL */
+static const LayerRun *run_of(const LayerRun *runs, int n, Phase ph)
+{
+	for (int i = 0; i < n; i++)
+		if (runs[i].phase == ph)
+			return &runs[i];
+	return NULL;
+}
+
+static int forward_run_length(const LProg *p, LayerRun *runs, int cap)
+{
+	const LayerRun *r = run_of(runs, layer_runs(p, runs, cap), PH_FORWARD);
+	return r ? r->nlayers : 0;
+}
+
+/* in the first kernel of phase ph in layer l that has one, an argument of kind ak (not a random
+ * stream's key; a buffer: an activation, not state) */
+static KArg *layer_arg(LProg *p, Phase ph, int layer, KArgKind ak)
+{
+	for (int i = 0; i < p->nk; i++) {
+		Kernel *k = &p->k[i];
+		if (k->phase != ph || k->op < 0 || p->g->ops[k->op].layer != layer)
+			continue;
+		for (int j = 0; j < k->nargs; j++) {
+			const char *name = j < kernel_nparams[k->kind] ? kernel_params[k->kind][j].name : "";
+			if (k->args[j].kind == ak && strcmp(name, "key") &&
+			    (ak != KA_BUF || p->buf[k->args[j].buf].cls != BUF_STATE))
+				return &k->args[j];
+		}
+	}
+	return NULL;
+}
+
+static void layer_runs_gpt(void)
+{
+	Arena *a = arena_new();
+	Program *gp = load_program(a, "examples/gpt.plan");
+	if (!gp || !sema_check(gp)) {
+		report(false, "examples/gpt.plan compiles");
+		return;
+	}
+	Compiled c = compile(gp, "single");
+	if (!c.low) {
+		arena_free(a);
+		return;
+	}
+	LProg *p = c.low->progs[0];
+	int cap = p->nk + 1, L = c.g->nlayers;
+	LayerRun *runs = malloc(sizeof(LayerRun) * (size_t)cap);
+	int n = layer_runs(p, runs, cap);
+	const LayerRun *f = run_of(runs, n, PH_FORWARD), *b = run_of(runs, n, PH_BACKWARD), *st = run_of(runs, n, PH_STEP);
+	const LayerRun *ck = run_of(runs, n, PH_CHECKPOINT);
+	report(L == 4 && f && f->first_layer == 0 && f->nlayers == L && f->step == 1,
+	       "gpt single: the forward is one run of all %d layers (%d)", L, f ? f->nlayers : 0);
+	report(b && b->first_layer == L - 1 && b->nlayers == L - 1 && b->step == -1,
+	       "gpt single: the backward is one run of layers %d..1, descending", L - 1);
+	report(st && st->nlayers == L && ck && ck->nlayers == L, "gpt single: the step and checkpoint phases are runs of %d",
+	       L);
+	KArg *x = layer_arg(p, PH_FORWARD, 2, KA_INT), *y = layer_arg(p, PH_FORWARD, 2, KA_BUF);
+	report(x && y, "gpt single: layer 2's forward has an integer argument and an activation");
+	if (x) {
+		long long was = x->i;
+		x->i += 1;
+		int len = forward_run_length(p, runs, cap);
+		x->i = was;
+		report(len == 2, "gpt single: an integer changed in layer 2 ends the forward run at layer 1 (%d layers)", len);
+	}
+	if (y) {
+		long long was = p->buf[y->buf].elems;
+		p->buf[y->buf].elems = was + 1;
+		int len = forward_run_length(p, runs, cap);
+		p->buf[y->buf].elems = was;
+		report(len < L, "gpt single: an activation layer 2 reads, of another size, breaks the forward run (%d layers)",
+		       len);
+	}
+	report(forward_run_length(p, runs, cap) == L, "gpt single: undone, the run is whole again");
+	free(runs);
+	arena_free(a);
+}
+
 int main(void)
 {
 	/* examples/mlp.plan and one plan whose ZeRO axis has one rank */
@@ -204,7 +289,13 @@ int main(void)
 		return 2;
 	}
 	zero_and_sync(p);
+	Compiled mlp = compile(p, "single");
+	if (mlp.low) {
+		LayerRun none[4];
+		report(layer_runs(mlp.low->progs[0], none, 4) == 0, "mlp single (no repeat): no runs of layers");
+	}
 	arena_free(a);
+	layer_runs_gpt();
 	remove(path);
 	printf("%d passed, %d failed\n", npass, nfail);
 	return nfail ? 1 : 0;

@@ -10,8 +10,10 @@
  * element-wise kernel, as a call of its loop function: the loop nest, printed once before the
  * phase and compiled for every instruction-set level by PLANRT_CPU_LOOP (planrt_cpu.h; the phase
  * calls the running level's); the printer adds no computation and no communication. Which kinds
- * the C target can print at all is lowered_executable()'s answer. The output compiles with
- * -Wall -Wextra -Werror. */
+ * the C target can print at all is lowered_executable()'s answer. Each run of identical layers
+ * (layer_runs.c) is printed as one loop over the layer with per-layer tables, when every layer
+ * prints alike (below, "runs of identical layers as loops"); --no-layer-loops prints them all.
+ * The output compiles with -Wall -Wextra -Werror. */
 #include "target/target.h"
 
 #include <ctype.h>
@@ -29,7 +31,69 @@ struct Emit {
 	const int *load_slot;     /* a fused loop's loads print as v<load_slot[buffer]> (NULL: v<buffer>) */
 	const char **param_names; /* the parameter table's entries as the file's PARAM_ enum names them */
 	bool loop_functions;      /* the C target: each fused loop is a function per instruction-set level */
+	bool layer_loops;         /* the C target: each run of identical layers as one loop (below) */
+	/* printing one layer of a run (print_runs): what differs by layer prints as a hole (a marker
+	 * in the text, its value kept here), and a fused loop calls loop_as's function */
+	struct Holes *holes;
+	int loop_as;
+	struct Fold *folds; /* the stage's runs of identical layers printed as loops */
+	int nfolds;
+	int *fold_of;  /* [kernel]: the fold it belongs to, or -1 */
+	int *fold_pos; /* [kernel]: its place in the fold, layer by layer (0: the loop's head) */
+	struct Family *families; /* the stage's per-layer tables of state pointers, shared by its loops */
+	int nfamilies, capfamilies;
+	int *family_of, *family_at; /* [buffer]: its family and place there, or -1 */
+	SymTab *places;     /* the stage's macros of a transient buffer by layer, by name */
+	const char **place_defs; /* their definitions, in order */
+	int nplaces, capplaces;
 };
+
+/* A family: state buffers, one a layer, whose loops index the table `name` of their addresses. */
+typedef struct Family {
+	const char *name;
+	const char *type; /* the pointers' type */
+	int *members, n;
+} Family;
+
+/* One value that may differ by layer: a buffer's name, a key, a parameter index, a message; or a
+ * comment (type NULL). */
+typedef struct Hole {
+	const char *type;  /* the C type of its per-layer table's elements */
+	const char *label; /* what the table is named after */
+	const char *text;
+	/* a transient buffer's place: ((cast *)(place + offset)) */
+	const char *place, *cast;
+	long long offset;
+	int buf; /* the buffer named, or -1 */
+	bool integer; /* an integer (a key, a parameter index): value */
+	long long value;
+} Hole;
+typedef struct Holes {
+	Hole *h;
+	int n, cap;
+} Holes;
+#define HOLE_VALUE '\1'
+#define HOLE_COMMENT '\2'
+
+static Hole *hole(Emit *e, const char *type, const char *label, const char *text)
+{
+	Holes *hs = e->holes;
+	if (hs->n == hs->cap) {
+		hs->cap = hs->cap ? 2 * hs->cap : 64;
+		hs->h = realloc(hs->h, sizeof(Hole) * (size_t)hs->cap);
+		if (!hs->h)
+			ICE("out of memory");
+	}
+	hs->h[hs->n] = (Hole){.type = type, .label = label, .text = text, .buf = -1};
+	fputc(type ? HOLE_VALUE : HOLE_COMMENT, e->f);
+	return &hs->h[hs->n++];
+}
+
+/* where a transient buffer lives: the arena, its micro-batch's slot or inbox (NULL: not transient) */
+static const char *transient_place(const Buffer *x)
+{
+	return x->cls == BUF_ARENA ? "ctx->arena" : x->cls == BUF_SLOT ? "ctx->slot" : x->cls == BUF_INBOX ? "ctx->inbox" : NULL;
+}
 
 /* A program's names' prefix: "s0_" with several stages, "s0_master_" / "s0_worker_" with async
  * roles, else "". */
@@ -72,7 +136,49 @@ static void print_double(FILE *f, double x)
 
 static void name(Emit *e, int b)
 {
+	if (e->holes) {
+		const Buffer *x = &e->p->buf[b];
+		const char *type = arena_printf(e->low->g->arena, "%s *", ctype(e->p->buf[buffer_root(e->p, b)].dtype));
+		Hole *h = hole(e, type, NULL, arena_printf(e->low->g->arena, "%s%s", e->prefix, x->name));
+		h->place = transient_place(x);
+		h->cast = ctype(x->dtype);
+		h->offset = (long long)x->offset;
+		h->buf = b;
+		return;
+	}
 	fprintf(e->f, "%s%s", e->prefix, e->p->buf[b].name);
+}
+
+/* A kernel's comment, " / * text * /" (a hole while printing a layer of a run: layers name it) */
+static void comment(Emit *e, const char *text)
+{
+	if (e->holes)
+		hole(e, NULL, NULL, text);
+	else
+		fprintf(e->f, " /* %s */", text);
+}
+
+/* s as a C string literal */
+static const char *c_string(Arena *a, const char *s)
+{
+	size_t n = 3;
+	for (const char *c = s; *c; c++)
+		n += 4;
+	char *out = arena_alloc(a, n), *o = out;
+	*o++ = '"';
+	for (const char *c = s; *c; c++) {
+		if (*c == '"' || *c == '\\') {
+			*o++ = '\\';
+			*o++ = *c;
+		} else if ((unsigned char)*c < ' ') {
+			o += sprintf(o, "\\%03o", (unsigned char)*c);
+		} else {
+			*o++ = *c;
+		}
+	}
+	*o++ = '"';
+	*o = 0;
+	return out;
 }
 
 static void axis(Emit *e, int a)
@@ -161,11 +267,22 @@ static void print_arg(Emit *e, const Kernel *k, int index)
 		}
 		fprintf(f, "}");
 		break;
-	case KA_INT:
-		fprintf(f, "%lld", a->i);
+	case KA_INT: /* a layer's key: a hole */
+		if (e->holes) {
+			Hole *h = hole(e, "int64_t", kernel_nparams[k->kind] > index ? kernel_params[k->kind][index].name : "value",
+				       arena_printf(e->low->g->arena, "%lld", a->i));
+			h->integer = true;
+			h->value = a->i;
+		} else
+			fprintf(f, "%lld", a->i);
 		break;
 	case KA_PARAM:
-		fprintf(f, "%s", e->param_names[a->i]);
+		if (e->holes) {
+			Hole *h = hole(e, "int", "param", e->param_names[a->i]);
+			h->integer = true;
+			h->value = a->i;
+		} else
+			fprintf(f, "%s", e->param_names[a->i]);
 		break;
 	case KA_INTS:
 		fprintf(f, a->i32 ? "(const int[]){" : "(const int64_t[]){");
@@ -224,10 +341,10 @@ static void print_arg(Emit *e, const Kernel *k, int index)
 		fprintf(f, "ctx->step_seed");
 		break;
 	case KA_STR:
-		fputc('"', f);
-		for (const char *c = a->str; *c; c++)
-			fprintf(f, *c == '"' || *c == '\\' ? "\\%c" : (unsigned char)*c < ' ' ? "\\%03o" : "%c", *c);
-		fputc('"', f);
+		if (e->holes)
+			hole(e, "char *", "message", c_string(e->low->g->arena, a->str));
+		else
+			fputs(c_string(e->low->g->arena, a->str), f);
 		break;
 	}
 }
@@ -513,13 +630,16 @@ static void print_loop_call(Emit *e, const Kernel *k)
 	FILE *f = e->f;
 	int loads[64], n = 0;
 	collect(k->expr, loads, &n, 64);
-	fprintf(f, "\t%sloop%d_at[planrt_cpu_level_](", e->prefix, (int)(k - e->p->k));
+	fprintf(f, "\t%sloop%d_at[planrt_cpu_level_](", e->prefix, e->loop_as >= 0 ? e->loop_as : (int)(k - e->p->k));
 	name(e, k->out);
 	for (int i = 0; i < n; i++) {
 		fprintf(f, ", ");
 		name(e, loads[i]);
 	}
-	fprintf(f, "); /* %s, %d op%s fused */\n", k->note ? k->note : "loop", k->nfused, k->nfused == 1 ? "" : "s");
+	fprintf(f, ");");
+	comment(e, arena_printf(e->low->g->arena, "%s, %d op%s fused", k->note ? k->note : "loop", k->nfused,
+				k->nfused == 1 ? "" : "s"));
+	fprintf(f, "\n");
 }
 
 static void print_kernel(Emit *e, const Kernel *k)
@@ -548,13 +668,491 @@ static void print_kernel(Emit *e, const Kernel *k)
 	}
 	fprintf(f, ");");
 	if (k->note)
-		fprintf(f, " /* %s */", k->note);
+		comment(e, k->note);
 	fprintf(f, "\n");
+}
+
+/* ------------------------------------------------------------------ runs of identical layers as loops */
+
+/* A run of identical layers (layer_runs.c) printed as one loop over the layer: the body once, and
+ * what differs by layer (buffers, a random stream's key, a parameter index, a message) from
+ * per-layer tables indexed by the loop variable. Each layer is printed as the unrolled program
+ * would print it, with those values as holes; the run folds only when every layer's text is the
+ * same around the holes, so the loop runs exactly the unrolled kernels, in the same order, with
+ * the same arguments. A fused loop's function is the first layer's (the same loop nest up to the
+ * names of its arguments). */
+typedef struct Fold {
+	const LayerRun *run;
+	int *kernels; /* the run's kernels in print order: layer after layer */
+	char *text;   /* the first layer, holes marked */
+	Holes *holes; /* [layer] */
+} Fold;
+
+/* The kernels of run r in print order, layer after layer: its phase's kernels from r->first on. */
+static int *run_kernels(const LProg *p, const LayerRun *r, Arena *a)
+{
+	int n = r->body * r->nlayers, m = 0;
+	int *ks = arena_alloc(a, sizeof(int) * (size_t)n);
+	for (int i = r->first; i < p->nk && m < n; i++)
+		if (p->k[i].phase == r->phase)
+			ks[m++] = i;
+	if (m != n)
+		ICE("a run of layers has %d kernels of %d", m, n);
+	return ks;
+}
+
+/* Layer t of a run as print_kernel prints it, what differs by layer as holes (kept in hs). */
+static char *print_layer(Emit *e, const int *ks, int body, int t, Holes *hs)
+{
+	char *text = NULL;
+	size_t len = 0;
+	FILE *saved = e->f;
+	if (!(e->f = open_memstream(&text, &len)))
+		ICE("out of memory");
+	e->holes = hs;
+	for (int j = 0; j < body; j++) {
+		e->loop_as = ks[j];
+		print_kernel(e, &e->p->k[ks[t * body + j]]);
+	}
+	e->holes = NULL;
+	e->loop_as = -1;
+	if (fclose(e->f) != 0)
+		ICE("out of memory");
+	e->f = saved;
+	return text;
+}
+
+/* Whether every layer of a run prints as its first around the holes, and fills holes of the same
+ * types: then the loop is the unrolled code. */
+static bool layers_alike(const char *first, const Holes *h0, const char *text, const Holes *h)
+{
+	if (strcmp(first, text) || h0->n != h->n)
+		return false;
+	for (int i = 0; i < h->n; i++)
+		if ((h0->h[i].type == NULL) != (h->h[i].type == NULL) ||
+		    (h->h[i].type && strcmp(h0->h[i].type, h->h[i].type)))
+			return false;
+	return true;
+}
+
+static void free_holes(Holes *hs, int n)
+{
+	for (int i = 0; i < n; i++)
+		free(hs[i].h);
+	free(hs);
+}
+
+/* Fused loop k's function as text, its name and its argument names (v<buffer>) numbered by first
+ * appearance, without its comment: equal for two kernels whose loop nests are the same. */
+static char *loop_function_shape(Emit *e, const Kernel *k)
+{
+	char *text = NULL, *shape = NULL;
+	size_t len = 0, slen = 0;
+	FILE *saved = e->f, *out;
+	if (!(e->f = open_memstream(&text, &len)) || !(out = open_memstream(&shape, &slen)))
+		ICE("out of memory");
+	print_loop_function(e, k);
+	if (fclose(e->f) != 0)
+		ICE("out of memory");
+	e->f = saved;
+	long long seen[64];
+	int nseen = 0;
+	for (const char *c = strchr(text, '\n'); c && *c;) {
+		if (!isalnum((unsigned char)*c) && *c != '_') {
+			fputc(*c++, out);
+			continue;
+		}
+		const char *start = c;
+		while (isalnum((unsigned char)*c) || *c == '_')
+			c++;
+		const char *loop = strstr(start, "loop");
+		if (*start == 'v' && c - start > 1 && strspn(start + 1, "0123456789") == (size_t)(c - start - 1)) {
+			long long id = atoll(start + 1);
+			int i = 0;
+			while (i < nseen && seen[i] != id)
+				i++;
+			if (i == nseen && nseen < 64)
+				seen[nseen++] = id;
+			fprintf(out, "v#%d", i);
+		} else if (loop && loop < c && strspn(loop + 4, "0123456789") == (size_t)(c - loop - 4)) {
+			fprintf(out, "%.*sloop#", (int)(loop - start), start);
+		} else {
+			fwrite(start, 1, (size_t)(c - start), out);
+		}
+	}
+	if (fclose(out) != 0)
+		ICE("out of memory");
+	free(text);
+	return shape;
+}
+
+/* Whether the fused loops of a run's layers have the first layer's loop nests, so that every
+ * layer may call the first layer's functions. */
+static bool loops_alike(Emit *e, const int *ks, int body, int n)
+{
+	bool alike = true;
+	for (int j = 0; j < body && alike; j++) {
+		if (e->p->k[ks[j]].kind != K_LOOP)
+			continue;
+		char *first = loop_function_shape(e, &e->p->k[ks[j]]);
+		for (int t = 1; t < n && alike; t++) {
+			char *other = loop_function_shape(e, &e->p->k[ks[t * body + j]]);
+			alike = !strcmp(first, other);
+			free(other);
+		}
+		free(first);
+	}
+	return alike;
+}
+
+/* The stage's runs that fold (each run's layers printed alike), and which kernels they hold. */
+static void plan_folds(Emit *e)
+{
+	const LProg *p = e->p;
+	Arena *a = e->low->g->arena;
+	e->nfolds = 0;
+	e->fold_of = arena_alloc(a, sizeof(int) * (size_t)(p->nk + 1));
+	e->fold_pos = arena_alloc(a, sizeof(int) * (size_t)(p->nk + 1));
+	for (int i = 0; i < p->nk; i++)
+		e->fold_of[i] = -1;
+	e->places = symtab_new(a);
+	e->family_of = arena_alloc(a, sizeof(int) * (size_t)(p->nbuf + 1));
+	e->family_at = arena_alloc(a, sizeof(int) * (size_t)(p->nbuf + 1));
+	for (int b = 0; b < p->nbuf; b++)
+		e->family_of[b] = e->family_at[b] = -1;
+	if (!e->layer_loops || e->target || !e->loop_functions)
+		return;
+	LayerRun *runs = arena_alloc(a, sizeof(LayerRun) * (size_t)(p->nk + 1));
+	int nruns = layer_runs(p, runs, p->nk + 1);
+	e->folds = arena_alloc(a, sizeof(Fold) * (size_t)(nruns + 1));
+	for (int r = 0; r < nruns; r++) {
+		int *ks = run_kernels(p, &runs[r], a), body = runs[r].body, n = runs[r].nlayers;
+		Holes *hs = calloc((size_t)n, sizeof(Holes));
+		if (!hs)
+			ICE("out of memory");
+		char *first = print_layer(e, ks, body, 0, &hs[0]);
+		bool alike = true;
+		for (int t = 1; t < n && alike; t++) {
+			char *text = print_layer(e, ks, body, t, &hs[t]);
+			alike = layers_alike(first, &hs[0], text, &hs[t]);
+			free(text);
+		}
+		if (!alike || !loops_alike(e, ks, body, n)) {
+			free(first);
+			free_holes(hs, n);
+			continue;
+		}
+		for (int i = 0; i < n * body; i++) {
+			e->fold_of[ks[i]] = e->nfolds;
+			e->fold_pos[ks[i]] = i;
+		}
+		e->folds[e->nfolds++] = (Fold){.run = &runs[r], .kernels = ks, .text = first, .holes = hs};
+	}
+}
+
+static void free_folds(Emit *e)
+{
+	for (int i = 0; i < e->nfolds; i++) {
+		free(e->folds[i].text);
+		free_holes(e->folds[i].holes, e->folds[i].run->nlayers);
+	}
+	e->nfolds = 0;
+}
+
+/* whether hole h has one value in every layer */
+static bool hole_same(const Fold *fd, int h)
+{
+	for (int t = 1; t < fd->run->nlayers; t++)
+		if (strcmp(fd->holes[t].h[h].text, fd->holes[0].h[h].text))
+			return false;
+	return true;
+}
+
+/* whether holes h and g hold the same value in every layer (one table serves both) */
+static bool holes_same(const Fold *fd, int h, int g)
+{
+	for (int t = 0; t < fd->run->nlayers; t++)
+		if (strcmp(fd->holes[t].h[h].text, fd->holes[t].h[g].text) || strcmp(fd->holes[t].h[h].type, fd->holes[t].h[g].type))
+			return false;
+	return true;
+}
+
+/* Hole h's per-layer table, declared before the loop: buffers by their first layer's name,
+ * integers and messages by their parameter's. */
+static const char *print_table(Emit *e, const Fold *fd, int h, int number)
+{
+	FILE *f = e->f;
+	const Hole *x = &fd->holes[0].h[h];
+	const char *type = x->type, *table;
+	bool pointer = type[strlen(type) - 1] == '*';
+	if (!x->label) {
+		table = arena_printf(e->low->g->arena, "%s_l%d", x->text, number);
+		fprintf(f, "\t\t%sconst %s[%d] = {", type, table, fd->run->nlayers);
+	} else {
+		table = arena_printf(e->low->g->arena, "%s_l%d", x->label, number);
+		fprintf(f, "\t\tstatic const %s%s%s[%d] = {", type, pointer ? "const " : " ", table, fd->run->nlayers);
+	}
+	for (int t = 0; t < fd->run->nlayers; t++)
+		fprintf(f, "%s%s", t ? ", " : "", fd->holes[t].h[h].text);
+	fprintf(f, "};\n");
+	return table;
+}
+
+/* Where two layers' names of one thing differ ("layers.0.mlp", "layers.1.mlp"): a's text before
+ * (pre characters) and after (post) the layer's number; false when they differ in more than a
+ * number. */
+static bool layer_number_at(const char *a, const char *b, size_t *pre, size_t *post)
+{
+	size_t la = strlen(a), lb = strlen(b);
+	*pre = *post = 0;
+	while (*pre < la && *pre < lb && a[*pre] == b[*pre])
+		(*pre)++;
+	while (*post < la - *pre && *post < lb - *pre && a[la - 1 - *post] == b[lb - 1 - *post])
+		(*post)++;
+	while (*pre > 0 && isdigit((unsigned char)a[*pre - 1]))
+		(*pre)--;
+	while (*post > 0 && isdigit((unsigned char)a[la - *post]))
+		(*post)--;
+	for (size_t i = *pre; i < la - *post; i++)
+		if (!isdigit((unsigned char)a[i]))
+			return false;
+	return la - *pre - *post > 0;
+}
+
+/* A comment that names the layer ("matmul in layers.3.mlp"), with the layer's number as '*' */
+static void print_layer_comment(Emit *e, const Fold *fd, int h)
+{
+	const char *a = fd->holes[0].h[h].text, *b = fd->holes[fd->run->nlayers - 1].h[h].text;
+	size_t pre, post;
+	if (!strcmp(a, b))
+		fprintf(e->f, " /* %s */", a);
+	else if (layer_number_at(a, b, &pre, &post))
+		fprintf(e->f, " /* %.*s*%s */", (int)pre, a, a + strlen(a) - post);
+	else
+		fprintf(e->f, " /* %s (layer by layer) */", a);
+}
+
+/* Whether hole h is a transient buffer at offset + l * step in layer l (each layer's saved
+ * activations in the slot; step 0: one place every layer, as the arena's scratch buffers are). */
+static bool transient_steps(const Fold *fd, int h, long long *step)
+{
+	const Hole *x = &fd->holes[0].h[h];
+	if (!x->place || fd->run->nlayers < 2)
+		return false;
+	*step = fd->holes[1].h[h].offset - x->offset;
+	for (int t = 1; t < fd->run->nlayers; t++) {
+		const Hole *y = &fd->holes[t].h[h];
+		if (y->place != x->place || strcmp(y->cast, x->cast) || y->offset - x->offset != t * *step)
+			return false;
+	}
+	return true;
+}
+
+/* The stage's macro for a transient buffer of each layer, at offset + l * step: named after the
+ * loop's first layer's ("x_60_at(l)"), defined once (print_places). */
+static const char *place_macro(Emit *e, const Hole *x, long long step)
+{
+	Arena *a = e->low->g->arena;
+	const char *def = arena_printf(a, "(l) ((%s *)(%s + %lld + (int64_t)(l) * %lld))", x->cast, x->place, x->offset, step);
+	const char *name = arena_printf(a, "%s_at", x->text);
+	for (int n = 1;; n++) {
+		const char *had = symtab_get(e->places, name);
+		if (!had || !strcmp(had, def))
+			break;
+		name = arena_printf(a, "%s_at%d", x->text, n);
+	}
+	if (symtab_get(e->places, name))
+		return name;
+	symtab_put(e->places, name, (void *)def);
+	if (e->nplaces == e->capplaces) {
+		e->capplaces = e->capplaces ? 2 * e->capplaces : 64;
+		e->place_defs = realloc(e->place_defs, sizeof(char *) * (size_t)e->capplaces);
+		if (!e->place_defs)
+			ICE("out of memory");
+	}
+	e->place_defs[e->nplaces++] = arena_printf(a, "#define %s%s\n", name, def);
+	return name;
+}
+
+/* The stage's macros of transient buffers by layer (before its phase functions). */
+static void print_places(Emit *e)
+{
+	if (e->nplaces)
+		fprintf(e->f, "/* transient buffers by layer: a layer's saved activations in the slot */\n");
+	for (int i = 0; i < e->nplaces; i++)
+		fputs(e->place_defs[i], e->f);
+	free(e->place_defs);
+	e->place_defs = NULL;
+	e->nplaces = e->capplaces = 0;
+}
+
+/* Whether hole h is an integer value + l * step in layer l (a parameter index, a dropout's key) */
+static bool integer_steps(const Fold *fd, int h, long long *step)
+{
+	const Hole *x = &fd->holes[0].h[h];
+	if (!x->integer || fd->run->nlayers < 2)
+		return false;
+	*step = fd->holes[1].h[h].value - x->value;
+	for (int t = 1; t < fd->run->nlayers; t++)
+		if (!fd->holes[t].h[h].integer || fd->holes[t].h[h].value - x->value != t * *step)
+			return false;
+	return true;
+}
+
+/* "s0_p_layers_0_block_wq", "s0_p_layers_1_block_wq" -> "s0_p_layers_block_wq_by_layer": the
+ * name without the digits where the first two differ (unique in the stage) */
+static const char *family_name(Emit *e, const char *a, const char *b)
+{
+	size_t la = strlen(a), pre, post;
+	if (!layer_number_at(a, b, &pre, &post))
+		return arena_printf(e->low->g->arena, "%s_by_layer%d", a, e->nfamilies);
+	if (pre > 0 && post > 0 && a[pre - 1] == '_' && a[la - post] == '_')
+		pre--;
+	const char *name = arena_printf(e->low->g->arena, "%.*s%s_by_layer", (int)pre, a, a + la - post);
+	for (int i = 0; i < e->nfamilies; i++)
+		if (!strcmp(e->families[i].name, name))
+			return arena_printf(e->low->g->arena, "%s%d", name, e->nfamilies);
+	return name;
+}
+
+/* Whether hole h names a state buffer of each layer (a static pointer): then the stage's family
+ * table of their addresses, made here if none of them is in one yet, serves every loop that
+ * indexes them; *at and *dir say where layer l's is: at + dir * l. */
+static const Family *state_family(Emit *e, const Fold *fd, int h, int *at, int *dir)
+{
+	int n = fd->run->nlayers;
+	for (int t = 0; t < n; t++) {
+		int b = fd->holes[t].h[h].buf;
+		if (b < 0 || e->p->buf[b].cls != BUF_STATE)
+			return NULL;
+	}
+	int b0 = fd->holes[0].h[h].buf, b1 = fd->holes[1].h[h].buf, f = e->family_of[b0];
+	if (f < 0) {
+		for (int t = 0; t < n; t++)
+			if (e->family_of[fd->holes[t].h[h].buf] >= 0)
+				return NULL;
+		if (e->nfamilies == e->capfamilies) {
+			e->capfamilies = e->capfamilies ? 2 * e->capfamilies : 16;
+			e->families = realloc(e->families, sizeof(Family) * (size_t)e->capfamilies);
+			if (!e->families)
+				ICE("out of memory");
+		}
+		Family *fam = &e->families[e->nfamilies];
+		*fam = (Family){.name = family_name(e, fd->holes[0].h[h].text, fd->holes[1].h[h].text),
+				.type = fd->holes[0].h[h].type, .n = n};
+		fam->members = arena_alloc(e->low->g->arena, sizeof(int) * (size_t)n);
+		bool down = fd->run->step < 0; /* kept in layer order */
+		for (int t = 0; t < n; t++) {
+			int b = fd->holes[down ? n - 1 - t : t].h[h].buf;
+			fam->members[t] = b;
+			e->family_of[b] = e->nfamilies;
+			e->family_at[b] = t;
+		}
+		f = e->nfamilies++;
+	}
+	*at = e->family_at[b0];
+	*dir = e->family_of[b1] == f ? e->family_at[b1] - *at : 0;
+	if (*dir != 1 && *dir != -1)
+		return NULL;
+	for (int t = 0; t < n; t++) {
+		int b = fd->holes[t].h[h].buf;
+		if (e->family_of[b] != f || e->family_at[b] != *at + *dir * t)
+			return NULL;
+	}
+	return &e->families[f];
+}
+
+/* The stage's family tables (before its phase functions, after its state pointers). */
+static void print_families(Emit *e)
+{
+	FILE *f = e->f;
+	if (e->nfamilies)
+		fprintf(f, "/* state pointers by layer, indexed by the loops over layers */\n");
+	for (int i = 0; i < e->nfamilies; i++) {
+		const Family *fam = &e->families[i];
+		fprintf(f, "static %s*const %s[%d] = {", fam->type, fam->name, fam->n);
+		for (int t = 0; t < fam->n; t++) {
+			fprintf(f, "%s&", t ? ", " : "");
+			name(e, fam->members[t]);
+		}
+		fprintf(f, "};\n");
+	}
+	if (e->nfamilies)
+		fprintf(f, "\n");
+	free(e->families);
+	e->families = NULL;
+	e->nfamilies = e->capfamilies = 0;
+}
+
+/* A value hole in the loop's body: its one value, the place of a transient buffer of the layer, a
+ * state pointer of the layer from the stage's family table, or its table's entry */
+static void print_hole(Emit *e, const Fold *fd, int h, const char *table)
+{
+	const Hole *x = &fd->holes[0].h[h];
+	long long step;
+	int at, dir;
+	const Family *fam;
+	if (table)
+		fprintf(e->f, "%s[l]", table);
+	else if (!hole_same(fd, h) && transient_steps(fd, h, &step) && step)
+		fprintf(e->f, "%s(l)", place_macro(e, x, step));
+	else if (!hole_same(fd, h) && integer_steps(fd, h, &step))
+		fprintf(e->f, "(%s + %sl * %lld)", x->text, strcmp(x->type, "int") ? "(int64_t)" : "", step);
+	else if (!hole_same(fd, h) && (fam = state_family(e, fd, h, &at, &dir)))
+		fprintf(e->f, "(*%s[%s])", fam->name,
+			at == 0 && dir > 0 ? "l" : arena_printf(e->low->g->arena, "%d %s l", at, dir > 0 ? "+" : "-"));
+	else
+		fputs(x->text, e->f); /* the same in every layer, or the same place under another name */
+}
+
+/* A folded run: its tables, then the loop over its layers with the first layer's text as the body. */
+static void print_fold(Emit *e, const Fold *fd)
+{
+	FILE *f = e->f;
+	const LayerRun *r = fd->run;
+	int nh = fd->holes[0].n, ntables = 0;
+	const char **table = calloc((size_t)nh + 1, sizeof(char *));
+	if (!table)
+		ICE("out of memory");
+	fprintf(f, "\t{ /* layers %d..%d: one loop, %d kernels a layer; what differs by layer is indexed by l */\n",
+		r->first_layer, r->first_layer + (r->nlayers - 1) * r->step, r->body);
+	for (int h = 0; h < nh; h++) {
+		long long step;
+		int at, dir;
+		if (!fd->holes[0].h[h].type || hole_same(fd, h) || transient_steps(fd, h, &step) ||
+		    integer_steps(fd, h, &step) || state_family(e, fd, h, &at, &dir))
+			continue;
+		for (int g = 0; g < h && !table[h]; g++)
+			if (table[g] && holes_same(fd, h, g))
+				table[h] = table[g];
+		if (!table[h])
+			table[h] = print_table(e, fd, h, ntables++);
+	}
+	fprintf(f, "\t\tfor (int l = 0; l < %d; l++) {\n", r->nlayers);
+	bool line_start = true;
+	int h = 0;
+	for (const char *c = fd->text; *c; c++) {
+		if (line_start)
+			fprintf(f, "\t\t");
+		line_start = *c == '\n';
+		if (*c == HOLE_VALUE) {
+			print_hole(e, fd, h, table[h]);
+			h++;
+		} else if (*c == HOLE_COMMENT) {
+			print_layer_comment(e, fd, h++);
+		} else {
+			fputc(*c, f);
+		}
+	}
+	fprintf(f, "\t\t}\n\t}\n");
+	free(table);
 }
 
 /* ------------------------------------------------------------------ one stage */
 
-static void print_buffers(Emit *e)
+/* The stage's buffers; views and transient buffers only where named says the phases name them
+ * (NULL: all). */
+static void print_buffers(Emit *e, const bool *named)
 {
 	FILE *f = e->f;
 	const LProg *p = e->p;
@@ -571,7 +1169,7 @@ static void print_buffers(Emit *e)
 	fprintf(f, "/* views of state */\n");
 	for (int b = 0; b < p->nbuf; b++) {
 		const Buffer *x = &p->buf[b];
-		if (x->cls != BUF_VIEW)
+		if (x->cls != BUF_VIEW || (named && !named[b]))
 			continue;
 		fprintf(f, "#define ");
 		name(e, b);
@@ -588,9 +1186,8 @@ static void print_buffers(Emit *e)
 		   " * backward) or an inbox (its inputs, received one action ahead) */\n");
 	for (int b = 0; b < p->nbuf; b++) {
 		const Buffer *x = &p->buf[b];
-		const char *base = x->cls == BUF_ARENA ? "ctx->arena" : x->cls == BUF_SLOT ? "ctx->slot"
-				   : x->cls == BUF_INBOX ? "ctx->inbox" : NULL;
-		if (!base || x->first < 0)
+		const char *base = transient_place(x);
+		if (!base || x->first < 0 || (named && !named[b]))
 			continue;
 		fprintf(f, "#define ");
 		name(e, b);
@@ -616,8 +1213,9 @@ static void print_phase(Emit *e, Phase ph, int chunk, bool per_chunk)
 {
 	FILE *f = e->f;
 	const LProg *p = e->p;
-	for (int i = 0; i < p->nk && e->loop_functions; i++)
-		if (p->k[i].kind == K_LOOP && p->k[i].phase == ph && (!per_chunk || p->k[i].chunk == chunk))
+	for (int i = 0; i < p->nk && e->loop_functions; i++) /* a folded run's first layer's */
+		if (p->k[i].kind == K_LOOP && p->k[i].phase == ph && (!per_chunk || p->k[i].chunk == chunk) &&
+		    (e->fold_of[i] < 0 || e->fold_pos[i] < e->folds[e->fold_of[i]].run->body))
 			print_loop_function(e, &p->k[i]);
 	if (per_chunk)
 		fprintf(f, "static void %s%s_c%d(planrt_ctx_t *ctx)\n{\n", e->prefix, phase_names[ph], chunk);
@@ -626,20 +1224,23 @@ static void print_phase(Emit *e, Phase ph, int chunk, bool per_chunk)
 	fprintf(f, "\t(void)ctx;\n");
 	if (e->target)
 		e->target->phase_begin(e, ph, chunk);
-	for (int i = 0; i < p->nk; i++)
-		if (p->k[i].phase == ph && (!per_chunk || p->k[i].chunk == chunk))
+	for (int i = 0; i < p->nk; i++) {
+		if (p->k[i].phase != ph || (per_chunk && p->k[i].chunk != chunk))
+			continue;
+		if (e->fold_of[i] < 0)
 			print_kernel(e, &p->k[i]);
+		else if (e->fold_pos[i] == 0)
+			print_fold(e, &e->folds[e->fold_of[i]]);
+	}
 	if (e->target)
 		e->target->phase_end(e, ph, chunk);
 	fprintf(f, "}\n\n");
 }
 
-static void print_stage(Emit *e)
+/* The stage's phase functions, in the order planrt's tables list them. */
+static void print_phases(Emit *e)
 {
-	FILE *f = e->f;
 	const LProg *p = e->p;
-	fprintf(f, "/* ================================================================ stage %d */\n\n", p->stage);
-	print_buffers(e);
 	print_phase(e, PH_INIT, 0, false);
 	print_phase(e, PH_STEP_BEGIN, 0, false);
 	for (int c = 0; c < p->nchunks; c++) {
@@ -655,6 +1256,58 @@ static void print_stage(Emit *e)
 	for (Phase ph = PH_CHECKPOINT; ph <= PH_EVAL_END; ph++)
 		if (has_phase(p, ph, 0))
 			print_phase(e, ph, 0, false);
+}
+
+/* [buffer]: whether the phases' text names it, or names a view of it */
+static bool *named_buffers(Emit *e, const char *text)
+{
+	Arena *a = e->low->g->arena;
+	const LProg *p = e->p;
+	SymTab *names = symtab_new(a);
+	for (const char *c = text; *c;) {
+		if (!isalpha((unsigned char)*c) && *c != '_') {
+			c++;
+			continue;
+		}
+		const char *start = c;
+		while (isalnum((unsigned char)*c) || *c == '_')
+			c++;
+		char *id = arena_alloc(a, (size_t)(c - start) + 1);
+		memcpy(id, start, (size_t)(c - start));
+		symtab_put(names, id, id);
+	}
+	bool *named = arena_alloc(a, sizeof(bool) * (size_t)(p->nbuf + 1));
+	for (int b = p->nbuf - 1; b >= 0; b--) /* a view is of an earlier buffer */
+		if (named[b] || symtab_get(names, arena_printf(a, "%s%s", e->prefix, p->buf[b].name)))
+			for (int v = b; v >= 0; v = p->buf[v].cls == BUF_VIEW ? p->buf[v].view_of : -1)
+				named[v] = true;
+	return named;
+}
+
+static void print_stage(Emit *e)
+{
+	FILE *f = e->f;
+	const LProg *p = e->p;
+	fprintf(f, "/* ================================================================ stage %d */\n\n", p->stage);
+	plan_folds(e);
+	if (!e->nfolds) {
+		print_buffers(e, NULL);
+		print_phases(e);
+	} else { /* the phases first: the buffers only the folded layers named are not declared */
+		char *text = NULL;
+		size_t len = 0;
+		if (!(e->f = open_memstream(&text, &len)))
+			ICE("out of memory");
+		print_phases(e);
+		if (fclose(e->f) != 0)
+			ICE("out of memory");
+		e->f = f;
+		print_buffers(e, named_buffers(e, text));
+		print_families(e);
+		print_places(e);
+		fputs(text, f);
+		free(text);
+	}
 	/* the schedule */
 	fprintf(f, "/* one step: F / B of a micro-batch and chunk, its activation slot and receive inbox */\n");
 	fprintf(f, "static const planrt_action_t %sactions[] = {\n", e->prefix);
@@ -691,6 +1344,7 @@ static void print_stage(Emit *e)
 	if (!nstate)
 		fprintf(f, "\t{\"none\", planrt_state_buffer, 0, NULL},\n");
 	fprintf(f, "};\n\n");
+	free_folds(e);
 }
 
 /* the name of a mesh axis, or PLANRT_NO_AXIS */
@@ -893,19 +1547,29 @@ static void print_program(Emit *e, const char *source_path)
 		e->target->epilogue(e);
 }
 
-bool emit_c(const Lowered *low, const char *dir, const char *source_path)
+static bool print_file(const Lowered *low, const char *dir, const char *source_path, const EmitTarget *target,
+		       bool layer_loops);
+
+bool emit_c(const Lowered *low, const char *dir, const char *source_path, bool layer_loops)
 {
-	return emit_c_with(low, dir, source_path, NULL);
+	return print_file(low, dir, source_path, NULL, layer_loops);
 }
 
 bool emit_c_with(const Lowered *low, const char *dir, const char *source_path, const EmitTarget *target)
+{
+	return print_file(low, dir, source_path, target, false);
+}
+
+static bool print_file(const Lowered *low, const char *dir, const char *source_path, const EmitTarget *target,
+		       bool layer_loops)
 {
 	if (mkdir(dir, 0777) != 0 && errno != EEXIST) {
 		fprintf(stderr, "planc: error: cannot create directory '%s': %s\n", dir, strerror(errno));
 		return false;
 	}
 	/* the decode program (planc build --generate) first, in DIR/decode.c beside prog.c */
-	if (low->decode && !emit_c_with(low->decode, dir, source_path, target))
+	/* (the decode program prints its layers unrolled: a loop there is not checked yet) */
+	if (low->decode && !print_file(low->decode, dir, source_path, target, false))
 		return false;
 	const char *path = arena_printf(low->g->arena, low->g->decode ? "%s/decode.c" : "%s/prog.c", dir);
 	FILE *f = fopen(path, "w");
@@ -913,7 +1577,8 @@ bool emit_c_with(const Lowered *low, const char *dir, const char *source_path, c
 		fprintf(stderr, "planc: error: cannot write '%s': %s\n", path, strerror(errno));
 		return false;
 	}
-	Emit e = {.f = f, .low = low, .target = target, .param_names = param_enum_names(low), .loop_functions = !target};
+	Emit e = {.f = f, .low = low, .target = target, .param_names = param_enum_names(low), .loop_functions = !target,
+		  .layer_loops = layer_loops, .loop_as = -1};
 	print_prelude(&e, source_path);
 	for (int i = 0; i < low->nprogs; i++) {
 		e.p = low->progs[i];

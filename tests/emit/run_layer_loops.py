@@ -1,0 +1,104 @@
+#!/usr/bin/env python3
+"""tests/emit: `repeat` printed as loops (issue 21; docs/ir.md, "Layers as loops").
+
+The C target prints each run of identical layers (compiler/lower/layer_runs.c) as one loop over
+the layer, with per-layer tables of what differs by layer; `--no-layer-loops` prints every layer
+in full, as before. For each plan of PLANS (one rank, data + tensor parallel, a 1F1B pipeline of
+four layers a stage, full recompute) the test
+  - emits both and checks what the loops are for: the looped prog.c has loops, the unrolled none,
+    and the looped file is smaller (its size and the unrolled one's are printed);
+  - builds both with planc build, trains each STEPS steps under mpirun on the plan's world size,
+    and requires every step's loss and gradient norm and the weights saved with --save to be the
+    same bits.
+Prints PASS/FAIL per check and a closing 'N passed, N failed' line.
+usage: run_layer_loops.py PLANC REPO_ROOT [STEPS]
+"""
+import concurrent.futures
+import os
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
+import harness  # noqa: E402  (tests/lib/harness.py)
+
+planc, root = sys.argv[1], sys.argv[2]
+steps = int(sys.argv[3]) if len(sys.argv) > 3 else 3
+env = harness.mpi_env()
+work = harness.workdir("layer-loops")
+PLANS = [("gpt", "single"), ("gpt", "dp2_tp2"), ("extra", "pp2_1f1b_l8"), ("gpt", "dp2_full_recompute")]
+# examples/gpt.plan's pipelines have one or two layers a stage: a run of two layers prints about as
+# long as a loop as unrolled, so the pipeline here has four
+EXTRA_PLANS = """
+plan pp2_1f1b_l8 for gpt(L = 8) {
+  mesh pipe = 2
+  batch B = 16, micro_batches = 4
+  pipeline pipe: 1f1b, stages = 2
+  optimizer adamw(lr = 3e-4, betas = (0.9, 0.95), weight_decay = 0.1), clip = 1.0
+}
+"""
+gpt_text = open(f"{root}/examples/gpt.plan").read()
+extra_plan_file = f"{work}/extra.plan"
+open(extra_plan_file, "w").write(gpt_text[:gpt_text.index("# ---- one rank")] + EXTRA_PLANS)
+
+
+def plan_file(model):
+    return extra_plan_file if model == "extra" else f"{root}/examples/{model}.plan"
+FLAVOURS = {"loops": [], "unrolled": ["--no-layer-loops"]}
+LOOP_MARK = "one loop, "  # the comment that opens each folded run in prog.c
+
+
+def emitted(model, plan, flags):
+    """(prog.c's text, None) from planc emit c, or (None, the error)"""
+    out = f"{work}/{model}_{plan}_emit{'_'.join(flags)}"
+    r = subprocess.run([planc, "emit", "c", plan_file(model), "--plan", plan, "-o", out, *flags],
+                       capture_output=True, text=True)
+    if r.returncode:
+        return None, f"planc emit c failed: {r.stderr.strip()[:300]}"
+    return open(f"{out}/prog.c").read(), None
+
+
+def trained(model, plan, flavour, world):
+    """((loss, grad_norm) per step, the saved weights' bytes), or an error string"""
+    stem = f"{work}/{model}_{plan}_{flavour}"
+    err = harness.build(planc, plan_file(model), plan, stem, *FLAVOURS[flavour])
+    if err:
+        return err
+    log, save = f"{stem}.jsonl", f"{stem}.safetensors"
+    r = harness.mpirun(world, [stem, "--steps", str(steps), "--data", f"{root}/data/corpus.txt", "--log", log,
+                               "--save", save], env, timeout=600)
+    if r.returncode:
+        return f"mpirun failed: {r.stderr.strip()[-300:]}"
+    return [(x["loss"], x["grad_norm"]) for x in harness.read_log(log)], open(save, "rb").read()
+
+
+def one(model, plan):
+    checks = []
+    texts = {}
+    for flavour, flags in FLAVOURS.items():
+        texts[flavour], err = emitted(model, plan, flags)
+        if err:
+            return [(f"{model} {plan} emit ({flavour})", False, err)]
+    loops, unrolled = texts["loops"].count(LOOP_MARK), texts["unrolled"].count(LOOP_MARK)
+    small = len(texts["loops"]) < len(texts["unrolled"])
+    checks.append((f"{model} {plan} prints its layers as loops", loops > 0 and unrolled == 0 and small,
+                   f"{loops} loops, prog.c {len(texts['loops'])} bytes; --no-layer-loops: {unrolled} loops, "
+                   f"{len(texts['unrolled'])} bytes"))
+    world = harness.explain(planc, plan_file(model), plan)["world"]
+    runs = {flavour: trained(model, plan, flavour, world) for flavour in FLAVOURS}
+    for flavour, got in runs.items():
+        if isinstance(got, str):
+            return checks + [(f"{model} {plan} trains ({flavour})", False, got)]
+    (la, wa), (lb, wb) = runs["loops"], runs["unrolled"]
+    same = la == lb and len(la) == steps and wa == wb
+    checks.append((f"{model} {plan} loops = unrolled, bit for bit", same,
+                   f"{steps} steps on {world} ranks: losses, gradient norms and saved weights identical" if same else
+                   f"losses {la} vs {lb}; weights {'equal' if wa == wb else 'differ'}"))
+    return checks
+
+
+tally = harness.Tally("layer loops")
+with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
+    for checks in pool.map(lambda mp: one(*mp), PLANS):
+        for name, ok, detail in checks:
+            tally.check(name, ok, detail)
+tally.finish()
