@@ -522,7 +522,13 @@ static double kernel_seconds(const PlanSpec *ps, const LProg *p, const Kernel *k
 			q *= (double)ld->ints[i];
 		double sk = (double)k->args[fwd ? KARG_INDEX(ATTENTION, sk) : KARG_INDEX(ATTENTION_GRAD, sk)].i;
 		long long causal = k->args[fwd ? KARG_INDEX(ATTENTION, mask_kind) : KARG_INDEX(ATTENTION_GRAD, mask_kind)].i == 1;
-		double flops = 2.0 * q * sk * (fwd ? 2 : 5) * (causal ? 0.5 : 1); /* causal: key tiles skipped */
+		/* causal: half the key tiles are skipped, and on a ring's every step under causal load
+		 * balancing (each rank's two mirrored chunks meet half of every block). A contiguous ring
+		 * costs the busiest rank's, the last coordinate's: every block after its own is whole. */
+		bool ring = kind != k->kind;
+		int step = ring ? (int)k->args[fwd ? KARG_INDEX(RING_ATTENTION, step) : KARG_INDEX(RING_ATTENTION_GRAD, step)].i : 0;
+		double unmasked = !causal ? 1 : ring && !p->low->g->ring_mirrored && step > 0 ? 1 : 0.5;
+		double flops = 2.0 * q * sk * (fwd ? 2 : 5) * unmasked;
 		t = flops / (d->attention[dt] > 0 ? d->attention[dt] : d->matmul[dt]);
 	} else if (k->kind == K_LOOP) {
 		double elems = 1;

@@ -269,6 +269,8 @@ typedef struct PlanSpec {
 	/* `shard ring_attention -> AXIS` (nn.context_parallel): fused attention whose query rows are split
 	 * over AXIS keeps K/V split too and passes them around a ring (lower/ring.c); -1: none */
 	int ring_axis;
+	bool ring_contiguous; /* `shard ring_attention(contiguous) -> AXIS`: one contiguous block per rank
+			       * even under a causal mask (default: causal load balancing, two mirrored chunks) */
 	Loc ring_loc;
 	const Source *ring_src;
 

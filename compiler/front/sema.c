@@ -1530,7 +1530,8 @@ static void shard_rule(PlanCtx *pc, const Frame *fr, Arg *arg, int stage)
 	}
 	Expr *moe_pat;
 	int moe = moe_rule_target(e->lhs, &moe_pat);
-	if (e->lhs && e->lhs->kind == E_NAME && !strcmp(e->lhs->text, "ring_attention"))
+	Expr *ring_name = e->lhs && e->lhs->kind == E_CALL ? e->lhs->lhs : e->lhs;
+	if (ring_name && ring_name->kind == E_NAME && !strcmp(ring_name->text, "ring_attention"))
 		ring_rule(pc, fr, e, stage);
 	else if (moe)
 		moe_rule(pc, fr, e, moe, moe_pat, stage);
@@ -1540,11 +1541,32 @@ static void shard_rule(PlanCtx *pc, const Frame *fr, Arg *arg, int stage)
 
 static void plan_stmts(PlanCtx *pc, const Frame *fr, PlanStmt *st, int stage);
 
-/* `shard ring_attention -> AXIS` (nn.context_parallel, docs/attention.md): attention over a
- * sequence split on AXIS passes K/V around a ring instead of gathering them. One axis per plan,
+/* The layout argument of `shard ring_attention(LAYOUT) -> AXIS`: balanced (the default: under a
+ * causal mask each rank holds two mirrored chunks) or contiguous; false after an error. */
+static bool ring_layout(const Frame *fr, const Expr *lhs, bool *contiguous)
+{
+	*contiguous = false;
+	if (lhs->kind != E_CALL)
+		return true;
+	const Expr *v = lhs->args && !lhs->args->next && !lhs->args->key ? lhs->args->value : NULL;
+	if (v && v->kind == E_NAME && (!strcmp(v->text, "contiguous") || !strcmp(v->text, "balanced"))) {
+		*contiguous = !strcmp(v->text, "contiguous");
+		return true;
+	}
+	perr(fr, fr->src, lhs->loc, "'ring_attention' takes one layout: balanced or contiguous");
+	diag_note_plain("balanced (the default) gives each rank two mirrored chunks of the sequence, so a causal mask "
+			"leaves every rank the same work; contiguous gives each rank one block");
+	return false;
+}
+
+/* `shard ring_attention[(LAYOUT)] -> AXIS` (nn.context_parallel, docs/attention.md): attention over
+ * a sequence split on AXIS passes K/V around a ring instead of gathering them. One axis per plan,
  * for every stage. */
 static void ring_rule(PlanCtx *pc, const Frame *fr, Expr *e, int stage)
 {
+	bool contiguous;
+	if (!ring_layout(fr, e->lhs, &contiguous))
+		return;
 	int ax = resolve_axis(pc, fr, e->rhs);
 	if (ax < 0)
 		return;
@@ -1562,6 +1584,7 @@ static void ring_rule(PlanCtx *pc, const Frame *fr, Expr *e, int stage)
 		return;
 	}
 	ps->ring_axis = ax;
+	ps->ring_contiguous = contiguous;
 	ps->ring_loc = e->loc;
 	ps->ring_src = fr->src;
 	if (fr->strategy) { /* located at the outermost `use` in the plan, as other strategy rules */

@@ -266,6 +266,10 @@ typedef struct Graph {
 	Schedule *sched;
 	ZeroSharding zero; /* zero.c */
 	GradSync sync;     /* sync.c */
+	/* shard.c: the ring axis's blocks are causally load-balanced (a causal ring attention, not
+	 * `ring_attention(contiguous)`): every dim split over the ring axis holds two chunks of 2 |axis|,
+	 * rank c the chunks c and 2 |axis| - 1 - c (Megatron-Core's layout; lower.c's block_mirrored) */
+	bool ring_mirrored;
 	/* the decode graph (decode.c): the next token's logits, the position input, the cache rows */
 	bool decode;
 	int logits, position;

@@ -1541,6 +1541,41 @@ static bool ring_possible(Shard *s, const Op *op, int mask)
 	return false;
 }
 
+/* A causal ring attention: the ring axis's blocks become two mirrored chunks each (Megatron-Core's
+ * causal load balancing, docs/attention.md), which needs the sequence to divide into 2 |axis|
+ * chunks. */
+static void ring_balance(Shard *s, const Op *op)
+{
+	const PlanSpec *ps = s->ps;
+	const Value *q = &s->g->vals[op->in[0]];
+	long long seq = q->dim[q->rank - 2], n = ps->axes[ps->ring_axis].size;
+	const Op *rope = NULL;
+	for (int i = 0; i < s->g->nops && !rope; i++)
+		if (s->g->ops[i].kind == OP_ROPE && s->g->ops[i].nin == 1) /* positions from the block offset */
+			rope = &s->g->ops[i];
+	if (seq % (2 * n) == 0 && !rope) {
+		s->g->ring_mirrored = true;
+		return;
+	}
+	if (!s->failed && rope) {
+		diag_error(ps->ring_src, ps->ring_loc, "causal ring attention over mesh axis '%s' does not support rope's "
+			   "positions with causal load balancing yet", ps->axes[ps->ring_axis].name);
+		if (rope->src)
+			diag_note(rope->src, rope->loc, "the rope");
+		diag_note_plain("write 'shard ring_attention(contiguous) -> %s' (one block per rank, unbalanced)",
+				ps->axes[ps->ring_axis].name);
+	} else if (!s->failed) {
+		diag_error(ps->ring_src, ps->ring_loc, "causal ring attention over mesh axis '%s' needs the sequence (%lld) "
+			   "to split into 2 x %lld chunks", ps->axes[ps->ring_axis].name, seq, n);
+		if (op->src)
+			diag_note(op->src, op->loc, "the attention it would run");
+		diag_note_plain("each rank holds two mirrored chunks so that every rank does the same causal work; make "
+				"the sequence a multiple of %lld, or write 'shard ring_attention(contiguous) -> %s'",
+				2 * n, ps->axes[ps->ring_axis].name);
+	}
+	s->failed = true;
+}
+
 /* `shard ring_attention -> axis` that no attention took: the sequence is not split over the axis
  * where attention runs, the attention is unfused, or Ulysses moved the split to the heads. */
 static void ring_unused(Shard *s)
@@ -1579,6 +1614,8 @@ static void rule_attention(Shard *s, Op *op, int a)
 	}
 	bool rows = sq == r - 2, ring = rows && a == s->ps->ring_axis && ring_possible(s, op, mask);
 	s->ring_ops += ring && !grad;
+	if (ring && !grad && op->n == 1 && !s->ps->ring_contiguous)
+		ring_balance(s, op);
 	long long n = s->ps->axes[a].size, q_heads = g->vals[op->in[0]].dim[r - 3];
 	for (int i = 1; i < nt; i++) {
 		int want = rows && !ring && (i == 1 || i == 2) ? LAYOUT_R : sq;

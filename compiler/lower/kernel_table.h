@@ -140,7 +140,7 @@
 	  KP(IN, in) KP(OUT, out) KP(FLAG, to_experts) KP(I32_IN, idx) KP(I64, pairs) KP(I64, experts) \
 	  KP(I64, slots) KP(I64, dim) KP(DTYPE, t) KP(COMM, c) KP(OUT, scratch)) \
 	X(SLICE_DIM, "slice", KC_COMPUTE, planrt_slice_dim, KDEV(planrt_cu_slice_dim), \
-	  KP(IN, in) KP(OUT, out) KP(INT, rank) KP(DIMS, dims) KP(INT, dim) KP(DTYPE, t) KP(COMM, c)) \
+	  KP(IN, in) KP(OUT, out) KP(INT, rank) KP(DIMS, dims) KP(INT, dim) KP(FLAG, mirrored) KP(DTYPE, t) KP(COMM, c)) \
 	X(FILL, "fill", KC_COMPUTE, planrt_fill, KDEV(planrt_cu_fill), \
 	  KP(OUT, dst) KP(I64, n) KP(DTYPE, t) KP(F64, value)) \
 	X(CAST, "cast", KC_COMPUTE, planrt_cast, KDEV(planrt_cu_cast), \
@@ -196,10 +196,10 @@
 	X(ALLREDUCE_DIM, "allreduce", KC_COMM, planrt_allreduce_dim, KDEV(planrt_cu_allreduce_dim), \
 	  KP(IN, in) KP(OUT, out) KP(I64, n) KP(DTYPE, t) KP(COMM, c)) \
 	X(REDUCE_SCATTER_DIM, "reduce_scatter", KC_COMM, planrt_reduce_scatter_dim, KDEV(planrt_cu_reduce_scatter_dim), \
-	  KP(IN, in) KP(OUT, out) KP(INT, rank) KP(DIMS, dims) KP(INT, dim) KP(DTYPE, t) KP(COMM, c) \
+	  KP(IN, in) KP(OUT, out) KP(INT, rank) KP(DIMS, dims) KP(INT, dim) KP(FLAG, mirrored) KP(DTYPE, t) KP(COMM, c) \
 	  KP(OUT, scratch)) \
 	X(ALLGATHER_DIM, "allgather", KC_COMM, planrt_allgather_dim, KDEV(planrt_cu_allgather_dim), \
-	  KP(IN, in) KP(OUT, out) KP(INT, rank) KP(DIMS, dims) KP(INT, dim) KP(DTYPE, t) KP(COMM, c) \
+	  KP(IN, in) KP(OUT, out) KP(INT, rank) KP(DIMS, dims) KP(INT, dim) KP(FLAG, mirrored) KP(DTYPE, t) KP(COMM, c) \
 	  KP(OUT, scratch)) \
 	X(ALLTOALL_DIM, "alltoall", KC_COMM, planrt_alltoall_dim, KDEV(planrt_cu_alltoall_dim), \
 	  KP(IN, in) KP(OUT, out) KP(INT, rank) KP(DIMS, dims) KP(INT, from_dim) KP(INT, to_dim) KP(DTYPE, t) \
@@ -331,13 +331,13 @@
 	  KP(F32_IN, q) KP(F32_IN, k) KP(F32_IN, v) KP(F32_IN, mask) KP(DIMS, mask_strides) KP(F32_OUT, out) \
 	  KP(F32_OUT, lse) KP(INT, rank) KP(DIMS, ldims) KP(I64, kv_heads) KP(I64, sk) KP(F64, scale) \
 	  KP(INT, mask_kind) KP(F64, p) KP(STEP_SEED, seed) KP(U64, key) KP(DIMS, gdims) KP(DIMS, offs) \
-	  KP(OUT, scratch) KP(I64, coord) KP(INT, step) KP(INT, size)) \
+	  KP(OUT, scratch) KP(I64, coord) KP(INT, step) KP(INT, size) KP(FLAG, mirrored)) \
 	X(RING_ATTENTION_GRAD, "ring_attention_grad", KC_COMPUTE, planrt_k_ring_attention_grad_f32, KDEV_HOST, \
 	  KP(F32_IN, q) KP(F32_IN, k) KP(F32_IN, v) KP(F32_IN, mask) KP(DIMS, mask_strides) KP(F32_IN, out) \
 	  KP(F32_IN, lse) KP(F32_IN, dout) KP(F32_OUT, dq) KP(F32_OUT, dk) KP(F32_OUT, dv) KP(INT, rank) \
 	  KP(DIMS, ldims) KP(I64, kv_heads) KP(I64, sk) KP(F64, scale) KP(INT, mask_kind) KP(F64, p) \
 	  KP(STEP_SEED, seed) KP(U64, key) KP(DIMS, gdims) KP(DIMS, offs) KP(OUT, scratch) KP(I64, coord) \
-	  KP(INT, step) KP(INT, size)) \
+	  KP(INT, step) KP(INT, size) KP(FLAG, mirrored)) \
 	X(RING_SHIFT, "ring_shift", KC_COMM, planrt_ring_shift_start, KDEV_HOST, \
 	  KP(IN, send) KP(OUT, recv) KP(I64, n) KP(DTYPE, t) KP(COMM, c) KP(INT, tag) KP(REQUEST, send_req) \
 	  KP(REQUEST, recv_req)) \

@@ -275,6 +275,12 @@ void karg_copy(LProg *p, Kernel *k, const KArg *a)
 	push_arg(p, k, a, false);
 }
 
+bool block_mirrored(const Lowered *low, const Buffer *b, int d)
+{
+	return low->g->ring_mirrored && d >= 0 && d < b->rank && b->split_axis[d] >= 0 &&
+	       b->split_axis[d] == low->ps->ring_axis && b->split_outer[d] < 0 && b->micro_dim != d;
+}
+
 static void karg_offset(LProg *p, Kernel *k, int b, int dim)
 {
 	KArg a = blank_arg(KA_OFFSET);
@@ -954,8 +960,13 @@ static Kernel *conversion_call(Lower *L, const Op *op, int oi, KernelKind kind, 
 	karg_int(L->p, k, L->g->vals[in].rank);
 	arg_dims(L, k, in);
 	karg_int(L->p, k, op->coll_dim);
-	if (dim2 >= 0)
+	bool mirrored = L->g->ring_mirrored && op->axis == L->g->ps->ring_axis; /* block_mirrored's split */
+	if (dim2 >= 0) {
+		internal_assert(!mirrored); /* no all-to-all on the ring axis: it splits only the sequence */
 		karg_int(L->p, k, dim2);
+	} else {
+		karg_int(L->p, k, mirrored);
+	}
 	karg(L->p, k, KA_DTYPE, L->g->vals[in].dtype);
 	karg(L->p, k, KA_AXIS, op->axis);
 	return k;

@@ -348,6 +348,11 @@ struct Lowered {
 	const Lowered *decode;
 };
 
+/* lower.c: whether buffer b's block on dim d is two mirrored chunks of the causally balanced ring
+ * (Graph.ring_mirrored): the chunks coord and 2 |axis| - 1 - coord of 2 |axis|. A block offset list
+ * (KA_OFFSET, dim < 0) has 2 x rank entries: where each dim's first half starts, then where its
+ * second half (local rows ldims / 2 on) starts; they differ from one block only on such a dim. */
+bool block_mirrored(const Lowered *low, const Buffer *b, int d);
 /* lower.c: the program of every stage and role, complete for the check and explain. */
 Lowered *lower(Graph *g);
 LProg *lowered_prog(const Lowered *low, int stage, int role); /* role: RANKROLE_* */

@@ -132,6 +132,7 @@ static void attend(Ring *R, int t, int k, int v, int dk, int dv)
 	karg_coord(p, a, 0, R->axis, 1);
 	karg_int(p, a, t);
 	karg_int(p, a, R->size);
+	karg_int(p, a, p->g->ring_mirrored); /* causal load balancing: blocks of two mirrored chunks */
 }
 
 static void requests(Ring *R, int *req, int n)

@@ -23,8 +23,11 @@
  *
  * Ring attention (context parallelism, compiler/lower/ring.c): planrt_k_ring_attention works on
  * one K/V block of the ring, the block that started on the rank at ring coordinate
- * (coord - step) mod size, so its keys sit at global offset key0 = that coordinate times sk: the
- * causal mask and dropout index the global key. Step 0 overwrites out and lse; later steps merge
+ * s = (coord - step) mod size, so its keys sit at global offset s sk: the causal mask and dropout
+ * index the global key. Under causal load balancing (`mirrored`) every block is two mirrored
+ * chunks, the chunks s and 2 size - 1 - s of 2 size (the queries' two halves come with their block
+ * offset list, planrt_block_split_dim): queries and keys are walked piece by piece (a tile never
+ * straddles two chunks), each piece at its global rows, so every rank has the same unmasked tiles. Step 0 overwrites out and lse; later steps merge
  * the block's partial result into them with the online-softmax rule (lse = logaddexp(lse_a,
  * lse_b), out = out_a exp(lse_a - lse) + out_b exp(lse_b - lse)). Its gradient accumulates dq
  * from step 1 on and writes this block's dk and dv (the ring carries their sums). */
@@ -49,10 +52,14 @@ typedef struct FN(AttnCall) {
 	uint64_t thr, seed, key;
 	double p;
 	int64_t gst[KMAX_RANK];
-	/* the head being worked on: its mask and dropout bases, its query rows' global offset */
-	int64_t mask_base, drop_base, row0;
-	int64_t key0;   /* the keys' global offset (ring attention's block; 0 otherwise) */
+	/* the head being worked on: its mask and dropout bases */
+	int64_t mask_base, drop_base;
+	/* the query rows and the keys in pieces (two: a balanced ring's mirrored chunks): piece i's local
+	 * rows [first, first + len), global row = local row + shift; qshift: the piece being walked */
+	int nqp, nkp;
+	int64_t qfirst[2], qlen[2], qs[2], kfirst[2], klen[2], kshift[2], qshift;
 	int merge;      /* forward: merge into out and lse (a ring step after the first) */
+	int64_t tiles, scores; /* query tile x key tile products done and their scores (planrt_attention_tiles_) */
 } FN(AttnCall);
 
 static void FN(attn_setup)(FN(AttnCall) *c, int rank, const int64_t *ldims, int64_t kv_heads, int64_t sk,
@@ -73,6 +80,41 @@ static void FN(attn_setup)(FN(AttnCall) *c, int rank, const int64_t *ldims, int6
 	for (int d = 0; d < rank - 3; d++)
 		c->nlead *= ldims[d];
 	kstrides(rank, gdims, c->gst);
+	int64_t half = c->sq / 2;
+	c->nqp = offs[2 * rank - 2] != offs[rank - 2] + half ? 2 : 1; /* mirrored query rows */
+	c->qfirst[0] = 0;
+	c->qlen[0] = c->nqp == 2 ? half : c->sq;
+	c->qs[0] = offs[rank - 2];
+	c->qfirst[1] = half;
+	c->qlen[1] = c->sq - half;
+	c->qs[1] = offs[2 * rank - 2] - half;
+	c->nkp = 1; /* every key, at global 0 (a ring step sets its block's) */
+	c->kfirst[0] = 0;
+	c->klen[0] = sk;
+	c->kshift[0] = 0;
+}
+
+/* the ring's block: it started on coordinate s = (coord - step) mod size; mirrored (causal load
+ * balancing) its chunks s and 2 size - 1 - s of 2 size, else block s */
+static void FN(attn_ring_keys)(FN(AttnCall) *c, int64_t coord, int step, int size, int mirrored)
+{
+	if (size <= 0 || coord < 0 || coord >= size || step < 0 || step >= size)
+		kfatal("ring attention: step or coordinate out of range");
+	int64_t s = (coord - step + size) % size, half = c->sk / 2;
+	if (mirrored) { /* the queries in their two chunks even where they meet (chunks size - 1, size) */
+		c->nqp = 2;
+		c->qlen[0] = c->sq / 2;
+	}
+	if (!mirrored) {
+		c->kshift[0] = s * c->sk;
+		return;
+	}
+	c->nkp = 2;
+	c->klen[0] = half;
+	c->kshift[0] = s * half;
+	c->kfirst[1] = half;
+	c->klen[1] = c->sk - half;
+	c->kshift[1] = (2 * size - 1 - s) * half - half;
 }
 
 /* Points c at head (b, h): b the flat index over the leading dims. */
@@ -87,14 +129,14 @@ static void FN(attn_head)(FN(AttnCall) *c, int64_t b, int64_t h)
 		gb += (i + c->offs[d]) * c->gst[d];
 	}
 	c->mask_base = mb + h * (c->mstr ? c->mstr[r - 3] : 0);
-	c->drop_base = gb + (h + c->offs[r - 3]) * c->gst[r - 3] + c->offs[r - 2] * c->gst[r - 2];
-	c->row0 = c->offs[r - 2];
+	c->drop_base = gb + (h + c->offs[r - 3]) * c->gst[r - 3];
 }
 
-/* The scores of query rows [i0, i0 + nq) against keys [j0, j0 + nk), scaled and masked, into
- * s[nq][ATTN_BK]: one GEMM (q_tile k_tile^T, OpenBLAS), then the masks; masked entries are -inf. */
+/* The scores of query rows [i0, i0 + nq) against keys [j0, j0 + nk) (of the key piece whose global
+ * key is local + kshift), scaled and masked, into s[nq][ATTN_BK]: one GEMM (q_tile k_tile^T,
+ * OpenBLAS), then the masks; masked entries are -inf. */
 static void FN(attn_scores)(const FN(AttnCall) *c, const T *qh, const T *kh, int64_t i0, int64_t nq, int64_t j0,
-			    int64_t nk, T *s)
+			    int64_t nk, int64_t kshift, T *s)
 {
 	KGEMM(CblasRowMajor, CblasNoTrans, CblasTrans, (int)nq, (int)nk, (int)c->dh, c->scale, qh + i0 * c->dh,
 	      (int)c->dh, kh + j0 * c->dh, (int)c->dh, 0, s, ATTN_BK);
@@ -108,32 +150,35 @@ static void FN(attn_scores)(const FN(AttnCall) *c, const T *qh, const T *kh, int
 		}
 		if (c->causal)
 			for (int64_t j = 0; j < nk; j++)
-				if (c->key0 + j0 + j > c->row0 + i0 + i)
+				if (kshift + j0 + j > c->qshift + i0 + i)
 					si[j] = -INFINITY;
 	}
 }
 
 /* The dropout keep mask of the tile (1: kept), as planrt_k_dropout draws it. */
-static void FN(attn_keep)(const FN(AttnCall) *c, int64_t i0, int64_t nq, int64_t j0, int64_t nk, uint8_t *keep)
+static void FN(attn_keep)(const FN(AttnCall) *c, int64_t i0, int64_t nq, int64_t j0, int64_t nk, int64_t kshift,
+			  uint8_t *keep)
 {
 	for (int64_t i = 0; i < nq; i++)
 		dropout_mask_row(keep + i * ATTN_BK, nk,
-				 (uint64_t)(c->drop_base + (i0 + i) * c->gst[c->rank - 2] + c->key0 + j0), 1,
+				 (uint64_t)(c->drop_base + (c->qshift + i0 + i) * c->gst[c->rank - 2] + kshift + j0), 1,
 				 c->thr, c->seed, c->key);
 }
 
-/* the last key a query tile [i0, i0 + nq) attends to, plus one */
-static int64_t FN(attn_key_end)(const FN(AttnCall) *c, int64_t i0, int64_t nq)
+/* the last key of key piece kp a query tile [i0, i0 + nq) attends to, plus one (its first key when
+ * it attends to none) */
+static int64_t FN(attn_key_end)(const FN(AttnCall) *c, int kp, int64_t i0, int64_t nq)
 {
+	int64_t first = c->kfirst[kp], end = first + c->klen[kp];
 	if (!c->causal)
-		return c->sk;
-	int64_t end = c->row0 + i0 + nq - c->key0;
-	return end < 0 ? 0 : end < c->sk ? end : c->sk;
+		return end;
+	int64_t last = c->qshift + i0 + nq - c->kshift[kp]; /* the causal bound in local keys */
+	return last < first ? first : last < end ? last : end;
 }
 
 /* One query tile of one head: the online softmax over its key tiles; the scores and P v are GEMMs
  * (OpenBLAS) on the tile, the softmax's rescaling is row by row between them. */
-static void FN(attn_forward_tile)(const FN(AttnCall) *c, const T *qh, const T *kh, const T *vh, int64_t i0,
+static void FN(attn_forward_tile)(FN(AttnCall) *c, const T *qh, const T *kh, const T *vh, int64_t i0,
 				  int64_t nq, T *oh, T *lh, T *work)
 {
 	int64_t dh = c->dh;
@@ -145,12 +190,14 @@ static void FN(attn_forward_tile)(const FN(AttnCall) *c, const T *qh, const T *k
 	}
 	for (int64_t i = 0; i < nq * dh; i++)
 		acc[i] = 0;
-	int64_t jend = FN(attn_key_end)(c, i0, nq);
-	for (int64_t j0 = 0; j0 < jend; j0 += ATTN_BK) {
+	for (int kp = 0; kp < c->nkp; kp++)
+	for (int64_t j0 = c->kfirst[kp], jend = FN(attn_key_end)(c, kp, i0, nq); j0 < jend; j0 += ATTN_BK) {
 		int64_t nk = jend - j0 < ATTN_BK ? jend - j0 : ATTN_BK;
-		FN(attn_scores)(c, qh, kh, i0, nq, j0, nk, s);
+		c->tiles++;
+		c->scores += nq * nk;
+		FN(attn_scores)(c, qh, kh, i0, nq, j0, nk, c->kshift[kp], s);
 		if (c->p > 0)
-			FN(attn_keep)(c, i0, nq, j0, nk, keep);
+			FN(attn_keep)(c, i0, nq, j0, nk, c->kshift[kp], keep);
 		for (int64_t i = 0; i < nq; i++) {
 			T *si = s + i * ATTN_BK, *ai = acc + i * dh;
 			T mt = FN(kmax)(si, nk), mnew = mt > m[i] ? mt : m[i];
@@ -200,11 +247,17 @@ static void FN(attn_forward)(FN(AttnCall) *c, const T *q, const T *k, const T *v
 		for (int64_t h = 0; h < c->heads; h++) {
 			FN(attn_head)(c, b, h);
 			int64_t qi = b * c->heads + h, ki = b * c->kv_heads + h / group;
-			for (int64_t i0 = 0; i0 < c->sq; i0 += ATTN_BQ)
-				FN(attn_forward_tile)(c, q + qi * c->sq * dh, k + ki * sk * dh, v + ki * sk * dh, i0,
-						      c->sq - i0 < ATTN_BQ ? c->sq - i0 : ATTN_BQ, out + qi * c->sq * dh,
-						      lse + qi * c->sq, (T *)scratch);
+			for (int qp = 0; qp < c->nqp; qp++) {
+				int64_t end = c->qfirst[qp] + c->qlen[qp];
+				c->qshift = c->qs[qp];
+				for (int64_t i0 = c->qfirst[qp]; i0 < end; i0 += ATTN_BQ)
+					FN(attn_forward_tile)(c, q + qi * c->sq * dh, k + ki * sk * dh, v + ki * sk * dh,
+							      i0, end - i0 < ATTN_BQ ? end - i0 : ATTN_BQ,
+							      out + qi * c->sq * dh, lse + qi * c->sq, (T *)scratch);
+			}
 		}
+	__atomic_add_fetch(&planrt_attention_tiles_[0], c->tiles, __ATOMIC_RELAXED);
+	__atomic_add_fetch(&planrt_attention_scores_[0], c->scores, __ATOMIC_RELAXED);
 }
 
 void FN(planrt_k_attention)(const T *q, const T *k, const T *v, const T *mask, const int64_t *mask_strides, T *out,
@@ -215,31 +268,27 @@ void FN(planrt_k_attention)(const T *q, const T *k, const T *v, const T *mask, c
 	KLEVEL(planrt_k_attention, (q, k, v, mask, mask_strides, out, lse, rank, ldims, kv_heads, sk, scale, mask_kind,
 				    p, seed, key, gdims, offs, scratch));
 	FN(AttnCall) c;
+	double t0 = planrt_now();
 	FN(attn_setup)(&c, rank, ldims, kv_heads, sk, scale, mask_kind, mask, mask_strides, p, seed, key, gdims, offs);
 	FN(attn_forward)(&c, q, k, v, out, lse, scratch);
-}
-
-/* the ring block's global key offset: the block started on coordinate (coord - step) mod size */
-static int64_t FN(attn_ring_key0)(int64_t coord, int step, int size, int64_t sk)
-{
-	if (size <= 0 || coord < 0 || coord >= size || step < 0 || step >= size)
-		kfatal("ring attention: step or coordinate out of range");
-	return (int64_t)((coord - step + size) % size) * sk;
+	planrt_attention_s_ += planrt_now() - t0;
 }
 
 void FN(planrt_k_ring_attention)(const T *q, const T *k, const T *v, const T *mask, const int64_t *mask_strides,
 				 T *out, T *lse, int rank, const int64_t *ldims, int64_t kv_heads, int64_t sk,
 				 double scale, int mask_kind, double p, uint64_t seed, uint64_t key,
 				 const int64_t *gdims, const int64_t *offs, void *scratch, int64_t coord, int step,
-				 int size)
+				 int size, int mirrored)
 {
 	KLEVEL(planrt_k_ring_attention, (q, k, v, mask, mask_strides, out, lse, rank, ldims, kv_heads, sk, scale,
-					 mask_kind, p, seed, key, gdims, offs, scratch, coord, step, size));
+					 mask_kind, p, seed, key, gdims, offs, scratch, coord, step, size, mirrored));
 	FN(AttnCall) c;
+	double t0 = planrt_now();
 	FN(attn_setup)(&c, rank, ldims, kv_heads, sk, scale, mask_kind, mask, mask_strides, p, seed, key, gdims, offs);
-	c.key0 = FN(attn_ring_key0)(coord, step, size, sk);
+	FN(attn_ring_keys)(&c, coord, step, size, mirrored);
 	c.merge = step > 0;
 	FN(attn_forward)(&c, q, k, v, out, lse, scratch);
+	planrt_attention_s_ += planrt_now() - t0;
 }
 
 /* One score row of the backward, in place: s (the scores) becomes the dropped probabilities
@@ -269,7 +318,7 @@ static void FN(attn_ds_row)(const FN(AttnCall) *c, T lse, T d, const uint8_t *ke
 /* One query tile of one head's backward: dq of its rows, its share of dk and dv. Per key tile, five
  * GEMMs (OpenBLAS) on the tile: S = q k^T (P recomputed from lse), dP = dout v^T, then with the
  * dropped probabilities Pd and dS = P (dP - D) scale: dv += Pd^T dout, dk += dS^T q, dq += dS k. */
-static void FN(attn_backward_tile)(const FN(AttnCall) *c, const T *const *in, T *const *grad, int64_t i0,
+static void FN(attn_backward_tile)(FN(AttnCall) *c, const T *const *in, T *const *grad, int64_t i0,
 				   int64_t nq, T *work)
 {
 	const T *qh = in[0], *kh = in[1], *vh = in[2], *oh = in[3], *lh = in[4], *doh = in[5];
@@ -280,12 +329,14 @@ static void FN(attn_backward_tile)(const FN(AttnCall) *c, const T *const *in, T 
 	const T *qt = qh + i0 * dh, *dot = doh + i0 * dh;
 	for (int64_t i = 0; i < nq; i++)
 		dd[i] = FN(kdot)(dot + i * dh, oh + (i0 + i) * dh, dh);
-	int64_t jend = FN(attn_key_end)(c, i0, nq);
-	for (int64_t j0 = 0; j0 < jend; j0 += ATTN_BK) {
+	for (int kp = 0; kp < c->nkp; kp++)
+	for (int64_t j0 = c->kfirst[kp], jend = FN(attn_key_end)(c, kp, i0, nq); j0 < jend; j0 += ATTN_BK) {
 		int64_t nk = jend - j0 < ATTN_BK ? jend - j0 : ATTN_BK;
-		FN(attn_scores)(c, qh, kh, i0, nq, j0, nk, s);
+		c->tiles++;
+		c->scores += nq * nk;
+		FN(attn_scores)(c, qh, kh, i0, nq, j0, nk, c->kshift[kp], s);
 		if (c->p > 0)
-			FN(attn_keep)(c, i0, nq, j0, nk, keep);
+			FN(attn_keep)(c, i0, nq, j0, nk, c->kshift[kp], keep);
 		/* dP (of the dropped probabilities) = dout v^T */
 		KGEMM(CblasRowMajor, CblasNoTrans, CblasTrans, (int)nq, (int)nk, dh, 1, dot, dh, vh + j0 * dh, dh, 0, dp,
 		      ATTN_BK);
@@ -317,10 +368,16 @@ static void FN(attn_backward)(FN(AttnCall) *c, const T *const *t, T *dq, T *dk, 
 			const T *in[6] = {t[0] + qi * c->sq * dh, t[1] + ki * sk * dh, t[2] + ki * sk * dh,
 					  t[3] + qi * c->sq * dh, t[4] + qi * c->sq, t[5] + qi * c->sq * dh};
 			T *grad[3] = {dq + qi * c->sq * dh, dk + ki * sk * dh, dv + ki * sk * dh};
-			for (int64_t i0 = 0; i0 < c->sq; i0 += ATTN_BQ)
-				FN(attn_backward_tile)(c, in, grad, i0, c->sq - i0 < ATTN_BQ ? c->sq - i0 : ATTN_BQ,
-						       (T *)scratch);
+			for (int qp = 0; qp < c->nqp; qp++) {
+				int64_t end = c->qfirst[qp] + c->qlen[qp];
+				c->qshift = c->qs[qp];
+				for (int64_t i0 = c->qfirst[qp]; i0 < end; i0 += ATTN_BQ)
+					FN(attn_backward_tile)(c, in, grad, i0, end - i0 < ATTN_BQ ? end - i0 : ATTN_BQ,
+							       (T *)scratch);
+			}
 		}
+	__atomic_add_fetch(&planrt_attention_tiles_[1], c->tiles, __ATOMIC_RELAXED);
+	__atomic_add_fetch(&planrt_attention_scores_[1], c->scores, __ATOMIC_RELAXED);
 }
 
 void FN(planrt_k_attention_grad)(const T *q, const T *k, const T *v, const T *mask, const int64_t *mask_strides,
@@ -332,9 +389,11 @@ void FN(planrt_k_attention_grad)(const T *q, const T *k, const T *v, const T *ma
 	KLEVEL(planrt_k_attention_grad, (q, k, v, mask, mask_strides, out, lse, dout, dq, dk, dv, rank, ldims, kv_heads,
 					 sk, scale, mask_kind, p, seed, key, gdims, offs, scratch));
 	FN(AttnCall) c;
+	double t0 = planrt_now();
 	FN(attn_setup)(&c, rank, ldims, kv_heads, sk, scale, mask_kind, mask, mask_strides, p, seed, key, gdims, offs);
 	const T *t[6] = {q, k, v, out, lse, dout};
 	FN(attn_backward)(&c, t, dq, dk, dv, 0, scratch);
+	planrt_attention_s_ += planrt_now() - t0;
 }
 
 void FN(planrt_k_ring_attention_grad)(const T *q, const T *k, const T *v, const T *mask,
@@ -342,14 +401,16 @@ void FN(planrt_k_ring_attention_grad)(const T *q, const T *k, const T *v, const 
 				      T *dk, T *dv, int rank, const int64_t *ldims, int64_t kv_heads, int64_t sk,
 				      double scale, int mask_kind, double p, uint64_t seed, uint64_t key,
 				      const int64_t *gdims, const int64_t *offs, void *scratch, int64_t coord, int step,
-				      int size)
+				      int size, int mirrored)
 {
 	KLEVEL(planrt_k_ring_attention_grad, (q, k, v, mask, mask_strides, out, lse, dout, dq, dk, dv, rank, ldims,
 					      kv_heads, sk, scale, mask_kind, p, seed, key, gdims, offs, scratch, coord,
-					      step, size));
+					      step, size, mirrored));
 	FN(AttnCall) c;
+	double t0 = planrt_now();
 	FN(attn_setup)(&c, rank, ldims, kv_heads, sk, scale, mask_kind, mask, mask_strides, p, seed, key, gdims, offs);
-	c.key0 = FN(attn_ring_key0)(coord, step, size, sk);
+	FN(attn_ring_keys)(&c, coord, step, size, mirrored);
 	const T *t[6] = {q, k, v, out, lse, dout};
 	FN(attn_backward)(&c, t, dq, dk, dv, step > 0, scratch);
+	planrt_attention_s_ += planrt_now() - t0;
 }

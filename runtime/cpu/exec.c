@@ -14,33 +14,52 @@
 void planrt_causal_mask_block_f32(const float *x, float *y, int64_t batch, int64_t rows, int64_t cols,
 				  const int64_t *offs, int rank, int gradient)
 {
-	planrt_k_causal_mask_f32(x, y, batch, rows, cols, offs[rank - 2], offs[rank - 1],
-				 gradient ? 0.0f : -INFINITY);
+	float fill = gradient ? 0.0f : -INFINITY;
+	if (offs[2 * rank - 1] != offs[rank - 1] + cols / 2)
+		planrt_fatal("causal mask: the key columns are split over a balanced ring; the ring attention keeps "
+			     "its keys in blocks, the unfused mask needs them whole");
+	if (offs[2 * rank - 2] == offs[rank - 2] + rows / 2) {
+		planrt_k_causal_mask_f32(x, y, batch, rows, cols, offs[rank - 2], offs[rank - 1], fill);
+		return;
+	}
+	/* the query rows are two mirrored chunks (a balanced ring's): each half at its global rows */
+	int64_t half = rows / 2;
+	for (int64_t b = 0; b < batch; b++)
+		for (int h = 0; h < 2; h++) {
+			size_t at = (size_t)((b * rows + (h ? half : 0)) * cols);
+			planrt_k_causal_mask_f32(x + at, y + at, 1, h ? rows - half : half, cols,
+						 offs[h ? 2 * rank - 2 : rank - 2], offs[rank - 1], fill);
+		}
 }
 
 /* ------------------------------------------------------------------ packing */
 
-/* Splits dim `dim` of a [dims] tensor into n equal blocks and copies them to/from [n][block]. */
+/* Splits dim `dim` of a [dims] tensor into n equal blocks and copies them to/from [n][block]. A
+ * mirrored split (the causally balanced ring, docs/attention.md) cuts the dim into 2n chunks and
+ * block p is the chunks p and 2n - 1 - p. */
 static void pack_blocks(const void *tensor, void *packed, int rank, const int64_t *dims, int dim, int n, size_t elem,
-			int to_packed)
+			int to_packed, int mirrored)
 {
 	int64_t outer = 1, inner = 1;
 	for (int d = 0; d < dim; d++)
 		outer *= dims[d];
 	for (int d = dim + 1; d < rank; d++)
 		inner *= dims[d];
-	int64_t bd = dims[dim] / n;
-	size_t chunk = (size_t)(bd * inner) * elem;
-	size_t block = chunk * (size_t)outer;
+	int pieces = mirrored ? 2 : 1;
+	int64_t rows = dims[dim] / n / pieces; /* rows of one chunk */
+	size_t chunk = (size_t)(rows * inner) * elem;
+	size_t block = chunk * (size_t)pieces * (size_t)outer;
 	for (int p = 0; p < n; p++)
-		for (int64_t o = 0; o < outer; o++) {
-			char *t = (char *)tensor + ((size_t)(o * dims[dim] + p * bd) * (size_t)inner) * elem;
-			char *b = (char *)packed + (size_t)p * block + (size_t)o * chunk;
-			if (to_packed)
-				memcpy(b, t, chunk);
-			else
-				memcpy(t, b, chunk);
-		}
+		for (int64_t o = 0; o < outer; o++)
+			for (int h = 0; h < pieces; h++) {
+				int64_t at = h ? 2 * (int64_t)n - 1 - p : p; /* the chunk's index */
+				char *t = (char *)tensor + ((size_t)(o * dims[dim] + at * rows) * (size_t)inner) * elem;
+				char *b = (char *)packed + (size_t)p * block + ((size_t)o * (size_t)pieces + (size_t)h) * chunk;
+				if (to_packed)
+					memcpy(b, t, chunk);
+				else
+					memcpy(t, b, chunk);
+			}
 }
 
 /* out = a copy of dims; returns their product (the tensor's elements) */
@@ -59,34 +78,34 @@ void planrt_allreduce_dim(const void *in, void *out, int64_t n, planrt_dtype_t t
 	PLANRT_CHECK(planrt_allreduce(in, out, (size_t)n, t, planrt_sum, c, NULL, NULL));
 }
 
-void planrt_reduce_scatter_dim(const void *in, void *out, int rank, const int64_t *dims, int dim, planrt_dtype_t t,
-			       planrt_comm_t c, void *scratch)
+void planrt_reduce_scatter_dim(const void *in, void *out, int rank, const int64_t *dims, int dim, int mirrored,
+			       planrt_dtype_t t, planrt_comm_t c, void *scratch)
 {
 	int n = planrt_comm_size(c);
 	int64_t total = 1;
 	for (int d = 0; d < rank; d++)
 		total *= dims[d];
 	const void *src = in;
-	if (dim > 0) {
-		pack_blocks(in, scratch, rank, dims, dim, n, planrt_dtype_size(t), 1);
+	if (dim > 0 || mirrored) {
+		pack_blocks(in, scratch, rank, dims, dim, n, planrt_dtype_size(t), 1, mirrored);
 		src = scratch;
 	}
 	PLANRT_CHECK(planrt_reduce_scatter(src, out, (size_t)(total / n), t, planrt_sum, c, NULL, NULL));
 }
 
-void planrt_allgather_dim(const void *in, void *out, int rank, const int64_t *dims, int dim, planrt_dtype_t t,
-			  planrt_comm_t c, void *scratch)
+void planrt_allgather_dim(const void *in, void *out, int rank, const int64_t *dims, int dim, int mirrored,
+			  planrt_dtype_t t, planrt_comm_t c, void *scratch)
 {
 	int n = planrt_comm_size(c);
 	int64_t full[8];
 	int64_t count = copy_dims(rank, dims, full);
 	full[dim] *= n;
-	if (dim == 0) {
+	if (dim == 0 && !mirrored) {
 		PLANRT_CHECK(planrt_allgather(in, out, (size_t)count, t, c, NULL, NULL));
 		return;
 	}
 	PLANRT_CHECK(planrt_allgather(in, scratch, (size_t)count, t, c, NULL, NULL));
-	pack_blocks(out, scratch, rank, full, dim, n, planrt_dtype_size(t), 0);
+	pack_blocks(out, scratch, rank, full, dim, n, planrt_dtype_size(t), 0, mirrored);
 }
 
 void planrt_alltoall_dim(const void *in, void *out, int rank, const int64_t *dims, int from_dim, int to_dim,
@@ -99,13 +118,13 @@ void planrt_alltoall_dim(const void *in, void *out, int rank, const int64_t *dim
 	outd[from_dim] *= n;
 	outd[to_dim] /= n;
 	char *send = scratch, *recv = (char *)scratch + (size_t)count * elem;
-	pack_blocks(in, send, rank, dims, to_dim, n, elem, 1);
+	pack_blocks(in, send, rank, dims, to_dim, n, elem, 1, 0);
 	PLANRT_CHECK(planrt_alltoall(send, recv, (size_t)(count / n), t, c, NULL, NULL));
-	pack_blocks(out, recv, rank, outd, from_dim, n, elem, 0);
+	pack_blocks(out, recv, rank, outd, from_dim, n, elem, 0, 0);
 }
 
-void planrt_slice_dim(const void *in, void *out, int rank, const int64_t *dims, int dim, planrt_dtype_t t,
-		      planrt_comm_t c)
+void planrt_slice_dim(const void *in, void *out, int rank, const int64_t *dims, int dim, int mirrored,
+		      planrt_dtype_t t, planrt_comm_t c)
 {
 	int n = planrt_comm_size(c), me = planrt_comm_rank(c);
 	size_t elem = planrt_dtype_size(t);
@@ -114,11 +133,15 @@ void planrt_slice_dim(const void *in, void *out, int rank, const int64_t *dims, 
 		outer *= dims[d];
 	for (int d = dim + 1; d < rank; d++)
 		inner *= dims[d];
-	int64_t bd = dims[dim] / n;
-	size_t chunk = (size_t)(bd * inner) * elem;
+	int pieces = mirrored ? 2 : 1;
+	int64_t rows = dims[dim] / n / pieces; /* a mirrored block: the chunks me and 2n - 1 - me */
+	size_t chunk = (size_t)(rows * inner) * elem;
 	for (int64_t o = 0; o < outer; o++)
-		memcpy((char *)out + (size_t)o * chunk,
-		       (const char *)in + ((size_t)(o * dims[dim] + me * bd) * (size_t)inner) * elem, chunk);
+		for (int h = 0; h < pieces; h++) {
+			int64_t at = h ? 2 * (int64_t)n - 1 - me : me;
+			memcpy((char *)out + ((size_t)o * (size_t)pieces + (size_t)h) * chunk,
+			       (const char *)in + ((size_t)(o * dims[dim] + at * rows) * (size_t)inner) * elem, chunk);
+		}
 }
 
 void planrt_bucket_allreduce(int n, void *const *bufs, const int64_t *counts, planrt_dtype_t t, planrt_comm_t c,

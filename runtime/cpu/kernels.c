@@ -163,6 +163,8 @@ static inline uint32_t philox_first(uint32_t c0, uint32_t c1, uint32_t c2, uint3
 /* Set while planrt_main evaluates held-out batches: dropout is the identity then, as in PyTorch's
  * eval mode. */
 int planrt_evaluating_;
+long long planrt_attention_tiles_[2], planrt_attention_scores_[2];
+double planrt_attention_s_;
 #endif
 
 /* The keep threshold: u / 2^32 >= p  <=>  u >= ceil(p 2^32) for integer u (p 2^32 is exact). */
@@ -305,29 +307,41 @@ static void dropout_mask_row(uint8_t *mask, int64_t n, uint64_t g0, int64_t gs, 
 	}
 }
 
-/* Fills the mask of a local block (see planrt_k_dropout_*) and returns the element count. */
+/* Fills the mask of a local block (see planrt_k_dropout_*) and returns the element count. A block
+ * in two halves that are apart in the global tensor (a balanced ring's, planrt_block_split_dim) is
+ * drawn half by half: each element keys on its global index. */
 static int64_t dropout_mask(uint8_t *mask, double p, uint64_t seed, uint64_t key, int rank, const int64_t *gdims,
 			    const int64_t *ldims, const int64_t *offs)
 {
-	int64_t gst[KMAX_RANK], lst[KMAX_RANK];
+	int64_t gst[KMAX_RANK] = {0}, lst[KMAX_RANK] = {0};
 	if (rank < 0 || rank > KMAX_RANK)
 		kfatal("dropout rank out of range");
 	kstrides(rank, gdims, gst);
 	kstrides(rank, ldims, lst);
-	uint64_t gbase = 0;
-	for (int d = 0; d < rank; d++)
-		gbase += (uint64_t)(offs[d] * gst[d]);
-	KView v;
-	kview_init(&v, rank, ldims, 2, lst, gst, NULL);
-	if (v.total == 0)
-		return 0;
-	uint64_t thr = dropout_threshold(p);
-	int64_t n = v.dims[v.rank - 1], gs = v.st[1][v.rank - 1];
-	for (int64_t done = 0; done < v.total; done += n) {
-		dropout_mask_row(mask + v.off[0], n, gbase + (uint64_t)v.off[1], gs, thr, seed, key);
-		kview_next(&v);
+	int m = planrt_block_split_dim(rank, ldims, offs);
+	int64_t total = 0;
+	for (int h = 0; h < (m < 0 ? 1 : 2); h++) {
+		int64_t hdims[KMAX_RANK], hoffs[2 * KMAX_RANK], first = 0;
+		if (m >= 0)
+			first = planrt_block_half(rank, ldims, offs, m, h, hdims, hoffs);
+		const int64_t *dims = m >= 0 ? hdims : ldims, *at = m >= 0 ? hoffs : offs;
+		uint64_t gbase = 0;
+		for (int d = 0; d < rank; d++)
+			gbase += (uint64_t)(at[d] * gst[d]);
+		KView v;
+		kview_init(&v, rank, dims, 2, lst, gst, NULL);
+		if (v.total == 0)
+			continue;
+		uint64_t thr = dropout_threshold(p);
+		uint8_t *base = mask + (m >= 0 ? first * lst[m] : 0);
+		int64_t n = v.dims[v.rank - 1], gs = v.st[1][v.rank - 1];
+		for (int64_t done = 0; done < v.total; done += n) {
+			dropout_mask_row(base + v.off[0], n, gbase + (uint64_t)v.off[1], gs, thr, seed, key);
+			kview_next(&v);
+		}
+		total += v.total;
 	}
-	return v.total;
+	return total;
 }
 
 /* kexpf and kerff, the vectorisable expf and erff, live in planrt_math.h (generated programs use

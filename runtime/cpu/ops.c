@@ -47,7 +47,8 @@ void planrt_check_labels(const int32_t *labels, int rank, const int64_t *ldims, 
 		rest = ldims[d] ? rest / ldims[d] : 0;
 	}
 	for (int d = 0; d < rank && len < (int)sizeof at - 24; d++)
-		len += snprintf(at + len, sizeof at - (size_t)len, "%s%lld", d ? ", " : "", (long long)(offs[d] + idx[d]));
+		len += snprintf(at + len, sizeof at - (size_t)len, "%s%lld", d ? ", " : "",
+				(long long)planrt_block_pos(rank, ldims, offs, d, idx[d]));
 	snprintf(at + len, sizeof at - (size_t)len, "]");
 	planrt_fatal("step %lld: label %d at %s of %s is outside the %lld classes of its cross_entropy; labels must be "
 		     "in [0, %lld): fix the data or the model's number of classes",

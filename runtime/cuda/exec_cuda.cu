@@ -82,14 +82,23 @@ static int64_t count_of(int rank, const int64_t *dims)
 
 /* ------------------------------------------------------------------ layout conversions */
 
+/* The causally balanced ring's split (two mirrored chunks per rank) has no device version: the ring
+ * itself runs only on the CPU target, which refuses it earlier (docs/attention.md). */
+static void no_mirrored_split(int mirrored)
+{
+	if (mirrored)
+		planrt_fatal("a causally balanced context-parallel split has no device version yet: build for the CPU target");
+}
+
 void planrt_cu_allreduce_dim(const void *in, void *out, int64_t n, planrt_dtype_t t, planrt_comm_t c, int stream)
 {
 	PLANRT_CHECK(planrt_allreduce(in, out, (size_t)n, t, planrt_sum, c, on(stream), NULL));
 }
 
-void planrt_cu_reduce_scatter_dim(const void *in, void *out, int rank, const int64_t *dims, int dim, planrt_dtype_t t,
+void planrt_cu_reduce_scatter_dim(const void *in, void *out, int rank, const int64_t *dims, int dim, int mirrored, planrt_dtype_t t,
 				  planrt_comm_t c, void *scratch, int stream)
 {
+	no_mirrored_split(mirrored);
 	int n = planrt_comm_size(c);
 	const void *src = in;
 	if (dim > 0) {
@@ -99,9 +108,10 @@ void planrt_cu_reduce_scatter_dim(const void *in, void *out, int rank, const int
 	PLANRT_CHECK(planrt_reduce_scatter(src, out, (size_t)(count_of(rank, dims) / n), t, planrt_sum, c, on(stream), NULL));
 }
 
-void planrt_cu_allgather_dim(const void *in, void *out, int rank, const int64_t *dims, int dim, planrt_dtype_t t,
+void planrt_cu_allgather_dim(const void *in, void *out, int rank, const int64_t *dims, int dim, int mirrored, planrt_dtype_t t,
 			     planrt_comm_t c, void *scratch, int stream)
 {
+	no_mirrored_split(mirrored);
 	int n = planrt_comm_size(c);
 	int64_t full[8] = {0};
 	for (int d = 0; d < rank; d++)
@@ -134,9 +144,10 @@ void planrt_cu_alltoall_dim(const void *in, void *out, int rank, const int64_t *
 }
 
 /* this rank's block of dim (exec.c's planrt_slice_dim): a copy of rows, no communication */
-void planrt_cu_slice_dim(const void *in, void *out, int rank, const int64_t *dims, int dim, planrt_dtype_t t,
+void planrt_cu_slice_dim(const void *in, void *out, int rank, const int64_t *dims, int dim, int mirrored, planrt_dtype_t t,
 			 planrt_comm_t c, int stream)
 {
+	no_mirrored_split(mirrored);
 	int n = planrt_comm_size(c), me = planrt_comm_rank(c);
 	size_t elem = planrt_dtype_size(t);
 	int64_t outer = 1, inner = 1;

@@ -127,7 +127,7 @@ static void run_attention(void *arg)
 {
 	Attn *a = arg;
 	int64_t h = a->ldims[1], s = a->ldims[2];
-	int64_t gdims[4] = {1, h, s, s}, offs[4] = {0, 0, 0, 0};
+	int64_t gdims[4] = {1, h, s, s}, offs[8] = {0, 0, 0, 0, 0, h / 2, s / 2, a->ldims[3] / 2};
 	double scale = 1.0 / 8.0;
 	planrt_k_attention_f32(a->q, a->k, a->v, NULL, NULL, a->out, a->lse, 4, a->ldims, h, s, scale, 1, 0, 0, 0,
 			       gdims, offs, a->scratch);

@@ -332,7 +332,7 @@ void planrt_print_help_(const char *prog_name, const planrt_program_t *p)
 	       "                        --resume CKPT: [--max-tokens N (32)] [--temperature T (0: greedy)]\n"
 	       "                        [--top-k K (0: all)] [--seed S] [--print-ids] [--logits FILE]%s\n"
 	       "environment: PLANRT_WATCHDOG=SECONDS (stall limit, 0 off), PLANRT_REPORT_MEMORY, "
-	       "PLANRT_REPORT_TIMING, PLANRT_REPORT_COMM (one stderr line per rank),\n"
+	       "PLANRT_REPORT_TIMING, PLANRT_REPORT_COMM, PLANRT_REPORT_ATTENTION (one stderr line per rank),\n"
 	       "  PLANRT_STRAGGLER=RANK:MS or random:MS (that rank, or one drawn per step, sleeps MS ms at each "
 	       "step's start),\n"
 	       "  PLANRT_ISA=LEVEL (the instruction-set level of the fused loops and kernels, one of the cpu line's;\n"

@@ -90,6 +90,12 @@ void planrt_report_run_(int rank, int stage_index, const planrt_program_t *p, co
 			rank, stage_index, timed_steps, timed_s, timed_s - wait_s, wait_s, update_s);
 	if (getenv("PLANRT_REPORT_COMM"))
 		report_comm(rank, p);
+	if (getenv("PLANRT_REPORT_ATTENTION")) /* the fused attention's work: equal on every rank of a balanced ring */
+		fprintf(stderr,
+			"planrt: rank %d: attention tiles forward=%lld backward=%lld scores forward=%lld backward=%lld "
+			"seconds=%.6f stage=%d\n",
+			rank, planrt_attention_tiles_[0], planrt_attention_tiles_[1], planrt_attention_scores_[0],
+			planrt_attention_scores_[1], planrt_attention_s_, stage_index);
 }
 
 void planrt_straggle_(const char *setting, int rank, int world, uint64_t seed, int64_t step)

@@ -328,6 +328,11 @@ void planrt_trace_write_part_(FILE *f, int rank, const char *process_name);
 void planrt_trace_reset_(void);
 /* kernels.c: while set (planrt_main's evaluation of held-out batches), dropout is the identity */
 extern int planrt_evaluating_;
+/* kernels.c: the fused attention's tile products so far on this rank (a query tile times a key tile
+ * not skipped by the causal mask) and the scores they computed: [0] forward, [1] backward, and the
+ * seconds its kernels took; PLANRT_REPORT_ATTENTION prints them */
+extern long long planrt_attention_tiles_[2], planrt_attention_scores_[2];
+extern double planrt_attention_s_;
 /* safetensors.c: planrt_st_write, with one more string in __metadata__ (meta_key NULL: none),
  * also returning the data's checksum ("fnv1a64:..."); and a tensor's raw data as stored (dtype a
  * planrt_dtype_t, or -1 for one planrt has no type for); and a file's __metadata__ string */

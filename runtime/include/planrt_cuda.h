@@ -129,7 +129,7 @@ void planrt_cu_k_repeat_kv_f32(const float *x, float *y, int64_t outer, int64_t 
 			       int64_t y_heads, int64_t y_head_lo, int stream);
 void planrt_cu_k_repeat_kv_grad_f32(const float *dy, float *dx, int64_t outer, int64_t heads, int64_t n_rep,
 				    int64_t inner, int64_t y_heads, int64_t y_head_lo, int stream);
-void planrt_cu_slice_dim(const void *in, void *out, int rank, const int64_t *dims, int dim, planrt_dtype_t t,
+void planrt_cu_slice_dim(const void *in, void *out, int rank, const int64_t *dims, int dim, int mirrored, planrt_dtype_t t,
 			 planrt_comm_t c, int stream);
 void planrt_cu_fill(void *dst, int64_t n, planrt_dtype_t t, double value, int stream);
 void planrt_cu_cast(const void *src, planrt_dtype_t from, void *dst, planrt_dtype_t to, int64_t n, int stream);
@@ -194,9 +194,9 @@ void planrt_cu_copy(void *dst, const void *src, int64_t bytes, int stream); /* o
 /* ------------------------------------------------------------------ communication (exec_cuda.cu, comm_nccl.c) */
 void planrt_cu_make_pair_comm(int axis, int a, int b, int index, int stream);
 void planrt_cu_allreduce_dim(const void *in, void *out, int64_t n, planrt_dtype_t t, planrt_comm_t c, int stream);
-void planrt_cu_reduce_scatter_dim(const void *in, void *out, int rank, const int64_t *dims, int dim, planrt_dtype_t t,
+void planrt_cu_reduce_scatter_dim(const void *in, void *out, int rank, const int64_t *dims, int dim, int mirrored, planrt_dtype_t t,
 				  planrt_comm_t c, void *scratch, int stream);
-void planrt_cu_allgather_dim(const void *in, void *out, int rank, const int64_t *dims, int dim, planrt_dtype_t t,
+void planrt_cu_allgather_dim(const void *in, void *out, int rank, const int64_t *dims, int dim, int mirrored, planrt_dtype_t t,
 			     planrt_comm_t c, void *scratch, int stream);
 void planrt_cu_alltoall_dim(const void *in, void *out, int rank, const int64_t *dims, int from_dim, int to_dim,
 			    planrt_dtype_t t, planrt_comm_t c, void *scratch, int stream);

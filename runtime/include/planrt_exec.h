@@ -18,16 +18,17 @@ void planrt_fill_f32(float *x, int64_t n, double value);
 void planrt_causal_mask_block_f32(const float *x, float *y, int64_t batch, int64_t rows, int64_t cols,
 				  const int64_t *offs, int rank, int gradient);
 
-/* Layout conversions on the communicator of one axis; dims are the input's local dims. */
+/* Layout conversions on the communicator of one axis; dims are the input's local dims. mirrored: the
+ * split is the causally balanced ring's (block p is the chunks p and 2n - 1 - p of 2n). */
 void planrt_allreduce_dim(const void *in, void *out, int64_t n, planrt_dtype_t t, planrt_comm_t c);
-void planrt_reduce_scatter_dim(const void *in, void *out, int rank, const int64_t *dims, int dim, planrt_dtype_t t,
-			       planrt_comm_t c, void *scratch);
-void planrt_allgather_dim(const void *in, void *out, int rank, const int64_t *dims, int dim, planrt_dtype_t t,
-			  planrt_comm_t c, void *scratch);
+void planrt_reduce_scatter_dim(const void *in, void *out, int rank, const int64_t *dims, int dim, int mirrored,
+			       planrt_dtype_t t, planrt_comm_t c, void *scratch);
+void planrt_allgather_dim(const void *in, void *out, int rank, const int64_t *dims, int dim, int mirrored,
+			  planrt_dtype_t t, planrt_comm_t c, void *scratch);
 void planrt_alltoall_dim(const void *in, void *out, int rank, const int64_t *dims, int from_dim, int to_dim,
 			 planrt_dtype_t t, planrt_comm_t c, void *scratch);
-void planrt_slice_dim(const void *in, void *out, int rank, const int64_t *dims, int dim, planrt_dtype_t t,
-		      planrt_comm_t c);
+void planrt_slice_dim(const void *in, void *out, int rank, const int64_t *dims, int dim, int mirrored,
+		      planrt_dtype_t t, planrt_comm_t c);
 
 /* ------------------------------------------------------------------ mixture of experts (moe.c)
  * The routing losses into a scalar: *loss = planrt_k_moe_aux_loss_f32 / planrt_k_moe_z_loss_f32

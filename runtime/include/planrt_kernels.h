@@ -22,6 +22,39 @@ enum { PLANRT_NO_TRANS = 0, PLANRT_TRANS = 1 };
 enum { PLANRT_OVERWRITE = 0, PLANRT_ACCUMULATE = 1 };
 /* the element-wise functions of planrt_k_unary: torch.sin, cos, exp, log, tanh, sigmoid */
 enum { PLANRT_SIN = 0, PLANRT_COS, PLANRT_EXP, PLANRT_LOG, PLANRT_TANH, PLANRT_SIGMOID };
+/* A block offset list (the offs of a kernel that works on a block of a global tensor) has 2 x rank
+ * entries: offs[d] is where the block's first half on dim d (local rows [0, ldims[d] / 2)) starts in
+ * the global tensor, offs[rank + d] where its second half starts. They are adjacent except on a
+ * dim split over a causally balanced context-parallel ring, where a rank holds the chunks c and
+ * 2n - 1 - c of 2n (docs/attention.md). planrt_block_split_dim: that dim, or -1;
+ * planrt_block_pos: the global index of local row l on dim d. */
+static inline int planrt_block_split_dim(int rank, const int64_t *ldims, const int64_t *offs)
+{
+	for (int d = 0; d < rank; d++)
+		if (offs[rank + d] != offs[d] + ldims[d] / 2)
+			return d;
+	return -1;
+}
+static inline int64_t planrt_block_pos(int rank, const int64_t *ldims, const int64_t *offs, int d, int64_t l)
+{
+	int64_t half = ldims[d] / 2;
+	return l < half ? offs[d] + l : offs[rank + d] + (l - half);
+}
+/* Half h of a block split on dim m as a block of its own: its local dims and offset list (the
+ * other dims as they were), and its first local row on dim m. */
+static inline int64_t planrt_block_half(int rank, const int64_t *ldims, const int64_t *offs, int m, int h,
+					int64_t *half_ldims, int64_t *half_offs)
+{
+	int64_t first = h ? ldims[m] / 2 : 0;
+	for (int d = 0; d < rank; d++) {
+		half_ldims[d] = d == m ? (h ? ldims[d] - first : ldims[d] / 2) : ldims[d];
+		half_offs[d] = d == m ? offs[h ? rank + d : d] : offs[d];
+	}
+	for (int d = 0; d < rank; d++)
+		half_offs[rank + d] = d == m ? half_offs[d] + half_ldims[d] / 2 : offs[rank + d];
+	return first;
+}
+
 /* torch.nn.functional.cross_entropy's default ignore_index */
 #define PLANRT_IGNORE_INDEX (-100)
 
@@ -178,19 +211,22 @@ enum { PLANRT_SIN = 0, PLANRT_COS, PLANRT_EXP, PLANRT_LOG, PLANRT_TANH, PLANRT_S
 					 int64_t sk, double scale, int mask_kind, double p, uint64_t seed,        \
 					 uint64_t key, const int64_t *gdims, const int64_t *offs, void *scratch); \
 	/* Ring attention (context parallelism): the call above on the K/V block of ring step `step` of  \
-	 * `size`, whose keys start at global key ((coord - step) mod size) * sk; the forward merges into  \
-	 * out and lse after step 0, the gradient accumulates dq after step 0 and writes the block's dk, dv. */ \
+	 * `size`, the block of coordinate s = (coord - step) mod size: keys from global s * sk, or, when  \
+	 * mirrored (causal load balancing), the chunks s and 2 size - 1 - s of 2 size; the forward merges \
+	 * into out and lse after step 0, the gradient accumulates dq after step 0 and writes the block's  \
+	 * dk, dv. */                                                                                       \
 	void planrt_k_ring_attention_##S(const T *q, const T *k, const T *v, const T *mask,                     \
 					 const int64_t *mask_strides, T *out, T *lse, int rank, const int64_t *ldims, \
 					 int64_t kv_heads, int64_t sk, double scale, int mask_kind, double p,     \
 					 uint64_t seed, uint64_t key, const int64_t *gdims, const int64_t *offs,  \
-					 void *scratch, int64_t coord, int step, int size);                          \
+					 void *scratch, int64_t coord, int step, int size, int mirrored);            \
 	void planrt_k_ring_attention_grad_##S(const T *q, const T *k, const T *v, const T *mask,                \
 					      const int64_t *mask_strides, const T *out, const T *lse,           \
 					      const T *dout, T *dq, T *dk, T *dv, int rank, const int64_t *ldims, \
 					      int64_t kv_heads, int64_t sk, double scale, int mask_kind, double p, \
 					      uint64_t seed, uint64_t key, const int64_t *gdims,                 \
-					      const int64_t *offs, void *scratch, int64_t coord, int step, int size); \
+					      const int64_t *offs, void *scratch, int64_t coord, int step, int size, \
+					      int mirrored);                                                      \
 	void planrt_k_softmax_grad_##S(const T *y, const T *dy, T *dx, int64_t rows, int64_t cols);              \
 	/* mean and rstd: [rows], saved for the backward. dw, db accumulate. */                                \
 	void planrt_k_layer_norm_##S(const T *x, const T *w, const T *b, T *y, float *mean, float *rstd,         \

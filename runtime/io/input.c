@@ -15,6 +15,7 @@
 #include "planrt.h"
 #include "planrt_dataset.h"
 #include "planrt_exec.h"
+#include "planrt_kernels.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -155,8 +156,42 @@ static void load_set_input(planrt_ctx_t *ctx, planrt_dataset_t d, void *dst, con
 	planrt_dataset_load_(d, sample_scratch, dst, name, t, rank, gdims, ldims, offs, classes);
 }
 
+static void load_block(planrt_ctx_t *ctx, void *dst, int input, const char *name, planrt_dtype_t t, int rank,
+		       const int64_t *gdims, const int64_t *ldims, const int64_t *offs, int64_t classes);
+
+/* A block in two halves apart in the global tensor (a balanced ring's: planrt_block_split_dim) is
+ * loaded half by half into a temporary block and placed. */
 void planrt_load_data(planrt_ctx_t *ctx, void *dst, int input, const char *name, planrt_dtype_t t, int rank,
 		      const int64_t *gdims, const int64_t *ldims, const int64_t *offs, int64_t classes)
+{
+	int m = rank >= 1 && rank <= 8 ? planrt_block_split_dim(rank, ldims, offs) : -1;
+	if (m < 0) {
+		load_block(ctx, dst, input, name, t, rank, gdims, ldims, offs, classes);
+		return;
+	}
+	size_t esize = planrt_dtype_size(t);
+	int64_t outer = 1, inner = 1, elems = 1;
+	for (int d = 0; d < rank; d++) {
+		outer *= d < m ? ldims[d] : 1;
+		inner *= d > m ? ldims[d] : 1;
+		elems *= ldims[d];
+	}
+	char *half = malloc((size_t)elems * esize + 1);
+	if (!half)
+		planrt_fatal("out of memory loading input '%s'", name);
+	for (int h = 0; h < 2; h++) {
+		int64_t hdims[8], hoffs[16];
+		int64_t first = planrt_block_half(rank, ldims, offs, m, h, hdims, hoffs);
+		planrt_load_data(ctx, half, input, name, t, rank, gdims, hdims, hoffs, classes);
+		size_t run = (size_t)(hdims[m] * inner) * esize;
+		for (int64_t o = 0; o < outer; o++)
+			memcpy((char *)dst + (size_t)((o * ldims[m] + first) * inner) * esize, half + (size_t)o * run, run);
+	}
+	free(half);
+}
+
+static void load_block(planrt_ctx_t *ctx, void *dst, int input, const char *name, planrt_dtype_t t, int rank,
+		       const int64_t *gdims, const int64_t *ldims, const int64_t *offs, int64_t classes)
 {
 	planrt_dataset_t d = planrt_data_set(ctx->data);
 	if (d) {

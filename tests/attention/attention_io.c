@@ -34,7 +34,7 @@ int main(int argc, char **argv)
 	float *q = read_floats(in, nq), *k = read_floats(in, nk), *v = read_floats(in, nk), *dout = read_floats(in, nq);
 	float *mask = kind == 2 ? read_floats(in, B * S) : NULL;
 	fclose(in);
-	int64_t ldims[4] = {B, H, S, Dh}, gdims[4] = {B, H, S, S}, offs[4] = {0, 0, 0, 0}, mstr[4] = {S, 0, 0, 1};
+	int64_t ldims[4] = {B, H, S, Dh}, gdims[4] = {B, H, S, S}, offs[8] = {0, 0, 0, 0, B / 2, H / 2, S / 2, Dh / 2}, mstr[4] = {S, 0, 0, 1};
 	float *out = calloc((size_t)nq, sizeof(float)), *lse = calloc((size_t)(B * H * S), sizeof(float));
 	float *dq = calloc((size_t)nq, sizeof(float)), *dk = calloc((size_t)nk, sizeof(float));
 	float *dv = calloc((size_t)nk, sizeof(float));

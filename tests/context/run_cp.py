@@ -2,10 +2,11 @@
 """tests/context: context parallelism (nn.context_parallel, ring attention; docs/attention.md).
 
 Every plan of tests/context/cp.plan is built (--verify-ir), trained for STEPS steps under
-`mpirun -np WORLD` on data/corpus.txt and compared with the single-rank plan: every step's loss
-within 1e-5 relative and the final weights within 1e-4 (dropout is on: the ring's blocks draw the
-single rank's Philox mask at their global key positions). For each run:
-- the program holds the ring (ring_attention kernels, no plain attention kernel);
+`mpirun -np WORLD` on data/corpus.txt and compared with its model's single-rank plan: every step's
+loss within 1e-5 relative and the final weights within 1e-4 (dropout is on: the ring's blocks draw
+the single rank's Philox mask at their global key positions). For each run:
+- the program holds the ring (ring_attention kernels, no plain attention kernel), load-balanced
+  (mirrored chunks) exactly where the attention is causal and the plan does not say contiguous;
 - planrt's per-kind, per-axis traffic counters equal explain's table (tests/lib/comm_bytes.py),
   and explain's sends on the ring axis are the ring's formula: per layer and step, the K and V
   blocks cp - 1 times forward, and in the backward the K and V blocks cp - 1 times plus their
@@ -13,6 +14,10 @@ single rank's Philox mask at their global key positions). For each run:
 - every rank's persistent state by kind and arena equal explain's (PLANRT_REPORT_MEMORY), and
   explain's activations per rank are the single rank's / cp, its FLOPs per rank the single rank's
   / (cp x data) (each rank attends its queries to every key block the ring brings).
+Causal load balancing does what it is for: planrt's count of attention tile products and their
+scores (PLANRT_REPORT_ATTENTION) is the same on every rank of the balanced cp4 and not of the
+contiguous one, whose busiest rank computes more scores; explain's step estimate follows (the
+busiest rank's).
 Then what is refused is refused: the CUDA target (the ring has no device kernels yet), an additive
 mask, bf16 storage and a ring that no attention takes, each with its file:line:col error.
 usage: run_cp.py PLANC REPO_ROOT [STEPS]
@@ -28,12 +33,16 @@ import harness  # noqa: E402  (tests/lib/harness.py)
 
 planc, root = sys.argv[1], sys.argv[2]
 steps = int(sys.argv[3]) if len(sys.argv) > 3 else 20
-env = harness.mpi_env(PLANRT_REPORT_COMM="1", PLANRT_REPORT_MEMORY="1")
+env = harness.mpi_env(PLANRT_REPORT_COMM="1", PLANRT_REPORT_MEMORY="1", PLANRT_REPORT_ATTENTION="1")
 work = harness.workdir("context")
 tally = harness.Tally("context parallelism")
 check = tally.check
 src = f"{root}/tests/context/cp.plan"
-PLANS = {"cp2": 2, "cp4": 4, "cp2_dp2": 2, "cp2_tp2": 2, "cp2_pp2": 2, "cp2_dp2_zero1_recompute": 2}  # plan: its ring size
+# plan: its ring size, its single-rank reference, whether the ring is load-balanced (mirrored chunks)
+PLANS = {"cp2": (2, "single", True), "cp4": (4, "single", True), "cp2_dp2": (2, "single", True),
+         "cp2_tp2": (2, "single", True), "cp2_pp2": (2, "single", True),
+         "cp2_dp2_zero1_recompute": (2, "single", True), "cp4_contiguous": (4, "single", False),
+         "bert_cp2": (2, "bert_single", False)}
 # the model's sizes (cp.plan): batch, heads, sequence, head dim, layers
 B, H, S, DH, L = 4, 4, 256, 16, 2
 
@@ -54,10 +63,20 @@ def train(plan):
             "explain": d}, None
 
 
+def attention_work(stderr):
+    """planrt's attention counters per rank (PLANRT_REPORT_ATTENTION): {rank: (tiles forward, backward,
+    scores forward, backward)}"""
+    return {int(m.group(1)): tuple(int(m.group(i)) for i in range(2, 6)) for m in re.finditer(
+        r"planrt: rank (\d+): attention tiles forward=(\d+) backward=(\d+) scores forward=(\d+) backward=(\d+)",
+        stderr)}
+
+
 def kernels(plan):
     dump = subprocess.run([planc, "check", src, "--plan", plan, "--dump-after=ring"], capture_output=True,
                           text=True).stdout
-    return len(re.findall(r" (?:c\d+ )?ring_attention\(", dump)), len(re.findall(r" (?:c\d+ )?attention\(", dump))
+    mirrored = set(re.findall(r" (?:c\d+ )?ring_attention(?:_grad)?\(.*, (\d)\)$", dump, re.M))  # its last argument
+    return (len(re.findall(r" (?:c\d+ )?ring_attention\(", dump)), len(re.findall(r" (?:c\d+ )?attention\(", dump)),
+            mirrored)
 
 
 def ring_sends(d, axis="ctx"):
@@ -82,14 +101,21 @@ def check_memory(plan, run):
           "; ".join(bad[:2]) if bad else f"every rank's state and {roles[0]['program']['arena']}-byte arena as explained")
 
 
-ref, err = train("single")
-check("single trains", ref is not None, err or f"{steps} steps")
-single_role = harness.explain(planc, src, "single")["roles"][0]
-single_act, single_flops = single_role["bytes"]["activations_per_micro_batch"], single_role["flops_per_step"]
-for plan, cp in PLANS.items():
-    nring, nplain = kernels(plan)
-    check(f"{plan} ring", nring > 0 and nplain == 0, f"{nring} ring attention kernels, {nplain} plain ones")
+refs, single_act, single_flops = {}, {}, {}
+for name in ("single", "bert_single"):
+    refs[name], err = train(name)
+    check(f"{name} trains", refs[name] is not None, err or f"{steps} steps")
+    role = harness.explain(planc, src, name)["roles"][0]
+    single_act[name], single_flops[name] = role["bytes"]["activations_per_micro_batch"], role["flops_per_step"]
+runs = {}
+for plan, (cp, ref_name, balanced) in PLANS.items():
+    ref = refs[ref_name]
+    nring, nplain, mirrored = kernels(plan)
+    check(f"{plan} ring", nring > 0 and nplain == 0 and mirrored == {"1" if balanced else "0"},
+          f"{nring} ring attention kernels, {nplain} plain ones, mirrored chunks {sorted(mirrored)} "
+          f"(want {'1: causal, balanced' if balanced else '0: contiguous'})")
     run, err = train(plan)
+    runs[plan] = run
     if err or ref is None:
         check(f"{plan} trains", False, err or "no reference")
         continue
@@ -116,12 +142,31 @@ for plan, cp in PLANS.items():
     if stages == 1 and "tensor" not in d["mesh"] and "recompute" not in plan:
         flops = d["roles"][0]["flops_per_step"]
         # explain's JSON prints FLOPs to 6 significant digits
-        check(f"{plan} FLOPs 1/(cp x data)", abs(flops * cp * data - single_flops) <= 1e-5 * single_flops,
-              f"{flops:.6g} per rank, the single rank's {single_flops:.6g} / {cp * data} (the ring visits every key block)")
+        want_flops = single_flops[ref_name]
+        check(f"{plan} FLOPs 1/(cp x data)", abs(flops * cp * data - want_flops) <= 1e-5 * want_flops,
+              f"{flops:.6g} per rank, the single rank's {want_flops:.6g} / {cp * data} (the ring visits every key block)")
     if stages == 1 and data == 1 and "tensor" not in d["mesh"]:
         act = d["roles"][0]["bytes"]["activations_per_micro_batch"]
-        check(f"{plan} activations 1/cp", act * cp == single_act,
-              f"{act} bytes per rank, the single rank's {single_act} / {cp}")
+        check(f"{plan} activations 1/cp", act * cp == single_act[ref_name],
+              f"{act} bytes per rank, the single rank's {single_act[ref_name]} / {cp}")
+
+# causal load balancing: every rank of the balanced ring does the same attention tile products (and
+# scores: the products' sizes), the contiguous ring's last rank the most; explain's step is the
+# busiest rank's
+counts = {plan: attention_work(runs[plan]["stderr"]) if runs.get(plan) else {} for plan in ("cp4", "cp4_contiguous")}
+bal, con = counts["cp4"], counts["cp4_contiguous"]
+check("cp4 balanced: equal attention work per rank", len(bal) == 4 and len(set(bal.values())) == 1,
+      f"per rank (tiles forward, backward, scores forward, backward): {dict(sorted(bal.items()))}")
+busiest = lambda w, i: max(v[i] for v in w.values()) if w else 0  # noqa: E731
+check("cp4 contiguous: unequal, its busiest rank computes more scores",
+      len(con) == 4 and len({v[2:] for v in con.values()}) == 4 and busiest(con, 2) > busiest(bal, 2)
+      and busiest(con, 3) > busiest(bal, 3),
+      f"per rank {dict(sorted(con.items()))}; busiest rank's scores forward {busiest(con, 2)} vs balanced "
+      f"{busiest(bal, 2)}, backward {busiest(con, 3)} vs {busiest(bal, 3)}")
+if runs.get("cp4") and runs.get("cp4_contiguous"):
+    est = {plan: runs[plan]["explain"]["estimated_step_s"]["step"] for plan in ("cp4", "cp4_contiguous")}
+    check("explain: the balanced step is shorter", est["cp4"] < est["cp4_contiguous"],
+          f"estimated step {est['cp4']:.4g} s balanced, {est['cp4_contiguous']:.4g} s contiguous")
 
 # what is refused
 text = open(src).read()
@@ -131,6 +176,8 @@ cases = {
              "  precision bf16, master = f32\n}\n", "does not support bf16 or f16 storage yet"),
     "unfused": ("plan p for cpgpt {\n  mesh ctx = 2\n  batch B = 4\n  attention unfused\n"
                 "  use nn.context_parallel(ctx)\n}\n", "applies to no attention"),
+    "layout": ("plan p for cpgpt {\n  mesh ctx = 2\n  batch B = 4\n  shard S -> ctx\n"
+               "  shard ring_attention(striped) -> ctx\n}\n", "'ring_attention' takes one layout: balanced or contiguous"),
     "ulysses": ("plan p for cpgpt {\n  mesh ctx = 2\n  batch B = 4\n  use nn.ulysses(ctx)\n"
                 "  shard ring_attention -> ctx\n}\n", "applies to no attention"),
 }

@@ -37,7 +37,7 @@ static int run_case(int64_t S, int64_t dh, int64_t H, int64_t Hk, int mask_kind,
 {
 	unsigned seed = (unsigned)(S * 131 + dh * 7 + H + mask_kind * 3 + (p > 0));
 	int64_t B = 2, nq = B * H * S * dh, nk = B * Hk * S * dh, nl = B * H * S;
-	int64_t ldims[4] = {B, H, S, dh}, gdims[4] = {B, H, S, S}, offs[4] = {0, 0, 0, 0};
+	int64_t ldims[4] = {B, H, S, dh}, gdims[4] = {B, H, S, S}, offs[8] = {0, 0, 0, 0, B / 2, H / 2, S / 2, dh / 2};
 	int64_t mstr[4] = {S, 0, 0, 1}; /* a [B, 1, 1, S] key padding mask */
 	float *q = rnd(nq, &seed), *k = rnd(nk, &seed), *v = rnd(nk, &seed), *dout = rnd(nq, &seed);
 	float *mask = calloc((size_t)(B * S), sizeof(float));

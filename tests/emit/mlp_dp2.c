@@ -198,8 +198,8 @@ PLANRT_CPU_LOOP(loop8, (float *restrict out, const float *v16, const float *v15)
 static void forward_c0(planrt_ctx_t *ctx)
 {
 	(void)ctx;
-	planrt_load_data(ctx, tokens_0, 0, "tokens", planrt_i32, 2, (const int64_t[]){32, 16}, (const int64_t[]){16, 16}, (const int64_t[]){((int64_t)planrt_mesh_coord(AXIS_data) * 16) + (int64_t)ctx->micro * 32, 0}, -256); /* input */
-	planrt_load_data(ctx, targets_1, 1, "targets", planrt_i32, 2, (const int64_t[]){32, 16}, (const int64_t[]){16, 16}, (const int64_t[]){((int64_t)planrt_mesh_coord(AXIS_data) * 16) + (int64_t)ctx->micro * 32, 0}, 256); /* input */
+	planrt_load_data(ctx, tokens_0, 0, "tokens", planrt_i32, 2, (const int64_t[]){32, 16}, (const int64_t[]){16, 16}, (const int64_t[]){((int64_t)planrt_mesh_coord(AXIS_data) * 16) + (int64_t)ctx->micro * 32, 0, ((int64_t)planrt_mesh_coord(AXIS_data) * 16) + (int64_t)ctx->micro * 32 + 8, 8}, -256); /* input */
+	planrt_load_data(ctx, targets_1, 1, "targets", planrt_i32, 2, (const int64_t[]){32, 16}, (const int64_t[]){16, 16}, (const int64_t[]){((int64_t)planrt_mesh_coord(AXIS_data) * 16) + (int64_t)ctx->micro * 32, 0, ((int64_t)planrt_mesh_coord(AXIS_data) * 16) + (int64_t)ctx->micro * 32 + 8, 8}, 256); /* input */
 	planrt_k_embed_f32(p_embedding_weight, tokens_0, x_3, 256, 64, 0, 256); /* embed in embedding */
 	planrt_k_matmul_f32(1, 256, 256, 64, x_3, PLANRT_NO_TRANS, 1024, p_linear_weight, PLANRT_NO_TRANS, 0, matmul_6, 4096, PLANRT_OVERWRITE); /* matmul in linear */
 	loop4_at[planrt_cpu_level_](h_8, matmul_6, p_linear_bias); /* relu, 2 ops fused */
@@ -207,7 +207,7 @@ static void forward_c0(planrt_ctx_t *ctx)
 	loop6_at[planrt_cpu_level_](h_13, matmul_11, p_linear_1_bias); /* relu, 2 ops fused */
 	planrt_k_matmul_f32(1, 256, 256, 256, h_13, PLANRT_NO_TRANS, 4096, p_linear_2_weight, PLANRT_NO_TRANS, 0, matmul_16, 4096, PLANRT_OVERWRITE); /* matmul in linear_2 */
 	loop8_at[planrt_cpu_level_](logits_17, matmul_16, p_linear_2_bias); /* add in linear_2, 1 op fused */
-	planrt_check_labels(targets_1, 2, (const int64_t[]){16, 16}, (const int64_t[]){((int64_t)planrt_mesh_coord(AXIS_data) * 16) + (int64_t)ctx->micro * 32, 0}, 256, "input 'targets' (the targets of cross_entropy at examples/mlp.plan:14:10)", ctx->step); /* cross_entropy */
+	planrt_check_labels(targets_1, 2, (const int64_t[]){16, 16}, (const int64_t[]){((int64_t)planrt_mesh_coord(AXIS_data) * 16) + (int64_t)ctx->micro * 32, 0, ((int64_t)planrt_mesh_coord(AXIS_data) * 16) + (int64_t)ctx->micro * 32 + 8, 8}, 256, "input 'targets' (the targets of cross_entropy at examples/mlp.plan:14:10)", ctx->step); /* cross_entropy */
 	planrt_cross_entropy_f32(logits_17, targets_1, loss_18, cross_entropy_19, 256, 256, 0, 0.001953125, correct_45, NULL, scratch_46); /* cross_entropy */
 	planrt_loss_accumulate(loss_44, loss_18, 1); /* the step's loss */
 }

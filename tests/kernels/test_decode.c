@@ -44,7 +44,7 @@ static void check_decode(int64_t B, int64_t H, int64_t Hk, int64_t S, int64_t D)
 	float *q = random_floats(B * H * S * D), *k = random_floats(B * Hk * S * D), *v = random_floats(B * Hk * S * D);
 	float *full = calloc((size_t)(B * H * S * D), sizeof(float)), *lse = calloc((size_t)(B * H * S), sizeof(float));
 	void *scratch = malloc(sizeof(float) * (size_t)(3 * 64 * 64 + 3 * 64 * D + 3 * 64));
-	int64_t ldims[4] = {B, H, S, D}, gdims[4] = {B, H, S, S}, offs[4] = {0, 0, 0, 0}, mstr[4] = {0, 0, 0, 0};
+	int64_t ldims[4] = {B, H, S, D}, gdims[4] = {B, H, S, S}, offs[8] = {0, 0, 0, 0, B / 2, H / 2, S / 2, D / 2}, mstr[4] = {0, 0, 0, 0};
 	double scale = 1 / sqrt((double)D);
 	planrt_k_attention_f32(q, k, v, NULL, mstr, full, lse, 4, ldims, Hk, S, scale, 1, 0, 0, 0, gdims, offs, scratch);
 

@@ -673,7 +673,7 @@ static void xent_bwd(Case *c)
 }
 
 /* ---- dropout ----------------------------------------------------------------------------------- */
-static const int64_t dgd[3] = {4, 6, 8}, dld[3] = {2, 3, 5}, dof[3] = {1, 2, 3};
+static const int64_t dgd[3] = {4, 6, 8}, dld[3] = {2, 3, 5}, dof[6] = {1, 2, 3, 2, 3, 5}; /* offsets: first halves, second halves */
 #define DROP_P 0.3
 static uint8_t dmask[64];
 

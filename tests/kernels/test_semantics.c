@@ -284,7 +284,7 @@ static void test_dropout(void)
 	uint64_t seed = ((uint64_t)sk[0] << 32) | (uint64_t)sk[1], key = ((uint64_t)sk[2] << 32) | (uint64_t)sk[3];
 	int64_t start = (int64_t)sk[4];
 	double p = 0.37;
-	int64_t gd[1] = {start + 100}, ld[1] = {64}, of[1] = {start};
+	int64_t gd[1] = {start + 100}, ld[1] = {64}, of[2] = {start, start + 32}; /* offsets: first half, second half */
 	double x[64], y[64];
 	uint8_t mask[64];
 	for (int i = 0; i < 64; i++)
@@ -308,13 +308,14 @@ static void test_dropout(void)
 	report(ok, "dropout mask (f32, %s) = Philox-4x32-10 reference stream", planrt_cpu_name(planrt_cpu_level_));
 	/* a row whose element indices cross 2^32 (the counters' high word changes between lanes): the
 	 * vector lanes give what each element alone gives (a block of one element: the scalar path) */
-	int64_t big[1] = {((int64_t)1 << 32) + 64}, row[1] = {64}, at[1] = {((int64_t)1 << 32) - 37}, one1[1] = {1};
+	int64_t big[1] = {((int64_t)1 << 32) + 64}, row[1] = {64}, at[2] = {((int64_t)1 << 32) - 37, ((int64_t)1 << 32) - 37 + 32},
+		one1[1] = {1};
 	planrt_k_dropout_f32(x32, y32, mask, 0.5, seed, key, 1, big, row, at);
 	ok = 1;
 	for (int i = 0; i < 64; i++) {
 		uint8_t m1;
 		float y1;
-		int64_t ati[1] = {at[0] + i};
+		int64_t ati[2] = {at[0] + i, at[0] + i};
 		planrt_k_dropout_f32(&x32[i], &y1, &m1, 0.5, seed, key, 1, big, one1, ati);
 		ok &= m1 == mask[i];
 	}
@@ -322,7 +323,7 @@ static void test_dropout(void)
 
 	/* Random123 known answer: counter 0, key 0 gives 0x6627e8d5 first; kept iff u / 2^32 >= p */
 	double one = 1, o;
-	int64_t g1[1] = {1}, l1[1] = {1}, z1[1] = {0};
+	int64_t g1[1] = {1}, l1[1] = {1}, z1[2] = {0, 0};
 	double u0 = (double)0x6627e8d5u / 4294967296.0, u1 = (double)0x6627e8d6u / 4294967296.0;
 	planrt_k_dropout_f64(&one, &o, mask, u0, 0, 0, 1, g1, l1, z1);
 	int keep_at = mask[0];
@@ -338,7 +339,7 @@ static void test_dropout(void)
 	static const double ps[] = {0.1, 0.5, 0.9};
 	for (int k = 0; k < 3; k++) {
 		int64_t gdn[2] = {1024, 1024};
-		int64_t ofn[2] = {0, 0};
+		int64_t ofn[4] = {0, 0, 512, 512};
 		planrt_k_dropout_f32(xf, yf, mk, ps[k], 42, 7, 2, gdn, gdn, ofn);
 		long cnt = 0;
 		int vals = 1;
@@ -351,7 +352,7 @@ static void test_dropout(void)
 		       ps[k], frac, 1 - ps[k], 5 * sig);
 	}
 	/* another key, another mask: agreement ~ p^2 + (1-p)^2 */
-	int64_t gdn[2] = {1024, 1024}, ofn[2] = {0, 0};
+	int64_t gdn[2] = {1024, 1024}, ofn[4] = {0, 0, 512, 512};
 	planrt_k_dropout_f32(xf, yf, mk, 0.5, 42, 7, 2, gdn, gdn, ofn);
 	planrt_k_dropout_f32(xf, yf, mk2, 0.5, 42, 8, 2, gdn, gdn, ofn);
 	long same = 0;
@@ -390,7 +391,7 @@ static void test_dropout(void)
 	enum { A = 6, B = 10, Cc = 12 };
 	static double xs[A * B * Cc], ys[A * B * Cc];
 	static uint8_t full[A * B * Cc], part[A * B * Cc], want[A * B * Cc];
-	int64_t g3[3] = {A, B, Cc}, z3[3] = {0, 0, 0};
+	int64_t g3[3] = {A, B, Cc}, z3[6] = {0, 0, 0, A / 2, B / 2, Cc / 2};
 	for (int i = 0; i < A * B * Cc; i++)
 		xs[i] = 1;
 	planrt_k_dropout_f64(xs, ys, full, 0.5, 99, 5, 3, g3, g3, z3);
@@ -401,7 +402,8 @@ static void test_dropout(void)
 	};
 	for (unsigned k = 0; k < sizeof blocks / sizeof blocks[0]; k++) {
 		const int64_t *bl = blocks[k];
-		int64_t l3[3] = {bl[0], bl[1], bl[2]}, o3[3] = {bl[3], bl[4], bl[5]};
+		int64_t l3[3] = {bl[0], bl[1], bl[2]},
+			o3[6] = {bl[3], bl[4], bl[5], bl[3] + bl[0] / 2, bl[4] + bl[1] / 2, bl[5] + bl[2] / 2};
 		planrt_k_dropout_f64(xs, ys, part, 0.5, 99, 5, 3, g3, l3, o3);
 		planrt_k_block_copy(1, 3, g3, l3, o3, full, want, 1);
 		int64_t n = bl[0] * bl[1] * bl[2];
@@ -410,7 +412,7 @@ static void test_dropout(void)
 		       (long long)bl[5]);
 	}
 	/* the same tensor seen as rank 1 has the same global indices */
-	int64_t g1n[1] = {A * B * Cc}, l1n[1] = {100}, o1n[1] = {250};
+	int64_t g1n[1] = {A * B * Cc}, l1n[1] = {100}, o1n[2] = {250, 300};
 	planrt_k_dropout_f64(xs, ys, part, 0.5, 99, 5, 1, g1n, l1n, o1n);
 	report(!memcmp(part, full + 250, 100), "dropout mask depends on the global flat index only");
 }

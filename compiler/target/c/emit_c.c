@@ -207,6 +207,10 @@ static void offset_expr(Emit *e, int b, int d)
 {
 	const Buffer *x = &e->p->buf[b];
 	bool any = false;
+	if (block_mirrored(e->low, x, d)) { /* the first of two mirrored chunks: coord of 2 |axis| */
+		coord_expr(e, 0, x->split_axis[d], x->ldims[d] / 2);
+		return;
+	}
 	if (d < x->rank && x->split_axis[d] >= 0) {
 		coord_expr(e, 0, x->split_axis[d], x->ldims[d]);
 		any = true;
@@ -221,6 +225,25 @@ static void offset_expr(Emit *e, int b, int d)
 	}
 	if (!any)
 		fprintf(e->f, "0");
+}
+
+/* Where the second half of buffer b's block on dim d starts (a block offset list's second rank
+ * entries, docs/ir.md): the mirrored chunk 2 |axis| - 1 - coord, or the rows right after the first
+ * half. */
+static void second_half_expr(Emit *e, int b, int d)
+{
+	const Buffer *x = &e->p->buf[b];
+	long long half = d < x->rank ? x->ldims[d] / 2 : 0;
+	if (block_mirrored(e->low, x, d)) {
+		coord_expr(e, (2 * e->low->ps->axes[x->split_axis[d]].size - 1) * half, x->split_axis[d], -half);
+		return;
+	}
+	if (d >= x->rank || (x->split_axis[d] < 0 && x->micro_dim != d)) { /* a whole dim */
+		fprintf(e->f, "%lld", half);
+		return;
+	}
+	offset_expr(e, b, d);
+	fprintf(e->f, " + %lld", half);
 }
 
 /* An integer argument of an enum parameter type by its name: planrt's, a mesh axis's, or none. */
@@ -317,10 +340,14 @@ static void print_arg(Emit *e, const Kernel *k, int index)
 		if (a->dim >= 0) {
 			offset_expr(e, a->buf, a->dim);
 		} else {
+			int rank = e->p->buf[a->buf].rank;
 			fprintf(f, "(const int64_t[]){");
-			for (int d = 0; d < e->p->buf[a->buf].rank; d++) {
+			for (int d = 0; d < 2 * rank; d++) {
 				fprintf(f, d ? ", " : "");
-				offset_expr(e, a->buf, d);
+				if (d < rank)
+					offset_expr(e, a->buf, d);
+				else
+					second_half_expr(e, a->buf, d - rank);
 			}
 			fprintf(f, "}");
 		}

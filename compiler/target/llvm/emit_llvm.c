@@ -284,6 +284,8 @@ static LLVMValueRef block_offset(Gen *G, int b, int d)
 {
 	const Buffer *x = &G->p->buf[b];
 	LLVMValueRef v = NULL;
+	if (block_mirrored(G->low, x, d)) /* the first of two mirrored chunks: coord of 2 |axis| */
+		return coord(G, 0, x->split_axis[d], x->ldims[d] / 2);
 	if (d < x->rank && x->split_axis[d] >= 0)
 		v = coord(G, 0, x->split_axis[d], x->ldims[d]);
 	if (d < x->rank && x->split_outer[d] >= 0)
@@ -294,6 +296,16 @@ static LLVMValueRef block_offset(Gen *G, int b, int d)
 		v = v ? LLVMBuildAdd(G->b, v, rows, "") : rows;
 	}
 	return v ? v : i64c(G, 0);
+}
+
+/* Where the second half of buffer b's block on dim d starts, as emit_c.c's second_half_expr. */
+static LLVMValueRef second_half_offset(Gen *G, int b, int d)
+{
+	const Buffer *x = &G->p->buf[b];
+	long long half = d < x->rank ? x->ldims[d] / 2 : 0;
+	if (block_mirrored(G->low, x, d))
+		return coord(G, (2 * G->low->ps->axes[x->split_axis[d]].size - 1) * half, x->split_axis[d], -half);
+	return LLVMBuildAdd(G->b, block_offset(G, b, d), i64c(G, half), "");
 }
 
 /* A buffer's address (i8*): state through its global, views from their storage, transient
@@ -411,10 +423,11 @@ static LLVMValueRef arg_value(Gen *G, const KArg *a)
 	case KA_OFFSET: {
 		if (a->dim >= 0)
 			return block_offset(G, a->buf, a->dim);
-		int rank = G->p->buf[a->buf].rank;
-		LLVMValueRef array = alloca_array(G, G->t_i64, rank ? rank : 1);
-		for (int d = 0; d < rank; d++)
-			store_element(G, array, G->t_i64, rank ? rank : 1, d, block_offset(G, a->buf, d));
+		int rank = G->p->buf[a->buf].rank, n = rank ? 2 * rank : 1;
+		LLVMValueRef array = alloca_array(G, G->t_i64, n);
+		for (int d = 0; d < 2 * rank; d++)
+			store_element(G, array, G->t_i64, n, d,
+				      d < rank ? block_offset(G, a->buf, d) : second_half_offset(G, a->buf, d - rank));
 		return array;
 	}
 	case KA_SCALAR: { /* (double)b[0] * f, b[0] of the C type of b's storage */
