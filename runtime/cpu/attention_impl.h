@@ -199,38 +199,41 @@ static void FN(attn_forward_tile)(const FN(AttnCall) *c, const T *qh, const T *k
 /* A call split over the threads (planrt_parallel_for) by unit u = (leading index u / kv_heads, kv
  * head u % kv_heads): the unit's query heads (its group), one after the other as in one thread, so
  * that a kv head's dk and dv sum its query heads in the same order at every thread count. */
-typedef struct FN(AttnJob) {
+typedef struct FN(AttnJob) FN(AttnJob);
+struct FN(AttnJob) {
 	const FN(AttnCall) *c;
 	const T *const *in; /* forward: q k v; backward: q k v out lse dout */
 	T *const *out;      /* forward: out lse; backward: dq dk dv */
 	void *scratch;      /* the call's own: thread 0's */
-} FN(AttnJob);
+	/* every query tile of query head qi (flat) of unit u, c pointed at the head */
+	void (*head)(const FN(AttnCall) *c, const FN(AttnJob) *j, int64_t qi, int64_t u, T *work);
+};
 
-static T *FN(attn_work)(const FN(AttnJob) *j, int thread)
-{
-	if (thread == 0)
-		return (T *)j->scratch;
-	return (T *)planrt_thread_scratch(thread, sizeof(T) * (size_t)ATTN_SCRATCH_FLOATS(j->c->dh));
-}
-
-/* the forward of units [lo, hi): every query tile of their query heads */
-static void FN(attn_forward_units)(void *ctx, int64_t lo, int64_t hi, int thread)
+/* units [lo, hi) on one thread: its own copy of the call, pointed at each head in turn, and its
+ * own scratch */
+static void FN(attn_units)(void *ctx, int64_t lo, int64_t hi, int thread)
 {
 	const FN(AttnJob) *j = ctx;
-	FN(AttnCall) c = *j->c; /* attn_head points this thread's copy at each head */
-	T *work = FN(attn_work)(j, thread);
-	int64_t group = c.heads / c.kv_heads, dh = c.dh, sk = c.sk;
+	FN(AttnCall) c = *j->c;
+	T *work = thread == 0 ? (T *)j->scratch
+			      : (T *)planrt_thread_scratch(thread, sizeof(T) * (size_t)ATTN_SCRATCH_FLOATS(c.dh));
+	int64_t group = c.heads / c.kv_heads;
 	for (int64_t u = lo; u < hi; u++) {
 		int64_t b = u / c.kv_heads, h0 = u % c.kv_heads * group;
 		for (int64_t h = h0; h < h0 + group; h++) {
 			FN(attn_head)(&c, b, h);
-			int64_t qi = b * c.heads + h;
-			for (int64_t i0 = 0; i0 < c.sq; i0 += ATTN_BQ)
-				FN(attn_forward_tile)(&c, j->in[0] + qi * c.sq * dh, j->in[1] + u * sk * dh,
-						      j->in[2] + u * sk * dh, i0, c.sq - i0 < ATTN_BQ ? c.sq - i0 : ATTN_BQ,
-						      j->out[0] + qi * c.sq * dh, j->out[1] + qi * c.sq, work);
+			j->head(&c, j, b * c.heads + h, u, work);
 		}
 	}
+}
+
+static void FN(attn_forward_head)(const FN(AttnCall) *c, const FN(AttnJob) *j, int64_t qi, int64_t u, T *work)
+{
+	int64_t dh = c->dh, sk = c->sk;
+	for (int64_t i0 = 0; i0 < c->sq; i0 += ATTN_BQ)
+		FN(attn_forward_tile)(c, j->in[0] + qi * c->sq * dh, j->in[1] + u * sk * dh, j->in[2] + u * sk * dh, i0,
+				      c->sq - i0 < ATTN_BQ ? c->sq - i0 : ATTN_BQ, j->out[0] + qi * c->sq * dh,
+				      j->out[1] + qi * c->sq, work);
 }
 
 /* Every query tile of every head of a call set up in c. */
@@ -238,8 +241,8 @@ static void FN(attn_forward)(FN(AttnCall) *c, const T *q, const T *k, const T *v
 {
 	const T *in[3] = {q, k, v};
 	T *outs[2] = {out, lse};
-	FN(AttnJob) job = {c, in, outs, scratch};
-	planrt_parallel_for(c->nlead * c->kv_heads, FN(attn_forward_units), &job);
+	FN(AttnJob) job = {c, in, outs, scratch, FN(attn_forward_head)};
+	planrt_parallel_for(c->nlead * c->kv_heads, FN(attn_units), &job);
 }
 
 void FN(planrt_k_attention)(const T *q, const T *k, const T *v, const T *mask, const int64_t *mask_strides, T *out,
@@ -336,26 +339,15 @@ static void FN(attn_backward_tile)(const FN(AttnCall) *c, const T *const *in, T 
 	}
 }
 
-/* the backward of units [lo, hi): every query tile of their query heads */
-static void FN(attn_backward_units)(void *ctx, int64_t lo, int64_t hi, int thread)
+static void FN(attn_backward_head)(const FN(AttnCall) *c, const FN(AttnJob) *j, int64_t qi, int64_t u, T *work)
 {
-	const FN(AttnJob) *j = ctx;
-	FN(AttnCall) c = *j->c;
-	T *work = FN(attn_work)(j, thread);
 	const T *const *t = j->in;
-	int64_t group = c.heads / c.kv_heads, dh = c.dh, sk = c.sk;
-	for (int64_t u = lo; u < hi; u++) {
-		int64_t b = u / c.kv_heads, h0 = u % c.kv_heads * group;
-		for (int64_t h = h0; h < h0 + group; h++) {
-			FN(attn_head)(&c, b, h);
-			int64_t qi = b * c.heads + h;
-			const T *in[6] = {t[0] + qi * c.sq * dh, t[1] + u * sk * dh, t[2] + u * sk * dh,
-					  t[3] + qi * c.sq * dh, t[4] + qi * c.sq, t[5] + qi * c.sq * dh};
-			T *grad[3] = {j->out[0] + qi * c.sq * dh, j->out[1] + u * sk * dh, j->out[2] + u * sk * dh};
-			for (int64_t i0 = 0; i0 < c.sq; i0 += ATTN_BQ)
-				FN(attn_backward_tile)(&c, in, grad, i0, c.sq - i0 < ATTN_BQ ? c.sq - i0 : ATTN_BQ, work);
-		}
-	}
+	int64_t dh = c->dh, sk = c->sk;
+	const T *in[6] = {t[0] + qi * c->sq * dh, t[1] + u * sk * dh, t[2] + u * sk * dh,
+			  t[3] + qi * c->sq * dh, t[4] + qi * c->sq, t[5] + qi * c->sq * dh};
+	T *grad[3] = {j->out[0] + qi * c->sq * dh, j->out[1] + u * sk * dh, j->out[2] + u * sk * dh};
+	for (int64_t i0 = 0; i0 < c->sq; i0 += ATTN_BQ)
+		FN(attn_backward_tile)(c, in, grad, i0, c->sq - i0 < ATTN_BQ ? c->sq - i0 : ATTN_BQ, work);
 }
 
 /* The backward of a call set up in c: dq (+)= and dk, dv = (accumulate_dq: dq keeps its sum). */
@@ -368,8 +360,8 @@ static void FN(attn_backward)(FN(AttnCall) *c, const T *const *t, T *dq, T *dk, 
 	memset(dk, 0, sizeof(T) * (size_t)(c->nlead * c->kv_heads * sk * dh));
 	memset(dv, 0, sizeof(T) * (size_t)(c->nlead * c->kv_heads * sk * dh));
 	T *grads[3] = {dq, dk, dv};
-	FN(AttnJob) job = {c, t, grads, scratch};
-	planrt_parallel_for(c->nlead * c->kv_heads, FN(attn_backward_units), &job);
+	FN(AttnJob) job = {c, t, grads, scratch, FN(attn_backward_head)};
+	planrt_parallel_for(c->nlead * c->kv_heads, FN(attn_units), &job);
 }
 
 void FN(planrt_k_attention_grad)(const T *q, const T *k, const T *v, const T *mask, const int64_t *mask_strides,
