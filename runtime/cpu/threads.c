@@ -55,6 +55,7 @@ static struct {
 	pthread_cond_t work, done;
 	unsigned long generation; /* bumped per job; a worker runs each generation once */
 	int pending;              /* workers still running the job */
+	int busy;                 /* a call holds the pool (one at a time; another runs inline) */
 	planrt_chunk_fn fn;
 	void *ctx;
 	int64_t n;
@@ -191,6 +192,10 @@ void planrt_parallel_for(int64_t n, planrt_chunk_fn fn, void *ctx)
 		fn(ctx, 0, n, this_thread);
 		return;
 	}
+	if (__atomic_exchange_n(&pool.busy, 1, __ATOMIC_ACQUIRE)) { /* another thread's call holds the pool */
+		fn(ctx, 0, n, 0); /* thread 0's scratch is the call's own */
+		return;
+	}
 	int blas = openblas_get_num_threads && openblas_set_num_threads ? openblas_get_num_threads() : 1;
 	if (blas > 1) /* the chunks' GEMMs on one thread each, whatever the pool's size: the same bits */
 		openblas_set_num_threads(1);
@@ -215,6 +220,7 @@ void planrt_parallel_for(int64_t n, planrt_chunk_fn fn, void *ctx)
 	inside_pool = 0;
 	if (blas > 1)
 		openblas_set_num_threads(blas);
+	__atomic_store_n(&pool.busy, 0, __ATOMIC_RELEASE);
 }
 
 void *planrt_thread_scratch(int thread, size_t bytes)

@@ -57,7 +57,8 @@ void planrt_cpu_log_members(char *buf, size_t n);
  * a one-line error. planrt_parallel_for(n, fn, ctx) calls fn(ctx, lo, hi, thread) on contiguous
  * chunks covering [0, n), one per thread, by a rule that depends only on n and the thread count,
  * and returns when every chunk is done; split only over independent outputs, so that the results
- * are the same bits for any thread count. Nested calls run inline. planrt_thread_scratch gives
+ * are the same bits for any thread count. Nested calls, and a call from another thread while one
+ * holds the pool, run inline on the calling thread. planrt_thread_scratch gives
  * thread t (t > 0) a buffer of at least bytes that it keeps (thread 0 uses the kernel's own). */
 typedef void (*planrt_chunk_fn)(void *ctx, int64_t lo, int64_t hi, int thread);
 planrt_result_t planrt_threads_start(int rank);
