@@ -12,7 +12,8 @@
 # shared: take figures when it is lowest).
 #   small GPT (default): D 128, S 64, 4 heads, 4 layers, batch 16; plans single (1 rank) and dp2
 #   --large: D 512, S 256, 8 heads, 4 layers, batch 8; single, dp2, and 1 rank with 2 threads
-#            (OpenBLAS's and PyTorch's intra-op threads)
+#            (planrt's and OpenBLAS's threads, launched with mpirun --bind-to none; PyTorch's
+#            intra-op threads)
 # One thread per rank otherwise. Also times `planc build` for the examples (not with --large).
 # usage: bench/gpt_tokens.sh [PLANC] [STEPS] [--large] [--rounds R]   (from the repository root)
 planc=build/planc
@@ -81,7 +82,11 @@ for plan in $(echo "$cases" | tr ' ' '\n' | cut -d: -f2 | sort -u); do
 done
 
 planc_rate() { # PROGRAM RANKS THREADS -> tokens/s over the steps after the warm-up
-	OMP_NUM_THREADS=$3 OPENBLAS_NUM_THREADS=$3 mpirun -np "$2" "$1" --steps $((steps + warmup)) --data data/corpus.txt \
+	# mpirun binds each rank to one core when it starts 2 ranks or fewer: a threaded rank's threads
+	# would share that core (docs/cpu.md, "Threads")
+	bind=
+	[ "$3" -gt 1 ] && bind="--bind-to none"
+	OMP_NUM_THREADS=$3 OPENBLAS_NUM_THREADS=$3 mpirun $bind -np "$2" "$1" --steps $((steps + warmup)) --data data/corpus.txt \
 		--log "$tmp/run.jsonl" >"$tmp/run.out" 2>&1 || { tail -12 "$tmp/run.out" >&2; echo "$1 failed" >&2; exit 1; }
 	python3 -c "
 import json

@@ -223,7 +223,7 @@ set(QUICK_TESTS errors fmt_roundtrip cli explain_goldens explain_formulas explai
 set(MPI_TESTS runtime_collectives runtime_step_kernels runtime_watchdog runtime_watchdog_world_sum
     runtime_collectives_no_watchdog runtime_program runtime_program_cli sync_kernels sync_runs llvm_diff
     equiv_gpt equiv_moe equiv_mlp equiv_ops equiv_others equiv_sweep attention_fused context_parallel torch_reference memory offload checkpoint fp16
-    program_errors program_failures observe generate cuda_sync_math cpu_levels data_runs resume_guard outputs
+    program_errors program_failures observe generate cuda_sync_math cpu_levels cpu_threads data_runs resume_guard outputs
     cuda_comm_staged cuda_comm_staged_watchdog cuda_comm_staged_local cuda_local_mpi soak calibrate emit_layer_loops)
 set(CUDA_TESTS llvm_ptxas cuda_build cuda_one_process)
 set(TORCH_TESTS torch_reference attention_torch generate)
@@ -232,7 +232,7 @@ set(TORCH_TESTS torch_reference attention_torch generate)
 # else its wall seconds in the last full `ctest -j2` (the merge of 2026-12-02 at load 4-7,
 # CTestCostData.txt)
 set(TEST_COSTS equiv_gpt 470 cuda_build 405 llvm_diff 225 equiv_sweep 128 offload 122 fuzz_build 121
-    cpu_levels 92 equiv_moe 92 sync_runs 90 equiv_others 83 torch_reference 72 fuzz 71 checkpoint 63
+    cpu_levels 92 cpu_threads 60 equiv_moe 92 sync_runs 90 equiv_others 83 torch_reference 72 fuzz 71 checkpoint 63
     cuda_one_process 62 memory 61 resume_guard 60 program_errors 58 data_runs 43 fp16 38 attention_fused 38
     equiv_mlp 37 soak 28 cuda_local_mpi 27 program_failures 23 observe 20 search 22 scale_search 40 kernels_matmul_bf16 17
     scale_compile_time 16 explain_goldens_large 15 scale 13 equiv_ops 12 cli 11 outputs 11 cuda_sync_math 11

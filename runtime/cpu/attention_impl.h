@@ -21,6 +21,10 @@
  * and the unfused graphs drop the same probabilities. scratch: ATTN_SCRATCH_FLOATS(Dh) floats,
  * which lower.c sizes by the same formula.
  *
+ * Threads (planrt_parallel_for): a call splits over (leading index, kv head); each thread works
+ * on its own copy of the call and its own scratch (the call's for the first thread), so the bits
+ * are the same at every thread count.
+ *
  * Ring attention (context parallelism, compiler/lower/ring.c): planrt_k_ring_attention works on
  * one K/V block of the ring, the block that started on the rank at ring coordinate
  * s = (coord - step) mod size, so its keys sit at global offset s sk: the causal mask and dropout
@@ -239,25 +243,61 @@ static void FN(attn_forward_tile)(FN(AttnCall) *c, const T *qh, const T *kh, con
 	}
 }
 
+/* A call split over the threads (planrt_parallel_for) by unit u = (leading index u / kv_heads, kv
+ * head u % kv_heads): the unit's query heads (its group), one after the other as in one thread, so
+ * that a kv head's dk and dv sum its query heads in the same order at every thread count. */
+typedef struct FN(AttnJob) FN(AttnJob);
+struct FN(AttnJob) {
+	const FN(AttnCall) *c;
+	const T *const *in; /* forward: q k v; backward: q k v out lse dout */
+	T *const *out;      /* forward: out lse; backward: dq dk dv */
+	void *scratch;      /* the call's own: thread 0's */
+	/* every query tile of query head qi (flat) of unit u, c pointed at the head */
+	void (*head)(FN(AttnCall) *c, const FN(AttnJob) *j, int64_t qi, int64_t u, T *work);
+	int phase; /* 0 forward, 1 backward: which of planrt_attention_tiles_/scores_ the counts go to */
+};
+
+/* units [lo, hi) on one thread: its own copy of the call, pointed at each head in turn, and its
+ * own scratch */
+static void FN(attn_units)(void *ctx, int64_t lo, int64_t hi, int thread)
+{
+	const FN(AttnJob) *j = ctx;
+	FN(AttnCall) c = *j->c;
+	T *work = thread == 0 ? (T *)j->scratch
+			      : (T *)planrt_thread_scratch(thread, sizeof(T) * (size_t)ATTN_SCRATCH_FLOATS(c.dh));
+	int64_t group = c.heads / c.kv_heads;
+	for (int64_t u = lo; u < hi; u++) {
+		int64_t b = u / c.kv_heads, h0 = u % c.kv_heads * group;
+		for (int64_t h = h0; h < h0 + group; h++) {
+			FN(attn_head)(&c, b, h);
+			j->head(&c, j, b * c.heads + h, u, work);
+		}
+	}
+	__atomic_add_fetch(&planrt_attention_tiles_[j->phase], c.tiles, __ATOMIC_RELAXED);
+	__atomic_add_fetch(&planrt_attention_scores_[j->phase], c.scores, __ATOMIC_RELAXED);
+}
+
+/* Every query tile of head qi, piece by piece (a mirrored ring block holds two pieces of rows). */
+static void FN(attn_forward_head)(FN(AttnCall) *c, const FN(AttnJob) *j, int64_t qi, int64_t u, T *work)
+{
+	int64_t dh = c->dh, sk = c->sk;
+	for (int qp = 0; qp < c->nqp; qp++) {
+		int64_t end = c->qfirst[qp] + c->qlen[qp];
+		c->qshift = c->qs[qp];
+		for (int64_t i0 = c->qfirst[qp]; i0 < end; i0 += ATTN_BQ)
+			FN(attn_forward_tile)(c, j->in[0] + qi * c->sq * dh, j->in[1] + u * sk * dh,
+					      j->in[2] + u * sk * dh, i0, end - i0 < ATTN_BQ ? end - i0 : ATTN_BQ,
+					      j->out[0] + qi * c->sq * dh, j->out[1] + qi * c->sq, work);
+	}
+}
+
 /* Every query tile of every head of a call set up in c. */
 static void FN(attn_forward)(FN(AttnCall) *c, const T *q, const T *k, const T *v, T *out, T *lse, void *scratch)
 {
-	int64_t group = c->heads / c->kv_heads, dh = c->dh, sk = c->sk;
-	for (int64_t b = 0; b < c->nlead; b++)
-		for (int64_t h = 0; h < c->heads; h++) {
-			FN(attn_head)(c, b, h);
-			int64_t qi = b * c->heads + h, ki = b * c->kv_heads + h / group;
-			for (int qp = 0; qp < c->nqp; qp++) {
-				int64_t end = c->qfirst[qp] + c->qlen[qp];
-				c->qshift = c->qs[qp];
-				for (int64_t i0 = c->qfirst[qp]; i0 < end; i0 += ATTN_BQ)
-					FN(attn_forward_tile)(c, q + qi * c->sq * dh, k + ki * sk * dh, v + ki * sk * dh,
-							      i0, end - i0 < ATTN_BQ ? end - i0 : ATTN_BQ,
-							      out + qi * c->sq * dh, lse + qi * c->sq, (T *)scratch);
-			}
-		}
-	__atomic_add_fetch(&planrt_attention_tiles_[0], c->tiles, __ATOMIC_RELAXED);
-	__atomic_add_fetch(&planrt_attention_scores_[0], c->scores, __ATOMIC_RELAXED);
+	const T *in[3] = {q, k, v};
+	T *outs[2] = {out, lse};
+	FN(AttnJob) job = {c, in, outs, scratch, FN(attn_forward_head), 0};
+	planrt_parallel_for(c->nlead * c->kv_heads, FN(attn_units), &job);
 }
 
 void FN(planrt_k_attention)(const T *q, const T *k, const T *v, const T *mask, const int64_t *mask_strides, T *out,
@@ -352,32 +392,33 @@ static void FN(attn_backward_tile)(FN(AttnCall) *c, const T *const *in, T *const
 	}
 }
 
+static void FN(attn_backward_head)(FN(AttnCall) *c, const FN(AttnJob) *j, int64_t qi, int64_t u, T *work)
+{
+	const T *const *t = j->in;
+	int64_t dh = c->dh, sk = c->sk;
+	const T *in[6] = {t[0] + qi * c->sq * dh, t[1] + u * sk * dh, t[2] + u * sk * dh,
+			  t[3] + qi * c->sq * dh, t[4] + qi * c->sq, t[5] + qi * c->sq * dh};
+	T *grad[3] = {j->out[0] + qi * c->sq * dh, j->out[1] + u * sk * dh, j->out[2] + u * sk * dh};
+	for (int qp = 0; qp < c->nqp; qp++) {
+		int64_t end = c->qfirst[qp] + c->qlen[qp];
+		c->qshift = c->qs[qp];
+		for (int64_t i0 = c->qfirst[qp]; i0 < end; i0 += ATTN_BQ)
+			FN(attn_backward_tile)(c, in, grad, i0, end - i0 < ATTN_BQ ? end - i0 : ATTN_BQ, work);
+	}
+}
+
 /* The backward of a call set up in c: dq (+)= and dk, dv = (accumulate_dq: dq keeps its sum). */
 static void FN(attn_backward)(FN(AttnCall) *c, const T *const *t, T *dq, T *dk, T *dv, int accumulate_dq,
 			      void *scratch)
 {
-	int64_t group = c->heads / c->kv_heads, dh = c->dh, sk = c->sk;
+	int64_t dh = c->dh, sk = c->sk;
 	if (!accumulate_dq)
 		memset(dq, 0, sizeof(T) * (size_t)(c->nlead * c->heads * c->sq * dh));
 	memset(dk, 0, sizeof(T) * (size_t)(c->nlead * c->kv_heads * sk * dh));
 	memset(dv, 0, sizeof(T) * (size_t)(c->nlead * c->kv_heads * sk * dh));
-	for (int64_t b = 0; b < c->nlead; b++)
-		for (int64_t h = 0; h < c->heads; h++) {
-			FN(attn_head)(c, b, h);
-			int64_t qi = b * c->heads + h, ki = b * c->kv_heads + h / group;
-			const T *in[6] = {t[0] + qi * c->sq * dh, t[1] + ki * sk * dh, t[2] + ki * sk * dh,
-					  t[3] + qi * c->sq * dh, t[4] + qi * c->sq, t[5] + qi * c->sq * dh};
-			T *grad[3] = {dq + qi * c->sq * dh, dk + ki * sk * dh, dv + ki * sk * dh};
-			for (int qp = 0; qp < c->nqp; qp++) {
-				int64_t end = c->qfirst[qp] + c->qlen[qp];
-				c->qshift = c->qs[qp];
-				for (int64_t i0 = c->qfirst[qp]; i0 < end; i0 += ATTN_BQ)
-					FN(attn_backward_tile)(c, in, grad, i0, end - i0 < ATTN_BQ ? end - i0 : ATTN_BQ,
-							       (T *)scratch);
-			}
-		}
-	__atomic_add_fetch(&planrt_attention_tiles_[1], c->tiles, __ATOMIC_RELAXED);
-	__atomic_add_fetch(&planrt_attention_scores_[1], c->scores, __ATOMIC_RELAXED);
+	T *grads[3] = {dq, dk, dv};
+	FN(AttnJob) job = {c, t, grads, scratch, FN(attn_backward_head), 1};
+	planrt_parallel_for(c->nlead * c->kv_heads, FN(attn_units), &job);
 }
 
 void FN(planrt_k_attention_grad)(const T *q, const T *k, const T *v, const T *mask, const int64_t *mask_strides,

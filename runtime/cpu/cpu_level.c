@@ -166,7 +166,8 @@ planrt_result_t planrt_cpu_select(void)
 
 void planrt_cpu_log_members(char *buf, size_t n)
 {
-	snprintf(buf, n, "\"cpu\":\"%s\",\"blas\":\"%s\"", planrt_cpu_name(planrt_cpu_level_), blas_core());
+	snprintf(buf, n, "\"cpu\":\"%s\",\"blas\":\"%s\",\"threads\":%d", planrt_cpu_name(planrt_cpu_level_),
+		 blas_core(), planrt_threads());
 }
 
 void planrt_cpu_describe(char *buf, size_t n)

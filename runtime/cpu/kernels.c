@@ -31,6 +31,7 @@
 
 #define PLANRT_INTERNAL
 #include "planrt.h"
+#include "planrt_cpu.h"
 #include "planrt_exec.h"
 #include "planrt_kernels.h"
 #include "planrt_math.h"

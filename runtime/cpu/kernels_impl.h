@@ -476,42 +476,65 @@ void FN(planrt_k_softmax_grad)(const T *y, const T *dy, T *dx, int64_t rows, int
 /* ---- kernels with saved statistics ---------------------------------------------------------------
  * Declared with float statistics for _f32 and _f64 and double ones for _f64d. w, b may be NULL
  * (no affine part) and then dw, db too. */
+/* layer norm's arguments, for its row chunks on planrt's threads */
+typedef struct FN(LayerNormJob) {
+	const T *x, *w, *b, *dy;
+	T *y, *dx, *dw, *db;
+	ST *mean, *rstd;
+	const ST *cmean, *crstd;
+	int64_t rows, cols;
+	double eps;
+} FN(LayerNormJob);
+
+static void FN(layer_norm_rows)(void *ctx, int64_t lo, int64_t hi, int thread)
+{
+	const FN(LayerNormJob) *j = ctx;
+	const T *w = j->w, *b = j->b;
+	int64_t cols = j->cols;
+	(void)thread;
+	for (int64_t r = lo; r < hi; r++) {
+		const T *xr = j->x + r * cols;
+		T *yr = j->y + r * cols;
+		T mu = FN(ksum)(xr, cols) / (T)cols;
+		for (int64_t c = 0; c < cols; c++)
+			yr[c] = xr[c] - mu;
+		T var = FN(kdot)(yr, yr, cols) / (T)cols; /* biased, as torch */
+		T rs = 1 / KSQRT(var + (T)j->eps);
+		if (w && b)
+			for (int64_t c = 0; c < cols; c++)
+				yr[c] = yr[c] * rs * w[c] + b[c];
+		else if (w)
+			for (int64_t c = 0; c < cols; c++)
+				yr[c] = yr[c] * rs * w[c];
+		else
+			for (int64_t c = 0; c < cols; c++)
+				yr[c] = yr[c] * rs + (b ? b[c] : (T)0);
+		j->mean[r] = (ST)mu;
+		j->rstd[r] = (ST)rs;
+	}
+}
+
+/* rows split over planrt's threads (independent rows: the same bits at every thread count) */
 void FN(planrt_k_layer_norm)(const T *x, const T *w, const T *b, T *y, ST *mean, ST *rstd, int64_t rows,
 			     int64_t cols, double eps)
 {
 	KLEVEL(planrt_k_layer_norm, (x, w, b, y, mean, rstd, rows, cols, eps));
-	for (int64_t r = 0; r < rows; r++) {
-		const T *xr = x + r * cols;
-		T *yr = y + r * cols;
-		T mu = FN(ksum)(xr, cols) / (T)cols;
-		for (int64_t j = 0; j < cols; j++)
-			yr[j] = xr[j] - mu;
-		T var = FN(kdot)(yr, yr, cols) / (T)cols; /* biased, as torch */
-		T rs = 1 / KSQRT(var + (T)eps);
-		if (w && b)
-			for (int64_t j = 0; j < cols; j++)
-				yr[j] = yr[j] * rs * w[j] + b[j];
-		else if (w)
-			for (int64_t j = 0; j < cols; j++)
-				yr[j] = yr[j] * rs * w[j];
-		else
-			for (int64_t j = 0; j < cols; j++)
-				yr[j] = yr[j] * rs + (b ? b[j] : (T)0);
-		mean[r] = (ST)mu;
-		rstd[r] = (ST)rs;
-	}
+	FN(LayerNormJob) job = {.x = x, .w = w, .b = b, .y = y, .mean = mean, .rstd = rstd, .rows = rows, .cols = cols,
+				.eps = eps};
+	planrt_parallel_for(rows, FN(layer_norm_rows), &job);
 }
 
-/* dx = rstd (g - mean(g) - xhat mean(g xhat)) with g = dy w, xhat = (x - mean) rstd; dw += dy xhat,
- * db += dy. */
-void FN(planrt_k_layer_norm_grad)(const T *x, const T *w, const ST *mean, const ST *rstd, const T *dy, T *dx, T *dw,
-				  T *db, int64_t rows, int64_t cols)
+/* dx of rows [lo, hi) */
+static void FN(layer_norm_grad_rows)(void *ctx, int64_t lo, int64_t hi, int thread)
 {
-	KLEVEL(planrt_k_layer_norm_grad, (x, w, mean, rstd, dy, dx, dw, db, rows, cols));
-	for (int64_t r = 0; r < rows; r++) {
-		const T *xr = x + r * cols, *gr = dy + r * cols;
-		T *dr = dx + r * cols;
-		T mu = (T)mean[r], rs = (T)rstd[r];
+	const FN(LayerNormJob) *jb = ctx;
+	const T *w = jb->w;
+	int64_t cols = jb->cols;
+	(void)thread;
+	for (int64_t r = lo; r < hi; r++) {
+		const T *xr = jb->x + r * cols, *gr = jb->dy + r * cols;
+		T *dr = jb->dx + r * cols;
+		T mu = (T)jb->cmean[r], rs = (T)jb->crstd[r];
 		T sg[8] = {0, 0, 0, 0, 0, 0, 0, 0}, sgx[8] = {0, 0, 0, 0, 0, 0, 0, 0};
 		int64_t j = 0;
 		for (; j + 8 <= cols; j += 8)
@@ -536,13 +559,40 @@ void FN(planrt_k_layer_norm_grad)(const T *x, const T *w, const ST *mean, const 
 				T xh = (xr[j] - mu) * rs;
 				dr[j] = rs * (gr[j] - mg - xh * mgx);
 			}
-		if (dw)
-			for (j = 0; j < cols; j++)
-				dw[j] += gr[j] * (xr[j] - mu) * rs;
-		if (db)
-			for (j = 0; j < cols; j++)
-				db[j] += gr[j];
 	}
+}
+
+/* dw and db of column blocks [lo, hi) of KCOL_BLOCK columns (a multiple of every vector width):
+ * each column sums the rows in row order, as one thread does */
+#define KCOL_BLOCK 64
+static void FN(layer_norm_grad_cols)(void *ctx, int64_t lo, int64_t hi, int thread)
+{
+	const FN(LayerNormJob) *jb = ctx;
+	int64_t c0 = lo * KCOL_BLOCK, c1 = hi * KCOL_BLOCK < jb->cols ? hi * KCOL_BLOCK : jb->cols;
+	(void)thread;
+	for (int64_t r = 0; r < jb->rows; r++) {
+		const T *xr = jb->x + r * jb->cols, *gr = jb->dy + r * jb->cols;
+		T mu = (T)jb->cmean[r], rs = (T)jb->crstd[r];
+		if (jb->dw)
+			for (int64_t j = c0; j < c1; j++)
+				jb->dw[j] += gr[j] * (xr[j] - mu) * rs;
+		if (jb->db)
+			for (int64_t j = c0; j < c1; j++)
+				jb->db[j] += gr[j];
+	}
+}
+
+/* dx = rstd (g - mean(g) - xhat mean(g xhat)) with g = dy w, xhat = (x - mean) rstd; dw += dy xhat,
+ * db += dy. dx splits over planrt's threads by rows, dw and db by columns. */
+void FN(planrt_k_layer_norm_grad)(const T *x, const T *w, const ST *mean, const ST *rstd, const T *dy, T *dx, T *dw,
+				  T *db, int64_t rows, int64_t cols)
+{
+	KLEVEL(planrt_k_layer_norm_grad, (x, w, mean, rstd, dy, dx, dw, db, rows, cols));
+	FN(LayerNormJob) job = {.x = x, .w = w, .dy = dy, .dx = dx, .dw = dw, .db = db, .cmean = mean, .crstd = rstd,
+				.rows = rows, .cols = cols};
+	planrt_parallel_for(rows, FN(layer_norm_grad_rows), &job);
+	if (dw || db)
+		planrt_parallel_for((cols + KCOL_BLOCK - 1) / KCOL_BLOCK, FN(layer_norm_grad_cols), &job);
 }
 
 /* torch.nn.functional.rms_norm: y = x / sqrt(mean(x^2) + eps) * w. */

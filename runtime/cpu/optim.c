@@ -16,9 +16,11 @@
  * built with PLANRT_CPU_VARIANT=LEVEL this file holds only them, named with the level. The loops
  * vectorise with the flags runtime/CMakeLists.txt gives this file and kernels.c (gcc's dynamic
  * cost model, -fno-math-errno: sqrtf inline, -fno-trapping-math: selects if-converted), which
- * change no result. */
+ * change no result. Adam's and AdamW's update splits over planrt's threads (planrt_cpu.h) by
+ * blocks of elements. */
 #define PLANRT_INTERNAL
 #include "planrt.h"
+#include "planrt_cpu.h"
 
 #include "cpu_table.h"
 
@@ -59,12 +61,33 @@ static inline __attribute__((always_inline)) void adam_loop(const adam_t *a, int
 	}
 }
 
+/* Adam's update of one tensor, split over the threads (planrt_parallel_for) in blocks of
+ * ADAM_BLOCK elements: a multiple of every vector width, so that each element runs the same
+ * instructions (vector body or scalar tail) at every thread count */
+#define ADAM_BLOCK 16384
+typedef struct {
+	const adam_t *a;
+	int l2;
+	float *param, *m, *v;
+	const float *grad;
+	size_t n;
+} adam_job_t;
+
+static void adam_blocks(void *ctx, int64_t lo, int64_t hi, int thread)
+{
+	const adam_job_t *j = ctx;
+	size_t first = (size_t)lo * ADAM_BLOCK, end = (size_t)hi * ADAM_BLOCK < j->n ? (size_t)hi * ADAM_BLOCK : j->n;
+	(void)thread;
+	if (j->l2)
+		adam_loop(j->a, 1, j->param + first, j->grad + first, j->m + first, j->v + first, end - first);
+	else
+		adam_loop(j->a, 0, j->param + first, j->grad + first, j->m + first, j->v + first, end - first);
+}
+
 static void adam_update(const adam_t *a, int l2, float *param, const float *grad, float *m, float *v, size_t n)
 {
-	if (l2)
-		adam_loop(a, 1, param, grad, m, v, n);
-	else
-		adam_loop(a, 0, param, grad, m, v, n);
+	adam_job_t job = {a, l2, param, m, v, grad, n};
+	planrt_parallel_for((int64_t)((n + ADAM_BLOCK - 1) / ADAM_BLOCK), adam_blocks, &job);
 }
 
 void planrt_opt_step(const planrt_opt_t *o, double lr, int64_t step, float *param, const float *grad, float *m,

@@ -293,7 +293,9 @@ void planrt_print_help_(const char *prog_name, const planrt_program_t *p)
 		planrt_cpu_describe(cpu, sizeof cpu);
 	else
 		snprintf(cpu, sizeof cpu, "%s", planrt_last_error());
-	printf("  cpu: %s\n\n", cpu);
+	printf("  cpu: %s\n", cpu);
+	planrt_threads_describe(cpu, sizeof cpu);
+	printf("  threads: %s\n\n", cpu);
 	printf("options:\n"
 	       "  --steps K             optimizer steps to train (required; 0 initialises, loads and saves)\n"
 	       "  --data FILE           the training data (required; docs/data.md): a text file (bytes), a token\n"

@@ -13,6 +13,8 @@ void planrt_start_world_(int *argc, char ***argv, const planrt_program_t *progra
 	PLANRT_CHECK(planrt_init(argc, argv, rank, world));
 	if (planrt_cpu_select() != planrt_success) /* the instruction-set level: this rank's CPU, or PLANRT_ISA */
 		planrt_fatal("%s", planrt_last_error());
+	if (planrt_threads_start(*rank) != planrt_success) /* planrt's threads: OpenBLAS's setting */
+		planrt_fatal("%s", planrt_last_error());
 	if (*world != program->world)
 		planrt_fatal("this program was built for %d ranks (plan %s) but runs on %d; launch it with mpirun -np %d",
 			     program->world, program->plan, *world, program->world);

@@ -46,8 +46,26 @@ const char *planrt_cpu_name(int level);  /* "baseline", "avx2", ... */
 /* One line for --help: the running level, the levels the CPU runs, the override, and OpenBLAS's
  * kernels (its own choice, or OPENBLAS_CORETYPE's). */
 void planrt_cpu_describe(char *buf, size_t n);
-/* The log's members for the level and OpenBLAS's kernels: "cpu":"avx512","blas":"SkylakeX" */
+/* The log's members for the level, OpenBLAS's kernels and the threads: "cpu":"avx512","blas":"SkylakeX","threads":1 */
 void planrt_cpu_log_members(char *buf, size_t n);
+
+/* ------------------------------------------------------------------ threads (cpu/threads.c)
+ * A rank runs planrt's kernels on as many threads as OpenBLAS's setting asks for
+ * (OPENBLAS_NUM_THREADS, else GOTO_NUM_THREADS, else OMP_NUM_THREADS; 1 when unset).
+ * planrt_threads_start reads it and starts the workers (once; rank 0 warns when the rank's
+ * affinity mask has fewer CPUs than threads, with the mpirun option that fixes it); a bad value is
+ * a one-line error. planrt_parallel_for(n, fn, ctx) calls fn(ctx, lo, hi, thread) on contiguous
+ * chunks covering [0, n), one per thread, by a rule that depends only on n and the thread count,
+ * and returns when every chunk is done; split only over independent outputs, so that the results
+ * are the same bits for any thread count. Nested calls, and a call from another thread while one
+ * holds the pool, run inline on the calling thread. planrt_thread_scratch gives
+ * thread t (t > 0) a buffer of at least bytes that it keeps (thread 0 uses the kernel's own). */
+typedef void (*planrt_chunk_fn)(void *ctx, int64_t lo, int64_t hi, int thread);
+planrt_result_t planrt_threads_start(int rank);
+int planrt_threads(void);
+void planrt_threads_describe(char *buf, size_t n); /* the --help line */
+void planrt_parallel_for(int64_t n, planrt_chunk_fn fn, void *ctx);
+void *planrt_thread_scratch(int thread, size_t bytes);
 
 /* ------------------------------------------------------------------ fused loops of the C target
  * planc prints each fused loop as an always-inline function NAME(out, v...) and then
