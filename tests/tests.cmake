@@ -147,6 +147,12 @@ add_executable(cuda_test_attention_math ${ROOT}/tests/cuda/test_attention_math.c
 target_compile_options(cuda_test_attention_math PRIVATE ${PLANC_WARNINGS} -O2)
 target_link_libraries(cuda_test_attention_math PRIVATE planrt)
 add_test(NAME cuda_attention_math COMMAND cuda_test_attention_math WORKING_DIRECTORY ${ROOT})
+# the multi-tensor optimizer's index math and update (runtime/include/planrt_optim_math.h, which
+# kernels_cuda.cu's optimizer kernels run) on the host against the per-tensor launch and the CPU
+add_executable(cuda_test_optim_math ${ROOT}/tests/cuda/test_optim_math.c)
+target_compile_options(cuda_test_optim_math PRIVATE ${PLANC_WARNINGS} -O2)
+target_link_libraries(cuda_test_optim_math PRIVATE planrt m)
+add_test(NAME cuda_optim_math COMMAND cuda_test_optim_math WORKING_DIRECTORY ${ROOT})
 if(TARGET planrt_cuda)
   add_test(NAME cuda_build COMMAND bash ${ROOT}/tests/cuda/run_build.sh ${PLANC} ${NVCC} ${MPI_C_COMPILER} WORKING_DIRECTORY ${ROOT})
   set_tests_properties(cuda_build PROPERTIES TIMEOUT 900 SKIP_RETURN_CODE 77)
@@ -211,7 +217,7 @@ set(QUICK_TESTS errors fmt_roundtrip cli explain_goldens explain_formulas explai
     runtime_rng runtime_data runtime_optim runtime_safetensors runtime_log runtime_memory runtime_collectives
     runtime_step_kernels runtime_watchdog runtime_watchdog_world_sum runtime_collectives_no_watchdog
     runtime_program runtime_program_cli kernels_fd kernels_semantics kernels_matmul_bf16 kernels_decode pipeline_partition pipeline_stages
-    sync_check sync_kernels llvm_verify scale_check lower_ir cuda_streams cuda_sync_math cuda_moe_math cuda_attention_math equiv_ops equiv_mlp arch arch_functions
+    sync_check sync_kernels llvm_verify scale_check lower_ir cuda_streams cuda_sync_math cuda_moe_math cuda_attention_math cuda_optim_math equiv_ops equiv_mlp arch arch_functions
     fmt_golden data explain_json_exact generate_graph cuda_gpu_binding cuda_comm_staged_watchdog)
 set(MPI_TESTS runtime_collectives runtime_step_kernels runtime_watchdog runtime_watchdog_world_sum
     runtime_collectives_no_watchdog runtime_program runtime_program_cli sync_kernels sync_runs llvm_diff
