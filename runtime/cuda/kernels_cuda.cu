@@ -1257,8 +1257,28 @@ void planrt_cu_accumulate_f32_(void *dst, planrt_dtype_t t, const float *src, in
 	LAUNCH(accumulate_f32_kernel, n, stream, dst, (int)t, src, n);
 }
 
-/* a multi-tensor table's device copy (cudaMalloc, then a synchronous copy: built once) */
-static void *upload_table(const void *host, size_t bytes)
+/* A multi-tensor table (planrt_cuda.h): whether its device copy holds these count entries of
+ * `bytes` bytes in all. If not, the old copy is freed (after the launches that may read it) and a
+ * host copy of the new entries kept; the caller then checks them and calls table_upload. */
+static bool table_current(planrt_cu_table_t *t, const void *entries, size_t bytes, int count, int stream)
+{
+	if (t->host && t->count == count && memcmp(t->host, entries, bytes) == 0)
+		return true;
+	if (t->host) {
+		planrt_cu_check_(cudaStreamSynchronize(planrt_cu_stream(stream)), "cudaStreamSynchronize");
+		cudaFree(t->entries);
+		cudaFree(t->prefix);
+		free(t->host);
+	}
+	t->host = malloc(bytes);
+	if (!t->host)
+		planrt_fatal("planrt_cuda: out of host memory for a table of %d tensors", count);
+	memcpy(t->host, entries, bytes);
+	t->count = count;
+	return false;
+}
+
+static void *upload(const void *host, size_t bytes)
 {
 	void *dev;
 	planrt_cu_check_(cudaMalloc(&dev, bytes), "cudaMalloc (multi-tensor table)");
@@ -1266,11 +1286,21 @@ static void *upload_table(const void *host, size_t bytes)
 	return dev;
 }
 
-static int64_t check_blocks(int64_t blocks, const char *what)
+/* the device copy: the entries, and the prefix of each one's blocks (planrt_cu_grid of its n) */
+static void table_upload(planrt_cu_table_t *t, const int64_t *ns, size_t n_stride, const char *what)
 {
-	if (blocks > 0x7fffffff)
-		planrt_fatal("%s: %lld blocks in one launch", what, (long long)blocks);
-	return blocks;
+	int64_t *prefix = (int64_t *)malloc(sizeof(int64_t) * (size_t)(t->count + 1));
+	if (!prefix)
+		planrt_fatal("%s: out of host memory for a table of %d tensors", what, t->count);
+	prefix[0] = 0;
+	for (int e = 0; e < t->count; e++)
+		prefix[e + 1] = prefix[e] + (int64_t)planrt_cu_grid(*(const int64_t *)((const char *)ns + n_stride * (size_t)e));
+	if (prefix[t->count] > 0x7fffffff)
+		planrt_fatal("%s: %lld blocks in one launch", what, (long long)prefix[t->count]);
+	t->entries = upload(t->host, n_stride * (size_t)t->count);
+	t->prefix = (int64_t *)upload(prefix, sizeof(int64_t) * (size_t)(t->count + 1));
+	t->blocks = prefix[t->count];
+	free(prefix);
 }
 
 /* *acc += weight * the sum of x^2 (in double), from partial sums per block added in one block */
@@ -1356,42 +1386,23 @@ __global__ static void sumsq_multi_finish_kernel(const planrt_om_sq_entry_t *ent
 	}
 }
 
-void planrt_cu_sum_squares_multi(planrt_cu_sq_table_t *table, const planrt_om_sq_entry_t *entries, int count,
+void planrt_cu_sum_squares_multi(planrt_cu_table_t *table, const planrt_om_sq_entry_t *entries, int count,
 				 double *acc, int stream)
 {
 	if (count <= 0)
 		return;
-	size_t bytes = sizeof(planrt_om_sq_entry_t) * (size_t)count;
-	if (!table->host || table->count != count || memcmp(table->host, entries, bytes) != 0) {
-		if (table->host) { /* changed: the previous launch may still read the old copy */
-			planrt_cu_check_(cudaStreamSynchronize(planrt_cu_stream(stream)), "cudaStreamSynchronize");
-			cudaFree(table->entries);
-			cudaFree(table->prefix);
-			free(table->host);
-		}
-		int64_t *prefix = (int64_t *)malloc(sizeof(int64_t) * (size_t)(count + 1));
-		table->host = (planrt_om_sq_entry_t *)malloc(bytes);
-		if (!prefix || !table->host)
-			planrt_fatal("planrt_sum_squares_multi: out of host memory for a table of %d tensors", count);
-		memcpy(table->host, entries, bytes);
-		prefix[0] = 0;
-		for (int e = 0; e < count; e++) {
+	if (!table_current(table, entries, sizeof(planrt_om_sq_entry_t) * (size_t)count, count, stream)) {
+		for (int e = 0; e < count; e++)
 			if (entries[e].t != planrt_f32 && entries[e].t != planrt_bf16 && entries[e].t != planrt_f16)
 				planrt_fatal("planrt_sum_squares_multi: dtype %d input (f32, bf16 or f16)", entries[e].t);
-			prefix[e + 1] = prefix[e] + (int64_t)planrt_cu_grid(entries[e].n);
-		}
-		table->entries = (planrt_om_sq_entry_t *)upload_table(entries, bytes);
-		table->prefix = (int64_t *)upload_table(prefix, sizeof(int64_t) * (size_t)(count + 1));
-		table->count = count;
-		table->blocks = check_blocks(prefix[count], "planrt_sum_squares_multi");
-		free(prefix);
+		table_upload(table, &entries[0].n, sizeof(planrt_om_sq_entry_t), "planrt_sum_squares_multi");
 	}
 	cudaStream_t s = planrt_cu_stream(stream);
 	double *partial = partials_for(stream, (unsigned)table->blocks);
-	sumsq_multi_kernel<<<(unsigned)table->blocks, PLANRT_CU_BLOCK, 0, s>>>(table->entries, table->prefix, count,
-										 partial);
+	const planrt_om_sq_entry_t *dev = (const planrt_om_sq_entry_t *)table->entries;
+	sumsq_multi_kernel<<<(unsigned)table->blocks, PLANRT_CU_BLOCK, 0, s>>>(dev, table->prefix, count, partial);
 	planrt_cu_check_launch("sum_squares_multi");
-	sumsq_multi_finish_kernel<<<1, PLANRT_CU_BLOCK, 0, s>>>(table->entries, table->prefix, count, partial, acc);
+	sumsq_multi_finish_kernel<<<1, PLANRT_CU_BLOCK, 0, s>>>(dev, table->prefix, count, partial, acc);
 	planrt_cu_check_launch("sum_squares_multi");
 }
 
@@ -1517,39 +1528,20 @@ void planrt_cu_optimizer_step(int kind, double lr, double beta1, double beta2, d
 	LAUNCH(optimizer_kernel, n, stream, o, x, coef);
 }
 
-/* the table's device copy of count entries: uploaded at the first call, again only if they change
- * (the host copy is compared each call) */
-static void opt_table_build(planrt_cu_opt_table_t *table, const planrt_om_entry_t *entries, int count, int stream)
+/* the table's device copy of count entries: uploaded at the first call, again only if they change */
+static void opt_table_build(planrt_cu_table_t *table, const planrt_om_entry_t *entries, int count, int stream)
 {
-	size_t bytes = sizeof(planrt_om_entry_t) * (size_t)count;
-	if (table->host && table->count == count && memcmp(table->host, entries, bytes) == 0)
+	if (table_current(table, entries, sizeof(planrt_om_entry_t) * (size_t)count, count, stream))
 		return;
-	if (table->host) { /* changed: the previous launch may still read the old copy */
-		planrt_cu_check_(cudaStreamSynchronize(planrt_cu_stream(stream)), "cudaStreamSynchronize");
-		cudaFree(table->entries);
-		cudaFree(table->prefix);
-		free(table->host);
-	}
-	int64_t *prefix = (int64_t *)malloc(sizeof(int64_t) * (size_t)(count + 1));
-	table->host = (planrt_om_entry_t *)malloc(bytes);
-	if (!prefix || !table->host)
-		planrt_fatal("planrt_optimizer_multi: out of host memory for a table of %d tensors", count);
-	memcpy(table->host, entries, bytes);
-	prefix[0] = 0;
 	for (int e = 0; e < count; e++) {
 		check_grad_dtype(entries[e].gt);
 		if (entries[e].low && entries[e].low_t != planrt_bf16 && entries[e].low_t != planrt_f16)
 			planrt_fatal("planrt_optimizer_multi: a dtype %d parameter copy (bf16 or f16)", entries[e].low_t);
-		prefix[e + 1] = prefix[e] + (int64_t)planrt_cu_grid(entries[e].n);
 	}
-	table->entries = (planrt_om_entry_t *)upload_table(entries, bytes);
-	table->prefix = (int64_t *)upload_table(prefix, sizeof(int64_t) * (size_t)(count + 1));
-	table->count = count;
-	table->blocks = check_blocks(prefix[count], "planrt_optimizer_multi");
-	free(prefix);
+	table_upload(table, &entries[0].n, sizeof(planrt_om_entry_t), "planrt_optimizer_multi");
 }
 
-void planrt_cu_optimizer_multi(planrt_cu_opt_table_t *table, const planrt_om_entry_t *entries, int count, int kind,
+void planrt_cu_optimizer_multi(planrt_cu_table_t *table, const planrt_om_entry_t *entries, int count, int kind,
 			       double lr, double beta1, double beta2, double eps, double weight_decay, double momentum,
 			       int64_t warmup, int64_t total, double min_lr, int64_t step, const double *coef, int stream)
 {
@@ -1559,6 +1551,6 @@ void planrt_cu_optimizer_multi(planrt_cu_opt_table_t *table, const planrt_om_ent
 		step_scalars(kind, lr, beta1, beta2, eps, weight_decay, momentum, warmup, total, min_lr, step);
 	opt_table_build(table, entries, count, stream);
 	optimizer_multi_kernel<<<(unsigned)table->blocks, PLANRT_CU_BLOCK, 0, planrt_cu_stream(stream)>>>(
-		o, table->entries, table->prefix, count, coef);
+		o, (const planrt_om_entry_t *)table->entries, table->prefix, count, coef);
 	planrt_cu_check_launch("optimizer_multi");
 }

@@ -162,32 +162,27 @@ int *cuda_optim_groups(const LProg *p)
 	return group;
 }
 
-/* the entries' fields, as the kernel table's arguments of each optimizer and its cast */
+/* the entries' fields, planrt_om_entry_t's order, as the kernel table's arguments of each optimizer
+ * and its cast (where a field comes from the cast and there is none: absent) */
 static void print_entry(Emit *e, const LProg *p, const Kernel *o, const Kernel *cast)
 {
+	static const struct {
+		bool from_cast;
+		int index;
+		const char *absent;
+	} fields[] = {{false, KARG_INDEX(OPTIMIZER, param), NULL}, {false, KARG_INDEX(OPTIMIZER, grad), NULL},
+		      {false, KARG_INDEX(OPTIMIZER, m), NULL},	   {false, KARG_INDEX(OPTIMIZER, v), NULL},
+		      {true, KARG_INDEX(CAST, dst), "NULL"},	   {false, KARG_INDEX(OPTIMIZER, n), NULL},
+		      {false, KARG_INDEX(OPTIMIZER, gt), NULL},	   {true, KARG_INDEX(CAST, to), "0"}};
 	FILE *f = emit_file(e);
 	fprintf(f, "\t\t\t{");
-	emit_arg(e, o, KARG_INDEX(OPTIMIZER, param));
-	fprintf(f, ", ");
-	emit_arg(e, o, KARG_INDEX(OPTIMIZER, grad));
-	fprintf(f, ", ");
-	emit_arg(e, o, KARG_INDEX(OPTIMIZER, m));
-	fprintf(f, ", ");
-	emit_arg(e, o, KARG_INDEX(OPTIMIZER, v));
-	fprintf(f, ", ");
-	if (cast)
-		emit_arg(e, cast, KARG_INDEX(CAST, dst));
-	else
-		fprintf(f, "NULL");
-	fprintf(f, ", ");
-	emit_arg(e, o, KARG_INDEX(OPTIMIZER, n));
-	fprintf(f, ", ");
-	emit_arg(e, o, KARG_INDEX(OPTIMIZER, gt));
-	fprintf(f, ", ");
-	if (cast)
-		emit_arg(e, cast, KARG_INDEX(CAST, to));
-	else
-		fprintf(f, "0");
+	for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
+		fprintf(f, "%s", i ? ", " : "");
+		if (fields[i].from_cast && !cast)
+			fprintf(f, "%s", fields[i].absent);
+		else
+			emit_arg(e, fields[i].from_cast ? cast : o, fields[i].index);
+	}
 	fprintf(f, "}, /* %s */\n", o->note ? o->note : p->buf[buf_arg(o, KARG_INDEX(OPTIMIZER, param))].name);
 }
 
@@ -200,7 +195,7 @@ static void print_sumsq_group(Emit *e, const int *group, int first, const char *
 	for (int j = first; j <= group[first]; j++)
 		count += p->k[j].phase == s->phase;
 	fprintf(f, "\t{ /* the sums of squares of %d tensors in two launches (optim_groups.c) */\n", count);
-	fprintf(f, "\t\tstatic planrt_cu_sq_table_t table;\n\t\tconst planrt_om_sq_entry_t entries[%d] = {\n", count);
+	fprintf(f, "\t\tstatic planrt_cu_table_t table;\n\t\tconst planrt_om_sq_entry_t entries[%d] = {\n", count);
 	for (int j = first; j <= group[first]; j++) {
 		const Kernel *k = &p->k[j];
 		if (k->phase != s->phase)
@@ -232,7 +227,7 @@ void cuda_print_optim_group(Emit *e, const int *group, int first, const char *st
 	for (int j = first; j <= group[first]; j++)
 		count += p->k[j].phase == o->phase && p->k[j].kind == K_OPTIMIZER;
 	fprintf(f, "\t{ /* the optimizer over %d tensors in one launch (optim_groups.c) */\n", count);
-	fprintf(f, "\t\tstatic planrt_cu_opt_table_t table;\n\t\tconst planrt_om_entry_t entries[%d] = {\n", count);
+	fprintf(f, "\t\tstatic planrt_cu_table_t table;\n\t\tconst planrt_om_entry_t entries[%d] = {\n", count);
 	for (int j = first; j <= group[first]; j++) {
 		const Kernel *k = &p->k[j];
 		if (k->phase != o->phase || k->kind != K_OPTIMIZER)
