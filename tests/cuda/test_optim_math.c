@@ -20,12 +20,12 @@
 #include "planrt_exec.h"
 #include "planrt_optim_math.h"
 
+#include "tally.h"
+
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-static int failures, checks;
 
 static uint64_t rng_state = 0x2545f4914f6cdd1dull;
 
@@ -35,13 +35,6 @@ static float uniform(void)
 	rng_state ^= rng_state >> 7;
 	rng_state ^= rng_state << 17;
 	return (float)((rng_state >> 11) * (1.0 / 9007199254740992.0)) * 2.0f - 1.0f;
-}
-
-static void check(int ok, const char *what)
-{
-	checks++;
-	if (!ok && failures++ < 20)
-		fprintf(stderr, "FAIL: %s\n", what);
 }
 
 enum { NT = 8 };
@@ -184,9 +177,7 @@ static void check_index_math(int64_t most)
 			ok &= visits[i] == 1;
 		free(visits);
 	}
-	char what[96];
-	snprintf(what, sizeof what, "index math, at most %lld blocks a tensor", (long long)most);
-	check(ok, what);
+	CHECK(ok, "index math, at most %lld blocks a tensor", (long long)most);
 }
 
 static void check_update(int kind, double wd, double clip, int64_t most)
@@ -209,13 +200,10 @@ static void check_update(int kind, double wd, double clip, int64_t most)
 		run_per_tensor(&o, &per, k, most);
 		run_cpu(kind, lr, wd, step, &cpu, k == 1.0 ? NULL : &k);
 	}
-	char what[160];
-	snprintf(what, sizeof what, "optimizer %d, weight decay %g, coefficient %g, at most %lld blocks: multi-tensor = per-tensor",
-		 kind, wd, clip, (long long)most);
-	check(same(&multi, &per), what);
-	snprintf(what, sizeof what, "optimizer %d, weight decay %g, coefficient %g, at most %lld blocks: multi-tensor = CPU",
-		 kind, wd, clip, (long long)most);
-	check(same(&multi, &cpu), what);
+	CHECK(same(&multi, &per), "optimizer %d, weight decay %g, coefficient %g, at most %lld blocks: multi-tensor = per-tensor",
+	      kind, wd, clip, (long long)most);
+	CHECK(same(&multi, &cpu), "optimizer %d, weight decay %g, coefficient %g, at most %lld blocks: multi-tensor = CPU",
+	      kind, wd, clip, (long long)most);
 	state_free(&multi);
 	state_free(&per);
 	state_free(&cpu);
@@ -263,12 +251,10 @@ static void check_sumsq(int64_t most)
 	double cpu = 0;
 	for (int e = 0; e < NT; e++)
 		planrt_sum_squares_acc(&cpu, table[e].x, sizes[e], (planrt_dtype_t)table[e].t, table[e].weight);
-	char what[128];
-	snprintf(what, sizeof what, "sum of squares, at most %lld blocks: multi-tensor = per-tensor", (long long)most);
-	check(memcmp(&multi, &per, sizeof multi) == 0, what);
-	snprintf(what, sizeof what, "sum of squares, at most %lld blocks: within 1e-12 of the CPU's (%.17g, %.17g)",
-		 (long long)most, multi, cpu);
-	check(fabs(multi - cpu) <= 1e-12 * fabs(cpu), what);
+	CHECK(memcmp(&multi, &per, sizeof multi) == 0, "sum of squares, at most %lld blocks: multi-tensor = per-tensor",
+	      (long long)most);
+	CHECK(fabs(multi - cpu) <= 1e-12 * fabs(cpu), "sum of squares, at most %lld blocks: within 1e-12 of the CPU's (%.17g, %.17g)",
+	      (long long)most, multi, cpu);
 	free(partial);
 	state_free(&st);
 }
@@ -286,6 +272,5 @@ int main(void)
 				check_update(kind, d ? 0.01 : 0.0, NAN, most[g]);
 			}
 	}
-	printf("cuda_optim_math: %d checks, %d failures\n", checks, failures);
-	return failures ? 1 : 0;
+	return tally_report("the multi-tensor optimizer's arithmetic");
 }
