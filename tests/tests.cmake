@@ -130,6 +130,8 @@ add_test(NAME lower_ir COMMAND lower_test_ir WORKING_DIRECTORY ${ROOT})
 # built for cuda (or refused as listed, by kernel), each program's one-line refusal without a
 # GPU, and the build half of scripts/gpu-check.sh (planrt for one process, without MPI or OpenBLAS).
 runner_test(cuda_streams 300 python3 ${ROOT}/tests/cuda/check_streams.py ${PLANC} ${ROOT})
+# the multi-tensor optimizer's tables (compiler/target/cuda/optim_groups.c) against the C target's calls
+runner_test(cuda_optim_groups 120 python3 ${ROOT}/tests/cuda/check_optim_groups.py ${PLANC} ${ROOT})
 # the sync-strategy device kernels' per-element logic (runtime/include/planrt_sync_math.h) on the CPU,
 # composed as runtime/cuda/sync_cuda.cu composes it, against compress.c, sync.c and step.c on 4 ranks
 add_executable(cuda_test_sync_math ${ROOT}/tests/cuda/test_sync_math.c)
@@ -154,6 +156,12 @@ add_executable(cuda_test_attention_math ${ROOT}/tests/cuda/test_attention_math.c
 target_compile_options(cuda_test_attention_math PRIVATE ${PLANC_WARNINGS} -O2)
 target_link_libraries(cuda_test_attention_math PRIVATE planrt)
 add_test(NAME cuda_attention_math COMMAND cuda_test_attention_math WORKING_DIRECTORY ${ROOT})
+# the multi-tensor optimizer's index math and update (runtime/include/planrt_optim_math.h, which
+# kernels_cuda.cu's optimizer kernels run) on the host against the per-tensor launch and the CPU
+add_executable(cuda_test_optim_math ${ROOT}/tests/cuda/test_optim_math.c)
+target_compile_options(cuda_test_optim_math PRIVATE ${PLANC_WARNINGS} -O2)
+target_link_libraries(cuda_test_optim_math PRIVATE planrt m)
+add_test(NAME cuda_optim_math COMMAND cuda_test_optim_math WORKING_DIRECTORY ${ROOT})
 if(TARGET planrt_cuda)
   add_test(NAME cuda_build COMMAND bash ${ROOT}/tests/cuda/run_build.sh ${PLANC} ${NVCC} ${MPI_C_COMPILER} WORKING_DIRECTORY ${ROOT})
   set_tests_properties(cuda_build PROPERTIES TIMEOUT 900 SKIP_RETURN_CODE 77)
@@ -218,7 +226,7 @@ set(QUICK_TESTS errors fmt_roundtrip cli explain_goldens explain_formulas explai
     runtime_rng runtime_data runtime_optim runtime_safetensors runtime_log runtime_memory runtime_collectives
     runtime_step_kernels runtime_watchdog runtime_watchdog_world_sum runtime_collectives_no_watchdog
     runtime_program runtime_program_cli kernels_fd kernels_semantics kernels_matmul_bf16 kernels_decode pipeline_partition pipeline_stages
-    sync_check sync_kernels llvm_verify scale_check lower_ir cuda_streams cuda_sync_math cuda_moe_math cuda_attention_math equiv_ops equiv_mlp arch arch_functions
+    sync_check sync_kernels llvm_verify scale_check lower_ir cuda_streams cuda_sync_math cuda_moe_math cuda_attention_math cuda_optim_math cuda_optim_groups equiv_ops equiv_mlp arch arch_functions
     fmt_golden data explain_json_exact generate_graph cuda_gpu_binding cuda_comm_staged_watchdog)
 set(MPI_TESTS runtime_collectives runtime_step_kernels runtime_watchdog runtime_watchdog_world_sum
     runtime_collectives_no_watchdog runtime_program runtime_program_cli sync_kernels sync_runs llvm_diff

@@ -71,6 +71,17 @@ bool cuda_executable(const Lowered *low, bool report);
 /* A fused loop's element function as loops.h prints it (static, named fname), for the tests. */
 void emit_cuda_loop_body(FILE *f, const LProg *p, const Kernel *k, const char *fname);
 
+/* ---------------------------------------------------------------- cuda/optim_groups.c */
+/* The multi-tensor optimizer: runs of a phase's optimizer kernels (and the casts to their
+ * lower-precision parameters) printed as one planrt_cu_optimizer_multi launch, and runs of sums of
+ * squares as one planrt_cu_sum_squares_multi. group[k] is the
+ * index of the run's last kernel where k starts a run, CUDA_OPT_MEMBER for its other kernels
+ * (printed by the first), CUDA_OPT_ALONE otherwise; the caller frees it. */
+enum { CUDA_OPT_ALONE = -1, CUDA_OPT_MEMBER = -2 };
+int *cuda_optim_groups(const LProg *p);
+/* the run that starts at kernel first, as a block of prog.c on the named stream */
+void cuda_print_optim_group(Emit *e, const int *group, int first, const char *stream);
+
 /* ---------------------------------------------------------------- emit_llvm.c */
 /* The LLVM back end (LLVM 14 C API): the program emit_c.c prints, built as LLVM IR and optimised
  * with default<O3> for the host CPU; the fused loops also as NVPTX kernels. LLVM's errors (a

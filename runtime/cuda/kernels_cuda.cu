@@ -1257,6 +1257,52 @@ void planrt_cu_accumulate_f32_(void *dst, planrt_dtype_t t, const float *src, in
 	LAUNCH(accumulate_f32_kernel, n, stream, dst, (int)t, src, n);
 }
 
+/* A multi-tensor table (planrt_cuda.h): whether its device copy holds these count entries of
+ * `bytes` bytes in all. If not, the old copy is freed (after the launches that may read it) and a
+ * host copy of the new entries kept; the caller then checks them and calls table_upload. */
+static bool table_current(planrt_cu_table_t *t, const void *entries, size_t bytes, int count, int stream)
+{
+	if (t->host && t->count == count && memcmp(t->host, entries, bytes) == 0)
+		return true;
+	if (t->host) {
+		planrt_cu_check_(cudaStreamSynchronize(planrt_cu_stream(stream)), "cudaStreamSynchronize");
+		cudaFree(t->entries);
+		cudaFree(t->prefix);
+		free(t->host);
+	}
+	t->host = malloc(bytes);
+	if (!t->host)
+		planrt_fatal("planrt_cuda: out of host memory for a table of %d tensors", count);
+	memcpy(t->host, entries, bytes);
+	t->count = count;
+	return false;
+}
+
+static void *upload(const void *host, size_t bytes)
+{
+	void *dev;
+	planrt_cu_check_(cudaMalloc(&dev, bytes), "cudaMalloc (multi-tensor table)");
+	planrt_cu_check_(cudaMemcpy(dev, host, bytes, cudaMemcpyHostToDevice), "cudaMemcpy (multi-tensor table)");
+	return dev;
+}
+
+/* the device copy: the entries, and the prefix of each one's blocks (planrt_cu_grid of its n) */
+static void table_upload(planrt_cu_table_t *t, const int64_t *ns, size_t n_stride, const char *what)
+{
+	int64_t *prefix = (int64_t *)malloc(sizeof(int64_t) * (size_t)(t->count + 1));
+	if (!prefix)
+		planrt_fatal("%s: out of host memory for a table of %d tensors", what, t->count);
+	prefix[0] = 0;
+	for (int e = 0; e < t->count; e++)
+		prefix[e + 1] = prefix[e] + (int64_t)planrt_cu_grid(*(const int64_t *)((const char *)ns + n_stride * (size_t)e));
+	if (prefix[t->count] > 0x7fffffff)
+		planrt_fatal("%s: %lld blocks in one launch", what, (long long)prefix[t->count]);
+	t->entries = upload(t->host, n_stride * (size_t)t->count);
+	t->prefix = (int64_t *)upload(prefix, sizeof(int64_t) * (size_t)(t->count + 1));
+	t->blocks = prefix[t->count];
+	free(prefix);
+}
+
 /* *acc += weight * the sum of x^2 (in double), from partial sums per block added in one block */
 __global__ static void sumsq_kernel(const void *x, int t, int64_t n, double *partial)
 {
@@ -1310,6 +1356,54 @@ static void sum_squares(double *acc, const void *x, int64_t n, planrt_dtype_t t,
 	planrt_cu_check_launch("sum_squares");
 	sumsq_finish_kernel<<<1, PLANRT_CU_BLOCK, 0, s>>>(partial, (int)blocks, acc, weight);
 	planrt_cu_check_launch("sum_squares");
+}
+
+/* the multi-tensor sum of squares: each block of each tensor's own launch writes the partial sum the
+ * per-tensor kernel's block writes (planrt_om_sumsq_thread on the same elements, the same block
+ * reduction), then one block adds each tensor's partial sums and its weighted total to *acc in
+ * the table's order: the numbers of one planrt_cu_sum_squares_acc per tensor, bit for bit */
+__global__ static void sumsq_multi_kernel(const planrt_om_sq_entry_t *entries, const int64_t *prefix, int count,
+					  double *partial)
+{
+	int e = planrt_om_tensor_of(prefix, count, blockIdx.x);
+	double s = planrt_om_sumsq_thread(&entries[e], planrt_om_first(prefix, e, blockIdx.x, threadIdx.x),
+					  planrt_om_stride(prefix, e));
+	s = block_sum_d(s);
+	if (threadIdx.x == 0)
+		partial[blockIdx.x] = s;
+}
+
+__global__ static void sumsq_multi_finish_kernel(const planrt_om_sq_entry_t *entries, const int64_t *prefix,
+						 int count, const double *partial, double *acc)
+{
+	for (int e = 0; e < count; e++) {
+		double s = 0;
+		for (int64_t b = prefix[e] + threadIdx.x; b < prefix[e + 1]; b += blockDim.x)
+			s += partial[b];
+		s = block_sum_d(s);
+		if (threadIdx.x == 0)
+			*acc += entries[e].weight * s;
+	}
+}
+
+void planrt_cu_sum_squares_multi(planrt_cu_table_t *table, const planrt_om_sq_entry_t *entries, int count,
+				 double *acc, int stream)
+{
+	if (count <= 0)
+		return;
+	if (!table_current(table, entries, sizeof(planrt_om_sq_entry_t) * (size_t)count, count, stream)) {
+		for (int e = 0; e < count; e++)
+			if (entries[e].t != planrt_f32 && entries[e].t != planrt_bf16 && entries[e].t != planrt_f16)
+				planrt_fatal("planrt_sum_squares_multi: dtype %d input (f32, bf16 or f16)", entries[e].t);
+		table_upload(table, &entries[0].n, sizeof(planrt_om_sq_entry_t), "planrt_sum_squares_multi");
+	}
+	cudaStream_t s = planrt_cu_stream(stream);
+	double *partial = partials_for(stream, (unsigned)table->blocks);
+	const planrt_om_sq_entry_t *dev = (const planrt_om_sq_entry_t *)table->entries;
+	sumsq_multi_kernel<<<(unsigned)table->blocks, PLANRT_CU_BLOCK, 0, s>>>(dev, table->prefix, count, partial);
+	planrt_cu_check_launch("sum_squares_multi");
+	sumsq_multi_finish_kernel<<<1, PLANRT_CU_BLOCK, 0, s>>>(dev, table->prefix, count, partial, acc);
+	planrt_cu_check_launch("sum_squares_multi");
 }
 
 void planrt_cu_sum_squares_acc(double *acc, const void *x, int64_t n, planrt_dtype_t t, double weight, int stream)
@@ -1368,57 +1462,58 @@ void planrt_cu_scale_metric(double *x, double f, int stream)
 	planrt_cu_check_launch("scale_metric");
 }
 
-/* ------------------------------------------------------------------ the optimizer (optim.c's update) */
+/* ------------------------------------------------------------------ the optimizer (optim.c's update)
+ * planrt_optim_math.h's element update, per tensor or over a table of tensors in one launch */
 
-typedef struct OptScalars {
-	int kind, l2, decoupled, first;
-	float wd, neg_lr, mu, neg_step_size, bc2_sqrt, b1, b2, one_b1, one_b2, eps, decay;
-} OptScalars;
+static_assert((int)planrt_bf16 == (int)PLANRT_SM_BF16 && (int)planrt_f16 == (int)PLANRT_SM_F16, "planrt_om_grad's dtypes");
+static_assert((int)planrt_opt_sgd == (int)PLANRT_OM_SGD && (int)planrt_opt_momentum == (int)PLANRT_OM_MOMENTUM,
+	      "the optimizer kinds");
+static_assert((int)PLANRT_OM_BLOCK == (int)PLANRT_CU_BLOCK, "the multi-tensor block");
 
-__global__ static void optimizer_kernel(OptScalars o, float *param, const void *grad, int gt, float *m, float *v,
-					int64_t n, const double *coef)
+/* the clipping coefficient, read once per block (NULL: 1) */
+__device__ static double coef_of_block(const double *coef)
 {
 	__shared__ double k_shared;
 	if (threadIdx.x == 0)
-		k_shared = coef ? *coef : 1.0; /* a metric in host memory: read once per block */
+		k_shared = coef ? *coef : 1.0;
 	__syncthreads();
-	double k = k_shared;
-	if (k != k) /* NaN: a step skipped by fp16 loss scaling (planrt_cu_unscale_clip_coef) changes nothing */
-		return;
-	GRID_STRIDE(i, n)
-	{
-		float g = gt == planrt_f32 ? ((const float *)grad)[i] : half_f32(((const uint16_t *)grad)[i], gt);
-		if (k != 1.0)
-			g = (float)k * g;
-		float p = param[i];
-		switch (o.kind) {
-		case planrt_opt_sgd:
-			if (o.l2)
-				g = g + o.wd * p;
-			param[i] = p + o.neg_lr * g;
-			break;
-		case planrt_opt_momentum: {
-			if (o.l2)
-				g = g + o.wd * p;
-			float b = o.first ? g : m[i] * o.mu + g;
-			m[i] = b;
-			param[i] = p + o.neg_lr * b;
-			break;
-		}
-		default: {
-			if (o.decoupled)
-				p = p * o.decay;
-			if (o.l2)
-				g = g + o.wd * p;
-			float mi = m[i] * o.b1 + o.one_b1 * g;
-			float vi = v[i] * o.b2 + o.one_b2 * g * g;
-			float denom = sqrtf(vi) / o.bc2_sqrt + o.eps;
-			m[i] = mi;
-			v[i] = vi;
-			param[i] = p + o.neg_step_size * mi / denom;
-		}
-		}
-	}
+	return k_shared;
+}
+
+__global__ static void optimizer_kernel(planrt_om_scalars_t o, planrt_om_entry_t x, const double *coef)
+{
+	double k = coef_of_block(coef);
+	planrt_om_thread(&o, &x, k, (int64_t)blockIdx.x * blockDim.x + threadIdx.x, (int64_t)gridDim.x * blockDim.x);
+}
+
+/* one block per block of each tensor's own launch: the same threads see the same elements */
+__global__ static void optimizer_multi_kernel(planrt_om_scalars_t o, const planrt_om_entry_t *entries,
+					      const int64_t *prefix, int count, const double *coef)
+{
+	double k = coef_of_block(coef);
+	int e = planrt_om_tensor_of(prefix, count, blockIdx.x);
+	planrt_om_thread(&o, &entries[e], k, planrt_om_first(prefix, e, blockIdx.x, threadIdx.x),
+			 planrt_om_stride(prefix, e));
+}
+
+/* the scalars as optim.c computes them, for step + 1; Adam's t counts the steps that updated
+ * (step.c: the schedule's step does not) */
+static planrt_om_scalars_t step_scalars(int kind, double lr, double beta1, double beta2, double eps,
+					double weight_decay, double momentum, int64_t warmup, int64_t total, double min_lr,
+					int64_t step)
+{
+	if (kind < planrt_opt_sgd || kind > planrt_opt_adamw)
+		planrt_fatal("planrt_optimizer_step: unknown optimizer kind %d", kind);
+	double lr_t = planrt_lr_at(lr, step, warmup, total, min_lr);
+	step -= planrt_steps_skipped_;
+	return planrt_om_scalars(kind, lr_t, (double)(step + 1), beta1, beta2, eps, weight_decay, momentum,
+				 kind == planrt_opt_adamw);
+}
+
+static void check_grad_dtype(int gt)
+{
+	if (gt != planrt_f32 && gt != planrt_bf16 && gt != planrt_f16)
+		planrt_fatal("planrt_optimizer_step: dtype %d gradients (f32, bf16 or f16)", gt);
 }
 
 void planrt_cu_optimizer_step(int kind, double lr, double beta1, double beta2, double eps, double weight_decay,
@@ -1426,31 +1521,36 @@ void planrt_cu_optimizer_step(int kind, double lr, double beta1, double beta2, d
 			      const void *grad, planrt_dtype_t gt, float *m, float *v, int64_t n, const double *coef,
 			      int stream)
 {
-	if (kind < planrt_opt_sgd || kind > planrt_opt_adamw)
-		planrt_fatal("planrt_optimizer_step: unknown optimizer kind %d", kind);
-	if (gt != planrt_f32 && gt != planrt_bf16 && gt != planrt_f16)
-		planrt_fatal("planrt_optimizer_step: dtype %d gradients (f32, bf16 or f16)", (int)gt);
-	/* the scalars as optim.c computes them, for step + 1; Adam's t counts the steps that updated
-	 * (step.c: the schedule's step does not) */
-	double lr_t = planrt_lr_at(lr, step, warmup, total, min_lr);
-	step -= planrt_steps_skipped_;
-	double t = (double)(step + 1);
-	double bc1 = 1 - pow(beta1, t), bc2 = 1 - pow(beta2, t);
-	OptScalars o;
-	o.kind = kind;
-	o.l2 = kind != planrt_opt_adamw && weight_decay != 0;
-	o.decoupled = kind == planrt_opt_adamw && weight_decay != 0;
-	o.first = step + 1 <= 1;
-	o.wd = (float)weight_decay;
-	o.neg_lr = (float)-lr_t;
-	o.mu = (float)momentum;
-	o.neg_step_size = (float)-(lr_t / bc1);
-	o.bc2_sqrt = (float)sqrt(bc2);
-	o.b1 = (float)beta1;
-	o.b2 = (float)beta2;
-	o.one_b1 = (float)(1 - beta1);
-	o.one_b2 = (float)(1 - beta2);
-	o.eps = (float)eps;
-	o.decay = (float)(1 - lr_t * weight_decay);
-	LAUNCH(optimizer_kernel, n, stream, o, param, grad, (int)gt, m, v, n, coef);
+	check_grad_dtype((int)gt);
+	planrt_om_scalars_t o =
+		step_scalars(kind, lr, beta1, beta2, eps, weight_decay, momentum, warmup, total, min_lr, step);
+	planrt_om_entry_t x = {param, grad, m, v, NULL, n, (int32_t)gt, 0};
+	LAUNCH(optimizer_kernel, n, stream, o, x, coef);
+}
+
+/* the table's device copy of count entries: uploaded at the first call, again only if they change */
+static void opt_table_build(planrt_cu_table_t *table, const planrt_om_entry_t *entries, int count, int stream)
+{
+	if (table_current(table, entries, sizeof(planrt_om_entry_t) * (size_t)count, count, stream))
+		return;
+	for (int e = 0; e < count; e++) {
+		check_grad_dtype(entries[e].gt);
+		if (entries[e].low && entries[e].low_t != planrt_bf16 && entries[e].low_t != planrt_f16)
+			planrt_fatal("planrt_optimizer_multi: a dtype %d parameter copy (bf16 or f16)", entries[e].low_t);
+	}
+	table_upload(table, &entries[0].n, sizeof(planrt_om_entry_t), "planrt_optimizer_multi");
+}
+
+void planrt_cu_optimizer_multi(planrt_cu_table_t *table, const planrt_om_entry_t *entries, int count, int kind,
+			       double lr, double beta1, double beta2, double eps, double weight_decay, double momentum,
+			       int64_t warmup, int64_t total, double min_lr, int64_t step, const double *coef, int stream)
+{
+	if (count <= 0)
+		return;
+	planrt_om_scalars_t o =
+		step_scalars(kind, lr, beta1, beta2, eps, weight_decay, momentum, warmup, total, min_lr, step);
+	opt_table_build(table, entries, count, stream);
+	optimizer_multi_kernel<<<(unsigned)table->blocks, PLANRT_CU_BLOCK, 0, planrt_cu_stream(stream)>>>(
+		o, (const planrt_om_entry_t *)table->entries, table->prefix, count, coef);
+	planrt_cu_check_launch("optimizer_multi");
 }

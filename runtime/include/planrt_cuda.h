@@ -29,6 +29,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "planrt_optim_math.h"
+
 #include "planrt.h"
 #include "planrt_exec.h"
 #include "planrt_program.h"
@@ -142,6 +144,26 @@ void planrt_cu_optimizer_step(int kind, double lr, double beta1, double beta2, d
 			      double momentum, int64_t warmup, int64_t total, double min_lr, int64_t step, float *param,
 			      const void *grad, planrt_dtype_t gt, float *m, float *v, int64_t n, const double *coef,
 			      int stream);
+/* A multi-tensor launch's table: the call site's (static, zeroed); the device copy of its entries
+ * and of each entry's first block (the prefix sums of the per-tensor launches' block counts),
+ * built at the first call and rebuilt only if the entries change. */
+typedef struct planrt_cu_table {
+	void *host; /* the entries the device copy holds */
+	void *entries;
+	int64_t *prefix; /* [count + 1] */
+	int count;
+	int64_t blocks;
+} planrt_cu_table_t;
+/* The optimizer over a table of tensors in one launch (planrt_optim_math.h): the update of
+ * planrt_cu_optimizer_step on every entry, and, where an entry has one, the cast to its
+ * lower-precision parameter that follows it: their numbers bit for bit. */
+void planrt_cu_optimizer_multi(planrt_cu_table_t *table, const planrt_om_entry_t *entries, int count, int kind,
+			       double lr, double beta1, double beta2, double eps, double weight_decay, double momentum,
+			       int64_t warmup, int64_t total, double min_lr, int64_t step, const double *coef, int stream);
+/* planrt_cu_sum_squares_acc over a table of tensors (the gradient norm's): two launches, the
+ * numbers of one call per tensor in the table's order, bit for bit */
+void planrt_cu_sum_squares_multi(planrt_cu_table_t *table, const planrt_om_sq_entry_t *entries, int count,
+				 double *acc, int stream);
 void planrt_cu_loss_accumulate(double *acc, const float *loss, double scale, int stream);
 void planrt_cu_scale_metric(double *x, double f, int stream);
 

@@ -59,6 +59,7 @@ typedef struct Cuda {
 	int **loop_of;   /* [program][kernel]: the loop id of a device fused loop, -1 otherwise */
 	int **event_of;  /* [program][kernel]: its slot in the stage's event table, -1: none */
 	int *nevents;    /* [program] */
+	int **optim_group; /* [program][kernel]: optim_groups.c's runs of optimizer kernels */
 	int prog;        /* the program being printed */
 	const char **prefixes; /* [program]: its names' prefix, as emit_c.c printed it */
 } Cuda;
@@ -188,14 +189,22 @@ static void loop_names(FILE *f, const Loop *l)
 
 /* ------------------------------------------------------------------ printing kernels */
 
-static void stream_const(FILE *f, int stream)
+/* the stream's name in prog.c */
+static void stream_text(char *buf, size_t size, int stream)
 {
 	static const char *const names[] = {"PLANRT_STREAM_COMPUTE", "PLANRT_STREAM_COMM", "PLANRT_STREAM_COPY",
 					    "PLANRT_STREAM_HOST"};
 	if (stream < STREAM_P2P)
-		fprintf(f, "%s", names[stream]);
+		snprintf(buf, size, "%s", names[stream]);
 	else
-		fprintf(f, "PLANRT_STREAM_P2P + %d", stream - STREAM_P2P);
+		snprintf(buf, size, "PLANRT_STREAM_P2P + %d", stream - STREAM_P2P);
+}
+
+static void stream_const(FILE *f, int stream)
+{
+	char name[64];
+	stream_text(name, sizeof name, stream);
+	fprintf(f, "%s", name);
 }
 
 static Cuda *cuda_of(Emit *e)
@@ -263,6 +272,10 @@ static void print_kernel(Emit *e, const Kernel *k)
 {
 	FILE *f = emit_file(e);
 	const LProg *p = emit_prog(e);
+	const int *group = cuda_of(e)->optim_group[cuda_of(e)->prog];
+	int run_last = group[kernel_index(p, k)];
+	if (run_last == CUDA_OPT_MEMBER) /* printed with its run's first kernel */
+		return;
 	if (kernel_device[k->kind].mode == KDEV_NO_OP) {
 		fprintf(f, "\t/* %s: NCCL progresses its operations on their own stream */\n", kernel_names[k->kind]);
 		return;
@@ -287,6 +300,11 @@ static void print_kernel(Emit *e, const Kernel *k)
 		if (k->kind == K_LOOP)
 			fprintf(f, "%s/* on the host: */\n", in);
 		emit_c_kernel(e, k); /* the C target's call or loop nest, on host memory */
+	} else if (run_last >= 0) {
+		char stream[64];
+		stream_text(stream, sizeof stream, k->stream);
+		cuda_print_optim_group(e, group, kernel_index(p, k), stream);
+		k = &p->k[run_last]; /* the run's last kernel records the event others wait for */
 	} else {
 		fprintf(f, "%s", in);
 		device_call(e, k);
@@ -489,10 +507,12 @@ bool emit_cuda(const Lowered *low, const char *dir, const char *source_path)
 	c.event_of = arena_alloc(a, sizeof(int *) * (size_t)low->nprogs);
 	c.nevents = arena_alloc(a, sizeof(int) * (size_t)low->nprogs);
 	c.prefixes = arena_alloc(a, sizeof(char *) * (size_t)low->nprogs);
+	c.optim_group = arena_alloc(a, sizeof(int *) * (size_t)low->nprogs);
 	for (int i = 0; i < low->nprogs; i++) {
 		const LProg *p = low->progs[i];
 		c.loop_of[i] = arena_alloc(a, sizeof(int) * (size_t)(p->nk ? p->nk : 1));
 		c.event_of[i] = arena_alloc(a, sizeof(int) * (size_t)(p->nk ? p->nk : 1));
+		c.optim_group[i] = cuda_optim_groups(p);
 		for (int k = 0; k < p->nk; k++) {
 			const Kernel *x = &p->k[k];
 			c.loop_of[i][k] = x->kind == K_LOOP && x->stream != STREAM_HOST ? loop_id(&c, p, x) : -1;
@@ -501,6 +521,8 @@ bool emit_cuda(const Lowered *low, const char *dir, const char *source_path)
 	}
 	EmitTarget t = {prelude, stage_decls, phase_begin, print_kernel, phase_end, epilogue, "cuda_main", &c};
 	bool ok = emit_c_with(low, dir, source_path, &t) && write_kernels(&c, dir, source_path);
+	for (int i = 0; i < low->nprogs; i++)
+		free(c.optim_group[i]);
 	for (int i = 0; i < c.nloops; i++)
 		free(c.loops[i].key);
 	free(c.loops);
