@@ -11,7 +11,8 @@ by hand (wall_time = 1, step = 2, file_version = 3, summary = 5; Summary.value =
 Value.simple_value = 2).
 
 Scalars: train/loss, train/lr, train/grad_norm, train/tokens_per_s, train/samples_per_s, eval/loss and eval/accuracy (a step's eval_loss, eval_accuracy),
-and every other number of a row as train/NAME, at the row's step (0-based, as the log). Run it again
+and every other number of a row as train/NAME, at the row's step (0-based, as the log); the facts
+of the run the first row carries (cpu, blas, threads) are not scalars and are left out. Run it again
 after a resumed run appended to the log: it rewrites the event file whole.
 
 usage: jsonl_to_tensorboard.py RUN.jsonl LOGDIR   (writes LOGDIR/events.out.tfevents.TIME.HOST)
@@ -102,7 +103,7 @@ def main(argv):
         if not isinstance(row, dict) or not isinstance(row.get("step"), int) or row["step"] < 0:
             continue  # not a step's row (none are written today; tolerated for later kinds)
         scalars = [(tag_of(k), float(v)) for k, v in row.items()
-                   if k not in ("step", "tokens", "samples", "step_ms") and isinstance(v, (int, float)) and not isinstance(v, bool)]
+                   if k not in ("step", "tokens", "samples", "step_ms", "threads") and isinstance(v, (int, float)) and not isinstance(v, bool)]
         if scalars:
             records.append(record(event(time.time(), step=row["step"], scalars=scalars)))
     try:

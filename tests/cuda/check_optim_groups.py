@@ -106,7 +106,9 @@ def cuda_calls(lines):
 
 def emit(target, plan_file, plan, out):
     os.makedirs(os.path.dirname(out), exist_ok=True)
-    r = subprocess.run([PLANC, "emit", target, os.path.join(ROOT, plan_file), "--plan", plan, "-o", out],
+    # the C step unrolled (--no-layer-loops): its calls are counted one per tensor
+    loops = ["--no-layer-loops"] if target == "c" else []
+    r = subprocess.run([PLANC, "emit", target, os.path.join(ROOT, plan_file), "--plan", plan, *loops, "-o", out],
                        capture_output=True, text=True)
     if r.returncode != 0:
         raise SystemExit(f"planc emit {target} {plan_file} {plan} failed: {r.stderr}")
