@@ -17,6 +17,9 @@ import subprocess
 import sys
 import tempfile
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests", "lib"))
+import harness  # noqa: E402  (tests/lib/harness.py: c_functions)
+
 # calls that order streams or touch the host, not device work
 NOT_LAUNCHES = {"planrt_cu_record", "planrt_cu_wait", "planrt_cu_record_entry", "planrt_cu_wait_entry",
                 "planrt_cu_synchronize", "planrt_cu_host_state", "planrt_cu_event_t"}
@@ -28,17 +31,7 @@ DTYPE_BYTES = {"planrt_f32": 4, "planrt_bf16": 2, "planrt_f16": 2, "planrt_f64":
 
 def phases(prog):
     """{phase name: [lines of its body]}"""
-    out, name = {}, None
-    for line in prog.split("\n"):
-        m = PHASE.match(line)
-        if m:
-            name = m.group(1)
-            out[name] = []
-        elif name and line == "}":
-            name = None
-        elif name:
-            out[name].append(line)
-    return out
+    return harness.c_functions(prog, PHASE)
 
 
 def count(lines, times, launches, gemms, casts):

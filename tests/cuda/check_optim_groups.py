@@ -32,18 +32,8 @@ STEP = re.compile(r"^static void (\w*step)\(planrt_ctx_t \*ctx\)$")
 
 def step_bodies(path):
     """{step function name: its lines}"""
-    out, name = {}, None
     with open(path) as f:
-        for line in f.read().split("\n"):
-            m = STEP.match(line)
-            if m:
-                name = m.group(1)
-                out[name] = []
-            elif name and line == "}":
-                name = None
-            elif name:
-                out[name].append(line)
-    return out
+        return harness.c_functions(f.read(), STEP)
 
 
 def args_of(line, fn):

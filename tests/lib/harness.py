@@ -140,6 +140,22 @@ class Programs:
         return r.returncode, r.stderr
 
 
+def c_functions(text, pattern):
+    """{name: [body lines]} of the generated C functions whose header line matches pattern (a
+    compiled regex whose group 1 is the name), each body up to its closing brace at column 0"""
+    out, name = {}, None
+    for line in text.split("\n"):
+        m = pattern.match(line)
+        if m:
+            name = m.group(1)
+            out[name] = []
+        elif name and line == "}":
+            name = None
+        elif name:
+            out[name].append(line)
+    return out
+
+
 def read_log(path):
     """a --log file: one dict per line"""
     return [json.loads(line) for line in open(path) if line.strip()]
