@@ -48,7 +48,9 @@ typedef struct Candidate {
 	Recompute rec;
 	SearchSchedule sched;
 	bool sp;
-	double bound; /* seconds: no plan of this recompute mode on this world is faster */
+	double bound;     /* seconds: no plan of this recompute mode on this world is faster */
+	double mem_bound; /* bytes: its busiest rank holds at least this much */
+	long long index;  /* order of enumeration: ties in the bound keep it */
 } Candidate;
 
 typedef struct Result {
@@ -63,6 +65,15 @@ typedef struct TensorPlan {
 	bool known, ok;
 	double compute, comm, comm_micro, act;
 } TensorPlan;
+
+/* What one rank of a tensor group costs over the whole batch for the parts of the model [0, j)
+ * (part 0 before the layers, 1 + l layer l, L + 1 after them: explain_parts), as prefix sums
+ * [nparts + 1], for one tensor degree, sequence parallelism and recompute mode: the larger of the
+ * one-rank plan's figure split t ways and the tensor-only plan's (compute plus what recomputation
+ * adds; its collectives' least seconds added). */
+typedef struct PartSums {
+	double *fwd, *bwd, *update, *act, *params, *grads, *optim;
+} PartSums;
 
 typedef struct Search {
 	const char *path, *model, *name;
@@ -88,6 +99,11 @@ typedef struct Search {
 	long long tensor_degrees[256]; /* the divisors of the world */
 	TensorPlan tensor[256][2];     /* the tensor-only plan of each, without and with sequence parallelism */
 	int ntensor;
+	int nlayers;                      /* the model's layers (-1: the one-rank plan did not compile) */
+	ExplainPart *ref_parts[3];        /* the one-rank plan's costs by part, per recompute mode (or NULL) */
+	ExplainPart *tensor_parts[256][2]; /* the tensor-only plans' (or NULL) */
+	PartSums *sums[256][2][3];        /* built when first asked */
+	int *split[256];                  /* per pipe degree: the first layer of each 1f1b stage, and L */
 	long long compiled, refused, over_memory, pruned, pruned_memory, violations;
 	long long refused_tensor; /* not compiled: the checks refuse their tensor-only plan */
 	Result *best;
@@ -187,7 +203,7 @@ static int divisors(long long n, long long *out, int cap)
 
 /* Compiles the file with `text` appended (every diagnostic silenced: a refused candidate is
  * counted, not reported); fills *sum and, when given, *totals. */
-static bool evaluate(Search *S, const char *text, ExplainSummary *sum, ExplainTotals *totals)
+static bool evaluate(Search *S, const char *text, ExplainSummary *sum, ExplainTotals *totals, ExplainPart **parts)
 {
 	Arena *saved = plan_arena_begin(S->prog);
 	Arena *a = S->prog->arena;
@@ -214,6 +230,17 @@ static bool evaluate(Search *S, const char *text, ExplainSummary *sum, ExplainTo
 		ok = low && diag_error_count() == 0 && explain_summary(g, low, sum);
 		if (ok && totals)
 			explain_totals(low, totals);
+		if (ok && parts && (S->nlayers < 0 || S->nlayers == g->nlayers)) {
+			*parts = calloc((size_t)g->nlayers + 2, sizeof **parts);
+			if (!*parts)
+				ICE("out of memory");
+			if (explain_parts(g, low, *parts)) {
+				S->nlayers = g->nlayers;
+			} else {
+				free(*parts);
+				*parts = NULL;
+			}
+		}
 	}
 	diag_reset();
 	plan_arena_end(S->prog, saved);
@@ -229,7 +256,7 @@ static void reference_bounds(Search *S)
 		char *text = plan_text(S, &c, "search_reference");
 		ExplainSummary sum;
 		ExplainTotals tot = {0};
-		if (!evaluate(S, text, &sum, &tot))
+		if (!evaluate(S, text, &sum, &tot, S->plain_sync ? &S->ref_parts[r] : NULL))
 			memset(&sum, 0, sizeof sum);
 		S->ref_compute[r] = tot.compute;
 		S->ref_act[r] = S->plain_sync ? sum.act_micro : 0;
@@ -260,7 +287,7 @@ static void tensor_bounds(Search *S)
 			ExplainSummary sum;
 			ExplainTotals tot = {0};
 			tp->known = true;
-			tp->ok = evaluate(S, text, &sum, &tot);
+			tp->ok = evaluate(S, text, &sum, &tot, &S->tensor_parts[i][sp]);
 			if (tp->ok) {
 				tp->compute = tot.compute;
 				tp->comm = tot.comm_micro + tot.comm_step;
@@ -286,7 +313,7 @@ static void axis_bounds(Search *S)
 		if (S->ctx && S->causal) {
 			char *text = plan_text(S, &c, "search_reference");
 			ExplainSummary sum;
-			S->ctx_ok[i] = evaluate(S, text, &sum, NULL);
+			S->ctx_ok[i] = evaluate(S, text, &sum, NULL, NULL);
 			free(text);
 		}
 		if (S->batch % k == 0) {
@@ -294,7 +321,7 @@ static void axis_bounds(Search *S)
 			c.d = c.e = k;
 			char *text = plan_text(S, &c, "search_reference");
 			ExplainSummary sum;
-			S->expert_ok[i] = evaluate(S, text, &sum, NULL);
+			S->expert_ok[i] = evaluate(S, text, &sum, NULL, NULL);
 			free(text);
 		}
 	}
@@ -338,17 +365,175 @@ static void push(CandList *l, const Candidate *c)
  * parallel step reduces each rank's gradients (G / (t p) bytes) over the d ranks of its data
  * group, an all-reduce without ZeRO; under ZeRO a reduce-scatter, and the updated shards of the
  * parameters (P / (t p)) come back by an all-gather (ZeRO 3: before each use). */
-static double data_floor(const Search *S, const Candidate *c)
+
+/* ---------------------------------------------------------------- bounds per stage */
+
+static double larger(double a, double b)
+{
+	return a > b ? a : b;
+}
+
+static int tensor_index(const Search *S, long long t)
+{
+	for (int i = 0; i < S->ntensor; i++)
+		if (S->tensor_degrees[i] == t)
+			return i;
+	return -1;
+}
+
+/* The prefix sums of the candidate's tensor degree, sequence parallelism and recompute mode (NULL
+ * when the one-rank plans gave no parts); docs/search.md says why each term is a lower bound. */
+static const PartSums *part_sums(Search *S, const Candidate *c)
+{
+	int ti = tensor_index(S, c->t);
+	const ExplainPart *one = S->ref_parts[c->rec], *none = S->ref_parts[REC_NONE];
+	if (ti < 0 || !one || !none || S->nlayers < 0)
+		return NULL;
+	PartSums **slot = &S->sums[ti][c->sp][c->rec];
+	if (*slot)
+		return *slot;
+	const TensorPlan *tp = tensor_plan(S, c);
+	const ExplainPart *tens = tp && tp->ok ? S->tensor_parts[ti][c->sp] : NULL;
+	int n = S->nlayers + 2;
+	PartSums *ps = malloc(sizeof *ps);
+	double *mem = calloc((size_t)(7 * (n + 1)), sizeof(double));
+	if (!ps || !mem)
+		ICE("out of memory");
+	double **cols[] = {&ps->fwd, &ps->bwd, &ps->update, &ps->act, &ps->params, &ps->grads, &ps->optim};
+	for (int k = 0; k < 7; k++)
+		*cols[k] = mem + k * (n + 1);
+	double t = (double)c->t;
+	for (int j = 0; j < n; j++) {
+		const ExplainPart *o = &one[j];
+		double f = o->fwd / t, b = o->bwd / t, a = o->act / t, u = o->update / t;
+		double st[3] = {o->params / t, o->grads / t, o->optim / t};
+		if (tens) {
+			const ExplainPart *x = &tens[j];
+			f = larger(f, x->fwd + larger(0, o->fwd - none[j].fwd) / t) + x->fwd_comm;
+			b = larger(b, x->bwd + larger(0, o->bwd - none[j].bwd) / t) + x->bwd_comm;
+			if (c->rec == REC_NONE)
+				a = larger(a, x->act);
+			u = larger(u, x->update);
+			st[0] = larger(st[0], x->params);
+			st[1] = larger(st[1], x->grads);
+			st[2] = larger(st[2], x->optim);
+		}
+		double row[] = {f, b, u, a, st[0], st[1], st[2]};
+		for (int k = 0; k < 7; k++)
+			(*cols[k])[j + 1] = (*cols[k])[j] + row[k];
+	}
+	*slot = ps;
+	return ps;
+}
+
+/* The layers of virtual stage vs (chunk * p + stage) as parts [*lo, *hi): the interleaved
+ * schedule's pieces of L / (p v) layers, or 1f1b's stages as pipeline.c partitions uniform layers;
+ * the embedding on the first, the head on the last. False when the checks refuse the layout. */
+static bool stage_parts(Search *S, const Candidate *c, int vs, int *lo, int *hi)
+{
+	int L = S->nlayers, p = (int)c->p, v = c->sched == SCH_INTERLEAVED ? 2 : 1, nvs = p * v;
+	if (L < nvs || (v > 1 && L % nvs))
+		return false;
+	int first, end;
+	if (v > 1) {
+		first = vs * (L / nvs);
+		end = first + L / nvs;
+	} else {
+		int pi = tensor_index(S, c->p);
+		if (pi < 0)
+			return false;
+		if (!S->split[pi]) {
+			double *ones = malloc(sizeof(double) * (size_t)L);
+			int *part_of = malloc(sizeof(int) * (size_t)L), *split = malloc(sizeof(int) * (size_t)(p + 1));
+			if (!ones || !part_of || !split)
+				ICE("out of memory");
+			for (int l = 0; l < L; l++)
+				ones[l] = 1;
+			pipeline_partition(ones, L, p, 0, 0, part_of); /* balance = uniform, as candidates have it */
+			for (int l = L - 1; l >= 0; l--)
+				split[part_of[l]] = l;
+			split[p] = L;
+			free(ones);
+			free(part_of);
+			S->split[pi] = split;
+		}
+		first = S->split[pi][vs];
+		end = S->split[pi][vs + 1];
+	}
+	*lo = vs == 0 ? 0 : 1 + first;
+	*hi = vs == nvs - 1 ? L + 2 : 1 + end;
+	return true;
+}
+
+/* The least data-parallel seconds for a rank holding `grads` and `params` bytes (data_floor's). */
+static double data_floor_of(const Search *S, const Candidate *c, double grads, double params)
 {
 	if (c->d <= 1 || !S->plain_sync || c->offload)
 		return 0;
-	/* experts are split e ways more; the data axis alone (d / e ranks) is the smallest group */
-	double d = (double)(c->d / c->e), split = (double)c->t * (double)c->p * (double)c->e, ring = (d - 1) / d;
+	double d = (double)(c->d / c->e), ring = (d - 1) / d;
 	const Device *dev = device_current();
 	const Link *link = S->world <= dev->node_ranks ? &dev->node : &dev->net; /* data is the outermost axis */
 	if (c->zero == 0)
-		return device_wire_floor(link, true, 2 * ring * S->ref_grads / split);
-	return device_wire_floor(link, false, ring * (S->ref_grads + S->ref_params) / split);
+		return device_wire_floor(link, true, 2 * ring * grads);
+	return device_wire_floor(link, false, ring * (grads + params));
+}
+
+/* Micro-batch chunks stage s holds at once: pipeline.c's schedule table keeps warm-up + 1. */
+static double held_chunks(const Candidate *c, long long s)
+{
+	double m = (double)c->m, p = (double)c->p, v = c->sched == SCH_INTERLEAVED ? 2 : 1;
+	double warm = v > 1 ? 2 * (p - (double)s - 1) + (v - 1) * p : p - (double)s - 1;
+	return warm + 1 < m * v ? warm + 1 : m * v;
+}
+
+/* The time and memory bounds of every stage of the candidate from the per-part costs, the largest
+ * of each (docs/search.md, "per stage"); false when the parts are not known. */
+static bool stage_bounds(Search *S, const Candidate *c, double *time, double *memory)
+{
+	const PartSums *ps = part_sums(S, c);
+	if (!ps || !S->plain_sync)
+		return false;
+	int p = (int)c->p, v = c->sched == SCH_INTERLEAVED ? 2 : 1, nvs = p * v;
+	double *fwd = malloc(sizeof(double) * (size_t)(2 * nvs + 2)), *bwd = fwd + nvs + 1;
+	int *range = malloc(sizeof(int) * (size_t)(2 * nvs));
+	if (!fwd || !range)
+		ICE("out of memory");
+	double m = (double)c->m, rows = (double)c->d * (double)c->s * (double)c->c * m; /* one micro-batch's share */
+	double e = (double)c->e, z = (double)(c->d / c->e);
+	bool ok = true;
+	fwd[0] = bwd[0] = 0; /* prefix sums over the virtual stages of one micro-batch's seconds */
+	for (int vs = 0; vs < nvs && ok; vs++) {
+		ok = stage_parts(S, c, vs, &range[2 * vs], &range[2 * vs + 1]);
+		int lo = range[2 * vs], hi = range[2 * vs + 1];
+		fwd[vs + 1] = fwd[vs] + (ok ? (ps->fwd[hi] - ps->fwd[lo]) / rows : 0);
+		bwd[vs + 1] = bwd[vs] + (ok ? (ps->bwd[hi] - ps->bwd[lo]) / rows : 0);
+	}
+	*time = *memory = 0;
+	long long n = c->m * v; /* the last action of a stage: the backward of unit n - 1 */
+	int last_chunk = v == 1 ? 0 : v - 1 - (int)(((n - 1) / p) % v);
+	for (int s = 0; s < p && ok; s++) {
+		double busy = 0, upd = 0, act = 0, st[3] = {0, 0, 0};
+		for (int ch = 0; ch < v; ch++) {
+			int vs = ch * p + s, lo = range[2 * vs], hi = range[2 * vs + 1];
+			busy += m * (fwd[vs + 1] - fwd[vs] + bwd[vs + 1] - bwd[vs]);
+			upd += ps->update[hi] - ps->update[lo];
+			act += (ps->act[hi] - ps->act[lo]) / rows;
+			st[0] += (ps->params[hi] - ps->params[lo]) / e;
+			st[1] += (ps->grads[hi] - ps->grads[lo]) / e;
+			st[2] += (ps->optim[hi] - ps->optim[lo]) / e;
+		}
+		double head = fwd[s], tail = bwd[last_chunk * p + s]; /* micro-batch 0 reaching s, the last leaving */
+		double update = c->offload ? 0 : upd / (e * (c->zero >= 1 ? z : 1));
+		double t = head + busy + tail + update + data_floor_of(S, c, st[1], st[0]);
+		double states = st[0] / (c->zero >= 3 ? z : 1) + st[1] / (c->zero >= 2 ? z : 1) +
+				(c->offload ? 0 : st[2] / (c->zero >= 1 ? z : 1));
+		double mem = states + held_chunks(c, s) * act / v;
+		*time = larger(*time, t);
+		*memory = larger(*memory, mem);
+	}
+	free(fwd);
+	free(range);
+	return ok;
 }
 
 /* The least step time the estimate can give the candidate (the comment at the top says why). */
@@ -367,7 +552,9 @@ static double time_bound(const Search *S, const Candidate *c)
 		comm_micro = tp->comm_micro;
 	}
 	double rows = (double)c->d * (double)c->s * (double)c->c; /* a rank's share of the rows and the sequence */
-	double flat = (group + comm) / (rows * p) + update + data_floor(S, c);
+	/* experts are split e ways more; the data axis alone (d / e ranks) is the smallest group */
+	double split = t * p * (double)c->e;
+	double flat = (group + comm) / (rows * p) + update + data_floor_of(S, c, S->ref_grads / split, S->ref_params / split);
 	if (c->sched == SCH_INTERLEAVED)
 		return flat;
 	double x = (group + comm_micro) / (rows * m);
@@ -375,9 +562,29 @@ static double time_bound(const Search *S, const Candidate *c)
 	return bubble > flat ? bubble : flat;
 }
 
+/* The least peak memory of the candidate's busiest rank (the comment at the top says why). */
+static double memory_bound(const Search *S, const Candidate *c)
+{
+	/* experts may be split e ways more; ZeRO shards over the data axis (d / e ranks) */
+	double split = (double)c->t * (double)c->p * (double)c->e, d = (double)c->d, z = (double)(c->d / c->e);
+	double m = (double)c->m;
+	double states = S->ref_params / (split * (c->zero >= 3 ? z : 1)) + S->ref_grads / (split * (c->zero >= 2 ? z : 1)) +
+			(c->offload ? 0 : S->ref_optim / (split * (c->zero >= 1 ? z : 1)));
+	double group = S->ref_act[c->rec] / (double)c->t; /* one tensor group, the whole batch */
+	const TensorPlan *tp = tensor_plan(S, c);
+	if (tp && tp->ok && c->rec == REC_NONE && tp->act > group)
+		group = tp->act;
+	double micro = group / (d * m * (double)c->s * (double)c->c); /* one micro-batch, every stage */
+	double flat = states + micro / (double)c->p;
+	double spread = 0; /* stage s holds `held` of its micro-batch activations at once */
+	for (long long s = 0; s < c->p; s++)
+		spread += (c->sched == SCH_INTERLEAVED ? 2 : 1) / held_chunks(c, s);
+	return micro / spread > flat ? micro / spread : flat;
+}
+
 /* Every schedule, ZeRO stage, recompute mode and sequence-parallel choice of one mesh and
  * micro-batch count. */
-static void push_variants(const Search *S, CandList *l, Candidate c)
+static void push_variants(Search *S, CandList *l, Candidate c)
 {
 	long long data = c.d / c.e; /* the data axis ZeRO shards over */
 	for (int sch = c.p > 1 ? SCH_1F1B : SCH_NONE; sch <= (c.p > 1 ? SCH_INTERLEAVED : SCH_NONE); sch++)
@@ -391,13 +598,20 @@ static void push_variants(const Search *S, CandList *l, Candidate c)
 						c.sp = sp;
 						c.offload = off;
 						c.bound = time_bound(S, &c);
+						c.mem_bound = memory_bound(S, &c);
+						double t, mem;
+						if (stage_bounds(S, &c, &t, &mem)) {
+							c.bound = larger(c.bound, t);
+							c.mem_bound = larger(c.mem_bound, mem);
+						}
+						c.index = l->n;
 						push(l, &c);
 					}
 }
 
 /* The data degree is what the other degrees leave; the expert degree divides it; then every
  * micro-batch count of the local batch. */
-static void enumerate_data(const Search *S, CandList *l, Candidate c)
+static void enumerate_data(Search *S, CandList *l, Candidate c)
 {
 	long long de[256], dm[256];
 	c.d = S->world / (c.t * c.s * c.c * c.p);
@@ -416,7 +630,7 @@ static void enumerate_data(const Search *S, CandList *l, Candidate c)
 }
 
 /* Every tensor x seq x ctx x pipe degree whose product divides the world. */
-static void enumerate(const Search *S, CandList *l)
+static void enumerate(Search *S, CandList *l)
 {
 	long long dt[256], ds[256], dc[256], dp[256];
 	int nt = divisors(S->world, dt, 256);
@@ -440,8 +654,10 @@ static void enumerate(const Search *S, CandList *l)
 
 static int by_bound(const void *a, const void *b)
 {
-	double x = ((const Candidate *)a)->bound, y = ((const Candidate *)b)->bound;
-	return x < y ? -1 : x > y;
+	const Candidate *p = a, *q = b;
+	if (p->bound != q->bound)
+		return p->bound < q->bound ? -1 : 1;
+	return p->index < q->index ? -1 : p->index > q->index;
 }
 
 /* Keeps the top k feasible results, fastest first (ties: the earlier candidate). */
@@ -462,37 +678,6 @@ static void keep(Search *S, const Candidate *c, const ExplainSummary *sum)
 	S->best[i].sum = *sum;
 }
 
-/* How many micro-batches' activations stage s holds at once, as pipeline.c's schedule table has
- * them: 1f1b runs p - s - 1 forwards before its first backward, the interleaved schedule
- * 2 (p - s - 1) + (v - 1) p forwards of chunks (v = 2, a chunk holding 1 / v of the stage's). */
-static double held(const Candidate *c, long long s)
-{
-	double m = (double)c->m, p = (double)c->p;
-	if (c->sched != SCH_INTERLEAVED)
-		return p - (double)s < m ? p - (double)s : m;
-	double v = 2, chunks = 2 * (p - (double)s - 1) + (v - 1) * p + 1;
-	return (chunks < m * v ? chunks : m * v) / v;
-}
-
-/* The least peak memory of the candidate's busiest rank (the comment at the top says why). */
-static double memory_bound(const Search *S, const Candidate *c)
-{
-	/* experts may be split e ways more; ZeRO shards over the data axis (d / e ranks) */
-	double split = (double)c->t * (double)c->p * (double)c->e, d = (double)c->d, z = (double)(c->d / c->e);
-	double m = (double)c->m;
-	double states = S->ref_params / (split * (c->zero >= 3 ? z : 1)) + S->ref_grads / (split * (c->zero >= 2 ? z : 1)) +
-			(c->offload ? 0 : S->ref_optim / (split * (c->zero >= 1 ? z : 1)));
-	double group = S->ref_act[c->rec] / (double)c->t; /* one tensor group, the whole batch */
-	const TensorPlan *tp = tensor_plan(S, c);
-	if (tp && tp->ok && c->rec == REC_NONE && tp->act > group)
-		group = tp->act;
-	double micro = group / (d * m * (double)c->s * (double)c->c); /* one micro-batch, every stage */
-	double flat = states + micro / (double)c->p;
-	double spread = 0; /* stage s holds `held` of its micro-batch activations at once */
-	for (long long s = 0; s < c->p; s++)
-		spread += 1 / held(c, s);
-	return micro / spread > flat ? micro / spread : flat;
-}
 
 static void run_search(Search *S, CandList *l)
 {
@@ -508,16 +693,16 @@ static void run_search(Search *S, CandList *l)
 			S->refused_tensor++;
 			continue;
 		}
-		if (!S->exhaustive && memory_bound(S, c) > S->memory) {
+		if (!S->exhaustive && c->mem_bound > S->memory) {
 			S->pruned_memory++;
 			continue;
 		}
 		char *text = plan_text(S, c, "search_candidate");
 		ExplainSummary sum;
-		bool ok = evaluate(S, text, &sum, NULL);
+		bool ok = evaluate(S, text, &sum, NULL, NULL);
 		free(text);
 		S->compiled++;
-		bool violated = ok && (c->bound > sum.step * (1 + 1e-9) || memory_bound(S, c) > sum.peak * (1 + 1e-9) ||
+		bool violated = ok && (c->bound > sum.step * (1 + 1e-9) || c->mem_bound > sum.peak * (1 + 1e-9) ||
 				       (tp && !tp->ok));
 		S->violations += violated; /* a bound above what it bounds: a bug (tests/search checks there is none) */
 		if (violated || getenv("PLANC_SEARCH_TRACE"))
@@ -525,7 +710,7 @@ static void run_search(Search *S, CandList *l)
 				"time bound %.6g, estimate %.6g; memory bound %.6g, peak %.6g\n",
 				violated ? "planc search: bound violated" : "trace", cpu_seconds(), c->d, c->e, c->p, c->c, c->s,
 				c->t, c->m, c->zero, c->rec, c->sched, c->sp, c->offload, ok, c->bound, ok ? sum.step : 0,
-				memory_bound(S, c), ok ? sum.peak : 0);
+				c->mem_bound, ok ? sum.peak : 0);
 		if (!ok)
 			S->refused++;
 		else if (sum.peak > S->memory)
@@ -761,7 +946,7 @@ static bool write_best(const Search *S, const char *name)
 
 int search_main(int argc, char **argv)
 {
-	Search S = {0};
+	Search S = {.nlayers = -1};
 	SearchArgs a = {0};
 	int rc = parse_search_args(argc, argv, &a, &S);
 	if (rc)

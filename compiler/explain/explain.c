@@ -256,32 +256,39 @@ static long long optimizer_state_bytes(const PlanSpec *ps)
 	return b;
 }
 
+/* The bytes of one optimizer step's parameter, gradient and optimizer state on a rank (out[0..2]). */
+static void step_states(Graph *g, const StateRecord *st, const Op *op, bool worker_only, long long *out)
+{
+	int p = op->in[0], gr = op->in[1], zn = st->zero.size;
+	out[0] = bytes_of(g, p);
+	out[1] = bytes_of(g, gr);
+	/* the optimizer works on the tensor-parallel shard, split again over the ZeRO axis */
+	Layout saved = g->vals[p].lay;
+	if (st->zero.axis >= 0)
+		g->vals[p].lay.on[st->zero.axis] = LAYOUT_R;
+	long long local = value_local_elems(g, p);
+	g->vals[p].lay = saved;
+	if (zn > 1)
+		local = (local + zn - 1) / zn;
+	out[2] = worker_only ? 0 : local * optimizer_state_bytes(g->ps);
+	if (st->error_feedback)
+		out[2] += value_local_elems(g, gr) * 4; /* error-feedback residual, f32 */
+}
+
 static void model_states(Report *rep, Role *r)
 {
 	Graph *g = rep->g;
-	PlanSpec *ps = rep->ps;
 	const StateRecord *st = &rep->low->state; /* ZeRO and sync as state.c laid them out */
-	int zn = st->zero.size;
 	bool worker_only = st->async && r->role == RANKROLE_WORKER;
 	for (int i = 0; i < g->nops; i++) {
 		const Op *op = &g->ops[i];
 		if (op->kind != OP_OPTIMIZER_STEP || op->stage != r->stage)
 			continue;
-		int p = op->in[0], gr = op->in[1];
-		r->params += bytes_of(g, p);
-		r->grads += bytes_of(g, gr);
-		/* the optimizer works on the tensor-parallel shard, split again over the ZeRO axis */
-		Layout saved = g->vals[p].lay;
-		if (st->zero.axis >= 0)
-			g->vals[p].lay.on[st->zero.axis] = LAYOUT_R;
-		long long local = value_local_elems(g, p);
-		g->vals[p].lay = saved;
-		if (zn > 1)
-			local = (local + zn - 1) / zn;
-		if (!worker_only)
-			r->optim += local * optimizer_state_bytes(ps);
-		if (st->error_feedback)
-			r->optim += value_local_elems(g, gr) * 4; /* error-feedback residual, f32 */
+		long long b[3];
+		step_states(g, st, op, worker_only, b);
+		r->params += b[0];
+		r->grads += b[1];
+		r->optim += b[2];
 	}
 	if (st->offload_optimizer == PLACE_HOST) {
 		r->host += r->optim;
@@ -799,6 +806,131 @@ void explain_totals(const Lowered *low, ExplainTotals *out)
 				*(step ? &out->comm_step : &out->comm_micro) += comm_floor(low->g->ps, &k->comm[c]) * times;
 		}
 	}
+}
+
+/* The part of the model an op works for (explain_parts): 1 + its layer; before the first layer 0,
+ * after the last nlayers + 1, by the rule lower.c's chunk_of places ops outside the layers with
+ * (a backward op follows the forward op it differentiates); -1 where that is not certain (a
+ * recomputed clone or a backward op outside the layers with no forward op). */
+static int op_part(const Graph *g, int i, int first_layer_op)
+{
+	for (int hops = 0; hops < 16; hops++) {
+		const Op *op = &g->ops[i];
+		if (op->layer >= 0)
+			return 1 + op->layer;
+		if (op->recompute)
+			return -1;
+		if (op->fwd_op >= 0 && op->fwd_op != i) {
+			i = op->fwd_op;
+			continue;
+		}
+		if (op->backward || op->per_step)
+			return -1;
+		return i < first_layer_op ? 0 : g->nlayers + 1;
+	}
+	return -1;
+}
+
+/* The part of a kernel without an op (state.c's optimizer, gradient and state kernels): the one
+ * layer every buffer and parameter it names belongs to, else -1. */
+static int kernel_part(const LProg *lp, const Kernel *k, int first_layer_op)
+{
+	const Graph *g = lp->g;
+	if (k->op >= 0)
+		return op_part(g, k->op, first_layer_op);
+	int layer = -1;
+	for (int a = 0; a < k->nargs; a++) {
+		const KArg *arg = &k->args[a];
+		int n = arg->kind == KA_BUF ? 1 : arg->kind == KA_BUFS ? arg->n : arg->kind == KA_PARAM ? 1 : 0;
+		for (int j = 0; j < n; j++) {
+			int l = -1;
+			if (arg->kind == KA_PARAM) {
+				if (arg->i >= 0 && arg->i < lp->low->nparams)
+					l = g->vals[lp->low->params[arg->i].value].layer;
+			} else {
+				int b = arg->kind == KA_BUF ? arg->buf : arg->bufs[j];
+				while (b >= 0 && lp->buf[b].cls == BUF_VIEW && lp->buf[b].value < 0)
+					b = lp->buf[b].view_of;
+				l = b >= 0 && lp->buf[b].value >= 0 ? g->vals[lp->buf[b].value].layer : -1;
+			}
+			if (l >= 0 && layer >= 0 && l != layer)
+				return -1;
+			if (l >= 0)
+				layer = l;
+		}
+	}
+	return layer >= 0 ? 1 + layer : -1;
+}
+
+/* Saved activations (as activations() counts them) and model states by part. */
+static void part_memory(Graph *g, const Lowered *low, int first_layer_op, ExplainPart *out)
+{
+	char *seen = calloc((size_t)g->nvals, 1);
+	if (!seen)
+		ICE("out of memory");
+	for (int i = 0; i < g->nops; i++) {
+		const Op *op = &g->ops[i];
+		int part = op_part(g, i, first_layer_op);
+		if (op->kind == OP_OPTIMIZER_STEP) {
+			int def = g->vals[op->in[0]].def, at = def >= 0 ? op_part(g, def, first_layer_op) : -1;
+			long long b[3];
+			step_states(g, &low->state, op, false, b);
+			if (at >= 0) {
+				out[at].params += (double)b[0];
+				out[at].grads += (double)b[1];
+				out[at].optim += (double)b[2];
+			}
+		}
+		if (!op->backward || op->per_step)
+			continue;
+		for (int k = 0; k < op->nin; k++) {
+			int v = op->in[k], def = g->vals[v].def;
+			if (def < 0 || g->ops[def].backward || g->ops[def].per_step || g->ops[def].kind == OP_PARAM ||
+			    g->vals[v].role == ROLE_PARAM)
+				continue;
+			int root = value_root(g, v);
+			const Op *rdef = g->vals[root].def >= 0 ? &g->ops[g->vals[root].def] : NULL;
+			if (rdef && (rdef->kind == OP_PARAM ||
+				     (rdef->kind == OP_ALL_GATHER && g->vals[rdef->in[0]].role == ROLE_PARAM)))
+				continue;
+			if (seen[root])
+				continue;
+			seen[root] = 1;
+			if (part >= 0)
+				out[part].act += (double)bytes_of(g, root);
+		}
+	}
+	free(seen);
+}
+
+bool explain_parts(Graph *g, const Lowered *low, ExplainPart *out)
+{
+	if (g->nstages != 1 || low->nprogs != 1)
+		return false;
+	int nparts = g->nlayers + 2, first_layer_op = g->nops, m = g->sched ? g->sched->micro : 1;
+	memset(out, 0, sizeof *out * (size_t)nparts);
+	for (int i = 0; i < g->nops && first_layer_op == g->nops; i++)
+		if (g->ops[i].layer >= 0 && !g->ops[i].backward)
+			first_layer_op = i;
+	const LProg *lp = low->progs[0];
+	for (int j = 0; j < lp->nk; j++) {
+		const Kernel *k = &lp->k[j];
+		Phase ph = k->phase;
+		bool step = ph == PH_STEP_BEGIN || ph == PH_STEP, fwd = ph == PH_PREPARE_F || ph == PH_FORWARD;
+		if (!step && !fwd && ph != PH_PREPARE_B && ph != PH_BACKWARD)
+			continue;
+		int part = kernel_part(lp, k, first_layer_op);
+		if (part < 0)
+			continue;
+		double times = step || k->only_last_micro ? 1 : m;
+		ExplainPart *o = &out[part];
+		if (kernel_classes[k->kind] == KC_COMPUTE && !k->ncomm)
+			*(step ? &o->update : fwd ? &o->fwd : &o->bwd) += kernel_seconds(g->ps, lp, k) * times;
+		for (int c = 0; c < k->ncomm && !step; c++)
+			*(fwd ? &o->fwd_comm : &o->bwd_comm) += comm_floor(g->ps, &k->comm[c]) * times;
+	}
+	part_memory(g, low, first_layer_op, out);
+	return true;
 }
 
 /* ---------------------------------------------------------------- printing */

@@ -60,6 +60,19 @@ typedef struct ExplainTotals {
 	double compute, update, comm_micro, comm_step;
 } ExplainTotals;
 void explain_totals(const Lowered *low, ExplainTotals *out);
+/* A one-stage plan's costs (planc search's references) by the part of the model each kernel
+ * works for: part 0 before the first layer (the embedding), 1 + l layer l, nlayers + 1 after the
+ * last (the head and the loss), where pipeline.c puts them on the first stage, the layer's and the
+ * last; a kernel whose part is not certain is in none. Whole-step figures of one rank. */
+typedef struct ExplainPart {
+	double fwd, bwd;             /* compute seconds of the forward and backward phases */
+	double fwd_comm, bwd_comm;   /* least seconds of their collectives (the bandwidth term) */
+	double update;               /* compute seconds of the update phase */
+	double act;                  /* saved activations, bytes (explain's count, by the reading op) */
+	double params, grads, optim; /* model states, bytes */
+} ExplainPart;
+/* fills out[0 .. nlayers + 2); false (nothing filled) for a plan of several stages or roles */
+bool explain_parts(Graph *g, const Lowered *low, ExplainPart *out);
 /* The estimate's costs in seconds for the programs of one rank role (RANKROLE_ANY, or an async
  * role): one micro-batch's forward and backward per stage and chunk (fc, bc: [stages * chunks]),
  * the longest transfer between stages, and each stage's update phase (update: [stages]). */
