@@ -20,7 +20,12 @@
  * 1f1b at least the pipeline's bubble bound X / (1 - (1 - 1/m)^p), X one micro-batch's work over
  * all stages (it holds for any stage balance). Its peak is at least the average rank's model
  * states plus its saved activations, and at least the activations of the micro-batches a stage
- * holds at once (min(p - s, m) under 1f1b). Candidates are taken in the order of the time bound
+ * holds at once (min(p - s, m) under 1f1b). The same references read by part of the model
+ * (explain_parts: the embedding, each layer, the head) give bounds per stage, since the layers of
+ * each stage are known before compiling (uniform 1f1b partition, interleaved pieces): a stage's
+ * time is at least micro-batch 0 reaching it, all its forwards and backwards, the last backward
+ * leaving it, its update and its gradients' traffic; its memory at least its parts' states and the
+ * chunks it holds in flight. Candidates are taken in the order of the time bound
  * and once k plans are known and the bound reaches the k-th best estimate, no later candidate can
  * enter the top k: the rest are skipped; one over --memory by the memory bound, or whose tensor-only
  * plan the checks refuse, is not compiled. --exhaustive compiles every candidate, and every
@@ -975,6 +980,15 @@ int search_main(int argc, char **argv)
 		fprintf(stderr, "ref W %g %g %g U %g A %g %g %g P %g G %g O %g\n", S.ref_compute[0], S.ref_compute[1],
 			S.ref_compute[2], S.ref_update, S.ref_act[0], S.ref_act[1], S.ref_act[2], S.ref_params, S.ref_grads,
 			S.ref_optim);
+		for (int r = 0; r < 3 && S.ref_parts[r]; r++) { /* what the parts leave out of the totals */
+			double w = 0, act = 0;
+			for (int j = 0; j < S.nlayers + 2; j++) {
+				w += S.ref_parts[r][j].fwd + S.ref_parts[r][j].bwd;
+				act += S.ref_parts[r][j].act;
+			}
+			fprintf(stderr, "parts %s: W %g of %g, A %g of %g, %d layers\n", rec_names[r], w, S.ref_compute[r], act,
+				S.ref_act[r], S.nlayers);
+		}
 		for (int i = 0; i < S.ntensor; i++)
 			for (int sp = 0; sp < 2; sp++)
 				fprintf(stderr, "tensor %lld sp%d: ok %d W %g C %g A %g\n", S.tensor_degrees[i], sp, S.tensor[i][sp].ok,

@@ -831,13 +831,39 @@ static int op_part(const Graph *g, int i, int first_layer_op)
 	return -1;
 }
 
-/* The part of a kernel without an op (state.c's optimizer, gradient and state kernels): the one
- * layer every buffer and parameter it names belongs to, else -1. */
-static int kernel_part(const LProg *lp, const Kernel *k, int first_layer_op)
+/* Whether a fused loop may hold an op of another part than its own: an op without a kernel of its
+ * own (lowered into its consumer's loop, or a view) that produces one of its inputs, followed up
+ * the chain as far as the loop fused ops. lower.c fuses within a phase and chunk, so at one stage
+ * a chain may cross from one layer into the next, which a pipeline would cut. */
+static bool fused_across(const Graph *g, const Kernel *k, const char *own_kernel, int part, int first_layer_op)
+{
+	int todo[64], n = 0;
+	todo[n++] = k->op;
+	for (int seen = 0; seen < n && seen < k->nfused; seen++) {
+		const Op *op = &g->ops[todo[seen]];
+		for (int i = 0; i < op->nin; i++) {
+			int d = g->vals[op->in[i]].def;
+			if (d < 0 || own_kernel[d] || g->ops[d].kind == OP_PARAM || g->ops[d].kind == OP_INPUT)
+				continue;
+			if (op_part(g, d, first_layer_op) != part || n == 64)
+				return true;
+			todo[n++] = d;
+		}
+	}
+	return false;
+}
+
+/* The part of a kernel: its op's (-1 for a fused loop that may reach into another part); for a
+ * kernel without an op (state.c's optimizer, gradient and state kernels) the one layer every
+ * buffer and parameter it names belongs to, else -1. */
+static int kernel_part(const LProg *lp, const Kernel *k, const char *own_kernel, int first_layer_op)
 {
 	const Graph *g = lp->g;
-	if (k->op >= 0)
-		return op_part(g, k->op, first_layer_op);
+	if (k->op >= 0) {
+		int part = op_part(g, k->op, first_layer_op);
+		return part >= 0 && k->kind == K_LOOP && k->nfused > 1 && fused_across(g, k, own_kernel, part, first_layer_op)
+			? -1 : part;
+	}
 	int layer = -1;
 	for (int a = 0; a < k->nargs; a++) {
 		const KArg *arg = &k->args[a];
@@ -913,13 +939,19 @@ bool explain_parts(Graph *g, const Lowered *low, ExplainPart *out)
 		if (g->ops[i].layer >= 0 && !g->ops[i].backward)
 			first_layer_op = i;
 	const LProg *lp = low->progs[0];
+	char *own_kernel = calloc((size_t)g->nops, 1); /* ops lowered to a kernel of their own */
+	if (!own_kernel)
+		ICE("out of memory");
+	for (int j = 0; j < lp->nk; j++)
+		if (lp->k[j].op >= 0)
+			own_kernel[lp->k[j].op] = 1;
 	for (int j = 0; j < lp->nk; j++) {
 		const Kernel *k = &lp->k[j];
 		Phase ph = k->phase;
 		bool step = ph == PH_STEP_BEGIN || ph == PH_STEP, fwd = ph == PH_PREPARE_F || ph == PH_FORWARD;
 		if (!step && !fwd && ph != PH_PREPARE_B && ph != PH_BACKWARD)
 			continue;
-		int part = kernel_part(lp, k, first_layer_op);
+		int part = kernel_part(lp, k, own_kernel, first_layer_op);
 		if (part < 0)
 			continue;
 		double times = step || k->only_last_micro ? 1 : m;
@@ -929,6 +961,7 @@ bool explain_parts(Graph *g, const Lowered *low, ExplainPart *out)
 		for (int c = 0; c < k->ncomm && !step; c++)
 			*(fwd ? &o->fwd_comm : &o->bwd_comm) += comm_floor(g->ps, &k->comm[c]) * times;
 	}
+	free(own_kernel);
 	part_memory(g, low, first_layer_op, out);
 	return true;
 }
