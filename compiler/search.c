@@ -109,6 +109,7 @@ typedef struct Search {
 	ExplainPart *tensor_parts[256][2]; /* the tensor-only plans' (or NULL) */
 	PartSums *sums[256][2][3];        /* built when first asked */
 	int *split[256];                  /* per pipe degree: the first layer of each 1f1b stage, and L */
+	Arena *scratch;                   /* each compile's arena, emptied after it (arena_reset) */
 	long long compiled, refused, over_memory, pruned, pruned_memory, violations;
 	long long refused_tensor; /* not compiled: the checks refuse their tensor-only plan */
 	Result *best;
@@ -210,8 +211,8 @@ static int divisors(long long n, long long *out, int cap)
  * counted, not reported); fills *sum and, when given, *totals. */
 static bool evaluate(Search *S, const char *text, ExplainSummary *sum, ExplainTotals *totals, ExplainPart **parts)
 {
-	Arena *saved = plan_arena_begin(S->prog);
-	Arena *a = S->prog->arena;
+	Arena *saved = S->prog->arena, *a = S->scratch; /* plan_arena_begin's, with the memory kept */
+	S->prog->arena = a;
 	size_t tl = strlen(text), n = (size_t)S->srclen + tl + 2;
 	char *buf = arena_alloc(a, n);
 	memcpy(buf, S->src, (size_t)S->srclen);
@@ -248,7 +249,8 @@ static bool evaluate(Search *S, const char *text, ExplainSummary *sum, ExplainTo
 		}
 	}
 	diag_reset();
-	plan_arena_end(S->prog, saved);
+	arena_reset(a);
+	S->prog->arena = saved;
 	return ok;
 }
 
@@ -725,6 +727,23 @@ static void run_search(Search *S, CandList *l)
 	}
 }
 
+static void free_bounds(Search *S)
+{
+	for (int r = 0; r < 3; r++)
+		free(S->ref_parts[r]);
+	for (int i = 0; i < 256; i++) {
+		free(S->split[i]);
+		for (int sp = 0; sp < 2; sp++) {
+			free(S->tensor_parts[i][sp]);
+			for (int r = 0; r < 3; r++)
+				if (S->sums[i][sp][r]) {
+					free(S->sums[i][sp][r]->fwd);
+					free(S->sums[i][sp][r]);
+				}
+		}
+	}
+}
+
 /* ---------------------------------------------------------------- the base plan */
 
 /* Whether the text [s, s + len) contains the word w. */
@@ -968,6 +987,7 @@ int search_main(int argc, char **argv)
 	S.src = (char *)S.prog->main->src.text;
 	S.srclen = S.prog->main->src.len;
 	S.imports = S.prog->main->next;
+	S.scratch = arena_new();
 	S.best = calloc((size_t)S.top, sizeof *S.best);
 	FILE *devnull = fopen("/dev/null", "w");
 	if (!S.best || !devnull)
@@ -1029,6 +1049,8 @@ int search_main(int argc, char **argv)
 	free(l.c);
 	free(S.best);
 	free(S.base);
+	arena_free(S.scratch);
+	free_bounds(&S);
 	arena_free(arena);
 	return rc;
 }

@@ -37,6 +37,7 @@ struct Arena {
 	Block *head;
 	size_t next_cap;
 	Owned *owned;
+	Block *spare; /* blocks arena_reset emptied, largest first: used again before new ones */
 };
 
 Arena *arena_new(void)
@@ -67,7 +68,13 @@ void *arena_alloc(Arena *a, size_t n)
 		out_of_memory(n);
 	n = (n + 15) & ~(size_t)15;
 	Block *b = a->head;
-	if (!b || b->cap - b->used < n) {
+	if ((!b || b->cap - b->used < n) && a->spare && a->spare->cap >= n) {
+		b = a->spare;
+		a->spare = b->next;
+		b->next = a->head;
+		b->used = 0;
+		a->head = b;
+	} else if (!b || b->cap - b->used < n) {
 		size_t cap = a->next_cap;
 		while (cap < n)
 			cap *= 2;
@@ -121,17 +128,41 @@ void arena_own(Arena *a, void **slot)
 	a->owned = o;
 }
 
-void arena_free(Arena *a)
+static void free_blocks(Block *b)
 {
-	if (!a)
-		return;
-	for (Owned *o = a->owned; o; o = o->next)
-		free(*o->slot);
-	Block *b = a->head;
 	while (b) {
 		Block *next = b->next;
 		free(b);
 		b = next;
 	}
+}
+
+static void free_owned(Arena *a)
+{
+	for (Owned *o = a->owned; o; o = o->next)
+		free(*o->slot);
+	a->owned = NULL;
+}
+
+void arena_reset(Arena *a)
+{
+	free_owned(a);
+	while (a->head) { /* into the spare list, largest first (a few dozen blocks) */
+		Block *b = a->head, **at = &a->spare;
+		a->head = b->next;
+		while (*at && (*at)->cap > b->cap)
+			at = &(*at)->next;
+		b->next = *at;
+		*at = b;
+	}
+}
+
+void arena_free(Arena *a)
+{
+	if (!a)
+		return;
+	free_owned(a);
+	free_blocks(a->head);
+	free_blocks(a->spare);
 	free(a);
 }

@@ -23,6 +23,10 @@ char *arena_strdup(Arena *a, const char *s);
 char *arena_strndup(Arena *a, const char *s, size_t n);
 char *arena_printf(Arena *a, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void arena_free(Arena *a);
+/* Empties the arena as arena_free would, but keeps its memory for what it allocates next: a
+ * caller compiling many plans one after another (planc search) touches the same pages again
+ * instead of faulting in fresh ones. Nothing allocated before may be used after. */
+void arena_reset(Arena *a);
 /* *slot is a heap array (malloc, realloc) that lives as long as the arena: arena_free frees it. For
  * the big arrays that grow (a program's kernels and buffers), where realloc can move pages instead
  * of leaving a copy in the arena at each doubling. slot itself must live in the arena. */
