@@ -110,6 +110,7 @@ typedef struct Search {
 	PartSums *sums[256][2][3];        /* built when first asked */
 	int *split[256];                  /* per pipe degree: the first layer of each 1f1b stage, and L */
 	Arena *scratch;                   /* each compile's arena, emptied after it (arena_reset) */
+	long long region_ops;             /* forward ops in @recompute regions, in any reference (-1: none compiled) */
 	long long compiled, refused, over_memory, pruned, pruned_memory, violations;
 	long long refused_tensor; /* not compiled: the checks refuse their tensor-only plan */
 	Result *best;
@@ -234,8 +235,13 @@ static bool evaluate(Search *S, const char *text, ExplainSummary *sum, ExplainTo
 		Graph *g = ps ? run_passes(ps, NULL, NULL) : NULL;
 		Lowered *low = g ? run_backend(g, NULL, NULL, false) : NULL;
 		ok = low && diag_error_count() == 0 && explain_summary(g, low, sum);
-		if (ok && totals)
+		if (ok && totals) {
 			explain_totals(low, totals);
+			long long marked = 0;
+			for (int i = 0; i < g->nops; i++)
+				marked += g->ops[i].in_recompute_fn && !g->ops[i].backward && op_classes[g->ops[i].kind] != OPK_VIEW;
+			S->region_ops = S->region_ops > marked ? S->region_ops : marked;
+		}
 		if (ok && parts && (S->nlayers < 0 || S->nlayers == g->nlayers)) {
 			*parts = calloc((size_t)g->nlayers + 2, sizeof **parts);
 			if (!*parts)
@@ -589,6 +595,18 @@ static double memory_bound(const Search *S, const Candidate *c)
 	return micro / spread > flat ? micro / spread : flat;
 }
 
+/* Whether `recompute selective` compiles to recompute none's program for this model: it recomputes
+ * the ops of @recompute regions (recompute.c), only elaboration marks an op as in one, every later
+ * pass's op that carries the mark is a copy of a marked op, and fused attention takes the stdlib's
+ * region into its kernel but for the views around it (split and merge heads), whose clones are
+ * views again: no kernel, no memory. So when no reference plan has a marked op other than a view,
+ * no plan of the model has one, and selective's candidates are not enumerated: each would repeat
+ * none's program (`planc emit c` of the two differs only in the plan's name). */
+static bool selective_is_none(const Search *S)
+{
+	return S->region_ops == 0;
+}
+
 /* Every schedule, ZeRO stage, recompute mode and sequence-parallel choice of one mesh and
  * micro-batch count. */
 static void push_variants(Search *S, CandList *l, Candidate c)
@@ -597,7 +615,7 @@ static void push_variants(Search *S, CandList *l, Candidate c)
 	for (int sch = c.p > 1 ? SCH_1F1B : SCH_NONE; sch <= (c.p > 1 ? SCH_INTERLEAVED : SCH_NONE); sch++)
 		for (int z = 0; z <= (data > 1 ? 3 : 0); z++)
 			for (int r = 0; r < 3; r++)
-				for (int sp = 0; sp <= (c.t > 1 ? 1 : 0); sp++)
+				for (int sp = 0; sp <= (c.t > 1 ? 1 : 0) && !(r == REC_SELECTIVE && selective_is_none(S)); sp++)
 					for (int off = 0; off <= (S->offload && !S->base_offloads ? 1 : 0); off++) {
 						c.sched = (SearchSchedule)sch;
 						c.zero = z;
@@ -970,7 +988,7 @@ static bool write_best(const Search *S, const char *name)
 
 int search_main(int argc, char **argv)
 {
-	Search S = {.nlayers = -1};
+	Search S = {.nlayers = -1, .region_ops = -1};
 	SearchArgs a = {0};
 	int rc = parse_search_args(argc, argv, &a, &S);
 	if (rc)
@@ -1028,6 +1046,9 @@ int search_main(int argc, char **argv)
 	       "bounds violated %lld\n",
 	       l.n, S.compiled, S.refused, S.over_memory, S.pruned, S.pruned_memory, S.refused_tensor, secs,
 	       S.compiled ? 1e3 * secs / (double)S.compiled : 0.0, S.violations);
+	if (selective_is_none(&S))
+		printf("# recompute selective: model %s has no op but views in an @recompute region once attention is "
+		       "fused, so it compiles to recompute none's program; not enumerated\n", S.model);
 	int nctx = 0;
 	for (int i = 0; i < S.ntensor; i++)
 		nctx += S.tensor_degrees[i] > 1 && S.ctx_ok[i];

@@ -7,7 +7,8 @@
   - soundness: every candidate --exhaustive compiles checks that the time bound is at most its
     estimate, the memory bound at most its peak, and that no candidate whose tensor-only plan the
     checks refuse compiles ("bounds violated 0"); a medium space (the small GPT on 16 ranks, 1560
-    candidates) gives the same top 3 pruned and exhaustive;
+    candidates) gives the same top 3 pruned and exhaustive, and so does the small GPT on 12 ranks,
+    whose 3-stage pipelines hold the 4 layers unevenly (2-1-1: the bounds per stage);
   - the axes beyond data x pipe x tensor, each against brute force: expert parallelism on the
     small MoE GPT (4 ranks: an expert = 4 plan is best), context parallelism (--ctx) on a GPT with a
     4096-token context (tests/search/long_context.plan: nothing fits in 16 MiB per rank without a
@@ -18,6 +19,9 @@
     printed plan's peak is within the limit, and a limit nothing fits is an error (exit 1);
   - the printed plan is plan text a user pastes: --write appends it, explain of the written plan
     gives the estimate and peak search printed, and a name the file already has is refused;
+  - `recompute selective` of the small GPT is not enumerated: its fused attention leaves no op but
+    views in the @recompute region, and emit c of the two plans differs only in the name; with
+    `attention unfused` in the base plan it is enumerated again;
   - usage errors exit 2.
 usage: tests/search/run_search.py PLANC ROOT"""
 import os
@@ -46,6 +50,37 @@ def search(planc, path, model, world, batch, *extra):
     return r, [(float(step), peak, re.sub(r"^plan search_\d+", "plan", text)) for _, step, peak, text in plans], counts
 
 
+def selective_same(planc, gpt, tmp, tally):
+    """`recompute selective` of the small GPT (fused attention takes its @recompute region) is not
+    enumerated: it compiles to recompute none's program, which emit c shows (the two differ only in
+    the plan's name); with `attention unfused` in the base plan the region is back and it is."""
+    r, plans, _ = search(planc, gpt, "gpt", 4, 16, "--top", "4")
+    note = "recompute selective: model gpt has no op but views" in r.stdout
+    tally.check("selective = none for fused attention: not enumerated, not in the top 4",
+                r.returncode == 0 and note and not any("recompute selective" in t for _, _, t in plans),
+                "%d plans" % len(plans))
+    both = os.path.join(tmp, "selective.plan")
+    text = plans[0][2] if plans else ""
+    with open(both, "w") as f:
+        f.write(open(gpt).read() + "\n" + text.replace("plan ", "plan as_none ", 1) + "\n")
+        f.write(re.sub(r"\n}$", "\n  recompute selective\n}", text.replace("plan ", "plan as_selective ", 1)) + "\n")
+    progs = []
+    for name in ("as_none", "as_selective"):
+        out = os.path.join(tmp, name)
+        e = subprocess.run([planc, "emit", "c", both, "--plan", name, "-o", out], capture_output=True, text=True)
+        progs.append(open(os.path.join(out, "prog.c")).read().replace(name, "P") if e.returncode == 0 else e.stderr)
+    tally.check("selective's program is none's (emit c differs only in the plan's name)",
+                plans and progs[0] == progs[1] and "recompute selective" in open(both).read(),
+                "%d and %d bytes" % (len(progs[0]), len(progs[1])))
+    unfused = os.path.join(tmp, "unfused.plan")
+    with open(unfused, "w") as f:
+        f.write(open(gpt).read() + "\nplan unfused_base for gpt {\n  batch B = 16\n  attention unfused\n}\n")
+    r, _, c = search(planc, unfused, "gpt", 4, 16, "--top", "1", "--plan", "unfused_base")
+    tally.check("with attention unfused, selective is enumerated", r.returncode == 0 and c and
+                "recompute selective:" not in r.stdout and int(c.group(1)) == 348,
+                c.group(0) if c else r.stderr.strip()[-200:])
+
+
 def main():
     planc, root = sys.argv[1], sys.argv[2]
     tally = harness.Tally("search")
@@ -54,7 +89,9 @@ def main():
     pruned_any = 0
     for path, model, world, batch, tops in ((ex("gpt.plan"), "gpt", 4, 16, (1, 3)), (ex("gpt.plan"), "gpt", 8, 16, (1,)),
                                             (ex("llama.plan"), "llama", 4, 8, (1, 5)), (ex("mlp.plan"), "mlp", 8, 32, (1,)),
-                                            (ex("gpt.plan"), "gpt", 16, 32, (3,))):
+                                            (ex("gpt.plan"), "gpt", 16, 32, (3,)),
+                                            # pipe 3 splits the 4 layers 2-1-1: the bounds per stage, uneven
+                                            (ex("gpt.plan"), "gpt", 12, 24, (3,))):
         for top in tops:
             r1, pruned, c1 = search(planc, path, model, world, batch, "--top", str(top))
             r2, brute, c2 = search(planc, path, model, world, batch, "--top", str(top), "--exhaustive")
@@ -127,6 +164,7 @@ def main():
                        (["search", gpt, "--model", "gpt", "--world", "4", "--batch", "16", "--bogus"], "unknown option")):
         r = subprocess.run([planc] + args, capture_output=True, text=True)
         tally.check("usage: " + want, r.returncode == 2 and want in r.stderr, r.stderr.strip().splitlines()[0])
+    selective_same(planc, gpt, tmp, tally)
     r = subprocess.run([planc, "search", gpt, "--model", "nope", "--world", "4", "--batch", "16"],
                        capture_output=True, text=True)
     tally.check("unknown model: no base plan", r.returncode == 1 and "no plan for model 'nope'" in r.stderr,
