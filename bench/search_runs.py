@@ -5,14 +5,19 @@ For examples/gpt.plan's GPT at two sizes on 4 ranks of this machine:
   1. `mpirun -np 4 planc calibrate` measures the machine (a device file);
   2. `planc search --exhaustive --device=FILE` ranks every feasible plan by explain's estimate;
   3. the top 10 and 5 ranked low (evenly spread over the lower half) are built and trained for
-     --steps steps under mpirun; a plan's measured step is the median step_ms of its log after two
-     warm-up steps.
+     --steps steps under mpirun; a run's step is the median step_ms of its log after two warm-up
+     steps, and a plan's the median of --repeat runs (default 3), taken round-robin over the plans
+     so that a change of the machine's load falls on every plan alike. Each plan's spread (largest
+     less smallest run over the median) is printed: plans whose estimates differ by less than the
+     spread cannot be ranked by one measurement, which at the small size is most of the top 10.
+search lists no two candidates that compile to one program (recompute selective of a model whose
+attention is fused is none's: docs/search.md), so the top 10 are 10 different programs.
 Prints, per size, each plan's estimate and measurement, then Spearman's rank correlation between
 estimated and measured step time (issue 20's target: at least 0.8), the measured rank of the
 predicted best (target: within 10% of the measured best) and the estimates' errors after
 calibration (target: within 15%). The machine's load average is printed: take figures when it is
 low (every rank here shares 2 cores when the machine has 2).
-usage: bench/search_runs.py [PLANC] [--steps N] [--quick]   (from the repository root)"""
+usage: bench/search_runs.py [PLANC] [--steps N] [--repeat K] [--quick]   (from the repository root)"""
 import json
 import os
 import re
@@ -61,13 +66,20 @@ def candidates(planc, path, device):
     return found
 
 
-def measure(planc, work, model_text, rank, plan_text, steps, env):
+def build(planc, work, model_text, rank, plan_text):
     name = "cand%d" % rank
     src = os.path.join(work, name + ".plan")
     with open(src, "w") as f:
         f.write(model_text + "\n" + re.sub(r"plan search_\d+", "plan " + name, plan_text, count=1) + "\n")
-    prog, log = os.path.join(work, name), os.path.join(work, name + ".jsonl")
+    prog = os.path.join(work, name)
     subprocess.run([planc, "build", src, "--plan", name, "-o", prog], check=True, capture_output=True)
+    return prog
+
+
+def measure(prog, steps, env):
+    log = prog + ".jsonl"
+    if os.path.exists(log):
+        os.unlink(log)
     subprocess.run(["mpirun", "-np", str(WORLD), prog, "--steps", str(steps), "--data", "data/corpus.txt",
                     "--log", log], check=True, capture_output=True, env=env, timeout=1800)
     ms = [json.loads(line).get("step_ms") for line in open(log) if '"step_ms"' in line]
@@ -77,6 +89,7 @@ def measure(planc, work, model_text, rank, plan_text, steps, env):
 def main():
     planc = next((a for a in sys.argv[1:] if not a.startswith("--") and not a.isdigit()), "build/planc")
     steps = int(sys.argv[sys.argv.index("--steps") + 1]) if "--steps" in sys.argv else 8
+    repeat = int(sys.argv[sys.argv.index("--repeat") + 1]) if "--repeat" in sys.argv else 3
     quick = "--quick" in sys.argv
     env = mpi_env()
     work = tempfile.mkdtemp(prefix="planc-search-runs-")
@@ -97,16 +110,21 @@ def main():
         picked = found[:10] + [low[i * (len(low) - 1) // 4] for i in range(5)] if len(low) >= 5 else found
         print("\n%s, %d ranks, batch %d: %d feasible plans; measured %d (the top 10 and 5 from the lower half)"
               % (label, WORLD, BATCH, len(found), len(picked)))
-        print("%6s %12s %12s %8s  %s" % ("rank", "estimate s", "measured s", "error", "plan"))
+        progs = [build(planc, work, model_text, rank, text) for rank, _, text in picked]
+        runs = [[] for _ in picked]
+        for _ in range(repeat):  # round-robin: a change of load falls on every plan alike
+            for i, prog in enumerate(progs):
+                runs[i].append(measure(prog, steps, env))
+        print("%6s %12s %12s %8s %7s  %s" % ("rank", "estimate s", "measured s", "error", "spread", "plan"))
         est, meas = [], []
-        for rank, estimate, text in picked:
-            m = measure(planc, work, model_text, rank, text, steps, env)
+        for (rank, estimate, text), r in zip(picked, runs):
+            m = statistics.median(r)
             est.append(estimate)
             meas.append(m)
             summary = "; ".join(line.strip() for line in text.splitlines()[1:-1] if not line.strip().startswith(
                 ("optimizer", "batch")))
-            print("%6d %12.4g %12.4g %+7.0f%%  %s" % (rank, estimate, m, 100 * (estimate - m) / m, summary),
-                  flush=True)
+            print("%6d %12.4g %12.4g %+7.0f%% %6.0f%%  %s" % (rank, estimate, m, 100 * (estimate - m) / m,
+                                                            100 * (max(r) - min(r)) / m, summary), flush=True)
         best_measured = min(meas)
         print("Spearman rank correlation (estimate vs measured): %.3f" % spearman(est, meas))
         print("the predicted best measured %.4g s: %.1f%% slower than the measured best (%.4g s), measured rank %d of %d"
