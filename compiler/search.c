@@ -111,6 +111,7 @@ typedef struct Search {
 	int *split[256];                  /* per pipe degree: the first layer of each 1f1b stage, and L */
 	Arena *scratch;                   /* each compile's arena, emptied after it (arena_reset) */
 	long long region_ops;             /* forward ops in @recompute regions, in any reference (-1: none compiled) */
+	bool selective_copied;            /* selective's one-rank figures are none's (reference_bounds) */
 	long long compiled, refused, over_memory, pruned, pruned_memory, violations;
 	long long refused_tensor; /* not compiled: the checks refuse their tensor-only plan */
 	Result *best;
@@ -260,28 +261,69 @@ static bool evaluate(Search *S, const char *text, ExplainSummary *sum, ExplainTo
 	return ok;
 }
 
-/* W and A for each recompute mode, U and the model states: the one-rank plan of the whole batch
- * (0 if it does not compile: then the bounds are 0 and prune nothing). */
+/* Whether `recompute selective` compiles to recompute none's program for this model: it recomputes
+ * the ops of @recompute regions (recompute.c), only elaboration marks an op as in one, every later
+ * pass's op that carries the mark is a copy of a marked op, and fused attention takes the stdlib's
+ * region into its kernel but for the views around it (split and merge heads), whose clones are
+ * views again: no kernel, no memory. So when no reference plan has a marked op other than a view,
+ * no plan of the model has one, and selective's candidates are not enumerated: each would repeat
+ * none's program (`planc emit c` of the two differs only in the plan's name). */
+static bool selective_is_none(const Search *S)
+{
+	return S->region_ops == 0;
+}
+
+/* W and A of one recompute mode, with U and the model states from the mode none: the one-rank plan
+ * of the whole batch (0 if it does not compile: then the bounds are 0 and prune nothing). */
+static void reference_mode(Search *S, Recompute r)
+{
+	Candidate c = {.d = 1, .p = 1, .s = 1, .t = 1, .m = 1, .c = 1, .e = 1, .rec = r};
+	char *text = plan_text(S, &c, "search_reference");
+	ExplainSummary sum;
+	ExplainTotals tot = {0};
+	free(S->ref_parts[r]);
+	S->ref_parts[r] = NULL;
+	if (!evaluate(S, text, &sum, &tot, S->plain_sync ? &S->ref_parts[r] : NULL))
+		memset(&sum, 0, sizeof sum);
+	S->ref_compute[r] = tot.compute;
+	S->ref_act[r] = S->plain_sync ? sum.act_micro : 0;
+	if (r == REC_NONE) {
+		S->causal = sum.causal;
+		S->ref_update = S->update_bounded ? tot.update : 0;
+		S->ref_params = sum.params;
+		S->ref_grads = sum.grads;
+		S->ref_optim = sum.optim;
+	}
+	free(text);
+}
+
+/* Every recompute mode's one-rank plan; selective's is none's when it compiles to none's program
+ * (selective_is_none; reference_recheck compiles it after all, should a later reference say
+ * otherwise). */
 static void reference_bounds(Search *S)
 {
 	for (int r = 0; r < 3; r++) {
-		Candidate c = {.d = 1, .p = 1, .s = 1, .t = 1, .m = 1, .c = 1, .e = 1, .rec = (Recompute)r};
-		char *text = plan_text(S, &c, "search_reference");
-		ExplainSummary sum;
-		ExplainTotals tot = {0};
-		if (!evaluate(S, text, &sum, &tot, S->plain_sync ? &S->ref_parts[r] : NULL))
-			memset(&sum, 0, sizeof sum);
-		S->ref_compute[r] = tot.compute;
-		S->ref_act[r] = S->plain_sync ? sum.act_micro : 0;
-		if (r == REC_NONE) {
-			S->causal = sum.causal;
-			S->ref_update = S->update_bounded ? tot.update : 0;
-			S->ref_params = sum.params;
-			S->ref_grads = sum.grads;
-			S->ref_optim = sum.optim;
+		if (r != REC_SELECTIVE || !selective_is_none(S)) {
+			reference_mode(S, (Recompute)r);
+			continue;
 		}
-		free(text);
+		S->selective_copied = true;
+		S->ref_compute[r] = S->ref_compute[REC_NONE];
+		S->ref_act[r] = S->ref_act[REC_NONE];
+		if (S->ref_parts[REC_NONE]) {
+			size_t bytes = sizeof(ExplainPart) * (size_t)(S->nlayers + 2);
+			S->ref_parts[r] = malloc(bytes);
+			if (!S->ref_parts[r])
+				ICE("out of memory");
+			memcpy(S->ref_parts[r], S->ref_parts[REC_NONE], bytes);
+		}
 	}
+}
+
+static void reference_recheck(Search *S)
+{
+	if (S->selective_copied && !selective_is_none(S))
+		reference_mode(S, REC_SELECTIVE);
 }
 
 /* The tensor-only plan of every tensor degree of the world, with and without sequence parallelism
@@ -595,17 +637,6 @@ static double memory_bound(const Search *S, const Candidate *c)
 	return micro / spread > flat ? micro / spread : flat;
 }
 
-/* Whether `recompute selective` compiles to recompute none's program for this model: it recomputes
- * the ops of @recompute regions (recompute.c), only elaboration marks an op as in one, every later
- * pass's op that carries the mark is a copy of a marked op, and fused attention takes the stdlib's
- * region into its kernel but for the views around it (split and merge heads), whose clones are
- * views again: no kernel, no memory. So when no reference plan has a marked op other than a view,
- * no plan of the model has one, and selective's candidates are not enumerated: each would repeat
- * none's program (`planc emit c` of the two differs only in the plan's name). */
-static bool selective_is_none(const Search *S)
-{
-	return S->region_ops == 0;
-}
 
 /* Every schedule, ZeRO stage, recompute mode and sequence-parallel choice of one mesh and
  * micro-batch count. */
@@ -1014,6 +1045,7 @@ int search_main(int argc, char **argv)
 	reference_bounds(&S);
 	tensor_bounds(&S);
 	axis_bounds(&S);
+	reference_recheck(&S);
 	if (getenv("PLANC_SEARCH_TRACE")) {
 		fprintf(stderr, "ref W %g %g %g U %g A %g %g %g P %g G %g O %g\n", S.ref_compute[0], S.ref_compute[1],
 			S.ref_compute[2], S.ref_update, S.ref_act[0], S.ref_act[1], S.ref_act[2], S.ref_params, S.ref_grads,
