@@ -6,7 +6,7 @@
     one of those searches prunes something (so the comparison is not vacuous);
   - soundness: every candidate --exhaustive compiles checks that the time bound is at most its
     estimate, the memory bound at most its peak, and that no candidate whose tensor-only plan the
-    checks refuse compiles ("bounds violated 0"); a medium space (the small GPT on 16 ranks, 1560
+    checks refuse compiles ("bounds violated 0"); a medium space (the small GPT on 16 ranks, 1040
     candidates) gives the same top 3 pruned and exhaustive, and so does the small GPT on 12 ranks,
     whose 3-stage pipelines hold the 4 layers unevenly (2-1-1: the bounds per stage);
   - the axes beyond data x pipe x tensor, each against brute force: expert parallelism on the
