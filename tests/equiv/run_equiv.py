@@ -159,15 +159,15 @@ def compare(name, ref, got, loss_tol, weight_tol):
         check(f"{name} weights", False, f"tensor names differ: {sorted(set(w0) ^ set(w1))[:5]}")
         return
     wworst, where = 0.0, ""
-    for name in w0:
-        s0, v0 = w0[name]
-        s1, v1 = w1[name]
+    for tensor in w0:
+        s0, v0 = w0[tensor]
+        s1, v1 = w1[tensor]
         if s0 != s1:
-            check(f"{name} weights", False, f"{name}: shape {s1} vs {s0}")
+            check(f"{name} weights", False, f"{tensor}: shape {s1} vs {s0}")
             return
         d = max(abs(a - b) for a, b in zip(v0, v1))
         if d > wworst:
-            wworst, where = d, name
+            wworst, where = d, tensor
     check(f"{name} weights", wworst <= weight_tol,
           f"{len(w0)} tensors, worst absolute difference {wworst:.2e} in {where} (tolerance {weight_tol:g})")
 
