@@ -49,8 +49,9 @@ static const char usage[] =
 	"  run FILE [--plan NAME] PROGRAM-OPTIONS...\n"
 	"                                    compile in-process (LLVM JIT) and train: mpirun -np WORLD\n"
 	"                                    planc run FILE --plan NAME --steps K --data FILE ...; every\n"
-	"                                    option but --plan, --verify-ir and --dump-after goes to the\n"
-	"                                    program ('planc run FILE --plan NAME --help' lists them)\n"
+	"                                    option but --plan, --verify-ir, --dump-after and --model-arg\n"
+	"                                    goes to the program ('planc run FILE --plan NAME --help' lists\n"
+	"                                    them)\n"
 	"  reshard FILE --plan NAME CKPT -o DIR\n"
 	"                                    rewrite the checkpoint CKPT (a --save-every directory or a\n"
 	"                                    step-N, written under any plan of the model) into DIR/step-N as\n"
@@ -92,6 +93,10 @@ static const char usage[] =
 	"  --generate         check, build, emit c: also the model's decode program for generation (one\n"
 	"                     token per step with a key/value cache): PROG --generate TEXT (docs/generate.md)\n"
 	"  --verify-ir        check the loop-level IR's invariants after every back-end pass\n"
+	"  --model-arg NAME=VALUE\n"
+	"                     check, explain, emit, build, run, reshard: the model's hyperparameter NAME\n"
+	"                     is the number VALUE in every plan, over the plan's own `for m(NAME = ...)`\n"
+	"                     (repeat it for several: --model-arg D=64 --model-arg S=32)\n"
 	"  --help, --version\n"
 	"\n"
 	"environment: PLANC_STDLIB overrides the directory 'import std.X' reads X.plan from;\n"
@@ -115,6 +120,8 @@ typedef struct Options {
 	bool no_layer_loops; /* emit c, build: every layer printed unrolled */
 	bool generate;      /* check: build and check the decode graph too (decode.c) */
 	const char *svg;    /* explain: the picture's path */
+	int nmodel_args;    /* --model-arg NAME=VALUE, in the order given */
+	char **model_args;
 	int prog_argc;      /* run: the program's arguments (prog_argv[0] is set by main) */
 	char **prog_argv;
 } Options;
@@ -140,7 +147,8 @@ static bool known_pass(const char *name)
 /* planc's own options in `planc run FILE ...`; every other argument after FILE is the program's */
 static bool run_option(const char *a)
 {
-	return !strcmp(a, "--plan") || !strncmp(a, "--plan=", 7) || !strcmp(a, "--verify-ir") || !strncmp(a, "--dump-after=", 13);
+	return !strcmp(a, "--plan") || !strncmp(a, "--plan=", 7) || !strcmp(a, "--verify-ir") || !strncmp(a, "--dump-after=", 13) ||
+	       !strcmp(a, "--model-arg") || !strncmp(a, "--model-arg=", 12);
 }
 
 /* Whether option a (its name: "--plan" for "--plan=x" too) was given before among seen[0..n);
@@ -163,12 +171,14 @@ static int parse_args(int argc, char **argv, Options *o)
 {
 	o->prog_argv = calloc((size_t)argc + 1, sizeof *o->prog_argv);
 	o->prog_argc = 1;
+	o->model_args = calloc((size_t)argc + 1, sizeof *o->model_args);
 	const char *seen[32];
 	int nseen = 0;
 	for (int i = 1; i < argc; i++) {
 		const char *a = argv[i];
 		bool program_arg = o->command && !strcmp(o->command, "run") && o->file && !run_option(a);
-		if (!program_arg && a[0] == '-' && a[1] && seen_before(a, seen, &nseen, 32)) {
+		bool repeatable = !strcmp(a, "--model-arg") || !strncmp(a, "--model-arg=", 12);
+		if (!program_arg && !repeatable && a[0] == '-' && a[1] && seen_before(a, seen, &nseen, 32)) {
 			fprintf(stderr, "planc: %.*s is given twice; give it once\nrun 'planc --help' for usage\n",
 				(int)strcspn(a, "="), a);
 			return 2;
@@ -220,6 +230,11 @@ static int parse_args(int argc, char **argv, Options *o)
 			o->plan = argv[i];
 		} else if (!strncmp(a, "--plan=", 7)) {
 			o->plan = a + 7;
+		} else if (repeatable) {
+			char *v = a[11] == '=' ? argv[i] + 12 : ++i < argc ? argv[i] : NULL;
+			if (!v || !*v)
+				return usage_error("%s needs NAME=VALUE, e.g. --model-arg D=64", "--model-arg");
+			o->model_args[o->nmodel_args++] = v;
 		} else if (!strncmp(a, "--dump-after=", 13)) {
 			o->dump_after = a + 13;
 			if (!known_pass(o->dump_after))
@@ -810,6 +825,8 @@ int main(int argc, char **argv)
 		return usage_error("--no-layer-loops applies to 'emit c' and 'build' (the C it prints)%s", "");
 	if (o.svg && !is_explain)
 		return usage_error("--svg applies to 'explain'%s", "");
+	if (o.nmodel_args && is_fmt)
+		return usage_error("--model-arg applies to the commands that compile a plan, not to 'fmt'%s", "");
 	if ((o.generate || (o.dump_after && !strcmp(o.dump_after, "decode"))) && !is_check && !is_build &&
 	    !(is_emit && o.target && !strcmp(o.target, "c")))
 		return usage_error("--generate applies to 'check', 'build' and 'emit c' (docs/generate.md)%s", "");
@@ -837,6 +854,10 @@ int main(int argc, char **argv)
 		return rc;
 	}
 	Program *p = load_program(a, o.file);
+	if (p && !load_model_args(p, o.model_args, o.nmodel_args)) {
+		arena_free(a);
+		return 1;
+	}
 	if (p && !outputs_ok(&o, p->modules, is_emit, is_build, is_explain)) { /* the imports are inputs too */
 		arena_free(a);
 		return 1;

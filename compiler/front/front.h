@@ -152,10 +152,17 @@ typedef struct Program {
 	Arena *arena;
 	Module *main;
 	Module *modules; /* main first, then imports */
+	/* --model-arg NAME=VALUE: hyperparameter overrides from the command line, applied to every
+	 * plan after its own `for model(...)` ones (load_model_args; NULL when none) */
+	Arg *model_args;
+	const Source *model_args_src;
 } Program;
 bool load_file(const char *path, char **text, int *len); /* reports its own errors */
 Program *load_program(Arena *a, const char *path);
 void module_index(Arena *a, Module *m); /* fills items_by_name and imports_by_alias */
+/* the command line's `--model-arg NAME=VALUE` (VALUE a number) as p->model_args, in one Source
+ * named "<command line>"; false after reporting a malformed one */
+bool load_model_args(Program *p, char *const *args, int n);
 /* sema_plan and every pass after it allocate from p->arena. A driver compiling many plans gives
  * each an arena of its own, freed when the plan is done, so that a file of 20,000 plans needs the
  * memory of one: saved = plan_arena_begin(p); ...; plan_arena_end(p, saved). */

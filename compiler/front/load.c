@@ -7,8 +7,10 @@
  * the directory compiled in as PLANC_STDLIB_DIR). */
 #include "front/front.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -220,4 +222,76 @@ void plan_arena_end(Program *p, Arena *program_arena)
 {
 	arena_free(p->arena);
 	p->arena = program_arena;
+}
+
+/* `--model-arg NAME=VALUE` (main.c): the arguments joined by ", " are one Source named
+ * "<command line>", so that a diagnostic about one of them (here a malformed one, in sema.c a
+ * name the plan's model does not have) points into it like into a file. VALUE is a number, as a
+ * plan's own `for gpt(D = 64)` override usually is: an integer (E_INT) or else a float (E_FLOAT). */
+bool load_model_args(Program *p, char *const *args, int n)
+{
+	Arena *a = p->arena;
+	size_t len = 0;
+	for (int i = 0; i < n; i++)
+		len += strlen(args[i]) + 2;
+	char *text = arena_alloc(a, len + 1);
+	Source *src = arena_alloc(a, sizeof *src);
+	*src = (Source){"<command line>", text, 0, NULL, 0};
+	int *ends = arena_alloc(a, sizeof *ends * (size_t)(n + 1));
+	for (int i = 0; i < n; i++) /* the whole text first: a diagnostic prints its line */
+		ends[i] = src->len += sprintf(text + src->len, "%s%s", i ? ", " : "", args[i]);
+	Arg **tail = &p->model_args;
+	bool ok = true;
+	for (int i = 0; i < n; i++) {
+		int off = ends[i], start = off - (int)strlen(args[i]);
+		const char *arg = arena_strndup(a, text + start, (size_t)(off - start)), *eq = strchr(arg, '=');
+		int name_len = eq ? (int)(eq - arg) : 0;
+		bool name_ok = name_len > 0 && (isalpha((unsigned char)arg[0]) || arg[0] == '_');
+		for (int k = 1; k < name_len; k++)
+			name_ok = name_ok && (isalnum((unsigned char)arg[k]) || arg[k] == '_');
+		if (!name_ok) {
+			diag_error(src, (Loc){start, (int)strlen(arg)}, "--model-arg takes NAME=VALUE, e.g. --model-arg D=64");
+			ok = false;
+			continue;
+		}
+		Loc key_loc = {start, name_len}, value_loc = {start + name_len + 1, off - start - name_len - 1};
+		const char *value = eq + 1;
+		char *end;
+		errno = 0;
+		long long iv = strtoll(value, &end, 10);
+		Expr *e = NULL;
+		if (*value && !*end && !errno) {
+			e = expr_new(a, E_INT, value_loc);
+			e->ival = iv;
+		} else {
+			errno = 0;
+			double fv = strtod(value, &end);
+			if (*value && !isspace((unsigned char)*value) && !*end && !errno && isfinite(fv)) {
+				e = expr_new(a, E_FLOAT, value_loc);
+				e->fval = fv;
+				e->text = arena_strndup(a, value, strlen(value));
+			}
+		}
+		if (!e) {
+			diag_error(src, value_loc, "the value of '%.*s' is not a number", name_len, arg);
+			diag_note_plain("--model-arg takes NAME=VALUE with VALUE an integer or a decimal number, e.g. D=64 or P=0.0");
+			ok = false;
+			continue;
+		}
+		const char *key = arena_strndup(a, arg, (size_t)name_len);
+		for (Arg *prev = p->model_args; prev; prev = prev->next)
+			if (!strcmp(prev->key, key)) {
+				diag_error(src, key_loc, "hyperparameter '%s' is given twice", key);
+				diag_note(src, prev->key_loc, "first given here");
+				ok = false;
+				e = NULL;
+				break;
+			}
+		if (!e)
+			continue;
+		*tail = arg_new(a, key, key_loc, e, (Loc){start, off - start});
+		tail = &(*tail)->next;
+	}
+	p->model_args_src = src;
+	return ok;
 }

@@ -1889,6 +1889,24 @@ static void plan_mesh(PlanCtx *pc, PlanStmt *st)
 	ps->world = (int)world;
 }
 
+/* the index of the model's hyperparameter named by override a (from src), or -1 after saying
+ * that the model has none of that name */
+static int hyper_index(PlanCtx *pc, const Source *src, const Arg *a)
+{
+	int n = pc->mi.hypers.n, i = word_index(a->key, pc->mi.hypers.v, n);
+	if (i < 0) {
+		diag_error(src, a->key_loc, "model '%s' has no hyperparameter '%s'", pc->model->name, a->key);
+		if (best_guess(a->key, pc->mi.hypers.v, n))
+			suggest(a->key, pc->mi.hypers.v, n);
+		else if (n)
+			diag_note_plain("its hyperparameters are %s", word_list(pc->a, pc->mi.hypers.v, n, " and "));
+	}
+	return i;
+}
+
+/* The model's hyperparameters: its defaults, the plan's `for model(...)` overrides, then the
+ * command line's --model-arg ones (load_model_args), which win over both: a test or a user can
+ * run a plan at other sizes without editing the file. */
 static bool plan_hypers(PlanCtx *pc)
 {
 	PlanSpec *ps = pc->ps;
@@ -1896,6 +1914,7 @@ static bool plan_hypers(PlanCtx *pc)
 	int n = pc->mi.hypers.n;
 	bool ok = true;
 	Arg **over = arena_alloc(pc->a, sizeof *over * (size_t)(n + 1));
+	const Source **from = arena_alloc(pc->a, sizeof *from * (size_t)(n + 1)); /* each override's source */
 	int pos = 0;
 	for (Arg *a = plan->model_args; a; a = a->next) {
 		int i;
@@ -1906,17 +1925,9 @@ static bool plan_hypers(PlanCtx *pc)
 				continue;
 			}
 			i = pos++;
-		} else {
-			i = word_index(a->key, pc->mi.hypers.v, n);
-			if (i < 0) {
-				diag_error(pc->src, a->key_loc, "model '%s' has no hyperparameter '%s'", model->name, a->key);
-				if (best_guess(a->key, pc->mi.hypers.v, n))
-					suggest(a->key, pc->mi.hypers.v, n);
-				else if (n)
-					diag_note_plain("its hyperparameters are %s", word_list(pc->a, pc->mi.hypers.v, n, " and "));
-				ok = false;
-				continue;
-			}
+		} else if ((i = hyper_index(pc, pc->src, a)) < 0) {
+			ok = false;
+			continue;
 		}
 		if (over[i]) {
 			diag_error(pc->src, a->key ? a->key_loc : a->loc, "hyperparameter '%s' is given twice", pc->mi.hypers.v[i]);
@@ -1925,12 +1936,22 @@ static bool plan_hypers(PlanCtx *pc)
 			continue;
 		}
 		over[i] = a;
+		from[i] = pc->src;
+	}
+	for (Arg *a = pc->prog->model_args; a; a = a->next) {
+		int i = hyper_index(pc, pc->prog->model_args_src, a);
+		if (i < 0) {
+			ok = false;
+			continue;
+		}
+		over[i] = a;
+		from[i] = pc->prog->model_args_src;
 	}
 	ps->hypers = arena_alloc(pc->a, sizeof *ps->hypers * (size_t)(n + 1));
 	int i = 0;
 	for (Param *q = model->params; q; q = q->next, i++) {
 		Expr *e = over[i] ? over[i]->value : q->def;
-		const Source *src = over[i] ? pc->src : &model->module->src;
+		const Source *src = over[i] ? from[i] : &model->module->src;
 		Num v = {0, true, 0};
 		if (!e) {
 			diag_error(pc->src, plan->for_loc, "hyperparameter '%s' of model '%s' has no value", q->name, model->name);

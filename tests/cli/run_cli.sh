@@ -112,4 +112,26 @@ printf '%s\n' 'model m(V = 64, S = 8, D = 16) {' '  input tokens : i32[B, S]' ' 
 if [ "$(grep -c 'error:' "$tmp/out")" -eq 1 ]; then ok; else
 	bad "a model error shared by 3 plans is printed $(grep -c 'error:' "$tmp/out") times, want once"
 fi
+# --model-arg NAME=VALUE (tests/equiv trains the GPT plans at D 64, S 32 with it): the same plan as
+# the override written in the file, the command line over the plan's own override, in build and
+# run too; a name the model lacks, a value that is no number, a name given twice, no NAME=, fmt
+sed 's/^plan dp2 for gpt {/plan dp2 for gpt(D = 64, S = 32) {/' examples/gpt.plan >"$tmp/small.plan"
+"$planc" explain "$tmp/small.plan" --plan dp2 --json >"$tmp/in_file.json"
+expect "--model-arg explain" 0 "" -- "$planc" explain examples/gpt.plan --plan dp2 --json --model-arg D=64 --model-arg=S=32
+if cmp -s "$tmp/out" "$tmp/in_file.json"; then ok; else bad "explain --model-arg D=64 --model-arg=S=32 differs from the plan's own (D = 64, S = 32)"; fi
+"$planc" explain examples/gpt.plan --plan single --json >"$tmp/single.json"
+"$planc" explain examples/gpt.plan --plan single_l8 --json --model-arg L=4 >"$tmp/l8_as_l4.json"
+if grep -q "$(grep -o '"parameters": *[0-9]*' "$tmp/single.json")" "$tmp/l8_as_l4.json"; then ok; else
+	bad "single_l8 for gpt(L = 8) with --model-arg L=4 does not have single's parameters"; fi
+expect "--model-arg build" 0 "" -- "$planc" build examples/gpt.plan --plan single --model-arg D=32 -o "$tmp/gpt_d32"
+expect "--model-arg program" 0 "" -- "$tmp/gpt_d32" --steps 1 --data data/corpus.txt
+expect "--model-arg run" 0 "Trains plan single of model gpt" -- "$planc" run examples/gpt.plan --plan single --model-arg D=32 --help
+expect "--model-arg unknown name" 1 "<command line>:1:7: error: model 'gpt' has no hyperparameter 'X'" -- "$planc" check examples/gpt.plan --plan dp2 --model-arg D=64 --model-arg X=1
+expect "--model-arg names the model's hyperparameters" 1 "note: its hyperparameters are V, S, D, H, L and P" -- "$planc" check examples/gpt.plan --plan dp2 --model-arg X=1
+expect "--model-arg value not a number" 1 "<command line>:1:3: error: the value of 'S' is not a number" -- "$planc" check examples/gpt.plan --model-arg S=3x2
+expect "--model-arg given twice" 1 "<command line>:1:7: error: hyperparameter 'S' is given twice" -- "$planc" check examples/gpt.plan --model-arg S=32 --model-arg S=16
+expect "--model-arg without NAME=" 1 "<command line>:1:1: error: --model-arg takes NAME=VALUE" -- "$planc" check examples/gpt.plan --model-arg 64
+expect "--model-arg without a value" 2 "--model-arg needs NAME=VALUE" -- "$planc" check examples/gpt.plan --model-arg
+expect "--model-arg checked like the file's" 1 "hidden size 128 is not divisible by 3 heads" -- "$planc" check examples/gpt.plan --plan tp4 --model-arg H=3
+expect "--model-arg not for fmt" 2 "--model-arg applies to the commands that compile a plan" -- "$planc" fmt examples/gpt.plan --model-arg D=64
 finish cli

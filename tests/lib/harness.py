@@ -8,7 +8,9 @@ What every runner needs and would otherwise write again:
   Tally               one 'PASS: name: detail' / 'FAIL: ...' line per check and the closing
                       'LABEL: N passed, M failed (S s CPU)' line; the runner exits 1 when a check
                       failed
-  explain()           planc explain --json, parsed, once per (plan file content, plan)
+  explain()           planc explain --json, parsed, once per (plan file content, plan, arguments)
+  smaller_size()      the smallest --model-arg size at which a plan does what it does at the
+                      model's own size (schedule(): the same collectives, stages and layers)
   workdir()           a temporary directory, removed when the runner exits (PLANC_KEEP_TMP=1 keeps
                       it, and prints where it is, to look at a failure)
   build(), mpirun()   planc build of a plan; a program (or any command) under mpirun
@@ -88,14 +90,39 @@ def workdir(prefix):
 _explained = {}
 
 
-def explain(planc, src, plan, env=None):
-    """planc explain SRC --plan PLAN --json, parsed; asked once per content of SRC and plan"""
-    key = (planc, src, plan, hashlib.sha256(open(src, "rb").read()).hexdigest())
+def explain(planc, src, plan, env=None, args=()):
+    """planc explain SRC --plan PLAN --json ARGS..., parsed; asked once per content of SRC, plan and
+    ARGS (e.g. ("--model-arg", "D=64"))"""
+    key = (planc, src, plan, hashlib.sha256(open(src, "rb").read()).hexdigest(), tuple(args))
     if key not in _explained:
-        out = subprocess.run([planc, "explain", src, "--plan", plan, "--json"], capture_output=True, text=True,
+        out = subprocess.run([planc, "explain", src, "--plan", plan, "--json", *args], capture_output=True, text=True,
                              check=True, env=env)
         _explained[key] = json.loads(out.stdout)
     return _explained[key]
+
+
+def model_args(size):
+    """planc's --model-arg options for a size: a tuple of NAME=VALUE ("D=64", "S=32")"""
+    return [x for arg in size for x in ("--model-arg", arg)]
+
+
+def schedule(explained):
+    """what a plan does, from its planc explain --json: the pipeline and, per rank role, its stage,
+    ranks, micro-batches in flight, layers and collectives (kind, axis, phase, calls); no sizes"""
+    pipe = explained.get("pipeline") or {}
+    return ((pipe.get("schedule"), pipe.get("stages"), pipe.get("chunks")),
+            [(r["stage"], r["role"], r["ranks"], r["first_rank"], r.get("inflight_micro_batches"),
+              sorted(r.get("activation_bytes_per_layer") or {}),
+              [(c["collective"], c["axis"], c["phase"], c["calls"]) for c in r["communication"]])
+             for r in explained["roles"]])
+
+
+def smaller_size(planc, src, plan, sizes):
+    """the first of sizes (tuples of NAME=VALUE for --model-arg, the smallest first) at which plan
+    keeps its schedule() at the model's own size, else () (the model's own size): a test of what a
+    plan does can train it there, on less arithmetic (tests/README.md, "equiv at a smaller size")"""
+    want = schedule(explain(planc, src, plan))
+    return next((size for size in sizes if schedule(explain(planc, src, plan, args=model_args(size))) == want), ())
 
 
 def build(planc, src, plan, out, *flags, env=None):
