@@ -47,6 +47,7 @@ struct Emit {
 	int stage_index;            /* the stage being printed: low->progs[stage_index] */
 	int *nstate_entries;        /* [stage]: its state table's entries (family members are not) */
 	int *nfamily_entries;       /* [stage]: its families */
+	SymTab *loop_shapes;        /* layers as loops: the file's loop functions by their shape */
 	SymTab *places;     /* the stage's macros of a transient buffer by layer, by name */
 	const char **place_defs; /* their definitions, in order */
 	int nplaces, capplaces;
@@ -1255,6 +1256,28 @@ static void print_fold(Emit *e, const Fold *fd)
 
 /* ------------------------------------------------------------------ one stage */
 
+/* Fused loop k's function; with layers as loops, a loop nest the file already has (the same text
+ * up to its name and its arguments' names: every stage of a pipeline runs its layers' loops) is
+ * not printed again: its name is an alias of the first one's. */
+static void print_loop_function_once(Emit *e, const Kernel *k)
+{
+	if (!e->layer_loops) {
+		print_loop_function(e, k);
+		return;
+	}
+	char *shape = loop_function_shape(e, k);
+	const char *had = symtab_get(e->loop_shapes, shape);
+	const char *own = arena_printf(e->low->g->arena, "%sloop%d", e->prefix, (int)(k - e->p->k));
+	if (had) {
+		fprintf(e->f, "#define %s_at %s_at /* the same loop nest */\n\n", own, had);
+		free(shape);
+		return;
+	}
+	symtab_put(e->loop_shapes, arena_strdup(e->low->g->arena, shape), (void *)own);
+	free(shape);
+	print_loop_function(e, k);
+}
+
 /* The stage's buffers; views and transient buffers only where named says the phases name them
  * (NULL: all). */
 static void print_buffers(Emit *e, const bool *named)
@@ -1328,7 +1351,7 @@ static void print_phase(Emit *e, Phase ph, int chunk, bool per_chunk)
 	for (int i = 0; i < p->nk && e->loop_functions; i++) /* a folded run's first layer's */
 		if (p->k[i].kind == K_LOOP && p->k[i].phase == ph && (!per_chunk || p->k[i].chunk == chunk) &&
 		    (e->fold_of[i] < 0 || e->fold_pos[i] < e->folds[e->fold_of[i]].run->body))
-			print_loop_function(e, &p->k[i]);
+			print_loop_function_once(e, &p->k[i]);
 	if (per_chunk)
 		fprintf(f, "static void %s%s_c%d(planrt_ctx_t *ctx)\n{\n", e->prefix, phase_names[ph], chunk);
 	else
@@ -1617,11 +1640,11 @@ static void print_dims(FILE *f, const long long *d, int n)
 	fprintf(f, "}");
 }
 
-/* The parameter table's entry i (planrt_param_t), named by its PARAM_ enum. */
-static void print_param_entry(Emit *e, const ParamEntry *pe, int i)
+/* A parameter's entry (planrt_param_t) as a C value {.name = name, ...}; name is C text. */
+static void print_param_value(Emit *e, const ParamEntry *pe, const char *name)
 {
 	FILE *f = e->f;
-	fprintf(f, "\t[%s] = {.name = \"%s\", .rank = %d, .gdims = ", e->param_names[i], pe->name, pe->rank);
+	fprintf(f, "{.name = %s, .rank = %d, .gdims = ", name, pe->rank);
 	print_dims(f, pe->gdims, pe->rank);
 	fprintf(f, ", .ldims = ");
 	print_dims(f, pe->ldims, pe->rank);
@@ -1632,7 +1655,108 @@ static void print_param_entry(Emit *e, const ParamEntry *pe, int i)
 	print_double(f, pe->init_a);
 	fprintf(f, ", .b = ");
 	print_double(f, pe->init_b);
-	fprintf(f, "},\n");
+	fprintf(f, "}");
+}
+
+/* The parameter table's entry i, named by its PARAM_ enum: its value, or (layer_macro) the macro
+ * of its entry in every layer, called with its layer. */
+static void print_param_entry(Emit *e, const ParamEntry *pe, int i, const char *layer_macro, int layer)
+{
+	fprintf(e->f, "\t[%s] = ", e->param_names[i]);
+	if (layer_macro)
+		fprintf(e->f, "%s(%d)", layer_macro, layer);
+	else
+		print_param_value(e, pe, arena_printf(e->low->g->arena, "\"%s\"", pe->name));
+	fprintf(e->f, ",\n");
+}
+
+/* Where parameter i's name holds its layer's number, as one run of digits between non-digits
+ * ("layers.12.mlp.w1"): *at and *len; false for a parameter outside the layers. */
+static bool param_layer_digits(const Emit *e, int i, int *layer, size_t *at, size_t *len)
+{
+	const ParamEntry *pe = &e->low->params[i];
+	*layer = pe->value >= 0 ? e->low->g->vals[pe->value].layer : -1;
+	if (*layer < 0)
+		return false;
+	const char *digits = arena_printf(e->low->g->arena, "%d", *layer);
+	for (const char *c = strstr(pe->name, digits); c; c = strstr(c + 1, digits)) {
+		*at = (size_t)(c - pe->name);
+		*len = strlen(digits);
+		if ((*at == 0 || !isdigit((unsigned char)c[-1])) && !isdigit((unsigned char)c[*len]))
+			return true;
+	}
+	return false;
+}
+
+/* With layers as loops, a layer's parameter table entries differ only by the layer's number in
+ * their names: each such entry is printed once, as a macro of the layer (its name built by the
+ * preprocessor, "layers." #l ".mlp.w1"), defined before the table when two or more entries call
+ * it. macros[i] is the macro entry i calls, or NULL. */
+static const char **param_layer_macros(Emit *e, int **layers)
+{
+	const Lowered *low = e->low;
+	Arena *a = low->g->arena;
+	const char **macros = arena_alloc(a, sizeof(char *) * (size_t)(low->nparams + 1));
+	const char **bodies = arena_alloc(a, sizeof(char *) * (size_t)(low->nparams + 1));
+	*layers = arena_alloc(a, sizeof(int) * (size_t)(low->nparams + 1));
+	if (!e->layer_loops)
+		return macros;
+	SymTab *by_body = symtab_new(a), *uses = symtab_new(a), *names = symtab_new(a);
+	FILE *saved = e->f;
+	for (int i = 0; i < low->nparams; i++) {
+		const ParamEntry *pe = &low->params[i];
+		size_t at, len;
+		const char *id = e->param_names[i], *num;
+		if (!param_layer_digits(e, i, &(*layers)[i], &at, &len) ||
+		    !(num = strstr(id, arena_printf(a, "_%d", (*layers)[i]))))
+			continue;
+		const char *name = arena_printf(a, "%s%.*s\" #l \"%s\"", at ? "\"" : "", (int)at, pe->name, pe->name + at + len);
+		if (!at)
+			name = arena_printf(a, "#l \"%s\"", pe->name + len);
+		char *body = NULL;
+		size_t blen = 0;
+		if (!(e->f = open_memstream(&body, &blen)))
+			ICE("out of memory");
+		print_param_value(e, pe, name);
+		if (fclose(e->f) != 0)
+			ICE("out of memory");
+		e->f = saved;
+		char *one = arena_strdup(a, body), *o = one; /* on one line: a macro's */
+		for (const char *c = body; *c; c++)
+			if (*c == '\n') {
+				*o++ = ' ';
+				c += strspn(c + 1, "\t");
+			} else
+				*o++ = *c;
+		*o = 0;
+		bodies[i] = one;
+		free(body);
+		const char *macro = symtab_get(by_body, bodies[i]);
+		if (!macro) { /* PARAM_layers_3_mlp_w1 -> LAYER_PARAM_layers_mlp_w1 */
+			macro = arena_printf(a, "LAYER_%.*s%s", (int)(num - id), id, num + strlen(arena_printf(a, "_%d", (*layers)[i])));
+			while (symtab_get(names, macro))
+				macro = arena_printf(a, "%s_", macro);
+			symtab_put(names, macro, (void *)macro);
+			symtab_put(by_body, bodies[i], (void *)macro);
+		}
+		macros[i] = macro;
+		symtab_put(uses, macro, (void *)(intptr_t)((intptr_t)symtab_get(uses, macro) + 1));
+	}
+	bool any = false;
+	for (int i = 0; i < low->nparams; i++) {
+		if (macros[i] && (intptr_t)symtab_get(uses, macros[i]) < 2)
+			macros[i] = NULL;
+		else if (macros[i] && symtab_get(names, macros[i])) { /* the first entry defines it */
+			if (!any)
+				fprintf(e->f, "/* a layer's parameter: the same entry in every layer but for the number in its name */\n");
+			any = true;
+			fprintf(e->f, "#define %s(l) %s\n", macros[i], bodies[i]);
+			symtab_put(names, macros[i], NULL);
+		}
+	}
+	if (any)
+		fprintf(e->f, "\n");
+	return macros;
 }
 
 static void print_program(Emit *e, const char *source_path)
@@ -1640,9 +1764,11 @@ static void print_program(Emit *e, const char *source_path)
 	FILE *f = e->f;
 	const Lowered *low = e->low;
 	fprintf(f, "/* ================================================================ the program */\n\n");
+	int *layers;
+	const char **macros = param_layer_macros(e, &layers);
 	fprintf(f, "static const planrt_param_t params[] = {\n");
 	for (int i = 0; i < low->nparams; i++)
-		print_param_entry(e, &low->params[i], i);
+		print_param_entry(e, &low->params[i], i, macros[i], layers[i]);
 	fprintf(f, "};\n\n");
 	fprintf(f, "static const planrt_stage_t stages[] = {\n");
 	for (int i = 0; i < low->nprogs; i++) {
@@ -1719,6 +1845,7 @@ static bool print_file(const Lowered *low, const char *dir, const char *source_p
 	print_prelude(&e, source_path);
 	e.nstate_entries = arena_alloc(low->g->arena, sizeof(int) * (size_t)(low->nprogs + 1));
 	e.nfamily_entries = arena_alloc(low->g->arena, sizeof(int) * (size_t)(low->nprogs + 1));
+	e.loop_shapes = symtab_new(low->g->arena);
 	for (int i = 0; i < low->nprogs; i++) {
 		e.p = low->progs[i];
 		e.prefix = prog_prefix(low, e.p);
