@@ -924,7 +924,15 @@ static const char *print_table(Emit *e, const Fold *fd, int h, int number)
 	const char *type = x->type, *table;
 	bool pointer = type[strlen(type) - 1] == '*';
 	if (!x->label) {
-		table = arena_printf(e->low->g->arena, "%s_l%d", x->text, number);
+		/* named after the first layer's buffer; a family member's "NAME[3]" as "NAME_3" */
+		char *id = arena_printf(e->low->g->arena, "%s_l%d", x->text, number), *o = id;
+		for (const char *c = id; *c; c++)
+			if (isalnum((unsigned char)*c) || *c == '_')
+				*o++ = *c;
+			else if (*c == '[')
+				*o++ = '_';
+		*o = 0;
+		table = id;
 		fprintf(f, "\t\t%sconst %s[%d] = {", type, table, fd->run->nlayers);
 	} else {
 		table = arena_printf(e->low->g->arena, "%s_l%d", x->label, number);
