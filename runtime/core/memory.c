@@ -76,6 +76,31 @@ void planrt_state_free(const planrt_state_buf_t *b)
 {
 	if (*b->ptr)
 		device->release(*b->ptr, b);
+	*b->ptr = NULL;
+}
+
+static void free_one(const planrt_state_buf_t *b, void *arg)
+{
+	(void)arg;
+	planrt_state_free(b);
+}
+
+void planrt_stage_state_free(const planrt_stage_t *s)
+{
+	planrt_stage_state_each(s, free_one, NULL);
+}
+
+void planrt_stage_state_each(const planrt_stage_t *s, void (*fn)(const planrt_state_buf_t *b, void *arg), void *arg)
+{
+	for (int i = 0; i < s->nstate; i++)
+		fn(&s->state[i], arg);
+	for (int i = 0; i < s->nfamilies; i++) {
+		const planrt_state_family_t *f = &s->families[i];
+		for (int m = 0; m < f->count; m++) {
+			planrt_state_buf_t b = {.name = f->name, .kind = f->kind, .bytes = f->bytes, .ptr = &f->ptrs[m]};
+			fn(&b, arg);
+		}
+	}
 }
 
 void planrt_arena_fill64(uint64_t value)

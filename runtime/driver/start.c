@@ -22,19 +22,22 @@ void planrt_start_world_(int *argc, char ***argv, const planrt_program_t *progra
 	planrt_device_start();
 }
 
+static void allocate_one(const planrt_state_buf_t *b, void *holdings)
+{
+	holdings_t *h = holdings;
+	void *ptr = NULL;
+	if (planrt_state_alloc(b, &ptr) != planrt_success)
+		planrt_fatal("cannot allocate %zu bytes for '%s' (%s); choose a plan with less memory per rank (planc "
+			     "explain shows it)",
+			     b->bytes, b->name, planrt_last_error());
+	*b->ptr = ptr;
+	h->kind_bytes[b->kind] += b->bytes;
+	h->state_bytes += b->bytes;
+}
+
 void planrt_stage_allocate_(const planrt_stage_t *stage, holdings_t *h)
 {
-	for (int i = 0; i < stage->nstate; i++) {
-		const planrt_state_buf_t *b = &stage->state[i];
-		void *ptr = NULL;
-		if (planrt_state_alloc(b, &ptr) != planrt_success)
-			planrt_fatal("cannot allocate %zu bytes for '%s' (%s); choose a plan with less memory per rank (planc "
-				     "explain shows it)",
-				     b->bytes, b->name, planrt_last_error());
-		*b->ptr = ptr;
-		h->kind_bytes[b->kind] += b->bytes;
-		h->state_bytes += b->bytes;
-	}
+	planrt_stage_state_each(stage, allocate_one, h);
 	void *arena_base;
 	PLANRT_CHECK(planrt_arena_create(stage->arena_bytes, &arena_base));
 	h->arena = arena_base;
@@ -51,8 +54,5 @@ void planrt_stage_release_(const planrt_stage_t *stage, holdings_t *h)
 	free(h->reqs);
 	free(h->own);
 	planrt_arena_destroy();
-	for (int i = 0; i < stage->nstate; i++) {
-		planrt_state_free(&stage->state[i]);
-		*stage->state[i].ptr = NULL;
-	}
+	planrt_stage_state_free(stage);
 }

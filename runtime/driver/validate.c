@@ -41,6 +41,12 @@ void planrt_check_program_(const planrt_program_t *p, int stage_index)
 		if (s->state[i].kind >= planrt_state_kinds || !s->state[i].ptr)
 			planrt_fatal("internal error: state buffer '%s' has kind %d or no pointer", s->state[i].name,
 				     s->state[i].kind);
+	for (int i = 0; i < s->nfamilies; i++)
+		if (s->families[i].kind >= planrt_state_kinds || !s->families[i].ptrs || s->families[i].count < 1)
+			planrt_fatal("internal error: state family '%s' has kind %d, %d members or no pointers", s->families[i].name,
+				     s->families[i].kind, s->families[i].count);
+	if (s->nfamilies < 0 || (s->nfamilies && !s->families))
+		planrt_fatal("internal error: stage %d has %d state families", stage_index, s->nfamilies);
 	for (int i = 0; i < p->nparams; i++) {
 		const planrt_param_t *q = &p->params[i];
 		if (q->rank < 0 || q->rank > MAX_DIMS)

@@ -30,9 +30,15 @@ typedef struct planrt_device {
 
 void planrt_device_set(const planrt_device_t *d); /* NULL: the CPU */
 const planrt_device_t *planrt_device_get(void);
-/* State buffers through the device layer (64-byte aligned, zeroed). */
+/* State buffers through the device layer (64-byte aligned, zeroed); free sets the pointer to NULL. */
 planrt_result_t planrt_state_alloc(const struct planrt_state_buf *b, void **p);
 void planrt_state_free(const struct planrt_state_buf *b);
+/* Calls fn(b, arg) on every state buffer of a stage: its state table's entries, then each member
+ * of each family as an entry of its own (the family's name, kind and size, the member's pointer). */
+struct planrt_stage;
+void planrt_stage_state_each(const struct planrt_stage *s, void (*fn)(const struct planrt_state_buf *b, void *arg),
+			     void *arg);
+void planrt_stage_state_free(const struct planrt_stage *s); /* every state buffer of the stage */
 /* The arena (planrt_arena_create): every 64-bit word set to value; its bytes on the host (the
  * arena itself on the CPU, a copy read back from a GPU, valid until planrt_arena_destroy). */
 void planrt_arena_fill64(uint64_t value);

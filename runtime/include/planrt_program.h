@@ -97,6 +97,16 @@ typedef struct planrt_state_buf {
 	size_t bytes;
 	void **ptr;              /* the generated program's pointer to set */
 } planrt_state_buf_t;
+/* A state family: one buffer a layer of one kind and size (a parameter, its gradient, moments or
+ * master weights in every layer of a run), whose pointers are the program's array
+ * ptrs[0 .. count). planrt allocates each member as a state buffer of its own. */
+typedef struct planrt_state_family {
+	const char *name;
+	uint8_t kind;            /* planrt_state_kind_t */
+	size_t bytes;            /* of each member */
+	void **ptrs;
+	int count;
+} planrt_state_family_t;
 
 /* A parameter of the model, for --init, --save and initialisation: global and local (this rank's
  * tensor-parallel block) shapes and the mesh axis that splits each dim (-1: not split). Element
@@ -153,6 +163,9 @@ typedef struct planrt_stage {
 	planrt_phase_fn eval_begin, eval_end;
 	double *const *eval_loss;
 	double *const *eval_accuracy;
+	/* the state families, beside state (a loop over layers indexes their arrays) */
+	const planrt_state_family_t *families;
+	int nfamilies;
 } planrt_stage_t;
 
 typedef struct planrt_program {

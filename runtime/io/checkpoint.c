@@ -1341,6 +1341,16 @@ planrt_ckpt_t *planrt_ckpt_resume_open(const char *path, const planrt_program_t 
 	return c;
 }
 
+/* a state buffer of rank *arg under --reshard */
+static void reshard_allocate(const planrt_state_buf_t *b, void *rank)
+{
+	void *ptr = NULL;
+	if (planrt_state_alloc(b, &ptr) != planrt_success)
+		planrt_fatal("--reshard: cannot allocate %zu bytes for '%s' of rank %d (%s)", b->bytes, b->name, *(int *)rank,
+			     planrt_last_error());
+	*b->ptr = ptr;
+}
+
 /* ------------------------------------------------------------------ resharding offline
  *
  * planrt_ckpt_reshard (PROG --reshard SRC OUT, planc reshard): the checkpoint SRC, written under any
@@ -1439,13 +1449,7 @@ int planrt_ckpt_reshard(const planrt_program_t *prog, const char *src, const cha
 		planrt_mesh_offline_(prog->naxes, prog->axis_sizes, r);
 		int stage_index = prog->pipe_axis >= 0 ? planrt_mesh_coord(prog->pipe_axis) : 0;
 		const planrt_stage_t *stage = &prog->stages[stage_index];
-		for (int i = 0; i < stage->nstate; i++) {
-			void *ptr = NULL;
-			if (planrt_state_alloc(&stage->state[i], &ptr) != planrt_success)
-				planrt_fatal("--reshard: cannot allocate %zu bytes for '%s' of rank %d (%s)", stage->state[i].bytes,
-					     stage->state[i].name, r, planrt_last_error());
-			*stage->state[i].ptr = ptr;
-		}
+		planrt_stage_state_each(stage, reshard_allocate, &r);
 		planrt_ctx_t ctx = {.seed = 0, .eval_batch = -1, .program = prog};
 		planrt_ckpt_t *in = planrt_ckpt_reader(dir, text, r, 0, err, sizeof err);
 		if (!in)
@@ -1461,10 +1465,7 @@ int planrt_ckpt_reshard(const planrt_program_t *prog, const char *src, const cha
 		ranks[r] = planrt_ckpt_write_rank(w, err, sizeof err);
 		if (!ranks[r])
 			planrt_fatal("--reshard: rank %d of plan %s: %s", r, prog->plan, err);
-		for (int i = 0; i < stage->nstate; i++) {
-			planrt_state_free(&stage->state[i]);
-			*stage->state[i].ptr = NULL;
-		}
+		planrt_stage_state_free(stage);
 	}
 	resharding = 0;
 	if (planrt_ckpt_commit(sd, run, ranks, prog->world, err, sizeof err))

@@ -171,17 +171,7 @@ PLANRT_LOOP void loop4(float *restrict out, const float *v6, const float *v5)
 }
 PLANRT_CPU_LOOP(loop4, (float *restrict out, const float *v6, const float *v5), (out, v6, v5))
 
-/* relu, 2 ops fused */
-PLANRT_LOOP void loop6(float *restrict out, const float *v11, const float *v10)
-{
-	for (int64_t i0 = 0; i0 < 16; i0++)
-		for (int64_t i1 = 0; i1 < 16; i1++)
-			for (int64_t i2 = 0; i2 < 256; i2++) {
-				int64_t o = i0 * 4096 + i1 * 256 + i2 * 1;
-				out[o] = relu((v11[i0 * 4096 + i1 * 256 + i2 * 1] + v10[i2 * 1]));
-			}
-}
-PLANRT_CPU_LOOP(loop6, (float *restrict out, const float *v11, const float *v10), (out, v11, v10))
+#define loop6_at loop4_at /* the same loop nest */
 
 /* add in linear_2, 1 op fused */
 PLANRT_LOOP void loop8(float *restrict out, const float *v16, const float *v15)
@@ -220,13 +210,7 @@ PLANRT_LOOP void loop17(float *restrict out, const float *v13, const float *v23)
 }
 PLANRT_CPU_LOOP(loop17, (float *restrict out, const float *v13, const float *v23), (out, v13, v23))
 
-/* relu_grad, 1 op fused */
-PLANRT_LOOP void loop21(float *restrict out, const float *v8, const float *v27)
-{
-	for (int64_t i = 0; i < 65536; i++)
-		out[i] = relu_grad(v8[i], v27[i]);
-}
-PLANRT_CPU_LOOP(loop21, (float *restrict out, const float *v8, const float *v27), (out, v8, v27))
+#define loop21_at loop17_at /* the same loop nest */
 
 static void backward_c0(planrt_ctx_t *ctx)
 {

@@ -10,6 +10,10 @@ four layers a stage, full recompute) the test
   - builds both with planc build, trains each STEPS steps under mpirun on the plan's world size,
     and requires every step's loss and gradient norm and the weights saved with --save to be the
     same bits.
+Then every plan of examples/*.plan is emitted with loops and must compile (mpicc -fsyntax-only with
+planc build's warnings as errors): the four trained plans do not hold every shape a loop takes
+(ZeRO shards of flat buckets in the init, save and checkpoint loops, state families indexed from
+local tables).
 Prints PASS/FAIL per check and a closing 'N passed, N failed' line.
 usage: run_layer_loops.py PLANC REPO_ROOT [STEPS]
 """
@@ -96,9 +100,34 @@ def one(model, plan):
     return checks
 
 
+def compiles(plan_path, plan):
+    """None when the looped prog.c of the plan compiles (or planc refuses to build the plan), else the error"""
+    out = f"{work}/syntax_{os.path.basename(plan_path)}_{plan}"
+    r = subprocess.run([planc, "emit", "c", plan_path, "--plan", plan, "-o", out], capture_output=True, text=True)
+    if r.returncode:
+        return None  # a plan the C target does not execute: planc build says so (tests/front/errors)
+    r = subprocess.run(["mpicc", "-std=gnu11", "-fsyntax-only", "-fno-trapping-math", "-Wall", "-Wextra", "-Werror",
+                        f"-I{root}/runtime/include", f"{out}/prog.c"], capture_output=True, text=True)
+    return r.stderr.strip()[:400] if r.returncode else None
+
+
+def example_plans():
+    for name in sorted(os.listdir(f"{root}/examples")):
+        if name.endswith(".plan"):
+            path = f"{root}/examples/{name}"
+            for line in open(path):
+                if line.startswith("plan "):
+                    yield path, line.split()[1]
+
+
 tally = harness.Tally("layer loops")
 with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
     for checks in pool.map(lambda mp: one(*mp), PLANS):
         for name, ok, detail in checks:
             tally.check(name, ok, detail)
+    examples = list(example_plans())
+    errors = [(path, plan, err) for (path, plan), err in
+              zip(examples, pool.map(lambda pp: compiles(*pp), examples)) if err]
+    tally.check(f"every example plan's looped prog.c compiles ({len(examples)} plans)", not errors,
+                "; ".join(f"{os.path.basename(p)} {q}: {e}" for p, q, e in errors[:3]))
 tally.finish()

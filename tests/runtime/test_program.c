@@ -104,17 +104,30 @@ static void init_and_check(planrt_ctx_t *ctx, void *dst, planrt_dtype_t t, int p
 	free(want);
 }
 
+/* a state buffer planrt_main allocated: 64-byte aligned and zero; then filled, so that the phases
+ * would see it if it were reused */
+static void check_buffer_fresh(const char *name, unsigned char *b, size_t bytes)
+{
+	CHECK(b && (uintptr_t)b % 64 == 0, "state %s at %p", name, (void *)b);
+	size_t n = bytes ? bytes : 64;
+	for (size_t k = 0; b && k < n; k++)
+		CHECK(b[k] == 0, "state %s byte %zu is %d, not zero", name, k, b[k]);
+	if (b)
+		memset(b, 0xab, n); /* a size-0 buffer is still a usable 64-byte block */
+}
+
+/* every state buffer: the state table's, and each member of each state family (its own block) */
 static void check_state_fresh(const planrt_stage_t *s)
 {
-	for (int i = 0; i < s->nstate; i++) {
-		unsigned char *b = *s->state[i].ptr;
-		CHECK(b && (uintptr_t)b % 64 == 0, "state %s at %p", s->state[i].name, (void *)b);
-		size_t n = s->state[i].bytes ? s->state[i].bytes : 64;
-		for (size_t k = 0; b && k < n; k++)
-			CHECK(b[k] == 0, "state %s byte %zu is %d, not zero", s->state[i].name, k, b[k]);
-		if (b)
-			memset(b, 0xab, n); /* a size-0 buffer is still a usable 64-byte block */
-	}
+	for (int i = 0; i < s->nstate; i++)
+		check_buffer_fresh(s->state[i].name, *s->state[i].ptr, s->state[i].bytes);
+	for (int i = 0; i < s->nfamilies; i++)
+		for (int m = 0; m < s->families[i].count; m++) {
+			unsigned char *b = s->families[i].ptrs[m];
+			for (int o = 0; o < m; o++)
+				CHECK(b != s->families[i].ptrs[o], "family %s: members %d and %d share a block", s->families[i].name, o, m);
+			check_buffer_fresh(s->families[i].name, b, s->families[i].bytes);
+		}
 }
 
 static void add_half(float *x, int64_t n)
@@ -140,6 +153,8 @@ static const planrt_param_t pipe_params[] = {
 static void *s0_embed, *s0_norm, *s0_grad, *s0_m, *s0_master, *s0_bucket, *s0_loss, *s0_norm2;
 static void *s1_head, *s1_embed, *s1_loss, *s1_norm2;
 
+static void *s0_layer_w[3]; /* a state family: one buffer a layer */
+static const planrt_state_family_t s0_families[] = {{"layer_w", planrt_state_param, 40, s0_layer_w, 3}};
 static const planrt_state_buf_t s0_state[] = {
 	{"embed", planrt_state_param, 120, &s0_embed},   {"norm", planrt_state_param, 14, &s0_norm},
 	{"embed.grad", planrt_state_grad, 120, &s0_grad}, {"embed.m", planrt_state_optim, 120, &s0_m},
@@ -357,10 +372,10 @@ static const planrt_action_t s1_actions[] = {FI(0), B(0), FI(1), B(1), FI(2), B(
 static const planrt_stage_t pipe_stages[] = {
 	{s0_init, pipe_begin, s0_end, s0_save, 1, s0_fwd, s0_bwd, s0_pfwd, s0_pbwd, s0_actions, 8, 4096, SLOT_OFF,
 	 SLOT_BYTES, INBOX_OFF, INBOX_BYTES, 2, 2, NREQS, s0_state, 8, (double *const *)&s0_loss, (double *const *)&s0_norm2,
-	 0, NULL, 0, NULL, NULL, NULL, NULL, NULL, NULL},
+	 0, NULL, 0, NULL, NULL, NULL, NULL, NULL, NULL, s0_families, 1},
 	{s1_init, pipe_begin, s1_end, s1_save, 1, s1_fwd, s1_bwd, s1_pfwd, NULL, s1_actions, 8, 4096, SLOT_OFF,
 	 SLOT_BYTES, INBOX_OFF, INBOX_BYTES, 2, 2, NREQS, s1_state, 4, (double *const *)&s1_loss, (double *const *)&s1_norm2,
-	 0, NULL, 0, NULL, NULL, NULL, NULL, NULL, NULL},
+	 0, NULL, 0, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0},
 };
 
 static const int pipe_sizes[] = {2};
@@ -471,10 +486,12 @@ static const planrt_action_t zero_actions[] = {{PLANRT_FORWARD, 0, 0, 0xffff, 0}
 					       {PLANRT_FORWARD, 0, 0, 0xffff, 1}, {PLANRT_BACKWARD, 0, 0, 0xffff, 1}};
 static const planrt_stage_t zero_stage = {zero_init, zero_begin, zero_end, zero_save, 1, z_fwd, z_bwd, NULL, NULL,
 					  zero_actions, 4, 1024, 256, 512, 0, 0, 1, 0, 0, zero_state, 7,
-					  (double *const *)&z_loss, (double *const *)&z_norm, 0, NULL, 0, NULL, NULL, NULL, NULL, NULL, NULL};
+					  (double *const *)&z_loss, (double *const *)&z_norm, 0, NULL, 0, NULL, NULL, NULL, NULL, NULL, NULL,
+					  NULL, 0};
 static const planrt_stage_t badsave_stage = {zero_init, zero_begin, zero_end, badsave_save, 1, z_fwd, z_bwd, NULL,
 					     NULL, zero_actions, 4, 1024, 256, 512, 0, 0, 1, 0, 0, zero_state, 7,
-					     (double *const *)&z_loss, (double *const *)&z_norm, 0, NULL, 0, NULL, NULL, NULL, NULL, NULL, NULL};
+					     (double *const *)&z_loss, (double *const *)&z_norm, 0, NULL, 0, NULL, NULL, NULL, NULL, NULL, NULL,
+					  NULL, 0};
 static const int zero_sizes[] = {2};
 static const char *const zero_names[] = {"data"};
 static const planrt_program_t zero_program = {
@@ -608,6 +625,8 @@ int main(int argc, char **argv)
 	if (me < 0) /* --help: nothing ran */
 		return rc;
 	CHECK(steps_done == steps, "%d steps ran, want %lld", steps_done, (long long)steps);
+	for (int m = 0; m < 3; m++) /* released, as every state buffer */
+		CHECK(s0_layer_w[m] == NULL, "state family member %d still set after planrt_main", m);
 	if (me == 0 && save)
 		check_checkpoint(save, init, seed, steps);
 	if (failures) {

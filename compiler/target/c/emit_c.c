@@ -40,19 +40,27 @@ struct Emit {
 	int nfolds;
 	int *fold_of;  /* [kernel]: the fold it belongs to, or -1 */
 	int *fold_pos; /* [kernel]: its place in the fold, layer by layer (0: the loop's head) */
-	struct Family *families; /* the stage's per-layer tables of state pointers, shared by its loops */
+	struct Family *families; /* the stage's state families: arrays of per-layer state pointers */
 	int nfamilies, capfamilies;
 	int *family_of, *family_at; /* [buffer]: its family and place there, or -1 */
+	bool families_fixed;        /* a family member's name is its array's entry (NAME[i]) */
+	int stage_index;            /* the stage being printed: low->progs[stage_index] */
+	int *nstate_entries;        /* [stage]: its state table's entries (family members are not) */
+	int *nfamily_entries;       /* [stage]: its families */
+	SymTab *loop_shapes;        /* layers as loops: the file's loop functions by their shape */
 	SymTab *places;     /* the stage's macros of a transient buffer by layer, by name */
 	const char **place_defs; /* their definitions, in order */
 	int nplaces, capplaces;
 };
 
-/* A family: state buffers, one a layer, whose loops index the table `name` of their addresses. */
+/* A state family: state buffers, one a layer, of one kind and size (a parameter, its gradient,
+ * moment or master weight in every layer of a run), declared as one array of pointers `name`
+ * that loops index by the layer and the state table lists in one entry. */
 typedef struct Family {
 	const char *name;
 	const char *type; /* the pointers' type */
 	int *members, n;
+	bool declared;    /* its array and state table entry are printed (at its first member) */
 } Family;
 
 /* One value that may differ by layer: a buffer's name, a key, a parameter index, a message; or a
@@ -146,7 +154,10 @@ static void name(Emit *e, int b)
 		h->buf = b;
 		return;
 	}
-	fprintf(e->f, "%s%s", e->prefix, e->p->buf[b].name);
+	if (e->families_fixed && e->family_of[b] >= 0)
+		fprintf(e->f, "%s[%d]", e->families[e->family_of[b]].name, e->family_at[b]);
+	else
+		fprintf(e->f, "%s%s", e->prefix, e->p->buf[b].name);
 }
 
 /* A kernel's comment, " / * text * /" (a hole while printing a layer of a run: layers name it) */
@@ -913,7 +924,15 @@ static const char *print_table(Emit *e, const Fold *fd, int h, int number)
 	const char *type = x->type, *table;
 	bool pointer = type[strlen(type) - 1] == '*';
 	if (!x->label) {
-		table = arena_printf(e->low->g->arena, "%s_l%d", x->text, number);
+		/* named after the first layer's buffer; a family member's "NAME[3]" as "NAME_3" */
+		char *id = arena_printf(e->low->g->arena, "%s_l%d", x->text, number), *o = id;
+		for (const char *c = id; *c; c++)
+			if (isalnum((unsigned char)*c) || *c == '_')
+				*o++ = *c;
+			else if (*c == '[')
+				*o++ = '_';
+		*o = 0;
+		table = id;
 		fprintf(f, "\t\t%sconst %s[%d] = {", type, table, fd->run->nlayers);
 	} else {
 		table = arena_printf(e->low->g->arena, "%s_l%d", x->label, number);
@@ -946,17 +965,23 @@ static bool layer_number_at(const char *a, const char *b, size_t *pre, size_t *p
 	return la - *pre - *post > 0;
 }
 
+/* open, then a's text with the layer's number as '*' ("matmul in layers.*.mlp") where b, the same
+ * thing of another layer, differs from it, then close */
+static void print_layer_pattern(Emit *e, const char *open, const char *a, const char *b, const char *close)
+{
+	size_t pre, post;
+	if (!strcmp(a, b))
+		fprintf(e->f, "%s%s%s", open, a, close);
+	else if (layer_number_at(a, b, &pre, &post))
+		fprintf(e->f, "%s%.*s*%s%s", open, (int)pre, a, a + strlen(a) - post, close);
+	else
+		fprintf(e->f, "%s%s (layer by layer)%s", open, a, close);
+}
+
 /* A comment that names the layer ("matmul in layers.3.mlp"), with the layer's number as '*' */
 static void print_layer_comment(Emit *e, const Fold *fd, int h)
 {
-	const char *a = fd->holes[0].h[h].text, *b = fd->holes[fd->run->nlayers - 1].h[h].text;
-	size_t pre, post;
-	if (!strcmp(a, b))
-		fprintf(e->f, " /* %s */", a);
-	else if (layer_number_at(a, b, &pre, &post))
-		fprintf(e->f, " /* %.*s*%s */", (int)pre, a, a + strlen(a) - post);
-	else
-		fprintf(e->f, " /* %s (layer by layer) */", a);
+	print_layer_pattern(e, " /* ", fd->holes[0].h[h].text, fd->holes[fd->run->nlayers - 1].h[h].text, " */");
 }
 
 /* Whether hole h is a transient buffer at offset + l * step in layer l (each layer's saved
@@ -1026,35 +1051,76 @@ static bool integer_steps(const Fold *fd, int h, long long *step)
 	return true;
 }
 
-/* "s0_p_layers_0_block_wq", "s0_p_layers_1_block_wq" -> "s0_p_layers_block_wq_by_layer": the
- * name without the digits where the first two differ (unique in the stage) */
-static const char *family_name(Emit *e, const char *a, const char *b)
+/* whether name is a state buffer's name in the stage (with the prefix) or a family's */
+static bool stage_name_taken(Emit *e, const char *name)
 {
-	size_t la = strlen(a), pre, post;
-	if (!layer_number_at(a, b, &pre, &post))
-		return arena_printf(e->low->g->arena, "%s_by_layer%d", a, e->nfamilies);
-	if (pre > 0 && post > 0 && a[pre - 1] == '_' && a[la - post] == '_')
-		pre--;
-	const char *name = arena_printf(e->low->g->arena, "%.*s%s_by_layer", (int)pre, a, a + la - post);
 	for (int i = 0; i < e->nfamilies; i++)
 		if (!strcmp(e->families[i].name, name))
-			return arena_printf(e->low->g->arena, "%s%d", name, e->nfamilies);
+			return true;
+	size_t np = strlen(e->prefix);
+	if (strncmp(name, e->prefix, np))
+		return false;
+	for (int b = 0; b < e->p->nbuf; b++)
+		if (!strcmp(e->p->buf[b].name, name + np))
+			return true;
+	return false;
+}
+
+/* The name of the family of buffers b0 and b1 (two layers' buffers, named a and b in the file):
+ * "s0_p_layers_0_block_wq", "s0_p_layers_1_block_wq" -> "s0_p_layers_block_wq", the name without
+ * the digits where the two differ; a name that ends in its number ("s0_master_17") takes what the
+ * buffer holds instead ("layers.0.block.wq" -> "s0_master_layers_block_wq"). Unique in the stage:
+ * else "_by_layer" and a number follow. */
+static const char *family_name(Emit *e, int b0, int b1, const char *a, const char *b)
+{
+	Arena *ar = e->low->g->arena;
+	const char *w0 = e->p->buf[b0].what, *w1 = e->p->buf[b1].what;
+	size_t la = strlen(a), pre, post;
+	const char *name = NULL;
+	if (!layer_number_at(a, b, &pre, &post)) {
+		name = NULL;
+	} else if (post > 0) {
+		if (pre > 0 && a[pre - 1] == '_' && a[la - post] == '_')
+			pre--;
+		name = arena_printf(ar, "%.*s%s", (int)pre, a, a + la - post);
+	} else if (w0 && w1 && layer_number_at(w0, w1, &pre, &post)) {
+		size_t lw = strlen(w0), stem = la;
+		while (stem > 0 && (isdigit((unsigned char)a[stem - 1]) || a[stem - 1] == '_'))
+			stem--;
+		char *what = arena_printf(ar, "%.*s%s", (int)pre, w0, w0 + lw - post), *o = what;
+		for (const char *c = what; *c; c++) /* as an identifier: runs of other characters as one '_' */
+			if (isalnum((unsigned char)*c))
+				*o++ = *c;
+			else if (o > what && o[-1] != '_')
+				*o++ = '_';
+		while (o > what && o[-1] == '_')
+			o--;
+		*o = 0;
+		name = arena_printf(ar, "%.*s_%s", (int)stem, a, what);
+	}
+	if (!name)
+		return arena_printf(ar, "%s_by_layer%d", a, e->nfamilies);
+	if (stage_name_taken(e, name))
+		return arena_printf(ar, "%s_by_layer%d", name, e->nfamilies);
 	return name;
 }
 
-/* Whether hole h names a state buffer of each layer (a static pointer): then the stage's family
- * table of their addresses, made here if none of them is in one yet, serves every loop that
- * indexes them; *at and *dir say where layer l's is: at + dir * l. */
+/* Whether hole h names a state buffer of each layer, alike (one kind and size): then the stage's
+ * family of them, made here (before the families are fixed) if none of them is in one yet, serves
+ * every loop that indexes them; *at and *dir say where layer l's is: at + dir * l. */
 static const Family *state_family(Emit *e, const Fold *fd, int h, int *at, int *dir)
 {
 	int n = fd->run->nlayers;
-	for (int t = 0; t < n; t++) {
+	int b0 = fd->holes[0].h[h].buf, b1 = fd->holes[1].h[h].buf, f = b0 >= 0 ? e->family_of[b0] : -1;
+	for (int t = 0; t < n; t++) { /* one kind and size: one state table entry */
 		int b = fd->holes[t].h[h].buf;
-		if (b < 0 || e->p->buf[b].cls != BUF_STATE)
+		if (b < 0 || e->p->buf[b].cls != BUF_STATE || e->p->buf[b].state != e->p->buf[b0].state ||
+		    e->p->buf[b].bytes != e->p->buf[b0].bytes || e->p->buf[b].dtype != e->p->buf[b0].dtype)
 			return NULL;
 	}
-	int b0 = fd->holes[0].h[h].buf, b1 = fd->holes[1].h[h].buf, f = e->family_of[b0];
 	if (f < 0) {
+		if (e->families_fixed)
+			return NULL;
 		for (int t = 0; t < n; t++)
 			if (e->family_of[fd->holes[t].h[h].buf] >= 0)
 				return NULL;
@@ -1065,7 +1131,7 @@ static const Family *state_family(Emit *e, const Fold *fd, int h, int *at, int *
 				ICE("out of memory");
 		}
 		Family *fam = &e->families[e->nfamilies];
-		*fam = (Family){.name = family_name(e, fd->holes[0].h[h].text, fd->holes[1].h[h].text),
+		*fam = (Family){.name = family_name(e, b0, b1, fd->holes[0].h[h].text, fd->holes[1].h[h].text),
 				.type = fd->holes[0].h[h].type, .n = n};
 		fam->members = arena_alloc(e->low->g->arena, sizeof(int) * (size_t)n);
 		bool down = fd->run->step < 0; /* kept in layer order */
@@ -1089,26 +1155,47 @@ static const Family *state_family(Emit *e, const Fold *fd, int h, int *at, int *
 	return &e->families[f];
 }
 
-/* The stage's family tables (before its phase functions, after its state pointers). */
-static void print_families(Emit *e)
+/* The stage's state families, made from its folds' holes before anything of the stage is
+ * printed, the longest runs first (so the family of a parameter is every layer the stage holds, and
+ * shorter runs index into it); then every member is named by its array's entry, in the holes'
+ * texts too. */
+static void plan_families(Emit *e)
 {
-	FILE *f = e->f;
-	if (e->nfamilies)
-		fprintf(f, "/* state pointers by layer, indexed by the loops over layers */\n");
-	for (int i = 0; i < e->nfamilies; i++) {
-		const Family *fam = &e->families[i];
-		fprintf(f, "static %s*const %s[%d] = {", fam->type, fam->name, fam->n);
-		for (int t = 0; t < fam->n; t++) {
-			fprintf(f, "%s&", t ? ", " : "");
-			name(e, fam->members[t]);
-		}
-		fprintf(f, "};\n");
+	bool *done = calloc((size_t)e->nfolds + 1, sizeof(bool));
+	if (!done)
+		ICE("out of memory");
+	for (int k = 0; k < e->nfolds; k++) {
+		int best = -1;
+		for (int i = 0; i < e->nfolds; i++)
+			if (!done[i] && (best < 0 || e->folds[i].run->nlayers > e->folds[best].run->nlayers))
+				best = i;
+		done[best] = true;
+		const Fold *fd = &e->folds[best];
+		long long step;
+		int at, dir;
+		for (int h = 0; h < fd->holes[0].n; h++)
+			if (fd->holes[0].h[h].type && !hole_same(fd, h) && !transient_steps(fd, h, &step) &&
+			    !integer_steps(fd, h, &step))
+				state_family(e, fd, h, &at, &dir);
 	}
-	if (e->nfamilies)
-		fprintf(f, "\n");
+	free(done);
+	e->families_fixed = true;
+	for (int i = 0; i < e->nfolds; i++)
+		for (int t = 0; t < e->folds[i].run->nlayers; t++)
+			for (int h = 0; h < e->folds[i].holes[t].n; h++) {
+				Hole *x = &e->folds[i].holes[t].h[h];
+				if (x->buf >= 0 && e->family_of[x->buf] >= 0)
+					x->text = arena_printf(e->low->g->arena, "%s[%d]", e->families[e->family_of[x->buf]].name,
+							       e->family_at[x->buf]);
+			}
+}
+
+static void free_families(Emit *e)
+{
 	free(e->families);
 	e->families = NULL;
 	e->nfamilies = e->capfamilies = 0;
+	e->families_fixed = false;
 }
 
 /* A value hole in the loop's body: its one value, the place of a transient buffer of the layer, a
@@ -1126,7 +1213,7 @@ static void print_hole(Emit *e, const Fold *fd, int h, const char *table)
 	else if (!hole_same(fd, h) && integer_steps(fd, h, &step))
 		fprintf(e->f, "(%s + %sl * %lld)", x->text, strcmp(x->type, "int") ? "(int64_t)" : "", step);
 	else if (!hole_same(fd, h) && (fam = state_family(e, fd, h, &at, &dir)))
-		fprintf(e->f, "(*%s[%s])", fam->name,
+		fprintf(e->f, "%s[%s]", fam->name,
 			at == 0 && dir > 0 ? "l" : arena_printf(e->low->g->arena, "%d %s l", at, dir > 0 ? "+" : "-"));
 	else
 		fputs(x->text, e->f); /* the same in every layer, or the same place under another name */
@@ -1177,21 +1264,50 @@ static void print_fold(Emit *e, const Fold *fd)
 
 /* ------------------------------------------------------------------ one stage */
 
+/* Fused loop k's function; with layers as loops, a loop nest the file already has (the same text
+ * up to its name and its arguments' names: every stage of a pipeline runs its layers' loops) is
+ * not printed again: its name is an alias of the first one's. */
+static void print_loop_function_once(Emit *e, const Kernel *k)
+{
+	if (!e->layer_loops) {
+		print_loop_function(e, k);
+		return;
+	}
+	char *shape = loop_function_shape(e, k);
+	const char *had = symtab_get(e->loop_shapes, shape);
+	const char *own = arena_printf(e->low->g->arena, "%sloop%d", e->prefix, (int)(k - e->p->k));
+	if (had) {
+		fprintf(e->f, "#define %s_at %s_at /* the same loop nest */\n\n", own, had);
+		free(shape);
+		return;
+	}
+	symtab_put(e->loop_shapes, arena_strdup(e->low->g->arena, shape), (void *)own);
+	free(shape);
+	print_loop_function(e, k);
+}
+
 /* The stage's buffers; views and transient buffers only where named says the phases name them
  * (NULL: all). */
 static void print_buffers(Emit *e, const bool *named)
 {
 	FILE *f = e->f;
 	const LProg *p = e->p;
-	fprintf(f, "/* persistent state (allocated by planrt_main) */\n");
+	fprintf(f, "/* persistent state (allocated by planrt_main)%s */\n", e->nfamilies ? "; a family: one pointer a layer" : "");
 	for (int b = 0; b < p->nbuf; b++) {
 		const Buffer *x = &p->buf[b];
-		if (x->cls != BUF_STATE)
+		const Family *fam = e->family_of[b] >= 0 ? &e->families[e->family_of[b]] : NULL;
+		if (x->cls != BUF_STATE || (fam && e->family_at[b] > 0))
 			continue;
 		fprintf(f, "static %s *", ctype(x->dtype));
-		name(e, b);
-		fprintf(f, "; /* %s, %lld elements%s%s */\n", state_kind_names[x->state], x->elems, x->what ? ": " : "",
-			x->what ? x->what : "");
+		if (fam)
+			fprintf(f, "%s[%d]", fam->name, fam->n);
+		else
+			name(e, b);
+		fprintf(f, "; /* %s, %lld elements%s", state_kind_names[x->state], x->elems, fam ? " each" : "");
+		if (x->what && fam && p->buf[fam->members[fam->n - 1]].what)
+			print_layer_pattern(e, ": ", x->what, p->buf[fam->members[fam->n - 1]].what, " */\n");
+		else
+			fprintf(f, "%s%s */\n", x->what ? ": " : "", x->what ? x->what : "");
 	}
 	fprintf(f, "/* views of state */\n");
 	for (int b = 0; b < p->nbuf; b++) {
@@ -1243,7 +1359,7 @@ static void print_phase(Emit *e, Phase ph, int chunk, bool per_chunk)
 	for (int i = 0; i < p->nk && e->loop_functions; i++) /* a folded run's first layer's */
 		if (p->k[i].kind == K_LOOP && p->k[i].phase == ph && (!per_chunk || p->k[i].chunk == chunk) &&
 		    (e->fold_of[i] < 0 || e->fold_pos[i] < e->folds[e->fold_of[i]].run->body))
-			print_loop_function(e, &p->k[i]);
+			print_loop_function_once(e, &p->k[i]);
 	if (per_chunk)
 		fprintf(f, "static void %s%s_c%d(planrt_ctx_t *ctx)\n{\n", e->prefix, phase_names[ph], chunk);
 	else
@@ -1311,12 +1427,31 @@ static bool *named_buffers(Emit *e, const char *text)
 	return named;
 }
 
+/* The stage's table of its state families (planrt_state_family_t), after its state table: one
+ * entry a family, its array of count pointers. */
+static void print_family_table(Emit *e)
+{
+	FILE *f = e->f;
+	e->nfamily_entries[e->stage_index] = e->nfamilies;
+	if (!e->nfamilies)
+		return;
+	fprintf(f, "static const planrt_state_family_t %sfamilies[] = {\n", e->prefix);
+	for (int i = 0; i < e->nfamilies; i++) {
+		const Family *fam = &e->families[i];
+		const Buffer *x = &e->p->buf[fam->members[0]];
+		fprintf(f, "\t{\"%s\", %s, %zu, (void **)%s, %d},\n", fam->name + strlen(e->prefix),
+			planrt_state_kind_name(x->state), x->bytes, fam->name, fam->n);
+	}
+	fprintf(f, "};\n\n");
+}
+
 static void print_stage(Emit *e)
 {
 	FILE *f = e->f;
 	const LProg *p = e->p;
 	fprintf(f, "/* ================================================================ stage %d */\n\n", p->stage);
 	plan_folds(e);
+	plan_families(e);
 	if (!e->nfolds) {
 		print_buffers(e, NULL);
 		print_phases(e);
@@ -1330,7 +1465,6 @@ static void print_stage(Emit *e)
 			ICE("out of memory");
 		e->f = f;
 		print_buffers(e, named_buffers(e, text));
-		print_families(e);
 		print_places(e);
 		fputs(text, f);
 		free(text);
@@ -1361,7 +1495,10 @@ static void print_stage(Emit *e)
 	int nstate = 0;
 	for (int b = 0; b < p->nbuf; b++) {
 		const Buffer *x = &p->buf[b];
-		if (x->cls != BUF_STATE)
+		const Family *fam = e->family_of[b] >= 0 ? &e->families[e->family_of[b]] : NULL;
+		if (x->cls != BUF_STATE || (fam && e->family_at[b] > 0))
+			continue;
+		if (fam)
 			continue;
 		fprintf(f, "\t{\"%s\", %s, %zu, (void **)&", x->name, planrt_state_kind_name(x->state), x->bytes);
 		name(e, b);
@@ -1371,7 +1508,10 @@ static void print_stage(Emit *e)
 	if (!nstate)
 		fprintf(f, "\t{\"none\", planrt_state_buffer, 0, NULL},\n");
 	fprintf(f, "};\n\n");
+	e->nstate_entries[e->stage_index] = nstate;
+	print_family_table(e);
 	free_folds(e);
+	free_families(e);
 }
 
 /* the name of a mesh axis, or PLANRT_NO_AXIS */
@@ -1385,9 +1525,7 @@ static void print_stage_entry(Emit *e)
 {
 	FILE *f = e->f;
 	const LProg *p = e->p;
-	int nstate = 0;
-	for (int b = 0; b < p->nbuf; b++)
-		nstate += p->buf[b].cls == BUF_STATE;
+	int nstate = e->nstate_entries[e->stage_index];
 	const char *x = e->prefix;
 	fprintf(f, "\t{\n\t\t.init = %sinit,\n\t\t.step_begin = %sstep_begin,\n\t\t.step_end = %sstep,\n\t\t.save = %ssave,\n",
 		x, x, x, x);
@@ -1399,6 +1537,8 @@ static void print_stage_entry(Emit *e)
 	fprintf(f, "\t\t.inbox_offset = %zu,\n\t\t.inbox_bytes = %zu,\n", p->inbox_offset, p->inbox_bytes);
 	fprintf(f, "\t\t.nslots = %d,\n\t\t.ninbox = %d,\n\t\t.nreqs = %d,\n", p->nslots, p->ninbox, p->nslotreqs);
 	fprintf(f, "\t\t.state = %sstate,\n\t\t.nstate = %d,\n", x, nstate);
+	if (e->nfamily_entries[e->stage_index])
+		fprintf(f, "\t\t.families = %sfamilies,\n\t\t.nfamilies = %d,\n", x, e->nfamily_entries[e->stage_index]);
 	int loss = p->loss_history >= 0 ? p->loss_history : p->loss_metric;
 	fprintf(f, "\t\t.loss = &%s%s,\n\t\t.grad_norm = &%s%s,\n", x, p->buf[loss].name, x, p->buf[p->norm_metric].name);
 	if (p->loss_window)
@@ -1508,11 +1648,11 @@ static void print_dims(FILE *f, const long long *d, int n)
 	fprintf(f, "}");
 }
 
-/* The parameter table's entry i (planrt_param_t), named by its PARAM_ enum. */
-static void print_param_entry(Emit *e, const ParamEntry *pe, int i)
+/* A parameter's entry (planrt_param_t) as a C value {.name = name, ...}; name is C text. */
+static void print_param_value(Emit *e, const ParamEntry *pe, const char *name)
 {
 	FILE *f = e->f;
-	fprintf(f, "\t[%s] = {.name = \"%s\", .rank = %d, .gdims = ", e->param_names[i], pe->name, pe->rank);
+	fprintf(f, "{.name = %s, .rank = %d, .gdims = ", name, pe->rank);
 	print_dims(f, pe->gdims, pe->rank);
 	fprintf(f, ", .ldims = ");
 	print_dims(f, pe->ldims, pe->rank);
@@ -1523,7 +1663,108 @@ static void print_param_entry(Emit *e, const ParamEntry *pe, int i)
 	print_double(f, pe->init_a);
 	fprintf(f, ", .b = ");
 	print_double(f, pe->init_b);
-	fprintf(f, "},\n");
+	fprintf(f, "}");
+}
+
+/* The parameter table's entry i, named by its PARAM_ enum: its value, or (layer_macro) the macro
+ * of its entry in every layer, called with its layer. */
+static void print_param_entry(Emit *e, const ParamEntry *pe, int i, const char *layer_macro, int layer)
+{
+	fprintf(e->f, "\t[%s] = ", e->param_names[i]);
+	if (layer_macro)
+		fprintf(e->f, "%s(%d)", layer_macro, layer);
+	else
+		print_param_value(e, pe, arena_printf(e->low->g->arena, "\"%s\"", pe->name));
+	fprintf(e->f, ",\n");
+}
+
+/* Where parameter i's name holds its layer's number, as one run of digits between non-digits
+ * ("layers.12.mlp.w1"): *at and *len; false for a parameter outside the layers. */
+static bool param_layer_digits(const Emit *e, int i, int *layer, size_t *at, size_t *len)
+{
+	const ParamEntry *pe = &e->low->params[i];
+	*layer = pe->value >= 0 ? e->low->g->vals[pe->value].layer : -1;
+	if (*layer < 0)
+		return false;
+	const char *digits = arena_printf(e->low->g->arena, "%d", *layer);
+	for (const char *c = strstr(pe->name, digits); c; c = strstr(c + 1, digits)) {
+		*at = (size_t)(c - pe->name);
+		*len = strlen(digits);
+		if ((*at == 0 || !isdigit((unsigned char)c[-1])) && !isdigit((unsigned char)c[*len]))
+			return true;
+	}
+	return false;
+}
+
+/* With layers as loops, a layer's parameter table entries differ only by the layer's number in
+ * their names: each such entry is printed once, as a macro of the layer (its name built by the
+ * preprocessor, "layers." #l ".mlp.w1"), defined before the table when two or more entries call
+ * it. macros[i] is the macro entry i calls, or NULL. */
+static const char **param_layer_macros(Emit *e, int **layers)
+{
+	const Lowered *low = e->low;
+	Arena *a = low->g->arena;
+	const char **macros = arena_alloc(a, sizeof(char *) * (size_t)(low->nparams + 1));
+	const char **bodies = arena_alloc(a, sizeof(char *) * (size_t)(low->nparams + 1));
+	*layers = arena_alloc(a, sizeof(int) * (size_t)(low->nparams + 1));
+	if (!e->layer_loops)
+		return macros;
+	SymTab *by_body = symtab_new(a), *uses = symtab_new(a), *names = symtab_new(a);
+	FILE *saved = e->f;
+	for (int i = 0; i < low->nparams; i++) {
+		const ParamEntry *pe = &low->params[i];
+		size_t at, len;
+		const char *id = e->param_names[i], *num;
+		if (!param_layer_digits(e, i, &(*layers)[i], &at, &len) ||
+		    !(num = strstr(id, arena_printf(a, "_%d", (*layers)[i]))))
+			continue;
+		const char *name = arena_printf(a, "%s%.*s\" #l \"%s\"", at ? "\"" : "", (int)at, pe->name, pe->name + at + len);
+		if (!at)
+			name = arena_printf(a, "#l \"%s\"", pe->name + len);
+		char *body = NULL;
+		size_t blen = 0;
+		if (!(e->f = open_memstream(&body, &blen)))
+			ICE("out of memory");
+		print_param_value(e, pe, name);
+		if (fclose(e->f) != 0)
+			ICE("out of memory");
+		e->f = saved;
+		char *one = arena_strdup(a, body), *o = one; /* on one line: a macro's */
+		for (const char *c = body; *c; c++)
+			if (*c == '\n') {
+				*o++ = ' ';
+				c += strspn(c + 1, "\t");
+			} else
+				*o++ = *c;
+		*o = 0;
+		bodies[i] = one;
+		free(body);
+		const char *macro = symtab_get(by_body, bodies[i]);
+		if (!macro) { /* PARAM_layers_3_mlp_w1 -> LAYER_PARAM_layers_mlp_w1 */
+			macro = arena_printf(a, "LAYER_%.*s%s", (int)(num - id), id, num + strlen(arena_printf(a, "_%d", (*layers)[i])));
+			while (symtab_get(names, macro))
+				macro = arena_printf(a, "%s_", macro);
+			symtab_put(names, macro, (void *)macro);
+			symtab_put(by_body, bodies[i], (void *)macro);
+		}
+		macros[i] = macro;
+		symtab_put(uses, macro, (void *)(intptr_t)((intptr_t)symtab_get(uses, macro) + 1));
+	}
+	bool any = false;
+	for (int i = 0; i < low->nparams; i++) {
+		if (macros[i] && (intptr_t)symtab_get(uses, macros[i]) < 2)
+			macros[i] = NULL;
+		else if (macros[i] && symtab_get(names, macros[i])) { /* the first entry defines it */
+			if (!any)
+				fprintf(e->f, "/* a layer's parameter: the same entry in every layer but for the number in its name */\n");
+			any = true;
+			fprintf(e->f, "#define %s(l) %s\n", macros[i], bodies[i]);
+			symtab_put(names, macros[i], NULL);
+		}
+	}
+	if (any)
+		fprintf(e->f, "\n");
+	return macros;
 }
 
 static void print_program(Emit *e, const char *source_path)
@@ -1531,14 +1772,17 @@ static void print_program(Emit *e, const char *source_path)
 	FILE *f = e->f;
 	const Lowered *low = e->low;
 	fprintf(f, "/* ================================================================ the program */\n\n");
+	int *layers;
+	const char **macros = param_layer_macros(e, &layers);
 	fprintf(f, "static const planrt_param_t params[] = {\n");
 	for (int i = 0; i < low->nparams; i++)
-		print_param_entry(e, &low->params[i], i);
+		print_param_entry(e, &low->params[i], i, macros[i], layers[i]);
 	fprintf(f, "};\n\n");
 	fprintf(f, "static const planrt_stage_t stages[] = {\n");
 	for (int i = 0; i < low->nprogs; i++) {
 		e->p = low->progs[i];
 		e->prefix = prog_prefix(low, e->p);
+		e->stage_index = i;
 		print_stage_entry(e);
 	}
 	fprintf(f, "};\n\n");
@@ -1607,9 +1851,13 @@ static bool print_file(const Lowered *low, const char *dir, const char *source_p
 	Emit e = {.f = f, .low = low, .target = target, .param_names = param_enum_names(low), .loop_functions = !target,
 		  .layer_loops = layer_loops, .loop_as = -1};
 	print_prelude(&e, source_path);
+	e.nstate_entries = arena_alloc(low->g->arena, sizeof(int) * (size_t)(low->nprogs + 1));
+	e.nfamily_entries = arena_alloc(low->g->arena, sizeof(int) * (size_t)(low->nprogs + 1));
+	e.loop_shapes = symtab_new(low->g->arena);
 	for (int i = 0; i < low->nprogs; i++) {
 		e.p = low->progs[i];
 		e.prefix = prog_prefix(low, e.p);
+		e.stage_index = i;
 		print_stage(&e);
 	}
 	print_program(&e, source_path);

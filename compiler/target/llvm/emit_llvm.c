@@ -1137,7 +1137,9 @@ typedef struct Field {
  * the C definition's (offsetof, sizeof). */
 static LLVMTypeRef c_struct(Gen *G, const char *name, const Field *f, int n, size_t size)
 {
-	LLVMTypeRef types[32];
+	LLVMTypeRef types[48];
+	if (n > 48)
+		ICE("%s has %d fields", name, n);
 	for (int i = 0; i < n; i++)
 		types[i] = f[i].t;
 	LLVMTypeRef t = LLVMStructCreateNamed(G->c, name);
@@ -1182,7 +1184,8 @@ static void table_types(Gen *G, Tables *T)
 			 F(planrt_stage_t, versions, p),      F(planrt_stage_t, nversions, i32),
 			 F(planrt_stage_t, checkpoint, p),    F(planrt_stage_t, resume, p),
 			 F(planrt_stage_t, eval_begin, p),    F(planrt_stage_t, eval_end, p),
-			 F(planrt_stage_t, eval_loss, p),     F(planrt_stage_t, eval_accuracy, p)};
+			 F(planrt_stage_t, eval_loss, p),     F(planrt_stage_t, eval_accuracy, p),
+			 F(planrt_stage_t, families, p),      F(planrt_stage_t, nfamilies, i32)};
 	Field program[] = {F(planrt_program_t, plan, p),          F(planrt_program_t, model, p),
 			   F(planrt_program_t, source, p),        F(planrt_program_t, world, i32),
 			   F(planrt_program_t, naxes, i32),       F(planrt_program_t, pipe_axis, i32),
@@ -1325,7 +1328,10 @@ static LLVMValueRef build_stage(Gen *G, const Tables *T)
 			    extra[3],
 			    LLVMConstBitCast(G->state[p->loss_metric], G->t_ptr),
 			    p->accuracy_metric >= 0 ? LLVMConstBitCast(G->state[p->accuracy_metric], G->t_ptr)
-						    : LLVMConstPointerNull(G->t_ptr)};
+						    : LLVMConstPointerNull(G->t_ptr),
+			    /* no state families: the LLVM target names every layer's state buffer */
+			    LLVMConstPointerNull(G->t_ptr),
+			    i32c(G, 0)};
 	return LLVMConstNamedStruct(T->stage, f, sizeof f / sizeof f[0]);
 }
 
