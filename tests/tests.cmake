@@ -239,7 +239,7 @@ set(TORCH_TESTS torch_reference attention_torch generate)
 # test's CPU seconds where bench/suite_times.py measured them (2026-12-02, tests/README.md "Time"),
 # else its wall seconds in the last full `ctest -j2` (the merge of 2026-12-02 at load 4-7,
 # CTestCostData.txt)
-set(TEST_COSTS equiv_gpt 470 cuda_build 341 llvm_diff 225 equiv_sweep 128 offload 122 fuzz_build 121
+set(TEST_COSTS equiv_gpt 470 cuda_build 403 llvm_diff 225 equiv_sweep 128 offload 122 fuzz_build 121
     cpu_levels 92 cpu_threads 60 equiv_moe 92 sync_runs 90 equiv_others 83 torch_reference 72 fuzz 71 checkpoint 63
     cuda_one_process 62 memory 61 resume_guard 60 program_errors 19 data_runs 43 fp16 38 attention_fused 38
     equiv_mlp 37 soak 28 cuda_local_mpi 27 program_failures 23 observe 20 search 22 scale_search 40 kernels_matmul_bf16 17
