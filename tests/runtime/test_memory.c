@@ -1,5 +1,5 @@
-/* test_memory.c: the arena (one aligned, zeroed allocation; one at a time) and the peak
- * resident-set figure. */
+/* test_memory.c: the arena (one aligned, zeroed allocation; one at a time; resident once written,
+ * as planrt_main's canary writes it) and the peak resident-set figure. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "planrt.h"
+#include "planrt_device.h"
 
 static void test_arena(void **state)
 {
@@ -22,7 +23,10 @@ static void test_arena(void **state)
 	const unsigned char *p = base;
 	for (size_t i = 0; i < 64 * MB; i += 4093)
 		assert_int_equal(p[i], 0);
-	/* zero filled at creation: every planned byte is resident */
+	/* every word written (planrt_main's canary): every planned byte is resident */
+	planrt_arena_fill64(0x5A17C0DE5A17C0DEull);
+	for (size_t i = 0; i < 64 * MB; i += 4093)
+		assert_int_equal(p[i], (0x5A17C0DEu >> (8 * (i % 4))) & 0xff); /* little-endian */
 	assert_true(planrt_peak_rss_bytes() >= before + 60 * (size_t)MB);
 	assert_int_equal(planrt_arena_create(MB, &again), planrt_invalid_usage);
 	assert_null(again);
