@@ -1520,21 +1520,18 @@ static void kv_grads(Shard *s, const Op *placed)
 
 /* Whether attention op, its query rows split over the ring axis (`shard ring_attention -> axis`),
  * can keep K/V split and pass them around the ring (lower/ring.c); reports what is missing when it
- * cannot: an additive mask (its key dim would have to travel with the block) and storage other
- * than f32. */
+ * cannot: an additive mask (its key dim would have to travel with the block). */
 static bool ring_possible(Shard *s, const Op *op, int mask)
 {
 	const PlanSpec *ps = s->ps;
-	const char *missing = mask >= 0 ? "an additive attention mask (padding or document masks)"
-			      : ps->param_dtype != DT_F32 ? "bf16 or f16 storage" : NULL;
-	if (!missing)
+	if (mask < 0)
 		return true;
 	if (!s->failed) {
 		diag_error(ps->ring_src, ps->ring_loc, "ring attention over mesh axis '%s' does not support %s yet",
-			   ps->axes[ps->ring_axis].name, missing);
+			   ps->axes[ps->ring_axis].name, "an additive attention mask (padding or document masks)");
 		if (op->src)
 			diag_note(op->src, op->loc, "the attention it would run");
-		diag_note_plain("use a causal or unmasked f32 attention, or split the sequence without the ring (shard S -> %s)",
+		diag_note_plain("use a causal or unmasked attention, or split the sequence without the ring (shard S -> %s)",
 				ps->axes[ps->ring_axis].name);
 	}
 	s->failed = true;
