@@ -1546,22 +1546,11 @@ static void ring_balance(Shard *s, const Op *op)
 	const PlanSpec *ps = s->ps;
 	const Value *q = &s->g->vals[op->in[0]];
 	long long seq = q->dim[q->rank - 2], n = ps->axes[ps->ring_axis].size;
-	const Op *rope = NULL;
-	for (int i = 0; i < s->g->nops && !rope; i++)
-		if (s->g->ops[i].kind == OP_ROPE && s->g->ops[i].nin == 1) /* positions from the block offset */
-			rope = &s->g->ops[i];
-	if (seq % (2 * n) == 0 && !rope) {
+	if (seq % (2 * n) == 0) {
 		s->g->ring_mirrored = true;
 		return;
 	}
-	if (!s->failed && rope) {
-		diag_error(ps->ring_src, ps->ring_loc, "causal ring attention over mesh axis '%s' does not support rope's "
-			   "positions with causal load balancing yet", ps->axes[ps->ring_axis].name);
-		if (rope->src)
-			diag_note(rope->src, rope->loc, "the rope");
-		diag_note_plain("write 'shard ring_attention(contiguous) -> %s' (one block per rank, unbalanced)",
-				ps->axes[ps->ring_axis].name);
-	} else if (!s->failed) {
+	if (!s->failed) {
 		diag_error(ps->ring_src, ps->ring_loc, "causal ring attention over mesh axis '%s' needs the sequence (%lld) "
 			   "to split into 2 x %lld chunks", ps->axes[ps->ring_axis].name, seq, n);
 		if (op->src)

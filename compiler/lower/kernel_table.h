@@ -299,11 +299,11 @@
 	X(ROPE, "rope", KC_COMPUTE, planrt_k_rope_f32, KDEV(planrt_cu_k_rope_f32), \
 	  KP(F32_IN, x) KP(F32_OUT, y) KP(I64, batch) KP(I64, seq) KP(I64, heads) KP(I64, head_dim) \
 	  KP(I64, rot_dim) KP(FLAG, heads_first) KP(I32_IN, pos) KP(I64, pos_stride) KP(I64, pos_off) \
-	  KP(F64, theta)) \
+	  KP(I64, pos_off2) KP(F64, theta)) \
 	X(ROPE_GRAD, "rope_grad", KC_COMPUTE, planrt_k_rope_grad_f32, KDEV(planrt_cu_k_rope_grad_f32), \
 	  KP(F32_IN, dy) KP(F32_OUT, dx) KP(I64, batch) KP(I64, seq) KP(I64, heads) KP(I64, head_dim) \
 	  KP(I64, rot_dim) KP(FLAG, heads_first) KP(I32_IN, pos) KP(I64, pos_stride) KP(I64, pos_off) \
-	  KP(F64, theta)) \
+	  KP(I64, pos_off2) KP(F64, theta)) \
 	X(REGRESSION_LOSS, "regression_loss", KC_COMPUTE, planrt_regression_loss_f32, KDEV_HOST, \
 	  KP(FLAG, l1) KP(F32_IN, x) KP(F32_IN, target) KP(I64, n) KP(F64, scale) KP(F32_OUT, loss)) \
 	X(REGRESSION_LOSS_GRAD, "regression_loss_grad", KC_COMPUTE, planrt_regression_loss_grad_f32, KDEV_HOST, \

@@ -121,10 +121,10 @@ void planrt_cu_narrow_i32(const int32_t *x, int32_t *y, int64_t outer, int64_t n
 			  int64_t len, int stream);
 void planrt_cu_k_rope_f32(const float *x, float *y, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim,
 			  int64_t rot_dim, int heads_first, const int32_t *pos, int64_t pos_stride, int64_t pos_off,
-			  double theta, int stream);
+			  int64_t pos_off2, double theta, int stream);
 void planrt_cu_k_rope_grad_f32(const float *dy, float *dx, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim,
 			       int64_t rot_dim, int heads_first, const int32_t *pos, int64_t pos_stride,
-			       int64_t pos_off, double theta, int stream);
+			       int64_t pos_off, int64_t pos_off2, double theta, int stream);
 void planrt_cu_k_unary_f32(int op, const float *x, float *y, int64_t n, int stream);
 void planrt_cu_k_unary_grad_f32(int op, const float *x, const float *dy, float *dx, int64_t n, int stream);
 void planrt_cu_k_repeat_kv_f32(const float *x, float *y, int64_t outer, int64_t heads, int64_t n_rep, int64_t inner,

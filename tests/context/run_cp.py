@@ -4,7 +4,8 @@
 Every plan of tests/context/cp.plan is built (--verify-ir), trained for STEPS steps under
 `mpirun -np WORLD` on data/corpus.txt and compared with its model's single-rank plan: every step's
 loss within 1e-5 relative and the final weights within 1e-4 (dropout is on: the ring's blocks draw
-the single rank's Philox mask at their global key positions); the bf16 plans against the bf16
+the single rank's Philox mask at their global key positions; the Llama-style model's rope its rows' global
+positions); the bf16 plans against the bf16
 single rank at tests/equiv's bf16-vs-bf16 tolerance, 2e-3 relative on every step's loss and
 gradient norm. For each run:
 - the program holds the ring (ring_attention kernels, no plain attention kernel), load-balanced
@@ -12,7 +13,7 @@ gradient norm. For each run:
 - planrt's per-kind, per-axis traffic counters equal explain's table (tests/lib/comm_bytes.py),
   and explain's sends on the ring axis are the ring's formula: per layer and step, the K and V
   blocks cp - 1 times forward, and in the backward the K and V blocks cp - 1 times plus their
-  gradient sums cp times, each block B x H x S/cp x Dh elements (K and V in their stored type, f32
+  gradient sums cp times, each block B x Hkv x S/cp x Dh elements (K and V in their stored type, f32
   or bf16; the gradient sums f32);
 - every rank's persistent state by kind and arena equal explain's (PLANRT_REPORT_MEMORY), and
   explain's activations per rank are the single rank's / cp, its FLOPs per rank the single rank's
@@ -21,6 +22,7 @@ Causal load balancing does what it is for: planrt's count of attention tile prod
 scores (PLANRT_REPORT_ATTENTION) is the same on every rank of the balanced cp4 and not of the
 contiguous one, whose busiest rank computes more scores; explain's step estimate follows (the
 busiest rank's).
+The LLVM back end's llama_cp2 gives the C one's losses bit for bit.
 Then what is refused is refused: the CUDA target (the ring has no device kernels yet), an additive
 mask and a ring that no attention takes, each with its file:line:col error.
 usage: run_cp.py PLANC REPO_ROOT [STEPS]
@@ -46,10 +48,12 @@ PLANS = {"cp2": (2, "single", True), "cp4": (4, "single", True), "cp2_dp2": (2, 
          "cp2_tp2": (2, "single", True), "cp2_pp2": (2, "single", True),
          "cp2_dp2_zero1_recompute": (2, "single", True), "cp4_contiguous": (4, "single", False),
          "cp2_bf16": (2, "single_bf16", True), "cp4_bf16": (4, "single_bf16", True),
-         "bert_cp2": (2, "bert_single", False)}
+         "bert_cp2": (2, "bert_single", False),
+         "llama_cp2": (2, "llama_single", True), "llama_cp4": (4, "llama_single", True)}
 BF16_VS_BF16 = 2e-3  # tests/equiv/run_equiv.py: a bf16 plan against the single-rank bf16 plan
-# the model's sizes (cp.plan): batch, heads, sequence, head dim, layers
+# the models' sizes (cp.plan): batch, heads, sequence, head dim, layers; cpllama's key/value heads
 B, H, S, DH, L = 4, 4, 256, 16, 2
+LLAMA_KV_HEADS = 2
 
 
 def train(plan):
@@ -108,7 +112,7 @@ def check_memory(plan, run):
 
 
 refs, single_act, single_flops = {}, {}, {}
-for name in ("single", "single_bf16", "bert_single"):
+for name in ("single", "single_bf16", "bert_single", "llama_single"):
     refs[name], err = train(name)
     check(f"{name} trains", refs[name] is not None, err or f"{steps} steps")
     role = harness.explain(planc, src, name)["roles"][0]
@@ -142,7 +146,7 @@ for plan, (cp, ref_name, balanced) in PLANS.items():
     check(f"{plan} bytes", not bad, "; ".join(bad[:2]) if bad else f"{total} bytes measured, equal to explain's")
     d = run["explain"]
     data = d["mesh"].get("data", 1) if "data" in d["mesh"] else 1
-    heads = H // d["mesh"].get("tensor", 1)
+    heads = (LLAMA_KV_HEADS if plan.startswith("llama") else H) // d["mesh"].get("tensor", 1)  # K/V heads
     stages = d["mesh"].get("pipe", 1)
     block = (B // data) * heads * (S // cp) * DH * 4  # f32 bytes
     kv = block // 2 if "bf16" in plan else block  # K and V travel in their stored type
@@ -182,6 +186,16 @@ if runs.get("cp4") and runs.get("cp4_contiguous"):
     est = {plan: runs[plan]["explain"]["estimated_step_s"]["step"] for plan in ("cp4", "cp4_contiguous")}
     check("explain: the balanced step is shorter", est["cp4"] < est["cp4_contiguous"],
           f"estimated step {est['cp4']:.4g} s balanced, {est['cp4_contiguous']:.4g} s contiguous")
+
+# the LLVM back end runs the same ring (and rope's two chunk offsets) bit for bit as the C one
+if runs.get("llama_cp2"):
+    prog = f"{work}/llama_cp2_llvm"
+    err = harness.build(planc, src, "llama_cp2", prog, "--backend", "llvm", "--native")
+    r = None if err else harness.mpirun(2, [prog, "--steps", str(steps), "--data", f"{root}/data/corpus.txt", "--log",
+                                            f"{prog}.jsonl"], env)
+    losses = [x["loss"] for x in harness.read_log(f"{prog}.jsonl")] if r is not None and r.returncode == 0 else None
+    check("llama_cp2 LLVM = C", losses == runs["llama_cp2"]["losses"],
+          err or (f"{steps} losses bit for bit" if losses == runs["llama_cp2"]["losses"] else f"LLVM {losses}"))
 
 # what is refused
 text = open(src).read()
