@@ -1518,26 +1518,6 @@ static void kv_grads(Shard *s, const Op *placed)
 	}
 }
 
-/* Whether attention op, its query rows split over the ring axis (`shard ring_attention -> axis`),
- * can keep K/V split and pass them around the ring (lower/ring.c); reports what is missing when it
- * cannot: an additive mask (its key dim would have to travel with the block). */
-static bool ring_possible(Shard *s, const Op *op, int mask)
-{
-	const PlanSpec *ps = s->ps;
-	if (mask < 0)
-		return true;
-	if (!s->failed) {
-		diag_error(ps->ring_src, ps->ring_loc, "ring attention over mesh axis '%s' does not support %s yet",
-			   ps->axes[ps->ring_axis].name, "an additive attention mask (padding or document masks)");
-		if (op->src)
-			diag_note(op->src, op->loc, "the attention it would run");
-		diag_note_plain("use a causal or unmasked attention, or split the sequence without the ring (shard S -> %s)",
-				ps->axes[ps->ring_axis].name);
-	}
-	s->failed = true;
-	return false;
-}
-
 /* A causal ring attention: the ring axis's blocks become two mirrored chunks each (Megatron-Core's
  * causal load balancing, docs/attention.md), which needs the sequence to divide into 2 |axis|
  * chunks. */
@@ -1583,7 +1563,9 @@ static void ring_unused(Shard *s)
  * k and v gathered whole (each rank attends its rows to every key) and their gradients partial
  * sums, unless the axis is the plan's ring (context parallelism): then k, v and their gradients
  * stay split like q, and lowering passes the blocks around the ring; a head-dim split is gathered.
- * An additive mask follows where it has the split dim. Key/value heads fewer than the ranks
+ * An additive mask follows where it has the split dim; its key dim stays whole (the ring's blocks
+ * read their columns of it at their global keys: a padding mask [B, 1, 1, S] is replicated, a
+ * document mask [B, 1, S, S] split by its query rows). Key/value heads fewer than the ranks
  * splitting the query heads are replicated (replicate_kv). */
 static void rule_attention(Shard *s, Op *op, int a)
 {
@@ -1598,7 +1580,7 @@ static void rule_attention(Shard *s, Op *op, int a)
 		op->in[0] = convert_axis(s, op->in[0], a, p >= 0 ? p : sq == r - 2 ? sq : LAYOUT_R);
 		sq = st(s, op->in[0], a);
 	}
-	bool rows = sq == r - 2, ring = rows && a == s->ps->ring_axis && ring_possible(s, op, mask);
+	bool rows = sq == r - 2, ring = rows && a == s->ps->ring_axis;
 	s->ring_ops += ring && !grad;
 	if (ring && !grad && op->n == 1 && !s->ps->ring_contiguous)
 		ring_balance(s, op);
