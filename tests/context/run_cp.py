@@ -24,7 +24,8 @@ contiguous one, whose busiest rank computes more scores; explain's step estimate
 busiest rank's).
 The LLVM back end's llama_cp2 gives the C one's losses bit for bit.
 The padded BERT-style model (an additive padding mask from the data set's lengths) gives the same
-losses on cp2 whatever tokens the pad positions hold.
+losses on cp2 whatever tokens the pad positions hold; examples/gpt_docs.plan's model (a document
+mask) trains on cp2 as on one rank.
 Then what is refused is refused: the CUDA target (the ring has no device kernels yet) and a ring
 that no attention takes, each with its file:line:col error.
 usage: run_cp.py PLANC REPO_ROOT [STEPS]
@@ -233,6 +234,24 @@ if runs.get("padded_cp2"):
     check("padded_cp2: pad tokens do not change the losses", losses == runs["padded_cp2"]["losses"],
           f"{steps} losses equal with other tokens at the pad positions" if losses == runs["padded_cp2"]["losses"]
           else f"{losses} vs {runs['padded_cp2']['losses']}")
+
+# document masks (examples/gpt_docs.plan: an additive [B, 1, S, S] mask from the data's document
+# boundaries, its query rows split like q, its key columns whole) on a cp2 ring against one rank
+docs_text = open(f"{root}/examples/gpt_docs.plan").read()
+docs_src = f"{work}/gpt_docs_cp.plan"
+open(docs_src, "w").write(docs_text[:docs_text.index("\nplan dp2 for") + 1] + "plan cp2 for gpt_docs {\n  mesh ctx = 2\n"
+                          "  batch B = 16\n  use nn.context_parallel(ctx)\n}\n")
+docs_losses = {}
+for plan in ("single", "cp2"):
+    prog = f"{work}/gpt_docs_{plan}"
+    err = harness.build(planc, docs_src, plan, prog, "--native")
+    r = None if err else harness.mpirun(1 if plan == "single" else 2, [prog, "--steps", str(steps), "--data",
+                                                                        f"{root}/data/corpus_tok", "--log", f"{prog}.jsonl"], env)
+    docs_losses[plan] = [x["loss"] for x in harness.read_log(f"{prog}.jsonl")] if r is not None and r.returncode == 0 else []
+l0, l1 = docs_losses["single"], docs_losses["cp2"]
+worst = max(abs(a - b) / abs(a) for a, b in zip(l0, l1)) if len(l0) == len(l1) == steps else 1.0
+check("gpt_docs cp2 (document mask) losses", worst <= 1e-5,
+      f"{len(l1)} steps, worst relative difference {worst:.2e} from one rank (tolerance 1e-5)")
 
 # the LLVM back end runs the same ring (and rope's two chunk offsets) bit for bit as the C one
 if runs.get("llama_cp2"):
