@@ -1518,29 +1518,6 @@ static void kv_grads(Shard *s, const Op *placed)
 	}
 }
 
-/* Whether attention op, its query rows split over the ring axis (`shard ring_attention -> axis`),
- * can keep K/V split and pass them around the ring (lower/ring.c); reports what is missing when it
- * cannot: an additive mask (its key dim would have to travel with the block) and storage other
- * than f32. */
-static bool ring_possible(Shard *s, const Op *op, int mask)
-{
-	const PlanSpec *ps = s->ps;
-	const char *missing = mask >= 0 ? "an additive attention mask (padding or document masks)"
-			      : ps->param_dtype != DT_F32 ? "bf16 or f16 storage" : NULL;
-	if (!missing)
-		return true;
-	if (!s->failed) {
-		diag_error(ps->ring_src, ps->ring_loc, "ring attention over mesh axis '%s' does not support %s yet",
-			   ps->axes[ps->ring_axis].name, missing);
-		if (op->src)
-			diag_note(op->src, op->loc, "the attention it would run");
-		diag_note_plain("use a causal or unmasked f32 attention, or split the sequence without the ring (shard S -> %s)",
-				ps->axes[ps->ring_axis].name);
-	}
-	s->failed = true;
-	return false;
-}
-
 /* A causal ring attention: the ring axis's blocks become two mirrored chunks each (Megatron-Core's
  * causal load balancing, docs/attention.md), which needs the sequence to divide into 2 |axis|
  * chunks. */
@@ -1549,22 +1526,11 @@ static void ring_balance(Shard *s, const Op *op)
 	const PlanSpec *ps = s->ps;
 	const Value *q = &s->g->vals[op->in[0]];
 	long long seq = q->dim[q->rank - 2], n = ps->axes[ps->ring_axis].size;
-	const Op *rope = NULL;
-	for (int i = 0; i < s->g->nops && !rope; i++)
-		if (s->g->ops[i].kind == OP_ROPE && s->g->ops[i].nin == 1) /* positions from the block offset */
-			rope = &s->g->ops[i];
-	if (seq % (2 * n) == 0 && !rope) {
+	if (seq % (2 * n) == 0) {
 		s->g->ring_mirrored = true;
 		return;
 	}
-	if (!s->failed && rope) {
-		diag_error(ps->ring_src, ps->ring_loc, "causal ring attention over mesh axis '%s' does not support rope's "
-			   "positions with causal load balancing yet", ps->axes[ps->ring_axis].name);
-		if (rope->src)
-			diag_note(rope->src, rope->loc, "the rope");
-		diag_note_plain("write 'shard ring_attention(contiguous) -> %s' (one block per rank, unbalanced)",
-				ps->axes[ps->ring_axis].name);
-	} else if (!s->failed) {
+	if (!s->failed) {
 		diag_error(ps->ring_src, ps->ring_loc, "causal ring attention over mesh axis '%s' needs the sequence (%lld) "
 			   "to split into 2 x %lld chunks", ps->axes[ps->ring_axis].name, seq, n);
 		if (op->src)
@@ -1597,7 +1563,9 @@ static void ring_unused(Shard *s)
  * k and v gathered whole (each rank attends its rows to every key) and their gradients partial
  * sums, unless the axis is the plan's ring (context parallelism): then k, v and their gradients
  * stay split like q, and lowering passes the blocks around the ring; a head-dim split is gathered.
- * An additive mask follows where it has the split dim. Key/value heads fewer than the ranks
+ * An additive mask follows where it has the split dim; its key dim stays whole (the ring's blocks
+ * read their columns of it at their global keys: a padding mask [B, 1, 1, S] is replicated, a
+ * document mask [B, 1, S, S] split by its query rows). Key/value heads fewer than the ranks
  * splitting the query heads are replicated (replicate_kv). */
 static void rule_attention(Shard *s, Op *op, int a)
 {
@@ -1612,7 +1580,7 @@ static void rule_attention(Shard *s, Op *op, int a)
 		op->in[0] = convert_axis(s, op->in[0], a, p >= 0 ? p : sq == r - 2 ? sq : LAYOUT_R);
 		sq = st(s, op->in[0], a);
 	}
-	bool rows = sq == r - 2, ring = rows && a == s->ps->ring_axis && ring_possible(s, op, mask);
+	bool rows = sq == r - 2, ring = rows && a == s->ps->ring_axis;
 	s->ring_ops += ring && !grad;
 	if (ring && !grad && op->n == 1 && !s->ps->ring_contiguous)
 		ring_balance(s, op);

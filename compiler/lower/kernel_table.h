@@ -299,11 +299,11 @@
 	X(ROPE, "rope", KC_COMPUTE, planrt_k_rope_f32, KDEV(planrt_cu_k_rope_f32), \
 	  KP(F32_IN, x) KP(F32_OUT, y) KP(I64, batch) KP(I64, seq) KP(I64, heads) KP(I64, head_dim) \
 	  KP(I64, rot_dim) KP(FLAG, heads_first) KP(I32_IN, pos) KP(I64, pos_stride) KP(I64, pos_off) \
-	  KP(F64, theta)) \
+	  KP(I64, pos_off2) KP(F64, theta)) \
 	X(ROPE_GRAD, "rope_grad", KC_COMPUTE, planrt_k_rope_grad_f32, KDEV(planrt_cu_k_rope_grad_f32), \
 	  KP(F32_IN, dy) KP(F32_OUT, dx) KP(I64, batch) KP(I64, seq) KP(I64, heads) KP(I64, head_dim) \
 	  KP(I64, rot_dim) KP(FLAG, heads_first) KP(I32_IN, pos) KP(I64, pos_stride) KP(I64, pos_off) \
-	  KP(F64, theta)) \
+	  KP(I64, pos_off2) KP(F64, theta)) \
 	X(REGRESSION_LOSS, "regression_loss", KC_COMPUTE, planrt_regression_loss_f32, KDEV_HOST, \
 	  KP(FLAG, l1) KP(F32_IN, x) KP(F32_IN, target) KP(I64, n) KP(F64, scale) KP(F32_OUT, loss)) \
 	X(REGRESSION_LOSS_GRAD, "regression_loss_grad", KC_COMPUTE, planrt_regression_loss_grad_f32, KDEV_HOST, \
@@ -327,12 +327,13 @@
 	  KP(F32_IN, lse) KP(F32_IN, dout) KP(F32_OUT, dq) KP(F32_OUT, dk) KP(F32_OUT, dv) KP(INT, rank) \
 	  KP(DIMS, ldims) KP(I64, kv_heads) KP(I64, sk) KP(F64, scale) KP(INT, mask_kind) KP(F64, p) \
 	  KP(STEP_SEED, seed) KP(U64, key) KP(DIMS, gdims) KP(DIMS, offs) KP(OUT, scratch)) \
-	X(RING_ATTENTION, "ring_attention", KC_COMPUTE, planrt_k_ring_attention_f32, KDEV_HOST, \
+	X(RING_ATTENTION, "ring_attention", KC_COMPUTE, planrt_k_ring_attention_f32, KDEV(planrt_cu_k_ring_attention_f32), \
 	  KP(F32_IN, q) KP(F32_IN, k) KP(F32_IN, v) KP(F32_IN, mask) KP(DIMS, mask_strides) KP(F32_OUT, out) \
 	  KP(F32_OUT, lse) KP(INT, rank) KP(DIMS, ldims) KP(I64, kv_heads) KP(I64, sk) KP(F64, scale) \
 	  KP(INT, mask_kind) KP(F64, p) KP(STEP_SEED, seed) KP(U64, key) KP(DIMS, gdims) KP(DIMS, offs) \
 	  KP(OUT, scratch) KP(I64, coord) KP(INT, step) KP(INT, size) KP(FLAG, mirrored)) \
-	X(RING_ATTENTION_GRAD, "ring_attention_grad", KC_COMPUTE, planrt_k_ring_attention_grad_f32, KDEV_HOST, \
+	X(RING_ATTENTION_GRAD, "ring_attention_grad", KC_COMPUTE, planrt_k_ring_attention_grad_f32, \
+	  KDEV(planrt_cu_k_ring_attention_grad_f32), \
 	  KP(F32_IN, q) KP(F32_IN, k) KP(F32_IN, v) KP(F32_IN, mask) KP(DIMS, mask_strides) KP(F32_IN, out) \
 	  KP(F32_IN, lse) KP(F32_IN, dout) KP(F32_OUT, dq) KP(F32_OUT, dk) KP(F32_OUT, dv) KP(INT, rank) \
 	  KP(DIMS, ldims) KP(I64, kv_heads) KP(I64, sk) KP(F64, scale) KP(INT, mask_kind) KP(F64, p) \

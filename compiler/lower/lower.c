@@ -289,6 +289,16 @@ static void karg_offset(LProg *p, Kernel *k, int b, int dim)
 	push_arg(p, k, &a, false);
 }
 
+/* where the second half of buffer b's block on dim starts (a block offset list's entry rank + dim) */
+static void karg_second_half(LProg *p, Kernel *k, int b, int dim)
+{
+	KArg a = blank_arg(KA_OFFSET);
+	a.buf = b;
+	a.dim = dim;
+	a.i = 1;
+	push_arg(p, k, &a, false);
+}
+
 static void karg_str(LProg *p, Kernel *k, const char *str)
 {
 	KArg a = blank_arg(KA_STR);
@@ -1210,10 +1220,13 @@ static void lower_rope(Lower *L, const Op *op, int oi)
 		arg_value(L, k, pos, true, false);
 		karg_int(p, k, g->vals[pos].rank == 2 ? ldim(g, pos, 1) : 0);
 		karg_int(p, k, 0);
-	} else { /* positions 0, 1, ..: this block's rows start at its offset in the sequence */
+		karg_int(p, k, 0);
+	} else { /* positions 0, 1, ..: this block's two halves start at their offsets in the sequence
+		  * (apart on a balanced ring: its two mirrored chunks) */
 		karg(p, k, KA_NULL, 0);
 		karg_int(p, k, 0);
 		karg_offset(p, k, x, op->dim);
+		karg_second_half(p, k, x, op->dim);
 	}
 	karg_f64(p, k, op->f);
 	overwritten_done(L, oi, y, w);
@@ -2968,7 +2981,7 @@ static void dump_arg(FILE *out, const LProg *p, const KArg *a)
 		fprintf(out, "%lld + coord(%s) * %lld", a->i, a->axis >= 0 ? p->ps->axes[a->axis].name : "-", a->stride);
 		break;
 	case KA_OFFSET:
-		fprintf(out, "offset(%s, %d)", p->buf[a->buf].name, a->dim);
+		fprintf(out, "%s(%s, %d)", a->i ? "second_half" : "offset", p->buf[a->buf].name, a->dim);
 		break;
 	case KA_SCALAR:
 		fprintf(out, "%s[0] * %g", p->buf[a->buf].name, a->f);

@@ -179,7 +179,8 @@ typedef enum {
 	KA_REQ,      /* i: one of the stage's request handles */
 	KA_SLOTREQ,  /* i: one of the running action's slot requests */
 	KA_COORD,    /* the integer f_base + coord(axis) * stride: i = base, axis, stride */
-	KA_OFFSET,   /* a buffer's block offset on dim `dim` (all dims as a list when dim < 0) */
+	KA_OFFSET,   /* a buffer's block offset on dim `dim` (i = 1: where its second half starts, the list's
+		      * entry rank + dim); all dims as a list when dim < 0 */
 	KA_SCALAR,   /* f times the first element of a buffer */
 	KA_PARAM,    /* i: index in the program's parameter table */
 	KA_CTX,      /* the phase's context */
@@ -190,7 +191,8 @@ typedef enum {
 typedef struct KArg {
 	KArgKind kind;
 	int buf;              /* KA_BUF, KA_OFFSET, KA_SCALAR */
-	long long i;          /* KA_INT, KA_DTYPE, KA_AXIS, KA_PAIR, KA_REQ, KA_SLOTREQ, KA_PARAM; KA_COORD base */
+	long long i;          /* KA_INT, KA_DTYPE, KA_AXIS, KA_PAIR, KA_REQ, KA_SLOTREQ, KA_PARAM; KA_COORD base;
+			       * KA_OFFSET on one dim: 1 for its second half */
 	double f;             /* KA_F64, KA_SCALAR factor */
 	int axis;             /* KA_COORD */
 	long long stride;     /* KA_COORD */

@@ -25,7 +25,14 @@
  * requires each program's ring sends and receives to match one for one (every member of a ctx
  * group runs the same program, so rank c's k-th send is rank c + 1's k-th receive). Buffers: two
  * K and two V blocks (and in the backward two dk, dv partials and one received sum each), all in
- * the transient arena; memplan places them like any other. */
+ * the transient arena; memplan places them like any other.
+ *
+ * bf16 / f16 storage: lowering already cast the plain kernel's operands into f32 copies (lower.c's
+ * lower_conversions: K and V cast in before it, out, lse, dq, dk, dv cast back after it). The ring
+ * passes the K/V blocks in their stored type (half the bytes of f32, and the values the single
+ * rank reads) and casts each received block into the f32 copy before its step's attention; the
+ * dk, dv partials and their sums stay f32 (one rounding, at the cast back after the ring, as on one
+ * rank). */
 #include "lower/lower.h"
 
 #include <stdlib.h>
@@ -37,7 +44,8 @@ typedef struct Ring {
 	Kernel plain;  /* the attention kernel the ring replaces (its arguments are reused) */
 	bool grad;
 	int axis, size;
-	int k, v;      /* the local K and V blocks */
+	int k, v;      /* the local K and V blocks (f32: the kernel's operands) */
+	int k16, v16;  /* under bf16 / f16 storage, the stored blocks that k and v are cast from; else -1 */
 	int scratch;
 } Ring;
 
@@ -135,6 +143,25 @@ static void attend(Ring *R, int t, int k, int v, int dk, int dv)
 	karg_int(p, a, p->g->ring_mirrored); /* causal load balancing: blocks of two mirrored chunks */
 }
 
+/* The block the attention reads at step t: under bf16 / f16 storage the stored block held, cast
+ * into the f32 copy (step 0's copy was cast before the ring), else the block held itself. */
+static int readable(Ring *R, int held_block, int f32_copy, int t)
+{
+	if (R->k16 < 0)
+		return held_block;
+	if (t == 0)
+		return f32_copy;
+	LProg *p = R->p;
+	Kernel *c = ring_kernel(R, K_CAST, p->buf[held_block].dtype == DT_F16 ? "f16 storage, f32 compute"
+									   : "bf16 storage, f32 compute");
+	karg_buf(p, c, held_block, true, false);
+	karg(p, c, KA_DTYPE, p->buf[held_block].dtype);
+	karg_buf(p, c, f32_copy, false, true);
+	karg(p, c, KA_DTYPE, DT_F32);
+	karg_int(p, c, p->buf[held_block].elems);
+	return f32_copy;
+}
+
 static void requests(Ring *R, int *req, int n)
 {
 	for (int i = 0; i < n; i++)
@@ -147,23 +174,35 @@ static int held(const int *bufs, int local, int t)
 	return t == 0 ? local : bufs[(t - 1) & 1];
 }
 
+/* the K/V blocks that travel: the stored ones (bf16 / f16 storage) or the kernel's f32 ones */
+static int travelling_k(const Ring *R)
+{
+	return R->k16 >= 0 ? R->k16 : R->k;
+}
+
+static int travelling_v(const Ring *R)
+{
+	return R->v16 >= 0 ? R->v16 : R->v;
+}
+
 static void ring_forward(Ring *R)
 {
 	int kb[2], vb[2], kreq[2], vreq[2];
 	for (int i = 0; i < 2; i++) {
-		kb[i] = block_like(R, R->k, "ring_k", "a K block of the ring");
-		vb[i] = block_like(R, R->v, "ring_v", "a V block of the ring");
+		kb[i] = block_like(R, travelling_k(R), "ring_k", "a K block of the ring");
+		vb[i] = block_like(R, travelling_v(R), "ring_v", "a V block of the ring");
 	}
 	requests(R, kreq, 2);
 	requests(R, vreq, 2);
 	for (int t = 0; t < R->size; t++) {
-		int k = held(kb, R->k, t), v = held(vb, R->v, t);
+		int k = held(kb, travelling_k(R), t), v = held(vb, travelling_v(R), t);
 		bool more = t + 1 < R->size;
 		if (more) {
 			shift(R, k, kb[t & 1], TAG_KV, kreq);
 			shift(R, v, vb[t & 1], TAG_KV, vreq);
 		}
-		attend(R, t, k, v, -1, -1);
+		int k32 = readable(R, k, R->k, t), v32 = readable(R, v, R->v, t);
+		attend(R, t, k32, v32, -1, -1);
 		if (more) {
 			finish(R, k, kb[t & 1], kreq);
 			finish(R, v, vb[t & 1], vreq);
@@ -188,8 +227,8 @@ static void ring_backward(Ring *R)
 	int dk = x->args[KARG_INDEX(ATTENTION_GRAD, dk)].buf, dv = x->args[KARG_INDEX(ATTENTION_GRAD, dv)].buf;
 	int kb[2], vb[2], pk[2], pv[2], kreq[2], vreq[2], dkreq[2], dvreq[2];
 	for (int i = 0; i < 2; i++) {
-		kb[i] = block_like(R, R->k, "ring_k", "a K block of the ring");
-		vb[i] = block_like(R, R->v, "ring_v", "a V block of the ring");
+		kb[i] = block_like(R, travelling_k(R), "ring_k", "a K block of the ring");
+		vb[i] = block_like(R, travelling_v(R), "ring_v", "a V block of the ring");
 		pk[i] = block_like(R, dk, "ring_dk", "a dK partial of the ring");
 		pv[i] = block_like(R, dv, "ring_dv", "a dV partial of the ring");
 	}
@@ -199,13 +238,14 @@ static void ring_backward(Ring *R)
 	requests(R, dkreq, 2);
 	requests(R, dvreq, 2);
 	for (int t = 0; t < R->size; t++) {
-		int k = held(kb, R->k, t), v = held(vb, R->v, t), cur = t & 1;
+		int k = held(kb, travelling_k(R), t), v = held(vb, travelling_v(R), t), cur = t & 1;
 		bool more = t + 1 < R->size;
 		if (more) {
 			shift(R, k, kb[cur], TAG_KV, kreq);
 			shift(R, v, vb[cur], TAG_KV, vreq);
 		}
-		attend(R, t, k, v, pk[cur], pv[cur]);
+		int k32 = readable(R, k, R->k, t), v32 = readable(R, v, R->v, t);
+		attend(R, t, k32, v32, pk[cur], pv[cur]);
 		if (more) {
 			finish(R, k, kb[cur], kreq);
 			finish(R, v, vb[cur], vreq);
@@ -224,8 +264,19 @@ static void ring_backward(Ring *R)
 	finish(R, pv[last], dv, dvreq);
 }
 
+/* Under bf16 / f16 storage, the stored buffer that f32 buffer b was cast from by one of the casts
+ * right before the attention (lower_conversions puts them there), the last of the n kernels k;
+ * -1 when b is not such a copy. */
+static int stored_source(const Kernel *k, int n, int b)
+{
+	for (int i = n - 1; i >= 0 && k[i].kind == K_CAST; i--)
+		if (KARG(&k[i], CAST, dst)->buf == b)
+			return KARG(&k[i], CAST, src)->buf;
+	return -1;
+}
+
 /* Appends the ring that replaces plain attention kernel x (a copy: the program's kernel array
- * is being rebuilt). */
+ * is being rebuilt; its first n kernels, those before x, are in place). */
 static void ring_attention(LProg *p, const Kernel *x, int axis)
 {
 	Ring R = {.p = p, .plain = *x, .axis = axis, .size = p->ps->axes[axis].size};
@@ -235,6 +286,8 @@ static void ring_attention(LProg *p, const Kernel *x, int axis)
 	int is = R.grad ? KARG_INDEX(ATTENTION_GRAD, scratch) : KARG_INDEX(ATTENTION, scratch);
 	R.k = x->args[ik].buf;
 	R.v = x->args[iv].buf;
+	R.k16 = stored_source(p->k, p->nk, R.k);
+	R.v16 = stored_source(p->k, p->nk, R.v);
 	R.scratch = x->args[is].buf;
 	if (R.grad)
 		ring_backward(&R);
@@ -242,13 +295,15 @@ static void ring_attention(LProg *p, const Kernel *x, int axis)
 		ring_forward(&R);
 }
 
-/* whether attention kernel k reads K/V split over the ring axis (shard.c kept them split) */
+/* whether attention kernel k reads K/V split over the ring axis (shard.c kept them split); under
+ * bf16 / f16 storage it reads K's f32 copy, cast by one of the kernels before it in p */
 static bool on_ring(const LProg *p, const Kernel *k, int axis)
 {
 	if (k->kind != K_ATTENTION && k->kind != K_ATTENTION_GRAD)
 		return false;
 	int b = k->args[k->kind == K_ATTENTION ? KARG_INDEX(ATTENTION, k) : KARG_INDEX(ATTENTION_GRAD, k)].buf;
-	int v = p->buf[buffer_root(p, b)].value;
+	int stored = stored_source(p->k, p->nk, b);
+	int v = p->buf[buffer_root(p, stored >= 0 ? stored : b)].value;
 	return v >= 0 && p->g->vals[v].lay.on[axis] == p->g->vals[v].rank - 2;
 }
 

@@ -16,7 +16,8 @@
  *
  * Masks: mask_kind 1 is causal (key j > the query's global row gets no weight; key tiles past a
  * query tile's last row are skipped), 2 adds mask (strides per dim of the local scores, 0 where it
- * broadcasts). Dropout draws its keep mask from the same Philox stream as planrt_k_dropout on the
+ * broadcasts; its key columns are every key of the sequence, read at the global key: the ring's
+ * blocks index the whole mask each rank holds, shard.c keeps an additive mask's key dim whole). Dropout draws its keep mask from the same Philox stream as planrt_k_dropout on the
  * scores' global index (gdims: the scores' global shape, offs: this block's offsets), so the fused
  * and the unfused graphs drop the same probabilities. scratch: ATTN_SCRATCH_FLOATS(Dh) floats,
  * which lower.c sizes by the same formula.
@@ -146,11 +147,11 @@ static void FN(attn_scores)(const FN(AttnCall) *c, const T *qh, const T *kh, int
 	      (int)c->dh, kh + j0 * c->dh, (int)c->dh, 0, s, ATTN_BK);
 	for (int64_t i = 0; i < nq; i++) {
 		T *si = s + i * ATTN_BK;
-		if (c->mask) {
+		if (c->mask) { /* its key columns at the global key (kshift: 0 but on the ring) */
 			const T *mi = c->mask + c->mask_base + (i0 + i) * c->mstr[c->rank - 2];
 			int64_t ms = c->mstr[c->rank - 1];
 			for (int64_t j = 0; j < nk; j++)
-				si[j] += mi[(j0 + j) * ms];
+				si[j] += mi[(kshift + j0 + j) * ms];
 		}
 		if (c->causal)
 			for (int64_t j = 0; j < nk; j++)

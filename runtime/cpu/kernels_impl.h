@@ -973,7 +973,8 @@ void FN(planrt_k_repeat_kv_grad)(const T *dy, T *dx, int64_t outer, int64_t head
  * frequencies at a time: their inv_freq once, then per row (b, s) their cosines and sines, once for all
  * heads. */
 static void FN(krope)(const T *x, T *y, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim, int64_t rot_dim,
-		      int heads_first, const int32_t *pos, int64_t pos_stride, int64_t pos_off, double theta, T sign)
+		      int heads_first, const int32_t *pos, int64_t pos_stride, int64_t pos_off, int64_t pos_off2, double theta,
+		      T sign)
 {
 	if (rot_dim < 0 || rot_dim % 2 || rot_dim > head_dim)
 		kfatal("rope: rot_dim must be even and at most head_dim");
@@ -985,7 +986,7 @@ static void FN(krope)(const T *x, T *y, int64_t batch, int64_t seq, int64_t head
 			inv[i] = (T)1 / KPOW((T)theta, (T)(2 * (i0 + i)) / (T)rot_dim);
 		for (int64_t b = 0; b < batch; b++)
 			for (int64_t s = 0; s < seq; s++) {
-				T p = pos ? (T)pos[b * pos_stride + s] : (T)(pos_off + s);
+				T p = pos ? (T)pos[b * pos_stride + s] : (T)(s < seq / 2 ? pos_off + s : pos_off2 + s - seq / 2);
 				for (int64_t i = 0; i < m; i++) {
 					T a = p * inv[i];
 					c[i] = KCOS(a);
@@ -1011,20 +1012,22 @@ static void FN(krope)(const T *x, T *y, int64_t batch, int64_t seq, int64_t head
 }
 
 void FN(planrt_k_rope)(const T *x, T *y, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim, int64_t rot_dim,
-		       int heads_first, const int32_t *pos, int64_t pos_stride, int64_t pos_off, double theta)
+		       int heads_first, const int32_t *pos, int64_t pos_stride, int64_t pos_off, int64_t pos_off2, double theta)
 {
 	KLEVEL(planrt_k_rope,
-	       (x, y, batch, seq, heads, head_dim, rot_dim, heads_first, pos, pos_stride, pos_off, theta));
-	FN(krope)(x, y, batch, seq, heads, head_dim, rot_dim, heads_first, pos, pos_stride, pos_off, theta, (T)1);
+	       (x, y, batch, seq, heads, head_dim, rot_dim, heads_first, pos, pos_stride, pos_off, pos_off2, theta));
+	FN(krope)(x, y, batch, seq, heads, head_dim, rot_dim, heads_first, pos, pos_stride, pos_off, pos_off2, theta,
+		  (T)1);
 }
 
 void FN(planrt_k_rope_grad)(const T *dy, T *dx, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim,
 			    int64_t rot_dim, int heads_first, const int32_t *pos, int64_t pos_stride, int64_t pos_off,
-			    double theta)
+			    int64_t pos_off2, double theta)
 {
 	KLEVEL(planrt_k_rope_grad,
-	       (dy, dx, batch, seq, heads, head_dim, rot_dim, heads_first, pos, pos_stride, pos_off, theta));
-	FN(krope)(dy, dx, batch, seq, heads, head_dim, rot_dim, heads_first, pos, pos_stride, pos_off, theta, (T)-1);
+	       (dy, dx, batch, seq, heads, head_dim, rot_dim, heads_first, pos, pos_stride, pos_off, pos_off2, theta));
+	FN(krope)(dy, dx, batch, seq, heads, head_dim, rot_dim, heads_first, pos, pos_stride, pos_off, pos_off2, theta,
+		  (T)-1);
 }
 #undef KROPE_CHUNK
 

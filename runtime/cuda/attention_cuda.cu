@@ -6,7 +6,12 @@
  * walked with an online softmax: the scores are never stored, so memory is the CPU kernel's (the
  * output and each row's logsumexp). These are the exact, portable kernels (f32 FMA, no tensor
  * cores); the fast path docs/gpu.md decides on (cuDNN's fused SDPA through its backend API, or FA2
- * tiles on the tensor cores) needs a GPU to measure, which this work did not have. */
+ * tiles on the tensor cores) needs a GPU to measure, which this work did not have.
+ *
+ * The ring's kernels (context parallelism, compiler/lower/ring.c) are the same kernels over the
+ * block of keys the ring holds at a step (attn_ring_keys: its global key positions): the forward
+ * merges its rows into out and lse after the first step, the backward adds to dq and writes the
+ * block's dk, dv partial. */
 #define PLANRT_INTERNAL
 #include "planrt_cuda.h"
 #include "planrt_cuda_internal.h"
@@ -14,12 +19,12 @@
 #include "planrt_attention_math.h"
 
 __global__ static void attention_forward_kernel(AttnParams a, const float *q, const float *k, const float *v,
-						const float *mask, float *out, float *lse, int64_t rows)
+						const float *mask, int merge, float *out, float *lse, int64_t rows)
 {
 	GRID_STRIDE(r, rows)
 	{
 		int64_t i = r % a.sq, bh = r / a.sq;
-		attn_forward_row(&a, q, k, v, mask, bh / a.heads, bh % a.heads, i, out, lse);
+		attn_forward_row(&a, q, k, v, mask, bh / a.heads, bh % a.heads, i, merge, out, lse);
 	}
 }
 
@@ -27,12 +32,13 @@ struct AttnInputs {
 	const float *t[6]; /* q, k, v, out, lse, dout */
 };
 
-__global__ static void attention_dq_kernel(AttnParams a, AttnInputs in, const float *mask, float *dq, int64_t rows)
+__global__ static void attention_dq_kernel(AttnParams a, AttnInputs in, const float *mask, int accumulate, float *dq,
+					   int64_t rows)
 {
 	GRID_STRIDE(r, rows)
 	{
 		int64_t i = r % a.sq, bh = r / a.sq;
-		attn_dq_row(&a, in.t, mask, bh / a.heads, bh % a.heads, i, dq);
+		attn_dq_row(&a, in.t, mask, bh / a.heads, bh % a.heads, i, accumulate, dq);
 	}
 }
 
@@ -60,6 +66,31 @@ static AttnParams attention_params(int rank, const int64_t *ldims, int64_t kv_he
 	return a;
 }
 
+/* the forward over a call's parameters (a ring step: merge after the first) */
+static void attention_forward(const AttnParams *a, const float *q, const float *k, const float *v, const float *mask,
+			      int merge, float *out, float *lse, int stream)
+{
+	int64_t rows = a->nlead * a->heads * a->sq;
+	LAUNCH(attention_forward_kernel, rows, stream, *a, q, k, v, mask, merge, out, lse, rows);
+}
+
+/* the backward over a call's parameters (a ring step: dq accumulated after the first) */
+static void attention_backward(const AttnParams *a, const float *const *t, const float *mask, int accumulate, float *dq,
+			       float *dk, float *dv, int stream)
+{
+	AttnInputs in = {{t[0], t[1], t[2], t[3], t[4], t[5]}};
+	int64_t qrows = a->nlead * a->heads * a->sq, krows = a->nlead * a->kv_heads * a->sk;
+	LAUNCH(attention_dq_kernel, qrows, stream, *a, in, mask, accumulate, dq, qrows);
+	LAUNCH(attention_dkdv_kernel, krows, stream, *a, in, mask, dk, dv, krows);
+}
+
+static void ring_keys(AttnParams *a, int64_t coord, int step, int size, int mirrored)
+{
+	if (!attn_ring_keys(a, coord, step, size, mirrored))
+		planrt_fatal("ring attention: step %d or coordinate %lld out of range for a ring of %d", step,
+			     (long long)coord, size);
+}
+
 void planrt_cu_k_attention_f32(const float *q, const float *k, const float *v, const float *mask,
 			       const int64_t *mask_strides, float *out, float *lse, int rank, const int64_t *ldims,
 			       int64_t kv_heads, int64_t sk, double scale, int mask_kind, double p, uint64_t seed,
@@ -68,8 +99,7 @@ void planrt_cu_k_attention_f32(const float *q, const float *k, const float *v, c
 	(void)scratch;
 	AttnParams a = attention_params(rank, ldims, kv_heads, sk, scale, mask_kind, mask_strides, p, seed, key, gdims,
 					offs);
-	int64_t rows = a.nlead * a.heads * a.sq;
-	LAUNCH(attention_forward_kernel, rows, stream, a, q, k, v, mask, out, lse, rows);
+	attention_forward(&a, q, k, v, mask, 0, out, lse, stream);
 }
 
 void planrt_cu_k_attention_grad_f32(const float *q, const float *k, const float *v, const float *mask,
@@ -81,8 +111,34 @@ void planrt_cu_k_attention_grad_f32(const float *q, const float *k, const float 
 	(void)scratch;
 	AttnParams a = attention_params(rank, ldims, kv_heads, sk, scale, mask_kind, mask_strides, p, seed, key, gdims,
 					offs);
-	AttnInputs in = {{q, k, v, out, lse, dout}};
-	int64_t qrows = a.nlead * a.heads * a.sq, krows = a.nlead * a.kv_heads * a.sk;
-	LAUNCH(attention_dq_kernel, qrows, stream, a, in, mask, dq, qrows);
-	LAUNCH(attention_dkdv_kernel, krows, stream, a, in, mask, dk, dv, krows);
+	const float *t[6] = {q, k, v, out, lse, dout};
+	attention_backward(&a, t, mask, 0, dq, dk, dv, stream);
+}
+
+void planrt_cu_k_ring_attention_f32(const float *q, const float *k, const float *v, const float *mask,
+				    const int64_t *mask_strides, float *out, float *lse, int rank, const int64_t *ldims,
+				    int64_t kv_heads, int64_t sk, double scale, int mask_kind, double p, uint64_t seed,
+				    uint64_t key, const int64_t *gdims, const int64_t *offs, void *scratch, int64_t coord,
+				    int step, int size, int mirrored, int stream)
+{
+	(void)scratch;
+	AttnParams a = attention_params(rank, ldims, kv_heads, sk, scale, mask_kind, mask_strides, p, seed, key, gdims,
+					offs);
+	ring_keys(&a, coord, step, size, mirrored);
+	attention_forward(&a, q, k, v, mask, step > 0, out, lse, stream);
+}
+
+void planrt_cu_k_ring_attention_grad_f32(const float *q, const float *k, const float *v, const float *mask,
+					 const int64_t *mask_strides, const float *out, const float *lse,
+					 const float *dout, float *dq, float *dk, float *dv, int rank, const int64_t *ldims,
+					 int64_t kv_heads, int64_t sk, double scale, int mask_kind, double p, uint64_t seed,
+					 uint64_t key, const int64_t *gdims, const int64_t *offs, void *scratch,
+					 int64_t coord, int step, int size, int mirrored, int stream)
+{
+	(void)scratch;
+	AttnParams a = attention_params(rank, ldims, kv_heads, sk, scale, mask_kind, mask_strides, p, seed, key, gdims,
+					offs);
+	ring_keys(&a, coord, step, size, mirrored);
+	const float *t[6] = {q, k, v, out, lse, dout};
+	attention_backward(&a, t, mask, step > 0, dq, dk, dv, stream);
 }

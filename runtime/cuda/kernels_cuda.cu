@@ -903,7 +903,8 @@ void planrt_cu_narrow_i32(const int32_t *x, int32_t *y, int64_t outer, int64_t n
  * past rot_dim pass through. */
 __global__ static void rope_kernel(const float *x, float *y, int64_t batch, int64_t seq, int64_t heads,
 				   int64_t head_dim, int64_t rot_dim, int heads_first, const int32_t *pos,
-				   int64_t pos_stride, int64_t pos_off, float theta, float sign, int64_t total)
+				   int64_t pos_stride, int64_t pos_off, int64_t pos_off2, float theta, float sign,
+				   int64_t total)
 {
 	int64_t h = rot_dim / 2, pass = head_dim - rot_dim, per_row = h + pass;
 	GRID_STRIDE(t, total)
@@ -923,7 +924,7 @@ __global__ static void rope_kernel(const float *x, float *y, int64_t batch, int6
 			s = row / heads % seq;
 			b = row / heads / seq;
 		}
-		float p = pos ? (float)pos[b * pos_stride + s] : (float)(pos_off + s);
+		float p = pos ? (float)pos[b * pos_stride + s] : (float)(s < seq / 2 ? pos_off + s : pos_off2 + s - seq / 2);
 		float inv = 1.0f / powf(theta, (float)(2 * i) / (float)rot_dim);
 		float a = p * inv, c = cosf(a), sn = sign * sinf(a);
 		float u = xr[i], w = xr[i + h];
@@ -933,28 +934,30 @@ __global__ static void rope_kernel(const float *x, float *y, int64_t batch, int6
 }
 
 static void rope(const float *x, float *y, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim, int64_t rot_dim,
-		 int heads_first, const int32_t *pos, int64_t pos_stride, int64_t pos_off, double theta, float sign,
-		 int stream)
+		 int heads_first, const int32_t *pos, int64_t pos_stride, int64_t pos_off, int64_t pos_off2, double theta,
+		 float sign, int stream)
 {
 	if (rot_dim < 0 || rot_dim % 2 || rot_dim > head_dim)
 		planrt_fatal("rope: rot_dim must be even and at most head_dim");
 	int64_t total = batch * seq * heads * (rot_dim / 2 + head_dim - rot_dim);
 	LAUNCH(rope_kernel, total, stream, x, y, batch, seq, heads, head_dim, rot_dim, heads_first, pos, pos_stride,
-	       pos_off, (float)theta, sign, total);
+	       pos_off, pos_off2, (float)theta, sign, total);
 }
 
 void planrt_cu_k_rope_f32(const float *x, float *y, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim,
 			  int64_t rot_dim, int heads_first, const int32_t *pos, int64_t pos_stride, int64_t pos_off,
-			  double theta, int stream)
+			  int64_t pos_off2, double theta, int stream)
 {
-	rope(x, y, batch, seq, heads, head_dim, rot_dim, heads_first, pos, pos_stride, pos_off, theta, 1.0f, stream);
+	rope(x, y, batch, seq, heads, head_dim, rot_dim, heads_first, pos, pos_stride, pos_off, pos_off2, theta, 1.0f,
+	     stream);
 }
 
 void planrt_cu_k_rope_grad_f32(const float *dy, float *dx, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim,
 			       int64_t rot_dim, int heads_first, const int32_t *pos, int64_t pos_stride,
-			       int64_t pos_off, double theta, int stream)
+			       int64_t pos_off, int64_t pos_off2, double theta, int stream)
 {
-	rope(dy, dx, batch, seq, heads, head_dim, rot_dim, heads_first, pos, pos_stride, pos_off, theta, -1.0f, stream);
+	rope(dy, dx, batch, seq, heads, head_dim, rot_dim, heads_first, pos, pos_stride, pos_off, pos_off2, theta, -1.0f,
+	     stream);
 }
 
 /* ------------------------------------------------------------------ unary functions, repeat_kv */

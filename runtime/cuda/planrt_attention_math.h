@@ -8,7 +8,14 @@
  * by exp(m_old - m_new); out = acc / l, lse = m + log l) and for dq (P = exp(s - lse) recomputed,
  * D = dout . out), and a key row of a kv head for dk and dv (every query row of the head's group
  * of query heads). The dropout keep decision is Philox-4x32-10's first word on the scores' global
- * index, the CPU's stream (kernels.c's philox_first), so the device drops what the CPU drops. */
+ * index, the CPU's stream (kernels.c's philox_first), so the device drops what the CPU drops.
+ *
+ * Positions are global: query row i of the block is at attn_query_pos (its block offset list's two
+ * halves: apart on a causally balanced ring), key j at attn_key_pos (0 + j but on the ring, where
+ * the block held started on coordinate s: s sk + j, or its two mirrored chunks s and 2 size - 1 - s
+ * of 2 size, attn_ring_keys). The causal mask, the additive mask's key columns (whole on every rank)
+ * and the dropout index read them, as cpu/attention_impl.h does. A ring step merges its row into out
+ * and lse (attn_merge_row), and its backward adds to dq (accumulate). */
 #ifndef PLANRT_ATTENTION_MATH_H
 #define PLANRT_ATTENTION_MATH_H
 
@@ -27,6 +34,8 @@
 typedef struct AttnParams {
 	int rank, causal, has_mask;
 	int64_t heads, kv_heads, sq, sk, dh, nlead;
+	int64_t qhalf, qoff2;        /* query rows from qhalf on start at global row qoff2 */
+	int64_t khalf, kshift[2];    /* key j is at global j + kshift[j >= khalf] */
 	int64_t ldims[ATTN_MAX_RANK], mstr[ATTN_MAX_RANK], gst[ATTN_MAX_RANK], offs[ATTN_MAX_RANK];
 	float scale, keep_scale;
 	uint64_t thr, seed, key;
@@ -59,12 +68,44 @@ ATTN_FN int attn_params(AttnParams *a, int rank, const int64_t *ldims, int64_t k
 		if (d < rank - 3)
 			a->nlead *= ldims[d];
 	}
+	a->qhalf = a->sq / 2;
+	a->qoff2 = offs[2 * rank - 2];
+	a->khalf = sk;
+	a->kshift[0] = a->kshift[1] = 0;
 	a->scale = (float)scale;
 	a->keep_scale = p >= 1 ? 0.0f : (float)(1.0 / (1.0 - p));
 	a->thr = !(p > 0) ? 0 : p >= 1 ? (uint64_t)1 << 32 : (uint64_t)ceil(p * 4294967296.0);
 	a->seed = seed;
 	a->key = key;
 	return 1;
+}
+
+/* A ring step's key block (host side, as cpu/attention_impl.h's attn_ring_keys): the block that
+ * started on coordinate s = (coord - step) mod size; mirrored, its chunks s and 2 size - 1 - s of
+ * 2 size. Returns 0 when the step or coordinate is out of range. */
+ATTN_FN int attn_ring_keys(AttnParams *a, int64_t coord, int step, int size, int mirrored)
+{
+	if (size <= 0 || coord < 0 || coord >= size || step < 0 || step >= size)
+		return 0;
+	int64_t s = (coord - step + size) % size, half = a->sk / 2;
+	if (!mirrored) {
+		a->kshift[0] = a->kshift[1] = s * a->sk;
+		return 1;
+	}
+	a->khalf = half;
+	a->kshift[0] = s * half;
+	a->kshift[1] = (2 * size - 1 - s) * half - half;
+	return 1;
+}
+
+ATTN_FN int64_t attn_query_pos(const AttnParams *a, int64_t i)
+{
+	return i < a->qhalf ? a->offs[a->rank - 2] + i : a->qoff2 + i - a->qhalf;
+}
+
+ATTN_FN int64_t attn_key_pos(const AttnParams *a, int64_t j)
+{
+	return j + a->kshift[j >= a->khalf];
 }
 
 ATTN_FN uint32_t attn_philox_first(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3, uint32_t k0, uint32_t k1)
@@ -96,20 +137,21 @@ ATTN_FN void attn_head_bases(const AttnParams *a, int64_t b, int64_t h, int64_t 
 		gb += (i + a->offs[d]) * a->gst[d];
 	}
 	*mask_base = mb + h * a->mstr[r - 3];
-	*drop_base = (uint64_t)(gb + (h + a->offs[r - 3]) * a->gst[r - 3] + a->offs[r - 2] * a->gst[r - 2]);
+	*drop_base = (uint64_t)(gb + (h + a->offs[r - 3]) * a->gst[r - 3]); /* + the row's and key's (global) */
 }
 
 /* Score (i, j) of a head: q_i . k_j scaled, plus the mask; -inf where causal masks it. */
 ATTN_FN float attn_score(const AttnParams *a, const float *qi, const float *kj, const float *mask, int64_t mask_base,
 			 int64_t i, int64_t j)
 {
-	if (a->causal && j > a->offs[a->rank - 2] + i)
+	int64_t key = attn_key_pos(a, j);
+	if (a->causal && key > attn_query_pos(a, i))
 		return -INFINITY;
 	float s = 0;
 	for (int64_t d = 0; d < a->dh; d++)
 		s += qi[d] * a->scale * kj[d];
 	if (a->has_mask)
-		s += mask[mask_base + i * a->mstr[a->rank - 2] + j * a->mstr[a->rank - 1]];
+		s += mask[mask_base + i * a->mstr[a->rank - 2] + key * a->mstr[a->rank - 1]];
 	return s;
 }
 
@@ -118,15 +160,37 @@ ATTN_FN float attn_dropout_factor(const AttnParams *a, uint64_t drop_base, int64
 {
 	if (!a->thr)
 		return 1.0f;
-	uint64_t g = drop_base + (uint64_t)(i * a->gst[a->rank - 2] + j);
+	uint64_t g = drop_base + (uint64_t)(attn_query_pos(a, i) * a->gst[a->rank - 2] + attn_key_pos(a, j));
 	uint32_t u = attn_philox_first((uint32_t)g, (uint32_t)(g >> 32), (uint32_t)a->key, (uint32_t)(a->key >> 32),
 				       (uint32_t)a->seed, (uint32_t)(a->seed >> 32));
 	return (uint64_t)u >= a->thr ? a->keep_scale : 0.0f;
 }
 
-/* Query row i of head (b, h): out_i and lse_i by an online softmax over every key. */
+/* Stores a row's online-softmax result (accumulator acc, running maximum m, sum l) into out_i and
+ * lse_i, or (merge: a later ring step) merges it into them: lse = logaddexp(lse_a, lse_b), out =
+ * out_a exp(lse_a - lse) + out_b exp(lse_b - lse); a row whose keys here are all masked stays. */
+ATTN_FN void attn_store_row(const AttnParams *a, const float *acc, float m, float l, int merge, float *oi, float *lse_i)
+{
+	float inv = l > 0 ? 1 / l : 0, lse = l > 0 ? m + logf(l) : -INFINITY, old = merge ? *lse_i : -INFINITY;
+	if (merge && lse == -INFINITY)
+		return;
+	if (old == -INFINITY) {
+		for (int64_t d = 0; d < a->dh; d++)
+			oi[d] = acc[d] * inv;
+		*lse_i = lse;
+		return;
+	}
+	float hi = old > lse ? old : lse, merged = hi + logf(expf(old - hi) + expf(lse - hi));
+	float wa = expf(old - merged), wb = expf(lse - merged) * inv;
+	for (int64_t d = 0; d < a->dh; d++)
+		oi[d] = oi[d] * wa + acc[d] * wb;
+	*lse_i = merged;
+}
+
+/* Query row i of head (b, h): out_i and lse_i by an online softmax over every key (merge: merged
+ * into them, a ring step after the first). */
 ATTN_FN void attn_forward_row(const AttnParams *a, const float *q, const float *k, const float *v, const float *mask,
-			      int64_t b, int64_t h, int64_t i, float *out, float *lse)
+			      int64_t b, int64_t h, int64_t i, int merge, float *out, float *lse)
 {
 	float acc[ATTN_MAX_DH];
 	int64_t dh = a->dh, qh = b * a->heads + h, kh = b * a->kv_heads + h / (a->heads / a->kv_heads);
@@ -148,10 +212,7 @@ ATTN_FN void attn_forward_row(const AttnParams *a, const float *q, const float *
 		for (int64_t d = 0; d < dh; d++)
 			acc[d] = acc[d] * corr + pd * vb[j * dh + d];
 	}
-	float inv = l > 0 ? 1 / l : 0;
-	for (int64_t d = 0; d < dh; d++)
-		out[(qh * a->sq + i) * dh + d] = acc[d] * inv;
-	lse[qh * a->sq + i] = l > 0 ? m + logf(l) : -INFINITY;
+	attn_store_row(a, acc, m, l, merge, out + (qh * a->sq + i) * dh, lse + qh * a->sq + i);
 }
 
 /* The gradient pieces of entry (i, j): P (undropped), the dropout factor z, dS = P (z dP - D). */
@@ -170,9 +231,10 @@ ATTN_FN float attn_dot(const float *x, const float *y, int64_t n)
 	return s;
 }
 
-/* dq of query row i of head (b, h) (overwritten). */
+/* dq of query row i of head (b, h) (overwritten; accumulate: added to, a ring step after the
+ * first). */
 ATTN_FN void attn_dq_row(const AttnParams *a, const float *const *in, const float *mask, int64_t b, int64_t h,
-			 int64_t i, float *dq)
+			 int64_t i, int accumulate, float *dq)
 {
 	const float *q = in[0], *k = in[1], *v = in[2], *o = in[3], *lse = in[4], *dout = in[5];
 	int64_t dh = a->dh, qh = b * a->heads + h, kh = b * a->kv_heads + h / (a->heads / a->kv_heads);
@@ -182,7 +244,7 @@ ATTN_FN void attn_dq_row(const AttnParams *a, const float *const *in, const floa
 	int64_t mask_base;
 	uint64_t drop_base;
 	attn_head_bases(a, b, h, &mask_base, &drop_base);
-	for (int64_t d = 0; d < dh; d++)
+	for (int64_t d = 0; d < dh && !accumulate; d++)
 		dqi[d] = 0;
 	for (int64_t j = 0; j < a->sk; j++) {
 		const float *kj = k + (kh * a->sk + j) * dh;

@@ -92,6 +92,19 @@ void planrt_cu_k_attention_grad_f32(const float *q, const float *k, const float 
 				    float *dq, float *dk, float *dv, int rank, const int64_t *ldims, int64_t kv_heads,
 				    int64_t sk, double scale, int mask_kind, double p, uint64_t seed, uint64_t key,
 				    const int64_t *gdims, const int64_t *offs, void *scratch, int stream);
+/* the ring's steps (context parallelism): the block of keys held at step `step` of a ring of `size`
+ * (mirrored: two chunks, causal load balancing), merged into out and lse / added to dq after step 0 */
+void planrt_cu_k_ring_attention_f32(const float *q, const float *k, const float *v, const float *mask,
+				    const int64_t *mask_strides, float *out, float *lse, int rank, const int64_t *ldims,
+				    int64_t kv_heads, int64_t sk, double scale, int mask_kind, double p, uint64_t seed,
+				    uint64_t key, const int64_t *gdims, const int64_t *offs, void *scratch, int64_t coord,
+				    int step, int size, int mirrored, int stream);
+void planrt_cu_k_ring_attention_grad_f32(const float *q, const float *k, const float *v, const float *mask,
+					 const int64_t *mask_strides, const float *out, const float *lse,
+					 const float *dout, float *dq, float *dk, float *dv, int rank, const int64_t *ldims,
+					 int64_t kv_heads, int64_t sk, double scale, int mask_kind, double p, uint64_t seed,
+					 uint64_t key, const int64_t *gdims, const int64_t *offs, void *scratch,
+					 int64_t coord, int step, int size, int mirrored, int stream);
 void planrt_cu_k_softmax_grad_f32(const float *y, const float *dy, float *dx, int64_t rows, int64_t cols, int stream);
 void planrt_cu_k_layer_norm_f32(const float *x, const float *w, const float *b, float *y, float *mean, float *rstd,
 				int64_t rows, int64_t cols, double eps, int stream);
@@ -121,10 +134,10 @@ void planrt_cu_narrow_i32(const int32_t *x, int32_t *y, int64_t outer, int64_t n
 			  int64_t len, int stream);
 void planrt_cu_k_rope_f32(const float *x, float *y, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim,
 			  int64_t rot_dim, int heads_first, const int32_t *pos, int64_t pos_stride, int64_t pos_off,
-			  double theta, int stream);
+			  int64_t pos_off2, double theta, int stream);
 void planrt_cu_k_rope_grad_f32(const float *dy, float *dx, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim,
 			       int64_t rot_dim, int heads_first, const int32_t *pos, int64_t pos_stride,
-			       int64_t pos_off, double theta, int stream);
+			       int64_t pos_off, int64_t pos_off2, double theta, int stream);
 void planrt_cu_k_unary_f32(int op, const float *x, float *y, int64_t n, int stream);
 void planrt_cu_k_unary_grad_f32(int op, const float *x, const float *dy, float *dx, int64_t n, int stream);
 void planrt_cu_k_repeat_kv_f32(const float *x, float *y, int64_t outer, int64_t heads, int64_t n_rep, int64_t inner,

@@ -158,8 +158,10 @@ static inline int64_t planrt_block_half(int rank, const int64_t *ldims, const in
 	 * [batch, seq, heads, head_dim] (heads_first = 0) or [batch, heads, seq, head_dim] (heads_first = 1):   \
 	 * any block of heads (tensor parallel) and of sequence rows (sequence parallel). Row (b, s) is at       \
 	 * position p = pos[b * pos_stride + s] (pos points at this block's first id; pos_stride is the length   \
-	 * of a row of the ids tensor, 0 when one row serves every sample), or p = pos_off + s when pos is NULL  \
-	 * (positions 0, 1, .. of the whole sequence, pos_off the block's first row). The first rot_dim (even)   \
+	 * of a row of the ids tensor, 0 when one row serves every sample), or, when pos is NULL, its position   \
+	 * in the whole sequence 0, 1, ..: p = pos_off + s for the rows s < seq / 2 and pos_off2 + s - seq / 2   \
+	 * for the others (the block's two halves start at pos_off and pos_off2: pos_off + seq / 2 unless the   \
+	 * block is a balanced context-parallel ring's two mirrored chunks). The first rot_dim (even)           \
 	 * entries of each head rotate, the rest pass through (GPT-NeoX rotary_pct; Llama: rot_dim = head_dim): \
 	 * with h = rot_dim / 2, a_i = p theta^(-2i / rot_dim), i < h,                                          \
 	 *   y[i] = x[i] cos a_i - x[i + h] sin a_i,   y[i + h] = x[i + h] cos a_i + x[i] sin a_i.               \
@@ -168,10 +170,10 @@ static inline int64_t planrt_block_half(int rank, const int64_t *ldims, const in
 	 * double. The gradient is the rotation by -a (dx overwritten). In place ok. */                          \
 	void planrt_k_rope_##S(const T *x, T *y, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim,     \
 			       int64_t rot_dim, int heads_first, const int32_t *pos, int64_t pos_stride, int64_t pos_off, \
-			       double theta);                                                                   \
+			       int64_t pos_off2, double theta);                                                 \
 	void planrt_k_rope_grad_##S(const T *dy, T *dx, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim, \
 				    int64_t rot_dim, int heads_first, const int32_t *pos, int64_t pos_stride,     \
-				    int64_t pos_off, double theta);                                             \
+				    int64_t pos_off, int64_t pos_off2, double theta);                           \
 	/* torch.nn.functional.mse_loss / l1_loss: return scale * the sum of (x - target)^2 (|x - target|).      \
 	 * torch's default mean reduction is scale = 1 / the number of elements of the whole batch (the program  \
 	 * all-reduces the partial losses of a split batch). The gradients: dx = dscale * 2 (x - target)        \

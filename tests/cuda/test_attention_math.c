@@ -4,7 +4,12 @@
  * logsumexps and dq, dk, dv within 2e-5 of the largest magnitude, for odd sizes (S not a multiple
  * of the CPU's 64-row tiles), head dims 64 / 80 / 128, GQA ratios 1 / 4 / 8, causal, additive
  * padding and no mask, with and without dropout (the keep decisions must be the CPU's: a mismatch
- * moves the outputs far beyond the tolerance). Prints PASS/FAIL per case; exits 1 on a failure. */
+ * moves the outputs far beyond the tolerance). The ring's steps (context parallelism) the same way:
+ * for every coordinate of a ring of 2, 3 or 4, contiguous and mirrored (causal load balancing), a
+ * K/V block per step through attn_ring_keys' global key positions, the forward merged step after
+ * step and the backward's dq accumulated, against planrt_k_ring_attention_f32 and _grad_f32 (out,
+ * lse, dq after the last step; each step's dk, dv partial). Prints PASS/FAIL per case; exits 1 on a
+ * failure. */
 #include "planrt_kernels.h"
 #include "../../runtime/cuda/planrt_attention_math.h"
 
@@ -63,12 +68,12 @@ static int run_case(int64_t S, int64_t dh, int64_t H, int64_t Hk, int mask_kind,
 	for (int64_t b = 0; b < B; b++)
 		for (int64_t h = 0; h < H; h++)
 			for (int64_t i = 0; i < S; i++)
-				attn_forward_row(&a, q, k, v, mask, b, h, i, o[1], lse[1]);
+				attn_forward_row(&a, q, k, v, mask, b, h, i, 0, o[1], lse[1]);
 	const float *in[6] = {q, k, v, o[0], lse[0], dout};
 	for (int64_t b = 0; b < B; b++) {
 		for (int64_t h = 0; h < H; h++)
 			for (int64_t i = 0; i < S; i++)
-				attn_dq_row(&a, in, mask, b, h, i, g[1][0]);
+				attn_dq_row(&a, in, mask, b, h, i, 0, g[1][0]);
 		for (int64_t h = 0; h < Hk; h++)
 			for (int64_t j = 0; j < S; j++)
 				attn_dkdv_row(&a, in, mask, b, h, j, g[1][1], g[1][2]);
@@ -87,6 +92,121 @@ static int run_case(int64_t S, int64_t dh, int64_t H, int64_t Hk, int mask_kind,
 	return !ok;
 }
 
+/* the ring case's buffers: [0] the CPU's, [1] the math's */
+typedef struct RingBufs {
+	float *o[2], *lse[2], *dq[2], *dk[2], *dv[2];
+} RingBufs;
+
+static void ring_alloc(RingBufs *r, int64_t nq, int64_t nk, int64_t nl)
+{
+	for (int w = 0; w < 2; w++) {
+		r->o[w] = calloc((size_t)nq, sizeof(float));
+		r->lse[w] = calloc((size_t)nl, sizeof(float));
+		r->dq[w] = calloc((size_t)nq, sizeof(float));
+		r->dk[w] = calloc((size_t)nk, sizeof(float));
+		r->dv[w] = calloc((size_t)nk, sizeof(float));
+	}
+}
+
+static void ring_free(RingBufs *r)
+{
+	for (int w = 0; w < 2; w++) {
+		free(r->o[w]);
+		free(r->lse[w]);
+		free(r->dq[w]);
+		free(r->dk[w]);
+		free(r->dv[w]);
+	}
+}
+
+/* One rank (coordinate coord) of a ring of `size` over a sequence of S: its query block (two
+ * mirrored chunks or one contiguous block, as the offset list says) against a K/V block per step,
+ * forward then backward, the CPU's ring kernels against the math's rows; returns the worst
+ * relative difference (out, lse and dq after the last step, dk and dv at every step). */
+static double ring_rank(int64_t S, int64_t dh, int64_t H, int64_t Hk, int mask_kind, double p, int size, int mirrored,
+			int64_t coord, unsigned *seed)
+{
+	int64_t B = 2, n = S / size, half = n / 2, nq = B * H * n * dh, nk = B * Hk * n * dh, nl = B * H * n;
+	int64_t first = mirrored ? coord * half : coord * n, second = mirrored ? (2 * size - 1 - coord) * half
+									      : coord * n + half;
+	int64_t ldims[4] = {B, H, n, dh}, gdims[4] = {B, H, S, S};
+	int64_t offs[8] = {0, 0, first, 0, B / 2, H / 2, second, dh / 2}, mstr[4] = {S, 0, 0, 1};
+	float *q = rnd(nq, seed), *dout = rnd(nq, seed), *mask = calloc((size_t)(B * S), sizeof(float));
+	for (int64_t b = 0; b < B; b++)
+		for (int64_t j = S - 1 - b * (S / 3); j < S; j++)
+			mask[b * S + j] = -1e9f; /* the last keys of each sample padded: whole blocks for sample 1 */
+	float *k[4], *v[4];
+	for (int t = 0; t < size; t++) {
+		k[t] = rnd(nk, seed);
+		v[t] = rnd(nk, seed);
+	}
+	RingBufs r;
+	ring_alloc(&r, nq, nk, nl);
+	double scale = 1 / sqrt((double)dh), e = 0;
+	void *scratch = malloc(sizeof(float) * (size_t)(3 * 64 * 64 + 3 * 64 * dh + 3 * 64));
+	AttnParams a;
+	for (int t = 0; t < size; t++) {
+		planrt_k_ring_attention_f32(q, k[t], v[t], mask, mstr, r.o[0], r.lse[0], 4, ldims, Hk, n, scale, mask_kind,
+					    p, 77, 5, gdims, offs, scratch, coord, t, size, mirrored);
+		if (!attn_params(&a, 4, ldims, Hk, n, scale, mask_kind, mstr, p, 77, 5, gdims, offs) ||
+		    !attn_ring_keys(&a, coord, t, size, mirrored))
+			return 1;
+		for (int64_t b = 0; b < B; b++)
+			for (int64_t h = 0; h < H; h++)
+				for (int64_t i = 0; i < n; i++)
+					attn_forward_row(&a, q, k[t], v[t], mask, b, h, i, t > 0, r.o[1], r.lse[1]);
+	}
+	double ef[2] = {worst(r.o[0], r.o[1], nq), worst(r.lse[0], r.lse[1], nl)};
+	e = ef[0] > ef[1] ? ef[0] : ef[1];
+	for (int t = 0; t < size; t++) {
+		planrt_k_ring_attention_grad_f32(q, k[t], v[t], mask, mstr, r.o[0], r.lse[0], dout, r.dq[0], r.dk[0], r.dv[0],
+						 4, ldims, Hk, n, scale, mask_kind, p, 77, 5, gdims, offs, scratch, coord, t,
+						 size, mirrored);
+		attn_params(&a, 4, ldims, Hk, n, scale, mask_kind, mstr, p, 77, 5, gdims, offs);
+		attn_ring_keys(&a, coord, t, size, mirrored);
+		const float *in[6] = {q, k[t], v[t], r.o[0], r.lse[0], dout};
+		for (int64_t b = 0; b < B; b++) {
+			for (int64_t h = 0; h < H; h++)
+				for (int64_t i = 0; i < n; i++)
+					attn_dq_row(&a, in, mask, b, h, i, t > 0, r.dq[1]);
+			for (int64_t h = 0; h < Hk; h++)
+				for (int64_t j = 0; j < n; j++)
+					attn_dkdv_row(&a, in, mask, b, h, j, r.dk[1], r.dv[1]);
+		}
+		double eb[2] = {worst(r.dk[0], r.dk[1], nk), worst(r.dv[0], r.dv[1], nk)};
+		e = eb[0] > e ? eb[0] : eb[1] > e ? eb[1] : e;
+	}
+	double edq = worst(r.dq[0], r.dq[1], nq);
+	e = edq > e ? edq : e;
+	for (int t = 0; t < size; t++) {
+		free(k[t]);
+		free(v[t]);
+	}
+	ring_free(&r);
+	free(q);
+	free(dout);
+	free(mask);
+	free(scratch);
+	return e;
+}
+
+static int run_ring_case(int64_t S, int64_t dh, int64_t H, int64_t Hk, int mask_kind, double p, int size, int mirrored)
+{
+	unsigned seed = (unsigned)(S * 17 + dh + H * 3 + size * 5 + mirrored);
+	double m = 0;
+	for (int64_t c = 0; c < size; c++) {
+		double e = ring_rank(S, dh, H, Hk, mask_kind, p, size, mirrored, c, &seed);
+		m = e > m ? e : m;
+	}
+	static const char *const masks[] = {"none", "causal", "padding"};
+	int ok = m <= 2e-5;
+	printf("%s: ring of %d (%s), S %lld, head dim %lld, heads %lld / kv %lld, mask %s, dropout %g: every rank and "
+	       "step, worst relative difference %.2e\n",
+	       ok ? "PASS" : "FAIL", size, mirrored ? "mirrored" : "contiguous", (long long)S, (long long)dh, (long long)H,
+	       (long long)Hk, masks[mask_kind], p, m);
+	return !ok;
+}
+
 int main(void)
 {
 	static const struct {
@@ -98,6 +218,18 @@ int main(void)
 	int failed = 0, n = (int)(sizeof cases / sizeof cases[0]);
 	for (int i = 0; i < n; i++)
 		failed += run_case(cases[i].S, cases[i].dh, cases[i].H, cases[i].Hk, cases[i].mask, cases[i].p);
+	static const struct {
+		int64_t S, dh, H, Hk;
+		int mask;
+		double p;
+		int size, mirrored;
+	} rings[] = {{192, 64, 4, 1, 1, 0.1, 2, 1}, {200, 80, 2, 2, 1, 0, 4, 1}, {144, 64, 2, 2, 1, 0.2, 3, 0},
+		     {130, 64, 4, 2, 2, 0.1, 2, 0}, {132, 128, 2, 1, 0, 0, 4, 0}};
+	int nr = (int)(sizeof rings / sizeof rings[0]);
+	for (int i = 0; i < nr; i++)
+		failed += run_ring_case(rings[i].S, rings[i].dh, rings[i].H, rings[i].Hk, rings[i].mask, rings[i].p,
+					rings[i].size, rings[i].mirrored);
+	n += nr;
 	printf("attention math: %d passed, %d failed\n", n - failed, failed);
 	return failed != 0;
 }

@@ -572,16 +572,16 @@ static void rope_fwd(Case *c, int f32)
 {
 	if (f32)
 		planrt_k_rope_f32(c->in32[0], c->out32, rp.batch, rp.seq, rp.heads, rp.dim, rp.rot, rp.heads_first, rp.pos,
-				  rp.pos_stride, rp.pos_off, rp.theta);
+				  rp.pos_stride, rp.pos_off, rp.pos_off + rp.seq / 2, rp.theta);
 	else
 		planrt_k_rope_f64(c->in[0], c->out, rp.batch, rp.seq, rp.heads, rp.dim, rp.rot, rp.heads_first, rp.pos,
-				  rp.pos_stride, rp.pos_off, rp.theta);
+				  rp.pos_stride, rp.pos_off, rp.pos_off + rp.seq / 2, rp.theta);
 }
 
 static void rope_bwd(Case *c)
 {
 	planrt_k_rope_grad_f64(c->dy, c->grad[0], rp.batch, rp.seq, rp.heads, rp.dim, rp.rot, rp.heads_first, rp.pos,
-			       rp.pos_stride, rp.pos_off, rp.theta);
+			       rp.pos_stride, rp.pos_off, rp.pos_off + rp.seq / 2, rp.theta);
 }
 
 static void case_rope(const char *name, int64_t batch, int64_t seq, int64_t heads, int64_t dim, int64_t rot,

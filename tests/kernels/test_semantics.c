@@ -912,11 +912,27 @@ static void test_bmm(void)
 	free(b32);
 }
 
-/* rows [s0, s0 + n) of a [B, S, H, D] tensor (dir 1: gather into blk, 0: scatter back) */
+/* rows [s0, s0 + n) of a [B, rows, H, D] tensor (gather 1: into blk, 0: scatter blk back) */
+static void rope_rows_of(int64_t rows, double *t, double *blk, int64_t s0, int64_t n, int gather)
+{
+	int64_t gd[4] = {2, rows, 3, 8}, ld[4] = {2, n, 3, 8}, of[4] = {0, s0, 0, 0};
+	planrt_k_block_copy(sizeof(double), 4, gd, ld, of, t, blk, gather);
+}
+
 static void rope_rows(double *t, double *blk, int64_t s0, int64_t n, int gather)
 {
-	int64_t gd[4] = {2, 5, 3, 8}, ld[4] = {2, n, 3, 8}, of[4] = {0, s0, 0, 0};
-	planrt_k_block_copy(sizeof(double), 4, gd, ld, of, t, blk, gather);
+	rope_rows_of(5, t, blk, s0, n, gather);
+}
+
+/* the rows [0, 2) and [3, 5) of a [B, 5, H, D] tensor as one 4-row block (a balanced context-parallel
+ * ring's two mirrored chunks) */
+static void rope_two_chunks(double *t, double *two)
+{
+	double half[2 * 2 * 3 * 8];
+	rope_rows(t, half, 0, 2, 1);
+	rope_rows_of(4, two, half, 0, 2, 0);
+	rope_rows(t, half, 3, 2, 1);
+	rope_rows_of(4, two, half, 2, 2, 0);
 }
 
 static void test_rope(void)
@@ -925,32 +941,32 @@ static void test_rope(void)
 	const double *x = ref("rope_x", NE), *dy = ref("rope_dy", NE);
 	int32_t *pos = ref_i32("rope_pos", B * S);
 	double y[NE], xt[NE], yt[NE], blk[NE], yb[NE];
-	planrt_k_rope_f64(x, y, B, S, H, D, D, 0, pos, S, 0, 10000.0);
+	planrt_k_rope_f64(x, y, B, S, H, D, D, 0, pos, S, 0, 0, 10000.0);
 	close64("rope f64 [B,S,H,D] pos ids vs torch", y, ref("rope_y64", NE), NE, 1e-13);
 	float *x32 = to_f32(x, NE), y32[NE];
-	planrt_k_rope_f32(x32, y32, B, S, H, D, D, 0, pos, S, 0, 500000.0);
+	planrt_k_rope_f32(x32, y32, B, S, H, D, D, 0, pos, S, 0, 0, 500000.0);
 	close32("rope f32 vs Hugging Face's float32 recipe", y32, ref("rope_y32", NE), NE, 1e-6);
 	/* that check tells the recipes apart: at positions to 65535, exact angles are far from HF's */
 	double far = 0;
 	for (int i = 0; i < NE; i++)
 		far = fmax(far, fabs(ref("rope_y64_5e5", NE)[i] - ref("rope_y32", NE)[i]));
-	planrt_k_rope_f64(x, y, B, S, H, D, D, 0, pos, S, 0, 500000.0);
+	planrt_k_rope_f64(x, y, B, S, H, D, D, 0, pos, S, 0, 0, 500000.0);
 	close64("rope f64 theta 5e5 vs torch", y, ref("rope_y64_5e5", NE), NE, 1e-13);
 	report(far > 1e-5, "rope: HF's float angles differ from exact ones by %.1e (> 10x the f32 tolerance)", far);
-	planrt_k_rope_grad_f64(dy, y, B, S, H, D, D, 0, pos, S, 0, 10000.0);
+	planrt_k_rope_grad_f64(dy, y, B, S, H, D, D, 0, pos, S, 0, 0, 10000.0);
 	close64("rope gradient vs torch autograd", y, ref("rope_dx64", NE), NE, 1e-13);
-	planrt_k_rope_f64(x, y, B, S, H, D, 4, 0, pos, S, 0, 500000.0);
+	planrt_k_rope_f64(x, y, B, S, H, D, 4, 0, pos, S, 0, 0, 500000.0);
 	close64("rope rot_dim 4 of 8 (GPT-NeoX partial) vs torch", y, ref("rope_y64_rot4", NE), NE, 1e-13);
 	/* heads first: [B, H, S, D] */
 	const int64_t d[4] = {B, S, H, D}, dt[4] = {B, H, S, D};
 	const int perm[4] = {0, 2, 1, 3};
 	planrt_k_permute_f64(4, d, perm, x, xt);
-	planrt_k_rope_f64(xt, yt, B, S, H, D, D, 1, pos, S, 0, 10000.0);
+	planrt_k_rope_f64(xt, yt, B, S, H, D, D, 1, pos, S, 0, 0, 10000.0);
 	planrt_k_permute_f64(4, dt, perm, yt, y);
 	close64("rope heads_first [B,H,S,D] vs torch", y, ref("rope_y64", NE), NE, 1e-13);
 	/* a sequence-parallel block, rows [2, 5): ids from pos + 2 (row length S), or no ids and pos_off 2 */
 	rope_rows((double *)x, blk, 2, 3, 1);
-	planrt_k_rope_f64(blk, yb, B, 3, H, D, D, 0, pos + 2, S, 0, 10000.0);
+	planrt_k_rope_f64(blk, yb, B, 3, H, D, D, 0, pos + 2, S, 0, 0, 10000.0);
 	memcpy(y, ref("rope_y64", NE), sizeof y);
 	memset(yt, 0, sizeof yt);
 	rope_rows(yt, yb, 2, 3, 0);
@@ -959,10 +975,16 @@ static void test_rope(void)
 	rope_rows(y, yb, 2, 3, 1);   /* yb = the block of torch's */
 	close64("rope block rows 2..4 with pos + 2 vs torch", blk, yb, B * 3 * H * D, 1e-13);
 	rope_rows((double *)x, blk, 2, 3, 1);
-	planrt_k_rope_f64(blk, blk, B, 3, H, D, D, 0, NULL, 0, 2, 10000.0); /* in place */
+	planrt_k_rope_f64(blk, blk, B, 3, H, D, D, 0, NULL, 0, 2, 3, 10000.0); /* in place */
 	memcpy(y, ref("rope_y64_arange", NE), sizeof y);
 	rope_rows(y, yb, 2, 3, 1);
 	close64("rope block rows 2..4, no ids, pos_off 2 (in place)", blk, yb, B * 3 * H * D, 1e-13);
+	/* a block of two chunks apart, rows 0..1 and 3..4: the second half starts at pos_off2 = 3 */
+	rope_two_chunks((double *)x, blk);
+	planrt_k_rope_f64(blk, blk, B, 4, H, D, D, 0, NULL, 0, 0, 3, 10000.0);
+	rope_two_chunks(y, yb);
+	close64("rope two mirrored chunks, rows 0..1 and 3..4 (pos_off 0, pos_off2 3) vs torch", blk, yb, B * 4 * H * D,
+		1e-13);
 	free(pos);
 	free(x32);
 }

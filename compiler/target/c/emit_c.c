@@ -349,7 +349,7 @@ static void print_arg(Emit *e, const Kernel *k, int index)
 		break;
 	case KA_OFFSET:
 		if (a->dim >= 0) {
-			offset_expr(e, a->buf, a->dim);
+			(a->i ? second_half_expr : offset_expr)(e, a->buf, a->dim);
 		} else {
 			int rank = e->p->buf[a->buf].rank;
 			fprintf(f, "(const int64_t[]){");

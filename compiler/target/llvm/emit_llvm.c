@@ -422,7 +422,7 @@ static LLVMValueRef arg_value(Gen *G, const KArg *a)
 		return coord(G, a->i, a->axis, a->stride);
 	case KA_OFFSET: {
 		if (a->dim >= 0)
-			return block_offset(G, a->buf, a->dim);
+			return (a->i ? second_half_offset : block_offset)(G, a->buf, a->dim);
 		int rank = G->p->buf[a->buf].rank, n = rank ? 2 * rank : 1;
 		LLVMValueRef array = alloca_array(G, G->t_i64, n);
 		for (int d = 0; d < 2 * rank; d++)
