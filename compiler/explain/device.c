@@ -27,7 +27,7 @@
  * the call through planrt and a small kernel's set-up (OpenBLAS's for a GEMM), as `planc calibrate`
  * measured it on one rank of a 2-core x86-64 machine (docs/search.md). A file may give at most
  * MAX_LAUNCH: more is a unit mistake (5 for 5u). */
-#define CPU_LAUNCH 1e-6
+#define CPU_LAUNCH 0.1e-6
 #define MAX_LAUNCH 1e-3
 
 /* clang-format off */
@@ -45,7 +45,7 @@ static const Device builtin[] = {
 	 .matmul = {19.5e12, 312e12, 312e12}, .memory_bw = {2.0e12, 2.0e12, 2.0e12}, .capacity = 80e9, .launch = 3e-6, .node_ranks = 8,
 	 .node = {230e9, 10e-6, 1e-6, 0, 0}, .net = {22e9, 10e-6, 5e-6, 0.9, 5e-6}},
 	{.key = "cpu", .name = "one x86-64 core per rank (100 GFLOP/s f32 and bf16, 10 GB/s memory; 5 GB/s and 5 us per message between "
-		"ranks of one machine; 1 us per kernel)",
+		"ranks of one machine; 0.1 us per kernel)",
 	 .matmul = {100e9, 100e9, 100e9}, .memory_bw = {10e9, 10e9, 10e9}, .capacity = 16.0 * (1 << 30), .launch = CPU_LAUNCH, .node_ranks = 1 << 30,
 	 .node = {5e9, 5e-6, 0, 0, 0}, .net = {5e9, 5e-6, 0, 0, 0}},
 };
