@@ -6,7 +6,7 @@
  * attention and collectives the generated programs run, on every rank at once, the slowest
  * rank's figures), and this file turns the measurements into the device model explain and search
  * read (--device=FILE): the best GEMM rate as matmul.*, the axpy bandwidth as memory.*, the
- * attention rate as attention.*, the memory per rank, and each link measured (within a node,
+ * attention rate as attention.*, a tiny kernel's time as kernel.latency, the memory per rank, and each link measured (within a node,
  * between nodes) as its all-reduce bus bandwidth and the one-element all-reduce's time as its
  * latency. What was not measured (the link between nodes on one machine, the tree algorithm)
  * comes from the base device, and the file says which figures those are. The CPU runs bf16 and
@@ -39,9 +39,9 @@ static const char calibrate_usage[] =
 
 static void print_link(FILE *out, const char *what, const planrt_calib_link_t *l)
 {
-	fprintf(out, "# %s: %d ranks; all-reduce of one float %.3g s; bus bandwidth at %.0f MiB: all-reduce %.4g, "
-		     "reduce-scatter %.4g, all-gather %.4g, send+recv %.4g bytes/s\n",
-		what, l->ranks, l->latency, l->bytes[l->nsizes - 1] / 1048576.0, l->allreduce_busbw,
+	fprintf(out, "# %s: %d ranks; all-reduce of one float %.3g s; bus bandwidth: all-reduce %.4g (its best size), "
+		     "at %.0f MiB reduce-scatter %.4g, all-gather %.4g, send+recv %.4g bytes/s\n",
+		what, l->ranks, l->latency, l->allreduce_busbw, l->bytes[l->nsizes - 1] / 1048576.0,
 		l->reduce_scatter_busbw, l->allgather_busbw, l->sendrecv_busbw);
 	fprintf(out, "#   all-reduce seconds by size:");
 	for (int i = 0; i < l->nsizes; i++)
@@ -69,6 +69,7 @@ static Device calibrated_device(const Device *base, const planrt_calibration_t *
 	}
 	if (c->capacity > 0)
 		d.capacity = c->capacity;
+	d.launch = c->launch;
 	d.node_ranks = c->node_ranks;
 	if (c->node.ranks)
 		take_link(&d.node, &c->node);
@@ -95,6 +96,7 @@ static void write_header(FILE *out, const planrt_calibration_t *c, const Device 
 		fprintf(out, " %lldx%lldx%lld %.4g", (long long)c->gemm_mnk[i][0], (long long)c->gemm_mnk[i][1],
 			(long long)c->gemm_mnk[i][2], c->gemm_rate[i]);
 	fprintf(out, "\n# matmul.*: the best of these; the CPU runs bf16 and f16 GEMMs in f32 after casts\n");
+	fprintf(out, "# kernel.latency: a tiny kernel's seconds per call (a GEMM of 8 x 8 x 8 and an add of 64 floats, the mean)\n");
 	fprintf(out, "# memory.*: y = a x + y over arrays larger than the caches (64 MiB; 4 MiB with --quick); attention.*: the fused causal attention, forward and "
 		     "backward, FLOPs counted as explain counts them\n");
 	if (c->node.ranks)
@@ -177,8 +179,8 @@ int calibrate_main(int argc, char **argv)
 		status = write_file(out, &d, &c, base);
 		if (!status)
 			printf("planc calibrate: wrote %s: matmul %.4g FLOP/s, memory %.4g bytes/s, attention %.4g FLOP/s, "
-			       "link within a node %.4g bytes/s and %.3g s per call (%d ranks)\n",
-			       out, d.matmul[0], d.memory_bw[0], d.attention[0], d.node.bw, d.node.latency, c.ranks);
+			       "%.3g s per kernel, link within a node %.4g bytes/s and %.3g s per call (%d ranks)\n",
+			       out, d.matmul[0], d.memory_bw[0], d.attention[0], d.launch, d.node.bw, d.node.latency, c.ranks);
 	}
 	planrt_calibrate_end();
 	return status;

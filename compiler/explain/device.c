@@ -1,7 +1,8 @@
 /* device.c: the device models explain's step-time estimate and planc search assume (issue 20).
  *
  * A device is what one rank runs on: its dense matmul rate and its memory bandwidth per element
- * type, its memory, and the two links a collective can cross: within a node and between nodes.
+ * type, its memory, a fixed cost per compute kernel (launch and dispatch, which the roofline of a
+ * small kernel leaves out), and the two links a collective can cross: within a node and between nodes.
  * A link has the bus bandwidth nccl-tests reports (its "busbw": the algorithm bandwidth times
  * 2 (n - 1) / n for an all-reduce, (n - 1) / n for an all-gather or reduce-scatter, so that one
  * figure serves every group size), a latency per call and one per step of the ring (a ring
@@ -21,23 +22,31 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* A compute kernel's fixed cost beyond its roofline (kernel.latency): on a GPU without CUDA graphs,
+ * the launch and the gap between dependent kernels on a stream (a few microseconds); on the CPU,
+ * the call through planrt and a small kernel's set-up (OpenBLAS's for a GEMM), as `planc calibrate`
+ * measured it on one rank of a 2-core x86-64 machine (docs/search.md). A file may give at most
+ * MAX_LAUNCH: more is a unit mistake (5 for 5u). */
+#define CPU_LAUNCH 0.1e-6
+#define MAX_LAUNCH 1e-3
+
 /* clang-format off */
 static const Device builtin[] = {
 	{.key = "h200", .name = "H200-class nodes of 8 GPUs (67 TFLOP/s f32, 989 TFLOP/s bf16, 4.8 TB/s memory; 450 GB/s per GPU in a "
-		 "node, 50 GB/s between nodes, 10 us per message)",
-	 .matmul = {67e12, 989e12, 989e12}, .memory_bw = {4.8e12, 4.8e12, 4.8e12}, .capacity = 141e9, .node_ranks = 8,
+		 "node, 50 GB/s between nodes, 10 us per message; 3 us per kernel)",
+	 .matmul = {67e12, 989e12, 989e12}, .memory_bw = {4.8e12, 4.8e12, 4.8e12}, .capacity = 141e9, .launch = 3e-6, .node_ranks = 8,
 	 .node = {450e9, 10e-6, 0, 0, 0}, .net = {50e9, 10e-6, 0, 0, 0}},
 	{.key = "h100", .name = "H100 SXM nodes of 8 GPUs (67 TFLOP/s f32, 989 TFLOP/s bf16, 3.35 TB/s memory, 80 GB; NVLink "
-		 "360 GB/s bus bandwidth in a node, 8 x 400 Gb/s InfiniBand between nodes, tree all-reduce between nodes)",
-	 .matmul = {67e12, 989e12, 989e12}, .memory_bw = {3.35e12, 3.35e12, 3.35e12}, .capacity = 80e9, .node_ranks = 8,
+		 "360 GB/s bus bandwidth in a node, 8 x 400 Gb/s InfiniBand between nodes, tree all-reduce between nodes; 3 us per kernel)",
+	 .matmul = {67e12, 989e12, 989e12}, .memory_bw = {3.35e12, 3.35e12, 3.35e12}, .capacity = 80e9, .launch = 3e-6, .node_ranks = 8,
 	 .node = {360e9, 10e-6, 1e-6, 0, 0}, .net = {45e9, 10e-6, 4e-6, 0.9, 4e-6}},
 	{.key = "a100", .name = "A100 SXM 80GB nodes of 8 GPUs (19.5 TFLOP/s f32, 312 TFLOP/s bf16, 2.0 TB/s memory; NVLink "
-		 "230 GB/s bus bandwidth in a node, 8 x 200 Gb/s InfiniBand between nodes, tree all-reduce between nodes)",
-	 .matmul = {19.5e12, 312e12, 312e12}, .memory_bw = {2.0e12, 2.0e12, 2.0e12}, .capacity = 80e9, .node_ranks = 8,
+		 "230 GB/s bus bandwidth in a node, 8 x 200 Gb/s InfiniBand between nodes, tree all-reduce between nodes; 3 us per kernel)",
+	 .matmul = {19.5e12, 312e12, 312e12}, .memory_bw = {2.0e12, 2.0e12, 2.0e12}, .capacity = 80e9, .launch = 3e-6, .node_ranks = 8,
 	 .node = {230e9, 10e-6, 1e-6, 0, 0}, .net = {22e9, 10e-6, 5e-6, 0.9, 5e-6}},
 	{.key = "cpu", .name = "one x86-64 core per rank (100 GFLOP/s f32 and bf16, 10 GB/s memory; 5 GB/s and 5 us per message between "
-		"ranks of one machine)",
-	 .matmul = {100e9, 100e9, 100e9}, .memory_bw = {10e9, 10e9, 10e9}, .capacity = 16.0 * (1 << 30), .node_ranks = 1 << 30,
+		"ranks of one machine; 0.1 us per kernel)",
+	 .matmul = {100e9, 100e9, 100e9}, .memory_bw = {10e9, 10e9, 10e9}, .capacity = 16.0 * (1 << 30), .launch = CPU_LAUNCH, .node_ranks = 1 << 30,
 	 .node = {5e9, 5e-6, 0, 0, 0}, .net = {5e9, 5e-6, 0, 0, 0}},
 };
 /* clang-format on */
@@ -141,6 +150,8 @@ static double *device_field(Device *d, const char *key)
 	}
 	if (!strcmp(key, "memory.capacity"))
 		return &d->capacity;
+	if (!strcmp(key, "kernel.latency"))
+		return &d->launch;
 	Link *l = !strncmp(key, "node.", 5) ? &d->node : !strncmp(key, "net.", 4) ? &d->net : NULL;
 	const char *f = l ? strchr(key, '.') + 1 : "";
 	if (!l)
@@ -191,11 +202,14 @@ static bool device_line(Device *d, const char *path, int line, char *key, char *
 		d->node_ranks = (int)v;
 		return true;
 	}
+	if (!strcmp(key, "kernel.latency") && v > MAX_LAUNCH)
+		return file_error(path, line, "kernel.latency is seconds per kernel launch, at most 1m (write 5u for 5 "
+					      "microseconds), not '%s'", value);
 	double *field = device_field(d, key);
 	if (!field)
 		return file_error(path, line,
 				  "unknown key '%s' (name, base, matmul.f32|bf16|f16, memory.f32|bf16|f16, attention.f32|bf16|f16, "
-				  "memory.capacity, "
+"memory.capacity, kernel.latency, "
 				  "node.ranks, node|net.bandwidth|latency|hop|tree|tree_hop)",
 				  key);
 	*field = v;
@@ -270,7 +284,8 @@ void device_write(FILE *out, const Device *d)
 	for (int t = 0; t < 3; t++)
 		if (d->attention[t] > 0)
 			fprintf(out, "attention.%s = %.6g\n", dtypes[t], d->attention[t]);
-	fprintf(out, "memory.capacity = %.6g\nnode.ranks = %d\n", d->capacity, d->node_ranks);
+	fprintf(out, "memory.capacity = %.6g\nkernel.latency = %.6g\nnode.ranks = %d\n", d->capacity, d->launch,
+		d->node_ranks);
 	const Link *links[] = {&d->node, &d->net};
 	const char *const link_names[] = {"node", "net"};
 	for (int i = 0; i < 2; i++)

@@ -549,6 +549,8 @@ static double kernel_seconds(const PlanSpec *ps, const LProg *p, const Kernel *k
 				bytes += (double)p->buf[k->args[a].buf].bytes;
 		t = bytes / d->memory_bw[dt];
 	}
+	if (kernel_classes[k->kind] == KC_COMPUTE || kernel_classes[k->kind] == KC_LOOP)
+		t += d->launch; /* the kernel's fixed cost (a collective's is its link's latency) */
 	for (int c = 0; c < k->ncomm; c++)
 		if (k->comm[c].coll != OP_SEND)
 			t += comm_seconds(ps, &k->comm[c]);

@@ -26,6 +26,7 @@ typedef struct Device {
 	double memory_bw[3]; /* bytes/s element-wise kernels move, by element type */
 	double attention[3]; /* FLOP/s of the fused attention by element type (0: the matmul rate) */
 	double capacity;     /* bytes of device memory per rank */
+	double launch;       /* seconds every compute kernel costs beyond its roofline (launch, dispatch) */
 	int node_ranks;      /* ranks per node */
 	Link node, net;      /* within a node, between nodes */
 } Device;

@@ -8,6 +8,8 @@
  *   - y = a x + y over arrays far larger than the caches (the bytes explain counts for a fused
  *     loop: every operand once);
  *   - planrt_k_attention_f32 and its gradient, causal, counted as explain counts them;
+ *   - a tiny GEMM and a tiny element-wise add through planrt, whose time is almost all the fixed
+ *     cost of a call (the device model's kernel.latency, which a roofline leaves out);
  *   - planrt_allreduce / reduce_scatter / allgather / send+recv by message size, within a node
  *     (the ranks sharing memory) and between nodes (one rank per node and local index), when the
  *     launch spans several.
@@ -158,6 +160,29 @@ static double measure_attention(int quick)
 	return flops / s;
 }
 
+/* A kernel's fixed cost: the mean of a tiny GEMM (OpenBLAS's call and set-up) and a tiny
+ * element-wise add (planrt's kernel dispatch), less nothing: their FLOPs and bytes take a few
+ * nanoseconds at the rates above. */
+typedef struct Tiny {
+	float a[64], b[64], c[64];
+} Tiny;
+
+static void run_tiny(void *arg)
+{
+	Tiny *t = arg;
+	static const int64_t dims[1] = {64}, unit[1] = {1};
+	planrt_k_matmul_f32(1, 8, 8, 8, t->a, 0, 0, t->b, 0, 0, t->c, 0, 0);
+	planrt_k_binary_f32(PLANRT_ADD, 1, dims, t->a, unit, t->c, unit, t->b);
+}
+
+static double measure_launch(void)
+{
+	Tiny t;
+	for (int i = 0; i < 64; i++)
+		t.a[i] = t.b[i] = t.c[i] = (float)(i % 9) * 0.125f;
+	return timed(MPI_COMM_WORLD, run_tiny, &t) / 2;
+}
+
 /* ---------------------------------------------------------------- collectives */
 
 typedef struct Coll {
@@ -208,8 +233,15 @@ static void measure_link(planrt_calib_link_t *l, planrt_comm_t comm, MPI_Comm ti
 		l->nsizes++;
 	}
 	double bytes = (double)largest * sizeof(float), share = (double)(n - 1) / n;
+	/* the best size's bus bandwidth: the link's rate where a message's latency no longer counts (as
+	 * matmul.* takes the best GEMM). Not the largest size's alone: on a machine with more ranks than
+	 * cores, 4 ranks' 64 MiB all-reduce ran at 0.2 GB/s where 1-16 MiB ran at 1.6-1.8 GB/s, and the
+	 * programs' messages are the smaller ones (docs/search.md) */
+	l->allreduce_busbw = 0;
+	for (int i = 0; i < l->nsizes; i++)
+		if (2 * share * l->bytes[i] / l->allreduce_s[i] > l->allreduce_busbw)
+			l->allreduce_busbw = 2 * share * l->bytes[i] / l->allreduce_s[i];
 	c.count = largest - largest % (size_t)n;
-	l->allreduce_busbw = 2 * share * bytes / l->allreduce_s[l->nsizes - 1];
 	c.kind = 1;
 	l->reduce_scatter_busbw = share * (double)c.count * sizeof(float) / timed(timing, run_collective, &c);
 	c.kind = 2;
@@ -291,6 +323,7 @@ int planrt_calibrate(planrt_calibration_t *c, const char *out_path, int quick, c
 	measure_gemms(c, quick);
 	c->memory_bw = measure_memory(quick);
 	c->attention_rate = measure_attention(quick);
+	c->launch = measure_launch();
 	measure_links(c, quick);
 	return rank;
 }

@@ -12,7 +12,7 @@
 enum { PLANRT_CALIB_GEMMS = 5, PLANRT_CALIB_SIZES = 16 };
 
 /* One link's collectives (MPI, through planrt's collectives): all-reduce time by message size,
- * and each kind's bus bandwidth at the largest size (nccl-tests' busbw: the algorithm bandwidth
+ * the all-reduce's bus bandwidth at its best size, and the other kinds' at the largest size (nccl-tests' busbw: the algorithm bandwidth
  * times 2 (n - 1) / n for an all-reduce, (n - 1) / n for a gather or scatter, 1 for a send). */
 typedef struct planrt_calib_link {
 	int ranks;                                 /* the group measured; 0: not measured */
@@ -33,6 +33,8 @@ typedef struct planrt_calibration {
 	double memory_bw;                          /* bytes/s of y = a x + y (3 floats per element) */
 	double attention_rate;                     /* FLOP/s of the fused attention, forward and backward,
 						      counted as explain counts them (causal: half) */
+	double launch;                             /* seconds per call of a tiny kernel (a GEMM of 8 x 8 x 8 and
+						      an add of 64 floats, the mean): a kernel's fixed cost */
 	double capacity;                           /* bytes of this node's memory per rank */
 	planrt_calib_link_t node, net;             /* within a node; between nodes */
 } planrt_calibration_t;

@@ -5,7 +5,8 @@
   - the figures are measurements, not the base device's: every rate positive and within what a
     CPU core can do, node.ranks the launch's 2 ranks, the link's figures measured (the file says
     the link between nodes was not, on one machine), the per-shape GEMM rates and the
-    all-reduce's times by size in its comments;
+    all-reduce's times by size in its comments; kernel.latency (a tiny kernel's time) measured, and
+    node.bandwidth the all-reduce's bus bandwidth at its best size (recomputed from the comments);
   - the attention rate is used: the same file with attention.* ten times lower lengthens the
     fused-attention GPT's estimate, and without attention.* the matmul rate prices attention;
   - one process without mpirun is a world of one: no link measured, the base's links kept;
@@ -58,6 +59,11 @@ def main():
                 "GEMM FLOP/s by shape" in text and "all-reduce seconds by size" in text
                 and "between nodes: not measured (one node)" in text)
     tally.check("memory per rank", num["memory.capacity"] > 1e8, num["memory.capacity"])
+    tally.check("a kernel's fixed cost measured", 1e-9 < num["kernel.latency"] < 1e-3, num["kernel.latency"])
+    sizes = re.search(r"all-reduce seconds by size:((?: \S+K \S+)+)", text).group(1).split()
+    busbw = [float(b[:-1]) * 1024 / float(t) for b, t in zip(sizes[::2], sizes[1::2])]  # 2 ranks: 2 (n-1)/n = 1
+    tally.check("node.bandwidth: the best size's all-reduce bus bandwidth", abs(num["node.bandwidth"] / max(busbw) - 1)
+                < 0.01, (num["node.bandwidth"], busbw))
 
     measured, nominal = step(planc, gpt, "single", dev), step(planc, gpt, "single", "cpu")
     tally.check("explain uses the measured figures", measured != nominal, "%g vs nominal %g" % (measured, nominal))

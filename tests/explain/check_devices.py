@@ -7,7 +7,11 @@ is told to assume, named or from a device file.
     compute-bound plan's step, halving its in-node bandwidth lengthens a tensor-parallel one's;
   - the tree all-reduce: at 12,500 data-parallel ranks across nodes a ring's 25,000 steps of
     latency dominate, and the same device without its tree (net.tree = 0) is far slower;
-  - bad files: an unknown key or a non-number is an error naming file:line, exit 2.
+  - kernel.latency: every compute kernel's fixed cost adds to the step in proportion (twice the
+    latency, twice the added seconds), a zero latency adds nothing, and hundreds of kernels run
+    per step of the small GPT;
+  - bad files: an unknown key, a non-number or a kernel.latency over 1m is an error naming
+    file:line, exit 2.
 usage: tests/explain/check_devices.py PLANC ROOT"""
 import os
 import re
@@ -51,7 +55,16 @@ def main():
     tree = step(planc, mesh, "dp_tp_100k", "h100")
     ring = step(planc, mesh, "dp_tp_100k", dev("ring", "base = h100\nnet.tree = 0\n"))
     tally.check("tree all-reduce at 12,500 ranks", ring > 10 * tree, "ring only %g s, with tree %g s" % (ring, tree))
+    none, one, two = (step(planc, gpt, "dp2_tp2", dev("launch%d" % i, "base = h100\nkernel.latency = %du\n" % (500 * i)))
+                      for i in range(3))
+    tally.check("kernel.latency: added in proportion", none < one < two and abs((two - none) - 2 * (one - none))
+                < 1e-6 * two, "%g %g %g" % (none, one, two))
+    tally.check("kernel.latency: hundreds of kernels per step of the small GPT", 100 < (one - none) / 5e-4 < 10000,
+                (one - none) / 5e-4)
+    tally.check("h100's default kernel.latency is a few microseconds", none < named["h100"]
+                and abs((named["h100"] - none) / ((one - none) / 5e-4) - 3e-6) < 1e-9, named["h100"] - none)
     for name, text, want in (("unknown", "base = h100\nflops = 3\n", ":2: error: unknown key 'flops'"),
+                             ("launch", "base = h100\nkernel.latency = 5\n", ":2: error: kernel.latency is seconds"),
                              ("nan", "base = h100\nnode.latency = fast\n", ":2: error: 'fast' is not"),
                              ("empty", "# nothing\n", "the device has no matmul.f32")):
         r = subprocess.run([planc, "explain", gpt, "--device=" + dev(name, text)], capture_output=True, text=True)
