@@ -839,17 +839,18 @@ static int op_part(const Graph *g, int i, int first_layer_op)
  * a chain may cross from one layer into the next, which a pipeline would cut. */
 static bool fused_across(const Graph *g, const Kernel *k, const char *own_kernel, int part, int first_layer_op)
 {
-	int todo[64], n = 0;
-	todo[n++] = k->op;
+	enum { CHAIN_MAX = 64 }; /* a longer chain counts as crossing: that only lowers a bound */
+	int chain[CHAIN_MAX], n = 0;
+	chain[n++] = k->op;
 	for (int seen = 0; seen < n && seen < k->nfused; seen++) {
-		const Op *op = &g->ops[todo[seen]];
+		const Op *op = &g->ops[chain[seen]];
 		for (int i = 0; i < op->nin; i++) {
 			int d = g->vals[op->in[i]].def;
 			if (d < 0 || own_kernel[d] || g->ops[d].kind == OP_PARAM || g->ops[d].kind == OP_INPUT)
 				continue;
-			if (op_part(g, d, first_layer_op) != part || n == 64)
+			if (op_part(g, d, first_layer_op) != part || n == CHAIN_MAX)
 				return true;
-			todo[n++] = d;
+			chain[n++] = d;
 		}
 	}
 	return false;
