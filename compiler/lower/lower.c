@@ -1232,6 +1232,267 @@ static void lower_rope(Lower *L, const Op *op, int oi)
 	overwritten_done(L, oi, y, w);
 }
 
+/* A fill: the backward's seed (1/m per micro-batch), or loss * scale under fp16 loss scaling. */
+static void lower_fill(Lower *L, const Op *op, int oi)
+{
+	Graph *g = L->g;
+	LProg *p = L->p;
+	Kernel *k;
+	int y = op->out[0];
+	if (g->ps->loss_scale != 0 && op->backward && g->loss >= 0 && op->fwd_op == g->vals[g->loss].def) {
+		/* fp16 loss scaling: the backward starts from loss * the run's current scale */
+		k = call(L, K_LOSS_SEED, oi);
+		karg(p, k, KA_CTX, 0);
+		arg_value(L, k, y, false, true);
+		karg_f64(p, k, 1.0 / (g->ps->micro_batches > 0 ? g->ps->micro_batches : 1));
+		return;
+	}
+	k = call(L, K_FILL, oi);
+	arg_value(L, k, y, false, true);
+	karg_int(p, k, 1);
+	karg(p, k, KA_DTYPE, g->vals[y].dtype);
+	karg_f64(p, k, 1.0 / (g->ps->micro_batches > 0 ? g->ps->micro_batches : 1));
+}
+
+/* A broadcast's gradient: x summed down to y's shape (strides of 0 on the summed dims). */
+static void lower_sum_to(Lower *L, const Op *op, int oi)
+{
+	Graph *g = L->g;
+	LProg *p = L->p;
+	Kernel *k;
+	int x = op->in[0], y = op->out[0];
+	const Value *vi = &g->vals[x], *vo = &g->vals[y];
+	long long dims[MAX_DIMS], ostr[MAX_DIMS];
+	long long stride = 1;
+	for (int d = vi->rank - 1; d >= 0; d--) {
+		dims[d] = ldim(g, x, d);
+		int dout = d - (vi->rank - vo->rank);
+		if (dout < 0 || (ldim(g, y, dout) == 1 && dims[d] != 1)) {
+			ostr[d] = 0;
+			continue;
+		}
+		ostr[d] = stride;
+		stride *= ldim(g, y, dout);
+	}
+	bool acc = g->vals[y].grad_of >= 0;
+	k = call(L, acc ? K_SUM_TO_ACC : K_SUM_TO, oi);
+	karg_int(p, k, vi->rank);
+	karg_ints(p, k, dims, vi->rank, false);
+	arg_value(L, k, x, true, false);
+	karg_ints(p, k, ostr, vi->rank, false);
+	arg_value(L, k, y, acc, true);
+	karg_int(p, k, lelems(g, y));
+}
+
+/* Dropout: masks keyed on the global sample, so that every split draws the single rank's mask. */
+static void lower_dropout(Lower *L, const Op *op, int oi)
+{
+	Graph *g = L->g;
+	LProg *p = L->p;
+	Kernel *k;
+	int x = op->in[0], y = op->out[0];
+	int r = g->vals[x].rank;
+	long long gd[MAX_DIMS];
+	const Value *vx = &g->vals[x];
+	for (int d = 0; d < r; d++) /* the batch dim is the step's batch: masks key on global samples */
+		gd[d] = d == p->buf[x].micro_dim ? g->ps->batch : vx->dim[d];
+	k = call(L, K_DROPOUT, oi);
+	arg_value(L, k, x, true, false);
+	arg_value(L, k, y, false, true);
+	arg_value(L, k, op->out[1], false, true);
+	karg_f64(p, k, op->f);
+	karg(p, k, KA_STEP_SEED, 0);
+	karg_int(p, k, op->orig);
+	karg_int(p, k, r);
+	karg_ints(p, k, gd, r, false);
+	arg_dims(L, k, x);
+	karg_offset(p, k, x, -1);
+}
+
+/* The causal mask over the scores' last two dims (its gradient fills with zero). */
+static void lower_causal_mask(Lower *L, const Op *op, int oi)
+{
+	Graph *g = L->g;
+	LProg *p = L->p;
+	Kernel *k;
+	int x = op->in[0], y = op->out[0];
+	int r = g->vals[x].rank;
+	long long rows = ldim(g, x, r - 2), cols = ldim(g, x, r - 1);
+	k = call(L, K_CAUSAL_MASK, oi);
+	arg_value(L, k, x, true, false);
+	arg_value(L, k, y, false, true);
+	karg_int(p, k, lelems(g, x) / (rows * cols));
+	karg_int(p, k, rows);
+	karg_int(p, k, cols);
+	karg_offset(p, k, x, -1);
+	karg_int(p, k, r);
+	karg_int(p, k, op->n == 1); /* gradient: fill with zero */
+}
+
+/* Layer norm (x, weight, bias) or RMS norm (x, weight) over the last dim. */
+static void lower_norm(Lower *L, const Op *op, int oi)
+{
+	Graph *g = L->g;
+	LProg *p = L->p;
+	Kernel *k;
+	int x = op->in[0];
+	bool ln = op->kind == OP_LAYER_NORM;
+	k = call(L, ln ? K_LAYER_NORM : K_RMS_NORM, oi);
+	for (int i = 0; i < (ln ? 3 : 2); i++)
+		arg_value(L, k, op->in[i], true, false);
+	for (int i = 0; i < (ln ? 3 : 2); i++)
+		arg_value(L, k, op->out[i], false, true);
+	karg_int(p, k, rows_of(g, x));
+	karg_int(p, k, cols_of(g, x));
+	karg_f64(p, k, op->f);
+}
+
+/* The norms' backward; the weight (and bias) gradients accumulate. */
+static void lower_norm_grad(Lower *L, const Op *op, int oi)
+{
+	Graph *g = L->g;
+	LProg *p = L->p;
+	Kernel *k;
+	int x = op->in[0];
+	bool ln = op->kind == OP_LAYER_NORM_GRAD;
+	for (int i = 1; i < (ln ? 3 : 2); i++)
+		zero_unless_gradient(L, oi, op->out[i]);
+	k = call(L, ln ? K_LAYER_NORM_GRAD : K_RMS_NORM_GRAD, oi);
+	for (int i = 0; i < (ln ? 5 : 4); i++)
+		arg_value(L, k, op->in[i], true, false);
+	for (int i = 0; i < (ln ? 3 : 2); i++) /* weight gradients accumulate */
+		arg_value(L, k, op->out[i], i > 0, true);
+	karg_int(p, k, rows_of(g, x));
+	karg_int(p, k, cols_of(g, x));
+}
+
+/* An embedding lookup from the vocab rows this rank holds. */
+static void lower_embed(Lower *L, const Op *op, int oi)
+{
+	Graph *g = L->g;
+	LProg *p = L->p;
+	Kernel *k;
+	int y = op->out[0];
+	int table = op->in[0], ids = op->in[1];
+	k = call(L, K_EMBED, oi);
+	arg_value(L, k, table, true, false);
+	arg_value(L, k, ids, true, false);
+	arg_value(L, k, y, false, true);
+	karg_int(p, k, lelems(g, ids));
+	karg_int(p, k, ldim(g, table, 1));
+	karg_offset(p, k, table, 0); /* the vocab rows this rank holds */
+	karg_int(p, k, ldim(g, table, 0));
+}
+
+/* The embedding's gradient, scattered into the rows this rank holds. */
+static void lower_embed_grad(Lower *L, const Op *op, int oi)
+{
+	Graph *g = L->g;
+	LProg *p = L->p;
+	Kernel *k;
+	int y = op->out[0];
+	int ids = op->in[0], dy = op->in[1];
+	const Op *fwd = op->fwd_op >= 0 ? &g->ops[op->fwd_op] : NULL;
+	int table = fwd ? fwd->in[0] : y;
+	zero_unless_gradient(L, oi, y);
+	k = call(L, K_EMBED_GRAD, oi);
+	arg_value(L, k, ids, true, false);
+	arg_value(L, k, dy, true, false);
+	arg_value(L, k, y, true, true);
+	karg_int(p, k, lelems(g, ids));
+	karg_int(p, k, ldim(g, y, 1));
+	karg_offset(p, k, p->buf[table].cls != BUF_NONE ? table : y, 0);
+	karg_int(p, k, ldim(g, y, 0));
+}
+
+/* Cross-entropy's gradient from the logits, targets and log-sum-exp. */
+static void lower_cross_entropy_grad(Lower *L, const Op *op, int oi)
+{
+	Graph *g = L->g;
+	LProg *p = L->p;
+	Kernel *k;
+	int y = op->out[0];
+	int logits = op->in[0], targets = op->in[1], lse = op->in[2], dl = op->in[3];
+	int r = g->vals[logits].rank;
+	k = call(L, K_CE_GRAD, oi);
+	arg_value(L, k, logits, true, false);
+	arg_value(L, k, targets, true, false);
+	arg_value(L, k, lse, true, false);
+	karg_int(p, k, rows_of(g, logits));
+	karg_int(p, k, cols_of(g, logits));
+	karg_offset(p, k, logits, r - 1);
+	karg_scalar(p, k, dl, 1.0 / (double)value_elems(g, targets));
+	arg_value(L, k, y, false, true);
+}
+
+/* Concatenation: zeros, then each input added into its rows (x + 0 is x exactly). */
+static void lower_concat(Lower *L, const Op *op, int oi)
+{
+	Graph *g = L->g;
+	LProg *p = L->p;
+	Kernel *k;
+	int y = op->out[0];
+	k = call(L, K_FILL, oi);
+	arg_value(L, k, y, false, true);
+	karg_int(p, k, lelems(g, y));
+	karg(p, k, KA_DTYPE, g->vals[y].dtype);
+	karg_f64(p, k, 0.0);
+	long long start = 0;
+	for (int i = 0; i < op->nin; i++) {
+		long long n = ldim(g, op->in[i], op->dim);
+		narrow_into(L, oi, op->in[i], y, op->dim, start, n, true);
+		start += n;
+	}
+}
+
+/* Two dims swapped: a permuting copy. */
+static void lower_swap_dims(Lower *L, const Op *op, int oi)
+{
+	Graph *g = L->g;
+	int x = op->in[0], y = op->out[0];
+	long long dims[MAX_DIMS], perm[MAX_DIMS];
+	int r = g->vals[x].rank;
+	for (int d = 0; d < r; d++) {
+		dims[d] = ldim(g, x, d);
+		perm[d] = d;
+	}
+	perm[op->dim] = op->dim2;
+	perm[op->dim2] = op->dim;
+	int w = overwrite_target(L, y);
+	permute(L, oi, r, dims, perm, x, w);
+	overwritten_done(L, oi, y, w);
+}
+
+/* GQA's K/V heads repeated to the query heads (and the gradient summed back). */
+static void lower_repeat_kv(Lower *L, const Op *op, int oi)
+{
+	Graph *g = L->g;
+	LProg *p = L->p;
+	Kernel *k;
+	int x = op->in[0], y = op->out[0];
+	bool grad = op->kind == OP_REPEAT_KV_GRAD;
+	int w = grad ? overwrite_target(L, y) : y;
+	long long outer, heads, inner;
+	around_dim(g, grad ? y : x, op->dim, &outer, &heads, &inner);
+	k = call(L, grad ? K_REPEAT_KV_GRAD : K_REPEAT_KV, oi);
+	arg_value(L, k, x, true, false);
+	arg_value(L, k, w, false, true);
+	karg_int(p, k, outer);
+	karg_int(p, k, heads);
+	karg_int(p, k, op->n);
+	karg_int(p, k, inner);
+	/* the repeated side's heads: a block matching the kv heads' block, or, where the kv heads
+	 * are whole on the rank (replicated over the tensor ranks that share them: shard.c), the
+	 * rank's block of the query heads from its first */
+	int rep = grad ? x : y, kv = grad ? y : x;
+	karg_int(p, k, ldim(g, rep, op->dim));
+	if (ldim(g, kv, op->dim) == g->vals[kv].dim[op->dim] && ldim(g, rep, op->dim) < g->vals[rep].dim[op->dim])
+		karg_offset(p, k, rep, op->dim);
+	else
+		karg_int(p, k, 0);
+	overwritten_done(L, oi, y, w);
+}
+
 static void lower_shape_op(Lower *L, const Op *op, int oi)
 {
 	Graph *g = L->g;
@@ -1323,20 +1584,9 @@ static void lower_shape_op(Lower *L, const Op *op, int oi)
 	case OP_NARROW_GRAD:
 		narrow_into(L, oi, x, y, op->dim, op->start, op->length, g->vals[y].grad_of >= 0);
 		return;
-	case OP_CONCAT: { /* zeros, then each input added into its rows (x + 0 is x exactly) */
-		k = call(L, K_FILL, oi);
-		arg_value(L, k, y, false, true);
-		karg_int(p, k, lelems(g, y));
-		karg(p, k, KA_DTYPE, g->vals[y].dtype);
-		karg_f64(p, k, 0.0);
-		long long start = 0;
-		for (int i = 0; i < op->nin; i++) {
-			long long n = ldim(g, op->in[i], op->dim);
-			narrow_into(L, oi, op->in[i], y, op->dim, start, n, true);
-			start += n;
-		}
+	case OP_CONCAT:
+		lower_concat(L, op, oi);
 		return;
-	}
 	case OP_RESHAPE: /* the same elements in the same order: a copy */
 		if (g->vals[y].grad_of >= 0) {
 			overwritten_done(L, oi, y, x);
@@ -1349,45 +1599,13 @@ static void lower_shape_op(Lower *L, const Op *op, int oi)
 		karg(p, k, KA_DTYPE, g->vals[y].dtype);
 		karg_int(p, k, lelems(g, x));
 		return;
-	case OP_SWAP_DIMS: {
-		long long dims[MAX_DIMS], perm[MAX_DIMS];
-		int r = g->vals[x].rank;
-		for (int d = 0; d < r; d++) {
-			dims[d] = ldim(g, x, d);
-			perm[d] = d;
-		}
-		perm[op->dim] = op->dim2;
-		perm[op->dim2] = op->dim;
-		int w = overwrite_target(L, y);
-		permute(L, oi, r, dims, perm, x, w);
-		overwritten_done(L, oi, y, w);
+	case OP_SWAP_DIMS:
+		lower_swap_dims(L, op, oi);
 		return;
-	}
 	case OP_REPEAT_KV:
-	case OP_REPEAT_KV_GRAD: {
-		bool grad = op->kind == OP_REPEAT_KV_GRAD;
-		int w = grad ? overwrite_target(L, y) : y;
-		long long outer, heads, inner;
-		around_dim(g, grad ? y : x, op->dim, &outer, &heads, &inner);
-		k = call(L, grad ? K_REPEAT_KV_GRAD : K_REPEAT_KV, oi);
-		arg_value(L, k, x, true, false);
-		arg_value(L, k, w, false, true);
-		karg_int(p, k, outer);
-		karg_int(p, k, heads);
-		karg_int(p, k, op->n);
-		karg_int(p, k, inner);
-		/* the repeated side's heads: a block matching the kv heads' block, or, where the kv heads
-		 * are whole on the rank (replicated over the tensor ranks that share them: shard.c), the
-		 * rank's block of the query heads from its first */
-		int rep = grad ? x : y, kv = grad ? y : x;
-		karg_int(p, k, ldim(g, rep, op->dim));
-		if (ldim(g, kv, op->dim) == g->vals[kv].dim[op->dim] && ldim(g, rep, op->dim) < g->vals[rep].dim[op->dim])
-			karg_offset(p, k, rep, op->dim);
-		else
-			karg_int(p, k, 0);
-		overwritten_done(L, oi, y, w);
+	case OP_REPEAT_KV_GRAD:
+		lower_repeat_kv(L, op, oi);
 		return;
-	}
 	case OP_ROPE:
 	case OP_ROPE_GRAD:
 		lower_rope(L, op, oi);
@@ -1926,19 +2144,7 @@ static void lower_op(Lower *L, const Op *op, int oi)
 		lower_decode_attention(L, op, oi);
 		return;
 	case OP_FILL:
-		if (g->ps->loss_scale != 0 && op->backward && g->loss >= 0 && op->fwd_op == g->vals[g->loss].def) {
-			/* fp16 loss scaling: the backward starts from loss * the run's current scale */
-			k = call(L, K_LOSS_SEED, oi);
-			karg(p, k, KA_CTX, 0);
-			arg_value(L, k, y, false, true);
-			karg_f64(p, k, 1.0 / (g->ps->micro_batches > 0 ? g->ps->micro_batches : 1));
-			return;
-		}
-		k = call(L, K_FILL, oi);
-		arg_value(L, k, y, false, true);
-		karg_int(p, k, 1);
-		karg(p, k, KA_DTYPE, g->vals[y].dtype);
-		karg_f64(p, k, 1.0 / (g->ps->micro_batches > 0 ? g->ps->micro_batches : 1));
+		lower_fill(L, op, oi);
 		return;
 	case OP_MATMUL:
 		if (matmul_broadcasts(g, op))
@@ -1954,63 +2160,15 @@ static void lower_op(Lower *L, const Op *op, int oi)
 	case OP_MERGE_HEADS:
 		lower_heads(L, op, oi);
 		return;
-	case OP_SUM_TO: {
-		const Value *vi = &g->vals[x], *vo = &g->vals[y];
-		long long dims[MAX_DIMS], ostr[MAX_DIMS];
-		long long stride = 1;
-		for (int d = vi->rank - 1; d >= 0; d--) {
-			dims[d] = ldim(g, x, d);
-			int dout = d - (vi->rank - vo->rank);
-			if (dout < 0 || (ldim(g, y, dout) == 1 && dims[d] != 1)) {
-				ostr[d] = 0;
-				continue;
-			}
-			ostr[d] = stride;
-			stride *= ldim(g, y, dout);
-		}
-		bool acc = g->vals[y].grad_of >= 0;
-		k = call(L, acc ? K_SUM_TO_ACC : K_SUM_TO, oi);
-		karg_int(p, k, vi->rank);
-		karg_ints(p, k, dims, vi->rank, false);
-		arg_value(L, k, x, true, false);
-		karg_ints(p, k, ostr, vi->rank, false);
-		arg_value(L, k, y, acc, true);
-		karg_int(p, k, lelems(g, y));
+	case OP_SUM_TO:
+		lower_sum_to(L, op, oi);
 		return;
-	}
-	case OP_DROPOUT: {
-		int r = g->vals[x].rank;
-		long long gd[MAX_DIMS];
-		const Value *vx = &g->vals[x];
-		for (int d = 0; d < r; d++) /* the batch dim is the step's batch: masks key on global samples */
-			gd[d] = d == p->buf[x].micro_dim ? g->ps->batch : vx->dim[d];
-		k = call(L, K_DROPOUT, oi);
-		arg_value(L, k, x, true, false);
-		arg_value(L, k, y, false, true);
-		arg_value(L, k, op->out[1], false, true);
-		karg_f64(p, k, op->f);
-		karg(p, k, KA_STEP_SEED, 0);
-		karg_int(p, k, op->orig);
-		karg_int(p, k, r);
-		karg_ints(p, k, gd, r, false);
-		arg_dims(L, k, x);
-		karg_offset(p, k, x, -1);
+	case OP_DROPOUT:
+		lower_dropout(L, op, oi);
 		return;
-	}
-	case OP_CAUSAL_MASK: {
-		int r = g->vals[x].rank;
-		long long rows = ldim(g, x, r - 2), cols = ldim(g, x, r - 1);
-		k = call(L, K_CAUSAL_MASK, oi);
-		arg_value(L, k, x, true, false);
-		arg_value(L, k, y, false, true);
-		karg_int(p, k, lelems(g, x) / (rows * cols));
-		karg_int(p, k, rows);
-		karg_int(p, k, cols);
-		karg_offset(p, k, x, -1);
-		karg_int(p, k, r);
-		karg_int(p, k, op->n == 1); /* gradient: fill with zero */
+	case OP_CAUSAL_MASK:
+		lower_causal_mask(L, op, oi);
 		return;
-	}
 	case OP_SOFTMAX:
 		k = call(L, K_SOFTMAX, oi);
 		arg_value(L, k, x, true, false);
@@ -2027,59 +2185,19 @@ static void lower_op(Lower *L, const Op *op, int oi)
 		karg_int(p, k, cols_of(g, x));
 		return;
 	case OP_LAYER_NORM:
-	case OP_RMS_NORM: {
-		bool ln = op->kind == OP_LAYER_NORM;
-		k = call(L, ln ? K_LAYER_NORM : K_RMS_NORM, oi);
-		for (int i = 0; i < (ln ? 3 : 2); i++)
-			arg_value(L, k, op->in[i], true, false);
-		for (int i = 0; i < (ln ? 3 : 2); i++)
-			arg_value(L, k, op->out[i], false, true);
-		karg_int(p, k, rows_of(g, x));
-		karg_int(p, k, cols_of(g, x));
-		karg_f64(p, k, op->f);
+	case OP_RMS_NORM:
+		lower_norm(L, op, oi);
 		return;
-	}
 	case OP_LAYER_NORM_GRAD:
-	case OP_RMS_NORM_GRAD: {
-		bool ln = op->kind == OP_LAYER_NORM_GRAD;
-		for (int i = 1; i < (ln ? 3 : 2); i++)
-			zero_unless_gradient(L, oi, op->out[i]);
-		k = call(L, ln ? K_LAYER_NORM_GRAD : K_RMS_NORM_GRAD, oi);
-		for (int i = 0; i < (ln ? 5 : 4); i++)
-			arg_value(L, k, op->in[i], true, false);
-		for (int i = 0; i < (ln ? 3 : 2); i++) /* weight gradients accumulate */
-			arg_value(L, k, op->out[i], i > 0, true);
-		karg_int(p, k, rows_of(g, x));
-		karg_int(p, k, cols_of(g, x));
+	case OP_RMS_NORM_GRAD:
+		lower_norm_grad(L, op, oi);
 		return;
-	}
-	case OP_EMBED: {
-		int table = op->in[0], ids = op->in[1];
-		k = call(L, K_EMBED, oi);
-		arg_value(L, k, table, true, false);
-		arg_value(L, k, ids, true, false);
-		arg_value(L, k, y, false, true);
-		karg_int(p, k, lelems(g, ids));
-		karg_int(p, k, ldim(g, table, 1));
-		karg_offset(p, k, table, 0); /* the vocab rows this rank holds */
-		karg_int(p, k, ldim(g, table, 0));
+	case OP_EMBED:
+		lower_embed(L, op, oi);
 		return;
-	}
-	case OP_EMBED_GRAD: {
-		int ids = op->in[0], dy = op->in[1];
-		const Op *fwd = op->fwd_op >= 0 ? &g->ops[op->fwd_op] : NULL;
-		int table = fwd ? fwd->in[0] : y;
-		zero_unless_gradient(L, oi, y);
-		k = call(L, K_EMBED_GRAD, oi);
-		arg_value(L, k, ids, true, false);
-		arg_value(L, k, dy, true, false);
-		arg_value(L, k, y, true, true);
-		karg_int(p, k, lelems(g, ids));
-		karg_int(p, k, ldim(g, y, 1));
-		karg_offset(p, k, p->buf[table].cls != BUF_NONE ? table : y, 0);
-		karg_int(p, k, ldim(g, y, 0));
+	case OP_EMBED_GRAD:
+		lower_embed_grad(L, op, oi);
 		return;
-	}
 	case OP_CROSS_ENTROPY:
 		lower_cross_entropy(L, op, oi);
 		return;
@@ -2106,20 +2224,9 @@ static void lower_op(Lower *L, const Op *op, int oi)
 	case OP_ROPE_GRAD:
 		lower_shape_op(L, op, oi);
 		return;
-	case OP_CROSS_ENTROPY_GRAD: {
-		int logits = op->in[0], targets = op->in[1], lse = op->in[2], dl = op->in[3];
-		int r = g->vals[logits].rank;
-		k = call(L, K_CE_GRAD, oi);
-		arg_value(L, k, logits, true, false);
-		arg_value(L, k, targets, true, false);
-		arg_value(L, k, lse, true, false);
-		karg_int(p, k, rows_of(g, logits));
-		karg_int(p, k, cols_of(g, logits));
-		karg_offset(p, k, logits, r - 1);
-		karg_scalar(p, k, dl, 1.0 / (double)value_elems(g, targets));
-		arg_value(L, k, y, false, true);
+	case OP_CROSS_ENTROPY_GRAD:
+		lower_cross_entropy_grad(L, op, oi);
 		return;
-	}
 	case OP_SEND:
 	case OP_RECV:
 		if (op->role != RANKROLE_ANY || op->axis != g->ps->pipe_axis)
