@@ -1,4 +1,4 @@
-/* schedule.c: the collective-sequence check (DESIGN 1.4), on the loop-level IR.
+/* schedule.c: the collective-sequence check (docs/architecture.md, contract 4), on the loop-level IR.
  *
  * Before anything is emitted, planc proves that no rank can wait forever on communication: for
  * every group every member must issue the same collectives in the same order with the same

@@ -1,4 +1,4 @@
-/* rng.c: the counter-based generator behind sharding-independent initialisation (DESIGN 1.2).
+/* rng.c: the counter-based generator behind sharding-independent initialisation (docs/architecture.md, contract 2).
  *
  * Philox-4x32-10 (Salmon et al., "Parallel random numbers: as easy as 1, 2, 3", SC'11; the
  * constants and round function of Random123). planrt_philox(seed, key, counter) maps its three

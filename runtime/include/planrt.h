@@ -1,6 +1,6 @@
 /* planrt.h: the planc runtime's public API, used by the C programs planc generates.
  *
- * Shaped like NCCL (DESIGN section 5): prefix planrt_, opaque handles, every fallible call returns
+ * Shaped like NCCL (docs/architecture.md, section 6): prefix planrt_, opaque handles, every fallible call returns
  * planrt_result_t and planrt_error_string() turns it into text; collectives take
  * (sendbuf, recvbuf, count, dtype, op, comm, stream, request) with one signature for every comm
  * layer (MPI on the host: stream NULL; NCCL on a device stream: the CUDA target's planrt_cuda) and
@@ -145,7 +145,7 @@ planrt_result_t planrt_arena_create(size_t bytes, void **base);
 void planrt_arena_destroy(void);
 size_t planrt_peak_rss_bytes(void); /* getrusage maxrss */
 
-/* ------------------------------------------------------------------ initialisation RNG (DESIGN 1.2)
+/* ------------------------------------------------------------------ initialisation RNG (docs/architecture.md, contract 2)
  * A parameter element's initial value is a function of (seed, parameter name, global element
  * index) only: Philox-4x32-10 keyed by (seed, FNV-1a of the name), counter = the global index.
  * Fills a local block of a tensor whose global shape is gdims; the block starts at offs and has
