@@ -785,6 +785,7 @@ static int cmd_reshard(Lowered *low, Options *o)
 
 int main(int argc, char **argv)
 {
+	heap_tune();
 	if (argc > 1 && !strcmp(argv[1], "data")) /* text to tokens: its own options (data/data_cli.c) */
 		return data_main(argc - 1, argv + 1);
 #ifdef PLANC_CALIBRATE

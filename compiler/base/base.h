@@ -31,6 +31,9 @@ void arena_reset(Arena *a);
  * the big arrays that grow (a program's kernels and buffers), where realloc can move pages instead
  * of leaving a copy in the arena at each doubling. slot itself must live in the arena. */
 void arena_own(Arena *a, void **slot);
+/* Tunes the process's malloc for a compiler that grows and frees arrays of tens of MiB (kept, not
+ * unmapped; transparent huge pages): called once, first thing in main. */
+void heap_tune(void);
 
 /* ---------------------------------------------------------------- symtab.c */
 /* String-keyed hash tables (open addressing) in an arena, for every name lookup: expected O(1).

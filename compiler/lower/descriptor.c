@@ -111,7 +111,7 @@ static const char *plan_fingerprint(const Lowered *low)
 				h = fnv_ll(h, x->stride);
 				h = fnv_ll(h, x->dim);
 				for (int j = 0; j < x->n; j++)
-					h = fnv_ll(h, x->ints ? x->ints[j] : x->bufs[j]);
+					h = fnv_ll(h, x->kind == KA_INTS ? x->ints[j] : x->bufs[j]);
 			}
 		}
 	}
