@@ -156,6 +156,17 @@ add_executable(cuda_test_attention_math ${ROOT}/tests/cuda/test_attention_math.c
 target_compile_options(cuda_test_attention_math PRIVATE ${PLANC_WARNINGS} -O2)
 target_link_libraries(cuda_test_attention_math PRIVATE planrt)
 add_test(NAME cuda_attention_math COMMAND cuda_test_attention_math WORKING_DIRECTORY ${ROOT})
+# the layout conversions along a split dim (runtime/include/planrt_layout_math.h's map, which
+# exec_cuda.cu's packing runs on the device), contiguous and the balanced ring's mirrored chunks,
+# composed on the host against runtime/cpu/exec.c's conversions on rings of 2 and 4
+add_executable(cuda_test_layout_math ${ROOT}/tests/cuda/test_layout_math.c)
+target_compile_options(cuda_test_layout_math PRIVATE ${PLANC_WARNINGS})
+target_include_directories(cuda_test_layout_math PRIVATE ${ROOT}/runtime/include)
+target_link_libraries(cuda_test_layout_math PRIVATE planrt m)
+add_test(NAME cuda_layout_math
+         COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 4 ${MPIEXEC_PREFLAGS}
+                 $<TARGET_FILE:cuda_test_layout_math> ${MPIEXEC_POSTFLAGS})
+set_tests_properties(cuda_layout_math PROPERTIES TIMEOUT 120 ENVIRONMENT "${TEST_MPI_ENV};PLANRT_WATCHDOG=60")
 # the multi-tensor optimizer's index math and update (runtime/include/planrt_optim_math.h, which
 # kernels_cuda.cu's optimizer kernels run) on the host against the per-tensor launch and the CPU
 add_executable(cuda_test_optim_math ${ROOT}/tests/cuda/test_optim_math.c)
@@ -226,7 +237,7 @@ set(QUICK_TESTS errors fmt_roundtrip cli explain_goldens explain_formulas explai
     runtime_rng runtime_data runtime_optim runtime_safetensors runtime_log runtime_memory runtime_collectives
     runtime_step_kernels runtime_watchdog runtime_watchdog_world_sum runtime_collectives_no_watchdog
     runtime_program runtime_program_cli kernels_fd kernels_semantics kernels_matmul_bf16 kernels_decode pipeline_partition pipeline_stages
-    sync_check sync_kernels llvm_verify scale_check lower_ir cuda_streams cuda_sync_math cuda_moe_math cuda_attention_math cuda_optim_math cuda_optim_groups equiv_ops equiv_mlp arch arch_functions
+    sync_check sync_kernels llvm_verify scale_check lower_ir cuda_streams cuda_sync_math cuda_moe_math cuda_attention_math cuda_layout_math cuda_optim_math cuda_optim_groups equiv_ops equiv_mlp arch arch_functions
     fmt_golden data explain_json_exact generate_graph cuda_gpu_binding cuda_comm_staged_watchdog)
 set(MPI_TESTS runtime_collectives runtime_step_kernels runtime_watchdog runtime_watchdog_world_sum
     runtime_collectives_no_watchdog runtime_program runtime_program_cli sync_kernels sync_runs llvm_diff
