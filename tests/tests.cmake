@@ -82,7 +82,7 @@ set_tests_properties(attention_torch PROPERTIES SKIP_RETURN_CODE 77)
 runner_test(attention_fused 900 python3 ${ROOT}/tests/attention/run_fused.py ${PLANC} ${ROOT} 5)
 # context parallelism (ring attention) against one rank: cp2, cp4, with dp, tp and pp; bytes and
 # memory equal explain's; what is refused (tests/context)
-runner_test(context_parallel 900 python3 ${ROOT}/tests/context/run_cp.py ${PLANC} ${ROOT} 20)
+runner_test(context_parallel 1500 python3 ${ROOT}/tests/context/run_cp.py ${PLANC} ${ROOT} 20)
 runner_test(torch_reference 900 /usr/bin/python3 ${ROOT}/tests/torch/torch_reference.py ${PLANC} ${ROOT} 20)
 set_tests_properties(torch_reference PROPERTIES SKIP_RETURN_CODE 77)
 # what programs allocate = explain's figure; ZeRO's and expert parallelism's memory (tests/memory)
@@ -256,7 +256,7 @@ set(TEST_COSTS equiv_gpt 187 cuda_build 403 llvm_diff 225 equiv_sweep 93 offload
     cuda_one_process 62 memory 61 resume_guard 60 program_errors 19 data_runs 43 fp16 38 attention_fused 38
     equiv_mlp 37 soak 28 cuda_local_mpi 27 program_failures 23 observe 20 search 22 scale_search 6 kernels_matmul_bf16 17
     scale_compile_time 16 explain_goldens_large 15 scale 13 equiv_ops 12 cli 11 outputs 11 cuda_sync_math 11
-    runtime_program_cli 9 explain_goldens 9 context_parallel 120 attention_torch 20 generate 45)
+    runtime_program_cli 9 explain_goldens 9 context_parallel 170 attention_torch 20 generate 45)
 
 get_property(ALL_TESTS DIRECTORY PROPERTY TESTS)
 foreach(t ${ALL_TESTS})
