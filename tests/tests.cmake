@@ -82,7 +82,7 @@ set_tests_properties(attention_torch PROPERTIES SKIP_RETURN_CODE 77)
 runner_test(attention_fused 900 python3 ${ROOT}/tests/attention/run_fused.py ${PLANC} ${ROOT} 5)
 # context parallelism (ring attention) against one rank: cp2, cp4, with dp, tp and pp; bytes and
 # memory equal explain's; what is refused (tests/context)
-runner_test(context_parallel 900 python3 ${ROOT}/tests/context/run_cp.py ${PLANC} ${ROOT} 20)
+runner_test(context_parallel 1500 python3 ${ROOT}/tests/context/run_cp.py ${PLANC} ${ROOT} 20)
 runner_test(torch_reference 900 /usr/bin/python3 ${ROOT}/tests/torch/torch_reference.py ${PLANC} ${ROOT} 20)
 set_tests_properties(torch_reference PROPERTIES SKIP_RETURN_CODE 77)
 # what programs allocate = explain's figure; ZeRO's and expert parallelism's memory (tests/memory)
@@ -156,6 +156,17 @@ add_executable(cuda_test_attention_math ${ROOT}/tests/cuda/test_attention_math.c
 target_compile_options(cuda_test_attention_math PRIVATE ${PLANC_WARNINGS} -O2)
 target_link_libraries(cuda_test_attention_math PRIVATE planrt)
 add_test(NAME cuda_attention_math COMMAND cuda_test_attention_math WORKING_DIRECTORY ${ROOT})
+# the layout conversions along a split dim (runtime/include/planrt_layout_math.h's map, which
+# exec_cuda.cu's packing runs on the device), contiguous and the balanced ring's mirrored chunks,
+# composed on the host against runtime/cpu/exec.c's conversions on rings of 2 and 4
+add_executable(cuda_test_layout_math ${ROOT}/tests/cuda/test_layout_math.c)
+target_compile_options(cuda_test_layout_math PRIVATE ${PLANC_WARNINGS})
+target_include_directories(cuda_test_layout_math PRIVATE ${ROOT}/runtime/include)
+target_link_libraries(cuda_test_layout_math PRIVATE planrt m)
+add_test(NAME cuda_layout_math
+         COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 4 ${MPIEXEC_PREFLAGS}
+                 $<TARGET_FILE:cuda_test_layout_math> ${MPIEXEC_POSTFLAGS})
+set_tests_properties(cuda_layout_math PROPERTIES TIMEOUT 120 ENVIRONMENT "${TEST_MPI_ENV};PLANRT_WATCHDOG=60")
 # the multi-tensor optimizer's index math and update (runtime/include/planrt_optim_math.h, which
 # kernels_cuda.cu's optimizer kernels run) on the host against the per-tensor launch and the CPU
 add_executable(cuda_test_optim_math ${ROOT}/tests/cuda/test_optim_math.c)
@@ -226,7 +237,7 @@ set(QUICK_TESTS errors fmt_roundtrip cli explain_goldens explain_formulas explai
     runtime_rng runtime_data runtime_optim runtime_safetensors runtime_log runtime_memory runtime_collectives
     runtime_step_kernels runtime_watchdog runtime_watchdog_world_sum runtime_collectives_no_watchdog
     runtime_program runtime_program_cli kernels_fd kernels_semantics kernels_matmul_bf16 kernels_decode pipeline_partition pipeline_stages
-    sync_check sync_kernels llvm_verify scale_check lower_ir cuda_streams cuda_sync_math cuda_moe_math cuda_attention_math cuda_optim_math cuda_optim_groups equiv_ops equiv_mlp arch arch_functions
+    sync_check sync_kernels llvm_verify scale_check lower_ir cuda_streams cuda_sync_math cuda_moe_math cuda_attention_math cuda_layout_math cuda_optim_math cuda_optim_groups equiv_ops equiv_mlp arch arch_functions
     fmt_golden data explain_json_exact generate_graph cuda_gpu_binding cuda_comm_staged_watchdog)
 set(MPI_TESTS runtime_collectives runtime_step_kernels runtime_watchdog runtime_watchdog_world_sum
     runtime_collectives_no_watchdog runtime_program runtime_program_cli sync_kernels sync_runs llvm_diff
@@ -245,7 +256,7 @@ set(TEST_COSTS equiv_gpt 187 cuda_build 403 llvm_diff 225 equiv_sweep 93 offload
     cuda_one_process 62 memory 61 resume_guard 60 program_errors 19 data_runs 43 fp16 38 attention_fused 38
     equiv_mlp 37 soak 28 cuda_local_mpi 27 program_failures 23 observe 20 search 22 scale_search 6 kernels_matmul_bf16 17
     scale_compile_time 16 explain_goldens_large 15 scale 13 equiv_ops 12 cli 11 outputs 11 cuda_sync_math 11
-    runtime_program_cli 9 explain_goldens 9 context_parallel 120 attention_torch 20 generate 45)
+    runtime_program_cli 9 explain_goldens 9 context_parallel 170 attention_torch 20 generate 45)
 
 get_property(ALL_TESTS DIRECTORY PROPERTY TESTS)
 foreach(t ${ALL_TESTS})

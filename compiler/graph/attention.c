@@ -14,8 +14,10 @@
  * fused op's orig), so the fused kernel draws the mask the unfused dropout would.
  *
  * A chain is fused only when every intermediate value has no other use, q, k and v have the same
- * leading dims and head dim, and an additive mask is data (an input: it gets no gradient). Anything
- * else stays as written. `attention unfused` in a plan keeps every chain unfused (for comparison). */
+ * leading dims and head dim, and an additive mask is data (an input: it gets no gradient; f32, or
+ * bf16 / f16 under mixed precision, whose 0 / -inf padding and document masks are exact there and
+ * which lowering casts into the f32 copy the kernel reads, like q, k and v). Anything else stays as
+ * written. `attention unfused` in a plan keeps every chain unfused (for comparison). */
 #include "graph/graph.h"
 
 #include <stdlib.h>
@@ -39,7 +41,8 @@ static int def_of(const Graph *g, int v, OpKind kind)
 static bool mask_is_data(const Graph *g, int m)
 {
 	int d = g->vals[m].def;
-	return d >= 0 && g->ops[d].kind == OP_INPUT && g->vals[m].dtype == DT_F32;
+	DType t = g->vals[m].dtype;
+	return d >= 0 && g->ops[d].kind == OP_INPUT && (t == DT_F32 || t == DT_BF16 || t == DT_F16);
 }
 
 /* k and v repeated for GQA by repeat_kv on their heads dim with the same factor: their inputs */

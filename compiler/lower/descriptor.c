@@ -118,6 +118,19 @@ static const char *plan_fingerprint(const Lowered *low)
 	return arena_printf(low->g->arena, "fnv1a64:%016llx", (unsigned long long)h);
 }
 
+/* the axes ring attention's shifts run on (nn.context_parallel's), as bits */
+static unsigned ring_axes(const Lowered *low)
+{
+	unsigned axes = 0;
+	for (int i = 0; i < low->nprogs; i++)
+		for (int k = 0; k < low->progs[i]->nk; k++) {
+			const Kernel *x = &low->progs[i]->k[k];
+			if (x->kind == K_RING_SHIFT && x->ncomm && x->comm[0].axis >= 0)
+				axes |= 1u << x->comm[0].axis;
+		}
+	return axes;
+}
+
 ProgramDesc program_desc(const Lowered *low, const char *source_path)
 {
 	const PlanSpec *ps = low->ps;
@@ -140,6 +153,7 @@ ProgramDesc program_desc(const Lowered *low, const char *source_path)
 		.total_steps = ps->total_steps,
 		.nroles = low->nroles,
 		.role_axis = low->nroles > 1 ? low->state.sync_axis : -1, /* async masters and workers */
+		.ring_axes = ring_axes(low),
 		.fingerprint = plan_fingerprint(low),
 		.sync = sync_mode_name(low->state.sync),
 		.loss_scale = ps->loss_scale,

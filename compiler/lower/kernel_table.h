@@ -339,7 +339,7 @@
 	  KP(DIMS, ldims) KP(I64, kv_heads) KP(I64, sk) KP(F64, scale) KP(INT, mask_kind) KP(F64, p) \
 	  KP(STEP_SEED, seed) KP(U64, key) KP(DIMS, gdims) KP(DIMS, offs) KP(OUT, scratch) KP(I64, coord) \
 	  KP(INT, step) KP(INT, size) KP(FLAG, mirrored)) \
-	X(RING_SHIFT, "ring_shift", KC_COMM, planrt_ring_shift_start, KDEV_HOST, \
+	X(RING_SHIFT, "ring_shift", KC_COMM, planrt_ring_shift_start, KDEV(planrt_cu_ring_shift_start), \
 	  KP(IN, send) KP(OUT, recv) KP(I64, n) KP(DTYPE, t) KP(COMM, c) KP(INT, tag) KP(REQUEST, send_req) \
 	  KP(REQUEST, recv_req)) \
 	X(DECODE_ATTENTION, "decode_attention", KC_COMPUTE, planrt_decode_attention_f32, KDEV_HOST, \

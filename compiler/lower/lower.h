@@ -430,6 +430,7 @@ typedef struct ProgramDesc {
 	double lr, min_lr;
 	int warmup, total_steps;
 	int nroles, role_axis;      /* async: masters and workers on the batch axis */
+	unsigned ring_axes;         /* bit a: ring attention's shifts run on axis a (ring.c) */
 	const char *fingerprint;    /* "fnv1a64:<16 hex digits>", a hash of the whole lowered program */
 	const char *sync;           /* "strict", "local_sgd", "async" */
 	double loss_scale;

@@ -28,13 +28,15 @@ static Kernel detached(LProg *p, KernelKind kind, Phase ph, int chunk, int op, b
 	return k;
 }
 
+/* of may point into p->k, which making the new kernel can move: it is copied first */
 static Kernel finish_kernel(LProg *p, const Kernel *of, int h)
 {
-	Kernel f = detached(p, K_REQUEST_FINISH, of->phase, of->chunk, of->op, false);
-	f.note = of->note;
+	Kernel collective = *of;
+	Kernel f = detached(p, K_REQUEST_FINISH, collective.phase, collective.chunk, collective.op, false);
+	f.note = collective.note;
 	karg(p, &f, KA_REQ, h);
-	for (int i = 0; i < of->ndefs; i++) /* the collective's results are complete from here on */
-		kernel_def(p, &f, of->defs[i]);
+	for (int i = 0; i < collective.ndefs; i++) /* the collective's results are complete from here on */
+		kernel_def(p, &f, collective.defs[i]);
 	return f;
 }
 
@@ -371,6 +373,7 @@ static void prefetch_gathers(LProg *p)
 				s.ncomm = k->ncomm;
 				inserts_add(&ins, s, prev_finish < 0 ? first : prev_finish + 1);
 				Kernel f = finish_kernel(p, k, h);
+				k = &p->k[i]; /* making f can move p->k */
 				f.ndefs = 0;
 				kernel_def(p, &f, KARG(k, ALLGATHER_FLAT, full)->buf);
 				p->k[i] = f;

@@ -5,6 +5,7 @@
  * and sums for clipping and the logged loss. See planrt_exec.h. */
 #include "planrt_exec.h"
 #include "planrt_kernels.h"
+#include "planrt_layout_math.h"
 
 #include <math.h>
 #include <mpi.h>
@@ -36,7 +37,8 @@ void planrt_causal_mask_block_f32(const float *x, float *y, int64_t batch, int64
 
 /* Splits dim `dim` of a [dims] tensor into n equal blocks and copies them to/from [n][block]. A
  * mirrored split (the causally balanced ring, docs/attention.md) cuts the dim into 2n chunks and
- * block p is the chunks p and 2n - 1 - p. */
+ * block p is the chunks p and 2n - 1 - p (planrt_layout_math.h, which the CUDA target's packing
+ * shares). */
 static void pack_blocks(const void *tensor, void *packed, int rank, const int64_t *dims, int dim, int n, size_t elem,
 			int to_packed, int mirrored)
 {
@@ -52,7 +54,7 @@ static void pack_blocks(const void *tensor, void *packed, int rank, const int64_
 	for (int p = 0; p < n; p++)
 		for (int64_t o = 0; o < outer; o++)
 			for (int h = 0; h < pieces; h++) {
-				int64_t at = h ? 2 * (int64_t)n - 1 - p : p; /* the chunk's index */
+				int64_t at = planrt_lm_chunk(n, mirrored, p, h); /* the chunk's index */
 				char *t = (char *)tensor + ((size_t)(o * dims[dim] + at * rows) * (size_t)inner) * elem;
 				char *b = (char *)packed + (size_t)p * block + ((size_t)o * (size_t)pieces + (size_t)h) * chunk;
 				if (to_packed)
@@ -138,7 +140,7 @@ void planrt_slice_dim(const void *in, void *out, int rank, const int64_t *dims, 
 	size_t chunk = (size_t)(rows * inner) * elem;
 	for (int64_t o = 0; o < outer; o++)
 		for (int h = 0; h < pieces; h++) {
-			int64_t at = h ? 2 * (int64_t)n - 1 - me : me;
+			int64_t at = planrt_lm_chunk(n, mirrored, me, h);
 			memcpy((char *)out + ((size_t)o * (size_t)pieces + (size_t)h) * chunk,
 			       (const char *)in + ((size_t)(o * dims[dim] + at * rows) * (size_t)inner) * elem, chunk);
 		}

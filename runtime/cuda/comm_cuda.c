@@ -122,6 +122,9 @@ static void channels(const planrt_program_t *prog, int axis, int *nchan, int *nc
 	} else if (prog->nroles == 2 && axis == prog->role_axis) { /* async: sync.c's TAG_PARAMS and TAG_GRADS */
 		*nchan = 2;
 		*ncolors = 1;
+	} else if (prog->ring_axes >> axis & 1) { /* ring.c's tags 1 (K/V) and 2 (their gradient sums), by the sender's parity */
+		*nchan = 3;
+		*ncolors = size % 2 ? 3 : 2;
 	}
 	if (*nchan > 16) /* more than 8 model chunks a stage: the transfers share the group's communicator */
 		*nchan = *ncolors = 0;

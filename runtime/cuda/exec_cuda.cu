@@ -1,12 +1,13 @@
 /* exec_cuda.cu: the CUDA target's communication kernels (planrt_cuda.h): exec.c's and step.c's
  * layout conversions, in-place collectives, ZeRO gathers, gradient buckets and pipeline transfers
- * on device memory. The collectives are planrt's own (planrt_allreduce ... on a device stream: the
+ * on device memory, and the ring attention's K/V shift. The collectives are planrt's own (planrt_allreduce ... on a device stream: the
  * NCCL layer), so they are checked and counted as on the CPU; packing a split dim into [peer][block]
  * order is a kernel on the same stream. A started operation (a request argument) gets a device
  * request: its finish makes the compute stream wait for it, as the CPU's waits for MPI. */
 #define PLANRT_INTERNAL
 #include "planrt_cuda.h"
 #include "planrt_cuda_internal.h"
+#include "planrt_layout_math.h"
 
 #include <string.h>
 
@@ -17,16 +18,15 @@ static planrt_stream_t on(int stream)
 
 /* ------------------------------------------------------------------ packing */
 
-/* packed [p][o][bd * inner] <-> tensor [outer, dims[dim], inner] split in n blocks of bd along dim,
- * for elements of elem bytes (1, 2, 4, 8) */
+/* packed [p][o][piece][rows * inner] <-> the tensor [outer, dims[dim], inner] split in n blocks
+ * along dim, contiguous or mirrored (planrt_layout_math.h's map, which the CPU's packing shares and
+ * tests/cuda/test_layout_math.c checks), for elements of E; packed element first + q for q < count */
 template <typename E>
-__global__ static void pack_kernel(const E *src, E *dst, int64_t outer, int64_t dimsz, int64_t bd, int64_t inner,
-				   int to_packed, int64_t total)
+__global__ static void pack_kernel(const E *src, E *dst, planrt_split_layout_t l, int64_t first, int to_packed,
+				   int64_t count)
 {
-	int64_t chunk = bd * inner, block = outer * chunk;
-	for (int64_t q = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; q < total; q += (int64_t)gridDim.x * blockDim.x) {
-		int64_t p = q / block, rem = q % block, o = rem / chunk, k = rem % chunk;
-		int64_t t = (o * dimsz + p * bd) * inner + k;
+	for (int64_t q = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; q < count; q += (int64_t)gridDim.x * blockDim.x) {
+		int64_t t = planrt_lm_source(l, first + q);
 		if (to_packed)
 			dst[q] = src[t];
 		else
@@ -34,42 +34,52 @@ __global__ static void pack_kernel(const E *src, E *dst, int64_t outer, int64_t 
 	}
 }
 
-static void pack_blocks(const void *tensor, void *packed, int rank, const int64_t *dims, int dim, int n, size_t elem,
-			int to_packed, int stream)
+static planrt_split_layout_t split_layout(int rank, const int64_t *dims, int dim, int n, int mirrored)
 {
-	int64_t outer = 1, inner = 1, total = 1;
-	for (int d = 0; d < rank; d++)
-		total *= dims[d];
+	planrt_split_layout_t l = {1, dims[dim], 1, n, mirrored};
 	for (int d = 0; d < dim; d++)
-		outer *= dims[d];
+		l.outer *= dims[d];
 	for (int d = dim + 1; d < rank; d++)
-		inner *= dims[d];
-	int64_t bd = dims[dim] / n;
-	if (total <= 0)
+		l.inner *= dims[d];
+	return l;
+}
+
+/* packed[0, count) <-> the packed elements [first, first + count) of the tensor */
+static void pack_range(const void *tensor, void *packed, planrt_split_layout_t l, int64_t first, int64_t count,
+		       size_t elem, int to_packed, int stream)
+{
+	if (count <= 0)
 		return;
 	const void *src = to_packed ? tensor : packed;
 	void *dst = to_packed ? packed : (void *)tensor;
-	dim3 grid(planrt_cu_grid(total));
+	dim3 grid(planrt_cu_grid(count));
 	cudaStream_t s = planrt_cu_stream(stream);
 	switch (elem) {
 	case 1:
-		pack_kernel<uint8_t><<<grid, PLANRT_CU_BLOCK, 0, s>>>((const uint8_t *)src, (uint8_t *)dst, outer, dims[dim], bd,
-								     inner, to_packed, total);
+		pack_kernel<uint8_t><<<grid, PLANRT_CU_BLOCK, 0, s>>>((const uint8_t *)src, (uint8_t *)dst, l, first, to_packed,
+								     count);
 		break;
 	case 2:
-		pack_kernel<uint16_t><<<grid, PLANRT_CU_BLOCK, 0, s>>>((const uint16_t *)src, (uint16_t *)dst, outer, dims[dim],
-								      bd, inner, to_packed, total);
+		pack_kernel<uint16_t><<<grid, PLANRT_CU_BLOCK, 0, s>>>((const uint16_t *)src, (uint16_t *)dst, l, first,
+								      to_packed, count);
 		break;
 	case 4:
-		pack_kernel<uint32_t><<<grid, PLANRT_CU_BLOCK, 0, s>>>((const uint32_t *)src, (uint32_t *)dst, outer, dims[dim],
-								      bd, inner, to_packed, total);
+		pack_kernel<uint32_t><<<grid, PLANRT_CU_BLOCK, 0, s>>>((const uint32_t *)src, (uint32_t *)dst, l, first,
+								      to_packed, count);
 		break;
 	default:
-		pack_kernel<uint64_t><<<grid, PLANRT_CU_BLOCK, 0, s>>>((const uint64_t *)src, (uint64_t *)dst, outer, dims[dim],
-								      bd, inner, to_packed, total);
+		pack_kernel<uint64_t><<<grid, PLANRT_CU_BLOCK, 0, s>>>((const uint64_t *)src, (uint64_t *)dst, l, first,
+								      to_packed, count);
 		break;
 	}
 	planrt_cu_check_launch("pack_blocks");
+}
+
+static void pack_blocks(const void *tensor, void *packed, int rank, const int64_t *dims, int dim, int n, size_t elem,
+			int to_packed, int mirrored, int stream)
+{
+	planrt_split_layout_t l = split_layout(rank, dims, dim, n, mirrored);
+	pack_range(tensor, packed, l, 0, planrt_lm_block(l) * n, elem, to_packed, stream);
 }
 
 static int64_t count_of(int rank, const int64_t *dims)
@@ -82,14 +92,6 @@ static int64_t count_of(int rank, const int64_t *dims)
 
 /* ------------------------------------------------------------------ layout conversions */
 
-/* The causally balanced ring's split (two mirrored chunks per rank) has no device version: the ring
- * itself runs only on the CPU target, which refuses it earlier (docs/attention.md). */
-static void no_mirrored_split(int mirrored)
-{
-	if (mirrored)
-		planrt_fatal("a causally balanced context-parallel split has no device version yet: build for the CPU target");
-}
-
 void planrt_cu_allreduce_dim(const void *in, void *out, int64_t n, planrt_dtype_t t, planrt_comm_t c, int stream)
 {
 	PLANRT_CHECK(planrt_allreduce(in, out, (size_t)n, t, planrt_sum, c, on(stream), NULL));
@@ -98,11 +100,10 @@ void planrt_cu_allreduce_dim(const void *in, void *out, int64_t n, planrt_dtype_
 void planrt_cu_reduce_scatter_dim(const void *in, void *out, int rank, const int64_t *dims, int dim, int mirrored, planrt_dtype_t t,
 				  planrt_comm_t c, void *scratch, int stream)
 {
-	no_mirrored_split(mirrored);
 	int n = planrt_comm_size(c);
 	const void *src = in;
-	if (dim > 0) {
-		pack_blocks(in, scratch, rank, dims, dim, n, planrt_dtype_size(t), 1, stream);
+	if (dim > 0 || mirrored) {
+		pack_blocks(in, scratch, rank, dims, dim, n, planrt_dtype_size(t), 1, mirrored, stream);
 		src = scratch;
 	}
 	PLANRT_CHECK(planrt_reduce_scatter(src, out, (size_t)(count_of(rank, dims) / n), t, planrt_sum, c, on(stream), NULL));
@@ -111,19 +112,18 @@ void planrt_cu_reduce_scatter_dim(const void *in, void *out, int rank, const int
 void planrt_cu_allgather_dim(const void *in, void *out, int rank, const int64_t *dims, int dim, int mirrored, planrt_dtype_t t,
 			     planrt_comm_t c, void *scratch, int stream)
 {
-	no_mirrored_split(mirrored);
 	int n = planrt_comm_size(c);
 	int64_t full[8] = {0};
 	for (int d = 0; d < rank; d++)
 		full[d] = dims[d];
 	full[dim] *= n;
 	size_t count = (size_t)count_of(rank, dims);
-	if (dim == 0) {
+	if (dim == 0 && !mirrored) {
 		PLANRT_CHECK(planrt_allgather(in, out, count, t, c, on(stream), NULL));
 		return;
 	}
 	PLANRT_CHECK(planrt_allgather(in, scratch, count, t, c, on(stream), NULL));
-	pack_blocks(out, scratch, rank, full, dim, n, planrt_dtype_size(t), 0, stream);
+	pack_blocks(out, scratch, rank, full, dim, n, planrt_dtype_size(t), 0, mirrored, stream);
 }
 
 void planrt_cu_alltoall_dim(const void *in, void *out, int rank, const int64_t *dims, int from_dim, int to_dim,
@@ -138,29 +138,30 @@ void planrt_cu_alltoall_dim(const void *in, void *out, int rank, const int64_t *
 	outd[to_dim] /= n;
 	int64_t count = count_of(rank, dims);
 	char *send = (char *)scratch, *recv = (char *)scratch + (size_t)count * elem;
-	pack_blocks(in, send, rank, dims, to_dim, n, elem, 1, stream);
+	pack_blocks(in, send, rank, dims, to_dim, n, elem, 1, 0, stream);
 	PLANRT_CHECK(planrt_alltoall(send, recv, (size_t)(count / n), t, c, on(stream), NULL));
-	pack_blocks(out, recv, rank, outd, from_dim, n, elem, 0, stream);
+	pack_blocks(out, recv, rank, outd, from_dim, n, elem, 0, 0, stream);
 }
 
-/* this rank's block of dim (exec.c's planrt_slice_dim): a copy of rows, no communication */
+/* this rank's block of dim (exec.c's planrt_slice_dim): a copy of rows, no communication; a
+ * mirrored block (two chunks) is gathered by planrt_layout_math.h's map */
 void planrt_cu_slice_dim(const void *in, void *out, int rank, const int64_t *dims, int dim, int mirrored, planrt_dtype_t t,
 			 planrt_comm_t c, int stream)
 {
-	no_mirrored_split(mirrored);
 	int n = planrt_comm_size(c), me = planrt_comm_rank(c);
 	size_t elem = planrt_dtype_size(t);
-	int64_t outer = 1, inner = 1;
-	for (int d = 0; d < dim; d++)
-		outer *= dims[d];
-	for (int d = dim + 1; d < rank; d++)
-		inner *= dims[d];
-	int64_t bd = dims[dim] / n;
-	size_t chunk = (size_t)(bd * inner) * elem;
-	if (!chunk || !outer)
+	planrt_split_layout_t l = split_layout(rank, dims, dim, n, mirrored);
+	if (mirrored) {
+		int64_t block = planrt_lm_block(l);
+		pack_range(in, out, l, (int64_t)me * block, block, elem, 1, stream);
 		return;
-	planrt_cu_check_(cudaMemcpy2DAsync(out, chunk, (const char *)in + (size_t)(me * bd * inner) * elem,
-					   (size_t)(dims[dim] * inner) * elem, chunk, (size_t)outer, cudaMemcpyDeviceToDevice,
+	}
+	int64_t bd = dims[dim] / n;
+	size_t chunk = (size_t)(bd * l.inner) * elem;
+	if (!chunk || !l.outer)
+		return;
+	planrt_cu_check_(cudaMemcpy2DAsync(out, chunk, (const char *)in + (size_t)(me * bd * l.inner) * elem,
+					   (size_t)(dims[dim] * l.inner) * elem, chunk, (size_t)l.outer, cudaMemcpyDeviceToDevice,
 					   planrt_cu_stream(stream)),
 			 "cudaMemcpy2DAsync");
 }
@@ -349,6 +350,39 @@ void planrt_cu_p2p_finish(planrt_ctx_t *ctx, planrt_request_t *req, int stream)
 {
 	(void)ctx;
 	planrt_cu_request_finish(req, stream);
+}
+
+/* The ring attention's shift (compiler/lower/ring.c): the block held goes to the next member of c,
+ * the previous member's comes in. A receive and a send on one stream run one after the other, and
+ * around a ring every member's receive would wait for a send queued behind its neighbour's receive;
+ * so the receive goes on a stream of its own (PLANRT_STREAM_RING_RECV), which first waits for the
+ * point stream has reached (what wrote into recv before is done), the send goes on stream, and stream
+ * then waits for the receive, so whatever the schedule puts on stream after the shift (the next
+ * shift sends the block received) sees it. The messages of the ring axis have their own channel
+ * communicators (comm_cuda.c's channels: by tag and the sender's parity), as the pipeline's, so
+ * neither backend (NCCL, or MPI staged through host memory) orders a send behind a receive. */
+void planrt_cu_ring_shift_start(const void *send, void *recv, int64_t n, planrt_dtype_t t, planrt_comm_t c, int tag,
+				planrt_request_t *send_req, planrt_request_t *recv_req, int stream)
+{
+	static cudaEvent_t ready, received;
+	check_idle("planrt_ring_shift_start", send_req);
+	check_idle("planrt_ring_shift_start", recv_req);
+	int size = planrt_comm_size(c), rank = planrt_comm_rank(c);
+	if (size < 2 || rank < 0)
+		planrt_fatal("internal error: a ring shift on a communicator of %d member(s)", size);
+	if (n <= 0)
+		planrt_fatal("internal error: a ring shift of %lld elements", (long long)n);
+	if (!ready) {
+		planrt_cu_check_(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), "cudaEventCreate");
+		planrt_cu_check_(cudaEventCreateWithFlags(&received, cudaEventDisableTiming), "cudaEventCreate");
+	}
+	cudaStream_t s = planrt_cu_stream(stream), r = planrt_cu_stream(PLANRT_STREAM_RING_RECV);
+	planrt_cu_check_(cudaEventRecord(ready, s), "cudaEventRecord");
+	planrt_cu_check_(cudaStreamWaitEvent(r, ready, 0), "cudaStreamWaitEvent");
+	PLANRT_CHECK(planrt_recv_tagged(recv, (size_t)n, t, (rank + size - 1) % size, tag, c, (planrt_stream_t)r, recv_req));
+	PLANRT_CHECK(planrt_send_tagged(send, (size_t)n, t, (rank + 1) % size, tag, c, on(stream), send_req));
+	planrt_cu_check_(cudaEventRecord(received, r), "cudaEventRecord");
+	planrt_cu_check_(cudaStreamWaitEvent(s, received, 0), "cudaStreamWaitEvent");
 }
 
 void planrt_cu_make_pair_comm(int axis, int a, int b, int index, int stream)

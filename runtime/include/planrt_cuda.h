@@ -4,7 +4,8 @@
  * Streams and events. A program's kernels run on the streams planc's schedule gave them (streams.c):
  * compute, comm (collectives), copy (inputs and offload copies), host (the CPU thread itself, in
  * program order) and one per pipeline channel and direction (PLANRT_STREAM_P2P + 2 * channel, + 1
- * for receives). planrt_cu_record(&ev, s) records the event after the work enqueued on s so far;
+ * for receives; the ring attention's K/V receives, PLANRT_STREAM_RING_RECV, which is above every
+ * pipeline channel's). planrt_cu_record(&ev, s) records the event after the work enqueued on s so far;
  * planrt_cu_wait(s, &ev) makes s wait for it (on the host stream: the CPU waits). A phase call
  * records the compute stream's entry (planrt_cu_record_entry) and a side stream's first kernel
  * waits for it (planrt_cu_wait_entry). Events are created on first use.
@@ -44,6 +45,7 @@ extern "C" {
 #endif
 
 enum { PLANRT_STREAM_COMPUTE = 0, PLANRT_STREAM_COMM, PLANRT_STREAM_COPY, PLANRT_STREAM_HOST, PLANRT_STREAM_P2P };
+enum { PLANRT_STREAM_RING_RECV = 63 }; /* device_cuda.cu has 64 streams; pipeline channels use at most P2P + 33 */
 enum { PLANRT_CU_BLOCK = 256 };
 
 typedef struct planrt_cu_event *planrt_cu_event_t;
@@ -259,6 +261,10 @@ void planrt_cu_p2p_send_start(const void *buf, int64_t n, planrt_dtype_t t, int 
 void planrt_cu_p2p_recv_start(void *buf, int64_t n, planrt_dtype_t t, int peer, int channel, planrt_request_t *req,
 			      int stream);
 void planrt_cu_p2p_finish(planrt_ctx_t *ctx, planrt_request_t *req, int stream);
+/* the ring attention's shift (planrt_ring_shift_start): the send on stream, the receive on
+ * PLANRT_STREAM_RING_RECV after the point stream has reached, and stream then waits for the receive */
+void planrt_cu_ring_shift_start(const void *send, void *recv, int64_t n, planrt_dtype_t t, planrt_comm_t c, int tag,
+				planrt_request_t *send_req, planrt_request_t *recv_req, int stream);
 void planrt_cu_request_finish(planrt_request_t *req, int stream);
 
 /* ------------------------------------------------------------------ sync strategies (sync_cuda.cu) */

@@ -195,6 +195,10 @@ typedef struct planrt_program {
 	/* the model's decode program (planc build --generate; NULL without): one token per step with a
 	 * key/value cache, run by --generate (docs/generate.md) */
 	const struct planrt_program *decode;
+	/* bit a set: ring attention shifts its K/V blocks around axis a (context parallelism); the CUDA
+	 * target gives those point-to-point messages channels of their own, as the pipeline's (0: none,
+	 * so a descriptor that leaves it out has no ring) */
+	unsigned ring_axes;
 } planrt_program_t;
 
 /* Runs the program: parses argv (--steps K --data FILE [--init W] [--save W] [--log F] [--seed S]

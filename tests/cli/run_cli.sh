@@ -94,7 +94,7 @@ sed 's/^model mlp(V = 256,/model mlp(V = 256, N = 9007199254740993,/; s/^  input
 expect "integer literal above 2^53 stays exact" 0 "f32\[N=9007199254740993\]" -- "$planc" check "$tmp/exact.plan" --plan single --dump-after=graph
 # check says it worked in one line; --plan checks that plan only; an error in the model that
 # every plan elaborates is printed once
-expect "check success line" 0 "examples/llama.plan: 5 plans checked: no errors" -- "$planc" check examples/llama.plan
+expect "check success line" 0 "examples/llama.plan: 6 plans checked: no errors" -- "$planc" check examples/llama.plan
 expect "check one plan line" 0 "examples/llama.plan: plan tp2 checked: no errors" -- "$planc" check examples/llama.plan --plan tp2
 printf '%s\n' 'model m(V = 64, S = 8, D = 16) {' '  input tokens : i32[B, S]' '  input targets : i32[B, S]' \
 	'  param wte : f32[V, D] ~ normal(0, 0.02)' '  loss = cross_entropy(embed(wte, tokens) @ wte.T, targets)' '}' \

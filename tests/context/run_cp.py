@@ -5,16 +5,17 @@ Every plan of tests/context/cp.plan is built (--verify-ir), trained for STEPS st
 `mpirun -np WORLD` on data/corpus.txt and compared with its model's single-rank plan: every step's
 loss within 1e-5 relative and the final weights within 1e-4 (dropout is on: the ring's blocks draw
 the single rank's Philox mask at their global key positions; the Llama-style model's rope its rows' global
-positions); the bf16 plans against the bf16
-single rank at tests/equiv's bf16-vs-bf16 tolerance, 2e-3 relative on every step's loss and
-gradient norm. For each run:
+positions); the bf16 plans (the GPT, the Llama-style model with rope, the padded classifier)
+against their bf16 single rank at tests/equiv's bf16-vs-bf16 tolerance, 2e-3 relative on every
+step's loss and gradient norm, and the fp16 plans (dynamic loss scaling) against the fp16 single
+rank at tests/equiv's fp16 tolerance, 2e-3 relative on every step's loss. For each run:
 - the program holds the ring (ring_attention kernels, no plain attention kernel), load-balanced
   (mirrored chunks) exactly where the attention is causal and the plan does not say contiguous;
 - planrt's per-kind, per-axis traffic counters equal explain's table (tests/lib/comm_bytes.py),
   and explain's sends on the ring axis are the ring's formula: per layer and step, the K and V
   blocks cp - 1 times forward, and in the backward the K and V blocks cp - 1 times plus their
-  gradient sums cp times, each block B x Hkv x S/cp x Dh elements (K and V in their stored type, f32
-  or bf16; the gradient sums f32);
+  gradient sums cp times, each block B x Hkv x S/cp x Dh elements (K and V in their stored type, f32,
+  bf16 or f16; the gradient sums f32);
 - every rank's persistent state by kind and arena equal explain's (PLANRT_REPORT_MEMORY), and
   explain's activations per rank are the single rank's / cp, its FLOPs per rank the single rank's
   / (cp x data) (each rank attends its queries to every key block the ring brings).
@@ -24,10 +25,11 @@ contiguous one, whose busiest rank computes more scores; explain's step estimate
 busiest rank's).
 The LLVM back end's llama_cp2 gives the C one's losses bit for bit.
 The padded BERT-style model (an additive padding mask from the data set's lengths) gives the same
-losses on cp2 whatever tokens the pad positions hold; examples/gpt_docs.plan's model (a document
-mask) trains on cp2 as on one rank.
-Then what is refused is refused: the CUDA target (the ring has no device kernels yet) and a ring
-that no attention takes, each with its file:line:col error.
+losses on cp2 whatever tokens the pad positions hold; examples/gpt_docs.plan's cp2 (a document
+mask) trains as on one rank, contiguous, its ring bytes explain's, formula's and measured, and its
+two ranks do the same attention work.
+Then what is refused is refused (a ring that no attention takes, each with its file:line:col
+error), and the CUDA target's program (planc emit cuda) calls the device shift.
 usage: run_cp.py PLANC REPO_ROOT [STEPS]
 """
 import json
@@ -55,8 +57,13 @@ PLANS = {"cp2": (2, "single", True), "cp4": (4, "single", True), "cp2_dp2": (2, 
          "cp2_bf16": (2, "single_bf16", True), "cp4_bf16": (4, "single_bf16", True),
          "bert_cp2": (2, "bert_single", False),
          "llama_cp2": (2, "llama_single", True), "llama_cp4": (4, "llama_single", True),
-         "padded_cp2": (2, "padded_single", False), "padded_cp4": (4, "padded_single", False)}
-BF16_VS_BF16 = 2e-3  # tests/equiv/run_equiv.py: a bf16 plan against the single-rank bf16 plan
+         "padded_cp2": (2, "padded_single", False), "padded_cp4": (4, "padded_single", False),
+         "cp2_fp16": (2, "single_fp16", True), "cp4_fp16": (4, "single_fp16", True),
+         "llama_cp2_bf16": (2, "llama_single_bf16", True), "llama_cp4_bf16": (4, "llama_single_bf16", True),
+         "padded_cp2_bf16": (2, "padded_single_bf16", False), "padded_cp4_bf16": (4, "padded_single_bf16", False)}
+# tests/equiv/run_equiv.py: a bf16 plan against the single-rank bf16 plan (loss and gradient norm),
+# an fp16 plan against the single-rank fp16 plan (the loss)
+BF16_VS_BF16 = 2e-3
 # the models' sizes (cp.plan): batch, heads, sequence, head dim, layers; cpllama's key/value heads;
 # cppadded's batch and sequence
 B, H, S, DH, L = 4, 4, 256, 16, 2
@@ -116,8 +123,8 @@ def attention_work(stderr):
         stderr)}
 
 
-def kernels(plan):
-    dump = subprocess.run([planc, "check", src, "--plan", plan, "--dump-after=ring"], capture_output=True,
+def kernels(plan, path=src):
+    dump = subprocess.run([planc, "check", path, "--plan", plan, "--dump-after=ring"], capture_output=True,
                           text=True).stdout
     mirrored = set(re.findall(r" (?:c\d+ )?ring_attention(?:_grad)?\(.*, (\d)\)$", dump, re.M))  # its last argument
     return (len(re.findall(r" (?:c\d+ )?ring_attention\(", dump)), len(re.findall(r" (?:c\d+ )?attention\(", dump)),
@@ -147,7 +154,8 @@ def check_memory(plan, run):
 
 
 refs, single_act, single_flops = {}, {}, {}
-for name in ("single", "single_bf16", "bert_single", "llama_single", "padded_single"):
+for name in ("single", "single_bf16", "single_fp16", "bert_single", "llama_single", "llama_single_bf16",
+             "padded_single", "padded_single_bf16"):
     refs[name], err = train(name)
     check(f"{name} trains", refs[name] is not None, err or f"{steps} steps")
     role = harness.explain(planc, src, name)["roles"][0]
@@ -168,12 +176,14 @@ for plan, (cp, ref_name, balanced) in PLANS.items():
     worst = max(abs(a - b) / abs(a) for a, b in zip(l0, l1)) if len(l0) == len(l1) == steps else 1.0
     w0, w1 = ref["weights"], run["weights"]
     wworst = max(max(abs(a - b) for a, b in zip(w0[n], w1[n])) for n in w0) if set(w0) == set(w1) else 1.0
-    if "bf16" in plan:
+    half = "bf16" if "bf16" in plan else "fp16" if "fp16" in plan else None  # the storage type
+    if half:
         g0, g1 = ref["grad_norms"], run["grad_norms"]
         gworst = max(abs(a - b) / abs(a) for a, b in zip(g0, g1)) if None not in g0 + g1 and len(g0) == len(g1) else 1.0
-        check(f"{plan} vs bf16", worst <= BF16_VS_BF16 and gworst <= BF16_VS_BF16,
-              f"{len(l1)} steps, worst relative difference from the bf16 single rank: loss {worst:.2e}, gradient "
-              f"norm {gworst:.2e} (tolerance {BF16_VS_BF16:g}); weights {wworst:.2e} absolute")
+        check(f"{plan} vs {half}", worst <= BF16_VS_BF16 and (half == "fp16" or gworst <= BF16_VS_BF16),
+              f"{len(l1)} steps, worst relative difference from the {half} single rank: loss {worst:.2e}, gradient "
+              f"norm {gworst:.2e} (tolerance {BF16_VS_BF16:g}{' on the loss' if half == 'fp16' else ''}); "
+              f"weights {wworst:.2e} absolute")
     else:
         check(f"{plan} losses", worst <= 1e-5, f"{len(l1)} steps, worst relative difference {worst:.2e} (tolerance 1e-5)")
         check(f"{plan} weights", wworst <= 1e-4, f"worst absolute difference {wworst:.2e} (tolerance 1e-4)")
@@ -185,7 +195,7 @@ for plan, (cp, ref_name, balanced) in PLANS.items():
     stages = d["mesh"].get("pipe", 1)
     b, seq = (PADDED_B, PADDED_S) if plan.startswith("padded") else (B, S)
     block = (b // data) * heads * (seq // cp) * DH * 4  # f32 bytes
-    kv = block // 2 if "bf16" in plan else block  # K and V travel in their stored type
+    kv = block // 2 if half else block  # K and V travel in their stored type
     recompute = 2 * (cp - 1) * kv * L // stages if "recompute" in plan else 0  # the forward again
     want = {"forward": L // stages * 2 * (cp - 1) * kv,
             "backward": L // stages * (2 * (cp - 1) * kv + 2 * cp * block)}
@@ -235,23 +245,40 @@ if runs.get("padded_cp2"):
           f"{steps} losses equal with other tokens at the pad positions" if losses == runs["padded_cp2"]["losses"]
           else f"{losses} vs {runs['padded_cp2']['losses']}")
 
-# document masks (examples/gpt_docs.plan: an additive [B, 1, S, S] mask from the data's document
-# boundaries, its query rows split like q, its key columns whole) on a cp2 ring against one rank
-docs_text = open(f"{root}/examples/gpt_docs.plan").read()
-docs_src = f"{work}/gpt_docs_cp.plan"
-open(docs_src, "w").write(docs_text[:docs_text.index("\nplan dp2 for") + 1] + "plan cp2 for gpt_docs {\n  mesh ctx = 2\n"
-                          "  batch B = 16\n  use nn.context_parallel(ctx)\n}\n")
-docs_losses = {}
+# document masks (examples/gpt_docs.plan's cp2: an additive [B, 1, S, S] mask from the data's
+# document boundaries, its query rows split like q, its key columns whole) on a cp2 ring against one
+# rank. The mask is causal in its data, not in the graph: the attention's mask kind is additive, whose
+# tiles the kernel all computes, so the contiguous ring gives both ranks the same work (measured) and
+# the compiler keeps it contiguous (docs/attention.md)
+docs_src = f"{root}/examples/gpt_docs.plan"
+docs_runs = {}
 for plan in ("single", "cp2"):
     prog = f"{work}/gpt_docs_{plan}"
     err = harness.build(planc, docs_src, plan, prog, "--native")
-    r = None if err else harness.mpirun(1 if plan == "single" else 2, [prog, "--steps", str(steps), "--data",
-                                                                        f"{root}/data/corpus_tok", "--log", f"{prog}.jsonl"], env)
-    docs_losses[plan] = [x["loss"] for x in harness.read_log(f"{prog}.jsonl")] if r is not None and r.returncode == 0 else []
-l0, l1 = docs_losses["single"], docs_losses["cp2"]
+    d = harness.explain(planc, docs_src, plan)
+    r = None if err else harness.mpirun(d["world"], [prog, "--steps", str(steps), "--data", f"{root}/data/corpus_tok",
+                                                    "--log", f"{prog}.jsonl"], env)
+    ok = r is not None and r.returncode == 0
+    docs_runs[plan] = {"losses": [x["loss"] for x in harness.read_log(f"{prog}.jsonl")] if ok else [],
+                       "stderr": r.stderr if r is not None else err, "explain": d}
+l0, l1 = docs_runs["single"]["losses"], docs_runs["cp2"]["losses"]
 worst = max(abs(a - b) / abs(a) for a, b in zip(l0, l1)) if len(l0) == len(l1) == steps else 1.0
 check("gpt_docs cp2 (document mask) losses", worst <= 1e-5,
       f"{len(l1)} steps, worst relative difference {worst:.2e} from one rank (tolerance 1e-5)")
+nring, nplain, mirrored = kernels("cp2", docs_src)
+check("gpt_docs cp2 ring", nring > 0 and nplain == 0 and mirrored == {"0"},
+      f"{nring} ring attention kernels, {nplain} plain ones, mirrored chunks {sorted(mirrored)} (want 0: an additive "
+      f"mask keeps the ring contiguous)")
+bad, total = comm_bytes.mismatches(docs_runs["cp2"]["explain"], docs_runs["cp2"]["stderr"], steps)
+check("gpt_docs cp2 bytes", not bad, "; ".join(bad[:2]) if bad else f"{total} bytes measured, equal to explain's")
+docs_block = 16 * H * (64 // 2) * (64 // H) * 4  # examples/gpt_docs.plan: B = 16, S = 64, D = 64, f32
+want = {"forward": 2 * 2 * 1 * docs_block, "backward": 2 * (2 * 1 * docs_block + 2 * 2 * docs_block)}
+got = ring_sends(docs_runs["cp2"]["explain"])
+check("gpt_docs cp2 ring bytes", got == want, f"explain's sends on ctx per step {got}, the ring's formula {want}")
+work_docs = attention_work(docs_runs["cp2"]["stderr"])
+check("gpt_docs cp2: the contiguous ring's ranks do equal attention work",
+      len(work_docs) == 2 and len(set(work_docs.values())) == 1,
+      f"per rank (tiles forward, backward, scores forward, backward): {dict(sorted(work_docs.items()))}")
 
 # the LLVM back end runs the same ring (and rope's two chunk offsets) bit for bit as the C one
 if runs.get("llama_cp2"):
@@ -281,8 +308,10 @@ for name, (plan_text, want) in cases.items():
     located = re.search(r"refuse_%s\.plan:\d+:\d+: error: " % name, r.stderr)
     check(f"refused: {name}", r.returncode != 0 and want in r.stderr and located,
           r.stderr.strip().splitlines()[0] if r.stderr.strip() else "accepted")
-r = subprocess.run([planc, "build", src, "--plan", "cp2", "--target", "cuda", "-o", f"{work}/cp2_cuda"],
-                   capture_output=True, text=True)
-check("refused: CUDA target", r.returncode != 0 and re.search(r"cannot execute kernel 'ring_\w+' yet", r.stderr),
-      r.stderr.strip().splitlines()[0] if r.stderr.strip() else "built")
+# the CUDA target takes the ring (a device shift, device mirrored conversions; tests/cuda builds it):
+# its program calls the device shift and names the ring's axis for the device comm layer's channels
+r = subprocess.run([planc, "emit", "cuda", src, "--plan", "cp2", "-o", f"{work}/cp2_cuda"], capture_output=True, text=True)
+cuda_prog = open(f"{work}/cp2_cuda/prog.c").read() if r.returncode == 0 else ""
+check("CUDA target: the ring's device shift", "planrt_cu_ring_shift_start(" in cuda_prog and ".ring_axes = 0x1u" in cuda_prog,
+      f"{cuda_prog.count('planrt_cu_ring_shift_start(')} device shifts, ring_axes 0x1" if cuda_prog else r.stderr.strip()[:300])
 tally.finish()

@@ -23,6 +23,9 @@
  *             (a staging buffer handed on before its operation's copy back has run);
  *   p2p       a ring of sends and receives on pipeline channels (tags, sender parity lanes), the
  *             receives posted ahead on their own stream, checked by the compute stream;
+ *   ring      context parallelism's K/V shifts as the CUDA target composes them (the receive on a
+ *             stream of its own, the comm stream waiting for it before the next shift sends the
+ *             block received); with that wait dropped the blocks sent are stale;
  *   watchdog  (argument "watchdog") rank 1 skips an allreduce: rank 0's must be reported within
  *             PLANRT_WATCHDOG seconds, naming the operation (tests/cuda/gpu_ranks.cmake matches
  *             the line).
@@ -715,6 +718,84 @@ static int test_p2p(int messages)
 		"planrt_wait on the compute stream");
 }
 
+/* the values a ring block that started on member origin holds */
+typedef struct ring_check {
+	const float *buf;
+	size_t n;
+	int origin, shift;
+} ring_check_t;
+
+static void check_ring(void *arg)
+{
+	ring_check_t *c = arg;
+	for (size_t i = 0; i < c->n; i++)
+		if (c->buf[i] != (float)(c->origin * 4096 + (int)i)) {
+			EXPECT(0, "ring shift %d: element %zu is %g, the block of member %d holds %d", c->shift, i,
+			       (double)c->buf[i], c->origin, c->origin * 4096 + (int)i);
+			break;
+		}
+	free(c);
+}
+
+/* A context-parallel ring on the world, composed as runtime/cuda/exec_cuda.cu's
+ * planrt_cu_ring_shift_start composes it: each shift receives from the previous member on a stream
+ * of its own (p2p_recv) after the point the comm stream has reached, sends to the next member on the
+ * comm stream (comm_a), and the comm stream then waits for the receive; the next shift sends the
+ * block just received, so after t shifts member r holds the block member (r - t) mod n started with.
+ * The compute stream checks each block after planrt_wait; the receive stream waits for that check
+ * before a later receive overwrites the buffer, and nothing but the receive's own wait orders the
+ * comm stream's next send after it. Tags 0 and 1 alternate: the
+ * ring's messages ride the channel lanes (by tag and sender parity). drop_wait: the comm stream does
+ * not wait for the receive, so a shift can send a block before it has arrived; must mismatch. */
+static int test_ring(int shifts, int drop_wait)
+{
+	planrt_comm_t w = planrt_world_comm();
+	int next = (rank + 1) % world, prev = (rank + world - 1) % world;
+	size_t n = 4000;
+	float *buf[2] = {calloc(n, 4), calloc(n, 4)};
+	for (size_t i = 0; i < n; i++)
+		buf[0][i] = (float)(rank * 4096 + (int)i);
+	planrt_stage_event_t ready = h_event_new(), received = h_event_new(), checked = h_event_new();
+	for (int t = 1; t <= shifts; t++) {
+		float *send = buf[(t - 1) % 2], *recv = buf[t % 2];
+		planrt_request_t rq, sq;
+		h_stream_wait((planrt_stream_t)p2p_recv, checked);
+		h_record(ready, (planrt_stream_t)comm_a);
+		h_stream_wait((planrt_stream_t)p2p_recv, ready);
+		EXPECT(planrt_recv_tagged(recv, n, planrt_f32, prev, t % 2, w, (planrt_stream_t)p2p_recv, &rq) ==
+			       planrt_success,
+		       "recv: %s", planrt_last_error());
+		EXPECT(planrt_send_tagged(send, n, planrt_f32, next, t % 2, w, (planrt_stream_t)comm_a, &sq) == planrt_success,
+		       "send: %s", planrt_last_error());
+		if (!drop_wait) {
+			h_record(received, (planrt_stream_t)p2p_recv);
+			h_stream_wait((planrt_stream_t)comm_a, received);
+		}
+		planrt_wait(rq);
+		planrt_wait(sq);
+		ring_check_t *c = calloc(1, sizeof *c);
+		*c = (ring_check_t){recv, n, ((rank - t) % world + world) % world, t};
+		fn(compute, check_ring, c);
+		h_record(checked, (planrt_stream_t)compute);
+	}
+	drain(compute);
+	drain(comm_a);
+	drain(p2p_recv);
+	h_event_free(ready), h_event_free(received), h_event_free(checked);
+	free(buf[0]), free(buf[1]);
+	const char *what = "ring: K/V shifts around the world, receives on their own stream, the comm stream waiting for "
+			   "each, blocks checked after planrt_wait";
+	if (!drop_wait)
+		return verdict(what);
+	long total = 0, mine = __atomic_exchange_n(&mismatches, 0, __ATOMIC_RELAXED);
+	MPI_Allreduce(&mine, &total, 1, MPI_LONG, MPI_SUM, MPI_COMM_WORLD);
+	if (rank == 0)
+		printf("%s: ring with the comm stream not waiting for the receive must send stale blocks (%ld "
+		       "mismatches over %d ranks)\n", total ? "ok" : "FAIL", total, world);
+	fflush(stdout);
+	return total == 0;
+}
+
 /* ------------------------------------------------------------------ main */
 
 int main(int argc, char **argv)
@@ -761,6 +842,8 @@ int main(int argc, char **argv)
 	fail |= test_ordering(iterations);
 	fail |= test_pool(iterations);
 	fail |= test_p2p(iterations / 2);
+	fail |= test_ring(iterations / 2, 0);
+	fail |= test_ring(iterations / 2, 1);
 	planrt_staged_stop_();
 	size_t peak = planrt_staged_host_peak_();
 	if (rank == 0)

@@ -382,7 +382,7 @@ static const int pipe_sizes[] = {2};
 static const char *const pipe_names[] = {"pipe"};
 static const planrt_program_t pipe_program = {
 	"pipe2", "toy", "tests/runtime/test_program.c", 2, 1, 0, pipe_sizes, pipe_names, 2, pipe_stages,
-	pipe_params, 4, 4, 4, 8, 256, 0.001, 0.0001, 0, 0, 0, 0, NULL, NULL, 0, NULL, NULL,
+	pipe_params, 4, 4, 4, 8, 256, 0.001, 0.0001, 0, 0, 0, 0, NULL, NULL, 0, NULL, NULL, 0,
 };
 
 /* ------------------------------------------------------------------ scenario zero */
@@ -496,11 +496,11 @@ static const int zero_sizes[] = {2};
 static const char *const zero_names[] = {"data"};
 static const planrt_program_t zero_program = {
 	"zero2", "toy", "tests/runtime/test_program.c", 2, 1, -1, zero_sizes, zero_names, 1, &zero_stage,
-	zero_params, 5, 2, Z_BATCH, Z_SEQ, 256, 0.001, 0.0001, 0, 0, 0, 0, NULL, NULL, 0, NULL, NULL,
+	zero_params, 5, 2, Z_BATCH, Z_SEQ, 256, 0.001, 0.0001, 0, 0, 0, 0, NULL, NULL, 0, NULL, NULL, 0,
 };
 static const planrt_program_t badsave_program = {
 	"badsave2", "toy", "tests/runtime/test_program.c", 2, 1, -1, zero_sizes, zero_names, 1, &badsave_stage,
-	zero_params, 5, 2, Z_BATCH, Z_SEQ, 256, 0.001, 0.0001, 0, 0, 0, 0, NULL, NULL, 0, NULL, NULL,
+	zero_params, 5, 2, Z_BATCH, Z_SEQ, 256, 0.001, 0.0001, 0, 0, 0, 0, NULL, NULL, 0, NULL, NULL, 0,
 };
 
 /* ------------------------------------------------------------------ the checkpoint, after the run */

@@ -1807,6 +1807,8 @@ static void print_program(Emit *e, const char *source_path)
 	fprintf(f, "\t.fingerprint = \"%s\",\n\t.sync = \"%s\",\n\t.loss_scale = ", d.fingerprint, d.sync);
 	print_double(f, d.loss_scale);
 	fprintf(f, ",\n\t.optimizer = \"%s\",\n", d.optimizer);
+	if (d.ring_axes)
+		fprintf(f, "\t.ring_axes = 0x%xu,\n", d.ring_axes);
 	fprintf(f, "%s};\n\n", low->decode ? "\t.decode = &planrt_decode_program,\n" : "");
 	if (decode) { /* no main: prog.c's runs this program under --generate */
 		fprintf(f, "__attribute__((used)) static void (*const helpers_)(void) = unused_helpers;\n");

@@ -1199,7 +1199,7 @@ static void table_types(Gen *G, Tables *T)
 			   F(planrt_program_t, nroles, i32),      F(planrt_program_t, role_axis, i32),
 			   F(planrt_program_t, fingerprint, p),   F(planrt_program_t, sync, p),
 			   F(planrt_program_t, loss_scale, f64), F(planrt_program_t, optimizer, p),
-			   F(planrt_program_t, decode, p)};
+			   F(planrt_program_t, decode, p),        F(planrt_program_t, ring_axes, i32)};
 #undef F
 #define N(a) (int)(sizeof a / sizeof a[0])
 	T->action = c_struct(G, "planrt_action_t", action, N(action), sizeof(planrt_action_t));
@@ -1403,7 +1403,8 @@ static void build_program(Gen *G, const char *source_path)
 			    cstring(G, d.sync),
 			    LLVMConstReal(G->t_f64, d.loss_scale),
 			    cstring(G, d.optimizer),
-			    LLVMConstNull(G->t_ptr)}; /* no decode program: --generate is the C back end's */
+			    LLVMConstNull(G->t_ptr), /* no decode program: --generate is the C back end's */
+			    i32c(G, (int)d.ring_axes)};
 	LLVMValueRef program = LLVMAddGlobal(G->m, T.program, "program");
 	LLVMSetInitializer(program, LLVMConstNamedStruct(T.program, f, sizeof f / sizeof f[0]));
 	LLVMSetGlobalConstant(program, 1);
