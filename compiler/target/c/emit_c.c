@@ -12,7 +12,8 @@
  * calls the running level's); the printer adds no computation and no communication. Which kinds
  * the C target can print at all is lowered_executable()'s answer. Each run of identical layers
  * (layer_runs.c) is printed as one loop over the layer with per-layer tables, when every layer
- * prints alike (below, "runs of identical layers as loops"); --no-layer-loops prints them all.
+ * prints alike (below, "runs of identical layers as loops"), for the C target and for a target
+ * printing the kernels (the CUDA host program); --no-layer-loops prints them all.
  * The output compiles with -Wall -Wextra -Werror. */
 #include "target/target.h"
 

@@ -1,7 +1,10 @@
 /* emit_cuda.c: the CUDA target. The loop-level IR printed for a GPU, as three files:
  *
  *   prog.c      the host program, in the C target's shape (emit_c.c prints the buffers, the phase
- *               functions, the tables and the descriptor; this file prints the kernels): each
+ *               functions, the tables and the descriptor, and each run of identical layers as one
+ *               loop over the stage's state families, as in the C target; this file prints the
+ *               kernels, with what may differ by layer through emit_name, emit_int and
+ *               emit_comment, so that the walker can fold them): each
  *               kernel is a call into planrt_cuda (runtime/planrt_cuda.h) on the stream streams.c
  *               gave it, after the waits it planned and before the event others wait for; a
  *               fused loop is a launch of its kernel in kernels.cu; what runs on the host
