@@ -77,7 +77,7 @@ static const char usage[] =
 	"                     kernels are compiled for every instruction-set level (x86-64, AVX2, AVX-512)\n"
 	"                     and the program runs the best its CPU has, so one binary runs on every node\n"
 	"                     of a cluster ('planc run' compiles for this CPU; PLANRT_ISA=LEVEL forces one)\n"
-	"  --no-layer-loops   emit c, build: print every layer's kernels in full; by default each run of\n"
+	"  --no-layer-loops   emit c / cuda, build: print every layer's kernels in full; by default each run of\n"
 	"                     identical layers is one loop over per-layer tables (docs/ir.md; the same\n"
 	"                     numbers bit for bit)\n"
 	"  --svg FILE         explain: also draw each rank role's pipeline schedule and memory over the\n"
@@ -593,7 +593,7 @@ static bool cmd_cuda(Lowered *low, const Options *o, bool compile)
 	Arena *a = low->g->arena;
 	bool dump = o->dump_after && !strcmp(o->dump_after, "emit");
 	if (!compile)
-		return emit_cuda(low, o->output, o->file) &&
+		return emit_cuda(low, o->output, o->file, !o->no_layer_loops) &&
 		       (!dump || (dump_after_emit(arena_printf(a, "%s/prog.c", o->output), stdout) &&
 				  dump_after_emit(arena_printf(a, "%s/kernels.cu", o->output), stdout)));
 	if (!*PLANC_NVCC || !*PLANC_CUDA_LIB) {
@@ -607,7 +607,7 @@ static bool cmd_cuda(Lowered *low, const Options *o, bool compile)
 	const char *dir = scratch_begin(a, files, 5);
 	if (!dir)
 		return false;
-	bool ok = emit_cuda(low, dir, o->file);
+	bool ok = emit_cuda(low, dir, o->file, !o->no_layer_loops);
 	if (ok && dump)
 		ok = dump_after_emit(arena_printf(a, "%s/prog.c", dir), stdout) &&
 		     dump_after_emit(arena_printf(a, "%s/kernels.cu", dir), stdout);
@@ -822,8 +822,8 @@ int main(int argc, char **argv)
 		return usage_error("'%s' needs a FILE", o.command);
 	if (o.native && !is_build)
 		return usage_error("--native applies to 'build'%s", "");
-	if (o.no_layer_loops && !is_build && !(is_emit && o.target && !strcmp(o.target, "c")))
-		return usage_error("--no-layer-loops applies to 'emit c' and 'build' (the C it prints)%s", "");
+	if (o.no_layer_loops && !is_build && !(is_emit && o.target && (!strcmp(o.target, "c") || !strcmp(o.target, "cuda"))))
+		return usage_error("--no-layer-loops applies to 'emit c', 'emit cuda' and 'build' (the C they print)%s", "");
 	if (o.svg && !is_explain)
 		return usage_error("--svg applies to 'explain'%s", "");
 	if (o.nmodel_args && is_fmt)

@@ -26,7 +26,10 @@ bool emit_c(const Lowered *low, const char *dir, const char *source_path, bool l
 /* The same file for another target (the CUDA target: emit_cuda.c): emit_c.c prints the program's
  * structure (buffers, phase functions, tables, descriptor) and the target prints every kernel, its
  * declarations per stage, what begins and ends a phase function, and its includes; main() calls
- * main_fn. */
+ * main_fn. With layer_loops, the runs of identical layers are loops as in the C target: the walker
+ * prints each layer through the target's kernel printer and folds the run when every layer prints
+ * alike around what the target printed with emit_name, emit_int and emit_comment (the values that
+ * may differ by layer); loopable (NULL: every kernel) says which kernels may be in a loop at all. */
 typedef struct Emit Emit;
 typedef struct EmitTarget {
 	void (*prelude)(Emit *e);
@@ -35,15 +38,21 @@ typedef struct EmitTarget {
 	void (*kernel)(Emit *e, const Kernel *k);
 	void (*phase_end)(Emit *e, Phase ph, int chunk);
 	void (*epilogue)(Emit *e); /* after main() */
+	bool (*loopable)(Emit *e, const Kernel *k);
 	const char *main_fn;
 	void *data;
 } EmitTarget;
-bool emit_c_with(const Lowered *low, const char *dir, const char *source_path, const EmitTarget *target);
+bool emit_c_with(const Lowered *low, const char *dir, const char *source_path, const EmitTarget *target,
+		 bool layer_loops);
 FILE *emit_file(const Emit *e);
 const LProg *emit_prog(const Emit *e);      /* the stage program being printed */
 const char *emit_prefix(const Emit *e);     /* its names' prefix */
 const EmitTarget *emit_target(const Emit *e);
+int emit_stage(const Emit *e);              /* the stage being printed: low->progs[emit_stage(e)] */
 void emit_arg(Emit *e, const Kernel *k, int i); /* k's argument i as the C target prints it */
+void emit_name(Emit *e, int b);             /* buffer b as the C target names it (a family's entry) */
+void emit_int(Emit *e, const char *label, long long v); /* an integer that may differ by layer */
+void emit_comment(Emit *e, const char *text); /* " / * text * /", which may name the layer */
 void emit_double(Emit *e, double x);        /* the shortest decimal that reads back as x */
 void emit_c_kernel(Emit *e, const Kernel *k); /* a kernel as the C target prints it (a call or a loop nest) */
 const char *emit_ctype(DType t);            /* the C type of an element */
@@ -65,7 +74,7 @@ bool emit_loop_sum_of_products(const LExpr *x);
  * planrt_cuda on its stream with the events streams.c planned, or a launch of a fused loop),
  * DIR/kernels.cu (every distinct fused loop as a __global__ function and its launcher) and
  * DIR/loops.h (the loops' element functions, C that compiles for the host and the device). */
-bool emit_cuda(const Lowered *low, const char *dir, const char *source_path);
+bool emit_cuda(const Lowered *low, const char *dir, const char *source_path, bool layer_loops);
 /* Whether the CUDA target can run the program; reports the first reason when report. */
 bool cuda_executable(const Lowered *low, bool report);
 /* A fused loop's element function as loops.h prints it (static, named fname), for the tests. */

@@ -11,6 +11,9 @@ For each plan, in each step phase:
            are the C program's planrt_sum_squares_acc calls in order, into the same accumulator;
   launches the plans where every update can run in one launch do: gpt `bf16` and `single`, whose
            step phase has one optimizer launch, one sum-of-squares launch and no cast left.
+Both programs are compared unrolled (--no-layer-loops); the CUDA program with layer loops (its
+default) must make the same launches with the same entries but for the names of the buffers
+(a layer's state is its family's entry there).
 usage: check_optim_groups.py PLANC ROOT"""
 import os
 import re
@@ -94,10 +97,11 @@ def cuda_calls(lines):
     return updates, norms, launches
 
 
-def emit(target, plan_file, plan, out):
+def emit(target, plan_file, plan, out, unrolled=True):
     os.makedirs(os.path.dirname(out), exist_ok=True)
-    # the C step unrolled (--no-layer-loops): its calls are counted one per tensor
-    loops = ["--no-layer-loops"] if target == "c" else []
+    # unrolled (--no-layer-loops): the C step's calls are one per tensor, and both name each layer's
+    # state by its own name (with layer loops, by its family's entry)
+    loops = ["--no-layer-loops"] if unrolled else []
     r = subprocess.run([PLANC, "emit", target, os.path.join(ROOT, plan_file), "--plan", plan, *loops, "-o", out],
                        capture_output=True, text=True)
     if r.returncode != 0:
@@ -111,6 +115,7 @@ def main():
         name = f"{os.path.basename(plan_file)} {plan}"
         c = emit("c", plan_file, plan, os.path.join(tmp, plan, "c"))
         cu = emit("cuda", plan_file, plan, os.path.join(tmp, plan, "cu"))
+        cu_loops = emit("cuda", plan_file, plan, os.path.join(tmp, plan, "cu_loops"), unrolled=False)
         check(f"{name}: the same step functions", sorted(c) == sorted(cu), f"{sorted(c)} against {sorted(cu)}")
         for fn in sorted(c):
             cu_updates, cu_norms, launches = cuda_calls(cu.get(fn, []))
@@ -119,6 +124,10 @@ def main():
                   f"{len(cu_updates)} against {len(c_updates)}")
             check(f"{name} {fn}: norm entries are the C program's sums of squares", cu_norms == c_norms,
                   f"{len(cu_norms)} against {len(c_norms)}")
+            u, n, launches_loops = cuda_calls(cu_loops.get(fn, []))  # compared: gradient dtype, elements, scalars
+            check(f"{name} {fn}: with layer loops, the same launches and entries",
+                  launches_loops == launches and [x[2:3] + x[5:7] for x in u] == [x[2:3] + x[5:7] for x in cu_updates] and
+                  len(n) == len(cu_norms), f"{launches_loops}, {len(u)} updates, {len(n)} norms")
             if (plan_file, plan) in [("examples/gpt.plan", "bf16"), ("examples/gpt.plan", "single")]:
                 check(f"{name} {fn}: one optimizer and one norm launch, no cast, for {len(c_updates)} tensors",
                       launches == {"opt": 1, "sumsq": 1, "cast": 0} and len(c_updates) > 10, str(launches))

@@ -19,6 +19,12 @@ the kernels it waits for (events) and whether it records one (streams.c). From t
              backward on the copy stream, most of them while compute runs before their first use.
   arena      the CUDA program's stage table (its arena bytes) is the C program's, and explain's
              program arena is that number: the arena the device layer allocates is the planned one.
+             Unrolled (--no-layer-loops) the tables are equal; with layer loops equal but for the
+             state lists (the CUDA target folds fewer runs: see STATE_FIELDS), and the state
+             buffers allocated are the unrolled program's.
+  loops      single, zero3_dp4, pp2_1f1b, dp2, tp2_sp (its events in loops): the CUDA host program prints runs of layers as loops
+             (smaller than unrolled), and each phase function, its loops expanded layer by layer,
+             makes the unrolled program's calls in the same order with the same events.
 usage: check_streams.py PLANC ROOT"""
 import os
 import re
@@ -160,22 +166,94 @@ free = sum(1 for s, k in sends
 check("pp2_1f1b: compute follows every send without waiting for it", sends and free == len(sends),
       f"{free} of {len(sends)}")
 
-# ---- the arena the device allocates is the planned one
+# ---- the arena the device allocates is the planned one; layers as loops run the unrolled calls
+STAGES = re.compile(r"static const planrt_stage_t stages\[\] = \{(.*?)\n\};", re.S)
+# the fields that list state buffers: a family is one entry for its layers' buffers, and the CUDA
+# target folds fewer runs than the C one (a multi-tensor optimizer launch is not in a loop), so
+# fewer of its buffers are in families
+STATE_FIELDS = re.compile(r"\t\t\.(nstate|families|nfamilies) = .*\n")
+
+
+def emit(target, plan, out, *flags):
+    subprocess.run([PLANC, "emit", target, "examples/gpt.plan", "--plan", plan, "-o", out, *flags], cwd=ROOT, check=True)
+    return open(f"{out}/prog.c").read()
+
+
+def state_allocated(text):
+    """the state buffers planrt allocates, as sorted (kind, bytes): each state entry, each family's
+    entry once a member"""
+    out = [(k, int(b)) for k, b in re.findall(r'\t\{"[^"]*", (planrt_state_\w+), (\d+), \(void \*\*\)&', text)]
+    for k, b, n in re.findall(r'\t\{"[^"]*", (planrt_state_\w+), (\d+), \(void \*\*\)\w+, (\d+)\},', text):
+        out += [(k, int(b))] * int(n)
+    return sorted(out)
+
+
+def calls(text):
+    """{phase function: [(callee, (event slots named))...]} in the order they run, a loop over layers
+    expanded: its per-layer tables and l's integer steps evaluated for each layer"""
+    out, fn, lines = {}, None, text.split("\n")
+    i = 0
+    while i < len(lines):
+        m = re.match(r"static void (\w+)\(planrt_ctx_t \*ctx\)$", lines[i])
+        if m:
+            fn = out.setdefault(m.group(1), [])
+        elif lines[i] == "}":
+            fn = None
+        elif fn is not None and lines[i].startswith("\t{ /* layers "):
+            tables, i = {}, i + 1
+            while not lines[i].startswith("\t\tfor (int l = 0; l < "):
+                t = re.search(r"(\w+)\[\d+\] = \{(.*)\};", lines[i])
+                tables[t.group(1)] = [v.strip() for v in t.group(2).split(",")]
+                i += 1
+            n = int(re.match(r"\t\tfor \(int l = 0; l < (\d+);", lines[i]).group(1))
+            body = []
+            while lines[i + 1] != "\t\t}":
+                i += 1
+                body.append(lines[i])
+            for layer in range(n):
+                for line in body:
+                    line = re.sub(r"\b(\w+)\[l\]", lambda t: tables[t.group(1)][layer] if t.group(1) in tables
+                                  else t.group(0), line)
+                    line = re.sub(r"\((-?\d+) \+ (?:\(int64_t\))?l \* (-?\d+)\)",
+                                  lambda t: str(int(t.group(1)) + layer * int(t.group(2))), line)
+                    fn += call_of(line)
+            i += 1  # the loop's closing line
+        elif fn is not None:
+            fn += call_of(lines[i])
+        i += 1
+    return out
+
+
+def call_of(line):
+    m = re.match(r"\s*(\w+)\(", line)
+    if not m or m.group(1) in ("for", "if"):
+        return []
+    return [(m.group(1), tuple(int(e) for e in re.findall(r"&\w*events\[(\d+)\]", line)))]
+
+
 tmp = harness.workdir("streams")
-for plan in ("single", "zero3_dp4", "pp2_1f1b"):
-    subprocess.run([PLANC, "emit", "cuda", "examples/gpt.plan", "--plan", plan, "-o", f"{tmp}/cu"], cwd=ROOT,
-                   check=True)
-    # the CUDA host program prints layers unrolled, so its stage table is the unrolled C program's (with
-    # layer loops the C stage table also names the per-layer state families)
-    subprocess.run([PLANC, "emit", "c", "examples/gpt.plan", "--plan", plan, "--no-layer-loops", "-o", f"{tmp}/c"],
-                   cwd=ROOT, check=True)
-    table = lambda path: re.search(r"static const planrt_stage_t stages\[\] = \{(.*?)\n\};", open(path).read(),
-                                   re.S).group(1)
-    cu, c = table(f"{tmp}/cu/prog.c"), table(f"{tmp}/c/prog.c")
+for plan in ("single", "zero3_dp4", "pp2_1f1b", "dp2", "tp2_sp"):
+    unrolled = {t: emit(t, plan, f"{tmp}/{t}_unrolled", "--no-layer-loops") for t in ("c", "cuda")}
+    looped = {t: emit(t, plan, f"{tmp}/{t}_loops") for t in ("c", "cuda")}
+    cu, c = STAGES.search(unrolled["cuda"]).group(1), STAGES.search(unrolled["c"]).group(1)
     ex = harness.explain(PLANC, f"{ROOT}/examples/gpt.plan", plan)
     arenas = {r["program"]["arena"] for r in ex["roles"]}
     numbers = {int(n) for n in re.findall(r"\b\d+\b", cu)}
-    check(f"{plan}: the CUDA program's stage table is the C program's, and holds explain's arena bytes",
-          cu == c and arenas <= numbers, f"explain: {sorted(arenas)}")
+    check(f"{plan}: unrolled (--no-layer-loops), the CUDA program's stage table is the C program's, and holds "
+          "explain's arena bytes", cu == c and arenas <= numbers, f"explain: {sorted(arenas)}")
+    lcu, lc = (STATE_FIELDS.sub("", STAGES.search(looped[t]).group(1)) for t in ("cuda", "c"))
+    check(f"{plan}: with layer loops, the CUDA stage table is the C one but for its state lists, and the CUDA "
+          "program allocates the unrolled program's state buffers",
+          lcu == lc and lcu == STATE_FIELDS.sub("", cu) and state_allocated(looped["cuda"]) == state_allocated(unrolled["c"]),
+          f"{len(state_allocated(looped['cuda']))} state buffers")
+    loops = looped["cuda"].count("one loop, ")
+    check(f"{plan}: the CUDA host program prints runs of layers as loops, and is smaller for it",
+          loops and not unrolled["cuda"].count("one loop, ") and len(looped["cuda"]) < len(unrolled["cuda"]),
+          f"{loops} loops, {len(unrolled['cuda'])} -> {len(looped['cuda'])} bytes")
+    lcalls, ucalls = calls(looped["cuda"]), calls(unrolled["cuda"])
+    same = [f for f in ucalls if lcalls.get(f) == ucalls[f]]
+    check(f"{plan}: each CUDA phase function's loops run the unrolled calls in order, with the same events",
+          len(same) == len(ucalls) == len(lcalls) and sum(len(v) for v in ucalls.values()) > 0,
+          f"{len(same)} of {len(ucalls)} functions, {sum(len(v) for v in ucalls.values())} calls")
 
 tally.finish()

@@ -86,7 +86,7 @@ static void emit_all(const Lowered *low)
 		return;
 	emit_c(low, scratch, input_path, true);
 	if (cuda_executable(low, false))
-		emit_cuda(low, scratch, input_path);
+		emit_cuda(low, scratch, input_path, true);
 	LLVMContextRef c = LLVMContextCreate();
 	LLVMModuleRef m = llvm_build_module(low, c, host, false, input_path);
 	if (m) {

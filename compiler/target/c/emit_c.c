@@ -12,7 +12,8 @@
  * calls the running level's); the printer adds no computation and no communication. Which kinds
  * the C target can print at all is lowered_executable()'s answer. Each run of identical layers
  * (layer_runs.c) is printed as one loop over the layer with per-layer tables, when every layer
- * prints alike (below, "runs of identical layers as loops"); --no-layer-loops prints them all.
+ * prints alike (below, "runs of identical layers as loops"), for the C target and for a target
+ * printing the kernels (the CUDA host program); --no-layer-loops prints them all.
  * The output compiles with -Wall -Wextra -Werror. */
 #include "target/target.h"
 
@@ -843,6 +844,18 @@ static bool loops_alike(Emit *e, const int *ks, int body, int n)
 	return alike;
 }
 
+/* Whether the target can print each of a run's n kernels in a loop over layers (the CUDA
+ * target's multi-tensor optimizer keeps a table per call site: not in a loop). */
+static bool target_loopable(Emit *e, const int *ks, int n)
+{
+	if (!e->target || !e->target->loopable)
+		return true;
+	for (int i = 0; i < n; i++)
+		if (!e->target->loopable(e, &e->p->k[ks[i]]))
+			return false;
+	return true;
+}
+
 /* The stage's runs that fold (each run's layers printed alike), and which kernels they hold. */
 static void plan_folds(Emit *e)
 {
@@ -858,13 +871,15 @@ static void plan_folds(Emit *e)
 	e->family_at = arena_alloc(a, sizeof(int) * (size_t)(p->nbuf + 1));
 	for (int b = 0; b < p->nbuf; b++)
 		e->family_of[b] = e->family_at[b] = -1;
-	if (!e->layer_loops || e->target || !e->loop_functions)
+	if (!e->layer_loops)
 		return;
 	LayerRun *runs = arena_alloc(a, sizeof(LayerRun) * (size_t)(p->nk + 1));
 	int nruns = layer_runs(p, runs, p->nk + 1);
 	e->folds = arena_alloc(a, sizeof(Fold) * (size_t)(nruns + 1));
 	for (int r = 0; r < nruns; r++) {
 		int *ks = run_kernels(p, &runs[r], a), body = runs[r].body, n = runs[r].nlayers;
+		if (!target_loopable(e, ks, body * n))
+			continue;
 		Holes *hs = calloc((size_t)n, sizeof(Holes));
 		if (!hs)
 			ICE("out of memory");
@@ -1828,9 +1843,10 @@ bool emit_c(const Lowered *low, const char *dir, const char *source_path, bool l
 	return print_file(low, dir, source_path, NULL, layer_loops);
 }
 
-bool emit_c_with(const Lowered *low, const char *dir, const char *source_path, const EmitTarget *target)
+bool emit_c_with(const Lowered *low, const char *dir, const char *source_path, const EmitTarget *target,
+		 bool layer_loops)
 {
-	return print_file(low, dir, source_path, target, false);
+	return print_file(low, dir, source_path, target, layer_loops);
 }
 
 static bool print_file(const Lowered *low, const char *dir, const char *source_path, const EmitTarget *target,
@@ -1891,6 +1907,32 @@ const char *emit_prefix(const Emit *e)
 const EmitTarget *emit_target(const Emit *e)
 {
 	return e->target;
+}
+
+int emit_stage(const Emit *e)
+{
+	return e->stage_index;
+}
+
+void emit_name(Emit *e, int b)
+{
+	name(e, b);
+}
+
+void emit_comment(Emit *e, const char *text)
+{
+	comment(e, text);
+}
+
+void emit_int(Emit *e, const char *label, long long v)
+{
+	if (e->holes) {
+		Hole *h = hole(e, "int", label, arena_printf(e->low->g->arena, "%lld", v));
+		h->integer = true;
+		h->value = v;
+	} else {
+		fprintf(e->f, "%lld", v);
+	}
 }
 
 void emit_arg(Emit *e, const Kernel *k, int i)

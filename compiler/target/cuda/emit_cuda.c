@@ -1,7 +1,10 @@
 /* emit_cuda.c: the CUDA target. The loop-level IR printed for a GPU, as three files:
  *
  *   prog.c      the host program, in the C target's shape (emit_c.c prints the buffers, the phase
- *               functions, the tables and the descriptor; this file prints the kernels): each
+ *               functions, the tables and the descriptor, and each run of identical layers as one
+ *               loop over the stage's state families, as in the C target; this file prints the
+ *               kernels, with what may differ by layer through emit_name, emit_int and
+ *               emit_comment, so that the walker can fold them): each
  *               kernel is a call into planrt_cuda (runtime/planrt_cuda.h) on the stream streams.c
  *               gave it, after the waits it planned and before the event others wait for; a
  *               fused loop is a launch of its kernel in kernels.cu; what runs on the host
@@ -60,7 +63,6 @@ typedef struct Cuda {
 	int **event_of;  /* [program][kernel]: its slot in the stage's event table, -1: none */
 	int *nevents;    /* [program] */
 	int **optim_group; /* [program][kernel]: optim_groups.c's runs of optimizer kernels */
-	int prog;        /* the program being printed */
 	const char **prefixes; /* [program]: its names' prefix, as emit_c.c printed it */
 } Cuda;
 
@@ -219,10 +221,11 @@ static int kernel_index(const LProg *p, const Kernel *k)
 
 static void event_ref(Emit *e, int kernel)
 {
-	Cuda *c = cuda_of(e);
-	int slot = c->event_of[c->prog][kernel];
+	int slot = cuda_of(e)->event_of[emit_stage(e)][kernel];
 	internal_assert(slot >= 0);
-	fprintf(emit_file(e), "&%sevents[%d]", emit_prefix(e), slot);
+	fprintf(emit_file(e), "&%sevents[", emit_prefix(e));
+	emit_int(e, "event", slot); /* a layer's events are its own */
+	fprintf(emit_file(e), "]");
 }
 
 static void device_call(Emit *e, const Kernel *k)
@@ -236,14 +239,17 @@ static void device_call(Emit *e, const Kernel *k)
 			total *= k->dims[d];
 		int loads[64];
 		int n = emit_loop_loads(k, loads, 64);
-		fprintf(f, "loop%d_launch(%lld, %s%s", c->loop_of[c->prog][kernel_index(p, k)], total, emit_prefix(e),
-			p->buf[k->out].name);
-		for (int i = 0; i < n; i++)
-			fprintf(f, ", %s%s", emit_prefix(e), p->buf[loads[i]].name);
+		fprintf(f, "loop%d_launch(%lld, ", c->loop_of[emit_stage(e)][kernel_index(p, k)], total);
+		emit_name(e, k->out);
+		for (int i = 0; i < n; i++) {
+			fprintf(f, ", ");
+			emit_name(e, loads[i]);
+		}
 		fprintf(f, ", ");
 		stream_const(f, k->stream);
 		fprintf(f, ");");
-		fprintf(f, " /* %s, %d op%s fused */", k->note ? k->note : "loop", k->nfused, k->nfused == 1 ? "" : "s");
+		emit_comment(e, arena_printf(p->g->arena, "%s, %d op%s fused", k->note ? k->note : "loop", k->nfused,
+					     k->nfused == 1 ? "" : "s"));
 		return;
 	}
 	const DeviceCall *dev = &kernel_device[k->kind];
@@ -255,7 +261,8 @@ static void device_call(Emit *e, const Kernel *k)
 		if (i)
 			fprintf(f, ", ");
 		if (a->kind == KA_SCALAR) { /* read on the device: the buffer and its factor */
-			fprintf(f, "%s%s, ", emit_prefix(e), p->buf[a->buf].name);
+			emit_name(e, a->buf);
+			fprintf(f, ", ");
 			emit_double(e, a->f);
 		} else {
 			emit_arg(e, k, i);
@@ -265,14 +272,14 @@ static void device_call(Emit *e, const Kernel *k)
 	stream_const(f, k->stream);
 	fprintf(f, ");");
 	if (k->note)
-		fprintf(f, " /* %s */", k->note);
+		emit_comment(e, k->note);
 }
 
 static void print_kernel(Emit *e, const Kernel *k)
 {
 	FILE *f = emit_file(e);
 	const LProg *p = emit_prog(e);
-	const int *group = cuda_of(e)->optim_group[cuda_of(e)->prog];
+	const int *group = cuda_of(e)->optim_group[emit_stage(e)];
 	int run_last = group[kernel_index(p, k)];
 	if (run_last == CUDA_OPT_MEMBER) /* printed with its run's first kernel */
 		return;
@@ -291,7 +298,9 @@ static void print_kernel(Emit *e, const Kernel *k)
 		if (k->waits[w] >= 0) {
 			fprintf(f, ", ");
 			event_ref(e, k->waits[w]);
-			fprintf(f, "); /* after %d: %s */\n", k->waits[w], kernel_names[p->k[k->waits[w]].kind]);
+			fprintf(f, ");");
+			emit_comment(e, arena_printf(p->g->arena, "after %d: %s", k->waits[w], kernel_names[p->k[k->waits[w]].kind]));
+			fprintf(f, "\n");
 		} else {
 			fprintf(f, "); /* after the compute stream's work before this call */\n");
 		}
@@ -319,6 +328,13 @@ static void print_kernel(Emit *e, const Kernel *k)
 	}
 	if (k->only_last_micro)
 		fprintf(f, "\t}\n");
+}
+
+/* Whether k may be printed in a loop over layers: not a kernel of a multi-tensor optimizer run,
+ * whose launch keeps its uploaded table in a static of its call site (one per layer needed). */
+static bool loopable(Emit *e, const Kernel *k)
+{
+	return cuda_of(e)->optim_group[emit_stage(e)][kernel_index(emit_prog(e), k)] == CUDA_OPT_ALONE;
 }
 
 static bool in_call(const Kernel *k, Phase ph, int chunk)
@@ -363,18 +379,17 @@ static void stage_decls(Emit *e)
 {
 	Cuda *c = cuda_of(e);
 	const LProg *p = emit_prog(e);
-	for (int i = 0; i < c->low->nprogs; i++)
-		if (c->low->progs[i] == p) {
-			c->prog = i;
-			c->prefixes[i] = emit_prefix(e);
-		}
-	int n = c->nevents[c->prog];
+	c->prefixes[emit_stage(e)] = emit_prefix(e);
+	int n = c->nevents[emit_stage(e)];
 	FILE *f = emit_file(e);
 	fprintf(f, "static planrt_cu_event_t %sevents[%d]; /* the events streams.c planned */\n", emit_prefix(e), n ? n : 1);
 	fprintf(f, "/* offloaded state: pinned host memory */\nstatic void **const %shost_state[] = {", emit_prefix(e));
 	for (int b = 0; b < p->nbuf; b++)
-		if (p->buf[b].cls == BUF_STATE && p->buf[b].place == PLACE_HOST)
-			fprintf(f, "(void **)&%s%s, ", emit_prefix(e), p->buf[b].name);
+		if (p->buf[b].cls == BUF_STATE && p->buf[b].place == PLACE_HOST) {
+			fprintf(f, "(void **)&");
+			emit_name(e, b); /* a family's entry: its array's */
+			fprintf(f, ", ");
+		}
 	fprintf(f, "NULL};\n");
 }
 
@@ -499,7 +514,7 @@ static bool write_kernels(const Cuda *c, const char *dir, const char *source_pat
 	return true;
 }
 
-bool emit_cuda(const Lowered *low, const char *dir, const char *source_path)
+bool emit_cuda(const Lowered *low, const char *dir, const char *source_path, bool layer_loops)
 {
 	Cuda c = {.low = low};
 	Arena *a = low->g->arena;
@@ -519,8 +534,16 @@ bool emit_cuda(const Lowered *low, const char *dir, const char *source_path)
 			c.event_of[i][k] = x->event ? c.nevents[i]++ : -1;
 		}
 	}
-	EmitTarget t = {prelude, stage_decls, phase_begin, print_kernel, phase_end, epilogue, "cuda_main", &c};
-	bool ok = emit_c_with(low, dir, source_path, &t) && write_kernels(&c, dir, source_path);
+	EmitTarget t = {.prelude = prelude,
+			.stage_decls = stage_decls,
+			.phase_begin = phase_begin,
+			.kernel = print_kernel,
+			.phase_end = phase_end,
+			.epilogue = epilogue,
+			.loopable = loopable,
+			.main_fn = "cuda_main",
+			.data = &c};
+	bool ok = emit_c_with(low, dir, source_path, &t, layer_loops) && write_kernels(&c, dir, source_path);
 	for (int i = 0; i < low->nprogs; i++)
 		free(c.optim_group[i]);
 	for (int i = 0; i < c.nloops; i++)
