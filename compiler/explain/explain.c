@@ -466,7 +466,9 @@ static void bubble(Report *rep)
  * kernels (a transfer between stages delays the receiving action by its own time); the schedule
  * table is simulated with those costs, and the step's update phase (gradient buckets, clipping,
  * the optimizer) is added once. The device is a nominal figure for comparing plans, not a
- * promise: explain says which one it assumed. */
+ * promise: explain says which one it assumed. A measured device (planc calibrate's file) may also
+ * price GEMMs by their size, collectives by their size (device.c) and, where ranks share cores,
+ * run the schedule with a speedup for the ranks busy at each moment (cores.c). */
 /* Ranks are numbered row-major with the last mesh axis fastest, so the innermost axes whose sizes
  * multiply to at most a node's ranks run inside one node. */
 static bool inside_node(const PlanSpec *ps, int axis)
