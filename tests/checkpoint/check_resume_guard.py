@@ -22,10 +22,10 @@ before step 1 (issue 23); never a silent restart.
              zero1_dp4's is read as another plan's (a note names both fingerprints) and continues the
              run; dp4_local_sgd's is refused, naming the fingerprints, not telling the user to resume
              with the plan they used
-The plans train at the first of SIZES at which every one of them keeps its schedule
+The plans train at the first of (D 64, S 32) and (S 32) at which every one of them keeps its schedule
 (harness.common_size: the same collectives, buckets, stages and layers as at the example's size; one
 size, as checkpoints move between them): what a resume accepts or refuses is the plan's layout,
-state and data, not the model's width. (At D 64, S 32 a restart from the initial weights is still
+state and data, not the model's width. (At that size a restart from the initial weights is still
 off by more than the tolerances: the runner prints the margin, "restart margin".)
 Prints PASS/FAIL per check and 'N passed, M failed'.
 usage: check_resume_guard.py PLANC REPO_ROOT
