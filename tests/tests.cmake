@@ -248,12 +248,13 @@ set(CUDA_TESTS llvm_ptxas cuda_build cuda_one_process)
 set(TORCH_TESTS torch_reference attention_torch generate)
 # COST makes ctest -j start the longest first (a test not listed costs 0 and fills the gaps): the
 # test's CPU seconds where bench/suite_times.py or /usr/bin/time of ctest measured them (2026-12-02,
-# tests/README.md "Time"; equiv_*: "equiv at a smaller size"),
+# tests/README.md "Time"; equiv_*: "equiv at a smaller size"; llvm_diff, cpu_levels, cpu_threads,
+# checkpoint, resume_guard, memory: "Smaller sizes beyond equiv", at load 15-35, so a little high),
 # else its wall seconds in the last full `ctest -j2` (the merge of 2026-12-02 at load 4-7,
 # CTestCostData.txt)
-set(TEST_COSTS equiv_gpt 187 cuda_build 403 llvm_diff 225 equiv_sweep 93 offload 122 fuzz_build 121
-    cpu_levels 92 cpu_threads 60 equiv_moe 45 sync_runs 90 equiv_others 63 torch_reference 72 fuzz 71 checkpoint 63
-    cuda_one_process 62 memory 61 resume_guard 60 program_errors 19 data_runs 43 fp16 38 attention_fused 38
+set(TEST_COSTS equiv_gpt 187 cuda_build 403 llvm_diff 274 equiv_sweep 93 offload 131 fuzz_build 121
+    cpu_levels 60 cpu_threads 29 equiv_moe 45 sync_runs 90 equiv_others 63 torch_reference 72 fuzz 71 checkpoint 76
+    cuda_one_process 62 memory 88 resume_guard 51 program_errors 19 data_runs 43 fp16 38 attention_fused 38
     equiv_mlp 37 soak 28 cuda_local_mpi 27 program_failures 23 observe 20 search 22 scale_search 6 kernels_matmul_bf16 17
     scale_compile_time 16 explain_goldens_large 15 scale 13 equiv_ops 12 cli 11 outputs 11 cuda_sync_math 11
     runtime_program_cli 9 explain_goldens 9 context_parallel 170 attention_torch 20 generate 45)

@@ -18,6 +18,9 @@ gradient once fused a different product of two on each back end from avx2 up). A
   - an unknown level, and a level the CPU lacks (PLANRT_TEST_CPU_BEST makes this machine lack
     it), stop the program and planc run with a one-line error naming the levels it has;
   - a --native build trains within the tolerance of the baseline.
+The GPT plans train at the first of SIZES at which they keep their schedule (harness.smaller_size,
+as tests/equiv and tests/llvm train them): the levels differ per kernel, and a kernel runs the same
+instructions at D 64 as at D 128, on less arithmetic; the check names say the size.
 Prints PASS/FAIL per check and a closing 'N passed, M failed' line.
 usage: run_levels.py PLANC REPO_ROOT [STEPS]
 """
@@ -28,7 +31,7 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
-from harness import Tally, mpi_env, workdir  # noqa: E402
+from harness import Tally, model_args, mpi_env, smaller_size, workdir  # noqa: E402
 
 planc, root = sys.argv[1], sys.argv[2]
 steps = int(sys.argv[3]) if len(sys.argv) > 3 else 20
@@ -36,6 +39,7 @@ TOL = {"f32": 1e-5, "bf16": 2e-3, "f16": 2e-3}
 # (model, plan, ranks, precision)
 PLANS = [("gpt", "single", 1, "f32"), ("llama", "single", 1, "f32"), ("gpt", "bf16", 1, "bf16"),
          ("gpt", "fp16", 1, "f16"), ("gpt", "dp2", 2, "f32")]
+SIZES = {"gpt": [("D=64", "S=32"), ("S=32",)]}  # --model-arg sizes, the smallest first
 work = workdir("cpu-levels")
 data = f"{root}/data/corpus.txt"
 t = Tally("cpu levels")
@@ -45,10 +49,10 @@ def plan_file(model):
     return f"{root}/examples/{model}.plan"
 
 
-def build(model, plan, *flags):
+def build(model, plan, size, *flags):
     out = f"{work}/{model}_{plan}{''.join(f.replace('-', '_') for f in flags)}"
-    r = subprocess.run([planc, "build", plan_file(model), "--plan", plan, "-o", out, *flags], capture_output=True,
-                       text=True, env=mpi_env())
+    r = subprocess.run([planc, "build", plan_file(model), "--plan", plan, "-o", out, *flags, *model_args(size)],
+                       capture_output=True, text=True, env=mpi_env())
     return out if r.returncode == 0 else None, r.stderr.strip()[-400:]
 
 
@@ -90,8 +94,10 @@ def same(r1, r2):
 
 levels = None
 for model, plan, ranks, precision in PLANS:
-    name = f"{model} {plan}"
-    prog, err = build(model, plan)
+    size = smaller_size(planc, plan_file(model), plan, SIZES.get(model, []))
+    name = f"{model} {plan}" + (f" ({', '.join(size)})" if size else "")
+    jit = [planc, "run", plan_file(model), "--plan", plan, *model_args(size)]
+    prog, err = build(model, plan, size)
     if not prog:
         t.check(f"{name} build", False, err)
         continue
@@ -115,7 +121,7 @@ for model, plan, ranks, precision in PLANS:
     if any(res.get(lv) is None for lv in levels):
         continue
     # the same level on both back ends
-    lprog, err = build(model, plan, "--backend", "llvm")
+    lprog, err = build(model, plan, size, "--backend", "llvm")
     if not lprog:
         t.check(f"{name} --backend llvm build", False, err)
         continue
@@ -136,13 +142,13 @@ for model, plan, ranks, precision in PLANS:
                 "avx2's FMAs change the last bits of the weights (identical bytes: the level did not run)")
     # the same level in the JIT
     for level in levels:
-        got, err = run([planc, "run", plan_file(model), "--plan", plan], ranks, f"{model}_{plan}_jit_{level}", level)
+        got, err = run(jit, ranks, f"{model}_{plan}_jit_{level}", level)
         t.check(f"{name} planc run at {level}", not err and same(got, res[level]),
                 err.strip()[-300:] if err else "bit for bit the C program's" if same(got, res[level]) else
                 f"differs from the C program (worst {worst(res[level][0], got[0]):.2e})")
     # refusals: one line naming the levels this CPU has
     cases = [("PLANRT_ISA=avx1024", [prog], {}, "avx1024", r"unknown instruction-set level; this architecture's are"),
-             ("PLANRT_ISA=avx1024 under planc run", [planc, "run", plan_file(model), "--plan", plan], {}, "avx1024",
+             ("PLANRT_ISA=avx1024 under planc run", jit, {}, "avx1024",
               r"unknown instruction-set level"),
              (f"PLANRT_ISA={levels[-1]} where the CPU lacks it", [prog], {"PLANRT_TEST_CPU_BEST": "baseline"},
               levels[-1], rf"PLANRT_ISA={levels[-1]}: this CPU lacks {levels[-1]} \(.*\); it runs baseline:")]
@@ -151,7 +157,7 @@ for model, plan, ranks, precision in PLANS:
         lines = [ln for ln in (err or "").splitlines() if ln.startswith("planrt: ")]
         t.check(f"{name} {what}", got is None and len(lines) == 1 and re.search(want, lines[0]) is not None,
                 lines[0] if lines else "ran" if got else (err or "").strip()[-300:])
-    nprog, err = build(model, plan, "--native")
+    nprog, err = build(model, plan, size, "--native")
     got, err = run([nprog], ranks, f"{model}_{plan}_native") if nprog else (None, err)
     t.check(f"{name} --native", not err and worst(res["baseline"][0], got[0]) <= TOL[precision],
             err.strip()[-300:] if err else f"worst relative difference from baseline "

@@ -14,6 +14,10 @@ a run with OpenBLAS at 2 threads is compared across planrt's 1 and 2 threads as 
     mpirun --bind-to none) gets one warning line from rank 0 naming the fix (mpirun --bind-to
     none), and none when the threads fit;
   - a thread count that is not a whole number from 1 to 256 stops the run with one line.
+The GPT plans train at the first of SIZES at which they keep their schedule (harness.smaller_size, as
+tests/cpu/run_levels.py builds them, whose programs the compile cache shares): planrt_parallel_for
+splits by a fixed rule with no minimum chunk, so at D 64, S 32 every split kernel still runs on each
+thread (3 threads: chunks of unequal size, 4 heads and 512 rows over 3).
 Prints PASS/FAIL per check and a closing 'N passed, M failed' line.
 usage: run_threads.py PLANC REPO_ROOT [STEPS]
 """
@@ -24,22 +28,23 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
-from harness import Tally, mpi_env, workdir  # noqa: E402
+from harness import Tally, model_args, mpi_env, smaller_size, workdir  # noqa: E402
 
 planc, root = sys.argv[1], sys.argv[2]
 steps = int(sys.argv[3]) if len(sys.argv) > 3 else 6
 # (model, plan, ranks): gpt single has dropout on the attention's probabilities, llama single has
 # grouped-query heads (kv heads shared by query heads: their dk and dv sum over the group)
 PLANS = [("gpt", "single", 1), ("llama", "single", 1), ("gpt", "dp2", 2)]
+SIZES = {"gpt": [("D=64", "S=32"), ("S=32",)]}  # --model-arg sizes, the smallest first (run_levels.py's)
 work = workdir("cpu-threads")
 data = f"{root}/data/corpus.txt"
 t = Tally("cpu threads")
 
 
-def build(model, plan, *flags):
+def build(model, plan, size, *flags):
     out = f"{work}/{model}_{plan}{''.join(f.replace('-', '_') for f in flags)}"
-    r = subprocess.run([planc, "build", f"{root}/examples/{model}.plan", "--plan", plan, "-o", out, *flags],
-                       capture_output=True, text=True, env=mpi_env())
+    r = subprocess.run([planc, "build", f"{root}/examples/{model}.plan", "--plan", plan, "-o", out, *flags,
+                        *model_args(size)], capture_output=True, text=True, env=mpi_env())
     return out if r.returncode == 0 else None, r.stderr.strip()[-400:]
 
 
@@ -71,9 +76,10 @@ def compare(name, ref, got, err):
 
 
 for model, plan, ranks in PLANS:
-    name = f"{model} {plan}"
-    prog, err = build(model, plan)
-    lprog, lerr = build(model, plan, "--backend", "llvm")
+    size = smaller_size(planc, f"{root}/examples/{model}.plan", plan, SIZES.get(model, []))
+    name = f"{model} {plan}" + (f" ({', '.join(size)})" if size else "")
+    prog, err = build(model, plan, size)
+    lprog, lerr = build(model, plan, size, "--backend", "llvm")
     if not prog or not lprog:
         t.check(f"{name} build", False, err or lerr)
         continue

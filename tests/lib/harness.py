@@ -119,10 +119,26 @@ def schedule(explained):
 
 def smaller_size(planc, src, plan, sizes):
     """the first of sizes (tuples of NAME=VALUE for --model-arg, the smallest first) at which plan
-    keeps its schedule() at the model's own size, else () (the model's own size): a test of what a
+    keeps its schedule() at the model's own size (a size the plan does not compile at is skipped),
+    else () (the model's own size): a test of what a
     plan does can train it there, on less arithmetic (tests/README.md, "equiv at a smaller size")"""
     want = schedule(explain(planc, src, plan))
-    return next((size for size in sizes if schedule(explain(planc, src, plan, args=model_args(size))) == want), ())
+    for size in sizes:
+        try:
+            if schedule(explain(planc, src, plan, args=model_args(size))) == want:
+                return size
+        except subprocess.CalledProcessError:  # the plan does not compile at that size
+            continue
+    return ()
+
+
+def common_size(planc, src, plans, sizes):
+    """the first of sizes at which every plan of plans keeps its schedule() (smaller_size), else ():
+    one size for plans whose checkpoints a test moves between them (the tensors' shapes must agree)"""
+    for size in sizes:
+        if all(smaller_size(planc, src, plan, [size]) == size for plan in plans):
+            return size
+    return ()
 
 
 def build(planc, src, plan, out, *flags, env=None):
@@ -151,14 +167,15 @@ class Programs:
         self.env = env if env is not None else mpi_env()
         self.world = {}
 
-    def build(self, model, plan, src=None):
-        """the program of plan PLAN (built once); a failed build ends the runner with a FAIL line"""
+    def build(self, model, plan, src=None, size=()):
+        """the program of plan PLAN at SIZE (--model-arg NAME=VALUE ..., the model's own size when
+        empty), built once; a failed build ends the runner with a FAIL line"""
         src = src or f"{self.root}/examples/{model}.plan"
-        prog = f"{self.work}/{model}_{plan}"
-        err = build(self.planc, src, plan, prog, *self.flags)
+        prog = f"{self.work}/{model}_{plan}" + "".join(f"_{arg.replace('=', '')}" for arg in size)
+        err = build(self.planc, src, plan, prog, *self.flags, *model_args(size))
         if err:
             raise SystemExit(f"FAIL: {err}")
-        self.world[prog] = explain(self.planc, src, plan)["world"]
+        self.world[prog] = explain(self.planc, src, plan, args=model_args(size))["world"]
         return prog
 
     def run(self, prog, *args, extra_env=None, timeout=120):

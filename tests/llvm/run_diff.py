@@ -12,6 +12,12 @@ where both back ends fuse a multiply into its add alike) and compared the same w
 (the JIT, for this CPU) must give the native LLVM program's bytes exactly (the same module,
 compiled in-process).
 
+Size. Each plan trains at the smallest of SIZES at which it keeps its schedule (harness.smaller_size:
+the same collectives, stages and layers as at its model's size; tests/equiv trains the same way),
+else at its model's size; both back ends build and train it at that size (--model-arg), so the
+comparison is of the same program: what differs between the back ends is per kernel, and a kernel
+does the same at D 64 as at D 128, on less arithmetic. The check names say the size.
+
 Coverage. The back ends differ per kernel, not per plan, so DIFF_PLANS is a set of plans that
 together use everything any plan uses, rather than every plan (training all of tests/equiv's
 plans twice was the slowest test of the suite). The test computes, for every plan of examples/
@@ -26,7 +32,8 @@ and every plan tests/equiv/run_equiv.py lists, its features:
                       tests/explain/golden, which explain_goldens holds equal to planc's output)
 The dumps come from one `planc check FILE --dump-after=PASS` per file (every plan of it, in order)
 rather than one compilation per plan and pass. The test fails, naming a plan that has it, if a
-feature of any of them is in no plan of DIFF_PLANS (add that plan to the list). EXTRA_PLANS, written here on the GPT example, cover what only the
+feature of any of them (at its model's size) is in no plan of DIFF_PLANS as trained (at the size it
+trains at: a feature a smaller size loses counts as not covered). EXTRA_PLANS, written here on the GPT example, cover what only the
 7B / 175B examples use (too large to train here): bf16 tensor-parallel all-reduces and slices,
 the progress calls of an overlapped ZeRO-3 bucket, and the attention as written in bf16 (gpt7b's
 `attention unfused` plans).
@@ -83,6 +90,12 @@ DIFF_PLANS = [
     ("extra", "bf16_zero3_overlap"), ("extra", "bf16_unfused_attention"),
     ("tests/context/cp", "cp2_dp2_zero1_recompute"),  # the ring (context parallelism, tests/context)
     ("tests/equiv/mqa", "dp2_tp2_sp")]  # key/value heads replicated over tensor ranks (repeat_kv)
+# --model-arg sizes to train each model's plans at, the smallest first (tests/equiv/run_equiv.py's
+# for the GPT and MoE examples): a plan trains at the first at which it keeps its schedule
+# (harness.smaller_size: the same collectives, stages and layers), else at its model's own size;
+# the coverage below is of the plans as trained, at that size
+SIZES = {"gpt": [("D=64", "S=32"), ("S=32",)], "extra": [("D=64", "S=32"), ("S=32",)],
+         "moe": [("D=64", "S=32"), ("S=32",)], "tests/context/cp": [("S=64",)]}
 # plans on the GPT example for features only the large examples have
 EXTRA_PLANS = """
 plan bf16_tp2_sp_zero3 for gpt {
@@ -156,32 +169,34 @@ DUMP_HEADER = {"memplan": re.compile(r"^# loop-level IR after memplan\n", re.M),
                "sync": re.compile(r"^# IR after sync: .*\n", re.M)}
 
 
-def file_dumps(src, what):
+def file_dumps(src, what, plan=None, size=()):
     """{plan: its IR after pass WHAT} for every plan of SRC, from one `planc check SRC
     --dump-after=WHAT` (which compiles the file's plans in their order), or a string saying what
-    failed. One compilation per file instead of one per plan and pass."""
-    r = subprocess.run([planc, "check", src, f"--dump-after={what}"], capture_output=True, text=True)
+    failed. One compilation per file instead of one per plan and pass. With PLAN: that plan alone
+    at SIZE (--model-arg NAME=VALUE ...), as it is trained here."""
+    which = ["--plan", plan, *harness.model_args(size)] if plan else []
+    r = subprocess.run([planc, "check", src, *which, f"--dump-after={what}"], capture_output=True, text=True)
     if r.returncode:
-        return f"planc check {src} --dump-after={what} failed: {r.stderr.strip()[:300]}"
+        return f"planc check {src} {' '.join(which)} --dump-after={what} failed: {r.stderr.strip()[:300]}"
     dumps = DUMP_HEADER[what].split(r.stdout)[1:]
-    names = re.findall(r"^plan\s+(\w+)", open(src).read(), re.M)
+    names = [plan] if plan else re.findall(r"^plan\s+(\w+)", open(src).read(), re.M)
     if len(dumps) != len(names):
         return f"planc check {src} --dump-after={what}: {len(dumps)} dumps for the file's {len(names)} plans"
     return dict(zip(names, dumps))
 
 
-def plan_json(model, plan):
-    """explain --json of a plan: an example's from tests/explain/golden (explain_goldens holds
-    those equal to planc's output), the others' from planc"""
+def plan_json(model, plan, size=()):
+    """explain --json of a plan (at SIZE): an example's at its own size from tests/explain/golden
+    (explain_goldens holds those equal to planc's output), the others' from planc"""
     golden = f"{root}/tests/explain/golden/{model}.{plan}.json"
-    if "/" not in model and model != "extra" and os.path.exists(golden):
+    if not size and "/" not in model and model != "extra" and os.path.exists(golden):
         return json.load(open(golden))
-    return harness.explain(planc, plan_file(model), plan)
+    return harness.explain(planc, plan_file(model), plan, args=harness.model_args(size))
 
 
-def features(model, plan, dumps):
-    """the set of features of one plan (see the top of the file), or a string saying what failed;
-    dumps: file_dumps of its file by pass"""
+def features(model, plan, dumps, size=()):
+    """the set of features of one plan (see the top of the file) at SIZE, or a string saying what
+    failed; dumps: file_dumps of its file (or of the plan at SIZE) by pass"""
     for what in ("memplan", "sync"):
         if isinstance(dumps[what], str):
             return dumps[what]
@@ -195,7 +210,7 @@ def features(model, plan, dumps):
         dtype = re.search(rf"%{v}:(\w+)\[", sync)
         f.add(f"op all_reduce {dtype.group(1) if dtype else '?'}")
     try:
-        d = plan_json(model, plan)
+        d = plan_json(model, plan, size)
     except subprocess.CalledProcessError as e:
         return f"planc explain {plan_file(model)} --plan {plan} --json failed: {e.stderr.strip()[:300]}"
     if d.get("pipeline"):
@@ -229,11 +244,11 @@ def host_offload(model, plan):
     return bool(body and re.search(r"^\s*offload .*-> host", body.group(0), re.M))
 
 
-def build(model, plan, backend, native=False):
+def build(model, plan, size, backend, native=False):
     prog = f"{work}/{model.replace('/', '_')}_{plan}_{backend}{'_native' if native else ''}"
     e = dict(env, PLANC_TEST_HOST_OFFLOAD_ON_CPU="1") if host_offload(model, plan) else env
     err = harness.build(planc, plan_file(model), plan, prog, "--backend", backend, "--verify-ir",
-                        *(["--native"] if native else []), env=e)
+                        *(["--native"] if native else []), *harness.model_args(size), env=e)
     return (None, err) if err else (prog, "")
 
 
@@ -257,25 +272,28 @@ def compare(c, l):
 
 def one(model, plan):
     checks, res, world = [], {}, None
+    size = sizes[model, plan]
+    name = f"{model} {plan}" + (f" ({', '.join(size)})" if size else "")
     for native in ([False, True] if (model, plan) in NATIVE_PLANS else [False]):
         tag = " --native" if native else ""
         for backend in ("c", "llvm"):
-            prog, err = build(model, plan, backend, native)
+            prog, err = build(model, plan, size, backend, native)
             if not prog:
-                return checks + [(f"{model} {plan}{tag}", False, f"--backend {backend}: {err}")]
+                return checks + [(f"{name}{tag}", False, f"--backend {backend}: {err}")]
             world = world or world_of(prog)
             res[backend, native], err = train(model, plan, world, backend + tag.replace(" --", "_"), [prog])
             if err:
-                return checks + [(f"{model} {plan}{tag}", False, err)]
+                return checks + [(f"{name}{tag}", False, err)]
         bitwise, worst = compare(res["c", native], res["llvm", native])
-        checks.append((f"{model} {plan}{tag} c vs llvm", bitwise or worst <= TOL, f"{steps} steps, " + verdict(bitwise, worst)))
+        checks.append((f"{name}{tag} c vs llvm", bitwise or worst <= TOL, f"{steps} steps, " + verdict(bitwise, worst)))
     if (model, plan) in RUN_PLANS:
-        got, err = train(model, plan, world, "run", [planc, "run", plan_file(model), "--plan", plan])
+        got, err = train(model, plan, world, "run",
+                         [planc, "run", plan_file(model), "--plan", plan, *harness.model_args(size)])
         if err:
-            checks.append((f"{model} {plan} planc run", False, err))
+            checks.append((f"{name} planc run", False, err))
         else:
             same, worst = compare(res["llvm", True], got)
-            checks.append((f"{model} {plan} planc run", same,
+            checks.append((f"{name} planc run", same,
                            "bitwise identical to the built --native LLVM program" if same else
                            f"differs from the built --native LLVM program (worst {worst:.2e})"))
     return checks
@@ -285,18 +303,25 @@ tally = harness.Tally("llvm diff")
 report = tally.check
 
 
-# coverage: every feature of every plan is in some plan trained here
+# coverage: every feature of every plan (at its model's size) is in some plan as trained here (at
+# its size)
 plans = list(dict.fromkeys(DIFF_PLANS + NATIVE_PLANS))
+sizes = {(m, p): harness.smaller_size(planc, plan_file(m), p, SIZES.get(m, [])) for m, p in plans}
 everything = list(dict.fromkeys(example_plans() + equiv_plans() + plans))
 models = list(dict.fromkeys(m for m, _ in everything))
 with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
     jobs = {(m, what): pool.submit(file_dumps, plan_file(m), what) for m in models for what in ("memplan", "sync")}
+    jobs.update({(m, p, what): pool.submit(file_dumps, plan_file(m), what, p, sizes[m, p])
+                 for m, p in plans if sizes[m, p] for what in ("memplan", "sync")})
     dumps = {key: job.result() for key, job in jobs.items()}
 feats = {(m, p): features(m, p, {what: dumps[m, what] for what in ("memplan", "sync")}) for m, p in everything}
-for (model, plan), f in feats.items():
+trained = {(m, p): features(m, p, {what: dumps[m, p, what] for what in ("memplan", "sync")}, sizes[m, p])
+           if sizes[m, p] else feats[m, p] for m, p in plans}
+for (model, plan), f in list(feats.items()) + [((m, f"{p} at {', '.join(sizes[m, p])}"), f)
+                                               for (m, p), f in trained.items() if sizes[m, p]]:
     if isinstance(f, str):
         report(f"{model} {plan} features", False, f)
-covered = set().union(*(f for mp, f in feats.items() if mp in plans and not isinstance(f, str)))
+covered = set().union(*(f for f in trained.values() if not isinstance(f, str)))
 missing = {}
 for mp, f in feats.items():
     for x in (set() if isinstance(f, str) else f - covered):

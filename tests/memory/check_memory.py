@@ -17,10 +17,15 @@
    less (1 - 1/n) of the experts' bytes (computed here from the model's sizes).
 (Part 1 includes multi-query attention over 4 tensor ranks, tests/equiv/mqa.plan: the replicated
 key/value projections are counted as the program holds them.)
+Size. Memory equal to explain's, and ZeRO's and expert parallelism's savings, hold at any size: the
+GPT and MoE plans run at the first of SIZES at which they keep their schedule (harness.smaller_size:
+the same collectives, buckets, stages and layers; as tests/equiv runs them, whose programs the
+compile cache then shares), the three expert-parallel plans at one size; the check names say it.
 Prints PASS/FAIL per check and 'N passed, M failed'.
 usage: check_memory.py PLANC REPO_ROOT
 """
 import os
+import re
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
@@ -29,15 +34,27 @@ import harness  # noqa: E402  (tests/lib/harness.py)
 runner = harness.Runner("memory")
 planc, root, work, check = runner.planc, runner.root, runner.work, runner.check
 env = harness.mpi_env(PLANRT_REPORT_MEMORY="1")
+SIZES = [("D=64", "S=32"), ("S=32",)]  # --model-arg sizes, the smallest first (tests/equiv's for gpt and moe)
 
 
-def explain(src, plan):
-    return harness.explain(planc, src, plan)
+def explain(src, plan, size=()):
+    return harness.explain(planc, src, plan, args=harness.model_args(size))
 
 
-def measure(src, plan, world, steps=2):
-    prog = f"{work}/{os.path.basename(src)}_{plan}"
-    err = harness.build(planc, src, plan, prog, "--verify-ir", "--native")
+def size_of(src, plan):
+    """the size plan runs at here: the first of SIZES keeping its schedule (GPT and MoE models)"""
+    text = open(src).read()
+    model = re.search(r"^plan\s+" + plan + r"\s+for\s+(\w+)", text, re.M).group(1)
+    return harness.smaller_size(planc, src, plan, SIZES) if model in ("gpt", "moe_gpt", "mixtral_moe") else ()
+
+
+def named(plan, size):
+    return plan + (f" ({', '.join(size)})" if size else "")
+
+
+def measure(src, plan, world, steps=2, size=()):
+    prog = f"{work}/{os.path.basename(src)}_{plan}" + "".join(f"_{arg.replace('=', '')}" for arg in size)
+    err = harness.build(planc, src, plan, prog, "--verify-ir", "--native", *harness.model_args(size))
     if err:
         return None, err
     r = harness.mpirun(world, [prog, "--steps", str(steps), "--data", f"{root}/data/corpus.txt"], env, timeout=600)
@@ -54,8 +71,10 @@ CASES = [("gpt", "single"), ("gpt", "dp2"), ("gpt", "tp2_sp"), ("gpt", "zero3_dp
          ("moe", "mixtral_ep2"), ("tests/equiv/mqa", "tp4"), ("tests/equiv/mqa", "dp2_tp2_sp")]
 for model, plan in CASES:
     src = f"{root}/{model}.plan" if "/" in model else f"{root}/examples/{model}.plan"
-    d = explain(src, plan)
-    ranks, err = measure(src, plan, d["world"])
+    size = size_of(src, plan)
+    d = explain(src, plan, size)
+    ranks, err = measure(src, plan, d["world"], size=size)
+    plan = named(plan, size)
     if err:
         check(f"{model} {plan}", False, err)
         continue
@@ -97,28 +116,32 @@ open(src, "w").write(text)
 for z in range(4):
     for i, prec in enumerate(("bf16", "f32")):
         plan = f"z{z}_{prec}"
-        psi = explain(src, plan)["parameters"]
-        ranks, err = measure(src, plan, N)
+        size = size_of(src, plan)
+        psi = explain(src, plan, size)["parameters"]
+        ranks, err = measure(src, plan, N, size=size)
         if err:
             check(f"ZeRO {z} {prec}", False, err)
             continue
         want = FORMULAS[z][i] * psi
         got = [sum(m["kinds"][k] for k in ("param", "grad", "optim", "master")) for m in ranks.values()]
         worst = max(abs(g - want) / want for g in got)
-        check(f"ZeRO {z} {prec} state", worst <= 0.02,
+        check(f"ZeRO {z} {prec}{named('', size)} state", worst <= 0.02,
               f"measured {max(got) / psi:.4f} Psi per rank ({max(got) / 2**20:.3f} MiB) vs the formula "
               f"{FORMULAS[z][i]:.4f} Psi ({want / 2**20:.3f} MiB), worst {100 * worst:.2f}% off (tolerance 2%)")
 
 # ---- 3. expert parallelism saves what it promises ---------------------------------------------
-# examples/moe.plan's moe_gpt: L = 2 layers of E = 4 experts, each w1 [D, 4D] and w2 [4D, D], D = 128.
-# Over n ranks each rank holds E / n experts: its parameters and gradients are the single rank's
-# less (1 - 1/n) of the experts' bytes, AdamW's two states twice that.
+# examples/moe.plan's moe_gpt: L = 2 layers of E = 4 experts, each w1 [D, 4D] and w2 [4D, D], D = 128
+# (or the --model-arg D the three plans run at). Over n ranks each rank holds E / n experts: its
+# parameters and gradients are the single rank's less (1 - 1/n) of the experts' bytes, AdamW's two
+# states twice that.
 src = f"{root}/examples/moe.plan"
-L, E, D = 2, 4, 128
+size = harness.common_size(planc, src, ["single", "ep2", "ep4"], SIZES)
+L, E, D = 2, 4, int(dict(arg.split("=") for arg in size).get("D", 128))
 experts = L * E * 2 * D * 4 * D * 4
-single, err = measure(src, "single", 1)
+single, err = measure(src, "single", 1, size=size)
 for plan, n in (("ep2", 2), ("ep4", 4)):
-    ranks, err2 = measure(src, plan, n)
+    ranks, err2 = measure(src, plan, n, size=size)
+    plan = named(plan, size)
     if err or err2:
         check(f"moe {plan} expert state", False, err or err2)
         continue

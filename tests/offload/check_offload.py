@@ -24,6 +24,13 @@ same plan without the offload line (the independent reference: the optimizer sta
    plain run's by at least 80% of what explain predicts (the plain plan's optimizer state less
    the offloaded plan's host staging), in the runs that write two checkpoints and --save (their
    pieces of the records are written out from the state file, not copied into memory).
+Size. The GPT example's plans (checks 1 and 2: the same run, explain's memory; nothing measured
+against a threshold) run at the first of SIZES at which the offloaded plan keeps its schedule
+(harness.smaller_size: the same collectives, buckets, stages and layers), the plain plan at the
+same size; the check names say it. offload.plan's plans (check 3, the resident memory saved) try
+F = 2048 (4.7 M parameters): zero1_disk keeps its schedule there and saves 12.8 of the 13.9 MiB
+explain predicts (plain 91.8 MiB, offloaded 78.6 MiB on rank 0); bf16_zero2_disk's gradient
+buckets change at F = 2048, so it stays at 18 M parameters and saves about 85 of 86.4 MiB.
 Prints PASS/FAIL per check and 'N passed, M failed'.
 usage: check_offload.py PLANC REPO_ROOT
 """
@@ -38,10 +45,11 @@ import harness  # noqa: E402  (tests/lib/harness.py)
 runner = harness.Runner("offload")
 planc, root, work, check = runner.planc, runner.root, runner.work, runner.check
 env = harness.mpi_env(PLANRT_REPORT_MEMORY="1", PLANRT_OFFLOAD_DIR=work)
+GPT_SIZES = [("D=64", "S=32"), ("S=32",)]  # --model-arg sizes for examples/gpt.plan, the smallest first
 
 
-def explain(src, plan):
-    return harness.explain(planc, src, plan)
+def explain(src, plan, size=()):
+    return harness.explain(planc, src, plan, args=harness.model_args(size))
 
 
 def run(prog, world, args):
@@ -56,8 +64,10 @@ def losses(path):
     return [x.get("loss") for x in harness.read_log(path)]
 
 
-def case(src, plan, memory_check, host=False, resume=True, steps=6, every=3):
-    tag = f"{os.path.basename(src)} {plan}"
+def case(src, plan, memory_check, host=False, resume=True, steps=6, every=3, sizes=()):
+    """plan of src and the same plan without its offload line, at the first of sizes keeping its schedule"""
+    size = harness.smaller_size(planc, src, plan, sizes)
+    tag = f"{os.path.basename(src)} {plan}" + (f" ({', '.join(size)})" if size else "")
     text = open(src).read()
     body = re.search(r"^plan " + plan + r" for .*?^}", text, re.S | re.M)
     if not body or "offload" not in body.group(0):
@@ -69,12 +79,12 @@ def case(src, plan, memory_check, host=False, resume=True, steps=6, every=3):
     env.pop("PLANC_TEST_HOST_OFFLOAD_ON_CPU", None)
     if host:  # the CUDA target's program, on the CPU (emit_c.c)
         env["PLANC_TEST_HOST_OFFLOAD_ON_CPU"] = "1"
-    d_off, d_plain = explain(src, plan), explain(plain_src, plan)
+    d_off, d_plain = explain(src, plan, size), explain(plain_src, plan, size)
     world = d_off["world"]
     out, measured, rss = {}, {}, {}
     for name, s, d in (("offload", src, d_off), ("plain", plain_src, d_plain)):
         prog = f"{work}/{stem}_{name}"
-        err = harness.build(planc, s, plan, prog, "--native", env=env)
+        err = harness.build(planc, s, plan, prog, "--native", *harness.model_args(size), env=env)
         if err:
             check(tag, False, f"({name}) {err}")
             return
@@ -158,23 +168,23 @@ def case(src, plan, memory_check, host=False, resume=True, steps=6, every=3):
           f"offloaded {rss['offload'][0] / 2**20:.1f} MiB")
 
 
-case(f"{root}/examples/gpt.plan", "zero1_offload_disk", False)
-case(f"{root}/examples/gpt.plan", "bf16_zero3_offload_disk", False)
+case(f"{root}/examples/gpt.plan", "zero1_offload_disk", False, sizes=GPT_SIZES)
+case(f"{root}/examples/gpt.plan", "bf16_zero3_offload_disk", False, sizes=GPT_SIZES)
 # offload.plan's 18 M parameters for resident memory (with the same run's losses, --save and
 # state); resuming them, on the same model with F = 256
-case(f"{root}/tests/offload/offload.plan", "zero1_disk", True, resume=False, steps=2, every=1)
-case(f"{root}/tests/offload/offload.plan", "bf16_zero2_disk", True, resume=False, steps=2, every=1)
+case(f"{root}/tests/offload/offload.plan", "zero1_disk", True, resume=False, steps=2, every=1, sizes=[("F=2048",)])
+case(f"{root}/tests/offload/offload.plan", "bf16_zero2_disk", True, resume=False, steps=2, every=1, sizes=[("F=2048",)])
 small = f"{work}/offload_f256.plan"
 open(small, "w").write(re.sub(r"^(plan \w+ for wide) \{", r"\1(F = 256) {", open(f"{root}/tests/offload/offload.plan").read(),
                               flags=re.M))
 case(small, "zero1_disk", False)
 case(small, "bf16_zero2_disk", False)
 # -> host is the CUDA target's (the CPU target refuses it): the same program, run on the CPU
-case(f"{root}/examples/gpt.plan", "zero2_offload_host", False, host=True)
-case(f"{root}/examples/gpt.plan", "zero3_offload", False, host=True)
+case(f"{root}/examples/gpt.plan", "zero2_offload_host", False, host=True, sizes=GPT_SIZES)
+case(f"{root}/examples/gpt.plan", "zero3_offload", False, host=True, sizes=GPT_SIZES)
 case(f"{root}/examples/mlp.plan", "zero3_offload", False, host=True)
-case(f"{root}/examples/gpt.plan", "dp2_offload_activations", False, host=True)
-case(f"{root}/examples/gpt.plan", "pp2_offload_activations", False, host=True)
+case(f"{root}/examples/gpt.plan", "dp2_offload_activations", False, host=True, sizes=GPT_SIZES)
+case(f"{root}/examples/gpt.plan", "pp2_offload_activations", False, host=True, sizes=GPT_SIZES)
 # a state file that cannot be made: one line naming the cause and the fix, before any step or checkpoint
 prog = f"{work}/gpt_zero1_offload_disk_offload"
 if os.path.exists(prog):
