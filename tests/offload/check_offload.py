@@ -44,7 +44,10 @@ import harness  # noqa: E402  (tests/lib/harness.py)
 
 runner = harness.Runner("offload")
 planc, root, work, check = runner.planc, runner.root, runner.work, runner.check
-env = harness.mpi_env(PLANRT_REPORT_MEMORY="1", PLANRT_OFFLOAD_DIR=work)
+# The watchdog at 300 s, not the harness's 60: an 18 M-parameter disk run's ranks wait on a peer's
+# file writes, which took about 60 s on a 2-core machine at load 30-40 (two full runs lost a check
+# that way). A real hang still ends with the watchdog's error, and mpirun's own 900 s timeout.
+env = harness.mpi_env(PLANRT_REPORT_MEMORY="1", PLANRT_OFFLOAD_DIR=work, PLANRT_WATCHDOG="300")
 GPT_SIZES = [("D=64", "S=32"), ("S=32",)]  # --model-arg sizes for examples/gpt.plan, the smallest first
 
 
