@@ -35,19 +35,19 @@ static const Device builtin[] = {
 	{.key = "h200", .name = "H200-class nodes of 8 GPUs (67 TFLOP/s f32, 989 TFLOP/s bf16, 4.8 TB/s memory; 450 GB/s per GPU in a "
 		 "node, 50 GB/s between nodes, 10 us per message; 3 us per kernel)",
 	 .matmul = {67e12, 989e12, 989e12}, .memory_bw = {4.8e12, 4.8e12, 4.8e12}, .capacity = 141e9, .launch = 3e-6, .node_ranks = 8,
-	 .node = {450e9, 10e-6, 0, 0, 0}, .net = {50e9, 10e-6, 0, 0, 0}},
+	 .node = {.bw = 450e9, .latency = 10e-6}, .net = {.bw = 50e9, .latency = 10e-6}},
 	{.key = "h100", .name = "H100 SXM nodes of 8 GPUs (67 TFLOP/s f32, 989 TFLOP/s bf16, 3.35 TB/s memory, 80 GB; NVLink "
 		 "360 GB/s bus bandwidth in a node, 8 x 400 Gb/s InfiniBand between nodes, tree all-reduce between nodes; 3 us per kernel)",
 	 .matmul = {67e12, 989e12, 989e12}, .memory_bw = {3.35e12, 3.35e12, 3.35e12}, .capacity = 80e9, .launch = 3e-6, .node_ranks = 8,
-	 .node = {360e9, 10e-6, 1e-6, 0, 0}, .net = {45e9, 10e-6, 4e-6, 0.9, 4e-6}},
+	 .node = {.bw = 360e9, .latency = 10e-6, .hop = 1e-6}, .net = {.bw = 45e9, .latency = 10e-6, .hop = 4e-6, .tree = 0.9, .tree_hop = 4e-6}},
 	{.key = "a100", .name = "A100 SXM 80GB nodes of 8 GPUs (19.5 TFLOP/s f32, 312 TFLOP/s bf16, 2.0 TB/s memory; NVLink "
 		 "230 GB/s bus bandwidth in a node, 8 x 200 Gb/s InfiniBand between nodes, tree all-reduce between nodes; 3 us per kernel)",
 	 .matmul = {19.5e12, 312e12, 312e12}, .memory_bw = {2.0e12, 2.0e12, 2.0e12}, .capacity = 80e9, .launch = 3e-6, .node_ranks = 8,
-	 .node = {230e9, 10e-6, 1e-6, 0, 0}, .net = {22e9, 10e-6, 5e-6, 0.9, 5e-6}},
+	 .node = {.bw = 230e9, .latency = 10e-6, .hop = 1e-6}, .net = {.bw = 22e9, .latency = 10e-6, .hop = 5e-6, .tree = 0.9, .tree_hop = 5e-6}},
 	{.key = "cpu", .name = "one x86-64 core per rank (100 GFLOP/s f32 and bf16, 10 GB/s memory; 5 GB/s and 5 us per message between "
 		"ranks of one machine; 0.1 us per kernel)",
 	 .matmul = {100e9, 100e9, 100e9}, .memory_bw = {10e9, 10e9, 10e9}, .capacity = 16.0 * (1 << 30), .launch = CPU_LAUNCH, .node_ranks = 1 << 30,
-	 .node = {5e9, 5e-6, 0, 0, 0}, .net = {5e9, 5e-6, 0, 0, 0}},
+	 .node = {.bw = 5e9, .latency = 5e-6}, .net = {.bw = 5e9, .latency = 5e-6}},
 };
 /* clang-format on */
 
