@@ -37,50 +37,21 @@ static const char calibrate_usage[] =
 	"  --device BASE    the named device the figures not measured come from (default: cpu)\n"
 	"  --quick          small sizes and short timings (seconds, for tests; figures less exact)\n";
 
-static void print_link(FILE *out, const char *what, const char *key, const planrt_calib_link_t *l)
+static void print_link(FILE *out, const char *what, const planrt_calib_link_t *l)
 {
 	fprintf(out, "# %s: %d ranks; all-reduce of one float %.3g s; bus bandwidth: all-reduce %.4g (its best size), "
 		     "at %.0f MiB reduce-scatter %.4g, all-gather %.4g, send+recv %.4g bytes/s\n",
 		what, l->ranks, l->latency, l->allreduce_busbw, l->bytes[l->nsizes - 1] / 1048576.0,
 		l->reduce_scatter_busbw, l->allgather_busbw, l->sendrecv_busbw);
-	fprintf(out, "#   all-reduce seconds by size: the table %s.allreduce below (explain interpolates it, log-log)\n", key);
+	fprintf(out, "#   all-reduce seconds by size:");
+	for (int i = 0; i < l->nsizes; i++)
+		fprintf(out, " %.0fK %.3g", l->bytes[i] / 1024, l->allreduce_s[i]);
+	fprintf(out, "\n");
 }
 
 static void take_link(Link *to, const planrt_calib_link_t *l)
 {
 	*to = (Link){.bw = l->allreduce_busbw, .latency = l->latency, .hop = 0, .tree = 0, .tree_hop = 0};
-	to->table_ranks = l->ranks;
-	to->nsizes = l->nsizes < DEVICE_TABLE_MAX ? l->nsizes : DEVICE_TABLE_MAX;
-	for (int i = 0; i < to->nsizes; i++) {
-		to->size[i] = l->bytes[i];
-		to->seconds[i] = l->allreduce_s[i];
-	}
-}
-
-static double shape_flops(const int64_t mnk[3])
-{
-	return 2.0 * (double)mnk[0] * (double)mnk[1] * (double)mnk[2];
-}
-
-/* The gemm table: each shape's rate by its FLOPs, increasing (of shapes of equal FLOPs, the faster). */
-static void gemm_table(Device *d, const planrt_calibration_t *c)
-{
-	d->ngemm = 0;
-	for (;;) {
-		int next = -1;
-		for (int i = 0; i < c->ngemms; i++) {
-			double f = shape_flops(c->gemm_mnk[i]);
-			if (d->ngemm > 0 && f <= d->gemm_flops[d->ngemm - 1])
-				continue;
-			if (next < 0 || f < shape_flops(c->gemm_mnk[next]) ||
-			    (f == shape_flops(c->gemm_mnk[next]) && c->gemm_rate[i] > c->gemm_rate[next]))
-				next = i;
-		}
-		if (next < 0 || d->ngemm == DEVICE_TABLE_MAX)
-			return;
-		d->gemm_flops[d->ngemm] = shape_flops(c->gemm_mnk[next]);
-		d->gemm_rate[d->ngemm++] = c->gemm_rate[next];
-	}
 }
 
 /* The device model from the measurements, starting from base. */
@@ -91,7 +62,6 @@ static Device calibrated_device(const Device *base, const planrt_calibration_t *
 	for (int i = 0; i < c->ngemms; i++)
 		if (c->gemm_rate[i] > best)
 			best = c->gemm_rate[i];
-	gemm_table(&d, c);
 	for (int t = 0; t < 3; t++) {
 		d.matmul[t] = best;
 		d.memory_bw[t] = c->memory_bw;
@@ -100,11 +70,6 @@ static Device calibrated_device(const Device *base, const planrt_calibration_t *
 	if (c->capacity > 0)
 		d.capacity = c->capacity;
 	d.launch = c->launch;
-	d.nbusy = c->nbusy < DEVICE_TABLE_MAX ? c->nbusy : DEVICE_TABLE_MAX;
-	for (int i = 0; i < d.nbusy; i++) { /* the rate with k busy over the rate with all of them busy */
-		d.busy_ranks[i] = c->busy_ranks[i];
-		d.busy_speedup[i] = c->busy_rate[i] / c->busy_rate[c->nbusy - 1];
-	}
 	d.node_ranks = c->node_ranks;
 	if (c->node.ranks)
 		take_link(&d.node, &c->node);
@@ -130,24 +95,14 @@ static void write_header(FILE *out, const planrt_calibration_t *c, const Device 
 	for (int i = 0; i < c->ngemms; i++)
 		fprintf(out, " %lldx%lldx%lld %.4g", (long long)c->gemm_mnk[i][0], (long long)c->gemm_mnk[i][1],
 			(long long)c->gemm_mnk[i][2], c->gemm_rate[i]);
-	fprintf(out, "\n# matmul.*: the best of these; the CPU runs bf16 and f16 GEMMs in f32 after casts; the gemm table: "
-		     "each shape's FLOPs and rate (explain prices a GEMM by its size)\n");
+	fprintf(out, "\n# matmul.*: the best of these; the CPU runs bf16 and f16 GEMMs in f32 after casts\n");
 	fprintf(out, "# kernel.latency: a tiny kernel's seconds per call (a GEMM of 8 x 8 x 8 and an add of 64 floats, the mean)\n");
 	fprintf(out, "# memory.*: y = a x + y over arrays larger than the caches (64 MiB; 4 MiB with --quick); attention.*: the fused causal attention, forward and "
 		     "backward, FLOPs counted as explain counts them\n");
-	if (c->nbusy) {
-		fprintf(out, "# busy: %d ranks per node share %d cores; the best shape's GEMM FLOP/s with k ranks busy:", c->node_ranks,
-			c->cores);
-		for (int i = 0; i < c->nbusy; i++)
-			fprintf(out, " %d %.4g", c->busy_ranks[i], c->busy_rate[i]);
-		fprintf(out, "\n#   busy = k and that rate over the rate with all %d busy (explain's pipelines use it)\n", c->node_ranks);
-	} else {
-		fprintf(out, "# busy: not measured (%d ranks per node, %d cores: a core per rank)\n", c->node_ranks, c->cores);
-	}
 	if (c->node.ranks)
-		print_link(out, "within a node", "node", &c->node);
+		print_link(out, "within a node", &c->node);
 	if (c->net.ranks)
-		print_link(out, "between nodes", "net", &c->net);
+		print_link(out, "between nodes", &c->net);
 	if (!c->node.ranks)
 		fprintf(out, "# within a node: not measured (one rank per node), from %s\n", base->key);
 	if (!c->net.ranks)
@@ -224,9 +179,8 @@ int calibrate_main(int argc, char **argv)
 		status = write_file(out, &d, &c, base);
 		if (!status)
 			printf("planc calibrate: wrote %s: matmul %.4g FLOP/s, memory %.4g bytes/s, attention %.4g FLOP/s, "
-			       "%.3g s per kernel, link within a node %.4g bytes/s and %.3g s per call, %d sizes; %s%.3g (%d ranks)\n",
-			       out, d.matmul[0], d.memory_bw[0], d.attention[0], d.launch, d.node.bw, d.node.latency, d.node.nsizes,
-			       d.nbusy ? "speedup with one rank busy " : "no busy table ", d.nbusy ? d.busy_speedup[0] : 0.0, c.ranks);
+			       "%.3g s per kernel, link within a node %.4g bytes/s and %.3g s per call (%d ranks)\n",
+			       out, d.matmul[0], d.memory_bw[0], d.attention[0], d.launch, d.node.bw, d.node.latency, c.ranks);
 	}
 	planrt_calibrate_end();
 	return status;

@@ -660,9 +660,6 @@ static void push_variants(Search *S, CandList *l, Candidate c)
 							c.bound = larger(c.bound, t);
 							c.mem_bound = larger(c.mem_bound, mem);
 						}
-						/* ranks sharing cores: the estimate may run a stage up to this much faster
-						 * than the all-busy seconds the bounds add up (explain/cores.c) */
-						c.bound /= device_busy_most(device_current());
 						c.index = l->n;
 						push(l, &c);
 					}

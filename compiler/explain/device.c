@@ -84,53 +84,13 @@ const char *device_names(void)
 
 /* ---------------------------------------------------------------- collective cost */
 
-/* A table's point i as ring bytes per rank: its all-reduce of size[i] bytes over table_ranks. */
-static double table_wire(const Link *l, int i)
-{
-	return 2.0 * (double)(l->table_ranks - 1) / (double)l->table_ranks * l->size[i];
-}
-
-/* Seconds the table gives `wire` ring bytes: log-log between the measured sizes around it (the
- * time of a collective grows slower than its bytes where latency counts, faster where buffers
- * leave the caches); below the smallest size, linear from the latency (a one-element call) to it;
- * beyond the largest, the largest's bandwidth. Every branch's seconds per byte lie between two
- * measured points' (the log-log mean of theirs), so no size is priced faster than the table's
- * best bandwidth: table_best_bw is the floor's rate. */
-static double table_seconds(const Link *l, double wire)
-{
-	int n = l->nsizes;
-	double w0 = table_wire(l, 0);
-	if (wire <= w0)
-		return l->latency + (l->seconds[0] - l->latency) * wire / w0;
-	for (int i = 1; i < n; i++) {
-		double lo = table_wire(l, i - 1), hi = table_wire(l, i);
-		if (wire <= hi) {
-			double a = log(wire / lo) / log(hi / lo);
-			return exp((1 - a) * log(l->seconds[i - 1]) + a * log(l->seconds[i]));
-		}
-	}
-	return l->seconds[n - 1] * wire / table_wire(l, n - 1);
-}
-
-static double table_best_bw(const Link *l)
-{
-	double best = 0;
-	for (int i = 0; i < l->nsizes; i++)
-		if (table_wire(l, i) / l->seconds[i] > best)
-			best = table_wire(l, i) / l->seconds[i];
-	return best;
-}
-
 /* Seconds one rank spends in a collective moving `wire` bytes (the ring's bytes per rank, as
  * explain counts them) over n ranks on link l; steps: the ring's steps (2 (n - 1) for an
- * all-reduce, n - 1 for a gather or scatter, 1 for a send). A link with a table is priced by it,
- * by wire bytes (the bus bandwidth's rule: one figure per size serves every group size and kind). */
+ * all-reduce, n - 1 for a gather or scatter, 1 for a send). */
 double device_collective_seconds(const Link *l, bool all_reduce, long long n, double steps, double wire)
 {
 	if (n <= 1)
 		return 0;
-	if (l->nsizes > 0)
-		return table_seconds(l, wire);
 	double ring = wire / l->bw + l->latency + steps * l->hop;
 	if (!all_reduce || l->tree <= 0)
 		return ring;
@@ -141,64 +101,8 @@ double device_collective_seconds(const Link *l, bool all_reduce, long long n, do
 
 double device_wire_floor(const Link *l, bool all_reduce, double wire)
 {
-	double share = all_reduce && l->tree > 1 ? l->tree : 1, bw = l->bw * share;
-	if (l->nsizes > 0 && table_best_bw(l) > bw)
-		bw = table_best_bw(l);
-	return wire / bw;
-}
-
-/* ---------------------------------------------------------------- ranks sharing cores */
-
-/* Linear between the table's busy counts; below the first, the first's; beyond the last, the last's. */
-double device_busy_speedup(const Device *d, double busy)
-{
-	int n = d->nbusy;
-	if (n == 0)
-		return 1;
-	if (busy <= d->busy_ranks[0])
-		return d->busy_speedup[0];
-	for (int i = 1; i < n; i++)
-		if (busy <= d->busy_ranks[i]) {
-			double a = (busy - d->busy_ranks[i - 1]) / (d->busy_ranks[i] - d->busy_ranks[i - 1]);
-			return d->busy_speedup[i - 1] + a * (d->busy_speedup[i] - d->busy_speedup[i - 1]);
-		}
-	return d->busy_speedup[n - 1];
-}
-
-double device_busy_most(const Device *d)
-{
-	double most = 1;
-	for (int i = 0; i < d->nbusy; i++)
-		if (d->busy_speedup[i] > most)
-			most = d->busy_speedup[i];
-	return most;
-}
-
-/* ---------------------------------------------------------------- GEMMs by size */
-
-/* The gemm table's rate at `product` FLOPs: its points made non-decreasing (each the best rate of
- * any point no larger: a larger GEMM never costs less than a smaller one's share), log-linear
- * between them, the smallest's below and the largest's above; over the table's best rate, that
- * scales the matmul.* roof. Non-decreasing is what keeps search's bounds sound: the bounds price
- * the reference plans' GEMMs, which the candidates' split into smaller ones, no faster. */
-double device_gemm_rate(const Device *d, int dt, double product)
-{
-	int n = d->ngemm;
-	if (n == 0)
-		return d->matmul[dt];
-	double env[DEVICE_TABLE_MAX] = {0}, best = 0;
-	for (int i = 0; i < n; i++)
-		env[i] = best = d->gemm_rate[i] > best ? d->gemm_rate[i] : best;
-	double rate = env[n - 1];
-	if (product <= d->gemm_flops[0])
-		rate = env[0];
-	for (int i = 1; i < n && product > d->gemm_flops[0]; i++)
-		if (product <= d->gemm_flops[i]) {
-			double a = log(product / d->gemm_flops[i - 1]) / log(d->gemm_flops[i] / d->gemm_flops[i - 1]);
-			rate = env[i - 1] + a * (env[i] - env[i - 1]);
-			break;
-		}
-	return d->matmul[dt] * rate / best;
+	double share = all_reduce && l->tree > 1 ? l->tree : 1;
+	return wire / (l->bw * share);
 }
 
 /* ---------------------------------------------------------------- device files */
@@ -273,45 +177,6 @@ static bool file_error(const char *path, int line, const char *msg, const char *
 	return false;
 }
 
-/* `node.allreduce = SIZE SECONDS` (a point of a link's table: an all-reduce of SIZE bytes took
- * SECONDS), `gemm = FLOPS RATE` (a GEMM of FLOPS ran at RATE FLOP/s) or `busy = RANKS SPEEDUP`
- * (the compute rate with RANKS of a node's ranks busy over the rate with all busy): one point
- * more, in increasing order of its first number. */
-static bool table_line(Device *d, const char *path, int line, const char *key, char *value)
-{
-	bool busy = !strcmp(key, "busy"), gemm = !strcmp(key, "gemm");
-	char *space = value + strcspn(value, " \t");
-	double x, y;
-	bool two = *space != 0;
-	if (two)
-		*space++ = 0;
-	if (!two || !device_parse_number(value, &x) || !device_parse_number(space, &y) || x <= 0 || y <= 0) {
-		if (two)
-			space[-1] = ' ';
-		return file_error(path, line, busy ? "busy takes two positive numbers, busy ranks and the speedup over all "
-						     "ranks busy (busy = 1 1.9), not '%s'"
-					      : gemm ? "gemm takes two positive numbers, a GEMM's FLOPs (2 M N K) and its FLOP/s "
-						       "(gemm = 33.5M 33G), not '%s'"
-						     : "allreduce takes two positive numbers, a message size in bytes and its seconds "
-						       "(node.allreduce = 1Mi 650u), not '%s'", value);
-	}
-	Link *l = busy || gemm ? NULL : key[1] == 'o' ? &d->node : &d->net;
-	int *n = busy ? &d->nbusy : gemm ? &d->ngemm : &l->nsizes;
-	double *xs = busy ? d->busy_ranks : gemm ? d->gemm_flops : l->size;
-	double *ys = busy ? d->busy_speedup : gemm ? d->gemm_rate : l->seconds;
-	if (*n == DEVICE_TABLE_MAX)
-		return file_error(path, line, "a table has at most 16 points; '%s' is one more", key);
-	if (*n > 0 && x <= xs[*n - 1])
-		return file_error(path, line, "the points of '%s' go in increasing order of their first number", key);
-	space[-1] = ' ';
-	if (busy && (x != floor(x) || y > 1024))
-		return file_error(path, line, "busy is a whole number of ranks and a speedup of at most 1024, not '%s'", value);
-	xs[*n] = x;
-	ys[*n] = y;
-	(*n)++;
-	return true;
-}
-
 /* One `key = value` line into d (name, base and ranks_per_node are not numbers of a field). */
 static bool device_line(Device *d, const char *path, int line, char *key, char *value, char *names, size_t cap)
 {
@@ -327,8 +192,6 @@ static bool device_line(Device *d, const char *path, int line, char *key, char *
 		*d = *b;
 		return true;
 	}
-	if (!strcmp(key, "node.allreduce") || !strcmp(key, "net.allreduce") || !strcmp(key, "busy") || !strcmp(key, "gemm"))
-		return table_line(d, path, line, key, value);
 	double v;
 	if (!device_parse_number(value, &v))
 		return file_error(path, line, "'%s' is not a non-negative number (an SI suffix may follow: 450G, 10u, 80Gi)",
@@ -339,13 +202,6 @@ static bool device_line(Device *d, const char *path, int line, char *key, char *
 		d->node_ranks = (int)v;
 		return true;
 	}
-	if (!strcmp(key, "node.allreduce_ranks") || !strcmp(key, "net.allreduce_ranks")) {
-		if (v < 2 || v > 1 << 30 || v != floor(v))
-			return file_error(path, line, "allreduce_ranks is the whole number of ranks the table was measured "
-						      "over, 2 or more, not '%s'", value);
-		(key[1] == 'o' ? &d->node : &d->net)->table_ranks = (int)v;
-		return true;
-	}
 	if (!strcmp(key, "kernel.latency") && v > MAX_LAUNCH)
 		return file_error(path, line, "kernel.latency is seconds per kernel launch, at most 1m (write 5u for 5 "
 					      "microseconds), not '%s'", value);
@@ -354,7 +210,7 @@ static bool device_line(Device *d, const char *path, int line, char *key, char *
 		return file_error(path, line,
 				  "unknown key '%s' (name, base, matmul.f32|bf16|f16, memory.f32|bf16|f16, attention.f32|bf16|f16, "
 "memory.capacity, kernel.latency, "
-				  "node.ranks, node|net.bandwidth|latency|hop|tree|tree_hop|allreduce|allreduce_ranks, gemm, busy)",
+				  "node.ranks, node|net.bandwidth|latency|hop|tree|tree_hop)",
 				  key);
 	*field = v;
 	return true;
@@ -412,14 +268,6 @@ bool device_load(const char *path, Device *d)
 			missing);
 		return false;
 	}
-	const Link *links[2] = {&d->node, &d->net};
-	for (int i = 0; i < 2; i++)
-		if ((links[i]->nsizes > 0) != (links[i]->table_ranks > 0)) {
-			fprintf(stderr, "%s: error: %s.allreduce (the table) and %s.allreduce_ranks (the ranks it was measured "
-					"over) go together; the file gives only %s\n", path, i ? "net" : "node", i ? "net" : "node",
-				links[i]->nsizes ? "the table" : "the ranks");
-			return false;
-		}
 	return true;
 }
 
@@ -444,16 +292,6 @@ void device_write(FILE *out, const Device *d)
 		fprintf(out, "%s.bandwidth = %.6g\n%s.latency = %.6g\n%s.hop = %.6g\n%s.tree = %.6g\n%s.tree_hop = %.6g\n",
 			link_names[i], links[i]->bw, link_names[i], links[i]->latency, link_names[i], links[i]->hop,
 			link_names[i], links[i]->tree, link_names[i], links[i]->tree_hop);
-	for (int i = 0; i < 2; i++) {
-		if (links[i]->nsizes)
-			fprintf(out, "%s.allreduce_ranks = %d\n", link_names[i], links[i]->table_ranks);
-		for (int j = 0; j < links[i]->nsizes; j++)
-			fprintf(out, "%s.allreduce = %.15g %.6g\n", link_names[i], links[i]->size[j], links[i]->seconds[j]);
-	}
-	for (int j = 0; j < d->ngemm; j++)
-		fprintf(out, "gemm = %.15g %.6g\n", d->gemm_flops[j], d->gemm_rate[j]);
-	for (int j = 0; j < d->nbusy; j++)
-		fprintf(out, "busy = %.6g %.6g\n", d->busy_ranks[j], d->busy_speedup[j]);
 }
 
 /* --device=NAME or --device=FILE: a named device, else a file (one with a '/' or '.' in it). */

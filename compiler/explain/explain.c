@@ -466,9 +466,7 @@ static void bubble(Report *rep)
  * kernels (a transfer between stages delays the receiving action by its own time); the schedule
  * table is simulated with those costs, and the step's update phase (gradient buckets, clipping,
  * the optimizer) is added once. The device is a nominal figure for comparing plans, not a
- * promise: explain says which one it assumed. A measured device (planc calibrate's file) may also
- * price GEMMs by their size, collectives by their size (device.c) and, where ranks share cores,
- * run the schedule with a speedup for the ranks busy at each moment (cores.c). */
+ * promise: explain says which one it assumed. */
 /* Ranks are numbered row-major with the last mesh axis fastest, so the innermost axes whose sizes
  * multiply to at most a node's ranks run inside one node. */
 static bool inside_node(const PlanSpec *ps, int axis)
@@ -519,8 +517,7 @@ static double kernel_seconds(const PlanSpec *ps, const LProg *p, const Kernel *k
 	int dt = ps->param_dtype == DT_BF16 ? 1 : ps->param_dtype == DT_F16 ? 2 : 0;
 	double t = 0;
 	if (kernel_is_gemm(k)) {
-		long long products = k->kind == K_MATMUL ? KARG(k, MATMUL, batch)->i : KARG(k, MATMUL_BF16, batch)->i;
-		t = kernel_gemm_flops(k) / device_gemm_rate(d, dt, kernel_gemm_flops(k) / (double)(products > 0 ? products : 1));
+		t = kernel_gemm_flops(k) / d->matmul[dt];
 	} else if (k->kind == K_ATTENTION || k->kind == K_ATTENTION_GRAD || k->kind == K_RING_ATTENTION ||
 		   k->kind == K_RING_ATTENTION_GRAD) { /* its products (attention_flops); a ring's: one block's */
 		/* the ring kernels' arguments start as the plain ones' (ring.c copies them) */
@@ -620,14 +617,7 @@ static void estimate(Report *rep)
 		if (upd[s] > update)
 			update = upd[s];
 	double makespan = 0;
-	const Device *d = device_current();
-	if (d->nbusy > 0) { /* ranks share cores: a stage computing alone gets more of them */
-		double node = (double)(g->ps->world < d->node_ranks ? g->ps->world : d->node_ranks);
-		makespan = explain_shared_makespan(g, fc, bc, xfer, d, node / p);
-		update /= device_busy_speedup(d, node); /* every rank updates at once */
-	} else {
-		pipeline_simulate(g, fc, bc, xfer, &makespan, NULL);
-	}
+	pipeline_simulate(g, fc, bc, xfer, &makespan, NULL);
 	rep->est_pipeline = makespan;
 	rep->est_update = update;
 	rep->est_step = makespan + update;

@@ -16,14 +16,9 @@ const char *explain_device_name(void); /* the description of the device the esti
 
 /* device.c: the device models (docs/search.md). A link as nccl-tests measures it: bus bandwidth
  * (bytes/s), latency per call and per ring step; tree: the tree all-reduce's share of the bus
- * bandwidth (0: none) and its latency per tree level. A measured link may also have a table: the
- * all-reduce's seconds by message size over table_ranks ranks, which then prices its collectives
- * (interpolated) in place of bandwidth and latency. */
-enum { DEVICE_TABLE_MAX = 16 };
+ * bandwidth (0: none) and its latency per tree level. */
 typedef struct Link {
 	double bw, latency, hop, tree, tree_hop;
-	int nsizes, table_ranks;
-	double size[DEVICE_TABLE_MAX], seconds[DEVICE_TABLE_MAX]; /* bytes per all-reduce, increasing */
 } Link;
 typedef struct Device {
 	const char *key, *name;
@@ -34,14 +29,6 @@ typedef struct Device {
 	double launch;       /* seconds every compute kernel costs beyond its roofline (launch, dispatch) */
 	int node_ranks;      /* ranks per node */
 	Link node, net;      /* within a node, between nodes */
-	/* ranks that share cores (a CPU with more ranks than cores): the compute rate with k of a
-	 * node's ranks busy over the rate with all busy, at increasing k (nbusy 0: no such table) */
-	int nbusy;
-	double busy_ranks[DEVICE_TABLE_MAX], busy_speedup[DEVICE_TABLE_MAX];
-	/* measured GEMMs: the rate of one product of gemm_flops[i] FLOPs (increasing); a smaller GEMM
-	 * runs below the matmul.* roof (ngemm 0: every GEMM at the roof) */
-	int ngemm;
-	double gemm_flops[DEVICE_TABLE_MAX], gemm_rate[DEVICE_TABLE_MAX];
 } Device;
 const Device *device_current(void);  /* the device explain assumes (h200 unless chosen) */
 void device_use(const Device *d);    /* copies d */
@@ -55,17 +42,6 @@ bool device_parse_number(const char *s, double *out); /* 450G, 10u, 80GiB; false
 double device_collective_seconds(const Link *l, bool all_reduce, long long n, double steps, double wire);
 /* the least seconds of that collective however it is split into calls: its bandwidth term */
 double device_wire_floor(const Link *l, bool all_reduce, double wire);
-/* the compute rate's factor with `busy` of a node's ranks computing (1 without a busy table), and
- * the largest factor any number of busy ranks gets (search's bounds divide by it) */
-double device_busy_speedup(const Device *d, double busy);
-double device_busy_most(const Device *d);
-/* FLOP/s of a GEMM of `product` FLOPs per product, element type dt (0 f32, 1 bf16, 2 f16): the
- * matmul.* roof scaled by the gemm table (never decreasing with the size: search's bounds) */
-double device_gemm_rate(const Device *d, int dt, double product);
-/* cores.c: the pipeline's makespan when ranks share cores: each action advances at d's speedup for
- * the ranks busy at that moment (busy stages times stage_ranks, a stage's ranks in a node) */
-double explain_shared_makespan(const Graph *g, const double *fc, const double *bc, double xfer, const Device *d,
-			       double stage_ranks);
 const char *explain_bytes(double b, char *buf, size_t n); /* "1.50 MiB", as the report prints sizes */
 /* What planc search ranks a plan by: the largest peak memory of a rank role (bytes), the
  * estimated step time and its parts (seconds), the pipeline bubble; runnable: planc build runs

@@ -4,8 +4,7 @@
  * FLOP rate, the fused attention at its own rate, element-wise kernels at a memory bandwidth,
  * collectives by a link's bus bandwidth and latency. The named devices are data-sheet figures;
  * this file measures the same quantities with the code the generated programs run:
- *   - planrt_k_matmul_f32 (OpenBLAS) on square and transformer-shaped GEMMs; where a node has
- *     more ranks than cores, the best shape's again with 1 .. all of its ranks busy;
+ *   - planrt_k_matmul_f32 (OpenBLAS) on square and transformer-shaped GEMMs;
  *   - y = a x + y over arrays far larger than the caches (the bytes explain counts for a fused
  *     loop: every operand once);
  *   - planrt_k_attention_f32 and its gradient, causal, counted as explain counts them;
@@ -39,18 +38,16 @@ static void *calib_alloc(size_t bytes)
 	return p;
 }
 
-/* The slowest rank's seconds per call of fn(arg), over comm: every busy rank runs it the same
- * number of times (agreed before timing), after one warm-up call; a rank that is not busy waits
- * in MPI meanwhile (as a pipeline stage waits in a receive). */
-static double timed_busy(MPI_Comm comm, void (*fn)(void *), void *arg, int busy)
+/* The slowest rank's seconds per call of fn(arg), over comm: every rank runs it the same number
+ * of times (rank 0's count, agreed before timing), after one warm-up call. */
+static double timed(MPI_Comm comm, void (*fn)(void *), void *arg)
 {
-	if (busy)
-		fn(arg);
+	fn(arg);
 	long reps = 1;
-	for (;;) { /* the slowest busy rank's time decides how many calls take min_seconds */
+	for (;;) { /* rank 0 finds how many calls take min_seconds; every rank runs that many */
 		MPI_Barrier(comm);
 		double t0 = planrt_now();
-		for (long i = 0; busy && i < reps; i++)
+		for (long i = 0; i < reps; i++)
 			fn(arg);
 		double dt = planrt_now() - t0, slowest;
 		MPI_Allreduce(&dt, &slowest, 1, MPI_DOUBLE, MPI_MAX, comm);
@@ -58,11 +55,6 @@ static double timed_busy(MPI_Comm comm, void (*fn)(void *), void *arg, int busy)
 			return slowest / (double)reps;
 		reps *= slowest > 0 ? (long)(min_seconds / slowest * 1.2) + 1 : 16;
 	}
-}
-
-static double timed(MPI_Comm comm, void (*fn)(void *), void *arg)
-{
-	return timed_busy(comm, fn, arg, 1);
 }
 
 /* ---------------------------------------------------------------- compute */
@@ -78,68 +70,29 @@ static void run_gemm(void *arg)
 	planrt_k_matmul_f32(1, g->m, g->n, g->k, g->a, 0, 0, g->b, 0, 0, g->c, 0, 0);
 }
 
-static void gemm_alloc(Gemm *g)
-{
-	g->a = calib_alloc(sizeof(float) * (size_t)(g->m * g->k));
-	g->b = calib_alloc(sizeof(float) * (size_t)(g->k * g->n));
-	g->c = calib_alloc(sizeof(float) * (size_t)(g->m * g->n));
-	for (int64_t j = 0; j < g->m * g->k; j++)
-		g->a[j] = (float)(j % 7) * 0.25f;
-	for (int64_t j = 0; j < g->k * g->n; j++)
-		g->b[j] = (float)(j % 5) * 0.5f;
-}
-
-static void gemm_free(Gemm *g)
-{
-	free(g->a);
-	free(g->b);
-	free(g->c);
-}
-
-/* Ranks sharing cores: the best shape's GEMM rate with k of every node's ranks computing (those
- * of local index below k) while the rest wait in MPI, for k = 1 .. the node's ranks (16 of them,
- * spread evenly, on larger nodes). A pipeline with few micro-batches runs one stage at a time:
- * its ranks get more of the cores than the all-busy rate gives them (docs/search.md). */
-static void measure_busy(planrt_calibration_t *c, int rank)
-{
-	long cores = sysconf(_SC_NPROCESSORS_ONLN);
-	c->cores = cores > 0 ? (int)cores : 0;
-	int n = c->node_ranks;
-	if (cores <= 0 || n <= cores || c->ngemms == 0)
-		return;
-	int best = 0;
-	for (int i = 1; i < c->ngemms; i++)
-		if (c->gemm_rate[i] > c->gemm_rate[best])
-			best = i;
-	Gemm g = {c->gemm_mnk[best][0], c->gemm_mnk[best][1], c->gemm_mnk[best][2], NULL, NULL, NULL};
-	gemm_alloc(&g);
-	int points = n < PLANRT_CALIB_SIZES ? n : PLANRT_CALIB_SIZES;
-	for (int i = 0; i < points; i++) {
-		int k = points == n ? i + 1 : 1 + (int)((long long)(n - 1) * i / (points - 1));
-		double s = timed_busy(MPI_COMM_WORLD, run_gemm, &g, rank % n < k);
-		c->busy_ranks[i] = k;
-		c->busy_rate[i] = 2.0 * (double)g.m * (double)g.n * (double)g.k / s;
-	}
-	c->nbusy = points;
-	gemm_free(&g);
-}
-
 static void measure_gemms(planrt_calibration_t *c, int quick)
 {
-	/* from small (a few MFLOP, what a small model's micro-batch runs, far below the roof) to large:
-	 * square, and a transformer layer's shapes (tokens x D x D and tokens x 4D x D) */
-	static const int64_t full[][3] = {{128, 128, 128}, {256, 256, 256}, {512, 256, 256}, {1024, 1024, 1024},
-					  {2048, 512, 512}, {2048, 2048, 512}, {4096, 1024, 1024}};
+	/* square, then a transformer layer's shapes (tokens x D x D and tokens x 4D x D) */
+	static const int64_t full[][3] = {{256, 256, 256}, {1024, 1024, 1024}, {2048, 512, 512}, {2048, 2048, 512},
+					  {4096, 1024, 1024}};
 	static const int64_t small[][3] = {{64, 64, 64}, {128, 128, 128}, {256, 128, 128}};
 	const int64_t(*shapes)[3] = quick ? small : full;
-	c->ngemms = quick ? 3 : 7;
+	c->ngemms = quick ? 3 : 5;
 	for (int i = 0; i < c->ngemms; i++) {
 		Gemm g = {shapes[i][0], shapes[i][1], shapes[i][2], NULL, NULL, NULL};
-		gemm_alloc(&g);
+		g.a = calib_alloc(sizeof(float) * (size_t)(g.m * g.k));
+		g.b = calib_alloc(sizeof(float) * (size_t)(g.k * g.n));
+		g.c = calib_alloc(sizeof(float) * (size_t)(g.m * g.n));
+		for (int64_t j = 0; j < g.m * g.k; j++)
+			g.a[j] = (float)(j % 7) * 0.25f;
+		for (int64_t j = 0; j < g.k * g.n; j++)
+			g.b[j] = (float)(j % 5) * 0.5f;
 		double s = timed(MPI_COMM_WORLD, run_gemm, &g);
 		memcpy(c->gemm_mnk[i], shapes[i], sizeof c->gemm_mnk[i]);
 		c->gemm_rate[i] = 2.0 * (double)g.m * (double)g.n * (double)g.k / s;
-		gemm_free(&g);
+		free(g.a);
+		free(g.b);
+		free(g.c);
 	}
 }
 
@@ -368,7 +321,6 @@ int planrt_calibrate(planrt_calibration_t *c, const char *out_path, int quick, c
 	long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
 	c->capacity = pages > 0 && page > 0 ? (double)pages * (double)page / c->node_ranks : 0;
 	measure_gemms(c, quick);
-	measure_busy(c, rank);
 	c->memory_bw = measure_memory(quick);
 	c->attention_rate = measure_attention(quick);
 	c->launch = measure_launch();

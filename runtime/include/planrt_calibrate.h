@@ -9,7 +9,7 @@
 
 #include <stdint.h>
 
-enum { PLANRT_CALIB_GEMMS = 8, PLANRT_CALIB_SIZES = 16 };
+enum { PLANRT_CALIB_GEMMS = 5, PLANRT_CALIB_SIZES = 16 };
 
 /* One link's collectives (MPI, through planrt's collectives): all-reduce time by message size,
  * the all-reduce's bus bandwidth at its best size, and the other kinds' at the largest size (nccl-tests' busbw: the algorithm bandwidth
@@ -36,12 +36,6 @@ typedef struct planrt_calibration {
 	double launch;                             /* seconds per call of a tiny kernel (a GEMM of 8 x 8 x 8 and
 						      an add of 64 floats, the mean): a kernel's fixed cost */
 	double capacity;                           /* bytes of this node's memory per rank */
-	/* where a node has more ranks than cores (they share them): the best shape's GEMM rate with
-	 * busy_ranks[i] of each node's ranks computing while the others wait in MPI, the last with all
-	 * of them (nbusy 0: not measured, every rank has a core of its own) */
-	int cores, nbusy;
-	int busy_ranks[PLANRT_CALIB_SIZES];
-	double busy_rate[PLANRT_CALIB_SIZES];
 	planrt_calib_link_t node, net;             /* within a node; between nodes */
 } planrt_calibration_t;
 
