@@ -24,6 +24,19 @@ function(runner_test name timeout)
   set_tests_properties(${name} PROPERTIES TIMEOUT ${timeout} ENVIRONMENT "${CC_CACHE_ENV}")
 endfunction()
 
+# cuda_host_mpi_test(NAME): tests/cuda/test_NAME.c, a device kernel's logic run on the host against
+# the CPU runtime on 4 ranks, as ctest cuda_NAME
+function(cuda_host_mpi_test name)
+  add_executable(cuda_test_${name} ${ROOT}/tests/cuda/test_${name}.c)
+  target_compile_options(cuda_test_${name} PRIVATE ${PLANC_WARNINGS})
+  target_include_directories(cuda_test_${name} PRIVATE ${ROOT}/runtime/include)
+  target_link_libraries(cuda_test_${name} PRIVATE planrt m)
+  add_test(NAME cuda_${name}
+           COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 4 ${MPIEXEC_PREFLAGS}
+                   $<TARGET_FILE:cuda_test_${name}> ${MPIEXEC_POSTFLAGS})
+  set_tests_properties(cuda_${name} PROPERTIES TIMEOUT 120 ENVIRONMENT "${TEST_MPI_ENV};PLANRT_WATCHDOG=60")
+endfunction()
+
 # ---- the front end and the command line (tests/front, tests/cli)
 runner_test(errors 300 sh ${ROOT}/tests/front/run_errors.sh ${PLANC})
 file(GLOB FMT_FILES ${ROOT}/examples/*.plan ${ROOT}/stdlib/*.plan ${ROOT}/tests/front/parse/*.plan)
@@ -134,14 +147,7 @@ runner_test(cuda_streams 300 python3 ${ROOT}/tests/cuda/check_streams.py ${PLANC
 runner_test(cuda_optim_groups 120 python3 ${ROOT}/tests/cuda/check_optim_groups.py ${PLANC} ${ROOT})
 # the sync-strategy device kernels' per-element logic (runtime/include/planrt_sync_math.h) on the CPU,
 # composed as runtime/cuda/sync_cuda.cu composes it, against compress.c, sync.c and step.c on 4 ranks
-add_executable(cuda_test_sync_math ${ROOT}/tests/cuda/test_sync_math.c)
-target_compile_options(cuda_test_sync_math PRIVATE ${PLANC_WARNINGS})
-target_include_directories(cuda_test_sync_math PRIVATE ${ROOT}/runtime/include)
-target_link_libraries(cuda_test_sync_math PRIVATE planrt m)
-add_test(NAME cuda_sync_math
-         COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 4 ${MPIEXEC_PREFLAGS}
-                 $<TARGET_FILE:cuda_test_sync_math> ${MPIEXEC_POSTFLAGS})
-set_tests_properties(cuda_sync_math PROPERTIES TIMEOUT 120 ENVIRONMENT "${TEST_MPI_ENV};PLANRT_WATCHDOG=60")
+cuda_host_mpi_test(sync_math)
 # the MoE kernels' per-token, per-expert and per-element logic (runtime/cuda/planrt_moe_math.h, which
 # moe_cuda.cu runs on the device) run on the CPU against the CPU kernels, bit for bit
 add_executable(cuda_test_moe_math ${ROOT}/tests/cuda/test_moe_math.c)
@@ -159,14 +165,7 @@ add_test(NAME cuda_attention_math COMMAND cuda_test_attention_math WORKING_DIREC
 # the layout conversions along a split dim (runtime/include/planrt_layout_math.h's map, which
 # exec_cuda.cu's packing runs on the device), contiguous and the balanced ring's mirrored chunks,
 # composed on the host against runtime/cpu/exec.c's conversions on rings of 2 and 4
-add_executable(cuda_test_layout_math ${ROOT}/tests/cuda/test_layout_math.c)
-target_compile_options(cuda_test_layout_math PRIVATE ${PLANC_WARNINGS})
-target_include_directories(cuda_test_layout_math PRIVATE ${ROOT}/runtime/include)
-target_link_libraries(cuda_test_layout_math PRIVATE planrt m)
-add_test(NAME cuda_layout_math
-         COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 4 ${MPIEXEC_PREFLAGS}
-                 $<TARGET_FILE:cuda_test_layout_math> ${MPIEXEC_POSTFLAGS})
-set_tests_properties(cuda_layout_math PROPERTIES TIMEOUT 120 ENVIRONMENT "${TEST_MPI_ENV};PLANRT_WATCHDOG=60")
+cuda_host_mpi_test(layout_math)
 # the multi-tensor optimizer's index math and update (runtime/include/planrt_optim_math.h, which
 # kernels_cuda.cu's optimizer kernels run) on the host against the per-tensor launch and the CPU
 add_executable(cuda_test_optim_math ${ROOT}/tests/cuda/test_optim_math.c)
