@@ -33,6 +33,14 @@ struct Emit {
 	const EmitTarget *target; /* NULL: the C target; else the target printing the kernels (CUDA) */
 	const int *load_slot;     /* a fused loop's loads print as v<load_slot[buffer]> (NULL: v<buffer>) */
 	const char **param_names; /* the parameter table's entries as the file's PARAM_ enum names them */
+	const char **param_macros; /* [param]: its layer's entry macro (param_layer_macros), or NULL */
+	int *param_layers;         /* [param]: its layer */
+	char *param_macro_defs;    /* those macros' definitions, printed before the table */
+	int *param_block;          /* [param]: the layer block it starts (param_layer_blocks), or -1 */
+	int *param_block_len;      /* [param]: that block's entries */
+	const char **block_names;  /* [block kind]: its PARAM_ names as one macro of the layer */
+	const char **block_entries; /* [block kind]: its table entries as one macro of the layer */
+	int nblock_kinds;
 	bool loop_functions;      /* the C target: each fused loop is a function per instruction-set level */
 	bool layer_loops;         /* the C target: each run of identical layers as one loop (below) */
 	/* printing one layer of a run (print_runs): what differs by layer prints as a hole (a marker
@@ -1832,6 +1840,9 @@ static const char **param_enum_names(const Lowered *low)
 	return names;
 }
 
+static const char **param_layer_macros(Emit *e, int **layers);
+static void print_param_enum(Emit *e);
+
 static void print_prelude(Emit *e, const char *source_path)
 {
 	FILE *f = e->f;
@@ -1858,10 +1869,19 @@ static void print_prelude(Emit *e, const char *source_path)
 	for (int a = 0; a < ps->naxes; a++)
 		fprintf(f, "%s\"%s\"", a ? ", " : "", ps->axes[a].name);
 	fprintf(f, "};\n");
-	fprintf(f, "/* the parameter table's entries (params[] below) */\nenum {\n");
-	for (int i = 0; i < e->low->nparams; i++)
-		fprintf(f, "\t%s%s,\n", e->param_names[i], i ? "" : " = 0");
-	fprintf(f, "};\n\n");
+	{ /* the layers' parameter macros (printed before the table) */
+		char *defs = NULL;
+		size_t len = 0;
+		FILE *saved = e->f;
+		if (!(e->f = open_memstream(&defs, &len)))
+			ICE("out of memory");
+		e->param_macros = param_layer_macros(e, &e->param_layers);
+		if (fclose(e->f) != 0)
+			ICE("out of memory");
+		e->f = saved;
+		e->param_macro_defs = defs;
+	}
+	print_param_enum(e);
 	fprintf(f,
 		"/* element-wise helpers of the fused loops */\n"
 		"static inline float relu(float x) { return x > 0 ? x : 0; }\n"
@@ -2018,16 +2038,123 @@ static const char **param_layer_macros(Emit *e, int **layers)
 	return macros;
 }
 
+/* Parameter i's PARAM_ name with its layer's number as the preprocessor pastes it
+ * ("PARAM_layers_ ## l ## _mlp_w1"), or NULL where the name does not hold the number. */
+static const char *param_name_pattern(const Emit *e, int i)
+{
+	const char *id = e->param_names[i], *digits = arena_printf(e->low->g->arena, "_%d", e->param_layers[i]);
+	size_t n = strlen(digits);
+	for (const char *c = strstr(id, digits); c; c = strstr(c + 1, digits))
+		if (!isdigit((unsigned char)c[n]))
+			return c[n] ? arena_printf(e->low->g->arena, "%.*s ## l ## %s", (int)(c + 1 - id), id, c + n)
+				    : arena_printf(e->low->g->arena, "%.*s ## l", (int)(c + 1 - id), id);
+	return NULL;
+}
+
+/* Each layer's parameters are adjacent in the table and alike but for the layer's number: a run of
+ * a layer's entries that every entry prints by its layer macro is a *block*, and a block that two
+ * or more layers have (the same macros, the same names) is printed as one macro of the layer in
+ * the PARAM_ enum (LAYER_PARAM_NAMES(7)) and one in the table (LAYER_PARAM_ENTRIES(7)). */
+static void param_layer_blocks(Emit *e)
+{
+	const Lowered *low = e->low;
+	Arena *a = low->g->arena;
+	int n = low->nparams;
+	e->param_block = arena_alloc(a, sizeof(int) * (size_t)(n + 1));
+	e->param_block_len = arena_alloc(a, sizeof(int) * (size_t)(n + 1));
+	e->block_names = arena_alloc(a, sizeof(char *) * (size_t)(n + 1));
+	e->block_entries = arena_alloc(a, sizeof(char *) * (size_t)(n + 1));
+	const char **shape = arena_alloc(a, sizeof(char *) * (size_t)(n + 1));
+	SymTab *count = symtab_new(a), *kind = symtab_new(a);
+	for (int i = 0; i < n; i++)
+		e->param_block[i] = -1;
+	if (e->target) /* the C target's (the CUDA host program prints each entry) */
+		return;
+	for (int i = 1; i < n;) { /* the first entry is "= 0" in the enum: never in a block */
+		int j = i;
+		const char *text = "";
+		while (j < n && e->param_macros[j] && e->param_layers[j] == e->param_layers[i] && param_name_pattern(e, j)) {
+			text = arena_printf(a, "%s\t[%s] = %s(l),", text, param_name_pattern(e, j), e->param_macros[j]);
+			j++;
+		}
+		if (j - i < 2) {
+			i++;
+			continue;
+		}
+		shape[i] = text;
+		e->param_block_len[i] = j - i;
+		symtab_put(count, text, (void *)(intptr_t)((intptr_t)symtab_get(count, text) + 1));
+		i = j;
+	}
+	for (int i = 0; i < n; i++) {
+		if (!e->param_block_len[i] || (intptr_t)symtab_get(count, shape[i]) < 2)
+			continue;
+		intptr_t k = (intptr_t)symtab_get(kind, shape[i]);
+		if (!k) {
+			k = ++e->nblock_kinds;
+			symtab_put(kind, shape[i], (void *)k);
+			const char *suffix = k > 1 ? arena_printf(a, "_%d", (int)k) : "";
+			e->block_names[k - 1] = arena_printf(a, "LAYER_PARAM_NAMES%s", suffix);
+			e->block_entries[k - 1] = arena_printf(a, "LAYER_PARAM_ENTRIES%s", suffix);
+		}
+		e->param_block[i] = (int)k - 1;
+	}
+}
+
+/* The macro of a block kind over its first block's entries at i: each entry, as fmt prints its
+ * pasted name and its layer macro, on a line of its own */
+static void print_block_macro(Emit *e, const char *macro, int i, const char *fmt)
+{
+	fprintf(e->f, "#define %s(l)", macro);
+	for (int j = i; j < i + e->param_block_len[i]; j++) {
+		fprintf(e->f, " \\\n\t");
+		fprintf(e->f, fmt, param_name_pattern(e, j), e->param_macros[j]);
+	}
+	fprintf(e->f, "\n");
+}
+
+/* The PARAM_ enum: one line an entry, one a layer's block */
+static void print_param_enum(Emit *e)
+{
+	FILE *f = e->f;
+	param_layer_blocks(e);
+	for (int k = 0, i = 0; k < e->nblock_kinds; i++)
+		if (e->param_block[i] == k) {
+			if (!k)
+				fprintf(f, "/* a layer's parameters: the same in every layer but for the number in their names */\n");
+			print_block_macro(e, e->block_names[k++], i, "%s,%.0s");
+		}
+	fprintf(f, "/* the parameter table's entries (params[] below) */\nenum {\n");
+	for (int i = 0; i < e->low->nparams; i++)
+		if (e->param_block[i] >= 0) {
+			fprintf(f, "\t%s(%d)\n", e->block_names[e->param_block[i]], e->param_layers[i]);
+			i += e->param_block_len[i] - 1;
+		} else {
+			fprintf(f, "\t%s%s,\n", e->param_names[i], i ? "" : " = 0");
+		}
+	fprintf(f, "};\n\n");
+}
+
 static void print_program(Emit *e, const char *source_path)
 {
 	FILE *f = e->f;
 	const Lowered *low = e->low;
 	fprintf(f, "/* ================================================================ the program */\n\n");
-	int *layers;
-	const char **macros = param_layer_macros(e, &layers);
+	fputs(e->param_macro_defs, f);
+	free(e->param_macro_defs);
+	for (int k = 0, i = 0; k < e->nblock_kinds; i++)
+		if (e->param_block[i] == k)
+			print_block_macro(e, e->block_entries[k++], i, "[%s] = %s(l),");
+	if (e->nblock_kinds)
+		fprintf(f, "\n");
 	fprintf(f, "static const planrt_param_t params[] = {\n");
 	for (int i = 0; i < low->nparams; i++)
-		print_param_entry(e, &low->params[i], i, macros[i], layers[i]);
+		if (e->param_block[i] >= 0) {
+			fprintf(f, "\t%s(%d)\n", e->block_entries[e->param_block[i]], e->param_layers[i]);
+			i += e->param_block_len[i] - 1;
+		} else {
+			print_param_entry(e, &low->params[i], i, e->param_macros[i], e->param_layers[i]);
+		}
 	fprintf(f, "};\n\n");
 	fprintf(f, "static const planrt_stage_t stages[] = {\n");
 	for (int i = 0; i < low->nprogs; i++) {
