@@ -13,7 +13,9 @@
  * the C target can print at all is lowered_executable()'s answer. Each run of identical layers
  * (layer_runs.c) is printed as one loop over the layer with per-layer tables, when every layer
  * prints alike (below, "runs of identical layers as loops"), for the C target and for a target
- * printing the kernels (the CUDA host program); --no-layer-loops prints them all.
+ * printing the kernels (the CUDA host program); --no-layer-loops prints them all. With several
+ * stages the C target prints a loop that several stages run once, as a function each calls with
+ * its own buffers (below, "one loop function for the stages").
  * The output compiles with -Wall -Wextra -Werror. */
 #include "target/target.h"
 
@@ -31,6 +33,14 @@ struct Emit {
 	const EmitTarget *target; /* NULL: the C target; else the target printing the kernels (CUDA) */
 	const int *load_slot;     /* a fused loop's loads print as v<load_slot[buffer]> (NULL: v<buffer>) */
 	const char **param_names; /* the parameter table's entries as the file's PARAM_ enum names them */
+	const char **param_macros; /* [param]: its layer's entry macro (param_layer_macros), or NULL */
+	int *param_layers;         /* [param]: its layer */
+	char *param_macro_defs;    /* those macros' definitions, printed before the table */
+	int *param_block;          /* [param]: the layer block it starts (param_layer_blocks), or -1 */
+	int *param_block_len;      /* [param]: that block's entries */
+	const char **block_names;  /* [block kind]: its PARAM_ names as one macro of the layer */
+	const char **block_entries; /* [block kind]: its table entries as one macro of the layer */
+	int nblock_kinds;
 	bool loop_functions;      /* the C target: each fused loop is a function per instruction-set level */
 	bool layer_loops;         /* the C target: each run of identical layers as one loop (below) */
 	/* printing one layer of a run (print_runs): what differs by layer prints as a hole (a marker
@@ -49,6 +59,14 @@ struct Emit {
 	int *nstate_entries;        /* [stage]: its state table's entries (family members are not) */
 	int *nfamily_entries;       /* [stage]: its families */
 	SymTab *loop_shapes;        /* layers as loops: the file's loop functions by their shape */
+	SymTab *loop_alias;         /* a loop function's table ("s3_loop120_at") -> the one printed for its nest */
+	/* several stages (the C target, layers as loops): each folded run's loop is a function that
+	 * every stage whose run prints alike calls (below, "one loop function for the stages") */
+	bool shared_loops;
+	bool learning_shapes;       /* the first of the two printings */
+	SymTab *loop_shapes_seen;   /* the folded runs' shapes (LoopShape) */
+	int nshared_fns;
+	FILE *defs;         /* while printing a phase: the shared loop functions it calls first */
 	SymTab *places;     /* the stage's macros of a transient buffer by layer, by name */
 	const char **place_defs; /* their definitions, in order */
 	int nplaces, capplaces;
@@ -814,7 +832,9 @@ static char *loop_function_shape(Emit *e, const Kernel *k)
 				seen[nseen++] = id;
 			fprintf(out, "v#%d", i);
 		} else if (loop && loop < c && strspn(loop + 4, "0123456789") == (size_t)(c - loop - 4)) {
-			fprintf(out, "%.*sloop#", (int)(loop - start), start);
+			size_t np = strlen(e->prefix); /* the stage's prefix too: every stage runs its layers' nests */
+			bool stage = (size_t)(loop - start) == np && !strncmp(start, e->prefix, np);
+			fprintf(out, "%.*sloop#", stage ? 0 : (int)(loop - start), start);
 		} else {
 			fwrite(start, 1, (size_t)(c - start), out);
 		}
@@ -1234,6 +1254,210 @@ static void print_hole(Emit *e, const Fold *fd, int h, const char *table)
 		fputs(x->text, e->f); /* the same in every layer, or the same place under another name */
 }
 
+/* ------------------------------------------------------------------ one loop function for the stages */
+
+/* Every stage of a pipeline runs the same layers: its folded runs print alike but for their names
+ * (the stage's buffers, families and places) and the integers that number its layers (keys,
+ * parameter indices). With several stages the file is printed twice: the first time only to
+ * learn which folded runs print the same loop up to what their holes print (a run's "shape":
+ * each hole a parameter) and which of those values are the same in every stage that has the
+ * shape (a size, a scratch buffer at one place in the arena). The second time a shape that two or
+ * more runs have is one function, printed before the first phase that calls it: the loop
+ * print_fold prints, what is the same in every stage written in, what differs by stage a
+ * parameter (a buffer, a state family from the run's first layer on, the first layer's place in
+ * the slot, an integer's first value, a per-layer table). Each call so runs the stage's own
+ * unrolled kernels in their order with their arguments. A shape only one run has is printed as
+ * the loop in place. */
+typedef struct LoopParam {
+	const char *type; /* its C type */
+	const char *stem; /* its name's stem: buf, fam, at, tab, or the hole's label */
+	const char *arg;  /* the stage's argument */
+	const char *use;  /* how the body reads it, '@' for its name */
+	const char *same; /* what the body reads when every stage's is the same (NULL: never) */
+} LoopParam;
+
+/* A shape that several folded runs (in several stages) print: which of its parameters differ. */
+typedef struct LoopShape {
+	int nruns, nparams;
+	const char **first; /* [param]: the first run's `same` */
+	bool *differs;      /* [param] */
+	const char *fn;     /* its function, once printed */
+} LoopShape;
+
+/* Value hole h of fold fd as a parameter of the shared loop function (print_hole's cases). */
+static LoopParam loop_param(Emit *e, const Fold *fd, int h, const char *table)
+{
+	Arena *a = e->low->g->arena;
+	const Hole *x = &fd->holes[0].h[h];
+	bool text = !strcmp(x->type, "char *"), pointer = x->type[strlen(x->type) - 1] == '*';
+	long long step;
+	int at, dir;
+	const Family *fam;
+	if (table)
+		return (LoopParam){text ? "const char *const *" : pointer ? arena_printf(a, "%sconst *", x->type)
+									 : arena_printf(a, "const %s *", x->type),
+				   "tab", table, "@[l]", NULL};
+	if (!hole_same(fd, h) && transient_steps(fd, h, &step) && step) {
+		const char *off = arena_printf(a, "%lld", x->offset);
+		return (LoopParam){"int64_t", "at", off, arena_printf(a, "((%s *)(%s + @ + (int64_t)l * %lld))", x->cast, x->place, step),
+				   off};
+	}
+	if (!hole_same(fd, h) && integer_steps(fd, h, &step))
+		return (LoopParam){x->type, x->label ? x->label : "value", x->text,
+				   arena_printf(a, "(@ + %sl * %lld)", strcmp(x->type, "int") ? "(int64_t)" : "", step), x->text};
+	if (!hole_same(fd, h) && (fam = state_family(e, fd, h, &at, &dir)))
+		return (LoopParam){arena_printf(a, "%s*", fam->type), "fam",
+				   at ? arena_printf(a, "%s + %d", fam->name, at) : fam->name, dir > 0 ? "@[l]" : "@[-l]", NULL};
+	if (x->buf >= 0) /* a transient buffer is the same in two stages where it is at one place */
+		return (LoopParam){x->type, "buf", x->text, "@",
+				   x->place ? arena_printf(a, "((%s *)(%s + %lld))", x->cast, x->place, x->offset) : NULL};
+	return (LoopParam){text ? "const char *" : x->type, x->label ? x->label : "value", x->text, "@", x->text};
+}
+
+/* p's use in the body: its name (stem and number j), or its value where every stage's is the same */
+static void print_param_use(FILE *f, const LoopParam *p, int j, bool inlined)
+{
+	for (const char *c = p->use; *c; c++)
+		if (*c != '@')
+			fputc(*c, f);
+		else if (inlined)
+			fputs(p->same, f);
+		else
+			fprintf(f, "%s%d", p->stem, j);
+}
+
+/* Fold fd's value holes as parameters (holes alike in every layer are one); param_of[hole]. */
+static LoopParam *loop_params(Emit *e, const Fold *fd, const char **table, int *param_of, int *np)
+{
+	int nh = fd->holes[0].n;
+	LoopParam *ps = calloc((size_t)nh + 1, sizeof(LoopParam));
+	if (!ps)
+		ICE("out of memory");
+	*np = 0;
+	for (int h = 0; h < nh; h++) {
+		if (!fd->holes[0].h[h].type)
+			continue;
+		LoopParam x = loop_param(e, fd, h, table[h]);
+		int j = 0;
+		while (j < *np && (strcmp(ps[j].type, x.type) || strcmp(ps[j].stem, x.stem) || strcmp(ps[j].arg, x.arg) ||
+				   strcmp(ps[j].use, x.use)))
+			j++;
+		if (j == *np)
+			ps[(*np)++] = x;
+		param_of[h] = j;
+	}
+	return ps;
+}
+
+/* Fold fd's loop body with its parameters ps (inlined: those written in), its loops' functions by
+ * the names the file printed them under. */
+static char *loop_body_text(Emit *e, const Fold *fd, const LoopParam *ps, const int *param_of, const bool *inlined)
+{
+	char *body = NULL;
+	size_t len = 0;
+	FILE *saved = e->f;
+	if (!(e->f = open_memstream(&body, &len)))
+		ICE("out of memory");
+	bool line_start = true;
+	int h = 0;
+	for (const char *c = fd->text; *c;) {
+		if (line_start)
+			fputc('\t', e->f);
+		line_start = *c == '\n';
+		if (*c == HOLE_VALUE) {
+			int j = param_of[h++];
+			print_param_use(e->f, &ps[j], j, inlined && inlined[j]);
+			c++;
+		} else if (*c == HOLE_COMMENT) {
+			print_layer_comment(e, fd, h++);
+			c++;
+		} else if (isalnum((unsigned char)*c) || *c == '_') {
+			const char *start = c;
+			while (isalnum((unsigned char)*c) || *c == '_')
+				c++;
+			char *id = arena_alloc(e->low->g->arena, (size_t)(c - start) + 1);
+			memcpy(id, start, (size_t)(c - start));
+			const char *alias = isdigit((unsigned char)*start) ? NULL : symtab_get(e->loop_alias, id);
+			fputs(alias ? alias : id, e->f);
+		} else {
+			fputc(*c++, e->f);
+		}
+	}
+	if (fclose(e->f) != 0)
+		ICE("out of memory");
+	e->f = saved;
+	return body;
+}
+
+/* The shape's function: the loop over the layers with the parameters that differ by stage. */
+static void print_shared_function(Emit *e, const Fold *fd, LoopShape *sh, const LoopParam *ps, const int *param_of)
+{
+	FILE *f = e->defs;
+	sh->fn = arena_printf(e->low->g->arena, "layers_loop%d", e->nshared_fns++);
+	bool *inlined = calloc((size_t)sh->nparams + 1, sizeof(bool));
+	if (!inlined)
+		ICE("out of memory");
+	for (int j = 0; j < sh->nparams; j++)
+		inlined[j] = !sh->differs[j];
+	char *body = loop_body_text(e, fd, ps, param_of, inlined);
+	fprintf(f, "/* layers %d..%d of stage %d, %d kernels a layer: one loop, called by the %d stages whose layers run it;\n"
+		   " * what differs by layer is indexed by l, what differs by stage is an argument */\n",
+		fd->run->first_layer, fd->run->first_layer + (fd->run->nlayers - 1) * fd->run->step, e->p->stage, fd->run->body,
+		sh->nruns);
+	fprintf(f, "static void %s(planrt_ctx_t *ctx, int nlayers", sh->fn);
+	for (int j = 0; j < sh->nparams; j++)
+		if (!inlined[j])
+			fprintf(f, ", %s%s%s%d", ps[j].type, ps[j].type[strlen(ps[j].type) - 1] == '*' ? "" : " ", ps[j].stem, j);
+	fprintf(f, ")\n{\n\t(void)ctx;\n\tfor (int l = 0; l < nlayers; l++) {\n%s\t}\n}\n\n", body);
+	free(body);
+	free(inlined);
+}
+
+/* Fold fd's loop as a call of its shape's function, when several runs have its shape (the first
+ * printing prints the function into e->defs); while the file is printed the first time, only
+ * what its parameters are. false: print the loop in place. */
+static bool print_shared_call(Emit *e, const Fold *fd, const char **table)
+{
+	Arena *a = e->low->g->arena;
+	int np, *param_of = calloc((size_t)fd->holes[0].n + 1, sizeof(int));
+	if (!param_of)
+		ICE("out of memory");
+	LoopParam *ps = loop_params(e, fd, table, param_of, &np);
+	char *shape = loop_body_text(e, fd, ps, param_of, NULL);
+	const char *key = arena_printf(a, "%d\n%s", np, shape);
+	for (int j = 0; j < np; j++)
+		key = arena_printf(a, "%s\n%s %s %s", key, ps[j].type, ps[j].stem, ps[j].use);
+	free(shape);
+	LoopShape *sh = symtab_get(e->loop_shapes_seen, key);
+	bool called = false;
+	if (e->learning_shapes) {
+		if (!sh) {
+			sh = arena_alloc(a, sizeof(LoopShape));
+			*sh = (LoopShape){.nparams = np, .first = arena_alloc(a, sizeof(char *) * (size_t)(np + 1)),
+					  .differs = arena_alloc(a, sizeof(bool) * (size_t)(np + 1))};
+			for (int j = 0; j < np; j++)
+				sh->first[j] = ps[j].same;
+			symtab_put(e->loop_shapes_seen, key, sh);
+		}
+		sh->nruns++;
+		for (int j = 0; j < np; j++)
+			if (!ps[j].same || !sh->first[j] || strcmp(ps[j].same, sh->first[j]))
+				sh->differs[j] = true;
+	} else if (sh && sh->nruns > 1) {
+		if (!sh->fn)
+			print_shared_function(e, fd, sh, ps, param_of);
+		fprintf(e->f, "\t\t%s(ctx, %d", sh->fn, fd->run->nlayers);
+		for (int j = 0; j < np; j++)
+			if (sh->differs[j])
+				fprintf(e->f, ", %s", ps[j].arg);
+		fprintf(e->f, ");\n\t}\n");
+		called = true;
+	}
+	free(ps);
+	free(param_of);
+	return called;
+}
+
 /* A folded run: its tables, then the loop over its layers with the first layer's text as the body. */
 static void print_fold(Emit *e, const Fold *fd)
 {
@@ -1256,6 +1480,10 @@ static void print_fold(Emit *e, const Fold *fd)
 				table[h] = table[g];
 		if (!table[h])
 			table[h] = print_table(e, fd, h, ntables++);
+	}
+	if (e->shared_loops && print_shared_call(e, fd, table)) {
+		free(table);
+		return;
 	}
 	fprintf(f, "\t\tfor (int l = 0; l < %d; l++) {\n", r->nlayers);
 	bool line_start = true;
@@ -1291,6 +1519,8 @@ static void print_loop_function_once(Emit *e, const Kernel *k)
 	char *shape = loop_function_shape(e, k);
 	const char *had = symtab_get(e->loop_shapes, shape);
 	const char *own = arena_printf(e->low->g->arena, "%sloop%d", e->prefix, (int)(k - e->p->k));
+	symtab_put(e->loop_alias, arena_printf(e->low->g->arena, "%s_at", own),
+		   arena_printf(e->low->g->arena, "%s_at", had ? had : own));
 	if (had) {
 		fprintf(e->f, "#define %s_at %s_at /* the same loop nest */\n\n", own, had);
 		free(shape);
@@ -1369,12 +1599,16 @@ static bool has_phase(const LProg *p, Phase ph, int chunk)
 
 static void print_phase(Emit *e, Phase ph, int chunk, bool per_chunk)
 {
-	FILE *f = e->f;
+	FILE *f = e->f, *saved = e->f;
 	const LProg *p = e->p;
 	for (int i = 0; i < p->nk && e->loop_functions; i++) /* a folded run's first layer's */
 		if (p->k[i].kind == K_LOOP && p->k[i].phase == ph && (!per_chunk || p->k[i].chunk == chunk) &&
 		    (e->fold_of[i] < 0 || e->fold_pos[i] < e->folds[e->fold_of[i]].run->body))
 			print_loop_function_once(e, &p->k[i]);
+	char *text = NULL, *defs = NULL;
+	size_t len = 0, dlen = 0;
+	if (e->shared_loops && (!(f = e->f = open_memstream(&text, &len)) || !(e->defs = open_memstream(&defs, &dlen))))
+		ICE("out of memory");
 	if (per_chunk)
 		fprintf(f, "static void %s%s_c%d(planrt_ctx_t *ctx)\n{\n", e->prefix, phase_names[ph], chunk);
 	else
@@ -1393,6 +1627,16 @@ static void print_phase(Emit *e, Phase ph, int chunk, bool per_chunk)
 	if (e->target)
 		e->target->phase_end(e, ph, chunk);
 	fprintf(f, "}\n\n");
+	if (e->shared_loops) { /* the shared loop functions it calls first */
+		if (fclose(e->f) != 0 || fclose(e->defs) != 0)
+			ICE("out of memory");
+		e->f = saved;
+		e->defs = NULL;
+		fputs(defs, e->f);
+		fputs(text, e->f);
+		free(defs);
+		free(text);
+	}
 }
 
 /* The stage's phase functions, in the order planrt's tables list them. */
@@ -1596,6 +1840,9 @@ static const char **param_enum_names(const Lowered *low)
 	return names;
 }
 
+static const char **param_layer_macros(Emit *e, int **layers);
+static void print_param_enum(Emit *e);
+
 static void print_prelude(Emit *e, const char *source_path)
 {
 	FILE *f = e->f;
@@ -1622,10 +1869,19 @@ static void print_prelude(Emit *e, const char *source_path)
 	for (int a = 0; a < ps->naxes; a++)
 		fprintf(f, "%s\"%s\"", a ? ", " : "", ps->axes[a].name);
 	fprintf(f, "};\n");
-	fprintf(f, "/* the parameter table's entries (params[] below) */\nenum {\n");
-	for (int i = 0; i < e->low->nparams; i++)
-		fprintf(f, "\t%s%s,\n", e->param_names[i], i ? "" : " = 0");
-	fprintf(f, "};\n\n");
+	{ /* the layers' parameter macros (printed before the table) */
+		char *defs = NULL;
+		size_t len = 0;
+		FILE *saved = e->f;
+		if (!(e->f = open_memstream(&defs, &len)))
+			ICE("out of memory");
+		e->param_macros = param_layer_macros(e, &e->param_layers);
+		if (fclose(e->f) != 0)
+			ICE("out of memory");
+		e->f = saved;
+		e->param_macro_defs = defs;
+	}
+	print_param_enum(e);
 	fprintf(f,
 		"/* element-wise helpers of the fused loops */\n"
 		"static inline float relu(float x) { return x > 0 ? x : 0; }\n"
@@ -1782,16 +2038,123 @@ static const char **param_layer_macros(Emit *e, int **layers)
 	return macros;
 }
 
+/* Parameter i's PARAM_ name with its layer's number as the preprocessor pastes it
+ * ("PARAM_layers_ ## l ## _mlp_w1"), or NULL where the name does not hold the number. */
+static const char *param_name_pattern(const Emit *e, int i)
+{
+	const char *id = e->param_names[i], *digits = arena_printf(e->low->g->arena, "_%d", e->param_layers[i]);
+	size_t n = strlen(digits);
+	for (const char *c = strstr(id, digits); c; c = strstr(c + 1, digits))
+		if (!isdigit((unsigned char)c[n]))
+			return c[n] ? arena_printf(e->low->g->arena, "%.*s ## l ## %s", (int)(c + 1 - id), id, c + n)
+				    : arena_printf(e->low->g->arena, "%.*s ## l", (int)(c + 1 - id), id);
+	return NULL;
+}
+
+/* Each layer's parameters are adjacent in the table and alike but for the layer's number: a run of
+ * a layer's entries that every entry prints by its layer macro is a *block*, and a block that two
+ * or more layers have (the same macros, the same names) is printed as one macro of the layer in
+ * the PARAM_ enum (LAYER_PARAM_NAMES(7)) and one in the table (LAYER_PARAM_ENTRIES(7)). */
+static void param_layer_blocks(Emit *e)
+{
+	const Lowered *low = e->low;
+	Arena *a = low->g->arena;
+	int n = low->nparams;
+	e->param_block = arena_alloc(a, sizeof(int) * (size_t)(n + 1));
+	e->param_block_len = arena_alloc(a, sizeof(int) * (size_t)(n + 1));
+	e->block_names = arena_alloc(a, sizeof(char *) * (size_t)(n + 1));
+	e->block_entries = arena_alloc(a, sizeof(char *) * (size_t)(n + 1));
+	const char **shape = arena_alloc(a, sizeof(char *) * (size_t)(n + 1));
+	SymTab *count = symtab_new(a), *kind = symtab_new(a);
+	for (int i = 0; i < n; i++)
+		e->param_block[i] = -1;
+	if (e->target) /* the C target's (the CUDA host program prints each entry) */
+		return;
+	for (int i = 1; i < n;) { /* the first entry is "= 0" in the enum: never in a block */
+		int j = i;
+		const char *text = "";
+		while (j < n && e->param_macros[j] && e->param_layers[j] == e->param_layers[i] && param_name_pattern(e, j)) {
+			text = arena_printf(a, "%s\t[%s] = %s(l),", text, param_name_pattern(e, j), e->param_macros[j]);
+			j++;
+		}
+		if (j - i < 2) {
+			i++;
+			continue;
+		}
+		shape[i] = text;
+		e->param_block_len[i] = j - i;
+		symtab_put(count, text, (void *)(intptr_t)((intptr_t)symtab_get(count, text) + 1));
+		i = j;
+	}
+	for (int i = 0; i < n; i++) {
+		if (!e->param_block_len[i] || (intptr_t)symtab_get(count, shape[i]) < 2)
+			continue;
+		intptr_t k = (intptr_t)symtab_get(kind, shape[i]);
+		if (!k) {
+			k = ++e->nblock_kinds;
+			symtab_put(kind, shape[i], (void *)k);
+			const char *suffix = k > 1 ? arena_printf(a, "_%d", (int)k) : "";
+			e->block_names[k - 1] = arena_printf(a, "LAYER_PARAM_NAMES%s", suffix);
+			e->block_entries[k - 1] = arena_printf(a, "LAYER_PARAM_ENTRIES%s", suffix);
+		}
+		e->param_block[i] = (int)k - 1;
+	}
+}
+
+/* The macro of a block kind over its first block's entries at i: each entry, as fmt prints its
+ * pasted name and its layer macro, on a line of its own */
+static void print_block_macro(Emit *e, const char *macro, int i, const char *fmt)
+{
+	fprintf(e->f, "#define %s(l)", macro);
+	for (int j = i; j < i + e->param_block_len[i]; j++) {
+		fprintf(e->f, " \\\n\t");
+		fprintf(e->f, fmt, param_name_pattern(e, j), e->param_macros[j]);
+	}
+	fprintf(e->f, "\n");
+}
+
+/* The PARAM_ enum: one line an entry, one a layer's block */
+static void print_param_enum(Emit *e)
+{
+	FILE *f = e->f;
+	param_layer_blocks(e);
+	for (int k = 0, i = 0; k < e->nblock_kinds; i++)
+		if (e->param_block[i] == k) {
+			if (!k)
+				fprintf(f, "/* a layer's parameters: the same in every layer but for the number in their names */\n");
+			print_block_macro(e, e->block_names[k++], i, "%s,%.0s");
+		}
+	fprintf(f, "/* the parameter table's entries (params[] below) */\nenum {\n");
+	for (int i = 0; i < e->low->nparams; i++)
+		if (e->param_block[i] >= 0) {
+			fprintf(f, "\t%s(%d)\n", e->block_names[e->param_block[i]], e->param_layers[i]);
+			i += e->param_block_len[i] - 1;
+		} else {
+			fprintf(f, "\t%s%s,\n", e->param_names[i], i ? "" : " = 0");
+		}
+	fprintf(f, "};\n\n");
+}
+
 static void print_program(Emit *e, const char *source_path)
 {
 	FILE *f = e->f;
 	const Lowered *low = e->low;
 	fprintf(f, "/* ================================================================ the program */\n\n");
-	int *layers;
-	const char **macros = param_layer_macros(e, &layers);
+	fputs(e->param_macro_defs, f);
+	free(e->param_macro_defs);
+	for (int k = 0, i = 0; k < e->nblock_kinds; i++)
+		if (e->param_block[i] == k)
+			print_block_macro(e, e->block_entries[k++], i, "[%s] = %s(l),");
+	if (e->nblock_kinds)
+		fprintf(f, "\n");
 	fprintf(f, "static const planrt_param_t params[] = {\n");
 	for (int i = 0; i < low->nparams; i++)
-		print_param_entry(e, &low->params[i], i, macros[i], layers[i]);
+		if (e->param_block[i] >= 0) {
+			fprintf(f, "\t%s(%d)\n", e->block_entries[e->param_block[i]], e->param_layers[i]);
+			i += e->param_block_len[i] - 1;
+		} else {
+			print_param_entry(e, &low->params[i], i, e->param_macros[i], e->param_layers[i]);
+		}
 	fprintf(f, "};\n\n");
 	fprintf(f, "static const planrt_stage_t stages[] = {\n");
 	for (int i = 0; i < low->nprogs; i++) {
@@ -1849,6 +2212,20 @@ bool emit_c_with(const Lowered *low, const char *dir, const char *source_path, c
 	return print_file(low, dir, source_path, target, layer_loops);
 }
 
+/* Every stage of the program, from a fresh file-wide table of loop functions. */
+static void print_stages(Emit *e)
+{
+	const Lowered *low = e->low;
+	e->loop_shapes = symtab_new(low->g->arena);
+	e->loop_alias = symtab_new(low->g->arena);
+	for (int i = 0; i < low->nprogs; i++) {
+		e->p = low->progs[i];
+		e->prefix = prog_prefix(low, e->p);
+		e->stage_index = i;
+		print_stage(e);
+	}
+}
+
 static bool print_file(const Lowered *low, const char *dir, const char *source_path, const EmitTarget *target,
 		       bool layer_loops)
 {
@@ -1871,13 +2248,22 @@ static bool print_file(const Lowered *low, const char *dir, const char *source_p
 	print_prelude(&e, source_path);
 	e.nstate_entries = arena_alloc(low->g->arena, sizeof(int) * (size_t)(low->nprogs + 1));
 	e.nfamily_entries = arena_alloc(low->g->arena, sizeof(int) * (size_t)(low->nprogs + 1));
-	e.loop_shapes = symtab_new(low->g->arena);
-	for (int i = 0; i < low->nprogs; i++) {
-		e.p = low->progs[i];
-		e.prefix = prog_prefix(low, e.p);
-		e.stage_index = i;
-		print_stage(&e);
+	e.loop_shapes_seen = symtab_new(low->g->arena);
+	e.shared_loops = !target && layer_loops && low->nprogs > 1;
+	if (e.shared_loops) { /* the first printing: the folded runs' shapes (one loop function for the stages) */
+		char *text = NULL;
+		size_t len = 0;
+		if (!(e.f = open_memstream(&text, &len)))
+			ICE("out of memory");
+		e.learning_shapes = true;
+		print_stages(&e);
+		e.learning_shapes = false;
+		if (fclose(e.f) != 0)
+			ICE("out of memory");
+		free(text);
+		e.f = f;
 	}
+	print_stages(&e);
 	print_program(&e, source_path);
 	bool ok = !ferror(f);
 	if (fclose(f) != 0)
