@@ -1,7 +1,7 @@
 #!/bin/sh
 # run_fuzz.sh: the libFuzzer harnesses (the front end, check, explain, the emitters) as two ctest tests, so that `ctest -j` packs
 # them beside the rest of the suite (scripts/test.sh ran them after it, one core idle):
-#   run_fuzz.sh build DIR   configures DIR with clang, -DPLANC_FUZZ=ON and -O0 and builds the four
+#   run_fuzz.sh build DIR   configures DIR with clang and -DPLANC_FUZZ=ON and builds the four
 #                           harnesses: fuzz_frontend and fuzz_compile (fuzz_check, fuzz_explain
 #                           and fuzz_emit are links to it) (ctest fuzz_build, the fixture fuzz needs)
 #   run_fuzz.sh run DIR     scripts/fuzz.sh: each harness for its share of PLANC_FUZZ_SECONDS
@@ -22,9 +22,7 @@ fi
 case $mode in
 build)
 	mkdir -p "$dir"
-	# -O0: a quarter of -O1's compile time, about half its executions per second (tests/fuzz/CMakeLists.txt)
-	if ! { cmake -S . -B "$dir" -DCMAKE_C_COMPILER="$clang" -DPLANC_FUZZ=ON -DPLANC_WERROR=ON -DPLANC_CUDA=OFF \
-		-DPLANC_FUZZ_OPT=-O0 &&
+	if ! { cmake -S . -B "$dir" -DCMAKE_C_COMPILER="$clang" -DPLANC_FUZZ=ON -DPLANC_WERROR=ON -DPLANC_CUDA=OFF &&
 		cmake --build "$dir" --target fuzz_frontend fuzz_compile; } >"$dir/build.log" 2>&1; then
 		tail -20 "$dir/build.log"
 		echo "fuzz build: 0 passed, 1 failed"

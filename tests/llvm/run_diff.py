@@ -238,12 +238,6 @@ def features(model, plan, dumps, size=()):
     return f
 
 
-def world_of(prog):
-    """the world size the built program's --help names (no MPI is started for --help)"""
-    out = subprocess.run([prog, "--help"], capture_output=True, text=True, env=env, check=True).stdout
-    return int(re.search(r"world (\d+) ranks", out).group(1))
-
-
 def train(model, plan, world, tag, command):
     """command: the program's argv before the run options; returns (log lines, saved bytes) or an error."""
     stem = f"{work}/{model.replace('/', '_')}_{plan}_{tag}"
@@ -288,14 +282,14 @@ def compare(c, l):
 
 
 def one(model, plan):
-    res, world = {}, None
+    res = {}
     size = sizes[model, plan]
+    world = harness.explain(planc, plan_file(model), plan)["world"]  # (asked already by smaller_size)
     name = f"{model} {plan}" + (f" ({', '.join(size)})" if size else "")
     for backend in ("c", "llvm"):
         prog, err = build(model, plan, size, backend)
         if not prog:
             return [(name, False, f"--backend {backend}: {err}")]
-        world = world or world_of(prog)
         res[backend], err = train(model, plan, world, backend, [prog])
         if err:
             return [(name, False, err)]
