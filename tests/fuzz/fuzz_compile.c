@@ -1,10 +1,12 @@
 /* fuzz_compile.c: libFuzzer harnesses for the whole compiler. Each input is a plan file; it goes
  * the way `planc check FILE` takes it (load.c with its imports from stdlib/, sema, for every plan
- * the graph passes and the back end with the IR verifier on), and further by FUZZ_STAGE:
+ * the graph passes and the back end with the IR verifier on), and further by the stage, which is
+ * the name the harness runs under (one executable, fuzz_compile, and three links to it, so the
+ * sanitized compiler is linked once):
  *
- *   fuzz_check    (FUZZ_STAGE 0) what `planc check` runs, for every plan of the file
- *   fuzz_explain  (FUZZ_STAGE 1) and explain's report, text and JSON, and its SVG picture
- *   fuzz_emit     (FUZZ_STAGE 2) and the emitters: C (emit_c), CUDA C (emit_cuda) where the CUDA
+ *   fuzz_check    (stage 0) what `planc check` runs, for every plan of the file
+ *   fuzz_explain  (stage 1) and explain's report, text and JSON, and its SVG picture
+ *   fuzz_emit     (stage 2) and the emitters: C (emit_c), CUDA C (emit_cuda) where the CUDA
  *                 target can run the plan, and the LLVM module (built and verified, unoptimised)
  *
  * Output goes to /dev/null and a scratch directory of the process. A crash, a sanitizer report,
@@ -28,10 +30,6 @@
 #include <string.h>
 #include <unistd.h>
 
-#ifndef FUZZ_STAGE
-#define FUZZ_STAGE 0
-#endif
-
 enum { MAX_INPUT = 64 << 10, MAX_PLANS = 4, MAX_REPEAT = 8, MAX_RANKS = 1 << 12, MAX_MICRO = 16 };
 
 static FILE *devnull;
@@ -39,6 +37,7 @@ static char scratch[256];  /* this process's directory: the input file and the e
 static char input_path[320];
 static LLVMTargetMachineRef host;
 static long long inputs, parsed; /* how many inputs came, how many of them loaded (parsed) */
+static int stage = -1;            /* 0 check, 1 explain, 2 emit: from the name run under */
 
 static void report_parsed(void)
 {
@@ -57,7 +56,7 @@ static void setup(void)
 	diag_set_stream(devnull);
 	atexit(report_parsed);
 	graph_max_repeat = MAX_REPEAT; /* sizes that keep one case to milliseconds */
-	if (FUZZ_STAGE >= 2) {
+	if (stage >= 2) {
 		LLVMInitializeNativeTarget();
 		LLVMInitializeNativeAsmPrinter();
 		char *triple = LLVMGetDefaultTargetTriple();
@@ -105,17 +104,37 @@ static void compile(Program *p, Item *plan)
 		ps = NULL;
 	Graph *g = ps ? run_passes(ps, NULL, NULL) : NULL;
 	Lowered *low = g ? run_backend(g, NULL, NULL, true) : NULL;
-	if (low && FUZZ_STAGE >= 1) {
+	if (low && stage >= 1) {
 		explain(devnull, g, false, low);
 		explain(devnull, g, true, low);
 		explain_svg(devnull, g, low);
 	}
-	if (low && FUZZ_STAGE >= 2)
+	if (low && stage >= 2)
 		emit_all(low);
 	plan_arena_end(p, program_arena);
 }
 
+int LLVMFuzzerInitialize(int *argc, char ***argv);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+/* the stage from the name the harness runs under (argv[0]: .../fuzz_check, fuzz_explain, fuzz_emit
+ * or fuzz_cov_* of them); any other name is a usage error */
+int LLVMFuzzerInitialize(int *argc, char ***argv)
+{
+	static const char *const names[] = {"check", "explain", "emit"};
+	const char *self = strrchr((*argv)[0], '/') ? strrchr((*argv)[0], '/') + 1 : (*argv)[0];
+	const char *name = strrchr(self, '_') ? strrchr(self, '_') + 1 : self;
+	for (int i = 0; i < 3; i++)
+		if (!strcmp(name, names[i]))
+			stage = i;
+	if (stage < 0) {
+		fprintf(stderr, "%s: run this harness as fuzz_check, fuzz_explain or fuzz_emit (links to it: the name is "
+				"the stage)\n", self);
+		exit(2);
+	}
+	return 0;
+}
+
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {

@@ -1,16 +1,24 @@
 #!/usr/bin/env python3
 """tests/llvm: the differential test of the two back ends (docs/architecture.md, section 5: a free oracle).
 
-Each plan of DIFF_PLANS is built twice, with `planc build` (the C back end: emit_c.c, mpicc -O3)
-and `planc build --backend llvm` (the LLVM back end: emit_llvm.c, default<O3>, an object linked
-with planrt; --verify-ir also verifies the optimised module), both carrying every instruction-set
-level and running this CPU's best (tests/cpu compares the back ends at each level), and each
-program trains STEPS steps under `mpirun -np WORLD`. Every step's loss and gradient norm must
-agree within 1e-6 relative. A plan is reported bitwise when the logs are identical and the weights
-saved with --save are the same bytes. NATIVE_PLANS are built again with --native (this CPU: FMA,
-where both back ends fuse a multiply into its add alike) and compared the same way, and `planc run`
-(the JIT, for this CPU) must give the native LLVM program's bytes exactly (the same module,
-compiled in-process).
+Each plan of DIFF_PLANS is built twice, with `planc build --native` (the C back end: emit_c.c,
+mpicc -O3 -march=native) and `planc build --native --backend llvm` (the LLVM back end: emit_llvm.c,
+default<O3> for the host CPU, an object linked with planrt; --verify-ir also verifies the optimised
+module), and each program trains STEPS steps under `mpirun -np WORLD`. Every step's loss and
+gradient norm must agree within 1e-6 relative. A plan is reported bitwise when the logs are
+identical and the weights saved with --save are the same bytes. For RUN_PLANS, `planc run` (the
+JIT, for this CPU) must give the built LLVM program's bytes exactly (the same module, compiled
+in-process).
+
+One instruction-set level. The back ends differ per kernel, and a --native build compiles each
+fused loop once, for this CPU (FMA where it has it: both back ends fuse a multiply into its add
+alike), as the default build's best level does. The default build (every level in one binary,
+the level chosen at start) is tests/cpu's (ctest cpu_levels): there both back ends train at every
+level this CPU runs, bit for bit, and planc run at every forced level, on plans with GELU,
+dropout, layer and RMS norm, SiLU, RoPE, bf16, f16 and data parallelism; the per-level tables
+(loop<k>_at) are the same code for every kernel kind. Building every level here made each build
+about a third dearer for no kernel those runs do not reach (the test carried every level and
+compared only the best one).
 
 Size. Each plan trains at the smallest of SIZES at which it keeps its schedule (harness.smaller_size:
 the same collectives, stages and layers as at its model's size; tests/equiv trains the same way),
@@ -36,7 +44,7 @@ feature of any of them (at its model's size) is in no plan of DIFF_PLANS as trai
 trains at: a feature a smaller size loses counts as not covered). EXTRA_PLANS, written here on the GPT example, cover what only the
 7B / 175B examples use (too large to train here): bf16 tensor-parallel all-reduces and slices,
 the progress calls of an overlapped ZeRO-3 bucket, and the attention as written in bf16 (gpt7b's
-`attention unfused` plans).
+`attention unfused` plans); and DiLoCo's outer step, which dp4_diloco takes after 16 steps.
 Prints PASS/FAIL per check and a closing 'N passed, N failed' line.
 usage: run_diff.py PLANC REPO_ROOT [STEPS]
 """
@@ -73,23 +81,22 @@ def plan_file(model):
 work = harness.workdir("llvm-diff")
 env["PLANRT_OFFLOAD_DIR"] = work  # (the optimizer state files of offload -> disk)
 TOL = 1e-6
-# built with --native too (GELU and its gradient, dropout, bf16 rounding, a pipeline); planc run on
-# the last two
-NATIVE_PLANS = [("gpt", "bf16"), ("mlp", "dp2"), ("gpt", "pp2_1f1b")]
-RUN_PLANS = NATIVE_PLANS[1:]
-# the plans trained on both back ends (with NATIVE_PLANS): together they have every feature of
-# every plan of examples/ and tests/equiv (checked below)
+# planc run against the built LLVM program too (the JIT; an MLP, and GELU, dropout and a pipeline)
+RUN_PLANS = [("mlp", "dp2"), ("gpt", "pp2")]
+# the plans trained on both back ends: together they have every feature of every plan of examples/
+# and tests/equiv (checked below)
 DIFF_PLANS = [
     ("tests/equiv/ops", "dp2_tp2"), ("tests/equiv/regress", "tp2"), ("bert", "dp2_tp2_zero1"),
     ("tests/equiv/finetune", "finetune_zero3"), ("moe", "ep2_dp2_tp2_zero2"), ("moe", "mixtral_ep2"),
     ("llama", "dp2_tp2_sp"), ("gpt", "gpt_3d"), ("gpt", "pp2"), ("gpt", "pp2_interleaved"),
     ("gpt", "dp2_full_recompute"), ("gpt", "bf16_zero2_dp4"), ("gpt", "fp16_dp2"), ("gpt", "dp4_async_s0"),
-    ("gpt", "dp2_local_sgd_k1"), ("gpt", "dp4_diloco"), ("gpt", "dp4_bf16_grads"), ("gpt", "dp4_fp16_grads"),
+    ("gpt", "dp2_local_sgd_k1"), ("extra", "dp2_diloco_every2"), ("gpt", "dp4_bf16_grads"), ("gpt", "dp4_fp16_grads"),
     ("gpt", "dp4_topk_zero1"), ("gpt", "dp4_powersgd"), ("gpt", "bf16_zero3_offload_disk"),
     ("gpt", "zero3_offload"), ("gpt", "bf16_pp2"), ("mlp", "bf16"), ("extra", "bf16_tp2_sp_zero3"),
     ("extra", "bf16_zero3_overlap"), ("extra", "bf16_unfused_attention"),
     ("tests/context/cp", "cp2_dp2_zero1_recompute"),  # the ring (context parallelism, tests/context)
-    ("tests/equiv/mqa", "dp2_tp2_sp")]  # key/value heads replicated over tensor ranks (repeat_kv)
+    ("tests/equiv/mqa", "dp2_tp2_sp"),  # key/value heads replicated over tensor ranks (repeat_kv)
+    ("mlp", "dp2")]
 # --model-arg sizes to train each model's plans at, the smallest first (tests/equiv/run_equiv.py's
 # for the GPT and MoE examples): a plan trains at the first at which it keeps its schedule
 # (harness.smaller_size: the same collectives, stages and layers), else at its model's own size;
@@ -118,6 +125,16 @@ plan bf16_zero3_overlap for gpt {
   precision bf16, master = f32
   optimizer adamw(lr = 3e-4, betas = (0.9, 0.95), weight_decay = 0.1), clip = 1.0
   sync strict, bucket = 1MiB, overlap
+}
+
+# examples/gpt.plan's dp4_diloco takes its outer step every 16 steps, after the STEPS trained
+# here: the same on two ranks every 2 steps (the outer Nesterov step at steps 2 and 4)
+plan dp2_diloco_every2 for gpt {
+  mesh data = 2
+  batch B = 16
+  shard B -> data
+  optimizer adamw(lr = 3e-4, betas = (0.9, 0.95), weight_decay = 0.1), clip = 1.0
+  sync local_sgd, every = 2, outer = nesterov(lr = 0.7, momentum = 0.9)
 }
 
 plan bf16_unfused_attention for gpt {
@@ -221,12 +238,6 @@ def features(model, plan, dumps, size=()):
     return f
 
 
-def world_of(prog):
-    """the world size the built program's --help names (no MPI is started for --help)"""
-    out = subprocess.run([prog, "--help"], capture_output=True, text=True, env=env, check=True).stdout
-    return int(re.search(r"world (\d+) ranks", out).group(1))
-
-
 def train(model, plan, world, tag, command):
     """command: the program's argv before the run options; returns (log lines, saved bytes) or an error."""
     stem = f"{work}/{model.replace('/', '_')}_{plan}_{tag}"
@@ -244,11 +255,11 @@ def host_offload(model, plan):
     return bool(body and re.search(r"^\s*offload .*-> host", body.group(0), re.M))
 
 
-def build(model, plan, size, backend, native=False):
-    prog = f"{work}/{model.replace('/', '_')}_{plan}_{backend}{'_native' if native else ''}"
+def build(model, plan, size, backend):
+    prog = f"{work}/{model.replace('/', '_')}_{plan}_{backend}"
     e = dict(env, PLANC_TEST_HOST_OFFLOAD_ON_CPU="1") if host_offload(model, plan) else env
-    err = harness.build(planc, plan_file(model), plan, prog, "--backend", backend, "--verify-ir",
-                        *(["--native"] if native else []), *harness.model_args(size), env=e)
+    err = harness.build(planc, plan_file(model), plan, prog, "--backend", backend, "--verify-ir", "--native",
+                        *harness.model_args(size), env=e)
     return (None, err) if err else (prog, "")
 
 
@@ -271,31 +282,29 @@ def compare(c, l):
 
 
 def one(model, plan):
-    checks, res, world = [], {}, None
+    res = {}
     size = sizes[model, plan]
+    world = harness.explain(planc, plan_file(model), plan)["world"]  # (asked already by smaller_size)
     name = f"{model} {plan}" + (f" ({', '.join(size)})" if size else "")
-    for native in ([False, True] if (model, plan) in NATIVE_PLANS else [False]):
-        tag = " --native" if native else ""
-        for backend in ("c", "llvm"):
-            prog, err = build(model, plan, size, backend, native)
-            if not prog:
-                return checks + [(f"{name}{tag}", False, f"--backend {backend}: {err}")]
-            world = world or world_of(prog)
-            res[backend, native], err = train(model, plan, world, backend + tag.replace(" --", "_"), [prog])
-            if err:
-                return checks + [(f"{name}{tag}", False, err)]
-        bitwise, worst = compare(res["c", native], res["llvm", native])
-        checks.append((f"{name}{tag} c vs llvm", bitwise or worst <= TOL, f"{steps} steps, " + verdict(bitwise, worst)))
+    for backend in ("c", "llvm"):
+        prog, err = build(model, plan, size, backend)
+        if not prog:
+            return [(name, False, f"--backend {backend}: {err}")]
+        res[backend], err = train(model, plan, world, backend, [prog])
+        if err:
+            return [(name, False, err)]
+    bitwise, worst = compare(res["c"], res["llvm"])
+    checks = [(f"{name} c vs llvm", bitwise or worst <= TOL, f"{steps} steps, " + verdict(bitwise, worst))]
     if (model, plan) in RUN_PLANS:
         got, err = train(model, plan, world, "run",
                          [planc, "run", plan_file(model), "--plan", plan, *harness.model_args(size)])
         if err:
             checks.append((f"{name} planc run", False, err))
         else:
-            same, worst = compare(res["llvm", True], got)
+            same, worst = compare(res["llvm"], got)
             checks.append((f"{name} planc run", same,
-                           "bitwise identical to the built --native LLVM program" if same else
-                           f"differs from the built --native LLVM program (worst {worst:.2e})"))
+                           "bitwise identical to the built LLVM program" if same else
+                           f"differs from the built LLVM program (worst {worst:.2e})"))
     return checks
 
 
@@ -305,7 +314,7 @@ report = tally.check
 
 # coverage: every feature of every plan (at its model's size) is in some plan as trained here (at
 # its size)
-plans = list(dict.fromkeys(DIFF_PLANS + NATIVE_PLANS))
+plans = list(dict.fromkeys(DIFF_PLANS))
 sizes = {(m, p): harness.smaller_size(planc, plan_file(m), p, SIZES.get(m, [])) for m, p in plans}
 everything = list(dict.fromkeys(example_plans() + equiv_plans() + plans))
 models = list(dict.fromkeys(m for m, _ in everything))
@@ -340,6 +349,5 @@ with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
             report(name, ok, detail)
             if ok and "bitwise identical (" in detail:
                 bitwise.append(name)
-print(f"bitwise: {len(bitwise)} of {len(plans) + len(NATIVE_PLANS)} comparisons ({len(plans)} plans, "
-      f"{len(NATIVE_PLANS)} of them also --native)")
+print(f"bitwise: {len(bitwise)} of {len(plans)} comparisons")
 tally.finish()
