@@ -83,36 +83,55 @@ static float computed(int kind, double theta, uint64_t g, int64_t last)
 	return kind == 5 ? cosf(a) : sinf(a);
 }
 
-void planrt_init_block(float *dst, int rank, const int64_t *gdims, const int64_t *ldims, const int64_t *offs,
-		       int kind, double a, double b, uint64_t seed, const char *name)
+void planrt_init_range(float *dst, int rank, const int64_t *gdims, const int64_t *ldims, const int64_t *offs,
+		       int64_t first, int64_t count, int kind, double a, double b, uint64_t seed, const char *name)
 {
 	uint64_t key = planrt_name_key(name);
 	int64_t gstride[16], idx[16] = {0};
 	if (rank > 16)
 		planrt_fatal("planrt_init_block: tensor '%s' has rank %d; at most 16 dimensions", name, rank);
-	int64_t n = 1;
-	for (int d = rank - 1, s = 1; d >= 0; d--) {
+	int64_t n = 1, s = 1; /* 64-bit: a global tensor may pass 2^31 elements */
+	for (int d = rank - 1; d >= 0; d--) {
 		gstride[d] = s;
 		s *= gdims[d];
 		n *= ldims[d];
 	}
-	if (n <= 0)
+	if (first < 0 || count < 0 || first + count > n)
+		planrt_fatal("internal error: elements [%lld, %lld) of '%s' outside its %lld-element block", (long long)first,
+			     (long long)(first + count), name, (long long)n);
+	if (count <= 0)
 		return;
 	if (kind == 7)
 		planrt_fatal("buffer '%s' is loaded (~ load): pass --init with a tensor '%s'", name, name);
-	/* Walk the local block row-major; the innermost dimension is contiguous in both. */
+	/* Walk the local block row-major from element `first`; the innermost dimension is contiguous in
+	 * both. idx[] starts at the row holding `first`, i0 at its column. */
 	int64_t inner = rank > 0 ? ldims[rank - 1] : 1;
-	for (int64_t done = 0; done < n; done += inner) {
+	int64_t row = first / inner, i0 = first % inner;
+	for (int d = rank - 2; d >= 0; d--) {
+		idx[d] = row % ldims[d];
+		row /= ldims[d];
+	}
+	for (int64_t done = 0; done < count; i0 = 0) {
 		uint64_t g = 0;
 		for (int d = 0; d < rank; d++)
 			g += (uint64_t)((offs[d] + idx[d]) * gstride[d]);
-		for (int64_t i = 0; i < inner; i++)
-			dst[done + i] = kind >= 4 && kind <= 6 ? computed(kind, a, g + (uint64_t)i, rank ? gdims[rank - 1] : 1)
-							       : sample(kind, a, b, seed, key, g + (uint64_t)i);
+		int64_t stop = inner - i0 < count - done ? inner : i0 + (count - done);
+		for (int64_t i = i0; i < stop; i++, done++)
+			dst[done] = kind >= 4 && kind <= 6 ? computed(kind, a, g + (uint64_t)i, rank ? gdims[rank - 1] : 1)
+							   : sample(kind, a, b, seed, key, g + (uint64_t)i);
 		for (int d = rank - 2; d >= 0; d--) {
 			if (++idx[d] < ldims[d])
 				break;
 			idx[d] = 0;
 		}
 	}
+}
+
+void planrt_init_block(float *dst, int rank, const int64_t *gdims, const int64_t *ldims, const int64_t *offs,
+		       int kind, double a, double b, uint64_t seed, const char *name)
+{
+	int64_t n = 1;
+	for (int d = 0; d < rank; d++)
+		n *= ldims[d];
+	planrt_init_range(dst, rank, gdims, ldims, offs, 0, n > 0 ? n : 0, kind, a, b, seed, name);
 }

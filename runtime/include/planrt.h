@@ -149,11 +149,15 @@ size_t planrt_peak_rss_bytes(void); /* getrusage maxrss */
  * A parameter element's initial value is a function of (seed, parameter name, global element
  * index) only: Philox-4x32-10 keyed by (seed, FNV-1a of the name), counter = the global index.
  * Fills a local block of a tensor whose global shape is gdims; the block starts at offs and has
- * shape ldims (row-major). kind: 0 normal(a = mean, b = std), 1 uniform(a, b), 2 zeros, 3 ones. */
+ * shape ldims (row-major). kind: 0 normal(a = mean, b = std), 1 uniform(a, b), 2 zeros, 3 ones.
+ * planrt_init_range fills elements [first, first + count) of that block (row-major) into dst[0..count):
+ * a piece of a parameter (an offloaded record's, a bucket shard's) costs its own size, not the block's. */
 void planrt_philox(uint64_t seed, uint64_t key, uint64_t counter, uint32_t out[4]);
 uint64_t planrt_name_key(const char *name);
 void planrt_init_block(float *dst, int rank, const int64_t *gdims, const int64_t *ldims, const int64_t *offs,
 		       int kind, double a, double b, uint64_t seed, const char *name);
+void planrt_init_range(float *dst, int rank, const int64_t *gdims, const int64_t *ldims, const int64_t *offs,
+		       int64_t first, int64_t count, int kind, double a, double b, uint64_t seed, const char *name);
 
 /* ------------------------------------------------------------------ data
  * Token data (docs/data.md: text, nanoGPT, llm.c, Megatron). planrt_data_open samples with

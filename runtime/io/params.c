@@ -83,32 +83,34 @@ void planrt_init_param(planrt_ctx_t *ctx, void *dst, planrt_dtype_t dtype, int p
 	int64_t j1 = local - lo < n ? local - lo : n;
 	if (j1 < j0)
 		j1 = j0;
-	float *block = NULL;
-	if (j1 > j0) {
-		block = malloc(sizeof(float) * (size_t)local);
-		if (!block)
-			planrt_fatal("out of memory initialising '%s' (%lld elements)", p->name, (long long)local);
-		/* computed buffers are never read */
-		if (ctx->init_file && !(p->init_kind >= PLANRT_INIT_ARANGE && p->init_kind <= PLANRT_INIT_ROPE_SIN)) {
-			if (ctx->name_map)
-				PLANRT_CHECK(planrt_namemap_read_block(ctx->name_map, ctx->init_file, param, p->ldims, offs, block));
-			else
-				read_init_block(ctx->init_file, p, offs, block);
-			for (int64_t i = 0; i < local; i++) /* training from a NaN or Inf would only spread it */
-				if (!isfinite(block[i]))
-					planrt_fatal("--init: tensor '%s' holds %s at element %lld of this rank's block; refusing to "
-						     "train from non-finite weights (the file was saved from a diverged run?)",
-						     p->name, isnan(block[i]) ? "NaN" : block[i] > 0 ? "+Inf" : "-Inf", (long long)i);
-		}
+	if (j1 <= j0)
+		return;
+	/* from --init: the whole block is read (the file's layout); else only the elements wanted are
+	 * drawn (each from its global index alone), so a record initialised in pieces costs its size */
+	int from_file = ctx->init_file && !(p->init_kind >= PLANRT_INIT_ARANGE && p->init_kind <= PLANRT_INIT_ROPE_SIN);
+	int64_t first = from_file ? lo + j0 : 0, count = from_file ? local : j1 - j0;
+	float *block = malloc(sizeof(float) * (size_t)count);
+	if (!block)
+		planrt_fatal("out of memory initialising '%s' (%lld elements)", p->name, (long long)count);
+	if (from_file) {
+		if (ctx->name_map)
+			PLANRT_CHECK(planrt_namemap_read_block(ctx->name_map, ctx->init_file, param, p->ldims, offs, block));
 		else
-			planrt_init_block(block, p->rank, p->gdims, p->ldims, offs, p->init_kind, p->a, p->b, ctx->seed,
-					  p->name);
+			read_init_block(ctx->init_file, p, offs, block);
+		for (int64_t i = 0; i < local; i++) /* training from a NaN or Inf would only spread it */
+			if (!isfinite(block[i]))
+				planrt_fatal("--init: tensor '%s' holds %s at element %lld of this rank's block; refusing to "
+					     "train from non-finite weights (the file was saved from a diverged run?)",
+					     p->name, isnan(block[i]) ? "NaN" : block[i] > 0 ? "+Inf" : "-Inf", (long long)i);
 	}
+	else
+		planrt_init_range(block, p->rank, p->gdims, p->ldims, offs, lo + j0, count, p->init_kind, p->a, p->b,
+				  ctx->seed, p->name);
 	/* positions outside [j0, j1) are left as they are: a ZeRO bucket shard holds several
 	 * parameters, each initialising its own part */
-	if (j1 > j0 && dtype == planrt_f32)
-		memcpy((float *)dst + j0, block + lo + j0, sizeof(float) * (size_t)(j1 - j0));
-	else if (j1 > j0)
-		planrt_k_f32_to_bf16(block + lo + j0, (uint16_t *)dst + j0, j1 - j0);
+	if (dtype == planrt_f32)
+		memcpy((float *)dst + j0, block + first, sizeof(float) * (size_t)(j1 - j0));
+	else
+		planrt_k_f32_to_bf16(block + first, (uint16_t *)dst + j0, j1 - j0);
 	free(block);
 }

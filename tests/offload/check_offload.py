@@ -28,9 +28,9 @@ Size. The GPT example's plans (checks 1 and 2: the same run, explain's memory; n
 against a threshold) run at the first of SIZES at which the offloaded plan keeps its schedule
 (harness.smaller_size: the same collectives, buckets, stages and layers), the plain plan at the
 same size; the check names say it. offload.plan's plans (check 3, the resident memory saved) try
-F = 2048 (4.7 M parameters): zero1_disk keeps its schedule there and saves 12.8 of the 13.9 MiB
-explain predicts (plain 91.8 MiB, offloaded 78.6 MiB on rank 0); bf16_zero2_disk's gradient
-buckets change at F = 2048, so it stays at 18 M parameters and saves about 85 of 86.4 MiB.
+F = 2048 (4.7 M parameters), then F = 3072 (10.4 M): zero1_disk keeps its schedule at 2048 and
+saves 12.8 of the 13.9 MiB explain predicts (plain 91.8 MiB, offloaded 78.6 MiB on rank 0);
+bf16_zero2_disk's gradient buckets change at F = 2048 and not at 3072, where it trains.
 Prints PASS/FAIL per check and 'N passed, M failed'.
 usage: check_offload.py PLANC REPO_ROOT
 """
@@ -175,8 +175,9 @@ case(f"{root}/examples/gpt.plan", "zero1_offload_disk", False, sizes=GPT_SIZES)
 case(f"{root}/examples/gpt.plan", "bf16_zero3_offload_disk", False, sizes=GPT_SIZES)
 # offload.plan's 18 M parameters for resident memory (with the same run's losses, --save and
 # state); resuming them, on the same model with F = 256
-case(f"{root}/tests/offload/offload.plan", "zero1_disk", True, resume=False, steps=2, every=1, sizes=[("F=2048",)])
-case(f"{root}/tests/offload/offload.plan", "bf16_zero2_disk", True, resume=False, steps=2, every=1, sizes=[("F=2048",)])
+MEMORY_SIZES = [("F=2048",), ("F=3072",)]  # offload.plan's F, the smallest first (F = 4096 if neither keeps the schedule)
+case(f"{root}/tests/offload/offload.plan", "zero1_disk", True, resume=False, steps=2, every=1, sizes=MEMORY_SIZES)
+case(f"{root}/tests/offload/offload.plan", "bf16_zero2_disk", True, resume=False, steps=2, every=1, sizes=MEMORY_SIZES)
 small = f"{work}/offload_f256.plan"
 open(small, "w").write(re.sub(r"^(plan \w+ for wide) \{", r"\1(F = 256) {", open(f"{root}/tests/offload/offload.plan").read(),
                               flags=re.M))

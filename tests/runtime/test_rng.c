@@ -61,6 +61,30 @@ static void test_documented_mapping(void **state)
 	}
 }
 
+/* planrt_init_range: every piece [first, first + count) of a 3-D block (offset in the tensor,
+ * starting and ending mid-row, one element, a whole row, the whole block) equals the block's
+ * elements there, for a normal and a computed (arange) kind: a record initialised piece by piece
+ * (offload, bucket shards) gets the values the whole block has. */
+static void test_ranges_match_block(void **state)
+{
+	int64_t g[3] = {4, 6, 10}, l[3] = {2, 3, 7}, o[3] = {1, 2, 3};
+	int n = 2 * 3 * 7;
+	float whole[42], piece[42];
+	int pieces[][2] = {{0, 42}, {0, 1}, {41, 1}, {5, 9}, {7, 7}, {13, 20}, {3, 39}, {20, 0}};
+	for (int kind = 0; kind <= 4; kind += 4) {
+		planrt_init_block(whole, 3, g, l, o, kind, 0.0, 1.0, 11, "blocks.w");
+		for (size_t k = 0; k < sizeof pieces / sizeof pieces[0]; k++) {
+			int first = pieces[k][0], count = pieces[k][1];
+			assert_true(first + count <= n);
+			memset(piece, 0xff, sizeof piece);
+			planrt_init_range(piece, 3, g, l, o, first, count, kind, 0.0, 1.0, 11, "blocks.w");
+			assert_memory_equal(piece, whole + first, sizeof(float) * (size_t)count);
+			for (int i = count; i < n; i++) /* nothing past the piece is written */
+				assert_true(isnan(piece[i]));
+		}
+	}
+}
+
 static void test_determinism(void **state)
 {
 	int64_t g[1] = {1000}, o[1] = {0};
@@ -160,6 +184,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_philox_known_answers), cmocka_unit_test(test_fnv1a),
 		cmocka_unit_test(test_documented_mapping),   cmocka_unit_test(test_determinism),
+		cmocka_unit_test(test_ranges_match_block),
 		cmocka_unit_test(test_blocks_match_whole),   cmocka_unit_test(test_normal_statistics),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
