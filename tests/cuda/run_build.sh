@@ -102,7 +102,11 @@ for flags in $(for s in "$tmp"/store/*/; do sha256sum <"$s/nvcc.flags" | cut -c1
 		echo "the kernels of $(echo "$group" | wc -l) plans' kernels.cu failed in one nvcc run: each alone now"
 		for s in $group; do
 			mapfile -t fl <"$s/nvcc.flags"
-			"$NVCC" "${fl[@]}" -c "$s/kernels.cu" -o "$s/kernels.o" >"$s/nvcc.err" 2>&1 || touch "$s/failed"
+			if "$NVCC" "${fl[@]}" -c "$s/kernels.cu" -o "$s/kernels.o" >"$s/nvcc.err" 2>&1; then
+				nm -g --defined-only "$s/kernels.o" | sed -n 's/^[0-9a-f]* T \(loop[0-9]*_launch\)$/\1/p' | sort >"$s/launchers"
+			else
+				touch "$s/failed"
+			fi
 		done
 	fi
 done
@@ -115,6 +119,8 @@ for d in $built; do
 	why=
 	if [ -f "$s/failed" ]; then
 		why="nvcc: $(grep -m3 -E 'error|Error' "$s/nvcc.err" | tr '\n' ' ')"
+	elif [ ! -f "$s/launchers" ]; then
+		why="no list of the launchers its kernels.cu defines (tests/cuda/kernels_batch.sh)"
 	else
 		missing=$(grep '^loop[0-9]*_launch$' "$d/undefined" | grep -vxF -f "$s/launchers" | tr '\n' ' ')
 		[ -n "$missing" ] && why="prog.o calls launchers its kernels.cu does not define: $missing"
