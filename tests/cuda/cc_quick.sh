@@ -6,8 +6,9 @@
 # compiled by clang (OMPI_CC=clang-14: 2.7 s against gcc's 6.2 s for a 7 MB one), a smaller one by
 # gcc (a third less CPU there: clang's start alone is 0.17 s against 0.07).
 # With PLAN_REC set, a link (a command without -c) is not run: its command goes to PLAN_REC/link
-# (this script, then the arguments, one a line), the host object to PLAN_REC/prog.o, and the output is left empty; run_build.sh links
-# one program of each kind and checks the others' objects against the same libraries.
+# (this script, then the arguments, one a line), the host object to PLAN_REC/prog.o, and the
+# output is left empty; run_build.sh links one program of each kind and checks the others' objects
+# against the same libraries.
 compile=0 src=
 for a in "$@"; do
 	case "$a" in -c) compile=1 ;; *.c) src=$a ;; esac
