@@ -1314,14 +1314,17 @@ static LoopParam loop_param(Emit *e, const Fold *fd, int h, const char *table)
 	return (LoopParam){text ? "const char *" : x->type, x->label ? x->label : "value", x->text, "@", x->text};
 }
 
-/* p's use in the body: its name (stem and number j), or its value where every stage's is the same */
-static void print_param_use(FILE *f, const LoopParam *p, int j, bool inlined)
+/* p's use in the body: its name (name, or stem and number j), or its value where every stage's is
+ * the same */
+static void print_param_use(FILE *f, const LoopParam *p, int j, const char *name, bool inlined)
 {
 	for (const char *c = p->use; *c; c++)
 		if (*c != '@')
 			fputc(*c, f);
 		else if (inlined)
 			fputs(p->same, f);
+		else if (name)
+			fputs(name, f);
 		else
 			fprintf(f, "%s%d", p->stem, j);
 }
@@ -1351,7 +1354,8 @@ static LoopParam *loop_params(Emit *e, const Fold *fd, const char **table, int *
 
 /* Fold fd's loop body with its parameters ps (inlined: those written in), its loops' functions by
  * the names the file printed them under. */
-static char *loop_body_text(Emit *e, const Fold *fd, const LoopParam *ps, const int *param_of, const bool *inlined)
+static char *loop_body_text(Emit *e, const Fold *fd, const LoopParam *ps, const int *param_of, const bool *inlined,
+			    const char *const *names)
 {
 	char *body = NULL;
 	size_t len = 0;
@@ -1366,7 +1370,7 @@ static char *loop_body_text(Emit *e, const Fold *fd, const LoopParam *ps, const 
 		line_start = *c == '\n';
 		if (*c == HOLE_VALUE) {
 			int j = param_of[h++];
-			print_param_use(e->f, &ps[j], j, inlined && inlined[j]);
+			print_param_use(e->f, &ps[j], j, names ? names[j] : NULL, inlined && inlined[j]);
 			c++;
 		} else if (*c == HOLE_COMMENT) {
 			print_layer_comment(e, fd, h++);
@@ -1389,17 +1393,115 @@ static char *loop_body_text(Emit *e, const Fold *fd, const LoopParam *ps, const 
 	return body;
 }
 
-/* The shape's function: the loop over the layers with the parameters that differ by stage. */
+/* The name a stage's argument suggests for its parameter: the argument's name without its stage
+ * prefix (sN_), its index ([N], or _N of a family member) and an added place (" + N"), as in
+ * s0_g_layers_mlp_w1 + 1 -> g_layers_mlp_w1. An argument with no stage prefix names something of
+ * the whole file (an enumerator such as PARAM_layers_0_mlp_w1), which the parameter must not
+ * shadow: one that steps by layer (steps) is its first layer's, PARAM_layers_mlp_w1_first (its
+ * first _N part, the layer's number, dropped); any other keeps its positional name. NULL when the name is no identifier. */
+static const char *arg_param_name(Arena *a, const char *arg, bool steps)
+{
+	if (!(arg[0] == 's' && isdigit((unsigned char)arg[1]))) {
+		if (!steps || !isalpha((unsigned char)arg[0]) || arg[strspn(arg, "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+									"abcdefghijklmnopqrstuvwxyz0123456789_")])
+			return NULL;
+		char *name = arena_printf(a, "%s_first", arg);
+		for (char *c = name; *c; c++) {
+			size_t digits = c[0] == '_' ? strspn(c + 1, "0123456789") : 0;
+			if (digits && c[1 + digits] == '_') {
+				memmove(c, c + 1 + digits, strlen(c + 1 + digits) + 1);
+				break;
+			}
+		}
+		return name;
+	}
+	size_t n = strcspn(arg, " [");
+	if (arg[n] == ' ' && strncmp(arg + n, " + ", 3))
+		return NULL;
+	if (arg[n] == '[' && (arg[n + 1 + strspn(arg + n + 1, "0123456789")] != ']'))
+		return NULL;
+	if (arg[0] == 's' && isdigit((unsigned char)arg[1])) {
+		size_t k = 1 + strspn(arg + 1, "0123456789");
+		if (arg[k] == '_' && k + 1 < n) {
+			arg += k + 1;
+			n -= k + 1;
+		}
+	}
+	size_t digits = 0;
+	while (digits < n && isdigit((unsigned char)arg[n - 1 - digits]))
+		digits++;
+	if (digits && digits + 1 < n && arg[n - 1 - digits] == '_')
+		n -= digits + 1;
+	if (!n || isdigit((unsigned char)arg[0]))
+		return NULL;
+	for (size_t i = 0; i < n; i++)
+		if (!isalnum((unsigned char)arg[i]) && arg[i] != '_')
+			return NULL;
+	static const char *const taken[] = {"ctx", "nlayers", "l", "auto", "break", "case", "char", "const",
+					    "continue", "default", "do", "double", "else", "enum", "extern", "float",
+					    "for", "goto", "if", "inline", "int", "long", "register", "restrict",
+					    "return", "short", "signed", "sizeof", "static", "struct", "switch",
+					    "typedef", "union", "unsigned", "void", "volatile", "while"};
+	for (size_t i = 0; i < sizeof taken / sizeof *taken; i++)
+		if (strlen(taken[i]) == n && !strncmp(taken[i], arg, n))
+			return NULL;
+	return arena_printf(a, "%.*s", (int)n, arg);
+}
+
+/* whether the C text mentions identifier id (as a whole word) */
+static bool mentions(const char *text, const char *id)
+{
+	size_t n = strlen(id);
+	for (const char *c = strstr(text, id); c; c = strstr(c + 1, id))
+		if ((c == text || (!isalnum((unsigned char)c[-1]) && c[-1] != '_')) && !isalnum((unsigned char)c[n]) &&
+		    c[n] != '_')
+			return true;
+	return false;
+}
+
+/* The shared function's parameters' names (names[j]; NULL: the positional stem and number): each
+ * the name its first caller's argument suggests, unless that is no identifier, is another
+ * parameter's (suggested or positional) or is a name the body (with positional names) uses. */
+static void loop_param_names(Emit *e, const LoopShape *sh, const LoopParam *ps, const bool *inlined, const char *body,
+			     const char **names)
+{
+	Arena *a = e->low->g->arena;
+	for (int j = 0; j < sh->nparams; j++)
+		names[j] = inlined[j] ? NULL : arg_param_name(a, ps[j].arg, strstr(ps[j].use, "l *") != NULL);
+	bool *clash = calloc((size_t)sh->nparams + 1, sizeof(bool));
+	if (!clash)
+		ICE("out of memory");
+	for (int j = 0; j < sh->nparams; j++) {
+		if (!names[j])
+			continue;
+		clash[j] = mentions(body, names[j]);
+		for (int k = 0; k < sh->nparams && !clash[j]; k++)
+			clash[j] = k != j && !inlined[k] &&
+				   ((names[k] && !strcmp(names[k], names[j])) ||
+				    !strcmp(arena_printf(a, "%s%d", ps[k].stem, k), names[j]));
+	}
+	for (int j = 0; j < sh->nparams; j++)
+		if (clash[j])
+			names[j] = NULL;
+	free(clash);
+}
+
+/* The shape's function: the loop over the layers with the parameters that differ by stage, named
+ * after what its first caller passes. */
 static void print_shared_function(Emit *e, const Fold *fd, LoopShape *sh, const LoopParam *ps, const int *param_of)
 {
 	FILE *f = e->defs;
 	sh->fn = arena_printf(e->low->g->arena, "layers_loop%d", e->nshared_fns++);
 	bool *inlined = calloc((size_t)sh->nparams + 1, sizeof(bool));
-	if (!inlined)
+	const char **names = calloc((size_t)sh->nparams + 1, sizeof(char *));
+	if (!inlined || !names)
 		ICE("out of memory");
 	for (int j = 0; j < sh->nparams; j++)
 		inlined[j] = !sh->differs[j];
-	char *body = loop_body_text(e, fd, ps, param_of, inlined);
+	char *positional = loop_body_text(e, fd, ps, param_of, inlined, NULL);
+	loop_param_names(e, sh, ps, inlined, positional, names);
+	free(positional);
+	char *body = loop_body_text(e, fd, ps, param_of, inlined, names);
 	fprintf(f, "/* layers %d..%d of stage %d, %d kernels a layer: one loop, called by the %d stages whose layers run it;\n"
 		   " * what differs by layer is indexed by l, what differs by stage is an argument */\n",
 		fd->run->first_layer, fd->run->first_layer + (fd->run->nlayers - 1) * fd->run->step, e->p->stage, fd->run->body,
@@ -1407,9 +1509,11 @@ static void print_shared_function(Emit *e, const Fold *fd, LoopShape *sh, const 
 	fprintf(f, "static void %s(planrt_ctx_t *ctx, int nlayers", sh->fn);
 	for (int j = 0; j < sh->nparams; j++)
 		if (!inlined[j])
-			fprintf(f, ", %s%s%s%d", ps[j].type, ps[j].type[strlen(ps[j].type) - 1] == '*' ? "" : " ", ps[j].stem, j);
+			fprintf(f, ", %s%s%s", ps[j].type, ps[j].type[strlen(ps[j].type) - 1] == '*' ? "" : " ",
+				names[j] ? names[j] : arena_printf(e->low->g->arena, "%s%d", ps[j].stem, j));
 	fprintf(f, ")\n{\n\t(void)ctx;\n\tfor (int l = 0; l < nlayers; l++) {\n%s\t}\n}\n\n", body);
 	free(body);
+	free(names);
 	free(inlined);
 }
 
@@ -1423,7 +1527,7 @@ static bool print_shared_call(Emit *e, const Fold *fd, const char **table)
 	if (!param_of)
 		ICE("out of memory");
 	LoopParam *ps = loop_params(e, fd, table, param_of, &np);
-	char *shape = loop_body_text(e, fd, ps, param_of, NULL);
+	char *shape = loop_body_text(e, fd, ps, param_of, NULL, NULL);
 	const char *key = arena_printf(a, "%d\n%s", np, shape);
 	for (int j = 0; j < np; j++)
 		key = arena_printf(a, "%s\n%s %s %s", key, ps[j].type, ps[j].stem, ps[j].use);
