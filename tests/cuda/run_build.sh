@@ -41,16 +41,20 @@ export NVCC_STORE=$tmp/store REAL_NVCC=$NVCC PLANC_NVCC=$ROOT/tests/cuda/nvcc_de
 	PLANC_MPICC=$ROOT/tests/cuda/cc_quick.sh
 start=$(date +%s)
 
-# 1. one plan: planc build, then what its object needs and defines. Prints FAIL lines (or the
-# refusal's PASS line); a plan that built is left in its directory for the steps below.
+# 1. one plan: planc build. Prints FAIL lines (or the refusal's PASS line); a plan that built is left
+# in its directory for the steps below. What its object needs and defines, its kind and its link
+# command are read for all plans at once after the builds (plans_pass.py index: one nm, no process
+# start a plan).
 one_plan() {
 	local f=$1 p=$2 d="$tmp/p$3" want out rc secs t0
 	mkdir -p "$d"
-	want=$(printf '%s\n' "$UNSUPPORTED" | grep -F "$f $p:" | sed 's/.*: //')
-	t0=$(date +%s.%N)
+	want=
+	[[ $UNSUPPORTED == *"$f $p:"* ]] && want=$(printf '%s\n' "$UNSUPPORTED" | grep -F "$f $p:" | sed 's/.*: //')
+	t0=${EPOCHREALTIME/./}
 	out=$(PLAN_REC=$d TMPDIR=$d "$PLANC" build --target cuda "$f" --plan "$p" -o "$d/prog" 2>&1)
 	rc=$?
-	secs=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN{printf "%.1f", b-a}')
+	t0=$((${EPOCHREALTIME/./} - t0 + 50000))
+	secs=$((t0 / 1000000)).$((t0 % 1000000 / 100000))
 	rm -f "$d/prog"
 	if [ -n "$want" ]; then
 		if [ $rc = 0 ]; then
@@ -70,17 +74,6 @@ one_plan() {
 	fi
 	echo "$f $p" >"$d/plan"
 	echo "$secs" >"$d/secs"
-	nm "$d/prog.o" >"$d/nm"
-	awk '$1 == "U" { print $2 }' "$d/nm" | sort >"$d/undefined"
-	# the kind: the link command (its object and output paths made names), the host state tables,
-	# the global definitions
-	{
-		awk 'prev == "-o" { print "OUT"; prev = ""; next } /\/prog\.o$/ { print "PROG_O"; prev = $0; next }
-			/\/kernels\.o$/ { print "KERNELS_O"; prev = $0; next } { print; prev = $0 }' "$d/link" | tee "$d/link.norm"
-		grep -cE ' [rRdD] [A-Za-z0-9_]*host_state$' "$d/nm"
-		awk 'NF == 3 && $2 ~ /^[A-Z]$/ && $2 != "U" { print $3 }' "$d/nm" | sort
-	} | sha256sum | cut -c1-16 >"$d/kind"
-	sha256sum <"$d/link.norm" | cut -c1-16 >"$d/linkline"
 }
 export -f one_plan
 export PLANC UNSUPPORTED tmp
@@ -92,6 +85,8 @@ for f in examples/*.plan; do
 	done
 done | xargs -P "${CUDA_BUILD_JOBS:-2}" -L 1 bash -c 'one_plan "$@"' _ >"$tmp/results"
 built=$(ls -d "$tmp"/p*/plan 2>/dev/null | sed 's|/plan$||')
+PASS_PY=$ROOT/tests/cuda/plans_pass.py
+python3 "$PASS_PY" index "$tmp" || echo "FAIL: plans_pass.py index failed" >>"$tmp/results"
 t_build=$(date +%s)
 
 # 2. every distinct kernels.cu in one nvcc run (a group per nvcc command: planc has one)
@@ -114,24 +109,10 @@ t_nvcc=$(date +%s)
 
 # what each plan's own files show: its kernels compile, define the launchers prog.o calls, and
 # prog.o calls planrt_cuda_main (PLAN/own: why not)
-for d in $built; do
-	s=$tmp/store/$(cat "$d/kernels.hash")
-	why=
-	if [ -f "$s/failed" ]; then
-		why="nvcc: $(grep -m3 -E 'error|Error' "$s/nvcc.err" | tr '\n' ' ')"
-	elif [ ! -f "$s/launchers" ]; then
-		why="no list of the launchers its kernels.cu defines (tests/cuda/kernels_batch.sh)"
-	else
-		missing=$(grep '^loop[0-9]*_launch$' "$d/undefined" | grep -vxF -f "$s/launchers" | tr '\n' ' ')
-		[ -n "$missing" ] && why="prog.o calls launchers its kernels.cu does not define: $missing"
-	fi
-	grep -qx planrt_cuda_main "$d/undefined" || why="$why${why:+; }prog.o does not call planrt_cuda_main"
-	[ -n "$why" ] && echo "$why" >"$d/own"
-done
+python3 "$PASS_PY" own "$tmp" || echo "FAIL: plans_pass.py own failed" >>"$tmp/results"
 
 # 3. one program of each kind, built for real and started. The plan chosen is one that passed the
 # checks above whose kernels.cu the most kinds share (fewer nvcc runs).
-for d in $built; do [ -f "$d/own" ] || echo "$(cat "$d/kind") $(cat "$d/kernels.hash") $d"; done >"$tmp/plans"
 awk '{ if (!seen[$1 " " $2]++) n[$2]++ } END { for (h in n) print n[h], h }' "$tmp/plans" | sort -rn >"$tmp/hash_rank"
 for kind in $(awk '{print $1}' "$tmp/plans" | sort -u); do
 	rep=$(awk -v k="$kind" 'NR == FNR { rank[$2] = NR; next } $1 == k { print rank[$2], $3 }' "$tmp/hash_rank" "$tmp/plans" |
@@ -169,10 +150,8 @@ t_kinds=$(date +%s)
 cat "$tmp"/batch/*/batch.syms 2>/dev/null | awk '{print $NF}' | sort -u >"$tmp/batch_defined"
 for line in $(cat "$tmp"/p*/linkline 2>/dev/null | sort -u); do
 	u=$tmp/union_$line
-	mkdir -p "$u"
-	for d in $built; do [ "$(cat "$d/linkline")" = "$line" ] && echo "$d"; done >"$u/plans"
 	{
-		for d in $(cat "$u/plans"); do grep -v '^loop[0-9]*_launch$' "$d/undefined"; done
+		cat "$u/needs"
 		for b in "$tmp"/batch/*/batch.o; do [ -f "$b" ] && nm -u "$b" | awk '{print $2}'; done
 	} | sort -u | grep -vxF -f "$tmp/batch_defined" >"$u/symbols"
 	{
@@ -193,43 +172,7 @@ for line in $(cat "$tmp"/p*/linkline 2>/dev/null | sort -u); do
 done
 
 # the verdict of each plan
-for d in $built; do
-	read -r f p <"$d/plan"
-	hash=$(cat "$d/kernels.hash")
-	s=$tmp/store/$hash
-	k=$tmp/kinds/$(cat "$d/kind")
-	u=$tmp/union_$(cat "$d/linkline")
-	why=$(cat "$d/own" 2>/dev/null)
-	if [ -f "$u/failed" ]; then
-		unres=$(grep -oE "undefined reference to \`[^']*'" "$u/err" | sed "s/.*\`//; s/'//" | sort -u | grep -xF -f "$d/undefined" | tr '\n' ' ')
-		if [ -n "$unres" ]; then
-			why="$why${why:+; }the libraries do not define $unres"
-		elif ! grep -q "undefined reference" "$u/err"; then
-			why="$why${why:+; }the link of every plan's symbols failed: $(tail -3 "$u/err" | tr '\n' ' ')"
-		fi
-	fi
-	[ -f "$u/why" ] && why="$why${why:+; }the program of all symbols $(cat "$u/why")"
-	rep=$(cat "$k/rep" 2>/dev/null)
-	if [ -f "$k/why" ]; then
-		if [ "$rep" = "$d" ]; then
-			why="$why${why:+; }$(cat "$k/why")"
-		else
-			why="$why${why:+; }its kind's program ($(cat "$rep/plan")) failed: $(cat "$k/why")"
-		fi
-	fi
-	if [ -z "$rep" ]; then
-		how=
-	elif [ "$rep" = "$d" ]; then
-		how="linked and started: refuses"
-	else
-		how="its start and link are the ones of $(cat "$rep/plan")"
-	fi
-	if [ -n "$why" ]; then
-		echo "FAIL: $f $p: $why"
-	else
-		echo "PASS: $f $p ($(cat "$d/secs") s; kernels ${hash:0:8}; $how)"
-	fi
-done >>"$tmp/results"
+python3 "$PASS_PY" verdict "$tmp" >>"$tmp/results" || echo "FAIL: plans_pass.py verdict failed" >>"$tmp/results"
 cat "$tmp/results"
 pass=$(grep -c '^PASS:' "$tmp/results")
 fail=$(grep -c '^FAIL:' "$tmp/results")
