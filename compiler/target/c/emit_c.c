@@ -40,6 +40,7 @@ struct Emit {
 	int *param_block_len;      /* [param]: that block's entries */
 	const char **block_names;  /* [block kind]: its PARAM_ names as one macro of the layer */
 	const char **block_entries; /* [block kind]: its table entries as one macro of the layer */
+	const char **param_patterns; /* [param]: param_name_pattern's, or NULL */
 	int nblock_kinds;
 	bool loop_functions;      /* the C target: each fused loop is a function per instruction-set level */
 	bool layer_loops;         /* the C target: each run of identical layers as one loop (below) */
@@ -1398,7 +1399,8 @@ static char *loop_body_text(Emit *e, const Fold *fd, const LoopParam *ps, const 
  * s0_g_layers_mlp_w1 + 1 -> g_layers_mlp_w1. An argument with no stage prefix names something of
  * the whole file (an enumerator such as PARAM_layers_0_mlp_w1), which the parameter must not
  * shadow: one that steps by layer (steps) is its first layer's, PARAM_layers_mlp_w1_first (its
- * first _N part, the layer's number, dropped); any other keeps its positional name. NULL when the name is no identifier. */
+ * first _N part, the layer's number, dropped); any other keeps its positional name. NULL when the
+ * name is no identifier. */
 static const char *arg_param_name(Arena *a, const char *arg, bool steps)
 {
 	if (!(arg[0] == 's' && isdigit((unsigned char)arg[1]))) {
@@ -1420,12 +1422,10 @@ static const char *arg_param_name(Arena *a, const char *arg, bool steps)
 		return NULL;
 	if (arg[n] == '[' && (arg[n + 1 + strspn(arg + n + 1, "0123456789")] != ']'))
 		return NULL;
-	if (arg[0] == 's' && isdigit((unsigned char)arg[1])) {
-		size_t k = 1 + strspn(arg + 1, "0123456789");
-		if (arg[k] == '_' && k + 1 < n) {
-			arg += k + 1;
-			n -= k + 1;
-		}
+	size_t k = 1 + strspn(arg + 1, "0123456789"); /* the stage prefix sN_ */
+	if (arg[k] == '_' && k + 1 < n) {
+		arg += k + 1;
+		n -= k + 1;
 	}
 	size_t digits = 0;
 	while (digits < n && isdigit((unsigned char)arg[n - 1 - digits]))
@@ -2174,11 +2174,14 @@ static void param_layer_blocks(Emit *e)
 		e->param_block[i] = -1;
 	if (e->target) /* the C target's (the CUDA host program prints each entry) */
 		return;
+	e->param_patterns = arena_alloc(a, sizeof(char *) * (size_t)(n + 1));
+	for (int i = 0; i < n; i++)
+		e->param_patterns[i] = e->param_macros[i] ? param_name_pattern(e, i) : NULL;
 	for (int i = 1; i < n;) { /* the first entry is "= 0" in the enum: never in a block */
 		int j = i;
 		const char *text = "";
-		while (j < n && e->param_macros[j] && e->param_layers[j] == e->param_layers[i] && param_name_pattern(e, j)) {
-			text = arena_printf(a, "%s\t[%s] = %s(l),", text, param_name_pattern(e, j), e->param_macros[j]);
+		while (j < n && e->param_patterns[j] && e->param_layers[j] == e->param_layers[i]) {
+			text = arena_printf(a, "%s\t[%s] = %s(l),", text, e->param_patterns[j], e->param_macros[j]);
 			j++;
 		}
 		if (j - i < 2) {
@@ -2212,7 +2215,7 @@ static void print_block_macro(Emit *e, const char *macro, int i, const char *fmt
 	fprintf(e->f, "#define %s(l)", macro);
 	for (int j = i; j < i + e->param_block_len[i]; j++) {
 		fprintf(e->f, " \\\n\t");
-		fprintf(e->f, fmt, param_name_pattern(e, j), e->param_macros[j]);
+		fprintf(e->f, fmt, e->param_patterns[j], e->param_macros[j]);
 	}
 	fprintf(e->f, "\n");
 }
