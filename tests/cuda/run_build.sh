@@ -90,8 +90,9 @@ python3 "$PASS_PY" index "$tmp" || echo "FAIL: plans_pass.py index failed" >>"$t
 t_build=$(date +%s)
 
 # 2. every distinct kernels.cu in one nvcc run (a group per nvcc command: planc has one)
-for flags in $(for s in "$tmp"/store/*/; do sha256sum <"$s/nvcc.flags" | cut -c1-16; done | sort -u); do
-	group=$(for s in "$tmp"/store/*/; do [ "$(sha256sum <"$s/nvcc.flags" | cut -c1-16)" = "$flags" ] && echo "${s%/}"; done)
+for s in "$tmp"/store/*/; do echo "$(sha256sum <"$s/nvcc.flags" | cut -c1-16) ${s%/}"; done >"$tmp/store_flags"
+for flags in $(cut -d' ' -f1 "$tmp/store_flags" | sort -u); do
+	group=$(awk -v f="$flags" '$1 == f { print $2 }' "$tmp/store_flags")
 	mkdir -p "$tmp/batch/$flags"
 	if ! tests/cuda/kernels_batch.sh "$tmp/batch/$flags" $group; then
 		echo "the kernels of $(echo "$group" | wc -l) plans' kernels.cu failed in one nvcc run: each alone now"
