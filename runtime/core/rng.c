@@ -89,7 +89,7 @@ void planrt_init_range(float *dst, int rank, const int64_t *gdims, const int64_t
 	uint64_t key = planrt_name_key(name);
 	int64_t gstride[16], idx[16] = {0};
 	if (rank > 16)
-		planrt_fatal("planrt_init_block: tensor '%s' has rank %d; at most 16 dimensions", name, rank);
+		planrt_fatal("planrt_init_range: tensor '%s' has rank %d; at most 16 dimensions", name, rank);
 	int64_t n = 1, s = 1; /* 64-bit: a global tensor may pass 2^31 elements */
 	for (int d = rank - 1; d >= 0; d--) {
 		gstride[d] = s;

@@ -135,7 +135,6 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 	return 0;
 }
 
-
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
 	if (!devnull)
