@@ -228,6 +228,18 @@ int layer_runs(const LProg *p, LayerRun *runs, int cap)
 	return nruns;
 }
 
+int *layer_run_kernels(const LProg *p, const LayerRun *r, Arena *a)
+{
+	int n = r->body * r->nlayers, m = 0;
+	int *ks = arena_alloc(a, sizeof(int) * (size_t)n);
+	for (int i = r->first; i < p->nk && m < n; i++)
+		if (p->k[i].phase == r->phase)
+			ks[m++] = i;
+	if (m != n)
+		ICE("a run of layers has %d kernels of %d", m, n);
+	return ks;
+}
+
 void layer_runs_dump(FILE *out, const Lowered *low)
 {
 	long long total = 0, folded = 0;

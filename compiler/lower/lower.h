@@ -466,7 +466,37 @@ typedef struct LayerRun {
 	int tables;      /* arguments that differ by layer only in a parameter index or a message */
 } LayerRun;
 int layer_runs(const LProg *p, LayerRun *runs, int cap); /* the count; at most cap written */
+/* run r's kernels in order, layer after layer: its phase's kernels from r->first on */
+int *layer_run_kernels(const LProg *p, const LayerRun *r, Arena *a);
 void layer_runs_dump(FILE *out, const Lowered *low);
+/* layer_values.c: what a value that may differ by layer is in a run (its n layers' values, each a
+ * buffer of the stage, an integer or a text; equal texts, else equal buffers and integers, are
+ * the same value), computed once per value by each loop target; and a stage's state families
+ * (arrays of per-layer state pointers that loops index as at + dir * l). */
+typedef enum { LV_SAME, LV_PLACE, LV_INT_STEP, LV_STATE, LV_TABLE } LayerValueKind;
+typedef struct LayerValue {
+	int buf;          /* the buffer, or -1 */
+	bool integer;     /* an integer: value */
+	long long value;
+	const char *text; /* how the target names it (NULL: by buf and value) */
+} LayerValue;
+typedef struct LayerClass {
+	LayerValueKind kind;
+	long long step; /* LV_PLACE: bytes a layer (0: one place); LV_INT_STEP: added a layer */
+} LayerClass;
+LayerClass layer_value_class(const LProg *p, const LayerValue *v, int n);
+typedef struct LayerFamilies {
+	int n, cap;
+	int **members;           /* [family]: its buffers in layer order */
+	int *size;               /* [family] */
+	int *family_of, *family_at; /* [buffer]: its family and place there, or -1 */
+	bool fixed;              /* no more families are made */
+} LayerFamilies;
+void layer_families_init(LayerFamilies *fs, const LProg *p);
+void layer_families_free(LayerFamilies *fs);
+/* The family whose entries at + dir * t are bufs[t] (a run's n layers' LV_STATE buffers; down: the
+ * run walks the layers downwards), made if none of them is in one and fs is not fixed; -1: none. */
+int layer_family(LayerFamilies *fs, const int *bufs, int n, bool down, int *at, int *dir);
 /* verify.c: checks the IR's invariants (arguments, buffers, phases, liveness and placement after
  * memplan); reports and returns false on the first broken one (an internal error in planc). */
 bool verify_ir(const Lowered *low, const char *after_pass);

@@ -54,8 +54,9 @@ struct Emit {
 	int *fold_pos; /* [kernel]: its place in the fold, layer by layer (0: the loop's head) */
 	struct Family *families; /* the stage's state families: arrays of per-layer state pointers */
 	int nfamilies, capfamilies;
-	int *family_of, *family_at; /* [buffer]: its family and place there, or -1 */
-	bool families_fixed;        /* a family member's name is its array's entry (NAME[i]) */
+	LayerFamilies fams;         /* their members (layer_values.c); fams.fixed: every member is named
+				     * by its array's entry (NAME[i]) */
+	int *family_of, *family_at; /* fams's: [buffer]: its family and place there, or -1 */
 	int stage_index;            /* the stage being printed: low->progs[stage_index] */
 	int *nstate_entries;        /* [stage]: its state table's entries (family members are not) */
 	int *nfamily_entries;       /* [stage]: its families */
@@ -79,7 +80,8 @@ struct Emit {
 typedef struct Family {
 	const char *name;
 	const char *type; /* the pointers' type */
-	int *members, n;
+	const int *members; /* the stage's LayerFamilies entry's */
+	int n;
 	bool declared;    /* its array and state table entry are printed (at its first member) */
 } Family;
 
@@ -174,7 +176,7 @@ static void name(Emit *e, int b)
 		h->buf = b;
 		return;
 	}
-	if (e->families_fixed && e->family_of[b] >= 0)
+	if (e->fams.fixed && e->family_of[b] >= 0)
 		fprintf(e->f, "%s[%d]", e->families[e->family_of[b]].name, e->family_at[b]);
 	else
 		fprintf(e->f, "%s%s", e->prefix, e->p->buf[b].name);
@@ -744,20 +746,8 @@ typedef struct Fold {
 	int *kernels; /* the run's kernels in print order: layer after layer */
 	char *text;   /* the first layer, holes marked */
 	Holes *holes; /* [layer] */
+	LayerClass *cls; /* [hole]: what its value is across the layers (layer_values.c) */
 } Fold;
-
-/* The kernels of run r in print order, layer after layer: its phase's kernels from r->first on. */
-static int *run_kernels(const LProg *p, const LayerRun *r, Arena *a)
-{
-	int n = r->body * r->nlayers, m = 0;
-	int *ks = arena_alloc(a, sizeof(int) * (size_t)n);
-	for (int i = r->first; i < p->nk && m < n; i++)
-		if (p->k[i].phase == r->phase)
-			ks[m++] = i;
-	if (m != n)
-		ICE("a run of layers has %d kernels of %d", m, n);
-	return ks;
-}
 
 /* Layer t of a run as print_kernel prints it, what differs by layer as holes (kept in hs). */
 static char *print_layer(Emit *e, const int *ks, int body, int t, Holes *hs)
@@ -877,6 +867,26 @@ static bool target_loopable(Emit *e, const int *ks, int n)
 	return true;
 }
 
+/* What each hole of a run's n layers hs is across the layers (layer_values.c), computed once: its
+ * layers' texts, buffers and integers. */
+static LayerClass *hole_classes(Emit *e, const Holes *hs, int n)
+{
+	int nh = hs[0].n;
+	LayerClass *cls = calloc((size_t)nh + 1, sizeof(LayerClass));
+	LayerValue *v = calloc((size_t)n, sizeof(LayerValue));
+	if (!cls || !v)
+		ICE("out of memory");
+	for (int h = 0; h < nh; h++) {
+		for (int t = 0; t < n; t++) {
+			const Hole *x = &hs[t].h[h];
+			v[t] = (LayerValue){.buf = x->buf, .integer = x->integer, .value = x->value, .text = x->text};
+		}
+		cls[h] = layer_value_class(e->p, v, n);
+	}
+	free(v);
+	return cls;
+}
+
 /* The stage's runs that fold (each run's layers printed alike), and which kernels they hold. */
 static void plan_folds(Emit *e)
 {
@@ -888,17 +898,16 @@ static void plan_folds(Emit *e)
 	for (int i = 0; i < p->nk; i++)
 		e->fold_of[i] = -1;
 	e->places = symtab_new(a);
-	e->family_of = arena_alloc(a, sizeof(int) * (size_t)(p->nbuf + 1));
-	e->family_at = arena_alloc(a, sizeof(int) * (size_t)(p->nbuf + 1));
-	for (int b = 0; b < p->nbuf; b++)
-		e->family_of[b] = e->family_at[b] = -1;
+	layer_families_init(&e->fams, p);
+	e->family_of = e->fams.family_of;
+	e->family_at = e->fams.family_at;
 	if (!e->layer_loops)
 		return;
 	LayerRun *runs = arena_alloc(a, sizeof(LayerRun) * (size_t)(p->nk + 1));
 	int nruns = layer_runs(p, runs, p->nk + 1);
 	e->folds = arena_alloc(a, sizeof(Fold) * (size_t)(nruns + 1));
 	for (int r = 0; r < nruns; r++) {
-		int *ks = run_kernels(p, &runs[r], a), body = runs[r].body, n = runs[r].nlayers;
+		int *ks = layer_run_kernels(p, &runs[r], a), body = runs[r].body, n = runs[r].nlayers;
 		if (!target_loopable(e, ks, body * n))
 			continue;
 		Holes *hs = calloc((size_t)n, sizeof(Holes));
@@ -920,7 +929,8 @@ static void plan_folds(Emit *e)
 			e->fold_of[ks[i]] = e->nfolds;
 			e->fold_pos[ks[i]] = i;
 		}
-		e->folds[e->nfolds++] = (Fold){.run = &runs[r], .kernels = ks, .text = first, .holes = hs};
+		e->folds[e->nfolds++] = (Fold){.run = &runs[r], .kernels = ks, .text = first, .holes = hs,
+					       .cls = hole_classes(e, hs, n)};
 	}
 }
 
@@ -929,6 +939,7 @@ static void free_folds(Emit *e)
 	for (int i = 0; i < e->nfolds; i++) {
 		free(e->folds[i].text);
 		free_holes(e->folds[i].holes, e->folds[i].run->nlayers);
+		free(e->folds[i].cls);
 	}
 	e->nfolds = 0;
 }
@@ -936,10 +947,7 @@ static void free_folds(Emit *e)
 /* whether hole h has one value in every layer */
 static bool hole_same(const Fold *fd, int h)
 {
-	for (int t = 1; t < fd->run->nlayers; t++)
-		if (strcmp(fd->holes[t].h[h].text, fd->holes[0].h[h].text))
-			return false;
-	return true;
+	return fd->cls[h].kind == LV_SAME;
 }
 
 /* whether holes h and g hold the same value in every layer (one table serves both) */
@@ -1024,16 +1032,8 @@ static void print_layer_comment(Emit *e, const Fold *fd, int h)
  * activations in the slot; step 0: one place every layer, as the arena's scratch buffers are). */
 static bool transient_steps(const Fold *fd, int h, long long *step)
 {
-	const Hole *x = &fd->holes[0].h[h];
-	if (!x->place || fd->run->nlayers < 2)
-		return false;
-	*step = fd->holes[1].h[h].offset - x->offset;
-	for (int t = 1; t < fd->run->nlayers; t++) {
-		const Hole *y = &fd->holes[t].h[h];
-		if (y->place != x->place || strcmp(y->cast, x->cast) || y->offset - x->offset != t * *step)
-			return false;
-	}
-	return true;
+	*step = fd->cls[h].step;
+	return fd->cls[h].kind == LV_PLACE;
 }
 
 /* The stage's macro for a transient buffer of each layer, at offset + l * step: named after the
@@ -1077,14 +1077,8 @@ static void print_places(Emit *e)
 /* Whether hole h is an integer value + l * step in layer l (a parameter index, a dropout's key) */
 static bool integer_steps(const Fold *fd, int h, long long *step)
 {
-	const Hole *x = &fd->holes[0].h[h];
-	if (!x->integer || fd->run->nlayers < 2)
-		return false;
-	*step = fd->holes[1].h[h].value - x->value;
-	for (int t = 1; t < fd->run->nlayers; t++)
-		if (!fd->holes[t].h[h].integer || fd->holes[t].h[h].value - x->value != t * *step)
-			return false;
-	return true;
+	*step = fd->cls[h].step;
+	return fd->cls[h].kind == LV_INT_STEP;
 }
 
 /* whether name is a state buffer's name in the stage (with the prefix) or a family's */
@@ -1142,53 +1136,34 @@ static const char *family_name(Emit *e, int b0, int b1, const char *a, const cha
 }
 
 /* Whether hole h names a state buffer of each layer, alike (one kind and size): then the stage's
- * family of them, made here (before the families are fixed) if none of them is in one yet, serves
- * every loop that indexes them; *at and *dir say where layer l's is: at + dir * l. */
+ * family of them (layer_family: made here, before the families are fixed, if none of them is in one
+ * yet) serves every loop that indexes them; *at and *dir say where layer l's is: at + dir * l. */
 static const Family *state_family(Emit *e, const Fold *fd, int h, int *at, int *dir)
 {
-	int n = fd->run->nlayers;
-	int b0 = fd->holes[0].h[h].buf, b1 = fd->holes[1].h[h].buf, f = b0 >= 0 ? e->family_of[b0] : -1;
-	for (int t = 0; t < n; t++) { /* one kind and size: one state table entry */
-		int b = fd->holes[t].h[h].buf;
-		if (b < 0 || e->p->buf[b].cls != BUF_STATE || e->p->buf[b].state != e->p->buf[b0].state ||
-		    e->p->buf[b].bytes != e->p->buf[b0].bytes || e->p->buf[b].dtype != e->p->buf[b0].dtype)
-			return NULL;
-	}
-	if (f < 0) {
-		if (e->families_fixed)
-			return NULL;
-		for (int t = 0; t < n; t++)
-			if (e->family_of[fd->holes[t].h[h].buf] >= 0)
-				return NULL;
+	int n = fd->run->nlayers, had = e->fams.n;
+	if (fd->cls[h].kind != LV_STATE)
+		return NULL;
+	int *bufs = malloc(sizeof(int) * (size_t)n);
+	if (!bufs)
+		ICE("out of memory");
+	for (int t = 0; t < n; t++)
+		bufs[t] = fd->holes[t].h[h].buf;
+	int f = layer_family(&e->fams, bufs, n, fd->run->step < 0, at, dir);
+	free(bufs);
+	if (e->fams.n > had) { /* a new family: its name and pointers' type */
 		if (e->nfamilies == e->capfamilies) {
 			e->capfamilies = e->capfamilies ? 2 * e->capfamilies : 16;
 			e->families = realloc(e->families, sizeof(Family) * (size_t)e->capfamilies);
 			if (!e->families)
 				ICE("out of memory");
 		}
-		Family *fam = &e->families[e->nfamilies];
-		*fam = (Family){.name = family_name(e, b0, b1, fd->holes[0].h[h].text, fd->holes[1].h[h].text),
-				.type = fd->holes[0].h[h].type, .n = n};
-		fam->members = arena_alloc(e->low->g->arena, sizeof(int) * (size_t)n);
-		bool down = fd->run->step < 0; /* kept in layer order */
-		for (int t = 0; t < n; t++) {
-			int b = fd->holes[down ? n - 1 - t : t].h[h].buf;
-			fam->members[t] = b;
-			e->family_of[b] = e->nfamilies;
-			e->family_at[b] = t;
-		}
-		f = e->nfamilies++;
+		int b0 = fd->holes[0].h[h].buf, b1 = fd->holes[1].h[h].buf;
+		e->families[e->nfamilies] = (Family){
+			.name = family_name(e, b0, b1, fd->holes[0].h[h].text, fd->holes[1].h[h].text),
+			.type = fd->holes[0].h[h].type, .members = e->fams.members[had], .n = e->fams.size[had]};
+		e->nfamilies++;
 	}
-	*at = e->family_at[b0];
-	*dir = e->family_of[b1] == f ? e->family_at[b1] - *at : 0;
-	if (*dir != 1 && *dir != -1)
-		return NULL;
-	for (int t = 0; t < n; t++) {
-		int b = fd->holes[t].h[h].buf;
-		if (e->family_of[b] != f || e->family_at[b] != *at + *dir * t)
-			return NULL;
-	}
-	return &e->families[f];
+	return f >= 0 ? &e->families[f] : NULL;
 }
 
 /* The stage's state families, made from its folds' holes before anything of the stage is
@@ -1215,7 +1190,7 @@ static void plan_families(Emit *e)
 				state_family(e, fd, h, &at, &dir);
 	}
 	free(done);
-	e->families_fixed = true;
+	e->fams.fixed = true;
 	for (int i = 0; i < e->nfolds; i++)
 		for (int t = 0; t < e->folds[i].run->nlayers; t++)
 			for (int h = 0; h < e->folds[i].holes[t].n; h++) {
@@ -1231,7 +1206,8 @@ static void free_families(Emit *e)
 	free(e->families);
 	e->families = NULL;
 	e->nfamilies = e->capfamilies = 0;
-	e->families_fixed = false;
+	layer_families_free(&e->fams);
+	e->family_of = e->family_at = NULL;
 }
 
 /* A value hole in the loop's body: its one value, the place of a transient buffer of the layer, a
