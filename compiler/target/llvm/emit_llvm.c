@@ -108,9 +108,20 @@ typedef struct Gen {
 	 * CPU (level < 0) or for one level's */
 	int loop_level;
 	LLVMValueRef cpu_level; /* the global planrt_cpu_level_ */
+	/* layers as loops (below): the stage's runs of identical layers built as one loop over l */
+	LayerRun *runs;
+	int *run_at;            /* [kernel]: the run it begins, RUN_INSIDE (a later kernel of one), or -1 */
+	LayerFamilies fams;     /* the stage's state families (layer_values.c) */
+	LLVMValueRef *fam_array; /* [family]: its global array of the members' pointers */
+	const LayerRun *run;    /* while building a run's body: the run, */
+	int *run_ks;            /* its kernels layer after layer, */
+	int run_j;              /* the body's kernel being built, */
+	LLVMValueRef l;         /* the layer's index (i64, 0 .. nlayers-1) */
+	LLVMBasicBlockRef before; /* the block before the loop: per-layer tables */
 } Gen;
 
 enum { LOOPS_PER_LEVEL = PLANRT_CPU_LEVELS, LOOPS_FOR_MACHINE = -1 };
+enum { RUN_INSIDE = -2 };
 
 /* The CPU and features of each instruction-set level, as function attributes: each function's
  * code is generated for its own (LLVM's per-function subtargets), whatever the target machine's. */
@@ -377,23 +388,166 @@ static planrt_dtype_t rt_dtype(DType t)
 	}
 }
 
-/* One argument, as emit_c.c's print_arg prints it. */
-static LLVMValueRef arg_value(Gen *G, const KArg *a)
+/* ------------------------------------------------------------------ layers as loops */
+
+/* A run of identical layers (layer_runs.c) is built as one counted loop over the layer l, as the
+ * C target prints it (issue 21): the first layer's kernels once, each value that may differ by
+ * layer as what it is across the layers (layer_values.c): the first layer's where it is the same
+ * in every layer (or one place under other names); base + l * step for a transient buffer of each
+ * layer (saved activations in the slot); first + l * step for an integer (a key, a parameter
+ * index); entry at + dir * l of the stage's state family, a global array of the layers' state
+ * pointers; else a per-layer table (the layers' addresses computed before the loop, integers and
+ * messages as constant arrays). The loop so makes the unrolled program's calls, in its order, with
+ * its arguments. A fused loop of the body calls the first layer's loop function: layer_runs.c
+ * found the layers' loops of the same dims, expressions and strides, over buffers of one dtype. */
+
+/* A kernel's value slots that name buffers: argument arg (elem: in a list), or a fused loop's
+ * output (SLOT_OUT) and its elem-th loaded buffer (SLOT_LOAD). */
+enum { SLOT_OUT = -1, SLOT_LOAD = -2 };
+static int loop_load(const Kernel *k, int i); /* (fused loops, below) */
+static LLVMValueRef cstring(Gen *G, const char *s);
+
+static int slot_buf(const Kernel *k, int arg, int elem)
 {
+	if (arg == SLOT_OUT)
+		return k->out;
+	if (arg == SLOT_LOAD)
+		return loop_load(k, elem);
+	const KArg *a = &k->args[arg];
+	return a->kind == KA_BUFS ? a->bufs[elem] : a->buf;
+}
+
+/* Slot (arg, elem) of the body's kernel being built, in each layer of the run (v[t]), and what it
+ * is across the layers. */
+static LayerClass slot_class(Gen *G, int arg, int elem, LayerValue *v)
+{
+	int n = G->run->nlayers;
+	for (int t = 0; t < n; t++) {
+		const Kernel *k = &G->p->k[G->run_ks[t * G->run->body + G->run_j]];
+		const KArg *a = arg >= 0 ? &k->args[arg] : NULL;
+		if (a && (a->kind == KA_INT || a->kind == KA_PARAM))
+			v[t] = (LayerValue){.buf = -1, .integer = true, .value = a->i};
+		else if (a && a->kind == KA_STR)
+			v[t] = (LayerValue){.buf = -1, .text = a->str ? a->str : ""};
+		else
+			v[t] = (LayerValue){.buf = slot_buf(k, arg, elem)};
+	}
+	return layer_value_class(G->p, v, n);
+}
+
+/* entry l of a per-layer table: an array of n elements of type t */
+static LLVMValueRef table_entry(Gen *G, LLVMValueRef array, LLVMTypeRef t, int n)
+{
+	LLVMValueRef idx[] = {i64c(G, 0), G->l};
+	return LLVMBuildLoad2(G->b, t, LLVMBuildInBoundsGEP2(G->b, LLVMArrayType(t, (unsigned)n), array, idx, 2, ""), "");
+}
+
+/* a constant per-layer table of n values of type t */
+static LLVMValueRef const_table(Gen *G, LLVMTypeRef t, LLVMValueRef *vals, int n)
+{
+	LLVMValueRef g = LLVMAddGlobal(G->m, LLVMArrayType(t, (unsigned)n), "by_layer");
+	LLVMSetInitializer(g, LLVMConstArray(t, vals, (unsigned)n));
+	LLVMSetGlobalConstant(g, 1);
+	LLVMSetLinkage(g, LLVMPrivateLinkage);
+	LLVMSetUnnamedAddress(g, LLVMGlobalUnnamedAddr);
+	return g;
+}
+
+/* the layers' buffers' addresses, computed before the loop into an array */
+static LLVMValueRef address_table(Gen *G, const LayerValue *v, int n)
+{
+	LLVMBasicBlockRef at = LLVMGetInsertBlock(G->b);
+	LLVMValueRef array = alloca_array(G, G->t_ptr, n);
+	LLVMPositionBuilderAtEnd(G->b, G->before);
+	for (int t = 0; t < n; t++)
+		store_element(G, array, G->t_ptr, n, t, buf_addr(G, v[t].buf));
+	LLVMPositionBuilderAtEnd(G->b, at);
+	return array;
+}
+
+/* The address of buffer b, slot (arg, elem) of the kernel being built: in a run, the slot's buffer
+ * of layer l. */
+static LLVMValueRef slot_addr(Gen *G, int arg, int elem, int b)
+{
+	if (!G->run)
+		return buf_addr(G, b);
+	int n = G->run->nlayers, at, dir, f;
+	LayerValue *v = arena_alloc(G->low->g->arena, sizeof *v * (size_t)n);
+	int *bufs = arena_alloc(G->low->g->arena, sizeof *bufs * (size_t)n);
+	LayerClass c = slot_class(G, arg, elem, v);
+	for (int t = 0; t < n; t++)
+		bufs[t] = v[t].buf;
+	switch (c.kind) {
+	case LV_SAME:
+	case LV_INT_STEP: /* (not a buffer) */
+		return buf_addr(G, b);
+	case LV_PLACE: /* the first layer's place, and step bytes a layer */
+		return c.step ? bytes_at(G, buf_addr(G, b), LLVMBuildMul(G->b, G->l, i64c(G, c.step), "")) : buf_addr(G, b);
+	case LV_STATE:
+		if ((f = layer_family(&G->fams, bufs, n, G->run->step < 0, &at, &dir)) >= 0) {
+			LLVMValueRef i = LLVMBuildAdd(G->b, i64c(G, at), LLVMBuildMul(G->b, G->l, i64c(G, dir), ""), "");
+			LLVMValueRef idx[] = {i64c(G, 0), i};
+			LLVMTypeRef t = LLVMArrayType(G->t_ptr, (unsigned)G->fams.size[f]);
+			return LLVMBuildLoad2(G->b, G->t_ptr, LLVMBuildInBoundsGEP2(G->b, t, G->fam_array[f], idx, 2, ""), "");
+		}
+		break; /* members of other families: a table */
+	case LV_TABLE:
+		break;
+	}
+	return table_entry(G, address_table(G, v, n), G->t_ptr, n);
+}
+
+/* An integer argument (a key, a parameter index; i64) of the kernel being built: in a run, layer l's. */
+static LLVMValueRef slot_int(Gen *G, int arg, long long value)
+{
+	if (!G->run)
+		return i64c(G, value);
+	int n = G->run->nlayers;
+	LayerValue *v = arena_alloc(G->low->g->arena, sizeof *v * (size_t)n);
+	LayerClass c = slot_class(G, arg, 0, v);
+	if (c.kind == LV_SAME)
+		return i64c(G, value);
+	if (c.kind == LV_INT_STEP)
+		return LLVMBuildAdd(G->b, i64c(G, value), LLVMBuildMul(G->b, G->l, i64c(G, c.step), ""), "");
+	LLVMValueRef *vals = arena_alloc(G->low->g->arena, sizeof *vals * (size_t)n);
+	for (int t = 0; t < n; t++)
+		vals[t] = i64c(G, v[t].value);
+	return table_entry(G, const_table(G, G->t_i64, vals, n), G->t_i64, n);
+}
+
+/* A message argument of the kernel being built: in a run, layer l's. */
+static LLVMValueRef slot_str(Gen *G, int arg, const char *str)
+{
+	if (!G->run)
+		return LLVMBuildGlobalStringPtr(G->b, str, "");
+	int n = G->run->nlayers;
+	LayerValue *v = arena_alloc(G->low->g->arena, sizeof *v * (size_t)n);
+	if (slot_class(G, arg, 0, v).kind == LV_SAME)
+		return LLVMBuildGlobalStringPtr(G->b, str, "");
+	LLVMValueRef *vals = arena_alloc(G->low->g->arena, sizeof *vals * (size_t)n);
+	for (int t = 0; t < n; t++)
+		vals[t] = cstring(G, v[t].text);
+	return table_entry(G, const_table(G, G->t_ptr, vals, n), G->t_ptr, n);
+}
+
+/* One argument, as emit_c.c's print_arg prints it. */
+static LLVMValueRef arg_value(Gen *G, const Kernel *k, int index)
+{
+	const KArg *a = &k->args[index];
 	switch (a->kind) {
 	case KA_BUF:
-		return buf_addr(G, a->buf);
+		return slot_addr(G, index, 0, a->buf);
 	case KA_NULL:
 		return LLVMConstPointerNull(G->t_ptr);
 	case KA_BUFS: {
 		LLVMValueRef array = alloca_array(G, G->t_ptr, a->n);
 		for (int i = 0; i < a->n; i++)
-			store_element(G, array, G->t_ptr, a->n, i, buf_addr(G, a->bufs[i]));
+			store_element(G, array, G->t_ptr, a->n, i, slot_addr(G, index, i, a->bufs[i]));
 		return array;
 	}
 	case KA_INT:
 	case KA_PARAM:
-		return i64c(G, a->i);
+		return slot_int(G, index, a->i);
 	case KA_INTS: {
 		LLVMTypeRef t = a->i32 ? G->t_i32 : G->t_i64;
 		LLVMValueRef *v = arena_alloc(G->low->g->arena, sizeof *v * (size_t)(a->n ? a->n : 1));
@@ -434,7 +588,7 @@ static LLVMValueRef arg_value(Gen *G, const KArg *a)
 		DType t = G->p->buf[buffer_root(G->p, a->buf)].dtype;
 		LLVMTypeRef et = t == DT_F64 ? G->t_f64 : t == DT_F32 ? G->t_f32 : t == DT_I32 ? G->t_i32
 			       : t == DT_U8 ? G->t_i8 : G->t_i16;
-		LLVMValueRef at = LLVMBuildBitCast(G->b, buf_addr(G, a->buf), LLVMPointerType(et, 0), "");
+		LLVMValueRef at = LLVMBuildBitCast(G->b, slot_addr(G, index, 0, a->buf), LLVMPointerType(et, 0), "");
 		LLVMValueRef v = LLVMBuildLoad2(G->b, et, at, "");
 		v = t == DT_F64 ? v : t == DT_F32 ? LLVMBuildFPExt(G->b, v, G->t_f64, "")
 		    : t == DT_I32 ? LLVMBuildSIToFP(G->b, v, G->t_f64, "") : LLVMBuildUIToFP(G->b, v, G->t_f64, "");
@@ -447,7 +601,7 @@ static LLVMValueRef arg_value(Gen *G, const KArg *a)
 	case KA_STEP_SEED:
 		return ctx_load(G, offsetof(planrt_ctx_t, step_seed), G->t_i64, "step_seed");
 	case KA_STR:
-		return LLVMBuildGlobalStringPtr(G->b, a->str, "");
+		return slot_str(G, index, a->str);
 	}
 	ICE("argument kind %d", (int)a->kind);
 }
@@ -766,6 +920,16 @@ static void nest_loads(Nest *ns, const LExpr *x)
 	}
 }
 
+/* fused loop k's i-th loaded buffer, in order of first load */
+static int loop_load(const Kernel *k, int i)
+{
+	Nest ns = {0};
+	nest_loads(&ns, k->expr);
+	if (i >= ns.nbuf)
+		ICE("a fused loop loads %d buffers, not %d", ns.nbuf, i + 1);
+	return ns.bufs[i];
+}
+
 /* the element type of a buffer's storage, as emit_c.c's ctype */
 static LLVMTypeRef elem_type(Gen *G, const LProg *p, int b)
 {
@@ -1060,9 +1224,10 @@ static void build_loop_call(Gen *G, const Kernel *k, int index)
 		fn = LLVMBuildLoad2(G->b, pty, slot, "");
 	}
 	LLVMValueRef args[65];
-	args[0] = LLVMBuildBitCast(G->b, buf_addr(G, k->out), LLVMTypeOf(LLVMGetParam(fns[0], 0)), "");
+	args[0] = LLVMBuildBitCast(G->b, slot_addr(G, SLOT_OUT, 0, k->out), LLVMTypeOf(LLVMGetParam(fns[0], 0)), "");
 	for (int i = 0; i < ns.nbuf; i++)
-		args[i + 1] = LLVMBuildBitCast(G->b, buf_addr(G, ns.bufs[i]), LLVMTypeOf(LLVMGetParam(fns[0], (unsigned)i + 1)), "");
+		args[i + 1] = LLVMBuildBitCast(G->b, slot_addr(G, SLOT_LOAD, i, ns.bufs[i]),
+					       LLVMTypeOf(LLVMGetParam(fns[0], (unsigned)i + 1)), "");
 	LLVMBuildCall2(G->b, fty, fn, args, (unsigned)ns.nbuf + 1, "");
 }
 
@@ -1091,13 +1256,130 @@ static void build_kernel(Gen *G, const Kernel *k, int index)
 		LLVMGetParamTypes(ty, params);
 		LLVMValueRef args[32];
 		for (int i = 0; i < k->nargs; i++)
-			args[i] = coerce(G, arg_value(G, &k->args[i]), params[i]);
+			args[i] = coerce(G, arg_value(G, k, i), params[i]);
 		LLVMBuildCall2(G->b, ty, fn, args, n, "");
 	}
 	if (skip) {
 		LLVMBuildBr(G->b, skip);
 		LLVMPositionBuilderAtEnd(G->b, skip);
 	}
+}
+
+/* Whether buffers a and b have one block layout (a KA_OFFSET argument's offsets are the first
+ * layer's buffer's in every layer) */
+static bool same_layout(const Lowered *low, const Buffer *a, const Buffer *b)
+{
+	if (a->rank != b->rank || a->micro_dim != b->micro_dim || a->micro_rows != b->micro_rows)
+		return false;
+	for (int d = 0; d < a->rank; d++)
+		if (a->split_axis[d] != b->split_axis[d] || a->split_outer[d] != b->split_outer[d] ||
+		    a->ldims[d] != b->ldims[d] || block_mirrored(low, a, d) != block_mirrored(low, b, d))
+			return false;
+	return true;
+}
+
+/* Whether the builder can run run r as a loop (everything else layer_runs.c compared) */
+static bool run_buildable(Gen *G, const LayerRun *r, const int *ks)
+{
+	const LProg *p = G->p;
+	for (int t = 1; t < r->nlayers; t++)
+		for (int j = 0; j < r->body; j++) {
+			const Kernel *k0 = &p->k[ks[j]], *k = &p->k[ks[t * r->body + j]];
+			for (int i = 0; i < k->nargs; i++)
+				if (k->args[i].kind == KA_OFFSET &&
+				    !same_layout(G->low, &p->buf[k0->args[i].buf], &p->buf[k->args[i].buf]))
+					return false;
+		}
+	return true;
+}
+
+/* Kernel k's buffer slots (arg, elem), at most cap; their count. */
+static int buffer_slots(const Kernel *k, int (*slots)[2], int cap)
+{
+	int n = 0;
+	if (k->kind == K_LOOP) {
+		Nest ns = {0};
+		nest_loads(&ns, k->expr);
+		slots[n][0] = SLOT_OUT, slots[n++][1] = 0;
+		for (int i = 0; i < ns.nbuf && n < cap; i++)
+			slots[n][0] = SLOT_LOAD, slots[n++][1] = i;
+	}
+	for (int i = 0; i < k->nargs; i++) {
+		const KArg *a = &k->args[i];
+		for (int e = 0; e < (a->kind == KA_BUFS ? a->n : 1) && n < cap; e++)
+			if (a->kind == KA_BUFS || ((a->kind == KA_BUF || a->kind == KA_SCALAR) && a->buf >= 0))
+				slots[n][0] = i, slots[n++][1] = e;
+	}
+	return n;
+}
+
+/* The stage's runs built as loops (run_at), and its state families: from the runs' state slots,
+ * the longest runs first, so that a shorter run (a stage's forward without its first and last
+ * layer) indexes into the family of every layer the stage holds. */
+static void plan_layer_loops(Gen *G)
+{
+	const LProg *p = G->p;
+	Arena *a = G->low->g->arena;
+	G->runs = arena_alloc(a, sizeof(LayerRun) * (size_t)(p->nk + 1));
+	G->run_at = arena_alloc(a, sizeof(int) * (size_t)(p->nk + 1));
+	int nruns = layer_runs(p, G->runs, p->nk + 1), **ks = arena_alloc(a, sizeof(int *) * (size_t)(nruns + 1));
+	for (int i = 0; i < p->nk; i++)
+		G->run_at[i] = -1;
+	int longest = 0;
+	layer_families_init(&G->fams, p);
+	for (int r = 0; r < nruns; r++) {
+		longest = G->runs[r].nlayers > longest ? G->runs[r].nlayers : longest;
+		ks[r] = layer_run_kernels(p, &G->runs[r], a);
+		if (!run_buildable(G, &G->runs[r], ks[r]))
+			continue;
+		for (int i = 0; i < G->runs[r].nlayers * G->runs[r].body; i++)
+			G->run_at[ks[r][i]] = i ? RUN_INSIDE : r;
+	}
+	for (int len = longest; len > 1; len--)
+		for (int r = 0; r < nruns; r++) {
+			if (G->runs[r].nlayers != len || G->run_at[ks[r][0]] != r)
+				continue;
+			G->run = &G->runs[r];
+			G->run_ks = ks[r];
+			LayerValue *v = arena_alloc(a, sizeof *v * (size_t)len);
+			int *bufs = arena_alloc(a, sizeof *bufs * (size_t)len), slots[72][2], at, dir;
+			for (G->run_j = 0; G->run_j < G->run->body; G->run_j++) {
+				int ns = buffer_slots(&p->k[ks[r][G->run_j]], slots, 72);
+				for (int i = 0; i < ns; i++) {
+					if (slot_class(G, slots[i][0], slots[i][1], v).kind != LV_STATE)
+						continue;
+					for (int t = 0; t < len; t++)
+						bufs[t] = v[t].buf;
+					layer_family(&G->fams, bufs, len, G->run->step < 0, &at, &dir);
+				}
+			}
+		}
+	G->run = NULL;
+	G->fams.fixed = true;
+}
+
+/* Run r (at its first kernel) as a loop over its layers: the first layer's kernels, what differs
+ * by layer indexed by l. */
+static void build_run(Gen *G, const LayerRun *r)
+{
+	G->run = r;
+	G->run_ks = layer_run_kernels(G->p, r, G->low->g->arena);
+	G->before = LLVMGetInsertBlock(G->b);
+	LLVMBasicBlockRef head = LLVMAppendBasicBlockInContext(G->c, G->fn, "layers");
+	LLVMBasicBlockRef after = LLVMAppendBasicBlockInContext(G->c, G->fn, "layers_done");
+	LLVMPositionBuilderAtEnd(G->b, head);
+	G->l = LLVMBuildPhi(G->b, G->t_i64, "l");
+	for (G->run_j = 0; G->run_j < r->body; G->run_j++)
+		build_kernel(G, &G->p->k[G->run_ks[G->run_j]], G->run_ks[G->run_j]);
+	LLVMValueRef next = LLVMBuildNUWAdd(G->b, G->l, i64c(G, 1), ""), zero = i64c(G, 0);
+	LLVMBasicBlockRef latch = LLVMGetInsertBlock(G->b);
+	LLVMBuildCondBr(G->b, LLVMBuildICmp(G->b, LLVMIntULT, next, i64c(G, r->nlayers), ""), head, after);
+	LLVMAddIncoming(G->l, &zero, &G->before, 1);
+	LLVMAddIncoming(G->l, &next, &latch, 1);
+	LLVMPositionBuilderAtEnd(G->b, G->before); /* (its per-layer tables are built) */
+	LLVMBuildBr(G->b, head);
+	LLVMPositionBuilderAtEnd(G->b, after);
+	G->run = NULL;
 }
 
 static bool has_phase(const LProg *p, Phase ph, int chunk)
@@ -1119,9 +1401,14 @@ static LLVMValueRef build_phase(Gen *G, Phase ph, int chunk, bool per_chunk)
 	G->ctx = LLVMGetParam(fn, 0);
 	LLVMSetValueName2(G->ctx, "ctx", 3);
 	begin_function(G, fn);
-	for (int i = 0; i < G->p->nk; i++)
-		if (G->p->k[i].phase == ph && (!per_chunk || G->p->k[i].chunk == chunk))
+	for (int i = 0; i < G->p->nk; i++) {
+		if (G->p->k[i].phase != ph || (per_chunk && G->p->k[i].chunk != chunk) || G->run_at[i] == RUN_INSIDE)
+			continue;
+		if (G->run_at[i] >= 0)
+			build_run(G, &G->runs[G->run_at[i]]);
+		else
 			build_kernel(G, &G->p->k[i], i);
+	}
 	end_function(G);
 	return fn;
 }
@@ -1246,14 +1533,30 @@ static LLVMValueRef build_stage(Gen *G, const Tables *T)
 	G->handles = arena_alloc(a, sizeof *G->handles * (size_t)(p->nhandles ? p->nhandles : 1));
 	LLVMValueRef *state = arena_alloc(a, sizeof *state * (size_t)(p->nbuf ? p->nbuf : 1));
 	int nstate = 0;
+	plan_layer_loops(G);
+	G->fam_array = arena_alloc(a, sizeof *G->fam_array * (size_t)(G->fams.n + 1));
+	for (int f = 0; f < G->fams.n; f++) { /* a family's members: entries of one array */
+		LLVMTypeRef t = LLVMArrayType(G->t_ptr, (unsigned)G->fams.size[f]);
+		LLVMValueRef g = LLVMAddGlobal(G->m, t, arena_printf(a, "%s%s_by_layer", G->prefix, p->buf[G->fams.members[f][0]].name));
+		LLVMSetInitializer(g, LLVMConstNull(t));
+		LLVMSetLinkage(g, LLVMInternalLinkage);
+		G->fam_array[f] = g;
+		for (int i = 0; i < G->fams.size[f]; i++) {
+			LLVMValueRef idx[] = {i64c(G, 0), i64c(G, i)};
+			G->state[G->fams.members[f][i]] = LLVMConstInBoundsGEP2(t, g, idx, 2);
+		}
+	}
 	for (int b = 0; b < p->nbuf; b++) {
 		const Buffer *x = &p->buf[b];
 		if (x->cls != BUF_STATE)
 			continue;
-		LLVMValueRef g = LLVMAddGlobal(G->m, G->t_ptr, arena_printf(a, "%s%s", G->prefix, x->name));
-		LLVMSetInitializer(g, LLVMConstPointerNull(G->t_ptr));
-		LLVMSetLinkage(g, LLVMInternalLinkage);
-		G->state[b] = g;
+		LLVMValueRef g = G->state[b];
+		if (!g) {
+			g = LLVMAddGlobal(G->m, G->t_ptr, arena_printf(a, "%s%s", G->prefix, x->name));
+			LLVMSetInitializer(g, LLVMConstPointerNull(G->t_ptr));
+			LLVMSetLinkage(g, LLVMInternalLinkage);
+			G->state[b] = g;
+		}
 		LLVMValueRef f[] = {cstring(G, x->name), i8c(G, x->state), i64c(G, (long long)x->bytes),
 				    LLVMConstBitCast(g, G->t_ptr)};
 		state[nstate++] = LLVMConstNamedStruct(T->state, f, 4);
@@ -1329,9 +1632,11 @@ static LLVMValueRef build_stage(Gen *G, const Tables *T)
 			    LLVMConstBitCast(G->state[p->loss_metric], G->t_ptr),
 			    p->accuracy_metric >= 0 ? LLVMConstBitCast(G->state[p->accuracy_metric], G->t_ptr)
 						    : LLVMConstPointerNull(G->t_ptr),
-			    /* no state families: the LLVM target names every layer's state buffer */
+			    /* no families table: the state table lists each family's members (entries of
+			     * its array), as the unrolled program's */
 			    LLVMConstPointerNull(G->t_ptr),
 			    i32c(G, 0)};
+	layer_families_free(&G->fams);
 	return LLVMConstNamedStruct(T->stage, f, sizeof f / sizeof f[0]);
 }
 
