@@ -10,6 +10,11 @@ four layers a stage, full recompute) the test
   - builds both with planc build, trains each STEPS steps under mpirun on the plan's world size,
     and requires every step's loss and gradient norm and the weights saved with --save to be the
     same bits.
+The LLVM back end builds the same runs as loops (a counted loop over the layer in the phase
+function): for each plan of PLANS its module (planc emit llvm) must make one call a kernel it
+builds (`call void`), as many as `planc check --dump-after=layers` counts for a loop target (every
+kernel outside a run, one body per run), fewer than the program's kernels (what an unrolled module
+calls).
 Then every plan of examples/*.plan is emitted with loops and must compile (mpicc -fsyntax-only with
 planc build's warnings as errors): the four trained plans do not hold every shape a loop takes
 (ZeRO shards of flat buckets in the init, save and checkpoint loops, state families indexed from
@@ -61,6 +66,24 @@ def emitted(model, plan, flags):
     return open(f"{out}/prog.c").read(), None
 
 
+def llvm_loops(model, plan):
+    """(ok, detail): the LLVM module of the plan calls each run's body once, not once a layer"""
+    out = f"{work}/{model}_{plan}_llvm"
+    r = subprocess.run([planc, "emit", "llvm", plan_file(model), "--plan", plan, "-o", out],
+                       capture_output=True, text=True)
+    if r.returncode:
+        return False, f"planc emit llvm failed: {r.stderr.strip()[:300]}"
+    calls = open(f"{out}/prog.ll").read().count("call void")
+    r = subprocess.run([planc, "check", plan_file(model), "--plan", plan, "--dump-after=layers"],
+                       capture_output=True, text=True)
+    last = [x for x in r.stdout.splitlines() if x.startswith("all programs: ")]
+    if r.returncode or not last:
+        return False, f"planc check --dump-after=layers failed: {r.stderr.strip()[:300]}"
+    kernels, looped = (int(x.split()[0]) for x in last[0][len("all programs: "):].split(", "))
+    return calls == looped < kernels, (f"prog.ll makes {calls} kernel calls: {looped} as loops, "
+                                       f"{kernels} unrolled (planc check --dump-after=layers)")
+
+
 def trained(model, plan, flavour, world):
     """((loss, grad_norm) per step, the saved weights' bytes), or an error string"""
     stem = f"{work}/{model}_{plan}_{flavour}"
@@ -87,6 +110,8 @@ def one(model, plan):
     checks.append((f"{model} {plan} prints its layers as loops", loops > 0 and unrolled == 0 and small,
                    f"{loops} loops, prog.c {len(texts['loops'])} bytes; --no-layer-loops: {unrolled} loops, "
                    f"{len(texts['unrolled'])} bytes"))
+    ok, detail = llvm_loops(model, plan)
+    checks.append((f"{model} {plan}: the LLVM module builds its layers as loops", ok, detail))
     world = harness.explain(planc, plan_file(model), plan)["world"]
     runs = {flavour: trained(model, plan, flavour, world) for flavour in FLAVOURS}
     for flavour, got in runs.items():
