@@ -1441,7 +1441,7 @@ static LLVMTypeRef c_struct(Gen *G, const char *name, const Field *f, int n, siz
 }
 
 typedef struct Tables {
-	LLVMTypeRef action, state, param, stage, program;
+	LLVMTypeRef action, state, family, param, stage, program;
 } Tables;
 
 static void table_types(Gen *G, Tables *T)
@@ -1453,6 +1453,9 @@ static void table_types(Gen *G, Tables *T)
 			  F(planrt_action_t, inbox, i16), F(planrt_action_t, micro, i32)};
 	Field state[] = {F(planrt_state_buf_t, name, p), F(planrt_state_buf_t, kind, i8), F(planrt_state_buf_t, bytes, i64),
 			 F(planrt_state_buf_t, ptr, p)};
+	Field family[] = {F(planrt_state_family_t, name, p), F(planrt_state_family_t, kind, i8),
+			  F(planrt_state_family_t, bytes, i64), F(planrt_state_family_t, ptrs, p),
+			  F(planrt_state_family_t, count, i32)};
 	Field param[] = {F(planrt_param_t, name, p),        F(planrt_param_t, rank, i32),      F(planrt_param_t, gdims, dims),
 			 F(planrt_param_t, ldims, dims),    F(planrt_param_t, split_axis, axes), F(planrt_param_t, init_kind, i8),
 			 F(planrt_param_t, saved, i8),      F(planrt_param_t, a, f64),         F(planrt_param_t, b, f64)};
@@ -1491,6 +1494,7 @@ static void table_types(Gen *G, Tables *T)
 #define N(a) (int)(sizeof a / sizeof a[0])
 	T->action = c_struct(G, "planrt_action_t", action, N(action), sizeof(planrt_action_t));
 	T->state = c_struct(G, "planrt_state_buf_t", state, N(state), sizeof(planrt_state_buf_t));
+	T->family = c_struct(G, "planrt_state_family_t", family, N(family), sizeof(planrt_state_family_t));
 	T->param = c_struct(G, "planrt_param_t", param, N(param), sizeof(planrt_param_t));
 	T->stage = c_struct(G, "planrt_stage_t", stage, N(stage), sizeof(planrt_stage_t));
 	T->program = c_struct(G, "planrt_program_t", program, N(program), sizeof(planrt_program_t));
@@ -1524,6 +1528,34 @@ static LLVMValueRef fn_ptr(Gen *G, LLVMValueRef fn)
 	return fn ? LLVMConstBitCast(fn, G->t_ptr) : LLVMConstPointerNull(G->t_ptr);
 }
 
+/* The stage's state families (plan_layer_loops): each a global array of its members' pointers,
+ * which are its entries (G->state), and its entry of the stage's families table (returned):
+ * planrt allocates each member as a state buffer of its own, as the unrolled program's. */
+static LLVMValueRef *build_families(Gen *G, const Tables *T)
+{
+	const LProg *p = G->p;
+	Arena *a = G->low->g->arena;
+	LLVMValueRef *entries = arena_alloc(a, sizeof *entries * (size_t)(G->fams.n + 1));
+	G->fam_array = arena_alloc(a, sizeof *G->fam_array * (size_t)(G->fams.n + 1));
+	for (int f = 0; f < G->fams.n; f++) {
+		const Buffer *x = &p->buf[G->fams.members[f][0]];
+		const char *name = arena_printf(a, "%s_by_layer", x->name);
+		LLVMTypeRef t = LLVMArrayType(G->t_ptr, (unsigned)G->fams.size[f]);
+		LLVMValueRef g = LLVMAddGlobal(G->m, t, arena_printf(a, "%s%s", G->prefix, name));
+		LLVMSetInitializer(g, LLVMConstNull(t));
+		LLVMSetLinkage(g, LLVMInternalLinkage);
+		G->fam_array[f] = g;
+		for (int i = 0; i < G->fams.size[f]; i++) {
+			LLVMValueRef idx[] = {i64c(G, 0), i64c(G, i)};
+			G->state[G->fams.members[f][i]] = LLVMConstInBoundsGEP2(t, g, idx, 2);
+		}
+		LLVMValueRef fields[] = {cstring(G, name), i8c(G, x->state), i64c(G, (long long)x->bytes),
+					 LLVMConstBitCast(g, G->t_ptr), i32c(G, G->fams.size[f])};
+		entries[f] = LLVMConstNamedStruct(T->family, fields, 5);
+	}
+	return entries;
+}
+
 /* A stage: its globals, phase functions and tables; returns its planrt_stage_t entry. */
 static LLVMValueRef build_stage(Gen *G, const Tables *T)
 {
@@ -1534,29 +1566,15 @@ static LLVMValueRef build_stage(Gen *G, const Tables *T)
 	LLVMValueRef *state = arena_alloc(a, sizeof *state * (size_t)(p->nbuf ? p->nbuf : 1));
 	int nstate = 0;
 	plan_layer_loops(G);
-	G->fam_array = arena_alloc(a, sizeof *G->fam_array * (size_t)(G->fams.n + 1));
-	for (int f = 0; f < G->fams.n; f++) { /* a family's members: entries of one array */
-		LLVMTypeRef t = LLVMArrayType(G->t_ptr, (unsigned)G->fams.size[f]);
-		LLVMValueRef g = LLVMAddGlobal(G->m, t, arena_printf(a, "%s%s_by_layer", G->prefix, p->buf[G->fams.members[f][0]].name));
-		LLVMSetInitializer(g, LLVMConstNull(t));
-		LLVMSetLinkage(g, LLVMInternalLinkage);
-		G->fam_array[f] = g;
-		for (int i = 0; i < G->fams.size[f]; i++) {
-			LLVMValueRef idx[] = {i64c(G, 0), i64c(G, i)};
-			G->state[G->fams.members[f][i]] = LLVMConstInBoundsGEP2(t, g, idx, 2);
-		}
-	}
+	LLVMValueRef *families = build_families(G, T);
 	for (int b = 0; b < p->nbuf; b++) {
 		const Buffer *x = &p->buf[b];
-		if (x->cls != BUF_STATE)
+		if (x->cls != BUF_STATE || G->fams.family_of[b] >= 0) /* (a family's member: its table's) */
 			continue;
-		LLVMValueRef g = G->state[b];
-		if (!g) {
-			g = LLVMAddGlobal(G->m, G->t_ptr, arena_printf(a, "%s%s", G->prefix, x->name));
-			LLVMSetInitializer(g, LLVMConstPointerNull(G->t_ptr));
-			LLVMSetLinkage(g, LLVMInternalLinkage);
-			G->state[b] = g;
-		}
+		LLVMValueRef g = LLVMAddGlobal(G->m, G->t_ptr, arena_printf(a, "%s%s", G->prefix, x->name));
+		LLVMSetInitializer(g, LLVMConstPointerNull(G->t_ptr));
+		LLVMSetLinkage(g, LLVMInternalLinkage);
+		G->state[b] = g;
 		LLVMValueRef f[] = {cstring(G, x->name), i8c(G, x->state), i64c(G, (long long)x->bytes),
 				    LLVMConstBitCast(g, G->t_ptr)};
 		state[nstate++] = LLVMConstNamedStruct(T->state, f, 4);
@@ -1632,10 +1650,8 @@ static LLVMValueRef build_stage(Gen *G, const Tables *T)
 			    LLVMConstBitCast(G->state[p->loss_metric], G->t_ptr),
 			    p->accuracy_metric >= 0 ? LLVMConstBitCast(G->state[p->accuracy_metric], G->t_ptr)
 						    : LLVMConstPointerNull(G->t_ptr),
-			    /* no families table: the state table lists each family's members (entries of
-			     * its array), as the unrolled program's */
-			    LLVMConstPointerNull(G->t_ptr),
-			    i32c(G, 0)};
+			    table(G, arena_printf(a, "%sfamilies", G->prefix), T->family, families, G->fams.n),
+			    i32c(G, G->fams.n)};
 	layer_families_free(&G->fams);
 	return LLVMConstNamedStruct(T->stage, f, sizeof f / sizeof f[0]);
 }
