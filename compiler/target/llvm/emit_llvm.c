@@ -118,6 +118,7 @@ typedef struct Gen {
 	int run_j;              /* the body's kernel being built, */
 	LLVMValueRef l;         /* the layer's index (i64, 0 .. nlayers-1) */
 	LLVMBasicBlockRef before; /* the block before the loop: per-layer tables */
+	SymTab *loop_fns;       /* the fused loops' functions (LoopFns) by their loop nest (loop_key) */
 } Gen;
 
 enum { LOOPS_PER_LEVEL = PLANRT_CPU_LEVELS, LOOPS_FOR_MACHINE = -1 };
@@ -1194,40 +1195,109 @@ static void set_level(Gen *G, LLVMValueRef fn, int level)
 								  (unsigned)strlen(kv[i][1])));
 }
 
-/* The call of fused loop k (kernel index): its function for the target machine or one level, or
- * (LOOPS_PER_LEVEL) its function per level, through the table loop<index>_at indexed by
- * planrt_cpu_level_ (emit_c.c's PLANRT_CPU_LOOP). */
-static void build_loop_call(Gen *G, const Kernel *k, int index)
+/* A fused loop's functions: one, or (LOOPS_PER_LEVEL) one a level and their table loop<k>_at. */
+typedef struct LoopFns {
+	LLVMValueRef fns[PLANRT_CPU_LEVELS];
+	LLVMValueRef at; /* the table, or NULL */
+} LoopFns;
+
+static void loop_key_expr(FILE *f, Gen *G, const Kernel *k, const LExpr *x, const Nest *ns)
 {
+	if (!x) {
+		fputc('-', f);
+		return;
+	}
+	fprintf(f, "(%d %d %a %s", (int)x->kind, (int)x->op, x->f, x->s ? x->s : "");
+	if (x->kind == LX_LOAD) {
+		int i = 0;
+		while (ns->bufs[i] != x->buf)
+			i++;
+		fprintf(f, " v%d:%d", i, (int)G->p->buf[buffer_root(G->p, x->buf)].dtype);
+		for (int d = 0; d < k->rank; d++)
+			fprintf(f, ",%lld", x->stride[d]);
+	}
+	loop_key_expr(f, G, k, x->a, ns);
+	loop_key_expr(f, G, k, x->b, ns);
+	fputc(')', f);
+}
+
+/* What fused loop k's functions are built from (its dims, output, expression with each load as
+ * its place among the loads, strides and element types): kernels of one key have the same loop
+ * nest, so the module builds it once (every pipeline stage runs the same layers' loops). */
+static const char *loop_key(Gen *G, const Kernel *k)
+{
+	Nest ns = {0};
+	nest_loads(&ns, k->expr);
+	char *text = NULL;
+	size_t len = 0;
+	FILE *f = open_memstream(&text, &len);
+	if (!f)
+		ICE("out of memory");
+	fprintf(f, "%d %d %d", k->rank, (int)k->accumulate, (int)G->p->buf[buffer_root(G->p, k->out)].dtype);
+	for (int d = 0; d < k->rank; d++)
+		fprintf(f, " %lld", k->dims[d]);
+	for (int i = 0; i < ns.nbuf; i++)
+		if (ns.bufs[i] == k->out)
+			fprintf(f, " out=v%d", i);
+	fputc(' ', f);
+	loop_key_expr(f, G, k, k->expr, &ns);
+	if (fclose(f) != 0)
+		ICE("out of memory");
+	const char *key = arena_strdup(G->low->g->arena, text);
+	free(text);
+	return key;
+}
+
+/* Fused loop k's functions (kernel index: their name), built for the target machine or one level,
+ * or (LOOPS_PER_LEVEL) one a level with their table; once a loop nest (loop_key). */
+static const LoopFns *loop_functions(Gen *G, const Kernel *k, int index)
+{
+	const char *key = loop_key(G, k);
+	LoopFns *lf = symtab_get(G->loop_fns, key);
+	if (lf)
+		return lf;
+	lf = arena_alloc(G->low->g->arena, sizeof *lf);
 	Nest ns;
 	const char *name = arena_printf(G->low->g->arena, "%sloop%d", G->prefix, index);
 	int versions = G->loop_level == LOOPS_PER_LEVEL ? PLANRT_CPU_LEVELS : 1;
-	LLVMValueRef fns[PLANRT_CPU_LEVELS];
 	for (int l = 0; l < versions; l++) {
-		fns[l] = build_loop(G, k, versions > 1 ? arena_printf(G->low->g->arena, "%s_l%d", name, l) : name, &ns);
+		lf->fns[l] = build_loop(G, k, versions > 1 ? arena_printf(G->low->g->arena, "%s_l%d", name, l) : name, &ns);
 		if (versions > 1 || G->loop_level >= 0)
-			set_level(G, fns[l], versions > 1 ? l : G->loop_level);
+			set_level(G, lf->fns[l], versions > 1 ? l : G->loop_level);
 		if (versions == 1 && G->loop_level >= 0) /* (a phase for the machine would inline it) */
-			add_attr(G, fns[l], LLVMAttributeFunctionIndex, "noinline");
+			add_attr(G, lf->fns[l], LLVMAttributeFunctionIndex, "noinline");
 	}
-	LLVMValueRef fn = fns[0];
-	LLVMTypeRef fty = LLVMGlobalGetValueType(fn);
 	if (versions > 1) {
-		LLVMTypeRef pty = LLVMPointerType(fty, 0);
-		LLVMValueRef at = LLVMAddGlobal(G->m, LLVMArrayType(pty, (unsigned)versions), arena_printf(G->low->g->arena, "%s_at", name));
-		LLVMSetInitializer(at, LLVMConstArray(pty, fns, (unsigned)versions));
-		LLVMSetGlobalConstant(at, 1);
-		LLVMSetLinkage(at, LLVMInternalLinkage);
+		LLVMTypeRef pty = LLVMPointerType(LLVMGlobalGetValueType(lf->fns[0]), 0);
+		lf->at = LLVMAddGlobal(G->m, LLVMArrayType(pty, (unsigned)versions), arena_printf(G->low->g->arena, "%s_at", name));
+		LLVMSetInitializer(lf->at, LLVMConstArray(pty, lf->fns, (unsigned)versions));
+		LLVMSetGlobalConstant(lf->at, 1);
+		LLVMSetLinkage(lf->at, LLVMInternalLinkage);
+	}
+	symtab_put(G->loop_fns, key, lf);
+	return lf;
+}
+
+/* The call of fused loop k (kernel index): its function, or the running level's from the table
+ * (indexed by planrt_cpu_level_, as emit_c.c's PLANRT_CPU_LOOP), with k's output and loads. */
+static void build_loop_call(Gen *G, const Kernel *k, int index)
+{
+	const LoopFns *lf = loop_functions(G, k, index);
+	Nest ns = {0};
+	nest_loads(&ns, k->expr);
+	LLVMValueRef fn = lf->fns[0];
+	LLVMTypeRef fty = LLVMGlobalGetValueType(fn);
+	if (lf->at) {
+		LLVMTypeRef pty = LLVMPointerType(fty, 0), aty = LLVMGlobalGetValueType(lf->at);
 		LLVMValueRef level = LLVMBuildZExt(G->b, LLVMBuildLoad2(G->b, G->t_i32, G->cpu_level, "level"), G->t_i64, "");
 		LLVMValueRef idx[] = {i64c(G, 0), level};
-		LLVMValueRef slot = LLVMBuildInBoundsGEP2(G->b, LLVMArrayType(pty, (unsigned)versions), at, idx, 2, "");
-		fn = LLVMBuildLoad2(G->b, pty, slot, "");
+		fn = LLVMBuildLoad2(G->b, pty, LLVMBuildInBoundsGEP2(G->b, aty, lf->at, idx, 2, ""), "");
 	}
 	LLVMValueRef args[65];
-	args[0] = LLVMBuildBitCast(G->b, slot_addr(G, SLOT_OUT, 0, k->out), LLVMTypeOf(LLVMGetParam(fns[0], 0)), "");
+	args[0] = LLVMBuildBitCast(G->b, slot_addr(G, SLOT_OUT, 0, k->out), LLVMTypeOf(LLVMGetParam(lf->fns[0], 0)), "");
 	for (int i = 0; i < ns.nbuf; i++)
 		args[i + 1] = LLVMBuildBitCast(G->b, slot_addr(G, SLOT_LOAD, i, ns.bufs[i]),
-					       LLVMTypeOf(LLVMGetParam(fns[0], (unsigned)i + 1)), "");
+					       LLVMTypeOf(LLVMGetParam(lf->fns[0], (unsigned)i + 1)), "");
 	LLVMBuildCall2(G->b, fty, fn, args, (unsigned)ns.nbuf + 1, "");
 }
 
@@ -1768,6 +1838,7 @@ static void gen_init(Gen *G, const Lowered *low, LLVMContextRef c, LLVMTargetMac
 	G->gpu = gpu;
 	G->loop_level = loop_level;
 	G->m = LLVMModuleCreateWithNameInContext(gpu ? "kernels" : "prog", c);
+	G->loop_fns = symtab_new(low->g->arena);
 	char *triple = LLVMGetTargetMachineTriple(tm);
 	LLVMSetTarget(G->m, triple);
 	LLVMDisposeMessage(triple);
