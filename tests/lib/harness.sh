@@ -16,7 +16,7 @@
 #                         and what it ran: a figure, never a check) and exits 1 when a check failed
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 export OMPI_MCA_plm=isolated OMPI_MCA_btl=self,vader OMPI_MCA_btl_vader_single_copy_mechanism=none
-export OMPI_MCA_mpi_yield_when_idle=1
+export OMPI_MCA_mpi_yield_when_idle=1 OMPI_MCA_pml=ob1 HWLOC_COMPONENTS=-pci,-linuxio # harness.py's MPI_ENV says why
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 : "${PLANRT_WATCHDOG:=60}"
 export PLANRT_WATCHDOG
