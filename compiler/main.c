@@ -30,6 +30,9 @@ int calibrate_main(int argc, char **argv); /* calibrate.c, built into planc with
 #ifndef PLANC_LINK_LIBS
 #define PLANC_LINK_LIBS "-lopenblas -ljansson"
 #endif
+#ifndef PLANC_FUSE_LD /* the linker mpicc links programs with (CMakeLists.txt: PLANC_LINKER), or "" */
+#define PLANC_FUSE_LD ""
+#endif
 
 static const char usage[] =
 	"usage: planc COMMAND FILE [options]\n"
@@ -632,6 +635,8 @@ static bool cmd_cuda(Lowered *low, const Options *o, bool compile)
 		char *argv[96];
 		int n = 0;
 		argv[n++] = (char *)cc;
+		if (*PLANC_FUSE_LD)
+			argv[n++] = PLANC_FUSE_LD;
 		argv[n++] = arena_printf(a, "%s/prog.o", dir);
 		argv[n++] = arena_printf(a, "%s/kernels.o", dir);
 		argv[n++] = "-o";
@@ -725,6 +730,8 @@ static bool cmd_codegen(Lowered *low, const Options *o, bool compile)
 	int n = 0;
 	const char *cc = getenv("PLANC_MPICC");
 	argv[n++] = (char *)(cc && *cc ? cc : PLANC_MPICC);
+	if (*PLANC_FUSE_LD)
+		argv[n++] = PLANC_FUSE_LD;
 	if (!llvm) {
 		argv[n++] = "-std=gnu11";
 		argv[n++] = "-O3";
