@@ -7,7 +7,11 @@
  * the job: a stall becomes an error instead of a hang. The thread makes no MPI calls (MPI is
  * initialised funneled). A nonblocking operation is started with the MPI-3 call (MPI_Iallreduce,
  * ...) and completed by a polling wait (MPI_Test in a loop, yielding the core after a short
- * spin, which matters when ranks outnumber cores) that applies the same limit itself.
+ * spin) that applies the same limit itself. When the node's ranks outnumber the cores a rank may
+ * run on (4 ranks on a 2-core laptop or CI machine), the wait sleeps between polls instead, 1 us
+ * doubling to 256 us: a yielding rank stays runnable and takes the time slices of the rank it
+ * waits for, which made such runs spend over a third of their CPU waiting (tests/README.md,
+ * "Oversubscribed ranks sleep"); on a core of its own a rank never sleeps.
  *
  * bf16 and f16 reductions accumulate in f32: the operands are converted to f32, reduced with
  * MPI_FLOAT and rounded back once, so the result is the f32 sum of the inputs rounded to the
@@ -45,6 +49,7 @@
  * sum of the rounded figures over every kind and group. A call refused before it starts (a bad
  * argument, a NULL communicator) or that MPI fails to start counts nothing. The counters are
  * plain integers, touched only by the thread that calls planrt (MPI is initialised funneled). */
+#define _GNU_SOURCE /* sched_getaffinity */
 #define PLANRT_INTERNAL
 #include <mpi.h>
 
@@ -104,6 +109,9 @@ struct planrt_request {
 
 static double watchdog_s = 300;
 static int tag_ub = 32767; /* MPI_TAG_UB, read by planrt_comm_init_ */
+/* More ranks on this node than cores this rank may run on (read by planrt_comm_init_): a waiting
+ * rank then sleeps between polls instead of yielding, so that the ranks it waits for get the core */
+static int oversubscribed;
 
 /* The counters, [kind][slot]: slot 0 world, 1 pair, 2 + k mesh axis k. */
 enum { GROUP_SLOTS = PLANRT_MAX_AXES_ + 2 };
@@ -124,6 +132,15 @@ void planrt_comm_init_(void)
 	int *ub = NULL, flag = 0;
 	if (MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &ub, &flag) == MPI_SUCCESS && flag && ub && *ub > 0)
 		tag_ub = *ub;
+	MPI_Comm node;
+	int local = 1;
+	if (MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node) == MPI_SUCCESS) {
+		MPI_Comm_size(node, &local);
+		MPI_Comm_free(&node);
+	}
+	cpu_set_t cpus;
+	int ncpus = sched_getaffinity(0, sizeof cpus, &cpus) == 0 ? CPU_COUNT(&cpus) : (int)sysconf(_SC_NPROCESSORS_ONLN);
+	oversubscribed = ncpus > 0 && local > ncpus;
 }
 
 void planrt_watchdog_set(double seconds)
@@ -618,7 +635,12 @@ static planrt_result_t poll_wait(struct planrt_request *q)
 				     "collectives in a different order (PLANRT_WATCHDOG=seconds changes the limit, 0 turns it off)",
 				     what, watchdog_s, where);
 		}
-		sched_yield();
+		if (oversubscribed) { /* 1 us, doubling to 256 us: the peers run meanwhile */
+			struct timespec ts = {0, 1000L << (spins - 256 < 8 ? spins - 256 : 8)};
+			nanosleep(&ts, NULL);
+		} else {
+			sched_yield();
+		}
 	}
 }
 
