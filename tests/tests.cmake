@@ -248,17 +248,14 @@ set(MPI_TESTS runtime_collectives runtime_step_kernels runtime_watchdog runtime_
 set(CUDA_TESTS llvm_ptxas cuda_build cuda_one_process)
 set(TORCH_TESTS torch_reference attention_torch generate)
 # COST makes ctest -j start the longest first (a test not listed costs 0 and fills the gaps): each
-# test's wall seconds in the last full `sh scripts/test.sh` from a clean clone (main 283e3b7,
-# 2026-12-02 17:03 UTC, quiet 2-core machine, ctest -j2; tests/README.md "Time"), every test of 5 s
+# test's wall seconds in the last full `sh scripts/test.sh` from a clean clone (main ab559ee,
+# 2026-12-03 05:41 UTC, quiet 2-core machine, ctest -j2; tests/README.md "Time"), every test of 5 s
 # or more
-set(TEST_COSTS cuda_build 184 equiv_gpt 180 fuzz_build 131 llvm_diff 126 offload 117 equiv_sweep 111
-    context_parallel 109 cpu_levels 77 fuzz 74 sync_runs 73 torch_reference 72 checkpoint 69 memory 68
-    equiv_others 56 cuda_one_process 56 emit_layer_loops 54 resume_guard 50 program_errors 49
-    equiv_moe 38 outputs 38 fp16 37 data_runs 36 generate 32 cpu_threads 28 cuda_local_mpi 28
-    equiv_mlp 26 program_failures 25 observe 25 attention_fused 19 runtime_program_cli 19 cli 16 soak 15
-    search 14 scale 10 scale_compile_time 9 equiv_ops 9 llvm_ptxas 9 cuda_comm_staged 9
-    explain_goldens 8 cuda_sync_math 6 errors 5 calibrate 5 runtime_collectives_no_watchdog 5
-    scale_search 4 kernels_matmul_bf16 4 attention_torch 4 explain_goldens_large 2)
+set(TEST_COSTS equiv_gpt 122 fuzz_build 75 llvm_diff 65 fuzz 64 context_parallel 57 equiv_sweep 54
+    equiv_others 52 cuda_build 52 offload 45 sync_runs 36 torch_reference 32 resume_guard 29
+    cuda_one_process 28 cpu_levels 28 checkpoint 28 outputs 26 fp16 25 program_errors 24 emit_layer_loops 24
+    cuda_local_mpi 24 memory 23 generate 13 data_runs 12 equiv_moe 11 search 9 cpu_threads 9
+    program_failures 8 soak 7 runtime_program_cli 7 observe 7 attention_fused 7 cli 6)
 
 get_property(ALL_TESTS DIRECTORY PROPERTY TESTS)
 foreach(t ${ALL_TESTS})
