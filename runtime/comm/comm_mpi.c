@@ -7,7 +7,7 @@
  * the job: a stall becomes an error instead of a hang. The thread makes no MPI calls (MPI is
  * initialised funneled). A nonblocking operation is started with the MPI-3 call (MPI_Iallreduce,
  * ...) and completed by a polling wait (MPI_Test in a loop, yielding the core after a short
- * spin) that applies the same limit itself. When the node's ranks outnumber the cores a rank may
+ * spin) that applies the same limit itself. When the node's ranks outnumber the cores they may
  * run on (4 ranks on a 2-core laptop or CI machine), the wait sleeps between polls instead, 1 us
  * doubling to 256 us: a yielding rank stays runnable and takes the time slices of the rank it
  * waits for, which made such runs spend over a third of their CPU waiting (tests/README.md,
@@ -109,13 +109,39 @@ struct planrt_request {
 
 static double watchdog_s = 300;
 static int tag_ub = 32767; /* MPI_TAG_UB, read by planrt_comm_init_ */
-/* More ranks on this node than cores this rank may run on (read by planrt_comm_init_): a waiting
- * rank then sleeps between polls instead of yielding, so that the ranks it waits for get the core */
+/* More ranks on this node than cores they may run on (read by planrt_comm_init_): a waiting rank
+ * then sleeps between polls instead of yielding, so that the ranks it waits for get the core */
 static int oversubscribed;
 
 /* The counters, [kind][slot]: slot 0 world, 1 pair, 2 + k mesh axis k. */
 enum { GROUP_SLOTS = PLANRT_MAX_AXES_ + 2 };
 static uint64_t bytes_by[planrt_coll_kinds][GROUP_SLOTS], calls_by[planrt_coll_kinds][GROUP_SLOTS];
+
+/* Whether this node runs more ranks than there are cores among the ranks' affinity masks (their
+ * union: a rank bound to one core by `mpirun --bind-to core` is not oversubscribed when its
+ * neighbours are bound to others). */
+static int node_oversubscribed(void)
+{
+	MPI_Comm node;
+	if (MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node) != MPI_SUCCESS)
+		return 0;
+	int local = 1, ncpus = 0;
+	MPI_Comm_size(node, &local);
+	cpu_set_t mine, *all = calloc((size_t)local, sizeof mine);
+	CPU_ZERO(&mine);
+	if (sched_getaffinity(0, sizeof mine, &mine) != 0)
+		CPU_ZERO(&mine);
+	if (all && MPI_Allgather(&mine, (int)sizeof mine, MPI_BYTE, all, (int)sizeof mine, MPI_BYTE, node) == MPI_SUCCESS) {
+		cpu_set_t any;
+		CPU_ZERO(&any);
+		for (int i = 0; i < local; i++)
+			CPU_OR(&any, &any, &all[i]);
+		ncpus = CPU_COUNT(&any);
+	}
+	free(all);
+	MPI_Comm_free(&node);
+	return ncpus > 0 && local > ncpus;
+}
 
 void planrt_comm_init_(void)
 {
@@ -132,15 +158,7 @@ void planrt_comm_init_(void)
 	int *ub = NULL, flag = 0;
 	if (MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &ub, &flag) == MPI_SUCCESS && flag && ub && *ub > 0)
 		tag_ub = *ub;
-	MPI_Comm node;
-	int local = 1;
-	if (MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node) == MPI_SUCCESS) {
-		MPI_Comm_size(node, &local);
-		MPI_Comm_free(&node);
-	}
-	cpu_set_t cpus;
-	int ncpus = sched_getaffinity(0, sizeof cpus, &cpus) == 0 ? CPU_COUNT(&cpus) : (int)sysconf(_SC_NPROCESSORS_ONLN);
-	oversubscribed = ncpus > 0 && local > ncpus;
+	oversubscribed = node_oversubscribed();
 }
 
 void planrt_watchdog_set(double seconds)
