@@ -211,6 +211,10 @@ runner_test(resume_guard 900 python3 ${ROOT}/tests/checkpoint/check_resume_guard
 # symlink, a FIFO, a directory and character devices; --log / --trace write errors; planc build
 # killed by a signal; options given twice; bad --map files
 runner_test(outputs 900 python3 ${ROOT}/tests/program/check_outputs.py ${PLANC} ${ROOT})
+# ranks that outnumber their cores sleep while they wait: 4 ranks on 2 cores (taskset) with a
+# straggler use less CPU than the wait lasts, and compute the same losses
+runner_test(runtime_oversubscribed 300 python3 ${ROOT}/tests/runtime/check_oversubscribed.py ${PLANC} ${ROOT})
+set_tests_properties(runtime_oversubscribed PROPERTIES SKIP_RETURN_CODE 77)
 # explain --json's byte counts are exact 64-bit integers, above 2^53 too
 runner_test(explain_json_exact 300 python3 ${ROOT}/tests/explain/check_json_exact.py ${PLANC} ${ROOT})
 # the soak's short form (bench/soak.py --short): gpt_3d on 8 ranks for 12 steps, checkpoints every
@@ -241,7 +245,7 @@ set(QUICK_TESTS errors fmt_roundtrip cli explain_goldens explain_formulas explai
     sync_check sync_kernels llvm_verify scale_check lower_ir cuda_streams cuda_sync_math cuda_moe_math cuda_attention_math cuda_layout_math cuda_optim_math cuda_optim_groups equiv_ops equiv_mlp arch arch_functions
     fmt_golden data explain_json_exact generate_graph cuda_gpu_binding cuda_comm_staged_watchdog)
 set(MPI_TESTS runtime_collectives runtime_step_kernels runtime_watchdog runtime_watchdog_world_sum
-    runtime_collectives_no_watchdog runtime_program runtime_program_cli sync_kernels sync_runs llvm_diff
+    runtime_collectives_no_watchdog runtime_program runtime_program_cli runtime_oversubscribed sync_kernels sync_runs llvm_diff
     equiv_gpt equiv_moe equiv_mlp equiv_ops equiv_others equiv_sweep attention_fused context_parallel torch_reference memory offload checkpoint fp16
     program_errors program_failures observe generate cuda_sync_math cpu_levels cpu_threads data_runs resume_guard outputs
     cuda_comm_staged cuda_comm_staged_watchdog cuda_comm_staged_local cuda_local_mpi soak calibrate emit_layer_loops)
