@@ -45,15 +45,23 @@ def category(comm):
 
 
 def read_accounting(path):
-    """{pid: (command, cpu seconds, ppid, start time)} from dump-acct's v3 records"""
+    """[(command, cpu seconds, parent index or None, start time, pid)] from dump-acct's v3 records, in
+    the order the processes exited. Pids are reused over a suite (tens of thousands of processes),
+    so a parent is found by exit order: the first process after the child with the child's ppid as
+    its pid (a parent exits after its children; one that exited first leaves them orphans)."""
     out = subprocess.run(["dump-acct", path], capture_output=True, text=True, check=True).stdout
-    procs = {}
+    records = []
     for line in out.splitlines():
         f = [x.strip() for x in line.split("|")]
         if len(f) < 15:
             continue
         start = time.mktime(time.strptime(f[14], "%a %b %d %H:%M:%S %Y"))
-        procs[int(f[9])] = (f[0], (float(f[2]) + float(f[3])) / 100, int(f[10]), start)
+        records.append((f[0], (float(f[2]) + float(f[3])) / 100, int(f[9]), int(f[10]), start))
+    procs, next_with_pid = [None] * len(records), {}
+    for i in range(len(records) - 1, -1, -1):
+        comm, cpu, pid, ppid, start = records[i]
+        procs[i] = (comm, cpu, next_with_pid.get(ppid), start, pid)
+        next_with_pid[pid] = i
     return procs
 
 
@@ -79,33 +87,29 @@ def main():
         subprocess.run(["accton", "off"], capture_output=True)
     procs = read_accounting(acct)
     os.unlink(acct)
-    ctest = [pid for pid, p in procs.items() if p[0] == "ctest"]
+    ctest = [i for i, p in enumerate(procs) if p[0] == "ctest"]
     if not ctest:
         sys.exit("suite_acct.py: no ctest process in the accounting file")
     ctest = ctest[-1]
-    tests = sorted((pid for pid, p in procs.items() if p[2] == ctest), key=lambda p: (procs[p][3], p))
+    tests = sorted((i for i, p in enumerate(procs) if p[2] == ctest), key=lambda i: (procs[i][3], procs[i][4]))
     names = re.findall(r"Start +\d+: (\S+)", r.stdout)
     name_of = dict(zip(tests, names)) if len(names) == len(tests) else {}
     if not name_of:
         print(f"(ctest started {len(names)} tests, the accounting shows {len(tests)} children: tests unnamed)")
 
-    def test_of(pid):
-        for _ in range(256):
-            if pid not in procs:
-                return None
-            if procs[pid][2] == ctest:
-                return pid
-            pid = procs[pid][2]
-        return None
+    def test_of(i):
+        while i is not None and procs[i][2] != ctest:
+            i = procs[i][2]
+        return i
 
     per = collections.defaultdict(collections.Counter)
-    for pid, (comm, cpu, _, _) in procs.items():
-        if pid != ctest:
-            per[test_of(pid)][category(comm)] += cpu
+    for i, (comm, cpu, *_) in enumerate(procs):
+        if i != ctest:
+            per[test_of(i)][category(comm)] += cpu
     total = collections.Counter()
     for t, c in sorted(per.items(), key=lambda kv: -sum(kv[1].values())):
         total.update(c)
-        name = name_of.get(t, str(t)) if t else "ORPHAN"
+        name = name_of.get(t, procs[t][0]) if t is not None else "ORPHAN"
         print(f"{sum(c.values()):7.1f}  {name:28s} " + " ".join(f"{k} {v:.1f}" for k, v in c.most_common(6)))
     print(f"\n{sum(total.values()):.0f} CPU s in all: " + ", ".join(f"{k} {v:.0f}" for k, v in total.most_common()))
     print(r.stdout.strip().splitlines()[-1] if r.stdout.strip() else "")
