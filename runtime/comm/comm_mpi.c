@@ -8,10 +8,15 @@
  * initialised funneled). A nonblocking operation is started with the MPI-3 call (MPI_Iallreduce,
  * ...) and completed by a polling wait (MPI_Test in a loop, yielding the core after a short
  * spin) that applies the same limit itself. When the node's ranks outnumber the cores they may
- * run on (4 ranks on a 2-core laptop or CI machine), the wait sleeps between polls instead, 1 us
- * doubling to 256 us: a yielding rank stays runnable and takes the time slices of the rank it
- * waits for, which made such runs spend over a third of their CPU waiting (tests/README.md,
- * "Oversubscribed ranks sleep"); on a core of its own a rank never sleeps.
+ * run on (4 ranks on a 2-core laptop or CI machine), a waiting rank looks at a counter the node's
+ * ranks share (shared memory: how many of them are not in a wait). While any of them computes,
+ * it sleeps between polls, 1 us doubling to 32 us: a yielding rank stays runnable and takes the
+ * time slices of the rank it waits for (a pipeline stage waiting for the previous one; ranks
+ * waiting for a straggler). Once every rank of the node waits, they are in the same transfers and
+ * each moves only when its peers call MPI, so they yield instead: sleeping there made a 4-rank
+ * data-parallel step 1.6x slower (tests/README.md, "Oversubscribed ranks sleep"). On a core of its
+ * own a rank never sleeps. PLANRT_WAIT=yield (never sleep) or sleep (always, up to 256 us) overrides
+ * this choice, auto (the default); bench/oversubscribed_wait.sh compares the three.
  *
  * bf16 and f16 reductions accumulate in f32: the operands are converted to f32, reduced with
  * MPI_FLOAT and rounded back once, so the result is the f32 sum of the inputs rounded to the
@@ -55,11 +60,13 @@
 
 #include "planrt.h"
 
+#include <fcntl.h>
 #include <limits.h>
 #include <math.h>
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
 #include <stdio.h>
@@ -110,12 +117,59 @@ struct planrt_request {
 static double watchdog_s = 300;
 static int tag_ub = 32767; /* MPI_TAG_UB, read by planrt_comm_init_ */
 /* More ranks on this node than cores they may run on (read by planrt_comm_init_): a waiting rank
- * then sleeps between polls instead of yielding, so that the ranks it waits for get the core */
+ * then sleeps between polls while another rank of the node computes, so that the ranks it waits
+ * for get the core */
 static int oversubscribed;
+/* PLANRT_WAIT: what a polling wait does between polls once its short spin is over */
+static enum { WAIT_AUTO, WAIT_YIELD, WAIT_SLEEP } wait_policy = WAIT_AUTO;
+/* How many of the node's ranks are not in a polling wait, in memory the node's ranks share (NULL:
+ * not oversubscribed, or the shared page could not be made; then a wait always sleeps). */
+static int *node_computing;
 
 /* The counters, [kind][slot]: slot 0 world, 1 pair, 2 + k mesh axis k. */
 enum { GROUP_SLOTS = PLANRT_MAX_AXES_ + 2 };
 static uint64_t bytes_by[planrt_coll_kinds][GROUP_SLOTS], calls_by[planrt_coll_kinds][GROUP_SLOTS];
+
+/* A counter every rank of `node` maps, set to `value`: local rank 0 makes a POSIX shared memory
+ * object under a name no other job uses (O_EXCL), the others map it by the name it broadcasts,
+ * and once all have it is unlinked, so nothing is left behind however the job ends. NULL on every
+ * rank if any rank could not map it. */
+static int *share_counter(MPI_Comm node, int value)
+{
+	int me = 0, ok = 1, all_ok = 0;
+	MPI_Comm_rank(node, &me);
+	char name[64] = "";
+	int fd = -1;
+	if (me == 0) {
+		struct timespec now;
+		clock_gettime(CLOCK_REALTIME, &now);
+		snprintf(name, sizeof name, "/planrt-busy-%ld-%ld", (long)getpid(), (long)now.tv_nsec);
+		fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR, 0600);
+		if (fd < 0 || ftruncate(fd, (off_t)sysconf(_SC_PAGESIZE)) != 0)
+			name[0] = '\0';
+	}
+	MPI_Bcast(name, (int)sizeof name, MPI_BYTE, 0, node);
+	if (me != 0 && name[0])
+		fd = shm_open(name, O_RDWR, 0600);
+	int *counter = NULL;
+	if (fd >= 0) {
+		void *p = mmap(NULL, (size_t)sysconf(_SC_PAGESIZE), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+		counter = p == MAP_FAILED ? NULL : p;
+		close(fd);
+	}
+	ok = counter != NULL;
+	if (me == 0 && counter)
+		__atomic_store_n(counter, value, __ATOMIC_RELEASE);
+	if (MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, node) != MPI_SUCCESS)
+		all_ok = 0;
+	if (me == 0 && name[0])
+		shm_unlink(name);
+	if (!all_ok && counter) {
+		munmap(counter, (size_t)sysconf(_SC_PAGESIZE));
+		counter = NULL;
+	}
+	return counter;
+}
 
 /* Whether this node runs more ranks than there are cores among the ranks' affinity masks (their
  * union: a rank bound to one core by `mpirun --bind-to core` is not oversubscribed when its
@@ -139,8 +193,11 @@ static int node_oversubscribed(void)
 		ncpus = CPU_COUNT(&any);
 	}
 	free(all);
+	int over = ncpus > 0 && local > ncpus;
+	if (over)
+		node_computing = share_counter(node, local);
 	MPI_Comm_free(&node);
-	return ncpus > 0 && local > ncpus;
+	return over;
 }
 
 void planrt_comm_init_(void)
@@ -158,6 +215,14 @@ void planrt_comm_init_(void)
 	int *ub = NULL, flag = 0;
 	if (MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &ub, &flag) == MPI_SUCCESS && flag && ub && *ub > 0)
 		tag_ub = *ub;
+	s = getenv("PLANRT_WAIT");
+	if (s && *s) {
+		if (!strcmp(s, "yield") || !strcmp(s, "sleep") || !strcmp(s, "auto"))
+			wait_policy = s[0] == 'y' ? WAIT_YIELD : s[0] == 's' ? WAIT_SLEEP : WAIT_AUTO;
+		else if (planrt_world_rank_() <= 0)
+			fprintf(stderr, "planrt: rank %d: PLANRT_WAIT='%s' is not auto, yield or sleep; using auto\n",
+				planrt_world_rank_(), s);
+	}
 	oversubscribed = node_oversubscribed();
 }
 
@@ -621,6 +686,38 @@ static void watchdog_disarm(void)
 	__atomic_add_fetch(&wd.gen, 1, __ATOMIC_RELEASE); /* even: idle */
 }
 
+/* The end of a polling wait: the watchdog disarmed and, if the wait counted itself out of the
+ * node's computing ranks, counted back in. */
+static void wait_end(int counted_out)
+{
+	watchdog_disarm();
+	if (counted_out)
+		__atomic_add_fetch(node_computing, 1, __ATOMIC_RELAXED);
+}
+
+/* A sleep between two polls: 1 us the first time, twice as long each next time up to 1 us <<
+ * longest (naps: the sleeps so far). */
+static void nap(unsigned *naps, unsigned longest)
+{
+	struct timespec ts = {0, 1000L << (*naps < longest ? *naps : longest)};
+	(*naps)++;
+	nanosleep(&ts, NULL);
+}
+
+/* Between two polls of an oversubscribed rank's wait (PLANRT_WAIT=auto): sleep while another rank
+ * of the node computes (up to 32 us, so that the wait notices within that much when the last of
+ * them starts waiting); yield when every rank of the node waits (they are in the same transfers,
+ * which move only as fast as each of them polls). */
+static void oversubscribed_pause(unsigned *naps)
+{
+	if (node_computing && __atomic_load_n(node_computing, __ATOMIC_RELAXED) <= 0) {
+		*naps = 0;
+		sched_yield();
+	} else {
+		nap(naps, 5);
+	}
+}
+
 static planrt_result_t poll_wait(struct planrt_request *q)
 {
 	int rc;
@@ -631,15 +728,17 @@ static planrt_result_t poll_wait(struct planrt_request *q)
 		return rc == MPI_SUCCESS ? planrt_success : mpi_fail(rc, q);
 	}
 	double t0 = planrt_now();
+	int counted_out = 0;
+	unsigned naps = 0;
 	for (unsigned spins = 0;; spins++) {
 		int flag = 0;
 		rc = MPI_Test(&q->mreq, &flag, MPI_STATUS_IGNORE);
 		if (rc != MPI_SUCCESS) {
-			watchdog_disarm();
+			wait_end(counted_out);
 			return mpi_fail(rc, q);
 		}
 		if (flag) {
-			watchdog_disarm();
+			wait_end(counted_out);
 			return planrt_success;
 		}
 		if (spins < 256)
@@ -648,17 +747,24 @@ static planrt_result_t poll_wait(struct planrt_request *q)
 			char what[256], where[160];
 			describe(q, what, sizeof what);
 			where_text(where, sizeof where);
-			watchdog_disarm();
+			wait_end(counted_out);
 			planrt_fatal("watchdog: %s still pending after %g s %s; another rank has stalled, died or called its "
 				     "collectives in a different order (PLANRT_WATCHDOG=seconds changes the limit, 0 turns it off)",
 				     what, watchdog_s, where);
 		}
-		if (oversubscribed) { /* 1 us, doubling to 256 us: the peers run meanwhile */
-			struct timespec ts = {0, 1000L << (spins - 256 < 8 ? spins - 256 : 8)};
-			nanosleep(&ts, NULL);
-		} else {
-			sched_yield();
+		if (wait_policy == WAIT_SLEEP) { /* the least CPU, the slowest transfers: up to 256 us */
+			nap(&naps, 8);
+			continue;
 		}
+		if (wait_policy == WAIT_YIELD || !oversubscribed) {
+			sched_yield();
+			continue;
+		}
+		if (!counted_out && node_computing) {
+			__atomic_sub_fetch(node_computing, 1, __ATOMIC_RELAXED);
+			counted_out = 1;
+		}
+		oversubscribed_pause(&naps);
 	}
 }
 
