@@ -16,7 +16,7 @@
  * each moves only when its peers call MPI, so they yield instead: sleeping there made a 4-rank
  * data-parallel step 1.6x slower (tests/README.md, "Oversubscribed ranks sleep"). On a core of its
  * own a rank never sleeps. PLANRT_WAIT=yield (never sleep) or sleep (always, up to 256 us) overrides
- * this choice, auto (the default); bench/oversubscribed_wait.sh compares the three.
+ * this choice, auto (the default); bench/oversubscribed_wait.py compares the three.
  *
  * bf16 and f16 reductions accumulate in f32: the operands are converted to f32, reduced with
  * MPI_FLOAT and rounded back once, so the result is the f32 sum of the inputs rounded to the
@@ -123,7 +123,8 @@ static int oversubscribed;
 /* PLANRT_WAIT: what a polling wait does between polls once its short spin is over */
 static enum { WAIT_AUTO, WAIT_YIELD, WAIT_SLEEP } wait_policy = WAIT_AUTO;
 /* How many of the node's ranks are not in a polling wait, in memory the node's ranks share (NULL:
- * not oversubscribed, or the shared page could not be made; then a wait always sleeps). */
+ * not oversubscribed, or the shared page could not be made; then a wait yields, as on a core of
+ * its own: the choice that never slows a transfer). */
 static int *node_computing;
 
 /* The counters, [kind][slot]: slot 0 world, 1 pair, 2 + k mesh axis k. */
@@ -710,7 +711,7 @@ static void nap(unsigned *naps, unsigned longest)
  * which move only as fast as each of them polls). */
 static void oversubscribed_pause(unsigned *naps)
 {
-	if (node_computing && __atomic_load_n(node_computing, __ATOMIC_RELAXED) <= 0) {
+	if (!node_computing || __atomic_load_n(node_computing, __ATOMIC_RELAXED) <= 0) {
 		*naps = 0;
 		sched_yield();
 	} else {
