@@ -116,15 +116,12 @@ struct planrt_request {
 
 static double watchdog_s = 300;
 static int tag_ub = 32767; /* MPI_TAG_UB, read by planrt_comm_init_ */
-/* More ranks on this node than cores they may run on (read by planrt_comm_init_): a waiting rank
- * then sleeps between polls while another rank of the node computes, so that the ranks it waits
- * for get the core */
-static int oversubscribed;
 /* PLANRT_WAIT: what a polling wait does between polls once its short spin is over */
 static enum { WAIT_AUTO, WAIT_YIELD, WAIT_SLEEP } wait_policy = WAIT_AUTO;
-/* How many of the node's ranks are not in a polling wait, in memory the node's ranks share (NULL:
- * not oversubscribed, or the shared page could not be made; then a wait yields, as on a core of
- * its own: the choice that never slows a transfer). */
+/* How many of the node's ranks are not in a polling wait, in memory the node's ranks share, when
+ * they outnumber its cores (set by planrt_comm_init_). NULL on a node with a core per rank, or
+ * where the shared page could not be made: a wait then yields, the choice that never slows a
+ * transfer. */
 static int *node_computing;
 
 /* The counters, [kind][slot]: slot 0 world, 1 pair, 2 + k mesh axis k. */
@@ -172,14 +169,14 @@ static int *share_counter(MPI_Comm node, int value)
 	return counter;
 }
 
-/* Whether this node runs more ranks than there are cores among the ranks' affinity masks (their
- * union: a rank bound to one core by `mpirun --bind-to core` is not oversubscribed when its
- * neighbours are bound to others). */
-static int node_oversubscribed(void)
+/* The node's shared counter of computing ranks if this node runs more ranks than there are cores
+ * among the ranks' affinity masks (their union: a rank bound to one core by `mpirun --bind-to
+ * core` is not oversubscribed when its neighbours are bound to others), else NULL. */
+static int *oversubscribed_counter(void)
 {
 	MPI_Comm node;
 	if (MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node) != MPI_SUCCESS)
-		return 0;
+		return NULL;
 	int local = 1, ncpus = 0;
 	MPI_Comm_size(node, &local);
 	cpu_set_t mine, *all = calloc((size_t)local, sizeof mine);
@@ -194,11 +191,9 @@ static int node_oversubscribed(void)
 		ncpus = CPU_COUNT(&any);
 	}
 	free(all);
-	int over = ncpus > 0 && local > ncpus;
-	if (over)
-		node_computing = share_counter(node, local);
+	int *counter = ncpus > 0 && local > ncpus ? share_counter(node, local) : NULL;
 	MPI_Comm_free(&node);
-	return over;
+	return counter;
 }
 
 void planrt_comm_init_(void)
@@ -224,7 +219,7 @@ void planrt_comm_init_(void)
 			fprintf(stderr, "planrt: rank %d: PLANRT_WAIT='%s' is not auto, yield or sleep; using auto\n",
 				planrt_world_rank_(), s);
 	}
-	oversubscribed = node_oversubscribed();
+	node_computing = oversubscribed_counter();
 }
 
 void planrt_watchdog_set(double seconds)
@@ -711,7 +706,7 @@ static void nap(unsigned *naps, unsigned longest)
  * which move only as fast as each of them polls). */
 static void oversubscribed_pause(unsigned *naps)
 {
-	if (!node_computing || __atomic_load_n(node_computing, __ATOMIC_RELAXED) <= 0) {
+	if (__atomic_load_n(node_computing, __ATOMIC_RELAXED) <= 0) {
 		*naps = 0;
 		sched_yield();
 	} else {
@@ -757,11 +752,11 @@ static planrt_result_t poll_wait(struct planrt_request *q)
 			nap(&naps, 8);
 			continue;
 		}
-		if (wait_policy == WAIT_YIELD || !oversubscribed) {
+		if (wait_policy == WAIT_YIELD || !node_computing) {
 			sched_yield();
 			continue;
 		}
-		if (!counted_out && node_computing) {
+		if (!counted_out) {
 			__atomic_sub_fetch(node_computing, 1, __ATOMIC_RELAXED);
 			counted_out = 1;
 		}

@@ -2,8 +2,10 @@
 """runtime_oversubscribed: ranks that outnumber their cores sleep while they wait (runtime/comm/comm_mpi.c).
 
 When a node runs more ranks than there are cores in the union of their affinity masks, a rank
-waiting for a collective sleeps between polls instead of yielding, so that the ranks it waits for
-get the cores. The test confines a 4-rank job to two cores (taskset -c 0,1, whatever the machine
+waiting for a collective sleeps between polls while another rank of the node computes (here the
+straggler), instead of yielding, so that the ranks it waits for get the cores; once all of them
+wait they poll again (that a data-parallel step is not slowed by sleeping is a timing, which
+bench/oversubscribed_wait.py prints and no test asserts). The test confines a 4-rank job to two cores (taskset -c 0,1, whatever the machine
 has) and makes rank 0 a straggler (PLANRT_STRAGGLER=0:MS: it sleeps MS ms at the start of every
 step), so that the other three ranks wait about MS ms a step in the gradient all-reduce. It holds the
 job's CPU seconds (every rank's, from the children's rusage) below the straggler's total delay:
