@@ -36,9 +36,13 @@ static int buffer_layer(const LProg *p, int b)
 }
 
 /* The layer a kernel works for: its op's; for the kernels state.c writes (no op: init, the
- * optimizer, checkpoints), the layer of the first parameter or value it names. */
+ * optimizer, checkpoints), the layer of the first parameter or value it names. A pipeline
+ * transfer works for none: it sits between two stages, so the stage's first layer (which reads
+ * what the recv delivered) and its last (whose output the send takes) are blocks like the rest. */
 static int kernel_layer(const LProg *p, const Kernel *k)
 {
+	if (k->op >= 0 && (p->g->ops[k->op].kind == OP_SEND || p->g->ops[k->op].kind == OP_RECV))
+		return -1;
 	if (k->op >= 0)
 		return p->g->ops[k->op].layer;
 	for (int i = 0; i < k->nargs; i++) {
@@ -54,6 +58,17 @@ static int kernel_layer(const LProg *p, const Kernel *k)
 	return -1;
 }
 
+/* Buffers of two layers correspond only within one class, except that a transient value may lie in
+ * the arena, an activation slot or an inbox: a stage's first layer reads its input from the inbox
+ * the pipeline received it into, the next layers from the slot the layer before wrote. The
+ * targets take each layer's address from its own buffer (layer_values.c: a per-layer table where
+ * the places do not step evenly), so the loop's kernels read what the unrolled ones read. */
+static bool same_class(BufClass a, BufClass b)
+{
+	bool ta = a == BUF_ARENA || a == BUF_SLOT || a == BUF_INBOX, tb = b == BUF_ARENA || b == BUF_SLOT || b == BUF_INBOX;
+	return a == b || (ta && tb);
+}
+
 /* a and b (a buffer of the earlier block, of the later) correspond: consistently, and alike */
 static bool same_buffer(Matcher *m, int a, int b)
 {
@@ -62,7 +77,7 @@ static bool same_buffer(Matcher *m, int a, int b)
 	if (m->fwd[a] >= 0 || m->bwd[b] >= 0)
 		return m->fwd[a] == b && m->bwd[b] == a;
 	const Buffer *x = &m->p->buf[a], *y = &m->p->buf[b];
-	if (x->cls != y->cls || x->dtype != y->dtype || x->elems != y->elems || x->state != y->state)
+	if (!same_class(x->cls, y->cls) || x->dtype != y->dtype || x->elems != y->elems || x->state != y->state)
 		return false;
 	/* views: of corresponding buffers, at any offset (each layer's gradient is its own place in
 	 * one flat bucket: the family is a table of pointers) */
