@@ -7,6 +7,8 @@
  *   LV_SAME      the same in every layer;
  *   LV_PLACE     a transient buffer (arena, slot or inbox) at offset + l * step, of one dtype
  *                (step 0: one place under other names, as the arena's scratch buffers);
+ *   LV_VIEW      a view of one buffer at offset + l * step, step != 0, of one dtype (each layer's
+ *                gradient in one flat gradient bucket: the first layer's pointer plus a stride);
  *   LV_INT_STEP  an integer first + l * step (parameter indices, keys);
  *   LV_STATE     a state buffer of each layer, of one kind, size and dtype: the entries of a
  *                stage's state *family*, one array of pointers, one a layer;
@@ -50,6 +52,26 @@ static bool place_steps(const LProg *p, const LayerValue *v, int n, long long *s
 	return true;
 }
 
+/* v's buffers are views of one buffer at a fixed place each (no mesh coordinate or slot in it), of
+ * one dtype, at offsets that step evenly by a nonzero *step bytes */
+static bool view_steps(const LProg *p, const LayerValue *v, int n, long long *step)
+{
+	if (n < 2)
+		return false;
+	const Buffer *x = v[0].buf >= 0 ? &p->buf[v[0].buf] : NULL;
+	long long size = x ? dtype_bytes(x->dtype) : 0;
+	for (int t = 0; t < n; t++) {
+		const Buffer *y = v[t].buf >= 0 ? &p->buf[v[t].buf] : NULL;
+		if (!y || y->cls != BUF_VIEW || y->view_axis != -1 || y->view_of != x->view_of || y->dtype != x->dtype)
+			return false;
+		if (t == 1)
+			*step = (y->view_off - x->view_off) * size;
+		if (t >= 1 && (y->view_off - x->view_off) * size != t * *step)
+			return false;
+	}
+	return *step != 0;
+}
+
 static bool integer_steps(const LayerValue *v, int n, long long *step)
 {
 	if (!v[0].integer || n < 2)
@@ -82,6 +104,8 @@ LayerClass layer_value_class(const LProg *p, const LayerValue *v, int n)
 		return (LayerClass){LV_SAME, 0};
 	if (place_steps(p, v, n, &step))
 		return (LayerClass){LV_PLACE, step};
+	if (view_steps(p, v, n, &step))
+		return (LayerClass){LV_VIEW, step};
 	if (integer_steps(v, n, &step))
 		return (LayerClass){LV_INT_STEP, step};
 	if (state_alike(p, v, n))

@@ -473,7 +473,7 @@ void layer_runs_dump(FILE *out, const Lowered *low);
  * buffer of the stage, an integer or a text; equal texts, else equal buffers and integers, are
  * the same value), computed once per value by each loop target; and a stage's state families
  * (arrays of per-layer state pointers that loops index as at + dir * l). */
-typedef enum { LV_SAME, LV_PLACE, LV_INT_STEP, LV_STATE, LV_TABLE } LayerValueKind;
+typedef enum { LV_SAME, LV_PLACE, LV_VIEW, LV_INT_STEP, LV_STATE, LV_TABLE } LayerValueKind;
 typedef struct LayerValue {
 	int buf;          /* the buffer, or -1 */
 	bool integer;     /* an integer: value */
@@ -482,7 +482,7 @@ typedef struct LayerValue {
 } LayerValue;
 typedef struct LayerClass {
 	LayerValueKind kind;
-	long long step; /* LV_PLACE: bytes a layer (0: one place); LV_INT_STEP: added a layer */
+	long long step; /* LV_PLACE, LV_VIEW: bytes a layer (LV_PLACE 0: one place); LV_INT_STEP: added a layer */
 } LayerClass;
 LayerClass layer_value_class(const LProg *p, const LayerValue *v, int n);
 typedef struct LayerFamilies {

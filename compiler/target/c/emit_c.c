@@ -1074,6 +1074,16 @@ static void print_places(Emit *e)
 	e->nplaces = e->capplaces = 0;
 }
 
+/* Whether hole h is a view of one buffer at the first layer's place + l * step elements (each
+ * layer's gradient in a flat bucket): the first layer's pointer plus l strides, no table */
+static bool view_steps(const Emit *e, const Fold *fd, int h, long long *step)
+{
+	if (fd->cls[h].kind != LV_VIEW)
+		return false;
+	*step = fd->cls[h].step / dtype_bytes(e->p->buf[fd->holes[0].h[h].buf].dtype);
+	return true;
+}
+
 /* Whether hole h is an integer value + l * step in layer l (a parameter index, a dropout's key) */
 static bool integer_steps(const Fold *fd, int h, long long *step)
 {
@@ -1224,6 +1234,8 @@ static void print_hole(Emit *e, const Fold *fd, int h, const char *table)
 		fprintf(e->f, "%s(l)", place_macro(e, x, step));
 	else if (!hole_same(fd, h) && integer_steps(fd, h, &step))
 		fprintf(e->f, "(%s + %sl * %lld)", x->text, strcmp(x->type, "int") ? "(int64_t)" : "", step);
+	else if (view_steps(e, fd, h, &step))
+		fprintf(e->f, "(%s + (int64_t)l * %lld)", x->text, step);
 	else if (!hole_same(fd, h) && (fam = state_family(e, fd, h, &at, &dir)))
 		fprintf(e->f, "%s[%s]", fam->name,
 			at == 0 && dir > 0 ? "l" : arena_printf(e->low->g->arena, "%d %s l", at, dir > 0 ? "+" : "-"));
@@ -1282,6 +1294,8 @@ static LoopParam loop_param(Emit *e, const Fold *fd, int h, const char *table)
 	if (!hole_same(fd, h) && integer_steps(fd, h, &step))
 		return (LoopParam){x->type, x->label ? x->label : "value", x->text,
 				   arena_printf(a, "(@ + %sl * %lld)", strcmp(x->type, "int") ? "(int64_t)" : "", step), x->text};
+	if (view_steps(e, fd, h, &step))
+		return (LoopParam){x->type, "buf", x->text, arena_printf(a, "(@ + (int64_t)l * %lld)", step), NULL};
 	if (!hole_same(fd, h) && (fam = state_family(e, fd, h, &at, &dir)))
 		return (LoopParam){arena_printf(a, "%s*", fam->type), "fam",
 				   at ? arena_printf(a, "%s + %d", fam->name, at) : fam->name, dir > 0 ? "@[l]" : "@[-l]", NULL};
@@ -1553,7 +1567,7 @@ static void print_fold(Emit *e, const Fold *fd)
 		long long step;
 		int at, dir;
 		if (!fd->holes[0].h[h].type || hole_same(fd, h) || transient_steps(fd, h, &step) ||
-		    integer_steps(fd, h, &step) || state_family(e, fd, h, &at, &dir))
+		    view_steps(e, fd, h, &step) || integer_steps(fd, h, &step) || state_family(e, fd, h, &at, &dir))
 			continue;
 		for (int g = 0; g < h && !table[h]; g++)
 			if (table[g] && holes_same(fd, h, g))

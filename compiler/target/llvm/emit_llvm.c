@@ -483,6 +483,7 @@ static LLVMValueRef slot_addr(Gen *G, int arg, int elem, int b)
 	case LV_INT_STEP: /* (not a buffer) */
 		return buf_addr(G, b);
 	case LV_PLACE: /* the first layer's place, and step bytes a layer */
+	case LV_VIEW:
 		return c.step ? bytes_at(G, buf_addr(G, b), LLVMBuildMul(G->b, G->l, i64c(G, c.step), "")) : buf_addr(G, b);
 	case LV_STATE:
 		if ((f = layer_family(&G->fams, bufs, n, G->run->step < 0, &at, &dir)) >= 0) {
