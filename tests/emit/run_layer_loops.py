@@ -4,9 +4,13 @@
 The C target prints each run of identical layers (compiler/lower/layer_runs.c) as one loop over
 the layer, with per-layer tables of what differs by layer; `--no-layer-loops` prints every layer
 in full, as before. For each plan of PLANS (one rank, data + tensor parallel, a 1F1B pipeline of
-four layers a stage, full recompute) the test
+four layers a stage, the same with data parallelism and ZeRO-1, full recompute) the test
   - emits both and checks what the loops are for: the looped prog.c has loops, the unrolled none,
     and the looped file is smaller (its size and the unrolled one's are printed);
+  - for the pipelines, that each stage's forward is one loop over all the stage's layers
+    (`planc check --dump-after=layers`), and for every plan that no per-layer table of pointers
+    lists views of one buffer at evenly spaced offsets (ZeRO's flat parameters, a gradient
+    bucket): the loop reads the first layer's pointer plus l strides;
   - builds both with planc build, trains each STEPS steps under mpirun on the plan's world size,
     and requires every step's loss and gradient norm and the weights saved with --save to be the
     same bits.
@@ -24,6 +28,7 @@ usage: run_layer_loops.py PLANC REPO_ROOT [STEPS]
 """
 import concurrent.futures
 import os
+import re
 import subprocess
 import sys
 
@@ -34,7 +39,8 @@ planc, root = sys.argv[1], sys.argv[2]
 steps = int(sys.argv[3]) if len(sys.argv) > 3 else 3
 env = harness.mpi_env()
 work = harness.workdir("layer-loops")
-PLANS = [("gpt", "single"), ("gpt", "dp2_tp2"), ("extra", "pp2_1f1b_l8"), ("gpt", "dp2_full_recompute")]
+PLANS = [("gpt", "single"), ("gpt", "dp2_tp2"), ("extra", "pp2_1f1b_l8"), ("extra", "dp2_pp2_zero1_l8"),
+         ("gpt", "dp2_full_recompute")]
 # examples/gpt.plan's pipelines have one or two layers a stage: a run of two layers prints about as
 # long as a loop as unrolled, so the pipeline here has four
 EXTRA_PLANS = """
@@ -44,7 +50,18 @@ plan pp2_1f1b_l8 for gpt(L = 8) {
   pipeline pipe: 1f1b, stages = 2
   optimizer adamw(lr = 3e-4, betas = (0.9, 0.95), weight_decay = 0.1), clip = 1.0
 }
+
+plan dp2_pp2_zero1_l8 for gpt(L = 8) {
+  mesh data = 2, pipe = 2
+  batch B = 16, micro_batches = 4
+  shard B -> data
+  pipeline pipe: 1f1b, stages = 2
+  zero 1 over data
+  optimizer adamw(lr = 3e-4, betas = (0.9, 0.95), weight_decay = 0.1), clip = 1.0
+}
 """
+# the pipelines' layers a stage (each stage's forward is one loop over all of them)
+STAGE_LAYERS = {"pp2_1f1b_l8": 4, "dp2_pp2_zero1_l8": 4}
 gpt_text = open(f"{root}/examples/gpt.plan").read()
 extra_plan_file = f"{work}/extra.plan"
 open(extra_plan_file, "w").write(gpt_text[:gpt_text.index("# ---- one rank")] + EXTRA_PLANS)
@@ -84,6 +101,34 @@ def llvm_loops(model, plan):
                                        f"{kernels} unrolled (planc check --dump-after=layers)")
 
 
+def stage_forwards(model, plan):
+    """(ok, detail): every stage's forward is one run over all its layers: the stage's first layer
+    (which reads the inbox the pipeline received into) and its last (whose output is sent) are in
+    the loop like the rest (compiler/lower/layer_runs.c)"""
+    r = subprocess.run([planc, "check", plan_file(model), "--plan", plan, "--dump-after=layers"],
+                       capture_output=True, text=True)
+    runs = re.findall(r"^  forward chunk 0: layers (\d+)\.\.(\d+) \((\d+) x", r.stdout, re.M)
+    stages = r.stdout.count("program stage ")
+    ok = r.returncode == 0 and stages > 1 and len(runs) == stages and \
+        all(int(n) == STAGE_LAYERS[plan] for _, _, n in runs)
+    return ok, f"{stages} stages, forward runs: " + ", ".join(f"layers {a}..{b}" for a, b, _ in runs)
+
+
+def view_tables(text):
+    """the per-layer pointer tables of prog.c whose entries are views of one buffer at evenly
+    stepping offsets (`#define NAME (ROOT + OFFSET)`): what a loop prints as the first layer's
+    pointer plus l strides instead (layer_values.c's LV_VIEW)"""
+    views = {m[0]: (m[1], int(m[2])) for m in re.findall(r"^#define (\w+) \((\w+) \+ (-?\d+)\)$", text, re.M)}
+    found = []
+    for name, body in re.findall(r"\*const (\w+)\[\d+\] = \{([^}]*)\}", text):
+        entries = [views.get(x.strip()) for x in body.split(",")]
+        if len(entries) > 2 and all(entries) and len({root for root, _ in entries}) == 1:
+            steps = {b[1] - a[1] for a, b in zip(entries, entries[1:])}
+            if len(steps) == 1 and 0 not in steps:
+                found.append(name)
+    return found
+
+
 def trained(model, plan, flavour, world):
     """((loss, grad_norm) per step, the saved weights' bytes), or an error string"""
     stem = f"{work}/{model}_{plan}_{flavour}"
@@ -112,6 +157,12 @@ def one(model, plan):
                    f"{len(texts['unrolled'])} bytes"))
     ok, detail = llvm_loops(model, plan)
     checks.append((f"{model} {plan}: the LLVM module builds its layers as loops", ok, detail))
+    if plan in STAGE_LAYERS:
+        ok, detail = stage_forwards(model, plan)
+        checks.append((f"{model} {plan}: each stage's forward is one loop over its layers", ok, detail))
+    tables = view_tables(texts["loops"])
+    checks.append((f"{model} {plan}: no per-layer table of evenly spaced views", not tables,
+                   f"{len(tables)} such tables{': ' + ', '.join(tables[:3]) if tables else ''}"))
     world = harness.explain(planc, plan_file(model), plan)["world"]
     runs = {flavour: trained(model, plan, flavour, world) for flavour in FLAVOURS}
     for flavour, got in runs.items():
