@@ -26,9 +26,9 @@
  *   ring      context parallelism's K/V shifts as the CUDA target composes them (the receive on a
  *             stream of its own, the comm stream waiting for it before the next shift sends the
  *             block received); with that wait dropped the blocks sent are stale;
- *   watchdog  (argument "watchdog") rank 1 skips an allreduce: rank 0's must be reported within
- *             PLANRT_WATCHDOG seconds, naming the operation (tests/cuda/gpu_ranks.cmake matches
- *             the line).
+ *   watchdog  (argument "watchdog") rank 1 skips an allreduce: the other ranks' must be reported
+ *             within PLANRT_WATCHDOG seconds, naming the operation (tests/cuda/gpu_ranks.cmake
+ *             matches the first rank's line: its exit ends the job).
  *
  *   mpirun -np 4 test_comm_staged [watchdog]      (exit status 0 when every check passed) */
 #define PLANRT_INTERNAL
@@ -829,7 +829,7 @@ int main(int argc, char **argv)
 	PLANRT_CHECK(planrt_staged_add_(planrt_axis_comm(1), 0, 0));
 	int fail = 0;
 	if (argc > 1 && !strcmp(argv[1], "watchdog")) {
-		/* rank 1 never joins: rank 0's allreduce must be reported by the watchdog */
+		/* rank 1 never joins: the others' allreduce must be reported by the watchdog */
 		float x[4] = {1, 2, 3, 4};
 		if (rank != 1)
 			planrt_allreduce(x, x, 4, planrt_f32, planrt_sum, planrt_world_comm(), (planrt_stream_t)comm_a, NULL);
