@@ -53,7 +53,8 @@ static bool place_steps(const LProg *p, const LayerValue *v, int n, long long *s
 }
 
 /* v's buffers are views of one buffer at a fixed place each (no mesh coordinate or slot in it), of
- * one dtype, at offsets that step evenly by a nonzero *step bytes */
+ * its storage's dtype (the C walker's pointers are typed by the storage), at offsets that step
+ * evenly by a nonzero *step bytes */
 static bool view_steps(const LProg *p, const LayerValue *v, int n, long long *step)
 {
 	if (n < 2)
@@ -62,7 +63,8 @@ static bool view_steps(const LProg *p, const LayerValue *v, int n, long long *st
 	long long size = x ? dtype_bytes(x->dtype) : 0;
 	for (int t = 0; t < n; t++) {
 		const Buffer *y = v[t].buf >= 0 ? &p->buf[v[t].buf] : NULL;
-		if (!y || y->cls != BUF_VIEW || y->view_axis != -1 || y->view_of != x->view_of || y->dtype != x->dtype)
+		if (!y || y->cls != BUF_VIEW || y->view_axis != -1 || y->view_of != x->view_of || y->dtype != x->dtype ||
+		    p->buf[buffer_root(p, v[t].buf)].dtype != y->dtype)
 			return false;
 		if (t == 1)
 			*step = (y->view_off - x->view_off) * size;
