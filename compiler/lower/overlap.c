@@ -2,7 +2,8 @@
  *
  *   buckets     With `sync strict, overlap`, a gradient bucket reduced in place (state.c's flat
  *               buckets) starts as a nonblocking collective right after the backward kernel that
- *               writes the last of its members (in the last micro-batch when it is reduced once
+ *               writes the last of its members, or after the element-wise loops that end that
+ *               kernel's layer block (bucket_start_after) (in the last micro-batch when it is reduced once
  *               per step, as PyTorch DDP does), and finishes where the blocking call was. A ZeRO-3
  *               packed bucket does the same within each micro-batch's backward. A bucket whose
  *               members something else still touches first (a tied-parameter sum, another axis's
@@ -313,6 +314,31 @@ static void progress_calls(LProg *p, Inserts *ins, Started *st, int n, int nk)
 	free(depth);
 }
 
+/* Where a bucket whose last member kernel is `last` starts: after the fused element-wise loops
+ * that end that kernel's layer block, when nothing but such loops follows it in the block (the
+ * residual add after a layer norm's gradient). They take a small part of a layer's time, and
+ * starting after them leaves the block the same kernels as every other layer's, so a loop target
+ * runs it inside the layers' loop (layer_runs.c). Anything else of the layer after it (a matmul,
+ * a collective): right after `last`, as before. */
+static int bucket_start_after(const LProg *p, int last, int bucket_kernel)
+{
+	const Kernel *k = &p->k[last];
+	if (k->op < 0)
+		return last;
+	int layer = p->g->ops[k->op].layer, at = last;
+	for (int j = last + 1; j < bucket_kernel; j++) {
+		const Kernel *n = &p->k[j];
+		if (n->phase != k->phase || n->chunk != k->chunk)
+			continue; /* another phase's kernel in between: not run here */
+		if (n->op < 0 || p->g->ops[n->op].layer != layer)
+			return at; /* the layer's block ends */
+		if (n->kind != K_LOOP)
+			return last;
+		at = j;
+	}
+	return at;
+}
+
 static void overlap_buckets(LProg *p)
 {
 	if (!p->low->state.overlap)
@@ -326,7 +352,7 @@ static void overlap_buckets(LProg *p)
 		if (next < C.n && C.kernel[next] == j) {
 			int c = next++;
 			if (!C.dead[c] && C.last[c] >= 0 && !C.after[c]) {
-				st[nst] = start_bucket(p, &ins, j, C.last[c]);
+				st[nst] = start_bucket(p, &ins, j, bucket_start_after(p, C.last[c], j));
 				st[nst].seq = nst;
 				nst++;
 			}
