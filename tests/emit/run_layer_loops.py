@@ -4,11 +4,12 @@
 The C target prints each run of identical layers (compiler/lower/layer_runs.c) as one loop over
 the layer, with per-layer tables of what differs by layer; `--no-layer-loops` prints every layer
 in full, as before. For each plan of PLANS (one rank, data + tensor parallel, a 1F1B pipeline of
-four layers a stage, the same with data parallelism and ZeRO-1, full recompute) the test
+four layers a stage with tensor and sequence parallelism, one with data parallelism and ZeRO-1,
+full recompute) the test
   - emits both and checks what the loops are for: the looped prog.c has loops, the unrolled none,
     and the looped file is smaller (its size and the unrolled one's are printed);
-  - for the pipelines, that each stage's forward is one loop over all the stage's layers
-    (`planc check --dump-after=layers`), and for every plan that no per-layer table of pointers
+  - for the pipelines, that each stage's forward is one loop over all the stage's layers, and its
+    backward too but in the first stage (`planc check --dump-after=layers`), and for every plan that no per-layer table of pointers
     lists views of one buffer at evenly spaced offsets (ZeRO's flat parameters, a gradient
     bucket): the loop reads the first layer's pointer plus l strides;
   - builds both with planc build, trains each STEPS steps under mpirun on the plan's world size,
@@ -39,16 +40,19 @@ planc, root = sys.argv[1], sys.argv[2]
 steps = int(sys.argv[3]) if len(sys.argv) > 3 else 3
 env = harness.mpi_env()
 work = harness.workdir("layer-loops")
-PLANS = [("gpt", "single"), ("gpt", "dp2_tp2"), ("extra", "pp2_1f1b_l8"), ("extra", "dp2_pp2_zero1_l8"),
+PLANS = [("gpt", "single"), ("gpt", "dp2_tp2"), ("extra", "pp2_tp2_sp_l8"), ("extra", "dp2_pp2_zero1_l8"),
          ("gpt", "dp2_full_recompute")]
 # examples/gpt.plan's pipelines have one or two layers a stage: a run of two layers prints about as
-# long as a loop as unrolled, so the pipeline here has four
+# long as a loop as unrolled, so the pipelines here have four
 EXTRA_PLANS = """
-plan pp2_1f1b_l8 for gpt(L = 8) {
-  mesh pipe = 2
+plan pp2_tp2_sp_l8 for gpt(L = 8) {
+  mesh pipe = 2, tensor = 2
   batch B = 16, micro_batches = 4
+  use nn.megatron(tensor)
+  use nn.sequence_parallel(tensor)
   pipeline pipe: 1f1b, stages = 2
   optimizer adamw(lr = 3e-4, betas = (0.9, 0.95), weight_decay = 0.1), clip = 1.0
+  sync strict, overlap
 }
 
 plan dp2_pp2_zero1_l8 for gpt(L = 8) {
@@ -60,8 +64,9 @@ plan dp2_pp2_zero1_l8 for gpt(L = 8) {
   optimizer adamw(lr = 3e-4, betas = (0.9, 0.95), weight_decay = 0.1), clip = 1.0
 }
 """
-# the pipelines' layers a stage (each stage's forward is one loop over all of them)
-STAGE_LAYERS = {"pp2_1f1b_l8": 4, "dp2_pp2_zero1_l8": 4}
+# the pipelines' layers a stage (each stage's forward is one loop over all of them, and so is the
+# backward of every stage but the first, whose layer 0 the embedding's gradient follows)
+STAGE_LAYERS = {"pp2_tp2_sp_l8": 4, "dp2_pp2_zero1_l8": 4}
 gpt_text = open(f"{root}/examples/gpt.plan").read()
 extra_plan_file = f"{work}/extra.plan"
 open(extra_plan_file, "w").write(gpt_text[:gpt_text.index("# ---- one rank")] + EXTRA_PLANS)
@@ -101,17 +106,21 @@ def llvm_loops(model, plan):
                                        f"{kernels} unrolled (planc check --dump-after=layers)")
 
 
-def stage_forwards(model, plan):
+def stage_runs(model, plan):
     """(ok, detail): every stage's forward is one run over all its layers: the stage's first layer
     (which reads the inbox the pipeline received into) and its last (whose output is sent) are in
-    the loop like the rest (compiler/lower/layer_runs.c)"""
+    the loop like the rest (compiler/lower/layer_runs.c); so is the backward of every stage after
+    the first (a gradient bucket that its first layer completes starts after that layer's block:
+    compiler/lower/overlap.c)"""
     r = subprocess.run([planc, "check", plan_file(model), "--plan", plan, "--dump-after=layers"],
                        capture_output=True, text=True)
-    runs = re.findall(r"^  forward chunk 0: layers (\d+)\.\.(\d+) \((\d+) x", r.stdout, re.M)
+    fwd = re.findall(r"^  forward chunk 0: layers (\d+)\.\.(\d+) \((\d+) x", r.stdout, re.M)
+    bwd = re.findall(r"^  backward chunk 0: layers (\d+)\.\.(\d+) \((\d+) x", r.stdout, re.M)
     stages = r.stdout.count("program stage ")
-    ok = r.returncode == 0 and stages > 1 and len(runs) == stages and \
-        all(int(n) == STAGE_LAYERS[plan] for _, _, n in runs)
-    return ok, f"{stages} stages, forward runs: " + ", ".join(f"layers {a}..{b}" for a, b, _ in runs)
+    ok = r.returncode == 0 and stages > 1 and len(fwd) == len(bwd) == stages and \
+        all(int(n) == STAGE_LAYERS[plan] for _, _, n in fwd + bwd[1:])
+    return ok, (f"{stages} stages, forward runs: " + ", ".join(f"layers {a}..{b}" for a, b, _ in fwd) +
+                "; backward runs: " + ", ".join(f"layers {a}..{b}" for a, b, _ in bwd))
 
 
 def view_tables(text):
@@ -158,8 +167,8 @@ def one(model, plan):
     ok, detail = llvm_loops(model, plan)
     checks.append((f"{model} {plan}: the LLVM module builds its layers as loops", ok, detail))
     if plan in STAGE_LAYERS:
-        ok, detail = stage_forwards(model, plan)
-        checks.append((f"{model} {plan}: each stage's forward is one loop over its layers", ok, detail))
+        ok, detail = stage_runs(model, plan)
+        checks.append((f"{model} {plan}: each stage's forward and backward is one loop over its layers", ok, detail))
     tables = view_tables(texts["loops"])
     checks.append((f"{model} {plan}: no per-layer table of evenly spaced views", not tables,
                    f"{len(tables)} such tables{': ' + ', '.join(tables[:3]) if tables else ''}"))
