@@ -3,8 +3,9 @@
  *   buckets     With `sync strict, overlap`, a gradient bucket reduced in place (state.c's flat
  *               buckets) starts as a nonblocking collective right after the backward kernel that
  *               writes the last of its members, or after the element-wise loops that end that
- *               kernel's layer block (bucket_start_after) (in the last micro-batch when it is reduced once
- *               per step, as PyTorch DDP does), and finishes where the blocking call was. A ZeRO-3
+ *               kernel's layer block (bucket_start_after), in the last micro-batch when it is
+ *               reduced once per step, as PyTorch DDP does, and finishes where the blocking call
+ *               was. A ZeRO-3
  *               packed bucket does the same within each micro-batch's backward. A bucket whose
  *               members something else still touches first (a tied-parameter sum, another axis's
  *               bucket, a conversion at the step) stays blocking.

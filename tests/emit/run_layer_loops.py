@@ -9,9 +9,9 @@ full recompute) the test
   - emits both and checks what the loops are for: the looped prog.c has loops, the unrolled none,
     and the looped file is smaller (its size and the unrolled one's are printed);
   - for the pipelines, that each stage's forward is one loop over all the stage's layers, and its
-    backward too but in the first stage (`planc check --dump-after=layers`), and for every plan that no per-layer table of pointers
-    lists views of one buffer at evenly spaced offsets (ZeRO's flat parameters, a gradient
-    bucket): the loop reads the first layer's pointer plus l strides;
+    backward too but in the first stage (`planc check --dump-after=layers`); for every plan, that
+    no per-layer table of pointers lists views of one buffer at evenly spaced offsets (ZeRO's flat
+    parameters, a gradient bucket): the loop reads the first layer's pointer plus l strides;
   - builds both with planc build, trains each STEPS steps under mpirun on the plan's world size,
     and requires every step's loss and gradient norm and the weights saved with --save to be the
     same bits.
@@ -168,7 +168,8 @@ def one(model, plan):
     checks.append((f"{model} {plan}: the LLVM module builds its layers as loops", ok, detail))
     if plan in STAGE_LAYERS:
         ok, detail = stage_runs(model, plan)
-        checks.append((f"{model} {plan}: each stage's forward and backward is one loop over its layers", ok, detail))
+        checks.append((f"{model} {plan}: each stage's forward and backward is one loop over its layers", ok,
+                       detail))
     tables = view_tables(texts["loops"])
     checks.append((f"{model} {plan}: no per-layer table of evenly spaced views", not tables,
                    f"{len(tables)} such tables{': ' + ', '.join(tables[:3]) if tables else ''}"))
