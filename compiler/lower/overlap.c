@@ -5,10 +5,9 @@
  *               writes the last of its members, or after the element-wise loops that end that
  *               kernel's layer block (bucket_start_after), in the last micro-batch when it is
  *               reduced once per step, as PyTorch DDP does, and finishes where the blocking call
- *               was. A ZeRO-3
- *               packed bucket does the same within each micro-batch's backward. A bucket whose
- *               members something else still touches first (a tied-parameter sum, another axis's
- *               bucket, a conversion at the step) stays blocking.
+ *               was. A ZeRO-3 packed bucket does the same within each micro-batch's backward. A
+ *               bucket whose members something else still touches first (a tied-parameter sum,
+ *               another axis's bucket, a conversion at the step) stays blocking.
  *   prefetch    ZeRO 3: each parameter gather of a forward or backward starts as soon as the
  *               previous gather of that phase has finished, so it travels while the previous
  *               parameter is used; the first starts with the phase.
