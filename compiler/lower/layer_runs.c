@@ -65,8 +65,7 @@ static int kernel_layer(const LProg *p, const Kernel *k)
  * the places do not step evenly), so the loop's kernels read what the unrolled ones read. */
 static bool same_class(BufClass a, BufClass b)
 {
-	bool ta = a == BUF_ARENA || a == BUF_SLOT || a == BUF_INBOX, tb = b == BUF_ARENA || b == BUF_SLOT || b == BUF_INBOX;
-	return a == b || (ta && tb);
+	return a == b || (buf_class_transient(a) && buf_class_transient(b));
 }
 
 /* a and b (a buffer of the earlier block, of the later) correspond: consistently, and alike */

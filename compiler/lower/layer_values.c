@@ -33,7 +33,7 @@ static bool value_equal(const LayerValue *a, const LayerValue *b)
 static BufClass transient_class(const LProg *p, int b)
 {
 	BufClass c = b >= 0 ? p->buf[b].cls : BUF_NONE;
-	return c == BUF_ARENA || c == BUF_SLOT || c == BUF_INBOX ? c : BUF_NONE;
+	return buf_class_transient(c) ? c : BUF_NONE;
 }
 
 static bool place_steps(const LProg *p, const LayerValue *v, int n, long long *step)
@@ -57,18 +57,15 @@ static bool place_steps(const LProg *p, const LayerValue *v, int n, long long *s
  * evenly by a nonzero *step bytes */
 static bool view_steps(const LProg *p, const LayerValue *v, int n, long long *step)
 {
-	if (n < 2)
+	if (n < 2 || v[0].buf < 0 || v[1].buf < 0)
 		return false;
-	const Buffer *x = v[0].buf >= 0 ? &p->buf[v[0].buf] : NULL;
-	long long size = x ? dtype_bytes(x->dtype) : 0;
+	const Buffer *x = &p->buf[v[0].buf];
+	long long size = dtype_bytes(x->dtype);
+	*step = (p->buf[v[1].buf].view_off - x->view_off) * size;
 	for (int t = 0; t < n; t++) {
 		const Buffer *y = v[t].buf >= 0 ? &p->buf[v[t].buf] : NULL;
 		if (!y || y->cls != BUF_VIEW || y->view_axis != -1 || y->view_of != x->view_of || y->dtype != x->dtype ||
-		    p->buf[buffer_root(p, v[t].buf)].dtype != y->dtype)
-			return false;
-		if (t == 1)
-			*step = (y->view_off - x->view_off) * size;
-		if (t >= 1 && (y->view_off - x->view_off) * size != t * *step)
+		    p->buf[buffer_root(p, v[t].buf)].dtype != y->dtype || (y->view_off - x->view_off) * size != t * *step)
 			return false;
 	}
 	return *step != 0;

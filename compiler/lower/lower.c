@@ -3157,7 +3157,7 @@ void lprog_dump(FILE *out, const LProg *p)
 			fprintf(out, " of %s + %lld%s%s", p->buf[x->view_of].name, x->view_off,
 				x->view_axis >= 0 ? " + coord " : x->view_axis == VIEW_SLOT ? " + slot" : "",
 				x->view_axis >= 0 ? p->ps->axes[x->view_axis].name : "");
-		if (x->cls == BUF_ARENA || x->cls == BUF_SLOT || x->cls == BUF_INBOX)
+		if (buf_class_transient(x->cls))
 			fprintf(out, " @%zu live %d..%d", x->offset, x->first, x->last);
 		fprintf(out, "\n");
 	}

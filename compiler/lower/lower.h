@@ -101,6 +101,11 @@ typedef enum {
 	BUF_INBOX,  /* a receive inbox: a forward input posted one action ahead */
 	BUF_VIEW,   /* elements of another buffer */
 } BufClass;
+/* a transient place (arena, slot or inbox: memplan places it at an offset of its region) */
+static inline bool buf_class_transient(BufClass c)
+{
+	return c == BUF_ARENA || c == BUF_SLOT || c == BUF_INBOX;
+}
 /* SC_OFFLOAD: the host staging of an offloaded optimizer (state.c: gradient and parameter copies,
  * the disk records' read slots) */
 typedef enum { SC_PARAM, SC_GRAD, SC_OPTIM, SC_MASTER, SC_BUFFER, SC_METRIC, SC_OFFLOAD, SC_COUNT } StateKind;
