@@ -145,6 +145,7 @@ KERNEL_TABLE(X, Y)
 	X(SC_MASTER, planrt_state_master) X(SC_BUFFER, planrt_state_buffer) X(SC_METRIC, planrt_state_metric) \
 	X(SC_OFFLOAD, planrt_state_offload)
 #define ACTIONS(X) X(ACT_FORWARD, PLANRT_FORWARD) X(ACT_BACKWARD, PLANRT_BACKWARD)
+#define ACTION_ROWS(X) X(ACT_FORWARD, PLANRT_F) X(ACT_BACKWARD, PLANRT_B) /* macros: no value to assert */
 #define STREAMS(X)                                                                                         \
 	X(STREAM_COMPUTE, PLANRT_STREAM_COMPUTE) X(STREAM_COMM, PLANRT_STREAM_COMM)                         \
 	X(STREAM_COPY, PLANRT_STREAM_COPY) X(STREAM_HOST, PLANRT_STREAM_HOST) X(STREAM_P2P, PLANRT_STREAM_P2P)
@@ -189,7 +190,7 @@ _Static_assert(MAX_DIMS <= sizeof(((planrt_param_t *)0)->gdims) / sizeof(int64_t
 NAMES(DTYPES, DType, DT_F64 + 1);
 NAMES(OPTIMIZERS, OptimizerKind, OPT_ADAMW + 1);
 NAMES(STATE_KINDS, StateKind, SC_COUNT);
-NAMES(ACTIONS, ActionKind, ACT_BACKWARD + 1);
+NAMES(ACTION_ROWS, ActionKind, ACT_BACKWARD + 1);
 NAMES(STREAMS, StreamKind, STREAM_P2P + 1);
 NAMES(UNARY_FNS, UnaryFn, UNARY_SIGMOID + 1);
 NAMES(INIT_KINDS, InitKind, INIT_LOAD + 1);
@@ -218,9 +219,9 @@ const char *planrt_state_kind_name(StateKind s)
 	return NAMED(STATE_KINDS, s, "state kind");
 }
 
-const char *planrt_action_name(ActionKind a)
+const char *planrt_action_row_name(ActionKind a)
 {
-	return NAMED(ACTIONS, a, "action kind");
+	return NAMED(ACTION_ROWS, a, "action kind");
 }
 
 const char *planrt_init_kind_name(InitKind k)

@@ -14,7 +14,7 @@
  * PLANRT_CKPT_COPY bit, PLANRT_TRANS), NULL for the other types. */
 const char *planrt_dtype_name(DType t);
 const char *planrt_state_kind_name(StateKind s);
-const char *planrt_action_name(ActionKind a);
+const char *planrt_action_row_name(ActionKind a); /* the schedule row's macro: PLANRT_F, PLANRT_B */
 const char *planrt_init_kind_name(InitKind k);
 const char *planrt_stream_name(int stream);
 const char *planrt_int_name(KParamType t, long long v);

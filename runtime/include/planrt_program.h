@@ -75,6 +75,10 @@ typedef struct planrt_action {
 	uint16_t inbox;  /* receive inbox, or PLANRT_NO_INBOX when the action receives nothing ahead */
 	uint32_t micro;
 } planrt_action_t;
+/* A row of a stage's schedule as the generated tables print it, one a line:
+ * PLANRT_F(chunk, slot, inbox, micro) runs a forward, PLANRT_B(...) a backward. */
+#define PLANRT_F(c, s, i, m) {.kind = PLANRT_FORWARD, .chunk = (c), .slot = (s), .inbox = (i), .micro = (m)}
+#define PLANRT_B(c, s, i, m) {.kind = PLANRT_BACKWARD, .chunk = (c), .slot = (s), .inbox = (i), .micro = (m)}
 /* "no mesh axis" wherever an axis is asked for (a parameter dim no axis splits, a piece no ZeRO
  * axis shards) */
 enum { PLANRT_NO_AXIS = -1 };

@@ -335,10 +335,10 @@ static void eval_end(planrt_ctx_t *ctx)
 	planrt_scale_metric(correct_45, 0.001953125); /* over its rows */
 }
 
-/* one step: F / B of a micro-batch and chunk, its activation slot and receive inbox */
+/* one step: F / B (chunk, activation slot, receive inbox, micro-batch) */
 static const planrt_action_t actions[] = {
-	{.kind = PLANRT_FORWARD, .chunk = 0, .slot = 0, .inbox = PLANRT_NO_INBOX, .micro = 0},
-	{.kind = PLANRT_BACKWARD, .chunk = 0, .slot = 0, .inbox = PLANRT_NO_INBOX, .micro = 0},
+	PLANRT_F(0, 0, PLANRT_NO_INBOX, 0),
+	PLANRT_B(0, 0, PLANRT_NO_INBOX, 0),
 };
 static const planrt_phase_fn forward[] = {forward_c0};
 static const planrt_phase_fn backward[] = {backward_c0};

@@ -1823,12 +1823,12 @@ static void print_stage(Emit *e)
 		free(text);
 	}
 	/* the schedule */
-	fprintf(f, "/* one step: F / B of a micro-batch and chunk, its activation slot and receive inbox */\n");
+	fprintf(f, "/* one step: F / B (chunk, activation slot, receive inbox, micro-batch) */\n");
 	fprintf(f, "static const planrt_action_t %sactions[] = {\n", e->prefix);
 	for (int i = 0; i < p->nactions; i++) {
 		const SlotAction *a = &p->actions[i];
-		fprintf(f, "\t{.kind = %s, .chunk = %d, .slot = %d, .inbox = %s, .micro = %d},\n", planrt_action_name(a->kind),
-			a->chunk, a->slot, a->inbox >= 0 ? arena_printf(p->g->arena, "%d", a->inbox) : "PLANRT_NO_INBOX", a->micro);
+		fprintf(f, "\t%s(%d, %d, %s, %d),\n", planrt_action_row_name(a->kind), a->chunk, a->slot,
+			a->inbox >= 0 ? arena_printf(p->g->arena, "%d", a->inbox) : "PLANRT_NO_INBOX", a->micro);
 	}
 	fprintf(f, "};\n");
 	static const char *const tables[] = {"forward", "backward", "prepare_forward", "prepare_backward"};
