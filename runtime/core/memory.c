@@ -122,8 +122,10 @@ void planrt_stage_state_each(const planrt_stage_t *s, void (*fn)(const planrt_st
 		fn(&s->state[i], arg);
 	for (int i = 0; i < s->nfamilies; i++) {
 		const planrt_state_family_t *f = &s->families[i];
+		int stride = f->stride > 1 ? f->stride : 1;
+		void **first = f->ptrs ? f->ptrs : (void **)((char *)s->layers + f->offset);
 		for (int m = 0; m < f->count; m++) {
-			planrt_state_buf_t b = {.name = f->name, .kind = f->kind, .bytes = f->bytes, .ptr = &f->ptrs[m]};
+			planrt_state_buf_t b = {.name = f->name, .kind = f->kind, .bytes = f->bytes, .ptr = &first[(size_t)m * stride]};
 			fn(&b, arg);
 		}
 	}

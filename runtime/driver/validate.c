@@ -42,9 +42,10 @@ void planrt_check_program_(const planrt_program_t *p, int stage_index)
 			planrt_fatal("internal error: state buffer '%s' has kind %d or no pointer", s->state[i].name,
 				     s->state[i].kind);
 	for (int i = 0; i < s->nfamilies; i++)
-		if (s->families[i].kind >= planrt_state_kinds || !s->families[i].ptrs || s->families[i].count < 1)
-			planrt_fatal("internal error: state family '%s' has kind %d, %d members or no pointers", s->families[i].name,
-				     s->families[i].kind, s->families[i].count);
+		if (s->families[i].kind >= planrt_state_kinds || (!s->families[i].ptrs && !s->layers) ||
+		    s->families[i].count < 1 || s->families[i].stride < 0)
+			planrt_fatal("internal error: state family '%s' has kind %d, %d members, stride %d or no pointers",
+				     s->families[i].name, s->families[i].kind, s->families[i].count, s->families[i].stride);
 	if (s->nfamilies < 0 || (s->nfamilies && !s->families))
 		planrt_fatal("internal error: stage %d has %d state families", stage_index, s->nfamilies);
 	for (int i = 0; i < p->nparams; i++) {

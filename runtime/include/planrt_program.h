@@ -27,6 +27,8 @@
 #ifndef PLANRT_PROGRAM_H
 #define PLANRT_PROGRAM_H
 
+#include <stddef.h>
+
 #include "planrt.h"
 
 #ifdef __cplusplus
@@ -102,14 +104,20 @@ typedef struct planrt_state_buf {
 	void **ptr;              /* the generated program's pointer to set */
 } planrt_state_buf_t;
 /* A state family: one buffer a layer of one kind and size (a parameter, its gradient, moments or
- * master weights in every layer of a run), whose pointers are the program's array
- * ptrs[0 .. count). planrt allocates each member as a state buffer of its own. */
+ * master weights in every layer of a run), whose pointers are the program's first[m * stride] for
+ * m in 0 .. count: first is ptrs, or where ptrs is NULL the pointer at byte offset in the stage's
+ * per-layer array (planrt_stage_t.layers: the C target's families are the fields of a per-layer
+ * struct, stride pointers apart, so that stages whose families are alike share one table).
+ * stride 0 or 1: a packed array of pointers. planrt allocates each member as a state buffer of its
+ * own. */
 typedef struct planrt_state_family {
 	const char *name;
 	uint8_t kind;            /* planrt_state_kind_t */
 	size_t bytes;            /* of each member */
 	void **ptrs;
 	int count;
+	int stride;
+	size_t offset;
 } planrt_state_family_t;
 
 /* A parameter of the model, for --init, --save and initialisation: global and local (this rank's
@@ -167,9 +175,11 @@ typedef struct planrt_stage {
 	planrt_phase_fn eval_begin, eval_end;
 	double *const *eval_loss;
 	double *const *eval_accuracy;
-	/* the state families, beside state (a loop over layers indexes their arrays) */
+	/* the state families, beside state (a loop over layers indexes their arrays), and the array
+	 * of per-layer structs those without ptrs are fields of */
 	const planrt_state_family_t *families;
 	int nfamilies;
+	void *layers;
 } planrt_stage_t;
 
 typedef struct planrt_program {

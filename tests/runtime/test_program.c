@@ -121,13 +121,18 @@ static void check_state_fresh(const planrt_stage_t *s)
 {
 	for (int i = 0; i < s->nstate; i++)
 		check_buffer_fresh(s->state[i].name, *s->state[i].ptr, s->state[i].bytes);
-	for (int i = 0; i < s->nfamilies; i++)
+	for (int i = 0; i < s->nfamilies; i++) {
+		int stride = s->families[i].stride > 1 ? s->families[i].stride : 1;
+		void **first = s->families[i].ptrs ? s->families[i].ptrs : (void **)((char *)s->layers + s->families[i].offset);
 		for (int m = 0; m < s->families[i].count; m++) {
-			unsigned char *b = s->families[i].ptrs[m];
+			unsigned char *b = first[m * stride];
+			CHECK(b != NULL, "family %s: member %d has no buffer", s->families[i].name, m);
 			for (int o = 0; o < m; o++)
-				CHECK(b != s->families[i].ptrs[o], "family %s: members %d and %d share a block", s->families[i].name, o, m);
+				CHECK(b != first[o * stride], "family %s: members %d and %d share a block",
+				      s->families[i].name, o, m);
 			check_buffer_fresh(s->families[i].name, b, s->families[i].bytes);
 		}
+	}
 }
 
 static void add_half(float *x, int64_t n)
@@ -153,8 +158,14 @@ static const planrt_param_t pipe_params[] = {
 static void *s0_embed, *s0_norm, *s0_grad, *s0_m, *s0_master, *s0_bucket, *s0_loss, *s0_norm2;
 static void *s1_head, *s1_embed, *s1_loss, *s1_norm2;
 
-static void *s0_layer_w[3]; /* a state family: one buffer a layer */
-static const planrt_state_family_t s0_families[] = {{"layer_w", planrt_state_param, 40, s0_layer_w, 3}};
+static void *s0_layer_w[3]; /* a state family: one buffer a layer, a packed array of pointers */
+static struct layer_ab {
+	void *a, *b;
+} s0_layer[3]; /* two families as the C target holds them: fields of a per-layer struct */
+static const planrt_state_family_t s0_families[] = {
+	{"layer_w", planrt_state_param, 40, s0_layer_w, 3, 0, 0},
+	{"layer_a", planrt_state_param, 24, &s0_layer[0].a, 3, 2, 0},                 /* at its pointer */
+	{"layer_b", planrt_state_optim, 8, NULL, 3, 2, offsetof(struct layer_ab, b)}}; /* in the stage's layers */
 static const planrt_state_buf_t s0_state[] = {
 	{"embed", planrt_state_param, 120, &s0_embed},   {"norm", planrt_state_param, 14, &s0_norm},
 	{"embed.grad", planrt_state_grad, 120, &s0_grad}, {"embed.m", planrt_state_optim, 120, &s0_m},
@@ -372,10 +383,10 @@ static const planrt_action_t s1_actions[] = {FI(0), B(0), FI(1), B(1), FI(2), B(
 static const planrt_stage_t pipe_stages[] = {
 	{s0_init, pipe_begin, s0_end, s0_save, 1, s0_fwd, s0_bwd, s0_pfwd, s0_pbwd, s0_actions, 8, 4096, SLOT_OFF,
 	 SLOT_BYTES, INBOX_OFF, INBOX_BYTES, 2, 2, NREQS, s0_state, 8, (double *const *)&s0_loss, (double *const *)&s0_norm2,
-	 0, NULL, 0, NULL, NULL, NULL, NULL, NULL, NULL, s0_families, 1},
+	 0, NULL, 0, NULL, NULL, NULL, NULL, NULL, NULL, s0_families, 3, s0_layer},
 	{s1_init, pipe_begin, s1_end, s1_save, 1, s1_fwd, s1_bwd, s1_pfwd, NULL, s1_actions, 8, 4096, SLOT_OFF,
 	 SLOT_BYTES, INBOX_OFF, INBOX_BYTES, 2, 2, NREQS, s1_state, 4, (double *const *)&s1_loss, (double *const *)&s1_norm2,
-	 0, NULL, 0, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0},
+	 0, NULL, 0, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0, NULL},
 };
 
 static const int pipe_sizes[] = {2};
@@ -487,11 +498,11 @@ static const planrt_action_t zero_actions[] = {{PLANRT_FORWARD, 0, 0, 0xffff, 0}
 static const planrt_stage_t zero_stage = {zero_init, zero_begin, zero_end, zero_save, 1, z_fwd, z_bwd, NULL, NULL,
 					  zero_actions, 4, 1024, 256, 512, 0, 0, 1, 0, 0, zero_state, 7,
 					  (double *const *)&z_loss, (double *const *)&z_norm, 0, NULL, 0, NULL, NULL, NULL, NULL, NULL, NULL,
-					  NULL, 0};
+					  NULL, 0, NULL};
 static const planrt_stage_t badsave_stage = {zero_init, zero_begin, zero_end, badsave_save, 1, z_fwd, z_bwd, NULL,
 					     NULL, zero_actions, 4, 1024, 256, 512, 0, 0, 1, 0, 0, zero_state, 7,
 					     (double *const *)&z_loss, (double *const *)&z_norm, 0, NULL, 0, NULL, NULL, NULL, NULL, NULL, NULL,
-					  NULL, 0};
+					     NULL, 0, NULL};
 static const int zero_sizes[] = {2};
 static const char *const zero_names[] = {"data"};
 static const planrt_program_t zero_program = {
@@ -626,7 +637,8 @@ int main(int argc, char **argv)
 		return rc;
 	CHECK(steps_done == steps, "%d steps ran, want %lld", steps_done, (long long)steps);
 	for (int m = 0; m < 3; m++) /* released, as every state buffer */
-		CHECK(s0_layer_w[m] == NULL, "state family member %d still set after planrt_main", m);
+		CHECK(s0_layer_w[m] == NULL && s0_layer[m].a == NULL && s0_layer[m].b == NULL,
+		      "state family member %d still set after planrt_main", m);
 	if (me == 0 && save)
 		check_checkpoint(save, init, seed, steps);
 	if (failures) {

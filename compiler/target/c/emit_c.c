@@ -52,14 +52,26 @@ struct Emit {
 	int nfolds;
 	int *fold_of;  /* [kernel]: the fold it belongs to, or -1 */
 	int *fold_pos; /* [kernel]: its place in the fold, layer by layer (0: the loop's head) */
-	struct Family *families; /* the stage's state families: arrays of per-layer state pointers */
+	struct Family *families; /* the stage's state families: a field each of its per-layer struct */
 	int nfamilies, capfamilies;
+	/* the per-layer struct (layer_state_t): one pointer field a family, the union of every stage's
+	 * families, so that a loop shared by several stages reads any stage's array of them */
+	struct LayerField *fields;
+	int nfields, capfields;
+	const char *layer_array; /* the stage's array of the struct, one a layer: "s0_layer" */
+	const char *layer_type;  /* its type: layer_state_t, or the stage's own (sN_layer_state_t) */
+	bool family_macro;       /* LAYER_FAMILY, a family table's entry, is printed */
 	LayerFamilies fams;         /* their members (layer_values.c); fams.fixed: every member is named
 				     * by its array's entry (NAME[i]) */
 	int *family_of, *family_at; /* fams's: [buffer]: its family and place there, or -1 */
 	int stage_index;            /* the stage being printed: low->progs[stage_index] */
 	int *nstate_entries;        /* [stage]: its state table's entries (family members are not) */
 	int *nfamily_entries;       /* [stage]: its families */
+	const char **family_table;  /* [stage]: the name of its families' table (stages share alike ones) */
+	const char **stage_layers;  /* [stage]: its per-layer array (layer_array) */
+	const char **family_texts;  /* [nfamily_tables]: the family tables printed so far, their entries */
+	const char **family_names;
+	int nfamily_tables;
 	SymTab *loop_shapes;        /* layers as loops: the file's loop functions by their shape */
 	SymTab *loop_alias;         /* a loop function's table ("s3_loop120_at") -> the one printed for its nest */
 	/* several stages (the C target, layers as loops): each folded run's loop is a function that
@@ -75,15 +87,25 @@ struct Emit {
 };
 
 /* A state family: state buffers, one a layer, of one kind and size (a parameter, its gradient,
- * moment or master weight in every layer of a run), declared as one array of pointers `name`
- * that loops index by the layer and the state table lists in one entry. */
+ * moment or master weight in every layer of a run), held as one pointer field of the per-layer
+ * struct: member i is the stage's layer_array[i].field, which loops index by the layer; the
+ * family table lists it in one entry. */
 typedef struct Family {
-	const char *name;
-	const char *type; /* the pointers' type */
+	const char *name;  /* unique in the stage, with its prefix: "s0_p_layers_block_wq" */
+	const char *field; /* the struct's field: the name without the prefix */
+	const char *type;  /* the pointers' type */
 	const int *members; /* the stage's LayerFamilies entry's */
 	int n;
-	bool declared;    /* its array and state table entry are printed (at its first member) */
 } Family;
+
+/* A field of the per-layer struct: the family of that name and type in any stage. */
+typedef struct LayerField {
+	const char *base; /* the family's name without the stage prefix */
+	const char *name; /* base, or base_N where another type took base */
+	const char *type;
+	StateKind kind;
+	long long elems; /* each member's, or -1 where stages' families differ */
+} LayerField;
 
 /* One value that may differ by layer: a buffer's name, a key, a parameter index, a message; or a
  * comment (type NULL). */
@@ -177,7 +199,7 @@ static void name(Emit *e, int b)
 		return;
 	}
 	if (e->fams.fixed && e->family_of[b] >= 0)
-		fprintf(e->f, "%s[%d]", e->families[e->family_of[b]].name, e->family_at[b]);
+		fprintf(e->f, "%s[%d].%s", e->layer_array, e->family_at[b], e->families[e->family_of[b]].field);
 	else
 		fprintf(e->f, "%s%s", e->prefix, e->p->buf[b].name);
 }
@@ -1094,6 +1116,8 @@ static bool integer_steps(const Fold *fd, int h, long long *step)
 /* whether name is a state buffer's name in the stage (with the prefix) or a family's */
 static bool stage_name_taken(Emit *e, const char *name)
 {
+	if (e->layer_array && !strcmp(e->layer_array, name))
+		return true;
 	for (int i = 0; i < e->nfamilies; i++)
 		if (!strcmp(e->families[i].name, name))
 			return true;
@@ -1145,6 +1169,32 @@ static const char *family_name(Emit *e, int b0, int b1, const char *a, const cha
 	return name;
 }
 
+/* The per-layer struct's field for a family named base (without the stage prefix) of members like
+ * x, of pointer type type: the field any stage's family of that name and type has, else a new one
+ * (base, or base_N where a family of another type has base). */
+static const char *layer_field(Emit *e, const char *base, const char *type, const Buffer *x)
+{
+	bool taken = false;
+	for (int i = 0; i < e->nfields; i++) {
+		LayerField *fl = &e->fields[i];
+		if (!strcmp(fl->base, base) && !strcmp(fl->type, type)) {
+			if (fl->elems != x->elems)
+				fl->elems = -1; /* stages differ: the comment says none */
+			return fl->name;
+		}
+		taken |= !strcmp(fl->name, base);
+	}
+	if (e->nfields == e->capfields) {
+		e->capfields = e->capfields ? 2 * e->capfields : 32;
+		e->fields = realloc(e->fields, sizeof(LayerField) * (size_t)e->capfields);
+		if (!e->fields)
+			ICE("out of memory");
+	}
+	const char *name = taken ? arena_printf(e->low->g->arena, "%s_%d", base, e->nfields) : base;
+	e->fields[e->nfields++] = (LayerField){.base = base, .name = name, .type = type, .kind = x->state, .elems = x->elems};
+	return name;
+}
+
 /* Whether hole h names a state buffer of each layer, alike (one kind and size): then the stage's
  * family of them (layer_family: made here, before the families are fixed, if none of them is in one
  * yet) serves every loop that indexes them; *at and *dir say where layer l's is: at + dir * l. */
@@ -1168,10 +1218,13 @@ static const Family *state_family(Emit *e, const Fold *fd, int h, int *at, int *
 				ICE("out of memory");
 		}
 		int b0 = fd->holes[0].h[h].buf, b1 = fd->holes[1].h[h].buf;
-		e->families[e->nfamilies] = (Family){
-			.name = family_name(e, b0, b1, fd->holes[0].h[h].text, fd->holes[1].h[h].text),
-			.type = fd->holes[0].h[h].type, .members = e->fams.members[had], .n = e->fams.size[had]};
-		e->nfamilies++;
+		const char *name = family_name(e, b0, b1, fd->holes[0].h[h].text, fd->holes[1].h[h].text);
+		Family *fam = &e->families[e->nfamilies++];
+		*fam = (Family){.name = name, .type = fd->holes[0].h[h].type, .members = e->fams.members[had],
+				.n = e->fams.size[had]};
+		size_t np = strlen(e->prefix);
+		const char *base = strncmp(fam->name, e->prefix, np) ? fam->name : fam->name + np;
+		fam->field = layer_field(e, base, fam->type, &e->p->buf[b0]);
 	}
 	return f >= 0 ? &e->families[f] : NULL;
 }
@@ -1182,6 +1235,9 @@ static const Family *state_family(Emit *e, const Fold *fd, int h, int *at, int *
  * texts too. */
 static void plan_families(Emit *e)
 {
+	const char *array = arena_printf(e->low->g->arena, "%slayer", e->prefix);
+	e->layer_array = NULL;
+	e->layer_array = stage_name_taken(e, array) ? arena_printf(e->low->g->arena, "%slayer_state", e->prefix) : array;
 	bool *done = calloc((size_t)e->nfolds + 1, sizeof(bool));
 	if (!done)
 		ICE("out of memory");
@@ -1206,8 +1262,8 @@ static void plan_families(Emit *e)
 			for (int h = 0; h < e->folds[i].holes[t].n; h++) {
 				Hole *x = &e->folds[i].holes[t].h[h];
 				if (x->buf >= 0 && e->family_of[x->buf] >= 0)
-					x->text = arena_printf(e->low->g->arena, "%s[%d]", e->families[e->family_of[x->buf]].name,
-							       e->family_at[x->buf]);
+					x->text = arena_printf(e->low->g->arena, "%s[%d].%s", e->layer_array, e->family_at[x->buf],
+							       e->families[e->family_of[x->buf]].field);
 			}
 }
 
@@ -1237,8 +1293,8 @@ static void print_hole(Emit *e, const Fold *fd, int h, const char *table)
 	else if (view_steps(e, fd, h, &step))
 		fprintf(e->f, "(%s + (int64_t)l * %lld)", x->text, step);
 	else if (!hole_same(fd, h) && (fam = state_family(e, fd, h, &at, &dir)))
-		fprintf(e->f, "%s[%s]", fam->name,
-			at == 0 && dir > 0 ? "l" : arena_printf(e->low->g->arena, "%d %s l", at, dir > 0 ? "+" : "-"));
+		fprintf(e->f, "%s[%s].%s", e->layer_array,
+			at == 0 && dir > 0 ? "l" : arena_printf(e->low->g->arena, "%d %s l", at, dir > 0 ? "+" : "-"), fam->field);
 	else
 		fputs(x->text, e->f); /* the same in every layer, or the same place under another name */
 }
@@ -1259,10 +1315,11 @@ static void print_hole(Emit *e, const Fold *fd, int h, const char *table)
  * the loop in place. */
 typedef struct LoopParam {
 	const char *type; /* its C type */
-	const char *stem; /* its name's stem: buf, fam, at, tab, or the hole's label */
+	const char *stem; /* its name's stem: buf, layer, at, tab, or the hole's label */
 	const char *arg;  /* the stage's argument */
 	const char *use;  /* how the body reads it, '@' for its name */
 	const char *same; /* what the body reads when every stage's is the same (NULL: never) */
+	bool member;      /* the stage's per-layer struct array: the use is followed by the hole's field */
 } LoopParam;
 
 /* A shape that several folded runs (in several stages) print: which of its parameters differ. */
@@ -1285,24 +1342,24 @@ static LoopParam loop_param(Emit *e, const Fold *fd, int h, const char *table)
 	if (table)
 		return (LoopParam){text ? "const char *const *" : pointer ? arena_printf(a, "%sconst *", x->type)
 									 : arena_printf(a, "const %s *", x->type),
-				   "tab", table, "@[l]", NULL};
+				   "tab", table, "@[l]", NULL, false};
 	if (!hole_same(fd, h) && transient_steps(fd, h, &step) && step) {
 		const char *off = arena_printf(a, "%lld", x->offset);
 		return (LoopParam){"int64_t", "at", off, arena_printf(a, "((%s *)(%s + @ + (int64_t)l * %lld))", x->cast, x->place, step),
-				   off};
+				   off, false};
 	}
 	if (!hole_same(fd, h) && integer_steps(fd, h, &step))
 		return (LoopParam){x->type, x->label ? x->label : "value", x->text,
-				   arena_printf(a, "(@ + %sl * %lld)", strcmp(x->type, "int") ? "(int64_t)" : "", step), x->text};
+				   arena_printf(a, "(@ + %sl * %lld)", strcmp(x->type, "int") ? "(int64_t)" : "", step), x->text, false};
 	if (view_steps(e, fd, h, &step))
-		return (LoopParam){x->type, "buf", x->text, arena_printf(a, "(@ + (int64_t)l * %lld)", step), NULL};
+		return (LoopParam){x->type, "buf", x->text, arena_printf(a, "(@ + (int64_t)l * %lld)", step), NULL, false};
 	if (!hole_same(fd, h) && (fam = state_family(e, fd, h, &at, &dir)))
-		return (LoopParam){arena_printf(a, "%s*", fam->type), "fam",
-				   at ? arena_printf(a, "%s + %d", fam->name, at) : fam->name, dir > 0 ? "@[l]" : "@[-l]", NULL};
+		return (LoopParam){"layer_state_t *", "layer", at ? arena_printf(a, "%s + %d", e->layer_array, at) : e->layer_array,
+				   dir > 0 ? "@[l]" : "@[-l]", NULL, true};
 	if (x->buf >= 0) /* a transient buffer is the same in two stages where it is at one place */
 		return (LoopParam){x->type, "buf", x->text, "@",
-				   x->place ? arena_printf(a, "((%s *)(%s + %lld))", x->cast, x->place, x->offset) : NULL};
-	return (LoopParam){text ? "const char *" : x->type, x->label ? x->label : "value", x->text, "@", x->text};
+				   x->place ? arena_printf(a, "((%s *)(%s + %lld))", x->cast, x->place, x->offset) : NULL, false};
+	return (LoopParam){text ? "const char *" : x->type, x->label ? x->label : "value", x->text, "@", x->text, false};
 }
 
 /* p's use in the body: its name (name, or stem and number j), or its value where every stage's is
@@ -1360,8 +1417,11 @@ static char *loop_body_text(Emit *e, const Fold *fd, const LoopParam *ps, const 
 			fputc('\t', e->f);
 		line_start = *c == '\n';
 		if (*c == HOLE_VALUE) {
-			int j = param_of[h++];
+			int j = param_of[h];
 			print_param_use(e->f, &ps[j], j, names ? names[j] : NULL, inlined && inlined[j]);
+			if (ps[j].member) /* the layer's struct: the family's field */
+				fprintf(e->f, ".%s", e->families[e->family_of[fd->holes[0].h[h].buf]].field);
+			h++;
 			c++;
 		} else if (*c == HOLE_COMMENT) {
 			print_layer_comment(e, fd, h++);
@@ -1625,28 +1685,80 @@ static void print_loop_function_once(Emit *e, const Kernel *k)
 	print_loop_function(e, k);
 }
 
+/* The per-layer struct shared by the stages (several stages' loops are one function): a field a
+ * family of any stage, printed before the first stage; and the macro of a family table's entry. */
+static void print_layer_struct(Emit *e)
+{
+	FILE *f = e->f;
+	fprintf(f, "/* a layer's state: one pointer a state family (a parameter, its gradient, optimizer state or\n"
+		   " * master weight in each layer of a run); a stage's array of them, sN_layer, is indexed by the\n"
+		   " * layer, and planrt_main allocates each member */\n");
+	fprintf(f, "typedef struct layer_state {\n");
+	for (int i = 0; i < e->nfields; i++) {
+		const LayerField *fl = &e->fields[i];
+		fprintf(f, "\t%s%s; /* %s", fl->type, fl->name, state_kind_names[fl->kind]);
+		if (fl->elems >= 0)
+			fprintf(f, ", %lld elements", fl->elems);
+		fprintf(f, " */\n");
+	}
+	fprintf(f, "} layer_state_t;\n\n");
+}
+
+/* The per-layer struct of the stage's own families (one stage, or a target without shared loops:
+ * the stages' families are not known before the first is printed). */
+static void print_stage_layer_struct(Emit *e)
+{
+	FILE *f = e->f;
+	const LProg *p = e->p;
+	fprintf(f, "typedef struct { /* a layer's state families: one pointer a family */\n");
+	for (int i = 0; i < e->nfamilies; i++) {
+		const Family *fam = &e->families[i];
+		const Buffer *x = &p->buf[fam->members[0]];
+		fprintf(f, "\t%s%s; /* %s, %lld elements each", fam->type, fam->field, state_kind_names[x->state], x->elems);
+		if (x->what && p->buf[fam->members[fam->n - 1]].what)
+			print_layer_pattern(e, ": ", x->what, p->buf[fam->members[fam->n - 1]].what, " */\n");
+		else
+			fprintf(f, "%s%s */\n", x->what ? ": " : "", x->what ? x->what : "");
+	}
+	fprintf(f, "} %s;\n", e->layer_type);
+}
+
+/* The stage's per-layer array of its state families' pointers: of the file's struct, or (one stage,
+ * or a target without shared loops) of a struct of the stage's own families. */
+static void print_layer_array(Emit *e)
+{
+	FILE *f = e->f;
+	if (!e->nfamilies)
+		return;
+	int most = 0;
+	for (int i = 0; i < e->nfamilies; i++)
+		if (e->families[i].n > most)
+			most = e->families[i].n;
+	e->stage_layers[e->stage_index] = e->layer_array;
+	e->layer_type = "layer_state_t";
+	if (!e->shared_loops) {
+		e->layer_type = arena_printf(e->low->g->arena, "%slayer_state_t", e->prefix);
+		print_stage_layer_struct(e);
+	}
+	fprintf(f, "static %s %s[%d]; /* one a layer: its state families' pointers */\n", e->layer_type, e->layer_array, most);
+}
+
 /* The stage's buffers; views and transient buffers only where named says the phases name them
  * (NULL: all). */
 static void print_buffers(Emit *e, const bool *named)
 {
 	FILE *f = e->f;
 	const LProg *p = e->p;
-	fprintf(f, "/* persistent state (allocated by planrt_main)%s */\n", e->nfamilies ? "; a family: one pointer a layer" : "");
+	fprintf(f, "/* persistent state (allocated by planrt_main) */\n");
+	print_layer_array(e);
 	for (int b = 0; b < p->nbuf; b++) {
 		const Buffer *x = &p->buf[b];
-		const Family *fam = e->family_of[b] >= 0 ? &e->families[e->family_of[b]] : NULL;
-		if (x->cls != BUF_STATE || (fam && e->family_at[b] > 0))
+		if (x->cls != BUF_STATE || e->family_of[b] >= 0)
 			continue;
 		fprintf(f, "static %s *", ctype(x->dtype));
-		if (fam)
-			fprintf(f, "%s[%d]", fam->name, fam->n);
-		else
-			name(e, b);
-		fprintf(f, "; /* %s, %lld elements%s", state_kind_names[x->state], x->elems, fam ? " each" : "");
-		if (x->what && fam && p->buf[fam->members[fam->n - 1]].what)
-			print_layer_pattern(e, ": ", x->what, p->buf[fam->members[fam->n - 1]].what, " */\n");
-		else
-			fprintf(f, "%s%s */\n", x->what ? ": " : "", x->what ? x->what : "");
+		name(e, b);
+		fprintf(f, "; /* %s, %lld elements%s%s */\n", state_kind_names[x->state], x->elems, x->what ? ": " : "",
+			x->what ? x->what : "");
 	}
 	fprintf(f, "/* views of state */\n");
 	for (int b = 0; b < p->nbuf; b++) {
@@ -1788,23 +1900,50 @@ static void print_family_table(Emit *e)
 	e->nfamily_entries[e->stage_index] = e->nfamilies;
 	if (!e->nfamilies)
 		return;
-	fprintf(f, "static const planrt_state_family_t %sfamilies[] = {\n", e->prefix);
+	if (!e->family_macro) {
+		fprintf(f, "/* a state family's entry: the field of the stage's per-layer array (planrt_stage_t.layers),\n"
+			   " * n layers */\n"
+			   "#define LAYER_FAMILY(type, field, kind, bytes, n) \\\n"
+			   "\t{#field, kind, bytes, NULL, n, (int)(sizeof(type) / sizeof(void *)), offsetof(type, field)}\n");
+		e->family_macro = true;
+	}
+	char *text = NULL;
+	size_t len = 0;
+	FILE *t = open_memstream(&text, &len);
+	if (!t)
+		ICE("out of memory");
 	for (int i = 0; i < e->nfamilies; i++) {
 		const Family *fam = &e->families[i];
 		const Buffer *x = &e->p->buf[fam->members[0]];
-		fprintf(f, "\t{\"%s\", %s, %zu, (void **)%s, %d},\n", fam->name + strlen(e->prefix),
-			planrt_state_kind_name(x->state), x->bytes, fam->name, fam->n);
+		fprintf(t, "\tLAYER_FAMILY(%s, %s, %s, %zu, %d),\n", e->layer_type, fam->field, planrt_state_kind_name(x->state),
+			x->bytes, fam->n);
 	}
-	fprintf(f, "};\n\n");
+	if (fclose(t) != 0)
+		ICE("out of memory");
+	for (int i = 0; i < e->nfamily_tables; i++)
+		if (!strcmp(e->family_texts[i], text)) { /* an earlier stage's families are alike */
+			e->family_table[e->stage_index] = e->family_names[i];
+			free(text);
+			return;
+		}
+	Arena *a = e->low->g->arena;
+	const char *name = arena_printf(a, "%sfamilies", e->prefix);
+	fprintf(f, "static const planrt_state_family_t %s[] = {\n%s};\n\n", name, text);
+	e->family_texts[e->nfamily_tables] = arena_printf(a, "%s", text);
+	e->family_names[e->nfamily_tables++] = name;
+	e->family_table[e->stage_index] = name;
+	free(text);
 }
 
 static void print_stage(Emit *e)
 {
 	FILE *f = e->f;
 	const LProg *p = e->p;
-	fprintf(f, "/* ================================================================ stage %d */\n\n", p->stage);
 	plan_folds(e);
 	plan_families(e);
+	if (e->shared_loops && e->stage_index == 0 && e->nfields)
+		print_layer_struct(e);
+	fprintf(f, "/* ================================================================ stage %d */\n\n", p->stage);
 	if (!e->nfolds) {
 		print_buffers(e, NULL);
 		print_phases(e);
@@ -1891,7 +2030,8 @@ static void print_stage_entry(Emit *e)
 	fprintf(f, "\t\t.nslots = %d,\n\t\t.ninbox = %d,\n\t\t.nreqs = %d,\n", p->nslots, p->ninbox, p->nslotreqs);
 	fprintf(f, "\t\t.state = %sstate,\n\t\t.nstate = %d,\n", x, nstate);
 	if (e->nfamily_entries[e->stage_index])
-		fprintf(f, "\t\t.families = %sfamilies,\n\t\t.nfamilies = %d,\n", x, e->nfamily_entries[e->stage_index]);
+		fprintf(f, "\t\t.families = %s,\n\t\t.nfamilies = %d,\n\t\t.layers = %s,\n", e->family_table[e->stage_index],
+			e->nfamily_entries[e->stage_index], e->stage_layers[e->stage_index]);
 	int loss = p->loss_history >= 0 ? p->loss_history : p->loss_metric;
 	fprintf(f, "\t\t.loss = &%s%s,\n\t\t.grad_norm = &%s%s,\n", x, p->buf[loss].name, x, p->buf[p->norm_metric].name);
 	if (p->loss_window)
@@ -2345,6 +2485,10 @@ static bool print_file(const Lowered *low, const char *dir, const char *source_p
 	print_prelude(&e, source_path);
 	e.nstate_entries = arena_alloc(low->g->arena, sizeof(int) * (size_t)(low->nprogs + 1));
 	e.nfamily_entries = arena_alloc(low->g->arena, sizeof(int) * (size_t)(low->nprogs + 1));
+	e.family_table = arena_alloc(low->g->arena, sizeof(char *) * (size_t)(low->nprogs + 1));
+	e.stage_layers = arena_alloc(low->g->arena, sizeof(char *) * (size_t)(low->nprogs + 1));
+	e.family_texts = arena_alloc(low->g->arena, sizeof(char *) * (size_t)(low->nprogs + 1)); /* a table a stage at most */
+	e.family_names = arena_alloc(low->g->arena, sizeof(char *) * (size_t)(low->nprogs + 1));
 	e.loop_shapes_seen = symtab_new(low->g->arena);
 	e.shared_loops = !target && layer_loops && low->nprogs > 1;
 	if (e.shared_loops) { /* the first printing: the folded runs' shapes (one loop function for the stages) */
@@ -2355,6 +2499,8 @@ static bool print_file(const Lowered *low, const char *dir, const char *source_p
 		e.learning_shapes = true;
 		print_stages(&e);
 		e.learning_shapes = false;
+		e.family_macro = false;
+		e.nfamily_tables = 0;
 		if (fclose(e.f) != 0)
 			ICE("out of memory");
 		free(text);

@@ -1526,7 +1526,8 @@ static void table_types(Gen *G, Tables *T)
 			 F(planrt_state_buf_t, ptr, p)};
 	Field family[] = {F(planrt_state_family_t, name, p), F(planrt_state_family_t, kind, i8),
 			  F(planrt_state_family_t, bytes, i64), F(planrt_state_family_t, ptrs, p),
-			  F(planrt_state_family_t, count, i32)};
+			  F(planrt_state_family_t, count, i32), F(planrt_state_family_t, stride, i32),
+			  F(planrt_state_family_t, offset, i64)};
 	Field param[] = {F(planrt_param_t, name, p),        F(planrt_param_t, rank, i32),      F(planrt_param_t, gdims, dims),
 			 F(planrt_param_t, ldims, dims),    F(planrt_param_t, split_axis, axes), F(planrt_param_t, init_kind, i8),
 			 F(planrt_param_t, saved, i8),      F(planrt_param_t, a, f64),         F(planrt_param_t, b, f64)};
@@ -1546,7 +1547,8 @@ static void table_types(Gen *G, Tables *T)
 			 F(planrt_stage_t, checkpoint, p),    F(planrt_stage_t, resume, p),
 			 F(planrt_stage_t, eval_begin, p),    F(planrt_stage_t, eval_end, p),
 			 F(planrt_stage_t, eval_loss, p),     F(planrt_stage_t, eval_accuracy, p),
-			 F(planrt_stage_t, families, p),      F(planrt_stage_t, nfamilies, i32)};
+			 F(planrt_stage_t, families, p),      F(planrt_stage_t, nfamilies, i32),
+			 F(planrt_stage_t, layers, p)};
 	Field program[] = {F(planrt_program_t, plan, p),          F(planrt_program_t, model, p),
 			   F(planrt_program_t, source, p),        F(planrt_program_t, world, i32),
 			   F(planrt_program_t, naxes, i32),       F(planrt_program_t, pipe_axis, i32),
@@ -1621,8 +1623,8 @@ static LLVMValueRef *build_families(Gen *G, const Tables *T)
 			G->state[G->fams.members[f][i]] = LLVMConstInBoundsGEP2(t, g, idx, 2);
 		}
 		LLVMValueRef fields[] = {cstring(G, name), i8c(G, x->state), i64c(G, (long long)x->bytes),
-					 LLVMConstBitCast(g, G->t_ptr), i32c(G, G->fams.size[f])};
-		entries[f] = LLVMConstNamedStruct(T->family, fields, 5);
+					 LLVMConstBitCast(g, G->t_ptr), i32c(G, G->fams.size[f]), i32c(G, 1), i64c(G, 0)};
+		entries[f] = LLVMConstNamedStruct(T->family, fields, 7);
 	}
 	return entries;
 }
@@ -1722,7 +1724,8 @@ static LLVMValueRef build_stage(Gen *G, const Tables *T)
 			    p->accuracy_metric >= 0 ? LLVMConstBitCast(G->state[p->accuracy_metric], G->t_ptr)
 						    : LLVMConstPointerNull(G->t_ptr),
 			    table(G, arena_printf(a, "%sfamilies", G->prefix), T->family, families, G->fams.n),
-			    i32c(G, G->fams.n)};
+			    i32c(G, G->fams.n),
+			    LLVMConstPointerNull(G->t_ptr)}; /* layers: the families' ptrs are packed arrays */
 	layer_families_free(&G->fams);
 	return LLVMConstNamedStruct(T->stage, f, sizeof f / sizeof f[0]);
 }
