@@ -2967,11 +2967,15 @@ static void check_batch(PlanCtx *pc)
 	if (!ps->batch_dim || ps->batch <= 0)
 		return;
 	char names[256];
-	long long dp = dim_axes_product(pc, ps->batch_dim, names, sizeof names);
-	long long k = dp * ps->micro_batches;
+	long long dp = dim_axes_product(pc, ps->batch_dim, names, sizeof names), k;
+	Loc l = pc->batch_value->loc;
+	if (__builtin_mul_overflow(dp, (long long)ps->micro_batches, &k)) {
+		diag_error(pc->src, l, "batch %s: %s x micro_batches (%d) is past 2^63", ps->batch_dim, names,
+			   ps->micro_batches);
+		return;
+	}
 	if (ps->batch % k == 0)
 		return;
-	Loc l = pc->batch_value->loc;
 	if (dp > 1 && ps->micro_batches > 1)
 		diag_error(pc->src, l, "batch %s = %lld is not divisible by %s x micro_batches (%d) = %lld", ps->batch_dim, ps->batch,
 		           names, ps->micro_batches, k);
@@ -2985,8 +2989,10 @@ static void check_batch(PlanCtx *pc)
 		                ps->batch_dim, dp, ps->micro_batches);
 	else if (dp > 1)
 		diag_note_plain("%s is split evenly over %lld data-parallel ranks", ps->batch_dim, dp);
-	long long lo = ps->batch / k * k, hi = lo + k;
-	if (lo > 0)
+	long long lo = ps->batch / k * k, hi;
+	if (__builtin_add_overflow(lo, k, &hi)) /* batch near 2^63: no larger multiple to suggest */
+		diag_note_plain("use a multiple of %lld: %s = %lld", k, ps->batch_dim, lo);
+	else if (lo > 0)
 		diag_note_plain("use a multiple of %lld: %s = %lld or %s = %lld", k, ps->batch_dim, lo, ps->batch_dim, hi);
 	else
 		diag_note_plain("use a multiple of %lld: %s = %lld", k, ps->batch_dim, hi);
