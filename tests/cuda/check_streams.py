@@ -171,7 +171,7 @@ STAGES = re.compile(r"static const planrt_stage_t stages\[\] = \{(.*?)\n\};", re
 # the fields that list state buffers: a family is one entry for its layers' buffers, and the CUDA
 # target folds fewer runs than the C one (a multi-tensor optimizer launch is not in a loop), so
 # fewer of its buffers are in families
-STATE_FIELDS = re.compile(r"\t\t\.(nstate|families|nfamilies) = .*\n")
+STATE_FIELDS = re.compile(r"\t\t\.(nstate|families|nfamilies|layers) = .*\n")
 
 
 def emit(target, plan, out, *flags):
@@ -180,11 +180,14 @@ def emit(target, plan, out, *flags):
 
 
 def state_allocated(text):
-    """the state buffers planrt allocates, as sorted (kind, bytes): each state entry, each family's
-    entry once a member"""
+    """the state buffers planrt allocates, as sorted (kind, bytes): each state entry, and each entry of
+    a stage's families table once a member (stages whose families print alike share one table)"""
     out = [(k, int(b)) for k, b in re.findall(r'\t\{"[^"]*", (planrt_state_\w+), (\d+), \(void \*\*\)&', text)]
-    for k, b, n in re.findall(r'\t\{"[^"]*", (planrt_state_\w+), (\d+), \(void \*\*\)\w+, (\d+)\},', text):
-        out += [(k, int(b))] * int(n)
+    tables = {name: re.findall(r"\tLAYER_FAMILY\(\w+, \w+, (planrt_state_\w+), (\d+), (\d+)\),", body)
+              for name, body in re.findall(r"static const planrt_state_family_t (\w+)\[\] = \{(.*?)\n\};", text, re.S)}
+    for name in re.findall(r"\t\t\.families = (\w+),", text):
+        for k, b, n in tables[name]:
+            out += [(k, int(b))] * int(n)
     return sorted(out)
 
 

@@ -171,8 +171,6 @@ PLANRT_LOOP void loop4(float *restrict out, const float *v6, const float *v5)
 }
 PLANRT_CPU_LOOP(loop4, (float *restrict out, const float *v6, const float *v5), (out, v6, v5))
 
-#define loop6_at loop4_at /* the same loop nest */
-
 /* add in linear_2, 1 op fused */
 PLANRT_LOOP void loop8(float *restrict out, const float *v16, const float *v15)
 {
@@ -194,7 +192,7 @@ static void forward_c0(planrt_ctx_t *ctx)
 	planrt_k_matmul_f32(1, 256, 256, 64, x_3, PLANRT_NO_TRANS, 1024, p_linear_weight, PLANRT_NO_TRANS, 0, matmul_6, 4096, PLANRT_OVERWRITE); /* matmul in linear */
 	loop4_at[planrt_cpu_level_](h_8, matmul_6, p_linear_bias); /* relu, 2 ops fused */
 	planrt_k_matmul_f32(1, 256, 256, 256, h_8, PLANRT_NO_TRANS, 4096, p_linear_1_weight, PLANRT_NO_TRANS, 0, matmul_11, 4096, PLANRT_OVERWRITE); /* matmul in linear_1 */
-	loop6_at[planrt_cpu_level_](h_13, matmul_11, p_linear_1_bias); /* relu, 2 ops fused */
+	loop4_at[planrt_cpu_level_](h_13, matmul_11, p_linear_1_bias); /* relu, 2 ops fused */
 	planrt_k_matmul_f32(1, 256, 256, 256, h_13, PLANRT_NO_TRANS, 4096, p_linear_2_weight, PLANRT_NO_TRANS, 0, matmul_16, 4096, PLANRT_OVERWRITE); /* matmul in linear_2 */
 	loop8_at[planrt_cpu_level_](logits_17, matmul_16, p_linear_2_bias); /* add in linear_2, 1 op fused */
 	planrt_check_labels(targets_1, 2, (const int64_t[]){16, 16}, (const int64_t[]){((int64_t)planrt_mesh_coord(AXIS_data) * 16) + (int64_t)ctx->micro * 32, 0, ((int64_t)planrt_mesh_coord(AXIS_data) * 16) + (int64_t)ctx->micro * 32 + 8, 8}, 256, "input 'targets' (the targets of cross_entropy at examples/mlp.plan:14:10)", ctx->step); /* cross_entropy */
@@ -210,8 +208,6 @@ PLANRT_LOOP void loop17(float *restrict out, const float *v13, const float *v23)
 }
 PLANRT_CPU_LOOP(loop17, (float *restrict out, const float *v13, const float *v23), (out, v13, v23))
 
-#define loop21_at loop17_at /* the same loop nest */
-
 static void backward_c0(planrt_ctx_t *ctx)
 {
 	(void)ctx;
@@ -224,7 +220,7 @@ static void backward_c0(planrt_ctx_t *ctx)
 	planrt_k_sum_to_acc_f32(3, (const int64_t[]){16, 16, 256}, relu_grad_26, (const int64_t[]){0, 0, 1}, g_linear_1_bias, 256); /* sum_to in linear_1 */
 	planrt_k_matmul_f32(1, 256, 256, 256, relu_grad_26, PLANRT_NO_TRANS, 4096, p_linear_1_weight, PLANRT_TRANS, 0, matmul_29, 4096, PLANRT_OVERWRITE); /* matmul in linear_1 */
 	planrt_k_matmul_f32(1, 256, 256, 256, h_8, PLANRT_TRANS, 0, relu_grad_26, PLANRT_NO_TRANS, 0, g_linear_1_weight, 0, PLANRT_ACCUMULATE); /* matmul_wgrad in linear_1 */
-	loop21_at[planrt_cpu_level_](relu_grad_31, h_8, matmul_29); /* relu_grad, 1 op fused */
+	loop17_at[planrt_cpu_level_](relu_grad_31, h_8, matmul_29); /* relu_grad, 1 op fused */
 	planrt_k_sum_to_acc_f32(3, (const int64_t[]){16, 16, 256}, relu_grad_31, (const int64_t[]){0, 0, 1}, g_linear_bias, 256); /* sum_to in linear */
 	planrt_k_matmul_f32(1, 256, 64, 256, relu_grad_31, PLANRT_NO_TRANS, 4096, p_linear_weight, PLANRT_TRANS, 0, matmul_34, 1024, PLANRT_OVERWRITE); /* matmul in linear */
 	planrt_k_matmul_f32(1, 64, 256, 256, x_3, PLANRT_TRANS, 0, relu_grad_31, PLANRT_NO_TRANS, 0, g_linear_weight, 0, PLANRT_ACCUMULATE); /* matmul_wgrad in linear */

@@ -77,7 +77,9 @@ struct Emit {
 	/* several stages (the C target, layers as loops): each folded run's loop is a function that
 	 * every stage whose run prints alike calls (below, "one loop function for the stages") */
 	bool shared_loops;
-	bool learning_shapes;       /* the first of the two printings */
+	bool learning_shapes;       /* the printings before the last: learning the folded runs' shapes */
+	bool learning_places;       /* the first of them: learning which places differ in kind by stage */
+	SymTab *places_seen;        /* a run's shape with every place a table -> its PlaceKinds */
 	SymTab *loop_shapes_seen;   /* the folded runs' shapes (LoopShape) */
 	int nshared_fns;
 	FILE *defs;         /* while printing a phase: the shared loop functions it calls first */
@@ -712,7 +714,9 @@ static void print_loop_call(Emit *e, const Kernel *k)
 	FILE *f = e->f;
 	int loads[64], n = 0;
 	collect(k->expr, loads, &n, 64);
-	fprintf(f, "\t%sloop%d_at[planrt_cpu_level_](", e->prefix, e->loop_as >= 0 ? e->loop_as : (int)(k - e->p->k));
+	const char *own = arena_printf(e->low->g->arena, "%sloop%d_at", e->prefix, e->loop_as >= 0 ? e->loop_as : (int)(k - e->p->k));
+	const char *alias = e->loop_alias ? symtab_get(e->loop_alias, own) : NULL;
+	fprintf(f, "\t%s[planrt_cpu_level_](", alias ? alias : own);
 	name(e, k->out);
 	for (int i = 0; i < n; i++) {
 		fprintf(f, ", ");
@@ -1356,9 +1360,12 @@ static LoopParam loop_param(Emit *e, const Fold *fd, int h, const char *table)
 	if (!hole_same(fd, h) && (fam = state_family(e, fd, h, &at, &dir)))
 		return (LoopParam){"layer_state_t *", "layer", at ? arena_printf(a, "%s + %d", e->layer_array, at) : e->layer_array,
 				   dir > 0 ? "@[l]" : "@[-l]", NULL, true};
-	if (x->buf >= 0) /* a transient buffer is the same in two stages where it is at one place */
-		return (LoopParam){x->type, "buf", x->text, "@",
-				   x->place ? arena_printf(a, "((%s *)(%s + %lld))", x->cast, x->place, x->offset) : NULL, false};
+	if (x->buf >= 0 && x->place) { /* a transient buffer: the same in two stages where it is at one place */
+		const char *off = arena_printf(a, "%lld", x->offset);
+		return (LoopParam){"int64_t", "at", off, arena_printf(a, "((%s *)(%s + @))", x->cast, x->place), off, false};
+	}
+	if (x->buf >= 0)
+		return (LoopParam){x->type, "buf", x->text, "@", NULL, false};
 	return (LoopParam){text ? "const char *" : x->type, x->label ? x->label : "value", x->text, "@", x->text, false};
 }
 
@@ -1402,6 +1409,29 @@ static LoopParam *loop_params(Emit *e, const Fold *fd, const char **table, int *
 
 /* Fold fd's loop body with its parameters ps (inlined: those written in), its loops' functions by
  * the names the file printed them under. */
+/* The identifier (or number) at c, as the file names it: a loop function's table by the one printed
+ * for its nest (loop_alias: a stage's fold was printed before its loop functions were). Returns
+ * the character after it. */
+static const char *print_identifier(Emit *e, const char *c)
+{
+	const char *start = c;
+	while (isalnum((unsigned char)*c) || *c == '_')
+		c++;
+	char id[256];
+	size_t n = (size_t)(c - start);
+	const char *alias = NULL;
+	if (!isdigit((unsigned char)*start) && n < sizeof id) {
+		memcpy(id, start, n);
+		id[n] = 0;
+		alias = symtab_get(e->loop_alias, id);
+	}
+	if (alias)
+		fputs(alias, e->f);
+	else
+		fwrite(start, 1, n, e->f);
+	return c;
+}
+
 static char *loop_body_text(Emit *e, const Fold *fd, const LoopParam *ps, const int *param_of, const bool *inlined,
 			    const char *const *names)
 {
@@ -1427,13 +1457,7 @@ static char *loop_body_text(Emit *e, const Fold *fd, const LoopParam *ps, const 
 			print_layer_comment(e, fd, h++);
 			c++;
 		} else if (isalnum((unsigned char)*c) || *c == '_') {
-			const char *start = c;
-			while (isalnum((unsigned char)*c) || *c == '_')
-				c++;
-			char *id = arena_alloc(e->low->g->arena, (size_t)(c - start) + 1);
-			memcpy(id, start, (size_t)(c - start));
-			const char *alias = isdigit((unsigned char)*start) ? NULL : symtab_get(e->loop_alias, id);
-			fputs(alias ? alias : id, e->f);
+			c = print_identifier(e, c);
 		} else {
 			fputc(*c++, e->f);
 		}
@@ -1570,6 +1594,30 @@ static void print_shared_function(Emit *e, const Fold *fd, LoopShape *sh, const 
 /* Fold fd's loop as a call of its shape's function, when several runs have its shape (the first
  * printing prints the function into e->defs); while the file is printed the first time, only
  * what its parameters are. false: print the loop in place. */
+/* Fold fd's shape, with its holes as loop_params makes them from its tables: its loop's text with
+ * every parameter positional, and each parameter's type, stem and use (malloc'd). */
+static char *shape_key(Emit *e, const Fold *fd, const char **table)
+{
+	int np, *param_of = calloc((size_t)fd->holes[0].n + 1, sizeof(int));
+	if (!param_of)
+		ICE("out of memory");
+	LoopParam *ps = loop_params(e, fd, table, param_of, &np);
+	char *body = loop_body_text(e, fd, ps, param_of, NULL, NULL), *key = NULL;
+	size_t len = 0;
+	FILE *f = open_memstream(&key, &len);
+	if (!f)
+		ICE("out of memory");
+	fprintf(f, "%d\n%s", np, body);
+	for (int j = 0; j < np; j++)
+		fprintf(f, "\n%s %s %s", ps[j].type, ps[j].stem, ps[j].use);
+	if (fclose(f) != 0)
+		ICE("out of memory");
+	free(body);
+	free(ps);
+	free(param_of);
+	return key;
+}
+
 static bool print_shared_call(Emit *e, const Fold *fd, const char **table)
 {
 	Arena *a = e->low->g->arena;
@@ -1577,14 +1625,14 @@ static bool print_shared_call(Emit *e, const Fold *fd, const char **table)
 	if (!param_of)
 		ICE("out of memory");
 	LoopParam *ps = loop_params(e, fd, table, param_of, &np);
-	char *shape = loop_body_text(e, fd, ps, param_of, NULL, NULL);
-	const char *key = arena_printf(a, "%d\n%s", np, shape);
-	for (int j = 0; j < np; j++)
-		key = arena_printf(a, "%s\n%s %s %s", key, ps[j].type, ps[j].stem, ps[j].use);
+	char *shape = shape_key(e, fd, table);
+	const char *key = arena_printf(a, "%s", shape);
 	free(shape);
 	LoopShape *sh = symtab_get(e->loop_shapes_seen, key);
 	bool called = false;
-	if (e->learning_shapes) {
+	if (e->learning_places) {
+		/* the places' kinds are not known yet: no shape is learned */
+	} else if (e->learning_shapes) {
 		if (!sh) {
 			sh = arena_alloc(a, sizeof(LoopShape));
 			*sh = (LoopShape){.nparams = np, .first = arena_alloc(a, sizeof(char *) * (size_t)(np + 1)),
@@ -1613,6 +1661,103 @@ static bool print_shared_call(Emit *e, const Fold *fd, const char **table)
 }
 
 /* A folded run: its tables, then the loop over its layers with the first layer's text as the body. */
+/* Whether hole h prints from a per-layer table (none of print_hole's other cases). */
+static bool needs_table(Emit *e, const Fold *fd, int h)
+{
+	long long step;
+	int at, dir;
+	return fd->holes[0].h[h].type && !hole_same(fd, h) && !transient_steps(fd, h, &step) && !view_steps(e, fd, h, &step) &&
+	       !integer_steps(fd, h, &step) && !state_family(e, fd, h, &at, &dir);
+}
+
+/* Whether hole h is a transient buffer's place that another stage's run of the same shape may hold
+ * in another way: one place in every layer, a place stepping by layer, or a per-layer table (a
+ * pipeline stage's first layer reads the inbox where the first stage's reads the slot). */
+static bool place_hole(Emit *e, const Fold *fd, int h)
+{
+	const Hole *x = &fd->holes[0].h[h];
+	long long step;
+	int at, dir;
+	return x->type && x->buf >= 0 && x->type[strlen(x->type) - 1] == '*' && !view_steps(e, fd, h, &step) &&
+	       (hole_same(fd, h) || transient_steps(fd, h, &step) || needs_table(e, fd, h)) &&
+	       !state_family(e, fd, h, &at, &dir);
+}
+
+/* How each place hole of a run's shape prints in the runs (stages) that have the shape; mixed:
+ * not the same way in all of them, so that all print it from a table and share one loop. */
+typedef struct PlaceKinds {
+	int nholes;
+	signed char *kind; /* [hole]: -1 no place, 0 one place, 1 stepping, 2 a table */
+	bool *mixed;       /* [hole] */
+} PlaceKinds;
+
+static char *shape_key(Emit *e, const Fold *fd, const char **table);
+
+/* Fold fd's shape with every place hole a table (what two stages' runs of one shape have alike),
+ * and how each place hole prints in this run. */
+static const char *place_shape(Emit *e, const Fold *fd, signed char *kind)
+{
+	Arena *a = e->low->g->arena;
+	int nh = fd->holes[0].n;
+	const char **table = calloc((size_t)nh + 1, sizeof(char *));
+	if (!table)
+		ICE("out of memory");
+	long long step;
+	for (int h = 0; h < nh; h++) {
+		bool place = place_hole(e, fd, h);
+		kind[h] = !place ? -1 : hole_same(fd, h) ? 0 : transient_steps(fd, h, &step) ? 1 : 2;
+		if (!place && !needs_table(e, fd, h))
+			continue;
+		for (int g = 0; g < h && !table[h]; g++) /* as print_fold shares a table between holes */
+			if (table[g] && holes_same(fd, h, g))
+				table[h] = table[g];
+		if (!table[h])
+			table[h] = arena_printf(a, "table%d", h);
+	}
+	char *key = shape_key(e, fd, table);
+	const char *shape = arena_printf(a, "%s", key);
+	free(key);
+	free(table);
+	return shape;
+}
+
+/* The place holes that fd prints from a table although it holds them otherwise, because another
+ * run of its shape does not hold them alike (NULL: none): learned in the first printing, used in
+ * the later ones. */
+static bool *places_as_tables(Emit *e, const Fold *fd)
+{
+	int nh = fd->holes[0].n;
+	signed char *kind = calloc((size_t)nh + 1, 1);
+	if (!kind)
+		ICE("out of memory");
+	const char *shape = place_shape(e, fd, kind);
+	PlaceKinds *pk = symtab_get(e->places_seen, shape);
+	bool *force = NULL;
+	if (e->learning_places) {
+		if (!pk) {
+			Arena *a = e->low->g->arena;
+			pk = arena_alloc(a, sizeof(PlaceKinds));
+			*pk = (PlaceKinds){.nholes = nh, .kind = arena_alloc(a, (size_t)nh + 1),
+					   .mixed = arena_alloc(a, sizeof(bool) * (size_t)(nh + 1))};
+			memcpy(pk->kind, kind, (size_t)nh);
+			symtab_put(e->places_seen, shape, pk);
+		} else if (pk->nholes == nh) {
+			for (int h = 0; h < nh; h++)
+				if (kind[h] != pk->kind[h])
+					pk->mixed[h] = true;
+		}
+	} else if (pk && pk->nholes == nh) {
+		for (int h = 0; h < nh; h++)
+			if (pk->mixed[h] && kind[h] != 2) {
+				if (!force && !(force = calloc((size_t)nh + 1, sizeof(bool))))
+					ICE("out of memory");
+				force[h] = true;
+			}
+	}
+	free(kind);
+	return force;
+}
+
 static void print_fold(Emit *e, const Fold *fd)
 {
 	FILE *f = e->f;
@@ -1623,11 +1768,9 @@ static void print_fold(Emit *e, const Fold *fd)
 		ICE("out of memory");
 	fprintf(f, "\t{ /* layers %d..%d: one loop, %d kernels a layer; what differs by layer is indexed by l */\n",
 		r->first_layer, r->first_layer + (r->nlayers - 1) * r->step, r->body);
+	bool *force = e->shared_loops ? places_as_tables(e, fd) : NULL;
 	for (int h = 0; h < nh; h++) {
-		long long step;
-		int at, dir;
-		if (!fd->holes[0].h[h].type || hole_same(fd, h) || transient_steps(fd, h, &step) ||
-		    view_steps(e, fd, h, &step) || integer_steps(fd, h, &step) || state_family(e, fd, h, &at, &dir))
+		if (!(force && force[h]) && !needs_table(e, fd, h))
 			continue;
 		for (int g = 0; g < h && !table[h]; g++)
 			if (table[g] && holes_same(fd, h, g))
@@ -1635,6 +1778,7 @@ static void print_fold(Emit *e, const Fold *fd)
 		if (!table[h])
 			table[h] = print_table(e, fd, h, ntables++);
 	}
+	free(force);
 	if (e->shared_loops && print_shared_call(e, fd, table)) {
 		free(table);
 		return;
@@ -1642,17 +1786,21 @@ static void print_fold(Emit *e, const Fold *fd)
 	fprintf(f, "\t\tfor (int l = 0; l < %d; l++) {\n", r->nlayers);
 	bool line_start = true;
 	int h = 0;
-	for (const char *c = fd->text; *c; c++) {
+	for (const char *c = fd->text; *c;) {
 		if (line_start)
 			fprintf(f, "\t\t");
 		line_start = *c == '\n';
 		if (*c == HOLE_VALUE) {
 			print_hole(e, fd, h, table[h]);
 			h++;
+			c++;
 		} else if (*c == HOLE_COMMENT) {
 			print_layer_comment(e, fd, h++);
+			c++;
+		} else if (isalnum((unsigned char)*c) || *c == '_') {
+			c = print_identifier(e, c);
 		} else {
-			fputc(*c, f);
+			fputc(*c++, f);
 		}
 	}
 	fprintf(f, "\t\t}\n\t}\n");
@@ -1663,7 +1811,7 @@ static void print_fold(Emit *e, const Fold *fd)
 
 /* Fused loop k's function; with layers as loops, a loop nest the file already has (the same text
  * up to its name and its arguments' names: every stage of a pipeline runs its layers' loops) is
- * not printed again: its name is an alias of the first one's. */
+ * not printed again: its name is an alias of the first one's (loop_alias), which its calls print. */
 static void print_loop_function_once(Emit *e, const Kernel *k)
 {
 	if (!e->layer_loops) {
@@ -1675,8 +1823,7 @@ static void print_loop_function_once(Emit *e, const Kernel *k)
 	const char *own = arena_printf(e->low->g->arena, "%sloop%d", e->prefix, (int)(k - e->p->k));
 	symtab_put(e->loop_alias, arena_printf(e->low->g->arena, "%s_at", own),
 		   arena_printf(e->low->g->arena, "%s_at", had ? had : own));
-	if (had) {
-		fprintf(e->f, "#define %s_at %s_at /* the same loop nest */\n\n", own, had);
+	if (had) { /* its calls name the first one's (print_loop_call, print_identifier) */
 		free(shape);
 		return;
 	}
@@ -2496,8 +2643,13 @@ static bool print_file(const Lowered *low, const char *dir, const char *source_p
 		size_t len = 0;
 		if (!(e.f = open_memstream(&text, &len)))
 			ICE("out of memory");
-		e.learning_shapes = true;
-		print_stages(&e);
+		e.learning_shapes = e.learning_places = true;
+		e.places_seen = symtab_new(low->g->arena);
+		print_stages(&e); /* which places differ in kind between stages */
+		e.learning_places = false;
+		e.family_macro = false;
+		e.nfamily_tables = 0;
+		print_stages(&e); /* the shapes */
 		e.learning_shapes = false;
 		e.family_macro = false;
 		e.nfamily_tables = 0;
@@ -2508,6 +2660,7 @@ static bool print_file(const Lowered *low, const char *dir, const char *source_p
 	}
 	print_stages(&e);
 	print_program(&e, source_path);
+	free(e.fields);
 	bool ok = !ferror(f);
 	if (fclose(f) != 0)
 		ok = false;
