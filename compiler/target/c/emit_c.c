@@ -1407,8 +1407,6 @@ static LoopParam *loop_params(Emit *e, const Fold *fd, const char **table, int *
 	return ps;
 }
 
-/* Fold fd's loop body with its parameters ps (inlined: those written in), its loops' functions by
- * the names the file printed them under. */
 /* The identifier (or number) at c, as the file names it: a loop function's table by the one printed
  * for its nest (loop_alias: a stage's fold was printed before its loop functions were). Returns
  * the character after it. */
@@ -1432,6 +1430,8 @@ static const char *print_identifier(Emit *e, const char *c)
 	return c;
 }
 
+/* Fold fd's loop body with its parameters ps (inlined: those written in), its loops' functions by
+ * the names the file printed them under. */
 static char *loop_body_text(Emit *e, const Fold *fd, const LoopParam *ps, const int *param_of, const bool *inlined,
 			    const char *const *names)
 {
@@ -1591,9 +1591,6 @@ static void print_shared_function(Emit *e, const Fold *fd, LoopShape *sh, const 
 	free(inlined);
 }
 
-/* Fold fd's loop as a call of its shape's function, when several runs have its shape (the first
- * printing prints the function into e->defs); while the file is printed the first time, only
- * what its parameters are. false: print the loop in place. */
 /* Fold fd's shape, with its holes as loop_params makes them from its tables: its loop's text with
  * every parameter positional, and each parameter's type, stem and use (malloc'd). */
 static char *shape_key(Emit *e, const Fold *fd, const char **table)
@@ -1618,6 +1615,9 @@ static char *shape_key(Emit *e, const Fold *fd, const char **table)
 	return key;
 }
 
+/* Fold fd's loop as a call of its shape's function, when several runs have its shape (the first
+ * printing prints the function into e->defs); while the file is printed the second time, only
+ * what its parameters are (the first, nothing). false: print the loop in place. */
 static bool print_shared_call(Emit *e, const Fold *fd, const char **table)
 {
 	Arena *a = e->low->g->arena;
@@ -1660,7 +1660,6 @@ static bool print_shared_call(Emit *e, const Fold *fd, const char **table)
 	return called;
 }
 
-/* A folded run: its tables, then the loop over its layers with the first layer's text as the body. */
 /* Whether hole h prints from a per-layer table (none of print_hole's other cases). */
 static bool needs_table(Emit *e, const Fold *fd, int h)
 {
@@ -1690,8 +1689,6 @@ typedef struct PlaceKinds {
 	signed char *kind; /* [hole]: -1 no place, 0 one place, 1 stepping, 2 a table */
 	bool *mixed;       /* [hole] */
 } PlaceKinds;
-
-static char *shape_key(Emit *e, const Fold *fd, const char **table);
 
 /* Fold fd's shape with every place hole a table (what two stages' runs of one shape have alike),
  * and how each place hole prints in this run. */
@@ -1758,6 +1755,7 @@ static bool *places_as_tables(Emit *e, const Fold *fd)
 	return force;
 }
 
+/* A folded run: its tables, then the loop over its layers with the first layer's text as the body. */
 static void print_fold(Emit *e, const Fold *fd)
 {
 	FILE *f = e->f;
@@ -1833,7 +1831,7 @@ static void print_loop_function_once(Emit *e, const Kernel *k)
 }
 
 /* The per-layer struct shared by the stages (several stages' loops are one function): a field a
- * family of any stage, printed before the first stage; and the macro of a family table's entry. */
+ * family of any stage, printed before the first stage. */
 static void print_layer_struct(Emit *e)
 {
 	FILE *f = e->f;
@@ -2638,7 +2636,8 @@ static bool print_file(const Lowered *low, const char *dir, const char *source_p
 	e.family_names = arena_alloc(low->g->arena, sizeof(char *) * (size_t)(low->nprogs + 1));
 	e.loop_shapes_seen = symtab_new(low->g->arena);
 	e.shared_loops = !target && layer_loops && low->nprogs > 1;
-	if (e.shared_loops) { /* the first printing: the folded runs' shapes (one loop function for the stages) */
+	if (e.shared_loops) { /* two printings to learn from (one loop function for the stages): how each
+			       * run holds its places, then the folded runs' shapes */
 		char *text = NULL;
 		size_t len = 0;
 		if (!(e.f = open_memstream(&text, &len)))
