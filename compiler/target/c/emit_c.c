@@ -1324,6 +1324,7 @@ typedef struct LoopParam {
 	const char *use;  /* how the body reads it, '@' for its name */
 	const char *same; /* what the body reads when every stage's is the same (NULL: never) */
 	bool member;      /* the stage's per-layer struct array: the use is followed by the hole's field */
+	const char *place_of; /* a place's offset: the buffer it places (its name names the parameter) */
 } LoopParam;
 
 /* A shape that several folded runs (in several stages) print: which of its parameters differ. */
@@ -1346,27 +1347,27 @@ static LoopParam loop_param(Emit *e, const Fold *fd, int h, const char *table)
 	if (table)
 		return (LoopParam){text ? "const char *const *" : pointer ? arena_printf(a, "%sconst *", x->type)
 									 : arena_printf(a, "const %s *", x->type),
-				   "tab", table, "@[l]", NULL, false};
+				   "tab", table, "@[l]", NULL, false, NULL};
 	if (!hole_same(fd, h) && transient_steps(fd, h, &step) && step) {
 		const char *off = arena_printf(a, "%lld", x->offset);
 		return (LoopParam){"int64_t", "at", off, arena_printf(a, "((%s *)(%s + @ + (int64_t)l * %lld))", x->cast, x->place, step),
-				   off, false};
+				   off, false, x->text};
 	}
 	if (!hole_same(fd, h) && integer_steps(fd, h, &step))
 		return (LoopParam){x->type, x->label ? x->label : "value", x->text,
-				   arena_printf(a, "(@ + %sl * %lld)", strcmp(x->type, "int") ? "(int64_t)" : "", step), x->text, false};
+				   arena_printf(a, "(@ + %sl * %lld)", strcmp(x->type, "int") ? "(int64_t)" : "", step), x->text, false, NULL};
 	if (view_steps(e, fd, h, &step))
-		return (LoopParam){x->type, "buf", x->text, arena_printf(a, "(@ + (int64_t)l * %lld)", step), NULL, false};
+		return (LoopParam){x->type, "buf", x->text, arena_printf(a, "(@ + (int64_t)l * %lld)", step), NULL, false, NULL};
 	if (!hole_same(fd, h) && (fam = state_family(e, fd, h, &at, &dir)))
 		return (LoopParam){"layer_state_t *", "layer", at ? arena_printf(a, "%s + %d", e->layer_array, at) : e->layer_array,
-				   dir > 0 ? "@[l]" : "@[-l]", NULL, true};
+				   dir > 0 ? "@[l]" : "@[-l]", NULL, true, NULL};
 	if (x->buf >= 0 && x->place) { /* a transient buffer: the same in two stages where it is at one place */
 		const char *off = arena_printf(a, "%lld", x->offset);
-		return (LoopParam){"int64_t", "at", off, arena_printf(a, "((%s *)(%s + @))", x->cast, x->place), off, false};
+		return (LoopParam){"int64_t", "at", off, arena_printf(a, "((%s *)(%s + @))", x->cast, x->place), off, false, x->text};
 	}
 	if (x->buf >= 0)
-		return (LoopParam){x->type, "buf", x->text, "@", NULL, false};
-	return (LoopParam){text ? "const char *" : x->type, x->label ? x->label : "value", x->text, "@", x->text, false};
+		return (LoopParam){x->type, "buf", x->text, "@", NULL, false, NULL};
+	return (LoopParam){text ? "const char *" : x->type, x->label ? x->label : "value", x->text, "@", x->text, false, NULL};
 }
 
 /* p's use in the body: its name (name, or stem and number j), or its value where every stage's is
@@ -1540,8 +1541,12 @@ static void loop_param_names(Emit *e, const LoopShape *sh, const LoopParam *ps, 
 			     const char **names)
 {
 	Arena *a = e->low->g->arena;
-	for (int j = 0; j < sh->nparams; j++)
+	for (int j = 0; j < sh->nparams; j++) {
 		names[j] = inlined[j] ? NULL : arg_param_name(a, ps[j].arg, strstr(ps[j].use, "l *") != NULL);
+		const char *placed = !names[j] && !inlined[j] && ps[j].place_of ? arg_param_name(a, ps[j].place_of, false) : NULL;
+		if (placed) /* an offset: named after the buffer its first caller places there */
+			names[j] = arena_printf(a, "%s_at", placed);
+	}
 	bool *clash = calloc((size_t)sh->nparams + 1, sizeof(bool));
 	if (!clash)
 		ICE("out of memory");
