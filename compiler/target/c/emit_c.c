@@ -1325,6 +1325,7 @@ typedef struct LoopParam {
 	const char *same; /* what the body reads when every stage's is the same (NULL: never) */
 	bool member;      /* the stage's per-layer struct array: the use is followed by the hole's field */
 	const char *place_of; /* a place's offset: the buffer it places (its name names the parameter) */
+	bool layer_number;    /* the run's first layer: a hole prints its parameter-table entry from it */
 } LoopParam;
 
 /* A shape that several folded runs (in several stages) print: which of its parameters differ. */
@@ -1334,6 +1335,37 @@ typedef struct LoopShape {
 	bool *differs;      /* [param] */
 	const char *fn;     /* its function, once printed */
 } LoopShape;
+
+/* Whether hole h is a parameter-table index that steps with the layer's number as the file's
+ * PARAM_ enum does (layer L's entry is layer 0's plus L * *per_layer): then *zero is layer 0's
+ * enum name, which differs from the hole's only in digits, and a loop shared by stages reads the
+ * entry from the stage's first layer (`PARAM_layers_0_mlp_w1 + (first_layer + l) * 16`) instead
+ * of taking each entry's first value as a parameter of its own. */
+static bool layer_param_entry(Emit *e, const Fold *fd, int h, const char **zero, long long *per_layer)
+{
+	const Hole *x = &fd->holes[0].h[h];
+	long long step;
+	if (!x->label || strcmp(x->label, "param") || !x->integer || hole_same(fd, h) || !integer_steps(fd, h, &step) ||
+	    (fd->run->step != 1 && fd->run->step != -1)) /* l is then the layer's number less the first's */
+		return false;
+	long long s = step * fd->run->step, v0 = x->value - (long long)fd->run->first_layer * s;
+	if (v0 < 0 || v0 >= e->low->nparams || s == 0)
+		return false;
+	const char *a = e->param_names[v0], *b = x->text;
+	while (*a && *a == *b) /* the names alike but for their layer numbers (the same: layer 0's run) */
+		a++, b++;
+	if (*a != *b && (!isdigit((unsigned char)*a) || !isdigit((unsigned char)*b)))
+		return false;
+	while (isdigit((unsigned char)*a))
+		a++;
+	while (isdigit((unsigned char)*b))
+		b++;
+	if (strcmp(a, b))
+		return false;
+	*zero = e->param_names[v0];
+	*per_layer = s;
+	return true;
+}
 
 /* Value hole h of fold fd as a parameter of the shared loop function (print_hole's cases). */
 static LoopParam loop_param(Emit *e, const Fold *fd, int h, const char *table)
@@ -1347,27 +1379,33 @@ static LoopParam loop_param(Emit *e, const Fold *fd, int h, const char *table)
 	if (table)
 		return (LoopParam){text ? "const char *const *" : pointer ? arena_printf(a, "%sconst *", x->type)
 									 : arena_printf(a, "const %s *", x->type),
-				   "tab", table, "@[l]", NULL, false, NULL};
+				   "tab", table, "@[l]", NULL, false, NULL, false};
 	if (!hole_same(fd, h) && transient_steps(fd, h, &step) && step) {
 		const char *off = arena_printf(a, "%lld", x->offset);
 		return (LoopParam){"int64_t", "at", off, arena_printf(a, "((%s *)(%s + @ + (int64_t)l * %lld))", x->cast, x->place, step),
-				   off, false, x->text};
+				   off, false, x->text, false};
+	}
+	const char *zero;
+	long long per_layer;
+	if (!table && layer_param_entry(e, fd, h, &zero, &per_layer)) {
+		const char *first = arena_printf(a, "%d", fd->run->first_layer);
+		return (LoopParam){"int", "first_layer", first, fd->run->step > 0 ? "(@ + l)" : "(@ - l)", first, false, NULL, true};
 	}
 	if (!hole_same(fd, h) && integer_steps(fd, h, &step))
 		return (LoopParam){x->type, x->label ? x->label : "value", x->text,
-				   arena_printf(a, "(@ + %sl * %lld)", strcmp(x->type, "int") ? "(int64_t)" : "", step), x->text, false, NULL};
+				   arena_printf(a, "(@ + %sl * %lld)", strcmp(x->type, "int") ? "(int64_t)" : "", step), x->text, false, NULL, false};
 	if (view_steps(e, fd, h, &step))
-		return (LoopParam){x->type, "buf", x->text, arena_printf(a, "(@ + (int64_t)l * %lld)", step), NULL, false, NULL};
+		return (LoopParam){x->type, "buf", x->text, arena_printf(a, "(@ + (int64_t)l * %lld)", step), NULL, false, NULL, false};
 	if (!hole_same(fd, h) && (fam = state_family(e, fd, h, &at, &dir)))
 		return (LoopParam){"layer_state_t *", "layer", at ? arena_printf(a, "%s + %d", e->layer_array, at) : e->layer_array,
-				   dir > 0 ? "@[l]" : "@[-l]", NULL, true, NULL};
+				   dir > 0 ? "@[l]" : "@[-l]", NULL, true, NULL, false};
 	if (x->buf >= 0 && x->place) { /* a transient buffer: the same in two stages where it is at one place */
 		const char *off = arena_printf(a, "%lld", x->offset);
-		return (LoopParam){"int64_t", "at", off, arena_printf(a, "((%s *)(%s + @))", x->cast, x->place), off, false, x->text};
+		return (LoopParam){"int64_t", "at", off, arena_printf(a, "((%s *)(%s + @))", x->cast, x->place), off, false, x->text, false};
 	}
 	if (x->buf >= 0)
-		return (LoopParam){x->type, "buf", x->text, "@", NULL, false, NULL};
-	return (LoopParam){text ? "const char *" : x->type, x->label ? x->label : "value", x->text, "@", x->text, false, NULL};
+		return (LoopParam){x->type, "buf", x->text, "@", NULL, false, NULL, false};
+	return (LoopParam){text ? "const char *" : x->type, x->label ? x->label : "value", x->text, "@", x->text, false, NULL, false};
 }
 
 /* p's use in the body: its name (name, or stem and number j), or its value where every stage's is
@@ -1449,7 +1487,13 @@ static char *loop_body_text(Emit *e, const Fold *fd, const LoopParam *ps, const 
 		line_start = *c == '\n';
 		if (*c == HOLE_VALUE) {
 			int j = param_of[h];
+			const char *zero = NULL;
+			long long per_layer = 0;
+			if (ps[j].layer_number && layer_param_entry(e, fd, h, &zero, &per_layer)) /* layer 0's entry + */
+				fprintf(e->f, "(%s + ", zero);
 			print_param_use(e->f, &ps[j], j, names ? names[j] : NULL, inlined && inlined[j]);
+			if (zero)
+				fprintf(e->f, " * %lld)", per_layer);
 			if (ps[j].member) /* the layer's struct: the family's field */
 				fprintf(e->f, ".%s", e->families[e->family_of[fd->holes[0].h[h].buf]].field);
 			h++;
@@ -1546,6 +1590,8 @@ static void loop_param_names(Emit *e, const LoopShape *sh, const LoopParam *ps, 
 		const char *placed = !names[j] && !inlined[j] && ps[j].place_of ? arg_param_name(a, ps[j].place_of, false) : NULL;
 		if (placed) /* an offset: named after the buffer its first caller places there */
 			names[j] = arena_printf(a, "%s_at", placed);
+		else if (!inlined[j] && ps[j].layer_number)
+			names[j] = "first_layer";
 	}
 	bool *clash = calloc((size_t)sh->nparams + 1, sizeof(bool));
 	if (!clash)
