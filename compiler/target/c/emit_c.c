@@ -1,7 +1,8 @@
 /* emit_c.c: prints the loop-level IR as one readable C file (prog.c).
  *
  * The file holds only what is particular to the plan: named mesh axes; for every pipeline stage
- * its buffers by name (persistent state as pointers planrt allocates, transient buffers as named
+ * its buffers by name (persistent state as pointers planrt allocates, a layer's state families as
+ * the fields of a per-layer struct with one array of it a stage, transient buffers as named
  * places in the arena, a slot or an inbox), one function per phase (init, step_begin, the
  * forward and backward of each model chunk and the receives they post ahead, step, save), its
  * action table; the parameter table; and the program descriptor handed to planrt_main, which runs
@@ -15,7 +16,8 @@
  * prints alike (below, "runs of identical layers as loops"), for the C target and for a target
  * printing the kernels (the CUDA host program); --no-layer-loops prints them all. With several
  * stages the C target prints a loop that several stages run once, as a function each calls with
- * its own buffers (below, "one loop function for the stages").
+ * its own buffers (below, "one loop function for the stages"); it learns those loops' shapes in
+ * two printings before the one it writes.
  * The output compiles with -Wall -Wextra -Werror. */
 #include "target/target.h"
 
