@@ -1644,14 +1644,10 @@ static void print_shared_function(Emit *e, const Fold *fd, LoopShape *sh, const 
 	free(inlined);
 }
 
-/* Fold fd's shape, with its holes as loop_params makes them from its tables: its loop's text with
- * every parameter positional, and each parameter's type, stem and use (malloc'd). */
-static char *shape_key(Emit *e, const Fold *fd, const char **table)
+/* Fold fd's shape, with its holes as the parameters ps (loop_params: param_of[hole]): its loop's
+ * text with every parameter positional, and each parameter's type, stem and use (malloc'd). */
+static char *shape_key(Emit *e, const Fold *fd, const LoopParam *ps, int np, const int *param_of)
 {
-	int np, *param_of = calloc((size_t)fd->holes[0].n + 1, sizeof(int));
-	if (!param_of)
-		ICE("out of memory");
-	LoopParam *ps = loop_params(e, fd, table, param_of, &np);
 	char *body = loop_body_text(e, fd, ps, param_of, NULL, NULL), *key = NULL;
 	size_t len = 0;
 	FILE *f = open_memstream(&key, &len);
@@ -1663,8 +1659,6 @@ static char *shape_key(Emit *e, const Fold *fd, const char **table)
 	if (fclose(f) != 0)
 		ICE("out of memory");
 	free(body);
-	free(ps);
-	free(param_of);
 	return key;
 }
 
@@ -1673,19 +1667,19 @@ static char *shape_key(Emit *e, const Fold *fd, const char **table)
  * what its parameters are (the first, nothing). false: print the loop in place. */
 static bool print_shared_call(Emit *e, const Fold *fd, const char **table)
 {
+	if (e->learning_places) /* the places' kinds are not known yet: no shape is learned */
+		return false;
 	Arena *a = e->low->g->arena;
 	int np, *param_of = calloc((size_t)fd->holes[0].n + 1, sizeof(int));
 	if (!param_of)
 		ICE("out of memory");
 	LoopParam *ps = loop_params(e, fd, table, param_of, &np);
-	char *shape = shape_key(e, fd, table);
+	char *shape = shape_key(e, fd, ps, np, param_of);
 	const char *key = arena_printf(a, "%s", shape);
 	free(shape);
 	LoopShape *sh = symtab_get(e->loop_shapes_seen, key);
 	bool called = false;
-	if (e->learning_places) {
-		/* the places' kinds are not known yet: no shape is learned */
-	} else if (e->learning_shapes) {
+	if (e->learning_shapes) {
 		if (!sh) {
 			sh = arena_alloc(a, sizeof(LoopShape));
 			*sh = (LoopShape){.nparams = np, .first = arena_alloc(a, sizeof(char *) * (size_t)(np + 1)),
@@ -1764,9 +1758,15 @@ static const char *place_shape(Emit *e, const Fold *fd, signed char *kind)
 		if (!table[h])
 			table[h] = arena_printf(a, "table%d", h);
 	}
-	char *key = shape_key(e, fd, table);
+	int np, *param_of = calloc((size_t)nh + 1, sizeof(int));
+	if (!param_of)
+		ICE("out of memory");
+	LoopParam *ps = loop_params(e, fd, table, param_of, &np);
+	char *key = shape_key(e, fd, ps, np, param_of);
 	const char *shape = arena_printf(a, "%s", key);
 	free(key);
+	free(ps);
+	free(param_of);
 	free(table);
 	return shape;
 }
