@@ -1425,13 +1425,15 @@ static void print_param_use(FILE *f, const LoopParam *p, int j, const char *name
 			fprintf(f, "%s%d", p->stem, j);
 }
 
-/* Fold fd's value holes as parameters (holes alike in every layer are one); param_of[hole]. */
-static LoopParam *loop_params(Emit *e, const Fold *fd, const char **table, int *param_of, int *np)
+/* Fold fd's value holes as parameters (holes alike in every layer are one), and (*param_of,
+ * malloc'd) each hole's. */
+static LoopParam *loop_params(Emit *e, const Fold *fd, const char **table, int **param_of_out, int *np)
 {
-	int nh = fd->holes[0].n;
+	int nh = fd->holes[0].n, *param_of = calloc((size_t)nh + 1, sizeof(int));
 	LoopParam *ps = calloc((size_t)nh + 1, sizeof(LoopParam));
-	if (!ps)
+	if (!ps || !param_of)
 		ICE("out of memory");
+	*param_of_out = param_of;
 	*np = 0;
 	for (int h = 0; h < nh; h++) {
 		if (!fd->holes[0].h[h].type)
@@ -1645,8 +1647,8 @@ static void print_shared_function(Emit *e, const Fold *fd, LoopShape *sh, const 
 }
 
 /* Fold fd's shape, with its holes as the parameters ps (loop_params: param_of[hole]): its loop's
- * text with every parameter positional, and each parameter's type, stem and use (malloc'd). */
-static char *shape_key(Emit *e, const Fold *fd, const LoopParam *ps, int np, const int *param_of)
+ * text with every parameter positional, and each parameter's type, stem and use. */
+static const char *shape_key(Emit *e, const Fold *fd, const LoopParam *ps, int np, const int *param_of)
 {
 	char *body = loop_body_text(e, fd, ps, param_of, NULL, NULL), *key = NULL;
 	size_t len = 0;
@@ -1658,8 +1660,10 @@ static char *shape_key(Emit *e, const Fold *fd, const LoopParam *ps, int np, con
 		fprintf(f, "\n%s %s %s", ps[j].type, ps[j].stem, ps[j].use);
 	if (fclose(f) != 0)
 		ICE("out of memory");
+	const char *shape = arena_printf(e->low->g->arena, "%s", key);
 	free(body);
-	return key;
+	free(key);
+	return shape;
 }
 
 /* Fold fd's loop as a call of its shape's function, when several runs have its shape (the first
@@ -1670,13 +1674,9 @@ static bool print_shared_call(Emit *e, const Fold *fd, const char **table)
 	if (e->learning_places) /* the places' kinds are not known yet: no shape is learned */
 		return false;
 	Arena *a = e->low->g->arena;
-	int np, *param_of = calloc((size_t)fd->holes[0].n + 1, sizeof(int));
-	if (!param_of)
-		ICE("out of memory");
-	LoopParam *ps = loop_params(e, fd, table, param_of, &np);
-	char *shape = shape_key(e, fd, ps, np, param_of);
-	const char *key = arena_printf(a, "%s", shape);
-	free(shape);
+	int np, *param_of;
+	LoopParam *ps = loop_params(e, fd, table, &param_of, &np);
+	const char *key = shape_key(e, fd, ps, np, param_of);
 	LoopShape *sh = symtab_get(e->loop_shapes_seen, key);
 	bool called = false;
 	if (e->learning_shapes) {
@@ -1758,13 +1758,9 @@ static const char *place_shape(Emit *e, const Fold *fd, signed char *kind)
 		if (!table[h])
 			table[h] = arena_printf(a, "table%d", h);
 	}
-	int np, *param_of = calloc((size_t)nh + 1, sizeof(int));
-	if (!param_of)
-		ICE("out of memory");
-	LoopParam *ps = loop_params(e, fd, table, param_of, &np);
-	char *key = shape_key(e, fd, ps, np, param_of);
-	const char *shape = arena_printf(a, "%s", key);
-	free(key);
+	int np, *param_of;
+	LoopParam *ps = loop_params(e, fd, table, &param_of, &np);
+	const char *shape = shape_key(e, fd, ps, np, param_of);
 	free(ps);
 	free(param_of);
 	free(table);
