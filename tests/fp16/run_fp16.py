@@ -1,5 +1,7 @@
 #!/usr/bin/env python3
-"""tests/fp16: fp16 training with dynamic loss scaling, run by a generated program (examples/gpt.plan).
+"""tests/fp16: fp16 training with dynamic loss scaling, run by a generated program (examples/gpt.plan
+at S 32, the GPT size tests/equiv falls back to: what loss scaling does is the same on a shorter
+context, on half the arithmetic).
 
   trains      the fp16 plan's loss falls, no step is skipped at the initial scale 65536, and every
               step's loss is within 2e-3 relative of the f32 run's (plan single)
@@ -27,7 +29,8 @@ runner = harness.Runner("fp16")
 data, work, check, build, run = runner.data, runner.work, runner.check, runner.programs.build, runner.programs.run
 losses, read_st = harness.losses, harness.read_safetensors
 
-fp16, f32 = build("gpt", "fp16"), build("gpt", "single")
+SIZE = ("S=32",)  # --model-arg: the example at a 32-token context
+fp16, f32 = build("gpt", "fp16", size=SIZE), build("gpt", "single", size=SIZE)
 rc1, e1 = run(fp16, "--steps", "12", "--data", data, "--log", f"{work}/fp16.jsonl")
 rc2, e2 = run(f32, "--steps", "12", "--data", data, "--log", f"{work}/f32.jsonl")
 rows = harness.read_log(f"{work}/fp16.jsonl") if rc1 == 0 else []
@@ -83,7 +86,7 @@ check("--max-skips 2 stops at the second skipped step, with no --save written",
 rc1, e1 = run(fp16, "--steps", "1", "--data", data, "--loss-scale-init", "-4")
 check("refused: --loss-scale-init -4", rc1 != 0 and "--loss-scale-init needs a positive finite number" in e1,
       e1.strip().splitlines()[0][:160] if e1.strip() else "")
-dp2 = build("gpt", "fp16_dp2")
+dp2 = build("gpt", "fp16_dp2", size=SIZE)
 rc1, e1 = run(dp2, "--steps", "8", "--data", data, "--log", f"{work}/fp16dp2.jsonl")
 c = losses(f"{work}/fp16dp2.jsonl") if rc1 == 0 else {}
 dev = max((abs(c[k] - a[k]) / abs(a[k]) for k in c), default=1.0) if len(c) == 8 and len(a) == 12 else 1.0
