@@ -3,7 +3,11 @@
 # that scripts/gpu-prepare.sh made on the build machine (the GPU machine needs the CUDA toolkit,
 # python3 with PyTorch, and none of the project's other dependencies: no MPI, no OpenBLAS, no LLVM).
 #
-#   bash BUNDLE/gpu-check.sh [--build-only]
+#   bash BUNDLE/gpu-check.sh [--build-only | --no-bench | --bench-only]
+#
+# The whole call (1-7) is more than the device tool's 10 minutes a command on an H200 once
+# torch.compile runs: split it as `--no-bench` (1-4, the correctness) and `--bench-only` (the build
+# of the bench programs, 5-7).
 #
 # 1. builds planrt with its node-local MPI and planrt-run, its launcher (no MPI on that machine:
 #    docs/gpu.md), the CUDA programs the bundle holds the sources of (gpu-build.sh: nvcc sm_80 +
@@ -30,12 +34,17 @@
 #    every plan is printed last, for docs/gpu.md;
 # 5. measures the bf16 GEMM rate with cuBLAS (8192^3), then times bench/gpu/gpt350m.plan (355M
 #    parameters, bf16, batch 8 x 1024): tokens/s and MFU = model FLOPs per step (planc explain) /
-#    step time / the measured GEMM rate; its device memory against planc explain's (the arena and
+#    step time / the measured GEMM rate (and / the datasheet's 989 TFLOP/s); explain's estimated
+#    step against the measured one; its device memory against planc explain's (the arena and
 #    state the program allocates, and the peak the device saw);
-# 6. the same model in PyTorch eager on the same GPU (bench/gpu/torch_gpt.py) and the ratio.
+# 6. the same model in PyTorch on the same GPU (bench/gpu/torch_bench.py: eager with the program's
+#    attention arithmetic, SDPA, torch.compile; TORCH_MODES picks) and the ratios;
+# 7. 5 and 6 for bench/gpu/llama1b.plan (1.03B parameters: GQA, RoPE, SwiGLU, RMS norm).
 # Without a GPU (or with --build-only) it stops after the build, having run each kind of program
 # once to show its one-line refusal. Exit status: 0 when every check passed.
 set -uo pipefail
+MODE=${1:-}
+case $MODE in "" | --build-only | --no-bench | --bench-only) ;; *) echo "usage: $0 [--build-only | --no-bench | --bench-only]" >&2; exit 2 ;; esac
 DIR=$(cd "$(dirname "$0")" && pwd)
 W=${GPU_CHECK_WORK:-/tmp/gpu-check}
 export JANSSON_DIR=${JANSSON_DIR:-$DIR/jansson}
@@ -66,8 +75,10 @@ for r in "$DIR"/ranks/*/; do
 	r=${r%/}
 	ranks+=("$r" "$W/ranks/$(basename "$r")")
 done
+[ "$MODE" = --bench-only ] && pairs=() ranks=()
 if NVCC=$NVCC bash "$DIR/gpu-build.sh" "$DIR/runtime" "$W/lib" "${pairs[@]}" \
-	"$DIR/gpt350m" "$W/gpt350m" "$DIR/gemm_rate.cu" "$W/gemm_rate" "$DIR/test_nccl_one.cu" "$W/nccl_one" &&
+	"$DIR/gpt350m" "$W/gpt350m" "$DIR/llama1b" "$W/llama1b" "$DIR/gemm_rate.cu" "$W/gemm_rate" \
+	"$DIR/test_nccl_one.cu" "$W/nccl_one" &&
 	{ [ ${#ranks[@]} = 0 ] || GPU_ARCHS=${GPU_ARCHS:-"arch=compute_90,code=sm_90"} NVCC=$NVCC \
 		bash "$DIR/gpu-build.sh" "$DIR/runtime" "$W/lib" "${ranks[@]}"; }; then
 	verdict 0 "built the CUDA programs in $(( $(date +%s) - t0 )) s"
@@ -87,10 +98,10 @@ else
 		exit 1
 	fi
 fi
-ls -la "${pairs[@]:1:1}" "$W/gpt350m" "$W/gemm_rate" 2>&1
+ls -la "${pairs[@]:1:1}" "$W/gpt350m" "$W/llama1b" "$W/gemm_rate" 2>&1
 
 RUN=$W/lib/planrt-run
-if [ "${1:-}" = "--build-only" ] || ! nvidia-smi -L >/dev/null 2>&1; then
+if [ "$MODE" = --build-only ] || ! nvidia-smi -L >/dev/null 2>&1; then
 	section "no GPU: each program says so in one line"
 	"$W/gpt350m" --steps 1 --data "$DIR/corpus.txt"
 	rc=$?
@@ -105,12 +116,14 @@ if [ "${1:-}" = "--build-only" ] || ! nvidia-smi -L >/dev/null 2>&1; then
 	exit $fail
 fi
 
+if [ "$MODE" != --bench-only ]; then
 section "the device comm backends on one GPU (tests/cuda/test_nccl_one.cu)"
 "$W/nccl_one"
 verdict $? "NCCL's every collective kind and p2p, and the MPI device backend's staging and ordering, on the GPU"
+fi
 
-for c in "$DIR"/compare/*/; do
-	c=${c%/}
+for ((i = 0; i < ${#pairs[@]}; i += 2)); do
+	c=${pairs[i]}
 	name=$(basename "$c")
 	section "$(cat "$c/what"): 20 steps on the GPU against the CPU program (f32, TF32 off)"
 	rm -f "$W/$name.jsonl"
@@ -191,23 +204,30 @@ print(f"device communicators of the last plan's rank 0: {rows[-1]['backend']}" i
 PY
 fi
 
+if [ "$MODE" != --no-bench ]; then
 section "cuBLAS bf16 GEMM rate (8192^3, random data)"
 gemm_line=$("$W/gemm_rate" 8192 8192 8192)
 echo "$gemm_line"
 rate=$(echo "$gemm_line" | awk '{print $(NF-1)}')
 
-section "bench/gpu/gpt350m.plan bf16: 355M parameters, batch 8 x 1024 tokens"
-STEPS=${GPT350M_STEPS:-12}
-rm -f "$W/gpt350m.jsonl"
-PLANRT_REPORT_MEMORY=1 PLANRT_REPORT_TIMING=1 "$W/gpt350m" --steps "$STEPS" --data "$DIR/corpus.txt" \
-	--log "$W/gpt350m.jsonl" 2>"$W/gpt350m.err" | tail -2
-cat "$W/gpt350m.err"
-python3 - "$W/gpt350m.jsonl" "$W/gpt350m.err" "$DIR/gpt350m_explain.json" "${rate:-0}" > "$W/gpt350m.figures" <<'PY'
+# bench MODEL WHAT: bench/gpu/MODEL.plan's bf16 program timed (tokens/s, MFU against the measured
+# GEMM rate and against the datasheet's 989 TFLOP/s, device memory against explain), then the same
+# model in PyTorch (bench/gpu/torch_bench.py: eager with planc's attention arithmetic, SDPA,
+# torch.compile) and the ratios
+bench() {
+	local name=$1 what=$2 steps=${BENCH_STEPS:-12} rc planc_tps
+	section "bench/gpu/$name.plan bf16: $what"
+	rm -f "$W/$name.jsonl"
+	PLANRT_REPORT_MEMORY=1 PLANRT_REPORT_TIMING=1 "$W/$name" --steps "$steps" --data "$DIR/corpus.txt" \
+		--log "$W/$name.jsonl" 2>"$W/$name.err" | tail -2
+	cat "$W/$name.err"
+	python3 - "$W/$name.jsonl" "$W/$name.err" "$DIR/${name}_explain.json" "${rate:-0}" > "$W/$name.figures" <<'PY'
 import json, re, sys
 log = [json.loads(l) for l in open(sys.argv[1])]
 err = open(sys.argv[2]).read()
 ex = json.load(open(sys.argv[3]))
 rate = float(sys.argv[4]) * 1e12
+DATASHEET = 989e12  # H100 / H200 SXM dense bf16
 role = ex["roles"][0]
 steady = log[2:] if len(log) > 4 else log
 step_s = sum(x["step_ms"] for x in steady) / len(steady) / 1e3
@@ -216,7 +236,11 @@ flops = ex["model_flops_per_step"]
 print(f"  losses {log[0]['loss']:.4f} -> {log[-1]['loss']:.4f} over {len(log)} steps")
 print(f"  step {step_s * 1e3:.1f} ms (mean of steps {len(log) - len(steady) + 1}..{len(log)}), {tokens / step_s:.0f} tokens/s")
 print(f"  model FLOPs per step {flops / 1e12:.2f} T (planc explain): {flops / step_s / 1e12:.1f} TFLOP/s, "
-      f"MFU {flops / step_s / rate * 100:.1f}% of the measured bf16 GEMM rate {rate / 1e12:.1f} TFLOP/s")
+      f"MFU {flops / step_s / rate * 100:.1f}% of the measured bf16 GEMM rate {rate / 1e12:.1f} TFLOP/s, "
+      f"{flops / step_s / DATASHEET * 100:.1f}% of the datasheet's 989 TFLOP/s")
+est = ex["estimated_step_s"]["step"]
+print(f"  explain's estimated step {est * 1e3:.1f} ms (issue 17: within 20%) against the measured "
+      f"{step_s * 1e3:.1f} ms: {(est / step_s - 1) * 100:+.0f}%")
 m = dict(re.findall(r"(\w+)=(\d+)", err.split("memory", 1)[1])) if "memory" in err else {}
 planned = role["program"]["arena"] + role["program"]["state"]
 alloc = int(m.get("device_allocated", 0))
@@ -234,19 +258,22 @@ print(f"  device {alloc} + pinned host {pinned} = {alloc + pinned} bytes allocat
 print(f"  TOKENS_PER_S={tokens / step_s:.1f}")
 sys.exit(0 if ok else 1)
 PY
-rc=$?
-cat "$W/gpt350m.figures"
-verdict $rc "the program's allocations (device + pinned host) are exactly explain's arena and state"
-planc_tps=$(grep -o 'TOKENS_PER_S=[0-9.]*' "$W/gpt350m.figures" | cut -d= -f2)
+	rc=$?
+	cat "$W/$name.figures"
+	verdict $rc "$name: the program's allocations (device + pinned host) are exactly explain's arena and state"
+	planc_tps=$(grep -o 'TOKENS_PER_S=[0-9.]*' "$W/$name.figures" | cut -d= -f2)
+	section "$name in PyTorch (eager: planc's attention arithmetic; SDPA; torch.compile)"
+	PYTHONUNBUFFERED=1 python3 "$DIR/torch_bench.py" "$name" 10 3 --modes "${TORCH_MODES:-eager,sdpa,compile}" |
+		tee "$W/torch_$name.txt"
+	[ -n "${planc_tps:-}" ] && grep "^torch $name " "$W/torch_$name.txt" | while read -r line; do
+		mode=$(echo "$line" | sed 's/^torch [a-z0-9]* \([a-z]*\):.*/\1/')
+		tps=$(echo "$line" | sed 's/.*ms\/step, \([0-9]*\) tokens.*/\1/')
+		awk -v a="$planc_tps" -v b="$tps" -v m="$mode" -v n="$name" 'BEGIN { if (b > 0) printf "%s: planc / torch %s: %.2f\n", n, m, a / b }'
+	done
+}
 
-section "the same model in PyTorch eager"
-PYTHONUNBUFFERED=1 python3 "$DIR/torch_gpt.py" 10 3 | tee "$W/torch.txt"
-torch_tps=$(grep "same attention math" "$W/torch.txt" | sed 's/.*ms\/step, \([0-9]*\) tokens.*/\1/')
-flash_tps=$(grep "flash" "$W/torch.txt" | sed 's/.*ms\/step, \([0-9]*\) tokens.*/\1/')
-if [ -n "${planc_tps:-}" ] && [ -n "${torch_tps:-}" ]; then
-	awk -v a="$planc_tps" -v b="$torch_tps" -v c="${flash_tps:-0}" 'BEGIN {
-		printf "planc / torch eager (same attention math): %.2f\n", a / b
-		if (c > 0) printf "planc / torch eager (flash attention): %.2f\n", a / c }'
+bench gpt350m "355M parameters, batch 8 x 1024 tokens"
+bench llama1b "1.03B parameters (GQA 16/4, RoPE, SwiGLU, RMS norm), batch 8 x 1024 tokens"
 fi
 
 section "done"

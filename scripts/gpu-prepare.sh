@@ -13,8 +13,8 @@
 # the CPU program linked with planrt's node-local MPI and run by planrt-run, PLANC's build tree's
 # libplanrt_local.a: the same collectives, in the same order, as the GPU run's MPI device backend
 # makes), the device comm backends' unit test (tests/cuda/test_nccl_one.cu), the CUDA sources of
-# bench/gpu/gpt350m.plan `bf16`, planc explain --json of the 355M plan, the GEMM benchmark, the
-# PyTorch model, data/corpus.txt, jansson's header and static archive (the one C library planrt
+# bench/gpu/gpt350m.plan `bf16` and bench/gpu/llama1b.plan `bf16`, planc explain --json of each,
+# the GEMM benchmark, the PyTorch models (bench/gpu/torch_bench.py), data/corpus.txt, jansson's header and static archive (the one C library planrt
 # needs that a CUDA image lacks), and prebuilt/: the single-rank programs built here by gpu-build.sh,
 # used only if the build there fails. It ends by building the bundle here (gpu-check.sh --build-only), so
 # a bundle that does not build is never shipped.
@@ -28,7 +28,7 @@ mkdir -p "$B/runtime" "$B/jansson/include" "$B/jansson/lib" "$B/prebuilt"
 B=$(cd "$B" && pwd)
 cp -r "$ROOT"/runtime/. "$B/runtime/" # a folder per concern (runtime/README.md), include/, standalone/
 cp "$ROOT/scripts/gpu-build.sh" "$ROOT/scripts/gpu-check.sh" "$ROOT/scripts/gpu-ranks-check.py" \
-	"$ROOT/tests/cuda/test_nccl_one.cu" "$ROOT/tests/cuda/tally.h" "$ROOT/bench/gpu/gemm_rate.cu" "$ROOT/bench/gpu/torch_gpt.py" \
+	"$ROOT/tests/cuda/test_nccl_one.cu" "$ROOT/tests/cuda/tally.h" "$ROOT/bench/gpu/gemm_rate.cu" "$ROOT/bench/gpu/torch_bench.py" \
 	"$ROOT/bench/gpu/profile.sh" \
 	"$ROOT/data/corpus.txt" "$B/"
 cp /usr/include/jansson.h /usr/include/jansson_config.h "$B/jansson/include/"
@@ -37,6 +37,9 @@ cd "$ROOT"
 "$PLANC" emit cuda bench/gpu/gpt350m.plan --plan bf16 -o "$B/gpt350m"
 "$PLANC" explain bench/gpu/gpt350m.plan --plan bf16 --json > "$B/gpt350m_explain.json"
 "$PLANC" explain bench/gpu/gpt350m.plan --plan bf16 > "$B/gpt350m_explain.txt"
+"$PLANC" emit cuda bench/gpu/llama1b.plan --plan bf16 -o "$B/llama1b"
+"$PLANC" explain bench/gpu/llama1b.plan --plan bf16 --json > "$B/llama1b_explain.json"
+"$PLANC" explain bench/gpu/llama1b.plan --plan bf16 > "$B/llama1b_explain.txt"
 # the programs compared with the CPU: their CUDA sources, and the CPU program's 20 losses here
 tmp=$(mktemp -d)
 while read -r name file plan data what; do
@@ -118,6 +121,6 @@ rm -rf "$tmp"
 JANSSON_DIR=$B/jansson GPU_CHECK_WORK=$B/.work bash "$B/gpu-check.sh" --build-only
 # (the multi-rank programs are built there only: prebuilt they would take the bundle past the 64 MiB
 # a device call carries)
-cp "$B"/.work/*_single "$B/.work/gpt350m" "$B/.work/gemm_rate" "$B/.work/nccl_one" "$B/.work/lib/planrt-run" "$B/prebuilt/"
+cp "$B"/.work/*_single "$B/.work/gpt350m" "$B/.work/llama1b" "$B/.work/gemm_rate" "$B/.work/nccl_one" "$B/.work/lib/planrt-run" "$B/prebuilt/"
 rm -rf "$B/.work"
 du -sh "$B"

@@ -28,6 +28,10 @@ the same final weights:
          experts written here from docs/moe.md (every first choice before any second choice, per
          sample), with the Switch load-balancing loss and the router z-loss; and every step's
          routing metrics in the log (moe_dropped, moe_load per layer) equal to the reference's
+  bench  bench/gpu/gpt350m.plan and bench/gpu/llama1b.plan, plan f32, at a small size (--model-arg),
+         against bench/gpu/torch_bench.py's functional models in their `eager` mode (what
+         scripts/gpu-check.sh times beside planc's CUDA program): the benchmark's PyTorch side
+         computes what planc's program computes
 
 The initial weights are drawn by PyTorch and written as a safetensors file the way the safetensors
 library lays one out (8-byte header length, JSON header with __metadata__ and data offsets,
@@ -58,7 +62,7 @@ except ImportError as e:
 
 planc, root = sys.argv[1], sys.argv[2]
 steps = int(sys.argv[3]) if len(sys.argv) > 3 else 20
-models = sys.argv[4:] or ["gpt", "llama", "bert", "ops", "moe", "finetune"]
+models = sys.argv[4:] or ["gpt", "llama", "bert", "ops", "moe", "finetune", "bench"]
 SEED = 1234
 env = harness.mpi_env()
 torch.set_num_threads(1)
@@ -203,9 +207,10 @@ corpus = f"{root}/data/corpus.txt"
 data = list(open(corpus, "rb").read())
 
 
-def build(plan_file, plan):
-    prog = f"{work}/{os.path.basename(plan_file)[:-5]}_{plan}"
-    err = harness.build(planc, plan_file, plan, prog)
+def build(plan_file, plan, size=()):
+    """the program of plan_file's plan, at size (--model-arg NAME=VALUE ..., the model's own size when empty)"""
+    prog = f"{work}/{os.path.basename(plan_file)[:-5]}_{plan}" + "".join(f"_{a.replace('=', '')}" for a in size)
+    err = harness.build(planc, plan_file, plan, prog, *harness.model_args(size))
     if err:
         raise SystemExit(f"FAIL: {err}")
     return prog
@@ -602,6 +607,32 @@ def run_finetune():
     check("the frozen wte and the buffer scale end bit for bit as they began", same)
 
 
+def run_bench():
+    """bench/gpu's two models, small, against the PyTorch models scripts/gpu-check.sh times"""
+    sys.path.insert(0, f"{root}/bench/gpu")
+    import torch_bench  # noqa: E402  (bench/gpu/torch_bench.py)
+    small = {"gpt350m": dict(V=256, S=32, D=64, H=4, L=2), "llama1b": dict(V=256, S=32, D=64, H=4, K=2, F=176, L=2)}
+    for name, size in small.items():
+        c = dict(torch_bench.CONFIGS[name], **size)
+        prog = build(f"{root}/bench/gpu/{name}.plan", "f32", tuple(f"{k}={v}" for k, v in size.items()))
+        shapes = program_shapes(prog)
+        want = {n: s for n, (s, _) in torch_bench.MODELS[name][0](c).items()}
+        if {n: list(t.shape) for n, t in shapes.items()} != want:
+            check(f"bench/gpu/torch_bench.py {name}: the program's parameters", False,
+                  f"names or shapes differ: {sorted(set(shapes) ^ set(want))[:4]}")
+            continue
+        init = init_like(shapes, ("norm.weight", "norm_1.weight"))
+        planc_losses, final = train_program(prog, init)
+
+        def loss_of(w, step):
+            tokens, targets = batch(data, step, c["B"], c["S"])
+            return torch_bench.MODELS[name][1](w, tokens, targets, c, False)
+        torch_losses, w = train_torch(init, loss_of, dict(torch_bench.ADAMW, eps=1e-8))
+        report(f"bench/gpu/{name}.plan f32 at {size} (bench/gpu/torch_bench.py's eager model, which "
+               f"scripts/gpu-check.sh times)", planc_losses, torch_losses, final, w)
+
+
 for m in models:
-    {"gpt": run_gpt, "llama": run_llama, "ops": run_ops, "bert": run_bert, "moe": run_moe, "finetune": run_finetune}[m]()
+    {"gpt": run_gpt, "llama": run_llama, "ops": run_ops, "bert": run_bert, "moe": run_moe, "finetune": run_finetune,
+     "bench": run_bench}[m]()
 tally.finish()
