@@ -147,6 +147,9 @@ add_test(NAME lower_ir COMMAND lower_test_ir WORKING_DIRECTORY ${ROOT})
 runner_test(cuda_streams 300 python3 ${ROOT}/tests/cuda/check_streams.py ${PLANC} ${ROOT})
 # the multi-tensor optimizer's tables (compiler/target/cuda/optim_groups.c) against the C target's calls
 runner_test(cuda_optim_groups 120 python3 ${ROOT}/tests/cuda/check_optim_groups.py ${PLANC} ${ROOT})
+# bench/gpu/count_step.py (a CUDA program's device calls per step, from its source) counts a layer
+# loop's body once a layer: the looped program's report equals the unrolled one's
+runner_test(cuda_count_step 120 python3 ${ROOT}/tests/cuda/check_count_step.py ${PLANC} ${ROOT})
 # the sync-strategy device kernels' per-element logic (runtime/include/planrt_sync_math.h) on the CPU,
 # composed as runtime/cuda/sync_cuda.cu composes it, against compress.c, sync.c and step.c on 4 ranks
 cuda_host_mpi_test(sync_math)
@@ -242,7 +245,7 @@ set(QUICK_TESTS errors fmt_roundtrip cli explain_goldens explain_formulas explai
     runtime_rng runtime_data runtime_optim runtime_safetensors runtime_log runtime_memory runtime_collectives
     runtime_step_kernels runtime_watchdog runtime_watchdog_world_sum runtime_collectives_no_watchdog
     runtime_program runtime_program_cli kernels_fd kernels_semantics kernels_matmul_bf16 kernels_decode pipeline_partition pipeline_stages
-    sync_check sync_kernels llvm_verify scale_check lower_ir cuda_streams cuda_sync_math cuda_moe_math cuda_attention_math cuda_layout_math cuda_optim_math cuda_optim_groups equiv_ops equiv_mlp arch arch_functions
+    sync_check sync_kernels llvm_verify scale_check lower_ir cuda_streams cuda_sync_math cuda_moe_math cuda_attention_math cuda_layout_math cuda_optim_math cuda_optim_groups cuda_count_step equiv_ops equiv_mlp arch arch_functions
     fmt_golden data explain_json_exact generate_graph cuda_gpu_binding cuda_comm_staged_watchdog)
 set(MPI_TESTS runtime_collectives runtime_step_kernels runtime_watchdog runtime_watchdog_world_sum
     runtime_collectives_no_watchdog runtime_program runtime_program_cli runtime_oversubscribed sync_kernels sync_runs llvm_diff

@@ -7,7 +7,12 @@ narrowing after it). The predictions in bench/gpu/NOTES.md come from it.
 
 usage: count_step.py PLANC PLAN_FILE PLAN [PLAN_FILE PLAN ...]
 A step is step_begin, then forward and backward once per micro-batch (each model chunk's), then
-step; the micro-batch count is planc explain's.
+step; the micro-batch count is planc explain's. A run of layers printed as a loop (`for (int l =
+A; l < B; l++) {` ... `}`, docs/ir.md "Layers as loops") counts its body once a layer; a loop whose
+bounds are not numbers (a function several stages share) is an error, not a guess.
+usage: count_step.py [--no-layer-loops] PLANC PLAN_FILE PLAN [PLAN_FILE PLAN ...]
+  --no-layer-loops  count the program printed with every layer in full (what the loops must equal:
+                    tests/cuda/check_count_step.py)
 """
 import collections
 import json
@@ -25,6 +30,7 @@ NOT_LAUNCHES = {"planrt_cu_record", "planrt_cu_wait", "planrt_cu_record_entry", 
                 "planrt_cu_synchronize", "planrt_cu_host_state", "planrt_cu_event_t"}
 CALL = re.compile(r"^\s*(planrt_cu_[a-z0-9_]+|loop[0-9]+_launch)\(")
 CAST = re.compile(r"planrt_cu_cast\(([^;]*)\);")
+LOOP = re.compile(r"^(\s*)for \(int l = (-?[0-9]+); l < (-?[0-9]+); l\+\+\) \{$")
 PHASE = re.compile(r"^static void (step_begin|forward_c[0-9]+|backward_c[0-9]+|step)\(planrt_ctx_t \*ctx\)$")
 DTYPE_BYTES = {"planrt_f32": 4, "planrt_bf16": 2, "planrt_f16": 2, "planrt_f64": 8}
 
@@ -37,7 +43,19 @@ def phases(prog):
 def count(lines, times, launches, gemms, casts):
     pending = []  # widenings waiting for the kernel they serve
     last = "start"
+    loops = []  # (indentation, the enclosing count) of the layer loops the line is in
+    outer = times
     for line in lines:
+        loop = LOOP.match(line)
+        if loop:
+            loops.append((loop.group(1), times))
+            times *= int(loop.group(3)) - int(loop.group(2))
+            continue
+        if loops and line == loops[-1][0] + "}":
+            times = loops.pop()[1]
+            continue
+        if re.match(r"^\s*for \(", line):
+            sys.exit(f"count_step.py: a loop it cannot count: {line.strip()}")
         m = CALL.match(line)
         if not m or m.group(1) in NOT_LAUNCHES:
             continue
@@ -61,6 +79,8 @@ def count(lines, times, launches, gemms, casts):
         for n, moved in pending:
             casts[("widen for", last)] += [n, moved, times]
         pending = []
+    if loops or times != outer:
+        sys.exit(f"count_step.py: a layer loop without its closing brace ({len(loops)} open)")
 
 
 class Acc(list):
@@ -70,9 +90,9 @@ class Acc(list):
         return self
 
 
-def report(planc, plan_file, plan):
+def report(planc, plan_file, plan, emit_flags=()):
     with tempfile.TemporaryDirectory() as d:
-        subprocess.run([planc, "emit", "cuda", plan_file, "--plan", plan, "-o", d], check=True,
+        subprocess.run([planc, "emit", "cuda", plan_file, "--plan", plan, "-o", d, *emit_flags], check=True,
                        stdout=subprocess.DEVNULL)
         prog = open(os.path.join(d, "prog.c")).read()
     ex = json.loads(subprocess.run([planc, "explain", plan_file, "--plan", plan, "--json"], check=True,
@@ -97,10 +117,13 @@ def report(planc, plan_file, plan):
 
 
 def main():
-    if len(sys.argv) < 4 or len(sys.argv) % 2:
+    args = sys.argv[1:]
+    flags = [a for a in args if a == "--no-layer-loops"]
+    args = [a for a in args if a != "--no-layer-loops"]
+    if len(args) < 3 or len(args) % 2 == 0:
         sys.exit(__doc__)
-    for i in range(2, len(sys.argv), 2):
-        report(sys.argv[1], sys.argv[i], sys.argv[i + 1])
+    for i in range(1, len(args), 2):
+        report(args[0], args[i], args[i + 1], flags)
 
 
 if __name__ == "__main__":
