@@ -350,6 +350,8 @@
 	  KP(CTX, ctx) KP(I32_OUT, dst) KP(FLAG, position)) \
 	X(DECODE_LOGITS, "decode_logits", KC_IO, planrt_decode_logits, KDEV_HOST, \
 	  KP(CTX, ctx) KP(F32_IN, logits) KP(I64, vocab)) \
+	X(PERMUTE_16, "permute_16", KC_COMPUTE, planrt_k_permute_16, KDEV(planrt_cu_k_permute_16), \
+	  KP(INT, rank) KP(DIMS, in_dims) KP(PERM, perm) KP(IN, in) KP(OUT, out)) \
 	Y(OPAQUE, "op", KC_OPAQUE)
 
 

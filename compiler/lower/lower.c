@@ -2695,12 +2695,26 @@ static bool matmul_reads_bf16(LProg *p, Kernel *k)
 	return true;
 }
 
+/* A permute whose input and output are stored in one 2-byte type (bf16, f16) moves them as they
+ * are: the values widening, permuting in f32 and narrowing would give, without the two casts and
+ * their f32 copies. */
+static bool permute_moves_16(LProg *p, Kernel *k)
+{
+	if (k->kind != K_PERMUTE)
+		return false;
+	int in = root_dtype(p, KARG(k, PERMUTE, in)), out = root_dtype(p, KARG(k, PERMUTE, out));
+	if (in != out || (in != DT_BF16 && in != DT_F16))
+		return false;
+	k->kind = K_PERMUTE_16; /* the same arguments, in the same order */
+	return true;
+}
+
 static void lower_conversions(LProg *p)
 {
 	Inserts casts = {0};
 	int nk = p->nk;
 	for (int i = 0; i < nk; i++) {
-		if (matmul_reads_bf16(p, &p->k[i]) || !takes_f32_only(p->k[i].kind))
+		if (matmul_reads_bf16(p, &p->k[i]) || permute_moves_16(p, &p->k[i]) || !takes_f32_only(p->k[i].kind))
 			continue;
 		for (int a = 0; a < p->k[i].nargs; a++) {
 			Kernel *k = &p->k[i];

@@ -466,6 +466,19 @@ const planrt_cpu_table_t PLANRT_CPU_NAME(planrt_cpu_table, PLANRT_CPU_VARIANT) =
 #undef KSQRT
 #undef KGEMM
 
+/* ---- 2-byte elements permuted as they are stored (bf16, f16): K_PERMUTE_16 ----------------------- */
+#define T uint16_t
+#define S u16
+void planrt_k_permute_u16(int rank, const int64_t *in_dims, const int *perm, const uint16_t *in, uint16_t *out);
+#include "permute_impl.h"
+#undef T
+#undef S
+
+void planrt_k_permute_16(int rank, const int64_t *in_dims, const int *perm, const void *in, void *out)
+{
+	planrt_k_permute_u16(rank, in_dims, perm, in, out);
+}
+
 /* ---- bf16 ---------------------------------------------------------------------------------------
  * Round to nearest even on the upper 16 bits, as torch's c10::BFloat16: infinities stay infinite,
  * finite values past the largest bf16 round to infinity, every NaN becomes the quiet NaN 0x7fc0. */

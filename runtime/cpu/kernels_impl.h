@@ -782,36 +782,7 @@ void FN(planrt_k_embed_grad)(const int32_t *ids, const T *dy, T *dtable, int64_t
 	}
 }
 
-/* ---- permute ----------------------------------------------------------------------------------- */
-void FN(planrt_k_permute)(int rank, const int64_t *in_dims, const int *perm, const T *in, T *out)
-{
-	KLEVEL(planrt_k_permute, (rank, in_dims, perm, in, out));
-	int64_t ist[KMAX_RANK], odims[KMAX_RANK], ost[KMAX_RANK], pst[KMAX_RANK];
-	if (rank < 0 || rank > KMAX_RANK)
-		kfatal("permute rank out of range");
-	kstrides(rank, in_dims, ist);
-	for (int d = 0; d < rank; d++) {
-		odims[d] = in_dims[perm[d]];
-		pst[d] = ist[perm[d]];
-	}
-	kstrides(rank, odims, ost);
-	KView v;
-	kview_init(&v, rank, odims, 2, ost, pst, NULL);
-	if (v.total == 0)
-		return;
-	int64_t n = v.dims[v.rank - 1], is = v.st[1][v.rank - 1];
-	for (int64_t done = 0; done < v.total; done += n) {
-		const T *restrict x = in + v.off[1];
-		T *restrict o = out + v.off[0];
-		if (is == 1) /* (a loop: rows of a head's few elements cost memcpy more in calls than copies) */
-			for (int64_t i = 0; i < n; i++)
-				o[i] = x[i];
-		else
-			for (int64_t i = 0; i < n; i++)
-				o[i] = x[i * is];
-		kview_next(&v);
-	}
-}
+#include "permute_impl.h"
 
 /* ---- reductions over one dim ---------------------------------------------------------------------- */
 void FN(planrt_k_sum_dim)(const T *x, T *y, int64_t outer, int64_t n, int64_t inner, double scale)

@@ -263,7 +263,9 @@ void planrt_cu_k_matmul_bf16(int64_t batch, int64_t M, int64_t N, int64_t K, con
 
 /* ------------------------------------------------------------------ permute, sum_to */
 
-__global__ static void permute_kernel(int rank, Dims odims, Dims pst, const float *in, float *out, int64_t n)
+/* one element type for every permute: f32, and 2-byte bf16 / f16 moved as stored (permute_16) */
+template <typename E>
+__global__ static void permute_kernel(int rank, Dims odims, Dims pst, const E *in, E *out, int64_t n)
 {
 	GRID_STRIDE(i, n)
 	{
@@ -286,7 +288,8 @@ static void strides_of(int rank, const int64_t *dims, int64_t *st)
 	}
 }
 
-void planrt_cu_k_permute_f32(int rank, const int64_t *in_dims, const int *perm, const float *in, float *out, int stream)
+template <typename E>
+static void permute(int rank, const int64_t *in_dims, const int *perm, const E *in, E *out, int stream)
 {
 	check_rank("permute", rank);
 	int64_t ist[KMAX], od[KMAX], ps[KMAX], n = 1;
@@ -296,7 +299,17 @@ void planrt_cu_k_permute_f32(int rank, const int64_t *in_dims, const int *perm, 
 		ps[d] = ist[perm[d]];
 		n *= od[d];
 	}
-	LAUNCH(permute_kernel, n, stream, rank, dims_of(rank, od), dims_of(rank, ps), in, out, n);
+	LAUNCH(permute_kernel<E>, n, stream, rank, dims_of(rank, od), dims_of(rank, ps), in, out, n);
+}
+
+void planrt_cu_k_permute_f32(int rank, const int64_t *in_dims, const int *perm, const float *in, float *out, int stream)
+{
+	permute(rank, in_dims, perm, in, out, stream);
+}
+
+void planrt_cu_k_permute_16(int rank, const int64_t *in_dims, const int *perm, const void *in, void *out, int stream)
+{
+	permute(rank, in_dims, perm, (const uint16_t *)in, (uint16_t *)out, stream);
 }
 
 /* out[o] += the sum over the reduced dims of in, for the output elements; the reduced index range
