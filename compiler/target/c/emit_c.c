@@ -1335,6 +1335,9 @@ typedef struct LoopShape {
 	int nruns, nparams;
 	const char **first; /* [param]: the first run's `same` */
 	bool *differs;      /* [param] */
+	/* [param]: the first parameter that has its argument in every run of the shape (itself, or one
+	 * it folds into: two buffers every stage places alike are one argument) */
+	int *same_as;
 	const char *fn;     /* its function, once printed */
 } LoopShape;
 
@@ -1427,11 +1430,22 @@ static void print_param_use(FILE *f, const LoopParam *p, int j, const char *name
 
 /* Fold fd's value holes as parameters (holes alike in every layer are one), and (*param_of,
  * malloc'd) each hole's. */
+/* Whether holes h and g of fold fd name the same buffers layer for layer (both name buffers). Two
+ * buffers that the memory plan happens to give one place are not the same: which ones coincide
+ * differs between the stages that share a loop function, so it must not shape the function. */
+static bool same_buffers(const Fold *fd, int h, int g)
+{
+	for (int t = 0; t < fd->run->nlayers; t++)
+		if (fd->holes[t].h[h].buf != fd->holes[t].h[g].buf)
+			return false;
+	return true;
+}
+
 static LoopParam *loop_params(Emit *e, const Fold *fd, const char **table, int **param_of_out, int *np)
 {
-	int nh = fd->holes[0].n, *param_of = calloc((size_t)nh + 1, sizeof(int));
+	int nh = fd->holes[0].n, *param_of = calloc((size_t)nh + 1, sizeof(int)), *hole_of = calloc((size_t)nh + 1, sizeof(int));
 	LoopParam *ps = calloc((size_t)nh + 1, sizeof(LoopParam));
-	if (!ps || !param_of)
+	if (!ps || !param_of || !hole_of)
 		ICE("out of memory");
 	*param_of_out = param_of;
 	*np = 0;
@@ -1441,12 +1455,17 @@ static LoopParam *loop_params(Emit *e, const Fold *fd, const char **table, int *
 		LoopParam x = loop_param(e, fd, h, table[h]);
 		int j = 0;
 		while (j < *np && (strcmp(ps[j].type, x.type) || strcmp(ps[j].stem, x.stem) || strcmp(ps[j].arg, x.arg) ||
-				   strcmp(ps[j].use, x.use)))
+				   strcmp(ps[j].use, x.use) ||
+				   ((fd->holes[0].h[h].buf >= 0 || fd->holes[0].h[hole_of[j]].buf >= 0) &&
+				    !same_buffers(fd, h, hole_of[j]))))
 			j++;
-		if (j == *np)
+		if (j == *np) {
+			hole_of[j] = h;
 			ps[(*np)++] = x;
+		}
 		param_of[h] = j;
 	}
+	free(hole_of);
 	return ps;
 }
 
@@ -1625,8 +1644,8 @@ static void print_shared_function(Emit *e, const Fold *fd, LoopShape *sh, const 
 	const char **names = calloc((size_t)sh->nparams + 1, sizeof(char *));
 	if (!inlined || !names)
 		ICE("out of memory");
-	for (int j = 0; j < sh->nparams; j++)
-		inlined[j] = !sh->differs[j];
+	for (int j = 0; j < sh->nparams; j++) /* (a folded parameter is never used: nothing to declare) */
+		inlined[j] = !sh->differs[j] || sh->same_as[j] != j;
 	char *positional = loop_body_text(e, fd, ps, param_of, inlined, NULL);
 	loop_param_names(e, sh, ps, inlined, positional, names);
 	free(positional);
@@ -1680,10 +1699,12 @@ static bool print_shared_call(Emit *e, const Fold *fd, const char **table)
 	LoopShape *sh = symtab_get(e->loop_shapes_seen, key);
 	bool called = false;
 	if (e->learning_shapes) {
-		if (!sh) {
+		bool first = !sh;
+		if (first) {
 			sh = arena_alloc(a, sizeof(LoopShape));
 			*sh = (LoopShape){.nparams = np, .first = arena_alloc(a, sizeof(char *) * (size_t)(np + 1)),
-					  .differs = arena_alloc(a, sizeof(bool) * (size_t)(np + 1))};
+					  .differs = arena_alloc(a, sizeof(bool) * (size_t)(np + 1)),
+					  .same_as = arena_alloc(a, sizeof(int) * (size_t)(np + 1))};
 			for (int j = 0; j < np; j++)
 				sh->first[j] = ps[j].same;
 			symtab_put(e->loop_shapes_seen, key, sh);
@@ -1692,12 +1713,25 @@ static bool print_shared_call(Emit *e, const Fold *fd, const char **table)
 		for (int j = 0; j < np; j++)
 			if (!ps[j].same || !sh->first[j] || strcmp(ps[j].same, sh->first[j]))
 				sh->differs[j] = true;
+		/* the parameters with equal arguments in every run so far (j's class: the first k in j's
+		 * class before this run whose argument equals j's in this run) */
+		for (int j = np - 1; j >= 0; j--) {
+			int k = 0;
+			while (k < j && ((!first && sh->same_as[k] != sh->same_as[j]) || strcmp(ps[k].type, ps[j].type) ||
+					 strcmp(ps[k].stem, ps[j].stem) || strcmp(ps[k].use, ps[j].use) ||
+					 strcmp(ps[k].arg, ps[j].arg)))
+				k++;
+			sh->same_as[j] = k;
+		}
 	} else if (sh && sh->nruns > 1) {
+		for (int h = 0; h < fd->holes[0].n; h++) /* a folded parameter's uses are its class's first's */
+			if (fd->holes[0].h[h].type)
+				param_of[h] = sh->same_as[param_of[h]];
 		if (!sh->fn)
 			print_shared_function(e, fd, sh, ps, param_of);
 		fprintf(e->f, "\t\t%s(ctx, %d", sh->fn, fd->run->nlayers);
 		for (int j = 0; j < np; j++)
-			if (sh->differs[j])
+			if (sh->differs[j] && sh->same_as[j] == j)
 				fprintf(e->f, ", %s", ps[j].arg);
 		fprintf(e->f, ");\n\t}\n");
 		called = true;
