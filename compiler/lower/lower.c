@@ -2696,8 +2696,8 @@ static bool matmul_reads_bf16(LProg *p, Kernel *k)
 }
 
 /* A permute whose input and output are stored in one 2-byte type (bf16, f16) moves them as they
- * are: the values widening, permuting in f32 and narrowing would give, without the two casts and
- * their f32 copies. */
+ * are: the values widening, permuting in f32 and narrowing would give (a NaN keeps its payload,
+ * which the narrowing made the quiet NaN), without the two casts and their f32 copies. */
 static bool permute_moves_16(LProg *p, Kernel *k)
 {
 	if (k->kind != K_PERMUTE)

@@ -3,7 +3,7 @@
  * (planrt_k_permute_16: bf16 and f16 moved as they are stored, K_PERMUTE_16 of lower.c). The
  * includer defines T, FN(name) and KLEVEL, and provides KView, kfatal and kstrides (kernels.c). A
  * permute only moves values, so every instantiation gives the bits the f32 one gives on the values
- * widened. */
+ * widened (the 2-byte one keeps a NaN's payload, which narrowing would make the quiet NaN). */
 void FN(planrt_k_permute)(int rank, const int64_t *in_dims, const int *perm, const T *in, T *out)
 {
 	KLEVEL(planrt_k_permute, (rank, in_dims, perm, in, out));

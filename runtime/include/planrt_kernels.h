@@ -302,7 +302,8 @@ static inline int64_t planrt_block_half(int rank, const int64_t *ldims, const in
 PLANRT_KERNELS(float, f32)
 PLANRT_KERNELS(double, f64)
 /* permute of 2-byte elements (bf16, f16) as they are stored: a bf16 or f16 program's split and merge
- * of heads move values without widening them (the bits of widening, permuting and narrowing) */
+ * of heads move values without widening them (the bits of widening, permuting and narrowing, but
+ * for a NaN's payload, which it keeps) */
 void planrt_k_permute_16(int rank, const int64_t *in_dims, const int *perm, const void *in, void *out);
 
 /* The statistics the norm and cross-entropy kernels save (mean, rstd, rowmax, sumexp, tlogit, lse)
