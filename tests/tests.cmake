@@ -244,7 +244,7 @@ set_tests_properties(fuzz PROPERTIES TIMEOUT 600 SKIP_RETURN_CODE 77 FIXTURES_RE
 set(QUICK_TESTS errors fmt_roundtrip cli explain_goldens explain_formulas explain_svg explain_devices emit_golden
     runtime_rng runtime_data runtime_optim runtime_safetensors runtime_log runtime_memory runtime_collectives
     runtime_step_kernels runtime_watchdog runtime_watchdog_world_sum runtime_collectives_no_watchdog
-    runtime_program runtime_program_cli kernels_fd kernels_semantics kernels_matmul_bf16 kernels_decode pipeline_partition pipeline_stages
+    runtime_program runtime_program_cli kernels_fd kernels_semantics kernels_matmul_bf16 kernels_16 kernels_decode pipeline_partition pipeline_stages
     sync_check sync_kernels llvm_verify scale_check lower_ir cuda_streams cuda_sync_math cuda_moe_math cuda_attention_math cuda_layout_math cuda_optim_math cuda_optim_groups cuda_count_step equiv_ops equiv_mlp arch arch_functions
     fmt_golden data explain_json_exact generate_graph cuda_gpu_binding cuda_comm_staged_watchdog)
 set(MPI_TESTS runtime_collectives runtime_step_kernels runtime_watchdog runtime_watchdog_world_sum

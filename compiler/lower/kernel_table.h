@@ -352,6 +352,26 @@
 	  KP(CTX, ctx) KP(F32_IN, logits) KP(I64, vocab)) \
 	X(PERMUTE_16, "permute_16", KC_COMPUTE, planrt_k_permute_16, KDEV(planrt_cu_k_permute_16), \
 	  KP(INT, rank) KP(DIMS, in_dims) KP(PERM, perm) KP(IN, in) KP(OUT, out)) \
+	X(SUM_TO_16, "sum_to_16", KC_COMPUTE, planrt_k_sum_to_16, KDEV(planrt_cu_k_sum_to_16), \
+	  KP(INT, rank) KP(DIMS, dims) KP(IN, in) KP(DIMS, out_strides) KP(F32_OUT, out) KP(I64, out_elems) \
+	  KP(DTYPE, storage)) \
+	X(SUM_TO_ACC_16, "sum_to_acc_16", KC_COMPUTE, planrt_k_sum_to_acc_16, KDEV(planrt_cu_k_sum_to_acc_16), \
+	  KP(INT, rank) KP(DIMS, dims) KP(IN, in) KP(DIMS, out_strides) KP(F32_OUT, out) KP(I64, out_elems) \
+	  KP(DTYPE, storage)) \
+	X(LAYER_NORM_16, "layer_norm_16", KC_COMPUTE, planrt_k_layer_norm_16, KDEV(planrt_cu_k_layer_norm_16), \
+	  KP(IN, x) KP(IN, w) KP(IN, b) KP(OUT, y) KP(F32_OUT, mean) KP(F32_OUT, rstd) KP(I64, rows) \
+	  KP(I64, cols) KP(F64, eps) KP(DTYPE, storage)) \
+	X(LAYER_NORM_GRAD_16, "layer_norm_grad_16", KC_COMPUTE, planrt_k_layer_norm_grad_16, \
+	  KDEV(planrt_cu_k_layer_norm_grad_16), \
+	  KP(IN, x) KP(IN, w) KP(F32_IN, mean) KP(F32_IN, rstd) KP(IN, dy) KP(OUT, dx) KP(F32_OUT, dw) \
+	  KP(F32_OUT, db) KP(I64, rows) KP(I64, cols) KP(DTYPE, storage)) \
+	X(RMS_NORM_16, "rms_norm_16", KC_COMPUTE, planrt_k_rms_norm_16, KDEV(planrt_cu_k_rms_norm_16), \
+	  KP(IN, x) KP(IN, w) KP(OUT, y) KP(F32_OUT, rstd) KP(I64, rows) KP(I64, cols) KP(F64, eps) \
+	  KP(DTYPE, storage)) \
+	X(RMS_NORM_GRAD_16, "rms_norm_grad_16", KC_COMPUTE, planrt_k_rms_norm_grad_16, \
+	  KDEV(planrt_cu_k_rms_norm_grad_16), \
+	  KP(IN, x) KP(IN, w) KP(F32_IN, rstd) KP(IN, dy) KP(OUT, dx) KP(F32_OUT, dw) KP(I64, rows) \
+	  KP(I64, cols) KP(DTYPE, storage)) \
 	Y(OPAQUE, "op", KC_OPAQUE)
 
 

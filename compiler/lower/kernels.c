@@ -10,6 +10,8 @@
  * time in target/planrt_abi.c. */
 #include "lower/lower.h"
 
+#include <string.h>
+
 const char *const kernel_names[K_COUNT] = {
 #define X(kind, text, cls, fn, dev, params) text,
 #define Y(kind, text, cls) text,
@@ -124,6 +126,14 @@ double kernel_gemm_flops(const Kernel *k)
 }
 
 /* What may fill a parameter of each type. */
+int kernel_storage_param(KernelKind kind)
+{
+	for (int i = 0; i < kernel_nparams[kind]; i++)
+		if (kernel_params[kind][i].type == KPT_DTYPE && strcmp(kernel_params[kind][i].name, "storage") == 0)
+			return i;
+	return -1;
+}
+
 bool karg_fits(KernelKind kind, int index, const KArg *a)
 {
 	if (kernel_nparams[kind] < 0) /* an opaque op's buffers */

@@ -2709,16 +2709,74 @@ static bool permute_moves_16(LProg *p, Kernel *k)
 	return true;
 }
 
+/* Kinds with a variant that reads and writes the buffers of its IN and OUT parameters in their
+ * 16-bit storage type, named by its last parameter (`storage`): each element widened to f32 as it is
+ * read and rounded once as it is written, the arithmetic the f32 kind's. Every other parameter is
+ * the f32 kind's, in its order: statistics, and gradients accumulated over rows (a norm's weight
+ * gradient, a bias gradient), stay f32 and are still cast around the call. */
+static const KernelKind storage_16_variants[][2] = {
+	{K_SUM_TO, K_SUM_TO_16},
+	{K_SUM_TO_ACC, K_SUM_TO_ACC_16},
+	{K_LAYER_NORM, K_LAYER_NORM_16},
+	{K_LAYER_NORM_GRAD, K_LAYER_NORM_GRAD_16},
+	{K_RMS_NORM, K_RMS_NORM_16},
+	{K_RMS_NORM_GRAD, K_RMS_NORM_GRAD_16},
+};
+
+/* The 16-bit variant when every buffer its IN / OUT parameters take is stored in one 16-bit type
+ * (bf16 or f16) and none of its OUT buffers is accumulated into (their old value would be rounded
+ * again); else the kernel keeps its kind and its casts. */
+static bool reads_storage_16(LProg *p, Kernel *k)
+{
+	KernelKind v = K_COUNT;
+	for (size_t i = 0; i < sizeof storage_16_variants / sizeof storage_16_variants[0]; i++)
+		if (storage_16_variants[i][0] == k->kind)
+			v = storage_16_variants[i][1];
+	if (v == K_COUNT || k->nargs + 1 != kernel_nparams[v])
+		return false;
+	int storage = -1;
+	for (int a = 0; a < k->nargs; a++) {
+		KParamType t = kernel_params[v][a].type;
+		if ((t != KPT_IN && t != KPT_OUT) || k->args[a].kind != KA_BUF)
+			continue;
+		int d = root_dtype(p, &k->args[a]);
+		if ((d != DT_BF16 && d != DT_F16) || (storage >= 0 && d != storage))
+			return false;
+		if (t == KPT_OUT && listed(k->uses, k->nuses, k->args[a].buf))
+			return false;
+		storage = d;
+	}
+	if (storage < 0)
+		return false;
+	k->kind = v;
+	KArg s = blank_arg(KA_DTYPE);
+	s.i = storage;
+	push_arg(p, k, &s, false);
+	return true;
+}
+
+/* a buffer argument the kernel takes as f32: every buffer of an f32-only kind; a 16-bit variant's
+ * F32 parameters */
+static bool takes_f32_at(const Kernel *k, int a)
+{
+	if (kernel_storage_param(k->kind) < 0)
+		return true;
+	KParamType t = kernel_params[k->kind][a].type;
+	return t == KPT_F32_IN || t == KPT_F32_OUT;
+}
+
 static void lower_conversions(LProg *p)
 {
 	Inserts casts = {0};
 	int nk = p->nk;
 	for (int i = 0; i < nk; i++) {
-		if (matmul_reads_bf16(p, &p->k[i]) || permute_moves_16(p, &p->k[i]) || !takes_f32_only(p->k[i].kind))
+		if (matmul_reads_bf16(p, &p->k[i]) || permute_moves_16(p, &p->k[i]))
+			continue;
+		if (!reads_storage_16(p, &p->k[i]) && !takes_f32_only(p->k[i].kind))
 			continue;
 		for (int a = 0; a < p->k[i].nargs; a++) {
 			Kernel *k = &p->k[i];
-			if (k->args[a].kind != KA_BUF)
+			if (k->args[a].kind != KA_BUF || !takes_f32_at(k, a))
 				continue;
 			int b = k->args[a].buf;
 			DType stored = p->buf[buffer_root(p, b)].dtype;

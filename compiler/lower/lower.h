@@ -397,6 +397,9 @@ KArg *kernel_arg(const Kernel *k, KernelKind kind, int index);
 /* kernels.c: whether argument a may fill parameter index of kind (the builders and verify.c ask) */
 bool karg_fits(KernelKind kind, int index, const KArg *a);
 const char *karg_kind_name(KArgKind kind); /* for messages */
+/* kernels.c: the position of a kind's `storage` parameter, the 16-bit type in which its IN and OUT
+ * buffers are stored (the 16-bit variants: lower.c's lower_conversions), or -1 */
+int kernel_storage_param(KernelKind kind);
 /* An opaque kernel for graph op oi (with its communication, if any), appended in phase ph. */
 Kernel *kernel_opaque(LProg *p, int oi, Phase ph, int chunk);
 int handle_new(LProg *p, HandleType t, const char *name);

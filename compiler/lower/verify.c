@@ -127,12 +127,38 @@ static void check_matmul_bf16(Verify *V, int ki)
 		     p->buf[c->buf].name, dtype_name((DType)t->i));
 }
 
+/* A 16-bit variant's storage type is bf16 or f16, and every buffer of its IN and OUT parameters is
+ * stored in it. */
+static void check_storage_16(Verify *V, int ki)
+{
+	const LProg *p = V->p;
+	const Kernel *k = &p->k[ki];
+	int s = kernel_storage_param(k->kind);
+	if (s < 0 || k->nargs != kernel_nparams[k->kind])
+		return;
+	DType d = (DType)k->args[s].i;
+	if (d != DT_BF16 && d != DT_F16) {
+		fail(V, ki, "a 16-bit kernel stored as %s", dtype_name(d));
+		return;
+	}
+	for (int a = 0; a < k->nargs; a++) {
+		KParamType t = kernel_params[k->kind][a].type;
+		const KArg *x = &k->args[a];
+		if ((t == KPT_IN || t == KPT_OUT) && x->kind == KA_BUF && x->buf >= 0 && x->buf < p->nbuf &&
+		    p->buf[buffer_root(p, x->buf)].dtype != d)
+			fail(V, ki, "argument %d (%s) is %s buffer %s where the storage is %s", a,
+			     kernel_params[k->kind][a].name, dtype_name(p->buf[buffer_root(p, x->buf)].dtype),
+			     p->buf[x->buf].name, dtype_name(d));
+	}
+}
+
 static void check_args(Verify *V, int ki)
 {
 	const LProg *p = V->p;
 	const Kernel *k = &p->k[ki];
 	check_params(V, ki);
 	check_matmul_bf16(V, ki);
+	check_storage_16(V, ki);
 	for (int a = 0; a < k->nargs; a++) {
 		const KArg *x = &k->args[a];
 		switch (x->kind) {

@@ -150,6 +150,36 @@ __device__ static uint16_t f32_half(float x, int t)
 	return t == planrt_bf16 ? f32_bf16(x) : f32_f16(x);
 }
 
+/* An element of a buffer stored as H (planrt_f32, planrt_bf16 or planrt_f16) read as f32, and an
+ * f32 value stored as H (rounded to nearest even): the kernels below that take H are the f32
+ * kernels' arithmetic on 16-bit storage (the IR's _16 variants), with no f32 copies. */
+template <int H> __device__ __forceinline__ float ld(const void *p, int64_t i)
+{
+	return H == planrt_f32 ? ((const float *)p)[i] : half_f32(((const uint16_t *)p)[i], H);
+}
+
+template <int H> __device__ __forceinline__ void st(void *p, int64_t i, float v)
+{
+	if (H == planrt_f32)
+		((float *)p)[i] = v;
+	else
+		((uint16_t *)p)[i] = f32_half(v, H);
+}
+
+/* The _16 variants' entry points: `call` with H the storage type's constant (bf16 or f16). */
+#define BY_STORAGE(what, storage, call)                                                                               \
+	do {                                                                                                          \
+		if ((storage) == planrt_bf16) {                                                                        \
+			const int H = planrt_bf16;                                                                     \
+			call;                                                                                          \
+		} else if ((storage) == planrt_f16) {                                                                  \
+			const int H = planrt_f16;                                                                      \
+			call;                                                                                          \
+		} else {                                                                                               \
+			planrt_fatal("%s: storage type %d is not bf16 or f16", what, (int)(storage));                  \
+		}                                                                                                      \
+	} while (0)
+
 /* x rounded to f32 with round-to-odd (step.c's f32_round_odd): then one rounding to a half type */
 __device__ static float f32_round_odd(double x)
 {
@@ -314,8 +344,9 @@ void planrt_cu_k_permute_16(int rank, const int64_t *in_dims, const int *perm, c
 
 /* out[o] += the sum over the reduced dims of in, for the output elements; the reduced index range
  * [r0, r1) of this block's chunk. kept: the dims with out_strides != 0, in order. */
+template <int H>
 __global__ static void sum_to_kernel(int nkept, Dims kdims, Dims kin, Dims kout, int nred, Dims rdims, Dims rin,
-				     int64_t out_n, int64_t red_n, int64_t chunk, const float *in, float *out, int atomic)
+				     int64_t out_n, int64_t red_n, int64_t chunk, const void *in, float *out, int atomic)
 {
 	int64_t r0 = (int64_t)blockIdx.y * chunk, r1 = r0 + chunk < red_n ? r0 + chunk : red_n;
 	for (int64_t o = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; o < out_n; o += (int64_t)gridDim.x * blockDim.x) {
@@ -334,7 +365,7 @@ __global__ static void sum_to_kernel(int nkept, Dims kdims, Dims kin, Dims kout,
 				rr /= rdims.v[d];
 				off += c * rin.v[d];
 			}
-			s += in[off];
+			s += ld<H>(in, off);
 		}
 		if (atomic)
 			atomicAdd(&out[ooff], s);
@@ -343,7 +374,8 @@ __global__ static void sum_to_kernel(int nkept, Dims kdims, Dims kin, Dims kout,
 	}
 }
 
-static void sum_to(int rank, const int64_t *dims, const float *in, const int64_t *out_strides, float *out,
+template <int H>
+static void sum_to(int rank, const int64_t *dims, const void *in, const int64_t *out_strides, float *out,
 		   int64_t out_elems, int accumulate, int stream)
 {
 	check_rank("sum_to", rank);
@@ -372,7 +404,7 @@ static void sum_to(int rank, const int64_t *dims, const float *in, const int64_t
 	dim3 grid(gx < 1 ? 1 : gx > 65535 ? 65535 : gx, (unsigned)(splits > 65535 ? 65535 : splits));
 	if (splits > 65535)
 		chunk = (red_n + 65534) / 65535;
-	sum_to_kernel<<<grid, PLANRT_CU_BLOCK, 0, s>>>(nk, dims_of(nk, kd), dims_of(nk, ki), dims_of(nk, ko), nr,
+	sum_to_kernel<H><<<grid, PLANRT_CU_BLOCK, 0, s>>>(nk, dims_of(nk, kd), dims_of(nk, ki), dims_of(nk, ko), nr,
 						       dims_of(nr, rd), dims_of(nr, ri), out_n, red_n, chunk, in, out,
 						       grid.y > 1);
 	planrt_cu_check_launch("sum_to");
@@ -381,13 +413,32 @@ static void sum_to(int rank, const int64_t *dims, const float *in, const int64_t
 void planrt_cu_k_sum_to_f32(int rank, const int64_t *dims, const float *in, const int64_t *out_strides, float *out,
 			    int64_t out_elems, int stream)
 {
-	sum_to(rank, dims, in, out_strides, out, out_elems, 0, stream);
+	sum_to<planrt_f32>(rank, dims, in, out_strides, out, out_elems, 0, stream);
 }
 
 void planrt_cu_k_sum_to_acc_f32(int rank, const int64_t *dims, const float *in, const int64_t *out_strides, float *out,
 				int64_t out_elems, int stream)
 {
-	sum_to(rank, dims, in, out_strides, out, out_elems, 1, stream);
+	sum_to<planrt_f32>(rank, dims, in, out_strides, out, out_elems, 1, stream);
+}
+
+/* a 16-bit in (sum_to_16, sum_to_acc_16); out stays f32 */
+static void sum_to_16(int rank, const int64_t *dims, const void *in, const int64_t *out_strides, float *out,
+		      int64_t out_elems, planrt_dtype_t storage, int accumulate, int stream)
+{
+	BY_STORAGE("sum_to_16", storage, sum_to<H>(rank, dims, in, out_strides, out, out_elems, accumulate, stream));
+}
+
+void planrt_cu_k_sum_to_16(int rank, const int64_t *dims, const void *in, const int64_t *out_strides, float *out,
+			   int64_t out_elems, planrt_dtype_t storage, int stream)
+{
+	sum_to_16(rank, dims, in, out_strides, out, out_elems, storage, 0, stream);
+}
+
+void planrt_cu_k_sum_to_acc_16(int rank, const int64_t *dims, const void *in, const int64_t *out_strides, float *out,
+			       int64_t out_elems, planrt_dtype_t storage, int stream)
+{
+	sum_to_16(rank, dims, in, out_strides, out, out_elems, storage, 1, stream);
 }
 
 /* ------------------------------------------------------------------ dropout (Philox, as kernels.c) */
@@ -518,34 +569,37 @@ void planrt_cu_k_softmax_grad_f32(const float *y, const float *dy, float *dx, in
 	planrt_cu_check_launch("softmax_grad");
 }
 
-/* ------------------------------------------------------------------ layer norm, RMS norm */
+/* ------------------------------------------------------------------ layer norm, RMS norm
+ * x, w, b, y, dy and dx stored as H (f32, or the _16 variants' bf16 / f16); the statistics and the
+ * weight gradients f32. */
 
 static unsigned row_threads(int64_t cols)
 {
 	return cols < ROW_THREADS ? 32 * (unsigned)((cols + 31) / 32) : ROW_THREADS;
 }
 
-__global__ static void layer_norm_kernel(const float *x, const float *w, const float *b, float *y, float *mean,
+template <int H>
+__global__ static void layer_norm_kernel(const void *x, const void *w, const void *b, void *y, float *mean,
 					 float *rstd, int64_t cols, float eps)
 {
 	int64_t at = (int64_t)blockIdx.x * cols;
 	float s = 0;
 	for (int64_t j = threadIdx.x; j < cols; j += blockDim.x)
-		s += x[at + j];
+		s += ld<H>(x, at + j);
 	float mu = block_sum(s) / (float)cols;
 	float q = 0;
 	for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
-		float d = x[at + j] - mu;
+		float d = ld<H>(x, at + j) - mu;
 		q += d * d;
 	}
 	float rs = 1 / sqrtf(block_sum(q) / (float)cols + eps);
 	for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
-		float v = (x[at + j] - mu) * rs;
+		float v = (ld<H>(x, at + j) - mu) * rs;
 		if (w)
-			v = v * w[j];
+			v = v * ld<H>(w, j);
 		if (b)
-			v = v + b[j];
-		y[at + j] = v;
+			v = v + ld<H>(b, j);
+		st<H>(y, at + j, v);
 	}
 	if (threadIdx.x == 0) {
 		mean[blockIdx.x] = mu;
@@ -553,36 +607,39 @@ __global__ static void layer_norm_kernel(const float *x, const float *w, const f
 	}
 }
 
-void planrt_cu_k_layer_norm_f32(const float *x, const float *w, const float *b, float *y, float *mean, float *rstd,
-				int64_t rows, int64_t cols, double eps, int stream)
+template <int H>
+static void layer_norm(const void *x, const void *w, const void *b, void *y, float *mean, float *rstd, int64_t rows,
+		       int64_t cols, double eps, int stream)
 {
 	if (rows <= 0 || cols <= 0)
 		return;
-	layer_norm_kernel<<<row_grid(rows), row_threads(cols), 0, planrt_cu_stream(stream)>>>(x, w, b, y, mean, rstd, cols,
-											       (float)eps);
+	layer_norm_kernel<H><<<row_grid(rows), row_threads(cols), 0, planrt_cu_stream(stream)>>>(x, w, b, y, mean, rstd,
+												  cols, (float)eps);
 	planrt_cu_check_launch("layer_norm");
 }
 
-__global__ static void layer_norm_dx_kernel(const float *x, const float *w, const float *mean, const float *rstd,
-					    const float *dy, float *dx, int64_t cols)
+template <int H>
+__global__ static void layer_norm_dx_kernel(const void *x, const void *w, const float *mean, const float *rstd,
+					    const void *dy, void *dx, int64_t cols)
 {
 	int64_t at = (int64_t)blockIdx.x * cols;
 	float mu = mean[blockIdx.x], rs = rstd[blockIdx.x];
 	float sg = 0, sgx = 0;
 	for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
-		float g = dy[at + j] * (w ? w[j] : 1.0f);
+		float g = ld<H>(dy, at + j) * (w ? ld<H>(w, j) : 1.0f);
 		sg += g;
-		sgx += g * (x[at + j] - mu);
+		sgx += g * (ld<H>(x, at + j) - mu);
 	}
 	float mg = block_sum(sg) / (float)cols, mgx = block_sum(sgx) * rs / (float)cols;
 	for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
-		float xh = (x[at + j] - mu) * rs;
-		dx[at + j] = rs * (dy[at + j] * (w ? w[j] : 1.0f) - mg - xh * mgx);
+		float xh = (ld<H>(x, at + j) - mu) * rs;
+		st<H>(dx, at + j, rs * (ld<H>(dy, at + j) * (w ? ld<H>(w, j) : 1.0f) - mg - xh * mgx));
 	}
 }
 
 /* dw[j] += sum over rows of dy * xhat, db[j] += sum of dy (rms: mean NULL, xhat = x rstd) */
-__global__ static void norm_params_kernel(const float *x, const float *mean, const float *rstd, const float *dy,
+template <int H>
+__global__ static void norm_params_kernel(const void *x, const float *mean, const float *rstd, const void *dy,
 					  float *dw, float *db, int64_t rows, int64_t cols, int64_t chunk, int atomic)
 {
 	int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -591,8 +648,8 @@ __global__ static void norm_params_kernel(const float *x, const float *mean, con
 	int64_t r0 = (int64_t)blockIdx.y * chunk, r1 = r0 + chunk < rows ? r0 + chunk : rows;
 	float sw = 0, sb = 0;
 	for (int64_t r = r0; r < r1; r++) {
-		float g = dy[r * cols + j];
-		sw += g * ((x[r * cols + j] - (mean ? mean[r] : 0.0f)) * rstd[r]);
+		float g = ld<H>(dy, r * cols + j);
+		sw += g * ((ld<H>(x, r * cols + j) - (mean ? mean[r] : 0.0f)) * rstd[r]);
 		sb += g;
 	}
 	if (atomic) {
@@ -608,7 +665,8 @@ __global__ static void norm_params_kernel(const float *x, const float *mean, con
 	}
 }
 
-static void norm_params(const float *x, const float *mean, const float *rstd, const float *dy, float *dw, float *db,
+template <int H>
+static void norm_params(const void *x, const float *mean, const float *rstd, const void *dy, float *dw, float *db,
 			int64_t rows, int64_t cols, int stream)
 {
 	if (!dw && !db)
@@ -619,65 +677,121 @@ static void norm_params(const float *x, const float *mean, const float *rstd, co
 		splits = (rows + chunk - 1) / chunk;
 	}
 	dim3 grid((unsigned)((cols + PLANRT_CU_BLOCK - 1) / PLANRT_CU_BLOCK), (unsigned)splits);
-	norm_params_kernel<<<grid, PLANRT_CU_BLOCK, 0, planrt_cu_stream(stream)>>>(x, mean, rstd, dy, dw, db, rows, cols,
-										    chunk, splits > 1);
+	norm_params_kernel<H><<<grid, PLANRT_CU_BLOCK, 0, planrt_cu_stream(stream)>>>(x, mean, rstd, dy, dw, db, rows,
+										       cols, chunk, splits > 1);
 	planrt_cu_check_launch("norm parameter gradients");
+}
+
+template <int H>
+static void layer_norm_grad(const void *x, const void *w, const float *mean, const float *rstd, const void *dy,
+			    void *dx, float *dw, float *db, int64_t rows, int64_t cols, int stream)
+{
+	if (rows <= 0 || cols <= 0)
+		return;
+	layer_norm_dx_kernel<H><<<row_grid(rows), row_threads(cols), 0, planrt_cu_stream(stream)>>>(x, w, mean, rstd,
+												     dy, dx, cols);
+	planrt_cu_check_launch("layer_norm_grad");
+	norm_params<H>(x, mean, rstd, dy, dw, db, rows, cols, stream);
+}
+
+template <int H>
+__global__ static void rms_norm_kernel(const void *x, const void *w, void *y, float *rstd, int64_t cols, float eps)
+{
+	int64_t at = (int64_t)blockIdx.x * cols;
+	float q = 0;
+	for (int64_t j = threadIdx.x; j < cols; j += blockDim.x)
+		q += ld<H>(x, at + j) * ld<H>(x, at + j);
+	float rs = 1 / sqrtf(block_sum(q) / (float)cols + eps);
+	for (int64_t j = threadIdx.x; j < cols; j += blockDim.x)
+		st<H>(y, at + j, w ? ld<H>(x, at + j) * rs * ld<H>(w, j) : ld<H>(x, at + j) * rs);
+	if (threadIdx.x == 0)
+		rstd[blockIdx.x] = rs;
+}
+
+template <int H>
+static void rms_norm(const void *x, const void *w, void *y, float *rstd, int64_t rows, int64_t cols, double eps,
+		     int stream)
+{
+	if (rows <= 0 || cols <= 0)
+		return;
+	rms_norm_kernel<H><<<row_grid(rows), row_threads(cols), 0, planrt_cu_stream(stream)>>>(x, w, y, rstd, cols,
+												(float)eps);
+	planrt_cu_check_launch("rms_norm");
+}
+
+template <int H>
+__global__ static void rms_norm_dx_kernel(const void *x, const void *w, const float *rstd, const void *dy, void *dx,
+					  int64_t cols)
+{
+	int64_t at = (int64_t)blockIdx.x * cols;
+	float rs = rstd[blockIdx.x], sgx = 0;
+	for (int64_t j = threadIdx.x; j < cols; j += blockDim.x)
+		sgx += ld<H>(dy, at + j) * (w ? ld<H>(w, j) : 1.0f) * ld<H>(x, at + j);
+	float c = block_sum(sgx) * rs * rs / (float)cols;
+	for (int64_t j = threadIdx.x; j < cols; j += blockDim.x)
+		st<H>(dx, at + j, rs * (ld<H>(dy, at + j) * (w ? ld<H>(w, j) : 1.0f) - ld<H>(x, at + j) * c));
+}
+
+template <int H>
+static void rms_norm_grad(const void *x, const void *w, const float *rstd, const void *dy, void *dx, float *dw,
+			  int64_t rows, int64_t cols, int stream)
+{
+	if (rows <= 0 || cols <= 0)
+		return;
+	rms_norm_dx_kernel<H><<<row_grid(rows), row_threads(cols), 0, planrt_cu_stream(stream)>>>(x, w, rstd, dy, dx,
+												   cols);
+	planrt_cu_check_launch("rms_norm_grad");
+	norm_params<H>(x, NULL, rstd, dy, dw, NULL, rows, cols, stream);
+}
+
+void planrt_cu_k_layer_norm_f32(const float *x, const float *w, const float *b, float *y, float *mean, float *rstd,
+				int64_t rows, int64_t cols, double eps, int stream)
+{
+	layer_norm<planrt_f32>(x, w, b, y, mean, rstd, rows, cols, eps, stream);
 }
 
 void planrt_cu_k_layer_norm_grad_f32(const float *x, const float *w, const float *mean, const float *rstd,
 				     const float *dy, float *dx, float *dw, float *db, int64_t rows, int64_t cols,
 				     int stream)
 {
-	if (rows <= 0 || cols <= 0)
-		return;
-	layer_norm_dx_kernel<<<row_grid(rows), row_threads(cols), 0, planrt_cu_stream(stream)>>>(x, w, mean, rstd, dy, dx,
-												  cols);
-	planrt_cu_check_launch("layer_norm_grad");
-	norm_params(x, mean, rstd, dy, dw, db, rows, cols, stream);
-}
-
-__global__ static void rms_norm_kernel(const float *x, const float *w, float *y, float *rstd, int64_t cols, float eps)
-{
-	int64_t at = (int64_t)blockIdx.x * cols;
-	float q = 0;
-	for (int64_t j = threadIdx.x; j < cols; j += blockDim.x)
-		q += x[at + j] * x[at + j];
-	float rs = 1 / sqrtf(block_sum(q) / (float)cols + eps);
-	for (int64_t j = threadIdx.x; j < cols; j += blockDim.x)
-		y[at + j] = w ? x[at + j] * rs * w[j] : x[at + j] * rs;
-	if (threadIdx.x == 0)
-		rstd[blockIdx.x] = rs;
+	layer_norm_grad<planrt_f32>(x, w, mean, rstd, dy, dx, dw, db, rows, cols, stream);
 }
 
 void planrt_cu_k_rms_norm_f32(const float *x, const float *w, float *y, float *rstd, int64_t rows, int64_t cols,
 			      double eps, int stream)
 {
-	if (rows <= 0 || cols <= 0)
-		return;
-	rms_norm_kernel<<<row_grid(rows), row_threads(cols), 0, planrt_cu_stream(stream)>>>(x, w, y, rstd, cols, (float)eps);
-	planrt_cu_check_launch("rms_norm");
-}
-
-__global__ static void rms_norm_dx_kernel(const float *x, const float *w, const float *rstd, const float *dy, float *dx,
-					  int64_t cols)
-{
-	int64_t at = (int64_t)blockIdx.x * cols;
-	float rs = rstd[blockIdx.x], sgx = 0;
-	for (int64_t j = threadIdx.x; j < cols; j += blockDim.x)
-		sgx += dy[at + j] * (w ? w[j] : 1.0f) * x[at + j];
-	float c = block_sum(sgx) * rs * rs / (float)cols;
-	for (int64_t j = threadIdx.x; j < cols; j += blockDim.x)
-		dx[at + j] = rs * (dy[at + j] * (w ? w[j] : 1.0f) - x[at + j] * c);
+	rms_norm<planrt_f32>(x, w, y, rstd, rows, cols, eps, stream);
 }
 
 void planrt_cu_k_rms_norm_grad_f32(const float *x, const float *w, const float *rstd, const float *dy, float *dx,
 				   float *dw, int64_t rows, int64_t cols, int stream)
 {
-	if (rows <= 0 || cols <= 0)
-		return;
-	rms_norm_dx_kernel<<<row_grid(rows), row_threads(cols), 0, planrt_cu_stream(stream)>>>(x, w, rstd, dy, dx, cols);
-	planrt_cu_check_launch("rms_norm_grad");
-	norm_params(x, NULL, rstd, dy, dw, NULL, rows, cols, stream);
+	rms_norm_grad<planrt_f32>(x, w, rstd, dy, dx, dw, rows, cols, stream);
+}
+
+void planrt_cu_k_layer_norm_16(const void *x, const void *w, const void *b, void *y, float *mean, float *rstd,
+			       int64_t rows, int64_t cols, double eps, planrt_dtype_t storage, int stream)
+{
+	BY_STORAGE("layer_norm_16", storage, layer_norm<H>(x, w, b, y, mean, rstd, rows, cols, eps, stream));
+}
+
+void planrt_cu_k_layer_norm_grad_16(const void *x, const void *w, const float *mean, const float *rstd, const void *dy,
+				    void *dx, float *dw, float *db, int64_t rows, int64_t cols, planrt_dtype_t storage,
+				    int stream)
+{
+	BY_STORAGE("layer_norm_grad_16", storage, layer_norm_grad<H>(x, w, mean, rstd, dy, dx, dw, db, rows, cols, stream));
+}
+
+void planrt_cu_k_rms_norm_16(const void *x, const void *w, void *y, float *rstd, int64_t rows, int64_t cols,
+			     double eps, planrt_dtype_t storage, int stream)
+{
+	BY_STORAGE("rms_norm_16", storage, rms_norm<H>(x, w, y, rstd, rows, cols, eps, stream));
+}
+
+void planrt_cu_k_rms_norm_grad_16(const void *x, const void *w, const float *rstd, const void *dy, void *dx,
+				  float *dw, int64_t rows, int64_t cols, planrt_dtype_t storage, int stream)
+{
+	BY_STORAGE("rms_norm_grad_16", storage, rms_norm_grad<H>(x, w, rstd, dy, dx, dw, rows, cols, stream));
 }
 
 /* ------------------------------------------------------------------ embedding */

@@ -138,6 +138,24 @@ void planrt_cast(const void *src, planrt_dtype_t from, void *dst, planrt_dtype_t
 void planrt_k_matmul_bf16(int64_t batch, int64_t M, int64_t N, int64_t K, const uint16_t *A, int trans_a,
 			  int64_t stride_a, const uint16_t *B, int trans_b, int64_t stride_b, void *C, planrt_dtype_t c_type,
 			  int64_t stride_c, int accumulate);
+/* The 16-bit variants of sum_to and the norms: the buffers typed void are stored as `storage` (bf16
+ * or f16), widened to f32 as they are read and rounded once as they are written; the float ones
+ * (the statistics, the accumulated out of sum_to and dw / db of the norms) are f32. The numbers are
+ * those of casting the 16-bit buffers to f32, calling the _f32 kernel and casting its outputs back,
+ * bit for bit, without the f32 copies (runtime/cpu/kernels16.c: blocks of rows are widened into a
+ * scratch of at most 1 MiB an operand, allocated by the call). */
+void planrt_k_sum_to_16(int rank, const int64_t *dims, const void *in, const int64_t *out_strides, float *out,
+			int64_t out_elems, planrt_dtype_t storage);
+void planrt_k_sum_to_acc_16(int rank, const int64_t *dims, const void *in, const int64_t *out_strides, float *out,
+			    int64_t out_elems, planrt_dtype_t storage);
+void planrt_k_layer_norm_16(const void *x, const void *w, const void *b, void *y, float *mean, float *rstd,
+			    int64_t rows, int64_t cols, double eps, planrt_dtype_t storage);
+void planrt_k_layer_norm_grad_16(const void *x, const void *w, const float *mean, const float *rstd, const void *dy,
+				 void *dx, float *dw, float *db, int64_t rows, int64_t cols, planrt_dtype_t storage);
+void planrt_k_rms_norm_16(const void *x, const void *w, void *y, float *rstd, int64_t rows, int64_t cols, double eps,
+			  planrt_dtype_t storage);
+void planrt_k_rms_norm_grad_16(const void *x, const void *w, const float *rstd, const void *dy, void *dx, float *dw,
+			       int64_t rows, int64_t cols, planrt_dtype_t storage);
 /* *acc += weight * sum of x[i]^2 (x of dtype t: f32, bf16, f16; summed in double in order) */
 void planrt_sum_squares_acc(double *acc, const void *x, int64_t n, planrt_dtype_t t, double weight);
 /* The squared norm of a ZeRO bucket shard: the shard holds elements [lo, lo + n) of the bucket,

@@ -44,7 +44,8 @@ feature of any of them (at its model's size) is in no plan of DIFF_PLANS as trai
 trains at: a feature a smaller size loses counts as not covered). EXTRA_PLANS, written here on the GPT example, cover what only the
 7B / 175B examples use (too large to train here): bf16 tensor-parallel all-reduces and slices,
 the progress calls of an overlapped ZeRO-3 bucket, and the attention as written in bf16 (gpt7b's
-`attention unfused` plans); and DiLoCo's outer step, which dp4_diloco takes after 16 steps.
+`attention unfused` plans), the bf16 layer norms a full recomputation runs in the backward
+(gpt175b's t8_p8_full: bf16_zero3_overlap recomputes); and DiLoCo's outer step, which dp4_diloco takes after 16 steps.
 Prints PASS/FAIL per check and a closing 'N passed, N failed' line.
 usage: run_diff.py PLANC REPO_ROOT [STEPS]
 """
@@ -122,6 +123,7 @@ plan bf16_zero3_overlap for gpt {
   batch B = 16
   shard B -> data
   zero 3 over data
+  recompute full
   precision bf16, master = f32
   optimizer adamw(lr = 3e-4, betas = (0.9, 0.95), weight_decay = 0.1), clip = 1.0
   sync strict, bucket = 1MiB, overlap
