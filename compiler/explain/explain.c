@@ -519,9 +519,12 @@ static double kernel_seconds(const PlanSpec *ps, const LProg *p, const Kernel *k
 	if (kernel_is_gemm(k)) {
 		t = kernel_gemm_flops(k) / d->matmul[dt];
 	} else if (k->kind == K_ATTENTION || k->kind == K_ATTENTION_GRAD || k->kind == K_RING_ATTENTION ||
-		   k->kind == K_RING_ATTENTION_GRAD) { /* its products (attention_flops); a ring's: one block's */
-		/* the ring kernels' arguments start as the plain ones' (ring.c copies them) */
-		KernelKind kind = k->kind == K_RING_ATTENTION ? K_ATTENTION : k->kind == K_RING_ATTENTION_GRAD ? K_ATTENTION_GRAD : k->kind;
+		   k->kind == K_RING_ATTENTION_GRAD || k->kind == K_ATTENTION_16 || k->kind == K_ATTENTION_GRAD_16) {
+		/* its products (attention_flops); a ring's: one block's. The ring kernels' and the 16-bit
+		 * variants' arguments start as the plain ones' (ring.c copies them; lower.c appends) */
+		KernelKind kind = k->kind == K_RING_ATTENTION || k->kind == K_ATTENTION_16 ? K_ATTENTION
+				  : k->kind == K_RING_ATTENTION_GRAD || k->kind == K_ATTENTION_GRAD_16 ? K_ATTENTION_GRAD
+				  : k->kind;
 		bool fwd = kind == K_ATTENTION;
 		const KArg *ld = &k->args[fwd ? KARG_INDEX(ATTENTION, ldims) : KARG_INDEX(ATTENTION_GRAD, ldims)];
 		double q = 1;
@@ -532,7 +535,7 @@ static double kernel_seconds(const PlanSpec *ps, const LProg *p, const Kernel *k
 		/* causal: half the key tiles are skipped, and on a ring's every step under causal load
 		 * balancing (each rank's two mirrored chunks meet half of every block). A contiguous ring
 		 * costs the busiest rank's, the last coordinate's: every block after its own is whole. */
-		bool ring = kind != k->kind;
+		bool ring = k->kind == K_RING_ATTENTION || k->kind == K_RING_ATTENTION_GRAD;
 		int step = ring ? (int)k->args[fwd ? KARG_INDEX(RING_ATTENTION, step) : KARG_INDEX(RING_ATTENTION_GRAD, step)].i : 0;
 		double unmasked = !causal ? 1 : ring && !p->low->g->ring_mirrored && step > 0 ? 1 : 0.5;
 		double flops = 2.0 * q * sk * (fwd ? 2 : 5) * unmasked;

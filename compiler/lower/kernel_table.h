@@ -372,6 +372,35 @@
 	  KDEV(planrt_cu_k_rms_norm_grad_16), \
 	  KP(IN, x) KP(IN, w) KP(F32_IN, rstd) KP(IN, dy) KP(OUT, dx) KP(F32_OUT, dw) KP(I64, rows) \
 	  KP(I64, cols) KP(DTYPE, storage)) \
+	X(ATTENTION_16, "attention_16", KC_COMPUTE, planrt_k_attention_16, KDEV(planrt_cu_k_attention_16), \
+	  KP(IN, q) KP(IN, k) KP(IN, v) KP(F32_IN, mask) KP(DIMS, mask_strides) KP(OUT, out) KP(F32_OUT, lse) \
+	  KP(INT, rank) KP(DIMS, ldims) KP(I64, kv_heads) KP(I64, sk) KP(F64, scale) KP(INT, mask_kind) \
+	  KP(F64, p) KP(STEP_SEED, seed) KP(U64, key) KP(DIMS, gdims) KP(DIMS, offs) KP(U8_OUT, scratch) \
+	  KP(DTYPE, storage)) \
+	X(ATTENTION_GRAD_16, "attention_grad_16", KC_COMPUTE, planrt_k_attention_grad_16, \
+	  KDEV(planrt_cu_k_attention_grad_16), \
+	  KP(IN, q) KP(IN, k) KP(IN, v) KP(F32_IN, mask) KP(DIMS, mask_strides) KP(IN, out) KP(F32_IN, lse) \
+	  KP(IN, dout) KP(OUT, dq) KP(OUT, dk) KP(OUT, dv) KP(INT, rank) KP(DIMS, ldims) KP(I64, kv_heads) \
+	  KP(I64, sk) KP(F64, scale) KP(INT, mask_kind) KP(F64, p) KP(STEP_SEED, seed) KP(U64, key) \
+	  KP(DIMS, gdims) KP(DIMS, offs) KP(U8_OUT, scratch) KP(DTYPE, storage)) \
+	X(CROSS_ENTROPY_16, "cross_entropy_16", KC_COMPUTE, planrt_cross_entropy_16, KDEV(planrt_cu_cross_entropy_16), \
+	  KP(IN, logits) KP(I32_IN, targets) KP(F32_OUT, loss) KP(F32_OUT, lse) KP(I64, rows) KP(I64, cols) \
+	  KP(I64, vocab_lo) KP(F64, scale) KP(F64_OUT, correct) KP(COMM, vocab_comm) KP(U8_OUT, scratch) \
+	  KP(DTYPE, storage)) \
+	X(CE_GRAD_16, "cross_entropy_grad_16", KC_COMPUTE, planrt_k_ce_grad_16, KDEV(planrt_cu_k_ce_grad_16), \
+	  KP(IN, logits) KP(I32_IN, targets) KP(F32_IN, lse) KP(I64, rows) KP(I64, cols) KP(I64, vocab_lo) \
+	  KP(SCALAR, dscale) KP(OUT, dlogits) KP(DTYPE, storage)) \
+	X(ROPE_16, "rope_16", KC_COMPUTE, planrt_k_rope_16, KDEV(planrt_cu_k_rope_16), \
+	  KP(IN, x) KP(OUT, y) KP(I64, batch) KP(I64, seq) KP(I64, heads) KP(I64, head_dim) KP(I64, rot_dim) \
+	  KP(FLAG, heads_first) KP(I32_IN, pos) KP(I64, pos_stride) KP(I64, pos_off) KP(I64, pos_off2) \
+	  KP(F64, theta) KP(DTYPE, storage)) \
+	X(ROPE_GRAD_16, "rope_grad_16", KC_COMPUTE, planrt_k_rope_grad_16, KDEV(planrt_cu_k_rope_grad_16), \
+	  KP(IN, dy) KP(OUT, dx) KP(I64, batch) KP(I64, seq) KP(I64, heads) KP(I64, head_dim) KP(I64, rot_dim) \
+	  KP(FLAG, heads_first) KP(I32_IN, pos) KP(I64, pos_stride) KP(I64, pos_off) KP(I64, pos_off2) \
+	  KP(F64, theta) KP(DTYPE, storage)) \
+	X(EMBED_16, "embed_16", KC_COMPUTE, planrt_k_embed_16, KDEV(planrt_cu_k_embed_16), \
+	  KP(IN, table) KP(I32_IN, ids) KP(OUT, out) KP(I64, ntok) KP(I64, dim) KP(I64, vocab_lo) \
+	  KP(I64, vocab_local) KP(DTYPE, storage)) \
 	Y(OPAQUE, "op", KC_OPAQUE)
 
 

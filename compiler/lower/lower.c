@@ -2721,11 +2721,19 @@ static const KernelKind storage_16_variants[][2] = {
 	{K_LAYER_NORM_GRAD, K_LAYER_NORM_GRAD_16},
 	{K_RMS_NORM, K_RMS_NORM_16},
 	{K_RMS_NORM_GRAD, K_RMS_NORM_GRAD_16},
+	{K_ATTENTION, K_ATTENTION_16},
+	{K_ATTENTION_GRAD, K_ATTENTION_GRAD_16},
+	{K_CROSS_ENTROPY, K_CROSS_ENTROPY_16},
+	{K_CE_GRAD, K_CE_GRAD_16},
+	{K_ROPE, K_ROPE_16},
+	{K_ROPE_GRAD, K_ROPE_GRAD_16},
+	{K_EMBED, K_EMBED_16},
 };
 
 /* The 16-bit variant when every buffer its IN / OUT parameters take is stored in one 16-bit type
  * (bf16 or f16) and none of its OUT buffers is accumulated into (their old value would be rounded
- * again); else the kernel keeps its kind and its casts. */
+ * again); else the kernel keeps its kind and its casts. A context-parallel plan's attention keeps
+ * them too (the ring passes K/V blocks stored and casts each into the f32 copy its step reads). */
 static bool reads_storage_16(LProg *p, Kernel *k)
 {
 	KernelKind v = K_COUNT;
@@ -2733,6 +2741,10 @@ static bool reads_storage_16(LProg *p, Kernel *k)
 		if (storage_16_variants[i][0] == k->kind)
 			v = storage_16_variants[i][1];
 	if (v == K_COUNT || k->nargs + 1 != kernel_nparams[v])
+		return false;
+	/* the ring (ring.c, after lowering) replaces the plain attention kernels of a context-parallel
+	 * plan, reading its f32 copies of K and V */
+	if ((v == K_ATTENTION_16 || v == K_ATTENTION_GRAD_16) && p->ps->ring_axis >= 0)
 		return false;
 	int storage = -1;
 	for (int a = 0; a < k->nargs; a++) {

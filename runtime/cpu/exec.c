@@ -307,16 +307,38 @@ void planrt_bucket_progress(planrt_bucket_t *b)
 		PLANRT_CHECK(planrt_test(b->req, &done));
 }
 
-void planrt_cross_entropy_f32(const float *logits, const int32_t *targets, float *loss, float *lse, int64_t rows,
-			      int64_t cols, int64_t vocab_lo, double scale, double *correct, planrt_comm_t vocab_comm,
-			      void *scratch)
+/* Rows [r0, r0 + n) of logits stored as t, as f32: in place (f32), or widened into buf (bf16, f16:
+ * the cross-entropy's 16-bit variant reads the logits a block of rows at a time). */
+static const float *logit_rows(const void *logits, planrt_dtype_t t, int64_t cols, int64_t r0, int64_t n, float *buf)
 {
-	float *rowmax = scratch, *sumexp = rowmax + rows, *tlogit = sumexp + rows;
-	planrt_k_ce_max_f32(logits, rows, cols, rowmax);
+	if (t == planrt_f32)
+		return (const float *)logits + r0 * cols;
+	planrt_cast((const uint16_t *)logits + r0 * cols, t, buf, planrt_f32, n * cols);
+	return buf;
+}
+
+/* The loss over logits stored as t, `per` rows at a time (all of them for f32): the rows are
+ * independent, so the statistics are those of one pass over every row. */
+static void cross_entropy(const void *logits, planrt_dtype_t t, int64_t per, const int32_t *targets, float *loss,
+			  float *lse, int64_t rows, int64_t cols, int64_t vocab_lo, double scale, double *correct,
+			  planrt_comm_t vocab_comm, void *scratch)
+{
+	float *rowmax = scratch, *sumexp = rowmax + rows, *tlogit = sumexp + rows, *buf = NULL;
+	if (t != planrt_f32 && rows > 0 && !(buf = malloc(sizeof(float) * (size_t)((per < rows ? per : rows) * cols + 1))))
+		planrt_fatal("cross_entropy_16: out of memory for a block of %lld logits", (long long)(per * cols));
+	for (int64_t r0 = 0; r0 < rows; r0 += per) {
+		int64_t n = rows - r0 < per ? rows - r0 : per;
+		planrt_k_ce_max_f32(logit_rows(logits, t, cols, r0, n, buf), n, cols, rowmax + r0);
+	}
 	if (vocab_comm)
 		PLANRT_CHECK(planrt_allreduce(rowmax, rowmax, (size_t)rows, planrt_f32, planrt_max, vocab_comm, NULL, NULL));
-	planrt_k_ce_sumexp_f32(logits, rowmax, rows, cols, sumexp);
-	planrt_k_ce_target_f32(logits, targets, rows, cols, vocab_lo, tlogit);
+	for (int64_t r0 = 0; r0 < rows; r0 += per) {
+		int64_t n = rows - r0 < per ? rows - r0 : per;
+		const float *x = logit_rows(logits, t, cols, r0, n, buf);
+		planrt_k_ce_sumexp_f32(x, rowmax + r0, n, cols, sumexp + r0);
+		planrt_k_ce_target_f32(x, targets + r0, n, cols, vocab_lo, tlogit + r0);
+	}
+	free(buf);
 	if (vocab_comm) {
 		PLANRT_CHECK(planrt_allreduce(sumexp, sumexp, (size_t)rows, planrt_f32, planrt_sum, vocab_comm, NULL, NULL));
 		PLANRT_CHECK(planrt_allreduce(tlogit, tlogit, (size_t)rows, planrt_f32, planrt_sum, vocab_comm, NULL, NULL));
@@ -328,6 +350,25 @@ void planrt_cross_entropy_f32(const float *logits, const int32_t *targets, float
 			n += tlogit[r] >= rowmax[r];
 		*correct += (double)n;
 	}
+}
+
+void planrt_cross_entropy_f32(const float *logits, const int32_t *targets, float *loss, float *lse, int64_t rows,
+			      int64_t cols, int64_t vocab_lo, double scale, double *correct, planrt_comm_t vocab_comm,
+			      void *scratch)
+{
+	cross_entropy(logits, planrt_f32, rows > 0 ? rows : 1, targets, loss, lse, rows, cols, vocab_lo, scale, correct,
+		      vocab_comm, scratch);
+}
+
+void planrt_cross_entropy_16(const void *logits, const int32_t *targets, float *loss, float *lse, int64_t rows,
+			     int64_t cols, int64_t vocab_lo, double scale, double *correct, planrt_comm_t vocab_comm,
+			     uint8_t *scratch, planrt_dtype_t storage)
+{
+	if (storage != planrt_bf16 && storage != planrt_f16)
+		planrt_fatal("cross_entropy_16: storage type %d is not bf16 or f16", (int)storage);
+	int64_t per = cols > 0 ? ((int64_t)1 << 18) / cols : 1; /* at most 1 MiB of widened logits (one row at least) */
+	cross_entropy(logits, storage, per > 0 ? per : 1, targets, loss, lse, rows, cols, vocab_lo, scale, correct,
+		      vocab_comm, scratch);
 }
 
 double planrt_world_sum(double x)

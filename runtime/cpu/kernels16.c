@@ -1,4 +1,6 @@
-/* kernels16.c: the 16-bit variants of sum_to and the norms on the CPU (planrt_kernels.h).
+/* kernels16.c: the 16-bit variants of sum_to, the norms, the embedding, the cross-entropy's gradient,
+ * RoPE and the fused attention on the CPU (planrt_exec.h; the loss itself is exec.c's, beside the
+ * f32 one).
  *
  * A bf16 or f16 program stores its activations in 2 bytes; the compute kernels work in f32. Before
  * these variants the compiler cast every 16-bit operand into an f32 copy before the call and every
@@ -13,13 +15,15 @@
  * sum_to has no row structure to block by when it reduces a whole tensor to one value (its f32
  * kernel then sums one run of every element with eight partial sums), so that case streams the
  * widened blocks through the same eight partial sums; every other sum_to blocks by its outermost
- * dim, whose blocks the f32 kernel walks in the order it walks the whole. */
+ * dim, whose blocks the f32 kernel walks in the order it walks the whole. The attention blocks by
+ * heads (below). */
 #define PLANRT_INTERNAL
 #include "planrt.h"
 #include "planrt_exec.h"
 #include "planrt_kernels.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 /* floats of scratch an operand's block takes at most (a block is at least one row) */
 #define PLANRT_K16_BLOCK ((int64_t)1 << 18)
@@ -214,6 +218,206 @@ void planrt_k_rms_norm_grad_16(const void *x, const void *w, const float *rstd, 
 		widen(dy, r0 * cols, gs, nr * cols, storage);
 		planrt_k_rms_norm_grad_f32(xs, w32, rstd + r0, gs, ds, dw, nr, cols);
 		narrow(ds, dx, r0 * cols, nr * cols, storage);
+	}
+	free(s);
+}
+
+/* ---- the embedding: a row of the table is moved as stored (the bits of widening and narrowing it,
+ * but for a NaN's payload, which it keeps), a token outside this rank's rows gets zeros ------------ */
+void planrt_k_embed_16(const void *table, const int32_t *ids, void *out, int64_t ntok, int64_t dim, int64_t vocab_lo,
+		       int64_t vocab_local, planrt_dtype_t storage)
+{
+	check_storage(storage, "embed_16");
+	const uint16_t *t16 = table;
+	uint16_t *o16 = out;
+	for (int64_t t = 0; t < ntok; t++) {
+		int64_t v = (int64_t)ids[t] - vocab_lo;
+		if (v >= 0 && v < vocab_local)
+			memcpy(o16 + t * dim, t16 + v * dim, sizeof(uint16_t) * (size_t)dim);
+		else
+			memset(o16 + t * dim, 0, sizeof(uint16_t) * (size_t)dim);
+	}
+}
+
+/* ---- the cross-entropy's gradient (the loss itself: exec.c's planrt_cross_entropy_16) ------------ */
+void planrt_k_ce_grad_16(const void *logits, const int32_t *targets, const float *lse, int64_t rows, int64_t cols,
+			 int64_t vocab_lo, double dscale, void *dlogits, planrt_dtype_t storage)
+{
+	check_storage(storage, "cross_entropy_grad_16");
+	if (rows <= 0 || cols <= 0)
+		return;
+	int64_t per = block_rows(cols), blk = (per < rows ? per : rows) * cols;
+	float *s = scratch_floats(2 * blk, "cross_entropy_grad_16"), *xs = s, *ds = s + blk;
+	for (int64_t r0 = 0; r0 < rows; r0 += per) {
+		int64_t nr = rows - r0 < per ? rows - r0 : per;
+		widen(logits, r0 * cols, xs, nr * cols, storage);
+		planrt_k_ce_grad_f32(xs, targets + r0, lse + r0, nr, cols, vocab_lo, dscale, ds);
+		narrow(ds, dlogits, r0 * cols, nr * cols, storage);
+	}
+	free(s);
+}
+
+/* ---- rotary position embeddings: blocks of whole samples (the positions by sample and sequence
+ * index, as the f32 kernel reads them) ------------------------------------------------------------ */
+static void rope_16(const void *x, void *y, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim,
+		    int64_t rot_dim, int heads_first, const int32_t *pos, int64_t pos_stride, int64_t pos_off,
+		    int64_t pos_off2, double theta, planrt_dtype_t storage, int grad)
+{
+	const char *what = grad ? "rope_grad_16" : "rope_16";
+	check_storage(storage, what);
+	int64_t sample = seq * heads * head_dim;
+	if (batch <= 0 || sample <= 0)
+		return;
+	int64_t per = block_rows(sample), blk = (per < batch ? per : batch) * sample;
+	float *s = scratch_floats(2 * blk, what), *xs = s, *ys = s + blk;
+	for (int64_t b0 = 0; b0 < batch; b0 += per) {
+		int64_t nb = batch - b0 < per ? batch - b0 : per;
+		const int32_t *bpos = pos ? pos + b0 * pos_stride : NULL;
+		widen(x, b0 * sample, xs, nb * sample, storage);
+		if (grad)
+			planrt_k_rope_grad_f32(xs, ys, nb, seq, heads, head_dim, rot_dim, heads_first, bpos, pos_stride, pos_off,
+					       pos_off2, theta);
+		else
+			planrt_k_rope_f32(xs, ys, nb, seq, heads, head_dim, rot_dim, heads_first, bpos, pos_stride, pos_off,
+					  pos_off2, theta);
+		narrow(ys, y, b0 * sample, nb * sample, storage);
+	}
+	free(s);
+}
+
+void planrt_k_rope_16(const void *x, void *y, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim,
+		      int64_t rot_dim, int heads_first, const int32_t *pos, int64_t pos_stride, int64_t pos_off,
+		      int64_t pos_off2, double theta, planrt_dtype_t storage)
+{
+	rope_16(x, y, batch, seq, heads, head_dim, rot_dim, heads_first, pos, pos_stride, pos_off, pos_off2, theta, storage,
+		0);
+}
+
+void planrt_k_rope_grad_16(const void *dy, void *dx, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim,
+			   int64_t rot_dim, int heads_first, const int32_t *pos, int64_t pos_stride, int64_t pos_off,
+			   int64_t pos_off2, double theta, planrt_dtype_t storage)
+{
+	rope_16(dy, dx, batch, seq, heads, head_dim, rot_dim, heads_first, pos, pos_stride, pos_off, pos_off2, theta,
+		storage, 1);
+}
+
+/* ---- the fused attention ------------------------------------------------------------------------
+ * Blocks of units along the first dim: a leading index (all its heads) when there are leading
+ * dims, else a group of query heads with their kv head. Units are independent (each thread of the
+ * f32 kernel works unit by unit too), and a block is given its offsets in the scores' global shape
+ * (dropout's index) and its share of the mask, so every unit computes what it computes in one call. */
+
+/* floats of widened operands an attention block holds at most (16 MiB; at least one unit); a variable
+ * so that tests/kernels/test_kernels16.c can make it small and check blocks against one call */
+int64_t planrt_k16_attention_block_ = (int64_t)1 << 22;
+
+typedef struct AttnBlocks {
+	int rank;
+	int64_t units;              /* along the first dim */
+	int64_t q, kv, lse, mask;   /* elements (mask: its offset) a unit spans in q / out, k / v, lse, mask */
+	int64_t heads_per_unit;     /* 0 with leading dims; else the query heads a unit has (its group) */
+	int64_t ldims[16], offs[32];
+} AttnBlocks;
+
+static void attn_blocks(AttnBlocks *b, int rank, const int64_t *ldims, int64_t kv_heads, int64_t sk,
+			const int64_t *mask_strides, const int64_t *offs, const char *what)
+{
+	if (rank < 3 || rank > 16 || kv_heads <= 0 || ldims[rank - 3] % kv_heads)
+		planrt_fatal("%s: rank %d or %lld kv heads out of range", what, rank, (long long)kv_heads);
+	int64_t heads = ldims[rank - 3], sq = ldims[rank - 2], dh = ldims[rank - 1], lead = 1;
+	for (int d = 1; d < rank - 3; d++)
+		lead *= ldims[d];
+	b->rank = rank;
+	if (rank > 3) { /* a unit: one index of the first leading dim */
+		b->units = ldims[0];
+		b->heads_per_unit = 0;
+		b->q = lead * heads * sq * dh;
+		b->kv = lead * kv_heads * sk * dh;
+		b->lse = lead * heads * sq;
+		b->mask = mask_strides ? mask_strides[0] : 0;
+	} else { /* a unit: one kv head and its group of query heads */
+		int64_t group = heads / kv_heads;
+		b->units = kv_heads;
+		b->heads_per_unit = group;
+		b->q = group * sq * dh;
+		b->kv = sk * dh;
+		b->lse = group * sq;
+		b->mask = mask_strides ? group * mask_strides[0] : 0;
+	}
+	for (int d = 0; d < rank; d++)
+		b->ldims[d] = ldims[d];
+	for (int d = 0; d < 2 * rank; d++)
+		b->offs[d] = offs[d];
+}
+
+/* points the block's shape at units [u0, u0 + n); returns the block's kv heads */
+static int64_t attn_block_at(AttnBlocks *b, const int64_t *offs, int64_t kv_heads, int64_t u0, int64_t n)
+{
+	int64_t first = b->heads_per_unit ? u0 * b->heads_per_unit : u0;
+	b->ldims[0] = b->heads_per_unit ? n * b->heads_per_unit : n;
+	b->offs[0] = offs[0] + first;
+	b->offs[b->rank] = offs[b->rank] + first;
+	return b->heads_per_unit ? n : kv_heads;
+}
+
+/* units a block takes: its widened operands (per unit: nq q-sized and nkv kv-sized) within the bound */
+static int64_t attn_block_units(const AttnBlocks *b, int nq, int nkv)
+{
+	int64_t per = nq * b->q + nkv * b->kv, n = per > 0 ? planrt_k16_attention_block_ / per : b->units;
+	return n < 1 ? 1 : n > b->units ? b->units : n;
+}
+
+void planrt_k_attention_16(const void *q, const void *k, const void *v, const float *mask, const int64_t *mask_strides,
+			   void *out, float *lse, int rank, const int64_t *ldims, int64_t kv_heads, int64_t sk,
+			   double scale, int mask_kind, double p, uint64_t seed, uint64_t key, const int64_t *gdims,
+			   const int64_t *offs, uint8_t *scratch, planrt_dtype_t storage)
+{
+	check_storage(storage, "attention_16");
+	AttnBlocks b;
+	attn_blocks(&b, rank, ldims, kv_heads, sk, mask_strides, offs, "attention_16");
+	int64_t per = attn_block_units(&b, 2, 2);
+	float *s = scratch_floats(per * (2 * b.q + 2 * b.kv), "attention_16");
+	float *qs = s, *ks = qs + per * b.q, *vs = ks + per * b.kv, *os = vs + per * b.kv;
+	for (int64_t u0 = 0; u0 < b.units; u0 += per) {
+		int64_t n = b.units - u0 < per ? b.units - u0 : per;
+		int64_t kvh = attn_block_at(&b, offs, kv_heads, u0, n);
+		widen(q, u0 * b.q, qs, n * b.q, storage);
+		widen(k, u0 * b.kv, ks, n * b.kv, storage);
+		widen(v, u0 * b.kv, vs, n * b.kv, storage);
+		planrt_k_attention_f32(qs, ks, vs, mask ? mask + u0 * b.mask : NULL, mask_strides, os, lse + u0 * b.lse,
+				       rank, b.ldims, kvh, sk, scale, mask_kind, p, seed, key, gdims, b.offs, scratch);
+		narrow(os, out, u0 * b.q, n * b.q, storage);
+	}
+	free(s);
+}
+
+void planrt_k_attention_grad_16(const void *q, const void *k, const void *v, const float *mask,
+				const int64_t *mask_strides, const void *out, const float *lse, const void *dout, void *dq,
+				void *dk, void *dv, int rank, const int64_t *ldims, int64_t kv_heads, int64_t sk,
+				double scale, int mask_kind, double p, uint64_t seed, uint64_t key, const int64_t *gdims,
+				const int64_t *offs, uint8_t *scratch, planrt_dtype_t storage)
+{
+	check_storage(storage, "attention_grad_16");
+	AttnBlocks b;
+	attn_blocks(&b, rank, ldims, kv_heads, sk, mask_strides, offs, "attention_grad_16");
+	int64_t per = attn_block_units(&b, 4, 4);
+	float *s = scratch_floats(per * (4 * b.q + 4 * b.kv), "attention_grad_16");
+	float *qs = s, *os = qs + per * b.q, *gs = os + per * b.q, *dqs = gs + per * b.q;
+	float *ks = dqs + per * b.q, *vs = ks + per * b.kv, *dks = vs + per * b.kv, *dvs = dks + per * b.kv;
+	for (int64_t u0 = 0; u0 < b.units; u0 += per) {
+		int64_t n = b.units - u0 < per ? b.units - u0 : per;
+		int64_t kvh = attn_block_at(&b, offs, kv_heads, u0, n);
+		widen(q, u0 * b.q, qs, n * b.q, storage);
+		widen(out, u0 * b.q, os, n * b.q, storage);
+		widen(dout, u0 * b.q, gs, n * b.q, storage);
+		widen(k, u0 * b.kv, ks, n * b.kv, storage);
+		widen(v, u0 * b.kv, vs, n * b.kv, storage);
+		planrt_k_attention_grad_f32(qs, ks, vs, mask ? mask + u0 * b.mask : NULL, mask_strides, os, lse + u0 * b.lse,
+					    gs, dqs, dks, dvs, rank, b.ldims, kvh, sk, scale, mask_kind, p, seed, key,
+					    gdims, b.offs, scratch);
+		narrow(dqs, dq, u0 * b.q, n * b.q, storage);
+		narrow(dks, dk, u0 * b.kv, n * b.kv, storage);
+		narrow(dvs, dv, u0 * b.kv, n * b.kv, storage);
 	}
 	free(s);
 }

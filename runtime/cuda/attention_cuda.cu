@@ -18,8 +18,8 @@
 #include "planrt_kernels.h"
 #include "planrt_attention_math.h"
 
-__global__ static void attention_forward_kernel(AttnParams a, const float *q, const float *k, const float *v,
-						const float *mask, int merge, float *out, float *lse, int64_t rows)
+__global__ static void attention_forward_kernel(AttnParams a, const void *q, const void *k, const void *v,
+						const float *mask, int merge, void *out, float *lse, int64_t rows)
 {
 	GRID_STRIDE(r, rows)
 	{
@@ -29,10 +29,10 @@ __global__ static void attention_forward_kernel(AttnParams a, const float *q, co
 }
 
 struct AttnInputs {
-	const float *t[6]; /* q, k, v, out, lse, dout */
+	const void *t[6]; /* q, k, v, out, lse (f32), dout */
 };
 
-__global__ static void attention_dq_kernel(AttnParams a, AttnInputs in, const float *mask, int accumulate, float *dq,
+__global__ static void attention_dq_kernel(AttnParams a, AttnInputs in, const float *mask, int accumulate, void *dq,
 					   int64_t rows)
 {
 	GRID_STRIDE(r, rows)
@@ -42,7 +42,7 @@ __global__ static void attention_dq_kernel(AttnParams a, AttnInputs in, const fl
 	}
 }
 
-__global__ static void attention_dkdv_kernel(AttnParams a, AttnInputs in, const float *mask, float *dk, float *dv,
+__global__ static void attention_dkdv_kernel(AttnParams a, AttnInputs in, const float *mask, void *dk, void *dv,
 					     int64_t rows)
 {
 	GRID_STRIDE(r, rows)
@@ -67,16 +67,16 @@ static AttnParams attention_params(int rank, const int64_t *ldims, int64_t kv_he
 }
 
 /* the forward over a call's parameters (a ring step: merge after the first) */
-static void attention_forward(const AttnParams *a, const float *q, const float *k, const float *v, const float *mask,
-			      int merge, float *out, float *lse, int stream)
+static void attention_forward(const AttnParams *a, const void *q, const void *k, const void *v, const float *mask,
+			      int merge, void *out, float *lse, int stream)
 {
 	int64_t rows = a->nlead * a->heads * a->sq;
 	LAUNCH(attention_forward_kernel, rows, stream, *a, q, k, v, mask, merge, out, lse, rows);
 }
 
 /* the backward over a call's parameters (a ring step: dq accumulated after the first) */
-static void attention_backward(const AttnParams *a, const float *const *t, const float *mask, int accumulate, float *dq,
-			       float *dk, float *dv, int stream)
+static void attention_backward(const AttnParams *a, const void *const *t, const float *mask, int accumulate, void *dq,
+			       void *dk, void *dv, int stream)
 {
 	AttnInputs in = {{t[0], t[1], t[2], t[3], t[4], t[5]}};
 	int64_t qrows = a->nlead * a->heads * a->sq, krows = a->nlead * a->kv_heads * a->sk;
@@ -111,7 +111,7 @@ void planrt_cu_k_attention_grad_f32(const float *q, const float *k, const float 
 	(void)scratch;
 	AttnParams a = attention_params(rank, ldims, kv_heads, sk, scale, mask_kind, mask_strides, p, seed, key, gdims,
 					offs);
-	const float *t[6] = {q, k, v, out, lse, dout};
+	const void *t[6] = {q, k, v, out, lse, dout};
 	attention_backward(&a, t, mask, 0, dq, dk, dv, stream);
 }
 
@@ -139,6 +139,46 @@ void planrt_cu_k_ring_attention_grad_f32(const float *q, const float *k, const f
 	AttnParams a = attention_params(rank, ldims, kv_heads, sk, scale, mask_kind, mask_strides, p, seed, key, gdims,
 					offs);
 	ring_keys(&a, coord, step, size, mirrored);
-	const float *t[6] = {q, k, v, out, lse, dout};
+	const void *t[6] = {q, k, v, out, lse, dout};
 	attention_backward(&a, t, mask, step > 0, dq, dk, dv, stream);
+}
+
+/* the 16-bit variants: q, k, v, out, dout, dq, dk, dv stored as `storage`, each element widened as it
+ * is read and rounded once as it is written (planrt_attention_math.h's attn_ld / attn_st) */
+static AttnParams attention_params_16(int rank, const int64_t *ldims, int64_t kv_heads, int64_t sk, double scale,
+				      int mask_kind, const int64_t *mask_strides, double p, uint64_t seed, uint64_t key,
+				      const int64_t *gdims, const int64_t *offs, planrt_dtype_t storage)
+{
+	if (storage != planrt_bf16 && storage != planrt_f16)
+		planrt_fatal("attention_16: storage type %d is not bf16 or f16", (int)storage);
+	AttnParams a = attention_params(rank, ldims, kv_heads, sk, scale, mask_kind, mask_strides, p, seed, key, gdims,
+					offs);
+	a.storage = storage == planrt_bf16 ? ATTN_BF16 : ATTN_F16;
+	return a;
+}
+
+void planrt_cu_k_attention_16(const void *q, const void *k, const void *v, const float *mask,
+			      const int64_t *mask_strides, void *out, float *lse, int rank, const int64_t *ldims,
+			      int64_t kv_heads, int64_t sk, double scale, int mask_kind, double p, uint64_t seed,
+			      uint64_t key, const int64_t *gdims, const int64_t *offs, uint8_t *scratch,
+			      planrt_dtype_t storage, int stream)
+{
+	(void)scratch;
+	AttnParams a = attention_params_16(rank, ldims, kv_heads, sk, scale, mask_kind, mask_strides, p, seed, key, gdims,
+					   offs, storage);
+	attention_forward(&a, q, k, v, mask, 0, out, lse, stream);
+}
+
+void planrt_cu_k_attention_grad_16(const void *q, const void *k, const void *v, const float *mask,
+				   const int64_t *mask_strides, const void *out, const float *lse, const void *dout,
+				   void *dq, void *dk, void *dv, int rank, const int64_t *ldims, int64_t kv_heads,
+				   int64_t sk, double scale, int mask_kind, double p, uint64_t seed, uint64_t key,
+				   const int64_t *gdims, const int64_t *offs, uint8_t *scratch, planrt_dtype_t storage,
+				   int stream)
+{
+	(void)scratch;
+	AttnParams a = attention_params_16(rank, ldims, kv_heads, sk, scale, mask_kind, mask_strides, p, seed, key, gdims,
+					   offs, storage);
+	const void *t[6] = {q, k, v, out, lse, dout};
+	attention_backward(&a, t, mask, 0, dq, dk, dv, stream);
 }

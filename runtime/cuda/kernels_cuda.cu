@@ -796,13 +796,15 @@ void planrt_cu_k_rms_norm_grad_16(const void *x, const void *w, const float *rst
 
 /* ------------------------------------------------------------------ embedding */
 
-__global__ static void embed_kernel(const float *table, const int32_t *ids, float *out, int64_t dim, int64_t vocab_lo,
+/* E: float, or uint16_t for a 16-bit table moved as stored (embed_16; 0 is zero in bf16 and f16) */
+template <typename E>
+__global__ static void embed_kernel(const E *table, const int32_t *ids, E *out, int64_t dim, int64_t vocab_lo,
 				    int64_t vocab_local, int64_t n)
 {
 	GRID_STRIDE(i, n)
 	{
 		int64_t t = i / dim, j = i % dim, v = (int64_t)ids[t] - vocab_lo;
-		out[i] = v >= 0 && v < vocab_local ? table[v * dim + j] : 0.0f;
+		out[i] = v >= 0 && v < vocab_local ? table[v * dim + j] : (E)0;
 	}
 }
 
@@ -810,7 +812,17 @@ void planrt_cu_k_embed_f32(const float *table, const int32_t *ids, float *out, i
 			   int64_t vocab_lo, int64_t vocab_local, int stream)
 {
 	int64_t n = ntok * dim;
-	LAUNCH(embed_kernel, n, stream, table, ids, out, dim, vocab_lo, vocab_local, n);
+	LAUNCH(embed_kernel<float>, n, stream, table, ids, out, dim, vocab_lo, vocab_local, n);
+}
+
+void planrt_cu_k_embed_16(const void *table, const int32_t *ids, void *out, int64_t ntok, int64_t dim,
+			  int64_t vocab_lo, int64_t vocab_local, planrt_dtype_t storage, int stream)
+{
+	if (storage != planrt_bf16 && storage != planrt_f16)
+		planrt_fatal("embed_16: storage type %d is not bf16 or f16", (int)storage);
+	int64_t n = ntok * dim;
+	LAUNCH(embed_kernel<uint16_t>, n, stream, (const uint16_t *)table, ids, (uint16_t *)out, dim, vocab_lo,
+	       vocab_local, n);
 }
 
 __global__ static void embed_grad_kernel(const int32_t *ids, const float *dy, float *dtable, int64_t dim,
@@ -833,26 +845,29 @@ void planrt_cu_k_embed_grad_f32(const int32_t *ids, const float *dy, float *dtab
 
 /* ------------------------------------------------------------------ cross-entropy */
 
-/* per row: max, sum of exp(x - max), the target's logit (0 outside this rank's columns) */
-__global__ static void ce_stats_kernel(const float *logits, const int32_t *targets, int64_t cols, int64_t vocab_lo,
+/* per row: max, sum of exp(x - max), the target's logit (0 outside this rank's columns); logits
+ * stored as H */
+template <int H>
+__global__ static void ce_stats_kernel(const void *logits, const int32_t *targets, int64_t cols, int64_t vocab_lo,
 				       float *rowmax, float *sumexp, float *tlogit, int phase)
 {
-	int64_t r = blockIdx.x;
-	const float *xr = logits + r * cols;
+	int64_t r = blockIdx.x, at = r * cols;
 	if (phase == 0) {
 		float m = -INFINITY;
-		for (int64_t j = threadIdx.x; j < cols; j += blockDim.x)
-			m = xr[j] > m ? xr[j] : m;
+		for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
+			float x = ld<H>(logits, at + j);
+			m = x > m ? x : m;
+		}
 		m = block_max(m);
 		if (threadIdx.x == 0) {
 			rowmax[r] = cols > 0 ? m : -INFINITY;
 			int64_t c = (int64_t)targets[r] - vocab_lo;
-			tlogit[r] = c >= 0 && c < cols ? xr[c] : 0.0f;
+			tlogit[r] = c >= 0 && c < cols ? ld<H>(logits, at + c) : 0.0f;
 		}
 	} else {
 		float m = rowmax[r], s = 0;
 		for (int64_t j = threadIdx.x; j < cols; j += blockDim.x)
-			s += kexpf(xr[j] - m);
+			s += kexpf(ld<H>(logits, at + j) - m);
 		s = block_sum(s);
 		if (threadIdx.x == 0)
 			sumexp[r] = s;
@@ -881,22 +896,23 @@ __global__ static void ce_loss_kernel(const float *rowmax, const float *sumexp, 
 	}
 }
 
-void planrt_cu_cross_entropy_f32(const float *logits, const int32_t *targets, float *loss, float *lse, int64_t rows,
-				 int64_t cols, int64_t vocab_lo, double scale, double *correct, planrt_comm_t vocab_comm,
-				 void *scratch, int stream)
+template <int H>
+static void cross_entropy(const void *logits, const int32_t *targets, float *loss, float *lse, int64_t rows,
+			  int64_t cols, int64_t vocab_lo, double scale, double *correct, planrt_comm_t vocab_comm,
+			  void *scratch, int stream)
 {
 	float *rowmax = (float *)scratch, *sumexp = rowmax + rows, *tlogit = sumexp + rows;
 	cudaStream_t s = planrt_cu_stream(stream);
 	if (rows > 0) {
-		ce_stats_kernel<<<row_grid(rows), row_threads(cols), 0, s>>>(logits, targets, cols, vocab_lo, rowmax, sumexp,
-									     tlogit, 0);
+		ce_stats_kernel<H><<<row_grid(rows), row_threads(cols), 0, s>>>(logits, targets, cols, vocab_lo, rowmax,
+										sumexp, tlogit, 0);
 		planrt_cu_check_launch("cross_entropy");
 	}
 	if (vocab_comm)
 		PLANRT_CHECK(planrt_nccl_allreduce(rowmax, rowmax, (size_t)rows, planrt_f32, planrt_max, vocab_comm, s));
 	if (rows > 0) {
-		ce_stats_kernel<<<row_grid(rows), row_threads(cols), 0, s>>>(logits, targets, cols, vocab_lo, rowmax, sumexp,
-									     tlogit, 1);
+		ce_stats_kernel<H><<<row_grid(rows), row_threads(cols), 0, s>>>(logits, targets, cols, vocab_lo, rowmax,
+										sumexp, tlogit, 1);
 		planrt_cu_check_launch("cross_entropy");
 	}
 	if (vocab_comm) {
@@ -907,17 +923,35 @@ void planrt_cu_cross_entropy_f32(const float *logits, const int32_t *targets, fl
 	planrt_cu_check_launch("cross_entropy loss");
 }
 
-__global__ static void ce_grad_kernel(const float *logits, const int32_t *targets, const float *lse, int64_t cols,
-				      int64_t vocab_lo, const float *dscale, double factor, float *dlogits, int64_t n)
+void planrt_cu_cross_entropy_f32(const float *logits, const int32_t *targets, float *loss, float *lse, int64_t rows,
+				 int64_t cols, int64_t vocab_lo, double scale, double *correct, planrt_comm_t vocab_comm,
+				 void *scratch, int stream)
+{
+	cross_entropy<planrt_f32>(logits, targets, loss, lse, rows, cols, vocab_lo, scale, correct, vocab_comm, scratch,
+				  stream);
+}
+
+void planrt_cu_cross_entropy_16(const void *logits, const int32_t *targets, float *loss, float *lse, int64_t rows,
+				int64_t cols, int64_t vocab_lo, double scale, double *correct, planrt_comm_t vocab_comm,
+				uint8_t *scratch, planrt_dtype_t storage, int stream)
+{
+	BY_STORAGE("cross_entropy_16", storage,
+		   cross_entropy<H>(logits, targets, loss, lse, rows, cols, vocab_lo, scale, correct, vocab_comm, scratch,
+				    stream));
+}
+
+template <int H>
+__global__ static void ce_grad_kernel(const void *logits, const int32_t *targets, const float *lse, int64_t cols,
+				      int64_t vocab_lo, const float *dscale, double factor, void *dlogits, int64_t n)
 {
 	float ds = (float)((double)*dscale * factor);
 	GRID_STRIDE(i, n)
 	{
 		int64_t r = i / cols, j = i % cols;
-		float v = kexpf(logits[i] - lse[r]) * ds;
+		float v = kexpf(ld<H>(logits, i) - lse[r]) * ds;
 		if ((int64_t)targets[r] - vocab_lo == j)
 			v -= ds;
-		dlogits[i] = v;
+		st<H>(dlogits, i, v);
 	}
 }
 
@@ -925,7 +959,16 @@ void planrt_cu_k_ce_grad_f32(const float *logits, const int32_t *targets, const 
 			     int64_t vocab_lo, const float *dscale, double factor, float *dlogits, int stream)
 {
 	int64_t n = rows * cols;
-	LAUNCH(ce_grad_kernel, n, stream, logits, targets, lse, cols, vocab_lo, dscale, factor, dlogits, n);
+	LAUNCH(ce_grad_kernel<planrt_f32>, n, stream, logits, targets, lse, cols, vocab_lo, dscale, factor, dlogits, n);
+}
+
+void planrt_cu_k_ce_grad_16(const void *logits, const int32_t *targets, const float *lse, int64_t rows, int64_t cols,
+			    int64_t vocab_lo, const float *dscale, double factor, void *dlogits, planrt_dtype_t storage,
+			    int stream)
+{
+	int64_t n = rows * cols;
+	BY_STORAGE("cross_entropy_grad_16", storage,
+		   LAUNCH(ce_grad_kernel<H>, n, stream, logits, targets, lse, cols, vocab_lo, dscale, factor, dlogits, n));
 }
 
 /* Labels: the first one outside [0, classes) (its flat index, by atomicMin), read back on the host;
@@ -1028,7 +1071,8 @@ void planrt_cu_narrow_i32(const int32_t *x, int32_t *y, int64_t outer, int64_t n
 /* y = x rotated by the angles p f_i (sign 1) or -p f_i (sign -1): one thread per row and frequency,
  * with the CPU's float recipe (inv_freq = 1 / powf(theta, 2i / rot_dim), a = p * inv_freq); the dims
  * past rot_dim pass through. */
-__global__ static void rope_kernel(const float *x, float *y, int64_t batch, int64_t seq, int64_t heads,
+template <int H>
+__global__ static void rope_kernel(const void *x, void *y, int64_t batch, int64_t seq, int64_t heads,
 				   int64_t head_dim, int64_t rot_dim, int heads_first, const int32_t *pos,
 				   int64_t pos_stride, int64_t pos_off, int64_t pos_off2, float theta, float sign,
 				   int64_t total)
@@ -1036,11 +1080,9 @@ __global__ static void rope_kernel(const float *x, float *y, int64_t batch, int6
 	int64_t h = rot_dim / 2, pass = head_dim - rot_dim, per_row = h + pass;
 	GRID_STRIDE(t, total)
 	{
-		int64_t row = t / per_row, i = t % per_row;
-		const float *xr = x + row * head_dim;
-		float *yr = y + row * head_dim;
+		int64_t row = t / per_row, i = t % per_row, at = row * head_dim;
 		if (i >= h) {
-			yr[rot_dim + i - h] = xr[rot_dim + i - h];
+			st<H>(y, at + rot_dim + i - h, ld<H>(x, at + rot_dim + i - h));
 			continue;
 		}
 		int64_t b, s;
@@ -1054,20 +1096,21 @@ __global__ static void rope_kernel(const float *x, float *y, int64_t batch, int6
 		float p = pos ? (float)pos[b * pos_stride + s] : (float)(s < seq / 2 ? pos_off + s : pos_off2 + s - seq / 2);
 		float inv = 1.0f / powf(theta, (float)(2 * i) / (float)rot_dim);
 		float a = p * inv, c = cosf(a), sn = sign * sinf(a);
-		float u = xr[i], w = xr[i + h];
-		yr[i] = u * c - w * sn;
-		yr[i + h] = w * c + u * sn;
+		float u = ld<H>(x, at + i), w = ld<H>(x, at + i + h);
+		st<H>(y, at + i, u * c - w * sn);
+		st<H>(y, at + i + h, w * c + u * sn);
 	}
 }
 
-static void rope(const float *x, float *y, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim, int64_t rot_dim,
+template <int H>
+static void rope(const void *x, void *y, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim, int64_t rot_dim,
 		 int heads_first, const int32_t *pos, int64_t pos_stride, int64_t pos_off, int64_t pos_off2, double theta,
 		 float sign, int stream)
 {
 	if (rot_dim < 0 || rot_dim % 2 || rot_dim > head_dim)
 		planrt_fatal("rope: rot_dim must be even and at most head_dim");
 	int64_t total = batch * seq * heads * (rot_dim / 2 + head_dim - rot_dim);
-	LAUNCH(rope_kernel, total, stream, x, y, batch, seq, heads, head_dim, rot_dim, heads_first, pos, pos_stride,
+	LAUNCH(rope_kernel<H>, total, stream, x, y, batch, seq, heads, head_dim, rot_dim, heads_first, pos, pos_stride,
 	       pos_off, pos_off2, (float)theta, sign, total);
 }
 
@@ -1075,16 +1118,34 @@ void planrt_cu_k_rope_f32(const float *x, float *y, int64_t batch, int64_t seq, 
 			  int64_t rot_dim, int heads_first, const int32_t *pos, int64_t pos_stride, int64_t pos_off,
 			  int64_t pos_off2, double theta, int stream)
 {
-	rope(x, y, batch, seq, heads, head_dim, rot_dim, heads_first, pos, pos_stride, pos_off, pos_off2, theta, 1.0f,
-	     stream);
+	rope<planrt_f32>(x, y, batch, seq, heads, head_dim, rot_dim, heads_first, pos, pos_stride, pos_off, pos_off2, theta,
+			 1.0f, stream);
 }
 
 void planrt_cu_k_rope_grad_f32(const float *dy, float *dx, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim,
 			       int64_t rot_dim, int heads_first, const int32_t *pos, int64_t pos_stride,
 			       int64_t pos_off, int64_t pos_off2, double theta, int stream)
 {
-	rope(dy, dx, batch, seq, heads, head_dim, rot_dim, heads_first, pos, pos_stride, pos_off, pos_off2, theta, -1.0f,
-	     stream);
+	rope<planrt_f32>(dy, dx, batch, seq, heads, head_dim, rot_dim, heads_first, pos, pos_stride, pos_off, pos_off2,
+			 theta, -1.0f, stream);
+}
+
+void planrt_cu_k_rope_16(const void *x, void *y, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim,
+			 int64_t rot_dim, int heads_first, const int32_t *pos, int64_t pos_stride, int64_t pos_off,
+			 int64_t pos_off2, double theta, planrt_dtype_t storage, int stream)
+{
+	BY_STORAGE("rope_16", storage,
+		   rope<H>(x, y, batch, seq, heads, head_dim, rot_dim, heads_first, pos, pos_stride, pos_off, pos_off2, theta,
+			   1.0f, stream));
+}
+
+void planrt_cu_k_rope_grad_16(const void *dy, void *dx, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim,
+			      int64_t rot_dim, int heads_first, const int32_t *pos, int64_t pos_stride, int64_t pos_off,
+			      int64_t pos_off2, double theta, planrt_dtype_t storage, int stream)
+{
+	BY_STORAGE("rope_grad_16", storage,
+		   rope<H>(dy, dx, batch, seq, heads, head_dim, rot_dim, heads_first, pos, pos_stride, pos_off, pos_off2,
+			   theta, -1.0f, stream));
 }
 
 /* ------------------------------------------------------------------ unary functions, repeat_kv */

@@ -21,6 +21,7 @@
 
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
 
 #ifdef __CUDACC__
 #define ATTN_FN __host__ __device__ static inline
@@ -39,7 +40,75 @@ typedef struct AttnParams {
 	int64_t ldims[ATTN_MAX_RANK], mstr[ATTN_MAX_RANK], gst[ATTN_MAX_RANK], offs[ATTN_MAX_RANK];
 	float scale, keep_scale;
 	uint64_t thr, seed, key;
+	int storage; /* how q, k, v, out, dout, dq, dk, dv are stored: ATTN_F32, ATTN_BF16 or ATTN_F16 */
 } AttnParams;
+
+/* the storage types (planrt_dtype_t's numbers: planrt_f32, planrt_bf16, planrt_f16) */
+enum { ATTN_F32 = 0, ATTN_BF16 = 1, ATTN_F16 = 2 };
+
+ATTN_FN uint32_t attn_bits(float x)
+{
+	uint32_t u;
+	memcpy(&u, &x, 4);
+	return u;
+}
+
+ATTN_FN float attn_float(uint32_t u)
+{
+	float x;
+	memcpy(&x, &u, 4);
+	return x;
+}
+
+/* Element i of a buffer stored as a->storage, as f32 (exact), and v stored there (rounded to nearest
+ * even: bf16's NaN the quiet 0x7fc0, f16's overflow infinity, as planrt_cast rounds on the host). */
+ATTN_FN float attn_ld(const AttnParams *a, const void *p, int64_t i)
+{
+	if (a->storage == ATTN_F32)
+		return ((const float *)p)[i];
+	uint32_t h = ((const uint16_t *)p)[i];
+	if (a->storage == ATTN_BF16)
+		return attn_float(h << 16);
+	uint32_t sign = (h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu;
+	if (exp == 0) { /* zero or subnormal: mant 2^-24 */
+		float f = (float)mant * 5.9604644775390625e-8f;
+		return sign ? -f : f;
+	}
+	if (exp == 31)
+		return attn_float(sign | 0x7f800000u | (mant << 13));
+	return attn_float(sign | ((exp + 112) << 23) | (mant << 13));
+}
+
+ATTN_FN void attn_st(const AttnParams *a, void *p, int64_t i, float v)
+{
+	if (a->storage == ATTN_F32) {
+		((float *)p)[i] = v;
+		return;
+	}
+	uint32_t u = attn_bits(v);
+	uint16_t h;
+	if (a->storage == ATTN_BF16) {
+		h = (u & 0x7fffffffu) > 0x7f800000u ? (uint16_t)0x7fc0 : (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+	} else {
+		uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
+		u &= 0x7fffffffu;
+		if (u >= 0x7f800000u) {
+			h = (uint16_t)(sign | 0x7c00u | (u > 0x7f800000u ? 0x200u : 0u));
+		} else if (u >= 0x477ff000u) { /* at least 65520: infinity */
+			h = (uint16_t)(sign | 0x7c00u);
+		} else if (u < 0x38800000u) { /* an f16 subnormal: x 2^24 rounded to even */
+			float f = attn_float(u) * 16777216.0f, r = f - (float)(uint32_t)f;
+			uint32_t m = (uint32_t)f;
+			if (r > 0.5f || (r == 0.5f && (m & 1u)))
+				m++;
+			h = (uint16_t)(sign | m);
+		} else {
+			u += 0xfffu + ((u >> 13) & 1u);
+			h = (uint16_t)(sign | ((u - 0x38000000u) >> 13));
+		}
+	}
+	((uint16_t *)p)[i] = h;
+}
 
 /* Fills a from the kernel's arguments (host side); returns 0 when the shapes are out of range. */
 ATTN_FN int attn_params(AttnParams *a, int rank, const int64_t *ldims, int64_t kv_heads, int64_t sk, double scale,
@@ -77,6 +146,7 @@ ATTN_FN int attn_params(AttnParams *a, int rank, const int64_t *ldims, int64_t k
 	a->thr = !(p > 0) ? 0 : p >= 1 ? (uint64_t)1 << 32 : (uint64_t)ceil(p * 4294967296.0);
 	a->seed = seed;
 	a->key = key;
+	a->storage = ATTN_F32;
 	return 1;
 }
 
@@ -140,16 +210,17 @@ ATTN_FN void attn_head_bases(const AttnParams *a, int64_t b, int64_t h, int64_t 
 	*drop_base = (uint64_t)(gb + (h + a->offs[r - 3]) * a->gst[r - 3]); /* + the row's and key's (global) */
 }
 
-/* Score (i, j) of a head: q_i . k_j scaled, plus the mask; -inf where causal masks it. */
-ATTN_FN float attn_score(const AttnParams *a, const float *qi, const float *kj, const float *mask, int64_t mask_base,
-			 int64_t i, int64_t j)
+/* Score (i, j) of a head: q_i . k_j scaled (the rows at qi and kj of q and k), plus the mask; -inf
+ * where causal masks it. */
+ATTN_FN float attn_score(const AttnParams *a, const void *q, int64_t qi, const void *k, int64_t kj,
+			 const float *mask, int64_t mask_base, int64_t i, int64_t j)
 {
 	int64_t key = attn_key_pos(a, j);
 	if (a->causal && key > attn_query_pos(a, i))
 		return -INFINITY;
 	float s = 0;
 	for (int64_t d = 0; d < a->dh; d++)
-		s += qi[d] * a->scale * kj[d];
+		s += attn_ld(a, q, qi + d) * a->scale * attn_ld(a, k, kj + d);
 	if (a->has_mask)
 		s += mask[mask_base + i * a->mstr[a->rank - 2] + key * a->mstr[a->rank - 1]];
 	return s;
@@ -166,35 +237,37 @@ ATTN_FN float attn_dropout_factor(const AttnParams *a, uint64_t drop_base, int64
 	return (uint64_t)u >= a->thr ? a->keep_scale : 0.0f;
 }
 
-/* Stores a row's online-softmax result (accumulator acc, running maximum m, sum l) into out_i and
- * lse_i, or (merge: a later ring step) merges it into them: lse = logaddexp(lse_a, lse_b), out =
- * out_a exp(lse_a - lse) + out_b exp(lse_b - lse); a row whose keys here are all masked stays. */
-ATTN_FN void attn_store_row(const AttnParams *a, const float *acc, float m, float l, int merge, float *oi, float *lse_i)
+/* Stores a row's online-softmax result (accumulator acc, running maximum m, sum l) into the row at oi
+ * of out and into lse_i, or (merge: a later ring step) merges it into them: lse = logaddexp(lse_a,
+ * lse_b), out = out_a exp(lse_a - lse) + out_b exp(lse_b - lse); a row whose keys here are all
+ * masked stays. */
+ATTN_FN void attn_store_row(const AttnParams *a, const float *acc, float m, float l, int merge, void *out, int64_t oi,
+			    float *lse_i)
 {
 	float inv = l > 0 ? 1 / l : 0, lse = l > 0 ? m + logf(l) : -INFINITY, old = merge ? *lse_i : -INFINITY;
 	if (merge && lse == -INFINITY)
 		return;
 	if (old == -INFINITY) {
 		for (int64_t d = 0; d < a->dh; d++)
-			oi[d] = acc[d] * inv;
+			attn_st(a, out, oi + d, acc[d] * inv);
 		*lse_i = lse;
 		return;
 	}
 	float hi = old > lse ? old : lse, merged = hi + logf(expf(old - hi) + expf(lse - hi));
 	float wa = expf(old - merged), wb = expf(lse - merged) * inv;
 	for (int64_t d = 0; d < a->dh; d++)
-		oi[d] = oi[d] * wa + acc[d] * wb;
+		attn_st(a, out, oi + d, attn_ld(a, out, oi + d) * wa + acc[d] * wb);
 	*lse_i = merged;
 }
 
 /* Query row i of head (b, h): out_i and lse_i by an online softmax over every key (merge: merged
  * into them, a ring step after the first). */
-ATTN_FN void attn_forward_row(const AttnParams *a, const float *q, const float *k, const float *v, const float *mask,
-			      int64_t b, int64_t h, int64_t i, int merge, float *out, float *lse)
+ATTN_FN void attn_forward_row(const AttnParams *a, const void *q, const void *k, const void *v, const float *mask,
+			      int64_t b, int64_t h, int64_t i, int merge, void *out, float *lse)
 {
 	float acc[ATTN_MAX_DH];
 	int64_t dh = a->dh, qh = b * a->heads + h, kh = b * a->kv_heads + h / (a->heads / a->kv_heads);
-	const float *qi = q + (qh * a->sq + i) * dh, *kb = k + kh * a->sk * dh, *vb = v + kh * a->sk * dh;
+	int64_t qi = (qh * a->sq + i) * dh, kb = kh * a->sk * dh;
 	int64_t mask_base;
 	uint64_t drop_base;
 	attn_head_bases(a, b, h, &mask_base, &drop_base);
@@ -202,7 +275,7 @@ ATTN_FN void attn_forward_row(const AttnParams *a, const float *q, const float *
 	for (int64_t d = 0; d < dh; d++)
 		acc[d] = 0;
 	for (int64_t j = 0; j < a->sk; j++) {
-		float s = attn_score(a, qi, kb + j * dh, mask, mask_base, i, j);
+		float s = attn_score(a, q, qi, k, kb + j * dh, mask, mask_base, i, j);
 		if (s == -INFINITY)
 			continue;
 		float mnew = s > m ? s : m, corr = expf(m - mnew), pj = expf(s - mnew);
@@ -210,9 +283,9 @@ ATTN_FN void attn_forward_row(const AttnParams *a, const float *q, const float *
 		m = mnew;
 		float pd = pj * attn_dropout_factor(a, drop_base, i, j);
 		for (int64_t d = 0; d < dh; d++)
-			acc[d] = acc[d] * corr + pd * vb[j * dh + d];
+			acc[d] = acc[d] * corr + pd * attn_ld(a, v, kb + j * dh + d);
 	}
-	attn_store_row(a, acc, m, l, merge, out + (qh * a->sq + i) * dh, lse + qh * a->sq + i);
+	attn_store_row(a, acc, m, l, merge, out, qi, lse + qh * a->sq + i);
 }
 
 /* The gradient pieces of entry (i, j): P (undropped), the dropout factor z, dS = P (z dP - D). */
@@ -223,49 +296,55 @@ ATTN_FN float attn_ds(const AttnParams *a, float s, float lse_i, float dpd, floa
 	return p * (dpd * z - D) * a->scale;
 }
 
-ATTN_FN float attn_dot(const float *x, const float *y, int64_t n)
+/* the dot product of the rows at xi of x and yi of y */
+ATTN_FN float attn_dot(const AttnParams *a, const void *x, int64_t xi, const void *y, int64_t yi, int64_t n)
 {
 	float s = 0;
 	for (int64_t d = 0; d < n; d++)
-		s += x[d] * y[d];
+		s += attn_ld(a, x, xi + d) * attn_ld(a, y, yi + d);
 	return s;
 }
 
 /* dq of query row i of head (b, h) (overwritten; accumulate: added to, a ring step after the
- * first). */
-ATTN_FN void attn_dq_row(const AttnParams *a, const float *const *in, const float *mask, int64_t b, int64_t h,
-			 int64_t i, int accumulate, float *dq)
+ * first). in: q, k, v, out, lse (f32), dout. */
+ATTN_FN void attn_dq_row(const AttnParams *a, const void *const *in, const float *mask, int64_t b, int64_t h,
+			 int64_t i, int accumulate, void *dq)
 {
-	const float *q = in[0], *k = in[1], *v = in[2], *o = in[3], *lse = in[4], *dout = in[5];
+	const void *q = in[0], *k = in[1], *v = in[2], *o = in[3], *dout = in[5];
+	const float *lse = (const float *)in[4];
+	float g[ATTN_MAX_DH];
 	int64_t dh = a->dh, qh = b * a->heads + h, kh = b * a->kv_heads + h / (a->heads / a->kv_heads);
-	const float *qi = q + (qh * a->sq + i) * dh, *doi = dout + (qh * a->sq + i) * dh;
-	float *dqi = dq + (qh * a->sq + i) * dh, li = lse[qh * a->sq + i], pz;
-	float D = attn_dot(doi, o + (qh * a->sq + i) * dh, dh);
+	int64_t qi = (qh * a->sq + i) * dh;
+	float li = lse[qh * a->sq + i], pz;
+	float D = attn_dot(a, dout, qi, o, qi, dh);
 	int64_t mask_base;
 	uint64_t drop_base;
 	attn_head_bases(a, b, h, &mask_base, &drop_base);
-	for (int64_t d = 0; d < dh && !accumulate; d++)
-		dqi[d] = 0;
+	for (int64_t d = 0; d < dh; d++)
+		g[d] = accumulate ? attn_ld(a, dq, qi + d) : 0;
 	for (int64_t j = 0; j < a->sk; j++) {
-		const float *kj = k + (kh * a->sk + j) * dh;
-		float s = attn_score(a, qi, kj, mask, mask_base, i, j);
+		int64_t kj = (kh * a->sk + j) * dh;
+		float s = attn_score(a, q, qi, k, kj, mask, mask_base, i, j);
 		if (s == -INFINITY)
 			continue;
-		float dpd = attn_dot(doi, v + (kh * a->sk + j) * dh, dh);
+		float dpd = attn_dot(a, dout, qi, v, kj, dh);
 		float ds = attn_ds(a, s, li, dpd, attn_dropout_factor(a, drop_base, i, j), D, &pz);
 		for (int64_t d = 0; d < dh; d++)
-			dqi[d] += ds * kj[d];
+			g[d] += ds * attn_ld(a, k, kj + d);
 	}
+	for (int64_t d = 0; d < dh; d++)
+		attn_st(a, dq, qi + d, g[d]);
 }
 
 /* dk and dv of key row j of kv head (b, hk) (overwritten): every query row of its query heads. */
-ATTN_FN void attn_dkdv_row(const AttnParams *a, const float *const *in, const float *mask, int64_t b, int64_t hk,
-			   int64_t j, float *dk, float *dv)
+ATTN_FN void attn_dkdv_row(const AttnParams *a, const void *const *in, const float *mask, int64_t b, int64_t hk,
+			   int64_t j, void *dk, void *dv)
 {
-	const float *q = in[0], *k = in[1], *v = in[2], *o = in[3], *lse = in[4], *dout = in[5];
+	const void *q = in[0], *k = in[1], *v = in[2], *o = in[3], *dout = in[5];
+	const float *lse = (const float *)in[4];
 	float gk[ATTN_MAX_DH], gv[ATTN_MAX_DH];
 	int64_t dh = a->dh, group = a->heads / a->kv_heads, kh = b * a->kv_heads + hk;
-	const float *kj = k + (kh * a->sk + j) * dh, *vj = v + (kh * a->sk + j) * dh;
+	int64_t kj = (kh * a->sk + j) * dh;
 	for (int64_t d = 0; d < dh; d++)
 		gk[d] = gv[d] = 0;
 	for (int64_t h = hk * group; h < (hk + 1) * group; h++) {
@@ -273,21 +352,21 @@ ATTN_FN void attn_dkdv_row(const AttnParams *a, const float *const *in, const fl
 		uint64_t drop_base;
 		attn_head_bases(a, b, h, &mask_base, &drop_base);
 		for (int64_t i = 0; i < a->sq; i++) {
-			const float *qi = q + (qh * a->sq + i) * dh, *doi = dout + (qh * a->sq + i) * dh;
-			float s = attn_score(a, qi, kj, mask, mask_base, i, j), pz;
+			int64_t qi = (qh * a->sq + i) * dh;
+			float s = attn_score(a, q, qi, k, kj, mask, mask_base, i, j), pz;
 			if (s == -INFINITY)
 				continue;
-			float D = attn_dot(doi, o + (qh * a->sq + i) * dh, dh), dpd = attn_dot(doi, vj, dh);
+			float D = attn_dot(a, dout, qi, o, qi, dh), dpd = attn_dot(a, dout, qi, v, kj, dh);
 			float ds = attn_ds(a, s, lse[qh * a->sq + i], dpd, attn_dropout_factor(a, drop_base, i, j), D, &pz);
 			for (int64_t d = 0; d < dh; d++) {
-				gv[d] += pz * doi[d];
-				gk[d] += ds * qi[d];
+				gv[d] += pz * attn_ld(a, dout, qi + d);
+				gk[d] += ds * attn_ld(a, q, qi + d);
 			}
 		}
 	}
 	for (int64_t d = 0; d < dh; d++) {
-		dk[(kh * a->sk + j) * dh + d] = gk[d];
-		dv[(kh * a->sk + j) * dh + d] = gv[d];
+		attn_st(a, dk, kj + d, gk[d]);
+		attn_st(a, dv, kj + d, gv[d]);
 	}
 }
 

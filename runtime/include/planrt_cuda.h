@@ -95,6 +95,18 @@ void planrt_cu_k_attention_grad_f32(const float *q, const float *k, const float 
 				    float *dq, float *dk, float *dv, int rank, const int64_t *ldims, int64_t kv_heads,
 				    int64_t sk, double scale, int mask_kind, double p, uint64_t seed, uint64_t key,
 				    const int64_t *gdims, const int64_t *offs, void *scratch, int stream);
+/* the same on 16-bit q, k, v, out, dout, dq, dk, dv stored as `storage` (lse and the mask f32) */
+void planrt_cu_k_attention_16(const void *q, const void *k, const void *v, const float *mask,
+			      const int64_t *mask_strides, void *out, float *lse, int rank, const int64_t *ldims,
+			      int64_t kv_heads, int64_t sk, double scale, int mask_kind, double p, uint64_t seed,
+			      uint64_t key, const int64_t *gdims, const int64_t *offs, uint8_t *scratch,
+			      planrt_dtype_t storage, int stream);
+void planrt_cu_k_attention_grad_16(const void *q, const void *k, const void *v, const float *mask,
+				   const int64_t *mask_strides, const void *out, const float *lse, const void *dout,
+				   void *dq, void *dk, void *dv, int rank, const int64_t *ldims, int64_t kv_heads,
+				   int64_t sk, double scale, int mask_kind, double p, uint64_t seed, uint64_t key,
+				   const int64_t *gdims, const int64_t *offs, uint8_t *scratch, planrt_dtype_t storage,
+				   int stream);
 /* the ring's steps (context parallelism): the block of keys held at step `step` of a ring of `size`
  * (mirrored: two chunks, causal load balancing), merged into out and lse / added to dq after step 0 */
 void planrt_cu_k_ring_attention_f32(const float *q, const float *k, const float *v, const float *mask,
@@ -134,6 +146,8 @@ void planrt_cu_k_rms_norm_grad_16(const void *x, const void *w, const float *rst
 				  float *dw, int64_t rows, int64_t cols, planrt_dtype_t storage, int stream);
 void planrt_cu_k_embed_f32(const float *table, const int32_t *ids, float *out, int64_t ntok, int64_t dim,
 			   int64_t vocab_lo, int64_t vocab_local, int stream);
+void planrt_cu_k_embed_16(const void *table, const int32_t *ids, void *out, int64_t ntok, int64_t dim,
+			  int64_t vocab_lo, int64_t vocab_local, planrt_dtype_t storage, int stream);
 void planrt_cu_k_embed_grad_f32(const int32_t *ids, const float *dy, float *dtable, int64_t ntok, int64_t dim,
 				int64_t vocab_lo, int64_t vocab_local, int stream);
 void planrt_cu_cross_entropy_f32(const float *logits, const int32_t *targets, float *loss, float *lse, int64_t rows,
@@ -143,6 +157,13 @@ void planrt_cu_check_labels(const int32_t *labels, int rank, const int64_t *ldim
 			    int64_t classes, const char *what, int64_t step, int stream);
 void planrt_cu_k_ce_grad_f32(const float *logits, const int32_t *targets, const float *lse, int64_t rows, int64_t cols,
 			     int64_t vocab_lo, const float *dscale, double factor, float *dlogits, int stream);
+/* the cross-entropy and its gradient on logits (and dlogits) stored as `storage` (bf16, f16) */
+void planrt_cu_cross_entropy_16(const void *logits, const int32_t *targets, float *loss, float *lse, int64_t rows,
+				int64_t cols, int64_t vocab_lo, double scale, double *correct, planrt_comm_t vocab_comm,
+				uint8_t *scratch, planrt_dtype_t storage, int stream);
+void planrt_cu_k_ce_grad_16(const void *logits, const int32_t *targets, const float *lse, int64_t rows, int64_t cols,
+			    int64_t vocab_lo, const float *dscale, double factor, void *dlogits, planrt_dtype_t storage,
+			    int stream);
 void planrt_cu_k_slice_f32(const float *x, float *y, int64_t outer, int64_t n, int64_t inner, int64_t start,
 			   int64_t len, int stream);
 void planrt_cu_k_slice_grad_f32(const float *dy, float *dx, int64_t outer, int64_t n, int64_t inner, int64_t start,
@@ -155,6 +176,12 @@ void planrt_cu_k_rope_f32(const float *x, float *y, int64_t batch, int64_t seq, 
 void planrt_cu_k_rope_grad_f32(const float *dy, float *dx, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim,
 			       int64_t rot_dim, int heads_first, const int32_t *pos, int64_t pos_stride,
 			       int64_t pos_off, int64_t pos_off2, double theta, int stream);
+void planrt_cu_k_rope_16(const void *x, void *y, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim,
+			 int64_t rot_dim, int heads_first, const int32_t *pos, int64_t pos_stride, int64_t pos_off,
+			 int64_t pos_off2, double theta, planrt_dtype_t storage, int stream);
+void planrt_cu_k_rope_grad_16(const void *dy, void *dx, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim,
+			      int64_t rot_dim, int heads_first, const int32_t *pos, int64_t pos_stride, int64_t pos_off,
+			      int64_t pos_off2, double theta, planrt_dtype_t storage, int stream);
 void planrt_cu_k_unary_f32(int op, const float *x, float *y, int64_t n, int stream);
 void planrt_cu_k_unary_grad_f32(int op, const float *x, const float *dy, float *dx, int64_t n, int stream);
 void planrt_cu_k_repeat_kv_f32(const float *x, float *y, int64_t outer, int64_t heads, int64_t n_rep, int64_t inner,

@@ -101,6 +101,11 @@ void planrt_bucket_progress(planrt_bucket_t *b);
 void planrt_cross_entropy_f32(const float *logits, const int32_t *targets, float *loss, float *lse, int64_t rows,
 			      int64_t cols, int64_t vocab_lo, double scale, double *correct, planrt_comm_t vocab_comm,
 			      void *scratch);
+/* the same on logits stored as `storage` (bf16, f16), widened a block of rows at a time (at most
+ * 1 MiB): the f32 loss's arithmetic on the widened values, bit for bit */
+void planrt_cross_entropy_16(const void *logits, const int32_t *targets, float *loss, float *lse, int64_t rows,
+			     int64_t cols, int64_t vocab_lo, double scale, double *correct, planrt_comm_t vocab_comm,
+			     uint8_t *scratch, planrt_dtype_t storage);
 
 /* ------------------------------------------------------------------ step kernels of the IR
  * In-place collectives on flat buffers (gradient buckets viewed in place, ZeRO shards), sums
@@ -156,6 +161,33 @@ void planrt_k_rms_norm_16(const void *x, const void *w, void *y, float *rstd, in
 			  planrt_dtype_t storage);
 void planrt_k_rms_norm_grad_16(const void *x, const void *w, const float *rstd, const void *dy, void *dx, float *dw,
 			       int64_t rows, int64_t cols, planrt_dtype_t storage);
+/* the fused attention on 16-bit q, k, v, out, dout, dq, dk, dv (lse and the additive mask f32), as
+ * planrt_k_attention_f32 / _grad_f32 (planrt_kernels.h) on their widened copies, a block of heads
+ * at a time (at most 16 MiB of widened operands a block) */
+/* the cross-entropy's gradient (planrt_k_ce_grad_f32) on logits and dlogits stored as `storage` */
+void planrt_k_ce_grad_16(const void *logits, const int32_t *targets, const float *lse, int64_t rows, int64_t cols,
+			 int64_t vocab_lo, double dscale, void *dlogits, planrt_dtype_t storage);
+/* the embedding (planrt_k_embed_f32) of a table stored as `storage` into out stored alike: the rows
+ * moved as stored, zeros for the tokens outside this rank's vocab rows */
+void planrt_k_embed_16(const void *table, const int32_t *ids, void *out, int64_t ntok, int64_t dim, int64_t vocab_lo,
+		       int64_t vocab_local, planrt_dtype_t storage);
+/* RoPE and its gradient (planrt_k_rope_f32, _grad_f32) on x, y (dy, dx) stored as `storage` */
+void planrt_k_rope_16(const void *x, void *y, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim,
+		      int64_t rot_dim, int heads_first, const int32_t *pos, int64_t pos_stride, int64_t pos_off,
+		      int64_t pos_off2, double theta, planrt_dtype_t storage);
+void planrt_k_rope_grad_16(const void *dy, void *dx, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim,
+			   int64_t rot_dim, int heads_first, const int32_t *pos, int64_t pos_stride, int64_t pos_off,
+			   int64_t pos_off2, double theta, planrt_dtype_t storage);
+extern int64_t planrt_k16_attention_block_; /* the bound on a block's widened floats (tests lower it) */
+void planrt_k_attention_16(const void *q, const void *k, const void *v, const float *mask, const int64_t *mask_strides,
+			   void *out, float *lse, int rank, const int64_t *ldims, int64_t kv_heads, int64_t sk,
+			   double scale, int mask_kind, double p, uint64_t seed, uint64_t key, const int64_t *gdims,
+			   const int64_t *offs, uint8_t *scratch, planrt_dtype_t storage);
+void planrt_k_attention_grad_16(const void *q, const void *k, const void *v, const float *mask,
+				const int64_t *mask_strides, const void *out, const float *lse, const void *dout, void *dq,
+				void *dk, void *dv, int rank, const int64_t *ldims, int64_t kv_heads, int64_t sk,
+				double scale, int mask_kind, double p, uint64_t seed, uint64_t key, const int64_t *gdims,
+				const int64_t *offs, uint8_t *scratch, planrt_dtype_t storage);
 /* *acc += weight * sum of x[i]^2 (x of dtype t: f32, bf16, f16; summed in double in order) */
 void planrt_sum_squares_acc(double *acc, const void *x, int64_t n, planrt_dtype_t t, double weight);
 /* The squared norm of a ZeRO bucket shard: the shard holds elements [lo, lo + n) of the bucket,

@@ -10,12 +10,15 @@
  * step and the backward's dq accumulated, against planrt_k_ring_attention_f32 and _grad_f32 (out,
  * lse, dq after the last step; each step's dk, dv partial). Prints PASS/FAIL per case; exits 1 on a
  * failure. */
+#include "planrt.h"
+#include "planrt_exec.h"
 #include "planrt_kernels.h"
 #include "../../runtime/cuda/planrt_attention_math.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 static float *rnd(int64_t n, unsigned *s)
 {
@@ -69,7 +72,7 @@ static int run_case(int64_t S, int64_t dh, int64_t H, int64_t Hk, int mask_kind,
 		for (int64_t h = 0; h < H; h++)
 			for (int64_t i = 0; i < S; i++)
 				attn_forward_row(&a, q, k, v, mask, b, h, i, 0, o[1], lse[1]);
-	const float *in[6] = {q, k, v, o[0], lse[0], dout};
+	const void *in[6] = {q, k, v, o[0], lse[0], dout};
 	for (int64_t b = 0; b < B; b++) {
 		for (int64_t h = 0; h < H; h++)
 			for (int64_t i = 0; i < S; i++)
@@ -164,7 +167,7 @@ static double ring_rank(int64_t S, int64_t dh, int64_t H, int64_t Hk, int mask_k
 						 size, mirrored);
 		attn_params(&a, 4, ldims, Hk, n, scale, mask_kind, mstr, p, 77, 5, gdims, offs);
 		attn_ring_keys(&a, coord, t, size, mirrored);
-		const float *in[6] = {q, k[t], v[t], r.o[0], r.lse[0], dout};
+		const void *in[6] = {q, k[t], v[t], r.o[0], r.lse[0], dout};
 		for (int64_t b = 0; b < B; b++) {
 			for (int64_t h = 0; h < H; h++)
 				for (int64_t i = 0; i < n; i++)
@@ -207,6 +210,124 @@ static int run_ring_case(int64_t S, int64_t dh, int64_t H, int64_t Hk, int mask_
 	return !ok;
 }
 
+/* attn_ld and attn_st (the device's conversions) against planrt_cast's, bit for bit */
+static int conversions_case(planrt_dtype_t t)
+{
+	AttnParams a = {0};
+	a.storage = t == planrt_bf16 ? ATTN_BF16 : ATTN_F16;
+	int bad = 0;
+	int64_t n = 0;
+	unsigned seed = 99;
+	for (int64_t i = 0; i < 400000; i++) {
+		uint32_t u;
+		if (i < 65536) { /* every 16-bit pattern widened, then narrowed back */
+			uint16_t h = (uint16_t)i;
+			float want, got = attn_ld(&a, &h, 0);
+			planrt_cast(&h, t, &want, planrt_f32, 1);
+			uint16_t back = 0, want_back = 0;
+			attn_st(&a, &back, 0, got);
+			planrt_cast(&got, planrt_f32, &want_back, t, 1);
+			bad += memcmp(&got, &want, 4) != 0 || back != want_back;
+			n++;
+			continue;
+		}
+		seed = seed * 1664525u + 1013904223u;
+		u = i % 3 == 0 ? seed : i % 3 == 1 ? (seed & 0x807fffffu) | ((110u + seed % 40u) << 23) /* near f16's range */
+						 : (seed & 0xffff8000u) | 0x8000u * (seed & 1u); /* bf16 ties */
+		float x;
+		memcpy(&x, &u, 4);
+		uint16_t got = 0, want = 0;
+		attn_st(&a, &got, 0, x);
+		planrt_cast(&x, planrt_f32, &want, t, 1);
+		bad += got != want;
+		n++;
+	}
+	printf("%s: attn_ld / attn_st %s against planrt_cast: %lld values, %d differ\n", bad ? "FAIL" : "PASS",
+	       t == planrt_bf16 ? "bf16" : "f16", (long long)n, bad);
+	return bad != 0;
+}
+
+static uint16_t *stored(const float *x, int64_t n, planrt_dtype_t t)
+{
+	uint16_t *h = malloc(sizeof(uint16_t) * (size_t)n);
+	planrt_cast(x, planrt_f32, h, t, n);
+	return h;
+}
+
+/* the largest difference of two stored tensors over the largest magnitude of the first */
+static double worst16(const uint16_t *a, const uint16_t *b, int64_t n, planrt_dtype_t t)
+{
+	float *x = malloc(sizeof(float) * (size_t)n), *y = malloc(sizeof(float) * (size_t)n);
+	planrt_cast(a, t, x, planrt_f32, n);
+	planrt_cast(b, t, y, planrt_f32, n);
+	double w = worst(x, y, n);
+	free(x);
+	free(y);
+	return w;
+}
+
+/* attention on 16-bit storage: the rows (a.storage) against planrt_k_attention_16 / _grad_16 */
+static int run_case_16(int64_t S, int64_t dh, int64_t H, int64_t Hk, int mask_kind, double p, planrt_dtype_t t)
+{
+	unsigned seed = (unsigned)(S * 17 + dh + H * 5 + mask_kind + (p > 0));
+	int64_t B = 2, nq = B * H * S * dh, nk = B * Hk * S * dh, nl = B * H * S;
+	int64_t ldims[4] = {B, H, S, dh}, gdims[4] = {B, H, S, S}, offs[8] = {0, 0, 0, 0, B / 2, H / 2, S / 2, dh / 2};
+	int64_t mstr[4] = {S, 0, 0, 1};
+	float *qf = rnd(nq, &seed), *kf = rnd(nk, &seed), *vf = rnd(nk, &seed), *gf = rnd(nq, &seed);
+	uint16_t *q = stored(qf, nq, t), *k = stored(kf, nk, t), *v = stored(vf, nk, t), *dout = stored(gf, nq, t);
+	float *mask = calloc((size_t)(B * S), sizeof(float)), *lse[2];
+	for (int64_t b = 0; b < B; b++)
+		for (int64_t j = S - 1 - b * (S / 3); j < S; j++)
+			mask[b * S + j] = -1e9f;
+	uint16_t *o[2], *g[2][3];
+	for (int w = 0; w < 2; w++) {
+		o[w] = calloc((size_t)nq, 2);
+		lse[w] = calloc((size_t)nl, sizeof(float));
+		g[w][0] = calloc((size_t)nq, 2);
+		g[w][1] = calloc((size_t)nk, 2);
+		g[w][2] = calloc((size_t)nk, 2);
+	}
+	uint8_t *scratch = malloc(sizeof(float) * (size_t)(3 * 64 * 64 + 3 * 64 * dh + 3 * 64));
+	double scale = 1 / sqrt((double)dh);
+	planrt_k_attention_16(q, k, v, mask, mstr, o[0], lse[0], 4, ldims, Hk, S, scale, mask_kind, p, 77, 5, gdims, offs,
+			      scratch, t);
+	planrt_k_attention_grad_16(q, k, v, mask, mstr, o[0], lse[0], dout, g[0][0], g[0][1], g[0][2], 4, ldims, Hk, S,
+				   scale, mask_kind, p, 77, 5, gdims, offs, scratch, t);
+	AttnParams a;
+	if (!attn_params(&a, 4, ldims, Hk, S, scale, mask_kind, mstr, p, 77, 5, gdims, offs))
+		return 1;
+	a.storage = t == planrt_bf16 ? ATTN_BF16 : ATTN_F16;
+	for (int64_t b = 0; b < B; b++)
+		for (int64_t h = 0; h < H; h++)
+			for (int64_t i = 0; i < S; i++)
+				attn_forward_row(&a, q, k, v, mask, b, h, i, 0, o[1], lse[1]);
+	const void *in[6] = {q, k, v, o[0], lse[0], dout};
+	for (int64_t b = 0; b < B; b++) {
+		for (int64_t h = 0; h < H; h++)
+			for (int64_t i = 0; i < S; i++)
+				attn_dq_row(&a, in, mask, b, h, i, 0, g[1][0]);
+		for (int64_t h = 0; h < Hk; h++)
+			for (int64_t j = 0; j < S; j++)
+				attn_dkdv_row(&a, in, mask, b, h, j, g[1][1], g[1][2]);
+	}
+	double e[5] = {worst16(o[0], o[1], nq, t), worst(lse[0], lse[1], nl), worst16(g[0][0], g[1][0], nq, t),
+		       worst16(g[0][1], g[1][1], nk, t), worst16(g[0][2], g[1][2], nk, t)};
+	double m = 0, ulp = t == planrt_bf16 ? 1.0 / 128 : 1.0 / 1024; /* of a value in [1, 2) */
+	for (int i = 0; i < 5; i++)
+		m = e[i] > m ? e[i] : m;
+	int ok = m <= ulp && e[1] <= 2e-5;
+	static const char *const masks[] = {"none", "causal", "padding"};
+	printf("%s: %s storage, S %lld, head dim %lld, heads %lld / kv %lld, mask %s, dropout %g: worst relative "
+	       "difference %.2e, one unit in the last place of the largest value %.2e (out %.1e lse %.1e dq %.1e dk %.1e dv %.1e)\n",
+	       ok ? "PASS" : "FAIL", t == planrt_bf16 ? "bf16" : "f16", (long long)S, (long long)dh, (long long)H,
+	       (long long)Hk, masks[mask_kind], p, m, ulp, e[0], e[1], e[2], e[3], e[4]);
+	void *all[] = {qf, kf, vf, gf, q, k, v, dout, mask, scratch, o[0], o[1], lse[0], lse[1], g[0][0], g[0][1],
+		       g[0][2], g[1][0], g[1][1], g[1][2]};
+	for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+		free(all[i]);
+	return !ok;
+}
+
 int main(void)
 {
 	static const struct {
@@ -230,6 +351,10 @@ int main(void)
 		failed += run_ring_case(rings[i].S, rings[i].dh, rings[i].H, rings[i].Hk, rings[i].mask, rings[i].p,
 					rings[i].size, rings[i].mirrored);
 	n += nr;
+	failed += conversions_case(planrt_bf16) + conversions_case(planrt_f16);
+	failed += run_case_16(67, 64, 4, 1, 1, 0.1, planrt_bf16) + run_case_16(130, 80, 4, 2, 2, 0, planrt_f16) +
+		  run_case_16(65, 128, 2, 2, 0, 0.2, planrt_bf16);
+	n += 5;
 	printf("attention math: %d passed, %d failed\n", n - failed, failed);
 	return failed != 0;
 }

@@ -96,6 +96,7 @@ DIFF_PLANS = [
     ("gpt", "zero3_offload"), ("gpt", "bf16_pp2"), ("mlp", "bf16"), ("extra", "bf16_tp2_sp_zero3"),
     ("extra", "bf16_zero3_overlap"), ("extra", "bf16_unfused_attention"),
     ("tests/context/cp", "cp2_dp2_zero1_recompute"),  # the ring (context parallelism, tests/context)
+    ("tests/context/cp", "llama_single_bf16"),  # RoPE and RMS norm on bf16 storage (rope_16, rms_norm_16)
     ("tests/equiv/mqa", "dp2_tp2_sp"),  # key/value heads replicated over tensor ranks (repeat_kv)
     ("mlp", "dp2")]
 # --model-arg sizes to train each model's plans at, the smallest first (tests/equiv/run_equiv.py's
