@@ -5,9 +5,9 @@
 #
 #   bash BUNDLE/gpu-check.sh [--build-only | --no-bench | --bench-only]
 #
-# The whole call (1-7) is more than the device tool's 10 minutes a command on an H200 once
+# The whole call (1-8) is more than the device tool's 10 minutes a command on an H200 once
 # torch.compile runs: split it as `--no-bench` (1-4, the correctness) and `--bench-only` (the build
-# of the bench programs, 5-7).
+# of the bench programs, 5-8).
 #
 # 1. builds planrt with its node-local MPI and planrt-run, its launcher (no MPI on that machine:
 #    docs/gpu.md), the CUDA programs the bundle holds the sources of (gpu-build.sh: nvcc sm_80 +
@@ -21,7 +21,9 @@
 #    narrow; examples/moe.plan `single`: top-2 with drops, and `mixtral_single`: dropless, SwiGLU
 #    experts; examples/gpt.plan `fp16`: f16 storage, dynamic loss scaling) 20 steps and compares
 #    every step's loss with the CPU program's, computed on the build machine
-#    (compare/NAME/cpu.jsonl, with the options in compare/NAME/args): 1e-4 relative; a MoE model's
+#    (compare/NAME/cpu.jsonl, with the options in compare/NAME/args): 1e-4 relative; and
+#    examples/gpt.plan `bf16` (bf16 storage: the `_16` kernels and the bf16 GEMMs) 100 steps within
+#    1e-2 (compare/NAME/steps_tol); a MoE model's
 #    routing metrics exactly; an fp16 model's loss scale and skipped steps exactly (its scale starts
 #    at 2^20, so the first steps overflow and are skipped);
 # 4. several ranks on the one GPU (bundle/ranks/: data, tensor and sequence parallel, the 8-rank 3D
@@ -39,7 +41,10 @@
 #    state the program allocates, and the peak the device saw);
 # 6. the same model in PyTorch on the same GPU (bench/gpu/torch_bench.py: eager with the program's
 #    attention arithmetic, SDPA, torch.compile; TORCH_MODES picks) and the ratios;
-# 7. 5 and 6 for bench/gpu/llama1b.plan (1.03B parameters: GQA, RoPE, SwiGLU, RMS norm).
+# 7. the fused attention alone (bench/gpu/attention_rate.cu: planc's bf16 kernels; and
+#    bench/gpu/torch_attention.py: PyTorch's SDPA), causal, forward and backward TFLOP/s at head dims
+#    64 and 128 and S = 1k, 4k, 16k (ATTENTION_S), and their ratios (issue 18: 0.9 of SDPA);
+# 8. 5 and 6 for bench/gpu/llama1b.plan (1.03B parameters: GQA, RoPE, SwiGLU, RMS norm).
 # Without a GPU (or with --build-only) it stops after the build, having run each kind of program
 # once to show its one-line refusal. Exit status: 0 when every check passed.
 set -uo pipefail
@@ -78,6 +83,7 @@ done
 [ "$MODE" = --bench-only ] && pairs=() ranks=()
 if NVCC=$NVCC bash "$DIR/gpu-build.sh" "$DIR/runtime" "$W/lib" "${pairs[@]}" \
 	"$DIR/gpt350m" "$W/gpt350m" "$DIR/llama1b" "$W/llama1b" "$DIR/gemm_rate.cu" "$W/gemm_rate" \
+	"$DIR/attention_rate.cu" "$W/attention_rate" \
 	"$DIR/test_nccl_one.cu" "$W/nccl_one" &&
 	{ [ ${#ranks[@]} = 0 ] || GPU_ARCHS=${GPU_ARCHS:-"arch=compute_90,code=sm_90"} NVCC=$NVCC \
 		bash "$DIR/gpu-build.sh" "$DIR/runtime" "$W/lib" "${ranks[@]}"; }; then
@@ -125,12 +131,14 @@ fi
 for ((i = 0; i < ${#pairs[@]}; i += 2)); do
 	c=${pairs[i]}
 	name=$(basename "$c")
-	section "$(cat "$c/what"): 20 steps on the GPU against the CPU program (f32, TF32 off)"
+	read -r steps tol < "$c/steps_tol" 2>/dev/null || { steps=20 tol=1e-4; }
+	section "$(cat "$c/what"): $steps steps on the GPU against the CPU program (TF32 off)"
 	rm -f "$W/$name.jsonl"
 	# shellcheck disable=SC2046 # args: the run's options, words
-	"$W/$name" --steps 20 --data "$DIR/$(cat "$c/data")" $(cat "$c/args" 2>/dev/null) --log "$W/$name.jsonl" 2>&1 | tail -2
-	python3 - "$c/cpu.jsonl" "$W/$name.jsonl" <<'PY'
+	"$W/$name" --steps "$steps" --data "$DIR/$(cat "$c/data")" $(cat "$c/args" 2>/dev/null) --log "$W/$name.jsonl" 2>&1 | tail -2
+	python3 - "$c/cpu.jsonl" "$W/$name.jsonl" "$steps" "$tol" <<'PY'
 import json, sys
+steps, tol = int(sys.argv[3]), float(sys.argv[4])
 cpu_log = [json.loads(l) for l in open(sys.argv[1])]
 try:
     gpu_log = [json.loads(l) for l in open(sys.argv[2])]
@@ -160,9 +168,9 @@ if cpu_log and "loss_scale" in cpu_log[0]:
     print(f"  loss scale and skipped steps equal the CPU's on {len(gpu_log) - len(differ)} of {len(cpu_log)} steps"
           + (f"; first difference at step {differ[0]}: cpu {cpu_log[differ[0]].get('loss_scale')} {cpu_log[differ[0]].get('skipped')}, "
              f"gpu {gpu_log[differ[0]].get('loss_scale')} {gpu_log[differ[0]].get('skipped')}" if differ else ""))
-sys.exit(0 if len(gpu) == len(cpu) == 20 and worst <= 1e-4 and routing_ok else 1)
+sys.exit(0 if len(gpu) == len(cpu) == steps and worst <= tol and routing_ok else 1)
 PY
-	verdict $? "$(cat "$c/what"): GPU losses equal the CPU program's within 1e-4 relative over 20 steps"
+	verdict $? "$(cat "$c/what"): GPU losses equal the CPU program's within $tol relative over $steps steps"
 done
 
 # ---- several ranks on the one GPU ----------------------------------------------------------------
@@ -271,6 +279,28 @@ PY
 		awk -v a="$planc_tps" -v b="$tps" -v m="$mode" -v n="$name" 'BEGIN { if (b > 0) printf "%s: planc / torch %s: %.2f\n", n, m, a / b }'
 	done
 }
+
+# the fused attention alone (issue 18's table): planc's bf16 kernels and PyTorch's SDPA, causal,
+# B x H = 32 heads, head dims 64 and 128; FLOPs as FlashAttention counts them (forward 4 S^2 Dh a
+# head, backward 10 S^2 Dh, halved by the mask)
+section "fused attention: planc (attention_16, bf16) against PyTorch SDPA, causal, B x H = 32"
+"$W/attention_rate" ${ATTENTION_S:-1024 4096 16384} | tee "$W/attention_planc.txt"
+PYTHONUNBUFFERED=1 python3 "$DIR/torch_attention.py" ${ATTENTION_S:-1024 4096 16384} | tee "$W/attention_torch.txt"
+python3 - "$W/attention_planc.txt" "$W/attention_torch.txt" <<'PY'
+import re, sys
+def rates(path):
+    out = {}
+    for line in open(path):
+        m = re.match(r"\S+ attention causal S (\d+) D (\d+): fwd [\d.]+ ms ([\d.]+) TFLOP/s, bwd [\d.]+ ms ([\d.]+) TFLOP/s", line)
+        if m:
+            out[(int(m[1]), int(m[2]))] = (float(m[3]), float(m[4]))
+    return out
+planc, torch = rates(sys.argv[1]), rates(sys.argv[2])
+for key in sorted(planc):
+    if key in torch:
+        (pf, pb), (tf, tb) = planc[key], torch[key]
+        print(f"  S {key[0]:5d} D {key[1]:3d}: planc / SDPA forward {pf / tf:.2f}, backward {pb / tb:.2f} (issue 18 target: 0.9)")
+PY
 
 bench gpt350m "355M parameters, batch 8 x 1024 tokens"
 bench llama1b "1.03B parameters (GQA 16/4, RoPE, SwiGLU, RMS norm), batch 8 x 1024 tokens"

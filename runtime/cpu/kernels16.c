@@ -22,6 +22,7 @@
 #include "planrt_exec.h"
 #include "planrt_kernels.h"
 
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -133,7 +134,22 @@ void planrt_k_sum_to_acc_16(int rank, const int64_t *dims, const void *in, const
 }
 
 /* ---- the norms ----------------------------------------------------------------------------------
- * The scratch: the weights (and bias) widened once, then one block each of the row operands. */
+ * One call on blocks of rows: the weights (and bias) widened once, then per block the row operands
+ * (x, and dy for a backward) widened, the f32 kernel on the block (its statistics and the f32
+ * weight gradients at the block's rows), and its row output (y or dx) rounded in place. */
+
+typedef enum { LAYER_NORM, LAYER_NORM_GRAD, RMS_NORM, RMS_NORM_GRAD } NormKind;
+
+typedef struct NormCall {
+	NormKind kind;
+	const void *x, *w, *b, *dy; /* dy: the backwards' */
+	void *out;                  /* y, or dx */
+	float *mean, *rstd;         /* written by the forwards, read by the backwards */
+	float *dw, *db;             /* the backwards' weight gradients (f32, accumulated) */
+	double eps;
+} NormCall;
+
+static const char *const norm_names[] = {"layer_norm_16", "layer_norm_grad_16", "rms_norm_16", "rms_norm_grad_16"};
 
 /* the widened weight (NULL stays NULL) */
 static const float *widened_param(const void *w, float *at, int64_t cols, planrt_dtype_t storage)
@@ -144,82 +160,60 @@ static const float *widened_param(const void *w, float *at, int64_t cols, planrt
 	return at;
 }
 
+static void norm_16(const NormCall *c, int64_t rows, int64_t cols, planrt_dtype_t storage)
+{
+	check_storage(storage, norm_names[c->kind]);
+	if (rows <= 0 || cols <= 0)
+		return;
+	bool grad = c->kind == LAYER_NORM_GRAD || c->kind == RMS_NORM_GRAD;
+	int64_t per = block_rows(cols), blk = (per < rows ? per : rows) * cols;
+	float *s = scratch_floats(2 * cols + 3 * blk, norm_names[c->kind]);
+	const float *w32 = widened_param(c->w, s, cols, storage), *b32 = widened_param(c->b, s + cols, cols, storage);
+	float *xs = s + 2 * cols, *gs = xs + blk, *os = gs + blk;
+	for (int64_t r0 = 0; r0 < rows; r0 += per) {
+		int64_t nr = rows - r0 < per ? rows - r0 : per;
+		float *mean = c->mean ? c->mean + r0 : NULL, *rstd = c->rstd + r0;
+		widen(c->x, r0 * cols, xs, nr * cols, storage);
+		if (grad)
+			widen(c->dy, r0 * cols, gs, nr * cols, storage);
+		switch (c->kind) {
+		case LAYER_NORM: planrt_k_layer_norm_f32(xs, w32, b32, os, mean, rstd, nr, cols, c->eps); break;
+		case LAYER_NORM_GRAD: planrt_k_layer_norm_grad_f32(xs, w32, mean, rstd, gs, os, c->dw, c->db, nr, cols); break;
+		case RMS_NORM: planrt_k_rms_norm_f32(xs, w32, os, rstd, nr, cols, c->eps); break;
+		case RMS_NORM_GRAD: planrt_k_rms_norm_grad_f32(xs, w32, rstd, gs, os, c->dw, nr, cols); break;
+		}
+		narrow(os, c->out, r0 * cols, nr * cols, storage);
+	}
+	free(s);
+}
+
 void planrt_k_layer_norm_16(const void *x, const void *w, const void *b, void *y, float *mean, float *rstd,
 			    int64_t rows, int64_t cols, double eps, planrt_dtype_t storage)
 {
-	check_storage(storage, "layer_norm_16");
-	if (rows <= 0 || cols <= 0)
-		return;
-	int64_t per = block_rows(cols), blk = (per < rows ? per : rows) * cols;
-	float *s = scratch_floats(2 * cols + 2 * blk, "layer_norm_16");
-	const float *w32 = widened_param(w, s, cols, storage), *b32 = widened_param(b, s + cols, cols, storage);
-	float *xs = s + 2 * cols, *ys = xs + blk;
-	for (int64_t r0 = 0; r0 < rows; r0 += per) {
-		int64_t nr = rows - r0 < per ? rows - r0 : per;
-		widen(x, r0 * cols, xs, nr * cols, storage);
-		planrt_k_layer_norm_f32(xs, w32, b32, ys, mean + r0, rstd + r0, nr, cols, eps);
-		narrow(ys, y, r0 * cols, nr * cols, storage);
-	}
-	free(s);
+	NormCall c = {.kind = LAYER_NORM, .x = x, .w = w, .b = b, .out = y, .mean = mean, .rstd = rstd, .eps = eps};
+	norm_16(&c, rows, cols, storage);
 }
 
 void planrt_k_layer_norm_grad_16(const void *x, const void *w, const float *mean, const float *rstd, const void *dy,
 				 void *dx, float *dw, float *db, int64_t rows, int64_t cols, planrt_dtype_t storage)
 {
-	check_storage(storage, "layer_norm_grad_16");
-	if (rows <= 0 || cols <= 0)
-		return;
-	int64_t per = block_rows(cols), blk = (per < rows ? per : rows) * cols;
-	float *s = scratch_floats(cols + 3 * blk, "layer_norm_grad_16");
-	const float *w32 = widened_param(w, s, cols, storage);
-	float *xs = s + cols, *gs = xs + blk, *ds = gs + blk;
-	for (int64_t r0 = 0; r0 < rows; r0 += per) {
-		int64_t nr = rows - r0 < per ? rows - r0 : per;
-		widen(x, r0 * cols, xs, nr * cols, storage);
-		widen(dy, r0 * cols, gs, nr * cols, storage);
-		planrt_k_layer_norm_grad_f32(xs, w32, mean + r0, rstd + r0, gs, ds, dw, db, nr, cols);
-		narrow(ds, dx, r0 * cols, nr * cols, storage);
-	}
-	free(s);
+	NormCall c = {.kind = LAYER_NORM_GRAD, .x = x, .w = w, .dy = dy, .out = dx, .mean = (float *)mean,
+		      .rstd = (float *)rstd, .dw = dw, .db = db};
+	norm_16(&c, rows, cols, storage);
 }
 
 void planrt_k_rms_norm_16(const void *x, const void *w, void *y, float *rstd, int64_t rows, int64_t cols, double eps,
 			  planrt_dtype_t storage)
 {
-	check_storage(storage, "rms_norm_16");
-	if (rows <= 0 || cols <= 0)
-		return;
-	int64_t per = block_rows(cols), blk = (per < rows ? per : rows) * cols;
-	float *s = scratch_floats(cols + 2 * blk, "rms_norm_16");
-	const float *w32 = widened_param(w, s, cols, storage);
-	float *xs = s + cols, *ys = xs + blk;
-	for (int64_t r0 = 0; r0 < rows; r0 += per) {
-		int64_t nr = rows - r0 < per ? rows - r0 : per;
-		widen(x, r0 * cols, xs, nr * cols, storage);
-		planrt_k_rms_norm_f32(xs, w32, ys, rstd + r0, nr, cols, eps);
-		narrow(ys, y, r0 * cols, nr * cols, storage);
-	}
-	free(s);
+	NormCall c = {.kind = RMS_NORM, .x = x, .w = w, .out = y, .rstd = rstd, .eps = eps};
+	norm_16(&c, rows, cols, storage);
 }
 
 void planrt_k_rms_norm_grad_16(const void *x, const void *w, const float *rstd, const void *dy, void *dx, float *dw,
 			       int64_t rows, int64_t cols, planrt_dtype_t storage)
 {
-	check_storage(storage, "rms_norm_grad_16");
-	if (rows <= 0 || cols <= 0)
-		return;
-	int64_t per = block_rows(cols), blk = (per < rows ? per : rows) * cols;
-	float *s = scratch_floats(cols + 3 * blk, "rms_norm_grad_16");
-	const float *w32 = widened_param(w, s, cols, storage);
-	float *xs = s + cols, *gs = xs + blk, *ds = gs + blk;
-	for (int64_t r0 = 0; r0 < rows; r0 += per) {
-		int64_t nr = rows - r0 < per ? rows - r0 : per;
-		widen(x, r0 * cols, xs, nr * cols, storage);
-		widen(dy, r0 * cols, gs, nr * cols, storage);
-		planrt_k_rms_norm_grad_f32(xs, w32, rstd + r0, gs, ds, dw, nr, cols);
-		narrow(ds, dx, r0 * cols, nr * cols, storage);
-	}
-	free(s);
+	NormCall c = {.kind = RMS_NORM_GRAD, .x = x, .w = w, .dy = dy, .out = dx, .rstd = (float *)rstd, .dw = dw};
+	norm_16(&c, rows, cols, storage);
 }
 
 /* ---- the embedding: a row of the table is moved as stored (the bits of widening and narrowing it,

@@ -21,6 +21,7 @@
  * from lr and step), so the blocked run is bitwise the single call on a scaled copy, which is
  * what earlier programs did (planrt_k_scale_f32 in place, then planrt_opt_step). */
 #define PLANRT_INTERNAL
+#include "planrt_half.h"
 #include "planrt_exec.h"
 #include "planrt_kernels.h"
 #include "planrt_program.h"
@@ -43,24 +44,15 @@ static int is_half(planrt_dtype_t t)
 	return t == planrt_bf16 || t == planrt_f16;
 }
 
-/* bf16 and f16 element conversions; bf16 inline as in kernels.c (the loops are hot) */
+/* bf16 and f16 element conversions (planrt_half.h, inline: the loops are hot) */
 static inline float half_f32(uint16_t h, planrt_dtype_t t)
 {
-	if (t != planrt_bf16)
-		return planrt_half_to_f32_(h, t);
-	uint32_t u = (uint32_t)h << 16;
-	float f;
-	memcpy(&f, &u, 4);
-	return f;
+	return t == planrt_bf16 ? planrt_widen_bf16(h) : planrt_widen_f16(h);
 }
 
 static inline uint16_t f32_half(float x, planrt_dtype_t t)
 {
-	if (t != planrt_bf16)
-		return planrt_f32_to_half_(x, t);
-	uint32_t u;
-	memcpy(&u, &x, 4);
-	return (u & 0x7fffffffu) > 0x7f800000u ? (uint16_t)0x7fc0 : (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+	return t == planrt_bf16 ? planrt_narrow_bf16(x) : planrt_narrow_f16(x);
 }
 
 static void check_count(const char *what, int64_t n)

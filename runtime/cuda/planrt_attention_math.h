@@ -21,7 +21,8 @@
 
 #include <math.h>
 #include <stdint.h>
-#include <string.h>
+
+#include "planrt_half.h"
 
 #ifdef __CUDACC__
 #define ATTN_FN __host__ __device__ static inline
@@ -46,68 +47,22 @@ typedef struct AttnParams {
 /* the storage types (planrt_dtype_t's numbers: planrt_f32, planrt_bf16, planrt_f16) */
 enum { ATTN_F32 = 0, ATTN_BF16 = 1, ATTN_F16 = 2 };
 
-ATTN_FN uint32_t attn_bits(float x)
-{
-	uint32_t u;
-	memcpy(&u, &x, 4);
-	return u;
-}
-
-ATTN_FN float attn_float(uint32_t u)
-{
-	float x;
-	memcpy(&x, &u, 4);
-	return x;
-}
-
 /* Element i of a buffer stored as a->storage, as f32 (exact), and v stored there (rounded to nearest
- * even: bf16's NaN the quiet 0x7fc0, f16's overflow infinity, as planrt_cast rounds on the host). */
+ * even, as planrt_cast rounds: planrt_half.h). */
 ATTN_FN float attn_ld(const AttnParams *a, const void *p, int64_t i)
 {
 	if (a->storage == ATTN_F32)
 		return ((const float *)p)[i];
-	uint32_t h = ((const uint16_t *)p)[i];
-	if (a->storage == ATTN_BF16)
-		return attn_float(h << 16);
-	uint32_t sign = (h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu;
-	if (exp == 0) { /* zero or subnormal: mant 2^-24 */
-		float f = (float)mant * 5.9604644775390625e-8f;
-		return sign ? -f : f;
-	}
-	if (exp == 31)
-		return attn_float(sign | 0x7f800000u | (mant << 13));
-	return attn_float(sign | ((exp + 112) << 23) | (mant << 13));
+	uint16_t h = ((const uint16_t *)p)[i];
+	return a->storage == ATTN_BF16 ? planrt_widen_bf16(h) : planrt_widen_f16(h);
 }
 
 ATTN_FN void attn_st(const AttnParams *a, void *p, int64_t i, float v)
 {
-	if (a->storage == ATTN_F32) {
+	if (a->storage == ATTN_F32)
 		((float *)p)[i] = v;
-		return;
-	}
-	uint32_t u = attn_bits(v);
-	uint16_t h;
-	if (a->storage == ATTN_BF16) {
-		h = (u & 0x7fffffffu) > 0x7f800000u ? (uint16_t)0x7fc0 : (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-	} else {
-		uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
-		u &= 0x7fffffffu;
-		if (u >= 0x7f800000u) {
-			h = (uint16_t)(sign | 0x7c00u | (u > 0x7f800000u ? 0x200u : 0u));
-		} else if (u >= 0x477ff000u) { /* at least 65520: infinity */
-			h = (uint16_t)(sign | 0x7c00u);
-		} else if (u < 0x38800000u) { /* an f16 subnormal: x 2^24 rounded to even */
-			float f = attn_float(u) * 16777216.0f, r = f - (float)(uint32_t)f;
-			uint32_t m = (uint32_t)f;
-			if (r > 0.5f || (r == 0.5f && (m & 1u)))
-				m++;
-			h = (uint16_t)(sign | m);
-		} else {
-			u += 0xfffu + ((u >> 13) & 1u);
-			h = (uint16_t)(sign | ((u - 0x38000000u) >> 13));
-		}
-	}
-	((uint16_t *)p)[i] = h;
+	else
+		((uint16_t *)p)[i] = a->storage == ATTN_BF16 ? planrt_narrow_bf16(v) : planrt_narrow_f16(v);
 }
 
 /* Fills a from the kernel's arguments (host side); returns 0 when the shapes are out of range. */
