@@ -125,7 +125,7 @@ double kernel_gemm_flops(const Kernel *k)
 	return 0;
 }
 
-/* What may fill a parameter of each type. */
+/* a 16-bit variant's `storage` parameter (lower.h) */
 int kernel_storage_param(KernelKind kind)
 {
 	for (int i = 0; i < kernel_nparams[kind]; i++)
@@ -134,6 +134,7 @@ int kernel_storage_param(KernelKind kind)
 	return -1;
 }
 
+/* What may fill a parameter of each type. */
 bool karg_fits(KernelKind kind, int index, const KArg *a)
 {
 	if (kernel_nparams[kind] < 0) /* an opaque op's buffers */

@@ -41,6 +41,25 @@ static double worst(const float *a, const float *b, int64_t n)
 	return w / big;
 }
 
+/* Every row of a call through the math's functions, as attention_cuda.cu's threads run them: the
+ * forward's into out and lse, then dq, dk and dv from in (q, k, v, out, lse, dout). */
+static void math_rows(const AttnParams *a, int64_t B, const void *q, const void *k, const void *v, const float *mask,
+		      void *out, float *lse, const void *const *in, void *dq, void *dk, void *dv)
+{
+	for (int64_t b = 0; b < B; b++)
+		for (int64_t h = 0; h < a->heads; h++)
+			for (int64_t i = 0; i < a->sq; i++)
+				attn_forward_row(a, q, k, v, mask, b, h, i, 0, out, lse);
+	for (int64_t b = 0; b < B; b++) {
+		for (int64_t h = 0; h < a->heads; h++)
+			for (int64_t i = 0; i < a->sq; i++)
+				attn_dq_row(a, in, mask, b, h, i, 0, dq);
+		for (int64_t h = 0; h < a->kv_heads; h++)
+			for (int64_t j = 0; j < a->sk; j++)
+				attn_dkdv_row(a, in, mask, b, h, j, dk, dv);
+	}
+}
+
 static int run_case(int64_t S, int64_t dh, int64_t H, int64_t Hk, int mask_kind, double p)
 {
 	unsigned seed = (unsigned)(S * 131 + dh * 7 + H + mask_kind * 3 + (p > 0));
@@ -68,19 +87,8 @@ static int run_case(int64_t S, int64_t dh, int64_t H, int64_t Hk, int mask_kind,
 	AttnParams a;
 	if (!attn_params(&a, 4, ldims, Hk, S, 1 / sqrt((double)dh), mask_kind, mstr, p, 77, 5, gdims, offs))
 		return 1;
-	for (int64_t b = 0; b < B; b++)
-		for (int64_t h = 0; h < H; h++)
-			for (int64_t i = 0; i < S; i++)
-				attn_forward_row(&a, q, k, v, mask, b, h, i, 0, o[1], lse[1]);
 	const void *in[6] = {q, k, v, o[0], lse[0], dout};
-	for (int64_t b = 0; b < B; b++) {
-		for (int64_t h = 0; h < H; h++)
-			for (int64_t i = 0; i < S; i++)
-				attn_dq_row(&a, in, mask, b, h, i, 0, g[1][0]);
-		for (int64_t h = 0; h < Hk; h++)
-			for (int64_t j = 0; j < S; j++)
-				attn_dkdv_row(&a, in, mask, b, h, j, g[1][1], g[1][2]);
-	}
+	math_rows(&a, B, q, k, v, mask, o[1], lse[1], in, g[1][0], g[1][1], g[1][2]);
 	double e[5] = {worst(o[0], o[1], nq), worst(lse[0], lse[1], nl), worst(g[0][0], g[1][0], nq),
 		       worst(g[0][1], g[1][1], nk), worst(g[0][2], g[1][2], nk)};
 	double m = 0;
@@ -297,19 +305,8 @@ static int run_case_16(int64_t S, int64_t dh, int64_t H, int64_t Hk, int mask_ki
 	if (!attn_params(&a, 4, ldims, Hk, S, scale, mask_kind, mstr, p, 77, 5, gdims, offs))
 		return 1;
 	a.storage = t == planrt_bf16 ? ATTN_BF16 : ATTN_F16;
-	for (int64_t b = 0; b < B; b++)
-		for (int64_t h = 0; h < H; h++)
-			for (int64_t i = 0; i < S; i++)
-				attn_forward_row(&a, q, k, v, mask, b, h, i, 0, o[1], lse[1]);
 	const void *in[6] = {q, k, v, o[0], lse[0], dout};
-	for (int64_t b = 0; b < B; b++) {
-		for (int64_t h = 0; h < H; h++)
-			for (int64_t i = 0; i < S; i++)
-				attn_dq_row(&a, in, mask, b, h, i, 0, g[1][0]);
-		for (int64_t h = 0; h < Hk; h++)
-			for (int64_t j = 0; j < S; j++)
-				attn_dkdv_row(&a, in, mask, b, h, j, g[1][1], g[1][2]);
-	}
+	math_rows(&a, B, q, k, v, mask, o[1], lse[1], in, g[1][0], g[1][1], g[1][2]);
 	double e[5] = {worst16(o[0], o[1], nq, t), worst(lse[0], lse[1], nl), worst16(g[0][0], g[1][0], nq, t),
 		       worst16(g[0][1], g[1][1], nk, t), worst16(g[0][2], g[1][2], nk, t)};
 	double m = 0, ulp = t == planrt_bf16 ? 1.0 / 128 : 1.0 / 1024; /* of a value in [1, 2) */
