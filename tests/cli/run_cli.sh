@@ -37,6 +37,14 @@ expect "emit cuda refuses top_k 33" 1 "moe_top_k.plan:9:11: error: planc build -
 expect "expert_parallel finds experts by any name" 0 "layers.1.sparse_ffn: 4 experts, top 1" -- "$planc" explain tests/equiv/moe_names.plan --plan ep2
 expect "expert_parallel splits them" 0 "experts split over 'data'" -- "$planc" explain tests/equiv/moe_names.plan --plan ep2
 expect "build local sgd" 0 "" -- "$planc" build examples/gpt.plan --plan dp4_local_sgd -o "$tmp/ls"
+# a plan without a mesh is one rank: the C back end printed an empty enum for its axes, which no C
+# compiler takes; both back ends build it, and it trains
+cp examples/mlp.plan "$tmp/nomesh.plan"
+printf '\nplan nomesh for mlp {\n  batch B = 32\n  optimizer adamw(lr = 1e-3)\n}\n' >>"$tmp/nomesh.plan"
+expect "build a plan without a mesh" 0 "" -- "$planc" build "$tmp/nomesh.plan" --plan nomesh -o "$tmp/nomesh"
+expect "it trains on one rank" 0 "step 2/2" -- env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
+	"$tmp/nomesh" --steps 2 --data data/corpus.txt
+expect "build it through LLVM" 0 "" -- "$planc" build "$tmp/nomesh.plan" --plan nomesh --backend llvm -o "$tmp/nomesh_llvm"
 expect "run help" 0 "Trains plan dp2 of model gpt" -- "$planc" run examples/gpt.plan --plan dp2 --help
 expect "run needs a file" 2 "'run' needs a FILE" -- "$planc" run
 expect "run refuses offload to host" 1 "the CPU target has none to free" -- "$planc" run examples/gpt.plan --plan zero3_offload --steps 1 --data data/corpus.txt

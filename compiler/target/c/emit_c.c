@@ -2320,17 +2320,22 @@ static void print_prelude(Emit *e, const char *source_path)
 	if (e->target)
 		e->target->prelude(e);
 	fprintf(f, "enum { MICRO_BATCHES = %d };\n", ps->micro_batches > 0 ? ps->micro_batches : 1);
-	fprintf(f, "/* mesh axes */\nenum {");
-	for (int a = 0; a < ps->naxes; a++)
-		fprintf(f, "%s AXIS_%s = %d", a ? "," : "", ps->axes[a].name, a);
-	fprintf(f, " };\n");
-	fprintf(f, "static const int axis_sizes[] = {");
-	for (int a = 0; a < ps->naxes; a++)
-		fprintf(f, "%s%d", a ? ", " : "", ps->axes[a].size);
-	fprintf(f, "};\nstatic const char *const axis_names[] = {");
-	for (int a = 0; a < ps->naxes; a++)
-		fprintf(f, "%s\"%s\"", a ? ", " : "", ps->axes[a].name);
-	fprintf(f, "};\n");
+	if (ps->naxes == 0) { /* a plan without a mesh: one rank (C has no empty enum or array) */
+		fprintf(f, "/* mesh axes: none, one rank */\nstatic const int axis_sizes[1] = {0};\n"
+			   "static const char *const axis_names[1] = {\"\"};\n");
+	} else {
+		fprintf(f, "/* mesh axes */\nenum {");
+		for (int a = 0; a < ps->naxes; a++)
+			fprintf(f, "%s AXIS_%s = %d", a ? "," : "", ps->axes[a].name, a);
+		fprintf(f, " };\n");
+		fprintf(f, "static const int axis_sizes[] = {");
+		for (int a = 0; a < ps->naxes; a++)
+			fprintf(f, "%s%d", a ? ", " : "", ps->axes[a].size);
+		fprintf(f, "};\nstatic const char *const axis_names[] = {");
+		for (int a = 0; a < ps->naxes; a++)
+			fprintf(f, "%s\"%s\"", a ? ", " : "", ps->axes[a].name);
+		fprintf(f, "};\n");
+	}
 	{ /* the layers' parameter macros (printed before the table) */
 		char *defs = NULL;
 		size_t len = 0;
