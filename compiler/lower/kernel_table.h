@@ -40,6 +40,7 @@
 	T(F64_IN, PTR) \
 	T(F64_OUT, PTR) \
 	T(BF16_IN, PTR) \
+	T(F16_IN, PTR) \
 	T(IN, PTR)         /* a buffer of any element type, read */ \
 	T(OUT, PTR)        /* written */ \
 	T(BUFS, PTR)       /* a list of buffers */ \
@@ -401,6 +402,10 @@
 	X(EMBED_16, "embed_16", KC_COMPUTE, planrt_k_embed_16, KDEV(planrt_cu_k_embed_16), \
 	  KP(IN, table) KP(I32_IN, ids) KP(OUT, out) KP(I64, ntok) KP(I64, dim) KP(I64, vocab_lo) \
 	  KP(I64, vocab_local) KP(DTYPE, storage)) \
+	X(MATMUL_F16, "matmul_f16", KC_COMPUTE, planrt_k_matmul_f16, KDEV(planrt_cu_k_matmul_f16), \
+	  KP(I64, batch) KP(I64, M) KP(I64, N) KP(I64, K) KP(F16_IN, A) KP(TRANS, trans_a) KP(I64, stride_a) \
+	  KP(F16_IN, B) KP(TRANS, trans_b) KP(I64, stride_b) KP(OUT, C) KP(DTYPE, c_type) KP(I64, stride_c) \
+	  KP(ACCUMULATE, accumulate)) \
 	Y(OPAQUE, "op", KC_OPAQUE)
 
 

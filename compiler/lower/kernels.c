@@ -109,9 +109,18 @@ KArg *kernel_arg(const Kernel *k, KernelKind kind, int index)
 	return &k->args[index];
 }
 
+_Static_assert(KARG_INDEX(MATMUL_BF16, batch) == KARG_INDEX(MATMUL_F16, batch) &&
+		       KARG_INDEX(MATMUL_BF16, M) == KARG_INDEX(MATMUL_F16, M) &&
+		       KARG_INDEX(MATMUL_BF16, N) == KARG_INDEX(MATMUL_F16, N) &&
+		       KARG_INDEX(MATMUL_BF16, K) == KARG_INDEX(MATMUL_F16, K),
+	       "the 16-bit GEMMs' sizes at the same places");
+_Static_assert(KARG_INDEX(MATMUL_BF16, C) == KARG_INDEX(MATMUL_F16, C) &&
+		       KARG_INDEX(MATMUL_BF16, c_type) == KARG_INDEX(MATMUL_F16, c_type),
+	       "the 16-bit GEMMs' C and c_type at the same places (verify.c)");
+
 bool kernel_is_gemm(const Kernel *k)
 {
-	return k->kind == K_MATMUL || k->kind == K_MATMUL_BF16;
+	return k->kind == K_MATMUL || k->kind == K_MATMUL_BF16 || k->kind == K_MATMUL_F16;
 }
 
 double kernel_gemm_flops(const Kernel *k)
@@ -119,9 +128,11 @@ double kernel_gemm_flops(const Kernel *k)
 	if (k->kind == K_MATMUL)
 		return 2.0 * (double)KARG(k, MATMUL, batch)->i * (double)KARG(k, MATMUL, M)->i *
 		       (double)KARG(k, MATMUL, N)->i * (double)KARG(k, MATMUL, K)->i;
-	if (k->kind == K_MATMUL_BF16)
-		return 2.0 * (double)KARG(k, MATMUL_BF16, batch)->i * (double)KARG(k, MATMUL_BF16, M)->i *
-		       (double)KARG(k, MATMUL_BF16, N)->i * (double)KARG(k, MATMUL_BF16, K)->i;
+	if (k->kind == K_MATMUL_BF16 || k->kind == K_MATMUL_F16) { /* the same sizes, at the same places */
+		const KArg *a = k->args;
+		return 2.0 * (double)a[KARG_INDEX(MATMUL_BF16, batch)].i * (double)a[KARG_INDEX(MATMUL_BF16, M)].i *
+		       (double)a[KARG_INDEX(MATMUL_BF16, N)].i * (double)a[KARG_INDEX(MATMUL_BF16, K)].i;
+	}
 	return 0;
 }
 
@@ -170,6 +181,7 @@ bool karg_fits(KernelKind kind, int index, const KArg *a)
 	case KPT_U8_OUT:
 	case KPT_F64_IN:
 	case KPT_BF16_IN:
+	case KPT_F16_IN:
 	case KPT_F64_OUT:
 	case KPT_IN:
 	case KPT_OUT:

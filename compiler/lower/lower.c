@@ -168,7 +168,8 @@ static KArg *push_arg(LProg *p, Kernel *k, const KArg *a, bool writes)
 		    i < kernel_nparams[k->kind] ? kernel_params[k->kind][i].name : "none: too many", karg_kind_name(a->kind));
 	if (writes && kernel_nparams[k->kind] >= 0) {
 		KParamType t = kernel_params[k->kind][i].type;
-		if (t == KPT_F32_IN || t == KPT_I32_IN || t == KPT_F64_IN || t == KPT_BF16_IN || t == KPT_IN)
+		if (t == KPT_F32_IN || t == KPT_I32_IN || t == KPT_F64_IN || t == KPT_BF16_IN || t == KPT_F16_IN ||
+		    t == KPT_IN)
 			ICE("a '%s' kernel writes its read-only argument '%s'", kernel_names[k->kind],
 			    kernel_params[k->kind][i].name);
 	}
@@ -2669,19 +2670,19 @@ static int root_dtype(const LProg *p, const KArg *a)
 	return a->kind == KA_BUF ? (int)p->buf[buffer_root(p, a->buf)].dtype : -1;
 }
 
-/* A GEMM of two bf16 operands reads them as they are (f32 accumulation) and writes C in its own
- * dtype, f32 or bf16: the same arguments as the f32 GEMM's, with C's dtype after C. */
-static bool matmul_reads_bf16(LProg *p, Kernel *k)
+/* A GEMM of two bf16 operands (or two f16 ones) reads them as they are (f32 accumulation) and
+ * writes C in its own dtype, f32 or the operands': the same arguments as the f32 GEMM's, with C's
+ * dtype after C. */
+static bool matmul_reads_16(LProg *p, Kernel *k)
 {
 	if (k->kind != K_MATMUL)
 		return false;
-	int c = root_dtype(p, KARG(k, MATMUL, C));
-	if (root_dtype(p, KARG(k, MATMUL, A)) != DT_BF16 || root_dtype(p, KARG(k, MATMUL, B)) != DT_BF16 ||
-	    (c != DT_F32 && c != DT_BF16))
+	int ab = root_dtype(p, KARG(k, MATMUL, A)), c = root_dtype(p, KARG(k, MATMUL, C));
+	if ((ab != DT_BF16 && ab != DT_F16) || root_dtype(p, KARG(k, MATMUL, B)) != ab || (c != DT_F32 && c != ab))
 		return false;
 	const KArg *old = k->args;
 	int n = k->nargs, at_c = KARG_INDEX(MATMUL, C);
-	k->kind = K_MATMUL_BF16;
+	k->kind = ab == DT_BF16 ? K_MATMUL_BF16 : K_MATMUL_F16;
 	k->args = NULL;
 	k->nargs = k->capargs = 0;
 	for (int a = 0; a < n; a++) {
@@ -2782,7 +2783,7 @@ static void lower_conversions(LProg *p)
 	Inserts casts = {0};
 	int nk = p->nk;
 	for (int i = 0; i < nk; i++) {
-		if (matmul_reads_bf16(p, &p->k[i]) || permute_moves_16(p, &p->k[i]))
+		if (matmul_reads_16(p, &p->k[i]) || permute_moves_16(p, &p->k[i]))
 			continue;
 		if (!reads_storage_16(p, &p->k[i]) && !takes_f32_only(p->k[i].kind))
 			continue;

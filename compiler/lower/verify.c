@@ -75,6 +75,8 @@ static int param_dtype(KParamType t)
 		return DT_F64;
 	case KPT_BF16_IN:
 		return DT_BF16;
+	case KPT_F16_IN:
+		return DT_F16;
 	default:
 		return -1;
 	}
@@ -112,16 +114,18 @@ static void check_params(Verify *V, int ki)
 	}
 }
 
-/* A bf16 GEMM writes C in the dtype its c_type names: f32 or bf16. */
+/* A bf16 (f16) GEMM writes C in the dtype its c_type names: f32 or bf16 (f16). */
 static void check_matmul_bf16(Verify *V, int ki)
 {
 	const LProg *p = V->p;
 	const Kernel *k = &p->k[ki];
-	if (k->kind != K_MATMUL_BF16 || k->nargs != kernel_nparams[K_MATMUL_BF16])
+	if ((k->kind != K_MATMUL_BF16 && k->kind != K_MATMUL_F16) || k->nargs != kernel_nparams[k->kind])
 		return;
-	const KArg *c = KARG(k, MATMUL_BF16, C), *t = KARG(k, MATMUL_BF16, c_type);
-	if (t->i != DT_F32 && t->i != DT_BF16)
-		fail(V, ki, "a bf16 GEMM writes f32 or bf16, not %s", dtype_name((DType)t->i));
+	/* the two kinds' parameters are at the same places (kernels.c asserts the sizes'; C's follow) */
+	const KArg *c = &k->args[KARG_INDEX(MATMUL_BF16, C)], *t = &k->args[KARG_INDEX(MATMUL_BF16, c_type)];
+	DType ab = k->kind == K_MATMUL_BF16 ? DT_BF16 : DT_F16;
+	if (t->i != DT_F32 && t->i != ab)
+		fail(V, ki, "a %s GEMM writes f32 or %s, not %s", dtype_name(ab), dtype_name(ab), dtype_name((DType)t->i));
 	else if (c->kind == KA_BUF && c->buf >= 0 && c->buf < p->nbuf && p->buf[buffer_root(p, c->buf)].dtype != (DType)t->i)
 		fail(V, ki, "C is %s buffer %s where c_type says %s", dtype_name(p->buf[buffer_root(p, c->buf)].dtype),
 		     p->buf[c->buf].name, dtype_name((DType)t->i));

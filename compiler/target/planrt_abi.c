@@ -34,6 +34,7 @@
 #define CTYPE_U8_OUT uint8_t *
 #define CTYPE_F64_IN const double *
 #define CTYPE_BF16_IN const uint16_t *
+#define CTYPE_F16_IN const uint16_t *
 #define CTYPE_F64_OUT double *
 #define CTYPE_IN const void *
 #define CTYPE_OUT void *
@@ -92,6 +93,7 @@ KERNEL_TABLE(X, Y)
 #define CTYPE_DEVICE_U8_OUT CTYPE_U8_OUT
 #define CTYPE_DEVICE_F64_IN CTYPE_F64_IN
 #define CTYPE_DEVICE_BF16_IN CTYPE_BF16_IN
+#define CTYPE_DEVICE_F16_IN CTYPE_F16_IN
 #define CTYPE_DEVICE_F64_OUT CTYPE_F64_OUT
 #define CTYPE_DEVICE_IN CTYPE_IN
 #define CTYPE_DEVICE_OUT CTYPE_OUT

@@ -500,8 +500,8 @@ void planrt_k_bf16_to_f32(const uint16_t *x, float *y, int64_t n)
 	}
 }
 
-/* ---- bf16 GEMM -------------------------------------------------------------------------------
- * The operands stay bf16 in memory; each f32 GEMM runs on tiles widened into one scratch
+/* ---- bf16 and f16 GEMMs -----------------------------------------------------------------------
+ * The operands stay bf16 (f16) in memory; each f32 GEMM runs on tiles widened into one scratch
  * allocation of at most 16 MiB: a tile of columns of op(B) (all of K), then each tile of rows of
  * op(A) under it (all of K), and, for a bf16 C, the C tile, widened when accumulating and rounded
  * back once. The tiles are as large as that bound allows (halving the longer side), so a product
@@ -512,16 +512,35 @@ void planrt_k_bf16_to_f32(const uint16_t *x, float *y, int64_t n)
  * A_i^T B_i into one C: one GEMM over the stacked K); other products into one C add up in f32. */
 #define KBF16_SCRATCH_FLOATS ((int64_t)1 << 22)
 
+/* n values of 16-bit type t widened to f32, and back (bf16: the loops above; f16: planrt_cast's) */
+static void widen_16(const uint16_t *x, float *y, int64_t n, planrt_dtype_t t)
+{
+	if (t == planrt_bf16)
+		planrt_k_bf16_to_f32(x, y, n);
+	else
+		planrt_cast(x, t, y, planrt_f32, n);
+}
+
+static void narrow_16(const float *x, uint16_t *y, int64_t n, planrt_dtype_t t)
+{
+	if (t == planrt_bf16)
+		planrt_k_f32_to_bf16(x, y, n);
+	else
+		planrt_cast(x, planrt_f32, y, t, n);
+}
+
 /* rows [r0, r0 + nr) of op(X) = X (trans = 0, X stored [rows, K]) or X^T (trans = 1, X stored
- * [K, rows]) into t, in X's layout: [nr, K] or [K, nr]; returns the tile's leading dimension */
-static int64_t widen_rows(const uint16_t *X, int trans, int64_t rows, int64_t K, int64_t r0, int64_t nr, float *t)
+ * [K, rows]), of 16-bit type ab, into t, in X's layout: [nr, K] or [K, nr]; returns the tile's
+ * leading dimension */
+static int64_t widen_rows(const uint16_t *X, planrt_dtype_t ab, int trans, int64_t rows, int64_t K, int64_t r0,
+			  int64_t nr, float *t)
 {
 	if (!trans) {
-		planrt_k_bf16_to_f32(X + r0 * K, t, nr * K);
+		widen_16(X + r0 * K, t, nr * K, ab);
 		return K;
 	}
 	for (int64_t k = 0; k < K; k++)
-		planrt_k_bf16_to_f32(X + k * rows + r0, t + k * nr, nr);
+		widen_16(X + k * rows + r0, t + k * nr, nr, ab);
 	return nr;
 }
 
@@ -541,38 +560,38 @@ static Bf16Tile bf16_tile(int64_t M, int64_t N, int64_t K)
 	return t;
 }
 
-static void bf16_gemm_one(int ta, int tb, int64_t M, int64_t N, int64_t K, const uint16_t *A, const uint16_t *B, void *C,
-			  planrt_dtype_t c_type, int beta, Bf16Tile tile, float *scratch)
+static void bf16_gemm_one(int ta, int tb, int64_t M, int64_t N, int64_t K, const uint16_t *A, const uint16_t *B,
+			  planrt_dtype_t ab, void *C, planrt_dtype_t c_type, int beta, Bf16Tile tile, float *scratch)
 {
 	float *bt = scratch, *at = bt + tile.n * K, *ct = at + tile.m * K;
 	for (int64_t n0 = 0; n0 < N; n0 += tile.n) {
 		int64_t nt = N - n0 < tile.n ? N - n0 : tile.n;
-		int64_t ldb = widen_rows(B, !tb, N, K, n0, nt, bt); /* op(B)'s columns are op(B)^T's rows */
+		int64_t ldb = widen_rows(B, ab, !tb, N, K, n0, nt, bt); /* op(B)'s columns are op(B)^T's rows */
 		for (int64_t m0 = 0; m0 < M; m0 += tile.m) {
 			int64_t mt = M - m0 < tile.m ? M - m0 : tile.m;
-			int64_t lda = widen_rows(A, ta, M, K, m0, mt, at);
+			int64_t lda = widen_rows(A, ab, ta, M, K, m0, mt, at);
 			float *c = c_type == planrt_f32 ? (float *)C + m0 * N + n0 : ct;
 			int64_t ldc = c_type == planrt_f32 ? N : nt;
 			uint16_t *ch = (uint16_t *)C + m0 * N + n0;
 			if (c_type != planrt_f32 && beta)
 				for (int64_t i = 0; i < mt; i++)
-					planrt_k_bf16_to_f32(ch + i * N, ct + i * nt, nt);
+					widen_16(ch + i * N, ct + i * nt, nt, c_type);
 			cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, (int)mt,
 				    (int)nt, (int)K, 1.0f, at, lda > 0 ? (int)lda : 1, bt, ldb > 0 ? (int)ldb : 1,
 				    beta ? 1.0f : 0.0f, c, (int)ldc);
 			if (c_type != planrt_f32)
 				for (int64_t i = 0; i < mt; i++)
-					planrt_k_f32_to_bf16(ct + i * nt, ch + i * N, nt);
+					narrow_16(ct + i * nt, ch + i * N, nt, c_type);
 		}
 	}
 }
 
-void planrt_k_matmul_bf16(int64_t batch, int64_t M, int64_t N, int64_t K, const uint16_t *A, int trans_a,
-			  int64_t stride_a, const uint16_t *B, int trans_b, int64_t stride_b, void *C, planrt_dtype_t c_type,
-			  int64_t stride_c, int accumulate)
+static void matmul_16(int64_t batch, int64_t M, int64_t N, int64_t K, const uint16_t *A, int trans_a, int64_t stride_a,
+		      const uint16_t *B, int trans_b, int64_t stride_b, planrt_dtype_t ab, void *C, planrt_dtype_t c_type,
+		      int64_t stride_c, int accumulate)
 {
-	if (c_type != planrt_f32 && c_type != planrt_bf16)
-		kfatal("planrt_k_matmul_bf16: C must be f32 or bf16");
+	if (c_type != planrt_f32 && c_type != ab)
+		kfatal("planrt_k_matmul_bf16 / _f16: C must be f32 or the operands' type");
 	if (batch <= 0 || M <= 0 || N <= 0)
 		return;
 	if (batch > 1 && stride_b == 0 && !trans_a && stride_a == M * K && stride_c == M * N) {
@@ -585,38 +604,53 @@ void planrt_k_matmul_bf16(int64_t batch, int64_t M, int64_t N, int64_t K, const 
 	Bf16Tile tile = bf16_tile(M, N, K);
 	float *scratch = malloc(sizeof(float) * (size_t)((tile.m + tile.n) * K + tile.m * tile.n + 1));
 	if (!scratch)
-		kfatal("planrt_k_matmul_bf16: out of memory for the widened tiles");
+		kfatal("planrt_k_matmul_bf16 / _f16: out of memory for the widened tiles");
 	if (planrt_tracing_)
 		planrt_trace_begin_("gemm", "kernel");
 	int reduces = batch > 1 && stride_c == 0;
-	if (reduces) { /* one C that every product adds into, in f32, a bf16 C rounded once at the end */
+	if (reduces) { /* one C that every product adds into, in f32, a 16-bit C rounded once at the end */
 		float *sum = c_type == planrt_f32 ? (float *)C : malloc(sizeof(float) * (size_t)(M * N));
 		if (!sum)
-			kfatal("planrt_k_matmul_bf16: out of memory for the sum");
+			kfatal("planrt_k_matmul_bf16 / _f16: out of memory for the sum");
 		if (!accumulate)
 			memset(sum, 0, sizeof(float) * (size_t)(M * N));
 		else if (c_type != planrt_f32)
-			planrt_k_bf16_to_f32((const uint16_t *)C, sum, M * N);
+			widen_16((const uint16_t *)C, sum, M * N, c_type);
 		for (int64_t b = 0; b < batch; b++)
-			bf16_gemm_one(trans_a, trans_b, M, N, K, A + b * stride_a, B + b * stride_b, sum, planrt_f32, 1, tile,
+			bf16_gemm_one(trans_a, trans_b, M, N, K, A + b * stride_a, B + b * stride_b, ab, sum, planrt_f32, 1, tile,
 				      scratch);
 		if (c_type != planrt_f32) {
-			planrt_k_f32_to_bf16(sum, (uint16_t *)C, M * N);
+			narrow_16(sum, (uint16_t *)C, M * N, c_type);
 			free(sum);
 		}
 	} else {
 		size_t esize = c_type == planrt_f32 ? 4 : 2;
 		for (int64_t b = 0; b < batch; b++)
-			bf16_gemm_one(trans_a, trans_b, M, N, K, A + b * stride_a, B + b * stride_b,
+			bf16_gemm_one(trans_a, trans_b, M, N, K, A + b * stride_a, B + b * stride_b, ab,
 				      (char *)C + (size_t)(b * stride_c) * esize, c_type, accumulate, tile, scratch);
 	}
 	if (planrt_tracing_) {
 		char args[160];
-		snprintf(args, sizeof args, "\"M\":%lld,\"N\":%lld,\"K\":%lld,\"flops\":%.0f,\"dtype\":\"bf16\"", (long long)M,
-			 (long long)N, (long long)K, 2.0 * (double)batch * (double)M * (double)N * (double)K);
+		snprintf(args, sizeof args, "\"M\":%lld,\"N\":%lld,\"K\":%lld,\"flops\":%.0f,\"dtype\":\"%s\"", (long long)M,
+			 (long long)N, (long long)K, 2.0 * (double)batch * (double)M * (double)N * (double)K,
+			 ab == planrt_bf16 ? "bf16" : "f16");
 		planrt_trace_end_(args);
 	}
 	free(scratch);
+}
+
+void planrt_k_matmul_bf16(int64_t batch, int64_t M, int64_t N, int64_t K, const uint16_t *A, int trans_a,
+			  int64_t stride_a, const uint16_t *B, int trans_b, int64_t stride_b, void *C, planrt_dtype_t c_type,
+			  int64_t stride_c, int accumulate)
+{
+	matmul_16(batch, M, N, K, A, trans_a, stride_a, B, trans_b, stride_b, planrt_bf16, C, c_type, stride_c, accumulate);
+}
+
+void planrt_k_matmul_f16(int64_t batch, int64_t M, int64_t N, int64_t K, const uint16_t *A, int trans_a,
+			 int64_t stride_a, const uint16_t *B, int trans_b, int64_t stride_b, void *C, planrt_dtype_t c_type,
+			 int64_t stride_c, int accumulate)
+{
+	matmul_16(batch, M, N, K, A, trans_a, stride_a, B, trans_b, stride_b, planrt_f16, C, c_type, stride_c, accumulate);
 }
 
 /* ---- block copies ----------------------------------------------------------------------------- */

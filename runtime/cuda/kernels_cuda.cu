@@ -291,6 +291,18 @@ void planrt_cu_k_matmul_bf16(int64_t batch, int64_t M, int64_t N, int64_t K, con
 	gemm(batch, M, N, K, A, trans_a, stride_a, B, trans_b, stride_b, C, stride_c, accumulate, t, stream);
 }
 
+/* the same of f16 operands (precision fp16): C in f32 or f16 */
+void planrt_cu_k_matmul_f16(int64_t batch, int64_t M, int64_t N, int64_t K, const uint16_t *A, int trans_a,
+			    int64_t stride_a, const uint16_t *B, int trans_b, int64_t stride_b, void *C, planrt_dtype_t c_type,
+			    int64_t stride_c, int accumulate, int stream)
+{
+	if (c_type != planrt_f32 && c_type != planrt_f16)
+		planrt_fatal("planrt_cu_k_matmul_f16: C must be f32 or f16, not dtype %d", (int)c_type);
+	GemmTypes t = {CUDA_R_16F, c_type == planrt_f32 ? CUDA_R_32F : CUDA_R_16F, 2, c_type == planrt_f32 ? 4u : 2u,
+		       CUBLAS_COMPUTE_32F};
+	gemm(batch, M, N, K, A, trans_a, stride_a, B, trans_b, stride_b, C, stride_c, accumulate, t, stream);
+}
+
 /* ------------------------------------------------------------------ permute, sum_to */
 
 /* one element type for every permute: f32, and 2-byte bf16 / f16 moved as stored (permute_16) */

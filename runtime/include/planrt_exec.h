@@ -143,6 +143,10 @@ void planrt_cast(const void *src, planrt_dtype_t from, void *dst, planrt_dtype_t
 void planrt_k_matmul_bf16(int64_t batch, int64_t M, int64_t N, int64_t K, const uint16_t *A, int trans_a,
 			  int64_t stride_a, const uint16_t *B, int trans_b, int64_t stride_b, void *C, planrt_dtype_t c_type,
 			  int64_t stride_c, int accumulate);
+/* the same of f16 A and B (precision fp16), C f32 or f16 */
+void planrt_k_matmul_f16(int64_t batch, int64_t M, int64_t N, int64_t K, const uint16_t *A, int trans_a,
+			 int64_t stride_a, const uint16_t *B, int trans_b, int64_t stride_b, void *C, planrt_dtype_t c_type,
+			 int64_t stride_c, int accumulate);
 /* The 16-bit variants of sum_to and the norms: the buffers typed void are stored as `storage` (bf16
  * or f16), widened to f32 as they are read and rounded once as they are written; the float ones
  * (the statistics, the accumulated out of sum_to and dw / db of the norms) are f32. The numbers are

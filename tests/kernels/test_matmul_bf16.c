@@ -8,7 +8,9 @@
  * Shapes cover both transposes, products past the scratch (tiles halved on the longer side, edges
  * not multiples of the tile; OpenBLAS orders a smaller GEMM's terms its own way, so those are held
  * to the double reference only), K = 0, the batch merges (a shared B under stacked A; a
- * sum of A_i^T B_i into one C) and a plain batch, overwrite and accumulate, f32 and bf16 C. */
+ * sum of A_i^T B_i into one C) and a plain batch, overwrite and accumulate, f32 and bf16 C. Then
+ * planrt_k_matmul_f16 (`precision fp16`) the same way on f16 operands and an f16 C (within half an
+ * f16 ulp more), on every case but the largest tiled ones. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -28,13 +30,16 @@ static float uniform(void) /* in [-1, 1) */
 	return (float)((double)(rng_state >> 11) / 9007199254740992.0 * 2 - 1);
 }
 
+/* the operands' and a 16-bit C's type: bf16 (planrt_k_matmul_bf16), then f16 (planrt_k_matmul_f16) */
+static planrt_dtype_t AB = planrt_bf16;
+
 static uint16_t *random_bf16(int64_t n)
 {
 	float *f = malloc(sizeof(float) * (size_t)(n ? n : 1));
 	uint16_t *h = malloc(sizeof(uint16_t) * (size_t)(n ? n : 1));
 	for (int64_t i = 0; i < n; i++)
 		f[i] = uniform();
-	planrt_k_f32_to_bf16(f, h, n);
+	planrt_cast(f, planrt_f32, h, AB, n);
 	free(f);
 	return h;
 }
@@ -42,7 +47,7 @@ static uint16_t *random_bf16(int64_t n)
 static float *widened(const uint16_t *h, int64_t n)
 {
 	float *f = malloc(sizeof(float) * (size_t)(n ? n : 1));
-	planrt_k_bf16_to_f32(h, f, n);
+	planrt_cast(h, AB, f, planrt_f32, n);
 	return f;
 }
 
@@ -110,11 +115,12 @@ static void check_variant(const Case *c, planrt_dtype_t ct, int accumulate, cons
 		memcpy(got, Cf, sizeof(float) * (size_t)nc);
 	else
 		memcpy(got, C0, sizeof(uint16_t) * (size_t)nc);
-	planrt_k_matmul_bf16(c->batch, c->M, c->N, c->K, A, c->ta, sa, B, c->tb, sb, got, ct, sc, accumulate);
+	(AB == planrt_bf16 ? planrt_k_matmul_bf16 : planrt_k_matmul_f16)(c->batch, c->M, c->N, c->K, A, c->ta, sa, B, c->tb,
+									   sb, got, ct, sc, accumulate);
 	float *gotf = ct == planrt_f32 ? (float *)got : widened((const uint16_t *)got, nc);
-	if (ct == planrt_bf16) { /* the replaced path rounds C once, after the products */
+	if (ct != planrt_f32) { /* the replaced path rounds C once, after the products */
 		uint16_t *r = malloc(sizeof(uint16_t) * (size_t)nc);
-		planrt_k_f32_to_bf16(want, r, nc);
+		planrt_cast(want, planrt_f32, r, AB, nc);
 		free(want);
 		want = widened(r, nc);
 		free(r);
@@ -132,12 +138,14 @@ static void check_variant(const Case *c, planrt_dtype_t ct, int accumulate, cons
 				double err = fabs(gotf[at] - ref) / (scale > 0 ? scale : 1);
 				worst = err > worst ? err : worst;
 			}
-	double tol = (ct == planrt_bf16 ? 0x1p-8 : 0) + 0x1p-21 * (double)(c->K * (sc == 0 ? c->batch : 1) + 2);
+	double tol = (ct == planrt_bf16 ? 0x1p-8 : ct == planrt_f16 ? 0x1p-11 : 0) +
+		     0x1p-21 * (double)(c->K * (sc == 0 ? c->batch : 1) + 2);
+	const char *ab = AB == planrt_bf16 ? "bf16" : "f16", *cn = ct == planrt_f32 ? "f32" : ab;
 	if (whole)
-		report(same == nc, "%s, %s C, %s: %lld of %lld elements equal the widened f32 GEMM's bit for bit", c->what,
-	       ct == planrt_f32 ? "f32" : "bf16", accumulate ? "accumulate" : "overwrite", (long long)same, (long long)nc);
-	report(worst <= tol, "%s, %s C, %s: worst error %.2e of the absolute sum against double (bound %.2e)", c->what,
-	       ct == planrt_f32 ? "f32" : "bf16", accumulate ? "accumulate" : "overwrite", worst, tol);
+		report(same == nc, "%s %s, %s C, %s: %lld of %lld elements equal the widened f32 GEMM's bit for bit", ab,
+		       c->what, cn, accumulate ? "accumulate" : "overwrite", (long long)same, (long long)nc);
+	report(worst <= tol, "%s %s, %s C, %s: worst error %.2e of the absolute sum against double (bound %.2e)", ab,
+	       c->what, cn, accumulate ? "accumulate" : "overwrite", worst, tol);
 	free(want), free(got);
 	if (gotf != got)
 		free(gotf);
@@ -157,7 +165,7 @@ static void run_case(const Case *c)
 	double_reference(c, Af, Bf, sa, sb, sc, sum, abs_sum);
 	for (int ct = 0; ct < 2; ct++)
 		for (int acc = 0; acc < 2; acc++)
-			check_variant(c, ct ? planrt_bf16 : planrt_f32, acc, A, B, C0, Af, Bf, Cf, sum, abs_sum);
+			check_variant(c, ct ? AB : planrt_f32, acc, A, B, C0, Af, Bf, Cf, sum, abs_sum);
 	free(A), free(B), free(C0), free(Af), free(Bf), free(Cf), free(sum), free(abs_sum);
 }
 
@@ -179,6 +187,10 @@ int main(void)
 	};
 	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
 		run_case(&cases[i]);
+	AB = planrt_f16; /* the same cases of f16 operands, but for the largest tiled ones */
+	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+		if (cases[i].K < 10000)
+			run_case(&cases[i]);
 	printf("%d passed, %d failed\n", npass, nfail);
 	return nfail != 0;
 }
