@@ -278,29 +278,35 @@ void planrt_cu_k_matmul_f32(int64_t batch, int64_t M, int64_t N, int64_t K, cons
 	gemm(batch, M, N, K, A, trans_a, stride_a, B, trans_b, stride_b, C, stride_c, accumulate, f32_gemm(), stream);
 }
 
-/* bf16 operands read as they are (no widened copies), f32 accumulation, C in f32 or bf16 (rounded
- * once by cuBLAS's epilogue) */
+/* 16-bit operands of type ab (bf16 or f16) read as they are (no widened copies), f32 accumulation on
+ * the tensor cores, C in f32 or ab (rounded once by cuBLAS's epilogue) */
+static void matmul_16(int64_t batch, int64_t M, int64_t N, int64_t K, const uint16_t *A, int trans_a, int64_t stride_a,
+		      const uint16_t *B, int trans_b, int64_t stride_b, planrt_dtype_t ab, void *C, planrt_dtype_t c_type,
+		      int64_t stride_c, int accumulate, int stream)
+{
+	if (c_type != planrt_f32 && c_type != ab)
+		planrt_fatal("planrt_cu_k_matmul_%s: C must be f32 or %s, not dtype %d", ab == planrt_bf16 ? "bf16" : "f16",
+			     ab == planrt_bf16 ? "bf16" : "f16", (int)c_type);
+	cudaDataType t16 = ab == planrt_bf16 ? CUDA_R_16BF : CUDA_R_16F;
+	GemmTypes t = {t16, c_type == planrt_f32 ? CUDA_R_32F : t16, 2, c_type == planrt_f32 ? 4u : 2u, CUBLAS_COMPUTE_32F};
+	gemm(batch, M, N, K, A, trans_a, stride_a, B, trans_b, stride_b, C, stride_c, accumulate, t, stream);
+}
+
 void planrt_cu_k_matmul_bf16(int64_t batch, int64_t M, int64_t N, int64_t K, const uint16_t *A, int trans_a,
 			     int64_t stride_a, const uint16_t *B, int trans_b, int64_t stride_b, void *C, planrt_dtype_t c_type,
 			     int64_t stride_c, int accumulate, int stream)
 {
-	if (c_type != planrt_f32 && c_type != planrt_bf16)
-		planrt_fatal("planrt_cu_k_matmul_bf16: C must be f32 or bf16, not dtype %d", (int)c_type);
-	GemmTypes t = {CUDA_R_16BF, c_type == planrt_f32 ? CUDA_R_32F : CUDA_R_16BF, 2, c_type == planrt_f32 ? 4u : 2u,
-		       CUBLAS_COMPUTE_32F};
-	gemm(batch, M, N, K, A, trans_a, stride_a, B, trans_b, stride_b, C, stride_c, accumulate, t, stream);
+	matmul_16(batch, M, N, K, A, trans_a, stride_a, B, trans_b, stride_b, planrt_bf16, C, c_type, stride_c, accumulate,
+		  stream);
 }
 
-/* the same of f16 operands (precision fp16): C in f32 or f16 */
+/* precision fp16's */
 void planrt_cu_k_matmul_f16(int64_t batch, int64_t M, int64_t N, int64_t K, const uint16_t *A, int trans_a,
 			    int64_t stride_a, const uint16_t *B, int trans_b, int64_t stride_b, void *C, planrt_dtype_t c_type,
 			    int64_t stride_c, int accumulate, int stream)
 {
-	if (c_type != planrt_f32 && c_type != planrt_f16)
-		planrt_fatal("planrt_cu_k_matmul_f16: C must be f32 or f16, not dtype %d", (int)c_type);
-	GemmTypes t = {CUDA_R_16F, c_type == planrt_f32 ? CUDA_R_32F : CUDA_R_16F, 2, c_type == planrt_f32 ? 4u : 2u,
-		       CUBLAS_COMPUTE_32F};
-	gemm(batch, M, N, K, A, trans_a, stride_a, B, trans_b, stride_b, C, stride_c, accumulate, t, stream);
+	matmul_16(batch, M, N, K, A, trans_a, stride_a, B, trans_b, stride_b, planrt_f16, C, c_type, stride_c, accumulate,
+		  stream);
 }
 
 /* ------------------------------------------------------------------ permute, sum_to */
