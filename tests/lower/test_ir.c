@@ -119,6 +119,32 @@ static void kernel_table(const Lowered *low)
 	report(verify(low), "restored: accepted again");
 }
 
+/* mlp bf16: lowering gives the embedding, the bias gradients and the cross-entropy their 16-bit
+ * variants (lower.c's storage_16_variants), which read and write bf16 as stored, and the verifier
+ * holds every such buffer to the kernel's storage type */
+static void storage_16(Program *p)
+{
+	Compiled bf = compile(p, "bf16");
+	if (!bf.low)
+		return;
+	report(verify(bf.low), "mlp bf16: the verifier accepts the program");
+	Kernel *embed = first_kernel(bf.low, K_EMBED_16), *ce = first_kernel(bf.low, K_CROSS_ENTROPY_16);
+	Kernel *bias = first_kernel(bf.low, K_SUM_TO_ACC_16), *gemm = first_kernel(bf.low, K_MATMUL_BF16);
+	report(embed && ce && bias && gemm && !first_kernel(bf.low, K_EMBED) && !first_kernel(bf.low, K_CROSS_ENTROPY),
+	       "mlp bf16: embed_16, cross_entropy_16, sum_to_acc_16 and matmul_bf16, and no f32 embedding or loss");
+	if (!embed)
+		return;
+	KArg *st = &embed->args[kernel_storage_param(K_EMBED_16)];
+	report(st == KARG(embed, EMBED_16, storage) && st->kind == KA_DTYPE && st->i == DT_BF16,
+	       "embed_16's last argument is its storage, bf16");
+	st->i = DT_F16;
+	expect_refused(bf.low, "embed_16 told its bf16 buffers are f16", "where the storage is f16");
+	st->i = DT_F32;
+	expect_refused(bf.low, "a 16-bit kernel stored as f32", "a 16-bit kernel stored as f32");
+	st->i = DT_BF16;
+	report(verify(bf.low), "restored: accepted again");
+}
+
 /* No op reads a value without a producer, or an update's result. */
 static bool nothing_to_drop(const Graph *g)
 {
@@ -289,6 +315,7 @@ int main(void)
 		return 2;
 	}
 	zero_and_sync(p);
+	storage_16(p);
 	Compiled mlp = compile(p, "single");
 	if (mlp.low) {
 		LayerRun none[4];
