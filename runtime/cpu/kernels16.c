@@ -301,7 +301,9 @@ void planrt_k_rope_grad_16(const void *dy, void *dx, int64_t batch, int64_t seq,
  * f32 kernel works unit by unit too), and a block is given its offsets in the scores' global shape
  * (dropout's index) and its share of the mask, so every unit computes what it computes in one call. */
 
-/* floats of widened operands an attention block holds at most (16 MiB; at least one unit); a variable
+/* floats of widened operands an attention block holds at most (16 MiB), but a block is at least one
+ * unit: with leading dims a whole sample's heads, which at long sequences is more (a finer unit, a
+ * sample's kv-head group, would need the block's leading offsets and mask base per dim); a variable
  * so that tests/kernels/test_kernels16.c can make it small and check blocks against one call */
 int64_t planrt_k16_attention_block_ = (int64_t)1 << 22;
 
