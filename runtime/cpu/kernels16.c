@@ -296,23 +296,25 @@ void planrt_k_rope_grad_16(const void *dy, void *dx, int64_t batch, int64_t seq,
 }
 
 /* ---- the fused attention ------------------------------------------------------------------------
- * Blocks of units along the first dim: a leading index (all its heads) when there are leading
- * dims, else a group of query heads with their kv head. Units are independent (each thread of the
- * f32 kernel works unit by unit too), and a block is given its offsets in the scores' global shape
- * (dropout's index) and its share of the mask, so every unit computes what it computes in one call. */
+ * A unit is a kv head with its group of query heads in one sample (an index of the leading dims):
+ * flattened as u = sample * kv_heads + kv head, its q, out, dout, dq rows, its k, v, dk, dv rows and
+ * its lse lie at u times a unit's size, so a run of units is one contiguous block of each. Units are
+ * independent (the f32 kernel's threads work unit by unit too). A block is whole indices of the
+ * first leading dim when they fit the bound, else a run of kv heads within one sample; it is given
+ * its shape, its offsets in the scores' global shape (dropout's index) and its share of the mask,
+ * so every unit computes what it computes in one call. */
 
-/* floats of widened operands an attention block holds at most (16 MiB), but a block is at least one
- * unit: with leading dims a whole sample's heads, which at long sequences is more (a finer unit, a
- * sample's kv-head group, would need the block's leading offsets and mask base per dim); a variable
+/* floats of widened operands an attention block holds at most (16 MiB; at least one unit); a variable
  * so that tests/kernels/test_kernels16.c can make it small and check blocks against one call */
 int64_t planrt_k16_attention_block_ = (int64_t)1 << 22;
 
 typedef struct AttnBlocks {
 	int rank;
-	int64_t units;              /* along the first dim */
-	int64_t q, kv, lse, mask;   /* elements (mask: its offset) a unit spans in q / out, k / v, lse, mask */
-	int64_t heads_per_unit;     /* 0 with leading dims; else the query heads a unit has (its group) */
-	int64_t ldims[16], offs[32];
+	int64_t kv_heads, group, nlead, inner; /* inner: samples per index of the first leading dim */
+	int64_t q, kv, lse;                    /* elements of a unit in q / out, k / v, lse */
+	const int64_t *ldims, *offs, *mstr;
+	/* the block being worked on: its shape, offsets, kv heads and mask offset */
+	int64_t bdims[16], boffs[32], bkv, bmask;
 } AttnBlocks;
 
 static void attn_blocks(AttnBlocks *b, int rank, const int64_t *ldims, int64_t kv_heads, int64_t sk,
@@ -320,47 +322,64 @@ static void attn_blocks(AttnBlocks *b, int rank, const int64_t *ldims, int64_t k
 {
 	if (rank < 3 || rank > 16 || kv_heads <= 0 || ldims[rank - 3] % kv_heads)
 		planrt_fatal("%s: rank %d or %lld kv heads out of range", what, rank, (long long)kv_heads);
-	int64_t heads = ldims[rank - 3], sq = ldims[rank - 2], dh = ldims[rank - 1], lead = 1;
-	for (int d = 1; d < rank - 3; d++)
-		lead *= ldims[d];
-	b->rank = rank;
-	if (rank > 3) { /* a unit: one index of the first leading dim */
-		b->units = ldims[0];
-		b->heads_per_unit = 0;
-		b->q = lead * heads * sq * dh;
-		b->kv = lead * kv_heads * sk * dh;
-		b->lse = lead * heads * sq;
-		b->mask = mask_strides ? mask_strides[0] : 0;
-	} else { /* a unit: one kv head and its group of query heads */
-		int64_t group = heads / kv_heads;
-		b->units = kv_heads;
-		b->heads_per_unit = group;
-		b->q = group * sq * dh;
-		b->kv = sk * dh;
-		b->lse = group * sq;
-		b->mask = mask_strides ? group * mask_strides[0] : 0;
+	int64_t sq = ldims[rank - 2], dh = ldims[rank - 1];
+	*b = (AttnBlocks){.rank = rank, .kv_heads = kv_heads, .group = ldims[rank - 3] / kv_heads, .nlead = 1,
+			  .inner = 1, .ldims = ldims, .offs = offs, .mstr = mask_strides};
+	for (int d = 0; d < rank - 3; d++) {
+		b->nlead *= ldims[d];
+		if (d > 0)
+			b->inner *= ldims[d];
 	}
-	for (int d = 0; d < rank; d++)
-		b->ldims[d] = ldims[d];
-	for (int d = 0; d < 2 * rank; d++)
-		b->offs[d] = offs[d];
+	b->q = b->group * sq * dh;
+	b->kv = sk * dh;
+	b->lse = b->group * sq;
 }
 
-/* points the block's shape at units [u0, u0 + n); returns the block's kv heads */
-static int64_t attn_block_at(AttnBlocks *b, const int64_t *offs, int64_t kv_heads, int64_t u0, int64_t n)
-{
-	int64_t first = b->heads_per_unit ? u0 * b->heads_per_unit : u0;
-	b->ldims[0] = b->heads_per_unit ? n * b->heads_per_unit : n;
-	b->offs[0] = offs[0] + first;
-	b->offs[b->rank] = offs[b->rank] + first;
-	return b->heads_per_unit ? n : kv_heads;
-}
-
-/* units a block takes: its widened operands (per unit: nq q-sized and nkv kv-sized) within the bound */
+/* units a block takes at most: its widened operands (per unit: nq q-sized and nkv kv-sized) within
+ * the bound, at least one */
 static int64_t attn_block_units(const AttnBlocks *b, int nq, int nkv)
 {
-	int64_t per = nq * b->q + nkv * b->kv, n = per > 0 ? planrt_k16_attention_block_ / per : b->units;
-	return n < 1 ? 1 : n > b->units ? b->units : n;
+	int64_t per = nq * b->q + nkv * b->kv, n = per > 0 ? planrt_k16_attention_block_ / per : 1;
+	return n < 1 ? 1 : n;
+}
+
+/* Points the block at units [u0, u0 + n) and returns n: whole indices of the first leading dim when
+ * `per` units hold at least one, else kv heads of one sample (n <= per, not past its last). */
+static int64_t attn_block_at(AttnBlocks *b, int64_t u0, int64_t per)
+{
+	int r = b->rank;
+	int64_t sample = b->kv_heads * b->inner; /* the units an index of dim 0 has */
+	for (int d = 0; d < r; d++) {
+		b->bdims[d] = b->ldims[d];
+		b->boffs[d] = b->offs[d];
+		b->boffs[r + d] = b->offs[r + d];
+	}
+	b->bkv = b->kv_heads;
+	b->bmask = 0;
+	if (r > 3 && per >= sample) { /* whole indices of dim 0 */
+		int64_t i0 = u0 / sample, ni = per / sample;
+		ni = ni < b->ldims[0] - i0 ? ni : b->ldims[0] - i0;
+		b->bdims[0] = ni;
+		b->boffs[0] += i0;
+		b->boffs[r] = b->boffs[0] + ni / 2;
+		b->bmask = b->mstr ? i0 * b->mstr[0] : 0;
+		return ni * sample;
+	}
+	int64_t s = u0 / b->kv_heads, g0 = u0 % b->kv_heads, n = b->kv_heads - g0 < per ? b->kv_heads - g0 : per;
+	for (int d = r - 4; d >= 0; d--) { /* sample s's index on each leading dim */
+		int64_t i = s % b->ldims[d];
+		s /= b->ldims[d];
+		b->bdims[d] = 1;
+		b->boffs[d] += i;
+		b->boffs[r + d] = b->boffs[d];
+		b->bmask += b->mstr ? i * b->mstr[d] : 0;
+	}
+	b->bdims[r - 3] = n * b->group;
+	b->boffs[r - 3] += g0 * b->group;
+	b->boffs[2 * r - 3] = b->boffs[r - 3] + b->bdims[r - 3] / 2;
+	b->bmask += b->mstr ? g0 * b->group * b->mstr[r - 3] : 0;
+	b->bkv = n;
+	return n;
 }
 
 void planrt_k_attention_16(const void *q, const void *k, const void *v, const float *mask, const int64_t *mask_strides,
@@ -371,17 +390,16 @@ void planrt_k_attention_16(const void *q, const void *k, const void *v, const fl
 	check_storage(storage, "attention_16");
 	AttnBlocks b;
 	attn_blocks(&b, rank, ldims, kv_heads, sk, mask_strides, offs, "attention_16");
-	int64_t per = attn_block_units(&b, 2, 2);
-	float *s = scratch_floats(per * (2 * b.q + 2 * b.kv), "attention_16");
-	float *qs = s, *ks = qs + per * b.q, *vs = ks + per * b.kv, *os = vs + per * b.kv;
-	for (int64_t u0 = 0; u0 < b.units; u0 += per) {
-		int64_t n = b.units - u0 < per ? b.units - u0 : per;
-		int64_t kvh = attn_block_at(&b, offs, kv_heads, u0, n);
+	int64_t per = attn_block_units(&b, 2, 2), total = b.nlead * kv_heads, most = per < total ? per : total;
+	float *s = scratch_floats(most * (2 * b.q + 2 * b.kv), "attention_16");
+	float *qs = s, *ks = qs + most * b.q, *vs = ks + most * b.kv, *os = vs + most * b.kv;
+	for (int64_t u0 = 0, n; u0 < total; u0 += n) {
+		n = attn_block_at(&b, u0, per);
 		widen(q, u0 * b.q, qs, n * b.q, storage);
 		widen(k, u0 * b.kv, ks, n * b.kv, storage);
 		widen(v, u0 * b.kv, vs, n * b.kv, storage);
-		planrt_k_attention_f32(qs, ks, vs, mask ? mask + u0 * b.mask : NULL, mask_strides, os, lse + u0 * b.lse,
-				       rank, b.ldims, kvh, sk, scale, mask_kind, p, seed, key, gdims, b.offs, scratch);
+		planrt_k_attention_f32(qs, ks, vs, mask ? mask + b.bmask : NULL, mask_strides, os, lse + u0 * b.lse, rank,
+				       b.bdims, b.bkv, sk, scale, mask_kind, p, seed, key, gdims, b.boffs, scratch);
 		narrow(os, out, u0 * b.q, n * b.q, storage);
 	}
 	free(s);
@@ -396,21 +414,20 @@ void planrt_k_attention_grad_16(const void *q, const void *k, const void *v, con
 	check_storage(storage, "attention_grad_16");
 	AttnBlocks b;
 	attn_blocks(&b, rank, ldims, kv_heads, sk, mask_strides, offs, "attention_grad_16");
-	int64_t per = attn_block_units(&b, 4, 4);
-	float *s = scratch_floats(per * (4 * b.q + 4 * b.kv), "attention_grad_16");
-	float *qs = s, *os = qs + per * b.q, *gs = os + per * b.q, *dqs = gs + per * b.q;
-	float *ks = dqs + per * b.q, *vs = ks + per * b.kv, *dks = vs + per * b.kv, *dvs = dks + per * b.kv;
-	for (int64_t u0 = 0; u0 < b.units; u0 += per) {
-		int64_t n = b.units - u0 < per ? b.units - u0 : per;
-		int64_t kvh = attn_block_at(&b, offs, kv_heads, u0, n);
+	int64_t per = attn_block_units(&b, 4, 4), total = b.nlead * kv_heads, most = per < total ? per : total;
+	float *s = scratch_floats(most * (4 * b.q + 4 * b.kv), "attention_grad_16");
+	float *qs = s, *os = qs + most * b.q, *gs = os + most * b.q, *dqs = gs + most * b.q;
+	float *ks = dqs + most * b.q, *vs = ks + most * b.kv, *dks = vs + most * b.kv, *dvs = dks + most * b.kv;
+	for (int64_t u0 = 0, n; u0 < total; u0 += n) {
+		n = attn_block_at(&b, u0, per);
 		widen(q, u0 * b.q, qs, n * b.q, storage);
 		widen(out, u0 * b.q, os, n * b.q, storage);
 		widen(dout, u0 * b.q, gs, n * b.q, storage);
 		widen(k, u0 * b.kv, ks, n * b.kv, storage);
 		widen(v, u0 * b.kv, vs, n * b.kv, storage);
-		planrt_k_attention_grad_f32(qs, ks, vs, mask ? mask + u0 * b.mask : NULL, mask_strides, os, lse + u0 * b.lse,
-					    gs, dqs, dks, dvs, rank, b.ldims, kvh, sk, scale, mask_kind, p, seed, key,
-					    gdims, b.offs, scratch);
+		planrt_k_attention_grad_f32(qs, ks, vs, mask ? mask + b.bmask : NULL, mask_strides, os, lse + u0 * b.lse, gs,
+					    dqs, dks, dvs, rank, b.bdims, b.bkv, sk, scale, mask_kind, p, seed, key, gdims,
+					    b.boffs, scratch);
 		narrow(dqs, dq, u0 * b.q, n * b.q, storage);
 		narrow(dks, dk, u0 * b.kv, n * b.kv, storage);
 		narrow(dvs, dv, u0 * b.kv, n * b.kv, storage);

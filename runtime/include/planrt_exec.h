@@ -165,9 +165,6 @@ void planrt_k_rms_norm_16(const void *x, const void *w, void *y, float *rstd, in
 			  planrt_dtype_t storage);
 void planrt_k_rms_norm_grad_16(const void *x, const void *w, const float *rstd, const void *dy, void *dx, float *dw,
 			       int64_t rows, int64_t cols, planrt_dtype_t storage);
-/* the fused attention on 16-bit q, k, v, out, dout, dq, dk, dv (lse and the additive mask f32), as
- * planrt_k_attention_f32 / _grad_f32 (planrt_kernels.h) on their widened copies, a block of heads
- * at a time (at most 16 MiB of widened operands a block) */
 /* the cross-entropy's gradient (planrt_k_ce_grad_f32) on logits and dlogits stored as `storage` */
 void planrt_k_ce_grad_16(const void *logits, const int32_t *targets, const float *lse, int64_t rows, int64_t cols,
 			 int64_t vocab_lo, double dscale, void *dlogits, planrt_dtype_t storage);
@@ -182,6 +179,9 @@ void planrt_k_rope_16(const void *x, void *y, int64_t batch, int64_t seq, int64_
 void planrt_k_rope_grad_16(const void *dy, void *dx, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim,
 			   int64_t rot_dim, int heads_first, const int32_t *pos, int64_t pos_stride, int64_t pos_off,
 			   int64_t pos_off2, double theta, planrt_dtype_t storage);
+/* the fused attention on 16-bit q, k, v, out, dout, dq, dk, dv (lse and the additive mask f32), as
+ * planrt_k_attention_f32 / _grad_f32 (planrt_kernels.h) on their widened copies, a block of heads
+ * at a time (at most 16 MiB of widened operands a block, or one kv head's rows of one sample) */
 extern int64_t planrt_k16_attention_block_; /* the bound on a block's widened floats (tests lower it) */
 void planrt_k_attention_16(const void *q, const void *k, const void *v, const float *mask, const int64_t *mask_strides,
 			   void *out, float *lse, int rank, const int64_t *ldims, int64_t kv_heads, int64_t sk,

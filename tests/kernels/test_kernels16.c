@@ -6,8 +6,8 @@
  * that take several (the last one short), rows longer than a block, the sums that reduce a whole
  * tensor (streamed through the eight partial sums) or keep some dims (blocked by the outer dim),
  * RoPE in place and by blocks of samples (the position table must follow each block), and
- * attention blocks of one batch or one head group (the bound lowered: dropout and the mask must
- * follow each block), with the f32 outputs that accumulate (sum_to_acc's out, the weight
+ * attention blocks of one kv head, one sample (over two leading dims) or whole indices of the first
+ * dim (the bound lowered: dropout and the mask must follow each block), with the f32 outputs that accumulate (sum_to_acc's out, the weight
  * gradients) starting from non-zero values. */
 #include <stdint.h>
 #include <stdio.h>
@@ -334,12 +334,16 @@ int main(void)
 		cross_entropy(t, 13, 50001, 0); /* 5 rows a block: three blocks */
 		cross_entropy(t, 7, 97, 40);
 		int64_t b4[] = {3, 4, 37, 16}, h3[] = {8, 45, 24}, b5[] = {2, 3, 2, 19, 8};
-		attention(t, 4, b4, 2, 1, 0.1, 2, 1, "[3, 4, 37, 16], kv 2, causal, dropout 0.1, at batch 2, a batch a block");
+		attention(t, 4, b4, 2, 1, 0.1, 2, 1, "[3, 4, 37, 16], kv 2, causal, dropout 0.1, at batch 2, a kv head a block");
+		attention(t, 4, b4, 2, 1, 0.1, 2, 15000,
+			  "[3, 4, 37, 16], kv 2, causal, dropout 0.1, at batch 2, samples 2 + 1 (forward), 1 (backward) a block");
 		attention(t, 4, b4, 4, 2, 0.0, 0, 1 << 22, "[3, 4, 37, 16], kv 4, an additive mask, one block");
-		attention(t, 4, b4, 4, 2, 0.1, 0, 1, "[3, 4, 37, 16], kv 4, an additive mask, dropout 0.1, a batch a block");
+		attention(t, 4, b4, 4, 2, 0.1, 0, 1, "[3, 4, 37, 16], kv 4, an additive mask, dropout 0.1, a kv head a block");
 		attention(t, 3, h3, 8, 2, 0.0, 0, 1, "[8, 45, 24], kv 8, an additive mask, a head a block");
 		attention(t, 3, h3, 2, 1, 0.2, 1, 12000, "[8, 45, 24], kv 2 (groups of 4), causal, dropout 0.2, a group a block");
-		attention(t, 5, b5, 1, 0, 0.0, 0, 1, "[2, 3, 2, 19, 8], kv 1, no mask, a leading index a block");
+		attention(t, 5, b5, 1, 0, 0.0, 0, 1, "[2, 3, 2, 19, 8], kv 1, no mask, a sample (two leading dims) a block");
+		attention(t, 5, b5, 1, 2, 0.1, 1, 3000,
+			  "[2, 3, 2, 19, 8], kv 1, an additive mask, dropout 0.1, an index of the first dim a block");
 	}
 	printf("%d passed, %d failed\n", npass, nfail);
 	return nfail ? 1 : 0;
