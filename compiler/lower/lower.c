@@ -2630,6 +2630,8 @@ static bool takes_f32_only(KernelKind k)
 	case K_REGRESSION_LOSS_GRAD:
 	case K_ATTENTION:
 	case K_ATTENTION_GRAD:
+	case K_DECODE_ATTENTION:
+	case K_DECODE_LOGITS:
 		return true;
 	default:
 		return false;

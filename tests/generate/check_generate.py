@@ -168,6 +168,18 @@ r.check("gpt: generating from tp2's checkpoint directory (--resume) = from its -
         from_ckpt == from_file and ckpt_logits == open(logits_path, "rb").read(), f"{from_ckpt} / {from_file}")
 check_model("llama", f"{ex}/llama.plan", "single", "tp2", llama_forward, 12)
 
+# a bf16 plan's program (bf16 storage: the decode program's attention and logits take f32 copies, cast
+# as every f32 kernel's operands are; it printed bf16 buffers into their f32 calls, and no C compiler
+# took it) generates from the f32 weights, its logits within bf16's rounding of the f32 program's
+bf16 = build(f"{ex}/gpt.plan", "bf16")
+bf16_ids, bf16_logits = generate(bf16, gpt_w, 8)
+f32_ids, f32_logits = generate(gpt, gpt_w, 8)
+spread = f32_logits.abs().max().item()
+diff = (bf16_logits - f32_logits).abs().max().item() if bf16_logits.shape == f32_logits.shape else 1e9
+r.check("gpt bf16: planc build --generate builds it, and its 8 steps' logits are within 5% of the largest of the "
+        "f32 program's", len(bf16_ids) == 8 and diff <= 0.05 * spread, f"max |diff| {diff:.3g} of {spread:.3g}; "
+        f"tokens {bf16_ids} / {f32_ids}")
+
 
 def fails(what, p, want):
     r.check(f"error: {what}", p.returncode != 0 and want in p.stderr and "Traceback" not in p.stderr,
