@@ -326,17 +326,25 @@ static void cross_entropy(const void *logits, planrt_dtype_t t, int64_t per, con
 	float *rowmax = scratch, *sumexp = rowmax + rows, *tlogit = sumexp + rows, *buf = NULL;
 	if (t != planrt_f32 && rows > 0 && !(buf = malloc(sizeof(float) * (size_t)((per < rows ? per : rows) * cols + 1))))
 		planrt_fatal("cross_entropy_16: out of memory for a block of %lld logits", (long long)(per * cols));
-	for (int64_t r0 = 0; r0 < rows; r0 += per) {
-		int64_t n = rows - r0 < per ? rows - r0 : per;
-		planrt_k_ce_max_f32(logit_rows(logits, t, cols, r0, n, buf), n, cols, rowmax + r0);
-	}
-	if (vocab_comm)
-		PLANRT_CHECK(planrt_allreduce(rowmax, rowmax, (size_t)rows, planrt_f32, planrt_max, vocab_comm, NULL, NULL));
+	/* a block's maxima, then (without a vocabulary split) its sums and targets from the same widened
+	 * rows; with a split the maxima are all-reduced first, and the rows widened again */
 	for (int64_t r0 = 0; r0 < rows; r0 += per) {
 		int64_t n = rows - r0 < per ? rows - r0 : per;
 		const float *x = logit_rows(logits, t, cols, r0, n, buf);
-		planrt_k_ce_sumexp_f32(x, rowmax + r0, n, cols, sumexp + r0);
-		planrt_k_ce_target_f32(x, targets + r0, n, cols, vocab_lo, tlogit + r0);
+		planrt_k_ce_max_f32(x, n, cols, rowmax + r0);
+		if (!vocab_comm) {
+			planrt_k_ce_sumexp_f32(x, rowmax + r0, n, cols, sumexp + r0);
+			planrt_k_ce_target_f32(x, targets + r0, n, cols, vocab_lo, tlogit + r0);
+		}
+	}
+	if (vocab_comm) {
+		PLANRT_CHECK(planrt_allreduce(rowmax, rowmax, (size_t)rows, planrt_f32, planrt_max, vocab_comm, NULL, NULL));
+		for (int64_t r0 = 0; r0 < rows; r0 += per) {
+			int64_t n = rows - r0 < per ? rows - r0 : per;
+			const float *x = logit_rows(logits, t, cols, r0, n, buf);
+			planrt_k_ce_sumexp_f32(x, rowmax + r0, n, cols, sumexp + r0);
+			planrt_k_ce_target_f32(x, targets + r0, n, cols, vocab_lo, tlogit + r0);
+		}
 	}
 	free(buf);
 	if (vocab_comm) {
