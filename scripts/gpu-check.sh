@@ -41,9 +41,10 @@
 #    state the program allocates, and the peak the device saw);
 # 6. the same model in PyTorch on the same GPU (bench/gpu/torch_bench.py: eager with the program's
 #    attention arithmetic, SDPA, torch.compile; TORCH_MODES picks) and the ratios;
-# 7. the fused attention alone (bench/gpu/attention_rate.cu: planc's bf16 kernels; and
-#    bench/gpu/torch_attention.py: PyTorch's SDPA), causal, forward and backward TFLOP/s at head dims
-#    64 and 128 and S = 1k, 4k, 16k (ATTENTION_S), and their ratios (issue 18: 0.9 of SDPA);
+# 7. the fused attention alone (bench/gpu/attention_rate.cu: planc's bf16 kernels, the tiles, and
+#    the exact kernels at S = 1k, 4k; bench/gpu/torch_attention.py: PyTorch's SDPA), causal, forward
+#    and backward TFLOP/s at head dims 64 and 128 and S = 1k, 4k, 16k (ATTENTION_S), and the ratios
+#    of the tiles to SDPA (issue 18: 0.9 of SDPA);
 # 8. 5 and 6 for bench/gpu/llama1b.plan (1.03B parameters: GQA, RoPE, SwiGLU, RMS norm).
 # Without a GPU (or with --build-only) it stops after the build, having run each kind of program
 # once to show its one-line refusal. Exit status: 0 when every check passed.
@@ -285,6 +286,10 @@ PY
 # head, backward 10 S^2 Dh, halved by the mask)
 section "fused attention: planc (attention_16, bf16) against PyTorch SDPA, causal, B x H = 32"
 "$W/attention_rate" ${ATTENTION_S:-1024 4096 16384} | tee "$W/attention_planc.txt"
+# the exact kernels (PLANRT_ATTENTION=exact: one thread a row, f32 FMA) at the two smaller sizes,
+# what the tiles replace for bf16 / f16
+PLANRT_ATTENTION=exact "$W/attention_rate" 1024 4096 | sed 's/^planc attention/planc exact attention/' |
+	tee "$W/attention_exact.txt"
 PYTHONUNBUFFERED=1 python3 "$DIR/torch_attention.py" ${ATTENTION_S:-1024 4096 16384} | tee "$W/attention_torch.txt"
 python3 - "$W/attention_planc.txt" "$W/attention_torch.txt" <<'PY'
 import re, sys

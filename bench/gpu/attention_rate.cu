@@ -1,5 +1,6 @@
 /* attention_rate.cu: the fused attention's rates on the GPU, issue 18's table: planrt_cu_k_attention_16
- * and _grad_16 (the kernels a bf16 program runs) on random bf16 q, k, v, dout of B x H = 2 x 16 heads,
+ * and _grad_16 (the kernels a bf16 program runs: the tiles, or the exact kernels under
+ * PLANRT_ATTENTION=exact) on random bf16 q, k, v, dout of B x H = 2 x 16 heads,
  * causal, at head dims 64 and 128 and each S given (1024 4096 16384 by default). Per shape one call
  * of each to warm up, then as many as fit in about two seconds (at least one), timed with CUDA
  * events. FLOPs as FlashAttention counts them: forward 4 S^2 Dh a head, backward 10 S^2 Dh (2.5

@@ -42,6 +42,7 @@ typedef struct AttnParams {
 	float scale, keep_scale;
 	uint64_t thr, seed, key;
 	int storage; /* how q, k, v, out, dout, dq, dk, dv are stored: ATTN_F32, ATTN_BF16 or ATTN_F16 */
+	int tile_vec; /* planrt_attention_tiles.h: every 16-bit operand 16-byte aligned (loads 8 at a time) */
 } AttnParams;
 
 /* the storage types (planrt_dtype_t's numbers: planrt_f32, planrt_bf16, planrt_f16) */
@@ -102,6 +103,7 @@ ATTN_FN int attn_params(AttnParams *a, int rank, const int64_t *ldims, int64_t k
 	a->seed = seed;
 	a->key = key;
 	a->storage = ATTN_F32;
+	a->tile_vec = 0;
 	return 1;
 }
 
