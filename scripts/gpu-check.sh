@@ -15,7 +15,9 @@
 #    CUDA runtime), the device comm backends' unit test and the cuBLAS bf16 GEMM benchmark;
 # 2. the device comm backends on one GPU (tests/cuda/test_nccl_one.cu): comm_nccl's every
 #    collective kind and p2p on an NCCL communicator of one, the MPI device backend's staging and
-#    gate on the device, and what an allreduce costs on each;
+#    gate on the device, and what an allreduce costs on each; the tiled attention against the CPU's
+#    (tests/cuda/test_attention_tiles_gpu.cu; the exact kernels too), and under compute-sanitizer's
+#    memcheck, racecheck and synccheck where it works (Firecracker machines, not gVisor);
 # 3. trains each program of bundle/compare/ (examples/gpt.plan `single`: f32, TF32 off, dropout
 #    0.1; llama `single`: RoPE, RMS norm, SwiGLU; bert `single_nodropout`: a data set, the [CLS]
 #    narrow; examples/moe.plan `single`: top-2 with drops, and `mixtral_single`: dropless, SwiGLU
@@ -85,7 +87,7 @@ done
 if NVCC=$NVCC bash "$DIR/gpu-build.sh" "$DIR/runtime" "$W/lib" "${pairs[@]}" \
 	"$DIR/gpt350m" "$W/gpt350m" "$DIR/llama1b" "$W/llama1b" "$DIR/gemm_rate.cu" "$W/gemm_rate" \
 	"$DIR/attention_rate.cu" "$W/attention_rate" \
-	"$DIR/test_nccl_one.cu" "$W/nccl_one" &&
+	"$DIR/test_nccl_one.cu" "$W/nccl_one" "$DIR/test_attention_tiles_gpu.cu" "$W/attention_tiles_gpu" &&
 	{ [ ${#ranks[@]} = 0 ] || GPU_ARCHS=${GPU_ARCHS:-"arch=compute_90,code=sm_90"} NVCC=$NVCC \
 		bash "$DIR/gpu-build.sh" "$DIR/runtime" "$W/lib" "${ranks[@]}"; }; then
 	verdict 0 "built the CUDA programs in $(( $(date +%s) - t0 )) s"
@@ -127,6 +129,18 @@ if [ "$MODE" != --bench-only ]; then
 section "the device comm backends on one GPU (tests/cuda/test_nccl_one.cu)"
 "$W/nccl_one"
 verdict $? "NCCL's every collective kind and p2p, and the MPI device backend's staging and ordering, on the GPU"
+section "the tiled attention on the GPU against the CPU's attention_16 (tests/cuda/test_attention_tiles_gpu.cu)"
+"$W/attention_tiles_gpu"
+verdict $? "attention_16 / _grad_16 on the tensor cores: within 3 ulp of the CPU's (lse 2e-5)"
+PLANRT_ATTENTION=exact "$W/attention_tiles_gpu" | tail -1
+verdict ${PIPESTATUS[0]} "the exact kernels (PLANRT_ATTENTION=exact) on the same cases"
+SANITIZER=$(command -v compute-sanitizer || echo "$(dirname "$NVCC")/compute-sanitizer")
+if [ -x "$SANITIZER" ]; then
+	for tool in memcheck racecheck synccheck; do
+		timeout 180 "$SANITIZER" --tool $tool --error-exitcode 9 "$W/attention_tiles_gpu" --small 2>&1 | tail -3
+		verdict ${PIPESTATUS[0]} "compute-sanitizer --tool $tool: the tiles' first case"
+	done
+fi
 fi
 
 for ((i = 0; i < ${#pairs[@]}; i += 2)); do
