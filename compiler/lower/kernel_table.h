@@ -402,6 +402,9 @@
 	X(EMBED_16, "embed_16", KC_COMPUTE, planrt_k_embed_16, KDEV(planrt_cu_k_embed_16), \
 	  KP(IN, table) KP(I32_IN, ids) KP(OUT, out) KP(I64, ntok) KP(I64, dim) KP(I64, vocab_lo) \
 	  KP(I64, vocab_local) KP(DTYPE, storage)) \
+	X(DROPOUT_16, "dropout_16", KC_COMPUTE, planrt_k_dropout_16, KDEV(planrt_cu_k_dropout_16), \
+	  KP(IN, x) KP(OUT, y) KP(U8_OUT, mask) KP(F64, p) KP(STEP_SEED, seed) KP(U64, key) KP(INT, rank) \
+	  KP(DIMS, gdims) KP(DIMS, ldims) KP(DIMS, offs) KP(DTYPE, storage)) \
 	X(MATMUL_F16, "matmul_f16", KC_COMPUTE, planrt_k_matmul_f16, KDEV(planrt_cu_k_matmul_f16), \
 	  KP(I64, batch) KP(I64, M) KP(I64, N) KP(I64, K) KP(F16_IN, A) KP(TRANS, trans_a) KP(I64, stride_a) \
 	  KP(F16_IN, B) KP(TRANS, trans_b) KP(I64, stride_b) KP(OUT, C) KP(DTYPE, c_type) KP(I64, stride_c) \

@@ -2731,6 +2731,7 @@ static const KernelKind storage_16_variants[][2] = {
 	{K_ROPE, K_ROPE_16},
 	{K_ROPE_GRAD, K_ROPE_GRAD_16},
 	{K_EMBED, K_EMBED_16},
+	{K_DROPOUT, K_DROPOUT_16},
 };
 
 /* The 16-bit variant when every buffer its IN / OUT parameters take is stored in one 16-bit type

@@ -33,6 +33,7 @@
 #include "planrt.h"
 #include "planrt_cpu.h"
 #include "planrt_exec.h"
+#include "planrt_half.h"
 #include "planrt_kernels.h"
 #include "planrt_math.h"
 
@@ -344,6 +345,29 @@ static int64_t dropout_mask(uint8_t *mask, double p, uint64_t seed, uint64_t key
 	}
 	return total;
 }
+
+#ifndef PLANRT_CPU_VARIANT
+/* dropout on x, y stored as `storage` (bf16 / f16): the mask as planrt_k_dropout draws it, each kept
+ * element widened, scaled in f32 and rounded once, as the casts around the f32 kernel compute it */
+void planrt_k_dropout_16(const void *x, void *y, uint8_t *mask, double p, uint64_t seed, uint64_t key, int rank,
+			 const int64_t *gdims, const int64_t *ldims, const int64_t *offs, planrt_dtype_t storage)
+{
+	if (storage != planrt_bf16 && storage != planrt_f16)
+		kfatal("dropout_16: the storage type is not bf16 or f16");
+	if (planrt_evaluating_) /* evaluation: the identity */
+		p = 0;
+	int64_t n = dropout_mask(mask, p, seed, key, rank, gdims, ldims, offs);
+	float sc = p >= 1 ? 0.0f : (float)(1.0 / (1.0 - p));
+	const uint16_t *xs = (const uint16_t *)x;
+	uint16_t *ys = (uint16_t *)y;
+	if (storage == planrt_bf16)
+		for (int64_t i = 0; i < n; i++)
+			ys[i] = planrt_narrow_bf16(mask[i] ? planrt_widen_bf16(xs[i]) * sc : 0.0f);
+	else
+		for (int64_t i = 0; i < n; i++)
+			ys[i] = planrt_narrow_f16(mask[i] ? planrt_widen_f16(xs[i]) * sc : 0.0f);
+}
+#endif
 
 /* kexpf and kerff, the vectorisable expf and erff, live in planrt_math.h (generated programs use
  * them in fused loops too). */

@@ -479,43 +479,59 @@ __device__ static uint32_t philox_first(uint32_t c0, uint32_t c1, uint32_t c2, u
 	return c0;
 }
 
-__global__ static void dropout_kernel(const float *x, float *y, uint8_t *mask, uint64_t thr, float sc, uint64_t seed,
-				      uint64_t key, int rank, Dims ldims, Dims gst, uint64_t gbase, int64_t n)
+/* x, y stored as H (f32, or the 16-bit storage of dropout_16). Each element keys on its global index:
+ * local coordinate c of dim d is at global first[d] + c in the block's first half of that dim and at
+ * second[d] + c - half in its second (a balanced ring's block holds two halves apart on one dim;
+ * elsewhere second = first + half, one run), as the CPU's dropout_mask draws it. */
+template <int H>
+__global__ static void dropout_kernel(const void *x, void *y, uint8_t *mask, uint64_t thr, float sc, uint64_t seed,
+				      uint64_t key, int rank, Dims ldims, Dims gst, Dims first, Dims second, int64_t n)
 {
 	GRID_STRIDE(i, n)
 	{
 		int64_t rest = i;
-		uint64_t g = gbase;
+		uint64_t g = 0;
 		for (int d = rank - 1; d >= 0; d--) {
-			int64_t c = rest % ldims.v[d];
+			int64_t c = rest % ldims.v[d], half = ldims.v[d] / 2;
 			rest /= ldims.v[d];
-			g += (uint64_t)(c * gst.v[d]);
+			g += (uint64_t)((c < half ? first.v[d] + c : second.v[d] + c - half) * gst.v[d]);
 		}
 		uint32_t u = philox_first((uint32_t)g, (uint32_t)(g >> 32), (uint32_t)key, (uint32_t)(key >> 32),
 					  (uint32_t)seed, (uint32_t)(seed >> 32));
 		uint8_t keep = (uint64_t)u >= thr;
 		mask[i] = keep;
-		y[i] = keep ? x[i] * sc : 0.0f;
+		st<H>(y, i, keep ? ld<H>(x, i) * sc : 0.0f);
 	}
 }
 
-void planrt_cu_k_dropout_f32(const float *x, float *y, uint8_t *mask, double p, uint64_t seed, uint64_t key, int rank,
-			     const int64_t *gdims, const int64_t *ldims, const int64_t *offs, int stream)
+template <int H>
+static void dropout(const void *x, void *y, uint8_t *mask, double p, uint64_t seed, uint64_t key, int rank,
+		    const int64_t *gdims, const int64_t *ldims, const int64_t *offs, int stream)
 {
 	check_rank("dropout", rank);
 	if (planrt_evaluating_)
 		p = 0;
 	int64_t gst[KMAX], n = 1;
 	strides_of(rank, gdims, gst);
-	uint64_t gbase = 0;
-	for (int d = 0; d < rank; d++) {
-		gbase += (uint64_t)(offs[d] * gst[d]);
+	for (int d = 0; d < rank; d++)
 		n *= ldims[d];
-	}
 	uint64_t thr = !(p > 0) ? 0 : p >= 1 ? (uint64_t)1 << 32 : (uint64_t)ceil(p * 4294967296.0);
 	float sc = p >= 1 ? 0.0f : (float)(1.0 / (1.0 - p));
-	LAUNCH(dropout_kernel, n, stream, x, y, mask, thr, sc, seed, key, rank, dims_of(rank, ldims), dims_of(rank, gst),
-	       gbase, n);
+	LAUNCH(dropout_kernel<H>, n, stream, x, y, mask, thr, sc, seed, key, rank, dims_of(rank, ldims), dims_of(rank, gst),
+	       dims_of(rank, offs), dims_of(rank, offs + rank), n);
+}
+
+void planrt_cu_k_dropout_f32(const float *x, float *y, uint8_t *mask, double p, uint64_t seed, uint64_t key, int rank,
+			     const int64_t *gdims, const int64_t *ldims, const int64_t *offs, int stream)
+{
+	dropout<planrt_f32>(x, y, mask, p, seed, key, rank, gdims, ldims, offs, stream);
+}
+
+void planrt_cu_k_dropout_16(const void *x, void *y, uint8_t *mask, double p, uint64_t seed, uint64_t key, int rank,
+			    const int64_t *gdims, const int64_t *ldims, const int64_t *offs, planrt_dtype_t storage,
+			    int stream)
+{
+	BY_STORAGE("dropout_16", storage, dropout<H>(x, y, mask, p, seed, key, rank, gdims, ldims, offs, stream));
 }
 
 /* ------------------------------------------------------------------ attention pieces */

@@ -85,6 +85,9 @@ void planrt_cu_k_sum_to_acc_f32(int rank, const int64_t *dims, const float *in, 
 				int64_t out_elems, int stream);
 void planrt_cu_k_dropout_f32(const float *x, float *y, uint8_t *mask, double p, uint64_t seed, uint64_t key, int rank,
 			     const int64_t *gdims, const int64_t *ldims, const int64_t *offs, int stream);
+void planrt_cu_k_dropout_16(const void *x, void *y, uint8_t *mask, double p, uint64_t seed, uint64_t key, int rank,
+			    const int64_t *gdims, const int64_t *ldims, const int64_t *offs, planrt_dtype_t storage,
+			    int stream);
 void planrt_cu_causal_mask_block_f32(const float *x, float *y, int64_t batch, int64_t rows, int64_t cols,
 				     const int64_t *offs, int rank, int gradient, int stream);
 void planrt_cu_k_softmax_f32(const float *x, float *y, int64_t rows, int64_t cols, int stream);

@@ -172,6 +172,9 @@ void planrt_k_ce_grad_16(const void *logits, const int32_t *targets, const float
  * moved as stored, zeros for the tokens outside this rank's vocab rows */
 void planrt_k_embed_16(const void *table, const int32_t *ids, void *out, int64_t ntok, int64_t dim, int64_t vocab_lo,
 		       int64_t vocab_local, planrt_dtype_t storage);
+/* dropout (planrt_k_dropout_f32) on x, y stored as `storage`; the mask as the f32 kernel draws it */
+void planrt_k_dropout_16(const void *x, void *y, uint8_t *mask, double p, uint64_t seed, uint64_t key, int rank,
+			 const int64_t *gdims, const int64_t *ldims, const int64_t *offs, planrt_dtype_t storage);
 /* RoPE and its gradient (planrt_k_rope_f32, _grad_f32) on x, y (dy, dx) stored as `storage` */
 void planrt_k_rope_16(const void *x, void *y, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim,
 		      int64_t rot_dim, int heads_first, const int32_t *pos, int64_t pos_stride, int64_t pos_off,

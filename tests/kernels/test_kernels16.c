@@ -194,6 +194,28 @@ static void embed(planrt_dtype_t t, int64_t ntok, int64_t dim, int64_t vocab_lo,
 		free(all[i]);
 }
 
+/* Dropout of a local block ldims at offs of gdims (rank 3; balanced: a block in two halves apart). */
+static void dropout(planrt_dtype_t t, const int64_t *gdims, const int64_t *ldims, const int64_t *offs, double p,
+		    const char *what)
+{
+	int64_t n = ldims[0] * ldims[1] * ldims[2];
+	uint16_t *x = random_16(n, t), *y = xalloc(2 * (size_t)n);
+	uint8_t *mask = xalloc((size_t)n), *mask32 = xalloc((size_t)n);
+	float *x32 = widened(x, n, t), *y32 = xalloc(4 * (size_t)n);
+	planrt_k_dropout_16(x, y, mask, p, 41, 7, 3, gdims, ldims, offs, t);
+	planrt_k_dropout_f32(x32, y32, mask32, p, 41, 7, 3, gdims, ldims, offs);
+	uint16_t *ry = narrowed(y32, n, t);
+	int64_t kept = 0;
+	for (int64_t i = 0; i < n; i++)
+		kept += mask[i];
+	report(same(y, ry, 2 * (size_t)n) && same(mask, mask32, (size_t)n) && (p > 0 ? kept < n : kept == n),
+	       "dropout_16 %s, %s, p %g: y and the mask as the casts and dropout_f32 (%lld of %lld kept)", tname(t), what,
+	       p, (long long)kept, (long long)n);
+	void *all[] = {x, y, mask, mask32, x32, y32, ry};
+	for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+		free(all[i]);
+}
+
 /* The cross-entropy over rows x cols logits (this rank's columns from vocab_lo) and its gradient. */
 static void cross_entropy(planrt_dtype_t t, int64_t rows, int64_t cols, int64_t vocab_lo)
 {
@@ -331,6 +353,12 @@ int main(void)
 		rope(t, 3, 33, 5, 40, 24, 1, 0, 1, "[3, 5, 33, 40] heads first, 24 dims rotated, in place");
 		rope(t, 2, 1100, 2, 128, 128, 0, 0, 0, "[2, 1100, 2, 128], a sample a block");
 		embed(t, 300, 48, 20, 100);
+		/* offsets: where the block starts, then where its second half starts on each dim */
+		int64_t dg[] = {4, 64, 48}, dl[] = {2, 64, 48}, doff[] = {2, 0, 0, 3, 32, 24}, whole[] = {0, 0, 0, 2, 32, 24};
+		int64_t bl[] = {4, 16, 48}, boff[] = {0, 8, 0, 2, 48, 24}; /* rows 8-15 and 48-55 of 64 */
+		dropout(t, dg, dl, doff, 0.1, "samples 2-3 of [4, 64, 48]");
+		dropout(t, dg, bl, boff, 0.5, "rows 8-15 and 48-55 of [4, 64, 48] (a balanced block's halves)");
+		dropout(t, dg, dg, whole, 0.0, "[4, 64, 48] whole (p 0: every element kept)");
 		cross_entropy(t, 13, 50001, 0); /* 5 rows a block: three blocks */
 		cross_entropy(t, 7, 97, 40);
 		int64_t b4[] = {3, 4, 37, 16}, h3[] = {8, 45, 24}, b5[] = {2, 3, 2, 19, 8};

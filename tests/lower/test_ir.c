@@ -285,6 +285,13 @@ static void layer_runs_gpt(void)
 	}
 	report(forward_run_length(p, runs, cap) == L, "gpt single: undone, the run is whole again");
 	free(runs);
+	/* bf16 with dropout 0.1: dropout reads and writes bf16 as stored (dropout_16), no f32 dropout */
+	Compiled bf = compile(gp, "bf16");
+	if (bf.low) {
+		Kernel *d = first_kernel(bf.low, K_DROPOUT_16);
+		report(d && !first_kernel(bf.low, K_DROPOUT) && KARG(d, DROPOUT_16, storage)->i == DT_BF16 && verify(bf.low),
+		       "gpt bf16: dropout_16 on bf16 storage, no f32 dropout, the verifier accepts it");
+	}
 	arena_free(a);
 }
 
