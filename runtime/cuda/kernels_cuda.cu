@@ -536,13 +536,15 @@ void planrt_cu_k_dropout_16(const void *x, void *y, uint8_t *mask, double p, uin
 
 /* ------------------------------------------------------------------ attention pieces */
 
+/* local query row r is at global row_off + r, or row_off2 + r - half from row half on (a balanced
+ * ring's two mirrored chunks; otherwise row_off2 = row_off + half, one run) */
 __global__ static void causal_mask_kernel(const float *x, float *y, int64_t rows, int64_t cols, int64_t row_off,
-					  int64_t col_off, float fill, int64_t n)
+					  int64_t row_off2, int64_t col_off, float fill, int64_t n)
 {
 	GRID_STRIDE(i, n)
 	{
-		int64_t j = i % cols, r = i / cols % rows;
-		int64_t keep = row_off + r - col_off + 1;
+		int64_t j = i % cols, r = i / cols % rows, half = rows / 2;
+		int64_t keep = (r < half ? row_off + r : row_off2 + r - half) - col_off + 1;
 		y[i] = j < keep ? x[i] : fill;
 	}
 }
@@ -550,9 +552,12 @@ __global__ static void causal_mask_kernel(const float *x, float *y, int64_t rows
 void planrt_cu_causal_mask_block_f32(const float *x, float *y, int64_t batch, int64_t rows, int64_t cols,
 				     const int64_t *offs, int rank, int gradient, int stream)
 {
+	if (offs[2 * rank - 1] != offs[rank - 1] + cols / 2)
+		planrt_fatal("causal mask: the key columns are split over a balanced ring; the ring attention keeps "
+			     "its keys in blocks, the unfused mask needs them whole");
 	int64_t n = batch * rows * cols;
-	LAUNCH(causal_mask_kernel, n, stream, x, y, rows, cols, offs[rank - 2], offs[rank - 1], gradient ? 0.0f : -INFINITY,
-	       n);
+	LAUNCH(causal_mask_kernel, n, stream, x, y, rows, cols, offs[rank - 2], offs[2 * rank - 2], offs[rank - 1],
+	       gradient ? 0.0f : -INFINITY, n);
 }
 
 __global__ static void softmax_kernel(const float *x, float *y, int64_t cols)
