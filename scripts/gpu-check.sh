@@ -30,7 +30,8 @@
 #    at 2^20, so the first steps overflow and are skipped);
 # 4. several ranks on the one GPU (bundle/ranks/: data, tensor and sequence parallel, the 8-rank 3D
 #    plan, an interleaved pipeline, ZeRO-3 with prefetch, offload to disk and to host, MoE expert
-#    parallelism (dropless too), fp16 with skipped steps, async, local SGD, PowerSGD): each runs 20
+#    parallelism (dropless too), fp16 with skipped steps, async, local SGD, PowerSGD, context
+#    parallelism (the ring, balanced, with dropout)): each runs 20
 #    steps under planrt-run, its communication on the MPI device backend (the ranks share the GPU,
 #    which NCCL refuses), and gpu-ranks-check.py holds it against the CPU program's losses (f32,
 #    TF32 off: 1e-6 relative), explain's memory on every rank, and reports the step time and the

@@ -124,6 +124,7 @@ fp16_dp2 examples/gpt.plan fp16_dp2 2 fp16 - fp16, dynamic loss scaling, skipped
 dp4_async examples/gpt.plan dp4_async 4 async - asynchronous, staleness 2
 dp4_local_sgd examples/gpt.plan dp4_local_sgd 4 f32 - local SGD, averaging every 4 steps
 dp4_powersgd examples/gpt.plan dp4_powersgd 4 f32 - PowerSGD rank 4 with error feedback
+cp2 examples/gpt.plan cp2 2 f32 - context parallel: ring attention, the balanced causal split, dropout 0.1
 LIST
 rm -rf "$tmp"
 # the fallback programs, and the proof that the bundle builds
