@@ -70,6 +70,7 @@ typedef struct AttnTiles {
 	uint16_t *q, *k, *v, *dout, *p, *ds;
 	float *s, *dp, *acc, *acc2;
 	float *m, *l, *lse, *delta;
+	float *part; /* the forward's per-thread partial row maxima, then sums (two threads a row) */
 	int ldh, ldp, ldf, lda;
 } AttnTiles;
 
@@ -97,8 +98,10 @@ ATTN_FN size_t attn_tiles_carve(AttnTiles *t, unsigned char *base, int64_t dh, i
 	ATTN_CARVE(acc, float, fdh);
 	ATTN_CARVE(m, float, ATTN_TILE);
 	ATTN_CARVE(l, float, ATTN_TILE);
+	t->part = 0;
 	if (which == ATTN_TILES_FORWARD) {
 		ATTN_CARVE(p, uint16_t, p16);
+		ATTN_CARVE(part, float, 2 * ATTN_TILE_THREADS);
 	} else {
 		ATTN_CARVE(dout, uint16_t, h16);
 		ATTN_CARVE(dp, float, f64);
@@ -264,42 +267,75 @@ ATTN_TILE_FN float attn_tile_score(const AttnParams *a, float dot, const float *
 	return s;
 }
 
-/* The forward's online softmax over row r of a tile pair (query i0 + r, keys j0 ..): the scores
- * (t->s, products) become P (t->p, times the dropout factor, rounded), the row's maximum and sum
- * (t->m, t->l) are updated, and its accumulated output (t->acc) is rescaled to the new maximum.
- * Columns are visited from r on (a skew) so that the 32 threads of a warp read 32 banks. */
-ATTN_TILE_FN void attn_tile_softmax_row(const AttnParams *a, const AttnTiles *t, int r, int64_t i0, int64_t j0,
-					const float *mask, int64_t mask_base, uint64_t drop_base)
+/* The forward's online softmax over a tile pair (query rows i0 .., keys j0 ..), by every thread: two
+ * threads a row, each over half its 64 columns (visited from r on, and the second half from r + 16:
+ * a skew that puts a warp's 32 threads on 32 different banks).
+ * - attn_tile_softmax_max: the scores' products (t->s) become scores (scaled, masked) in place, and
+ *   the half's maximum goes to t->part[tid].
+ * - attn_tile_softmax_exp (after a barrier): the row's new maximum from both halves and the old
+ *   one; P (t->p, times the dropout factor, rounded) of the half, its sum to t->part[128 + tid], and
+ *   the half of the row's accumulated output (t->acc) it owns rescaled to the new maximum.
+ * - attn_tile_softmax_row_stats (after another, one thread a row): the row's maximum and sum (t->m,
+ *   t->l) updated; the product P V that follows touches neither. */
+ATTN_TILE_FN void attn_tile_softmax_max(const AttnParams *a, const AttnTiles *t, int tid, int64_t i0, int64_t j0,
+					const float *mask, int64_t mask_base)
 {
+	int r = tid / 2, half = tid % 2;
 	int64_t i = i0 + r;
-	float *srow = t->s + r * t->ldf, *acc = t->acc + r * t->lda;
+	float *srow = t->s + r * t->ldf, mx = -INFINITY;
+	if (i < a->sq)
+		for (int cc = 0; cc < ATTN_TILE / 2; cc++) {
+			int c = half * (ATTN_TILE / 2) + ((cc + r + 16 * half) & (ATTN_TILE / 2 - 1));
+			float s = attn_tile_score(a, srow[c], mask, mask_base, i, j0 + c);
+			srow[c] = s;
+			mx = s > mx ? s : mx;
+		}
+	t->part[tid] = mx;
+}
+
+/* the row's maximum after the tile: the old one and the two halves' (attn_tile_softmax_max) */
+ATTN_TILE_FN float attn_tile_row_max(const AttnTiles *t, int r)
+{
+	float m = t->m[r], a = t->part[2 * r], b = t->part[2 * r + 1];
+	m = a > m ? a : m;
+	return b > m ? b : m;
+}
+
+ATTN_TILE_FN void attn_tile_softmax_exp(const AttnParams *a, const AttnTiles *t, int tid, int64_t i0, int64_t j0,
+					uint64_t drop_base)
+{
+	int r = tid / 2, half = tid % 2;
+	int64_t i = i0 + r;
+	float *srow = t->s + r * t->ldf, *acc = t->acc + r * t->lda, sum = 0;
 	uint16_t *prow = t->p + r * t->ldp;
 	if (i >= a->sq) {
-		for (int c = 0; c < ATTN_TILE; c++)
+		for (int c = half * (ATTN_TILE / 2); c < (half + 1) * (ATTN_TILE / 2); c++)
 			prow[c] = 0;
+		t->part[ATTN_TILE_THREADS + tid] = 0;
 		return;
 	}
-	float m = t->m[r], mx = -INFINITY;
-	for (int cc = 0; cc < ATTN_TILE; cc++) {
-		int c = (cc + r) & (ATTN_TILE - 1);
-		float s = attn_tile_score(a, srow[c], mask, mask_base, i, j0 + c);
-		srow[c] = s;
-		mx = s > mx ? s : mx;
-	}
-	float mnew = mx > m ? mx : m, corr = mnew == -INFINITY ? 1.0f : expf(m - mnew), sum = 0;
-	for (int cc = 0; cc < ATTN_TILE; cc++) {
-		int c = (cc + r) & (ATTN_TILE - 1);
+	float m = t->m[r], mnew = attn_tile_row_max(t, r), corr = mnew == -INFINITY ? 1.0f : expf(m - mnew);
+	for (int cc = 0; cc < ATTN_TILE / 2; cc++) {
+		int c = half * (ATTN_TILE / 2) + ((cc + r + 16 * half) & (ATTN_TILE / 2 - 1));
 		float s = srow[c], p = s == -INFINITY ? 0.0f : expf(s - mnew);
 		sum += p;
 		prow[c] = attn_tile_st16(a, p == 0 ? 0.0f : p * attn_dropout_factor(a, drop_base, i, j0 + c));
 	}
-	t->l[r] = t->l[r] * corr + sum;
+	t->part[ATTN_TILE_THREADS + tid] = sum;
+	if (corr != 1.0f) {
+		int64_t lo = half * (a->dh / 2), n = half ? a->dh - a->dh / 2 : a->dh / 2;
+		for (int64_t dd = 0; dd < n; dd++)
+			acc[lo + (dd + r) % n] *= corr;
+	}
+}
+
+ATTN_TILE_FN void attn_tile_softmax_row_stats(const AttnParams *a, const AttnTiles *t, int r, int64_t i0)
+{
+	if (i0 + r >= a->sq)
+		return;
+	float m = t->m[r], mnew = attn_tile_row_max(t, r), corr = mnew == -INFINITY ? 1.0f : expf(m - mnew);
+	t->l[r] = t->l[r] * corr + t->part[ATTN_TILE_THREADS + 2 * r] + t->part[ATTN_TILE_THREADS + 2 * r + 1];
 	t->m[r] = mnew;
-	if (corr != 1.0f)
-		for (int64_t dd = 0; dd < a->dh; dd++) {
-			int64_t d = (dd + r) % a->dh;
-			acc[d] *= corr;
-		}
 }
 
 /* The backward's entries of a tile pair, by every thread: from the scores (t->s) and dP = dO V^T
@@ -389,9 +425,12 @@ ATTN_TILE_FN void attn_tile_forward_block(const AttnParams *a, const void *q, co
 		attn_warp_mma(a, lane, t.q + strip * t.ldh, t.ldh, 0, t.k, t.ldh, 1, t.s + strip * t.ldf, t.ldf,
 			      ATTN_TILE, (int)dh, 0);
 		ATTN_SYNC();
-		if (tid < ATTN_TILE)
-			attn_tile_softmax_row(a, &t, tid, i0, j0, mask, mask_base, drop_base);
+		attn_tile_softmax_max(a, &t, tid, i0, j0, mask, mask_base);
 		ATTN_SYNC();
+		attn_tile_softmax_exp(a, &t, tid, i0, j0, drop_base);
+		ATTN_SYNC();
+		if (tid < ATTN_TILE)
+			attn_tile_softmax_row_stats(a, &t, tid, i0);
 		attn_warp_mma(a, lane, t.p + strip * t.ldp, t.ldp, 0, t.v, t.ldh, 0, t.acc + strip * t.lda, t.lda,
 			      (int)dh, ATTN_TILE, 1);
 	}
