@@ -43,26 +43,21 @@ for p in prog nccl_one attention_tiles_gpu lib/planrt-run; do
 		if echo "$libs" | grep -q "$l"; then bad "the bundle's $p links $l"; else ok; fi
 	done
 done
-out=$("$tmp/nccl_one" 2>&1)
-rc=$?
-if [ -e /dev/nvidia0 ]; then
-	echo "a GPU is here: the device comm unit test ran: $(echo "$out" | tail -1)"
-	if [ $rc = 0 ]; then ok; else bad "test_nccl_one on this GPU: $out"; fi
-elif [ $rc = 77 ] && echo "$out" | grep -q "skip: no CUDA GPU"; then
-	ok "the device comm backends' unit test built and skips without a GPU"
-else
-	bad "test_nccl_one without a GPU: status $rc, output: $out"
-fi
-out=$("$tmp/attention_tiles_gpu" 2>&1)
-rc=$?
-if [ -e /dev/nvidia0 ]; then
-	echo "a GPU is here: the tiled attention's device test ran: $(echo "$out" | tail -1)"
-	if [ $rc = 0 ]; then ok; else bad "test_attention_tiles_gpu on this GPU: $out"; fi
-elif [ $rc = 77 ] && echo "$out" | grep -q "skip: no CUDA GPU"; then
-	ok "the tiled attention's device test built and skips without a GPU"
-else
-	bad "test_attention_tiles_gpu without a GPU: status $rc, output: $out"
-fi
+# skips PROG WHAT: a unit test for the GPU machine ran there, or skips (status 77) without a GPU
+skips() {
+	out=$("$tmp/$1" 2>&1)
+	rc=$?
+	if [ -e /dev/nvidia0 ]; then
+		echo "a GPU is here: $2 ran: $(echo "$out" | tail -1)"
+		if [ $rc = 0 ]; then ok; else bad "$1 on this GPU: $out"; fi
+	elif [ $rc = 77 ] && echo "$out" | grep -q "skip: no CUDA GPU"; then
+		ok "$2 built and skips without a GPU"
+	else
+		bad "$1 without a GPU: status $rc, output: $out"
+	fi
+}
+skips nccl_one "the device comm backends' unit test"
+skips attention_tiles_gpu "the tiled attention's device test"
 out=$("$tmp/prog" --steps 1 --data data/corpus.txt 2>&1)
 rc=$?
 if [ -e /dev/nvidia0 ]; then

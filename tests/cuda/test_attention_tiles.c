@@ -18,6 +18,7 @@
 #include "planrt_exec.h"
 #include "planrt_kernels.h"
 #include "../../runtime/cuda/planrt_attention_tiles.h"
+#include "attention_worst.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -99,30 +100,6 @@ static uint16_t *stored(const float *x, int64_t n, planrt_dtype_t t)
 	return h;
 }
 
-/* the largest difference over the largest magnitude of a (f32 values, or stored ones: t) */
-static double worst(const void *a, const void *b, int64_t n, planrt_dtype_t t)
-{
-	double w = 0, big = 1e-6;
-	for (int64_t i = 0; i < n; i++) {
-		float x, y;
-		if (t == planrt_f32) {
-			x = ((const float *)a)[i];
-			y = ((const float *)b)[i];
-		} else {
-			planrt_cast((const uint16_t *)a + i, t, &x, planrt_f32, 1);
-			planrt_cast((const uint16_t *)b + i, t, &y, planrt_f32, 1);
-		}
-		if (isnan(y) != isnan(x) || isinf(x) != isinf(y))
-			return INFINITY;
-		if (isinf(x))
-			continue;
-		double d = fabs((double)x - y);
-		w = d > w ? d : w;
-		big = fabs(x) > big ? fabs(x) : big;
-	}
-	return w / big;
-}
-
 typedef struct Case {
 	int64_t sq, sk, dh, H, Hk;
 	int mask;  /* 0 none, 1 causal, 2 padding */
@@ -183,8 +160,9 @@ static int run_case(const Case *c)
 			   NULL};
 	launch(&dq);
 	launch(&dkdv);
-	double e[5] = {worst(o[0], o[1], nq, c->t), worst(lse[0], lse[1], nl, planrt_f32), worst(g[0][0], g[1][0], nq, c->t),
-		       worst(g[0][1], g[1][1], nk, c->t), worst(g[0][2], g[1][2], nk, c->t)};
+	double e[5] = {attention_worst(o[0], o[1], nq, c->t), attention_worst(lse[0], lse[1], nl, planrt_f32),
+		       attention_worst(g[0][0], g[1][0], nq, c->t), attention_worst(g[0][1], g[1][1], nk, c->t),
+		       attention_worst(g[0][2], g[1][2], nk, c->t)};
 	double ulp = c->t == planrt_bf16 ? 1.0 / 128 : 1.0 / 1024, m = 0; /* of a value in [1, 2) */
 	for (int i = 0; i < 5; i++)
 		if (i != 1)

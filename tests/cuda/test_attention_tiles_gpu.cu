@@ -13,6 +13,7 @@
 #include "planrt_cuda.h"
 #include "planrt_cuda_internal.h"
 #include "planrt_exec.h"
+#include "attention_worst.h"
 #include "tally.h"
 
 #include <math.h>
@@ -65,30 +66,6 @@ static void *to_host(const void *d, size_t bytes)
 	return h;
 }
 
-/* the largest difference over the largest magnitude of a (16-bit values of t, or f32) */
-static double worst(const void *a, const void *b, int64_t n, planrt_dtype_t t)
-{
-	double w = 0, big = 1e-6;
-	for (int64_t i = 0; i < n; i++) {
-		float x, y;
-		if (t == planrt_f32) {
-			x = ((const float *)a)[i];
-			y = ((const float *)b)[i];
-		} else {
-			planrt_cast((const uint16_t *)a + i, t, &x, planrt_f32, 1);
-			planrt_cast((const uint16_t *)b + i, t, &y, planrt_f32, 1);
-		}
-		if (isnan(x) != isnan(y) || isinf(x) != isinf(y))
-			return INFINITY;
-		if (isinf(x))
-			continue;
-		double d = fabs((double)x - y);
-		w = d > w ? d : w;
-		big = fabs(x) > big ? fabs(x) : big;
-	}
-	return w / big;
-}
-
 static void run_case(const Case *c)
 {
 	unsigned seed = (unsigned)(c->sq * 31 + c->dh + c->H * 5 + c->mask);
@@ -133,9 +110,9 @@ static void run_case(const Case *c)
 	void *g_out = to_host(d_out, 2 * nq), *g_lse = to_host(d_lse2, 4 * nl), *g_dq = to_host(d_dq, 2 * nq);
 	void *g_dk = to_host(d_dk, 2 * nk), *g_dv = to_host(d_dv, 2 * nk);
 	double ulp = c->t == planrt_bf16 ? 1.0 / 128 : 1.0 / 1024;
-	double eo = worst(o, g_out, nq, c->t) / ulp, el = worst(lse, g_lse, nl, planrt_f32);
-	double eq = worst(dq, g_dq, nq, c->t) / ulp, ek = worst(dk, g_dk, nk, c->t) / ulp;
-	double ev = worst(dv, g_dv, nk, c->t) / ulp;
+	double eo = attention_worst(o, g_out, nq, c->t) / ulp, el = attention_worst(lse, g_lse, nl, planrt_f32);
+	double eq = attention_worst(dq, g_dq, nq, c->t) / ulp, ek = attention_worst(dk, g_dk, nk, c->t) / ulp;
+	double ev = attention_worst(dv, g_dv, nk, c->t) / ulp;
 	static const char *const masks[] = {"none", "causal", "padding"};
 	const char *tn = c->t == planrt_bf16 ? "bf16" : "f16";
 	CHECK(eo <= 3 && el <= 2e-5 && eq <= 3 && ek <= 3 && ev <= 3,
