@@ -1329,7 +1329,8 @@ void planrt_cu_fill(void *dst, int64_t n, planrt_dtype_t t, double value, int st
 	if (n <= 0)
 		return;
 	cudaStream_t s = planrt_cu_stream(stream);
-	if ((t == planrt_f32 || t == planrt_f64) && value == 0 && !signbit(value)) {
+	/* +0 is all zero bits in every type planrt stores (the step's gradient clears, bf16 ones too) */
+	if (value == 0 && !signbit(value)) {
 		planrt_cu_check_(cudaMemsetAsync(dst, 0, (size_t)n * planrt_dtype_size(t), s), "cudaMemsetAsync");
 		return;
 	}
