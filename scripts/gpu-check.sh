@@ -47,7 +47,8 @@
 # 7. the fused attention alone (bench/gpu/attention_rate.cu: planc's bf16 kernels, the tiles, and
 #    the exact kernels at S = 1k, 4k; bench/gpu/torch_attention.py: PyTorch's SDPA), causal, forward
 #    and backward TFLOP/s at head dims 64 and 128 and S = 1k, 4k, 16k (ATTENTION_S), and the ratios
-#    of the tiles to SDPA (issue 18: 0.9 of SDPA);
+#    of the tiles to SDPA (issue 18: 0.9 of SDPA); then bench/gpu/calibrate_gpu.cu's device file
+#    (explain's figures measured here: GEMM, memory, attention, launch), printed whole;
 # 8. 5 and 6 for bench/gpu/llama1b.plan (1.03B parameters: GQA, RoPE, SwiGLU, RMS norm).
 # Without a GPU (or with --build-only) it stops after the build, having run each kind of program
 # once to show its one-line refusal. Exit status: 0 when every check passed.
@@ -87,7 +88,7 @@ done
 [ "$MODE" = --bench-only ] && pairs=() ranks=()
 if NVCC=$NVCC bash "$DIR/gpu-build.sh" "$DIR/runtime" "$W/lib" "${pairs[@]}" \
 	"$DIR/gpt350m" "$W/gpt350m" "$DIR/llama1b" "$W/llama1b" "$DIR/gemm_rate.cu" "$W/gemm_rate" \
-	"$DIR/attention_rate.cu" "$W/attention_rate" \
+	"$DIR/attention_rate.cu" "$W/attention_rate" "$DIR/calibrate_gpu.cu" "$W/calibrate_gpu" \
 	"$DIR/test_nccl_one.cu" "$W/nccl_one" "$DIR/test_attention_tiles_gpu.cu" "$W/attention_tiles_gpu" &&
 	{ [ ${#ranks[@]} = 0 ] || GPU_ARCHS=${GPU_ARCHS:-"arch=compute_90,code=sm_90"} NVCC=$NVCC \
 		bash "$DIR/gpu-build.sh" "$DIR/runtime" "$W/lib" "${ranks[@]}"; }; then
@@ -321,6 +322,14 @@ for key in sorted(planc):
         (pf, pb), (tf, tb) = planc[key], torch[key]
         print(f"  S {key[0]:5d} D {key[1]:3d}: planc / SDPA forward {pf / tf:.2f}, backward {pb / tb:.2f} (issue 18 target: 0.9)")
 PY
+
+# calibrate (issue 20's GPU line): the GEMM, memory, attention and launch figures explain prices a
+# step with, measured here over h200's; printed whole, so that `planc explain --device=FILE` on the
+# build machine can set the calibrated estimate beside the measured steps below
+section "calibrate: explain's device figures measured on this GPU (bench/gpu/calibrate_gpu.cu)"
+"$W/calibrate_gpu" "$W/calibrated.device"
+verdict $? "calibrated $W/calibrated.device"
+cat "$W/calibrated.device" 2>/dev/null
 
 bench gpt350m "355M parameters, batch 8 x 1024 tokens"
 bench llama1b "1.03B parameters (GQA 16/4, RoPE, SwiGLU, RMS norm), batch 8 x 1024 tokens"
