@@ -13,7 +13,7 @@
  * keep the base's figures (the single-GPU programs run bf16; one GPU measures no link).
  *   usage: calibrate_gpu OUT [BASE]      (BASE: h200 unless given)
  * Then, on the build machine: planc explain PLAN --plan NAME --device=OUT. Prints each figure;
- * exit status 1 on a CUDA error or an output it cannot write. */
+ * exit status 1 on a CUDA error or an output it cannot write (OUT is written whole or not at all). */
 #define PLANRT_INTERNAL
 #include "planrt_cuda.h"
 #include "planrt_cuda_internal.h"
@@ -195,16 +195,23 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	const char *out = argv[1], *base = argc > 2 ? argv[2] : "h200";
-	FILE *f = fopen(out, "w"); /* checked before anything is measured */
+	/* written to OUT.tmp, renamed over OUT at the end: an earlier OUT stays whole until then; the
+	 * path is checked before anything is measured */
+	char tmp[4096];
+	if (snprintf(tmp, sizeof tmp, "%s.tmp", out) >= (int)sizeof tmp) {
+		fprintf(stderr, "calibrate_gpu: the output path is too long\n");
+		return 1;
+	}
+	FILE *f = fopen(tmp, "w");
 	if (!f) {
-		perror(out);
+		perror(tmp);
 		return 1;
 	}
 	int count = 0;
 	if (cudaGetDeviceCount(&count) != cudaSuccess || count < 1) {
 		fprintf(stderr, "calibrate_gpu: no CUDA GPU here\n");
 		fclose(f);
-		remove(out);
+		remove(tmp);
 		return 1;
 	}
 	cudaDeviceProp prop;
@@ -236,8 +243,9 @@ int main(int argc, char **argv)
 	fprintf(f, "memory.f32 = %.6g\nmemory.bf16 = %.6g\nmemory.f16 = %.6g\n", mem, mem, mem);
 	fprintf(f, "attention.bf16 = %.6g\nattention.f16 = %.6g\n", at_bf16, at_f16);
 	fprintf(f, "kernel.latency = %.6g\n", latency);
-	if (fclose(f) != 0) {
+	if (fclose(f) != 0 || rename(tmp, out) != 0) {
 		perror(out);
+		remove(tmp);
 		return 1;
 	}
 	printf("wrote %s (base %s): planc explain PLAN --device=%s\n", out, base, out);
