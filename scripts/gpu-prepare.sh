@@ -31,6 +31,7 @@ cp -r "$ROOT"/runtime/. "$B/runtime/" # a folder per concern (runtime/README.md)
 cp "$ROOT/scripts/gpu-build.sh" "$ROOT/scripts/gpu-check.sh" "$ROOT/scripts/gpu-ranks-check.py" \
 	"$ROOT/tests/cuda/test_nccl_one.cu" "$ROOT/tests/cuda/test_attention_tiles_gpu.cu" "$ROOT/tests/cuda/attention_worst.h" "$ROOT/tests/cuda/tally.h" "$ROOT/bench/gpu/gemm_rate.cu" "$ROOT/bench/gpu/torch_bench.py" \
 	"$ROOT/bench/gpu/attention_rate.cu" "$ROOT/bench/gpu/torch_attention.py" "$ROOT/bench/gpu/calibrate_gpu.cu" \
+	"$ROOT/bench/gpu/bench_attention.h" \
 	"$ROOT/bench/gpu/profile.sh" \
 	"$ROOT/data/corpus.txt" "$B/"
 cp /usr/include/jansson.h /usr/include/jansson_config.h "$B/jansson/include/"

@@ -14,42 +14,13 @@
  *   usage: calibrate_gpu OUT [BASE]      (BASE: h200 unless given)
  * Then, on the build machine: planc explain PLAN --plan NAME --device=OUT. Prints each figure;
  * exit status 1 on a CUDA error or an output it cannot write (OUT is written whole or not at all). */
-#define PLANRT_INTERNAL
-#include "planrt_cuda.h"
-#include "planrt_cuda_internal.h"
+#include "bench_attention.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-
-#define CHECK(x)                                                                                     \
-	do {                                                                                         \
-		cudaError_t e_ = (x);                                                                \
-		if (e_ != cudaSuccess) {                                                             \
-			fprintf(stderr, "calibrate_gpu: %s: %s\n", #x, cudaGetErrorString(e_));      \
-			exit(1);                                                                     \
-		}                                                                                    \
-	} while (0)
-
-__global__ static void fill_pattern(uint16_t *x, size_t n, unsigned seed)
-{
-	for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-		unsigned h = (unsigned)i * 2654435761u ^ seed;
-		h ^= h >> 15, h *= 2246822519u, h ^= h >> 13;
-		x[i] = (uint16_t)(0x3c00u | (h & 0x03ffu)); /* in [1, 2) as f16, small and finite as bf16 */
-	}
-}
-
-static void *device_buffer(size_t bytes, unsigned seed)
-{
-	void *p = NULL;
-	CHECK(cudaMalloc(&p, bytes));
-	fill_pattern<<<1024, 256>>>((uint16_t *)p, bytes / 2, seed);
-	CHECK(cudaGetLastError());
-	return p;
-}
 
 /* what one repetition runs, and its argument */
 typedef void (*Work)(const void *arg);
@@ -59,23 +30,23 @@ static double best_seconds(Work work, const void *arg, int reps)
 {
 	cudaStream_t s = planrt_cu_stream(PLANRT_STREAM_COMPUTE);
 	cudaEvent_t e0, e1;
-	CHECK(cudaEventCreate(&e0));
-	CHECK(cudaEventCreate(&e1));
+	BENCH_CHECK(cudaEventCreate(&e0));
+	BENCH_CHECK(cudaEventCreate(&e1));
 	work(arg);
 	work(arg);
 	double best = 1e30;
 	for (int r = 0; r < reps; r++) {
-		CHECK(cudaEventRecord(e0, s));
+		BENCH_CHECK(cudaEventRecord(e0, s));
 		work(arg);
-		CHECK(cudaEventRecord(e1, s));
-		CHECK(cudaEventSynchronize(e1));
+		BENCH_CHECK(cudaEventRecord(e1, s));
+		BENCH_CHECK(cudaEventSynchronize(e1));
 		float ms;
-		CHECK(cudaEventElapsedTime(&ms, e0, e1));
+		BENCH_CHECK(cudaEventElapsedTime(&ms, e0, e1));
 		best = ms / 1e3 < best ? ms / 1e3 : best;
 	}
-	CHECK(cudaEventDestroy(e0));
-	CHECK(cudaEventDestroy(e1));
-	CHECK(cudaGetLastError());
+	BENCH_CHECK(cudaEventDestroy(e0));
+	BENCH_CHECK(cudaEventDestroy(e1));
+	BENCH_CHECK(cudaGetLastError());
 	return best;
 }
 
@@ -104,9 +75,8 @@ static double gemm_rate(planrt_dtype_t t)
 	const int64_t shapes[][3] = {{8192, 3072, 1024}, {8192, 4096, 1024}, {8192, 1024, 4096}, {8192, 6144, 2048},
 				     {8192, 8192, 2048}, {8192, 2048, 8192}, {8192, 12288, 4096}, {8192, 4096, 4096},
 				     {8192, 8192, 8192}};
-	size_t most = (size_t)8192 * 16384 * 2;
-	uint16_t *A = (uint16_t *)device_buffer(most, 1), *B = (uint16_t *)device_buffer(most, 2);
-	void *C = device_buffer(most, 3);
+	size_t most = (size_t)8192 * 16384;
+	uint16_t *A = bench_random(most, t, 1), *B = bench_random(most, t, 2), *C = bench_random(most, t, 3);
 	double best = 0;
 	for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
 		Gemm g = {shapes[i][0], shapes[i][1], shapes[i][2], t, A, B, C};
@@ -115,9 +85,9 @@ static double gemm_rate(planrt_dtype_t t)
 		       (long long)g.N, (long long)g.K, rate / 1e12);
 		best = rate > best ? rate : best;
 	}
-	CHECK(cudaFree(A));
-	CHECK(cudaFree(B));
-	CHECK(cudaFree(C));
+	BENCH_CHECK(cudaFree(A));
+	BENCH_CHECK(cudaFree(B));
+	BENCH_CHECK(cudaFree(C));
 	return best;
 }
 
@@ -133,46 +103,22 @@ static void casts(const void *arg)
 	planrt_cu_cast(c->f32, planrt_f32, c->half, planrt_bf16, c->n, PLANRT_STREAM_COMPUTE);
 }
 
-typedef struct Attn {
-	int64_t S, D;
-	planrt_dtype_t t;
-	void *q, *k, *v, *out, *dout, *dq, *dk, *dv;
-	float *lse;
-} Attn;
-
-enum { ATTN_BATCH = 2, ATTN_HEADS = 16 };
-
 static void attention(const void *arg)
 {
-	const Attn *a = (const Attn *)arg;
-	int64_t ldims[4] = {ATTN_BATCH, ATTN_HEADS, a->S, a->D}, gdims[4] = {ATTN_BATCH, ATTN_HEADS, a->S, a->S};
-	int64_t offs[8] = {0, 0, 0, 0, ATTN_BATCH / 2, ATTN_HEADS / 2, a->S / 2, a->D / 2}, mstr[4] = {0, 0, 0, 0};
-	double scale = 1 / sqrt((double)a->D);
-	planrt_cu_k_attention_16(a->q, a->k, a->v, NULL, mstr, a->out, a->lse, 4, ldims, ATTN_HEADS, a->S, scale, 1, 0.0, 0,
-				 0, gdims, offs, NULL, a->t, PLANRT_STREAM_COMPUTE);
-	planrt_cu_k_attention_grad_16(a->q, a->k, a->v, NULL, mstr, a->out, a->lse, a->dout, a->dq, a->dk, a->dv, 4, ldims,
-				      ATTN_HEADS, a->S, scale, 1, 0.0, 0, 0, gdims, offs, NULL, a->t,
-				      PLANRT_STREAM_COMPUTE);
+	bench_attn_call((const BenchAttn *)arg, 0);
+	bench_attn_call((const BenchAttn *)arg, 1);
 }
 
 static double attention_rate(planrt_dtype_t t)
 {
-	Attn a = {4096, 128, t, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
-	size_t bytes = (size_t)ATTN_BATCH * ATTN_HEADS * a.S * a.D * 2;
-	void **all[] = {&a.q, &a.k, &a.v, &a.out, &a.dout, &a.dq, &a.dk, &a.dv};
-	for (int i = 0; i < 8; i++)
-		*all[i] = device_buffer(bytes, 10u + (unsigned)i);
-	CHECK(cudaMalloc(&a.lse, sizeof(float) * ATTN_BATCH * ATTN_HEADS * a.S));
-	double s = best_seconds(attention, &a, 5);
-	/* explain's count: (2 + 5) products of S^2 Dh a head, 2 FLOPs a multiply-add, halved by the mask */
-	double flops = 7.0 * 2.0 * (double)a.S * a.S * a.D * ATTN_BATCH * ATTN_HEADS / 2;
-	for (int i = 0; i < 8; i++)
-		CHECK(cudaFree(*all[i]));
-	CHECK(cudaFree(a.lse));
+	BenchAttn a;
+	bench_attn_alloc(&a, 4096, 128, t);
+	double s = best_seconds(attention, &a, 5), flops = bench_attn_flops(&a, 0) + bench_attn_flops(&a, 1);
 	printf("  %s attention (tiles), causal, B x H = %d, S %lld, head dim %lld: forward and backward %.3f ms, "
 	       "%.1f TFLOP/s\n",
-	       t == planrt_bf16 ? "bf16" : "f16", ATTN_BATCH * ATTN_HEADS, (long long)a.S, (long long)a.D, s * 1e3,
+	       t == planrt_bf16 ? "bf16" : "f16", BENCH_BATCH * BENCH_HEADS, (long long)a.S, (long long)a.D, s * 1e3,
 	       flops / s / 1e12);
+	bench_attn_free(&a);
 	return flops / s;
 }
 
@@ -190,6 +136,7 @@ static void fills(const void *arg)
 
 int main(int argc, char **argv)
 {
+	bench_name = "calibrate_gpu";
 	if (argc < 2 || argc > 3) {
 		fprintf(stderr, "usage: calibrate_gpu OUT [BASE]\n");
 		return 2;
@@ -215,22 +162,22 @@ int main(int argc, char **argv)
 		return 1;
 	}
 	cudaDeviceProp prop;
-	CHECK(cudaGetDeviceProperties(&prop, 0));
+	BENCH_CHECK(cudaGetDeviceProperties(&prop, 0));
 	printf("calibrating %s (%d multiprocessors, %.1f GiB)\n", prop.name, prop.multiProcessorCount,
 	       (double)prop.totalGlobalMem / (1 << 30));
 	double mm_bf16 = gemm_rate(planrt_bf16), mm_f16 = gemm_rate(planrt_f16);
 	Casts c = {NULL, NULL, (int64_t)512 << 20};
-	c.half = device_buffer((size_t)c.n * 2, 5);
-	CHECK(cudaMalloc(&c.f32, (size_t)c.n * 4));
+	c.half = bench_random((size_t)c.n, planrt_bf16, 5);
+	BENCH_CHECK(cudaMalloc(&c.f32, (size_t)c.n * 4));
 	double mem = 2.0 * (double)c.n * 6 / best_seconds(casts, &c, 5); /* each cast reads and writes 6 bytes */
-	CHECK(cudaFree(c.half));
-	CHECK(cudaFree(c.f32));
+	BENCH_CHECK(cudaFree(c.half));
+	BENCH_CHECK(cudaFree(c.f32));
 	printf("  memory: casts bf16 <-> f32 of %lld elements: %.2f TB/s\n", (long long)c.n, mem / 1e12);
 	double at_bf16 = attention_rate(planrt_bf16), at_f16 = attention_rate(planrt_f16);
 	Fills fl = {NULL, 2000};
-	CHECK(cudaMalloc(&fl.x, 4));
+	BENCH_CHECK(cudaMalloc(&fl.x, 4));
 	double latency = best_seconds(fills, &fl, 5) / fl.calls;
-	CHECK(cudaFree(fl.x));
+	BENCH_CHECK(cudaFree(fl.x));
 	printf("  kernel latency: %.2f us a call (planrt_cu_fill of one element, %d back to back)\n", latency * 1e6,
 	       fl.calls);
 	time_t now = time(NULL);
