@@ -2508,17 +2508,27 @@ static LProg *lower_prog(Lowered *low, int stage, int role, Shared *sh)
 			}
 		}
 	}
-	/* a transpose read by anything but a matmul is materialised; otherwise it is no buffer */
+	/* a transpose read by anything but a matmul is materialised; otherwise it is no buffer. A
+	 * transpose of a transpose is a view too (a matmul reads through both, storage()): its
+	 * source is materialised only when it is, as lower_transpose reads that source (the tied
+	 * embedding's forward transpose, whose backward transposes it back for the input gradient's
+	 * matmul, was copied every step and never read) */
 	bool *materialise = L.materialise;
 	for (int t = 0; t < L.nops; t++) {
 		const Op *c = &g->ops[L.ops[t]];
-		if (!on_prog(p, c))
+		if (!on_prog(p, c) || c->kind == OP_MATMUL || c->kind == OP_TRANSPOSE)
 			continue;
 		for (int k = 0; k < c->nin; k++) {
 			int d = g->vals[c->in[k]].def;
-			if (d >= 0 && g->ops[d].kind == OP_TRANSPOSE && c->kind != OP_MATMUL)
+			if (d >= 0 && g->ops[d].kind == OP_TRANSPOSE)
 				materialise[d] = true;
 		}
+	}
+	for (int t = L.nops - 1; t >= 0; t--) {
+		const Op *c = &g->ops[L.ops[t]];
+		int d = c->kind == OP_TRANSPOSE && materialise[L.ops[t]] ? g->vals[c->in[0]].def : -1;
+		if (d >= 0 && g->ops[d].kind == OP_TRANSPOSE)
+			materialise[d] = true;
 	}
 	for (int t = 0; t < L.nops; t++) {
 		int i = L.ops[t];

@@ -19,6 +19,8 @@
  *     ends in the embedding's gradient), the optimizer step and checkpoint phases runs of 4;
  *   - a kernel of layer 2 whose integer argument is changed ends the forward run there, and an
  *     activation it reads given another size breaks the run too; mlp (no repeat) has no runs.
+ * Transposes are views: the tied embedding's transpose of wte, read by matmuls only (the second
+ * through a transpose of it), is not copied by a permute.
  * Prints PASS/FAIL lines and `N passed, N failed`; exits 1 on any failure. */
 #include "passes.h"
 
@@ -285,6 +287,17 @@ static void layer_runs_gpt(void)
 	}
 	report(forward_run_length(p, runs, cap) == L, "gpt single: undone, the run is whole again");
 	free(runs);
+	/* the tied embedding: the classifier's matmul reads wte through its transpose flag, and so does
+	 * the backward's input gradient (a transpose of that transpose); no kernel copies a parameter */
+	int param_permutes = 0;
+	for (int i = 0; i < p->nk; i++) {
+		if (p->k[i].kind != K_PERMUTE)
+			continue;
+		const Buffer *in = &p->buf[KARG(&p->k[i], PERMUTE, in)->buf];
+		param_permutes += in->cls == BUF_STATE && in->state == SC_PARAM;
+	}
+	report(param_permutes == 0, "gpt single: no permute of a parameter (the tied embedding's transpose is a view: %d)",
+	       param_permutes);
 	/* bf16 with dropout 0.1: dropout reads and writes bf16 as stored (dropout_16), no f32 dropout */
 	Compiled bf = compile(gp, "bf16");
 	if (bf.low) {
