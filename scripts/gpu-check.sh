@@ -17,7 +17,8 @@
 #    collective kind and p2p on an NCCL communicator of one, the MPI device backend's staging and
 #    gate on the device, and what an allreduce costs on each; the tiled attention against the CPU's
 #    (tests/cuda/test_attention_tiles_gpu.cu; the exact kernels too), and under compute-sanitizer's
-#    memcheck, racecheck and synccheck where it works (Firecracker machines, not gVisor);
+#    memcheck, racecheck and synccheck where it works (Firecracker machines, not gVisor); permute
+#    and sum_to against the CPU's (tests/cuda/test_index_gpu.cu; PLANRT_INDEX=64 too);
 # 3. trains each program of bundle/compare/ (examples/gpt.plan `single`: f32, TF32 off, dropout
 #    0.1; llama `single`: RoPE, RMS norm, SwiGLU; bert `single_nodropout`: a data set, the [CLS]
 #    narrow; examples/moe.plan `single`: top-2 with drops, and `mixtral_single`: dropless, SwiGLU
@@ -48,7 +49,9 @@
 #    the exact kernels at S = 1k, 4k; bench/gpu/torch_attention.py: PyTorch's SDPA), causal, forward
 #    and backward TFLOP/s at head dims 64 and 128 and S = 1k, 4k, 16k (ATTENTION_S), and the ratios
 #    of the tiles to SDPA (issue 18: 0.9 of SDPA); then bench/gpu/calibrate_gpu.cu's device file
-#    (explain's figures measured here: GEMM, memory, attention, launch), printed whole;
+#    (explain's figures measured here: GEMM, memory, attention, launch), printed whole; and
+#    bench/gpu/permute_rate.cu: gpt350m's permutes and bias-gradient sums, planned 32-bit index
+#    arithmetic against PLANRT_INDEX=64, in GB/s beside a copy of the same bytes;
 # 8. 5 and 6 for bench/gpu/llama1b.plan (1.03B parameters: GQA, RoPE, SwiGLU, RMS norm).
 # Without a GPU (or with --build-only) it stops after the build, having run each kind of program
 # once to show its one-line refusal. Exit status: 0 when every check passed.
@@ -89,7 +92,8 @@ done
 if NVCC=$NVCC bash "$DIR/gpu-build.sh" "$DIR/runtime" "$W/lib" "${pairs[@]}" \
 	"$DIR/gpt350m" "$W/gpt350m" "$DIR/llama1b" "$W/llama1b" "$DIR/gemm_rate.cu" "$W/gemm_rate" \
 	"$DIR/attention_rate.cu" "$W/attention_rate" "$DIR/calibrate_gpu.cu" "$W/calibrate_gpu" \
-	"$DIR/test_nccl_one.cu" "$W/nccl_one" "$DIR/test_attention_tiles_gpu.cu" "$W/attention_tiles_gpu" &&
+	"$DIR/test_nccl_one.cu" "$W/nccl_one" "$DIR/test_attention_tiles_gpu.cu" "$W/attention_tiles_gpu" \
+	"$DIR/test_index_gpu.cu" "$W/index_gpu" "$DIR/permute_rate.cu" "$W/permute_rate" &&
 	{ [ ${#ranks[@]} = 0 ] || GPU_ARCHS=${GPU_ARCHS:-"arch=compute_90,code=sm_90"} NVCC=$NVCC \
 		bash "$DIR/gpu-build.sh" "$DIR/runtime" "$W/lib" "${ranks[@]}"; }; then
 	verdict 0 "built the CUDA programs in $(( $(date +%s) - t0 )) s"
@@ -136,6 +140,11 @@ section "the tiled attention on the GPU against the CPU's attention_16 (tests/cu
 verdict $? "attention_16 / _grad_16 on the tensor cores: within 3 ulp of the CPU's (lse 2e-5)"
 PLANRT_ATTENTION=exact "$W/attention_tiles_gpu" | tail -1
 verdict ${PIPESTATUS[0]} "the exact kernels (PLANRT_ATTENTION=exact) on the same cases"
+section "permute and sum_to on the GPU against the CPU's (tests/cuda/test_index_gpu.cu)"
+"$W/index_gpu"
+verdict $? "the planned 32-bit index arithmetic: permutes bit for bit, sums within f32 rounding"
+PLANRT_INDEX=64 "$W/index_gpu" | tail -1
+verdict ${PIPESTATUS[0]} "the 64-bit kernels (PLANRT_INDEX=64) on the same cases"
 # (45 s each at most, so that the call stays inside the device's 10 minutes; SANITIZE=0 skips them)
 SANITIZER=$(command -v compute-sanitizer || echo "$(dirname "$NVCC")/compute-sanitizer")
 if [ -x "$SANITIZER" ] && [ "${SANITIZE:-1}" != 0 ]; then
@@ -297,6 +306,12 @@ PY
 		awk -v a="$planc_tps" -v b="$tps" -v m="$mode" -v n="$name" 'BEGIN { if (b > 0) printf "%s: planc / torch %s: %.2f\n", n, m, a / b }'
 	done
 }
+
+# the permutes and bias-gradient sums of gpt350m's step, the planned 32-bit index arithmetic and
+# the 64-bit division it replaced side by side, against a copy of the same bytes
+section "permute_16 and sum_to_acc_16 at gpt350m's shapes: planned 32-bit index arithmetic, then PLANRT_INDEX=64"
+"$W/permute_rate"
+PLANRT_INDEX=64 "$W/permute_rate"
 
 # the fused attention alone (issue 18's table): planc's bf16 kernels and PyTorch's SDPA, causal,
 # B x H = 32 heads, head dims 64 and 128; FLOPs as FlashAttention counts them (forward 4 S^2 Dh a

@@ -174,6 +174,12 @@ add_executable(cuda_test_attention_tiles ${ROOT}/tests/cuda/test_attention_tiles
 target_compile_options(cuda_test_attention_tiles PRIVATE ${PLANC_WARNINGS} -O2)
 target_link_libraries(cuda_test_attention_tiles PRIVATE planrt)
 add_test(NAME cuda_attention_tiles COMMAND cuda_test_attention_tiles WORKING_DIRECTORY ${ROOT})
+# the CUDA permute's and sum_to's index arithmetic (runtime/include/planrt_index_math.h: divisions
+# by a multiply-high, merged dims, 16-byte units) on the host against the plain definitions
+add_executable(cuda_test_index_math ${ROOT}/tests/cuda/test_index_math.c)
+target_compile_options(cuda_test_index_math PRIVATE ${PLANC_WARNINGS} -O2)
+target_include_directories(cuda_test_index_math PRIVATE ${ROOT}/runtime/include)
+add_test(NAME cuda_index_math COMMAND cuda_test_index_math WORKING_DIRECTORY ${ROOT})
 # the layout conversions along a split dim (runtime/include/planrt_layout_math.h's map, which
 # exec_cuda.cu's packing runs on the device), contiguous and the balanced ring's mirrored chunks,
 # composed on the host against runtime/cpu/exec.c's conversions on rings of 2 and 4
@@ -252,7 +258,7 @@ set(QUICK_TESTS errors fmt_roundtrip cli explain_goldens explain_formulas explai
     runtime_rng runtime_data runtime_optim runtime_safetensors runtime_log runtime_memory runtime_collectives
     runtime_step_kernels runtime_watchdog runtime_watchdog_world_sum runtime_collectives_no_watchdog
     runtime_program runtime_program_cli kernels_fd kernels_semantics kernels_matmul_bf16 kernels_16 kernels_decode pipeline_partition pipeline_stages
-    sync_check sync_kernels llvm_verify scale_check lower_ir cuda_streams cuda_sync_math cuda_moe_math cuda_attention_math cuda_attention_tiles cuda_layout_math cuda_optim_math cuda_optim_groups cuda_count_step equiv_ops equiv_mlp arch arch_functions
+    sync_check sync_kernels llvm_verify scale_check lower_ir cuda_streams cuda_sync_math cuda_moe_math cuda_attention_math cuda_attention_tiles cuda_index_math cuda_layout_math cuda_optim_math cuda_optim_groups cuda_count_step equiv_ops equiv_mlp arch arch_functions
     fmt_golden data explain_json_exact generate_graph cuda_gpu_binding cuda_comm_staged_watchdog)
 set(MPI_TESTS runtime_collectives runtime_step_kernels runtime_watchdog runtime_watchdog_world_sum
     runtime_collectives_no_watchdog runtime_program runtime_program_cli runtime_oversubscribed sync_kernels sync_runs llvm_diff

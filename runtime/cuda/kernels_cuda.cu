@@ -19,6 +19,7 @@
 #define PLANRT_INTERNAL
 #include "planrt_cuda.h"
 #include "planrt_cuda_internal.h"
+#include "planrt_index_math.h"
 #include "planrt_kernels.h"
 #include "planrt_math.h"
 
@@ -336,10 +337,49 @@ static void strides_of(int rank, const int64_t *dims, int64_t *st)
 	}
 }
 
+/* Whether permute and sum_to take the planned 32-bit index arithmetic (planrt_index_math.h): yes,
+ * unless PLANRT_INDEX=64 (the 64-bit division of every index, as before; bench/gpu/permute_rate.cu
+ * times both); any other value is refused at the first call. */
+static int index_planned(void)
+{
+	static int planned = -1;
+	if (planned < 0) {
+		const char *e = getenv("PLANRT_INDEX");
+		if (e && *e && strcmp(e, "64") && strcmp(e, "32"))
+			planrt_fatal("PLANRT_INDEX=%s: expected 32 (planned 32-bit index arithmetic, the default) or 64", e);
+		planned = !(e && !strcmp(e, "64"));
+	}
+	return planned;
+}
+
+/* the planned permute (planrt_index_math.h): out[i] = in[src(i)] over units U of the plan's width,
+ * an element or 16 bytes of them, with 32-bit offsets and no division instruction */
+template <typename U>
+__global__ static void permute_units_kernel(planrt_permute_plan_t p, const U *in, U *out)
+{
+	for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < p.n; i += gridDim.x * blockDim.x)
+		out[i] = in[planrt_permute_src(&p, i)];
+}
+
 template <typename E>
 static void permute(int rank, const int64_t *in_dims, const int *perm, const E *in, E *out, int stream)
 {
 	check_rank("permute", rank);
+	planrt_permute_plan_t plan;
+	int aligned = (uintptr_t)in % 16 == 0 && (uintptr_t)out % 16 == 0;
+	if (index_planned() && planrt_permute_plan(rank, in_dims, perm, (int)sizeof(E), aligned, &plan)) {
+		if (plan.n == 0)
+			return;
+		cudaStream_t s = planrt_cu_stream(stream);
+		if (plan.vec > 1)
+			permute_units_kernel<uint4><<<planrt_cu_grid(plan.n), PLANRT_CU_BLOCK, 0, s>>>(
+				plan, (const uint4 *)(const void *)in, (uint4 *)(void *)out);
+		else
+			permute_units_kernel<E><<<planrt_cu_grid(plan.n), PLANRT_CU_BLOCK, 0, s>>>(plan, in, out);
+		planrt_cu_check_launch("permute");
+		return;
+	}
+	/* 2^31 elements or more (or PLANRT_INDEX=64): 64-bit offsets */
 	int64_t ist[KMAX], od[KMAX], ps[KMAX], n = 1;
 	strides_of(rank, in_dims, ist);
 	for (int d = 0; d < rank; d++) {
@@ -392,6 +432,29 @@ __global__ static void sum_to_kernel(int nkept, Dims kdims, Dims kin, Dims kout,
 	}
 }
 
+/* sum_to_kernel with the planned index arithmetic (planrt_index_math.h): 32-bit offsets, and a
+ * reduced run of one dim (a bias gradient's rows) walked at its stride, with no division a row */
+template <int H>
+__global__ static void sum_planned_kernel(planrt_sum_plan_t p, uint32_t chunk, const void *in, float *out, int atomic)
+{
+	uint32_t r0 = blockIdx.y * chunk, r1 = p.red_n - r0 < chunk ? p.red_n : r0 + chunk;
+	for (uint32_t o = blockIdx.x * blockDim.x + threadIdx.x; o < p.out_n; o += gridDim.x * blockDim.x) {
+		uint32_t base, at;
+		planrt_sum_kept(&p, o, &base, &at);
+		float s = 0;
+		if (p.nred == 1)
+			for (uint32_t r = r0, off = base + r0 * p.rin[0]; r < r1; r++, off += p.rin[0])
+				s += ld<H>(in, off);
+		else
+			for (uint32_t r = r0; r < r1; r++)
+				s += ld<H>(in, base + planrt_sum_red(&p, r));
+		if (atomic)
+			atomicAdd(&out[at], s);
+		else
+			out[at] += s;
+	}
+}
+
 template <int H>
 static void sum_to(int rank, const int64_t *dims, const void *in, const int64_t *out_strides, float *out,
 		   int64_t out_elems, int accumulate, int stream)
@@ -400,6 +463,20 @@ static void sum_to(int rank, const int64_t *dims, const void *in, const int64_t 
 	cudaStream_t s = planrt_cu_stream(stream);
 	if (!accumulate && out_elems > 0)
 		planrt_cu_check_(cudaMemsetAsync(out, 0, sizeof(float) * (size_t)out_elems, s), "cudaMemsetAsync");
+	planrt_sum_plan_t plan;
+	if (index_planned() && planrt_sum_plan(rank, dims, out_strides, &plan)) {
+		uint32_t chunk = plan.red_n < COL_ROWS ? plan.red_n : COL_ROWS, splits = (plan.red_n + chunk - 1) / chunk;
+		if (splits > 65535) {
+			chunk = (plan.red_n + 65534) / 65535;
+			splits = (plan.red_n + chunk - 1) / chunk;
+		}
+		unsigned gx = (unsigned)((plan.out_n + PLANRT_CU_BLOCK - 1) / PLANRT_CU_BLOCK);
+		dim3 grid(gx > 65535 ? 65535 : gx, splits);
+		sum_planned_kernel<H><<<grid, PLANRT_CU_BLOCK, 0, s>>>(plan, chunk, in, out, splits > 1);
+		planrt_cu_check_launch("sum_to");
+		return;
+	}
+	/* 2^31 elements or more (or PLANRT_INDEX=64): 64-bit offsets */
 	int64_t ist[KMAX], kd[KMAX], ki[KMAX], ko[KMAX], rd[KMAX], ri[KMAX], out_n = 1, red_n = 1;
 	int nk = 0, nr = 0;
 	strides_of(rank, dims, ist);

@@ -1,0 +1,172 @@
+/* test_index_gpu.cu: the CUDA permute and sum_to on the GPU (scripts/gpu-check.sh runs it; CI
+ * builds it in cuda_one_process and it skips without a GPU). planrt_cu_k_permute_16 / _f32 must
+ * equal the CPU's planrt_k_permute_16 / _f32 bit for bit; planrt_cu_k_sum_to_16 / _acc_16 / _f32
+ * the CPU's sums within f32 rounding (their rows are added in chunks of 256, the chunks atomically).
+ * The cases: the GPT's split and merge of heads (16-byte units), a transpose, odd sizes
+ * (elements), buffers off 16-byte alignment (elements), a bias gradient and a sum onto inner
+ * dims. The planned 32-bit arithmetic (runtime/include/planrt_index_math.h) is the default;
+ * PLANRT_INDEX=64 runs the same cases through the 64-bit kernels.
+ * Prints PASS/FAIL lines; exit status 0 when all passed, 77 without a GPU. */
+#define PLANRT_INTERNAL
+#include "planrt_cuda.h"
+#include "planrt_cuda_internal.h"
+#include "planrt_exec.h"
+#include "planrt_kernels.h"
+#include "tally.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void *to_device(const void *h, size_t bytes)
+{
+	void *d = NULL;
+	if (cudaMalloc(&d, bytes) != cudaSuccess || cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice) != cudaSuccess) {
+		printf("FAIL: cudaMalloc / cudaMemcpy of %zu bytes\n", bytes);
+		exit(1);
+	}
+	return d;
+}
+
+static void from_device(void *h, const void *d, size_t bytes)
+{
+	if (cudaMemcpy(h, d, bytes, cudaMemcpyDeviceToHost) != cudaSuccess) {
+		printf("FAIL: cudaMemcpy back (%s)\n", cudaGetErrorString(cudaGetLastError()));
+		exit(1);
+	}
+}
+
+static int64_t elems(int rank, const int64_t *dims)
+{
+	int64_t n = 1;
+	for (int d = 0; d < rank; d++)
+		n *= dims[d];
+	return n;
+}
+
+/* random bits as elements (f32: finite values) */
+static void *random_elems(int64_t n, int elem)
+{
+	uint32_t *x = (uint32_t *)malloc((size_t)n * 4);
+	uint32_t s = (uint32_t)n * 2654435761u + 1;
+	for (int64_t i = 0; i < n; i++) {
+		s = s * 1103515245u + 12345u;
+		x[i] = elem == 4 ? (s >> 9) | 0x3f000000u : s >> 7; /* f32 in [0.5, 1) ... [1, 2) */
+	}
+	return x;
+}
+
+/* a permute on the device (at `shift` elements past an aligned start) against the CPU's */
+static void permute_case(int rank, const int64_t *dims, const int *perm, int elem, int shift, const char *what)
+{
+	int64_t n = elems(rank, dims);
+	size_t bytes = (size_t)n * (size_t)elem;
+	void *in = random_elems(n, elem), *want = malloc(bytes), *got = malloc(bytes);
+	if (elem == 2)
+		planrt_k_permute_16(rank, dims, perm, in, want);
+	else
+		planrt_k_permute_f32(rank, dims, perm, (const float *)in, (float *)want);
+	char *d_in = NULL, *d_out = NULL;
+	if (cudaMalloc(&d_in, bytes + 16) != cudaSuccess || cudaMalloc(&d_out, bytes + 16) != cudaSuccess ||
+	    cudaMemcpy(d_in + shift * elem, in, bytes, cudaMemcpyHostToDevice) != cudaSuccess ||
+	    cudaMemset(d_out, 0xff, bytes + 16) != cudaSuccess) {
+		printf("FAIL: %s: cudaMalloc / cudaMemcpy\n", what);
+		exit(1);
+	}
+	if (elem == 2)
+		planrt_cu_k_permute_16(rank, dims, perm, d_in + shift * elem, d_out + shift * elem, PLANRT_STREAM_COMPUTE);
+	else
+		planrt_cu_k_permute_f32(rank, dims, perm, (const float *)(d_in + shift * elem), (float *)(d_out + shift * elem),
+					PLANRT_STREAM_COMPUTE);
+	cudaError_t e = cudaDeviceSynchronize();
+	CHECK(e == cudaSuccess, "%s: %s", what, cudaGetErrorString(e));
+	from_device(got, d_out + shift * elem, bytes);
+	int64_t first = -1;
+	for (int64_t i = 0; i < (int64_t)bytes && first < 0; i++)
+		if (((const char *)got)[i] != ((const char *)want)[i])
+			first = i / elem;
+	CHECK(first < 0, "%s: element %lld differs from the CPU's", what, (long long)first);
+	printf("  %s: %s\n", what, first < 0 ? "the CPU's, bit for bit" : "DIFFERS");
+	free(in);
+	free(want);
+	free(got);
+	cudaFree(d_in);
+	cudaFree(d_out);
+}
+
+/* sum_to (kind 0: _f32, 1: _16 bf16, 2: _acc_16 bf16 onto a nonzero out) against the CPU's */
+static void sum_case(int rank, const int64_t *dims, const int64_t *ostr, int kind, const char *what)
+{
+	int64_t n = elems(rank, dims), out_n = 1;
+	for (int d = 0; d < rank; d++)
+		out_n += (dims[d] - 1) * ostr[d];
+	float *f = (float *)malloc(sizeof(float) * (size_t)n);
+	uint32_t s = 12345;
+	for (int64_t i = 0; i < n; i++) {
+		s = s * 1103515245u + 12345u;
+		f[i] = (float)((s >> 8) & 0xffff) / 32768.0f - 1.0f;
+	}
+	void *h16 = malloc(2 * (size_t)n);
+	planrt_cast(f, planrt_f32, h16, planrt_bf16, n);
+	float *want = (float *)malloc(sizeof(float) * (size_t)out_n), *got = (float *)malloc(sizeof(float) * (size_t)out_n);
+	for (int64_t i = 0; i < out_n; i++)
+		want[i] = kind == 2 ? 0.25f * (float)(i % 7) : 0;
+	float *d_out = (float *)to_device(want, sizeof(float) * (size_t)out_n);
+	void *d_in = kind ? to_device(h16, 2 * (size_t)n) : to_device(f, sizeof(float) * (size_t)n);
+	if (kind == 0) {
+		planrt_k_sum_to_f32(rank, dims, f, ostr, want, out_n);
+		planrt_cu_k_sum_to_f32(rank, dims, (const float *)d_in, ostr, d_out, out_n, PLANRT_STREAM_COMPUTE);
+	} else if (kind == 1) {
+		planrt_k_sum_to_16(rank, dims, h16, ostr, want, out_n, planrt_bf16);
+		planrt_cu_k_sum_to_16(rank, dims, d_in, ostr, d_out, out_n, planrt_bf16, PLANRT_STREAM_COMPUTE);
+	} else {
+		planrt_k_sum_to_acc_16(rank, dims, h16, ostr, want, out_n, planrt_bf16);
+		planrt_cu_k_sum_to_acc_16(rank, dims, d_in, ostr, d_out, out_n, planrt_bf16, PLANRT_STREAM_COMPUTE);
+	}
+	cudaError_t e = cudaDeviceSynchronize();
+	CHECK(e == cudaSuccess, "%s: %s", what, cudaGetErrorString(e));
+	from_device(got, d_out, sizeof(float) * (size_t)out_n);
+	/* f32 sums of up to red_n terms of magnitude <= 1 in another order: within red_n x 2^-24 x red_n */
+	double red = (double)n / (double)out_n, tol = red * red * 6e-8 + 1e-6, worst = 0;
+	for (int64_t i = 0; i < out_n; i++)
+		worst = fmax(worst, fabs((double)got[i] - (double)want[i]));
+	CHECK(worst <= tol, "%s: worst difference %.3g (at most %.3g)", what, worst, tol);
+	printf("  %s: worst difference from the CPU's %.3g (at most %.3g)\n", what, worst, tol);
+	free(f);
+	free(h16);
+	free(want);
+	free(got);
+	cudaFree(d_in);
+	cudaFree(d_out);
+}
+
+int main(void)
+{
+	int count = 0;
+	if (cudaGetDeviceCount(&count) != cudaSuccess || count < 1) {
+		printf("skip: no CUDA GPU here (this test runs on the GPU machine: scripts/gpu-check.sh)\n");
+		return 77;
+	}
+	const char *mode = getenv("PLANRT_INDEX");
+	printf("planrt_cu_k_permute_* and sum_to_* (%s index arithmetic) against the CPU's:\n",
+	       mode && !strcmp(mode, "64") ? "64-bit" : "planned 32-bit");
+	const int swap[4] = {0, 2, 1, 3}, t2[2] = {1, 0}, rot[3] = {2, 0, 1};
+	const int64_t split[4] = {2, 130, 4, 64}, merge[4] = {2, 4, 130, 64}, odd[4] = {3, 5, 7, 9};
+	const int64_t wgrad[2] = {96, 1030}, three[3] = {6, 10, 12};
+	permute_case(4, split, swap, 2, 0, "split heads [2,130,4,64] bf16 (16-byte units)");
+	permute_case(4, merge, swap, 2, 0, "merge heads [2,4,130,64] bf16 (16-byte units)");
+	permute_case(4, split, swap, 4, 0, "split heads f32 (16-byte units)");
+	permute_case(4, split, swap, 2, 1, "split heads bf16, one element off alignment (elements)");
+	permute_case(2, wgrad, t2, 2, 0, "a transpose [96,1030] bf16");
+	permute_case(4, odd, swap, 2, 0, "[3,5,7,9] (0,2,1,3) bf16");
+	permute_case(3, three, rot, 4, 0, "[6,10,12] (2,0,1) f32");
+	const int64_t bias[3] = {4, 300, 96}, bias_st[3] = {0, 0, 1};
+	const int64_t inner[4] = {3, 4, 50, 8}, inner_st[4] = {0, 8, 0, 1}, col[2] = {2000, 3}, col_st[2] = {0, 1};
+	sum_case(3, bias, bias_st, 0, "bias gradient [4,300,96] f32");
+	sum_case(3, bias, bias_st, 1, "bias gradient [4,300,96] bf16");
+	sum_case(3, bias, bias_st, 2, "bias gradient [4,300,96] bf16, accumulated");
+	sum_case(4, inner, inner_st, 1, "[3,4,50,8] onto dims 1 and 3, bf16");
+	sum_case(2, col, col_st, 2, "[2000,3] onto 3, bf16, accumulated (8 chunks)");
+	return tally_report("permute and sum_to on the GPU");
+}
