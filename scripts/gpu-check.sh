@@ -18,7 +18,8 @@
 #    gate on the device, and what an allreduce costs on each; the tiled attention against the CPU's
 #    (tests/cuda/test_attention_tiles_gpu.cu; the exact kernels too), and under compute-sanitizer's
 #    memcheck, racecheck and synccheck where it works (Firecracker machines, not gVisor); permute
-#    and sum_to against the CPU's (tests/cuda/test_index_gpu.cu; PLANRT_INDEX=64 too);
+#    and sum_to against the CPU's (tests/cuda/test_index_gpu.cu; PLANRT_INDEX=64 too); the GEMM
+#    epilogue against the CPU's (tests/cuda/test_epilogue_gpu.cu; PLANRT_EPILOGUE=0 too);
 # 3. trains each program of bundle/compare/ (examples/gpt.plan `single`: f32, TF32 off, dropout
 #    0.1; llama `single`: RoPE, RMS norm, SwiGLU; bert `single_nodropout`: a data set, the [CLS]
 #    narrow; examples/moe.plan `single`: top-2 with drops, and `mixtral_single`: dropless, SwiGLU
@@ -93,7 +94,8 @@ if NVCC=$NVCC bash "$DIR/gpu-build.sh" "$DIR/runtime" "$W/lib" "${pairs[@]}" \
 	"$DIR/gpt350m" "$W/gpt350m" "$DIR/llama1b" "$W/llama1b" "$DIR/gemm_rate.cu" "$W/gemm_rate" \
 	"$DIR/attention_rate.cu" "$W/attention_rate" "$DIR/calibrate_gpu.cu" "$W/calibrate_gpu" \
 	"$DIR/test_nccl_one.cu" "$W/nccl_one" "$DIR/test_attention_tiles_gpu.cu" "$W/attention_tiles_gpu" \
-	"$DIR/test_index_gpu.cu" "$W/index_gpu" "$DIR/permute_rate.cu" "$W/permute_rate" &&
+	"$DIR/test_index_gpu.cu" "$W/index_gpu" "$DIR/permute_rate.cu" "$W/permute_rate" \
+	"$DIR/test_epilogue_gpu.cu" "$W/epilogue_gpu" &&
 	{ [ ${#ranks[@]} = 0 ] || GPU_ARCHS=${GPU_ARCHS:-"arch=compute_90,code=sm_90"} NVCC=$NVCC \
 		bash "$DIR/gpu-build.sh" "$DIR/runtime" "$W/lib" "${ranks[@]}"; }; then
 	verdict 0 "built the CUDA programs in $(( $(date +%s) - t0 )) s"
@@ -145,6 +147,11 @@ section "permute and sum_to on the GPU against the CPU's (tests/cuda/test_index_
 verdict $? "the planned 32-bit index arithmetic: permutes bit for bit, sums within f32 rounding"
 PLANRT_INDEX=64 "$W/index_gpu" | tail -1
 verdict ${PIPESTATUS[0]} "the 64-bit kernels (PLANRT_INDEX=64) on the same cases"
+section "the GEMM epilogue (bias, residual) on the GPU against the CPU (tests/cuda/test_epilogue_gpu.cu)"
+"$W/epilogue_gpu"
+verdict $? "cuBLASLt's epilogue: within 1.5 ulp of the CPU's f32 product and adds"
+PLANRT_EPILOGUE=0 "$W/epilogue_gpu" | tail -1
+verdict ${PIPESTATUS[0]} "the unfused path (PLANRT_EPILOGUE=0) on the same cases"
 # (45 s each at most, so that the call stays inside the device's 10 minutes; SANITIZE=0 skips them)
 SANITIZER=$(command -v compute-sanitizer || echo "$(dirname "$NVCC")/compute-sanitizer")
 if [ -x "$SANITIZER" ] && [ "${SANITIZE:-1}" != 0 ]; then

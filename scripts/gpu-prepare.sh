@@ -14,7 +14,8 @@
 # libplanrt_local.a: the same collectives, in the same order, as the GPU run's MPI device backend
 # makes), the device comm backends' unit test (tests/cuda/test_nccl_one.cu), the tiled attention's device
 # test (tests/cuda/test_attention_tiles_gpu.cu), the permute and sum_to device test
-# (tests/cuda/test_index_gpu.cu) and benchmark (bench/gpu/permute_rate.cu), the CUDA sources of
+# (tests/cuda/test_index_gpu.cu) and benchmark (bench/gpu/permute_rate.cu), the GEMM epilogue's
+# device test (tests/cuda/test_epilogue_gpu.cu), the CUDA sources of
 # bench/gpu/gpt350m.plan `bf16` and bench/gpu/llama1b.plan `bf16`, planc explain --json of each,
 # the GEMM benchmark, the PyTorch models (bench/gpu/torch_bench.py), data/corpus.txt, jansson's header and static archive (the one C library planrt
 # needs that a CUDA image lacks), and prebuilt/: the single-rank programs built here by gpu-build.sh,
@@ -30,7 +31,7 @@ mkdir -p "$B/runtime" "$B/jansson/include" "$B/jansson/lib" "$B/prebuilt"
 B=$(cd "$B" && pwd)
 cp -r "$ROOT"/runtime/. "$B/runtime/" # a folder per concern (runtime/README.md), include/, standalone/
 cp "$ROOT/scripts/gpu-build.sh" "$ROOT/scripts/gpu-check.sh" "$ROOT/scripts/gpu-ranks-check.py" \
-	"$ROOT/tests/cuda/test_nccl_one.cu" "$ROOT/tests/cuda/test_attention_tiles_gpu.cu" "$ROOT/tests/cuda/test_index_gpu.cu" "$ROOT/tests/cuda/attention_worst.h" "$ROOT/tests/cuda/tally.h" "$ROOT/bench/gpu/gemm_rate.cu" "$ROOT/bench/gpu/torch_bench.py" \
+	"$ROOT/tests/cuda/test_nccl_one.cu" "$ROOT/tests/cuda/test_attention_tiles_gpu.cu" "$ROOT/tests/cuda/test_index_gpu.cu" "$ROOT/tests/cuda/test_epilogue_gpu.cu" "$ROOT/tests/cuda/attention_worst.h" "$ROOT/tests/cuda/tally.h" "$ROOT/bench/gpu/gemm_rate.cu" "$ROOT/bench/gpu/torch_bench.py" \
 	"$ROOT/bench/gpu/attention_rate.cu" "$ROOT/bench/gpu/torch_attention.py" "$ROOT/bench/gpu/calibrate_gpu.cu" \
 	"$ROOT/bench/gpu/bench_attention.h" "$ROOT/bench/gpu/permute_rate.cu" \
 	"$ROOT/bench/gpu/profile.sh" \

@@ -90,6 +90,18 @@ enum { CUDA_OPT_ALONE = -1, CUDA_OPT_MEMBER = -2 };
 int *cuda_optim_groups(const LProg *p);
 /* the run that starts at kernel first, as a block of prog.c on the named stream */
 void cuda_print_optim_group(Emit *e, const int *group, int first, const char *stream);
+/* the storage a buffer is a window of (b itself unless it is a view) */
+int cuda_storage_of(const LProg *p, int b);
+
+/* ---------------------------------------------------------------- cuda/epilogues.c */
+/* GEMM epilogues: a 16-bit matmul and the fused loop after it that adds a bias and / or a residual
+ * to its product, printed as one planrt_cu_k_matmul_epilogue_16. pair_of[k] is the loop's index
+ * where k is such a matmul, CUDA_EPI_MEMBER for the loop (printed with the matmul), CUDA_EPI_NONE
+ * otherwise; the caller frees it. */
+enum { CUDA_EPI_NONE = -1, CUDA_EPI_MEMBER = -2 };
+int *cuda_epilogues(const LProg *p);
+/* matmul m and its loop l as one call on the named stream (no indent, no newline) */
+void cuda_print_epilogue(Emit *e, const Kernel *m, const Kernel *l, const char *stream);
 
 /* ---------------------------------------------------------------- emit_llvm.c */
 /* The LLVM back end (LLVM 14 C API): the program emit_c.c prints, built as LLVM IR and optimised

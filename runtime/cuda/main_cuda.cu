@@ -93,6 +93,7 @@ int planrt_cuda_main(int argc, char **argv, const planrt_program_t *program)
 	planrt_cu_device_open_(dev, program, planrt_cu_comm_start_);
 	int rc = planrt_main(argc, argv, program);
 	planrt_cu_blas_destroy_();
+	planrt_cu_epilogue_destroy_();
 	planrt_cu_device_close_();
 	return rc;
 }

@@ -77,6 +77,14 @@ void planrt_cu_k_matmul_bf16(int64_t batch, int64_t M, int64_t N, int64_t K, con
 void planrt_cu_k_matmul_f16(int64_t batch, int64_t M, int64_t N, int64_t K, const uint16_t *A, int trans_a,
 			    int64_t stride_a, const uint16_t *B, int trans_b, int64_t stride_b, void *C, planrt_dtype_t c_type,
 			    int64_t stride_c, int accumulate, int stream);
+/* D [rows, N] = op(A) op(B) + R + bias over the rows (R, bias: NULL where absent), 16-bit A, B, D
+ * and R of type t, bias of type t or f32, rounded once (cuBLASLt's epilogue; PLANRT_EPILOGUE=0: the
+ * GEMM, then an add kernel): what the CUDA printer calls for a matmul whose only reader adds a bias
+ * and a residual to it (compiler/target/cuda/epilogues.c; runtime/cuda/gemm_epilogue_cuda.cu) */
+void planrt_cu_k_matmul_epilogue_16(int64_t batch, int64_t M, int64_t N, int64_t K, const uint16_t *A, int trans_a,
+				    int64_t stride_a, const uint16_t *B, int trans_b, int64_t stride_b, planrt_dtype_t t,
+				    void *D, int64_t stride_c, const void *R, const void *bias, planrt_dtype_t bias_type,
+				    int stream);
 void planrt_cu_k_permute_f32(int rank, const int64_t *in_dims, const int *perm, const float *in, float *out, int stream);
 void planrt_cu_k_permute_16(int rank, const int64_t *in_dims, const int *perm, const void *in, void *out, int stream);
 void planrt_cu_k_sum_to_f32(int rank, const int64_t *dims, const float *in, const int64_t *out_strides, float *out,

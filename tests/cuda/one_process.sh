@@ -3,10 +3,11 @@
 # scripts/gpu-build.sh compiles planrt with its node-local MPI (runtime/standalone: shared memory
 # between the ranks planrt-run starts, a world of one without it; a plain GEMM) with planrt_cuda and
 # planrt-run, then a CUDA program from `planc emit cuda` and the device comm backends' unit test
-# (tests/cuda/test_nccl_one.cu), the tiled attention's device test (test_attention_tiles_gpu.cu) and
-# the permute and sum_to device test (test_index_gpu.cu): they must build without MPI and OpenBLAS
-# (neither may be linked), never link libcuda, and, started here, the program exits with one line
-# that says there is no GPU and the three tests with status 77
+# (tests/cuda/test_nccl_one.cu), the tiled attention's device test (test_attention_tiles_gpu.cu), the
+# permute and sum_to device test (test_index_gpu.cu) and the GEMM epilogue's (test_epilogue_gpu.cu):
+# they must build without MPI and OpenBLAS (neither may be linked), never link libcuda, and,
+# started here, the program exits with one line that says there is no GPU and the four tests with
+# status 77
 # (skipped). The bundle's planrt is then held against the real
 # one: the CPU program of examples/mlp.plan `single` linked with it trains 5 steps with the losses
 # of the same program built by planc build (MPI, OpenBLAS), within 1e-5 relative (the GEMM sums in
@@ -36,10 +37,10 @@ PY
 # one target keeps the test short; gpu-check.sh builds sm_80 + sm_90 + PTX
 if ! GPU_ARCHS="arch=compute_90,code=sm_90" NVCC=$NVCC scripts/gpu-build.sh runtime "$tmp/lib" "$tmp/cu" "$tmp/prog" \
 	tests/cuda/test_nccl_one.cu "$tmp/nccl_one" tests/cuda/test_attention_tiles_gpu.cu "$tmp/attention_tiles_gpu" \
-	tests/cuda/test_index_gpu.cu "$tmp/index_gpu"; then
+	tests/cuda/test_index_gpu.cu "$tmp/index_gpu" tests/cuda/test_epilogue_gpu.cu "$tmp/epilogue_gpu"; then
 	bad "scripts/gpu-build.sh"; finish "cuda one process"
 fi
-for p in prog nccl_one attention_tiles_gpu index_gpu lib/planrt-run; do
+for p in prog nccl_one attention_tiles_gpu index_gpu epilogue_gpu lib/planrt-run; do
 	libs=$(ldd "$tmp/$p")
 	for l in libmpi libopenblas libcuda.so libjansson; do
 		if echo "$libs" | grep -q "$l"; then bad "the bundle's $p links $l"; else ok; fi
@@ -61,6 +62,7 @@ skips() {
 skips nccl_one "the device comm backends' unit test"
 skips attention_tiles_gpu "the tiled attention's device test"
 skips index_gpu "the permute and sum_to device test"
+skips epilogue_gpu "the GEMM epilogue's device test"
 out=$("$tmp/prog" --steps 1 --data data/corpus.txt 2>&1)
 rc=$?
 if [ -e /dev/nvidia0 ]; then

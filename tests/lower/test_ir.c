@@ -21,8 +21,13 @@
  *     activation it reads given another size breaks the run too; mlp (no repeat) has no runs.
  * Transposes are views: the tied embedding's transpose of wte, read by matmuls only (the second
  * through a transpose of it), is not copied by a permute.
+ * GEMM epilogues (compiler/target/cuda/epilogues.c): the GPT's six linear layers a layer in bf16 pair
+ * each matmul with the loop that adds its bias (gpt350m: and the residual, two a layer); f32 has
+ * none; a pair is refused when its loop accumulates, when another kernel reads the product, or
+ * when the bias is not broadcast over the rows.
  * Prints PASS/FAIL lines and `N passed, N failed`; exits 1 on any failure. */
 #include "passes.h"
+#include "target/target.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -243,6 +248,91 @@ static KArg *layer_arg(LProg *p, Phase ph, int layer, KArgKind ak)
 	return NULL;
 }
 
+/* the matmul / loop pairs epilogues.c prints as one call */
+static int epilogue_pairs(const LProg *p)
+{
+	int *pair = cuda_epilogues(p), n = 0;
+	for (int i = 0; i < p->nk; i++)
+		n += pair[i] >= 0;
+	free(pair);
+	return n;
+}
+
+/* the loads of a loop's tree of adds */
+static int add_loads(const LExpr *x, const LExpr **out, int n)
+{
+	if (x->kind == LX_LOAD) {
+		out[n] = x;
+		return n + 1;
+	}
+	return n < 0 || x->kind != LX_BINARY || x->op != OP_ADD ? -1 : add_loads(x->b, out, add_loads(x->a, out, n));
+}
+
+/* GEMM epilogues (compiler/target/cuda/epilogues.c) on the GPT in bf16: each layer's q, k and v
+ * projections and the MLP's first layer (a bias), the attention's and the MLP's output projections
+ * (a bias and the residual); each pair a matmul whose product only its loop reads; and a pair is
+ * refused when the loop accumulates, when another kernel reads the product, or when the bias is
+ * not broadcast over the rows */
+static void epilogues_gpt(LProg *p, int layers, int resid_layers, const char *name)
+{
+	int *pair = cuda_epilogues(p), n = 0, biased = 0, resid = 0, first = -1, first_loop = -1;
+	bool sound = true;
+	for (int i = 0; i < p->nk; i++) {
+		if (pair[i] < 0)
+			continue;
+		const Kernel *m = &p->k[i], *l = &p->k[pair[i]];
+		if (first < 0) {
+			first = i;
+			first_loop = pair[i];
+		}
+		n++;
+		int c = m->args[KARG_INDEX(MATMUL_BF16, C)].buf, reads = 0;
+		for (int k = 0; k < p->nk; k++)
+			for (int u = 0; u < p->k[k].nuses; u++)
+				reads += p->k[k].uses[u] == c;
+		const LExpr *loads[4];
+		int nl = l->kind == K_LOOP ? add_loads(l->expr, loads, 0) : -1, products = 0;
+		for (int j = 0; j < nl; j++) {
+			products += loads[j]->buf == c;
+			biased += loads[j]->buf != c && loads[j]->stride[0] == 0 && loads[j]->stride[l->rank - 1] == 1;
+		}
+		resid += nl == 3;
+		sound &= m->kind == K_MATMUL_BF16 && pair[pair[i]] == CUDA_EPI_MEMBER && reads == 1 && products == 1 &&
+			 (nl == 2 || nl == 3);
+	}
+	free(pair);
+	report(n == 6 * layers && sound, "%s: %d GEMM epilogues (6 a layer: q, k, v, the MLP's first layer, the two "
+	       "output projections), each a matmul whose product only its loop reads, C + bias (+ residual)", name, n);
+	report(biased == 6 * layers && resid == 2 * resid_layers, "%s: %d with a bias, %d with a residual (%d expected)", name,
+	       biased, resid, 2 * resid_layers);
+	if (first < 0 || resid_layers)
+		return;
+	Kernel *loop = &p->k[first_loop], *other = &p->k[first_loop + 1];
+	loop->accumulate = true;
+	int accumulated = epilogue_pairs(p);
+	loop->accumulate = false;
+	/* another kernel reads the product */
+	int c = p->k[first].args[KARG_INDEX(MATMUL_BF16, C)].buf, *was = other->uses;
+	int *more = malloc(sizeof(int) * (size_t)(other->nuses + 1));
+	memcpy(more, was, sizeof(int) * (size_t)other->nuses);
+	more[other->nuses++] = c;
+	other->uses = more;
+	int second_reader = epilogue_pairs(p);
+	other->nuses--;
+	other->uses = was;
+	free(more);
+	/* the bias read along the rows too */
+	LExpr *bias = loop->expr->a->buf == c ? loop->expr->b : loop->expr->a;
+	long long stride0 = bias->stride[0];
+	bias->stride[0] = 1;
+	int not_broadcast = epilogue_pairs(p);
+	bias->stride[0] = stride0;
+	report(accumulated == n - 1 && second_reader == n - 1 && not_broadcast == n - 1 && epilogue_pairs(p) == n,
+	       "gpt bf16: a pair refused when its loop accumulates (%d), when another kernel reads the product (%d), when "
+	       "the bias is not broadcast over the rows (%d); %d pairs again when undone",
+	       n - accumulated, n - second_reader, n - not_broadcast, epilogue_pairs(p));
+}
+
 static void layer_runs_gpt(void)
 {
 	Arena *a = arena_new();
@@ -304,8 +394,25 @@ static void layer_runs_gpt(void)
 		Kernel *d = first_kernel(bf.low, K_DROPOUT_16);
 		report(d && !first_kernel(bf.low, K_DROPOUT) && KARG(d, DROPOUT_16, storage)->i == DT_BF16 && verify(bf.low),
 		       "gpt bf16: dropout_16 on bf16 storage, no f32 dropout, the verifier accepts it");
+		epilogues_gpt(bf.low->progs[0], L, 0, "gpt bf16 (dropout: the residual adds come after it)");
 	}
+	/* f32: the CUDA target's GEMMs stay cuBLAS's, with no epilogue */
+	int *none = cuda_epilogues(p);
+	int f32_pairs = 0;
+	for (int i = 0; i < p->nk; i++)
+		f32_pairs += none[i] >= 0;
+	free(none);
+	report(f32_pairs == 0, "gpt single (f32): no GEMM epilogue (%d)", f32_pairs);
 	arena_free(a);
+	/* gpt350m in bf16: no dropout, so the output projections take the residual too */
+	Arena *a3 = arena_new();
+	Program *g3 = load_program(a3, "bench/gpu/gpt350m.plan");
+	Compiled c3 = g3 && sema_check(g3) ? compile(g3, "bf16") : (Compiled){0};
+	if (c3.low)
+		epilogues_gpt(c3.low->progs[0], c3.g->nlayers, c3.g->nlayers, "gpt350m bf16");
+	else
+		report(false, "bench/gpu/gpt350m.plan compiles");
+	arena_free(a3);
 }
 
 int main(void)

@@ -63,6 +63,7 @@ typedef struct Cuda {
 	int **event_of;  /* [program][kernel]: its slot in the stage's event table, -1: none */
 	int *nevents;    /* [program] */
 	int **optim_group; /* [program][kernel]: optim_groups.c's runs of optimizer kernels */
+	int **epilogue;    /* [program][kernel]: epilogues.c's matmul and loop pairs */
 	const char **prefixes; /* [program]: its names' prefix, as emit_c.c printed it */
 } Cuda;
 
@@ -281,7 +282,8 @@ static void print_kernel(Emit *e, const Kernel *k)
 	const LProg *p = emit_prog(e);
 	const int *group = cuda_of(e)->optim_group[emit_stage(e)];
 	int run_last = group[kernel_index(p, k)];
-	if (run_last == CUDA_OPT_MEMBER) /* printed with its run's first kernel */
+	int pair = cuda_of(e)->epilogue[emit_stage(e)][kernel_index(p, k)];
+	if (run_last == CUDA_OPT_MEMBER || pair == CUDA_EPI_MEMBER) /* printed with its run's first kernel */
 		return;
 	if (kernel_device[k->kind].mode == KDEV_NO_OP) {
 		fprintf(f, "\t/* %s: NCCL progresses its operations on their own stream */\n", kernel_names[k->kind]);
@@ -314,6 +316,13 @@ static void print_kernel(Emit *e, const Kernel *k)
 		stream_text(stream, sizeof stream, k->stream);
 		cuda_print_optim_group(e, group, kernel_index(p, k), stream);
 		k = &p->k[run_last]; /* the run's last kernel records the event others wait for */
+	} else if (pair >= 0) {
+		char stream[64];
+		stream_text(stream, sizeof stream, k->stream);
+		fprintf(f, "%s", in);
+		cuda_print_epilogue(e, k, &p->k[pair], stream);
+		fprintf(f, "\n");
+		k = &p->k[pair]; /* the loop records the event others wait for */
 	} else {
 		fprintf(f, "%s", in);
 		device_call(e, k);
@@ -523,14 +532,17 @@ bool emit_cuda(const Lowered *low, const char *dir, const char *source_path, boo
 	c.nevents = arena_alloc(a, sizeof(int) * (size_t)low->nprogs);
 	c.prefixes = arena_alloc(a, sizeof(char *) * (size_t)low->nprogs);
 	c.optim_group = arena_alloc(a, sizeof(int *) * (size_t)low->nprogs);
+	c.epilogue = arena_alloc(a, sizeof(int *) * (size_t)low->nprogs);
 	for (int i = 0; i < low->nprogs; i++) {
 		const LProg *p = low->progs[i];
 		c.loop_of[i] = arena_alloc(a, sizeof(int) * (size_t)(p->nk ? p->nk : 1));
 		c.event_of[i] = arena_alloc(a, sizeof(int) * (size_t)(p->nk ? p->nk : 1));
 		c.optim_group[i] = cuda_optim_groups(p);
+		c.epilogue[i] = cuda_epilogues(p);
 		for (int k = 0; k < p->nk; k++) {
 			const Kernel *x = &p->k[k];
-			c.loop_of[i][k] = x->kind == K_LOOP && x->stream != STREAM_HOST ? loop_id(&c, p, x) : -1;
+			bool device_loop = x->kind == K_LOOP && x->stream != STREAM_HOST && c.epilogue[i][k] != CUDA_EPI_MEMBER;
+			c.loop_of[i][k] = device_loop ? loop_id(&c, p, x) : -1;
 			c.event_of[i][k] = x->event ? c.nevents[i]++ : -1;
 		}
 	}
@@ -544,8 +556,10 @@ bool emit_cuda(const Lowered *low, const char *dir, const char *source_path, boo
 			.main_fn = "cuda_main",
 			.data = &c};
 	bool ok = emit_c_with(low, dir, source_path, &t, layer_loops) && write_kernels(&c, dir, source_path);
-	for (int i = 0; i < low->nprogs; i++)
+	for (int i = 0; i < low->nprogs; i++) {
 		free(c.optim_group[i]);
+		free(c.epilogue[i]);
+	}
 	for (int i = 0; i < c.nloops; i++)
 		free(c.loops[i].key);
 	free(c.loops);

@@ -29,8 +29,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* the storage a buffer is a window of */
-static int storage_of(const LProg *p, int b)
+int cuda_storage_of(const LProg *p, int b)
 {
 	while (b >= 0 && p->buf[b].cls == BUF_VIEW)
 		b = p->buf[b].view_of;
@@ -99,7 +98,7 @@ static int run_end(const LProg *p, int first, int *run_of)
 	const Kernel *f = &p->k[first];
 	int last = first;
 	bool cast_next = true; /* the last kernel is an optimizer: a cast may follow */
-	seen(run_of, first, storage_of(p, buf_arg(f, KARG_INDEX(OPTIMIZER, param))));
+	seen(run_of, first, cuda_storage_of(p, buf_arg(f, KARG_INDEX(OPTIMIZER, param))));
 	for (int j = first + 1; j < p->nk && !p->k[last].event; j++) {
 		const Kernel *k = &p->k[j];
 		if (k->phase != f->phase)
@@ -109,7 +108,7 @@ static int run_end(const LProg *p, int first, int *run_of)
 		bool cast = cast_next && cast_of(k, &p->k[last]);
 		if (!cast && (k->kind != K_OPTIMIZER || k->nwaits || !same_scalars(k, f)))
 			break;
-		int s = storage_of(p, buf_arg(k, cast ? KARG_INDEX(CAST, dst) : KARG_INDEX(OPTIMIZER, param)));
+		int s = cuda_storage_of(p, buf_arg(k, cast ? KARG_INDEX(CAST, dst) : KARG_INDEX(OPTIMIZER, param)));
 		if (seen(run_of, first, s))
 			break;
 		last = j;

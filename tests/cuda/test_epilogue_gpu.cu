@@ -1,0 +1,141 @@
+/* test_epilogue_gpu.cu: the GEMM epilogue on the GPU (scripts/gpu-check.sh runs it; CI builds it in
+ * cuda_one_process and it skips without a GPU). planrt_cu_k_matmul_epilogue_16 (D = op(A) op(B) +
+ * R + bias over the rows, 16-bit, rounded once: cuBLASLt) against the CPU: planrt_k_matmul_bf16 /
+ * _f16 with an f32 product, plus R and the bias in f32, rounded once. Every element within 1.5
+ * units in the last place of the largest |D| (the sums differ in order; the unfused path rounds
+ * twice); a wrong layout or transpose is off by the values themselves. The cases: the GPT's
+ * bias and residual shapes, transposed operands, a batch that is one tall GEMM, odd sizes, an f32
+ * bias, f16, no bias, no residual, pointers off 16-byte alignment. PLANRT_EPILOGUE=0 runs the same
+ * cases through the unfused path (the GEMM rounded, then the adds: within the same bound).
+ * Prints PASS/FAIL lines; exit status 0 when all passed, 77 without a GPU. */
+#define PLANRT_INTERNAL
+#include "planrt_cuda.h"
+#include "planrt_cuda_internal.h"
+#include "planrt_exec.h"
+#include "planrt_half.h"
+#include "tally.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct Case {
+	int64_t batch, M, N, K;
+	int ta, tb, resid, bias; /* bias: 0 none, 1 the product's type, 2 f32 */
+	planrt_dtype_t t;
+	int shift; /* elements every device pointer is moved past an aligned start */
+} Case;
+
+static float widen(uint16_t h, planrt_dtype_t t)
+{
+	return t == planrt_bf16 ? planrt_widen_bf16(h) : planrt_widen_f16(h);
+}
+
+static uint16_t *random16(int64_t n, planrt_dtype_t t, unsigned seed)
+{
+	uint16_t *x = (uint16_t *)malloc(2 * (size_t)(n ? n : 1));
+	for (int64_t i = 0; i < n; i++) {
+		seed = seed * 1103515245u + 12345u;
+		float v = (float)((seed >> 8) & 0xffff) / 32768.0f - 1.0f;
+		x[i] = t == planrt_bf16 ? planrt_narrow_bf16(v) : planrt_narrow_f16(v);
+	}
+	return x;
+}
+
+static void *device(const void *h, size_t bytes, int shift_bytes)
+{
+	char *d = NULL;
+	if (cudaMalloc(&d, bytes + 256) != cudaSuccess ||
+	    cudaMemcpy(d + shift_bytes, h, bytes, cudaMemcpyHostToDevice) != cudaSuccess) {
+		printf("FAIL: cudaMalloc / cudaMemcpy of %zu bytes\n", bytes);
+		exit(1);
+	}
+	return d;
+}
+
+static void run_case(const Case *c)
+{
+	int64_t nA = c->batch * c->M * c->K, nB = c->K * c->N, nD = c->batch * c->M * c->N;
+	uint16_t *A = random16(nA, c->t, 1), *B = random16(nB, c->t, 2), *R = random16(nD, c->t, 3);
+	uint16_t *b16 = random16(c->N, c->t, 4);
+	float *b32 = (float *)malloc(sizeof(float) * (size_t)c->N), *prod = (float *)malloc(sizeof(float) * (size_t)nD);
+	for (int64_t j = 0; j < c->N; j++)
+		b32[j] = widen(b16[j], c->t) * 0.5f + 0.001f * (float)j;
+	int64_t sa = c->M * c->K, sc = c->M * c->N;
+	/* the CPU: the f32 product, then the adds, rounded once */
+	if (c->t == planrt_bf16)
+		planrt_k_matmul_bf16(c->batch, c->M, c->N, c->K, A, c->ta, sa, B, c->tb, 0, prod, planrt_f32, sc, 0);
+	else
+		planrt_k_matmul_f16(c->batch, c->M, c->N, c->K, A, c->ta, sa, B, c->tb, 0, prod, planrt_f32, sc, 0);
+	float *want = (float *)malloc(sizeof(float) * (size_t)nD);
+	double big = 0;
+	for (int64_t i = 0; i < nD; i++) {
+		float x = prod[i];
+		if (c->bias)
+			x += c->bias == 2 ? b32[i % c->N] : widen(b16[i % c->N], c->t);
+		if (c->resid)
+			x += widen(R[i], c->t);
+		want[i] = x;
+		big = fmax(big, fabs(x));
+	}
+	int sh = c->shift * 2;
+	void *dA = device(A, 2 * (size_t)nA, sh), *dB = device(B, 2 * (size_t)nB, sh), *dR = device(R, 2 * (size_t)nD, sh);
+	void *dbias = c->bias == 2 ? device(b32, 4 * (size_t)c->N, 4 * c->shift) : device(b16, 2 * (size_t)c->N, sh);
+	char *dD = (char *)device(R, 2 * (size_t)nD, sh);
+	cudaMemset(dD, 0xff, 2 * (size_t)nD + 256);
+	planrt_cu_k_matmul_epilogue_16(c->batch, c->M, c->N, c->K, (const uint16_t *)((char *)dA + sh), c->ta, sa,
+				       (const uint16_t *)((char *)dB + sh), c->tb, 0, c->t, dD + sh, sc,
+				       c->resid ? (char *)dR + sh : NULL,
+				       c->bias ? (char *)dbias + (c->bias == 2 ? 4 * c->shift : sh) : NULL,
+				       c->bias == 2 ? planrt_f32 : c->t, PLANRT_STREAM_COMPUTE);
+	cudaError_t e = cudaDeviceSynchronize();
+	CHECK(e == cudaSuccess, "the call: %s", cudaGetErrorString(e));
+	uint16_t *got = (uint16_t *)malloc(2 * (size_t)nD);
+	cudaMemcpy(got, dD + sh, 2 * (size_t)nD, cudaMemcpyDeviceToHost);
+	/* one unit in the last place of the largest value, in the product's type */
+	double ulp = ldexp(1.0, (int)floor(log2(big > 0 ? big : 1)) - (c->t == planrt_bf16 ? 7 : 10)), worst = 0;
+	for (int64_t i = 0; i < nD; i++)
+		worst = fmax(worst, fabs((double)widen(got[i], c->t) - (double)want[i]) / ulp);
+	const char *tn = c->t == planrt_bf16 ? "bf16" : "f16";
+	static const char *const biases[] = {"no bias", "bias", "f32 bias"};
+	CHECK(worst <= 1.5, "%s batch %lld M %lld N %lld K %lld ta %d tb %d, %s%s, shift %d: %.2f ulp", tn,
+	      (long long)c->batch, (long long)c->M, (long long)c->N, (long long)c->K, c->ta, c->tb, biases[c->bias],
+	      c->resid ? " + residual" : "", c->shift, worst);
+	printf("  %s batch %lld M %lld N %lld K %lld ta %d tb %d, %s%s, shift %d: worst %.2f units in the last place of "
+	       "the largest value (at most 1.5)\n",
+	       tn, (long long)c->batch, (long long)c->M, (long long)c->N, (long long)c->K, c->ta, c->tb, biases[c->bias],
+	       c->resid ? " + residual" : "", c->shift, worst);
+	void *host[] = {A, B, R, b16, b32, prod, want, got};
+	for (size_t i = 0; i < sizeof host / sizeof host[0]; i++)
+		free(host[i]);
+	void *dev[] = {dA, dB, dR, dbias, dD};
+	for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
+		cudaFree(dev[i]);
+}
+
+int main(void)
+{
+	int count = 0;
+	if (cudaGetDeviceCount(&count) != cudaSuccess || count < 1) {
+		printf("skip: no CUDA GPU here (this test runs on the GPU machine: scripts/gpu-check.sh)\n");
+		return 77;
+	}
+	const char *mode = getenv("PLANRT_EPILOGUE");
+	printf("planrt_cu_k_matmul_epilogue_16 (%s) against the CPU's f32 product and adds:\n",
+	       mode && !strcmp(mode, "0") ? "the GEMM, then the adds" : "cuBLASLt's epilogue");
+	static const Case cases[] = {
+		{1, 512, 256, 128, 0, 0, 0, 1, planrt_bf16, 0}, /* q, k, v: the bias */
+		{1, 512, 256, 384, 0, 0, 1, 1, planrt_bf16, 0}, /* the output projections: bias and residual */
+		{1, 512, 256, 128, 0, 0, 1, 0, planrt_bf16, 0}, /* a residual alone (no bias: Llama) */
+		{4, 128, 256, 128, 0, 0, 1, 1, planrt_bf16, 0}, /* a batch laid end to end: one tall GEMM */
+		{1, 300, 100, 72, 0, 0, 1, 2, planrt_bf16, 0},	/* odd sizes, an f32 bias */
+		{1, 256, 128, 64, 1, 1, 0, 1, planrt_bf16, 0},	/* both operands transposed */
+		{1, 256, 192, 96, 0, 1, 1, 1, planrt_f16, 0},	/* f16, B transposed */
+		{1, 256, 128, 64, 0, 0, 1, 1, planrt_bf16, 1},	/* pointers 2 bytes past alignment */
+		{3, 64, 96, 32, 1, 0, 1, 1, planrt_bf16, 0},	/* A transposed in a batch: separate GEMMs */
+	};
+	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+		run_case(&cases[i]);
+	return tally_report("the GEMM epilogue on the GPU");
+}
