@@ -105,9 +105,11 @@ ATTN_FN size_t attn_tiles_carve(AttnTiles *t, unsigned char *base, int64_t dh, i
 	} else {
 		ATTN_CARVE(dout, uint16_t, h16);
 		ATTN_CARVE(dp, float, f64);
-		ATTN_CARVE(ds, uint16_t, p16);
+		/* dS and P (16-bit) are written over dP and S (f32), which attn_tile_grad_entries has read
+		 * by then: the dk / dv block fits twice in an SM at head dim 64 (104.5 KB, not 125) */
+		t->ds = (uint16_t *)(void *)t->dp;
 		if (which == ATTN_TILES_DKDV) {
-			ATTN_CARVE(p, uint16_t, p16);
+			t->p = (uint16_t *)(void *)t->s;
 			ATTN_CARVE(acc2, float, fdh);
 		}
 	}
@@ -339,23 +341,37 @@ ATTN_TILE_FN void attn_tile_softmax_row_stats(const AttnParams *a, const AttnTil
 }
 
 /* The backward's entries of a tile pair, by every thread: from the scores (t->s) and dP = dO V^T
- * (t->dp), dS (attn_ds, rounded into t->ds) and, for dv (want_p), P times the dropout factor (t->p). */
+ * (t->dp), dS (attn_ds, rounded into t->ds) and, for dv (want_p), P times the dropout factor (t->p).
+ * t->ds and t->p lie over t->dp and t->s (attn_tiles_carve), so the block goes in two rounds of 32
+ * rows: each thread computes its 16 entries of the round's rows, keeping them, and stores them after
+ * a barrier, when the round's scores have all been read. A 16-bit row (ldp = 72 elements, 144 bytes)
+ * is shorter than an f32 one (ldf = 68, 272 bytes), so rows 0-31 of dS lie within rows 0-16 of dP
+ * (read in the first round) and rows 32-63 within rows 16-34 (read by the second round's barrier). */
 ATTN_TILE_FN void attn_tile_grad_entries(const AttnParams *a, const AttnTiles *t, int tid, int64_t i0, int64_t j0,
 					 const float *mask, int64_t mask_base, uint64_t drop_base, int want_p)
 {
-	for (int e = tid; e < ATTN_TILE * ATTN_TILE; e += ATTN_TILE_THREADS) {
-		int r = e / ATTN_TILE, c = e % ATTN_TILE;
-		int64_t i = i0 + r, j = j0 + c;
-		float ds = 0, pz = 0;
-		if (i < a->sq) {
-			float s = attn_tile_score(a, t->s[r * t->ldf + c], mask, mask_base, i, j);
-			if (s != -INFINITY)
-				ds = attn_ds(a, s, t->lse[r], t->dp[r * t->ldf + c], attn_dropout_factor(a, drop_base, i, j),
-					     t->delta[r], &pz);
+	enum { ROUNDS = 2, PER_ROUND = ATTN_TILE * ATTN_TILE / ATTN_TILE_THREADS / ROUNDS };
+	for (int round = 0; round < ROUNDS; round++) {
+		uint32_t kept[PER_ROUND]; /* dS in the low half, P z in the high */
+		for (int n = 0; n < PER_ROUND; n++) {
+			int e = tid + (round * PER_ROUND + n) * ATTN_TILE_THREADS, r = e / ATTN_TILE, c = e % ATTN_TILE;
+			int64_t i = i0 + r, j = j0 + c;
+			float ds = 0, pz = 0;
+			if (i < a->sq) {
+				float s = attn_tile_score(a, t->s[r * t->ldf + c], mask, mask_base, i, j);
+				if (s != -INFINITY)
+					ds = attn_ds(a, s, t->lse[r], t->dp[r * t->ldf + c],
+						     attn_dropout_factor(a, drop_base, i, j), t->delta[r], &pz);
+			}
+			kept[n] = attn_tile_st16(a, ds) | (uint32_t)attn_tile_st16(a, pz) << 16;
 		}
-		t->ds[r * t->ldp + c] = attn_tile_st16(a, ds);
-		if (want_p)
-			t->p[r * t->ldp + c] = attn_tile_st16(a, pz);
+		ATTN_SYNC(); /* the round's scores and dP read */
+		for (int n = 0; n < PER_ROUND; n++) {
+			int e = tid + (round * PER_ROUND + n) * ATTN_TILE_THREADS, r = e / ATTN_TILE, c = e % ATTN_TILE;
+			t->ds[r * t->ldp + c] = (uint16_t)kept[n];
+			if (want_p)
+				t->p[r * t->ldp + c] = (uint16_t)(kept[n] >> 16);
+		}
 	}
 }
 
