@@ -734,9 +734,11 @@ static void layer_norm(const void *x, const void *w, const void *b, void *y, flo
 	planrt_cu_check_launch("layer_norm");
 }
 
+/* dx of a row; add (NULL: none) is added to it before it is rounded (a residual gradient: the
+ * CUDA printer's epilogues.c folds the add that follows into the kernel) */
 template <int H>
 __global__ static void layer_norm_dx_kernel(const void *x, const void *w, const float *mean, const float *rstd,
-					    const void *dy, void *dx, int64_t cols)
+					    const void *dy, const void *add, void *dx, int64_t cols)
 {
 	int64_t at = (int64_t)blockIdx.x * cols;
 	float mu = mean[blockIdx.x], rs = rstd[blockIdx.x];
@@ -749,7 +751,10 @@ __global__ static void layer_norm_dx_kernel(const void *x, const void *w, const 
 	float mg = block_sum(sg) / (float)cols, mgx = block_sum(sgx) * rs / (float)cols;
 	for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
 		float xh = (ld<H>(x, at + j) - mu) * rs;
-		st<H>(dx, at + j, rs * (ld<H>(dy, at + j) * (w ? ld<H>(w, j) : 1.0f) - mg - xh * mgx));
+		float d = rs * (ld<H>(dy, at + j) * (w ? ld<H>(w, j) : 1.0f) - mg - xh * mgx);
+		if (add)
+			d = ld<H>(add, at + j) + d;
+		st<H>(dx, at + j, d);
 	}
 }
 
@@ -800,12 +805,12 @@ static void norm_params(const void *x, const float *mean, const float *rstd, con
 
 template <int H>
 static void layer_norm_grad(const void *x, const void *w, const float *mean, const float *rstd, const void *dy,
-			    void *dx, float *dw, float *db, int64_t rows, int64_t cols, int stream)
+			    const void *add, void *dx, float *dw, float *db, int64_t rows, int64_t cols, int stream)
 {
 	if (rows <= 0 || cols <= 0)
 		return;
 	layer_norm_dx_kernel<H><<<row_grid(rows), row_threads(cols), 0, planrt_cu_stream(stream)>>>(x, w, mean, rstd,
-												     dy, dx, cols);
+												     dy, add, dx, cols);
 	planrt_cu_check_launch("layer_norm_grad");
 	norm_params<H>(x, mean, rstd, dy, dw, db, rows, cols, stream);
 }
@@ -836,26 +841,30 @@ static void rms_norm(const void *x, const void *w, void *y, float *rstd, int64_t
 }
 
 template <int H>
-__global__ static void rms_norm_dx_kernel(const void *x, const void *w, const float *rstd, const void *dy, void *dx,
-					  int64_t cols)
+__global__ static void rms_norm_dx_kernel(const void *x, const void *w, const float *rstd, const void *dy,
+					  const void *add, void *dx, int64_t cols)
 {
 	int64_t at = (int64_t)blockIdx.x * cols;
 	float rs = rstd[blockIdx.x], sgx = 0;
 	for (int64_t j = threadIdx.x; j < cols; j += blockDim.x)
 		sgx += ld<H>(dy, at + j) * (w ? ld<H>(w, j) : 1.0f) * ld<H>(x, at + j);
 	float c = block_sum(sgx) * rs * rs / (float)cols;
-	for (int64_t j = threadIdx.x; j < cols; j += blockDim.x)
-		st<H>(dx, at + j, rs * (ld<H>(dy, at + j) * (w ? ld<H>(w, j) : 1.0f) - ld<H>(x, at + j) * c));
+	for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
+		float d = rs * (ld<H>(dy, at + j) * (w ? ld<H>(w, j) : 1.0f) - ld<H>(x, at + j) * c);
+		if (add)
+			d = ld<H>(add, at + j) + d;
+		st<H>(dx, at + j, d);
+	}
 }
 
 template <int H>
-static void rms_norm_grad(const void *x, const void *w, const float *rstd, const void *dy, void *dx, float *dw,
-			  int64_t rows, int64_t cols, int stream)
+static void rms_norm_grad(const void *x, const void *w, const float *rstd, const void *dy, const void *add, void *dx,
+			  float *dw, int64_t rows, int64_t cols, int stream)
 {
 	if (rows <= 0 || cols <= 0)
 		return;
-	rms_norm_dx_kernel<H><<<row_grid(rows), row_threads(cols), 0, planrt_cu_stream(stream)>>>(x, w, rstd, dy, dx,
-												   cols);
+	rms_norm_dx_kernel<H><<<row_grid(rows), row_threads(cols), 0, planrt_cu_stream(stream)>>>(x, w, rstd, dy, add,
+												   dx, cols);
 	planrt_cu_check_launch("rms_norm_grad");
 	norm_params<H>(x, NULL, rstd, dy, dw, NULL, rows, cols, stream);
 }
@@ -870,7 +879,7 @@ void planrt_cu_k_layer_norm_grad_f32(const float *x, const float *w, const float
 				     const float *dy, float *dx, float *dw, float *db, int64_t rows, int64_t cols,
 				     int stream)
 {
-	layer_norm_grad<planrt_f32>(x, w, mean, rstd, dy, dx, dw, db, rows, cols, stream);
+	layer_norm_grad<planrt_f32>(x, w, mean, rstd, dy, NULL, dx, dw, db, rows, cols, stream);
 }
 
 void planrt_cu_k_rms_norm_f32(const float *x, const float *w, float *y, float *rstd, int64_t rows, int64_t cols,
@@ -882,7 +891,7 @@ void planrt_cu_k_rms_norm_f32(const float *x, const float *w, float *y, float *r
 void planrt_cu_k_rms_norm_grad_f32(const float *x, const float *w, const float *rstd, const float *dy, float *dx,
 				   float *dw, int64_t rows, int64_t cols, int stream)
 {
-	rms_norm_grad<planrt_f32>(x, w, rstd, dy, dx, dw, rows, cols, stream);
+	rms_norm_grad<planrt_f32>(x, w, rstd, dy, NULL, dx, dw, rows, cols, stream);
 }
 
 void planrt_cu_k_layer_norm_16(const void *x, const void *w, const void *b, void *y, float *mean, float *rstd,
@@ -895,7 +904,17 @@ void planrt_cu_k_layer_norm_grad_16(const void *x, const void *w, const float *m
 				    void *dx, float *dw, float *db, int64_t rows, int64_t cols, planrt_dtype_t storage,
 				    int stream)
 {
-	BY_STORAGE("layer_norm_grad_16", storage, layer_norm_grad<H>(x, w, mean, rstd, dy, dx, dw, db, rows, cols, stream));
+	BY_STORAGE("layer_norm_grad_16", storage,
+		   layer_norm_grad<H>(x, w, mean, rstd, dy, NULL, dx, dw, db, rows, cols, stream));
+}
+
+/* layer_norm_grad_16 whose dx is add + dx, rounded once (epilogues.c: the residual gradient's add) */
+void planrt_cu_k_layer_norm_grad_add_16(const void *x, const void *w, const float *mean, const float *rstd,
+					const void *dy, const void *add, void *dx, float *dw, float *db, int64_t rows,
+					int64_t cols, planrt_dtype_t storage, int stream)
+{
+	BY_STORAGE("layer_norm_grad_add_16", storage,
+		   layer_norm_grad<H>(x, w, mean, rstd, dy, add, dx, dw, db, rows, cols, stream));
 }
 
 void planrt_cu_k_rms_norm_16(const void *x, const void *w, void *y, float *rstd, int64_t rows, int64_t cols,
@@ -907,7 +926,14 @@ void planrt_cu_k_rms_norm_16(const void *x, const void *w, void *y, float *rstd,
 void planrt_cu_k_rms_norm_grad_16(const void *x, const void *w, const float *rstd, const void *dy, void *dx,
 				  float *dw, int64_t rows, int64_t cols, planrt_dtype_t storage, int stream)
 {
-	BY_STORAGE("rms_norm_grad_16", storage, rms_norm_grad<H>(x, w, rstd, dy, dx, dw, rows, cols, stream));
+	BY_STORAGE("rms_norm_grad_16", storage, rms_norm_grad<H>(x, w, rstd, dy, NULL, dx, dw, rows, cols, stream));
+}
+
+/* rms_norm_grad_16 whose dx is add + dx, rounded once (epilogues.c) */
+void planrt_cu_k_rms_norm_grad_add_16(const void *x, const void *w, const float *rstd, const void *dy, const void *add,
+				      void *dx, float *dw, int64_t rows, int64_t cols, planrt_dtype_t storage, int stream)
+{
+	BY_STORAGE("rms_norm_grad_add_16", storage, rms_norm_grad<H>(x, w, rstd, dy, add, dx, dw, rows, cols, stream));
 }
 
 /* ------------------------------------------------------------------ embedding */

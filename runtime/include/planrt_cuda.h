@@ -85,6 +85,13 @@ void planrt_cu_k_matmul_epilogue_16(int64_t batch, int64_t M, int64_t N, int64_t
 				    int64_t stride_a, const uint16_t *B, int trans_b, int64_t stride_b, planrt_dtype_t t,
 				    void *D, int64_t stride_c, const void *R, const void *bias, planrt_dtype_t bias_type,
 				    int stream);
+/* layer_norm_grad_16 / rms_norm_grad_16 whose dx is add + dx, rounded once: what the CUDA printer
+ * calls for a norm's gradient whose only reader adds the residual's gradient to it (epilogues.c) */
+void planrt_cu_k_layer_norm_grad_add_16(const void *x, const void *w, const float *mean, const float *rstd,
+					const void *dy, const void *add, void *dx, float *dw, float *db, int64_t rows,
+					int64_t cols, planrt_dtype_t storage, int stream);
+void planrt_cu_k_rms_norm_grad_add_16(const void *x, const void *w, const float *rstd, const void *dy, const void *add,
+				      void *dx, float *dw, int64_t rows, int64_t cols, planrt_dtype_t storage, int stream);
 void planrt_cu_k_permute_f32(int rank, const int64_t *in_dims, const int *perm, const float *in, float *out, int stream);
 void planrt_cu_k_permute_16(int rank, const int64_t *in_dims, const int *perm, const void *in, void *out, int stream);
 void planrt_cu_k_sum_to_f32(int rank, const int64_t *dims, const float *in, const int64_t *out_strides, float *out,

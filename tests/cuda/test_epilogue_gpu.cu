@@ -6,13 +6,16 @@
  * twice); a wrong layout or transpose is off by the values themselves. The cases: the GPT's
  * bias and residual shapes, transposed operands, a batch that is one tall GEMM, odd sizes, an f32
  * bias, f16, no bias, no residual, pointers off 16-byte alignment. PLANRT_EPILOGUE=0 runs the same
- * cases through the unfused path (the GEMM rounded, then the adds: within the same bound).
+ * cases through the unfused path (the GEMM rounded, then the adds: within the same bound). And the
+ * norm gradients with the residual gradient's add (planrt_cu_k_layer_norm_grad_add_16, _rms_): dx
+ * + add against the CPU's f32 gradient plus add, within 1.5 units; dw, db within 1e-4 relative.
  * Prints PASS/FAIL lines; exit status 0 when all passed, 77 without a GPU. */
 #define PLANRT_INTERNAL
 #include "planrt_cuda.h"
 #include "planrt_cuda_internal.h"
 #include "planrt_exec.h"
 #include "planrt_half.h"
+#include "planrt_kernels.h"
 #include "tally.h"
 
 #include <math.h>
@@ -114,6 +117,70 @@ static void run_case(const Case *c)
 		cudaFree(dev[i]);
 }
 
+/* a norm gradient with the residual gradient's add (rms: the RMS norm's): dx + add against the CPU's
+ * f32 gradient of the widened inputs plus add, rounded once; dw and db within f32 rounding */
+static void norm_case(int64_t rows, int64_t cols, int rms, planrt_dtype_t t)
+{
+	int64_t n = rows * cols;
+	uint16_t *x = random16(n, t, 5), *w = random16(cols, t, 6), *dy = random16(n, t, 7), *add = random16(n, t, 8);
+	float *xf = (float *)malloc(4 * (size_t)n), *wf = (float *)malloc(4 * (size_t)cols), *dyf = (float *)malloc(4 * (size_t)n);
+	for (int64_t i = 0; i < n; i++) {
+		xf[i] = widen(x[i], t);
+		dyf[i] = widen(dy[i], t);
+	}
+	for (int64_t j = 0; j < cols; j++)
+		wf[j] = widen(w[j], t);
+	float *y = (float *)malloc(4 * (size_t)n), *mean = (float *)calloc((size_t)rows, 4), *rstd = (float *)calloc((size_t)rows, 4);
+	float *dx = (float *)malloc(4 * (size_t)n), *dw = (float *)calloc((size_t)cols, 4), *db = (float *)calloc((size_t)cols, 4);
+	if (rms) {
+		planrt_k_rms_norm_f32(xf, wf, y, rstd, rows, cols, 1e-5);
+		planrt_k_rms_norm_grad_f32(xf, wf, rstd, dyf, dx, dw, rows, cols);
+	} else {
+		planrt_k_layer_norm_f32(xf, wf, NULL, y, mean, rstd, rows, cols, 1e-5);
+		planrt_k_layer_norm_grad_f32(xf, wf, mean, rstd, dyf, dx, dw, db, rows, cols);
+	}
+	double big = 0;
+	for (int64_t i = 0; i < n; i++) {
+		dx[i] += widen(add[i], t);
+		big = fmax(big, fabs(dx[i]));
+	}
+	void *d_x = device(x, 2 * (size_t)n, 0), *d_w = device(w, 2 * (size_t)cols, 0), *d_dy = device(dy, 2 * (size_t)n, 0);
+	void *d_add = device(add, 2 * (size_t)n, 0), *d_mean = device(mean, 4 * (size_t)rows, 0);
+	void *d_rstd = device(rstd, 4 * (size_t)rows, 0), *d_out = device(add, 2 * (size_t)n, 0);
+	float *zeros = (float *)calloc((size_t)cols, 4);
+	float *d_dw = (float *)device(zeros, 4 * (size_t)cols, 0), *d_db = (float *)device(zeros, 4 * (size_t)cols, 0);
+	cudaMemset(d_out, 0xff, 2 * (size_t)n);
+	if (rms)
+		planrt_cu_k_rms_norm_grad_add_16(d_x, d_w, (const float *)d_rstd, d_dy, d_add, d_out, d_dw, rows, cols, t,
+						 PLANRT_STREAM_COMPUTE);
+	else
+		planrt_cu_k_layer_norm_grad_add_16(d_x, d_w, (const float *)d_mean, (const float *)d_rstd, d_dy, d_add, d_out,
+						   d_dw, d_db, rows, cols, t, PLANRT_STREAM_COMPUTE);
+	cudaError_t e = cudaDeviceSynchronize();
+	CHECK(e == cudaSuccess, "the norm call: %s", cudaGetErrorString(e));
+	uint16_t *got = (uint16_t *)malloc(2 * (size_t)n);
+	float *gdw = (float *)malloc(4 * (size_t)cols), *gdb = (float *)malloc(4 * (size_t)cols);
+	cudaMemcpy(got, d_out, 2 * (size_t)n, cudaMemcpyDeviceToHost);
+	cudaMemcpy(gdw, d_dw, 4 * (size_t)cols, cudaMemcpyDeviceToHost);
+	cudaMemcpy(gdb, d_db, 4 * (size_t)cols, cudaMemcpyDeviceToHost);
+	double ulp = ldexp(1.0, (int)floor(log2(big > 0 ? big : 1)) - (t == planrt_bf16 ? 7 : 10)), worst = 0, wp = 0;
+	for (int64_t i = 0; i < n; i++)
+		worst = fmax(worst, fabs((double)widen(got[i], t) - (double)dx[i]) / ulp);
+	for (int64_t j = 0; j < cols; j++)
+		wp = fmax(wp, fmax(fabs(gdw[j] - dw[j]), rms ? 0 : fabs(gdb[j] - db[j])) / (1 + fabs(dw[j]) + fabs(db[j])));
+	CHECK(worst <= 1.5 && wp <= 1e-4, "%s %s gradient + add, %lld x %lld: dx %.2f ulp, dw / db %.1e", rms ? "rms" : "layer",
+	      t == planrt_bf16 ? "bf16" : "f16", (long long)rows, (long long)cols, worst, wp);
+	printf("  %s norm gradient + add, %s, %lld x %lld: dx + add within %.2f units in the last place of the largest (at "
+	       "most 1.5), dw / db %.1e relative (at most 1e-4)\n",
+	       rms ? "rms" : "layer", t == planrt_bf16 ? "bf16" : "f16", (long long)rows, (long long)cols, worst, wp);
+	void *host[] = {x, w, dy, add, xf, wf, dyf, y, mean, rstd, dx, dw, db, zeros, got, gdw, gdb};
+	for (size_t i = 0; i < sizeof host / sizeof host[0]; i++)
+		free(host[i]);
+	void *dev[] = {d_x, d_w, d_dy, d_add, d_mean, d_rstd, d_out, d_dw, d_db};
+	for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
+		cudaFree(dev[i]);
+}
+
 int main(void)
 {
 	int count = 0;
@@ -137,5 +204,8 @@ int main(void)
 	};
 	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
 		run_case(&cases[i]);
-	return tally_report("the GEMM epilogue on the GPU");
+	norm_case(300, 1024, 0, planrt_bf16);
+	norm_case(77, 300, 0, planrt_f16);
+	norm_case(300, 1024, 1, planrt_bf16);
+	return tally_report("the GEMM and norm-gradient epilogues on the GPU");
 }

@@ -24,7 +24,9 @@
  * GEMM epilogues (compiler/target/cuda/epilogues.c): the GPT's six linear layers a layer in bf16 pair
  * each matmul with the loop that adds its bias (gpt350m: and the residual, two a layer); f32 has
  * none; a pair is refused when its loop accumulates, when another kernel reads the product, or
- * when the bias is not broadcast over the rows.
+ * when the bias is not broadcast over the rows. gpt350m's two layer norm gradients a layer pair with
+ * the add of the residual's gradient after them, past the casts of dw and db, unless one of those
+ * reads the loop's output.
  * Prints PASS/FAIL lines and `N passed, N failed`; exits 1 on any failure. */
 #include "passes.h"
 #include "target/target.h"
@@ -275,9 +277,19 @@ static int add_loads(const LExpr *x, const LExpr **out, int n)
  * not broadcast over the rows */
 static void epilogues_gpt(LProg *p, int layers, int resid_layers, const char *name)
 {
-	int *pair = cuda_epilogues(p), n = 0, biased = 0, resid = 0, first = -1, first_loop = -1;
+	int *pair = cuda_epilogues(p), n = 0, biased = 0, resid = 0, first = -1, first_loop = -1, norms = 0, norm = -1;
 	bool sound = true;
 	for (int i = 0; i < p->nk; i++) {
+		if (pair[i] >= 0 && p->k[i].kind == K_LAYER_NORM_GRAD_16) { /* out = dx + the residual's gradient */
+			const Kernel *l = &p->k[pair[i]];
+			const LExpr *loads[3];
+			int dx = KARG(&p->k[i], LAYER_NORM_GRAD_16, dx)->buf;
+			sound &= l->kind == K_LOOP && add_loads(l->expr, loads, 0) == 2 &&
+				 (loads[0]->buf == dx) != (loads[1]->buf == dx);
+			norms++;
+			norm = norm < 0 ? i : norm;
+			continue;
+		}
 		if (pair[i] < 0)
 			continue;
 		const Kernel *m = &p->k[i], *l = &p->k[pair[i]];
@@ -305,6 +317,23 @@ static void epilogues_gpt(LProg *p, int layers, int resid_layers, const char *na
 	       "output projections), each a matmul whose product only its loop reads, C + bias (+ residual)", name, n);
 	report(biased == 6 * layers && resid == 2 * resid_layers, "%s: %d with a bias, %d with a residual (%d expected)", name,
 	       biased, resid, 2 * resid_layers);
+	report(resid_layers ? norms == 2 * resid_layers : norms > 0, "%s: %d layer norm gradients with the residual "
+	       "gradient's add after them (%s%d)", name, norms, resid_layers ? "" : "more than ", resid_layers ? 2 * resid_layers : 0);
+	if (norm >= 0) { /* a kernel between the norm and its loop that reads the loop's output: refused */
+		int *pr = cuda_epilogues(p), l = pr[norm];
+		free(pr);
+		Kernel *cast = &p->k[norm + 1];
+		int *was = cast->uses, *more = malloc(sizeof(int) * (size_t)(cast->nuses + 1));
+		memcpy(more, was, sizeof(int) * (size_t)cast->nuses);
+		more[cast->nuses++] = p->k[l].out;
+		cast->uses = more;
+		int blocked = epilogue_pairs(p);
+		cast->nuses--;
+		cast->uses = was;
+		free(more);
+		report(norm + 1 < l && blocked == n + norms - 1, "%s: a norm's pair refused when a kernel between reads "
+		       "the loop's output (%d of %d pairs left)", name, blocked, n + norms);
+	}
 	if (first < 0 || resid_layers)
 		return;
 	Kernel *loop = &p->k[first_loop], *other = &p->k[first_loop + 1];
@@ -327,10 +356,11 @@ static void epilogues_gpt(LProg *p, int layers, int resid_layers, const char *na
 	bias->stride[0] = 1;
 	int not_broadcast = epilogue_pairs(p);
 	bias->stride[0] = stride0;
-	report(accumulated == n - 1 && second_reader == n - 1 && not_broadcast == n - 1 && epilogue_pairs(p) == n,
+	int all = n + norms;
+	report(accumulated == all - 1 && second_reader == all - 1 && not_broadcast == all - 1 && epilogue_pairs(p) == all,
 	       "gpt bf16: a pair refused when its loop accumulates (%d), when another kernel reads the product (%d), when "
 	       "the bias is not broadcast over the rows (%d); %d pairs again when undone",
-	       n - accumulated, n - second_reader, n - not_broadcast, epilogue_pairs(p));
+	       all - accumulated, all - second_reader, all - not_broadcast, epilogue_pairs(p));
 }
 
 static void layer_runs_gpt(void)

@@ -1,24 +1,31 @@
-/* epilogues.c: the CUDA target's GEMM epilogues. A linear layer's forward is a matmul whose product
- * a fused loop reads once to add the bias (q, k, v, the MLP's first layer) or the bias and the
- * block's residual (the attention's and the MLP's output projections): for gpt350m 120 loops a step
- * that read the product back from memory and write the sum, 5.4 GB. Here such a pair is printed as
- * one call, planrt_cu_k_matmul_epilogue_16, whose GEMM adds the residual and the bias to its f32
- * accumulator and rounds once (cuBLASLt's epilogue: runtime/cuda/gemm_epilogue_cuda.cu); the
- * product's buffer is then never written.
+/* epilogues.c: the CUDA target's epilogues: a kernel whose output only the fused loop printed after
+ * it reads, to add something to it, is printed as one call that adds it before it rounds. The loop
+ * would read the output back from memory and write the sum: the pair moves that tensor twice more
+ * than the one call, and rounds it twice instead of once. Two kinds of pairs:
+ *   - GEMMs: a 16-bit matmul (matmul_bf16, matmul_f16) that overwrites its product C, then a loop
+ *     out = C + bias and / or + residual: the linear layers' bias adds (q, k, v, the MLP's first
+ *     layer) and the blocks' residual adds where no dropout comes between (the output
+ *     projections), forward. Printed as planrt_cu_k_matmul_epilogue_16: cuBLASLt's epilogue adds
+ *     the residual (beta C) and the bias to the f32 accumulator (runtime/cuda/gemm_epilogue_cuda.cu).
+ *     The bias is a load broadcast over every dim but the last, whose extent is the matmul's N, at
+ *     unit stride; the residual another buffer at the output's index; at least one of the two.
+ *   - norm gradients: a layer_norm_grad_16 or rms_norm_grad_16, then a loop out = dx + r (r at the
+ *     output's index): the residual stream's gradient added to the norm's input gradient, backward.
+ *     Printed as planrt_cu_k_layer_norm_grad_add_16 / rms_norm_grad_add_16, whose rows add r before
+ *     they round.
+ * The loop is the first kernel of the phase call after the first one that reads its output, within
+ * four kernels that touch nothing the loop reads or writes (a norm's dw / db casts come between;
+ * the loop then runs in the pair's call, before them). It waits for nothing (the first kernel's waits
+ * are printed before the call), is not
+ * accumulated, runs on the same stream in the same micro-batches and comes from the same layer,
+ * stores out in the 16-bit type, and reads the first kernel's output once at the output's index
+ * besides 16-bit operands of that type (an f32 bias too); that output is a transient buffer (the
+ * arena, or a micro-batch's activation slot) that no other kernel reads or writes, and nobody waits
+ * for the first kernel. For gpt350m in bf16 that is 144 GEMM pairs and 48 norm pairs a step.
  *
- * A pair is a 16-bit matmul (matmul_bf16, matmul_f16) that overwrites its product C and the kernel
- * printed right after it in its phase call, a fused loop on the same stream that
- *   - waits for nothing (the matmul's waits are printed before the call) and is not accumulated,
- *   - computes out = a sum of loads: C read once at the output's index, at most one bias (a load
- *     broadcast over every dim but the last, whose extent is the matmul's N, read at unit stride)
- *     and at most one residual (another buffer read at the output's index), at least one of the
- *     two,
- *   - stores out in the product's type, the residual of that type, the bias of that type or f32;
- * the product is a transient buffer (the arena, or a micro-batch's activation slot) that no other
- * kernel reads or writes, nobody waits for the matmul
- * and both come from the same layer. The C and LLVM targets keep the pair: the CPU's numbers do not
- * change. On the GPU the sum is rounded once instead of twice (after the product, after the sum);
- * PLANRT_EPILOGUE=0 makes the runtime compute the pair's arithmetic as printed, bit for bit. */
+ * The C and LLVM targets keep the pairs: the CPU's numbers do not change. On the GPU the sum is
+ * rounded once instead of twice (within the bf16 tolerance the GPU is held to); PLANRT_EPILOGUE=0
+ * makes the GEMM call compute the pair's arithmetic as printed, bit for bit. */
 #include "target/target.h"
 
 #include <stdlib.h>
@@ -82,27 +89,40 @@ static int buf_of(const Kernel *k, int index)
 	return a->kind == KA_BUF ? a->buf : -1;
 }
 
-/* The pair's loads when kernel m (a matmul) and l (the kernel after it) are a pair: *bias and *resid
- * (-1: none) */
-static bool pair(const LProg *p, const Kernel *m, const Kernel *l, const int *reads, const int *writes, int *bias,
-		 int *resid)
+/* the conditions on loop l after kernel m that every pair has */
+static bool loop_after(const LProg *p, const Kernel *m, const Kernel *l, DType t)
 {
-	if ((m->kind != K_MATMUL_BF16 && m->kind != K_MATMUL_F16) || mm_int(m, MM(accumulate)) ||
-	    m->event || m->stream == STREAM_HOST || kernel_device[m->kind].mode != KDEV_CALL)
-		return false;
-	if (l->kind != K_LOOP || l->accumulate || l->nwaits || l->stream != m->stream ||
-	    l->only_last_micro != m->only_last_micro || layer_of(p, l) != layer_of(p, m))
-		return false;
-	int c = buf_of(m, MM(C));
-	DType t = m->kind == K_MATMUL_BF16 ? DT_BF16 : DT_F16;
-	if (c < 0 || (p->buf[c].cls != BUF_ARENA && p->buf[c].cls != BUF_SLOT) || (DType)mm_int(m, MM(c_type)) != t || p->buf[c].dtype != t ||
-	    reads[c] != 1 || writes[c] != 1 || p->buf[l->out].dtype != t)
-		return false;
-	long long batch = mm_int(m, MM(batch)), M = mm_int(m, MM(M)), N = mm_int(m, MM(N));
+	return !m->event && m->stream != STREAM_HOST && kernel_device[m->kind].mode == KDEV_CALL && l->kind == K_LOOP &&
+	       !l->accumulate && !l->nwaits && l->stream == m->stream && l->only_last_micro == m->only_last_micro &&
+	       layer_of(p, l) == layer_of(p, m) && p->buf[l->out].dtype == t;
+}
+
+/* whether buffer c, m's output of type t, is transient and read and written by m and its loop alone */
+static bool output_alone(const LProg *p, int c, DType t, const int *reads, const int *writes)
+{
+	return c >= 0 && (p->buf[c].cls == BUF_ARENA || p->buf[c].cls == BUF_SLOT) && p->buf[c].dtype == t &&
+	       reads[c] == 1 && writes[c] == 1;
+}
+
+static long long loop_elems(const Kernel *l)
+{
 	long long elems = 1;
 	for (int d = 0; d < l->rank; d++)
 		elems *= l->dims[d];
-	if (elems != batch * M * N)
+	return elems;
+}
+
+/* The loads of a GEMM pair: kernel m (a 16-bit matmul) and loop l; *bias and *resid (-1: none) */
+static bool gemm_pair(const LProg *p, const Kernel *m, const Kernel *l, const int *reads, const int *writes, int *bias,
+		      int *resid)
+{
+	if ((m->kind != K_MATMUL_BF16 && m->kind != K_MATMUL_F16) || mm_int(m, MM(accumulate)))
+		return false;
+	int c = buf_of(m, MM(C));
+	DType t = m->kind == K_MATMUL_BF16 ? DT_BF16 : DT_F16;
+	long long N = mm_int(m, MM(N));
+	if (!loop_after(p, m, l, t) || (DType)mm_int(m, MM(c_type)) != t || !output_alone(p, c, t, reads, writes) ||
+	    loop_elems(l) != mm_int(m, MM(batch)) * mm_int(m, MM(M)) * N)
 		return false;
 	const LExpr *leaves[4];
 	int n = add_leaves(l->expr, leaves, 0, 4), product = 0;
@@ -122,6 +142,69 @@ static bool pair(const LProg *p, const Kernel *m, const Kernel *l, const int *re
 	return n >= 2 && product == 1 && (*bias >= 0 || *resid >= 0);
 }
 
+/* a norm gradient's argument (layer_norm_grad_16 and rms_norm_grad_16 name theirs alike) */
+#define NORM(k, name)                                                                                   \
+	((k)->kind == K_LAYER_NORM_GRAD_16 ? KARG_INDEX(LAYER_NORM_GRAD_16, name) : KARG_INDEX(RMS_NORM_GRAD_16, name))
+
+/* The added buffer of a norm pair: kernel m (a 16-bit norm gradient) and loop l out = dx + *resid */
+static bool norm_pair(const LProg *p, const Kernel *m, const Kernel *l, const int *reads, const int *writes,
+		      int *resid)
+{
+	if (m->kind != K_LAYER_NORM_GRAD_16 && m->kind != K_RMS_NORM_GRAD_16)
+		return false;
+	DType t = (DType)m->args[NORM(m, storage)].i;
+	int dx = buf_of(m, NORM(m, dx));
+	if (!loop_after(p, m, l, t) || !output_alone(p, dx, t, reads, writes) ||
+	    loop_elems(l) != m->args[NORM(m, rows)].i * m->args[NORM(m, cols)].i)
+		return false;
+	const LExpr *leaves[3];
+	if (add_leaves(l->expr, leaves, 0, 3) != 2)
+		return false;
+	const LExpr *d = leaves[0]->buf == dx ? leaves[0] : leaves[1], *r = d == leaves[0] ? leaves[1] : leaves[0];
+	*resid = r->buf;
+	return d->buf == dx && r->buf != dx && at_output_index(l, d) && at_output_index(l, r) && p->buf[r->buf].dtype == t;
+}
+
+/* whether kernel k reads or writes storage s */
+static bool touches(const LProg *p, const Kernel *k, int s)
+{
+	for (int u = 0; u < k->nuses; u++)
+		if (cuda_storage_of(p, k->uses[u]) == s)
+			return true;
+	for (int d = 0; d < k->ndefs; d++)
+		if (cuda_storage_of(p, k->defs[d]) == s)
+			return true;
+	return false;
+}
+
+/* The kernel of kernel i's phase call that first reads buffer b after it, if it comes within 4
+ * kernels of that call and none of the kernels between touches what it reads or writes (the loop
+ * then runs in the pair's call, before them: the norm gradients' casts of dw and db come between);
+ * else -1 */
+static int reader_after(const LProg *p, int i, int b)
+{
+	const Kernel *m = &p->k[i];
+	int between[4], n = 0;
+	for (int j = i + 1; j < p->nk; j++) {
+		const Kernel *k = &p->k[j];
+		if (k->phase != m->phase || k->chunk != m->chunk)
+			continue; /* printed in another phase call */
+		if (!touches(p, k, b)) {
+			if (n == 4)
+				return -1;
+			between[n++] = j;
+			continue;
+		}
+		for (int x = 0; x < n; x++)
+			for (int u = 0; u < k->nuses + k->ndefs; u++)
+				if (touches(p, &p->k[between[x]],
+					    cuda_storage_of(p, u < k->nuses ? k->uses[u] : k->defs[u - k->nuses])))
+					return -1;
+		return j;
+	}
+	return -1;
+}
+
 int *cuda_epilogues(const LProg *p)
 {
 	int *pair_of = malloc(sizeof(int) * (size_t)(p->nk ? p->nk : 1));
@@ -138,11 +221,13 @@ int *cuda_epilogues(const LProg *p)
 	}
 	for (int i = 0; i < p->nk; i++) {
 		const Kernel *m = &p->k[i];
-		int next = i + 1;
-		while (next < p->nk && (p->k[next].phase != m->phase || p->k[next].chunk != m->chunk))
-			next++; /* printed in another phase call */
+		int out = m->kind == K_LAYER_NORM_GRAD_16 || m->kind == K_RMS_NORM_GRAD_16 ? buf_of(m, NORM(m, dx))
+			  : m->kind == K_MATMUL_BF16 || m->kind == K_MATMUL_F16		  ? buf_of(m, MM(C))
+											  : -1;
+		int next = out >= 0 && pair_of[i] == CUDA_EPI_NONE ? reader_after(p, i, out) : -1;
 		int bias, resid;
-		if (next < p->nk && pair_of[i] == CUDA_EPI_NONE && pair(p, m, &p->k[next], reads, writes, &bias, &resid)) {
+		if (next >= 0 && (gemm_pair(p, m, &p->k[next], reads, writes, &bias, &resid) ||
+				  norm_pair(p, m, &p->k[next], reads, writes, &resid))) {
 			pair_of[i] = next;
 			pair_of[next] = CUDA_EPI_MEMBER;
 		}
@@ -152,8 +237,37 @@ int *cuda_epilogues(const LProg *p)
 	return pair_of;
 }
 
+/* norm gradient m and its loop l: the kernel's call with dx the loop's output and the added buffer
+ * after dy */
+static void print_norm_pair(Emit *e, const Kernel *m, const Kernel *l, const char *stream)
+{
+	FILE *f = emit_file(e);
+	const LProg *p = emit_prog(e);
+	const LExpr *leaves[3];
+	add_leaves(l->expr, leaves, 0, 3);
+	int dx = buf_of(m, NORM(m, dx)), resid = leaves[0]->buf == dx ? leaves[1]->buf : leaves[0]->buf;
+	fprintf(f, "%s(", m->kind == K_LAYER_NORM_GRAD_16 ? "planrt_cu_k_layer_norm_grad_add_16" : "planrt_cu_k_rms_norm_grad_add_16");
+	for (int i = 0; i < m->nargs; i++) {
+		if (i == NORM(m, dx))
+			emit_name(e, l->out);
+		else
+			emit_arg(e, m, i);
+		fprintf(f, ", ");
+		if (i == NORM(m, dy)) {
+			emit_name(e, resid);
+			fprintf(f, ", ");
+		}
+	}
+	fprintf(f, "%s);", stream);
+	emit_comment(e, arena_printf(p->g->arena, "%s, with the add after it (epilogues.c)", m->note ? m->note : "norm"));
+}
+
 void cuda_print_epilogue(Emit *e, const Kernel *m, const Kernel *l, const char *stream)
 {
+	if (m->kind == K_LAYER_NORM_GRAD_16 || m->kind == K_RMS_NORM_GRAD_16) {
+		print_norm_pair(e, m, l, stream);
+		return;
+	}
 	FILE *f = emit_file(e);
 	const LProg *p = emit_prog(e);
 	int bias = -1, resid = -1;
