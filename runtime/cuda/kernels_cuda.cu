@@ -561,8 +561,9 @@ __device__ static uint32_t philox_first(uint32_t c0, uint32_t c1, uint32_t c2, u
  * second[d] + c - half in its second (a balanced ring's block holds two halves apart on one dim;
  * elsewhere second = first + half, one run), as the CPU's dropout_mask draws it. */
 template <int H>
-__global__ static void dropout_kernel(const void *x, void *y, uint8_t *mask, uint64_t thr, float sc, uint64_t seed,
-				      uint64_t key, int rank, Dims ldims, Dims gst, Dims first, Dims second, int64_t n)
+__global__ static void dropout_kernel(const void *x, const void *add, void *y, uint8_t *mask, uint64_t thr, float sc,
+				      uint64_t seed, uint64_t key, int rank, Dims ldims, Dims gst, Dims first, Dims second,
+				      int64_t n)
 {
 	GRID_STRIDE(i, n)
 	{
@@ -577,13 +578,16 @@ __global__ static void dropout_kernel(const void *x, void *y, uint8_t *mask, uin
 					  (uint32_t)seed, (uint32_t)(seed >> 32));
 		uint8_t keep = (uint64_t)u >= thr;
 		mask[i] = keep;
-		st<H>(y, i, keep ? ld<H>(x, i) * sc : 0.0f);
+		float v = keep ? ld<H>(x, i) * sc : 0.0f;
+		if (add) /* the residual the loop after it added (epilogues.c) */
+			v = ld<H>(add, i) + v;
+		st<H>(y, i, v);
 	}
 }
 
 template <int H>
-static void dropout(const void *x, void *y, uint8_t *mask, double p, uint64_t seed, uint64_t key, int rank,
-		    const int64_t *gdims, const int64_t *ldims, const int64_t *offs, int stream)
+static void dropout(const void *x, const void *add, void *y, uint8_t *mask, double p, uint64_t seed, uint64_t key,
+		    int rank, const int64_t *gdims, const int64_t *ldims, const int64_t *offs, int stream)
 {
 	check_rank("dropout", rank);
 	if (planrt_evaluating_)
@@ -594,21 +598,29 @@ static void dropout(const void *x, void *y, uint8_t *mask, double p, uint64_t se
 		n *= ldims[d];
 	uint64_t thr = !(p > 0) ? 0 : p >= 1 ? (uint64_t)1 << 32 : (uint64_t)ceil(p * 4294967296.0);
 	float sc = p >= 1 ? 0.0f : (float)(1.0 / (1.0 - p));
-	LAUNCH(dropout_kernel<H>, n, stream, x, y, mask, thr, sc, seed, key, rank, dims_of(rank, ldims), dims_of(rank, gst),
-	       dims_of(rank, offs), dims_of(rank, offs + rank), n);
+	LAUNCH(dropout_kernel<H>, n, stream, x, add, y, mask, thr, sc, seed, key, rank, dims_of(rank, ldims),
+	       dims_of(rank, gst), dims_of(rank, offs), dims_of(rank, offs + rank), n);
 }
 
 void planrt_cu_k_dropout_f32(const float *x, float *y, uint8_t *mask, double p, uint64_t seed, uint64_t key, int rank,
 			     const int64_t *gdims, const int64_t *ldims, const int64_t *offs, int stream)
 {
-	dropout<planrt_f32>(x, y, mask, p, seed, key, rank, gdims, ldims, offs, stream);
+	dropout<planrt_f32>(x, NULL, y, mask, p, seed, key, rank, gdims, ldims, offs, stream);
 }
 
 void planrt_cu_k_dropout_16(const void *x, void *y, uint8_t *mask, double p, uint64_t seed, uint64_t key, int rank,
 			    const int64_t *gdims, const int64_t *ldims, const int64_t *offs, planrt_dtype_t storage,
 			    int stream)
 {
-	BY_STORAGE("dropout_16", storage, dropout<H>(x, y, mask, p, seed, key, rank, gdims, ldims, offs, stream));
+	BY_STORAGE("dropout_16", storage, dropout<H>(x, NULL, y, mask, p, seed, key, rank, gdims, ldims, offs, stream));
+}
+
+/* dropout_16 whose y is add + the dropped x, rounded once (epilogues.c: the residual add after it) */
+void planrt_cu_k_dropout_add_16(const void *x, const void *add, void *y, uint8_t *mask, double p, uint64_t seed,
+				uint64_t key, int rank, const int64_t *gdims, const int64_t *ldims, const int64_t *offs,
+				planrt_dtype_t storage, int stream)
+{
+	BY_STORAGE("dropout_add_16", storage, dropout<H>(x, add, y, mask, p, seed, key, rank, gdims, ldims, offs, stream));
 }
 
 /* ------------------------------------------------------------------ attention pieces */

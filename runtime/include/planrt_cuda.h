@@ -92,6 +92,11 @@ void planrt_cu_k_layer_norm_grad_add_16(const void *x, const void *w, const floa
 					int64_t cols, planrt_dtype_t storage, int stream);
 void planrt_cu_k_rms_norm_grad_add_16(const void *x, const void *w, const float *rstd, const void *dy, const void *add,
 				      void *dx, float *dw, int64_t rows, int64_t cols, planrt_dtype_t storage, int stream);
+/* dropout_16 whose y is add + the dropped x, rounded once: the residual add after a dropout
+ * (epilogues.c) */
+void planrt_cu_k_dropout_add_16(const void *x, const void *add, void *y, uint8_t *mask, double p, uint64_t seed,
+				uint64_t key, int rank, const int64_t *gdims, const int64_t *ldims, const int64_t *offs,
+				planrt_dtype_t storage, int stream);
 void planrt_cu_k_permute_f32(int rank, const int64_t *in_dims, const int *perm, const float *in, float *out, int stream);
 void planrt_cu_k_permute_16(int rank, const int64_t *in_dims, const int *perm, const void *in, void *out, int stream);
 void planrt_cu_k_sum_to_f32(int rank, const int64_t *dims, const float *in, const int64_t *out_strides, float *out,

@@ -8,7 +8,9 @@
  * bias, f16, no bias, no residual, pointers off 16-byte alignment. PLANRT_EPILOGUE=0 runs the same
  * cases through the unfused path (the GEMM rounded, then the adds: within the same bound). And the
  * norm gradients with the residual gradient's add (planrt_cu_k_layer_norm_grad_add_16, _rms_): dx
- * + add against the CPU's f32 gradient plus add, within 1.5 units; dw, db within 1e-4 relative.
+ * + add against the CPU's f32 gradient plus add, within 1.5 units; dw, db within 1e-4 relative. And
+ * dropout with the residual add after it (planrt_cu_k_dropout_add_16): the CPU's mask bit for bit, y
+ * within 1.5 units of the CPU's f32 add + dropped x.
  * Prints PASS/FAIL lines; exit status 0 when all passed, 77 without a GPU. */
 #define PLANRT_INTERNAL
 #include "planrt_cuda.h"
@@ -181,6 +183,48 @@ static void norm_case(int64_t rows, int64_t cols, int rms, planrt_dtype_t t)
 		cudaFree(dev[i]);
 }
 
+/* dropout with the residual add after it: y = add + (keep ? x / (1 - p) : 0), rounded once, against
+ * the CPU's mask (bit for bit: the same Philox stream) and its f32 arithmetic */
+static void dropout_case(int64_t rows, int64_t cols, double p, planrt_dtype_t t)
+{
+	int64_t n = rows * cols, dims[2] = {rows, cols}, offs[4] = {0, 0, rows / 2, cols / 2};
+	uint16_t *x = random16(n, t, 9), *add = random16(n, t, 10), *y16 = (uint16_t *)malloc(2 * (size_t)n);
+	uint8_t *mask = (uint8_t *)malloc((size_t)n), *gmask = (uint8_t *)malloc((size_t)n);
+	planrt_k_dropout_16(x, y16, mask, p, 1234, 77, 2, dims, dims, offs, t);
+	float sc = (float)(1.0 / (1.0 - p)), *want = (float *)malloc(4 * (size_t)n);
+	double big = 0;
+	for (int64_t i = 0; i < n; i++) {
+		want[i] = widen(add[i], t) + (mask[i] ? widen(x[i], t) * sc : 0.0f);
+		big = fmax(big, fabs(want[i]));
+	}
+	void *d_x = device(x, 2 * (size_t)n, 0), *d_add = device(add, 2 * (size_t)n, 0), *d_y = device(add, 2 * (size_t)n, 0);
+	void *d_mask = device(mask, (size_t)n, 0);
+	cudaMemset(d_y, 0xff, 2 * (size_t)n);
+	cudaMemset(d_mask, 0xff, (size_t)n);
+	planrt_cu_k_dropout_add_16(d_x, d_add, d_y, (uint8_t *)d_mask, p, 1234, 77, 2, dims, dims, offs, t,
+				   PLANRT_STREAM_COMPUTE);
+	cudaError_t e = cudaDeviceSynchronize();
+	CHECK(e == cudaSuccess, "the dropout call: %s", cudaGetErrorString(e));
+	uint16_t *got = (uint16_t *)malloc(2 * (size_t)n);
+	cudaMemcpy(got, d_y, 2 * (size_t)n, cudaMemcpyDeviceToHost);
+	cudaMemcpy(gmask, d_mask, (size_t)n, cudaMemcpyDeviceToHost);
+	double ulp = ldexp(1.0, (int)floor(log2(big > 0 ? big : 1)) - (t == planrt_bf16 ? 7 : 10)), worst = 0;
+	for (int64_t i = 0; i < n; i++)
+		worst = fmax(worst, fabs((double)widen(got[i], t) - (double)want[i]) / ulp);
+	int masks_equal = !memcmp(mask, gmask, (size_t)n);
+	CHECK(worst <= 1.5 && masks_equal, "dropout %g + add, %lld x %lld: %.2f ulp, masks %s", p, (long long)rows,
+	      (long long)cols, worst, masks_equal ? "equal" : "DIFFER");
+	printf("  dropout %g + add, %s, %lld x %lld (a balanced block's halves): the CPU's mask bit for bit: %s; y within "
+	       "%.2f units in the last place of the largest (at most 1.5)\n",
+	       p, t == planrt_bf16 ? "bf16" : "f16", (long long)rows, (long long)cols, masks_equal ? "yes" : "NO", worst);
+	void *host[] = {x, add, y16, mask, gmask, want, got};
+	for (size_t i = 0; i < sizeof host / sizeof host[0]; i++)
+		free(host[i]);
+	void *dev[] = {d_x, d_add, d_y, d_mask};
+	for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
+		cudaFree(dev[i]);
+}
+
 int main(void)
 {
 	int count = 0;
@@ -207,5 +251,7 @@ int main(void)
 	norm_case(300, 1024, 0, planrt_bf16);
 	norm_case(77, 300, 0, planrt_f16);
 	norm_case(300, 1024, 1, planrt_bf16);
-	return tally_report("the GEMM and norm-gradient epilogues on the GPU");
+	dropout_case(64, 256, 0.1, planrt_bf16);
+	dropout_case(30, 98, 0.5, planrt_f16);
+	return tally_report("the GEMM, norm-gradient and dropout epilogues on the GPU");
 }

@@ -9,13 +9,14 @@
  *     the residual (beta C) and the bias to the f32 accumulator (runtime/cuda/gemm_epilogue_cuda.cu).
  *     The bias is a load broadcast over every dim but the last, whose extent is the matmul's N, at
  *     unit stride; the residual another buffer at the output's index; at least one of the two.
- *   - norm gradients: a layer_norm_grad_16 or rms_norm_grad_16, then a loop out = dx + r (r at the
- *     output's index): the residual stream's gradient added to the norm's input gradient, backward.
- *     Printed as planrt_cu_k_layer_norm_grad_add_16 / rms_norm_grad_add_16, whose rows add r before
- *     they round.
+ *   - adders (adders[] below): a layer_norm_grad_16 or rms_norm_grad_16, then a loop out = dx + r
+ *     (r at the output's index): the residual stream's gradient added to the norm's input gradient,
+ *     backward; a dropout_16, then a loop out = y + r: the residual add after a dropout, forward.
+ *     Printed as planrt_cu_k_layer_norm_grad_add_16 / rms_norm_grad_add_16 / dropout_add_16, which
+ *     add r before they round.
  * The loop is the first kernel of the phase call after the first one that reads its output, within
- * four kernels that touch nothing the loop reads or writes (a norm's dw / db casts come between;
- * the loop then runs in the pair's call, before them). It waits for nothing (the first kernel's waits
+ * four kernels that touch nothing the loop reads or writes and wait for no event (a norm's dw / db
+ * casts come between; the loop then runs in the pair's call, before them). It waits for nothing (the first kernel's waits
  * are printed before the call), is not
  * accumulated, runs on the same stream in the same micro-batches and comes from the same layer,
  * stores out in the 16-bit type, and reads the first kernel's output once at the output's index
@@ -142,27 +143,46 @@ static bool gemm_pair(const LProg *p, const Kernel *m, const Kernel *l, const in
 	return n >= 2 && product == 1 && (*bias >= 0 || *resid >= 0);
 }
 
-/* a norm gradient's argument (layer_norm_grad_16 and rms_norm_grad_16 name theirs alike) */
-#define NORM(k, name)                                                                                   \
-	((k)->kind == K_LAYER_NORM_GRAD_16 ? KARG_INDEX(LAYER_NORM_GRAD_16, name) : KARG_INDEX(RMS_NORM_GRAD_16, name))
+/* The kernels whose output a loop may add a buffer to (out = output + r): the argument of the output,
+ * of the storage type, the one the added buffer is printed after, and the call that adds it. */
+static const struct Adder {
+	KernelKind kind;
+	int out, storage, after;
+	const char *call;
+} adders[] = {
+	{K_LAYER_NORM_GRAD_16, KARG_INDEX(LAYER_NORM_GRAD_16, dx), KARG_INDEX(LAYER_NORM_GRAD_16, storage),
+	 KARG_INDEX(LAYER_NORM_GRAD_16, dy), "planrt_cu_k_layer_norm_grad_add_16"},
+	{K_RMS_NORM_GRAD_16, KARG_INDEX(RMS_NORM_GRAD_16, dx), KARG_INDEX(RMS_NORM_GRAD_16, storage),
+	 KARG_INDEX(RMS_NORM_GRAD_16, dy), "planrt_cu_k_rms_norm_grad_add_16"},
+	{K_DROPOUT_16, KARG_INDEX(DROPOUT_16, y), KARG_INDEX(DROPOUT_16, storage), KARG_INDEX(DROPOUT_16, x),
+	 "planrt_cu_k_dropout_add_16"},
+};
 
-/* The added buffer of a norm pair: kernel m (a 16-bit norm gradient) and loop l out = dx + *resid */
-static bool norm_pair(const LProg *p, const Kernel *m, const Kernel *l, const int *reads, const int *writes,
-		      int *resid)
+static const struct Adder *adder_of(const Kernel *k)
 {
-	if (m->kind != K_LAYER_NORM_GRAD_16 && m->kind != K_RMS_NORM_GRAD_16)
+	for (size_t i = 0; i < sizeof adders / sizeof adders[0]; i++)
+		if (adders[i].kind == k->kind)
+			return &adders[i];
+	return NULL;
+}
+
+/* The added buffer of an adder pair: kernel m (adders[]) and loop l out = m's output + *resid */
+static bool adder_pair(const LProg *p, const Kernel *m, const Kernel *l, const int *reads, const int *writes,
+		       int *resid)
+{
+	const struct Adder *a = adder_of(m);
+	if (!a)
 		return false;
-	DType t = (DType)m->args[NORM(m, storage)].i;
-	int dx = buf_of(m, NORM(m, dx));
-	if (!loop_after(p, m, l, t) || !output_alone(p, dx, t, reads, writes) ||
-	    loop_elems(l) != m->args[NORM(m, rows)].i * m->args[NORM(m, cols)].i)
+	DType t = (DType)m->args[a->storage].i;
+	int o = buf_of(m, a->out);
+	if (!loop_after(p, m, l, t) || !output_alone(p, o, t, reads, writes) || loop_elems(l) != p->buf[o].elems)
 		return false;
 	const LExpr *leaves[3];
 	if (add_leaves(l->expr, leaves, 0, 3) != 2)
 		return false;
-	const LExpr *d = leaves[0]->buf == dx ? leaves[0] : leaves[1], *r = d == leaves[0] ? leaves[1] : leaves[0];
+	const LExpr *d = leaves[0]->buf == o ? leaves[0] : leaves[1], *r = d == leaves[0] ? leaves[1] : leaves[0];
 	*resid = r->buf;
-	return d->buf == dx && r->buf != dx && at_output_index(l, d) && at_output_index(l, r) && p->buf[r->buf].dtype == t;
+	return d->buf == o && r->buf != o && at_output_index(l, d) && at_output_index(l, r) && p->buf[r->buf].dtype == t;
 }
 
 /* whether kernel k reads or writes storage s */
@@ -190,7 +210,7 @@ static int reader_after(const LProg *p, int i, int b)
 		if (k->phase != m->phase || k->chunk != m->chunk)
 			continue; /* printed in another phase call */
 		if (!touches(p, k, b)) {
-			if (n == 4)
+			if (n == 4 || k->nwaits) /* a wait may be what orders the loop after another stream's reader */
 				return -1;
 			between[n++] = j;
 			continue;
@@ -221,13 +241,14 @@ int *cuda_epilogues(const LProg *p)
 	}
 	for (int i = 0; i < p->nk; i++) {
 		const Kernel *m = &p->k[i];
-		int out = m->kind == K_LAYER_NORM_GRAD_16 || m->kind == K_RMS_NORM_GRAD_16 ? buf_of(m, NORM(m, dx))
-			  : m->kind == K_MATMUL_BF16 || m->kind == K_MATMUL_F16		  ? buf_of(m, MM(C))
-											  : -1;
+		const struct Adder *a = adder_of(m);
+		int out = a				     ? buf_of(m, a->out)
+			  : m->kind == K_MATMUL_BF16 || m->kind == K_MATMUL_F16 ? buf_of(m, MM(C))
+										: -1;
 		int next = out >= 0 && pair_of[i] == CUDA_EPI_NONE ? reader_after(p, i, out) : -1;
 		int bias, resid;
 		if (next >= 0 && (gemm_pair(p, m, &p->k[next], reads, writes, &bias, &resid) ||
-				  norm_pair(p, m, &p->k[next], reads, writes, &resid))) {
+				  adder_pair(p, m, &p->k[next], reads, writes, &resid))) {
 			pair_of[i] = next;
 			pair_of[next] = CUDA_EPI_MEMBER;
 		}
@@ -237,35 +258,37 @@ int *cuda_epilogues(const LProg *p)
 	return pair_of;
 }
 
-/* norm gradient m and its loop l: the kernel's call with dx the loop's output and the added buffer
- * after dy */
-static void print_norm_pair(Emit *e, const Kernel *m, const Kernel *l, const char *stream)
+/* adder m (adders[]) and its loop l: m's call with its output the loop's and the added buffer after
+ * the argument the table names */
+static void print_adder_pair(Emit *e, const struct Adder *a, const Kernel *m, const Kernel *l, const char *stream)
 {
 	FILE *f = emit_file(e);
 	const LProg *p = emit_prog(e);
 	const LExpr *leaves[3];
 	add_leaves(l->expr, leaves, 0, 3);
-	int dx = buf_of(m, NORM(m, dx)), resid = leaves[0]->buf == dx ? leaves[1]->buf : leaves[0]->buf;
-	fprintf(f, "%s(", m->kind == K_LAYER_NORM_GRAD_16 ? "planrt_cu_k_layer_norm_grad_add_16" : "planrt_cu_k_rms_norm_grad_add_16");
+	int o = buf_of(m, a->out), resid = leaves[0]->buf == o ? leaves[1]->buf : leaves[0]->buf;
+	fprintf(f, "%s(", a->call);
 	for (int i = 0; i < m->nargs; i++) {
-		if (i == NORM(m, dx))
+		if (i == a->out)
 			emit_name(e, l->out);
 		else
 			emit_arg(e, m, i);
 		fprintf(f, ", ");
-		if (i == NORM(m, dy)) {
+		if (i == a->after) {
 			emit_name(e, resid);
 			fprintf(f, ", ");
 		}
 	}
 	fprintf(f, "%s);", stream);
-	emit_comment(e, arena_printf(p->g->arena, "%s, with the add after it (epilogues.c)", m->note ? m->note : "norm"));
+	emit_comment(e, arena_printf(p->g->arena, "%s, with the add after it (epilogues.c)",
+				      m->note ? m->note : kernel_names[m->kind]));
 }
 
 void cuda_print_epilogue(Emit *e, const Kernel *m, const Kernel *l, const char *stream)
 {
-	if (m->kind == K_LAYER_NORM_GRAD_16 || m->kind == K_RMS_NORM_GRAD_16) {
-		print_norm_pair(e, m, l, stream);
+	const struct Adder *a = adder_of(m);
+	if (a) {
+		print_adder_pair(e, a, m, l, stream);
 		return;
 	}
 	FILE *f = emit_file(e);
