@@ -19,7 +19,8 @@
 #    (tests/cuda/test_attention_tiles_gpu.cu; the exact kernels too), and under compute-sanitizer's
 #    memcheck, racecheck and synccheck where it works (Firecracker machines, not gVisor); permute
 #    and sum_to against the CPU's (tests/cuda/test_index_gpu.cu; PLANRT_INDEX=64 too); the GEMM
-#    epilogue against the CPU's (tests/cuda/test_epilogue_gpu.cu; PLANRT_EPILOGUE=0 too);
+#    epilogue against the CPU's (tests/cuda/test_epilogue_gpu.cu; PLANRT_EPILOGUE=0 too); both of
+#    those under compute-sanitizer's memcheck too;
 # 3. trains each program of bundle/compare/ (examples/gpt.plan `single`: f32, TF32 off, dropout
 #    0.1; llama `single`: RoPE, RMS norm, SwiGLU; bert `single_nodropout`: a data set, the [CLS]
 #    narrow; examples/moe.plan `single`: top-2 with drops, and `mixtral_single`: dropless, SwiGLU
@@ -158,6 +159,10 @@ if [ -x "$SANITIZER" ] && [ "${SANITIZE:-1}" != 0 ]; then
 	for tool in memcheck racecheck synccheck; do
 		timeout 45 "$SANITIZER" --tool $tool --error-exitcode 9 "$W/attention_tiles_gpu" --small 2>&1 | tail -3
 		verdict ${PIPESTATUS[0]} "compute-sanitizer --tool $tool: the tiles' first case (status 124: past 45 s)"
+	done
+	for t in index_gpu epilogue_gpu; do # their cases are small: memcheck of every one, 40 s at most
+		timeout 40 "$SANITIZER" --tool memcheck --error-exitcode 9 "$W/$t" 2>&1 | tail -2
+		verdict ${PIPESTATUS[0]} "compute-sanitizer --tool memcheck: $t (status 124: past 40 s)"
 	done
 fi
 fi
