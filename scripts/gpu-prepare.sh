@@ -31,7 +31,7 @@ mkdir -p "$B/runtime" "$B/jansson/include" "$B/jansson/lib" "$B/prebuilt"
 B=$(cd "$B" && pwd)
 cp -r "$ROOT"/runtime/. "$B/runtime/" # a folder per concern (runtime/README.md), include/, standalone/
 cp "$ROOT/scripts/gpu-build.sh" "$ROOT/scripts/gpu-check.sh" "$ROOT/scripts/gpu-ranks-check.py" \
-	"$ROOT/tests/cuda/test_nccl_one.cu" "$ROOT/tests/cuda/test_attention_tiles_gpu.cu" "$ROOT/tests/cuda/test_index_gpu.cu" "$ROOT/tests/cuda/test_epilogue_gpu.cu" "$ROOT/tests/cuda/attention_worst.h" "$ROOT/tests/cuda/tally.h" "$ROOT/bench/gpu/gemm_rate.cu" "$ROOT/bench/gpu/torch_bench.py" \
+	"$ROOT/tests/cuda/test_nccl_one.cu" "$ROOT/tests/cuda/test_attention_tiles_gpu.cu" "$ROOT/tests/cuda/test_index_gpu.cu" "$ROOT/tests/cuda/test_epilogue_gpu.cu" "$ROOT/tests/cuda/device_copy.h" "$ROOT/tests/cuda/attention_worst.h" "$ROOT/tests/cuda/tally.h" "$ROOT/bench/gpu/gemm_rate.cu" "$ROOT/bench/gpu/torch_bench.py" \
 	"$ROOT/bench/gpu/attention_rate.cu" "$ROOT/bench/gpu/torch_attention.py" "$ROOT/bench/gpu/calibrate_gpu.cu" \
 	"$ROOT/bench/gpu/bench_attention.h" "$ROOT/bench/gpu/permute_rate.cu" \
 	"$ROOT/bench/gpu/profile.sh" \

@@ -14,6 +14,7 @@
 #include "planrt_cuda_internal.h"
 #include "planrt_exec.h"
 #include "attention_worst.h"
+#include "device_copy.h"
 #include "tally.h"
 
 #include <math.h>
@@ -43,26 +44,6 @@ static void *stored(const float *x, int64_t n, planrt_dtype_t t)
 {
 	void *h = malloc(2 * (size_t)n);
 	planrt_cast(x, planrt_f32, h, t, n);
-	return h;
-}
-
-static void *to_device(const void *h, size_t bytes)
-{
-	void *d = NULL;
-	if (cudaMalloc(&d, bytes) != cudaSuccess || cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice) != cudaSuccess) {
-		printf("FAIL: cudaMalloc / cudaMemcpy of %zu bytes\n", bytes);
-		exit(1);
-	}
-	return d;
-}
-
-static void *to_host(const void *d, size_t bytes)
-{
-	void *h = malloc(bytes);
-	if (cudaMemcpy(h, d, bytes, cudaMemcpyDeviceToHost) != cudaSuccess) {
-		printf("FAIL: cudaMemcpy back (%s)\n", cudaGetErrorString(cudaGetLastError()));
-		exit(1);
-	}
 	return h;
 }
 

@@ -18,6 +18,7 @@
 #include "planrt_exec.h"
 #include "planrt_half.h"
 #include "planrt_kernels.h"
+#include "device_copy.h"
 #include "tally.h"
 
 #include <math.h>
@@ -48,17 +49,6 @@ static uint16_t *random16(int64_t n, planrt_dtype_t t, unsigned seed)
 	return x;
 }
 
-static void *device(const void *h, size_t bytes, int shift_bytes)
-{
-	char *d = NULL;
-	if (cudaMalloc(&d, bytes + 256) != cudaSuccess ||
-	    cudaMemcpy(d + shift_bytes, h, bytes, cudaMemcpyHostToDevice) != cudaSuccess) {
-		printf("FAIL: cudaMalloc / cudaMemcpy of %zu bytes\n", bytes);
-		exit(1);
-	}
-	return d;
-}
-
 static void run_case(const Case *c)
 {
 	int64_t nA = c->batch * c->M * c->K, nB = c->K * c->N, nD = c->batch * c->M * c->N;
@@ -85,9 +75,12 @@ static void run_case(const Case *c)
 		big = fmax(big, fabs(x));
 	}
 	int sh = c->shift * 2;
-	void *dA = device(A, 2 * (size_t)nA, sh), *dB = device(B, 2 * (size_t)nB, sh), *dR = device(R, 2 * (size_t)nD, sh);
-	void *dbias = c->bias == 2 ? device(b32, 4 * (size_t)c->N, 4 * c->shift) : device(b16, 2 * (size_t)c->N, sh);
-	char *dD = (char *)device(R, 2 * (size_t)nD, sh);
+	void *dA = to_device_at(A, 2 * (size_t)nA, 2 * (size_t)nA + 256, sh);
+	void *dB = to_device_at(B, 2 * (size_t)nB, 2 * (size_t)nB + 256, sh);
+	void *dR = to_device_at(R, 2 * (size_t)nD, 2 * (size_t)nD + 256, sh);
+	void *dbias = c->bias == 2 ? to_device_at(b32, 4 * (size_t)c->N, 4 * (size_t)c->N + 256, 4 * c->shift)
+				   : to_device_at(b16, 2 * (size_t)c->N, 2 * (size_t)c->N + 256, sh);
+	char *dD = (char *)to_device_at(R, 2 * (size_t)nD, 2 * (size_t)nD + 256, sh);
 	cudaMemset(dD, 0xff, 2 * (size_t)nD + 256);
 	planrt_cu_k_matmul_epilogue_16(c->batch, c->M, c->N, c->K, (const uint16_t *)((char *)dA + sh), c->ta, sa,
 				       (const uint16_t *)((char *)dB + sh), c->tb, 0, c->t, dD + sh, sc,
@@ -125,15 +118,17 @@ static void norm_case(int64_t rows, int64_t cols, int rms, planrt_dtype_t t)
 {
 	int64_t n = rows * cols;
 	uint16_t *x = random16(n, t, 5), *w = random16(cols, t, 6), *dy = random16(n, t, 7), *add = random16(n, t, 8);
-	float *xf = (float *)malloc(4 * (size_t)n), *wf = (float *)malloc(4 * (size_t)cols), *dyf = (float *)malloc(4 * (size_t)n);
+	float *xf = (float *)malloc(4 * (size_t)n), *wf = (float *)malloc(4 * (size_t)cols);
+	float *dyf = (float *)malloc(4 * (size_t)n);
 	for (int64_t i = 0; i < n; i++) {
 		xf[i] = widen(x[i], t);
 		dyf[i] = widen(dy[i], t);
 	}
 	for (int64_t j = 0; j < cols; j++)
 		wf[j] = widen(w[j], t);
-	float *y = (float *)malloc(4 * (size_t)n), *mean = (float *)calloc((size_t)rows, 4), *rstd = (float *)calloc((size_t)rows, 4);
-	float *dx = (float *)malloc(4 * (size_t)n), *dw = (float *)calloc((size_t)cols, 4), *db = (float *)calloc((size_t)cols, 4);
+	float *y = (float *)malloc(4 * (size_t)n), *mean = (float *)calloc((size_t)rows, 4);
+	float *rstd = (float *)calloc((size_t)rows, 4), *dx = (float *)malloc(4 * (size_t)n);
+	float *dw = (float *)calloc((size_t)cols, 4), *db = (float *)calloc((size_t)cols, 4);
 	if (rms) {
 		planrt_k_rms_norm_f32(xf, wf, y, rstd, rows, cols, 1e-5);
 		planrt_k_rms_norm_grad_f32(xf, wf, rstd, dyf, dx, dw, rows, cols);
@@ -146,11 +141,12 @@ static void norm_case(int64_t rows, int64_t cols, int rms, planrt_dtype_t t)
 		dx[i] += widen(add[i], t);
 		big = fmax(big, fabs(dx[i]));
 	}
-	void *d_x = device(x, 2 * (size_t)n, 0), *d_w = device(w, 2 * (size_t)cols, 0), *d_dy = device(dy, 2 * (size_t)n, 0);
-	void *d_add = device(add, 2 * (size_t)n, 0), *d_mean = device(mean, 4 * (size_t)rows, 0);
-	void *d_rstd = device(rstd, 4 * (size_t)rows, 0), *d_out = device(add, 2 * (size_t)n, 0);
+	void *d_x = to_device(x, 2 * (size_t)n), *d_w = to_device(w, 2 * (size_t)cols);
+	void *d_dy = to_device(dy, 2 * (size_t)n);
+	void *d_add = to_device(add, 2 * (size_t)n), *d_mean = to_device(mean, 4 * (size_t)rows);
+	void *d_rstd = to_device(rstd, 4 * (size_t)rows), *d_out = to_device(add, 2 * (size_t)n);
 	float *zeros = (float *)calloc((size_t)cols, 4);
-	float *d_dw = (float *)device(zeros, 4 * (size_t)cols, 0), *d_db = (float *)device(zeros, 4 * (size_t)cols, 0);
+	float *d_dw = (float *)to_device(zeros, 4 * (size_t)cols), *d_db = (float *)to_device(zeros, 4 * (size_t)cols);
 	cudaMemset(d_out, 0xff, 2 * (size_t)n);
 	if (rms)
 		planrt_cu_k_rms_norm_grad_add_16(d_x, d_w, (const float *)d_rstd, d_dy, d_add, d_out, d_dw, rows, cols, t,
@@ -170,7 +166,8 @@ static void norm_case(int64_t rows, int64_t cols, int rms, planrt_dtype_t t)
 		worst = fmax(worst, fabs((double)widen(got[i], t) - (double)dx[i]) / ulp);
 	for (int64_t j = 0; j < cols; j++)
 		wp = fmax(wp, fmax(fabs(gdw[j] - dw[j]), rms ? 0 : fabs(gdb[j] - db[j])) / (1 + fabs(dw[j]) + fabs(db[j])));
-	CHECK(worst <= 1.5 && wp <= 1e-4, "%s %s gradient + add, %lld x %lld: dx %.2f ulp, dw / db %.1e", rms ? "rms" : "layer",
+	CHECK(worst <= 1.5 && wp <= 1e-4, "%s %s gradient + add, %lld x %lld: dx %.2f ulp, dw / db %.1e",
+	      rms ? "rms" : "layer",
 	      t == planrt_bf16 ? "bf16" : "f16", (long long)rows, (long long)cols, worst, wp);
 	printf("  %s norm gradient + add, %s, %lld x %lld: dx + add within %.2f units in the last place of the largest (at "
 	       "most 1.5), dw / db %.1e relative (at most 1e-4)\n",
@@ -197,8 +194,9 @@ static void dropout_case(int64_t rows, int64_t cols, double p, planrt_dtype_t t)
 		want[i] = widen(add[i], t) + (mask[i] ? widen(x[i], t) * sc : 0.0f);
 		big = fmax(big, fabs(want[i]));
 	}
-	void *d_x = device(x, 2 * (size_t)n, 0), *d_add = device(add, 2 * (size_t)n, 0), *d_y = device(add, 2 * (size_t)n, 0);
-	void *d_mask = device(mask, (size_t)n, 0);
+	void *d_x = to_device(x, 2 * (size_t)n), *d_add = to_device(add, 2 * (size_t)n);
+	void *d_y = to_device(add, 2 * (size_t)n);
+	void *d_mask = to_device(mask, (size_t)n);
 	cudaMemset(d_y, 0xff, 2 * (size_t)n);
 	cudaMemset(d_mask, 0xff, (size_t)n);
 	planrt_cu_k_dropout_add_16(d_x, d_add, d_y, (uint8_t *)d_mask, p, 1234, 77, 2, dims, dims, offs, t,

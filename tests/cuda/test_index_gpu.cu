@@ -12,30 +12,13 @@
 #include "planrt_cuda_internal.h"
 #include "planrt_exec.h"
 #include "planrt_kernels.h"
+#include "device_copy.h"
 #include "tally.h"
 
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-
-static void *to_device(const void *h, size_t bytes)
-{
-	void *d = NULL;
-	if (cudaMalloc(&d, bytes) != cudaSuccess || cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice) != cudaSuccess) {
-		printf("FAIL: cudaMalloc / cudaMemcpy of %zu bytes\n", bytes);
-		exit(1);
-	}
-	return d;
-}
-
-static void from_device(void *h, const void *d, size_t bytes)
-{
-	if (cudaMemcpy(h, d, bytes, cudaMemcpyDeviceToHost) != cudaSuccess) {
-		printf("FAIL: cudaMemcpy back (%s)\n", cudaGetErrorString(cudaGetLastError()));
-		exit(1);
-	}
-}
 
 static int64_t elems(int rank, const int64_t *dims)
 {

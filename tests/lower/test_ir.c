@@ -328,8 +328,9 @@ static void epilogues_gpt(LProg *p, int layers, int resid_layers, const char *na
 	       "output projections), each a matmul whose product only its loop reads, C + bias (+ residual)", name, n);
 	report(biased == 6 * layers && resid == 2 * resid_layers, "%s: %d with a bias, %d with a residual (%d expected)", name,
 	       biased, resid, 2 * resid_layers);
-	report(resid_layers ? norms == 2 * resid_layers : norms > 0, "%s: %d layer norm gradients with the residual "
-	       "gradient's add after them (%s%d)", name, norms, resid_layers ? "" : "more than ", resid_layers ? 2 * resid_layers : 0);
+	report(resid_layers ? norms == 2 * resid_layers : norms > 0,
+	       "%s: %d layer norm gradients with the residual gradient's add after them (%s%d)", name, norms,
+	       resid_layers ? "" : "more than ", resid_layers ? 2 * resid_layers : 0);
 	report(drops == 2 * (layers - resid_layers), "%s: %d dropouts with the residual add after them (%d expected)", name,
 	       drops, 2 * (layers - resid_layers));
 	if (norm >= 0) { /* a kernel between the norm and its loop that reads the loop's output: refused */

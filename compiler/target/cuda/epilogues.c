@@ -16,10 +16,9 @@
  *     add r before they round.
  * The loop is the first kernel of the phase call after the first one that reads its output, within
  * four kernels that touch nothing the loop reads or writes and wait for no event (a norm's dw / db
- * casts come between; the loop then runs in the pair's call, before them). It waits for nothing (the first kernel's waits
- * are printed before the call), is not
- * accumulated, runs on the same stream in the same micro-batches and comes from the same layer,
- * stores out in the 16-bit type, and reads the first kernel's output once at the output's index
+ * casts come between; the loop then runs in the pair's call, before them). It waits for nothing
+ * (the first kernel's waits are printed before the call), is not accumulated, runs on the same
+ * stream in the same micro-batches and comes from the same layer, stores out in the 16-bit type, and reads the first kernel's output once at the output's index
  * besides 16-bit operands of that type (an f32 bias too); that output is a transient buffer (the
  * arena, or a micro-batch's activation slot) that no other kernel reads or writes, and nobody waits
  * for the first kernel. For gpt350m in bf16 that is 144 GEMM pairs and 48 norm pairs a step.
