@@ -12,7 +12,8 @@
  * rounding (within the bf16 tolerance the GPU is held to against the CPU).
  *
  * Where cuBLASLt has no algorithm for the shape, for a batch that is not one GEMM, or under
- * PLANRT_EPILOGUE=0, the call is the unfused arithmetic: the 16-bit GEMM into D, then one kernel
+ * PLANRT_EPILOGUE=0 (which also unfuses the norm-gradient and dropout adds, kernels_cuda.cu), the
+ * call is the unfused arithmetic: the 16-bit GEMM into D, then one kernel
  * D = round(round(product) + bias + R) in the loop's order ((product + bias) + R), which is what the
  * printed loop computed, bit for bit. tests/cuda/test_epilogue_gpu.cu holds the fused call to that
  * on the GPU.
@@ -95,7 +96,7 @@ static EpiPlan plans[EPI_PLANS];
 static int nplans;
 static void *workspace[EPI_STREAMS];
 
-static int fused_wanted(void)
+int planrt_cu_epilogue_fused_(void)
 {
 	static int wanted = -1;
 	if (wanted < 0) {
@@ -203,7 +204,7 @@ void planrt_cu_k_matmul_epilogue_16(int64_t batch, int64_t M, int64_t N, int64_t
 	if (one)
 		rows *= batch;
 	EpiPlan *p = NULL;
-	if (fused_wanted() && one && rows <= 2147483647 && N <= 2147483647 && K <= 2147483647 && K > 0 &&
+	if (planrt_cu_epilogue_fused_() && one && rows <= 2147483647 && N <= 2147483647 && K <= 2147483647 && K > 0 &&
 	    stream >= 0 && stream < EPI_STREAMS)
 		p = plan_of(rows, N, K, trans_a != 0, trans_b != 0, R != NULL, bias != NULL, alignment(A, B, R, D, bias), t,
 			    bias_type);

@@ -167,6 +167,15 @@ template <int H> __device__ __forceinline__ void st(void *p, int64_t i, float v)
 		((uint16_t *)p)[i] = f32_half(v, H);
 }
 
+/* y = round(add + y) over n 16-bit elements: the printed loop's residual add, for the epilogue calls
+ * under PLANRT_EPILOGUE=0 */
+template <int H>
+__global__ static void add_into_kernel(void *y, const void *add, int64_t n)
+{
+	GRID_STRIDE(i, n)
+	st<H>(y, i, ld<H>(add, i) + ld<H>(y, i));
+}
+
 /* The _16 variants' entry points: `call` with H the storage type's constant (bf16 or f16). */
 #define BY_STORAGE(what, storage, call)                                                                               \
 	do {                                                                                                          \
@@ -620,7 +629,15 @@ void planrt_cu_k_dropout_add_16(const void *x, const void *add, void *y, uint8_t
 				uint64_t key, int rank, const int64_t *gdims, const int64_t *ldims, const int64_t *offs,
 				planrt_dtype_t storage, int stream)
 {
-	BY_STORAGE("dropout_add_16", storage, dropout<H>(x, add, y, mask, p, seed, key, rank, gdims, ldims, offs, stream));
+	int fused = planrt_cu_epilogue_fused_();
+	int64_t n = 1;
+	for (int d = 0; d < rank; d++)
+		n *= ldims[d];
+	BY_STORAGE("dropout_add_16", storage, {
+		dropout<H>(x, fused ? add : NULL, y, mask, p, seed, key, rank, gdims, ldims, offs, stream);
+		if (!fused)
+			LAUNCH(add_into_kernel<H>, n, stream, y, add, n);
+	});
 }
 
 /* ------------------------------------------------------------------ attention pieces */
@@ -925,8 +942,12 @@ void planrt_cu_k_layer_norm_grad_add_16(const void *x, const void *w, const floa
 					const void *dy, const void *add, void *dx, float *dw, float *db, int64_t rows,
 					int64_t cols, planrt_dtype_t storage, int stream)
 {
-	BY_STORAGE("layer_norm_grad_add_16", storage,
-		   layer_norm_grad<H>(x, w, mean, rstd, dy, add, dx, dw, db, rows, cols, stream));
+	int fused = planrt_cu_epilogue_fused_();
+	BY_STORAGE("layer_norm_grad_add_16", storage, {
+		layer_norm_grad<H>(x, w, mean, rstd, dy, fused ? add : NULL, dx, dw, db, rows, cols, stream);
+		if (!fused)
+			LAUNCH(add_into_kernel<H>, rows * cols, stream, dx, add, rows * cols);
+	});
 }
 
 void planrt_cu_k_rms_norm_16(const void *x, const void *w, void *y, float *rstd, int64_t rows, int64_t cols,
@@ -945,7 +966,12 @@ void planrt_cu_k_rms_norm_grad_16(const void *x, const void *w, const float *rst
 void planrt_cu_k_rms_norm_grad_add_16(const void *x, const void *w, const float *rstd, const void *dy, const void *add,
 				      void *dx, float *dw, int64_t rows, int64_t cols, planrt_dtype_t storage, int stream)
 {
-	BY_STORAGE("rms_norm_grad_add_16", storage, rms_norm_grad<H>(x, w, rstd, dy, add, dx, dw, rows, cols, stream));
+	int fused = planrt_cu_epilogue_fused_();
+	BY_STORAGE("rms_norm_grad_add_16", storage, {
+		rms_norm_grad<H>(x, w, rstd, dy, fused ? add : NULL, dx, dw, rows, cols, stream);
+		if (!fused)
+			LAUNCH(add_into_kernel<H>, rows * cols, stream, dx, add, rows * cols);
+	});
 }
 
 /* ------------------------------------------------------------------ embedding */

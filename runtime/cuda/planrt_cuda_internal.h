@@ -18,6 +18,9 @@ void planrt_cu_check_(cudaError_t e, const char *what);
 cudaStream_t planrt_cu_stream_(int stream); /* planrt_cu_stream, for C sources */
 void planrt_cu_blas_destroy_(void);
 void planrt_cu_epilogue_destroy_(void); /* gemm_epilogue_cuda.cu: cuBLASLt's plans and workspaces */
+/* whether the epilogue calls fold their adds in (1) or compute them as the printed loops did
+ * (PLANRT_EPILOGUE=0: bit for bit the unfused program's, to tell a fusion's numbers from the rest) */
+int planrt_cu_epilogue_fused_(void);
 /* dst (of dtype t: f32, bf16, f16) += src (f32), each element rounded once (step.c's planrt_accumulate_f32) */
 void planrt_cu_accumulate_f32_(void *dst, planrt_dtype_t t, const float *src, int64_t n, int stream);
 /* after the device is done (sync_cuda.cu): the fp16 loss-scale verdict of the step into
