@@ -96,20 +96,6 @@ static EpiPlan plans[EPI_PLANS];
 static int nplans;
 static void *workspace[EPI_STREAMS];
 
-int planrt_cu_epilogue_fused_(void)
-{
-	static int wanted = -1;
-	if (wanted < 0) {
-		const char *e = getenv("PLANRT_EPILOGUE");
-		if (e && *e && strcmp(e, "0") && strcmp(e, "1"))
-			planrt_fatal("PLANRT_EPILOGUE=%s: expected 1 (cuBLASLt's epilogues, the default) or 0 (the GEMM, then an "
-				     "add kernel)",
-				     e);
-		wanted = !(e && !strcmp(e, "0"));
-	}
-	return wanted;
-}
-
 static cudaDataType cuda_type(planrt_dtype_t t)
 {
 	return t == planrt_bf16 ? CUDA_R_16BF : t == planrt_f16 ? CUDA_R_16F : CUDA_R_32F;

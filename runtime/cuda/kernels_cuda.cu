@@ -167,6 +167,23 @@ template <int H> __device__ __forceinline__ void st(void *p, int64_t i, float v)
 		((uint16_t *)p)[i] = f32_half(v, H);
 }
 
+/* Whether the epilogue calls (gemm_epilogue_cuda.cu's GEMM; the norm-gradient and dropout adds
+ * below) fold their adds in: yes, unless PLANRT_EPILOGUE=0; any other value is refused at the first
+ * call. Here, below the GEMM epilogue's file, so that the two files' calls go one way. */
+int planrt_cu_epilogue_fused_(void)
+{
+	static int wanted = -1;
+	if (wanted < 0) {
+		const char *e = getenv("PLANRT_EPILOGUE");
+		if (e && *e && strcmp(e, "0") && strcmp(e, "1"))
+			planrt_fatal("PLANRT_EPILOGUE=%s: expected 1 (cuBLASLt's epilogues, the default) or 0 (the GEMM, then an "
+				     "add kernel)",
+				     e);
+		wanted = !(e && !strcmp(e, "0"));
+	}
+	return wanted;
+}
+
 /* y = round(add + y) over n 16-bit elements: the printed loop's residual add, for the epilogue calls
  * under PLANRT_EPILOGUE=0 */
 template <int H>
