@@ -27,7 +27,7 @@
  * when the bias is not broadcast over the rows. gpt350m's two layer norm gradients a layer pair with
  * the add of the residual's gradient after them, past the casts of dw and db, unless one of those
  * reads the loop's output; the small GPT's two dropouts a layer (0.1) pair with the residual add
- * after them.
+ * after them; the tied embedding's weight gradient is written transposed by its GEMM.
  * Prints PASS/FAIL lines and `N passed, N failed`; exits 1 on any failure. */
 #include "passes.h"
 #include "target/target.h"
@@ -279,9 +279,17 @@ static int add_loads(const LExpr *x, const LExpr **out, int n)
 static void epilogues_gpt(LProg *p, int layers, int resid_layers, const char *name)
 {
 	int *pair = cuda_epilogues(p), n = 0, biased = 0, resid = 0, first = -1, first_loop = -1, norms = 0, norm = -1;
-	int drops = 0;
+	int drops = 0, transposes = 0;
 	bool sound = true;
 	for (int i = 0; i < p->nk; i++) {
+		if (pair[i] >= 0 && p->k[pair[i]].kind == K_PERMUTE_16) { /* the matmul written transposed */
+			const Kernel *t = &p->k[pair[i]];
+			sound &= p->k[i].kind == K_MATMUL_BF16 &&
+				 KARG(t, PERMUTE_16, in)->buf == KARG(&p->k[i], MATMUL_BF16, C)->buf &&
+				 KARG(&p->k[i], MATMUL_BF16, batch)->i == 1;
+			transposes++;
+			continue;
+		}
 		if (pair[i] >= 0 && p->k[i].kind == K_DROPOUT_16) { /* out = the dropped x + the residual */
 			const Kernel *l = &p->k[pair[i]];
 			const LExpr *loads[3];
@@ -333,6 +341,8 @@ static void epilogues_gpt(LProg *p, int layers, int resid_layers, const char *na
 	       resid_layers ? "" : "more than ", resid_layers ? 2 * resid_layers : 0);
 	report(drops == 2 * (layers - resid_layers), "%s: %d dropouts with the residual add after them (%d expected)", name,
 	       drops, 2 * (layers - resid_layers));
+	report(transposes == 1 && sound, "%s: the tied embedding's weight gradient written transposed by its GEMM (%d)",
+	       name, transposes);
 	if (norm >= 0) { /* a kernel between the norm and its loop that reads the loop's output: refused */
 		int *pr = cuda_epilogues(p), l = pr[norm];
 		free(pr);
@@ -345,8 +355,9 @@ static void epilogues_gpt(LProg *p, int layers, int resid_layers, const char *na
 		cast->nuses--;
 		cast->uses = was;
 		free(more);
-		report(norm + 1 < l && blocked == n + norms + drops - 1, "%s: a norm's pair refused when a kernel between "
-		       "reads the loop's output (%d of %d pairs left)", name, blocked, n + norms + drops);
+		int total = n + norms + drops + transposes;
+		report(norm + 1 < l && blocked == total - 1, "%s: a norm's pair refused when a kernel between reads the "
+		       "loop's output (%d of %d pairs left)", name, blocked, total);
 	}
 	if (first < 0 || resid_layers)
 		return;
@@ -370,7 +381,7 @@ static void epilogues_gpt(LProg *p, int layers, int resid_layers, const char *na
 	bias->stride[0] = 1;
 	int not_broadcast = epilogue_pairs(p);
 	bias->stride[0] = stride0;
-	int all = n + norms + drops;
+	int all = n + norms + drops + transposes;
 	report(accumulated == all - 1 && second_reader == all - 1 && not_broadcast == all - 1 && epilogue_pairs(p) == all,
 	       "gpt bf16: a pair refused when its loop accumulates (%d), when another kernel reads the product (%d), when "
 	       "the bias is not broadcast over the rows (%d); %d pairs again when undone",

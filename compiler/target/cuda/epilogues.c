@@ -14,18 +14,23 @@
  *     backward; a dropout_16, then a loop out = y + r: the residual add after a dropout, forward.
  *     Printed as planrt_cu_k_layer_norm_grad_add_16 / rms_norm_grad_add_16 / dropout_add_16, which
  *     add r before they round.
- * The loop is the first kernel of the phase call after the first one that reads its output, within
- * four kernels that touch nothing the loop reads or writes and wait for no event (a norm's dw / db
- * casts come between; the loop then runs in the pair's call, before them). It waits for nothing
- * (the first kernel's waits are printed before the call), is not accumulated, runs on the same
- * stream in the same micro-batches and comes from the same layer, stores out in the 16-bit type, and reads the first kernel's output once at the output's index
- * besides 16-bit operands of that type (an f32 bias too); that output is a transient buffer (the
- * arena, or a micro-batch's activation slot) that no other kernel reads or writes, and nobody waits
- * for the first kernel. For gpt350m in bf16 that is 144 GEMM pairs and 48 norm pairs a step.
+ *   - a transposed product: a 16-bit matmul, then a permute_16 that transposes its product (the
+ *     tied embedding's weight gradient): printed as the GEMM of the swapped operands (below).
+ * The second kernel (a loop, or the permute) is the first of the phase call after the first kernel
+ * that reads its output, within four kernels that touch nothing it reads or writes and wait for no
+ * event (a norm's dw / db casts come between; the second kernel then runs in the pair's call,
+ * before them). It waits for nothing (the first kernel's waits are printed before the call), runs
+ * on the same stream in the same micro-batches and comes from the same layer; a loop is not
+ * accumulated, stores out in the 16-bit type, and reads the first kernel's output once at the
+ * output's index besides 16-bit operands of that type (an f32 bias too). The first kernel's output
+ * is a transient buffer (the arena, or a micro-batch's activation slot) that no other kernel reads
+ * or writes, and nobody waits for the first kernel. For gpt350m in bf16 that is 144 GEMM pairs, 48
+ * norm pairs and one transposed product a step.
  *
  * The C and LLVM targets keep the pairs: the CPU's numbers do not change. On the GPU the sum is
  * rounded once instead of twice (within the bf16 tolerance the GPU is held to); PLANRT_EPILOGUE=0
- * makes the GEMM call compute the pair's arithmetic as printed, bit for bit. */
+ * makes the calls compute the adds' arithmetic as printed, bit for bit (a transposed product is
+ * printed as a plain GEMM call and has no such switch). */
 #include "target/target.h"
 
 #include <stdlib.h>
@@ -89,12 +94,17 @@ static int buf_of(const Kernel *k, int index)
 	return a->kind == KA_BUF ? a->buf : -1;
 }
 
-/* the conditions on loop l after kernel m that every pair has */
+/* the conditions on kernel l after kernel m that every pair has */
+static bool follows(const LProg *p, const Kernel *m, const Kernel *l)
+{
+	return !m->event && m->stream != STREAM_HOST && kernel_device[m->kind].mode == KDEV_CALL && !l->nwaits &&
+	       l->stream == m->stream && l->only_last_micro == m->only_last_micro && layer_of(p, l) == layer_of(p, m);
+}
+
+/* and on a loop l after m, storing type t */
 static bool loop_after(const LProg *p, const Kernel *m, const Kernel *l, DType t)
 {
-	return !m->event && m->stream != STREAM_HOST && kernel_device[m->kind].mode == KDEV_CALL && l->kind == K_LOOP &&
-	       !l->accumulate && !l->nwaits && l->stream == m->stream && l->only_last_micro == m->only_last_micro &&
-	       layer_of(p, l) == layer_of(p, m) && p->buf[l->out].dtype == t;
+	return follows(p, m, l) && l->kind == K_LOOP && !l->accumulate && p->buf[l->out].dtype == t;
 }
 
 /* whether buffer c, m's output of type t, is transient and read and written by m and its loop alone */
@@ -140,6 +150,26 @@ static bool gemm_pair(const LProg *p, const Kernel *m, const Kernel *l, const in
 			return false;
 	}
 	return n >= 2 && product == 1 && (*bias >= 0 || *resid >= 0);
+}
+
+/* A transposed product: kernel m, a 16-bit matmul of one GEMM that overwrites C [M, N], and kernel t
+ * after it, a permute_16 of C by (1, 0) (the tied embedding's weight gradient, 1024 x 50304 in
+ * gpt350m, read with a stride of a row an element): printed as the matmul of the swapped operands,
+ * C^T = op(B)^T op(A)^T, written where the permute wrote. The same products, summed by another GEMM
+ * kernel's tiling (so in another order: within the bf16 tolerance). */
+static bool transpose_pair(const LProg *p, const Kernel *m, const Kernel *t, const int *reads, const int *writes)
+{
+	if ((m->kind != K_MATMUL_BF16 && m->kind != K_MATMUL_F16) || mm_int(m, MM(accumulate)) || mm_int(m, MM(batch)) != 1 ||
+	    t->kind != K_PERMUTE_16 || !follows(p, m, t))
+		return false;
+	DType dt = m->kind == K_MATMUL_BF16 ? DT_BF16 : DT_F16;
+	int c = buf_of(m, MM(C)), out = buf_of(t, KARG_INDEX(PERMUTE_16, out));
+	const KArg *dims = &t->args[KARG_INDEX(PERMUTE_16, in_dims)], *perm = &t->args[KARG_INDEX(PERMUTE_16, perm)];
+	return (DType)mm_int(m, MM(c_type)) == dt && output_alone(p, c, dt, reads, writes) &&
+	       buf_of(t, KARG_INDEX(PERMUTE_16, in)) == c && out >= 0 && p->buf[out].dtype == dt &&
+	       t->args[KARG_INDEX(PERMUTE_16, rank)].i == 2 && dims->kind == KA_INTS && dims->n == 2 &&
+	       dims->ints[0] == mm_int(m, MM(M)) && dims->ints[1] == mm_int(m, MM(N)) && perm->kind == KA_INTS &&
+	       perm->n == 2 && perm->ints[0] == 1 && perm->ints[1] == 0;
 }
 
 /* The kernels whose output a loop may add a buffer to (out = output + r): the argument of the output,
@@ -247,7 +277,8 @@ int *cuda_epilogues(const LProg *p)
 		int next = out >= 0 && pair_of[i] == CUDA_EPI_NONE ? reader_after(p, i, out) : -1;
 		int bias, resid;
 		if (next >= 0 && (gemm_pair(p, m, &p->k[next], reads, writes, &bias, &resid) ||
-				  adder_pair(p, m, &p->k[next], reads, writes, &resid))) {
+				  adder_pair(p, m, &p->k[next], reads, writes, &resid) ||
+				  transpose_pair(p, m, &p->k[next], reads, writes))) {
 			pair_of[i] = next;
 			pair_of[next] = CUDA_EPI_MEMBER;
 		}
@@ -283,8 +314,34 @@ static void print_adder_pair(Emit *e, const struct Adder *a, const Kernel *m, co
 				      m->note ? m->note : kernel_names[m->kind]));
 }
 
+/* matmul m and its transpose t as the matmul of the swapped operands */
+static void print_transposed(Emit *e, const Kernel *m, const Kernel *t, const char *stream)
+{
+	FILE *f = emit_file(e);
+	const LProg *p = emit_prog(e);
+	fprintf(f, "%s(1, ", m->kind == K_MATMUL_BF16 ? "planrt_cu_k_matmul_bf16" : "planrt_cu_k_matmul_f16");
+	emit_arg(e, m, MM(N));
+	fprintf(f, ", ");
+	emit_arg(e, m, MM(M));
+	fprintf(f, ", ");
+	emit_arg(e, m, MM(K));
+	fprintf(f, ", ");
+	emit_arg(e, m, MM(B));
+	fprintf(f, ", %s, 0, ", planrt_int_name(KPT_TRANS, !mm_int(m, MM(trans_b))));
+	emit_arg(e, m, MM(A));
+	fprintf(f, ", %s, 0, ", planrt_int_name(KPT_TRANS, !mm_int(m, MM(trans_a))));
+	emit_name(e, buf_of(t, KARG_INDEX(PERMUTE_16, out)));
+	fprintf(f, ", %s, 0, %s, %s);", planrt_dtype_name(m->kind == K_MATMUL_BF16 ? DT_BF16 : DT_F16),
+		planrt_int_name(KPT_ACCUMULATE, 0), stream);
+	emit_comment(e, arena_printf(p->g->arena, "%s, written transposed (epilogues.c)", m->note ? m->note : "matmul"));
+}
+
 void cuda_print_epilogue(Emit *e, const Kernel *m, const Kernel *l, const char *stream)
 {
+	if (l->kind == K_PERMUTE_16) {
+		print_transposed(e, m, l, stream);
+		return;
+	}
 	const struct Adder *a = adder_of(m);
 	if (a) {
 		print_adder_pair(e, a, m, l, stream);
