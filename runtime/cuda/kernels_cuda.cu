@@ -855,10 +855,12 @@ static void layer_norm_grad(const void *x, const void *w, const float *mean, con
 {
 	if (rows <= 0 || cols <= 0)
 		return;
+	/* dw, db first: with an add (epilogues.c), dx may be x's or dy's memory, which the dx kernel reads a
+	 * row, or an element, before it writes it */
+	norm_params<H>(x, mean, rstd, dy, dw, db, rows, cols, stream);
 	layer_norm_dx_kernel<H><<<row_grid(rows), row_threads(cols), 0, planrt_cu_stream(stream)>>>(x, w, mean, rstd,
 												     dy, add, dx, cols);
 	planrt_cu_check_launch("layer_norm_grad");
-	norm_params<H>(x, mean, rstd, dy, dw, db, rows, cols, stream);
 }
 
 template <int H>
@@ -909,10 +911,10 @@ static void rms_norm_grad(const void *x, const void *w, const float *rstd, const
 {
 	if (rows <= 0 || cols <= 0)
 		return;
+	norm_params<H>(x, NULL, rstd, dy, dw, NULL, rows, cols, stream); /* first: as layer_norm_grad's */
 	rms_norm_dx_kernel<H><<<row_grid(rows), row_threads(cols), 0, planrt_cu_stream(stream)>>>(x, w, rstd, dy, add,
 												   dx, cols);
 	planrt_cu_check_launch("rms_norm_grad");
-	norm_params<H>(x, NULL, rstd, dy, dw, NULL, rows, cols, stream);
 }
 
 void planrt_cu_k_layer_norm_f32(const float *x, const float *w, const float *b, float *y, float *mean, float *rstd,

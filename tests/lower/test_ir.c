@@ -27,7 +27,8 @@
  * when the bias is not broadcast over the rows. gpt350m's two layer norm gradients a layer pair with
  * the add of the residual's gradient after them, past the casts of dw and db, unless one of those
  * reads the loop's output; the small GPT's two dropouts a layer (0.1) pair with the residual add
- * after them; the tied embedding's weight gradient is written transposed by its GEMM.
+ * after them; the tied embedding's weight gradient is written transposed by its GEMM; a pair whose
+ * output the memory plan puts on an operand of its first kernel is refused.
  * Prints PASS/FAIL lines and `N passed, N failed`; exits 1 on any failure. */
 #include "passes.h"
 #include "target/target.h"
@@ -336,9 +337,9 @@ static void epilogues_gpt(LProg *p, int layers, int resid_layers, const char *na
 	       "output projections), each a matmul whose product only its loop reads, C + bias (+ residual)", name, n);
 	report(biased == 6 * layers && resid == 2 * resid_layers, "%s: %d with a bias, %d with a residual (%d expected)", name,
 	       biased, resid, 2 * resid_layers);
-	report(resid_layers ? norms == 2 * resid_layers : norms > 0,
-	       "%s: %d layer norm gradients with the residual gradient's add after them (%s%d)", name, norms,
-	       resid_layers ? "" : "more than ", resid_layers ? 2 * resid_layers : 0);
+	report(norms > 0 && norms <= 2 * layers + 1,
+	       "%s: %d layer norm gradients with the residual gradient's add after them (at most two a layer: where the "
+	       "output shares no memory with an input)", name, norms);
 	report(drops == 2 * (layers - resid_layers), "%s: %d dropouts with the residual add after them (%d expected)", name,
 	       drops, 2 * (layers - resid_layers));
 	report(transposes == 1 && sound, "%s: the tied embedding's weight gradient written transposed by its GEMM (%d)",
@@ -358,6 +359,27 @@ static void epilogues_gpt(LProg *p, int layers, int resid_layers, const char *na
 		int total = n + norms + drops + transposes;
 		report(norm + 1 < l && blocked == total - 1, "%s: a norm's pair refused when a kernel between reads the "
 		       "loop's output (%d of %d pairs left)", name, blocked, total);
+		/* the loop's output over the norm's dw (the f32 copy the casts after it still read) */
+		Buffer *o = &p->buf[p->k[l].out], kept = *o;
+		const Buffer *dw = &p->buf[KARG(&p->k[norm], LAYER_NORM_GRAD_16, dw)->buf];
+		o->cls = dw->cls;
+		o->offset = dw->offset;
+		int over_dw = epilogue_pairs(p);
+		*o = kept;
+		report(dw->cls != BUF_STATE && over_dw == total - 1, "%s: a norm's pair refused when its output lies over "
+		       "the norm's dw (%d of %d pairs left)", name, over_dw, total);
+	}
+	if (first >= 0) { /* the loop's output given the memory of the matmul's A: refused */
+		Buffer *o = &p->buf[p->k[first_loop].out];
+		const Buffer *in = &p->buf[KARG(&p->k[first], MATMUL_BF16, A)->buf];
+		Buffer was = *o;
+		o->cls = in->cls;
+		o->offset = in->offset;
+		int aliased = epilogue_pairs(p);
+		*o = was;
+		report(in->cls != BUF_STATE && aliased == n + norms + drops + transposes - 1,
+		       "%s: a GEMM pair refused when the memory plan gives its output the bytes of the product's "
+		       "operand (%d of %d pairs left)", name, aliased, n + norms + drops + transposes);
 	}
 	if (first < 0 || resid_layers)
 		return;

@@ -24,7 +24,9 @@
  * accumulated, stores out in the 16-bit type, and reads the first kernel's output once at the
  * output's index besides 16-bit operands of that type (an f32 bias too). The first kernel's output
  * is a transient buffer (the arena, or a micro-batch's activation slot) that no other kernel reads
- * or writes, and nobody waits for the first kernel. For gpt350m in bf16 that is 144 GEMM pairs, 48
+ * or writes, and nobody waits for the first kernel. The pair's output shares no memory with the
+ * first kernel's arguments, nor, unless it is the same buffer, with the loop's (overlaps below). For
+ * gpt350m in bf16 that is 144 GEMM pairs, 48
  * norm pairs and one transposed product a step.
  *
  * The C and LLVM targets keep the pairs: the CPU's numbers do not change. On the GPU the sum is
@@ -114,6 +116,48 @@ static bool output_alone(const LProg *p, int c, DType t, const int *reads, const
 	       reads[c] == 1 && writes[c] == 1;
 }
 
+/* Whether buffers a and b may share memory: the same storage, or storages of one transient region
+ * (the arena, the activation slots, the inboxes) whose byte ranges overlap. The memory plan may give
+ * the loop's output the bytes of an input of the first kernel that dies there (their lives do not
+ * overlap in the unfused program); the pair's one call reads those inputs while it writes the
+ * output, so such a pair is refused. */
+static bool overlaps(const LProg *p, int a, int b)
+{
+	int sa = cuda_storage_of(p, a), sb = cuda_storage_of(p, b);
+	if (sa == sb)
+		return true;
+	const Buffer *x = &p->buf[sa], *y = &p->buf[sb];
+	if (x->cls != y->cls || (x->cls != BUF_ARENA && x->cls != BUF_SLOT && x->cls != BUF_INBOX))
+		return false;
+	return x->offset < y->offset + y->bytes && y->offset < x->offset + x->bytes;
+}
+
+/* whether a and b are the same memory, byte for byte (the same buffer, or two of one region at the
+ * same offset and of the same size) */
+static bool coincide(const LProg *p, int a, int b)
+{
+	const Buffer *x = &p->buf[a], *y = &p->buf[b];
+	return a == b || (x->cls == y->cls && x->cls != BUF_VIEW && x->offset == y->offset && x->bytes == y->bytes);
+}
+
+/* whether out shares memory with none of kernel m's buffer arguments but skip (its output) and those
+ * in `same` (arguments it may be exactly: the call reads and writes them element for element, or
+ * reads them before it writes), and the loop's added buffer r (-1: none) is out itself or apart
+ * from it */
+static bool apart(const LProg *p, const Kernel *m, int skip, const int *same, int nsame, int out, int r)
+{
+	for (int i = 0; i < m->nargs; i++) {
+		if (i == skip || m->args[i].kind != KA_BUF || !overlaps(p, out, m->args[i].buf))
+			continue;
+		bool allowed = false;
+		for (int j = 0; j < nsame; j++)
+			allowed |= same[j] == i && coincide(p, out, m->args[i].buf);
+		if (!allowed)
+			return false;
+	}
+	return r < 0 || coincide(p, r, out) || !overlaps(p, out, r);
+}
+
 static long long loop_elems(const Kernel *l)
 {
 	long long elems = 1;
@@ -149,7 +193,8 @@ static bool gemm_pair(const LProg *p, const Kernel *m, const Kernel *l, const in
 		else
 			return false;
 	}
-	return n >= 2 && product == 1 && (*bias >= 0 || *resid >= 0);
+	return n >= 2 && product == 1 && (*bias >= 0 || *resid >= 0) && apart(p, m, MM(C), NULL, 0, l->out, *resid) &&
+	       (*bias < 0 || !overlaps(p, l->out, *bias));
 }
 
 /* A transposed product: kernel m, a 16-bit matmul of one GEMM that overwrites C [M, N], and kernel t
@@ -169,7 +214,7 @@ static bool transpose_pair(const LProg *p, const Kernel *m, const Kernel *t, con
 	       buf_of(t, KARG_INDEX(PERMUTE_16, in)) == c && out >= 0 && p->buf[out].dtype == dt &&
 	       t->args[KARG_INDEX(PERMUTE_16, rank)].i == 2 && dims->kind == KA_INTS && dims->n == 2 &&
 	       dims->ints[0] == mm_int(m, MM(M)) && dims->ints[1] == mm_int(m, MM(N)) && perm->kind == KA_INTS &&
-	       perm->n == 2 && perm->ints[0] == 1 && perm->ints[1] == 0;
+	       perm->n == 2 && perm->ints[0] == 1 && perm->ints[1] == 0 && apart(p, m, MM(C), NULL, 0, out, -1);
 }
 
 /* The kernels whose output a loop may add a buffer to (out = output + r): the argument of the output,
@@ -178,13 +223,17 @@ static const struct Adder {
 	KernelKind kind;
 	int out, storage, after;
 	const char *call;
+	int same[2]; /* inputs the output may be exactly (-1: none): the call reads them for a row, or an
+		      * element, before it writes that row or element, and the norms' dw / db come first */
 } adders[] = {
 	{K_LAYER_NORM_GRAD_16, KARG_INDEX(LAYER_NORM_GRAD_16, dx), KARG_INDEX(LAYER_NORM_GRAD_16, storage),
-	 KARG_INDEX(LAYER_NORM_GRAD_16, dy), "planrt_cu_k_layer_norm_grad_add_16"},
+	 KARG_INDEX(LAYER_NORM_GRAD_16, dy), "planrt_cu_k_layer_norm_grad_add_16",
+	 {KARG_INDEX(LAYER_NORM_GRAD_16, x), KARG_INDEX(LAYER_NORM_GRAD_16, dy)}},
 	{K_RMS_NORM_GRAD_16, KARG_INDEX(RMS_NORM_GRAD_16, dx), KARG_INDEX(RMS_NORM_GRAD_16, storage),
-	 KARG_INDEX(RMS_NORM_GRAD_16, dy), "planrt_cu_k_rms_norm_grad_add_16"},
+	 KARG_INDEX(RMS_NORM_GRAD_16, dy), "planrt_cu_k_rms_norm_grad_add_16",
+	 {KARG_INDEX(RMS_NORM_GRAD_16, x), KARG_INDEX(RMS_NORM_GRAD_16, dy)}},
 	{K_DROPOUT_16, KARG_INDEX(DROPOUT_16, y), KARG_INDEX(DROPOUT_16, storage), KARG_INDEX(DROPOUT_16, x),
-	 "planrt_cu_k_dropout_add_16"},
+	 "planrt_cu_k_dropout_add_16", {KARG_INDEX(DROPOUT_16, x), -1}},
 };
 
 static const struct Adder *adder_of(const Kernel *k)
@@ -211,7 +260,8 @@ static bool adder_pair(const LProg *p, const Kernel *m, const Kernel *l, const i
 		return false;
 	const LExpr *d = leaves[0]->buf == o ? leaves[0] : leaves[1], *r = d == leaves[0] ? leaves[1] : leaves[0];
 	*resid = r->buf;
-	return d->buf == o && r->buf != o && at_output_index(l, d) && at_output_index(l, r) && p->buf[r->buf].dtype == t;
+	return d->buf == o && r->buf != o && at_output_index(l, d) && at_output_index(l, r) && p->buf[r->buf].dtype == t &&
+	       apart(p, m, a->out, a->same, 2, l->out, r->buf);
 }
 
 /* whether kernel k reads or writes storage s */
