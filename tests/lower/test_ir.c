@@ -364,10 +364,26 @@ static void epilogues_gpt(LProg *p, int layers, int resid_layers, const char *na
 		const Buffer *dw = &p->buf[KARG(&p->k[norm], LAYER_NORM_GRAD_16, dw)->buf];
 		o->cls = dw->cls;
 		o->offset = dw->offset;
-		int over_dw = epilogue_pairs(p);
+		int *over = cuda_epilogues(p), refused = over[norm] == CUDA_EPI_NONE, left = 0;
+		for (int i = 0; i < p->nk; i++)
+			left += over[i] >= 0;
+		free(over);
 		*o = kept;
-		report(dw->cls != BUF_STATE && over_dw == total - 1, "%s: a norm's pair refused when its output lies over "
-		       "the norm's dw (%d of %d pairs left)", name, over_dw, total);
+		report(dw->cls != BUF_STATE && refused, "%s: a norm's pair refused when its output lies over the norm's dw "
+		       "(%d of %d pairs left)", name, left, total);
+		/* what a kernel between writes, put on the loop's output's bytes: the loop may not move before it */
+		Kernel *between = &p->k[norm + 1];
+		Buffer *w = between->ndefs ? &p->buf[between->defs[0]] : NULL, wkept = w ? *w : kept;
+		if (w) {
+			w->cls = o->cls;
+			w->offset = o->offset;
+		}
+		int *moved = cuda_epilogues(p), blocked_by_write = w && moved[norm] == CUDA_EPI_NONE;
+		free(moved);
+		if (w)
+			*w = wkept;
+		report(blocked_by_write, "%s: a norm's pair refused when a kernel between writes memory the loop's output "
+		       "lies on", name);
 	}
 	if (first >= 0) { /* the loop's output given the memory of the matmul's A: refused */
 		Buffer *o = &p->buf[p->k[first_loop].out];

@@ -17,9 +17,9 @@
  *   - a transposed product: a 16-bit matmul, then a permute_16 that transposes its product (the
  *     tied embedding's weight gradient): printed as the GEMM of the swapped operands (below).
  * The second kernel (a loop, or the permute) is the first of the phase call after the first kernel
- * that reads its output, within four kernels that touch nothing it reads or writes and wait for no
- * event (a norm's dw / db casts come between; the second kernel then runs in the pair's call,
- * before them). It waits for nothing (the first kernel's waits are printed before the call), runs
+ * that reads its output, within four kernels that read or write no memory it reads or writes (by the
+ * memory plan's bytes, not only by buffer) and wait for no event (a norm's dw / db casts come
+ * between; the second kernel then runs in the pair's call, before them). It waits for nothing (the first kernel's waits are printed before the call), runs
  * on the same stream in the same micro-batches and comes from the same layer; a loop is not
  * accumulated, stores out in the 16-bit type, and reads the first kernel's output once at the
  * output's index besides 16-bit operands of that type (an f32 bias too). The first kernel's output
@@ -276,10 +276,21 @@ static bool touches(const LProg *p, const Kernel *k, int s)
 	return false;
 }
 
+/* whether a buffer kernel a reads or writes may share memory with one kernel b reads or writes */
+static bool shares_memory(const LProg *p, const Kernel *a, const Kernel *b)
+{
+	for (int u = 0; u < a->nuses + a->ndefs; u++)
+		for (int v = 0; v < b->nuses + b->ndefs; v++)
+			if (overlaps(p, u < a->nuses ? a->uses[u] : a->defs[u - a->nuses],
+				     v < b->nuses ? b->uses[v] : b->defs[v - b->nuses]))
+				return true;
+	return false;
+}
+
 /* The kernel of kernel i's phase call that first reads buffer b after it, if it comes within 4
- * kernels of that call and none of the kernels between touches what it reads or writes (the loop
- * then runs in the pair's call, before them: the norm gradients' casts of dw and db come between);
- * else -1 */
+ * kernels of that call and none of the kernels between reads or writes memory it reads or writes
+ * (the memory plan may put the buffers of both on the same bytes); the second kernel then runs in
+ * the pair's call, before them (the norm gradients' casts of dw and db come between); else -1 */
 static int reader_after(const LProg *p, int i, int b)
 {
 	const Kernel *m = &p->k[i];
@@ -295,10 +306,8 @@ static int reader_after(const LProg *p, int i, int b)
 			continue;
 		}
 		for (int x = 0; x < n; x++)
-			for (int u = 0; u < k->nuses + k->ndefs; u++)
-				if (touches(p, &p->k[between[x]],
-					    cuda_storage_of(p, u < k->nuses ? k->uses[u] : k->defs[u - k->nuses])))
-					return -1;
+			if (shares_memory(p, &p->k[between[x]], k))
+				return -1;
 		return j;
 	}
 	return -1;
