@@ -48,6 +48,20 @@ static void check_rank(const char *what, int rank)
 		planrt_fatal("internal error: %s of rank %d (at most %d)", what, rank, KMAX);
 }
 
+/* A column sum over rows in chunks of COL_ROWS rows a block row of the grid (chunks added
+ * atomically when there are several), and fewer, larger chunks where the grid's y limit needs it:
+ * *chunk rows a chunk, the number of chunks returned. */
+static int64_t col_chunks(int64_t rows, int64_t *chunk)
+{
+	*chunk = rows < COL_ROWS ? (rows > 0 ? rows : 1) : COL_ROWS;
+	int64_t splits = (rows + *chunk - 1) / *chunk;
+	if (splits > 65535) {
+		*chunk = (rows + 65534) / 65535;
+		splits = (rows + *chunk - 1) / *chunk;
+	}
+	return splits;
+}
+
 /* ------------------------------------------------------------------ block reductions */
 
 __device__ static float warp_sum(float v)
@@ -491,14 +505,10 @@ static void sum_to(int rank, const int64_t *dims, const void *in, const int64_t 
 		planrt_cu_check_(cudaMemsetAsync(out, 0, sizeof(float) * (size_t)out_elems, s), "cudaMemsetAsync");
 	planrt_sum_plan_t plan;
 	if (index_planned() && planrt_sum_plan(rank, dims, out_strides, &plan)) {
-		uint32_t chunk = plan.red_n < COL_ROWS ? plan.red_n : COL_ROWS, splits = (plan.red_n + chunk - 1) / chunk;
-		if (splits > 65535) {
-			chunk = (plan.red_n + 65534) / 65535;
-			splits = (plan.red_n + chunk - 1) / chunk;
-		}
+		int64_t chunk, splits = col_chunks(plan.red_n, &chunk);
 		unsigned gx = (unsigned)((plan.out_n + PLANRT_CU_BLOCK - 1) / PLANRT_CU_BLOCK);
-		dim3 grid(gx > 65535 ? 65535 : gx, splits);
-		sum_planned_kernel<H><<<grid, PLANRT_CU_BLOCK, 0, s>>>(plan, chunk, in, out, splits > 1);
+		dim3 grid(gx > 65535 ? 65535 : gx, (unsigned)splits);
+		sum_planned_kernel<H><<<grid, PLANRT_CU_BLOCK, 0, s>>>(plan, (uint32_t)chunk, in, out, splits > 1);
 		planrt_cu_check_launch("sum_to");
 		return;
 	}
@@ -520,11 +530,9 @@ static void sum_to(int rank, const int64_t *dims, const void *in, const int64_t 
 			red_n *= dims[d];
 		}
 	}
-	int64_t chunk = red_n < COL_ROWS ? red_n : COL_ROWS, splits = (red_n + chunk - 1) / chunk;
+	int64_t chunk, splits = col_chunks(red_n, &chunk);
 	unsigned gx = (unsigned)((out_n + PLANRT_CU_BLOCK - 1) / PLANRT_CU_BLOCK);
-	dim3 grid(gx < 1 ? 1 : gx > 65535 ? 65535 : gx, (unsigned)(splits > 65535 ? 65535 : splits));
-	if (splits > 65535)
-		chunk = (red_n + 65534) / 65535;
+	dim3 grid(gx < 1 ? 1 : gx > 65535 ? 65535 : gx, (unsigned)splits);
 	sum_to_kernel<H><<<grid, PLANRT_CU_BLOCK, 0, s>>>(nk, dims_of(nk, kd), dims_of(nk, ki), dims_of(nk, ko), nr,
 						       dims_of(nr, rd), dims_of(nr, ri), out_n, red_n, chunk, in, out,
 						       grid.y > 1);
@@ -838,11 +846,7 @@ static void norm_params(const void *x, const float *mean, const float *rstd, con
 {
 	if (!dw && !db)
 		return;
-	int64_t chunk = rows < COL_ROWS ? rows : COL_ROWS, splits = (rows + chunk - 1) / chunk;
-	if (splits > 65535) {
-		chunk = (rows + 65534) / 65535;
-		splits = (rows + chunk - 1) / chunk;
-	}
+	int64_t chunk, splits = col_chunks(rows, &chunk);
 	dim3 grid((unsigned)((cols + PLANRT_CU_BLOCK - 1) / PLANRT_CU_BLOCK), (unsigned)splits);
 	norm_params_kernel<H><<<grid, PLANRT_CU_BLOCK, 0, planrt_cu_stream(stream)>>>(x, mean, rstd, dy, dw, db, rows,
 										       cols, chunk, splits > 1);

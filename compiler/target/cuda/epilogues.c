@@ -166,18 +166,10 @@ static long long loop_elems(const Kernel *l)
 	return elems;
 }
 
-/* The loads of a GEMM pair: kernel m (a 16-bit matmul) and loop l; *bias and *resid (-1: none) */
-static bool gemm_pair(const LProg *p, const Kernel *m, const Kernel *l, const int *reads, const int *writes, int *bias,
-		      int *resid)
+/* Whether loop l is out = C + bias and / or + residual for product c of type t and N columns: its
+ * *bias and *resid (-1: none). The GEMM pair's test, and what its call prints. */
+static bool gemm_loads(const LProg *p, const Kernel *l, int c, DType t, long long N, int *bias, int *resid)
 {
-	if ((m->kind != K_MATMUL_BF16 && m->kind != K_MATMUL_F16) || mm_int(m, MM(accumulate)))
-		return false;
-	int c = buf_of(m, MM(C));
-	DType t = m->kind == K_MATMUL_BF16 ? DT_BF16 : DT_F16;
-	long long N = mm_int(m, MM(N));
-	if (!loop_after(p, m, l, t) || (DType)mm_int(m, MM(c_type)) != t || !output_alone(p, c, t, reads, writes) ||
-	    loop_elems(l) != mm_int(m, MM(batch)) * mm_int(m, MM(M)) * N)
-		return false;
 	const LExpr *leaves[4];
 	int n = add_leaves(l->expr, leaves, 0, 4), product = 0;
 	*bias = *resid = -1;
@@ -193,7 +185,22 @@ static bool gemm_pair(const LProg *p, const Kernel *m, const Kernel *l, const in
 		else
 			return false;
 	}
-	return n >= 2 && product == 1 && (*bias >= 0 || *resid >= 0) && apart(p, m, MM(C), NULL, 0, l->out, *resid) &&
+	return n >= 2 && product == 1 && (*bias >= 0 || *resid >= 0);
+}
+
+/* The loads of a GEMM pair: kernel m (a 16-bit matmul) and loop l; *bias and *resid (-1: none) */
+static bool gemm_pair(const LProg *p, const Kernel *m, const Kernel *l, const int *reads, const int *writes, int *bias,
+		      int *resid)
+{
+	if ((m->kind != K_MATMUL_BF16 && m->kind != K_MATMUL_F16) || mm_int(m, MM(accumulate)))
+		return false;
+	int c = buf_of(m, MM(C));
+	DType t = m->kind == K_MATMUL_BF16 ? DT_BF16 : DT_F16;
+	long long N = mm_int(m, MM(N));
+	if (!loop_after(p, m, l, t) || (DType)mm_int(m, MM(c_type)) != t || !output_alone(p, c, t, reads, writes) ||
+	    loop_elems(l) != mm_int(m, MM(batch)) * mm_int(m, MM(M)) * N)
+		return false;
+	return gemm_loads(p, l, c, t, N, bias, resid) && apart(p, m, MM(C), NULL, 0, l->out, *resid) &&
 	       (*bias < 0 || !overlaps(p, l->out, *bias));
 }
 
@@ -408,14 +415,8 @@ void cuda_print_epilogue(Emit *e, const Kernel *m, const Kernel *l, const char *
 	}
 	FILE *f = emit_file(e);
 	const LProg *p = emit_prog(e);
-	int bias = -1, resid = -1;
-	const LExpr *leaves[4];
-	int n = add_leaves(l->expr, leaves, 0, 4), c = buf_of(m, MM(C));
-	for (int i = 0; i < n; i++)
-		if (leaves[i]->buf != c && bias < 0 && bias_load(l, leaves[i], mm_int(m, MM(N))))
-			bias = leaves[i]->buf;
-		else if (leaves[i]->buf != c)
-			resid = leaves[i]->buf;
+	int bias, resid;
+	gemm_loads(p, l, buf_of(m, MM(C)), m->kind == K_MATMUL_BF16 ? DT_BF16 : DT_F16, mm_int(m, MM(N)), &bias, &resid);
 	static const int args[] = {MM(batch), MM(M),	    MM(N),	 MM(K),	      MM(A),
 				   MM(trans_a), MM(stride_a), MM(B), MM(trans_b), MM(stride_b)};
 	fprintf(f, "planrt_cu_k_matmul_epilogue_16(");
