@@ -1,6 +1,8 @@
 /* permute_rate.cu: the bandwidth of the CUDA permute and sum_to at gpt350m's shapes (bf16: the
  * split and merge of heads, 193 permutes a step with the classifier's transpose; the bias
- * gradients, 145 sum_to_acc_16 a step), against a device-to-device copy of the same bytes.
+ * gradients, 145 sum_to_acc_16 a step: into an f32 accumulator, chunks of rows added atomically,
+ * which the step then narrows, and into the bf16 gradient itself in one 32 x 32 tile a 32 columns,
+ * which a bf16 plan's step runs), against a device-to-device copy of the same bytes.
  * scripts/gpu-check.sh runs it twice, with the planned 32-bit index arithmetic (the default) and
  * with PLANRT_INDEX=64 (the 64-bit division of every index it replaced), so the two stand side by
  * side in one run. Each shape: two calls to warm up, then 20 timed with CUDA events. Prints one
@@ -27,7 +29,7 @@ enum { WARM = 2, REPS = 20 };
 
 typedef struct Shape {
 	const char *what;
-	int kind; /* 0 permute_16, 1 sum_to_acc_16, 2 the copy */
+	int kind; /* 0 permute_16, 1 sum_to_acc_16 into f32, 2 the copy, 3 sum_to_acc_16 into bf16 */
 	int rank;
 	int64_t dims[4];
 	int perm[4];
@@ -40,9 +42,9 @@ static void call(const Shape *s, size_t bytes)
 {
 	if (s->kind == 0)
 		planrt_cu_k_permute_16(s->rank, s->dims, s->perm, in_, out_, PLANRT_STREAM_COMPUTE);
-	else if (s->kind == 1)
-		planrt_cu_k_sum_to_acc_16(s->rank, s->dims, in_, s->ostr, (float *)out_, s->dims[s->rank - 1], planrt_bf16,
-					  PLANRT_STREAM_COMPUTE);
+	else if (s->kind == 1 || s->kind == 3)
+		planrt_cu_k_sum_to_acc_16(s->rank, s->dims, in_, s->ostr, out_, s->dims[s->rank - 1],
+					  s->kind == 1 ? planrt_f32 : planrt_bf16, planrt_bf16, PLANRT_STREAM_COMPUTE);
 	else
 		CHECK(cudaMemcpyAsync(out_, in_, bytes, cudaMemcpyDeviceToDevice, planrt_cu_stream(PLANRT_STREAM_COMPUTE)));
 }
@@ -83,6 +85,8 @@ int main(void)
 		{"transpose [1024,50304] (1,0)", 0, 2, {1024, 50304}, {1, 0}, {0}},
 		{"bias gradient [8,1024,1024] -> [1024]", 1, 3, {8, 1024, 1024}, {0}, {0, 0, 1}},
 		{"bias gradient [8,1024,4096] -> [4096]", 1, 3, {8, 1024, 4096}, {0}, {0, 0, 1}},
+		{"bias gradient [8,1024,1024] -> [1024] bf16", 3, 3, {8, 1024, 1024}, {0}, {0, 0, 1}},
+		{"bias gradient [8,1024,4096] -> [4096] bf16", 3, 3, {8, 1024, 4096}, {0}, {0, 0, 1}},
 	};
 	size_t most = 0;
 	for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
@@ -106,7 +110,7 @@ int main(void)
 		copy.kind = 2;
 		double us = time_us(s, bytes), copy_us = time_us(&copy, bytes / 2);
 		printf("%s %s (%s): %.1f us, %.0f GB/s (%.2f of a copy of the same bytes: %.1f us)\n",
-		       s->kind == 0 ? "permute_16" : "sum_to_acc_16", s->what, arith, us, bytes / us * 1e-3, copy_us / us,
+		       s->kind == 0 ? "permute_16" : s->kind == 1 ? "sum_to_acc_16 into f32" : "sum_to_acc_16 into bf16", s->what, arith, us, bytes / us * 1e-3, copy_us / us,
 		       copy_us);
 	}
 	CHECK(cudaDeviceSynchronize());

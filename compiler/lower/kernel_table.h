@@ -43,6 +43,7 @@
 	T(F16_IN, PTR) \
 	T(IN, PTR)         /* a buffer of any element type, read */ \
 	T(OUT, PTR)        /* written */ \
+	T(ACC, PTR)        /* a gradient summed over rows into it: stored as the kernel's `acc` (f32 or `storage`) */ \
 	T(BUFS, PTR)       /* a list of buffers */ \
 	T(DTYPE, I32) \
 	T(COMM, PTR)       /* a mesh axis's or a pair group's communicator, or none */ \
@@ -354,25 +355,25 @@
 	X(PERMUTE_16, "permute_16", KC_COMPUTE, planrt_k_permute_16, KDEV(planrt_cu_k_permute_16), \
 	  KP(INT, rank) KP(DIMS, in_dims) KP(PERM, perm) KP(IN, in) KP(OUT, out)) \
 	X(SUM_TO_16, "sum_to_16", KC_COMPUTE, planrt_k_sum_to_16, KDEV(planrt_cu_k_sum_to_16), \
-	  KP(INT, rank) KP(DIMS, dims) KP(IN, in) KP(DIMS, out_strides) KP(F32_OUT, out) KP(I64, out_elems) \
-	  KP(DTYPE, storage)) \
+	  KP(INT, rank) KP(DIMS, dims) KP(IN, in) KP(DIMS, out_strides) KP(ACC, out) KP(I64, out_elems) \
+	  KP(DTYPE, acc) KP(DTYPE, storage)) \
 	X(SUM_TO_ACC_16, "sum_to_acc_16", KC_COMPUTE, planrt_k_sum_to_acc_16, KDEV(planrt_cu_k_sum_to_acc_16), \
-	  KP(INT, rank) KP(DIMS, dims) KP(IN, in) KP(DIMS, out_strides) KP(F32_OUT, out) KP(I64, out_elems) \
-	  KP(DTYPE, storage)) \
+	  KP(INT, rank) KP(DIMS, dims) KP(IN, in) KP(DIMS, out_strides) KP(ACC, out) KP(I64, out_elems) \
+	  KP(DTYPE, acc) KP(DTYPE, storage)) \
 	X(LAYER_NORM_16, "layer_norm_16", KC_COMPUTE, planrt_k_layer_norm_16, KDEV(planrt_cu_k_layer_norm_16), \
 	  KP(IN, x) KP(IN, w) KP(IN, b) KP(OUT, y) KP(F32_OUT, mean) KP(F32_OUT, rstd) KP(I64, rows) \
 	  KP(I64, cols) KP(F64, eps) KP(DTYPE, storage)) \
 	X(LAYER_NORM_GRAD_16, "layer_norm_grad_16", KC_COMPUTE, planrt_k_layer_norm_grad_16, \
 	  KDEV(planrt_cu_k_layer_norm_grad_16), \
-	  KP(IN, x) KP(IN, w) KP(F32_IN, mean) KP(F32_IN, rstd) KP(IN, dy) KP(OUT, dx) KP(F32_OUT, dw) \
-	  KP(F32_OUT, db) KP(I64, rows) KP(I64, cols) KP(DTYPE, storage)) \
+	  KP(IN, x) KP(IN, w) KP(F32_IN, mean) KP(F32_IN, rstd) KP(IN, dy) KP(OUT, dx) KP(ACC, dw) \
+	  KP(ACC, db) KP(I64, rows) KP(I64, cols) KP(DTYPE, acc) KP(DTYPE, storage)) \
 	X(RMS_NORM_16, "rms_norm_16", KC_COMPUTE, planrt_k_rms_norm_16, KDEV(planrt_cu_k_rms_norm_16), \
 	  KP(IN, x) KP(IN, w) KP(OUT, y) KP(F32_OUT, rstd) KP(I64, rows) KP(I64, cols) KP(F64, eps) \
 	  KP(DTYPE, storage)) \
 	X(RMS_NORM_GRAD_16, "rms_norm_grad_16", KC_COMPUTE, planrt_k_rms_norm_grad_16, \
 	  KDEV(planrt_cu_k_rms_norm_grad_16), \
-	  KP(IN, x) KP(IN, w) KP(F32_IN, rstd) KP(IN, dy) KP(OUT, dx) KP(F32_OUT, dw) KP(I64, rows) \
-	  KP(I64, cols) KP(DTYPE, storage)) \
+	  KP(IN, x) KP(IN, w) KP(F32_IN, rstd) KP(IN, dy) KP(OUT, dx) KP(ACC, dw) KP(I64, rows) \
+	  KP(I64, cols) KP(DTYPE, acc) KP(DTYPE, storage)) \
 	X(ATTENTION_16, "attention_16", KC_COMPUTE, planrt_k_attention_16, KDEV(planrt_cu_k_attention_16), \
 	  KP(IN, q) KP(IN, k) KP(IN, v) KP(F32_IN, mask) KP(DIMS, mask_strides) KP(OUT, out) KP(F32_OUT, lse) \
 	  KP(INT, rank) KP(DIMS, ldims) KP(I64, kv_heads) KP(I64, sk) KP(F64, scale) KP(INT, mask_kind) \

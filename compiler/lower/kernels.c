@@ -136,13 +136,23 @@ double kernel_gemm_flops(const Kernel *k)
 	return 0;
 }
 
-/* a 16-bit variant's `storage` parameter (lower.h) */
-int kernel_storage_param(KernelKind kind)
+static int dtype_param(KernelKind kind, const char *name)
 {
 	for (int i = 0; i < kernel_nparams[kind]; i++)
-		if (kernel_params[kind][i].type == KPT_DTYPE && strcmp(kernel_params[kind][i].name, "storage") == 0)
+		if (kernel_params[kind][i].type == KPT_DTYPE && strcmp(kernel_params[kind][i].name, name) == 0)
 			return i;
 	return -1;
+}
+
+/* a 16-bit variant's `storage` and `acc` parameters (lower.h) */
+int kernel_storage_param(KernelKind kind)
+{
+	return dtype_param(kind, "storage");
+}
+
+int kernel_acc_param(KernelKind kind)
+{
+	return dtype_param(kind, "acc");
 }
 
 /* What may fill a parameter of each type. */
@@ -185,6 +195,7 @@ bool karg_fits(KernelKind kind, int index, const KArg *a)
 	case KPT_F64_OUT:
 	case KPT_IN:
 	case KPT_OUT:
+	case KPT_ACC:
 		return a->kind == KA_BUF || a->kind == KA_NULL;
 	case KPT_BUFS:
 		return a->kind == KA_BUFS;

@@ -2725,8 +2725,11 @@ static bool permute_moves_16(LProg *p, Kernel *k)
 /* Kinds with a variant that reads and writes the buffers of its IN and OUT parameters in their
  * 16-bit storage type, named by its last parameter (`storage`): each element widened to f32 as it is
  * read and rounded once as it is written, the arithmetic the f32 kind's. Every other parameter is
- * the f32 kind's, in its order: statistics, and gradients accumulated over rows (a norm's weight
- * gradient, a bias gradient), stay f32 and are still cast around the call. */
+ * the f32 kind's, in its order, and statistics stay f32. The gradients summed over rows (a norm's
+ * weight gradient, a bias gradient: ACC parameters) are taken as stored when they are stored in the
+ * storage type (`acc`, before `storage`): the kernel widens them, sums in f32 and rounds each once,
+ * the casts around the call it replaces, so the step has no f32 copy of them; else they are f32 and
+ * cast around the call. */
 static const KernelKind storage_16_variants[][2] = {
 	{K_SUM_TO, K_SUM_TO_16},
 	{K_SUM_TO_ACC, K_SUM_TO_ACC_16},
@@ -2754,7 +2757,8 @@ static bool reads_storage_16(LProg *p, Kernel *k)
 	for (size_t i = 0; i < sizeof storage_16_variants / sizeof storage_16_variants[0]; i++)
 		if (storage_16_variants[i][0] == k->kind)
 			v = storage_16_variants[i][1];
-	if (v == K_COUNT || k->nargs + 1 != kernel_nparams[v])
+	int acc_at = v == K_COUNT ? -1 : kernel_acc_param(v);
+	if (v == K_COUNT || k->nargs + 1 + (acc_at >= 0) != kernel_nparams[v])
 		return false;
 	/* the ring (ring.c, after lowering) replaces the plain attention kernels of a context-parallel
 	 * plan, reading its f32 copies of K and V */
@@ -2774,7 +2778,16 @@ static bool reads_storage_16(LProg *p, Kernel *k)
 	}
 	if (storage < 0)
 		return false;
+	int acc = storage; /* the ACC buffers as stored when every one is in the storage type */
+	for (int a = 0; a < k->nargs; a++)
+		if (kernel_params[v][a].type == KPT_ACC && k->args[a].kind == KA_BUF && root_dtype(p, &k->args[a]) != storage)
+			acc = DT_F32;
 	k->kind = v;
+	if (acc_at >= 0) {
+		KArg t = blank_arg(KA_DTYPE);
+		t.i = acc;
+		push_arg(p, k, &t, false);
+	}
 	KArg s = blank_arg(KA_DTYPE);
 	s.i = storage;
 	push_arg(p, k, &s, false);
@@ -2782,12 +2795,14 @@ static bool reads_storage_16(LProg *p, Kernel *k)
 }
 
 /* a buffer argument the kernel takes as f32: every buffer of an f32-only kind; a 16-bit variant's
- * F32 parameters */
+ * F32 parameters, and its ACC ones when its `acc` is f32 */
 static bool takes_f32_at(const Kernel *k, int a)
 {
 	if (kernel_storage_param(k->kind) < 0)
 		return true;
 	KParamType t = kernel_params[k->kind][a].type;
+	if (t == KPT_ACC)
+		return k->args[kernel_acc_param(k->kind)].i == DT_F32;
 	return t == KPT_F32_IN || t == KPT_F32_OUT;
 }
 

@@ -400,6 +400,9 @@ const char *karg_kind_name(KArgKind kind); /* for messages */
 /* kernels.c: the position of a kind's `storage` parameter, the 16-bit type in which its IN and OUT
  * buffers are stored (the 16-bit variants: lower.c's lower_conversions), or -1 */
 int kernel_storage_param(KernelKind kind);
+/* kernels.c: the position of a 16-bit variant's `acc` parameter, the type its ACC buffers (gradients
+ * summed over rows) are stored in: f32, or the storage type (read, summed in f32, rounded once), or -1 */
+int kernel_acc_param(KernelKind kind);
 /* An opaque kernel for graph op oi (with its communication, if any), appended in phase ph. */
 Kernel *kernel_opaque(LProg *p, int oi, Phase ph, int chunk);
 int handle_new(LProg *p, HandleType t, const char *name);

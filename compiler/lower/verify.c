@@ -132,7 +132,7 @@ static void check_matmul_bf16(Verify *V, int ki)
 }
 
 /* A 16-bit variant's storage type is bf16 or f16, and every buffer of its IN and OUT parameters is
- * stored in it. */
+ * stored in it; its ACC buffers are stored as its `acc` says, f32 or the storage type. */
 static void check_storage_16(Verify *V, int ki)
 {
 	const LProg *p = V->p;
@@ -145,14 +145,22 @@ static void check_storage_16(Verify *V, int ki)
 		fail(V, ki, "a 16-bit kernel stored as %s", dtype_name(d));
 		return;
 	}
+	int at = kernel_acc_param(k->kind);
+	DType acc = at >= 0 ? (DType)k->args[at].i : DT_F32;
+	if (acc != DT_F32 && acc != d) {
+		fail(V, ki, "a 16-bit kernel stored as %s sums its gradients as %s (f32 or %s)", dtype_name(d),
+		     dtype_name(acc), dtype_name(d));
+		return;
+	}
 	for (int a = 0; a < k->nargs; a++) {
 		KParamType t = kernel_params[k->kind][a].type;
 		const KArg *x = &k->args[a];
-		if ((t == KPT_IN || t == KPT_OUT) && x->kind == KA_BUF && x->buf >= 0 && x->buf < p->nbuf &&
-		    p->buf[buffer_root(p, x->buf)].dtype != d)
-			fail(V, ki, "argument %d (%s) is %s buffer %s where the storage is %s", a,
-			     kernel_params[k->kind][a].name, dtype_name(p->buf[buffer_root(p, x->buf)].dtype),
-			     p->buf[x->buf].name, dtype_name(d));
+		DType want = t == KPT_ACC ? acc : d;
+		if ((t == KPT_IN || t == KPT_OUT || t == KPT_ACC) && x->kind == KA_BUF && x->buf >= 0 && x->buf < p->nbuf &&
+		    p->buf[buffer_root(p, x->buf)].dtype != want)
+			fail(V, ki, "argument %d (%s) is %s buffer %s where the %s is %s", a, kernel_params[k->kind][a].name,
+			     dtype_name(p->buf[buffer_root(p, x->buf)].dtype), p->buf[x->buf].name,
+			     t == KPT_ACC ? "acc" : "storage", dtype_name(want));
 	}
 }
 

@@ -38,6 +38,7 @@
 #define CTYPE_F64_OUT double *
 #define CTYPE_IN const void *
 #define CTYPE_OUT void *
+#define CTYPE_ACC void *
 #define CTYPE_BUFS void *const *
 #define CTYPE_DTYPE planrt_dtype_t
 #define CTYPE_COMM planrt_comm_t
@@ -97,6 +98,7 @@ KERNEL_TABLE(X, Y)
 #define CTYPE_DEVICE_F64_OUT CTYPE_F64_OUT
 #define CTYPE_DEVICE_IN CTYPE_IN
 #define CTYPE_DEVICE_OUT CTYPE_OUT
+#define CTYPE_DEVICE_ACC CTYPE_ACC
 #define CTYPE_DEVICE_BUFS CTYPE_BUFS
 #define CTYPE_DEVICE_DTYPE CTYPE_DTYPE
 #define CTYPE_DEVICE_COMM CTYPE_COMM

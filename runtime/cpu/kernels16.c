@@ -53,6 +53,29 @@ static void check_storage(planrt_dtype_t storage, const char *what)
 		planrt_fatal("%s: a 16-bit kernel called with storage type %d (bf16 or f16 expected)", what, (int)storage);
 }
 
+/* A sum over rows (sum_to's out, a norm's dw / db) stored as acc: its f32 values to add into,
+ * itself when acc is f32, else a widened copy that sum_close rounds back once (the casts the
+ * compiler put around the call before the kernel took it as stored); NULL stays NULL. */
+static float *sum_open(void *out, int64_t n, planrt_dtype_t acc, planrt_dtype_t storage, const char *what)
+{
+	if (acc != planrt_f32 && acc != storage)
+		planrt_fatal("%s: a sum stored as type %d (f32 or the storage type %d expected)", what, (int)acc,
+			     (int)storage);
+	if (!out || acc == planrt_f32)
+		return out;
+	float *s = scratch_floats(n, what);
+	widen(out, 0, s, n, acc);
+	return s;
+}
+
+static void sum_close(float *s, void *out, int64_t n, planrt_dtype_t acc)
+{
+	if (!out || acc == planrt_f32)
+		return;
+	narrow(s, out, 0, n, acc);
+	free(s);
+}
+
 /* rows of cols elements in one block */
 static int64_t block_rows(int64_t cols)
 {
@@ -85,7 +108,6 @@ static void sum_to_16(int rank, const int64_t *dims, const void *in, const int64
 		      int64_t out_elems, planrt_dtype_t storage, int accumulate)
 {
 	const char *what = accumulate ? "sum_to_acc_16" : "sum_to_16";
-	check_storage(storage, what);
 	if (rank < 1 || rank > 16)
 		planrt_fatal("%s: rank %d out of range", what, rank);
 	int64_t total = 1, outer = -1, kept = 0;
@@ -121,16 +143,27 @@ static void sum_to_16(int rank, const int64_t *dims, const void *in, const int64
 	free(s);
 }
 
-void planrt_k_sum_to_16(int rank, const int64_t *dims, const void *in, const int64_t *out_strides, float *out,
-			int64_t out_elems, planrt_dtype_t storage)
+/* sum_to_16 into out stored as acc */
+static void sum_to_16_as(int rank, const int64_t *dims, const void *in, const int64_t *out_strides, void *out,
+			 int64_t out_elems, planrt_dtype_t acc, planrt_dtype_t storage, int accumulate)
 {
-	sum_to_16(rank, dims, in, out_strides, out, out_elems, storage, 0);
+	const char *what = accumulate ? "sum_to_acc_16" : "sum_to_16";
+	check_storage(storage, what);
+	float *s = sum_open(out, out_elems, acc, storage, what);
+	sum_to_16(rank, dims, in, out_strides, s, out_elems, storage, accumulate);
+	sum_close(s, out, out_elems, acc);
 }
 
-void planrt_k_sum_to_acc_16(int rank, const int64_t *dims, const void *in, const int64_t *out_strides, float *out,
-			    int64_t out_elems, planrt_dtype_t storage)
+void planrt_k_sum_to_16(int rank, const int64_t *dims, const void *in, const int64_t *out_strides, void *out,
+			int64_t out_elems, planrt_dtype_t acc, planrt_dtype_t storage)
 {
-	sum_to_16(rank, dims, in, out_strides, out, out_elems, storage, 1);
+	sum_to_16_as(rank, dims, in, out_strides, out, out_elems, acc, storage, 0);
+}
+
+void planrt_k_sum_to_acc_16(int rank, const int64_t *dims, const void *in, const int64_t *out_strides, void *out,
+			    int64_t out_elems, planrt_dtype_t acc, planrt_dtype_t storage)
+{
+	sum_to_16_as(rank, dims, in, out_strides, out, out_elems, acc, storage, 1);
 }
 
 /* ---- the norms ----------------------------------------------------------------------------------
@@ -195,11 +228,16 @@ void planrt_k_layer_norm_16(const void *x, const void *w, const void *b, void *y
 }
 
 void planrt_k_layer_norm_grad_16(const void *x, const void *w, const float *mean, const float *rstd, const void *dy,
-				 void *dx, float *dw, float *db, int64_t rows, int64_t cols, planrt_dtype_t storage)
+				 void *dx, void *dw, void *db, int64_t rows, int64_t cols, planrt_dtype_t acc,
+				 planrt_dtype_t storage)
 {
+	check_storage(storage, "layer_norm_grad_16");
 	NormCall c = {.kind = LAYER_NORM_GRAD, .x = x, .w = w, .dy = dy, .out = dx, .mean = (float *)mean,
-		      .rstd = (float *)rstd, .dw = dw, .db = db};
+		      .rstd = (float *)rstd, .dw = sum_open(dw, cols, acc, storage, "layer_norm_grad_16"),
+		      .db = sum_open(db, cols, acc, storage, "layer_norm_grad_16")};
 	norm_16(&c, rows, cols, storage);
+	sum_close(c.dw, dw, cols, acc);
+	sum_close(c.db, db, cols, acc);
 }
 
 void planrt_k_rms_norm_16(const void *x, const void *w, void *y, float *rstd, int64_t rows, int64_t cols, double eps,
@@ -209,11 +247,14 @@ void planrt_k_rms_norm_16(const void *x, const void *w, void *y, float *rstd, in
 	norm_16(&c, rows, cols, storage);
 }
 
-void planrt_k_rms_norm_grad_16(const void *x, const void *w, const float *rstd, const void *dy, void *dx, float *dw,
-			       int64_t rows, int64_t cols, planrt_dtype_t storage)
+void planrt_k_rms_norm_grad_16(const void *x, const void *w, const float *rstd, const void *dy, void *dx, void *dw,
+			       int64_t rows, int64_t cols, planrt_dtype_t acc, planrt_dtype_t storage)
 {
-	NormCall c = {.kind = RMS_NORM_GRAD, .x = x, .w = w, .dy = dy, .out = dx, .rstd = (float *)rstd, .dw = dw};
+	check_storage(storage, "rms_norm_grad_16");
+	NormCall c = {.kind = RMS_NORM_GRAD, .x = x, .w = w, .dy = dy, .out = dx, .rstd = (float *)rstd,
+		      .dw = sum_open(dw, cols, acc, storage, "rms_norm_grad_16")};
 	norm_16(&c, rows, cols, storage);
+	sum_close(c.dw, dw, cols, acc);
 }
 
 /* ---- the embedding: a row of the table is moved as stored (the bits of widening and narrowing it,

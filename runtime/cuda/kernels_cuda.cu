@@ -495,6 +495,103 @@ __global__ static void sum_planned_kernel(planrt_sum_plan_t p, uint32_t chunk, c
 	}
 }
 
+/* A sum over rows into out stored as A (bf16 or f16: a bias gradient kept as the plan stores it).
+ * A block of 32 x 32 threads takes 32 outputs; each row of threads sums every 32nd reduced index,
+ * the 32 partial sums of an output are added in shared memory in a fixed order, and out is widened,
+ * added to and rounded once: one launch, no atomics and no f32 copy (the widening and narrowing
+ * casts around an f32 accumulator it replaces were two more launches). */
+#define ACC_TILE 32
+template <int H, int A>
+__global__ static void sum_acc16_kernel(planrt_sum_plan_t p, const void *in, void *out)
+{
+	__shared__ float part[ACC_TILE][ACC_TILE + 1];
+	uint32_t tx = threadIdx.x, ty = threadIdx.y, o = blockIdx.x * ACC_TILE + tx, at = 0;
+	float s = 0;
+	if (o < p.out_n) {
+		uint32_t base;
+		planrt_sum_kept(&p, o, &base, &at);
+		for (uint32_t r = ty; r < p.red_n; r += ACC_TILE)
+			s += ld<H>(in, base + planrt_sum_red(&p, r));
+	}
+	part[ty][tx] = s;
+	__syncthreads();
+	if (ty == 0 && o < p.out_n) {
+		float t = 0;
+		for (int g = 0; g < ACC_TILE; g++)
+			t += part[g][tx];
+		st<A>(out, at, ld<A>(out, at) + t);
+	}
+}
+
+/* sum_to_kernel's 64-bit indexing into out stored as A, one thread an output over every reduced index
+ * (tensors of 2^31 elements or more, or PLANRT_INDEX=64: correct, not fast) */
+template <int H, int A>
+__global__ static void sum_acc16_wide_kernel(int nkept, Dims kdims, Dims kin, Dims kout, int nred, Dims rdims, Dims rin,
+					     int64_t out_n, int64_t red_n, const void *in, void *out)
+{
+	for (int64_t o = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; o < out_n; o += (int64_t)gridDim.x * blockDim.x) {
+		int64_t rest = o, base = 0, ooff = 0;
+		for (int d = nkept - 1; d >= 0; d--) {
+			int64_t c = rest % kdims.v[d];
+			rest /= kdims.v[d];
+			base += c * kin.v[d];
+			ooff += c * kout.v[d];
+		}
+		float s = 0;
+		for (int64_t r = 0; r < red_n; r++) {
+			int64_t rr = r, off = base;
+			for (int d = nred - 1; d >= 0; d--) {
+				int64_t c = rr % rdims.v[d];
+				rr /= rdims.v[d];
+				off += c * rin.v[d];
+			}
+			s += ld<H>(in, off);
+		}
+		st<A>(out, ooff, ld<A>(out, ooff) + s);
+	}
+}
+
+template <int H, int A>
+static void sum_to_acc16(int rank, const int64_t *dims, const void *in, const int64_t *out_strides, void *out,
+			 int64_t out_elems, int accumulate, int stream)
+{
+	check_rank("sum_to", rank);
+	cudaStream_t s = planrt_cu_stream(stream);
+	if (!accumulate && out_elems > 0)
+		planrt_cu_check_(cudaMemsetAsync(out, 0, sizeof(uint16_t) * (size_t)out_elems, s), "cudaMemsetAsync");
+	planrt_sum_plan_t plan;
+	if (index_planned() && planrt_sum_plan(rank, dims, out_strides, &plan)) {
+		if (plan.out_n == 0)
+			return;
+		dim3 grid((unsigned)((plan.out_n + ACC_TILE - 1) / ACC_TILE)), block(ACC_TILE, ACC_TILE);
+		sum_acc16_kernel<H, A><<<grid, block, 0, s>>>(plan, in, out);
+		planrt_cu_check_launch("sum_to");
+		return;
+	}
+	int64_t ist[KMAX], kd[KMAX], ki[KMAX], ko[KMAX], rd[KMAX], ri[KMAX], out_n = 1, red_n = 1;
+	int nk = 0, nr = 0;
+	strides_of(rank, dims, ist);
+	for (int d = 0; d < rank; d++) {
+		if (dims[d] == 0)
+			return;
+		if (out_strides[d] != 0 || dims[d] == 1) {
+			kd[nk] = dims[d];
+			ki[nk] = ist[d];
+			ko[nk++] = out_strides[d];
+			out_n *= dims[d];
+		} else {
+			rd[nr] = dims[d];
+			ri[nr++] = ist[d];
+			red_n *= dims[d];
+		}
+	}
+	unsigned gx = (unsigned)((out_n + PLANRT_CU_BLOCK - 1) / PLANRT_CU_BLOCK);
+	sum_acc16_wide_kernel<H, A><<<gx < 1 ? 1 : gx > 65535 ? 65535 : gx, PLANRT_CU_BLOCK, 0, s>>>(
+		nk, dims_of(nk, kd), dims_of(nk, ki), dims_of(nk, ko), nr, dims_of(nr, rd), dims_of(nr, ri), out_n, red_n, in,
+		out);
+	planrt_cu_check_launch("sum_to");
+}
+
 template <int H>
 static void sum_to(int rank, const int64_t *dims, const void *in, const int64_t *out_strides, float *out,
 		   int64_t out_elems, int accumulate, int stream)
@@ -551,23 +648,36 @@ void planrt_cu_k_sum_to_acc_f32(int rank, const int64_t *dims, const float *in, 
 	sum_to<planrt_f32>(rank, dims, in, out_strides, out, out_elems, 1, stream);
 }
 
-/* a 16-bit in (sum_to_16, sum_to_acc_16); out stays f32 */
-static void sum_to_16(int rank, const int64_t *dims, const void *in, const int64_t *out_strides, float *out,
-		      int64_t out_elems, planrt_dtype_t storage, int accumulate, int stream)
+/* a sum's `acc`: f32, or the storage type */
+static void check_acc(planrt_dtype_t acc, planrt_dtype_t storage, const char *what)
 {
-	BY_STORAGE("sum_to_16", storage, sum_to<H>(rank, dims, in, out_strides, out, out_elems, accumulate, stream));
+	if (acc != planrt_f32 && acc != storage)
+		planrt_fatal("%s: a sum stored as type %d (f32 or the storage type %d expected)", what, (int)acc, (int)storage);
 }
 
-void planrt_cu_k_sum_to_16(int rank, const int64_t *dims, const void *in, const int64_t *out_strides, float *out,
-			   int64_t out_elems, planrt_dtype_t storage, int stream)
+/* a 16-bit in (sum_to_16, sum_to_acc_16); out f32 or stored as in */
+static void sum_to_16(int rank, const int64_t *dims, const void *in, const int64_t *out_strides, void *out,
+		      int64_t out_elems, planrt_dtype_t acc, planrt_dtype_t storage, int accumulate, int stream)
 {
-	sum_to_16(rank, dims, in, out_strides, out, out_elems, storage, 0, stream);
+	check_acc(acc, storage, "sum_to_16");
+	if (acc == planrt_f32)
+		BY_STORAGE("sum_to_16", storage,
+			   sum_to<H>(rank, dims, in, out_strides, (float *)out, out_elems, accumulate, stream));
+	else
+		BY_STORAGE("sum_to_16", storage,
+			   (sum_to_acc16<H, H>(rank, dims, in, out_strides, out, out_elems, accumulate, stream)));
 }
 
-void planrt_cu_k_sum_to_acc_16(int rank, const int64_t *dims, const void *in, const int64_t *out_strides, float *out,
-			       int64_t out_elems, planrt_dtype_t storage, int stream)
+void planrt_cu_k_sum_to_16(int rank, const int64_t *dims, const void *in, const int64_t *out_strides, void *out,
+			   int64_t out_elems, planrt_dtype_t acc, planrt_dtype_t storage, int stream)
 {
-	sum_to_16(rank, dims, in, out_strides, out, out_elems, storage, 1, stream);
+	sum_to_16(rank, dims, in, out_strides, out, out_elems, acc, storage, 0, stream);
+}
+
+void planrt_cu_k_sum_to_acc_16(int rank, const int64_t *dims, const void *in, const int64_t *out_strides, void *out,
+			       int64_t out_elems, planrt_dtype_t acc, planrt_dtype_t storage, int stream)
+{
+	sum_to_16(rank, dims, in, out_strides, out, out_elems, acc, storage, 1, stream);
 }
 
 /* ------------------------------------------------------------------ dropout (Philox, as kernels.c) */
@@ -840,28 +950,71 @@ __global__ static void norm_params_kernel(const void *x, const float *mean, cons
 	}
 }
 
+/* norm_params_kernel into dw, db stored as A (bf16 or f16), as sum_acc16_kernel: a block of 32 x 32
+ * threads takes 32 columns, each row of threads every 32nd row, the partial sums added in shared
+ * memory in a fixed order, and dw / db widened, added to and rounded once */
+template <int H, int A>
+__global__ static void norm_params_acc16_kernel(const void *x, const float *mean, const float *rstd, const void *dy,
+						void *dw, void *db, int64_t rows, int64_t cols)
+{
+	__shared__ float pw[ACC_TILE][ACC_TILE + 1], pb[ACC_TILE][ACC_TILE + 1];
+	int tx = threadIdx.x, ty = threadIdx.y;
+	int64_t j = (int64_t)blockIdx.x * ACC_TILE + tx;
+	float sw = 0, sb = 0;
+	if (j < cols)
+		for (int64_t r = ty; r < rows; r += ACC_TILE) {
+			float g = ld<H>(dy, r * cols + j);
+			sw += g * ((ld<H>(x, r * cols + j) - (mean ? mean[r] : 0.0f)) * rstd[r]);
+			sb += g;
+		}
+	pw[ty][tx] = sw;
+	pb[ty][tx] = sb;
+	__syncthreads();
+	if (ty == 0 && j < cols) {
+		float tw = 0, tb = 0;
+		for (int g = 0; g < ACC_TILE; g++) {
+			tw += pw[g][tx];
+			tb += pb[g][tx];
+		}
+		if (dw)
+			st<A>(dw, j, ld<A>(dw, j) + tw);
+		if (db)
+			st<A>(db, j, ld<A>(db, j) + tb);
+	}
+}
+
+/* dw, db (either NULL) summed over the rows into their values, stored as acc: f32 (atomics across
+ * chunks of rows) or H (norm_params_acc16_kernel) */
 template <int H>
-static void norm_params(const void *x, const float *mean, const float *rstd, const void *dy, float *dw, float *db,
-			int64_t rows, int64_t cols, int stream)
+static void norm_params(const void *x, const float *mean, const float *rstd, const void *dy, void *dw, void *db,
+			int64_t rows, int64_t cols, planrt_dtype_t acc, int stream)
 {
 	if (!dw && !db)
 		return;
+	if (acc != planrt_f32) {
+		dim3 grid((unsigned)((cols + ACC_TILE - 1) / ACC_TILE)), block(ACC_TILE, ACC_TILE);
+		norm_params_acc16_kernel<H, H><<<grid, block, 0, planrt_cu_stream(stream)>>>(x, mean, rstd, dy, dw, db, rows,
+											   cols);
+		planrt_cu_check_launch("norm parameter gradients");
+		return;
+	}
 	int64_t chunk, splits = col_chunks(rows, &chunk);
 	dim3 grid((unsigned)((cols + PLANRT_CU_BLOCK - 1) / PLANRT_CU_BLOCK), (unsigned)splits);
-	norm_params_kernel<H><<<grid, PLANRT_CU_BLOCK, 0, planrt_cu_stream(stream)>>>(x, mean, rstd, dy, dw, db, rows,
-										       cols, chunk, splits > 1);
+	norm_params_kernel<H><<<grid, PLANRT_CU_BLOCK, 0, planrt_cu_stream(stream)>>>(x, mean, rstd, dy, (float *)dw,
+										       (float *)db, rows, cols, chunk, splits > 1);
 	planrt_cu_check_launch("norm parameter gradients");
 }
 
 template <int H>
 static void layer_norm_grad(const void *x, const void *w, const float *mean, const float *rstd, const void *dy,
-			    const void *add, void *dx, float *dw, float *db, int64_t rows, int64_t cols, int stream)
+			    const void *add, void *dx, void *dw, void *db, int64_t rows, int64_t cols, planrt_dtype_t acc,
+			    int stream)
 {
 	if (rows <= 0 || cols <= 0)
 		return;
 	/* dw, db first: with an add (epilogues.c), dx may be x's or dy's memory, which the dx kernel reads a
 	 * row, or an element, before it writes it */
-	norm_params<H>(x, mean, rstd, dy, dw, db, rows, cols, stream);
+	norm_params<H>(x, mean, rstd, dy, dw, db, rows, cols, acc, stream);
 	layer_norm_dx_kernel<H><<<row_grid(rows), row_threads(cols), 0, planrt_cu_stream(stream)>>>(x, w, mean, rstd,
 												     dy, add, dx, cols);
 	planrt_cu_check_launch("layer_norm_grad");
@@ -911,11 +1064,11 @@ __global__ static void rms_norm_dx_kernel(const void *x, const void *w, const fl
 
 template <int H>
 static void rms_norm_grad(const void *x, const void *w, const float *rstd, const void *dy, const void *add, void *dx,
-			  float *dw, int64_t rows, int64_t cols, int stream)
+			  void *dw, int64_t rows, int64_t cols, planrt_dtype_t acc, int stream)
 {
 	if (rows <= 0 || cols <= 0)
 		return;
-	norm_params<H>(x, NULL, rstd, dy, dw, NULL, rows, cols, stream); /* first: as layer_norm_grad's */
+	norm_params<H>(x, NULL, rstd, dy, dw, NULL, rows, cols, acc, stream); /* first: as layer_norm_grad's */
 	rms_norm_dx_kernel<H><<<row_grid(rows), row_threads(cols), 0, planrt_cu_stream(stream)>>>(x, w, rstd, dy, add,
 												   dx, cols);
 	planrt_cu_check_launch("rms_norm_grad");
@@ -931,7 +1084,7 @@ void planrt_cu_k_layer_norm_grad_f32(const float *x, const float *w, const float
 				     const float *dy, float *dx, float *dw, float *db, int64_t rows, int64_t cols,
 				     int stream)
 {
-	layer_norm_grad<planrt_f32>(x, w, mean, rstd, dy, NULL, dx, dw, db, rows, cols, stream);
+	layer_norm_grad<planrt_f32>(x, w, mean, rstd, dy, NULL, dx, dw, db, rows, cols, planrt_f32, stream);
 }
 
 void planrt_cu_k_rms_norm_f32(const float *x, const float *w, float *y, float *rstd, int64_t rows, int64_t cols,
@@ -943,7 +1096,7 @@ void planrt_cu_k_rms_norm_f32(const float *x, const float *w, float *y, float *r
 void planrt_cu_k_rms_norm_grad_f32(const float *x, const float *w, const float *rstd, const float *dy, float *dx,
 				   float *dw, int64_t rows, int64_t cols, int stream)
 {
-	rms_norm_grad<planrt_f32>(x, w, rstd, dy, NULL, dx, dw, rows, cols, stream);
+	rms_norm_grad<planrt_f32>(x, w, rstd, dy, NULL, dx, dw, rows, cols, planrt_f32, stream);
 }
 
 void planrt_cu_k_layer_norm_16(const void *x, const void *w, const void *b, void *y, float *mean, float *rstd,
@@ -953,21 +1106,23 @@ void planrt_cu_k_layer_norm_16(const void *x, const void *w, const void *b, void
 }
 
 void planrt_cu_k_layer_norm_grad_16(const void *x, const void *w, const float *mean, const float *rstd, const void *dy,
-				    void *dx, float *dw, float *db, int64_t rows, int64_t cols, planrt_dtype_t storage,
-				    int stream)
+				    void *dx, void *dw, void *db, int64_t rows, int64_t cols, planrt_dtype_t acc,
+				    planrt_dtype_t storage, int stream)
 {
+	check_acc(acc, storage, "layer_norm_grad_16");
 	BY_STORAGE("layer_norm_grad_16", storage,
-		   layer_norm_grad<H>(x, w, mean, rstd, dy, NULL, dx, dw, db, rows, cols, stream));
+		   layer_norm_grad<H>(x, w, mean, rstd, dy, NULL, dx, dw, db, rows, cols, acc, stream));
 }
 
 /* layer_norm_grad_16 whose dx is add + dx, rounded once (epilogues.c: the residual gradient's add) */
 void planrt_cu_k_layer_norm_grad_add_16(const void *x, const void *w, const float *mean, const float *rstd,
-					const void *dy, const void *add, void *dx, float *dw, float *db, int64_t rows,
-					int64_t cols, planrt_dtype_t storage, int stream)
+					const void *dy, const void *add, void *dx, void *dw, void *db, int64_t rows,
+					int64_t cols, planrt_dtype_t acc, planrt_dtype_t storage, int stream)
 {
 	int fused = planrt_cu_epilogue_fused_();
+	check_acc(acc, storage, "layer_norm_grad_add_16");
 	BY_STORAGE("layer_norm_grad_add_16", storage, {
-		layer_norm_grad<H>(x, w, mean, rstd, dy, fused ? add : NULL, dx, dw, db, rows, cols, stream);
+		layer_norm_grad<H>(x, w, mean, rstd, dy, fused ? add : NULL, dx, dw, db, rows, cols, acc, stream);
 		if (!fused)
 			LAUNCH(add_into_kernel<H>, rows * cols, stream, dx, add, rows * cols);
 	});
@@ -980,18 +1135,21 @@ void planrt_cu_k_rms_norm_16(const void *x, const void *w, void *y, float *rstd,
 }
 
 void planrt_cu_k_rms_norm_grad_16(const void *x, const void *w, const float *rstd, const void *dy, void *dx,
-				  float *dw, int64_t rows, int64_t cols, planrt_dtype_t storage, int stream)
+				  void *dw, int64_t rows, int64_t cols, planrt_dtype_t acc, planrt_dtype_t storage, int stream)
 {
-	BY_STORAGE("rms_norm_grad_16", storage, rms_norm_grad<H>(x, w, rstd, dy, NULL, dx, dw, rows, cols, stream));
+	check_acc(acc, storage, "rms_norm_grad_16");
+	BY_STORAGE("rms_norm_grad_16", storage, rms_norm_grad<H>(x, w, rstd, dy, NULL, dx, dw, rows, cols, acc, stream));
 }
 
 /* rms_norm_grad_16 whose dx is add + dx, rounded once (epilogues.c) */
 void planrt_cu_k_rms_norm_grad_add_16(const void *x, const void *w, const float *rstd, const void *dy, const void *add,
-				      void *dx, float *dw, int64_t rows, int64_t cols, planrt_dtype_t storage, int stream)
+				      void *dx, void *dw, int64_t rows, int64_t cols, planrt_dtype_t acc, planrt_dtype_t storage,
+				      int stream)
 {
 	int fused = planrt_cu_epilogue_fused_();
+	check_acc(acc, storage, "rms_norm_grad_add_16");
 	BY_STORAGE("rms_norm_grad_add_16", storage, {
-		rms_norm_grad<H>(x, w, rstd, dy, fused ? add : NULL, dx, dw, rows, cols, stream);
+		rms_norm_grad<H>(x, w, rstd, dy, fused ? add : NULL, dx, dw, rows, cols, acc, stream);
 		if (!fused)
 			LAUNCH(add_into_kernel<H>, rows * cols, stream, dx, add, rows * cols);
 	});

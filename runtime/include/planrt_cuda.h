@@ -88,10 +88,10 @@ void planrt_cu_k_matmul_epilogue_16(int64_t batch, int64_t M, int64_t N, int64_t
 /* layer_norm_grad_16 / rms_norm_grad_16 whose dx is add + dx, rounded once: what the CUDA printer
  * calls for a norm's gradient whose only reader adds the residual's gradient to it (epilogues.c) */
 void planrt_cu_k_layer_norm_grad_add_16(const void *x, const void *w, const float *mean, const float *rstd,
-					const void *dy, const void *add, void *dx, float *dw, float *db, int64_t rows,
-					int64_t cols, planrt_dtype_t storage, int stream);
+					const void *dy, const void *add, void *dx, void *dw, void *db, int64_t rows,
+					int64_t cols, planrt_dtype_t acc, planrt_dtype_t storage, int stream);
 void planrt_cu_k_rms_norm_grad_add_16(const void *x, const void *w, const float *rstd, const void *dy, const void *add,
-				      void *dx, float *dw, int64_t rows, int64_t cols, planrt_dtype_t storage, int stream);
+				      void *dx, void *dw, int64_t rows, int64_t cols, planrt_dtype_t acc, planrt_dtype_t storage, int stream);
 /* dropout_16 whose y is add + the dropped x, rounded once: the residual add after a dropout
  * (epilogues.c) */
 void planrt_cu_k_dropout_add_16(const void *x, const void *add, void *y, uint8_t *mask, double p, uint64_t seed,
@@ -157,19 +157,19 @@ void planrt_cu_k_rms_norm_f32(const float *x, const float *w, float *y, float *r
 void planrt_cu_k_rms_norm_grad_f32(const float *x, const float *w, const float *rstd, const float *dy, float *dx,
 				   float *dw, int64_t rows, int64_t cols, int stream);
 /* the 16-bit variants (planrt_kernels.h): void buffers stored as `storage`, float ones f32 */
-void planrt_cu_k_sum_to_16(int rank, const int64_t *dims, const void *in, const int64_t *out_strides, float *out,
-			   int64_t out_elems, planrt_dtype_t storage, int stream);
-void planrt_cu_k_sum_to_acc_16(int rank, const int64_t *dims, const void *in, const int64_t *out_strides, float *out,
-			       int64_t out_elems, planrt_dtype_t storage, int stream);
+void planrt_cu_k_sum_to_16(int rank, const int64_t *dims, const void *in, const int64_t *out_strides, void *out,
+			   int64_t out_elems, planrt_dtype_t acc, planrt_dtype_t storage, int stream);
+void planrt_cu_k_sum_to_acc_16(int rank, const int64_t *dims, const void *in, const int64_t *out_strides, void *out,
+			       int64_t out_elems, planrt_dtype_t acc, planrt_dtype_t storage, int stream);
 void planrt_cu_k_layer_norm_16(const void *x, const void *w, const void *b, void *y, float *mean, float *rstd,
 			       int64_t rows, int64_t cols, double eps, planrt_dtype_t storage, int stream);
 void planrt_cu_k_layer_norm_grad_16(const void *x, const void *w, const float *mean, const float *rstd, const void *dy,
-				    void *dx, float *dw, float *db, int64_t rows, int64_t cols, planrt_dtype_t storage,
+				    void *dx, void *dw, void *db, int64_t rows, int64_t cols, planrt_dtype_t acc, planrt_dtype_t storage,
 				    int stream);
 void planrt_cu_k_rms_norm_16(const void *x, const void *w, void *y, float *rstd, int64_t rows, int64_t cols,
 			     double eps, planrt_dtype_t storage, int stream);
 void planrt_cu_k_rms_norm_grad_16(const void *x, const void *w, const float *rstd, const void *dy, void *dx,
-				  float *dw, int64_t rows, int64_t cols, planrt_dtype_t storage, int stream);
+				  void *dw, int64_t rows, int64_t cols, planrt_dtype_t acc, planrt_dtype_t storage, int stream);
 void planrt_cu_k_embed_f32(const float *table, const int32_t *ids, float *out, int64_t ntok, int64_t dim,
 			   int64_t vocab_lo, int64_t vocab_local, int stream);
 void planrt_cu_k_embed_16(const void *table, const int32_t *ids, void *out, int64_t ntok, int64_t dim,

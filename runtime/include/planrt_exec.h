@@ -149,22 +149,23 @@ void planrt_k_matmul_f16(int64_t batch, int64_t M, int64_t N, int64_t K, const u
 			 int64_t stride_c, int accumulate);
 /* The 16-bit variants of sum_to and the norms: the buffers typed void are stored as `storage` (bf16
  * or f16), widened to f32 as they are read and rounded once as they are written; the float ones
- * (the statistics, the accumulated out of sum_to and dw / db of the norms) are f32. The numbers are
- * those of casting the 16-bit buffers to f32, calling the _f32 kernel and casting its outputs back,
- * bit for bit, without the f32 copies (runtime/cpu/kernels16.c: blocks of rows are widened into a
- * scratch of at most 1 MiB an operand, allocated by the call). */
-void planrt_k_sum_to_16(int rank, const int64_t *dims, const void *in, const int64_t *out_strides, float *out,
-			int64_t out_elems, planrt_dtype_t storage);
-void planrt_k_sum_to_acc_16(int rank, const int64_t *dims, const void *in, const int64_t *out_strides, float *out,
-			    int64_t out_elems, planrt_dtype_t storage);
+ * (the statistics) are f32. The sums over rows (the out of sum_to, dw / db of the norms) are stored
+ * as `acc`: f32, or `storage` (widened once, summed in f32, rounded once). The numbers are those of
+ * casting the 16-bit buffers to f32, calling the _f32 kernel and casting its outputs back, bit for
+ * bit, without the f32 copies (runtime/cpu/kernels16.c: blocks of rows are widened into a scratch
+ * of at most 1 MiB an operand, allocated by the call). */
+void planrt_k_sum_to_16(int rank, const int64_t *dims, const void *in, const int64_t *out_strides, void *out,
+			int64_t out_elems, planrt_dtype_t acc, planrt_dtype_t storage);
+void planrt_k_sum_to_acc_16(int rank, const int64_t *dims, const void *in, const int64_t *out_strides, void *out,
+			    int64_t out_elems, planrt_dtype_t acc, planrt_dtype_t storage);
 void planrt_k_layer_norm_16(const void *x, const void *w, const void *b, void *y, float *mean, float *rstd,
 			    int64_t rows, int64_t cols, double eps, planrt_dtype_t storage);
 void planrt_k_layer_norm_grad_16(const void *x, const void *w, const float *mean, const float *rstd, const void *dy,
-				 void *dx, float *dw, float *db, int64_t rows, int64_t cols, planrt_dtype_t storage);
+				 void *dx, void *dw, void *db, int64_t rows, int64_t cols, planrt_dtype_t acc, planrt_dtype_t storage);
 void planrt_k_rms_norm_16(const void *x, const void *w, void *y, float *rstd, int64_t rows, int64_t cols, double eps,
 			  planrt_dtype_t storage);
-void planrt_k_rms_norm_grad_16(const void *x, const void *w, const float *rstd, const void *dy, void *dx, float *dw,
-			       int64_t rows, int64_t cols, planrt_dtype_t storage);
+void planrt_k_rms_norm_grad_16(const void *x, const void *w, const float *rstd, const void *dy, void *dx, void *dw,
+			       int64_t rows, int64_t cols, planrt_dtype_t acc, planrt_dtype_t storage);
 /* the cross-entropy's gradient (planrt_k_ce_grad_f32) on logits and dlogits stored as `storage` */
 void planrt_k_ce_grad_16(const void *logits, const int32_t *targets, const float *lse, int64_t rows, int64_t cols,
 			 int64_t vocab_lo, double dscale, void *dlogits, planrt_dtype_t storage);

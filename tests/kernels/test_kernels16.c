@@ -7,8 +7,9 @@
  * tensor (streamed through the eight partial sums) or keep some dims (blocked by the outer dim),
  * RoPE in place and by blocks of samples (the position table must follow each block), and
  * attention blocks of one kv head, one sample (over two leading dims) or whole indices of the first
- * dim (the bound lowered: dropout and the mask must follow each block), with the f32 outputs that accumulate (sum_to_acc's out, the weight
- * gradients) starting from non-zero values. */
+ * dim (the bound lowered: dropout and the mask must follow each block), with the outputs that accumulate (sum_to_acc's out, the weight
+ * gradients) starting from non-zero values, stored as f32 and as the 16-bit type (`acc`: widened,
+ * summed in f32 and rounded once, as the casts around an f32 accumulator). */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -87,24 +88,49 @@ static int same(const void *a, const void *b, size_t bytes)
 
 static const char *tname(planrt_dtype_t t)
 {
-	return t == planrt_bf16 ? "bf16" : "f16";
+	return t == planrt_bf16 ? "bf16" : t == planrt_f16 ? "f16" : "f32";
 }
 
-static void layer_norm(planrt_dtype_t t, int64_t rows, int64_t cols, int with_w, int with_b)
+/* A sum over rows (sum_to's out, a norm's dw / db) stored as acc, starting from the values v0 (acc
+ * f32), or v0 rounded (acc bf16 / f16): the kernel's buffer; acc_ref is its f32 copy for the f32
+ * kernel, and acc_same compares what the kernel left with the f32 kernel's result stored as acc. */
+static void *acc_start(const float *v0, int64_t n, planrt_dtype_t acc)
+{
+	return acc == planrt_f32 ? (void *)copy_f32(v0, n) : (void *)narrowed(v0, n, acc);
+}
+
+static float *acc_ref(const void *start, int64_t n, planrt_dtype_t acc)
+{
+	return acc == planrt_f32 ? copy_f32(start, n) : widened(start, n, acc);
+}
+
+static int acc_same(const void *got, const float *ref, int64_t n, planrt_dtype_t acc)
+{
+	if (!got)
+		return 1;
+	if (acc == planrt_f32)
+		return same(got, ref, 4 * (size_t)n);
+	uint16_t *r = narrowed(ref, n, acc);
+	int ok = same(got, r, 2 * (size_t)n);
+	free(r);
+	return ok;
+}
+
+static void layer_norm(planrt_dtype_t t, planrt_dtype_t acc, int64_t rows, int64_t cols, int with_w, int with_b)
 {
 	int64_t n = rows * cols;
 	uint16_t *x = random_16(n, t), *w = with_w ? random_16(cols, t) : NULL, *b = with_b ? random_16(cols, t) : NULL;
 	uint16_t *y = xalloc(2 * (size_t)n), *dy = random_16(n, t), *dx = xalloc(2 * (size_t)n);
 	float *mean = xalloc(4 * (size_t)rows), *rstd = xalloc(4 * (size_t)rows);
 	float *dw0 = random_f32(cols), *db0 = random_f32(cols);
-	float *dw = copy_f32(dw0, cols), *db = copy_f32(db0, cols);
+	void *dw = acc_start(dw0, cols, acc), *db = acc_start(db0, cols, acc);
+	float *rdw = acc_ref(dw, cols, acc), *rdb = acc_ref(db, cols, acc);
 	planrt_k_layer_norm_16(x, w, b, y, mean, rstd, rows, cols, 1e-5, t);
-	planrt_k_layer_norm_grad_16(x, w, mean, rstd, dy, dx, with_w ? dw : NULL, with_b ? db : NULL, rows, cols, t);
+	planrt_k_layer_norm_grad_16(x, w, mean, rstd, dy, dx, with_w ? dw : NULL, with_b ? db : NULL, rows, cols, acc, t);
 
 	float *x32 = widened(x, n, t), *w32 = widened(w, cols, t), *b32 = widened(b, cols, t), *dy32 = widened(dy, n, t);
 	float *y32 = xalloc(4 * (size_t)n), *dx32 = xalloc(4 * (size_t)n);
 	float *rmean = xalloc(4 * (size_t)rows), *rrstd = xalloc(4 * (size_t)rows);
-	float *rdw = copy_f32(dw0, cols), *rdb = copy_f32(db0, cols);
 	planrt_k_layer_norm_f32(x32, w32, b32, y32, rmean, rrstd, rows, cols, 1e-5);
 	planrt_k_layer_norm_grad_f32(x32, w32, rmean, rrstd, dy32, dx32, with_w ? rdw : NULL, with_b ? rdb : NULL, rows,
 				     cols);
@@ -112,41 +138,43 @@ static void layer_norm(planrt_dtype_t t, int64_t rows, int64_t cols, int with_w,
 	report(same(y, ry, 2 * (size_t)n) && same(mean, rmean, 4 * (size_t)rows) && same(rstd, rrstd, 4 * (size_t)rows),
 	       "layer_norm_16 %s %lld x %lld%s%s: y, mean, rstd as the casts and layer_norm_f32", tname(t),
 	       (long long)rows, (long long)cols, with_w ? " w" : "", with_b ? " b" : "");
-	report(same(dx, rdx, 2 * (size_t)n) && same(dw, rdw, 4 * (size_t)cols) && same(db, rdb, 4 * (size_t)cols),
-	       "layer_norm_grad_16 %s %lld x %lld%s%s: dx, dw, db as the casts and layer_norm_grad_f32", tname(t),
-	       (long long)rows, (long long)cols, with_w ? " w" : "", with_b ? " b" : "");
+	report(same(dx, rdx, 2 * (size_t)n) && acc_same(dw, rdw, cols, acc) && acc_same(db, rdb, cols, acc),
+	       "layer_norm_grad_16 %s %lld x %lld%s%s, dw / db %s: dx, dw, db as the casts and layer_norm_grad_f32",
+	       tname(t), (long long)rows, (long long)cols, with_w ? " w" : "", with_b ? " b" : "", tname(acc));
 	void *all[] = {x, w, b, y, dy, dx, mean, rstd, dw0, db0, dw, db, x32, w32, b32, dy32, y32, dx32, rmean, rrstd,
 		       rdw, rdb, ry, rdx};
 	for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
 		free(all[i]);
 }
 
-static void rms_norm(planrt_dtype_t t, int64_t rows, int64_t cols, int with_w)
+static void rms_norm(planrt_dtype_t t, planrt_dtype_t acc, int64_t rows, int64_t cols, int with_w)
 {
 	int64_t n = rows * cols;
 	uint16_t *x = random_16(n, t), *w = with_w ? random_16(cols, t) : NULL;
 	uint16_t *y = xalloc(2 * (size_t)n), *dy = random_16(n, t), *dx = xalloc(2 * (size_t)n);
-	float *rstd = xalloc(4 * (size_t)rows), *dw0 = random_f32(cols), *dw = copy_f32(dw0, cols);
+	float *rstd = xalloc(4 * (size_t)rows), *dw0 = random_f32(cols);
+	void *dw = acc_start(dw0, cols, acc);
+	float *rdw = acc_ref(dw, cols, acc);
 	planrt_k_rms_norm_16(x, w, y, rstd, rows, cols, 1e-6, t);
-	planrt_k_rms_norm_grad_16(x, w, rstd, dy, dx, with_w ? dw : NULL, rows, cols, t);
+	planrt_k_rms_norm_grad_16(x, w, rstd, dy, dx, with_w ? dw : NULL, rows, cols, acc, t);
 
 	float *x32 = widened(x, n, t), *w32 = widened(w, cols, t), *dy32 = widened(dy, n, t);
 	float *y32 = xalloc(4 * (size_t)n), *dx32 = xalloc(4 * (size_t)n), *rrstd = xalloc(4 * (size_t)rows);
-	float *rdw = copy_f32(dw0, cols);
 	planrt_k_rms_norm_f32(x32, w32, y32, rrstd, rows, cols, 1e-6);
 	planrt_k_rms_norm_grad_f32(x32, w32, rrstd, dy32, dx32, with_w ? rdw : NULL, rows, cols);
 	uint16_t *ry = narrowed(y32, n, t), *rdx = narrowed(dx32, n, t);
 	report(same(y, ry, 2 * (size_t)n) && same(rstd, rrstd, 4 * (size_t)rows) && same(dx, rdx, 2 * (size_t)n) &&
-		       same(dw, rdw, 4 * (size_t)cols),
-	       "rms_norm_16 and rms_norm_grad_16 %s %lld x %lld%s: y, rstd, dx, dw as the casts and the f32 kernels",
-	       tname(t), (long long)rows, (long long)cols, with_w ? " w" : "");
+		       acc_same(dw, rdw, cols, acc),
+	       "rms_norm_16 and rms_norm_grad_16 %s %lld x %lld%s, dw %s: y, rstd, dx, dw as the casts and the f32 kernels",
+	       tname(t), (long long)rows, (long long)cols, with_w ? " w" : "", tname(acc));
 	void *all[] = {x, w, y, dy, dx, rstd, dw0, dw, x32, w32, dy32, y32, dx32, rrstd, rdw, ry, rdx};
 	for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
 		free(all[i]);
 }
 
-/* in of dims summed into out, whose strides keep the dims where keep[d] */
-static void sum_to(planrt_dtype_t t, int rank, const int64_t *dims, const int *keep, const char *what)
+/* in of dims summed into out (stored as acc), whose strides keep the dims where keep[d] */
+static void sum_to(planrt_dtype_t t, planrt_dtype_t acc, int rank, const int64_t *dims, const int *keep,
+		   const char *what)
 {
 	int64_t n = 1, ostr[8], out_elems = 1;
 	for (int d = 0; d < rank; d++)
@@ -157,22 +185,18 @@ static void sum_to(planrt_dtype_t t, int rank, const int64_t *dims, const int *k
 	}
 	uint16_t *in = random_16(n, t);
 	float *in32 = widened(in, n, t), *out0 = random_f32(out_elems);
-	float *acc = copy_f32(out0, out_elems), *racc = copy_f32(out0, out_elems);
-	float *ovr = copy_f32(out0, out_elems), *rovr = copy_f32(out0, out_elems);
-	planrt_k_sum_to_acc_16(rank, dims, in, ostr, acc, out_elems, t);
-	planrt_k_sum_to_acc_f32(rank, dims, in32, ostr, racc, out_elems);
-	planrt_k_sum_to_16(rank, dims, in, ostr, ovr, out_elems, t);
+	void *sum = acc_start(out0, out_elems, acc), *ovr = acc_start(out0, out_elems, acc);
+	float *rsum = acc_ref(sum, out_elems, acc), *rovr = acc_ref(ovr, out_elems, acc);
+	planrt_k_sum_to_acc_16(rank, dims, in, ostr, sum, out_elems, acc, t);
+	planrt_k_sum_to_acc_f32(rank, dims, in32, ostr, rsum, out_elems);
+	planrt_k_sum_to_16(rank, dims, in, ostr, ovr, out_elems, acc, t);
 	planrt_k_sum_to_f32(rank, dims, in32, ostr, rovr, out_elems);
-	report(same(acc, racc, 4 * (size_t)out_elems) && same(ovr, rovr, 4 * (size_t)out_elems),
-	       "sum_to_16 and sum_to_acc_16 %s, %s (%lld elements into %lld): as the cast and the f32 kernels", tname(t),
-	       what, (long long)n, (long long)out_elems);
-	free(in);
-	free(in32);
-	free(out0);
-	free(acc);
-	free(racc);
-	free(ovr);
-	free(rovr);
+	report(acc_same(sum, rsum, out_elems, acc) && acc_same(ovr, rovr, out_elems, acc),
+	       "sum_to_16 and sum_to_acc_16 %s into %s, %s (%lld elements into %lld): as the cast and the f32 kernels",
+	       tname(t), tname(acc), what, (long long)n, (long long)out_elems);
+	void *all[] = {in, in32, out0, sum, ovr, rsum, rovr};
+	for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+		free(all[i]);
 }
 
 /* The embedding of ntok tokens from this rank's vocab rows [vocab_lo, vocab_lo + vocab) of a table. */
@@ -330,25 +354,28 @@ int main(void)
 	planrt_dtype_t types[] = {planrt_bf16, planrt_f16};
 	for (int i = 0; i < 2; i++) {
 		planrt_dtype_t t = types[i];
-		layer_norm(t, 3, 5, 1, 1);
-		layer_norm(t, 700, 1000, 1, 1); /* 262 rows a block: three blocks, the last short */
-		layer_norm(t, 97, 129, 1, 0);
-		layer_norm(t, 64, 33, 0, 0);
-		layer_norm(t, 2, 300001, 1, 1); /* a row longer than a block */
-		rms_norm(t, 5, 7, 1);
-		rms_norm(t, 600, 1024, 1);
-		rms_norm(t, 33, 100, 0);
-		rms_norm(t, 3, 270000, 1);
-		int64_t bias[] = {1000, 300}, all[] = {600001}, all2[] = {700, 901}, mid[] = {4, 5, 6}, lead1[] = {1, 2000, 300},
-			kept_inner[] = {3, 1100, 97};
-		int keep_bias[] = {0, 1}, keep_all[] = {0, 0}, keep_mid[] = {0, 1, 0}, keep_lead1[] = {0, 0, 1},
-		    keep_inner[] = {1, 0, 1};
-		sum_to(t, 2, bias, keep_bias, "a bias gradient [1000, 300] -> [300] (two blocks)");
-		sum_to(t, 1, all, keep_all, "all of [600001] (streamed, a tail of 1)");
-		sum_to(t, 2, all2, keep_all, "all of [700, 901]");
-		sum_to(t, 3, mid, keep_mid, "[4, 5, 6] -> [5]");
-		sum_to(t, 3, lead1, keep_lead1, "[1, 2000, 300] -> [300] (blocked by the second dim)");
-		sum_to(t, 3, kept_inner, keep_inner, "[3, 1100, 97] -> [3, 97]");
+		for (int a = 0; a < 2; a++) { /* the sums over rows f32, then stored as t */
+			planrt_dtype_t acc = a ? t : planrt_f32;
+			layer_norm(t, acc, 3, 5, 1, 1);
+			layer_norm(t, acc, 700, 1000, 1, 1); /* 262 rows a block: three blocks, the last short */
+			layer_norm(t, acc, 97, 129, 1, 0);
+			layer_norm(t, acc, 64, 33, 0, 0);
+			layer_norm(t, acc, 2, 300001, 1, 1); /* a row longer than a block */
+			rms_norm(t, acc, 5, 7, 1);
+			rms_norm(t, acc, 600, 1024, 1);
+			rms_norm(t, acc, 33, 100, 0);
+			rms_norm(t, acc, 3, 270000, 1);
+			int64_t bias[] = {1000, 300}, all[] = {600001}, all2[] = {700, 901}, mid[] = {4, 5, 6},
+				lead1[] = {1, 2000, 300}, kept_inner[] = {3, 1100, 97};
+			int keep_bias[] = {0, 1}, keep_all[] = {0, 0}, keep_mid[] = {0, 1, 0}, keep_lead1[] = {0, 0, 1},
+			    keep_inner[] = {1, 0, 1};
+			sum_to(t, acc, 2, bias, keep_bias, "a bias gradient [1000, 300] -> [300] (two blocks)");
+			sum_to(t, acc, 1, all, keep_all, "all of [600001] (streamed, a tail of 1)");
+			sum_to(t, acc, 2, all2, keep_all, "all of [700, 901]");
+			sum_to(t, acc, 3, mid, keep_mid, "[4, 5, 6] -> [5]");
+			sum_to(t, acc, 3, lead1, keep_lead1, "[1, 2000, 300] -> [300] (blocked by the second dim)");
+			sum_to(t, acc, 3, kept_inner, keep_inner, "[3, 1100, 97] -> [3, 97]");
+		}
 		rope(t, 5, 300, 4, 64, 64, 0, 1, 0, "[5, 300, 4, 64], positions from a table, 3 samples a block");
 		rope(t, 3, 33, 5, 40, 24, 1, 0, 1, "[3, 5, 33, 40] heads first, 24 dims rotated, in place");
 		rope(t, 2, 1100, 2, 128, 128, 0, 0, 0, "[2, 1100, 2, 128], a sample a block");

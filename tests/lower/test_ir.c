@@ -154,6 +154,26 @@ static void storage_16(Program *p)
 	expect_refused(bf.low, "a 16-bit kernel stored as f32", "a 16-bit kernel stored as f32");
 	st->i = DT_BF16;
 	report(verify(bf.low), "restored: accepted again");
+	/* the bias gradients summed into the bf16 gradients as stored: no f32 copy, no cast around them */
+	if (!bias)
+		return;
+	const LProg *lp = bf.low->progs[0];
+	KArg *acc = KARG(bias, SUM_TO_ACC_16, acc), *out = KARG(bias, SUM_TO_ACC_16, out);
+	int casts_of_out = 0;
+	for (int i = 0; i < lp->nk; i++) {
+		const Kernel *c = &lp->k[i];
+		for (int u = 0; c->kind == K_CAST && u < c->nuses + c->ndefs; u++)
+			casts_of_out += (u < c->nuses ? c->uses[u] : c->defs[u - c->nuses]) == out->buf;
+	}
+	report(acc->i == DT_BF16 && lp->buf[out->buf].dtype == DT_BF16 && casts_of_out == 0,
+	       "mlp bf16: sum_to_acc_16 sums the bias gradient into the bf16 gradient itself (acc bf16, %d casts of it)",
+	       casts_of_out);
+	acc->i = DT_F32;
+	expect_refused(bf.low, "sum_to_acc_16 told its bf16 gradient is f32", "where the acc is f32");
+	acc->i = DT_F16;
+	expect_refused(bf.low, "a bf16 sum_to_acc_16 summing as f16", "sums its gradients as f16");
+	acc->i = DT_BF16;
+	report(verify(bf.low), "restored: accepted again");
 }
 
 /* No op reads a value without a producer, or an update's result. */
@@ -262,6 +282,22 @@ static int epilogue_pairs(const LProg *p)
 	return n;
 }
 
+/* cuda_epilogues of p with kernel x put after kernel `at` (the kernels from at + 1 on one later) */
+static int *epilogues_with(LProg *p, int at, const Kernel *x)
+{
+	Kernel *k = malloc(sizeof(Kernel) * (size_t)(p->nk + 1)), *was = p->k;
+	memcpy(k, was, sizeof(Kernel) * (size_t)(at + 1));
+	k[at + 1] = *x;
+	memcpy(k + at + 2, was + at + 1, sizeof(Kernel) * (size_t)(p->nk - at - 1));
+	p->k = k;
+	p->nk++;
+	int *pairs = cuda_epilogues(p);
+	p->nk--;
+	p->k = was;
+	free(k);
+	return pairs;
+}
+
 /* the loads of a loop's tree of adds */
 static int add_loads(const LExpr *x, const LExpr **out, int n)
 {
@@ -344,46 +380,53 @@ static void epilogues_gpt(LProg *p, int layers, int resid_layers, const char *na
 	       drops, 2 * (layers - resid_layers));
 	report(transposes == 1 && sound, "%s: the tied embedding's weight gradient written transposed by its GEMM (%d)",
 	       name, transposes);
-	if (norm >= 0) { /* a kernel between the norm and its loop that reads the loop's output: refused */
+	if (norm >= 0) { /* a kernel put between the norm and its loop that reads the loop's output: refused */
 		int *pr = cuda_epilogues(p), l = pr[norm];
 		free(pr);
-		Kernel *cast = &p->k[norm + 1];
-		int *was = cast->uses, *more = malloc(sizeof(int) * (size_t)(cast->nuses + 1));
-		memcpy(more, was, sizeof(int) * (size_t)cast->nuses);
-		more[cast->nuses++] = p->k[l].out;
-		cast->uses = more;
-		int blocked = epilogue_pairs(p);
-		cast->nuses--;
-		cast->uses = was;
-		free(more);
-		int total = n + norms + drops + transposes;
-		report(norm + 1 < l && blocked == total - 1, "%s: a norm's pair refused when a kernel between reads the "
-		       "loop's output (%d of %d pairs left)", name, blocked, total);
-		/* the loop's output over the norm's dw (the f32 copy the casts after it still read) */
+		const Kernel *fill = NULL;
+		for (int i = 0; i < p->nk && !fill; i++)
+			fill = p->k[i].kind == K_FILL && p->k[i].ndefs == 1 ? &p->k[i] : NULL;
+		Kernel x = *fill;
+		x.phase = p->k[norm].phase;
+		x.chunk = p->k[norm].chunk;
+		x.nwaits = 0;
+		int reads_out = p->k[l].out;
+		x.uses = &reads_out;
+		x.nuses = 1;
+		x.ndefs = 0;
+		int *with = epilogues_with(p, norm, &x), blocked = 0, total = n + norms + drops + transposes;
+		for (int i = 0; i <= p->nk; i++)
+			blocked += with[i] >= 0;
+		report(with[norm] == CUDA_EPI_NONE && blocked == total - 1, "%s: a norm's pair refused when a kernel between "
+		       "reads the loop's output (%d of %d pairs left)", name, blocked, total);
+		free(with);
+		/* the loop's output over the norm's rstd (an argument the call reads while it writes; dw and db
+		 * are the gradients themselves now, state memory no arena buffer can lie on) */
 		Buffer *o = &p->buf[p->k[l].out], kept = *o;
-		const Buffer *dw = &p->buf[KARG(&p->k[norm], LAYER_NORM_GRAD_16, dw)->buf];
-		o->cls = dw->cls;
-		o->offset = dw->offset;
+		const Buffer *rstd = &p->buf[KARG(&p->k[norm], LAYER_NORM_GRAD_16, rstd)->buf];
+		o->cls = rstd->cls;
+		o->offset = rstd->offset;
 		int *over = cuda_epilogues(p), refused = over[norm] == CUDA_EPI_NONE, left = 0;
 		for (int i = 0; i < p->nk; i++)
 			left += over[i] >= 0;
 		free(over);
 		*o = kept;
-		report(dw->cls != BUF_STATE && refused, "%s: a norm's pair refused when its output lies over the norm's dw "
-		       "(%d of %d pairs left)", name, left, total);
-		/* what a kernel between writes, put on the loop's output's bytes: the loop may not move before it */
-		Kernel *between = &p->k[norm + 1];
-		Buffer *w = between->ndefs ? &p->buf[between->defs[0]] : NULL, wkept = w ? *w : kept;
-		if (w) {
-			w->cls = o->cls;
-			w->offset = o->offset;
-		}
-		int *moved = cuda_epilogues(p), blocked_by_write = w && moved[norm] == CUDA_EPI_NONE;
+		report(buf_class_transient(rstd->cls) && refused, "%s: a norm's pair refused when its output lies over the norm's "
+		       "rstd (%d of %d pairs left)", name, left, total);
+		/* a kernel between that writes memory the loop's output lies on: the loop may not move before it */
+		Buffer *w = &p->buf[fill->defs[0]], wkept = *w;
+		w->cls = o->cls;
+		w->offset = o->offset;
+		x.nuses = 0;
+		x.ndefs = 1;
+		x.defs = fill->defs;
+		int *moved = epilogues_with(p, norm, &x), blocked_by_write = moved[norm] == CUDA_EPI_NONE;
 		free(moved);
-		if (w)
-			*w = wkept;
-		report(blocked_by_write, "%s: a norm's pair refused when a kernel between writes memory the loop's output "
-		       "lies on", name);
+		*w = wkept;
+		int *alone = epilogues_with(p, norm, &x), kept_apart = alone[norm] == l + 1;
+		free(alone);
+		report(blocked_by_write && kept_apart, "%s: a norm's pair refused when a kernel between writes memory the "
+		       "loop's output lies on (and kept when that kernel's memory is elsewhere)", name);
 	}
 	if (first >= 0) { /* the loop's output given the memory of the matmul's A: refused */
 		Buffer *o = &p->buf[p->k[first_loop].out];
