@@ -2,7 +2,8 @@
  * split and merge of heads, 193 permutes a step with the classifier's transpose; the bias
  * gradients, 145 sum_to_acc_16 a step: into an f32 accumulator, chunks of rows added atomically,
  * which the step then narrows, and into the bf16 gradient itself in one 32 x 32 tile a 32 columns,
- * which a bf16 plan's step runs), against a device-to-device copy of the same bytes.
+ * which a bf16 plan's step runs; and llama1b's RoPE, 80 calls a step), against a device-to-device copy
+ * of the same bytes.
  * scripts/gpu-check.sh runs it twice, with the planned 32-bit index arithmetic (the default) and
  * with PLANRT_INDEX=64 (the 64-bit division of every index it replaced), so the two stand side by
  * side in one run. Each shape: two calls to warm up, then 20 timed with CUDA events. Prints one
@@ -29,7 +30,8 @@ enum { WARM = 2, REPS = 20 };
 
 typedef struct Shape {
 	const char *what;
-	int kind; /* 0 permute_16, 1 sum_to_acc_16 into f32, 2 the copy, 3 sum_to_acc_16 into bf16 */
+	int kind; /* 0 permute_16, 1 sum_to_acc_16 into f32, 2 the copy, 3 sum_to_acc_16 into bf16, 4 rope_16
+		   * of dims [batch, heads, seq, head_dim] (llama1b's, heads first, every dim rotated) */
 	int rank;
 	int64_t dims[4];
 	int perm[4];
@@ -42,6 +44,9 @@ static void call(const Shape *s, size_t bytes)
 {
 	if (s->kind == 0)
 		planrt_cu_k_permute_16(s->rank, s->dims, s->perm, in_, out_, PLANRT_STREAM_COMPUTE);
+	else if (s->kind == 4)
+		planrt_cu_k_rope_16(in_, out_, s->dims[0], s->dims[2], s->dims[1], s->dims[3], s->dims[3], 1, NULL, 0, 0,
+				    s->dims[2] / 2, 1e4, planrt_bf16, PLANRT_STREAM_COMPUTE);
 	else if (s->kind == 1 || s->kind == 3)
 		planrt_cu_k_sum_to_acc_16(s->rank, s->dims, in_, s->ostr, out_, s->dims[s->rank - 1],
 					  s->kind == 1 ? planrt_f32 : planrt_bf16, planrt_bf16, PLANRT_STREAM_COMPUTE);
@@ -87,6 +92,8 @@ int main(void)
 		{"bias gradient [8,1024,4096] -> [4096]", 1, 3, {8, 1024, 4096}, {0}, {0, 0, 1}},
 		{"bias gradient [8,1024,1024] -> [1024] bf16", 3, 3, {8, 1024, 1024}, {0}, {0, 0, 1}},
 		{"bias gradient [8,1024,4096] -> [4096] bf16", 3, 3, {8, 1024, 4096}, {0}, {0, 0, 1}},
+		{"llama1b's q [8,16,1024,128]", 4, 4, {8, 16, 1024, 128}, {0}, {0}},
+		{"llama1b's k [8,4,1024,128]", 4, 4, {8, 4, 1024, 128}, {0}, {0}},
 	};
 	size_t most = 0;
 	for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
@@ -104,13 +111,17 @@ int main(void)
 		size_t n = 1;
 		for (int d = 0; d < s->rank; d++)
 			n *= (size_t)s->dims[d];
-		/* bytes moved once: a permute reads and writes every element; a sum reads every element */
-		size_t bytes = s->kind == 0 ? 4 * n : 2 * n;
+		/* bytes moved once: a permute or RoPE reads and writes every element; a sum reads every element */
+		size_t bytes = s->kind == 0 || s->kind == 4 ? 4 * n : 2 * n;
 		Shape copy = *s;
 		copy.kind = 2;
 		double us = time_us(s, bytes), copy_us = time_us(&copy, bytes / 2);
 		printf("%s %s (%s): %.1f us, %.0f GB/s (%.2f of a copy of the same bytes: %.1f us)\n",
-		       s->kind == 0 ? "permute_16" : s->kind == 1 ? "sum_to_acc_16 into f32" : "sum_to_acc_16 into bf16", s->what, arith, us, bytes / us * 1e-3, copy_us / us,
+		       s->kind == 0   ? "permute_16"
+		       : s->kind == 1 ? "sum_to_acc_16 into f32"
+		       : s->kind == 3 ? "sum_to_acc_16 into bf16"
+				      : "rope_16",
+		       s->what, arith, us, bytes / us * 1e-3, copy_us / us,
 		       copy_us);
 	}
 	CHECK(cudaDeviceSynchronize());

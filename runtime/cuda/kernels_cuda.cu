@@ -1463,6 +1463,44 @@ __global__ static void rope_kernel(const void *x, void *y, int64_t batch, int64_
 	}
 }
 
+/* rope_kernel with the planned index arithmetic (planrt_index_math.h): a thread a (b, s, j), its angle,
+ * cosine and sine once for every head, the heads' rows walked; each block computes the frequencies'
+ * inverses (the same expression as rope_kernel's) once into shared memory. Every element gets the
+ * arithmetic rope_kernel gives it. */
+#define ROPE_TABLE 256 /* frequencies a block tables (rot_dim up to 512); beyond, each thread computes its own */
+template <int H>
+__global__ static void rope_planned_kernel(planrt_rope_plan_t p, const void *x, void *y, const int32_t *pos,
+					   int64_t pos_stride, int64_t pos_off, int64_t pos_off2, float theta, float sign)
+{
+	__shared__ float inv_freq[ROPE_TABLE];
+	for (uint32_t i = threadIdx.x; i < p.h && i < ROPE_TABLE; i += blockDim.x)
+		inv_freq[i] = 1.0f / powf(theta, (float)(2 * i) / (float)p.rot_dim);
+	__syncthreads();
+	for (uint32_t t = blockIdx.x * blockDim.x + threadIdx.x; t < p.n; t += gridDim.x * blockDim.x) {
+		uint32_t b, s, j;
+		planrt_rope_where(&p, t, &b, &s, &j);
+		if (j >= p.h) {
+			uint32_t e = p.rot_dim + j - p.h;
+			for (uint32_t hd = 0; hd < p.heads; hd++) {
+				uint32_t at = planrt_rope_row(&p, b, s, hd);
+				st<H>(y, at + e, ld<H>(x, at + e));
+			}
+			continue;
+		}
+		int64_t seq = p.seq.d;
+		float pp = pos ? (float)pos[(int64_t)b * pos_stride + s]
+			       : (float)((int64_t)s < seq / 2 ? pos_off + s : pos_off2 + s - seq / 2);
+		float inv = j < ROPE_TABLE ? inv_freq[j] : 1.0f / powf(theta, (float)(2 * j) / (float)p.rot_dim);
+		float a = pp * inv, c = cosf(a), sn = sign * sinf(a);
+		for (uint32_t hd = 0; hd < p.heads; hd++) {
+			uint32_t at = planrt_rope_row(&p, b, s, hd);
+			float u = ld<H>(x, at + j), w = ld<H>(x, at + j + p.h);
+			st<H>(y, at + j, u * c - w * sn);
+			st<H>(y, at + j + p.h, w * c + u * sn);
+		}
+	}
+}
+
 template <int H>
 static void rope(const void *x, void *y, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim, int64_t rot_dim,
 		 int heads_first, const int32_t *pos, int64_t pos_stride, int64_t pos_off, int64_t pos_off2, double theta,
@@ -1470,6 +1508,13 @@ static void rope(const void *x, void *y, int64_t batch, int64_t seq, int64_t hea
 {
 	if (rot_dim < 0 || rot_dim % 2 || rot_dim > head_dim)
 		planrt_fatal("rope: rot_dim must be even and at most head_dim");
+	planrt_rope_plan_t plan;
+	if (index_planned() && planrt_rope_plan(batch, seq, heads, head_dim, rot_dim, heads_first, &plan)) {
+		LAUNCH(rope_planned_kernel<H>, (int64_t)plan.n, stream, plan, x, y, pos, pos_stride, pos_off, pos_off2,
+		       (float)theta, sign);
+		return;
+	}
+	/* 2^31 elements or more (or PLANRT_INDEX=64): a thread an element pair, 64-bit offsets */
 	int64_t total = batch * seq * heads * (rot_dim / 2 + head_dim - rot_dim);
 	LAUNCH(rope_kernel<H>, total, stream, x, y, batch, seq, heads, head_dim, rot_dim, heads_first, pos, pos_stride,
 	       pos_off, pos_off2, (float)theta, sign, total);

@@ -1,4 +1,4 @@
-/* planrt_index_math.h: the index arithmetic of the CUDA target's permute and sum_to kernels
+/* planrt_index_math.h: the index arithmetic of the CUDA target's permute, sum_to and RoPE kernels
  * (runtime/cuda/kernels_cuda.cu), as functions that compile for the device and for the host
  * (tests/cuda/test_index_math.c runs them against the plain definitions).
  *
@@ -20,7 +20,8 @@
  *     elements: Dh 64 in bf16 is 8 units of 8 elements, and a thread's index math serves 8 of them.
  * A column sum (sum_to) is planned the same way: its kept dims and its reduced dims, each list
  * merged where adjacent dims are adjacent in the input; a reduced run of one dim (the rows of a
- * bias gradient) is then walked with a stride, with no division per element.
+ * bias gradient) is then walked with a stride, with no division per element. RoPE (below) takes a
+ * thread a position and frequency and walks the heads.
  * Tensors of 2^31 elements or more keep the 64-bit arithmetic (the plan functions return 0). */
 #ifndef PLANRT_INDEX_MATH_H
 #define PLANRT_INDEX_MATH_H
@@ -259,6 +260,60 @@ PLANRT_IM uint32_t planrt_sum_red(const planrt_sum_plan_t *p, uint32_t r)
 		r = q;
 	}
 	return off;
+}
+
+/* ------------------------------------------------------------------ rotary embeddings
+ * RoPE rotates each row (b, head, s) of head_dim elements: pair (i, i + h) by the angle of position s
+ * and frequency i for i < h = rot_dim / 2; the dims past rot_dim pass through. The angle, its cosine
+ * and sine depend on (b, s, i), not on the head, so a thread takes one (b, s, j) for j < h + the
+ * passed dims, and walks the heads: 1 / heads of the sines and cosines, two divisions a thread, and
+ * the rows of one head still contiguous across a warp's threads. Rows run [b][head][s] with the heads
+ * first, else [b][s][head]. */
+typedef struct planrt_rope_plan {
+	uint32_t n; /* threads: batch x seq x (h + head_dim - rot_dim) */
+	planrt_divmod_t per_pos, seq; /* h + the passed dims; seq */
+	uint32_t heads, head_dim, rot_dim, h;
+	int heads_first;
+} planrt_rope_plan_t;
+
+/* Plans RoPE over [batch, seq, heads, head_dim] (heads_first: [batch, heads, seq, head_dim]). Returns
+ * 1 with *p filled, or 0 when an element's offset does not fit in 31 bits or a size is not positive
+ * (the caller keeps its 64-bit kernel). */
+PLANRT_IM int planrt_rope_plan(int64_t batch, int64_t seq, int64_t heads, int64_t head_dim, int64_t rot_dim,
+			       int heads_first, planrt_rope_plan_t *p)
+{
+	if (batch <= 0 || seq <= 0 || heads <= 0 || head_dim <= 0 || rot_dim < 0 || rot_dim % 2 || rot_dim > head_dim)
+		return 0;
+	int64_t per_pos = rot_dim / 2 + head_dim - rot_dim;
+	if (batch >= PLANRT_IM_LIMIT / seq || batch * seq >= PLANRT_IM_LIMIT / heads ||
+	    batch * seq * heads >= PLANRT_IM_LIMIT / head_dim)
+		return 0; /* every element's offset below 2^31, and so every thread's index */
+	p->n = (uint32_t)(batch * seq * per_pos);
+	p->per_pos = planrt_divmod_make((uint32_t)per_pos);
+	p->seq = planrt_divmod_make((uint32_t)seq);
+	p->heads = (uint32_t)heads;
+	p->head_dim = (uint32_t)head_dim;
+	p->rot_dim = (uint32_t)rot_dim;
+	p->h = (uint32_t)(rot_dim / 2);
+	p->heads_first = heads_first;
+	return 1;
+}
+
+/* thread t's sample *b, position *s and index *j (j < h: the pair (j, j + h); else the element
+ * rot_dim + j - h, passed through) */
+PLANRT_IM void planrt_rope_where(const planrt_rope_plan_t *p, uint32_t t, uint32_t *b, uint32_t *s, uint32_t *j)
+{
+	uint32_t bs = planrt_div(p->per_pos, t), q = planrt_div(p->seq, bs);
+	*j = t - bs * p->per_pos.d;
+	*s = bs - q * p->seq.d;
+	*b = q;
+}
+
+/* where row (b, head, s) starts */
+PLANRT_IM uint32_t planrt_rope_row(const planrt_rope_plan_t *p, uint32_t b, uint32_t s, uint32_t head)
+{
+	uint32_t row = p->heads_first ? (b * p->heads + head) * p->seq.d + s : (b * p->seq.d + s) * p->heads + head;
+	return row * p->head_dim;
 }
 
 #endif

@@ -5,7 +5,8 @@
  * atomically; into bf16 in a 32 x 32 tile, then rounded once: within one bf16 rounding more).
  * The cases: the GPT's split and merge of heads (16-byte units), a transpose, odd sizes
  * (elements), buffers off 16-byte alignment (elements), a bias gradient and a sum onto inner
- * dims. The planned 32-bit arithmetic (runtime/include/planrt_index_math.h) is the default;
+ * dims; and RoPE (a thread a position and frequency walking the heads; PLANRT_INDEX=64: a thread an
+ * element pair) against the CPU's within the device's powf / cosf / sinf rounding. The planned 32-bit arithmetic (runtime/include/planrt_index_math.h) is the default;
  * PLANRT_INDEX=64 runs the same cases through the 64-bit kernels.
  * Prints PASS/FAIL lines; exit status 0 when all passed, 77 without a GPU. */
 #define PLANRT_INTERNAL
@@ -134,6 +135,58 @@ static void sum_case(int rank, const int64_t *dims, const int64_t *ostr, int kin
 	cudaFree(d_out);
 }
 
+/* RoPE (f32 and bf16; positions from a table or from the offsets) on the device against the CPU's:
+ * the angles go through the device's powf / cosf / sinf (a few ulps from the host's), so within 1e-5
+ * of the largest value in f32 and within a bf16 unit in the last place of it in bf16 */
+static void rope_case(int64_t batch, int64_t seq, int64_t heads, int64_t head_dim, int64_t rot_dim, int heads_first,
+		      int table, planrt_dtype_t t, const char *what)
+{
+	int64_t n = batch * seq * heads * head_dim, pos_stride = seq + 3;
+	float *x = (float *)malloc(sizeof(float) * (size_t)n), *want = (float *)malloc(sizeof(float) * (size_t)n);
+	float *got = (float *)malloc(sizeof(float) * (size_t)n);
+	int32_t *pos = (int32_t *)malloc(sizeof(int32_t) * (size_t)(batch * pos_stride));
+	uint32_t s = 777;
+	for (int64_t i = 0; i < n; i++) {
+		s = s * 1103515245u + 12345u;
+		x[i] = (float)((s >> 8) & 0xffff) / 32768.0f - 1.0f;
+	}
+	for (int64_t i = 0; i < batch * pos_stride; i++)
+		pos[i] = (int32_t)((i * 37) % 4000);
+	size_t eb = t == planrt_f32 ? 4 : 2;
+	void *x_as = malloc(eb * (size_t)n), *got_as = malloc(eb * (size_t)n);
+	planrt_cast(x, planrt_f32, x_as, t, n);
+	planrt_cast(x_as, t, x, planrt_f32, n); /* the values the device reads */
+	const int32_t *hpos = table ? pos : NULL;
+	planrt_k_rope_f32(x, want, batch, seq, heads, head_dim, rot_dim, heads_first, hpos, pos_stride, 5, 900, 10000.0);
+	void *d_x = to_device(x_as, eb * (size_t)n), *d_y = to_device(x_as, eb * (size_t)n);
+	void *d_pos = to_device(pos, sizeof(int32_t) * (size_t)(batch * pos_stride));
+	cudaMemset(d_y, 0xff, eb * (size_t)n);
+	if (t == planrt_f32)
+		planrt_cu_k_rope_f32((const float *)d_x, (float *)d_y, batch, seq, heads, head_dim, rot_dim, heads_first,
+				     table ? (const int32_t *)d_pos : NULL, pos_stride, 5, 900, 10000.0, PLANRT_STREAM_COMPUTE);
+	else
+		planrt_cu_k_rope_16(d_x, d_y, batch, seq, heads, head_dim, rot_dim, heads_first,
+				    table ? (const int32_t *)d_pos : NULL, pos_stride, 5, 900, 10000.0, t, PLANRT_STREAM_COMPUTE);
+	cudaError_t e = cudaDeviceSynchronize();
+	CHECK(e == cudaSuccess, "%s: %s", what, cudaGetErrorString(e));
+	from_device(got_as, d_y, eb * (size_t)n);
+	planrt_cast(got_as, t, got, planrt_f32, n);
+	double big = 0, worst = 0;
+	for (int64_t i = 0; i < n; i++)
+		big = fmax(big, fabs(want[i]));
+	double tol = t == planrt_f32 ? 1e-5 * big : ldexp(1.0, (int)floor(log2(big)) - 7);
+	for (int64_t i = 0; i < n; i++)
+		worst = fmax(worst, fabs((double)got[i] - (double)want[i]));
+	CHECK(worst <= tol, "%s: worst difference %.3g (at most %.3g)", what, worst, tol);
+	printf("  %s: worst difference from the CPU's %.3g (at most %.3g)\n", what, worst, tol);
+	void *host[] = {x, want, got, pos, x_as, got_as};
+	for (size_t i = 0; i < sizeof host / sizeof host[0]; i++)
+		free(host[i]);
+	cudaFree(d_x);
+	cudaFree(d_y);
+	cudaFree(d_pos);
+}
+
 int main(void)
 {
 	int count = 0;
@@ -166,5 +219,9 @@ int main(void)
 	sum_case(3, bias, bias_st, 2, bf16, "bias gradient [4,300,96] bf16, accumulated into bf16");
 	sum_case(4, inner, inner_st, 2, bf16, "[3,4,50,8] onto dims 1 and 3, bf16, accumulated into bf16");
 	sum_case(2, col, col_st, 2, bf16, "[2000,3] onto 3, bf16, accumulated into bf16 (3 of a 32-column tile)");
-	return tally_report("permute and sum_to on the GPU");
+	rope_case(2, 64, 4, 128, 128, 0, 0, planrt_f32, "rope f32 [2,64,4,128], positions from the offsets");
+	rope_case(2, 64, 4, 128, 128, 0, 1, planrt_bf16, "rope bf16 [2,64,4,128], positions from a table");
+	rope_case(3, 17, 5, 40, 24, 1, 1, planrt_f32, "rope f32 [3,5,17,40] heads first, 24 dims rotated");
+	rope_case(3, 17, 5, 40, 24, 0, 0, planrt_bf16, "rope bf16 [3,17,5,40], 24 dims rotated");
+	return tally_report("permute, sum_to and RoPE on the GPU");
 }

@@ -1,4 +1,4 @@
-/* test_index_math.c: the CUDA permute's and sum_to's index arithmetic (runtime/include/
+/* test_index_math.c: the CUDA permute's, sum_to's and RoPE's index arithmetic (runtime/include/
  * planrt_index_math.h, which runtime/cuda/kernels_cuda.cu's kernels run) on the host, against the
  * plain definitions:
  *   - planrt_div / planrt_mod against / and % for every divisor up to 4,096 and powers of two and
@@ -10,7 +10,9 @@
  *     where the innermost run allows them and only there; that too large a tensor is refused;
  *   - a sum_to plan's sums of random tensors (random kept and reduced dims, the output's dims in
  *     their order or another) against the sums of the whole tensor walked in order, and the bias
- *     gradient's rows walked without a division.
+ *     gradient's rows walked without a division;
+ *   - a RoPE plan's threads, each a sample, position and frequency walking the heads, against the
+ *     64-bit kernel's thread an element pair: every element once, with the same angle's inputs.
  * Prints the failures and a PASS/FAIL line; exit 1 on any failure. */
 #include <stdint.h>
 #include <stdio.h>
@@ -273,10 +275,85 @@ static void sums(void)
 	}
 }
 
+/* A RoPE plan's threads, each walking the heads as rope_planned_kernel does: every element of the
+ * tensor written once, from the element the 64-bit rope_kernel reads for it, with the sample, position
+ * and frequency rope_kernel gives its row and pair (its row t / per_row, b and s from the row) */
+static void rope_case(int64_t batch, int64_t seq, int64_t heads, int64_t head_dim, int64_t rot_dim, int heads_first)
+{
+	planrt_rope_plan_t p;
+	char what[120];
+	snprintf(what, sizeof what, "rope [%lld, %lld, %lld, %lld] rot %lld%s", (long long)batch, (long long)seq,
+		 (long long)heads, (long long)head_dim, (long long)rot_dim, heads_first ? " heads first" : "");
+	if (!planrt_rope_plan(batch, seq, heads, head_dim, rot_dim, heads_first, &p)) {
+		CHECK(0, "%s: refused", what);
+		return;
+	}
+	int64_t n = batch * seq * heads * head_dim, h = rot_dim / 2, per_row = h + head_dim - rot_dim, bad = 0;
+	/* the 64-bit kernel's view: element e of the tensor -> (b, s, the pair index or -1 - passed dim) */
+	int64_t *key = malloc(sizeof(int64_t) * (size_t)n), *seen = calloc((size_t)n, sizeof(int64_t));
+	for (int64_t t = 0; t < n / head_dim * per_row; t++) {
+		int64_t row = t / per_row, i = t % per_row, at = row * head_dim, b, sq;
+		if (heads_first) {
+			sq = row % seq;
+			b = row / seq / heads;
+		} else {
+			sq = row / heads % seq;
+			b = row / heads / seq;
+		}
+		int64_t k = (b * seq + sq) * per_row + i;
+		if (i >= h) {
+			key[at + rot_dim + i - h] = k;
+		} else {
+			key[at + i] = k;
+			key[at + i + h] = k;
+		}
+	}
+	for (uint32_t t = 0; t < p.n; t++) {
+		uint32_t b, sq, j;
+		planrt_rope_where(&p, t, &b, &sq, &j);
+		int64_t k = ((int64_t)b * seq + sq) * per_row + j;
+		for (uint32_t hd = 0; hd < p.heads; hd++) {
+			int64_t at = planrt_rope_row(&p, b, sq, hd);
+			int64_t e1 = j >= p.h ? at + p.rot_dim + j - p.h : at + j, e2 = j >= p.h ? -1 : at + j + p.h;
+			bad += e1 < 0 || e1 >= n || key[e1] != k || (e2 >= 0 && (e2 >= n || key[e2] != k));
+			if (e1 >= 0 && e1 < n)
+				seen[e1]++;
+			if (e2 >= 0 && e2 < n)
+				seen[e2]++;
+		}
+	}
+	for (int64_t e = 0; e < n; e++)
+		bad += seen[e] != 1;
+	CHECK(p.n == (uint32_t)(batch * seq * per_row) && bad == 0,
+	      "%s: %u threads, every element once with rope_kernel's sample, position and frequency (%lld wrong)", what,
+	      p.n, (long long)bad);
+	free(key);
+	free(seen);
+}
+
+static void ropes(void)
+{
+	rope_case(2, 64, 4, 128, 128, 0); /* a Llama's q: every dim rotated */
+	rope_case(2, 64, 4, 128, 128, 1);
+	rope_case(3, 17, 5, 40, 24, 1);  /* 24 of 40 dims rotated, odd sizes */
+	rope_case(3, 17, 5, 40, 24, 0);
+	rope_case(1, 5, 1, 6, 0, 0);     /* nothing rotated: a copy */
+	rope_case(4, 9, 3, 8, 8, 0);
+	for (int c = 0; c < 40; c++) {
+		int64_t hd = 2 * (1 + rnd(40)), rot = 2 * (int64_t)rnd((uint32_t)hd / 2 + 1);
+		rope_case(1 + rnd(4), 1 + rnd(40), 1 + rnd(6), hd, rot, (int)rnd(2));
+	}
+	planrt_rope_plan_t p;
+	CHECK(!planrt_rope_plan(8, 65536, 32, 128, 128, 0, &p) && !planrt_rope_plan(1, 4, 2, 8, 3, 0, &p) &&
+		      !planrt_rope_plan(1, 4, 2, 8, 10, 0, &p),
+	      "rope: 2^31 elements, an odd rot_dim and rot_dim > head_dim refused (the 64-bit kernel, or its error)");
+}
+
 int main(void)
 {
 	divisions();
 	permutes();
 	sums();
-	return tally_report("the permute and sum_to index arithmetic");
+	ropes();
+	return tally_report("the permute, sum_to and RoPE index arithmetic");
 }
