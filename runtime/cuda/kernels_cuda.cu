@@ -441,10 +441,12 @@ void planrt_cu_k_permute_16(int rank, const int64_t *in_dims, const int *perm, c
 }
 
 /* out[o] += the sum over the reduced dims of in, for the output elements; the reduced index range
- * [r0, r1) of this block's chunk. kept: the dims with out_strides != 0, in order. */
-template <int H>
+ * [r0, r1) of this block's chunk. kept: the dims with out_strides != 0, in order. out stored as A:
+ * f32 (the chunks added atomically when there are several), or 16-bit (one chunk: widened, added to
+ * and rounded once) */
+template <int H, int A>
 __global__ static void sum_to_kernel(int nkept, Dims kdims, Dims kin, Dims kout, int nred, Dims rdims, Dims rin,
-				     int64_t out_n, int64_t red_n, int64_t chunk, const void *in, float *out, int atomic)
+				     int64_t out_n, int64_t red_n, int64_t chunk, const void *in, void *out, int atomic)
 {
 	int64_t r0 = (int64_t)blockIdx.y * chunk, r1 = r0 + chunk < red_n ? r0 + chunk : red_n;
 	for (int64_t o = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; o < out_n; o += (int64_t)gridDim.x * blockDim.x) {
@@ -465,10 +467,10 @@ __global__ static void sum_to_kernel(int nkept, Dims kdims, Dims kin, Dims kout,
 			}
 			s += ld<H>(in, off);
 		}
-		if (atomic)
-			atomicAdd(&out[ooff], s);
+		if (A == planrt_f32 && atomic)
+			atomicAdd((float *)out + ooff, s);
 		else
-			out[ooff] += s;
+			st<A>(out, ooff, ld<A>(out, ooff) + s);
 	}
 }
 
@@ -523,32 +525,48 @@ __global__ static void sum_acc16_kernel(planrt_sum_plan_t p, const void *in, voi
 	}
 }
 
-/* sum_to_kernel's 64-bit indexing into out stored as A, one thread an output over every reduced index
- * (tensors of 2^31 elements or more, or PLANRT_INDEX=64: correct, not fast) */
-template <int H, int A>
-__global__ static void sum_acc16_wide_kernel(int nkept, Dims kdims, Dims kin, Dims kout, int nred, Dims rdims, Dims rin,
-					     int64_t out_n, int64_t red_n, const void *in, void *out)
+/* sum_to's dims for the 64-bit kernel: the kept ones (out_strides != 0, or of size 1) and the reduced
+ * ones, each with its input stride; false when a dim is 0 (nothing to sum) */
+typedef struct SumDims {
+	int nk, nr;
+	int64_t kd[KMAX], ki[KMAX], ko[KMAX], rd[KMAX], ri[KMAX], out_n, red_n;
+} SumDims;
+
+static bool sum_dims(int rank, const int64_t *dims, const int64_t *out_strides, SumDims *sd)
 {
-	for (int64_t o = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; o < out_n; o += (int64_t)gridDim.x * blockDim.x) {
-		int64_t rest = o, base = 0, ooff = 0;
-		for (int d = nkept - 1; d >= 0; d--) {
-			int64_t c = rest % kdims.v[d];
-			rest /= kdims.v[d];
-			base += c * kin.v[d];
-			ooff += c * kout.v[d];
+	int64_t ist[KMAX];
+	strides_of(rank, dims, ist);
+	sd->nk = sd->nr = 0;
+	sd->out_n = sd->red_n = 1;
+	for (int d = 0; d < rank; d++) {
+		if (dims[d] == 0)
+			return false;
+		if (out_strides[d] != 0 || dims[d] == 1) {
+			sd->kd[sd->nk] = dims[d];
+			sd->ki[sd->nk] = ist[d];
+			sd->ko[sd->nk++] = out_strides[d];
+			sd->out_n *= dims[d];
+		} else {
+			sd->rd[sd->nr] = dims[d];
+			sd->ri[sd->nr++] = ist[d];
+			sd->red_n *= dims[d];
 		}
-		float s = 0;
-		for (int64_t r = 0; r < red_n; r++) {
-			int64_t rr = r, off = base;
-			for (int d = nred - 1; d >= 0; d--) {
-				int64_t c = rr % rdims.v[d];
-				rr /= rdims.v[d];
-				off += c * rin.v[d];
-			}
-			s += ld<H>(in, off);
-		}
-		st<A>(out, ooff, ld<A>(out, ooff) + s);
 	}
+	return true;
+}
+
+/* the 64-bit sum_to_kernel over chunks of `chunk` reduced elements (several: added atomically) */
+template <int H, int A>
+static void sum_wide(const SumDims *sd, int64_t chunk, const void *in, void *out, cudaStream_t s)
+{
+	int64_t splits = (sd->red_n + chunk - 1) / chunk;
+	unsigned gx = (unsigned)((sd->out_n + PLANRT_CU_BLOCK - 1) / PLANRT_CU_BLOCK);
+	dim3 grid(gx < 1 ? 1 : gx > 65535 ? 65535 : gx, (unsigned)(splits < 1 ? 1 : splits));
+	sum_to_kernel<H, A><<<grid, PLANRT_CU_BLOCK, 0, s>>>(sd->nk, dims_of(sd->nk, sd->kd), dims_of(sd->nk, sd->ki),
+							    dims_of(sd->nk, sd->ko), sd->nr, dims_of(sd->nr, sd->rd),
+							    dims_of(sd->nr, sd->ri), sd->out_n, sd->red_n, chunk, in, out,
+							    grid.y > 1);
+	planrt_cu_check_launch("sum_to");
 }
 
 template <int H, int A>
@@ -568,28 +586,10 @@ static void sum_to_acc16(int rank, const int64_t *dims, const void *in, const in
 		planrt_cu_check_launch("sum_to");
 		return;
 	}
-	int64_t ist[KMAX], kd[KMAX], ki[KMAX], ko[KMAX], rd[KMAX], ri[KMAX], out_n = 1, red_n = 1;
-	int nk = 0, nr = 0;
-	strides_of(rank, dims, ist);
-	for (int d = 0; d < rank; d++) {
-		if (dims[d] == 0)
-			return;
-		if (out_strides[d] != 0 || dims[d] == 1) {
-			kd[nk] = dims[d];
-			ki[nk] = ist[d];
-			ko[nk++] = out_strides[d];
-			out_n *= dims[d];
-		} else {
-			rd[nr] = dims[d];
-			ri[nr++] = ist[d];
-			red_n *= dims[d];
-		}
-	}
-	unsigned gx = (unsigned)((out_n + PLANRT_CU_BLOCK - 1) / PLANRT_CU_BLOCK);
-	sum_acc16_wide_kernel<H, A><<<gx < 1 ? 1 : gx > 65535 ? 65535 : gx, PLANRT_CU_BLOCK, 0, s>>>(
-		nk, dims_of(nk, kd), dims_of(nk, ki), dims_of(nk, ko), nr, dims_of(nr, rd), dims_of(nr, ri), out_n, red_n, in,
-		out);
-	planrt_cu_check_launch("sum_to");
+	/* 2^31 elements or more (or PLANRT_INDEX=64): one thread an output over every reduced element */
+	SumDims sd;
+	if (sum_dims(rank, dims, out_strides, &sd))
+		sum_wide<H, A>(&sd, sd.red_n, in, out, s);
 }
 
 template <int H>
@@ -610,30 +610,12 @@ static void sum_to(int rank, const int64_t *dims, const void *in, const int64_t 
 		return;
 	}
 	/* 2^31 elements or more (or PLANRT_INDEX=64): 64-bit offsets */
-	int64_t ist[KMAX], kd[KMAX], ki[KMAX], ko[KMAX], rd[KMAX], ri[KMAX], out_n = 1, red_n = 1;
-	int nk = 0, nr = 0;
-	strides_of(rank, dims, ist);
-	for (int d = 0; d < rank; d++) {
-		if (dims[d] == 0)
-			return;
-		if (out_strides[d] != 0 || dims[d] == 1) {
-			kd[nk] = dims[d];
-			ki[nk] = ist[d];
-			ko[nk++] = out_strides[d];
-			out_n *= dims[d];
-		} else {
-			rd[nr] = dims[d];
-			ri[nr++] = ist[d];
-			red_n *= dims[d];
-		}
-	}
-	int64_t chunk, splits = col_chunks(red_n, &chunk);
-	unsigned gx = (unsigned)((out_n + PLANRT_CU_BLOCK - 1) / PLANRT_CU_BLOCK);
-	dim3 grid(gx < 1 ? 1 : gx > 65535 ? 65535 : gx, (unsigned)splits);
-	sum_to_kernel<H><<<grid, PLANRT_CU_BLOCK, 0, s>>>(nk, dims_of(nk, kd), dims_of(nk, ki), dims_of(nk, ko), nr,
-						       dims_of(nr, rd), dims_of(nr, ri), out_n, red_n, chunk, in, out,
-						       grid.y > 1);
-	planrt_cu_check_launch("sum_to");
+	SumDims sd;
+	if (!sum_dims(rank, dims, out_strides, &sd))
+		return;
+	int64_t chunk;
+	col_chunks(sd.red_n, &chunk);
+	sum_wide<H, planrt_f32>(&sd, chunk, in, out, s);
 }
 
 void planrt_cu_k_sum_to_f32(int rank, const int64_t *dims, const float *in, const int64_t *out_strides, float *out,
