@@ -973,13 +973,14 @@ static void norm_params(const void *x, const float *mean, const float *rstd, con
 {
 	if (!dw && !db)
 		return;
-	if (acc != planrt_f32) {
-		dim3 grid((unsigned)((cols + ACC_TILE - 1) / ACC_TILE)), block(ACC_TILE, ACC_TILE);
-		norm_params_acc16_kernel<H, H><<<grid, block, 0, planrt_cu_stream(stream)>>>(x, mean, rstd, dy, dw, db, rows,
-											   cols);
-		planrt_cu_check_launch("norm parameter gradients");
-		return;
-	}
+	if constexpr (H != planrt_f32) /* an f32 norm's dw / db are f32 */
+		if (acc != planrt_f32) {
+			dim3 grid((unsigned)((cols + ACC_TILE - 1) / ACC_TILE)), block(ACC_TILE, ACC_TILE);
+			norm_params_acc16_kernel<H, H><<<grid, block, 0, planrt_cu_stream(stream)>>>(x, mean, rstd, dy, dw, db,
+												   rows, cols);
+			planrt_cu_check_launch("norm parameter gradients");
+			return;
+		}
 	int64_t chunk, splits = col_chunks(rows, &chunk);
 	dim3 grid((unsigned)((cols + PLANRT_CU_BLOCK - 1) / PLANRT_CU_BLOCK), (unsigned)splits);
 	norm_params_kernel<H><<<grid, PLANRT_CU_BLOCK, 0, planrt_cu_stream(stream)>>>(x, mean, rstd, dy, (float *)dw,
