@@ -190,8 +190,10 @@ void planrt_cu_k_matmul_epilogue_16(int64_t batch, int64_t M, int64_t N, int64_t
 	if (one)
 		rows *= batch;
 	EpiPlan *p = NULL;
+	/* cuBLASLt's alignment preferences name A, B, C and D, not the bias: a bias off 16 bytes (a view
+	 * into a flat buffer) runs unfused rather than on an algorithm that may load it in vectors */
 	if (planrt_cu_epilogue_fused_() && one && rows <= 2147483647 && N <= 2147483647 && K <= 2147483647 && K > 0 &&
-	    stream >= 0 && stream < EPI_STREAMS)
+	    stream >= 0 && stream < EPI_STREAMS && ((uintptr_t)bias & 15) == 0)
 		p = plan_of(rows, N, K, trans_a != 0, trans_b != 0, R != NULL, bias != NULL, alignment(A, B, R, D, bias), t,
 			    bias_type);
 	if (!p || !p->ok) {
