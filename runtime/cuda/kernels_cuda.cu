@@ -1284,35 +1284,52 @@ void planrt_cu_cross_entropy_16(const void *logits, const int32_t *targets, floa
 				    stream));
 }
 
+/* dlogits = softmax(logits) * ds, less ds at the target: blocks of a row's columns (grid x) by rows
+ * (grid y), so no element divides its index to find its row (gpt350m's 8192 x 50304 logits: two
+ * 64-bit divisions an element cost more than the element's bytes). Elementwise, so dlogits may be
+ * logits' own memory. */
 template <int H>
-__global__ static void ce_grad_kernel(const void *logits, const int32_t *targets, const float *lse, int64_t cols,
-				      int64_t vocab_lo, const float *dscale, double factor, void *dlogits, int64_t n)
+__global__ static void ce_grad_kernel(const void *logits, const int32_t *targets, const float *lse, int64_t rows,
+				      int64_t cols, int64_t vocab_lo, const float *dscale, double factor, void *dlogits)
 {
 	float ds = (float)((double)*dscale * factor);
-	GRID_STRIDE(i, n)
-	{
-		int64_t r = i / cols, j = i % cols;
-		float v = kexpf(ld<H>(logits, i) - lse[r]) * ds;
-		if ((int64_t)targets[r] - vocab_lo == j)
-			v -= ds;
-		st<H>(dlogits, i, v);
+	for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
+		float l = lse[r];
+		int64_t c = (int64_t)targets[r] - vocab_lo, at = r * cols;
+		for (int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; j < cols; j += (int64_t)gridDim.x * blockDim.x) {
+			float v = kexpf(ld<H>(logits, at + j) - l) * ds;
+			if (j == c)
+				v -= ds;
+			st<H>(dlogits, at + j, v);
+		}
 	}
+}
+
+template <int H>
+static void ce_grad(const void *logits, const int32_t *targets, const float *lse, int64_t rows, int64_t cols,
+		    int64_t vocab_lo, const float *dscale, double factor, void *dlogits, int stream)
+{
+	if (rows <= 0 || cols <= 0)
+		return;
+	int64_t gx = (cols + PLANRT_CU_BLOCK - 1) / PLANRT_CU_BLOCK;
+	dim3 grid((unsigned)(gx > 1024 ? 1024 : gx), (unsigned)(rows > 65535 ? 65535 : rows));
+	ce_grad_kernel<H><<<grid, PLANRT_CU_BLOCK, 0, planrt_cu_stream(stream)>>>(logits, targets, lse, rows, cols, vocab_lo,
+										   dscale, factor, dlogits);
+	planrt_cu_check_launch("cross_entropy_grad");
 }
 
 void planrt_cu_k_ce_grad_f32(const float *logits, const int32_t *targets, const float *lse, int64_t rows, int64_t cols,
 			     int64_t vocab_lo, const float *dscale, double factor, float *dlogits, int stream)
 {
-	int64_t n = rows * cols;
-	LAUNCH(ce_grad_kernel<planrt_f32>, n, stream, logits, targets, lse, cols, vocab_lo, dscale, factor, dlogits, n);
+	ce_grad<planrt_f32>(logits, targets, lse, rows, cols, vocab_lo, dscale, factor, dlogits, stream);
 }
 
 void planrt_cu_k_ce_grad_16(const void *logits, const int32_t *targets, const float *lse, int64_t rows, int64_t cols,
 			    int64_t vocab_lo, const float *dscale, double factor, void *dlogits, planrt_dtype_t storage,
 			    int stream)
 {
-	int64_t n = rows * cols;
 	BY_STORAGE("cross_entropy_grad_16", storage,
-		   LAUNCH(ce_grad_kernel<H>, n, stream, logits, targets, lse, cols, vocab_lo, dscale, factor, dlogits, n));
+		   ce_grad<H>(logits, targets, lse, rows, cols, vocab_lo, dscale, factor, dlogits, stream));
 }
 
 /* Labels: the first one outside [0, classes) (its flat index, by atomicMin), read back on the host;

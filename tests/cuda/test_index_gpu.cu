@@ -6,7 +6,8 @@
  * The cases: the GPT's split and merge of heads (16-byte units), a transpose, odd sizes
  * (elements), buffers off 16-byte alignment (elements), a bias gradient and a sum onto inner
  * dims; and RoPE (a thread a position and frequency walking the heads; PLANRT_INDEX=64: a thread an
- * element pair) against the CPU's within the device's powf / cosf / sinf rounding. The planned 32-bit arithmetic (runtime/include/planrt_index_math.h) is the default;
+ * element pair) against the CPU's within the device's powf / cosf / sinf rounding; and the
+ * cross-entropy's gradient (rows by grid y, no division an element; in place too) against the CPU's. The planned 32-bit arithmetic (runtime/include/planrt_index_math.h) is the default;
  * PLANRT_INDEX=64 runs the same cases through the 64-bit kernels.
  * Prints PASS/FAIL lines; exit status 0 when all passed, 77 without a GPU. */
 #define PLANRT_INTERNAL
@@ -187,6 +188,48 @@ static void rope_case(int64_t batch, int64_t seq, int64_t heads, int64_t head_di
 	cudaFree(d_pos);
 }
 
+/* the cross-entropy's gradient on the device (rows by grid y, columns by grid x; in place when asked)
+ * against the CPU's planrt_k_ce_grad_f32: within the device's expf rounding */
+static void ce_grad_case(int64_t rows, int64_t cols, int64_t vocab_lo, int in_place, const char *what)
+{
+	int64_t n = rows * cols;
+	float *x = (float *)malloc(sizeof(float) * (size_t)n), *want = (float *)malloc(sizeof(float) * (size_t)n);
+	float *got = (float *)malloc(sizeof(float) * (size_t)n), *lse = (float *)malloc(sizeof(float) * (size_t)rows);
+	int32_t *tg = (int32_t *)malloc(sizeof(int32_t) * (size_t)rows);
+	uint32_t s = 99;
+	for (int64_t i = 0; i < n; i++) {
+		s = s * 1103515245u + 12345u;
+		x[i] = (float)((s >> 8) & 0xffff) / 8192.0f - 4.0f;
+	}
+	for (int64_t r = 0; r < rows; r++) {
+		lse[r] = 3.0f + (float)(r % 5);
+		tg[r] = (int32_t)((r * 7) % (cols + 4)) + (int32_t)vocab_lo - 2; /* some outside this rank's columns */
+	}
+	float one = 1.0f;
+	planrt_k_ce_grad_f32(x, tg, lse, rows, cols, vocab_lo, 0.5, want);
+	void *d_x = to_device(x, sizeof(float) * (size_t)n), *d_lse = to_device(lse, sizeof(float) * (size_t)rows);
+	void *d_tg = to_device(tg, sizeof(int32_t) * (size_t)rows), *d_one = to_device(&one, sizeof one);
+	void *d_out = in_place ? d_x : to_device(x, sizeof(float) * (size_t)n);
+	planrt_cu_k_ce_grad_f32((const float *)d_x, (const int32_t *)d_tg, (const float *)d_lse, rows, cols, vocab_lo,
+				(const float *)d_one, 0.5, (float *)d_out, PLANRT_STREAM_COMPUTE);
+	cudaError_t e = cudaDeviceSynchronize();
+	CHECK(e == cudaSuccess, "%s: %s", what, cudaGetErrorString(e));
+	from_device(got, d_out, sizeof(float) * (size_t)n);
+	double worst = 0;
+	for (int64_t i = 0; i < n; i++)
+		worst = fmax(worst, fabs((double)got[i] - (double)want[i]) / (1e-30 + fabs((double)want[i]) + 1e-6));
+	CHECK(worst <= 1e-5, "%s: worst relative difference %.3g (at most 1e-5)", what, worst);
+	printf("  %s: worst relative difference from the CPU's %.3g (at most 1e-5)\n", what, worst);
+	void *host[] = {x, want, got, lse, tg};
+	for (size_t i = 0; i < sizeof host / sizeof host[0]; i++)
+		free(host[i]);
+	void *dev[] = {d_x, d_lse, d_tg, d_one};
+	for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
+		cudaFree(dev[i]);
+	if (!in_place)
+		cudaFree(d_out);
+}
+
 int main(void)
 {
 	int count = 0;
@@ -223,5 +266,8 @@ int main(void)
 	rope_case(2, 64, 4, 128, 128, 0, 1, planrt_bf16, "rope bf16 [2,64,4,128], positions from a table");
 	rope_case(3, 17, 5, 40, 24, 1, 1, planrt_f32, "rope f32 [3,5,17,40] heads first, 24 dims rotated");
 	rope_case(3, 17, 5, 40, 24, 0, 0, planrt_bf16, "rope bf16 [3,17,5,40], 24 dims rotated");
-	return tally_report("permute, sum_to and RoPE on the GPU");
+	ce_grad_case(33, 1000, 0, 0, "cross-entropy gradient [33, 1000]");
+	ce_grad_case(5, 300001, 100, 1, "cross-entropy gradient [5, 300001] of a vocab shard, in place");
+	ce_grad_case(70000, 3, 0, 0, "cross-entropy gradient [70000, 3] (more rows than grid y)");
+	return tally_report("permute, sum_to, RoPE and the cross-entropy gradient on the GPU");
 }
