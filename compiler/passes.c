@@ -14,6 +14,9 @@
  *   ring       context parallelism: attention over a split sequence as the K/V ring (ring.c)
  *   state      persistent state, buckets, ZeRO, the optimizer, init and save (state.c)
  *   overlap    buckets during the backward, ZeRO-3 prefetch (overlap.c)
+ *   offload_params, offload_activations
+ *              parameters and saved activations in host memory (offload_params.c, offload_activations.c)
+ *   inplace    an elementwise kernel's output over an input that dies at it (inplace.c)
  *   memplan    slots, inboxes and arena offsets (memplan.c)
  *   check      the collective-sequence check (schedule.c)
  *   streams    the device schedule: streams, events, joins (streams.c; printed by the CUDA target)
@@ -28,7 +31,8 @@
 #include <string.h>
 
 const char *const pass_names[] = {"graph", "attention", "pipeline", "autodiff", "shard", "recompute", "zero", "sync",
-				  "lower", "ring", "state", "overlap", "offload_params", "offload_activations", "memplan", "check",
+				  "lower", "ring", "state", "overlap", "offload_params", "offload_activations", "inplace", "memplan",
+				  "check",
 				  "streams", "layers", "decode", NULL};
 
 static bool dump_if(const char *want, const char *pass, Graph *g, FILE *out)
@@ -85,9 +89,10 @@ Lowered *run_backend(Graph *g, const char *dump_after, FILE *dump_out, bool veri
 		return NULL;
 	dump_backend(dump_after, "lower", low, dump_out);
 	static bool (*const passes[])(Lowered *) = {plan_ring, plan_state, plan_overlap, plan_offload_params,
-						    plan_offload_activations, memplan};
-	static const char *const names[] = {"ring", "state", "overlap", "offload_params", "offload_activations", "memplan"};
-	for (int i = 0; i < 6; i++) {
+						    plan_offload_activations, plan_inplace, memplan};
+	static const char *const names[] = {"ring", "state", "overlap", "offload_params", "offload_activations", "inplace",
+					    "memplan"};
+	for (int i = 0; i < (int)(sizeof passes / sizeof passes[0]); i++) {
 		if (!passes[i](low) || diag_error_count() != errors_before)
 			return NULL;
 		if (verify && !verify_ir(low, names[i]))

@@ -455,6 +455,9 @@ bool plan_offload_params(Lowered *low);
 /* offload_activations.c: under `offload activations -> host`, saved activations go to the host in
  * the forward and come back in the backward */
 bool plan_offload_activations(Lowered *low);
+/* inplace.c: an elementwise kernel's output over an input that dies at it (the cross-entropy's
+ * gradient over its logits) */
+bool plan_inplace(Lowered *low);
 bool memplan(Lowered *low);
 int memplan_slots(LProg *p);   /* memplan.c: the slots the stage's schedule needs (micro-batches in flight) */
 /* streams.c: the device schedule, after memplan: each kernel's stream (compute, communication,

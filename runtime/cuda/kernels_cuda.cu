@@ -504,7 +504,7 @@ __global__ static void sum_planned_kernel(planrt_sum_plan_t p, uint32_t chunk, c
  * casts around an f32 accumulator it replaces were two more launches). */
 #define ACC_TILE 32
 template <int H, int A>
-__global__ static void sum_acc16_kernel(planrt_sum_plan_t p, const void *in, void *out)
+__global__ static void __launch_bounds__(ACC_TILE *ACC_TILE) sum_acc16_kernel(planrt_sum_plan_t p, const void *in, void *out)
 {
 	__shared__ float part[ACC_TILE][ACC_TILE + 1];
 	uint32_t tx = threadIdx.x, ty = threadIdx.y, o = blockIdx.x * ACC_TILE + tx, at = 0;
@@ -936,7 +936,7 @@ __global__ static void norm_params_kernel(const void *x, const float *mean, cons
  * threads takes 32 columns, each row of threads every 32nd row, the partial sums added in shared
  * memory in a fixed order, and dw / db widened, added to and rounded once */
 template <int H, int A>
-__global__ static void norm_params_acc16_kernel(const void *x, const float *mean, const float *rstd, const void *dy,
+__global__ static void __launch_bounds__(ACC_TILE *ACC_TILE) norm_params_acc16_kernel(const void *x, const float *mean, const float *rstd, const void *dy,
 						void *dw, void *db, int64_t rows, int64_t cols)
 {
 	__shared__ float pw[ACC_TILE][ACC_TILE + 1], pb[ACC_TILE][ACC_TILE + 1];

@@ -105,7 +105,8 @@ static float *m_61; /* optimizer states, 65536 elements: linear_2.weight */
 static float *v_62; /* optimizer states, 65536 elements: linear_2.weight */
 static float *m_63; /* optimizer states, 256 elements: linear_2.bias */
 static float *v_64; /* optimizer states, 256 elements: linear_2.bias */
-/* views of state */
+/* views: buffers that are memory of another from an offset */
+#define cross_entropy_grad_21 (logits_17 + 0)
 #define g_linear_2_bias (grad_bucket_50 + 0)
 #define g_linear_2_weight (grad_bucket_50 + 256)
 #define g_linear_1_bias (grad_bucket_50 + 65792)
@@ -124,15 +125,14 @@ static float *v_64; /* optimizer states, 256 elements: linear_2.bias */
 #define h_13 ((float *)(ctx->slot + 524288))
 #define matmul_16 ((float *)(ctx->slot + 0))
 #define logits_17 ((float *)(ctx->slot + 786432))
-#define loss_18 ((float *)(ctx->slot + 3072))
-#define cross_entropy_19 ((float *)(ctx->slot + 1116160))
-#define fill_20 ((float *)(ctx->slot + 1117184))
-#define cross_entropy_grad_21 ((float *)(ctx->slot + 0))
-#define matmul_24 ((float *)(ctx->slot + 786432))
-#define relu_grad_26 ((float *)(ctx->slot + 0))
-#define matmul_29 ((float *)(ctx->slot + 524288))
-#define relu_grad_31 ((float *)(ctx->slot + 0))
-#define matmul_34 ((float *)(ctx->slot + 262144))
+#define loss_18 ((float *)(ctx->slot + 4096))
+#define cross_entropy_19 ((float *)(ctx->slot + 3072))
+#define fill_20 ((float *)(ctx->slot + 0))
+#define matmul_24 ((float *)(ctx->slot + 0))
+#define relu_grad_26 ((float *)(ctx->slot + 786432))
+#define matmul_29 ((float *)(ctx->slot + 0))
+#define relu_grad_31 ((float *)(ctx->slot + 524288))
+#define matmul_34 ((float *)(ctx->slot + 0))
 #define scratch_46 ((uint8_t *)(ctx->slot + 0))
 static planrt_request_t bucket_0;
 
@@ -402,9 +402,9 @@ static const planrt_stage_t stages[] = {
 		.prepare_backward = prepare_backward,
 		.actions = actions,
 		.nactions = 2,
-		.arena_bytes = 1117248,
+		.arena_bytes = 1116160,
 		.slot_offset = 0,
-		.slot_bytes = 1117248,
+		.slot_bytes = 1116160,
 		.inbox_offset = 0,
 		.inbox_bytes = 0,
 		.nslots = 1,
@@ -446,7 +446,7 @@ static const planrt_program_t program = {
 	.total_steps = 0,
 	.nroles = 1,
 	.role_axis = PLANRT_NO_AXIS,
-	.fingerprint = "fnv1a64:90918bdff8d42a56",
+	.fingerprint = "fnv1a64:5733ada62fd65039",
 	.sync = "strict",
 	.loss_scale = 0,
 	.optimizer = "adamw(lr = 0.001, betas = (0.9, 0.999), eps = 1e-08, weight_decay = 0.01)",

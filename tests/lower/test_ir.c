@@ -313,7 +313,24 @@ static int add_loads(const LExpr *x, const LExpr **out, int n)
  * (a bias and the residual); each pair a matmul whose product only its loop reads; and a pair is
  * refused when the loop accumulates, when another kernel reads the product, or when the bias is
  * not broadcast over the rows */
-static void epilogues_gpt(LProg *p, int layers, int resid_layers, const char *name)
+/* whether the tied embedding's weight-gradient transpose (a permute_16 by (1, 0) of the matmul before
+ * it) writes memory that matmul reads as its B */
+static bool transpose_over_operand(const LProg *p)
+{
+	for (int i = 1; i < p->nk; i++) {
+		const Kernel *t = &p->k[i], *m = &p->k[i - 1];
+		if (t->kind != K_PERMUTE_16 || m->kind != K_MATMUL_BF16 ||
+		    KARG(t, PERMUTE_16, in)->buf != KARG(m, MATMUL_BF16, C)->buf)
+			continue;
+		const Buffer *o = &p->buf[buffer_root(p, KARG(t, PERMUTE_16, out)->buf)];
+		const Buffer *b = &p->buf[buffer_root(p, KARG(m, MATMUL_BF16, B)->buf)];
+		return o->cls == b->cls && buf_class_transient(o->cls) && o->offset < b->offset + b->bytes &&
+		       b->offset < o->offset + o->bytes;
+	}
+	return false;
+}
+
+static void epilogues_gpt(LProg *p, int layers, int resid_layers, bool want_transpose, const char *name)
 {
 	int *pair = cuda_epilogues(p), n = 0, biased = 0, resid = 0, first = -1, first_loop = -1, norms = 0, norm = -1;
 	int drops = 0, transposes = 0;
@@ -378,8 +395,13 @@ static void epilogues_gpt(LProg *p, int layers, int resid_layers, const char *na
 	       "output shares no memory with an input)", name, norms);
 	report(drops == 2 * (layers - resid_layers), "%s: %d dropouts with the residual add after them (%d expected)", name,
 	       drops, 2 * (layers - resid_layers));
-	report(transposes == 1 && sound, "%s: the tied embedding's weight gradient written transposed by its GEMM (%d)",
-	       name, transposes);
+	if (want_transpose)
+		report(transposes == 1 && sound, "%s: the tied embedding's weight gradient written transposed by its GEMM (%d)",
+		       name, transposes);
+	else /* the transpose's output lies on the GEMM's operand: the fused call would write what it reads */
+		report(transposes == 0 && sound && transpose_over_operand(p),
+		       "%s: the tied embedding's transposed GEMM refused: the memory plan puts the transpose over the "
+		       "logits' gradient (the logits' memory, inplace.c) that the GEMM reads", name);
 	if (norm >= 0) { /* a kernel put between the norm and its loop that reads the loop's output: refused */
 		int *pr = cuda_epilogues(p), l = pr[norm];
 		free(pr);
@@ -440,6 +462,33 @@ static void epilogues_gpt(LProg *p, int layers, int resid_layers, const char *na
 		       "%s: a GEMM pair refused when the memory plan gives its output the bytes of the product's "
 		       "operand (%d of %d pairs left)", name, aliased, n + norms + drops + transposes);
 	}
+	for (int i = 0, done = 0; i < p->nk && resid_layers && !done; i++) {
+		/* a GEMM pair whose loop adds the residual, its output given the residual's own memory: refused
+		 * (the call's unfused path writes the product over it before it adds it) */
+		int *pr = cuda_epilogues(p), l = pr[i];
+		free(pr);
+		if (l < 0 || p->k[i].kind != K_MATMUL_BF16)
+			continue;
+		const LExpr *loads[4];
+		int c = KARG(&p->k[i], MATMUL_BF16, C)->buf, r = -1;
+		for (int j = 0, nl = add_loads(p->k[l].expr, loads, 0); j < nl; j++)
+			if (loads[j]->buf != c && loads[j]->stride[0] != 0)
+				r = loads[j]->buf;
+		if (r < 0)
+			continue;
+		Buffer *o = &p->buf[p->k[l].out], was = *o;
+		const Buffer *rb = &p->buf[buffer_root(p, r)];
+		o->cls = rb->cls;
+		o->offset = rb->offset;
+		o->bytes = rb->bytes;
+		int *over = cuda_epilogues(p);
+		bool refused = over[i] == CUDA_EPI_NONE;
+		free(over);
+		*o = was;
+		report(buf_class_transient(rb->cls) && refused, "%s: a GEMM pair refused when its output is the residual's "
+		       "own memory", name);
+		done = 1;
+	}
 	if (first < 0 || resid_layers)
 		return;
 	Kernel *loop = &p->k[first_loop], *other = &p->k[first_loop + 1];
@@ -467,6 +516,44 @@ static void epilogues_gpt(LProg *p, int layers, int resid_layers, const char *na
 	       "gpt bf16: a pair refused when its loop accumulates (%d), when another kernel reads the product (%d), when "
 	       "the bias is not broadcast over the rows (%d); %d pairs again when undone",
 	       all - accumulated, all - second_reader, all - not_broadcast, epilogue_pairs(p));
+}
+
+/* inplace.c: the cross-entropy's gradient is a view of the logits (their memory), and inplace.c
+ * keeps them apart when a kernel after the gradient reads the logits (run again on the buffers made
+ * transient and separate) */
+static void inplace_gpt(Lowered *low, const char *name)
+{
+	LProg *p = low->progs[0];
+	Kernel *k = first_kernel(low, K_CE_GRAD);
+	if (!report(k != NULL, "%s: a cross_entropy_grad", name))
+		return;
+	int x = KARG(k, CE_GRAD, logits)->buf, y = KARG(k, CE_GRAD, dlogits)->buf, at = (int)(k - p->k);
+	Buffer *bx = &p->buf[x], *by = &p->buf[y], kx = *bx, ky = *by;
+	report(by->cls == BUF_VIEW && by->view_of == x && by->view_off == 0,
+	       "%s: the logits' gradient is the logits' memory (a view at offset 0)", name);
+	bx->cls = by->cls = BUF_ARENA;
+	by->view_of = -1;
+	plan_inplace(low);
+	bool again = by->cls == BUF_VIEW && by->view_of == x;
+	by->cls = BUF_ARENA;
+	by->view_of = -1;
+	Kernel *after = at + 1 < p->nk ? &p->k[at + 1] : NULL;
+	bool kept = false;
+	if (after) {
+		int *was = after->uses, *more = malloc(sizeof(int) * (size_t)(after->nuses + 1));
+		memcpy(more, was, sizeof(int) * (size_t)after->nuses);
+		more[after->nuses++] = x;
+		after->uses = more;
+		plan_inplace(low);
+		kept = by->cls == BUF_ARENA;
+		after->nuses--;
+		after->uses = was;
+		free(more);
+	}
+	*bx = kx;
+	*by = ky;
+	report(again && kept, "%s: inplace.c makes it a view again, and keeps the two apart when a kernel after the "
+	       "gradient reads the logits", name);
 }
 
 static void layer_runs_gpt(void)
@@ -524,13 +611,14 @@ static void layer_runs_gpt(void)
 	}
 	report(param_permutes == 0, "gpt single: no permute of a parameter (the tied embedding's transpose is a view: %d)",
 	       param_permutes);
+	inplace_gpt(c.low, "gpt single");
 	/* bf16 with dropout 0.1: dropout reads and writes bf16 as stored (dropout_16), no f32 dropout */
 	Compiled bf = compile(gp, "bf16");
 	if (bf.low) {
 		Kernel *d = first_kernel(bf.low, K_DROPOUT_16);
 		report(d && !first_kernel(bf.low, K_DROPOUT) && KARG(d, DROPOUT_16, storage)->i == DT_BF16 && verify(bf.low),
 		       "gpt bf16: dropout_16 on bf16 storage, no f32 dropout, the verifier accepts it");
-		epilogues_gpt(bf.low->progs[0], L, 0, "gpt bf16 (dropout: the residual adds come after it)");
+		epilogues_gpt(bf.low->progs[0], L, 0, true, "gpt bf16 (dropout: the residual adds come after it)");
 	}
 	/* f32: the CUDA target's GEMMs stay cuBLAS's, with no epilogue */
 	int *none = cuda_epilogues(p);
@@ -545,7 +633,7 @@ static void layer_runs_gpt(void)
 	Program *g3 = load_program(a3, "bench/gpu/gpt350m.plan");
 	Compiled c3 = g3 && sema_check(g3) ? compile(g3, "bf16") : (Compiled){0};
 	if (c3.low)
-		epilogues_gpt(c3.low->progs[0], c3.g->nlayers, c3.g->nlayers, "gpt350m bf16");
+		epilogues_gpt(c3.low->progs[0], c3.g->nlayers, c3.g->nlayers, false, "gpt350m bf16");
 	else
 		report(false, "bench/gpu/gpt350m.plan compiles");
 	arena_free(a3);

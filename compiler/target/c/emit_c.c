@@ -1988,7 +1988,7 @@ static void print_buffers(Emit *e, const bool *named)
 		fprintf(f, "; /* %s, %lld elements%s%s */\n", state_kind_names[x->state], x->elems, x->what ? ": " : "",
 			x->what ? x->what : "");
 	}
-	fprintf(f, "/* views of state */\n");
+	fprintf(f, "/* views: buffers that are memory of another from an offset */\n");
 	for (int b = 0; b < p->nbuf; b++) {
 		const Buffer *x = &p->buf[b];
 		if (x->cls != BUF_VIEW || (named && !named[b]))

@@ -142,8 +142,9 @@ static bool coincide(const LProg *p, int a, int b)
 
 /* whether out shares memory with none of kernel m's buffer arguments but skip (its output) and those
  * in `same` (arguments it may be exactly: the call reads and writes them element for element, or
- * reads them before it writes), and the loop's added buffer r (-1: none) is out itself or apart
- * from it */
+ * reads them before it writes), and the loop's added buffer r (-1: none) is apart from it. (r may
+ * not be out itself: the fused kernels would manage, but their unfused paths, PLANRT_EPILOGUE=0 and
+ * a GEMM cuBLASLt has no algorithm for, write the output before they read r.) */
 static bool apart(const LProg *p, const Kernel *m, int skip, const int *same, int nsame, int out, int r)
 {
 	for (int i = 0; i < m->nargs; i++) {
@@ -155,7 +156,7 @@ static bool apart(const LProg *p, const Kernel *m, int skip, const int *same, in
 		if (!allowed)
 			return false;
 	}
-	return r < 0 || coincide(p, r, out) || !overlaps(p, out, r);
+	return r < 0 || !overlaps(p, out, r);
 }
 
 static long long loop_elems(const Kernel *l)
@@ -164,6 +165,23 @@ static long long loop_elems(const Kernel *l)
 	for (int d = 0; d < l->rank; d++)
 		elems *= l->dims[d];
 	return elems;
+}
+
+/* whether x is a load of buffer b */
+static bool loads(const LExpr *x, int b)
+{
+	return x->kind == LX_LOAD && x->buf == b;
+}
+
+/* whether e is (C + bias) + R, in either order of each add: what the call's unfused path computes
+ * (gemm_epilogue_cuda.cu), so that PLANRT_EPILOGUE=0 keeps the loop's rounding */
+static bool adds_bias_first(const LExpr *e, int c, int bias, int resid)
+{
+	if (e->kind != LX_BINARY || e->op != OP_ADD || (!loads(e->a, resid) && !loads(e->b, resid)))
+		return false;
+	const LExpr *s = loads(e->a, resid) ? e->b : e->a;
+	return s->kind == LX_BINARY && s->op == OP_ADD &&
+	       ((loads(s->a, c) && loads(s->b, bias)) || (loads(s->a, bias) && loads(s->b, c)));
 }
 
 /* Whether loop l is out = C + bias and / or + residual for product c of type t and N columns: its
@@ -185,7 +203,8 @@ static bool gemm_loads(const LProg *p, const Kernel *l, int c, DType t, long lon
 		else
 			return false;
 	}
-	return n >= 2 && product == 1 && (*bias >= 0 || *resid >= 0);
+	return n >= 2 && product == 1 && (*bias >= 0 || *resid >= 0) &&
+	       (n == 2 || adds_bias_first(l->expr, c, *bias, *resid));
 }
 
 /* The loads of a GEMM pair: kernel m (a 16-bit matmul) and loop l; *bias and *resid (-1: none) */
@@ -198,8 +217,9 @@ static bool gemm_pair(const LProg *p, const Kernel *m, const Kernel *l, const in
 	DType t = m->kind == K_MATMUL_BF16 ? DT_BF16 : DT_F16;
 	long long N = mm_int(m, MM(N));
 	if (!loop_after(p, m, l, t) || (DType)mm_int(m, MM(c_type)) != t || !output_alone(p, c, t, reads, writes) ||
-	    loop_elems(l) != mm_int(m, MM(batch)) * mm_int(m, MM(M)) * N)
-		return false;
+	    loop_elems(l) != mm_int(m, MM(batch)) * mm_int(m, MM(M)) * N ||
+	    (mm_int(m, MM(batch)) > 1 && mm_int(m, MM(stride_c)) != mm_int(m, MM(M)) * N))
+		return false; /* the call writes batch x M x N elements end to end */
 	return gemm_loads(p, l, c, t, N, bias, resid) && apart(p, m, MM(C), NULL, 0, l->out, *resid) &&
 	       (*bias < 0 || !overlaps(p, l->out, *bias));
 }
