@@ -28,6 +28,7 @@
 #include "planrt_half.h"
 
 #include <cublasLt.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -197,6 +198,16 @@ void planrt_cu_k_matmul_epilogue_16(int64_t batch, int64_t M, int64_t N, int64_t
 		p = plan_of(rows, N, K, trans_a != 0, trans_b != 0, R != NULL, bias != NULL, alignment(A, B, R, D, bias), t,
 			    bias_type);
 	if (!p || !p->ok) {
+		/* said once on rank 0 (the step is then slower than the count of bench/gpu/count_step.py says) */
+		static int told;
+		if (planrt_cu_epilogue_fused_() && !told++ && planrt_world_rank_() <= 0)
+			fprintf(stderr, "planrt: rank 0: a GEMM epilogue runs unfused (%lld x %lld x %lld, %s): %s\n",
+				(long long)rows, (long long)N, (long long)K, t == planrt_bf16 ? "bf16" : "f16",
+				!one ? "a batch that is not one GEMM"
+				: ((uintptr_t)bias & 15) ? "a bias off 16 bytes"
+				: !p && nplans == EPI_PLANS ? "the plan cache is full"
+				: !p ? "a size beyond 32-bit dims, K = 0 or a stream it does not plan for"
+				     : "cuBLASLt has no algorithm for it");
 		unfused(batch, M, N, K, A, trans_a, stride_a, B, trans_b, stride_b, t, D, stride_c, R, bias, bias_type, stream);
 		return;
 	}
