@@ -687,6 +687,21 @@ __device__ static uint32_t philox_first(uint32_t c0, uint32_t c1, uint32_t c2, u
  * second[d] + c - half in its second (a balanced ring's block holds two halves apart on one dim;
  * elsewhere second = first + half, one run), as the CPU's dropout_mask draws it. */
 template <int H>
+__device__ static void dropout_element(const void *x, const void *add, void *y, uint8_t *mask, uint64_t thr, float sc,
+				       uint64_t seed, uint64_t key, int64_t i, uint64_t g)
+{
+	uint32_t u = philox_first((uint32_t)g, (uint32_t)(g >> 32), (uint32_t)key, (uint32_t)(key >> 32), (uint32_t)seed,
+				  (uint32_t)(seed >> 32));
+	uint8_t keep = (uint64_t)u >= thr;
+	mask[i] = keep;
+	float v = keep ? ld<H>(x, i) * sc : 0.0f;
+	if (add) /* the residual the loop after it added (epilogues.c) */
+		v = ld<H>(add, i) + v;
+	st<H>(y, i, v);
+}
+
+/* 64-bit offsets (2^31 elements or more, or PLANRT_INDEX=64): a division of a 64-bit index a dim */
+template <int H>
 __global__ static void dropout_kernel(const void *x, const void *add, void *y, uint8_t *mask, uint64_t thr, float sc,
 				      uint64_t seed, uint64_t key, int rank, Dims ldims, Dims gst, Dims first, Dims second,
 				      int64_t n)
@@ -700,15 +715,17 @@ __global__ static void dropout_kernel(const void *x, const void *add, void *y, u
 			rest /= ldims.v[d];
 			g += (uint64_t)((c < half ? first.v[d] + c : second.v[d] + c - half) * gst.v[d]);
 		}
-		uint32_t u = philox_first((uint32_t)g, (uint32_t)(g >> 32), (uint32_t)key, (uint32_t)(key >> 32),
-					  (uint32_t)seed, (uint32_t)(seed >> 32));
-		uint8_t keep = (uint64_t)u >= thr;
-		mask[i] = keep;
-		float v = keep ? ld<H>(x, i) * sc : 0.0f;
-		if (add) /* the residual the loop after it added (epilogues.c) */
-			v = ld<H>(add, i) + v;
-		st<H>(y, i, v);
+		dropout_element<H>(x, add, y, mask, thr, sc, seed, key, i, g);
 	}
+}
+
+/* the planned index arithmetic (planrt_index_math.h): a multiply-high a dim, 32-bit */
+template <int H>
+__global__ static void dropout_planned_kernel(planrt_dropout_plan_t p, const void *x, const void *add, void *y,
+					      uint8_t *mask, uint64_t thr, float sc, uint64_t seed, uint64_t key)
+{
+	for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < p.n; i += gridDim.x * blockDim.x)
+		dropout_element<H>(x, add, y, mask, thr, sc, seed, key, i, planrt_dropout_key(&p, i));
 }
 
 template <int H>
@@ -724,6 +741,11 @@ static void dropout(const void *x, const void *add, void *y, uint8_t *mask, doub
 		n *= ldims[d];
 	uint64_t thr = !(p > 0) ? 0 : p >= 1 ? (uint64_t)1 << 32 : (uint64_t)ceil(p * 4294967296.0);
 	float sc = p >= 1 ? 0.0f : (float)(1.0 / (1.0 - p));
+	planrt_dropout_plan_t plan;
+	if (index_planned() && planrt_dropout_plan(rank, gdims, ldims, offs, &plan)) {
+		LAUNCH(dropout_planned_kernel<H>, (int64_t)plan.n, stream, plan, x, add, y, mask, thr, sc, seed, key);
+		return;
+	}
 	LAUNCH(dropout_kernel<H>, n, stream, x, add, y, mask, thr, sc, seed, key, rank, dims_of(rank, ldims),
 	       dims_of(rank, gst), dims_of(rank, offs), dims_of(rank, offs + rank), n);
 }

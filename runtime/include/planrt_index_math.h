@@ -1,4 +1,5 @@
-/* planrt_index_math.h: the index arithmetic of the CUDA target's permute, sum_to and RoPE kernels
+/* planrt_index_math.h: the index arithmetic of the CUDA target's permute, sum_to, RoPE and dropout
+ * kernels
  * (runtime/cuda/kernels_cuda.cu), as functions that compile for the device and for the host
  * (tests/cuda/test_index_math.c runs them against the plain definitions).
  *
@@ -260,6 +261,58 @@ PLANRT_IM uint32_t planrt_sum_red(const planrt_sum_plan_t *p, uint32_t r)
 		r = q;
 	}
 	return off;
+}
+
+/* ------------------------------------------------------------------ dropout
+ * Dropout keys each element's random number on its index in the global tensor: a local block's
+ * coordinate c of dim d sits at global first[d] + c in the block's first half of that dim and at
+ * second[d] + c - half in its second (a balanced ring's block holds two halves apart; elsewhere
+ * second = first + half). The local coordinates come from the local index, a division a dim. */
+typedef struct planrt_dropout_plan {
+	int rank;
+	uint32_t n; /* the local block's elements */
+	planrt_divmod_t ldim[PLANRT_IM_MAX_RANK];
+	uint32_t half[PLANRT_IM_MAX_RANK];
+	int64_t first[PLANRT_IM_MAX_RANK], second[PLANRT_IM_MAX_RANK], gst[PLANRT_IM_MAX_RANK];
+} planrt_dropout_plan_t;
+
+/* Plans the keys of a local block ldims of gdims whose halves start at offs[0..rank) and
+ * offs[rank..2 rank). Returns 1 with *p filled, or 0 when the block has 2^31 elements or more, a dim
+ * is not positive or the rank is out of range (the caller keeps its 64-bit kernel). */
+PLANRT_IM int planrt_dropout_plan(int rank, const int64_t *gdims, const int64_t *ldims, const int64_t *offs,
+				  planrt_dropout_plan_t *p)
+{
+	if (rank < 1 || rank > PLANRT_IM_MAX_RANK)
+		return 0;
+	int64_t n = 1, s = 1;
+	for (int d = 0; d < rank; d++) {
+		if (ldims[d] <= 0 || gdims[d] <= 0 || ldims[d] >= PLANRT_IM_LIMIT / n)
+			return 0;
+		n *= ldims[d];
+	}
+	for (int d = rank - 1; d >= 0; d--) {
+		p->gst[d] = s;
+		s *= gdims[d];
+		p->ldim[d] = planrt_divmod_make((uint32_t)ldims[d]);
+		p->half[d] = (uint32_t)(ldims[d] / 2);
+		p->first[d] = offs[d];
+		p->second[d] = offs[rank + d];
+	}
+	p->rank = rank;
+	p->n = (uint32_t)n;
+	return 1;
+}
+
+/* the global index element i of the local block keys its random number on */
+PLANRT_IM uint64_t planrt_dropout_key(const planrt_dropout_plan_t *p, uint32_t i)
+{
+	uint64_t g = 0;
+	for (int d = p->rank - 1; d >= 0; d--) {
+		uint32_t q = d ? planrt_div(p->ldim[d], i) : 0, c = i - q * p->ldim[d].d;
+		g += (uint64_t)((c < p->half[d] ? p->first[d] + c : p->second[d] + c - p->half[d]) * p->gst[d]);
+		i = q;
+	}
+	return g;
 }
 
 /* ------------------------------------------------------------------ rotary embeddings

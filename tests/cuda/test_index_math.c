@@ -12,7 +12,9 @@
  *     their order or another) against the sums of the whole tensor walked in order, and the bias
  *     gradient's rows walked without a division;
  *   - a RoPE plan's threads, each a sample, position and frequency walking the heads, against the
- *     64-bit kernel's thread an element pair: every element once, with the same angle's inputs.
+ *     64-bit kernel's thread an element pair: every element once, with the same angle's inputs;
+ *   - a dropout plan's global index (the random number's key) of every element of a local block,
+ *     its halves at their offsets, against the 64-bit kernel's.
  * Prints the failures and a PASS/FAIL line; exit 1 on any failure. */
 #include <stdint.h>
 #include <stdio.h>
@@ -349,11 +351,68 @@ static void ropes(void)
 	      "rope: 2^31 elements, an odd rot_dim and rot_dim > head_dim refused (the 64-bit kernel, or its error)");
 }
 
+/* A dropout plan's key of every element of a local block against the 64-bit kernel's (dropout_kernel:
+ * a % and a / of the 64-bit index a dim, the block's halves at their global offsets) */
+static void dropout_case(int rank, const int64_t *gdims, const int64_t *ldims, const int64_t *offs, const char *what)
+{
+	planrt_dropout_plan_t p;
+	if (!planrt_dropout_plan(rank, gdims, ldims, offs, &p)) {
+		CHECK(0, "%s: refused", what);
+		return;
+	}
+	int64_t gst[PLANRT_IM_MAX_RANK], s = 1, n = 1, bad = 0;
+	for (int d = rank - 1; d >= 0; d--) {
+		gst[d] = s;
+		s *= gdims[d];
+		n *= ldims[d];
+	}
+	for (int64_t i = 0; i < n; i++) {
+		int64_t rest = i;
+		uint64_t g = 0;
+		for (int d = rank - 1; d >= 0; d--) {
+			int64_t c = rest % ldims[d], half = ldims[d] / 2;
+			rest /= ldims[d];
+			g += (uint64_t)((c < half ? offs[d] + c : offs[rank + d] + c - half) * gst[d]);
+		}
+		bad += planrt_dropout_key(&p, (uint32_t)i) != g;
+	}
+	CHECK(p.n == (uint32_t)n && bad == 0, "%s: %lld elements' keys as the 64-bit kernel's (%lld differ)", what,
+	      (long long)n, (long long)bad);
+}
+
+static void dropouts(void)
+{
+	/* a block of samples, a balanced ring's halves (rows 8-15 and 48-55 of 64), a whole tensor */
+	const int64_t g3[3] = {4, 64, 48}, l1[3] = {2, 64, 48}, o1[6] = {2, 0, 0, 3, 32, 24};
+	const int64_t l2[3] = {4, 16, 48}, o2[6] = {0, 8, 0, 2, 48, 24}, o3[6] = {0, 0, 0, 2, 32, 24};
+	dropout_case(3, g3, l1, o1, "dropout: samples 2-3 of [4, 64, 48]");
+	dropout_case(3, g3, l2, o2, "dropout: rows 8-15 and 48-55 of [4, 64, 48] (a balanced block's halves)");
+	dropout_case(3, g3, g3, o3, "dropout: [4, 64, 48] whole");
+	for (int c = 0; c < 60; c++) {
+		int rank = 1 + (int)rnd(4);
+		int64_t g[4], l[4], o[8];
+		char what[120];
+		int len = snprintf(what, sizeof what, "dropout: random block %d of", c);
+		for (int d = 0; d < rank; d++) {
+			l[d] = 1 + rnd(9);
+			g[d] = l[d] * (1 + rnd(3));
+			o[d] = rnd((uint32_t)(g[d] - l[d] + 1));
+			o[rank + d] = o[d] + l[d] / 2 + (c % 2 ? rnd((uint32_t)(g[d] - l[d] + 1)) : 0);
+			len += snprintf(what + len, sizeof what - (size_t)len, " %lld/%lld", (long long)l[d], (long long)g[d]);
+		}
+		dropout_case(rank, g, l, o, what);
+	}
+	planrt_dropout_plan_t p;
+	const int64_t big[2] = {65536, 32768}, off0[4] = {0, 0, 32768, 16384};
+	CHECK(!planrt_dropout_plan(2, big, big, off0, &p), "dropout: a block of 2^31 elements refused");
+}
+
 int main(void)
 {
 	divisions();
 	permutes();
 	sums();
 	ropes();
-	return tally_report("the permute, sum_to and RoPE index arithmetic");
+	dropouts();
+	return tally_report("the permute, sum_to, RoPE and dropout index arithmetic");
 }
