@@ -569,65 +569,51 @@ static void sum_wide(const SumDims *sd, int64_t chunk, const void *in, void *out
 	planrt_cu_check_launch("sum_to");
 }
 
+/* out (+)= in summed onto out_strides, out stored as A: f32 (chunks of rows, added atomically when
+ * there are several), or 16-bit (sum_acc16_kernel: widened, added to and rounded once) */
 template <int H, int A>
-static void sum_to_acc16(int rank, const int64_t *dims, const void *in, const int64_t *out_strides, void *out,
-			 int64_t out_elems, int accumulate, int stream)
-{
-	check_rank("sum_to", rank);
-	cudaStream_t s = planrt_cu_stream(stream);
-	if (!accumulate && out_elems > 0)
-		planrt_cu_check_(cudaMemsetAsync(out, 0, sizeof(uint16_t) * (size_t)out_elems, s), "cudaMemsetAsync");
-	planrt_sum_plan_t plan;
-	if (index_planned() && planrt_sum_plan(rank, dims, out_strides, &plan)) {
-		if (plan.out_n == 0)
-			return;
-		dim3 grid((unsigned)((plan.out_n + ACC_TILE - 1) / ACC_TILE)), block(ACC_TILE, ACC_TILE);
-		sum_acc16_kernel<H, A><<<grid, block, 0, s>>>(plan, in, out);
-		planrt_cu_check_launch("sum_to");
-		return;
-	}
-	/* 2^31 elements or more (or PLANRT_INDEX=64): one thread an output over every reduced element */
-	SumDims sd;
-	if (sum_dims(rank, dims, out_strides, &sd))
-		sum_wide<H, A>(&sd, sd.red_n, in, out, s);
-}
-
-template <int H>
-static void sum_to(int rank, const int64_t *dims, const void *in, const int64_t *out_strides, float *out,
+static void sum_to(int rank, const int64_t *dims, const void *in, const int64_t *out_strides, void *out,
 		   int64_t out_elems, int accumulate, int stream)
 {
 	check_rank("sum_to", rank);
 	cudaStream_t s = planrt_cu_stream(stream);
 	if (!accumulate && out_elems > 0)
-		planrt_cu_check_(cudaMemsetAsync(out, 0, sizeof(float) * (size_t)out_elems, s), "cudaMemsetAsync");
+		planrt_cu_check_(cudaMemsetAsync(out, 0, (A == planrt_f32 ? 4 : 2) * (size_t)out_elems, s), "cudaMemsetAsync");
 	planrt_sum_plan_t plan;
 	if (index_planned() && planrt_sum_plan(rank, dims, out_strides, &plan)) {
-		int64_t chunk, splits = col_chunks(plan.red_n, &chunk);
-		unsigned gx = (unsigned)((plan.out_n + PLANRT_CU_BLOCK - 1) / PLANRT_CU_BLOCK);
-		dim3 grid(gx > 65535 ? 65535 : gx, (unsigned)splits);
-		sum_planned_kernel<H><<<grid, PLANRT_CU_BLOCK, 0, s>>>(plan, (uint32_t)chunk, in, out, splits > 1);
+		if constexpr (A == planrt_f32) {
+			int64_t chunk, splits = col_chunks(plan.red_n, &chunk);
+			unsigned gx = (unsigned)((plan.out_n + PLANRT_CU_BLOCK - 1) / PLANRT_CU_BLOCK);
+			dim3 grid(gx > 65535 ? 65535 : gx, (unsigned)splits);
+			sum_planned_kernel<H><<<grid, PLANRT_CU_BLOCK, 0, s>>>(plan, (uint32_t)chunk, in, (float *)out, splits > 1);
+		} else {
+			dim3 grid((unsigned)((plan.out_n + ACC_TILE - 1) / ACC_TILE)), block(ACC_TILE, ACC_TILE);
+			sum_acc16_kernel<H, A><<<grid, block, 0, s>>>(plan, in, out);
+		}
 		planrt_cu_check_launch("sum_to");
 		return;
 	}
-	/* 2^31 elements or more (or PLANRT_INDEX=64): 64-bit offsets */
+	/* 2^31 elements or more (or PLANRT_INDEX=64): 64-bit offsets; into 16 bits one thread an output
+	 * over every reduced element (no atomics) */
 	SumDims sd;
 	if (!sum_dims(rank, dims, out_strides, &sd))
 		return;
-	int64_t chunk;
-	col_chunks(sd.red_n, &chunk);
-	sum_wide<H, planrt_f32>(&sd, chunk, in, out, s);
+	int64_t chunk = sd.red_n;
+	if (A == planrt_f32)
+		col_chunks(sd.red_n, &chunk);
+	sum_wide<H, A>(&sd, chunk, in, out, s);
 }
 
 void planrt_cu_k_sum_to_f32(int rank, const int64_t *dims, const float *in, const int64_t *out_strides, float *out,
 			    int64_t out_elems, int stream)
 {
-	sum_to<planrt_f32>(rank, dims, in, out_strides, out, out_elems, 0, stream);
+	sum_to<planrt_f32, planrt_f32>(rank, dims, in, out_strides, out, out_elems, 0, stream);
 }
 
 void planrt_cu_k_sum_to_acc_f32(int rank, const int64_t *dims, const float *in, const int64_t *out_strides, float *out,
 				int64_t out_elems, int stream)
 {
-	sum_to<planrt_f32>(rank, dims, in, out_strides, out, out_elems, 1, stream);
+	sum_to<planrt_f32, planrt_f32>(rank, dims, in, out_strides, out, out_elems, 1, stream);
 }
 
 /* a sum's `acc`: f32, or the storage type */
@@ -644,10 +630,9 @@ static void sum_to_16(int rank, const int64_t *dims, const void *in, const int64
 	check_acc(acc, storage, "sum_to_16");
 	if (acc == planrt_f32)
 		BY_STORAGE("sum_to_16", storage,
-			   sum_to<H>(rank, dims, in, out_strides, (float *)out, out_elems, accumulate, stream));
+			   (sum_to<H, planrt_f32>(rank, dims, in, out_strides, out, out_elems, accumulate, stream)));
 	else
-		BY_STORAGE("sum_to_16", storage,
-			   (sum_to_acc16<H, H>(rank, dims, in, out_strides, out, out_elems, accumulate, stream)));
+		BY_STORAGE("sum_to_16", storage, (sum_to<H, H>(rank, dims, in, out_strides, out, out_elems, accumulate, stream)));
 }
 
 void planrt_cu_k_sum_to_16(int rank, const int64_t *dims, const void *in, const int64_t *out_strides, void *out,
