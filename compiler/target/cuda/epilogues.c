@@ -18,16 +18,17 @@
  *     tied embedding's weight gradient): printed as the GEMM of the swapped operands (below).
  * The second kernel (a loop, or the permute) is the first of the phase call after the first kernel
  * that reads its output, within four kernels that read or write no memory it reads or writes (by the
- * memory plan's bytes, not only by buffer) and wait for no event (a norm's dw / db casts come
- * between; the second kernel then runs in the pair's call, before them). It waits for nothing (the first kernel's waits are printed before the call), runs
- * on the same stream in the same micro-batches and comes from the same layer; a loop is not
- * accumulated, stores out in the 16-bit type, and reads the first kernel's output once at the
- * output's index besides 16-bit operands of that type (an f32 bias too). The first kernel's output
- * is a transient buffer (the arena, or a micro-batch's activation slot) that no other kernel reads
- * or writes, and nobody waits for the first kernel. The pair's output shares no memory with the
- * first kernel's arguments, nor, unless it is the same buffer, with the loop's (overlaps below). For
- * gpt350m in bf16 that is 144 GEMM pairs, 48
- * norm pairs and one transposed product a step.
+ * memory plan's bytes, not only by buffer) and wait for no event (the kernels between then run
+ * after the pair's call). It waits for nothing (the first kernel's waits are printed before the
+ * call), runs on the same stream in the same micro-batches and comes from the same layer; a loop is
+ * not accumulated, stores out in the 16-bit type, and reads the first kernel's output once at the
+ * output's index besides 16-bit operands of that type (an f32 bias too), a GEMM's three adds as
+ * (C + bias) + R. The first kernel's output is a transient buffer (the arena, or a micro-batch's
+ * activation slot) that no other kernel reads or writes, and nobody waits for the first kernel.
+ * The pair's output shares no memory with the first kernel's arguments (but the inputs in `same`
+ * below, exactly) nor with the loop's added buffer (overlaps below). For gpt350m in bf16 that is
+ * 144 GEMM pairs and 48 norm pairs a step (its transposed product is refused: the memory plan puts
+ * the transpose over the logits' gradient the GEMM reads, compiler/lower/inplace.c).
  *
  * The C and LLVM targets keep the pairs: the CPU's numbers do not change. On the GPU the sum is
  * rounded once instead of twice (within the bf16 tolerance the GPU is held to); PLANRT_EPILOGUE=0
