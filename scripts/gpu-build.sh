@@ -22,7 +22,9 @@
 # The toolkit: NVCC (default: nvcc on PATH, else /usr/local/cuda/bin/nvcc). cuBLAS and NCCL: the
 # toolkit's include/ and lib64/, else the Python wheels' (nvidia.cublas, nvidia.nccl: how PyTorch
 # ships them), else CUBLAS_DIR / NCCL_DIR (each with include/ and lib/). GPU_ARCHS overrides the
-# -gencode list (e.g. "arch=compute_90,code=sm_90" for a quicker build of one target).
+# -gencode list (e.g. "arch=compute_90,code=sm_90" for a quicker build of one target; "code=compute_90"
+# embeds PTX only, which skips ptxas). GPU_BUILD_OPT overrides the host code's optimisation level
+# (default -O2; the test suite's -O0 builds programs that only start, or train a few steps).
 set -euo pipefail
 if [ $# -lt 4 ] || [ $(( ($# - 2) % 2 )) != 0 ]; then
 	echo "usage: $0 RUNTIME_DIR LIB_DIR PROG_DIR OUT [PROG_DIR OUT ...]" >&2
@@ -88,8 +90,9 @@ INCS=(-I"$RT/standalone" -I"$RT/include")
 for d in "$JANSSON_INC" "$CUDA_HOME/include" "$CUBLAS_INC" "$NCCL_INC"; do
 	case "$d" in /usr/include | /usr/local/include) ;; *) INCS+=(-isystem "$d") ;; esac
 done
-CFLAGS=(-std=gnu11 -O2 -fPIC -Wall -Wno-unused-parameter -Wno-unused-function "${INCS[@]}")
-NVFLAGS=(-std=c++17 -O2 -gencode "$GENCODE" -Xcompiler=-fPIC,-Wall "${INCS[@]}")
+OPT=${GPU_BUILD_OPT:--O2}
+CFLAGS=(-std=gnu11 "$OPT" -fPIC -Wall -Wno-unused-parameter -Wno-unused-function "${INCS[@]}")
+NVFLAGS=(-std=c++17 "$OPT" -gencode "$GENCODE" -Xcompiler=-fPIC,-Wall "${INCS[@]}")
 
 # planrt + planrt_cuda, once (rebuilt when a source is newer than the archive), and planrt-run
 ARCHIVE=$LIB/libplanrt_local.a

@@ -35,7 +35,7 @@ PY
 "$PLANC" emit cuda examples/mlp.plan --plan single -o "$tmp/cu" || exit 1
 "$PLANC" emit c examples/mlp.plan --plan single -o "$tmp/c" || exit 1
 # one target keeps the test short; gpu-check.sh builds sm_80 + sm_90 + PTX
-if ! GPU_ARCHS="arch=compute_90,code=sm_90" NVCC=$NVCC scripts/gpu-build.sh runtime "$tmp/lib" "$tmp/cu" "$tmp/prog" \
+if ! GPU_ARCHS="arch=compute_90,code=compute_90" GPU_BUILD_OPT=-O0 NVCC=$NVCC scripts/gpu-build.sh runtime "$tmp/lib" "$tmp/cu" "$tmp/prog" \
 	tests/cuda/test_nccl_one.cu "$tmp/nccl_one" tests/cuda/test_attention_tiles_gpu.cu "$tmp/attention_tiles_gpu" \
 	tests/cuda/test_index_gpu.cu "$tmp/index_gpu" tests/cuda/test_epilogue_gpu.cu "$tmp/epilogue_gpu"; then
 	bad "scripts/gpu-build.sh"; finish "cuda one process"

@@ -134,29 +134,35 @@ for kind in ("FIFO", "null device"):
     T.check(f"planc reshard -o a {kind} refused", rc != 0 and intact(kind, path) and "not a directory" in err, first(err))
 
 # ---------------------------------------------------------------- planc build killed
-scratch = f"{work}/scratch"
-os.makedirs(scratch)
+# the three signals at once (a build each, in its own scratch directory), at each delay: the checks
+# are the same as one build at a time, in a third of the sleeping
 real_cc = {k: v for k, v in env.items() if k != "PLANC_MPICC"}  # no cached compile: the build must be under way
-for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-    for delay in (0.3, 1.5, 4.0):
-        out = f"{work}/killed_build"
-        p = subprocess.Popen([planc, "build", f"{root}/examples/gpt.plan", "--plan", "dp2", "-o", out],
-                             env=dict(real_cc, TMPDIR=scratch), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        time.sleep(delay)
+for delay in (0.3, 1.5, 4.0):
+    builds = []
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        scratch, out = f"{work}/scratch_{sig.name}", f"{work}/killed_{sig.name}"
+        os.makedirs(scratch)
+        builds.append((sig, scratch, out, subprocess.Popen(
+            [planc, "build", f"{root}/examples/gpt.plan", "--plan", "dp2", "-o", out], env=dict(real_cc, TMPDIR=scratch),
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)))
+    time.sleep(delay)
+    for sig, _, _, p in builds:
         if p.poll() is None:
             p.send_signal(sig)
+    for _, _, _, p in builds:
         p.wait()
+    time.sleep(0.2)
+    for sig, scratch, out, p in builds:
         finished = p.returncode == 0  # a quiet machine may finish the build before the signal
-        time.sleep(0.2)
-        left = os.listdir(scratch) + [f for f in os.listdir(work) if f.startswith("killed_build")]
+        name = os.path.basename(out)
+        left = os.listdir(scratch) + [f for f in os.listdir(work) if f.startswith(name)]
         if finished:  # then its program is its output, and its scratch directory must be gone
             T.check(f"planc build finished before {sig.name} at {delay} s leaves only its program",
-                    p.returncode == 0 and left == ["killed_build"], f"exit {p.returncode}, left {left}")
+                    left == [name], f"exit {p.returncode}, left {left}")
         else:
             T.check(f"planc build killed by {sig.name} after {delay} s leaves nothing", not left and p.returncode != 0,
                     f"exit {p.returncode}" if not left else f"left {left}")
-        for f in left:
-            subprocess.run(["rm", "-rf", f"{scratch}/{f}", f"{work}/{f}"])
+        subprocess.run(["rm", "-rf", scratch, out])
 
 # ---------------------------------------------------------------- options given twice
 rc, err, _ = timed(["mpirun", "-np", "2", prog, "--data", data, "--steps", "1", "--steps", "2"])
