@@ -544,7 +544,14 @@ static double kernel_seconds(const PlanSpec *ps, const LProg *p, const Kernel *k
 		double elems = 1;
 		for (int i = 0; i < k->rank; i++)
 			elems *= (double)k->dims[i];
-		t = (double)(k->nuses + k->ndefs) * elems * 4 / d->memory_bw[dt];
+		/* every buffer it reads or writes at its own element size (a bf16 loop moves half an
+		 * f32 one's bytes); a broadcast operand is counted whole, as the nest reads it */
+		double bytes = 0;
+		for (int u = 0; u < k->nuses; u++)
+			bytes += elems * dtype_bytes(p->buf[k->uses[u]].dtype);
+		for (int w = 0; w < k->ndefs; w++)
+			bytes += elems * dtype_bytes(p->buf[k->defs[w]].dtype);
+		t = bytes / d->memory_bw[dt];
 	} else if (kernel_classes[k->kind] == KC_COMPUTE) {
 		double bytes = 0;
 		for (int a = 0; a < k->nargs; a++)
