@@ -110,6 +110,10 @@ struct planrt_request {
 	const void *copy_src;
 	size_t copy_bytes;
 	void *scratch;       /* freed at completion */
+	void *pair_dst;      /* a two-member reduce-scatter: pair_dst[i] = a[i] (+ or max) b[i] of the */
+	const void *pair_src; /* two blocks at pair_src (pair_exchange), before the above */
+	size_t pair_count;
+	int pair_f64, pair_max;
 	void *ext;           /* an external request (the device comm layer's): completed by ext_ops */
 	const planrt_request_ops_t *ext_ops;
 };
@@ -404,9 +408,29 @@ static void from_f32(const float *f, uint16_t *h, size_t n, planrt_dtype_t t)
 /* Runs after MPI reports completion: half-precision results back, staged copies out. */
 static void record_end(const struct planrt_request *q);
 
+/* The two blocks of a two-member reduce-scatter, each member's contribution, into one (the same
+ * result in either order: a sum or a maximum of two is commutative, bit for bit). */
+static void pair_combine(const struct planrt_request *q)
+{
+	size_t n = q->pair_count;
+	if (q->pair_f64) {
+		const double *a = q->pair_src, *b = a + n;
+		double *d = q->pair_dst;
+		for (size_t i = 0; i < n; i++)
+			d[i] = q->pair_max ? (a[i] > b[i] ? a[i] : b[i]) : a[i] + b[i];
+	} else {
+		const float *a = q->pair_src, *b = a + n;
+		float *d = q->pair_dst;
+		for (size_t i = 0; i < n; i++)
+			d[i] = q->pair_max ? (a[i] > b[i] ? a[i] : b[i]) : a[i] + b[i];
+	}
+}
+
 static void finish(struct planrt_request *q)
 {
 	record_end(q);
+	if (q->pair_dst)
+		pair_combine(q);
 	if (q->staged_dst)
 		from_f32(q->staged, q->staged_dst, q->staged_count, q->dtype);
 	if (q->copy_dst)
@@ -777,6 +801,32 @@ static int overlaps(const void *a, size_t an, const void *b, size_t bn)
 	return pa < pb + bn && pb < pa + an;
 }
 
+/* A reduce-scatter over two members of f32 or f64: each member's two blocks go one to each by an
+ * all-to-all (one exchange), and completion combines the two blocks a member received into out.
+ * Open MPI 4.1 runs MPI_Reduce_scatter_block here as a reduce of the whole buffer to member 0, in
+ * segments, then a scatter: twice the bytes and a hand-off per segment that needs both ranks on a
+ * core at once: 8-12 ms for a 1.7 MiB gradient bucket where ranks share cores, a step 25% slower
+ * (docs/cpu.md). The result is the same bits. PLANRT_MPI_REDUCE_SCATTER (set on every rank) keeps
+ * MPI's call. 0: it does not apply; 1: started (*rc MPI's status); -1: out of memory (an error,
+ * never MPI's call instead, which the other member would not make). */
+static int pair_exchange(struct planrt_request *q, const void *in, void *out, int cnt, MPI_Datatype dt, MPI_Op mop,
+			 MPI_Comm comm, int direct, int *rc)
+{
+	if (q->comm->size != 2 || (dt != MPI_FLOAT && dt != MPI_DOUBLE) || getenv("PLANRT_MPI_REDUCE_SCATTER"))
+		return 0;
+	size_t es = dt == MPI_FLOAT ? sizeof(float) : sizeof(double);
+	if (!(q->scratch = malloc(2 * (size_t)cnt * es)))
+		return -1;
+	q->pair_src = q->scratch;
+	q->pair_dst = out;
+	q->pair_count = (size_t)cnt;
+	q->pair_f64 = dt == MPI_DOUBLE;
+	q->pair_max = mop == MPI_MAX;
+	*rc = direct ? MPI_Alltoall(in, cnt, dt, q->scratch, cnt, dt, comm)
+		     : MPI_Ialltoall(in, cnt, dt, q->scratch, cnt, dt, comm, &q->mreq);
+	return 1;
+}
+
 /* Starts q (described by its fields) with the given buffers. blocking: the caller waits right
  * after; with the watchdog off that uses MPI's blocking call instead. On return q->done is set
  * when the blocking path already completed it. */
@@ -816,12 +866,20 @@ static planrt_result_t start(struct planrt_request *q, const void *sendbuf, void
 				goto oom;
 			q->staged_dst = recvbuf;
 			q->staged_count = q->count;
-			rc = direct ? MPI_Reduce_scatter_block(MPI_IN_PLACE, q->staged, cnt, MPI_FLOAT, mop, comm)
-				    : MPI_Ireduce_scatter_block(MPI_IN_PLACE, q->staged, cnt, MPI_FLOAT, mop, comm,
-								&q->mreq);
-		} else if (sendbuf == recvbuf) {
-			rc = direct ? MPI_Reduce_scatter_block(MPI_IN_PLACE, recvbuf, cnt, dt, mop, comm)
-				    : MPI_Ireduce_scatter_block(MPI_IN_PLACE, recvbuf, cnt, dt, mop, comm, &q->mreq);
+			int pair = pair_exchange(q, q->staged, q->staged, cnt, MPI_FLOAT, mop, comm, direct, &rc);
+			if (pair < 0)
+				goto oom;
+			if (!pair)
+				rc = direct ? MPI_Reduce_scatter_block(MPI_IN_PLACE, q->staged, cnt, MPI_FLOAT, mop, comm)
+					    : MPI_Ireduce_scatter_block(MPI_IN_PLACE, q->staged, cnt, MPI_FLOAT, mop, comm,
+									&q->mreq);
+		} else if (sendbuf == recvbuf) { /* the result in the first block, as MPI_IN_PLACE leaves it */
+			int pair = pair_exchange(q, recvbuf, recvbuf, cnt, dt, mop, comm, direct, &rc);
+			if (pair < 0)
+				goto oom;
+			if (!pair)
+				rc = direct ? MPI_Reduce_scatter_block(MPI_IN_PLACE, recvbuf, cnt, dt, mop, comm)
+					    : MPI_Ireduce_scatter_block(MPI_IN_PLACE, recvbuf, cnt, dt, mop, comm, &q->mreq);
 		} else {
 			void *out = recvbuf;
 			if (overlaps(sendbuf, n * q->count * es, recvbuf, q->count * es)) {
@@ -835,8 +893,12 @@ static planrt_result_t start(struct planrt_request *q, const void *sendbuf, void
 				q->copy_src = q->staged;
 				q->copy_bytes = q->count * es;
 			}
-			rc = direct ? MPI_Reduce_scatter_block(sendbuf, out, cnt, dt, mop, comm)
-				    : MPI_Ireduce_scatter_block(sendbuf, out, cnt, dt, mop, comm, &q->mreq);
+			int pair = pair_exchange(q, sendbuf, out, cnt, dt, mop, comm, direct, &rc);
+			if (pair < 0)
+				goto oom;
+			if (!pair)
+				rc = direct ? MPI_Reduce_scatter_block(sendbuf, out, cnt, dt, mop, comm)
+					    : MPI_Ireduce_scatter_block(sendbuf, out, cnt, dt, mop, comm, &q->mreq);
 		}
 		break;
 	case K_ALLGATHER: {

@@ -1,9 +1,11 @@
 /* test_collectives.c (mpirun -np 4): the mesh and its communicators, and every collective of
- * planrt (f32, bf16, i32; sum and max; blocking, nonblocking and in place) against the same
+ * planrt (f32, bf16, i32, f64; sum and max; blocking, nonblocking and in place) against the same
  * operation done with plain MPI calls, on the world, on a mesh axis and on a pair group; p2p,
- * planrt_test, and the bytes_sent convention. Mismatches are counted on each rank and summed
- * over the world at the end of each test, so that every rank reaches the same assertions and a
- * failure on one rank never leaves the others waiting. */
+ * planrt_test, and the bytes_sent convention. On the two-member axis a reduce-scatter of f32, bf16
+ * or f64 is planrt's own pair exchange (comm_mpi.c pair_exchange), held to MPI's bits in every
+ * mode. Mismatches are counted on each rank and summed over the world at the end of each test, so
+ * that every rank reaches the same assertions and a failure on one rank never leaves the others
+ * waiting. */
 #define PLANRT_INTERNAL /* half-precision conversions for the reference */
 #include <mpi.h>
 #include <setjmp.h>
@@ -68,7 +70,8 @@ static void test_mesh(void **state)
 
 /* ------------------------------------------------------------------ collectives vs MPI */
 
-static const planrt_dtype_t dtypes[] = {planrt_f32, planrt_bf16, planrt_i32};
+static const planrt_dtype_t dtypes[] = {planrt_f32, planrt_bf16, planrt_i32, planrt_f64};
+enum { NDTYPES = sizeof dtypes / sizeof dtypes[0] };
 static const char *const dtype_names[] = {"f32", "bf16", "f16", "i32", "u8", "f64"};
 
 /* Values whose sums are exact in every dtype, so any reduction order gives the same bits. */
@@ -78,6 +81,8 @@ static void fill(void *buf, size_t n, planrt_dtype_t t, int salt)
 		int v = (int)((rank * 7 + (int)i * 3 + salt * 5) % 29) - 14;
 		if (t == planrt_f32)
 			((float *)buf)[i] = (float)v * 0.25f;
+		else if (t == planrt_f64)
+			((double *)buf)[i] = (double)v * 0.125;
 		else if (t == planrt_bf16)
 			((uint16_t *)buf)[i] = planrt_f32_to_half_((float)v * 0.25f, planrt_bf16);
 		else
@@ -87,7 +92,7 @@ static void fill(void *buf, size_t n, planrt_dtype_t t, int salt)
 
 static MPI_Datatype mpi_of(planrt_dtype_t t)
 {
-	return t == planrt_f32 ? MPI_FLOAT : t == planrt_i32 ? MPI_INT32_T : MPI_UINT16_T;
+	return t == planrt_f32 ? MPI_FLOAT : t == planrt_f64 ? MPI_DOUBLE : t == planrt_i32 ? MPI_INT32_T : MPI_UINT16_T;
 }
 
 /* plain MPI reference: f32 / i32 directly; bf16 through f32 and one rounding (the documented
@@ -217,7 +222,7 @@ static void sweep(int kind)
 	static const size_t counts[] = {1, 7, 1031};
 	int salt = 0;
 	for (int ci = 0; ci < 2; ci++)
-		for (size_t di = 0; di < 3; di++)
+		for (size_t di = 0; di < NDTYPES; di++)
 			for (int op = 0; op < (kind == AR || kind == RS ? 2 : 1); op++)
 				for (int mode = 0; mode < NMODES; mode++)
 					for (size_t k = 0; k < 3; k++) {
