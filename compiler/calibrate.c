@@ -71,6 +71,8 @@ static Device calibrated_device(const Device *base, const planrt_calibration_t *
 		d.capacity = c->capacity;
 	d.launch = c->launch;
 	d.node_ranks = c->node_ranks;
+	long cores = sysconf(_SC_NPROCESSORS_ONLN); /* this machine's; explain uses it where ranks share them */
+	d.node_cores = cores > 0 && cores < c->node_ranks ? (int)cores : 0;
 	if (c->node.ranks)
 		take_link(&d.node, &c->node);
 	if (c->net.ranks)

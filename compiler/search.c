@@ -541,6 +541,22 @@ static double held_chunks(const Candidate *c, long long s)
 	return warm + 1 < m * v ? warm + 1 : m * v;
 }
 
+/* The most a stage's actions can run faster than their costs: where a node's ranks share fewer
+ * cores than they are, a pipeline stage computing while the others wait (explain_stage_speeds);
+ * the bounds' forward and backward terms are divided by it (1 elsewhere). */
+static double fastest_stages(const Search *S, const Candidate *c)
+{
+	int p = (int)c->p;
+	double *buf = malloc(sizeof(double) * (size_t)(p + 1)), most = 1;
+	if (!buf)
+		ICE("out of memory");
+	const double *speed = explain_stage_speeds(S->world, p, buf);
+	for (int k = 1; speed && k <= p; k++)
+		most = speed[k] > most ? speed[k] : most;
+	free(buf);
+	return most;
+}
+
 /* The time and memory bounds of every stage of the candidate from the per-part costs, the largest
  * of each (docs/search.md, "per stage"); false when the parts are not known. */
 static bool stage_bounds(Search *S, const Candidate *c, double *time, double *memory)
@@ -564,6 +580,7 @@ static bool stage_bounds(Search *S, const Candidate *c, double *time, double *me
 		bwd[vs + 1] = bwd[vs] + (ok ? (ps->bwd[hi] - ps->bwd[lo]) / rows : 0);
 	}
 	*time = *memory = 0;
+	double fastest = fastest_stages(S, c);
 	long long n = c->m * v; /* the last action of a stage: the backward of unit n - 1 */
 	int last_chunk = v == 1 ? 0 : v - 1 - (int)(((n - 1) / p) % v);
 	for (int s = 0; s < p && ok; s++) {
@@ -579,7 +596,7 @@ static bool stage_bounds(Search *S, const Candidate *c, double *time, double *me
 		}
 		double head = fwd[s], tail = bwd[last_chunk * p + s]; /* micro-batch 0 reaching s, the last leaving */
 		double update = c->offload ? 0 : upd / (e * (c->zero >= 1 ? z : 1));
-		double t = head + busy + tail + update + data_floor_of(S, c, st[1], st[0]);
+		double t = (head + busy + tail + data_floor_of(S, c, st[1], st[0])) / fastest + update;
 		double states = st[0] / (c->zero >= 3 ? z : 1) + st[1] / (c->zero >= 2 ? z : 1) +
 				(c->offload ? 0 : st[2] / (c->zero >= 1 ? z : 1));
 		double mem = states + held_chunks(c, s) * act / v;
@@ -609,11 +626,13 @@ static double time_bound(const Search *S, const Candidate *c)
 	double rows = (double)c->d * (double)c->s * (double)c->c; /* a rank's share of the rows and the sequence */
 	/* experts are split e ways more; the data axis alone (d / e ranks) is the smallest group */
 	double split = t * p * (double)c->e;
-	double flat = (group + comm) / (rows * p) + update + data_floor_of(S, c, S->ref_grads / split, S->ref_params / split);
+	double fastest = fastest_stages(S, c);
+	double flat = ((group + comm) / (rows * p) + data_floor_of(S, c, S->ref_grads / split, S->ref_params / split)) / fastest +
+		      update;
 	if (c->sched == SCH_INTERLEAVED)
 		return flat;
 	double x = (group + comm_micro) / (rows * m);
-	double bubble = x / (1 - pow(1 - 1 / m, p)) + update;
+	double bubble = x / (1 - pow(1 - 1 / m, p)) / fastest + update;
 	return bubble > flat ? bubble : flat;
 }
 

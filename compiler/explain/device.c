@@ -202,6 +202,13 @@ static bool device_line(Device *d, const char *path, int line, char *key, char *
 		d->node_ranks = (int)v;
 		return true;
 	}
+	if (!strcmp(key, "node.cores")) {
+		if (v > 1 << 30 || v != floor(v))
+			return file_error(path, line, "node.cores is a whole number of cores (0: a core or device per rank), not '%s'",
+					  value);
+		d->node_cores = (int)v;
+		return true;
+	}
 	if (!strcmp(key, "kernel.latency") && v > MAX_LAUNCH)
 		return file_error(path, line, "kernel.latency is seconds per kernel launch, at most 1m (write 5u for 5 "
 					      "microseconds), not '%s'", value);
@@ -210,7 +217,7 @@ static bool device_line(Device *d, const char *path, int line, char *key, char *
 		return file_error(path, line,
 				  "unknown key '%s' (name, base, matmul.f32|bf16|f16, memory.f32|bf16|f16, attention.f32|bf16|f16, "
 "memory.capacity, kernel.latency, "
-				  "node.ranks, node|net.bandwidth|latency|hop|tree|tree_hop)",
+				  "node.ranks, node.cores, node|net.bandwidth|latency|hop|tree|tree_hop)",
 				  key);
 	*field = v;
 	return true;
@@ -286,6 +293,8 @@ void device_write(FILE *out, const Device *d)
 			fprintf(out, "attention.%s = %.6g\n", dtypes[t], d->attention[t]);
 	fprintf(out, "memory.capacity = %.6g\nkernel.latency = %.6g\nnode.ranks = %d\n", d->capacity, d->launch,
 		d->node_ranks);
+	if (d->node_cores > 0)
+		fprintf(out, "node.cores = %d\n", d->node_cores);
 	const Link *links[] = {&d->node, &d->net};
 	const char *const link_names[] = {"node", "net"};
 	for (int i = 0; i < 2; i++)

@@ -567,6 +567,25 @@ static double kernel_seconds(const PlanSpec *ps, const LProg *p, const Kernel *k
 	return t;
 }
 
+/* A node's ranks sharing fewer cores than they are (a CPU run with more ranks than cores): the
+ * device's rates are a rank's while all of the node's ranks compute (calibrate measures them so),
+ * and a rank gets min(1, cores / busy) of a core, so a pipeline whose other stages wait runs its
+ * busy ones faster: k of p stages busy is k / p of the node's ranks (spread evenly). */
+const double *explain_stage_speeds(long long world, int stages, double *buf)
+{
+	const Device *d = device_current();
+	double ranks = (double)(world < d->node_ranks ? world : d->node_ranks), cores = d->node_cores;
+	if (stages <= 1 || cores <= 0 || cores >= ranks)
+		return NULL;
+	double all = cores / ranks; /* a rank's share of a core while all compute */
+	buf[0] = 1;
+	for (int k = 1; k <= stages; k++) {
+		double busy = ranks * k / stages, share = busy <= cores ? 1 : cores / busy;
+		buf[k] = share / all;
+	}
+	return buf;
+}
+
 const char *explain_device_name(void)
 {
 	return device_current()->name;
@@ -626,8 +645,11 @@ static void estimate(Report *rep)
 	for (int s = 0; s < p; s++)
 		if (upd[s] > update)
 			update = upd[s];
-	double makespan = 0;
-	pipeline_simulate(g, fc, bc, xfer, &makespan, NULL);
+	double makespan = 0, *speed_buf = malloc(sizeof(double) * (size_t)(p + 1));
+	if (!speed_buf)
+		ICE("out of memory");
+	pipeline_simulate(g, fc, bc, xfer, explain_stage_speeds(g->ps->world, p, speed_buf), &makespan, NULL);
+	free(speed_buf);
 	rep->est_pipeline = makespan;
 	rep->est_update = update;
 	rep->est_step = makespan + update;

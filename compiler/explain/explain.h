@@ -28,6 +28,8 @@ typedef struct Device {
 	double capacity;     /* bytes of device memory per rank */
 	double launch;       /* seconds every compute kernel costs beyond its roofline (launch, dispatch) */
 	int node_ranks;      /* ranks per node */
+	int node_cores;      /* cores a node's ranks share, where fewer than its ranks (a CPU; 0: a core or
+			      * device each): the rates are a rank's while all of them compute */
 	Link node, net;      /* within a node, between nodes */
 } Device;
 const Device *device_current(void);  /* the device explain assumes (h200 unless chosen) */
@@ -77,6 +79,10 @@ bool explain_parts(Graph *g, const Lowered *low, ExplainPart *out);
 /* The estimate's costs in seconds for the programs of one rank role (RANKROLE_ANY, or an async
  * role): one micro-batch's forward and backward per stage and chunk (fc, bc: [stages * chunks]),
  * the longest transfer between stages, and each stage's update phase (update: [stages]). */
+/* How much faster than their estimated costs a pipeline's stages compute while k of its p stages
+ * do (speed[0..p], into buf), where the node's ranks share fewer cores than they are; NULL where
+ * they do not (every stage at its cost). */
+const double *explain_stage_speeds(long long world, int stages, double *buf);
 void explain_costs(const Graph *g, const Lowered *low, int role, double *fc, double *bc, double *xfer, double *update);
 
 #endif

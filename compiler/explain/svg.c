@@ -488,8 +488,8 @@ bool explain_svg(FILE *out, Graph *g, const Lowered *low)
 	S.rows = calloc((size_t)low->nprogs, sizeof(Row));
 	double *fc = malloc(sizeof(double) * (size_t)(p * v)), *bc = malloc(sizeof(double) * (size_t)(p * v));
 	double *upd = malloc(sizeof(double) * (size_t)p), *end = malloc(sizeof(double) * (size_t)p * (size_t)S.n);
-	double *start = malloc(sizeof(double) * (size_t)p * (size_t)S.n);
-	if (!S.rows || !fc || !bc || !upd || !end || !start)
+	double *start = malloc(sizeof(double) * (size_t)p * (size_t)S.n), *speed_buf = malloc(sizeof(double) * (size_t)(p + 1));
+	if (!S.rows || !fc || !bc || !upd || !end || !start || !speed_buf)
 		ICE("out of memory");
 	/* each role's programs simulated with their own costs; rows in stage order, master first */
 	static const int roles[] = {RANKROLE_ANY, RANKROLE_MASTER, RANKROLE_WORKER};
@@ -497,7 +497,7 @@ bool explain_svg(FILE *out, Graph *g, const Lowered *low)
 		if ((low->nroles > 1) != (roles[ri] != RANKROLE_ANY))
 			continue;
 		explain_costs(g, low, roles[ri], fc, bc, &S.xfer, upd);
-		pipeline_timeline(g, fc, bc, S.xfer, start, end);
+		pipeline_timeline(g, fc, bc, S.xfer, explain_stage_speeds(g->ps->world, p, speed_buf), start, end);
 		double makespan = 0, update = 0;
 		for (int i = 0; i < p * S.n; i++)
 			makespan = end[i] > makespan ? end[i] : makespan;
@@ -537,6 +537,7 @@ bool explain_svg(FILE *out, Graph *g, const Lowered *low)
 	free(upd);
 	free(end);
 	free(start);
+	free(speed_buf);
 	S.f = out;
 	write_svg(&S);
 	free(S.rows);

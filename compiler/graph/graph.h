@@ -325,12 +325,15 @@ void pipeline_partition(const double *costs, int n, int k, double first, double 
  * costs (fcost[stage * chunks + chunk]); (p - 1) / m for equal stages (Narayanan et al.). */
 double pipeline_bubble(const Graph *g, const double *fcost, const double *bcost);
 /* The same simulation with xfer seconds added on every dependency between two stages; returns the
- * bubble, and the makespan and the busiest stage's own time when asked. */
-double pipeline_simulate(const Graph *g, const double *fcost, const double *bcost, double xfer, double *makespan,
-			 double *busiest);
+ * bubble, and the makespan and the busiest stage's own time when asked. speed (NULL: every stage
+ * runs at its cost): speed[k] is how much faster than its cost an action runs while k stages
+ * compute (ranks sharing cores: explain_stage_speeds). */
+double pipeline_simulate(const Graph *g, const double *fcost, const double *bcost, double xfer, const double *speed,
+			 double *makespan, double *busiest);
 /* The same simulation's timeline: start and end[s * 2n + k] are when stage s starts and finishes
  * action k of its schedule table (n = micro-batches x chunks). */
-void pipeline_timeline(const Graph *g, const double *fcost, const double *bcost, double xfer, double *start, double *end);
+void pipeline_timeline(const Graph *g, const double *fcost, const double *bcost, double xfer, const double *speed,
+		       double *start, double *end);
 /* decode.c: the model's decode graph for generation, one token per step with a key/value cache
  * (NULL after reporting why the model cannot generate) */
 Graph *decode_graph(PlanSpec *ps, const Graph *train);

@@ -343,42 +343,48 @@ static void build_schedule(Graph *g)
 	g->sched = sc;
 }
 
-static double simulate(const Graph *g, const double *fcost, const double *bcost, double xfer, double *makespan_out,
-		       double *busiest_out, double *start_out, double *end_out)
+/* When action `next` of stage s can start: its value's arrival (a transfer later from another
+ * stage), or -1 while the action it depends on has not finished. */
+static double ready_at(const Schedule *sc, int s, int next, const double *fdone, const double *bdone, double xfer)
 {
-	const Schedule *sc = g->sched;
-	int p = sc ? sc->stages : 1, v = sc ? sc->chunks : 1, m = sc ? sc->micro : 1, n = m * v;
-	int nvs = p * v; /* virtual stages: chunk c of stage s is virtual stage c * p + s */
-	double *fdone = malloc(sizeof(double) * (size_t)(nvs * m));
-	double *bdone = malloc(sizeof(double) * (size_t)(nvs * m));
+	int p = sc->stages, m = sc->micro, nvs = p * sc->chunks;
+	Action a = sc->table[s][next];
+	int vs = a.chunk * p + s;
+	double dep = a.kind == ACT_FORWARD ? (vs == 0 ? 0 : fdone[(vs - 1) * m + a.micro])
+					   : (vs == nvs - 1 ? fdone[vs * m + a.micro] : bdone[(vs + 1) * m + a.micro]);
+	if (dep < 0)
+		return -1;
+	bool remote = a.kind == ACT_FORWARD ? vs > 0 : vs < nvs - 1;
+	return remote && p > 1 ? dep + xfer : dep;
+}
+
+static double action_cost(const Schedule *sc, int s, int next, const double *fcost, const double *bcost)
+{
+	Action a = sc->table[s][next];
+	return (a.kind == ACT_FORWARD ? fcost : bcost)[s * sc->chunks + a.chunk];
+}
+
+/* Each stage runs its table in order, an action starting when the stage is free and its value has
+ * arrived and taking its cost (list scheduling). */
+static void run_listed(const Schedule *sc, const double *fcost, const double *bcost, double xfer, double *fdone,
+		       double *bdone, double *clock, double *start_out, double *end_out)
+{
+	int p = sc->stages, n = sc->micro * sc->chunks;
 	int *next = calloc((size_t)p, sizeof(int));
-	double *clock = calloc((size_t)p, sizeof(double));
-	if (!fdone || !bdone || !next || !clock)
+	if (!next)
 		ICE("out of memory");
-	for (int i = 0; i < nvs * m; i++)
-		fdone[i] = bdone[i] = -1;
-	int remaining = sc ? p * 2 * n : 0;
+	int remaining = p * 2 * n;
 	while (remaining > 0) {
 		bool progress = false;
 		for (int s = 0; s < p; s++) {
 			while (next[s] < 2 * n) {
-				Action a = sc->table[s][next[s]];
-				int vs = a.chunk * p + s;
-				double dep;
-				if (a.kind == ACT_FORWARD)
-					dep = vs == 0 ? 0 : fdone[(vs - 1) * m + a.micro];
-				else
-					dep = vs == nvs - 1 ? fdone[vs * m + a.micro] : bdone[(vs + 1) * m + a.micro];
+				double dep = ready_at(sc, s, next[s], fdone, bdone, xfer);
 				if (dep < 0)
 					break;
-				/* a value from another stage arrives a transfer later */
-				bool remote = a.kind == ACT_FORWARD ? vs > 0 : vs < nvs - 1;
-				if (remote && p > 1)
-					dep += xfer;
+				Action a = sc->table[s][next[s]];
 				double start = clock[s] > dep ? clock[s] : dep;
-				double cost = a.kind == ACT_FORWARD ? fcost[s * v + a.chunk] : bcost[s * v + a.chunk];
-				clock[s] = start + cost;
-				(a.kind == ACT_FORWARD ? fdone : bdone)[vs * m + a.micro] = clock[s];
+				clock[s] = start + action_cost(sc, s, next[s], fcost, bcost);
+				(a.kind == ACT_FORWARD ? fdone : bdone)[(a.chunk * p + s) * sc->micro + a.micro] = clock[s];
 				if (start_out)
 					start_out[s * 2 * n + next[s]] = start;
 				if (end_out)
@@ -391,6 +397,95 @@ static double simulate(const Graph *g, const double *fcost, const double *bcost,
 		if (!progress)
 			ICE("pipeline schedule deadlocks");
 	}
+	free(next);
+}
+
+/* The same schedule where the stages' ranks share cores (speed[k]: how much faster than its cost
+ * an action runs while k stages compute). Time goes from event to event, an action ending or a
+ * value arriving, and every running action progresses at speed[k] in between (processor sharing);
+ * with every speed 1 it is run_listed's schedule. */
+static void run_shared(const Schedule *sc, const double *fcost, const double *bcost, double xfer, const double *speed,
+		       double *fdone, double *bdone, double *clock, double *start_out, double *end_out)
+{
+	int p = sc->stages, n = sc->micro * sc->chunks;
+	int *next = calloc((size_t)p, sizeof(int));
+	bool *running = calloc((size_t)p, sizeof(bool));
+	double *left = calloc((size_t)p, sizeof(double)), *began = calloc((size_t)p, sizeof(double));
+	if (!next || !running || !left || !began)
+		ICE("out of memory");
+	int remaining = p * 2 * n;
+	double now = 0;
+	while (remaining > 0) {
+		int busy = 0;
+		for (int s = 0; s < p; s++) {
+			if (!running[s] && next[s] < 2 * n) {
+				double r = ready_at(sc, s, next[s], fdone, bdone, xfer);
+				if (r >= 0 && r <= now) {
+					running[s] = true;
+					left[s] = action_cost(sc, s, next[s], fcost, bcost);
+					began[s] = now;
+				}
+			}
+			busy += running[s];
+		}
+		double rate = busy ? speed[busy] : 1, dt = INFINITY;
+		int first = -1; /* the running action that ends first */
+		for (int s = 0; s < p; s++) {
+			if (running[s] && left[s] / rate < dt) {
+				dt = left[s] / rate;
+				first = s;
+			} else if (!running[s] && next[s] < 2 * n) {
+				double r = ready_at(sc, s, next[s], fdone, bdone, xfer);
+				if (r > now && r - now < dt) {
+					dt = r - now;
+					first = -1;
+				}
+			}
+		}
+		if (dt == INFINITY)
+			ICE("pipeline schedule deadlocks");
+		now += dt;
+		for (int s = 0; s < p; s++) {
+			if (!running[s])
+				continue;
+			left[s] = s == first ? 0 : left[s] - dt * rate;
+			if (left[s] > 1e-12 * action_cost(sc, s, next[s], fcost, bcost))
+				continue;
+			Action a = sc->table[s][next[s]];
+			clock[s] = now;
+			(a.kind == ACT_FORWARD ? fdone : bdone)[(a.chunk * p + s) * sc->micro + a.micro] = now;
+			if (start_out)
+				start_out[s * 2 * n + next[s]] = began[s];
+			if (end_out)
+				end_out[s * 2 * n + next[s]] = now;
+			running[s] = false;
+			next[s]++;
+			remaining--;
+		}
+	}
+	free(next);
+	free(running);
+	free(left);
+	free(began);
+}
+
+static double simulate(const Graph *g, const double *fcost, const double *bcost, double xfer, const double *speed,
+		       double *makespan_out, double *busiest_out, double *start_out, double *end_out)
+{
+	const Schedule *sc = g->sched;
+	int p = sc ? sc->stages : 1, v = sc ? sc->chunks : 1, m = sc ? sc->micro : 1;
+	int nvs = p * v; /* virtual stages: chunk c of stage s is virtual stage c * p + s */
+	double *fdone = malloc(sizeof(double) * (size_t)(nvs * m));
+	double *bdone = malloc(sizeof(double) * (size_t)(nvs * m));
+	double *clock = calloc((size_t)p, sizeof(double));
+	if (!fdone || !bdone || !clock)
+		ICE("out of memory");
+	for (int i = 0; i < nvs * m; i++)
+		fdone[i] = bdone[i] = -1;
+	if (sc && speed)
+		run_shared(sc, fcost, bcost, xfer, speed, fdone, bdone, clock, start_out, end_out);
+	else if (sc)
+		run_listed(sc, fcost, bcost, xfer, fdone, bdone, clock, start_out, end_out);
 	double makespan = 0, ideal = 0;
 	for (int s = 0; s < p; s++) {
 		if (clock[s] > makespan)
@@ -403,7 +498,6 @@ static double simulate(const Graph *g, const double *fcost, const double *bcost,
 	}
 	free(fdone);
 	free(bdone);
-	free(next);
 	free(clock);
 	if (makespan_out)
 		*makespan_out = makespan;
@@ -412,22 +506,23 @@ static double simulate(const Graph *g, const double *fcost, const double *bcost,
 	return ideal > 0 ? makespan / ideal - 1 : 0;
 }
 
-double pipeline_simulate(const Graph *g, const double *fcost, const double *bcost, double xfer, double *makespan_out,
-			 double *busiest_out)
+double pipeline_simulate(const Graph *g, const double *fcost, const double *bcost, double xfer, const double *speed,
+			 double *makespan_out, double *busiest_out)
 {
-	return simulate(g, fcost, bcost, xfer, makespan_out, busiest_out, NULL, NULL);
+	return simulate(g, fcost, bcost, xfer, speed, makespan_out, busiest_out, NULL, NULL);
 }
 
-void pipeline_timeline(const Graph *g, const double *fcost, const double *bcost, double xfer, double *start, double *end)
+void pipeline_timeline(const Graph *g, const double *fcost, const double *bcost, double xfer, const double *speed,
+		       double *start, double *end)
 {
-	simulate(g, fcost, bcost, xfer, NULL, NULL, start, end);
+	simulate(g, fcost, bcost, xfer, speed, NULL, NULL, start, end);
 }
 
 double pipeline_bubble(const Graph *g, const double *fcost, const double *bcost)
 {
 	if (!g->sched || g->sched->stages <= 1)
 		return 0;
-	return pipeline_simulate(g, fcost, bcost, 0, NULL, NULL);
+	return pipeline_simulate(g, fcost, bcost, 0, NULL, NULL, NULL);
 }
 
 /* ---------------------------------------------------------------- the pass */

@@ -12,6 +12,8 @@ is told to assume, named or from a device file.
     per step of the small GPT;
   - memory-bound kernels at their element size: with free products and no launch cost, the bf16
     GPT's micro-batches move about half the f32 one's bytes;
+  - ranks sharing cores (node.cores): one micro-batch through 4 stages on 4 ranks of 2 cores at
+    twice the rate, plans without a pipeline unchanged;
   - bad files: an unknown key, a non-number or a kernel.latency over 1m is an error naming
     file:line, exit 2.
 usage: tests/explain/check_devices.py PLANC ROOT"""
@@ -81,6 +83,32 @@ def main():
     ratio = micro("bf16") / micro("single")
     tally.check("memory-bound kernels priced at their element size: bf16's micro-batch bytes about half f32's",
                 0.4 < ratio < 0.6, "bf16 / f32 = %.3f" % ratio)
+    # ranks sharing cores (node.cores under node.ranks: 4 ranks on 2 cores, as calibrate writes on
+    # such a machine): a rank computes at the device's rate while all of them do, twice that when
+    # only half do. One micro-batch through 4 stages (one stage computes at a time) with free links
+    # takes exactly half as long; a plan without a pipeline (every rank always busy) and a world
+    # the cores hold are unchanged; node.cores must be a whole number.
+    pipe4 = os.path.join(tmp, "pipe4.plan")
+    with open(pipe4, "w") as f:
+        f.write(open(gpt).read() + "\nplan pipe4 for gpt {\n  mesh pipe = 4\n  batch B = 16, micro_batches = 1\n"
+                "  pipeline pipe: 1f1b, stages = 4\n}\n")
+    links = "node.ranks = 4\nnode.latency = 0\nnode.bandwidth = 1e30\nnet.latency = 0\nnet.bandwidth = 1e30\n"
+    alone, shared = dev("alone", "base = cpu\n" + links), dev("shared", "base = cpu\n" + links + "node.cores = 2\n")
+
+    def micro_of(path, plan, device):
+        out = subprocess.run([planc, "explain", path, "--plan", plan, "--json", "--device=" + device],
+                             capture_output=True, text=True, check=True).stdout
+        return float(re.search(r'"estimated_step_s": \{"step": [0-9.e+-]+, "micro_batches": ([0-9.e+-]+)', out).group(1))
+    a, b = micro_of(pipe4, "pipe4", alone), micro_of(pipe4, "pipe4", shared)
+    tally.check("4 ranks on 2 cores: one micro-batch through 4 stages at twice the rate", abs(b - a / 2) < 1e-5 * a,
+                "%g s alone, %g s sharing" % (a, b))
+    same = [(plan, micro_of(gpt, plan, alone), micro_of(gpt, plan, shared)) for plan in ("dp2_tp2", "pp2_1f1b")]
+    tally.check("4 ranks on 2 cores: no pipeline, or a world the cores hold, unchanged", all(x == y for _, x, y in same),
+                same)
+    r = subprocess.run([planc, "explain", gpt, "--device=" + dev("half", "base = cpu\nnode.cores = 1.5\n")],
+                       capture_output=True, text=True)
+    tally.check("bad device file: node.cores not whole", r.returncode == 2 and "node.cores is a whole number" in r.stderr,
+                r.stderr.strip())
     for name, text, want in (("unknown", "base = h100\nflops = 3\n", ":2: error: unknown key 'flops'"),
                              ("launch", "base = h100\nkernel.latency = 5\n", ":2: error: kernel.latency is seconds"),
                              ("nan", "base = h100\nnode.latency = fast\n", ":2: error: 'fast' is not"),

@@ -14,6 +14,8 @@
     4096-token context (tests/search/long_context.plan: nothing fits in 16 MiB per rank without a
     ctx axis, a ctx plan is best with it), optimizer offload (--offload: an offload plan ranks in
     the top 3 of the small GPT on 4 ranks);
+  - ranks sharing cores (a device file with node.cores = 2 under node.ranks = 4): pruned = brute
+    force on 4 and 8 ranks, with a pipeline in the top 3 (its stages run faster while others wait);
   - the memory bound: at 8 MiB per rank it skips candidates and the answer is brute force's;
   - memory: with --memory just under the unconstrained best's peak that plan is not printed, every
     printed plan's peak is within the limit, and a limit nothing fits is an error (exit 1);
@@ -37,9 +39,9 @@ import harness  # noqa: E402
 VIOLATIONS = []
 
 
-def search(planc, path, model, world, batch, *extra):
+def search(planc, path, model, world, batch, *extra, device="cpu"):
     r = subprocess.run([planc, "search", path, "--model", model, "--world", str(world), "--batch", str(batch),
-                        "--device=cpu"] + list(extra), capture_output=True, text=True)
+                        "--device=" + device] + list(extra), capture_output=True, text=True)
     plans = re.findall(r"^# (\d+): estimated step ([0-9.e+-]+) s .*?peak ([0-9.]+ \w+) per rank.*?\n(plan .*?^})",
                        r.stdout, re.M | re.S)
     counts = re.search(r"# (\d+) candidates: (\d+) compiled .*?, (\d+) pruned", r.stdout)
@@ -123,6 +125,19 @@ def main():
         name = "%s %s on %d %s" % (os.path.basename(path), model, world, " ".join(extra))
         tally.check(name + ": pruned = brute force, and it uses '%s'" % want,
                     r1.returncode == 0 and pruned == brute and len(brute) == 3 and any(want in t for _, _, t in brute),
+                    "best %s: %s" % (brute[0][0] if brute else r2.stderr.strip()[-200:],
+                                     brute[0][2].splitlines()[1].strip() if brute else "-"))
+    # ranks sharing cores (node.cores under node.ranks, as calibrate writes on this machine): a
+    # pipeline's stages run faster while others wait, and the bounds divide by the most they can
+    shared = os.path.join(tmp, "shared.device")
+    with open(shared, "w") as f:
+        f.write("base = cpu\nnode.ranks = 4\nnode.cores = 2\n")
+    for world, batch in ((4, 16), (8, 16)):
+        r1, pruned, c1 = search(planc, ex("gpt.plan"), "gpt", world, batch, "--top", "3", device=shared)
+        r2, brute, _ = search(planc, ex("gpt.plan"), "gpt", world, batch, "--top", "3", "--exhaustive", device=shared)
+        tally.check("4 ranks on 2 cores, gpt on %d: pruned = brute force, and a pipeline in the top 3" % world,
+                    r1.returncode == 0 and pruned == brute and len(brute) == 3 and
+                    any("pipeline pipe" in t for _, _, t in brute),
                     "best %s: %s" % (brute[0][0] if brute else r2.stderr.strip()[-200:],
                                      brute[0][2].splitlines()[1].strip() if brute else "-"))
     r, none, _ = search(planc, long, "longgpt", 4, 1, "--memory", "16MiB", "--exhaustive")
