@@ -859,48 +859,38 @@ static planrt_result_t start(struct planrt_request *q, const void *sendbuf, void
 				    : MPI_Iallreduce(s, recvbuf, cnt, dt, mop, comm, &q->mreq);
 		}
 		break;
-	case K_REDUCE_SCATTER:
+	case K_REDUCE_SCATTER: {
+		/* in -> out; in place (MPI_IN_PLACE): the input in out, the result in its first block */
+		const void *in = sendbuf;
+		void *out = recvbuf;
+		MPI_Datatype edt = dt;
 		if (is_half(q->dtype)) {
-			/* MPI_IN_PLACE on the staged input leaves the result in its first block. */
 			if (!(q->staged = to_f32(sendbuf, n * q->count, q->dtype)))
 				goto oom;
 			q->staged_dst = recvbuf;
 			q->staged_count = q->count;
-			int pair = pair_exchange(q, q->staged, q->staged, cnt, MPI_FLOAT, mop, comm, direct, &rc);
-			if (pair < 0)
+			in = out = q->staged;
+			edt = MPI_FLOAT;
+		} else if (sendbuf != recvbuf && overlaps(sendbuf, n * q->count * es, recvbuf, q->count * es)) {
+			/* e.g. NCCL's in place, recv = send + rank * recvcount: the result goes to the
+			 * staging buffer (no conversion: staged_dst stays NULL) and is copied out at
+			 * completion */
+			if (!(q->staged = stage_get((q->count * es + sizeof(float) - 1) / sizeof(float))))
 				goto oom;
-			if (!pair)
-				rc = direct ? MPI_Reduce_scatter_block(MPI_IN_PLACE, q->staged, cnt, MPI_FLOAT, mop, comm)
-					    : MPI_Ireduce_scatter_block(MPI_IN_PLACE, q->staged, cnt, MPI_FLOAT, mop, comm,
-									&q->mreq);
-		} else if (sendbuf == recvbuf) { /* the result in the first block, as MPI_IN_PLACE leaves it */
-			int pair = pair_exchange(q, recvbuf, recvbuf, cnt, dt, mop, comm, direct, &rc);
-			if (pair < 0)
-				goto oom;
-			if (!pair)
-				rc = direct ? MPI_Reduce_scatter_block(MPI_IN_PLACE, recvbuf, cnt, dt, mop, comm)
-					    : MPI_Ireduce_scatter_block(MPI_IN_PLACE, recvbuf, cnt, dt, mop, comm, &q->mreq);
-		} else {
-			void *out = recvbuf;
-			if (overlaps(sendbuf, n * q->count * es, recvbuf, q->count * es)) {
-				/* e.g. NCCL's in place, recv = send + rank * recvcount: the result goes to
-				 * the staging buffer (no conversion: staged_dst stays NULL) and is copied
-				 * out at completion */
-				if (!(q->staged = stage_get((q->count * es + sizeof(float) - 1) / sizeof(float))))
-					goto oom;
-				out = q->staged;
-				q->copy_dst = recvbuf;
-				q->copy_src = q->staged;
-				q->copy_bytes = q->count * es;
-			}
-			int pair = pair_exchange(q, sendbuf, out, cnt, dt, mop, comm, direct, &rc);
-			if (pair < 0)
-				goto oom;
-			if (!pair)
-				rc = direct ? MPI_Reduce_scatter_block(sendbuf, out, cnt, dt, mop, comm)
-					    : MPI_Ireduce_scatter_block(sendbuf, out, cnt, dt, mop, comm, &q->mreq);
+			out = q->staged;
+			q->copy_dst = recvbuf;
+			q->copy_src = q->staged;
+			q->copy_bytes = q->count * es;
 		}
+		int pair = pair_exchange(q, in, out, cnt, edt, mop, comm, direct, &rc);
+		if (pair < 0)
+			goto oom;
+		const void *min = in == out ? MPI_IN_PLACE : in;
+		if (!pair)
+			rc = direct ? MPI_Reduce_scatter_block(min, out, cnt, edt, mop, comm)
+				    : MPI_Ireduce_scatter_block(min, out, cnt, edt, mop, comm, &q->mreq);
 		break;
+	}
 	case K_ALLGATHER: {
 		char *slot = (char *)recvbuf + (size_t)c->rank * q->count * es;
 		const void *s = sendbuf;
