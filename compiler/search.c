@@ -542,19 +542,11 @@ static double held_chunks(const Candidate *c, long long s)
 }
 
 /* The most a stage's actions can run faster than their costs: where a node's ranks share fewer
- * cores than they are, a pipeline stage computing while the others wait (explain_stage_speeds);
+ * cores than they are, a pipeline stage computing alone (explain_stage_speed of one busy stage);
  * the bounds' forward and backward terms are divided by it (1 elsewhere). */
 static double fastest_stages(const Search *S, const Candidate *c)
 {
-	int p = (int)c->p;
-	double *buf = malloc(sizeof(double) * (size_t)(p + 1)), most = 1;
-	if (!buf)
-		ICE("out of memory");
-	const double *speed = explain_stage_speeds(S->world, p, buf);
-	for (int k = 1; speed && k <= p; k++)
-		most = speed[k] > most ? speed[k] : most;
-	free(buf);
-	return most;
+	return explain_stage_speed(S->world, (int)c->p, 1);
 }
 
 /* The time and memory bounds of every stage of the candidate from the per-part costs, the largest

@@ -571,18 +571,28 @@ static double kernel_seconds(const PlanSpec *ps, const LProg *p, const Kernel *k
  * device's rates are a rank's while all of the node's ranks compute (calibrate measures them so),
  * and a rank gets min(1, cores / busy) of a core, so a pipeline whose other stages wait runs its
  * busy ones faster: k of p stages busy is k / p of the node's ranks (spread evenly). */
-const double *explain_stage_speeds(long long world, int stages, double *buf)
+static bool stages_share_cores(long long world, int stages)
 {
 	const Device *d = device_current();
+	return stages > 1 && d->node_cores > 0 && d->node_cores < (world < d->node_ranks ? world : d->node_ranks);
+}
+
+double explain_stage_speed(long long world, int stages, int busy)
+{
+	if (!stages_share_cores(world, stages) || busy <= 0)
+		return 1;
+	const Device *d = device_current();
 	double ranks = (double)(world < d->node_ranks ? world : d->node_ranks), cores = d->node_cores;
-	if (stages <= 1 || cores <= 0 || cores >= ranks)
+	double all = cores / ranks, computing = ranks * busy / stages; /* a rank's share while all compute */
+	return (computing <= cores ? 1 : cores / computing) / all;
+}
+
+const double *explain_stage_speeds(long long world, int stages, double *buf)
+{
+	if (!stages_share_cores(world, stages))
 		return NULL;
-	double all = cores / ranks; /* a rank's share of a core while all compute */
-	buf[0] = 1;
-	for (int k = 1; k <= stages; k++) {
-		double busy = ranks * k / stages, share = busy <= cores ? 1 : cores / busy;
-		buf[k] = share / all;
-	}
+	for (int k = 0; k <= stages; k++)
+		buf[k] = explain_stage_speed(world, stages, k);
 	return buf;
 }
 

@@ -79,10 +79,12 @@ bool explain_parts(Graph *g, const Lowered *low, ExplainPart *out);
 /* The estimate's costs in seconds for the programs of one rank role (RANKROLE_ANY, or an async
  * role): one micro-batch's forward and backward per stage and chunk (fc, bc: [stages * chunks]),
  * the longest transfer between stages, and each stage's update phase (update: [stages]). */
-/* How much faster than their estimated costs a pipeline's stages compute while k of its p stages
- * do (speed[0..p], into buf), where the node's ranks share fewer cores than they are; NULL where
- * they do not (every stage at its cost). */
-const double *explain_stage_speeds(long long world, int stages, double *buf);
 void explain_costs(const Graph *g, const Lowered *low, int role, double *fc, double *bc, double *xfer, double *update);
+/* How much faster than its estimated cost a pipeline stage computes while `busy` of its `stages`
+ * stages do, where the node's ranks share fewer cores than they are (1 where they do not; the
+ * most with one busy). explain_stage_speeds: the same for busy = 0..stages into buf, or NULL where
+ * every speed is 1 (list scheduling, pipeline.c). */
+double explain_stage_speed(long long world, int stages, int busy);
+const double *explain_stage_speeds(long long world, int stages, double *buf);
 
 #endif

@@ -127,6 +127,9 @@ static enum { WAIT_AUTO, WAIT_YIELD, WAIT_SLEEP } wait_policy = WAIT_AUTO;
  * where the shared page could not be made: a wait then yields, the choice that never slows a
  * transfer. */
 static int *node_computing;
+/* PLANRT_MPI_REDUCE_SCATTER set: a two-member reduce-scatter is MPI's call, not pair_exchange (read
+ * once; every rank must see the same, as the two make different MPI calls) */
+static int mpi_reduce_scatter;
 
 /* The counters, [kind][slot]: slot 0 world, 1 pair, 2 + k mesh axis k. */
 enum { GROUP_SLOTS = PLANRT_MAX_AXES_ + 2 };
@@ -224,6 +227,7 @@ void planrt_comm_init_(void)
 				planrt_world_rank_(), s);
 	}
 	node_computing = oversubscribed_counter();
+	mpi_reduce_scatter = getenv("PLANRT_MPI_REDUCE_SCATTER") != NULL;
 }
 
 void planrt_watchdog_set(double seconds)
@@ -812,7 +816,7 @@ static int overlaps(const void *a, size_t an, const void *b, size_t bn)
 static int pair_exchange(struct planrt_request *q, const void *in, void *out, int cnt, MPI_Datatype dt, MPI_Op mop,
 			 MPI_Comm comm, int direct, int *rc)
 {
-	if (q->comm->size != 2 || (dt != MPI_FLOAT && dt != MPI_DOUBLE) || getenv("PLANRT_MPI_REDUCE_SCATTER"))
+	if (q->comm->size != 2 || (dt != MPI_FLOAT && dt != MPI_DOUBLE) || mpi_reduce_scatter)
 		return 0;
 	size_t es = dt == MPI_FLOAT ? sizeof(float) : sizeof(double);
 	if (!(q->scratch = malloc(2 * (size_t)cnt * es)))
