@@ -53,6 +53,7 @@ planrt_result_t planrt_init(int *argc, char ***argv, int *rank, int *world_out)
 {
 	int init = 0, rc;
 	planrt_monitor_start_(); /* before MPI starts threads: they inherit its signal mask */
+	planrt_heap_keep_();     /* before MPI allocates */
 	MPI_Initialized(&init);
 	if (!init) {
 		int provided;

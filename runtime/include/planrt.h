@@ -261,6 +261,7 @@ void planrt_comm_init_(void);
  * program is (step -1: not in a step; micro -1: not in a micro-batch); planrt_on_signal_ sets
  * what runs before the process ends by such a signal (a checkpoint's temporary files removed). */
 void planrt_monitor_start_(void);
+void planrt_heap_keep_(void); /* memory.c: freed allocations stay in the heap for the next step */
 void planrt_where_(int64_t step, const char *phase, int micro, int chunk);
 void planrt_on_signal_(void (*cleanup)(void));
 /* planrt's own control messages (a checkpoint's agreement, the trace's gather): a copy of the
