@@ -17,6 +17,7 @@
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 export OMPI_MCA_plm=isolated OMPI_MCA_btl=self,vader OMPI_MCA_btl_vader_single_copy_mechanism=none
 export OMPI_MCA_mpi_yield_when_idle=1 OMPI_MCA_pml=ob1 HWLOC_COMPONENTS=-pci,-linuxio # harness.py's MPI_ENV says why
+export HWLOC_PLUGINS_BLACKLIST=hwloc_pci,hwloc_opencl,hwloc_gl,hwloc_xml_libxml
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 : "${PLANRT_WATCHDOG:=60}"
 export PLANRT_WATCHDOG
