@@ -7,7 +7,11 @@ For examples/gpt.plan's GPT at two sizes on 4 ranks of this machine:
   3. the top 10 and 5 ranked low (evenly spread over the lower half) are built and trained for
      --steps steps under mpirun; a run's step is the median step_ms of its log after two warm-up
      steps, and a plan's the median of --repeat runs (default 3), taken round-robin over the plans
-     so that a change of the machine's load falls on every plan alike. Each plan's spread (largest
+     so that a change of the machine's load falls on every plan alike. The machine is calibrated
+     again before each round, and a plan's estimate is the median of its estimates under the
+     rounds' calibrations (`planc explain --device`): this VM's rates move by 10-25% between
+     calibrations minutes apart (GEMM 4.8-5.3e10 FLOP/s, memory 0.92-1.2e10 bytes/s on 2026-12-04),
+     which one calibration at the start put into every estimate alike. Each plan's spread (largest
      less smallest run over the median) is printed: plans whose estimates differ by less than the
      spread cannot be ranked by one measurement, which at the small size is most of the top 10.
 search lists no two candidates that compile to one program (recompute selective of a model whose
@@ -66,6 +70,18 @@ def candidates(planc, path, device):
     return found
 
 
+def calibrate(planc, device, quick, env):
+    subprocess.run(["mpirun", "-np", str(WORLD), planc, "calibrate", "-o", device] + (["--quick"] if quick else []),
+                   check=True, env=env)
+
+
+def estimate(planc, src, name, device):
+    """explain's estimated step time of plan name in src on device, in seconds"""
+    out = subprocess.run([planc, "explain", src, "--plan", name, "--device=" + device, "--json"], check=True,
+                         capture_output=True, text=True).stdout
+    return json.loads(out)["estimated_step_s"]["step"]
+
+
 def build(planc, work, model_text, rank, plan_text):
     name = "cand%d" % rank
     src = os.path.join(work, name + ".plan")
@@ -73,7 +89,7 @@ def build(planc, work, model_text, rank, plan_text):
         f.write(model_text + "\n" + re.sub(r"plan search_\d+", "plan " + name, plan_text, count=1) + "\n")
     prog = os.path.join(work, name)
     subprocess.run([planc, "build", src, "--plan", name, "-o", prog], check=True, capture_output=True)
-    return prog
+    return prog, src, name
 
 
 def measure(prog, steps, env):
@@ -95,8 +111,7 @@ def main():
     work = tempfile.mkdtemp(prefix="planc-search-runs-")
     device = os.path.join(work, "machine.device")
     print("load average at start: %.2f %.2f %.2f" % os.getloadavg(), flush=True)
-    subprocess.run(["mpirun", "-np", str(WORLD), planc, "calibrate", "-o", device] + (["--quick"] if quick else []),
-                   check=True, env=env)
+    calibrate(planc, device, quick, env)
     source = open("examples/gpt.plan").read()
     model_text = source[:source.index("# ---- one rank")]
     for label, args in SIZES:
@@ -112,23 +127,28 @@ def main():
               % (label, WORLD, BATCH, len(found), len(picked)))
         progs = [build(planc, work, model_text, rank, text) for rank, _, text in picked]
         runs = [[] for _ in picked]
-        for _ in range(repeat):  # round-robin: a change of load falls on every plan alike
-            for i, prog in enumerate(progs):
+        estimates = [[] for _ in picked]
+        for r in range(repeat):  # round-robin: a change of load falls on every plan alike
+            if r > 0 or label != SIZES[0][0]:
+                calibrate(planc, device, quick, env)
+            for i, (prog, src, name) in enumerate(progs):
+                estimates[i].append(estimate(planc, src, name, device))
                 runs[i].append(measure(prog, steps, env))
         print("%6s %12s %12s %8s %7s  %s" % ("rank", "estimate s", "measured s", "error", "spread", "plan"))
         est, meas = [], []
-        for (rank, estimate, text), r in zip(picked, runs):
+        for (rank, _, text), r, e in zip(picked, runs, estimates):
             m = statistics.median(r)
-            est.append(estimate)
+            est.append(statistics.median(e))
             meas.append(m)
             summary = "; ".join(line.strip() for line in text.splitlines()[1:-1] if not line.strip().startswith(
                 ("optimizer", "batch")))
-            print("%6d %12.4g %12.4g %+7.0f%% %6.0f%%  %s" % (rank, estimate, m, 100 * (estimate - m) / m,
+            print("%6d %12.4g %12.4g %+7.0f%% %6.0f%%  %s" % (rank, est[-1], m, 100 * (est[-1] - m) / m,
                                                             100 * (max(r) - min(r)) / m, summary), flush=True)
         best_measured = min(meas)
         print("Spearman rank correlation (estimate vs measured): %.3f" % spearman(est, meas))
+        best = est.index(min(est))  # the predicted best: the least median estimate
         print("the predicted best measured %.4g s: %.1f%% slower than the measured best (%.4g s), measured rank %d of %d"
-              % (meas[0], 100 * (meas[0] / best_measured - 1), best_measured, ranks(meas)[0], len(meas)))
+              % (meas[best], 100 * (meas[best] / best_measured - 1), best_measured, ranks(meas)[best], len(meas)))
         errs = [abs(e - m) / m for e, m in zip(est, meas)]
         print("estimate error after calibration: median %.0f%%, worst %.0f%%, within 15%%: %d of %d"
               % (100 * statistics.median(errs), 100 * max(errs), sum(e <= 0.15 for e in errs), len(errs)))
