@@ -12,5 +12,5 @@ add_test(NAME llvm_verify COMMAND llvm_verify_module examples/mlp.plan examples/
          WORKING_DIRECTORY ${ROOT})
 add_test(NAME llvm_ptxas COMMAND sh ${ROOT}/tests/llvm/ptxas.sh ${PLANC} WORKING_DIRECTORY ${ROOT})
 set_tests_properties(llvm_ptxas PROPERTIES SKIP_RETURN_CODE 77)
-add_test(NAME llvm_diff COMMAND python3 ${ROOT}/tests/llvm/run_diff.py ${PLANC} ${ROOT} 4 WORKING_DIRECTORY ${ROOT})
+add_test(NAME llvm_diff COMMAND ${PYTHON3_EXE} ${ROOT}/tests/llvm/run_diff.py ${PLANC} ${ROOT} 4 WORKING_DIRECTORY ${ROOT})
 set_tests_properties(llvm_diff PROPERTIES TIMEOUT 900 ENVIRONMENT "${CC_CACHE_ENV}")

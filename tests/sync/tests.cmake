@@ -19,5 +19,5 @@ add_test(NAME sync_kernels
 set_tests_properties(sync_kernels PROPERTIES TIMEOUT 120
                      ENVIRONMENT "${TEST_MPI_ENV};PLANRT_WATCHDOG=60")
 
-add_test(NAME sync_runs COMMAND python3 ${ROOT}/tests/sync/run_sync.py ${PLANC} ${ROOT} WORKING_DIRECTORY ${ROOT})
+add_test(NAME sync_runs COMMAND ${PYTHON3_EXE} ${ROOT}/tests/sync/run_sync.py ${PLANC} ${ROOT} WORKING_DIRECTORY ${ROOT})
 set_tests_properties(sync_runs PROPERTIES TIMEOUT 600 ENVIRONMENT "${CC_CACHE_ENV}")
