@@ -70,6 +70,7 @@ static Device calibrated_device(const Device *base, const planrt_calibration_t *
 	if (c->capacity > 0)
 		d.capacity = c->capacity;
 	d.launch = c->launch;
+	d.dropout = c->dropout_rate;
 	d.node_ranks = c->node_ranks;
 	long cores = sysconf(_SC_NPROCESSORS_ONLN); /* this machine's; explain uses it where ranks share them */
 	d.node_cores = cores > 0 && cores < c->node_ranks ? (int)cores : 0;
@@ -99,6 +100,7 @@ static void write_header(FILE *out, const planrt_calibration_t *c, const Device 
 			(long long)c->gemm_mnk[i][2], c->gemm_rate[i]);
 	fprintf(out, "\n# matmul.*: the best of these; the CPU runs bf16 and f16 GEMMs in f32 after casts\n");
 	fprintf(out, "# kernel.latency: a tiny kernel's seconds per call (a GEMM of 8 x 8 x 8 and an add of 64 floats, the mean)\n");
+	fprintf(out, "# dropout.rate: mask elements per second of planrt's dropout over 64 Ki floats (its Philox draws; its bytes are memory.*)\n");
 	fprintf(out, "# memory.*: y = a x + y over arrays larger than the caches (64 MiB; 4 MiB with --quick); attention.*: the fused causal attention, forward and "
 		     "backward, FLOPs counted as explain counts them\n");
 	if (c->node.ranks)

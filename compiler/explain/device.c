@@ -152,6 +152,8 @@ static double *device_field(Device *d, const char *key)
 		return &d->capacity;
 	if (!strcmp(key, "kernel.latency"))
 		return &d->launch;
+	if (!strcmp(key, "dropout.rate"))
+		return &d->dropout;
 	Link *l = !strncmp(key, "node.", 5) ? &d->node : !strncmp(key, "net.", 4) ? &d->net : NULL;
 	const char *f = l ? strchr(key, '.') + 1 : "";
 	if (!l)
@@ -216,7 +218,7 @@ static bool device_line(Device *d, const char *path, int line, char *key, char *
 	if (!field)
 		return file_error(path, line,
 				  "unknown key '%s' (name, base, matmul.f32|bf16|f16, memory.f32|bf16|f16, attention.f32|bf16|f16, "
-"memory.capacity, kernel.latency, "
+"memory.capacity, kernel.latency, dropout.rate, "
 				  "node.ranks, node.cores, node|net.bandwidth|latency|hop|tree|tree_hop)",
 				  key);
 	*field = v;
@@ -295,6 +297,8 @@ void device_write(FILE *out, const Device *d)
 		d->node_ranks);
 	if (d->node_cores > 0)
 		fprintf(out, "node.cores = %d\n", d->node_cores);
+	if (d->dropout > 0)
+		fprintf(out, "dropout.rate = %.6g\n", d->dropout);
 	const Link *links[] = {&d->node, &d->net};
 	const char *const link_names[] = {"node", "net"};
 	for (int i = 0; i < 2; i++)

@@ -540,6 +540,11 @@ static double kernel_seconds(const PlanSpec *ps, const LProg *p, const Kernel *k
 		double unmasked = !causal ? 1 : ring && !p->low->g->ring_mirrored && step > 0 ? 1 : 0.5;
 		double flops = 2.0 * q * sk * (fwd ? 2 : 5) * unmasked;
 		t = flops / (d->attention[dt] > 0 ? d->attention[dt] : d->matmul[dt]);
+		/* dropout on the probabilities: a mask element per score it computes, forward and again in
+		 * the backward (q counts the head dimension's elements; a score is one per query row) */
+		double drop = k->args[fwd ? KARG_INDEX(ATTENTION, p) : KARG_INDEX(ATTENTION_GRAD, p)].f;
+		if (drop > 0 && d->dropout > 0 && ld->n > 0)
+			t += q / (double)ld->ints[ld->n - 1] * sk * unmasked / d->dropout;
 	} else if (k->kind == K_LOOP) {
 		double elems = 1;
 		for (int i = 0; i < k->rank; i++)
@@ -558,6 +563,17 @@ static double kernel_seconds(const PlanSpec *ps, const LProg *p, const Kernel *k
 			if (k->args[a].kind == KA_BUF)
 				bytes += (double)p->buf[k->args[a].buf].bytes;
 		t = bytes / d->memory_bw[dt];
+		if ((k->kind == K_DROPOUT || k->kind == K_DROPOUT_16) && d->dropout > 0) {
+			/* its mask draws beyond its bytes (the two kinds' arguments agree up to ldims) */
+			_Static_assert(KARG_INDEX(DROPOUT, ldims) == KARG_INDEX(DROPOUT_16, ldims), "dropout's ldims");
+			_Static_assert(KARG_INDEX(DROPOUT, p) == KARG_INDEX(DROPOUT_16, p), "dropout's p");
+			const KArg *ld = &k->args[KARG_INDEX(DROPOUT, ldims)];
+			double elems = 1;
+			for (int i = 0; i < ld->n; i++)
+				elems *= (double)ld->ints[i];
+			if (k->args[KARG_INDEX(DROPOUT, p)].f > 0)
+				t += elems / d->dropout;
+		}
 	}
 	if (kernel_classes[k->kind] == KC_COMPUTE || kernel_classes[k->kind] == KC_LOOP)
 		t += d->launch; /* the kernel's fixed cost (a collective's is its link's latency) */

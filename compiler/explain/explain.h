@@ -27,6 +27,8 @@ typedef struct Device {
 	double attention[3]; /* FLOP/s of the fused attention by element type (0: the matmul rate) */
 	double capacity;     /* bytes of device memory per rank */
 	double launch;       /* seconds every compute kernel costs beyond its roofline (launch, dispatch) */
+	double dropout;      /* dropout mask elements drawn per second (a Philox block per 4 elements), beyond
+			      * the kernel's bytes; 0: the bytes alone (a GPU draws them at memory speed) */
 	int node_ranks;      /* ranks per node */
 	int node_cores;      /* cores a node's ranks share, where fewer than its ranks (a CPU; 0: a core or
 			      * device each): the rates are a rank's while all of them compute */

@@ -8,6 +8,7 @@
  *   - y = a x + y over arrays far larger than the caches (the bytes explain counts for a fused
  *     loop: every operand once);
  *   - planrt_k_attention_f32 and its gradient, causal, counted as explain counts them;
+ *   - planrt's dropout over an array the caches hold: the rate of its mask draws;
  *   - a tiny GEMM and a tiny element-wise add through planrt, whose time is almost all the fixed
  *     cost of a call (the device model's kernel.latency, which a roofline leaves out);
  *   - planrt_allreduce / reduce_scatter / allgather / send+recv by message size, within a node
@@ -158,6 +159,37 @@ static double measure_attention(int quick)
 	free(a.lse);
 	free(a.scratch);
 	return flops / s;
+}
+
+/* Dropout's mask draws: planrt's f32 dropout (p = 0.1) over 64 Ki floats, which the caches hold,
+ * so its time is the Philox blocks (one per 4 elements), not its bytes, which memory.* prices. In
+ * mask elements per second. */
+enum { DROPOUT_ELEMS = 1 << 16 };
+
+typedef struct Drop {
+	float *x, *y;
+	uint8_t *mask;
+	uint64_t seed;
+} Drop;
+
+static void run_dropout(void *arg)
+{
+	Drop *d = arg;
+	static const int64_t dims[1] = {DROPOUT_ELEMS}, offs[1] = {0};
+	planrt_k_dropout_f32(d->x, d->y, d->mask, 0.1, d->seed++, 7, 1, dims, dims, offs);
+}
+
+static double measure_dropout(void)
+{
+	Drop d = {calib_alloc(sizeof(float) * DROPOUT_ELEMS), calib_alloc(sizeof(float) * DROPOUT_ELEMS),
+		  calib_alloc(DROPOUT_ELEMS), 1};
+	for (int i = 0; i < DROPOUT_ELEMS; i++)
+		d.x[i] = (float)(i % 11) * 0.125f;
+	double s = timed(MPI_COMM_WORLD, run_dropout, &d);
+	free(d.x);
+	free(d.y);
+	free(d.mask);
+	return DROPOUT_ELEMS / s;
 }
 
 /* A kernel's fixed cost: the mean of a tiny GEMM (OpenBLAS's call and set-up) and a tiny
@@ -324,6 +356,7 @@ int planrt_calibrate(planrt_calibration_t *c, const char *out_path, int quick, c
 	c->memory_bw = measure_memory(quick);
 	c->attention_rate = measure_attention(quick);
 	c->launch = measure_launch();
+	c->dropout_rate = measure_dropout();
 	measure_links(c, quick);
 	return rank;
 }

@@ -35,6 +35,8 @@ typedef struct planrt_calibration {
 						      counted as explain counts them (causal: half) */
 	double launch;                             /* seconds per call of a tiny kernel (a GEMM of 8 x 8 x 8 and
 						      an add of 64 floats, the mean): a kernel's fixed cost */
+	double dropout_rate;                       /* dropout mask elements per second (planrt's dropout over an
+						      array the caches hold: its Philox draws, not its bytes) */
 	double capacity;                           /* bytes of this node's memory per rank */
 	planrt_calib_link_t node, net;             /* within a node; between nodes */
 } planrt_calibration_t;

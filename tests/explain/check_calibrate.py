@@ -60,6 +60,7 @@ def main():
                 and "between nodes: not measured (one node)" in text)
     tally.check("memory per rank", num["memory.capacity"] > 1e8, num["memory.capacity"])
     tally.check("a kernel's fixed cost measured", 1e-9 < num["kernel.latency"] < 1e-3, num["kernel.latency"])
+    tally.check("dropout's mask rate measured", 1e6 < num.get("dropout.rate", 0) < 1e12, num.get("dropout.rate"))
     sizes = re.search(r"all-reduce seconds by size:((?: \S+K \S+)+)", text).group(1).split()
     busbw = [float(b[:-1]) * 1024 / float(t) for b, t in zip(sizes[::2], sizes[1::2])]  # 2 ranks: 2 (n-1)/n = 1
     tally.check("node.bandwidth: the best size's all-reduce bus bandwidth", abs(num["node.bandwidth"] / max(busbw) - 1)

@@ -14,6 +14,8 @@ is told to assume, named or from a device file.
     GPT's micro-batches move about half the f32 one's bytes;
   - ranks sharing cores (node.cores): one micro-batch through 4 stages on 4 ranks of 2 cores at
     twice the rate, plans without a pipeline unchanged;
+  - dropout.rate: the GPT's dropout masks (its dropout kernels and its attention's) add their
+    elements at that rate, half as much at twice the rate; Llama, without dropout, unchanged;
   - bad files: an unknown key, a non-number or a kernel.latency over 1m is an error naming
     file:line, exit 2.
 usage: tests/explain/check_devices.py PLANC ROOT"""
@@ -105,6 +107,15 @@ def main():
     same = [(plan, micro_of(gpt, plan, alone), micro_of(gpt, plan, shared)) for plan in ("dp2_tp2", "pp2_1f1b")]
     tally.check("4 ranks on 2 cores: no pipeline, or a world the cores hold, unchanged", all(x == y for _, x, y in same),
                 same)
+    llama = os.path.join(root, "examples/llama.plan")
+    plain = [step(planc, path, "single", dev("cpu", "base = cpu\n")) for path in (gpt, llama)]
+    once = [step(planc, path, "single", dev("drop1", "base = cpu\ndropout.rate = 1G\n")) for path in (gpt, llama)]
+    twice = [step(planc, path, "single", dev("drop2", "base = cpu\ndropout.rate = 2G\n")) for path in (gpt, llama)]
+    tally.check("dropout.rate: the GPT's masks add to its step, half as much at twice the rate",
+                once[0] > plain[0] and abs((once[0] - plain[0]) - 2 * (twice[0] - plain[0])) < 1e-5 * once[0],
+                (plain[0], once[0], twice[0]))
+    tally.check("dropout.rate: a model without dropout unchanged", plain[1] == once[1] == twice[1],
+                (plain[1], once[1], twice[1]))
     r = subprocess.run([planc, "explain", gpt, "--device=" + dev("half", "base = cpu\nnode.cores = 1.5\n")],
                        capture_output=True, text=True)
     tally.check("bad device file: node.cores not whole", r.returncode == 2 and "node.cores is a whole number" in r.stderr,
