@@ -22,9 +22,9 @@ set(CC_CACHE_ENV "PLANC_MPICC=${ROOT}/tests/lib/cc_cache.sh" "REAL_CC=${MPI_C_CO
 
 # python3 through a version manager's shim (pyenv's: a shell script that runs pyenv, which runs the
 # interpreter) took 0.34 s and 9,400 page faults a start here, where the interpreter itself takes
-# 0.05 s and 1,900 (tests/README.md, "Time"). The suite starts python3 a few hundred times. The
-# interpreter the shim resolves to is asked for once, here, and the tests run it directly: as a
-# runner's command (runner_test), and first on PATH (TEST_PATH_ENV, every test) for the runners
+# 0.05 s and 1,900 (tests/README.md, "Time"); every python runner and many shell runners start it.
+# The interpreter the shim resolves to is asked for once, here, and the tests run it directly: as
+# a runner's command (runner_test), and first on PATH (TEST_PATH_ENV, every test) for the runners
 # that start python3 themselves. Where python3 is the interpreter already, nothing changes.
 find_program(PYTHON3_ON_PATH python3)
 set(PYTHON3_EXE python3)

@@ -35,7 +35,7 @@ static unsigned char *arena_copy; /* planrt_arena_snapshot of device memory */
  * temporary buffers (Open MPI's all-reduce and reduce-scatter malloc a copy of the message each
  * call), staging copies, the data loader's batch. glibc serves an allocation of 128 KiB or more
  * (the threshold adapts up to 32 MiB) with its own mapping and unmaps it at free, so each call
- * faulted its pages in again: GPT data = 4, 20 steps, took 48-52 thousand minor page faults where
+ * faulted its pages in again: GPT data = 4, 20 steps, took 38-52 thousand minor page faults where
  * its start takes 20 thousand, 0.69-0.81 s of system time against 0.41-0.49, and 1.63-1.77 s wall
  * against 1.35-1.37 (tests/README.md, "Time"). planrt_heap_keep_ asks glibc to serve every
  * allocation from the heap and to keep up to 1 GiB of freed memory at its top, as a caching
