@@ -119,9 +119,9 @@ check("the data given as --log is intact", open(copy, "rb").read() == open(data,
 # times: in CI on ba9d754, in a clean-clone suite on 2026-12-05 (no planrt line of rank 0 in
 # mpirun's stderr; ranks 1 and 3 reported their reduce-scatter), and once in 3 runs of this
 # version beside two busy loops, where rank 0's own file held no report. So the cause is in the
-# rank, not in the launcher. It is not found yet: a thread other than the monitor that takes the
-# SIGTERM (and dies of it) is the suspect. The check stays as it is: a survivor that says nothing is
-# what it is there to catch.
+# rank, not in the launcher. It is not found yet. It is not the threads' signal masks: in a run
+# (/proc/PID/task/*/status), every rank's 4 threads block SIGTERM but the monitor, rank 0's as
+# the others'. The check stays as it is: a survivor that says nothing is what it is there to catch.
 logs = f"{work}/peer_death"
 os.makedirs(logs)
 p = subprocess.Popen(["mpirun", "-np", "4", "sh", "-c", f'exec "$0" "$@" 2>"{logs}/rank.$OMPI_COMM_WORLD_RANK"', gpt,
