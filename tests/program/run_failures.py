@@ -162,7 +162,9 @@ check("a killed rank is explained on every survivor", sorted(pids) == [0, 1, 2, 
       f"ranks {told} named what they were doing ({', '.join(sorted(set(w.split(' s in ')[-1] if 'waiting' in w else 'computing' for _, w in reports)))}); "
       f"every rank exited {elapsed:.2f} s after rank 2 was killed" +
       ("" if told == [0, 1, 3] else f"; ranks found {sorted(pids)}; their stderr: " +
-       " | ".join(line[:200] for line in out.splitlines() if "planrt" in line)))
+       " | ".join(line[:200] for line in out.splitlines() if "planrt" in line) +
+       "".join(f"; rank {r}'s last lines: " + " | ".join(open(f"{logs}/rank.{r}", errors="replace").read().splitlines()[-4:])
+               for r in (0, 1, 3) if r not in told and os.path.exists(f"{logs}/rank.{r}"))))
 
 runner.finish()
 
