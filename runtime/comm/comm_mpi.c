@@ -60,6 +60,7 @@
 
 #include "planrt.h"
 
+#include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <math.h>
@@ -119,6 +120,7 @@ struct planrt_request {
 };
 
 static double watchdog_s = 300;
+static volatile int world_size = 1; /* the monitor's copy, set once MPI is up */
 static int tag_ub = 32767; /* MPI_TAG_UB, read by planrt_comm_init_ */
 /* PLANRT_WAIT: what a polling wait does between polls once its short spin is over */
 static enum { WAIT_AUTO, WAIT_YIELD, WAIT_SLEEP } wait_policy = WAIT_AUTO;
@@ -227,6 +229,9 @@ void planrt_comm_init_(void)
 				planrt_world_rank_(), s);
 	}
 	node_computing = oversubscribed_counter();
+	int size = 1;
+	MPI_Comm_size(MPI_COMM_WORLD, &size);
+	world_size = size;
 	mpi_reduce_scatter = getenv("PLANRT_MPI_REDUCE_SCATTER") != NULL;
 }
 
@@ -498,6 +503,16 @@ static volatile int where_micro = -1, where_chunk = -1;
 static void (*volatile signal_cleanup)(void);
 static int monitor_running;
 
+/* How long a rank stopped by a signal in a job of several ranks lives on after its report.
+ * Open MPI 4.1's launcher (orte odls kill_local_procs) sends SIGTERM to every survivor, sleeps
+ * odls_base_sigkill_timeout (1 s) and then SIGKILLs them all; but the first child's death ends
+ * that sleep (SIGCHLD interrupts it, and glibc's sleep returns the whole seconds left: 0). So the
+ * fastest survivor to exit took the others' time to report: measured, the SIGKILL came 0.9 ms
+ * after a survivor's SIGTERM, and on a loaded machine its monitor thread had not run yet. Each
+ * survivor therefore waits this long after writing its report, and the launcher's SIGKILL, not
+ * the signal, usually ends it. */
+static const double SIGNAL_LINGER_S = 0.5;
+
 static double coarse_now(void)
 {
 	struct timespec ts;
@@ -663,6 +678,11 @@ static void *monitor_main(void *arg)
 			void (*cleanup)(void) = signal_cleanup;
 			if (cleanup)
 				cleanup();
+			if (world_size > 1) {
+				struct timespec linger = {0, (long)(SIGNAL_LINGER_S * 1e9)};
+				while (nanosleep(&linger, &linger) != 0 && errno == EINTR)
+					;
+			}
 			signal(sig, SIG_DFL);
 			sigset_t one;
 			sigemptyset(&one);

@@ -115,13 +115,12 @@ check("the data given as --log is intact", open(copy, "rb").read() == open(data,
 # ------------------------------------------------------------------ a peer dies
 
 # Each rank writes its stderr to a file of its own (rank.N), so that what planrt prints is read
-# where it writes it, not through mpirun's forwarding. Rank 0's report has been missing three
-# times: in CI on ba9d754, in a clean-clone suite on 2026-12-05 (no planrt line of rank 0 in
-# mpirun's stderr; ranks 1 and 3 reported their reduce-scatter), and once in 3 runs of this
-# version beside two busy loops, where rank 0's own file held no report. So the cause is in the
-# rank, not in the launcher. It is not found yet. It is not the threads' signal masks: in a run
-# (/proc/PID/task/*/status), every rank's 4 threads block SIGTERM but the monitor, rank 0's as
-# the others'. The check stays as it is: a survivor that says nothing is what it is there to catch.
+# where it writes it, not through mpirun's forwarding. A survivor's report went missing about
+# once in 4 runs beside two busy loops, a different rank each time: Open MPI's launcher SIGKILLs
+# the survivors as soon as the first of them exits after its SIGTERM (measured with perf's signal
+# tracepoints: 0.9 ms after a survivor's SIGTERM), and a monitor thread that had not run by then
+# wrote nothing. planrt's survivors now live on 0.5 s after their report (SIGNAL_LINGER_S in
+# runtime/comm/comm_mpi.c); this check is what fails without it.
 logs = f"{work}/peer_death"
 os.makedirs(logs)
 p = subprocess.Popen(["mpirun", "-np", "4", "sh", "-c", f'exec "$0" "$@" 2>"{logs}/rank.$OMPI_COMM_WORLD_RANK"', gpt,
