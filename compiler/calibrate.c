@@ -71,6 +71,9 @@ static Device calibrated_device(const Device *base, const planrt_calibration_t *
 		d.capacity = c->capacity;
 	d.launch = c->launch;
 	d.dropout = c->dropout_rate;
+	d.attention_score[0] = c->attention_score[0];
+	d.attention_score[1] = c->attention_score[1];
+	d.attention_tile = c->attention_tile;
 	d.node_ranks = c->node_ranks;
 	long cores = sysconf(_SC_NPROCESSORS_ONLN); /* this machine's; explain uses it where ranks share them */
 	d.node_cores = cores > 0 && cores < c->node_ranks ? (int)cores : 0;
@@ -101,8 +104,9 @@ static void write_header(FILE *out, const planrt_calibration_t *c, const Device 
 	fprintf(out, "\n# matmul.*: the best of these; the CPU runs bf16 and f16 GEMMs in f32 after casts\n");
 	fprintf(out, "# kernel.latency: a tiny kernel's seconds per call (a GEMM of 8 x 8 x 8 and an add of 64 floats, the mean)\n");
 	fprintf(out, "# dropout.rate: mask elements per second of planrt's dropout over 64 Ki floats (its Philox draws; its bytes are memory.*)\n");
-	fprintf(out, "# memory.*: y = a x + y over arrays larger than the caches (64 MiB; 4 MiB with --quick); attention.*: the fused causal attention, forward and "
-		     "backward, FLOPs counted as explain counts them\n");
+	fprintf(out, "# memory.*: y = a x + y over arrays larger than the caches (64 MiB; 4 MiB with --quick); attention.*: the fused causal attention's products, forward and "
+		     "backward, at head dims 16 and 64 (the difference: the products' rate; the rest: each computed score's own "
+		     "seconds, attention.score_forward and score_backward), every tile with an unmasked score counted whole (attention.tile)\n");
 	if (c->node.ranks)
 		print_link(out, "within a node", &c->node);
 	if (c->net.ranks)

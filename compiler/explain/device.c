@@ -154,6 +154,10 @@ static double *device_field(Device *d, const char *key)
 		return &d->launch;
 	if (!strcmp(key, "dropout.rate"))
 		return &d->dropout;
+	if (!strcmp(key, "attention.score_forward"))
+		return &d->attention_score[0];
+	if (!strcmp(key, "attention.score_backward"))
+		return &d->attention_score[1];
 	Link *l = !strncmp(key, "node.", 5) ? &d->node : !strncmp(key, "net.", 4) ? &d->net : NULL;
 	const char *f = l ? strchr(key, '.') + 1 : "";
 	if (!l)
@@ -211,6 +215,16 @@ static bool device_line(Device *d, const char *path, int line, char *key, char *
 		d->node_cores = (int)v;
 		return true;
 	}
+	if (!strcmp(key, "attention.tile")) {
+		if (v > 1 << 20 || v != floor(v))
+			return file_error(path, line, "attention.tile is a whole number of rows (0: the unmasked half of a causal "
+					      "attention counted), not '%s'", value);
+		d->attention_tile = (int)v;
+		return true;
+	}
+	if (!strncmp(key, "attention.score_", 16) && v > 1e-6)
+		return file_error(path, line, "attention.score_forward and score_backward are seconds per score, at most 1u "
+					      "(write 0.8n for 0.8 nanoseconds), not '%s'", value);
 	if (!strcmp(key, "kernel.latency") && v > MAX_LAUNCH)
 		return file_error(path, line, "kernel.latency is seconds per kernel launch, at most 1m (write 5u for 5 "
 					      "microseconds), not '%s'", value);
@@ -218,7 +232,7 @@ static bool device_line(Device *d, const char *path, int line, char *key, char *
 	if (!field)
 		return file_error(path, line,
 				  "unknown key '%s' (name, base, matmul.f32|bf16|f16, memory.f32|bf16|f16, attention.f32|bf16|f16, "
-"memory.capacity, kernel.latency, dropout.rate, "
+"attention.score_forward|score_backward, attention.tile, memory.capacity, kernel.latency, dropout.rate, "
 				  "node.ranks, node.cores, node|net.bandwidth|latency|hop|tree|tree_hop)",
 				  key);
 	*field = v;
@@ -299,6 +313,11 @@ void device_write(FILE *out, const Device *d)
 		fprintf(out, "node.cores = %d\n", d->node_cores);
 	if (d->dropout > 0)
 		fprintf(out, "dropout.rate = %.6g\n", d->dropout);
+	if (d->attention_score[0] > 0 || d->attention_score[1] > 0)
+		fprintf(out, "attention.score_forward = %.6g\nattention.score_backward = %.6g\n", d->attention_score[0],
+			d->attention_score[1]);
+	if (d->attention_tile > 0)
+		fprintf(out, "attention.tile = %d\n", d->attention_tile);
 	const Link *links[] = {&d->node, &d->net};
 	const char *const link_names[] = {"node", "net"};
 	for (int i = 0; i < 2; i++)

@@ -511,6 +511,21 @@ static double comm_floor(const PlanSpec *ps, const Comm *c)
 	return n > 1 && c->coll != OP_SEND ? device_wire_floor(l, c->coll == OP_ALL_REDUCE, wire) : 0;
 }
 
+/* The share of a causal self-attention's s x s scores a kernel of query and key tiles of `tile`
+ * computes: each query tile runs every key tile up to its last row's, whole ((n + 1) / 2n of them
+ * for n tiles; all of them when s fits one tile), where the unmasked scores are about half. */
+static double causal_tiles_computed(long long s, int tile)
+{
+	if (s <= 0 || tile <= 0)
+		return 0.5;
+	double computed = 0;
+	for (long long r0 = 0; r0 < s; r0 += tile) {
+		long long rows = s - r0 < tile ? s - r0 : tile, keys = r0 + tile < s ? r0 + tile : s;
+		computed += (double)rows * (double)keys;
+	}
+	return computed / ((double)s * (double)s);
+}
+
 static double kernel_seconds(const PlanSpec *ps, const LProg *p, const Kernel *k)
 {
 	const Device *d = device_current();
@@ -538,13 +553,16 @@ static double kernel_seconds(const PlanSpec *ps, const LProg *p, const Kernel *k
 		bool ring = k->kind == K_RING_ATTENTION || k->kind == K_RING_ATTENTION_GRAD;
 		int step = ring ? (int)k->args[fwd ? KARG_INDEX(RING_ATTENTION, step) : KARG_INDEX(RING_ATTENTION_GRAD, step)].i : 0;
 		double unmasked = !causal ? 1 : ring && !p->low->g->ring_mirrored && step > 0 ? 1 : 0.5;
-		double flops = 2.0 * q * sk * (fwd ? 2 : 5) * unmasked;
-		t = flops / (d->attention[dt] > 0 ? d->attention[dt] : d->matmul[dt]);
+		double rows = ld->n > 0 ? q / (double)ld->ints[ld->n - 1] : 0; /* q counts the head dim's elements */
+		if (causal && !ring && d->attention_tile > 0 && ld->n >= 2 && (double)ld->ints[ld->n - 2] == sk)
+			unmasked = causal_tiles_computed((long long)sk, d->attention_tile);
+		double flops = 2.0 * q * sk * (fwd ? 2 : 5) * unmasked, scores = rows * sk * unmasked;
+		t = flops / (d->attention[dt] > 0 ? d->attention[dt] : d->matmul[dt]) + scores * d->attention_score[fwd ? 0 : 1];
 		/* dropout on the probabilities: a mask element per score it computes, forward and again in
-		 * the backward (q counts the head dimension's elements; a score is one per query row) */
+		 * the backward */
 		double drop = k->args[fwd ? KARG_INDEX(ATTENTION, p) : KARG_INDEX(ATTENTION_GRAD, p)].f;
-		if (drop > 0 && d->dropout > 0 && ld->n > 0)
-			t += q / (double)ld->ints[ld->n - 1] * sk * unmasked / d->dropout;
+		if (drop > 0 && d->dropout > 0)
+			t += scores / d->dropout;
 	} else if (k->kind == K_LOOP) {
 		double elems = 1;
 		for (int i = 0; i < k->rank; i++)

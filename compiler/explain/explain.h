@@ -24,7 +24,11 @@ typedef struct Device {
 	const char *key, *name;
 	double matmul[3];    /* dense matmul FLOP/s by element type: f32, bf16, f16 */
 	double memory_bw[3]; /* bytes/s element-wise kernels move, by element type */
-	double attention[3]; /* FLOP/s of the fused attention by element type (0: the matmul rate) */
+	double attention[3]; /* FLOP/s of the fused attention's products by element type (0: the matmul rate) */
+	double attention_score[2]; /* seconds each score the fused attention computes costs beyond its
+				    * products, forward and backward (its row work: exp, max, sum, mask) */
+	int attention_tile;  /* the fused attention's query and key tile: under a causal mask every tile
+			      * holding an unmasked score is computed whole (0: the unmasked half counted) */
 	double capacity;     /* bytes of device memory per rank */
 	double launch;       /* seconds every compute kernel costs beyond its roofline (launch, dispatch) */
 	double dropout;      /* dropout mask elements drawn per second (a Philox block per 4 elements), beyond

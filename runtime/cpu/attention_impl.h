@@ -38,8 +38,8 @@
  * from step 1 on and writes this block's dk and dv (the ring carries their sums). */
 
 #ifndef ATTN_BQ
-#define ATTN_BQ 64
-#define ATTN_BK 64
+#define ATTN_BQ PLANRT_ATTN_TILE
+#define ATTN_BK PLANRT_ATTN_TILE
 /* S or P tile, dP tile, keep mask, room for two Dh x ATTN_BK tiles (unused since the products
  * became GEMMs on k and v in place; lower.c sizes the scratch by this formula), the output
  * accumulator, m l D */

@@ -7,7 +7,8 @@
  *   - planrt_k_matmul_f32 (OpenBLAS) on square and transformer-shaped GEMMs;
  *   - y = a x + y over arrays far larger than the caches (the bytes explain counts for a fused
  *     loop: every operand once);
- *   - planrt_k_attention_f32 and its gradient, causal, counted as explain counts them;
+ *   - planrt_k_attention_f32 and its gradient, causal, at two head dims: the rate of its products
+ *     and each computed score's own cost (the row work), forward and backward, as explain prices them;
  *   - planrt's dropout over an array the caches hold: the rate of its mask draws;
  *   - a tiny GEMM and a tiny element-wise add through planrt, whose time is almost all the fixed
  *     cost of a call (the device model's kernel.latency, which a roofline leaves out);
@@ -126,21 +127,29 @@ typedef struct Attn {
 	void *scratch;
 } Attn;
 
+static void run_attention_forward(void *arg)
+{
+	Attn *a = arg;
+	int64_t h = a->ldims[1], s = a->ldims[2];
+	int64_t gdims[4] = {1, h, s, s}, offs[8] = {0, 0, 0, 0, 0, h / 2, s / 2, a->ldims[3] / 2};
+	planrt_k_attention_f32(a->q, a->k, a->v, NULL, NULL, a->out, a->lse, 4, a->ldims, h, s, 1.0 / 8.0, 1, 0, 0, 0,
+			       gdims, offs, a->scratch);
+}
+
 static void run_attention(void *arg)
 {
 	Attn *a = arg;
 	int64_t h = a->ldims[1], s = a->ldims[2];
 	int64_t gdims[4] = {1, h, s, s}, offs[8] = {0, 0, 0, 0, 0, h / 2, s / 2, a->ldims[3] / 2};
-	double scale = 1.0 / 8.0;
-	planrt_k_attention_f32(a->q, a->k, a->v, NULL, NULL, a->out, a->lse, 4, a->ldims, h, s, scale, 1, 0, 0, 0,
-			       gdims, offs, a->scratch);
+	run_attention_forward(a);
 	planrt_k_attention_grad_f32(a->q, a->k, a->v, NULL, NULL, a->out, a->lse, a->dout, a->dq, a->dk, a->dv, 4,
-				    a->ldims, h, s, scale, 1, 0, 0, 0, gdims, offs, a->scratch);
+				    a->ldims, h, s, 1.0 / 8.0, 1, 0, 0, 0, gdims, offs, a->scratch);
 }
 
-static double measure_attention(int quick)
+/* Seconds of the forward alone and of forward + backward, causal, 4 heads of s rows, head dim dh. */
+static void time_attention(int64_t s, int64_t dh, double *forward, double *both)
 {
-	Attn a = {.ldims = {1, 4, quick ? 128 : 1024, 64}};
+	Attn a = {.ldims = {1, 4, s, dh}};
 	size_t n = (size_t)(a.ldims[1] * a.ldims[2] * a.ldims[3]), rows = (size_t)(a.ldims[1] * a.ldims[2]);
 	float **bufs[] = {&a.q, &a.k, &a.v, &a.out, &a.dout, &a.dq, &a.dk, &a.dv};
 	for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) {
@@ -149,16 +158,43 @@ static double measure_attention(int quick)
 			(*bufs[i])[j] = (float)((j * 2654435761u + i) % 1000) * 1e-3f - 0.5f;
 	}
 	a.lse = calib_alloc(sizeof(float) * rows);
-	/* at least ATTN_SCRATCH_FLOATS(64) (cpu/attention_impl.h: a few 64 x 64 tiles) */
-	a.scratch = calib_alloc(sizeof(float) * (4 * 64 * 64 + 4 * 64 * (size_t)a.ldims[3] + 256));
-	double s = timed(MPI_COMM_WORLD, run_attention, &a);
-	double q = (double)rows * (double)a.ldims[3], sk = (double)a.ldims[2];
-	double flops = 2.0 * q * sk * (2 + 5) * 0.5; /* explain: forward 2, backward 5 products; causal half */
+	/* ATTN_SCRATCH_FLOATS(dh) (cpu/attention_impl.h) */
+	a.scratch = calib_alloc(sizeof(float) * (3 * PLANRT_ATTN_TILE * PLANRT_ATTN_TILE + 3 * PLANRT_ATTN_TILE * (size_t)dh +
+						  3 * PLANRT_ATTN_TILE));
+	*forward = timed(MPI_COMM_WORLD, run_attention_forward, &a);
+	*both = timed(MPI_COMM_WORLD, run_attention, &a);
 	for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
 		free(*bufs[i]);
 	free(a.lse);
 	free(a.scratch);
-	return flops / s;
+}
+
+/* The fused attention's time is linear in the head dim at a given number of scores: each
+ * computed score costs its products (2 dh FLOPs a product; 2 forward, 5 backward) at the GEMM
+ * kernel's rate, and row work of its own (exp, max, sum, mask, scale) that does not grow with dh.
+ * Measured here (2 cores, S 64-1024, dh 16-128): 0.82 ns forward and 0.75 ns backward a computed
+ * score besides the products, which is a quarter of the time at dh 32 and an eighth at dh 64, so
+ * one rate at one head dim misprices the others. Two head dims give both terms. The computed
+ * scores: under the causal mask every tile with an unmasked score runs whole, (n + 1) / 2n of
+ * them for n tiles of the sequence (S = 64: all of them, not half). */
+static void measure_attention(planrt_calibration_t *c, int quick)
+{
+	const int64_t s = quick ? 128 : 1024, heads = 4, lo = 16, hi = 64, t = PLANRT_ATTN_TILE;
+	double computed = 0; /* scores of the 4 heads the kernel computes */
+	for (int64_t r0 = 0; r0 < s; r0 += t) {
+		int64_t rows = s - r0 < t ? s - r0 : t, keys = r0 + t < s ? r0 + t : s;
+		computed += (double)(heads * rows * keys);
+	}
+	double f_lo, b_lo, f_hi, b_hi;
+	time_attention(s, lo, &f_lo, &b_lo);
+	time_attention(s, hi, &f_hi, &b_hi);
+	double per_dh = 2.0 * (2 + 5) * computed; /* FLOPs of both directions per unit of dh */
+	double rate = b_hi > b_lo ? per_dh * (double)(hi - lo) / (b_hi - b_lo) : per_dh * (double)hi / b_hi;
+	double fwd = f_lo / computed - 2.0 * 2 * (double)lo / rate, bwd = (b_lo - f_lo) / computed - 2.0 * 5 * (double)lo / rate;
+	c->attention_rate = rate;
+	c->attention_score[0] = fwd > 0 ? fwd : 0;
+	c->attention_score[1] = bwd > 0 ? bwd : 0;
+	c->attention_tile = (int)t;
 }
 
 /* Dropout's mask draws: planrt's f32 dropout (p = 0.1) over 64 Ki floats, which the caches hold,
@@ -354,7 +390,7 @@ int planrt_calibrate(planrt_calibration_t *c, const char *out_path, int quick, c
 	c->capacity = pages > 0 && page > 0 ? (double)pages * (double)page / c->node_ranks : 0;
 	measure_gemms(c, quick);
 	c->memory_bw = measure_memory(quick);
-	c->attention_rate = measure_attention(quick);
+	measure_attention(c, quick);
 	c->launch = measure_launch();
 	c->dropout_rate = measure_dropout();
 	measure_links(c, quick);

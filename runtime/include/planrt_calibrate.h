@@ -31,8 +31,12 @@ typedef struct planrt_calibration {
 	double gemm_rate[PLANRT_CALIB_GEMMS];      /* FLOP/s (2 M N K per product) */
 	int ngemms;
 	double memory_bw;                          /* bytes/s of y = a x + y (3 floats per element) */
-	double attention_rate;                     /* FLOP/s of the fused attention, forward and backward,
-						      counted as explain counts them (causal: half) */
+	double attention_rate;                     /* FLOP/s of the fused attention's products, forward and
+						      backward, over the scores it computes (causal: every
+						      tile holding an unmasked score, whole) */
+	double attention_score[2];                 /* seconds per computed score beyond its products, forward
+						      and backward (the softmax's row work, mask, scale) */
+	int attention_tile;                        /* the query and key tile (PLANRT_ATTN_TILE) */
 	double launch;                             /* seconds per call of a tiny kernel (a GEMM of 8 x 8 x 8 and
 						      an add of 64 floats, the mean): a kernel's fixed cost */
 	double dropout_rate;                       /* dropout mask elements per second (planrt's dropout over an

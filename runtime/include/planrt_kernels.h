@@ -15,6 +15,10 @@
 extern "C" {
 #endif
 
+/* The CPU fused attention's query and key tile (cpu/attention_impl.h's ATTN_BQ and ATTN_BK): under
+ * a causal mask every tile holding an unmasked score is computed whole (planc calibrate reports it) */
+#define PLANRT_ATTN_TILE 64
+
 enum { PLANRT_ADD = 0, PLANRT_SUB, PLANRT_MUL, PLANRT_DIV };
 enum { PLANRT_GELU_ERF = 0, PLANRT_GELU_TANH };
 /* a matmul operand's trans flag, and whether a kernel's output is overwritten or added to */

@@ -72,16 +72,34 @@ def main():
     tally.check("explain names the device", "on calibrated on " in r.stdout, r.stdout[-300:])
     slow = os.path.join(tmp, "slow_attention.device")
     with open(slow, "w") as out:
-        out.write(re.sub(r"(?m)^(attention\.\w+) = (\S+)", lambda m: "%s = %g" % (m.group(1), float(m.group(2)) / 10),
-                         text))
+        out.write(re.sub(r"(?m)^(attention\.(?:f32|bf16|f16)) = (\S+)",
+                         lambda m: "%s = %g" % (m.group(1), float(m.group(2)) / 10), text))
     slower = step(planc, gpt, "single", slow)
     tally.check("attention.* prices the fused attention", slower > measured, "%g vs %g" % (slower, measured))
+    # each computed score's own seconds (the row work), measured at two head dims
+    tally.check("the attention's cost a score measured, forward and backward",
+                all(1e-13 < num.get("attention.score_" + d, 0) < 1e-6 for d in ("forward", "backward")),
+                (num.get("attention.score_forward"), num.get("attention.score_backward")))
+    tally.check("the attention's tile is planrt's (64)", num.get("attention.tile") == 64, num.get("attention.tile"))
+    rows = os.path.join(tmp, "slow_rows.device")
+    with open(rows, "w") as out:
+        out.write(re.sub(r"(?m)^(attention\.score_\w+) = (\S+)",
+                         lambda m: "%s = %g" % (m.group(1), float(m.group(2)) * 10), text))
+    tally.check("attention.score_* prices each score", step(planc, gpt, "single", rows) > measured)
+    # the example's S = 64 is one 64-row tile: the causal attention computes every score, twice the
+    # unmasked half that a device without attention.tile counts
+    untiled = os.path.join(tmp, "untiled.device")
+    with open(untiled, "w") as out:
+        out.write(re.sub(r"(?m)^attention\.tile = .*\n", "", text))
+    tally.check("attention.tile: every tile with an unmasked score computed whole",
+                step(planc, gpt, "single", untiled) < measured)
     plain = os.path.join(tmp, "no_attention.device")
     with open(plain, "w") as out:
         out.write(re.sub(r"(?m)^attention\..*\n", "", text))
     same_rate = os.path.join(tmp, "matmul_rate.device")
     with open(same_rate, "w") as out:
-        out.write(re.sub(r"(?m)^(attention\.\w+) = \S+", lambda m: "%s = %s" % (m.group(1), f["matmul.f32"]), text))
+        out.write(re.sub(r"(?m)^(attention\.(?:f32|bf16|f16)) = \S+", lambda m: "%s = %s" % (m.group(1), f["matmul.f32"]),
+                         re.sub(r"(?m)^attention\.(?:score_\w+|tile) = .*\n", "", text)))
     tally.check("without attention.*: the matmul rate", step(planc, gpt, "single", plain)
                 == step(planc, gpt, "single", same_rate))
 
@@ -102,7 +120,8 @@ def main():
                            env=harness.mpi_env(), timeout=600)
         tally.check("error: " + name, r.returncode == code and want in r.stderr, (r.returncode, r.stderr.strip()))
     tally.check("errors wrote nothing", sorted(os.listdir(tmp)) == sorted(
-        ["two.device", "slow_attention.device", "no_attention.device", "matmul_rate.device", "one.device"]),
+        ["two.device", "slow_attention.device", "slow_rows.device", "untiled.device", "no_attention.device",
+         "matmul_rate.device", "one.device"]),
         os.listdir(tmp))
     tally.finish()
 

@@ -123,6 +123,9 @@ def main():
     for name, text, want in (("unknown", "base = h100\nflops = 3\n", ":2: error: unknown key 'flops'"),
                              ("launch", "base = h100\nkernel.latency = 5\n", ":2: error: kernel.latency is seconds"),
                              ("nan", "base = h100\nnode.latency = fast\n", ":2: error: 'fast' is not"),
+                             ("tile", "base = cpu\nattention.tile = 6.4\n", ":2: error: attention.tile is a whole number"),
+                             ("score", "base = cpu\nattention.score_forward = 0.8\n",
+                              ":2: error: attention.score_forward and score_backward are seconds per score"),
                              ("empty", "# nothing\n", "the device has no matmul.f32")):
         r = subprocess.run([planc, "explain", gpt, "--device=" + dev(name, text)], capture_output=True, text=True)
         tally.check("bad device file: " + name, r.returncode == 2 and want in r.stderr, r.stderr.strip())
