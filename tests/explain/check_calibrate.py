@@ -65,6 +65,18 @@ def main():
     busbw = [float(b[:-1]) * 1024 / float(t) for b, t in zip(sizes[::2], sizes[1::2])]  # 2 ranks: 2 (n-1)/n = 1
     tally.check("node.bandwidth: the best size's all-reduce bus bandwidth", abs(num["node.bandwidth"] / max(busbw) - 1)
                 < 0.01, (num["node.bandwidth"], busbw))
+    # node.hop: per ring step (2 (n - 1)), the median over the sizes up to the best of what each
+    # all-reduce took beyond node.latency + bytes / node.bandwidth (0 if nothing is left over); the
+    # table is printed to 3 digits, hence the tolerance
+    ranks, times = num["node.ranks"], [float(t) for t in sizes[1::2]]
+    best = busbw.index(max(busbw))
+    left = sorted((t - num["node.latency"] - 2 * (ranks - 1) / ranks * float(b[:-1]) * 1024 / num["node.bandwidth"])
+                  / (2 * (ranks - 1)) for b, t in zip(sizes[::2][:best + 1], times[:best + 1]))
+    m = len(left)
+    want = max(0.0, left[m // 2] if m % 2 else 0.5 * (left[m // 2 - 1] + left[m // 2]))
+    tally.check("node.hop: a ring step's seconds from the all-reduces up to the best size",
+                abs(num["node.hop"] - want) <= 0.02 * want + 1e-3 * max(times[:best + 1]) / (2 * (ranks - 1)),
+                (num["node.hop"], want))
 
     measured, nominal = step(planc, gpt, "single", dev), step(planc, gpt, "single", "cpu")
     tally.check("explain uses the measured figures", measured != nominal, "%g vs nominal %g" % (measured, nominal))
