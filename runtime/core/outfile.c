@@ -11,6 +11,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <libgen.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdlib.h>
@@ -83,8 +84,36 @@ static void name_tmp(planrt_outfile_t *f, const char *path, long id)
 	f->fp = NULL;
 }
 
+/* Set by planrt_outfile_stop (a stop signal's cleanup): from then on no output is begun or
+ * committed. planrt's monitor thread removes the pending temporary file and then lets the
+ * process live 0.5 s in a job of several ranks (runtime/comm/comm_mpi.c, SIGNAL_LINGER_S) while
+ * the rank's other threads run on; a writer that reaches an open or a commit waits here for the
+ * end instead of leaving a new temporary file or failing a rename of the one removed. */
+static volatile sig_atomic_t stopping;
+/* held while a temporary file is created and named pending, and while one is renamed and no
+ * longer pending, so that planrt_outfile_stop removes a pending file before or after, never
+ * between (a rename of a file it removed failed, a file created unnamed was left) */
+static pthread_mutex_t pending_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void wait_if_stopping(void)
+{
+	while (stopping)
+		pause(); /* this thread blocks the stop signals; the monitor ends the process */
+}
+
+/* pending_lock taken, unless the process is stopping: then this thread waits for its end */
+static void lock_unless_stopping(void)
+{
+	pthread_mutex_lock(&pending_lock);
+	if (stopping) {
+		pthread_mutex_unlock(&pending_lock);
+		wait_if_stopping();
+	}
+}
+
 int planrt_outfile_open(planrt_outfile_t *f, const char *what, const char *path, long id, char *why, size_t n)
 {
+	wait_if_stopping();
 	name_tmp(f, path, id);
 	int kind = classify(what, path, why, n);
 	if (kind <= 0)
@@ -94,8 +123,12 @@ int planrt_outfile_open(planrt_outfile_t *f, const char *what, const char *path,
 		snprintf(f->tmp, sizeof f->tmp, "%s", path);
 		f->fd = open(path, O_WRONLY | O_CLOEXEC);
 	} else {
+		lock_unless_stopping();
 		unlink(f->tmp); /* a leftover of an earlier process with this pid */
 		f->fd = open(f->tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+		if (f->fd >= 0)
+			planrt_outfile_pending(f->tmp);
+		pthread_mutex_unlock(&pending_lock);
 	}
 	if (f->fd < 0) {
 		int e = errno;
@@ -104,13 +137,12 @@ int planrt_outfile_open(planrt_outfile_t *f, const char *what, const char *path,
 		errno = e;
 		return -1;
 	}
-	if (!f->in_place)
-		planrt_outfile_pending(f->tmp);
 	return 0;
 }
 
 int planrt_outfile_join(planrt_outfile_t *f, const char *path, long id, char *why, size_t n)
 {
+	wait_if_stopping();
 	name_tmp(f, path, id);
 	struct stat st;
 	f->in_place = lstat(path, &st) == 0 && S_ISCHR(st.st_mode);
@@ -159,6 +191,7 @@ static int finish(planrt_outfile_t *f, const char **step)
 
 int planrt_outfile_commit(planrt_outfile_t *f, char *why, size_t n)
 {
+	wait_if_stopping();
 	const char *step = "write";
 	int e = finish(f, &step);
 	char again[512] = "";
@@ -166,14 +199,16 @@ int planrt_outfile_commit(planrt_outfile_t *f, char *why, size_t n)
 		e = EEXIST; /* the target became something else while it was written */
 		step = "rename";
 	}
+	lock_unless_stopping();
 	if (!e && !f->in_place && rename(f->tmp, f->path) != 0) {
 		e = errno;
 		step = "rename";
 	}
+	if (e && !f->in_place)
+		unlink(f->tmp);
+	planrt_outfile_pending(NULL);
+	pthread_mutex_unlock(&pending_lock);
 	if (e) {
-		if (!f->in_place)
-			unlink(f->tmp);
-		planrt_outfile_pending(NULL);
 		if (again[0])
 			say(why, n, "%s", again);
 		else
@@ -182,7 +217,6 @@ int planrt_outfile_commit(planrt_outfile_t *f, char *why, size_t n)
 		errno = e;
 		return -1;
 	}
-	planrt_outfile_pending(NULL);
 	if (!f->in_place) {
 		char dir[4096];
 		snprintf(dir, sizeof dir, "%s", f->path);
@@ -227,6 +261,14 @@ void planrt_outfile_remove_pending(void)
 {
 	if (pending_tmp[0])
 		unlink(pending_tmp);
+}
+
+void planrt_outfile_stop(void)
+{
+	pthread_mutex_lock(&pending_lock);
+	stopping = 1;
+	planrt_outfile_remove_pending();
+	pthread_mutex_unlock(&pending_lock);
 }
 
 /* whether pid is a live process of this host (a zombie, a killed process nobody reaped, is not) */

@@ -58,7 +58,7 @@ static void check_options(options_t *o, const planrt_program_t *p, const sync_po
 static int open_run_files(const options_t *o, int rank)
 {
 	int ckpt_lock = -1;
-	planrt_on_signal_(planrt_outfile_remove_pending);
+	planrt_on_signal_(planrt_outfile_stop);
 	if (rank == 0) {
 		planrt_check_run_files_(o);
 		if (o->save)

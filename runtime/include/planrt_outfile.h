@@ -49,9 +49,13 @@ void planrt_outfile_close(planrt_outfile_t *f);
 void planrt_outfile_discard(planrt_outfile_t *f);
 
 /* The temporary file a signal should remove (NULL: none); planrt_outfile_open sets it, commit
- * and discard clear it. planrt_outfile_remove_pending is async-signal-safe (one unlink). */
+ * and discard clear it. planrt_outfile_remove_pending is async-signal-safe (one unlink).
+ * planrt_outfile_stop removes it too, and from then on open, join and commit block until the
+ * process ends: a stop signal's cleanup for a process whose other threads run on a moment (no
+ * output is begun or committed after it). */
 void planrt_outfile_pending(const char *tmp);
 void planrt_outfile_remove_pending(void);
+void planrt_outfile_stop(void);
 /* At start: removes target's temporary files (PATH.tmp.PID[...]) whose process no longer lives
  * on this host (a killed save), with a note on stderr for each. */
 void planrt_outfile_remove_stale(const char *target);

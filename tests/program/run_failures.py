@@ -8,6 +8,8 @@
   peer death  a rank SIGKILLed mid-training: every other rank prints what it was doing (the
               operation it was waiting in, or that it was computing), and
               the time until every rank has exited is printed
+  stop signal a rank SIGTERMed while the job checkpoints every step: it reports, and no write fails
+              and no temporary file is left (outputs stop at the signal: core/outfile.c)
 (run_program_errors.sh: bad data, --init files and --map; tests/checkpoint: checkpoints.)
 Prints PASS/FAIL per check and a closing 'program failures: N passed, M failed' line.
 usage: run_failures.py PLANC REPO_ROOT
@@ -164,5 +166,43 @@ check("a killed rank is explained on every survivor", sorted(pids) == [0, 1, 2, 
        " | ".join(line[:200] for line in out.splitlines() if "planrt" in line) +
        "".join(f"; rank {r}'s last lines: " + " | ".join(open(f"{logs}/rank.{r}", errors="replace").read().splitlines()[-4:])
                for r in (0, 1, 3) if r not in told and os.path.exists(f"{logs}/rank.{r}"))))
+
+
+# ------------------------------------------------------------------ a stop signal mid-checkpoint
+# One rank gets SIGTERM while the job saves a checkpoint every step. Its monitor thread removes the
+# temporary file being written and the rank lives on 0.5 s (above); a writer reaching a create or a
+# rename after that waits for the end. Before that gate, the rank's own thread failed to rename the
+# file the monitor had removed ("cannot write ... rename ... failed", 1 run in 4): no such error, and
+# no temporary file left in the checkpoint directory.
+stop_logs, stop_ck = f"{work}/stop_logs", f"{work}/stop_ck"
+os.makedirs(stop_logs)
+p = subprocess.Popen(["mpirun", "-np", "4", "sh", "-c", f'exec "$0" "$@" 2>"{stop_logs}/rank.$OMPI_COMM_WORLD_RANK"', gpt,
+                      "--data", data, "--steps", "1000", "--save-every", "1", stop_ck],
+                     stderr=subprocess.DEVNULL, stdout=subprocess.DEVNULL, text=True, env=env, start_new_session=True)
+deadline = time.time() + 120
+while time.time() < deadline and p.poll() is None:
+    if os.path.exists(f"{stop_logs}/rank.0") and "step 4/" in open(f"{stop_logs}/rank.0", errors="replace").read():
+        break
+    time.sleep(0.02)
+rank1 = None
+for pid in subprocess.run(["ps", "-o", "pid=", "--ppid", str(p.pid)], capture_output=True, text=True).stdout.split():
+    try:
+        if b"OMPI_COMM_WORLD_RANK=1" in open(f"/proc/{pid}/environ", "rb").read().split(b"\0"):
+            rank1 = int(pid)
+    except OSError:
+        pass
+if rank1:
+    os.kill(rank1, signal.SIGTERM)
+try:
+    p.wait(timeout=90)
+except subprocess.TimeoutExpired:
+    harness.kill_job(p)
+    p.wait()
+said = "".join(open(f"{stop_logs}/{f}", errors="replace").read() for f in os.listdir(stop_logs))
+left = [os.path.join(d, f) for d, _, fs in os.walk(stop_ck) for f in fs if ".tmp" in f] if os.path.isdir(stop_ck) else []
+check("SIGTERM during checkpoints: the rank reports, nothing fails to write, no temporary file left",
+      rank1 is not None and "planrt: rank 1: stopped by SIGTERM" in said and "cannot write" not in said and not left,
+      f"checkpoints {sorted(os.listdir(stop_ck)) [-1:] if os.path.isdir(stop_ck) else None}, temporary files {left[:3]}; " +
+      " | ".join(line[:200] for line in said.splitlines() if "cannot" in line or "stopped by" in line)[:600])
 
 runner.finish()
