@@ -88,15 +88,17 @@ def main():
                          lambda m: "%s = %g" % (m.group(1), float(m.group(2)) / 10), text))
     slower = step(planc, gpt, "single", slow)
     tally.check("attention.* prices the fused attention", slower > measured, "%g vs %g" % (slower, measured))
-    # each computed score's own seconds (the row work), measured at two head dims
+    # each computed score's own seconds (the row work), measured at two head dims: written, and no
+    # more than a microsecond. Not held above 0: it is a difference of timings (calibrate.c writes
+    # 0 where the machine's load made it negative), and the suite asserts no timing
     tally.check("the attention's cost a score measured, forward and backward",
-                all(1e-13 < num.get("attention.score_" + d, 0) < 1e-6 for d in ("forward", "backward")),
+                all(0 <= num.get("attention.score_" + d, -1) < 1e-6 for d in ("forward", "backward")),
                 (num.get("attention.score_forward"), num.get("attention.score_backward")))
     tally.check("the attention's tile is planrt's (64)", num.get("attention.tile") == 64, num.get("attention.tile"))
     rows = os.path.join(tmp, "slow_rows.device")
     with open(rows, "w") as out:
         out.write(re.sub(r"(?m)^(attention\.score_\w+) = (\S+)",
-                         lambda m: "%s = %g" % (m.group(1), float(m.group(2)) * 10), text))
+                         lambda m: "%s = %g" % (m.group(1), float(m.group(2)) + 1e-8), text))
     tally.check("attention.score_* prices each score", step(planc, gpt, "single", rows) > measured)
     # the example's S = 64 is one 64-row tile: the causal attention computes every score, twice the
     # unmasked half that a device without attention.tile counts
