@@ -117,11 +117,14 @@ struct planrt_request {
 	int pair_f64, pair_max;
 	void *ext;           /* an external request (the device comm layer's): completed by ext_ops */
 	const planrt_request_ops_t *ext_ops;
+	struct planrt_request *older, *newer; /* the list of started operations in flight (poke) */
+	int listed;
 };
 
 static double watchdog_s = 300;
 static volatile int world_size = 1; /* the monitor's copy, set once MPI is up */
 static int tag_ub = 32767; /* MPI_TAG_UB, read by planrt_comm_init_ */
+static __thread int mpi_thread; /* set on the thread that makes the rank's MPI calls (planrt_comm_init_) */
 /* PLANRT_WAIT: what a polling wait does between polls once its short spin is over */
 static enum { WAIT_AUTO, WAIT_YIELD, WAIT_SLEEP } wait_policy = WAIT_AUTO;
 /* How many of the node's ranks are not in a polling wait, in memory the node's ranks share, when
@@ -233,6 +236,7 @@ void planrt_comm_init_(void)
 	MPI_Comm_size(MPI_COMM_WORLD, &size);
 	world_size = size;
 	mpi_reduce_scatter = getenv("PLANRT_MPI_REDUCE_SCATTER") != NULL;
+	mpi_thread = 1;
 }
 
 void planrt_watchdog_set(double seconds)
@@ -435,8 +439,66 @@ static void pair_combine(const struct planrt_request *q)
 	}
 }
 
+/* ------------------------------------------------------------------ progress while computing
+ * The started operations of this layer still in flight, oldest first (a request joins when its
+ * nonblocking call returns and leaves when it is finished or abandoned), and their number, which
+ * the CPU kernels read before calling planrt_comm_poke_. Only the thread that makes the rank's MPI
+ * calls (planrt_comm_init_'s) keeps the list; a kernel running on a pool thread does not poke. */
+int planrt_comm_pending_;
+static struct planrt_request *oldest, *newest;
+
+static void pending_add(struct planrt_request *q)
+{
+	q->older = newest;
+	q->newer = NULL;
+	if (newest)
+		newest->newer = q;
+	else
+		oldest = q;
+	newest = q;
+	q->listed = 1;
+	__atomic_store_n(&planrt_comm_pending_, planrt_comm_pending_ + 1, __ATOMIC_RELAXED);
+}
+
+static void pending_remove(struct planrt_request *q)
+{
+	if (!q->listed)
+		return;
+	if (q->older)
+		q->older->newer = q->newer;
+	else
+		oldest = q->newer;
+	if (q->newer)
+		q->newer->older = q->older;
+	else
+		newest = q->older;
+	q->listed = 0;
+	__atomic_store_n(&planrt_comm_pending_, planrt_comm_pending_ - 1, __ATOMIC_RELAXED);
+}
+
+static void finish(struct planrt_request *q);
+
+/* MPI_Test on the oldest operation in flight: a test of an incomplete request runs MPI's progress
+ * engine, which advances every outstanding operation; one that completed is finished here (its
+ * results put in place, as its wait would) and the next is tested. */
+void planrt_comm_poke_(void)
+{
+	if (!mpi_thread)
+		return;
+	while (oldest) {
+		struct planrt_request *q = oldest;
+		int flag = 0, rc = MPI_Test(&q->mreq, &flag, MPI_STATUS_IGNORE);
+		if (rc != MPI_SUCCESS)
+			PLANRT_CHECK(mpi_fail(rc, q));
+		if (!flag)
+			return;
+		finish(q);
+	}
+}
+
 static void finish(struct planrt_request *q)
 {
+	pending_remove(q);
 	record_end(q);
 	if (q->pair_dst)
 		pair_combine(q);
@@ -453,6 +515,7 @@ static void finish(struct planrt_request *q)
 
 static void abandon(struct planrt_request *q)
 {
+	pending_remove(q);
 	record_end(q);
 	stage_put(q->staged);
 	free(q->scratch);
@@ -1081,8 +1144,11 @@ static planrt_result_t run(kind_t kind, const void *sendbuf, void *recvbuf, size
 			free(q);
 		return r;
 	}
-	if (req)
+	if (req) {
+		if (!q->done && q->mreq != MPI_REQUEST_NULL)
+			pending_add(q);
 		*req = q;
+	}
 	return planrt_success;
 }
 

@@ -270,6 +270,7 @@ static void FN(attn_units)(void *ctx, int64_t lo, int64_t hi, int thread)
 	for (int64_t u = lo; u < hi; u++) {
 		int64_t b = u / c.kv_heads, h0 = u % c.kv_heads * group;
 		for (int64_t h = h0; h < h0 + group; h++) {
+			planrt_comm_progress_(); /* a transfer in flight moves between heads (planrt.h) */
 			FN(attn_head)(&c, b, h);
 			j->head(&c, j, b * c.heads + h, u, work);
 		}

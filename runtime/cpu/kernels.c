@@ -618,6 +618,7 @@ static void matmul_16(int64_t batch, int64_t M, int64_t N, int64_t K, const uint
 		kfatal("planrt_k_matmul_bf16 / _f16: C must be f32 or the operands' type");
 	if (batch <= 0 || M <= 0 || N <= 0)
 		return;
+	planrt_comm_progress_(); /* a transfer in flight moves before the GEMM, not after it (planrt.h) */
 	if (batch > 1 && stride_b == 0 && !trans_a && stride_a == M * K && stride_c == M * N) {
 		M *= batch;
 		batch = 1;

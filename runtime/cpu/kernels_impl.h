@@ -62,6 +62,7 @@ static inline T FN(kmax)(const T *x, int64_t n)
 static inline void FN(kgemm)(int ta, int tb, int64_t M, int64_t N, int64_t K, const T *A, const T *B, T *C, T beta)
 {
 	int lda = (int)(ta ? M : K), ldb = (int)(tb ? K : N), ldc = (int)N;
+	planrt_comm_progress_(); /* a transfer in flight moves before the GEMM, not after it (planrt.h) */
 	if (planrt_tracing_) /* --trace: every GEMM is a kernel event */
 		planrt_trace_begin_("gemm", "kernel");
 	KGEMM(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, (int)M, (int)N, (int)K,

@@ -311,6 +311,20 @@ void planrt_log_step_(int64_t step, double loss, double lr, double grad_norm, in
 		      double step_ms);
 /* planrt_progress with the rate's unit ("tok/s", "samples/s") */
 void planrt_progress_(int64_t step, int64_t total, double loss, double rate, const char *unit, double elapsed_s);
+/* comm_mpi.c: MPI moves a nonblocking operation only inside MPI calls (Open MPI's shared-memory
+ * transport without a single-copy mechanism, TCP between nodes): a pipeline's activation sent
+ * while its stage computes the next micro-batch would wait for the stage's next MPI call. While
+ * any started operation of planrt's MPI layer is in flight (planrt_comm_pending_ > 0), the CPU
+ * kernels that run long (GEMMs, the fused attention's heads) call planrt_comm_progress_, whose
+ * planrt_comm_poke_ tests the oldest of them and so runs MPI's progress engine once (only on the
+ * thread that makes the rank's MPI calls; on a kernel's pool threads it returns). */
+extern int planrt_comm_pending_;
+void planrt_comm_poke_(void);
+static inline void planrt_comm_progress_(void)
+{
+	if (__atomic_load_n(&planrt_comm_pending_, __ATOMIC_RELAXED)) /* read by pool threads too */
+		planrt_comm_poke_();
+}
 /* trace.c: --trace FILE, a Chrome-trace timeline of every rank. planrt_trace_open_ starts recording
  * (collective: every rank calls it); begin/end open and close nested events (end's args, when not
  * NULL, are the event's JSON arguments); planrt_trace_args_ sets the innermost open event's; close

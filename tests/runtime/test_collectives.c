@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "planrt.h"
+#include "planrt_kernels.h"
 
 #include "mpi_expect.h"
 
@@ -300,6 +301,46 @@ static void test_p2p_and_requests(void **state)
 	assert_all_ranks_clean();
 }
 
+/* A started send moves while its rank only computes (planrt_comm_poke_, planrt.h): rank 0 starts
+ * a 1 MiB send to rank 1, whose receive is posted and waiting, and then runs nothing but GEMMs.
+ * 1 MiB is past the shared-memory transport's eager size, so the data moves only while the
+ * sender's MPI library runs: without the GEMMs' poke the send stays in flight until rank 0's next
+ * MPI call, and the loop below ends at its 20 s bound with the send pending. */
+static void test_send_moves_while_computing(void **state)
+{
+	planrt_comm_t w = planrt_world_comm();
+	size_t n = (size_t)1 << 18;
+	float *buf = malloc(n * sizeof(float));
+	assert_non_null(buf);
+	for (size_t i = 0; i < n; i++)
+		buf[i] = rank == 0 ? (float)(i % 1000) : -1.0f;
+	planrt_request_t req = NULL;
+	if (rank == 1)
+		assert_int_equal(planrt_recv(buf, n, planrt_f32, 0, w, NULL, &req), planrt_success);
+	float one = 1;
+	assert_int_equal(planrt_allreduce(&one, &one, 1, planrt_f32, planrt_sum, w, NULL, NULL), planrt_success);
+	if (rank == 0) {
+		static float a[64 * 64], c[64 * 64];
+		assert_int_equal(planrt_send(buf, n, planrt_f32, 1, w, NULL, &req), planrt_success);
+		EXPECT(planrt_comm_pending_ == 1, "%d operations in flight after the send's start", planrt_comm_pending_);
+		long gemms = 0;
+		double t0 = planrt_now();
+		while (planrt_comm_pending_ > 0 && planrt_now() - t0 < 20) {
+			planrt_k_matmul_f32(1, 64, 64, 64, a, 0, 0, a, 0, 0, c, 0, 0);
+			gemms++;
+		}
+		EXPECT(planrt_comm_pending_ == 0, "the send still in flight after %ld GEMMs and %.1f s", gemms,
+		       planrt_now() - t0);
+	}
+	if (req)
+		assert_int_equal(planrt_wait(req), planrt_success);
+	if (rank == 1)
+		for (size_t i = 0; i < n; i += 997)
+			EXPECT(buf[i] == (float)(i % 1000), "received[%zu] = %g", i, buf[i]);
+	free(buf);
+	assert_all_ranks_clean();
+}
+
 /* bytes_sent: ring algorithm bytes in the call's dtype (comm_mpi.c) */
 static void test_bytes_sent(void **state)
 {
@@ -341,6 +382,7 @@ int main(int argc, char **argv)
 		cmocka_unit_test(test_reduce_scatter), cmocka_unit_test(test_allgather),
 		cmocka_unit_test(test_alltoall),       cmocka_unit_test(test_broadcast),
 		cmocka_unit_test(test_half_sums_accumulate_in_f32), cmocka_unit_test(test_p2p_and_requests),
+		cmocka_unit_test(test_send_moves_while_computing),
 		cmocka_unit_test(test_bytes_sent),
 	};
 	int failed = cmocka_run_group_tests(tests, NULL, NULL);
