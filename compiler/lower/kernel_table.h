@@ -235,10 +235,6 @@
 	  KP(CTX, ctx) KP(REQUEST, req)) \
 	X(REQUEST_FINISH, "finish", KC_WAIT, planrt_request_finish, KDEV(planrt_cu_request_finish), \
 	  KP(REQUEST, req)) \
-	X(REQUEST_PROGRESS, "progress", KC_WAIT, planrt_request_progress, KDEV_NOOP, \
-	  KP(REQUEST, req)) \
-	X(BUCKET_PROGRESS, "bucket_progress", KC_WAIT, planrt_bucket_progress, KDEV_NOOP, \
-	  KP(BUCKET, b)) \
 	X(SCALE_METRIC, "scale_metric", KC_COMPUTE, planrt_scale_metric, KDEV(planrt_cu_scale_metric), \
 	  KP(F64_OUT, x) KP(F64, f)) \
 	X(LOCAL_AVERAGE, "local_average", KC_COMM, planrt_local_average, KDEV(planrt_cu_local_average), \

@@ -11,10 +11,9 @@
  *   prefetch    ZeRO 3: each parameter gather of a forward or backward starts as soon as the
  *               previous gather of that phase has finished, so it travels while the previous
  *               parameter is used; the first starts with the phase.
- *   progress    After every matmul that runs while a request is in flight, a progress call lets
- *               MPI move it (MPI makes progress only inside its calls): one call per matmul, on
- *               the bucket started last, since one call moves every outstanding operation.
- * Each start, finish and progress is a kernel with a request handle of the stage program. */
+ * Each start and finish is a kernel with a request handle of the stage program. MPI moves a
+ * started operation only inside its calls; the runtime's GEMMs and attention run its progress
+ * engine while any is in flight (planrt_comm_progress_, planrt.h), so no kernel here asks for it. */
 #include "lower/lower.h"
 
 #include <stdlib.h>
@@ -189,26 +188,16 @@ static void touch_buckets(const Candidates *C, const Kernel *k, int j)
 	}
 }
 
-/* A started bucket: progress calls go after the backward matmuls of its chunk in [from, to). */
-typedef struct Started {
-	int from, to, chunk, op;
-	int seq;                /* started in this order (the sort keeps it among equal starts) */
-	bool per_step;
-	KernelKind progress;
-	long long req;
-} Started;
-
 /* The bucket collective at kernel i starts after kernel last: its start is inserted there and its
- * finish takes the blocking call's place. Returns what its progress calls need. */
-static Started start_bucket(LProg *p, Inserts *ins, int i, int last)
+ * finish takes the blocking call's place. */
+static void start_bucket(LProg *p, Inserts *ins, int i, int last)
 {
 	Kernel *k = &p->k[i];
 	bool inplace = k->kind != K_BUCKET_RS;
-	bool per_step = k->phase == PH_STEP;
 	Kernel start = *k;
 	start.phase = PH_BACKWARD;
 	start.chunk = p->k[last].chunk;
-	start.only_last_micro = per_step;
+	start.only_last_micro = k->phase == PH_STEP;
 	Kernel fin;
 	int h;
 	if (inplace) {
@@ -261,57 +250,7 @@ static Started start_bucket(LProg *p, Inserts *ins, int i, int last)
 	}
 	start.bucket = fin.bucket = p->k[i].bucket; /* both halves reduce state.c's bucket */
 	inserts_add(ins, start, last + 1);
-	Started st = {last + 1, per_step ? p->nk : i, start.chunk, p->k[i].op, 0, per_step,
-		      start.kind == K_BUCKET_RS_START ? K_BUCKET_PROGRESS : K_REQUEST_PROGRESS,
-		      h};
 	p->k[i] = fin; /* the finish takes the blocking call's place */
-	return st;
-}
-
-static int by_from(const void *a, const void *b)
-{
-	const Started *x = a, *y = b;
-	return x->from != y->from ? (x->from > y->from) - (x->from < y->from) : (x->seq > y->seq) - (x->seq < y->seq);
-}
-
-/* Progress calls: after every backward matmul that runs while a started bucket of its chunk is in
- * flight, one call on the bucket started last (per micro-batch for buckets reduced in each, in the
- * last micro-batch for buckets reduced once per step). One call moves them all: MPI_Test on any
- * request runs the library's progress engine, which advances every outstanding operation (Open
- * MPI's opal_progress, MPICH's progress engine); a call per bucket and matmul would make the
- * program grow with their product. The bucket started last is the one least likely to be done
- * already (a done request's test returns without entering MPI). */
-static void progress_calls(LProg *p, Inserts *ins, Started *st, int n, int nk)
-{
-	if (!n)
-		return;
-	qsort(st, (size_t)n, sizeof *st, by_from);
-	int nstacks = 2 * p->nchunks, next = 0;
-	int *stack = zalloc((size_t)nstacks * (size_t)n, sizeof(int)), *depth = zalloc((size_t)nstacks, sizeof(int));
-	for (int j = 0; j < nk; j++) {
-		for (; next < n && st[next].from <= j; next++) {
-			int s = (st[next].per_step ? p->nchunks : 0) + st[next].chunk;
-			stack[s * n + depth[s]++] = next;
-		}
-		const Kernel *kj = &p->k[j];
-		if (!kernel_is_gemm(kj) || kj->phase != PH_BACKWARD)
-			continue;
-		for (int per_step = 0; per_step < 2; per_step++) {
-			int s = (per_step ? p->nchunks : 0) + kj->chunk;
-			while (depth[s] && st[stack[s * n + depth[s] - 1]].to <= j)
-				depth[s]--; /* finished before this matmul */
-			if (!depth[s])
-				continue;
-			const Started *b = &st[stack[s * n + depth[s] - 1]];
-			Kernel pr = detached(p, b->progress, PH_BACKWARD, kj->chunk, b->op, b->per_step);
-			kj = &p->k[j];
-			pr.note = "let the buckets move";
-			karg(p, &pr, KA_REQ, b->req);
-			inserts_add(ins, pr, j + 1);
-		}
-	}
-	free(stack);
-	free(depth);
 }
 
 /* Where a bucket whose last member kernel is `last` starts: after the fused element-wise loops
@@ -346,22 +285,16 @@ static void overlap_buckets(LProg *p)
 	Candidates C;
 	candidates_find(p, &C);
 	Inserts ins = {0};
-	Started *st = zalloc((size_t)C.n, sizeof(Started));
-	int nst = 0, next = 0, nk = p->nk;
+	int next = 0, nk = p->nk;
 	for (int j = 0; j < nk; j++) {
 		if (next < C.n && C.kernel[next] == j) {
 			int c = next++;
-			if (!C.dead[c] && C.last[c] >= 0 && !C.after[c]) {
-				st[nst] = start_bucket(p, &ins, j, bucket_start_after(p, C.last[c], j));
-				st[nst].seq = nst;
-				nst++;
-			}
+			if (!C.dead[c] && C.last[c] >= 0 && !C.after[c])
+				start_bucket(p, &ins, j, bucket_start_after(p, C.last[c], j));
 		}
 		touch_buckets(&C, &p->k[j], j);
 	}
-	progress_calls(p, &ins, st, nst, nk);
 	inserts_apply(p, &ins);
-	free(st);
 	candidates_free(&C);
 }
 

@@ -300,13 +300,6 @@ planrt_comm_t planrt_pair(int index)
 	return pairs[index];
 }
 
-void planrt_bucket_progress(planrt_bucket_t *b)
-{
-	int done;
-	if (b->active)
-		PLANRT_CHECK(planrt_test(b->req, &done));
-}
-
 /* Rows [r0, r0 + n) of logits stored as t, as f32: in place (f32), or widened into buf (bf16, f16:
  * the cross-entropy's 16-bit variant reads the logits a block of rows at a time). */
 static const float *logit_rows(const void *logits, planrt_dtype_t t, int64_t cols, int64_t r0, int64_t n, float *buf)

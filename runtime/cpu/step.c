@@ -114,13 +114,6 @@ void planrt_request_finish(planrt_request_t *req)
 	PLANRT_CHECK(planrt_wait(q));
 }
 
-void planrt_request_progress(planrt_request_t *req)
-{
-	int done;
-	if (*req)
-		PLANRT_CHECK(planrt_test(*req, &done));
-}
-
 /* ------------------------------------------------------------------ fills, sums and casts */
 
 /* x rounded to f32 with round-to-odd: then rounding that to a half type is x rounded once. */

@@ -76,7 +76,7 @@ void planrt_bucket_allreduce(int n, void *const *bufs, const int64_t *counts, pl
 
 /* A gradient bucket whose reduction overlaps the backward pass: start packs the (final) member
  * gradients into the bucket's own buffer and starts a nonblocking all-reduce or, for ZeRO,
- * reduce-scatter; progress gives MPI a chance to move it between kernels; finish waits and
+ * reduce-scatter (the GEMMs move it while it is in flight: planrt_comm_progress_); finish waits and
  * unpacks (all-reduce) or adds / copies this rank's chunks into shards (reduce-scatter, with the
  * same accumulate / zero_source meaning as planrt_bucket_reduce_scatter). buf: the bucket's
  * static buffer, the bytes the blocking version takes as scratch. */
@@ -92,7 +92,6 @@ void planrt_bucket_reduce_scatter_start(planrt_bucket_t *b, int n, void *const *
 					planrt_dtype_t t, int zero_source, planrt_comm_t c, void *buf);
 void planrt_bucket_reduce_scatter_finish(planrt_bucket_t *b, int n, const int64_t *counts, void *const *shards,
 					 planrt_dtype_t shard_t, int accumulate, planrt_comm_t c, void *buf);
-void planrt_bucket_progress(planrt_bucket_t *b);
 
 /* loss = sum over rows of (lse - target logit) * scale; lse saved for the backward. With a
  * vocabulary split over vocab_comm (non-NULL), the max, sum of exp and target logit are
@@ -126,7 +125,6 @@ void planrt_request_finish(planrt_request_t *req);   /* waits for *req (if any) 
  * K/V ring apart from the ring of their gradients. Counted as one send and one receive on c. */
 void planrt_ring_shift_start(const void *send, void *recv, int64_t n, planrt_dtype_t t, planrt_comm_t c, int tag,
 			     planrt_request_t *send_req, planrt_request_t *recv_req);
-void planrt_request_progress(planrt_request_t *req); /* lets an in-flight request move (MPI_Test) */
 /* f32, bf16, f16, f64, i32, u8 (an integer dtype takes an integral value in its range) */
 void planrt_fill(void *dst, int64_t n, planrt_dtype_t t, double value);
 /* dst += src: f32, f64, or bf16 / f16 widened, added in f32 and rounded once */

@@ -446,7 +446,7 @@ static const planrt_program_t program = {
 	.total_steps = 0,
 	.nroles = 1,
 	.role_axis = PLANRT_NO_AXIS,
-	.fingerprint = "fnv1a64:5733ada62fd65039",
+	.fingerprint = "fnv1a64:6d5dcc3474f1ec3d",
 	.sync = "strict",
 	.loss_scale = 0,
 	.optimizer = "adamw(lr = 0.001, betas = (0.9, 0.999), eps = 1e-08, weight_decay = 0.01)",

@@ -407,13 +407,14 @@ static void end(int mode, planrt_request_t *req)
 {
 	if (mode == STARTED) {
 		EXPECT(*req != NULL, "no request started");
-		for (int k = 0; k < 5; k++)
-			planrt_request_progress(req);
+		for (int k = 0; k < 5; k++) /* what the GEMMs do while it is in flight: it may finish here */
+			planrt_comm_poke_();
 		planrt_request_finish(req);
 	}
 	EXPECT(*req == NULL, "the request slot is not cleared");
+	EXPECT(planrt_comm_pending_ == 0, "%d operations left in flight", planrt_comm_pending_);
 	planrt_request_finish(req); /* no request: nothing to do */
-	planrt_request_progress(req);
+	planrt_comm_poke_();
 }
 
 static void check_collectives_on(planrt_comm_t c, planrt_dtype_t t)
