@@ -43,7 +43,7 @@ rather than one compilation per plan and pass. The test fails, naming a plan tha
 feature of any of them (at its model's size) is in no plan of DIFF_PLANS as trained (at the size it
 trains at: a feature a smaller size loses counts as not covered). EXTRA_PLANS, written here on the GPT example, cover what only the
 7B / 175B examples use (too large to train here): bf16 tensor-parallel all-reduces and slices,
-the progress calls of an overlapped ZeRO-3 bucket, and the attention as written in bf16 (gpt7b's
+an overlapped ZeRO-3 bucket, and the attention as written in bf16 (gpt7b's
 `attention unfused` plans), the bf16 layer norms a full recomputation runs in the backward
 (gpt175b's t8_p8_full: bf16_zero3_overlap recomputes); and DiLoCo's outer step, which dp4_diloco takes after 16 steps.
 Prints PASS/FAIL per check and a closing 'N passed, N failed' line.
