@@ -316,8 +316,9 @@ void planrt_progress_(int64_t step, int64_t total, double loss, double rate, con
  * while its stage computes the next micro-batch would wait for the stage's next MPI call. While
  * any started operation of planrt's MPI layer is in flight (planrt_comm_pending_ > 0), the CPU
  * kernels that run long (GEMMs, the fused attention's heads) call planrt_comm_progress_, whose
- * planrt_comm_poke_ tests the oldest of them and so runs MPI's progress engine once (only on the
- * thread that makes the rank's MPI calls; on a kernel's pool threads it returns). */
+ * planrt_comm_poke_ tests the oldest of them and so runs MPI's progress engine once, at most once
+ * a millisecond (only on the thread that makes the rank's MPI calls; on a kernel's pool threads it
+ * returns). */
 extern int planrt_comm_pending_;
 void planrt_comm_poke_(void);
 static inline void planrt_comm_progress_(void)
