@@ -549,6 +549,14 @@ static double fastest_stages(const Search *S, const Candidate *c)
 	return explain_stage_speed(S->world, (int)c->p, 1);
 }
 
+/* The speed of the candidate's update (explain's estimate divides it by the speed of every stage
+ * computing: above 1 where the world puts fewer ranks on a node than the calibration shared its
+ * cores among), so the bounds' update terms are the estimate's. */
+static double update_speed(const Search *S, const Candidate *c)
+{
+	return explain_stage_speed(S->world, (int)c->p, (int)c->p);
+}
+
 /* The time and memory bounds of every stage of the candidate from the per-part costs, the largest
  * of each (docs/search.md, "per stage"); false when the parts are not known. */
 static bool stage_bounds(Search *S, const Candidate *c, double *time, double *memory)
@@ -587,7 +595,7 @@ static bool stage_bounds(Search *S, const Candidate *c, double *time, double *me
 			st[2] += (ps->optim[hi] - ps->optim[lo]) / e;
 		}
 		double head = fwd[s], tail = bwd[last_chunk * p + s]; /* micro-batch 0 reaching s, the last leaving */
-		double update = c->offload ? 0 : upd / (e * (c->zero >= 1 ? z : 1));
+		double update = c->offload ? 0 : upd / (e * (c->zero >= 1 ? z : 1)) / update_speed(S, c);
 		double t = (head + busy + tail + data_floor_of(S, c, st[1], st[0])) / fastest + update;
 		double states = st[0] / (c->zero >= 3 ? z : 1) + st[1] / (c->zero >= 2 ? z : 1) +
 				(c->offload ? 0 : st[2] / (c->zero >= 1 ? z : 1));
@@ -605,7 +613,7 @@ static double time_bound(const Search *S, const Candidate *c)
 {
 	double w = S->ref_compute[c->rec], m = (double)c->m, p = (double)c->p, t = (double)c->t;
 	double shards = t * p * (double)c->e * (c->zero >= 1 ? (double)(c->d / c->e) : 1);
-	double update = c->offload ? 0 : S->ref_update / shards; /* offloaded: the host updates */
+	double update = c->offload ? 0 : S->ref_update / shards / update_speed(S, c); /* offloaded: the host updates */
 	double group = w / t, comm = 0, comm_micro = 0; /* one tensor group's seconds over the whole batch */
 	const TensorPlan *tp = tensor_plan(S, c);
 	if (tp && tp->ok) {

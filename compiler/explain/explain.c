@@ -602,9 +602,18 @@ static double kernel_seconds(const PlanSpec *ps, const LProg *p, const Kernel *k
 }
 
 /* A node's ranks sharing fewer cores than they are (a CPU run with more ranks than cores): the
- * device's rates are a rank's while all of the node's ranks compute (calibrate measures them so),
- * and a rank gets min(1, cores / busy) of a core, so a pipeline whose other stages wait runs its
- * busy ones faster: k of p stages busy is k / p of the node's ranks (spread evenly). */
+ * device's rates are a rank's while all of the calibration's node.ranks ranks compute (calibrate
+ * measures them so), and a rank gets min(1, cores / computing) of a core. A plan puts
+ * min(world, node.ranks) ranks on a node: fewer than the calibration had (2 ranks priced on a
+ * 4-rank calibration of 2 cores) compute that much faster throughout, and a pipeline whose other
+ * stages wait runs its busy ones faster still: k of p stages busy is k / p of the node's ranks
+ * (spread evenly). */
+static double core_share(double computing)
+{
+	const Device *d = device_current();
+	return d->node_cores > 0 && computing > d->node_cores ? d->node_cores / computing : 1;
+}
+
 static bool stages_share_cores(long long world, int stages)
 {
 	const Device *d = device_current();
@@ -613,12 +622,11 @@ static bool stages_share_cores(long long world, int stages)
 
 double explain_stage_speed(long long world, int stages, int busy)
 {
-	if (!stages_share_cores(world, stages) || busy <= 0)
-		return 1;
 	const Device *d = device_current();
-	double ranks = (double)(world < d->node_ranks ? world : d->node_ranks), cores = d->node_cores;
-	double all = cores / ranks, computing = ranks * busy / stages; /* a rank's share while all compute */
-	return (computing <= cores ? 1 : cores / computing) / all;
+	if (d->node_cores <= 0 || busy <= 0)
+		return 1;
+	double ranks = (double)(world < d->node_ranks ? world : d->node_ranks);
+	return core_share(ranks * busy / stages) / core_share(d->node_ranks);
 }
 
 const double *explain_stage_speeds(long long world, int stages, double *buf)
@@ -692,7 +700,18 @@ static void estimate(Report *rep)
 	double makespan = 0, *speed_buf = malloc(sizeof(double) * (size_t)(p + 1));
 	if (!speed_buf)
 		ICE("out of memory");
-	pipeline_simulate(g, fc, bc, xfer, explain_stage_speeds(g->ps->world, p, speed_buf), &makespan, NULL);
+	/* every stage computing: the whole step's speed (1 but where the plan puts fewer ranks on a
+	 * node than the calibration shared its cores among); the pipeline's own sharing, where its
+	 * stages share cores, is the simulation's */
+	double all = explain_stage_speed(g->ps->world, p, p);
+	const double *speeds = explain_stage_speeds(g->ps->world, p, speed_buf);
+	if (!speeds && all != 1)
+		for (int i = 0; i < p * v; i++) {
+			fc[i] /= all;
+			bc[i] /= all;
+		}
+	update /= all;
+	pipeline_simulate(g, fc, bc, xfer, speeds, &makespan, NULL);
 	free(speed_buf);
 	rep->est_pipeline = makespan;
 	rep->est_update = update;
