@@ -480,11 +480,11 @@ static void finish(struct planrt_request *q);
 
 /* MPI_Test on the oldest operation in flight: a test of an incomplete request runs MPI's progress
  * engine, which advances every outstanding operation; one that completed is finished here (its
- * results put in place, as its wait would) and the next is tested. */
-/* At most one poke a millisecond: a test that finds nothing to do yields the core (Open MPI's
- * mpi_yield_when_idle, on where ranks outnumber cores), and a poke at every GEMM made a data = 2,
- * pipe = 2 GPT step on 4 ranks / 2 cores 5-7% slower; once a millisecond costs nothing measurable
- * there and keeps pp2's gain on 2 ranks (79 -> 53 ms a step; every GEMM: 52 ms). */
+ * results put in place, as its wait would) and the next is tested. At most one poke a
+ * millisecond: a test that finds nothing to do yields the core (Open MPI's mpi_yield_when_idle, on
+ * where ranks outnumber cores), and a poke at every GEMM made a data = 2, pipe = 2 GPT step on 4
+ * ranks / 2 cores 5-7% slower; once a millisecond costs nothing measurable there and keeps pp2's
+ * gain on 2 ranks (79 -> 53 ms a step; every GEMM: 52 ms). */
 #define POKE_INTERVAL_S 1e-3
 static double next_poke;
 void planrt_comm_poke_(void)
