@@ -16,7 +16,9 @@
     the top 3 of the small GPT on 4 ranks);
   - ranks sharing cores (a device file with node.cores = 2 under node.ranks = 4): pruned = brute
     force on 2, 4 and 8 ranks, with a pipeline in the top 3 on 4 and 8 (its stages run faster while
-    others wait; 2 ranks compute twice as fast as the calibration's 4);
+    others wait; 2 ranks compute twice as fast as the calibration's 4), and for the MLP at batch 2
+    on 2 ranks, whose update weighs as much as its compute (the bounds divide it as the estimate
+    does: without that 6 of its bounds exceed their estimates);
   - the memory bound: at 8 MiB per rank it skips candidates and the answer is brute force's;
   - memory: with --memory just under the unconstrained best's peak that plan is not printed, every
     printed plan's peak is within the limit, and a limit nothing fits is an error (exit 1);
@@ -142,6 +144,16 @@ def main():
                     (world == 2 or any("pipeline pipe" in t for _, _, t in brute)),
                     "best %s: %s" % (brute[0][0] if brute else r2.stderr.strip()[-200:],
                                      brute[0][2].splitlines()[1].strip() if brute else "-"))
+    # an update as dear as the compute (the MLP at batch 2: its Adam steps over every parameter
+    # weigh as much as its forward and backward): on 2 ranks of that device the estimate divides the
+    # update by the step's speed, and so must the bounds, or a bound exceeds the estimate it bounds
+    # (6 of the MLP's candidates, which "bounds violated" below counts)
+    r1, pruned, _ = search(planc, ex("mlp.plan"), "mlp", 2, 2, "--top", "3", device=shared)
+    r2, brute, _ = search(planc, ex("mlp.plan"), "mlp", 2, 2, "--top", "3", "--exhaustive", device=shared)
+    tally.check("4 ranks on 2 cores, the MLP at batch 2 on 2: pruned = brute force",
+                r1.returncode == 0 and pruned == brute and len(brute) == 3,
+                "best %s: %s" % (brute[0][0] if brute else r2.stderr.strip()[-200:],
+                                 brute[0][2].splitlines()[1].strip() if brute else "-"))
     r, none, _ = search(planc, long, "longgpt", 4, 1, "--memory", "16MiB", "--exhaustive")
     tally.check("long context without --ctx: nothing fits in 16 MiB", r.returncode == 1 and not none,
                 r.stderr.strip().splitlines()[0] if r.stderr.strip() else "exit %d" % r.returncode)
