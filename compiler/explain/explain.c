@@ -681,6 +681,26 @@ void explain_costs(const Graph *g, const Lowered *low, int role, double *fc, dou
 	}
 }
 
+const double *explain_step_costs(const Graph *g, const Lowered *low, int role, double *fc, double *bc, double *xfer,
+				 double *update, double *speed_buf)
+{
+	int p = g->nstages, v = g->sched ? g->sched->chunks : 1;
+	explain_costs(g, low, role, fc, bc, xfer, update);
+	/* every stage computing: the whole step's speed (1 but where the plan puts fewer ranks on a
+	 * node than the calibration shared its cores among); the pipeline's own sharing, where its
+	 * stages share cores, is the simulation's (the speeds returned) */
+	double all = explain_stage_speed(g->ps->world, p, p);
+	const double *speeds = explain_stage_speeds(g->ps->world, p, speed_buf);
+	if (!speeds && all != 1)
+		for (int i = 0; i < p * v; i++) {
+			fc[i] /= all;
+			bc[i] /= all;
+		}
+	for (int s = 0; s < p; s++)
+		update[s] /= all;
+	return speeds;
+}
+
 static void estimate(Report *rep)
 {
 	Graph *g = rep->g;
@@ -689,28 +709,15 @@ static void estimate(Report *rep)
 		return;
 	int p = g->nstages, v = g->sched->chunks;
 	double *fc = calloc((size_t)(p * v), sizeof(double)), *bc = calloc((size_t)(p * v), sizeof(double));
-	double *upd = calloc((size_t)p, sizeof(double));
-	if (!fc || !bc || !upd)
+	double *upd = calloc((size_t)p, sizeof(double)), *speed_buf = malloc(sizeof(double) * (size_t)(p + 1));
+	if (!fc || !bc || !upd || !speed_buf)
 		ICE("out of memory");
-	double xfer = 0, update = 0;
-	explain_costs(g, low, low->nroles > 1 ? RANKROLE_WORKER : RANKROLE_ANY, fc, bc, &xfer, upd);
+	double xfer = 0, update = 0, makespan = 0;
+	const double *speeds = explain_step_costs(g, low, low->nroles > 1 ? RANKROLE_WORKER : RANKROLE_ANY, fc, bc, &xfer,
+						  upd, speed_buf);
 	for (int s = 0; s < p; s++)
 		if (upd[s] > update)
 			update = upd[s];
-	double makespan = 0, *speed_buf = malloc(sizeof(double) * (size_t)(p + 1));
-	if (!speed_buf)
-		ICE("out of memory");
-	/* every stage computing: the whole step's speed (1 but where the plan puts fewer ranks on a
-	 * node than the calibration shared its cores among); the pipeline's own sharing, where its
-	 * stages share cores, is the simulation's */
-	double all = explain_stage_speed(g->ps->world, p, p);
-	const double *speeds = explain_stage_speeds(g->ps->world, p, speed_buf);
-	if (!speeds && all != 1)
-		for (int i = 0; i < p * v; i++) {
-			fc[i] /= all;
-			bc[i] /= all;
-		}
-	update /= all;
 	pipeline_simulate(g, fc, bc, xfer, speeds, &makespan, NULL);
 	free(speed_buf);
 	rep->est_pipeline = makespan;

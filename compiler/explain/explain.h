@@ -86,6 +86,12 @@ bool explain_parts(Graph *g, const Lowered *low, ExplainPart *out);
  * role): one micro-batch's forward and backward per stage and chunk (fc, bc: [stages * chunks]),
  * the longest transfer between stages, and each stage's update phase (update: [stages]). */
 void explain_costs(const Graph *g, const Lowered *low, int role, double *fc, double *bc, double *xfer, double *update);
+/* explain_costs at the speed the step computes (explain_stage_speed): a plan with fewer ranks on a
+ * node than the calibration shared its cores among computes faster throughout, update included.
+ * Returns the pipeline simulation's speeds (explain_stage_speeds into speed_buf: [stages + 1]),
+ * NULL where its stages do not share cores. What the estimate and the --svg picture simulate. */
+const double *explain_step_costs(const Graph *g, const Lowered *low, int role, double *fc, double *bc, double *xfer,
+				 double *update, double *speed_buf);
 /* How much faster than its estimated cost a pipeline stage computes while `busy` of its `stages`
  * stages do, where the node's ranks share fewer cores than they are (1 where they do not; the
  * most with one busy). explain_stage_speeds: the same for busy = 0..stages into buf, or NULL where

@@ -12,8 +12,9 @@
  *              activation slot per micro-batch between the start of its forward and the end of its
  *              backward, and the transient region while an action or the update runs; a dashed
  *              line at what the program allocates (explain's peak).
- * The times are the ones explain's estimated step time uses (explain_costs: each kernel's roofline
- * cost on the assumed device, transfers between stages, the schedule simulated by
+ * The times are the ones explain's estimated step time uses (explain_step_costs: each kernel's
+ * roofline cost on the assumed device at the speed the step computes where ranks share cores,
+ * transfers between stages, the schedule simulated by
  * pipeline_timeline), and the memory is the program's memory plan (memplan.c), so the picture and
  * the text report cannot disagree. Elements carry classes (forward, backward, idle, send, update,
  * state, inbox, slots, transient, allocated) for tests and for styling. The picture goes to the
@@ -496,8 +497,8 @@ bool explain_svg(FILE *out, Graph *g, const Lowered *low)
 	for (int ri = 0; ri < 3; ri++) {
 		if ((low->nroles > 1) != (roles[ri] != RANKROLE_ANY))
 			continue;
-		explain_costs(g, low, roles[ri], fc, bc, &S.xfer, upd);
-		pipeline_timeline(g, fc, bc, S.xfer, explain_stage_speeds(g->ps->world, p, speed_buf), start, end);
+		pipeline_timeline(g, fc, bc, S.xfer, explain_step_costs(g, low, roles[ri], fc, bc, &S.xfer, upd, speed_buf),
+				  start, end);
 		double makespan = 0, update = 0;
 		for (int i = 0; i < p * S.n; i++)
 			makespan = end[i] > makespan ? end[i] : makespan;
