@@ -643,7 +643,9 @@ const char *explain_device_name(void)
 	return device_current()->name;
 }
 
-void explain_costs(const Graph *g, const Lowered *low, int role, double *fc, double *bc, double *xfer, double *update)
+/* each kernel's roofline seconds on the device, by phase (explain_step_costs scales them) */
+static void explain_costs(const Graph *g, const Lowered *low, int role, double *fc, double *bc, double *xfer,
+			  double *update)
 {
 	int p = g->nstages, v = g->sched ? g->sched->chunks : 1, m = g->sched ? g->sched->micro : 1;
 	*xfer = 0;
