@@ -98,10 +98,12 @@ static int megatron_prefix(const char *path, char *prefix, size_t n)
 	return stat(idx, &st) == 0;
 }
 
-#define FAIL(...)                                                       \
-	do {                                                            \
-		planrt_tokens_close_(t);                                \
-		return planrt_error_(planrt_format_error, __VA_ARGS__); \
+/* the error, written before t is closed (its arguments read t's fields) */
+#define FAIL(...)                                                                         \
+	do {                                                                              \
+		planrt_result_t failed_ = planrt_error_(planrt_format_error, __VA_ARGS__); \
+		planrt_tokens_close_(t);                                                  \
+		return failed_;                                                           \
 	} while (0)
 
 /* Megatron-LM's .idx and .bin: the header, the arrays against each other and the .bin's size */

@@ -1,9 +1,10 @@
 #!/bin/sh
 # run_fuzz.sh: the libFuzzer harnesses (the front end, check, explain, the emitters) as two ctest tests, so that `ctest -j` packs
 # them beside the rest of the suite (scripts/test.sh ran them after it, one core idle):
-#   run_fuzz.sh build DIR   configures DIR with clang and -DPLANC_FUZZ=ON and builds the four
-#                           harnesses: fuzz_frontend and fuzz_compile (fuzz_check, fuzz_explain
-#                           and fuzz_emit are links to it) (ctest fuzz_build, the fixture fuzz needs)
+#   run_fuzz.sh build DIR   configures DIR with clang and -DPLANC_FUZZ=ON and builds the five
+#                           harnesses: fuzz_frontend, fuzz_compile (fuzz_check, fuzz_explain
+#                           and fuzz_emit are links to it) and fuzz_inputs (the runtime's readers of
+#                           weights and token files) (ctest fuzz_build, the fixture fuzz needs)
 #   run_fuzz.sh run DIR     scripts/fuzz.sh: each harness for its share of PLANC_FUZZ_SECONDS
 #                           (default 60) from tests/fuzz/corpus, the example, stdlib and error plans
 #                           as seeds; a crash, leak, sanitizer report or slow input fails it (ctest fuzz)
@@ -23,7 +24,7 @@ case $mode in
 build)
 	mkdir -p "$dir"
 	if ! { cmake -S . -B "$dir" -DCMAKE_C_COMPILER="$clang" -DPLANC_FUZZ=ON -DPLANC_WERROR=ON -DPLANC_CUDA=OFF &&
-		cmake --build "$dir" --target fuzz_frontend fuzz_compile; } >"$dir/build.log" 2>&1; then
+		cmake --build "$dir" --target fuzz_frontend fuzz_compile fuzz_inputs; } >"$dir/build.log" 2>&1; then
 		tail -20 "$dir/build.log"
 		echo "fuzz build: 0 passed, 1 failed"
 		exit 1

@@ -1,0 +1,156 @@
+/* fuzz_inputs.c: a libFuzzer harness for the files a training program reads that a user (or a
+ * damaged disk) hands it: safetensors weights (--init, --resume's rank files: safetensors.c) and
+ * token files (--data: token_file.c's Megatron indexed data set, llm.c shards, nanoGPT's raw
+ * tokens, text). The runtime treats each as hostile: a malformed file must end in planrt's
+ * one-line error, never in a crash, a read outside the mapping or an overflow (the harness builds
+ * these sources with AddressSanitizer and UndefinedBehaviorSanitizer, tests/fuzz/CMakeLists.txt).
+ *
+ * The input's first byte picks the reader (its value modulo 4), the rest is the file:
+ *   0  a .safetensors file: opened (every header check), then every tensor of a dtype planrt
+ *      converts (F32, BF16, F16) and at most MAX_ELEMS elements read whole as floats
+ *   1  a Megatron pair: two bytes give the index's length L (little-endian, at most the rest), the
+ *      next L bytes are data.idx and what follows data.bin; opened by data.idx
+ *   2  a .bin: an llm.c shard if its header says so, else nanoGPT's uint16 tokens
+ *   3  a text file: each byte a token
+ * A token file that opens is read: its first and last MAX_TOKENS tokens, and where it has
+ * documents, the start of the document at a few positions.
+ *
+ *   cmake -S . -B build-fuzz -DCMAKE_C_COMPILER=clang-14 -DPLANC_FUZZ=ON && make -C build-fuzz fuzz_inputs
+ *   build-fuzz/tests/fuzz/fuzz_inputs -max_total_time=60 CORPUS_DIR tests/fuzz/inputs
+ * FUZZ_INPUTS_VERBOSE=1 prints each open's outcome (the seeds in tests/fuzz/inputs all open). */
+#define PLANRT_INTERNAL
+#include "planrt.h"
+#include "planrt_dataset.h"
+#include "planrt_tokens.h"
+
+#include <fcntl.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+enum { MAX_INPUT = 1 << 20, MAX_ELEMS = 1 << 16, MAX_TOKENS = 4096, VOCAB = 1 << 17 };
+
+static char scratch[256]; /* this process's directory for the files */
+static int verbose;       /* FUZZ_INPUTS_VERBOSE set: each open's outcome on stderr (to check seeds) */
+static long long inputs, opened; /* how many inputs came, how many of them a reader took (scripts/fuzz.sh) */
+
+static void report_opened(void)
+{
+	if (inputs)
+		fprintf(stderr, "fuzz: inputs that parse: %lld of %lld (%.0f%%)\n", opened, inputs, 100.0 * opened / inputs);
+}
+
+/* r, told on stderr under FUZZ_INPUTS_VERBOSE */
+static planrt_result_t told(const char *what, planrt_result_t r)
+{
+	if (verbose)
+		fprintf(stderr, "fuzz_inputs: %s: %s\n", what, r == planrt_success ? "opened" : planrt_last_error());
+	opened += r == planrt_success;
+	return r;
+}
+
+static void setup(void)
+{
+	const char *tmp = getenv("TMPDIR");
+	snprintf(scratch, sizeof scratch, "%s/planrt-fuzz-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+	if (!mkdtemp(scratch))
+		abort();
+	verbose = getenv("FUZZ_INPUTS_VERBOSE") != NULL;
+	atexit(report_opened);
+}
+
+/* path = scratch/name holding data[0 .. size); the path, or NULL if it could not be written */
+static const char *put(const char *name, const uint8_t *data, size_t size, char *path, size_t cap)
+{
+	snprintf(path, cap, "%s/%s", scratch, name);
+	int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+	if (fd < 0)
+		return NULL;
+	bool ok = size == 0 || write(fd, data, size) == (ssize_t)size;
+	close(fd);
+	return ok ? path : NULL;
+}
+
+static void read_weights(const char *path)
+{
+	planrt_st_t f;
+	if (told("safetensors", planrt_st_open(path, &f)) != planrt_success)
+		return;
+	static float buf[MAX_ELEMS];
+	for (int i = 0; i < planrt_st_count(f); i++) {
+		const char *name, *dtype;
+		int rank;
+		int64_t dims[8], offs[8] = {0};
+		const void *data;
+		planrt_st_raw(f, i, &name, &dtype, &rank, dims, &data);
+		if (rank > 8 || (strcmp(dtype, "F32") && strcmp(dtype, "BF16") && strcmp(dtype, "F16")))
+			continue;
+		int64_t n = 1;
+		for (int d = 0; d < rank && n <= MAX_ELEMS; d++)
+			n = dims[d] > 0 && dims[d] <= MAX_ELEMS ? n * dims[d] : dims[d] == 0 ? 0 : MAX_ELEMS + 1;
+		if (n <= MAX_ELEMS)
+			(void)planrt_st_read_block(f, name, rank, dims, dims, offs, buf);
+	}
+	planrt_st_close(f);
+}
+
+static void read_tokens(const char *path)
+{
+	planrt_tokens_t *t;
+	if (told("tokens", planrt_tokens_open_(path, VOCAB, &t)) != planrt_success)
+		return;
+	if (verbose)
+		fprintf(stderr, "fuzz_inputs: %s, %lld tokens\n", planrt_tokens_format_(t), (long long)planrt_tokens_count_(t));
+	static int32_t buf[MAX_TOKENS];
+	int64_t count = planrt_tokens_count_(t), n = count < MAX_TOKENS ? count : MAX_TOKENS;
+	if (n > 0) {
+		planrt_tokens_read_(t, 0, n, buf);
+		planrt_tokens_read_(t, count - n, n, buf);
+	}
+	if (planrt_tokens_documents_(t) > 0)
+		for (int64_t k = 0; k < 4 && count > 0; k++)
+			(void)planrt_tokens_doc_start_(t, count / 4 * k);
+	planrt_tokens_close_(t);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size); /* libFuzzer calls it */
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+	if (!scratch[0])
+		setup();
+	if (size < 1 || size > MAX_INPUT)
+		return 0;
+	inputs++;
+	int kind = data[0] % 4;
+	data++, size--;
+	char path[320], bin[320];
+	switch (kind) {
+	case 0:
+		if (put("weights.safetensors", data, size, path, sizeof path))
+			read_weights(path);
+		break;
+	case 1: {
+		if (size < 2)
+			return 0;
+		size_t idx = (size_t)data[0] | (size_t)data[1] << 8;
+		data += 2, size -= 2;
+		if (idx > size)
+			idx = size;
+		if (put("data.idx", data, idx, path, sizeof path) && put("data.bin", data + idx, size - idx, bin, sizeof bin))
+			read_tokens(path);
+		break;
+	}
+	case 2:
+		if (put("tokens.bin", data, size, path, sizeof path))
+			read_tokens(path);
+		break;
+	default:
+		if (put("tokens.txt", data, size, path, sizeof path))
+			read_tokens(path);
+		break;
+	}
+	return 0;
+}
