@@ -2,7 +2,7 @@
 # fuzz.sh: the libFuzzer harnesses of tests/fuzz, each for its share of SECONDS (default
 # $PLANC_FUZZ_SECONDS, else 60), the compiler's from a corpus of tests/fuzz/corpus (regression
 # inputs of every bug the fuzzers found), examples/, stdlib/ and tests/front/errors/, the
-# runtime's file readers (fuzz_inputs) from tests/fuzz/inputs. Prints, per harness, the
+# readers of the files users hand planc (fuzz_inputs) from tests/fuzz/inputs. Prints, per harness, the
 # executions, the executions per second (of wall time, and of the CPU time it got: this machine is
 # shared), the corpus it grew and the share of its inputs that parse; with --coverage, also the
 # share of compiler/'s lines and functions the corpus reached (the compiler's harnesses; a build with

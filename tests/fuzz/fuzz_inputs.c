@@ -1,17 +1,22 @@
-/* fuzz_inputs.c: a libFuzzer harness for the files a training program reads that a user (or a
- * damaged disk) hands it: safetensors weights (--init, --resume's rank files: safetensors.c) and
+/* fuzz_inputs.c: a libFuzzer harness for the files a user (or a damaged disk) hands planc's
+ * programs and `planc data`: safetensors weights (--init, --resume's rank files: safetensors.c),
  * token files (--data: token_file.c's Megatron indexed data set, llm.c shards, nanoGPT's raw
- * tokens, text). The runtime treats each as hostile: a malformed file must end in planrt's
- * one-line error, never in a crash, a read outside the mapping or an overflow (the harness builds
- * these sources with AddressSanitizer and UndefinedBehaviorSanitizer, tests/fuzz/CMakeLists.txt).
+ * tokens, text), and GPT-2 vocabularies and the text `planc data tokenize` encodes
+ * (compiler/data/bpe.c). Each is hostile: a malformed file must end in a one-line error, never in
+ * a crash, a read outside the mapping or an overflow (the harness builds these sources with
+ * AddressSanitizer and UndefinedBehaviorSanitizer, tests/fuzz/CMakeLists.txt).
  *
- * The input's first byte picks the reader (its value modulo 4), the rest is the file:
+ * The input's first byte picks the reader (its value modulo 6), the rest is the file:
  *   0  a .safetensors file: opened (every header check), then every tensor of a dtype planrt
  *      converts (F32, BF16, F16) and at most MAX_ELEMS elements read whole as floats
  *   1  a Megatron pair: two bytes give the index's length L (little-endian, at most the rest), the
  *      next L bytes are data.idx and what follows data.bin; opened by data.idx
  *   2  a .bin: an llm.c shard if its header says so, else nanoGPT's uint16 tokens
  *   3  a text file: each byte a token
+ *   4  text for the BPE encoder, with a vocabulary of 400 tokens trained at start-up: encoded,
+ *      and the ids decoded back, which must give the text's bytes again
+ *   5  a vocabulary: two bytes give vocab.json's length (as for 1), then merges.txt; loaded, and
+ *      where it loads, "hello world" encoded and decoded
  * A token file that opens is read: its first and last MAX_TOKENS tokens, and where it has
  * documents, the start of the document at a few positions.
  *
@@ -19,6 +24,7 @@
  *   build-fuzz/tests/fuzz/fuzz_inputs -max_total_time=60 CORPUS_DIR tests/fuzz/inputs
  * FUZZ_INPUTS_VERBOSE=1 prints each open's outcome (the seeds in tests/fuzz/inputs all open). */
 #define PLANRT_INTERNAL
+#include "data/data.h"
 #include "planrt.h"
 #include "planrt_dataset.h"
 #include "planrt_tokens.h"
@@ -29,11 +35,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 enum { MAX_INPUT = 1 << 20, MAX_ELEMS = 1 << 16, MAX_TOKENS = 4096, VOCAB = 1 << 17 };
 
 static char scratch[256]; /* this process's directory for the files */
+static Bpe *trained;      /* the vocabulary of kind 4 */
+static char vocab_dir[320]; /* kind 5's vocab.json and merges.txt */
 static int verbose;       /* FUZZ_INPUTS_VERBOSE set: each open's outcome on stderr (to check seeds) */
 static long long inputs, opened; /* how many inputs came, how many of them a reader took (scripts/fuzz.sh) */
 
@@ -60,6 +69,35 @@ static void setup(void)
 		abort();
 	verbose = getenv("FUZZ_INPUTS_VERBOSE") != NULL;
 	atexit(report_opened);
+	static const char corpus[] = "The quick brown fox jumps over the lazy dog. It's 2026; don't we'll see 3.14 "
+				     "\xc3\xa9t\xc3\xa9 \xe6\x97\xa5\xe6\x9c\xac  tabs\tand\nnew lines   ";
+	char dir[320], err[512];
+	snprintf(dir, sizeof dir, "%s/trained", scratch);
+	snprintf(vocab_dir, sizeof vocab_dir, "%s/vocab", scratch);
+	if (mkdir(dir, 0700) || mkdir(vocab_dir, 0700) || bpe_train(corpus, sizeof corpus - 1, 400, dir, err, sizeof err) ||
+	    !(trained = bpe_load(dir, err, sizeof err)))
+		abort();
+}
+
+/* text through b: encoded, and the ids decoded back to the same bytes (a byte-level BPE loses
+ * nothing) */
+static void round_trip(const Bpe *b, const char *text, size_t n)
+{
+	int32_t *ids = NULL;
+	size_t len = 0, cap = 0;
+	if (bpe_encode(b, text, n, &ids, &len, &cap) < 0)
+		abort(); /* out of memory */
+	char *back = NULL;
+	size_t back_n = 0;
+	FILE *out = open_memstream(&back, &back_n);
+	if (!out)
+		abort();
+	int bad = bpe_decode(b, ids, len, out);
+	fclose(out);
+	if (bad || back_n != n || memcmp(back, text, n))
+		abort(); /* the encoder lost or changed bytes */
+	free(back);
+	free(ids);
 }
 
 /* path = scratch/name holding data[0 .. size); the path, or NULL if it could not be written */
@@ -124,7 +162,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	if (size < 1 || size > MAX_INPUT)
 		return 0;
 	inputs++;
-	int kind = data[0] % 4;
+	int kind = data[0] % 6;
 	data++, size--;
 	char path[320], bin[320];
 	switch (kind) {
@@ -147,10 +185,37 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		if (put("tokens.bin", data, size, path, sizeof path))
 			read_tokens(path);
 		break;
-	default:
+	case 3:
 		if (put("tokens.txt", data, size, path, sizeof path))
 			read_tokens(path);
 		break;
+	case 4:
+		opened++;
+		round_trip(trained, (const char *)data, size);
+		break;
+	default: {
+		if (size < 2)
+			return 0;
+		size_t json = (size_t)data[0] | (size_t)data[1] << 8;
+		data += 2, size -= 2;
+		if (json > size)
+			json = size;
+		char vocab[400], merges[400], err[512];
+		snprintf(vocab, sizeof vocab, "%s/vocab.json", vocab_dir);
+		snprintf(merges, sizeof merges, "%s/merges.txt", vocab_dir);
+		Bpe *b = NULL;
+		if (put("vocab/vocab.json", data, json, path, sizeof path) &&
+		    put("vocab/merges.txt", data + json, size - json, bin, sizeof bin))
+			b = bpe_load(vocab_dir, err, sizeof err);
+		if (verbose)
+			fprintf(stderr, "fuzz_inputs: vocabulary: %s\n", b ? "loaded" : err);
+		if (b) {
+			opened++;
+			round_trip(b, "hello world", 11);
+			bpe_free(b);
+		}
+		break;
+	}
 	}
 	return 0;
 }
