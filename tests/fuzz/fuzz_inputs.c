@@ -112,6 +112,18 @@ static const char *put(const char *name, const uint8_t *data, size_t size, char 
 	return ok ? path : NULL;
 }
 
+/* Two files from one input: its first two bytes give the first file's length (little-endian, at
+ * most what follows), the rest is the second; their paths in first and second ([320] each). */
+static bool put_pair(const char *a, const char *b, const uint8_t *data, size_t size, char *first, char *second)
+{
+	if (size < 2)
+		return false;
+	size_t n = (size_t)data[0] | (size_t)data[1] << 8;
+	data += 2, size -= 2;
+	n = n < size ? n : size;
+	return put(a, data, n, first, 320) && put(b, data + n, size - n, second, 320);
+}
+
 static void read_weights(const char *path)
 {
 	planrt_st_t f;
@@ -170,17 +182,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		if (put("weights.safetensors", data, size, path, sizeof path))
 			read_weights(path);
 		break;
-	case 1: {
-		if (size < 2)
-			return 0;
-		size_t idx = (size_t)data[0] | (size_t)data[1] << 8;
-		data += 2, size -= 2;
-		if (idx > size)
-			idx = size;
-		if (put("data.idx", data, idx, path, sizeof path) && put("data.bin", data + idx, size - idx, bin, sizeof bin))
+	case 1:
+		if (put_pair("data.idx", "data.bin", data, size, path, bin))
 			read_tokens(path);
 		break;
-	}
 	case 2:
 		if (put("tokens.bin", data, size, path, sizeof path))
 			read_tokens(path);
@@ -194,19 +199,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		round_trip(trained, (const char *)data, size);
 		break;
 	default: {
-		if (size < 2)
-			return 0;
-		size_t json = (size_t)data[0] | (size_t)data[1] << 8;
-		data += 2, size -= 2;
-		if (json > size)
-			json = size;
-		char vocab[400], merges[400], err[512];
-		snprintf(vocab, sizeof vocab, "%s/vocab.json", vocab_dir);
-		snprintf(merges, sizeof merges, "%s/merges.txt", vocab_dir);
-		Bpe *b = NULL;
-		if (put("vocab/vocab.json", data, json, path, sizeof path) &&
-		    put("vocab/merges.txt", data + json, size - json, bin, sizeof bin))
-			b = bpe_load(vocab_dir, err, sizeof err);
+		char err[512] = "";
+		Bpe *b = put_pair("vocab/vocab.json", "vocab/merges.txt", data, size, path, bin)
+				 ? bpe_load(vocab_dir, err, sizeof err)
+				 : NULL;
 		if (verbose)
 			fprintf(stderr, "fuzz_inputs: vocabulary: %s\n", b ? "loaded" : err);
 		if (b) {
