@@ -956,6 +956,25 @@ int planrt_ckpt_gather(planrt_ckpt_t *c, const char *tensor, int rank, const int
 		}
 		json_t *range = json_object_get(p, "range");
 		int64_t plo = json_integer_value(json_array_get(range, 0)), phi = json_integer_value(json_array_get(range, 1));
+		/* a hostile or damaged piece (its rank file's header is not under the data checksum): its
+		 * block inside the tensor, its range inside its block, before anything is divided by or
+		 * read at them */
+		int64_t elems = 1;
+		int within = 1;
+		for (int d = 0; d < rank && within; d++) {
+			within = pb[d] >= 1 && po[d] >= 0 && po[d] <= shape[d] && pb[d] <= shape[d] - po[d];
+			elems *= within ? pb[d] : 1; /* at most the tensor's elements: no overflow */
+		}
+		if (!within || plo < 0 || plo > phi || phi > elems) {
+			char po_text[160], pb_text[160];
+			shape_text(rank, po, po_text, sizeof po_text);
+			shape_text(rank, pb, pb_text, sizeof pb_text);
+			set_err(err, errn,
+				"checkpoint '%s': a piece of '%s' (shape %s) has offsets %s, block %s and range [%lld, %lld), "
+				"which do not lie inside the tensor; its rank file is damaged or was edited",
+				c->dir, tensor, want, po_text, pb_text, (long long)plo, (long long)phi);
+			return -1;
+		}
 		/* a piece whose block misses this block on some dim holds nothing wanted */
 		int misses = 0;
 		for (int d = 0; d < rank; d++)

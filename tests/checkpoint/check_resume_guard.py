@@ -15,7 +15,9 @@ before step 1 (issue 23); never a silent restart.
   data       a corpus of the same size and other bytes (the same text reversed) is refused, and so is a
              blend whose second file is (every file of a blend is hashed); the same blend resumes
   manifest   a hand-edited manifest (the seed; a piece moved; the step) with its checksum
-             recomputed is refused as disagreeing with its files; the unedited copy resumes
+             recomputed is refused as disagreeing with its files; the unedited copy resumes; a
+             piece's block edited outside its tensor in its rank file and the manifest alike (an
+             empty dimension; past the tensor's end) is refused with the cause, not a crash
   rebuilt    a checkpoint of the same plan compiled differently (another fingerprint: what a program
              built by another planc version, which numbers buffers otherwise, finds; here the plan is
              edited: zero1_dp4 with 64 KiB gradient buckets, dp4_local_sgd averaging every 2 steps):
@@ -213,6 +215,45 @@ for name, edit in [("unedited", lambda m: None), ("seed", lambda m: m["rng"].upd
     else:
         T.check(f"a manifest with its {name} edited and its checksum recomputed is refused",
                 rc != 0 and ("disagree" in err or "is not the one its file" in err), first_line(err))
+
+
+
+def edit_rank_file(d, tensor, edit):
+    """d's rank file holding tensor's first piece, with edit(piece) applied to its header's part
+    (which the data checksum does not cover) and to the manifest, whose file size and checksum
+    are recomputed: a consistent, hostile checkpoint"""
+    m = json.load(open(f"{d}/manifest.json"))
+    piece = m["tensors"][tensor]["pieces"][0]
+    entry = m["files"][piece["file"]]
+    path = f"{d}/{entry['name']}"
+    raw = open(path, "rb").read()
+    n = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8:8 + n])
+    part = json.loads(header["__metadata__"]["planrt_checkpoint"])
+    edit(next(q for q in part["pieces"] if q["tensor"] == tensor and q["key"] == piece["key"]))
+    edit(piece)
+    header["__metadata__"]["planrt_checkpoint"] = json.dumps(part, sort_keys=True, separators=(",", ":"))
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    out = len(text).to_bytes(8, "little") + text + raw[8 + n:]
+    open(path, "wb").write(out)
+    entry["bytes"] = len(out)
+    m.pop("manifest_checksum")
+    m["manifest_checksum"] = fnv1a(json.dumps(m, sort_keys=True, separators=(",", ":"), ensure_ascii=False))
+    json.dump(m, open(f"{d}/manifest.json", "w"), indent=1, sort_keys=True)
+
+
+# a piece whose block lies outside its tensor, edited alike in its rank file and the manifest (an
+# empty last dimension past the first column: the reader divided by it, SIGFPE, before it was
+# checked; a block past the tensor's end): refused with the cause, nothing trained
+for name, edit in [("empty", lambda q: q.update(offsets=[0, 1], block=[q["block"][0], 0])),
+                   ("past", lambda q: q.update(offsets=[1, 0]))]:
+    d = edited(f"block_{name}", lambda m: None)
+    edit_rank_file(d, "wte", edit)
+    rc, err = run("single", "--data", data, "--steps", str(STEPS), "--resume", d, "--log", f"{work}/block_{name}.jsonl")
+    T.check(f"a piece whose block lies outside its tensor ({name}), in its rank file and the manifest alike, is refused",
+            rc != 0 and "do not lie inside the tensor" in err and not losses(f"{work}/block_{name}.jsonl"),
+            first_line(err))
 
 # ---------------------------------------------------------------- another build of the same plan
 def rebuilt(plan, edit):
