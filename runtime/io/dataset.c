@@ -120,10 +120,12 @@ static planrt_result_t npy_open(const char *path, const char *name, tensor_t *t)
 		return planrt_error_(planrt_io_error, "cannot map data '%s': %s", path, strerror(errno));
 	const unsigned char *b = map;
 	size_t size = (size_t)st.st_size, hlen, at;
-#define NPY_FAIL(...)                                                          \
-	do {                                                                   \
-		munmap(map, size);                                             \
-		return planrt_error_(planrt_format_error, __VA_ARGS__);        \
+/* the error, written before the file is unmapped (its arguments may read the header) */
+#define NPY_FAIL(...)                                                                      \
+	do {                                                                               \
+		planrt_result_t failed_ = planrt_error_(planrt_format_error, __VA_ARGS__); \
+		munmap(map, size);                                                         \
+		return failed_;                                                            \
 	} while (0)
 	if (memcmp(b, "\x93NUMPY", 6))
 		NPY_FAIL("data '%s' is not a .npy file (no \\x93NUMPY magic); write it with numpy.save", path);
@@ -174,14 +176,23 @@ static planrt_result_t npy_open(const char *path, const char *name, tensor_t *t)
 		t->dims[t->rank++] = v;
 		p = end;
 	}
-	uint64_t n = 1;
-	for (int d = 0; d < t->rank; d++)
-		n *= (uint64_t)t->dims[d];
+	/* the elements the shape counts, at most what the file holds after the header (each product
+	 * checked against that room: a shape whose product overflows is refused, not wrapped) */
 	size_t data_at = at + hlen;
-	if (n * elems[t->elem].size > size - data_at)
-		NPY_FAIL("data '%s': shape %s needs %llu bytes of data, the file has %zu", path,
-			 planrt_shape_text_(t->rank, t->dims, (char[128]){0}, 128), (unsigned long long)(n * elems[t->elem].size),
-			 size - data_at);
+	uint64_t n = 1, room = (size - data_at) / elems[t->elem].size;
+	int fits = 1;
+	for (int d = 0; d < t->rank; d++)
+		if (t->dims[d] == 0)
+			n = 0;
+	for (int d = 0; d < t->rank && n; d++) {
+		fits = n <= room / (uint64_t)t->dims[d];
+		if (!fits)
+			break;
+		n *= (uint64_t)t->dims[d];
+	}
+	if (!fits || n > room)
+		NPY_FAIL("data '%s': shape %s needs more data than the file's %zu bytes after its header", path,
+			 planrt_shape_text_(t->rank, t->dims, (char[128]){0}, 128), size - data_at);
 #undef NPY_FAIL
 	snprintf(t->name, sizeof t->name, "%s", name);
 	t->data = b + data_at;

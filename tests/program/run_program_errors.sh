@@ -107,6 +107,30 @@ python3 scripts/classify_data.py $data "$tmp/ints" 64 32
 mv "$tmp/ints/labels.npy" "$tmp/npy/labels.npy"
 expect_fail "float data for an i32 input" "holds <f8 but input 'tokens' is i32" 1 --steps 1 --data "$tmp/npy"
 expect_fail "token file for named inputs" "but input 'labels' is i32 \\[16\\]" 1 --steps 1 --data $data
+# hostile .npy headers: a shape whose byte count overflows 64 bits (2^62 samples of 32 i32 tokens:
+# the product wrapped to 0 bytes, the files were taken and the first batch read past the mapping),
+# and an unknown version (its error read the header after unmapping it): one-line errors
+python3 - "$tmp/wrap" "$tmp/version" <<'PY'
+import os
+import sys
+
+
+def npy(path, descr, shape, data=b"", version=1):
+    h = "{'descr': '%s', 'fortran_order': False, 'shape': %s, }" % (descr, shape)
+    h += " " * (-(len(h) + 11) % 64) + "\n"
+    open(path, "wb").write(b"\x93NUMPY" + bytes([version, 0]) + len(h).to_bytes(2, "little") + h.encode() + data)
+
+
+wrap, version = sys.argv[1:3]
+for d in (wrap, version):
+    os.makedirs(d, exist_ok=True)
+npy(f"{wrap}/tokens.npy", "<i4", "(%d, 32)" % (1 << 62))
+npy(f"{wrap}/labels.npy", "<i4", "(%d,)" % (1 << 62))
+npy(f"{version}/tokens.npy", "<i4", "(64, 32)", bytes(64 * 32 * 4), version=4)
+npy(f"{version}/labels.npy", "<i4", "(64,)", bytes(64 * 4))
+PY
+expect_fail "a .npy shape whose bytes overflow" "needs more data than the file's 0 bytes" 1 --steps 1 --data "$tmp/wrap"
+expect_fail "a .npy of an unknown version" ".npy version 4 is not known" 1 --steps 1 --data "$tmp/version"
 # a 4-class token classifier on byte tokens: never trains silently on targets in 0..255
 printf '%s\n' 'model tok4(V = 256, S = 16, D = 32, C = 4) {' '  input tokens : i32[B, S]' \
 	'  input targets : i32[B, S]' '  param wte : f32[V, D] ~ normal(0, 0.02)' '  param w : f32[D, C] ~ normal(0, 0.02)' \
