@@ -2,21 +2,23 @@
  * programs and `planc data`: safetensors weights (--init, --resume's rank files: safetensors.c),
  * token files (--data: token_file.c's Megatron indexed data set, llm.c shards, nanoGPT's raw
  * tokens, text), and GPT-2 vocabularies and the text `planc data tokenize` encodes
- * (compiler/data/bpe.c). Each is hostile: a malformed file must end in a one-line error, never in
+ * (compiler/data/bpe.c), and data sets of named tensors (dataset.c's .npy reader). Each is hostile: a malformed file must end in a one-line error, never in
  * a crash, a read outside the mapping or an overflow (the harness builds these sources with
  * AddressSanitizer and UndefinedBehaviorSanitizer, tests/fuzz/CMakeLists.txt).
  *
- * The input's first byte picks the reader (its value modulo 6), the rest is the file:
+ * The input's first byte picks the reader (its value modulo 7), the rest is the file:
  *   0  a .safetensors file: opened (every header check), then every tensor of a dtype planrt
  *      converts (F32, BF16, F16) and at most MAX_ELEMS elements read whole as floats
  *   1  a Megatron pair: two bytes give the index's length L (little-endian, at most the rest), the
  *      next L bytes are data.idx and what follows data.bin; opened by data.idx
  *   2  a .bin: an llm.c shard if its header says so, else nanoGPT's uint16 tokens
  *   3  a text file: each byte a token
- *   4  text for the BPE encoder, with a vocabulary of 400 tokens trained at start-up: encoded,
+ *   4  text for the BPE encoder, with a vocabulary of 320 tokens trained at start-up: encoded,
  *      and the ids decoded back, which must give the text's bytes again
  *   5  a vocabulary: two bytes give vocab.json's length (as for 1), then merges.txt; loaded, and
  *      where it loads, "hello world" encoded and decoded
+ *   6  x.npy in a data-set directory: opened (magic, version, header, dtype, shape against the
+ *      file's size)
  * A token file that opens is read: its first and last MAX_TOKENS tokens, and where it has
  * documents, the start of the document at a few positions.
  *
@@ -43,6 +45,7 @@ enum { MAX_INPUT = 1 << 20, MAX_ELEMS = 1 << 16, MAX_TOKENS = 4096, VOCAB = 1 <<
 static char scratch[256]; /* this process's directory for the files */
 static Bpe *trained;      /* the vocabulary of kind 4 */
 static char vocab_dir[320]; /* kind 5's vocab.json and merges.txt */
+static char set_dir[320];   /* kind 6's data set */
 static int verbose;       /* FUZZ_INPUTS_VERBOSE set: each open's outcome on stderr (to check seeds) */
 static long long inputs, opened; /* how many inputs came, how many of them a reader took (scripts/fuzz.sh) */
 
@@ -74,7 +77,9 @@ static void setup(void)
 	char dir[320], err[512];
 	snprintf(dir, sizeof dir, "%s/trained", scratch);
 	snprintf(vocab_dir, sizeof vocab_dir, "%s/vocab", scratch);
-	if (mkdir(dir, 0700) || mkdir(vocab_dir, 0700) || bpe_train(corpus, sizeof corpus - 1, 400, dir, err, sizeof err) ||
+	snprintf(set_dir, sizeof set_dir, "%s/set", scratch);
+	if (mkdir(dir, 0700) || mkdir(vocab_dir, 0700) || mkdir(set_dir, 0700) ||
+	    bpe_train(corpus, sizeof corpus - 1, 320, dir, err, sizeof err) ||
 	    !(trained = bpe_load(dir, err, sizeof err)))
 		abort();
 }
@@ -174,7 +179,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	if (size < 1 || size > MAX_INPUT)
 		return 0;
 	inputs++;
-	int kind = data[0] % 6;
+	int kind = data[0] % 7;
 	data++, size--;
 	char path[320], bin[320];
 	switch (kind) {
@@ -194,6 +199,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		if (put("tokens.txt", data, size, path, sizeof path))
 			read_tokens(path);
 		break;
+	case 6: {
+		planrt_dataset_t set;
+		if (put("set/x.npy", data, size, path, sizeof path) &&
+		    told("npy", planrt_dataset_open(set_dir, &set)) == planrt_success)
+			planrt_dataset_close(set);
+		break;
+	}
 	case 4:
 		opened++;
 		round_trip(trained, (const char *)data, size);
