@@ -85,8 +85,8 @@ bool explain_parts(Graph *g, const Lowered *low, ExplainPart *out);
 /* The estimate's costs in seconds for the programs of one rank role (RANKROLE_ANY, or an async
  * role): one micro-batch's forward and backward per stage and chunk (fc, bc: [stages * chunks]),
  * the longest transfer between stages, and each stage's update phase (update: [stages]), at the
- * speed the step computes (explain_stage_speed): a plan with fewer ranks on a
- * node than the calibration shared its cores among computes faster throughout, update included.
+ * speed the step computes (explain_stage_speed): a plan with fewer ranks on a node than the
+ * calibration shared its cores among computes faster throughout, update included.
  * Returns the pipeline simulation's speeds (explain_stage_speeds into speed_buf: [stages + 1]),
  * NULL where its stages do not share cores. What the estimate and the --svg picture simulate. */
 const double *explain_step_costs(const Graph *g, const Lowered *low, int role, double *fc, double *bc, double *xfer,
