@@ -2,11 +2,12 @@
  * programs and `planc data`: safetensors weights (--init, --resume's rank files: safetensors.c),
  * token files (--data: token_file.c's Megatron indexed data set, llm.c shards, nanoGPT's raw
  * tokens, text), and GPT-2 vocabularies and the text `planc data tokenize` encodes
- * (compiler/data/bpe.c), and data sets of named tensors (dataset.c's .npy reader). Each is hostile: a malformed file must end in a one-line error, never in
+ * (compiler/data/bpe.c), data sets of named tensors (dataset.c's .npy reader) and --map name maps
+ * (namemap.c). Each is hostile: a malformed file must end in a one-line error, never in
  * a crash, a read outside the mapping or an overflow (the harness builds these sources with
  * AddressSanitizer and UndefinedBehaviorSanitizer, tests/fuzz/CMakeLists.txt).
  *
- * The input's first byte picks the reader (its value modulo 7), the rest is the file:
+ * The input's first byte picks the reader (its value modulo 8), the rest is the file:
  *   0  a .safetensors file: opened (every header check), then every tensor of a dtype planrt
  *      converts (F32, BF16, F16) and at most MAX_ELEMS elements read whole as floats
  *   1  a Megatron pair: two bytes give the index's length L (little-endian, at most the rest), the
@@ -19,6 +20,8 @@
  *      where it loads, "hello world" encoded and decoded
  *   6  x.npy in a data-set directory: opened (magic, version, header, dtype, shape against the
  *      file's size)
+ *   7  a --map file, bound to the parameters of a two-layer Llama (LLAMA_PARAMS: the names
+ *      stdlib/maps/hf_llama.map maps)
  * A token file that opens is read: its first and last MAX_TOKENS tokens, and where it has
  * documents, the start of the document at a few positions.
  *
@@ -29,6 +32,7 @@
 #include "data/data.h"
 #include "planrt.h"
 #include "planrt_dataset.h"
+#include "planrt_namemap.h"
 #include "planrt_tokens.h"
 
 #include <fcntl.h>
@@ -46,6 +50,25 @@ static char scratch[256]; /* this process's directory for the files */
 static Bpe *trained;      /* the vocabulary of kind 4 */
 static char vocab_dir[320]; /* kind 5's vocab.json and merges.txt */
 static char set_dir[320];   /* kind 6's data set */
+
+/* kind 7's program: a two-layer Llama's parameters, as examples/llama.plan names them */
+#define LAYER(i)                                                                                             \
+	{"layers." #i ".llama_block.rmsnorm.weight", 1, {64}, {64}, {-1}, 0, 1, 0, 0},                          \
+		{"layers." #i ".llama_block.gqa_attention.wq", 2, {64, 64}, {64, 64}, {-1, -1}, 0, 1, 0, 0},     \
+		{"layers." #i ".llama_block.gqa_attention.wk", 2, {64, 32}, {64, 32}, {-1, -1}, 0, 1, 0, 0},     \
+		{"layers." #i ".llama_block.gqa_attention.wv", 2, {64, 32}, {64, 32}, {-1, -1}, 0, 1, 0, 0},     \
+		{"layers." #i ".llama_block.gqa_attention.wo", 2, {64, 64}, {64, 64}, {-1, -1}, 0, 1, 0, 0},     \
+		{"layers." #i ".llama_block.rmsnorm_1.weight", 1, {64}, {64}, {-1}, 0, 1, 0, 0},                 \
+		{"layers." #i ".llama_block.swiglu.w_gate", 2, {64, 128}, {64, 128}, {-1, -1}, 0, 1, 0, 0},      \
+		{"layers." #i ".llama_block.swiglu.w_up", 2, {64, 128}, {64, 128}, {-1, -1}, 0, 1, 0, 0},        \
+		{"layers." #i ".llama_block.swiglu.w_down", 2, {128, 64}, {128, 64}, {-1, -1}, 0, 1, 0, 0}
+static const planrt_param_t LLAMA_PARAMS[] = {
+	{"wte", 2, {256, 64}, {256, 64}, {-1, -1}, 0, 1, 0, 0}, LAYER(0), LAYER(1),
+	{"rmsnorm.weight", 1, {64}, {64}, {-1}, 0, 1, 0, 0}, {"lm_head", 2, {64, 256}, {64, 256}, {-1, -1}, 0, 1, 0, 0},
+};
+#undef LAYER
+static const planrt_program_t llama = {.plan = "fuzz", .model = "llama", .world = 1, .params = LLAMA_PARAMS,
+				       .nparams = (int)(sizeof LLAMA_PARAMS / sizeof LLAMA_PARAMS[0])};
 static int verbose;       /* FUZZ_INPUTS_VERBOSE set: each open's outcome on stderr (to check seeds) */
 static long long inputs, opened; /* how many inputs came, how many of them a reader took (scripts/fuzz.sh) */
 
@@ -179,7 +202,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	if (size < 1 || size > MAX_INPUT)
 		return 0;
 	inputs++;
-	int kind = data[0] % 7;
+	int kind = data[0] % 8;
 	data++, size--;
 	char path[320], bin[320];
 	switch (kind) {
@@ -204,6 +227,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		if (put("set/x.npy", data, size, path, sizeof path) &&
 		    told("npy", planrt_dataset_open(set_dir, &set)) == planrt_success)
 			planrt_dataset_close(set);
+		break;
+	}
+	case 7: {
+		planrt_namemap_t map;
+		if (put("names.map", data, size, path, sizeof path) &&
+		    told("map", planrt_namemap_open(path, &llama, &map)) == planrt_success)
+			planrt_namemap_close(map);
 		break;
 	}
 	case 4:
