@@ -217,7 +217,6 @@ for name, edit in [("unedited", lambda m: None), ("seed", lambda m: m["rng"].upd
                 rc != 0 and ("disagree" in err or "is not the one its file" in err), first_line(err))
 
 
-
 def edit_rank_file(d, tensor, edit):
     """d's rank file holding tensor's first piece, with edit(piece) applied to its header's part
     (which the data checksum does not cover) and to the manifest, whose file size and checksum

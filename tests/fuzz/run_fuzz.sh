@@ -4,7 +4,8 @@
 #   run_fuzz.sh build DIR   configures DIR with clang and -DPLANC_FUZZ=ON and builds the five
 #                           harnesses: fuzz_frontend, fuzz_compile (fuzz_check, fuzz_explain
 #                           and fuzz_emit are links to it) and fuzz_inputs (the readers of weights,
-#                           token files and vocabularies) (ctest fuzz_build, the fixture fuzz needs)
+#                           token files, data sets, name maps and vocabularies) (ctest fuzz_build,
+#                           the fixture fuzz needs)
 #   run_fuzz.sh run DIR     scripts/fuzz.sh: each harness for its share of PLANC_FUZZ_SECONDS
 #                           (default 60) from tests/fuzz/corpus, the example, stdlib and error plans
 #                           as seeds; a crash, leak, sanitizer report or slow input fails it (ctest fuzz)
