@@ -14,6 +14,8 @@ For examples/gpt.plan's GPT at two sizes on 4 ranks of this machine:
      which one calibration at the start put into every estimate alike. Each plan's spread (largest
      less smallest run over the median) is printed: plans whose estimates differ by less than the
      spread cannot be ranked by one measurement, which at the small size is most of the top 10.
+     With two or more rounds the runs are also ranked against themselves (the odd rounds'
+     medians against the even rounds'): no estimate's Spearman can be expected above that one.
 search lists no two candidates that compile to one program (recompute selective of a model whose
 attention is fused is none's: docs/search.md), so the top 10 are 10 different programs.
 Prints, per size, each plan's estimate and measurement, then Spearman's rank correlation between
@@ -146,6 +148,10 @@ def main():
                                                             100 * (max(r) - min(r)) / m, summary), flush=True)
         best_measured = min(meas)
         print("Spearman rank correlation (estimate vs measured): %.3f" % spearman(est, meas))
+        if repeat >= 2:  # the measurement against itself: what any estimate's Spearman can reach here
+            odd, even = [statistics.median(r[0::2]) for r in runs], [statistics.median(r[1::2]) for r in runs]
+            print("the runs against themselves (rounds 1, 3, ... against 2, 4, ...): Spearman %.3f; the estimate "
+                  "against each half: %.3f, %.3f" % (spearman(odd, even), spearman(est, odd), spearman(est, even)))
         best = est.index(min(est))  # the predicted best: the least median estimate
         print("the predicted best measured %.4g s: %.1f%% slower than the measured best (%.4g s), measured rank %d of %d"
               % (meas[best], 100 * (meas[best] / best_measured - 1), best_measured, ranks(meas)[best], len(meas)))

@@ -5,7 +5,8 @@
  * planrt measures (runtime/driver/calibrate.c: the GEMMs, element-wise bandwidth, fused
  * attention and collectives the generated programs run, on every rank at once, the slowest
  * rank's figures), and this file turns the measurements into the device model explain and search
- * read (--device=FILE): the best GEMM rate as matmul.*, the axpy bandwidth as memory.*, the
+ * read (--device=FILE): the GEMMs' rates fitted as matmul.* (FLOPs) and matmul_bw.* (operand
+ * bytes), the axpy bandwidth as memory.*, the
  * attention rate as attention.*, a tiny kernel's time as kernel.latency, the memory per rank, and each link measured (within a node,
  * between nodes) as its all-reduce bus bandwidth and the one-element all-reduce's time as its
  * latency. What was not measured (the link between nodes on one machine, the tree algorithm)
@@ -20,6 +21,7 @@
 #include "planrt_calibrate.h"
 #include "planrt_outfile.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -89,16 +91,55 @@ static void take_link(Link *to, const planrt_calib_link_t *l)
 	*to = (Link){.bw = l->allreduce_busbw, .latency = l->latency, .hop = ring_hop(l), .tree = 0, .tree_hop = 0};
 }
 
+/* A GEMM's FLOPs and its operands' bytes (A, B and C once each, f32) for shape i. */
+static void gemm_work(const planrt_calibration_t *c, int i, double *flops, double *bytes)
+{
+	double m = (double)c->gemm_mnk[i][0], n = (double)c->gemm_mnk[i][1], k = (double)c->gemm_mnk[i][2];
+	*flops = 2 * m * n * k;
+	*bytes = 4 * (m * k + k * n + m * n);
+}
+
+/* The GEMM model: seconds = FLOPs / rate + operand bytes / bw, fitted to the shapes measured by
+ * least squares of the relative error (two unknowns, 1 / rate and 1 / bw: the normal equations).
+ * OpenBLAS copies A and B into packed panels before its products, which a small GEMM (a
+ * micro-batch of 64 tokens by D = 128) pays for fewer products: on 4 ranks sharing 2 cores the
+ * GPT example's data 2 x pipe 2 plans measured 38.3 ms a step with 1 micro-batch and 42-45 with
+ * 8, where FLOPs alone priced them alike (docs/search.md). Where the fit is not two positive
+ * rates (a machine whose small shapes are as fast as its large ones, or noise), bw is 0 and rate
+ * the best shape's, FLOPs alone. */
+static void fit_gemms(const planrt_calibration_t *c, double *rate, double *bw)
+{
+	double ff = 0, fb = 0, bb = 0, f1 = 0, b1 = 0, best = 0;
+	for (int i = 0; i < c->ngemms; i++) {
+		double flops, bytes;
+		gemm_work(c, i, &flops, &bytes);
+		if (c->gemm_rate[i] <= 0)
+			continue;
+		double t = flops / c->gemm_rate[i], x = flops / t, y = bytes / t; /* each row divided by t */
+		ff += x * x, fb += x * y, bb += y * y, f1 += x, b1 += y;
+		if (c->gemm_rate[i] > best)
+			best = c->gemm_rate[i];
+	}
+	double det = ff * bb - fb * fb, per_flop = det != 0 ? (f1 * bb - b1 * fb) / det : 0,
+	       per_byte = det != 0 ? (ff * b1 - fb * f1) / det : 0;
+	if (per_flop > 0 && per_byte > 0 && isfinite(per_flop) && isfinite(per_byte)) {
+		*rate = 1 / per_flop;
+		*bw = 1 / per_byte;
+	} else {
+		*rate = best;
+		*bw = 0;
+	}
+}
+
 /* The device model from the measurements, starting from base. */
 static Device calibrated_device(const Device *base, const planrt_calibration_t *c, char *name, size_t n)
 {
 	Device d = *base;
-	double best = 0;
-	for (int i = 0; i < c->ngemms; i++)
-		if (c->gemm_rate[i] > best)
-			best = c->gemm_rate[i];
+	double rate, bw;
+	fit_gemms(c, &rate, &bw);
 	for (int t = 0; t < 3; t++) {
-		d.matmul[t] = best;
+		d.matmul[t] = rate;
+		d.matmul_bw[t] = bw;
 		d.memory_bw[t] = c->memory_bw;
 		d.attention[t] = c->attention_rate;
 	}
@@ -134,9 +175,23 @@ static void write_header(FILE *out, const planrt_calibration_t *c, const Device 
 	fprintf(out, "# each figure is the slowest rank's while every rank measured at once\n");
 	fprintf(out, "# f32 GEMM FLOP/s by shape (M x N x K):");
 	for (int i = 0; i < c->ngemms; i++)
-		fprintf(out, " %lldx%lldx%lld %.4g", (long long)c->gemm_mnk[i][0], (long long)c->gemm_mnk[i][1],
+		fprintf(out, " %lldx%lldx%lld %.6g", (long long)c->gemm_mnk[i][0], (long long)c->gemm_mnk[i][1],
 			(long long)c->gemm_mnk[i][2], c->gemm_rate[i]);
-	fprintf(out, "\n# matmul.*: the best of these; the CPU runs bf16 and f16 GEMMs in f32 after casts\n");
+	double rate, bw;
+	fit_gemms(c, &rate, &bw);
+	if (bw > 0) {
+		fprintf(out, "\n# matmul.*, matmul_bw.*: a GEMM's seconds as its FLOPs / matmul + its operands' bytes (A, B, C "
+			     "once) / matmul_bw, fitted to these; the fit against each:");
+		for (int i = 0; i < c->ngemms; i++) {
+			double flops, bytes;
+			gemm_work(c, i, &flops, &bytes);
+			double t = flops / c->gemm_rate[i];
+			fprintf(out, " %+.0f%%", 100 * ((flops / rate + bytes / bw) - t) / t);
+		}
+	} else {
+		fprintf(out, "\n# matmul.*: the best of these (a fit of FLOPs and operand bytes was not two positive rates)");
+	}
+	fprintf(out, "\n# the CPU runs bf16 and f16 GEMMs in f32 after casts\n");
 	fprintf(out, "# kernel.latency: a tiny kernel's seconds per call (a GEMM of 8 x 8 x 8 and an add of 64 floats, the mean)\n");
 	fprintf(out, "# dropout.rate: mask elements per second of planrt's dropout over 64 Ki floats (its Philox draws; its bytes are memory.*)\n");
 	fprintf(out, "# memory.*: y = a x + y over arrays larger than the caches (64 MiB; 4 MiB with --quick); attention.*: the fused causal attention's products, forward and "

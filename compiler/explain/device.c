@@ -143,6 +143,8 @@ static double *device_field(Device *d, const char *key)
 	for (int t = 0; t < 3; t++) {
 		if (!strncmp(key, "matmul.", 7) && !strcmp(key + 7, dtypes[t]))
 			return &d->matmul[t];
+		if (!strncmp(key, "matmul_bw.", 10) && !strcmp(key + 10, dtypes[t]))
+			return &d->matmul_bw[t];
 		if (!strncmp(key, "memory.", 7) && !strcmp(key + 7, dtypes[t]))
 			return &d->memory_bw[t];
 		if (!strncmp(key, "attention.", 10) && !strcmp(key + 10, dtypes[t]))
@@ -231,8 +233,9 @@ static bool device_line(Device *d, const char *path, int line, char *key, char *
 	double *field = device_field(d, key);
 	if (!field)
 		return file_error(path, line,
-				  "unknown key '%s' (name, base, matmul.f32|bf16|f16, memory.f32|bf16|f16, attention.f32|bf16|f16, "
-"attention.score_forward|score_backward, attention.tile, memory.capacity, kernel.latency, dropout.rate, "
+				  "unknown key '%s' (name, base, matmul.f32|bf16|f16, matmul_bw.f32|bf16|f16, memory.f32|bf16|f16, "
+				  "attention.f32|bf16|f16, attention.score_forward|score_backward, attention.tile, "
+				  "memory.capacity, kernel.latency, dropout.rate, "
 				  "node.ranks, node.cores, node|net.bandwidth|latency|hop|tree|tree_hop)",
 				  key);
 	*field = v;
@@ -302,6 +305,9 @@ void device_write(FILE *out, const Device *d)
 	fprintf(out, "name = %s\n", d->name);
 	for (int t = 0; t < 3; t++)
 		fprintf(out, "matmul.%s = %.6g\n", dtypes[t], d->matmul[t]);
+	for (int t = 0; t < 3; t++)
+		if (d->matmul_bw[t] > 0)
+			fprintf(out, "matmul_bw.%s = %.6g\n", dtypes[t], d->matmul_bw[t]);
 	for (int t = 0; t < 3; t++)
 		fprintf(out, "memory.%s = %.6g\n", dtypes[t], d->memory_bw[t]);
 	for (int t = 0; t < 3; t++)

@@ -460,7 +460,8 @@ static void bubble(Report *rep)
 
 /* ---------------------------------------------------------------- estimated step time
  * Each kernel of the program costs what a roofline of the reference device gives it: a matmul
- * its FLOPs at the device's rate for the plan's precision, any other compute kernel the bytes of
+ * its FLOPs at the device's rate for the plan's precision (plus its operands' bytes at matmul_bw,
+ * where the device has one: a CPU's packing), any other compute kernel the bytes of
  * its buffers at memory bandwidth, a collective its wire bytes at the per-rank network bandwidth
  * plus a latency per call. A forward or backward of a micro-batch and chunk costs the sum of its
  * kernels (a transfer between stages delays the receiving action by its own time); the schedule
@@ -533,6 +534,8 @@ static double kernel_seconds(const PlanSpec *ps, const LProg *p, const Kernel *k
 	double t = 0;
 	if (kernel_is_gemm(k)) {
 		t = kernel_gemm_flops(k) / d->matmul[dt];
+		if (d->matmul_bw[dt] > 0)
+			t += kernel_gemm_operand_bytes(k) / d->matmul_bw[dt];
 	} else if (k->kind == K_ATTENTION || k->kind == K_ATTENTION_GRAD || k->kind == K_RING_ATTENTION ||
 		   k->kind == K_RING_ATTENTION_GRAD || k->kind == K_ATTENTION_16 || k->kind == K_ATTENTION_GRAD_16) {
 		/* its products (attention_flops); a ring's: one block's. The ring kernels' and the 16-bit

@@ -23,6 +23,10 @@ typedef struct Link {
 typedef struct Device {
 	const char *key, *name;
 	double matmul[3];    /* dense matmul FLOP/s by element type: f32, bf16, f16 */
+	double matmul_bw[3]; /* bytes/s at which a GEMM's operands (A, B and C, each once) cost beyond its
+			      * FLOPs, by element type (0: its FLOPs alone). A CPU GEMM copies its operands
+			      * into packed panels before its products: a micro-batch's small GEMMs spend a
+			      * larger share of their time there (planc calibrate fits it) */
 	double memory_bw[3]; /* bytes/s element-wise kernels move, by element type */
 	double attention[3]; /* FLOP/s of the fused attention's products by element type (0: the matmul rate) */
 	double attention_score[2]; /* seconds each score the fused attention computes costs beyond its

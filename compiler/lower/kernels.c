@@ -123,17 +123,35 @@ bool kernel_is_gemm(const Kernel *k)
 	return k->kind == K_MATMUL || k->kind == K_MATMUL_BF16 || k->kind == K_MATMUL_F16;
 }
 
+/* a GEMM kernel's batch, M, N and K (false for any other kernel); the 16-bit kinds keep theirs at
+ * the same places */
+static bool gemm_sizes(const Kernel *k, double *batch, double *m, double *n, double *kk)
+{
+	if (k->kind == K_MATMUL) {
+		*batch = (double)KARG(k, MATMUL, batch)->i, *m = (double)KARG(k, MATMUL, M)->i;
+		*n = (double)KARG(k, MATMUL, N)->i, *kk = (double)KARG(k, MATMUL, K)->i;
+		return true;
+	}
+	if (k->kind == K_MATMUL_BF16 || k->kind == K_MATMUL_F16) {
+		const KArg *a = k->args;
+		*batch = (double)a[KARG_INDEX(MATMUL_BF16, batch)].i, *m = (double)a[KARG_INDEX(MATMUL_BF16, M)].i;
+		*n = (double)a[KARG_INDEX(MATMUL_BF16, N)].i, *kk = (double)a[KARG_INDEX(MATMUL_BF16, K)].i;
+		return true;
+	}
+	return false;
+}
+
 double kernel_gemm_flops(const Kernel *k)
 {
-	if (k->kind == K_MATMUL)
-		return 2.0 * (double)KARG(k, MATMUL, batch)->i * (double)KARG(k, MATMUL, M)->i *
-		       (double)KARG(k, MATMUL, N)->i * (double)KARG(k, MATMUL, K)->i;
-	if (k->kind == K_MATMUL_BF16 || k->kind == K_MATMUL_F16) { /* the same sizes, at the same places */
-		const KArg *a = k->args;
-		return 2.0 * (double)a[KARG_INDEX(MATMUL_BF16, batch)].i * (double)a[KARG_INDEX(MATMUL_BF16, M)].i *
-		       (double)a[KARG_INDEX(MATMUL_BF16, N)].i * (double)a[KARG_INDEX(MATMUL_BF16, K)].i;
-	}
-	return 0;
+	double batch, m, n, kk;
+	return gemm_sizes(k, &batch, &m, &n, &kk) ? 2.0 * batch * m * n * kk : 0;
+}
+
+double kernel_gemm_operand_bytes(const Kernel *k)
+{
+	double batch, m, n, kk;
+	return gemm_sizes(k, &batch, &m, &n, &kk) ? batch * (m * kk + kk * n + m * n) * (k->kind == K_MATMUL ? 4.0 : 2.0)
+						  : 0;
 }
 
 static int dtype_param(KernelKind kind, const char *name)

@@ -393,6 +393,9 @@ Comm *kernel_comm(LProg *p, Kernel *k);
  * any other kernel) */
 bool kernel_is_gemm(const Kernel *k);
 double kernel_gemm_flops(const Kernel *k);
+/* a GEMM kernel's operands' bytes, A (M x K), B (K x N) and C (M x N) once each per product, at
+ * the kernel's storage size (f32: 4 bytes; the 16-bit kinds: 2); 0 for any other kernel */
+double kernel_gemm_operand_bytes(const Kernel *k);
 KArg *kernel_arg(const Kernel *k, KernelKind kind, int index);
 /* kernels.c: whether argument a may fill parameter index of kind (the builders and verify.c ask) */
 bool karg_fits(KernelKind kind, int index, const KArg *a);

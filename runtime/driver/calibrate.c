@@ -87,12 +87,16 @@ static void run_gemm(void *arg)
 
 static void measure_gemms(planrt_calibration_t *c, int quick)
 {
-	/* square, then a transformer layer's shapes (tokens x D x D and tokens x 4D x D) */
+	/* square, then a transformer layer's shapes (tokens x D x D and tokens x 4D x D), then the small
+	 * ones of a micro-batch of a small model (64 tokens, D = 128; its backward's D x D weight
+	 * gradient over 64 tokens), whose operands weigh more against their products: planc fits a
+	 * GEMM's seconds as its FLOPs at one rate plus its operands' bytes at another (compiler/
+	 * calibrate.c), and needs shapes of both kinds for it */
 	static const int64_t full[][3] = {{256, 256, 256}, {1024, 1024, 1024}, {2048, 512, 512}, {2048, 2048, 512},
-					  {4096, 1024, 1024}};
-	static const int64_t small[][3] = {{64, 64, 64}, {128, 128, 128}, {256, 128, 128}};
+					  {4096, 1024, 1024}, {64, 128, 128}, {128, 512, 128}, {512, 512, 64}};
+	static const int64_t small[][3] = {{64, 64, 64}, {128, 128, 128}, {256, 128, 128}, {64, 256, 64}};
 	const int64_t(*shapes)[3] = quick ? small : full;
-	c->ngemms = quick ? 3 : 5;
+	c->ngemms = quick ? 4 : 8;
 	for (int i = 0; i < c->ngemms; i++) {
 		Gemm g = {shapes[i][0], shapes[i][1], shapes[i][2], NULL, NULL, NULL};
 		g.a = calib_alloc(sizeof(float) * (size_t)(g.m * g.k));

@@ -9,7 +9,7 @@
 
 #include <stdint.h>
 
-enum { PLANRT_CALIB_GEMMS = 5, PLANRT_CALIB_SIZES = 16 };
+enum { PLANRT_CALIB_GEMMS = 8, PLANRT_CALIB_SIZES = 16 };
 
 /* One link's collectives (MPI, through planrt's collectives): all-reduce time by message size,
  * the all-reduce's bus bandwidth at its best size, and the other kinds' at the largest size (nccl-tests' busbw: the algorithm bandwidth

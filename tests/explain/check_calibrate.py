@@ -7,6 +7,9 @@
     the link between nodes was not, on one machine), the per-shape GEMM rates and the
     all-reduce's times by size in its comments; kernel.latency (a tiny kernel's time) measured, and
     node.bandwidth the all-reduce's bus bandwidth at its best size (recomputed from the comments);
+  - the GEMM model: matmul.* and matmul_bw.* are the least-squares fit (of the relative error) of
+    FLOPs / matmul + operand bytes / matmul_bw to the per-shape rates in the comments, recomputed
+    here; where that fit is not two positive rates, the best shape's rate and no matmul_bw;
   - the attention rate is used: the same file with attention.* ten times lower lengthens the
     fused-attention GPT's estimate, and without attention.* the matmul rate prices attention;
   - one process without mpirun is a world of one: no link measured, the base's links kept;
@@ -61,6 +64,23 @@ def main():
     tally.check("memory per rank", num["memory.capacity"] > 1e8, num["memory.capacity"])
     tally.check("a kernel's fixed cost measured", 1e-9 < num["kernel.latency"] < 1e-3, num["kernel.latency"])
     tally.check("dropout's mask rate measured", 1e6 < num.get("dropout.rate", 0) < 1e12, num.get("dropout.rate"))
+    shapes = [(int(m), int(n), int(k), float(r)) for m, n, k, r in
+              re.findall(r" (\d+)x(\d+)x(\d+) (\S+)", re.search(r"GEMM FLOP/s by shape.*", text).group(0))]
+    # each shape's t = FLOPs / rate = a FLOPs + c bytes, divided by t: rate = a rate + c (bytes / FLOPs) rate
+    rows = [(r, 4 * (m * k + k * n + m * n) * r / (2 * m * n * k)) for m, n, k, r in shapes]
+    ff, fb, bb = (sum(x * y for x, y in pairs) for pairs in (((a, a) for a, _ in rows), rows, ((b, b) for _, b in rows)))
+    f1, b1 = sum(a for a, _ in rows), sum(b for _, b in rows)
+    det = ff * bb - fb * fb
+    per_flop, per_byte = (f1 * bb - b1 * fb) / det, (ff * b1 - fb * f1) / det
+    if per_flop > 0 and per_byte > 0:
+        want = (1 / per_flop, 1 / per_byte)
+    else:
+        want = (max(r for *_, r in shapes), None)
+    got = (num["matmul.f32"], num.get("matmul_bw.f32"))
+    tally.check("matmul and matmul_bw: the fit of FLOPs and operand bytes to the GEMM shapes (%d)" % len(shapes),
+                len(shapes) >= 4 and abs(got[0] / want[0] - 1) < 1e-3 and (
+                    got[1] is None if want[1] is None else got[1] is not None and abs(got[1] / want[1] - 1) < 1e-3)
+                and all(num.get("matmul_bw." + t) == got[1] for t in ("bf16", "f16")), (got, want))
     sizes = re.search(r"all-reduce seconds by size:((?: \S+K \S+)+)", text).group(1).split()
     busbw = [float(b[:-1]) * 1024 / float(t) for b, t in zip(sizes[::2], sizes[1::2])]  # 2 ranks: 2 (n-1)/n = 1
     tally.check("node.bandwidth: the best size's all-reduce bus bandwidth", abs(num["node.bandwidth"] / max(busbw) - 1)

@@ -16,6 +16,9 @@ is told to assume, named or from a device file.
     twice the rate, plans without a pipeline unchanged;
   - dropout.rate: the GPT's dropout masks (its dropout kernels and its attention's) add their
     elements at that rate, half as much at twice the rate; Llama, without dropout, unchanged;
+  - matmul_bw: a GEMM's operand bytes at that rate add to the step, half as much at twice the
+    rate; what it is for: one rank accumulating 8 micro-batches, whose GEMMs read each weight 8
+    times, pays more for it than with one micro-batch (FLOPs alone price them alike);
   - bad files: an unknown key, a non-number or a kernel.latency over 1m is an error naming
     file:line, exit 2.
 usage: tests/explain/check_devices.py PLANC ROOT"""
@@ -119,6 +122,24 @@ def main():
                 (plain[0], once[0], twice[0]))
     tally.check("dropout.rate: a model without dropout unchanged", plain[1] == once[1] == twice[1],
                 (plain[1], once[1], twice[1]))
+    # matmul_bw (a CPU GEMM's packing of its operands, planc calibrate fits it): each GEMM adds its
+    # A, B and C bytes at that rate. Micro-batches split the GEMMs' rows, not their weights: one
+    # rank accumulating 8 micro-batches reads every weight (B) 8 times where 1 reads it once, so it
+    # pays more, though the FLOPs are the same (and alike on a device without matmul_bw, up to the
+    # kernels' fixed costs)
+    accumulate = os.path.join(tmp, "accumulate.plan")
+    with open(accumulate, "w") as f:
+        f.write(open(gpt).read() + "".join("\nplan m%d for gpt {\n  mesh data = 1\n  batch B = 16, micro_batches = %d\n}\n"
+                                           % (m, m) for m in (1, 8)))
+    gemm = [dev("gemm%d" % i, "base = cpu\n" + "".join("matmul_bw.%s = %dG\n" % (t, 10 * i) for t in ("f32", "bf16", "f16"))
+                if i else "base = cpu\n") for i in range(3)]
+    plain_g, once_g, twice_g = (step(planc, gpt, "single", d) for d in gemm)
+    tally.check("matmul_bw: a GEMM's operand bytes add to the step, half as much at twice the rate",
+                once_g > plain_g and abs((once_g - plain_g) - 2 * (twice_g - plain_g)) < 1e-5 * once_g,
+                (plain_g, once_g, twice_g))
+    added = [step(planc, accumulate, "m%d" % m, gemm[1]) - step(planc, accumulate, "m%d" % m, gemm[0]) for m in (1, 8)]
+    tally.check("matmul_bw: 8 micro-batches pay more for their GEMMs' operands than 1", added[1] > 1.5 * added[0] > 0,
+                "added %g s (1 micro-batch), %g s (8)" % tuple(added))
     r = subprocess.run([planc, "explain", gpt, "--device=" + dev("half", "base = cpu\nnode.cores = 1.5\n")],
                        capture_output=True, text=True)
     tally.check("bad device file: node.cores not whole", r.returncode == 2 and "node.cores is a whole number" in r.stderr,

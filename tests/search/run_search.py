@@ -14,7 +14,8 @@
     4096-token context (tests/search/long_context.plan: nothing fits in 16 MiB per rank without a
     ctx axis, a ctx plan is best with it), optimizer offload (--offload: an offload plan ranks in
     the top 3 of the small GPT on 4 ranks);
-  - ranks sharing cores (a device file with node.cores = 2 under node.ranks = 4): pruned = brute
+  - ranks sharing cores (a device file with node.cores = 2 under node.ranks = 4, and matmul_bw,
+    the GEMMs' operand bytes, as calibrate writes them here): pruned = brute
     force on 2, 4 and 8 ranks, with a pipeline in the top 3 on 4 and 8 (its stages run faster while
     others wait; 2 ranks compute twice as fast as the calibration's 4), and for the MLP at batch 2
     on 2 ranks, whose update weighs as much as its compute (the bounds divide it as the estimate
@@ -131,10 +132,12 @@ def main():
                     "best %s: %s" % (brute[0][0] if brute else r2.stderr.strip()[-200:],
                                      brute[0][2].splitlines()[1].strip() if brute else "-"))
     # ranks sharing cores (node.cores under node.ranks, as calibrate writes on this machine): a
-    # pipeline's stages run faster while others wait, and the bounds divide by the most they can
+    # pipeline's stages run faster while others wait, and the bounds divide by the most they can;
+    # the GEMMs' operand bytes priced too (matmul_bw, as calibrate fits it here), which make a
+    # plan's compute grow with its micro-batches
     shared = os.path.join(tmp, "shared.device")
     with open(shared, "w") as f:
-        f.write("base = cpu\nnode.ranks = 4\nnode.cores = 2\n")
+        f.write("base = cpu\nnode.ranks = 4\nnode.cores = 2\n" + "".join("matmul_bw.%s = 20G\n" % t for t in ("f32", "bf16", "f16")))
     for world, batch in ((2, 16), (4, 16), (8, 16)):  # 2: fewer ranks than the calibration's, faster
         r1, pruned, c1 = search(planc, ex("gpt.plan"), "gpt", world, batch, "--top", "3", device=shared)
         r2, brute, _ = search(planc, ex("gpt.plan"), "gpt", world, batch, "--top", "3", "--exhaustive", device=shared)
