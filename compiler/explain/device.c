@@ -1,7 +1,8 @@
 /* device.c: the device models explain's step-time estimate and planc search assume (issue 20).
  *
  * A device is what one rank runs on: its dense matmul rate and its memory bandwidth per element
- * type, its memory, a fixed cost per compute kernel (launch and dispatch, which the roofline of a
+ * type (and, optionally, the rate at which a GEMM's operands cost beyond its FLOPs: a CPU GEMM's
+ * packing), its memory, a fixed cost per compute kernel (launch and dispatch, which the roofline of a
  * small kernel leaves out), and the two links a collective can cross: within a node and between nodes.
  * A link has the bus bandwidth nccl-tests reports (its "busbw": the algorithm bandwidth times
  * 2 (n - 1) / n for an all-reduce, (n - 1) / n for an all-gather or reduce-scatter, so that one
