@@ -7,7 +7,9 @@ For examples/gpt.plan's GPT at two sizes on 4 ranks of this machine:
   3. the top 10 and 5 ranked low (evenly spread over the lower half) are built and trained for
      --steps steps under mpirun; a run's step is the median step_ms of its log after two warm-up
      steps, and a plan's the median of --repeat runs (default 3), taken round-robin over the plans
-     so that a change of the machine's load falls on every plan alike. The machine is calibrated
+     so that a change of the machine's load falls on every plan alike, each round in its own
+     shuffled order after one run thrown away (the plans' places in a round are not their
+     predicted ranks). The machine is calibrated
      again before each round, and a plan's estimate is the median of its estimates under the
      rounds' calibrations (`planc explain --device`): this VM's rates move by 10-25% between
      calibrations minutes apart (GEMM 4.8-5.3e10 FLOP/s, memory 0.92-1.2e10 bytes/s on 2026-12-04),
@@ -26,6 +28,7 @@ low (every rank here shares 2 cores when the machine has 2).
 usage: bench/search_runs.py [PLANC] [--steps N] [--repeat K] [--quick]   (from the repository root)"""
 import json
 import os
+import random
 import re
 import statistics
 import subprocess
@@ -135,7 +138,17 @@ def main():
                 calibrate(planc, device, quick, env)
             for i, (prog, src, name) in enumerate(progs):
                 estimates[i].append(estimate(planc, src, name, device))
-                runs[i].append(measure(prog, steps, env))
+            # each round in its own order (seeded: the same on every run of the bench), after one
+            # run thrown away: in the estimate's order the plans measured first after a calibration
+            # were the predicted best, and they measured slow (D256: the first plan the slowest of
+            # the top 10 in one run, the fourth in two others, where run alternately with the same
+            # plan without ZeRO it measured the same, 246-248 ms against 247-250), which put the
+            # machine's state after calibrating into the ranking
+            order = list(range(len(progs)))
+            random.Random(1000 * r + len(label)).shuffle(order)
+            measure(progs[order[0]][0], 4, env)
+            for i in order:
+                runs[i].append(measure(progs[i][0], steps, env))
         print("%6s %12s %12s %8s %7s  %s" % ("rank", "estimate s", "measured s", "error", "spread", "plan"))
         est, meas = [], []
         for (rank, _, text), r, e in zip(picked, runs, estimates):
