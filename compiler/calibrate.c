@@ -165,7 +165,8 @@ static Device calibrated_device(const Device *base, const planrt_calibration_t *
 	return d;
 }
 
-static void write_header(FILE *out, const planrt_calibration_t *c, const Device *base)
+/* The file's comments: what was measured and how d (calibrated_device's) was made of it. */
+static void write_header(FILE *out, const planrt_calibration_t *c, const Device *d, const Device *base)
 {
 	time_t now = time(NULL);
 	char when[64];
@@ -177,8 +178,7 @@ static void write_header(FILE *out, const planrt_calibration_t *c, const Device 
 	for (int i = 0; i < c->ngemms; i++)
 		fprintf(out, " %lldx%lldx%lld %.6g", (long long)c->gemm_mnk[i][0], (long long)c->gemm_mnk[i][1],
 			(long long)c->gemm_mnk[i][2], c->gemm_rate[i]);
-	double rate, bw;
-	fit_gemms(c, &rate, &bw);
+	double rate = d->matmul[0], bw = d->matmul_bw[0];
 	if (bw > 0) {
 		fprintf(out, "\n# matmul.*, matmul_bw.*: a GEMM's seconds as its FLOPs / matmul + its operands' bytes (A, B, C "
 			     "once) / matmul_bw, fitted to these; the fit against each:");
@@ -219,7 +219,7 @@ static int write_file(const char *path, const Device *d, const planrt_calibratio
 		fprintf(stderr, "planc calibrate: error: %s\n", why);
 		return 1;
 	}
-	write_header(out, c, base);
+	write_header(out, c, d, base);
 	device_write(out, d);
 	if (ferror(out) || planrt_outfile_commit(&f, why, sizeof why)) {
 		if (ferror(out))
